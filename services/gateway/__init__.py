@@ -1,0 +1,1 @@
+"""HTTP gateway (starlette + uvicorn): OpenAI-compatible API in front of the NATS fleet."""

@@ -1,0 +1,1 @@
+"""GPU worker: the engine (pure library, engine/) and its NATS adapter (scheduler + service)."""

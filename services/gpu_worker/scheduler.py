@@ -1,0 +1,146 @@
+"""First-come-first-served batching of sequences under a token budget. No NATS, no torch here.
+
+Token batches from the tokenizers queue up whole; the scheduler cuts batches for the engine out
+of them sequence by sequence, oldest first, closing a batch at ``max_tokens`` tokens or
+``max_seqs`` sequences. A queued batch whose deadline passed before any of it ran is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shared.protocol import TokenBatch
+
+
+@dataclass(slots=True)
+class Work:
+    """One TokenBatch in the worker: its rows fill ``vectors`` as engine batches complete."""
+
+    batch: TokenBatch
+    reply: str
+    next_row: int = 0  # first row not yet scheduled
+    done_rows: int = 0
+    vectors: np.ndarray | None = None  # [count, dim] float32, allocated on first result
+
+    @property
+    def pending_tokens(self) -> int:
+        cu = self.batch.cu_seqlens
+        return int(cu[-1] - cu[self.next_row])
+
+
+@dataclass(slots=True)
+class Slice:
+    work: Work
+    row_start: int
+    row_end: int
+
+
+@dataclass(slots=True)
+class Batch:
+    input_ids: np.ndarray  # [T] int32
+    cu_seqlens: np.ndarray  # [B + 1] int32
+    slices: list[Slice] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+class Scheduler:
+    def __init__(self, max_tokens: int, max_seqs: int) -> None:
+        if max_tokens <= 0 or max_seqs <= 0:
+            raise ValueError("token budget and sequence cap must be positive")
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self._online: deque[Work] = deque()
+        self._bulk: deque[Work] = deque()  # taken only when no online work waits
+        self._queued_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._online) + len(self._bulk)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens waiting to be scheduled (load signal)."""
+        return self._queued_tokens
+
+    def push(self, work: Work, bulk: bool = False) -> None:
+        (self._bulk if bulk else self._online).append(work)
+        self._queued_tokens += work.pending_tokens
+
+    def drop_expired(self, now: float) -> list[Work]:
+        """Remove queued work whose deadline passed before any of its rows ran."""
+        expired = []
+        for queue in (self._online, self._bulk):
+            keep = deque()
+            for work in queue:
+                if work.next_row == 0 and work.batch.deadline < now:
+                    expired.append(work)
+                    self._queued_tokens -= work.pending_tokens
+                else:
+                    keep.append(work)
+            queue.clear()
+            queue.extend(keep)
+        return expired
+
+    def next_batch(self) -> Batch | None:
+        """Cut the next engine batch, oldest sequences first; None when nothing waits."""
+        queue = self._online or self._bulk
+        if not queue:
+            return None
+        slices: list[Slice] = []
+        tokens = seqs = 0
+        while queue and seqs < self.max_seqs:
+            work = queue[0]
+            cu = work.batch.cu_seqlens
+            row = work.next_row
+            count = work.batch.count
+            # take rows of this work while they fit; always take at least one row per batch
+            end = row
+            while end < count and seqs < self.max_seqs:
+                n = int(cu[end + 1] - cu[end])
+                if tokens + n > self.max_tokens and (tokens or end > row):
+                    break
+                tokens += n
+                seqs += 1
+                end += 1
+            if end > row:
+                slices.append(Slice(work, row, end))
+                self._queued_tokens -= int(cu[end] - cu[row])
+                work.next_row = end
+            if work.next_row < count:
+                break  # budget reached inside this work
+            queue.popleft()
+        return _pack(slices)
+
+    @staticmethod
+    def complete(batch: Batch, vectors: np.ndarray) -> list[Work]:
+        """Store the engine's [B, dim] output; return the works that are now complete."""
+        finished = []
+        offset = 0
+        for s in batch.slices:
+            rows = s.row_end - s.row_start
+            work = s.work
+            if work.vectors is None:
+                work.vectors = np.empty((work.batch.count, vectors.shape[1]), dtype=np.float32)
+            work.vectors[s.row_start : s.row_end] = vectors[offset : offset + rows]
+            offset += rows
+            work.done_rows += rows
+            if work.done_rows == work.batch.count:
+                finished.append(work)
+        return finished
+
+
+def _pack(slices: list[Slice]) -> Batch:
+    ids, lengths = [], []
+    for s in slices:
+        cu = s.work.batch.cu_seqlens
+        ids.append(s.work.batch.input_ids[cu[s.row_start] : cu[s.row_end]])
+        lengths.append(np.diff(cu[s.row_start : s.row_end + 1]))
+    all_lengths = np.concatenate(lengths)
+    cu_seqlens = np.zeros(len(all_lengths) + 1, dtype=np.int32)
+    np.cumsum(all_lengths, out=cu_seqlens[1:])
+    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices)

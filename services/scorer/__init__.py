@@ -1,0 +1,1 @@
+"""Scorer: reranks candidate texts against a query."""

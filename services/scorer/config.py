@@ -1,0 +1,24 @@
+"""Scorer configuration, built once from CLI flags and EMBEDFLEET_* variables."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from shared.config import NatsConfig, add_option, nats_config, positive_int
+from shared.model_dir import ModelInfo, load_model_info
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--max-concurrency", "EMBEDFLEET_SCORER_CONCURRENCY", 64, "rerank requests handled at once", positive_int)
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerConfig:
+    nats: NatsConfig
+    model: ModelInfo
+    max_concurrency: int
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:
+        return cls(nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name), max_concurrency=ns.max_concurrency)

@@ -1,0 +1,93 @@
+"""Scorer service: RerankRequest in (queue group); candidates embedded through the fleet, ranked here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from shared.client import EmbedClient
+from shared.errors import ErrorCode, ServiceError
+from shared.lifecycle import register
+from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode, encode
+from shared.subjects import SCORER_QUEUE
+from services.scorer.config import ScorerConfig
+from services.scorer.scoring import cosine_rank
+
+log = logging.getLogger("embedfleet.scorer")
+
+
+class ScorerService:
+    def __init__(self, nc: Client, cfg: ScorerConfig) -> None:
+        self._nc = nc
+        self._cfg = cfg
+        self._client = EmbedClient(nc, cfg.nats.subjects)
+        self._slots = asyncio.Semaphore(cfg.max_concurrency)
+        self._tasks: set[asyncio.Task] = set()
+        self._sub = None
+        self._micro = None
+
+    async def start(self) -> None:
+        await self._client.start()
+        subject = self._cfg.nats.subjects.rerank(self._cfg.model.id)
+        self._sub = await self._nc.subscribe(subject, queue=SCORER_QUEUE, cb=self._on_request)
+        self._micro = await register(self._nc, "scorer", "rerank by cosine similarity", {"model": self._cfg.model.id})
+        log.info("serving rerank for %s on %s", self._cfg.model.id, subject)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.drain()
+            self._sub = None
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._client.stop()
+        if self._micro is not None:
+            await self._micro.stop()
+            self._micro = None
+
+    async def _on_request(self, msg: Msg) -> None:
+        # the subscription delivers one message at a time: score concurrently, bounded by the slots
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        request_id = ""
+        try:
+            request = decode(msg.data)
+            if not isinstance(request, RerankRequest):
+                raise ProtocolError(f"expected a rerank request, got {type(request).__name__}")
+            request_id = request.id
+            reply = await self._rank(request)
+        except ProtocolError as exc:
+            reply = ErrorReply(request_id, ErrorCode.INVALID_REQUEST, str(exc))
+        except ServiceError as exc:
+            reply = ErrorReply(request_id, exc.code, exc.message)
+        except Exception:
+            log.exception("rerank %s failed", request_id)
+            reply = ErrorReply(request_id, ErrorCode.INTERNAL, "scorer error")
+        await self._nc.publish(msg.reply, encode(reply))
+
+    async def _rank(self, request: RerankRequest) -> RerankResult:
+        if not request.texts:
+            return RerankResult(request.id, indices=np.zeros(0, "<i4"), scores=np.zeros(0, "<f4"))
+        remaining = request.deadline - time.time()
+        if remaining <= 0:
+            raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before scoring")
+        outcome = await self._client.embed(
+            self._cfg.model.id, [request.query, *request.texts], EmbedOptions(normalize=True), remaining
+        )
+        indices, scores = cosine_rank(outcome.vectors[0], outcome.vectors[1:], request.top_n)
+        return RerankResult(request.id, indices=indices, scores=scores)
+

@@ -1,0 +1,106 @@
+"""``embedfleet up``: a complete local stack, one process per service, on an embedded nats-server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from shared.lifecycle import setup_logging
+from shared.model_dir import load_model_info
+from shared.nats_server import EmbeddedNats
+
+log = logging.getLogger("embedfleet.up")
+
+READY_TIMEOUT = 180.0  # seconds: model load on a slow CPU
+
+
+def run_stack(ns: argparse.Namespace) -> int:
+    setup_logging(ns.log_level, "up")
+    info = load_model_info(ns.model, ns.model_name)  # fail fast on a bad --model
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    nats = None
+    url = ns.nats
+    if url is None:
+        nats = EmbeddedNats(Path(ns.data_dir) / "nats")
+        url = nats.start()
+    children: dict[str, subprocess.Popen] = {}
+    try:
+        common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level]
+        model_args = (["--model", str(info.path)] if ns.model else []) + ["--model-name", info.id]
+        for role, extra in (
+            ("tokenizer", model_args),
+            ("worker", model_args),
+            ("scorer", model_args),
+            ("gateway", ["--host", ns.host, "--port", str(ns.port)]),
+        ):
+            children[role] = subprocess.Popen([sys.executable, "-m", "services.cli", role, *common, *extra])
+        host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
+        base = f"http://{host}:{ns.port}"
+        if not _wait_ready(base, children, stop):
+            return 1
+        print(
+            f"\nembedfleet is up: model {info.id!r}, NATS {url}\n"
+            f"  POST {base}/v1/embeddings   (OpenAI API)\n"
+            f"  GET  {base}/v1/models\n"
+            f"  GET  {base}/health\n"
+            f"  try: curl -s {base}/v1/embeddings -H 'content-type: application/json' "
+            f"-d '{{\"model\": \"{info.id}\", \"input\": \"hello world\"}}'\n"
+            "Ctrl-C stops everything.\n",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            for role, proc in children.items():
+                if proc.poll() is not None:
+                    log.error("%s exited with %s; stopping the stack", role, proc.returncode)
+                    return 1
+        return 0
+    finally:
+        _stop_children(children)
+        if nats is not None:
+            nats.stop()
+            log.info("nats-server stopped")
+
+
+def _wait_ready(base: str, children: dict[str, subprocess.Popen], stop: threading.Event) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline and not stop.is_set():
+        for role, proc in children.items():
+            if proc.poll() is not None:
+                log.error("%s exited with %s during start-up", role, proc.returncode)
+                return False
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.25)
+    if not stop.is_set():
+        log.error("the stack did not become healthy within %.0fs", READY_TIMEOUT)
+    return False
+
+
+def _stop_children(children: dict[str, subprocess.Popen]) -> None:
+    # the gateway first (no new requests), then the fleet finishes in-flight work
+    for role in ("gateway", "scorer", "tokenizer", "worker"):
+        proc = children.get(role)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 40
+    for role, proc in children.items():
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in time; killing it", role)
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,1 @@
+"""Tokenizer fleet: text -> packed token IDs for the workers (HF tokenizers, CPU)."""

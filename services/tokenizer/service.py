@@ -1,0 +1,100 @@
+"""Tokenizer service: EmbedRequest in (queue group), TokenBatch chunks out to the workers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from shared.errors import ErrorCode, ServiceError
+from shared.lifecycle import register
+from shared.protocol import EmbedRequest, ErrorReply, ProtocolError, TokenBatch, decode, encode
+from shared.subjects import TOKENIZER_QUEUE
+from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.encoder import TextEncoder, pack_chunks
+
+log = logging.getLogger("embedfleet.tokenizer")
+
+
+class TokenizerService:
+    def __init__(self, nc: Client, cfg: TokenizerConfig) -> None:
+        self._nc = nc
+        self._cfg = cfg
+        self._encoder = TextEncoder(cfg.model)
+        self._subjects = cfg.nats.subjects
+        self._sub = None
+        self._micro = None
+
+    async def start(self) -> None:
+        model = self._cfg.model
+        self._sub = await self._nc.subscribe(
+            self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request
+        )
+        self._micro = await register(
+            self._nc,
+            "tokenizer",
+            "text -> token IDs",
+            {"model": model.id, "max_seq_length": str(model.max_seq_length), "dim": str(model.dim)},
+        )
+        log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.drain()  # finishes messages already received
+            self._sub = None
+        if self._micro is not None:
+            await self._micro.stop()
+            self._micro = None
+
+    async def _on_request(self, msg: Msg) -> None:
+        request_id = ""
+        try:
+            request = decode(msg.data)
+            if not isinstance(request, EmbedRequest):
+                raise ProtocolError(f"expected an embed request, got {type(request).__name__}")
+            request_id = request.id
+            await self._handle(request, msg.reply)
+        except ProtocolError as exc:
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
+        except ServiceError as exc:
+            await self._reply_error(msg.reply, request_id, exc)
+        except Exception:
+            log.exception("request %s failed", request_id)
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INTERNAL, "tokenizer error"))
+
+    async def _handle(self, request: EmbedRequest, reply: str) -> None:
+        if not reply:
+            raise ProtocolError("embed request without a reply subject")
+        if not request.texts:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, "no inputs to embed")
+        if time.time() > request.deadline:
+            raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
+        t0 = time.perf_counter()
+        ids = await asyncio.to_thread(self._encoder.encode, request.texts, request.options.truncate)
+        subject = self._subjects.tokens(request.model)
+        chunks = 0
+        for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
+            batch = TokenBatch(
+                id=request.id,
+                model=request.model,
+                start=chunk.start,
+                total=len(request.texts),
+                input_ids=chunk.input_ids,
+                cu_seqlens=chunk.cu_seqlens,
+                deadline=request.deadline,
+                options=request.options,
+            )
+            await self._nc.publish(subject, encode(batch), reply=reply)
+            chunks += 1
+        log.debug(
+            "request %s: %d texts -> %d chunks in %.1f ms",
+            request.id, len(request.texts), chunks, (time.perf_counter() - t0) * 1e3,
+        )
+
+    async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError) -> None:
+        log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
+        if reply:
+            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))

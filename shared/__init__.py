@@ -1,0 +1,3 @@
+"""Library shared by every embedfleet service: wire protocol, subjects, config, NATS lifecycle."""
+
+__version__ = "0.1.0"

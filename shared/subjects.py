@@ -1,0 +1,51 @@
+"""NATS subject and queue-group names, all under one configurable prefix."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+# queue groups: each message on a data subject goes to one member of the fleet
+TOKENIZER_QUEUE = "tokenizers"
+WORKER_QUEUE = "workers"
+SCORER_QUEUE = "scorers"
+
+# names under which services register as NATS micro services ($SRV.PING/INFO/STATS)
+SERVICE_NAMES = {
+    "gateway": "embedfleet-gateway",
+    "tokenizer": "embedfleet-tokenizer",
+    "worker": "embedfleet-worker",
+    "scorer": "embedfleet-scorer",
+}
+
+
+def model_token(model: str) -> str:
+    """A model id as one subject token: 'BAAI/bge-small-en' -> 'BAAI_bge-small-en'."""
+    token = _UNSAFE.sub("_", model)
+    if not token:
+        raise ValueError("model id must not be empty")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    prefix: str = "embedfleet"
+
+    def __post_init__(self) -> None:
+        parts = self.prefix.split(".")
+        if not all(p and not _UNSAFE.search(p) for p in parts):
+            raise ValueError(f"invalid subject prefix {self.prefix!r}: use dot-separated [A-Za-z0-9_-] tokens")
+
+    def embed(self, model: str) -> str:
+        """gateway -> tokenizer fleet."""
+        return f"{self.prefix}.v1.embed.{model_token(model)}"
+
+    def tokens(self, model: str) -> str:
+        """tokenizer -> worker fleet."""
+        return f"{self.prefix}.v1.tokens.{model_token(model)}"
+
+    def rerank(self, model: str) -> str:
+        """gateway -> scorer fleet."""
+        return f"{self.prefix}.v1.rerank.{model_token(model)}"
