@@ -1,0 +1,80 @@
+"""Fixtures shared by the whole suite: the model, the reference implementation, a real NATS server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from shared.model_dir import ModelInfo, load_model_info
+from shared.nats_server import EmbeddedNats
+
+# outputs equal the reference when every cosine is at least this (float32 on CPU)
+COSINE_TOLERANCE = 0.9999
+
+
+@pytest.fixture(scope="session")
+def model_info() -> ModelInfo:
+    return load_model_info(None)
+
+
+@pytest.fixture(scope="session")
+def reference(model_info: ModelInfo):
+    """sentence-transformers on the same folder: the reference for vectors (test-only dependency)."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_info.path), device="cpu")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def _docker_engine_reason() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return None
+    except Exception as exc:
+        return f"no Docker engine ({type(exc).__name__}: {str(exc)[:100]})"
+
+
+_DOCKER_REASON = _docker_engine_reason()
+
+
+def pytest_report_header(config) -> str:
+    if _DOCKER_REASON is None:
+        return "NATS for tests: testcontainers' NATS container (Docker engine found)"
+    return f"NATS for tests: nats-server binary on a free port; container path skipped: {_DOCKER_REASON}"
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory) -> Iterator[str]:
+    """A real NATS server: testcontainers' NATS container when Docker runs, else the nats-server binary."""
+    if _DOCKER_REASON is None:
+        from testcontainers.community.nats import NatsContainer
+
+        with NatsContainer("nats:2.10", jetstream=True) as container:
+            yield container.nats_uri()
+    else:
+        server = EmbeddedNats(tmp_path_factory.mktemp("nats"))
+        with server:
+            yield server.url
+
+
+@pytest.fixture
+def nats_container_url() -> Iterator[str]:
+    """Only the container path (skipped, with the reason, where no Docker engine runs)."""
+    if _DOCKER_REASON is not None:
+        pytest.skip(f"NATS container path: {_DOCKER_REASON}")
+    from testcontainers.community.nats import NatsContainer
+
+    with NatsContainer("nats:2.10", jetstream=True) as container:
+        yield container.nats_uri()

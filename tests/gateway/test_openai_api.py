@@ -1,0 +1,62 @@
+import base64
+
+import numpy as np
+import orjson
+import pytest
+
+from shared.errors import ErrorCode
+from services.gateway.errors import STATUS, ApiError
+from services.gateway.openai_api import parse_embeddings_request, render_embeddings
+
+
+def _parse(doc, max_inputs=10):
+    return parse_embeddings_request(orjson.dumps(doc), max_inputs)
+
+
+def test_string_and_list_inputs():
+    r = _parse({"model": "m", "input": "hi"})
+    assert (r.texts, r.encoding_format, r.dimensions) == (["hi"], "float", None)
+    r = _parse({"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8, "user": "u"})
+    assert (r.texts, r.encoding_format, r.dimensions) == (["a", "b"], "base64", 8)
+
+
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1]", None, "must be a JSON object"),
+        (orjson.dumps({"input": "x"}), "model", "'model' is required"),
+        (orjson.dumps({"model": "m"}), "input", "'input' is required"),
+        (orjson.dumps({"model": "m", "input": []}), "input", "must not be an empty list"),
+        (orjson.dumps({"model": "m", "input": ["a", None]}), "input", "'input[1]' must be a string, got null"),
+        (orjson.dumps({"model": "m", "input": {"a": 1}}), "input", "got object"),
+        (orjson.dumps({"model": "m", "input": ["a"] * 11}), "input", "the limit is 10"),
+        (orjson.dumps({"model": "m", "input": "a", "encoding_format": "hex"}), "encoding_format", "'float' or 'base64'"),
+        (orjson.dumps({"model": "m", "input": "a", "dimensions": 0}), "dimensions", "positive integer"),
+        (orjson.dumps({"model": "m", "input": "a", "dimensions": True}), "dimensions", "positive integer"),
+        (orjson.dumps({"model": "m", "input": "a", "user": 5}), "user", "'user' must be a string"),
+    ],
+)
+def test_invalid_requests(body, param, message):
+    with pytest.raises(ApiError) as err:
+        parse_embeddings_request(body, 10)
+    assert err.value.status == 400 and err.value.code is ErrorCode.INVALID_REQUEST
+    assert err.value.param == param
+    assert message in err.value.message
+    body = orjson.loads(err.value.response().body)
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_render_float_and_base64_agree():
+    vectors = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    as_float = orjson.loads(render_embeddings("m", vectors, 11, "float"))
+    as_b64 = orjson.loads(render_embeddings("m", vectors, 11, "base64"))
+    assert as_float["usage"] == {"prompt_tokens": 11, "total_tokens": 11}
+    assert [d["index"] for d in as_float["data"]] == [0, 1, 2]
+    np.testing.assert_array_equal(np.array([d["embedding"] for d in as_float["data"]], np.float32), vectors)
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in as_b64["data"]])
+    np.testing.assert_array_equal(decoded, vectors)
+
+
+def test_every_error_code_has_a_status():
+    assert set(STATUS) == set(ErrorCode)

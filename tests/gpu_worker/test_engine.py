@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+import torch
+
+from shared.errors import ErrorCode, ServiceError
+from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.pooling import pool, postprocess
+from services.tokenizer.encoder import TextEncoder, pack_chunks
+from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.corpus import mixed_texts
+
+
+@pytest.fixture(scope="module")
+def engine(model_info) -> Engine:
+    return Engine(model_info, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def encoder(model_info) -> TextEncoder:
+    return TextEncoder(model_info)
+
+
+def _embed(engine, encoder, texts, max_tokens=4096):
+    out = []
+    for chunk in pack_chunks(encoder.encode(texts), max_tokens, 256):
+        out.append(engine.embed(chunk.input_ids, chunk.cu_seqlens))
+    return postprocess(np.concatenate(out), True, None, np.float32)
+
+
+def test_matches_sentence_transformers(engine, encoder, reference):
+    texts = mixed_texts(96)
+    ours = _embed(engine, encoder, texts)
+    ref = reference.encode(texts, batch_size=32)
+    c = cosines(ours, ref)
+    assert c.min() >= COSINE_TOLERANCE, f"worst cosine {c.min():.6f} at {c.argmin()}"
+
+
+def test_packed_batch_equals_one_at_a_time(engine, encoder):
+    texts = mixed_texts(12)
+    packed = _embed(engine, encoder, texts)
+    alone = np.concatenate([_embed(engine, encoder, [t]) for t in texts])
+    np.testing.assert_allclose(packed, alone, atol=2e-5)
+
+
+def test_pooling_modes():
+    hidden = torch.arange(12, dtype=torch.float32).reshape(6, 2)  # 6 tokens, hidden 2
+    cu = torch.tensor([0, 2, 6])
+    lengths = torch.tensor([2, 4])
+    assert pool(hidden, cu, lengths, "cls").tolist() == [[0, 1], [4, 5]]
+    assert pool(hidden, cu, lengths, "lasttoken").tolist() == [[2, 3], [10, 11]]
+    assert pool(hidden, cu, lengths, "mean").tolist() == [[1, 2], [7, 8]]
+    with pytest.raises(ValueError):
+        pool(hidden, cu, lengths, "max")
+
+
+def test_postprocess_matryoshka_then_normalise():
+    v = np.array([[3.0, 4.0, 12.0]], dtype=np.float32)
+    out = postprocess(v, True, 2, np.dtype("<f2"))
+    assert out.dtype == np.dtype("<f2") and out.shape == (1, 2)
+    np.testing.assert_allclose(out.astype(np.float32), [[0.6, 0.8]], atol=1e-3)
+    np.testing.assert_array_equal(postprocess(v, False, None, np.float32), v)
+
+
+def test_check_rejects_out_of_vocabulary_and_over_long(engine):
+    with pytest.raises(ServiceError) as err:
+        engine.check(np.array([101, 30522, 102], np.int32), np.array([0, 3], np.int32))
+    assert err.value.code is ErrorCode.INVALID_TOKENS
+    with pytest.raises(ServiceError) as err:
+        engine.check(np.array([-1], np.int32), np.array([0, 1], np.int32))
+    assert err.value.code is ErrorCode.INVALID_TOKENS
+    with pytest.raises(ServiceError) as err:
+        engine.check(np.ones(257, np.int32), np.array([0, 257], np.int32))
+    assert err.value.code is ErrorCode.INPUT_TOO_LONG
+    engine.check(np.ones(256, np.int32), np.array([0, 256], np.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu(model_info, engine, encoder):
+    texts = mixed_texts(64)
+    gpu = Engine(model_info, device="cuda")
+    c = cosines(_embed(gpu, encoder, texts), _embed(engine, encoder, texts))
+    assert c.min() >= 0.999  # float16 on the GPU

@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from shared.protocol import TokenBatch
+from services.gpu_worker.scheduler import Scheduler, Work
+
+
+def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: int = 0) -> Work:
+    cu = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    ids = np.arange(cu[-1], dtype=np.int32)
+    batch = TokenBatch(request_id, "m", start, start + len(lengths), ids, cu, deadline)
+    return Work(batch, reply=f"inbox.{request_id}")
+
+
+def _rows(batch):
+    return [(s.work.batch.id, s.row_start, s.row_end) for s in batch.slices]
+
+
+def test_fcfs_under_token_budget():
+    s = Scheduler(max_tokens=10, max_seqs=100)
+    s.push(_work("a", [4, 4]))
+    s.push(_work("b", [3, 3]))
+    assert s.queued_tokens == 14
+    b1 = s.next_batch()
+    assert _rows(b1) == [("a", 0, 2)]  # 8 tokens; b's first row (3) would exceed 10
+    assert b1.num_tokens == 8 and b1.cu_seqlens.tolist() == [0, 4, 8]
+    b2 = s.next_batch()
+    assert _rows(b2) == [("b", 0, 2)]
+    assert s.next_batch() is None and s.queued_tokens == 0 and len(s) == 0
+
+
+def test_batches_span_works_and_split_them():
+    s = Scheduler(max_tokens=10, max_seqs=100)
+    s.push(_work("a", [3]))
+    s.push(_work("b", [3, 3, 3]))
+    b1 = s.next_batch()
+    assert _rows(b1) == [("a", 0, 1), ("b", 0, 2)]
+    # token ids are taken from the right places in each work
+    assert b1.input_ids.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5]
+    assert _rows(s.next_batch()) == [("b", 2, 3)]
+
+
+def test_sequence_cap():
+    s = Scheduler(max_tokens=1000, max_seqs=3)
+    s.push(_work("a", [1, 1]))
+    s.push(_work("b", [1, 1]))
+    assert _rows(s.next_batch()) == [("a", 0, 2), ("b", 0, 1)]
+    assert _rows(s.next_batch()) == [("b", 1, 2)]
+
+
+def test_sequence_over_budget_runs_alone():
+    s = Scheduler(max_tokens=4, max_seqs=10)
+    s.push(_work("a", [9, 1]))
+    assert _rows(s.next_batch()) == [("a", 0, 1)]
+    assert _rows(s.next_batch()) == [("a", 1, 2)]
+
+
+def test_complete_fills_rows_and_reports_finished_works():
+    s = Scheduler(max_tokens=5, max_seqs=10)
+    a, b = _work("a", [2, 2, 2]), _work("b", [1])
+    s.push(a)
+    s.push(b)
+    b1 = s.next_batch()  # a rows 0..2
+    assert s.complete(b1, np.array([[1.0], [2.0]], np.float32)) == []
+    b2 = s.next_batch()  # a row 2, b row 0
+    done = s.complete(b2, np.array([[3.0], [4.0]], np.float32))
+    assert done == [a, b]
+    assert a.vectors.ravel().tolist() == [1.0, 2.0, 3.0]
+    assert b.vectors.ravel().tolist() == [4.0]
+
+
+def test_expired_work_is_dropped_before_compute_but_started_work_finishes():
+    s = Scheduler(max_tokens=2, max_seqs=10)
+    started, late, fresh = _work("s", [2, 2], deadline=10), _work("l", [1], deadline=10), _work("f", [1], deadline=100)
+    s.push(started)
+    s.push(late)
+    s.push(fresh)
+    s.next_batch()  # starts "s"
+    assert s.drop_expired(now=50) == [late]
+    assert s.queued_tokens == 3
+    assert _rows(s.next_batch()) == [("s", 1, 2)]
+    assert _rows(s.next_batch()) == [("f", 0, 1)]
+
+
+def test_online_before_bulk():
+    s = Scheduler(max_tokens=100, max_seqs=100)
+    s.push(_work("bulk", [5]), bulk=True)
+    s.push(_work("online", [5]))
+    assert _rows(s.next_batch()) == [("online", 0, 1)]
+    assert _rows(s.next_batch()) == [("bulk", 0, 1)]
+
+
+def test_rejects_bad_budgets():
+    with pytest.raises(ValueError):
+        Scheduler(0, 1)

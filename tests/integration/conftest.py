@@ -1,0 +1,46 @@
+"""The stack under test: real nats-server, and tokenizer, two workers, scorer and gateway as processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import pytest
+
+from shared.nats_server import free_port
+from tests.integration.procs import Service, count_services, healthy, wait_until
+
+# small chunks, so that ordinary requests are split and spread across both workers
+CHUNK_ARGS = ["--chunk-seqs", "16", "--chunk-tokens", "1024"]
+
+
+@dataclass
+class Stack:
+    nats_url: str
+    base_url: str
+    services: dict[str, Service]
+
+
+@pytest.fixture(scope="session")
+def stack(nats_url: str, tmp_path_factory) -> Iterator[Stack]:
+    log_dir = tmp_path_factory.mktemp("logs")
+    port = free_port()
+    common = ["--nats", nats_url]
+    # one torch thread per worker: two workers share the machine's cores
+    single = {"OMP_NUM_THREADS": "1"}
+    services = {
+        "tokenizer": Service("tokenizer", [*common, *CHUNK_ARGS], log_dir),
+        "worker-1": Service("worker", common, log_dir, single),
+        "worker-2": Service("worker", common, log_dir, single),
+        "scorer": Service("scorer", common, log_dir),
+        "gateway": Service("gateway", [*common, "--port", str(port)], log_dir),
+    }
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        procs = list(services.values())
+        wait_until(lambda: healthy(base_url), 120, "gateway health", procs)
+        wait_until(lambda: count_services(nats_url, "worker") == 2, 60, "two workers", procs)
+        yield Stack(nats_url, base_url, services)
+    finally:
+        for s in services.values():
+            s.stop()

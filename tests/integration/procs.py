@@ -1,0 +1,98 @@
+"""Start embedfleet services as real processes and wait for them, by polling, never by sleeping blind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import nats
+
+from shared.subjects import SERVICE_NAMES
+
+
+class Service:
+    """One service process, with its output in a log file (shown when a test fails)."""
+
+    def __init__(self, role: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.role = role
+        self.log_path = log_dir / f"{role}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", role, *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, services: list[Service] = ()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for s in services:
+            if not s.alive:
+                raise RuntimeError(f"{s.role} exited with {s.proc.returncode} while waiting for {what}:\n{s.log()[-3000:]}")
+        if predicate():
+            return
+        time.sleep(0.1)
+    logs = "\n".join(f"--- {s.role}\n{s.log()[-2000:]}" for s in services)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+
+
+def count_services(nats_url: str, role: str, wait: float = 0.3) -> int:
+    """How many processes of ``role`` answer a NATS micro-service ping."""
+
+    async def ping() -> int:
+        nc = await nats.connect(nats_url)
+        replies = []
+        inbox = nc.new_inbox()
+
+        async def on_reply(msg) -> None:
+            replies.append(json.loads(msg.data))
+
+        sub = await nc.subscribe(inbox, cb=on_reply)
+        await nc.publish(f"$SRV.PING.{SERVICE_NAMES[role]}", b"", reply=inbox)
+        await asyncio.sleep(wait)
+        await sub.unsubscribe()
+        await nc.close()
+        return len({r["id"] for r in replies})
+
+    return asyncio.run(ping())
+
+
+def healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,133 @@
+import msgpack
+import numpy as np
+import pytest
+
+from shared.errors import ErrorCode
+from shared.protocol import (
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    ProtocolError,
+    RerankRequest,
+    RerankResult,
+    TokenBatch,
+    decode,
+    encode,
+)
+
+
+def _batch(**kw) -> TokenBatch:
+    args = dict(
+        id="r1",
+        model="m",
+        start=2,
+        total=5,
+        input_ids=np.array([101, 7, 102, 101, 102], dtype=np.int32),
+        cu_seqlens=np.array([0, 3, 5], dtype=np.int32),
+        deadline=123.5,
+        options=EmbedOptions(normalize=False, dimensions=64, dtype="f2", truncate=False),
+    )
+    args.update(kw)
+    return TokenBatch(**args)
+
+
+def test_embed_request_round_trip():
+    msg = EmbedRequest(id="a", model="m", texts=["x", "héllo"], deadline=1.5, options=EmbedOptions(dimensions=8))
+    assert decode(encode(msg)) == msg
+
+
+def test_token_batch_round_trip_keeps_little_endian_bytes():
+    msg = _batch()
+    raw = msgpack.unpackb(encode(msg))
+    assert raw["v"] == 1 and raw["t"] == "tokens"
+    assert raw["ids"] == np.array([101, 7, 102, 101, 102], dtype="<i4").tobytes()
+    out = decode(encode(msg))
+    assert isinstance(out, TokenBatch)
+    assert out.count == 2 and out.num_tokens == 5
+    np.testing.assert_array_equal(out.input_ids, msg.input_ids)
+    np.testing.assert_array_equal(out.cu_seqlens, msg.cu_seqlens)
+    assert out.options == msg.options
+
+
+def test_result_round_trip_and_array_view():
+    vectors = np.arange(6, dtype="<f4").reshape(2, 3)
+    msg = EmbedResult(id="a", start=1, total=3, dim=3, dtype="f4", data=vectors.tobytes(), tokens=9)
+    out = decode(encode(msg))
+    assert out == msg and out.count == 2
+    np.testing.assert_array_equal(out.array(), vectors)
+
+
+def test_error_and_rerank_round_trip():
+    err = ErrorReply("a", ErrorCode.TIMEOUT, "late")
+    assert decode(encode(err)) == err
+    req = RerankRequest(id="q", model="m", query="q?", texts=["a", "b"], deadline=3.0, top_n=1)
+    assert decode(encode(req)) == req
+    res = decode(encode(RerankResult("q", np.array([1, 0], np.int32), np.array([0.9, 0.1], np.float32))))
+    assert res.indices.tolist() == [1, 0] and res.scores.dtype == np.dtype("<f4")
+
+
+def test_unknown_error_code_becomes_internal():
+    raw = msgpack.packb({"v": 1, "t": "error", "id": "a", "c": "martian", "e": "?"})
+    assert decode(raw).code is ErrorCode.INTERNAL
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"\xc1\xc1", "not a msgpack"),
+        (msgpack.packb([1, 2]), "must be a msgpack map"),
+        (msgpack.packb({"v": 2, "t": "embed"}), "unsupported protocol version"),
+        (msgpack.packb({"v": 1, "t": "pickle"}), "unknown message type"),
+        (msgpack.packb({"v": 1, "t": "embed", "id": "a", "m": "m", "x": ["a", 3], "dl": 1.0}), "texts must be strings"),
+        (msgpack.packb({"v": 1, "t": "embed", "id": "a", "m": "m", "x": ["a"], "dl": "soon"}), "'dl' must be a number"),
+        (msgpack.packb({"v": 1, "t": "embed", "id": 5, "m": "m", "x": ["a"], "dl": 1.0}), "'id' must be str"),
+    ],
+)
+def test_rejects_malformed(data, message):
+    with pytest.raises(ProtocolError, match=message):
+        decode(data)
+
+
+def _raw_tokens(**kw) -> bytes:
+    body = msgpack.unpackb(encode(_batch()))
+    body.update(kw)
+    return msgpack.packb(body)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"ids": b"\x01\x02\x03"}, "whole number of int32"),
+        ({"cu": np.array([0, 3, 4], "<i4").tobytes()}, "cu_seqlens"),
+        ({"cu": np.array([0, 3, 3, 5], "<i4").tobytes()}, "cu_seqlens"),
+        ({"cu": np.array([1, 5], "<i4").tobytes()}, "cu_seqlens"),
+        ({"cu": b""}, "cu_seqlens"),
+        ({"s": 4}, "rows out of range"),
+        ({"s": -1}, "must not be negative"),
+        ({"o": {"dt": "f8"}}, "dtype"),
+        ({"o": {"d": 0}}, "dimensions"),
+        ({"o": {"n": "yes"}}, "normalize"),
+    ],
+)
+def test_rejects_bad_token_batches(fields, message):
+    with pytest.raises(ProtocolError, match=message):
+        decode(_raw_tokens(**fields))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"b": b"\x00" * 10}, "whole number of rows"),
+        ({"b": b""}, "whole number of rows"),
+        ({"dim": 0}, "dimension"),
+        ({"dt": "i8"}, "dtype"),
+        ({"s": 3}, "rows out of range"),
+    ],
+)
+def test_rejects_bad_results(fields, message):
+    good = EmbedResult(id="a", start=1, total=3, dim=2, dtype="f4", data=np.zeros(4, "<f4").tobytes(), tokens=1)
+    body = msgpack.unpackb(encode(good))
+    body.update(fields)
+    with pytest.raises(ProtocolError, match=message):
+        decode(msgpack.packb(body))

@@ -1,0 +1,63 @@
+import numpy as np
+import pytest
+
+from shared.errors import ErrorCode, ServiceError
+from services.tokenizer.encoder import TextEncoder, pack_chunks
+from tests.corpus import mixed_texts
+
+
+@pytest.fixture(scope="module")
+def encoder(model_info) -> TextEncoder:
+    return TextEncoder(model_info)
+
+
+def test_ids_equal_reference_tokenizer_without_padding(encoder, reference):
+    texts = mixed_texts(120)
+    ours = encoder.encode(texts)
+    ref = reference.tokenizer(texts, truncation=True, max_length=reference.max_seq_length)["input_ids"]
+    assert ours == ref
+    lengths = {len(s) for s in ours}
+    assert len(lengths) > 20, "no padding: lengths vary"
+
+
+def test_truncates_at_model_limit_not_tokenizer_json(encoder):
+    long_text = "word " * 1000
+    (ids,) = encoder.encode([long_text])
+    assert len(ids) == 256  # tokenizer.json alone would cut at 128
+    assert ids[0] == 101 and ids[-1] == 102  # [CLS] ... [SEP] kept
+
+
+def test_truncate_off_refuses_long_input(encoder):
+    with pytest.raises(ServiceError) as err:
+        encoder.encode(["short", "word " * 300], truncate=False)
+    assert err.value.code is ErrorCode.INPUT_TOO_LONG
+    assert "input 1 has 302 tokens" in err.value.message
+    assert [len(s) for s in encoder.encode(["a b"], truncate=False)] == [4]
+
+
+def _lengths(n_per_seq):
+    return [[1] * n for n in n_per_seq]
+
+
+def test_pack_chunks_respects_budgets_and_order():
+    seqs = [list(range(i * 10, i * 10 + n)) for i, n in enumerate([5, 3, 8, 2, 9, 4, 4])]
+    chunks = list(pack_chunks(seqs, max_tokens=12, max_seqs=3))
+    assert [c.start for c in chunks] == [0, 2, 4, 5]
+    for c in chunks:
+        assert c.cu_seqlens[0] == 0 and c.cu_seqlens[-1] == len(c.input_ids)
+        assert len(c.cu_seqlens) - 1 <= 3
+        assert len(c.input_ids) <= 12
+        assert c.input_ids.dtype == np.int32
+    # concatenating every chunk gives back every sequence in order
+    flat = np.concatenate([c.input_ids for c in chunks])
+    np.testing.assert_array_equal(flat, np.concatenate([np.array(s) for s in seqs]))
+
+
+def test_sequence_over_budget_gets_its_own_chunk():
+    chunks = list(pack_chunks(_lengths([2, 50, 2]), max_tokens=10, max_seqs=100))
+    assert [(c.start, len(c.cu_seqlens) - 1, len(c.input_ids)) for c in chunks] == [(0, 1, 2), (1, 1, 50), (2, 1, 2)]
+
+
+def test_sequence_cap():
+    chunks = list(pack_chunks(_lengths([1] * 10), max_tokens=1000, max_seqs=4))
+    assert [len(c.cu_seqlens) - 1 for c in chunks] == [4, 4, 2]
