@@ -1,0 +1,98 @@
+"""Services on the wire: untrusted messages get error replies, the scorer ranks, services stay up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgpack
+import nats
+import numpy as np
+import pytest
+
+from shared.errors import ErrorCode
+from shared.protocol import ErrorReply, RerankRequest, RerankResult, TokenBatch, decode, encode
+from shared.subjects import Subjects
+
+pytestmark = pytest.mark.integration
+
+MODEL = "all-MiniLM-L6-v2"
+SUBJECTS = Subjects()
+
+
+async def _request(url: str, subject: str, payload: bytes, timeout: float = 30):
+    nc = await nats.connect(url)
+    try:
+        msg = await nc.request(subject, payload, timeout=timeout)
+        return decode(msg.data)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(
+    "payload, code",
+    [
+        (b"\x80\x04\x95 pickled?", ErrorCode.INVALID_REQUEST),
+        (msgpack.packb({"v": 9, "t": "embed"}), ErrorCode.INVALID_REQUEST),
+        (msgpack.packb({"v": 1, "t": "embed", "id": "x", "m": MODEL, "x": [], "dl": time.time() + 9}), ErrorCode.INVALID_REQUEST),
+        (msgpack.packb({"v": 1, "t": "embed", "id": "x", "m": MODEL, "x": ["a"], "dl": 1.0}), ErrorCode.TIMEOUT),
+    ],
+)
+def test_tokenizer_answers_bad_messages_with_errors(stack, payload, code):
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.embed(MODEL), payload))
+    assert isinstance(reply, ErrorReply) and reply.code is code
+    assert stack.services["tokenizer"].alive
+
+
+def _token_batch(ids: list[int], deadline: float | None = None) -> bytes:
+    return encode(
+        TokenBatch(
+            id="t",
+            model=MODEL,
+            start=0,
+            total=1,
+            input_ids=np.array(ids, np.int32),
+            cu_seqlens=np.array([0, len(ids)], np.int32),
+            deadline=deadline or time.time() + 30,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "payload, code",
+    [
+        (b"garbage", ErrorCode.INVALID_TOKENS),
+        (_token_batch([101, 999999, 102]), ErrorCode.INVALID_TOKENS),
+        (_token_batch([101] * 300), ErrorCode.INPUT_TOO_LONG),
+        (_token_batch([101, 102], deadline=1.0), ErrorCode.TIMEOUT),
+    ],
+)
+def test_worker_answers_bad_batches_with_errors(stack, payload, code):
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), payload))
+    assert isinstance(reply, ErrorReply) and reply.code is code, reply
+    assert stack.services["worker-1"].alive and stack.services["worker-2"].alive
+
+
+def test_scorer_ranks_like_reference_cosine(stack, reference):
+    query = "How do I handle exceptions in Python?"
+    texts = [
+        "The try statement specifies exception handlers and cleanup code for a group of statements.",
+        "Slicing a sequence selects a range of items.",
+        "The raise statement throws an exception; except clauses catch it.",
+        "Integers have unlimited precision.",
+        "A for loop iterates over the items of any sequence.",
+    ]
+    request = RerankRequest(id="r", model=MODEL, query=query, texts=texts, deadline=time.time() + 30, top_n=3)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(request)))
+    assert isinstance(reply, RerankResult)
+    ref = reference.encode([query, *texts])
+    ref_scores = ref[1:] @ ref[0]
+    order = np.argsort(-ref_scores)[:3]
+    assert reply.indices.tolist() == order.tolist()
+    np.testing.assert_allclose(reply.scores, ref_scores[order], atol=1e-4)
+
+
+def test_scorer_empty_candidates(stack):
+    request = RerankRequest(id="e", model=MODEL, query="q", texts=[], deadline=time.time() + 30)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(request)))
+    assert isinstance(reply, RerankResult) and len(reply.indices) == 0

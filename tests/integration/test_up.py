@@ -1,0 +1,91 @@
+"""`embedfleet up`: the whole local stack from one command, with and without an embedded nats-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.nats_server import free_port
+from tests.integration.procs import healthy, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / "up.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), *args],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    return proc, log
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(60)
+
+
+def test_up_with_embedded_nats(tmp_path):
+    port = free_port()
+    proc, log = _start_up(tmp_path, "--port", str(port))
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        out = log.read_text()
+        assert proc.poll() is None, out
+        assert f"POST http://127.0.0.1:{port}/v1/embeddings" in out
+        nats_port = int(out.split("NATS nats://127.0.0.1:")[1].split()[0])
+        assert healthy(f"http://127.0.0.1:{port}")
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"})
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+        # its data and log live under the project-owned data directory
+        assert (tmp_path / "data" / "nats" / "nats-server.conf").is_file()
+        assert "listen: 127.0.0.1:" in (tmp_path / "data" / "nats" / "nats-server.conf").read_text()
+    finally:
+        code = _stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    # the child nats-server is gone with it
+    deadline = time.monotonic() + 10
+    while _port_open(nats_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _port_open(nats_port)
+
+
+def test_up_with_external_nats_starts_none(tmp_path, nats_url):
+    port = free_port()
+    proc, log = _start_up(tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "uptest")
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        assert proc.poll() is None, log.read_text()
+        assert f"NATS {nats_url}" in log.read_text()
+        assert not (tmp_path / "data" / "nats").exists()
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a", "b"]})
+        assert r.status_code == 200 and len(r.json()["data"]) == 2
+    finally:
+        assert _stop(proc) == 0, log.read_text()[-3000:]
+
+
+def test_up_refuses_a_bad_model_folder(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--model", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "is not a folder" in result.stderr and "Traceback" not in result.stderr
