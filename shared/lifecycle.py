@@ -14,7 +14,7 @@ from nats.micro.service import Service, ServiceConfig
 
 from shared import __version__
 from shared.config import NatsConfig
-from shared.subjects import SERVICE_NAMES
+from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet")
 
@@ -68,15 +68,21 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
             delay = min(delay * 2, 5.0)
 
 
-async def register(nc: Client, role: str, description: str, metadata: dict[str, str]) -> Service:
-    """Register as a NATS micro service: $SRV.PING/INFO/STATS answer for this process."""
+async def register(
+    nc: Client, subjects: Subjects, role: str, description: str, metadata: dict[str, str]
+) -> Service:
+    """Register as a NATS micro service: $SRV.PING/INFO/STATS answer for this process.
+
+    The metadata carries the subject prefix: fleets under different prefixes share a NATS server
+    without seeing each other.
+    """
     return await add_service(
         nc,
         ServiceConfig(
             name=SERVICE_NAMES[role],
             version=__version__,
             description=description,
-            metadata=metadata,
+            metadata={"prefix": subjects.prefix, **metadata},
         ),
     )
 

@@ -45,8 +45,8 @@ class Gateway:
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
         self.client = EmbedClient(self.nc, self.cfg.nats.subjects)
         await self.client.start()
-        self.discovery = Discovery(self.nc, self.cfg.discovery_wait, self.cfg.discovery_interval)
-        self._micro = await register(self.nc, "gateway", "HTTP gateway", {"port": str(self.cfg.port)})
+        self.discovery = Discovery(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
+        self._micro = await register(self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)})
         log.info("gateway on http://%s:%d (nats %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url)
         try:
             yield

@@ -28,8 +28,9 @@ class FleetView:
 
 
 class Discovery:
-    def __init__(self, nc: Client, wait: float, interval: float) -> None:
+    def __init__(self, nc: Client, prefix: str, wait: float, interval: float) -> None:
         self._nc = nc
+        self._prefix = prefix  # only services under our subject prefix belong to our fleet
         self._wait = wait
         self._interval = interval
         self._view = FleetView({}, {}, 0.0)
@@ -62,7 +63,7 @@ class Discovery:
                 meta = json.loads(msg.data).get("metadata") or {}
             except (ValueError, AttributeError):
                 return
-            if isinstance(meta, dict) and isinstance(meta.get("model"), str):
+            if isinstance(meta, dict) and meta.get("prefix") == self._prefix and isinstance(meta.get("model"), str):
                 found.setdefault(meta["model"], meta)
                 got_one.set()
 

@@ -46,6 +46,7 @@ class WorkerService:
         self._sub = await self._nc.subscribe(subject, queue=WORKER_QUEUE, cb=self._on_batch)
         self._micro = await register(
             self._nc,
+            self._cfg.nats.subjects,
             "worker",
             "token IDs -> vectors",
             {"model": model.id, "dim": str(self._engine.dim), "device": str(self._engine.device)},

@@ -35,7 +35,7 @@ class ScorerService:
         await self._client.start()
         subject = self._cfg.nats.subjects.rerank(self._cfg.model.id)
         self._sub = await self._nc.subscribe(subject, queue=SCORER_QUEUE, cb=self._on_request)
-        self._micro = await register(self._nc, "scorer", "rerank by cosine similarity", {"model": self._cfg.model.id})
+        self._micro = await register(self._nc, self._cfg.nats.subjects, "scorer", "rerank by cosine similarity", {"model": self._cfg.model.id})
         log.info("serving rerank for %s on %s", self._cfg.model.id, subject)
 
     async def stop(self) -> None:

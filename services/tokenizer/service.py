@@ -35,6 +35,7 @@ class TokenizerService:
         )
         self._micro = await register(
             self._nc,
+            self._subjects,
             "tokenizer",
             "text -> token IDs",
             {"model": model.id, "max_seq_length": str(model.max_seq_length), "dim": str(model.dim)},

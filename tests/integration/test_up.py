@@ -51,7 +51,7 @@ def test_up_with_embedded_nats(tmp_path):
         assert f"POST http://127.0.0.1:{port}/v1/embeddings" in out
         nats_port = int(out.split("NATS nats://127.0.0.1:")[1].split()[0])
         assert healthy(f"http://127.0.0.1:{port}")
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"})
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"}, timeout=60)
         assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
         # its data and log live under the project-owned data directory
         assert (tmp_path / "data" / "nats" / "nats-server.conf").is_file()
@@ -74,7 +74,7 @@ def test_up_with_external_nats_starts_none(tmp_path, nats_url):
         assert proc.poll() is None, log.read_text()
         assert f"NATS {nats_url}" in log.read_text()
         assert not (tmp_path / "data" / "nats").exists()
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a", "b"]})
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a", "b"]}, timeout=60)
         assert r.status_code == 200 and len(r.json()["data"]) == 2
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
