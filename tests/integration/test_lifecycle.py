@@ -1,0 +1,88 @@
+"""Lifecycle on real processes: services reconnect after a NATS restart; SIGTERM drains in-flight work."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from shared.nats_server import EmbeddedNats, free_port
+from tests.corpus import medium_texts
+from tests.integration.procs import Service, healthy, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@dataclass
+class SmallStack:
+    nats: EmbeddedNats
+    base_url: str
+    services: dict[str, Service]
+    data_dir: Path
+
+
+@pytest.fixture
+def small_stack(tmp_path) -> Iterator[SmallStack]:
+    nats = EmbeddedNats(tmp_path / "nats")
+    nats.start()
+    port = free_port()
+    common = ["--nats", nats.url]
+    services = {
+        "tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "32"], tmp_path),
+        "worker": Service("worker", common, tmp_path),
+        "gateway": Service("gateway", [*common, "--port", str(port), "--request-timeout", "60"], tmp_path),
+    }
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base_url), 120, "gateway health", list(services.values()))
+        yield SmallStack(nats, base_url, services, tmp_path / "nats")
+    finally:
+        for s in services.values():
+            s.stop()
+        nats.stop()
+
+
+def _embed(base_url: str, texts: list[str], timeout: float = 60) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=timeout)
+
+
+def test_services_reconnect_after_nats_restart(small_stack, reference):
+    before = _embed(small_stack.base_url, ["before the restart"])
+    assert before.status_code == 200
+    small_stack.nats.stop()
+    assert not healthy(small_stack.base_url)
+    restarted = EmbeddedNats(small_stack.data_dir, port=small_stack.nats.port)
+    restarted.start()
+    try:
+        wait_until(lambda: healthy(small_stack.base_url), 60, "health after the NATS restart", list(small_stack.services.values()))
+        texts = ["after the restart", "still the same vectors"]
+        r = _embed(small_stack.base_url, texts)
+        assert r.status_code == 200, r.text
+        got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+        np.testing.assert_allclose(got, reference.encode(texts), atol=1e-4)
+    finally:
+        restarted.stop()
+
+
+def test_sigterm_drains_in_flight_work(small_stack):
+    texts = medium_texts(800)  # tens of thousands of tokens: seconds of work on a CPU
+    result: dict[str, httpx.Response] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("r", _embed(small_stack.base_url, texts, 120)))
+    thread.start()
+    time.sleep(1.0)  # the request is tokenized and queued in the worker by now
+    worker = small_stack.services["worker"]
+    assert thread.is_alive() and worker.alive, "the request finished before the worker was stopped"
+    assert worker.stop(timeout=120) == 0, worker.log()[-2000:]
+    thread.join(120)
+    r = result["r"]
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == len(texts)
+    assert "finishing in-flight work" in worker.log()
