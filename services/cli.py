@@ -67,37 +67,19 @@ def _dispatch(ns: argparse.Namespace) -> None:
         from services.tokenizer.service import TokenizerService
 
         cfg = tokenizer_config.TokenizerConfig.from_namespace(ns)
-
-        async def start(nc):
-            service = TokenizerService(nc, cfg)
-            await service.start()
-            return service
-
-        run_service("tokenizer", cfg.nats, start)
+        run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
         from services.gpu_worker.engine import Engine
         from services.gpu_worker.service import WorkerService
 
         cfg = worker_config.WorkerConfig.from_namespace(ns)
         engine = Engine(cfg.model, cfg.device, cfg.dtype)  # load weights before taking work
-
-        async def start(nc):
-            service = WorkerService(nc, cfg, engine)
-            await service.start()
-            return service
-
-        run_service("worker", cfg.nats, start)
+        run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engine))
     elif command == "scorer":
         from services.scorer.service import ScorerService
 
         cfg = scorer_config.ScorerConfig.from_namespace(ns)
-
-        async def start(nc):
-            service = ScorerService(nc, cfg)
-            await service.start()
-            return service
-
-        run_service("scorer", cfg.nats, start)
+        run_service("scorer", cfg.nats, lambda nc: ScorerService(nc, cfg))
 
 
 if __name__ == "__main__":

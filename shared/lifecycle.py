@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Awaitable, Callable, Protocol
+from typing import Callable, Protocol
 
 import nats
 from nats.aio.client import Client
@@ -19,7 +19,10 @@ from shared.subjects import SERVICE_NAMES, Subjects
 log = logging.getLogger("embedfleet")
 
 
-class Stoppable(Protocol):
+class Runnable(Protocol):
+    async def start(self) -> None:
+        """Subscribe and start taking work."""
+
     async def stop(self) -> None:
         """Stop taking work and finish what is in flight."""
 
@@ -90,7 +93,7 @@ async def register(
 def run_service(
     role: str,
     cfg: NatsConfig,
-    start: Callable[[Client], Awaitable[Stoppable]],
+    build: Callable[[Client], Runnable],
 ) -> None:
     """Run one service until SIGTERM/SIGINT, then stop it (finishing in-flight work) and drain NATS."""
 
@@ -100,7 +103,8 @@ def run_service(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         nc = await connect(cfg, f"embedfleet-{role}", stop)
-        service = await start(nc)
+        service = build(nc)
+        await service.start()
         log.info("%s ready (nats %s)", role, cfg.url)
         await stop.wait()
         log.info("%s stopping: finishing in-flight work", role)

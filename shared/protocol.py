@@ -15,7 +15,7 @@ The gateway's reply subject travels with the request, so workers answer the gate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import msgpack
 import numpy as np
@@ -224,6 +224,17 @@ def decode(data: bytes) -> Message:
     if decoder is None:
         raise ProtocolError(f"unknown message type {kind!r}")
     return decoder(m)
+
+
+M = TypeVar("M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, RerankRequest, RerankResult)
+
+
+def decode_as(data: bytes, kind: type[M]) -> M:
+    """Decode a message that must be of type ``kind``; ProtocolError otherwise."""
+    msg = decode(data)
+    if not isinstance(msg, kind):
+        raise ProtocolError(f"expected a {kind.TYPE!r} message, got {msg.TYPE!r}")
+    return msg
 
 
 def _decode_embed(m: dict) -> EmbedRequest:

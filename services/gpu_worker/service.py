@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
-from shared.protocol import VECTOR_DTYPES, EmbedResult, ErrorReply, ProtocolError, TokenBatch, decode, encode
+from shared.protocol import VECTOR_DTYPES, EmbedResult, ErrorReply, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import WORKER_QUEUE
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
@@ -73,9 +73,7 @@ class WorkerService:
             return
         request_id = ""
         try:
-            batch = decode(msg.data)
-            if not isinstance(batch, TokenBatch):
-                raise ProtocolError(f"expected a token batch, got {type(batch).__name__}")
+            batch = decode_as(msg.data, TokenBatch)
             request_id = batch.id
             if batch.options.dimensions is not None and batch.options.dimensions > self._engine.dim:
                 raise ServiceError(

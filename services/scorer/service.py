@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 from shared.client import EmbedClient
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
-from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode, encode
+from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE
 from services.scorer.config import ScorerConfig
 from services.scorer.scoring import cosine_rank
@@ -65,9 +65,7 @@ class ScorerService:
             return
         request_id = ""
         try:
-            request = decode(msg.data)
-            if not isinstance(request, RerankRequest):
-                raise ProtocolError(f"expected a rerank request, got {type(request).__name__}")
+            request = decode_as(msg.data, RerankRequest)
             request_id = request.id
             reply = await self._rank(request)
         except ProtocolError as exc:

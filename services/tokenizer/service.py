@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
-from shared.protocol import EmbedRequest, ErrorReply, ProtocolError, TokenBatch, decode, encode
+from shared.protocol import EmbedRequest, ErrorReply, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import TOKENIZER_QUEUE
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
@@ -53,9 +53,7 @@ class TokenizerService:
     async def _on_request(self, msg: Msg) -> None:
         request_id = ""
         try:
-            request = decode(msg.data)
-            if not isinstance(request, EmbedRequest):
-                raise ProtocolError(f"expected an embed request, got {type(request).__name__}")
+            request = decode_as(msg.data, EmbedRequest)
             request_id = request.id
             await self._handle(request, msg.reply)
         except ProtocolError as exc:

@@ -131,3 +131,12 @@ def test_rejects_bad_results(fields, message):
     body.update(fields)
     with pytest.raises(ProtocolError, match=message):
         decode(msgpack.packb(body))
+
+
+def test_decode_as_checks_the_type():
+    from shared.protocol import decode_as
+
+    data = encode(ErrorReply("a", ErrorCode.TIMEOUT, "late"))
+    assert decode_as(data, ErrorReply).message == "late"
+    with pytest.raises(ProtocolError, match="expected a 'tokens' message, got 'error'"):
+        decode_as(data, TokenBatch)

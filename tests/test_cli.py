@@ -1,0 +1,46 @@
+import subprocess
+import sys
+
+import pytest
+
+from services.cli import build_parser
+
+
+def test_every_service_has_a_command():
+    parser = build_parser()
+    for command in ("up", "gateway", "tokenizer", "worker", "scorer"):
+        assert parser.parse_args([command]).command == command
+
+
+def test_up_defaults_and_environment(monkeypatch):
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("EMBEDFLEET_NATS_URL", raising=False)
+    monkeypatch.setenv("EMBEDFLEET_PORT", "9191")
+    ns = build_parser().parse_args(["up"])
+    assert ns.nats is None  # no URL: up starts an embedded nats-server
+    assert ns.port == 9191
+    assert build_parser().parse_args(["up", "--port", "7000"]).port == 7000
+    monkeypatch.setenv("NATS_URL", "nats://10.0.0.1:4222")
+    assert build_parser().parse_args(["worker"]).nats == "nats://10.0.0.1:4222"
+
+
+def test_worker_options(monkeypatch):
+    monkeypatch.setenv("EMBEDFLEET_MAX_BATCH_TOKENS", "4096")
+    ns = build_parser().parse_args(["worker", "--device", "cpu", "--dtype", "float32"])
+    assert (ns.device, ns.dtype, ns.max_batch_tokens) == ("cpu", "float32", 4096)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["worker", "--max-batch-tokens", "0"], "invalid positive_int value"),
+        (["worker", "--dtype", "float64"], "invalid choice"),
+        (["tokenizer", "--model", "/nonexistent/model"], "is not a folder"),
+        (["worker", "--max-batch-tokens", "100"], "below the model's sequence limit 256"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(args, fragment):
+    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
