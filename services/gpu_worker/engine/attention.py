@@ -19,9 +19,10 @@ class SdpaVarlen:
         # q, k, v: [T, heads, head_dim] -> [T, heads, head_dim]
         out = torch.empty_like(q)
         for start, end in self.bounds:
-            # [L, heads, d] -> [heads, L, d]
+            # [L, heads, d] -> [1, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU,
+            # 3-D ones fall back to the unfused math path (several times slower)
             o = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+                q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None], v[start:end].transpose(0, 1)[None]
             )
-            out[start:end] = o.transpose(0, 1)
+            out[start:end] = o[0].transpose(0, 1)
         return out
