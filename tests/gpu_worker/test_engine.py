@@ -4,6 +4,7 @@ import torch
 
 from shared.errors import ErrorCode, ServiceError
 from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.batch import DeviceBatch, prepare
 from services.gpu_worker.engine.pooling import pool, postprocess
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from tests.conftest import COSINE_TOLERANCE, cosines
@@ -44,13 +45,12 @@ def test_packed_batch_equals_one_at_a_time(engine, encoder):
 
 def test_pooling_modes():
     hidden = torch.arange(12, dtype=torch.float32).reshape(6, 2)  # 6 tokens, hidden 2
-    cu = torch.tensor([0, 2, 6])
-    lengths = torch.tensor([2, 4])
-    assert pool(hidden, cu, lengths, "cls").tolist() == [[0, 1], [4, 5]]
-    assert pool(hidden, cu, lengths, "lasttoken").tolist() == [[2, 3], [10, 11]]
-    assert pool(hidden, cu, lengths, "mean").tolist() == [[1, 2], [7, 8]]
+    batch = DeviceBatch(prepare(np.zeros(6, np.int32), np.array([0, 2, 6]), 0), torch.device("cpu"))
+    assert pool(hidden, batch, "cls").tolist() == [[0, 1], [4, 5]]
+    assert pool(hidden, batch, "lasttoken").tolist() == [[2, 3], [10, 11]]
+    assert pool(hidden, batch, "mean").tolist() == [[1, 2], [7, 8]]
     with pytest.raises(ValueError):
-        pool(hidden, cu, lengths, "max")
+        pool(hidden, batch, "max")
 
 
 def test_postprocess_matryoshka_then_normalise():

@@ -1,24 +1,51 @@
-"""Non-causal attention over packed variable-length sequences (no padding)."""
+"""Non-causal attention over packed variable-length sequences (no padding), one backend per device.
+
+Each backend is bound once per batch to the sequence bounds (``bind``), then called by every layer
+with q, k, v of shape [T, heads, head_dim]. ``capturable`` backends read the bounds from device
+memory only, so a CUDA graph captured with them is valid for any batch of the same token bucket.
+"""
 
 from __future__ import annotations
 
+import logging
+from typing import Protocol
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+log = logging.getLogger("embedfleet.engine")
 
-class SdpaVarlen:
-    """PyTorch SDPA, one call per sequence: works on every device and head size.
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # FlashInfer's prefill kernels; 32 (MiniLM, bge-small) is not among them
 
-    Built once per batch (the host-side sequence bounds are shared by all layers).
-    """
 
-    def __init__(self, cu_seqlens: list[int]) -> None:
-        self.bounds = list(zip(cu_seqlens[:-1], cu_seqlens[1:]))
+class Attention(Protocol):
+    name: str
+    capturable: bool
+
+    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+        """Set this batch's sequence bounds: host copy, device copy, longest sequence."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q, k, v: [T, heads, head_dim] -> [T, heads, head_dim]
+        """[T, heads, d] x3 -> [T, heads, d]."""
+
+
+class SdpaVarlen:
+    """PyTorch SDPA, one call per sequence: every device and head size; not capturable."""
+
+    name = "sdpa"
+    capturable = False
+
+    def __init__(self) -> None:
+        self._bounds: list[tuple[int, int]] = []
+
+    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+        cu = cu_host.tolist()
+        self._bounds = [(s, e) for s, e in zip(cu[:-1], cu[1:]) if e > s]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
-        for start, end in self.bounds:
+        for start, end in self._bounds:
             # [L, heads, d] -> [1, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU,
             # 3-D ones fall back to the unfused math path (several times slower)
             o = F.scaled_dot_product_attention(
@@ -26,3 +53,83 @@ class SdpaVarlen:
             )
             out[start:end] = o[0].transpose(0, 1)
         return out
+
+
+class TorchFlashVarlen:
+    """PyTorch's flash-attention varlen kernel (CUDA, fp16/bf16): bounds read from device memory."""
+
+    name = "torch-flash-varlen"
+    capturable = True
+
+    def __init__(self) -> None:
+        from torch.nn.attention.varlen import varlen_attn
+
+        self._varlen_attn = varlen_attn
+        self._cu: torch.Tensor | None = None
+        self._max_len = 0
+
+    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+        self._cu, self._max_len = cu_dev, max_len
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._varlen_attn(q, k, v, self._cu, self._cu, self._max_len, self._max_len)
+
+
+class FlashInferRagged:
+    """FlashInfer's ragged non-causal prefill (CUDA). Planned on the host per batch; in graph mode
+    one wrapper per bucket is bound to the static bounds buffer and re-planned before each replay."""
+
+    name = "flashinfer"
+    capturable = True
+    WORKSPACE_BYTES = 128 << 20
+
+    def __init__(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        import flashinfer  # optional dependency, imported only when chosen
+
+        self._flashinfer = flashinfer
+        self._heads, self._head_dim, self._dtype = heads, head_dim, dtype
+        self._workspace = torch.empty(self.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._eager = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD")
+        self._graph_wrappers: dict[int, object] = {}
+        self._active = self._eager
+
+    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+        if graph_key is None:
+            wrapper = self._eager
+        else:
+            wrapper = self._graph_wrappers.get(graph_key)
+            if wrapper is None:
+                wrapper = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                    self._workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=cu_dev, kv_indptr_buf=cu_dev
+                )
+                self._graph_wrappers[graph_key] = wrapper
+        indptr = torch.from_numpy(np.ascontiguousarray(cu_host, dtype=np.int32))
+        wrapper.plan(
+            indptr, indptr, self._heads, self._heads, self._head_dim, causal=False, q_data_type=self._dtype
+        )
+        self._active = wrapper
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._active.run(q, k, v)
+
+
+def select_attention(heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, prefer: str = "auto") -> Attention:
+    """FlashInfer on CUDA where installed and the head size allows; PyTorch's flash varlen on CUDA
+    otherwise; SDPA everywhere else (and whenever asked for)."""
+    if device.type != "cuda" or prefer == "sdpa":
+        return SdpaVarlen()
+    if prefer in ("auto", "flashinfer") and head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.float16, torch.bfloat16):
+        try:
+            return FlashInferRagged(heads, head_dim, dtype, device)
+        except ImportError:
+            if prefer == "flashinfer":
+                raise
+            log.info("flashinfer is not installed; using PyTorch's flash varlen attention")
+    elif prefer == "flashinfer":
+        raise ValueError(f"FlashInfer does not support head size {head_dim} / {dtype}")
+    if dtype in (torch.float16, torch.bfloat16):
+        try:
+            return TorchFlashVarlen()
+        except ImportError:
+            log.info("this PyTorch has no varlen attention; using SDPA per sequence")
+    return SdpaVarlen()

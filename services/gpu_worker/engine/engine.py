@@ -1,23 +1,35 @@
-"""Engine: packed token batches in, one pooled vector per sequence out."""
+"""Engine: packed token batches in, one pooled vector per sequence out, lazily.
+
+One Engine is one replica: its own CUDA stream, graphs, memory pool and static buffers. Replicas
+made with :meth:`Engine.replicate` share the weights. ``step`` returns at once with a result handle;
+``embed`` is ``step(...).result()``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Callable
 
 import numpy as np
 import torch
 
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
-from services.gpu_worker.engine.attention import SdpaVarlen
+from services.gpu_worker.engine.attention import Attention, select_attention
+from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
 from services.gpu_worker.engine.bert import BertEncoder
+from services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
 from services.gpu_worker.engine.loader import load_weights, read_safetensors
 from services.gpu_worker.engine.pooling import pool
+from services.gpu_worker.engine.results import CudaResult, ReadyResult
 from services.gpu_worker.engine.spec import ModelSpec
 
 log = logging.getLogger("embedfleet.engine")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# padding of a bucket is under 256 tokens, so the dummy row never exceeds this or the model limit
+_PAD_ROW_MAX = 256
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -30,31 +42,96 @@ def pick_device(requested: str | None) -> torch.device:
 
 
 class Engine:
-    """One model replica on one device. Not thread-safe: one forward at a time."""
+    """One model replica on one device. One ``step`` at a time per replica."""
 
-    def __init__(self, info: ModelInfo, device: str | None = None, dtype: str | None = None) -> None:
+    def __init__(
+        self,
+        info: ModelInfo,
+        device: str | None = None,
+        dtype: str | None = None,
+        *,
+        graphs: bool | None = None,
+        attention: str = "auto",
+        max_batch_tokens: int = 8192,
+        max_batch_seqs: int = 256,
+        capture: Callable[["Engine", int], Replay] | None = None,
+        model: BertEncoder | None = None,
+    ) -> None:
         self.info = info
         self.spec = ModelSpec.from_folder(info.path)
         self.device = pick_device(device)
         if dtype is None:
             # CPU matmuls in half precision are slow and lossy; GPUs are built for them
             dtype = "float16" if self.device.type == "cuda" else "float32"
+        self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         if info.dim != self.spec.hidden_size:
             raise ServiceError(ErrorCode.INTERNAL, f"pooling dimension {info.dim} != hidden size {self.spec.hidden_size}")
-        model = BertEncoder(self.spec)
-        load_weights(model, read_safetensors(info.path))
-        self.model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
-        # longest sequence the position table allows
+        if model is None:
+            model = BertEncoder(self.spec)
+            load_weights(model, read_safetensors(info.path))
+            model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.model = model
         self.max_seq_length = min(info.max_seq_length, self.spec.max_positions - self.spec.position_offset)
-        log.info(
-            "engine: %s (%s, %d layers, hidden %d) on %s in %s",
-            info.id, self.spec.model_type, self.spec.num_layers, self.spec.hidden_size, self.device, dtype,
+        self._attention_pref = attention
+        self.attention: Attention = select_attention(
+            self.spec.num_heads, self.spec.head_dim, self.dtype, self.device, attention
+        )
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._capture_fn = capture
+        self._graphs_requested = graphs
+        self.configure(max_batch_tokens, max_batch_seqs)
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def configure(self, max_batch_tokens: int, max_batch_seqs: int) -> None:
+        """(Re)build the graph buckets and static buffers for a token budget and a row cap."""
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_seqs = max_batch_seqs
+        use_graphs = self._graphs_requested
+        if use_graphs is None:
+            use_graphs = self.device.type == "cuda" and self.attention.capturable
+        if use_graphs and self._capture_fn is None and not (self.device.type == "cuda" and self.attention.capturable):
+            raise ValueError(f"CUDA graphs need a CUDA device and a capturable attention backend (have {self.attention.name})")
+        self.graphs: GraphCache | None = None
+        self._static: StaticBatch | None = None
+        self._pool = None
+        if use_graphs:
+            buckets = bucket_sizes(max_batch_tokens)
+            self.graphs = GraphCache(buckets, self._capture)
+            # one row per sequence, one for the pad tokens
+            self._static = StaticBatch(buckets[-1], max_batch_seqs + 1, self.device)
+            self._static_out = torch.zeros(max_batch_seqs + 1, self.dim, dtype=torch.float32, device=self.device)
+            if self.device.type == "cuda":
+                self._pool = torch.cuda.graph_pool_handle()
+        self._static_max_len = max(self.max_seq_length, _PAD_ROW_MAX)
+
+    def replicate(self) -> Engine:
+        """Another replica on the same device: shared weights, own stream, graphs and buffers."""
+        return Engine(
+            self.info,
+            str(self.device),
+            self.dtype_name,
+            graphs=self._graphs_requested,
+            attention=self._attention_pref,
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_seqs=self.max_batch_seqs,
+            capture=self._capture_fn,
+            model=self.model,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.info.id} ({self.spec.model_type}, {self.spec.num_layers} layers, hidden {self.spec.hidden_size}) "
+            f"on {self.device} in {self.dtype_name}, attention {self.attention.name}, "
+            f"graphs {'on' if self.graphs else 'off'}"
         )
 
     @property
     def dim(self) -> int:
         return self.spec.hidden_size
+
+    # -- checks -----------------------------------------------------------------------------
 
     def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> None:
         """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows)."""
@@ -66,20 +143,59 @@ class Engine:
                 ErrorCode.INPUT_TOO_LONG, f"a sequence has {longest} tokens; the model's limit is {self.max_seq_length}"
             )
 
-    @torch.inference_mode()
+    # -- running ----------------------------------------------------------------------------
+
     def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> np.ndarray:
-        """input_ids [T] int32, cu_seqlens [B + 1] int32 -> pooled vectors [B, hidden] float32.
+        """input_ids [T] int32, cu_seqlens [B + 1] -> pooled vectors [B, hidden] float32 (blocking)."""
+        return self.step(input_ids, cu_seqlens).result()
+
+    @torch.inference_mode()
+    def step(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> ReadyResult | CudaResult:
+        """Launch one batch and return at once; the handle's ``result()`` gives [B, hidden] float32.
 
         Inputs must have passed :meth:`check`.
         """
-        cu = np.asarray(cu_seqlens, dtype=np.int64)
-        lengths = np.diff(cu)
-        # position of each token inside its own sequence: [T]
-        positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], lengths) + self.spec.position_offset
-        dev = self.device
-        ids_t = torch.from_numpy(np.asarray(input_ids, dtype=np.int64)).to(dev, non_blocking=True)
-        pos_t = torch.from_numpy(positions).to(dev, non_blocking=True)
-        types_t = torch.zeros_like(ids_t)
-        hidden = self.model(ids_t, pos_t, types_t, SdpaVarlen(cu.tolist()))
-        pooled = pool(hidden, torch.from_numpy(cu).to(dev), torch.from_numpy(lengths).to(dev), self.info.pooling)
-        return pooled.float().cpu().numpy()
+        tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
+        bucket = self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs else None
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            if bucket is None:
+                pooled = self._eager(input_ids, cu_seqlens)
+            else:
+                pooled = self._graphed(input_ids, cu_seqlens, bucket)[:rows]
+            if self.device.type != "cuda":
+                return ReadyResult(pooled.numpy().copy())
+            host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(pooled, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            return CudaResult(host, event)
+
+    def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> torch.Tensor:
+        host = prepare(input_ids, cu_seqlens, self.spec.position_offset)
+        batch = DeviceBatch(host, self.device)
+        self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len)
+        return self._forward(batch)
+
+    def _graphed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, bucket: int) -> torch.Tensor:
+        host = prepare(input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=self._static.max_rows)
+        self._static.load(host)
+        # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect
+        self.attention.bind(host.cu_seqlens, self._static.cu_seqlens, self._static_max_len, graph_key=bucket)
+        self.graphs.run(bucket, eager=lambda: self._static_forward(bucket))
+        return self._static_out
+
+    def _forward(self, batch) -> torch.Tensor:
+        hidden = self.model(batch.input_ids, batch.positions, batch.token_types, self.attention)
+        return pool(hidden, batch, self.info.pooling)
+
+    def _static_forward(self, bucket: int) -> None:
+        self._static_out.copy_(self._forward(self._static.view(bucket)))
+
+    def _capture(self, bucket: int) -> Replay:
+        if self._capture_fn is not None:
+            return self._capture_fn(self, bucket)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
+            self._static_forward(bucket)
+        log.debug("captured a CUDA graph for %d tokens", bucket)
+        return graph.replay

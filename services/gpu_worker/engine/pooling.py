@@ -1,22 +1,27 @@
-"""Pooling of packed hidden states into one vector per sequence, and output post-processing."""
+"""Pooling of packed hidden states into one vector per row, and output post-processing."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+POOLING_MODES = ("mean", "cls", "lasttoken")
 
-def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, lengths: torch.Tensor, mode: str) -> torch.Tensor:
-    """hidden [T, H], cu_seqlens [B + 1], lengths [B] -> [B, H]."""
+
+def pool(hidden: torch.Tensor, batch, mode: str) -> torch.Tensor:
+    """hidden [N, H] -> [R, H] float32, using the batch's seq_ids / first / last / lengths.
+
+    Shapes depend only on N and R (no host sync), so pooling can sit inside a CUDA graph.
+    """
     if mode == "cls":
-        return hidden[cu_seqlens[:-1]]
+        return hidden[batch.first].float()
     if mode == "lasttoken":
-        return hidden[cu_seqlens[1:] - 1]
+        return hidden[batch.last].float()
     if mode == "mean":
-        seq = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths)
-        sums = torch.zeros(len(lengths), hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        sums.index_add_(0, seq, hidden.float())
-        return sums / lengths.unsqueeze(1).to(sums.dtype)
+        rows = batch.lengths.shape[0]
+        sums = torch.zeros(rows, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        sums.index_add_(0, batch.seq_ids, hidden.float())
+        return sums / batch.lengths.unsqueeze(1)
     raise ValueError(f"unknown pooling mode {mode!r}")
 
 

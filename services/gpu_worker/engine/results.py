@@ -1,0 +1,40 @@
+"""Lazy results: ``Engine.step`` returns at once; the vectors are read when the device is done."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class ReadyResult:
+    """CPU: computed synchronously, ready at once."""
+
+    def __init__(self, vectors: np.ndarray) -> None:
+        self._vectors = vectors
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    def result(self) -> np.ndarray:
+        return self._vectors
+
+
+class CudaResult:
+    """A pinned host buffer filled by an async device-to-host copy, and the event that marks it done."""
+
+    def __init__(self, host: torch.Tensor, event: torch.cuda.Event) -> None:
+        self._host = host  # [B, H] float32, pinned
+        self._event = event
+
+    def ready(self) -> bool:
+        return self._event.query()
+
+    def wait(self) -> None:
+        self._event.synchronize()
+
+    def result(self) -> np.ndarray:
+        self._event.synchronize()
+        return self._host.numpy()
