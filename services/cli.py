@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     try:
         ns = build_parser().parse_args(argv)
-        _dispatch(ns)
+        _dispatch(ns, argv)
     except ConfigError as exc:
         print(f"embedfleet: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
-def _dispatch(ns: argparse.Namespace) -> None:
+def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
     command = ns.command
     if command == "up":
         from services.stack import run_stack
@@ -69,12 +69,14 @@ def _dispatch(ns: argparse.Namespace) -> None:
         cfg = tokenizer_config.TokenizerConfig.from_namespace(ns)
         run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
-        from services.gpu_worker.engine import Engine
+        from services.gpu_worker.replicas import build_engines, is_cpu, run_cpu_processes
         from services.gpu_worker.service import WorkerService
 
         cfg = worker_config.WorkerConfig.from_namespace(ns)
-        engine = Engine(cfg.model, cfg.device, cfg.dtype)  # load weights before taking work
-        run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engine))
+        if cfg.replicas > 1 and is_cpu(cfg):
+            sys.exit(run_cpu_processes(cfg, sys.argv[1:] if argv is None else argv))
+        engines = build_engines(cfg)  # load weights (and calibrate) before taking work
+        run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engines))
     elif command == "scorer":
         from services.scorer.service import ScorerService
 

@@ -33,7 +33,7 @@ def test_worker_options(monkeypatch):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["worker", "--max-batch-tokens", "0"], "invalid positive_int value"),
+        (["worker", "--max-batch-tokens", "0"], "invalid budget value"),
         (["worker", "--dtype", "float64"], "invalid choice"),
         (["tokenizer", "--model", "/nonexistent/model"], "is not a folder"),
         (["worker", "--max-batch-tokens", "100"], "below the model's sequence limit 256"),

@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
 from shared.model_dir import ModelInfo, load_model_info
 
 
+def budget(text: str) -> int | None:
+    """'auto' (calibrate at start-up) or a positive number of tokens."""
+    return None if text == "auto" else positive_int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--device", "EMBEDFLEET_DEVICE", "auto", "torch device: auto (CUDA when present), cpu, cuda, cuda:N")
     add_option(parser, "--dtype", "EMBEDFLEET_DTYPE", None, "compute dtype (default: float32 on CPU, float16 on CUDA)",
                choices=("float32", "float16", "bfloat16"))
-    add_option(parser, "--max-batch-tokens", "EMBEDFLEET_MAX_BATCH_TOKENS", 2048, "token budget of one engine batch", positive_int)
+    add_option(parser, "--max-batch-tokens", "EMBEDFLEET_MAX_BATCH_TOKENS", "auto",
+               "token budget of one engine batch; 'auto' calibrates it at start-up", budget)
     add_option(parser, "--max-batch-seqs", "EMBEDFLEET_MAX_BATCH_SEQS", 256, "max sequences in one engine batch", positive_int)
+    add_option(parser, "--replicas", "EMBEDFLEET_REPLICAS", 1,
+               "engine replicas: on CUDA, replicas on the one GPU sharing weights; on CPU, processes sharing the cores",
+               positive_int)
+    add_option(parser, "--threads", "EMBEDFLEET_THREADS", None, "CPU threads per replica (default: all cores, split among replicas)",
+               positive_int)
+    add_option(parser, "--graphs", "EMBEDFLEET_GRAPHS", "auto", "CUDA graphs: auto (on with CUDA), on, off",
+               choices=("auto", "on", "off"))
+    add_option(parser, "--attention", "EMBEDFLEET_ATTENTION", "auto", "attention backend",
+               choices=("auto", "sdpa", "flashinfer"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,14 +39,21 @@ class WorkerConfig:
     model: ModelInfo
     device: str
     dtype: str | None
-    max_batch_tokens: int
+    max_batch_tokens: int | None  # None: calibrate
     max_batch_seqs: int
+    replicas: int
+    threads: int | None
+    graphs: bool | None  # None: on where CUDA and the attention backend allow
+    attention: str
 
     def __post_init__(self) -> None:
-        if self.max_batch_tokens < self.model.max_seq_length:
+        if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
             raise ConfigError(
                 f"--max-batch-tokens {self.max_batch_tokens} is below the model's sequence limit {self.model.max_seq_length}"
             )
+
+    def cpu_threads(self) -> int:
+        return self.threads or max(1, (os.cpu_count() or 1) // self.replicas)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> WorkerConfig:
@@ -41,4 +64,8 @@ class WorkerConfig:
             dtype=ns.dtype,
             max_batch_tokens=ns.max_batch_tokens,
             max_batch_seqs=ns.max_batch_seqs,
+            replicas=ns.replicas,
+            threads=ns.threads,
+            graphs={"auto": None, "on": True, "off": False}[ns.graphs],
+            attention=ns.attention,
         )

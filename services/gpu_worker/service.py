@@ -1,13 +1,18 @@
-"""Worker service: TokenBatch in (queue group), scheduled FCFS, EmbedResult straight to the gateway."""
+"""Worker service: TokenBatch in (queue group), scheduled FCFS, EmbedResult straight to the gateway.
+
+Each engine replica has its own loop: it cuts the next batch, launches it (``step`` returns at
+once on CUDA), and only then waits for the previous batch's result, so batch N+1 is assembled and
+queued on the device while batch N runs. Waiting polls the result's event, never blocking the loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -18,40 +23,53 @@ from shared.subjects import WORKER_QUEUE
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.pooling import postprocess
-from services.gpu_worker.scheduler import Scheduler, Work
+from services.gpu_worker.scheduler import Batch, Scheduler, Work
 
 log = logging.getLogger("embedfleet.worker")
 
 # room left in a NATS message for the msgpack envelope around a result payload
 _ENVELOPE_BYTES = 1024
+_POLL_SECONDS = 0.0005
 
 
 class WorkerService:
-    def __init__(self, nc: Client, cfg: WorkerConfig, engine: Engine) -> None:
+    def __init__(self, nc: Client, cfg: WorkerConfig, engines: list[Engine]) -> None:
         self._nc = nc
         self._cfg = cfg
-        self._engine = engine
-        self._scheduler = Scheduler(cfg.max_batch_tokens, cfg.max_batch_seqs)
+        self._engines = engines
+        first = engines[0]
+        self._dim = first.dim
+        self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs)
         self._wake = asyncio.Event()
         self._stopping = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._loop_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._executors: list[ThreadPoolExecutor] = []
         self._sub = None
         self._micro = None
 
     async def start(self) -> None:
         model = self._cfg.model
         subject = self._cfg.nats.subjects.tokens(model.id)
-        self._loop_task = asyncio.create_task(self._run(), name="engine-loop")
+        for i, engine in enumerate(self._engines):
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{i}")
+            self._executors.append(executor)
+            self._tasks.append(asyncio.create_task(self._run(engine, executor), name=f"replica-{i}"))
         self._sub = await self._nc.subscribe(subject, queue=WORKER_QUEUE, cb=self._on_batch)
+        first = self._engines[0]
         self._micro = await register(
             self._nc,
             self._cfg.nats.subjects,
             "worker",
             "token IDs -> vectors",
-            {"model": model.id, "dim": str(self._engine.dim), "device": str(self._engine.device)},
+            {
+                "model": model.id,
+                "dim": str(self._dim),
+                "device": str(first.device),
+                "replicas": str(len(self._engines)),
+                "max_batch_tokens": str(first.max_batch_tokens),
+            },
         )
-        log.info("serving %s on %s (budget %d tokens)", model.id, subject, self._cfg.max_batch_tokens)
+        log.info("serving %s on %s (budget %d tokens)", model.id, subject, first.max_batch_tokens)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -59,13 +77,13 @@ class WorkerService:
             self._sub = None
         self._stopping = True
         self._wake.set()
-        if self._loop_task is not None:
-            await self._loop_task  # finishes everything queued
-            self._loop_task = None
+        await asyncio.gather(*self._tasks)  # each loop finishes what is queued and in flight
+        self._tasks.clear()
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
-        self._executor.shutdown(wait=True)
+        for executor in self._executors:
+            executor.shutdown(wait=True)
 
     async def _on_batch(self, msg: Msg) -> None:
         if not msg.reply:
@@ -75,12 +93,11 @@ class WorkerService:
         try:
             batch = decode_as(msg.data, TokenBatch)
             request_id = batch.id
-            if batch.options.dimensions is not None and batch.options.dimensions > self._engine.dim:
+            if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
                 raise ServiceError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"dimensions {batch.options.dimensions} exceeds the model's {self._engine.dim}",
+                    ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
                 )
-            self._engine.check(batch.input_ids, batch.cu_seqlens)
+            self._engines[0].check(batch.input_ids, batch.cu_seqlens)
         except ProtocolError as exc:
             await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_TOKENS, str(exc)))
             return
@@ -90,29 +107,47 @@ class WorkerService:
         self._scheduler.push(Work(batch, msg.reply))
         self._wake.set()
 
-    async def _run(self) -> None:
+    async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
+        in_flight: deque[tuple[Batch, object]] = deque()
         while True:
             for work in self._scheduler.drop_expired(time.time()):
                 await self._reply_error(work.reply, work.batch.id, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"))
             batch = self._scheduler.next_batch()
             if batch is None:
+                if in_flight:
+                    await self._finish(*in_flight.popleft())
+                    continue
                 if self._stopping:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            t0 = time.perf_counter()
             try:
-                vectors = await loop.run_in_executor(self._executor, self._engine.embed, batch.input_ids, batch.cu_seqlens)
+                handle = await loop.run_in_executor(executor, engine.step, batch.input_ids, batch.cu_seqlens)
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
-                for s in batch.slices:
-                    await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"))
+                await self._fail(batch)
                 continue
-            log.debug("batch: %d seqs, %d tokens, %.1f ms", len(batch.cu_seqlens) - 1, batch.num_tokens, (time.perf_counter() - t0) * 1e3)
-            for work in self._scheduler.complete(batch, vectors):
-                await self._reply(work)
+            in_flight.append((batch, handle))
+            if len(in_flight) > 1:  # batch N+1 is launched: now collect batch N
+                await self._finish(*in_flight.popleft())
+
+    async def _finish(self, batch: Batch, handle) -> None:
+        while not handle.ready():
+            await asyncio.sleep(_POLL_SECONDS)
+        try:
+            vectors = handle.result()
+        except Exception:
+            log.exception("reading a batch result failed")
+            await self._fail(batch)
+            return
+        for work in self._scheduler.complete(batch, vectors):
+            await self._reply(work)
+
+    async def _fail(self, batch: Batch) -> None:
+        for s in batch.slices:
+            await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"))
 
     async def _reply(self, work: Work) -> None:
         batch, opts = work.batch, work.batch.options

@@ -26,12 +26,14 @@ def stack(nats_url: str, tmp_path_factory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("logs")
     port = free_port()
     common = ["--nats", nats_url]
+    # a fixed budget here; `embedfleet up` (test_up) runs the start-up calibration
+    budget = ["--max-batch-tokens", "2048"]
     # one torch thread per worker: two workers share the machine's cores
     single = {"OMP_NUM_THREADS": "1"}
     services = {
         "tokenizer": Service("tokenizer", [*common, *CHUNK_ARGS], log_dir),
-        "worker-1": Service("worker", common, log_dir, single),
-        "worker-2": Service("worker", common, log_dir, single),
+        "worker-1": Service("worker", [*common, *budget], log_dir, single),
+        "worker-2": Service("worker", [*common, *budget], log_dir, single),
         "scorer": Service("scorer", common, log_dir),
         "gateway": Service("gateway", [*common, "--port", str(port)], log_dir),
     }

@@ -37,7 +37,7 @@ def small_stack(tmp_path) -> Iterator[SmallStack]:
     common = ["--nats", nats.url]
     services = {
         "tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "32"], tmp_path),
-        "worker": Service("worker", common, tmp_path),
+        "worker": Service("worker", [*common, "--max-batch-tokens", "1024"], tmp_path),
         "gateway": Service("gateway", [*common, "--port", str(port), "--request-timeout", "60"], tmp_path),
     }
     base_url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,72 @@
+"""Building the worker's engines: replicas, thread counts, the calibrated token budget."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+
+import torch
+
+from services.gpu_worker.config import WorkerConfig
+from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.calibrate import calibrate
+from services.gpu_worker.engine.engine import pick_device
+
+log = logging.getLogger("embedfleet.worker")
+
+# budget for the first (calibration) configuration; the knee replaces it
+_CALIBRATION_MAX = 8192
+
+
+def build_engines(cfg: WorkerConfig) -> list[Engine]:
+    """One engine per replica (weights shared), configured with the given or calibrated budget."""
+    device = pick_device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.cpu_threads())
+    first = Engine(
+        cfg.model,
+        str(device),
+        cfg.dtype,
+        graphs=cfg.graphs,
+        attention=cfg.attention,
+        max_batch_tokens=cfg.max_batch_tokens or _CALIBRATION_MAX,
+        max_batch_seqs=cfg.max_batch_seqs,
+    )
+    if cfg.max_batch_tokens is None:
+        result = calibrate(first)
+        budget = max(result.knee, cfg.model.max_seq_length)
+        log.info("calibrated token budget %d: %s", budget, result.describe())
+        first.configure(budget, cfg.max_batch_seqs)
+    else:
+        log.info("token budget %d (set by --max-batch-tokens)", cfg.max_batch_tokens)
+    engines = [first] + [first.replicate() for _ in range(cfg.replicas - 1)]
+    log.info("engine: %s; %d replica(s)", first.describe(), len(engines))
+    return engines
+
+
+def run_cpu_processes(cfg: WorkerConfig, argv: list[str]) -> int:
+    """CPU replicas as processes sharing the cores: ``--replicas N`` starts N single-replica workers."""
+    threads = cfg.cpu_threads()
+    # later flags win in argparse: each child is a single replica with its share of the cores
+    children = [
+        subprocess.Popen([sys.executable, "-m", "services.cli", *argv, "--replicas", "1", "--threads", str(threads)])
+        for _ in range(cfg.replicas)
+    ]
+    log.info("started %d CPU worker processes with %d threads each", len(children), threads)
+
+    def forward(sig: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes, key=abs)
+
+
+def is_cpu(cfg: WorkerConfig) -> bool:
+    return pick_device(cfg.device).type == "cpu"
+
