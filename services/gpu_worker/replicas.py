@@ -23,8 +23,8 @@ _CALIBRATION_MAX = 8192
 def build_engines(cfg: WorkerConfig) -> list[Engine]:
     """One engine per replica (weights shared), configured with the given or calibrated budget."""
     device = pick_device(cfg.device)
-    if device.type == "cpu":
-        torch.set_num_threads(cfg.cpu_threads())
+    if device.type == "cpu" and cfg.threads:
+        torch.set_num_threads(cfg.threads)  # otherwise torch's default: all cores, or $OMP_NUM_THREADS
     first = Engine(
         cfg.model,
         str(device),
