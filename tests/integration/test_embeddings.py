@@ -161,3 +161,30 @@ def test_no_responders_fails_at_once(stack):
             await nc.close()
 
     assert asyncio.run(run()).code is ErrorCode.NO_RESPONDERS
+
+
+def test_output_options_travel_to_the_worker(stack, texts, expected):
+    """normalize off, float16 little-endian, Matryoshka dimensions: carried by the request itself."""
+
+    async def run(options: EmbedOptions) -> np.ndarray:
+        import nats
+
+        nc = await nats.connect(stack.nats_url)
+        client = EmbedClient(nc, Subjects())
+        await client.start()
+        try:
+            return (await client.embed(MODEL, texts[:40], options, timeout=60)).vectors
+        finally:
+            await nc.close()
+
+    raw = asyncio.run(run(EmbedOptions(normalize=False)))
+    assert raw.dtype == np.dtype("<f4")
+    norms = np.linalg.norm(raw, axis=1)
+    assert norms.min() > 0 and np.abs(norms - 1).max() > 0.05  # really not normalised
+    _assert_close(raw, expected[:40])  # same direction as the reference
+
+    half = asyncio.run(run(EmbedOptions(dtype="f2", dimensions=64)))
+    assert half.dtype == np.dtype("<f2") and half.shape == (40, 64)
+    np.testing.assert_allclose(np.linalg.norm(half.astype(np.float32), axis=1), 1.0, atol=2e-3)
+    c = cosines(half.astype(np.float32), expected[:40, :64])
+    assert c.min() >= 0.999, c.min()  # float16 rounding

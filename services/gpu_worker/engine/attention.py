@@ -31,27 +31,42 @@ class Attention(Protocol):
 
 
 class SdpaVarlen:
-    """PyTorch SDPA, one call per sequence: every device and head size; not capturable."""
+    """PyTorch SDPA over runs of equal-length sequences: every device and head size; not capturable.
+
+    Consecutive sequences of the same length (common: documents truncated at the limit) form one
+    [n, heads, L, d] call on a view of the packed tensor; others run one by one.
+    """
 
     name = "sdpa"
     capturable = False
 
     def __init__(self) -> None:
-        self._bounds: list[tuple[int, int]] = []
+        self._runs: list[tuple[int, int, int]] = []  # (start, sequences, length)
 
     def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
         cu = cu_host.tolist()
-        self._bounds = [(s, e) for s, e in zip(cu[:-1], cu[1:]) if e > s]
+        runs: list[tuple[int, int, int]] = []
+        for s, e in zip(cu[:-1], cu[1:]):
+            if e == s:
+                continue
+            if runs and runs[-1][2] == e - s and runs[-1][0] + runs[-1][1] * runs[-1][2] == s:
+                start, n, length = runs[-1]
+                runs[-1] = (start, n + 1, length)
+            else:
+                runs.append((s, 1, e - s))
+        self._runs = runs
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
-        for start, end in self._bounds:
-            # [L, heads, d] -> [1, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU,
+        heads, d = q.shape[1], q.shape[2]
+        for start, n, length in self._runs:
+            end = start + n * length
+            # [n * L, heads, d] -> [n, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU;
             # 3-D ones fall back to the unfused math path (several times slower)
             o = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None], v[start:end].transpose(0, 1)[None]
+                *(t[start:end].view(n, length, heads, d).transpose(1, 2) for t in (q, k, v))
             )
-            out[start:end] = o[0].transpose(0, 1)
+            out[start:end].view(n, length, heads, d).copy_(o.transpose(1, 2))
         return out
 
 

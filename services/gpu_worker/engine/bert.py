@@ -10,20 +10,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from services.gpu_worker.engine.linear import LinearOps
 from services.gpu_worker.engine.spec import ModelSpec
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-_ACT = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-}
 
 
 class Embeddings(nn.Module):
@@ -50,15 +42,15 @@ class Layer(nn.Module):
         self.up = nn.Linear(h, spec.intermediate_size)
         self.down = nn.Linear(spec.intermediate_size, h)
         self.mlp_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
-        self.act = _ACT[spec.activation]
+        self.activation = spec.activation
 
-    def forward(self, x: torch.Tensor, attention: Attention) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention: Attention, ops: LinearOps) -> torch.Tensor:
         # x: [T, hidden]; post-norm residual blocks as in BERT
         t = x.shape[0]
-        q, k, v = self.qkv(x).view(t, 3, self.heads, self.head_dim).unbind(1)  # each [T, heads, d]
+        q, k, v = ops.linear(x, self.qkv).view(t, 3, self.heads, self.head_dim).unbind(1)  # each [T, heads, d]
         a = attention(q, k, v).reshape(t, -1)
-        x = self.attn_norm(x + self.attn_out(a))
-        return self.mlp_norm(x + self.down(self.act(self.up(x))))
+        x = self.attn_norm(ops.linear_add(a, self.attn_out, x))
+        return self.mlp_norm(ops.linear_add(ops.linear_act(x, self.up, self.activation), self.down, x))
 
 
 class BertEncoder(nn.Module):
@@ -74,11 +66,12 @@ class BertEncoder(nn.Module):
         positions: torch.Tensor,
         token_types: torch.Tensor,
         attention: Attention,
+        ops: LinearOps,
     ) -> torch.Tensor:
         # input_ids, positions, token_types: [T] int -> hidden states [T, hidden]
         x = self.embeddings(input_ids, positions, token_types)
         for layer in self.layers:
-            x = layer(x, attention)
+            x = layer(x, attention, ops)
         return x
 
 

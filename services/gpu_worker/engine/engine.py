@@ -20,6 +20,7 @@ from services.gpu_worker.engine.attention import Attention, select_attention
 from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
 from services.gpu_worker.engine.bert import BertEncoder
 from services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
+from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights, read_safetensors
 from services.gpu_worker.engine.pooling import pool
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
@@ -77,6 +78,7 @@ class Engine:
         self.attention: Attention = select_attention(
             self.spec.num_heads, self.spec.head_dim, self.dtype, self.device, attention
         )
+        self.linear_ops = select_linear_ops(self.device, self.dtype)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._capture_fn = capture
         self._graphs_requested = graphs
@@ -123,7 +125,7 @@ class Engine:
     def describe(self) -> str:
         return (
             f"{self.info.id} ({self.spec.model_type}, {self.spec.num_layers} layers, hidden {self.spec.hidden_size}) "
-            f"on {self.device} in {self.dtype_name}, attention {self.attention.name}, "
+            f"on {self.device} in {self.dtype_name}, attention {self.attention.name}, linear {self.linear_ops.name}, "
             f"graphs {'on' if self.graphs else 'off'}"
         )
 
@@ -185,7 +187,7 @@ class Engine:
         return self._static_out
 
     def _forward(self, batch) -> torch.Tensor:
-        hidden = self.model(batch.input_ids, batch.positions, batch.token_types, self.attention)
+        hidden = self.model(batch.input_ids, batch.positions, batch.token_types, self.attention, self.linear_ops)
         return pool(hidden, batch, self.info.pooling)
 
     def _static_forward(self, bucket: int) -> None:
