@@ -70,8 +70,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, service
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
 
 
-def count_services(nats_url: str, role: str, wait: float = 0.3) -> int:
-    """How many processes of ``role`` answer a NATS micro-service ping."""
+def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "embedfleet") -> int:
+    """How many processes of ``role`` under subject ``prefix`` answer a NATS micro-service ping."""
 
     async def ping() -> int:
         nc = await nats.connect(nats_url)
@@ -86,7 +86,7 @@ def count_services(nats_url: str, role: str, wait: float = 0.3) -> int:
         await asyncio.sleep(wait)
         await sub.unsubscribe()
         await nc.close()
-        return len({r["id"] for r in replies})
+        return len({r["id"] for r in replies if r.get("metadata", {}).get("prefix") == prefix})
 
     return asyncio.run(ping())
 

@@ -73,6 +73,10 @@ def calibrate(
         best = max(best, rate)
         if flat == 2:
             break
-    best = max(t for _, t in points)
-    knee = next(b for b, t in points if t >= tolerance * best)
-    return Calibration(points, knee)
+    return Calibration(points, pick_knee(points, tolerance))
+
+
+def pick_knee(points: list[tuple[int, float]], tolerance: float = 0.95) -> int:
+    """The smallest budget whose throughput is within ``tolerance`` of the best."""
+    best = max(rate for _, rate in points)
+    return min(budget for budget, rate in points if rate >= tolerance * best)

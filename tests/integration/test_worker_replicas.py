@@ -1,0 +1,75 @@
+"""Worker replicas: several engines in one worker (the CUDA layout, run here on CPU threads), and
+CPU replicas as processes sharing the cores."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import nats
+import numpy as np
+import pytest
+
+from shared.client import EmbedClient
+from shared.config import NatsConfig
+from shared.protocol import EmbedOptions
+from shared.subjects import Subjects
+from services.gpu_worker.config import WorkerConfig
+from services.gpu_worker.engine import Engine
+from services.gpu_worker.service import WorkerService
+from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.service import TokenizerService
+from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.corpus import mixed_texts
+from tests.integration.procs import Service, count_services, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_engine_replicas_in_one_worker(nats_url, model_info, reference):
+    subjects = Subjects("replicas")
+    nats_cfg = NatsConfig(nats_url, subjects)
+    worker_cfg = WorkerConfig(
+        nats=nats_cfg, model=model_info, device="cpu", dtype=None, max_batch_tokens=512, max_batch_seqs=8,
+        replicas=2, threads=None, graphs=False, attention="auto",
+    )
+    first = Engine(model_info, "cpu", max_batch_tokens=512, max_batch_seqs=8)
+    engines = [first, first.replicate()]
+    texts = mixed_texts(120)
+
+    async def run() -> np.ndarray:
+        nc = await nats.connect(nats_url)
+        tokenizer = TokenizerService(nc, TokenizerConfig(nats_cfg, model_info, chunk_tokens=4096, chunk_seqs=64))
+        worker = WorkerService(nc, worker_cfg, engines)
+        await tokenizer.start()
+        await worker.start()
+        client = EmbedClient(nc, subjects)
+        await client.start()
+        try:
+            outcomes = await asyncio.gather(
+                *(client.embed(model_info.id, texts[i : i + 30], EmbedOptions(), 60) for i in range(0, 120, 30))
+            )
+            return np.concatenate([o.vectors for o in outcomes])
+        finally:
+            await worker.stop()
+            await tokenizer.stop()
+            await nc.close()
+
+    got = asyncio.run(run())
+    c = cosines(got, reference.encode(texts))
+    assert c.min() >= COSINE_TOLERANCE, c.min()
+
+
+def test_cpu_replicas_run_as_processes(nats_url, tmp_path):
+    prefix = "cpuprocs"
+    worker = Service(
+        "worker",
+        ["--nats", nats_url, "--subject-prefix", prefix, "--replicas", "2", "--max-batch-tokens", "512"],
+        tmp_path,
+    )
+    try:
+        wait_until(lambda: count_services(nats_url, "worker", prefix=prefix) == 2, 90, "two worker processes", [worker])
+    finally:
+        code = worker.stop()
+    assert code == 0, worker.log()[-2000:]
+    assert worker.log().count("worker stopped") == 2
