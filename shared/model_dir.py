@@ -66,8 +66,6 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
     modules = _read_json(path / "modules.json") or []
     st_general = _read_json(path / "config_sentence_transformers.json")
     tok_config = _read_json(path / "tokenizer_config.json")
-    if not (path / "tokenizer.json").is_file():
-        raise ConfigError(f"{path} has no tokenizer.json")
 
     max_positions = int(config.get("max_position_embeddings", 512))
     if config.get("model_type") in ("xlm-roberta", "roberta", "camembert"):

@@ -8,6 +8,7 @@ from typing import Iterator
 import numpy as np
 from tokenizers import Tokenizer
 
+from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 
@@ -28,6 +29,8 @@ class TextEncoder:
 
     def __init__(self, info: ModelInfo) -> None:
         self.max_length = info.max_seq_length
+        if not (info.path / "tokenizer.json").is_file():
+            raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
         self._truncating = Tokenizer.from_file(str(info.path / "tokenizer.json"))
         self._truncating.no_padding()
         self._truncating.enable_truncation(max_length=self.max_length)
