@@ -87,6 +87,8 @@ class TorchFlashVarlen:
         self._cu, self._max_len = cu_dev, max_len
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q, k, v are strided views of the fused QKV output: the kernel wants dense rows
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return self._varlen_attn(q, k, v, self._cu, self._cu, self._max_len, self._max_len)
 
 
@@ -125,6 +127,7 @@ class FlashInferRagged:
         self._active = wrapper
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return self._active.run(q, k, v)
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from services.gpu_worker.engine.attention import Attention, select_attention
@@ -94,7 +95,9 @@ class Engine:
         if use_graphs is None:
             use_graphs = self.device.type == "cuda" and self.attention.capturable
         if use_graphs and self._capture_fn is None and not (self.device.type == "cuda" and self.attention.capturable):
-            raise ValueError(f"CUDA graphs need a CUDA device and a capturable attention backend (have {self.attention.name})")
+            raise ConfigError(
+                f"CUDA graphs need a CUDA device and a capturable attention backend (have {self.attention.name} on {self.device})"
+            )
         self.graphs: GraphCache | None = None
         self._static: StaticBatch | None = None
         self._pool = None
