@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 
 from shared.errors import ErrorCode, ServiceError
 from shared.protocol import (
@@ -26,6 +27,8 @@ from shared.protocol import (
     EmbedResult,
     ErrorReply,
     ProtocolError,
+    TokenizeRequest,
+    TokenizeResult,
     decode,
     encode,
 )
@@ -40,6 +43,7 @@ _NO_RESPONDERS = "503"
 class EmbedOutcome:
     vectors: np.ndarray  # [n, dim], the dtype the request asked for
     tokens: int  # real tokens processed, special tokens included
+    timings: dict[str, float]  # seconds per stage (tokenize, queue, inference): the slowest chunk's
 
 
 class _Pending:
@@ -53,6 +57,7 @@ class _Pending:
         self.filled = np.zeros(total, dtype=bool)
         self.rows = 0
         self.tokens = 0
+        self.timings: dict[str, float] = {}
 
     def fail(self, error: ServiceError) -> None:
         if not self.future.done():
@@ -76,8 +81,10 @@ class _Pending:
         self.filled[result.start : end] = True
         self.rows += len(rows)
         self.tokens += result.tokens
+        for stage, seconds in result.timings.items():
+            self.timings[stage] = max(self.timings.get(stage, 0.0), seconds)
         if self.rows == self.total:
-            self.future.set_result(EmbedOutcome(self.vectors, self.tokens))
+            self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings))
 
 
 class EmbedClient:
@@ -109,25 +116,29 @@ class EmbedClient:
         texts: list[str],
         options: EmbedOptions,
         timeout: float,
+        token_ids: list[np.ndarray] | None = None,
     ) -> EmbedOutcome:
-        """Embed ``texts`` with ``model``; raises ServiceError (timeout, no responders, ...)."""
+        """Embed ``texts`` (or inputs given as ``token_ids``) with ``model``.
+
+        Raises ServiceError (timeout, no responders, ...).
+        """
         request_id = uuid.uuid4().hex
-        payload = encode(
-            EmbedRequest(
-                id=request_id,
-                model=model,
-                texts=texts,
-                deadline=time.time() + timeout,
-                options=options,
-            )
+        request = EmbedRequest(
+            id=request_id,
+            model=model,
+            texts=texts if token_ids is None else [],
+            deadline=time.time() + timeout,
+            options=options,
+            token_ids=token_ids,
         )
+        payload = encode(request)
         if len(payload) > self._nc.max_payload:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 f"request is {len(payload)} bytes encoded; the NATS limit is {self._nc.max_payload}: "
                 "send fewer or shorter inputs per request",
             )
-        pending = _Pending(request_id, len(texts), asyncio.get_running_loop().create_future())
+        pending = _Pending(request_id, request.count, asyncio.get_running_loop().create_future())
         self._pending[request_id] = pending
         try:
             await self._nc.publish(self._subjects.embed(model), payload, reply=f"{self._inbox}.{request_id}")
@@ -138,6 +149,27 @@ class EmbedClient:
             ) from None
         finally:
             del self._pending[request_id]
+
+    async def tokenize(
+        self, model: str, texts: list[str], add_special_tokens: bool, prompt_name: str | None, timeout: float
+    ) -> TokenizeResult:
+        """Ask a tokenizer how ``texts`` tokenize."""
+        request = TokenizeRequest(uuid.uuid4().hex, model, texts, add_special_tokens, prompt_name)
+        try:
+            msg = await self._nc.request(self._subjects.tokenize(model), encode(request), timeout=timeout)
+        except NoRespondersError:
+            raise ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer is serving this model right now") from None
+        except asyncio.TimeoutError:
+            raise ServiceError(ErrorCode.TIMEOUT, f"no answer from a tokenizer within {timeout:g}s") from None
+        try:
+            reply = decode(msg.data)
+        except ProtocolError:
+            raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent a malformed reply") from None
+        if isinstance(reply, ErrorReply):
+            raise ServiceError(reply.code, reply.message)
+        if not isinstance(reply, TokenizeResult) or len(reply.tokens) != len(texts):
+            raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
+        return reply
 
     async def _on_reply(self, msg: Msg) -> None:
         pending = self._pending.get(msg.subject.rsplit(".", 1)[-1])

@@ -44,8 +44,17 @@ class EmbedOptions:
     dimensions: int | None = None  # Matryoshka truncation (then renormalised when normalising)
     dtype: str = "f4"  # "f4" | "f2"
     truncate: bool = True  # False: an input over the model limit is an error
+    truncation_direction: str = "right"  # "right" keeps the start of an input, "left" its end
+    prompt_name: str | None = None  # a prompt of the model that must exist (TEI prompt_name)
+    input_type: str | None = None  # "query" / "document": the model's prompt of that name, if any
 
     def __post_init__(self) -> None:
+        if self.truncation_direction not in ("right", "left"):
+            raise ProtocolError("options.truncation_direction must be 'right' or 'left'")
+        for name in ("prompt_name", "input_type"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or len(value) > 256):
+                raise ProtocolError(f"options.{name} must be a short string")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise ProtocolError("options.normalize must be a boolean")
         if self.dimensions is not None and (
@@ -58,7 +67,15 @@ class EmbedOptions:
             raise ProtocolError("options.truncate must be a boolean")
 
     def to_wire(self) -> dict[str, Any]:
-        return {"n": self.normalize, "d": self.dimensions, "dt": self.dtype, "tr": self.truncate}
+        return {
+            "n": self.normalize,
+            "d": self.dimensions,
+            "dt": self.dtype,
+            "tr": self.truncate,
+            "td": self.truncation_direction,
+            "pn": self.prompt_name,
+            "it": self.input_type,
+        }
 
     @classmethod
     def from_wire(cls, m: Any) -> EmbedOptions:
@@ -69,20 +86,28 @@ class EmbedOptions:
             dimensions=m.get("d"),
             dtype=m.get("dt", "f4"),
             truncate=m.get("tr", True),
+            truncation_direction=m.get("td", "right"),
+            prompt_name=m.get("pn"),
+            input_type=m.get("it"),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedRequest:
-    """gateway -> tokenizer: texts to embed with one model."""
+    """gateway -> tokenizer: texts (or already tokenized inputs) to embed with one model."""
 
     id: str
     model: str
     texts: list[str]
     deadline: float  # unix time, seconds
     options: EmbedOptions = field(default_factory=EmbedOptions)
+    token_ids: list[np.ndarray] | None = None  # inputs given as token IDs ([n] int32 each); texts empty
 
     TYPE = "embed"
+
+    @property
+    def count(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else len(self.texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +122,7 @@ class TokenBatch:
     cu_seqlens: np.ndarray  # [count + 1] int32, cu_seqlens[0] == 0, cu_seqlens[-1] == T
     deadline: float
     options: EmbedOptions = field(default_factory=EmbedOptions)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage so far
 
     TYPE = "tokens"
 
@@ -120,6 +146,7 @@ class EmbedResult:
     dtype: str
     data: bytes  # count * dim little-endian values of dtype
     tokens: int  # real tokens behind these rows (for usage)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: tokenize, queue, inference
 
     TYPE = "result"
 
@@ -141,6 +168,29 @@ class ErrorReply:
     message: str
 
     TYPE = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """gateway -> tokenizer: show how texts tokenize (TEI /tokenize)."""
+
+    id: str
+    model: str
+    texts: list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+    TYPE = "tokenize"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeResult:
+    """tokenizer -> gateway: per text, its tokens as (id, text, special, start, stop)."""
+
+    id: str
+    tokens: list[list[tuple[int, str, bool, int | None, int | None]]]
+
+    TYPE = "tokenized"
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +218,9 @@ class RerankResult:
     TYPE = "ranked"
 
 
-Message = Union[EmbedRequest, TokenBatch, EmbedResult, ErrorReply, RerankRequest, RerankResult]
+Message = Union[
+    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, RerankRequest, RerankResult
+]
 
 
 def encode(msg: Message) -> bytes:
@@ -176,6 +228,8 @@ def encode(msg: Message) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "t": msg.TYPE, "id": msg.id}
     if isinstance(msg, EmbedRequest):
         body |= {"m": msg.model, "x": msg.texts, "dl": msg.deadline, "o": msg.options.to_wire()}
+        if msg.token_ids is not None:
+            body["tk"] = [np.ascontiguousarray(t, dtype=TOKEN_DTYPE).tobytes() for t in msg.token_ids]
     elif isinstance(msg, TokenBatch):
         body |= {
             "m": msg.model,
@@ -185,6 +239,7 @@ def encode(msg: Message) -> bytes:
             "cu": np.ascontiguousarray(msg.cu_seqlens, dtype=TOKEN_DTYPE).tobytes(),
             "dl": msg.deadline,
             "o": msg.options.to_wire(),
+            "tm": msg.timings,
         }
     elif isinstance(msg, EmbedResult):
         body |= {
@@ -194,9 +249,14 @@ def encode(msg: Message) -> bytes:
             "dt": msg.dtype,
             "b": msg.data,
             "tok": msg.tokens,
+            "tm": msg.timings,
         }
     elif isinstance(msg, ErrorReply):
         body |= {"c": msg.code.value, "e": msg.message}
+    elif isinstance(msg, TokenizeRequest):
+        body |= {"m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
+    elif isinstance(msg, TokenizeResult):
+        body |= {"tk": [[list(t) for t in seq] for seq in msg.tokens]}
     elif isinstance(msg, RerankRequest):
         body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n}
     elif isinstance(msg, RerankResult):
@@ -226,7 +286,9 @@ def decode(data: bytes) -> Message:
     return decoder(m)
 
 
-M = TypeVar("M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, RerankRequest, RerankResult)
+M = TypeVar(
+    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, RerankRequest, RerankResult
+)
 
 
 def decode_as(data: bytes, kind: type[M]) -> M:
@@ -238,16 +300,66 @@ def decode_as(data: bytes, kind: type[M]) -> M:
 
 
 def _decode_embed(m: dict) -> EmbedRequest:
-    texts = _req(m, "x", list)
-    if not all(isinstance(t, str) for t in texts):
-        raise ProtocolError("texts must be strings")
+    texts = _str_list(m, "x")
+    token_ids = None
+    if m.get("tk") is not None:
+        raw = _req(m, "tk", list)
+        if texts or not all(isinstance(t, bytes) for t in raw):
+            raise ProtocolError("token inputs must be byte strings, with no texts beside them")
+        token_ids = [_int32_array(t, "token input") for t in raw]
     return EmbedRequest(
         id=_req(m, "id", str),
         model=_req(m, "m", str),
         texts=texts,
         deadline=_req_number(m, "dl"),
         options=EmbedOptions.from_wire(m.get("o", {})),
+        token_ids=token_ids,
     )
+
+
+def _decode_tokenize(m: dict) -> TokenizeRequest:
+    special, prompt = m.get("sp", True), m.get("pn")
+    if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
+        raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
+    return TokenizeRequest(
+        id=_req(m, "id", str), model=_req(m, "m", str), texts=_str_list(m, "x"), add_special_tokens=special,
+        prompt_name=prompt,
+    )
+
+
+def _decode_tokenized(m: dict) -> TokenizeResult:
+    tokens = []
+    for seq in _req(m, "tk", list):
+        if not isinstance(seq, list):
+            raise ProtocolError("tokens must be lists")
+        row = []
+        for t in seq:
+            if not (isinstance(t, list) and len(t) == 5 and _is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
+                raise ProtocolError("a token is [id, text, special, start, stop]")
+            if not all(x is None or _is_int(x) for x in t[3:]):
+                raise ProtocolError("token offsets must be integers or null")
+            row.append(tuple(t))
+        tokens.append(row)
+    return TokenizeResult(id=_req(m, "id", str), tokens=tokens)
+
+
+def _str_list(m: dict, key: str) -> list[str]:
+    values = _req(m, key, list)
+    if not all(isinstance(t, str) for t in values):
+        raise ProtocolError("texts must be strings")
+    return values
+
+
+def _timings(m: dict) -> dict[str, float]:
+    raw = m.get("tm") or {}
+    if not isinstance(raw, dict) or len(raw) > 8:
+        raise ProtocolError("timings must be a small map")
+    out = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ProtocolError("timings map stage names to seconds")
+        out[k] = float(v)
+    return out
 
 
 def _decode_tokens(m: dict) -> TokenBatch:
@@ -267,6 +379,7 @@ def _decode_tokens(m: dict) -> TokenBatch:
         cu_seqlens=cu,
         deadline=_req_number(m, "dl"),
         options=EmbedOptions.from_wire(m.get("o", {})),
+        timings=_timings(m),
     )
 
 
@@ -290,6 +403,7 @@ def _decode_result(m: dict) -> EmbedResult:
         dtype=dtype,
         data=data,
         tokens=_req_int(m, "tok"),
+        timings=_timings(m),
     )
 
 
@@ -302,9 +416,7 @@ def _decode_error(m: dict) -> ErrorReply:
 
 
 def _decode_rerank(m: dict) -> RerankRequest:
-    texts = _req(m, "x", list)
-    if not all(isinstance(t, str) for t in texts):
-        raise ProtocolError("texts must be strings")
+    texts = _str_list(m, "x")
     top_n = m.get("k")
     if top_n is not None and (not _is_int(top_n) or top_n <= 0):
         raise ProtocolError("top_n must be a positive integer")
@@ -333,6 +445,8 @@ _DECODERS = {
     TokenBatch.TYPE: _decode_tokens,
     EmbedResult.TYPE: _decode_result,
     ErrorReply.TYPE: _decode_error,
+    TokenizeRequest.TYPE: _decode_tokenize,
+    TokenizeResult.TYPE: _decode_tokenized,
     RerankRequest.TYPE: _decode_rerank,
     RerankResult.TYPE: _decode_ranked,
 }

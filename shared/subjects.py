@@ -46,6 +46,10 @@ class Subjects:
         """tokenizer -> worker fleet."""
         return f"{self.prefix}.v1.tokens.{model_token(model)}"
 
+    def tokenize(self, model: str) -> str:
+        """gateway -> tokenizer fleet: show tokens (TEI /tokenize)."""
+        return f"{self.prefix}.v1.tokenize.{model_token(model)}"
+
     def rerank(self, model: str) -> str:
         """gateway -> scorer fleet."""
         return f"{self.prefix}.v1.rerank.{model_token(model)}"

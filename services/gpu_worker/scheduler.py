@@ -21,6 +21,9 @@ class Work:
 
     batch: TokenBatch
     reply: str
+    arrived: float = 0.0  # perf_counter when queued
+    started: float | None = None  # perf_counter when its first rows were launched
+    inference: float = 0.0  # seconds of engine batches its rows were in
     next_row: int = 0  # first row not yet scheduled
     done_rows: int = 0
     vectors: np.ndarray | None = None  # [count, dim] float32, allocated on first result

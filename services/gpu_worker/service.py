@@ -66,6 +66,8 @@ class WorkerService:
                 "dim": str(self._dim),
                 "device": str(first.device),
                 "replicas": str(len(self._engines)),
+                "dtype": first.dtype_name,
+                "pooling": model.pooling,
                 "max_batch_tokens": str(first.max_batch_tokens),
             },
         )
@@ -104,12 +106,12 @@ class WorkerService:
         except ServiceError as exc:
             await self._reply_error(msg.reply, request_id, exc)
             return
-        self._scheduler.push(Work(batch, msg.reply))
+        self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter()))
         self._wake.set()
 
     async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
-        in_flight: deque[tuple[Batch, object]] = deque()
+        in_flight: deque[tuple[Batch, object, float]] = deque()
         while True:
             for work in self._scheduler.drop_expired(time.time()):
                 await self._reply_error(work.reply, work.batch.id, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"))
@@ -123,19 +125,26 @@ class WorkerService:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            launched = time.perf_counter()
+            for s in batch.slices:
+                if s.work.started is None:
+                    s.work.started = launched
             try:
                 handle = await loop.run_in_executor(executor, engine.step, batch.input_ids, batch.cu_seqlens)
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
                 await self._fail(batch)
                 continue
-            in_flight.append((batch, handle))
+            in_flight.append((batch, handle, launched))
             if len(in_flight) > 1:  # batch N+1 is launched: now collect batch N
                 await self._finish(*in_flight.popleft())
 
-    async def _finish(self, batch: Batch, handle) -> None:
+    async def _finish(self, batch: Batch, handle, launched: float) -> None:
         while not handle.ready():
             await asyncio.sleep(_POLL_SECONDS)
+        took = time.perf_counter() - launched
+        for s in batch.slices:
+            s.work.inference += took
         try:
             vectors = handle.result()
         except Exception:
@@ -156,6 +165,7 @@ class WorkerService:
         row_bytes = out.shape[1] * out.itemsize
         rows_per_msg = max(1, (self._nc.max_payload - _ENVELOPE_BYTES) // row_bytes)
         tokens = batch.num_tokens  # all counted on the first part, so the parts add up
+        timings = {**batch.timings, "queue": (work.started or work.arrived) - work.arrived, "inference": work.inference}
         for r0 in range(0, len(out), rows_per_msg):
             part = out[r0 : r0 + rows_per_msg]
             result = EmbedResult(
@@ -166,6 +176,7 @@ class WorkerService:
                 dtype=opts.dtype,
                 data=part.tobytes(),
                 tokens=tokens,
+                timings=timings,
             )
             tokens = 0
             await self._nc.publish(work.reply, encode(result))

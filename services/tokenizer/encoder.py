@@ -1,4 +1,4 @@
-"""Text -> token IDs, and packing of token IDs into chunks for the workers. No NATS here."""
+"""Text -> token IDs (with the model's prompts and truncation), and packing into chunks. No NATS here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from tokenizers import Tokenizer
 from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
+from shared.protocol import EmbedOptions
+
+Token = tuple[int, str, bool, int | None, int | None]  # id, text, special, start, stop (characters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,31 +32,81 @@ class TextEncoder:
 
     def __init__(self, info: ModelInfo) -> None:
         self.max_length = info.max_seq_length
-        if not (info.path / "tokenizer.json").is_file():
+        self.vocab_size = info.vocab_size
+        self.prompts = info.prompts
+        path = info.path / "tokenizer.json"
+        if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
-        self._truncating = Tokenizer.from_file(str(info.path / "tokenizer.json"))
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(max_length=self.max_length)
-        self._full = Tokenizer.from_file(str(info.path / "tokenizer.json"))
-        self._full.no_padding()
-        self._full.no_truncation()
+        self._by_mode: dict[str, Tokenizer] = {}
+        for mode in ("right", "left", "none"):
+            tokenizer = Tokenizer.from_file(str(path))
+            tokenizer.no_padding()
+            if mode == "none":
+                tokenizer.no_truncation()
+            else:
+                tokenizer.enable_truncation(max_length=self.max_length, direction=mode)
+            self._by_mode[mode] = tokenizer
 
-    def encode(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
+    def with_prompt(self, texts: list[str], options: EmbedOptions) -> list[str]:
+        """Prefix the texts with the prompt the request names (as sentence-transformers does)."""
+        if options.prompt_name is not None:
+            if options.prompt_name not in self.prompts:
+                known = ", ".join(sorted(self.prompts)) or "none"
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST, f"the model has no prompt {options.prompt_name!r} (its prompts: {known})"
+                )
+            prompt = self.prompts[options.prompt_name]
+        else:
+            prompt = self.prompts.get(options.input_type or "", "")
+        return [prompt + t for t in texts] if prompt else texts
+
+    def encode(self, texts: list[str], truncate: bool = True, direction: str = "right") -> list[list[int]]:
         """Token IDs per text, special tokens included. Releases the GIL while encoding."""
-        tokenizer = self._truncating if truncate else self._full
+        tokenizer = self._by_mode[direction if truncate else "none"]
         ids = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
         if not truncate:
-            for i, seq in enumerate(ids):
-                if len(seq) > self.max_length:
-                    raise ServiceError(
-                        ErrorCode.INPUT_TOO_LONG,
-                        f"input {i} has {len(seq)} tokens; the model's limit is {self.max_length} "
-                        "(send truncate=true to cut it)",
-                    )
+            self._refuse_long(ids)
         return ids
 
+    def check_ids(self, token_ids: list[np.ndarray], truncate: bool = True, direction: str = "right") -> list[np.ndarray]:
+        """Inputs given as token IDs: refused outside the vocabulary, cut (or refused) past the limit."""
+        for i, ids in enumerate(token_ids):
+            if len(ids) == 0:
+                raise ServiceError(ErrorCode.INVALID_TOKENS, f"input {i} has no tokens")
+            if ids.min() < 0 or ids.max() >= self.vocab_size:
+                raise ServiceError(
+                    ErrorCode.INVALID_TOKENS, f"input {i} has token ids outside the vocabulary [0, {self.vocab_size})"
+                )
+        if not truncate:
+            self._refuse_long(token_ids)
+            return token_ids
+        n = self.max_length
+        return [ids if len(ids) <= n else (ids[:n] if direction == "right" else ids[-n:]) for ids in token_ids]
 
-def pack_chunks(ids: list[list[int]], max_tokens: int, max_seqs: int) -> Iterator[Chunk]:
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        """Each text's tokens with their character offsets (None for special tokens)."""
+        out = []
+        for text, enc in zip(texts, self._by_mode["right"].encode_batch(texts, add_special_tokens=add_special_tokens)):
+            row = []
+            for tid, token, special, (start, stop) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets):
+                if special:
+                    row.append((tid, token, True, None, None))
+                else:
+                    row.append((tid, text[start:stop], False, start, stop))
+            out.append(row)
+        return out
+
+    def _refuse_long(self, ids) -> None:
+        for i, seq in enumerate(ids):
+            if len(seq) > self.max_length:
+                raise ServiceError(
+                    ErrorCode.INPUT_TOO_LONG,
+                    f"input {i} has {len(seq)} tokens; the model's limit is {self.max_length} "
+                    "(send truncate=true to cut it)",
+                )
+
+
+def pack_chunks(ids: list, max_tokens: int, max_seqs: int) -> Iterator[Chunk]:
     """Split sequences, in order, into chunks of at most ``max_tokens`` tokens and ``max_seqs`` rows.
 
     A single sequence longer than ``max_tokens`` still gets a chunk of its own.
@@ -70,8 +123,6 @@ def pack_chunks(ids: list[list[int]], max_tokens: int, max_seqs: int) -> Iterato
         lengths = np.fromiter((len(s) for s in ids[start:end]), dtype=np.int32, count=end - start)
         cu_seqlens = np.zeros(end - start + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu_seqlens[1:])
-        flat = np.fromiter(
-            (t for s in ids[start:end] for t in s), dtype=np.int32, count=int(cu_seqlens[-1])
-        )
+        flat = np.concatenate([np.asarray(s, dtype=np.int32) for s in ids[start:end]])
         yield Chunk(start=start, input_ids=flat, cu_seqlens=cu_seqlens)
         start = end

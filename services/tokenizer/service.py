@@ -11,7 +11,17 @@ from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
-from shared.protocol import EmbedRequest, ErrorReply, ProtocolError, TokenBatch, decode_as, encode
+from shared.protocol import (
+    EmbedOptions,
+    EmbedRequest,
+    ErrorReply,
+    ProtocolError,
+    TokenBatch,
+    TokenizeRequest,
+    TokenizeResult,
+    decode_as,
+    encode,
+)
 from shared.subjects import TOKENIZER_QUEUE
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
@@ -26,6 +36,7 @@ class TokenizerService:
         self._encoder = TextEncoder(cfg.model)
         self._subjects = cfg.nats.subjects
         self._sub = None
+        self._tokenize_sub = None
         self._micro = None
 
     async def start(self) -> None:
@@ -33,19 +44,30 @@ class TokenizerService:
         self._sub = await self._nc.subscribe(
             self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request
         )
+        self._tokenize_sub = await self._nc.subscribe(
+            self._subjects.tokenize(model.id), queue=TOKENIZER_QUEUE, cb=self._on_tokenize
+        )
         self._micro = await register(
             self._nc,
             self._subjects,
             "tokenizer",
             "text -> token IDs",
-            {"model": model.id, "max_seq_length": str(model.max_seq_length), "dim": str(model.dim)},
+            {
+                "model": model.id,
+                "max_seq_length": str(model.max_seq_length),
+                "dim": str(model.dim),
+                "vocab_size": str(model.vocab_size),
+                "pooling": model.pooling,
+                "prompts": ",".join(sorted(model.prompts)),
+            },
         )
         log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.drain()  # finishes messages already received
-            self._sub = None
+        for sub in (self._sub, self._tokenize_sub):
+            if sub is not None:
+                await sub.drain()  # finishes messages already received
+        self._sub = self._tokenize_sub = None
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
@@ -67,12 +89,18 @@ class TokenizerService:
     async def _handle(self, request: EmbedRequest, reply: str) -> None:
         if not reply:
             raise ProtocolError("embed request without a reply subject")
-        if not request.texts:
+        if request.count == 0:
             raise ServiceError(ErrorCode.INVALID_REQUEST, "no inputs to embed")
         if time.time() > request.deadline:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
         t0 = time.perf_counter()
-        ids = await asyncio.to_thread(self._encoder.encode, request.texts, request.options.truncate)
+        opts = request.options
+        if request.token_ids is not None:
+            ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
+        else:
+            texts = self._encoder.with_prompt(request.texts, opts)
+            ids = await asyncio.to_thread(self._encoder.encode, texts, opts.truncate, opts.truncation_direction)
+        timings = {"tokenize": time.perf_counter() - t0}
         subject = self._subjects.tokens(request.model)
         chunks = 0
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
@@ -80,18 +108,36 @@ class TokenizerService:
                 id=request.id,
                 model=request.model,
                 start=chunk.start,
-                total=len(request.texts),
+                total=request.count,
                 input_ids=chunk.input_ids,
                 cu_seqlens=chunk.cu_seqlens,
                 deadline=request.deadline,
                 options=request.options,
+                timings=timings,
             )
             await self._nc.publish(subject, encode(batch), reply=reply)
             chunks += 1
         log.debug(
-            "request %s: %d texts -> %d chunks in %.1f ms",
-            request.id, len(request.texts), chunks, (time.perf_counter() - t0) * 1e3,
+            "request %s: %d inputs -> %d chunks in %.1f ms",
+            request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
         )
+
+    async def _on_tokenize(self, msg: Msg) -> None:
+        request_id = ""
+        try:
+            request = decode_as(msg.data, TokenizeRequest)
+            request_id = request.id
+            texts = self._encoder.with_prompt(request.texts, EmbedOptions(prompt_name=request.prompt_name))
+            tokens = await asyncio.to_thread(self._encoder.tokenize, texts, request.add_special_tokens)
+            if msg.reply:
+                await self._nc.publish(msg.reply, encode(TokenizeResult(request.id, tokens)))
+        except ProtocolError as exc:
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
+        except ServiceError as exc:
+            await self._reply_error(msg.reply, request_id, exc)
+        except Exception:
+            log.exception("tokenize %s failed", request_id)
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INTERNAL, "tokenizer error"))
 
     async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError) -> None:
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
