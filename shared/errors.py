@@ -10,6 +10,7 @@ class ErrorCode(StrEnum):
     INPUT_TOO_LONG = "input_too_long"  # truncation off and an input exceeds the model limit
     INVALID_TOKENS = "invalid_tokens"  # token ids outside the vocabulary / bad packing
     MODEL_NOT_FOUND = "model_not_found"
+    UNAUTHORIZED = "unauthorized"  # missing or unknown API key
     NO_RESPONDERS = "no_responders"  # nobody serves the subject right now
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"  # the request's deadline passed

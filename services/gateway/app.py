@@ -1,4 +1,4 @@
-"""The gateway's HTTP application: routes, NATS lifecycle, error handling."""
+"""The gateway's HTTP application: routes, NATS lifecycle, admission, error handling."""
 
 from __future__ import annotations
 
@@ -13,32 +13,45 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from shared.client import EmbedClient
+from shared import __version__
+from shared.client import EmbedClient, EmbedOutcome
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import connect, register
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions
+from services.gateway import openai_api, tei_api
+from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
 from services.gateway.discovery import Discovery
-from services.gateway.errors import ApiError, openai_error
-from services.gateway.openai_api import parse_embeddings_request, render_embeddings
+from services.gateway.errors import ApiError, error_response
+from services.gateway.formats import binary_response, negotiate
+from services.gateway.inputs import Inputs, Limits
+from services.gateway.metrics import Metrics
+from services.gateway.middleware import GatewayMiddleware
+from services.gateway.openapi import openapi_spec
 
 log = logging.getLogger("embedfleet.gateway")
 
+# stage -> response header (milliseconds), as text-embeddings-inference names them
+TIMING_HEADERS = {"tokenize": "x-tokenization-time", "queue": "x-queue-time", "inference": "x-inference-time"}
 
-def json_response(body: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+def json_response(body: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 class Gateway:
-    """State behind the routes: the NATS connection, the embed client and fleet discovery."""
+    """State behind the routes: the NATS connection, the embed client, discovery, admission."""
 
-    def __init__(self, cfg: GatewayConfig) -> None:
+    def __init__(self, cfg: GatewayConfig, metrics: Metrics) -> None:
         self.cfg = cfg
+        self.metrics = metrics
+        self.limits = Limits(cfg.max_inputs, cfg.max_input_chars)
         self.nc = None
         self.client: EmbedClient | None = None
         self.discovery: Discovery | None = None
         self._micro = None
+        self._in_flight = 0
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -55,59 +68,110 @@ class Gateway:
             await self.client.stop()
             await self.nc.drain()
 
-    async def resolve_model(self, requested: str) -> str:
-        """The served id that ``requested`` names; ApiError when nobody serves it."""
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def resolve_model(self, requested: str | None) -> str:
+        """The served id that ``requested`` names (None: the only or first model served)."""
         view = await self.discovery.view()
         for fresh in (False, True):
             if fresh:
                 view = await self.discovery.refresh()
+            if requested is None and view.models:
+                return view.models[0]
             for model in view.models:
-                if same_model(requested, model):
+                if requested is not None and same_model(requested, model):
                     return model
         if not view.models:
             raise ApiError(ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model right now")
         raise ApiError(
-            ErrorCode.MODEL_NOT_FOUND,
-            f"model {requested!r} is not served here; available: {', '.join(view.models)}",
-            "model",
+            ErrorCode.MODEL_NOT_FOUND, f"model {requested!r} is not served here; available: {', '.join(view.models)}", "model"
         )
 
-    async def embeddings(self, request: Request) -> Response:
-        body = await _read_body(request, self.cfg.max_body_bytes)
-        req = parse_embeddings_request(body, self.cfg.max_inputs)
-        model = await self.resolve_model(req.model)
+    async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions) -> EmbedOutcome:
         view = await self.discovery.view()
         dim = int(view.workers.get(model, {}).get("dim", 0))
-        if req.dimensions is not None and dim and req.dimensions > dim:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {req.dimensions} exceeds the model's {dim}", "dimensions")
+        if options.dimensions is not None and dim and options.dimensions > dim:
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions")
+        if self._in_flight >= self.cfg.max_in_flight:
+            raise ApiError(ErrorCode.OVERLOADED, f"the gateway is handling {self._in_flight} requests, its limit; retry later")
+        self._in_flight += 1
+        self.metrics.in_flight.inc()
         try:
-            outcome = await self.client.embed(
-                model, req.texts, EmbedOptions(dimensions=req.dimensions), self.cfg.request_timeout
-            )
+            outcome = await self.client.embed(model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids)
         except ServiceError as exc:
             raise ApiError(exc.code, exc.message) from None
-        return Response(
-            render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format),
-            media_type="application/json",
-        )
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.dec()
+        self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
+        return outcome
+
+    @staticmethod
+    def stage_headers(outcome: EmbedOutcome) -> dict[str, str]:
+        return {header: str(round(outcome.timings[stage] * 1000)) for stage, header in TIMING_HEADERS.items() if stage in outcome.timings}
+
+    # -- OpenAI routes ----------------------------------------------------------------------
+
+    async def embeddings(self, request: Request) -> Response:
+        req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        model = await self.resolve_model(req.model)
+        outcome = await self.run_embed(model, req.inputs, EmbedOptions(dimensions=req.dimensions, input_type=req.input_type))
+        headers = self.stage_headers(outcome)
+        kind = negotiate(request.headers.get("accept"))
+        if kind != "json":
+            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers)
+        body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format)
+        return Response(body, media_type="application/json", headers=headers)
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "embedfleet"} for m in view.models]
         return json_response({"object": "list", "data": data})
 
+    # -- TEI routes -------------------------------------------------------------------------
+
+    async def embed(self, request: Request) -> Response:
+        req = tei_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        model = await self.resolve_model(None)
+        outcome = await self.run_embed(model, req.inputs, req.options)
+        headers = self.stage_headers(outcome)
+        kind = negotiate(request.headers.get("accept"))
+        if kind != "json":
+            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers)
+        return Response(tei_api.render_embed(outcome.vectors), media_type="application/json", headers=headers)
+
+    async def tokenize(self, request: Request) -> Response:
+        req = tei_api.parse_tokenize(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        model = await self.resolve_model(None)
+        try:
+            result = await self.client.tokenize(model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout)
+        except ServiceError as exc:
+            raise ApiError(exc.code, exc.message) from None
+        return Response(tei_api.render_tokens(result), media_type="application/json")
+
+    async def info(self, request: Request) -> Response:
+        model = await self.resolve_model(None)
+        view = await self.discovery.view()
+        body = tei_api.render_info(
+            model, view.tokenizers.get(model, {}), view.workers.get(model, {}), self.limits, self.cfg.max_in_flight, __version__
+        )
+        return Response(body, media_type="application/json")
+
+    # -- operations -------------------------------------------------------------------------
+
     async def health(self, request: Request) -> Response:
         view = await self.discovery.refresh(until_ready=True)
         if view.models:
             return json_response({"status": "ok", "models": view.models})
         return json_response(
-            {
-                "status": "unavailable",
-                "tokenizers": sorted(view.tokenizers),
-                "workers": sorted(view.workers),
-            },
-            status=503,
+            {"status": "unavailable", "tokenizers": sorted(view.tokenizers), "workers": sorted(view.workers)}, status=503
         )
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(openapi_spec(__version__))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -124,32 +188,41 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return exc.response(request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return openai_error(exc.status_code, str(exc.detail), "invalid_request_error", None, None)
+    return error_response(request.url.path, exc.status_code, str(exc.detail), None)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return openai_error(500, "internal error", "server_error", None, ErrorCode.INTERNAL.value)
+    return error_response(request.url.path, 500, "internal error", ErrorCode.INTERNAL)
 
 
 def create_app(cfg: GatewayConfig) -> Starlette:
-    gw = Gateway(cfg)
+    metrics = Metrics()
+    gw = Gateway(cfg, metrics)
     routes = [
         Route("/v1/embeddings", gw.embeddings, methods=["POST"]),
         Route("/embeddings", gw.embeddings, methods=["POST"]),
         Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/embed", gw.embed, methods=["POST"]),
+        Route("/tokenize", gw.tokenize, methods=["POST"]),
+        Route("/info", gw.info, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
+        Route("/metrics", gw.prometheus, methods=["GET"]),
+        Route("/openapi.json", gw.openapi, methods=["GET"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=gw.lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
     )
+    known = frozenset(r.path for r in routes)
+    app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known)
+    return app
 
 
 def serve(cfg: GatewayConfig, log_level: str) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
-from shared.config import NatsConfig, add_option, nats_config, positive_float, positive_int
+from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,7 +14,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--port", "EMBEDFLEET_PORT", 8080, "HTTP port", int)
     add_option(parser, "--request-timeout", "EMBEDFLEET_REQUEST_TIMEOUT", 30.0, "seconds a request may take", positive_float)
     add_option(parser, "--max-inputs", "EMBEDFLEET_MAX_INPUTS", 2048, "max inputs in one request", positive_int)
+    add_option(parser, "--max-input-chars", "EMBEDFLEET_MAX_INPUT_CHARS", 65536, "max characters in one input", positive_int)
     add_option(parser, "--max-body-bytes", "EMBEDFLEET_MAX_BODY_BYTES", 8 << 20, "max request body size in bytes", positive_int)
+    add_option(parser, "--max-in-flight", "EMBEDFLEET_MAX_IN_FLIGHT", 512,
+               "requests handled at once; more are answered 429 at once", positive_int)
+    add_option(parser, "--api-keys", "EMBEDFLEET_API_KEYS", "", "accepted API keys (Bearer), comma separated; none: no auth")
+    add_option(parser, "--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line")
+    add_option(parser, "--open-paths", "EMBEDFLEET_OPEN_PATHS", "/health,/metrics",
+               "paths served without an API key, comma separated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +32,24 @@ class GatewayConfig:
     request_timeout: float
     max_inputs: int
     max_body_bytes: int
+    max_input_chars: int = 65536
+    max_in_flight: int = 512
+    api_keys: tuple[str, ...] = ()
+    open_paths: tuple[str, ...] = ("/health", "/metrics")
     discovery_interval: float = 2.0  # seconds between fleet polls
     discovery_wait: float = 0.25  # seconds to gather ping replies
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GatewayConfig:
+        keys = [k.strip() for k in ns.api_keys.split(",") if k.strip()]
+        if ns.api_keys_file:
+            path = Path(ns.api_keys_file)
+            try:
+                keys += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+            except OSError as exc:
+                raise ConfigError(f"--api-keys-file {path}: {exc.strerror}") from None
+            if not keys:
+                raise ConfigError(f"--api-keys-file {path} holds no key")
         return cls(
             nats=nats_config(ns),
             host=ns.host,
@@ -36,4 +57,8 @@ class GatewayConfig:
             request_timeout=ns.request_timeout,
             max_inputs=ns.max_inputs,
             max_body_bytes=ns.max_body_bytes,
+            max_input_chars=ns.max_input_chars,
+            max_in_flight=ns.max_in_flight,
+            api_keys=tuple(keys),
+            open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
         )

@@ -1,28 +1,32 @@
-"""Errors answered over HTTP: one table from wire error codes to HTTP status, and the body shapes."""
+"""Errors answered over HTTP: one table from internal codes to HTTP status, and the two body shapes
+(OpenAI's on OpenAI routes, TEI's on TEI routes)."""
 
 from __future__ import annotations
 
-from starlette.responses import Response
-
 import orjson
+from starlette.responses import Response
 
 from shared.errors import ErrorCode
 
-# wire error code -> (HTTP status, OpenAI error type)
-STATUS: dict[ErrorCode, tuple[int, str]] = {
-    ErrorCode.INVALID_REQUEST: (400, "invalid_request_error"),
-    ErrorCode.INPUT_TOO_LONG: (413, "invalid_request_error"),
-    ErrorCode.INVALID_TOKENS: (422, "invalid_request_error"),
-    ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error"),
-    ErrorCode.OVERLOADED: (429, "rate_limit_error"),
-    ErrorCode.INTERNAL: (500, "server_error"),
-    ErrorCode.NO_RESPONDERS: (503, "service_unavailable"),
-    ErrorCode.TIMEOUT: (504, "timeout_error"),
+# internal code -> (HTTP status, OpenAI error type, TEI error type)
+STATUS: dict[ErrorCode, tuple[int, str, str]] = {
+    ErrorCode.INVALID_REQUEST: (400, "invalid_request_error", "Validation"),
+    ErrorCode.INPUT_TOO_LONG: (413, "invalid_request_error", "Validation"),
+    ErrorCode.INVALID_TOKENS: (422, "invalid_request_error", "Validation"),
+    ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error", "Validation"),
+    ErrorCode.UNAUTHORIZED: (401, "authentication_error", "Unauthorized"),
+    ErrorCode.OVERLOADED: (429, "rate_limit_error", "Overloaded"),
+    ErrorCode.INTERNAL: (500, "server_error", "Backend"),
+    ErrorCode.NO_RESPONDERS: (503, "service_unavailable", "Unhealthy"),
+    ErrorCode.TIMEOUT: (504, "timeout_error", "Backend"),
 }
+
+# routes answering in TEI's shape; every other route answers in OpenAI's
+TEI_PATHS = frozenset({"/embed", "/tokenize", "/info", "/rerank"})
 
 
 class ApiError(Exception):
-    """An error for the client: status and OpenAI-shaped body."""
+    """An error for the client: an internal code (hence the status), a message, the parameter at fault."""
 
     def __init__(self, code: ErrorCode, message: str, param: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
@@ -31,10 +35,14 @@ class ApiError(Exception):
         self.param = param
         self.status = status or STATUS[code][0]
 
-    def response(self) -> Response:
-        return openai_error(self.status, self.message, STATUS[self.code][1], self.param, self.code.value)
+    def response(self, path: str = "") -> Response:
+        return error_response(path, self.status, self.message, self.code, self.param)
 
 
-def openai_error(status: int, message: str, type_: str, param: str | None, code: str | None) -> Response:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+def error_response(path: str, status: int, message: str, code: ErrorCode | None, param: str | None = None) -> Response:
+    _, openai_type, tei_type = STATUS.get(code, (status, "invalid_request_error" if status < 500 else "server_error", "Validation"))
+    if path in TEI_PATHS:
+        body: dict = {"error": message, "error_type": tei_type}
+    else:
+        body = {"error": {"message": message, "type": openai_type, "param": param, "code": code.value if code else None}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")

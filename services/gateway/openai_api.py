@@ -11,62 +11,41 @@ import orjson
 
 from shared.errors import ErrorCode
 from services.gateway.errors import ApiError
+from services.gateway.inputs import Inputs, Limits, json_object, optional, parse_inputs, positive_dimensions
 
 ENCODING_FORMATS = ("float", "base64")
+INPUT_TYPES = ("query", "document")
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingsRequest:
     model: str
-    texts: list[str]
+    inputs: Inputs
     encoding_format: str
     dimensions: int | None
+    input_type: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return self.inputs.texts
 
 
-def parse_embeddings_request(body: bytes, max_inputs: int) -> EmbeddingsRequest:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
-
+def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
+    doc = json_object(body)
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'model' is required and must be a string", "model")
-
     if "input" not in doc:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input' is required", "input")
-    raw = doc["input"]
-    if isinstance(raw, str):
-        texts = [raw]
-    elif isinstance(raw, list):
-        if not raw:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'input' must not be an empty list", "input")
-        for i, item in enumerate(raw):
-            if not isinstance(item, str):
-                raise ApiError(
-                    ErrorCode.INVALID_REQUEST, f"'input[{i}]' must be a string, got {_json_type(item)}", "input"
-                )
-        texts = raw
-    else:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'input' must be a string or a list of strings, got {_json_type(raw)}", "input")
-    if len(texts) > max_inputs:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'input' has {len(texts)} items; the limit is {max_inputs}", "input")
-
-    encoding_format = doc.get("encoding_format") or "float"
+    inputs = parse_inputs(doc["input"], "input", limits, allow_tokens=True)
+    encoding_format = optional(doc, "encoding_format", str, "float")
     if encoding_format not in ENCODING_FORMATS:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'encoding_format' must be 'float' or 'base64'", "encoding_format")
-
-    dimensions = doc.get("dimensions")
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions <= 0):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'dimensions' must be a positive integer", "dimensions")
-
-    user = doc.get("user")
-    if user is not None and not isinstance(user, str):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'user' must be a string", "user")
-
-    return EmbeddingsRequest(model=model, texts=texts, encoding_format=encoding_format, dimensions=dimensions)
+    optional(doc, "user", str)
+    input_type = optional(doc, "input_type", str)
+    if input_type is not None and input_type not in INPUT_TYPES:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
+    return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type)
 
 
 def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str) -> bytes:
@@ -84,10 +63,4 @@ def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_for
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         },
         option=orjson.OPT_SERIALIZE_NUMPY,
-    )
-
-
-def _json_type(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(
-        type(value), "null"
     )

@@ -6,18 +6,31 @@ import pytest
 
 from shared.errors import ErrorCode
 from services.gateway.errors import STATUS, ApiError
+from services.gateway.inputs import Limits
 from services.gateway.openai_api import parse_embeddings_request, render_embeddings
 
+LIMITS = Limits(max_inputs=10, max_input_chars=100)
 
-def _parse(doc, max_inputs=10):
-    return parse_embeddings_request(orjson.dumps(doc), max_inputs)
+
+def _parse(doc):
+    return parse_embeddings_request(orjson.dumps(doc), LIMITS)
 
 
 def test_string_and_list_inputs():
     r = _parse({"model": "m", "input": "hi"})
     assert (r.texts, r.encoding_format, r.dimensions) == (["hi"], "float", None)
-    r = _parse({"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8, "user": "u"})
-    assert (r.texts, r.encoding_format, r.dimensions) == (["a", "b"], "base64", 8)
+    r = _parse({"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8, "user": "u",
+                "input_type": "query"})
+    assert (r.texts, r.encoding_format, r.dimensions, r.input_type) == (["a", "b"], "base64", 8, "query")
+    assert r.inputs.token_ids is None
+
+
+def test_token_id_inputs():
+    one = _parse({"model": "m", "input": [101, 7592, 102]})
+    assert one.texts == [] and [t.tolist() for t in one.inputs.token_ids] == [[101, 7592, 102]]
+    many = _parse({"model": "m", "input": [[101, 102], [101, 5, 102]]})
+    assert [t.tolist() for t in many.inputs.token_ids] == [[101, 102], [101, 5, 102]]
+    assert many.inputs.count == 2
 
 
 @pytest.mark.parametrize(
@@ -33,13 +46,16 @@ def test_string_and_list_inputs():
         (orjson.dumps({"model": "m", "input": ["a"] * 11}), "input", "the limit is 10"),
         (orjson.dumps({"model": "m", "input": "a", "encoding_format": "hex"}), "encoding_format", "'float' or 'base64'"),
         (orjson.dumps({"model": "m", "input": "a", "dimensions": 0}), "dimensions", "positive integer"),
-        (orjson.dumps({"model": "m", "input": "a", "dimensions": True}), "dimensions", "positive integer"),
+        (orjson.dumps({"model": "m", "input": "a", "dimensions": True}), "dimensions", "must be an integer"),
         (orjson.dumps({"model": "m", "input": "a", "user": 5}), "user", "'user' must be a string"),
+        (orjson.dumps({"model": "m", "input": "a", "input_type": "passage"}), "input_type", "'query' or 'document'"),
+        (orjson.dumps({"model": "m", "input": [[101], []]}), "input", "non-empty list of token IDs"),
+        (orjson.dumps({"model": "m", "input": [[101], "x"]}), "input", "non-empty list of token IDs"),
     ],
 )
 def test_invalid_requests(body, param, message):
     with pytest.raises(ApiError) as err:
-        parse_embeddings_request(body, 10)
+        parse_embeddings_request(body, LIMITS)
     assert err.value.status == 400 and err.value.code is ErrorCode.INVALID_REQUEST
     assert err.value.param == param
     assert message in err.value.message
@@ -56,6 +72,20 @@ def test_render_float_and_base64_agree():
     np.testing.assert_array_equal(np.array([d["embedding"] for d in as_float["data"]], np.float32), vectors)
     decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in as_b64["data"]])
     np.testing.assert_array_equal(decoded, vectors)
+
+
+@pytest.mark.parametrize(
+    "doc, status, fragment",
+    [
+        ({"model": "m", "input": "x" * 101}, 413, "101 characters; the limit is 100"),
+        ({"model": "m", "input": [101, -1]}, 422, "not a token ID"),
+        ({"model": "m", "input": [[101], [1.5]]}, 422, "not a token ID"),
+    ],
+)
+def test_limits_and_token_errors(doc, status, fragment):
+    with pytest.raises(ApiError) as err:
+        _parse(doc)
+    assert err.value.status == status and fragment in err.value.message
 
 
 def test_every_error_code_has_a_status():

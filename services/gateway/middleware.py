@@ -1,0 +1,61 @@
+"""One ASGI middleware for what every route shares: request ids, API keys, timing, metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared.errors import ErrorCode
+from services.gateway.auth import ApiKeys
+from services.gateway.errors import error_response
+from services.gateway.metrics import Metrics
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed"})
+
+
+class GatewayMiddleware:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str]) -> None:
+        self.app = app
+        self.keys = keys
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        headers = Headers(scope=scope)
+        given = headers.get("x-request-id", "")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        path = scope["path"]
+        route = path if path in self.routes else "other"  # unknown paths share one label
+        status = 500
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                out = MutableHeaders(scope=message)
+                out["x-request-id"] = request_id
+                out["x-total-time"] = str(round((time.perf_counter() - start) * 1000))
+            await send(message)
+
+        try:
+            if self.keys.allows(path, headers.get("authorization")):
+                await self.app(scope, receive, send_with_headers)
+            else:
+                response = error_response(
+                    path, 401, "missing or unknown API key: send 'Authorization: Bearer <key>'", ErrorCode.UNAUTHORIZED
+                )
+                response.headers["www-authenticate"] = "Bearer"
+                await response(scope, receive, send_with_headers)
+        finally:
+            self.metrics.observe(route, status)
+            if route in EMBED_ROUTES and status < 400:
+                self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)

@@ -1,0 +1,141 @@
+"""The OpenAPI description of the gateway's real routes (served at /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_STR_OR_LIST = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}, "minItems": 1},
+    ]
+}
+
+_OPENAI_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+_TEI_ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
+    "required": ["error", "error_type"],
+}
+_BINARY = {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
+}
+
+
+def _errors(schema: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+    return {str(c): {"description": "error", "content": {"application/json": {"schema": schema}}} for c in codes}
+
+
+def _post(summary: str, body: dict, ok: dict, error: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": {"200": {"description": "success", "content": ok}, **_errors(error, codes)},
+        }
+    }
+
+
+def _get(summary: str, schema: dict, codes: tuple[int, ...] = (), error: dict = _OPENAI_ERROR) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {"200": {"description": "success", "content": {"application/json": {"schema": schema}}}, **_errors(error, codes)},
+        }
+    }
+
+
+def openapi_spec(version: str) -> dict[str, Any]:
+    embeddings_body = {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": _STR_OR_LIST,
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "minimum": 1},
+            "user": {"type": "string"},
+            "input_type": {"type": "string", "enum": ["query", "document"]},
+        },
+    }
+    embeddings_ok = {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "object": {"const": "list"},
+                    "data": {"type": "array", "items": {"type": "object", "properties": {
+                        "object": {"const": "embedding"}, "index": {"type": "integer"},
+                        "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}},
+                    "model": {"type": "string"},
+                    "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
+                },
+            }
+        },
+        **_BINARY,
+    }
+    embed_body = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": _STR_OR_LIST,
+            "normalize": {"type": "boolean"},
+            "truncate": {"type": "boolean"},
+            "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
+            "prompt_name": {"type": ["string", "null"]},
+            "dimensions": {"type": "integer", "minimum": 1},
+        },
+    }
+    tokenize_body = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
+            "add_special_tokens": {"type": "boolean"},
+            "prompt_name": {"type": ["string", "null"]},
+        },
+    }
+    token = {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"},
+             "special": {"type": "boolean"}, "start": {"type": ["integer", "null"]}, "stop": {"type": ["integer", "null"]}}}
+    common = (400, 401, 404, 413, 422, 429, 503, 504)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "embedfleet gateway", "version": version},
+        "paths": {
+            "/v1/embeddings": _post("Create embeddings (OpenAI)", embeddings_body, embeddings_ok, _OPENAI_ERROR, common),
+            "/embeddings": _post("Create embeddings (OpenAI, unversioned path)", embeddings_body, embeddings_ok, _OPENAI_ERROR, common),
+            "/v1/models": _get("Models served right now", {"type": "object"}, (401,)),
+            "/embed": _post(
+                "Embed (TEI)", embed_body,
+                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}, **_BINARY},
+                _TEI_ERROR, common,
+            ),
+            "/tokenize": _post(
+                "Tokenize (TEI)", tokenize_body,
+                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
+                _TEI_ERROR, (400, 401, 413, 503, 504),
+            ),
+            "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 503), _TEI_ERROR),
+            "/health": _get("200 when a tokenizer and a worker answer", {"type": "object"}, (503,)),
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
+            "/openapi.json": _get("This document", {"type": "object"}),
+        },
+    }

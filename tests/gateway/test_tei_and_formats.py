@@ -1,0 +1,98 @@
+import msgpack
+import numpy as np
+import orjson
+import pytest
+
+from shared.errors import ErrorCode
+from shared.protocol import TokenizeResult
+from services.gateway.auth import ApiKeys
+from services.gateway.errors import ApiError
+from services.gateway.formats import binary_response, negotiate
+from services.gateway.inputs import Limits
+from services.gateway.tei_api import parse_embed, parse_tokenize, render_embed, render_info, render_tokens
+
+LIMITS = Limits(max_inputs=4, max_input_chars=50)
+
+
+def test_embed_defaults_follow_tei():
+    r = parse_embed(orjson.dumps({"inputs": "hello"}), LIMITS)
+    assert r.inputs.texts == ["hello"]
+    assert (r.options.normalize, r.options.truncate, r.options.truncation_direction) == (True, False, "right")
+    r = parse_embed(
+        orjson.dumps({"inputs": ["a", "b"], "normalize": False, "truncate": True, "truncation_direction": "Left",
+                      "prompt_name": "query", "dimensions": 16}),
+        LIMITS,
+    )
+    assert (r.options.normalize, r.options.truncate, r.options.truncation_direction) == (False, True, "left")
+    assert (r.options.prompt_name, r.options.dimensions) == ("query", 16)
+
+
+@pytest.mark.parametrize(
+    "doc, fragment",
+    [
+        ({}, "'inputs' is required"),
+        ({"inputs": []}, "must not be an empty list"),
+        ({"inputs": "a", "truncation_direction": "up"}, "'Right' or 'Left'"),
+        ({"inputs": "a", "normalize": "yes"}, "'normalize' must be a boolean"),
+        ({"inputs": ["a"] * 5}, "the limit is 4"),
+    ],
+)
+def test_embed_errors_in_tei_shape(doc, fragment):
+    with pytest.raises(ApiError) as err:
+        parse_embed(orjson.dumps(doc), LIMITS)
+    body = orjson.loads(err.value.response("/embed").body)
+    assert set(body) == {"error", "error_type"} and fragment in body["error"]
+    assert body["error_type"] == "Validation"
+
+
+def test_tokenize_request_and_rendering():
+    r = parse_tokenize(orjson.dumps({"inputs": ["hi"], "add_special_tokens": False}), LIMITS)
+    assert (r.texts, r.add_special_tokens, r.prompt_name) == (["hi"], False, None)
+    with pytest.raises(ApiError):
+        parse_tokenize(orjson.dumps({"inputs": [101]}), LIMITS)  # token IDs are not text to tokenize
+    rows = orjson.loads(render_tokens(TokenizeResult("x", [[(101, "[CLS]", True, None, None), (7592, "hi", False, 0, 2)]])))
+    assert rows == [[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+                     {"id": 7592, "text": "hi", "special": False, "start": 0, "stop": 2}]]
+
+
+def test_render_embed_and_info():
+    v = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert orjson.loads(render_embed(v)) == v.tolist()
+    info = orjson.loads(render_info("m", {"max_seq_length": "256"}, {"max_batch_tokens": "2048", "dtype": "float32",
+                                                                      "pooling": "mean"}, LIMITS, 64, "0.1.0"))
+    assert info["model_id"] == "m" and info["max_input_length"] == 256 and info["max_batch_tokens"] == 2048
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["max_client_batch_size"] == 4
+
+
+def test_content_negotiation():
+    assert negotiate(None) == "json"
+    assert negotiate("application/json") == "json"
+    assert negotiate("application/octet-stream") == "octet"
+    assert negotiate("application/x-msgpack;q=0.9, */*") == "msgpack"
+
+
+def test_binary_bodies():
+    v = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    octet = binary_response("octet", "m", v, 9, {"x-a": "1"})
+    assert octet.headers["x-embedding-rows"] == "3" and octet.headers["x-embedding-dim"] == "4"
+    np.testing.assert_array_equal(np.frombuffer(octet.body, "<f4").reshape(3, 4), v)
+    packed = msgpack.unpackb(binary_response("msgpack", "m", v, 9, {}).body)
+    assert (packed["rows"], packed["dim"], packed["dtype"], packed["usage"]["prompt_tokens"]) == (3, 4, "<f4", 9)
+    np.testing.assert_array_equal(np.frombuffer(packed["data"], "<f4").reshape(3, 4), v)
+
+
+def test_api_keys():
+    keys = ApiKeys(("k1", "secret-2"), ("/health",))
+    assert keys.enabled
+    assert keys.allows("/v1/embeddings", "Bearer secret-2") and keys.allows("/v1/embeddings", "bearer k1")
+    assert not keys.allows("/v1/embeddings", "Bearer nope")
+    assert not keys.allows("/v1/embeddings", None) and not keys.allows("/v1/embeddings", "Basic k1")
+    assert keys.allows("/health", None)
+    assert ApiKeys((), ()).allows("/anything", None)
+
+
+def test_unauthorized_shapes():
+    e = ApiError(ErrorCode.UNAUTHORIZED, "no key")
+    assert e.status == 401
+    assert orjson.loads(e.response("/embed").body)["error_type"] == "Unauthorized"
+    assert orjson.loads(e.response("/v1/embeddings").body)["error"]["type"] == "authentication_error"
