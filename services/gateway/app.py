@@ -163,8 +163,16 @@ class Gateway:
         view = await self.discovery.refresh(until_ready=True)
         if view.models:
             return json_response({"status": "ok", "models": view.models})
+        missing = "tokenizer" if not view.tokenizers else "worker" if not view.workers else "tokenizer and worker of one model"
         return json_response(
-            {"status": "unavailable", "tokenizers": sorted(view.tokenizers), "workers": sorted(view.workers)}, status=503
+            {
+                "status": "unavailable",
+                "error": f"no {missing} answers",
+                "error_type": "Unhealthy",  # as text-embeddings-inference answers
+                "tokenizers": sorted(view.tokenizers),
+                "workers": sorted(view.workers),
+            },
+            status=503,
         )
 
     async def prometheus(self, request: Request) -> Response:

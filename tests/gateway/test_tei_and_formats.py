@@ -37,7 +37,7 @@ def test_embed_defaults_follow_tei():
         ({"inputs": ["a"] * 5}, "the limit is 4"),
     ],
 )
-def test_embed_errors_in_tei_shape(doc, fragment):
+def test_embed_errors_in_tei_shape(doc, fragment):  # TEI answers validation errors 4xx with error_type Validation
     with pytest.raises(ApiError) as err:
         parse_embed(orjson.dumps(doc), LIMITS)
     body = orjson.loads(err.value.response("/embed").body)

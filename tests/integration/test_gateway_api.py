@@ -123,7 +123,7 @@ def test_binary_answers_equal_json(stack, texts, path):
 @pytest.mark.parametrize(
     "body, status, fragment",
     [
-        ({"model": MODEL, "input": ["a"] * 2049}, 400, "the limit is 2048"),
+        ({"model": MODEL, "input": ["a"] * 2049}, 422, "the limit is 2048"),
         ({"model": MODEL, "input": "x" * 70000}, 413, "the limit is 65536"),
     ],
 )

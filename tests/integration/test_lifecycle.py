@@ -58,7 +58,8 @@ def test_services_reconnect_after_nats_restart(small_stack, reference):
     before = _embed(small_stack.base_url, ["before the restart"])
     assert before.status_code == 200
     small_stack.nats.stop()
-    assert not healthy(small_stack.base_url)
+    down = httpx.get(f"{small_stack.base_url}/health", timeout=10)
+    assert down.status_code == 503 and down.json()["error_type"] == "Unhealthy"
     restarted = EmbeddedNats(small_stack.data_dir, port=small_stack.nats.port)
     restarted.start()
     try:
