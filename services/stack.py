@@ -41,7 +41,7 @@ def run_stack(ns: argparse.Namespace) -> int:
             ("tokenizer", model_args),
             ("worker", model_args),
             ("scorer", model_args),
-            ("gateway", ["--host", ns.host, "--port", str(ns.port)]),
+            ("gateway", _gateway_args(ns)),
         ):
             children[role] = subprocess.Popen([sys.executable, "-m", "services.cli", role, *common, *extra])
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
@@ -69,6 +69,20 @@ def run_stack(ns: argparse.Namespace) -> int:
         if nats is not None:
             nats.stop()
             log.info("nats-server stopped")
+
+
+def _gateway_args(ns: argparse.Namespace) -> list[str]:
+    """Every gateway option `up` was given, passed on to the gateway process."""
+    from services.gateway import config as gateway_config
+
+    probe = argparse.ArgumentParser(add_help=False)
+    gateway_config.add_arguments(probe)
+    args: list[str] = []
+    for action in probe._actions:
+        value = getattr(ns, action.dest, None)
+        if action.option_strings and value is not None:
+            args += [action.option_strings[0], str(value)]
+    return args
 
 
 def _wait_ready(base: str, children: dict[str, subprocess.Popen], stop: threading.Event) -> bool:

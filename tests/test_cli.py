@@ -44,3 +44,12 @@ def test_bad_options_exit_2_with_a_message(args, fragment):
     assert result.returncode == 2
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_up_passes_its_gateway_options_on():
+    from services.stack import _gateway_args
+
+    args = _gateway_args(build_parser().parse_args(["up", "--port", "9000", "--api-keys", "a,b", "--max-in-flight", "3"]))
+    pairs = dict(zip(args[::2], args[1::2]))
+    assert pairs["--port"] == "9000" and pairs["--api-keys"] == "a,b" and pairs["--max-in-flight"] == "3"
+    assert "--api-keys-file" not in pairs  # not given, not passed
