@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -73,20 +74,27 @@ class TokenizerService:
             self._micro = None
 
     async def _on_request(self, msg: Msg) -> None:
+        await self._answering(msg, EmbedRequest, self._handle)
+
+    async def _on_tokenize(self, msg: Msg) -> None:
+        await self._answering(msg, TokenizeRequest, self._tokenize)
+
+    async def _answering(self, msg: Msg, kind: type, handle: Callable[[Any, str | None], Awaitable[None]]) -> None:
+        """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
         request_id = ""
         try:
-            request = decode_as(msg.data, EmbedRequest)
+            request = decode_as(msg.data, kind)
             request_id = request.id
-            await self._handle(request, msg.reply)
+            await handle(request, msg.reply)
         except ProtocolError as exc:
             await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
         except ServiceError as exc:
             await self._reply_error(msg.reply, request_id, exc)
         except Exception:
-            log.exception("request %s failed", request_id)
+            log.exception("%s %s failed", kind.TYPE, request_id)
             await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INTERNAL, "tokenizer error"))
 
-    async def _handle(self, request: EmbedRequest, reply: str) -> None:
+    async def _handle(self, request: EmbedRequest, reply: str | None) -> None:
         if not reply:
             raise ProtocolError("embed request without a reply subject")
         if request.count == 0:
@@ -122,22 +130,11 @@ class TokenizerService:
             request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
         )
 
-    async def _on_tokenize(self, msg: Msg) -> None:
-        request_id = ""
-        try:
-            request = decode_as(msg.data, TokenizeRequest)
-            request_id = request.id
-            texts = self._encoder.with_prompt(request.texts, EmbedOptions(prompt_name=request.prompt_name))
-            tokens = await asyncio.to_thread(self._encoder.tokenize, texts, request.add_special_tokens)
-            if msg.reply:
-                await self._nc.publish(msg.reply, encode(TokenizeResult(request.id, tokens)))
-        except ProtocolError as exc:
-            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
-        except ServiceError as exc:
-            await self._reply_error(msg.reply, request_id, exc)
-        except Exception:
-            log.exception("tokenize %s failed", request_id)
-            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INTERNAL, "tokenizer error"))
+    async def _tokenize(self, request: TokenizeRequest, reply: str | None) -> None:
+        texts = self._encoder.with_prompt(request.texts, EmbedOptions(prompt_name=request.prompt_name))
+        tokens = await asyncio.to_thread(self._encoder.tokenize, texts, request.add_special_tokens)
+        if reply:
+            await self._nc.publish(reply, encode(TokenizeResult(request.id, tokens)))
 
     async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError) -> None:
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
