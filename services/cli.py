@@ -67,6 +67,7 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         from services.tokenizer.service import TokenizerService
 
         cfg = tokenizer_config.TokenizerConfig.from_namespace(ns)
+        cfg.apply_threads()
         run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
         from services.gpu_worker.replicas import build_engines, is_cpu, run_cpu_processes

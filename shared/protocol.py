@@ -102,12 +102,15 @@ class EmbedRequest:
     deadline: float  # unix time, seconds
     options: EmbedOptions = field(default_factory=EmbedOptions)
     token_ids: list[np.ndarray] | None = None  # inputs given as token IDs ([n] int32 each); texts empty
+    pairs: list[tuple[str, str]] | None = None  # (query, document) inputs for cross-encoders; texts empty
 
     TYPE = "embed"
 
     @property
     def count(self) -> int:
-        return len(self.token_ids) if self.token_ids is not None else len(self.texts)
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return len(self.pairs) if self.pairs is not None else len(self.texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,7 @@ class TokenBatch:
     deadline: float
     options: EmbedOptions = field(default_factory=EmbedOptions)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage so far
+    token_types: np.ndarray | None = None  # [T] int32 segment ids (pairs); None: all 0
 
     TYPE = "tokens"
 
@@ -230,6 +234,8 @@ def encode(msg: Message) -> bytes:
         body |= {"m": msg.model, "x": msg.texts, "dl": msg.deadline, "o": msg.options.to_wire()}
         if msg.token_ids is not None:
             body["tk"] = [np.ascontiguousarray(t, dtype=TOKEN_DTYPE).tobytes() for t in msg.token_ids]
+        if msg.pairs is not None:
+            body["pr"] = [list(p) for p in msg.pairs]
     elif isinstance(msg, TokenBatch):
         body |= {
             "m": msg.model,
@@ -241,6 +247,8 @@ def encode(msg: Message) -> bytes:
             "o": msg.options.to_wire(),
             "tm": msg.timings,
         }
+        if msg.token_types is not None:
+            body["tt"] = np.ascontiguousarray(msg.token_types, dtype=TOKEN_DTYPE).tobytes()
     elif isinstance(msg, EmbedResult):
         body |= {
             "s": msg.start,
@@ -307,6 +315,14 @@ def _decode_embed(m: dict) -> EmbedRequest:
         if texts or not all(isinstance(t, bytes) for t in raw):
             raise ProtocolError("token inputs must be byte strings, with no texts beside them")
         token_ids = [_int32_array(t, "token input") for t in raw]
+    pairs = None
+    if m.get("pr") is not None:
+        raw = _req(m, "pr", list)
+        if texts or token_ids is not None:
+            raise ProtocolError("pair inputs come alone, with no texts or token inputs beside them")
+        if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw):
+            raise ProtocolError("pairs must be [query, document] string pairs")
+        pairs = [(p[0], p[1]) for p in raw]
     return EmbedRequest(
         id=_req(m, "id", str),
         model=_req(m, "m", str),
@@ -314,6 +330,7 @@ def _decode_embed(m: dict) -> EmbedRequest:
         deadline=_req_number(m, "dl"),
         options=EmbedOptions.from_wire(m.get("o", {})),
         token_ids=token_ids,
+        pairs=pairs,
     )
 
 
@@ -370,6 +387,11 @@ def _decode_tokens(m: dict) -> TokenBatch:
     start, total = _req_int(m, "s"), _req_int(m, "n")
     if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
+    token_types = None
+    if m.get("tt") is not None:
+        token_types = _int32_array(_req(m, "tt", bytes), "token types")
+        if len(token_types) != len(ids) or (len(ids) and token_types.min() < 0):
+            raise ProtocolError("token types must be one non-negative value per token")
     return TokenBatch(
         id=_req(m, "id", str),
         model=_req(m, "m", str),
@@ -380,6 +402,7 @@ def _decode_tokens(m: dict) -> TokenBatch:
         deadline=_req_number(m, "dl"),
         options=EmbedOptions.from_wire(m.get("o", {})),
         timings=_timings(m),
+        token_types=token_types,
     )
 
 

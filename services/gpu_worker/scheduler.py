@@ -46,6 +46,7 @@ class Batch:
     input_ids: np.ndarray  # [T] int32
     cu_seqlens: np.ndarray  # [B + 1] int32
     slices: list[Slice] = field(default_factory=list)
+    token_types: np.ndarray | None = None  # [T] int32, when any work carries segment ids
 
     @property
     def num_tokens(self) -> int:
@@ -138,12 +139,17 @@ class Scheduler:
 
 
 def _pack(slices: list[Slice]) -> Batch:
-    ids, lengths = [], []
+    ids, lengths, types = [], [], []
+    typed = any(s.work.batch.token_types is not None for s in slices)
     for s in slices:
-        cu = s.work.batch.cu_seqlens
-        ids.append(s.work.batch.input_ids[cu[s.row_start] : cu[s.row_end]])
-        lengths.append(np.diff(cu[s.row_start : s.row_end + 1]))
+        b = s.work.batch
+        lo, hi = b.cu_seqlens[s.row_start], b.cu_seqlens[s.row_end]
+        ids.append(b.input_ids[lo:hi])
+        lengths.append(np.diff(b.cu_seqlens[s.row_start : s.row_end + 1]))
+        if typed:
+            types.append(b.token_types[lo:hi] if b.token_types is not None else np.zeros(hi - lo, np.int32))
     all_lengths = np.concatenate(lengths)
     cu_seqlens = np.zeros(len(all_lengths) + 1, dtype=np.int32)
     np.cumsum(all_lengths, out=cu_seqlens[1:])
-    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices)
+    token_types = np.concatenate(types).astype(np.int32, copy=False) if typed else None
+    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types)

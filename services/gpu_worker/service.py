@@ -99,7 +99,7 @@ class WorkerService:
                 raise ServiceError(
                     ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
                 )
-            self._engines[0].check(batch.input_ids, batch.cu_seqlens)
+            self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
         except ProtocolError as exc:
             await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_TOKENS, str(exc)))
             return
@@ -130,7 +130,9 @@ class WorkerService:
                 if s.work.started is None:
                     s.work.started = launched
             try:
-                handle = await loop.run_in_executor(executor, engine.step, batch.input_ids, batch.cu_seqlens)
+                handle = await loop.run_in_executor(
+                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types
+                )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
                 await self._fail(batch)

@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from shared.config import NatsConfig, add_option, nats_config, positive_int
+import json
+import os
+
+from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
 from shared.model_dir import ModelInfo, load_model_info
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--chunk-tokens", "EMBEDFLEET_CHUNK_TOKENS", 8192, "max tokens per batch sent to a worker", positive_int)
     add_option(parser, "--chunk-seqs", "EMBEDFLEET_CHUNK_SEQS", 256, "max sequences per batch sent to a worker", positive_int)
+    add_option(parser, "--prompts", "EMBEDFLEET_PROMPTS", "",
+               'prompts by input type, as JSON: {"query": "query: ", "document": "passage: "} (added to the model\'s own)')
+    add_option(parser, "--threads", "EMBEDFLEET_TOKENIZER_THREADS", None, "tokenizer threads (default: all cores)", positive_int)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +26,8 @@ class TokenizerConfig:
     model: ModelInfo
     chunk_tokens: int
     chunk_seqs: int
+    prompts: dict[str, str] | None = None
+    threads: int | None = None
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TokenizerConfig:
@@ -28,4 +36,23 @@ class TokenizerConfig:
             model=load_model_info(ns.model, ns.model_name),
             chunk_tokens=ns.chunk_tokens,
             chunk_seqs=ns.chunk_seqs,
+            prompts=parse_prompts(ns.prompts),
+            threads=ns.threads,
         )
+
+    def apply_threads(self) -> None:
+        """The tokenizers library sizes its thread pool from the environment, once, on first use."""
+        if self.threads:
+            os.environ["RAYON_NUM_THREADS"] = str(self.threads)
+
+
+def parse_prompts(text: str) -> dict[str, str]:
+    if not text:
+        return {}
+    try:
+        prompts = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--prompts is not JSON: {exc}") from None
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ConfigError('--prompts must be a JSON object of strings, like {"query": "query: "}')
+    return prompts

@@ -21,6 +21,7 @@ class Chunk:
     start: int  # index of the first row in the request
     input_ids: np.ndarray  # [T] int32, sequences back to back
     cu_seqlens: np.ndarray  # [rows + 1] int32
+    token_types: np.ndarray | None = None  # [T] int32 segment ids, for pairs
 
 
 class TextEncoder:
@@ -30,10 +31,10 @@ class TextEncoder:
     (all-MiniLM-L6-v2: 128) that is not the model's limit (256): both are replaced here.
     """
 
-    def __init__(self, info: ModelInfo) -> None:
+    def __init__(self, info: ModelInfo, prompts: dict[str, str] | None = None) -> None:
         self.max_length = info.max_seq_length
         self.vocab_size = info.vocab_size
-        self.prompts = info.prompts
+        self.prompts = {**info.prompts, **(prompts or {})}  # configured prompts win over the folder's
         path = info.path / "tokenizer.json"
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
@@ -67,6 +68,20 @@ class TextEncoder:
         if not truncate:
             self._refuse_long(ids)
         return ids
+
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool = True, direction: str = "right"
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(query, document) pairs as one sequence each: [CLS] q [SEP] d [SEP], with segment ids.
+
+        Truncation cuts the longer of the two first, as the reference tokenizers do.
+        """
+        tokenizer = self._by_mode[direction if truncate else "none"]
+        encodings = tokenizer.encode_batch(list(pairs), add_special_tokens=True)
+        ids = [e.ids for e in encodings]
+        if not truncate:
+            self._refuse_long(ids)
+        return ids, [e.type_ids for e in encodings]
 
     def check_ids(self, token_ids: list[np.ndarray], truncate: bool = True, direction: str = "right") -> list[np.ndarray]:
         """Inputs given as token IDs: refused outside the vocabulary, cut (or refused) past the limit."""
@@ -106,10 +121,11 @@ class TextEncoder:
                 )
 
 
-def pack_chunks(ids: list, max_tokens: int, max_seqs: int) -> Iterator[Chunk]:
+def pack_chunks(ids: list, max_tokens: int, max_seqs: int, token_types: list | None = None) -> Iterator[Chunk]:
     """Split sequences, in order, into chunks of at most ``max_tokens`` tokens and ``max_seqs`` rows.
 
-    A single sequence longer than ``max_tokens`` still gets a chunk of its own.
+    A single sequence longer than ``max_tokens`` still gets a chunk of its own. ``token_types``,
+    when given, holds one segment-id list per sequence and is packed alongside.
     """
     start = 0
     while start < len(ids):
@@ -124,5 +140,8 @@ def pack_chunks(ids: list, max_tokens: int, max_seqs: int) -> Iterator[Chunk]:
         cu_seqlens = np.zeros(end - start + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu_seqlens[1:])
         flat = np.concatenate([np.asarray(s, dtype=np.int32) for s in ids[start:end]])
-        yield Chunk(start=start, input_ids=flat, cu_seqlens=cu_seqlens)
+        types = None
+        if token_types is not None:
+            types = np.concatenate([np.asarray(s, dtype=np.int32) for s in token_types[start:end]])
+        yield Chunk(start=start, input_ids=flat, cu_seqlens=cu_seqlens, token_types=types)
         start = end

@@ -34,7 +34,7 @@ class TokenizerService:
     def __init__(self, nc: Client, cfg: TokenizerConfig) -> None:
         self._nc = nc
         self._cfg = cfg
-        self._encoder = TextEncoder(cfg.model)
+        self._encoder = TextEncoder(cfg.model, cfg.prompts)
         self._subjects = cfg.nats.subjects
         self._sub = None
         self._tokenize_sub = None
@@ -59,7 +59,7 @@ class TokenizerService:
                 "dim": str(model.dim),
                 "vocab_size": str(model.vocab_size),
                 "pooling": model.pooling,
-                "prompts": ",".join(sorted(model.prompts)),
+                "prompts": ",".join(sorted(self._encoder.prompts)),
             },
         )
         log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
@@ -103,15 +103,20 @@ class TokenizerService:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
         t0 = time.perf_counter()
         opts = request.options
+        types = None
         if request.token_ids is not None:
             ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
+        elif request.pairs is not None:
+            ids, types = await asyncio.to_thread(
+                self._encoder.encode_pairs, request.pairs, opts.truncate, opts.truncation_direction
+            )
         else:
             texts = self._encoder.with_prompt(request.texts, opts)
             ids = await asyncio.to_thread(self._encoder.encode, texts, opts.truncate, opts.truncation_direction)
         timings = {"tokenize": time.perf_counter() - t0}
         subject = self._subjects.tokens(request.model)
         chunks = 0
-        for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
+        for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs, types):
             batch = TokenBatch(
                 id=request.id,
                 model=request.model,
@@ -122,6 +127,7 @@ class TokenizerService:
                 deadline=request.deadline,
                 options=request.options,
                 timings=timings,
+                token_types=chunk.token_types,
             )
             await self._nc.publish(subject, encode(batch), reply=reply)
             chunks += 1

@@ -117,3 +117,48 @@ def test_missing_tensor_is_a_clear_error(tmp_path, model_info):
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(ConfigError, match="missing tensor 'encoder.layer.3.output.dense.weight'"):
         Engine(load_model_info(str(folder)), "cpu")
+
+
+def test_token_types_reach_the_model(tmp_path, model_info):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(2)
+    config = BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=2)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    folder = _tiny_folder(tmp_path, model, "cls", model_info.path)
+    engine = Engine(load_model_info(str(folder)), "cpu")
+    ids = _random_ids(300, [9, 14])
+    types = [np.array([0] * 4 + [1] * 5, np.int32), np.array([0] * 6 + [1] * 8, np.int32)]
+    input_ids, cu = _packed(ids)
+    got = engine.embed(input_ids, cu, np.concatenate(types))
+    with torch.no_grad():
+        want = [model(input_ids=torch.from_numpy(i).long()[None], token_type_ids=torch.from_numpy(t).long()[None])
+                .last_hidden_state[0, 0].numpy() for i, t in zip(ids, types)]
+    np.testing.assert_allclose(got, np.stack(want), atol=1e-4)
+    assert not np.allclose(got, engine.embed(input_ids, cu), atol=1e-3)  # the types matter
+    with pytest.raises(Exception, match="token types must be below 2"):
+        engine.check(input_ids, cu, np.full(len(input_ids), 2, np.int32))
+
+
+def test_prompts_equal_sentence_transformers(tmp_path, model_info):
+    from sentence_transformers import SentenceTransformer
+
+    from shared.protocol import EmbedOptions
+    from services.gpu_worker.engine.pooling import postprocess
+    from services.tokenizer.encoder import TextEncoder, pack_chunks
+
+    folder = tmp_path / "prompted"
+    shutil.copytree(model_info.path, folder)
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: ", "document": "passage: "}}))
+    info = load_model_info(str(folder))
+    texts = ["what is a list comprehension", "Generators yield values one at a time."]
+    encoder, engine = TextEncoder(info), Engine(info, "cpu")
+    reference = SentenceTransformer(str(folder), device="cpu")
+    for name in ("query", "document"):
+        ids = encoder.encode(encoder.with_prompt(texts, EmbedOptions(prompt_name=name)))
+        chunk = next(pack_chunks(ids, 4096, 64))
+        ours = postprocess(engine.embed(chunk.input_ids, chunk.cu_seqlens), True, None, np.float32)
+        want = reference.encode(texts, prompt_name=name)
+        assert cosines(ours, want).min() >= 0.9999
+        assert cosines(ours, reference.encode(texts)).min() < 0.9999  # the prompt changed the vectors

@@ -61,3 +61,57 @@ def test_sequence_over_budget_gets_its_own_chunk():
 def test_sequence_cap():
     chunks = list(pack_chunks(_lengths([1] * 10), max_tokens=1000, max_seqs=4))
     assert [len(c.cu_seqlens) - 1 for c in chunks] == [4, 4, 2]
+
+
+QUERIES = ["what is a generator?", "how do I sort a list " * 40]
+DOCS = ["A generator is a function that yields values lazily.", "Use sorted() or list.sort(). " * 60]
+
+
+def test_pairs_equal_reference_tokenizer(encoder, reference):
+    ids, types = encoder.encode_pairs(list(zip(QUERIES, DOCS)))
+    ref = reference.tokenizer(QUERIES, DOCS, truncation=True, max_length=256)
+    assert ids == ref["input_ids"] and types == ref["token_type_ids"]
+    assert len(ids[1]) == 256 and set(types[1]) == {0, 1}
+
+
+def test_left_truncation_equals_reference(encoder, reference, model_info):
+    from transformers import AutoTokenizer
+
+    left = AutoTokenizer.from_pretrained(str(model_info.path), truncation_side="left")
+    text = " ".join(f"word{i}" for i in range(400))
+    (ids,) = encoder.encode([text], direction="left")
+    assert ids == left(text, truncation=True, max_length=256)["input_ids"]
+    assert ids[:2] != encoder.encode([text])[0][:2]
+
+
+def test_token_id_inputs_are_checked_and_cut(encoder):
+    long = np.arange(1000, 1300, dtype=np.int32)
+    right, left = encoder.check_ids([long])[0], encoder.check_ids([long], direction="left")[0]
+    assert right.tolist() == list(range(1000, 1256)) and left.tolist() == list(range(1044, 1300))
+    with pytest.raises(ServiceError) as err:
+        encoder.check_ids([np.array([101, 30522], np.int32)])
+    assert err.value.code is ErrorCode.INVALID_TOKENS and "outside the vocabulary" in err.value.message
+    with pytest.raises(ServiceError) as err:
+        encoder.check_ids([long], truncate=False)
+    assert err.value.code is ErrorCode.INPUT_TOO_LONG
+
+
+def test_prompts_from_folder_and_config(model_info):
+    from dataclasses import replace
+
+    from shared.protocol import EmbedOptions
+
+    info = replace(model_info, prompts={"query": "query: ", "document": "passage: "})
+    enc = TextEncoder(info, {"document": "doc: ", "code": "code: "})
+    assert enc.with_prompt(["x"], EmbedOptions(prompt_name="query")) == ["query: x"]
+    assert enc.with_prompt(["x"], EmbedOptions(input_type="document")) == ["doc: x"]  # config wins
+    assert enc.with_prompt(["x"], EmbedOptions(input_type="other")) == ["x"]  # a hint, not a demand
+    with pytest.raises(ServiceError, match="no prompt 'other'"):
+        enc.with_prompt(["x"], EmbedOptions(prompt_name="other"))
+
+
+def test_pack_chunks_carries_token_types():
+    ids = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    types = [[0, 0, 1], [0, 1], [0, 0, 1, 1]]
+    chunks = list(pack_chunks(ids, max_tokens=5, max_seqs=10, token_types=types))
+    assert [c.token_types.tolist() for c in chunks] == [[0, 0, 1, 0, 1], [0, 0, 1, 1]]

@@ -33,6 +33,7 @@ def prepare(
     position_offset: int,
     pad_to: int | None = None,
     rows_to: int | None = None,
+    token_types: np.ndarray | None = None,
 ) -> HostBatch:
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     tokens, rows = int(cu[-1]), len(cu) - 1
@@ -46,12 +47,15 @@ def prepare(
     lengths = np.diff(cu)
     ids = np.zeros(n, dtype=np.int64)
     ids[:tokens] = input_ids
+    types = np.zeros(n, dtype=np.int64)
+    if token_types is not None:
+        types[:tokens] = token_types
     seq_ids = np.repeat(np.arange(r, dtype=np.int64), lengths)
     positions = np.arange(n, dtype=np.int64) - cu[seq_ids] + position_offset
     return HostBatch(
         input_ids=ids,
         positions=positions,
-        token_types=np.zeros(n, dtype=np.int64),
+        token_types=types,
         cu_seqlens=cu.astype(np.int32),
         seq_ids=seq_ids,
         first=np.minimum(cu[:-1], n - 1),

@@ -138,8 +138,10 @@ class Engine:
 
     # -- checks -----------------------------------------------------------------------------
 
-    def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> None:
+    def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None) -> None:
         """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows)."""
+        if token_types is not None and len(token_types) and token_types.max() >= self.spec.type_vocab_size:
+            raise ServiceError(ErrorCode.INVALID_TOKENS, f"token types must be below {self.spec.type_vocab_size}")
         if len(input_ids) and (input_ids.min() < 0 or input_ids.max() >= self.spec.vocab_size):
             raise ServiceError(ErrorCode.INVALID_TOKENS, f"token ids must be in [0, {self.spec.vocab_size})")
         longest = int(np.diff(cu_seqlens).max(initial=0))
@@ -150,12 +152,14 @@ class Engine:
 
     # -- running ----------------------------------------------------------------------------
 
-    def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> np.ndarray:
+    def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None) -> np.ndarray:
         """input_ids [T] int32, cu_seqlens [B + 1] -> pooled vectors [B, hidden] float32 (blocking)."""
-        return self.step(input_ids, cu_seqlens).result()
+        return self.step(input_ids, cu_seqlens, token_types).result()
 
     @torch.inference_mode()
-    def step(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> ReadyResult | CudaResult:
+    def step(
+        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None
+    ) -> ReadyResult | CudaResult:
         """Launch one batch and return at once; the handle's ``result()`` gives [B, hidden] float32.
 
         Inputs must have passed :meth:`check`.
@@ -164,9 +168,9 @@ class Engine:
         bucket = self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs else None
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if bucket is None:
-                pooled = self._eager(input_ids, cu_seqlens)
+                pooled = self._eager(input_ids, cu_seqlens, token_types)
             else:
-                pooled = self._graphed(input_ids, cu_seqlens, bucket)[:rows]
+                pooled = self._graphed(input_ids, cu_seqlens, token_types, bucket)[:rows]
             if self.device.type != "cuda":
                 return ReadyResult(pooled.numpy().copy())
             host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
@@ -175,14 +179,19 @@ class Engine:
             event.record(self.stream)
             return CudaResult(host, event)
 
-    def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> torch.Tensor:
-        host = prepare(input_ids, cu_seqlens, self.spec.position_offset)
+    def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None) -> torch.Tensor:
+        host = prepare(input_ids, cu_seqlens, self.spec.position_offset, token_types=token_types)
         batch = DeviceBatch(host, self.device)
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len)
         return self._forward(batch)
 
-    def _graphed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, bucket: int) -> torch.Tensor:
-        host = prepare(input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=self._static.max_rows)
+    def _graphed(
+        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None, bucket: int
+    ) -> torch.Tensor:
+        host = prepare(
+            input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=self._static.max_rows,
+            token_types=token_types,
+        )
         self._static.load(host)
         # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect
         self.attention.bind(host.cu_seqlens, self._static.cu_seqlens, self._static_max_len, graph_key=bucket)
