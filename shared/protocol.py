@@ -198,6 +198,20 @@ class TokenizeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadReport:
+    """worker -> tokenizers, every few tens of milliseconds: how much work waits on it."""
+
+    id: str  # the worker's id
+    model: str
+    subject: str  # where to send it token batches directly
+    queued_tokens: int  # tokens waiting or running
+    interval: float  # seconds until the next report
+    leaving: bool = False  # stopping: send it nothing more
+
+    TYPE = "load"
+
+
+@dataclass(frozen=True, slots=True)
 class RerankRequest:
     """gateway -> scorer: rank ``texts`` by relevance to ``query``."""
 
@@ -223,7 +237,8 @@ class RerankResult:
 
 
 Message = Union[
-    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, RerankRequest, RerankResult
+    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, RerankRequest,
+    RerankResult,
 ]
 
 
@@ -265,6 +280,8 @@ def encode(msg: Message) -> bytes:
         body |= {"m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
     elif isinstance(msg, TokenizeResult):
         body |= {"tk": [[list(t) for t in seq] for seq in msg.tokens]}
+    elif isinstance(msg, LoadReport):
+        body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving}
     elif isinstance(msg, RerankRequest):
         body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n}
     elif isinstance(msg, RerankResult):
@@ -295,7 +312,8 @@ def decode(data: bytes) -> Message:
 
 
 M = TypeVar(
-    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, RerankRequest, RerankResult
+    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, RerankRequest,
+    RerankResult,
 )
 
 
@@ -438,6 +456,16 @@ def _decode_error(m: dict) -> ErrorReply:
     return ErrorReply(id=_req(m, "id", str), code=code, message=_req(m, "e", str))
 
 
+def _decode_load(m: dict) -> LoadReport:
+    interval, leaving = _req_number(m, "i"), m.get("l", False)
+    if not 0 < interval <= 60 or not isinstance(leaving, bool):
+        raise ProtocolError("load report interval must be in (0, 60] seconds")
+    return LoadReport(
+        id=_req(m, "id", str), model=_req(m, "m", str), subject=_req(m, "s", str),
+        queued_tokens=_req_int(m, "q"), interval=interval, leaving=leaving,
+    )
+
+
 def _decode_rerank(m: dict) -> RerankRequest:
     texts = _str_list(m, "x")
     top_n = m.get("k")
@@ -470,6 +498,7 @@ _DECODERS = {
     ErrorReply.TYPE: _decode_error,
     TokenizeRequest.TYPE: _decode_tokenize,
     TokenizeResult.TYPE: _decode_tokenized,
+    LoadReport.TYPE: _decode_load,
     RerankRequest.TYPE: _decode_rerank,
     RerankResult.TYPE: _decode_ranked,
 }

@@ -46,6 +46,14 @@ class Subjects:
         """tokenizer -> worker fleet."""
         return f"{self.prefix}.v1.tokens.{model_token(model)}"
 
+    def worker(self, model: str, worker_id: str) -> str:
+        """tokenizer -> one worker, chosen by its load (load-aware routing)."""
+        return f"{self.prefix}.v1.worker.{model_token(model)}.{model_token(worker_id)}"
+
+    def load(self, model: str) -> str:
+        """workers -> tokenizers: queue depth reports."""
+        return f"{self.prefix}.v1.load.{model_token(model)}"
+
     def tokenize(self, model: str) -> str:
         """gateway -> tokenizer fleet: show tokens (TEI /tokenize)."""
         return f"{self.prefix}.v1.tokenize.{model_token(model)}"

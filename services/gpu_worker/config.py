@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
+from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_float, positive_int
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                choices=("auto", "on", "off"))
     add_option(parser, "--attention", "EMBEDFLEET_ATTENTION", "auto", "attention backend",
                choices=("auto", "sdpa", "flashinfer"))
+    add_option(parser, "--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
+               "seconds between queue-depth reports to the tokenizers", positive_float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class WorkerConfig:
     threads: int | None
     graphs: bool | None  # None: on where CUDA and the attention backend allow
     attention: str
+    load_interval: float = 0.05
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
@@ -68,4 +71,5 @@ class WorkerConfig:
             threads=ns.threads,
             graphs={"auto": None, "on": True, "off": False}[ns.graphs],
             attention=ns.attention,
+            load_interval=ns.load_interval,
         )

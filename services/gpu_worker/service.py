@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +19,16 @@ from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
-from shared.protocol import VECTOR_DTYPES, EmbedResult, ErrorReply, ProtocolError, TokenBatch, decode_as, encode
+from shared.protocol import (
+    VECTOR_DTYPES,
+    EmbedResult,
+    ErrorReply,
+    LoadReport,
+    ProtocolError,
+    TokenBatch,
+    decode_as,
+    encode,
+)
 from shared.subjects import WORKER_QUEUE
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
@@ -45,16 +55,24 @@ class WorkerService:
         self._tasks: list[asyncio.Task] = []
         self._executors: list[ThreadPoolExecutor] = []
         self._sub = None
+        self._direct_sub = None
         self._micro = None
+        self._id = uuid.uuid4().hex[:16]
+        self._running_tokens = 0  # tokens in launched, uncollected batches
+        self._report_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         model = self._cfg.model
-        subject = self._cfg.nats.subjects.tokens(model.id)
+        subjects = self._cfg.nats.subjects
+        subject = subjects.tokens(model.id)
+        self._direct = subjects.worker(model.id, self._id)
         for i, engine in enumerate(self._engines):
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{i}")
             self._executors.append(executor)
             self._tasks.append(asyncio.create_task(self._run(engine, executor), name=f"replica-{i}"))
         self._sub = await self._nc.subscribe(subject, queue=WORKER_QUEUE, cb=self._on_batch)
+        self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
+        self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
         first = self._engines[0]
         self._micro = await register(
             self._nc,
@@ -74,9 +92,14 @@ class WorkerService:
         log.info("serving %s on %s (budget %d tokens)", model.id, subject, first.max_batch_tokens)
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.drain()
-            self._sub = None
+        if self._report_task is not None:
+            self._report_task.cancel()
+            self._report_task = None
+            await self._publish_load(leaving=True)  # tokenizers stop routing here at once
+        for sub in (self._sub, self._direct_sub):
+            if sub is not None:
+                await sub.drain()
+        self._sub = self._direct_sub = None
         self._stopping = True
         self._wake.set()
         await asyncio.gather(*self._tasks)  # each loop finishes what is queued and in flight
@@ -86,6 +109,30 @@ class WorkerService:
             self._micro = None
         for executor in self._executors:
             executor.shutdown(wait=True)
+
+    async def _report_load(self) -> None:
+        while True:
+            try:
+                await self._publish_load()
+            except Exception as exc:  # a report lost during a reconnect is replaced by the next one
+                log.debug("load report: %s", exc)
+            await asyncio.sleep(self._cfg.load_interval)
+
+    async def _publish_load(self, leaving: bool = False) -> None:
+        report = LoadReport(
+            id=self._id,
+            model=self._cfg.model.id,
+            subject=self._direct,
+            queued_tokens=self.load,
+            interval=self._cfg.load_interval,
+            leaving=leaving,
+        )
+        await self._nc.publish(self._cfg.nats.subjects.load(self._cfg.model.id), encode(report))
+
+    @property
+    def load(self) -> int:
+        """Tokens waiting or running on this worker."""
+        return self._scheduler.queued_tokens + self._running_tokens
 
     async def _on_batch(self, msg: Msg) -> None:
         if not msg.reply:
@@ -126,6 +173,7 @@ class WorkerService:
                 await self._wake.wait()
                 continue
             launched = time.perf_counter()
+            self._running_tokens += batch.num_tokens
             for s in batch.slices:
                 if s.work.started is None:
                     s.work.started = launched
@@ -135,6 +183,7 @@ class WorkerService:
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
+                self._running_tokens -= batch.num_tokens
                 await self._fail(batch)
                 continue
             in_flight.append((batch, handle, launched))
@@ -145,6 +194,7 @@ class WorkerService:
         while not handle.ready():
             await asyncio.sleep(_POLL_SECONDS)
         took = time.perf_counter() - launched
+        self._running_tokens -= batch.num_tokens
         for s in batch.slices:
             s.work.inference += took
         try:

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--prompts", "EMBEDFLEET_PROMPTS", "",
                'prompts by input type, as JSON: {"query": "query: ", "document": "passage: "} (added to the model\'s own)')
     add_option(parser, "--threads", "EMBEDFLEET_TOKENIZER_THREADS", None, "tokenizer threads (default: all cores)", positive_int)
+    add_option(parser, "--routing", "EMBEDFLEET_ROUTING", "load",
+               "load: each batch to the least-loaded live worker; queue: the workers' shared queue group",
+               choices=("load", "queue"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,7 @@ class TokenizerConfig:
     chunk_seqs: int
     prompts: dict[str, str] | None = None
     threads: int | None = None
+    routing: str = "load"
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TokenizerConfig:
@@ -38,6 +42,7 @@ class TokenizerConfig:
             chunk_seqs=ns.chunk_seqs,
             prompts=parse_prompts(ns.prompts),
             threads=ns.threads,
+            routing=ns.routing,
         )
 
     def apply_threads(self) -> None:

@@ -16,6 +16,7 @@ from shared.protocol import (
     EmbedOptions,
     EmbedRequest,
     ErrorReply,
+    LoadReport,
     ProtocolError,
     TokenBatch,
     TokenizeRequest,
@@ -26,6 +27,7 @@ from shared.protocol import (
 from shared.subjects import TOKENIZER_QUEUE
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
+from services.tokenizer.routing import Router
 
 log = logging.getLogger("embedfleet.tokenizer")
 
@@ -38,6 +40,8 @@ class TokenizerService:
         self._subjects = cfg.nats.subjects
         self._sub = None
         self._tokenize_sub = None
+        self._load_sub = None
+        self._router = Router()
         self._micro = None
 
     async def start(self) -> None:
@@ -48,6 +52,8 @@ class TokenizerService:
         self._tokenize_sub = await self._nc.subscribe(
             self._subjects.tokenize(model.id), queue=TOKENIZER_QUEUE, cb=self._on_tokenize
         )
+        if self._cfg.routing == "load":
+            self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
         self._micro = await register(
             self._nc,
             self._subjects,
@@ -65,10 +71,10 @@ class TokenizerService:
         log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
 
     async def stop(self) -> None:
-        for sub in (self._sub, self._tokenize_sub):
+        for sub in (self._sub, self._tokenize_sub, self._load_sub):
             if sub is not None:
                 await sub.drain()  # finishes messages already received
-        self._sub = self._tokenize_sub = None
+        self._sub = self._tokenize_sub = self._load_sub = None
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
@@ -114,7 +120,7 @@ class TokenizerService:
             texts = self._encoder.with_prompt(request.texts, opts)
             ids = await asyncio.to_thread(self._encoder.encode, texts, opts.truncate, opts.truncation_direction)
         timings = {"tokenize": time.perf_counter() - t0}
-        subject = self._subjects.tokens(request.model)
+        shared_subject = self._subjects.tokens(request.model)
         chunks = 0
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs, types):
             batch = TokenBatch(
@@ -129,12 +135,22 @@ class TokenizerService:
                 timings=timings,
                 token_types=chunk.token_types,
             )
+            subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             await self._nc.publish(subject, encode(batch), reply=reply)
             chunks += 1
         log.debug(
             "request %s: %d inputs -> %d chunks in %.1f ms",
             request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
         )
+
+    async def _on_load(self, msg: Msg) -> None:
+        try:
+            report = decode_as(msg.data, LoadReport)
+        except ProtocolError as exc:
+            log.debug("bad load report: %s", exc)
+            return
+        if report.model == self._cfg.model.id:
+            self._router.update(report, time.monotonic())
 
     async def _tokenize(self, request: TokenizeRequest, reply: str | None) -> None:
         texts = self._encoder.with_prompt(request.texts, EmbedOptions(prompt_name=request.prompt_name))
