@@ -1,0 +1,85 @@
+"""Load-aware routing on real processes: both workers are used, and losing one loses no request."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import nats
+import pytest
+
+from shared.nats_server import EmbeddedNats, free_port
+from shared.protocol import LoadReport, decode
+from shared.subjects import Subjects
+from tests.corpus import medium_texts
+from tests.integration.procs import Service, count_services, healthy, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+def _load_reporters(url: str, seconds: float = 0.5) -> set[str]:
+    async def listen() -> set[str]:
+        nc = await nats.connect(url)
+        seen: set[str] = set()
+
+        async def on_report(msg) -> None:
+            report = decode(msg.data)
+            if isinstance(report, LoadReport) and not report.leaving:
+                seen.add(report.id)
+
+        await nc.subscribe(Subjects().load(MODEL), cb=on_report)
+        await asyncio.sleep(seconds)
+        await nc.close()
+        return seen
+
+    return asyncio.run(listen())
+
+
+def _embed_all(base: str, batches: list[list[str]]) -> list[int]:
+    return [httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": b}, timeout=60).status_code for b in batches]
+
+
+def test_routing_survives_workers_leaving(tmp_path):
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    port = free_port()
+    common = ["--nats", server.url]
+    worker_args = [*common, "--max-batch-tokens", "512", "--threads", "1"]
+    services = {
+        "tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "8", "--routing", "load"], tmp_path),
+        "w1": Service("worker", worker_args, tmp_path),
+        "w2": Service("worker", worker_args, tmp_path),
+        "gateway": Service("gateway", [*common, "--port", str(port)], tmp_path),
+    }
+    base = f"http://127.0.0.1:{port}"
+    texts = medium_texts(64)
+    try:
+        wait_until(lambda: healthy(base) and count_services(server.url, "worker") == 2, 120, "the stack",
+                   list(services.values()))
+        assert len(_load_reporters(server.url)) == 2  # both workers report their queue depth
+        assert _embed_all(base, [texts] * 3) == [200] * 3
+
+        # a worker stopping gracefully says so first: requests sent meanwhile are all answered
+        statuses: list[int] = []
+        sender = threading.Thread(target=lambda: statuses.extend(_embed_all(base, [texts[:16]] * 12)))
+        sender.start()
+        time.sleep(0.3)
+        assert services["w2"].stop() == 0
+        sender.join(120)
+        assert statuses == [200] * 12
+
+        # a worker killed outright is dropped once its reports stop (three report intervals)
+        services["w3"] = Service("worker", worker_args, tmp_path)
+        wait_until(lambda: len(_load_reporters(server.url, 0.3)) == 2, 90, "a new worker", list(services.values())[:1])
+        services["w3"].kill()
+        time.sleep(0.5)
+        assert _embed_all(base, [texts[:16]] * 10) == [200] * 10
+        assert len(_load_reporters(server.url, 0.3)) == 1
+    finally:
+        for s in services.values():
+            s.stop()
+        server.stop()

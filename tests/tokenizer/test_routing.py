@@ -1,0 +1,41 @@
+from shared.protocol import LoadReport, decode, encode
+from services.tokenizer.routing import Router
+
+
+def _report(wid: str, queued: int, leaving: bool = False, interval: float = 0.1) -> LoadReport:
+    return LoadReport(id=wid, model="m", subject=f"direct.{wid}", queued_tokens=queued, interval=interval, leaving=leaving)
+
+
+def test_load_report_round_trip():
+    r = _report("a", 12, leaving=True)
+    assert decode(encode(r)) == r
+
+
+def test_picks_the_least_loaded_live_worker():
+    router = Router()
+    assert router.pick(100, now=0.0) is None  # nothing known: the caller uses the queue group
+    router.update(_report("a", 5000), now=0.0)
+    router.update(_report("b", 200), now=0.0)
+    assert router.pick(100, now=0.05) == "direct.b"
+    assert router.live(0.05) == ["a", "b"]
+
+
+def test_tokens_sent_since_the_report_count_as_load():
+    router = Router()
+    router.update(_report("a", 0), now=0.0)
+    router.update(_report("b", 0), now=0.0)
+    picks = [router.pick(256, now=0.01) for _ in range(6)]
+    assert picks.count("direct.a") == 3 and picks.count("direct.b") == 3  # a burst spreads out
+    router.update(_report("a", 0), now=0.02)  # a fresh report resets what was charged to a
+    assert router.pick(256, now=0.03) == "direct.a"
+
+
+def test_silent_and_leaving_workers_are_dropped():
+    router = Router()
+    router.update(_report("a", 0), now=0.0)
+    router.update(_report("b", 10_000), now=0.0)
+    router.update(_report("b", 10_000), now=0.5)
+    assert router.pick(1, now=0.5) == "direct.b"  # a has been silent for 5 intervals
+    assert router.live(0.5) == ["b"]
+    router.update(_report("b", 0, leaving=True), now=0.5)
+    assert router.pick(1, now=0.5) is None
