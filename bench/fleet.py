@@ -1,0 +1,153 @@
+"""Fleet benchmarks on real processes (nats-server, tokenizer, workers, gateway), ratios in one run.
+
+    python -m bench.fleet tokenizer   # one tokenizer's tokens/s on the long workload, and the share
+                                      # of end-to-end time spent tokenizing
+    python -m bench.fleet scaling     # a request of thousands of inputs: one worker against two
+    python -m bench.fleet routing     # two workers, one slowed by a CPU hog on its core: single-query
+                                      # p50/p99 with load-aware routing against the plain queue group
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from shared.model_dir import load_model_info
+from shared.nats_server import EmbeddedNats, free_port
+from services.tokenizer.encoder import TextEncoder
+from tests.corpus import long_texts, medium_texts, mixed_texts
+from tests.integration.procs import Service, count_services, healthy, wait_until
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@contextmanager
+def stack(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None) -> Iterator[str]:
+    """A stack with one worker per entry of ``workers`` (extra args each); yields the gateway URL."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        server = EmbeddedNats(folder / "nats")
+        server.start()
+        port = free_port()
+        common = ["--nats", server.url]
+        services = [Service("tokenizer", [*common, *tokenizer], folder)]
+        for i, extra in enumerate(workers):
+            services.append(Service("worker", [*common, "--max-batch-tokens", "1024", *extra], folder))
+            if pin and pin[i] is not None:
+                subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(services[-1].proc.pid)], capture_output=True)
+        services.append(Service("gateway", [*common, "--port", str(port), "--request-timeout", "300"], folder))
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(lambda: healthy(base) and count_services(server.url, "worker") == len(workers), 180, "the stack", services)
+            if pin:  # threads started after the first pinning inherit it; pin again to be sure
+                for i, s in enumerate(services[1 : 1 + len(workers)]):
+                    if pin[i] is not None:
+                        subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(s.proc.pid)], capture_output=True)
+            yield base
+        finally:
+            for s in services:
+                s.stop()
+            server.stop()
+
+
+def embed(base: str, texts: list[str]) -> httpx.Response:
+    r = httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=300)
+    r.raise_for_status()
+    return r
+
+
+def bench_tokenizer(args: argparse.Namespace) -> None:
+    encoder = TextEncoder(load_model_info(None))
+    texts = long_texts(512)
+    encoder.encode(texts[:32])
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), 32):  # 32 documents per request, as the long workload sends them
+        tokens += sum(len(s) for s in encoder.encode(texts[i : i + 32]))
+    rate = tokens / (time.perf_counter() - start)
+    print(f"one tokenizer, in-process, long workload: {rate:,.0f} tokens/s ({tokens} tokens)")
+    with stack([["--threads", "2"]], []) as base:
+        embed(base, texts[:32])
+        shares, total_ms = [], 0.0
+        for i in range(0, 256, 32):
+            r = embed(base, texts[i : i + 32])
+            shares.append(float(r.headers["x-tokenization-time"]) / max(float(r.headers["x-total-time"]), 1.0))
+            total_ms += float(r.headers["x-total-time"])
+        print(f"end to end (32 long documents per request): tokenizing is {statistics.mean(shares):.1%} of the "
+              f"request time (x-tokenization-time / x-total-time, mean over {len(shares)} requests)")
+
+
+def bench_scaling(args: argparse.Namespace) -> None:
+    texts = medium_texts(args.inputs)
+    results = {}
+    for n in (1, 2):
+        with stack([["--threads", "1"]] * n, ["--chunk-seqs", "64"]) as base:
+            embed(base, texts[:64])
+            start = time.perf_counter()
+            r = embed(base, texts)
+            results[n] = time.perf_counter() - start
+            print(f"{n} worker(s): {len(texts)} inputs, {r.json()['usage']['prompt_tokens']} tokens in {results[n]:.2f}s")
+    print(f"two workers / one worker: {results[1] / results[2]:.2f}x faster")
+
+
+def _latencies(base: str, queries: list[str], seconds: float, concurrency: int) -> list[float]:
+    out: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    def client(k: int) -> None:
+        with httpx.Client(timeout=60) as c:
+            i = k
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                c.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": queries[i % len(queries)]}).raise_for_status()
+                out.append(time.perf_counter() - t)
+                i += concurrency
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def bench_routing(args: argparse.Namespace) -> None:
+    queries = [" ".join(t.split()[:14]) for t in mixed_texts(200)]
+    hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+    try:
+        for routing in ("queue", "load", "queue", "load"):
+            with stack([["--threads", "1"]] * 2, ["--routing", routing], pin=["0", "1"]) as base:
+                _latencies(base, queries, 1.0, args.concurrency)  # warm-up
+                lat = sorted(_latencies(base, queries, args.seconds, args.concurrency))
+                p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
+                print(f"routing={routing:5}  queries {len(lat):5}  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+                      f"{len(lat) / args.seconds:6.1f} q/s", flush=True)
+    finally:
+        hog.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("tokenizer")
+    scaling = sub.add_parser("scaling")
+    scaling.add_argument("--inputs", type=int, default=2000)
+    routing = sub.add_parser("routing")
+    routing.add_argument("--seconds", type=float, default=8.0)
+    routing.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    {"tokenizer": bench_tokenizer, "scaling": bench_scaling, "routing": bench_routing}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
