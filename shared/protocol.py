@@ -207,6 +207,7 @@ class LoadReport:
     queued_tokens: int  # tokens waiting or running
     interval: float  # seconds until the next report
     leaving: bool = False  # stopping: send it nothing more
+    rate: float = 0.0  # recent tokens/s of its engine (0: not measured yet)
 
     TYPE = "load"
 
@@ -281,7 +282,7 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, TokenizeResult):
         body |= {"tk": [[list(t) for t in seq] for seq in msg.tokens]}
     elif isinstance(msg, LoadReport):
-        body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving}
+        body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving, "r": msg.rate}
     elif isinstance(msg, RerankRequest):
         body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n}
     elif isinstance(msg, RerankResult):
@@ -457,12 +458,12 @@ def _decode_error(m: dict) -> ErrorReply:
 
 
 def _decode_load(m: dict) -> LoadReport:
-    interval, leaving = _req_number(m, "i"), m.get("l", False)
-    if not 0 < interval <= 60 or not isinstance(leaving, bool):
-        raise ProtocolError("load report interval must be in (0, 60] seconds")
+    interval, leaving, rate = _req_number(m, "i"), m.get("l", False), float(m.get("r") or 0.0)
+    if not 0 < interval <= 60 or not isinstance(leaving, bool) or not 0 <= rate < 1e12:
+        raise ProtocolError("load report: interval in (0, 60] seconds, a boolean leaving, a rate >= 0")
     return LoadReport(
         id=_req(m, "id", str), model=_req(m, "m", str), subject=_req(m, "s", str),
-        queued_tokens=_req_int(m, "q"), interval=interval, leaving=leaving,
+        queued_tokens=_req_int(m, "q"), interval=interval, leaving=leaving, rate=rate,
     )
 
 

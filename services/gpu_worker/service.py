@@ -59,6 +59,7 @@ class WorkerService:
         self._micro = None
         self._id = uuid.uuid4().hex[:16]
         self._running_tokens = 0  # tokens in launched, uncollected batches
+        self._rate = 0.0  # tokens/s of recent batches (moving average), for the tokenizers' routing
         self._report_task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -126,6 +127,7 @@ class WorkerService:
             queued_tokens=self.load,
             interval=self._cfg.load_interval,
             leaving=leaving,
+            rate=self._rate,
         )
         await self._nc.publish(self._cfg.nats.subjects.load(self._cfg.model.id), encode(report))
 
@@ -195,6 +197,8 @@ class WorkerService:
             await asyncio.sleep(_POLL_SECONDS)
         took = time.perf_counter() - launched
         self._running_tokens -= batch.num_tokens
+        rate = batch.num_tokens / max(took, 1e-6)
+        self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
         for s in batch.slices:
             s.work.inference += took
         try:

@@ -1,10 +1,12 @@
-"""Load-aware routing: send each token batch to the least-loaded live worker. No NATS here.
+"""Load-aware routing: send each token batch to the live worker that will finish it first. No NATS here.
 
-Workers report the tokens waiting on them every few tens of milliseconds. Between two reports the
-router adds the tokens it has itself sent to a worker since its last report, so a burst of chunks
-spreads over the workers instead of piling onto the one that looked idle. A worker is live while
-its reports keep coming (three intervals of silence and it is dropped; a leaving report drops it
-at once). With no live worker known, the caller falls back to the shared queue group.
+Workers report the tokens waiting on them and their recent speed (tokens/s) every few tens of
+milliseconds. A batch goes where (waiting + sent since the report + this batch) / speed is least:
+the least-loaded worker among equals, and a slower (busier, older, shared) worker only once the
+faster one's queue outweighs the difference. Tokens the router itself sent since a worker's last
+report count as waiting, so a burst spreads instead of piling onto the one that looked idle. A
+worker is live while its reports keep coming (three intervals of silence and it is dropped; a
+leaving report drops it at once). With no live worker known, the caller uses the shared queue group.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ class _Worker:
     sent: int  # tokens sent to it since that report
     seen: float  # time of the last report
     interval: float
+    rate: float  # tokens/s; 0 until measured
+
+    def finish_time(self, tokens: int, default_rate: float) -> float:
+        return (self.reported + self.sent + tokens) / (self.rate or default_rate)
 
 
 class Router:
@@ -33,21 +39,20 @@ class Router:
         if report.leaving:
             self._workers.pop(report.id, None)
             return
-        self._workers[report.id] = _Worker(report.subject, report.queued_tokens, 0, now, report.interval)
+        self._workers[report.id] = _Worker(report.subject, report.queued_tokens, 0, now, report.interval, report.rate)
 
     def live(self, now: float) -> list[str]:
         return sorted(wid for wid, w in self._workers.items() if now - w.seen <= STALE_INTERVALS * w.interval)
 
     def pick(self, tokens: int, now: float) -> str | None:
-        """The subject of the least-loaded live worker (None: none known), charged with ``tokens``."""
-        best: _Worker | None = None
-        for wid in list(self._workers):
-            w = self._workers[wid]
-            if now - w.seen > STALE_INTERVALS * w.interval:
-                del self._workers[wid]  # silent too long: gone
-                continue
-            if best is None or w.reported + w.sent < best.reported + best.sent:
-                best = w
+        """The subject of the live worker that would finish ``tokens`` first (None: none known)."""
+        for wid in [wid for wid, w in self._workers.items() if now - w.seen > STALE_INTERVALS * w.interval]:
+            del self._workers[wid]  # silent too long: gone
+        if not self._workers:
+            return None
+        # a worker that has not measured its speed yet is taken to be as fast as the fastest known
+        default_rate = max((w.rate for w in self._workers.values()), default=0.0) or 1.0
+        best = min(self._workers.values(), key=lambda w: w.finish_time(tokens, default_rate))
         if best is None:
             return None
         best.sent += tokens

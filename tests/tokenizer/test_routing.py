@@ -39,3 +39,15 @@ def test_silent_and_leaving_workers_are_dropped():
     assert router.live(0.5) == ["b"]
     router.update(_report("b", 0, leaving=True), now=0.5)
     assert router.pick(1, now=0.5) is None
+
+
+def test_a_faster_worker_takes_work_until_its_queue_outweighs_the_difference():
+    router = Router()
+    fast = LoadReport(id="fast", model="m", subject="direct.fast", queued_tokens=0, interval=0.1, rate=4000.0)
+    slow = LoadReport(id="slow", model="m", subject="direct.slow", queued_tokens=0, interval=0.1, rate=1000.0)
+    router.update(fast, now=0.0)
+    router.update(slow, now=0.0)
+    picks = [router.pick(100, now=0.01) for _ in range(10)]
+    # fast finishes k batches in k*100/4000 s; slow one in 100/1000 s: fast takes the first three
+    assert picks[:3] == ["direct.fast"] * 3
+    assert picks.count("direct.fast") == 8 and picks.count("direct.slow") == 2
