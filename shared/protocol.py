@@ -127,6 +127,9 @@ class TokenBatch:
     options: EmbedOptions = field(default_factory=EmbedOptions)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage so far
     token_types: np.ndarray | None = None  # [T] int32 segment ids (pairs); None: all 0
+    job: str | None = None  # bulk work: the job, whose results go to JetStream, not to a reply subject
+    batch: int = 0  # bulk work: the job batch these rows belong to
+    doc_ids: list[str] | None = None  # bulk work: the documents of these rows
 
     TYPE = "tokens"
 
@@ -198,6 +201,45 @@ class TokenizeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class JobBatch:
+    """client -> tokenizers (JetStream subject <prefix>.v1.jobs.<model>): one batch of a bulk job.
+
+    Wire format, for publishers in any language (a msgpack map):
+    ``{"v": 1, "t": "job", "id": JOB_ID, "b": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
+    "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
+    "dt": "f4"|"f2", "tr": true}}``, published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
+    """
+
+    id: str  # the job
+    batch: int
+    model: str
+    doc_ids: list[str]
+    texts: list[str]
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+
+    TYPE = "job"
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """worker -> the job's collector (JetStream subject <prefix>.v1.results.<job>): vectors of some documents."""
+
+    id: str  # the job
+    batch: int
+    start: int  # first row within the batch
+    doc_ids: list[str]
+    dim: int
+    dtype: str
+    data: bytes  # len(doc_ids) * dim little-endian values
+    tokens: int
+
+    TYPE = "jobresult"
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, self.dim)
+
+
+@dataclass(frozen=True, slots=True)
 class LoadReport:
     """worker -> tokenizers, every few tens of milliseconds: how much work waits on it."""
 
@@ -238,8 +280,8 @@ class RerankResult:
 
 
 Message = Union[
-    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, RerankRequest,
-    RerankResult,
+    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, JobBatch,
+    JobResult, RerankRequest, RerankResult,
 ]
 
 
@@ -265,6 +307,8 @@ def encode(msg: Message) -> bytes:
         }
         if msg.token_types is not None:
             body["tt"] = np.ascontiguousarray(msg.token_types, dtype=TOKEN_DTYPE).tobytes()
+        if msg.job is not None:
+            body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     elif isinstance(msg, EmbedResult):
         body |= {
             "s": msg.start,
@@ -281,6 +325,11 @@ def encode(msg: Message) -> bytes:
         body |= {"m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
     elif isinstance(msg, TokenizeResult):
         body |= {"tk": [[list(t) for t in seq] for seq in msg.tokens]}
+    elif isinstance(msg, JobBatch):
+        body |= {"b": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
+    elif isinstance(msg, JobResult):
+        body |= {"b": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype, "d": msg.data,
+                 "tok": msg.tokens}
     elif isinstance(msg, LoadReport):
         body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving, "r": msg.rate}
     elif isinstance(msg, RerankRequest):
@@ -313,8 +362,8 @@ def decode(data: bytes) -> Message:
 
 
 M = TypeVar(
-    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, RerankRequest,
-    RerankResult,
+    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, JobBatch,
+    JobResult, RerankRequest, RerankResult,
 )
 
 
@@ -411,6 +460,14 @@ def _decode_tokens(m: dict) -> TokenBatch:
         token_types = _int32_array(_req(m, "tt", bytes), "token types")
         if len(token_types) != len(ids) or (len(ids) and token_types.min() < 0):
             raise ProtocolError("token types must be one non-negative value per token")
+    job = m.get("jb")
+    doc_ids = None
+    if job is not None:
+        if not isinstance(job, str):
+            raise ProtocolError("job must be a string")
+        doc_ids = _str_list(m, "di")
+        if len(doc_ids) != len(cu) - 1:
+            raise ProtocolError("one document id per row")
     return TokenBatch(
         id=_req(m, "id", str),
         model=_req(m, "m", str),
@@ -422,6 +479,9 @@ def _decode_tokens(m: dict) -> TokenBatch:
         options=EmbedOptions.from_wire(m.get("o", {})),
         timings=_timings(m),
         token_types=token_types,
+        job=job,
+        batch=_req_int(m, "bi") if job is not None else 0,
+        doc_ids=doc_ids,
     )
 
 
@@ -455,6 +515,29 @@ def _decode_error(m: dict) -> ErrorReply:
     except ValueError:
         code = ErrorCode.INTERNAL
     return ErrorReply(id=_req(m, "id", str), code=code, message=_req(m, "e", str))
+
+
+def _decode_job(m: dict) -> JobBatch:
+    doc_ids, texts = _str_list(m, "di"), _str_list(m, "x")
+    if len(doc_ids) != len(texts) or not texts:
+        raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
+    return JobBatch(
+        id=_req(m, "id", str), batch=_req_int(m, "b"), model=_req(m, "m", str), doc_ids=doc_ids, texts=texts,
+        options=EmbedOptions.from_wire(m.get("o", {})),
+    )
+
+
+def _decode_job_result(m: dict) -> JobResult:
+    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "d", bytes)
+    doc_ids = _str_list(m, "di")
+    if dtype not in VECTOR_DTYPES or not 0 < dim <= MAX_DIMENSION:
+        raise ProtocolError("bad vector dtype or dimension")
+    if len(data) != len(doc_ids) * dim * VECTOR_DTYPES[dtype].itemsize:
+        raise ProtocolError("payload does not hold one vector per document")
+    return JobResult(
+        id=_req(m, "id", str), batch=_req_int(m, "b"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
+        dtype=dtype, data=data, tokens=_req_int(m, "tok"),
+    )
 
 
 def _decode_load(m: dict) -> LoadReport:
@@ -500,6 +583,8 @@ _DECODERS = {
     TokenizeRequest.TYPE: _decode_tokenize,
     TokenizeResult.TYPE: _decode_tokenized,
     LoadReport.TYPE: _decode_load,
+    JobBatch.TYPE: _decode_job,
+    JobResult.TYPE: _decode_job_result,
     RerankRequest.TYPE: _decode_rerank,
     RerankResult.TYPE: _decode_ranked,
 }

@@ -58,6 +58,18 @@ class Subjects:
         """gateway -> tokenizer fleet: show tokens (TEI /tokenize)."""
         return f"{self.prefix}.v1.tokenize.{model_token(model)}"
 
+    def jobs(self, model: str) -> str:
+        """bulk job batches (JetStream, published by clients)."""
+        return f"{self.prefix}.v1.jobs.{model_token(model)}"
+
+    def bulk(self, model: str) -> str:
+        """bulk token batches (JetStream work queue: tokenizers -> workers)."""
+        return f"{self.prefix}.v1.bulk.{model_token(model)}"
+
+    def results(self, job: str) -> str:
+        """a job's vectors (JetStream, workers -> the job's collector)."""
+        return f"{self.prefix}.v1.results.{model_token(job)}"
+
     def rerank(self, model: str) -> str:
         """gateway -> scorer fleet."""
         return f"{self.prefix}.v1.rerank.{model_token(model)}"

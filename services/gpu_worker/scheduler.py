@@ -24,6 +24,7 @@ class Work:
     arrived: float = 0.0  # perf_counter when queued
     started: float | None = None  # perf_counter when its first rows were launched
     inference: float = 0.0  # seconds of engine batches its rows were in
+    source: object | None = None  # bulk work: the JetStream message to acknowledge once answered
     next_row: int = 0  # first row not yet scheduled
     done_rows: int = 0
     vectors: np.ndarray | None = None  # [count, dim] float32, allocated on first result
@@ -65,6 +66,14 @@ class Scheduler:
 
     def __len__(self) -> int:
         return len(self._online) + len(self._bulk)
+
+    @property
+    def online_waiting(self) -> int:
+        return len(self._online)
+
+    @property
+    def bulk_waiting(self) -> int:
+        return len(self._bulk)
 
     @property
     def queued_tokens(self) -> int:

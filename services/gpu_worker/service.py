@@ -30,6 +30,7 @@ from shared.protocol import (
     encode,
 )
 from shared.subjects import WORKER_QUEUE
+from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.pooling import postprocess
@@ -61,6 +62,7 @@ class WorkerService:
         self._running_tokens = 0  # tokens in launched, uncollected batches
         self._rate = 0.0  # tokens/s of recent batches (moving average), for the tokenizers' routing
         self._report_task: asyncio.Task | None = None
+        self._bulk: BulkFeeder | None = None
 
     async def start(self) -> None:
         model = self._cfg.model
@@ -74,6 +76,12 @@ class WorkerService:
         self._sub = await self._nc.subscribe(subject, queue=WORKER_QUEUE, cb=self._on_batch)
         self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
         self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
+        try:
+            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_batch, self._wake.set)
+            await bulk.start()
+            self._bulk = bulk
+        except Exception as exc:  # a NATS server without JetStream still serves online requests
+            log.warning("bulk jobs disabled: JetStream is not available (%s)", exc)
         first = self._engines[0]
         self._micro = await register(
             self._nc,
@@ -93,6 +101,8 @@ class WorkerService:
         log.info("serving %s on %s (budget %d tokens)", model.id, subject, first.max_batch_tokens)
 
     async def stop(self) -> None:
+        if self._bulk is not None:
+            await self._bulk.stop()
         if self._report_task is not None:
             self._report_task.cancel()
             self._report_task = None
@@ -144,11 +154,7 @@ class WorkerService:
         try:
             batch = decode_as(msg.data, TokenBatch)
             request_id = batch.id
-            if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
-                raise ServiceError(
-                    ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
-                )
-            self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
+            self._check_batch(batch)
         except ProtocolError as exc:
             await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_TOKENS, str(exc)))
             return
@@ -157,6 +163,11 @@ class WorkerService:
             return
         self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter()))
         self._wake.set()
+
+    def _check_batch(self, batch: TokenBatch) -> None:
+        if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}")
+        self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
 
     async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
@@ -212,12 +223,18 @@ class WorkerService:
 
     async def _fail(self, batch: Batch) -> None:
         for s in batch.slices:
+            if s.work.source is not None:
+                await s.work.source.nak(delay=1.0)  # bulk: another try later (max deliveries bound it)
+                continue
             await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"))
 
     async def _reply(self, work: Work) -> None:
         batch, opts = work.batch, work.batch.options
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
         out = postprocess(work.vectors, normalize, opts.dimensions, VECTOR_DTYPES[opts.dtype])
+        if work.source is not None:
+            await self._bulk.answer(work, out, opts.dtype)
+            return
         row_bytes = out.shape[1] * out.itemsize
         rows_per_msg = max(1, (self._nc.max_payload - _ENVELOPE_BYTES) // row_bytes)
         tokens = batch.num_tokens  # all counted on the first part, so the parts add up

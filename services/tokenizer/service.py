@@ -27,6 +27,7 @@ from shared.protocol import (
 from shared.subjects import TOKENIZER_QUEUE
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
+from services.tokenizer.bulk import BulkTokenizer
 from services.tokenizer.routing import Router
 
 log = logging.getLogger("embedfleet.tokenizer")
@@ -42,6 +43,7 @@ class TokenizerService:
         self._tokenize_sub = None
         self._load_sub = None
         self._router = Router()
+        self._bulk: BulkTokenizer | None = None
         self._micro = None
 
     async def start(self) -> None:
@@ -54,6 +56,12 @@ class TokenizerService:
         )
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
+        try:
+            bulk = BulkTokenizer(self._nc, self._cfg, self._encoder)
+            await bulk.start()
+            self._bulk = bulk
+        except Exception as exc:  # a NATS server without JetStream still serves online requests
+            log.warning("bulk jobs disabled: JetStream is not available (%s)", exc)
         self._micro = await register(
             self._nc,
             self._subjects,
@@ -71,6 +79,9 @@ class TokenizerService:
         log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
 
     async def stop(self) -> None:
+        if self._bulk is not None:
+            await self._bulk.stop()
+            self._bulk = None
         for sub in (self._sub, self._tokenize_sub, self._load_sub):
             if sub is not None:
                 await sub.drain()  # finishes messages already received
