@@ -6,7 +6,15 @@ import argparse
 import sys
 
 from shared import __version__
-from shared.config import ConfigError, add_common_arguments, add_model_arguments, add_option
+from shared.config import (
+    ConfigError,
+    add_common_arguments,
+    add_model_arguments,
+    add_option,
+    nats_config,
+    positive_float,
+    positive_int,
+)
 from shared.lifecycle import run_service, setup_logging
 from services.gateway import config as gateway_config
 from services.gpu_worker import config as worker_config
@@ -28,6 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
     gw = sub.add_parser("gateway", help="run the HTTP gateway")
     add_common_arguments(gw)
     gateway_config.add_arguments(gw)
+
+    reindex = sub.add_parser("reindex", help="embed a file of documents as a bulk job (JetStream), resumable")
+    add_common_arguments(reindex)
+    reindex.add_argument("input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text) or text, one a line")
+    reindex.add_argument("--out", required=True, help="output: .npy (with .ids.json beside it) or .parquet")
+    add_option(reindex, "--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id")
+    add_option(reindex, "--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", positive_int)
+    add_option(reindex, "--input-type", "EMBEDFLEET_INPUT_TYPE", None, "query or document (selects the model's prompt)")
+    reindex.add_argument("--job-id", default=None, help="job id (default: derived from the input and model, so a rerun resumes)")
+    add_option(reindex, "--stall-timeout", "EMBEDFLEET_STALL_TIMEOUT", 300.0, "give up after this many seconds without progress",
+               positive_float)
+    reindex.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    jobs = sub.add_parser("jobs", help="list bulk jobs and their state")
+    add_common_arguments(jobs)
 
     for name, module, text in (
         ("tokenizer", tokenizer_config, "run a tokenizer"),
@@ -59,6 +82,13 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
 
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command)
+    if command in ("reindex", "jobs"):
+        import asyncio
+
+        from services.reindex import list_jobs, reindex
+
+        cfg = nats_config(ns)
+        sys.exit(asyncio.run(reindex(ns, cfg) if command == "reindex" else list_jobs(cfg)))
     if command == "gateway":
         from services.gateway.app import serve
 

@@ -54,6 +54,10 @@ class BulkFeeder:
         if self._task is not None:
             await self._task
             self._task = None
+        try:
+            await self._psub.unsubscribe()  # a pull subscription left open stalls the connection's drain
+        except Exception as exc:
+            log.debug("unsubscribe: %s", exc)
 
     async def _loop(self) -> None:
         while not self._stopping:

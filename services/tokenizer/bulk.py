@@ -53,6 +53,10 @@ class BulkTokenizer:
         if self._task is not None:
             await self._task  # the batch in hand is finished and acknowledged
             self._task = None
+        try:
+            await self._psub.unsubscribe()  # a pull subscription left open stalls the connection's drain
+        except Exception as exc:
+            log.debug("unsubscribe: %s", exc)
 
     async def _loop(self) -> None:
         while not self._stopping:

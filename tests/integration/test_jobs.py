@@ -1,0 +1,55 @@
+"""Bulk jobs through JetStream on the real stack: every document exactly once, vectors as the reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.corpus import mixed_texts
+
+pytestmark = pytest.mark.integration
+
+
+def _run(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
+    texts = mixed_texts(300)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"doc-{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "vectors.npy"
+    result = _run(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "32", "--quiet",
+                   "--stall-timeout", "30"])
+    logs = "\n".join(f"--- {n}\n{s.log()[-1500:]}" for n, s in stack.services.items() if n != "gateway")
+    assert result.returncode == 0, result.stdout + result.stderr + logs
+    assert "300 documents" in result.stdout
+    ids = json.loads(out.with_suffix(".ids.json").read_text())
+    assert ids == [f"doc-{i}" for i in range(300)]  # every document once, in input order
+    vectors = np.load(out)
+    assert vectors.shape == (300, 384)
+    c = cosines(vectors, reference.encode(texts))
+    assert c.min() >= COSINE_TOLERANCE, c.min()
+
+    listing = _run(["jobs", "--nats", stack.nats_url])
+    assert listing.returncode == 0
+    row = next(line for line in listing.stdout.splitlines() if " done " in line)
+    assert "300" in row and "all-MiniLM-L6-v2" in row
+
+    # the same command again: the job is known and done; nothing is embedded twice
+    again = _run(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "32", "--quiet",
+                  "--stall-timeout", "30"])
+    assert again.returncode == 0, again.stderr
+    np.testing.assert_allclose(np.load(out), vectors, atol=1e-6)
+
+
+def test_reindex_refuses_bad_input(stack, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\n')
+    result = _run(["reindex", str(bad), "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url])
+    assert result.returncode == 2 and 'must be a JSON object with "id" and "text"' in result.stderr
