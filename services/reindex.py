@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -20,41 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from shared.config import ConfigError, NatsConfig
-from shared.jobs import ensure_streams, stream_names, update_state
+from shared.documents import job_id_for, read_documents
+from shared.jobs import ensure_streams, stream_names, submit, update_state
 from shared.lifecycle import connect
-from shared.protocol import EmbedOptions, JobBatch, JobResult, ProtocolError, decode_as, encode
+from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-
-def read_documents(path: Path) -> list[tuple[str, str]]:
-    if not path.is_file():
-        raise ConfigError(f"{path} is not a file")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        docs = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                docs.append((str(row["id"]), str(row["text"])))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ConfigError(f'{path}:{n}: each line must be a JSON object with "id" and "text"') from None
-        return docs
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ConfigError("reading Parquet needs pyarrow: pip install pyarrow") from None
-        table = pq.read_table(path, columns=["id", "text"])
-        return [(str(i), str(t)) for i, t in zip(table["id"].to_pylist(), table["text"].to_pylist())]
-    return [(str(n), line) for n, line in enumerate(path.read_text().splitlines()) if line.strip()]
-
-
-def job_id_for(path: Path, model: str, batch_size: int) -> str:
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{model}|{batch_size}"
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def write_output(out: Path, ids: list[str], vectors: np.ndarray) -> None:
@@ -85,26 +54,10 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     nc = await connect(nats, "embedfleet-reindex")
     js = nc.jetstream()
     kv = await ensure_streams(js, subjects)
-    batches = [docs[i : i + ns.batch_size] for i in range(0, len(docs), ns.batch_size)]
-    now = time.time()
-
-    def start(state: dict) -> None:
-        state.update(model=ns.model, input=str(path), documents=len(docs), batches=len(batches), status="running")
-        state.setdefault("started", now)
-        state.setdefault("published", 0)
-
-    state = await update_state(kv, job, start)
-    print(f"job {job}: {len(docs)} documents in {len(batches)} batches, model {ns.model}", flush=True)
+    batches = (len(docs) + ns.batch_size - 1) // ns.batch_size
+    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}", flush=True)
     options = EmbedOptions(input_type=ns.input_type)
-
-    async def publish() -> None:
-        for i in range(state["published"], len(batches)):
-            batch = JobBatch(job, i, ns.model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options)
-            await js.publish(subjects.jobs(ns.model), encode(batch), headers={"Nats-Msg-Id": f"{job}:{i}"})
-            if i % 8 == 7 or i == len(batches) - 1:
-                await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
-
-    publisher = asyncio.create_task(publish())
+    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path)))
     # a fresh consumer from the stream's start each run: results collected before a crash are read again
     psub = await js.pull_subscribe(
         subjects.results(job), stream=stream_names(subjects)["results"],
@@ -150,7 +103,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         ids = [d for d, _ in docs]
         write_output(out, ids, np.stack([got[d] for d in ids]))
         elapsed = time.monotonic() - start_time
-        await update_state(kv, job, lambda s: s.update(status="done", finished=time.time(), done=len(docs), tokens=tokens))
+        await update_state(kv, job, lambda s: s.update(status="done", collected=len(docs)) or s.setdefault("finished", time.time()))
         print(f"job {job}: {len(docs)} documents, {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s) "
               f"-> {out}")
         return 0

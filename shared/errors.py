@@ -11,6 +11,7 @@ class ErrorCode(StrEnum):
     INVALID_TOKENS = "invalid_tokens"  # token ids outside the vocabulary / bad packing
     MODEL_NOT_FOUND = "model_not_found"
     UNAUTHORIZED = "unauthorized"  # missing or unknown API key
+    NOT_FOUND = "not_found"  # no such job
     NO_RESPONDERS = "no_responders"  # nobody serves the subject right now
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"  # the request's deadline passed

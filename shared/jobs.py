@@ -88,3 +88,30 @@ async def update_state(kv: KeyValue, job: str, change) -> dict:
 
 def record_error(state: dict, message: str) -> None:
     state.setdefault("errors", []).append(message[:500])
+
+
+async def submit(
+    js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
+    docs: list[tuple[str, str]], batch_size: int, options, source: str,
+) -> dict:
+    """Record a job and publish its batches not yet published (so a resubmission resumes)."""
+    import time
+
+    from shared.protocol import JobBatch, encode
+
+    batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
+
+    def start(state: dict) -> None:
+        state.update(model=model, input=source, documents=len(docs), batches=len(batches))
+        state.setdefault("status", "running")
+        state.setdefault("started", time.time())
+        state.setdefault("published", 0)
+
+    state = await update_state(kv, job, start)
+    for i in range(state["published"], len(batches)):
+        batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options)
+        # the stream's acknowledgement of each publish is the backpressure
+        await js.publish(subjects.jobs(model), encode(batch), headers={"Nats-Msg-Id": f"{job}:{i}"})
+        if i % 8 == 7 or i == len(batches) - 1:
+            await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
+    return state

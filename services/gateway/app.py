@@ -16,6 +16,7 @@ from starlette.routing import Route
 from shared import __version__
 from shared.client import EmbedClient, EmbedOutcome
 from shared.errors import ErrorCode, ServiceError
+from shared.jobs import ensure_streams
 from shared.lifecycle import connect, register
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions
@@ -25,7 +26,8 @@ from services.gateway.config import GatewayConfig
 from services.gateway.discovery import Discovery
 from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate
-from services.gateway.inputs import Inputs, Limits
+from services.gateway.inputs import Inputs, Limits, json_object
+from services.gateway.jobs_api import JobsApi
 from services.gateway.metrics import Metrics
 from services.gateway.middleware import GatewayMiddleware
 from services.gateway.openapi import openapi_spec
@@ -52,6 +54,7 @@ class Gateway:
         self.discovery: Discovery | None = None
         self._micro = None
         self._in_flight = 0
+        self.jobs: JobsApi | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -60,6 +63,12 @@ class Gateway:
         await self.client.start()
         self.discovery = Discovery(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
         self._micro = await register(self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)})
+        try:
+            js = self.nc.jetstream()
+            kv = await ensure_streams(js, self.cfg.nats.subjects)
+            self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir)
+        except Exception as exc:  # online requests are served without JetStream
+            log.warning("job routes disabled: JetStream is not available (%s)", exc)
         log.info("gateway on http://%s:%d (nats %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url)
         try:
             yield
@@ -157,6 +166,22 @@ class Gateway:
         )
         return Response(body, media_type="application/json")
 
+    # -- bulk jobs --------------------------------------------------------------------------
+
+    async def create_job(self, request: Request) -> Response:
+        if self.jobs is None:
+            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        requested = json_object(body).get("model")
+        model = await self.resolve_model(requested if isinstance(requested, str) else None)
+        status, answer = await self.jobs.create(body, model)
+        return json_response(answer, status=status)
+
+    async def job_state(self, request: Request) -> Response:
+        if self.jobs is None:
+            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
+        return json_response(await self.jobs.get(request.path_params["job"]))
+
     # -- operations -------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -216,6 +241,8 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/embeddings", gw.embeddings, methods=["POST"]),
         Route("/embeddings", gw.embeddings, methods=["POST"]),
         Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/v1/jobs", gw.create_job, methods=["POST"]),
+        Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
         Route("/embed", gw.embed, methods=["POST"]),
         Route("/tokenize", gw.tokenize, methods=["POST"]),
         Route("/info", gw.info, methods=["GET"]),

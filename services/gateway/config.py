@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line")
     add_option(parser, "--open-paths", "EMBEDFLEET_OPEN_PATHS", "/health,/metrics",
                "paths served without an API key, comma separated")
+    add_option(parser, "--jobs-dir", "EMBEDFLEET_JOBS_DIR", None,
+               "folder whose files POST /v1/jobs may name as 'path' (default: none, server-side files are refused)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,7 @@ class GatewayConfig:
     max_in_flight: int = 512
     api_keys: tuple[str, ...] = ()
     open_paths: tuple[str, ...] = ("/health", "/metrics")
+    jobs_dir: Path | None = None
     discovery_interval: float = 2.0  # seconds between fleet polls
     discovery_wait: float = 0.25  # seconds to gather ping replies
 
@@ -61,4 +64,5 @@ class GatewayConfig:
             max_in_flight=ns.max_in_flight,
             api_keys=tuple(keys),
             open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
+            jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
         )

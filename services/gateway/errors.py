@@ -14,6 +14,7 @@ STATUS: dict[ErrorCode, tuple[int, str, str]] = {
     ErrorCode.INPUT_TOO_LONG: (413, "invalid_request_error", "Validation"),
     ErrorCode.INVALID_TOKENS: (422, "invalid_request_error", "Validation"),
     ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error", "Validation"),
+    ErrorCode.NOT_FOUND: (404, "invalid_request_error", "Validation"),
     ErrorCode.UNAUTHORIZED: (401, "authentication_error", "Unauthorized"),
     ErrorCode.OVERLOADED: (429, "rate_limit_error", "Overloaded"),
     ErrorCode.INTERNAL: (500, "server_error", "Backend"),

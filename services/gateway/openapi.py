@@ -123,6 +123,22 @@ def openapi_spec(version: str) -> dict[str, Any]:
             "/v1/embeddings": _post("Create embeddings (OpenAI)", embeddings_body, embeddings_ok, _OPENAI_ERROR, common),
             "/embeddings": _post("Create embeddings (OpenAI, unversioned path)", embeddings_body, embeddings_ok, _OPENAI_ERROR, common),
             "/v1/models": _get("Models served right now", {"type": "object"}, (401,)),
+            "/v1/jobs": _post(
+                "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
+                {"type": "object", "properties": {
+                    "model": {"type": "string"}, "id": {"type": "string"}, "path": {"type": "string"},
+                    "documents": {"type": "array", "items": {"type": "object", "properties": {
+                        "id": {"type": "string"}, "text": {"type": "string"}}, "required": ["id", "text"]}},
+                    "input_type": {"type": "string", "enum": ["query", "document"]},
+                    "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096}}},
+                {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
+            ),
+            "/v1/jobs/{job}": {"get": {
+                "summary": "A bulk job's state",
+                "parameters": [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(_OPENAI_ERROR, (401, 404, 503))},
+            }},
             "/embed": _post(
                 "Embed (TEI)", embed_body,
                 {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}, **_BINARY},

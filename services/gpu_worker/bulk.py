@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -93,11 +94,13 @@ class BulkFeeder:
             id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=vectors.shape[1],
             dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens,
         )
-        await self._js.publish(
+        ack = await self._js.publish(
             self._subjects.results(batch.job), encode(result),
             headers={"Nats-Msg-Id": f"{batch.job}:{batch.batch}:{batch.start}"},
         )
         await work.source.ack()
+        if not ack.duplicate:  # a redelivered batch was already counted
+            await update_state(self._kv, batch.job, lambda s: _count_done(s, len(batch.doc_ids), batch.num_tokens))
 
     async def _poisoned(self, msg, reason: str) -> None:
         log.warning("bulk batch given up: %s", reason)
@@ -108,3 +111,11 @@ class BulkFeeder:
             return
         if job:
             await update_state(self._kv, job, lambda s: record_error(s, f"worker: {reason}"))
+
+
+def _count_done(state: dict, documents: int, tokens: int) -> None:
+    state["done"] = state.get("done", 0) + documents
+    state["tokens"] = state.get("tokens", 0) + tokens
+    if state.get("documents") and state["done"] >= state["documents"] and state.get("status") != "done":
+        state["status"] = "done"
+        state["finished"] = time.time()

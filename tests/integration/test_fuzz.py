@@ -45,10 +45,10 @@ def spec(stack) -> dict:
 
 def test_every_route_is_fuzzed(spec):
     posts = [p for p, ops in spec["paths"].items() if "post" in ops]
-    assert sorted(posts) == ["/embed", "/embeddings", "/tokenize", "/v1/embeddings"]
+    assert sorted(posts) == ["/embed", "/embeddings", "/tokenize", "/v1/embeddings", "/v1/jobs"]
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/tokenize"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/tokenize", "/v1/jobs"])
 def test_post_routes_never_answer_5xx(stack, spec, path):
     schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     client = httpx.Client(base_url=stack.base_url, timeout=60)
@@ -66,6 +66,6 @@ def test_post_routes_never_answer_5xx(stack, spec, path):
 
 def test_get_routes(stack, spec):
     for path, ops in spec["paths"].items():
-        if "get" in ops:
+        if "get" in ops and "{" not in path:
             r = httpx.get(f"{stack.base_url}{path}", timeout=30)
             assert r.status_code == 200, (path, r.text)

@@ -53,3 +53,32 @@ def test_reindex_refuses_bad_input(stack, tmp_path):
     bad.write_text('{"id": 1}\n')
     result = _run(["reindex", str(bad), "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url])
     assert result.returncode == 2 and 'must be a JSON object with "id" and "text"' in result.stderr
+
+
+def test_jobs_over_http(stack, reference):
+    import time
+
+    import httpx
+
+    texts = mixed_texts(40)
+    docs = [{"id": f"h{i}", "text": t} for i, t in enumerate(texts)]
+    r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "batch_size": 16}, timeout=60)
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    assert r.json()["documents"] == 40 and r.json()["model"] == "all-MiniLM-L6-v2"
+    deadline = time.monotonic() + 60
+    state = {}
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{stack.base_url}/v1/jobs/{job}").json()
+        if state.get("status") == "done":
+            break
+        time.sleep(0.2)
+    assert state["status"] == "done" and state["done"] == 40 and state["batches"] == 3, state
+    assert state["published"] == 3 and state["tokens"] > 0 and not state.get("errors")
+
+    missing = httpx.get(f"{stack.base_url}/v1/jobs/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    no_dir = httpx.post(f"{stack.base_url}/v1/jobs", json={"path": "/etc/passwd"}, timeout=30)
+    assert no_dir.status_code == 400 and "--jobs-dir" in no_dir.json()["error"]["message"]
+    bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "a"}]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"

@@ -1,0 +1,90 @@
+"""HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server),
+GET /v1/jobs/{id} returns its state. The vectors go to the results stream, as for `embedfleet reindex`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from pathlib import Path
+
+from shared.config import ConfigError
+from shared.documents import job_id_for, read_documents
+from shared.errors import ErrorCode
+from shared.jobs import submit
+from shared.protocol import EmbedOptions
+from services.gateway.errors import ApiError
+from services.gateway.inputs import json_object, optional
+
+log = logging.getLogger("embedfleet.gateway.jobs")
+
+
+class JobsApi:
+    def __init__(self, js, kv, subjects, jobs_dir: Path | None) -> None:
+        self._js, self._kv, self._subjects = js, kv, subjects
+        self._jobs_dir = jobs_dir  # the only folder whose files a request may name
+        self._background: set[asyncio.Task] = set()
+
+    async def create(self, body: bytes, model: str) -> tuple[int, dict]:
+        doc = json_object(body)
+        batch_size = optional(doc, "batch_size", int, 64)
+        if not 0 < batch_size <= 4096:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'batch_size' must be in 1..4096", "batch_size")
+        input_type = optional(doc, "input_type", str)
+        if input_type not in (None, "query", "document"):
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
+        options = EmbedOptions(input_type=input_type)
+        if "documents" in doc:
+            docs = _inline(doc["documents"])
+            job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
+            state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline")
+        elif "path" in doc:
+            if self._jobs_dir is None:
+                raise ApiError(ErrorCode.INVALID_REQUEST, "server-side files are off here (the gateway's --jobs-dir is not set)", "path")
+            path = (self._jobs_dir / optional(doc, "path", str)).resolve()
+            if not path.is_relative_to(self._jobs_dir):
+                raise ApiError(ErrorCode.INVALID_REQUEST, "'path' must name a file inside the jobs folder", "path")
+            try:
+                docs = read_documents(path)
+            except ConfigError as exc:
+                raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "path") from None
+            if not docs:
+                raise ApiError(ErrorCode.INVALID_REQUEST, f"{path} holds no documents", "path")
+            job = optional(doc, "id", str) or job_id_for(path, model, batch_size)
+            # a file may be large: publish in the background, answer at once
+            task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, str(path)))
+            self._background.add(task)
+            task.add_done_callback(self._done)
+            state = {"job": job, "status": "running", "documents": len(docs)}
+        else:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
+        return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model}
+
+    async def get(self, job: str) -> dict:
+        try:
+            entry = await self._kv.get(job)
+        except Exception:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id") from None
+        state = json.loads(entry.value)
+        state["id"] = state.pop("job", job)
+        return state
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception():
+            log.error("submitting a job failed: %s", task.exception())
+
+
+def _inline(raw) -> list[tuple[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' must be a non-empty list of {\"id\", \"text\"}", "documents")
+    docs = []
+    for i, d in enumerate(raw):
+        if not (isinstance(d, dict) and isinstance(d.get("id"), (str, int)) and not isinstance(d.get("id"), bool)
+                and isinstance(d.get("text"), str)):
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'documents[{i}]' must be {{\"id\": string, \"text\": string}}", "documents")
+        docs.append((str(d["id"]), d["text"]))
+    if len({d for d, _ in docs}) != len(docs):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "document ids must be unique", "documents")
+    return docs
