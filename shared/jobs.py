@@ -115,3 +115,27 @@ async def submit(
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
     return state
+
+
+async def fetch_one(psub) -> list:
+    """Up to one message from a pull subscription, waiting half a second; [] when none (or reconnecting)."""
+    import asyncio
+
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    try:
+        return await psub.fetch(1, timeout=0.5)
+    except (asyncio.TimeoutError, NatsTimeoutError):
+        return []
+    except Exception as exc:  # reconnecting: try again shortly
+        log.debug("fetch: %s", exc)
+        await asyncio.sleep(0.5)
+        return []
+
+
+async def close_pull(psub) -> None:
+    """Unsubscribe a pull subscription (left open, it stalls the connection's drain)."""
+    try:
+        await psub.unsubscribe()
+    except Exception as exc:
+        log.debug("unsubscribe: %s", exc)

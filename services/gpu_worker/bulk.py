@@ -9,10 +9,9 @@ import time
 from typing import Awaitable, Callable
 
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from shared.errors import ServiceError
-from shared.jobs import ensure_streams, record_error, stream_names, update_state, work_consumer
+from shared.jobs import close_pull, ensure_streams, fetch_one, record_error, stream_names, update_state, work_consumer
 from shared.protocol import JobResult, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import Subjects, model_token
 from services.gpu_worker.scheduler import Scheduler, Work
@@ -55,10 +54,7 @@ class BulkFeeder:
         if self._task is not None:
             await self._task
             self._task = None
-        try:
-            await self._psub.unsubscribe()  # a pull subscription left open stalls the connection's drain
-        except Exception as exc:
-            log.debug("unsubscribe: %s", exc)
+        await close_pull(self._psub)
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -66,15 +62,7 @@ class BulkFeeder:
             if self._scheduler.online_waiting or self._scheduler.bulk_waiting:
                 await asyncio.sleep(0.002)
                 continue
-            try:
-                msgs = await self._psub.fetch(1, timeout=0.5)
-            except (asyncio.TimeoutError, NatsTimeoutError):
-                continue
-            except Exception as exc:
-                log.debug("fetch: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
+            for msg in await fetch_one(self._psub):
                 try:
                     batch = decode_as(msg.data, TokenBatch)
                     if batch.job is None:

@@ -13,10 +13,9 @@ import logging
 import time
 
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from shared.errors import ServiceError
-from shared.jobs import ensure_streams, record_error, stream_names, update_state, work_consumer
+from shared.jobs import close_pull, ensure_streams, fetch_one, record_error, stream_names, update_state, work_consumer
 from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode, decode_as, encode
 from shared.subjects import model_token
 from services.tokenizer.config import TokenizerConfig
@@ -53,22 +52,11 @@ class BulkTokenizer:
         if self._task is not None:
             await self._task  # the batch in hand is finished and acknowledged
             self._task = None
-        try:
-            await self._psub.unsubscribe()  # a pull subscription left open stalls the connection's drain
-        except Exception as exc:
-            log.debug("unsubscribe: %s", exc)
+        await close_pull(self._psub)
 
     async def _loop(self) -> None:
         while not self._stopping:
-            try:
-                msgs = await self._psub.fetch(1, timeout=0.5)
-            except (asyncio.TimeoutError, NatsTimeoutError):
-                continue
-            except Exception as exc:  # reconnecting: try again shortly
-                log.debug("fetch: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
+            for msg in await fetch_one(self._psub):
                 await self._handle(msg)
 
     async def _handle(self, msg) -> None:
