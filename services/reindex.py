@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -20,10 +21,12 @@ import numpy as np
 
 from shared.config import ConfigError, NatsConfig
 from shared.documents import job_id_for, read_documents
-from shared.jobs import ensure_streams, stream_names, submit, update_state
+from shared.jobs import ensure_streams, read_state, stream_names, submit, update_state
 from shared.lifecycle import connect
 from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+log = logging.getLogger("embedfleet.reindex")
 
 
 def write_output(out: Path, ids: list[str], vectors: np.ndarray) -> None:
@@ -58,58 +61,118 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}", flush=True)
     options = EmbedOptions(input_type=ns.input_type)
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path)))
-    # a fresh consumer from the stream's start each run: results collected before a crash are read again
-    psub = await js.pull_subscribe(
-        subjects.results(job), stream=stream_names(subjects)["results"],
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0),
-    )
-    got: dict[str, np.ndarray] = {}
+    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"])
+    await collector.open()
+    failed, checked = 0, 0.0
     tokens, last_progress = 0, time.monotonic()
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     start_time = time.monotonic()
     try:
-        while len(got) < len(docs):
-            try:
-                msgs = await psub.fetch(64, timeout=1)
-            except Exception:
-                msgs = []
-            for msg in msgs:
-                try:
-                    result = decode_as(msg.data, JobResult)
-                except ProtocolError:
-                    await msg.term()
-                    continue
-                fresh = 0
-                for doc_id, row in zip(result.doc_ids, result.array()):
-                    if doc_id not in got:
-                        got[doc_id] = row
-                        fresh += 1
-                tokens += result.tokens if fresh else 0
+        while len(collector.got) + failed < len(docs):
+            fresh, fresh_tokens = await collector.poll()
+            if fresh:
+                tokens += fresh_tokens
                 bar.update(fresh)
-                await msg.ack()
                 last_progress = time.monotonic()
             bar.set_postfix(tokens_s=f"{tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
             if publisher.done() and publisher.exception():
                 raise publisher.exception()
+            if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
+                checked = time.monotonic()
+                try:
+                    failed = ((await read_state(kv, job)) or {}).get("failed", 0)
+                except Exception:
+                    pass  # the server is away: next time
             if time.monotonic() - last_progress > ns.stall_timeout:
-                errors = (await update_state(kv, job, lambda s: None)).get("errors", [])
+                errors = ((await read_state(kv, job)) or {}).get("errors", [])
                 await update_state(kv, job, lambda s: s.update(status="stalled"))
                 bar.close()
-                print(f"job {job}: no progress for {ns.stall_timeout:.0f}s, {len(got)}/{len(docs)} documents; "
+                print(f"job {job}: no progress for {ns.stall_timeout:.0f}s, {len(collector.got)}/{len(docs)} documents; "
                       f"errors: {errors or 'none'}")
                 return 1
         bar.close()
         await publisher
-        ids = [d for d, _ in docs]
-        write_output(out, ids, np.stack([got[d] for d in ids]))
+        got = collector.got
+        ids = [d for d, _ in docs if d in got]
+        write_output(out, ids, np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), np.float32))
         elapsed = time.monotonic() - start_time
+        rate = f"{tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s)"
+        if len(ids) < len(docs):
+            lost = [d for d, _ in docs if d not in got]
+            failed_path = out.with_suffix(".failed.json")
+            failed_path.write_text(json.dumps(lost))
+            errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids)))).get("errors", [])
+            print(f"job {job}: {len(ids)} of {len(docs)} documents, {rate} -> {out}; {len(lost)} given up "
+                  f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
+            return 1
         await update_state(kv, job, lambda s: s.update(status="done", collected=len(docs)) or s.setdefault("finished", time.time()))
-        print(f"job {job}: {len(docs)} documents, {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s) "
-              f"-> {out}")
+        print(f"job {job}: {len(docs)} documents, {rate} -> {out}")
         return 0
     finally:
         publisher.cancel()
+        await collector.close()
         await nc.drain()
+
+
+class Collector:
+    """Reads a job's results from the start of the stream (results collected before a crash are read
+    again) through an ephemeral consumer, opened again when the server lost it (a restart)."""
+
+    def __init__(self, js, subject: str, stream: str) -> None:
+        self._js, self._subject, self._stream = js, subject, stream
+        self._psub = None
+        self.got: dict[str, np.ndarray] = {}
+
+    async def open(self) -> None:
+        self._psub = await self._js.pull_subscribe(
+            self._subject, stream=self._stream,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0),
+        )
+
+    async def close(self) -> None:
+        if self._psub is not None:
+            try:
+                await self._psub.unsubscribe()
+            except Exception:
+                pass
+            self._psub = None
+
+    async def poll(self) -> tuple[int, int]:
+        """Results that arrived: (new documents, their tokens)."""
+        from nats.errors import TimeoutError as NatsTimeoutError
+
+        try:
+            msgs = await self._psub.fetch(64, timeout=1)
+        except (asyncio.TimeoutError, NatsTimeoutError):
+            return 0, 0
+        except Exception as exc:  # the consumer is gone (server restarted) or the server is away
+            log.info("results consumer lost (%r): opening it again", exc)
+            await asyncio.sleep(0.5)
+            await self.close()
+            try:
+                await self.open()
+            except Exception as again:
+                log.debug("results consumer: %r", again)
+            return 0, 0
+        fresh = tokens = 0
+        for msg in msgs:
+            try:
+                result = decode_as(msg.data, JobResult)
+            except ProtocolError:
+                await msg.term()
+                continue
+            new = 0
+            for doc_id, row in zip(result.doc_ids, result.array()):
+                if doc_id not in self.got:
+                    self.got[doc_id] = row
+                    new += 1
+            fresh += new
+            tokens += result.tokens if new else 0
+            try:
+                await msg.ack()
+            except Exception:
+                pass
+        return fresh, tokens
 
 
 async def list_jobs(nats: NatsConfig) -> int:
@@ -120,11 +183,11 @@ async def list_jobs(nats: NatsConfig) -> int:
             keys = await kv.keys()
         except Exception:
             keys = []
-        print(f"{'job':18} {'status':9} {'documents':>9} {'batches':>7} {'published':>9} {'errors':>6}  model")
+        print(f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'batches':>7} {'published':>9}  model")
         for key in sorted(keys):
             s = json.loads((await kv.get(key)).value)
-            print(f"{key:18} {s.get('status', '?'):9} {s.get('documents', 0):>9} {s.get('batches', 0):>7} "
-                  f"{s.get('published', 0):>9} {len(s.get('errors', [])):>6}  {s.get('model', '?')}")
+            print(f"{key:18} {s.get('status', '?'):16} {s.get('documents', 0):>9} {s.get('done', 0):>9} "
+                  f"{s.get('failed', 0):>6} {s.get('batches', 0):>7} {s.get('published', 0):>9}  {s.get('model', '?')}")
         return 0
     finally:
         await nc.close()

@@ -98,6 +98,37 @@ def nats_config(ns: argparse.Namespace) -> NatsConfig:
     return NatsConfig(url=ns.nats, subjects=subjects)
 
 
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """How bulk work is held: a batch not acknowledged within ``ack_wait`` seconds is delivered again
+    (holders send in-progress beats every ``ack_wait / 4``); after ``max_deliver`` deliveries it is
+    given up as a dead letter."""
+
+    ack_wait: float = 60.0
+    max_deliver: int = 5
+
+    def __post_init__(self) -> None:
+        if self.ack_wait < 1.0:
+            raise ConfigError(f"--ack-wait {self.ack_wait}: must be at least 1 second")
+        if self.max_deliver < 1:
+            raise ConfigError(f"--max-deliver {self.max_deliver}: must be at least 1")
+
+    @property
+    def heartbeat(self) -> float:
+        return self.ack_wait / 4
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--ack-wait", "EMBEDFLEET_ACK_WAIT", 60.0,
+               "seconds before an unacknowledged bulk batch is delivered again", positive_float)
+    add_option(parser, "--max-deliver", "EMBEDFLEET_MAX_DELIVER", 5,
+               "deliveries of a bulk batch before it is given up as a dead letter", positive_int)
+
+
+def job_settings(ns: argparse.Namespace) -> JobSettings:
+    return JobSettings(ack_wait=ns.ack_wait, max_deliver=ns.max_deliver)
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(
         parser, "--model", "EMBEDFLEET_MODEL", None,

@@ -3,6 +3,8 @@
 - ``<P>_JOBS``: work queue of job batches clients publish (``<prefix>.v1.jobs.<model>``);
 - ``<P>_BULK``: work queue of token batches, tokenizers -> workers (``<prefix>.v1.bulk.<model>``);
 - ``<P>_RESULTS``: vectors per job (``<prefix>.v1.results.<job>``), deduplicated by message id;
+- ``<P>_DEAD``: dead letters (``<prefix>.v1.dead.<job>``): batches given up, kept with the stage, the
+  reason and the number of deliveries in headers, so they can be inspected and published again;
 - ``<P>_jobs`` key-value bucket: one JSON state per job.
 All in file storage, created idempotently by whichever service starts first.
 """
@@ -12,18 +14,19 @@ from __future__ import annotations
 import logging
 
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 from nats.js.kv import KeyValue
 
+from shared.config import JobSettings
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
 
 DUPLICATE_WINDOW = 600.0  # seconds a message id is remembered: redeliveries inside it are dropped
 RESULTS_MAX_AGE = 7 * 24 * 3600.0
-ACK_WAIT = 60.0  # seconds before an unacknowledged batch is redelivered (work sends in-progress beats)
-MAX_DELIVER = 5  # then the batch is given up and recorded as dead in the job's state
+DEAD_MAX_AGE = 30 * 24 * 3600.0
+MAX_DEAD_RECORDS = 100  # dead batches listed in a job's state (all are counted, and kept in <P>_DEAD)
 
 
 def _base(subjects: Subjects) -> str:
@@ -32,7 +35,8 @@ def _base(subjects: Subjects) -> str:
 
 def stream_names(subjects: Subjects) -> dict[str, str]:
     base = _base(subjects)
-    return {"jobs": f"{base}_JOBS", "bulk": f"{base}_BULK", "results": f"{base}_RESULTS", "kv": f"{base}_jobs"}
+    return {"jobs": f"{base}_JOBS", "bulk": f"{base}_BULK", "results": f"{base}_RESULTS", "dead": f"{base}_DEAD",
+            "kv": f"{base}_jobs"}
 
 
 async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> KeyValue:
@@ -46,6 +50,8 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> KeyValue:
                      storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
         StreamConfig(name=names["results"], subjects=[f"{p}.v1.results.>"], retention=RetentionPolicy.LIMITS,
                      storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=RESULTS_MAX_AGE),
+        StreamConfig(name=names["dead"], subjects=[f"{p}.v1.dead.>"], retention=RetentionPolicy.LIMITS,
+                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=DEAD_MAX_AGE),
     ]
     for config in configs:
         try:
@@ -58,25 +64,33 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> KeyValue:
         return await js.create_key_value(bucket=names["kv"], history=1, storage=StorageType.FILE)
 
 
-def work_consumer(durable: str, subject: str) -> ConsumerConfig:
-    return ConsumerConfig(durable_name=durable, filter_subject=subject, ack_wait=ACK_WAIT, max_deliver=MAX_DELIVER)
+def work_consumer(durable: str, subject: str, settings: JobSettings) -> ConsumerConfig:
+    return ConsumerConfig(
+        name=durable, durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=settings.ack_wait, max_deliver=settings.max_deliver,
+    )
 
 
-async def update_state(kv: KeyValue, job: str, change) -> dict:
-    """Read-modify-write a job's JSON state with compare-and-set, retrying on a concurrent writer."""
+async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) -> dict:
+    """Read-modify-write a job's JSON state with compare-and-set, retrying on a concurrent writer, and
+    on a lost connection for up to ``patience`` seconds (the server may be restarting)."""
+    import asyncio
     import json
+    import time
 
+    from nats.errors import Error as NatsError
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+    give_up = time.monotonic() + patience
     while True:
         try:
-            entry = await kv.get(job)
-            state, revision = json.loads(entry.value), entry.revision
-        except KeyNotFoundError:
-            state, revision = {"job": job}, None
-        change(state)
-        value = json.dumps(state).encode()
-        try:
+            try:
+                entry = await kv.get(job)
+                state, revision = json.loads(entry.value), entry.revision
+            except KeyNotFoundError:
+                state, revision = {"job": job}, None
+            change(state)
+            value = json.dumps(state).encode()
             if revision is None:
                 await kv.create(job, value)
             else:
@@ -84,10 +98,58 @@ async def update_state(kv: KeyValue, job: str, change) -> dict:
             return state
         except (KeyWrongLastSequenceError, BadRequestError):
             continue  # someone else wrote first: read again
+        except (NatsError, asyncio.TimeoutError) as exc:
+            if not transient(exc) or time.monotonic() > give_up:
+                raise
+            log.debug("job %s: state update waits for the server: %r", job, exc)
+            await asyncio.sleep(0.5)
+
+
+async def read_state(kv: KeyValue, job: str) -> dict | None:
+    """A job's state, or None when there is no such job."""
+    import json
+
+    from nats.js.errors import KeyNotFoundError
+
+    try:
+        return json.loads((await kv.get(job)).value)
+    except KeyNotFoundError:
+        return None
 
 
 def record_error(state: dict, message: str) -> None:
-    state.setdefault("errors", []).append(message[:500])
+    errors = state.setdefault("errors", [])
+    if len(errors) < MAX_DEAD_RECORDS:
+        errors.append(message[:500])
+
+
+def count_done(state: dict, documents: int, tokens: int) -> None:
+    state["done"] = state.get("done", 0) + documents
+    state["tokens"] = state.get("tokens", 0) + tokens
+    settle(state)
+
+
+def count_failed(state: dict, documents: int, record: dict) -> None:
+    """A batch given up: its documents are counted as failed and the batch listed (up to a limit)."""
+    state["failed"] = state.get("failed", 0) + documents
+    dead = state.setdefault("dead", [])
+    if len(dead) < MAX_DEAD_RECORDS:
+        dead.append(record)
+    record_error(state, f"{record.get('stage')}: batch {record.get('batch')}: {record.get('reason')}")
+    settle(state)
+
+
+def settle(state: dict) -> None:
+    """Every document accounted for: the job is done (or done with errors when some were given up)."""
+    import time
+
+    total = state.get("documents")
+    if not total or state.get("done", 0) + state.get("failed", 0) < total:
+        return
+    status = "done" if not state.get("failed") else "done_with_errors"
+    if state.get("status") != status:
+        state["status"] = status
+        state.setdefault("finished", time.time())
 
 
 async def submit(
@@ -111,31 +173,35 @@ async def submit(
     for i in range(state["published"], len(batches)):
         batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options)
         # the stream's acknowledgement of each publish is the backpressure
-        await js.publish(subjects.jobs(model), encode(batch), headers={"Nats-Msg-Id": f"{job}:{i}"})
+        await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}")
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
     return state
 
 
-async def fetch_one(psub) -> list:
-    """Up to one message from a pull subscription, waiting half a second; [] when none (or reconnecting)."""
+async def publish_durably(js: JetStreamContext, subject: str, data: bytes, msg_id: str, headers: dict | None = None,
+                          patience: float = 300.0):
+    """Publish into a stream with a message id and wait for the stream's acknowledgement, trying again
+    while the connection is lost for up to ``patience`` seconds (the id makes a repeat harmless)."""
     import asyncio
+    import time
 
-    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.errors import Error as NatsError
 
-    try:
-        return await psub.fetch(1, timeout=0.5)
-    except (asyncio.TimeoutError, NatsTimeoutError):
-        return []
-    except Exception as exc:  # reconnecting: try again shortly
-        log.debug("fetch: %s", exc)
-        await asyncio.sleep(0.5)
-        return []
+    give_up = time.monotonic() + patience
+    while True:
+        try:
+            return await js.publish(subject, data, headers={**(headers or {}), "Nats-Msg-Id": msg_id})
+        except (NatsError, asyncio.TimeoutError) as exc:
+            if not transient(exc) or time.monotonic() > give_up:
+                raise
+            log.debug("publish %s waits for the server: %r", msg_id, exc)
+            await asyncio.sleep(0.5)
 
 
-async def close_pull(psub) -> None:
-    """Unsubscribe a pull subscription (left open, it stalls the connection's drain)."""
-    try:
-        await psub.unsubscribe()
-    except Exception as exc:
-        log.debug("unsubscribe: %s", exc)
+def transient(exc: BaseException) -> bool:
+    """A lost connection, a timeout or JetStream not ready yet: worth trying again. An API error that
+    the server answered (a bad request, a limit) is not."""
+    from nats.js.errors import APIError, ServiceUnavailableError
+
+    return not isinstance(exc, APIError) or isinstance(exc, ServiceUnavailableError)

@@ -70,6 +70,10 @@ class Subjects:
         """a job's vectors (JetStream, workers -> the job's collector)."""
         return f"{self.prefix}.v1.results.{model_token(job)}"
 
+    def dead(self, job: str) -> str:
+        """dead letters of a job: batches given up, with the stage and the reason (JetStream)."""
+        return f"{self.prefix}.v1.dead.{model_token(job)}"
+
     def rerank(self, model: str) -> str:
         """gateway -> scorer fleet."""
         return f"{self.prefix}.v1.rerank.{model_token(model)}"

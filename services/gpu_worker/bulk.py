@@ -1,22 +1,37 @@
 """Bulk jobs in the worker: token batches from the JetStream work queue, taken only when no online
-work waits, answered into the results stream; acknowledged only once the result is stored."""
+work waits, answered into the results stream; acknowledged only once the result is stored.
+
+Held batches get in-progress beats until acknowledged. A batch that cannot be decoded or checked is
+given up at once; an engine failure is tried again (nak with a delay) until the last delivery, where
+the batch is given up; the server's max-deliveries advisory covers batches whose holders died. All
+three become dead letters (shared/bulkwork.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import Awaitable, Callable
+from typing import Callable
 
 from nats.aio.client import Client
 
+from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, deliveries, fetch_one, job_from_msg_id, open_work
+from shared.config import JobSettings
 from shared.errors import ServiceError
-from shared.jobs import close_pull, ensure_streams, fetch_one, record_error, stream_names, update_state, work_consumer
+from shared.jobs import count_done, ensure_streams, publish_durably, stream_names, update_state
 from shared.protocol import JobResult, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import Subjects, model_token
 from services.gpu_worker.scheduler import Scheduler, Work
 
 log = logging.getLogger("embedfleet.worker.bulk")
+
+
+def describe(data: bytes, headers: dict) -> BatchInfo:
+    try:
+        batch = decode_as(data, TokenBatch)
+        return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()))
+    except ProtocolError:
+        return job_from_msg_id(headers, 2)
 
 
 class BulkFeeder:
@@ -28,6 +43,7 @@ class BulkFeeder:
         scheduler: Scheduler,
         check: Callable[[TokenBatch], None],
         wake: Callable[[], None],
+        settings: JobSettings = JobSettings(),
     ) -> None:
         self._nc = nc
         self._subjects = subjects
@@ -35,17 +51,19 @@ class BulkFeeder:
         self._scheduler = scheduler
         self._check = check
         self._wake = wake
+        self._settings = settings
+        self._beats = Heartbeats(settings.heartbeat)
         self._task: asyncio.Task | None = None
         self._stopping = False
 
     async def start(self) -> None:
         self._js = self._nc.jetstream()
         self._kv = await ensure_streams(self._js, self._subjects)
-        subject = self._subjects.bulk(self._model)
+        stream = stream_names(self._subjects)["bulk"]
         durable = f"workers-{model_token(self._model)}"
-        self._psub = await self._js.pull_subscribe(
-            subject, durable=durable, stream=stream_names(self._subjects)["bulk"], config=work_consumer(durable, subject)
-        )
+        self._psub = await open_work(self._js, stream, durable, self._subjects.bulk(self._model), self._settings)
+        self._dead = DeadLetters(self._nc, self._js, self._kv, self._subjects, "worker")
+        await self._dead.watch(stream, durable, describe)
         self._task = asyncio.create_task(self._loop(), name="bulk-feeder")
 
     async def stop(self) -> None:
@@ -55,6 +73,11 @@ class BulkFeeder:
             await self._task
             self._task = None
         await close_pull(self._psub)
+        await self._dead.stop()
+
+    async def close(self) -> None:
+        """After the worker finished its work: no more beats."""
+        await self._beats.stop()
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -69,41 +92,41 @@ class BulkFeeder:
                         raise ProtocolError("a bulk batch must name its job")
                     self._check(batch)
                 except (ProtocolError, ServiceError) as exc:
-                    await self._poisoned(msg, str(exc))
+                    await self._dead.give_up(msg, str(exc), describe(msg.data, msg.headers or {}))
                     continue
+                self._beats.hold(msg)
                 self._scheduler.push(Work(batch, reply="", source=msg), bulk=True)
                 self._wake()
 
     async def answer(self, work: Work, vectors, dtype: str) -> None:
         """Store the result durably, then acknowledge the batch (a crash in between redelivers it;
         the result's message id makes the second copy a no-op)."""
-        batch = work.batch
+        batch, msg = work.batch, work.source
         result = JobResult(
             id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=vectors.shape[1],
             dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens,
         )
-        ack = await self._js.publish(
-            self._subjects.results(batch.job), encode(result),
-            headers={"Nats-Msg-Id": f"{batch.job}:{batch.batch}:{batch.start}"},
-        )
-        await work.source.ack()
-        if not ack.duplicate:  # a redelivered batch was already counted
-            await update_state(self._kv, batch.job, lambda s: _count_done(s, len(batch.doc_ids), batch.num_tokens))
-
-    async def _poisoned(self, msg, reason: str) -> None:
-        log.warning("bulk batch given up: %s", reason)
-        await msg.term()
         try:
-            job = decode_as(msg.data, TokenBatch).job
-        except ProtocolError:
+            ack = await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
+                                        f"{batch.job}:{batch.batch}:{batch.start}", patience=self._settings.ack_wait)
+            await msg.ack()
+        except Exception as exc:  # the server is away for long: the batch is delivered again later
+            log.warning("bulk batch %s:%s left for another try: %r", batch.job, batch.batch, exc)
+            self._beats.release(msg)
             return
-        if job:
-            await update_state(self._kv, job, lambda s: record_error(s, f"worker: {reason}"))
+        self._beats.release(msg)
+        if not ack.duplicate:  # a redelivered batch was already counted
+            await update_state(self._kv, batch.job, lambda s: count_done(s, len(batch.doc_ids), batch.num_tokens))
 
-
-def _count_done(state: dict, documents: int, tokens: int) -> None:
-    state["done"] = state.get("done", 0) + documents
-    state["tokens"] = state.get("tokens", 0) + tokens
-    if state.get("documents") and state["done"] >= state["documents"] and state.get("status") != "done":
-        state["status"] = "done"
-        state["finished"] = time.time()
+    async def failed(self, work: Work, reason: str) -> None:
+        """The engine failed on this batch: another try later, or given up on its last delivery."""
+        msg = work.source
+        if not self._beats.release(msg):
+            return  # another part of the same batch failed first: already handled
+        try:
+            if deliveries(msg) >= self._settings.max_deliver:
+                await self._dead.give_up(msg, f"engine error: {reason}", describe(msg.data, msg.headers or {}))
+            else:
+                await msg.nak(delay=1.0)
+        except Exception as exc:
+            log.warning("bulk batch failure not reported: %r", exc)

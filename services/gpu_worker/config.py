@@ -6,7 +6,10 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_float, positive_int
+from shared.config import (
+    ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_float,
+    positive_int,
+)
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -33,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                choices=("auto", "sdpa", "flashinfer"))
     add_option(parser, "--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
                "seconds between queue-depth reports to the tokenizers", positive_float)
+    add_job_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class WorkerConfig:
     graphs: bool | None  # None: on where CUDA and the attention backend allow
     attention: str
     load_interval: float = 0.05
+    jobs: JobSettings = JobSettings()
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
@@ -72,4 +77,5 @@ class WorkerConfig:
             graphs={"auto": None, "on": True, "off": False}[ns.graphs],
             attention=ns.attention,
             load_interval=ns.load_interval,
+            jobs=job_settings(ns),
         )

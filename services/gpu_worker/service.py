@@ -77,7 +77,7 @@ class WorkerService:
         self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
         self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
         try:
-            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_batch, self._wake.set)
+            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_batch, self._wake.set, self._cfg.jobs)
             await bulk.start()
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
@@ -115,6 +115,8 @@ class WorkerService:
         self._wake.set()
         await asyncio.gather(*self._tasks)  # each loop finishes what is queued and in flight
         self._tasks.clear()
+        if self._bulk is not None:
+            await self._bulk.close()
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
@@ -224,7 +226,7 @@ class WorkerService:
     async def _fail(self, batch: Batch) -> None:
         for s in batch.slices:
             if s.work.source is not None:
-                await s.work.source.nak(delay=1.0)  # bulk: another try later (max deliveries bound it)
+                await self._bulk.failed(s.work, "the engine failed on the batch")  # tried again, then given up
                 continue
             await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"))
 

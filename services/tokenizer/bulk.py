@@ -2,8 +2,11 @@
 
 A job batch is acknowledged only after every token batch made from it was accepted by the bulk
 stream (JetStream's publish acknowledgement), and each token batch carries a message id built from
-(job, batch, first row), so a redelivered job batch produces no duplicate work. A malformed batch is
-terminated (never retried) and recorded in the job's state.
+(job, batch, first row), so a redelivered job batch produces no duplicate work. While a batch is in
+hand the tokenizer sends in-progress beats. It takes a job batch only while fewer than
+``--bulk-ahead`` token batches of its model wait for the workers, so a million-document job waits in
+the jobs stream rather than piling up as tokens. A malformed batch is given up at once as a dead
+letter (see shared/bulkwork.py).
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import time
 
 from nats.aio.client import Client
 
+from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, fetch_one, job_from_msg_id, open_work
 from shared.errors import ServiceError
-from shared.jobs import close_pull, ensure_streams, fetch_one, record_error, stream_names, update_state, work_consumer
-from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode, decode_as, encode
+from shared.jobs import ensure_streams, publish_durably, stream_names
+from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import model_token
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
@@ -24,6 +28,14 @@ from services.tokenizer.encoder import TextEncoder, pack_chunks
 log = logging.getLogger("embedfleet.tokenizer.bulk")
 
 BULK_DEADLINE = 7 * 24 * 3600.0  # bulk work has no client waiting: it may wait behind online work
+
+
+def describe(data: bytes, headers: dict) -> BatchInfo:
+    try:
+        job = decode_as(data, JobBatch)
+        return BatchInfo(job.id, job.batch, 0, len(job.texts))
+    except ProtocolError:
+        return job_from_msg_id(headers, 1)
 
 
 class BulkTokenizer:
@@ -34,17 +46,19 @@ class BulkTokenizer:
         self._subjects = cfg.nats.subjects
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._beats = Heartbeats(cfg.jobs.heartbeat)
 
     async def start(self) -> None:
         js = self._nc.jetstream()
         self._js = js
         self._kv = await ensure_streams(js, self._subjects)
+        names = stream_names(self._subjects)
         model = self._cfg.model.id
-        subject = self._subjects.jobs(model)
-        self._psub = await js.pull_subscribe(
-            subject, durable=f"tokenizers-{model_token(model)}", stream=stream_names(self._subjects)["jobs"],
-            config=work_consumer(f"tokenizers-{model_token(model)}", subject),
-        )
+        durable = f"tokenizers-{model_token(model)}"
+        self._bulk_stream, self._bulk_subject = names["bulk"], self._subjects.bulk(model)
+        self._psub = await open_work(js, names["jobs"], durable, self._subjects.jobs(model), self._cfg.jobs)
+        self._dead = DeadLetters(self._nc, js, self._kv, self._subjects, "tokenizer")
+        await self._dead.watch(names["jobs"], durable, describe)
         self._task = asyncio.create_task(self._loop(), name="bulk-tokenizer")
 
     async def stop(self) -> None:
@@ -53,11 +67,36 @@ class BulkTokenizer:
             await self._task  # the batch in hand is finished and acknowledged
             self._task = None
         await close_pull(self._psub)
+        await self._dead.stop()
+        await self._beats.stop()
 
     async def _loop(self) -> None:
         while not self._stopping:
+            if await self._workers_behind():
+                await asyncio.sleep(0.05)
+                continue
             for msg in await fetch_one(self._psub):
-                await self._handle(msg)
+                self._beats.hold(msg)
+                try:
+                    await self._handle(msg)
+                except Exception as exc:  # the server went away mid-batch: it comes back later
+                    log.warning("job batch left for another try: %r", exc)
+                    try:
+                        await msg.nak(delay=1.0)
+                    except Exception:
+                        pass  # unacknowledged, it is delivered again after ack_wait
+                finally:
+                    self._beats.release(msg)
+
+    async def _workers_behind(self) -> bool:
+        """Whether enough token batches of this model already wait in the bulk stream."""
+        try:
+            info = await self._js.stream_info(self._bulk_stream, subjects_filter=self._bulk_subject)
+        except Exception as exc:
+            log.debug("bulk stream info: %r", exc)
+            return True  # the server is away: nothing could be published anyway
+        waiting = (info.state.subjects or {}).get(self._bulk_subject, 0)
+        return waiting >= self._cfg.bulk_ahead
 
     async def _handle(self, msg) -> None:
         try:
@@ -65,7 +104,7 @@ class BulkTokenizer:
             texts = self._encoder.with_prompt(job.texts, job.options)
             ids = await asyncio.to_thread(self._encoder.encode, texts, True, job.options.truncation_direction)
         except (ProtocolError, ServiceError) as exc:
-            await self._poisoned(msg, str(exc))
+            await self._dead.give_up(msg, str(exc), describe(msg.data, msg.headers or {}))
             return
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
             rows = len(chunk.cu_seqlens) - 1
@@ -82,19 +121,7 @@ class BulkTokenizer:
                 batch=job.batch,
                 doc_ids=job.doc_ids[chunk.start : chunk.start + rows],
             )
-            await self._js.publish(
-                self._subjects.bulk(job.model), encode(batch), headers={"Nats-Msg-Id": f"{job.id}:{job.batch}:{chunk.start}"}
-            )
+            msg_id = f"{job.id}:{job.batch}:{chunk.start}"
+            await publish_durably(self._js, self._subjects.bulk(job.model), encode(batch), msg_id,
+                                  patience=self._cfg.jobs.ack_wait)
         await msg.ack()
-
-    async def _poisoned(self, msg, reason: str) -> None:
-        """A batch that can never succeed: stop its redelivery and say so in the job's state."""
-        job_id = "unknown"
-        try:
-            job_id = decode(msg.data).id
-        except Exception:
-            pass
-        log.warning("job %s: batch given up: %s", job_id, reason)
-        await msg.term()
-        if job_id != "unknown":
-            await update_state(self._kv, job_id, lambda s: record_error(s, f"tokenizer: {reason}"))

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import json
 import os
 
-from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
+from shared.config import (
+    ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_int,
+)
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -21,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--routing", "EMBEDFLEET_ROUTING", "load",
                "load: each batch to the least-loaded live worker; queue: the workers' shared queue group",
                choices=("load", "queue"))
+    add_option(parser, "--bulk-ahead", "EMBEDFLEET_BULK_AHEAD", 256,
+               "bulk token batches the tokenizers may queue ahead of the workers before they wait", positive_int)
+    add_job_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +37,8 @@ class TokenizerConfig:
     prompts: dict[str, str] | None = None
     threads: int | None = None
     routing: str = "load"
+    bulk_ahead: int = 256
+    jobs: JobSettings = JobSettings()
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TokenizerConfig:
@@ -43,6 +50,8 @@ class TokenizerConfig:
             prompts=parse_prompts(ns.prompts),
             threads=ns.threads,
             routing=ns.routing,
+            bulk_ahead=ns.bulk_ahead,
+            jobs=job_settings(ns),
         )
 
     def apply_threads(self) -> None:

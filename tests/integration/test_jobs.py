@@ -38,8 +38,9 @@ def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
 
     listing = _run(["jobs", "--nats", stack.nats_url])
     assert listing.returncode == 0
-    row = next(line for line in listing.stdout.splitlines() if " done " in line)
-    assert "300" in row and "all-MiniLM-L6-v2" in row
+    job = result.stdout.split()[1].rstrip(":")
+    row = next(line for line in listing.stdout.splitlines() if line.startswith(job))
+    assert row.split()[1:5] == ["done", "300", "300", "0"] and "all-MiniLM-L6-v2" in row
 
     # the same command again: the job is known and done; nothing is embedded twice
     again = _run(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "32", "--quiet",

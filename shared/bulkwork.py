@@ -1,0 +1,201 @@
+"""Holding bulk work taken from a JetStream work queue: consumers, in-progress beats, dead letters.
+
+A stage (tokenizer or worker) takes a batch from a durable pull consumer, keeps telling the server
+it is still working on it (``in_progress`` every ``ack_wait / 4``) until its output is durably
+accepted downstream, then acknowledges it. A batch that can never succeed is given up at once; one
+that keeps failing is given up on its last delivery; one whose holders keep dying (a batch that
+crashes the process) is given up by the server after ``max_deliver`` deliveries, which it announces
+in an advisory. Each way, the batch becomes a dead letter: copied to the dead-letter stream with the
+stage, the reason and the delivery count in headers, its documents counted as failed in the job's
+state. Never retried forever, never lost without a record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from shared.config import JobSettings
+from shared.jobs import count_failed, publish_durably, update_state, work_consumer
+from shared.subjects import Subjects
+
+log = logging.getLogger("embedfleet.bulk")
+
+STAGE = "Embedfleet-Stage"
+REASON = "Embedfleet-Reason"
+DELIVERIES = "Embedfleet-Deliveries"
+ORIGIN = "Embedfleet-Origin"  # the original subject
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What a dead letter records about a batch: its job, batch index, first row and documents."""
+
+    job: str | None
+    batch: int | None = None
+    start: int = 0
+    documents: int = 0
+
+
+async def open_work(js: JetStreamContext, stream: str, durable: str, subject: str, settings: JobSettings):
+    """The stage's durable pull consumer, created or brought to ``settings``, and a subscription on it."""
+    from nats.js.errors import BadRequestError
+
+    config = work_consumer(durable, subject, settings)
+    try:
+        await js.add_consumer(stream, config)  # creates it, or updates ack_wait / max_deliver
+    except BadRequestError as exc:
+        log.warning("consumer %s kept its settings: %s", durable, exc.description)
+    return await js.pull_subscribe_bind(durable=durable, stream=stream)
+
+
+async def fetch_one(psub) -> list:
+    """Up to one message from a pull subscription, waiting half a second; [] when none (or reconnecting)."""
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    try:
+        return await psub.fetch(1, timeout=0.5)
+    except (asyncio.TimeoutError, NatsTimeoutError):
+        return []
+    except Exception as exc:  # reconnecting: try again shortly
+        log.debug("fetch: %s", exc)
+        await asyncio.sleep(0.5)
+        return []
+
+
+async def close_pull(psub) -> None:
+    """Unsubscribe a pull subscription (left open, it stalls the connection's drain)."""
+    try:
+        await psub.unsubscribe()
+    except Exception as exc:
+        log.debug("unsubscribe: %s", exc)
+
+
+def deliveries(msg) -> int:
+    try:
+        return msg.metadata.num_delivered
+    except Exception:
+        return 1
+
+
+class Heartbeats:
+    """Tells the server, every ``interval`` seconds, that each held message is still being worked on."""
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._held: dict[int, object] = {}  # by identity: messages are not hashable
+        self._task: asyncio.Task | None = None
+
+    def hold(self, msg) -> None:
+        self._held[id(msg)] = msg
+        if self._task is None:
+            self._task = asyncio.create_task(self._beat(), name="in-progress-beats")
+
+    def release(self, msg) -> bool:
+        """Stop beating for ``msg``; False when it was not held (released before)."""
+        return self._held.pop(id(msg), None) is not None
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            for msg in list(self._held.values()):
+                try:
+                    await msg.in_progress()
+                except Exception as exc:  # disconnected: the next beat tries again
+                    log.debug("in-progress beat: %r", exc)
+
+
+class DeadLetters:
+    """Gives batches up: records them in the dead-letter stream and in their job's state, and
+    listens for the server's max-deliveries advisories on the stage's consumer."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, kv: KeyValue, subjects: Subjects, stage: str) -> None:
+        self._nc = nc
+        self._js = js
+        self._kv = kv
+        self._subjects = subjects
+        self._stage = stage
+        self._sub = None
+
+    async def give_up(self, msg, reason: str, info: BatchInfo) -> None:
+        """A batch that must not be tried again: recorded, then terminated (no more deliveries)."""
+        await self.record(msg.data, msg.headers or {}, msg.subject, reason, info, deliveries(msg))
+        try:
+            await msg.term()
+        except Exception as exc:
+            log.warning("terminating a dead batch: %r", exc)
+
+    async def record(self, data: bytes, headers: dict, subject: str, reason: str, info: BatchInfo, count: int) -> None:
+        job = info.job or "unknown"
+        log.warning("job %s: %s gives batch %s up after %d deliveries: %s", job, self._stage, info.batch, count, reason)
+        origin_id = headers.get("Nats-Msg-Id") or f"{subject}:{time.time_ns()}"
+        ack = await publish_durably(
+            self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}",
+            headers={STAGE: self._stage, REASON: reason[:500], DELIVERIES: str(count), ORIGIN: subject},
+        )
+        if info.job is None or ack.duplicate:  # recorded before (a crash between record and term)
+            return
+        entry = {"stage": self._stage, "batch": info.batch, "start": info.start, "documents": info.documents,
+                 "deliveries": count, "reason": reason[:500]}
+        await update_state(self._kv, info.job, lambda s: count_failed(s, info.documents, entry))
+
+    async def watch(self, stream: str, durable: str, describe: Callable[[bytes, dict], BatchInfo]) -> None:
+        """Turn the server's max-deliveries advisories for ``durable`` into dead letters (one watcher
+        of the fleet answers each: queue group)."""
+        subject = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}"
+
+        async def on_advisory(advisory) -> None:
+            try:
+                seq = int(json.loads(advisory.data)["stream_seq"])
+                count = int(json.loads(advisory.data).get("deliveries", 0))
+                raw = await self._js.get_msg(stream, seq)
+            except Exception as exc:
+                log.warning("max-deliveries advisory not handled: %r", exc)
+                return
+            headers = dict(raw.headers or {})
+            await self.record(raw.data or b"", headers, raw.subject or "", "delivered too many times without an "
+                              "acknowledgement (its holders died or timed out)", describe(raw.data or b"", headers), count)
+            try:
+                await self._js.delete_msg(stream, seq)  # out of the work queue: it is in the dead-letter stream
+            except Exception as exc:
+                log.warning("removing dead batch %d from %s: %r", seq, stream, exc)
+
+        self._sub = await self._nc.subscribe(subject, queue=f"dead-{durable}", cb=on_advisory)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass
+            self._sub = None
+
+
+def job_from_msg_id(headers: dict, numbers: int) -> BatchInfo:
+    """``JOB:BATCH`` (job batches) or ``JOB:BATCH:ROW`` (token batches) message ids name the job even
+    when the payload cannot be decoded; ``numbers`` is how many numeric parts end the id."""
+    parts = (headers.get("Nats-Msg-Id") or "").rsplit(":", numbers)
+    if len(parts) != numbers + 1 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        return BatchInfo(None)
+    return BatchInfo(parts[0], int(parts[1]), int(parts[2]) if numbers > 1 else 0)

@@ -1,0 +1,146 @@
+"""Holding bulk work on a real nats-server: in-progress beats, dead letters, max-deliveries advisories."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import nats
+import pytest
+
+from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, fetch_one, job_from_msg_id, open_work
+from shared.config import JobSettings
+from shared.jobs import ensure_streams, read_state, stream_names, update_state
+from shared.subjects import Subjects
+
+
+async def _setup(url: str):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    subjects = Subjects(f"t{uuid.uuid4().hex[:8]}")
+    kv = await ensure_streams(js, subjects)
+    return nc, js, kv, subjects
+
+
+async def _fetch(psub, wait: float) -> list:
+    deadline = asyncio.get_running_loop().time() + wait
+    while asyncio.get_running_loop().time() < deadline:
+        msgs = await fetch_one(psub)
+        if msgs:
+            return msgs
+    return []
+
+
+@pytest.mark.parametrize("beats", [True, False])
+def test_in_progress_beats_keep_a_held_batch_from_redelivery(nats_url, beats):
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            settings = JobSettings(ack_wait=1.0, max_deliver=5)
+            subject = subjects.bulk("m")
+            psub = await open_work(js, stream_names(subjects)["bulk"], "w", subject, settings)
+            await js.publish(subject, b"work", headers={"Nats-Msg-Id": "j:0:0"})
+            (msg,) = await _fetch(psub, 2)
+            held = Heartbeats(settings.heartbeat)
+            if beats:
+                held.hold(msg)
+            again = await _fetch(psub, 3 * settings.ack_wait)  # three times the ack wait
+            await held.stop()
+            if beats:
+                assert again == [], "a batch with in-progress beats was delivered again"
+                assert held.release(msg) and not held.release(msg)
+                await msg.ack()
+            else:  # the control: without beats the server gives the batch to someone else
+                assert len(again) == 1 and again[0].metadata.num_delivered == 2
+                await again[0].ack()
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_give_up_records_a_dead_letter_and_counts_the_documents_once(nats_url):
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            await update_state(kv, "job1", lambda s: s.update(documents=10, done=6, status="running"))
+            subject = subjects.jobs("m")
+            psub = await open_work(js, stream_names(subjects)["jobs"], "t", subject, JobSettings())
+            await js.publish(subject, b"\xc1 not msgpack", headers={"Nats-Msg-Id": "job1:3"})
+            (msg,) = await _fetch(psub, 2)
+            dead = DeadLetters(nc, js, kv, subjects, "tokenizer")
+            info = job_from_msg_id(msg.headers, 1)
+            assert info == BatchInfo("job1", 3, 0)
+            info = BatchInfo("job1", 3, 0, 4)
+            await dead.give_up(msg, "not a job batch", info)
+            # the same batch recorded again (a crash between record and term): counted once
+            await dead.record(msg.data, msg.headers, msg.subject, "again", info, 2)
+
+            state = await read_state(kv, "job1")
+            assert state["failed"] == 4 and state["status"] == "done_with_errors" and "finished" in state
+            assert state["dead"] == [{"stage": "tokenizer", "batch": 3, "start": 0, "documents": 4, "deliveries": 1,
+                                      "reason": "not a job batch"}]
+            assert "not a job batch" in state["errors"][0]
+            letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job1"))
+            assert letter.data == b"\xc1 not msgpack"
+            assert letter.headers["Embedfleet-Stage"] == "tokenizer" and letter.headers["Embedfleet-Reason"] == "not a job batch"
+            assert letter.headers["Embedfleet-Origin"] == subject
+            assert await _fetch(psub, 1) == []  # terminated: never delivered again
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_max_deliveries_advisory_turns_a_batch_into_a_dead_letter(nats_url):
+    """A batch whose holders die before acknowledging it is given up by the server; the watcher
+    records it and takes it out of the work queue."""
+
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            await update_state(kv, "job2", lambda s: s.update(documents=3, done=0, status="running"))
+            stream = stream_names(subjects)["bulk"]
+            subject = subjects.bulk("m")
+            psub = await open_work(js, stream, "w", subject, JobSettings(ack_wait=1.0, max_deliver=2))
+            dead = DeadLetters(nc, js, kv, subjects, "worker")
+            await dead.watch(stream, "w", lambda data, headers: BatchInfo("job2", 0, 0, 3))
+            await js.publish(subject, b"crashes its holder", headers={"Nats-Msg-Id": "job2:0:0"})
+            for delivery in (1, 2):  # taken and never acknowledged, twice
+                (msg,) = await _fetch(psub, 3)
+                assert msg.metadata.num_delivered == delivery
+            state = {}
+            for _ in range(20):  # the fleet keeps asking for work: the server finds the batch exhausted
+                assert await _fetch(psub, 0.5) == []
+                state = await read_state(kv, "job2")
+                if state.get("failed"):
+                    break
+            assert state["failed"] == 3 and state["status"] == "done_with_errors", state
+            assert state["dead"][0]["deliveries"] == 2 and "too many times" in state["dead"][0]["reason"]
+            letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job2"))
+            assert letter.data == b"crashes its holder"
+            for _ in range(50):  # removed from the work queue
+                if (await js.stream_info(stream)).state.messages == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await js.stream_info(stream)).state.messages == 0
+            await dead.stop()
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_message_ids_name_the_job():
+    assert job_from_msg_id({"Nats-Msg-Id": "a:b:7:12"}, 2) == BatchInfo("a:b", 7, 12)
+    assert job_from_msg_id({"Nats-Msg-Id": "job:5"}, 1) == BatchInfo("job", 5, 0)
+    assert job_from_msg_id({"Nats-Msg-Id": "job:x"}, 1) == BatchInfo(None)
+    assert job_from_msg_id({}, 2) == BatchInfo(None)
+
+
+def test_job_settings_are_checked():
+    from shared.config import ConfigError
+
+    assert JobSettings(ack_wait=8).heartbeat == 2
+    with pytest.raises(ConfigError, match="--ack-wait"):
+        JobSettings(ack_wait=0.1)
