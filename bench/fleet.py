@@ -34,6 +34,13 @@ MODEL = "all-MiniLM-L6-v2"
 @contextmanager
 def stack(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None) -> Iterator[str]:
     """A stack with one worker per entry of ``workers`` (extra args each); yields the gateway URL."""
+    with fleet(workers, tokenizer, pin) as (base, _):
+        yield base
+
+
+@contextmanager
+def fleet(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None) -> Iterator[tuple[str, str]]:
+    """As ``stack``; yields the gateway URL and the NATS URL."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         server = EmbeddedNats(folder / "nats")
@@ -53,7 +60,7 @@ def stack(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] 
                 for i, s in enumerate(services[1 : 1 + len(workers)]):
                     if pin[i] is not None:
                         subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(s.proc.pid)], capture_output=True)
-            yield base
+            yield base, server.url
         finally:
             for s in services:
                 s.stop()

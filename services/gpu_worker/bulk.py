@@ -54,6 +54,8 @@ class BulkFeeder:
         self._settings = settings
         self._beats = Heartbeats(settings.heartbeat)
         self._task: asyncio.Task | None = None
+        self._answers: set[asyncio.Task] = set()
+        self._room = asyncio.Event()
         self._stopping = False
 
     async def start(self) -> None:
@@ -75,15 +77,25 @@ class BulkFeeder:
         await close_pull(self._psub)
         await self._dead.stop()
 
+    def room(self) -> None:
+        """The scheduler's queues emptied: fetch the next bulk batch now."""
+        self._room.set()
+
     async def close(self) -> None:
-        """After the worker finished its work: no more beats."""
+        """After the worker finished its work: the last results stored, no more beats."""
+        while self._answers:
+            await asyncio.gather(*list(self._answers), return_exceptions=True)
         await self._beats.stop()
 
     async def _loop(self) -> None:
         while not self._stopping:
             # online work first: bulk is fetched only while nothing else waits
             if self._scheduler.online_waiting or self._scheduler.bulk_waiting:
-                await asyncio.sleep(0.002)
+                self._room.clear()
+                try:  # woken when the engine takes the queued work (the timeout is a safety net)
+                    await asyncio.wait_for(self._room.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
                 continue
             for msg in await fetch_one(self._psub):
                 try:
@@ -97,6 +109,17 @@ class BulkFeeder:
                 self._beats.hold(msg)
                 self._scheduler.push(Work(batch, reply="", source=msg), bulk=True)
                 self._wake()
+
+    def answer_soon(self, work: Work, vectors, dtype: str) -> None:
+        """Store a result in the background: the engine goes on with the next batch meanwhile."""
+        task = asyncio.create_task(self.answer(work, vectors, dtype), name="bulk-answer")
+        self._answers.add(task)
+        task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task) -> None:
+        self._answers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("storing a bulk result failed: %r", task.exception())
 
     async def answer(self, work: Work, vectors, dtype: str) -> None:
         """Store the result durably, then acknowledge the batch (a crash in between redelivers it;

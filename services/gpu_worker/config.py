@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                choices=("float32", "float16", "bfloat16"))
     add_option(parser, "--max-batch-tokens", "EMBEDFLEET_MAX_BATCH_TOKENS", "auto",
                "token budget of one engine batch; 'auto' calibrates it at start-up", budget)
+    add_option(parser, "--bulk-batch-tokens", "EMBEDFLEET_BULK_BATCH_TOKENS", None,
+               "token budget of engine batches of bulk-job work (default: the token budget); smaller bounds how long "
+               "an online request waits behind bulk work on a slow device", positive_int)
     add_option(parser, "--max-batch-seqs", "EMBEDFLEET_MAX_BATCH_SEQS", 256, "max sequences in one engine batch", positive_int)
     add_option(parser, "--replicas", "EMBEDFLEET_REPLICAS", 1,
                "engine replicas: on CUDA, replicas on the one GPU sharing weights; on CPU, processes sharing the cores",
@@ -53,6 +56,7 @@ class WorkerConfig:
     attention: str
     load_interval: float = 0.05
     jobs: JobSettings = JobSettings()
+    bulk_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
@@ -78,4 +82,5 @@ class WorkerConfig:
             attention=ns.attention,
             load_interval=ns.load_interval,
             jobs=job_settings(ns),
+            bulk_batch_tokens=ns.bulk_batch_tokens,
         )

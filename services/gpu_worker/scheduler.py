@@ -55,11 +55,13 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, max_tokens: int, max_seqs: int) -> None:
+    def __init__(self, max_tokens: int, max_seqs: int, bulk_tokens: int | None = None) -> None:
         if max_tokens <= 0 or max_seqs <= 0:
             raise ValueError("token budget and sequence cap must be positive")
         self.max_tokens = max_tokens
         self.max_seqs = max_seqs
+        # bulk batches may be cut smaller: an online request that arrives waits at most one of them
+        self.bulk_tokens = min(bulk_tokens or max_tokens, max_tokens)
         self._online: deque[Work] = deque()
         self._bulk: deque[Work] = deque()  # taken only when no online work waits
         self._queued_tokens = 0
@@ -104,6 +106,7 @@ class Scheduler:
         queue = self._online or self._bulk
         if not queue:
             return None
+        budget = self.max_tokens if queue is self._online else self.bulk_tokens
         slices: list[Slice] = []
         tokens = seqs = 0
         while queue and seqs < self.max_seqs:
@@ -115,7 +118,7 @@ class Scheduler:
             end = row
             while end < count and seqs < self.max_seqs:
                 n = int(cu[end + 1] - cu[end])
-                if tokens + n > self.max_tokens and (tokens or end > row):
+                if tokens + n > budget and (tokens or end > row):
                     break
                 tokens += n
                 seqs += 1

@@ -50,7 +50,7 @@ class WorkerService:
         self._engines = engines
         first = engines[0]
         self._dim = first.dim
-        self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs)
+        self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs, cfg.bulk_batch_tokens)
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
@@ -175,9 +175,15 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         in_flight: deque[tuple[Batch, object, float]] = deque()
         while True:
+            # collect what is already done (on CPU every batch is, once its step returned) before the
+            # next launch, so an answer never waits behind a batch launched after it
+            while in_flight and in_flight[0][1].ready():
+                await self._finish(*in_flight.popleft())
             for work in self._scheduler.drop_expired(time.time()):
                 await self._reply_error(work.reply, work.batch.id, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"))
             batch = self._scheduler.next_batch()
+            if self._bulk is not None and not (self._scheduler.online_waiting or self._scheduler.bulk_waiting):
+                self._bulk.room()  # bulk work may come in while this batch runs
             if batch is None:
                 if in_flight:
                     await self._finish(*in_flight.popleft())
@@ -235,7 +241,7 @@ class WorkerService:
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
         out = postprocess(work.vectors, normalize, opts.dimensions, VECTOR_DTYPES[opts.dtype])
         if work.source is not None:
-            await self._bulk.answer(work, out, opts.dtype)
+            self._bulk.answer_soon(work, out, opts.dtype)  # stored while the engine runs the next batch
             return
         row_bytes = out.shape[1] * out.itemsize
         rows_per_msg = max(1, (self._nc.max_payload - _ENVELOPE_BYTES) // row_bytes)

@@ -91,6 +91,16 @@ def test_online_before_bulk():
     assert _rows(s.next_batch()) == [("bulk", 0, 1)]
 
 
+def test_bulk_batches_have_their_own_smaller_budget():
+    s = Scheduler(max_tokens=12, max_seqs=100, bulk_tokens=6)
+    s.push(_work("bulk", [3, 3, 3, 3]), bulk=True)
+    s.push(_work("online", [4, 4, 4]))
+    assert _rows(s.next_batch()) == [("online", 0, 3)]  # 12 tokens: the full budget
+    assert _rows(s.next_batch()) == [("bulk", 0, 2)]  # 6 tokens
+    assert _rows(s.next_batch()) == [("bulk", 2, 4)]
+    assert Scheduler(8, 100, bulk_tokens=64).bulk_tokens == 8  # never above the budget
+
+
 def test_rejects_bad_budgets():
     with pytest.raises(ValueError):
         Scheduler(0, 1)
