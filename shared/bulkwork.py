@@ -199,3 +199,18 @@ def job_from_msg_id(headers: dict, numbers: int) -> BatchInfo:
     if len(parts) != numbers + 1 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
         return BatchInfo(None)
     return BatchInfo(parts[0], int(parts[1]), int(parts[2]) if numbers > 1 else 0)
+
+
+def undecodable(data: bytes, headers: dict, numbers: int) -> BatchInfo:
+    """What can be said of a batch that does not decode: its job and index from the message id, its
+    document count from the ``di`` list if the payload is at least a msgpack map."""
+    import msgpack
+
+    info = job_from_msg_id(headers, numbers)
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        docs = body.get("di") if isinstance(body, dict) else None
+        count = len(docs) if isinstance(docs, list) else 0
+    except Exception:
+        count = 0
+    return BatchInfo(info.job, info.batch, info.start, count)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from nats.aio.client import Client
 
-from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, deliveries, fetch_one, job_from_msg_id, open_work
+from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, deliveries, fetch_one, open_work, undecodable
 from shared.config import JobSettings
 from shared.errors import ServiceError
 from shared.jobs import count_done, ensure_streams, publish_durably, stream_names, update_state
@@ -31,7 +31,7 @@ def describe(data: bytes, headers: dict) -> BatchInfo:
         batch = decode_as(data, TokenBatch)
         return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()))
     except ProtocolError:
-        return job_from_msg_id(headers, 2)
+        return undecodable(data, headers, 2)
 
 
 class BulkFeeder:

@@ -17,7 +17,7 @@ import time
 
 from nats.aio.client import Client
 
-from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, fetch_one, job_from_msg_id, open_work
+from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, fetch_one, open_work, undecodable
 from shared.errors import ServiceError
 from shared.jobs import ensure_streams, publish_durably, stream_names
 from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
@@ -35,7 +35,7 @@ def describe(data: bytes, headers: dict) -> BatchInfo:
         job = decode_as(data, JobBatch)
         return BatchInfo(job.id, job.batch, 0, len(job.texts))
     except ProtocolError:
-        return job_from_msg_id(headers, 1)
+        return undecodable(data, headers, 1)
 
 
 class BulkTokenizer:

@@ -83,3 +83,47 @@ def test_jobs_over_http(stack, reference):
     assert no_dir.status_code == 400 and "--jobs-dir" in no_dir.json()["error"]["message"]
     bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "a"}]}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
+
+
+def test_malformed_batch_becomes_a_dead_letter(stack):
+    """A batch published by some client with a document that is not text: given up at once by the
+    tokenizer, kept in the dead-letter stream, counted as failed; the rest of the job is stored."""
+    import asyncio
+
+    import msgpack
+    import nats
+
+    from shared.jobs import ensure_streams, read_state, stream_names, update_state
+    from shared.protocol import EmbedOptions, JobBatch, encode
+    from shared.subjects import Subjects
+
+    subjects = Subjects("embedfleet")
+    model = "all-MiniLM-L6-v2"
+
+    async def main() -> dict:
+        nc = await nats.connect(stack.nats_url)
+        js = nc.jetstream()
+        kv = await ensure_streams(js, subjects)
+        await update_state(kv, "poison", lambda s: s.update(model=model, documents=6, batches=2, status="running"))
+        good = JobBatch("poison", 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
+        await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": "poison:0"})
+        bad = msgpack.packb({"v": 1, "t": "job", "id": "poison", "b": 1, "m": model, "di": ["d", "e", "f"],
+                             "x": ["four", 5, "six"], "o": {}})
+        await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": "poison:1"})
+        state: dict = {}
+        for _ in range(300):
+            state = await read_state(kv, "poison") or {}
+            if state.get("status", "running") != "running":
+                break
+            await asyncio.sleep(0.1)
+        letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("poison"))
+        await nc.close()
+        return {**state, "letter": letter}
+
+    state = asyncio.run(main())
+    assert state["status"] == "done_with_errors" and state["done"] == 3 and state["failed"] == 3
+    (dead,) = state["dead"]
+    assert dead["stage"] == "tokenizer" and dead["batch"] == 1 and dead["documents"] == 3 and dead["deliveries"] == 1
+    assert "x" in dead["reason"] or "text" in dead["reason"], dead
+    assert state["letter"].headers["Embedfleet-Stage"] == "tokenizer"
+    assert state["letter"].headers["Embedfleet-Deliveries"] == "1"

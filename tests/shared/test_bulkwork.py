@@ -138,6 +138,16 @@ def test_message_ids_name_the_job():
     assert job_from_msg_id({}, 2) == BatchInfo(None)
 
 
+def test_undecodable_batches_still_name_their_job_and_documents():
+    import msgpack
+
+    from shared.bulkwork import undecodable
+
+    data = msgpack.packb({"v": 1, "t": "job", "id": 7, "di": ["a", "b"], "x": [1, 2]})
+    assert undecodable(data, {"Nats-Msg-Id": "j:3"}, 1) == BatchInfo("j", 3, 0, 2)
+    assert undecodable(b"\xc1\xc1", {"Nats-Msg-Id": "j:3:8"}, 2) == BatchInfo("j", 3, 8, 0)
+
+
 def test_job_settings_are_checked():
     from shared.config import ConfigError
 
