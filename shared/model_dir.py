@@ -40,6 +40,11 @@ class ModelInfo:
     normalize: bool  # modules.json has a Normalize module
     vocab_size: int
     prompts: dict[str, str]  # input type -> prefix, from config_sentence_transformers.json
+    task: str = "embed"  # "embed": vectors; "score": a cross-encoder's relevance logits (dim = labels)
+
+    @property
+    def scores(self) -> bool:
+        return self.task == "score"
 
     def matches(self, requested: str) -> bool:
         return same_model(requested, self.id)
@@ -74,6 +79,12 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
     limit = st_config.get("max_seq_length") or tok_config.get("model_max_length") or max_positions
     max_seq_length = min(int(limit), max_positions)
 
+    if is_cross_encoder(config):
+        labels = int(config.get("num_labels") or len(config.get("id2label") or {}) or 1)
+        return ModelInfo(
+            id=model_id or default_id, path=path, max_seq_length=max_seq_length, dim=labels, pooling="cls",
+            normalize=False, vocab_size=int(config["vocab_size"]), prompts={}, task="score",
+        )
     return ModelInfo(
         id=model_id or default_id,
         path=path,
@@ -84,6 +95,11 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
         vocab_size=int(config["vocab_size"]),
         prompts={str(k): str(v) for k, v in (st_general.get("prompts") or {}).items()},
     )
+
+
+def is_cross_encoder(config: dict[str, Any]) -> bool:
+    """A sequence-classification checkpoint (BERT + pooler + classifier, or RoBERTa's head) scores pairs."""
+    return any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or [])
 
 
 def _pooling_dir(path: Path) -> Path | None:

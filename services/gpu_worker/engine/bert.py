@@ -53,12 +53,27 @@ class Layer(nn.Module):
         return self.mlp_norm(ops.linear_add(ops.linear_act(x, self.up, self.activation), self.down, x))
 
 
+class ScoreHead(nn.Module):
+    """A cross-encoder's head on the first token: dense + tanh, then the classifier (BERT's pooler and
+    classifier, or RoBERTa's classifier.dense and classifier.out_proj: the same computation)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.dense = nn.Linear(spec.hidden_size, spec.hidden_size)
+        self.out = nn.Linear(spec.hidden_size, spec.num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        # [R, hidden] -> [R, labels]
+        return self.out(torch.tanh(self.dense(first)))
+
+
 class BertEncoder(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
         self.embeddings = Embeddings(spec)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.head = ScoreHead(spec) if spec.num_labels else None
 
     def forward(
         self,
@@ -94,3 +109,13 @@ def hf_weight_names(spec: ModelSpec) -> dict[str, list[str]]:
             names[f"{ours}down.{kind}"] = [f"{hf}output.dense.{kind}"]
             names[f"{ours}mlp_norm.{kind}"] = [f"{hf}output.LayerNorm.{kind}"]
     return names
+
+
+def hf_head_names(spec: ModelSpec) -> dict[str, list[list[str]]]:
+    """Our head parameter -> the checkpoint names it may have (absolute, no encoder prefix): BERT's
+    pooler + classifier, or RoBERTa's classification head."""
+    names = {}
+    for kind in ("weight", "bias"):
+        names[f"head.dense.{kind}"] = [f"bert.pooler.dense.{kind}", f"pooler.dense.{kind}", f"classifier.dense.{kind}"]
+        names[f"head.out.{kind}"] = [f"classifier.{kind}", f"classifier.out_proj.{kind}"]
+    return names if spec.num_labels else {}

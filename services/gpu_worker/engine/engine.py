@@ -67,8 +67,8 @@ class Engine:
             dtype = "float16" if self.device.type == "cuda" else "float32"
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
-        if info.dim != self.spec.hidden_size:
-            raise ServiceError(ErrorCode.INTERNAL, f"pooling dimension {info.dim} != hidden size {self.spec.hidden_size}")
+        if info.dim != self.dim:
+            raise ServiceError(ErrorCode.INTERNAL, f"output dimension {info.dim} != the model's {self.dim}")
         if model is None:
             model = BertEncoder(self.spec)
             load_weights(model, read_safetensors(info.path))
@@ -134,7 +134,8 @@ class Engine:
 
     @property
     def dim(self) -> int:
-        return self.spec.hidden_size
+        """Vector size, or for a cross-encoder the number of labels (one logit each)."""
+        return self.spec.num_labels or self.spec.hidden_size
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -200,6 +201,8 @@ class Engine:
 
     def _forward(self, batch) -> torch.Tensor:
         hidden = self.model(batch.input_ids, batch.positions, batch.token_types, self.attention, self.linear_ops)
+        if self.model.head is not None:  # cross-encoder: logits from the first token
+            return self.model.head(hidden[batch.first]).float()
         return pool(hidden, batch, self.info.pooling)
 
     def _static_forward(self, bucket: int) -> None:

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from shared.config import ConfigError
-from services.gpu_worker.engine.bert import BertEncoder, hf_weight_names
+from services.gpu_worker.engine.bert import BertEncoder, hf_head_names, hf_weight_names
 
 _PREFIXES = ("", "bert.", "roberta.", "model.")
 # old checkpoints name LayerNorm parameters gamma/beta
@@ -43,8 +43,14 @@ def load_weights(model: BertEncoder, tensors: dict[str, torch.Tensor]) -> None:
         raise ConfigError(f"checkpoint is missing tensor {full!r}")
 
     params = dict(model.named_parameters())
-    for ours, theirs in hf_weight_names(model.spec).items():
-        value = torch.cat([fetch(n) for n in theirs], dim=0) if len(theirs) > 1 else fetch(theirs[0])
+    pairs = [(ours, torch.cat([fetch(n) for n in theirs], dim=0) if len(theirs) > 1 else fetch(theirs[0]))
+             for ours, theirs in hf_weight_names(model.spec).items()]
+    for ours, candidates in hf_head_names(model.spec).items():
+        name = next((n for n in candidates if n in tensors), None)
+        if name is None:
+            raise ConfigError(f"cross-encoder checkpoint has none of {candidates}")
+        pairs.append((ours, tensors[name]))
+    for ours, value in pairs:
         target = params[ours]
         if value.shape != target.shape:
             raise ConfigError(f"tensor for {ours} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")

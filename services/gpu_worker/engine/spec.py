@@ -27,6 +27,7 @@ class ModelSpec:
     layer_norm_eps: float
     activation: str
     position_offset: int  # first position id (0 for BERT, pad_token_id + 1 for RoBERTa)
+    num_labels: int = 0  # > 0: a cross-encoder with a classification head over the first token
 
     @property
     def head_dim(self) -> int:
@@ -55,7 +56,14 @@ class ModelSpec:
             layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
             activation=activation,
             position_offset=int(config.get("pad_token_id", 1)) + 1 if model_type in _OFFSET_POSITIONS else 0,
+            num_labels=_labels(config),
         )
         if spec.hidden_size % spec.num_heads:
             raise ConfigError("hidden_size is not a multiple of num_attention_heads")
         return spec
+
+
+def _labels(config: dict) -> int:
+    if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or []):
+        return 0
+    return int(config.get("num_labels") or len(config.get("id2label") or {}) or 1)
