@@ -27,6 +27,8 @@ from shared.protocol import (
     EmbedResult,
     ErrorReply,
     ProtocolError,
+    RerankRequest,
+    RerankResult,
     TokenizeRequest,
     TokenizeResult,
     decode,
@@ -117,8 +119,10 @@ class EmbedClient:
         options: EmbedOptions,
         timeout: float,
         token_ids: list[np.ndarray] | None = None,
+        pairs: list[tuple[str, str]] | None = None,
     ) -> EmbedOutcome:
-        """Embed ``texts`` (or inputs given as ``token_ids``) with ``model``.
+        """Embed ``texts`` (or inputs given as ``token_ids``, or (query, document) ``pairs`` for a
+        cross-encoder, whose "vectors" are its logits) with ``model``.
 
         Raises ServiceError (timeout, no responders, ...).
         """
@@ -126,10 +130,11 @@ class EmbedClient:
         request = EmbedRequest(
             id=request_id,
             model=model,
-            texts=texts if token_ids is None else [],
+            texts=texts if token_ids is None and pairs is None else [],
             deadline=time.time() + timeout,
             options=options,
             token_ids=token_ids,
+            pairs=pairs,
         )
         payload = encode(request)
         if len(payload) > self._nc.max_payload:
@@ -169,6 +174,26 @@ class EmbedClient:
             raise ServiceError(reply.code, reply.message)
         if not isinstance(reply, TokenizeResult) or len(reply.tokens) != len(texts):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
+        return reply
+
+    async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
+        """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""
+        try:
+            msg = await self._nc.request(self._subjects.rerank(request.model), encode(request), timeout=timeout)
+        except NoRespondersError:
+            raise ServiceError(ErrorCode.NO_RESPONDERS, f"no scorer is serving {request.model} right now") from None
+        except asyncio.TimeoutError:
+            raise ServiceError(ErrorCode.TIMEOUT, f"no ranking from a scorer within {timeout:g}s") from None
+        try:
+            reply = decode(msg.data)
+        except ProtocolError:
+            raise ServiceError(ErrorCode.INTERNAL, "a scorer sent a malformed reply") from None
+        if isinstance(reply, ErrorReply):
+            raise ServiceError(reply.code, reply.message)
+        if not isinstance(reply, RerankResult) or len(reply.indices) > request.count or (
+            len(reply.indices) and (reply.indices.min() < 0 or reply.indices.max() >= request.count)
+        ):
+            raise ServiceError(ErrorCode.INTERNAL, "a scorer sent an unexpected reply")
         return reply
 
     async def _on_reply(self, msg: Msg) -> None:

@@ -264,8 +264,15 @@ class RerankRequest:
     texts: list[str]
     deadline: float
     top_n: int | None = None
+    raw_scores: bool = False  # cross-encoders: logits instead of sigmoid scores
+    truncate: bool = True  # False: a pair or candidate over the model's limit is an error
+    vectors: np.ndarray | None = None  # [n, dim] float32 candidates already embedded (bi-encoders); texts empty
 
     TYPE = "rerank"
+
+    @property
+    def count(self) -> int:
+        return len(self.vectors) if self.vectors is not None else len(self.texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +340,10 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, LoadReport):
         body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving, "r": msg.rate}
     elif isinstance(msg, RerankRequest):
-        body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n}
+        body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
+                 "rs": msg.raw_scores, "tr": msg.truncate}
+        if msg.vectors is not None:
+            body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=VECTOR_DTYPES["f4"]).tobytes(), "cd": msg.vectors.shape[1]}
     elif isinstance(msg, RerankResult):
         body |= {
             "i": np.ascontiguousarray(msg.indices, dtype=TOKEN_DTYPE).tobytes(),
@@ -555,6 +565,15 @@ def _decode_rerank(m: dict) -> RerankRequest:
     top_n = m.get("k")
     if top_n is not None and (not _is_int(top_n) or top_n <= 0):
         raise ProtocolError("top_n must be a positive integer")
+    vectors = None
+    if m.get("cv") is not None:
+        data, dim = _req(m, "cv", bytes), _req_int(m, "cd")
+        if not 0 < dim <= MAX_DIMENSION or len(data) % (4 * dim):
+            raise ProtocolError("candidate vectors must be n * dim little-endian float32 values, 0 < dim <= "
+                                f"{MAX_DIMENSION}")
+        if texts:
+            raise ProtocolError("give candidates as texts or as vectors, not both")
+        vectors = np.frombuffer(data, dtype=VECTOR_DTYPES["f4"]).reshape(-1, dim)
     return RerankRequest(
         id=_req(m, "id", str),
         model=_req(m, "m", str),
@@ -562,6 +581,9 @@ def _decode_rerank(m: dict) -> RerankRequest:
         texts=texts,
         deadline=_req_number(m, "dl"),
         top_n=top_n,
+        raw_scores=_opt_bool(m, "rs", False),
+        truncate=_opt_bool(m, "tr", True),
+        vectors=vectors,
     )
 
 
@@ -619,3 +641,12 @@ def _int32_array(buf: bytes, name: str) -> np.ndarray:
     if len(buf) % TOKEN_DTYPE.itemsize:
         raise ProtocolError(f"{name} is not a whole number of int32 values")
     return np.frombuffer(buf, dtype=TOKEN_DTYPE)
+
+
+def _opt_bool(m: dict, key: str, default: bool) -> bool:
+    value = m.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ProtocolError(f"field {key!r} must be true or false")
+    return value

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
+import uuid
 from typing import AsyncIterator
 
 import orjson
@@ -19,8 +21,8 @@ from shared.errors import ErrorCode, ServiceError
 from shared.jobs import ensure_streams
 from shared.lifecycle import connect, register
 from shared.model_dir import same_model
-from shared.protocol import EmbedOptions
-from services.gateway import openai_api, tei_api
+from shared.protocol import EmbedOptions, RerankRequest
+from services.gateway import openai_api, rerank_api, tei_api
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
 from services.gateway.discovery import Discovery
@@ -149,6 +151,36 @@ class Gateway:
             return binary_response(kind, model, outcome.vectors, outcome.tokens, headers)
         return Response(tei_api.render_embed(outcome.vectors), media_type="application/json", headers=headers)
 
+    async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, object]:
+        model = await self.resolve_model(call.model)
+        if self._in_flight >= self.cfg.max_in_flight:
+            raise ApiError(ErrorCode.OVERLOADED, f"the gateway is handling {self._in_flight} requests, its limit; retry later")
+        self._in_flight += 1
+        self.metrics.in_flight.inc()
+        deadline = time.time() + self.cfg.request_timeout
+        try:
+            return model, await self.client.rerank(
+                RerankRequest(request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate),
+                self.cfg.request_timeout,
+            )
+        except ServiceError as exc:
+            raise ApiError(exc.code, exc.message) from None
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.dec()
+
+    async def rerank_tei(self, request: Request) -> Response:
+        call = rerank_api.parse_tei(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        _, ranked = await self.run_rerank(call, uuid.uuid4().hex)
+        return Response(rerank_api.render_tei(call, ranked.indices, ranked.scores), media_type="application/json")
+
+    async def rerank_cohere(self, request: Request) -> Response:
+        call = rerank_api.parse_cohere(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        request_id = uuid.uuid4().hex
+        model, ranked = await self.run_rerank(call, request_id)
+        return Response(rerank_api.render_cohere(call, model, request_id, ranked.indices, ranked.scores),
+                        media_type="application/json")
+
     async def tokenize(self, request: Request) -> Response:
         req = tei_api.parse_tokenize(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(None)
@@ -245,6 +277,8 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
         Route("/embed", gw.embed, methods=["POST"]),
         Route("/tokenize", gw.tokenize, methods=["POST"]),
+        Route("/rerank", gw.rerank_tei, methods=["POST"]),
+        Route("/v1/rerank", gw.rerank_cohere, methods=["POST"]),
         Route("/info", gw.info, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
         Route("/metrics", gw.prometheus, methods=["GET"]),

@@ -149,6 +149,30 @@ def openapi_spec(version: str) -> dict[str, Any]:
                 {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
                 _TEI_ERROR, (400, 401, 413, 503, 504),
             ),
+            "/rerank": _post(
+                "Rerank texts by relevance to a query (TEI)",
+                {"type": "object", "required": ["query", "texts"], "properties": {
+                    "query": {"type": "string", "minLength": 1}, "texts": {"type": "array", "items": {"type": "string"}},
+                    "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}, "truncate": {"type": "boolean"},
+                    "top_n": {"type": "integer", "minimum": 1}}},
+                {"application/json": {"schema": {"type": "array", "items": {"type": "object", "properties": {
+                    "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}}},
+                _TEI_ERROR, common,
+            ),
+            "/v1/rerank": _post(
+                "Rerank documents by relevance to a query (Cohere / Jina)",
+                {"type": "object", "required": ["query", "documents"], "properties": {
+                    "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
+                    "documents": {"type": "array", "items": {"oneOf": [
+                        {"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}},
+                    "top_n": {"type": "integer", "minimum": 1}, "return_documents": {"type": "boolean"},
+                    "truncate": {"type": "boolean"}}},
+                {"application/json": {"schema": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "model": {"type": "string"}, "results": {"type": "array", "items": {
+                        "type": "object", "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"},
+                                                         "document": {"type": "object"}}}}}}}},
+                _OPENAI_ERROR, common,
+            ),
             "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 503), _TEI_ERROR),
             "/health": _get("200 when a tokenizer and a worker answer", {"type": "object"}, (503,)),
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},

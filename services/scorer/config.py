@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from shared.config import NatsConfig, add_option, nats_config, positive_int
+from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -18,6 +18,10 @@ class ScorerConfig:
     nats: NatsConfig
     model: ModelInfo
     max_concurrency: int
+
+    def __post_init__(self) -> None:
+        if self.model.scores and self.model.dim != 1:
+            raise ConfigError(f"{self.model.id} has {self.model.dim} labels: reranking needs a one-label cross-encoder")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:

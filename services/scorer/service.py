@@ -16,7 +16,7 @@ from shared.lifecycle import register
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE
 from services.scorer.config import ScorerConfig
-from services.scorer.scoring import cosine_rank
+from services.scorer.scoring import cosine_rank, rank, sigmoid
 
 log = logging.getLogger("embedfleet.scorer")
 
@@ -35,7 +35,8 @@ class ScorerService:
         await self._client.start()
         subject = self._cfg.nats.subjects.rerank(self._cfg.model.id)
         self._sub = await self._nc.subscribe(subject, queue=SCORER_QUEUE, cb=self._on_request)
-        self._micro = await register(self._nc, self._cfg.nats.subjects, "scorer", "rerank by cosine similarity", {"model": self._cfg.model.id})
+        self._micro = await register(self._nc, self._cfg.nats.subjects, "scorer", "rerank: cross-encoder scores or cosine similarity",
+                                    {"model": self._cfg.model.id, "kind": "cross-encoder" if self._cfg.model.scores else "bi-encoder"})
         log.info("serving rerank for %s on %s", self._cfg.model.id, subject)
 
     async def stop(self) -> None:
@@ -78,14 +79,28 @@ class ScorerService:
         await self._nc.publish(msg.reply, encode(reply))
 
     async def _rank(self, request: RerankRequest) -> RerankResult:
-        if not request.texts:
+        if request.count == 0:
             return RerankResult(request.id, indices=np.zeros(0, "<i4"), scores=np.zeros(0, "<f4"))
-        remaining = request.deadline - time.time()
+        remaining = request.deadline - time.time()  # one deadline for the whole rerank
         if remaining <= 0:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before scoring")
-        outcome = await self._client.embed(
-            self._cfg.model.id, [request.query, *request.texts], EmbedOptions(normalize=True), remaining
-        )
-        indices, scores = cosine_rank(outcome.vectors[0], outcome.vectors[1:], request.top_n)
+        model = self._cfg.model
+        options = EmbedOptions(normalize=not model.scores, truncate=request.truncate)
+        # the tokenizer splits a long candidate list into chunks that run on several workers at once
+        if model.scores:
+            if request.vectors is not None:
+                raise ServiceError(ErrorCode.INVALID_REQUEST, f"{model.id} is a cross-encoder: send candidates as texts")
+            pairs = [(request.query, text) for text in request.texts]
+            outcome = await self._client.embed(model.id, [], options, remaining, pairs=pairs)
+            logits = outcome.vectors[:, 0]
+            indices, scores = rank(logits if request.raw_scores else sigmoid(logits), request.top_n)
+        elif request.vectors is not None:
+            query = await self._client.embed(model.id, [request.query], options, remaining)
+            if request.vectors.shape[1] != query.vectors.shape[1]:
+                raise ServiceError(ErrorCode.INVALID_REQUEST, f"candidate vectors have {request.vectors.shape[1]} "
+                                   f"dimensions; {model.id} makes {query.vectors.shape[1]}")
+            indices, scores = cosine_rank(query.vectors[0], request.vectors, request.top_n)
+        else:
+            outcome = await self._client.embed(model.id, [request.query, *request.texts], options, remaining)
+            indices, scores = cosine_rank(outcome.vectors[0], outcome.vectors[1:], request.top_n)
         return RerankResult(request.id, indices=indices, scores=scores)
-
