@@ -39,8 +39,10 @@ def stack(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] 
 
 
 @contextmanager
-def fleet(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None) -> Iterator[tuple[str, str]]:
-    """As ``stack``; yields the gateway URL and the NATS URL."""
+def fleet(
+    workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None, scorer: bool = False
+) -> Iterator[tuple[str, str]]:
+    """As ``stack`` (with a scorer when asked); yields the gateway URL and the NATS URL."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         server = EmbeddedNats(folder / "nats")
@@ -52,6 +54,8 @@ def fleet(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] 
             services.append(Service("worker", [*common, "--max-batch-tokens", "1024", *extra], folder))
             if pin and pin[i] is not None:
                 subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(services[-1].proc.pid)], capture_output=True)
+        if scorer:
+            services.append(Service("scorer", common, folder))
         services.append(Service("gateway", [*common, "--port", str(port), "--request-timeout", "300"], folder))
         base = f"http://127.0.0.1:{port}"
         try:

@@ -67,6 +67,18 @@ def test_error_and_rerank_round_trip():
     assert res.indices.tolist() == [1, 0] and res.scores.dtype == np.dtype("<f4")
 
 
+def test_rerank_options_and_candidate_vectors():
+    req = RerankRequest(id="q", model="m", query="q?", texts=[], deadline=3.0, raw_scores=True, truncate=False,
+                        vectors=np.arange(6, dtype=np.float32).reshape(3, 2))
+    got = decode(encode(req))
+    assert got.raw_scores and not got.truncate and got.count == 3
+    np.testing.assert_array_equal(got.vectors, req.vectors)
+    body = msgpack.unpackb(encode(req))
+    for bad, why in (({"cd": 4}, "n \\* dim"), ({"cd": 0}, "dim"), ({"x": ["a"]}, "not both"), ({"rs": 1}, "true or false")):
+        with pytest.raises(ProtocolError, match=why):
+            decode(msgpack.packb({**body, **bad}))
+
+
 def test_unknown_error_code_becomes_internal():
     raw = msgpack.packb({"v": 1, "t": "error", "id": "a", "c": "martian", "e": "?"})
     assert decode(raw).code is ErrorCode.INTERNAL
