@@ -11,6 +11,8 @@ from shared.model_dir import ModelInfo, load_model_info
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--max-concurrency", "EMBEDFLEET_SCORER_CONCURRENCY", 64, "rerank requests handled at once", positive_int)
+    add_option(parser, "--split", "EMBEDFLEET_SCORER_SPLIT", 32,
+               "candidates per part: a rerank's parts are scored at once, spread over the workers", positive_int)
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +20,7 @@ class ScorerConfig:
     nats: NatsConfig
     model: ModelInfo
     max_concurrency: int
+    split: int = 32
 
     def __post_init__(self) -> None:
         if self.model.scores and self.model.dim != 1:
@@ -25,4 +28,5 @@ class ScorerConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:
-        return cls(nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name), max_concurrency=ns.max_concurrency)
+        return cls(nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name), max_concurrency=ns.max_concurrency,
+                   split=ns.split)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import numpy as np
@@ -86,21 +87,52 @@ class ScorerService:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before scoring")
         model = self._cfg.model
         options = EmbedOptions(normalize=not model.scores, truncate=request.truncate)
-        # the tokenizer splits a long candidate list into chunks that run on several workers at once
         if model.scores:
             if request.vectors is not None:
                 raise ServiceError(ErrorCode.INVALID_REQUEST, f"{model.id} is a cross-encoder: send candidates as texts")
-            pairs = [(request.query, text) for text in request.texts]
-            outcome = await self._client.embed(model.id, [], options, remaining, pairs=pairs)
-            logits = outcome.vectors[:, 0]
+            logits = (await self._in_parts(request.texts, remaining, options, query=request.query))[:, 0]
             indices, scores = rank(logits if request.raw_scores else sigmoid(logits), request.top_n)
-        elif request.vectors is not None:
-            query = await self._client.embed(model.id, [request.query], options, remaining)
-            if request.vectors.shape[1] != query.vectors.shape[1]:
+            return RerankResult(request.id, indices=indices, scores=scores)
+        query_part = self._client.embed(model.id, [request.query], options, remaining)
+        if request.vectors is not None:
+            query = (await _named(query_part, "the query")).vectors[0]
+            if request.vectors.shape[1] != len(query):
                 raise ServiceError(ErrorCode.INVALID_REQUEST, f"candidate vectors have {request.vectors.shape[1]} "
-                                   f"dimensions; {model.id} makes {query.vectors.shape[1]}")
-            indices, scores = cosine_rank(query.vectors[0], request.vectors, request.top_n)
+                                   f"dimensions; {model.id} makes {len(query)}")
+            candidates = request.vectors
         else:
-            outcome = await self._client.embed(model.id, [request.query, *request.texts], options, remaining)
-            indices, scores = cosine_rank(outcome.vectors[0], outcome.vectors[1:], request.top_n)
+            query_outcome, candidates = await asyncio.gather(
+                _named(query_part, "the query"), self._in_parts(request.texts, remaining, options)
+            )
+            query = query_outcome.vectors[0]
+        indices, scores = cosine_rank(query, candidates, request.top_n)
         return RerankResult(request.id, indices=indices, scores=scores)
+
+    async def _in_parts(self, texts: list[str], remaining: float, options: EmbedOptions, query: str | None = None) -> np.ndarray:
+        """Embed (or, with ``query``, score as pairs) the candidates in parts of at most --split, all at
+        once: the tokenizers route each part to the worker that will finish it first. Rows in order."""
+        size = self._cfg.split
+        parts = []
+        for start in range(0, len(texts), size):
+            chunk = texts[start : start + size]
+            if query is None:
+                call = self._client.embed(self._cfg.model.id, chunk, options, remaining)
+            else:
+                call = self._client.embed(self._cfg.model.id, [], options, remaining, pairs=[(query, t) for t in chunk])
+            parts.append(_named(call, "candidate", start))
+        return np.concatenate([outcome.vectors for outcome in await asyncio.gather(*parts)])
+
+
+_INPUT = re.compile(r"\binput (\d+)\b")
+
+
+async def _named(call, what: str, offset: int | None = None):
+    """Await an embed call; errors that name an input by its index in the part name the candidate."""
+    try:
+        return await call
+    except ServiceError as exc:
+        if offset is None:
+            message = _INPUT.sub(what, exc.message)
+        else:
+            message = _INPUT.sub(lambda m: f"{what} {offset + int(m.group(1))}", exc.message)
+        raise ServiceError(exc.code, message) from None

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shared.nats_server import free_port
-from tests.corpus import mixed_texts
+from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 
 pytestmark = pytest.mark.integration
@@ -139,3 +139,18 @@ def test_cross_encoder_refuses_over_long_pairs_without_truncation(cross_encoder)
     assert r.status_code == 413, r.text
     ok = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text], "truncate": True}, timeout=60)
     assert ok.status_code == 200 and len(ok.json()) == 2
+
+
+def test_large_candidate_lists_are_split_and_merged(stack, reference):
+    """200 candidates: scored in parts of 32 spread over both workers, merged in order."""
+    texts = mixed_texts(200)
+    r = httpx.post(f"{stack.base_url}/v1/rerank", json={"query": QUERY, "documents": texts, "top_n": 200}, timeout=120)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    _check_ranking([x["index"] for x in results], [x["relevance_score"] for x in results],
+                   _cosine_reference(reference, QUERY, texts), 200)
+    # without truncation, an over-long candidate is named by its index in the whole list
+    texts = medium_texts(200)
+    texts[150] = " ".join(["word"] * 600)
+    refused = httpx.post(f"{stack.base_url}/rerank", json={"query": QUERY, "texts": texts}, timeout=120)
+    assert refused.status_code == 413 and "candidate 150 has" in refused.json()["error"], refused.text
