@@ -100,6 +100,9 @@ class Gateway:
 
     async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions) -> EmbedOutcome:
         view = await self.discovery.view()
+        if view.workers.get(model, {}).get("task") == "score":
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} is a cross-encoder: it scores (query, document) pairs "
+                           "through /rerank or /v1/rerank and makes no embeddings", "model")
         dim = int(view.workers.get(model, {}).get("dim", 0))
         if options.dimensions is not None and dim and options.dimensions > dim:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions")

@@ -95,6 +95,7 @@ class WorkerService:
                 "replicas": str(len(self._engines)),
                 "dtype": first.dtype_name,
                 "pooling": model.pooling,
+                "task": model.task,
                 "max_batch_tokens": str(first.max_batch_tokens),
             },
         )

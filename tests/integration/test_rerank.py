@@ -134,6 +134,8 @@ def test_cross_encoder_scores_equal_transformers(cross_encoder):
 
 def test_cross_encoder_refuses_over_long_pairs_without_truncation(cross_encoder):
     base, _ = cross_encoder
+    embed = httpx.post(f"{base}/v1/embeddings", json={"model": "tiny-reranker", "input": "a"}, timeout=30)
+    assert embed.status_code == 400 and "cross-encoder" in embed.json()["error"]["message"], embed.text
     long_text = " ".join(["word"] * 2000)
     r = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text]}, timeout=60)
     assert r.status_code == 413, r.text
