@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="list bulk jobs and their state")
     add_common_arguments(jobs)
 
+    init = sub.add_parser("init", help="create the JetStream streams and the job bucket (idempotent), then exit")
+    add_common_arguments(init)
+
     for name, module, text in (
         ("tokenizer", tokenizer_config, "run a tokenizer"),
         ("worker", worker_config, "run a worker (the engine; CUDA when present, else CPU)"),
@@ -82,13 +85,14 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
 
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command)
-    if command in ("reindex", "jobs"):
+    if command in ("reindex", "jobs", "init"):
         import asyncio
 
-        from services.reindex import list_jobs, reindex
+        from services.reindex import init_jetstream, list_jobs, reindex
 
         cfg = nats_config(ns)
-        sys.exit(asyncio.run(reindex(ns, cfg) if command == "reindex" else list_jobs(cfg)))
+        run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg), "init": lambda: init_jetstream(cfg)}
+        sys.exit(asyncio.run(run[command]()))
     if command == "gateway":
         from services.gateway.app import serve
 

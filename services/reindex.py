@@ -175,6 +175,19 @@ class Collector:
         return fresh, tokens
 
 
+async def init_jetstream(nats: NatsConfig) -> int:
+    """Create (or bring to this version's settings) the streams and the job bucket, then exit."""
+    nc = await connect(nats, "embedfleet-init")
+    try:
+        await ensure_streams(nc.jetstream(), nats.subjects)
+        names = stream_names(nats.subjects)
+        print(f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
+              f"are in place on {nats.url}")
+        return 0
+    finally:
+        await nc.close()
+
+
 async def list_jobs(nats: NatsConfig) -> int:
     nc = await connect(nats, "embedfleet-jobs")
     try:

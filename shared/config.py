@@ -71,6 +71,7 @@ class NatsConfig:
     url: str
     subjects: Subjects
     connect_timeout: float = 5.0
+    ready_file: str | None = None  # written once the service serves, removed when it stops (probes)
 
     def __post_init__(self) -> None:
         for url in self.url.split(","):
@@ -88,6 +89,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, nats_required: bool = 
     )
     add_option(parser, "--subject-prefix", "EMBEDFLEET_SUBJECT_PREFIX", "embedfleet", "NATS subject prefix")
     add_option(parser, "--log-level", "EMBEDFLEET_LOG_LEVEL", "info", "log level", choices=LOG_LEVELS)
+    add_option(parser, "--ready-file", "EMBEDFLEET_READY_FILE", None,
+               "file written once the service is ready (model loaded and warmed, subscribed) and removed when it "
+               "stops: for readiness probes")
 
 
 def nats_config(ns: argparse.Namespace) -> NatsConfig:
@@ -95,7 +99,7 @@ def nats_config(ns: argparse.Namespace) -> NatsConfig:
         subjects = Subjects(ns.subject_prefix)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return NatsConfig(url=ns.nats, subjects=subjects)
+    return NatsConfig(url=ns.nats, subjects=subjects, ready_file=getattr(ns, "ready_file", None))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+from pathlib import Path
 from typing import Callable, Protocol
 
 import nats
@@ -90,6 +92,18 @@ async def register(
     )
 
 
+def mark_ready(cfg: NatsConfig, ready: bool) -> None:
+    """Write (or remove) the ready file that readiness probes look for."""
+    if not cfg.ready_file:
+        return
+    path = Path(cfg.ready_file)
+    if ready:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{os.getpid()}\n")
+    else:
+        path.unlink(missing_ok=True)
+
+
 def run_service(
     role: str,
     cfg: NatsConfig,
@@ -106,7 +120,9 @@ def run_service(
         service = build(nc)
         await service.start()
         log.info("%s ready (nats %s)", role, cfg.url)
+        mark_ready(cfg, True)
         await stop.wait()
+        mark_ready(cfg, False)
         log.info("%s stopping: finishing in-flight work", role)
         try:
             await asyncio.wait_for(service.stop(), timeout=30)

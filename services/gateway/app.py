@@ -19,7 +19,7 @@ from shared import __version__
 from shared.client import EmbedClient, EmbedOutcome
 from shared.errors import ErrorCode, ServiceError
 from shared.jobs import ensure_streams
-from shared.lifecycle import connect, register
+from shared.lifecycle import connect, mark_ready, register
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, RerankRequest
 from services.gateway import openai_api, rerank_api, tei_api
@@ -72,9 +72,11 @@ class Gateway:
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
         log.info("gateway on http://%s:%d (nats %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url)
+        mark_ready(self.cfg.nats, True)
         try:
             yield
         finally:
+            mark_ready(self.cfg.nats, False)
             await self._micro.stop()
             await self.client.stop()
             await self.nc.drain()

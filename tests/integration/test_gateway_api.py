@@ -161,7 +161,7 @@ def test_openapi_lists_the_real_routes(stack):
     spec = httpx.get(f"{stack.base_url}/openapi.json").json()
     assert spec["openapi"].startswith("3.")
     assert set(spec["paths"]) == {"/v1/embeddings", "/embeddings", "/v1/models", "/embed", "/tokenize", "/info",
-                                  "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}"}
+                                  "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}", "/rerank", "/v1/rerank"}
 
 
 @pytest.fixture(scope="module")
