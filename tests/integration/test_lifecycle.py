@@ -14,7 +14,7 @@ import pytest
 
 from shared.nats_server import EmbeddedNats, free_port
 from tests.corpus import medium_texts
-from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import Service, count_services, healthy, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +87,44 @@ def test_sigterm_drains_in_flight_work(small_stack):
     assert r.status_code == 200, r.text
     assert len(r.json()["data"]) == len(texts)
     assert "finishing in-flight work" in worker.log()
+
+
+def test_ready_file_marks_a_serving_service(tmp_path, nats_url):
+    """The readiness probes' file: written once the service serves, removed when it stops."""
+    ready = tmp_path / "ready"
+    tokenizer = Service("tokenizer", ["--nats", nats_url, "--subject-prefix", "readyprobe", "--ready-file", str(ready)],
+                        tmp_path)
+    try:
+        wait_until(ready.exists, 60, "the ready file", [tokenizer])
+        assert count_services(nats_url, "tokenizer", prefix="readyprobe") == 1  # ready means it answers
+        assert ready.read_text().strip() == str(tokenizer.proc.pid)
+    finally:
+        assert tokenizer.stop() == 0
+    assert not ready.exists()
+
+
+def test_init_creates_the_streams(nats_url):
+    import asyncio
+    import subprocess
+    import sys
+
+    import nats as nats_client
+
+    from shared.jobs import stream_names
+    from shared.subjects import Subjects
+
+    for _ in range(2):  # idempotent
+        out = subprocess.run([sys.executable, "-m", "services.cli", "init", "--nats", nats_url, "--subject-prefix", "initcheck"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    names = stream_names(Subjects("initcheck"))
+
+    async def check() -> None:
+        nc = await nats_client.connect(nats_url)
+        js = nc.jetstream()
+        for key in ("jobs", "bulk", "results", "dead"):
+            assert (await js.stream_info(names[key])).config.name == names[key]
+        await js.key_value(names["kv"])
+        await nc.close()
+
+    asyncio.run(check())

@@ -1,0 +1,172 @@
+"""deploy/: every kustomization renders (kubectl kustomize) and validates against the Kubernetes
+schemas offline (kubernetes-validate, strict: unknown fields are errors); the manifests agree with
+the code (environment variables, the bulk consumer KEDA watches, commands, probes); the Dockerfiles
+build from files that exist and run as a non-root user."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.cli import build_parser
+from shared.jobs import stream_names
+from shared.subjects import Subjects, model_token
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/prod"]
+K8S_VERSION = "1.31.0"
+CRDS = {("keda.sh/v1alpha1", "ScaledObject")}  # not in the Kubernetes schemas: checked below by hand
+
+
+def render(path: str) -> list[dict]:
+    if shutil.which("kubectl") is None:
+        pytest.fail("kubectl is needed to render the manifests (Debian: apt install kubectl)")
+    out = subprocess.run(["kubectl", "kustomize", str(K8S / path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def env_names_by_command() -> dict[str, set[str]]:
+    """Every environment variable each ``embedfleet`` command reads, from its options' help."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    names = {}
+    for name, sub in commands.items():
+        found = set()
+        for action in sub._actions:
+            found.update(re.findall(r"\b(?:env|or) ([A-Z][A-Z0-9_]+)", action.help or ""))
+        names[name] = found
+    return names
+
+
+def containers(docs: list[dict]):
+    for doc in docs:
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec") or spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec")
+        for c in (pod or {}).get("containers", []):
+            yield doc, pod, c
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_renders_and_validates_against_kubernetes_schemas(path):
+    import kubernetes_validate
+
+    docs = render(path)
+    assert docs
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CRDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{path}: {doc['kind']}/{doc['metadata']['name']}: {exc}")
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_every_env_var_in_the_manifests_is_read_by_the_service(path):
+    docs = render(path)
+    known = env_names_by_command()
+    maps = {(d["kind"], d["metadata"]["name"]): {**d.get("data", {}), **d.get("stringData", {})}
+            for d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    checked = 0
+    for doc, _, c in containers(docs):
+        if not c["image"].startswith("ghcr.io/embedfleet/"):
+            continue
+        command = c["args"][0]
+        assert command in known, f"{doc['metadata']['name']}: unknown command {command!r}"
+        names = {e["name"] for e in c.get("env", [])}
+        for source in c.get("envFrom", []):
+            ref = source.get("configMapRef") or source.get("secretRef")
+            kind = "ConfigMap" if "configMapRef" in source else "Secret"
+            names |= set(maps[(kind, ref["name"])])
+        unknown = names - known[command]
+        assert not unknown, f"{doc['metadata']['name']} ({command}) sets {sorted(unknown)}, which it does not read"
+        checked += 1
+    assert checked >= 5  # init, gateway, tokenizer, scorer, worker
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_services_have_probes_and_outlast_their_drain(path):
+    for doc, pod, c in containers(render(path)):
+        if not c["image"].startswith("ghcr.io/embedfleet/") or doc["kind"] == "Job":
+            continue
+        probe = c["readinessProbe"]
+        ready_file = next(v for k, v in _env(c, render(path)).items() if k == "EMBEDFLEET_READY_FILE")
+        assert probe.get("exec", {}).get("command") == ["test", "-f", ready_file], doc["metadata"]["name"]
+        # services give in-flight work 30 s and NATS a 10 s drain after SIGTERM
+        assert pod["terminationGracePeriodSeconds"] > 40, doc["metadata"]["name"]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def _env(container: dict, docs: list[dict]) -> dict[str, str]:
+    env = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env |= next(d["data"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == source["configMapRef"]["name"])
+    env |= {e["name"]: e.get("value") for e in container.get("env", [])}
+    return env
+
+
+def test_prod_puts_one_worker_on_each_gpu_and_scales_on_the_bulk_lag():
+    docs = render("overlays/prod")
+    worker = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-worker")
+    pod = worker["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert c["image"].endswith("-cuda") and _env(c, docs)["EMBEDFLEET_DEVICE"] == "cuda"
+
+    config = {k: v for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("embedfleet-")
+              for k, v in d["data"].items()}
+    subjects = Subjects(config["EMBEDFLEET_SUBJECT_PREFIX"])
+    (scaled,) = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "gpu-worker"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "nats-jetstream"
+    # the stream and durable consumer the workers really use (services/gpu_worker/bulk.py)
+    assert trigger["metadata"]["stream"] == stream_names(subjects)["bulk"]
+    assert trigger["metadata"]["consumer"] == f"workers-{model_token(config['EMBEDFLEET_MODEL_NAME'])}"
+    assert trigger["metadata"]["natsServerMonitoringEndpoint"].startswith("nats.")
+
+
+@pytest.mark.parametrize("path,servers", [("overlays/dev", 1), ("overlays/prod", 3)])
+def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, servers):
+    from shared.nats_server import MAX_PAYLOAD
+
+    docs = render(path)
+    nats = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "nats")
+    assert nats["spec"]["replicas"] == servers
+    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")["data"]["nats.conf"]
+    assert f"max_payload: {MAX_PAYLOAD}" in conf and "store_dir: /data/jetstream" in conf
+    assert ("cluster {" in conf) == (servers > 1)
+    if servers > 1:
+        assert conf.count("nats://nats-") == servers
+
+
+@pytest.mark.parametrize("dockerfile", ["cpu.Dockerfile", "cuda.Dockerfile"])
+def test_dockerfiles_copy_real_files_and_run_as_non_root(dockerfile):
+    text = (ROOT / "deploy" / "docker" / dockerfile).read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), f"{dockerfile}: COPY {source}: no such file"
+    final = text.rsplit("\nFROM ", 1)[1]
+    user = re.search(r"^USER (\S+)", final, re.M)
+    assert user and not user.group(1).startswith(("0", "root")), "the image must run as a non-root user"
+    assert 'ENTRYPOINT ["embedfleet"]' in final
+    command = re.search(r'^CMD \["(\w+)"', final, re.M).group(1)
+    assert command in env_names_by_command()
+
+
+def test_readme_table_lists_every_env_var():
+    readme = (ROOT / "README.md").read_text()
+    every = set().union(*env_names_by_command().values())
+    missing = sorted(n for n in every if f"`{n}`" not in readme)
+    assert not missing, f"README's option table lacks {missing}"
