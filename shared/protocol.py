@@ -267,6 +267,7 @@ class RerankRequest:
     raw_scores: bool = False  # cross-encoders: logits instead of sigmoid scores
     truncate: bool = True  # False: a pair or candidate over the model's limit is an error
     vectors: np.ndarray | None = None  # [n, dim] float32 candidates already embedded (bi-encoders); texts empty
+    return_text: bool = False  # the answer carries the ranked candidates' texts
 
     TYPE = "rerank"
 
@@ -282,6 +283,7 @@ class RerankResult:
     id: str
     indices: np.ndarray  # [n] int32, into the request's texts
     scores: np.ndarray  # [n] float32, aligned with indices
+    texts: list[str] | None = None  # the ranked candidates' texts, when the request asked for them
 
     TYPE = "ranked"
 
@@ -341,7 +343,7 @@ def encode(msg: Message) -> bytes:
         body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving, "r": msg.rate}
     elif isinstance(msg, RerankRequest):
         body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
-                 "rs": msg.raw_scores, "tr": msg.truncate}
+                 "rs": msg.raw_scores, "tr": msg.truncate, "rt": msg.return_text}
         if msg.vectors is not None:
             body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=VECTOR_DTYPES["f4"]).tobytes(), "cd": msg.vectors.shape[1]}
     elif isinstance(msg, RerankResult):
@@ -349,6 +351,8 @@ def encode(msg: Message) -> bytes:
             "i": np.ascontiguousarray(msg.indices, dtype=TOKEN_DTYPE).tobytes(),
             "sc": np.ascontiguousarray(msg.scores, dtype=VECTOR_DTYPES["f4"]).tobytes(),
         }
+        if msg.texts is not None:
+            body["x"] = msg.texts
     else:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     return msgpack.packb(body, use_bin_type=True)
@@ -584,6 +588,7 @@ def _decode_rerank(m: dict) -> RerankRequest:
         raw_scores=_opt_bool(m, "rs", False),
         truncate=_opt_bool(m, "tr", True),
         vectors=vectors,
+        return_text=_opt_bool(m, "rt", False),
     )
 
 
@@ -592,8 +597,11 @@ def _decode_ranked(m: dict) -> RerankResult:
     scores_buf = _req(m, "sc", bytes)
     if len(scores_buf) != 4 * len(indices):
         raise ProtocolError("scores and indices differ in length")
+    texts = _str_list(m, "x") if m.get("x") is not None else None
+    if texts is not None and len(texts) != len(indices):
+        raise ProtocolError("texts and indices differ in length")
     return RerankResult(
-        id=_req(m, "id", str), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"])
+        id=_req(m, "id", str), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
     )
 
 

@@ -92,7 +92,7 @@ class ScorerService:
                 raise ServiceError(ErrorCode.INVALID_REQUEST, f"{model.id} is a cross-encoder: send candidates as texts")
             logits = (await self._in_parts(request.texts, remaining, options, query=request.query))[:, 0]
             indices, scores = rank(logits if request.raw_scores else sigmoid(logits), request.top_n)
-            return RerankResult(request.id, indices=indices, scores=scores)
+            return _answer(request, indices, scores)
         query_part = self._client.embed(model.id, [request.query], options, remaining)
         if request.vectors is not None:
             query = (await _named(query_part, "the query")).vectors[0]
@@ -106,7 +106,7 @@ class ScorerService:
             )
             query = query_outcome.vectors[0]
         indices, scores = cosine_rank(query, candidates, request.top_n)
-        return RerankResult(request.id, indices=indices, scores=scores)
+        return _answer(request, indices, scores)
 
     async def _in_parts(self, texts: list[str], remaining: float, options: EmbedOptions, query: str | None = None) -> np.ndarray:
         """Embed (or, with ``query``, score as pairs) the candidates in parts of at most --split, all at
@@ -121,6 +121,11 @@ class ScorerService:
                 call = self._client.embed(self._cfg.model.id, [], options, remaining, pairs=[(query, t) for t in chunk])
             parts.append(_named(call, "candidate", start))
         return np.concatenate([outcome.vectors for outcome in await asyncio.gather(*parts)])
+
+
+def _answer(request: RerankRequest, indices: np.ndarray, scores: np.ndarray) -> RerankResult:
+    texts = [request.texts[i] for i in indices.tolist()] if request.return_text and request.texts else None
+    return RerankResult(request.id, indices=indices, scores=scores, texts=texts)
 
 
 _INPUT = re.compile(r"\binput (\d+)\b")

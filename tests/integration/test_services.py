@@ -96,3 +96,31 @@ def test_scorer_empty_candidates(stack):
     request = RerankRequest(id="e", model=MODEL, query="q", texts=[], deadline=time.time() + 30)
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(request)))
     assert isinstance(reply, RerankResult) and len(reply.indices) == 0
+
+
+def test_scorer_takes_candidate_vectors_returns_texts_and_honours_the_deadline(stack, reference):
+    query = "How do I handle exceptions in Python?"
+    texts = ["The raise statement throws an exception.", "Integers have unlimited precision.", "try and except catch errors."]
+    vectors = reference.encode(texts)  # already embedded by someone: not embedded again
+    request = RerankRequest(id="v", model=MODEL, query=query, texts=[], deadline=time.time() + 30, vectors=vectors)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(request)))
+    assert isinstance(reply, RerankResult), reply
+    ref = reference.encode([query])[0]
+    want = vectors @ ref / np.linalg.norm(vectors, axis=1) / np.linalg.norm(ref)
+    assert reply.indices.tolist() == np.argsort(-want).tolist()
+    np.testing.assert_allclose(reply.scores, np.sort(want)[::-1], atol=1e-4)
+
+    wrong = RerankRequest(id="w", model=MODEL, query=query, texts=[], deadline=time.time() + 30, vectors=vectors[:, :10])
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(wrong)))
+    assert isinstance(reply, ErrorReply) and "10 dimensions" in reply.message
+
+    with_texts = RerankRequest(id="t", model=MODEL, query=query, texts=texts, deadline=time.time() + 30, top_n=2,
+                               return_text=True)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(with_texts)))
+    assert reply.texts == [texts[i] for i in reply.indices.tolist()] and len(reply.texts) == 2
+
+    late = RerankRequest(id="l", model=MODEL, query=query, texts=texts * 50, deadline=time.time() + 0.02)
+    started = time.monotonic()
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(late)))
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.TIMEOUT, reply
+    assert time.monotonic() - started < 5  # the whole rerank is bounded by the deadline
