@@ -32,3 +32,17 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
     assert {(r["seq_len"], r["replicas"]) for r in data["throughput"]} == {(s, n) for s in (50, 512) for n in (1, 2, 4)}
     assert all(r["tokens_per_s"] > 0 for r in data["throughput"])
     assert data["saturation"]["knee"] in [b for b, _ in data["saturation"]["points"]]
+
+
+def test_e2e_benchmark_runs_its_systems_and_writes_results(tmp_path):
+    """bench.e2e at a tiny size: embedfleet as processes, the engine and sentence-transformers in-process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.e2e", "--rounds", "1", "--seconds", "0.5", "--only", "single", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads((tmp_path / "e2e.json").read_text())
+    assert set(data["summary"]) == {"engine in-process", "sentence-transformers in-process", "embedfleet"}
+    single = data["summary"]["embedfleet"]["single"]
+    assert single["requests_per_s"] > 0 and single["p99_ms"] >= single["p50_ms"] > 0
+    assert "single: p50" in result.stdout

@@ -1,0 +1,282 @@
+"""End-to-end benchmark: the four workloads of the performance notes on real text, through HTTP and
+NATS, side by side with the peers, alternating in one run, printing ratios.
+
+    python -m bench.e2e [--rounds 2] [--seconds 10] [--infinity PATH/TO/infinity_emb] [--out DIR]
+
+Systems: embedfleet (nats-server, tokenizer, worker, gateway as processes; POST /v1/embeddings),
+the engine in-process, sentence-transformers in-process, and infinity-emb's server when its command
+is given (its own virtual environment: ``pip install "infinity-emb[server,torch]"``).
+Workloads: long (documents to the model's limit, 32 a request, 4 in flight), medium (~50-token
+passages, 8 a request, 8 in flight), single (a ~15-token query, 1 in flight: p50/p99) and many
+singles (32 in flight: queries/s, p99). Tokens are counted with the model's tokenizer, no padding.
+Results go to DIR/e2e.json; with matplotlib installed, DIR/throughput.png and DIR/latency.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+
+from bench.fleet import fleet
+from shared.model_dir import load_model_info
+from shared.nats_server import free_port
+from tests.corpus import long_texts, medium_texts, mixed_texts
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    texts: list[str]
+    per_request: int
+    in_flight: int
+    latency: bool  # report p50/p99 (single-query workloads)
+
+
+def workloads() -> list[Workload]:
+    queries = [" ".join(t.split()[:14]) for t in mixed_texts(400)]  # ~15-20 tokens each
+    return [
+        Workload("long", long_texts(512), 32, 4, False),
+        Workload("medium", medium_texts(1024), 8, 8, False),
+        Workload("single", queries, 1, 1, True),
+        Workload("many-singles", queries, 1, 32, True),
+    ]
+
+
+def token_counts(texts: list[str]) -> dict[str, int]:
+    from services.tokenizer.encoder import TextEncoder
+
+    encoder = TextEncoder(load_model_info(None))
+    return {t: len(ids) for t, ids in zip(texts, encoder.encode(texts))}
+
+
+async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, int]) -> dict:
+    """``in_flight`` clients send requests of ``per_request`` texts for ``seconds``; every request
+    started is waited for and counted, and the rate divides by the time until the last answer."""
+    latencies: list[float] = []
+    done_tokens = 0
+    start = time.perf_counter()
+    stop = start + seconds
+    limits = httpx.Limits(max_connections=w.in_flight, max_keepalive_connections=w.in_flight)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def one(k: int) -> None:
+            nonlocal done_tokens
+            i = k * w.per_request
+            while time.perf_counter() < stop:
+                batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
+                i += w.in_flight * w.per_request
+                t = time.perf_counter()
+                r = await client.post(url, json={"model": MODEL, "input": batch if w.per_request > 1 else batch[0]})
+                r.raise_for_status()
+                latencies.append(time.perf_counter() - t)
+                done_tokens += sum(tokens[x] for x in batch)
+
+        await asyncio.gather(*(one(k) for k in range(w.in_flight)))
+    took = time.perf_counter() - start
+    return _summary(latencies, done_tokens, took)
+
+
+def drive_in_process(embed: Callable[[list[str]], object], w: Workload, seconds: float, tokens: dict[str, int]) -> dict:
+    latencies: list[float] = []
+    done_tokens, i = 0, 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
+        i += w.per_request
+        t = time.perf_counter()
+        embed(batch)
+        latencies.append(time.perf_counter() - t)
+        done_tokens += sum(tokens[x] for x in batch)
+    return _summary(latencies, done_tokens, time.perf_counter() - start)
+
+
+def _summary(latencies: list[float], tokens: int, took: float) -> dict:
+    lat = sorted(latencies)
+    return {
+        "requests": len(lat), "tokens": tokens, "seconds": took,
+        "tokens_per_s": tokens / took, "requests_per_s": len(lat) / took,
+        "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else None,
+        "latencies_ms": [round(x * 1e3, 3) for x in lat],
+    }
+
+
+@contextmanager
+def infinity_server(command: str, seconds: float = 300) -> Iterator[str]:
+    port = free_port()
+    log = open(Path(tempfile.gettempdir()) / f"infinity-{port}.log", "wb")
+    proc = subprocess.Popen(
+        [command, "v2", "--model-id", str(load_model_info(None).path), "--engine", "torch", "--device", "cpu",
+         "--port", str(port), "--url-prefix", "/v1", "--served-model-name", MODEL],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"infinity-emb exited with {proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("infinity-emb did not start")
+        yield f"{url}/v1/embeddings"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def run_http(url: str, ws: list[Workload], seconds: float, tokens: dict[str, int]) -> dict:
+    out = {}
+    for w in ws:
+        asyncio.run(drive_http(url, Workload(w.name, w.texts, w.per_request, w.in_flight, w.latency), 1.0, tokens))
+        out[w.name] = asyncio.run(drive_http(url, w, seconds, tokens))
+        print(f"    {w.name:13} {_line(out[w.name])}", flush=True)
+    return out
+
+
+def _line(r: dict) -> str:
+    return (f"{r['tokens_per_s']:9,.0f} tok/s {r['requests_per_s']:8.1f} req/s  "
+            f"p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per workload and system")
+    parser.add_argument("--infinity", default=os.environ.get("EMBEDFLEET_BENCH_INFINITY"),
+                        help="infinity_emb command (its own venv); without it infinity-emb is left out")
+    parser.add_argument("--budget", type=int, default=2048, help="the worker's and the in-process engine's token budget")
+    parser.add_argument("--out", default="bench/results", help="folder for e2e.json and the plots")
+    parser.add_argument("--only", nargs="*", default=None, help="workloads to run (default: all four)")
+    args = parser.parse_args()
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from services.gpu_worker.engine import Engine
+    from services.tokenizer.encoder import TextEncoder, pack_chunks
+
+    ws = [w for w in workloads() if args.only is None or w.name in args.only]
+    tokens: dict[str, int] = {}
+    for w in ws:
+        tokens |= token_counts(w.texts)
+    info = load_model_info(None)
+    encoder = TextEncoder(info)
+    engine = Engine(info, "cpu", max_batch_tokens=args.budget)
+    reference = SentenceTransformer(str(info.path), device="cpu")
+
+    def engine_embed(texts: list[str]) -> None:
+        for c in pack_chunks(encoder.encode(texts), args.budget, 256):
+            engine.embed(c.input_ids, c.cu_seqlens)
+
+    systems: dict[str, Callable[[], dict]] = {
+        "engine in-process": lambda: {w.name: drive_in_process(engine_embed, w, args.seconds, tokens) for w in ws},
+        "sentence-transformers in-process": lambda: {
+            w.name: drive_in_process(lambda b, n=w.per_request: reference.encode(b, batch_size=n), w, args.seconds, tokens)
+            for w in ws
+        },
+    }
+
+    def embedfleet() -> dict:
+        worker = ["--threads", str(torch.get_num_threads()), "--max-batch-tokens", str(args.budget)]
+        with fleet([worker], []) as (base, _):
+            return run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens)
+
+    systems["embedfleet"] = embedfleet
+    if args.infinity:
+        def infinity() -> dict:
+            with infinity_server(args.infinity) as url:
+                return run_http(url, ws, args.seconds, tokens)
+
+        systems["infinity-emb"] = infinity
+
+    rounds: list[dict] = []
+    for r in range(args.rounds):
+        results = {}
+        for name, run in systems.items():
+            print(f"round {r + 1}: {name}", flush=True)
+            results[name] = run()
+            if "in-process" in name:
+                for w, res in results[name].items():
+                    print(f"    {w:13} {_line(res)}", flush=True)
+        rounds.append(results)
+
+    summary = summarize(rounds, [w.name for w in ws])
+    report(summary)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+               "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    (out / "e2e.json").write_text(json.dumps({"machine": machine, "summary": summary, "rounds": rounds}, indent=1))
+    print(f"\nwrote {out / 'e2e.json'}")
+    try:
+        from bench.plots import plot
+
+        for path in plot(summary, rounds, out, machine):
+            print(f"wrote {path}")
+    except ImportError:
+        print("(no plots: pip install matplotlib)")
+
+
+def summarize(rounds: list[dict], names: list[str]) -> dict:
+    """Medians over rounds of each system's figures per workload."""
+    out: dict = {}
+    for system in rounds[0]:
+        out[system] = {}
+        for w in names:
+            vals = [r[system][w] for r in rounds if w in r[system]]
+            out[system][w] = {k: statistics.median(v[k] for v in vals)
+                              for k in ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms")}
+    return out
+
+
+def report(s: dict) -> None:
+    print("\nmedians over rounds")
+    for system, by in s.items():
+        for w, r in by.items():
+            print(f"  {system:34} {w:13} {_line(r)}")
+    ef = s.get("embedfleet", {})
+    eng, inf = s.get("engine in-process", {}), s.get("infinity-emb")
+    print("\nratios (targets from the performance notes)")
+    if "long" in ef and "long" in eng:
+        print(f"  long: embedfleet / engine in-process = {ef['long']['tokens_per_s'] / eng['long']['tokens_per_s']:.0%} (>= 90%)")
+    for w in ("long", "medium"):
+        if inf and w in ef:
+            print(f"  {w}: embedfleet / infinity-emb = {ef[w]['tokens_per_s'] / inf[w]['tokens_per_s']:.2f}x (>= 2x)")
+    if "single" in ef:
+        print(f"  single: p50 {ef['single']['p50_ms']:.1f} ms (<= 5), p99 {ef['single']['p99_ms']:.1f} ms (<= 15)"
+              + (f"; infinity-emb p50 {inf['single']['p50_ms']:.1f} ms" if inf else ""))
+    if "many-singles" in ef:
+        m = ef["many-singles"]
+        line = f"  many singles: {m['requests_per_s']:.0f} q/s, p99 {m['p99_ms']:.0f} ms (< 100)"
+        if inf:
+            line += f"; {m['requests_per_s'] / inf['many-singles']['requests_per_s']:.2f}x infinity-emb's q/s (>= 3x)"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
