@@ -1,4 +1,7 @@
-"""Plots of bench.e2e results: throughput per workload and system, latency distributions."""
+"""Plots of bench.e2e results: throughput per workload and system, latency distributions.
+
+    python -m bench.plots docs/bench/e2e.json   # draw again from a results file
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ def plot(summary: dict, rounds: list[dict], out: Path, machine: dict) -> list[Pa
         ax.set_xticks(x + width * (len(systems) - 1) / 2, throughput)
         ax.set_ylabel("tokens/s (median of rounds)")
         ax.set_title(f"Throughput\n{where}", fontsize=9)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+        ax.margins(y=0.12)
         fig.tight_layout()
         paths.append(out / "throughput.png")
         fig.savefig(paths[-1], dpi=120)
@@ -54,3 +58,13 @@ def plot(summary: dict, rounds: list[dict], out: Path, machine: dict) -> list[Pa
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
     return paths
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    source = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/bench/e2e.json")
+    data = json.loads(source.read_text())
+    for path in plot(data["summary"], data["rounds"], source.parent, data["machine"]):
+        print(f"wrote {path}")
