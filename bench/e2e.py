@@ -117,12 +117,12 @@ def _summary(latencies: list[float], tokens: int, took: float) -> dict:
 
 
 @contextmanager
-def infinity_server(command: str, seconds: float = 300) -> Iterator[str]:
+def infinity_server(command: str, dtype: str, seconds: float = 300) -> Iterator[str]:
     port = free_port()
     log = open(Path(tempfile.gettempdir()) / f"infinity-{port}.log", "wb")
     proc = subprocess.Popen(
         [command, "v2", "--model-id", str(load_model_info(None).path), "--engine", "torch", "--device", "cpu",
-         "--port", str(port), "--url-prefix", "/v1", "--served-model-name", MODEL],
+         "--port", str(port), "--url-prefix", "/v1", "--served-model-name", MODEL, "--dtype", dtype],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=2048, help="the worker's and the in-process engine's token budget")
     parser.add_argument("--out", default="bench/results", help="folder for e2e.json and the plots")
     parser.add_argument("--only", nargs="*", default=None, help="workloads to run (default: all four)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="compute dtype of every system (bfloat16 needs a CPU with bf16 instructions to pay off)")
     args = parser.parse_args()
 
     import torch
@@ -186,8 +188,8 @@ def main() -> None:
         tokens |= token_counts(w.texts)
     info = load_model_info(None)
     encoder = TextEncoder(info)
-    engine = Engine(info, "cpu", max_batch_tokens=args.budget)
-    reference = SentenceTransformer(str(info.path), device="cpu")
+    engine = Engine(info, "cpu", args.dtype, max_batch_tokens=args.budget)
+    reference = SentenceTransformer(str(info.path), device="cpu").to(getattr(torch, args.dtype))
 
     def engine_embed(texts: list[str]) -> None:
         for c in pack_chunks(encoder.encode(texts), args.budget, 256):
@@ -202,14 +204,14 @@ def main() -> None:
     }
 
     def embedfleet() -> dict:
-        worker = ["--threads", str(torch.get_num_threads()), "--max-batch-tokens", str(args.budget)]
+        worker = ["--threads", str(torch.get_num_threads()), "--max-batch-tokens", str(args.budget), "--dtype", args.dtype]
         with fleet([worker], []) as (base, _):
             return run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens)
 
     systems["embedfleet"] = embedfleet
     if args.infinity:
         def infinity() -> dict:
-            with infinity_server(args.infinity) as url:
+            with infinity_server(args.infinity, args.dtype) as url:
                 return run_http(url, ws, args.seconds, tokens)
 
         systems["infinity-emb"] = infinity
@@ -230,7 +232,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+               "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "dtype": args.dtype}
     (out / "e2e.json").write_text(json.dumps({"machine": machine, "summary": summary, "rounds": rounds}, indent=1))
     print(f"\nwrote {out / 'e2e.json'}")
     try:

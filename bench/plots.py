@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 
 def plot(summary: dict, rounds: list[dict], out: Path, machine: dict) -> list[Path]:
     systems = list(summary)
-    where = f"{machine['cpus']} CPU cores ({machine['processor']}), torch {machine['torch']}, fp32, all-MiniLM-L6-v2"
+    dtype = {"float32": "fp32", "bfloat16": "bf16"}.get(machine.get("dtype", "float32"), machine.get("dtype"))
+    where = f"{machine['cpus']} CPU cores ({machine['processor']}), torch {machine['torch']}, {dtype}, all-MiniLM-L6-v2"
     paths = []
 
     throughput = [w for w in ("long", "medium") if w in summary[systems[0]]]
