@@ -162,3 +162,18 @@ def test_prompts_equal_sentence_transformers(tmp_path, model_info):
         want = reference.encode(texts, prompt_name=name)
         assert cosines(ours, want).min() >= 0.9999
         assert cosines(ours, reference.encode(texts)).min() < 0.9999  # the prompt changed the vectors
+
+
+def test_bf16_compute_on_cpu_stays_close_to_the_reference(model_info, reference):
+    """--dtype bfloat16 on CPU: vectors within cosine 0.999 of sentence-transformers (fp32)."""
+    from services.tokenizer.encoder import TextEncoder, pack_chunks
+    from tests.corpus import mixed_texts
+
+    texts = mixed_texts(64)
+    engine = Engine(model_info, "cpu", "bfloat16")
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    (chunk,) = pack_chunks(TextEncoder(model_info).encode(texts), 1 << 20, 1024)
+    got = engine.embed(chunk.input_ids, chunk.cu_seqlens)
+    assert got.dtype == np.float32
+    c = cosines(got, reference.encode(texts))
+    assert c.min() >= 0.999, c.min()
