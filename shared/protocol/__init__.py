@@ -1,0 +1,26 @@
+"""Wire protocol v1: every message between services, and its msgpack codec.
+
+Messages are msgpack maps with ``v`` (protocol version) and ``t`` (message type). Token IDs and
+vectors travel as raw little-endian bytes (``<i4``, ``<f4``, ``<f2``), never as lists of numbers.
+Everything read from NATS is untrusted: :func:`decode` checks types, sizes and invariants before
+anything is allocated from it, and raises :class:`ProtocolError` otherwise.
+
+Flow of one embedding request split into k chunks::
+
+    gateway --EmbedRequest--> tokenizer --TokenBatch x k--> worker(s) --EmbedResult x >=k--> gateway
+
+The gateway's reply subject travels with the request, so workers answer the gateway directly.
+"""
+
+from shared.protocol.checks import TOKEN_DTYPE, ProtocolError
+from shared.protocol.codec import Message, decode, decode_as, encode
+from shared.protocol.messages import (
+    MAX_DIMENSION, MAX_ROWS, VECTOR_DTYPES, VERSION, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult,
+)
+
+__all__ = [
+    "MAX_DIMENSION", "MAX_ROWS", "TOKEN_DTYPE", "VECTOR_DTYPES", "VERSION", "EmbedOptions", "EmbedRequest",
+    "EmbedResult", "ErrorReply", "JobBatch", "JobResult", "LoadReport", "Message", "ProtocolError", "RerankRequest",
+    "RerankResult", "TokenBatch", "TokenizeRequest", "TokenizeResult", "decode", "decode_as", "encode",
+]

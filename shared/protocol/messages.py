@@ -1,0 +1,271 @@
+"""Protocol v1 messages: the dataclasses every service exchanges, and their limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shared.errors import ErrorCode
+from shared.protocol.checks import ProtocolError, _is_int
+
+VERSION = 1
+
+# dtype names on the wire -> numpy little-endian dtypes
+VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
+
+MAX_DIMENSION = 65536
+MAX_ROWS = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedOptions:
+    """Per-request output options, carried from the gateway to the worker."""
+
+    normalize: bool | None = None  # None: as the model's modules.json says
+    dimensions: int | None = None  # Matryoshka truncation (then renormalised when normalising)
+    dtype: str = "f4"  # "f4" | "f2"
+    truncate: bool = True  # False: an input over the model limit is an error
+    truncation_direction: str = "right"  # "right" keeps the start of an input, "left" its end
+    prompt_name: str | None = None  # a prompt of the model that must exist (TEI prompt_name)
+    input_type: str | None = None  # "query" / "document": the model's prompt of that name, if any
+
+    def __post_init__(self) -> None:
+        if self.truncation_direction not in ("right", "left"):
+            raise ProtocolError("options.truncation_direction must be 'right' or 'left'")
+        for name in ("prompt_name", "input_type"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or len(value) > 256):
+                raise ProtocolError(f"options.{name} must be a short string")
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ProtocolError("options.normalize must be a boolean")
+        if self.dimensions is not None and (
+            not _is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
+        ):
+            raise ProtocolError("options.dimensions must be a positive integer")
+        if self.dtype not in VECTOR_DTYPES:
+            raise ProtocolError(f"options.dtype must be one of {sorted(VECTOR_DTYPES)}")
+        if not isinstance(self.truncate, bool):
+            raise ProtocolError("options.truncate must be a boolean")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "n": self.normalize,
+            "d": self.dimensions,
+            "dt": self.dtype,
+            "tr": self.truncate,
+            "td": self.truncation_direction,
+            "pn": self.prompt_name,
+            "it": self.input_type,
+        }
+
+    @classmethod
+    def from_wire(cls, m: Any) -> EmbedOptions:
+        if not isinstance(m, dict):
+            raise ProtocolError("options must be a map")
+        return cls(
+            normalize=m.get("n"),
+            dimensions=m.get("d"),
+            dtype=m.get("dt", "f4"),
+            truncate=m.get("tr", True),
+            truncation_direction=m.get("td", "right"),
+            prompt_name=m.get("pn"),
+            input_type=m.get("it"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """gateway -> tokenizer: texts (or already tokenized inputs) to embed with one model."""
+
+    id: str
+    model: str
+    texts: list[str]
+    deadline: float  # unix time, seconds
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+    token_ids: list[np.ndarray] | None = None  # inputs given as token IDs ([n] int32 each); texts empty
+    pairs: list[tuple[str, str]] | None = None  # (query, document) inputs for cross-encoders; texts empty
+
+    TYPE = "embed"
+
+    @property
+    def count(self) -> int:
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return len(self.pairs) if self.pairs is not None else len(self.texts)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """tokenizer -> worker: rows [start, start + count) of request ``id``, packed without padding."""
+
+    id: str
+    model: str
+    start: int
+    total: int  # rows in the whole request
+    input_ids: np.ndarray  # [T] int32
+    cu_seqlens: np.ndarray  # [count + 1] int32, cu_seqlens[0] == 0, cu_seqlens[-1] == T
+    deadline: float
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage so far
+    token_types: np.ndarray | None = None  # [T] int32 segment ids (pairs); None: all 0
+    job: str | None = None  # bulk work: the job, whose results go to JetStream, not to a reply subject
+    batch: int = 0  # bulk work: the job batch these rows belong to
+    doc_ids: list[str] | None = None  # bulk work: the documents of these rows
+
+    TYPE = "tokens"
+
+    @property
+    def count(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """worker -> gateway: vectors for rows [start, start + count) of request ``id``."""
+
+    id: str
+    start: int
+    total: int
+    dim: int
+    dtype: str
+    data: bytes  # count * dim little-endian values of dtype
+    tokens: int  # real tokens behind these rows (for usage)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: tokenize, queue, inference
+
+    TYPE = "result"
+
+    @property
+    def count(self) -> int:
+        return len(self.data) // (self.dim * VECTOR_DTYPES[self.dtype].itemsize)
+
+    def array(self) -> np.ndarray:
+        """[count, dim] read-only view of the payload."""
+        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, self.dim)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """Any service -> requester: the request (or part of it) failed."""
+
+    id: str
+    code: ErrorCode
+    message: str
+
+    TYPE = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """gateway -> tokenizer: show how texts tokenize (TEI /tokenize)."""
+
+    id: str
+    model: str
+    texts: list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+    TYPE = "tokenize"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeResult:
+    """tokenizer -> gateway: per text, its tokens as (id, text, special, start, stop)."""
+
+    id: str
+    tokens: list[list[tuple[int, str, bool, int | None, int | None]]]
+
+    TYPE = "tokenized"
+
+
+@dataclass(frozen=True, slots=True)
+class JobBatch:
+    """client -> tokenizers (JetStream subject <prefix>.v1.jobs.<model>): one batch of a bulk job.
+
+    Wire format, for publishers in any language (a msgpack map):
+    ``{"v": 1, "t": "job", "id": JOB_ID, "b": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
+    "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
+    "dt": "f4"|"f2", "tr": true}}``, published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
+    """
+
+    id: str  # the job
+    batch: int
+    model: str
+    doc_ids: list[str]
+    texts: list[str]
+    options: EmbedOptions = field(default_factory=EmbedOptions)
+
+    TYPE = "job"
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """worker -> the job's collector (JetStream subject <prefix>.v1.results.<job>): vectors of some documents."""
+
+    id: str  # the job
+    batch: int
+    start: int  # first row within the batch
+    doc_ids: list[str]
+    dim: int
+    dtype: str
+    data: bytes  # len(doc_ids) * dim little-endian values
+    tokens: int
+
+    TYPE = "jobresult"
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, self.dim)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """worker -> tokenizers, every few tens of milliseconds: how much work waits on it."""
+
+    id: str  # the worker's id
+    model: str
+    subject: str  # where to send it token batches directly
+    queued_tokens: int  # tokens waiting or running
+    interval: float  # seconds until the next report
+    leaving: bool = False  # stopping: send it nothing more
+    rate: float = 0.0  # recent tokens/s of its engine (0: not measured yet)
+
+    TYPE = "load"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankRequest:
+    """gateway -> scorer: rank ``texts`` by relevance to ``query``."""
+
+    id: str
+    model: str
+    query: str
+    texts: list[str]
+    deadline: float
+    top_n: int | None = None
+    raw_scores: bool = False  # cross-encoders: logits instead of sigmoid scores
+    truncate: bool = True  # False: a pair or candidate over the model's limit is an error
+    vectors: np.ndarray | None = None  # [n, dim] float32 candidates already embedded (bi-encoders); texts empty
+    return_text: bool = False  # the answer carries the ranked candidates' texts
+
+    TYPE = "rerank"
+
+    @property
+    def count(self) -> int:
+        return len(self.vectors) if self.vectors is not None else len(self.texts)
+
+
+@dataclass(frozen=True, slots=True)
+class RerankResult:
+    """scorer -> gateway: candidate indices, best first, with their scores."""
+
+    id: str
+    indices: np.ndarray  # [n] int32, into the request's texts
+    scores: np.ndarray  # [n] float32, aligned with indices
+    texts: list[str] | None = None  # the ranked candidates' texts, when the request asked for them
+
+    TYPE = "ranked"
