@@ -24,6 +24,23 @@ class Chunk:
     token_types: np.ndarray | None = None  # [T] int32 segment ids, for pairs
 
 
+# text averages 3-6 characters a token: a window of 8 a token nearly always holds more tokens than
+# are kept; when it does not, the whole text is tokenized (same result, only slower)
+_CHARS_PER_TOKEN = 8
+
+
+def _cut(text: str, window: int, direction: str) -> str:
+    """``text`` cut to about ``window`` characters at a whitespace, from the side truncation keeps;
+    the text itself when it is short or has no whitespace to cut at."""
+    if len(text) <= window:
+        return text
+    if direction == "right":
+        at = text.find(" ", window)
+        return text if at < 0 else text[:at]
+    at = text.rfind(" ", 0, len(text) - window)
+    return text if at < 0 else text[at:]  # the space kept: the first word tokenizes as in the whole text
+
+
 class TextEncoder:
     """The model's tokenizer with padding off and truncation at the model's real limit.
 
@@ -62,11 +79,27 @@ class TextEncoder:
         return [prompt + t for t in texts] if prompt else texts
 
     def encode(self, texts: list[str], truncate: bool = True, direction: str = "right") -> list[list[int]]:
-        """Token IDs per text, special tokens included. Releases the GIL while encoding."""
+        """Token IDs per text, special tokens included. Releases the GIL while encoding.
+
+        With truncation, a text far longer than the limit is first cut at a whitespace a generous
+        number of characters past what the kept tokens can span (``_CHARS_PER_TOKEN`` per token),
+        so a 50 KB document is not tokenized whole to keep 256 tokens. Words never span whitespace,
+        so the kept tokens are those of the whole text; when the cut text does not even reach the
+        limit (a text of very long tokens), the whole text is tokenized after all.
+        """
         tokenizer = self._by_mode[direction if truncate else "none"]
-        ids = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
         if not truncate:
+            ids = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
             self._refuse_long(ids)
+            return ids
+        window = self.max_length * _CHARS_PER_TOKEN
+        cut = [_cut(t, window, direction) for t in texts]
+        encodings = tokenizer.encode_batch(cut, add_special_tokens=True)
+        ids = []
+        for text, short, e in zip(texts, cut, encodings):
+            if short is not text and not e.overflowing:  # the cut text fit whole: the cut may matter
+                e = tokenizer.encode(text, add_special_tokens=True)
+            ids.append(e.ids)
         return ids
 
     def encode_pairs(

@@ -115,3 +115,28 @@ def test_pack_chunks_carries_token_types():
     types = [[0, 0, 1], [0, 1], [0, 0, 1, 1]]
     chunks = list(pack_chunks(ids, max_tokens=5, max_seqs=10, token_types=types))
     assert [c.token_types.tolist() for c in chunks] == [[0, 0, 1, 0, 1], [0, 0, 1, 1]]
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, direction):
+    """Documents far over the limit are cut at a whitespace before tokenizing: the ids must equal
+    those of tokenizing the whole text, for prose, code-like and adversarial texts."""
+    import random
+
+    from services.tokenizer.encoder import _cut
+    from tests.corpus import long_texts, mixed_texts
+
+    encoder = TextEncoder(model_info)
+    rng = random.Random(0)
+    texts = long_texts(100) + mixed_texts(100) + [
+        "x" * 20000,  # no whitespace: not cut
+        ("a" * 300 + " ") * 60,  # very long words: the cut text does not reach the limit
+        "word " * 5000,
+        "\n".join(["line"] * 4000),
+        "é" * 5000 + " b" * 3000,
+    ] + [" ".join(rng.choice(["αβγ", "東京", "https://example.com/" + "q" * 50, "naïve", "x=1;", "🙂"])
+                  for _ in range(3000)) for _ in range(10)]
+    whole = [e.ids for e in encoder._by_mode[direction].encode_batch(texts, add_special_tokens=True)]
+    assert encoder.encode(texts, True, direction) == whole
+    assert len(_cut("word " * 5000, 2048, direction)) < 2100  # the cut is taken
+    assert _cut("x" * 20000, 2048, direction) == "x" * 20000
