@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.bulkwork import close_pull
 from shared.config import ConfigError, NatsConfig
 from shared.documents import job_id_for, read_documents
 from shared.jobs import ensure_streams, read_state, stream_names, submit, update_state
@@ -131,10 +132,7 @@ class Collector:
 
     async def close(self) -> None:
         if self._psub is not None:
-            try:
-                await self._psub.unsubscribe()
-            except Exception:
-                pass
+            await close_pull(self._psub)
             self._psub = None
 
     async def poll(self) -> tuple[int, int]:

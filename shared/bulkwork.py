@@ -24,7 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.config import JobSettings
-from shared.jobs import count_failed, publish_durably, update_state, work_consumer
+from shared.jobs import count_failed, ensure_streams, publish_durably, stream_names, update_state, work_consumer
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.bulk")
@@ -55,6 +55,22 @@ async def open_work(js: JetStreamContext, stream: str, durable: str, subject: st
     except BadRequestError as exc:
         log.warning("consumer %s kept its settings: %s", durable, exc.description)
     return await js.pull_subscribe_bind(durable=durable, stream=stream)
+
+
+async def join_work(
+    nc: Client, subjects: Subjects, stream: str, durable: str, subject: str, settings: JobSettings, stage: str,
+    describe: Callable[[bytes, dict], BatchInfo],
+):
+    """A stage's place in the bulk pipeline: the streams and job bucket (created if missing), its
+    durable consumer on ``stream`` ("jobs" or "bulk"), and its dead letters, with the server's
+    max-deliveries advisories watched. Returns (jetstream, bucket, subscription, dead letters)."""
+    js = nc.jetstream()
+    kv = await ensure_streams(js, subjects)
+    name = stream_names(subjects)[stream]
+    psub = await open_work(js, name, durable, subject, settings)
+    dead = DeadLetters(nc, js, kv, subjects, stage)
+    await dead.watch(name, durable, describe)
+    return js, kv, psub, dead
 
 
 async def fetch_one(psub) -> list:
@@ -167,8 +183,8 @@ class DeadLetters:
 
         async def on_advisory(advisory) -> None:
             try:
-                seq = int(json.loads(advisory.data)["stream_seq"])
-                count = int(json.loads(advisory.data).get("deliveries", 0))
+                event = json.loads(advisory.data)
+                seq, count = int(event["stream_seq"]), int(event.get("deliveries", 0))
                 raw = await self._js.get_msg(stream, seq)
             except Exception as exc:
                 log.warning("max-deliveries advisory not handled: %r", exc)

@@ -160,40 +160,34 @@ class EmbedClient:
     ) -> TokenizeResult:
         """Ask a tokenizer how ``texts`` tokenize."""
         request = TokenizeRequest(uuid.uuid4().hex, model, texts, add_special_tokens, prompt_name)
-        try:
-            msg = await self._nc.request(self._subjects.tokenize(model), encode(request), timeout=timeout)
-        except NoRespondersError:
-            raise ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer is serving this model right now") from None
-        except asyncio.TimeoutError:
-            raise ServiceError(ErrorCode.TIMEOUT, f"no answer from a tokenizer within {timeout:g}s") from None
-        try:
-            reply = decode(msg.data)
-        except ProtocolError:
-            raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent a malformed reply") from None
-        if isinstance(reply, ErrorReply):
-            raise ServiceError(reply.code, reply.message)
+        reply = await self._ask(self._subjects.tokenize(model), encode(request), "tokenizer", timeout)
         if not isinstance(reply, TokenizeResult) or len(reply.tokens) != len(texts):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply
 
     async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
         """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""
-        try:
-            msg = await self._nc.request(self._subjects.rerank(request.model), encode(request), timeout=timeout)
-        except NoRespondersError:
-            raise ServiceError(ErrorCode.NO_RESPONDERS, f"no scorer is serving {request.model} right now") from None
-        except asyncio.TimeoutError:
-            raise ServiceError(ErrorCode.TIMEOUT, f"no ranking from a scorer within {timeout:g}s") from None
-        try:
-            reply = decode(msg.data)
-        except ProtocolError:
-            raise ServiceError(ErrorCode.INTERNAL, "a scorer sent a malformed reply") from None
-        if isinstance(reply, ErrorReply):
-            raise ServiceError(reply.code, reply.message)
+        reply = await self._ask(self._subjects.rerank(request.model), encode(request), "scorer", timeout)
         if not isinstance(reply, RerankResult) or len(reply.indices) > request.count or (
             len(reply.indices) and (reply.indices.min() < 0 or reply.indices.max() >= request.count)
         ):
             raise ServiceError(ErrorCode.INTERNAL, "a scorer sent an unexpected reply")
+        return reply
+
+    async def _ask(self, subject: str, payload: bytes, who: str, timeout: float):
+        """One request-reply to a ``who`` service: its reply decoded, or its error raised."""
+        try:
+            msg = await self._nc.request(subject, payload, timeout=timeout)
+        except NoRespondersError:
+            raise ServiceError(ErrorCode.NO_RESPONDERS, f"no {who} is serving this model right now") from None
+        except asyncio.TimeoutError:
+            raise ServiceError(ErrorCode.TIMEOUT, f"no answer from a {who} within {timeout:g}s") from None
+        try:
+            reply = decode(msg.data)
+        except ProtocolError:
+            raise ServiceError(ErrorCode.INTERNAL, f"a {who} sent a malformed reply") from None
+        if isinstance(reply, ErrorReply):
+            raise ServiceError(reply.code, reply.message)
         return reply
 
     async def _on_reply(self, msg: Msg) -> None:

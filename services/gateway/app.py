@@ -100,6 +100,21 @@ class Gateway:
             ErrorCode.MODEL_NOT_FOUND, f"model {requested!r} is not served here; available: {', '.join(view.models)}", "model"
         )
 
+    @contextlib.asynccontextmanager
+    async def admitted(self) -> AsyncIterator[None]:
+        """A request's slot among --max-in-flight (429 at once beyond it); service errors -> API errors."""
+        if self._in_flight >= self.cfg.max_in_flight:
+            raise ApiError(ErrorCode.OVERLOADED, f"the gateway is handling {self._in_flight} requests, its limit; retry later")
+        self._in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            yield
+        except ServiceError as exc:
+            raise ApiError(exc.code, exc.message) from None
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.dec()
+
     async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions) -> EmbedOutcome:
         view = await self.discovery.view()
         if view.workers.get(model, {}).get("task") == "score":
@@ -108,17 +123,8 @@ class Gateway:
         dim = int(view.workers.get(model, {}).get("dim", 0))
         if options.dimensions is not None and dim and options.dimensions > dim:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions")
-        if self._in_flight >= self.cfg.max_in_flight:
-            raise ApiError(ErrorCode.OVERLOADED, f"the gateway is handling {self._in_flight} requests, its limit; retry later")
-        self._in_flight += 1
-        self.metrics.in_flight.inc()
-        try:
+        async with self.admitted():
             outcome = await self.client.embed(model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids)
-        except ServiceError as exc:
-            raise ApiError(exc.code, exc.message) from None
-        finally:
-            self._in_flight -= 1
-            self.metrics.in_flight.dec()
         self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
         return outcome
 
@@ -158,21 +164,10 @@ class Gateway:
 
     async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, object]:
         model = await self.resolve_model(call.model)
-        if self._in_flight >= self.cfg.max_in_flight:
-            raise ApiError(ErrorCode.OVERLOADED, f"the gateway is handling {self._in_flight} requests, its limit; retry later")
-        self._in_flight += 1
-        self.metrics.in_flight.inc()
         deadline = time.time() + self.cfg.request_timeout
-        try:
-            return model, await self.client.rerank(
-                RerankRequest(request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate),
-                self.cfg.request_timeout,
-            )
-        except ServiceError as exc:
-            raise ApiError(exc.code, exc.message) from None
-        finally:
-            self._in_flight -= 1
-            self.metrics.in_flight.dec()
+        request = RerankRequest(request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate)
+        async with self.admitted():
+            return model, await self.client.rerank(request, self.cfg.request_timeout)
 
     async def rerank_tei(self, request: Request) -> Response:
         call = rerank_api.parse_tei(await _read_body(request, self.cfg.max_body_bytes), self.limits)

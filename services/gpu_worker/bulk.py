@@ -15,10 +15,10 @@ from typing import Callable
 
 from nats.aio.client import Client
 
-from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, deliveries, fetch_one, open_work, undecodable
+from shared.bulkwork import BatchInfo, Heartbeats, close_pull, deliveries, fetch_one, join_work, undecodable
 from shared.config import JobSettings
 from shared.errors import ServiceError
-from shared.jobs import count_done, ensure_streams, publish_durably, stream_names, update_state
+from shared.jobs import count_done, publish_durably, update_state
 from shared.protocol import JobResult, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import Subjects, model_token
 from services.gpu_worker.scheduler import Scheduler, Work
@@ -59,13 +59,10 @@ class BulkFeeder:
         self._stopping = False
 
     async def start(self) -> None:
-        self._js = self._nc.jetstream()
-        self._kv = await ensure_streams(self._js, self._subjects)
-        stream = stream_names(self._subjects)["bulk"]
-        durable = f"workers-{model_token(self._model)}"
-        self._psub = await open_work(self._js, stream, durable, self._subjects.bulk(self._model), self._settings)
-        self._dead = DeadLetters(self._nc, self._js, self._kv, self._subjects, "worker")
-        await self._dead.watch(stream, durable, describe)
+        self._js, self._kv, self._psub, self._dead = await join_work(
+            self._nc, self._subjects, "bulk", f"workers-{model_token(self._model)}", self._subjects.bulk(self._model),
+            self._settings, "worker", describe,
+        )
         self._task = asyncio.create_task(self._loop(), name="bulk-feeder")
 
     async def stop(self) -> None:

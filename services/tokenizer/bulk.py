@@ -17,9 +17,9 @@ import time
 
 from nats.aio.client import Client
 
-from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, close_pull, fetch_one, open_work, undecodable
+from shared.bulkwork import BatchInfo, Heartbeats, close_pull, fetch_one, join_work, undecodable
 from shared.errors import ServiceError
-from shared.jobs import ensure_streams, publish_durably, stream_names
+from shared.jobs import publish_durably, stream_names
 from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import model_token
 from services.tokenizer.config import TokenizerConfig
@@ -49,16 +49,12 @@ class BulkTokenizer:
         self._beats = Heartbeats(cfg.jobs.heartbeat)
 
     async def start(self) -> None:
-        js = self._nc.jetstream()
-        self._js = js
-        self._kv = await ensure_streams(js, self._subjects)
-        names = stream_names(self._subjects)
         model = self._cfg.model.id
-        durable = f"tokenizers-{model_token(model)}"
-        self._bulk_stream, self._bulk_subject = names["bulk"], self._subjects.bulk(model)
-        self._psub = await open_work(js, names["jobs"], durable, self._subjects.jobs(model), self._cfg.jobs)
-        self._dead = DeadLetters(self._nc, js, self._kv, self._subjects, "tokenizer")
-        await self._dead.watch(names["jobs"], durable, describe)
+        self._js, self._kv, self._psub, self._dead = await join_work(
+            self._nc, self._subjects, "jobs", f"tokenizers-{model_token(model)}", self._subjects.jobs(model),
+            self._cfg.jobs, "tokenizer", describe,
+        )
+        self._bulk_stream, self._bulk_subject = stream_names(self._subjects)["bulk"], self._subjects.bulk(model)
         self._task = asyncio.create_task(self._loop(), name="bulk-tokenizer")
 
     async def stop(self) -> None:

@@ -93,11 +93,12 @@ def test_every_env_var_in_the_manifests_is_read_by_the_service(path):
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_services_have_probes_and_outlast_their_drain(path):
-    for doc, pod, c in containers(render(path)):
+    docs = render(path)
+    for doc, pod, c in containers(docs):
         if not c["image"].startswith("ghcr.io/embedfleet/") or doc["kind"] == "Job":
             continue
         probe = c["readinessProbe"]
-        ready_file = next(v for k, v in _env(c, render(path)).items() if k == "EMBEDFLEET_READY_FILE")
+        ready_file = _env(c, docs)["EMBEDFLEET_READY_FILE"]
         assert probe.get("exec", {}).get("command") == ["test", "-f", ready_file], doc["metadata"]["name"]
         # services give in-flight work 30 s and NATS a 10 s drain after SIGTERM
         assert pod["terminationGracePeriodSeconds"] > 40, doc["metadata"]["name"]
