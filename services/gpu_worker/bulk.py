@@ -29,9 +29,11 @@ log = logging.getLogger("embedfleet.worker.bulk")
 def describe(data: bytes, headers: dict) -> BatchInfo:
     try:
         batch = decode_as(data, TokenBatch)
-        return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()))
+        if batch.job is not None:
+            return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()))
     except ProtocolError:
-        return undecodable(data, headers, 2)
+        pass
+    return undecodable(data, headers, 2)  # the message id may still name the job
 
 
 class BulkFeeder:

@@ -15,7 +15,7 @@ from shared.client import EmbedClient
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
-from shared.subjects import SCORER_QUEUE
+from shared.subjects import SCORER_QUEUE, model_token
 from services.scorer.config import ScorerConfig
 from services.scorer.scoring import cosine_rank, rank, sigmoid
 
@@ -77,9 +77,17 @@ class ScorerService:
         except Exception:
             log.exception("rerank %s failed", request_id)
             reply = ErrorReply(request_id, ErrorCode.INTERNAL, "scorer error")
-        await self._nc.publish(msg.reply, encode(reply))
+        payload = encode(reply)
+        if len(payload) > self._nc.max_payload:  # the ranked texts asked back can outgrow a message
+            payload = encode(ErrorReply(request_id, ErrorCode.INVALID_REQUEST,
+                                        f"the answer takes {len(payload)} bytes; the NATS limit is "
+                                        f"{self._nc.max_payload}: ask for fewer texts back (top_n)"))
+        await self._nc.publish(msg.reply, payload)
 
     async def _rank(self, request: RerankRequest) -> RerankResult:
+        if model_token(request.model) != model_token(self._cfg.model.id):
+            raise ServiceError(ErrorCode.MODEL_NOT_FOUND,
+                               f"this subject serves {self._cfg.model.id}, not {request.model[:200]!r}")
         if request.count == 0:
             return RerankResult(request.id, indices=np.zeros(0, "<i4"), scores=np.zeros(0, "<f4"))
         remaining = request.deadline - time.time()  # one deadline for the whole rerank

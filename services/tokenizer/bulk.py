@@ -18,7 +18,7 @@ import time
 from nats.aio.client import Client
 
 from shared.bulkwork import BatchInfo, Heartbeats, close_pull, fetch_one, join_work, undecodable
-from shared.errors import ServiceError
+from shared.errors import ErrorCode, ServiceError
 from shared.jobs import publish_durably, stream_names
 from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import model_token
@@ -28,6 +28,7 @@ from services.tokenizer.encoder import TextEncoder, pack_chunks
 log = logging.getLogger("embedfleet.tokenizer.bulk")
 
 BULK_DEADLINE = 7 * 24 * 3600.0  # bulk work has no client waiting: it may wait behind online work
+_HEADER_BYTES = 256  # room for a publish's headers besides the message id
 
 
 def describe(data: bytes, headers: dict) -> BatchInfo:
@@ -97,11 +98,15 @@ class BulkTokenizer:
     async def _handle(self, msg) -> None:
         try:
             job = decode_as(msg.data, JobBatch)
+            if model_token(job.model) != model_token(self._cfg.model.id):  # its tokens would go to another model
+                raise ServiceError(ErrorCode.MODEL_NOT_FOUND, f"this stream subject serves {self._cfg.model.id}, not "
+                                   f"{job.model[:200]!r}")
             texts = self._encoder.with_prompt(job.texts, job.options)
             ids = await asyncio.to_thread(self._encoder.encode, texts, True, job.options.truncation_direction)
         except (ProtocolError, ServiceError) as exc:
             await self._dead.give_up(msg, str(exc), describe(msg.data, msg.headers or {}))
             return
+        batches = []
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
             rows = len(chunk.cu_seqlens) - 1
             batch = TokenBatch(
@@ -117,7 +122,16 @@ class BulkTokenizer:
                 batch=job.batch,
                 doc_ids=job.doc_ids[chunk.start : chunk.start + rows],
             )
-            msg_id = f"{job.id}:{job.batch}:{chunk.start}"
-            await publish_durably(self._js, self._subjects.bulk(job.model), encode(batch), msg_id,
+            batches.append((encode(batch), f"{job.id}:{job.batch}:{chunk.start}"))
+        # a token batch the stream cannot take (huge document ids) would fail on every delivery; one just
+        # under the limit would pass the client's check and break the connection with its headers
+        room = self._nc.max_payload - _HEADER_BYTES
+        too_large = [len(data) for data, msg_id in batches if len(data) + len(msg_id.encode()) > room]
+        if too_large:
+            await self._dead.give_up(msg, f"a token batch of {too_large[0]} bytes exceeds the NATS limit of "
+                                     f"{self._nc.max_payload}", describe(msg.data, msg.headers or {}))
+            return
+        for data, msg_id in batches:
+            await publish_durably(self._js, self._subjects.bulk(job.model), data, msg_id,
                                   patience=self._cfg.jobs.ack_wait)
         await msg.ack()

@@ -24,7 +24,7 @@ from shared.protocol import (
     decode_as,
     encode,
 )
-from shared.subjects import TOKENIZER_QUEUE
+from shared.subjects import TOKENIZER_QUEUE, model_token
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.bulk import BulkTokenizer
@@ -114,6 +114,7 @@ class TokenizerService:
     async def _handle(self, request: EmbedRequest, reply: str | None) -> None:
         if not reply:
             raise ProtocolError("embed request without a reply subject")
+        self._check_model(request.model)
         if request.count == 0:
             raise ServiceError(ErrorCode.INVALID_REQUEST, "no inputs to embed")
         if time.time() > request.deadline:
@@ -154,20 +155,34 @@ class TokenizerService:
             request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
         )
 
+    def _check_model(self, model: str) -> None:
+        """Only this model's tokenizer may answer: another's would use the wrong vocabulary."""
+        if model_token(model) != model_token(self._cfg.model.id):
+            raise ServiceError(ErrorCode.MODEL_NOT_FOUND,
+                               f"this subject serves {self._cfg.model.id}, not {model[:200]!r}")
+
     async def _on_load(self, msg: Msg) -> None:
         try:
             report = decode_as(msg.data, LoadReport)
         except ProtocolError as exc:
             log.debug("bad load report: %s", exc)
             return
-        if report.model == self._cfg.model.id:
+        # a worker announces only its own direct subject: anything else would route token batches astray
+        if report.model == self._cfg.model.id and report.subject == self._subjects.worker(report.model, report.id):
             self._router.update(report, time.monotonic())
+        else:
+            log.debug("load report for another model or subject ignored: %s", report.subject[:200])
 
     async def _tokenize(self, request: TokenizeRequest, reply: str | None) -> None:
+        self._check_model(request.model)
         texts = self._encoder.with_prompt(request.texts, EmbedOptions(prompt_name=request.prompt_name))
         tokens = await asyncio.to_thread(self._encoder.tokenize, texts, request.add_special_tokens)
+        payload = encode(TokenizeResult(request.id, tokens))
+        if len(payload) > self._nc.max_payload:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"the tokens take {len(payload)} bytes; the NATS limit is "
+                               f"{self._nc.max_payload}: send fewer or shorter texts per request")
         if reply:
-            await self._nc.publish(reply, encode(TokenizeResult(request.id, tokens)))
+            await self._nc.publish(reply, payload)
 
     async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError) -> None:
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)

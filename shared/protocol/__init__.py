@@ -12,15 +12,16 @@ Flow of one embedding request split into k chunks::
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
-from shared.protocol.checks import TOKEN_DTYPE, ProtocolError
+from shared.protocol.checks import MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
 from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.messages import (
-    MAX_DIMENSION, MAX_ROWS, VECTOR_DTYPES, VERSION, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    MAX_DIMENSION, VECTOR_DTYPES, VERSION, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
     JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult,
 )
 
 __all__ = [
-    "MAX_DIMENSION", "MAX_ROWS", "TOKEN_DTYPE", "VECTOR_DTYPES", "VERSION", "EmbedOptions", "EmbedRequest",
-    "EmbedResult", "ErrorReply", "JobBatch", "JobResult", "LoadReport", "Message", "ProtocolError", "RerankRequest",
-    "RerankResult", "TokenBatch", "TokenizeRequest", "TokenizeResult", "decode", "decode_as", "encode",
+    "MAX_DIMENSION", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "VERSION",
+    "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "JobBatch", "JobResult", "LoadReport", "Message",
+    "ProtocolError", "RerankRequest", "RerankResult", "TokenBatch", "TokenizeRequest", "TokenizeResult", "decode",
+    "decode_as", "encode",
 ]

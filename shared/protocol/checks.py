@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import math
+import reprlib
 from typing import Any
 
 import numpy as np
 
 TOKEN_DTYPE = np.dtype("<i4")  # token IDs on the wire: little-endian int32
 
+MAX_ID = 4096  # longest request id: every reply that echoes one stays small
+# longest model, job or worker name: each becomes a subject token, and a subject must fit NATS's 4 KB
+# control line (the server closes a connection that sends a longer one)
+MAX_NAME = 1024
+MAX_ROWS = 1 << 20  # inputs (rows) in one request
+MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
+
+_SHOW = reprlib.Repr()  # untrusted values quoted in errors: short, and no deep recursion
+_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 60
+_SHOW.maxlevel = 3
+
 
 class ProtocolError(ValueError):
     """A message that is not valid protocol v1."""
 
+
+def _show(value: Any) -> str:
+    """A short repr of an untrusted value, for error messages (which travel back in replies)."""
+    text = _SHOW.repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _is_int(x: Any) -> bool:
@@ -25,6 +43,21 @@ def _req(m: dict, key: str, typ: type) -> Any:
     return value
 
 
+def _id(m: dict, key: str = "id", limit: int = MAX_ID) -> str:
+    value = _req(m, key, str)
+    if len(value) > limit:
+        raise ProtocolError(f"field {key!r} is longer than {limit} characters")
+    return value
+
+
+def _name(m: dict, key: str, limit: int = MAX_NAME) -> str:
+    """A name that goes into subjects (model, job, worker): not empty, at most ``limit`` characters."""
+    value = _id(m, key, limit)
+    if not value:
+        raise ProtocolError(f"field {key!r} must not be empty")
+    return value
+
+
 def _req_int(m: dict, key: str) -> int:
     value = _req(m, key, int)
     if value < 0:
@@ -34,9 +67,13 @@ def _req_int(m: dict, key: str) -> int:
 
 def _req_number(m: dict, key: str) -> float:
     value = m.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError(f"field {key!r} must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProtocolError(f"field {key!r} must be a number, and finite")
     return float(value)
+
+
+def _opt_number(m: dict, key: str, default: float) -> float:
+    return default if m.get(key) is None else _req_number(m, key)
 
 
 def _int32_array(buf: bytes, name: str) -> np.ndarray:
@@ -56,6 +93,8 @@ def _opt_bool(m: dict, key: str, default: bool) -> bool:
 
 def _str_list(m: dict, key: str) -> list[str]:
     values = _req(m, key, list)
+    if len(values) > MAX_ROWS:
+        raise ProtocolError(f"more than {MAX_ROWS} entries in {key!r}")
     if not all(isinstance(t, str) for t in values):
         raise ProtocolError("texts must be strings")
     return values
@@ -63,11 +102,12 @@ def _str_list(m: dict, key: str) -> list[str]:
 
 def _timings(m: dict) -> dict[str, float]:
     raw = m.get("tm") or {}
-    if not isinstance(raw, dict) or len(raw) > 8:
+    if not isinstance(raw, dict) or len(raw) > MAX_STAGES:
         raise ProtocolError("timings must be a small map")
     out = {}
     for k, v in raw.items():
-        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not isinstance(k, str) or len(k) > MAX_STAGE_NAME or isinstance(v, bool) or not isinstance(v, (int, float)) \
+                or not math.isfinite(v):
             raise ProtocolError("timings map stage names to seconds")
         out[k] = float(v)
     return out

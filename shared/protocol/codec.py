@@ -9,10 +9,11 @@ import numpy as np
 
 from shared.errors import ErrorCode
 from shared.protocol.checks import (
-    TOKEN_DTYPE, ProtocolError, _int32_array, _is_int, _opt_bool, _req, _req_int, _req_number, _str_list, _timings,
+    MAX_ID, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
+    _req_int, _req_number, _show, _str_list, _timings,
 )
 from shared.protocol.messages import (
-    MAX_DIMENSION, MAX_ROWS, VECTOR_DTYPES, VERSION, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    MAX_DIMENSION, VECTOR_DTYPES, VERSION, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
     JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult,
 )
 
@@ -90,17 +91,22 @@ def encode(msg: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """Parse and validate one message; raises ProtocolError on anything malformed."""
     try:
-        m = msgpack.unpackb(data, raw=False, strict_map_key=True, max_map_len=64)
+        # no length msgpack reads may exceed the message's own size, so a claimed length allocates
+        # nothing the bytes do not back; nesting is bounded by msgpack's fixed parser stack
+        limit = len(data)
+        m = msgpack.unpackb(data, raw=False, strict_map_key=True, max_map_len=64, max_str_len=limit,
+                            max_bin_len=limit, max_array_len=limit, max_ext_len=limit)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"not a msgpack message: {exc}") from None
+        raise ProtocolError(f"not a msgpack message: {str(exc)[:200]}") from None
     if not isinstance(m, dict):
         raise ProtocolError("message must be a msgpack map")
-    if m.get("v") != VERSION:
-        raise ProtocolError(f"unsupported protocol version {m.get('v')!r} (this is v{VERSION})")
+    version = m.get("v")
+    if not _is_int(version) or version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {_show(version)} (this is v{VERSION})")
     kind = m.get("t")
-    decoder = _DECODERS.get(kind)  # type: ignore[arg-type]
+    decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
     if decoder is None:
-        raise ProtocolError(f"unknown message type {kind!r}")
+        raise ProtocolError(f"unknown message type {_show(kind)}")
     return decoder(m)
 
 
@@ -123,20 +129,20 @@ def _decode_embed(m: dict) -> EmbedRequest:
     token_ids = None
     if m.get("tk") is not None:
         raw = _req(m, "tk", list)
-        if texts or not all(isinstance(t, bytes) for t in raw):
+        if texts or len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
             raise ProtocolError("token inputs must be byte strings, with no texts beside them")
         token_ids = [_int32_array(t, "token input") for t in raw]
     pairs = None
     if m.get("pr") is not None:
         raw = _req(m, "pr", list)
-        if texts or token_ids is not None:
+        if texts or token_ids is not None or len(raw) > MAX_ROWS:
             raise ProtocolError("pair inputs come alone, with no texts or token inputs beside them")
         if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw):
             raise ProtocolError("pairs must be [query, document] string pairs")
         pairs = [(p[0], p[1]) for p in raw]
     return EmbedRequest(
-        id=_req(m, "id", str),
-        model=_req(m, "m", str),
+        id=_id(m),
+        model=_name(m, "m"),
         texts=texts,
         deadline=_req_number(m, "dl"),
         options=EmbedOptions.from_wire(m.get("o", {})),
@@ -150,7 +156,7 @@ def _decode_tokenize(m: dict) -> TokenizeRequest:
     if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
         raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
     return TokenizeRequest(
-        id=_req(m, "id", str), model=_req(m, "m", str), texts=_str_list(m, "x"), add_special_tokens=special,
+        id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), add_special_tokens=special,
         prompt_name=prompt,
     )
 
@@ -168,13 +174,14 @@ def _decode_tokenized(m: dict) -> TokenizeResult:
                 raise ProtocolError("token offsets must be integers or null")
             row.append(tuple(t))
         tokens.append(row)
-    return TokenizeResult(id=_req(m, "id", str), tokens=tokens)
+    return TokenizeResult(id=_id(m), tokens=tokens)
 
 
 def _decode_tokens(m: dict) -> TokenBatch:
     ids = _int32_array(_req(m, "ids", bytes), "ids")
     cu = _int32_array(_req(m, "cu", bytes), "cu")
-    if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu) <= 0):
+    # differences taken in int64: int32 offsets could wrap around and pass as increasing
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
     start, total = _req_int(m, "s"), _req_int(m, "n")
     if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
@@ -184,17 +191,15 @@ def _decode_tokens(m: dict) -> TokenBatch:
         token_types = _int32_array(_req(m, "tt", bytes), "token types")
         if len(token_types) != len(ids) or (len(ids) and token_types.min() < 0):
             raise ProtocolError("token types must be one non-negative value per token")
-    job = m.get("jb")
+    job = _name(m, "jb") if m.get("jb") is not None else None
     doc_ids = None
     if job is not None:
-        if not isinstance(job, str):
-            raise ProtocolError("job must be a string")
         doc_ids = _str_list(m, "di")
         if len(doc_ids) != len(cu) - 1:
             raise ProtocolError("one document id per row")
     return TokenBatch(
-        id=_req(m, "id", str),
-        model=_req(m, "m", str),
+        id=_id(m),
+        model=_name(m, "m"),
         start=start,
         total=total,
         input_ids=ids,
@@ -212,7 +217,7 @@ def _decode_tokens(m: dict) -> TokenBatch:
 def _decode_result(m: dict) -> EmbedResult:
     dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "b", bytes)
     if dtype not in VECTOR_DTYPES:
-        raise ProtocolError(f"unknown vector dtype {dtype!r}")
+        raise ProtocolError(f"unknown vector dtype {_show(dtype)}")
     if not 0 < dim <= MAX_DIMENSION:
         raise ProtocolError("dimension out of range")
     row_bytes = dim * VECTOR_DTYPES[dtype].itemsize
@@ -222,7 +227,7 @@ def _decode_result(m: dict) -> EmbedResult:
     if not (0 <= start and start + len(data) // row_bytes <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
-        id=_req(m, "id", str),
+        id=_id(m),
         start=start,
         total=total,
         dim=dim,
@@ -238,7 +243,7 @@ def _decode_error(m: dict) -> ErrorReply:
         code = ErrorCode(_req(m, "c", str))
     except ValueError:
         code = ErrorCode.INTERNAL
-    return ErrorReply(id=_req(m, "id", str), code=code, message=_req(m, "e", str))
+    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str))
 
 
 def _decode_job(m: dict) -> JobBatch:
@@ -246,7 +251,7 @@ def _decode_job(m: dict) -> JobBatch:
     if len(doc_ids) != len(texts) or not texts:
         raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
     return JobBatch(
-        id=_req(m, "id", str), batch=_req_int(m, "b"), model=_req(m, "m", str), doc_ids=doc_ids, texts=texts,
+        id=_name(m, "id"), batch=_req_int(m, "b"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
         options=EmbedOptions.from_wire(m.get("o", {})),
     )
 
@@ -259,17 +264,17 @@ def _decode_job_result(m: dict) -> JobResult:
     if len(data) != len(doc_ids) * dim * VECTOR_DTYPES[dtype].itemsize:
         raise ProtocolError("payload does not hold one vector per document")
     return JobResult(
-        id=_req(m, "id", str), batch=_req_int(m, "b"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
+        id=_name(m, "id"), batch=_req_int(m, "b"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
         dtype=dtype, data=data, tokens=_req_int(m, "tok"),
     )
 
 
 def _decode_load(m: dict) -> LoadReport:
-    interval, leaving, rate = _req_number(m, "i"), m.get("l", False), float(m.get("r") or 0.0)
+    interval, leaving, rate = _req_number(m, "i"), m.get("l", False), _opt_number(m, "r", 0.0)
     if not 0 < interval <= 60 or not isinstance(leaving, bool) or not 0 <= rate < 1e12:
         raise ProtocolError("load report: interval in (0, 60] seconds, a boolean leaving, a rate >= 0")
     return LoadReport(
-        id=_req(m, "id", str), model=_req(m, "m", str), subject=_req(m, "s", str),
+        id=_name(m, "id"), model=_name(m, "m"), subject=_name(m, "s", MAX_ID),
         queued_tokens=_req_int(m, "q"), interval=interval, leaving=leaving, rate=rate,
     )
 
@@ -288,9 +293,11 @@ def _decode_rerank(m: dict) -> RerankRequest:
         if texts:
             raise ProtocolError("give candidates as texts or as vectors, not both")
         vectors = np.frombuffer(data, dtype=VECTOR_DTYPES["f4"]).reshape(-1, dim)
+        if len(vectors) > MAX_ROWS or not np.isfinite(vectors).all():
+            raise ProtocolError(f"candidate vectors: at most {MAX_ROWS}, of finite values")
     return RerankRequest(
-        id=_req(m, "id", str),
-        model=_req(m, "m", str),
+        id=_id(m),
+        model=_name(m, "m"),
         query=_req(m, "q", str),
         texts=texts,
         deadline=_req_number(m, "dl"),
@@ -311,7 +318,7 @@ def _decode_ranked(m: dict) -> RerankResult:
     if texts is not None and len(texts) != len(indices):
         raise ProtocolError("texts and indices differ in length")
     return RerankResult(
-        id=_req(m, "id", str), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
+        id=_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
     )
 
 

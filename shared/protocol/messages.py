@@ -16,7 +16,6 @@ VERSION = 1
 VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
 
 MAX_DIMENSION = 65536
-MAX_ROWS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +43,7 @@ class EmbedOptions:
             not _is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
         ):
             raise ProtocolError("options.dimensions must be a positive integer")
-        if self.dtype not in VECTOR_DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in VECTOR_DTYPES:
             raise ProtocolError(f"options.dtype must be one of {sorted(VECTOR_DTYPES)}")
         if not isinstance(self.truncate, bool):
             raise ProtocolError("options.truncate must be a boolean")

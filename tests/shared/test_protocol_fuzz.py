@@ -1,0 +1,450 @@
+"""Every NATS message decoder, fuzzed with hypothesis.
+
+Valid messages round trip; anything else that arrives (random bytes, truncated or flipped encodings,
+fields of the wrong type, huge or negative claims, NaN, deep nesting, very large strings) is refused
+with ProtocolError, never another exception, in bounded time and memory. Whatever decode accepts,
+encode writes back unchanged. The strategies are reused by tests/integration/test_hostile_nats.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import tracemalloc
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.gpu_worker.bulk import describe as describe_token_batch
+from services.tokenizer.bulk import describe as describe_job_batch
+from shared.bulkwork import BatchInfo, job_from_msg_id
+from shared.errors import ErrorCode
+from shared.protocol import (
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, VECTOR_DTYPES, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply,
+    JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
+    TokenizeResult, decode, decode_as, encode,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+FUZZ = settings(
+    max_examples=250, deadline=timedelta(seconds=2),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+# -- valid messages -------------------------------------------------------------------------------
+
+names = st.text(min_size=1, max_size=24)
+ids = st.text(max_size=24)
+finite = st.floats(allow_nan=False, allow_infinity=False)
+u64 = st.integers(0, 2**64 - 1)
+texts = st.lists(st.text(max_size=30), max_size=6)
+timings = st.dictionaries(st.text(max_size=12), st.floats(0, 1e6), max_size=8)
+options = st.builds(
+    EmbedOptions,
+    normalize=st.none() | st.booleans(),
+    dimensions=st.none() | st.integers(1, MAX_DIMENSION),
+    dtype=st.sampled_from(sorted(VECTOR_DTYPES)),
+    truncate=st.booleans(),
+    truncation_direction=st.sampled_from(["right", "left"]),
+    prompt_name=st.none() | st.text(max_size=20),
+    input_type=st.none() | st.sampled_from(["query", "document"]),
+)
+
+
+def int32_arrays(n: int, low: int = -(2**31)) -> st.SearchStrategy[np.ndarray]:
+    return st.lists(st.integers(low, 2**31 - 1), min_size=n, max_size=n).map(lambda v: np.array(v, dtype="<i4"))
+
+
+@st.composite
+def embed_requests(draw) -> EmbedRequest:
+    common = dict(id=draw(ids), model=draw(names), deadline=draw(finite), options=draw(options))
+    kind = draw(st.sampled_from(["texts", "tokens", "pairs"]))
+    if kind == "texts":
+        return EmbedRequest(texts=draw(texts), **common)
+    if kind == "tokens":
+        arrays = st.integers(0, 8).flatmap(int32_arrays)
+        return EmbedRequest(texts=[], token_ids=draw(st.lists(arrays, max_size=4)), **common)
+    pairs = st.lists(st.tuples(st.text(max_size=20), st.text(max_size=20)), max_size=4)
+    return EmbedRequest(texts=[], pairs=draw(pairs), **common)
+
+
+@st.composite
+def token_batches(draw, job: bool | None = None) -> TokenBatch:
+    lengths = draw(st.lists(st.integers(1, 8), min_size=1, max_size=6))
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype("<i4")
+    n, rows = int(cu[-1]), len(lengths)
+    start = draw(st.integers(0, 1000))
+    with_job = draw(st.booleans()) if job is None else job
+    return TokenBatch(
+        id=draw(ids),
+        model=draw(names),
+        start=start,
+        total=draw(st.integers(start + rows, MAX_ROWS)),
+        input_ids=draw(int32_arrays(n)),
+        cu_seqlens=cu,
+        deadline=draw(finite),
+        options=draw(options),
+        timings=draw(timings),
+        token_types=draw(st.none() | int32_arrays(n, low=0)),
+        job=draw(names) if with_job else None,
+        batch=draw(u64) if with_job else 0,
+        doc_ids=draw(st.lists(st.text(max_size=10), min_size=rows, max_size=rows)) if with_job else None,
+    )
+
+
+@st.composite
+def embed_results(draw) -> EmbedResult:
+    dim, dtype, rows = draw(st.integers(1, 16)), draw(st.sampled_from(sorted(VECTOR_DTYPES))), draw(st.integers(1, 4))
+    size = rows * dim * VECTOR_DTYPES[dtype].itemsize
+    start = draw(st.integers(0, 1000))
+    return EmbedResult(
+        id=draw(ids), start=start, total=draw(st.integers(start + rows, MAX_ROWS)), dim=dim, dtype=dtype,
+        data=draw(st.binary(min_size=size, max_size=size)), tokens=draw(u64), timings=draw(timings),
+    )
+
+
+@st.composite
+def job_results(draw) -> JobResult:
+    dim, dtype, docs = draw(st.integers(1, 16)), draw(st.sampled_from(sorted(VECTOR_DTYPES))), draw(st.integers(0, 4))
+    size = docs * dim * VECTOR_DTYPES[dtype].itemsize
+    return JobResult(
+        id=draw(names), batch=draw(u64), start=draw(u64),
+        doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)), dim=dim, dtype=dtype,
+        data=draw(st.binary(min_size=size, max_size=size)), tokens=draw(u64),
+    )
+
+
+@st.composite
+def job_batches(draw) -> JobBatch:
+    n = draw(st.integers(1, 5))
+    return JobBatch(
+        id=draw(names), batch=draw(u64), model=draw(names),
+        doc_ids=draw(st.lists(st.text(max_size=10), min_size=n, max_size=n)),
+        texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)), options=draw(options),
+    )
+
+
+@st.composite
+def rerank_requests(draw) -> RerankRequest:
+    vectors = None
+    candidates = draw(texts)
+    if draw(st.booleans()):
+        rows, dim = draw(st.integers(0, 4)), draw(st.integers(1, 8))
+        value = st.floats(width=32, allow_nan=False, allow_infinity=False)
+        values = st.lists(value, min_size=rows * dim, max_size=rows * dim)
+        vectors, candidates = np.array(draw(values), dtype="<f4").reshape(rows, dim), []
+    return RerankRequest(
+        id=draw(ids), model=draw(names), query=draw(st.text(max_size=30)), texts=candidates, deadline=draw(finite),
+        top_n=draw(st.none() | st.integers(1, 2**64 - 1)), raw_scores=draw(st.booleans()), truncate=draw(st.booleans()),
+        vectors=vectors, return_text=draw(st.booleans()),
+    )
+
+
+@st.composite
+def rerank_results(draw) -> RerankResult:
+    n = draw(st.integers(0, 5))
+    scores = st.binary(min_size=4 * n, max_size=4 * n).map(lambda b: np.frombuffer(b, dtype="<f4"))
+    return RerankResult(
+        id=draw(ids), indices=draw(int32_arrays(n)), scores=draw(scores),
+        texts=draw(st.none() | st.lists(st.text(max_size=10), min_size=n, max_size=n)),
+    )
+
+
+token_tuples = st.tuples(
+    st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.booleans(), st.none() | u64, st.none() | u64
+)
+VALID: dict[type, st.SearchStrategy] = {
+    EmbedRequest: embed_requests(),
+    TokenBatch: token_batches(),
+    EmbedResult: embed_results(),
+    ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from(list(ErrorCode)), message=st.text(max_size=40)),
+    TokenizeRequest: st.builds(
+        TokenizeRequest, id=ids, model=names, texts=texts, add_special_tokens=st.booleans(),
+        prompt_name=st.none() | st.text(max_size=20),
+    ),
+    TokenizeResult: st.builds(TokenizeResult, id=ids, tokens=st.lists(st.lists(token_tuples, max_size=4), max_size=3)),
+    JobBatch: job_batches(),
+    JobResult: job_results(),
+    LoadReport: st.builds(
+        LoadReport, id=names, model=names, subject=names, queued_tokens=u64,
+        interval=st.floats(0, 60, exclude_min=True), leaving=st.booleans(), rate=st.floats(0, 1e12, exclude_max=True),
+    ),
+    RerankRequest: rerank_requests(),
+    RerankResult: rerank_results(),
+}
+KINDS = sorted(VALID, key=lambda k: k.TYPE)
+
+
+def plain(x: Any) -> Any:
+    """A message as comparable plain values (arrays as shape + little-endian bytes, so NaN compares)."""
+    if dataclasses.is_dataclass(x):
+        return type(x).__name__, {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, np.ndarray):
+        return "array", x.shape, x.dtype.kind, x.astype(x.dtype.newbyteorder("<")).tobytes()
+    if isinstance(x, (list, tuple)):
+        return type(x).__name__, [plain(v) for v in x]
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    return x
+
+
+# -- hostile input ----------------------------------------------------------------------------------
+
+HUGE_INTS = [-1, -(2**31), -(2**63), 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1, 2**64 - 1]
+junk_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.sampled_from(HUGE_INTS),
+    st.floats(),  # NaN and infinities included
+    st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+    st.sampled_from([("x", 100_000), (b"\x00", 100_001), ("é", MAX_NAME + 1)]).map(lambda r: r[0] * r[1]),  # large
+)
+junk = st.recursive(
+    junk_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def deeply_nested(depth: int) -> bytes:
+    """A msgpack value nested ``depth`` arrays deep (built by hand: packb refuses deep nesting)."""
+    return b"\x91" * depth + b"\xc0"
+
+
+def with_raw_field(body: dict, key: str, raw: bytes) -> bytes:
+    """``body`` packed as a map, with ``key`` set to the already packed value ``raw``."""
+    rest = {k: v for k, v in body.items() if k != key}
+    packer = msgpack.Packer(use_bin_type=True)
+    fields = b"".join(packer.pack(k) + packer.pack(v) for k, v in rest.items())
+    return packer.pack_map_header(len(rest) + 1) + fields + packer.pack(key) + raw
+
+
+@st.composite
+def mutated(draw, valid: st.SearchStrategy) -> bytes:
+    """A valid message's encoding, damaged one way: cut, bytes flipped or inserted, a field (or a field
+    of a nested map) replaced by junk or removed, or set to a deeply nested value."""
+    data = encode(draw(valid))
+    how = draw(st.sampled_from(["truncate", "flip", "insert", "field", "nested", "drop", "deep"]))
+    if how == "truncate":
+        return data[: draw(st.integers(0, len(data) - 1))]
+    if how == "flip":
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 4))):
+            out[draw(st.integers(0, len(out) - 1))] = draw(st.integers(0, 255))
+        return bytes(out)
+    if how == "insert":
+        at = draw(st.integers(0, len(data)))
+        return data[:at] + draw(st.binary(min_size=1, max_size=16)) + data[at:]
+    body = msgpack.unpackb(data, raw=False)
+    key = draw(st.sampled_from(sorted(body) + ["zz"]))
+    if how == "deep":
+        return with_raw_field(body, key, deeply_nested(draw(st.integers(1, 3000))))
+    if how == "drop":
+        body.pop(key, None)
+    elif how == "nested" and isinstance(body.get("o"), dict):
+        body["o"][draw(st.sampled_from(sorted(body["o"]) + ["zz"]))] = draw(junk)
+    elif how == "nested" and isinstance(body.get("tm"), dict):
+        body["tm"][draw(st.text(max_size=80))] = draw(junk)
+    else:
+        body[key] = draw(junk)
+    return msgpack.packb(body, use_bin_type=True)
+
+
+# msgpack values of every kind, packed: maps, lists, ext types, odd keys
+msgpack_values = st.recursive(
+    junk_scalars | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=8)),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=3) | st.binary(max_size=3), inner, max_size=4),
+    max_leaves=10,
+).map(lambda v: msgpack.packb(v, use_bin_type=True))
+protocol_shaped = st.fixed_dictionaries(
+    {"v": st.just(1) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
+    optional={key: junk for key in ["id", "m", "x", "dl", "o", "tk", "pr", "s", "n", "ids", "cu", "tt", "tm", "jb",
+                                    "bi", "di", "dim", "dt", "b", "tok", "c", "e", "sp", "pn", "d", "q", "i", "l", "r",
+                                    "k", "rs", "tr", "rt", "cv", "cd", "sc"]},
+).map(lambda body: msgpack.packb(body, use_bin_type=True))
+
+
+def hostile(valid: st.SearchStrategy) -> st.SearchStrategy[bytes]:
+    """Payloads to throw at a decoder (or a subject) whose messages look like ``valid``'s."""
+    return st.one_of(st.binary(max_size=512), msgpack_values, protocol_shaped, mutated(valid))
+
+
+def decode_safely(data: bytes) -> Message | ProtocolError:
+    """decode(data) -> a message, or the ProtocolError; any other exception fails the test. Memory stays
+    within a small multiple of the input; what decodes, encodes back to the same message."""
+    tracemalloc.start()
+    try:
+        out: Message | ProtocolError = decode(data)
+    except ProtocolError as exc:
+        out = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak <= 64 * len(data) + (1 << 20), f"decoding {len(data)} bytes took {peak} bytes"
+    if isinstance(out, ProtocolError):
+        assert 0 < len(str(out)) <= 300, str(out)[:1000]
+    else:
+        assert plain(decode(encode(out))) == plain(out)
+    return out
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.TYPE)
+@FUZZ
+@given(data=st.data())
+def test_valid_messages_round_trip(kind, data):
+    msg = data.draw(VALID[kind])
+    out = decode_as(encode(msg), kind)
+    assert plain(out) == plain(msg)
+
+
+@FUZZ
+@given(data=st.binary(max_size=2048))
+def test_arbitrary_bytes_are_refused_or_valid(data):
+    decode_safely(data)
+
+
+@FUZZ
+@given(data=msgpack_values | protocol_shaped)
+def test_arbitrary_msgpack_is_refused_or_valid(data):
+    decode_safely(data)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.TYPE)
+@FUZZ
+@given(data=st.data())
+def test_mutated_encodings_are_refused_or_valid(kind, data):
+    decode_safely(data.draw(mutated(VALID[kind])))
+
+
+def _tokens(**fields) -> bytes:
+    batch = TokenBatch("r", "m", 0, 2, np.array([101, 7, 102], "<i4"), np.array([0, 1, 3], "<i4"), 9.0)
+    body = msgpack.unpackb(encode(batch))
+    return msgpack.packb({**body, **fields}, use_bin_type=True)
+
+
+def _message(kind: str, **fields) -> bytes:
+    return msgpack.packb({"v": 1, "t": kind, **fields}, use_bin_type=True)
+
+
+OK_EMBED = dict(id="a", m="m", x=["a"], dl=1.0)
+HUGE_CLAIMS = {
+    # msgpack headers that claim far more than the bytes that follow
+    "array32 of 2**32-1": b"\xdd\xff\xff\xff\xff\xc0",
+    "map32 of 2**32-1": b"\xdf\xff\xff\xff\xff\xa1v\x01",
+    "bin32 of 4 GB": b"\xc6\xff\xff\xff\xff\x00",
+    "str32 of 4 GB": b"\xdb\xff\xff\xff\xff\x00",
+    "ext32 of 4 GB": b"\xc9\xff\xff\xff\xff\x01\x00",
+    "texts claiming 2**32-1": with_raw_field({"v": 1, "t": "embed", "id": "a", "m": "m", "dl": 1.0}, "x",
+                                             b"\xdd\xff\xff\xff\xff"),
+    "ids claiming 4 GB": with_raw_field(msgpack.unpackb(_tokens()), "ids", b"\xc6\xff\xff\xff\xff\x00\x00"),
+    "nested 100000 deep": deeply_nested(100_000),
+    "field nested 100000 deep": with_raw_field({"v": 1, "t": "embed"}, "x", deeply_nested(100_000)),
+    "version nested 1000 deep": with_raw_field({"t": "embed"}, "v", deeply_nested(1000)),
+    # a token batch whose offsets claim 2**40 tokens (or wrap around int32) with three ids behind them
+    "cu claiming 2**31-1 tokens": _tokens(cu=np.array([0, 1, 2**31 - 1], "<i4").tobytes()),
+    "cu wrapping around int32": _tokens(cu=np.array([0, 2**31 - 1, -(2**31), -1, 3], "<i4").tobytes(), n=9),
+    "cu not increasing": _tokens(cu=np.array([0, 2, 1, 3], "<i4").tobytes(), n=9),
+    "cu not ending at len(ids)": _tokens(cu=np.array([0, 1, 4], "<i4").tobytes()),
+    "ids not whole int32": _tokens(ids=b"\x01\x00\x00\x00\x02"),
+    "total 2**40 rows": _tokens(n=2**40),
+    "start 2**64-1": _tokens(s=2**64 - 1),
+    "negative start": _tokens(s=-1),
+    "negative token type": _tokens(tt=np.array([0, -1, 0], "<i4").tobytes()),
+    "deadline NaN": _tokens(dl=float("nan")),
+    "deadline inf": _message("embed", **{**OK_EMBED, "dl": float("inf")}),
+    "timings NaN": _tokens(tm={"tokenize": float("nan")}),
+    "timings stage name 100 KB": _tokens(tm={"x" * 100_000: 1.0}),
+    "dimension 2**40": _message("result", id="a", s=0, n=1, dim=2**40, dt="f4", b=b"\x00" * 4, tok=1),
+    "result rows past total": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"\x00" * 8, tok=1),
+    "result bytes not whole rows": _message("result", id="a", s=0, n=9, dim=2, dt="f4", b=b"\x00" * 12, tok=1),
+    "job result not one vector per document": _message("jobresult", id="j", b=0, s=0, di=["a"], dim=2**16, dt="f4",
+                                                     d=b"\x00" * 4, tok=1),
+    "rerank candidate dim 2**40": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0, cv=b"\x00" * 8, cd=2**40),
+    "rerank candidate NaN": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0,
+                                     cv=np.array([1.0, float("nan")], "<f4").tobytes(), cd=2),
+    "load rate as text": _message("load", id="w", m="m", s="s", q=0, i=0.05, r="1e3"),
+    "load rate inf": _message("load", id="w", m="m", s="s", q=0, i=0.05, r=float("inf")),
+    "options dtype a list": _message("embed", **OK_EMBED, o={"dt": ["f4"]}),
+    "options dimensions huge": _message("embed", **OK_EMBED, o={"d": 2**64 - 1}),
+    "type a list": msgpack.packb({"v": 1, "t": [1, 2]}),
+    "type a map": msgpack.packb({"v": 1, "t": {"a": 1}}),
+    "version true": msgpack.packb({"v": True, "t": "error", "id": "a", "c": "internal", "e": "x"}),
+    "version 1.0": msgpack.packb({"v": 1.0, "t": "error", "id": "a", "c": "internal", "e": "x"}),
+    "version 100 KB string": msgpack.packb({"v": "x" * 100_000, "t": "embed"}),
+    "id longer than MAX_ID": _message("embed", **{**OK_EMBED, "id": "x" * (MAX_ID + 1)}),
+    "model longer than MAX_NAME": _message("embed", **{**OK_EMBED, "m": "x" * (MAX_NAME + 1)}),
+    "empty model": _message("embed", **{**OK_EMBED, "m": ""}),
+    "job longer than MAX_NAME": _tokens(jb="j" * (MAX_NAME + 1), di=["a", "b"], bi=0),
+    "job a number": _tokens(jb=7, di=["a", "b"], bi=0),
+    "pickle": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94.",
+}
+
+
+@pytest.mark.parametrize("data", HUGE_CLAIMS.values(), ids=HUGE_CLAIMS.keys())
+def test_hostile_claims_are_refused_cheaply(data):
+    assert isinstance(decode_safely(data), ProtocolError)
+
+
+def test_more_inputs_than_max_rows_are_refused():
+    data = _message("embed", id="a", m="m", x=[""] * (MAX_ROWS + 1), dl=1.0)
+    assert isinstance(decode_safely(data), ProtocolError)
+
+
+msg_ids = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda job, nums: ":".join([job, *nums]), st.text(max_size=12),
+              st.lists(st.text("0123456789²٣", min_size=1, max_size=8) | st.sampled_from(["9" * 5000]), max_size=3)),
+    st.sampled_from(["j" * (MAX_NAME + 1) + ":1:2", "job:" + "1" * 5000]),
+)
+
+
+@FUZZ
+@given(msg_id=msg_ids, data=hostile(VALID[JobBatch]) | hostile(token_batches(job=True)))
+def test_dead_letter_descriptions_never_fail(msg_id, data):
+    """What a dead letter records of a bulk batch comes from its payload, else from its message id
+    header: both untrusted. Describing one never raises, and names a job only by a usable name."""
+    headers = {"Nats-Msg-Id": msg_id}
+    for info in (job_from_msg_id(headers, 1), job_from_msg_id(headers, 2), describe_job_batch(data, headers),
+                 describe_token_batch(data, headers)):
+        assert isinstance(info, BatchInfo)
+        assert info.job is None or 0 < len(info.job) <= MAX_NAME
+
+
+# -- no pickle anywhere ---------------------------------------------------------------------------
+
+UNSAFE_MODULES = {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "marshal", "shelve", "joblib"}
+
+
+def _sources() -> list[Path]:
+    return sorted(p for d in ("shared", "services") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_sources_never_unpickle():
+    """No module of shared/ or services/ imports a pickle-like loader, asks numpy to allow pickles, or
+    calls torch.load (a pickle loader): weights come from safetensors, messages from msgpack."""
+    found = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                found += [where for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES:
+                found.append(where)
+            elif isinstance(node, ast.keyword) and node.arg == "allow_pickle":
+                found.append(where)
+            elif isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) and \
+                    node.value.id in ("torch", "pickle", "marshal"):
+                found.append(where)
+    assert len(_sources()) > 20 and found == []
