@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from shared.config import child_environment, nats_security
 from shared.lifecycle import setup_logging
 from shared.model_dir import load_model_info
 from shared.nats_server import EmbeddedNats
@@ -28,14 +30,16 @@ def run_stack(ns: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
+    # the URL without credentials (safe to print); credentials and TLS files checked before anything starts
+    url, auth, tls = nats_security(ns)
     nats = None
-    url = ns.nats
     if url is None:
         nats = EmbeddedNats(Path(ns.data_dir) / "nats")
         url = nats.start()
     children: dict[str, subprocess.Popen] = {}
     try:
         common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level]
+        env = child_environment(auth, tls, os.environ)  # secrets go to the services in their environment
         model_args = (["--model", str(info.path)] if ns.model else []) + ["--model-name", info.id]
         for role, extra in (
             ("tokenizer", model_args),
@@ -43,7 +47,7 @@ def run_stack(ns: argparse.Namespace) -> int:
             ("scorer", model_args),
             ("gateway", _gateway_args(ns)),
         ):
-            children[role] = subprocess.Popen([sys.executable, "-m", "services.cli", role, *common, *extra])
+            children[role] = subprocess.Popen([sys.executable, "-m", "services.cli", role, *common, *extra], env=env)
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
         base = f"http://{host}:{ns.port}"
         if not _wait_ready(base, children, stop):

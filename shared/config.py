@@ -1,16 +1,19 @@
 """Configuration shared by every service, and helpers to read options from CLI and environment.
 
 Every option has a CLI flag and an environment variable (``EMBEDFLEET_*``; the NATS URL also reads
-``NATS_URL``). The flag wins over the environment, the environment over the default.
+``NATS_URL``). The flag wins over the environment, the environment over the default. NATS secrets
+(password, token) are read from files or environment variables only: a flag would show them in ``ps``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
+from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
 from shared.subjects import Subjects
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -59,6 +62,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -68,15 +78,39 @@ def positive_float(text: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class NatsConfig:
+    """Where and how to connect. ``url`` never carries credentials (``nats_config`` moves them into
+    ``auth``), so it is safe to log."""
+
     url: str
     subjects: Subjects
     connect_timeout: float = 5.0
     ready_file: str | None = None  # written once the service serves, removed when it stops (probes)
+    auth: NatsAuth = field(default_factory=NatsAuth)
+    tls: NatsTls = field(default_factory=NatsTls)
 
     def __post_init__(self) -> None:
         for url in self.url.split(","):
             if "://" not in url:
-                raise ConfigError(f"NATS URL {url!r} must look like nats://host:port")
+                raise ConfigError(f"NATS URL {redact(url)!r} must look like nats://host:port")
+        if redact(self.url) != self.url:
+            raise ConfigError("NatsConfig.url must not carry credentials: give them as auth (nats_config does)")
+
+
+# Secrets read from the environment only (a flag would show them in ps).
+PASSWORD_ENV = "EMBEDFLEET_NATS_PASSWORD"
+TOKEN_ENV = "EMBEDFLEET_NATS_TOKEN"
+# option -> environment variable, for every NATS credential and TLS option (embedfleet up passes them on)
+NATS_SECURITY_ENV = {
+    "nats_user": "EMBEDFLEET_NATS_USER",
+    "nats_password_file": "EMBEDFLEET_NATS_PASSWORD_FILE",
+    "nats_token_file": "EMBEDFLEET_NATS_TOKEN_FILE",
+    "nats_nkey_seed": "EMBEDFLEET_NATS_NKEY_SEED",
+    "nats_creds": "EMBEDFLEET_NATS_CREDS",
+    "nats_tls_ca": "EMBEDFLEET_NATS_TLS_CA",
+    "nats_tls_cert": "EMBEDFLEET_NATS_TLS_CERT",
+    "nats_tls_key": "EMBEDFLEET_NATS_TLS_KEY",
+    "nats_tls_hostname": "EMBEDFLEET_NATS_TLS_HOSTNAME",
+}
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, nats_required: bool = True) -> None:
@@ -84,9 +118,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, nats_required: bool = 
     parser.add_argument(
         "--nats",
         default=nats_default if nats_default else ("nats://127.0.0.1:4222" if nats_required else None),
-        help="NATS server URL(s), comma separated (env EMBEDFLEET_NATS_URL or NATS_URL)"
+        help="NATS server URL(s), comma separated; may carry credentials, nats://USER:PASSWORD@HOST:PORT or "
+        "nats://TOKEN@HOST:PORT (env EMBEDFLEET_NATS_URL or NATS_URL)"
         + ("" if nats_required else "; none: start an embedded nats-server"),
     )
+    add_nats_security_arguments(parser)
     add_option(parser, "--subject-prefix", "EMBEDFLEET_SUBJECT_PREFIX", "embedfleet", "NATS subject prefix")
     add_option(parser, "--log-level", "EMBEDFLEET_LOG_LEVEL", "info", "log level", choices=LOG_LEVELS)
     add_option(parser, "--ready-file", "EMBEDFLEET_READY_FILE", None,
@@ -94,12 +130,88 @@ def add_common_arguments(parser: argparse.ArgumentParser, nats_required: bool = 
                "stops: for readiness probes")
 
 
+def add_nats_security_arguments(parser: argparse.ArgumentParser) -> None:
+    names = NATS_SECURITY_ENV
+    add_option(parser, "--nats-user", names["nats_user"], None,
+               f"NATS user name; its password from --nats-password-file or {PASSWORD_ENV}")
+    add_option(parser, "--nats-password-file", names["nats_password_file"], None,
+               f"file holding the NATS password (first line), or {PASSWORD_ENV} holding the password itself")
+    add_option(parser, "--nats-token-file", names["nats_token_file"], None,
+               f"file holding a NATS auth token (first line), or {TOKEN_ENV} holding the token itself")
+    add_option(parser, "--nats-nkey-seed", names["nats_nkey_seed"], None,
+               "file holding a NATS user nkey seed (SU..., as nk -gen user writes)")
+    add_option(parser, "--nats-creds", names["nats_creds"], None,
+               "NATS credentials file (user JWT and nkey seed, as nsc writes): servers in operator mode")
+    add_option(parser, "--nats-tls-ca", names["nats_tls_ca"], None,
+               "CA certificate(s), PEM, to verify the NATS server's certificate with (default: the system's)")
+    add_option(parser, "--nats-tls-cert", names["nats_tls_cert"], None,
+               "client certificate, PEM, for mutual TLS with NATS (with --nats-tls-key)")
+    add_option(parser, "--nats-tls-key", names["nats_tls_key"], None,
+               "private key, PEM without a passphrase, of --nats-tls-cert")
+    add_option(parser, "--nats-tls-hostname", names["nats_tls_hostname"], None,
+               "name the NATS server's certificate must carry (default: the URL's host)")
+
+
+def nats_security(ns: argparse.Namespace) -> tuple[str | None, NatsAuth, NatsTls]:
+    """(the NATS URL without credentials, the credentials, the TLS settings) the options give.
+
+    Credentials come from exactly one place: the URL, a user and password, a token, an nkey seed
+    file or a credentials file; files must be readable and hold what they should.
+    """
+    opt = {name: getattr(ns, name, None) for name in NATS_SECURITY_ENV}
+    try:
+        url, url_user, url_secret = split_credentials(ns.nats) if ns.nats else (None, None, None)
+        password = read_secret(opt["nats_password_file"], "--nats-password-file") if opt["nats_password_file"] else None
+        token = read_secret(opt["nats_token_file"], "--nats-token-file") if opt["nats_token_file"] else None
+        if password is not None and env(PASSWORD_ENV) is not None:
+            raise ValueError(f"the NATS password is given twice: --nats-password-file and ${PASSWORD_ENV}")
+        if token is not None and env(TOKEN_ENV) is not None:
+            raise ValueError(f"the NATS token is given twice: --nats-token-file and ${TOKEN_ENV}")
+        password = password if password is not None else env(PASSWORD_ENV)
+        token = token if token is not None else env(TOKEN_ENV)
+        user = opt["nats_user"]
+        if url_user is not None:
+            if user is not None or password is not None or token is not None:
+                raise ValueError("NATS credentials are given both in the --nats URL and as options: give one")
+            user, password, token = (url_user, url_secret, None) if url_secret is not None else (None, None, url_user)
+        auth = NatsAuth(user=user, password=password, token=token, nkey_seed=opt["nats_nkey_seed"], creds=opt["nats_creds"])
+        auth.check_files()
+        tls = NatsTls(ca=opt["nats_tls_ca"], cert=opt["nats_tls_cert"], key=opt["nats_tls_key"],
+                      hostname=opt["nats_tls_hostname"])
+        tls.context()  # loads the files: a bad one fails now, not at every reconnect
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return url, auth, tls
+
+
 def nats_config(ns: argparse.Namespace) -> NatsConfig:
     try:
         subjects = Subjects(ns.subject_prefix)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return NatsConfig(url=ns.nats, subjects=subjects, ready_file=getattr(ns, "ready_file", None))
+    url, auth, tls = nats_security(ns)
+    return NatsConfig(url=url, subjects=subjects, ready_file=getattr(ns, "ready_file", None), auth=auth, tls=tls)
+
+
+def child_environment(auth: NatsAuth, tls: NatsTls, base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with the NATS credential and TLS variables replaced by the ones that make a child
+    process (a service ``embedfleet up`` starts) connect with ``auth`` and ``tls``. Secrets travel in
+    the environment, never in arguments, which ps shows."""
+    names = NATS_SECURITY_ENV
+    child = {k: v for k, v in base.items() if k not in (*names.values(), PASSWORD_ENV, TOKEN_ENV)}
+    values = {
+        names["nats_user"]: auth.user,
+        PASSWORD_ENV: auth.password,
+        TOKEN_ENV: auth.token,
+        names["nats_nkey_seed"]: auth.nkey_seed and str(Path(auth.nkey_seed).resolve()),
+        names["nats_creds"]: auth.creds and str(Path(auth.creds).resolve()),
+        names["nats_tls_ca"]: tls.ca and str(Path(tls.ca).resolve()),
+        names["nats_tls_cert"]: tls.cert and str(Path(tls.cert).resolve()),
+        names["nats_tls_key"]: tls.key and str(Path(tls.key).resolve()),
+        names["nats_tls_hostname"]: tls.hostname,
+    }
+    child.update({k: v for k, v in values.items() if v is not None})
+    return child
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import ssl
+import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import nats
 from nats.aio.client import Client
@@ -16,6 +19,7 @@ from nats.micro.service import Service, ServiceConfig
 
 from shared import __version__
 from shared.config import NatsConfig
+from shared.nats_auth import redact
 from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet")
@@ -29,46 +33,137 @@ class Runnable(Protocol):
         """Stop taking work and finish what is in flight."""
 
 
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    # asyncio warns about nats-py's stream protocol each time a TLS connection to NATS closes
+    # ("returning true from eof_received() has no effect when using ssl", nats.py issue #727): harmless
+    return "eof_received()" not in record.getMessage()
+
+
+async def cancel(task: asyncio.Task | None) -> None:
+    """Cancel a background task and wait until it has stopped."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
 def setup_logging(level: str, role: str) -> None:
     logging.basicConfig(
         level=level.upper(),
         format=f"%(asctime)s %(levelname)s {role} %(name)s: %(message)s",
     )
+    logging.getLogger("asyncio").addFilter(_not_tls_eof_noise)
+
+
+class ConnectAborted(Exception):
+    """The service was told to stop before NATS accepted its connection."""
+
+
+class RepeatFilter:
+    """Logs a warning, and the same warning again only after ``every`` seconds, with how often it
+    came meanwhile: a refused connection is retried twice a second, forever."""
+
+    def __init__(self, every: float = 30.0) -> None:
+        self._every = every
+        self._seen: dict[str, tuple[float, int]] = {}  # message -> (last logged, repeats since)
+
+    def warning(self, message: str) -> None:
+        now = time.monotonic()
+        last, repeats = self._seen.get(message, (None, 0))
+        if last is not None and now - last < self._every:
+            self._seen[message] = (last, repeats + 1)
+            return
+        self._seen[message] = (now, 0)
+        log.warning("%s%s", message, f" ({repeats} more times in {now - last:.0f}s)" if repeats else "")
+
+
+def describe_error(exc: BaseException, cfg: NatsConfig) -> str:
+    """A NATS client error, saying what to check when it is about credentials or TLS; never a secret."""
+    text = redact(str(exc) or type(exc).__name__).removeprefix("nats: ")
+    lowered = text.lower()
+    if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in lowered or "authentication" in lowered:
+        return (f"the server refused the credentials ({text}); this service gives {cfg.auth.method}: check "
+                "--nats-user/--nats-password-file, --nats-token-file, --nats-nkey-seed or --nats-creds")
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed ({text}): check --nats-tls-ca, --nats-tls-cert/--nats-tls-key and --nats-tls-hostname"
+    return text
+
+
+async def _unless_stopped(work: Awaitable[Any], stop: asyncio.Event | None) -> Any:
+    """``await work``, given up (ConnectAborted) as soon as ``stop`` is set."""
+    if stop is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled from outside: take both along
+        task.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ConnectAborted
 
 
 async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None) -> Client:
-    """Connect to NATS, retrying until it answers; once connected, reconnect forever."""
+    """Connect to NATS with the configured credentials and TLS, retrying until it answers (or
+    ``stop`` is set: ConnectAborted); once connected, reconnect forever."""
+    warnings = RepeatFilter()
 
     async def on_error(exc: Exception) -> None:
-        log.warning("nats: %s", exc)
+        warnings.warning(f"nats: {describe_error(exc, cfg)}")
 
     async def on_disconnect() -> None:
         if not (nc.is_draining or nc.is_closed):
             log.warning("nats: disconnected")
 
     async def on_reconnect() -> None:
-        log.info("nats: reconnected to %s", nc.connected_url.netloc if nc.connected_url else "?")
+        url = nc.connected_url
+        log.info("nats: reconnected to %s", f"{url.hostname}:{url.port}" if url else "?")
 
+    options = {**cfg.auth.connect_options(), **cfg.tls.connect_options()}
     delay = 0.1
     while True:
         nc = Client()
         try:
-            await nc.connect(
-                servers=cfg.url.split(","),
-                name=name,
-                connect_timeout=cfg.connect_timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                error_cb=on_error,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
+            # The first connection is tried without nats-py's own retries: after a failed TLS
+            # handshake they wait forever on the dead socket (nats.py issue #718). This loop tries
+            # again with a fresh client instead; refused TCP connections nats-py retries itself.
+            await _unless_stopped(
+                nc.connect(
+                    servers=cfg.url.split(","),
+                    name=name,
+                    connect_timeout=cfg.connect_timeout,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    allow_reconnect=False,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    **options,
+                ),
+                stop,
             )
+            nc.options["allow_reconnect"] = True  # connected: from now on nats-py reconnects, forever
             return nc
+        except ConnectAborted:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 1)
+            raise
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            # on_error has logged it; the failed client's socket is closed by the server or the
+            # failed handshake, and closing the client could wait forever on it (see above)
             if stop is not None and stop.is_set():
-                raise
-            log.warning("nats: cannot connect to %s (%s); retrying in %.1fs", cfg.url, exc or type(exc).__name__, delay)
+                raise ConnectAborted from exc
+            log.debug("nats: cannot connect to %s (%s); retrying in %.1fs", cfg.url, describe_error(exc, cfg), delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -116,10 +211,14 @@ def run_service(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        nc = await connect(cfg, f"embedfleet-{role}", stop)
+        try:
+            nc = await connect(cfg, f"embedfleet-{role}", stop)
+        except ConnectAborted:
+            log.info("%s stopped before NATS accepted it", role)
+            return
         service = build(nc)
         await service.start()
-        log.info("%s ready (nats %s)", role, cfg.url)
+        log.info("%s ready (nats %s, %s)", role, cfg.url, cfg.auth.method)
         mark_ready(cfg, True)
         await stop.wait()
         mark_ready(cfg, False)

@@ -22,6 +22,7 @@ from shared.config import ConfigError
 log = logging.getLogger("embedfleet.nats")
 
 MAX_PAYLOAD = "8MB"
+HOST = "127.0.0.1"  # loopback only: the embedded server asks for no credentials
 
 
 def find_binary() -> str:
@@ -40,31 +41,33 @@ def find_binary() -> str:
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return s.getsockname()[1]
 
 
 class EmbeddedNats:
     """A nats-server child process; ``start()`` returns its URL once JetStream answers."""
 
-    def __init__(self, data_dir: Path, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, port: int = 0, config: str = "") -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.monitor_port = free_port()
+        self.config = config  # more nats-server configuration (authorization, tls, ...), appended
         self._proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{HOST}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
         conf.write_text(
-            f"listen: 127.0.0.1:{self.port}\n"
-            f"http: 127.0.0.1:{self.monitor_port}\n"
+            f"listen: {HOST}:{self.port}\n"
+            f"http: {HOST}:{self.monitor_port}\n"
             f"max_payload: {MAX_PAYLOAD}\n"
             f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n'
+            + self.config
         )
         log_file = open(self.data_dir / "nats-server.log", "ab")
         self._proc = subprocess.Popen(
@@ -91,7 +94,7 @@ class EmbeddedNats:
     def _healthy(self) -> bool:
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true", timeout=1
+                f"http://{HOST}:{self.monitor_port}/healthz?js-enabled-only=true", timeout=1
             ) as resp:
                 return resp.status == 200
         except OSError:
