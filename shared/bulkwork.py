@@ -13,6 +13,7 @@ state. Never retried forever, never lost without a record.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -24,7 +25,9 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.config import JobSettings
+from shared.lifecycle import cancel
 from shared.jobs import count_failed, ensure_streams, publish_durably, stream_names, update_state, work_consumer
+from shared.protocol import MAX_NAME
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.bulk")
@@ -33,6 +36,8 @@ STAGE = "Embedfleet-Stage"
 REASON = "Embedfleet-Reason"
 DELIVERIES = "Embedfleet-Deliveries"
 ORIGIN = "Embedfleet-Origin"  # the original subject
+TRUNCATED = "Embedfleet-Truncated"  # the original size, when the payload was cut to fit with these headers
+_HEADER_ROOM = 1024  # bytes for the headers beside the reason, the origin and the message id
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +129,8 @@ class Heartbeats:
         return len(self._held)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     async def _beat(self) -> None:
         while True:
@@ -166,10 +166,16 @@ class DeadLetters:
         job = info.job or "unknown"
         log.warning("job %s: %s gives batch %s up after %d deliveries: %s", job, self._stage, info.batch, count, reason)
         origin_id = headers.get("Nats-Msg-Id") or f"{subject}:{time.time_ns()}"
-        ack = await publish_durably(
-            self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}",
-            headers={STAGE: self._stage, REASON: reason[:500], DELIVERIES: str(count), ORIGIN: subject},
-        )
+        if len(origin_id) > MAX_NAME:  # an untrusted header: its digest names the record as well
+            origin_id = hashlib.sha256(origin_id.encode()).hexdigest()
+        record = {STAGE: self._stage, REASON: reason[:500], DELIVERIES: str(count), ORIGIN: subject}
+        # headers count toward the server's payload limit, and a message over it closes the connection:
+        # a batch that (nearly) filled a message alone is kept cut, with its size said
+        room = self._nc.max_payload - _HEADER_ROOM - len(f"{reason[:500]}{subject}{origin_id}".encode())
+        if len(data) > room:
+            data, record[TRUNCATED] = data[: max(room, 0)], str(len(data))
+        ack = await publish_durably(self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}",
+                                    headers=record)
         if info.job is None or ack.duplicate:  # recorded before (a crash between record and term)
             return
         entry = {"stage": self._stage, "batch": info.batch, "start": info.start, "documents": info.documents,
@@ -212,7 +218,9 @@ def job_from_msg_id(headers: dict, numbers: int) -> BatchInfo:
     """``JOB:BATCH`` (job batches) or ``JOB:BATCH:ROW`` (token batches) message ids name the job even
     when the payload cannot be decoded; ``numbers`` is how many numeric parts end the id."""
     parts = (headers.get("Nats-Msg-Id") or "").rsplit(":", numbers)
-    if len(parts) != numbers + 1 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+    # the id is untrusted: a job name must make a valid subject, the numbers plain ASCII digits
+    if len(parts) != numbers + 1 or not 0 < len(parts[0]) <= MAX_NAME or \
+            not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts[1:]):
         return BatchInfo(None)
     return BatchInfo(parts[0], int(parts[1]), int(parts[2]) if numbers > 1 else 0)
 

@@ -1,9 +1,15 @@
 """Embedding requests over NATS: publish to the tokenizer fleet, gather the workers' result chunks.
 
-One wildcard inbox subscription serves every request of the process; each request's reply subject
-is ``<inbox>.<request id>``. A request split into k chunks comes back as several EmbedResult
+One wildcard inbox subscription serves every request of the process; each attempt's reply subject
+is ``<inbox>.<attempt id>``. A request split into k chunks comes back as several EmbedResult
 messages, each naming its rows; the request completes when every row arrived, fails on the first
 error, and times out at its deadline.
+
+Embedding is idempotent, so work that may be lost is sent again: when a process of the fleet dies
+(``resend_missing``, called by a FleetWatch) or a hop has no responder while the fleet still serves
+the model, the rows still missing go out once more as a new attempt, up to ``retries`` times per
+request, always under the request's own deadline. Rows that arrive twice are kept once. While the
+NATS connection is down nothing is sent: new requests and those in flight fail at once (503).
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 from nats.aio.client import Client
@@ -39,6 +46,8 @@ from shared.subjects import Subjects
 log = logging.getLogger("embedfleet.client")
 
 _NO_RESPONDERS = "503"
+_NO_RESPONDER_PAUSE = 0.1  # seconds before re-sending after a missing responder
+_CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
 
 
 @dataclass(slots=True)
@@ -49,61 +58,99 @@ class EmbedOutcome:
 
 
 class _Pending:
-    """Rows gathered so far for one request."""
+    """Rows gathered so far for one request, over all its attempts."""
 
-    def __init__(self, request_id: str, total: int, future: asyncio.Future) -> None:
-        self.id = request_id
-        self.total = total
+    def __init__(self, request: EmbedRequest, future: asyncio.Future) -> None:
+        self.request = request
+        self.id = request.id
+        self.total = request.count
         self.future = future
         self.vectors: np.ndarray | None = None
-        self.filled = np.zeros(total, dtype=bool)
+        self.filled = np.zeros(self.total, dtype=bool)
         self.rows = 0
         self.tokens = 0
         self.timings: dict[str, float] = {}
+        self.attempts: list[str] = []  # attempt ids, the first is the request id
+        self.resending = False  # a resend is under way
 
     def fail(self, error: ServiceError) -> None:
         if not self.future.done():
             self.future.set_exception(error)
 
-    def add(self, result: EmbedResult) -> None:
+    def add(self, result: EmbedResult, index: np.ndarray | None) -> None:
+        """Rows of one attempt; ``index`` maps that attempt's rows to the request's (None: the same)."""
         if self.future.done():
             return
         rows = result.array()  # [count, dim]
         end = result.start + len(rows)
-        if result.total != self.total or end > self.total:
-            raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {self.total}")
+        count = self.total if index is None else len(index)
+        if result.total != count or end > count:
+            raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
             self.vectors = np.empty((self.total, result.dim), dtype=VECTOR_DTYPES[result.dtype])
         elif self.vectors.shape[1] != result.dim or self.vectors.dtype != VECTOR_DTYPES[result.dtype]:
             raise ProtocolError("result chunks disagree on dimension or dtype")
-        if self.filled[result.start : end].any():
-            log.warning("request %s: duplicate rows %d..%d ignored", self.id, result.start, end)
-            return
-        self.vectors[result.start : end] = rows
-        self.filled[result.start : end] = True
-        self.rows += len(rows)
-        self.tokens += result.tokens
+        where = np.arange(result.start, end) if index is None else index[result.start : end]
+        fresh = ~self.filled[where]
+        if not fresh.any():
+            return  # a duplicate: an earlier attempt delivered these rows
+        self.vectors[where[fresh]] = rows[fresh]
+        self.filled[where[fresh]] = True
+        self.rows += int(fresh.sum())
+        # a chunk that overlaps rows from another attempt counts its tokens pro rata
+        self.tokens += result.tokens if fresh.all() else round(result.tokens * fresh.mean())
         for stage, seconds in result.timings.items():
             self.timings[stage] = max(self.timings.get(stage, 0.0), seconds)
         if self.rows == self.total:
             self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings))
 
+    def missing(self) -> np.ndarray:
+        return np.flatnonzero(~self.filled)
+
+
+def _subset(request: EmbedRequest, attempt: str, rows: np.ndarray) -> EmbedRequest:
+    """The rows ``rows`` of ``request``, as a request of their own under the id ``attempt``."""
+    pick = rows.tolist()
+    return EmbedRequest(
+        id=attempt,
+        model=request.model,
+        texts=[request.texts[i] for i in pick] if request.texts else [],
+        deadline=request.deadline,
+        options=request.options,
+        token_ids=None if request.token_ids is None else [request.token_ids[i] for i in pick],
+        pairs=None if request.pairs is None else [request.pairs[i] for i in pick],
+    )
+
 
 class EmbedClient:
-    """Sends EmbedRequests and gathers their results; shared by the gateway and the scorer."""
+    """Sends EmbedRequests and gathers their results; shared by the gateway and the scorer.
 
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
+    ``retries``: attempts after the first for work that may be lost; ``serves(model)``: whether the
+    fleet still serves a model (a FleetWatch's view), asked before re-sending after a missing
+    responder; without it a missing responder fails the request at once.
+    """
+
+    def __init__(self, nc: Client, subjects: Subjects, retries: int = 2, serves: Callable[[str], bool] | None = None) -> None:
         self._nc = nc
         self._subjects = subjects
+        self._retries = retries
+        self._serves = serves
         self._inbox = ""
         self._pending: dict[str, _Pending] = {}
+        self._attempts: dict[str, tuple[_Pending, np.ndarray | None]] = {}  # attempt id -> request, row map
         self._sub = None
+        self._watch: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+        self._watch = asyncio.create_task(self._watch_connection(), name="connection-watch")
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -126,6 +173,7 @@ class EmbedClient:
 
         Raises ServiceError (timeout, no responders, ...).
         """
+        self._check_connected()
         request_id = uuid.uuid4().hex
         request = EmbedRequest(
             id=request_id,
@@ -143,10 +191,10 @@ class EmbedClient:
                 f"request is {len(payload)} bytes encoded; the NATS limit is {self._nc.max_payload}: "
                 "send fewer or shorter inputs per request",
             )
-        pending = _Pending(request_id, request.count, asyncio.get_running_loop().create_future())
+        pending = _Pending(request, asyncio.get_running_loop().create_future())
         self._pending[request_id] = pending
         try:
-            await self._nc.publish(self._subjects.embed(model), payload, reply=f"{self._inbox}.{request_id}")
+            await self._send(pending, request_id, None, payload)
             return await asyncio.wait_for(pending.future, timeout)
         except asyncio.TimeoutError:
             raise ServiceError(
@@ -154,6 +202,72 @@ class EmbedClient:
             ) from None
         finally:
             del self._pending[request_id]
+            for attempt in pending.attempts:
+                self._attempts.pop(attempt, None)
+
+    async def _send(self, pending: _Pending, attempt: str, index: np.ndarray | None, payload: bytes) -> None:
+        pending.attempts.append(attempt)
+        self._attempts[attempt] = (pending, index)
+        await self._nc.publish(self._subjects.embed(pending.request.model), payload, reply=f"{self._inbox}.{attempt}")
+
+    async def _resend(self, pending: _Pending, why: str) -> bool:
+        """Send ``pending``'s missing rows as a new attempt; False when its retries or time ran out."""
+        rows = pending.missing()
+        if pending.future.done() or not len(rows):
+            return True
+        if len(pending.attempts) > self._retries or pending.request.deadline - time.time() < 0.05:
+            return False
+        attempt = f"{pending.id}-{len(pending.attempts)}"
+        log.info("request %s: %s; sending its %d missing rows again (attempt %d)", pending.id, why, len(rows),
+                 len(pending.attempts) + 1)
+        index = None if len(rows) == pending.total else rows
+        request = replace(pending.request, id=attempt) if index is None else _subset(pending.request, attempt, rows)
+        try:
+            await self._send(pending, attempt, index, encode(request))
+        except Exception as exc:  # the connection went away meanwhile: the connection watch fails it
+            log.warning("request %s: resend failed: %s", pending.id, exc)
+        return True
+
+    def resend_missing(self, role: str = "", instance: str = "") -> None:
+        """A process of the fleet died: every request in flight may have lost rows with it.
+
+        Out of retries, a request still completes if its rows come, or times out at its deadline."""
+        for pending in list(self._pending.values()):
+            if not pending.future.done() and not pending.resending:
+                self._spawn(self._resend(pending, f"{role or 'a process'} {instance} stopped answering"), pending)
+
+    async def _no_responder(self, pending: _Pending) -> None:
+        model = pending.request.model
+        if self._serves is not None and self._serves(model):
+            await asyncio.sleep(_NO_RESPONDER_PAUSE)  # the tokenizers' routers drop a dead worker meanwhile
+            if self._serves(model) and await self._resend(pending, "a hop had no responder"):
+                return
+        pending.fail(ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer or worker is serving this model right now"))
+
+    def _spawn(self, work, pending: _Pending) -> None:
+        """Run ``work`` (a resend) in the background, one at a time per request."""
+        pending.resending = True
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            pending.resending = False
+            self._tasks.discard(t)
+
+        task.add_done_callback(done)
+
+    def _check_connected(self) -> None:
+        if not self._nc.is_connected:
+            raise ServiceError(ErrorCode.NO_RESPONDERS, "the NATS server is unreachable right now; retry shortly")
+
+    async def _watch_connection(self) -> None:
+        """Fail what is in flight as soon as the connection drops: its replies would be lost."""
+        while True:
+            await asyncio.sleep(_CONNECTION_POLL)
+            if not self._nc.is_connected and self._pending:
+                error = ServiceError(ErrorCode.NO_RESPONDERS, "lost the connection to the NATS server; retry shortly")
+                for pending in list(self._pending.values()):
+                    pending.fail(error)
 
     async def tokenize(
         self, model: str, texts: list[str], add_special_tokens: bool, prompt_name: str | None, timeout: float
@@ -176,6 +290,7 @@ class EmbedClient:
 
     async def _ask(self, subject: str, payload: bytes, who: str, timeout: float):
         """One request-reply to a ``who`` service: its reply decoded, or its error raised."""
+        self._check_connected()
         try:
             msg = await self._nc.request(subject, payload, timeout=timeout)
         except NoRespondersError:
@@ -191,18 +306,22 @@ class EmbedClient:
         return reply
 
     async def _on_reply(self, msg: Msg) -> None:
-        pending = self._pending.get(msg.subject.rsplit(".", 1)[-1])
-        if pending is None:
+        attempt = msg.subject.rsplit(".", 1)[-1]
+        found = self._attempts.get(attempt)
+        if found is None:
             return  # late reply for a request that already finished or timed out
+        pending, index = found
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            pending.fail(ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer or worker is serving this model right now"))
+            # one answer per attempt: several chunks of it may each find no responder
+            if not pending.future.done() and not pending.resending and attempt == pending.attempts[-1]:
+                self._spawn(self._no_responder(pending), pending)
             return
         try:
             reply = decode(msg.data)
             if isinstance(reply, ErrorReply):
                 pending.fail(ServiceError(reply.code, reply.message))
             elif isinstance(reply, EmbedResult):
-                pending.add(reply)
+                pending.add(reply, index)
             else:
                 raise ProtocolError(f"unexpected {type(reply).__name__} on a reply subject")
         except ProtocolError as exc:

@@ -54,6 +54,10 @@ class Subjects:
         """workers -> tokenizers: queue depth reports."""
         return f"{self.prefix}.v1.load.{model_token(model)}"
 
+    def loads(self) -> str:
+        """every model's load reports (gateways watch them for workers that leave)."""
+        return f"{self.prefix}.v1.load.*"
+
     def tokenize(self, model: str) -> str:
         """gateway -> tokenizer fleet: show tokens (TEI /tokenize)."""
         return f"{self.prefix}.v1.tokenize.{model_token(model)}"

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from shared import __version__
 from shared.client import EmbedClient, EmbedOutcome
 from shared.errors import ErrorCode, ServiceError
+from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
 from shared.lifecycle import connect, mark_ready, register
 from shared.model_dir import same_model
@@ -25,7 +26,6 @@ from shared.protocol import EmbedOptions, RerankRequest
 from services.gateway import openai_api, rerank_api, tei_api
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
-from services.gateway.discovery import Discovery
 from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate
 from services.gateway.inputs import Inputs, Limits, json_object
@@ -53,7 +53,7 @@ class Gateway:
         self.limits = Limits(cfg.max_inputs, cfg.max_input_chars)
         self.nc = None
         self.client: EmbedClient | None = None
-        self.discovery: Discovery | None = None
+        self.discovery: FleetWatch | None = None
         self._micro = None
         self._in_flight = 0
         self.jobs: JobsApi | None = None
@@ -61,9 +61,11 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
-        self.client = EmbedClient(self.nc, self.cfg.nats.subjects)
+        self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
+        self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery.serves)
+        self.discovery.on_lost(self.client.resend_missing)
         await self.client.start()
-        self.discovery = Discovery(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
+        await self.discovery.start()
         self._micro = await register(self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)})
         try:
             js = self.nc.jetstream()
@@ -78,6 +80,7 @@ class Gateway:
         finally:
             mark_ready(self.cfg.nats, False)
             await self._micro.stop()
+            await self.discovery.stop()
             await self.client.stop()
             await self.nc.drain()
 

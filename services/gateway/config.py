@@ -6,13 +6,15 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_float, positive_int
+from shared.config import ConfigError, NatsConfig, add_option, nats_config, non_negative_int, positive_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--host", "EMBEDFLEET_HOST", "127.0.0.1", "address to listen on")
     add_option(parser, "--port", "EMBEDFLEET_PORT", 8080, "HTTP port", int)
     add_option(parser, "--request-timeout", "EMBEDFLEET_REQUEST_TIMEOUT", 30.0, "seconds a request may take", positive_float)
+    add_option(parser, "--retries", "EMBEDFLEET_RETRIES", 2,
+               "times the rows a dead tokenizer or worker held are sent again (embedding is idempotent)", non_negative_int)
     add_option(parser, "--max-inputs", "EMBEDFLEET_MAX_INPUTS", 2048, "max inputs in one request", positive_int)
     add_option(parser, "--max-input-chars", "EMBEDFLEET_MAX_INPUT_CHARS", 65536, "max characters in one input", positive_int)
     add_option(parser, "--max-body-bytes", "EMBEDFLEET_MAX_BODY_BYTES", 8 << 20, "max request body size in bytes", positive_int)
@@ -39,7 +41,8 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = ()
     open_paths: tuple[str, ...] = ("/health", "/metrics")
     jobs_dir: Path | None = None
-    discovery_interval: float = 2.0  # seconds between fleet polls
+    discovery_interval: float = 1.0  # seconds between fleet polls; a process silent for 3 is taken for dead
+    retries: int = 2  # attempts after the first for rows a dead process may have held
     discovery_wait: float = 0.25  # seconds to gather ping replies
 
     @classmethod
@@ -62,6 +65,7 @@ class GatewayConfig:
             max_body_bytes=ns.max_body_bytes,
             max_input_chars=ns.max_input_chars,
             max_in_flight=ns.max_in_flight,
+            retries=ns.retries,
             api_keys=tuple(keys),
             open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,

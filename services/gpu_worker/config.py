@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                choices=("auto", "on", "off"))
     add_option(parser, "--attention", "EMBEDFLEET_ATTENTION", "auto", "attention backend",
                choices=("auto", "sdpa", "flashinfer"))
+    add_option(parser, "--max-queued-tokens", "EMBEDFLEET_MAX_QUEUED_TOKENS", 262144,
+               "online tokens waiting in this worker beyond which new batches are refused (overloaded: 429)", positive_int)
     add_option(parser, "--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
                "seconds between queue-depth reports to the tokenizers", positive_float)
     add_job_arguments(parser)
@@ -57,6 +59,7 @@ class WorkerConfig:
     load_interval: float = 0.05
     jobs: JobSettings = JobSettings()
     bulk_batch_tokens: int | None = None
+    max_queued_tokens: int = 262144
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
@@ -83,4 +86,5 @@ class WorkerConfig:
             load_interval=ns.load_interval,
             jobs=job_settings(ns),
             bulk_batch_tokens=ns.bulk_batch_tokens,
+            max_queued_tokens=ns.max_queued_tokens,
         )

@@ -1,0 +1,270 @@
+"""Online requests survive faults, on real processes and a real nats-server.
+
+A worker killed with SIGKILL while it holds rows of a request, a tokenizer killed during traffic, a
+worker stopped (SIGSTOP: the slowest worker there is), nats-server stopped and started again, a
+worker stopped with SIGTERM during traffic. Each time every request gets an answer within its
+deadline, the answers that succeed hold the right vectors, and the stack serves again afterwards
+with no manual step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from shared.nats_server import EmbeddedNats, free_port
+from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.corpus import medium_texts
+from tests.integration.procs import Service, count_services, healthy, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "all-MiniLM-L6-v2"
+DEADLINE = 20.0  # the gateway's --request-timeout
+TEXTS = medium_texts(160)
+
+
+@dataclass
+class Fleet:
+    nats: EmbeddedNats
+    folder: Path
+    base_url: str = ""
+    port: int = 0
+    services: dict[str, Service] = field(default_factory=dict)
+    expected: np.ndarray | None = None
+
+    def start(self, name: str) -> Service:
+        common = ["--nats", self.nats.url]
+        role = name.split("-")[0]
+        if role == "tokenizer":
+            # small chunks: a request is spread over both workers
+            service = Service("tokenizer", [*common, "--chunk-seqs", "8"], self.folder)
+        elif role == "worker":
+            service = Service("worker", [*common, "--max-batch-tokens", "512"], self.folder, {"OMP_NUM_THREADS": "1"})
+        else:
+            service = Service("gateway", [*common, "--port", str(self.port), "--request-timeout", str(DEADLINE)], self.folder)
+        self.services[name] = service
+        return service
+
+    def workers(self) -> int:
+        return count_services(self.nats.url, "worker")
+
+    def wait_serving(self, workers: int = 2, tokenizers: int = 2) -> None:
+        procs = [s for s in self.services.values() if s.alive]
+        wait_until(lambda: healthy(self.base_url), 120, "gateway health", procs)
+        wait_until(lambda: self.workers() == workers, 120, f"{workers} workers", procs)
+        wait_until(lambda: count_services(self.nats.url, "tokenizer") == tokenizers, 60, f"{tokenizers} tokenizers", procs)
+
+    def replace(self, name: str) -> None:
+        """Start a fresh process in place of a dead one (what Kubernetes or `embedfleet up` does)."""
+        old = self.services[name]
+        if old.alive:
+            old.stop()
+        self.start(name)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{s.log()[-3000:]}" for name, s in self.services.items())
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, reference) -> Iterator[Fleet]:
+    folder = tmp_path_factory.mktemp("faults")
+    server = EmbeddedNats(folder / "nats")
+    server.start()
+    f = Fleet(server, folder, port=free_port())
+    f.base_url = f"http://127.0.0.1:{f.port}"
+    try:
+        for name in ("tokenizer-1", "tokenizer-2", "worker-1", "worker-2", "gateway"):
+            f.start(name)
+        f.wait_serving()
+        f.expected = reference.encode(TEXTS)
+        yield f
+    finally:
+        for s in f.services.values():
+            s.stop()
+        server.stop()
+
+
+@pytest.fixture
+def serving(fleet: Fleet) -> Iterator[Fleet]:
+    """The fleet at full strength before a test, and again after it (dead processes replaced)."""
+    yield fleet
+    if not fleet.nats.running:
+        fleet.nats = EmbeddedNats(fleet.nats.data_dir, port=fleet.nats.port)
+        fleet.nats.start()
+    for name, service in list(fleet.services.items()):
+        if not service.alive:
+            fleet.replace(name)
+        elif service.proc.pid and _stopped(service.proc.pid):
+            os.kill(service.proc.pid, signal.SIGCONT)
+    fleet.wait_serving()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T")
+    except OSError:
+        return False
+
+
+def embed(base_url: str, texts: list[str], timeout: float = DEADLINE + 10) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    r = httpx.post(f"{base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=timeout)
+    return r, time.monotonic() - started
+
+
+def vectors(r: httpx.Response) -> np.ndarray:
+    return np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+
+
+def check_right(fleet: Fleet, r: httpx.Response, rows: slice = slice(None)) -> None:
+    assert r.status_code == 200, f"{r.status_code} {r.text[:300]}\n{fleet.logs()}"
+    got = vectors(r)
+    assert got.shape == fleet.expected[rows].shape
+    assert cosines(got, fleet.expected[rows]).min() >= COSINE_TOLERANCE
+
+
+def traffic(fleet: Fleet, stop: threading.Event, clients: int = 3, size: int = 16) -> list[tuple[int, float, int]]:
+    """``clients`` loops sending requests of ``size`` texts until ``stop``: (status, seconds, first row) each."""
+    results: list[tuple[int, float, int]] = []
+
+    def loop(k: int) -> None:
+        i = k * 7
+        while not stop.is_set():
+            first = (i * size) % (len(TEXTS) - size)
+            r, took = embed(fleet.base_url, TEXTS[first : first + size])
+            results.append((r.status_code, took, first))
+            if r.status_code == 200:
+                check_right(fleet, r, slice(first, first + size))
+            i += 1
+
+    with ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(loop, k) for k in range(clients)]:
+            future.result()
+    return results
+
+
+def test_worker_killed_while_holding_rows_of_a_request(serving: Fleet):
+    """SIGKILL a worker while a request's chunks sit on both workers: the gateway sends the rows the
+    dead worker held again (embedding is idempotent) and the request succeeds within its deadline."""
+    fleet = serving
+    result: dict[str, tuple[httpx.Response, float]] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS)))
+    thread.start()
+    time.sleep(1.0)  # 20 chunks of 8 texts spread over both workers: seconds of work on one thread each
+    assert thread.is_alive(), "the request finished before the worker was killed"
+    fleet.services["worker-1"].kill()
+    thread.join(DEADLINE + 10)
+    r, took = result["r"]
+    check_right(fleet, r)
+    assert took < DEADLINE
+    assert "missing rows again" in fleet.services["gateway"].log()
+
+
+def test_tokenizer_killed_during_traffic(serving: Fleet):
+    """SIGKILL one of two tokenizers while requests flow: every request is answered, and right."""
+    fleet = serving
+    stop = threading.Event()
+    done: list = []
+    thread = threading.Thread(target=lambda: done.extend(traffic(fleet, stop, clients=4, size=4)))
+    thread.start()
+    time.sleep(2.0)
+    fleet.services["tokenizer-1"].kill()
+    time.sleep(5.0)  # past the fleet watch's 3 s: the lost tokenizer's requests were sent again
+    stop.set()
+    thread.join(DEADLINE + 10)
+    assert done and all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
+    assert max(took for _, took, _ in done) < DEADLINE
+
+
+def test_stopped_worker_rows_are_served_by_the_other(serving: Fleet):
+    """A worker that stops answering (SIGSTOP) is taken for dead after three silent fleet polls: the
+    rows it holds go to the other worker, well within the deadline."""
+    fleet = serving
+    slow = fleet.services["worker-2"]
+    result: dict[str, tuple[httpx.Response, float]] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS[:64])))
+    thread.start()
+    time.sleep(0.5)
+    os.kill(slow.proc.pid, signal.SIGSTOP)
+    try:
+        thread.join(DEADLINE + 10)
+        r, took = result["r"]
+        check_right(fleet, r, slice(0, 64))
+        assert took < DEADLINE / 2
+    finally:
+        os.kill(slow.proc.pid, signal.SIGCONT)
+
+
+def test_deadline_is_honoured_when_no_worker_answers(serving: Fleet):
+    """Every worker stopped: the request gets a 504 in the API's error shape at its deadline, not later;
+    once the workers resume the stack serves again."""
+    fleet = serving
+    pids = [fleet.services[name].proc.pid for name in ("worker-1", "worker-2")]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        r, took = embed(fleet.base_url, ["a query nobody will answer"])
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["message"].startswith("no complete result within")
+        assert DEADLINE - 1 <= took < DEADLINE + 2
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    fleet.wait_serving()
+    r, _ = embed(fleet.base_url, TEXTS[:8])
+    check_right(fleet, r, slice(0, 8))
+
+
+def test_nats_restart_fails_fast_then_serves_again(serving: Fleet):
+    """nats-server stopped with a request in flight and more arriving: each is answered 503 at once,
+    none hangs; started again, every service reconnects by itself and the stack serves."""
+    fleet = serving
+    result: dict[str, tuple[httpx.Response, float]] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS)))
+    thread.start()
+    time.sleep(1.0)
+    assert thread.is_alive()
+    fleet.nats.stop()
+    thread.join(DEADLINE)
+    r, took = result["r"]
+    assert r.status_code == 503, r.text
+    assert "NATS" in r.json()["error"]["message"]
+    for _ in range(5):
+        r, took = embed(fleet.base_url, ["while the server is down"])
+        assert r.status_code == 503 and took < 1.0, (r.status_code, took)
+    fleet.nats = EmbeddedNats(fleet.nats.data_dir, port=fleet.nats.port)
+    fleet.nats.start()
+    fleet.wait_serving()
+    r, _ = embed(fleet.base_url, TEXTS[:8])
+    check_right(fleet, r, slice(0, 8))
+
+
+def test_sigterm_drains_a_worker_during_traffic(serving: Fleet):
+    """SIGTERM a worker while requests flow: it finishes what it accepted, then exits 0; no request
+    fails and none is sent again (nothing was lost)."""
+    fleet = serving
+    gateway_log = len(fleet.services["gateway"].log())
+    stop = threading.Event()
+    done: list = []
+    thread = threading.Thread(target=lambda: done.extend(traffic(fleet, stop, clients=3, size=16)))
+    thread.start()
+    time.sleep(2.0)
+    worker = fleet.services["worker-1"]
+    assert worker.stop(timeout=60) == 0, worker.log()[-2000:]
+    time.sleep(2.0)
+    stop.set()
+    thread.join(DEADLINE + 10)
+    assert done and all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
+    assert "finishing in-flight work" in worker.log()
+    assert "missing rows again" not in fleet.services["gateway"].log()[gateway_log:]
