@@ -41,13 +41,17 @@ def run_stack(ns: argparse.Namespace) -> int:
         common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level]
         env = child_environment(auth, tls, os.environ)  # secrets go to the services in their environment
         model_args = (["--model", str(info.path)] if ns.model else []) + ["--model-name", info.id]
-        for role, extra in (
-            ("tokenizer", model_args),
-            ("worker", model_args),
-            ("scorer", model_args),
-            ("gateway", _gateway_args(ns)),
-        ):
-            children[role] = subprocess.Popen([sys.executable, "-m", "services.cli", role, *common, *extra], env=env)
+        commands = {
+            role: [sys.executable, "-m", "services.cli", role, *common, *extra]
+            for role, extra in (
+                ("tokenizer", model_args),
+                ("worker", model_args),
+                ("scorer", model_args),
+                ("gateway", _gateway_args(ns)),
+            )
+        }
+        for role, command in commands.items():
+            children[role] = subprocess.Popen(command, env=env)
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
         base = f"http://{host}:{ns.port}"
         if not _wait_ready(base, children, stop):
@@ -62,10 +66,18 @@ def run_stack(ns: argparse.Namespace) -> int:
             "Ctrl-C stops everything.\n",
             flush=True,
         )
+        restarts = Restarts()
         while not stop.wait(0.5):
+            if nats is not None and not nats.running:
+                if not restarts.allow("nats-server"):
+                    return 1
+                log.error("nats-server exited; starting it again")
+                nats.start()
             for role, proc in children.items():
-                if proc.poll() is not None:
-                    log.error("%s exited with %s; stopping the stack", role, proc.returncode)
+                if proc.poll() is not None and restarts.allow(role):
+                    log.error("%s exited with %s; starting it again", role, proc.returncode)
+                    children[role] = subprocess.Popen(commands[role], env=env)
+                elif proc.poll() is not None:
                     return 1
         return 0
     finally:
@@ -73,6 +85,25 @@ def run_stack(ns: argparse.Namespace) -> int:
         if nats is not None:
             nats.stop()
             log.info("nats-server stopped")
+
+
+class Restarts:
+    """A service that dies is started again, unless it died ``limit`` times within ``window`` seconds:
+    then it cannot start (a bad option, a broken model, a port taken) and the stack stops."""
+
+    def __init__(self, limit: int = 5, window: float = 60.0) -> None:
+        self._limit = limit
+        self._window = window
+        self._deaths: dict[str, list[float]] = {}
+
+    def allow(self, name: str) -> bool:
+        now = time.monotonic()
+        deaths = [t for t in self._deaths.get(name, []) if now - t < self._window] + [now]
+        self._deaths[name] = deaths
+        if len(deaths) > self._limit:
+            log.error("%s died %d times within %.0fs; stopping the stack", name, len(deaths), self._window)
+            return False
+        return True
 
 
 def _gateway_args(ns: argparse.Namespace) -> list[str]:

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from shared.client import EmbedClient
 from shared.errors import ErrorCode, ServiceError
+from shared.fleet import FleetWatch
 from shared.lifecycle import register
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE, model_token
@@ -26,7 +27,10 @@ class ScorerService:
     def __init__(self, nc: Client, cfg: ScorerConfig) -> None:
         self._nc = nc
         self._cfg = cfg
-        self._client = EmbedClient(nc, cfg.nats.subjects)
+        # the tokenizers and workers it sends candidates to: rows a dead one held are sent again
+        self._fleet = FleetWatch(nc, cfg.nats.subjects.prefix, wait=0.25, interval=1.0)
+        self._client = EmbedClient(nc, cfg.nats.subjects, serves=self._fleet.serves)
+        self._fleet.on_lost(self._client.resend_missing)
         self._slots = asyncio.Semaphore(cfg.max_concurrency)
         self._tasks: set[asyncio.Task] = set()
         self._sub = None
@@ -34,6 +38,7 @@ class ScorerService:
 
     async def start(self) -> None:
         await self._client.start()
+        await self._fleet.start()
         subject = self._cfg.nats.subjects.rerank(self._cfg.model.id)
         self._sub = await self._nc.subscribe(subject, queue=SCORER_QUEUE, cb=self._on_request)
         self._micro = await register(self._nc, self._cfg.nats.subjects, "scorer", "rerank: cross-encoder scores or cosine similarity",
@@ -46,6 +51,7 @@ class ScorerService:
             self._sub = None
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._fleet.stop()
         await self._client.stop()
         if self._micro is not None:
             await self._micro.stop()

@@ -1,4 +1,4 @@
-"""A bounded load test on real processes: far more requests than the stack can serve, for a while.
+"""Bounded load tests on real processes: far more work than the stack can serve.
 
 The gateway admits ``--max-in-flight`` requests and answers the rest 429 at once, so memory does not
 grow with the offered load: every request gets an answer (200 or 429, nothing else, no client
@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from shared.nats_server import EmbeddedNats, free_port
+from shared.protocol import ErrorReply, TokenBatch, decode, encode
+from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, healthy, wait_until
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"
 SECONDS = float(os.environ.get("EMBEDFLEET_LOAD_SECONDS", "40"))
 MAX_IN_FLIGHT = 16
+QUEUE_LIMIT = 16384  # the worker's --max-queued-tokens
 CLIENTS = 96  # connections sending back to back: several times what MAX_IN_FLIGHT admits
 TEXTS = medium_texts(64)
 
@@ -41,7 +44,7 @@ def rss_mb(pid: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory) -> Iterator[tuple[str, dict[str, Service]]]:
+def loaded(tmp_path_factory) -> Iterator[tuple[str, str, dict[str, Service]]]:
     folder = tmp_path_factory.mktemp("load")
     server = EmbeddedNats(folder / "nats")
     server.start()
@@ -49,14 +52,14 @@ def loaded(tmp_path_factory) -> Iterator[tuple[str, dict[str, Service]]]:
     common = ["--nats", server.url]
     services = {
         "tokenizer": Service("tokenizer", common, folder),
-        "worker": Service("worker", [*common, "--max-batch-tokens", "1024"], folder),
+        "worker": Service("worker", [*common, "--max-batch-tokens", "1024", "--max-queued-tokens", str(QUEUE_LIMIT)], folder),
         "gateway": Service("gateway", [*common, "--port", str(port), "--max-in-flight", str(MAX_IN_FLIGHT),
                                        "--request-timeout", "30"], folder),
     }
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base_url), 120, "gateway health", list(services.values()))
-        yield base_url, services
+        yield base_url, server.url, services
     finally:
         for s in services.values():
             s.stop()
@@ -100,7 +103,7 @@ async def offer_load(base_url: str, seconds: float, services: dict[str, Service]
 
 
 def test_overload_answers_429_and_memory_stays_flat(loaded, reference):
-    base_url, services = loaded
+    base_url, _, services = loaded
     httpx.post(f"{base_url}/v1/embeddings", json={"model": MODEL, "input": TEXTS}, timeout=60).raise_for_status()
     statuses, failures, samples = asyncio.run(offer_load(base_url, SECONDS, services))
     report = f"statuses {dict(statuses)}; failures {failures[:5]}; rss " + ", ".join(
@@ -127,3 +130,49 @@ def test_overload_answers_429_and_memory_stays_flat(loaded, reference):
     metrics = httpx.get(f"{base_url}/metrics", timeout=10).text
     in_flight = [line for line in metrics.splitlines() if line.startswith("embedfleet_requests_in_flight")]
     assert in_flight and float(in_flight[0].split()[-1]) == 0.0, in_flight
+
+
+def test_a_worker_flooded_over_nats_refuses_past_its_queue_limit(loaded):
+    """Token batches straight to the worker, far faster than it computes (as many gateways and
+    tokenizers could send): past --max-queued-tokens it answers 'overloaded' at once instead of
+    queueing without bound; every batch gets an answer, and the worker keeps serving."""
+    base_url, nats_url, services = loaded
+    worker = services["worker"]
+    rows, length, batches = 8, 32, 400  # 102,400 tokens offered at once; the limit is QUEUE_LIMIT
+
+    async def flood() -> Counter:
+        import nats as nats_client
+
+        nc = await nats_client.connect(nats_url)
+        answers: Counter = Counter()
+        done = asyncio.Event()
+
+        async def on_reply(msg) -> None:
+            reply = decode(msg.data)
+            answers[reply.code.value if isinstance(reply, ErrorReply) else type(reply).__name__] += 1
+            if sum(answers.values()) == batches:
+                done.set()
+
+        inbox = nc.new_inbox()
+        await nc.subscribe(f"{inbox}.*", cb=on_reply)
+        ids = np.tile(np.array([101] + [2000 + k for k in range(length - 2)] + [102], np.int32), rows)
+        cu = np.arange(0, rows * length + 1, length, dtype=np.int32)
+        for i in range(batches):
+            batch = TokenBatch(f"flood{i}", MODEL, 0, rows, ids, cu, time.time() + 120)
+            await nc.publish(Subjects().tokens(MODEL), encode(batch), reply=f"{inbox}.{i}")
+        await nc.flush()
+        try:
+            await asyncio.wait_for(done.wait(), 120)
+        finally:
+            await nc.close()
+        return answers
+
+    before = rss_mb(worker.proc.pid)
+    answers = asyncio.run(flood())
+    assert sum(answers.values()) == batches, answers
+    assert answers["overloaded"] > 0 and answers["EmbedResult"] > 0, answers
+    assert set(answers) <= {"overloaded", "EmbedResult"}, answers
+    assert answers["EmbedResult"] * rows * length <= 2 * QUEUE_LIMIT, answers  # refused at once, not queued
+    assert worker.alive and rss_mb(worker.proc.pid) < before + 200
+    r = httpx.post(f"{base_url}/v1/embeddings", json={"model": MODEL, "input": TEXTS[:2]}, timeout=30)
+    assert r.status_code == 200, r.text

@@ -89,3 +89,30 @@ def test_up_refuses_a_bad_model_folder(tmp_path):
     )
     assert result.returncode == 2
     assert "is not a folder" in result.stderr and "Traceback" not in result.stderr
+
+
+def _child(parent: int, role: str) -> int:
+    out = subprocess.run(["pgrep", "-P", str(parent), "-f", f"services.cli {role}"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, (role, out)
+    return pids[0]
+
+
+def test_up_starts_a_dead_service_again(tmp_path):
+    """A service of the local stack that dies (here the worker, SIGKILL) is started again by `up`;
+    the stack serves again with no manual step."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc, log = _start_up(tmp_path, "--port", str(port))
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        assert proc.poll() is None, log.read_text()
+        worker = _child(proc.pid, "worker")
+        os.kill(worker, signal.SIGKILL)
+        wait_until(lambda: "worker exited with -9; starting it again" in log.read_text(), 30, "the restart")
+        wait_until(lambda: healthy(base) and _child(proc.pid, "worker") != worker, 120, "health with a new worker")
+        r = httpx.post(f"{base}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "again"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert proc.poll() is None
+    finally:
+        assert _stop(proc) == 0, log.read_text()[-3000:]
