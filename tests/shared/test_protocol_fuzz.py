@@ -278,9 +278,7 @@ def hostile(valid: st.SearchStrategy) -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=512), msgpack_values, protocol_shaped, mutated(valid))
 
 
-def decode_safely(data: bytes) -> Message | ProtocolError:
-    """decode(data) -> a message, or the ProtocolError; any other exception fails the test. Memory stays
-    within a small multiple of the input; what decodes, encodes back to the same message."""
+def _decode_measured(data: bytes) -> tuple[Message | ProtocolError, int]:
     tracemalloc.start()
     try:
         out: Message | ProtocolError = decode(data)
@@ -289,6 +287,16 @@ def decode_safely(data: bytes) -> Message | ProtocolError:
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
+    return out, peak
+
+
+def decode_safely(data: bytes) -> Message | ProtocolError:
+    """decode(data) -> a message, or the ProtocolError; any other exception fails the test. Memory stays
+    within a small multiple of the input; what decodes, encodes back to the same message."""
+    out, peak = _decode_measured(data)
+    if peak > 64 * len(data) + (1 << 20):
+        # once only, a first use can allocate for the process (a lazy import, a cache): measure again
+        out, peak = _decode_measured(data)
     assert peak <= 64 * len(data) + (1 << 20), f"decoding {len(data)} bytes took {peak} bytes"
     if isinstance(out, ProtocolError):
         assert 0 < len(str(out)) <= 300, str(out)[:1000]
