@@ -16,7 +16,7 @@ from shared.config import (
     positive_float,
     positive_int,
 )
-from shared.lifecycle import run_service, setup_logging
+from shared.lifecycle import run_async, run_service, setup_logging
 from services.gateway import config as gateway_config
 from services.gpu_worker import config as worker_config
 from services.scorer import config as scorer_config
@@ -87,13 +87,11 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command)
     if command in ("reindex", "jobs", "init"):
-        import asyncio
-
         from services.reindex import init_jetstream, list_jobs, reindex
 
         cfg = nats_config(ns)
         run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg), "init": lambda: init_jetstream(cfg)}
-        sys.exit(asyncio.run(run[command]()))
+        sys.exit(run_async(run[command]()))
     if command == "gateway":
         from services.gateway.app import serve
 

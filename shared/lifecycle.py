@@ -233,4 +233,17 @@ def run_service(
             log.warning("nats drain: %s", exc)
         log.info("%s stopped", role)
 
-    asyncio.run(main())
+    run_async(main())
+
+
+def run_async(main: Awaitable[Any]) -> Any:
+    """Run ``main`` to completion on uvloop where it is installed (C socket I/O: a small request's
+    cost is mostly event-loop work), else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        factory = None
+    else:
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)

@@ -33,6 +33,18 @@ from services.tokenizer.routing import Router
 log = logging.getLogger("embedfleet.tokenizer")
 
 
+# requests up to this many characters are tokenized on the event loop (tens of microseconds): handing
+# them to a thread costs more than the work, in wake-ups and GIL hand-offs
+_INLINE_CHARS = 2048
+
+
+async def _off_loop(size: int, encode: Callable[..., Any], *args: Any) -> Any:
+    """``encode(*args)``: on a thread when the input is large (the loop keeps serving), else here."""
+    if size <= _INLINE_CHARS:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
+
+
 class TokenizerService:
     def __init__(self, nc: Client, cfg: TokenizerConfig) -> None:
         self._nc = nc
@@ -125,12 +137,13 @@ class TokenizerService:
         if request.token_ids is not None:
             ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
         elif request.pairs is not None:
-            ids, types = await asyncio.to_thread(
-                self._encoder.encode_pairs, request.pairs, opts.truncate, opts.truncation_direction
-            )
+            size = sum(len(q) + len(d) for q, d in request.pairs)
+            ids, types = await _off_loop(size, self._encoder.encode_pairs, request.pairs, opts.truncate,
+                                         opts.truncation_direction)
         else:
             texts = self._encoder.with_prompt(request.texts, opts)
-            ids = await asyncio.to_thread(self._encoder.encode, texts, opts.truncate, opts.truncation_direction)
+            ids = await _off_loop(sum(map(len, texts)), self._encoder.encode, texts, opts.truncate,
+                                  opts.truncation_direction)
         timings = {"tokenize": time.perf_counter() - t0}
         shared_subject = self._subjects.tokens(request.model)
         chunks = 0
