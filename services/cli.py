@@ -107,10 +107,11 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         from services.gpu_worker.service import WorkerService
 
         cfg = worker_config.WorkerConfig.from_namespace(ns)
-        # oneDNN keeps one primitive per GEMM shape, up to 1024 of ~0.5 MB each: packed batches of
-        # every token count make a worker's memory climb by hundreds of MB under steady traffic.
-        # 64 bounds it, at no measured cost in speed (the rest of a primitive's cost is the GEMM).
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+        # oneDNN keeps one primitive per GEMM shape (1024 by default): batches of every token count
+        # made a worker's memory climb under steady traffic. The engine pads CPU batches to a
+        # multiple of 8 tokens, and 256 primitives hold every shape a query or a batch needs: memory
+        # stays bounded and a query rarely pays a primitive's creation (~1 ms at 64 primitives).
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
         if cfg.replicas > 1 and is_cpu(cfg):
             sys.exit(run_cpu_processes(cfg, sys.argv[1:] if argv is None else argv))
         threads = replica_threads(cfg.replicas)
