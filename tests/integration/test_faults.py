@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 MODEL = "all-MiniLM-L6-v2"
 DEADLINE = 20.0  # the gateway's --request-timeout
-TEXTS = medium_texts(160)
+TEXTS = medium_texts(320)  # ~16k tokens: seconds of work for two one-thread workers
 
 
 @dataclass
@@ -161,7 +161,7 @@ def test_worker_killed_while_holding_rows_of_a_request(serving: Fleet):
     result: dict[str, tuple[httpx.Response, float]] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS)))
     thread.start()
-    time.sleep(1.0)  # 20 chunks of 8 texts spread over both workers: seconds of work on one thread each
+    time.sleep(1.0)  # 40 chunks of 8 texts spread over both workers: seconds of work on one thread each
     assert thread.is_alive(), "the request finished before the worker was killed"
     fleet.services["worker-1"].kill()
     thread.join(DEADLINE + 10)
