@@ -26,7 +26,9 @@ from nats.js.kv import KeyValue
 
 from shared.config import JobSettings
 from shared.lifecycle import cancel
-from shared.jobs import count_failed, ensure_streams, publish_durably, stream_names, update_state, work_consumer
+from shared.jobs import (
+    count_failed, ensure_streams, has_state_key, publish_durably, stream_names, update_state, work_consumer,
+)
 from shared.protocol import MAX_NAME
 from shared.subjects import Subjects
 
@@ -177,6 +179,8 @@ class DeadLetters:
         ack = await publish_durably(self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}",
                                     headers=record)
         if info.job is None or ack.duplicate:  # recorded before (a crash between record and term)
+            return
+        if not has_state_key(info.job):  # a forged job id names no job state: the letter is all there is
             return
         entry = {"stage": self._stage, "batch": info.batch, "start": info.start, "documents": info.documents,
                  "deliveries": count, "reason": reason[:500]}

@@ -12,6 +12,7 @@ All in file storage, created idempotently by whichever service starts first.
 from __future__ import annotations
 
 import logging
+import re
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
@@ -71,6 +72,15 @@ def work_consumer(durable: str, subject: str, settings: JobSettings) -> Consumer
     )
 
 
+_KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
+_CONFLICTS = 1000  # compare-and-set retries before a state update is given up
+
+
+def has_state_key(job: str) -> bool:
+    """Whether ``job`` can name a state entry (a KV key); an untrusted id may not."""
+    return bool(_KV_KEY.fullmatch(job)) and not job.startswith(".") and not job.endswith(".")
+
+
 async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) -> dict:
     """Read-modify-write a job's JSON state with compare-and-set, retrying on a concurrent writer, and
     on a lost connection for up to ``patience`` seconds (the server may be restarting)."""
@@ -81,7 +91,10 @@ async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) 
     from nats.errors import Error as NatsError
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+    if not has_state_key(job):
+        raise ValueError(f"job id {job[:100]!r} cannot name a job state")
     give_up = time.monotonic() + patience
+    conflicts = 0
     while True:
         try:
             try:
@@ -97,7 +110,10 @@ async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) 
                 await kv.update(job, value, last=revision)
             return state
         except (KeyWrongLastSequenceError, BadRequestError):
-            continue  # someone else wrote first: read again
+            conflicts += 1  # someone else wrote first: read again (a request the server always refuses ends)
+            if conflicts > _CONFLICTS:
+                raise
+            continue
         except (NatsError, asyncio.TimeoutError) as exc:
             if not transient(exc) or time.monotonic() > give_up:
                 raise

@@ -154,3 +154,13 @@ def test_job_settings_are_checked():
     assert JobSettings(ack_wait=8).heartbeat == 2
     with pytest.raises(ConfigError, match="--ack-wait"):
         JobSettings(ack_wait=0.1)
+
+
+def test_only_valid_kv_keys_name_a_job_state():
+    """A forged job id (from an untrusted bulk message) must not reach the KV bucket: the server would
+    refuse the key on every try."""
+    from shared.jobs import has_state_key
+
+    assert has_state_key("job-1_a=b/c.d")
+    for bad in ("", "-*Øs", "a b", ".start", "end.", "x>", "x*"):
+        assert not has_state_key(bad), bad
