@@ -421,7 +421,7 @@ def _refused_as(kind: type, job: str):
             msg = decode_as(data, kind)
         except ProtocolError:
             return True
-        if msg.job not in (None, job):
+        if (msg.job if isinstance(msg, TokenBatch) else msg.id) not in (None, job):
             return False
         return msg.job is None if isinstance(msg, TokenBatch) else msg.model != MODEL
     return refused
