@@ -92,7 +92,7 @@ def fleet(tmp_path_factory, reference) -> Iterator[Fleet]:
     finally:
         for s in f.services.values():
             s.stop()
-        server.stop()
+        f.nats.stop()  # the server running now: a test may have replaced the first
 
 
 @pytest.fixture
