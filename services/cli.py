@@ -103,6 +103,12 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         cfg.apply_threads()
         run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
+        # GNU OpenMP's threads spin 300,000 times after each parallel region before they sleep: a few
+        # ms here, so an engine thread between two queries holds a core that the gateway, tokenizer
+        # and NATS need on a shared machine, and is preempted by them in the next batch, which then
+        # waits at every barrier. 3,000 spins still cover the gaps between one forward's ops. Read
+        # when torch loads OpenMP, so set before that; an explicit GOMP_SPINCOUNT wins.
+        os.environ.setdefault("GOMP_SPINCOUNT", "3000")
         from services.gpu_worker.replicas import build_engines, is_cpu, replica_threads, run_cpu_processes
         from services.gpu_worker.service import WorkerService
 
