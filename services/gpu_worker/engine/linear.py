@@ -1,7 +1,8 @@
 """Linear layers with their epilogue (activation, residual add) fused where the device allows.
 
-On CPU in fp32, oneDNN's fused linear (the kernels PyTorch's compiler emits for CPU) runs the
-GEMM faster than the default BLAS path and folds GELU or the residual add into it. Elsewhere, and
+On CPU in fp32 (and in bf16 where the CPU has bf16 instructions), oneDNN's fused linear (the kernels
+PyTorch's compiler emits for CPU) runs the GEMM faster than the default BLAS path and folds GELU or
+the residual add into it. Elsewhere, and
 when this PyTorch lacks those kernels, the same calls fall back to plain ``F.linear``.
 """
 
@@ -48,7 +49,7 @@ class LinearOps:
 
 
 class OneDnnLinearOps(LinearOps):
-    """oneDNN fused linear + post-op (CPU, fp32), on weights reordered once into oneDNN's blocked
+    """oneDNN fused linear + post-op (CPU, fp32 or bf16), on weights reordered once into oneDNN's blocked
     layout (a plain weight is reordered on every call: 25-35% of a small batch's GEMM time)."""
 
     name = "onednn"
@@ -76,26 +77,29 @@ class OneDnnLinearOps(LinearOps):
 
 
 def select_linear_ops(device: torch.device, dtype: torch.dtype) -> LinearOps:
-    if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
+    if device.type == "cpu" and torch.backends.mkldnn.is_available() and (
+        dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    ):
         try:
             ops = OneDnnLinearOps()
-            _self_check(ops)
+            _self_check(ops, dtype)
             return ops
         except Exception as exc:  # the kernels are internal to PyTorch: any failure means "not here"
             log.info("oneDNN fused linear unavailable (%s); using F.linear", exc)
     return LinearOps()
 
 
-def _self_check(ops: LinearOps) -> None:
+def _self_check(ops: LinearOps, dtype: torch.dtype = torch.float32) -> None:
     """The fused kernels must agree with the plain ones before they are trusted."""
     gen = torch.Generator().manual_seed(0)
-    layer = nn.Linear(16, 8)
-    x, r = torch.randn(5, 16, generator=gen), torch.randn(5, 8, generator=gen)
+    layer = nn.Linear(16, 8).to(dtype)
+    x, r = torch.randn(5, 16, generator=gen).to(dtype), torch.randn(5, 8, generator=gen).to(dtype)
+    atol = 1e-5 if dtype == torch.float32 else 5e-2  # bf16 keeps 8 bits of mantissa
     plain = LinearOps()
     for got, want in (
         (ops.linear(x, layer), plain.linear(x, layer)),
         (ops.linear_act(x, layer, "gelu"), plain.linear_act(x, layer, "gelu")),
         (ops.linear_add(x, layer, r), plain.linear_add(x, layer, r)),
     ):
-        if not torch.allclose(got, want, atol=1e-5):
+        if got.dtype != want.dtype or not torch.allclose(got.float(), want.float(), atol=atol):
             raise ValueError("fused linear disagrees with F.linear")
