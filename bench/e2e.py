@@ -201,6 +201,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=2048, help="the worker's and the in-process engine's token budget")
     parser.add_argument("--out", default="bench/results", help="folder for e2e.json and the plots")
     parser.add_argument("--only", nargs="*", default=None, help="workloads to run (default: all four)")
+    parser.add_argument("--worker-processes", type=int, default=1,
+                        help="embedfleet's workers: processes sharing the cores (threads = cores / processes)")
     parser.add_argument("--systems", nargs="*", default=None,
                         help="systems to run (default: all): engine, sentence-transformers, embedfleet, infinity-emb")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
@@ -235,8 +237,9 @@ def main() -> None:
     }
 
     def embedfleet() -> dict:
-        worker = ["--threads", str(torch.get_num_threads()), "--max-batch-tokens", str(args.budget), "--dtype", args.dtype]
-        with fleet([worker], []) as (base, _):
+        threads = max(1, torch.get_num_threads() // args.worker_processes)
+        worker = ["--threads", str(threads), "--max-batch-tokens", str(args.budget), "--dtype", args.dtype]
+        with fleet([worker] * args.worker_processes, []) as (base, _):
             return run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens)
 
     systems["embedfleet"] = embedfleet

@@ -46,3 +46,13 @@ def test_e2e_benchmark_runs_its_systems_and_writes_results(tmp_path):
     single = data["summary"]["embedfleet"]["single"]
     assert single["requests_per_s"] > 0 and single["p99_ms"] >= single["p50_ms"] > 0
     assert "single: p50" in result.stdout
+
+
+def test_e2e_queries_are_short_queries_as_the_performance_notes_define_them():
+    """single / many singles: 15-20 tokens each (special tokens included), counted by the model's tokenizer."""
+    from bench.e2e import QUERY_TOKENS, token_counts, workloads
+
+    single = next(w for w in workloads() if w.name == "single")
+    counts = token_counts(single.texts)
+    assert len(single.texts) >= 200
+    assert all(QUERY_TOKENS[0] <= counts[q] <= QUERY_TOKENS[1] for q in single.texts), sorted(counts.values())[-5:]
