@@ -45,3 +45,23 @@ def test_empty_sequences_are_skipped():
     attention.bind(cu, torch.from_numpy(cu), max(lengths))
     expected = per_sequence(q, k, v, [n for n in lengths if n])
     torch.testing.assert_close(attention(q, k, v), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lengths, padded", [
+    ([18, 6], False),  # one query and the dummy row that rounds a CPU batch up to 24 tokens
+    ([3, 7, 5, 6, 1, 2], True),  # many queries, then the dummy row: one padded call
+])
+def test_padding_tokens_are_not_attended_and_get_zeros(lengths, padded):
+    """Tokens from real_tokens on (a CPU batch's dummy row) are skipped: the others' outputs are those
+    of attention per sequence, the dummy's are zeros (never read, but finite)."""
+    torch.manual_seed(2)
+    total, real = sum(lengths), sum(lengths[:-1])
+    q, k, v = (torch.randn(total, 4, 32) for _ in range(3))
+    cu = np.concatenate([[0], np.cumsum(lengths), [total, total]]).astype(np.int32)  # zero-length rows after
+    attention = SdpaVarlen()
+    attention.bind(cu, torch.from_numpy(cu), max(lengths), real_tokens=real)
+    assert (attention._pad is not None) == padded
+    out = attention(q, k, v)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out[:real], per_sequence(q, k, v, lengths[:-1]), atol=1e-5, rtol=1e-5)
+    assert torch.count_nonzero(out[real:]) == 0

@@ -23,8 +23,12 @@ class Attention(Protocol):
     name: str
     capturable: bool
 
-    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
-        """Set this batch's sequence bounds: host copy, device copy, longest sequence."""
+    def bind(
+        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        real_tokens: int | None = None,
+    ) -> None:
+        """Set this batch's sequence bounds: host copy, device copy, longest sequence. Tokens from
+        ``real_tokens`` on are padding whose outputs are never read: a backend may skip them."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """[T, heads, d] x3 -> [T, heads, d]."""
@@ -48,8 +52,15 @@ class SdpaVarlen:
     def __init__(self) -> None:
         self._runs: list[tuple[int, int, int]] = []  # (start, sequences, length)
         self._pad: tuple[torch.Tensor, torch.Tensor, int, int] | None = None  # positions, key mask, n, L_max
+        self._covered = 0  # tokens attended; the rest (padding) get zeros
 
-    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+    def bind(
+        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        real_tokens: int | None = None,
+    ) -> None:
+        if real_tokens is not None and real_tokens < int(cu_host[-1]):
+            cu_host = cu_host[cu_host <= real_tokens]  # the padding rows (a CPU batch's dummy row): not attended
+        self._covered = int(cu_host[-1])
         cu = cu_host.tolist()
         runs: list[tuple[int, int, int]] = []
         for s, e in zip(cu[:-1], cu[1:]):
@@ -77,6 +88,8 @@ class SdpaVarlen:
         if self._pad is not None:
             return self._padded(q, k, v)
         out = torch.empty_like(q)
+        if self._covered < len(q):
+            out[self._covered :].zero_()
         heads, d = q.shape[1], q.shape[2]
         for start, n, length in self._runs:
             end = start + n * length
@@ -94,12 +107,17 @@ class SdpaVarlen:
 
         def pad(t: torch.Tensor) -> torch.Tensor:
             padded = t.new_zeros(n * longest, heads, d)
-            padded.index_copy_(0, positions, t)
+            padded.index_copy_(0, positions, t[: self._covered])
             return padded.view(n, longest, heads, d).transpose(1, 2)
 
         # padded query rows attend to their sequence's keys too (never to nothing): no NaN, and unread
         o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=keep)
-        return o.transpose(1, 2).reshape(n * longest, heads, d).index_select(0, positions)
+        o = o.transpose(1, 2).reshape(n * longest, heads, d)
+        if self._covered == len(q):
+            return o.index_select(0, positions)
+        out = q.new_zeros(q.shape)
+        torch.index_select(o, 0, positions, out=out[: self._covered])
+        return out
 
 
 class TorchFlashVarlen:
@@ -115,7 +133,10 @@ class TorchFlashVarlen:
         self._cu: torch.Tensor | None = None
         self._max_len = 0
 
-    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+    def bind(
+        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        real_tokens: int | None = None,
+    ) -> None:
         self._cu, self._max_len = cu_dev, max_len
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -142,7 +163,10 @@ class FlashInferRagged:
         self._graph_wrappers: dict[int, object] = {}
         self._active = self._eager
 
-    def bind(self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None) -> None:
+    def bind(
+        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        real_tokens: int | None = None,
+    ) -> None:
         if graph_key is None:
             wrapper = self._eager
         else:

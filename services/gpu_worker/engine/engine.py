@@ -194,7 +194,8 @@ class Engine:
         host = prepare(input_ids, cu_seqlens, self.spec.position_offset, pad_to=pad_to,
                        rows_to=rows + 1 if pad_to and pad_to > tokens else None, token_types=token_types)
         batch = DeviceBatch(host, self.device)
-        self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len)
+        # the dummy row's outputs are never read: the attention may skip it
+        self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
         return self._forward(batch)[:rows]
 
     def _graphed(
