@@ -30,8 +30,10 @@ from services.gpu_worker.engine.spec import ModelSpec
 log = logging.getLogger("embedfleet.engine")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# CPU batches are padded to a multiple of this many tokens (a dummy sequence, dropped after the forward)
+# CPU batches over CPU_EXACT_TOKENS are padded to a multiple of CPU_TOKEN_STEP tokens (a dummy
+# sequence, dropped after the forward); smaller ones, a query or two, run at their exact size
 CPU_TOKEN_STEP = 8
+CPU_EXACT_TOKENS = 32
 # padding of a bucket is under 256 tokens, so the dummy row never exceeds this or the model limit
 _PAD_ROW_MAX = 256
 
@@ -185,11 +187,12 @@ class Engine:
     def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None) -> torch.Tensor:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and tokens > CPU_EXACT_TOKENS:
             # oneDNN builds (and caches) a GEMM primitive per row count: batches padded to a multiple
             # of CPU_TOKEN_STEP reuse a few hundred shapes instead of one per token count, so the
-            # cache stays small and a query rarely pays a primitive's creation (~1 ms). A step of 8
-            # costs no measured time; 16 cost a 26-token query ~1 ms (in-process, p50).
+            # cache stays small and a batch rarely pays a primitive's creation (~1 ms). A small
+            # batch's GEMMs take time in proportion to its rows (an 18-token query's 24 GEMMs: 2.2 ms
+            # exact, 2.8 ms padded to 24), and the 32 sizes below the threshold are few: exact.
             pad_to = -(-tokens // CPU_TOKEN_STEP) * CPU_TOKEN_STEP
         host = prepare(input_ids, cu_seqlens, self.spec.position_offset, pad_to=pad_to,
                        rows_to=rows + 1 if pad_to and pad_to > tokens else None, token_types=token_types)
