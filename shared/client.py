@@ -111,12 +111,10 @@ class _Pending:
 def _subset(request: EmbedRequest, attempt: str, rows: np.ndarray) -> EmbedRequest:
     """The rows ``rows`` of ``request``, as a request of their own under the id ``attempt``."""
     pick = rows.tolist()
-    return EmbedRequest(
+    return replace(
+        request,
         id=attempt,
-        model=request.model,
         texts=[request.texts[i] for i in pick] if request.texts else [],
-        deadline=request.deadline,
-        options=request.options,
         token_ids=None if request.token_ids is None else [request.token_ids[i] for i in pick],
         pairs=None if request.pairs is None else [request.pairs[i] for i in pick],
     )
@@ -220,10 +218,9 @@ class EmbedClient:
         attempt = f"{pending.id}-{len(pending.attempts)}"
         log.info("request %s: %s; sending its %d missing rows again (attempt %d)", pending.id, why, len(rows),
                  len(pending.attempts) + 1)
-        index = None if len(rows) == pending.total else rows
-        request = replace(pending.request, id=attempt) if index is None else _subset(pending.request, attempt, rows)
+        index = None if len(rows) == pending.total else rows  # all rows: their places are unchanged
         try:
-            await self._send(pending, attempt, index, encode(request))
+            await self._send(pending, attempt, index, encode(_subset(pending.request, attempt, rows)))
         except Exception as exc:  # the connection went away meanwhile: the connection watch fails it
             log.warning("request %s: resend failed: %s", pending.id, exc)
         return True

@@ -130,26 +130,22 @@ def add_common_arguments(parser: argparse.ArgumentParser, nats_required: bool = 
                "stops: for readiness probes")
 
 
+_NATS_SECURITY_HELP = {  # option (its dest in NATS_SECURITY_ENV) -> help; none takes a default
+    "--nats-user": f"NATS user name; its password from --nats-password-file or {PASSWORD_ENV}",
+    "--nats-password-file": f"file holding the NATS password (first line), or {PASSWORD_ENV} holding the password itself",
+    "--nats-token-file": f"file holding a NATS auth token (first line), or {TOKEN_ENV} holding the token itself",
+    "--nats-nkey-seed": "file holding a NATS user nkey seed (SU..., as nk -gen user writes)",
+    "--nats-creds": "NATS credentials file (user JWT and nkey seed, as nsc writes): servers in operator mode",
+    "--nats-tls-ca": "CA certificate(s), PEM, to verify the NATS server's certificate with (default: the system's)",
+    "--nats-tls-cert": "client certificate, PEM, for mutual TLS with NATS (with --nats-tls-key)",
+    "--nats-tls-key": "private key, PEM without a passphrase, of --nats-tls-cert",
+    "--nats-tls-hostname": "name the NATS server's certificate must carry (default: the URL's host)",
+}
+
+
 def add_nats_security_arguments(parser: argparse.ArgumentParser) -> None:
-    names = NATS_SECURITY_ENV
-    add_option(parser, "--nats-user", names["nats_user"], None,
-               f"NATS user name; its password from --nats-password-file or {PASSWORD_ENV}")
-    add_option(parser, "--nats-password-file", names["nats_password_file"], None,
-               f"file holding the NATS password (first line), or {PASSWORD_ENV} holding the password itself")
-    add_option(parser, "--nats-token-file", names["nats_token_file"], None,
-               f"file holding a NATS auth token (first line), or {TOKEN_ENV} holding the token itself")
-    add_option(parser, "--nats-nkey-seed", names["nats_nkey_seed"], None,
-               "file holding a NATS user nkey seed (SU..., as nk -gen user writes)")
-    add_option(parser, "--nats-creds", names["nats_creds"], None,
-               "NATS credentials file (user JWT and nkey seed, as nsc writes): servers in operator mode")
-    add_option(parser, "--nats-tls-ca", names["nats_tls_ca"], None,
-               "CA certificate(s), PEM, to verify the NATS server's certificate with (default: the system's)")
-    add_option(parser, "--nats-tls-cert", names["nats_tls_cert"], None,
-               "client certificate, PEM, for mutual TLS with NATS (with --nats-tls-key)")
-    add_option(parser, "--nats-tls-key", names["nats_tls_key"], None,
-               "private key, PEM without a passphrase, of --nats-tls-cert")
-    add_option(parser, "--nats-tls-hostname", names["nats_tls_hostname"], None,
-               "name the NATS server's certificate must carry (default: the URL's host)")
+    for option, text in _NATS_SECURITY_HELP.items():
+        add_option(parser, option, NATS_SECURITY_ENV[option[2:].replace("-", "_")], None, text)
 
 
 def nats_security(ns: argparse.Namespace) -> tuple[str | None, NatsAuth, NatsTls]:

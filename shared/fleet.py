@@ -5,7 +5,8 @@ seconds in the background, so a request never waits for a poll. Each live proces
 its instance id; a process not heard from for ``lost_after`` seconds has died (SIGKILL, a crashed
 host, a stopped process) and the watch calls its ``on_lost`` callbacks: callers re-send the work
 that process may have held. A worker that stops cleanly says so in its last load report and
-drains its work first: it is forgotten without a call. (A tokenizer holds a request for
+drains its work first (its last load report, also sent on the leaving subject): it is forgotten
+without a call. (A tokenizer holds a request for
 milliseconds; one that stops cleanly costs at most duplicates, which callers ignore.)
 """
 
@@ -64,10 +65,10 @@ class FleetWatch:
         self._on_lost.append(callback)
 
     async def start(self) -> None:
-        self._leaving_sub = await self._nc.subscribe(Subjects(self._prefix).loads(), cb=self._on_load)
+        self._leaving_sub = await self._nc.subscribe(Subjects(self._prefix).leaving(), cb=self._on_leaving)
         self._task = asyncio.create_task(self._poll_forever(), name="fleet-watch")
 
-    async def _on_load(self, msg) -> None:
+    async def _on_leaving(self, msg) -> None:
         try:
             report = decode_as(msg.data, LoadReport)
         except ProtocolError:

@@ -54,9 +54,9 @@ class Subjects:
         """workers -> tokenizers: queue depth reports."""
         return f"{self.prefix}.v1.load.{model_token(model)}"
 
-    def loads(self) -> str:
-        """every model's load reports (gateways watch them for workers that leave)."""
-        return f"{self.prefix}.v1.load.*"
+    def leaving(self) -> str:
+        """worker -> gateways and scorers: a worker's last load report, as it stops (its work drains)."""
+        return f"{self.prefix}.v1.leaving"
 
     def tokenize(self, model: str) -> str:
         """gateway -> tokenizer fleet: show tokens (TEI /tokenize)."""

@@ -174,7 +174,10 @@ class WorkerService:
             leaving=leaving,
             rate=self._rate,
         )
-        await self._nc.publish(self._cfg.nats.subjects.load(self._cfg.model.id), encode(report))
+        payload = encode(report)
+        await self._nc.publish(self._cfg.nats.subjects.load(self._cfg.model.id), payload)
+        if leaving:  # the fleet watches hear of it on a subject of its own, not in every report
+            await self._nc.publish(self._cfg.nats.subjects.leaving(), payload)
 
     @property
     def load(self) -> int:

@@ -388,8 +388,10 @@ def test_hostile_load_reports_do_not_misroute(stack, clean):
     @given(payloads=st.lists(hostile(SEEDS["load"]), min_size=10, max_size=10))
     def throw(payloads: list[bytes]) -> None:
         asyncio.run(_burst(stack.nats_url, SUBJECTS.load(MODEL), payloads, reply=False))
+        asyncio.run(_burst(stack.nats_url, SUBJECTS.leaving(), payloads, reply=False))
 
     throw()
+    asyncio.run(_burst(stack.nats_url, SUBJECTS.leaving(), fakes, reply=False))  # the gateway's fleet watch
     workers = list(_worker_subjects(stack.nats_url).values())
     seen = asyncio.run(_routed(stack, workers + elsewhere))
     assert sum(seen[s] for s in workers) > 0 and all(seen[s] == 0 for s in elsewhere), seen

@@ -2,8 +2,8 @@
 
 On CPU in fp32 (and in bf16 where the CPU has bf16 instructions), oneDNN's fused linear (the kernels
 PyTorch's compiler emits for CPU) runs the GEMM faster than the default BLAS path and folds GELU or
-the residual add into it. Elsewhere, and
-when this PyTorch lacks those kernels, the same calls fall back to plain ``F.linear``.
+the residual add into it. Elsewhere, and when this PyTorch lacks those kernels, the same calls fall
+back to plain ``F.linear``.
 """
 
 from __future__ import annotations
