@@ -1,14 +1,19 @@
-"""Non-causal attention over packed variable-length sequences (no padding), one backend per device.
+"""Attention over packed variable-length sequences (no padding), one backend per device.
 
 Each backend is bound once per batch to the sequence bounds (``bind``), then called by every layer
-with q, k, v of shape [T, heads, head_dim]. ``capturable`` backends read the bounds from device
-memory only, so a CUDA graph captured with them is valid for any batch of the same token bucket.
+with q of shape [T, heads, head_dim] and k, v of shape [T, kv_heads, head_dim] (grouped-query
+attention when kv_heads < heads), and the layer's :class:`AttnMask`: bidirectional or causal, an
+optional window, an optional softmax scale, an optional additive bias (MPNet's relative positions).
+``capturable`` backends read the bounds from device memory only, so a CUDA graph captured with them
+is valid for any batch of the same token bucket.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -17,6 +22,36 @@ import torch.nn.functional as F
 log = logging.getLogger("embedfleet.engine")
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)  # FlashInfer's prefill kernels; 32 (MiniLM, bge-small) is not among them
+
+# length L -> additive scores bias [heads, L, L] for a sequence of L tokens (depends on j - i only)
+BiasFn = Callable[[int], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class AttnMask:
+    """Which keys a query sees within its own sequence, and how scores are scaled.
+
+    ``window``: query i sees key j only where |i - j| <= window (with ``causal``: i - window <= j <= i).
+    ``bias``: added to the scores; the same for every sequence of a length (relative positions).
+    """
+
+    causal: bool = False
+    window: int | None = None
+    scale: float | None = None  # None: 1 / sqrt(head_dim)
+    bias: BiasFn | None = None
+
+    @property
+    def plain(self) -> bool:
+        return not self.causal and self.window is None and self.bias is None
+
+    def describe(self) -> str:
+        kind = "causal" if self.causal else "bidirectional"
+        if self.window is not None:
+            kind += f", window {'-' if self.causal else '±'}{self.window}"
+        return kind + (", relative-position bias" if self.bias is not None else "")
+
+
+FULL = AttnMask()
 
 
 class Attention(Protocol):
@@ -30,8 +65,22 @@ class Attention(Protocol):
         """Set this batch's sequence bounds: host copy, device copy, longest sequence. Tokens from
         ``real_tokens`` on are padding whose outputs are never read: a backend may skip them."""
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """[T, heads, d] x3 -> [T, heads, d]."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
+        """q [T, heads, d], k and v [T, kv_heads, d] -> [T, heads, d]."""
+
+
+def _structure(length: int, mask: AttnMask, device: torch.device) -> torch.Tensor | None:
+    """[L, L] bool: key j visible to query i, from the mask's causality and window (None: all)."""
+    if not mask.causal and mask.window is None:
+        return None
+    i = torch.arange(length, device=device)
+    rel = i[None, :] - i[:, None]  # j - i
+    keep = torch.ones(length, length, dtype=torch.bool, device=device)
+    if mask.causal:
+        keep &= rel <= 0
+    if mask.window is not None:
+        keep &= rel.abs() <= mask.window
+    return keep
 
 
 class SdpaVarlen:
@@ -53,6 +102,7 @@ class SdpaVarlen:
         self._runs: list[tuple[int, int, int]] = []  # (start, sequences, length)
         self._pad: tuple[torch.Tensor, torch.Tensor, int, int] | None = None  # positions, key mask, n, L_max
         self._covered = 0  # tokens attended; the rest (padding) get zeros
+        self._masks: dict[tuple, torch.Tensor | None] = {}  # this batch's masks, by (length, AttnMask)
 
     def bind(
         self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
@@ -73,6 +123,7 @@ class SdpaVarlen:
                 runs.append((s, 1, e - s))
         self._runs = runs
         self._pad = None
+        self._masks = {}
         lengths = np.diff(cu_host)
         lengths = lengths[lengths > 0]
         total = int(lengths.sum())
@@ -84,9 +135,12 @@ class SdpaVarlen:
             keep = torch.from_numpy(np.arange(longest)[None, :] < lengths[:, None]).to(cu_dev.device)
             self._pad = (positions, keep[:, None, None, :], n, longest)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves heads / kv_heads queries
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if self._pad is not None:
-            return self._padded(q, k, v)
+            return self._padded(q, k, v, mask)
         out = torch.empty_like(q)
         if self._covered < len(q):
             out[self._covered :].zero_()
@@ -95,13 +149,31 @@ class SdpaVarlen:
             end = start + n * length
             # [n * L, heads, d] -> [n, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU;
             # 3-D ones fall back to the unfused math path (several times slower)
+            causal = mask.causal and mask.window is None and mask.bias is None
             o = F.scaled_dot_product_attention(
-                *(t[start:end].view(n, length, heads, d).transpose(1, 2) for t in (q, k, v))
+                *(t[start:end].view(n, length, heads, d).transpose(1, 2) for t in (q, k, v)),
+                attn_mask=None if causal else self._run_mask(length, mask, q),
+                is_causal=causal, scale=mask.scale,
             )
             out[start:end].view(n, length, heads, d).copy_(o.transpose(1, 2))
         return out
 
-    def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _run_mask(self, length: int, mask: AttnMask, q: torch.Tensor) -> torch.Tensor | None:
+        """The mask of one sequence of ``length`` tokens: None, [L, L] bool or [heads, L, L] float;
+        made once per batch and length."""
+        if mask.plain:
+            return None
+        key = (length, mask)
+        if key not in self._masks:
+            keep = _structure(length, mask, q.device)
+            if mask.bias is None:
+                self._masks[key] = keep
+            else:
+                bias = mask.bias(length).to(q.dtype)
+                self._masks[key] = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+        return self._masks[key]
+
+    def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
         positions, keep, n, longest = self._pad
         heads, d = q.shape[1], q.shape[2]
 
@@ -110,8 +182,7 @@ class SdpaVarlen:
             padded.index_copy_(0, positions, t[: self._covered])
             return padded.view(n, longest, heads, d).transpose(1, 2)
 
-        # padded query rows attend to their sequence's keys too (never to nothing): no NaN, and unread
-        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=keep)
+        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=self._padded_mask(mask, q), scale=mask.scale)
         o = o.transpose(1, 2).reshape(n * longest, heads, d)
         if self._covered == len(q):
             return o.index_select(0, positions)
@@ -119,9 +190,26 @@ class SdpaVarlen:
         torch.index_select(o, 0, positions, out=out[: self._covered])
         return out
 
+    def _padded_mask(self, mask: AttnMask, q: torch.Tensor) -> torch.Tensor:
+        """[n, 1, L, L] bool, or [n, heads, L, L] float with a bias: a query sees its own sequence's
+        keys as the mask allows; a padding query row sees all its sequence's keys (never nothing: no
+        NaN, and never read)."""
+        key = ("padded", mask)
+        if key not in self._masks:
+            _, keep, n, longest = self._pad  # keep: [n, 1, 1, L] real keys
+            structure = _structure(longest, mask, q.device)
+            if structure is not None:
+                pad_rows = ~keep.transpose(-1, -2)  # [n, 1, L, 1]: padding query rows
+                keep = keep & (structure | pad_rows)
+            if mask.bias is not None:
+                keep = mask.bias(longest).to(q.dtype)[None].masked_fill(~keep, float("-inf"))
+            self._masks[key] = keep
+        return self._masks[key]
+
 
 class TorchFlashVarlen:
-    """PyTorch's flash-attention varlen kernel (CUDA, fp16/bf16): bounds read from device memory."""
+    """PyTorch's flash-attention varlen kernel (CUDA, fp16/bf16): bounds read from device memory;
+    causal, symmetric windows (``window_size``) and grouped-query attention where this PyTorch has them."""
 
     name = "torch-flash-varlen"
     capturable = True
@@ -130,8 +218,16 @@ class TorchFlashVarlen:
         from torch.nn.attention.varlen import varlen_attn
 
         self._varlen_attn = varlen_attn
+        params = inspect.signature(varlen_attn).parameters
+        self.windows = "window_size" in params
+        self.gqa = "enable_gqa" in params
         self._cu: torch.Tensor | None = None
         self._max_len = 0
+
+    def supports(self, mask: AttnMask, grouped: bool) -> bool:
+        if mask.bias is not None or (grouped and not self.gqa):
+            return False
+        return self.windows or (not mask.causal and mask.window is None)
 
     def bind(
         self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
@@ -139,71 +235,105 @@ class TorchFlashVarlen:
     ) -> None:
         self._cu, self._max_len = cu_dev, max_len
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
         # q, k, v are strided views of the fused QKV output: the kernel wants dense rows
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return self._varlen_attn(q, k, v, self._cu, self._cu, self._max_len, self._max_len)
+        kwargs = {}
+        if mask.scale is not None:
+            kwargs["scale"] = mask.scale
+        if k.shape[1] != q.shape[1]:
+            kwargs["enable_gqa"] = True
+        if mask.causal or mask.window is not None:
+            left = -1 if mask.window is None else mask.window
+            kwargs["window_size"] = (left, 0 if mask.causal else left)
+        return self._varlen_attn(q, k, v, self._cu, self._cu, self._max_len, self._max_len, **kwargs)
 
 
 class FlashInferRagged:
-    """FlashInfer's ragged non-causal prefill (CUDA). Planned on the host per batch; in graph mode
-    one wrapper per bucket is bound to the static bounds buffer and re-planned before each replay."""
+    """FlashInfer's ragged prefill (CUDA): bidirectional, or causal with an optional left window;
+    grouped-query attention native. Planned on the host per batch and per distinct mask; in graph
+    mode one wrapper per bucket and mask is bound to the static bounds buffer and re-planned before
+    each replay."""
 
     name = "flashinfer"
     capturable = True
     WORKSPACE_BYTES = 128 << 20
 
-    def __init__(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 masks: tuple[AttnMask, ...]) -> None:
         import flashinfer  # optional dependency, imported only when chosen
 
         self._flashinfer = flashinfer
-        self._heads, self._head_dim, self._dtype = heads, head_dim, dtype
+        self._heads, self._kv_heads, self._head_dim, self._dtype = heads, kv_heads, head_dim, dtype
+        self._masks = tuple(dict.fromkeys(masks))
         self._workspace = torch.empty(self.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._eager = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD")
-        self._graph_wrappers: dict[int, object] = {}
-        self._active = self._eager
+        self._eager = {m: flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD") for m in self._masks}
+        self._graph_wrappers: dict[tuple[int, AttnMask], object] = {}
+        self._active: dict[AttnMask, object] = self._eager
+
+    @staticmethod
+    def supports(mask: AttnMask) -> bool:
+        return mask.bias is None and (mask.window is None or mask.causal)
 
     def bind(
         self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
         real_tokens: int | None = None,
     ) -> None:
-        if graph_key is None:
-            wrapper = self._eager
-        else:
-            wrapper = self._graph_wrappers.get(graph_key)
-            if wrapper is None:
-                wrapper = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-                    self._workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=cu_dev, kv_indptr_buf=cu_dev
-                )
-                self._graph_wrappers[graph_key] = wrapper
         indptr = torch.from_numpy(np.ascontiguousarray(cu_host, dtype=np.int32))
-        wrapper.plan(
-            indptr, indptr, self._heads, self._heads, self._head_dim, causal=False, q_data_type=self._dtype
-        )
-        self._active = wrapper
+        active = {}
+        for mask in self._masks:
+            if graph_key is None:
+                wrapper = self._eager[mask]
+            else:
+                wrapper = self._graph_wrappers.get((graph_key, mask))
+                if wrapper is None:
+                    wrapper = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                        self._workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=cu_dev, kv_indptr_buf=cu_dev
+                    )
+                    self._graph_wrappers[(graph_key, mask)] = wrapper
+            wrapper.plan(
+                indptr, indptr, self._heads, self._kv_heads, self._head_dim, causal=mask.causal,
+                window_left=-1 if mask.window is None else mask.window, sm_scale=mask.scale, q_data_type=self._dtype,
+            )
+            active[mask] = wrapper
+        self._active = active
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return self._active.run(q, k, v)
+        return self._active[mask].run(q, k, v)
 
 
-def select_attention(heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, prefer: str = "auto") -> Attention:
-    """FlashInfer on CUDA where installed and the head size allows; PyTorch's flash varlen on CUDA
-    otherwise; SDPA everywhere else (and whenever asked for)."""
+def select_attention(
+    heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, prefer: str = "auto",
+    *, kv_heads: int | None = None, masks: tuple[AttnMask, ...] = (FULL,),
+) -> Attention:
+    """FlashInfer on CUDA where installed and the head size and masks allow; PyTorch's flash varlen
+    on CUDA otherwise; SDPA everywhere else (and whenever asked for, and for score biases)."""
+    kv_heads = kv_heads or heads
     if device.type != "cuda" or prefer == "sdpa":
         return SdpaVarlen()
-    if prefer in ("auto", "flashinfer") and head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.float16, torch.bfloat16):
+    half = dtype in (torch.float16, torch.bfloat16)
+    flashinfer_ok = head_dim in FLASHINFER_HEAD_DIMS and half and all(FlashInferRagged.supports(m) for m in masks)
+    if prefer in ("auto", "flashinfer") and flashinfer_ok:
         try:
-            return FlashInferRagged(heads, head_dim, dtype, device)
+            return FlashInferRagged(heads, kv_heads, head_dim, dtype, device, masks)
         except ImportError:
             if prefer == "flashinfer":
                 raise
             log.info("flashinfer is not installed; using PyTorch's flash varlen attention")
     elif prefer == "flashinfer":
-        raise ValueError(f"FlashInfer does not support head size {head_dim} / {dtype}")
-    if dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"FlashInfer does not support this model (head size {head_dim}, {dtype}, masks "
+            f"{', '.join(m.describe() for m in masks)}): it needs head size 64/128/256, half precision, no score bias "
+            "and no symmetric window"
+        )
+    if half:
         try:
-            return TorchFlashVarlen()
+            flash = TorchFlashVarlen()
         except ImportError:
             log.info("this PyTorch has no varlen attention; using SDPA per sequence")
+        else:
+            if all(flash.supports(m, kv_heads != heads) for m in masks):
+                return flash
+            log.info("PyTorch's flash varlen attention cannot take this model's masks; using SDPA (no CUDA graphs)")
     return SdpaVarlen()

@@ -19,10 +19,11 @@ from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from services.gpu_worker.engine.attention import Attention, select_attention
 from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
-from services.gpu_worker.engine.bert import BertEncoder
 from services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
 from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights, read_safetensors
+from services.gpu_worker.engine.models.base import EncoderModel
+from services.gpu_worker.engine.models.registry import Family, family_for
 from services.gpu_worker.engine.pooling import pool
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
 from services.gpu_worker.engine.spec import ModelSpec
@@ -61,27 +62,33 @@ class Engine:
         max_batch_tokens: int = 8192,
         max_batch_seqs: int = 256,
         capture: Callable[["Engine", int], Replay] | None = None,
-        model: BertEncoder | None = None,
+        model: EncoderModel | None = None,
     ) -> None:
         self.info = info
         self.spec = ModelSpec.from_folder(info.path)
+        self.family: Family = family_for(self.spec.config)
         self.device = pick_device(device)
         if dtype is None:
             # CPU matmuls in half precision are slow and lossy; GPUs are built for them
             dtype = "float16" if self.device.type == "cuda" else "float32"
+        if dtype == "float16" and self.family.fp16_overflows:
+            log.warning("%s activations overflow float16: computing in float32 (ask for bfloat16 for half precision)",
+                        self.family.name)
+            dtype = "float32"
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         if info.dim != self.dim:
             raise ServiceError(ErrorCode.INTERNAL, f"output dimension {info.dim} != the model's {self.dim}")
         if model is None:
-            model = BertEncoder(self.spec)
+            model = self.family.model(self.spec)
             load_weights(model, read_safetensors(info.path))
             model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self.model = model
         self.max_seq_length = min(info.max_seq_length, self.spec.max_positions - self.spec.position_offset)
         self._attention_pref = attention
         self.attention: Attention = select_attention(
-            self.spec.num_heads, self.spec.head_dim, self.dtype, self.device, attention
+            self.spec.num_heads, self.spec.head_dim, self.dtype, self.device, attention,
+            kv_heads=self.spec.kv_heads, masks=model.masks(),
         )
         self.linear_ops = select_linear_ops(self.device, self.dtype)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -131,7 +138,8 @@ class Engine:
 
     def describe(self) -> str:
         return (
-            f"{self.info.id} ({self.spec.model_type}, {self.spec.num_layers} layers, hidden {self.spec.hidden_size}) "
+            f"{self.info.id} ({self.family.name}, {self.spec.num_layers} layers, hidden {self.spec.hidden_size}, "
+            f"{'causal' if self.spec.causal else 'bidirectional'}) "
             f"on {self.device} in {self.dtype_name}, attention {self.attention.name}, linear {self.linear_ops.name}, "
             f"graphs {'on' if self.graphs else 'off'}"
         )
@@ -145,7 +153,7 @@ class Engine:
 
     def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None) -> None:
         """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows)."""
-        if token_types is not None and len(token_types) and token_types.max() >= self.spec.type_vocab_size:
+        if self.model.USES_TOKEN_TYPES and token_types is not None and len(token_types) and token_types.max() >= self.spec.type_vocab_size:
             raise ServiceError(ErrorCode.INVALID_TOKENS, f"token types must be below {self.spec.type_vocab_size}")
         if len(input_ids) and (input_ids.min() < 0 or input_ids.max() >= self.spec.vocab_size):
             raise ServiceError(ErrorCode.INVALID_TOKENS, f"token ids must be in [0, {self.spec.vocab_size})")
@@ -215,9 +223,9 @@ class Engine:
         return self._static_out
 
     def _forward(self, batch) -> torch.Tensor:
-        hidden = self.model(batch.input_ids, batch.positions, batch.token_types, self.attention, self.linear_ops)
-        if self.model.head is not None:  # cross-encoder: logits from the first token
-            return self.model.head(hidden[batch.first]).float()
+        hidden = self.model(batch, self.attention, self.linear_ops)
+        if self.model.head is not None:  # a classifier (cross-encoder): its logits
+            return self.model.score(hidden, batch)
         return pool(hidden, batch, self.info.pooling)
 
     def _static_forward(self, bucket: int) -> None:

@@ -23,6 +23,7 @@ _ONEDNN_ACT = {
     "gelu_pytorch_tanh": ("gelu", "tanh"),
     "relu": ("relu", ""),
     "silu": ("swish", ""),
+    "swish": ("swish", ""),
 }
 _TORCH_ACT = {
     "gelu": F.gelu,
@@ -30,7 +31,13 @@ _TORCH_ACT = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
+    "swish": F.silu,
 }
+
+
+def activation(name: str):
+    """The HF activation ``name`` as a function on tensors."""
+    return _TORCH_ACT[name]
 
 
 class LinearOps:
@@ -45,7 +52,9 @@ class LinearOps:
         return _TORCH_ACT[activation](F.linear(x, layer.weight, layer.bias))
 
     def linear_add(self, x: torch.Tensor, layer: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(residual + layer.bias, x, layer.weight.t()) if x.dim() == 2 else F.linear(x, layer.weight, layer.bias) + residual
+        if x.dim() != 2:
+            return F.linear(x, layer.weight, layer.bias) + residual
+        return torch.addmm(residual if layer.bias is None else residual + layer.bias, x, layer.weight.t())
 
 
 class OneDnnLinearOps(LinearOps):
@@ -92,14 +101,16 @@ def select_linear_ops(device: torch.device, dtype: torch.dtype) -> LinearOps:
 def _self_check(ops: LinearOps, dtype: torch.dtype = torch.float32) -> None:
     """The fused kernels must agree with the plain ones before they are trusted."""
     gen = torch.Generator().manual_seed(0)
-    layer = nn.Linear(16, 8).to(dtype)
     x, r = torch.randn(5, 16, generator=gen).to(dtype), torch.randn(5, 8, generator=gen).to(dtype)
     atol = 1e-5 if dtype == torch.float32 else 5e-2  # bf16 keeps 8 bits of mantissa
     plain = LinearOps()
-    for got, want in (
-        (ops.linear(x, layer), plain.linear(x, layer)),
-        (ops.linear_act(x, layer, "gelu"), plain.linear_act(x, layer, "gelu")),
-        (ops.linear_add(x, layer, r), plain.linear_add(x, layer, r)),
-    ):
+    checks = []
+    for layer in (nn.Linear(16, 8).to(dtype), nn.Linear(16, 8, bias=False).to(dtype)):  # bias-free: decoders
+        checks += [
+            (ops.linear(x, layer), plain.linear(x, layer)),
+            (ops.linear_act(x, layer, "gelu"), plain.linear_act(x, layer, "gelu")),
+            (ops.linear_add(x, layer, r), plain.linear_add(x, layer, r)),
+        ]
+    for got, want in checks:
         if got.dtype != want.dtype or not torch.allclose(got.float(), want.float(), atol=atol):
             raise ValueError("fused linear disagrees with F.linear")

@@ -1,4 +1,4 @@
-"""Load safetensors weights from a Hugging Face folder into a BertEncoder."""
+"""Load safetensors weights from a Hugging Face folder into a family's model."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import torch
 from safetensors import safe_open
 
 from shared.config import ConfigError
-from services.gpu_worker.engine.bert import BertEncoder, hf_head_names, hf_weight_names
+from services.gpu_worker.engine.models.base import EncoderModel
 
-_PREFIXES = ("", "bert.", "roberta.", "model.")
 # old checkpoints name LayerNorm parameters gamma/beta
 _LEGACY = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
 
@@ -27,11 +26,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_weights(model: BertEncoder, tensors: dict[str, torch.Tensor]) -> None:
+def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
     """Copy checkpoint tensors into ``model`` (any float dtype; cast to the model's)."""
-    prefix = next((p for p in _PREFIXES if f"{p}embeddings.word_embeddings.weight" in tensors), None)
+    prefix = next((p for p in model.PREFIXES if f"{p}{model.PROBE}" in tensors), None)
     if prefix is None:
-        raise ConfigError("checkpoint has no embeddings.word_embeddings.weight: not a BERT-family model")
+        raise ConfigError(
+            f"checkpoint has no {model.PROBE!r} (under any of the prefixes {list(model.PREFIXES)}): "
+            f"not a {model.spec.family} model"
+        )
 
     def fetch(name: str) -> torch.Tensor:
         full = prefix + name
@@ -44,12 +46,15 @@ def load_weights(model: BertEncoder, tensors: dict[str, torch.Tensor]) -> None:
 
     params = dict(model.named_parameters())
     pairs = [(ours, torch.cat([fetch(n) for n in theirs], dim=0) if len(theirs) > 1 else fetch(theirs[0]))
-             for ours, theirs in hf_weight_names(model.spec).items()]
-    for ours, candidates in hf_head_names(model.spec).items():
+             for ours, theirs in model.weight_names().items()]
+    for ours, candidates in model.head_names().items():
         name = next((n for n in candidates if n in tensors), None)
         if name is None:
-            raise ConfigError(f"cross-encoder checkpoint has none of {candidates}")
+            raise ConfigError(f"classifier checkpoint has none of {candidates}")
         pairs.append((ours, tensors[name]))
+    loaded = {ours for ours, _ in pairs}
+    if missing := sorted(set(params) - loaded):
+        raise ConfigError(f"no checkpoint tensor maps to {missing[:5]} ({len(missing)} parameters)")  # a family bug
     for ours, value in pairs:
         target = params[ours]
         if value.shape != target.shape:

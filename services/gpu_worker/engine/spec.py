@@ -1,69 +1,66 @@
-"""Model architecture hyper-parameters, read from a Hugging Face config.json."""
+"""Model architecture hyper-parameters common to every family, read from a Hugging Face config.json.
+
+The family (``models.registry``) decides how its config's names map to these fields; what only one
+family needs stays in the raw ``config`` and is read by that family's model file.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shared.config import ConfigError
 
-# model_type -> position ids start at (pad_token_id + 1) instead of 0
-_OFFSET_POSITIONS = {"xlm-roberta", "roberta", "camembert"}
-SUPPORTED_TYPES = {"bert", *_OFFSET_POSITIONS}
-ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"}
+ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     model_type: str
+    family: str  # the registry's family name ("BERT", "Qwen3", ...)
     hidden_size: int
     num_heads: int
     num_layers: int
     intermediate_size: int
     vocab_size: int
-    max_positions: int
-    type_vocab_size: int
+    max_positions: int  # position ids the model has (its limit is max_positions - position_offset)
     layer_norm_eps: float
     activation: str
-    position_offset: int  # first position id (0 for BERT, pad_token_id + 1 for RoBERTa)
-    num_labels: int = 0  # > 0: a cross-encoder with a classification head over the first token
+    position_offset: int = 0  # first position id (0; pad_token_id + 1 for RoBERTa and MPNet)
+    type_vocab_size: int = 1  # segment ids the model embeds (BERT: 2; others ignore them: 1)
+    num_labels: int = 0  # > 0: a sequence classifier (cross-encoder / reranker) with that many logits
+    num_kv_heads: int = 0  # 0: as many as query heads
+    head_dim_override: int = 0  # 0: hidden_size / num_heads (Qwen3 and Gemma3 set their own)
+    causal: bool = False  # decoders: each token sees only the tokens before it
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the raw config.json
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_dim_override or self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
 
     @classmethod
     def from_folder(cls, path: Path) -> ModelSpec:
+        from services.gpu_worker.engine.models.registry import family_for
+
         config = json.loads((path / "config.json").read_text())
-        model_type = config.get("model_type", "bert")
-        if model_type not in SUPPORTED_TYPES:
-            raise ConfigError(f"model_type {model_type!r} is not supported (supported: {sorted(SUPPORTED_TYPES)})")
-        activation = config.get("hidden_act", "gelu")
-        if activation not in ACTIVATIONS:
-            raise ConfigError(f"hidden_act {activation!r} is not supported (supported: {sorted(ACTIVATIONS)})")
-        if config.get("position_embedding_type", "absolute") != "absolute":
-            raise ConfigError("only absolute position embeddings are supported")
-        spec = cls(
-            model_type=model_type,
-            hidden_size=int(config["hidden_size"]),
-            num_heads=int(config["num_attention_heads"]),
-            num_layers=int(config["num_hidden_layers"]),
-            intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
-            max_positions=int(config["max_position_embeddings"]),
-            type_vocab_size=int(config.get("type_vocab_size", 2)),
-            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
-            activation=activation,
-            position_offset=int(config.get("pad_token_id", 1)) + 1 if model_type in _OFFSET_POSITIONS else 0,
-            num_labels=_labels(config),
-        )
-        if spec.hidden_size % spec.num_heads:
+        spec = family_for(config).spec(config)
+        if spec.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation {spec.activation!r} is not supported (supported: {sorted(ACTIVATIONS)})")
+        if not spec.head_dim_override and spec.hidden_size % spec.num_heads:
             raise ConfigError("hidden_size is not a multiple of num_attention_heads")
+        if spec.num_heads % spec.kv_heads:
+            raise ConfigError("num_attention_heads is not a multiple of num_key_value_heads")
         return spec
 
 
-def _labels(config: dict) -> int:
+def num_labels(config: dict) -> int:
+    """Logits of a ``…ForSequenceClassification`` checkpoint; 0 for anything else."""
     if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return 0
     return int(config.get("num_labels") or len(config.get("id2label") or {}) or 1)

@@ -1,0 +1,31 @@
+"""Normalisation layers over [..., hidden] activations."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 (Llama, Qwen, Mistral).
+
+    ``offset``: Gemma stores the scale as w - 1 and multiplies in float32 before casting back
+    ((x * (1 + w)).to(dtype)); Llama casts first (x.to(dtype) * w). Both orders are kept exactly.
+    """
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
+
+
+def layer_norm(dim: int, eps: float, bias: bool = True) -> nn.LayerNorm:
+    return nn.LayerNorm(dim, eps=eps, bias=bias)

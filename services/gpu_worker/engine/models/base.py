@@ -1,0 +1,47 @@
+"""What every model family provides to the engine and the loader."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from services.gpu_worker.engine.attention import Attention, AttnMask
+from services.gpu_worker.engine.linear import LinearOps
+from services.gpu_worker.engine.spec import ModelSpec
+
+
+class EncoderModel(nn.Module):
+    """A packed forward: token ids [T] (plus positions, segment ids) -> hidden states [T, hidden].
+
+    Subclasses set ``PREFIXES`` (the checkpoint name prefixes the family's base model is saved under,
+    e.g. "model." inside a ``…ForSequenceClassification``) and ``PROBE`` (a tensor every checkpoint
+    of the family has, without prefix), and build ``head`` for sequence classifiers.
+    """
+
+    PREFIXES: tuple[str, ...] = ("",)
+    PROBE: str = ""
+    USES_TOKEN_TYPES = False  # segment ids (pairs) change the output: BERT only; others ignore them
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.head: nn.Module | None = None
+
+    def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
+        raise NotImplementedError
+
+    def masks(self) -> tuple[AttnMask, ...]:
+        """Every attention mask the layers use (the attention backend must serve them all)."""
+        raise NotImplementedError
+
+    def weight_names(self) -> dict[str, list[str]]:
+        """Our parameter name -> the checkpoint names (after the prefix) it is made of (several: concatenated)."""
+        raise NotImplementedError
+
+    def head_names(self) -> dict[str, list[str]]:
+        """Our head parameter -> the absolute checkpoint names it may have (the first found is taken)."""
+        return {}
+
+    def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
+        """A classifier's logits [R, labels] float32 from the hidden states [T, hidden]."""
+        raise NotImplementedError
