@@ -112,3 +112,44 @@ def test_packed_forward_equals_transformers(name, bidirectional):
     for i, (g, w) in enumerate(zip(got, want)):
         assert w.abs().max() > 0.1  # not a degenerate model
         torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4, msg=lambda m: f"sequence {i} (length {LENGTHS[i]}): {m}")
+
+
+CLASSIFIERS = ["mpnet", "modernbert-cls", "modernbert-mean", "qwen3", "llama"]
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_sequence_classifier_logits_equal_transformers(name):
+    """Cross-encoders / rerankers of the families: the engine's logits equal transformers' within 1e-4."""
+    from transformers import AutoModelForSequenceClassification
+
+    family = name.split("-")[0]
+    config = _configs()[family]
+    config.num_labels = 3
+    config.pad_token_id = 0
+    if family == "modernbert":
+        config.classifier_pooling = name.split("-")[1]
+    torch.manual_seed(0)
+    hf = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").eval()
+    _randomize(hf)
+    raw = dict(hf.config.to_dict(), architectures=[type(hf).__name__])  # as save_pretrained writes it
+    rng = np.random.default_rng(2)
+    ids = [rng.integers(3, 300, size=n).astype(np.int32) for n in LENGTHS]
+    spec = family_for(raw).spec(raw)
+    model = family_for(raw).model(spec).eval()
+    load_weights(model, dict(hf.state_dict()))
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in ids])]).astype(np.int32)
+    host = prepare(np.concatenate(ids), cu, spec.position_offset)
+    batch = DeviceBatch(host, torch.device("cpu"))
+    attention = SdpaVarlen()
+    attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len)
+    with torch.no_grad():
+        got = model.score(model(batch, attention, select_linear_ops(torch.device("cpu"), torch.float32)), batch)
+    width = max(LENGTHS)
+    input_ids = torch.zeros((len(ids), width), dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, s in enumerate(ids):
+        input_ids[i, : len(s)], mask[i, : len(s)] = torch.from_numpy(s), 1
+    with torch.no_grad():
+        want = hf(input_ids=input_ids, attention_mask=mask).logits
+    assert want.std() > 0.05  # logits that differ between inputs
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

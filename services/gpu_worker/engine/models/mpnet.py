@@ -30,7 +30,7 @@ def spec(config: dict[str, Any]) -> ModelSpec:
         max_positions=int(config["max_position_embeddings"]),
         layer_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
         activation=config.get("hidden_act", "gelu"),
-        position_offset=int(config.get("pad_token_id", 1)) + 1,  # positions start after the padding id
+        position_offset=2,  # positions start after the padding index, which MPNet fixes at 1 whatever the config says
         num_labels=num_labels(config),
         config=config,
     )
