@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 from tokenizers import Tokenizer
+from tokenizers.processors import TemplateProcessing
 
 from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
@@ -41,6 +43,49 @@ def _cut(text: str, window: int, direction: str) -> str:
     return text if at < 0 else text[at:]  # the space kept: the first word tokenizes as in the whole text
 
 
+def _read_config(path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def special_tokens_template(tokenizer: Tokenizer, config: dict) -> TemplateProcessing | None:
+    """The begin/end-of-sequence tokens the model's tokenizer adds, where tokenizer.json alone does not.
+
+    transformers' Llama-style tokenizers (e5-mistral, Llama embedders) read ``add_bos_token`` and
+    ``add_eos_token`` from tokenizer_config.json and rebuild their post-processor from them: a decoder
+    embedder pools its last token, so a missing end-of-sequence token changes every vector. Returns the
+    post-processor that adds exactly those tokens, or None when tokenizer.json already does.
+    """
+    if "add_eos_token" not in config and "add_bos_token" not in config:
+        return None
+    bos, eos = (_special(tokenizer, config, flag, key) for flag, key in (("add_bos_token", "bos_token"),
+                                                                           ("add_eos_token", "eos_token")))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    expected = [i for _, i in bos] + tokenizer.encode("a", add_special_tokens=False).ids + [i for _, i in eos]
+    if tokenizer.encode("a", add_special_tokens=True).ids == expected:
+        return None
+
+    def seq(part: str, type_id: int) -> str:
+        return " ".join([*(f"{t}:{type_id}" for t, _ in bos), f"{part}:{type_id}", *(f"{t}:{type_id}" for t, _ in eos)])
+
+    return TemplateProcessing(single=seq("$A", 0), pair=f"{seq('$A', 0)} {seq('$B', 1)}", special_tokens=bos + eos)
+
+
+def _special(tokenizer: Tokenizer, config: dict, flag: str, key: str) -> list[tuple[str, int]]:
+    """[(token, id)] when tokenizer_config.json sets ``flag`` and names the ``key`` token, else []."""
+    token = config.get(key)
+    token = token.get("content") if isinstance(token, dict) else token
+    if not config.get(flag) or not token:
+        return []
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ConfigError(f"tokenizer_config.json sets {flag} but {token!r} is not in the vocabulary")
+    return [(token, token_id)]
+
+
 class TextEncoder:
     """The model's tokenizer with padding off and truncation at the model's real limit.
 
@@ -56,8 +101,11 @@ class TextEncoder:
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
         self._by_mode: dict[str, Tokenizer] = {}
+        template = special_tokens_template(Tokenizer.from_file(str(path)), _read_config(info.path / "tokenizer_config.json"))
         for mode in ("right", "left", "none"):
             tokenizer = Tokenizer.from_file(str(path))
+            if template is not None:
+                tokenizer.post_processor = template
             tokenizer.no_padding()
             if mode == "none":
                 tokenizer.no_truncation()

@@ -140,3 +140,55 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
     assert encoder.encode(texts, True, direction) == whole
     assert len(_cut("word " * 5000, 2048, direction)) < 2100  # the cut is taken
     assert _cut("x" * 20000, 2048, direction) == "x" * 20000
+
+
+def _without_post_processor(model_info, tmp_path, tokenizer_config: dict):
+    import json
+    import shutil
+
+    from shared.model_dir import load_model_info
+
+    folder = tmp_path / "decoder"
+    shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["post_processor"] = None  # as a Llama-style tokenizer.json: the flags below decide
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return TextEncoder(load_model_info(str(folder)))
+
+
+@pytest.mark.parametrize("flags, single, pair", [
+    ({"add_bos_token": True, "add_eos_token": True}, [101, 7592, 2088, 102], [101, 1037, 102, 101, 1038, 102]),
+    ({"add_bos_token": False, "add_eos_token": True}, [7592, 2088, 102], [1037, 102, 1038, 102]),
+    ({"add_bos_token": True}, [101, 7592, 2088], [101, 1037, 101, 1038]),
+])
+def test_bos_and_eos_from_tokenizer_config(model_info, tmp_path, flags, single, pair):
+    """e5-mistral and other Llama-style tokenizers add their end-of-sequence token by a flag in
+    tokenizer_config.json, not in tokenizer.json: a last-token pooled vector depends on it."""
+    encoder = _without_post_processor(model_info, tmp_path, {**flags, "bos_token": "[CLS]", "eos_token": {"content": "[SEP]"}})
+    assert encoder.encode(["hello world"]) == [single]
+    ids, types = encoder.encode_pairs([("a", "b")])
+    assert ids == [pair] and types == [[0] * (len(pair) // 2) + [1] * (len(pair) // 2)]
+
+
+def test_tokenizer_config_flag_naming_an_unknown_token_is_refused(model_info, tmp_path):
+    from shared.config import ConfigError
+
+    with pytest.raises(ConfigError, match="sets add_eos_token but '</s>' is not in the vocabulary"):
+        _without_post_processor(model_info, tmp_path, {"add_eos_token": True, "eos_token": "</s>"})
+
+
+def test_tokenizer_json_that_already_adds_the_tokens_is_kept(model_info, tmp_path):
+    import json
+    import shutil
+
+    from shared.model_dir import load_model_info
+
+    folder = tmp_path / "bert"
+    shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True, "add_eos_token": True,
+                                                              "bos_token": "[CLS]", "eos_token": "[SEP]"}))
+    encoder = TextEncoder(load_model_info(str(folder)))
+    assert encoder.encode(["hello world"]) == [[101, 7592, 2088, 102]]
+    assert encoder.encode_pairs([("a", "b")])[0] == [[101, 1037, 102, 1038, 102]]  # BERT's own pair template
