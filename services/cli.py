@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="list bulk jobs and their state")
     add_common_arguments(jobs)
 
+    check = sub.add_parser("check", help="tell whether model folders will serve, and how (family, pooling, dims, backends)")
+    check.add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
+    check.add_argument("--json", action="store_true", help="one JSON object per folder")
+
     init = sub.add_parser("init", help="create the JetStream streams and the job bucket (idempotent), then exit")
     add_common_arguments(init)
 
@@ -81,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
     command = ns.command
+    if command == "check":
+        from services.check import main as check
+
+        sys.exit(check(ns.folders, ns.json))
     if command == "up":
         from services.stack import run_stack
 

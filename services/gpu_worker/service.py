@@ -217,7 +217,7 @@ class WorkerService:
         self._check_batch(batch)
         opts = batch.options
         envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0)))
-        size = batch.count * (opts.dimensions or self._dim) * VECTOR_DTYPES[opts.dtype].itemsize
+        size = batch.count * (opts.dimensions or self._cfg.model.truncate_dim or self._dim) * VECTOR_DTYPES[opts.dtype].itemsize
         if envelope + size + 2 * len(batch.job.encode()) + _ENVELOPE_BYTES > self._nc.max_payload:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"the vectors of {batch.count} documents do not fit in one "
                                f"message of {self._nc.max_payload} bytes: use smaller batches")
@@ -297,7 +297,9 @@ class WorkerService:
     async def _reply(self, work: Work) -> None:
         batch, opts = work.batch, work.batch.options
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
-        out = postprocess(work.vectors, normalize, opts.dimensions, VECTOR_DTYPES[opts.dtype])
+        # Matryoshka: a request that names no dimensions gets the folder's truncate_dim, as encode() does
+        dimensions = opts.dimensions or self._cfg.model.truncate_dim
+        out = postprocess(work.vectors, normalize, dimensions, VECTOR_DTYPES[opts.dtype])
         if work.source is not None:
             self._bulk.answer_soon(work, out, opts.dtype)  # stored while the engine runs the next batch
             return

@@ -97,6 +97,7 @@ class TextEncoder:
         self.max_length = info.max_seq_length
         self.vocab_size = info.vocab_size
         self.prompts = {**info.prompts, **(prompts or {})}  # configured prompts win over the folder's
+        self.default_prompt = info.default_prompt
         path = info.path / "tokenizer.json"
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
@@ -123,7 +124,8 @@ class TextEncoder:
                 )
             prompt = self.prompts[options.prompt_name]
         else:
-            prompt = self.prompts.get(options.input_type or "", "")
+            name = options.input_type or self.default_prompt or ""  # the folder's default_prompt_name when none is asked for
+            prompt = self.prompts.get(name, "")
         return [prompt + t for t in texts] if prompt else texts
 
     def encode(self, texts: list[str], truncate: bool = True, direction: str = "right") -> list[list[int]]:

@@ -49,8 +49,9 @@ def test_pooling_modes():
     assert pool(hidden, batch, "cls").tolist() == [[0, 1], [4, 5]]
     assert pool(hidden, batch, "lasttoken").tolist() == [[2, 3], [10, 11]]
     assert pool(hidden, batch, "mean").tolist() == [[1, 2], [7, 8]]
+    assert pool(hidden, batch, "max").tolist() == [[2, 3], [10, 11]]
     with pytest.raises(ValueError):
-        pool(hidden, batch, "max")
+        pool(hidden, batch, "attention")
 
 
 def test_postprocess_matryoshka_then_normalise():

@@ -27,6 +27,7 @@ from services.gpu_worker.engine.models.registry import Family, family_for
 from services.gpu_worker.engine.pooling import pool
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
 from services.gpu_worker.engine.spec import ModelSpec
+from services.gpu_worker.engine.st_modules import build_dense
 
 log = logging.getLogger("embedfleet.engine")
 
@@ -77,13 +78,17 @@ class Engine:
             dtype = "float32"
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
-        if info.dim != self.dim:
-            raise ServiceError(ErrorCode.INTERNAL, f"output dimension {info.dim} != the model's {self.dim}")
+        produced = self.spec.num_labels or self.spec.hidden_size
+        expected = info.dim if info.scores else info.pooled_dim
+        if expected != produced:
+            raise ConfigError(f"the folder's pooling or Dense layers take {expected} dimensions; the model makes {produced}")
         if model is None:
             model = self.family.model(self.spec)
             load_weights(model, read_safetensors(info.path))
             model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self.model = model
+        # sentence-transformers Dense layers after pooling (float32, shared by replicas like the model)
+        self.dense = build_dense(info, self.device) if not info.scores else None
         self.max_seq_length = min(info.max_seq_length, self.spec.max_positions - self.spec.position_offset)
         self._attention_pref = attention
         self.attention: Attention = select_attention(
@@ -146,8 +151,8 @@ class Engine:
 
     @property
     def dim(self) -> int:
-        """Vector size, or for a cross-encoder the number of labels (one logit each)."""
-        return self.spec.num_labels or self.spec.hidden_size
+        """Vector size (after the folder's Dense layers), or for a classifier its number of logits."""
+        return self.info.dim
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -226,7 +231,8 @@ class Engine:
         hidden = self.model(batch, self.attention, self.linear_ops)
         if self.model.head is not None:  # a classifier (cross-encoder): its logits
             return self.model.score(hidden, batch)
-        return pool(hidden, batch, self.info.pooling)
+        pooled = pool(hidden, batch, self.info.pooling)
+        return pooled if self.dense is None else self.dense(pooled)
 
     def _static_forward(self, bucket: int) -> None:
         self._static_out.copy_(self._forward(self._static.view(bucket)))

@@ -1,28 +1,55 @@
-"""Pooling of packed hidden states into one vector per row, and output post-processing."""
+"""Pooling of packed hidden states into one vector per row, and output post-processing.
+
+The modes follow sentence-transformers' Pooling module on unpadded (flattened) input: every token
+of a row counts (include_prompt=false is refused when the model folder is read).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-POOLING_MODES = ("mean", "cls", "lasttoken")
+from shared.model_dir import POOLING_MODES
+
+__all__ = ["POOLING_MODES", "pool", "postprocess"]
 
 
 def pool(hidden: torch.Tensor, batch, mode: str) -> torch.Tensor:
-    """hidden [N, H] -> [R, H] float32, using the batch's seq_ids / first / last / lengths.
+    """hidden [N, H] -> [R, H] float32, using the batch's seq_ids / first / last / lengths / cu_seqlens.
 
-    Shapes depend only on N and R (no host sync), so pooling can sit inside a CUDA graph.
+    Shapes depend only on N and R (no host sync), so pooling can sit inside a CUDA graph. A padded
+    batch's pad tokens belong to a dummy row, and zero-length rows follow it: their outputs are
+    discarded, but stay finite (lengths are >= 1 and empty rows pool to zeros).
     """
     if mode == "cls":
         return hidden[batch.first].float()
     if mode == "lasttoken":
         return hidden[batch.last].float()
+    if mode == "max":
+        # include_self=False: a row no token reaches keeps the zero it starts with (no -inf)
+        index = batch.seq_ids.unsqueeze(1).expand(-1, hidden.shape[1])  # [N, H]
+        out = _zeros(batch, hidden)
+        return out.scatter_reduce_(0, index, hidden.float(), reduce="amax", include_self=False)
+    lengths = batch.lengths.unsqueeze(1)  # [R, 1] float32, >= 1
     if mode == "mean":
-        rows = batch.lengths.shape[0]
-        sums = torch.zeros(rows, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        sums.index_add_(0, batch.seq_ids, hidden.float())
-        return sums / batch.lengths.unsqueeze(1)
+        return _row_sums(hidden.float(), batch) / lengths
+    if mode == "mean_sqrt_len":
+        return _row_sums(hidden.float(), batch) / lengths.sqrt()
+    if mode == "weightedmean":
+        # token i of a row (0-based) weighs i + 1; the weights of a row of L tokens sum to L (L + 1) / 2
+        tokens = torch.arange(hidden.shape[0], device=hidden.device)
+        weights = (tokens - batch.cu_seqlens[batch.seq_ids] + 1).to(torch.float32).unsqueeze(1)  # [N, 1]
+        return _row_sums(hidden.float() * weights, batch) / (lengths * (lengths + 1) / 2)
     raise ValueError(f"unknown pooling mode {mode!r}")
+
+
+def _zeros(batch, hidden: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(batch.lengths.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+
+
+def _row_sums(values: torch.Tensor, batch) -> torch.Tensor:
+    """values [N, H] float32 -> [R, H]: the sum over each row's tokens."""
+    return _zeros(batch, values).index_add_(0, batch.seq_ids, values)
 
 
 def postprocess(vectors: np.ndarray, normalize: bool, dimensions: int | None, dtype: np.dtype) -> np.ndarray:

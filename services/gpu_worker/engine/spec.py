@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config import ConfigError
+from shared.model_dir import classifier_labels
 
 ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
 
@@ -63,4 +64,4 @@ def num_labels(config: dict) -> int:
     """Logits of a ``…ForSequenceClassification`` checkpoint; 0 for anything else."""
     if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return 0
-    return int(config.get("num_labels") or len(config.get("id2label") or {}) or 1)
+    return classifier_labels(config)

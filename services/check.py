@@ -1,0 +1,127 @@
+"""``embedfleet check MODEL_DIR``: will this folder serve, and how — before deploying it.
+
+Reads what the tokenizer and the worker read at start (configs, tokenizer, the checkpoint's tensor
+names; no weights are loaded), and says the family, attention, pooling, dimensions, limit, prompts
+and the attention backend per device; or the first thing that stops the folder from serving.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from shared.config import ConfigError
+from shared.model_dir import load_model_info
+
+
+@dataclass
+class Report:
+    folder: str
+    ok: bool = True
+    error: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def render(self) -> str:
+        lines = [f"{self.folder}: {'serves' if self.ok else 'cannot serve'}"]
+        lines += [f"  {key:<20} {value}" for key, value in self.facts.items()]
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)
+
+
+def check_folder(folder: str) -> Report:
+    report = Report(folder)
+    try:
+        _check(folder, report)
+    except ConfigError as exc:
+        report.ok, report.error = False, str(exc)
+    return report
+
+
+def _check(folder: str, report: Report) -> None:
+    import torch
+
+    from services.gpu_worker.engine.attention import FLASHINFER_HEAD_DIMS, FlashInferRagged, TorchFlashVarlen
+    from services.gpu_worker.engine.models.registry import family_for
+    from services.gpu_worker.engine.spec import ModelSpec
+    from services.tokenizer.encoder import TextEncoder
+
+    info = load_model_info(folder)
+    spec = ModelSpec.from_folder(info.path)
+    family = family_for(spec.config)
+    facts = report.facts
+    facts["family"] = f"{family.name} (model_type {spec.model_type})"
+    facts["task"] = f"classifier, {info.dim} logit(s)" if info.scores else "embeddings"
+    facts["shape"] = (f"{spec.num_layers} layers, hidden {spec.hidden_size}, {spec.num_heads} heads"
+                      f"{f' / {spec.kv_heads} kv' if spec.kv_heads != spec.num_heads else ''}, head size {spec.head_dim}")
+    with torch.device("meta"):  # the layers' shapes and masks, no memory
+        model = family.model(spec)
+    facts["attention"] = "; ".join(m.describe() for m in model.masks())
+    _check_tensors(info.path, model)
+    facts["max tokens"] = min(info.max_seq_length, spec.max_positions - spec.position_offset)
+    if not info.scores:
+        stack = [f"pooling {info.pooling}"] + [f"dense {d.in_features}->{d.out_features} ({d.activation})" for d in info.dense]
+        stack += ["normalize"] if info.normalize else []
+        facts["output"] = " -> ".join(stack)
+        facts["dimensions"] = info.dim if info.truncate_dim is None else f"{info.dim} (Matryoshka default {info.truncate_dim})"
+        prompts = ", ".join(f"{k}={v!r}" for k, v in info.prompts.items() if v) or "none"
+        facts["prompts"] = prompts + (f" (default {info.default_prompt})" if info.default_prompt else "")
+    encoder = TextEncoder(info)
+    facts["tokenizer"] = f"vocab {spec.vocab_size}, 'hello' -> {encoder.encode(['hello'])[0]}"
+    facts["dtype"] = "cpu float32; cuda " + ("float32 (float16 overflows; bfloat16 on request)" if family.fp16_overflows else "float16")
+    facts["backend (cpu)"] = "sdpa (eager)"
+    masks, grouped = model.masks(), spec.kv_heads != spec.num_heads
+    if spec.head_dim in FLASHINFER_HEAD_DIMS and all(FlashInferRagged.supports(m) for m in masks):
+        cuda = "flashinfer where installed, else torch-flash-varlen; CUDA graphs"
+    elif _varlen_supports(TorchFlashVarlen, masks, grouped):
+        cuda = "torch-flash-varlen; CUDA graphs"
+    else:
+        cuda = "sdpa (eager, no CUDA graphs: a score bias or a window this PyTorch's kernels cannot take)"
+    facts["backend (cuda)"] = cuda
+
+
+def _varlen_supports(cls, masks, grouped: bool) -> bool:
+    try:
+        flash = cls()
+    except ImportError:
+        return False
+    return all(flash.supports(m, grouped) for m in masks)
+
+
+def _check_tensors(path: Path, model) -> None:
+    """Every tensor the family maps is in the checkpoint (names only; nothing is loaded)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{path} has no *.safetensors weights (only safetensors are loaded, never pickles)")
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    prefix = next((p for p in model.PREFIXES if f"{p}{model.PROBE}" in names), None)
+    if prefix is None:
+        raise ConfigError(f"checkpoint has no {model.PROBE!r}: not a {model.spec.family} model")
+    for theirs in model.weight_names().values():
+        for name in theirs:
+            if prefix + name not in names and not _legacy(prefix + name, names):
+                raise ConfigError(f"checkpoint is missing tensor {prefix + name!r}")
+    for candidates in model.head_names().values():
+        if not any(n in names for n in candidates):
+            raise ConfigError(f"classifier checkpoint has none of {candidates}")
+
+
+def _legacy(name: str, names: set[str]) -> bool:
+    return name.endswith(".LayerNorm.weight") and name[: -len("weight")] + "gamma" in names or (
+        name.endswith(".LayerNorm.bias") and name[: -len("bias")] + "beta" in names)
+
+
+def main(folders: list[str], as_json: bool) -> int:
+    reports = [check_folder(f) for f in folders]
+    if as_json:
+        print(json.dumps([r.__dict__ for r in reports], indent=2, default=str))
+    else:
+        print("\n\n".join(r.render() for r in reports))
+    return 0 if all(r.ok for r in reports) else 1
