@@ -82,3 +82,17 @@ def test_command_exit_codes_and_json(folders, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "services.cli", "check", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "cannot serve" in bad.stdout and "config.json is missing" in bad.stdout
+
+
+@pytest.mark.parametrize("role", ["worker", "tokenizer"])
+def test_services_refuse_an_unservable_folder_at_start(folders, tmp_path, role):
+    """The same refusal at start, before any request: exit code 2 and the reason on stderr."""
+    import shutil
+
+    folder = tmp_path / "odd-pooling"
+    shutil.copytree(folders["mpnet"], folder)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "attention"}))
+    result = subprocess.run([sys.executable, "-m", "services.cli", role, "--model", str(folder), "--nats", "nats://127.0.0.1:1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "pooling mode 'attention' is not supported" in result.stderr

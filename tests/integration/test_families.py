@@ -1,0 +1,94 @@
+"""Every model family through the whole stack — HTTP, NATS, tokenizer, worker, as processes — against
+sentence-transformers' ``encode`` on the same folder (tiny random-weight checkpoints, built here):
+one gateway in front of a tokenizer and a worker per family, each model on its own subjects."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from shared.nats_server import free_port
+from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.corpus import mixed_texts
+from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.tiny_models import build, st_reference
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "families"
+# (folder, family, bidirectional, the prompt a query request selects)
+MODELS = [
+    ("mpnet", "mpnet", False, None),
+    ("modernbert", "modernbert", False, None),
+    ("qwen3", "qwen3", False, "query"),
+    ("qwen3-bidir", "qwen3", True, "query"),
+    ("qwen2", "qwen2", False, "query"),
+    ("mistral", "mistral", False, "query"),
+    ("llama", "llama", False, None),
+    ("gemma3", "gemma3", False, "query"),
+]
+
+
+@pytest.fixture(scope="module")
+def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
+    root = tmp_path_factory.mktemp("families")
+    folders = {name: build(family, root, bidirectional=bidir) for name, family, bidir, _ in MODELS}
+    log_dir = tmp_path_factory.mktemp("family-logs")
+    common = ["--nats", nats_url, "--subject-prefix", PREFIX]
+    services = []
+    for folder in folders.values():
+        model = ["--model", str(folder)]
+        services.append(Service("tokenizer", [*common, *model], log_dir))
+        services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
+    port = free_port()
+    services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
+        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(MODELS), 240,
+                   f"{len(MODELS)} workers", services)
+        yield base_url, folders
+    finally:
+        for s in services:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return mixed_texts(24)  # 1 to 300+ tokens: past every sliding window, some cut at the 256-token limit
+
+
+@pytest.mark.parametrize("name, family, bidirectional, prompt", MODELS)
+def test_vectors_equal_sentence_transformers(fleet, texts, name, family, bidirectional, prompt):
+    base_url, folders = fleet
+    for input_type in dict.fromkeys([None, prompt]):
+        body = {"model": name, "input": texts, **({"input_type": input_type} if input_type else {})}
+        r = httpx.post(f"{base_url}/v1/embeddings", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+        want = st_reference(folders[name], texts, prompt_name=input_type)
+        assert got.shape == want.shape
+        c = cosines(got, want)
+        assert c.min() >= COSINE_TOLERANCE, f"{name} ({input_type or 'no prompt'}): worst cosine {c.min():.6f} at {c.argmin()}"
+
+
+def test_prompts_change_the_vectors_and_models_differ(fleet, texts):
+    base_url, _ = fleet
+
+    def embed(model: str, **extra) -> np.ndarray:
+        r = httpx.post(f"{base_url}/v1/embeddings", json={"model": model, "input": texts[:4], **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+
+    assert cosines(embed("qwen3"), embed("qwen3", input_type="query")).max() < 0.9999
+    assert cosines(embed("qwen3"), embed("qwen3-bidir")).max() < 0.9999  # the attention flag is honoured
+
+
+def test_unknown_model_lists_the_served_ones(fleet):
+    base_url, _ = fleet
+    r = httpx.post(f"{base_url}/v1/embeddings", json={"model": "nomic-bert", "input": "x"}, timeout=30)
+    assert r.status_code == 404, r.text
+    assert all(name in r.text for name, *_ in MODELS)
