@@ -30,6 +30,7 @@ MODELS = [
     ("llama", "llama", False, None),
     ("gemma3", "gemma3", False, "query"),
 ]
+CLASSIFIERS = ["modernbert", "qwen3"]  # rerankers (one logit), served by a scorer each as "<family>-cls"
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +40,22 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     log_dir = tmp_path_factory.mktemp("family-logs")
     common = ["--nats", nats_url, "--subject-prefix", PREFIX]
     services = []
-    for folder in folders.values():
+    for family in CLASSIFIERS:
+        folders[f"{family}-cls"] = build(family, root, classifier=True, num_labels=1)
+    for name, folder in folders.items():
         model = ["--model", str(folder)]
         services.append(Service("tokenizer", [*common, *model], log_dir))
         services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
+        if name.endswith("-cls"):
+            services.append(Service("scorer", [*common, *model], log_dir))
     port = free_port()
     services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base_url), 180, "gateway health", services)
-        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(MODELS), 240,
-                   f"{len(MODELS)} workers", services)
+        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders), 240,
+                   f"{len(folders)} workers", services)
+        wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == len(CLASSIFIERS), 60, "scorers", services)
         yield base_url, folders
     finally:
         for s in services:
@@ -92,3 +98,23 @@ def test_unknown_model_lists_the_served_ones(fleet):
     r = httpx.post(f"{base_url}/v1/embeddings", json={"model": "nomic-bert", "input": "x"}, timeout=30)
     assert r.status_code == 404, r.text
     assert all(name in r.text for name, *_ in MODELS)
+
+
+@pytest.mark.parametrize("family", CLASSIFIERS)
+def test_reranker_scores_equal_transformers(fleet, family):
+    """Sequence-classification rerankers of the families, through the scorer: each candidate's score is
+    the sigmoid of transformers' logit for the (query, document) pair."""
+    from tests.corpus import medium_texts
+    from tests.tiny_models import hf_reference_logits
+
+    base_url, folders = fleet
+    query, docs = "how do I read a file line by line", medium_texts(20)
+    logits = hf_reference_logits(folders[f"{family}-cls"], [(query, d) for d in docs])[:, 0]
+    assert np.ptp(logits) > 0.1
+    r = httpx.post(f"{base_url}/v1/rerank", json={"model": f"{family}-cls", "query": query, "documents": docs,
+                                                  "top_n": len(docs)}, timeout=120)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    got = np.array([x["relevance_score"] for x in results])
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-logits[[x["index"] for x in results]])), atol=1e-4)
+    assert list(got) == sorted(got, reverse=True)
