@@ -96,3 +96,26 @@ def test_services_refuse_an_unservable_folder_at_start(folders, tmp_path, role):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "pooling mode 'attention' is not supported" in result.stderr
+
+
+def test_readme_table_is_the_registry():
+    from pathlib import Path
+
+    from services.gpu_worker.engine.models.registry import markdown_table
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert markdown_table() in readme, "README's Supported models table differs from models/registry.py"
+
+
+def test_gemma3_in_float16_computes_in_float32_and_says_so(folders, caplog):
+    import logging
+
+    from services.gpu_worker.engine import Engine
+    from shared.model_dir import load_model_info
+
+    with caplog.at_level(logging.WARNING, logger="embedfleet.engine"):
+        engine = Engine(load_model_info(str(folders["gemma3"])), "cpu", "float16")
+    assert engine.dtype_name == "float32"
+    assert [r.getMessage() for r in caplog.records] == [
+        "Gemma3 activations overflow float16: computing in float32 (ask for bfloat16 for half precision)"
+    ]

@@ -20,29 +20,60 @@ class Family:
     model: Callable[[ModelSpec], EncoderModel]
     examples: str
     pooling: str  # what its embedders usually pool (the folder's Pooling config decides)
+    attention: str  # how its layers attend
+    cuda: str  # the CUDA attention path (see attention.select_attention)
+    prompts: str = "—"  # what its well-known checkpoints ship in config_sentence_transformers.json
     fp16_overflows: bool = False  # activations overflow float16: half precision means bfloat16 or float32
 
 
+_FLASH = "FlashInfer (head size 64/128/256) or PyTorch flash varlen; CUDA graphs"
+# symmetric windows: no FlashInfer kernel takes them; PyTorch's varlen kernel does where it has window_size
+_WINDOWED = "PyTorch flash varlen with a symmetric window; CUDA graphs (SDPA where this PyTorch's kernel has no windows)"
 FAMILIES = (
     Family("BERT", ("bert",), bert.spec, bert.BertEncoder,
-           "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, ms-marco-MiniLM cross-encoders", "mean / cls"),
+           "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, ms-marco-MiniLM cross-encoders", "mean / cls",
+           "bidirectional", _FLASH),
     Family("XLM-RoBERTa", ("xlm-roberta", "roberta", "camembert"), bert.spec, bert.BertEncoder,
-           "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3", "mean / cls"),
+           "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3", "mean / cls", "bidirectional", _FLASH,
+           prompts="e5: `query: ` / `passage: `"),
     Family("MPNet", ("mpnet",), mpnet.spec, mpnet.MPNetEncoder,
-           "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1", "mean"),
+           "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1", "mean", "bidirectional + relative-position bias",
+           "SDPA (a score bias: no flash kernel takes it); no CUDA graphs"),
     Family("ModernBERT", ("modernbert",), modernbert.spec, modernbert.ModernBertEncoder,
-           "gte-modernbert-base, modernbert-embed-base, gte-reranker-modernbert-base", "mean / cls"),
+           "gte-modernbert-base, modernbert-embed-base, gte-reranker-modernbert-base", "mean / cls",
+           "bidirectional; local layers a ±64-token window", _WINDOWED,
+           prompts="modernbert-embed: `search_query: ` / `search_document: `"),
     Family("Qwen3", ("qwen3",), decoder.spec, decoder.DecoderEncoder,
-           "Qwen3-Embedding-0.6B/4B/8B", "lasttoken"),
+           "Qwen3-Embedding-0.6B/4B/8B, Qwen3 rerankers (sequence classification)", "lasttoken",
+           "causal (or bidirectional by config), grouped-query", _FLASH,
+           prompts="`Instruct: {task}\\nQuery:` for queries"),
     Family("Qwen2", ("qwen2",), decoder.spec, decoder.DecoderEncoder,
-           "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct", "lasttoken"),
+           "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct", "lasttoken",
+           "causal (or bidirectional by config), grouped-query", _FLASH, prompts="`Instruct: {task}\\nQuery: `"),
     Family("Mistral", ("mistral",), decoder.spec, decoder.DecoderEncoder,
-           "e5-mistral-7b-instruct, SFR-Embedding-Mistral", "lasttoken"),
+           "e5-mistral-7b-instruct, SFR-Embedding-Mistral", "lasttoken",
+           "causal, grouped-query, sliding window where set", _FLASH, prompts="`Instruct: {task}\\nQuery: `"),
     Family("Llama", ("llama",), decoder.spec, decoder.DecoderEncoder,
-           "LLM2Vec-style and Llama-based embedders", "lasttoken"),
+           "Llama-based embedders (LLM2Vec-style, bidirectional by config)", "lasttoken",
+           "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling", _FLASH),
     Family("Gemma3", ("gemma3_text",), gemma3.spec, gemma3.Gemma3Encoder,
-           "embeddinggemma-300m", "mean", fp16_overflows=True),
+           "embeddinggemma-300m", "mean, then Dense 768→3072→768", "bidirectional; local layers a ±256-token window",
+           _WINDOWED, prompts="`task: search result \\| query: ` / "
+           "`title: none \\| text: `", fp16_overflows=True),
 )
+
+
+def markdown_table() -> str:
+    """The README's "Supported models" table, made from this registry."""
+    rows = ["| family | `model_type` | example models | pooling | attention | prompts | CUDA path |",
+            "|---|---|---|---|---|---|---|"]
+    for f in FAMILIES:
+        dtype = (" — float16 overflows: float32 by default (SDPA, no graphs); `--dtype bfloat16` takes this path"
+                 if f.fp16_overflows else "")
+        types = ", ".join(f"`{t}`" for t in f.model_types)
+        rows.append(f"| {f.name} | {types} | {f.examples} | {f.pooling} | {f.attention} | {f.prompts} | {f.cuda}{dtype} |")
+    return "\n".join(rows)
+
 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 SUPPORTED_TYPES = tuple(_BY_TYPE)
