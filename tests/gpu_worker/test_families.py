@@ -79,17 +79,24 @@ def _hf_states(model, ids: list[np.ndarray], pad: int, mask_4d: bool = False) ->
     return [hidden[i, : len(s)] for i, s in enumerate(ids)]
 
 
-def _ours(config: dict, hf_model, ids: list[np.ndarray]) -> list[torch.Tensor]:
+def _packed_forward(config: dict, hf_model, ids: list[np.ndarray]):
+    """Our model of the family, with the transformers model's weights, on ``ids`` packed into one
+    batch: (the model, hidden states [T, hidden], the batch)."""
     spec = family_for(config).spec(config)
     model = family_for(config).model(spec).eval()
-    load_weights(model, {k: v for k, v in hf_model.state_dict().items()})
+    load_weights(model, dict(hf_model.state_dict()))
     cu = np.concatenate([[0], np.cumsum([len(s) for s in ids])]).astype(np.int32)
     host = prepare(np.concatenate(ids), cu, spec.position_offset)
     batch = DeviceBatch(host, torch.device("cpu"))
     attention = SdpaVarlen()
     attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len)
     with torch.no_grad():
-        hidden = model(batch, attention, select_linear_ops(torch.device("cpu"), torch.float32))
+        return model, model(batch, attention, select_linear_ops(torch.device("cpu"), torch.float32)), batch
+
+
+def _ours(config: dict, hf_model, ids: list[np.ndarray]) -> list[torch.Tensor]:
+    _, hidden, batch = _packed_forward(config, hf_model, ids)
+    cu = batch.cu_seqlens.tolist()
     return [hidden[s:e] for s, e in zip(cu[:-1], cu[1:])]
 
 
@@ -134,16 +141,9 @@ def test_sequence_classifier_logits_equal_transformers(name):
     raw = dict(hf.config.to_dict(), architectures=[type(hf).__name__])  # as save_pretrained writes it
     rng = np.random.default_rng(2)
     ids = [rng.integers(3, 300, size=n).astype(np.int32) for n in LENGTHS]
-    spec = family_for(raw).spec(raw)
-    model = family_for(raw).model(spec).eval()
-    load_weights(model, dict(hf.state_dict()))
-    cu = np.concatenate([[0], np.cumsum([len(s) for s in ids])]).astype(np.int32)
-    host = prepare(np.concatenate(ids), cu, spec.position_offset)
-    batch = DeviceBatch(host, torch.device("cpu"))
-    attention = SdpaVarlen()
-    attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len)
+    model, hidden, batch = _packed_forward(raw, hf, ids)
     with torch.no_grad():
-        got = model.score(model(batch, attention, select_linear_ops(torch.device("cpu"), torch.float32)), batch)
+        got = model.score(hidden, batch)
     width = max(LENGTHS)
     input_ids = torch.zeros((len(ids), width), dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)

@@ -126,17 +126,21 @@ class BertEncoder(EncoderModel):
         super().__init__(spec)
         self.embeddings = Embeddings(spec)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.mask = FULL
         self.head = ScoreHead(spec) if spec.num_labels else None
 
+    def embed(self, batch) -> torch.Tensor:
+        # batch.input_ids, .positions, .token_types: [T] int -> [T, hidden]
+        return self.embeddings(batch.input_ids, batch.positions, batch.token_types)
+
     def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
-        # batch.input_ids, .positions, .token_types: [T] int -> hidden states [T, hidden]
-        x = self.embeddings(batch.input_ids, batch.positions, batch.token_types)
+        x = self.embed(batch)  # [T, hidden]
         for layer in self.layers:
-            x = layer(x, attention, ops)
+            x = layer(x, attention, ops, self.mask)
         return x
 
     def masks(self) -> tuple[AttnMask, ...]:
-        return (FULL,)
+        return (self.mask,)
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         return self.head(hidden[batch.first]).float()

@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.attention import Attention, AttnMask
-from services.gpu_worker.engine.linear import LinearOps
+from services.gpu_worker.engine.attention import AttnMask
 from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.models.bert import Layer, ScoreHead
+from services.gpu_worker.engine.models.bert import BertEncoder, Layer, ScoreHead
 from services.gpu_worker.engine.spec import ModelSpec, num_labels
 
 MAX_DISTANCE = 128  # MPNet's bucket function: log-spaced buckets up to this distance
@@ -59,12 +58,15 @@ class RelativeBias(nn.Module):
         return self.table(buckets).permute(2, 0, 1)
 
 
-class MPNetEncoder(EncoderModel):
+class MPNetEncoder(BertEncoder):
+    """BERT's layers and heads; its own embeddings (no segments) and the relative bias in every layer's mask."""
+
     PREFIXES = ("", "mpnet.")
     PROBE = "encoder.relative_attention_bias.weight"
+    USES_TOKEN_TYPES = False
 
     def __init__(self, spec: ModelSpec) -> None:
-        super().__init__(spec)
+        EncoderModel.__init__(self, spec)
         h = spec.hidden_size
         self.word = nn.Embedding(spec.vocab_size, h)
         self.position = nn.Embedding(spec.max_positions, h)
@@ -74,17 +76,8 @@ class MPNetEncoder(EncoderModel):
         self.mask = AttnMask(bias=self.bias)
         self.head = ScoreHead(spec) if spec.num_labels else None
 
-    def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
-        x = self.norm(self.word(batch.input_ids) + self.position(batch.positions))  # [T, hidden]
-        for layer in self.layers:
-            x = layer(x, attention, ops, self.mask)
-        return x
-
-    def masks(self) -> tuple[AttnMask, ...]:
-        return (self.mask,)
-
-    def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        return self.head(hidden[batch.first]).float()
+    def embed(self, batch) -> torch.Tensor:
+        return self.norm(self.word(batch.input_ids) + self.position(batch.positions))  # [T, hidden]
 
     def weight_names(self) -> dict[str, list[str]]:
         names = {
