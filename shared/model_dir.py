@@ -83,7 +83,7 @@ class ModelInfo:
     vocab_size: int
     prompts: dict[str, str]  # input type -> prefix, from config_sentence_transformers.json
     task: str = "embed"  # "embed": vectors; "score": a cross-encoder's relevance logits (dim = labels)
-    include_prompt: bool = True  # pooling covers the prompt's tokens (False is refused at load for now)
+    include_prompt: bool = True  # pooling counts the prompt's tokens (False: INSTRUCTOR-style, they are skipped)
     dense: tuple[DenseSpec, ...] = ()  # Dense layers applied to the pooled vector, in order
     default_prompt: str | None = None  # the name (a key of prompts) used when a request names none
     truncate_dim: int | None = None  # Matryoshka: encode output is cut to this many dimensions by default
@@ -159,7 +159,7 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
         normalize=stack.normalize,
         vocab_size=int(setting("vocab_size")),
         prompts=prompts,
-        include_prompt=_include_prompt(pooling_config, stack.pooling),
+        include_prompt=bool(pooling_config.get("include_prompt", True)),
         dense=dense,
         default_prompt=_default_prompt(st_general, prompts),
         truncate_dim=_truncate_dim(st_general),
@@ -312,16 +312,6 @@ def _default_pooling(config: dict[str, Any]) -> str:
         return "mean"
     causal = any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
     return "lasttoken" if config.get("is_decoder") or model_type in _LASTTOKEN_TYPES or causal else "mean"
-
-
-def _include_prompt(pooling_config: dict[str, Any], folder: Path | None) -> bool:
-    include = bool(pooling_config.get("include_prompt", True))
-    if not include:
-        raise ConfigError(
-            f"{folder / 'config.json' if folder else 'pooling config'}: include_prompt=false "
-            "(pooling that skips the prompt's tokens) is not supported"
-        )
-    return include
 
 
 def _default_prompt(st_general: dict[str, Any], prompts: dict[str, str]) -> str | None:

@@ -1,8 +1,11 @@
 """The benchmarks' own code paths, at tiny sizes (figures come from running them for real)."""
 
 import json
+import os
 import subprocess
 import sys
+
+import numpy as np
 
 
 def test_engine_benchmark_prints_ratios_and_roofline():
@@ -19,19 +22,82 @@ def test_engine_benchmark_prints_ratios_and_roofline():
     assert "GEMM peak" in result.stdout
 
 
+def test_engine_benchmark_builds_each_family_and_prints_its_ratios():
+    """--family at the tiny shape: a folder per family, the same comparison, a ratio row per family and workload."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.engine", "--family", "mpnet", "--family", "qwen3", "--shape", "tiny",
+         "--rounds", "1", "--scale", "0.05"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {(line.split()[8], line.split()[0]): line.split() for line in result.stdout.splitlines()
+            if line.startswith(("long", "medium"))}
+    assert set(rows) == {(f, w) for f in ("mpnet", "qwen3") for w in ("long", "medium")}
+    for row in rows.values():
+        assert row[5].endswith("x") and float(row[5][:-1]) > 0  # engine / reference
+        assert row[7].endswith("%") and 0 < float(row[7][:-1])  # of the roofline
+        assert float(row[9]) > 0.9999  # the engine's vectors are the reference's
+    # long documents are cut at the folders' 512-token limit, not the default model's 256
+    assert int(rows[("mpnet", "long")][1]) > 256 * int(192 * 0.05)
+    assert "== mpnet (tiny)" in result.stdout and "== qwen3 (tiny)" in result.stdout
+    summary = result.stdout[result.stdout.index("summary:"):].splitlines()
+    assert [line.split()[0] for line in summary[2:4]] == ["mpnet", "qwen3"]
+
+
+def test_roofline_counts_the_linear_layers_and_the_keys_each_token_sees():
+    """Grouped-query attention and gated MLPs counted from the model's own layers; windows and causality
+    from each layer's mask."""
+    from bench.engine import flops_per_token, keys_per_token
+    from services.gpu_worker.engine.attention import AttnMask
+    from services.gpu_worker.engine.models.registry import build
+    from services.gpu_worker.engine.spec import ModelSpec
+    from services.gpu_worker.engine.models import gemma3
+
+    lengths = np.array([10, 10, 4])
+    assert keys_per_token(lengths, AttnMask()) == (2 * 10 * 10 + 4 * 4) / 24
+    assert keys_per_token(np.array([4]), AttnMask(causal=True)) == (1 + 2 + 3 + 4) / 4
+    assert keys_per_token(np.array([5]), AttnMask(window=1)) == (2 + 3 + 3 + 3 + 2) / 5
+    assert keys_per_token(np.array([5]), AttnMask(causal=True, window=1)) == (1 + 2 + 2 + 2 + 2) / 5
+
+    # EmbeddingGemma-300m: q 768 -> 3 x 256, k and v 768 -> 256, o 768 -> 768, gate/up 768 -> 2 x 1152, down
+    config = {"model_type": "gemma3_text", "hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 3,
+              "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 1152, "vocab_size": 1000,
+              "sliding_window": 4, "query_pre_attn_scalar": 256, "use_bidirectional_attention": True}
+    model = build(gemma3.spec(config))
+    per_layer = 768 * (768 + 256 + 256) + 768 * 768 + 768 * 2 * 1152 + 1152 * 768
+    linear, attention = flops_per_token(model, np.array([10]))
+    assert linear == 2 * per_layer * 6
+    # five sliding layers see |i - j| <= 2 of 10 tokens, the sixth all 10
+    sliding = keys_per_token(np.array([10]), AttnMask(window=2))
+    assert attention == 4 * 3 * 256 * (5 * sliding + 10)
+
+
 def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
+    from bench.gpu_check import CHECKS
+
     out = tmp_path / "smoke.json"
     result = subprocess.run(
         [sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["smoke"] is True
-    assert data["correctness"]["tiny"]["min_cosine_eager_vs_cpu"] > 0.9999
-    assert {(r["seq_len"], r["replicas"]) for r in data["throughput"]} == {(s, n) for s in (50, 512) for n in (1, 2, 4)}
-    assert all(r["tokens_per_s"] > 0 for r in data["throughput"])
-    assert data["saturation"]["knee"] in [b for b, _ in data["saturation"]["points"]]
+    models = data["models"]
+    assert set(models) == {c.name for c in CHECKS}
+    assert {m["family"] for m in models.values()} == {"bert", "mpnet", "modernbert", "qwen3", "gemma3"}
+    for name, model in models.items():
+        assert "error" not in model, (name, model.get("error"))
+        assert model["shape"] == "tiny" and model["attention"] == "sdpa" and model["graphs_possible"] is False
+        floor = 0.9999 if model["dtype"] == "float32" else 0.99  # bfloat16 keeps 8 bits of mantissa
+        assert model["correctness"]["min_cosine_eager_vs_cpu"] > floor, name
+        assert model["correctness"]["batches"] == 6
+        replicas = (1, 2, 4) if name == "bert-base" else (1,)
+        assert {(r["seq_len"], r["replicas"]) for r in model["throughput"]} == {(s, n) for s in (50, 512) for n in replicas}
+        assert all(r["tokens_per_s"] > 0 for r in model["throughput"])
+    assert models["gemma3"]["dtype"] == "float32" and models["gemma3-bf16"]["dtype"] == "bfloat16"
+    saturation = models["bert-base"]["saturation"]
+    assert saturation["knee"] in [b for b, _ in saturation["points"]]
 
 
 def test_e2e_benchmark_runs_its_systems_and_writes_results(tmp_path):

@@ -48,6 +48,7 @@ class Batch:
     cu_seqlens: np.ndarray  # [B + 1] int32
     slices: list[Slice] = field(default_factory=list)
     token_types: np.ndarray | None = None  # [T] int32, when any work carries segment ids
+    skip: np.ndarray | None = None  # [B] int32 leading tokens of each row that pooling skips, when any work has some
 
     @property
     def num_tokens(self) -> int:
@@ -164,4 +165,7 @@ def _pack(slices: list[Slice]) -> Batch:
     cu_seqlens = np.zeros(len(all_lengths) + 1, dtype=np.int32)
     np.cumsum(all_lengths, out=cu_seqlens[1:])
     token_types = np.concatenate(types).astype(np.int32, copy=False) if typed else None
-    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types)
+    skip = None
+    if any(s.work.batch.prompt_tokens for s in slices):
+        skip = np.concatenate([np.full(s.row_end - s.row_start, s.work.batch.prompt_tokens, np.int32) for s in slices])
+    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip)

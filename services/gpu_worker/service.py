@@ -255,7 +255,7 @@ class WorkerService:
                     s.work.started = launched
             try:
                 handle = await loop.run_in_executor(
-                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types
+                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types, batch.skip
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)

@@ -121,6 +121,7 @@ class BulkTokenizer:
                 job=job.id,
                 batch=job.batch,
                 doc_ids=job.doc_ids[chunk.start : chunk.start + rows],
+                prompt_tokens=self._encoder.prompt_tokens(job.options),
             )
             batches.append((encode(batch), f"{job.id}:{job.batch}:{chunk.start}"))
         # a token batch the stream cannot take (huge document ids) would fail on every delivery; one just

@@ -98,6 +98,7 @@ class TextEncoder:
         self.vocab_size = info.vocab_size
         self.prompts = {**info.prompts, **(prompts or {})}  # configured prompts win over the folder's
         self.default_prompt = info.default_prompt
+        self.include_prompt = info.include_prompt
         path = info.path / "tokenizer.json"
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
@@ -116,6 +117,19 @@ class TextEncoder:
 
     def with_prompt(self, texts: list[str], options: EmbedOptions) -> list[str]:
         """Prefix the texts with the prompt the request names (as sentence-transformers does)."""
+        prompt = self._prompt(options)
+        return [prompt + t for t in texts] if prompt else texts
+
+    def prompt_tokens(self, options: EmbedOptions) -> int:
+        """Leading tokens of each row that pooling skips: 0, or for a model whose Pooling has
+        include_prompt=false, the prompt's tokens and the special tokens before them (as
+        sentence-transformers counts them: the prompt tokenized alone, less its end token)."""
+        prompt = self._prompt(options)
+        if self.include_prompt or not prompt:
+            return 0
+        return max(len(self._by_mode["none"].encode(prompt, add_special_tokens=True).ids) - 1, 0)
+
+    def _prompt(self, options: EmbedOptions) -> str:
         if options.prompt_name is not None:
             if options.prompt_name not in self.prompts:
                 known = ", ".join(sorted(self.prompts)) or "none"
@@ -126,7 +140,7 @@ class TextEncoder:
         else:
             name = options.input_type or self.default_prompt or ""  # the folder's default_prompt_name when none is asked for
             prompt = self.prompts.get(name, "")
-        return [prompt + t for t in texts] if prompt else texts
+        return prompt
 
     def encode(self, texts: list[str], truncate: bool = True, direction: str = "right") -> list[list[int]]:
         """Token IDs per text, special tokens included. Releases the GIL while encoding.

@@ -133,7 +133,7 @@ class TokenizerService:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
         t0 = time.perf_counter()
         opts = request.options
-        types = None
+        types, prompt_tokens = None, 0
         if request.token_ids is not None:
             ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
         elif request.pairs is not None:
@@ -142,6 +142,7 @@ class TokenizerService:
                                          opts.truncation_direction)
         else:
             texts = self._encoder.with_prompt(request.texts, opts)
+            prompt_tokens = self._encoder.prompt_tokens(opts)
             ids = await _off_loop(sum(map(len, texts)), self._encoder.encode, texts, opts.truncate,
                                   opts.truncation_direction)
         timings = {"tokenize": time.perf_counter() - t0}
@@ -159,6 +160,7 @@ class TokenizerService:
                 options=request.options,
                 timings=timings,
                 token_types=chunk.token_types,
+                prompt_tokens=prompt_tokens,
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             await self._nc.publish(subject, encode(batch), reply=reply)

@@ -9,7 +9,7 @@ import numpy as np
 
 from shared.errors import ErrorCode
 from shared.protocol.checks import (
-    MAX_ID, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
+    MAX_ID, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
     _req_int, _req_number, _show, _str_list, _timings,
 )
 from shared.protocol.messages import (
@@ -46,6 +46,8 @@ def encode(msg: Message) -> bytes:
         }
         if msg.token_types is not None:
             body["tt"] = np.ascontiguousarray(msg.token_types, dtype=TOKEN_DTYPE).tobytes()
+        if msg.prompt_tokens:
+            body["pt"] = msg.prompt_tokens
         if msg.job is not None:
             body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     elif isinstance(msg, EmbedResult):
@@ -191,6 +193,9 @@ def _decode_tokens(m: dict) -> TokenBatch:
         token_types = _int32_array(_req(m, "tt", bytes), "token types")
         if len(token_types) != len(ids) or (len(ids) and token_types.min() < 0):
             raise ProtocolError("token types must be one non-negative value per token")
+    prompt_tokens = _req_int(m, "pt") if m.get("pt") is not None else 0
+    if not 0 <= prompt_tokens <= MAX_PROMPT_TOKENS:
+        raise ProtocolError(f"prompt_tokens must be between 0 and {MAX_PROMPT_TOKENS}")
     job = _name(m, "jb") if m.get("jb") is not None else None
     doc_ids = None
     if job is not None:
@@ -211,6 +216,7 @@ def _decode_tokens(m: dict) -> TokenBatch:
         job=job,
         batch=_req_int(m, "bi") if job is not None else 0,
         doc_ids=doc_ids,
+        prompt_tokens=prompt_tokens,
     )
 
 

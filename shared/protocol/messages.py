@@ -112,6 +112,7 @@ class TokenBatch:
     job: str | None = None  # bulk work: the job, whose results go to JetStream, not to a reply subject
     batch: int = 0  # bulk work: the job batch these rows belong to
     doc_ids: list[str] | None = None  # bulk work: the documents of these rows
+    prompt_tokens: int = 0  # leading tokens of every row that pooling skips (a model's include_prompt=false)
 
     TYPE = "tokens"
 

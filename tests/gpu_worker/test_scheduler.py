@@ -5,11 +5,11 @@ from shared.protocol import TokenBatch
 from services.gpu_worker.scheduler import Scheduler, Work
 
 
-def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: int = 0) -> Work:
+def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: int = 0, prompt_tokens: int = 0) -> Work:
     cu = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=cu[1:])
     ids = np.arange(cu[-1], dtype=np.int32)
-    batch = TokenBatch(request_id, "m", start, start + len(lengths), ids, cu, deadline)
+    batch = TokenBatch(request_id, "m", start, start + len(lengths), ids, cu, deadline, prompt_tokens=prompt_tokens)
     return Work(batch, reply=f"inbox.{request_id}")
 
 
@@ -39,6 +39,17 @@ def test_batches_span_works_and_split_them():
     # token ids are taken from the right places in each work
     assert b1.input_ids.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5]
     assert _rows(s.next_batch()) == [("b", 2, 3)]
+
+
+def test_prompt_tokens_become_a_skip_per_row():
+    """Works with different prompts share a batch: each row keeps its own request's prompt length."""
+    s = Scheduler(max_tokens=100, max_seqs=100)
+    s.push(_work("plain", [3, 3]))
+    assert s.next_batch().skip is None  # no work skips anything: the engine is told nothing
+    s.push(_work("query", [6, 7], prompt_tokens=4))
+    s.push(_work("plain", [3]))
+    s.push(_work("doc", [5], prompt_tokens=2))
+    assert s.next_batch().skip.tolist() == [4, 4, 0, 2]
 
 
 def test_sequence_cap():

@@ -200,3 +200,33 @@ def test_half_precision_weights_run_in_float32(tmp_path):
         out = stack(x)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch.tanh(x @ weight.float().T))
+
+
+@pytest.mark.parametrize("mode", POOLING_MODES)
+def test_include_prompt_false_skips_the_prompt_as_sentence_transformers_does(transformer, dense_layers, tmp_path, mode):
+    """INSTRUCTOR-style pooling: the tokenizer counts the prompt's tokens, the engine pools without them
+    (cls then takes the first token after the prompt); equal to encode(prompt_name=...) in every mode."""
+    from services.gpu_worker.engine import Engine
+    from services.tokenizer.encoder import TextEncoder
+    from shared.protocol import EmbedOptions
+
+    modules = [transformer, st_modules.Pooling(384, ST_MODES[mode], include_prompt=False), *dense_layers,
+               st_modules.Normalize()]
+    reference = SentenceTransformer(modules=modules, device="cpu", prompts={"query": "represent the query: "})
+    reference.save(str(tmp_path / "instructor"))
+    info = load_model_info(str(tmp_path / "instructor"))
+    assert info.include_prompt is False
+    encoder, engine = TextEncoder(info), Engine(info, "cpu")
+    options = EmbedOptions(input_type="query")
+    skip = encoder.prompt_tokens(options)
+    assert skip == 5  # [CLS] represent the query :
+    assert encoder.prompt_tokens(EmbedOptions()) == 0  # no prompt: nothing skipped
+    ids = encoder.encode(encoder.with_prompt(TEXTS, options))
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in ids])]).astype(np.int32)
+    got = engine.embed(np.concatenate(ids).astype(np.int32), cu, skip=np.full(len(ids), skip, np.int32))
+    want = reference.encode(TEXTS, prompt_name="query")
+    c = cosines(got, want)
+    assert c.min() >= 0.9999, c
+    if mode not in ("lasttoken",):  # the prompt changes the pooled vector in every mode but the last token's
+        plain = engine.embed(np.concatenate(ids).astype(np.int32), cu)
+        assert cosines(plain, want).min() < 0.9999

@@ -4,6 +4,9 @@ one gateway in front of a tokenizer and a worker per family, each model on its o
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -30,6 +33,9 @@ MODELS = [
     ("llama", "llama", False, None),
     ("gemma3", "gemma3", False, "query"),
 ]
+# EmbeddingGemma's stack with include_prompt=false in its Pooling (INSTRUCTOR-style): the prompt's
+# tokens are skipped by pooling
+INSTRUCTOR = ("gemma3-instructor", "gemma3", False, "query")
 CLASSIFIERS = ["modernbert", "qwen3"]  # rerankers (one logit), served by a scorer each as "<family>-cls"
 
 
@@ -37,6 +43,7 @@ CLASSIFIERS = ["modernbert", "qwen3"]  # rerankers (one logit), served by a scor
 def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     root = tmp_path_factory.mktemp("families")
     folders = {name: build(family, root, bidirectional=bidir) for name, family, bidir, _ in MODELS}
+    folders[INSTRUCTOR[0]] = _skipping_prompts(folders["gemma3"], root / INSTRUCTOR[0])
     log_dir = tmp_path_factory.mktemp("family-logs")
     common = ["--nats", nats_url, "--subject-prefix", PREFIX]
     services = []
@@ -62,12 +69,19 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
             s.stop()
 
 
+def _skipping_prompts(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    pooling = json.loads((to / "1_Pooling" / "config.json").read_text())
+    (to / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "include_prompt": False}))
+    return to
+
+
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
     return mixed_texts(24)  # 1 to 300+ tokens: past every sliding window, some cut at the 256-token limit
 
 
-@pytest.mark.parametrize("name, family, bidirectional, prompt", MODELS)
+@pytest.mark.parametrize("name, family, bidirectional, prompt", [*MODELS, INSTRUCTOR])
 def test_vectors_equal_sentence_transformers(fleet, texts, name, family, bidirectional, prompt):
     base_url, folders = fleet
     for input_type in dict.fromkeys([None, prompt]):

@@ -196,10 +196,9 @@ def test_several_pooling_modes_are_refused(model_info, tmp_path, pooling, named)
     assert named in message and "only one pooling mode is supported" in message
 
 
-def test_include_prompt_false_is_refused(model_info, tmp_path):
+def test_include_prompt_false_is_read(model_info, tmp_path):
     pooling = {"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": False}
-    message = _refused(_st_folder(model_info, tmp_path, [TRANSFORMER, POOLING], pooling))
-    assert "include_prompt=false (pooling that skips the prompt's tokens) is not supported" in message
+    assert load_model_info(str(_st_folder(model_info, tmp_path, [TRANSFORMER, POOLING], pooling))).include_prompt is False
 
 
 def test_dense_weights_only_as_pickle_are_refused(model_info, tmp_path):

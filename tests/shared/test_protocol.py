@@ -48,6 +48,8 @@ def test_token_batch_round_trip_keeps_little_endian_bytes():
     np.testing.assert_array_equal(out.input_ids, msg.input_ids)
     np.testing.assert_array_equal(out.cu_seqlens, msg.cu_seqlens)
     assert out.options == msg.options
+    assert "pt" not in raw and out.prompt_tokens == 0  # absent unless a model skips prompt tokens: old messages decode
+    assert decode(encode(_batch(prompt_tokens=7))).prompt_tokens == 7
 
 
 def test_result_round_trip_and_array_view():
@@ -120,6 +122,9 @@ def _raw_tokens(**kw) -> bytes:
         ({"o": {"dt": "f8"}}, "dtype"),
         ({"o": {"d": 0}}, "dimensions"),
         ({"o": {"n": "yes"}}, "normalize"),
+        ({"pt": -1}, "must not be negative"),
+        ({"pt": 1 << 21}, "prompt_tokens must be between 0 and"),
+        ({"pt": "5"}, "pt"),
     ],
 )
 def test_rejects_bad_token_batches(fields, message):

@@ -95,6 +95,7 @@ def token_batches(draw, job: bool | None = None) -> TokenBatch:
         job=draw(names) if with_job else None,
         batch=draw(u64) if with_job else 0,
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=rows, max_size=rows)) if with_job else None,
+        prompt_tokens=draw(st.integers(0, 300)),
     )
 
 

@@ -23,6 +23,8 @@ class HostBatch:
     first: np.ndarray  # [R] int64: index of each row's first token (cls pooling)
     last: np.ndarray  # [R] int64: index of each row's last token (last-token pooling)
     lengths: np.ndarray  # [R] float32: tokens per row (>= 1, for mean pooling)
+    keep: np.ndarray  # [N] float32: 1 for a token pooling counts, 0 for a skipped prompt token
+    kept: np.ndarray  # [R] float32: tokens per row that pooling counts (>= 1)
     rows: int  # real rows (the first ``rows`` outputs are real)
     max_len: int  # longest row, padding included
 
@@ -34,7 +36,9 @@ def prepare(
     pad_to: int | None = None,
     rows_to: int | None = None,
     token_types: np.ndarray | None = None,
+    skip: np.ndarray | None = None,
 ) -> HostBatch:
+    """``skip``: [rows] leading tokens of each row that pooling does not count (include_prompt=false)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     tokens, rows = int(cu[-1]), len(cu) - 1
     n = pad_to or tokens
@@ -51,16 +55,28 @@ def prepare(
     if token_types is not None:
         types[:tokens] = token_types
     seq_ids = np.repeat(np.arange(r, dtype=np.int64), lengths)
-    positions = np.arange(n, dtype=np.int64) - cu[seq_ids] + position_offset
+    offsets = np.arange(n, dtype=np.int64) - cu[seq_ids]  # each token's index within its row
+    first = np.minimum(cu[:-1], n - 1)
+    last = np.maximum(cu[1:] - 1, 0)
+    keep = np.ones(n, dtype=np.float32)
+    kept = np.maximum(lengths, 1).astype(np.float32)
+    if skip is not None:
+        skips = np.zeros(r, dtype=np.int64)
+        skips[:rows] = skip
+        keep = (offsets >= skips[seq_ids]).astype(np.float32)
+        kept = np.maximum(np.bincount(seq_ids, weights=keep, minlength=r), 1).astype(np.float32)
+        first = np.minimum(first + skips, last)  # cls: the first token counted, as sentence-transformers takes it
     return HostBatch(
         input_ids=ids,
-        positions=positions,
+        positions=offsets + position_offset,
         token_types=types,
         cu_seqlens=cu.astype(np.int32),
         seq_ids=seq_ids,
-        first=np.minimum(cu[:-1], n - 1),
-        last=np.maximum(cu[1:] - 1, 0),
+        first=first,
+        last=last,
         lengths=np.maximum(lengths, 1).astype(np.float32),
+        keep=keep,
+        kept=kept,
         rows=rows,
         max_len=int(lengths.max(initial=1)),
     )
@@ -98,6 +114,8 @@ class StaticBatch:
         self.first = buf(max_rows, torch.int64)
         self.last = buf(max_rows, torch.int64)
         self.lengths = torch.ones(max_rows, dtype=torch.float32, device=device)
+        self.keep = torch.ones(max_tokens, dtype=torch.float32, device=device)
+        self.kept = torch.ones(max_rows, dtype=torch.float32, device=device)
         self.max_rows = max_rows
 
     def load(self, host: HostBatch) -> None:
@@ -120,5 +138,6 @@ class StaticView:
         self.positions = static.positions[:tokens]
         self.token_types = static.token_types[:tokens]
         self.seq_ids = static.seq_ids[:tokens]
+        self.keep = static.keep[:tokens]
         self.cu_seqlens = static.cu_seqlens
-        self.first, self.last, self.lengths = static.first, static.last, static.lengths
+        self.first, self.last, self.lengths, self.kept = static.first, static.last, static.lengths, static.kept

@@ -170,25 +170,30 @@ class Engine:
 
     # -- running ----------------------------------------------------------------------------
 
-    def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None) -> np.ndarray:
-        """input_ids [T] int32, cu_seqlens [B + 1] -> pooled vectors [B, hidden] float32 (blocking)."""
-        return self.step(input_ids, cu_seqlens, token_types).result()
+    def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
+              skip: np.ndarray | None = None) -> np.ndarray:
+        """input_ids [T] int32, cu_seqlens [B + 1] -> pooled vectors [B, dim] float32 (blocking)."""
+        return self.step(input_ids, cu_seqlens, token_types, skip).result()
 
     @torch.inference_mode()
     def step(
-        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None
+        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
+        skip: np.ndarray | None = None,
     ) -> ReadyResult | CudaResult:
-        """Launch one batch and return at once; the handle's ``result()`` gives [B, hidden] float32.
+        """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32.
 
-        Inputs must have passed :meth:`check`.
+        ``skip``: [B] leading (prompt) tokens of each row that pooling does not count, for a model
+        whose Pooling has include_prompt=false (ignored otherwise). Inputs must have passed :meth:`check`.
         """
+        if self.info.include_prompt:
+            skip = None
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         bucket = self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs else None
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if bucket is None:
-                pooled = self._eager(input_ids, cu_seqlens, token_types)
+                pooled = self._eager(input_ids, cu_seqlens, token_types, skip)
             else:
-                pooled = self._graphed(input_ids, cu_seqlens, token_types, bucket)[:rows]
+                pooled = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket)[:rows]
             if self.device.type != "cuda":
                 return ReadyResult(pooled.numpy().copy())
             host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
@@ -197,7 +202,8 @@ class Engine:
             event.record(self.stream)
             return CudaResult(host, event)
 
-    def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None) -> torch.Tensor:
+    def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None,
+               skip: np.ndarray | None) -> torch.Tensor:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
         if self.device.type == "cpu" and tokens > CPU_EXACT_TOKENS:
@@ -208,18 +214,19 @@ class Engine:
             # exact, 2.8 ms padded to 24), and the 32 sizes below the threshold are few: exact.
             pad_to = -(-tokens // CPU_TOKEN_STEP) * CPU_TOKEN_STEP
         host = prepare(input_ids, cu_seqlens, self.spec.position_offset, pad_to=pad_to,
-                       rows_to=rows + 1 if pad_to and pad_to > tokens else None, token_types=token_types)
+                       rows_to=rows + 1 if pad_to and pad_to > tokens else None, token_types=token_types, skip=skip)
         batch = DeviceBatch(host, self.device)
         # the dummy row's outputs are never read: the attention may skip it
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
         return self._forward(batch)[:rows]
 
     def _graphed(
-        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None, bucket: int
+        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None, skip: np.ndarray | None,
+        bucket: int,
     ) -> torch.Tensor:
         host = prepare(
             input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=self._static.max_rows,
-            token_types=token_types,
+            token_types=token_types, skip=skip,
         )
         self._static.load(host)
         # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect
@@ -231,7 +238,7 @@ class Engine:
         hidden = self.model(batch, self.attention, self.linear_ops)
         if self.model.head is not None:  # a classifier (cross-encoder): its logits
             return self.model.score(hidden, batch)
-        pooled = pool(hidden, batch, self.info.pooling)
+        pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
         return pooled if self.dense is None else self.dense(pooled)
 
     def _static_forward(self, bucket: int) -> None:

@@ -1,7 +1,9 @@
 """Pooling of packed hidden states into one vector per row, and output post-processing.
 
-The modes follow sentence-transformers' Pooling module on unpadded (flattened) input: every token
-of a row counts (include_prompt=false is refused when the model folder is read).
+The modes follow sentence-transformers' Pooling module on unpadded (flattened) input. With
+``masked`` (a model whose Pooling has include_prompt=false), each row's leading prompt tokens are
+not counted: the batch's ``keep`` [N] is 0 for them and ``kept`` [R] counts the rest; ``first``
+already points past them. The flag is the model's, fixed for an engine, so a graph captures one path.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from shared.model_dir import POOLING_MODES
 __all__ = ["POOLING_MODES", "pool", "postprocess"]
 
 
-def pool(hidden: torch.Tensor, batch, mode: str) -> torch.Tensor:
+def pool(hidden: torch.Tensor, batch, mode: str, masked: bool = False) -> torch.Tensor:
     """hidden [N, H] -> [R, H] float32, using the batch's seq_ids / first / last / lengths / cu_seqlens.
 
     Shapes depend only on N and R (no host sync), so pooling can sit inside a CUDA graph. A padded
@@ -25,21 +27,29 @@ def pool(hidden: torch.Tensor, batch, mode: str) -> torch.Tensor:
         return hidden[batch.first].float()
     if mode == "lasttoken":
         return hidden[batch.last].float()
+    values = hidden.float()
+    keep = batch.keep.unsqueeze(1) if masked else None  # [N, 1]
     if mode == "max":
         # include_self=False: a row no token reaches keeps the zero it starts with (no -inf)
         index = batch.seq_ids.unsqueeze(1).expand(-1, hidden.shape[1])  # [N, H]
-        out = _zeros(batch, hidden)
-        return out.scatter_reduce_(0, index, hidden.float(), reduce="amax", include_self=False)
-    lengths = batch.lengths.unsqueeze(1)  # [R, 1] float32, >= 1
+        if keep is not None:
+            values = values.masked_fill(keep == 0, float("-inf"))
+        return _zeros(batch, hidden).scatter_reduce_(0, index, values, reduce="amax", include_self=False)
+    lengths = (batch.kept if masked else batch.lengths).unsqueeze(1)  # [R, 1] float32, >= 1
+    if keep is not None:
+        values = values * keep
     if mode == "mean":
-        return _row_sums(hidden.float(), batch) / lengths
+        return _row_sums(values, batch) / lengths
     if mode == "mean_sqrt_len":
-        return _row_sums(hidden.float(), batch) / lengths.sqrt()
+        return _row_sums(values, batch) / lengths.sqrt()
     if mode == "weightedmean":
-        # token i of a row (0-based) weighs i + 1; the weights of a row of L tokens sum to L (L + 1) / 2
+        # token i of a row (0-based) weighs i + 1 (a skipped prompt keeps the others' weights)
         tokens = torch.arange(hidden.shape[0], device=hidden.device)
         weights = (tokens - batch.cu_seqlens[batch.seq_ids] + 1).to(torch.float32).unsqueeze(1)  # [N, 1]
-        return _row_sums(hidden.float() * weights, batch) / (lengths * (lengths + 1) / 2)
+        if keep is None:  # the weights of a row of L tokens sum to L (L + 1) / 2
+            return _row_sums(values * weights, batch) / (lengths * (lengths + 1) / 2)
+        weights = weights * keep
+        return _row_sums(values * weights, batch) / _row_sums(weights, batch).clamp(min=1e-9)
     raise ValueError(f"unknown pooling mode {mode!r}")
 
 
