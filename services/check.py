@@ -64,7 +64,7 @@ def _check(folder: str, report: Report) -> None:
     _check_tensors(info.path, model)
     facts["max tokens"] = min(info.max_seq_length, spec.max_positions - spec.position_offset)
     if not info.scores:
-        stack = [f"pooling {info.pooling}"] + [f"dense {d.in_features}->{d.out_features} ({d.activation})" for d in info.dense]
+        stack = [f"pooling {info.pooling}{'' if info.include_prompt else ' (prompt tokens skipped)'}"] + [f"dense {d.in_features}->{d.out_features} ({d.activation})" for d in info.dense]
         stack += ["normalize"] if info.normalize else []
         facts["output"] = " -> ".join(stack)
         facts["dimensions"] = info.dim if info.truncate_dim is None else f"{info.dim} (Matryoshka default {info.truncate_dim})"
