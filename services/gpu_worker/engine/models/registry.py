@@ -23,6 +23,7 @@ class Family:
     attention: str  # how its layers attend
     cuda: str  # the CUDA attention path (see attention.select_attention)
     prompts: str = "—"  # what its well-known checkpoints ship in config_sentence_transformers.json
+    verified: str = "states, stack"  # what the suite checks (see _VERIFIED)
     fp16_overflows: bool = False  # activations overflow float16: half precision means bfloat16 or float32
 
 
@@ -32,46 +33,61 @@ _WINDOWED = "PyTorch flash varlen with a symmetric window; CUDA graphs (SDPA whe
 FAMILIES = (
     Family("BERT", ("bert",), bert.spec, bert.BertEncoder,
            "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, ms-marco-MiniLM cross-encoders", "mean / cls",
-           "bidirectional", _FLASH),
+           "bidirectional", _FLASH, verified="real, states, logits, rerank"),
     Family("XLM-RoBERTa", ("xlm-roberta", "roberta", "camembert"), bert.spec, bert.BertEncoder,
            "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3", "mean / cls", "bidirectional", _FLASH,
-           prompts="e5: `query: ` / `passage: `"),
+           prompts="e5: `query: ` / `passage: `", verified="states"),
     Family("MPNet", ("mpnet",), mpnet.spec, mpnet.MPNetEncoder,
            "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1", "mean", "bidirectional + relative-position bias",
-           "SDPA (a score bias: no flash kernel takes it); no CUDA graphs"),
+           "SDPA (a score bias: no flash kernel takes it); no CUDA graphs", verified="states, stack, logits"),
     Family("ModernBERT", ("modernbert",), modernbert.spec, modernbert.ModernBertEncoder,
            "gte-modernbert-base, modernbert-embed-base, gte-reranker-modernbert-base", "mean / cls",
            "bidirectional; local layers a ±64-token window", _WINDOWED,
-           prompts="modernbert-embed: `search_query: ` / `search_document: `"),
+           prompts="modernbert-embed: `search_query: ` / `search_document: `", verified="states, stack, logits, rerank"),
     Family("Qwen3", ("qwen3",), decoder.spec, decoder.DecoderEncoder,
            "Qwen3-Embedding-0.6B/4B/8B, Qwen3 rerankers (sequence classification)", "lasttoken",
            "causal (or bidirectional by config), grouped-query", _FLASH,
-           prompts="`Instruct: {task}\\nQuery:` for queries"),
+           prompts="`Instruct: {task}\\nQuery:` for queries", verified="states, stack, logits, rerank"),
     Family("Qwen2", ("qwen2",), decoder.spec, decoder.DecoderEncoder,
            "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct", "lasttoken",
-           "causal (or bidirectional by config), grouped-query", _FLASH, prompts="`Instruct: {task}\\nQuery: `"),
+           "causal (or bidirectional by config), grouped-query", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
+           verified="states, stack"),
     Family("Mistral", ("mistral",), decoder.spec, decoder.DecoderEncoder,
            "e5-mistral-7b-instruct, SFR-Embedding-Mistral", "lasttoken",
-           "causal, grouped-query, sliding window where set", _FLASH, prompts="`Instruct: {task}\\nQuery: `"),
+           "causal, grouped-query, sliding window where set", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
+           verified="states, stack"),
     Family("Llama", ("llama",), decoder.spec, decoder.DecoderEncoder,
            "Llama-based embedders (LLM2Vec-style, bidirectional by config)", "lasttoken",
-           "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling", _FLASH),
+           "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling", _FLASH,
+           verified="states, stack, logits"),
     Family("Gemma3", ("gemma3_text",), gemma3.spec, gemma3.Gemma3Encoder,
            "embeddinggemma-300m", "mean, then Dense 768→3072→768", "bidirectional; local layers a ±256-token window",
            _WINDOWED, prompts="`task: search result \\| query: ` / "
-           "`title: none \\| text: `", fp16_overflows=True),
+           "`title: none \\| text: `", fp16_overflows=True, verified="states, stack"),
 )
+
+
+# what the words of ``Family.verified`` stand for (make test, CPU, fp32)
+_VERIFIED = {
+    "states": "hidden states = transformers",
+    "stack": "HTTP→worker = sentence-transformers",
+    "logits": "classifier logits = transformers",
+    "rerank": "reranking via the scorer = transformers",
+    "real": "the real all-MiniLM-L6-v2",
+}
 
 
 def markdown_table() -> str:
     """The README's "Supported models" table, made from this registry."""
-    rows = ["| family | `model_type` | example models | pooling | attention | prompts | CUDA path |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| family | `model_type` | example models | pooling | attention | prompts | CUDA path | verified on CPU |",
+            "|---|---|---|---|---|---|---|---|"]
     for f in FAMILIES:
         dtype = (" — float16 overflows: float32 by default (SDPA, no graphs); `--dtype bfloat16` takes this path"
                  if f.fp16_overflows else "")
         types = ", ".join(f"`{t}`" for t in f.model_types)
-        rows.append(f"| {f.name} | {types} | {f.examples} | {f.pooling} | {f.attention} | {f.prompts} | {f.cuda}{dtype} |")
+        verified = "; ".join(_VERIFIED[w] for w in f.verified.split(", "))
+        rows.append(f"| {f.name} | {types} | {f.examples} | {f.pooling} | {f.attention} | {f.prompts} | {f.cuda}{dtype} "
+                    f"| {verified} |")
     return "\n".join(rows)
 
 
