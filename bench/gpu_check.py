@@ -1,14 +1,19 @@
 """Everything that needs a GPU, in one run of a few minutes, written as JSON.
 
-    python3 -m bench.gpu_check --out gpu_check.json      # on a CUDA machine
+    python3 -m bench.gpu_check --out gpu_check.json      # on a CUDA machine (bench/gpu_check.sh)
     python3 -m bench.gpu_check --smoke --out smoke.json  # the same code paths, tiny, on CPU
 
-Models are built on the spot with random weights (transformers' BertModel), so nothing has to be
-carried to the machine: a MiniLM-shaped model (head size 32: no FlashInfer) and a BERT-base-shaped
-one (head size 64). It records:
-- correctness: CUDA eager and CUDA graphs against the CPU fp32 engine (cosine), graphs against eager;
-- throughput: tokens/s at 50 and 512 tokens per sequence, graphs on/off, 1/2/4 replicas;
-- saturation: tokens/s by token budget (the start-up calibration's curve).
+Models are built on the spot with random weights (``bench/families.py``, only the files the engine
+reads), so nothing has to be carried to the machine: one model per family at a real model's sizes —
+all-MiniLM-L6-v2 (head size 32: no FlashInfer) and BERT-base, all-mpnet-base-v2, ModernBERT-base,
+Qwen3-Embedding-0.6B and EmbeddingGemma-300m (in the engine's default dtype, float32 since it
+overflows float16, and in bfloat16). For each it records:
+- the attention backend and dtype the engine chooses, and whether CUDA graphs are possible with them;
+- correctness: CUDA eager and CUDA graphs against the CPU fp32 engine (cosine of the pooled vectors,
+  on three mixed batches of up to 2,048 tokens, rows up to the 512-token limit), graphs against eager;
+- throughput: tokens/s at 50 and 512 tokens per sequence, graphs off and on (where possible);
+and for BERT-base also 1/2/4 replicas and the saturation curve (tokens/s by token budget).
+A model that fails is recorded with its error and the run goes on; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -16,39 +21,46 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from shared.model_dir import load_model_info
+from shared.model_dir import ModelInfo, load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.calibrate import calibrate, synthetic_batch
+from bench import families
 
-SHAPES = {
-    # name: (hidden, layers, heads, intermediate)
-    "minilm": (384, 6, 12, 1536),
-    "bert-base": (768, 12, 12, 3072),
-    "tiny": (64, 2, 2, 128),
-}
+# (rows, longest row): at most 2,048 tokens each, so every batch fits the graphed engine's largest bucket
+CORRECTNESS_BATCHES = ((24, 64), (4, 512), (8, 256))
 
 
-def make_model(folder: Path, shape: str, max_seq: int) -> Path:
-    from transformers import BertConfig, BertModel
+@dataclass(frozen=True)
+class Check:
+    name: str
+    family: str
+    shape: str  # bench.families shape on CUDA; every check is "tiny" with --smoke
+    dtype: str | None = None  # None: the engine's choice for the device
+    replicas: tuple[int, ...] = (1,)
+    saturation: bool = False
 
-    hidden, layers, heads, inter = SHAPES[shape]
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=inter, max_position_embeddings=max_seq,
-    )
-    BertModel(config, add_pooling_layer=False).save_pretrained(folder / shape, safe_serialization=True)
-    (folder / shape / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq}))
-    return folder / shape
+
+CHECKS = (
+    Check("minilm", "bert", "minilm"),
+    Check("bert-base", "bert", "base", replicas=(1, 2, 4), saturation=True),
+    Check("mpnet", "mpnet", "base"),
+    Check("modernbert", "modernbert", "base"),
+    Check("qwen3", "qwen3", "base"),
+    Check("gemma3", "gemma3", "base"),
+    Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),
+)
 
 
 def mixed_batch(seed: int, rows: int, max_len: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,18 +76,16 @@ def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
 
 
-def correctness(path: Path, device: str, graphs: bool) -> dict:
-    info = load_model_info(str(path))
+def correctness(info: ModelInfo, eager: Engine, graphed: Engine | None) -> dict:
+    """The device engine (eager, and graphed where possible) against the CPU fp32 engine."""
     reference = Engine(info, "cpu", "float32", graphs=False)
-    eager = Engine(info, device, graphs=False, max_batch_tokens=2048, max_batch_seqs=64)
-    graphed = (
-        Engine(info, device, graphs=True, max_batch_tokens=2048, max_batch_seqs=64, model=eager.model) if graphs else None
-    )
-    out = {"attention": eager.attention.name, "dtype": eager.dtype_name, "batches": 0,
-           "min_cosine_eager_vs_cpu": 1.0, "min_cosine_graphs_vs_cpu": None, "max_abs_graphs_vs_eager": None}
-    for seed in range(6):  # two passes over three batch shapes: captures, then replays
-        ids, cu = mixed_batch(seed % 3, rows=24, max_len=min(info.max_seq_length, 128), vocab=30522)
-        want = reference.embed(ids, cu)
+    out = {"batches": 0, "min_cosine_eager_vs_cpu": 1.0, "min_cosine_graphs_vs_cpu": None, "max_abs_graphs_vs_eager": None}
+    wants = []
+    for seed, (rows, max_len) in enumerate(CORRECTNESS_BATCHES):
+        ids, cu = mixed_batch(seed, rows, min(max_len, eager.max_seq_length), eager.spec.vocab_size)
+        wants.append((ids, cu, reference.embed(ids, cu)))
+    del reference
+    for ids, cu, want in wants * 2:  # two passes over the batch shapes: graphs captured, then replayed
         got = eager.embed(ids, cu)
         out["min_cosine_eager_vs_cpu"] = min(out["min_cosine_eager_vs_cpu"], cosine_min(got, want))
         if graphed is not None:
@@ -118,21 +128,72 @@ def throughput(engines: list[Engine], seq_len: int, budget: int, seconds: float)
     return {"tokens_per_s": sum(counts) / elapsed, "tokens": sum(counts), "seconds": elapsed}
 
 
+def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: float) -> dict:
+    """One model's record: backend and dtype, correctness, throughput (and saturation where asked)."""
+    start = time.perf_counter()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    info = load_model_info(str(folder))
+    eager = Engine(info, device, check.dtype, graphs=False, max_batch_tokens=2048, max_batch_seqs=64)
+    graphs_possible = device == "cuda" and eager.attention.capturable
+    record: dict = {
+        "family": check.family, "shape": "tiny" if smoke else check.shape,
+        "sizes": families.describe(check.family, "tiny" if smoke else check.shape),
+        "engine": eager.describe(), "attention": eager.attention.name, "dtype": eager.dtype_name,
+        "graphs_possible": graphs_possible,
+    }
+    graphed = None
+    if graphs_possible:
+        graphed = Engine(info, device, check.dtype, graphs=True, max_batch_tokens=2048, max_batch_seqs=64, model=eager.model)
+    record["correctness"] = correctness(info, eager, graphed)
+    print(f"{check.name}: {record['engine']}; min cosine vs CPU fp32: eager {record['correctness']['min_cosine_eager_vs_cpu']:.5f}, "
+          f"graphs {record['correctness']['min_cosine_graphs_vs_cpu']}", flush=True)
+    del graphed
+
+    budget = 1024 if smoke else 8192
+    runs = []
+    for graphs in [False, True] if graphs_possible else [False]:
+        first = Engine(info, device, check.dtype, graphs=graphs, max_batch_tokens=budget, max_batch_seqs=256, model=eager.model)
+        for seq_len in (50, 512):
+            for replicas in check.replicas:
+                engines = [first] + [first.replicate() for _ in range(replicas - 1)]
+                point = throughput(engines, seq_len, budget, seconds)
+                runs.append({"seq_len": seq_len, "graphs": graphs, "replicas": replicas, **point})
+                print(f"  seq {seq_len:4} graphs {graphs!s:5} replicas {replicas}: {point['tokens_per_s']:,.0f} tokens/s", flush=True)
+        del first, engines
+    record["throughput"] = runs
+
+    if check.saturation:
+        engine = Engine(info, device, check.dtype, graphs=graphs_possible, max_batch_tokens=budget * 2, max_batch_seqs=512,
+                        model=eager.model)
+        budgets = (64, 128, 256) if smoke else (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+        curve = calibrate(engine, budgets=budgets, min_seconds=0.05 if smoke else 0.5)
+        record["saturation"] = {"points": curve.points, "knee": curve.knee}
+        print(f"  saturation: {curve.describe()}", flush=True)
+    if device == "cuda":
+        record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    record["seconds"] = time.perf_counter() - start
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the script itself")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per throughput point")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per throughput point")
+    parser.add_argument("--only", action="append", choices=[c.name for c in CHECKS], help="run only these models (repeatable)")
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device (use --smoke to run the script's code paths on CPU)")
-    graphs_possible = device == "cuda"
-    seconds = 0.3 if args.smoke else args.seconds
+    import transformers
+
     results: dict = {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "smoke": args.smoke,
+        "models": {},
     }
     try:
         import flashinfer
@@ -140,36 +201,45 @@ def main() -> None:
         results["flashinfer"] = getattr(flashinfer, "__version__", "installed")
     except ImportError:
         results["flashinfer"] = None
+    checks = [c for c in CHECKS if not args.only or c.name in args.only]
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        shapes = ["tiny"] if args.smoke else ["minilm", "bert-base"]
-        folders = {s: make_model(Path(tmp), s, 512) for s in shapes}
-        results["correctness"] = {s: correctness(p, device, graphs_possible) for s, p in folders.items()}
-        _write(args.out, results)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        folders: dict[tuple[str, str], Path] = {}
+        for i, check in enumerate(checks):
+            shape = "tiny" if args.smoke else check.shape
+            key = (check.family, shape)
+            try:
+                if key not in folders:
+                    folders[key] = families.make_folder(check.family, Path(tmp), shape, reference=False)
+                record = check_model(check, folders[key], device, args.smoke, 0.3 if args.smoke else args.seconds)
+            except Exception as exc:  # one model's failure must not cost the others' figures
+                traceback.print_exc()
+                record = {"family": check.family, "shape": shape, "error": f"{type(exc).__name__}: {exc}"}
+            results["models"][check.name] = record
+            if key in folders and all((c.family, "tiny" if args.smoke else c.shape) != key for c in checks[i + 1:]):
+                shutil.rmtree(folders.pop(key))  # a base-size folder is up to 2 GB
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            results["wall_seconds"] = time.perf_counter() - t0
+            _write(args.out, results)
+    _summary(results)
+    if any("error" in r for r in results["models"].values()):
+        raise SystemExit(1)
 
-        big = folders[shapes[-1]]
-        info = load_model_info(str(big))
-        budget = 1024 if args.smoke else 8192
-        runs = []
-        for seq_len in (50, 512):
-            for graphs in ([False, True] if graphs_possible else [False]):
-                first = Engine(info, device, graphs=graphs, max_batch_tokens=budget, max_batch_seqs=256)
-                for replicas in (1, 2, 4):
-                    engines = [first] + [first.replicate() for _ in range(replicas - 1)]
-                    point = throughput(engines, seq_len, budget, seconds)
-                    runs.append({"seq_len": seq_len, "graphs": graphs, "replicas": replicas,
-                                 "attention": first.attention.name, **point})
-                    print(f"seq {seq_len:4} graphs {graphs!s:5} replicas {replicas}: {point['tokens_per_s']:,.0f} tokens/s", flush=True)
-                    _write(args.out, {**results, "throughput": runs})
-        results["throughput"] = runs
 
-        engine = Engine(info, device, graphs=graphs_possible, max_batch_tokens=budget * 2, max_batch_seqs=512)
-        budgets = (64, 128, 256) if args.smoke else (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-        curve = calibrate(engine, budgets=budgets, min_seconds=0.05 if args.smoke else 0.5)
-        results["saturation"] = {"points": curve.points, "knee": curve.knee}
-    results["wall_seconds"] = time.perf_counter() - t0
-    _write(args.out, results)
-    print(json.dumps({k: v for k, v in results.items() if k != "throughput"}, indent=1))
+def _summary(results: dict) -> None:
+    print(f"\n{'model':12} {'attention':18} {'dtype':9} {'cos eager':>9} {'cos graphs':>10} "
+          f"{'50 eager':>12} {'50 graphs':>12} {'512 eager':>12} {'512 graphs':>12}")
+    for name, r in results["models"].items():
+        if "error" in r:
+            print(f"{name:12} error: {r['error']}")
+            continue
+        rate = {(p["seq_len"], p["graphs"]): p["tokens_per_s"] for p in r["throughput"] if p["replicas"] == 1}
+        c = r["correctness"]
+        graphs_cos = "-" if c["min_cosine_graphs_vs_cpu"] is None else f"{c['min_cosine_graphs_vs_cpu']:.5f}"
+        cells = " ".join(f"{rate[(s, g)]:>12,.0f}" if (s, g) in rate else f"{'-':>12}" for s in (50, 512) for g in (False, True))
+        print(f"{name:12} {r['attention']:18} {r['dtype']:9} {c['min_cosine_eager_vs_cpu']:>9.5f} {graphs_cos:>10} {cells}")
+    print(f"(tokens/s, one replica; wall {results['wall_seconds']:.0f} s)")
 
 
 def _write(path: str, results: dict) -> None:

