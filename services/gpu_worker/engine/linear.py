@@ -51,6 +51,11 @@ class LinearOps:
     def linear_act(self, x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
         return _TORCH_ACT[activation](F.linear(x, layer.weight, layer.bias))
 
+    def gated(self, x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
+        """act(gate) * up, where ``layer`` computes [gate | up] (its first half of rows is the gate)."""
+        gate, up = F.linear(x, layer.weight, layer.bias).chunk(2, dim=-1)
+        return _TORCH_ACT[activation](gate) * up
+
     def linear_add(self, x: torch.Tensor, layer: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return F.linear(x, layer.weight, layer.bias) + residual
@@ -66,6 +71,8 @@ class OneDnnLinearOps(LinearOps):
     def __init__(self) -> None:
         self._op = torch.ops.mkldnn._linear_pointwise
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(layer) -> (its weight, packed)
+        # id(layer) -> (its weight, packed gate half, packed up half, gate bias, up bias)
+        self._halves: dict[int, tuple] = {}
 
     def _weight(self, layer: nn.Linear) -> torch.Tensor:
         entry = self._packed.get(id(layer))
@@ -80,6 +87,21 @@ class OneDnnLinearOps(LinearOps):
     def linear_act(self, x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
         attr, algorithm = _ONEDNN_ACT[activation]
         return self._op(x, self._weight(layer), layer.bias, attr, [], algorithm)
+
+    def gated(self, x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
+        # two GEMMs, the activation fused into the gate's and the product into the up projection's:
+        # no [T, 2 * intermediate] intermediate and no separate activation and multiply passes
+        entry = self._halves.get(id(layer))
+        if entry is None or entry[0] is not layer.weight:
+            w = layer.weight.detach()
+            n = w.shape[0] // 2
+            b = (None, None) if layer.bias is None else (layer.bias.detach()[:n].contiguous(), layer.bias.detach()[n:].contiguous())
+            entry = (layer.weight, *(torch.ops.mkldnn._reorder_linear_weight(h.contiguous(), None) for h in (w[:n], w[n:])), *b)
+            self._halves[id(layer)] = entry
+        _, gate_w, up_w, gate_b, up_b = entry
+        attr, algorithm = _ONEDNN_ACT[activation]
+        gate = self._op(x, gate_w, gate_b, attr, [], algorithm)
+        return self._op.binary(x, gate, up_w, up_b, "mul")
 
     def linear_add(self, x: torch.Tensor, layer: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
         return self._op.binary(x, residual, self._weight(layer), layer.bias, "add")
@@ -110,6 +132,8 @@ def _self_check(ops: LinearOps, dtype: torch.dtype = torch.float32) -> None:
             (ops.linear(x, layer), plain.linear(x, layer)),
             (ops.linear_act(x, layer, "gelu"), plain.linear_act(x, layer, "gelu")),
             (ops.linear_add(x, layer, r), plain.linear_add(x, layer, r)),
+            (ops.gated(x, layer, "silu"), plain.gated(x, layer, "silu")),
+            (ops.gated(x, layer, "gelu_pytorch_tanh"), plain.gated(x, layer, "gelu_pytorch_tanh")),
         ]
     for got, want in checks:
         if got.dtype != want.dtype or not torch.allclose(got.float(), want.float(), atol=atol):

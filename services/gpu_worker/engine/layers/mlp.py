@@ -1,5 +1,5 @@
 """Gated MLPs (SwiGLU, GeGLU): act(gate(x)) * up(x), then down — the gate and up projections fused
-into one GEMM whose output holds [gate | up]."""
+into one weight whose rows hold [gate; up] (``LinearOps.gated`` runs it as the device does best)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)  # [gate; up] rows
         self.down = nn.Linear(intermediate, hidden, bias=bias)
-        self.act = activation(act)
+        activation(act)  # an unknown activation fails at build, not at the first batch
+        self.act = act
 
     def forward(self, x: torch.Tensor, ops: LinearOps, residual: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden] (+ residual, fused into the down projection where it can be)
-        gate, up = ops.linear(x, self.gate_up).chunk(2, dim=-1)
-        h = self.act(gate) * up
+        h = ops.gated(x, self.gate_up, self.act)
         return ops.linear(h, self.down) if residual is None else ops.linear_add(h, self.down, residual)

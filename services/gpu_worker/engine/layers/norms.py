@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -20,10 +22,14 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # rsqrt(mean(x^2) + eps) as sqrt(d) / sqrt(|x|^2 + d * eps): one reduction kernel, several
+        # times faster on CPU than pow + mean for short rows (per-head q/k norms)
         x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        d = x.shape[-1]
+        scale = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().add_(d * self.eps).rsqrt_().mul_(math.sqrt(d))
+        normed = x32 * scale
         if self.offset:
-            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+            return normed.mul_(1.0 + self.weight.float()).to(x.dtype)
         return self.weight * normed.to(x.dtype)
 
 

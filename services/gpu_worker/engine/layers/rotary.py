@@ -79,8 +79,12 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, d] rotated by its token's angles (the rotate-half layout), in float32."""
+    """x: [T, heads, d] rotated by its token's angles (the rotate-half layout), in float32:
+    x * cos + (-x2, x1) * sin, as one multiply and two in-place multiply-adds (no concatenation)."""
     x32 = x.float()
     half = x32.shape[-1] // 2
-    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
-    return (x32 * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+    s = sin[:, None, :half]  # the table repeats its angles in both halves
+    out = x32 * cos[:, None]
+    out[..., :half].addcmul_(x32[..., half:], s, value=-1.0)
+    out[..., half:].addcmul_(x32[..., :half], s)
+    return out.to(x.dtype)
