@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger("embedfleet.engine")
 
+SDPA_GQA = torch.__version__ >= "2.5"  # SDPA's enable_gqa: kv heads shared without copying them
 FLASHINFER_HEAD_DIMS = (64, 128, 256)  # FlashInfer's prefill kernels; 32 (MiniLM, bge-small) is not among them
 
 # length L -> additive scores bias [heads, L, L] for a sequence of L tokens (depends on j - i only)
@@ -136,11 +137,15 @@ class SdpaVarlen:
             self._pad = (positions, keep[:, None, None, :], n, longest)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
+        gqa = {}
         if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves heads / kv_heads queries
-            group = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            if SDPA_GQA:
+                gqa = {"enable_gqa": True}
+            else:
+                group = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if self._pad is not None:
-            return self._padded(q, k, v, mask)
+            return self._padded(q, k, v, mask, gqa)
         out = torch.empty_like(q)
         if self._covered < len(q):
             out[self._covered :].zero_()
@@ -151,9 +156,9 @@ class SdpaVarlen:
             # 3-D ones fall back to the unfused math path (several times slower)
             causal = mask.causal and mask.window is None and mask.bias is None
             o = F.scaled_dot_product_attention(
-                *(t[start:end].view(n, length, heads, d).transpose(1, 2) for t in (q, k, v)),
+                *(t[start:end].view(n, length, t.shape[1], d).transpose(1, 2) for t in (q, k, v)),
                 attn_mask=None if causal else self._run_mask(length, mask, q),
-                is_causal=causal, scale=mask.scale,
+                is_causal=causal, scale=mask.scale, **gqa,
             )
             out[start:end].view(n, length, heads, d).copy_(o.transpose(1, 2))
         return out
@@ -173,16 +178,17 @@ class SdpaVarlen:
                 self._masks[key] = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
         return self._masks[key]
 
-    def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
+    def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask, gqa: dict) -> torch.Tensor:
         positions, keep, n, longest = self._pad
         heads, d = q.shape[1], q.shape[2]
 
         def pad(t: torch.Tensor) -> torch.Tensor:
-            padded = t.new_zeros(n * longest, heads, d)
+            padded = t.new_zeros(n * longest, t.shape[1], d)
             padded.index_copy_(0, positions, t[: self._covered])
-            return padded.view(n, longest, heads, d).transpose(1, 2)
+            return padded.view(n, longest, t.shape[1], d).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=self._padded_mask(mask, q), scale=mask.scale)
+        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=self._padded_mask(mask, q), scale=mask.scale,
+                                           **gqa)
         o = o.transpose(1, 2).reshape(n * longest, heads, d)
         if self._covered == len(q):
             return o.index_select(0, positions)
