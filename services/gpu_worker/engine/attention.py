@@ -72,16 +72,23 @@ class Attention(Protocol):
 
 def _structure(length: int, mask: AttnMask, device: torch.device) -> torch.Tensor | None:
     """[L, L] bool: key j visible to query i, from the mask's causality and window (None: all)."""
-    if not mask.causal and mask.window is None:
+    window = _window(mask, length)
+    if not mask.causal and window is None:
         return None
     i = torch.arange(length, device=device)
     rel = i[None, :] - i[:, None]  # j - i
     keep = torch.ones(length, length, dtype=torch.bool, device=device)
     if mask.causal:
         keep &= rel <= 0
-    if mask.window is not None:
-        keep &= rel.abs() <= mask.window
+    if window is not None:
+        keep &= rel.abs() <= window
     return keep
+
+
+def _window(mask: AttnMask, length: int) -> int | None:
+    """The mask's window where it hides keys in a sequence of ``length`` tokens; None where every key
+    is within it (short sequences under ModernBERT's or Gemma3's local layers: no mask, the fast kernel)."""
+    return mask.window if mask.window is not None and mask.window < length - 1 else None
 
 
 class SdpaVarlen:
@@ -154,7 +161,7 @@ class SdpaVarlen:
             end = start + n * length
             # [n * L, heads, d] -> [n, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU;
             # 3-D ones fall back to the unfused math path (several times slower)
-            causal = mask.causal and mask.window is None and mask.bias is None
+            causal = mask.causal and _window(mask, length) is None and mask.bias is None
             o = F.scaled_dot_product_attention(
                 *(t[start:end].view(n, length, t.shape[1], d).transpose(1, 2) for t in (q, k, v)),
                 attn_mask=None if causal else self._run_mask(length, mask, q),
