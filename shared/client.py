@@ -87,8 +87,8 @@ class _Pending:
         if result.total != count or end > count:
             raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
-            self.vectors = np.empty((self.total, result.dim), dtype=VECTOR_DTYPES[result.dtype])
-        elif self.vectors.shape[1] != result.dim or self.vectors.dtype != VECTOR_DTYPES[result.dtype]:
+            self.vectors = np.empty((self.total, rows.shape[1]), dtype=VECTOR_DTYPES[result.dtype])
+        elif self.vectors.shape[1] != rows.shape[1] or self.vectors.dtype != VECTOR_DTYPES[result.dtype]:
             raise ProtocolError("result chunks disagree on dimension or dtype")
         where = np.arange(result.start, end) if index is None else index[result.start : end]
         fresh = ~self.filled[where]

@@ -23,7 +23,6 @@ from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
 from shared.protocol import (
     MAX_STAGES,
-    VECTOR_DTYPES,
     EmbedResult,
     ErrorReply,
     JobResult,
@@ -32,13 +31,17 @@ from shared.protocol import (
     TokenBatch,
     decode_as,
     encode,
+    row_bytes,
 )
+from shared.quantize import FORMS, WIRE_FORMS, quantize
 from shared.subjects import WORKER_QUEUE
 from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.pooling import postprocess
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
+
+FLOAT32 = FORMS["float32"][1]
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -217,7 +220,7 @@ class WorkerService:
         self._check_batch(batch)
         opts = batch.options
         envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0)))
-        size = batch.count * (opts.dimensions or self._cfg.model.truncate_dim or self._dim) * VECTOR_DTYPES[opts.dtype].itemsize
+        size = batch.count * row_bytes(opts.dtype, opts.dimensions or self._cfg.model.truncate_dim or self._dim)
         if envelope + size + 2 * len(batch.job.encode()) + _ENVELOPE_BYTES > self._nc.max_payload:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"the vectors of {batch.count} documents do not fit in one "
                                f"message of {self._nc.max_payload} bytes: use smaller batches")
@@ -299,9 +302,11 @@ class WorkerService:
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
         # Matryoshka: a request that names no dimensions gets the folder's truncate_dim, as encode() does
         dimensions = opts.dimensions or self._cfg.model.truncate_dim
-        out = postprocess(work.vectors, normalize, dimensions, VECTOR_DTYPES[opts.dtype])
+        floats = postprocess(work.vectors, normalize, dimensions, FLOAT32)
+        dim = floats.shape[1]
+        out = quantize(floats, WIRE_FORMS[opts.dtype])  # the form the request asked for (float32: as is)
         if work.source is not None:
-            self._bulk.answer_soon(work, out, opts.dtype)  # stored while the engine runs the next batch
+            self._bulk.answer_soon(work, out, opts.dtype, dim)  # stored while the engine runs the next batch
             return
         row_bytes = out.shape[1] * out.itemsize
         tokens = batch.num_tokens  # all counted on the first part, so the parts add up
@@ -309,7 +314,7 @@ class WorkerService:
         upstream = dict(list(batch.timings.items())[: MAX_STAGES - 2])
         timings = {**upstream, "queue": (work.started or work.arrived) - work.arrived, "inference": work.inference}
         # the envelope holds the request's id and timings, which the request chose: measure it
-        empty = EmbedResult(batch.id, batch.start, batch.total, out.shape[1], opts.dtype, b"", tokens, timings)
+        empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings)
         envelope = len(encode(empty))
         rows_per_msg = max(1, (self._nc.max_payload - envelope - _ENVELOPE_BYTES) // row_bytes)
         for r0 in range(0, len(out), rows_per_msg):
@@ -318,7 +323,7 @@ class WorkerService:
                 id=batch.id,
                 start=batch.start + r0,
                 total=batch.total,
-                dim=out.shape[1],
+                dim=dim,
                 dtype=opts.dtype,
                 data=part.tobytes(),
                 tokens=tokens,

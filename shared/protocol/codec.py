@@ -13,7 +13,7 @@ from shared.protocol.checks import (
     _req_int, _req_number, _show, _str_list, _timings,
 )
 from shared.protocol.messages import (
-    MAX_DIMENSION, VECTOR_DTYPES, VERSION, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    MAX_DIMENSION, VECTOR_DTYPES, VERSION, row_bytes, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
     JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult,
 )
 
@@ -226,11 +226,11 @@ def _decode_result(m: dict) -> EmbedResult:
         raise ProtocolError(f"unknown vector dtype {_show(dtype)}")
     if not 0 < dim <= MAX_DIMENSION:
         raise ProtocolError("dimension out of range")
-    row_bytes = dim * VECTOR_DTYPES[dtype].itemsize
-    if len(data) == 0 or len(data) % row_bytes:
+    size = row_bytes(dtype, dim)
+    if len(data) == 0 or len(data) % size:
         raise ProtocolError("payload is not a whole number of rows")
     start, total = _req_int(m, "s"), _req_int(m, "n")
-    if not (0 <= start and start + len(data) // row_bytes <= total <= MAX_ROWS):
+    if not (0 <= start and start + len(data) // size <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
         id=_id(m),
@@ -267,7 +267,7 @@ def _decode_job_result(m: dict) -> JobResult:
     doc_ids = _str_list(m, "di")
     if dtype not in VECTOR_DTYPES or not 0 < dim <= MAX_DIMENSION:
         raise ProtocolError("bad vector dtype or dimension")
-    if len(data) != len(doc_ids) * dim * VECTOR_DTYPES[dtype].itemsize:
+    if len(data) != len(doc_ids) * row_bytes(dtype, dim):
         raise ProtocolError("payload does not hold one vector per document")
     return JobResult(
         id=_name(m, "id"), batch=_req_int(m, "b"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,

@@ -12,8 +12,21 @@ from shared.protocol.checks import ProtocolError, _is_int
 
 VERSION = 1
 
-# dtype names on the wire -> numpy little-endian dtypes
-VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
+# dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
+# the bit-packed forms (b1: bytes shifted into int8, ub1: plain bytes; 8 components a byte), see
+# shared/quantize.py
+VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2"), "i1": np.dtype("i1"), "u1": np.dtype("u1"),
+                 "b1": np.dtype("i1"), "ub1": np.dtype("u1")}
+PACKED_DTYPES = ("b1", "ub1")
+
+
+def row_width(dtype: str, dim: int) -> int:
+    """Stored elements per row of ``dim`` components: ``dim``, or ceil(dim / 8) for the bit-packed forms."""
+    return -(-dim // 8) if dtype in PACKED_DTYPES else dim
+
+
+def row_bytes(dtype: str, dim: int) -> int:
+    return row_width(dtype, dim) * VECTOR_DTYPES[dtype].itemsize
 
 MAX_DIMENSION = 65536
 
@@ -24,7 +37,7 @@ class EmbedOptions:
 
     normalize: bool | None = None  # None: as the model's modules.json says
     dimensions: int | None = None  # Matryoshka truncation (then renormalised when normalising)
-    dtype: str = "f4"  # "f4" | "f2"
+    dtype: str = "f4"  # a VECTOR_DTYPES name: "f4" | "f2" | "i1" | "u1" | "b1" | "ub1"
     truncate: bool = True  # False: an input over the model limit is an error
     truncation_direction: str = "right"  # "right" keeps the start of an input, "left" its end
     prompt_name: str | None = None  # a prompt of the model that must exist (TEI prompt_name)
@@ -134,7 +147,7 @@ class EmbedResult:
     total: int
     dim: int
     dtype: str
-    data: bytes  # count * dim little-endian values of dtype
+    data: bytes  # count rows of row_width(dtype, dim) little-endian values of dtype
     tokens: int  # real tokens behind these rows (for usage)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: tokenize, queue, inference
 
@@ -142,11 +155,11 @@ class EmbedResult:
 
     @property
     def count(self) -> int:
-        return len(self.data) // (self.dim * VECTOR_DTYPES[self.dtype].itemsize)
+        return len(self.data) // row_bytes(self.dtype, self.dim)
 
     def array(self) -> np.ndarray:
-        """[count, dim] read-only view of the payload."""
-        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, self.dim)
+        """[count, row_width(dtype, dim)] read-only view of the payload."""
+        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, row_width(self.dtype, self.dim))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +203,7 @@ class JobBatch:
     Wire format, for publishers in any language (a msgpack map):
     ``{"v": 1, "t": "job", "id": JOB_ID, "b": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
-    "dt": "f4"|"f2", "tr": true}}``, published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
+    "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true}}``, published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
 
     id: str  # the job
@@ -213,13 +226,13 @@ class JobResult:
     doc_ids: list[str]
     dim: int
     dtype: str
-    data: bytes  # len(doc_ids) * dim little-endian values
+    data: bytes  # len(doc_ids) rows of row_width(dtype, dim) little-endian values
     tokens: int
 
     TYPE = "jobresult"
 
     def array(self) -> np.ndarray:
-        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, self.dim)
+        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, row_width(self.dtype, self.dim))
 
 
 @dataclass(frozen=True, slots=True)

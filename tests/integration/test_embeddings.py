@@ -188,3 +188,36 @@ def test_output_options_travel_to_the_worker(stack, texts, expected):
     np.testing.assert_allclose(np.linalg.norm(half.astype(np.float32), axis=1), 1.0, atol=2e-3)
     c = cosines(half.astype(np.float32), expected[:40, :64])
     assert c.min() >= 0.999, c.min()  # float16 rounding
+
+
+def test_quantized_forms_are_made_on_the_worker(stack, texts, expected):
+    """int8, uint8, binary and ubinary rows from the worker over NATS: the reference's vectors quantized
+    by the same rule (shared/quantize.py), and as few bytes as the form says."""
+    from shared.quantize import dequantize, quantize
+
+    async def run(dtype: str) -> tuple[np.ndarray, int]:
+        import nats
+
+        nc = await nats.connect(stack.nats_url)
+        client = EmbedClient(nc, Subjects())
+        await client.start()
+        try:
+            result = await client.embed(MODEL, texts[:40], EmbedOptions(dtype=dtype), timeout=60)
+            return result.vectors, result.vectors.nbytes
+        finally:
+            await nc.close()
+
+    want = expected[:40]
+    dim = want.shape[1]
+    for wire, form in (("i1", "int8"), ("u1", "uint8")):
+        got, nbytes = asyncio.run(run(wire))
+        assert got.dtype == quantize(want, form).dtype and got.shape == (40, dim) and nbytes == 40 * dim
+        # rounding may land one step apart where the two floats straddle a step
+        assert np.abs(got.astype(np.int16) - quantize(want, form).astype(np.int16)).max() <= 1
+        assert cosines(dequantize(got, form, dim), want).min() >= 0.99
+    for wire, form in (("b1", "binary"), ("ub1", "ubinary")):
+        got, nbytes = asyncio.run(run(wire))
+        assert got.shape == (40, dim // 8) and nbytes == 40 * dim // 8  # 1/32 of float32's bytes
+        signs = dequantize(got, form, dim) > 0
+        clear = np.abs(want) > 1e-4  # a component this close to 0 may take either sign
+        assert np.array_equal(signs[clear], (want > 0)[clear])

@@ -157,3 +157,18 @@ def test_decode_as_checks_the_type():
     assert decode_as(data, ErrorReply).message == "late"
     with pytest.raises(ProtocolError, match="expected a 'tokens' message, got 'error'"):
         decode_as(data, TokenBatch)
+
+
+def test_bit_packed_results_hold_ceil_dim_over_8_bytes_a_row():
+    from shared.protocol import EmbedResult, JobResult, ProtocolError, decode_as, encode, row_bytes
+
+    assert [row_bytes(dt, 385) for dt in ("f4", "f2", "i1", "u1", "b1", "ub1")] == [1540, 770, 385, 385, 49, 49]
+    rows = bytes(range(98))  # two rows of 385 bits
+    result = decode_as(encode(EmbedResult("r", 0, 2, 385, "b1", rows, 3)), EmbedResult)
+    assert result.count == 2 and result.array().shape == (2, 49) and result.array().dtype == "i1"
+    with pytest.raises(ProtocolError, match="whole number of rows"):
+        decode_as(encode(EmbedResult("r", 0, 2, 385, "b1", rows[:-1], 3)), EmbedResult)
+    job = decode_as(encode(JobResult("job", 0, 0, ["a", "b"], 385, "ub1", rows, 3)), JobResult)
+    assert job.array().shape == (2, 49)
+    with pytest.raises(ProtocolError, match="one vector per document"):
+        decode_as(encode(JobResult("job", 0, 0, ["a"], 385, "ub1", rows, 3)), JobResult)

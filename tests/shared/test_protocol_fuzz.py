@@ -28,7 +28,7 @@ from shared.errors import ErrorCode
 from shared.protocol import (
     MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, VECTOR_DTYPES, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
-    TokenizeResult, decode, decode_as, encode,
+    TokenizeResult, decode, decode_as, encode, row_bytes,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def token_batches(draw, job: bool | None = None) -> TokenBatch:
 @st.composite
 def embed_results(draw) -> EmbedResult:
     dim, dtype, rows = draw(st.integers(1, 16)), draw(st.sampled_from(sorted(VECTOR_DTYPES))), draw(st.integers(1, 4))
-    size = rows * dim * VECTOR_DTYPES[dtype].itemsize
+    size = rows * row_bytes(dtype, dim)  # bit-packed forms: ceil(dim / 8) bytes a row
     start = draw(st.integers(0, 1000))
     return EmbedResult(
         id=draw(ids), start=start, total=draw(st.integers(start + rows, MAX_ROWS)), dim=dim, dtype=dtype,
@@ -113,7 +113,7 @@ def embed_results(draw) -> EmbedResult:
 @st.composite
 def job_results(draw) -> JobResult:
     dim, dtype, docs = draw(st.integers(1, 16)), draw(st.sampled_from(sorted(VECTOR_DTYPES))), draw(st.integers(0, 4))
-    size = docs * dim * VECTOR_DTYPES[dtype].itemsize
+    size = docs * row_bytes(dtype, dim)
     return JobResult(
         id=draw(names), batch=draw(u64), start=draw(u64),
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)), dim=dim, dtype=dtype,
