@@ -64,20 +64,6 @@ class Row:
         return self.engine / self.roofline
 
 
-def layer_masks(model: nn.Module) -> list[AttnMask]:
-    """Each layer's attention mask: the families keep a list (decoders), or layer types and a mask per
-    type (ModernBERT, Gemma3); the others use one mask everywhere."""
-    layers = model.spec.num_layers
-    if hasattr(model, "layer_mask"):
-        return list(model.layer_mask)
-    if hasattr(model, "types") and hasattr(model, "mask_of"):
-        return [model.mask_of[t] for t in model.types]
-    masks = model.masks()
-    if len(masks) != 1:
-        raise ValueError(f"{type(model).__name__} has {len(masks)} attention masks and no per-layer list of them")
-    return list(masks) * layers
-
-
 def keys_per_token(lengths: np.ndarray, mask: AttnMask) -> float:
     """Mean number of keys a token sees in sequences of these lengths, under the mask's causality and window."""
     seen, tokens = 0.0, 0
@@ -105,7 +91,7 @@ def flops_per_token(model: nn.Module, lengths: np.ndarray) -> tuple[float, float
     """
     spec = model.spec
     linear = 2.0 * sum(m.weight.numel() for m in linear_layers(model)) * spec.num_layers
-    attention = sum(4.0 * spec.num_heads * spec.head_dim * keys_per_token(lengths, m) for m in layer_masks(model))
+    attention = sum(4.0 * spec.num_heads * spec.head_dim * keys_per_token(lengths, m) for m in model.layer_masks())
     return linear, attention
 
 

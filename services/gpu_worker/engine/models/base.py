@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 
@@ -10,7 +12,7 @@ from services.gpu_worker.engine.linear import LinearOps
 from services.gpu_worker.engine.spec import ModelSpec
 
 
-class EncoderModel(nn.Module):
+class EncoderModel(nn.Module, abc.ABC):
     """A packed forward: token ids [T] (plus positions, segment ids) -> hidden states [T, hidden].
 
     Subclasses set ``PREFIXES`` (the checkpoint name prefixes the family's base model is saved under,
@@ -27,21 +29,26 @@ class EncoderModel(nn.Module):
         self.spec = spec
         self.head: nn.Module | None = None
 
-    def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def layer_masks(self) -> list[AttnMask]:
+        """Each layer's attention mask, in order."""
 
     def masks(self) -> tuple[AttnMask, ...]:
-        """Every attention mask the layers use (the attention backend must serve them all)."""
-        raise NotImplementedError
+        """Every distinct attention mask the layers use (the attention backend must serve them all)."""
+        return tuple(dict.fromkeys(self.layer_masks()))
 
+    @abc.abstractmethod
     def weight_names(self) -> dict[str, list[str]]:
         """Our parameter name -> the checkpoint names (after the prefix) it is made of (several: concatenated)."""
-        raise NotImplementedError
 
     def head_names(self) -> dict[str, list[str]]:
         """Our head parameter -> the absolute checkpoint names it may have (the first found is taken)."""
         return {}
 
+    @abc.abstractmethod
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        """A classifier's logits [R, labels] float32 from the hidden states [T, hidden]."""
-        raise NotImplementedError
+        """A classifier's logits [R, labels] float32 from the hidden states [T, hidden] (called only when
+        the checkpoint has a head)."""

@@ -139,8 +139,8 @@ class BertEncoder(EncoderModel):
             x = layer(x, attention, ops, self.mask)
         return x
 
-    def masks(self) -> tuple[AttnMask, ...]:
-        return (self.mask,)
+    def layer_masks(self) -> list[AttnMask]:
+        return [self.mask] * self.spec.num_layers
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         return self.head(hidden[batch.first]).float()

@@ -110,8 +110,8 @@ class DecoderEncoder(EncoderModel):
             x = layer(x, rope, mask, attention, ops)
         return self.norm(x)
 
-    def masks(self) -> tuple[AttnMask, ...]:
-        return tuple(dict.fromkeys(self.layer_mask))
+    def layer_masks(self) -> list[AttnMask]:
+        return list(self.layer_mask)
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         # a decoder classifier reads its last token (transformers: the last non-padding one)

@@ -104,8 +104,8 @@ class Gemma3Encoder(EncoderModel):
             x = layer(x, ropes[kind], self.mask_of[kind], attention, ops)
         return self.norm(x)
 
-    def masks(self) -> tuple[AttnMask, ...]:
-        return tuple(self.mask_of[kind] for kind in dict.fromkeys(self.types))
+    def layer_masks(self) -> list[AttnMask]:
+        return [self.mask_of[kind] for kind in self.types]
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         return self.head(hidden[batch.last]).float()

@@ -110,8 +110,8 @@ class ModernBertEncoder(EncoderModel):
             x = layer(x, ropes[kind], self.mask_of[kind], attention, ops)
         return self.final_norm(x)
 
-    def masks(self) -> tuple[AttnMask, ...]:
-        return tuple(self.mask_of[kind] for kind in dict.fromkeys(self.types))
+    def layer_masks(self) -> list[AttnMask]:
+        return [self.mask_of[kind] for kind in self.types]
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         pooled = pool(hidden, batch, "mean") if self.pooling == "mean" else hidden[batch.first].float()
