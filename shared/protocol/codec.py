@@ -13,7 +13,7 @@ from shared.protocol.checks import (
     _req_int, _req_number, _show, _str_list, _timings,
 )
 from shared.protocol.messages import (
-    MAX_DIMENSION, VECTOR_DTYPES, VERSION, row_bytes, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, row_bytes, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
     JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult,
 )
 
@@ -59,7 +59,7 @@ def encode(msg: Message) -> bytes:
             "b": msg.data,
             "tok": msg.tokens,
             "tm": msg.timings,
-        }
+        } | _ragged_wire(msg.offsets, msg.indices)
     elif isinstance(msg, ErrorReply):
         body |= {"c": msg.code.value, "e": msg.message}
     elif isinstance(msg, TokenizeRequest):
@@ -70,7 +70,7 @@ def encode(msg: Message) -> bytes:
         body |= {"b": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
     elif isinstance(msg, JobResult):
         body |= {"b": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype, "d": msg.data,
-                 "tok": msg.tokens}
+                 "tok": msg.tokens} | _ragged_wire(msg.offsets, msg.indices)
     elif isinstance(msg, LoadReport):
         body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving, "r": msg.rate}
     elif isinstance(msg, RerankRequest):
@@ -88,6 +88,46 @@ def encode(msg: Message) -> bytes:
     else:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     return msgpack.packb(body, use_bin_type=True)
+
+
+def _ragged_wire(offsets: np.ndarray | None, indices: np.ndarray | None) -> dict[str, bytes]:
+    wire = {}
+    if offsets is not None:
+        wire["of"] = np.ascontiguousarray(offsets, dtype=TOKEN_DTYPE).tobytes()
+    if indices is not None:
+        wire["ix"] = np.ascontiguousarray(indices, dtype=TOKEN_DTYPE).tobytes()
+    return wire
+
+
+def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = False) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    """Check a result payload against its dtype, dimension and optional offsets / indices (all before any
+    array is made from them); returns (inputs it holds, offsets, indices)."""
+    if dtype not in VECTOR_DTYPES:
+        raise ProtocolError(f"unknown vector dtype {_show(dtype)}")
+    if not 0 < dim <= MAX_DIMENSION:
+        raise ProtocolError("dimension out of range")
+    offsets = indices = None
+    if m.get("ix") is not None:  # sparse: values with their vocabulary indices
+        if dtype not in SPARSE_DTYPES or m.get("of") is None:
+            raise ProtocolError(f"sparse results hold {' or '.join(SPARSE_DTYPES)} values and per-input offsets")
+        indices = _int32_array(_req(m, "ix", bytes), "indices")
+        if len(data) != len(indices) * VECTOR_DTYPES[dtype].itemsize:
+            raise ProtocolError("sparse results need one value per index")
+        if len(indices) and (indices.min() < 0 or indices.max() >= dim):
+            raise ProtocolError(f"sparse indices must be in [0, {dim})")
+        entries = len(indices)
+    else:
+        size = row_bytes(dtype, dim)
+        if len(data) % size or (not data and not empty and m.get("of") is None):
+            raise ProtocolError("payload is not a whole number of rows")
+        entries = len(data) // size
+    if m.get("of") is None:
+        return entries, None, None
+    offsets = _int32_array(_req(m, "of", bytes), "offsets")
+    # differences in int64: int32 offsets could wrap around and pass as non-decreasing
+    if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != entries or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        raise ProtocolError("offsets must start at 0, never decrease and end at the payload's entries")
+    return len(offsets) - 1, offsets, indices
 
 
 def decode(data: bytes) -> Message:
@@ -222,15 +262,9 @@ def _decode_tokens(m: dict) -> TokenBatch:
 
 def _decode_result(m: dict) -> EmbedResult:
     dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "b", bytes)
-    if dtype not in VECTOR_DTYPES:
-        raise ProtocolError(f"unknown vector dtype {_show(dtype)}")
-    if not 0 < dim <= MAX_DIMENSION:
-        raise ProtocolError("dimension out of range")
-    size = row_bytes(dtype, dim)
-    if len(data) == 0 or len(data) % size:
-        raise ProtocolError("payload is not a whole number of rows")
+    count, offsets, indices = _payload_layout(m, data, dtype, dim)
     start, total = _req_int(m, "s"), _req_int(m, "n")
-    if not (0 <= start and start + len(data) // size <= total <= MAX_ROWS):
+    if not (0 <= start and start + count <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
         id=_id(m),
@@ -241,6 +275,8 @@ def _decode_result(m: dict) -> EmbedResult:
         data=data,
         tokens=_req_int(m, "tok"),
         timings=_timings(m),
+        offsets=offsets,
+        indices=indices,
     )
 
 
@@ -265,13 +301,12 @@ def _decode_job(m: dict) -> JobBatch:
 def _decode_job_result(m: dict) -> JobResult:
     dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "d", bytes)
     doc_ids = _str_list(m, "di")
-    if dtype not in VECTOR_DTYPES or not 0 < dim <= MAX_DIMENSION:
-        raise ProtocolError("bad vector dtype or dimension")
-    if len(data) != len(doc_ids) * row_bytes(dtype, dim):
+    count, offsets, indices = _payload_layout(m, data, dtype, dim, empty=True)
+    if count != len(doc_ids):
         raise ProtocolError("payload does not hold one vector per document")
     return JobResult(
         id=_name(m, "id"), batch=_req_int(m, "b"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
-        dtype=dtype, data=data, tokens=_req_int(m, "tok"),
+        dtype=dtype, data=data, tokens=_req_int(m, "tok"), offsets=offsets, indices=indices,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,17 @@ def row_width(dtype: str, dim: int) -> int:
 def row_bytes(dtype: str, dim: int) -> int:
     return row_width(dtype, dim) * VECTOR_DTYPES[dtype].itemsize
 
-MAX_DIMENSION = 65536
+MAX_DIMENSION = 1 << 20  # a vector's components: a sparse vector has one per vocabulary entry
+MAX_SPARSE_TOP_K = MAX_DIMENSION
+
+# what a request asks the model for (EmbedOptions.output):
+#   "dense": one vector per input (pooled, Dense layers, Normalize);
+#   "sparse": one vocabulary-sized vector per input, sent as (index, value) pairs (SPLADE, BGE-M3's lexical weights);
+#   "tokens": every token's last hidden state (TEI /embed_all);
+#   "multivector": one projected vector per token (ColBERT-style models, BGE-M3's colbert vectors)
+OUTPUTS = ("dense", "sparse", "tokens", "multivector")
+RAGGED_OUTPUTS = ("tokens", "multivector")  # several rows per input: results carry per-input offsets
+SPARSE_DTYPES = ("f4", "f2")  # a sparse vector's values
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +53,24 @@ class EmbedOptions:
     truncation_direction: str = "right"  # "right" keeps the start of an input, "left" its end
     prompt_name: str | None = None  # a prompt of the model that must exist (TEI prompt_name)
     input_type: str | None = None  # "query" / "document": the model's prompt of that name, if any
+    output: str = "dense"  # one of OUTPUTS
+    sparse_top_k: int | None = None  # sparse: keep the k largest values of each vector
+    sparse_threshold: float | None = None  # sparse: drop values at or below this
 
     def __post_init__(self) -> None:
+        if self.output not in OUTPUTS:
+            raise ProtocolError(f"options.output must be one of {', '.join(OUTPUTS)}")
+        if self.sparse_top_k is not None and (not _is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K):
+            raise ProtocolError(f"options.sparse_top_k must be an integer in 1..{MAX_SPARSE_TOP_K}")
+        if self.sparse_threshold is not None and (
+            isinstance(self.sparse_threshold, bool) or not isinstance(self.sparse_threshold, (int, float))
+            or not math.isfinite(self.sparse_threshold)
+        ):
+            raise ProtocolError("options.sparse_threshold must be a finite number")
+        if self.output == "sparse" and self.dtype not in SPARSE_DTYPES:
+            raise ProtocolError(f"sparse values are sent as {' or '.join(SPARSE_DTYPES)}, not {self.dtype!r}")
+        if self.output != "dense" and self.dimensions is not None:
+            raise ProtocolError("options.dimensions applies to dense vectors only")
         if self.truncation_direction not in ("right", "left"):
             raise ProtocolError("options.truncation_direction must be 'right' or 'left'")
         for name in ("prompt_name", "input_type"):
@@ -70,7 +97,7 @@ class EmbedOptions:
             "td": self.truncation_direction,
             "pn": self.prompt_name,
             "it": self.input_type,
-        }
+        } | ({} if self.output == "dense" else {"out": self.output, "sk": self.sparse_top_k, "sth": self.sparse_threshold})
 
     @classmethod
     def from_wire(cls, m: Any) -> EmbedOptions:
@@ -84,6 +111,9 @@ class EmbedOptions:
             truncation_direction=m.get("td", "right"),
             prompt_name=m.get("pn"),
             input_type=m.get("it"),
+            output=m.get("out", "dense"),
+            sparse_top_k=m.get("sk"),
+            sparse_threshold=m.get("sth"),
         )
 
 
@@ -150,16 +180,26 @@ class EmbedResult:
     data: bytes  # count rows of row_width(dtype, dim) little-endian values of dtype
     tokens: int  # real tokens behind these rows (for usage)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage: tokenize, queue, inference
+    # ragged results (sparse, tokens, multivector): input i of this part owns entries offsets[i]:offsets[i + 1]
+    # of the payload (vectors for tokens/multivector, values for sparse); [count + 1] int32, offsets[0] == 0
+    offsets: np.ndarray | None = None
+    indices: np.ndarray | None = None  # sparse: [entries] int32 vocabulary index of each value, below dim
 
     TYPE = "result"
 
     @property
     def count(self) -> int:
+        if self.offsets is not None:
+            return len(self.offsets) - 1
         return len(self.data) // row_bytes(self.dtype, self.dim)
 
     def array(self) -> np.ndarray:
-        """[count, row_width(dtype, dim)] read-only view of the payload."""
-        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, row_width(self.dtype, self.dim))
+        """[rows, row_width(dtype, dim)] read-only view of the payload (sparse: [entries] values)."""
+        return _payload(self.data, self.dtype, self.dim, self.indices is not None)
+
+    def ragged(self) -> list:
+        """Per input: its [n, width] vectors (tokens, multivector), or its (indices, values) (sparse)."""
+        return _split(self.array(), self.offsets, self.indices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,13 +266,32 @@ class JobResult:
     doc_ids: list[str]
     dim: int
     dtype: str
-    data: bytes  # len(doc_ids) rows of row_width(dtype, dim) little-endian values
+    data: bytes  # len(doc_ids) rows of row_width(dtype, dim) little-endian values (ragged: see EmbedResult)
     tokens: int
+    offsets: np.ndarray | None = None  # as EmbedResult's
+    indices: np.ndarray | None = None
 
     TYPE = "jobresult"
 
     def array(self) -> np.ndarray:
-        return np.frombuffer(self.data, dtype=VECTOR_DTYPES[self.dtype]).reshape(-1, row_width(self.dtype, self.dim))
+        return _payload(self.data, self.dtype, self.dim, self.indices is not None)
+
+    def ragged(self) -> list:
+        return _split(self.array(), self.offsets, self.indices)
+
+
+def _payload(data: bytes, dtype: str, dim: int, sparse: bool) -> np.ndarray:
+    values = np.frombuffer(data, dtype=VECTOR_DTYPES[dtype])
+    return values if sparse else values.reshape(-1, row_width(dtype, dim))
+
+
+def _split(values: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray | None) -> list:
+    if offsets is None:
+        raise ValueError("not a ragged result")
+    bounds = offsets.tolist()
+    if indices is None:
+        return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [(indices[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 @dataclass(frozen=True, slots=True)

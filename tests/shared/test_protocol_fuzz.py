@@ -26,7 +26,7 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, VECTOR_DTYPES, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
     TokenizeResult, decode, decode_as, encode, row_bytes,
 )
@@ -45,16 +45,26 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 u64 = st.integers(0, 2**64 - 1)
 texts = st.lists(st.text(max_size=30), max_size=6)
 timings = st.dictionaries(st.text(max_size=12), st.floats(0, 1e6), max_size=8)
-options = st.builds(
-    EmbedOptions,
-    normalize=st.none() | st.booleans(),
-    dimensions=st.none() | st.integers(1, MAX_DIMENSION),
-    dtype=st.sampled_from(sorted(VECTOR_DTYPES)),
-    truncate=st.booleans(),
-    truncation_direction=st.sampled_from(["right", "left"]),
-    prompt_name=st.none() | st.text(max_size=20),
-    input_type=st.none() | st.sampled_from(["query", "document"]),
-)
+
+
+@st.composite
+def options(draw) -> EmbedOptions:
+    output = draw(st.sampled_from(OUTPUTS))
+    return EmbedOptions(
+        normalize=draw(st.none() | st.booleans()),
+        dimensions=draw(st.none() | st.integers(1, MAX_DIMENSION)) if output == "dense" else None,
+        dtype=draw(st.sampled_from(sorted(SPARSE_DTYPES if output == "sparse" else VECTOR_DTYPES))),
+        truncate=draw(st.booleans()),
+        truncation_direction=draw(st.sampled_from(["right", "left"])),
+        prompt_name=draw(st.none() | st.text(max_size=20)),
+        input_type=draw(st.none() | st.sampled_from(["query", "document"])),
+        output=output,
+        sparse_top_k=draw(st.none() | st.integers(1, MAX_DIMENSION)) if output == "sparse" else None,
+        sparse_threshold=draw(st.none() | finite) if output == "sparse" else None,
+    )
+
+
+options = options()
 
 
 def int32_arrays(n: int, low: int = -(2**31)) -> st.SearchStrategy[np.ndarray]:
@@ -100,24 +110,46 @@ def token_batches(draw, job: bool | None = None) -> TokenBatch:
 
 
 @st.composite
+def payloads(draw, inputs: int) -> dict:
+    """dim, dtype, data, offsets, indices of ``inputs`` results: one vector each, several (tokens,
+    multivector) or (index, value) pairs (sparse)."""
+    kind = draw(st.sampled_from(["dense", "ragged", "sparse"]))
+    dim = draw(st.integers(1, 16))
+    dtype = draw(st.sampled_from(sorted(SPARSE_DTYPES if kind == "sparse" else VECTOR_DTYPES)))
+    if kind == "dense":
+        size = inputs * row_bytes(dtype, dim)  # bit-packed forms: ceil(dim / 8) bytes a row
+        return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)))
+    counts = draw(st.lists(st.integers(0, 5), min_size=inputs, max_size=inputs))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype("<i4")
+    entries = int(offsets[-1])
+    if kind == "ragged":
+        size = entries * row_bytes(dtype, dim)
+        return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets)
+    size = entries * VECTOR_DTYPES[dtype].itemsize
+    indices = np.array(draw(st.lists(st.integers(0, dim - 1), min_size=entries, max_size=entries)), dtype="<i4")
+    return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets, indices=indices)
+
+
+@st.composite
 def embed_results(draw) -> EmbedResult:
-    dim, dtype, rows = draw(st.integers(1, 16)), draw(st.sampled_from(sorted(VECTOR_DTYPES))), draw(st.integers(1, 4))
-    size = rows * row_bytes(dtype, dim)  # bit-packed forms: ceil(dim / 8) bytes a row
+    rows = draw(st.integers(1, 4))
     start = draw(st.integers(0, 1000))
+    payload = draw(payloads(rows))
+    if not payload["data"] and "offsets" not in payload:
+        payload["data"] = b"\x00" * row_bytes(payload["dtype"], payload["dim"]) * rows
     return EmbedResult(
-        id=draw(ids), start=start, total=draw(st.integers(start + rows, MAX_ROWS)), dim=dim, dtype=dtype,
-        data=draw(st.binary(min_size=size, max_size=size)), tokens=draw(u64), timings=draw(timings),
+        id=draw(ids), start=start, total=draw(st.integers(start + rows, MAX_ROWS)), tokens=draw(u64),
+        timings=draw(timings), **payload,
     )
 
 
 @st.composite
 def job_results(draw) -> JobResult:
-    dim, dtype, docs = draw(st.integers(1, 16)), draw(st.sampled_from(sorted(VECTOR_DTYPES))), draw(st.integers(0, 4))
-    size = docs * row_bytes(dtype, dim)
+    docs = draw(st.integers(0, 4))
     return JobResult(
         id=draw(names), batch=draw(u64), start=draw(u64),
-        doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)), dim=dim, dtype=dtype,
-        data=draw(st.binary(min_size=size, max_size=size)), tokens=draw(u64),
+        doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)), tokens=draw(u64),
+        **draw(payloads(docs)),
     )
 
 
@@ -378,6 +410,30 @@ HUGE_CLAIMS = {
     "dimension 2**40": _message("result", id="a", s=0, n=1, dim=2**40, dt="f4", b=b"\x00" * 4, tok=1),
     "result rows past total": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"\x00" * 8, tok=1),
     "result bytes not whole rows": _message("result", id="a", s=0, n=9, dim=2, dt="f4", b=b"\x00" * 12, tok=1),
+    "offsets past the payload": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"\x00" * 4, tok=1,
+                                         of=np.array([0, 2**31 - 1], "<i4").tobytes()),
+    "offsets wrapping around int32": _message("result", id="a", s=0, n=3, dim=1, dt="f4", b=b"\x00" * 4, tok=1,
+                                              of=np.array([0, 2**31 - 1, -(2**31), 1], "<i4").tobytes()),
+    "offsets decreasing": _message("result", id="a", s=0, n=3, dim=1, dt="f4", b=b"\x00" * 8, tok=1,
+                                   of=np.array([0, 2, 1, 2], "<i4").tobytes()),
+    "offsets claiming 2**40 inputs": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"", tok=1,
+                                              of=b"\xc6\xff\xff\xff\xff"),
+    "sparse index past dim": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 4, tok=1,
+                                      of=np.array([0, 1], "<i4").tobytes(), ix=np.array([4], "<i4").tobytes()),
+    "sparse negative index": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 4, tok=1,
+                                      of=np.array([0, 1], "<i4").tobytes(), ix=np.array([-1], "<i4").tobytes()),
+    "sparse values and indices differ": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 8, tok=1,
+                                                 of=np.array([0, 2], "<i4").tobytes(), ix=np.array([1], "<i4").tobytes()),
+    "sparse int8 values": _message("result", id="a", s=0, n=1, dim=4, dt="i1", b=b"\x00", tok=1,
+                                   of=np.array([0, 1], "<i4").tobytes(), ix=np.array([1], "<i4").tobytes()),
+    "sparse without offsets": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 4, tok=1,
+                                       ix=np.array([1], "<i4").tobytes()),
+    "job result offsets not one per document": _message("jobresult", id="j", b=0, s=0, di=["a", "b"], dim=1, dt="f4",
+                                                        d=b"\x00" * 4, tok=1, of=np.array([0, 1], "<i4").tobytes()),
+    "options output unknown": _message("embed", **OK_EMBED, o={"out": "everything"}),
+    "options sparse top_k 2**64": _message("embed", **OK_EMBED, o={"out": "sparse", "sk": 2**64 - 1}),
+    "options sparse threshold NaN": _message("embed", **OK_EMBED, o={"out": "sparse", "sth": float("nan")}),
+    "options sparse as binary": _message("embed", **OK_EMBED, o={"out": "sparse", "dt": "b1"}),
     "job result not one vector per document": _message("jobresult", id="j", b=0, s=0, di=["a"], dim=2**16, dt="f4",
                                                      d=b"\x00" * 4, tok=1),
     "rerank candidate dim 2**40": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0, cv=b"\x00" * 8, cd=2**40),
