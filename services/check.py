@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
 from shared.config import ConfigError
-from shared.model_dir import load_model_info
+from shared.model_dir import ModelInfo, load_model_info
+
+if TYPE_CHECKING:
+    from services.tokenizer.encoder import TextEncoder
 
 
 @dataclass
@@ -71,6 +74,8 @@ def _check(folder: str, report: Report) -> None:
         prompts = ", ".join(f"{k}={v!r}" for k, v in info.prompts.items() if v) or "none"
         facts["prompts"] = prompts + (f" (default {info.default_prompt})" if info.default_prompt else "")
     encoder = TextEncoder(info)
+    if info.score_tokens:
+        _describe_llm_reranker(info, encoder, facts)
     facts["tokenizer"] = f"vocab {spec.vocab_size}, 'hello' -> {encoder.encode(['hello'])[0]}"
     facts["dtype"] = "cpu float32; cuda " + ("float32 (float16 overflows; bfloat16 on request)" if family.fp16_overflows else "float16")
     facts["backend (cpu)"] = "sdpa (eager)"
@@ -82,6 +87,23 @@ def _check(folder: str, report: Report) -> None:
     else:
         cuda = "sdpa (eager, no CUDA graphs: a score bias or a window this PyTorch's kernels cannot take)"
     facts["backend (cuda)"] = cuda
+
+
+def _describe_llm_reranker(info: ModelInfo, encoder: TextEncoder, facts: dict[str, Any]) -> None:
+    """What an LLM reranker scores and how its pairs reach the model."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(info.path / "tokenizer.json"))
+    true, *false = (f"logit[{vocab.id_to_token(t)!r} ({t})]" for t in info.score_tokens)
+    activation = "sigmoid" if info.score_activation == "sigmoid" else "no activation"
+    facts["task"] = f"LLM reranker: {true}{f' - {false[0]}' if false else ''} at the last token, {activation} by default"
+    if info.pair_template is None:
+        facts["pairs"] = "tokenizer pair (no chat template)"
+    else:
+        facts["pairs"] = (f"chat template ({info.message_format} messages: query, document), "
+                          f"{encoder.pair_overhead()} tokens besides them")
+        facts["after the document"] = repr(vocab.decode(encoder.pair_tail, skip_special_tokens=False))
+    facts["prompt"] = repr(encoder.pair_prompt) + (f" ({info.default_prompt})" if encoder.pair_prompt else " (none)")
 
 
 def _varlen_supports(cls, masks, grouped: bool) -> bool:

@@ -17,6 +17,7 @@ from shared.config import (
     positive_int,
 )
 from shared.lifecycle import run_async, run_service, setup_logging
+from shared.quantize import EMBEDDING_TYPES
 from services.gateway import config as gateway_config
 from services.gpu_worker import config as worker_config
 from services.scorer import config as scorer_config
@@ -45,7 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(reindex, "--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id")
     add_option(reindex, "--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", positive_int)
     add_option(reindex, "--input-type", "EMBEDFLEET_INPUT_TYPE", None, "query or document (selects the model's prompt)")
-    reindex.add_argument("--job-id", default=None, help="job id (default: derived from the input and model, so a rerun resumes)")
+    add_option(reindex, "--embedding-type", "EMBEDFLEET_EMBEDDING_TYPE", "float",
+               "vector form written: float (float32), float16, int8, uint8, binary or ubinary (see the README)",
+               choices=tuple(EMBEDDING_TYPES))
+    add_option(reindex, "--output", "EMBEDFLEET_JOB_OUTPUT", "dense",
+               "what to write: dense vectors, sparse vectors (SPLADE, BGE-M3) or multivector (a vector per token); "
+               "sparse and multivector go to .npz", choices=("dense", "sparse", "multivector"))
+    reindex.add_argument("--job-id", default=None,
+                         help="job id (default: derived from the input, model and form, so a rerun resumes)")
     add_option(reindex, "--stall-timeout", "EMBEDFLEET_STALL_TIMEOUT", 300.0, "give up after this many seconds without progress",
                positive_float)
     reindex.add_argument("--quiet", action="store_true", help="no progress bar")

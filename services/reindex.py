@@ -3,9 +3,11 @@
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, or plain text with
 one document a line), publishes them as job batches with JetStream's backpressure (each publish
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
-durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet).
-The job id is derived from the input and the model, so running the same command again after it was
-killed resumes the job: published batches are not sent again, collected results are read again.
+durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet), in
+the form ``--embedding-type`` names (shared/quantize.py; the worker makes it).
+The job id is derived from the input, the model and the form, so running the same command again
+after it was killed resumes the job: published batches are not sent again, collected results are
+read again; the same input in another form is another job.
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ import numpy as np
 from shared.bulkwork import close_pull
 from shared.config import ConfigError, NatsConfig
 from shared.documents import job_id_for, read_documents
-from shared.jobs import ensure_streams, read_state, stream_names, submit, update_state
+from shared.jobs import ensure_streams, form_conflict, read_state, stream_names, submit, update_state
 from shared.lifecycle import connect
 from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
+from shared.quantize import FORMS, form_named
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 log = logging.getLogger("embedfleet.reindex")
 
 
-def write_output(out: Path, ids: list[str], vectors: np.ndarray) -> None:
+def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "float32", dim: int = 0) -> None:
+    """``vectors``: [n, stored_width(form, dim)] of the form's element type, written as they are (.npy:
+    that dtype; Parquet: a list column of it, with the form and ``dim`` in the schema's metadata)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".parquet":
         try:
@@ -38,10 +43,38 @@ def write_output(out: Path, ids: list[str], vectors: np.ndarray) -> None:
             import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError("writing Parquet needs pyarrow: pip install pyarrow, or write .npy") from None
-        pq.write_table(pa.table({"id": ids, "vector": list(vectors)}), out)
+        table = pa.table({"id": ids, "vector": list(vectors)})
+        pq.write_table(table.replace_schema_metadata({"embedding_type": form, "dim": str(dim or vectors.shape[1])}), out)
     else:
         np.save(out, vectors)
         out.with_suffix(".ids.json").write_text(json.dumps(ids))
+
+
+def check_output_path(out: Path, output: str) -> None:
+    if output != "dense" and out.suffix.lower() != ".npz":
+        raise ConfigError(f"{output} vectors are written to .npz (a varying number of entries per document), not {out.suffix or out.name}")
+
+
+def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str, dim: int) -> None:
+    """Sparse vectors as scipy's CSR .npz (``scipy.sparse.load_npz`` reads it: data, indices, indptr,
+    format, shape); multi-vectors as ``vectors`` [all tokens, width] with ``offsets`` [n + 1] (document
+    i owns vectors[offsets[i]:offsets[i + 1]]). The ids in order go to .ids.json beside it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    counts = [len(item[0]) if output == "sparse" else len(item) for item in items]
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    dtype = FORMS[form][1]
+    if output == "sparse":
+        indices = np.concatenate([i for i, _ in items]).astype(np.int32) if items else np.zeros(0, np.int32)
+        values = np.concatenate([v for _, v in items]).astype(dtype) if items else np.zeros(0, dtype)
+        np.savez(out, data=values, indices=indices, indptr=offsets, format=np.array(b"csr"),
+                 shape=np.array([len(items), dim], dtype=np.int64))
+    else:
+        width = items[0].shape[1] if items else 0
+        vectors = np.concatenate(items).astype(dtype, copy=False) if items else np.zeros((0, width), dtype)
+        np.savez(out, vectors=vectors, offsets=offsets, dim=np.array(dim, dtype=np.int64),
+                 embedding_type=np.array(form.encode()))
+    out.with_suffix(".ids.json").write_text(json.dumps(ids))
 
 
 async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
@@ -53,16 +86,27 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         raise ConfigError(f"{path} holds no documents")
     if len({d for d, _ in docs}) != len(docs):
         raise ConfigError(f"{path}: document ids must be unique")
-    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size)
+    form = form_named(ns.embedding_type)
+    output = getattr(ns, "output", "dense")
+    check_output_path(out, output)
+    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
     subjects = nats.subjects
     nc = await connect(nats, "embedfleet-reindex")
     js = nc.jetstream()
     kv = await ensure_streams(js, subjects)
+    problem = form_conflict(await read_state(kv, job), form, output)
+    if problem:
+        await nc.close()
+        raise ConfigError(problem)
     batches = (len(docs) + ns.batch_size - 1) // ns.batch_size
-    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}", flush=True)
-    options = EmbedOptions(input_type=ns.input_type)
+    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {output} {form} vectors", flush=True)
+    try:
+        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
+    except ProtocolError as exc:
+        await nc.close()
+        raise ConfigError(str(exc).replace("options.", "")) from None
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path)))
-    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"])
+    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], options.dtype)
     await collector.open()
     failed, checked = 0, 0.0
     tokens, last_progress = 0, time.monotonic()
@@ -95,18 +139,23 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         await publisher
         got = collector.got
         ids = [d for d, _ in docs if d in got]
-        write_output(out, ids, np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), np.float32))
+        if output == "dense":
+            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[form][1])
+            write_output(out, ids, vectors, form, collector.dim)
+        else:
+            write_ragged(out, ids, [got[d] for d in ids], output, form, collector.dim)
         elapsed = time.monotonic() - start_time
         rate = f"{tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s)"
         if len(ids) < len(docs):
             lost = [d for d, _ in docs if d not in got]
             failed_path = out.with_suffix(".failed.json")
             failed_path.write_text(json.dumps(lost))
-            errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids)))).get("errors", [])
+            errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
             print(f"job {job}: {len(ids)} of {len(docs)} documents, {rate} -> {out}; {len(lost)} given up "
                   f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
             return 1
-        await update_state(kv, job, lambda s: s.update(status="done", collected=len(docs)) or s.setdefault("finished", time.time()))
+        await update_state(kv, job, lambda s: s.update(status="done", collected=len(docs), dim=collector.dim)
+                           or s.setdefault("finished", time.time()))
         print(f"job {job}: {len(docs)} documents, {rate} -> {out}")
         return 0
     finally:
@@ -117,12 +166,17 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
 
 class Collector:
     """Reads a job's results from the start of the stream (results collected before a crash are read
-    again) through an ephemeral consumer, opened again when the server lost it (a restart)."""
+    again) through an ephemeral consumer, opened again when the server lost it (a restart).
 
-    def __init__(self, js, subject: str, stream: str) -> None:
+    Rows are kept as they came (``dtype``, a wire name: the job's form); a result of another dtype or
+    of another dimension than the first result's cannot belong to this job's output and is refused."""
+
+    def __init__(self, js, subject: str, stream: str, dtype: str = "f4") -> None:
         self._js, self._subject, self._stream = js, subject, stream
         self._psub = None
-        self.got: dict[str, np.ndarray] = {}
+        self.dtype = dtype
+        self.dim = 0  # components per row, from the first result
+        self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
 
     async def open(self) -> None:
         self._psub = await self._js.pull_subscribe(
@@ -159,8 +213,15 @@ class Collector:
             except ProtocolError:
                 await msg.term()
                 continue
+            if result.dtype != self.dtype or (self.dim and result.dim != self.dim):
+                log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped", result.id,
+                          result.batch, result.dtype, result.dim, self.dtype, f" of dimension {self.dim}" if self.dim else "")
+                await msg.term()
+                continue
+            self.dim = result.dim
             new = 0
-            for doc_id, row in zip(result.doc_ids, result.array()):
+            rows = result.ragged() if result.offsets is not None else result.array()
+            for doc_id, row in zip(result.doc_ids, rows):
                 if doc_id not in self.got:
                     self.got[doc_id] = row
                     new += 1
@@ -194,11 +255,13 @@ async def list_jobs(nats: NatsConfig) -> int:
             keys = await kv.keys()
         except Exception:
             keys = []
-        print(f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'batches':>7} {'published':>9}  model")
+        print(f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'batches':>7} {'published':>9}  "
+              "model  form")
         for key in sorted(keys):
             s = json.loads((await kv.get(key)).value)
             print(f"{key:18} {s.get('status', '?'):16} {s.get('documents', 0):>9} {s.get('done', 0):>9} "
-                  f"{s.get('failed', 0):>6} {s.get('batches', 0):>7} {s.get('published', 0):>9}  {s.get('model', '?')}")
+                  f"{s.get('failed', 0):>6} {s.get('batches', 0):>7} {s.get('published', 0):>9}  {s.get('model', '?')}  "
+                  f"{s.get('embedding_type', 'float32')}")
         return 0
     finally:
         await nc.close()

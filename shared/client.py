@@ -52,9 +52,13 @@ _CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
 
 @dataclass(slots=True)
 class EmbedOutcome:
-    vectors: np.ndarray  # [n, dim], the dtype the request asked for
+    vectors: np.ndarray  # [n, row_width(dtype, dim)] of VECTOR_DTYPES[dtype]
     tokens: int  # real tokens processed, special tokens included
     timings: dict[str, float]  # seconds per stage (tokenize, queue, inference): the slowest chunk's
+    dim: int = 0  # components per row (a bit-packed row holds ceil(dim / 8) bytes)
+    dtype: str = "f4"  # the wire dtype name the rows came in (the request's options.dtype)
+    # sparse / tokens / multivector: per input, its (indices, values) or its [n, width] vectors (vectors is empty)
+    ragged: list | None = None
 
 
 class _Pending:
@@ -66,6 +70,9 @@ class _Pending:
         self.total = request.count
         self.future = future
         self.vectors: np.ndarray | None = None
+        self.dim = 0
+        self.dtype = ""
+        self.ragged: list | None = None  # per input, for sparse / tokens / multivector results
         self.filled = np.zeros(self.total, dtype=bool)
         self.rows = 0
         self.tokens = 0
@@ -81,20 +88,29 @@ class _Pending:
         """Rows of one attempt; ``index`` maps that attempt's rows to the request's (None: the same)."""
         if self.future.done():
             return
-        rows = result.array()  # [count, dim]
+        ragged = result.offsets is not None
+        # [count, width] rows, or per input its vectors / (indices, values) (sparse, tokens, multivector)
+        rows = result.ragged() if ragged else result.array()
         end = result.start + len(rows)
         count = self.total if index is None else len(index)
         if result.total != count or end > count:
             raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
-            self.vectors = np.empty((self.total, rows.shape[1]), dtype=VECTOR_DTYPES[result.dtype])
-        elif self.vectors.shape[1] != rows.shape[1] or self.vectors.dtype != VECTOR_DTYPES[result.dtype]:
-            raise ProtocolError("result chunks disagree on dimension or dtype")
+            self.vectors = np.empty((0, 0) if ragged else (self.total, rows.shape[1]), dtype=VECTOR_DTYPES[result.dtype])
+            self.dim, self.dtype = result.dim, result.dtype
+            self.ragged = [None] * self.total if ragged else None
+        elif (self.dim, self.dtype, self.ragged is not None) != (result.dim, result.dtype, ragged):
+            raise ProtocolError("result chunks disagree on dimension, dtype or kind")
         where = np.arange(result.start, end) if index is None else index[result.start : end]
         fresh = ~self.filled[where]
         if not fresh.any():
             return  # a duplicate: an earlier attempt delivered these rows
-        self.vectors[where[fresh]] = rows[fresh]
+        if ragged:
+            for row, item, new in zip(where.tolist(), rows, fresh.tolist()):
+                if new:
+                    self.ragged[row] = item
+        else:
+            self.vectors[where[fresh]] = rows[fresh]
         self.filled[where[fresh]] = True
         self.rows += int(fresh.sum())
         # a chunk that overlaps rows from another attempt counts its tokens pro rata
@@ -102,7 +118,7 @@ class _Pending:
         for stage, seconds in result.timings.items():
             self.timings[stage] = max(self.timings.get(stage, 0.0), seconds)
         if self.rows == self.total:
-            self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings))
+            self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings, self.dim, self.dtype, self.ragged))
 
     def missing(self) -> np.ndarray:
         return np.flatnonzero(~self.filled)

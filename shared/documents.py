@@ -34,7 +34,14 @@ def read_documents(path: Path) -> list[tuple[str, str]]:
     return [(str(n), line) for n, line in enumerate(path.read_text().splitlines()) if line.strip()]
 
 
-def job_id_for(path: Path, model: str, batch_size: int) -> str:
+def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense") -> str:
+    """The id of the job that embeds ``path`` with ``model`` into vectors of ``form``: the same file,
+    model, batch size and form give the same id, so running a job again resumes it, and another form
+    is another job. float32 leaves the key as it was before forms existed (those jobs still resume)."""
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{model}|{batch_size}"
+    if form != "float32":
+        key += f"|{form}"
+    if output != "dense":  # sparse / multivector jobs
+        key += f"|{output}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -133,6 +133,24 @@ async def read_state(kv: KeyValue, job: str) -> dict | None:
         return None
 
 
+class JobConflict(Exception):
+    """A job id that already names a job making another vector form: resuming it would mix forms."""
+
+
+def form_conflict(state: dict | None, form: str, output: str = "dense") -> str | None:
+    """Why the job recorded as ``state`` cannot go on making ``output`` vectors of ``form`` (None: it can)."""
+    if not state or "model" not in state:
+        return None  # no job yet
+    recorded = state.get("embedding_type", "float32")  # jobs recorded before forms existed made float32
+    made = state.get("output", "dense")  # ... and dense vectors
+    if (recorded, made) == (form, output):
+        return None
+    def kind(out: str, f: str) -> str:
+        return f if out == "dense" else f"{out} {f}"
+
+    return f"job {state.get('job')} makes {kind(made, recorded)} vectors, not {kind(output, form)}: give it another job id"
+
+
 def record_error(state: dict, message: str) -> None:
     errors = state.setdefault("errors", [])
     if len(errors) < MAX_DEAD_RECORDS:
@@ -172,15 +190,23 @@ async def submit(
     js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
     docs: list[tuple[str, str]], batch_size: int, options, source: str,
 ) -> dict:
-    """Record a job and publish its batches not yet published (so a resubmission resumes)."""
+    """Record a job and publish its batches not yet published (so a resubmission resumes).
+
+    Raises JobConflict when the job exists and makes another vector form than ``options.dtype``."""
     import time
 
     from shared.protocol import JobBatch, encode
+    from shared.quantize import WIRE_FORMS
 
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
+    form = WIRE_FORMS[options.dtype]
 
     def start(state: dict) -> None:
-        state.update(model=model, input=source, documents=len(docs), batches=len(batches))
+        problem = form_conflict(state, form, options.output)
+        if problem:
+            raise JobConflict(problem)
+        state.update(model=model, input=source, documents=len(docs), batches=len(batches), embedding_type=form,
+                     output=options.output)
         state.setdefault("status", "running")
         state.setdefault("started", time.time())
         state.setdefault("published", 0)

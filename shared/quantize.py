@@ -35,7 +35,17 @@ FORMS: dict[str, tuple[str, np.dtype]] = {
     "ubinary": ("ub1", np.dtype("u1")),
 }
 WIRE_FORMS = {wire: form for form, (wire, _) in FORMS.items()}
+# what a request names the form by (the HTTP field ``embedding_type``, ``reindex --embedding-type``):
+# Cohere's and Jina's names, where ``float`` is float32; the form names themselves are accepted too
+EMBEDDING_TYPES: dict[str, str] = {"float": "float32", **{form: form for form in FORMS}}
 CLIP_SIGMAS = 4.0  # components beyond this many times 1/sqrt(d) (times the row's norm) are clipped
+
+
+def form_named(name: str) -> str:
+    """The form an ``embedding_type`` names; ValueError for a name that is none."""
+    if name not in EMBEDDING_TYPES:
+        raise ValueError(f"unknown embedding type {name!r} (known: {', '.join(EMBEDDING_TYPES)})")
+    return EMBEDDING_TYPES[name]
 
 
 def range_of(dim: int) -> float:

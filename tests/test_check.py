@@ -48,6 +48,20 @@ def test_classifier_is_reported_as_such(folders):
     assert facts["task"] == "classifier, 2 logit(s)"
 
 
+def test_llm_reranker_is_described(tmp_path):
+    from tests.tiny_llm_rerankers import build_llm_reranker, reference
+
+    folder = build_llm_reranker(tmp_path, "qwen3")
+    model = reference(folder)
+    yes, no = model[1].true_token_id, model[1].false_token_id
+    report = check_folder(str(folder))
+    assert report.ok, report.error
+    assert report.facts["task"] == f"LLM reranker: logit['yes' ({yes})] - logit['no' ({no})] at the last token, sigmoid by default"
+    assert report.facts["pairs"].startswith("chat template (flat messages: query, document), ")
+    # the template's tail; Jinja drops a template's last newline, in transformers as here
+    assert report.facts["after the document"] == repr("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n")
+
+
 def test_unsupported_model_type_is_named(folders, tmp_path):
     import shutil
 

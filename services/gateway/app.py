@@ -23,11 +23,12 @@ from shared.jobs import ensure_streams
 from shared.lifecycle import connect, mark_ready, register
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, RerankRequest
+from shared.quantize import FORMS, WIRE_FORMS
 from services.gateway import openai_api, rerank_api, tei_api
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ApiError, error_response
-from services.gateway.formats import binary_response, negotiate
+from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
 from services.gateway.jobs_api import JobsApi
 from services.gateway.metrics import Metrics
@@ -140,12 +141,14 @@ class Gateway:
     async def embeddings(self, request: Request) -> Response:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.model)
-        outcome = await self.run_embed(model, req.inputs, EmbedOptions(dimensions=req.dimensions, input_type=req.input_type))
+        options = EmbedOptions(dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type][0])
+        outcome = await self.run_embed(model, req.inputs, options)
+        form = rows_form(options.dtype, outcome.dtype)
         headers = self.stage_headers(outcome)
         kind = negotiate(request.headers.get("accept"))
         if kind != "json":
-            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers)
-        body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format)
+            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
+        body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form)
         return Response(body, media_type="application/json", headers=headers)
 
     async def models(self, request: Request) -> Response:
@@ -159,11 +162,36 @@ class Gateway:
         req = tei_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(None)
         outcome = await self.run_embed(model, req.inputs, req.options)
+        form = rows_form(req.options.dtype, outcome.dtype)
         headers = self.stage_headers(outcome)
         kind = negotiate(request.headers.get("accept"))
         if kind != "json":
-            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers)
-        return Response(tei_api.render_embed(outcome.vectors), media_type="application/json", headers=headers)
+            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
+        return Response(tei_api.render_embed(outcome.vectors, form), media_type="application/json", headers=headers)
+
+    async def offers(self, model: str) -> tuple[str, ...]:
+        """The outputs a model's workers make (workers registered before outputs existed: dense)."""
+        view = await self.discovery.view()
+        return tuple((view.workers.get(model, {}).get("outputs") or "dense").split(","))
+
+    async def embed_sparse(self, request: Request) -> Response:
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        req = tei_api.parse_embed_sparse(body, self.limits)
+        model = await self.resolve_model(tei_api.model_field(body))
+        if "sparse" not in await self.offers(model):
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)")
+        outcome = await self.run_embed(model, req.inputs, req.options)
+        return Response(tei_api.render_sparse(outcome.ragged), media_type="application/json",
+                        headers=self.stage_headers(outcome))
+
+    async def embed_all(self, request: Request) -> Response:
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        model = await self.resolve_model(tei_api.model_field(body))
+        req = tei_api.parse_embed_all(body, self.limits, await self.offers(model))
+        outcome = await self.run_embed(model, req.inputs, req.options)
+        form = WIRE_FORMS[req.options.dtype]
+        return Response(tei_api.render_all(outcome.ragged, form), media_type="application/json",
+                        headers=self.stage_headers(outcome))
 
     async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, object]:
         model = await self.resolve_model(call.model)
@@ -209,6 +237,9 @@ class Gateway:
         body = await _read_body(request, self.cfg.max_body_bytes)
         requested = json_object(body).get("model")
         model = await self.resolve_model(requested if isinstance(requested, str) else None)
+        output = json_object(body).get("output", "dense")
+        if output in ("sparse", "multivector") and output not in await self.offers(model):
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {output} vectors", "output")
         status, answer = await self.jobs.create(body, model)
         return json_response(answer, status=status)
 
@@ -279,6 +310,8 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/jobs", gw.create_job, methods=["POST"]),
         Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
         Route("/embed", gw.embed, methods=["POST"]),
+        Route("/embed_sparse", gw.embed_sparse, methods=["POST"]),
+        Route("/embed_all", gw.embed_all, methods=["POST"]),
         Route("/tokenize", gw.tokenize, methods=["POST"]),
         Route("/rerank", gw.rerank_tei, methods=["POST"]),
         Route("/v1/rerank", gw.rerank_cohere, methods=["POST"]),

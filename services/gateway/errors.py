@@ -23,7 +23,7 @@ STATUS: dict[ErrorCode, tuple[int, str, str]] = {
 }
 
 # routes answering in TEI's shape; every other route answers in OpenAI's
-TEI_PATHS = frozenset({"/embed", "/tokenize", "/info", "/rerank"})
+TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/embed_all", "/tokenize", "/info", "/rerank"})
 
 
 class ApiError(Exception):

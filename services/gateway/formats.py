@@ -1,8 +1,10 @@
 """Binary answers for clients that want them: raw little-endian rows, or a msgpack map.
 
-``Accept: application/octet-stream`` gets the rows as ``<f4`` bytes (row count, dimension and dtype
-in headers); ``Accept: application/msgpack`` gets ``{model, rows, dim, dtype, data, usage}`` with
-``data`` the same bytes. Anything else gets JSON.
+Rows are in the request's ``embedding_type`` (shared/quantize.py): float32 unless asked otherwise.
+``Accept: application/octet-stream`` gets the rows' bytes (row count, components, form and bytes per
+row in headers); ``Accept: application/msgpack`` gets ``{model, rows, dim, shape, dtype,
+embedding_type, data, usage}`` with ``data`` the same bytes, ``dtype`` numpy's name of one element and
+``shape`` the stored array's (a bit-packed row holds ceil(dim / 8) bytes). Anything else gets JSON.
 """
 
 from __future__ import annotations
@@ -11,9 +13,16 @@ import msgpack
 import numpy as np
 from starlette.responses import Response
 
+from shared.errors import ErrorCode
+from shared.quantize import FORMS, WIRE_FORMS, stored_width
+from services.gateway.errors import ApiError
+
 OCTET = "application/octet-stream"
 MSGPACK = "application/msgpack"
 _MSGPACK_ALIASES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
+# form -> the x-embedding-dtype header: what one row's bytes are
+DTYPE_HEADER = {"float32": "float32-le", "float16": "float16-le", "int8": "int8", "uint8": "uint8",
+                "binary": "binary", "ubinary": "ubinary"}
 
 
 def negotiate(accept: str | None) -> str:
@@ -27,19 +36,38 @@ def negotiate(accept: str | None) -> str:
     return "json"
 
 
-def binary_response(kind: str, model: str, vectors: np.ndarray, tokens: int, headers: dict[str, str]) -> Response:
-    rows = np.ascontiguousarray(vectors, dtype="<f4")
+def rows_form(asked: str, answered: str) -> str:
+    """The form (shared/quantize.py) of rows that came back as wire dtype ``answered`` for a request
+    that asked for ``asked``: a worker that ignores the request's dtype (an older one) is an error,
+    not rows labelled as something they are not."""
+    if answered != asked:
+        raise ApiError(ErrorCode.INTERNAL, f"a worker answered {WIRE_FORMS[answered]} rows to a request for "
+                       f"{WIRE_FORMS[asked]}: is it older than the gateway?")
+    return WIRE_FORMS[answered]
+
+
+def binary_response(
+    kind: str, model: str, vectors: np.ndarray, tokens: int, headers: dict[str, str],
+    form: str = "float32", dim: int | None = None,
+) -> Response:
+    """``vectors``: [rows, stored_width(form, dim)] of the form's element type; ``dim``: components per
+    row (None: the row width, which it is for every form but the bit-packed ones)."""
+    rows = np.ascontiguousarray(vectors, dtype=FORMS[form][1])
+    dim = rows.shape[1] if dim is None else dim
+    assert rows.shape[1] == stored_width(form, dim), (form, dim, rows.shape)
     if kind == "octet":
-        meta = {"x-embedding-rows": str(rows.shape[0]), "x-embedding-dim": str(rows.shape[1]),
-                "x-embedding-dtype": "float32-le", "x-prompt-tokens": str(tokens)}
+        meta = {"x-embedding-rows": str(rows.shape[0]), "x-embedding-dim": str(dim), "x-embedding-dtype": DTYPE_HEADER[form],
+                "x-embedding-row-bytes": str(rows.shape[1] * rows.itemsize), "x-prompt-tokens": str(tokens)}
         return Response(rows.tobytes(), media_type=OCTET, headers={**headers, **meta})
     body = msgpack.packb(
         {
             "object": "list",
             "model": model,
             "rows": rows.shape[0],
-            "dim": rows.shape[1],
-            "dtype": "<f4",
+            "dim": dim,
+            "shape": list(rows.shape),
+            "dtype": rows.dtype.str,  # "<f4", "<f2", "|i1" (int8, binary), "|u1" (uint8, ubinary)
+            "embedding_type": form,
             "data": rows.tobytes(),
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         },

@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 
 from shared.errors import ErrorCode
+from shared.quantize import EMBEDDING_TYPES, form_named
 from services.gateway.errors import ApiError
 
 MAX_TOKEN_ID = (1 << 31) - 1
@@ -99,6 +100,16 @@ def positive_dimensions(doc: dict) -> int | None:
     if dims is not None and dims <= 0:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'dimensions' must be a positive integer", "dimensions")
     return dims
+
+
+def embedding_form(doc: dict) -> str:
+    """The vector form (shared/quantize.py) that ``embedding_type`` names; float32 when it is absent."""
+    name = optional(doc, "embedding_type", str, "float")
+    try:
+        return form_named(name)
+    except ValueError:
+        known = ", ".join(f"'{n}'" for n in EMBEDDING_TYPES)
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'embedding_type' must be one of {known}", "embedding_type") from None
 
 
 _names = {str: "a string", bool: "a boolean", int: "an integer", list: "a list", dict: "an object"}

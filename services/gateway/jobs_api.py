@@ -12,10 +12,11 @@ from pathlib import Path
 from shared.config import ConfigError
 from shared.documents import job_id_for, read_documents
 from shared.errors import ErrorCode
-from shared.jobs import submit
+from shared.jobs import JobConflict, form_conflict, has_state_key, read_state, submit
 from shared.protocol import EmbedOptions
+from shared.quantize import FORMS
 from services.gateway.errors import ApiError
-from services.gateway.inputs import json_object, optional
+from services.gateway.inputs import embedding_form, json_object, optional
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
@@ -34,11 +35,21 @@ class JobsApi:
         input_type = optional(doc, "input_type", str)
         if input_type not in (None, "query", "document"):
             raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-        options = EmbedOptions(input_type=input_type)
+        form = embedding_form(doc)
+        output = optional(doc, "output", str, "dense")
+        if output not in ("dense", "sparse", "multivector"):
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
+        if output == "sparse" and form not in ("float32", "float16"):
+            raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
+        options = EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output)
         if "documents" in doc:
             docs = _inline(doc["documents"])
             job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
-            state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline")
+            await self._check_id(job, form)
+            try:
+                state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline")
+            except JobConflict as exc:  # created meanwhile by another request
+                raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
         elif "path" in doc:
             if self._jobs_dir is None:
                 raise ApiError(ErrorCode.INVALID_REQUEST, "server-side files are off here (the gateway's --jobs-dir is not set)", "path")
@@ -51,7 +62,8 @@ class JobsApi:
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "path") from None
             if not docs:
                 raise ApiError(ErrorCode.INVALID_REQUEST, f"{path} holds no documents", "path")
-            job = optional(doc, "id", str) or job_id_for(path, model, batch_size)
+            job = optional(doc, "id", str) or job_id_for(path, model, batch_size, form, output)
+            await self._check_id(job, form)
             # a file may be large: publish in the background, answer at once
             task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, str(path)))
             self._background.add(task)
@@ -59,7 +71,17 @@ class JobsApi:
             state = {"job": job, "status": "running", "documents": len(docs)}
         else:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
-        return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model}
+        return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
+                     "embedding_type": form}
+
+    async def _check_id(self, job: str, form: str) -> None:
+        """A job id must name a state entry, and a job already there must make the same form."""
+        if not has_state_key(job):
+            raise ApiError(ErrorCode.INVALID_REQUEST,
+                           "'id' must be letters, digits and - _ = / . (not starting or ending with .)", "id")
+        problem = form_conflict(await read_state(self._kv, job), form)
+        if problem:
+            raise ApiError(ErrorCode.INVALID_REQUEST, problem, "id")
 
     async def get(self, job: str) -> dict:
         try:

@@ -10,8 +10,9 @@ import numpy as np
 import orjson
 
 from shared.errors import ErrorCode
+from shared.quantize import FORMS
 from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, json_object, optional, parse_inputs, positive_dimensions
+from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
 
 ENCODING_FORMATS = ("float", "base64")
 INPUT_TYPES = ("query", "document")
@@ -24,6 +25,7 @@ class EmbeddingsRequest:
     encoding_format: str
     dimensions: int | None
     input_type: str | None = None
+    embedding_type: str = "float32"  # the vector form (shared/quantize.py); 'float' in the request is float32
 
     @property
     def texts(self) -> list[str]:
@@ -45,15 +47,20 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     input_type = optional(doc, "input_type", str)
     if input_type is not None and input_type not in INPUT_TYPES:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type)
+    return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc))
 
 
-def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str) -> bytes:
-    """The OpenAI response body; float rows are serialised by orjson straight from numpy."""
+def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str, form: str = "float32") -> bytes:
+    """The OpenAI response body. ``vectors``: [n, stored_width(form, dim)] rows of ``form``.
+
+    "float": each row as JSON numbers, serialised by orjson straight from numpy (integers for int8,
+    uint8 and the packed bytes of binary / ubinary, as Cohere answers them); "base64": each row's
+    little-endian bytes in that form."""
+    stored = vectors.astype(FORMS[form][1], copy=False)
     if encoding_format == "base64":
-        rows: list[Any] = [base64.b64encode(row.astype("<f4", copy=False).tobytes()).decode() for row in vectors]
+        rows: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in stored]
     else:
-        rows = list(vectors.astype(np.float32, copy=False))
+        rows = list(stored)
     data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
     return orjson.dumps(
         {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.quantize import EMBEDDING_TYPES
+
 _STR_OR_LIST = {
     "oneOf": [
         {"type": "string"},
@@ -35,9 +37,27 @@ _TEI_ERROR = {
     "required": ["error", "error_type"],
 }
 _BINARY = {
-    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-    "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": (
+        "the rows' bytes in the request's embedding_type; headers x-embedding-rows, x-embedding-dim (components), "
+        "x-embedding-dtype (float32-le, float16-le, int8, uint8, binary, ubinary), x-embedding-row-bytes")}},
+    "application/msgpack": {"schema": {"type": "string", "format": "binary", "description": (
+        "a map {model, rows, dim, shape, dtype, embedding_type, data, usage}: data holds the rows' bytes, "
+        "shape [rows, stored elements per row] (ceil(dim / 8) for binary and ubinary), dtype numpy's name of one element")}},
 }
+# the vector form a request asks for (shared/quantize.py; README "Vector forms")
+_EMBEDDING_TYPE = {
+    "type": "string",
+    "enum": list(EMBEDDING_TYPES),
+    "default": "float",
+    "description": (
+        "an extension: the vector form made on the worker. float (= float32), float16; int8 / uint8: each component "
+        "scaled by one fixed rule into -127..127 / 0..255; binary / ubinary: one sign bit a component (1 where > 0), "
+        "packed 8 to a byte, first component in the highest bit, as int8 (bytes - 128) / uint8. With encoding_format "
+        "float the rows are JSON numbers (integers for all but the float forms); with base64 their little-endian bytes."
+    ),
+}
+# a row as JSON numbers (integers for int8, uint8, binary, ubinary), or (base64) its little-endian bytes
+_ROW = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "contentEncoding": "base64"}]}
 
 
 def _errors(schema: dict, codes: tuple[int, ...]) -> dict[str, Any]:
@@ -74,6 +94,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
             "dimensions": {"type": "integer", "minimum": 1},
             "user": {"type": "string"},
             "input_type": {"type": "string", "enum": ["query", "document"]},
+            "embedding_type": _EMBEDDING_TYPE,
         },
     }
     embeddings_ok = {
@@ -84,7 +105,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
                     "object": {"const": "list"},
                     "data": {"type": "array", "items": {"type": "object", "properties": {
                         "object": {"const": "embedding"}, "index": {"type": "integer"},
-                        "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}},
+                        "embedding": _ROW}}},
                     "model": {"type": "string"},
                     "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
                 },
@@ -102,8 +123,28 @@ def openapi_spec(version: str) -> dict[str, Any]:
             "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
             "prompt_name": {"type": ["string", "null"]},
             "dimensions": {"type": "integer", "minimum": 1},
+            "embedding_type": _EMBEDDING_TYPE,
         },
     }
+    common_tei = {
+        "inputs": _STR_OR_LIST,
+        "model": {"type": "string", "description": "an extension: which served model answers (default: the first)"},
+        "truncate": {"type": "boolean"},
+        "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
+        "prompt_name": {"type": ["string", "null"]},
+    }
+    sparse_body = {"type": "object", "required": ["inputs"], "properties": {
+        **common_tei,
+        "top_k": {"type": "integer", "minimum": 1, "description": "an extension: keep each vector's k largest values"},
+        "threshold": {"type": "number", "description": "an extension: drop values at or below this"},
+    }}
+    all_body = {"type": "object", "required": ["inputs"], "properties": {
+        **common_tei,
+        "output": {"type": "string", "enum": ["tokens", "multivector"], "description":
+                   "an extension: last hidden states, or the model's multi-vector head (its default when it has one)"},
+        "input_type": {"type": "string", "enum": ["query", "document"]},
+        "embedding_type": _EMBEDDING_TYPE,
+    }}
     tokenize_body = {
         "type": "object",
         "required": ["inputs"],
@@ -130,6 +171,8 @@ def openapi_spec(version: str) -> dict[str, Any]:
                     "documents": {"type": "array", "items": {"type": "object", "properties": {
                         "id": {"type": "string"}, "text": {"type": "string"}}, "required": ["id", "text"]}},
                     "input_type": {"type": "string", "enum": ["query", "document"]},
+                    "embedding_type": _EMBEDDING_TYPE,
+                    "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
                     "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096}}},
                 {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
             ),
@@ -141,7 +184,20 @@ def openapi_spec(version: str) -> dict[str, Any]:
             }},
             "/embed": _post(
                 "Embed (TEI)", embed_body,
-                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}, **_BINARY},
+                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
+                 **_BINARY},
+                _TEI_ERROR, common,
+            ),
+            "/embed_sparse": _post(
+                "Sparse vectors: SPLADE, BGE-M3 lexical weights (TEI)", sparse_body,
+                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
+                    "type": "object", "properties": {"index": {"type": "integer"}, "value": {"type": "number"}}}}}}},
+                _TEI_ERROR, common,
+            ),
+            "/embed_all": _post(
+                "A vector per token: hidden states, or ColBERT-style multi-vectors (TEI)", all_body,
+                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
+                    "type": "array", "items": {"type": "number"}}}}}},
                 _TEI_ERROR, common,
             ),
             "/tokenize": _post(

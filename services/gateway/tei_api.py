@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,8 +10,10 @@ import orjson
 
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions, TokenizeResult
+from shared.protocol.messages import MAX_SPARSE_TOP_K
+from shared.quantize import FORMS
 from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, json_object, optional, parse_inputs, positive_dimensions
+from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
         truncate=optional(doc, "truncate", bool, False),  # TEI's default: refuse over-long inputs
         truncation_direction=direction,
         prompt_name=optional(doc, "prompt_name", str),
+        dtype=FORMS[embedding_form(doc)][0],  # an extension: TEI answers float32 only
     )
     return EmbedRequest(inputs, options)
 
@@ -54,8 +58,9 @@ def parse_tokenize(body: bytes, limits: Limits) -> TokenizeRequest:
     )
 
 
-def render_embed(vectors: np.ndarray) -> bytes:
-    return orjson.dumps(vectors.astype(np.float32, copy=False), option=orjson.OPT_SERIALIZE_NUMPY)
+def render_embed(vectors: np.ndarray, form: str = "float32") -> bytes:
+    """Rows of ``form`` as JSON numbers (integers for int8, uint8 and the packed bytes of binary / ubinary)."""
+    return orjson.dumps(vectors.astype(FORMS[form][1], copy=False), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def render_tokens(result: TokenizeResult) -> bytes:
@@ -84,3 +89,68 @@ def render_info(model: str, tokenizer: dict[str, str], worker: dict[str, str], l
             "version": version,
         }
     )
+
+
+def model_field(body: bytes) -> str | None:
+    """The extension field ``model`` of a TEI body: which of several served models answers (None: the first)."""
+    return optional(json_object(body), "model", str)
+
+
+def _common_options(doc: dict) -> dict:
+    direction = optional(doc, "truncation_direction", str, "right").lower()
+    if direction not in ("right", "left"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction")
+    return dict(
+        truncate=optional(doc, "truncate", bool, False),
+        truncation_direction=direction,
+        prompt_name=optional(doc, "prompt_name", str),
+    )
+
+
+def parse_embed_sparse(body: bytes, limits: Limits) -> EmbedRequest:
+    """TEI's /embed_sparse, plus two pruning extensions: ``top_k`` (the k largest values of each
+    vector) and ``threshold`` (values at or below it are dropped)."""
+    doc = json_object(body)
+    if "inputs" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
+    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
+    top_k = optional(doc, "top_k", int)
+    if top_k is not None and not 0 < top_k <= MAX_SPARSE_TOP_K:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'top_k' must be in 1..{MAX_SPARSE_TOP_K}", "top_k")
+    threshold = doc.get("threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'threshold' must be a number", "threshold")
+    options = EmbedOptions(output="sparse", sparse_top_k=top_k, sparse_threshold=threshold, **_common_options(doc))
+    return EmbedRequest(inputs, options)
+
+
+def parse_embed_all(body: bytes, limits: Limits, offers: tuple[str, ...]) -> EmbedRequest:
+    """TEI's /embed_all: a vector per token. ``offers``: the outputs the model's workers make. A model
+    with a multi-vector head (ColBERT-style, BGE-M3) answers its projected, normalised token vectors;
+    others their last hidden states. The extension ``output`` ("tokens" / "multivector") chooses."""
+    doc = json_object(body)
+    if "inputs" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
+    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
+    output = optional(doc, "output", str, "multivector" if "multivector" in offers else "tokens")
+    if output not in ("tokens", "multivector"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'tokens' or 'multivector'", "output")
+    if output == "multivector" and "multivector" not in offers:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the model has no multi-vector head: ask 'output': 'tokens'", "output")
+    form = embedding_form(doc)
+    options = EmbedOptions(output=output, dtype=FORMS[form][0], input_type=optional(doc, "input_type", str),
+                           **_common_options(doc))
+    return EmbedRequest(inputs, options)
+
+
+def render_sparse(rows: list) -> bytes:
+    """[[{"index", "value"}, ...], ...]: each input's nonzero entries, indices ascending."""
+    return orjson.dumps(
+        [[{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist())] for indices, values in rows]
+    )
+
+
+def render_all(rows: list, form: str = "float32") -> bytes:
+    """[[[...], ...], ...]: per input, a vector per token."""
+    dtype = FORMS[form][1]
+    return orjson.dumps([r.astype(dtype, copy=False) for r in rows], option=orjson.OPT_SERIALIZE_NUMPY)

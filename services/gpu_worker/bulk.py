@@ -109,9 +109,9 @@ class BulkFeeder:
                 self._scheduler.push(Work(batch, reply="", source=msg), bulk=True)
                 self._wake()
 
-    def answer_soon(self, work: Work, vectors, dtype: str, dim: int) -> None:
+    def answer_soon(self, work: Work, vectors, dtype: str, dim: int, offsets=None, indices=None) -> None:
         """Store a result in the background: the engine goes on with the next batch meanwhile."""
-        task = asyncio.create_task(self.answer(work, vectors, dtype, dim), name="bulk-answer")
+        task = asyncio.create_task(self.answer(work, vectors, dtype, dim, offsets, indices), name="bulk-answer")
         self._answers.add(task)
         task.add_done_callback(self._answered)
 
@@ -120,13 +120,13 @@ class BulkFeeder:
         if not task.cancelled() and task.exception() is not None:
             log.error("storing a bulk result failed: %r", task.exception())
 
-    async def answer(self, work: Work, vectors, dtype: str, dim: int) -> None:
+    async def answer(self, work: Work, vectors, dtype: str, dim: int, offsets=None, indices=None) -> None:
         """Store the result durably, then acknowledge the batch (a crash in between redelivers it;
         the result's message id makes the second copy a no-op)."""
         batch, msg = work.batch, work.source
         result = JobResult(
             id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=dim,
-            dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens,
+            dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens, offsets=offsets, indices=indices,
         )
         try:
             ack = await publish_durably(self._js, self._subjects.results(batch.job), encode(result),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.protocol import TokenBatch
+from shared.protocol import RAGGED_OUTPUTS, TokenBatch
 
 
 @dataclass(slots=True)
@@ -27,7 +27,7 @@ class Work:
     source: object | None = None  # bulk work: the JetStream message to acknowledge once answered
     next_row: int = 0  # first row not yet scheduled
     done_rows: int = 0
-    vectors: np.ndarray | None = None  # [count, dim] float32, allocated on first result
+    vectors: np.ndarray | None = None  # [count, dim] float32 (tokens, multivector: [tokens, dim]), allocated on first result
 
     @property
     def pending_tokens(self) -> int:
@@ -49,6 +49,7 @@ class Batch:
     slices: list[Slice] = field(default_factory=list)
     token_types: np.ndarray | None = None  # [T] int32, when any work carries segment ids
     skip: np.ndarray | None = None  # [B] int32 leading tokens of each row that pooling skips, when any work has some
+    outputs: tuple[str, ...] = ("dense",)  # the output kinds its works ask for
 
     @property
     def num_tokens(self) -> int:
@@ -134,17 +135,28 @@ class Scheduler:
         return _pack(slices)
 
     @staticmethod
-    def complete(batch: Batch, vectors: np.ndarray) -> list[Work]:
-        """Store the engine's [B, dim] output; return the works that are now complete."""
+    def complete(batch: Batch, vectors: np.ndarray | dict[str, np.ndarray]) -> list[Work]:
+        """Store the engine's output ([B, dim], or a dict of outputs by kind: see ``Engine.step``);
+        return the works that are now complete."""
         finished = []
-        offset = 0
+        offset = token_offset = 0
         for s in batch.slices:
             rows = s.row_end - s.row_start
             work = s.work
-            if work.vectors is None:
-                work.vectors = np.empty((work.batch.count, vectors.shape[1]), dtype=np.float32)
-            work.vectors[s.row_start : s.row_end] = vectors[offset : offset + rows]
+            kind = work.batch.options.output
+            made = vectors[kind] if isinstance(vectors, dict) else vectors
+            cu = work.batch.cu_seqlens
+            lo, hi = int(cu[s.row_start]), int(cu[s.row_end])
+            if kind in RAGGED_OUTPUTS:  # a vector per token: the work's tokens lo..hi
+                if work.vectors is None:
+                    work.vectors = np.empty((work.batch.num_tokens, made.shape[1]), dtype=np.float32)
+                work.vectors[lo:hi] = made[token_offset : token_offset + hi - lo]
+            else:
+                if work.vectors is None:
+                    work.vectors = np.empty((work.batch.count, made.shape[1]), dtype=np.float32)
+                work.vectors[s.row_start : s.row_end] = made[offset : offset + rows]
             offset += rows
+            token_offset += hi - lo
             work.done_rows += rows
             if work.done_rows == work.batch.count:
                 finished.append(work)
@@ -168,4 +180,5 @@ def _pack(slices: list[Slice]) -> Batch:
     skip = None
     if any(s.work.batch.prompt_tokens for s in slices):
         skip = np.concatenate([np.full(s.row_end - s.row_start, s.work.batch.prompt_tokens, np.int32) for s in slices])
-    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip)
+    outputs = tuple(sorted({s.work.batch.options.output for s in slices}))
+    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip, outputs)

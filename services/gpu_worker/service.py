@@ -14,6 +14,8 @@ import logging
 import time
 import uuid
 from collections import deque
+
+import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 
 from nats.aio.client import Client
@@ -23,6 +25,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
 from shared.protocol import (
     MAX_STAGES,
+    VECTOR_DTYPES,
     EmbedResult,
     ErrorReply,
     JobResult,
@@ -39,6 +42,7 @@ from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.pooling import postprocess
+from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
 
 FLOAT32 = FORMS["float32"][1]
@@ -131,6 +135,7 @@ class WorkerService:
                 "dtype": first.dtype_name,
                 "pooling": model.pooling,
                 "task": model.task,
+                "outputs": ",".join(model.outputs),
                 "max_batch_tokens": str(first.max_batch_tokens),
             },
         )
@@ -210,6 +215,10 @@ class WorkerService:
         self._wake.set()
 
     def _check_batch(self, batch: TokenBatch) -> None:
+        model, output = self._cfg.model, batch.options.output
+        if not model.serves(output):
+            offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens") if model.serves(o))
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {model.id} does not make {output} vectors (it makes: {offers})")
         if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}")
         self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
@@ -219,6 +228,8 @@ class WorkerService:
         whose vectors cannot fit in one can never succeed."""
         self._check_batch(batch)
         opts = batch.options
+        if opts.output != "dense":
+            return  # entries per document are known once made: checked then (_reply_ragged)
         envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0)))
         size = batch.count * row_bytes(opts.dtype, opts.dimensions or self._cfg.model.truncate_dim or self._dim)
         if envelope + size + 2 * len(batch.job.encode()) + _ENVELOPE_BYTES > self._nc.max_payload:
@@ -258,7 +269,7 @@ class WorkerService:
                     s.work.started = launched
             try:
                 handle = await loop.run_in_executor(
-                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types, batch.skip
+                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types, batch.skip, batch.outputs
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
@@ -297,7 +308,26 @@ class WorkerService:
                 continue
             await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"))
 
+    def _ragged(self, work: Work) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """A finished sparse / tokens / multivector work as (offsets, payload, indices or None, dim)."""
+        batch, opts, model = work.batch, work.batch.options, self._cfg.model
+        if opts.output == "sparse":
+            offsets, indices, values = sparse_rows(work.vectors, opts.sparse_threshold, opts.sparse_top_k)
+            return offsets, values.astype(VECTOR_DTYPES[opts.dtype]), indices, work.vectors.shape[1]
+        drop = None
+        skip_first = False
+        if opts.output == "multivector":
+            spec = model.multivector
+            skip_first = spec.skip_first
+            if spec.skiplist_ids and (opts.input_type or "document") in spec.skiplist_tasks:
+                drop = np.asarray(spec.skiplist_ids, dtype=np.int32)
+        offsets, rows = token_rows(work.vectors, batch.input_ids, batch.cu_seqlens, skip_first, drop)
+        return offsets, quantize(rows, WIRE_FORMS[opts.dtype]), None, rows.shape[1]
+
     async def _reply(self, work: Work) -> None:
+        if work.batch.options.output != "dense":
+            await self._reply_ragged(work)
+            return
         batch, opts = work.batch, work.batch.options
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
         # Matryoshka: a request that names no dimensions gets the folder's truncate_dim, as encode() does
@@ -328,6 +358,39 @@ class WorkerService:
                 data=part.tobytes(),
                 tokens=tokens,
                 timings=timings,
+            )
+            tokens = 0
+            await self._nc.publish(work.reply, encode(result))
+
+    async def _reply_ragged(self, work: Work) -> None:
+        batch, opts = work.batch, work.batch.options
+        offsets, payload, indices, dim = self._ragged(work)
+        if work.source is not None:
+            size = payload.nbytes + offsets.nbytes + (0 if indices is None else indices.nbytes)
+            if size + 2 * len(batch.job.encode()) + sum(len(d) for d in batch.doc_ids) + _ENVELOPE_BYTES > self._nc.max_payload:
+                await self._bulk.failed(work, f"the {opts.output} vectors of {batch.count} documents take {size} bytes, "
+                                        f"over one message of {self._nc.max_payload}: use smaller batches")
+                return
+            self._bulk.answer_soon(work, payload, opts.dtype, dim, offsets, indices)
+            return
+        tokens = batch.num_tokens
+        upstream = dict(list(batch.timings.items())[: MAX_STAGES - 2])
+        timings = {**upstream, "queue": (work.started or work.arrived) - work.arrived, "inference": work.inference}
+        empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings,
+                            offsets=np.zeros(batch.count + 1, np.int32), indices=None if indices is None else indices[:0])
+        entry = (payload.shape[1] if payload.ndim == 2 else 1) * payload.itemsize + (4 if indices is not None else 0)
+        try:
+            parts = split_inputs(offsets, entry, self._nc.max_payload - len(encode(empty)) - _ENVELOPE_BYTES)
+        except ValueError as exc:
+            await self._reply_error(work.reply, batch.id, ServiceError(
+                ErrorCode.INVALID_REQUEST, f"{exc} (NATS max_payload): send shorter inputs, or ask a smaller dtype"))
+            return
+        for lo, hi in parts:
+            a, b = int(offsets[lo]), int(offsets[hi])
+            result = EmbedResult(
+                id=batch.id, start=batch.start + lo, total=batch.total, dim=dim, dtype=opts.dtype,
+                data=payload[a:b].tobytes(), tokens=tokens, timings=timings, offsets=offsets[lo : hi + 1] - offsets[lo],
+                indices=None if indices is None else indices[a:b],
             )
             tokens = 0
             await self._nc.publish(work.reply, encode(result))

@@ -105,7 +105,9 @@ class ScorerService:
             if request.vectors is not None:
                 raise ServiceError(ErrorCode.INVALID_REQUEST, f"{model.id} is a cross-encoder: send candidates as texts")
             logits = (await self._in_parts(request.texts, remaining, options, query=request.query))[:, 0]
-            indices, scores = rank(logits if request.raw_scores else sigmoid(logits), request.top_n)
+            # the score CrossEncoder.predict gives by default (sigmoid unless the folder saved Identity)
+            plain = request.raw_scores or model.score_activation == "identity"
+            indices, scores = rank(logits if plain else sigmoid(logits), request.top_n)
             return _answer(request, indices, scores)
         query_part = self._client.embed(model.id, [request.query], options, remaining)
         if request.vectors is not None:

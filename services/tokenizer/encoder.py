@@ -14,6 +14,7 @@ from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from shared.protocol import EmbedOptions
+from services.tokenizer.chat_template import PairTemplate, special_token_variables
 
 Token = tuple[int, str, bool, int | None, int | None]  # id, text, special, start, stop (characters)
 
@@ -103,7 +104,8 @@ class TextEncoder:
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
         self._by_mode: dict[str, Tokenizer] = {}
-        template = special_tokens_template(Tokenizer.from_file(str(path)), _read_config(info.path / "tokenizer_config.json"))
+        tokenizer_config = _read_config(info.path / "tokenizer_config.json")
+        template = special_tokens_template(Tokenizer.from_file(str(path)), tokenizer_config)
         for mode in ("right", "left", "none"):
             tokenizer = Tokenizer.from_file(str(path))
             if template is not None:
@@ -114,6 +116,17 @@ class TextEncoder:
             else:
                 tokenizer.enable_truncation(max_length=self.max_length, direction=mode)
             self._by_mode[mode] = tokenizer
+        # pairs get the prompt CrossEncoder.predict applies by default (the folder's default_prompt_name)
+        self.pair_prompt = self.prompts.get(info.default_prompt or "", "")
+        self._pairs: PairTemplate | None = None
+        self.pair_tail: list[int] = []  # the template's tokens after the document, written back over a cut pair's end
+        if info.pair_template is not None:
+            self._pairs = PairTemplate(info.pair_template, info.message_format, special_token_variables(tokenizer_config))
+            self._pairs.check_roles(self.pair_prompt or None)
+            self.pair_tail = self._template_tail()
+            if (overhead := self.pair_overhead()) >= self.max_length:
+                raise ConfigError(f"the chat template alone takes {overhead} tokens, the model's limit {self.max_length}: "
+                                  "every pair would be cut to the template")
 
     def with_prompt(self, texts: list[str], options: EmbedOptions) -> list[str]:
         """Prefix the texts with the prompt the request names (as sentence-transformers does)."""
@@ -168,17 +181,65 @@ class TextEncoder:
 
     def encode_pairs(
         self, pairs: list[tuple[str, str]], truncate: bool = True, direction: str = "right"
-    ) -> tuple[list[list[int]], list[list[int]]]:
+    ) -> tuple[list[list[int]], list[list[int]] | None]:
         """(query, document) pairs as one sequence each: [CLS] q [SEP] d [SEP], with segment ids.
 
-        Truncation cuts the longer of the two first, as the reference tokenizers do.
+        Truncation cuts the longer of the two first, as the reference tokenizers do. A model with a pair
+        template (an LLM reranker) gets its rendered pairs instead, and no segment ids.
         """
+        if self._pairs is not None:
+            return self._encode_rendered(pairs, truncate, direction), None
+        if self.pair_prompt:  # sentence-transformers prefixes the query of a text pair
+            pairs = [(self.pair_prompt + q, d) for q, d in pairs]
         tokenizer = self._by_mode[direction if truncate else "none"]
         encodings = tokenizer.encode_batch(list(pairs), add_special_tokens=True)
         ids = [e.ids for e in encodings]
         if not truncate:
             self._refuse_long(ids)
         return ids, [e.type_ids for e in encodings]
+
+    def _encode_rendered(self, pairs: list[tuple[str, str]], truncate: bool, direction: str) -> list[list[int]]:
+        """Pairs through the chat template, then tokenized as ``apply_chat_template`` does (no special tokens
+        added: the template writes them).
+
+        Truncation as sentence-transformers': the rendered sequence keeps its first ``max_length`` tokens,
+        then the template's tail (the tokens after the document: Qwen3-Reranker's end of turn, assistant
+        header and empty think block) is written back over its last tokens, so the last token is still the
+        one the answer follows; the content loses its end (the document's, or with a long query the
+        query's and the document's).
+        ``direction="left"`` keeps the last ``max_length`` tokens instead: the tail intact, the template's
+        head (system prompt, instruction) cut, which sentence-transformers never does.
+        """
+        texts = [self._pairs.render(q, d, self.pair_prompt or None) for q, d in pairs]
+        ids = [e.ids for e in self._by_mode["none"].encode_batch(texts, add_special_tokens=False)]
+        if not truncate:
+            self._refuse_long(ids)
+            return ids
+        n, tail = self.max_length, self.pair_tail[-self.max_length:]
+        if direction == "left":
+            return [seq[-n:] for seq in ids]
+        # as the reference, a row of exactly max_length tokens gets its tail rewritten too (with itself)
+        return [seq if len(seq) < n else seq[: n - len(tail)] + tail for seq in ids]
+
+    def pair_overhead(self) -> int:
+        """Tokens a rendered pair takes besides its query and document (the template's, with the prompt)."""
+        if self._pairs is None:
+            return 0
+        return len(self._by_mode["none"].encode(self._pairs.render("", "", self.pair_prompt or None),
+                                                add_special_tokens=False).ids)
+
+    def _template_tail(self) -> list[int]:
+        """The template's tokens after the document, as sentence-transformers derives them: the longest
+        common token tail of two renders whose contents differ ("0" and "1 2 3 4"); [] when they share
+        none or never differ."""
+        a, b = ([*self._by_mode["none"].encode(self._pairs.render(f, f, self.pair_prompt or None),
+                                                add_special_tokens=False).ids] for f in ("0", "1 2 3 4"))
+        common = 0
+        for x, y in zip(reversed(a), reversed(b)):
+            if x != y:
+                break
+            common += 1
+        return a[len(a) - common :] if 0 < common < min(len(a), len(b)) else []
 
     def check_ids(self, token_ids: list[np.ndarray], truncate: bool = True, direction: str = "right") -> list[np.ndarray]:
         """Inputs given as token IDs: refused outside the vocabulary, cut (or refused) past the limit."""

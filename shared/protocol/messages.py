@@ -243,7 +243,8 @@ class JobBatch:
     Wire format, for publishers in any language (a msgpack map):
     ``{"v": 1, "t": "job", "id": JOB_ID, "b": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
-    "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true}}``, published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
+    "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional),
+    published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
 
     id: str  # the job

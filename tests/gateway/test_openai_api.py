@@ -5,6 +5,7 @@ import orjson
 import pytest
 
 from shared.errors import ErrorCode
+from shared.quantize import FORMS, quantize, stored_width
 from services.gateway.errors import STATUS, ApiError
 from services.gateway.inputs import Limits
 from services.gateway.openai_api import parse_embeddings_request, render_embeddings
@@ -50,6 +51,10 @@ def test_token_id_inputs():
         (orjson.dumps({"model": "m", "input": "a", "input_type": "passage"}), "input_type", "'query' or 'document'"),
         (orjson.dumps({"model": "m", "input": [[101], []]}), "input", "non-empty list of token IDs"),
         (orjson.dumps({"model": "m", "input": [[101], "x"]}), "input", "non-empty list of token IDs"),
+        (orjson.dumps({"model": "m", "input": "a", "embedding_type": "int4"}), "embedding_type",
+         "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'"),
+        (orjson.dumps({"model": "m", "input": "a", "embedding_type": ["int8"]}), "embedding_type", "must be a string"),
+        (orjson.dumps({"model": "m", "input": "a", "embedding_type": "INT8"}), "embedding_type", "must be one of"),
     ],
 )
 def test_invalid_requests(body, param, message):
@@ -71,6 +76,46 @@ def test_render_float_and_base64_agree():
     np.testing.assert_array_equal(np.array([d["embedding"] for d in as_float["data"]], np.float32), vectors)
     decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in as_b64["data"]])
     np.testing.assert_array_equal(decoded, vectors)
+
+
+@pytest.mark.parametrize(
+    "name, form",
+    [(None, "float32"), ("float", "float32"), ("float32", "float32"), ("float16", "float16"), ("int8", "int8"),
+     ("uint8", "uint8"), ("binary", "binary"), ("ubinary", "ubinary")],
+)
+def test_embedding_type_names_a_form(name, form):
+    doc = {"model": "m", "input": "a", "dimensions": 64} | ({} if name is None else {"embedding_type": name})
+    r = _parse(doc)
+    assert (r.embedding_type, r.dimensions) == (form, 64)
+
+
+# dim 20: the bit-packed rows end in a byte holding 4 bits
+@pytest.mark.parametrize("form", list(FORMS))
+def test_render_each_form_as_numbers_and_as_base64(form):
+    floats = np.random.default_rng(1).standard_normal((3, 20)).astype(np.float32)
+    floats /= np.linalg.norm(floats, axis=1, keepdims=True)
+    stored = quantize(floats, form)
+    assert stored.shape == (3, stored_width(form, 20))
+    as_numbers = orjson.loads(render_embeddings("m", stored, 7, "float", form))
+    rows = [d["embedding"] for d in as_numbers["data"]]
+    assert all(len(row) == stored.shape[1] for row in rows)
+    if form in ("float32", "float16"):
+        np.testing.assert_array_equal(np.array(rows, np.float32), stored.astype(np.float32))
+    else:  # JSON integers, the stored values themselves (binary's bytes in -128..127, as Cohere sends them)
+        assert all(type(x) is int for row in rows for x in row)
+        assert np.array_equal(np.array(rows), stored.astype(np.int64))
+    as_b64 = orjson.loads(render_embeddings("m", stored, 7, "base64", form))
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), FORMS[form][1]) for d in as_b64["data"]])
+    assert decoded.dtype == FORMS[form][1] and np.array_equal(decoded, stored)
+    assert len(base64.b64decode(as_b64["data"][0]["embedding"])) == stored.shape[1] * stored.itemsize
+
+
+def test_binary_rows_render_the_bytes_cohere_sends():
+    # components 0..7 -> one byte, first component in its highest bit: + - + + - - - + = 0b10110001 = 177
+    floats = np.array([[0.5, -0.1, 0.2, 0.3, -0.4, -0.5, -0.6, 0.7]], np.float32)
+    ubinary = orjson.loads(render_embeddings("m", quantize(floats, "ubinary"), 1, "float", "ubinary"))
+    binary = orjson.loads(render_embeddings("m", quantize(floats, "binary"), 1, "float", "binary"))
+    assert ubinary["data"][0]["embedding"] == [177] and binary["data"][0]["embedding"] == [177 - 128]
 
 
 @pytest.mark.parametrize(

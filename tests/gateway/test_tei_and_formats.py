@@ -5,9 +5,10 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import TokenizeResult
+from shared.quantize import FORMS, quantize
 from services.gateway.auth import ApiKeys
 from services.gateway.errors import ApiError
-from services.gateway.formats import binary_response, negotiate
+from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Limits
 from services.gateway.tei_api import parse_embed, parse_tokenize, render_embed, render_info, render_tokens
 
@@ -35,6 +36,7 @@ def test_embed_defaults_follow_tei():
         ({"inputs": "a", "truncation_direction": "up"}, "'Right' or 'Left'"),
         ({"inputs": "a", "normalize": "yes"}, "'normalize' must be a boolean"),
         ({"inputs": ["a"] * 5}, "the limit is 4"),
+        ({"inputs": "a", "embedding_type": "bits"}, "'embedding_type' must be one of"),
     ],
 )
 def test_embed_errors_in_tei_shape(doc, fragment):  # TEI answers validation errors 4xx with error_type Validation
@@ -96,3 +98,43 @@ def test_unauthorized_shapes():
     assert e.status == 401
     assert orjson.loads(e.response("/embed").body)["error_type"] == "Unauthorized"
     assert orjson.loads(e.response("/v1/embeddings").body)["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize("name, wire", [(None, "f4"), ("float", "f4"), ("float16", "f2"), ("int8", "i1"), ("uint8", "u1"),
+                                        ("binary", "b1"), ("ubinary", "ub1")])
+def test_embed_takes_embedding_type_as_an_extension(name, wire):
+    doc = {"inputs": "a", "dimensions": 16} | ({} if name is None else {"embedding_type": name})
+    assert parse_embed(orjson.dumps(doc), LIMITS).options.dtype == wire
+
+
+def test_render_embed_keeps_integers_integers():
+    floats = np.random.default_rng(2).standard_normal((2, 10)).astype(np.float32)
+    for form in ("int8", "uint8", "binary", "ubinary"):
+        stored = quantize(floats, form)
+        rows = orjson.loads(render_embed(stored, form))
+        assert rows == stored.tolist() and all(type(x) is int for row in rows for x in row)
+    half = quantize(floats, "float16")
+    np.testing.assert_array_equal(np.array(orjson.loads(render_embed(half, "float16")), np.float16), half)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_binary_bodies_carry_each_forms_dtype_and_shape(form):
+    floats = np.random.default_rng(3).standard_normal((3, 20)).astype(np.float32)
+    stored = quantize(floats, form)  # [3, 20] or, bit-packed, [3, 3]
+    width, element = stored.shape[1], FORMS[form][1]
+    octet = binary_response("octet", "m", stored, 5, {}, form, 20)
+    assert (octet.headers["x-embedding-rows"], octet.headers["x-embedding-dim"]) == ("3", "20")
+    assert octet.headers["x-embedding-row-bytes"] == str(width * element.itemsize)
+    assert octet.headers["x-embedding-dtype"] == {"float32": "float32-le", "float16": "float16-le"}.get(form, form)
+    assert np.array_equal(np.frombuffer(octet.body, element).reshape(3, width), stored)
+    packed = msgpack.unpackb(binary_response("msgpack", "m", stored, 5, {}, form, 20).body)
+    assert (packed["rows"], packed["dim"], packed["shape"], packed["embedding_type"]) == (3, 20, [3, width], form)
+    assert np.dtype(packed["dtype"]) == element
+    assert np.array_equal(np.frombuffer(packed["data"], packed["dtype"]).reshape(packed["shape"]), stored)
+
+
+def test_rows_of_another_form_than_asked_are_an_error():
+    assert rows_form("b1", "b1") == "binary"
+    with pytest.raises(ApiError) as err:
+        rows_form("i1", "f4")
+    assert err.value.status == 500 and "float32 rows to a request for int8" in err.value.message

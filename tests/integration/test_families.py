@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +18,7 @@ from shared.nats_server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.tiny_llm_rerankers import build_llm_reranker
 from tests.tiny_models import build, st_reference
 
 pytestmark = pytest.mark.integration
@@ -37,6 +39,9 @@ MODELS = [
 # tokens are skipped by pooling
 INSTRUCTOR = ("gemma3-instructor", "gemma3", False, "query")
 CLASSIFIERS = ["modernbert", "qwen3"]  # rerankers (one logit), served by a scorer each as "<family>-cls"
+# an LLM reranker (Qwen3ForCausalLM + LogitScore, its chat template, a default prompt), with its scorer
+LLM_RERANKER = "qwen3-llm"
+LLM_PROMPT = "Given a question about Python, retrieve the passages that answer it"
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +54,12 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     services = []
     for family in CLASSIFIERS:
         folders[f"{family}-cls"] = build(family, root, classifier=True, num_labels=1)
+    folders[LLM_RERANKER] = build_llm_reranker(root, "qwen3", name=LLM_RERANKER, prompt=LLM_PROMPT)
     for name, folder in folders.items():
         model = ["--model", str(folder)]
         services.append(Service("tokenizer", [*common, *model], log_dir))
         services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
-        if name.endswith("-cls"):
+        if name.endswith("-cls") or name == LLM_RERANKER:
             services.append(Service("scorer", [*common, *model], log_dir))
     port = free_port()
     services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
@@ -62,7 +68,8 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
         wait_until(lambda: healthy(base_url), 180, "gateway health", services)
         wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders), 240,
                    f"{len(folders)} workers", services)
-        wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == len(CLASSIFIERS), 60, "scorers", services)
+        wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == len(CLASSIFIERS) + 1, 60, "scorers",
+                   services)
         yield base_url, folders
     finally:
         for s in services:
@@ -132,3 +139,46 @@ def test_reranker_scores_equal_transformers(fleet, family):
     got = np.array([x["relevance_score"] for x in results])
     np.testing.assert_allclose(got, 1 / (1 + np.exp(-logits[[x["index"] for x in results]])), atol=1e-4)
     assert list(got) == sorted(got, reverse=True)
+
+
+def test_llm_reranker_scores_equal_cross_encoder(fleet, nats_url):
+    """The LLM reranker through gateway, scorer, tokenizer and worker processes: /v1/rerank's scores are
+    ``CrossEncoder.predict``'s (sigmoid of logit["yes"] - logit["no"], the folder's prompt, long pairs cut
+    as it cuts them); the scorer's raw scores are its logits."""
+    import asyncio
+
+    import nats
+    import torch
+
+    from shared.protocol import RerankRequest, RerankResult, decode, encode
+    from shared.subjects import Subjects
+    from tests.corpus import medium_texts
+    from tests.tiny_llm_rerankers import reference
+
+    base_url, folders = fleet
+    model = reference(folders[LLM_RERANKER])
+    query = "how do I read a file line by line"
+    docs = medium_texts(14) + [t for t in mixed_texts(24) if len(t) > 3000][:2]  # two cut at the limit
+    pairs = [(query, d) for d in docs]
+    want = model.predict(pairs, batch_size=8)
+    logits = model.predict(pairs, activation_fn=torch.nn.Identity(), batch_size=8)
+    assert np.ptp(logits) > 0.1
+    r = httpx.post(f"{base_url}/v1/rerank", json={"model": LLM_RERANKER, "query": query, "documents": docs,
+                                                  "top_n": len(docs)}, timeout=120)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    got = np.array([x["relevance_score"] for x in results])
+    np.testing.assert_allclose(got, want[[x["index"] for x in results]], atol=1e-4)
+    assert list(got) == sorted(got, reverse=True)
+
+    async def raw() -> RerankResult:
+        nc = await nats.connect(nats_url)
+        try:
+            request = RerankRequest("llm-raw", LLM_RERANKER, query, docs, time.time() + 60, raw_scores=True)
+            return decode((await nc.request(Subjects(PREFIX).rerank(LLM_RERANKER), encode(request), timeout=60)).data)
+        finally:
+            await nc.close()
+
+    ranked = asyncio.run(raw())
+    assert isinstance(ranked, RerankResult), ranked
+    np.testing.assert_allclose(ranked.scores, logits[ranked.indices], atol=1e-4)

@@ -45,10 +45,12 @@ def spec(stack) -> dict:
 
 def test_every_route_is_fuzzed(spec):
     posts = [p for p, ops in spec["paths"].items() if "post" in ops]
-    assert sorted(posts) == ["/embed", "/embeddings", "/rerank", "/tokenize", "/v1/embeddings", "/v1/jobs", "/v1/rerank"]
+    assert sorted(posts) == ["/embed", "/embed_all", "/embed_sparse", "/embeddings", "/rerank", "/tokenize", "/v1/embeddings",
+                             "/v1/jobs", "/v1/rerank"]
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/tokenize", "/v1/jobs", "/rerank", "/v1/rerank"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/embed_sparse", "/embed_all", "/tokenize",
+                                  "/v1/jobs", "/rerank", "/v1/rerank"])
 def test_post_routes_never_answer_5xx(stack, spec, path):
     schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     client = httpx.Client(base_url=stack.base_url, timeout=60)

@@ -127,3 +127,75 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     assert "x" in dead["reason"] or "text" in dead["reason"], dead
     assert state["letter"].headers["Embedfleet-Stage"] == "tokenizer"
     assert state["letter"].headers["Embedfleet-Deliveries"] == "1"
+
+
+def test_reindex_in_int8_writes_the_online_routes_int8_rows(stack, tmp_path):
+    """--embedding-type int8: the .npy holds int8 rows, as /v1/embeddings answers them for the same
+    texts; the same file in binary is another job; the int8 job's id with another form is refused."""
+    import httpx
+
+    texts = mixed_texts(64)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"q-{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    common = ["--nats", stack.nats_url, "--batch-size", "16", "--quiet", "--stall-timeout", "30"]
+    out = tmp_path / "int8.npy"
+    result = _run(["reindex", str(docs), "--out", str(out), "--embedding-type", "int8", *common])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "int8 vectors" in result.stdout
+    job = result.stdout.split()[1].rstrip(":")
+    stored = np.load(out)
+    assert stored.dtype == np.int8 and stored.shape == (64, 384)
+
+    def online(form: str) -> np.ndarray:
+        r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts,
+                                                                  "embedding_type": form}, timeout=120)
+        assert r.status_code == 200, r.text
+        return np.array([d["embedding"] for d in r.json()["data"]])
+
+    # bulk and online batches differ, so a float may differ in its last bits and round one step apart
+    diff = np.abs(stored.astype(np.int16) - online("int8"))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.999, (diff.max(), (diff == 0).mean())
+    state = httpx.get(f"{stack.base_url}/v1/jobs/{job}").json()
+    assert (state["status"], state["embedding_type"], state["dim"]) == ("done", "int8", 384), state
+    listing = _run(["jobs", "--nats", stack.nats_url])
+    assert next(line for line in listing.stdout.splitlines() if line.startswith(job)).split()[-1] == "int8"
+
+    binary_out = tmp_path / "binary.npy"
+    again = _run(["reindex", str(docs), "--out", str(binary_out), "--embedding-type", "binary", *common])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.split()[1].rstrip(":") != job  # another form, another job: nothing resumed from the int8 one
+    packed = np.load(binary_out)
+    assert packed.dtype == np.int8 and packed.shape == (64, 48)
+    floats = online("float")
+    bits = np.unpackbits((packed.astype(np.int16) + 128).astype(np.uint8), axis=1).astype(bool)
+    clear = np.abs(floats) > 1e-4
+    assert np.array_equal(bits[clear], (floats > 0)[clear])
+
+    refused = _run(["reindex", str(docs), "--out", str(tmp_path / "u.npy"), "--job-id", job, "--embedding-type", "uint8",
+                    *common])
+    assert refused.returncode == 2 and f"job {job} makes int8 vectors, not uint8" in refused.stderr
+
+
+def test_jobs_over_http_take_embedding_type(stack):
+    import time
+
+    import httpx
+
+    docs = [{"id": f"b{i}", "text": t} for i, t in enumerate(mixed_texts(8))]
+    r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "ubinary", "id": "forms-http"},
+                   timeout=60)
+    assert r.status_code == 202, r.text
+    assert r.json()["embedding_type"] == "ubinary"
+    deadline = time.monotonic() + 60
+    state = {}
+    while time.monotonic() < deadline and state.get("status") != "done":
+        state = httpx.get(f"{stack.base_url}/v1/jobs/forms-http").json()
+        time.sleep(0.2)
+    assert state["status"] == "done" and state["embedding_type"] == "ubinary", state
+    # the same id in another form would mix forms in one job's results
+    clash = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int8", "id": "forms-http"},
+                       timeout=30)
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "id"
+    assert "makes ubinary vectors, not int8" in clash.json()["error"]["message"]
+    bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int4"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "embedding_type"

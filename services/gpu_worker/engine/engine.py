@@ -24,6 +24,7 @@ from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights, read_safetensors
 from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.models.registry import Family, family_for
+from services.gpu_worker.engine.outputs import build_outputs
 from services.gpu_worker.engine.pooling import pool
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
 from services.gpu_worker.engine.spec import ModelSpec
@@ -38,6 +39,15 @@ CPU_TOKEN_STEP = 8
 CPU_EXACT_TOKENS = 32
 # padding of a bucket is under 256 tokens, so the dummy row never exceeds this or the model limit
 _PAD_ROW_MAX = 256
+
+
+def _to_host(made: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Start the device-to-host copy of a step's output into pinned memory (float32)."""
+    if isinstance(made, dict):
+        return {k: _to_host(v) for k, v in made.items()}
+    host = torch.empty(made.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(made, non_blocking=True)
+    return host
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -64,6 +74,7 @@ class Engine:
         max_batch_seqs: int = 256,
         capture: Callable[["Engine", int], Replay] | None = None,
         model: EncoderModel | None = None,
+        heads: dict[str, torch.nn.Module] | None = None,
     ) -> None:
         self.info = info
         self.spec = ModelSpec.from_folder(info.path)
@@ -80,15 +91,23 @@ class Engine:
         self.dtype = DTYPES[dtype]
         produced = self.spec.num_labels or self.spec.hidden_size
         expected = info.dim if info.scores else info.pooled_dim
-        if expected != produced:
+        if (info.scores or "dense" in info.outputs) and expected != produced:
             raise ConfigError(f"the folder's pooling or Dense layers take {expected} dimensions; the model makes {produced}")
-        if model is None:
-            model = self.family.model(self.spec)
-            load_weights(model, read_safetensors(info.path))
-            model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        if model is None or heads is None:
+            tensors = read_safetensors(info.path)
+            if model is None:
+                model = self.family.model(self.spec)
+                load_weights(model, tensors)
+                model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+            heads = build_outputs(info, tensors, self.spec.config, self.device)
+            if "sparse" in heads and info.sparse.kind == "mlm":
+                heads["sparse"].head.to(self.dtype)  # vocabulary-sized GEMMs: the encoder's precision
+            del tensors
         self.model = model
+        # the folder's other outputs (sparse, multivector), shared by replicas like the model
+        self.heads = heads
         # sentence-transformers Dense layers after pooling (float32, shared by replicas like the model)
-        self.dense = build_dense(info, self.device) if not info.scores else None
+        self.dense = build_dense(info, self.device) if not info.scores and "dense" in info.outputs else None
         self.max_seq_length = min(info.max_seq_length, self.spec.max_positions - self.spec.position_offset)
         self._attention_pref = attention
         self.attention: Attention = select_attention(
@@ -139,6 +158,7 @@ class Engine:
             max_batch_seqs=self.max_batch_seqs,
             capture=self._capture_fn,
             model=self.model,
+            heads=self.heads,
         )
 
     def describe(self) -> str:
@@ -178,32 +198,40 @@ class Engine:
     @torch.inference_mode()
     def step(
         self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
-        skip: np.ndarray | None = None,
+        skip: np.ndarray | None = None, outputs: tuple[str, ...] = ("dense",),
     ) -> ReadyResult | CudaResult:
         """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32.
 
         ``skip``: [B] leading (prompt) tokens of each row that pooling does not count, for a model
-        whose Pooling has include_prompt=false (ignored otherwise). Inputs must have passed :meth:`check`.
+        whose Pooling has include_prompt=false (ignored otherwise). ``outputs``: protocol output kinds;
+        anything but ``("dense",)`` runs eagerly and ``result()`` gives a dict: "dense" [B, dim],
+        "sparse" [B, vocab], "tokens" [T, hidden], "multivector" [T, dim] (float32 each). Inputs must
+        have passed :meth:`check`.
         """
         if self.info.include_prompt:
             skip = None
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
-        bucket = self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs else None
+        extra = tuple(outputs) != ("dense",)
+        bucket = (self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs and not extra
+                  else None)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            if bucket is None:
-                pooled = self._eager(input_ids, cu_seqlens, token_types, skip)
+            if extra:
+                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs)
+            elif bucket is None:
+                made = self._eager(input_ids, cu_seqlens, token_types, skip)
             else:
-                pooled = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket)[:rows]
+                made = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket)[:rows]
             if self.device.type != "cuda":
-                return ReadyResult(pooled.numpy().copy())
-            host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
-            host.copy_(pooled, non_blocking=True)
+                if isinstance(made, dict):
+                    return ReadyResult({k: v.numpy().copy() for k, v in made.items()})
+                return ReadyResult(made.numpy().copy())
+            host = _to_host(made)
             event = torch.cuda.Event()
             event.record(self.stream)
             return CudaResult(host, event)
 
     def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None,
-               skip: np.ndarray | None) -> torch.Tensor:
+               skip: np.ndarray | None, outputs: tuple[str, ...] | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
         if self.device.type == "cpu" and tokens > CPU_EXACT_TOKENS:
@@ -218,6 +246,8 @@ class Engine:
         batch = DeviceBatch(host, self.device)
         # the dummy row's outputs are never read: the attention may skip it
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
+        if outputs is not None:
+            return self._forward_outputs(batch, outputs, rows, tokens)
         return self._forward(batch)[:rows]
 
     def _graphed(
@@ -240,6 +270,27 @@ class Engine:
             return self.model.score(hidden, batch)
         pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
         return pooled if self.dense is None else self.dense(pooled)
+
+    def _forward_outputs(self, batch, outputs: tuple[str, ...], rows: int, tokens: int) -> dict[str, torch.Tensor]:
+        """Every asked-for output of one forward pass (the dummy pad row and pad tokens dropped)."""
+        hidden = self.model(batch, self.attention, self.linear_ops)
+        made: dict[str, torch.Tensor] = {}
+        for kind in outputs:
+            if kind == "dense":
+                if self.model.head is not None:
+                    made[kind] = self.model.score(hidden, batch)[:rows]
+                else:
+                    pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
+                    made[kind] = (pooled if self.dense is None else self.dense(pooled))[:rows]
+            elif kind == "sparse":
+                made[kind] = self.heads["sparse"](hidden, batch)[:rows]
+            elif kind == "multivector":
+                made[kind] = self.heads["multivector"](hidden[:tokens])
+            elif kind == "tokens":
+                made[kind] = hidden[:tokens].float()
+            else:
+                raise ValueError(f"unknown output {kind!r}")
+        return made
 
     def _static_forward(self, bucket: int) -> None:
         self._static_out.copy_(self._forward(self._static.view(bucket)))

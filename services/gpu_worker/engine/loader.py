@@ -51,7 +51,7 @@ def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
         name = next((n for n in candidates if n in tensors), None)
         if name is None:
             raise ConfigError(f"classifier checkpoint has none of {candidates}")
-        pairs.append((ours, tensors[name]))
+        pairs.append((ours, model.head_tensor(ours, tensors[name])))
     loaded = {ours for ours, _ in pairs}
     if missing := sorted(set(params) - loaded):
         raise ConfigError(f"no checkpoint tensor maps to {missing[:5]} ({len(missing)} parameters)")  # a family bug

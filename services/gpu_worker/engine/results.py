@@ -9,7 +9,7 @@ import torch
 class ReadyResult:
     """CPU: computed synchronously, ready at once."""
 
-    def __init__(self, vectors: np.ndarray) -> None:
+    def __init__(self, vectors: np.ndarray | dict[str, np.ndarray]) -> None:
         self._vectors = vectors
 
     def ready(self) -> bool:
@@ -18,15 +18,15 @@ class ReadyResult:
     def wait(self) -> None:
         pass
 
-    def result(self) -> np.ndarray:
+    def result(self) -> np.ndarray | dict[str, np.ndarray]:
         return self._vectors
 
 
 class CudaResult:
     """A pinned host buffer filled by an async device-to-host copy, and the event that marks it done."""
 
-    def __init__(self, host: torch.Tensor, event: torch.cuda.Event) -> None:
-        self._host = host  # [B, H] float32, pinned
+    def __init__(self, host: torch.Tensor | dict[str, torch.Tensor], event: torch.cuda.Event) -> None:
+        self._host = host  # [B, H] float32, pinned (or several such outputs by name)
         self._event = event
 
     def ready(self) -> bool:
@@ -35,6 +35,8 @@ class CudaResult:
     def wait(self) -> None:
         self._event.synchronize()
 
-    def result(self) -> np.ndarray:
+    def result(self) -> np.ndarray | dict[str, np.ndarray]:
         self._event.synchronize()
+        if isinstance(self._host, dict):
+            return {k: v.numpy() for k, v in self._host.items()}
         return self._host.numpy()

@@ -7,12 +7,12 @@ family needs stays in the raw ``config`` and is read by that family's model file
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from shared.config import ConfigError
-from shared.model_dir import classifier_labels
+from shared.model_dir import classifier_labels, logit_score_tokens
 
 ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
 
@@ -35,6 +35,8 @@ class ModelSpec:
     num_kv_heads: int = 0  # 0: as many as query heads
     head_dim_override: int = 0  # 0: hidden_size / num_heads (Qwen3 and Gemma3 set their own)
     causal: bool = False  # decoders: each token sees only the tokens before it
+    # an LLM reranker (num_labels 1): the LM head's rows scored at the last token, (true,) or (true, false)
+    score_tokens: tuple[int, ...] = ()
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the raw config.json
 
     @property
@@ -47,10 +49,17 @@ class ModelSpec:
 
     @classmethod
     def from_folder(cls, path: Path) -> ModelSpec:
-        from services.gpu_worker.engine.models.registry import family_for
+        from services.gpu_worker.engine.models.registry import FAMILIES, family_for
 
         config = json.loads((path / "config.json").read_text())
-        spec = family_for(config).spec(config)
+        family = family_for(config)
+        spec = family.spec(config)
+        if tokens := logit_score_tokens(path, config):
+            if not family.llm_reranker:
+                served = ", ".join(f.name for f in FAMILIES if f.llm_reranker)
+                raise ConfigError(f"{family.name} causal LMs are not served as LLM rerankers (LogitScore); these "
+                                  f"families' are: {served}")
+            spec = replace(spec, num_labels=1, score_tokens=tokens)
         if spec.activation not in ACTIVATIONS:
             raise ConfigError(f"activation {spec.activation!r} is not supported (supported: {sorted(ACTIVATIONS)})")
         if not spec.head_dim_override and spec.hidden_size % spec.num_heads:

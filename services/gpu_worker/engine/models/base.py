@@ -48,6 +48,10 @@ class EncoderModel(nn.Module, abc.ABC):
         """Our head parameter -> the absolute checkpoint names it may have (the first found is taken)."""
         return {}
 
+    def head_tensor(self, ours: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of the checkpoint tensor found for head parameter ``ours`` that it holds (all of it here)."""
+        return tensor
+
     @abc.abstractmethod
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         """A classifier's logits [R, labels] float32 from the hidden states [T, hidden] (called only when

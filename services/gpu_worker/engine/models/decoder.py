@@ -1,13 +1,16 @@
 """Decoder-only embedders and rerankers: Qwen3, Qwen2, Mistral, Llama (Qwen3-Embedding, gte-Qwen2,
 e5-mistral, …). Pre-norm blocks with RMSNorm, rotary positions, grouped-query attention, SwiGLU;
 causal unless the config turns it off (``is_causal: false`` or ``use_bidirectional_attention``).
-An embedding is a prefill: no KV cache, the last token of each packed sequence pools."""
+An embedding is a prefill: no KV cache, the last token of each packed sequence pools. A reranker reads
+the last token too: through its ``score`` row (sequence classification), or, for an LLM reranker
+(Qwen3-Reranker), through the LM head's rows of its answer tokens ("yes" less "no")."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from services.gpu_worker.engine.attention import Attention, AttnMask
@@ -101,7 +104,9 @@ class DecoderEncoder(EncoderModel):
         self.norm = RMSNorm(h, spec.layer_norm_eps)
         self.rotary = Rotary(rope_parameters(spec.config), spec.head_dim)
         self.layer_mask = layer_masks(spec.config, spec.num_layers, spec.causal)
-        self.head = nn.Linear(h, spec.num_labels, bias=False) if spec.num_labels else None
+        # an LLM reranker's head: the LM head's rows of its answer tokens [1 or 2, hidden], not the vocabulary
+        rows = len(spec.score_tokens) or spec.num_labels
+        self.head = nn.Linear(h, rows, bias=False) if rows else None
 
     def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
         x = self.word(batch.input_ids)  # [T, hidden]
@@ -115,7 +120,12 @@ class DecoderEncoder(EncoderModel):
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         # a decoder classifier reads its last token (transformers: the last non-padding one)
-        return self.head(hidden[batch.last]).float()
+        if not self.spec.score_tokens:
+            return self.head(hidden[batch.last]).float()
+        # LogitScore: logit[true] - logit[false], each a float32 dot product (the difference of two
+        # logits of similar size loses digits in half precision)
+        logits = F.linear(hidden[batch.last].float(), self.head.weight.float())  # [R, 1 or 2]
+        return logits[:, :1] - logits[:, 1:] if logits.shape[1] == 2 else logits
 
     def weight_names(self) -> dict[str, list[str]]:
         c = self.spec.config
@@ -134,4 +144,13 @@ class DecoderEncoder(EncoderModel):
         return names
 
     def head_names(self) -> dict[str, list[str]]:
+        if self.spec.score_tokens:
+            # the LM head, or with tied embeddings the input embeddings it shares (transformers' default
+            # for these families is untied)
+            tied = bool(self.spec.config.get("tie_word_embeddings", False))
+            return {"head.weight": ["model.embed_tokens.weight", "embed_tokens.weight"] if tied else ["lm_head.weight"]}
         return {"head.weight": ["score.weight"]} if self.spec.num_labels else {}
+
+    def head_tensor(self, ours: str, tensor: torch.Tensor) -> torch.Tensor:
+        # an LLM reranker keeps only its answer tokens' rows of the [vocab, hidden] LM head
+        return tensor[list(self.spec.score_tokens)] if self.spec.score_tokens else tensor

@@ -25,6 +25,7 @@ class Family:
     prompts: str = "—"  # what its well-known checkpoints ship in config_sentence_transformers.json
     verified: str = "states, stack"  # what the suite checks (see _VERIFIED)
     fp16_overflows: bool = False  # activations overflow float16: half precision means bfloat16 or float32
+    llm_reranker: bool = False  # its causal LMs serve as rerankers from their answer tokens' logits (LogitScore)
 
 
 _FLASH = "FlashInfer (head size 64/128/256) or PyTorch flash varlen; CUDA graphs"
@@ -45,21 +46,22 @@ FAMILIES = (
            "bidirectional; local layers a ±64-token window", _WINDOWED,
            prompts="modernbert-embed: `search_query: ` / `search_document: `", verified="states, stack, logits, rerank"),
     Family("Qwen3", ("qwen3",), decoder.spec, decoder.DecoderEncoder,
-           "Qwen3-Embedding-0.6B/4B/8B, Qwen3 rerankers (sequence classification)", "lasttoken",
-           "causal (or bidirectional by config), grouped-query", _FLASH,
-           prompts="`Instruct: {task}\\nQuery:` for queries", verified="states, stack, logits, rerank"),
+           "Qwen3-Embedding-0.6B/4B/8B, Qwen3-Reranker-0.6B/4B/8B (the causal LM's yes/no logits, or sequence "
+           "classification)", "lasttoken", "causal (or bidirectional by config), grouped-query", _FLASH,
+           prompts="`Instruct: {task}\\nQuery:` for queries", verified="states, stack, logits, rerank, llm-rerank",
+           llm_reranker=True),
     Family("Qwen2", ("qwen2",), decoder.spec, decoder.DecoderEncoder,
            "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct", "lasttoken",
            "causal (or bidirectional by config), grouped-query", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
-           verified="states, stack"),
+           verified="states, stack, llm", llm_reranker=True),
     Family("Mistral", ("mistral",), decoder.spec, decoder.DecoderEncoder,
            "e5-mistral-7b-instruct, SFR-Embedding-Mistral", "lasttoken",
            "causal, grouped-query, sliding window where set", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
-           verified="states, stack"),
+           verified="states, stack, llm", llm_reranker=True),
     Family("Llama", ("llama",), decoder.spec, decoder.DecoderEncoder,
            "Llama-based embedders (LLM2Vec-style, bidirectional by config)", "lasttoken",
            "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling", _FLASH,
-           verified="states, stack, logits"),
+           verified="states, stack, logits, llm", llm_reranker=True),
     Family("Gemma3", ("gemma3_text",), gemma3.spec, gemma3.Gemma3Encoder,
            "embeddinggemma-300m", "mean, then Dense 768→3072→768", "bidirectional; local layers a ±256-token window",
            _WINDOWED, prompts="`task: search result \\| query: ` / "
@@ -73,6 +75,8 @@ _VERIFIED = {
     "stack": "HTTP→worker = sentence-transformers",
     "logits": "classifier logits = transformers",
     "rerank": "reranking via the scorer = transformers",
+    "llm": "LLM-reranker scores = sentence-transformers' CrossEncoder",
+    "llm-rerank": "LLM reranking via the scorer = sentence-transformers' CrossEncoder",
     "real": "the real all-MiniLM-L6-v2",
 }
 

@@ -1,0 +1,194 @@
+"""Sparse and multi-vector outputs through the whole stack — HTTP, NATS, tokenizer, worker, as
+processes — against their references on tiny random checkpoints: SPLADE vs SparseEncoder.encode
+(same nonzero set, cosine >= 0.9999 on the densified rows), a ColBERT-style folder vs
+MultiVectorEncoder, BGE-M3's dense / sparse / colbert outputs vs its own modules, and TEI's
+/embed_all token states."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from shared.nats_server import free_port
+from tests.conftest import cosines
+from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.output_models import (
+    bge_m3_reference, build_bge_m3, build_colbert, build_splade, colbert_reference, densify, splade_reference,
+)
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "outputs"
+SPLADE = "splade-max-relu"
+COSINE = 0.9999
+TEXTS = ["hello world, a test!", "the quick brown fox jumps over the lazy dog.", "x",
+         "search: sparse, dense; multi-vector? " * 6]
+
+
+@pytest.fixture(scope="module")
+def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
+    root = tmp_path_factory.mktemp("output-models")
+    folders = {"splade": build_splade(root), "colbert": build_colbert(root), "bge-m3": build_bge_m3(root)}
+    assert [f.name for f in folders.values()] == ["splade-max-relu", "colbert", "bge-m3"]
+    log_dir = tmp_path_factory.mktemp("output-logs")
+    common = ["--nats", nats_url, "--subject-prefix", PREFIX]
+    services = []
+    for name, folder in folders.items():
+        model = ["--model", str(folder)]  # served as the folder's name
+        services.append(Service("tokenizer", [*common, *model], log_dir))
+        services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
+    port = free_port()
+    services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
+        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders), 240, "workers", services)
+        yield base_url, folders
+    finally:
+        for s in services:
+            s.stop()
+
+
+def _post(base_url: str, route: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{base_url}{route}", json=body, timeout=120)
+
+
+def _sparse(base_url: str, model: str, **extra) -> list[list[dict]]:
+    r = _post(base_url, "/embed_sparse", {"model": model, "inputs": TEXTS, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_splade_over_http_equals_sparse_encoder(fleet):
+    base_url, folders = fleet
+    ref = splade_reference(folders["splade"], TEXTS)
+    rows = _sparse(base_url, SPLADE)
+    assert len(rows) == len(TEXTS)
+    got = np.stack([densify([e["index"] for e in row], [e["value"] for e in row], ref.shape[1]) for row in rows])
+    assert np.array_equal(got > 0, ref > 0), "the nonzero sets differ"
+    assert cosines(got, ref).min() >= COSINE
+    for row in rows:
+        assert [e["index"] for e in row] == sorted(e["index"] for e in row)
+
+
+def test_sparse_pruning_over_http(fleet):
+    base_url, folders = fleet
+    full = _sparse(base_url, SPLADE)
+    top = _sparse(base_url, SPLADE, top_k=5)
+    cut = _sparse(base_url, SPLADE, threshold=0.2)
+    for f, t, c in zip(full, top, cut):
+        values = sorted((e["value"] for e in f), reverse=True)
+        assert len(t) == min(5, len(f)) and sorted((e["value"] for e in t), reverse=True) == pytest.approx(values[:5])
+        assert {e["index"] for e in c} == {e["index"] for e in f if e["value"] > 0.2}
+
+
+def test_colbert_over_http_equals_multi_vector_encoder(fleet):
+    base_url, folders = fleet
+    for task in ("query", "document"):
+        r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS, "input_type": task})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        for vectors, expected in zip(got, colbert_reference(folders["colbert"], TEXTS, task)):
+            vectors = np.asarray(vectors, np.float32)
+            assert vectors.shape == expected.shape, task
+            assert cosines(vectors, expected).min() >= COSINE
+
+
+def test_bge_m3_three_outputs_over_http(fleet):
+    base_url, folders = fleet
+    ref = bge_m3_reference(folders["bge-m3"], TEXTS)
+    r = _post(base_url, "/v1/embeddings", {"model": "bge-m3", "input": TEXTS})
+    assert r.status_code == 200, r.text
+    dense = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+    assert cosines(dense, np.stack(ref["dense"])).min() >= COSINE
+    for row, lexical in zip(_sparse(base_url, "bge-m3"), ref["sparse"]):
+        assert {e["index"] for e in row} == set(lexical)
+        np.testing.assert_allclose([e["value"] for e in row], [lexical[e["index"]] for e in row], atol=1e-4)
+    r = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    for vectors, expected in zip(r.json(), ref["colbert"]):
+        vectors = np.asarray(vectors, np.float32)
+        assert vectors.shape == expected.shape and cosines(vectors, expected).min() >= COSINE
+
+
+def test_token_states_and_quantized_token_vectors(fleet):
+    base_url, folders = fleet
+    from transformers import AutoModel, AutoTokenizer
+    import torch
+
+    folder = folders["bge-m3"]
+    r = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS[:2], "output": "tokens"})
+    assert r.status_code == 200, r.text
+    tokenizer, model = AutoTokenizer.from_pretrained(str(folder)), AutoModel.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        for text, states in zip(TEXTS[:2], r.json()):
+            want = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].numpy()
+            assert np.asarray(states).shape == want.shape and np.abs(np.asarray(states) - want).max() < 1e-4
+    # token vectors in int8 and binary, made on the worker
+    floats = [np.asarray(v, np.float32) for v in _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS}).json()]
+    ints = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "int8"})
+    bits = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "ubinary"})
+    assert ints.status_code == 200 and bits.status_code == 200, ints.text + bits.text
+    for f, i, b in zip(floats, ints.json(), bits.json()):
+        assert cosines(np.asarray(i, np.float32), f).min() >= 0.99
+        assert np.array_equal(np.unpackbits(np.asarray(b, np.uint8), axis=1)[:, : f.shape[1]], (f > 0).astype(np.uint8))
+
+
+def test_outputs_a_model_lacks_are_refused_clearly(fleet):
+    base_url, _ = fleet
+    r = _post(base_url, "/embed_sparse", {"model": "colbert", "inputs": ["x"]})
+    assert r.status_code == 400 and "sparse" in r.json()["error"], r.text
+    r = _post(base_url, "/v1/embeddings", {"model": SPLADE, "input": ["x"]})
+    assert r.status_code == 400 and "dense" in r.text, r.text
+    r = _post(base_url, "/embed_all", {"model": SPLADE, "inputs": ["x"], "output": "multivector"})
+    assert r.status_code == 400 and "multi-vector" in r.text, r.text
+    r = _post(base_url, "/embed_sparse", {"model": SPLADE, "inputs": ["x"], "top_k": 0})
+    assert r.status_code == 422 or r.status_code == 400, r.text
+    assert "top_k" in r.text
+
+
+def _reindex(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", "reindex", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bulk_jobs_write_sparse_and_multi_vector_rows(fleet, nats_url, tmp_path):
+    """reindex --output sparse / multivector: every document's rows as the online routes give them."""
+    import scipy.sparse
+
+    base_url, _ = fleet
+    texts = TEXTS * 5
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    common = ["--nats", nats_url, "--subject-prefix", PREFIX, "--batch-size", "7", "--quiet", "--stall-timeout", "60"]
+
+    out = tmp_path / "sparse.npz"
+    result = _reindex([str(docs), "--out", str(out), "--model", SPLADE, "--output", "sparse", *common])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(out.with_suffix(".ids.json").read_text()) == [f"d{i}" for i in range(len(texts))]
+    written = scipy.sparse.load_npz(out).toarray()
+    online = _sparse(base_url, SPLADE)
+    dim = written.shape[1]
+    want = np.stack([densify([e["index"] for e in row], [e["value"] for e in row], dim) for row in online] * 5)
+    assert np.array_equal(written > 0, want > 0)
+    np.testing.assert_allclose(written, want, atol=1e-5)
+
+    out = tmp_path / "colbert.npz"
+    result = _reindex([str(docs), "--out", str(out), "--model", "colbert", "--output", "multivector", *common])
+    assert result.returncode == 0, result.stdout + result.stderr
+    stored = np.load(out)
+    vectors, offsets = stored["vectors"], stored["offsets"]
+    r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS})
+    online = [np.asarray(v, np.float32) for v in r.json()] * 5
+    assert len(offsets) == len(texts) + 1
+    for i, want_rows in enumerate(online):
+        got = vectors[offsets[i] : offsets[i + 1]]
+        assert got.shape == want_rows.shape and cosines(got, want_rows).min() >= COSINE
+
+    refused = _reindex([str(docs), "--out", str(tmp_path / "x.npy"), "--model", SPLADE, "--output", "sparse", *common])
+    assert refused.returncode != 0 and ".npz" in refused.stderr

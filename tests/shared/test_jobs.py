@@ -1,0 +1,75 @@
+"""A job id already in use by a job of another vector form is refused, not resumed into mixed forms."""
+
+import asyncio
+
+import pytest
+
+from shared.jobs import JobConflict, form_conflict, submit
+from shared.protocol import EmbedOptions
+from shared.subjects import Subjects
+
+
+def test_form_conflict():
+    assert form_conflict(None, "int8") is None  # no job yet
+    assert form_conflict({"job": "j"}, "int8") is None  # a state with no job recorded in it
+    assert form_conflict({"job": "j", "model": "m", "embedding_type": "int8"}, "int8") is None
+    problem = form_conflict({"job": "j", "model": "m", "embedding_type": "int8"}, "binary")
+    assert problem == "job j makes int8 vectors, not binary: give it another job id"
+    # a job recorded before forms existed made float32
+    assert form_conflict({"job": "j", "model": "m"}, "float32") is None
+    assert "makes float32 vectors, not uint8" in form_conflict({"job": "j", "model": "m"}, "uint8")
+    # the output kind counts too: a dense job is not resumed as a sparse one
+    assert "makes float32 vectors, not sparse float32" in form_conflict({"job": "j", "model": "m"}, "float32", "sparse")
+    assert form_conflict({"job": "j", "model": "m", "output": "sparse"}, "float32", "sparse") is None
+
+
+class _Entry:
+    def __init__(self, value: bytes, revision: int) -> None:
+        self.value, self.revision = value, revision
+
+
+class _MemoryKV:
+    """The two calls update_state makes of a key-value bucket, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, _Entry] = {}
+
+    async def get(self, key: str) -> _Entry:
+        from nats.js.errors import KeyNotFoundError
+
+        if key not in self.data:
+            raise KeyNotFoundError
+        return self.data[key]
+
+    async def create(self, key: str, value: bytes) -> None:
+        self.data[key] = _Entry(value, 1)
+
+    async def update(self, key: str, value: bytes, last: int) -> None:
+        self.data[key] = _Entry(value, last + 1)
+
+
+class _RecordingJS:
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def publish(self, subject: str, data: bytes, headers: dict) -> None:
+        self.published.append(headers["Nats-Msg-Id"])
+
+
+def test_submit_records_the_form_and_refuses_another():
+    import json
+
+    kv, js = _MemoryKV(), _RecordingJS()
+    docs = [("a", "one"), ("b", "two"), ("c", "three")]
+
+    async def run(dtype: str) -> dict:
+        return await submit(js, kv, Subjects(), "job1", "m", docs, 2, EmbedOptions(dtype=dtype), "inline")
+
+    asyncio.run(run("i1"))
+    assert json.loads(kv.data["job1"].value)["embedding_type"] == "int8"
+    assert js.published == ["job1:0", "job1:1"]
+    asyncio.run(run("i1"))  # the same form: resumed, nothing published again
+    assert js.published == ["job1:0", "job1:1"]
+    with pytest.raises(JobConflict, match="makes int8 vectors, not ubinary"):
+        asyncio.run(run("ub1"))
+    assert js.published == ["job1:0", "job1:1"]
