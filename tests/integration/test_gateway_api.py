@@ -160,7 +160,8 @@ def test_metrics(stack, texts):
 def test_openapi_lists_the_real_routes(stack):
     spec = httpx.get(f"{stack.base_url}/openapi.json").json()
     assert spec["openapi"].startswith("3.")
-    assert set(spec["paths"]) == {"/v1/embeddings", "/embeddings", "/v1/models", "/embed", "/tokenize", "/info",
+    assert set(spec["paths"]) == {"/v1/embeddings", "/embeddings", "/v1/models", "/embed", "/embed_sparse", "/embed_all",
+                                  "/tokenize", "/info",
                                   "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}", "/rerank", "/v1/rerank"}
 
 
