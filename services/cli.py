@@ -18,6 +18,7 @@ from shared.config import (
 )
 from shared.lifecycle import run_async, run_service, setup_logging
 from shared.quantize import EMBEDDING_TYPES
+from services import stack_plan
 from services.gateway import config as gateway_config
 from services.gpu_worker import config as worker_config
 from services.scorer import config as scorer_config
@@ -29,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"embedfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = sub.add_parser("up", help="start the whole local stack (embedded nats-server unless --nats is given)")
+    up = sub.add_parser("up", help="start the whole local stack, one model or several (embedded nats-server unless --nats is given)")
     add_common_arguments(up, nats_required=False)
-    add_model_arguments(up)
+    stack_plan.add_arguments(up)
     gateway_config.add_arguments(up)
     add_option(up, "--data-dir", "EMBEDFLEET_DATA_DIR", ".embedfleet", "folder for the embedded nats-server's data and logs")
 

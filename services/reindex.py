@@ -24,7 +24,7 @@ import numpy as np
 from shared.bulkwork import close_pull
 from shared.config import ConfigError, NatsConfig
 from shared.documents import job_id_for, read_documents
-from shared.jobs import ensure_streams, form_conflict, read_state, stream_names, submit, update_state
+from shared.jobs import MAX_JOB_ID, ensure_streams, form_conflict, has_state_key, read_state, stream_names, submit, update_state
 from shared.lifecycle import connect
 from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
 from shared.quantize import FORMS, form_named
@@ -90,6 +90,8 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     output = getattr(ns, "output", "dense")
     check_output_path(out, output)
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
+    if not has_state_key(job):
+        raise ConfigError(f"--job-id must be at most {MAX_JOB_ID} letters, digits and - _ = / . (not starting or ending with .)")
     subjects = nats.subjects
     nc = await connect(nats, "embedfleet-reindex")
     js = nc.jetstream()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -15,57 +18,43 @@ from pathlib import Path
 
 from shared.config import child_environment, nats_security
 from shared.lifecycle import setup_logging
-from shared.model_dir import load_model_info
+from shared.model_dir import ModelInfo
 from shared.nats_server import EmbeddedNats
+from services.gateway.config import api_keys
+from services.gateway.models_api import model_kind
+from services.stack_plan import MODEL_ENV, Child, children, default_model, served_models
 
 log = logging.getLogger("embedfleet.up")
 
-READY_TIMEOUT = 180.0  # seconds: model load on a slow CPU
+READY_TIMEOUT = 180.0  # seconds a worker may take to load its model on a slow CPU
 
 
 def run_stack(ns: argparse.Namespace) -> int:
     setup_logging(ns.log_level, "up")
-    info = load_model_info(ns.model, ns.model_name)  # fail fast on a bad --model
+    infos = served_models(ns)  # fail fast on a bad --model
+    default = default_model(ns, infos)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
     # the URL without credentials (safe to print); credentials and TLS files checked before anything starts
     url, auth, tls = nats_security(ns)
+    keys = api_keys(ns)
     nats = None
     if url is None:
         nats = EmbeddedNats(Path(ns.data_dir) / "nats")
         url = nats.start()
-    children: dict[str, subprocess.Popen] = {}
+    ready_dir = Path(tempfile.mkdtemp(prefix="embedfleet-up-"))
+    fleet = Fleet(child_environment(auth, tls, os.environ))  # secrets go to the services in their environment
     try:
         common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level]
-        env = child_environment(auth, tls, os.environ)  # secrets go to the services in their environment
-        model_args = (["--model", str(info.path)] if ns.model else []) + ["--model-name", info.id]
-        commands = {
-            role: [sys.executable, "-m", "services.cli", role, *common, *extra]
-            for role, extra in (
-                ("tokenizer", model_args),
-                ("worker", model_args),
-                ("scorer", model_args),
-                ("gateway", _gateway_args(ns)),
-            )
-        }
-        for role, command in commands.items():
-            children[role] = subprocess.Popen(command, env=env)
+        gateway = [*_gateway_args(ns, skip=("default_model",)), "--default-model", default.id]
+        plan = children(infos, common, gateway, ready_dir)
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
         base = f"http://{host}:{ns.port}"
-        if not _wait_ready(base, children, stop):
+        if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop):
             return 1
-        print(
-            f"\nembedfleet is up: model {info.id!r}, NATS {url}\n"
-            f"  POST {base}/v1/embeddings   (OpenAI API)\n"
-            f"  GET  {base}/v1/models\n"
-            f"  GET  {base}/health\n"
-            f"  try: curl -s {base}/v1/embeddings -H 'content-type: application/json' "
-            f"-d '{{\"model\": \"{info.id}\", \"input\": \"hello world\"}}'\n"
-            "Ctrl-C stops everything.\n",
-            flush=True,
-        )
+        print(_banner(infos, default, base, url), flush=True)
         restarts = Restarts()
         while not stop.wait(0.5):
             if nats is not None and not nats.running:
@@ -73,18 +62,60 @@ def run_stack(ns: argparse.Namespace) -> int:
                     return 1
                 log.error("nats-server exited; starting it again")
                 nats.start()
-            for role, proc in children.items():
-                if proc.poll() is not None and restarts.allow(role):
-                    log.error("%s exited with %s; starting it again", role, proc.returncode)
-                    children[role] = subprocess.Popen(commands[role], env=env)
-                elif proc.poll() is not None:
+            for child in plan:
+                code = fleet.exited(child)
+                if code is not None and restarts.allow(child.name):
+                    log.error("%s exited with %s; starting it again", child.name, code)
+                    fleet.start(child)
+                elif code is not None:
                     return 1
         return 0
     finally:
-        _stop_children(children)
+        fleet.stop_all()
         if nats is not None:
             nats.stop()
             log.info("nats-server stopped")
+        shutil.rmtree(ready_dir, ignore_errors=True)
+
+
+class Fleet:
+    """The stack's processes, by child name."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        # the children take their model from their arguments, never from the variables `up` read
+        self._env = {k: v for k, v in env.items() if k not in (MODEL_ENV, "EMBEDFLEET_MODEL_NAME", "EMBEDFLEET_MODELS_FILE")}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._roles: dict[str, str] = {}
+
+    def start(self, child: Child) -> None:
+        child.ready.unlink(missing_ok=True)  # a killed process leaves its file behind
+        self._roles[child.name] = child.role
+        self._procs[child.name] = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", child.role, *child.args], env=self._env
+        )
+
+    def started(self, child: Child) -> bool:
+        return child.name in self._procs
+
+    def exited(self, child: Child) -> int | None:
+        """The exit status of a started child that has stopped; None while it runs (or before it starts)."""
+        proc = self._procs.get(child.name)
+        return None if proc is None else proc.poll()
+
+    def stop_all(self) -> None:
+        # the gateway first (no new requests), then the fleet finishes in-flight work
+        for role in ("gateway", "scorer", "tokenizer", "worker"):
+            for name, proc in self._procs.items():
+                if self._roles[name] == role and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 40
+        for name, proc in self._procs.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", name)
+                proc.kill()
+                proc.wait()
 
 
 class Restarts:
@@ -106,8 +137,8 @@ class Restarts:
         return True
 
 
-def _gateway_args(ns: argparse.Namespace) -> list[str]:
-    """Every gateway option `up` was given, passed on to the gateway process."""
+def _gateway_args(ns: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[str]:
+    """Every gateway option `up` was given (but those in ``skip``), passed on to the gateway process."""
     from services.gateway import config as gateway_config
 
     probe = argparse.ArgumentParser(add_help=False)
@@ -115,41 +146,79 @@ def _gateway_args(ns: argparse.Namespace) -> list[str]:
     args: list[str] = []
     for action in probe._actions:
         value = getattr(ns, action.dest, None)
-        if action.option_strings and value is not None:
+        if action.option_strings and value is not None and action.dest not in skip:
             args += [action.option_strings[0], str(value)]
     return args
 
 
-def _wait_ready(base: str, children: dict[str, subprocess.Popen], stop: threading.Event) -> bool:
-    deadline = time.monotonic() + READY_TIMEOUT
+def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: str | None, stop: threading.Event) -> bool:
+    """Start the stack and wait until every process is ready and the gateway lists all of ``models``.
+
+    A worker calibrates its batch budget at start-up by timing the device, so the workers start one
+    at a time, each once every process started before it is ready: other processes starting beside
+    it would skew its timings (and workers calibrating at once would time each other).
+    """
+    workers = [c for c in plan if c.role == "worker"]
+    timeout = READY_TIMEOUT * len(workers)
+    deadline = time.monotonic() + timeout
+    for child in plan:
+        if child.role != "worker":
+            fleet.start(child)
     while time.monotonic() < deadline and not stop.is_set():
-        for role, proc in children.items():
-            if proc.poll() is not None:
-                log.error("%s exited with %s during start-up", role, proc.returncode)
+        for child in plan:
+            code = fleet.exited(child)
+            if code is not None:
+                log.error("%s exited with %s during start-up", child.name, code)
                 return False
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except OSError:
-            pass
+        waiting = [w for w in workers if not fleet.started(w)]
+        if waiting and all(c.ready.exists() for c in plan if fleet.started(c)):
+            fleet.start(waiting[0])
+        if all(c.ready.exists() for c in plan) and models <= set(_listed(base, key)):
+            return True
         time.sleep(0.25)
     if not stop.is_set():
-        log.error("the stack did not become healthy within %.0fs", READY_TIMEOUT)
+        missing = [c.name for c in plan if not c.ready.exists()]
+        log.error("the stack did not become ready within %.0fs (not ready: %s)", timeout, ", ".join(missing) or
+                  "none, but the gateway does not list every model")
     return False
 
 
-def _stop_children(children: dict[str, subprocess.Popen]) -> None:
-    # the gateway first (no new requests), then the fleet finishes in-flight work
-    for role in ("gateway", "scorer", "tokenizer", "worker"):
-        proc = children.get(role)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 40
-    for role, proc in children.items():
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop in time; killing it", role)
-            proc.kill()
-            proc.wait()
+def _listed(base: str, key: str | None) -> list[str]:
+    """The model ids the gateway's /v1/models lists (none while it does not answer)."""
+    request = urllib.request.Request(f"{base}/v1/models", headers={"authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as resp:
+            return [m["id"] for m in json.loads(resp.read())["data"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str) -> str:
+    served = "\n".join(
+        f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"
+        + ("  (default)" if info is default else "")
+        for info in infos
+    )
+    try_line = _example(infos, base)
+    return (
+        f"\nembedfleet is up: {len(infos)} model(s), NATS {url}\n{served}\n"
+        f"  POST {base}/v1/embeddings   (OpenAI API)\n"
+        f"  POST {base}/v1/rerank       (cross-encoders; embedders by cosine)\n"
+        f"  GET  {base}/v1/models\n"
+        f"  GET  {base}/health\n"
+        + (f"  try: {try_line}\n" if try_line else "")
+        + "Ctrl-C stops everything.\n"
+    )
+
+
+def _example(infos: list[ModelInfo], base: str) -> str | None:
+    """A request to try: on the first embedder, else on the first reranker (other kinds: none)."""
+    kinds = [(info.id, model_kind(info.task, info.dim, info.outputs)) for info in infos]
+    curl = f"curl -s {base}/v1/%s -H 'content-type: application/json' -d '%s'"
+    for model, kind in kinds:
+        if kind == "embedding":
+            return curl % ("embeddings", f'{{"model": "{model}", "input": "hello world"}}')
+    for model, kind in kinds:
+        if kind == "rerank":
+            return curl % ("rerank", f'{{"model": "{model}", "query": "hello", "documents": ["hello world", "bye"]}}')
+    return None

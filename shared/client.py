@@ -29,6 +29,8 @@ from nats.errors import NoRespondersError
 from shared.errors import ErrorCode, ServiceError
 from shared.protocol import (
     VECTOR_DTYPES,
+    DecodeRequest,
+    DecodeResult,
     EmbedOptions,
     EmbedRequest,
     EmbedResult,
@@ -291,6 +293,18 @@ class EmbedClient:
         if not isinstance(reply, TokenizeResult) or len(reply.tokens) != len(texts):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply
+
+    async def decode(self, model: str, ids: list[np.ndarray], skip_special_tokens: bool, timeout: float) -> list[str]:
+        """Ask a tokenizer for the text of each sequence of token IDs."""
+        request = DecodeRequest(uuid.uuid4().hex, model, ids, skip_special_tokens)
+        payload = encode(request)
+        if len(payload) > self._nc.max_payload:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
+                               f"{self._nc.max_payload}: send fewer token IDs per request")
+        reply = await self._ask(self._subjects.decode(model), payload, "tokenizer", timeout)
+        if not isinstance(reply, DecodeResult) or len(reply.texts) != len(ids):
+            raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
+        return reply.texts
 
     async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
         """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""

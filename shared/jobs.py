@@ -73,12 +73,16 @@ def work_consumer(durable: str, subject: str, settings: JobSettings) -> Consumer
 
 
 _KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
+# a job id is a KV key and a token of subjects and message ids: short, so a control line stays far
+# under the server's limit (4 KB) with the prefix around it
+MAX_JOB_ID = 128
 _CONFLICTS = 1000  # compare-and-set retries before a state update is given up
 
 
 def has_state_key(job: str) -> bool:
     """Whether ``job`` can name a state entry (a KV key); an untrusted id may not."""
-    return bool(_KV_KEY.fullmatch(job)) and not job.startswith(".") and not job.endswith(".")
+    return (len(job) <= MAX_JOB_ID and bool(_KV_KEY.fullmatch(job)) and not job.startswith(".")
+            and not job.endswith("."))
 
 
 async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) -> dict:

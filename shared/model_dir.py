@@ -145,6 +145,7 @@ class ModelInfo:
     sparse: SparseSpec | None = None
     multivector: MultiVectorSpec | None = None
     hidden_size: int = 0  # the encoder's width (the "tokens" output's dimension)
+    labels: tuple[str, ...] = ()  # a sequence classifier's label names, by logit (config.json's id2label)
 
     def serves(self, output: str) -> bool:
         """Whether a request for ``output`` (a protocol OUTPUTS name) can be served by this model."""
@@ -213,6 +214,7 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
         return ModelInfo(
             id=model_id or default_id, path=path, max_seq_length=max_seq_length, dim=labels, pooling="cls",
             normalize=False, vocab_size=int(config["vocab_size"]), prompts={}, task="score",
+            labels=label_names(config, labels),
         )
     prompts = {str(k): str(v) for k, v in (st_general.get("prompts") or {}).items()}
     common = dict(
@@ -379,6 +381,18 @@ def classifier_labels(config: dict[str, Any]) -> int:
     """Logits of a sequence classifier: transformers' default of 2 when the config names none (it
     leaves ``id2label`` out of config.json when it is the default)."""
     return int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
+
+
+def label_names(config: dict[str, Any], count: int) -> tuple[str, ...]:
+    """The name of each of a classifier's ``count`` logits: config.json's ``id2label``, else transformers'
+    defaults (LABEL_0, LABEL_1, ...)."""
+    id2label = config.get("id2label")
+    names = [f"LABEL_{i}" for i in range(count)]
+    if isinstance(id2label, dict):
+        for key, name in id2label.items():
+            if str(key).isdigit() and int(key) < count:
+                names[int(key)] = str(name)
+    return tuple(names)
 
 
 def is_cross_encoder(config: dict[str, Any], path: Path | None = None) -> bool:

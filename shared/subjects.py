@@ -62,6 +62,10 @@ class Subjects:
         """gateway -> tokenizer fleet: show tokens (TEI /tokenize)."""
         return f"{self.prefix}.v1.tokenize.{model_token(model)}"
 
+    def decode(self, model: str) -> str:
+        """gateway -> tokenizer fleet: token IDs back to text (TEI /decode)."""
+        return f"{self.prefix}.v1.decode.{model_token(model)}"
+
     def jobs(self, model: str) -> str:
         """bulk job batches (JetStream, published by clients)."""
         return f"{self.prefix}.v1.jobs.{model_token(model)}"

@@ -122,3 +122,24 @@ def test_e2e_queries_are_short_queries_as_the_performance_notes_define_them():
     counts = token_counts(single.texts)
     assert len(single.texts) >= 200
     assert all(QUERY_TOKENS[0] <= counts[q] <= QUERY_TOKENS[1] for q in single.texts), sorted(counts.values())[-5:]
+
+
+def test_outputs_benchmark_prints_ratios_for_sparse_and_multi_vector():
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.outputs", "--rounds", "1", "--scale", "0.03"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith(("splade", "colbert"))}
+    assert set(rows) == {"splade", "colbert"}, result.stdout
+    for row in rows.values():
+        assert float(row[4].rstrip("x")) > 0  # engine / reference
+        assert row[5] == "True" and float(row[6]) >= 0.9999  # same nonzero set / shapes, least cosine
+
+
+def test_stack_memory_benchmark_measures_engines_in_one_process():
+    result = subprocess.run([sys.executable, "-m", "bench.stack_memory", "--engines-in-one-process", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rss = [float(line.split()[-3]) for line in result.stdout.splitlines() if "MiB RSS" in line]
+    assert len(rss) == 3 and rss[0] < rss[1] < rss[2]  # torch alone, then each engine adds its weights

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
 from typing import AsyncIterator
 
+import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,9 +25,9 @@ from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
 from shared.lifecycle import connect, mark_ready, register
 from shared.model_dir import same_model
-from shared.protocol import EmbedOptions, RerankRequest
+from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 from shared.quantize import FORMS, WIRE_FORMS
-from services.gateway import openai_api, rerank_api, tei_api
+from services.gateway import cohere_api, models_api, openai_api, rerank_api, tei_api, tei_tasks
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ApiError, error_response
@@ -74,7 +77,8 @@ class Gateway:
             self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir)
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
-        log.info("gateway on http://%s:%d (nats %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url)
+        log.info("gateway on http://%s:%d (nats %s, default model: %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url,
+                 self.cfg.default_model or "the first served")
         mark_ready(self.cfg.nats, True)
         try:
             yield
@@ -87,19 +91,28 @@ class Gateway:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def default_of(self, models: list[str]) -> str | None:
+        """The model of requests that name none: the served id --default-model names, else the first by id."""
+        if self.cfg.default_model is None:
+            return models[0] if models else None
+        return next((m for m in models if same_model(self.cfg.default_model, m)), None)
+
     async def resolve_model(self, requested: str | None) -> str:
-        """The served id that ``requested`` names (None: the only or first model served)."""
+        """The served id that ``requested`` names (None: the default model, see ``default_of``)."""
         view = await self.discovery.view()
         for fresh in (False, True):
             if fresh:
                 view = await self.discovery.refresh()
-            if requested is None and view.models:
-                return view.models[0]
+            if requested is None and (default := self.default_of(view.models)) is not None:
+                return default
             for model in view.models:
                 if requested is not None and same_model(requested, model):
                     return model
         if not view.models:
             raise ApiError(ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model right now")
+        if requested is None:  # a --default-model that is not served (yet, or no longer)
+            raise ApiError(ErrorCode.NO_RESPONDERS, f"the default model {self.cfg.default_model!r} is not served right "
+                           f"now; available: {', '.join(view.models)} (name one as 'model')")
         raise ApiError(
             ErrorCode.MODEL_NOT_FOUND, f"model {requested!r} is not served here; available: {', '.join(view.models)}", "model"
         )
@@ -153,8 +166,7 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "embedfleet"} for m in view.models]
-        return json_response({"object": "list", "data": data})
+        return json_response(models_api.render_models(view.models, view.tokenizers, view.workers, self.default_of(view.models)))
 
     # -- TEI routes -------------------------------------------------------------------------
 
@@ -212,6 +224,35 @@ class Gateway:
         return Response(rerank_api.render_cohere(call, model, request_id, ranked.indices, ranked.scores),
                         media_type="application/json")
 
+    # -- Cohere routes ----------------------------------------------------------------------
+
+    async def cohere_embed_v1(self, request: Request) -> Response:
+        return await self._cohere_embed(request, 1)
+
+    async def cohere_embed_v2(self, request: Request) -> Response:
+        return await self._cohere_embed(request, 2)
+
+    async def _cohere_embed(self, request: Request, version: int) -> Response:
+        req = cohere_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits, version)
+        model = await self.resolve_model(req.model)
+        view = await self.discovery.view()
+        cohere_api.check_model_limits("max_tokens", req.max_tokens, int(view.tokenizers.get(model, {}).get("max_seq_length", 0)),
+                                      req.dimensions, int(view.workers.get(model, {}).get("dim", 0)))
+        options = req.options()
+        outcome = await self.run_embed(model, req.inputs, options)
+        body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, rows_form(options.dtype, outcome.dtype), outcome.tokens)
+        return Response(body, media_type="application/json", headers=self.stage_headers(outcome))
+
+    async def rerank_cohere_v2(self, request: Request) -> Response:
+        req = cohere_api.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        model = await self.resolve_model(req.call.model)
+        view = await self.discovery.view()
+        cohere_api.check_model_limits("max_tokens_per_doc", req.max_tokens_per_doc,
+                                      int(view.tokenizers.get(model, {}).get("max_seq_length", 0)))
+        request_id = str(uuid.uuid4())
+        _, ranked = await self.run_rerank(req.call, request_id)
+        return Response(cohere_api.render_rerank(request_id, ranked.indices, ranked.scores), media_type="application/json")
+
     async def tokenize(self, request: Request) -> Response:
         req = tei_api.parse_tokenize(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(None)
@@ -228,6 +269,84 @@ class Gateway:
             model, view.tokenizers.get(model, {}), view.workers.get(model, {}), self.limits, self.cfg.max_in_flight, __version__
         )
         return Response(body, media_type="application/json")
+
+    # -- TEI task routes: /predict, /similarity, /decode, and POST / by the model's kind ------
+
+    async def predict(self, request: Request) -> Response:
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        call = tei_tasks.parse_predict(body, self.limits)
+        return await self.run_predict(call, await self.resolve_model(tei_api.model_field(body)))
+
+    async def run_predict(self, call: tei_tasks.PredictCall, model: str) -> Response:
+        worker = (await self.discovery.view()).workers.get(model, {})
+        if worker.get("task") != "score":
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} is not a sequence classifier; /predict scores texts with "
+                           "one (embedders answer /embed)", "model")
+        pairs = [i for i, x in enumerate(call.inputs) if not isinstance(x, str)]
+        singles = [i for i, x in enumerate(call.inputs) if isinstance(x, str)]
+        groups = [(rows, is_pair) for rows, is_pair in ((singles, False), (pairs, True)) if rows]
+        timeout = self.cfg.request_timeout
+        async with self.admitted():  # single texts and pairs travel as two requests, scored at once
+            outcomes = await asyncio.gather(*(
+                self.client.embed(model, [] if is_pair else [call.inputs[i] for i in rows], call.options, timeout,
+                                  pairs=[call.inputs[i] for i in rows] if is_pair else None)
+                for rows, is_pair in groups
+            ))
+        labels = tei_tasks.worker_labels(worker)
+        logits = np.empty((len(call.inputs), len(labels)), dtype=np.float32)
+        for (rows, _), outcome in zip(groups, outcomes):
+            if outcome.vectors.shape[1] != len(labels):
+                raise ApiError(ErrorCode.INTERNAL, f"the model gave {outcome.vectors.shape[1]} logits for {len(labels)} labels")
+            logits[rows] = outcome.vectors
+            self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
+        body = tei_tasks.render_predict(call, tei_tasks.label_scores(logits, call.raw_scores), labels)
+        slowest = max(outcomes, key=lambda o: sum(o.timings.values()))
+        return Response(body, media_type="application/json", headers=self.stage_headers(slowest))
+
+    async def similarity(self, request: Request) -> Response:
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        call = tei_tasks.parse_similarity(body, self.limits)
+        return await self.run_similarity(call, await self.resolve_model(tei_api.model_field(body)))
+
+    async def run_similarity(self, call: tei_tasks.SimilarityCall, model: str) -> Response:
+        outcome = await self.run_embed(model, call.inputs, call.options)
+        return Response(tei_tasks.render_similarity(outcome.vectors), media_type="application/json",
+                        headers=self.stage_headers(outcome))
+
+    async def decode(self, request: Request) -> Response:
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        call = tei_tasks.parse_decode(body, self.limits)
+        model = await self.resolve_model(tei_api.model_field(body))
+        async with self.admitted():
+            texts = await self.client.decode(model, call.ids, call.skip_special_tokens, self.cfg.request_timeout)
+        return Response(tei_tasks.render_decode(texts), media_type="application/json")
+
+    async def root(self, request: Request) -> Response:
+        """POST / (and /invocations): the task of the model's kind, as TEI mounts it; a sentence-similarity
+        body runs /similarity whatever the model (huggingface_hub's InferenceClient posts both here)."""
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        model = await self.resolve_model(tei_api.model_field(body))
+        task = tei_tasks.root_task(json_object(body), (await self.discovery.view()).workers.get(model, {}))
+        if task == "similarity":
+            return await self.run_similarity(tei_tasks.parse_similarity(body, self.limits), model)
+        if task == "predict":
+            return await self.run_predict(tei_tasks.parse_predict(body, self.limits), model)
+        if task == "rerank":
+            call = dataclasses.replace(rerank_api.parse_tei(body, self.limits), model=model)
+            _, ranked = await self.run_rerank(call, uuid.uuid4().hex)
+            return Response(rerank_api.render_tei(call, ranked.indices, ranked.scores), media_type="application/json")
+        if task == "embed_sparse":
+            req = tei_api.parse_embed_sparse(body, self.limits)
+            outcome = await self.run_embed(model, req.inputs, req.options)
+            return Response(tei_api.render_sparse(outcome.ragged), media_type="application/json",
+                            headers=self.stage_headers(outcome))
+        req = tei_api.parse_embed(body, self.limits)
+        outcome = await self.run_embed(model, req.inputs, req.options)
+        form, headers = rows_form(req.options.dtype, outcome.dtype), self.stage_headers(outcome)
+        kind = negotiate(request.headers.get("accept"))
+        if kind != "json":
+            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
+        return Response(tei_api.render_embed(outcome.vectors, form), media_type="application/json", headers=headers)
 
     # -- bulk jobs --------------------------------------------------------------------------
 
@@ -290,6 +409,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return exc.response(request.url.path)
 
 
+async def _protocol_error(request: Request, exc: Exception) -> Response:
+    """A request whose fields make a message the wire protocol refuses: the request is at fault (the
+    routes check their fields first; this is the net under them)."""
+    log.warning("request on %s made an invalid message: %s", request.url.path, exc)
+    return error_response(request.url.path, 400, f"invalid request: {str(exc).replace('options.', '')}", ErrorCode.INVALID_REQUEST)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return error_response(request.url.path, exc.status_code, str(exc.detail), None)
@@ -315,6 +441,16 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/tokenize", gw.tokenize, methods=["POST"]),
         Route("/rerank", gw.rerank_tei, methods=["POST"]),
         Route("/v1/rerank", gw.rerank_cohere, methods=["POST"]),
+        Route("/v1/embed", gw.cohere_embed_v1, methods=["POST"]),
+        Route("/v2/embed", gw.cohere_embed_v2, methods=["POST"]),
+        Route("/v2/rerank", gw.rerank_cohere_v2, methods=["POST"]),
+        Route("/predict", gw.predict, methods=["POST"]),
+        Route("/similarity", gw.similarity, methods=["POST"]),
+        Route("/decode", gw.decode, methods=["POST"]),
+        Route("/", gw.root, methods=["POST"]),
+        Route("/invocations", gw.root, methods=["POST"]),
+        Route("/", gw.health, methods=["GET"]),
+        Route("/ping", gw.health, methods=["GET"]),
         Route("/info", gw.info, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
         Route("/metrics", gw.prometheus, methods=["GET"]),
@@ -323,7 +459,8 @@ def create_app(cfg: GatewayConfig) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=gw.lifespan,
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+        exception_handlers={ApiError: _api_error, ProtocolError: _protocol_error, HTTPException: _http_error,
+                            Exception: _unexpected},
     )
     known = frozenset(r.path for r in routes)
     app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known)

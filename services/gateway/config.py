@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                "paths served without an API key, comma separated")
     add_option(parser, "--jobs-dir", "EMBEDFLEET_JOBS_DIR", None,
                "folder whose files POST /v1/jobs may name as 'path' (default: none, server-side files are refused)")
+    add_option(parser, "--default-model", "EMBEDFLEET_DEFAULT_MODEL", None,
+               "the served model that requests naming none use (TEI routes); default: the first served id in order "
+               "(embedfleet up: its first --model)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +47,14 @@ class GatewayConfig:
     discovery_interval: float = 1.0  # seconds between fleet polls; a process silent for 3 is taken for dead
     retries: int = 2  # attempts after the first for rows a dead process may have held
     discovery_wait: float = 0.25  # seconds to gather ping replies
+    default_model: str | None = None  # None: the first model served, by id
+
+    def __post_init__(self) -> None:
+        if self.default_model is not None and not self.default_model.strip():
+            raise ConfigError("--default-model must name a model")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GatewayConfig:
-        keys = [k.strip() for k in ns.api_keys.split(",") if k.strip()]
-        if ns.api_keys_file:
-            path = Path(ns.api_keys_file)
-            try:
-                keys += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
-            except OSError as exc:
-                raise ConfigError(f"--api-keys-file {path}: {exc.strerror}") from None
-            if not keys:
-                raise ConfigError(f"--api-keys-file {path} holds no key")
         return cls(
             nats=nats_config(ns),
             host=ns.host,
@@ -66,7 +65,22 @@ class GatewayConfig:
             max_input_chars=ns.max_input_chars,
             max_in_flight=ns.max_in_flight,
             retries=ns.retries,
-            api_keys=tuple(keys),
+            api_keys=api_keys(ns),
             open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
+            default_model=ns.default_model,
         )
+
+
+def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:
+    """The keys of --api-keys and --api-keys-file (``embedfleet up`` sends one on its readiness checks)."""
+    keys = [k.strip() for k in ns.api_keys.split(",") if k.strip()]
+    if ns.api_keys_file:
+        path = Path(ns.api_keys_file)
+        try:
+            keys += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        except OSError as exc:
+            raise ConfigError(f"--api-keys-file {path}: {exc.strerror}") from None
+        if not keys:
+            raise ConfigError(f"--api-keys-file {path} holds no key")
+    return tuple(keys)

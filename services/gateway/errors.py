@@ -1,5 +1,5 @@
-"""Errors answered over HTTP: one table from internal codes to HTTP status, and the two body shapes
-(OpenAI's on OpenAI routes, TEI's on TEI routes)."""
+"""Errors answered over HTTP: one table from internal codes to HTTP status, and the body shapes
+(OpenAI's on OpenAI routes, TEI's on TEI routes, Cohere's on Cohere routes)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,13 @@ STATUS: dict[ErrorCode, tuple[int, str, str]] = {
     ErrorCode.TIMEOUT: (504, "timeout_error", "Backend"),
 }
 
-# routes answering in TEI's shape; every other route answers in OpenAI's
-TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/embed_all", "/tokenize", "/info", "/rerank"})
+# routes answering in TEI's shape (routes in neither this set nor COHERE_PATHS answer in OpenAI's)
+TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/embed_all", "/tokenize", "/info", "/rerank", "/predict", "/similarity",
+                       "/decode", "/", "/invocations", "/ping"})
+# routes answering in Cohere's shape, ``{"message": ...}``; Cohere has no 413 and answers over-long
+# inputs and bodies with 400, which its SDK raises as BadRequestError
+COHERE_PATHS = frozenset({"/v1/embed", "/v2/embed", "/v2/rerank"})
+COHERE_STATUS = {413: 400}
 
 
 class ApiError(Exception):
@@ -44,6 +49,9 @@ def error_response(path: str, status: int, message: str, code: ErrorCode | None,
     _, openai_type, tei_type = STATUS.get(code, (status, "invalid_request_error" if status < 500 else "server_error", "Validation"))
     if path in TEI_PATHS:
         body: dict = {"error": message, "error_type": tei_type}
+    elif path in COHERE_PATHS:
+        body = {"message": message}
+        status = COHERE_STATUS.get(status, status)
     else:
         body = {"error": {"message": message, "type": openai_type, "param": param, "code": code.value if code else None}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")

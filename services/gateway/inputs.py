@@ -9,10 +9,12 @@ import numpy as np
 import orjson
 
 from shared.errors import ErrorCode
+from shared.protocol import MAX_DIMENSION
 from shared.quantize import EMBEDDING_TYPES, form_named
 from services.gateway.errors import ApiError
 
 MAX_TOKEN_ID = (1 << 31) - 1
+MAX_NAME_CHARS = 256  # a prompt name on the wire (EmbedOptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +97,19 @@ def optional(doc: dict, key: str, kind: type, default: Any = None) -> Any:
     return value
 
 
-def positive_dimensions(doc: dict) -> int | None:
-    dims = optional(doc, "dimensions", int)
-    if dims is not None and dims <= 0:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'dimensions' must be a positive integer", "dimensions")
+def positive_dimensions(doc: dict, key: str = "dimensions") -> int | None:
+    dims = optional(doc, key, int)
+    if dims is not None and not 0 < dims <= MAX_DIMENSION:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{key}' must be a positive integer (at most {MAX_DIMENSION})", key)
     return dims
+
+
+def name_field(doc: dict, key: str) -> str | None:
+    """An optional short name (a prompt's): a string of at most MAX_NAME_CHARS characters."""
+    value = optional(doc, key, str)
+    if value is not None and len(value) > MAX_NAME_CHARS:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{key}' is {len(value)} characters; names are at most {MAX_NAME_CHARS}", key)
+    return value
 
 
 def embedding_form(doc: dict) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from shared.config import ConfigError
 from shared.documents import job_id_for, read_documents
 from shared.errors import ErrorCode
-from shared.jobs import JobConflict, form_conflict, has_state_key, read_state, submit
+from shared.jobs import MAX_JOB_ID, JobConflict, form_conflict, has_state_key, read_state, submit
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
 from services.gateway.errors import ApiError
@@ -45,7 +45,7 @@ class JobsApi:
         if "documents" in doc:
             docs = _inline(doc["documents"])
             job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
-            await self._check_id(job, form)
+            await self._check_id(job, form, output)
             try:
                 state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline")
             except JobConflict as exc:  # created meanwhile by another request
@@ -63,7 +63,7 @@ class JobsApi:
             if not docs:
                 raise ApiError(ErrorCode.INVALID_REQUEST, f"{path} holds no documents", "path")
             job = optional(doc, "id", str) or job_id_for(path, model, batch_size, form, output)
-            await self._check_id(job, form)
+            await self._check_id(job, form, output)
             # a file may be large: publish in the background, answer at once
             task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, str(path)))
             self._background.add(task)
@@ -74,16 +74,19 @@ class JobsApi:
         return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
                      "embedding_type": form}
 
-    async def _check_id(self, job: str, form: str) -> None:
+    async def _check_id(self, job: str, form: str, output: str) -> None:
         """A job id must name a state entry, and a job already there must make the same form."""
         if not has_state_key(job):
-            raise ApiError(ErrorCode.INVALID_REQUEST,
-                           "'id' must be letters, digits and - _ = / . (not starting or ending with .)", "id")
-        problem = form_conflict(await read_state(self._kv, job), form)
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'id' must be at most {MAX_JOB_ID} letters, digits and "
+                           "- _ = / . (not starting or ending with .)", "id")
+        problem = form_conflict(await read_state(self._kv, job), form, output)
         if problem:
             raise ApiError(ErrorCode.INVALID_REQUEST, problem, "id")
 
     async def get(self, job: str) -> dict:
+        if not has_state_key(job):
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits "
+                           "and - _ = / .", "id")
         try:
             entry = await self._kv.get(job)
         except Exception:

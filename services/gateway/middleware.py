@@ -15,7 +15,7 @@ from services.gateway.errors import error_response
 from services.gateway.metrics import Metrics
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed"})
+EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"})
 
 
 class GatewayMiddleware:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.quantize import EMBEDDING_TYPES
+from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, TYPE_FORMS
 
 _STR_OR_LIST = {
     "oneOf": [
@@ -83,6 +84,98 @@ def _get(summary: str, schema: dict, codes: tuple[int, ...] = (), error: dict = 
     }
 
 
+def _cohere_paths() -> dict[str, Any]:
+    """Cohere's /v1/embed, /v2/embed (embed v1 and v2 of its SDK) and /v2/rerank."""
+    error = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+    codes = (400, 401, 404, 422, 429, 503, 504)
+    types = {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(TYPE_FORMS)}, "description": (
+        "the forms answered, each an array under its name in 'embeddings': float; int8 / uint8 (one fixed rule, see the "
+        "README's Vector forms); binary / ubinary (packed sign bits); base64 (each row's float32 bytes)")}
+    embed = {
+        "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "model": {"type": "string"},
+        "input_type": {"type": "string", "enum": list(INPUT_TYPES), "description": "selects the model's prompt "
+                       "of the name: query, document, classification, clustering (none of that name: no prompt)"},
+        "embedding_types": types,
+        "truncate": {"type": "string", "enum": list(TRUNCATE), "default": "END"},
+    }
+    v2_embed = {**embed, "inputs": {"type": "array", "items": {"type": "object", "properties": {"content": {
+                    "type": "array", "items": {"type": "object", "properties": {
+                        "type": {"const": "text"}, "text": {"type": "string"}}}}}}},
+                "output_dimension": {"type": "integer", "minimum": 1},
+                "max_tokens": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"}}
+    meta = {"type": "object", "properties": {"api_version": {"type": "object"}, "billed_units": {"type": "object"}}}
+    by_type = {"type": "object", "properties": {
+        "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]}, "id": {"type": "string"},
+        "embeddings": {"oneOf": [{"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                                 {"type": "object", "additionalProperties": {"type": "array"}}]},
+        "texts": {"type": "array", "items": {"type": "string"}}, "meta": meta}}
+    ok = {"application/json": {"schema": by_type}}
+    rerank = {"type": "object", "required": ["query", "documents"], "properties": {
+        "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
+        "documents": {"type": "array", "items": {"type": "string"}}, "top_n": {"type": "integer", "minimum": 1},
+        "max_tokens_per_doc": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"}}}
+    ranked = {"application/json": {"schema": {"type": "object", "properties": {
+        "id": {"type": "string"}, "meta": meta, "results": {"type": "array", "items": {"type": "object", "properties": {
+            "index": {"type": "integer"}, "relevance_score": {"type": "number"}}}}}}}}
+    return {
+        "/v1/embed": _post("Embed (Cohere v1)", {"type": "object", "required": ["texts"], "properties": embed}, ok, error, codes),
+        "/v2/embed": _post("Embed (Cohere v2)", {"type": "object", "properties": v2_embed}, ok, error, codes),
+        "/v2/rerank": _post("Rerank documents by relevance to a query (Cohere v2)", rerank, ranked, error, codes),
+    }
+
+
+def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+    """TEI's /predict, /similarity, /decode, POST / (and /invocations) by the model's kind, GET / and /ping."""
+    model = {"type": "string", "description": "an extension: which served model answers (default: the gateway's --default-model)"}
+    truncation = {"truncate": {"type": "boolean", "default": False},
+                  "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]}}
+    texts = {"type": "array", "items": {"type": "string"}}
+    predict_body = {"type": "object", "required": ["inputs"], "properties": {
+        "inputs": {"oneOf": [
+            {"type": "string", "description": "one text"},
+            {**texts, "minItems": 1, "maxItems": 2, "description": "one text, or a [text, text_pair] pair"},
+            {"type": "array", "minItems": 1, "items": {**texts, "minItems": 1, "maxItems": 2},
+             "description": "a batch of [text] and [text, text_pair] lists"}]},
+        "raw_scores": {"type": "boolean", "default": False, "description": "logits instead of softmax (sigmoid for one label)"},
+        "model": model, **truncation}}
+    prediction = {"type": "array", "items": {"type": "object", "properties": {
+        "score": {"type": "number"}, "label": {"type": "string"}}}, "description": "per label, best first"}
+    predicted = {"application/json": {"schema": {"oneOf": [
+        prediction, {"type": "array", "items": prediction, "description": "a batch: per input"}]}}}
+    similarity_body = {"type": "object", "required": ["inputs"], "properties": {
+        "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
+            "source_sentence": {"type": "string"}, "sentences": {**texts, "minItems": 1}}},
+        "parameters": {"type": ["object", "null"], "properties": {**truncation, "prompt_name": {"type": ["string", "null"]}}},
+        "model": model}}
+    cosines = {"application/json": {"schema": {"type": "array", "items": {"type": "number"},
+                                               "description": "per sentence, its cosine with the source sentence"}}}
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    decode_body = {"type": "object", "required": ["ids"], "properties": {
+        "ids": {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1}]},
+        "skip_special_tokens": {"type": "boolean", "default": True}, "model": model}}
+    rerank_body = {"type": "object", "required": ["query", "texts"], "description": "/rerank's body"}
+    root = _post(
+        "The task of the model's kind, as TEI: embed (embedders), embed_sparse (SPLADE), rerank (one-logit rerankers), "
+        "predict (classifiers); a body with inputs.source_sentence runs similarity with any embedder",
+        {"type": "object", "oneOf": [embed_body, sparse_body, rerank_body, predict_body, similarity_body],
+         "properties": {k: v for body in (embed_body, sparse_body, predict_body, similarity_body)
+                        for k, v in body["properties"].items()} | {"query": {"type": "string"}, "texts": texts}},
+        {"application/json": {"schema": {"type": "array"}}, **_BINARY}, _TEI_ERROR, codes,
+    )
+    health = _get("200 when a tokenizer and a worker answer (TEI's health routes)", {"type": "object"}, (503,))
+    return {
+        "/predict": _post("Label scores of a sequence classifier (TEI)", predict_body, predicted, _TEI_ERROR, codes),
+        "/similarity": _post("Cosine similarity of sentences to a source sentence (TEI)", similarity_body, cosines,
+                             _TEI_ERROR, codes),
+        "/decode": _post("Token IDs back to text (TEI)", decode_body,
+                         {"application/json": {"schema": texts}}, _TEI_ERROR, (400, 401, 404, 422, 503, 504)),
+        "/": {**root, **health},
+        "/invocations": root,
+        "/ping": health,
+    }
+
+
 def openapi_spec(version: str) -> dict[str, Any]:
     embeddings_body = {
         "type": "object",
@@ -128,7 +221,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
     }
     common_tei = {
         "inputs": _STR_OR_LIST,
-        "model": {"type": "string", "description": "an extension: which served model answers (default: the first)"},
+        "model": {"type": "string", "description": "an extension: which served model answers (default: the gateway's --default-model)"},
         "truncate": {"type": "boolean"},
         "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
         "prompt_name": {"type": ["string", "null"]},
@@ -229,6 +322,8 @@ def openapi_spec(version: str) -> dict[str, Any]:
                                                          "document": {"type": "object"}}}}}}}},
                 _OPENAI_ERROR, common,
             ),
+            **_cohere_paths(),
+            **_tei_task_paths(embed_body, sparse_body, common),
             "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 503), _TEI_ERROR),
             "/health": _get("200 when a tokenizer and a worker answer", {"type": "object"}, (503,)),
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},

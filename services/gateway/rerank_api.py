@@ -24,7 +24,7 @@ class RerankCall:
     return_text: bool
 
 
-def _query(doc: dict, limits: Limits) -> str:
+def query_field(doc: dict, limits: Limits) -> str:
     query = doc.get("query")
     if not isinstance(query, str) or not query:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'query' must be a non-empty string, got {json_type(query)}", "query")
@@ -34,7 +34,7 @@ def _query(doc: dict, limits: Limits) -> str:
     return query
 
 
-def _texts(raw: Any, param: str, limits: Limits, objects: bool) -> list[str]:
+def texts_field(raw: Any, param: str, limits: Limits, objects: bool) -> list[str]:
     if not isinstance(raw, list):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be a list, got {json_type(raw)}", param)
     if len(raw) > limits.max_inputs:
@@ -54,7 +54,7 @@ def _texts(raw: Any, param: str, limits: Limits, objects: bool) -> list[str]:
     return texts
 
 
-def _top_n(doc: dict) -> int | None:
+def top_n_field(doc: dict) -> int | None:
     top_n = optional(doc, "top_n", int)
     if top_n is not None and top_n <= 0:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'top_n' must be a positive integer", "top_n")
@@ -64,11 +64,11 @@ def _top_n(doc: dict) -> int | None:
 def parse_tei(body: bytes, limits: Limits) -> RerankCall:
     """``{"query", "texts", "raw_scores": false, "return_text": false, "truncate": false}``."""
     doc = json_object(body)
-    query = _query(doc, limits)
+    query = query_field(doc, limits)
     if "texts" not in doc:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required", "texts")
     return RerankCall(
-        model=None, query=query, texts=_texts(doc["texts"], "texts", limits, objects=False), top_n=_top_n(doc),
+        model=None, query=query, texts=texts_field(doc["texts"], "texts", limits, objects=False), top_n=top_n_field(doc),
         raw_scores=optional(doc, "raw_scores", bool, False), truncate=optional(doc, "truncate", bool, False),
         return_text=optional(doc, "return_text", bool, False),
     )
@@ -77,12 +77,12 @@ def parse_tei(body: bytes, limits: Limits) -> RerankCall:
 def parse_cohere(body: bytes, limits: Limits) -> RerankCall:
     """``{"model", "query", "documents": [str | {"text"}], "top_n", "return_documents"}`` (Cohere, Jina)."""
     doc = json_object(body)
-    query = _query(doc, limits)
+    query = query_field(doc, limits)
     if "documents" not in doc:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' is required", "documents")
     return RerankCall(
-        model=optional(doc, "model", str), query=query, texts=_texts(doc["documents"], "documents", limits, objects=True),
-        top_n=_top_n(doc), raw_scores=False, truncate=optional(doc, "truncate", bool, True),
+        model=optional(doc, "model", str), query=query, texts=texts_field(doc["documents"], "documents", limits, objects=True),
+        top_n=top_n_field(doc), raw_scores=False, truncate=optional(doc, "truncate", bool, True),
         return_text=optional(doc, "return_documents", bool, False),
     )
 

@@ -13,7 +13,10 @@ from shared.protocol import EmbedOptions, TokenizeResult
 from shared.protocol.messages import MAX_SPARSE_TOP_K
 from shared.quantize import FORMS
 from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
+from services.gateway.inputs import (
+    Inputs, Limits, embedding_form, json_object, name_field, optional, parse_inputs, positive_dimensions,
+)
+from services.gateway.tei_tasks import model_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +38,7 @@ def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
         dimensions=positive_dimensions(doc),
         truncate=optional(doc, "truncate", bool, False),  # TEI's default: refuse over-long inputs
         truncation_direction=direction,
-        prompt_name=optional(doc, "prompt_name", str),
+        prompt_name=name_field(doc, "prompt_name"),
         dtype=FORMS[embedding_form(doc)][0],  # an extension: TEI answers float32 only
     )
     return EmbedRequest(inputs, options)
@@ -54,7 +57,7 @@ def parse_tokenize(body: bytes, limits: Limits) -> TokenizeRequest:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
     inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=False)
     return TokenizeRequest(
-        inputs.texts, optional(doc, "add_special_tokens", bool, True), optional(doc, "prompt_name", str)
+        inputs.texts, optional(doc, "add_special_tokens", bool, True), name_field(doc, "prompt_name")
     )
 
 
@@ -78,7 +81,7 @@ def render_info(model: str, tokenizer: dict[str, str], worker: dict[str, str], l
             "model_id": model,
             "model_sha": None,
             "model_dtype": worker.get("dtype", "float32"),
-            "model_type": {"embedding": {"pooling": worker.get("pooling") or tokenizer.get("pooling", "mean")}},
+            "model_type": model_type(worker, tokenizer),
             "max_concurrent_requests": max_in_flight,
             "max_input_length": int(tokenizer.get("max_seq_length", 0)),
             "max_batch_tokens": int(worker.get("max_batch_tokens", 0)),
@@ -103,7 +106,7 @@ def _common_options(doc: dict) -> dict:
     return dict(
         truncate=optional(doc, "truncate", bool, False),
         truncation_direction=direction,
-        prompt_name=optional(doc, "prompt_name", str),
+        prompt_name=name_field(doc, "prompt_name"),
     )
 
 
@@ -138,7 +141,10 @@ def parse_embed_all(body: bytes, limits: Limits, offers: tuple[str, ...]) -> Emb
     if output == "multivector" and "multivector" not in offers:
         raise ApiError(ErrorCode.INVALID_REQUEST, "the model has no multi-vector head: ask 'output': 'tokens'", "output")
     form = embedding_form(doc)
-    options = EmbedOptions(output=output, dtype=FORMS[form][0], input_type=optional(doc, "input_type", str),
+    input_type = optional(doc, "input_type", str)
+    if input_type not in (None, "query", "document"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
+    options = EmbedOptions(output=output, dtype=FORMS[form][0], input_type=input_type,
                            **_common_options(doc))
     return EmbedRequest(inputs, options)
 

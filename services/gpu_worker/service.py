@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import json
 import logging
 import time
 import uuid
@@ -136,6 +137,8 @@ class WorkerService:
                 "pooling": model.pooling,
                 "task": model.task,
                 "outputs": ",".join(model.outputs),
+                # a classifier's label names by logit, as JSON (names may hold commas)
+                **({"labels": json.dumps(model.labels)} if model.labels else {}),
                 "max_batch_tokens": str(first.max_batch_tokens),
             },
         )

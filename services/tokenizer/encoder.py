@@ -269,6 +269,16 @@ class TextEncoder:
             out.append(row)
         return out
 
+    def decode(self, ids: list[np.ndarray], skip_special_tokens: bool = True) -> list[str]:
+        """Each sequence of token IDs as text. IDs outside the vocabulary are left out, as the
+        ``tokenizers`` library (and so text-embeddings-inference) leaves them out."""
+        for i, seq in enumerate(ids):
+            if len(seq) == 0:
+                raise ServiceError(ErrorCode.INVALID_TOKENS, f"ids[{i}] has no token IDs")
+            if seq.min() < 0:
+                raise ServiceError(ErrorCode.INVALID_TOKENS, f"ids[{i}] holds a negative token ID")
+        return self._by_mode["none"].decode_batch([seq.tolist() for seq in ids], skip_special_tokens=skip_special_tokens)
+
     def _refuse_long(self, ids) -> None:
         for i, seq in enumerate(ids):
             if len(seq) > self.max_length:

@@ -13,6 +13,8 @@ from nats.aio.msg import Msg
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
 from shared.protocol import (
+    DecodeRequest,
+    DecodeResult,
     EmbedOptions,
     EmbedRequest,
     ErrorReply,
@@ -53,6 +55,7 @@ class TokenizerService:
         self._subjects = cfg.nats.subjects
         self._sub = None
         self._tokenize_sub = None
+        self._decode_sub = None
         self._load_sub = None
         self._router = Router()
         self._bulk: BulkTokenizer | None = None
@@ -65,6 +68,9 @@ class TokenizerService:
         )
         self._tokenize_sub = await self._nc.subscribe(
             self._subjects.tokenize(model.id), queue=TOKENIZER_QUEUE, cb=self._on_tokenize
+        )
+        self._decode_sub = await self._nc.subscribe(
+            self._subjects.decode(model.id), queue=TOKENIZER_QUEUE, cb=self._on_decode
         )
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
@@ -94,10 +100,10 @@ class TokenizerService:
         if self._bulk is not None:
             await self._bulk.stop()
             self._bulk = None
-        for sub in (self._sub, self._tokenize_sub, self._load_sub):
+        for sub in (self._sub, self._tokenize_sub, self._decode_sub, self._load_sub):
             if sub is not None:
                 await sub.drain()  # finishes messages already received
-        self._sub = self._tokenize_sub = self._load_sub = None
+        self._sub = self._tokenize_sub = self._decode_sub = self._load_sub = None
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
@@ -107,6 +113,9 @@ class TokenizerService:
 
     async def _on_tokenize(self, msg: Msg) -> None:
         await self._answering(msg, TokenizeRequest, self._tokenize)
+
+    async def _on_decode(self, msg: Msg) -> None:
+        await self._answering(msg, DecodeRequest, self._decode)
 
     async def _answering(self, msg: Msg, kind: type, handle: Callable[[Any, str | None], Awaitable[None]]) -> None:
         """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
@@ -192,10 +201,19 @@ class TokenizerService:
         self._check_model(request.model)
         texts = self._encoder.with_prompt(request.texts, EmbedOptions(prompt_name=request.prompt_name))
         tokens = await asyncio.to_thread(self._encoder.tokenize, texts, request.add_special_tokens)
-        payload = encode(TokenizeResult(request.id, tokens))
+        await self._answer(reply, encode(TokenizeResult(request.id, tokens)), "the tokens", "fewer or shorter texts")
+
+    async def _decode(self, request: DecodeRequest, reply: str | None) -> None:
+        self._check_model(request.model)
+        size = sum(len(seq) for seq in request.ids)
+        texts = await _off_loop(size, self._encoder.decode, request.ids, request.skip_special_tokens)
+        await self._answer(reply, encode(DecodeResult(request.id, texts)), "the texts", "fewer token IDs")
+
+    async def _answer(self, reply: str | None, payload: bytes, what: str, fewer: str) -> None:
+        """Publish an answer that fits one NATS message; one that does not is the request's error."""
         if len(payload) > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"the tokens take {len(payload)} bytes; the NATS limit is "
-                               f"{self._nc.max_payload}: send fewer or shorter texts per request")
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"{what} take {len(payload)} bytes; the NATS limit is "
+                               f"{self._nc.max_payload}: send {fewer} per request")
         if reply:
             await self._nc.publish(reply, payload)
 

@@ -13,14 +13,15 @@ from shared.protocol.checks import (
     _req_int, _req_number, _show, _str_list, _timings,
 )
 from shared.protocol.messages import (
-    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, row_bytes, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
-    JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult,
+    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, row_bytes, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest,
+    EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
+    TokenizeResult,
 )
 
 
 Message = Union[
-    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, JobBatch,
-    JobResult, RerankRequest, RerankResult,
+    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
+    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult,
 ]
 
 
@@ -66,6 +67,11 @@ def encode(msg: Message) -> bytes:
         body |= {"m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
     elif isinstance(msg, TokenizeResult):
         body |= {"tk": [[list(t) for t in seq] for seq in msg.tokens]}
+    elif isinstance(msg, DecodeRequest):
+        body |= {"m": msg.model, "tk": [np.ascontiguousarray(t, dtype=TOKEN_DTYPE).tobytes() for t in msg.ids],
+                 "ss": msg.skip_special_tokens}
+    elif isinstance(msg, DecodeResult):
+        body |= {"x": msg.texts}
     elif isinstance(msg, JobBatch):
         body |= {"b": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
     elif isinstance(msg, JobResult):
@@ -153,8 +159,8 @@ def decode(data: bytes) -> Message:
 
 
 M = TypeVar(
-    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, LoadReport, JobBatch,
-    JobResult, RerankRequest, RerankResult,
+    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
+    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult,
 )
 
 
@@ -217,6 +223,20 @@ def _decode_tokenized(m: dict) -> TokenizeResult:
             row.append(tuple(t))
         tokens.append(row)
     return TokenizeResult(id=_id(m), tokens=tokens)
+
+
+def _decode_decode(m: dict) -> DecodeRequest:
+    raw = _req(m, "tk", list)
+    if len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
+        raise ProtocolError(f"ids must be at most {MAX_ROWS} byte strings of int32 token IDs")
+    return DecodeRequest(
+        id=_id(m), model=_name(m, "m"), ids=[_int32_array(t, "ids") for t in raw],
+        skip_special_tokens=_opt_bool(m, "ss", True),
+    )
+
+
+def _decode_decoded(m: dict) -> DecodeResult:
+    return DecodeResult(id=_id(m), texts=_str_list(m, "x"))
 
 
 def _decode_tokens(m: dict) -> TokenBatch:
@@ -370,6 +390,8 @@ _DECODERS = {
     ErrorReply.TYPE: _decode_error,
     TokenizeRequest.TYPE: _decode_tokenize,
     TokenizeResult.TYPE: _decode_tokenized,
+    DecodeRequest.TYPE: _decode_decode,
+    DecodeResult.TYPE: _decode_decoded,
     LoadReport.TYPE: _decode_load,
     JobBatch.TYPE: _decode_job,
     JobResult.TYPE: _decode_job_result,

@@ -237,6 +237,28 @@ class TokenizeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """gateway -> tokenizer: token IDs back to text (TEI /decode)."""
+
+    id: str
+    model: str
+    ids: list[np.ndarray]  # per sequence, [n] int32 token IDs
+    skip_special_tokens: bool = True
+
+    TYPE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeResult:
+    """tokenizer -> gateway: one text per sequence of the request."""
+
+    id: str
+    texts: list[str]
+
+    TYPE = "decoded"
+
+
+@dataclass(frozen=True, slots=True)
 class JobBatch:
     """client -> tokenizers (JetStream subject <prefix>.v1.jobs.<model>): one batch of a bulk job.
 

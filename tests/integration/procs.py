@@ -96,3 +96,30 @@ def healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def start_fleet(nats_url: str, prefix: str, folders: dict, log_dir: Path, *, named: bool = False,
+                extra: list[Service] = ()) -> tuple[str, list[Service]]:
+    """A tokenizer and a worker per model folder (``named``: served under its key, else the folder's
+    name), the ``extra`` services, and a gateway, all on subjects under ``prefix``; returns the
+    gateway's URL and the services once the gateway is healthy and every worker answers."""
+    from shared.nats_server import free_port
+
+    common = ["--nats", nats_url, "--subject-prefix", prefix]
+    services = []
+    for name, folder in folders.items():
+        model = ["--model", str(folder)] + (["--model-name", name] if named else [])
+        services.append(Service("tokenizer", [*common, *model], log_dir))
+        services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
+    services += extra
+    port = free_port()
+    services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
+        wait_until(lambda: count_services(nats_url, "worker", prefix=prefix) == len(folders), 240, "workers", services)
+    except BaseException:
+        for s in services:
+            s.stop()
+        raise
+    return base_url, services

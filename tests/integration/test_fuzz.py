@@ -23,6 +23,8 @@ plausible = st.one_of(
     st.lists(st.integers(-5, 40000), min_size=0, max_size=8),
     st.lists(st.lists(st.integers(0, 40000), max_size=6), max_size=3),
     st.sampled_from(["float", "base64", "query", "document", "Left", "Right", "all-MiniLM-L6-v2"]),
+    st.sampled_from(["search_query", "search_document", "NONE", "START", "END"]),  # Cohere's input_type, truncate
+    st.lists(st.sampled_from(["float", "int8", "uint8", "binary", "ubinary", "base64"]), max_size=3),  # embedding_types
     st.integers(-3, 5000),
     st.booleans(),
 )
@@ -45,12 +47,16 @@ def spec(stack) -> dict:
 
 def test_every_route_is_fuzzed(spec):
     posts = [p for p, ops in spec["paths"].items() if "post" in ops]
-    assert sorted(posts) == ["/embed", "/embed_all", "/embed_sparse", "/embeddings", "/rerank", "/tokenize", "/v1/embeddings",
-                             "/v1/jobs", "/v1/rerank"]
+    assert sorted(posts) == sorted(["/embed", "/embed_all", "/embed_sparse", "/embeddings", "/rerank", "/tokenize", "/v1/embeddings",
+                                    "/v1/jobs", "/v1/rerank",
+                                    "/", "/decode", "/invocations", "/predict", "/similarity",
+                                    "/v1/embed", "/v2/embed", "/v2/rerank"])
 
 
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/embed_sparse", "/embed_all", "/tokenize",
-                                  "/v1/jobs", "/rerank", "/v1/rerank"])
+                                  "/v1/jobs", "/rerank", "/v1/rerank",
+                                  "/predict", "/similarity", "/decode", "/", "/invocations",
+                                  "/v1/embed", "/v2/embed", "/v2/rerank"])
 def test_post_routes_never_answer_5xx(stack, spec, path):
     schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     client = httpx.Client(base_url=stack.base_url, timeout=60)

@@ -162,6 +162,8 @@ def test_openapi_lists_the_real_routes(stack):
     assert spec["openapi"].startswith("3.")
     assert set(spec["paths"]) == {"/v1/embeddings", "/embeddings", "/v1/models", "/embed", "/embed_sparse", "/embed_all",
                                   "/tokenize", "/info",
+                                  "/predict", "/similarity", "/decode", "/", "/invocations", "/ping",
+                                  "/v1/embed", "/v2/embed", "/v2/rerank",
                                   "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}", "/rerank", "/v1/rerank"}
 
 

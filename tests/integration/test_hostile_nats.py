@@ -28,8 +28,9 @@ from shared.bulkwork import TRUNCATED
 from shared.errors import ErrorCode
 from shared.jobs import stream_names
 from shared.protocol import (
-    MAX_ID, MAX_STAGES, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch, LoadReport, ProtocolError,
-    RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult, decode, decode_as, encode,
+    MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    LoadReport, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult, decode, decode_as,
+    encode,
 )
 from shared.subjects import SERVICE_NAMES, Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
@@ -73,13 +74,17 @@ SEEDS = {
     "tokenize": st.builds(TokenizeRequest, id=st.text(max_size=8), model=st.just(MODEL), texts=short_texts)
     | VALID[TokenizeRequest],
     "tokens": batches_for_the_model() | VALID[TokenBatch],
+    "decode": st.builds(DecodeRequest, id=st.text(max_size=8), model=st.just(MODEL),
+                        ids=st.lists(in_vocab.map(lambda ids: np.array(ids, "<i4")), min_size=1, max_size=3))
+    | VALID[DecodeRequest],
     "rerank": st.builds(RerankRequest, id=st.text(max_size=8), model=st.just(MODEL), query=st.text(max_size=20),
                         texts=short_texts, deadline=soon, top_n=st.none() | st.integers(1, 3)) | VALID[RerankRequest],
     "load": st.builds(LoadReport, id=st.text("abcdef0123", min_size=1, max_size=16), model=st.just(MODEL),
                       subject=st.text(min_size=1, max_size=30), queued_tokens=st.integers(0, 2**64 - 1),
                       interval=st.floats(0.01, 60), rate=st.floats(0, 1e11)) | VALID[LoadReport],
 }
-ANSWERS = {"embed": EmbedResult, "tokenize": TokenizeResult, "tokens": EmbedResult, "rerank": RerankResult}
+ANSWERS = {"embed": EmbedResult, "tokenize": TokenizeResult, "tokens": EmbedResult, "rerank": RerankResult,
+           "decode": DecodeResult}
 
 
 def _token_batch(ids, rows: int = 1, **kw) -> bytes:
@@ -95,6 +100,7 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
         "tokenize": encode(TokenizeRequest("h", MODEL, ["a text"])),
         "tokens": _token_batch([101, 2000, 102]),
         "rerank": encode(RerankRequest("h", MODEL, "q", ["a", "b"], time.time() + 30)),
+        "decode": encode(DecodeRequest("h", MODEL, [np.array([101, 7592, 102], "<i4")])),
     }[kind]
     body = msgpack.unpackb(seed)
     big = max_payload - 64 * 1024  # under the limit, with room for the envelope
@@ -148,6 +154,17 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
             msgpack.packb({**body, "ids": b"\x01\x00\x00"}),
             msgpack.packb({**body, "n": 2**40}),
             msgpack.packb({**body, "tm": {"x" * 10_000: 1.0}}),
+        ]
+    if kind == "decode":
+        cases += [
+            encode(DecodeRequest("h", MODEL, [np.array([101, -1, 102], "<i4")])),
+            encode(DecodeRequest("h", MODEL, [np.array([], "<i4")])),
+            encode(DecodeRequest("h", MODEL, [np.array([101, 2**31 - 1, VOCAB], "<i4")])),  # past the vocabulary: left out
+            encode(DecodeRequest("h", MODEL, [np.full(big // 4, 7592, "<i4")])),  # its text would outgrow a message
+            msgpack.packb({**body, "tk": [b"\x01\x00\x00"]}),
+            msgpack.packb({**body, "tk": b"\x00" * 8}),
+            msgpack.packb({**body, "ss": "yes"}),
+            with_raw_field(body, "tk", b"\xdd\xff\xff\xff\xff"),
         ]
     if kind == "rerank":
         cases += [
@@ -277,6 +294,7 @@ REQUEST_SUBJECTS = {
     "tokenize": SUBJECTS.tokenize(MODEL),
     "tokens": SUBJECTS.tokens(MODEL),
     "rerank": SUBJECTS.rerank(MODEL),
+    "decode": SUBJECTS.decode(MODEL),
 }
 
 

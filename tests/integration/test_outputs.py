@@ -15,9 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from shared.nats_server import free_port
 from tests.conftest import cosines
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import start_fleet
 from tests.output_models import (
     bge_m3_reference, build_bge_m3, build_colbert, build_splade, colbert_reference, densify, splade_reference,
 )
@@ -37,18 +36,8 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     folders = {"splade": build_splade(root), "colbert": build_colbert(root), "bge-m3": build_bge_m3(root)}
     assert [f.name for f in folders.values()] == ["splade-max-relu", "colbert", "bge-m3"]
     log_dir = tmp_path_factory.mktemp("output-logs")
-    common = ["--nats", nats_url, "--subject-prefix", PREFIX]
-    services = []
-    for name, folder in folders.items():
-        model = ["--model", str(folder)]  # served as the folder's name
-        services.append(Service("tokenizer", [*common, *model], log_dir))
-        services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
-    port = free_port()
-    services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
-    base_url = f"http://127.0.0.1:{port}"
+    base_url, services = start_fleet(nats_url, PREFIX, folders, log_dir)  # each served as its folder's name
     try:
-        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
-        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders), 240, "workers", services)
         yield base_url, folders
     finally:
         for s in services:

@@ -109,7 +109,7 @@ def test_up_starts_a_dead_service_again(tmp_path):
         assert proc.poll() is None, log.read_text()
         worker = _child(proc.pid, "worker")
         os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: "worker exited with -9; starting it again" in log.read_text(), 30, "the restart")
+        wait_until(lambda: "worker[all-MiniLM-L6-v2] exited with -9; starting it again" in log.read_text(), 30, "the restart")
         wait_until(lambda: healthy(base) and _child(proc.pid, "worker") != worker, 120, "health with a new worker")
         r = httpx.post(f"{base}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "again"}, timeout=60)
         assert r.status_code == 200, r.text

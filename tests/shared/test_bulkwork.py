@@ -159,8 +159,9 @@ def test_job_settings_are_checked():
 def test_only_valid_kv_keys_name_a_job_state():
     """A forged job id (from an untrusted bulk message) must not reach the KV bucket: the server would
     refuse the key on every try."""
-    from shared.jobs import has_state_key
+    from shared.jobs import MAX_JOB_ID, has_state_key
 
     assert has_state_key("job-1_a=b/c.d")
-    for bad in ("", "-*Øs", "a b", ".start", "end.", "x>", "x*"):
+    assert has_state_key("j" * MAX_JOB_ID)
+    for bad in ("", "-*Øs", "a b", ".start", "end.", "x>", "x*", "j" * (MAX_JOB_ID + 1)):
         assert not has_state_key(bad), bad

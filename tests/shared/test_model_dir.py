@@ -283,3 +283,23 @@ def test_decoder_and_long_context_configs(tmp_path, config, tokenizer, st, limit
     info = load_model_info(str(_hf_folder(tmp_path, config, tokenizer, st)))
     hidden = config.get("hidden_size") or config["text_config"]["hidden_size"]
     assert (info.max_seq_length, info.pooling, info.dim, info.normalize) == (limit, pooling, hidden, False)
+
+
+@pytest.mark.parametrize(
+    "extra, labels",
+    [
+        ({"id2label": {"0": "negative", "2": "positive", "1": "neutral"}}, ("negative", "neutral", "positive")),
+        ({"num_labels": 2}, ("LABEL_0", "LABEL_1")),  # transformers leaves the default names out of config.json
+        ({"id2label": {"0": "relevant"}}, ("relevant",)),
+    ],
+)
+def test_a_classifier_names_its_labels_by_logit(model_info, tmp_path, extra, labels):
+    folder = _copy_model(model_info.path, tmp_path / "classifier")
+    for name in ("modules.json", "sentence_bert_config.json"):
+        (folder / name).unlink()
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"architectures": ["BertForSequenceClassification"], **extra}
+    (folder / "config.json").write_text(json.dumps(config))
+    info = load_model_info(str(folder))
+    assert (info.task, info.dim, info.labels) == ("score", len(labels), labels)
+    assert model_info.labels == ()

@@ -4,6 +4,8 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
+    DecodeRequest,
+    DecodeResult,
     EmbedOptions,
     EmbedRequest,
     EmbedResult,
@@ -67,6 +69,19 @@ def test_error_and_rerank_round_trip():
     assert decode(encode(req)) == req
     res = decode(encode(RerankResult("q", np.array([1, 0], np.int32), np.array([0.9, 0.1], np.float32))))
     assert res.indices.tolist() == [1, 0] and res.scores.dtype == np.dtype("<f4")
+
+
+def test_decode_request_round_trip_keeps_little_endian_ids():
+    msg = DecodeRequest("d", "m", [np.array([101, 7592, 102], np.int32), np.array([2088], np.int32)], skip_special_tokens=False)
+    raw = msgpack.unpackb(encode(msg))
+    assert (raw["t"], raw["ss"]) == ("decode", False)
+    assert raw["tk"] == [np.array([101, 7592, 102], "<i4").tobytes(), np.array([2088], "<i4").tobytes()]
+    out = decode(encode(msg))
+    assert isinstance(out, DecodeRequest) and (out.id, out.model, out.skip_special_tokens) == ("d", "m", False)
+    assert [ids.tolist() for ids in out.ids] == [[101, 7592, 102], [2088]]
+    raw.pop("ss")  # absent: special tokens are skipped, TEI's default
+    assert decode(msgpack.packb(raw)).skip_special_tokens is True
+    assert decode(encode(DecodeResult("d", ["hello world", ""]))) == DecodeResult("d", ["hello world", ""])
 
 
 def test_rerank_options_and_candidate_vectors():

@@ -26,7 +26,8 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions,
+    EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
     TokenizeResult, decode, decode_as, encode, row_bytes,
 )
@@ -202,6 +203,11 @@ VALID: dict[type, st.SearchStrategy] = {
         prompt_name=st.none() | st.text(max_size=20),
     ),
     TokenizeResult: st.builds(TokenizeResult, id=ids, tokens=st.lists(st.lists(token_tuples, max_size=4), max_size=3)),
+    DecodeRequest: st.builds(
+        DecodeRequest, id=ids, model=names, ids=st.lists(st.integers(0, 8).flatmap(int32_arrays), max_size=4),
+        skip_special_tokens=st.booleans(),
+    ),
+    DecodeResult: st.builds(DecodeResult, id=ids, texts=texts),
     JobBatch: job_batches(),
     JobResult: job_results(),
     LoadReport: st.builds(
@@ -302,7 +308,7 @@ protocol_shaped = st.fixed_dictionaries(
     {"v": st.just(1) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
     optional={key: junk for key in ["id", "m", "x", "dl", "o", "tk", "pr", "s", "n", "ids", "cu", "tt", "tm", "jb",
                                     "bi", "di", "dim", "dt", "b", "tok", "c", "e", "sp", "pn", "d", "q", "i", "l", "r",
-                                    "k", "rs", "tr", "rt", "cv", "cd", "sc"]},
+                                    "k", "rs", "tr", "rt", "cv", "cd", "sc", "ss"]},
 ).map(lambda body: msgpack.packb(body, use_bin_type=True))
 
 
@@ -453,6 +459,17 @@ HUGE_CLAIMS = {
     "empty model": _message("embed", **{**OK_EMBED, "m": ""}),
     "job longer than MAX_NAME": _tokens(jb="j" * (MAX_NAME + 1), di=["a", "b"], bi=0),
     "job a number": _tokens(jb=7, di=["a", "b"], bi=0),
+    "decode ids claiming 2**32-1 sequences": with_raw_field({"v": 1, "t": "decode", "id": "a", "m": "m"}, "tk",
+                                                        b"\xdd\xff\xff\xff\xff"),
+    "decode ids claiming 4 GB": with_raw_field({"v": 1, "t": "decode", "id": "a", "m": "m"}, "tk",
+                                               b"\x91\xc6\xff\xff\xff\xff\x00"),
+    "decode ids not whole int32": _message("decode", id="a", m="m", tk=[b"\x01\x00\x00"]),
+    "decode ids as numbers": _message("decode", id="a", m="m", tk=[[101, 102]]),
+    "decode ids a map": _message("decode", id="a", m="m", tk={"a": b"\x00" * 4}),
+    "decode without a model": _message("decode", id="a", tk=[b"\x00" * 4]),
+    "decode skip_special_tokens a string": _message("decode", id="a", m="m", tk=[b"\x00" * 4], ss="yes"),
+    "decoded texts as bytes": _message("decoded", id="a", x=[b"text"]),
+    "decoded texts claiming 2**32-1": with_raw_field({"v": 1, "t": "decoded", "id": "a"}, "x", b"\xdd\xff\xff\xff\xff"),
     "pickle": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94.",
 }
 
@@ -464,6 +481,8 @@ def test_hostile_claims_are_refused_cheaply(data):
 
 def test_more_inputs_than_max_rows_are_refused():
     data = _message("embed", id="a", m="m", x=[""] * (MAX_ROWS + 1), dl=1.0)
+    assert isinstance(decode_safely(data), ProtocolError)
+    data = _message("decode", id="a", m="m", tk=[b""] * (MAX_ROWS + 1))
     assert isinstance(decode_safely(data), ProtocolError)
 
 

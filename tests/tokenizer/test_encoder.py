@@ -192,3 +192,22 @@ def test_tokenizer_json_that_already_adds_the_tokens_is_kept(model_info, tmp_pat
     encoder = TextEncoder(load_model_info(str(folder)))
     assert encoder.encode(["hello world"]) == [[101, 7592, 2088, 102]]
     assert encoder.encode_pairs([("a", "b")])[0] == [[101, 1037, 102, 1038, 102]]  # BERT's own pair template
+
+
+def test_decode_equals_the_reference_tokenizer(encoder, reference):
+    texts = mixed_texts(30)
+    ids = [np.asarray(seq, np.int32) for seq in encoder.encode(texts)]
+    for skip in (True, False):
+        want = [reference.tokenizer.decode(seq.tolist(), skip_special_tokens=skip) for seq in ids]
+        assert encoder.decode(ids, skip_special_tokens=skip) == want
+    assert encoder.decode([np.array([101, 7592, 102], np.int32)], skip_special_tokens=False) == ["[CLS] hello [SEP]"]
+    # ids past the vocabulary are left out, as the tokenizers library leaves them out
+    assert encoder.decode([np.array([7592, 2**31 - 1, 2088], np.int32)]) == ["hello world"]
+
+
+@pytest.mark.parametrize("ids, fragment", [([np.array([], np.int32)], "ids[0] has no token IDs"),
+                                           ([np.array([1], np.int32), np.array([7, -3], np.int32)], "ids[1] holds a negative")])
+def test_decode_refuses_empty_and_negative_ids(encoder, ids, fragment):
+    with pytest.raises(ServiceError) as err:
+        encoder.decode(ids)
+    assert err.value.code is ErrorCode.INVALID_TOKENS and fragment in err.value.message

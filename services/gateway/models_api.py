@@ -1,0 +1,76 @@
+"""``GET /v1/models``: OpenAI's model list, each entry extended with what the model does and its limits.
+
+Everything comes from the metadata the live tokenizers and workers register (NATS micro-service
+info), so the list is what the fleet serves right now, not a static file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+KINDS = ("embedding", "sparse", "rerank", "classify")
+
+
+def model_kind(task: str, dim: int, outputs: Sequence[str]) -> str:
+    """What a model is for: a one-label cross-encoder reranks, one with several labels classifies;
+    an embedder that makes sparse vectors only is sparse, any other makes embeddings."""
+    if task == "score":
+        return "rerank" if dim == 1 else "classify"
+    if set(outputs) == {"sparse"}:
+        return "sparse"
+    return "embedding"
+
+
+def model_card(model: str, tokenizer: Mapping[str, str], worker: Mapping[str, str], default: bool) -> dict[str, object]:
+    """One ``data`` entry: OpenAI's fields, then ``kind``, ``dimensions`` (a vector's length: the
+    vocabulary for sparse, the number of labels for rerank / classify), ``max_tokens`` (special tokens
+    included), ``outputs``, ``prompts`` (names a request's ``input_type`` / ``prompt_name`` may
+    choose), ``default`` (the model of requests that name none) and, for a classifier, ``labels``
+    (its label names, by logit)."""
+    outputs = [o for o in (worker.get("outputs") or "dense").split(",") if o]
+    dim = _int(worker.get("dim"))
+    kind = model_kind(worker.get("task", "embed"), dim or 0, outputs)
+    card: dict[str, object] = {
+        "id": model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "embedfleet",
+        "kind": kind,
+        "dimensions": dim,
+        "max_tokens": _int(tokenizer.get("max_seq_length")),
+        "outputs": outputs,
+        "prompts": [p for p in (tokenizer.get("prompts") or "").split(",") if p],
+        "default": default,
+    }
+    labels = _labels(worker.get("labels"))
+    if kind == "classify" and labels is not None:
+        card["labels"] = labels
+    return card
+
+
+def render_models(
+    models: Sequence[str],
+    tokenizers: Mapping[str, Mapping[str, str]],
+    workers: Mapping[str, Mapping[str, str]],
+    default: str | None,
+) -> dict[str, object]:
+    data = [model_card(m, tokenizers.get(m, {}), workers.get(m, {}), m == default) for m in models]
+    return {"object": "list", "data": data}
+
+
+def _labels(text: str | None) -> list[str] | None:
+    """Label names, registered as a JSON list (names may hold commas)."""
+    try:
+        labels = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return [str(x) for x in labels] if isinstance(labels, list) else None
+
+
+def _int(text: str | None) -> int | None:
+    """A metadata number; None where the process did not say (an older version) or said nonsense."""
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None

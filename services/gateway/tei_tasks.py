@@ -1,0 +1,209 @@
+"""TEI's task routes beyond embedding (shapes only, no I/O): /predict (a sequence classifier's label
+scores), /similarity (cosines of sentences to a source sentence), /decode (token IDs back to text), and
+which of the routes ``POST /`` runs for a model of each kind.
+
+Shapes are text-embeddings-inference's (router/src/http/types.rs, server.rs): ``PredictRequest``,
+``Prediction``, ``SimilarityRequest``, ``DecodeRequest`` and the default routes its server mounts on ``/``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from shared.errors import ErrorCode
+from shared.protocol import EmbedOptions
+from services.gateway.errors import ApiError
+from services.gateway.inputs import Inputs, Limits, json_object, json_type, name_field, optional, parse_inputs
+
+Sequence = str | tuple[str, str]  # one text, or a (text, text_pair) pair
+
+
+@dataclass(frozen=True, slots=True)
+class PredictCall:
+    inputs: list[Sequence]
+    batch: bool  # inputs came as a batch: the answer is a list of predictions per input
+    raw_scores: bool  # logits instead of softmax (several labels) or sigmoid (one)
+    truncate: bool
+    truncation_direction: str
+
+    @property
+    def options(self) -> EmbedOptions:
+        # a classifier's "vectors" are its logits: never normalised
+        return EmbedOptions(normalize=False, truncate=self.truncate, truncation_direction=self.truncation_direction)
+
+
+def truncation(doc: dict) -> tuple[bool, str]:
+    """TEI's ``truncate`` (default false: over-long inputs are refused) and ``truncation_direction``."""
+    direction = optional(doc, "truncation_direction", str, "right").lower()
+    if direction not in ("right", "left"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction")
+    return optional(doc, "truncate", bool, False), direction
+
+
+def parse_predict(body: bytes, limits: Limits) -> PredictCall:
+    """``inputs``: a string, a [text, text_pair] pair, or a batch of [text] / [text, text_pair] lists."""
+    doc = json_object(body)
+    if "inputs" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
+    raw = doc["inputs"]
+    if isinstance(raw, list) and raw and isinstance(raw[0], list):
+        if len(raw) > limits.max_inputs:
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs' has {len(raw)} items; the limit is {limits.max_inputs}",
+                           "inputs", status=422)
+        inputs, batch = [_sequence(item, f"inputs[{i}]", limits, batched=True) for i, item in enumerate(raw)], True
+    else:
+        inputs, batch = [_sequence(raw, "inputs", limits)], False
+    truncate, direction = truncation(doc)
+    return PredictCall(inputs, batch, optional(doc, "raw_scores", bool, False), truncate, direction)
+
+
+def _sequence(raw: Any, where: str, limits: Limits, batched: bool = False) -> Sequence:
+    parts = [raw] if isinstance(raw, str) and not batched else raw
+    if not isinstance(parts, list) or not 1 <= len(parts) <= 2 or not all(isinstance(p, str) for p in parts):
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{where}' must be a string, a pair of strings [text, text_pair] or a "
+                       "batch of [text] and [text, text_pair] lists", "inputs")
+    for part in parts:
+        if len(part) > limits.max_input_chars:
+            raise ApiError(ErrorCode.INPUT_TOO_LONG, f"'{where}' has a text of {len(part)} characters; the limit is "
+                           f"{limits.max_input_chars}", "inputs")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def worker_labels(worker: dict[str, str]) -> list[str]:
+    """A classifier's label names by logit, from its worker's metadata (LABEL_i where it names none)."""
+    count = int(worker.get("dim") or 1)
+    try:
+        names = json.loads(worker.get("labels") or "[]")
+    except ValueError:
+        names = []
+    if isinstance(names, list) and len(names) == count and all(isinstance(n, str) for n in names):
+        return names
+    return [f"LABEL_{i}" for i in range(count)]
+
+
+def label_scores(logits: np.ndarray, raw_scores: bool) -> np.ndarray:
+    """[n, labels] logits -> scores as TEI gives them: softmax over several labels, sigmoid of one."""
+    x = logits.astype(np.float64)
+    if raw_scores:
+        return x
+    if x.shape[1] == 1:
+        return 1.0 / (1.0 + np.exp(-x))
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def render_predict(call: PredictCall, scores: np.ndarray, labels: list[str]) -> bytes:
+    """Per input ``[{"score", "label"}]``, best first; one such list for a single input, a list of them for a batch."""
+    if np.isnan(scores).any():
+        raise ApiError(ErrorCode.INTERNAL, "score is NaN")
+    if scores.shape[1] != len(labels):
+        raise ApiError(ErrorCode.INTERNAL, f"the model gave {scores.shape[1]} scores for {len(labels)} labels")
+    rows = [
+        [{"score": float(row[j]), "label": labels[j]} for j in np.argsort(-row, kind="stable").tolist()]
+        for row in scores
+    ]
+    return orjson.dumps(rows if call.batch else rows[0])
+
+
+@dataclass(frozen=True, slots=True)
+class SimilarityCall:
+    inputs: Inputs  # the source sentence, then the sentences
+    options: EmbedOptions
+
+
+def parse_similarity(body: bytes, limits: Limits) -> SimilarityCall:
+    """``{"inputs": {"source_sentence", "sentences"}, "parameters": {"truncate", "truncation_direction", "prompt_name"}}``."""
+    doc = json_object(body)
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, dict):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' must be an object {\"source_sentence\", \"sentences\"}, got "
+                       f"{json_type(inputs)}", "inputs")
+    source, sentences = inputs.get("source_sentence"), inputs.get("sentences")
+    if not isinstance(source, str):
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs.source_sentence' must be a string, got {json_type(source)}",
+                       "inputs")
+    if not isinstance(sentences, list) or not sentences:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs.sentences' must be a non-empty list of strings", "inputs")
+    parse_inputs(source, "inputs.source_sentence", limits, allow_tokens=False)
+    parse_inputs(sentences, "inputs.sentences", limits, allow_tokens=False)
+    if len(sentences) + 1 > limits.max_inputs:  # the source sentence is embedded with them
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs.sentences' has {len(sentences)} items, {len(sentences) + 1} "
+                       f"inputs with the source sentence; the limit is {limits.max_inputs}", "inputs", status=422)
+    parameters = doc.get("parameters")
+    parameters = {} if parameters is None else parameters
+    if not isinstance(parameters, dict):
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'parameters' must be an object, got {json_type(parameters)}",
+                       "parameters")
+    truncate, direction = truncation(parameters)
+    options = EmbedOptions(truncate=truncate, truncation_direction=direction,
+                           prompt_name=name_field(parameters, "prompt_name"))
+    return SimilarityCall(Inputs([source, *sentences], None), options)
+
+
+def render_similarity(vectors: np.ndarray) -> bytes:
+    """[source; sentences] vectors -> the cosine of each sentence's vector with the source's."""
+    v = vectors.astype(np.float64)
+    norms = np.linalg.norm(v, axis=1)
+    norms[norms == 0] = 1.0  # a zero vector is similar to nothing: cosine 0
+    return orjson.dumps(((v[1:] @ v[0]) / (norms[1:] * norms[0])).tolist())
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeCall:
+    ids: list[np.ndarray]  # per sequence, [n] int32
+    skip_special_tokens: bool
+
+
+def parse_decode(body: bytes, limits: Limits) -> DecodeCall:
+    """``{"ids": [id, ...] or [[id, ...], ...], "skip_special_tokens": true}``."""
+    doc = json_object(body)
+    if "ids" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'ids' is required", "ids")
+    raw = doc["ids"]
+    first = raw[0] if isinstance(raw, list) and raw else []
+    if not isinstance(raw, list) or json_type(first) not in ("number", "array") or isinstance(first, float):
+        shown = f"a list of {json_type(first)}s" if isinstance(raw, list) else json_type(raw)
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'ids' must be a list of token IDs or a list of token-ID lists, got {shown}",
+                       "ids")
+    inputs = parse_inputs(raw, "ids", limits, allow_tokens=True)
+    assert inputs.token_ids is not None
+    return DecodeCall(inputs.token_ids, optional(doc, "skip_special_tokens", bool, True))
+
+
+def render_decode(texts: list[str]) -> bytes:
+    return orjson.dumps(texts)
+
+
+def root_task(doc: dict, worker: dict[str, str]) -> str:
+    """The route ``POST /`` runs: "similarity" for a sentence-similarity body (``inputs`` an object with
+    ``source_sentence``), whatever the model; else by the model's kind, as TEI mounts its default route:
+    a classifier of several labels "predict", a one-logit reranker "rerank" (or "predict" for a body with
+    ``inputs`` and no ``query``), a model that makes only sparse vectors (SPLADE) "embed_sparse", any
+    other embedder "embed"."""
+    inputs = doc.get("inputs")
+    if isinstance(inputs, dict) and "source_sentence" in inputs:
+        return "similarity"
+    if worker.get("task") == "score":
+        if len(worker_labels(worker)) > 1 or ("inputs" in doc and "query" not in doc):
+            return "predict"
+        return "rerank"
+    outputs = (worker.get("outputs") or "dense").split(",")
+    return "embed_sparse" if "sparse" in outputs and "dense" not in outputs else "embed"
+
+
+def model_type(worker: dict[str, str], tokenizer: dict[str, str]) -> dict[str, Any]:
+    """/info's ``model_type`` as TEI names it: a classifier or a one-logit reranker with its labels, or
+    an embedding model with its pooling ("splade" for a model that makes only sparse vectors)."""
+    if worker.get("task") == "score":
+        labels = worker_labels(worker)
+        kind = "classifier" if len(labels) > 1 else "reranker"
+        return {kind: {"id2label": {str(i): name for i, name in enumerate(labels)},
+                       "label2id": {name: i for i, name in enumerate(labels)}}}
+    outputs = (worker.get("outputs") or "dense").split(",")
+    pooling = "splade" if outputs == ["sparse"] else worker.get("pooling") or tokenizer.get("pooling", "mean")
+    return {"embedding": {"pooling": pooling}}

@@ -1,0 +1,128 @@
+"""What ``embedfleet up`` runs: the models it serves, and the processes each one needs.
+
+Every model gets a tokenizer and a worker process of its own (see README, "Several models"); a model
+the scorer can rank with (a one-label cross-encoder: its scores; an embedder of dense vectors: cosine)
+gets a scorer too; one gateway stands in front of all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.config import ConfigError, add_option
+from shared.model_dir import ModelInfo, load_model_info, same_model
+from shared.subjects import model_token
+
+MODEL_ENV = "EMBEDFLEET_MODEL"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", action="append", default=None, metavar="[ID=]DIR",
+        help="a local Hugging Face / sentence-transformers model folder to serve, with the id clients use before '=' "
+        "(default id: the folder's name); repeat it to serve several models (env EMBEDFLEET_MODEL: one or more, "
+        "comma separated; default: the shipped all-MiniLM-L6-v2)",
+    )
+    add_option(parser, "--model-name", "EMBEDFLEET_MODEL_NAME", None,
+               "the id clients use for the one model served (default: the folder's name); with several, give --model ID=DIR")
+    add_option(parser, "--models-file", "EMBEDFLEET_MODELS_FILE", None,
+               "file naming models to serve, one a line as [ID=]DIR (relative folders from the file's own); "
+               "'#' starts a comment; served after those of --model")
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """One process of the stack: ``embedfleet <role> <args>``, which writes ``ready`` once it serves."""
+
+    name: str  # in logs: "gateway", "worker[bge-small]"
+    role: str
+    args: tuple[str, ...]
+    ready: Path
+
+
+def split_entry(text: str) -> tuple[str | None, str]:
+    """'[ID=]DIR' -> (id or None, folder); a folder that exists is taken whole, '=' and all."""
+    text = text.strip()
+    if "=" in text and not Path(text).expanduser().is_dir():
+        model_id, folder = text.split("=", 1)
+        if not model_id.strip() or not folder.strip():
+            raise ConfigError(f"--model {text!r}: give ID=DIR, or DIR alone")
+        return model_id.strip(), folder.strip()
+    return None, text
+
+
+def _entries(ns: argparse.Namespace) -> list[tuple[str | None, str]]:
+    given = ns.model if ns.model is not None else [e for e in os.environ.get(MODEL_ENV, "").split(",") if e.strip()]
+    entries = [split_entry(e) for e in given]
+    if ns.models_file:
+        entries += read_models_file(Path(ns.models_file))
+    return entries
+
+
+def read_models_file(path: Path) -> list[tuple[str | None, str]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--models-file {path}: {exc.strerror}") from None
+    entries = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            model_id, folder = split_entry(line)
+            entries.append((model_id, str(path.parent / Path(folder).expanduser())))
+    if not entries:
+        raise ConfigError(f"--models-file {path} names no model")
+    return entries
+
+
+def served_models(ns: argparse.Namespace) -> list[ModelInfo]:
+    """The models ``up`` serves, in the order given, their folders read (a bad one fails here, before
+    any process starts); none given: the shipped default model."""
+    entries = _entries(ns)
+    if ns.model_name is not None:
+        if len(entries) > 1:
+            raise ConfigError("--model-name names the one model served; with several, give each its id as --model ID=DIR")
+        if entries and entries[0][0] is not None:
+            raise ConfigError(f"--model-name {ns.model_name!r} and --model {entries[0][0]}=...: give the id once")
+    if not entries:
+        return [load_model_info(None, ns.model_name)]
+    infos = [load_model_info(folder, model_id or ns.model_name) for model_id, folder in entries]
+    for i, a in enumerate(infos):
+        for b in infos[:i]:
+            if same_model(a.id, b.id) or model_token(a.id) == model_token(b.id):
+                raise ConfigError(f"two models would be served as {b.id!r} ({b.path} and {a.path}): "
+                                  "give one another id with --model ID=DIR")
+    return infos
+
+
+def default_model(ns: argparse.Namespace, infos: list[ModelInfo]) -> ModelInfo:
+    """The model of requests that name none (TEI routes): --default-model, else the first one given."""
+    if ns.default_model is None:
+        return infos[0]
+    for info in infos:
+        if same_model(ns.default_model, info.id):
+            return info
+    raise ConfigError(f"--default-model {ns.default_model!r} is none of the models served: {', '.join(i.id for i in infos)}")
+
+
+def roles(info: ModelInfo) -> tuple[str, ...]:
+    """The processes a model needs. The scorer ranks with a one-label cross-encoder's scores or with
+    an embedder's dense vectors; a classifier (several labels) or a sparse-only model has none."""
+    ranks = info.dim == 1 if info.scores else "dense" in info.outputs
+    return ("tokenizer", "worker", "scorer") if ranks else ("tokenizer", "worker")
+
+
+def children(infos: list[ModelInfo], common: list[str], gateway: list[str], ready_dir: Path) -> list[Child]:
+    """Every process of the stack, the gateway last, each with its own ready file under ``ready_dir``."""
+    plan = []
+    for info in infos:
+        for role in roles(info):
+            ready = ready_dir / f"{role}-{model_token(info.id)}"
+            args = (*common, "--ready-file", str(ready), "--model", str(info.path), "--model-name", info.id)
+            plan.append(Child(f"{role}[{info.id}]", role, args, ready))
+    ready = ready_dir / "gateway"
+    plan.append(Child("gateway", "gateway", (*common, "--ready-file", str(ready), *gateway), ready))
+    return plan

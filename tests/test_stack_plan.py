@@ -1,0 +1,118 @@
+"""`embedfleet up`'s plan: which models it serves (--model [ID=]DIR, --models-file, the environment),
+the default model, and the processes each model gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from services.cli import build_parser
+from services.stack_plan import children, default_model, roles, served_models, split_entry
+from shared.config import ConfigError
+from shared.model_dir import DEFAULT_MODEL_ID, default_model_path, load_model_info
+
+
+@pytest.fixture
+def two_folders(tmp_path) -> tuple[Path, Path]:
+    """Two copies of the shipped model, as folders of other names."""
+    a, b = tmp_path / "alpha", tmp_path / "beta"
+    shutil.copytree(default_model_path(), a)
+    shutil.copytree(default_model_path(), b)
+    return a, b
+
+
+def _plan(*argv: str):
+    ns = build_parser().parse_args(["up", *argv])
+    return ns, served_models(ns)
+
+
+@pytest.fixture(autouse=True)
+def _no_model_env(monkeypatch):
+    for name in ("EMBEDFLEET_MODEL", "EMBEDFLEET_MODEL_NAME", "EMBEDFLEET_MODELS_FILE", "EMBEDFLEET_DEFAULT_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_no_model_serves_the_shipped_one():
+    ns, infos = _plan()
+    assert [i.id for i in infos] == [DEFAULT_MODEL_ID]
+    assert default_model(ns, infos) is infos[0]
+    _, infos = _plan("--model-name", "mini")
+    assert [i.id for i in infos] == ["mini"]
+
+
+def test_several_models_in_order_with_ids(two_folders):
+    a, b = two_folders
+    ns, infos = _plan("--model", str(a), "--model", f"org/bee={b}", "--default-model", "bee")
+    assert [(i.id, i.path) for i in infos] == [("alpha", a.resolve()), ("org/bee", b.resolve())]
+    assert default_model(ns, infos).id == "org/bee"  # named by its last path part
+    ns, infos = _plan("--model", str(a), "--model-name", "only")
+    assert [i.id for i in infos] == ["only"]
+
+
+def test_a_folder_whose_name_holds_an_equals_sign(tmp_path):
+    odd = tmp_path / "x=y"
+    shutil.copytree(default_model_path(), odd)
+    assert split_entry(str(odd)) == (None, str(odd))
+    assert split_entry(f"id={odd}") == ("id", str(odd))
+    assert split_entry(" id = /some/dir ") == ("id", "/some/dir")
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--model", "{a}", "--model", "{b}", "--model-name", "x"], "with several, give each its id as --model ID=DIR"),
+        (["--model", "x={a}", "--model-name", "y"], "give the id once"),
+        (["--model", "{a}", "--model", "alpha={b}"], "two models would be served as 'alpha'"),
+        (["--model", "a/b={a}", "--model", "a_b={b}"], "two models would be served as 'a/b'"),  # one subject token
+        (["--model", "{a}", "--model", "={b}"], "give ID=DIR, or DIR alone"),
+        (["--model", "{a}", "--model", "{a}/missing"], "is not a folder"),
+        (["--model", "{a}", "--default-model", "gamma"], "--default-model 'gamma' is none of the models served: alpha"),
+    ],
+)
+def test_bad_model_lists_are_refused(two_folders, argv, fragment):
+    a, b = two_folders
+    argv = [x.format(a=a, b=b) for x in argv]
+    with pytest.raises(ConfigError) as err:
+        ns, infos = _plan(*argv)
+        default_model(ns, infos)
+    assert fragment in str(err.value)
+
+
+def test_models_file_and_environment(two_folders, tmp_path, monkeypatch):
+    a, b = two_folders
+    listing = tmp_path / "models.txt"
+    listing.write_text(f"# served models\n\nalpha   # relative to the file\nb2={b}\n")
+    _, infos = _plan("--model", f"first={a}", "--models-file", str(listing))
+    assert [(i.id, i.path) for i in infos] == [("first", a.resolve()), ("alpha", a.resolve()), ("b2", b.resolve())]
+    monkeypatch.setenv("EMBEDFLEET_MODEL", f"{a},bee={b}")
+    _, infos = _plan()
+    assert [i.id for i in infos] == ["alpha", "bee"]
+    _, infos = _plan("--model", str(b))  # a flag wins over the environment
+    assert [i.id for i in infos] == ["beta"]
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="names no model"):
+        _plan("--models-file", str(tmp_path / "empty.txt"))
+    with pytest.raises(ConfigError, match="No such file"):
+        _plan("--models-file", str(tmp_path / "absent.txt"))
+
+
+def test_each_model_gets_the_processes_it_needs(tmp_path):
+    embedder = load_model_info(None)
+    reranker = dataclasses.replace(embedder, id="ce", task="score", dim=1)
+    classifier = dataclasses.replace(embedder, id="nli", task="score", dim=3)
+    sparse = dataclasses.replace(embedder, id="splade", outputs=("sparse",))
+    assert roles(embedder) == ("tokenizer", "worker", "scorer")  # cosine reranking
+    assert roles(reranker) == ("tokenizer", "worker", "scorer")
+    assert roles(classifier) == ("tokenizer", "worker")  # the scorer needs one label
+    assert roles(sparse) == ("tokenizer", "worker")
+    plan = children([embedder, classifier], ["--nats", "nats://x:1"], ["--port", "1"], tmp_path)
+    assert [c.name for c in plan] == [f"tokenizer[{embedder.id}]", f"worker[{embedder.id}]", f"scorer[{embedder.id}]",
+                                      "tokenizer[nli]", "worker[nli]", "gateway"]
+    assert len({c.ready for c in plan}) == len(plan) and all(c.ready.parent == tmp_path for c in plan)
+    worker = plan[4]
+    assert worker.args[worker.args.index("--model-name") + 1] == "nli"
+    assert worker.args[worker.args.index("--model") + 1] == str(embedder.path)
+    assert plan[-1].args[-2:] == ("--port", "1")
