@@ -12,9 +12,11 @@ from shared.config import (
     add_common_arguments,
     add_model_arguments,
     add_option,
+    add_retention_arguments,
     nats_config,
     positive_float,
     positive_int,
+    retention,
 )
 from shared.lifecycle import run_async, run_service, setup_logging
 from shared.quantize import EMBEDDING_TYPES
@@ -43,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     reindex = sub.add_parser("reindex", help="embed a file of documents as a bulk job (JetStream), resumable")
     add_common_arguments(reindex)
     reindex.add_argument("input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text) or text, one a line")
-    reindex.add_argument("--out", required=True, help="output: .npy (with .ids.json beside it) or .parquet")
+    reindex.add_argument("--out", required=True,
+                         help="output: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector")
     add_option(reindex, "--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id")
     add_option(reindex, "--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", positive_int)
     add_option(reindex, "--input-type", "EMBEDFLEET_INPUT_TYPE", None, "query or document (selects the model's prompt)")
@@ -58,9 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(reindex, "--stall-timeout", "EMBEDFLEET_STALL_TIMEOUT", 300.0, "give up after this many seconds without progress",
                positive_float)
     reindex.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_retention_arguments(reindex)
 
-    jobs = sub.add_parser("jobs", help="list bulk jobs and their state")
+    jobs = sub.add_parser("jobs", help="list bulk jobs with their progress, rate and ETA, or act on one")
     add_common_arguments(jobs)
+    actions = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
+    purge = actions.add_parser("purge", help="remove a job's results, dead letters and record")
+    add_action_arguments(purge)
+    purge.add_argument("job", help="the job id")
+    purge.add_argument("--force", action="store_true", help="purge a job that has not finished too")
+    cancel = actions.add_parser("cancel", help="stop a job: nothing more of it is published or computed; what was "
+                                "stored stays until purged")
+    add_action_arguments(cancel)
+    cancel.add_argument("job", help="the job id")
 
     check = sub.add_parser("check", help="tell whether model folders will serve, and how (family, pooling, dims, backends)")
     check.add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
@@ -68,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="create the JetStream streams and the job bucket (idempotent), then exit")
     add_common_arguments(init)
+    add_retention_arguments(init)
 
     for name, module, text in (
         ("tokenizer", tokenizer_config, "run a tokenizer"),
@@ -79,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
         add_model_arguments(p)
         module.add_arguments(p)
     return parser
+
+
+def add_action_arguments(parser: argparse.ArgumentParser) -> None:
+    """The common options, accepted again after an action of ``jobs``: one not given there keeps the
+    value given before the action (or its default) instead of resetting it."""
+    add_common_arguments(parser)
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            action.default = argparse.SUPPRESS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,11 +127,16 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command)
     if command in ("reindex", "jobs", "init"):
-        from services.reindex import init_jetstream, list_jobs, reindex
+        from services.job_cancel import cancel
+        from services.jobs_admin import list_jobs, purge_job
+        from services.reindex import init_jetstream, reindex
 
         cfg = nats_config(ns)
-        run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg), "init": lambda: init_jetstream(cfg)}
-        sys.exit(run_async(run[command]()))
+        run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg),
+               "jobs purge": lambda: purge_job(cfg, ns.job, ns.force), "jobs cancel": lambda: cancel(cfg, ns.job),
+               "init": lambda: init_jetstream(cfg, retention(ns))}
+        action = getattr(ns, "jobs_command", None)
+        sys.exit(run_async(run[f"{command} {action}" if action else command]()))
     if command == "gateway":
         from services.gateway.app import serve
 

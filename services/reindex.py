@@ -1,4 +1,5 @@
-"""``embedfleet reindex`` and ``embedfleet jobs``: bulk jobs from the command line.
+"""``embedfleet reindex`` and ``embedfleet init``: bulk jobs from the command line (``embedfleet jobs``:
+services/jobs_admin.py).
 
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, or plain text with
 one document a line), publishes them as job batches with JetStream's backpressure (each publish
@@ -8,6 +9,8 @@ the form ``--embedding-type`` names (shared/quantize.py; the worker makes it).
 The job id is derived from the input, the model and the form, so running the same command again
 after it was killed resumes the job: published batches are not sent again, collected results are
 read again; the same input in another form is another job.
+Everything that can be checked is checked before the first batch is published: the options, the
+output (its format, its folder made and written to), every document, the job's recorded form.
 """
 
 from __future__ import annotations
@@ -16,15 +19,21 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from shared.bulkwork import close_pull
-from shared.config import ConfigError, NatsConfig
+from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_documents
-from shared.jobs import MAX_JOB_ID, ensure_streams, form_conflict, has_state_key, read_state, stream_names, submit, update_state
+from shared.jobs import (
+    CANCELLED, DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, bucket_stream, ensure_streams, form_conflict, has_state_key,
+    purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
+)
+from shared.subjects import Subjects
 from shared.lifecycle import connect
 from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
 from shared.quantize import FORMS, form_named
@@ -32,17 +41,18 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 log = logging.getLogger("embedfleet.reindex")
 
+# output kind -> the file suffixes it is written to
+OUTPUT_SUFFIXES = {"dense": (".npy", ".parquet"), "sparse": (".npz",), "multivector": (".npz",)}
+
 
 def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "float32", dim: int = 0) -> None:
     """``vectors``: [n, stored_width(form, dim)] of the form's element type, written as they are (.npy:
     that dtype; Parquet: a list column of it, with the form and ``dim`` in the schema's metadata)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".parquet":
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ConfigError("writing Parquet needs pyarrow: pip install pyarrow, or write .npy") from None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         table = pa.table({"id": ids, "vector": list(vectors)})
         pq.write_table(table.replace_schema_metadata({"embedding_type": form, "dim": str(dim or vectors.shape[1])}), out)
     else:
@@ -51,8 +61,34 @@ def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "fl
 
 
 def check_output_path(out: Path, output: str) -> None:
-    if output != "dense" and out.suffix.lower() != ".npz":
+    """Refuse, before any work, an output that could not be written: a format ``output`` is not
+    written in, a folder in place of a file, a folder that cannot be made or written to. The folder is
+    made here (as writing would make it)."""
+    suffix = out.suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES[output]:
+        if output == "dense":
+            raise ConfigError(f"--out {out}: dense vectors are written to .npy (with .ids.json beside it) or .parquet, "
+                              f"not {out.suffix or 'a name without a suffix'}")
         raise ConfigError(f"{output} vectors are written to .npz (a varying number of entries per document), not {out.suffix or out.name}")
+    for above in (out.parent, *out.parent.parents):
+        if above.exists() and not above.is_dir():
+            raise ConfigError(f"--out {out}: {above} is a file, not a folder")
+    written = [out, out.with_suffix(".failed.json")] + ([] if suffix == ".parquet" else [out.with_suffix(".ids.json")])
+    for path in written:
+        if path.is_dir():
+            raise ConfigError(f"--out {out}: {path} is a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot make the folder {out.parent}: {exc.strerror or exc}") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".embedfleet-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write in {out.parent}: {exc.strerror or exc}") from None
+    for path in written:
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ConfigError(f"--out {out}: {path} exists and cannot be written")
 
 
 def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str, dim: int) -> None:
@@ -81,32 +117,33 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     from tqdm import tqdm
 
     path, out = Path(ns.input), Path(ns.out)
-    docs = read_documents(path)
-    if not docs:
-        raise ConfigError(f"{path} holds no documents")
-    if len({d for d, _ in docs}) != len(docs):
-        raise ConfigError(f"{path}: document ids must be unique")
     form = form_named(ns.embedding_type)
     output = getattr(ns, "output", "dense")
+    try:
+        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
+    except ProtocolError as exc:
+        raise ConfigError(str(exc).replace("options.", "")) from None
     check_output_path(out, output)
+    docs = read_documents(path)  # all of them, each checked
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
     if not has_state_key(job):
         raise ConfigError(f"--job-id must be at most {MAX_JOB_ID} letters, digits and - _ = / . (not starting or ending with .)")
     subjects = nats.subjects
     nc = await connect(nats, "embedfleet-reindex")
     js = nc.jetstream()
-    kv = await ensure_streams(js, subjects)
-    problem = form_conflict(await read_state(kv, job), form, output)
+    try:
+        kv = await ensure_streams(js, subjects, retention(ns))
+        state = await read_state(kv, job)
+        problem = (form_conflict(state, form, output) or was_cancelled(state) or await results_gone(js, subjects, job, state)
+                   or await purged_recently(js, subjects, job, state))
+    except BaseException:
+        await nc.close()
+        raise
     if problem:
         await nc.close()
         raise ConfigError(problem)
     batches = (len(docs) + ns.batch_size - 1) // ns.batch_size
     print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {output} {form} vectors", flush=True)
-    try:
-        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
-    except ProtocolError as exc:
-        await nc.close()
-        raise ConfigError(str(exc).replace("options.", "")) from None
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path)))
     collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], options.dtype)
     await collector.open()
@@ -122,14 +159,22 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
                 bar.update(fresh)
                 last_progress = time.monotonic()
             bar.set_postfix(tokens_s=f"{tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
-            if publisher.done() and publisher.exception():
+            cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
+            if publisher.done() and not cancelled and publisher.exception():
                 raise publisher.exception()
             if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
                 checked = time.monotonic()
                 try:
-                    failed = ((await read_state(kv, job)) or {}).get("failed", 0)
+                    state = (await read_state(kv, job)) or {}
+                    failed = state.get("failed", 0)
+                    cancelled = cancelled or state.get("status") == CANCELLED
                 except Exception:
                     pass  # the server is away: next time
+            if cancelled:
+                bar.close()
+                print(f"job {job}: cancelled, {len(collector.got)} of {len(docs)} documents stored; nothing written to "
+                      f"{out} (the stored results stay in the results stream until the job is purged)")
+                return 1
             if time.monotonic() - last_progress > ns.stall_timeout:
                 errors = ((await read_state(kv, job)) or {}).get("errors", [])
                 await update_state(kv, job, lambda s: s.update(status="stalled"))
@@ -156,8 +201,13 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
             print(f"job {job}: {len(ids)} of {len(docs)} documents, {rate} -> {out}; {len(lost)} given up "
                   f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
             return 1
-        await update_state(kv, job, lambda s: s.update(status="done", collected=len(docs), dim=collector.dim)
-                           or s.setdefault("finished", time.time()))
+        def finish(state: dict) -> None:
+            state.update(collected=len(docs), dim=collector.dim)
+            if state.get("status") != "cancelled":  # a cancel that came after the last vector stays said
+                state["status"] = "done"
+            state.setdefault("finished", time.time())
+
+        await update_state(kv, job, finish)
         print(f"job {job}: {len(docs)} documents, {rate} -> {out}")
         return 0
     finally:
@@ -236,34 +286,47 @@ class Collector:
         return fresh, tokens
 
 
-async def init_jetstream(nats: NatsConfig) -> int:
-    """Create (or bring to this version's settings) the streams and the job bucket, then exit."""
+async def results_gone(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
+    """Why a job whose results were stored cannot be collected again (None: it can): the results
+    stream holds none of them any more (expired, or pushed out by the stream's size limit)."""
+    if not state or not state.get("done"):
+        return None
+    subject = subjects.results(job)
+    info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
+    if (info.state.subjects or {}).get(subject, 0):
+        return None
+    return (f"job {job} stored {state['done']} documents' vectors, and the results stream holds none of them any "
+            f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
+            f"{job}` and run it again, or give another --job-id")
+
+
+async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
+    """Why a job purged a moment ago cannot be run again yet (None: it can): the streams would drop
+    its batches as repeats of the purged run's."""
+    wait = await purge_wait(js, subjects, job) if state is None else 0.0
+    if not wait:
+        return None
+    return (f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago, and the streams still take its batches for "
+            f"repeats of the purged run's: run it again in {wait:.0f}s, or give another --job-id")
+
+
+async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:
+    """Create (or bring to this version's settings and ``limits``) the streams and the job bucket, then exit."""
     nc = await connect(nats, "embedfleet-init")
     try:
-        await ensure_streams(nc.jetstream(), nats.subjects)
+        js = nc.jetstream()
+        await ensure_streams(js, nats.subjects, limits)
         names = stream_names(nats.subjects)
+        results = (await js.stream_info(names["results"])).config
+        bucket = (await js.stream_info(bucket_stream(nats.subjects))).config
         print(f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
-              f"are in place on {nats.url}")
+              f"are in place on {nats.url}; results: max age {_limit(results.max_age, 's')}, max bytes "
+              f"{_limit(results.max_bytes, '')}; job records: ttl {_limit(bucket.max_age, 's')}, history "
+              f"{bucket.max_msgs_per_subject}")
         return 0
     finally:
         await nc.close()
 
 
-async def list_jobs(nats: NatsConfig) -> int:
-    nc = await connect(nats, "embedfleet-jobs")
-    try:
-        kv = await ensure_streams(nc.jetstream(), nats.subjects)
-        try:
-            keys = await kv.keys()
-        except Exception:
-            keys = []
-        print(f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'batches':>7} {'published':>9}  "
-              "model  form")
-        for key in sorted(keys):
-            s = json.loads((await kv.get(key)).value)
-            print(f"{key:18} {s.get('status', '?'):16} {s.get('documents', 0):>9} {s.get('done', 0):>9} "
-                  f"{s.get('failed', 0):>6} {s.get('batches', 0):>7} {s.get('published', 0):>9}  {s.get('model', '?')}  "
-                  f"{s.get('embedding_type', 'float32')}")
-        return 0
-    finally:
-        await nc.close()
+def _limit(value: float | int | None, unit: str) -> str:
+    return f"{value:.0f}{unit}" if value and value > 0 else "none"

@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from shared.config import child_environment, nats_security
+from shared.config import child_environment, nats_security, retention
 from shared.lifecycle import setup_logging
 from shared.model_dir import ModelInfo
 from shared.nats_server import EmbeddedNats
 from services.gateway.config import api_keys
 from services.gateway.models_api import model_kind
-from services.stack_plan import MODEL_ENV, Child, children, default_model, served_models
+from services.stack_plan import MODEL_ENV, Child, children, default_model, served_models, with_metrics
 
 log = logging.getLogger("embedfleet.up")
 
@@ -45,16 +48,21 @@ def run_stack(ns: argparse.Namespace) -> int:
         nats = EmbeddedNats(Path(ns.data_dir) / "nats")
         url = nats.start()
     ready_dir = Path(tempfile.mkdtemp(prefix="embedfleet-up-"))
-    fleet = Fleet(child_environment(auth, tls, os.environ))  # secrets go to the services in their environment
+    # secrets go to the services in their environment; so do the retention limits, which every
+    # service that meets the job streams sets (a flag given to `up` reaches all of them)
+    fleet = Fleet({**child_environment(auth, tls, os.environ), **retention(ns).environment()})
     try:
         common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level]
         gateway = [*_gateway_args(ns, skip=("default_model",)), "--default-model", default.id]
         plan = children(infos, common, gateway, ready_dir)
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
         base = f"http://{host}:{ns.port}"
+        replicas = _worker_replicas()
+        with contextlib.closing(FreePorts(ns.metrics_host)) as ports:  # every service's metrics on a port of its own
+            plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
         if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop):
             return 1
-        print(_banner(infos, default, base, url), flush=True)
+        print(_banner(infos, default, base, url, plan, replicas), flush=True)
         restarts = Restarts()
         while not stop.wait(0.5):
             if nats is not None and not nats.running:
@@ -193,7 +201,60 @@ def _listed(base: str, key: str | None) -> list[str]:
         return []
 
 
-def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str) -> str:
+class FreePorts:
+    """Ports free on ``host``, each held (bound, not listening) until ``close()``, so that no two
+    services are given the same one; a service binds its own once started."""
+
+    def __init__(self, host: str) -> None:
+        self._host = host
+        self._family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._held: list[socket.socket] = []
+
+    def __call__(self, count: int) -> int:
+        """The first of ``count`` free ports in a row."""
+        for _ in range(100):
+            taken = []
+            try:
+                for i in range(count):
+                    s = socket.socket(self._family, socket.SOCK_STREAM)
+                    taken.append(s)
+                    s.bind((self._host, taken[0].getsockname()[1] + i if i else 0))
+            except (OSError, OverflowError):  # taken, or past the last port
+                for s in taken:
+                    s.close()
+                continue
+            self._held += taken
+            return taken[0].getsockname()[1]
+        raise RuntimeError(f"no {count} free ports in a row on {self._host}")
+
+    def close(self) -> None:
+        for s in self._held:
+            s.close()
+        self._held.clear()
+
+
+def _worker_replicas() -> int:
+    """The replicas each worker runs (EMBEDFLEET_REPLICAS reaches the workers in their environment)."""
+    try:
+        return max(1, int(os.environ.get("EMBEDFLEET_REPLICAS") or 1))
+    except ValueError:
+        return 1  # the worker refuses the value itself
+
+
+def _metrics_lines(plan: list[Child], replicas: int) -> str:
+    width = max(len(c.name) for c in plan)
+    lines = []
+    for c in plan:
+        if c.metrics:
+            port = urllib.parse.urlsplit(c.metrics).port
+            more = (f"  (on a CPU, {replicas} replica processes: ports {port}-{port + replicas - 1})"
+                    if c.role == "worker" and replicas > 1 else "")
+            lines.append(f"    {c.name:<{width}}  {c.metrics}{more}\n")
+    return "".join(lines)
+
+
+def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, plan: list[Child] = (),
+            replicas: int = 1) -> str:
     served = "\n".join(
         f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"
         + ("  (default)" if info is default else "")
@@ -207,6 +268,7 @@ def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str) -> 
         f"  GET  {base}/v1/models\n"
         f"  GET  {base}/health\n"
         + (f"  try: {try_line}\n" if try_line else "")
+        + ("  metrics (Prometheus), one URL a process:\n" + _metrics_lines(plan, replicas) if plan else "")
         + "Ctrl-C stops everything.\n"
     )
 

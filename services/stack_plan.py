@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from shared.config import ConfigError, add_option
+from shared.metrics_server import MetricsEndpoint
 from shared.model_dir import ModelInfo, load_model_info, same_model
 from shared.subjects import model_token
 
@@ -41,6 +43,7 @@ class Child:
     role: str
     args: tuple[str, ...]
     ready: Path
+    metrics: str | None = None  # the URL of its Prometheus metrics
 
 
 def split_entry(text: str) -> tuple[str | None, str]:
@@ -126,3 +129,19 @@ def children(infos: list[ModelInfo], common: list[str], gateway: list[str], read
     ready = ready_dir / "gateway"
     plan.append(Child("gateway", "gateway", (*common, "--ready-file", str(ready), *gateway), ready))
     return plan
+
+
+def with_metrics(plan: list[Child], host: str, gateway: str, replicas: int, ports: Callable[[int], int]) -> list[Child]:
+    """``plan`` with every process's metrics URL: the gateway's on its HTTP port (``gateway``, its base
+    URL), every other process's on a port of its own, given as ``--metrics-port``; ``ports(n)`` is the
+    first of n free ports in a row (a worker of ``replicas`` replicas on a CPU runs that many processes,
+    the i-th on the first port + i)."""
+    out = []
+    for child in plan:
+        if child.role == "gateway":
+            out.append(replace(child, metrics=f"{gateway}/metrics"))
+            continue
+        endpoint = MetricsEndpoint(ports(replicas if child.role == "worker" else 1), host)
+        args = (*child.args, "--metrics-port", str(endpoint.port), "--metrics-host", host)
+        out.append(replace(child, args=args, metrics=endpoint.url()))
+    return out

@@ -8,6 +8,10 @@ crashes the process) is given up by the server after ``max_deliver`` deliveries,
 in an advisory. Each way, the batch becomes a dead letter: copied to the dead-letter stream with the
 stage, the reason and the delivery count in headers, its documents counted as failed in the job's
 state. Never retried forever, never lost without a record.
+
+A batch of a cancelled job is acknowledged and dropped unprocessed (``Cancellations``). A stage told
+to stop hands back (nak, no delay) what it holds and has not started, so the fleet takes it at once
+instead of after ``ack_wait``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,8 +32,10 @@ from nats.js.kv import KeyValue
 from shared.config import JobSettings
 from shared.lifecycle import cancel
 from shared.jobs import (
-    count_failed, ensure_streams, has_state_key, publish_durably, stream_names, update_state, work_consumer,
+    CANCELLED, count_failed, ensure_streams, has_state_key, publish_durably, read_state, stream_names, update_state,
+    work_consumer,
 )
+from shared.progress import Rows
 from shared.protocol import MAX_NAME
 from shared.subjects import Subjects
 
@@ -44,12 +51,18 @@ _HEADER_ROOM = 1024  # bytes for the headers beside the reason, the origin and t
 
 @dataclass(frozen=True, slots=True)
 class BatchInfo:
-    """What a dead letter records about a batch: its job, batch index, first row and documents."""
+    """What a dead letter records about a batch: its job, batch index, first row and documents, and
+    the number of documents in its job batch (0: not known)."""
 
     job: str | None
     batch: int | None = None
     start: int = 0
     documents: int = 0
+    total: int = 0
+
+    @property
+    def rows(self) -> Rows:
+        return Rows(self.batch if self.batch is not None else -1, self.start, self.documents, self.total)
 
 
 async def open_work(js: JetStreamContext, stream: str, durable: str, subject: str, settings: JobSettings):
@@ -72,7 +85,7 @@ async def join_work(
     durable consumer on ``stream`` ("jobs" or "bulk"), and its dead letters, with the server's
     max-deliveries advisories watched. Returns (jetstream, bucket, subscription, dead letters)."""
     js = nc.jetstream()
-    kv = await ensure_streams(js, subjects)
+    kv = await ensure_streams(js, subjects, settings.retention)
     name = stream_names(subjects)[stream]
     psub = await open_work(js, name, durable, subject, settings)
     dead = DeadLetters(nc, js, kv, subjects, stage)
@@ -100,6 +113,62 @@ async def close_pull(psub) -> None:
         await psub.unsubscribe()
     except Exception as exc:
         log.debug("unsubscribe: %s", exc)
+
+
+async def hand_back(msg) -> None:
+    """Give a held message back to the server for the next taker, at once (no redelivery delay)."""
+    try:
+        await msg.nak()
+    except Exception as exc:  # disconnected: it comes back after ack_wait instead
+        log.debug("hand back: %r", exc)
+
+
+async def hand_back_pending(psub) -> int:
+    """Hand back what the server delivered to ``psub`` after the last fetch stopped waiting (a pull
+    request answered as it expired); returns how many. Call it once no fetch runs."""
+    handed = 0
+    while psub.pending_msgs:
+        try:  # served from the buffered messages (a new pull request only when they are all status notes)
+            msgs = await psub.fetch(1, timeout=0.05)
+        except Exception:
+            break
+        for msg in msgs:
+            await hand_back(msg)
+            handed += 1
+    return handed
+
+
+class Cancellations:
+    """Which jobs are cancelled, as a stage learns it: from the job's state, read again once the last
+    read is ``ttl`` seconds old (so a cancellation is seen within that). A job found cancelled is not
+    read again for ``hold`` seconds, so its queued batches are dropped without a read each; then it
+    is, since a purged job's id may come to name a new job. The last ``size`` jobs are remembered."""
+
+    def __init__(self, kv: KeyValue, ttl: float = 1.0, hold: float = 60.0, size: int = 4096) -> None:
+        self._kv = kv
+        self._ttl = ttl
+        self._hold = hold
+        self._size = size
+        self._seen: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # job -> (monotonic time read, cancelled)
+
+    async def cancelled(self, job: str) -> bool:
+        now = time.monotonic()
+        read, cancelled = self._seen.get(job, (None, False))
+        if read is not None and now - read < (self._hold if cancelled else self._ttl):
+            return cancelled
+        if not has_state_key(job):
+            return False
+        try:
+            state = await asyncio.wait_for(read_state(self._kv, job), self._ttl * 2)
+        except Exception as exc:  # the server is away: the last answer stands (none: the work is done, not lost)
+            log.debug("job %s: state not read: %r", job, exc)
+            return cancelled
+        cancelled = state is not None and state.get("status") == CANCELLED
+        self._seen[job] = (now, cancelled)
+        self._seen.move_to_end(job)
+        while len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return cancelled
 
 
 def deliveries(msg) -> int:
@@ -176,15 +245,13 @@ class DeadLetters:
         room = self._nc.max_payload - _HEADER_ROOM - len(f"{reason[:500]}{subject}{origin_id}".encode())
         if len(data) > room:
             data, record[TRUNCATED] = data[: max(room, 0)], str(len(data))
-        ack = await publish_durably(self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}",
-                                    headers=record)
-        if info.job is None or ack.duplicate:  # recorded before (a crash between record and term)
+        await publish_durably(self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}", headers=record)
+        if info.job is None or not has_state_key(info.job):  # a forged job id names no job state: the letter is all there is
             return
-        if not has_state_key(info.job):  # a forged job id names no job state: the letter is all there is
-            return
+        # recorded again after a crash between record and term: the rows and the entry count once
         entry = {"stage": self._stage, "batch": info.batch, "start": info.start, "documents": info.documents,
                  "deliveries": count, "reason": reason[:500]}
-        await update_state(self._kv, info.job, lambda s: count_failed(s, info.documents, entry))
+        await update_state(self._kv, info.job, lambda s: count_failed(s, info.rows, entry))
 
     async def watch(self, stream: str, durable: str, describe: Callable[[bytes, dict], BatchInfo]) -> None:
         """Turn the server's max-deliveries advisories for ``durable`` into dead letters (one watcher

@@ -76,6 +76,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class NatsConfig:
     """Where and how to connect. ``url`` never carries credentials (``nats_config`` moves them into
@@ -210,14 +217,77 @@ def child_environment(auth: NatsAuth, tls: NatsTls, base: Mapping[str, str]) -> 
     return child
 
 
+DAY = 24 * 3600.0
+RESULTS_MAX_AGE = 7 * DAY  # the results stream's age limit when it is created with none given
+JOB_TTL = 30 * DAY  # the job bucket's, as long as dead letters are kept
+MAX_JOB_HISTORY = 64  # JetStream's limit on a key-value bucket's revisions per key
+# Retention field -> environment variable (embedfleet up hands them to every service it starts)
+RETENTION_ENV = {
+    "results_max_age": "EMBEDFLEET_RESULTS_MAX_AGE",
+    "results_max_bytes": "EMBEDFLEET_RESULTS_MAX_BYTES",
+    "job_ttl": "EMBEDFLEET_JOB_TTL",
+    "job_history": "EMBEDFLEET_JOB_HISTORY",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long bulk-job output is kept, set on the results stream and the job bucket by whichever
+    process creates or meets them: a job's results for ``results_max_age`` seconds, or until the stream
+    holds ``results_max_bytes`` (the oldest go first); a job's record for ``job_ttl`` seconds after its
+    last change, ``job_history`` revisions of it. 0: no such limit. None: as the stream or bucket has
+    it (the module's defaults when it is created), so a process given no retention changes none."""
+
+    results_max_age: float | None = None
+    results_max_bytes: int | None = None
+    job_ttl: float | None = None
+    job_history: int | None = None
+
+    def __post_init__(self) -> None:
+        for flag, seconds in (("--results-max-age", self.results_max_age), ("--job-ttl", self.job_ttl)):
+            # JetStream refuses limits this short, and a stream emptied every second keeps nothing
+            if seconds is not None and (seconds < 0 or 0 < seconds < 1):
+                raise ConfigError(f"{flag} {seconds}: give 0 (no age limit) or at least 1 second")
+        if self.results_max_bytes is not None and self.results_max_bytes < 0:
+            raise ConfigError(f"--results-max-bytes {self.results_max_bytes}: give 0 (no size limit) or a byte count")
+        if self.job_history is not None and not 1 <= self.job_history <= MAX_JOB_HISTORY:
+            raise ConfigError(f"--job-history {self.job_history}: must be in 1..{MAX_JOB_HISTORY}")
+
+    def environment(self) -> dict[str, str]:
+        """The variables that give a child process these settings (the ones set)."""
+        return {env_name: str(getattr(self, name)) for name, env_name in RETENTION_ENV.items()
+                if getattr(self, name) is not None}
+
+
+def add_retention_arguments(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--results-max-age", RETENTION_ENV["results_max_age"], None,
+               "seconds a job's results are kept in the results stream, 0: no age limit; unset: as the stream has it "
+               f"({RESULTS_MAX_AGE:.0f} when created)", non_negative_float)
+    add_option(parser, "--results-max-bytes", RETENTION_ENV["results_max_bytes"], None,
+               "bytes the results stream may hold, the oldest results dropped first; 0: no size limit; unset: as the "
+               "stream has it (0 when created)", non_negative_int)
+    add_option(parser, "--job-ttl", RETENTION_ENV["job_ttl"], None,
+               "seconds a job's record is kept after its last change, 0: kept; unset: as the bucket has it "
+               f"({JOB_TTL:.0f} when created)", non_negative_float)
+    add_option(parser, "--job-history", RETENTION_ENV["job_history"], None,
+               f"revisions kept of each job's record, 1..{MAX_JOB_HISTORY}; unset: as the bucket has it (1 when created)",
+               positive_int)
+
+
+def retention(ns: argparse.Namespace) -> Retention:
+    return Retention(results_max_age=ns.results_max_age, results_max_bytes=ns.results_max_bytes, job_ttl=ns.job_ttl,
+                     job_history=ns.job_history)
+
+
 @dataclass(frozen=True, slots=True)
 class JobSettings:
     """How bulk work is held: a batch not acknowledged within ``ack_wait`` seconds is delivered again
     (holders send in-progress beats every ``ack_wait / 4``); after ``max_deliver`` deliveries it is
-    given up as a dead letter."""
+    given up as a dead letter. ``retention``: what the stage sets on the streams it meets."""
 
     ack_wait: float = 60.0
     max_deliver: int = 5
+    retention: Retention = Retention()
 
     def __post_init__(self) -> None:
         if self.ack_wait < 1.0:
@@ -235,10 +305,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                "seconds before an unacknowledged bulk batch is delivered again", positive_float)
     add_option(parser, "--max-deliver", "EMBEDFLEET_MAX_DELIVER", 5,
                "deliveries of a bulk batch before it is given up as a dead letter", positive_int)
+    add_retention_arguments(parser)
 
 
 def job_settings(ns: argparse.Namespace) -> JobSettings:
-    return JobSettings(ack_wait=ns.ack_wait, max_deliver=ns.max_deliver)
+    return JobSettings(ack_wait=ns.ack_wait, max_deliver=ns.max_deliver, retention=retention(ns))
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

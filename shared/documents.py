@@ -1,4 +1,9 @@
-"""Documents for bulk jobs: reading them from files, and the job id a file gets."""
+"""Documents for bulk jobs: reading them from files, and the job id a file gets.
+
+A file is read whole and checked before a job is made of it: every line or row parses, every id is a
+string or an integer and appears once, every text is a string. The first problem is a ConfigError
+that names the file and the line or row.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +15,79 @@ from shared.config import ConfigError
 
 
 def read_documents(path: Path) -> list[tuple[str, str]]:
+    """(id, text) pairs of a JSONL file (``{"id", "text"}`` a line), a Parquet file (``id`` and ``text``
+    columns) or plain text (one document a line, its line number for an id), in file order."""
     if not path.is_file():
         raise ConfigError(f"{path} is not a file")
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        docs = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                docs.append((str(row["id"]), str(row["text"])))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ConfigError(f'{path}:{n}: each line must be a JSON object with "id" and "text"') from None
-        return docs
-    if suffix == ".parquet":
+    try:
+        if suffix in (".jsonl", ".ndjson"):
+            docs = _read_jsonl(path)
+        elif suffix == ".parquet":
+            docs = _read_parquet(path)
+        else:
+            docs = [(str(n), line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()) if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    if not docs:
+        raise ConfigError(f"{path} holds no documents")
+    seen: set[str] = set()
+    for doc_id, _ in docs:
+        if doc_id in seen:
+            raise ConfigError(f"{path}: document id {doc_id!r} appears more than once: ids must be unique")
+        seen.add(doc_id)
+    return docs
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ConfigError("reading Parquet needs pyarrow: pip install pyarrow") from None
-        table = pq.read_table(path, columns=["id", "text"])
-        return [(str(i), str(t)) for i, t in zip(table["id"].to_pylist(), table["text"].to_pylist())]
-    return [(str(n), line) for n, line in enumerate(path.read_text().splitlines()) if line.strip()]
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not JSON ({exc.msg}, column {exc.colno})") from None
+        if not isinstance(row, dict) or "id" not in row or "text" not in row:
+            raise ConfigError(f'{path}:{n}: each line must be a JSON object with "id" and "text"')
+        doc_id, text = row["id"], row["text"]
+        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+            raise ConfigError(f'{path}:{n}: "id" must be a string or an integer, not {_json_type(doc_id)}')
+        if not isinstance(text, str):
+            raise ConfigError(f'{path}:{n}: "text" must be a string, not {_json_type(text)}')
+        docs.append((str(doc_id), text))
+    return docs
+
+
+def _read_parquet(path: Path) -> list[tuple[str, str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except pa.ArrowException as exc:
+        raise ConfigError(f"{path}: not a Parquet file ({exc})") from None
+    missing = [c for c in ("id", "text") if c not in schema.names]
+    if missing:
+        raise ConfigError(f"{path}: no column {' or '.join(missing)} (columns: {', '.join(schema.names)})")
+    id_type, text_type = schema.field("id").type, schema.field("text").type
+    if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type) or pa.types.is_integer(id_type)):
+        raise ConfigError(f"{path}: column id must hold strings or integers, not {id_type}")
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        raise ConfigError(f"{path}: column text must hold strings, not {text_type}")
+    table = pq.read_table(path, columns=["id", "text"])
+    ids, texts = table["id"].to_pylist(), table["text"].to_pylist()
+    for column, values in (("id", ids), ("text", texts)):
+        if None in values:
+            raise ConfigError(f"{path}: row {values.index(None)} (counting from 0): {column} is null")
+    return [(str(i), t) for i, t in zip(ids, texts)]
+
+
+def _json_type(value: object) -> str:
+    return {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense") -> str:

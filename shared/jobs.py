@@ -6,7 +6,8 @@
 - ``<P>_DEAD``: dead letters (``<prefix>.v1.dead.<job>``): batches given up, kept with the stage, the
   reason and the number of deliveries in headers, so they can be inspected and published again;
 - ``<P>_jobs`` key-value bucket: one JSON state per job.
-All in file storage, created idempotently by whichever service starts first.
+All in file storage, created idempotently by whichever service starts first. The results stream and
+the bucket expire what they hold after the limits of ``Retention`` (shared/config.py).
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ import re
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from shared.config import JobSettings
+from shared.config import JOB_TTL, RESULTS_MAX_AGE, JobSettings, Retention
+from shared.progress import Rows, account
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
 
 DUPLICATE_WINDOW = 600.0  # seconds a message id is remembered: redeliveries inside it are dropped
-RESULTS_MAX_AGE = 7 * 24 * 3600.0
 DEAD_MAX_AGE = 30 * 24 * 3600.0
 MAX_DEAD_RECORDS = 100  # dead batches listed in a job's state (all are counted, and kept in <P>_DEAD)
 
@@ -40,17 +41,27 @@ def stream_names(subjects: Subjects) -> dict[str, str]:
             "kv": f"{base}_jobs"}
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> KeyValue:
-    """Create (or update to this config) the three streams and the bucket; returns the bucket."""
+def bucket_stream(subjects: Subjects) -> str:
+    """The stream that holds the job bucket (JetStream keeps a bucket as the stream ``KV_<bucket>``)."""
+    return f"KV_{stream_names(subjects)['kv']}"
+
+
+async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Retention = Retention()) -> KeyValue:
+    """Create the four streams and the bucket, or bring existing ones to this config; the limits
+    ``retention`` leaves unset stay as an existing stream or bucket has them. Returns the bucket."""
     names = stream_names(subjects)
     p = subjects.prefix
+    results = await _stream_config(js, names["results"])
+    results_age = _chosen(retention.results_max_age, results and results.max_age, RESULTS_MAX_AGE)
+    results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, 0)
     configs = [
         StreamConfig(name=names["jobs"], subjects=[f"{p}.v1.jobs.>"], retention=RetentionPolicy.WORK_QUEUE,
                      storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
         StreamConfig(name=names["bulk"], subjects=[f"{p}.v1.bulk.>"], retention=RetentionPolicy.WORK_QUEUE,
                      storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
         StreamConfig(name=names["results"], subjects=[f"{p}.v1.results.>"], retention=RetentionPolicy.LIMITS,
-                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=RESULTS_MAX_AGE),
+                     storage=StorageType.FILE, duplicate_window=_window(DUPLICATE_WINDOW, results_age),
+                     max_age=results_age, max_bytes=results_bytes if results_bytes > 0 else -1),
         StreamConfig(name=names["dead"], subjects=[f"{p}.v1.dead.>"], retention=RetentionPolicy.LIMITS,
                      storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=DEAD_MAX_AGE),
     ]
@@ -58,11 +69,70 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> KeyValue:
         try:
             await js.add_stream(config)
         except BadRequestError:
-            await js.update_stream(config)  # exists with other settings: bring it to ours
+            log.info("stream %s exists with other settings: updating it to these", config.name)
+            await js.update_stream(config)
+    return await _ensure_bucket(js, names["kv"], retention)
+
+
+async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention) -> KeyValue:
+    """The job bucket, created with ``retention``'s limits or brought to those it sets."""
+    stream = f"KV_{bucket}"
+    current = await _stream_config(js, stream)
+    ttl = _chosen(retention.job_ttl, current and current.max_age, JOB_TTL)
+    history = _chosen(retention.job_history, current and current.max_msgs_per_subject, 1)
+    if current is None:
+        try:
+            return await js.create_key_value(bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE)
+        except BadRequestError:  # created meanwhile by another process, with other limits
+            current = await _stream_config(js, stream)
+    if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history:
+        log.info("bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)", bucket, ttl, history,
+                 current.max_age or 0, current.max_msgs_per_subject)
+        await js.update_stream(current.evolve(max_age=ttl, max_msgs_per_subject=history,
+                                              duplicate_window=_window(current.duplicate_window, ttl)))
+    return await js.key_value(bucket)
+
+
+async def job_bucket(js: JetStreamContext, subjects: Subjects) -> KeyValue | None:
+    """The job bucket as it is, or None when there is none yet (nothing created, nothing changed)."""
     try:
-        return await js.key_value(names["kv"])
-    except Exception:
-        return await js.create_key_value(bucket=names["kv"], history=1, storage=StorageType.FILE)
+        return await js.key_value(stream_names(subjects)["kv"])
+    except BucketNotFoundError:
+        return None
+
+
+async def purge_wait(js: JetStreamContext, subjects: Subjects, job: str) -> float:
+    """Seconds before a purged job can be published afresh (0: now). Its batches and results carry
+    the message ids of its earlier run, which the streams remember for ``DUPLICATE_WINDOW`` seconds
+    and drop as repeats: counted from the purge (the bucket's marker), which came after its last
+    publish. The marker's time is the server's clock."""
+    import time
+
+    try:
+        marker = await js.get_last_msg(bucket_stream(subjects), f"$KV.{stream_names(subjects)['kv']}.{job}")
+    except NotFoundError:
+        return 0.0
+    if (marker.headers or {}).get("KV-Operation") != "PURGE" or marker.time is None:
+        return 0.0
+    return max(0.0, marker.time.timestamp() + DUPLICATE_WINDOW - time.time())
+
+
+async def _stream_config(js: JetStreamContext, name: str) -> StreamConfig | None:
+    try:
+        return (await js.stream_info(name)).config
+    except NotFoundError:
+        return None
+
+
+def _chosen(given, existing, default):
+    """A retention limit: the one given, else the one in place, else the default (a new stream)."""
+    return given if given is not None else existing if existing is not None else default
+
+
+def _window(window: float | None, max_age: float) -> float:
+    """A duplicate window the server accepts: no longer than the stream's age limit (0: none)."""
+    window = window or DUPLICATE_WINDOW
+    return min(window, max_age) if max_age else window
 
 
 def work_consumer(durable: str, subject: str, settings: JobSettings) -> ConsumerConfig:
@@ -141,6 +211,47 @@ class JobConflict(Exception):
     """A job id that already names a job making another vector form: resuming it would mix forms."""
 
 
+CANCELLED = "cancelled"
+FINISHED = ("done", "done_with_errors", CANCELLED)  # statuses a job keeps once it has one
+
+
+class JobCancelled(JobConflict):
+    """The job was cancelled: none of it is published again."""
+
+
+class _NoJob(Exception):
+    pass
+
+
+def was_cancelled(state: dict | None) -> str | None:
+    """Why the job recorded as ``state`` cannot be submitted again (None: it can)."""
+    if not state or state.get("status") != CANCELLED:
+        return None
+    job = state.get("job")
+    return f"job {job} was cancelled: purge it (embedfleet jobs purge {job}) or give it another job id"
+
+
+async def cancel_job(kv: KeyValue, job: str) -> dict | None:
+    """Mark a job cancelled and return its state; None when there is no such job. Publishers stop
+    before their next batch, tokenizers and workers drop its queued batches unprocessed (see
+    ``shared.bulkwork.Cancellations``), and what was stored stays in the results stream. A job that
+    already finished keeps its state."""
+    import time
+
+    def cancel(state: dict) -> None:
+        if "documents" not in state:  # no such job (a state is created with its document count)
+            raise _NoJob
+        if state.get("status") not in FINISHED:
+            state["status"] = CANCELLED
+            state["cancelled"] = time.time()
+            state.setdefault("finished", state["cancelled"])
+
+    try:
+        return await update_state(kv, job, cancel)
+    except _NoJob:
+        return None
+
+
 def form_conflict(state: dict | None, form: str, output: str = "dense") -> str | None:
     """Why the job recorded as ``state`` cannot go on making ``output`` vectors of ``form`` (None: it can)."""
     if not state or "model" not in state:
@@ -161,28 +272,38 @@ def record_error(state: dict, message: str) -> None:
         errors.append(message[:500])
 
 
-def count_done(state: dict, documents: int, tokens: int) -> None:
-    state["done"] = state.get("done", 0) + documents
-    state["tokens"] = state.get("tokens", 0) + tokens
+def count_done(state: dict, rows: Rows, tokens: int) -> int:
+    """Stored ``rows``: counted as done unless they were counted before (a batch delivered again after
+    its holder died between storing and counting). Returns how many were new."""
+    fresh = account(state, rows)
+    if fresh:
+        state["done"] = state.get("done", 0) + fresh
+        state["tokens"] = state.get("tokens", 0) + tokens
     settle(state)
+    return fresh
 
 
-def count_failed(state: dict, documents: int, record: dict) -> None:
-    """A batch given up: its documents are counted as failed and the batch listed (up to a limit)."""
-    state["failed"] = state.get("failed", 0) + documents
+def count_failed(state: dict, rows: Rows, record: dict) -> int:
+    """Given-up ``rows``: counted as failed unless already accounted for, and the batch listed once
+    (up to a limit). Returns how many were new."""
+    fresh = account(state, rows)
+    state["failed"] = state.get("failed", 0) + fresh
     dead = state.setdefault("dead", [])
-    if len(dead) < MAX_DEAD_RECORDS:
+    place = (record.get("stage"), record.get("batch"), record.get("start"))
+    if len(dead) < MAX_DEAD_RECORDS and all((d.get("stage"), d.get("batch"), d.get("start")) != place for d in dead):
         dead.append(record)
-    record_error(state, f"{record.get('stage')}: batch {record.get('batch')}: {record.get('reason')}")
+        record_error(state, f"{record.get('stage')}: batch {record.get('batch')}: {record.get('reason')}")
     settle(state)
+    return fresh
 
 
 def settle(state: dict) -> None:
-    """Every document accounted for: the job is done (or done with errors when some were given up)."""
+    """Every document accounted for: the job is done (or done with errors when some were given up).
+    A cancelled job stays cancelled."""
     import time
 
     total = state.get("documents")
-    if not total or state.get("done", 0) + state.get("failed", 0) < total:
+    if state.get("status") == CANCELLED or not total or state.get("done", 0) + state.get("failed", 0) < total:
         return
     status = "done" if not state.get("failed") else "done_with_errors"
     if state.get("status") != status:
@@ -196,7 +317,8 @@ async def submit(
 ) -> dict:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
-    Raises JobConflict when the job exists and makes another vector form than ``options.dtype``."""
+    Raises JobConflict when the job exists and makes another vector form than ``options.dtype``, and
+    JobCancelled when it is (or gets) cancelled: no batch is published after the cancellation is seen."""
     import time
 
     from shared.protocol import JobBatch, encode
@@ -206,9 +328,9 @@ async def submit(
     form = WIRE_FORMS[options.dtype]
 
     def start(state: dict) -> None:
-        problem = form_conflict(state, form, options.output)
+        problem = form_conflict(state, form, options.output) or was_cancelled(state)
         if problem:
-            raise JobConflict(problem)
+            raise (JobCancelled if state.get("status") == CANCELLED else JobConflict)(problem)
         state.update(model=model, input=source, documents=len(docs), batches=len(batches), embedding_type=form,
                      output=options.output)
         state.setdefault("status", "running")
@@ -217,12 +339,28 @@ async def submit(
 
     state = await update_state(kv, job, start)
     for i in range(state["published"], len(batches)):
+        if await _cancelled(kv, job):
+            await update_state(kv, job, lambda s, n=i: s.update(published=max(s.get("published", 0), n)))
+            raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
         batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options)
         # the stream's acknowledgement of each publish is the backpressure
         await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}")
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
     return state
+
+
+async def _cancelled(kv: KeyValue, job: str) -> bool:
+    """Whether the job's state says cancelled; a server that does not answer says nothing (the
+    publish after this waits for it anyway)."""
+    import asyncio
+
+    from nats.errors import Error as NatsError
+
+    try:
+        return ((await read_state(kv, job)) or {}).get("status") == CANCELLED
+    except (NatsError, asyncio.TimeoutError):
+        return False
 
 
 async def publish_durably(js: JetStreamContext, subject: str, data: bytes, msg_id: str, headers: dict | None = None,

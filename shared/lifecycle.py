@@ -24,6 +24,11 @@ from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet")
 
+# after SIGTERM: seconds a service has to finish its in-flight work, then to drain its NATS connection
+# (deploy/k8s's terminationGracePeriodSeconds outlast the two together)
+STOP_TIMEOUT = 30.0
+DRAIN_TIMEOUT = 10.0
+
 
 class Runnable(Protocol):
     async def start(self) -> None:
@@ -224,11 +229,11 @@ def run_service(
         mark_ready(cfg, False)
         log.info("%s stopping: finishing in-flight work", role)
         try:
-            await asyncio.wait_for(service.stop(), timeout=30)
+            await asyncio.wait_for(service.stop(), timeout=STOP_TIMEOUT)
         except asyncio.TimeoutError:
-            log.warning("%s: in-flight work did not finish within 30s", role)
+            log.warning("%s: in-flight work did not finish within %.0fs", role, STOP_TIMEOUT)
         try:
-            await asyncio.wait_for(nc.drain(), timeout=10)
+            await asyncio.wait_for(nc.drain(), timeout=DRAIN_TIMEOUT)
         except Exception as exc:  # a drain during reconnect can fail; we exit either way
             log.warning("nats drain: %s", exc)
         log.info("%s stopped", role)

@@ -53,3 +53,34 @@ def test_up_passes_its_gateway_options_on():
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--port"] == "9000" and pairs["--api-keys"] == "a,b" and pairs["--max-in-flight"] == "3"
     assert "--api-keys-file" not in pairs  # not given, not passed
+
+
+def test_jobs_purge_takes_the_common_options_before_or_after_the_action(monkeypatch):
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("EMBEDFLEET_NATS_URL", raising=False)
+    parser = build_parser()
+    listing = parser.parse_args(["jobs", "--nats", "nats://a:1"])
+    assert (listing.command, listing.jobs_command, listing.nats) == ("jobs", None, "nats://a:1")
+    before = parser.parse_args(["jobs", "--nats", "nats://a:1", "--subject-prefix", "p", "purge", "J"])
+    assert (before.jobs_command, before.job, before.force, before.nats, before.subject_prefix) == \
+        ("purge", "J", False, "nats://a:1", "p")  # not reset by the action's defaults
+    after = parser.parse_args(["jobs", "purge", "J", "--force", "--nats", "nats://b:2"])
+    assert (after.job, after.force, after.nats, after.subject_prefix) == ("J", True, "nats://b:2", "embedfleet")
+
+
+def test_retention_options_reach_every_process_that_meets_the_streams(monkeypatch):
+    from shared.config import JobSettings, Retention, retention
+    from services.gateway.config import GatewayConfig
+    from services.stack import _gateway_args
+
+    monkeypatch.setenv("EMBEDFLEET_JOB_TTL", "3600")
+    parser = build_parser()
+    for command in ("gateway", "tokenizer", "worker", "reindex", "init", "up"):
+        args = [command, *(["in.jsonl", "--out", "o.npy"] if command == "reindex" else []), "--results-max-age", "60"]
+        assert retention(parser.parse_args(args)) == Retention(results_max_age=60.0, job_ttl=3600.0), command
+    assert GatewayConfig.from_namespace(parser.parse_args(["gateway", "--job-history", "3"])).retention.job_history == 3
+    assert JobSettings().retention == Retention()  # none given: the streams' limits are left as they are
+    up = parser.parse_args(["up", "--results-max-bytes", "1000"])
+    assert retention(up).environment() == {"EMBEDFLEET_RESULTS_MAX_BYTES": "1000", "EMBEDFLEET_JOB_TTL": "3600.0"}
+    pairs = dict(zip(_gateway_args(up)[::2], _gateway_args(up)[1::2]))
+    assert pairs["--results-max-bytes"] == "1000"

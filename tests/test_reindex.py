@@ -1,12 +1,14 @@
-"""reindex's output files: rows written in the job's form, as they came from the workers."""
+"""reindex's output files: rows written in the job's form, as they came from the workers; an output
+that could not be written is refused before any work."""
 
 import json
 
 import numpy as np
 import pytest
 
+from shared.config import ConfigError
 from shared.quantize import FORMS, quantize
-from services.reindex import write_output
+from services.reindex import check_output_path, write_output
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -21,8 +23,9 @@ def test_npy_keeps_the_forms_dtype_and_packed_width(tmp_path, form):
 
 @pytest.mark.parametrize("form", ["int8", "binary", "float16"])
 def test_parquet_holds_the_rows_and_names_the_form(tmp_path, form):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa  # a dependency: Parquet in and out works on the default install
+    import pyarrow.parquet as pq
+
     stored = quantize(np.random.default_rng(0).standard_normal((3, 20)).astype(np.float32), form)
     out = tmp_path / "v.parquet"
     write_output(out, ["a", "b", "c"], stored, form, 20)
@@ -31,3 +34,58 @@ def test_parquet_holds_the_rows_and_names_the_form(tmp_path, form):
     assert table["id"].to_pylist() == ["a", "b", "c"]
     assert table.schema.field("vector").type.value_type == pa.from_numpy_dtype(stored.dtype)  # int8, not int64
     assert np.array_equal(np.array(table["vector"].to_pylist(), stored.dtype), stored)
+
+
+# -- the output, checked before anything is published ----------------------------------------
+
+@pytest.mark.parametrize("name, output", [("v.npy", "dense"), ("v.parquet", "dense"), ("v.NPY", "dense"),
+                                          ("v.npz", "sparse"), ("v.npz", "multivector")])
+def test_a_writable_output_passes_and_its_folder_is_made(tmp_path, name, output):
+    out = tmp_path / "new" / "deeper" / name
+    check_output_path(out, output)
+    assert out.parent.is_dir()
+    assert list(out.parent.iterdir()) == []  # the file written to try the folder is gone again
+
+
+@pytest.mark.parametrize("name, output, fragment", [
+    ("v.bin", "dense", "dense vectors are written to .npy (with .ids.json beside it) or .parquet, not .bin"),
+    ("vectors", "dense", "not a name without a suffix"),
+    ("v.npz", "dense", "not .npz"),
+    ("v.npy", "sparse", "sparse vectors are written to .npz"),
+    ("v.parquet", "multivector", "multivector vectors are written to .npz"),
+])
+def test_an_unsupported_format_is_refused(tmp_path, name, output, fragment):
+    with pytest.raises(ConfigError) as exc:
+        check_output_path(tmp_path / name, output)
+    assert fragment in str(exc.value)
+
+
+def test_an_output_under_a_file_is_refused(tmp_path):
+    (tmp_path / "plain.txt").write_text("x")
+    with pytest.raises(ConfigError) as exc:
+        check_output_path(tmp_path / "plain.txt" / "sub" / "v.npy", "dense")
+    assert str(exc.value).endswith(f"{tmp_path / 'plain.txt'} is a file, not a folder")
+
+
+@pytest.mark.parametrize("folder", ["v.npy", "v.ids.json", "v.failed.json"])
+def test_a_folder_where_a_file_goes_is_refused(tmp_path, folder):
+    (tmp_path / folder).mkdir()
+    with pytest.raises(ConfigError) as exc:
+        check_output_path(tmp_path / "v.npy", "dense")
+    assert str(exc.value).endswith(f"{tmp_path / folder} is a folder")
+
+
+def test_a_read_only_folder_is_refused(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes in a read-only folder")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ConfigError) as exc:
+            check_output_path(folder / "v.npy", "dense")
+        assert f"cannot write in {folder}: Permission denied" in str(exc.value)
+    finally:
+        folder.chmod(0o700)

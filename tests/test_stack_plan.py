@@ -3,14 +3,16 @@ the default model, and the processes each model gets."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 
 from services.cli import build_parser
-from services.stack_plan import children, default_model, roles, served_models, split_entry
+from services.stack_plan import children, default_model, roles, served_models, split_entry, with_metrics
 from shared.config import ConfigError
 from shared.model_dir import DEFAULT_MODEL_ID, default_model_path, load_model_info
 
@@ -116,3 +118,39 @@ def test_each_model_gets_the_processes_it_needs(tmp_path):
     assert worker.args[worker.args.index("--model-name") + 1] == "nli"
     assert worker.args[worker.args.index("--model") + 1] == str(embedder.path)
     assert plan[-1].args[-2:] == ("--port", "1")
+
+
+def test_every_process_gets_a_metrics_url(tmp_path):
+    """`up` gives each process but the gateway a metrics port of its own (a worker of n replicas: n in
+    a row); the gateway's metrics are on its HTTP port. The banner lists every URL, one a line."""
+    from services.stack import FreePorts, _banner
+
+    embedder = load_model_info(None)
+    plan = children([embedder], ["--nats", "nats://x:1"], ["--port", "8080"], tmp_path)
+    asked = []
+
+    def ports(count: int) -> int:
+        asked.append(count)
+        return 9000 + 10 * len(asked)
+
+    planned = with_metrics(plan, "127.0.0.1", "http://127.0.0.1:8080", 2, ports)
+    by_role = {c.role: c for c in planned}
+    assert asked == [1, 2, 1]  # tokenizer, worker (two replica processes on a CPU), scorer
+    assert by_role["tokenizer"].args[-4:] == ("--metrics-port", "9010", "--metrics-host", "127.0.0.1")
+    assert by_role["worker"].metrics == "http://127.0.0.1:9020/metrics"
+    assert by_role["scorer"].metrics == "http://127.0.0.1:9030/metrics"
+    assert by_role["gateway"].metrics == "http://127.0.0.1:8080/metrics"
+    assert "--metrics-port" not in by_role["gateway"].args
+    banner = _banner([embedder], embedder, "http://127.0.0.1:8080", "nats://x:1", planned, 2)
+    lines = [line.split() for line in banner.splitlines() if line.strip().endswith("/metrics") or "replica" in line]
+    assert [line[:2] for line in lines] == [[c.name, c.metrics] for c in planned]
+    assert "ports 9020-9021" in banner
+
+    with contextlib.closing(FreePorts("127.0.0.1")) as free:
+        first, block = free(1), free(3)
+        assert first not in range(block, block + 3)
+        for port in range(block, block + 3):  # held until closed: nobody else gets them meanwhile
+            with socket.socket() as s, pytest.raises(OSError):
+                s.bind(("127.0.0.1", port))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", block))  # free again

@@ -24,6 +24,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
 from shared.lifecycle import connect, mark_ready, register
+from shared.metrics_server import serve_metrics
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 from shared.quantize import FORMS, WIRE_FORMS
@@ -64,6 +65,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        exporter = serve_metrics(self.metrics.registry, self.cfg.metrics)  # --metrics-port, besides GET /metrics
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
         self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
         self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery.serves)
@@ -73,8 +75,9 @@ class Gateway:
         self._micro = await register(self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)})
         try:
             js = self.nc.jetstream()
-            kv = await ensure_streams(js, self.cfg.nats.subjects)
+            kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
             self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir)
+            self.metrics.jobs.start(js, kv, self.cfg.nats.subjects)  # consumer lag and job progress, refreshed apart
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
         log.info("gateway on http://%s:%d (nats %s, default model: %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url,
@@ -87,7 +90,10 @@ class Gateway:
             await self._micro.stop()
             await self.discovery.stop()
             await self.client.stop()
+            await self.metrics.jobs.stop()
             await self.nc.drain()
+            if exporter is not None:
+                exporter.close()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -367,6 +373,11 @@ class Gateway:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
         return json_response(await self.jobs.get(request.path_params["job"]))
 
+    async def cancel_job(self, request: Request) -> Response:
+        if self.jobs is None:
+            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
+        return json_response(await self.jobs.cancel(request.path_params["job"]))
+
     # -- operations -------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -435,6 +446,7 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/models", gw.models, methods=["GET"]),
         Route("/v1/jobs", gw.create_job, methods=["POST"]),
         Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
+        Route("/v1/jobs/{job}", gw.cancel_job, methods=["DELETE"]),
         Route("/embed", gw.embed, methods=["POST"]),
         Route("/embed_sparse", gw.embed_sparse, methods=["POST"]),
         Route("/embed_all", gw.embed_all, methods=["POST"]),

@@ -6,7 +6,11 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import ConfigError, NatsConfig, add_option, nats_config, non_negative_int, positive_float, positive_int
+from shared.config import (
+    ConfigError, NatsConfig, Retention, add_option, add_retention_arguments, nats_config, non_negative_int, positive_float,
+    positive_int, retention,
+)
+from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--default-model", "EMBEDFLEET_DEFAULT_MODEL", None,
                "the served model that requests naming none use (TEI routes); default: the first served id in order "
                "(embedfleet up: its first --model)")
+    add_metrics_arguments(parser)
+    add_retention_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,8 @@ class GatewayConfig:
     retries: int = 2  # attempts after the first for rows a dead process may have held
     discovery_wait: float = 0.25  # seconds to gather ping replies
     default_model: str | None = None  # None: the first model served, by id
+    metrics: MetricsEndpoint = MetricsEndpoint()  # besides /metrics on the HTTP port
+    retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
 
     def __post_init__(self) -> None:
         if self.default_model is not None and not self.default_model.strip():
@@ -69,6 +77,8 @@ class GatewayConfig:
             open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
             default_model=ns.default_model,
+            metrics=MetricsEndpoint.from_namespace(ns),
+            retention=retention(ns),
         )
 
 

@@ -1,5 +1,6 @@
 """HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server),
-GET /v1/jobs/{id} returns its state. The vectors go to the results stream, as for `embedfleet reindex`."""
+GET /v1/jobs/{id} returns its state, DELETE /v1/jobs/{id} cancels it. The vectors go to the results
+stream, as for `embedfleet reindex`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from pathlib import Path
 from shared.config import ConfigError
 from shared.documents import job_id_for, read_documents
 from shared.errors import ErrorCode
-from shared.jobs import MAX_JOB_ID, JobConflict, form_conflict, has_state_key, read_state, submit
+from shared.jobs import (
+    DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, JobConflict, cancel_job, form_conflict, has_state_key, purge_wait, read_state,
+    submit, was_cancelled,
+)
+from shared.progress import LEDGER
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
 from services.gateway.errors import ApiError
@@ -42,6 +47,9 @@ class JobsApi:
         if output == "sparse" and form not in ("float32", "float16"):
             raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
         options = EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output)
+        # everything is checked before the first batch is published: the fields above, every document, the id
+        if "documents" in doc and "path" in doc:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")
         if "documents" in doc:
             docs = _inline(doc["documents"])
             job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
@@ -57,11 +65,9 @@ class JobsApi:
             if not path.is_relative_to(self._jobs_dir):
                 raise ApiError(ErrorCode.INVALID_REQUEST, "'path' must name a file inside the jobs folder", "path")
             try:
-                docs = read_documents(path)
+                docs = read_documents(path)  # all of them, each checked (ids unique, texts strings)
             except ConfigError as exc:
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "path") from None
-            if not docs:
-                raise ApiError(ErrorCode.INVALID_REQUEST, f"{path} holds no documents", "path")
             job = optional(doc, "id", str) or job_id_for(path, model, batch_size, form, output)
             await self._check_id(job, form, output)
             # a file may be large: publish in the background, answer at once
@@ -75,13 +81,19 @@ class JobsApi:
                      "embedding_type": form}
 
     async def _check_id(self, job: str, form: str, output: str) -> None:
-        """A job id must name a state entry, and a job already there must make the same form."""
+        """A job id must name a state entry, and a job already there must make the same form and not
+        have been cancelled."""
         if not has_state_key(job):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'id' must be at most {MAX_JOB_ID} letters, digits and "
                            "- _ = / . (not starting or ending with .)", "id")
-        problem = form_conflict(await read_state(self._kv, job), form, output)
+        state = await read_state(self._kv, job)
+        problem = form_conflict(state, form, output) or was_cancelled(state)
         if problem:
             raise ApiError(ErrorCode.INVALID_REQUEST, problem, "id")
+        wait = await purge_wait(self._js, self._subjects, job) if state is None else 0.0
+        if wait:  # the streams would drop its batches as repeats of the purged run's
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago: "
+                           f"submit it again in {wait:.0f}s, or give another 'id'", "id")
 
     async def get(self, job: str) -> dict:
         if not has_state_key(job):
@@ -91,14 +103,33 @@ class JobsApi:
             entry = await self._kv.get(job)
         except Exception:
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id") from None
-        state = json.loads(entry.value)
-        state["id"] = state.pop("job", job)
-        return state
+        return _shown(json.loads(entry.value), job)
+
+    async def cancel(self, job: str) -> dict:
+        """Cancel a job; its state as it stands after (a finished job's is unchanged)."""
+        if not has_state_key(job):
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits "
+                           "and - _ = / .", "id")
+        state = await cancel_job(self._kv, job)
+        if state is None:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
+        return _shown(state, job)
 
     def _done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
-        if not task.cancelled() and task.exception():
+        if task.cancelled() or not task.exception():
+            return
+        if isinstance(task.exception(), JobCancelled):
+            log.info("%s", task.exception())
+        else:
             log.error("submitting a job failed: %s", task.exception())
+
+
+def _shown(state: dict, job: str) -> dict:
+    """A job's state as the API shows it: ``id`` for ``job``, without the ledger of counted rows."""
+    state.pop(LEDGER, None)
+    state["id"] = state.pop("job", job)
+    return state
 
 
 def _inline(raw) -> list[tuple[str, str]]:
@@ -110,6 +141,10 @@ def _inline(raw) -> list[tuple[str, str]]:
                 and isinstance(d.get("text"), str)):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'documents[{i}]' must be {{\"id\": string, \"text\": string}}", "documents")
         docs.append((str(d["id"]), d["text"]))
-    if len({d for d, _ in docs}) != len(docs):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "document ids must be unique", "documents")
+    seen: set[str] = set()
+    for i, (doc_id, _) in enumerate(docs):
+        if doc_id in seen:
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
+                           "documents")
+        seen.add(doc_id)
     return docs

@@ -1,10 +1,15 @@
-"""Prometheus metrics of one gateway (its own registry, no process-global state)."""
+"""Prometheus metrics of one gateway (its own registry, no process-global state): HTTP requests and
+errors, tokens, per-stage seconds (overall and per model), requests in flight, and bulk-job health
+(services/gateway/job_metrics.py)."""
 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from services.gateway.job_metrics import JobMetrics
+
 STAGES = ("queue", "tokenize", "inference", "total")
+MODEL_STAGES = ("tokenize", "queue", "inference")  # the stages a request's result reports, per model
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -25,6 +30,11 @@ class Metrics:
             "embedfleet_stage_seconds", "seconds per request stage", ["stage"], buckets=_BUCKETS, registry=self.registry
         )
         self.in_flight = Gauge("embedfleet_requests_in_flight", "requests being handled", registry=self.registry)
+        self.model_stage_seconds = Histogram(
+            "embedfleet_model_stage_seconds", "seconds per request stage, by model (tokenize, queue, inference)",
+            ["model", "stage"], buckets=_BUCKETS, registry=self.registry,
+        )
+        self.jobs = JobMetrics(self.registry)
 
     def observe(self, route: str, status: int) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -36,6 +46,9 @@ class Metrics:
         for stage in STAGES:
             if stage in timings:
                 self.stage_seconds.labels(stage).observe(timings[stage])
+        for stage in MODEL_STAGES:
+            if stage in timings:
+                self.model_stage_seconds.labels(model, stage).observe(timings[stage])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

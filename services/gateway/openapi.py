@@ -269,12 +269,21 @@ def openapi_spec(version: str) -> dict[str, Any]:
                     "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096}}},
                 {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
             ),
-            "/v1/jobs/{job}": {"get": {
-                "summary": "A bulk job's state",
-                "parameters": [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
-                              **_errors(_OPENAI_ERROR, (401, 404, 503))},
-            }},
+            "/v1/jobs/{job}": {
+                "get": {
+                    "summary": "A bulk job's state",
+                    "parameters": [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
+                                  **_errors(_OPENAI_ERROR, (401, 404, 503))},
+                },
+                "delete": {
+                    "summary": "Cancel a bulk job: nothing more of it is published or computed; what was stored stays",
+                    "parameters": [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "its state after: status 'cancelled' (a finished job's is unchanged)",
+                                          "content": {"application/json": {"schema": {"type": "object"}}}},
+                                  **_errors(_OPENAI_ERROR, (401, 404, 503))},
+                },
+            },
             "/embed": _post(
                 "Embed (TEI)", embed_body,
                 {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},

@@ -5,32 +5,47 @@ Held batches get in-progress beats until acknowledged. A batch that cannot be de
 given up at once; an engine failure is tried again (nak with a delay) until the last delivery, where
 the batch is given up; the server's max-deliveries advisory covers batches whose holders died. All
 three become dead letters (shared/bulkwork.py).
+
+A stored result is counted in the job's state before its batch is acknowledged, by its rows, so a
+worker that dies in between leaves a batch that is delivered again, stored again as a duplicate (the
+message id), and counted then, once. A batch of a cancelled job is acknowledged and dropped unrun.
+Told to stop, the feeder fetches no more and hands back the batches queued here that the engine has
+not started; those it started are finished, stored and acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Callable
 
 from nats.aio.client import Client
 
-from shared.bulkwork import BatchInfo, Heartbeats, close_pull, deliveries, fetch_one, join_work, undecodable
+from shared.bulkwork import (
+    BatchInfo, Cancellations, Heartbeats, close_pull, deliveries, fetch_one, hand_back, hand_back_pending, join_work,
+    undecodable,
+)
 from shared.config import JobSettings
 from shared.errors import ServiceError
-from shared.jobs import count_done, publish_durably, update_state
+from shared.jobs import count_done, has_state_key, publish_durably, update_state
+from shared.progress import Rows
 from shared.protocol import JobResult, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import Subjects, model_token
 from services.gpu_worker.scheduler import Scheduler, Work
 
 log = logging.getLogger("embedfleet.worker.bulk")
 
+# Test hook, read only here and set only by the integration tests: "1" makes the worker exit at once
+# after it stored a bulk result and before it counted it, as a worker killed at that point would.
+CRASH_AFTER_STORE = "EMBEDFLEET_TEST_CRASH_AFTER_STORE"
+
 
 def describe(data: bytes, headers: dict) -> BatchInfo:
     try:
         batch = decode_as(data, TokenBatch)
         if batch.job is not None:
-            return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()))
+            return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()), batch.total)
     except ProtocolError:
         pass
     return undecodable(data, headers, 2)  # the message id may still name the job
@@ -59,31 +74,43 @@ class BulkFeeder:
         self._answers: set[asyncio.Task] = set()
         self._room = asyncio.Event()
         self._stopping = False
+        self._crash_after_store = os.environ.get(CRASH_AFTER_STORE) == "1"
 
     async def start(self) -> None:
         self._js, self._kv, self._psub, self._dead = await join_work(
             self._nc, self._subjects, "bulk", f"workers-{model_token(self._model)}", self._subjects.bulk(self._model),
             self._settings, "worker", describe,
         )
+        self._cancellations = Cancellations(self._kv)
         self._task = asyncio.create_task(self._loop(), name="bulk-feeder")
 
     async def stop(self) -> None:
-        """Take no more bulk work (what was taken finishes and is acknowledged by the worker)."""
+        """Take no more bulk work, and hand back at once the batches the engine has not started (what
+        it started finishes, and is stored and acknowledged before ``close``)."""
         self._stopping = True
         if self._task is not None:
             await self._task
             self._task = None
-        await close_pull(self._psub)
-        await self._dead.stop()
+        withdrawn = self._scheduler.withdraw_bulk()
+        for work in withdrawn:
+            self._beats.release(work.source)
+            await hand_back(work.source)
+        if withdrawn:
+            log.info("stopping: %d bulk batches handed back", len(withdrawn))
 
     def room(self) -> None:
         """The scheduler's queues emptied: fetch the next bulk batch now."""
         self._room.set()
 
     async def close(self) -> None:
-        """After the worker finished its work: the last results stored, no more beats."""
+        """After the worker finished its work: the last results stored, anything delivered since the
+        last fetch handed back, no more beats."""
         while self._answers:
             await asyncio.gather(*list(self._answers), return_exceptions=True)
+        if await hand_back_pending(self._psub):
+            log.info("stopping: a bulk batch delivered after the last fetch handed back")
+        await close_pull(self._psub)
+        await self._dead.stop()
         await self._beats.stop()
 
     async def _loop(self) -> None:
@@ -101,6 +128,9 @@ class BulkFeeder:
                     batch = decode_as(msg.data, TokenBatch)
                     if batch.job is None:
                         raise ProtocolError("a bulk batch must name its job")
+                    if await self._cancellations.cancelled(batch.job):
+                        await msg.ack()  # dropped unrun: its job is cancelled
+                        continue
                     self._check(batch)
                 except (ProtocolError, ServiceError) as exc:
                     await self._dead.give_up(msg, str(exc), describe(msg.data, msg.headers or {}))
@@ -121,24 +151,28 @@ class BulkFeeder:
             log.error("storing a bulk result failed: %r", task.exception())
 
     async def answer(self, work: Work, vectors, dtype: str, dim: int, offsets=None, indices=None) -> None:
-        """Store the result durably, then acknowledge the batch (a crash in between redelivers it;
-        the result's message id makes the second copy a no-op)."""
+        """Store the result durably, count its rows in the job's state, then acknowledge the batch. A
+        crash before the acknowledgement redelivers it: the result's message id makes the second copy
+        a no-op, and rows counted before are not counted again."""
         batch, msg = work.batch, work.source
         result = JobResult(
             id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=dim,
             dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens, offsets=offsets, indices=indices,
         )
+        rows = Rows(batch.batch, batch.start, len(batch.doc_ids), batch.total)
         try:
-            ack = await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
-                                        f"{batch.job}:{batch.batch}:{batch.start}", patience=self._settings.ack_wait)
+            await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
+                                  f"{batch.job}:{batch.batch}:{batch.start}", patience=self._settings.ack_wait)
+            if self._crash_after_store:
+                os._exit(70)
+            if has_state_key(batch.job):  # a forged job id names no state: the stored result is all there is
+                await update_state(self._kv, batch.job, lambda s: count_done(s, rows, batch.num_tokens),
+                                   patience=self._settings.ack_wait)
             await msg.ack()
         except Exception as exc:  # the server is away for long: the batch is delivered again later
             log.warning("bulk batch %s:%s left for another try: %r", batch.job, batch.batch, exc)
+        finally:
             self._beats.release(msg)
-            return
-        self._beats.release(msg)
-        if not ack.duplicate:  # a redelivered batch was already counted
-            await update_state(self._kv, batch.job, lambda s: count_done(s, len(batch.doc_ids), batch.num_tokens))
 
     async def failed(self, work: Work, reason: str) -> None:
         """The engine failed on this batch: another try later, or given up on its last delivery."""

@@ -10,6 +10,7 @@ from shared.config import (
     ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_float,
     positive_int,
 )
+from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
                "seconds between queue-depth reports to the tokenizers", positive_float)
     add_job_arguments(parser)
+    add_metrics_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,12 @@ class WorkerConfig:
     jobs: JobSettings = JobSettings()
     bulk_batch_tokens: int | None = None
     max_queued_tokens: int = 262144
+    metrics: MetricsEndpoint = MetricsEndpoint()  # CPU replica processes: port + i each (replicas.py)
 
     def __post_init__(self) -> None:
+        if self.metrics.enabled and self.metrics.port + self.replicas - 1 > 65535:
+            raise ConfigError(f"--metrics-port {self.metrics.port} with --replicas {self.replicas}: replica processes "
+                              "on a CPU take one port each from it up, past 65535")
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
             raise ConfigError(
                 f"--max-batch-tokens {self.max_batch_tokens} is below the model's sequence limit {self.model.max_seq_length}"
@@ -87,4 +93,5 @@ class WorkerConfig:
             jobs=job_settings(ns),
             bulk_batch_tokens=ns.bulk_batch_tokens,
             max_queued_tokens=ns.max_queued_tokens,
+            metrics=MetricsEndpoint.from_namespace(ns),
         )

@@ -61,10 +61,12 @@ def build_engines(cfg: WorkerConfig) -> list[Engine]:
 def run_cpu_processes(cfg: WorkerConfig, argv: list[str]) -> int:
     """CPU replicas as processes sharing the cores: ``--replicas N`` starts N single-replica workers."""
     threads = cfg.cpu_threads()
-    # later flags win in argparse: each child is a single replica with its share of the cores
+    # later flags win in argparse: each child is a single replica with its share of the cores, and
+    # its own metrics port (--metrics-port P: the i-th child serves on P + i)
     children = [
-        subprocess.Popen([sys.executable, "-m", "services.cli", *argv, "--replicas", "1", "--threads", str(threads)])
-        for _ in range(cfg.replicas)
+        subprocess.Popen([sys.executable, "-m", "services.cli", *argv, "--replicas", "1", "--threads", str(threads),
+                          *(["--metrics-port", str(cfg.metrics.port + i)] if cfg.metrics.enabled else [])])
+        for i in range(cfg.replicas)
     ]
     log.info("started %d CPU worker processes with %d threads each", len(children), threads)
 

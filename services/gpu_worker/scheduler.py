@@ -103,6 +103,13 @@ class Scheduler:
             queue.extend(keep)
         return expired
 
+    def withdraw_bulk(self) -> list[Work]:
+        """Remove the queued bulk work none of whose rows was scheduled yet (a stopping worker hands it back)."""
+        taken = [work for work in self._bulk if work.next_row == 0]
+        self._bulk = deque(work for work in self._bulk if work.next_row > 0)
+        self._queued_tokens -= sum(work.pending_tokens for work in taken)
+        return taken
+
     def next_batch(self) -> Batch | None:
         """Cut the next engine batch, oldest sequences first; None when nothing waits."""
         queue = self._online or self._bulk

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
+from shared.metrics_server import serve_metrics
 from shared.protocol import (
     MAX_STAGES,
     VECTOR_DTYPES,
@@ -43,6 +44,7 @@ from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.pooling import postprocess
+from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
 
@@ -87,6 +89,8 @@ class WorkerService:
         first = engines[0]
         self._dim = first.dim
         self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs, cfg.bulk_batch_tokens)
+        self.metrics = WorkerMetrics(cfg.model.id, self._scheduler, first.max_batch_tokens)
+        self._exporter = None
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
@@ -101,6 +105,7 @@ class WorkerService:
         self._bulk: BulkFeeder | None = None
 
     async def start(self) -> None:
+        self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
         model = self._cfg.model
         subjects = self._cfg.nats.subjects
         subject = subjects.tokens(model.id)
@@ -166,6 +171,8 @@ class WorkerService:
             self._micro = None
         for executor in self._executors:
             executor.shutdown(wait=True)
+        if self._exporter is not None:
+            self._exporter.close()
 
     async def _report_load(self) -> None:
         while True:
@@ -241,7 +248,8 @@ class WorkerService:
 
     async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
-        in_flight: deque[tuple[Batch, object, float]] = deque()
+        in_flight: deque[tuple[Batch, object, float, int]] = deque()
+        replica = self._engines.index(engine)
         trimmed = time.monotonic()
         while True:
             if time.monotonic() - trimmed > _TRIM_SECONDS:
@@ -279,14 +287,15 @@ class WorkerService:
                 self._running_tokens -= batch.num_tokens
                 await self._fail(batch)
                 continue
-            in_flight.append((batch, handle, launched))
+            in_flight.append((batch, handle, launched, replica))
             if len(in_flight) > 1:  # batch N+1 is launched: now collect batch N
                 await self._finish(*in_flight.popleft())
 
-    async def _finish(self, batch: Batch, handle, launched: float) -> None:
+    async def _finish(self, batch: Batch, handle, launched: float, replica: int = 0) -> None:
         while not handle.ready():
             await asyncio.sleep(_POLL_SECONDS)
         took = time.perf_counter() - launched
+        self.metrics.batch_done(replica, batch, handle.run, launched, took)
         self._running_tokens -= batch.num_tokens
         rate = batch.num_tokens / max(took, 1e-6)
         self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
@@ -305,6 +314,7 @@ class WorkerService:
                 log.exception("answering request %s failed", work.batch.id)
 
     async def _fail(self, batch: Batch) -> None:
+        self.metrics.batch_failed(batch)
         for s in batch.slices:
             if s.work.source is not None:
                 await self._bulk.failed(s.work, "the engine failed on the batch")  # tried again, then given up
@@ -400,6 +410,7 @@ class WorkerService:
 
     async def _reply_error(self, reply: str, request_id: str, error: ServiceError) -> None:
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
+        self.metrics.error(error.code.value)
         try:
             await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))
         except Exception as exc:  # called from the replica loops too, which must keep running

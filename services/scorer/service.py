@@ -15,9 +15,11 @@ from shared.client import EmbedClient
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.lifecycle import register
+from shared.metrics_server import serve_metrics
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE, model_token
 from services.scorer.config import ScorerConfig
+from services.scorer.metrics import ScorerMetrics
 from services.scorer.scoring import cosine_rank, rank, sigmoid
 
 log = logging.getLogger("embedfleet.scorer")
@@ -35,14 +37,17 @@ class ScorerService:
         self._tasks: set[asyncio.Task] = set()
         self._sub = None
         self._micro = None
+        self.metrics = ScorerMetrics(cfg.model.id, _kind(cfg), lambda: len(self._tasks))
+        self._exporter = None
 
     async def start(self) -> None:
+        self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
         await self._client.start()
         await self._fleet.start()
         subject = self._cfg.nats.subjects.rerank(self._cfg.model.id)
         self._sub = await self._nc.subscribe(subject, queue=SCORER_QUEUE, cb=self._on_request)
         self._micro = await register(self._nc, self._cfg.nats.subjects, "scorer", "rerank: cross-encoder scores or cosine similarity",
-                                    {"model": self._cfg.model.id, "kind": "cross-encoder" if self._cfg.model.scores else "bi-encoder"})
+                                    {"model": self._cfg.model.id, "kind": _kind(self._cfg)})
         log.info("serving rerank for %s on %s", self._cfg.model.id, subject)
 
     async def stop(self) -> None:
@@ -56,6 +61,8 @@ class ScorerService:
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
+        if self._exporter is not None:
+            self._exporter.close()
 
     async def _on_request(self, msg: Msg) -> None:
         # the subscription delivers one message at a time: score concurrently, bounded by the slots
@@ -75,7 +82,8 @@ class ScorerService:
         try:
             request = decode_as(msg.data, RerankRequest)
             request_id = request.id
-            reply = await self._rank(request)
+            with self.metrics.rerank(request.count):
+                reply = await self._rank(request)
         except ProtocolError as exc:
             reply = ErrorReply(request_id, ErrorCode.INVALID_REQUEST, str(exc))
         except ServiceError as exc:
@@ -83,6 +91,7 @@ class ScorerService:
         except Exception:
             log.exception("rerank %s failed", request_id)
             reply = ErrorReply(request_id, ErrorCode.INTERNAL, "scorer error")
+        self.metrics.answered(reply)
         payload = encode(reply)
         if len(payload) > self._nc.max_payload:  # the ranked texts asked back can outgrow a message
             payload = encode(ErrorReply(request_id, ErrorCode.INVALID_REQUEST,
@@ -137,6 +146,10 @@ class ScorerService:
                 call = self._client.embed(self._cfg.model.id, [], options, remaining, pairs=[(query, t) for t in chunk])
             parts.append(_named(call, "candidate", start))
         return np.concatenate([outcome.vectors for outcome in await asyncio.gather(*parts)])
+
+
+def _kind(cfg: ScorerConfig) -> str:
+    return "cross-encoder" if cfg.model.scores else "bi-encoder"
 
 
 def _answer(request: RerankRequest, indices: np.ndarray, scores: np.ndarray) -> RerankResult:

@@ -6,7 +6,9 @@ stream (JetStream's publish acknowledgement), and each token batch carries a mes
 hand the tokenizer sends in-progress beats. It takes a job batch only while fewer than
 ``--bulk-ahead`` token batches of its model wait for the workers, so a million-document job waits in
 the jobs stream rather than piling up as tokens. A malformed batch is given up at once as a dead
-letter (see shared/bulkwork.py).
+letter (see shared/bulkwork.py); a batch of a cancelled job is acknowledged and dropped untokenized.
+Told to stop, it fetches no more, finishes the batch in hand (milliseconds of tokenizing) and hands
+back anything delivered after its last fetch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import time
 
 from nats.aio.client import Client
 
-from shared.bulkwork import BatchInfo, Heartbeats, close_pull, fetch_one, join_work, undecodable
+from shared.bulkwork import (
+    BatchInfo, Cancellations, Heartbeats, close_pull, fetch_one, hand_back_pending, join_work, undecodable,
+)
 from shared.errors import ErrorCode, ServiceError
 from shared.jobs import publish_durably, stream_names
 from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
@@ -34,7 +38,7 @@ _HEADER_BYTES = 256  # room for a publish's headers besides the message id
 def describe(data: bytes, headers: dict) -> BatchInfo:
     try:
         job = decode_as(data, JobBatch)
-        return BatchInfo(job.id, job.batch, 0, len(job.texts))
+        return BatchInfo(job.id, job.batch, 0, len(job.texts), len(job.texts))
     except ProtocolError:
         return undecodable(data, headers, 1)
 
@@ -56,6 +60,7 @@ class BulkTokenizer:
             self._cfg.jobs, "tokenizer", describe,
         )
         self._bulk_stream, self._bulk_subject = stream_names(self._subjects)["bulk"], self._subjects.bulk(model)
+        self._cancellations = Cancellations(self._kv)
         self._task = asyncio.create_task(self._loop(), name="bulk-tokenizer")
 
     async def stop(self) -> None:
@@ -63,6 +68,8 @@ class BulkTokenizer:
         if self._task is not None:
             await self._task  # the batch in hand is finished and acknowledged
             self._task = None
+        if await hand_back_pending(self._psub):
+            log.info("stopping: a job batch delivered after the last fetch handed back")
         await close_pull(self._psub)
         await self._dead.stop()
         await self._beats.stop()
@@ -101,6 +108,9 @@ class BulkTokenizer:
             if model_token(job.model) != model_token(self._cfg.model.id):  # its tokens would go to another model
                 raise ServiceError(ErrorCode.MODEL_NOT_FOUND, f"this stream subject serves {self._cfg.model.id}, not "
                                    f"{job.model[:200]!r}")
+            if await self._cancellations.cancelled(job.id):
+                await msg.ack()  # dropped untokenized: its job is cancelled
+                return
             texts = self._encoder.with_prompt(job.texts, job.options)
             ids = await asyncio.to_thread(self._encoder.encode, texts, True, job.options.truncation_direction)
         except (ProtocolError, ServiceError) as exc:

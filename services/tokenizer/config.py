@@ -11,6 +11,7 @@ import os
 from shared.config import (
     ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_int,
 )
+from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--bulk-ahead", "EMBEDFLEET_BULK_AHEAD", 256,
                "bulk token batches the tokenizers may queue ahead of the workers before they wait", positive_int)
     add_job_arguments(parser)
+    add_metrics_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class TokenizerConfig:
     routing: str = "load"
     bulk_ahead: int = 256
     jobs: JobSettings = JobSettings()
+    metrics: MetricsEndpoint = MetricsEndpoint()
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TokenizerConfig:
@@ -52,6 +55,7 @@ class TokenizerConfig:
             routing=ns.routing,
             bulk_ahead=ns.bulk_ahead,
             jobs=job_settings(ns),
+            metrics=MetricsEndpoint.from_namespace(ns),
         )
 
     def apply_threads(self) -> None:

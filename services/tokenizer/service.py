@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
+from shared.metrics_server import serve_metrics
 from shared.protocol import (
     DecodeRequest,
     DecodeResult,
@@ -30,6 +31,7 @@ from shared.subjects import TOKENIZER_QUEUE, model_token
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.bulk import BulkTokenizer
+from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.routing import Router
 
 log = logging.getLogger("embedfleet.tokenizer")
@@ -60,8 +62,11 @@ class TokenizerService:
         self._router = Router()
         self._bulk: BulkTokenizer | None = None
         self._micro = None
+        self.metrics = TokenizerMetrics(cfg.model.id)
+        self._exporter = None
 
     async def start(self) -> None:
+        self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
         model = self._cfg.model
         self._sub = await self._nc.subscribe(
             self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request
@@ -75,7 +80,7 @@ class TokenizerService:
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
         try:
-            bulk = BulkTokenizer(self._nc, self._cfg, self._encoder)
+            bulk = BulkTokenizer(self._nc, self._cfg, self.metrics.bulk_view(self._encoder))
             await bulk.start()
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
@@ -107,6 +112,8 @@ class TokenizerService:
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
+        if self._exporter is not None:
+            self._exporter.close()
 
     async def _on_request(self, msg: Msg) -> None:
         await self._answering(msg, EmbedRequest, self._handle)
@@ -120,6 +127,7 @@ class TokenizerService:
     async def _answering(self, msg: Msg, kind: type, handle: Callable[[Any, str | None], Awaitable[None]]) -> None:
         """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
         request_id = ""
+        self.metrics.request(kind.TYPE)
         try:
             request = decode_as(msg.data, kind)
             request_id = request.id
@@ -174,6 +182,7 @@ class TokenizerService:
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             await self._nc.publish(subject, encode(batch), reply=reply)
             chunks += 1
+        self.metrics.embedded(ids, timings["tokenize"], chunks)
         log.debug(
             "request %s: %d inputs -> %d chunks in %.1f ms",
             request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
@@ -219,5 +228,6 @@ class TokenizerService:
 
     async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError) -> None:
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
+        self.metrics.error(error.code.value)
         if reply:
             await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))

@@ -15,6 +15,7 @@ import yaml
 
 from services.cli import build_parser
 from shared.jobs import stream_names
+from shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from shared.subjects import Subjects, model_token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,8 +101,10 @@ def test_services_have_probes_and_outlast_their_drain(path):
         probe = c["readinessProbe"]
         ready_file = _env(c, docs)["EMBEDFLEET_READY_FILE"]
         assert probe.get("exec", {}).get("command") == ["test", "-f", ready_file], doc["metadata"]["name"]
-        # services give in-flight work 30 s and NATS a 10 s drain after SIGTERM
-        assert pod["terminationGracePeriodSeconds"] > 40, doc["metadata"]["name"]
+        # after SIGTERM services give in-flight work STOP_TIMEOUT and NATS DRAIN_TIMEOUT: the grace
+        # outlasts both, by a margin, not by minutes (a drained pod holds no work; a long grace slows rollouts)
+        drain = STOP_TIMEOUT + DRAIN_TIMEOUT
+        assert drain < pod["terminationGracePeriodSeconds"] <= drain + 15, doc["metadata"]["name"]
         assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert pod["securityContext"]["runAsNonRoot"] is True
 

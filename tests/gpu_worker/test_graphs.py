@@ -114,3 +114,19 @@ def test_cuda_graph_replay_equals_eager(model_info, chunks):
         got = graphed.embed(c.input_ids, c.cu_seqlens)
         np.testing.assert_allclose(got, want, atol=2e-3)  # fp16: same kernels, same order
     assert graphed.graphs.replays >= len(chunks)
+
+
+def test_each_step_says_how_it_ran(model_info, chunks):
+    """``handle.run``, which the worker's metrics count: the first batch of a bucket runs eagerly and
+    captures, later ones replay, batches above the largest bucket and engines without graphs run eagerly."""
+    eager = Engine(model_info, "cpu", graphs=False)
+    graphed = Engine(model_info, "cpu", graphs=True, max_batch_tokens=1024, max_batch_seqs=16,
+                     capture=lambda engine, bucket: lambda: engine._static_forward(bucket), model=eager.model)
+    c = chunks[0]
+    assert eager.step(c.input_ids, c.cu_seqlens).run == "eager"
+    assert graphed.step(c.input_ids, c.cu_seqlens).run == "captured"
+    assert graphed.step(c.input_ids, c.cu_seqlens).run == "replay"
+    long = np.ones(1100, np.int32) * 1000  # above the largest bucket (1024): eager
+    cu = np.array([0, 250, 500, 750, 1000, 1100], np.int32)
+    assert graphed.step(long, cu).run == "eager"
+    assert (graphed.graphs.captures, graphed.graphs.replays) == (1, 1)

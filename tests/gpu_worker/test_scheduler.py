@@ -115,3 +115,17 @@ def test_bulk_batches_have_their_own_smaller_budget():
 def test_rejects_bad_budgets():
     with pytest.raises(ValueError):
         Scheduler(0, 1)
+
+
+def test_withdraw_bulk_takes_back_only_work_not_started():
+    s = Scheduler(max_tokens=10, max_seqs=100)
+    online, started, waiting = _work("q", [2]), _work("b1", [6, 6]), _work("b2", [3])
+    s.push(online)
+    s.push(started, bulk=True)
+    s.push(waiting, bulk=True)
+    s.next_batch()  # the online query
+    assert _rows(s.next_batch()) == [("b1", 0, 1)]  # b1 started: its second row waits
+    assert s.withdraw_bulk() == [waiting]
+    assert s.queued_tokens == 6 and s.bulk_waiting == 1
+    assert _rows(s.next_batch()) == [("b1", 1, 2)]  # what started is finished
+    assert s.next_batch() is None and s.withdraw_bulk() == []

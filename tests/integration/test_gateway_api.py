@@ -165,6 +165,7 @@ def test_openapi_lists_the_real_routes(stack):
                                   "/predict", "/similarity", "/decode", "/", "/invocations", "/ping",
                                   "/v1/embed", "/v2/embed", "/v2/rerank",
                                   "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}", "/rerank", "/v1/rerank"}
+    assert set(spec["paths"]["/v1/jobs/{job}"]) == {"get", "delete"}  # a job's state; cancelling it
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """Bulk jobs survive faults, on real processes and a real nats-server: a worker killed with SIGKILL,
 the tokenizer killed, nats-server killed and restarted, each in the middle of a job. Each time the
 job completes, every document id is stored exactly once in the results stream, the output holds
-every id once in input order, and the vectors equal a clean run's."""
+every id once in input order, and the vectors equal a clean run's. A worker killed between storing
+a result and counting it leaves the job's counts exact; a worker stopped with SIGTERM mid-job hands
+its work over without stalling the job."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ import nats
 import numpy as np
 import pytest
 
-from shared.jobs import read_state, stream_names
+from shared.jobs import read_state, stream_names, submit
 from shared.nats_server import EmbeddedNats
-from shared.protocol import JobResult, decode_as
+from shared.protocol import EmbedOptions, JobResult, decode_as
 from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
@@ -89,11 +91,11 @@ def faults(tmp_path_factory) -> Iterator[FaultStack]:
         server.stop()
 
 
-def _state(url: str, job: str) -> dict:
+def _state(url: str, job: str, subjects: Subjects = SUBJECTS) -> dict:
     async def read() -> dict:
         nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
         try:
-            return (await read_state(await nc.jetstream().key_value(stream_names(SUBJECTS)["kv"]), job)) or {}
+            return (await read_state(await nc.jetstream().key_value(stream_names(subjects)["kv"]), job)) or {}
         finally:
             await nc.close()
 
@@ -103,14 +105,14 @@ def _state(url: str, job: str) -> dict:
         return {}
 
 
-def _stored_ids(url: str, job: str) -> Counter:
+def _stored_ids(url: str, job: str, subjects: Subjects = SUBJECTS) -> Counter:
     """How many times each document id is stored in the job's results."""
 
     async def read() -> Counter:
         nc = await nats.connect(url)
         js = nc.jetstream()
         counts: Counter = Counter()
-        sub = await js.subscribe(SUBJECTS.results(job), ordered_consumer=True)
+        sub = await js.subscribe(subjects.results(job), ordered_consumer=True)
         try:
             while True:
                 try:
@@ -189,3 +191,112 @@ def test_nats_server_restarted_mid_job(faults, reference, tmp_path):
     faults.nats.start()
     _check_complete(faults, "restart-nats", proc, out, reference)
     assert all(s.alive for s in faults.services.values()), faults.logs()
+
+
+def _submit(url: str, job: str, texts: list[str], subjects: Subjects = SUBJECTS) -> None:
+    """Publish a job the way the gateway does (no reindex process: no collector sets its status)."""
+
+    async def publish() -> None:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            kv = await js.key_value(stream_names(subjects)["kv"])
+            docs = [(f"{job}-{i}", t) for i, t in enumerate(texts)]
+            await submit(js, kv, subjects, job, "all-MiniLM-L6-v2", docs, BATCH, EmbedOptions(), "test")
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+
+
+def test_worker_killed_between_storing_and_counting(faults):
+    """A worker that dies right after storing a result, before counting it: the batch comes back
+    (after --ack-wait), is stored again as a duplicate and counted then, once. The workers alone
+    bring the job to `done` with exact counts."""
+    url, job, documents = faults.nats.url, "crash-count", 15 * BATCH
+    crasher = Service("worker", ["--nats", url, *HOLD, "--max-batch-tokens", "2048"], faults.folder,
+                      {"OMP_NUM_THREADS": "1", "EMBEDFLEET_TEST_CRASH_AFTER_STORE": "1"})
+    try:
+        wait_until(lambda: count_services(url, "worker") == 3, 60, "the third worker", [crasher])
+        _submit(url, job, faults.texts[:documents])
+        wait_until(lambda: not crasher.alive, 60, "the worker's crash after its first store")
+        assert crasher.proc.returncode == 70, crasher.log()[-2000:]
+        wait_until(lambda: _state(url, job).get("status") != "running", 60, "the job to settle",
+                   [faults.services["worker-1"], faults.services["worker-2"]])
+    finally:
+        crasher.kill()
+    state = _state(url, job)
+    assert (state["status"], state["done"], state.get("failed", 0)) == ("done", documents, 0), state
+    stored = _stored_ids(url, job)
+    assert len(stored) == documents and set(stored.values()) == {1}, Counter(stored.values())
+
+
+DRAIN = Subjects("drain")
+DRAIN_DOCUMENTS = 360
+DRAIN_WORKERS = 3
+
+
+@pytest.fixture
+def drain_fleet(faults) -> Iterator[dict[str, Service]]:
+    """A tokenizer and three one-thread workers under a prefix of their own, with the default
+    --ack-wait (60 s): a batch a stopped worker left unacknowledged would stall a job for a minute.
+    Two workers still keep the machine's two cores busy, so a job's time with one stopped measures
+    stalls, not lost capacity."""
+    common = ["--nats", faults.nats.url, "--subject-prefix", DRAIN.prefix]
+    fleet = {"tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "16"], faults.folder)}
+    for i in range(1, DRAIN_WORKERS + 1):
+        fleet[f"worker-{i}"] = Service("worker", [*common, "--max-batch-tokens", "2048"], faults.folder,
+                                       {"OMP_NUM_THREADS": "1"})
+    try:
+        wait_until(lambda: count_services(faults.nats.url, "worker", prefix=DRAIN.prefix) == DRAIN_WORKERS, 120,
+                   "the drain fleet", list(fleet.values()))
+        yield fleet
+    finally:
+        for s in fleet.values():  # all told at once: they drain side by side
+            if s.alive:
+                s.proc.terminate()
+        for s in fleet.values():
+            s.stop()
+
+
+def test_worker_stopped_mid_job_hands_over_without_a_stall(faults, drain_fleet):
+    """SIGTERM to a worker mid-job: it stops fetching, hands back what it queued, finishes what
+    runs, and exits within seconds; the job takes at most 1.5x the undisturbed run's time (a batch
+    left to wait out the 60 s ack wait would take it past 5x)."""
+    url = faults.nats.url
+    docs = faults.folder / "drain.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
+                            for i, t in enumerate(faults.texts[:DRAIN_DOCUMENTS])))
+
+    def run(job: str, stop: Service | None = None) -> tuple[float, float | None]:
+        """The job's time from start to the reindex process's exit, and the stopped worker's exit time."""
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(faults.folder / f"{job}.npy"),
+             "--nats", url, "--subject-prefix", DRAIN.prefix, "--batch-size", str(BATCH), "--job-id", job, "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stopping = None
+        if stop is not None:
+            wait_until(lambda: _state(url, job, DRAIN).get("done", 0) >= 0.4 * DRAIN_DOCUMENTS or proc.poll() is not None,
+                       120, "the job mid-way")
+            assert proc.poll() is None, "the job ended before the worker was stopped: make it longer"
+            t = time.monotonic()
+            assert stop.stop() == 0, stop.log()[-3000:]
+            stopping = time.monotonic() - t
+        try:
+            rc = proc.wait(180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"job {job} did not finish")
+        assert rc == 0, proc.stdout.read()
+        return time.monotonic() - started, stopping
+
+    undisturbed = min(run("drain-base-1")[0], run("drain-base-2")[0])
+    disturbed, stopping = run("drain-stop", stop=drain_fleet["worker-2"])
+    state = _state(url, "drain-stop", DRAIN)
+    assert (state["status"], state["done"], state.get("failed", 0)) == ("done", DRAIN_DOCUMENTS, 0), state
+    stored = _stored_ids(url, "drain-stop", DRAIN)
+    assert len(stored) == DRAIN_DOCUMENTS and set(stored.values()) == {1}, Counter(stored.values())
+    assert stopping < 10, f"the worker took {stopping:.1f}s to stop"
+    print(f"undisturbed {undisturbed:.2f}s, a worker stopped mid-way {disturbed:.2f}s (its stop {stopping:.2f}s)")
+    assert disturbed <= 1.5 * undisturbed, (disturbed, undisturbed, drain_fleet["worker-2"].log()[-2000:])

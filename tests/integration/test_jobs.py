@@ -199,3 +199,99 @@ def test_jobs_over_http_take_embedding_type(stack):
     assert "makes ubinary vectors, not int8" in clash.json()["error"]["message"]
     bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int4"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "embedding_type"
+
+
+def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path):
+    """A 3,000-document job cancelled 3 s in (`embedfleet jobs cancel`): its reindex exits saying so,
+    the batches it queued are dropped unrun within seconds, its state says cancelled with what was
+    stored, and what was stored stays readable; the next job runs as fast as the same job before."""
+    import asyncio
+    import time
+    from collections import Counter
+
+    import httpx
+    import nats
+
+    from shared.jobs import stream_names
+    from shared.protocol import JobResult, decode_as
+    from shared.subjects import Subjects
+    from tests.integration.procs import wait_until
+
+    subjects, model, url = Subjects("embedfleet"), "all-MiniLM-L6-v2", stack.nats_url
+    texts = mixed_texts(3000)
+    big, small = tmp_path / "big.jsonl", tmp_path / "small.jsonl"
+    big.write_text("".join(json.dumps({"id": f"c{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    small.write_text("".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(texts[:128])))
+    common = ["--nats", url, "--batch-size", "32", "--quiet", "--stall-timeout", "60"]
+
+    def timed(job: str) -> float:
+        started = time.monotonic()
+        result = _run(["reindex", str(small), "--out", str(tmp_path / f"{job}.npy"), "--job-id", job, *common])
+        assert result.returncode == 0, result.stdout + result.stderr
+        return time.monotonic() - started
+
+    def state(job: str) -> dict:
+        return httpx.get(f"{stack.base_url}/v1/jobs/{job}", timeout=10).json()
+
+    async def queued() -> int:
+        """Batches of the model queued in the jobs and bulk streams."""
+        nc = await nats.connect(url)
+        try:
+            js, names, count = nc.jetstream(), stream_names(subjects), 0
+            for stream, subject in ((names["jobs"], subjects.jobs(model)), (names["bulk"], subjects.bulk(model))):
+                info = await js.stream_info(stream, subjects_filter=subject)
+                count += (info.state.subjects or {}).get(subject, 0)
+            return count
+        finally:
+            await nc.close()
+
+    async def stored() -> Counter:
+        """How many times each document of the cancelled job is stored in the results stream."""
+        nc = await nats.connect(url)
+        counts: Counter = Counter()
+        try:
+            sub = await nc.jetstream().subscribe(subjects.results("cancel-big"), ordered_consumer=True)
+            while True:
+                try:
+                    counts.update(decode_as((await sub.next_msg(timeout=1)).data, JobResult).doc_ids)
+                except Exception:
+                    return counts
+        finally:
+            await nc.close()
+
+    before = timed("speed-before")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "reindex", str(big), "--out", str(tmp_path / "big.npy"),
+                             "--job-id", "cancel-big", *common], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    try:
+        wait_until(lambda: time.monotonic() - started >= 3 and state("cancel-big").get("done", 0) > 0, 60, "the job running")
+        cancelled = _run(["jobs", "cancel", "cancel-big", "--nats", url])
+        told = time.monotonic()
+        assert cancelled.returncode == 0 and "job cancel-big cancelled:" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+        assert proc.wait(15) == 1
+    finally:
+        proc.kill()
+    assert "job cancel-big: cancelled" in proc.stdout.read() and not (tmp_path / "big.npy").exists()
+    exited = time.monotonic() - told
+    wait_until(lambda: asyncio.run(queued()) == 0, 15, "the cancelled job's batches dropped")
+    dropped = time.monotonic() - told
+    after = timed("speed-after")
+
+    final = state("cancel-big")
+    assert final["status"] == "cancelled" and final["cancelled"] >= final["started"], final
+    assert 0 < final["done"] <= 1500 and final["documents"] == 3000 and "accounted" not in final, final
+    rows = asyncio.run(stored())
+    assert len(rows) == final["done"] and set(rows.values()) == {1}  # readable, and counted exactly
+    again = httpx.delete(f"{stack.base_url}/v1/jobs/cancel-big", timeout=10)
+    assert again.status_code == 200 and again.json()["status"] == "cancelled" and again.json()["done"] == final["done"]
+    finished = httpx.delete(f"{stack.base_url}/v1/jobs/speed-before", timeout=10)
+    assert finished.status_code == 200 and finished.json()["status"] == "done"  # a finished job keeps its state
+    missing = httpx.delete(f"{stack.base_url}/v1/jobs/nope", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    rerun = _run(["reindex", str(big), "--out", str(tmp_path / "big.npy"), "--job-id", "cancel-big", *common])
+    assert rerun.returncode == 2 and "job cancel-big was cancelled: purge it" in rerun.stderr
+    print(f"cancelled at {final['done']} documents stored; reindex exited {exited:.1f}s and the queued batches were "
+          f"gone {dropped:.1f}s after; the next job {after:.1f}s, the same job before {before:.1f}s")
+    # left to run, the cancelled job's queued batches would hold the next job back for a minute; 1 s of
+    # slack covers a process start's noise on two shared cores
+    assert after <= 1.5 * before + 1.0, (after, before)

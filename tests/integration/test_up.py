@@ -15,6 +15,7 @@ import pytest
 
 from shared.nats_server import free_port
 from tests.integration.procs import healthy, wait_until
+from tests.prometheus_text import value
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,12 @@ def _start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
         env=env,
     )
     return proc, log
+
+
+def _metrics_urls(banner: str) -> dict[str, str]:
+    """The metrics URLs `up` printed: process name -> URL."""
+    block = banner.split("metrics (Prometheus), one URL a process:\n", 1)[1].split("Ctrl-C", 1)[0]
+    return dict(line.split()[:2] for line in block.splitlines() if line.strip())
 
 
 def _port_open(port: int) -> bool:
@@ -53,6 +60,17 @@ def test_up_with_embedded_nats(tmp_path):
         assert healthy(f"http://127.0.0.1:{port}")
         r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"}, timeout=60)
         assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+        # every process's metrics URL, one a line; each answers with its own service's metrics
+        urls = _metrics_urls(out)
+        model = "all-MiniLM-L6-v2"
+        assert set(urls) == {"gateway", f"tokenizer[{model}]", f"worker[{model}]", f"scorer[{model}]"}, out
+        assert urls["gateway"] == f"http://127.0.0.1:{port}/metrics"
+        assert len(set(urls.values())) == 4
+        for name, url in urls.items():
+            text = httpx.get(url, timeout=10).text
+            assert ("embedfleet_requests_total" if name == "gateway" else f"embedfleet_{name.split('[')[0]}_") in text, name
+        worker = httpx.get(urls[f"worker[{model}]"], timeout=10).text
+        assert value(worker, "embedfleet_worker_tokens_total", model=model, queue="online") == r.json()["usage"]["prompt_tokens"]
         # its data and log live under the project-owned data directory
         assert (tmp_path / "data" / "nats" / "nats-server.conf").is_file()
         assert "listen: 127.0.0.1:" in (tmp_path / "data" / "nats" / "nats-server.conf").read_text()

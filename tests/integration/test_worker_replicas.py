@@ -61,14 +61,27 @@ def test_two_engine_replicas_in_one_worker(nats_url, model_info, reference):
 
 
 def test_cpu_replicas_run_as_processes(nats_url, tmp_path):
+    import contextlib
+
+    import httpx
+
+    from services.stack import FreePorts
+
     prefix = "cpuprocs"
+    with contextlib.closing(FreePorts("127.0.0.1")) as free:
+        metrics_port = free(2)
     worker = Service(
         "worker",
-        ["--nats", nats_url, "--subject-prefix", prefix, "--replicas", "2", "--max-batch-tokens", "512"],
+        ["--nats", nats_url, "--subject-prefix", prefix, "--replicas", "2", "--max-batch-tokens", "512",
+         "--metrics-port", str(metrics_port)],
         tmp_path,
     )
     try:
         wait_until(lambda: count_services(nats_url, "worker", prefix=prefix) == 2, 90, "two worker processes", [worker])
+        # --metrics-port P: the i-th replica process serves its metrics on P + i
+        for port in (metrics_port, metrics_port + 1):
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            assert "embedfleet_worker_max_batch_tokens" in text and 'queue="online"' in text
     finally:
         code = worker.stop()
     assert code == 0, worker.log()[-2000:]

@@ -165,3 +165,61 @@ def test_only_valid_kv_keys_name_a_job_state():
     assert has_state_key("j" * MAX_JOB_ID)
     for bad in ("", "-*Øs", "a b", ".start", "end.", "x>", "x*", "j" * (MAX_JOB_ID + 1)):
         assert not has_state_key(bad), bad
+
+
+def test_cancellations_are_read_from_the_job_state_and_held(nats_url):
+    from shared.bulkwork import Cancellations
+    from shared.jobs import cancel_job
+
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            await update_state(kv, "run", lambda s: s.update(documents=5, status="running"))
+            seen = Cancellations(kv, ttl=0.3, hold=0.6)
+            assert not await seen.cancelled("run")
+            await cancel_job(kv, "run")
+            assert not await seen.cancelled("run")  # read less than ttl ago: not read again yet
+            await asyncio.sleep(0.35)
+            assert await seen.cancelled("run")
+            await kv.delete("run")  # purged
+            assert await seen.cancelled("run")  # held: the job's queued batches are dropped without reads
+            await asyncio.sleep(0.7)
+            assert not await seen.cancelled("run")  # read again after the hold: the id names no cancelled job
+            assert not await seen.cancelled("unknown") and not await seen.cancelled("not a key")
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url):
+    """A pull request left open (a fetch given up as the batch arrived) delivers the batch to a stage
+    that stopped fetching: handed back, another stage gets it now, not after ack_wait (60 s)."""
+    from shared.bulkwork import hand_back_pending
+
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
+            stopping = await open_work(js, stream, "w", subject, JobSettings())
+            fetching = asyncio.create_task(stopping.fetch(1, timeout=5))
+            for _ in range(50):  # until the pull request is at the server
+                if (await js.consumer_info(stream, "w")).num_waiting:
+                    break
+                await asyncio.sleep(0.02)
+            fetching.cancel()
+            await js.publish(subject, b"late", headers={"Nats-Msg-Id": "j:0:0"})
+            for _ in range(50):
+                if stopping.pending_msgs:
+                    break
+                await asyncio.sleep(0.05)
+            assert stopping.pending_msgs == 1
+            assert await hand_back_pending(stopping) == 1 and stopping.pending_msgs == 0
+            other = await open_work(js, stream, "w", subject, JobSettings())
+            (msg,) = await _fetch(other, 3)
+            assert msg.data == b"late" and msg.metadata.num_delivered == 2
+            await msg.ack()
+        finally:
+            await nc.close()
+
+    asyncio.run(main())

@@ -1,8 +1,12 @@
-"""Job ids derived from an input file: the same file, model, batch size and form give the same id."""
+"""Documents read from files, each checked; job ids derived from an input file: the same file, model,
+batch size and form give the same id."""
 
 from pathlib import Path
 
-from shared.documents import job_id_for
+import pytest
+
+from shared.config import ConfigError
+from shared.documents import job_id_for, read_documents
 from shared.quantize import FORMS
 
 
@@ -24,3 +28,81 @@ def test_float32_job_ids_are_those_made_before_forms_existed(tmp_path: Path):
     stat = docs.stat()
     before = hashlib.sha256(f"{docs.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|m|64".encode()).hexdigest()[:16]
     assert job_id_for(docs, "m", 64, "float32") == before  # a float job started by an older version still resumes
+
+
+# -- every document checked when the file is read -----------------------------------------
+
+def test_jsonl_and_text_are_read_in_order(tmp_path: Path):
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"id": "a", "text": "one"}\n\n{"id": 7, "text": ""}\n')
+    assert read_documents(jsonl) == [("a", "one"), ("7", "")]
+    text = tmp_path / "d.txt"
+    text.write_text("first\n\nthird\n")
+    assert read_documents(text) == [("0", "first"), ("2", "third")]
+
+
+@pytest.mark.parametrize("lines, fragment", [
+    (['{"id": "a", "text": "one"}', '{"id": "b", "text": 5}'], 'd.jsonl:2: "text" must be a string, not a number'),
+    (['{"id": "a", "text": null}'], 'd.jsonl:1: "text" must be a string, not null'),
+    (['{"id": true, "text": "x"}'], 'd.jsonl:1: "id" must be a string or an integer, not a boolean'),
+    (['{"id": 1.5, "text": "x"}'], 'd.jsonl:1: "id" must be a string or an integer, not a number'),
+    (['{"id": "a", "text": "one"}', '{"id": "a"'], "d.jsonl:2: not JSON"),
+    (['["a", "one"]'], 'd.jsonl:1: each line must be a JSON object with "id" and "text"'),
+    (['{"id": "a"}'], 'd.jsonl:1: each line must be a JSON object with "id" and "text"'),
+    (['{"id": "a", "text": "one"}', '{"id": "b", "text": "two"}', '{"id": "a", "text": "three"}'],
+     "document id 'a' appears more than once"),
+    (['{"id": 1, "text": "one"}', '{"id": "1", "text": "two"}'], "document id '1' appears more than once"),
+    ([""], "holds no documents"),
+])
+def test_a_malformed_jsonl_file_is_refused_at_its_first_problem(tmp_path: Path, lines, fragment):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as exc:
+        read_documents(path)
+    assert fragment in str(exc.value)
+
+
+def test_a_file_that_is_not_utf8_or_not_there_is_refused(tmp_path: Path):
+    path = tmp_path / "d.txt"
+    path.write_bytes(b"caf\xe9\n")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        read_documents(path)
+    with pytest.raises(ConfigError, match="is not a file"):
+        read_documents(tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="is not a file"):
+        read_documents(tmp_path)
+
+
+def test_parquet_documents(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": [3, 1, 2], "text": ["c", "a", "b"], "extra": [0, 0, 0]}), path)
+    assert read_documents(path) == [("3", "c"), ("1", "a"), ("2", "b")]
+
+
+@pytest.mark.parametrize("columns, fragment", [
+    ({"id": ["a", "b"], "body": ["x", "y"]}, "no column text (columns: id, body)"),
+    ({"id": ["a", "b"], "text": [1, 2]}, "column text must hold strings, not int64"),
+    ({"id": [1.5, 2.5], "text": ["x", "y"]}, "column id must hold strings or integers, not double"),
+    ({"id": ["a", "b"], "text": ["x", None]}, "row 1 (counting from 0): text is null"),
+    ({"id": ["a", None], "text": ["x", "y"]}, "row 1 (counting from 0): id is null"),
+    ({"id": ["a", "a"], "text": ["x", "y"]}, "document id 'a' appears more than once"),
+])
+def test_a_malformed_parquet_file_is_refused(tmp_path: Path, columns, fragment):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table(columns), path)
+    with pytest.raises(ConfigError) as exc:
+        read_documents(path)
+    assert fragment in str(exc.value)
+
+
+def test_a_parquet_name_on_another_file_is_refused(tmp_path: Path):
+    path = tmp_path / "d.parquet"
+    path.write_text('{"id": "a", "text": "one"}\n')
+    with pytest.raises(ConfigError, match="not a Parquet file"):
+        read_documents(path)

@@ -73,3 +73,45 @@ def test_submit_records_the_form_and_refuses_another():
     with pytest.raises(JobConflict, match="makes int8 vectors, not ubinary"):
         asyncio.run(run("ub1"))
     assert js.published == ["job1:0", "job1:1"]
+
+
+def test_cancel_stops_submission_before_the_next_batch():
+    import json
+
+    from shared.jobs import CANCELLED, JobCancelled, cancel_job
+
+    kv = _MemoryKV()
+    docs = [(f"d{i}", "text") for i in range(10)]
+
+    class CancelsAfterTwo(_RecordingJS):
+        async def publish(self, subject: str, data: bytes, headers: dict) -> None:
+            await super().publish(subject, data, headers)
+            if len(self.published) == 2:  # cancelled while the third batch is being prepared
+                await cancel_job(kv, "job2")
+
+    js = CancelsAfterTwo()
+    with pytest.raises(JobCancelled, match="after 2 of 5 batches"):
+        asyncio.run(submit(js, kv, Subjects(), "job2", "m", docs, 2, EmbedOptions(), "inline"))
+    assert js.published == ["job2:0", "job2:1"]
+    state = json.loads(kv.data["job2"].value)
+    assert state["status"] == CANCELLED and state["published"] == 2 and state["cancelled"] >= state["started"]
+    # submitted again (a rerun of the same command): refused, nothing published
+    with pytest.raises(JobCancelled, match="job job2 was cancelled: purge it"):
+        asyncio.run(submit(js, kv, Subjects(), "job2", "m", docs, 2, EmbedOptions(), "inline"))
+    assert js.published == ["job2:0", "job2:1"]
+
+
+def test_cancel_job_leaves_unknown_and_finished_jobs_alone():
+    import json
+
+    from shared.jobs import cancel_job, update_state
+
+    kv = _MemoryKV()
+    assert asyncio.run(cancel_job(kv, "nope")) is None and "nope" not in kv.data  # no state created
+    asyncio.run(update_state(kv, "fin", lambda s: s.update(documents=4, done=4, status="done", finished=1.0)))
+    state = asyncio.run(cancel_job(kv, "fin"))
+    assert state["status"] == "done" and "cancelled" not in state
+    assert json.loads(kv.data["fin"].value)["status"] == "done"
+    asyncio.run(update_state(kv, "run", lambda s: s.update(documents=9, done=3, status="running")))
+    state = asyncio.run(cancel_job(kv, "run"))
+    assert (state["status"], state["done"]) == ("cancelled", 3) and state["finished"] == state["cancelled"]

@@ -200,7 +200,8 @@ class Engine:
         self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
         skip: np.ndarray | None = None, outputs: tuple[str, ...] = ("dense",),
     ) -> ReadyResult | CudaResult:
-        """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32.
+        """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32, its
+        ``run`` how the forward ran ("eager", "captured" or "replay": CUDA graphs).
 
         ``skip``: [B] leading (prompt) tokens of each row that pooling does not count, for a model
         whose Pooling has include_prompt=false (ignored otherwise). ``outputs``: protocol output kinds;
@@ -214,21 +215,23 @@ class Engine:
         extra = tuple(outputs) != ("dense",)
         bucket = (self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs and not extra
                   else None)
+        run = "eager"
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if extra:
                 made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs)
             elif bucket is None:
                 made = self._eager(input_ids, cu_seqlens, token_types, skip)
             else:
-                made = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket)[:rows]
+                made, run = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket)
+                made = made[:rows]
             if self.device.type != "cuda":
                 if isinstance(made, dict):
-                    return ReadyResult({k: v.numpy().copy() for k, v in made.items()})
-                return ReadyResult(made.numpy().copy())
+                    return ReadyResult({k: v.numpy().copy() for k, v in made.items()}, run)
+                return ReadyResult(made.numpy().copy(), run)
             host = _to_host(made)
             event = torch.cuda.Event()
             event.record(self.stream)
-            return CudaResult(host, event)
+            return CudaResult(host, event, run)
 
     def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None,
                skip: np.ndarray | None, outputs: tuple[str, ...] | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -253,7 +256,8 @@ class Engine:
     def _graphed(
         self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None, skip: np.ndarray | None,
         bucket: int,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, str]:
+        """The static output buffer, and how it was filled: "captured" or "replay" (see GraphCache.run)."""
         host = prepare(
             input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=self._static.max_rows,
             token_types=token_types, skip=skip,
@@ -261,8 +265,8 @@ class Engine:
         self._static.load(host)
         # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect
         self.attention.bind(host.cu_seqlens, self._static.cu_seqlens, self._static_max_len, graph_key=bucket)
-        self.graphs.run(bucket, eager=lambda: self._static_forward(bucket))
-        return self._static_out
+        run = self.graphs.run(bucket, eager=lambda: self._static_forward(bucket))
+        return self._static_out, run
 
     def _forward(self, batch) -> torch.Tensor:
         hidden = self.model(batch, self.attention, self.linear_ops)

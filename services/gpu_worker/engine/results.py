@@ -9,8 +9,9 @@ import torch
 class ReadyResult:
     """CPU: computed synchronously, ready at once."""
 
-    def __init__(self, vectors: np.ndarray | dict[str, np.ndarray]) -> None:
+    def __init__(self, vectors: np.ndarray | dict[str, np.ndarray], run: str = "eager") -> None:
         self._vectors = vectors
+        self.run = run  # how the forward ran: "eager", "captured" (eager, then a graph captured) or "replay"
 
     def ready(self) -> bool:
         return True
@@ -25,9 +26,10 @@ class ReadyResult:
 class CudaResult:
     """A pinned host buffer filled by an async device-to-host copy, and the event that marks it done."""
 
-    def __init__(self, host: torch.Tensor | dict[str, torch.Tensor], event: torch.cuda.Event) -> None:
+    def __init__(self, host: torch.Tensor | dict[str, torch.Tensor], event: torch.cuda.Event, run: str = "eager") -> None:
         self._host = host  # [B, H] float32, pinned (or several such outputs by name)
         self._event = event
+        self.run = run  # as ReadyResult.run
 
     def ready(self) -> bool:
         return self._event.query()

@@ -1,0 +1,159 @@
+"""``embedfleet jobs``: every bulk job in the job bucket with its progress, rate and ETA;
+``embedfleet jobs purge ID``: a job's results, dead letters and record removed.
+
+Neither creates or changes a stream or the bucket: they read (and purge) what is there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.errors import NoKeysError, NotFoundError
+
+from shared.config import ConfigError, NatsConfig
+from shared.jobs import DUPLICATE_WINDOW, FINISHED, MAX_JOB_ID, has_state_key, job_bucket, read_state, stream_names
+from shared.lifecycle import connect
+
+log = logging.getLogger("embedfleet.jobs")
+
+RUNNING = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a job stands, from its recorded state."""
+
+    settled: int  # documents stored or given up
+    total: int  # documents in the job; 0: not recorded yet
+    tokens: int  # tokens of the stored documents
+    seconds: float  # since the job started, until it finished (or until now)
+    active: bool
+
+    @property
+    def fraction(self) -> float | None:
+        return min(self.settled / self.total, 1.0) if self.total else None
+
+    @property
+    def docs_per_s(self) -> float | None:
+        return self.settled / self.seconds if self.seconds > 0 and self.settled else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 and self.tokens else None
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds until every document is settled at the rate so far; None when not running or unknown."""
+        rate = self.docs_per_s
+        if not self.active or not self.total or rate is None:
+            return None
+        return max(self.total - self.settled, 0) / rate
+
+
+def progress(state: dict, now: float) -> Progress:
+    settled = state.get("done", 0) + state.get("failed", 0)
+    started = state.get("started")
+    end = state.get("finished") or now
+    seconds = max(end - started, 0.0) if started else 0.0
+    return Progress(settled, state.get("documents", 0), state.get("tokens", 0), seconds, state.get("status") == RUNNING)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _rate(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+HEADER = (f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'progress':>8} {'docs/s':>8} "
+          f"{'tokens/s':>9} {'eta':>7} {'batches':>7} {'published':>9}  model  form")
+
+
+def job_row(key: str, state: dict, now: float) -> str:
+    p = progress(state, now)
+    share = "-" if p.fraction is None else f"{100 * p.fraction:.1f}%"
+    return (f"{key:18} {state.get('status', '?'):16} {p.total:>9} {state.get('done', 0):>9} {state.get('failed', 0):>6} "
+            f"{share:>8} {_rate(p.docs_per_s, 1):>8} {_rate(p.tokens_per_s, 0):>9} {duration(p.eta):>7} "
+            f"{state.get('batches', 0):>7} {state.get('published', 0):>9}  {state.get('model', '?')}  "
+            f"{state.get('embedding_type', 'float32')}")
+
+
+async def list_jobs(nats: NatsConfig) -> int:
+    nc = await connect(nats, "embedfleet-jobs")
+    try:
+        kv = await job_bucket(nc.jetstream(), nats.subjects)
+        try:
+            keys = await kv.keys() if kv is not None else []
+        except NoKeysError:
+            keys = []
+        states = {}
+        for key in keys:
+            try:
+                states[key] = json.loads((await kv.get(key)).value)
+            except NotFoundError:
+                continue  # expired or purged since it was listed
+            except ValueError:
+                log.warning("job %s: its record is not JSON: skipped", key)
+        now = time.time()
+        print(HEADER)
+        for key in sorted(states, key=lambda k: (states[k].get("started") or 0, k)):
+            print(job_row(key, states[key], now))
+        return 0
+    finally:
+        await nc.close()
+
+
+async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
+    """Remove a job's results, dead letters and record; a job not finished (its batches may still be
+    in flight) only with ``force``."""
+    if not has_state_key(job):
+        raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
+    subjects = nats.subjects
+    nc = await connect(nats, "embedfleet-jobs")
+    try:
+        js = nc.jetstream()
+        kv = await job_bucket(js, subjects)
+        state = await read_state(kv, job) if kv is not None else None
+        if state is not None and state.get("status") not in FINISHED and not force:
+            p = progress(state, time.time())
+            raise ConfigError(f"job {job} is {state.get('status', 'not finished')} ({p.settled}/{p.total} documents): "
+                              f"purge it once it is over (`embedfleet jobs cancel {job}` ends it), or now with --force "
+                              "(batches still in flight would store results again)")
+        names = stream_names(subjects)
+        results = await purge_subject(js, names["results"], subjects.results(job))
+        dead = await purge_subject(js, names["dead"], subjects.dead(job))
+        if state is not None:
+            await kv.purge(job)
+        if state is None and not results and not dead:
+            print(f"no job {job}: nothing to purge")
+            return 1
+        print(f"job {job}: {results} result messages and {dead} dead letters removed"
+              + (f", and its record; the same id can run again in {DUPLICATE_WINDOW:.0f}s (until then the streams "
+                 "take its batches for repeats of this run's)" if state is not None else "; it had no record"))
+        return 0
+    finally:
+        await nc.close()
+
+
+async def purge_subject(js: JetStreamContext, stream: str, subject: str) -> int:
+    """Remove every message of ``subject`` from ``stream``; returns how many there were."""
+    try:
+        info = await js.stream_info(stream, subjects_filter=subject)
+    except NotFoundError:
+        return 0
+    count = (info.state.subjects or {}).get(subject, 0)
+    if count:
+        await js.purge_stream(stream, subject=subject)
+    return count

@@ -1,0 +1,70 @@
+"""Exact progress of a bulk job: which of its documents are accounted for (stored, or given up).
+
+A document is row ``r`` of job batch ``b``. A stage records the rows it stored or gave up in the
+job's state before it acknowledges their batch; a process killed in between leaves the batch to be
+delivered again, and recording the same rows a second time changes nothing. So ``done`` and
+``failed`` count each document once, whichever process dies at whichever point.
+
+The ledger lives in the job's JSON state under ``accounted`` and stays small: job batches wholly
+accounted for are merged into index ranges, and only the batches in flight keep row ranges:
+``{"whole": [[b0, b1], ...], "part": {"<b>": [[r0, r1], ...]}}`` (half-open ranges, sorted, disjoint).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+LEDGER = "accounted"
+
+
+class Rows(NamedTuple):
+    """Rows [start, start + count) of job batch ``batch``, a batch of ``total`` documents (0: not known)."""
+
+    batch: int
+    start: int
+    count: int
+    total: int = 0
+
+
+def account(state: dict, rows: Rows) -> int:
+    """Record ``rows`` as accounted for in ``state``; returns how many of them were not before."""
+    batch, start, count, total = rows
+    if batch < 0 or start < 0 or count <= 0:
+        return 0
+    end = start + count
+    if total and end > total:  # a batch that contradicts itself: its rows still count once
+        total = 0
+    ledger = state.setdefault(LEDGER, {"whole": [], "part": {}})
+    if _holds(ledger["whole"], batch):
+        return 0
+    key = str(batch)
+    spans = ledger["part"].get(key, [])
+    fresh = count - _overlap(spans, start, end)
+    if fresh == 0:
+        return 0
+    spans = _add(spans, start, end)
+    if total and spans == [[0, total]]:
+        ledger["part"].pop(key, None)
+        ledger["whole"] = _add(ledger["whole"], batch, batch + 1)
+    else:
+        ledger["part"][key] = spans
+    return fresh
+
+
+def _holds(spans: list[list[int]], x: int) -> bool:
+    return any(lo <= x < hi for lo, hi in spans)
+
+
+def _overlap(spans: list[list[int]], lo: int, hi: int) -> int:
+    return sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans)
+
+
+def _add(spans: list[list[int]], lo: int, hi: int) -> list[list[int]]:
+    """``spans`` with [lo, hi) added, touching ranges merged."""
+    merged: list[list[int]] = []
+    for a, b in sorted([*spans, [lo, hi]]):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
