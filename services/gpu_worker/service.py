@@ -76,6 +76,12 @@ def _trim_heap() -> None:
         _MALLOC_TRIM(0)
 
 
+def _stage_timings(work: Work) -> dict[str, float]:
+    """The stages before the worker, as many as leave room for its two (queue, inference) within MAX_STAGES."""
+    upstream = dict(list(work.batch.timings.items())[: MAX_STAGES - 2])
+    return {**upstream, "queue": (work.started or work.arrived) - work.arrived, "inference": work.inference}
+
+
 class WorkerService:
     def __init__(
         self, nc: Client, cfg: WorkerConfig, engines: list[Engine], threads: list[ThreadPoolExecutor] | None = None
@@ -353,9 +359,7 @@ class WorkerService:
             return
         row_bytes = out.shape[1] * out.itemsize
         tokens = batch.num_tokens  # all counted on the first part, so the parts add up
-        # the stages before this one, as many as leave room for this one's two within MAX_STAGES
-        upstream = dict(list(batch.timings.items())[: MAX_STAGES - 2])
-        timings = {**upstream, "queue": (work.started or work.arrived) - work.arrived, "inference": work.inference}
+        timings = _stage_timings(work)
         # the envelope holds the request's id and timings, which the request chose: measure it
         empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings)
         envelope = len(encode(empty))
@@ -387,8 +391,7 @@ class WorkerService:
             self._bulk.answer_soon(work, payload, opts.dtype, dim, offsets, indices)
             return
         tokens = batch.num_tokens
-        upstream = dict(list(batch.timings.items())[: MAX_STAGES - 2])
-        timings = {**upstream, "queue": (work.started or work.arrived) - work.arrived, "inference": work.inference}
+        timings = _stage_timings(work)
         empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings,
                             offsets=np.zeros(batch.count + 1, np.int32), indices=None if indices is None else indices[:0])
         entry = (payload.shape[1] if payload.ndim == 2 else 1) * payload.itemsize + (4 if indices is not None else 0)
