@@ -18,7 +18,9 @@ from shared.config import (
     positive_int,
     retention,
 )
-from shared.lifecycle import run_async, run_service, setup_logging
+from shared import tracing
+from shared.lifecycle import run_async, run_service
+from shared.logs import setup_logging
 from shared.quantize import EMBEDDING_TYPES
 from services import stack_plan
 from services.gateway import config as gateway_config
@@ -92,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_common_arguments(p)
         add_model_arguments(p)
         module.add_arguments(p)
+        tracing.add_arguments(p)
+    for p in (up, gw, reindex):
+        tracing.add_arguments(p)
     return parser
 
 
@@ -125,7 +130,7 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         from services.stack import run_stack
 
         sys.exit(run_stack(ns))
-    setup_logging(ns.log_level, command)
+    setup_logging(ns.log_level, command, ns.log_format)
     if command in ("reindex", "jobs", "init"):
         from services.job_cancel import cancel
         from services.jobs_admin import list_jobs, purge_job

@@ -35,6 +35,7 @@ from shared.jobs import (
 )
 from shared.subjects import Subjects
 from shared.lifecycle import connect
+from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
 from shared.quantize import FORMS, form_named
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -124,6 +125,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     except ProtocolError as exc:
         raise ConfigError(str(exc).replace("options.", "")) from None
     check_output_path(out, output)
+    tracing = TracingConfig.from_namespace(ns)
     docs = read_documents(path)  # all of them, each checked
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
     if not has_state_key(job):
@@ -144,7 +146,12 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         raise ConfigError(problem)
     batches = (len(docs) + ns.batch_size - 1) // ns.batch_size
     print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {output} {form} vectors", flush=True)
-    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path)))
+    # the whole job is one trace: this span, the publishing under it, each batch's stages under that
+    tracer = Tracer("reindex", tracing)
+    span = tracer.start("reindex", None, "internal", job=job, documents=len(docs))
+    bind(span.context, job)
+    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path),
+                                           tracer))
     collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], options.dtype)
     await collector.open()
     failed, checked = 0, 0.0
@@ -214,6 +221,8 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         publisher.cancel()
         await collector.close()
         await nc.drain()
+        span.end()
+        tracer.shutdown()
 
 
 class Collector:

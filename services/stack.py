@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 
 from shared.config import child_environment, nats_security, retention
-from shared.lifecycle import setup_logging
+from shared.logs import setup_logging
+from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo
 from shared.nats_server import EmbeddedNats
 from services.gateway.config import api_keys
@@ -33,7 +34,8 @@ READY_TIMEOUT = 180.0  # seconds a worker may take to load its model on a slow C
 
 
 def run_stack(ns: argparse.Namespace) -> int:
-    setup_logging(ns.log_level, "up")
+    setup_logging(ns.log_level, "up", ns.log_format)
+    trace = TracingConfig.from_namespace(ns)
     infos = served_models(ns)  # fail fast on a bad --model
     default = default_model(ns, infos)
     stop = threading.Event()
@@ -52,7 +54,8 @@ def run_stack(ns: argparse.Namespace) -> int:
     # service that meets the job streams sets (a flag given to `up` reaches all of them)
     fleet = Fleet({**child_environment(auth, tls, os.environ), **retention(ns).environment()})
     try:
-        common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level]
+        common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level,
+                  "--log-format", ns.log_format, *trace.arguments()]
         gateway = [*_gateway_args(ns, skip=("default_model",)), "--default-model", default.id]
         plan = children(infos, common, gateway, ready_dir)
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host

@@ -44,6 +44,7 @@ from shared.protocol import (
     encode,
 )
 from shared.subjects import Subjects
+from shared.tracing import HEADER_BYTES, TraceContext, current, headers_for
 
 log = logging.getLogger("embedfleet.client")
 
@@ -81,6 +82,7 @@ class _Pending:
         self.timings: dict[str, float] = {}
         self.attempts: list[str] = []  # attempt ids, the first is the request id
         self.resending = False  # a resend is under way
+        self.trace: TraceContext | None = current()  # sent with every attempt (a resend runs in another task)
 
     def fail(self, error: ServiceError) -> None:
         if not self.future.done():
@@ -201,7 +203,7 @@ class EmbedClient:
             pairs=pairs,
         )
         payload = encode(request)
-        if len(payload) > self._nc.max_payload:
+        if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 f"request is {len(payload)} bytes encoded; the NATS limit is {self._nc.max_payload}: "
@@ -224,7 +226,8 @@ class EmbedClient:
     async def _send(self, pending: _Pending, attempt: str, index: np.ndarray | None, payload: bytes) -> None:
         pending.attempts.append(attempt)
         self._attempts[attempt] = (pending, index)
-        await self._nc.publish(self._subjects.embed(pending.request.model), payload, reply=f"{self._inbox}.{attempt}")
+        await self._nc.publish(self._subjects.embed(pending.request.model), payload, reply=f"{self._inbox}.{attempt}",
+                               headers=headers_for(pending.trace))
 
     async def _resend(self, pending: _Pending, why: str) -> bool:
         """Send ``pending``'s missing rows as a new attempt; False when its retries or time ran out."""
@@ -319,7 +322,7 @@ class EmbedClient:
         """One request-reply to a ``who`` service: its reply decoded, or its error raised."""
         self._check_connected()
         try:
-            msg = await self._nc.request(subject, payload, timeout=timeout)
+            msg = await self._nc.request(subject, payload, timeout=timeout, headers=headers_for(current()))
         except NoRespondersError:
             raise ServiceError(ErrorCode.NO_RESPONDERS, f"no {who} is serving this model right now") from None
         except asyncio.TimeoutError:

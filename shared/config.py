@@ -17,6 +17,7 @@ from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_crede
 from shared.subjects import Subjects
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -132,6 +133,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, nats_required: bool = 
     add_nats_security_arguments(parser)
     add_option(parser, "--subject-prefix", "EMBEDFLEET_SUBJECT_PREFIX", "embedfleet", "NATS subject prefix")
     add_option(parser, "--log-level", "EMBEDFLEET_LOG_LEVEL", "info", "log level", choices=LOG_LEVELS)
+    add_option(parser, "--log-format", "EMBEDFLEET_LOG_FORMAT", "text",
+               "log lines as text, or one JSON object a line for log pipelines", choices=LOG_FORMATS)
     add_option(parser, "--ready-file", "EMBEDFLEET_READY_FILE", None,
                "file written once the service is ready (model loaded and warmed, subscribed) and removed when it "
                "stops: for readiness probes")

@@ -313,12 +313,23 @@ def settle(state: dict) -> None:
 
 async def submit(
     js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
-    docs: list[tuple[str, str]], batch_size: int, options, source: str,
+    docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None,
 ) -> dict:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
     Raises JobConflict when the job exists and makes another vector form than ``options.dtype``, and
-    JobCancelled when it is (or gets) cancelled: no batch is published after the cancellation is seen."""
+    JobCancelled when it is (or gets) cancelled: no batch is published after the cancellation is seen.
+    ``tracer`` (a shared.tracing.Tracer) records the publishing as a span under the current trace
+    context; every batch carries it, so the job's stages in every process are one trace."""
+    from shared.tracing import Tracer, current, headers_for
+
+    span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
+    with span:
+        return await _publish(js, kv, subjects, job, model, docs, batch_size, options, source, headers_for(span.context))
+
+
+async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
+                   docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None) -> dict:
     import time
 
     from shared.protocol import JobBatch, encode
@@ -344,7 +355,7 @@ async def submit(
             raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
         batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options)
         # the stream's acknowledgement of each publish is the backpressure
-        await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}")
+        await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}", headers=headers)
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
     return state

@@ -38,12 +38,6 @@ class Runnable(Protocol):
         """Stop taking work and finish what is in flight."""
 
 
-def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
-    # asyncio warns about nats-py's stream protocol each time a TLS connection to NATS closes
-    # ("returning true from eof_received() has no effect when using ssl", nats.py issue #727): harmless
-    return "eof_received()" not in record.getMessage()
-
-
 async def cancel(task: asyncio.Task | None) -> None:
     """Cancel a background task and wait until it has stopped."""
     if task is None:
@@ -53,14 +47,6 @@ async def cancel(task: asyncio.Task | None) -> None:
         await task
     except asyncio.CancelledError:
         pass
-
-
-def setup_logging(level: str, role: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s %(levelname)s {role} %(name)s: %(message)s",
-    )
-    logging.getLogger("asyncio").addFilter(_not_tls_eof_noise)
 
 
 class ConnectAborted(Exception):

@@ -28,6 +28,7 @@ from shared.metrics_server import serve_metrics
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 from shared.quantize import FORMS, WIRE_FORMS
+from shared.tracing import Tracer
 from services.gateway import cohere_api, models_api, openai_api, rerank_api, tei_api, tei_tasks
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
@@ -62,6 +63,7 @@ class Gateway:
         self._micro = None
         self._in_flight = 0
         self.jobs: JobsApi | None = None
+        self.tracer = Tracer("gateway", cfg.tracing)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -76,7 +78,7 @@ class Gateway:
         try:
             js = self.nc.jetstream()
             kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
-            self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir)
+            self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer)
             self.metrics.jobs.start(js, kv, self.cfg.nats.subjects)  # consumer lag and job progress, refreshed apart
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
@@ -94,6 +96,7 @@ class Gateway:
             await self.nc.drain()
             if exporter is not None:
                 exporter.close()
+            self.tracer.shutdown()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -475,7 +478,8 @@ def create_app(cfg: GatewayConfig) -> Starlette:
                             Exception: _unexpected},
     )
     known = frozenset(r.path for r in routes)
-    app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known)
+    app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known,
+                       tracer=gw.tracer)
     return app
 
 
@@ -486,6 +490,7 @@ def serve(cfg: GatewayConfig, log_level: str) -> None:
         create_app(cfg),
         host=cfg.host,
         port=cfg.port,
+        log_config=None,  # uvicorn's lines go through the process's handler, in its --log-format
         log_level=log_level,
         access_log=log_level == "debug",
         timeout_graceful_shutdown=30,

@@ -11,6 +11,7 @@ from shared.config import (
     positive_int, retention,
 )
 from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.tracing import TracingConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,7 @@ class GatewayConfig:
     discovery_wait: float = 0.25  # seconds to gather ping replies
     default_model: str | None = None  # None: the first model served, by id
     metrics: MetricsEndpoint = MetricsEndpoint()  # besides /metrics on the HTTP port
+    tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
     retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
 
     def __post_init__(self) -> None:
@@ -78,6 +80,7 @@ class GatewayConfig:
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
             default_model=ns.default_model,
             metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
             retention=retention(ns),
         )
 

@@ -27,8 +27,9 @@ log = logging.getLogger("embedfleet.gateway.jobs")
 
 
 class JobsApi:
-    def __init__(self, js, kv, subjects, jobs_dir: Path | None) -> None:
+    def __init__(self, js, kv, subjects, jobs_dir: Path | None, tracer=None) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
+        self._tracer = tracer  # the job's publishing is a span of the request's trace
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
         self._background: set[asyncio.Task] = set()
 
@@ -55,7 +56,8 @@ class JobsApi:
             job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
             await self._check_id(job, form, output)
             try:
-                state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline")
+                state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline",
+                                     self._tracer)
             except JobConflict as exc:  # created meanwhile by another request
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
         elif "path" in doc:
@@ -71,7 +73,8 @@ class JobsApi:
             job = optional(doc, "id", str) or job_id_for(path, model, batch_size, form, output)
             await self._check_id(job, form, output)
             # a file may be large: publish in the background, answer at once
-            task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, str(path)))
+            task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, str(path),
+                                             self._tracer))
             self._background.add(task)
             task.add_done_callback(self._done)
             state = {"job": job, "status": "running", "documents": len(docs)}

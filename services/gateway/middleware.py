@@ -1,4 +1,4 @@
-"""One ASGI middleware for what every route shares: request ids, API keys, timing, metrics."""
+"""One ASGI middleware for what every route shares: request ids, trace context, API keys, timing, metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import ErrorCode
+from shared.tracing import TRACEPARENT, TraceContext, Tracer, bind
 from services.gateway.auth import ApiKeys
 from services.gateway.errors import error_response
 from services.gateway.metrics import Metrics
@@ -19,11 +20,12 @@ EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed"
 
 
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str], tracer: Tracer) -> None:
         self.app = app
         self.keys = keys
         self.metrics = metrics
         self.routes = routes
+        self.tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,6 +38,10 @@ class GatewayMiddleware:
         path = scope["path"]
         route = path if path in self.routes else "other"  # unknown paths share one label
         status = 500
+        # the client's trace continues here (a malformed traceparent starts a new one, as the spec says)
+        span = self.tracer.start(f"{scope['method']} {route}", TraceContext.parse(headers.get(TRACEPARENT)), "server")
+        span.set(**{"http.request.method": scope["method"], "url.path": path, "http.route": route}, request_id=request_id)
+        bind(span.context, request_id)  # this request's task: log lines and NATS messages carry it
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
@@ -43,6 +49,7 @@ class GatewayMiddleware:
                 status = message["status"]
                 out = MutableHeaders(scope=message)
                 out["x-request-id"] = request_id
+                out[TRACEPARENT] = span.context.header
                 out["x-total-time"] = str(round((time.perf_counter() - start) * 1000))
             await send(message)
 
@@ -56,6 +63,10 @@ class GatewayMiddleware:
                 response.headers["www-authenticate"] = "Bearer"
                 await response(scope, receive, send_with_headers)
         finally:
+            span.set(**{"http.response.status_code": status})
+            if status >= 500:
+                span.error(str(status), "server error")
+            span.end()
             self.metrics.observe(route, status)
             if route in EMBED_ROUTES and status < 400:
                 self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)

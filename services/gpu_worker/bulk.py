@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Callable
 
 from nats.aio.client import Client
@@ -27,12 +28,14 @@ from shared.bulkwork import (
     undecodable,
 )
 from shared.config import JobSettings
-from shared.errors import ServiceError
+from shared.errors import ErrorCode, ServiceError
 from shared.jobs import count_done, has_state_key, publish_durably, update_state
 from shared.progress import Rows
 from shared.protocol import JobResult, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import Subjects, model_token
+from shared.tracing import Tracer, from_headers, headers_for
 from services.gpu_worker.scheduler import Scheduler, Work
+from services.gpu_worker.spans import record_work
 
 log = logging.getLogger("embedfleet.worker.bulk")
 
@@ -61,8 +64,10 @@ class BulkFeeder:
         check: Callable[[TokenBatch], None],
         wake: Callable[[], None],
         settings: JobSettings = JobSettings(),
+        tracer: Tracer | None = None,
     ) -> None:
         self._nc = nc
+        self._tracer = tracer or Tracer("worker")
         self._subjects = subjects
         self._model = model
         self._scheduler = scheduler
@@ -136,7 +141,8 @@ class BulkFeeder:
                     await self._dead.give_up(msg, str(exc), describe(msg.data, msg.headers or {}))
                     continue
                 self._beats.hold(msg)
-                self._scheduler.push(Work(batch, reply="", source=msg), bulk=True)
+                work = Work(batch, reply="", arrived=time.perf_counter(), source=msg, trace=from_headers(msg.headers))
+                self._scheduler.push(work, bulk=True)
                 self._wake()
 
     def answer_soon(self, work: Work, vectors, dtype: str, dim: int, offsets=None, indices=None) -> None:
@@ -160,9 +166,11 @@ class BulkFeeder:
             dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens, offsets=offsets, indices=indices,
         )
         rows = Rows(batch.batch, batch.start, len(batch.doc_ids), batch.total)
+        trace = record_work(self._tracer, work, "worker job batch")  # the stored result's reader continues it
         try:
             await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
-                                  f"{batch.job}:{batch.batch}:{batch.start}", patience=self._settings.ack_wait)
+                                  f"{batch.job}:{batch.batch}:{batch.start}", headers=headers_for(trace),
+                                  patience=self._settings.ack_wait)
             if self._crash_after_store:
                 os._exit(70)
             if has_state_key(batch.job):  # a forged job id names no state: the stored result is all there is
@@ -179,6 +187,7 @@ class BulkFeeder:
         msg = work.source
         if not self._beats.release(msg):
             return  # another part of the same batch failed first: already handled
+        record_work(self._tracer, work, "worker job batch", ServiceError(ErrorCode.INTERNAL, reason))
         try:
             if deliveries(msg) >= self._settings.max_deliver:
                 await self._dead.give_up(msg, f"engine error: {reason}", describe(msg.data, msg.headers or {}))

@@ -11,6 +11,7 @@ from shared.config import (
     positive_int,
 )
 from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -63,6 +64,7 @@ class WorkerConfig:
     bulk_batch_tokens: int | None = None
     max_queued_tokens: int = 262144
     metrics: MetricsEndpoint = MetricsEndpoint()  # CPU replica processes: port + i each (replicas.py)
+    tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 
     def __post_init__(self) -> None:
         if self.metrics.enabled and self.metrics.port + self.replicas - 1 > 65535:
@@ -94,4 +96,5 @@ class WorkerConfig:
             bulk_batch_tokens=ns.bulk_batch_tokens,
             max_queued_tokens=ns.max_queued_tokens,
             metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shared.protocol import RAGGED_OUTPUTS, TokenBatch
+from shared.tracing import TraceContext
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class Work:
     next_row: int = 0  # first row not yet scheduled
     done_rows: int = 0
     vectors: np.ndarray | None = None  # [count, dim] float32 (tokens, multivector: [tokens, dim]), allocated on first result
+    trace: TraceContext | None = None  # the trace context its message brought (spans.py)
 
     @property
     def pending_tokens(self) -> int:

@@ -40,6 +40,7 @@ from shared.protocol import (
 )
 from shared.quantize import FORMS, WIRE_FORMS, quantize
 from shared.subjects import WORKER_QUEUE
+from shared.tracing import TraceContext, Tracer, bind, from_headers
 from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
@@ -47,6 +48,7 @@ from services.gpu_worker.engine.pooling import postprocess
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
+from services.gpu_worker.spans import record_work
 
 FLOAT32 = FORMS["float32"][1]
 
@@ -97,6 +99,7 @@ class WorkerService:
         self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs, cfg.bulk_batch_tokens)
         self.metrics = WorkerMetrics(cfg.model.id, self._scheduler, first.max_batch_tokens)
         self._exporter = None
+        self._tracer = Tracer("worker", cfg.tracing)
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
@@ -127,7 +130,8 @@ class WorkerService:
         self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
         self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
         try:
-            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_bulk, self._wake.set, self._cfg.jobs)
+            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_bulk, self._wake.set, self._cfg.jobs,
+                              self._tracer)
             await bulk.start()
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
@@ -179,6 +183,7 @@ class WorkerService:
             executor.shutdown(wait=True)
         if self._exporter is not None:
             self._exporter.close()
+        self._tracer.shutdown()
 
     async def _report_load(self) -> None:
         while True:
@@ -213,21 +218,25 @@ class WorkerService:
             log.warning("token batch without a reply subject dropped")
             return
         request_id = ""
+        trace = from_headers(msg.headers)
+        bind(trace, "")  # the subscription's task runs every message: each binds its own
         try:
             batch = decode_as(msg.data, TokenBatch)
             request_id = batch.id
+            bind(trace, request_id)
             self._check_batch(batch)
         except ProtocolError as exc:
-            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_TOKENS, str(exc)))
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_TOKENS, str(exc)), trace)
             return
         except ServiceError as exc:
-            await self._reply_error(msg.reply, request_id, exc)
+            await self._reply_error(msg.reply, request_id, exc, trace)
             return
         if self._scheduler.queued_tokens + batch.num_tokens > self._cfg.max_queued_tokens:
             await self._reply_error(msg.reply, request_id, ServiceError(
-                ErrorCode.OVERLOADED, f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later"))
+                ErrorCode.OVERLOADED, f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later"),
+                trace)
             return
-        self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter()))
+        self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter(), trace=trace))
         self._wake.set()
 
     def _check_batch(self, batch: TokenBatch) -> None:
@@ -266,7 +275,8 @@ class WorkerService:
             while in_flight and in_flight[0][1].ready():
                 await self._finish(*in_flight.popleft())
             for work in self._scheduler.drop_expired(time.time()):
-                await self._reply_error(work.reply, work.batch.id, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"))
+                await self._reply_error(work.reply, work.batch.id, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"),
+                                        work=work)
             batch = self._scheduler.next_batch()
             if self._bulk is not None and not (self._scheduler.online_waiting or self._scheduler.bulk_waiting):
                 self._bulk.room()  # bulk work may come in while this batch runs
@@ -314,10 +324,12 @@ class WorkerService:
             await self._fail(batch)
             return
         for work in self._scheduler.complete(batch, vectors):
+            bind(work.trace, work.batch.id)  # its log lines carry its ids
             try:
                 await self._reply(work)
             except Exception:  # one unanswerable request must not stop this replica's loop
                 log.exception("answering request %s failed", work.batch.id)
+        bind(None, "")
 
     async def _fail(self, batch: Batch) -> None:
         self.metrics.batch_failed(batch)
@@ -325,7 +337,7 @@ class WorkerService:
             if s.work.source is not None:
                 await self._bulk.failed(s.work, "the engine failed on the batch")  # tried again, then given up
                 continue
-            await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"))
+            await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"), work=s.work)
 
     def _ragged(self, work: Work) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
         """A finished sparse / tokens / multivector work as (offsets, payload, indices or None, dim)."""
@@ -357,6 +369,7 @@ class WorkerService:
         if work.source is not None:
             self._bulk.answer_soon(work, out, opts.dtype, dim)  # stored while the engine runs the next batch
             return
+        record_work(self._tracer, work, "worker embed")
         row_bytes = out.shape[1] * out.itemsize
         tokens = batch.num_tokens  # all counted on the first part, so the parts add up
         timings = _stage_timings(work)
@@ -390,6 +403,7 @@ class WorkerService:
                 return
             self._bulk.answer_soon(work, payload, opts.dtype, dim, offsets, indices)
             return
+        record_work(self._tracer, work, "worker embed")
         tokens = batch.num_tokens
         timings = _stage_timings(work)
         empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings,
@@ -411,9 +425,16 @@ class WorkerService:
             tokens = 0
             await self._nc.publish(work.reply, encode(result))
 
-    async def _reply_error(self, reply: str, request_id: str, error: ServiceError) -> None:
+    async def _reply_error(self, reply: str, request_id: str, error: ServiceError, trace: TraceContext | None = None,
+                           work: Work | None = None) -> None:
+        """Answer ``error``; its span records the work's stay (``work``), or its refusal (``trace``)."""
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
         self.metrics.error(error.code.value)
+        if work is not None:
+            record_work(self._tracer, work, "worker embed", error)
+        elif trace is not None and trace.sampled and self._tracer.enabled:
+            with self._tracer.start("worker embed", trace, "consumer", request_id=request_id) as span:
+                span.error(error.code.value, error.message)
         try:
             await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))
         except Exception as exc:  # called from the replica loops too, which must keep running

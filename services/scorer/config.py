@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
 from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -24,6 +25,7 @@ class ScorerConfig:
     max_concurrency: int
     split: int = 32
     metrics: MetricsEndpoint = MetricsEndpoint()
+    tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 
     def __post_init__(self) -> None:
         if self.model.scores and self.model.dim != 1:
@@ -32,4 +34,4 @@ class ScorerConfig:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:
         return cls(nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name), max_concurrency=ns.max_concurrency,
-                   split=ns.split, metrics=MetricsEndpoint.from_namespace(ns))
+                   split=ns.split, metrics=MetricsEndpoint.from_namespace(ns), tracing=TracingConfig.from_namespace(ns))

@@ -18,6 +18,7 @@ from shared.lifecycle import register
 from shared.metrics_server import serve_metrics
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE, model_token
+from shared.tracing import Tracer, bind, from_headers
 from services.scorer.config import ScorerConfig
 from services.scorer.metrics import ScorerMetrics
 from services.scorer.scoring import cosine_rank, rank, sigmoid
@@ -39,6 +40,7 @@ class ScorerService:
         self._micro = None
         self.metrics = ScorerMetrics(cfg.model.id, _kind(cfg), lambda: len(self._tasks))
         self._exporter = None
+        self._tracer = Tracer("scorer", cfg.tracing)
 
     async def start(self) -> None:
         self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
@@ -63,6 +65,7 @@ class ScorerService:
             self._micro = None
         if self._exporter is not None:
             self._exporter.close()
+        self._tracer.shutdown()
 
     async def _on_request(self, msg: Msg) -> None:
         # the subscription delivers one message at a time: score concurrently, bounded by the slots
@@ -79,9 +82,14 @@ class ScorerService:
         if not msg.reply:
             return
         request_id = ""
+        # a task of its own: the candidates' embed requests sent from here are this span's children
+        span = self._tracer.start("scorer rerank", from_headers(msg.headers), "consumer")
+        bind(span.context, "")
         try:
             request = decode_as(msg.data, RerankRequest)
             request_id = request.id
+            bind(span.context, request_id)
+            span.set(request_id=request_id, model=request.model, candidates=request.count)
             with self.metrics.rerank(request.count):
                 reply = await self._rank(request)
         except ProtocolError as exc:
@@ -91,6 +99,9 @@ class ScorerService:
         except Exception:
             log.exception("rerank %s failed", request_id)
             reply = ErrorReply(request_id, ErrorCode.INTERNAL, "scorer error")
+        if isinstance(reply, ErrorReply):
+            span.error(reply.code.value, reply.message)
+        span.end()
         self.metrics.answered(reply)
         payload = encode(reply)
         if len(payload) > self._nc.max_payload:  # the ranked texts asked back can outgrow a message

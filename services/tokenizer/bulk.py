@@ -26,6 +26,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.jobs import publish_durably, stream_names
 from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
 from shared.subjects import model_token
+from shared.tracing import Tracer, bind, current, from_headers, headers_for
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 
@@ -44,8 +45,9 @@ def describe(data: bytes, headers: dict) -> BatchInfo:
 
 
 class BulkTokenizer:
-    def __init__(self, nc: Client, cfg: TokenizerConfig, encoder: TextEncoder) -> None:
+    def __init__(self, nc: Client, cfg: TokenizerConfig, encoder: TextEncoder, tracer: Tracer) -> None:
         self._nc = nc
+        self._tracer = tracer
         self._cfg = cfg
         self._encoder = encoder
         self._subjects = cfg.nats.subjects
@@ -81,8 +83,12 @@ class BulkTokenizer:
                 continue
             for msg in await fetch_one(self._psub):
                 self._beats.hold(msg)
+                # the job's trace: the publisher's span is this one's parent, the workers' its children
+                span = self._tracer.start("tokenizer job batch", from_headers(msg.headers), "consumer")
+                bind(span.context, "")
                 try:
-                    await self._handle(msg)
+                    with span:
+                        await self._handle(msg)
                 except Exception as exc:  # the server went away mid-batch: it comes back later
                     log.warning("job batch left for another try: %r", exc)
                     try:
@@ -142,7 +148,8 @@ class BulkTokenizer:
             await self._dead.give_up(msg, f"a token batch of {too_large[0]} bytes exceeds the NATS limit of "
                                      f"{self._nc.max_payload}", describe(msg.data, msg.headers or {}))
             return
+        headers = headers_for(current())
         for data, msg_id in batches:
-            await publish_durably(self._js, self._subjects.bulk(job.model), data, msg_id,
+            await publish_durably(self._js, self._subjects.bulk(job.model), data, msg_id, headers=headers,
                                   patience=self._cfg.jobs.ack_wait)
         await msg.ack()

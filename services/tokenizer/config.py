@@ -12,6 +12,7 @@ from shared.config import (
     ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_int,
 )
 from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo, load_model_info
 
 
@@ -42,6 +43,7 @@ class TokenizerConfig:
     bulk_ahead: int = 256
     jobs: JobSettings = JobSettings()
     metrics: MetricsEndpoint = MetricsEndpoint()
+    tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TokenizerConfig:
@@ -56,6 +58,7 @@ class TokenizerConfig:
             bulk_ahead=ns.bulk_ahead,
             jobs=job_settings(ns),
             metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
         )
 
     def apply_threads(self) -> None:

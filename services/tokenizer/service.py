@@ -28,6 +28,7 @@ from shared.protocol import (
     encode,
 )
 from shared.subjects import TOKENIZER_QUEUE, model_token
+from shared.tracing import Span, Tracer, bind, current, from_headers, headers_for
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.bulk import BulkTokenizer
@@ -64,6 +65,7 @@ class TokenizerService:
         self._micro = None
         self.metrics = TokenizerMetrics(cfg.model.id)
         self._exporter = None
+        self._tracer = Tracer("tokenizer", cfg.tracing)
 
     async def start(self) -> None:
         self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
@@ -80,7 +82,7 @@ class TokenizerService:
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
         try:
-            bulk = BulkTokenizer(self._nc, self._cfg, self.metrics.bulk_view(self._encoder))
+            bulk = BulkTokenizer(self._nc, self._cfg, self.metrics.bulk_view(self._encoder), self._tracer)
             await bulk.start()
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
@@ -114,6 +116,7 @@ class TokenizerService:
             self._micro = None
         if self._exporter is not None:
             self._exporter.close()
+        self._tracer.shutdown()
 
     async def _on_request(self, msg: Msg) -> None:
         await self._answering(msg, EmbedRequest, self._handle)
@@ -128,17 +131,23 @@ class TokenizerService:
         """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
         request_id = ""
         self.metrics.request(kind.TYPE)
+        span = self._tracer.start(f"tokenizer {kind.TYPE}", from_headers(msg.headers), "consumer")
+        bind(span.context, "")  # the subscription's task runs every message: each binds its own
         try:
             request = decode_as(msg.data, kind)
             request_id = request.id
+            bind(span.context, request_id)
+            span.set(request_id=request_id, model=request.model)
             await handle(request, msg.reply)
         except ProtocolError as exc:
-            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_REQUEST, str(exc)), span)
         except ServiceError as exc:
-            await self._reply_error(msg.reply, request_id, exc)
+            await self._reply_error(msg.reply, request_id, exc, span)
         except Exception:
             log.exception("%s %s failed", kind.TYPE, request_id)
-            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INTERNAL, "tokenizer error"))
+            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INTERNAL, "tokenizer error"), span)
+        finally:
+            span.end()
 
     async def _handle(self, request: EmbedRequest, reply: str | None) -> None:
         if not reply:
@@ -164,6 +173,7 @@ class TokenizerService:
                                   opts.truncation_direction)
         timings = {"tokenize": time.perf_counter() - t0}
         shared_subject = self._subjects.tokens(request.model)
+        headers = headers_for(current())  # the workers' spans are this one's children
         chunks = 0
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs, types):
             batch = TokenBatch(
@@ -180,7 +190,7 @@ class TokenizerService:
                 prompt_tokens=prompt_tokens,
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
-            await self._nc.publish(subject, encode(batch), reply=reply)
+            await self._nc.publish(subject, encode(batch), reply=reply, headers=headers)
             chunks += 1
         self.metrics.embedded(ids, timings["tokenize"], chunks)
         log.debug(
@@ -226,8 +236,9 @@ class TokenizerService:
         if reply:
             await self._nc.publish(reply, payload)
 
-    async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError) -> None:
+    async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError, span: Span) -> None:
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
+        span.error(error.code.value, error.message)
         self.metrics.error(error.code.value)
         if reply:
             await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))

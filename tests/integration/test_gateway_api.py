@@ -14,6 +14,7 @@ from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, healthy, wait_until
 from shared.nats_server import free_port
+from shared.tracing import TraceContext
 
 pytestmark = pytest.mark.integration
 
@@ -143,6 +144,21 @@ def test_request_ids(stack):
     fresh = httpx.get(f"{stack.base_url}/v1/models", headers={"x-request-id": "bad id with spaces"})
     assert len(fresh.headers["x-request-id"]) == 32
     assert httpx.get(f"{stack.base_url}/nothing").headers["x-request-id"]
+
+
+def test_every_answer_carries_the_trace_context(stack):
+    """Without an OTLP endpoint nothing is recorded, yet the client's trace continues: the answer names
+    the same trace, under the gateway's own span id, with the client's sampled flag."""
+    client = TraceContext.start(sampled=True)
+    r = httpx.post(f"{stack.base_url}/embed", json={"inputs": "traced"}, headers={"traceparent": client.header}, timeout=30)
+    answered = TraceContext.parse(r.headers["traceparent"])
+    assert r.status_code == 200 and answered.trace_id == client.trace_id and answered.span_id != client.span_id
+    assert answered.sampled
+    failed = httpx.post(f"{stack.base_url}/embed", json={}, headers={"traceparent": client.header}, timeout=30)
+    assert failed.status_code == 400 and TraceContext.parse(failed.headers["traceparent"]).trace_id == client.trace_id
+    for bad in ("", "00-zz-11-01", f"00-{'0' * 32}-{'1' * 16}-01"):  # missing or malformed: a new trace
+        fresh = TraceContext.parse(httpx.get(f"{stack.base_url}/health", headers={"traceparent": bad}).headers["traceparent"])
+        assert fresh is not None and fresh.trace_id != client.trace_id
 
 
 def test_metrics(stack, texts):
