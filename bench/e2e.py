@@ -31,12 +31,13 @@ from typing import Callable, Iterator
 import httpx
 import orjson
 
-from bench.fleet import fleet
+from bench.fleet import fleet, observation
 from shared.model_dir import load_model_info
 from shared.nats_server import free_port
 from tests.corpus import long_texts, medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"
+OBSERVED = "embedfleet observed"  # metrics scraped and every request traced (--observability)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,13 @@ def main() -> None:
                         help="embedfleet's workers: processes sharing the cores (threads = cores / processes)")
     parser.add_argument("--systems", nargs="*", default=None,
                         help="systems to run (default: all): engine, sentence-transformers, embedfleet, infinity-emb")
+    parser.add_argument("--observability", action="store_true",
+                        help=f"also run '{OBSERVED}': every service's metrics scraped each second and a span per stage "
+                        "of every request exported over OTLP, alternating with plain embedfleet (the overhead)")
+    parser.add_argument("--observability-parts", action="store_true",
+                        help="also run 'embedfleet metrics' (scraped metrics alone) and 'embedfleet tracing' (tracing alone)")
+    parser.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                        help="the traced systems' --trace-sample-ratio (1: every request recorded)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="compute dtype of every system (bfloat16 needs a CPU with bf16 instructions to pay off)")
     args = parser.parse_args()
@@ -236,13 +244,23 @@ def main() -> None:
         },
     }
 
-    def embedfleet() -> dict:
+    def embedfleet(metrics: bool = False, tracing: bool = False) -> dict:
         threads = max(1, torch.get_num_threads() // args.worker_processes)
         worker = ["--threads", str(threads), "--max-batch-tokens", str(args.budget), "--dtype", args.dtype]
-        with fleet([worker] * args.worker_processes, []) as (base, _):
-            return run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens)
+        with observation(metrics, tracing, args.trace_sample_ratio) as watch:
+            with fleet([worker] * args.worker_processes, [], watch=watch) as (base, _):
+                results = run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens)
+            if watch.on:  # proof that it was on: what the receiver and the scraper got
+                results["observed"] = {"spans": watch.spans, "scrapes": watch.scrapes}
+                print(f"    observed: {watch.spans} spans received, {watch.scrapes} scrapes", flush=True)
+        return results
 
     systems["embedfleet"] = embedfleet
+    if args.observability:
+        systems[OBSERVED] = lambda: embedfleet(metrics=True, tracing=True)
+    if args.observability_parts:
+        systems["embedfleet metrics"] = lambda: embedfleet(metrics=True)
+        systems["embedfleet tracing"] = lambda: embedfleet(tracing=True)
     if args.infinity:
         def infinity() -> dict:
             with infinity_server(args.infinity, args.dtype) as url:
@@ -255,7 +273,8 @@ def main() -> None:
     rounds: list[dict] = []
     for r in range(args.rounds):
         results = {}
-        for name, run in systems.items():
+        # every other round in the reverse order: no system always runs first (a cold cache) or last
+        for name, run in (list(systems.items())[::-1] if r % 2 else systems.items()):
             print(f"round {r + 1}: {name}", flush=True)
             results[name] = run()
             if "in-process" in name:
@@ -265,6 +284,7 @@ def main() -> None:
 
     summary = summarize(rounds, [w.name for w in ws])
     report(summary)
+    observability_overhead(summary)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
@@ -279,6 +299,21 @@ def main() -> None:
             print(f"wrote {path}")
     except ImportError:
         print("(no plots: pip install matplotlib)")
+
+
+def observability_overhead(s: dict) -> None:
+    """embedfleet with metrics scraped and every request traced, against embedfleet without, per workload."""
+    plain = s.get("embedfleet", {})
+    others = [name for name in (OBSERVED, "embedfleet metrics", "embedfleet tracing") if name in s]
+    if not plain or not others:
+        return
+    print("\nobservability on / off (same run; target: under 2% of throughput)")
+    for name in others:
+        for w, b in s[name].items():
+            a = plain[w]
+            print(f"  {name:20} {w:13} tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}x  requests/s "
+                  f"{b['requests_per_s'] / a['requests_per_s']:.3f}x  p50 {a['p50_ms']:.1f} -> {b['p50_ms']:.1f} ms  "
+                  f"p99 {a['p99_ms']:.1f} -> {b['p99_ms']:.1f} ms")
 
 
 def summarize(rounds: list[dict], names: list[str]) -> dict:

@@ -40,23 +40,30 @@ def stack(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] 
 
 @contextmanager
 def fleet(
-    workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None, scorer: bool = False
+    workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None, scorer: bool = False,
+    watch: Observation | None = None,
 ) -> Iterator[tuple[str, str]]:
-    """As ``stack`` (with a scorer when asked); yields the gateway URL and the NATS URL."""
+    """As ``stack`` (with a scorer when asked); yields the gateway URL and the NATS URL. ``watch`` (see
+    ``observation``): the fleet's metrics scraped and its spans exported."""
+    watch = watch or Observation(False)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         server = EmbeddedNats(folder / "nats")
         server.start()
         port = free_port()
         common = ["--nats", server.url]
-        services = [Service("tokenizer", [*common, *tokenizer], folder)]
+
+        def service(role: str, args: list[str]) -> Service:
+            return Service(role, [*common, *args, *watch.arguments()], folder, watch.environment)
+
+        services = [service("tokenizer", tokenizer)]
         for i, extra in enumerate(workers):
-            services.append(Service("worker", [*common, "--max-batch-tokens", "1024", *extra], folder))
+            services.append(service("worker", ["--max-batch-tokens", "1024", *extra]))
             if pin and pin[i] is not None:
                 subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(services[-1].proc.pid)], capture_output=True)
         if scorer:
-            services.append(Service("scorer", common, folder))
-        services.append(Service("gateway", [*common, "--port", str(port), "--request-timeout", "300"], folder))
+            services.append(service("scorer", []))
+        services.append(service("gateway", ["--port", str(port), "--request-timeout", "300"]))
         base = f"http://127.0.0.1:{port}"
         try:
             wait_until(lambda: healthy(base) and count_services(server.url, "worker") == len(workers), 180, "the stack", services)
@@ -64,11 +71,85 @@ def fleet(
                 for i, s in enumerate(services[1 : 1 + len(workers)]):
                     if pin[i] is not None:
                         subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(s.proc.pid)], capture_output=True)
+            watch.scrape_every(1.0)
             yield base, server.url
         finally:
+            watch.stop_scraping()
             for s in services:
-                s.stop()
+                s.stop()  # each exports its last spans as it stops
             server.stop()
+
+
+class Observation:
+    """Metrics ports scraped on a thread, spans sent to a receiver in this process; or nothing."""
+
+    def __init__(self, metrics: bool, tracing: bool = False, ratio: float = 1.0) -> None:
+        self.metrics, self.tracing, self.ratio = metrics, tracing, ratio
+        self.on = metrics or tracing
+        self.sink = None
+        self.ports: list[int] = []
+        self.scrapes = 0
+        self.environment: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if tracing:
+            from bench.otlp_sink import OtlpSink
+
+            self.sink = OtlpSink().start()
+
+    def arguments(self) -> list[str]:
+        args = []
+        if self.metrics:
+            self.ports.append(free_port())
+            args += ["--metrics-port", str(self.ports[-1])]
+        if self.tracing:
+            args += ["--otlp-endpoint", self.sink.url, "--trace-sample-ratio", str(self.ratio)]
+        return args
+
+    def scrape_every(self, seconds: float) -> None:
+        if not self.metrics:
+            return
+
+        def scrape() -> None:
+            with httpx.Client(timeout=5) as client:
+                while not self._stop.wait(seconds):
+                    for port in self.ports:
+                        try:
+                            client.get(f"http://127.0.0.1:{port}/metrics").raise_for_status()
+                            self.scrapes += 1
+                        except httpx.HTTPError:  # the fleet is stopping
+                            pass
+
+        self._thread = threading.Thread(target=scrape, name="scraper", daemon=True)
+        self._thread.start()
+
+    @property
+    def spans(self) -> int:
+        return self.sink.count if self.sink is not None else 0
+
+    def stop_scraping(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop_scraping()
+        if self.sink is not None:
+            self.sink.close()
+
+
+@contextmanager
+def observation(metrics: bool, tracing: bool = False, ratio: float = 1.0) -> Iterator[Observation]:
+    """``metrics``: every service of a fleet serves its metrics on a port of its own, scraped every
+    second as a Prometheus would; ``tracing``: each exports a span per stage of the requests it
+    records (``ratio`` of the traces the gateway starts; 1: all, the most tracing can cost) to a local
+    OTLP receiver. Neither: as a fleet runs by default."""
+    watch = Observation(metrics, tracing, ratio)
+    try:
+        yield watch
+    finally:
+        watch.close()
 
 
 def embed(base: str, texts: list[str]) -> httpx.Response:

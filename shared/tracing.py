@@ -201,8 +201,7 @@ class Span:
 
     def set(self, **attributes: Any) -> None:
         if self._span is not None:
-            for key, value in attributes.items():
-                self._span.set_attribute(_attribute(key), value)
+            self._span.set_attributes({_attribute(key): value for key, value in attributes.items()})
 
     def error(self, code: str, message: str) -> None:
         if self._span is not None:

@@ -114,6 +114,28 @@ def test_e2e_benchmark_runs_its_systems_and_writes_results(tmp_path):
     assert "single: p50" in result.stdout
 
 
+def test_e2e_benchmark_measures_observability_on_against_off(tmp_path):
+    """--observability: embedfleet with every service's metrics scraped and every request traced, beside
+    embedfleet without, in one run; the traced fleet's spans reached the receiver and its metrics were
+    scraped (it was on), and the ratios are printed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.e2e", "--rounds", "1", "--seconds", "1.5", "--only", "single", "--systems",
+         "embedfleet", "--observability", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads((tmp_path / "e2e.json").read_text())
+    assert set(data["summary"]) == {"embedfleet", "embedfleet observed"}
+    observed = data["rounds"][0]["embedfleet observed"]
+    requests = observed["single"]["requests"]
+    # each request: the gateway's, the tokenizer's and the worker's three spans (warm-up requests too)
+    assert observed["observed"]["spans"] >= 5 * requests and observed["observed"]["scrapes"] >= 3
+    assert "observed" not in data["rounds"][0]["embedfleet"]
+    overhead = result.stdout[result.stdout.index("observability on / off"):]
+    line = next(l for l in overhead.splitlines() if l.strip().startswith("embedfleet observed"))
+    assert float(line.split("tokens/s")[1].split("x")[0]) > 0
+
+
 def test_e2e_queries_are_short_queries_as_the_performance_notes_define_them():
     """single / many singles: 15-20 tokens each (special tokens included), counted by the model's tokenizer."""
     from bench.e2e import QUERY_TOKENS, token_counts, workloads

@@ -38,7 +38,7 @@ class JobMetrics:
         self._ack_pending = Gauge("embedfleet_bulk_ack_pending", "bulk batches a stage holds: delivered, not acknowledged",
                                   stage, registry=registry)
         self._documents = Gauge("embedfleet_job_documents", "documents of a running (or just finished) job, by state: "
-                                "total, done (stored), failed (given up)", ["job", "model", "state"], registry=registry)
+                                "total, done (stored), failed (given up)", ["job_id", "model", "state"], registry=registry)
         self._jobs = Gauge("embedfleet_jobs", "jobs in the job bucket, by status", ["status"], registry=registry)
         self._updated = Gauge("embedfleet_bulk_metrics_updated", "unix time the bulk and job gauges were last read "
                               "from NATS", registry=registry)

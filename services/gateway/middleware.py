@@ -39,8 +39,9 @@ class GatewayMiddleware:
         route = path if path in self.routes else "other"  # unknown paths share one label
         status = 500
         # the client's trace continues here (a malformed traceparent starts a new one, as the spec says)
-        span = self.tracer.start(f"{scope['method']} {route}", TraceContext.parse(headers.get(TRACEPARENT)), "server")
-        span.set(**{"http.request.method": scope["method"], "url.path": path, "http.route": route}, request_id=request_id)
+        span = self.tracer.start(f"{scope['method']} {route}", TraceContext.parse(headers.get(TRACEPARENT)), "server",
+                                 **{"http.request.method": scope["method"], "url.path": path, "http.route": route},
+                                 request_id=request_id)
         bind(span.context, request_id)  # this request's task: log lines and NATS messages carry it
 
         async def send_with_headers(message: Message) -> None:

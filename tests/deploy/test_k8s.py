@@ -6,31 +6,18 @@ build from files that exist and run as a non-root user."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
 
 from services.cli import build_parser
 from shared.jobs import stream_names
 from shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from shared.subjects import Subjects, model_token
+from tests.deploy.manifests import ROOT, render
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
 KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/prod"]
 K8S_VERSION = "1.31.0"
 CRDS = {("keda.sh/v1alpha1", "ScaledObject")}  # not in the Kubernetes schemas: checked below by hand
-
-
-def render(path: str) -> list[dict]:
-    if shutil.which("kubectl") is None:
-        pytest.fail("kubectl is needed to render the manifests (Debian: apt install kubectl)")
-    out = subprocess.run(["kubectl", "kustomize", str(K8S / path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def env_names_by_command() -> dict[str, set[str]]:

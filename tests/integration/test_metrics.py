@@ -5,7 +5,6 @@ falls back to 0, and the job's progress reaches its documents."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -14,52 +13,20 @@ from typing import Iterator
 import httpx
 import pytest
 
-from services.stack import FreePorts
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.metrics_fleet import MODEL, Fleet, metrics_fleet
+from tests.integration.procs import wait_until
 from tests.prometheus_text import has, samples, value
 
 pytestmark = pytest.mark.integration
 
 PREFIX = "metricstest"  # subjects and streams of their own: no other test's jobs or consumers here
-MODEL = "all-MiniLM-L6-v2"
-ROLES = ("tokenizer", "worker", "scorer", "gateway")
-
-
-class Fleet:
-    def __init__(self, base_url: str, ports: dict[str, int], services: dict[str, Service]) -> None:
-        self.base_url, self.ports, self.services = base_url, ports, services
-
-    def scrape(self, role: str) -> str:
-        r = httpx.get(f"http://127.0.0.1:{self.ports[role]}/metrics", timeout=10)
-        assert r.status_code == 200, r.text
-        return r.text
 
 
 @pytest.fixture(scope="module")
 def fleet(nats_url: str, tmp_path_factory) -> Iterator[Fleet]:
-    log_dir = tmp_path_factory.mktemp("metrics-logs")
-    with contextlib.closing(FreePorts("127.0.0.1")) as free:
-        ports = {role: free(1) for role in ROLES}
-        http_port = free(1)
-    common = ["--nats", nats_url, "--subject-prefix", PREFIX]
-    metrics = {role: ["--metrics-port", str(ports[role])] for role in ROLES}
-    services = {
-        "tokenizer": Service("tokenizer", [*common, *metrics["tokenizer"]], log_dir),
-        "worker": Service("worker", [*common, "--max-batch-tokens", "1024", *metrics["worker"]], log_dir,
-                          {"OMP_NUM_THREADS": "1"}),
-        "scorer": Service("scorer", [*common, *metrics["scorer"]], log_dir),
-        "gateway": Service("gateway", [*common, "--port", str(http_port), *metrics["gateway"]], log_dir),
-    }
-    base_url = f"http://127.0.0.1:{http_port}"
-    procs = list(services.values())
-    try:
-        wait_until(lambda: healthy(base_url), 180, "gateway health", procs)
-        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == 1, 120, "the worker", procs)
-        yield Fleet(base_url, ports, services)
-    finally:
-        for s in procs:
-            s.stop()
+    with metrics_fleet(nats_url, PREFIX, tmp_path_factory.mktemp("metrics-logs")) as fleet:
+        yield fleet
 
 
 def _delta(before: str, after: str, name: str, **labels: str) -> float:
@@ -164,9 +131,9 @@ def test_a_bulk_job_shows_lag_while_the_worker_is_stopped_then_its_progress(flee
         assert r.status_code == 202, r.text
         job = r.json()["id"]
         waiting = _settled(fleet, "gateway", lambda t: _sum(t, "embedfleet_bulk_lag", stage="worker") >= 1
-                           and has(t, "embedfleet_job_documents", job=job, model=MODEL, state="total"))
-        assert value(waiting, "embedfleet_job_documents", job=job, model=MODEL, state="total") == 40
-        assert value(waiting, "embedfleet_job_documents", job=job, model=MODEL, state="done") == 0
+                           and has(t, "embedfleet_job_documents", job_id=job, model=MODEL, state="total"))
+        assert value(waiting, "embedfleet_job_documents", job_id=job, model=MODEL, state="total") == 40
+        assert value(waiting, "embedfleet_job_documents", job_id=job, model=MODEL, state="done") == 0
         assert value(waiting, "embedfleet_jobs", status="running") >= 1
     finally:
         os.kill(worker, signal.SIGCONT)
@@ -180,9 +147,9 @@ def test_a_bulk_job_shows_lag_while_the_worker_is_stopped_then_its_progress(flee
 
     wait_until(done, 120, "the job", list(fleet.services.values()))
     assert state["done"] == 40 and state["tokens"] > 0
-    after = _settled(fleet, "gateway", lambda t: _sum(t, "embedfleet_job_documents", job=job, state="done") == 40
+    after = _settled(fleet, "gateway", lambda t: _sum(t, "embedfleet_job_documents", job_id=job, state="done") == 40
                      and _sum(t, "embedfleet_bulk_lag") == 0)
-    assert value(after, "embedfleet_job_documents", job=job, model=MODEL, state="failed") == 0
+    assert value(after, "embedfleet_job_documents", job_id=job, model=MODEL, state="failed") == 0
     assert _sum(after, "embedfleet_bulk_lag", stage="tokenizer") == 0
     assert has(after, "embedfleet_bulk_metrics_updated")
 
