@@ -179,18 +179,25 @@ def infinity_server(command: str, dtype: str, seconds: float = 300) -> Iterator[
         log.close()
 
 
-def run_http(url: str, ws: list[Workload], seconds: float, tokens: dict[str, int]) -> dict:
+def run_http(url: str, ws: list[Workload], seconds: float, tokens: dict[str, int],
+             cpu: Callable[[], float] | None = None) -> dict:
+    """Each workload, after a second of warm-up; ``cpu``: the server's CPU seconds so far, read around
+    each workload for its CPU milliseconds per request."""
     out = {}
     for w in ws:
         asyncio.run(drive_http(url, Workload(w.name, w.texts, w.per_request, w.in_flight, w.latency), 1.0, tokens))
+        used = cpu() if cpu else 0.0
         out[w.name] = asyncio.run(drive_http(url, w, seconds, tokens))
+        if cpu:
+            out[w.name]["cpu_ms_per_request"] = (cpu() - used) * 1e3 / max(out[w.name]["requests"], 1)
         print(f"    {w.name:13} {_line(out[w.name])}", flush=True)
     return out
 
 
 def _line(r: dict) -> str:
+    cpu = f"  cpu {r['cpu_ms_per_request']:7.2f} ms/req" if "cpu_ms_per_request" in r else ""
     return (f"{r['tokens_per_s']:9,.0f} tok/s {r['requests_per_s']:8.1f} req/s  "
-            f"p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms")
+            f"p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms{cpu}")
 
 
 def main() -> None:
@@ -249,7 +256,7 @@ def main() -> None:
         worker = ["--threads", str(threads), "--max-batch-tokens", str(args.budget), "--dtype", args.dtype]
         with observation(metrics, tracing, args.trace_sample_ratio) as watch:
             with fleet([worker] * args.worker_processes, [], watch=watch) as (base, _):
-                results = run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens)
+                results = run_http(f"{base}/v1/embeddings", ws, args.seconds, tokens, watch.cpu_seconds)
             if watch.on:  # proof that it was on: what the receiver and the scraper got
                 results["observed"] = {"spans": watch.spans, "scrapes": watch.scrapes}
                 print(f"    observed: {watch.spans} spans received, {watch.scrapes} scrapes", flush=True)
@@ -311,8 +318,9 @@ def observability_overhead(s: dict) -> None:
     for name in others:
         for w, b in s[name].items():
             a = plain[w]
-            print(f"  {name:20} {w:13} tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}x  requests/s "
-                  f"{b['requests_per_s'] / a['requests_per_s']:.3f}x  p50 {a['p50_ms']:.1f} -> {b['p50_ms']:.1f} ms  "
+            print(f"  {name:20} {w:13} tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}x  CPU per request "
+                  f"{b['cpu_ms_per_request'] / a['cpu_ms_per_request']:.3f}x ({a['cpu_ms_per_request']:.2f} -> "
+                  f"{b['cpu_ms_per_request']:.2f} ms)  p50 {a['p50_ms']:.1f} -> {b['p50_ms']:.1f} ms  "
                   f"p99 {a['p99_ms']:.1f} -> {b['p99_ms']:.1f} ms")
 
 
@@ -323,8 +331,8 @@ def summarize(rounds: list[dict], names: list[str]) -> dict:
         out[system] = {}
         for w in names:
             vals = [r[system][w] for r in rounds if w in r[system]]
-            out[system][w] = {k: statistics.median(v[k] for v in vals)
-                              for k in ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms")}
+            keys = ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms", "cpu_ms_per_request")
+            out[system][w] = {k: statistics.median(v[k] for v in vals) for k in keys if all(k in v for v in vals)}
     return out
 
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,7 @@ def fleet(
                     if pin[i] is not None:
                         subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(s.proc.pid)], capture_output=True)
             watch.scrape_every(1.0)
+            watch.pids = [s.proc.pid for s in services] + [server.pid]
             yield base, server.url
         finally:
             watch.stop_scraping()
@@ -90,6 +92,7 @@ class Observation:
         self.ports: list[int] = []
         self.scrapes = 0
         self.environment: dict[str, str] = {}
+        self.pids: list[int] = []  # the fleet's processes, nats-server included (set by fleet)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if tracing:
@@ -122,6 +125,17 @@ class Observation:
 
         self._thread = threading.Thread(target=scrape, name="scraper", daemon=True)
         self._thread.start()
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the fleet's processes have used so far: what a request costs in
+        CPU, whatever else the machine runs meanwhile (throughput moves with the neighbours)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self.pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        return total / ticks
 
     @property
     def spans(self) -> int:

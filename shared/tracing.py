@@ -177,9 +177,6 @@ def _sdk():
 
 # -- spans --------------------------------------------------------------------------------------
 
-KINDS = ("internal", "server", "client", "producer", "consumer")
-
-
 def _attribute(key: str) -> str:
     """embedfleet's own attributes under its namespace; dotted names (OpenTelemetry's conventions) as given."""
     return key if "." in key else f"embedfleet.{key}"
@@ -228,8 +225,6 @@ class Tracer:
     """One process's spans. Without an endpoint it records nothing: ``start`` draws a span id."""
 
     def __init__(self, service: str, cfg: TracingConfig = TracingConfig()) -> None:
-        self.service = service
-        self._cfg = cfg
         self._provider = None
         self._tracer = None
         self._otel = None
