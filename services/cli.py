@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
     check.add_argument("--json", action="store_true", help="one JSON object per folder")
 
+    auth = sub.add_parser("auth", help="write a nats-server authorization (an nkey user per role, each allowed only "
+                          "its own subjects) and each role's seed file, then exit")
+    auth.add_argument("folder", help="where to write auth.conf (for the server) and <role>.nk (one per role)")
+    add_option(auth, "--subject-prefix", "EMBEDFLEET_SUBJECT_PREFIX", "embedfleet", "NATS subject prefix")
+    auth.add_argument("--force", action="store_true", help="replace the seeds already in the folder")
+
     init = sub.add_parser("init", help="create the JetStream streams and the job bucket (idempotent), then exit")
     add_common_arguments(init)
     add_retention_arguments(init)
@@ -126,6 +132,8 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         from services.check import main as check
 
         sys.exit(check(ns.folders, ns.json))
+    if command == "auth":
+        sys.exit(_write_auth(ns))
     if command == "up":
         from services.stack import run_stack
 
@@ -179,6 +187,27 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
 
         cfg = scorer_config.ScorerConfig.from_namespace(ns)
         run_service("scorer", cfg.nats, lambda nc: ScorerService(nc, cfg))
+
+
+def _write_auth(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from shared.permissions import ROLES, write_auth
+    from shared.subjects import Subjects
+
+    folder = Path(ns.folder)
+    existing = [r for r in ROLES if (folder / f"{r}.nk").exists()]
+    if existing and not ns.force:
+        raise ConfigError(f"{folder} already holds seeds ({', '.join(existing)}.nk): give --force to replace them "
+                          "(every process using them must then get the new ones)")
+    try:
+        conf = write_auth(folder, Subjects(ns.subject_prefix))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"wrote {conf} (include it in the nats-server config) and a seed per role:")
+    for role in ROLES:
+        print(f"  {role:10} {folder / f'{role}.nk'}  (--nats-nkey-seed)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from nats.micro.service import Service, ServiceConfig
 from shared import __version__
 from shared.config import NatsConfig
 from shared.nats_auth import redact
+from shared.permissions import inbox_prefix
 from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet")
@@ -132,6 +133,7 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
                 nc.connect(
                     servers=cfg.url.split(","),
                     name=name,
+                    inbox_prefix=inbox_prefix(name),  # replies only to this role's inboxes (shared.permissions)
                     connect_timeout=cfg.connect_timeout,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,

@@ -70,11 +70,13 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, service
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
 
 
-def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "embedfleet") -> int:
-    """How many processes of ``role`` under subject ``prefix`` answer a NATS micro-service ping."""
+def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "embedfleet",
+                   nkey_seed: str | None = None) -> int:
+    """How many processes of ``role`` under subject ``prefix`` answer a NATS micro-service ping
+    (``nkey_seed``: as that user, where the server asks for credentials)."""
 
     async def ping() -> int:
-        nc = await nats.connect(nats_url)
+        nc = await nats.connect(nats_url, **({"nkeys_seed": nkey_seed} if nkey_seed else {}))
         replies = []
         inbox = nc.new_inbox()
 

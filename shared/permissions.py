@@ -1,0 +1,184 @@
+"""Who may do what on the fabric: the NATS permissions of each role, made from the subject scheme.
+
+Every role may publish and subscribe only what its job needs (nats-server's per-user permissions):
+
+- replies go to the asker's own inboxes, ``_INBOX.embedfleet-<role>.>`` (each role connects with that
+  inbox prefix), and a role subscribes to its own inboxes only: no role reads another's replies;
+- a service answers a request only through ``allow_responses``: it may publish to the reply subject
+  of a message it received, a bounded number of times, and to no other inbox. So a tokenizer or a
+  worker cannot send results to a gateway for requests it was not given;
+- JetStream is reached through its API subjects, each role the calls it makes on the project's own
+  streams and bucket; only the operator may delete or purge a stream or delete a consumer.
+
+NATS cannot express ownership that arises at run time: any job publisher may read the results
+subject of any job (results live under ``<prefix>.v1.results.<job>``, and a permission cannot name
+the jobs a user created). Per-tenant separation of jobs needs a NATS account (or a user) per tenant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.jobs import bucket_stream, stream_names
+from shared.subjects import SERVICE_NAMES, Subjects
+
+ROLES = ("gateway", "tokenizer", "worker", "scorer", "publisher", "operator")
+# a worker answers one token batch in several result messages (one per max_payload of vectors)
+MAX_RESPONSES = 10_000
+
+
+# the NATS connection name of each role's processes (shared.lifecycle.connect)
+CONNECTION_NAMES = {"gateway": "embedfleet-gateway", "tokenizer": "embedfleet-tokenizer", "worker": "embedfleet-worker",
+                    "scorer": "embedfleet-scorer", "publisher": "embedfleet-reindex"}
+
+
+def inbox_prefix(connection_name: str) -> str:
+    """The inbox prefix of a connection: every process's replies come to inboxes under its own name."""
+    return f"_INBOX.{connection_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    responses: int = 0  # replies allowed per received request (allow_responses.max); 0: none
+
+    def server_config(self) -> dict:
+        """The ``permissions`` block of a nats-server user."""
+        block: dict = {"publish": {"allow": list(self.publish)}, "subscribe": {"allow": list(self.subscribe)}}
+        if self.responses:
+            block["allow_responses"] = {"max": self.responses}
+        return block
+
+
+class _JetStream:
+    """JetStream API subjects for the project's streams (``$JS.API.<call>.<stream>...``)."""
+
+    def __init__(self, subjects: Subjects) -> None:
+        self.names = stream_names(subjects)
+        self.kv_stream = bucket_stream(subjects)
+        self.bucket = self.names["kv"]
+
+    def streams(self, *kinds: str) -> list[str]:
+        return [self.names[k] for k in kinds]
+
+    def manage(self, *kinds: str) -> list[str]:
+        """Create streams (and the bucket) or bring them to a config: what every stage does at start."""
+        out = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
+        for stream in [*self.streams(*kinds), self.kv_stream]:
+            out += [f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}", f"$JS.API.STREAM.INFO.{stream}"]
+        return out
+
+    def bucket_access(self) -> list[str]:
+        """Read and write job states (the key-value bucket's subjects and direct gets)."""
+        kv = self.kv_stream
+        return [f"$KV.{self.bucket}.>", f"$JS.API.DIRECT.GET.{kv}.>", f"$JS.API.DIRECT.GET.{kv}",
+                f"$JS.API.STREAM.MSG.GET.{kv}"]
+
+    def bucket_listing(self) -> list[str]:
+        """List the bucket's keys (an ephemeral ordered consumer on its stream): the gateway's job gauges."""
+        kv = self.kv_stream
+        return [f"$JS.API.CONSUMER.CREATE.{kv}", f"$JS.API.CONSUMER.CREATE.{kv}.>", f"$JS.API.CONSUMER.DELETE.{kv}.>",
+                f"$JS.API.CONSUMER.INFO.{kv}.>"]
+
+    def consume(self, kind: str, durable: str) -> list[str]:
+        """Bind, fetch from and acknowledge a durable pull consumer of one stream; give up its dead batches."""
+        stream = self.names[kind]
+        return [
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}", f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", f"$JS.ACK.{stream}.{durable}.>",
+            f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.STREAM.MSG.DELETE.{stream}",
+        ]
+
+
+def role_permissions(subjects: Subjects, role: str) -> Permissions:
+    """What a process of ``role`` may publish and subscribe under ``subjects``' prefix."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    p = f"{subjects.prefix}.v1"
+    js = _JetStream(subjects)
+    own_inbox = f"{inbox_prefix(CONNECTION_NAMES.get(role, 'embedfleet'))}.>"
+    # every service answers $SRV.PING/INFO/STATS for its name (NATS micro services), replies by allow_responses
+    def micro(name: str) -> list[str]:
+        return [f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")] + [
+            f"$SRV.{verb}.{name}" for verb in ("PING", "INFO", "STATS")] + [
+            f"$SRV.{verb}.{name}.*" for verb in ("PING", "INFO", "STATS")]
+    watch = [f"$SRV.PING.{SERVICE_NAMES[r]}" for r in ("tokenizer", "worker", "scorer")]  # who serves (FleetWatch)
+    dead = f"{p}.dead.*"
+
+    def advisories(kind: str, durable: str) -> str:
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{js.names[kind]}.{durable}"
+
+    if role == "gateway":
+        return Permissions(
+            publish=(f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.rerank.*", f"{p}.jobs.*", *watch,
+                     *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(), *js.bucket_listing(),
+                     f"$JS.API.CONSUMER.LIST.{js.names['jobs']}", f"$JS.API.CONSUMER.LIST.{js.names['bulk']}"),
+            subscribe=(own_inbox, f"{p}.leaving", *micro(SERVICE_NAMES["gateway"])),
+            responses=1,
+        )
+    if role == "tokenizer":
+        return Permissions(
+            publish=(f"{p}.tokens.*", f"{p}.worker.*.*", f"{p}.bulk.*", dead,
+                     *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
+                     *js.consume("jobs", "*")),
+            subscribe=(own_inbox, f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.load.*",
+                       advisories("jobs", "*"), *micro(SERVICE_NAMES["tokenizer"])),
+            responses=1,
+        )
+    if role == "worker":
+        return Permissions(
+            publish=(f"{p}.load.*", f"{p}.leaving", f"{p}.results.*", dead,
+                     *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
+                     *js.consume("bulk", "*")),
+            subscribe=(own_inbox, f"{p}.tokens.*", f"{p}.worker.*.*", advisories("bulk", "*"),
+                       *micro(SERVICE_NAMES["worker"])),
+            responses=MAX_RESPONSES,
+        )
+    if role == "scorer":
+        return Permissions(
+            publish=(f"{p}.embed.*", *watch),
+            subscribe=(own_inbox, f"{p}.rerank.*", f"{p}.leaving", *micro(SERVICE_NAMES["scorer"])),
+            responses=1,
+        )
+    if role == "publisher":  # embedfleet reindex: publishes a job, collects its results
+        results = js.names["results"]
+        return Permissions(
+            publish=(f"{p}.jobs.*", *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
+                     f"$JS.API.CONSUMER.CREATE.{results}", f"$JS.API.CONSUMER.CREATE.{results}.>",
+                     f"$JS.API.CONSUMER.MSG.NEXT.{results}.>", f"$JS.API.CONSUMER.DELETE.{results}.>",
+                     f"$JS.API.CONSUMER.INFO.{results}.>", f"$JS.ACK.{results}.>", f"$JS.API.STREAM.MSG.GET.{results}"),
+            subscribe=(own_inbox,),
+        )
+    # operator: embedfleet init, jobs (list, purge, cancel), and whatever administration needs
+    return Permissions(publish=(">",), subscribe=(">",), responses=0)
+
+
+def write_auth(folder: Path, subjects: Subjects) -> Path:
+    """A nats-server ``authorization`` block (``auth.conf``, to include in the server's config) with one
+    nkey user per role and its permissions, and each role's seed in ``<role>.nk`` (mode 0600), which
+    its processes are given as ``--nats-nkey-seed``. The server's file holds public keys only."""
+    import json
+    import os
+
+    import nkeys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    users = []
+    for role in ROLES:
+        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+        public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+        path = folder / f"{role}.nk"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_bytes(seed + b"\n")
+        users.append({"nkey": public, "permissions": role_permissions(subjects, role).server_config()})
+    conf = folder / "auth.conf"
+    lines = [f"# embedfleet roles under the subject prefix {subjects.prefix!r}: see shared/permissions.py", "authorization {",
+             "  users = ["]
+    lines += [f"    {json.dumps(user)}  # {role}" for role, user in zip(ROLES, users)]
+    lines += ["  ]", "}", ""]
+    conf.write_text("\n".join(lines))
+    return conf

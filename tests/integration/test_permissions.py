@@ -1,0 +1,195 @@
+"""Least privilege on a real nats-server with the authorization `embedfleet auth` writes: every role
+does its whole job under its own nkey user (online embeddings, a rerank, a bulk job from the gateway
+and from `embedfleet reindex`, streams made by `embedfleet init`), with no permission violation in the
+server's log; and each role is refused what it must not do."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import nats
+import numpy as np
+import pytest
+
+from shared.nats_server import EmbeddedNats
+from shared.permissions import ROLES, role_permissions
+from shared.subjects import Subjects
+from tests.corpus import mixed_texts
+from tests.integration.procs import Service, count_services, healthy, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+class Fabric:
+    def __init__(self, server: EmbeddedNats, seeds: Path, base_url: str, services: dict[str, Service]) -> None:
+        self.server, self.seeds, self.base_url, self.services = server, seeds, base_url, services
+
+    def seed(self, role: str) -> str:
+        return str(self.seeds / f"{role}.nk")
+
+    def violations(self) -> list[str]:
+        """What the server refused the fleet's own connections (named embedfleet-<role>)."""
+        log = (self.server.data_dir / "nats-server.log").read_text(errors="replace")
+        return [line for line in log.splitlines() if " Violation - " in line and ":embedfleet-" in line]
+
+
+def _cli(*args: str, seed: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args, "--nats-nkey-seed", seed],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory) -> Iterator[Fabric]:
+    folder = tmp_path_factory.mktemp("fabric")
+    made = subprocess.run([sys.executable, "-m", "services.cli", "auth", str(folder / "auth")], capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    conf = folder / "auth" / "auth.conf"
+    server = EmbeddedNats(folder / "nats", config=conf.read_text())
+    server.start()
+    seeds = folder / "auth"
+    try:
+        init = _cli("init", "--nats", server.url, seed=str(seeds / "operator.nk"))
+        assert init.returncode == 0, init.stdout + init.stderr
+        from services.stack import FreePorts
+
+        with contextlib.closing(FreePorts("127.0.0.1")) as free:
+            port = free(1)
+        common = ["--nats", server.url]
+        role_args = {
+            "tokenizer": ["--chunk-seqs", "8"],
+            "worker": ["--max-batch-tokens", "1024"],
+            "scorer": [],
+            "gateway": ["--port", str(port)],
+        }
+        services = {role: Service(role, [*common, *args, "--nats-nkey-seed", str(seeds / f"{role}.nk")], folder,
+                                  {"OMP_NUM_THREADS": "1"} if role == "worker" else None)
+                    for role, args in role_args.items()}
+        base_url = f"http://127.0.0.1:{port}"
+        procs = list(services.values())
+        try:
+            wait_until(lambda: healthy(base_url), 180, "gateway health", procs)
+            wait_until(lambda: count_services(server.url, "worker", nkey_seed=str(seeds / "operator.nk")) == 1, 60,
+                       "the worker", procs)
+            yield Fabric(server, seeds, base_url, services)
+        finally:
+            for s in procs:
+                s.stop()
+    finally:
+        server.stop()
+
+
+def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
+    texts = mixed_texts(20)
+    r = httpx.post(f"{fabric.base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 20
+    ranked = httpx.post(f"{fabric.base_url}/rerank", json={"query": texts[0], "texts": texts[:6]}, timeout=60)
+    assert ranked.status_code == 200 and ranked.json()[0]["index"] == 0, ranked.text
+    tokens = httpx.post(f"{fabric.base_url}/tokenize", json={"inputs": "who may publish"}, timeout=30)
+    assert tokens.status_code == 200, tokens.text
+    docs = [{"id": f"p{i}", "text": t} for i, t in enumerate(texts)]
+    job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 8}, timeout=60)
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}", timeout=10).json().get("status") == "done",
+               120, "the gateway's job", list(fabric.services.values()))
+    # the job publisher: embedfleet reindex under its own user publishes, follows and collects a job
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts[:10])))
+    out = tmp_path / "vectors.npy"
+    done = _cli("reindex", str(source), "--out", str(out), "--nats", fabric.server.url, "--quiet",
+                seed=fabric.seed("publisher"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert np.load(out).shape == (10, 384)
+    # the operator lists the jobs
+    listed = _cli("jobs", "--nats", fabric.server.url, seed=fabric.seed("operator"))
+    assert listed.returncode == 0 and job_id in listed.stdout, listed.stdout + listed.stderr
+    assert fabric.violations() == []
+
+
+async def _violations(url: str, seed: str, inbox: str, act) -> list[str]:
+    """What the server refused ``act(nc, js)`` (its errors, as nats-py's error callback hears them)."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(url, nkeys_seed=seed, error_cb=on_error, inbox_prefix=inbox, allow_reconnect=False)
+    try:
+        with contextlib.suppress(Exception):
+            await act(nc, nc.jetstream())
+        await nc.flush()
+        await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+    return errors
+
+
+def test_a_tokenizer_cannot_answer_for_a_gateway_nor_read_its_inbox(fabric):
+    async def act(nc, js):
+        await nc.publish("_INBOX.embedfleet-gateway.forged.1", b"a forged result")
+        await nc.subscribe("_INBOX.embedfleet-gateway.>")
+        await nc.subscribe("_INBOX.>")
+
+    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act))
+    assert any('publish to "_inbox.embedfleet-gateway.forged.1"' in e.lower() for e in errors), errors
+    assert any('subscription to "_inbox.embedfleet-gateway.>"' in e.lower() for e in errors), errors
+    assert any('subscription to "_inbox.>"' in e.lower() for e in errors), errors
+
+
+def test_a_worker_cannot_delete_or_purge_a_stream(fabric):
+    async def act(nc, js):
+        for call in (js.delete_stream("EMBEDFLEET_JOBS"), js.purge_stream("EMBEDFLEET_RESULTS")):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call, 1)
+
+    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("worker"), "_INBOX.embedfleet-worker", act))
+    assert any("$js.api.stream.delete.embedfleet_jobs" in e.lower() for e in errors), errors
+    assert any("$js.api.stream.purge.embedfleet_results" in e.lower() for e in errors), errors
+
+
+def test_a_job_publisher_cannot_reach_the_online_subjects(fabric):
+    async def act(nc, js):
+        await nc.publish("embedfleet.v1.embed.all-MiniLM-L6-v2", b"x")
+        await nc.publish("embedfleet.v1.tokens.all-MiniLM-L6-v2", b"x")
+        await nc.subscribe("embedfleet.v1.embed.*")
+
+    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("publisher"), "_INBOX.embedfleet-reindex", act))
+    assert len([e for e in errors if "permissions violation" in e.lower()]) == 3, errors
+
+
+def test_without_credentials_no_client_connects(fabric):
+    async def anonymous() -> None:
+        await nats.connect(fabric.server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
+
+    with pytest.raises(Exception, match="Authorization Violation"):
+        asyncio.run(anonymous())
+
+
+def test_every_role_has_a_seed_and_the_server_file_holds_public_keys_only(fabric):
+    conf = (fabric.seeds / "auth.conf").read_text()
+    for role in ROLES:
+        seed = (fabric.seeds / f"{role}.nk").read_text().strip()
+        assert seed.startswith("SU") and seed not in conf
+        assert (fabric.seeds / f"{role}.nk").stat().st_mode & 0o077 == 0
+
+
+def test_roles_are_made_from_the_subject_scheme():
+    """Another prefix, other subjects and streams; the operator alone may do anything."""
+    worker = role_permissions(Subjects("acme.search"), "worker")
+    assert "acme.search.v1.tokens.*" in worker.subscribe and "acme.search.v1.results.*" in worker.publish
+    assert "$JS.API.CONSUMER.MSG.NEXT.ACME_SEARCH_BULK.*" in worker.publish
+    assert not any("DELETE.ACME_SEARCH_JOBS" in s or "STREAM.DELETE" in s or s == ">" for s in worker.publish)
+    assert role_permissions(Subjects(), "operator").publish == (">",)
+    with pytest.raises(ValueError, match="unknown role"):
+        role_permissions(Subjects(), "admin")
