@@ -23,7 +23,7 @@ from shared.config import child_environment, nats_security, retention
 from shared.logs import setup_logging
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo
-from shared.nats_server import EmbeddedNats
+from shared.nats_server import TOKEN_FILE, EmbeddedNats
 from services.gateway.config import api_keys
 from services.gateway.models_api import model_kind
 from services.stack_plan import MODEL_ENV, Child, children, default_model, served_models, with_metrics
@@ -47,7 +47,9 @@ def run_stack(ns: argparse.Namespace) -> int:
     keys = api_keys(ns)
     nats = None
     if url is None:
-        nats = EmbeddedNats(Path(ns.data_dir) / "nats")
+        # the embedded server asks for a token made for this run: no other user of the machine reaches
+        # the fabric; the services get it in their environment, `reindex` and `jobs` from its file
+        nats, auth = EmbeddedNats.with_token(Path(ns.data_dir) / "nats")
         url = nats.start()
     ready_dir = Path(tempfile.mkdtemp(prefix="embedfleet-up-"))
     # secrets go to the services in their environment; so do the retention limits, which every
@@ -65,7 +67,7 @@ def run_stack(ns: argparse.Namespace) -> int:
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
         if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop):
             return 1
-        print(_banner(infos, default, base, url, plan, replicas), flush=True)
+        print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE), flush=True)
         restarts = Restarts()
         while not stop.wait(0.5):
             if nats is not None and not nats.running:
@@ -257,7 +259,7 @@ def _metrics_lines(plan: list[Child], replicas: int) -> str:
 
 
 def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, plan: list[Child] = (),
-            replicas: int = 1) -> str:
+            replicas: int = 1, token_file: Path | None = None) -> str:
     served = "\n".join(
         f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"
         + ("  (default)" if info is default else "")
@@ -265,7 +267,10 @@ def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, pla
     )
     try_line = _example(infos, base)
     return (
-        f"\nembedfleet is up: {len(infos)} model(s), NATS {url}\n{served}\n"
+        f"\nembedfleet is up: {len(infos)} model(s), NATS {url}\n"
+        + (f"  NATS asks for the token in {token_file} (reindex, jobs: --nats-token-file {token_file})\n"
+           if token_file else "")
+        + f"{served}\n"
         f"  POST {base}/v1/embeddings   (OpenAI API)\n"
         f"  POST {base}/v1/rerank       (cross-encoders; embedders by cosine)\n"
         f"  GET  {base}/v1/models\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -18,11 +19,13 @@ import urllib.request
 from pathlib import Path
 
 from shared.config import ConfigError
+from shared.nats_auth import NatsAuth
 
 log = logging.getLogger("embedfleet.nats")
 
 MAX_PAYLOAD = "8MB"
-HOST = "127.0.0.1"  # loopback only: the embedded server asks for no credentials
+HOST = "127.0.0.1"  # loopback only
+TOKEN_FILE = "token"  # beside the server's data: the token `embedfleet up` made for its embedded server
 
 
 def find_binary() -> str:
@@ -59,9 +62,25 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://{HOST}:{self.port}"
 
+    @classmethod
+    def with_token(cls, data_dir: Path) -> tuple[EmbeddedNats, NatsAuth]:
+        """A server that asks every client for a token made now (random, 256 bits), and the credentials
+        that give it. The token is written to ``data_dir/token`` (mode 0600, for the owner's own
+        `reindex` or `jobs`: ``--nats-token-file``), into the server's config (0600) and nowhere else."""
+        token = secrets.token_urlsafe(32)
+        data_dir = Path(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / TOKEN_FILE
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(token + "\n")
+        return cls(data_dir, config=f'authorization {{\n  token: "{token}"\n}}\n'), NatsAuth(token=token)
+
     def start(self, timeout: float = 15.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
+        conf.touch(mode=0o600)  # it may hold credentials
+        conf.chmod(0o600)
         conf.write_text(
             f"listen: {HOST}:{self.port}\n"
             f"http: {HOST}:{self.monitor_port}\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
 from shared.nats_server import free_port
@@ -43,6 +45,19 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _nats_refuses(url: str, token: str | None) -> bool:
+    """Whether the server at ``url`` refuses a client that gives ``token`` (None: no credentials)."""
+    async def connect() -> None:
+        nc = await nats.connect(url, token=token, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
+        await nc.close()
+
+    try:
+        asyncio.run(connect())
+    except Exception as exc:
+        return "Authorization Violation" in str(exc)
+    return False
+
+
 def _stop(proc: subprocess.Popen) -> int:
     proc.send_signal(signal.SIGTERM)
     return proc.wait(60)
@@ -71,6 +86,16 @@ def test_up_with_embedded_nats(tmp_path):
             assert ("embedfleet_requests_total" if name == "gateway" else f"embedfleet_{name.split('[')[0]}_") in text, name
         worker = httpx.get(urls[f"worker[{model}]"], timeout=10).text
         assert value(worker, "embedfleet_worker_tokens_total", model=model, queue="online") == r.json()["usage"]["prompt_tokens"]
+        # the embedded server asks for a token made for this run, kept in a file only its owner reads,
+        # handed to the services in their environment: printed nowhere, in no process's arguments
+        token_file = tmp_path / "data" / "nats" / "token"
+        token = token_file.read_text().strip()
+        assert f"--nats-token-file {token_file}" in out and token not in out and len(token) >= 40
+        assert token_file.stat().st_mode & 0o077 == 0
+        assert (tmp_path / "data" / "nats" / "nats-server.conf").stat().st_mode & 0o077 == 0
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "services.cli worker" in ps and token not in ps
+        assert _nats_refuses(f"nats://127.0.0.1:{nats_port}", None) and not _nats_refuses(f"nats://127.0.0.1:{nats_port}", token)
         # its data and log live under the project-owned data directory
         assert (tmp_path / "data" / "nats" / "nats-server.conf").is_file()
         assert "listen: 127.0.0.1:" in (tmp_path / "data" / "nats" / "nats-server.conf").read_text()
