@@ -36,6 +36,7 @@ from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
 from services.gateway.jobs_api import JobsApi
+from services.gateway.limits import KeyLimits, current_key, key_id
 from services.gateway.metrics import Metrics
 from services.gateway.middleware import GatewayMiddleware
 from services.gateway.openapi import openapi_spec
@@ -64,6 +65,7 @@ class Gateway:
         self._in_flight = 0
         self.jobs: JobsApi | None = None
         self.tracer = Tracer("gateway", cfg.tracing)
+        self.key_limits = KeyLimits(cfg.key_requests_per_minute, cfg.key_tokens_per_minute)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -151,8 +153,16 @@ class Gateway:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions")
         async with self.admitted():
             outcome = await self.client.embed(model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids)
-        self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
+        self.account(model, outcome)
         return outcome
+
+    def account(self, model: str, outcome: EmbedOutcome) -> None:
+        """An answered embedding's tokens: in the metrics, by model and by API key, and charged to the key."""
+        self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
+        key = current_key()
+        self.metrics.key_tokens.labels(key_id(key)).inc(outcome.tokens)
+        if key is not None:
+            self.key_limits.charge(key, outcome.tokens)
 
     @staticmethod
     def stage_headers(outcome: EmbedOutcome) -> dict[str, str]:
@@ -307,7 +317,7 @@ class Gateway:
             if outcome.vectors.shape[1] != len(labels):
                 raise ApiError(ErrorCode.INTERNAL, f"the model gave {outcome.vectors.shape[1]} logits for {len(labels)} labels")
             logits[rows] = outcome.vectors
-            self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
+            self.account(model, outcome)
         body = tei_tasks.render_predict(call, tei_tasks.label_scores(logits, call.raw_scores), labels)
         slowest = max(outcomes, key=lambda o: sum(o.timings.values()))
         return Response(body, media_type="application/json", headers=self.stage_headers(slowest))
@@ -479,7 +489,7 @@ def create_app(cfg: GatewayConfig) -> Starlette:
     )
     known = frozenset(r.path for r in routes)
     app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known,
-                       tracer=gw.tracer)
+                       tracer=gw.tracer, limits=gw.key_limits)
     return app
 
 

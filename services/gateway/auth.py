@@ -11,18 +11,27 @@ class ApiKeys:
         self._open = frozenset(open_paths)
 
     @property
+    def open_paths(self) -> frozenset[str]:
+        return self._open
+
+    @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
     def allows(self, path: str, authorization: str | None) -> bool:
         if not self._keys or path in self._open:
             return True
+        return self.identify(authorization) is not None
+
+    def identify(self, authorization: str | None) -> str | None:
+        """The configured key an ``Authorization: Bearer`` header gives; None for none or another."""
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
+        if not self._keys or scheme.lower() != "bearer":
+            return None
         given = token.strip().encode()
         # every key is compared, whatever matched: the time taken does not tell which key is close
-        ok = False
+        found = None
         for key in self._keys:
-            ok |= hmac.compare_digest(given, key)
-        return ok
+            if hmac.compare_digest(given, key):
+                found = key
+        return found.decode() if found is not None else None

@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                "requests handled at once; more are answered 429 at once", positive_int)
     add_option(parser, "--api-keys", "EMBEDFLEET_API_KEYS", "", "accepted API keys (Bearer), comma separated; none: no auth")
     add_option(parser, "--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line")
+    add_option(parser, "--key-requests-per-minute", "EMBEDFLEET_KEY_REQUESTS_PER_MINUTE", 0,
+               "requests each API key may make a minute (429 with Retry-After beyond); 0: no limit", non_negative_int)
+    add_option(parser, "--key-tokens-per-minute", "EMBEDFLEET_KEY_TOKENS_PER_MINUTE", 0,
+               "tokens each API key may have embedded a minute (429 with Retry-After beyond); 0: no limit",
+               non_negative_int)
     add_option(parser, "--open-paths", "EMBEDFLEET_OPEN_PATHS", "/health,/metrics",
                "paths served without an API key, comma separated")
     add_option(parser, "--jobs-dir", "EMBEDFLEET_JOBS_DIR", None,
@@ -49,6 +54,8 @@ class GatewayConfig:
     max_input_chars: int = 65536
     max_in_flight: int = 512
     api_keys: tuple[str, ...] = ()
+    key_requests_per_minute: int = 0  # per API key; 0: no limit
+    key_tokens_per_minute: int = 0
     open_paths: tuple[str, ...] = ("/health", "/metrics")
     jobs_dir: Path | None = None
     discovery_interval: float = 1.0  # seconds between fleet polls; a process silent for 3 is taken for dead
@@ -62,6 +69,9 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.default_model is not None and not self.default_model.strip():
             raise ConfigError("--default-model must name a model")
+        if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
+            raise ConfigError("--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
+                              "(--api-keys or --api-keys-file)")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GatewayConfig:
@@ -76,6 +86,8 @@ class GatewayConfig:
             max_in_flight=ns.max_in_flight,
             retries=ns.retries,
             api_keys=api_keys(ns),
+            key_requests_per_minute=ns.key_requests_per_minute,
+            key_tokens_per_minute=ns.key_tokens_per_minute,
             open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
             default_model=ns.default_model,

@@ -34,6 +34,11 @@ class Metrics:
             "embedfleet_model_stage_seconds", "seconds per request stage, by model (tokenize, queue, inference)",
             ["model", "stage"], buckets=_BUCKETS, registry=self.registry,
         )
+        self.key_requests = Counter(
+            "embedfleet_key_requests", "requests by API key (key: its id, see README) and outcome: admitted or "
+            "limited (over a per-key limit)", ["key", "outcome"], registry=self.registry,
+        )
+        self.key_tokens = Counter("embedfleet_key_tokens", "tokens embedded by API key", ["key"], registry=self.registry)
         self.jobs = JobMetrics(self.registry)
 
     def observe(self, route: str, status: int) -> None:

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.errors import ErrorCode
 from shared.tracing import TRACEPARENT, TraceContext, Tracer, bind
 from services.gateway.auth import ApiKeys
+from services.gateway.limits import KeyLimits, bind_key, key_id
 from services.gateway.errors import error_response
 from services.gateway.metrics import Metrics
 
@@ -20,9 +21,11 @@ EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed"
 
 
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str], tracer: Tracer) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str], tracer: Tracer,
+                 limits: KeyLimits | None = None) -> None:
         self.app = app
         self.keys = keys
+        self.limits = limits or KeyLimits()
         self.metrics = metrics
         self.routes = routes
         self.tracer = tracer
@@ -54,15 +57,20 @@ class GatewayMiddleware:
                 out["x-total-time"] = str(round((time.perf_counter() - start) * 1000))
             await send(message)
 
+        key = self.keys.identify(headers.get("authorization"))
         try:
-            if self.keys.allows(path, headers.get("authorization")):
-                await self.app(scope, receive, send_with_headers)
-            else:
+            if self.keys.enabled and key is None and path not in self.keys.open_paths:
                 response = error_response(
                     path, 401, "missing or unknown API key: send 'Authorization: Bearer <key>'", ErrorCode.UNAUTHORIZED
                 )
                 response.headers["www-authenticate"] = "Bearer"
                 await response(scope, receive, send_with_headers)
+            elif path in self.keys.open_paths:
+                await self.app(scope, receive, send_with_headers)
+            elif (refusal := self._limited(path, key)) is not None:
+                await refusal(scope, receive, send_with_headers)
+            else:
+                await self.app(scope, receive, send_with_headers)
         finally:
             span.set(**{"http.response.status_code": status})
             if status >= 500:
@@ -71,3 +79,20 @@ class GatewayMiddleware:
             self.metrics.observe(route, status)
             if route in EMBED_ROUTES and status < 400:
                 self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)
+
+    def _limited(self, path: str, key: str | None):
+        """A 429 answer when ``key`` is over one of its per-minute limits, else None (the request is
+        admitted and counted under the key, which routes charge its tokens to)."""
+        bind_key(key)
+        name = key_id(key)
+        refused = self.limits.admit(key) if key is not None and self.limits.enabled else None
+        if refused is None:
+            self.metrics.key_requests.labels(name, "admitted").inc()
+            return None
+        self.metrics.key_requests.labels(name, "limited").inc()
+        limit, wait = refused
+        per_minute = self.limits.requests if limit == "requests" else self.limits.tokens
+        response = error_response(path, 429, f"this API key is over its limit of {per_minute} {limit} a minute; retry "
+                                  f"in {wait}s", ErrorCode.OVERLOADED)
+        response.headers["retry-after"] = str(wait)
+        return response

@@ -184,20 +184,25 @@ def test_openapi_lists_the_real_routes(stack):
     assert set(spec["paths"]["/v1/jobs/{job}"]) == {"get", "delete"}  # a job's state; cancelling it
 
 
+def _another_gateway(stack, folder, args: list[str]):
+    """One more gateway on the same fleet with ``args``: yields its base URL."""
+    port = free_port()
+    gw = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), *args], folder)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base), 60, "another gateway", [gw])
+        yield base
+    finally:
+        gw.stop()
+
+
 @pytest.fixture(scope="module")
 def strict_gateway(stack, tmp_path_factory):
     """A second gateway on the same fleet: API keys, one request at a time, a short deadline."""
     folder = tmp_path_factory.mktemp("strict")
     (folder / "keys").write_text("# keys\nkey-one\nkey-two\n")
-    port = free_port()
-    gw = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), "--api-keys-file", str(folder / "keys"),
-                             "--max-in-flight", "1", "--request-timeout", "1.5"], folder)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: healthy(base), 60, "strict gateway", [gw])
-        yield base
-    finally:
-        gw.stop()
+    yield from _another_gateway(stack, folder, ["--api-keys-file", str(folder / "keys"), "--max-in-flight", "1",
+                                                "--request-timeout", "1.5"])
 
 
 def test_api_keys(strict_gateway):
@@ -229,3 +234,38 @@ def test_overload_429_and_deadline_504(strict_gateway):
     late = result["r"]
     assert late.status_code == 504, late.text
     assert "no complete result within 1.5s" in late.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def limited_gateway(stack, tmp_path_factory):
+    """A gateway on the same fleet whose keys may each make 3 requests and embed 60 tokens a minute."""
+    yield from _another_gateway(stack, tmp_path_factory.mktemp("limited"), [
+        "--api-keys", "key-a,key-b,key-c", "--key-requests-per-minute", "3", "--key-tokens-per-minute", "60"])
+
+
+def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limited_gateway):
+    from services.gateway.limits import key_id
+    from tests.prometheus_text import value
+
+    def post(key: str, text: str = "hi") -> httpx.Response:
+        return httpx.post(f"{limited_gateway}/v1/embeddings", json={"model": MODEL, "input": text},
+                          headers={"authorization": f"Bearer {key}"}, timeout=30)
+
+    answers = [post("key-a") for _ in range(4)]
+    assert [r.status_code for r in answers] == [200, 200, 200, 429], [r.text for r in answers]
+    refused = answers[-1]
+    assert refused.json()["error"]["code"] == "overloaded" and "3 requests a minute" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 20  # one request's worth of refill: 20 s
+    assert post("key-b").status_code == 200  # each key has its own limits
+    # tokens: a request over the minute's 60 tokens is answered (its size is known only then), the next waits
+    long_text = " ".join(mixed_texts(6))
+    first = post("key-c", long_text)
+    assert first.status_code == 200 and first.json()["usage"]["prompt_tokens"] > 60
+    after = post("key-c")
+    assert after.status_code == 429 and "60 tokens a minute" in after.json()["error"]["message"]
+    assert int(after.headers["retry-after"]) >= 1
+    metrics = httpx.get(f"{limited_gateway}/metrics").text
+    assert value(metrics, "embedfleet_key_requests_total", key=key_id("key-a"), outcome="admitted") == 3
+    assert value(metrics, "embedfleet_key_requests_total", key=key_id("key-a"), outcome="limited") == 1
+    assert value(metrics, "embedfleet_key_tokens_total", key=key_id("key-c")) == first.json()["usage"]["prompt_tokens"]
+    assert "key-a" not in metrics  # keys are named by their digest, never shown

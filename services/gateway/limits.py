@@ -1,0 +1,82 @@
+"""Per-API-key limits: requests and tokens per minute, each a token bucket refilled continuously.
+
+A request is admitted while its key's request bucket holds one request and its token bucket is not
+in debt; the tokens a request embedded are charged once it is answered (they are known only then),
+so one large request may take the bucket below zero and the key waits until it refills. A refusal
+says when to come back (``Retry-After``). Keys are identified in metrics by ``key_id``, a digest,
+never by the key itself.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import math
+import time
+from typing import Callable
+
+NO_KEY = "none"  # the metrics' key label for requests that gave no key (no keys configured, open paths)
+_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("embedfleet_api_key", default=None)
+
+
+def key_id(key: str | None) -> str:
+    """A key's name in metrics and logs: the first 12 hex digits of its SHA-256 (``printf %s KEY |
+    sha256sum | cut -c1-12`` tells which key it is)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12] if key else NO_KEY
+
+
+def bind_key(key: str | None) -> None:
+    """The API key of the request this task handles (the middleware sets it; routes charge it)."""
+    _KEY.set(key)
+
+
+def current_key() -> str | None:
+    return _KEY.get()
+
+
+class _Bucket:
+    __slots__ = ("level", "at")
+
+    def __init__(self, level: float, at: float) -> None:
+        self.level, self.at = level, at
+
+
+class KeyLimits:
+    """``requests`` and ``tokens`` per minute per key; 0: that limit is off."""
+
+    def __init__(self, requests: int = 0, tokens: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.requests, self.tokens = requests, tokens
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], _Bucket] = {}  # (key, "requests" | "tokens") -> bucket
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.requests or self.tokens)
+
+    def _bucket(self, key: str, kind: str, per_minute: int, now: float) -> _Bucket:
+        bucket = self._buckets.get((key, kind))
+        if bucket is None:
+            bucket = self._buckets[(key, kind)] = _Bucket(float(per_minute), now)
+        else:  # refill for the time since it was last touched, up to a minute's worth
+            bucket.level = min(float(per_minute), bucket.level + (now - bucket.at) * per_minute / 60.0)
+            bucket.at = now
+        return bucket
+
+    def admit(self, key: str) -> tuple[str, int] | None:
+        """None: admitted (one request taken from the key's bucket). Else (the limit, whole seconds to
+        wait) — nothing is taken."""
+        now = self._clock()
+        tokens = self._bucket(key, "tokens", self.tokens, now) if self.tokens else None
+        if tokens is not None and tokens.level < 0:
+            return "tokens", math.ceil(-tokens.level * 60.0 / self.tokens)
+        if self.requests:
+            requests = self._bucket(key, "requests", self.requests, now)
+            if requests.level < 1:
+                return "requests", math.ceil((1 - requests.level) * 60.0 / self.requests)
+            requests.level -= 1
+        return None
+
+    def charge(self, key: str, tokens: int) -> None:
+        """The tokens an admitted request of ``key`` embedded."""
+        if self.tokens:
+            self._bucket(key, "tokens", self.tokens, self._clock()).level -= tokens
