@@ -82,7 +82,7 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
                        "the worker", procs)
             yield Fabric(server, seeds, base_url, services)
         finally:
-            for s in procs:
+            for s in services.values():  # a test may have replaced one
                 s.stop()
     finally:
         server.stop()
@@ -193,3 +193,64 @@ def test_roles_are_made_from_the_subject_scheme():
     assert role_permissions(Subjects(), "operator").publish == (">",)
     with pytest.raises(ValueError, match="unknown role"):
         role_permissions(Subjects(), "admin")
+
+
+def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fabric):
+    """A malformed batch a publisher sent is given up by the tokenizer as a dead letter (its stream and
+    the job's state written under the tokenizer's user); a worker stopped mid-job hands its batches back
+    and a second worker, under the same role's user, finishes the job. Nothing is refused."""
+    import msgpack
+
+    from shared.jobs import ensure_streams, read_state, stream_names, update_state
+    from shared.protocol import EmbedOptions, JobBatch, encode
+
+    subjects = Subjects()
+
+    async def poison() -> dict:
+        nc = await nats.connect(fabric.server.url, nkeys_seed=fabric.seed("publisher"), inbox_prefix="_INBOX.embedfleet-reindex")
+        js = nc.jetstream()
+        kv = await ensure_streams(js, subjects)
+        await update_state(kv, "poison", lambda s: s.update(model=MODEL, documents=4, batches=2, status="running"))
+        good = JobBatch("poison", 0, MODEL, ["a", "b"], ["one", "two"], EmbedOptions())
+        await js.publish(subjects.jobs(MODEL), encode(good), headers={"Nats-Msg-Id": "poison:0"})
+        bad = msgpack.packb({"v": 1, "t": "job", "id": "poison", "b": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4],
+                             "o": {}})
+        await js.publish(subjects.jobs(MODEL), bad, headers={"Nats-Msg-Id": "poison:1"})
+        state: dict = {}
+        for _ in range(300):
+            state = await read_state(kv, "poison") or {}
+            if state.get("status", "running") != "running":
+                break
+            await asyncio.sleep(0.1)
+        await nc.close()
+        return state
+
+    state = asyncio.run(poison())
+    assert state["status"] == "done_with_errors" and state["done"] == 2 and state["failed"] == 2, state
+
+    async def dead_letter():
+        nc = await nats.connect(fabric.server.url, nkeys_seed=fabric.seed("operator"))
+        try:
+            return await nc.jetstream().get_last_msg(stream_names(subjects)["dead"], subjects.dead("poison"))
+        finally:
+            await nc.close()
+
+    assert asyncio.run(dead_letter()).headers["Embedfleet-Stage"] == "tokenizer"
+
+    second = Service("worker", ["--nats", fabric.server.url, "--max-batch-tokens", "1024", "--nats-nkey-seed",
+                                fabric.seed("worker")], fabric.server.data_dir.parent, {"OMP_NUM_THREADS": "1"})
+    try:
+        wait_until(lambda: count_services(fabric.server.url, "worker", nkey_seed=fabric.seed("operator")) == 2, 120,
+                   "the second worker", [second])
+        docs = [{"id": f"f{i}", "text": t} for i, t in enumerate(mixed_texts(160))]
+        job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 8}, timeout=60).json()["id"]
+        first = fabric.services["worker"]
+        wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json().get("done", 0) > 0, 60,
+                   "the job under way", [first, second])
+        assert first.stop() == 0  # drains: hands back what it has not started, says it is leaving
+        wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done", 180,
+                   "the job, finished by the second worker", [second])
+        assert httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json()["done"] == 160
+    finally:
+        fabric.services["worker"] = second  # the fixture stops it
+    assert fabric.violations() == []
