@@ -82,11 +82,11 @@ def test_lag_per_stage_and_job_progress():
     assert value(text, "embedfleet_bulk_pending", stage="tokenizer", consumer="tokenizers-m") == 3
     assert value(text, "embedfleet_bulk_ack_pending", stage="tokenizer", consumer="tokenizers-m") == 1
     assert value(text, "embedfleet_bulk_lag", stage="worker", consumer="workers-m") == 2
-    assert value(text, "embedfleet_job_documents", job="run", model="m", state="total") == 100
-    assert value(text, "embedfleet_job_documents", job="run", model="m", state="done") == 40
-    assert value(text, "embedfleet_job_documents", job="run", model="m", state="failed") == 2
-    assert value(text, "embedfleet_job_documents", job="new", model="m", state="failed") == 1  # just finished: kept
-    assert not has(text, "embedfleet_job_documents", job="old", model="m", state="total")  # finished long ago
+    assert value(text, "embedfleet_job_documents", job_id="run", model="m", state="total") == 100
+    assert value(text, "embedfleet_job_documents", job_id="run", model="m", state="done") == 40
+    assert value(text, "embedfleet_job_documents", job_id="run", model="m", state="failed") == 2
+    assert value(text, "embedfleet_job_documents", job_id="new", model="m", state="failed") == 1  # just finished: kept
+    assert not has(text, "embedfleet_job_documents", job_id="old", model="m", state="total")  # finished long ago
     assert value(text, "embedfleet_jobs", status="running") == 1
     assert value(text, "embedfleet_jobs", status="done") == 1
     assert value(text, "embedfleet_jobs", status="done_with_errors") == 1
@@ -102,7 +102,7 @@ def test_lag_per_stage_and_job_progress():
     text = _text(metrics)
     assert not has(text, "embedfleet_bulk_lag", stage="tokenizer", consumer="tokenizers-m")
     assert value(text, "embedfleet_bulk_lag", stage="worker", consumer="workers-m") == 0
-    assert value(text, "embedfleet_job_documents", job="run", model="m", state="done") == 98
+    assert value(text, "embedfleet_job_documents", job_id="run", model="m", state="done") == 98
     assert value(text, "embedfleet_jobs", status="running") == 0  # none left: 0, not a vanished series
     assert value(text, "embedfleet_jobs", status="done") == 1
     assert kv.reads == ["run"]  # a finished job's state is read once
@@ -111,7 +111,7 @@ def test_lag_per_stage_and_job_progress():
     kv.states.clear()
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + 10))
     text = _text(metrics)
-    assert not has(text, "embedfleet_job_documents", job="run", model="m", state="done")
+    assert not has(text, "embedfleet_job_documents", job_id="run", model="m", state="done")
     assert value(text, "embedfleet_jobs", status="done") == 0
 
 
