@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+from tests.integration.procs import wait_until
+
 
 def test_engine_benchmark_prints_ratios_and_roofline():
     result = subprocess.run(
@@ -114,26 +116,26 @@ def test_e2e_benchmark_runs_its_systems_and_writes_results(tmp_path):
     assert "single: p50" in result.stdout
 
 
-def test_e2e_benchmark_measures_observability_on_against_off(tmp_path):
-    """--observability: embedfleet with every service's metrics scraped and every request traced, beside
-    embedfleet without, in one run; the traced fleet's spans reached the receiver and its metrics were
-    scraped (it was on), and the ratios are printed."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.e2e", "--rounds", "1", "--seconds", "1.5", "--only", "single", "--systems",
-         "embedfleet", "--observability", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    data = json.loads((tmp_path / "e2e.json").read_text())
-    assert set(data["summary"]) == {"embedfleet", "embedfleet observed"}
-    observed = data["rounds"][0]["embedfleet observed"]
-    requests = observed["single"]["requests"]
-    # each request: the gateway's, the tokenizer's and the worker's three spans (warm-up requests too)
-    assert observed["observed"]["spans"] >= 5 * requests and observed["observed"]["scrapes"] >= 3
-    assert "observed" not in data["rounds"][0]["embedfleet"]
-    overhead = result.stdout[result.stdout.index("observability on / off"):]
-    line = next(l for l in overhead.splitlines() if l.strip().startswith("embedfleet observed"))
-    assert float(line.split("tokens/s")[1].split("x")[0]) > 0
+def test_observed_fleet_scrapes_its_metrics_and_receives_its_spans_and_the_overhead_is_printed(capsys):
+    """bench.e2e --observability's fleet: every service's metrics scraped, a span per stage of every
+    request received (it was on), its CPU per request read; and the on / off ratios printed."""
+    from bench.e2e import OBSERVED, Workload, observability_overhead, run_http, token_counts
+    from bench.fleet import fleet, observation
+
+    texts = ["a short query about observability", "another one"]
+    w = Workload("single", texts, 1, 1, True)
+    with observation(metrics=True, tracing=True) as watch:
+        with fleet([["--threads", "1"]], [], watch=watch) as (base, _):
+            result = run_http(f"{base}/v1/embeddings", [w], 1.0, token_counts(texts), watch.cpu_seconds)["single"]
+            wait_until(lambda: watch.scrapes >= 2, 10, "two rounds of scrapes")
+        requests = result["requests"]
+        # each request: the gateway's, the tokenizer's and the worker's three spans (the warm-up's too)
+        assert requests > 0 and watch.spans >= 5 * requests and result["cpu_ms_per_request"] > 0
+    plain = {"single": {k: result[k] for k in ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms", "cpu_ms_per_request")}}
+    observed = {"single": {**plain["single"], "tokens_per_s": plain["single"]["tokens_per_s"] / 2}}
+    observability_overhead({"embedfleet": plain, OBSERVED: observed})
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith(OBSERVED))
+    assert "tokens/s 0.500x" in line and "CPU per request 1.000x" in line
 
 
 def test_e2e_queries_are_short_queries_as_the_performance_notes_define_them():
