@@ -67,8 +67,6 @@ class EmbedOptions:
             or not math.isfinite(self.sparse_threshold)
         ):
             raise ProtocolError("options.sparse_threshold must be a finite number")
-        if self.output == "sparse" and self.dtype not in SPARSE_DTYPES:
-            raise ProtocolError(f"sparse values are sent as {' or '.join(SPARSE_DTYPES)}, not {self.dtype!r}")
         if self.output != "dense" and self.dimensions is not None:
             raise ProtocolError("options.dimensions applies to dense vectors only")
         if self.truncation_direction not in ("right", "left"):
@@ -85,6 +83,9 @@ class EmbedOptions:
             raise ProtocolError("options.dimensions must be a positive integer")
         if not isinstance(self.dtype, str) or self.dtype not in VECTOR_DTYPES:
             raise ProtocolError(f"options.dtype must be one of {sorted(VECTOR_DTYPES)}")
+        # after the check above: only a known (short) dtype is echoed back
+        if self.output == "sparse" and self.dtype not in SPARSE_DTYPES:
+            raise ProtocolError(f"sparse values are sent as {' or '.join(SPARSE_DTYPES)}, not {self.dtype!r}")
         if not isinstance(self.truncate, bool):
             raise ProtocolError("options.truncate must be a boolean")
 

@@ -187,3 +187,14 @@ def test_bit_packed_results_hold_ceil_dim_over_8_bytes_a_row():
     assert job.array().shape == (2, 49)
     with pytest.raises(ProtocolError, match="one vector per document"):
         decode_as(encode(JobResult("job", 0, 0, ["a"], 385, "ub1", rows, 3)), JobResult)
+
+
+def test_a_huge_unknown_dtype_is_refused_without_being_echoed():
+    """Found by the mutation fuzzer: a sparse request's error quoted its dtype whole (100 kB)."""
+    from shared.protocol import EmbedOptions, ProtocolError
+
+    with pytest.raises(ProtocolError) as refused:
+        EmbedOptions(output="sparse", dtype="x" * 100_000)
+    assert len(str(refused.value)) <= 300 and "options.dtype" in str(refused.value)
+    with pytest.raises(ProtocolError, match="sparse values are sent as f4 or f2, not 'i1'"):
+        EmbedOptions(output="sparse", dtype="i1")
