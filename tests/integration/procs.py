@@ -93,6 +93,18 @@ def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "e
     return asyncio.run(ping())
 
 
+async def job_settled(kv, job: str, timeout: float = 30.0) -> dict:
+    """A job's state once it is no longer running (or as it is when ``timeout`` seconds have passed)."""
+    from shared.jobs import read_state
+
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await read_state(kv, job) or {}
+        if state.get("status", "running") != "running" or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.1)
+
+
 def healthy(base_url: str) -> bool:
     try:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200

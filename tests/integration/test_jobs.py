@@ -93,7 +93,8 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     import msgpack
     import nats
 
-    from shared.jobs import ensure_streams, read_state, stream_names, update_state
+    from shared.jobs import ensure_streams, stream_names, update_state
+    from tests.integration.procs import job_settled
     from shared.protocol import EmbedOptions, JobBatch, encode
     from shared.subjects import Subjects
 
@@ -110,12 +111,7 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
         bad = msgpack.packb({"v": 1, "t": "job", "id": "poison", "b": 1, "m": model, "di": ["d", "e", "f"],
                              "x": ["four", 5, "six"], "o": {}})
         await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": "poison:1"})
-        state: dict = {}
-        for _ in range(300):
-            state = await read_state(kv, "poison") or {}
-            if state.get("status", "running") != "running":
-                break
-            await asyncio.sleep(0.1)
+        state = await job_settled(kv, "poison")
         letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("poison"))
         await nc.close()
         return {**state, "letter": letter}

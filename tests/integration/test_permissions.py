@@ -22,7 +22,7 @@ from shared.nats_server import EmbeddedNats
 from shared.permissions import ROLES, role_permissions
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +201,7 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     and a second worker, under the same role's user, finishes the job. Nothing is refused."""
     import msgpack
 
-    from shared.jobs import ensure_streams, read_state, stream_names, update_state
+    from shared.jobs import ensure_streams, stream_names, update_state
     from shared.protocol import EmbedOptions, JobBatch, encode
 
     subjects = Subjects()
@@ -216,12 +216,7 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
         bad = msgpack.packb({"v": 1, "t": "job", "id": "poison", "b": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4],
                              "o": {}})
         await js.publish(subjects.jobs(MODEL), bad, headers={"Nats-Msg-Id": "poison:1"})
-        state: dict = {}
-        for _ in range(300):
-            state = await read_state(kv, "poison") or {}
-            if state.get("status", "running") != "running":
-                break
-            await asyncio.sleep(0.1)
+        state = await job_settled(kv, "poison")
         await nc.close()
         return state
 
