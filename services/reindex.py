@@ -227,22 +227,32 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
 
 class Collector:
     """Reads a job's results from the start of the stream (results collected before a crash are read
-    again) through an ephemeral consumer, opened again when the server lost it (a restart).
+    again) through a consumer of its own, kept in as many copies as the stream (a NATS node's loss
+    leaves it to the others). When the consumer is lost (a restarted server, a quiet spell with no
+    answer) it is opened again after the last result read, so nothing is read twice or missed.
 
     Rows are kept as they came (``dtype``, a wire name: the job's form); a result of another dtype or
     of another dimension than the first result's cannot belong to this job's output and is refused."""
 
+    QUIET_CHECK = 5  # fetches in a row without a result before the consumer is asked whether it is there
+
     def __init__(self, js, subject: str, stream: str, dtype: str = "f4") -> None:
         self._js, self._subject, self._stream = js, subject, stream
         self._psub = None
+        self._last = 0  # stream sequence of the last result read
+        self._quiet = 0
         self.dtype = dtype
         self.dim = 0  # components per row, from the first result
         self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
 
     async def open(self) -> None:
+        replicas = (await self._js.stream_info(self._stream)).config.num_replicas or 1
+        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
+                 else dict(deliver_policy=DeliverPolicy.ALL))
         self._psub = await self._js.pull_subscribe(
             self._subject, stream=self._stream,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0),
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0, num_replicas=replicas,
+                                  **start),
         )
 
     async def close(self) -> None:
@@ -250,25 +260,54 @@ class Collector:
             await close_pull(self._psub)
             self._psub = None
 
+    async def reopen(self, why: str) -> None:
+        """Open the consumer again after the last result read; while the server cannot (a lost quorum),
+        every poll tries again, half a second apart."""
+        if self._psub is not None:
+            log.info("results consumer lost (%s): opening it again after result %d", why, self._last)
+            await self.close()
+        await asyncio.sleep(0.5)
+        try:
+            await self.open()
+        except Exception as again:
+            log.debug("results consumer not open yet: %r", again)
+        else:
+            log.info("results consumer open again after result %d", self._last)
+
+    async def _still_there(self) -> bool:
+        try:
+            await self._psub.consumer_info()
+            return True
+        except Exception as exc:
+            log.debug("results consumer: %r", exc)
+            return False
+
     async def poll(self) -> tuple[int, int]:
         """Results that arrived: (new documents, their tokens)."""
         from nats.errors import TimeoutError as NatsTimeoutError
 
+        if self._psub is None:
+            await self.reopen("")
+            return 0, 0
         try:
             msgs = await self._psub.fetch(64, timeout=1)
         except (asyncio.TimeoutError, NatsTimeoutError):
+            self._quiet += 1
+            if self._quiet >= self.QUIET_CHECK:
+                self._quiet = 0
+                if not await self._still_there():
+                    await self.reopen("no answer")
             return 0, 0
         except Exception as exc:  # the consumer is gone (server restarted) or the server is away
-            log.info("results consumer lost (%r): opening it again", exc)
-            await asyncio.sleep(0.5)
-            await self.close()
-            try:
-                await self.open()
-            except Exception as again:
-                log.debug("results consumer: %r", again)
+            await self.reopen(repr(exc))
             return 0, 0
+        self._quiet = 0
         fresh = tokens = 0
         for msg in msgs:
+            try:
+                self._last = max(self._last, msg.metadata.sequence.stream)
+            except Exception:
+                pass
             try:
                 result = decode_as(msg.data, JobResult)
             except ProtocolError:

@@ -66,15 +66,71 @@ class BatchInfo:
 
 
 async def open_work(js: JetStreamContext, stream: str, durable: str, subject: str, settings: JobSettings):
-    """The stage's durable pull consumer, created or brought to ``settings``, and a subscription on it."""
+    """The stage's durable pull consumer, created or brought to ``settings``, and a subscription on it.
+    The consumer keeps as many copies as its stream, and follows it when the stream is raised to more
+    (the server moves it once the stream's new peers have settled, some seconds)."""
     from nats.js.errors import BadRequestError
 
-    config = work_consumer(durable, subject, settings)
     try:
-        await js.add_consumer(stream, config)  # creates it, or updates ack_wait / max_deliver
+        await js.add_consumer(stream, work_consumer(durable, subject, settings))  # creates it, or updates it
     except BadRequestError as exc:
         log.warning("consumer %s kept its settings: %s", durable, exc.description)
     return await js.pull_subscribe_bind(durable=durable, stream=stream)
+
+
+class WorkQueue:
+    """A stage's durable consumer and its pull subscription, made again and bound again when the
+    server has lost the consumer (deleted, or kept on a node that is gone). Whether it is there is
+    asked after a failed fetch, and every ``check_every`` quiet fetches (an idle stage's half
+    seconds)."""
+
+    def __init__(self, js: JetStreamContext, stream: str, durable: str, subject: str, settings: JobSettings,
+                 check_every: int = 20) -> None:
+        self._js, self._stream, self._durable, self._subject, self._settings = js, stream, durable, subject, settings
+        self._check_every = check_every
+        self._quiet = 0
+        self.psub = None
+
+    async def open(self) -> None:
+        self.psub = await open_work(self._js, self._stream, self._durable, self._subject, self._settings)
+
+    async def fetch(self) -> list:
+        """Up to one message (see ``fetch_one``)."""
+        msgs, failed = await _fetch(self.psub)
+        if msgs:
+            self._quiet = 0
+            return msgs
+        self._quiet += 1
+        if failed or self._quiet >= self._check_every:
+            self._quiet = 0
+            await self._rebind_if_lost()
+        return msgs
+
+    async def _rebind_if_lost(self) -> None:
+        from nats.js.errors import NotFoundError
+
+        try:
+            await self._js.consumer_info(self._stream, self._durable)
+            return
+        except NotFoundError:
+            pass
+        except Exception as exc:  # the server is away, or between leaders: the next check asks again
+            log.debug("consumer %s: %r", self._durable, exc)
+            return
+        log.warning("consumer %s on %s was lost: making it again", self._durable, self._stream)
+        old = self.psub
+        try:
+            await self.open()
+        except Exception as exc:
+            log.warning("consumer %s not made again yet: %r", self._durable, exc)
+            return
+        await close_pull(old)
+
+    async def hand_back_pending(self) -> int:
+        return await hand_back_pending(self.psub)
+
+    async def close(self) -> None:
+        await close_pull(self.psub)
 
 
 async def join_work(
@@ -83,28 +139,34 @@ async def join_work(
 ):
     """A stage's place in the bulk pipeline: the streams and job bucket (created if missing), its
     durable consumer on ``stream`` ("jobs" or "bulk"), and its dead letters, with the server's
-    max-deliveries advisories watched. Returns (jetstream, bucket, subscription, dead letters)."""
+    max-deliveries advisories watched. Returns (jetstream, bucket, work queue, dead letters)."""
     js = nc.jetstream()
     kv = await ensure_streams(js, subjects, settings.retention)
     name = stream_names(subjects)[stream]
-    psub = await open_work(js, name, durable, subject, settings)
+    work = WorkQueue(js, name, durable, subject, settings)
+    await work.open()
     dead = DeadLetters(nc, js, kv, subjects, stage)
     await dead.watch(name, durable, describe)
-    return js, kv, psub, dead
+    return js, kv, work, dead
 
 
 async def fetch_one(psub) -> list:
     """Up to one message from a pull subscription, waiting half a second; [] when none (or reconnecting)."""
+    return (await _fetch(psub))[0]
+
+
+async def _fetch(psub) -> tuple[list, bool]:
+    """(up to one message, whether the fetch failed otherwise than by finding none)."""
     from nats.errors import TimeoutError as NatsTimeoutError
 
     try:
-        return await psub.fetch(1, timeout=0.5)
+        return await psub.fetch(1, timeout=0.5), False
     except (asyncio.TimeoutError, NatsTimeoutError):
-        return []
-    except Exception as exc:  # reconnecting: try again shortly
-        log.debug("fetch: %s", exc)
+        return [], False
+    except Exception as exc:  # reconnecting, or the consumer is gone: try again shortly
+        log.debug("fetch: %r", exc)
         await asyncio.sleep(0.5)
-        return []
+        return [], True
 
 
 async def close_pull(psub) -> None:

@@ -230,7 +230,9 @@ RETENTION_ENV = {
     "results_max_bytes": "EMBEDFLEET_RESULTS_MAX_BYTES",
     "job_ttl": "EMBEDFLEET_JOB_TTL",
     "job_history": "EMBEDFLEET_JOB_HISTORY",
+    "replicas": "EMBEDFLEET_STREAM_REPLICAS",
 }
+MAX_REPLICAS = 5  # JetStream's limit on a stream's replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,12 +241,15 @@ class Retention:
     process creates or meets them: a job's results for ``results_max_age`` seconds, or until the stream
     holds ``results_max_bytes`` (the oldest go first); a job's record for ``job_ttl`` seconds after its
     last change, ``job_history`` revisions of it. 0: no such limit. None: as the stream or bucket has
-    it (the module's defaults when it is created), so a process given no retention changes none."""
+    it (the module's defaults when it is created), so a process given no retention changes none.
+    ``replicas``: copies of every stream and the bucket kept by a clustered NATS; None: 3 where the
+    cluster can place them, else 1, and an existing stream is raised to that, never lowered."""
 
     results_max_age: float | None = None
     results_max_bytes: int | None = None
     job_ttl: float | None = None
     job_history: int | None = None
+    replicas: int | None = None
 
     def __post_init__(self) -> None:
         for flag, seconds in (("--results-max-age", self.results_max_age), ("--job-ttl", self.job_ttl)):
@@ -255,6 +260,8 @@ class Retention:
             raise ConfigError(f"--results-max-bytes {self.results_max_bytes}: give 0 (no size limit) or a byte count")
         if self.job_history is not None and not 1 <= self.job_history <= MAX_JOB_HISTORY:
             raise ConfigError(f"--job-history {self.job_history}: must be in 1..{MAX_JOB_HISTORY}")
+        if self.replicas is not None and not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ConfigError(f"--stream-replicas {self.replicas}: must be in 1..{MAX_REPLICAS}")
 
     def environment(self) -> dict[str, str]:
         """The variables that give a child process these settings (the ones set)."""
@@ -275,11 +282,15 @@ def add_retention_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--job-history", RETENTION_ENV["job_history"], None,
                f"revisions kept of each job's record, 1..{MAX_JOB_HISTORY}; unset: as the bucket has it (1 when created)",
                positive_int)
+    add_option(parser, "--stream-replicas", RETENTION_ENV["replicas"], None,
+               f"copies a clustered NATS keeps of each job stream and of the job bucket, 1..{MAX_REPLICAS}; unset: 3 "
+               "where the cluster can place them, else 1 (an existing stream is raised to that, never lowered)",
+               positive_int)
 
 
 def retention(ns: argparse.Namespace) -> Retention:
     return Retention(results_max_age=ns.results_max_age, results_max_bytes=ns.results_max_bytes, job_ttl=ns.job_ttl,
-                     job_history=ns.job_history)
+                     job_history=ns.job_history, replicas=ns.stream_replicas)
 
 
 @dataclass(frozen=True, slots=True)

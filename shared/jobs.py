@@ -17,10 +17,10 @@ import re
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from shared.config import JOB_TTL, RESULTS_MAX_AGE, JobSettings, Retention
+from shared.config import JOB_TTL, RESULTS_MAX_AGE, ConfigError, JobSettings, Retention
 from shared.progress import Rows, account
 from shared.subjects import Subjects
 
@@ -48,7 +48,11 @@ def bucket_stream(subjects: Subjects) -> str:
 
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Retention = Retention()) -> KeyValue:
     """Create the four streams and the bucket, or bring existing ones to this config; the limits
-    ``retention`` leaves unset stay as an existing stream or bucket has them. Returns the bucket."""
+    ``retention`` leaves unset stay as an existing stream or bucket has them. Returns the bucket.
+
+    Replicas: ``retention.replicas`` copies, exactly; unset, ``AUTO_REPLICAS`` on a clustered server
+    (1 where the cluster cannot place that many, said in the log) and an existing stream raised to
+    that, never lowered (an operator may have set more)."""
     names = stream_names(subjects)
     p = subjects.prefix
     results = await _stream_config(js, names["results"])
@@ -65,31 +69,109 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
         StreamConfig(name=names["dead"], subjects=[f"{p}.v1.dead.>"], retention=RetentionPolicy.LIMITS,
                      storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=DEAD_MAX_AGE),
     ]
+    placement = Placement(js, retention.replicas)
     for config in configs:
+        current = results if config.name == names["results"] else await _stream_config(js, config.name)
+        await placement.put(config, current)
+    return await _ensure_bucket(js, names["kv"], retention, placement)
+
+
+AUTO_REPLICAS = 3  # a majority survives one node's loss
+# JetStream's answers that a stream's copies cannot be placed: no suitable peers, not enough
+# resources, a server that is not clustered
+_PLACEMENT_ERRORS = {10005, 10023, 10074}
+
+
+def clustered(js: JetStreamContext) -> bool:
+    """Whether the server this client is connected to is one node of a cluster (its INFO names one)."""
+    info = getattr(js._nc, "_server_info", None) or {}  # nats-py keeps the server's INFO here
+    return bool(info.get("cluster"))
+
+
+class Placement:
+    """The replicas streams get, settled stream by stream: ``wanted`` (an option; None: automatic) and
+    what the server accepts. Automatic replicas that the cluster cannot place fall back to one copy,
+    said once in the log; wanted ones that it cannot place are a ConfigError."""
+
+    def __init__(self, js: JetStreamContext, wanted: int | None) -> None:
+        self._js = js
+        self.wanted = wanted
+        self.replicas = wanted or (AUTO_REPLICAS if clustered(js) else 1)
+
+    def target(self, current: int | None) -> int:
+        """The copies a stream having ``current`` (None: a new one) should have."""
+        if current is None or self.wanted is not None:
+            return self.replicas
+        return max(self.replicas, current)  # automatic: never lowered
+
+    async def put(self, config: StreamConfig, current: StreamConfig | None) -> None:
+        """Create the stream ``config`` describes, or update it, with the replicas it should have."""
+        if current is None:
+            try:
+                await self.create(config.name, lambda n: self._js.add_stream(config.evolve(num_replicas=n)))
+                return
+            except BadRequestError as exc:
+                if exc.err_code != 10058:  # 10058: created meanwhile by another process, with another config
+                    raise
+                current = await _stream_config(self._js, config.name)
         try:
-            await js.add_stream(config)
-        except BadRequestError:
+            await self._js.add_stream(config.evolve(num_replicas=self.target(current.num_replicas)))
+        except BadRequestError:  # there, with other settings (10058)
             log.info("stream %s exists with other settings: updating it to these", config.name)
-            await js.update_stream(config)
-    return await _ensure_bucket(js, names["kv"], retention)
+            await self.update(config.name, current.num_replicas,
+                              lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
+
+    async def create(self, name: str, make):
+        """``make(replicas)``: a new stream; with one copy when automatic replicas cannot be placed."""
+        try:
+            return await make(self.replicas)
+        except APIError as exc:
+            if exc.err_code not in _PLACEMENT_ERRORS or self.replicas == 1:
+                raise
+            if self.wanted is not None:
+                raise ConfigError(f"--stream-replicas {self.wanted}: NATS cannot place {self.wanted} copies of "
+                                  f"{name}: {exc.description}") from None
+            log.warning("%s: NATS cannot place %d copies (%s): one copy, which a lost node takes with it",
+                        name, self.replicas, exc.description)
+            self.replicas = 1
+            return await make(1)
+
+    async def update(self, name: str, current: int, change):
+        """``change(replicas)``: an existing stream updated; its replicas kept, and said so, when the
+        server refuses to change them."""
+        target = self.target(current)
+        if target != current:
+            log.info("%s: %d copies (was %d)", name, target, current)
+        try:
+            return await change(target)
+        except APIError as exc:
+            if target == current:
+                raise
+            log.warning("%s keeps %d copies: NATS refused %d (%s)", name, current, target, exc.description)
+            return await change(current)
 
 
-async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention) -> KeyValue:
-    """The job bucket, created with ``retention``'s limits or brought to those it sets."""
+async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention, placement: Placement) -> KeyValue:
+    """The job bucket, created with ``retention``'s limits or brought to those it sets, with the
+    replicas ``placement`` settled."""
     stream = f"KV_{bucket}"
     current = await _stream_config(js, stream)
     ttl = _chosen(retention.job_ttl, current and current.max_age, JOB_TTL)
     history = _chosen(retention.job_history, current and current.max_msgs_per_subject, 1)
     if current is None:
         try:
-            return await js.create_key_value(bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE)
+            return await placement.create(stream, lambda n: js.create_key_value(
+                bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE, replicas=n))
         except BadRequestError:  # created meanwhile by another process, with other limits
             current = await _stream_config(js, stream)
-    if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history:
+    replicas = placement.target(current.num_replicas)
+    if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history or \
+            replicas != current.num_replicas:
         log.info("bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)", bucket, ttl, history,
                  current.max_age or 0, current.max_msgs_per_subject)
-        await js.update_stream(current.evolve(max_age=ttl, max_msgs_per_subject=history,
-                                              duplicate_window=_window(current.duplicate_window, ttl)))
+        await placement.update(stream, current.num_replicas, lambda n: js.update_stream(current.evolve(
+            max_age=ttl, max_msgs_per_subject=history, duplicate_window=_window(current.duplicate_window, ttl),
+            num_replicas=n)))
     return await js.key_value(bucket)
 
 
@@ -136,9 +218,11 @@ def _window(window: float | None, max_age: float) -> float:
 
 
 def work_consumer(durable: str, subject: str, settings: JobSettings) -> ConsumerConfig:
+    """A stage's durable consumer, with as many copies of its state as its stream has (replicas 0:
+    the stream's, now and after it is raised)."""
     return ConsumerConfig(
         name=durable, durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=settings.ack_wait, max_deliver=settings.max_deliver,
+        ack_wait=settings.ack_wait, max_deliver=settings.max_deliver, num_replicas=0,
     )
 
 

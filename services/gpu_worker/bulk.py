@@ -24,7 +24,7 @@ from typing import Callable
 from nats.aio.client import Client
 
 from shared.bulkwork import (
-    BatchInfo, Cancellations, Heartbeats, close_pull, deliveries, fetch_one, hand_back, hand_back_pending, join_work,
+    BatchInfo, Cancellations, Heartbeats, deliveries, hand_back, join_work,
     undecodable,
 )
 from shared.config import JobSettings
@@ -82,7 +82,7 @@ class BulkFeeder:
         self._crash_after_store = os.environ.get(CRASH_AFTER_STORE) == "1"
 
     async def start(self) -> None:
-        self._js, self._kv, self._psub, self._dead = await join_work(
+        self._js, self._kv, self._work, self._dead = await join_work(
             self._nc, self._subjects, "bulk", f"workers-{model_token(self._model)}", self._subjects.bulk(self._model),
             self._settings, "worker", describe,
         )
@@ -112,9 +112,9 @@ class BulkFeeder:
         last fetch handed back, no more beats."""
         while self._answers:
             await asyncio.gather(*list(self._answers), return_exceptions=True)
-        if await hand_back_pending(self._psub):
+        if await self._work.hand_back_pending():
             log.info("stopping: a bulk batch delivered after the last fetch handed back")
-        await close_pull(self._psub)
+        await self._work.close()
         await self._dead.stop()
         await self._beats.stop()
 
@@ -128,7 +128,7 @@ class BulkFeeder:
                 except asyncio.TimeoutError:
                     pass
                 continue
-            for msg in await fetch_one(self._psub):
+            for msg in await self._work.fetch():
                 try:
                     batch = decode_as(msg.data, TokenBatch)
                     if batch.job is None:

@@ -20,7 +20,7 @@ import time
 from nats.aio.client import Client
 
 from shared.bulkwork import (
-    BatchInfo, Cancellations, Heartbeats, close_pull, fetch_one, hand_back_pending, join_work, undecodable,
+    BatchInfo, Cancellations, Heartbeats, join_work, undecodable,
 )
 from shared.errors import ErrorCode, ServiceError
 from shared.jobs import publish_durably, stream_names
@@ -57,7 +57,7 @@ class BulkTokenizer:
 
     async def start(self) -> None:
         model = self._cfg.model.id
-        self._js, self._kv, self._psub, self._dead = await join_work(
+        self._js, self._kv, self._work, self._dead = await join_work(
             self._nc, self._subjects, "jobs", f"tokenizers-{model_token(model)}", self._subjects.jobs(model),
             self._cfg.jobs, "tokenizer", describe,
         )
@@ -70,9 +70,9 @@ class BulkTokenizer:
         if self._task is not None:
             await self._task  # the batch in hand is finished and acknowledged
             self._task = None
-        if await hand_back_pending(self._psub):
+        if await self._work.hand_back_pending():
             log.info("stopping: a job batch delivered after the last fetch handed back")
-        await close_pull(self._psub)
+        await self._work.close()
         await self._dead.stop()
         await self._beats.stop()
 
@@ -81,7 +81,7 @@ class BulkTokenizer:
             if await self._workers_behind():
                 await asyncio.sleep(0.05)
                 continue
-            for msg in await fetch_one(self._psub):
+            for msg in await self._work.fetch():
                 self._beats.hold(msg)
                 # the job's trace: the publisher's span is this one's parent, the workers' its children
                 span = self._tracer.start("tokenizer job batch", from_headers(msg.headers), "consumer")

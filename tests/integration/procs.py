@@ -76,7 +76,7 @@ def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "e
     (``nkey_seed``: as that user, where the server asks for credentials)."""
 
     async def ping() -> int:
-        nc = await nats.connect(nats_url, **({"nkeys_seed": nkey_seed} if nkey_seed else {}))
+        nc = await nats.connect(nats_url.split(","), **({"nkeys_seed": nkey_seed} if nkey_seed else {}))
         replies = []
         inbox = nc.new_inbox()
 
