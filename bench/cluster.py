@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -40,10 +40,9 @@ import nats
 
 from shared.jobs import bucket_stream, read_state, stream_names
 from shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
-from shared.protocol import JobResult, decode_as
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, count_services, healthy, stored_doc_ids, wait_until
 
 MODEL = "all-MiniLM-L6-v2"
 SUBJECTS = Subjects("embedfleet")
@@ -177,17 +176,24 @@ class ClusterFleet:
         prefer it)."""
         deadline = time.monotonic() + timeout
 
-        async def work(nc, js):
+        async def led_elsewhere(js) -> list[str]:
+            names = []
             for name in self.streams():
-                while (await js.stream_info(name)).cluster.leader != node:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{name} would not be led from {node}")
-                    try:
-                        await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}",
-                                         json.dumps({"placement": {"preferred": node}}).encode(), timeout=5)
-                    except Exception:
-                        pass
-                    await asyncio.sleep(0.5)
+                try:
+                    if (await js.stream_info(name)).cluster.leader != node:
+                        names.append(name)
+                except Exception:  # between leaders
+                    names.append(name)
+            return names
+
+        async def work(nc, js):
+            while others := await led_elsewhere(js):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{', '.join(others)} would not be led from {node}")
+                preferred = json.dumps({"placement": {"preferred": node}}).encode()
+                await asyncio.gather(*(nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", preferred, timeout=5)
+                                       for name in others), return_exceptions=True)
+                await asyncio.sleep(0.2)
 
         self._run(work)
 
@@ -210,20 +216,7 @@ class ClusterFleet:
 
     def stored(self, job: str) -> Counter:
         """How many times each document id is stored in the job's results."""
-        async def work(nc, js):
-            counts: Counter = Counter()
-            sub = await js.subscribe(SUBJECTS.results(job), ordered_consumer=True)
-            try:
-                while True:
-                    try:
-                        msg = await sub.next_msg(timeout=2)
-                    except Exception:
-                        return counts
-                    counts.update(decode_as(msg.data, JobResult).doc_ids)
-            finally:
-                await sub.unsubscribe()
-
-        return self._run(work)
+        return self._run(lambda nc, js: stored_doc_ids(js, SUBJECTS.results(job)))
 
     def reindex(self, docs: Path, out: Path, job: str) -> subprocess.Popen:
         return subprocess.Popen(

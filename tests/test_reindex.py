@@ -89,3 +89,51 @@ def test_a_read_only_folder_is_refused(tmp_path):
         assert f"cannot write in {folder}: Permission denied" in str(exc.value)
     finally:
         folder.chmod(0o700)
+
+
+def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_url):
+    """Its consumer gone (a restarted or lost node), the collector opens another that starts after
+    the last result it read: the results stored meanwhile are read, none twice."""
+    import asyncio
+    import uuid
+
+    import nats
+
+    from services.reindex import Collector
+    from shared.jobs import ensure_streams, stream_names
+    from shared.protocol import JobResult, encode
+    from shared.subjects import Subjects
+
+    subjects = Subjects(f"c{uuid.uuid4().hex[:8]}")
+
+    def result(batch: int) -> bytes:
+        rows = np.full((2, 4), batch, dtype="<f4")
+        return encode(JobResult("j", batch, 0, [f"d{batch}a", f"d{batch}b"], 4, "f4", rows.tobytes(), 3))
+
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        try:
+            await ensure_streams(js, subjects)
+            stream = stream_names(subjects)["results"]
+            for batch in range(3):
+                await js.publish(subjects.results("j"), result(batch))
+            collector = Collector(js, subjects.results("j"), stream)
+            await collector.open()
+            assert (await collector.poll())[0] == 6
+            await js.delete_consumer(stream, (await collector._psub.consumer_info()).name)
+            for batch in range(3, 5):
+                await js.publish(subjects.results("j"), result(batch))
+            fresh = 0
+            for _ in range(40):
+                fresh += (await collector.poll())[0]
+                if fresh >= 4:
+                    break
+            assert fresh == 4 and sorted(collector.got) == sorted(f"d{b}{r}" for b in range(5) for r in "ab")
+            assert (await collector._psub.consumer_info()).config.opt_start_seq == 4
+            assert collector.got["d4a"].tolist() == [4.0] * 4
+            await collector.close()
+        finally:
+            await nc.close()
+
+    asyncio.run(main())

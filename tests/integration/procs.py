@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -103,6 +104,26 @@ async def job_settled(kv, job: str, timeout: float = 30.0) -> dict:
         if state.get("status", "running") != "running" or time.monotonic() > deadline:
             return state
         await asyncio.sleep(0.1)
+
+
+async def stored_doc_ids(js, subject: str) -> Counter:
+    """How many times each document id is stored in a job's results (``subject``), read with an
+    ordered consumer up to the last one stored (or until two seconds pass without one)."""
+    from shared.protocol import JobResult, decode_as
+
+    counts: Counter = Counter()
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=2)
+            except Exception:
+                return counts
+            counts.update(decode_as(msg.data, JobResult).doc_ids)
+            if msg.metadata.num_pending == 0:
+                return counts
+    finally:
+        await sub.unsubscribe()
 
 
 def healthy(base_url: str) -> bool:

@@ -23,11 +23,11 @@ import pytest
 
 from shared.jobs import read_state, stream_names, submit
 from shared.nats_server import EmbeddedNats
-from shared.protocol import EmbedOptions, JobResult, decode_as
+from shared.protocol import EmbedOptions
 from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, wait_until
+from tests.integration.procs import Service, count_services, stored_doc_ids, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -110,18 +110,9 @@ def _stored_ids(url: str, job: str, subjects: Subjects = SUBJECTS) -> Counter:
 
     async def read() -> Counter:
         nc = await nats.connect(url)
-        js = nc.jetstream()
-        counts: Counter = Counter()
-        sub = await js.subscribe(subjects.results(job), ordered_consumer=True)
         try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=1)
-                except Exception:
-                    return counts
-                counts.update(decode_as(msg.data, JobResult).doc_ids)
+            return await stored_doc_ids(nc.jetstream(), subjects.results(job))
         finally:
-            await sub.unsubscribe()
             await nc.close()
 
     return asyncio.run(read())

@@ -223,3 +223,31 @@ def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url)
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_a_work_queue_makes_its_lost_consumer_again_and_takes_work_through_it(nats_url):
+    """The server lost the stage's durable consumer (deleted, or kept on a node that is gone): the
+    stage's work queue finds out, makes it again and binds to it, and the batches waiting are taken."""
+    from shared.bulkwork import WorkQueue
+
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
+            work = WorkQueue(js, stream, "w", subject, JobSettings(), check_every=2)
+            await work.open()
+            await js.delete_consumer(stream, "w")
+            await js.publish(subject, b"waiting", headers={"Nats-Msg-Id": "j:0:0"})
+            got = []
+            for _ in range(40):
+                got = await work.fetch()
+                if got:
+                    break
+            assert [m.data for m in got] == [b"waiting"]
+            await got[0].ack()
+            assert (await js.consumer_info(stream, "w")).config.filter_subject == subject
+            await work.close()
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
