@@ -93,6 +93,7 @@ class Probe:
 
 def longest_silence(replies: list[Reply], start: float, end: float) -> float:
     """The longest time in [start, end] with no request answered 200: the blip a client saw."""
+    end = min(end, max((r.sent + r.seconds for r in replies), default=start))  # no later than the last answer
     done = sorted(r.sent + r.seconds for r in replies if r.status == 200 and start <= r.sent + r.seconds <= end)
     marks = [start, *done, end]
     return max(b - a for a, b in zip(marks, marks[1:]))
@@ -148,7 +149,11 @@ class ClusterFleet:
 
     def _run(self, work):
         async def main():
-            nc = await nats.connect([n.url for n in self.live], connect_timeout=2, max_reconnect_attempts=1)
+            async def quiet(exc: Exception) -> None:  # a node going away mid-read: the caller reads again
+                pass
+
+            nc = await nats.connect([n.url for n in self.live], connect_timeout=2, max_reconnect_attempts=1,
+                                    error_cb=quiet)
             try:
                 return await work(nc, nc.jetstream(timeout=1.0))
             finally:
@@ -387,6 +392,38 @@ def quorum_loss(fleet: ClusterFleet, docs: Path, documents: int, job: str, pause
     return run
 
 
+def message_sizes(texts: list[str], batch: int = 64) -> dict[str, float]:
+    """Bytes per document of each message a job makes, encoded as the services encode them: job
+    batches of ``batch`` documents, token batches as the tokenizer packs them, results in three forms
+    of the model's 384 components."""
+    from services.tokenizer.encoder import TextEncoder, pack_chunks
+    from shared.model_dir import load_model_info
+    from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenBatch, encode
+
+    ids = [f"d{i}" for i in range(len(texts))]
+    job = sum(len(encode(JobBatch("job", i, MODEL, ids[i : i + batch], texts[i : i + batch], EmbedOptions())))
+              for i in range(0, len(texts), batch))
+    tokens = TextEncoder(load_model_info(None)).encode(texts, True)
+    packed = sum(len(encode(TokenBatch(
+        id="job.0", model=MODEL, start=c.start, total=len(texts), input_ids=c.input_ids, cu_seqlens=c.cu_seqlens,
+        deadline=time.time(), options=EmbedOptions(), job="job", batch=0, doc_ids=ids[c.start : c.start + len(c.cu_seqlens) - 1],
+        prompt_tokens=0))) for c in pack_chunks(tokens, 2048, 256))
+    out = {"text": sum(len(t.encode()) for t in texts) / len(texts), "tokens": sum(map(len, tokens)) / len(texts),
+           "job_batch": job / len(texts), "token_batch": packed / len(texts)}
+    for name, dtype, width in (("result_float32", "f4", 384 * 4), ("result_int8", "i1", 384), ("result_binary", "b1", 48)):
+        out[name] = len(encode(JobResult("job", 0, 0, ids[:16], 384, dtype, b"\0" * width * 16, 1000))) / 16
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def results_bytes(fleet: ClusterFleet, job: str) -> dict[str, float]:
+    """What the results stream holds on disk for ``job``, per document: payload and the store's framing."""
+    async def work(nc, js):
+        info = await js.stream_info(stream_names(SUBJECTS)["results"])
+        return info.state.bytes, info.state.messages
+
+    return dict(zip(("bytes", "messages"), fleet._run(work)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=1200)
@@ -394,11 +431,14 @@ def main() -> None:
     parser.add_argument("--out", default="docs/bench/cluster.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ClusterFleet(Path(tmp)) as fleet:
-        docs, _ = write_docs(Path(tmp), args.documents)
+        docs, texts = write_docs(Path(tmp), args.documents)
         clean_start = time.monotonic()
         clean = fleet.reindex(docs, Path(tmp) / "clean.npy", "clean")
         clean_rc = clean.wait(600)
         results = {"clean": {"exit": clean_rc, "job_seconds": round(time.monotonic() - clean_start, 2)}}
+        stored = results_bytes(fleet, "clean")  # the clean job is the only one in the stream yet
+        results["sizes_bytes_per_document"] = {**message_sizes(texts), "results_stream_float32": round(
+            stored["bytes"] / args.documents, 1), "results_messages": stored["messages"]}
         results["node_loss"] = node_loss(fleet, docs, args.documents, "node-loss").summary()
         results["node_loss_restart"] = node_loss(fleet, docs, args.documents, "node-restart", restart_after=2.0).summary()
         results["node_stop_restart"] = node_loss(fleet, docs, args.documents, "node-stop", restart_after=2.0,

@@ -26,6 +26,7 @@ from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
 
+PUBLISH_AHEAD = 1024  # job batches of a model that may wait for the tokenizers before a publisher waits
 DUPLICATE_WINDOW = 600.0  # seconds a message id is remembered: redeliveries inside it are dropped
 DEAD_MAX_AGE = 30 * 24 * 3600.0
 MAX_DEAD_RECORDS = 100  # dead batches listed in a job's state (all are counted, and kept in <P>_DEAD)
@@ -434,6 +435,8 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
 
     state = await update_state(kv, job, start)
     for i in range(state["published"], len(batches)):
+        if i % 8 == 0:
+            await _wait_for_room(js, subjects, model)
         if await _cancelled(kv, job):
             await update_state(kv, job, lambda s, n=i: s.update(published=max(s.get("published", 0), n)))
             raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
@@ -443,6 +446,27 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, lambda s, n=i + 1: s.update(published=max(s.get("published", 0), n)))
     return state
+
+
+async def _wait_for_room(js: JetStreamContext, subjects: Subjects, model: str) -> None:
+    """Until fewer than ``PUBLISH_AHEAD`` job batches of ``model`` wait for the tokenizers: the jobs
+    stream holds a window of a job, not all of it (a 100M-document job would be ~100 GB of text on
+    every node holding a copy). A server that does not answer holds the publisher here too."""
+    import asyncio
+
+    from nats.errors import Error as NatsError
+
+    subject = subjects.jobs(model)
+    while True:
+        try:
+            info = await js.stream_info(stream_names(subjects)["jobs"], subjects_filter=subject)
+            if (info.state.subjects or {}).get(subject, 0) < PUBLISH_AHEAD:
+                return
+        except (NatsError, asyncio.TimeoutError) as exc:
+            if not transient(exc):
+                raise
+            log.debug("jobs stream: %r", exc)
+        await asyncio.sleep(0.2)
 
 
 async def _cancelled(kv: KeyValue, job: str) -> bool:

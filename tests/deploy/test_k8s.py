@@ -141,6 +141,26 @@ def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, server
         assert conf.count("nats://nats-") == servers
 
 
+@pytest.mark.parametrize("path,servers", [("overlays/dev", 1), ("overlays/prod", 3)])
+def test_clients_know_every_nats_node_and_the_streams_survive_one_nodes_loss(path, servers):
+    from urllib.parse import urlsplit
+
+    from shared.config import NatsConfig
+
+    docs = render(path)
+    values = {k: v for d in docs if d["kind"] in ("ConfigMap", "Secret") and d["metadata"]["name"].startswith("embedfleet-")
+              for k, v in {**d.get("data", {}), **d.get("stringData", {})}.items()}
+    url = values["EMBEDFLEET_NATS_URL"]
+    NatsConfig(url=url, subjects=Subjects("embedfleet"))  # as the services read it
+    hosts = [urlsplit(u).hostname for u in url.split(",")]
+    assert hosts == [f"nats-{i}.nats-headless.embedfleet.svc.cluster.local" for i in range(servers)]
+    # three copies where three nodes run: a majority (two) survives one node's loss
+    assert int(values["EMBEDFLEET_STREAM_REPLICAS"]) == min(3, servers)
+    nats = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "nats")
+    (c,) = nats["spec"]["template"]["spec"]["containers"]
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"  # a restarted node serves once caught up
+
+
 @pytest.mark.parametrize("dockerfile", ["cpu.Dockerfile", "cuda.Dockerfile"])
 def test_dockerfiles_copy_real_files_and_run_as_non_root(dockerfile):
     text = (ROOT / "deploy" / "docker" / dockerfile).read_text()

@@ -55,6 +55,11 @@ class _RecordingJS:
     async def publish(self, subject: str, data: bytes, headers: dict) -> None:
         self.published.append(headers["Nats-Msg-Id"])
 
+    async def stream_info(self, name: str, subjects_filter: str):  # nothing waits for the tokenizers
+        from types import SimpleNamespace
+
+        return SimpleNamespace(state=SimpleNamespace(subjects={}))
+
 
 def test_submit_records_the_form_and_refuses_another():
     import json
@@ -115,3 +120,51 @@ def test_cancel_job_leaves_unknown_and_finished_jobs_alone():
     asyncio.run(update_state(kv, "run", lambda s: s.update(documents=9, done=3, status="running")))
     state = asyncio.run(cancel_job(kv, "run"))
     assert (state["status"], state["done"]) == ("cancelled", 3) and state["finished"] == state["cancelled"]
+
+
+def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monkeypatch):
+    """On a real nats-server: publishing stops while PUBLISH_AHEAD job batches of the model wait for
+    the tokenizers, and goes on as they take them."""
+    import uuid
+
+    import nats
+    import nats.errors
+
+    import shared.jobs
+    from shared.jobs import ensure_streams, read_state, stream_names
+
+    monkeypatch.setattr(shared.jobs, "PUBLISH_AHEAD", 16)
+    subjects = Subjects(f"w{uuid.uuid4().hex[:8]}")
+
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        try:
+            kv = await ensure_streams(js, subjects)
+            docs = [(f"d{i}", "text") for i in range(64)]
+            publisher = asyncio.create_task(submit(js, kv, subjects, "paced", "m", docs, 1, EmbedOptions(), "inline"))
+            stream, subject = stream_names(subjects)["jobs"], subjects.jobs("m")
+            for _ in range(100):  # until it stops
+                await asyncio.sleep(0.05)
+                waiting = (await js.stream_info(stream)).state.messages
+                if waiting >= 16:
+                    break
+            await asyncio.sleep(0.5)
+            waiting = (await js.stream_info(stream)).state.messages
+            assert 16 <= waiting < 16 + 8 and not publisher.done()  # checked every 8 batches
+            psub = await js.pull_subscribe(subject, "tokenizers", stream=stream)
+            taken, deadline = 0, asyncio.get_running_loop().time() + 30
+            while taken < 64 and asyncio.get_running_loop().time() < deadline:
+                try:
+                    msgs = await psub.fetch(8, timeout=1)
+                except (asyncio.TimeoutError, nats.errors.TimeoutError):
+                    continue
+                for msg in msgs:
+                    await msg.ack()
+                    taken += 1
+            await asyncio.wait_for(publisher, 10)
+            assert taken == 64 and (await read_state(kv, "paced"))["published"] == 64
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
