@@ -179,6 +179,10 @@ class BulkFeeder:
             await msg.ack()
         except Exception as exc:  # the server is away for long: the batch is delivered again later
             log.warning("bulk batch %s:%s left for another try: %r", batch.job, batch.batch, exc)
+            try:  # in a second, not after --ack-wait, where the server takes the hand-back (its result
+                await msg.nak(delay=1.0)  # may be stored already: then only its count is made again)
+            except Exception:
+                pass
         finally:
             self._beats.release(msg)
 
