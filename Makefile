@@ -7,13 +7,18 @@ TEST_STAMP := $(VENV)/.test-installed
 # CPU build of PyTorch when no NVIDIA GPU is present (the project's own requirement is a range)
 TORCH_CPU := torch==2.13.0
 
-.PHONY: run test install install-test clean
+.PHONY: run test test-fast install install-test clean
 
 run: $(RUN_STAMP)
 	$(BIN)/embedfleet up $(ARGS)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the unit lane, under a minute on two cores: no service processes, nothing marked slow, fewer fuzz examples
+test-fast: $(TEST_STAMP)
+	EMBEDFLEET_FUZZ_EXAMPLES=25 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not integration" --ignore=tests/integration \
+		-n auto -p no:cacheprovider $(PYTEST_ARGS)
 
 install: $(RUN_STAMP)
 install-test: $(TEST_STAMP)

@@ -6,8 +6,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.integration.procs import wait_until
+
+pytestmark = pytest.mark.slow
 
 
 def test_engine_benchmark_prints_ratios_and_roofline():

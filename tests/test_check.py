@@ -12,6 +12,8 @@ import pytest
 from services.check import check_folder
 from tests.tiny_models import FAMILIES, build
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):

@@ -30,6 +30,7 @@ def test_worker_options(monkeypatch):
     assert (ns.device, ns.dtype, ns.max_batch_tokens) == ("cpu", "float32", 4096)
 
 
+@pytest.mark.slow  # a process per case
 @pytest.mark.parametrize(
     "args, fragment",
     [

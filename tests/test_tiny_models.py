@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
 
 from sentence_transformers import CrossEncoder, SentenceTransformer  # noqa: E402

@@ -13,14 +13,16 @@ import functools
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from sentence_transformers import CrossEncoder
-from sentence_transformers.cross_encoder.modules import LogitScore
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM
 
 from tests.tiny_models import _FAMILIES, _randomize, _wordpiece
+
+if TYPE_CHECKING:
+    from sentence_transformers import CrossEncoder
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 # Qwen3-Reranker's prompt as a chat template (the form sentence-transformers' CrossEncoder renders pairs
@@ -107,6 +109,9 @@ def build_llm_reranker(
         tokenizer_config["chat_template"] = template
     (base / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     prompts = {"web": prompt} if prompt is not None else None
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
     ce = CrossEncoder(str(base), device="cpu", prompts=prompts, default_prompt_name="web" if prompts else None)
     if true_only:
         ce[1] = LogitScore(true_token_id=ce[1].true_token_id)
@@ -116,6 +121,8 @@ def build_llm_reranker(
 
 
 def reference(folder: Path) -> CrossEncoder:
+    from sentence_transformers import CrossEncoder
+
     return CrossEncoder(str(folder), device="cpu")
 
 

@@ -26,9 +26,6 @@ import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.base.modules import Dense, Normalize, Transformer
-from sentence_transformers.sentence_transformer.modules import Pooling
 from torch import nn
 from transformers import (
     AutoModel,
@@ -293,6 +290,8 @@ def hf_reference_logits(folder: Path, texts_or_pairs: Sequence[str | tuple[str, 
 
 def st_reference(folder: Path, texts: list[str], prompt_name: str | None = None) -> np.ndarray:
     """sentence-transformers' vectors for an embedder folder."""
+    from sentence_transformers import SentenceTransformer  # imported when used: it takes seconds
+
     model = SentenceTransformer(str(folder), device="cpu")
     return model.encode(texts, prompt_name=prompt_name, convert_to_numpy=True)
 
@@ -378,6 +377,10 @@ def _byte_level_bpe() -> str:
 
 def _write_sentence_transformer(spec: _Family, model: nn.Module, folder: Path) -> None:
     """Save the HF model through sentence-transformers with the family's Pooling / Dense / Normalize stack."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
     model.save_pretrained(folder, safe_serialization=True)
     hidden = model.config.hidden_size
     modules: list[nn.Module] = [Transformer(str(folder), max_seq_length=MAX_SEQ_LENGTH), Pooling(hidden, spec.pooling)]

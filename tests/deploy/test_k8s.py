@@ -15,6 +15,8 @@ from shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from shared.subjects import Subjects, model_token
 from tests.deploy.manifests import ROOT, render
 
+pytestmark = pytest.mark.slow
+
 KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/prod"]
 K8S_VERSION = "1.31.0"
 CRDS = {("keda.sh/v1alpha1", "ScaledObject")}  # not in the Kubernetes schemas: checked below by hand

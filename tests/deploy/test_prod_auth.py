@@ -14,6 +14,8 @@ import pytest
 from shared.nats_server import find_binary
 from tests.deploy.manifests import render
 
+pytestmark = pytest.mark.slow
+
 # the role whose user each command connects as (shared/permissions.py's roles)
 ROLE_OF = {"gateway": "gateway", "tokenizer": "tokenizer", "worker": "worker", "scorer": "scorer", "init": "operator"}
 

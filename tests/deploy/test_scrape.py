@@ -11,6 +11,8 @@ from tests.deploy import scrape
 from tests.deploy.manifests import pod_templates, render
 from tests.integration.prometheus_server import check_config
 
+pytestmark = pytest.mark.slow
+
 METRICS_PORT = "9100"  # deploy/k8s/base/config.yaml: EMBEDFLEET_METRICS_PORT
 
 

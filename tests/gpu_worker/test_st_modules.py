@@ -19,8 +19,24 @@ from services.gpu_worker.engine.pooling import POOLING_MODES, pool
 from services.gpu_worker.engine.st_modules import DenseStack, build_dense
 from tests.conftest import cosines
 
-st_modules = pytest.importorskip("sentence_transformers.sentence_transformer.modules")
-from sentence_transformers import SentenceTransformer  # noqa: E402
+
+class _Imported:
+    """A module imported on first use: sentence-transformers takes seconds to import, which every
+    collection of the suite would pay."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+
+        if attr.startswith("_"):  # pytest's collection looks for markers and __test__: not a reason to import
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+st_modules = _Imported("sentence_transformers.sentence_transformer.modules")
+st = _Imported("sentence_transformers")
 
 CPU = torch.device("cpu")
 TEXTS = [
@@ -48,9 +64,9 @@ def dense_layers():
     ]
 
 
-def _reference(transformer, dense_layers, mode: str, **kwargs) -> SentenceTransformer:
+def _reference(transformer, dense_layers, mode: str, **kwargs) :
     modules = [transformer, st_modules.Pooling(384, ST_MODES[mode]), *dense_layers, st_modules.Normalize()]
-    return SentenceTransformer(modules=modules, device="cpu", **kwargs)
+    return st.SentenceTransformer(modules=modules, device="cpu", **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +85,7 @@ def saved(tmp_path_factory, transformer, dense_layers) -> Path:
 def packed(transformer):
     """The reference's own token states for TEXTS: hidden [N, 384] packed, cu_seqlens [R + 1], input_ids [N],
     and the padded states [R, T, 384] with their attention mask [R, T]."""
-    reference = SentenceTransformer(modules=[transformer, st_modules.Pooling(384, "mean")], device="cpu")
+    reference = st.SentenceTransformer(modules=[transformer, st_modules.Pooling(384, "mean")], device="cpu")
     features = reference.preprocess(TEXTS)
     with torch.no_grad():
         tokens = transformer(dict(features))["token_embeddings"]  # [R, T, 384], right-padded
@@ -120,7 +136,7 @@ def test_pool_matches_sentence_transformers_pooling_before_dense(transformer, pa
     hidden, cu, input_ids, _, _ = packed
     batch = DeviceBatch(prepare(input_ids, cu, 0), CPU)
     for mode in POOLING_MODES:
-        reference = SentenceTransformer(modules=[transformer, st_modules.Pooling(384, ST_MODES[mode])], device="cpu")
+        reference = st.SentenceTransformer(modules=[transformer, st_modules.Pooling(384, ST_MODES[mode])], device="cpu")
         expected = reference.encode(TEXTS, convert_to_numpy=True)
         np.testing.assert_allclose(pool(hidden, batch, mode).numpy(), expected, atol=1e-5, err_msg=mode)
 
@@ -212,7 +228,7 @@ def test_include_prompt_false_skips_the_prompt_as_sentence_transformers_does(tra
 
     modules = [transformer, st_modules.Pooling(384, ST_MODES[mode], include_prompt=False), *dense_layers,
                st_modules.Normalize()]
-    reference = SentenceTransformer(modules=modules, device="cpu", prompts={"query": "represent the query: "})
+    reference = st.SentenceTransformer(modules=modules, device="cpu", prompts={"query": "represent the query: "})
     reference.save(str(tmp_path / "instructor"))
     info = load_model_info(str(tmp_path / "instructor"))
     assert info.include_prompt is False

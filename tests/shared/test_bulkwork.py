@@ -31,6 +31,7 @@ async def _fetch(psub, wait: float) -> list:
     return []
 
 
+@pytest.mark.slow  # waits out ack waits
 @pytest.mark.parametrize("beats", [True, False])
 def test_in_progress_beats_keep_a_held_batch_from_redelivery(nats_url, beats):
     async def main() -> None:
@@ -92,6 +93,7 @@ def test_give_up_records_a_dead_letter_and_counts_the_documents_once(nats_url):
     asyncio.run(main())
 
 
+@pytest.mark.slow  # waits out ack waits
 def test_max_deliveries_advisory_turns_a_batch_into_a_dead_letter(nats_url):
     """A batch whose holders die before acknowledging it is given up by the server; the watcher
     records it and takes it out of the work queue."""

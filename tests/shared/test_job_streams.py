@@ -90,6 +90,7 @@ def test_an_existing_stream_and_bucket_are_updated_in_place_and_unset_limits_sta
     _run(nats_url, body)
 
 
+@pytest.mark.slow  # waits out the age limits
 def test_results_and_records_expire_after_their_age(nats_url):
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects, Retention(results_max_age=1, job_ttl=1))
@@ -107,6 +108,7 @@ def test_results_and_records_expire_after_their_age(nats_url):
     _run(nats_url, body)
 
 
+@pytest.mark.slow  # waits out a duplicate window
 def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
     import shared.jobs
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import tracemalloc
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +35,8 @@ from shared.protocol import (
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
-    max_examples=250, deadline=timedelta(seconds=2),
+    # make test-fast draws fewer examples
+    max_examples=int(os.environ.get("EMBEDFLEET_FUZZ_EXAMPLES", "250")), deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

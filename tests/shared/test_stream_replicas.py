@@ -22,6 +22,8 @@ from shared.jobs import AUTO_REPLICAS, Placement, bucket_stream, ensure_streams,
 from shared.nats_server import NatsCluster
 from shared.subjects import Subjects
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cluster_url(tmp_path_factory) -> Iterator[str]:

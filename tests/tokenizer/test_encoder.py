@@ -117,6 +117,7 @@ def test_pack_chunks_carries_token_types():
     assert [c.token_types.tolist() for c in chunks] == [[0, 0, 1, 0, 1], [0, 0, 1, 1]]
 
 
+@pytest.mark.slow  # megabytes of text
 @pytest.mark.parametrize("direction", ["right", "left"])
 def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, direction):
     """Documents far over the limit are cut at a whitespace before tokenizing: the ids must equal
