@@ -104,6 +104,8 @@ class EmbedOptions:
     def from_wire(cls, m: Any) -> EmbedOptions:
         if not isinstance(m, dict):
             raise ProtocolError("options must be a map")
+        output = m.get("out", "dense")
+        sparse = output != "dense"  # the sparse settings mean nothing to dense vectors: read only with another output
         return cls(
             normalize=m.get("n"),
             dimensions=m.get("d"),
@@ -112,9 +114,9 @@ class EmbedOptions:
             truncation_direction=m.get("td", "right"),
             prompt_name=m.get("pn"),
             input_type=m.get("it"),
-            output=m.get("out", "dense"),
-            sparse_top_k=m.get("sk"),
-            sparse_threshold=m.get("sth"),
+            output=output,
+            sparse_top_k=m.get("sk") if sparse else None,
+            sparse_threshold=m.get("sth") if sparse else None,
         )
 
 

@@ -198,3 +198,14 @@ def test_a_huge_unknown_dtype_is_refused_without_being_echoed():
     assert len(str(refused.value)) <= 300 and "options.dtype" in str(refused.value)
     with pytest.raises(ProtocolError, match="sparse values are sent as f4 or f2, not 'i1'"):
         EmbedOptions(output="sparse", dtype="i1")
+
+
+def test_dense_options_ignore_sparse_settings_on_the_wire():
+    """Found by the mutation fuzzer: a dense request carrying sparse settings decoded them, and encoded
+    back without them (they mean nothing to dense vectors): now they are not read at all."""
+    from shared.protocol import EmbedOptions
+
+    options = EmbedOptions.from_wire({"dt": "f2", "sk": 5, "sth": 0.0})
+    assert options.output == "dense" and options.sparse_top_k is None and options.sparse_threshold is None
+    sparse = EmbedOptions.from_wire({"out": "sparse", "sk": 5, "sth": 0.5})
+    assert (sparse.sparse_top_k, sparse.sparse_threshold) == (5, 0.5)
