@@ -1,6 +1,6 @@
-"""The README and docs/ speak of this repository only: no path or link that leads out of it, every file or
-folder of it they name in backticks exists, every relative link leads to a file that exists, and every
-anchor to a heading there."""
+"""The README and docs/ speak of this repository only: no path or link that leads out of it, every
+file or folder of it they name in backticks exists, every relative link leads to a file that exists,
+and every anchor to a heading there."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def test_every_anchor_names_a_heading(page):
 def test_headings_give_github_anchors():
     text = ("# The `embedfleet` command\n## Bulk re-indexing (JetStream)\n"
             "```\n# a comment\n```\n### Limits, faults and errors")
-    assert headings(text) == {"the-embedfleet-command", "bulk-re-indexing-jetstream", "limits-faults-and-errors"}
+    assert headings(text) == {"the-embedfleet-command", "bulk-re-indexing-jetstream",
+                              "limits-faults-and-errors"}
 
 
 def test_links_are_read_as_a_reader_follows_them():
