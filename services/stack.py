@@ -32,9 +32,6 @@ from services.stack_plan import Child, children, default_model, served_models, w
 
 log = logging.getLogger("embedfleet.up")
 
-READY_TIMEOUT = 180.0  # seconds a worker may take to load its model on a slow CPU
-
-
 def run_stack(ns: argparse.Namespace) -> int:
     setup_logging(ns.log_level, "up", ns.log_format)
     trace = TracingConfig.from_namespace(ns)
@@ -67,7 +64,7 @@ def run_stack(ns: argparse.Namespace) -> int:
         replicas = _worker_replicas()
         with contextlib.closing(FreePorts(ns.metrics_host)) as ports:  # every service's metrics on a port of its own
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
-        if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop):
+        if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
         print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE), flush=True)
         restarts = Restarts(ns.restart_limit, ns.restart_window)
@@ -159,15 +156,17 @@ def _gateway_args(ns: argparse.Namespace, environ: Mapping[str, str] | None = No
     return arguments(ns, "gateway", ("gateway", "fleet", "metrics", "retention"), environ, skip)
 
 
-def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: str | None, stop: threading.Event) -> bool:
+def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: str | None, stop: threading.Event,
+           ready_timeout: float) -> bool:
     """Start the stack and wait until every process is ready and the gateway lists all of ``models``.
 
     A worker calibrates its batch budget at start-up by timing the device, so the workers start one
     at a time, each once every process started before it is ready: other processes starting beside
-    it would skew its timings (and workers calibrating at once would time each other).
+    it would skew its timings (and workers calibrating at once would time each other). Each worker
+    adds ``ready_timeout`` seconds to the time the whole stack may take.
     """
     workers = [c for c in plan if c.role == "worker"]
-    timeout = READY_TIMEOUT * len(workers)
+    timeout = ready_timeout * len(workers)
     deadline = time.monotonic() + timeout
     for child in plan:
         if child.role != "worker":

@@ -148,7 +148,7 @@ class Option:
 
     def table_row(self, commands: str) -> str:
         flag = "none: environment only" if self.secret else f"`{self.flag}`"
-        env = " or ".join(f"`{name}`" for name in self.env)
+        env = " or ".join(f"`{name}`" for name in self.env) or "none"
         default = ("required" if self.required else "none" if self.default is None else "off" if self.kind == "switch"
                    else "empty" if self.default == "" else f"`{self.default}`")
         meaning = self.help.replace("|", "\\|")

@@ -147,6 +147,9 @@ OPTIONS: tuple[Option, ...] = (
     # -- embedfleet up --------------------------------------------------------------------------
     _option("--data-dir", "EMBEDFLEET_DATA_DIR", ".embedfleet", "folder for the embedded nats-server's data and logs",
             {"up"}, "up"),
+    _option("--ready-timeout", "EMBEDFLEET_READY_TIMEOUT", 180.0,
+            "seconds each worker may take to load its model and calibrate (a slow CPU) before up gives up starting "
+            "the stack", {"up"}, "up", type=positive_float),
     _option("--restart-limit", "EMBEDFLEET_RESTART_LIMIT", 5,
             "deaths of one process within --restart-window after which up stops the stack instead of starting it "
             "again", {"up"}, "up", type=positive_int),
@@ -321,3 +324,7 @@ def markdown_table() -> str:
             commands = ", ".join(c for c in COMMANDS if c in o.commands)
         rows.append(o.table_row(commands))
     return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # the README's table, to paste between its options markers
+    print(markdown_table(), end="")

@@ -34,7 +34,7 @@ class GatewayConfig:
     discovery_interval: float = default("discovery_interval")  # seconds between fleet polls; 3 silent: dead
     retries: int = default("retries")  # attempts after the first for rows a dead process may have held
     discovery_wait: float = default("discovery_wait")  # seconds to gather ping replies
-    default_model: str | None = None  # None: the first model served, by id
+    default_model: str | None = default("default_model")  # None: the first model served, by id
     job_metrics_interval: float = default("job_metrics_interval")  # seconds between reads of the jobs' progress
     metrics: MetricsEndpoint = MetricsEndpoint()  # besides /metrics on the HTTP port
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on

@@ -27,7 +27,7 @@ class WorkerConfig:
     attention: str
     load_interval: float = default("load_interval")
     jobs: JobSettings = JobSettings()
-    bulk_batch_tokens: int | None = None
+    bulk_batch_tokens: int | None = default("bulk_batch_tokens")  # None: max_batch_tokens
     max_queued_tokens: int = default("max_queued_tokens")
     metrics: MetricsEndpoint = MetricsEndpoint()  # CPU replica processes: port + i each (replicas.py)
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on

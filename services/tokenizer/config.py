@@ -22,7 +22,7 @@ class TokenizerConfig:
     chunk_tokens: int
     chunk_seqs: int
     prompts: dict[str, str] | None = None
-    threads: int | None = None
+    threads: int | None = default("threads", "tokenizer")  # None: all cores
     routing: str = default("routing")
     bulk_ahead: int = default("bulk_ahead")
     jobs: JobSettings = JobSettings()
