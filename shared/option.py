@@ -2,7 +2,8 @@
 made from them (an argparse argument, the value a child process is given, a row of the README's table).
 
 A value comes from the flag, else from the first environment variable set (an empty one is unset),
-else from the default. A secret has no flag (``ps`` would show it): it is read from its variable only.
+else from the default. A secret has no flag (``ps`` would show it): it is read from its variable only,
+as is a setting of the machine rather than of the command (where nats-server is).
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class _Append(argparse.Action):
 @dataclass(frozen=True, slots=True)
 class Option:
     """``kind``: "value" (takes one value), "list" (repeatable; its variable holds the values comma
-    separated), "switch" (no value: on when given; no variable) or "secret" (a variable, no flag)."""
+    separated), "switch" (no value: on when given; no variable), "secret" (a variable, no flag) or
+    "variable" (a variable, no flag, not secret)."""
 
-    flag: str  # "--port"; a secret: its name, as the dest
+    flag: str  # "--port"; a variable without a flag: its name, as the dest
     env: tuple[str, ...]
     default: Any
     help: str
@@ -90,6 +92,10 @@ class Option:
     def secret(self) -> bool:
         return self.kind == "secret"
 
+    @property
+    def env_only(self) -> bool:
+        return self.kind in ("secret", "variable")
+
     def parse(self, raw: str, source: str) -> Any:
         """``raw`` as the option's value; ``source`` names where it came from in the error."""
         try:
@@ -107,19 +113,19 @@ class Option:
             if raw:
                 if self.kind == "list":
                     return [self.parse(item.strip(), f"${name}") for item in raw.split(",") if item.strip()] or None
-                return raw if self.secret else self.parse(raw, f"${name}")
+                return raw if self.env_only else self.parse(raw, f"${name}")
         return self.default
 
     def value(self, environ: Mapping[str, str]) -> Any:
         """The value a parser built under ``environ`` gives when the flag is not given (argparse parses
         a default given as text, as it would the flag's)."""
         default = self.from_env(environ)
-        return self.type(default) if isinstance(default, str) and not self.secret else default
+        return self.type(default) if isinstance(default, str) and not self.env_only else default
 
     def add_to(self, parser: argparse.ArgumentParser, environ: Mapping[str, str], suppress: bool = False) -> None:
         """Add the flag, its default taken from ``environ``; ``suppress``: a flag not given leaves the
         namespace as it is (an option accepted again after a sub-command)."""
-        if self.secret:
+        if self.env_only:
             return
         if self.kind == "switch":
             parser.add_argument(self.flag, action="store_true", help=self.help,
@@ -137,8 +143,8 @@ class Option:
 
     def arguments(self, value: Any, environ: Mapping[str, str]) -> list[str]:
         """The arguments that give a child process, started with ``environ``, this ``value``: none where
-        its environment gives it already (a secret never: it travels in the environment)."""
-        if self.secret or value is None or (self.kind != "switch" and value == self.value(environ)):
+        its environment gives it already (a variable without a flag never: it travels in the environment)."""
+        if self.env_only or value is None or (self.kind != "switch" and value == self.value(environ)):
             return []
         if self.kind == "switch":
             return [self.flag] if value else []
@@ -147,7 +153,7 @@ class Option:
         return [self.flag, str(value)]
 
     def table_row(self, commands: str) -> str:
-        flag = "none: environment only" if self.secret else f"`{self.flag}`"
+        flag = "none: environment only" if self.env_only else f"`{self.flag}`"
         env = " or ".join(f"`{name}`" for name in self.env) or "none"
         default = ("required" if self.required else "none" if self.default is None else "off" if self.kind == "switch"
                    else "empty" if self.default == "" else f"`{self.default}`")

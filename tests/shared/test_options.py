@@ -41,7 +41,7 @@ def test_every_declaration_has_a_command_and_a_known_group():
     for o in OPTIONS:
         assert o.commands and o.commands <= set(COMMANDS), o.flag
         assert o.help and not o.help.endswith(".")
-        assert o.secret == (not o.flag.startswith("--")), o.flag
+        assert o.env_only == (not o.flag.startswith("--")), o.flag
         assert all(re.fullmatch(r"(EMBEDFLEET_[A-Z0-9_]+|NATS_URL)", n) for n in o.env), o.flag
 
 
@@ -54,12 +54,12 @@ def test_each_commands_parser_is_made_from_its_declarations(monkeypatch):
     for command, sub in subs.items():
         flags = {s for a in sub._actions for s in a.option_strings if s not in ("-h", "--help")}
         again = declared("jobs") if command.startswith("jobs ") else []  # the options of jobs, after the action
-        assert flags == {o.flag for o in [*declared(command), *again] if not o.secret}, command
+        assert flags == {o.flag for o in [*declared(command), *again] if not o.env_only}, command
         if again:
             continue
         ns = sub.parse_args({"reindex": ["in.jsonl", "--out", "o.npy"], "check": ["m"], "auth": ["f"]}.get(command, []))
         for o in declared(command):
-            if not o.secret and o.dest != "out":
+            if not o.env_only and o.dest != "out":
                 assert getattr(ns, o.dest) == o.value({}), (command, o.flag)
 
 
