@@ -7,118 +7,59 @@ import os
 import sys
 
 from shared import __version__
-from shared.config import (
-    ConfigError,
-    add_common_arguments,
-    add_model_arguments,
-    add_option,
-    add_retention_arguments,
-    nats_config,
-    positive_float,
-    positive_int,
-    retention,
-)
-from shared import tracing
+from shared.config import ConfigError, nats_config, retention
 from shared.lifecycle import run_async, run_service
 from shared.logs import setup_logging
-from shared.quantize import EMBEDDING_TYPES
-from services import stack_plan
+from shared.options import add_options
 from services.gateway import config as gateway_config
 from services.gpu_worker import config as worker_config
 from services.scorer import config as scorer_config
 from services.tokenizer import config as tokenizer_config
 
+HELP = {
+    "up": "start the whole local stack, one model or several (embedded nats-server unless --nats is given)",
+    "gateway": "run the HTTP gateway",
+    "reindex": "embed a file of documents as a bulk job (JetStream), resumable",
+    "jobs": "list bulk jobs with their progress, rate and ETA, or act on one",
+    "check": "tell whether model folders will serve, and how (family, pooling, dims, backends)",
+    "auth": "write a nats-server authorization (an nkey user per role, each allowed only its own subjects) and each "
+            "role's seed file, then exit",
+    "init": "create the JetStream streams and the job bucket (idempotent), then exit",
+    "tokenizer": "run a tokenizer",
+    "worker": "run a worker (the engine; CUDA when present, else CPU)",
+    "scorer": "run a scorer (reranking)",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser, its options those ``shared.options`` declares for it."""
     parser = argparse.ArgumentParser(prog="embedfleet", description="Embedding and reranking serving over NATS.")
     parser.add_argument("--version", action="version", version=f"embedfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    up = sub.add_parser("up", help="start the whole local stack, one model or several (embedded nats-server unless --nats is given)")
-    add_common_arguments(up, nats_required=False)
-    stack_plan.add_arguments(up)
-    gateway_config.add_arguments(up)
-    add_option(up, "--data-dir", "EMBEDFLEET_DATA_DIR", ".embedfleet", "folder for the embedded nats-server's data and logs")
-
-    gw = sub.add_parser("gateway", help="run the HTTP gateway")
-    add_common_arguments(gw)
-    gateway_config.add_arguments(gw)
-
-    reindex = sub.add_parser("reindex", help="embed a file of documents as a bulk job (JetStream), resumable")
-    add_common_arguments(reindex)
-    reindex.add_argument("input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text) or text, one a line")
-    reindex.add_argument("--out", required=True,
-                         help="output: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector")
-    add_option(reindex, "--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id")
-    add_option(reindex, "--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", positive_int)
-    add_option(reindex, "--input-type", "EMBEDFLEET_INPUT_TYPE", None, "query or document (selects the model's prompt)")
-    add_option(reindex, "--embedding-type", "EMBEDFLEET_EMBEDDING_TYPE", "float",
-               "vector form written: float (float32), float16, int8, uint8, binary or ubinary (see the README)",
-               choices=tuple(EMBEDDING_TYPES))
-    add_option(reindex, "--output", "EMBEDFLEET_JOB_OUTPUT", "dense",
-               "what to write: dense vectors, sparse vectors (SPLADE, BGE-M3) or multivector (a vector per token); "
-               "sparse and multivector go to .npz", choices=("dense", "sparse", "multivector"))
-    reindex.add_argument("--job-id", default=None,
-                         help="job id (default: derived from the input, model and form, so a rerun resumes)")
-    add_option(reindex, "--stall-timeout", "EMBEDFLEET_STALL_TIMEOUT", 300.0, "give up after this many seconds without progress",
-               positive_float)
-    reindex.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_retention_arguments(reindex)
-
-    jobs = sub.add_parser("jobs", help="list bulk jobs with their progress, rate and ETA, or act on one")
-    add_common_arguments(jobs)
-    actions = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
-    purge = actions.add_parser("purge", help="remove a job's results, dead letters and record")
-    add_action_arguments(purge)
-    purge.add_argument("job", help="the job id")
-    purge.add_argument("--force", action="store_true", help="purge a job that has not finished too")
-    cancel = actions.add_parser("cancel", help="stop a job: nothing more of it is published or computed; what was "
-                                "stored stays until purged")
-    add_action_arguments(cancel)
-    cancel.add_argument("job", help="the job id")
-
-    check = sub.add_parser("check", help="tell whether model folders will serve, and how (family, pooling, dims, backends)")
-    check.add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
-    check.add_argument("--json", action="store_true", help="one JSON object per folder")
-
-    auth = sub.add_parser("auth", help="write a nats-server authorization (an nkey user per role, each allowed only "
-                          "its own subjects) and each role's seed file, then exit")
-    auth.add_argument("folder", help="where to write auth.conf (for the server) and <role>.nk (one per role)")
-    add_option(auth, "--subject-prefix", "EMBEDFLEET_SUBJECT_PREFIX", "embedfleet", "NATS subject prefix")
-    auth.add_argument("--force", action="store_true", help="replace the seeds already in the folder")
-
-    init = sub.add_parser("init", help="create the JetStream streams and the job bucket (idempotent), then exit")
-    add_common_arguments(init)
-    add_retention_arguments(init)
-
-    for name, module, text in (
-        ("tokenizer", tokenizer_config, "run a tokenizer"),
-        ("worker", worker_config, "run a worker (the engine; CUDA when present, else CPU)"),
-        ("scorer", scorer_config, "run a scorer (reranking)"),
-    ):
-        p = sub.add_parser(name, help=text)
-        add_common_arguments(p)
-        add_model_arguments(p)
-        module.add_arguments(p)
-        tracing.add_arguments(p)
-    for p in (up, gw, reindex):
-        tracing.add_arguments(p)
+    commands = {name: sub.add_parser(name, help=text) for name, text in HELP.items()}
+    commands["reindex"].add_argument(
+        "input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text) or text, one a line")
+    commands["check"].add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
+    commands["auth"].add_argument("folder", help="where to write auth.conf (for the server) and <role>.nk (one per role)")
+    for name, command in commands.items():
+        add_options(command, name)
+    actions = commands["jobs"].add_subparsers(dest="jobs_command", metavar="ACTION")
+    for name, text in (("purge", "remove a job's results, dead letters and record"),
+                       ("cancel", "stop a job: nothing more of it is published or computed; what was stored stays "
+                                  "until purged")):
+        action = actions.add_parser(name, help=text)
+        # the options of jobs again, after the action: one not given there keeps the value given
+        # before the action (or its default) instead of resetting it
+        add_options(action, "jobs", suppress=True)
+        action.add_argument("job", help="the job id")
+        add_options(action, f"jobs {name}")
     return parser
-
-
-def add_action_arguments(parser: argparse.ArgumentParser) -> None:
-    """The common options, accepted again after an action of ``jobs``: one not given there keeps the
-    value given before the action (or its default) instead of resetting it."""
-    add_common_arguments(parser)
-    for action in parser._actions:
-        if action.option_strings and action.dest != "help":
-            action.default = argparse.SUPPRESS
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         ns = build_parser().parse_args(argv)
-        _dispatch(ns, argv)
+        _dispatch(ns)
     except ConfigError as exc:
         print(f"embedfleet: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -126,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
-def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
+def _dispatch(ns: argparse.Namespace) -> None:
     command = ns.command
     if command == "check":
         from services.check import main as check
@@ -177,7 +118,7 @@ def _dispatch(ns: argparse.Namespace, argv: list[str] | None) -> None:
         # stays bounded and a query rarely pays a primitive's creation (~1 ms at 64 primitives).
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
         if cfg.replicas > 1 and is_cpu(cfg):
-            sys.exit(run_cpu_processes(cfg, sys.argv[1:] if argv is None else argv))
+            sys.exit(run_cpu_processes(cfg, ns))
         threads = replica_threads(cfg.replicas)
         # load weights (and calibrate) before taking work, on the thread that will run the engine
         engines = threads[0].submit(build_engines, cfg).result()

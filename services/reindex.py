@@ -28,6 +28,7 @@ import numpy as np
 
 from shared.bulkwork import close_pull
 from shared.config import ConfigError, NatsConfig, Retention, retention
+from shared.options import default
 from shared.documents import job_id_for, read_documents
 from shared.jobs import (
     CANCELLED, DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, bucket_stream, ensure_streams, form_conflict, has_state_key,
@@ -152,7 +153,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     bind(span.context, job)
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path),
                                            tracer))
-    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], options.dtype)
+    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], options.dtype, ns.results_check)
     await collector.open()
     failed, checked = 0, 0.0
     tokens, last_progress = 0, time.monotonic()
@@ -234,10 +235,12 @@ class Collector:
     Rows are kept as they came (``dtype``, a wire name: the job's form); a result of another dtype or
     of another dimension than the first result's cannot belong to this job's output and is refused."""
 
-    QUIET_CHECK = 5  # fetches in a row without a result before the consumer is asked whether it is there
-
-    def __init__(self, js, subject: str, stream: str, dtype: str = "f4") -> None:
+    def __init__(self, js, subject: str, stream: str, dtype: str = "f4",
+                 quiet_check: float = default("results_check")) -> None:
         self._js, self._subject, self._stream = js, subject, stream
+        self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
+        # fetches in a row without a result before the consumer is asked whether it is there
+        self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
         self._psub = None
         self._last = 0  # stream sequence of the last result read
         self._quiet = 0
@@ -290,10 +293,10 @@ class Collector:
             await self.reopen("")
             return 0, 0
         try:
-            msgs = await self._psub.fetch(64, timeout=1)
+            msgs = await self._psub.fetch(64, timeout=self._fetch_wait)
         except (asyncio.TimeoutError, NatsTimeoutError):
             self._quiet += 1
-            if self._quiet >= self.QUIET_CHECK:
+            if self._quiet >= self._quiet_check:
                 self._quiet = 0
                 if not await self._still_there():
                     await self.reopen("no answer")

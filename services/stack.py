@@ -18,20 +18,19 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Mapping
 
-from shared.config import child_environment, nats_security, retention
+from shared.config import ConfigError, child_environment, nats_security, retention
+from shared.options import arguments, declared, default, option
 from shared.logs import setup_logging
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo
 from shared.nats_server import TOKEN_FILE, EmbeddedNats
 from services.gateway.config import api_keys
 from services.gateway.models_api import model_kind
-from services.stack_plan import MODEL_ENV, Child, children, default_model, served_models, with_metrics
+from services.stack_plan import Child, children, default_model, served_models, with_metrics
 
 log = logging.getLogger("embedfleet.up")
-
-READY_TIMEOUT = 180.0  # seconds a worker may take to load its model on a slow CPU
-
 
 def run_stack(ns: argparse.Namespace) -> int:
     setup_logging(ns.log_level, "up", ns.log_format)
@@ -58,17 +57,17 @@ def run_stack(ns: argparse.Namespace) -> int:
     try:
         common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level,
                   "--log-format", ns.log_format, *trace.arguments()]
-        gateway = [*_gateway_args(ns, skip=("default_model",)), "--default-model", default.id]
-        plan = children(infos, common, gateway, ready_dir)
+        gateway = [*_gateway_args(ns, fleet.env, skip=("default_model",)), "--default-model", default.id]
+        plan = children(infos, common, gateway, ready_dir, {"scorer": arguments(ns, "scorer", ["fleet"], fleet.env)})
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
         base = f"http://{host}:{ns.port}"
         replicas = _worker_replicas()
         with contextlib.closing(FreePorts(ns.metrics_host)) as ports:  # every service's metrics on a port of its own
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
-        if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop):
+        if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
         print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE), flush=True)
-        restarts = Restarts()
+        restarts = Restarts(ns.restart_limit, ns.restart_window)
         while not stop.wait(0.5):
             if nats is not None and not nats.running:
                 if not restarts.allow("nats-server"):
@@ -96,7 +95,8 @@ class Fleet:
 
     def __init__(self, env: dict[str, str]) -> None:
         # the children take their model from their arguments, never from the variables `up` read
-        self._env = {k: v for k, v in env.items() if k not in (MODEL_ENV, "EMBEDFLEET_MODEL_NAME", "EMBEDFLEET_MODELS_FILE")}
+        models = {name for o in declared("up", ["model"]) for name in o.env}
+        self.env = {k: v for k, v in env.items() if k not in models}
         self._procs: dict[str, subprocess.Popen] = {}
         self._roles: dict[str, str] = {}
 
@@ -104,7 +104,7 @@ class Fleet:
         child.ready.unlink(missing_ok=True)  # a killed process leaves its file behind
         self._roles[child.name] = child.role
         self._procs[child.name] = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", child.role, *child.args], env=self._env
+            [sys.executable, "-m", "services.cli", child.role, *child.args], env=self.env
         )
 
     def started(self, child: Child) -> bool:
@@ -135,7 +135,7 @@ class Restarts:
     """A service that dies is started again, unless it died ``limit`` times within ``window`` seconds:
     then it cannot start (a bad option, a broken model, a port taken) and the stack stops."""
 
-    def __init__(self, limit: int = 5, window: float = 60.0) -> None:
+    def __init__(self, limit: int = default("restart_limit"), window: float = default("restart_window")) -> None:
         self._limit = limit
         self._window = window
         self._deaths: dict[str, list[float]] = {}
@@ -150,29 +150,23 @@ class Restarts:
         return True
 
 
-def _gateway_args(ns: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[str]:
-    """Every gateway option `up` was given (but those in ``skip``), passed on to the gateway process."""
-    from services.gateway import config as gateway_config
-
-    probe = argparse.ArgumentParser(add_help=False)
-    gateway_config.add_arguments(probe)
-    args: list[str] = []
-    for action in probe._actions:
-        value = getattr(ns, action.dest, None)
-        if action.option_strings and value is not None and action.dest not in skip:
-            args += [action.option_strings[0], str(value)]
-    return args
+def _gateway_args(ns: argparse.Namespace, environ: Mapping[str, str] | None = None, skip: tuple[str, ...] = ()) -> list[str]:
+    """The gateway's options `up` was given (but those in ``skip``), for a gateway process started with
+    ``environ`` (this process's by default): what that environment gives already is not repeated."""
+    return arguments(ns, "gateway", ("gateway", "fleet", "metrics", "retention"), environ, skip)
 
 
-def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: str | None, stop: threading.Event) -> bool:
+def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: str | None, stop: threading.Event,
+           ready_timeout: float) -> bool:
     """Start the stack and wait until every process is ready and the gateway lists all of ``models``.
 
     A worker calibrates its batch budget at start-up by timing the device, so the workers start one
     at a time, each once every process started before it is ready: other processes starting beside
-    it would skew its timings (and workers calibrating at once would time each other).
+    it would skew its timings (and workers calibrating at once would time each other). Each worker
+    adds ``ready_timeout`` seconds to the time the whole stack may take.
     """
     workers = [c for c in plan if c.role == "worker"]
-    timeout = READY_TIMEOUT * len(workers)
+    timeout = ready_timeout * len(workers)
     deadline = time.monotonic() + timeout
     for child in plan:
         if child.role != "worker":
@@ -241,8 +235,8 @@ class FreePorts:
 def _worker_replicas() -> int:
     """The replicas each worker runs (EMBEDFLEET_REPLICAS reaches the workers in their environment)."""
     try:
-        return max(1, int(os.environ.get("EMBEDFLEET_REPLICAS") or 1))
-    except ValueError:
+        return option("replicas").value(os.environ)
+    except ConfigError:
         return 1  # the worker refuses the value itself
 
 

@@ -8,32 +8,14 @@ gets a scorer too; one gateway stands in front of all of them.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from shared.config import ConfigError, add_option
+from shared.config import ConfigError
 from shared.metrics_server import MetricsEndpoint
 from shared.model_dir import ModelInfo, load_model_info, same_model
 from shared.subjects import model_token
-
-MODEL_ENV = "EMBEDFLEET_MODEL"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", action="append", default=None, metavar="[ID=]DIR",
-        help="a local Hugging Face / sentence-transformers model folder to serve, with the id clients use before '=' "
-        "(default id: the folder's name); repeat it to serve several models (env EMBEDFLEET_MODEL: one or more, "
-        "comma separated; default: the shipped all-MiniLM-L6-v2)",
-    )
-    add_option(parser, "--model-name", "EMBEDFLEET_MODEL_NAME", None,
-               "the id clients use for the one model served (default: the folder's name); with several, give --model ID=DIR")
-    add_option(parser, "--models-file", "EMBEDFLEET_MODELS_FILE", None,
-               "file naming models to serve, one a line as [ID=]DIR (relative folders from the file's own); "
-               "'#' starts a comment; served after those of --model")
-
 
 @dataclass(frozen=True, slots=True)
 class Child:
@@ -58,8 +40,7 @@ def split_entry(text: str) -> tuple[str | None, str]:
 
 
 def _entries(ns: argparse.Namespace) -> list[tuple[str | None, str]]:
-    given = ns.model if ns.model is not None else [e for e in os.environ.get(MODEL_ENV, "").split(",") if e.strip()]
-    entries = [split_entry(e) for e in given]
+    entries = [split_entry(e) for e in ns.model or ()]
     if ns.models_file:
         entries += read_models_file(Path(ns.models_file))
     return entries
@@ -118,13 +99,17 @@ def roles(info: ModelInfo) -> tuple[str, ...]:
     return ("tokenizer", "worker", "scorer") if ranks else ("tokenizer", "worker")
 
 
-def children(infos: list[ModelInfo], common: list[str], gateway: list[str], ready_dir: Path) -> list[Child]:
-    """Every process of the stack, the gateway last, each with its own ready file under ``ready_dir``."""
+def children(infos: list[ModelInfo], common: list[str], gateway: list[str], ready_dir: Path,
+             more: Mapping[str, list[str]] | None = None) -> list[Child]:
+    """Every process of the stack, the gateway last, each with its own ready file under ``ready_dir``;
+    ``more``: a role's arguments besides ``common``."""
+    more = more or {}
     plan = []
     for info in infos:
         for role in roles(info):
             ready = ready_dir / f"{role}-{model_token(info.id)}"
-            args = (*common, "--ready-file", str(ready), "--model", str(info.path), "--model-name", info.id)
+            args = (*common, "--ready-file", str(ready), "--model", str(info.path), "--model-name", info.id,
+                    *more.get(role, ()))
             plan.append(Child(f"{role}[{info.id}]", role, args, ready))
     ready = ready_dir / "gateway"
     plan.append(Child("gateway", "gateway", (*common, "--ready-file", str(ready), *gateway), ready))

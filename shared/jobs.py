@@ -20,7 +20,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from shared.config import JOB_TTL, RESULTS_MAX_AGE, ConfigError, JobSettings, Retention
+from shared.config import ConfigError, JobSettings, Retention
+from shared.options import JOB_TTL, RESULTS_MAX_AGE
 from shared.progress import Rows, account
 from shared.subjects import Subjects
 

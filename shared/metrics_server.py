@@ -16,32 +16,18 @@ from threading import Thread
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from shared.config import ConfigError, add_option
+from shared.config import ConfigError
+from shared.options import default
 
 log = logging.getLogger("embedfleet.metrics")
-
-
-def port_number(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise ValueError(text)
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--metrics-port", "EMBEDFLEET_METRICS_PORT", 0,
-               "port serving Prometheus metrics at /metrics; 0: none (the gateway serves them on its HTTP port "
-               "too; embedfleet up gives every service a free port and prints the URLs)", port_number)
-    add_option(parser, "--metrics-host", "EMBEDFLEET_METRICS_HOST", "127.0.0.1",
-               "address the metrics port listens on (0.0.0.0: every interface, for a Prometheus on another machine)")
 
 
 @dataclass(frozen=True, slots=True)
 class MetricsEndpoint:
     """Where a service serves its metrics; port 0: nowhere."""
 
-    port: int = 0
-    host: str = "127.0.0.1"
+    port: int = default("metrics_port")
+    host: str = default("metrics_host")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

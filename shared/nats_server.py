@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from shared.config import ConfigError
+from shared.options import option
 from shared.nats_auth import NatsAuth
 
 log = logging.getLogger("embedfleet.nats")
@@ -32,7 +33,7 @@ TOKEN_FILE = "token"  # beside the server's data: the token `embedfleet up` made
 
 def find_binary() -> str:
     """$EMBEDFLEET_NATS_SERVER, else the nats-server beside this Python (a venv's bin/), else $PATH."""
-    explicit = os.environ.get("EMBEDFLEET_NATS_SERVER")
+    explicit = option("nats_server").from_env(os.environ)
     if explicit:
         return explicit
     beside = Path(sys.executable).parent / "nats-server"

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from shared.config import ConfigError, add_option
+from shared.config import ConfigError
+from shared.options import default
 
 log = logging.getLogger("embedfleet.tracing")
 
@@ -122,19 +123,10 @@ def bind(context: TraceContext | None, request_id: str | None = None) -> None:
 
 # -- configuration ------------------------------------------------------------------------------
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--otlp-endpoint", "EMBEDFLEET_OTLP_ENDPOINT", None,
-               "OpenTelemetry collector to export spans to over OTLP/HTTP (http://HOST:4318; /v1/traces is added); "
-               "unset: no spans are recorded, the trace context is only passed on (needs embedfleet[tracing])")
-    add_option(parser, "--trace-sample-ratio", "EMBEDFLEET_TRACE_SAMPLE_RATIO", 1.0,
-               "share of the traces started here that are recorded, 0..1 (a request that brings a traceparent "
-               "follows its sampled flag)", float)
-
-
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
-    endpoint: str | None = None
-    sample_ratio: float = 1.0
+    endpoint: str | None = default("otlp_endpoint")
+    sample_ratio: float = default("trace_sample_ratio")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_ratio <= 1.0:
@@ -156,7 +148,7 @@ class TracingConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TracingConfig:
-        cfg = cls(getattr(ns, "otlp_endpoint", None), getattr(ns, "trace_sample_ratio", 1.0))
+        cfg = cls(getattr(ns, "otlp_endpoint", None), getattr(ns, "trace_sample_ratio", default("trace_sample_ratio")))
         if cfg.endpoint is not None:
             _sdk()  # fail at start, naming the extra, rather than at the first span
         return cfg

@@ -81,7 +81,8 @@ class Gateway:
             js = self.nc.jetstream()
             kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
             self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer)
-            self.metrics.jobs.start(js, kv, self.cfg.nats.subjects)  # consumer lag and job progress, refreshed apart
+            # consumer lag and job progress, refreshed apart
+            self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval)
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
         log.info("gateway on http://%s:%d (nats %s, default model: %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url,

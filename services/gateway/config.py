@@ -6,41 +6,14 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import (
-    ConfigError, NatsConfig, Retention, add_option, add_retention_arguments, nats_config, non_negative_int, positive_float,
-    positive_int, retention,
-)
-from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.config import ConfigError, NatsConfig, Retention, nats_config, retention
+from shared.metrics_server import MetricsEndpoint
+from shared.options import default
 from shared.tracing import TracingConfig
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--host", "EMBEDFLEET_HOST", "127.0.0.1", "address to listen on")
-    add_option(parser, "--port", "EMBEDFLEET_PORT", 8080, "HTTP port", int)
-    add_option(parser, "--request-timeout", "EMBEDFLEET_REQUEST_TIMEOUT", 30.0, "seconds a request may take", positive_float)
-    add_option(parser, "--retries", "EMBEDFLEET_RETRIES", 2,
-               "times the rows a dead tokenizer or worker held are sent again (embedding is idempotent)", non_negative_int)
-    add_option(parser, "--max-inputs", "EMBEDFLEET_MAX_INPUTS", 2048, "max inputs in one request", positive_int)
-    add_option(parser, "--max-input-chars", "EMBEDFLEET_MAX_INPUT_CHARS", 65536, "max characters in one input", positive_int)
-    add_option(parser, "--max-body-bytes", "EMBEDFLEET_MAX_BODY_BYTES", 8 << 20, "max request body size in bytes", positive_int)
-    add_option(parser, "--max-in-flight", "EMBEDFLEET_MAX_IN_FLIGHT", 512,
-               "requests handled at once; more are answered 429 at once", positive_int)
-    add_option(parser, "--api-keys", "EMBEDFLEET_API_KEYS", "", "accepted API keys (Bearer), comma separated; none: no auth")
-    add_option(parser, "--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line")
-    add_option(parser, "--key-requests-per-minute", "EMBEDFLEET_KEY_REQUESTS_PER_MINUTE", 0,
-               "requests each API key may make a minute (429 with Retry-After beyond); 0: no limit", non_negative_int)
-    add_option(parser, "--key-tokens-per-minute", "EMBEDFLEET_KEY_TOKENS_PER_MINUTE", 0,
-               "tokens each API key may have embedded a minute (429 with Retry-After beyond); 0: no limit",
-               non_negative_int)
-    add_option(parser, "--open-paths", "EMBEDFLEET_OPEN_PATHS", "/health,/metrics",
-               "paths served without an API key, comma separated")
-    add_option(parser, "--jobs-dir", "EMBEDFLEET_JOBS_DIR", None,
-               "folder whose files POST /v1/jobs may name as 'path' (default: none, server-side files are refused)")
-    add_option(parser, "--default-model", "EMBEDFLEET_DEFAULT_MODEL", None,
-               "the served model that requests naming none use (TEI routes); default: the first served id in order "
-               "(embedfleet up: its first --model)")
-    add_metrics_arguments(parser)
-    add_retention_arguments(parser)
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,17 +24,18 @@ class GatewayConfig:
     request_timeout: float
     max_inputs: int
     max_body_bytes: int
-    max_input_chars: int = 65536
-    max_in_flight: int = 512
-    api_keys: tuple[str, ...] = ()
-    key_requests_per_minute: int = 0  # per API key; 0: no limit
-    key_tokens_per_minute: int = 0
-    open_paths: tuple[str, ...] = ("/health", "/metrics")
+    max_input_chars: int = default("max_input_chars")
+    max_in_flight: int = default("max_in_flight")
+    api_keys: tuple[str, ...] = comma_list(default("api_keys"))  # none: no auth
+    key_requests_per_minute: int = default("key_requests_per_minute")  # per API key; 0: no limit
+    key_tokens_per_minute: int = default("key_tokens_per_minute")
+    open_paths: tuple[str, ...] = comma_list(default("open_paths"))  # served without an API key
     jobs_dir: Path | None = None
-    discovery_interval: float = 1.0  # seconds between fleet polls; a process silent for 3 is taken for dead
-    retries: int = 2  # attempts after the first for rows a dead process may have held
-    discovery_wait: float = 0.25  # seconds to gather ping replies
-    default_model: str | None = None  # None: the first model served, by id
+    discovery_interval: float = default("discovery_interval")  # seconds between fleet polls; 3 silent: dead
+    retries: int = default("retries")  # attempts after the first for rows a dead process may have held
+    discovery_wait: float = default("discovery_wait")  # seconds to gather ping replies
+    default_model: str | None = default("default_model")  # None: the first model served, by id
+    job_metrics_interval: float = default("job_metrics_interval")  # seconds between reads of the jobs' progress
     metrics: MetricsEndpoint = MetricsEndpoint()  # besides /metrics on the HTTP port
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
     retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
@@ -88,7 +62,10 @@ class GatewayConfig:
             api_keys=api_keys(ns),
             key_requests_per_minute=ns.key_requests_per_minute,
             key_tokens_per_minute=ns.key_tokens_per_minute,
-            open_paths=tuple(p.strip() for p in ns.open_paths.split(",") if p.strip()),
+            open_paths=comma_list(ns.open_paths),
+            discovery_interval=ns.discovery_interval,
+            discovery_wait=ns.discovery_wait,
+            job_metrics_interval=ns.job_metrics_interval,
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
             default_model=ns.default_model,
             metrics=MetricsEndpoint.from_namespace(ns),
@@ -99,7 +76,7 @@ class GatewayConfig:
 
 def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:
     """The keys of --api-keys and --api-keys-file (``embedfleet up`` sends one on its readiness checks)."""
-    keys = [k.strip() for k in ns.api_keys.split(",") if k.strip()]
+    keys = list(comma_list(ns.api_keys))
     if ns.api_keys_file:
         path = Path(ns.api_keys_file)
         try:

@@ -1,6 +1,6 @@
 """Bulk-job health on the gateway's metrics: each stage's JetStream consumer lag and each job's progress.
 
-Read from NATS in the background every ``REFRESH_SECONDS`` (never while a request or a scrape waits):
+Read from NATS in the background every ``--job-metrics-interval`` seconds (never while a request or a scrape waits):
 the consumers of the jobs stream (the tokenizers', one per model) and of the bulk stream (the
 workers'), and the job states in the job bucket. A finished job's state no longer changes, so it is
 read once; its gauges stay ``KEEP_FINISHED`` seconds after it finished, so its last values are scraped.
@@ -21,7 +21,6 @@ from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.metrics")
 
-REFRESH_SECONDS = 5.0
 KEEP_FINISHED = 300.0
 FINISHED = ("done", "done_with_errors")
 STAGES = {"jobs": "tokenizer", "bulk": "worker"}  # stream (shared/jobs.py) -> the stage consuming it
@@ -48,7 +47,7 @@ class JobMetrics:
         self._finished: dict[str, dict] = {}  # job -> its final state
         self._task: asyncio.Task | None = None
 
-    def start(self, js, kv, subjects: Subjects, interval: float = REFRESH_SECONDS) -> None:
+    def start(self, js, kv, subjects: Subjects, interval: float) -> None:
         self._task = asyncio.create_task(self._run(js, kv, subjects, interval), name="job-metrics")
 
     async def stop(self) -> None:

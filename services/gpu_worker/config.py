@@ -6,45 +6,11 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from shared.config import (
-    ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_float,
-    positive_int,
-)
-from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
+from shared.metrics_server import MetricsEndpoint
+from shared.options import default
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo, load_model_info
-
-
-def budget(text: str) -> int | None:
-    """'auto' (calibrate at start-up) or a positive number of tokens."""
-    return None if text == "auto" else positive_int(text)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--device", "EMBEDFLEET_DEVICE", "auto", "torch device: auto (CUDA when present), cpu, cuda, cuda:N")
-    add_option(parser, "--dtype", "EMBEDFLEET_DTYPE", None, "compute dtype (default: float32 on CPU, float16 on CUDA)",
-               choices=("float32", "float16", "bfloat16"))
-    add_option(parser, "--max-batch-tokens", "EMBEDFLEET_MAX_BATCH_TOKENS", "auto",
-               "token budget of one engine batch; 'auto' calibrates it at start-up", budget)
-    add_option(parser, "--bulk-batch-tokens", "EMBEDFLEET_BULK_BATCH_TOKENS", None,
-               "token budget of engine batches of bulk-job work (default: the token budget); smaller bounds how long "
-               "an online request waits behind bulk work on a slow device", positive_int)
-    add_option(parser, "--max-batch-seqs", "EMBEDFLEET_MAX_BATCH_SEQS", 256, "max sequences in one engine batch", positive_int)
-    add_option(parser, "--replicas", "EMBEDFLEET_REPLICAS", 1,
-               "engine replicas: on CUDA, replicas on the one GPU sharing weights; on CPU, processes sharing the cores",
-               positive_int)
-    add_option(parser, "--threads", "EMBEDFLEET_THREADS", None, "CPU threads per replica (default: all cores, split among replicas)",
-               positive_int)
-    add_option(parser, "--graphs", "EMBEDFLEET_GRAPHS", "auto", "CUDA graphs: auto (on with CUDA), on, off",
-               choices=("auto", "on", "off"))
-    add_option(parser, "--attention", "EMBEDFLEET_ATTENTION", "auto", "attention backend",
-               choices=("auto", "sdpa", "flashinfer"))
-    add_option(parser, "--max-queued-tokens", "EMBEDFLEET_MAX_QUEUED_TOKENS", 262144,
-               "online tokens waiting in this worker beyond which new batches are refused (overloaded: 429)", positive_int)
-    add_option(parser, "--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
-               "seconds between queue-depth reports to the tokenizers", positive_float)
-    add_job_arguments(parser)
-    add_metrics_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +25,10 @@ class WorkerConfig:
     threads: int | None
     graphs: bool | None  # None: on where CUDA and the attention backend allow
     attention: str
-    load_interval: float = 0.05
+    load_interval: float = default("load_interval")
     jobs: JobSettings = JobSettings()
-    bulk_batch_tokens: int | None = None
-    max_queued_tokens: int = 262144
+    bulk_batch_tokens: int | None = default("bulk_batch_tokens")  # None: max_batch_tokens
+    max_queued_tokens: int = default("max_queued_tokens")
     metrics: MetricsEndpoint = MetricsEndpoint()  # CPU replica processes: port + i each (replicas.py)
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import subprocess
@@ -10,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from shared.options import arguments
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.calibrate import calibrate
@@ -58,14 +60,16 @@ def build_engines(cfg: WorkerConfig) -> list[Engine]:
     return engines
 
 
-def run_cpu_processes(cfg: WorkerConfig, argv: list[str]) -> int:
-    """CPU replicas as processes sharing the cores: ``--replicas N`` starts N single-replica workers."""
+def run_cpu_processes(cfg: WorkerConfig, ns: argparse.Namespace) -> int:
+    """CPU replicas as processes sharing the cores: ``--replicas N`` starts N single-replica workers,
+    given the options of ``ns`` (the environment they inherit gives the rest)."""
     threads = cfg.cpu_threads()
-    # later flags win in argparse: each child is a single replica with its share of the cores, and
-    # its own metrics port (--metrics-port P: the i-th child serves on P + i)
+    # each child is a single replica with its share of the cores, and its own metrics port
+    # (--metrics-port P: the i-th child serves on P + i)
     children = [
-        subprocess.Popen([sys.executable, "-m", "services.cli", *argv, "--replicas", "1", "--threads", str(threads),
-                          *(["--metrics-port", str(cfg.metrics.port + i)] if cfg.metrics.enabled else [])])
+        subprocess.Popen([sys.executable, "-m", "services.cli", "worker", *arguments(
+            ns, "worker", replicas=1, threads=threads,
+            metrics_port=cfg.metrics.port + i if cfg.metrics.enabled else cfg.metrics.port)])
         for i in range(cfg.replicas)
     ]
     log.info("started %d CPU worker processes with %d threads each", len(children), threads)

@@ -5,17 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from shared.config import ConfigError, NatsConfig, add_option, nats_config, positive_int
-from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.config import ConfigError, NatsConfig, nats_config
+from shared.metrics_server import MetricsEndpoint
+from shared.options import default
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo, load_model_info
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--max-concurrency", "EMBEDFLEET_SCORER_CONCURRENCY", 64, "rerank requests handled at once", positive_int)
-    add_option(parser, "--split", "EMBEDFLEET_SCORER_SPLIT", 32,
-               "candidates per part: a rerank's parts are scored at once, spread over the workers", positive_int)
-    add_metrics_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +17,9 @@ class ScorerConfig:
     nats: NatsConfig
     model: ModelInfo
     max_concurrency: int
-    split: int = 32
+    split: int = default("split")
+    discovery_interval: float = default("discovery_interval")  # seconds between pings of the fleet
+    discovery_wait: float = default("discovery_wait")
     metrics: MetricsEndpoint = MetricsEndpoint()
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 
@@ -34,4 +30,5 @@ class ScorerConfig:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:
         return cls(nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name), max_concurrency=ns.max_concurrency,
-                   split=ns.split, metrics=MetricsEndpoint.from_namespace(ns), tracing=TracingConfig.from_namespace(ns))
+                   split=ns.split, discovery_interval=ns.discovery_interval, discovery_wait=ns.discovery_wait,
+                   metrics=MetricsEndpoint.from_namespace(ns), tracing=TracingConfig.from_namespace(ns))

@@ -8,27 +8,11 @@ from dataclasses import dataclass
 import json
 import os
 
-from shared.config import (
-    ConfigError, JobSettings, NatsConfig, add_job_arguments, add_option, job_settings, nats_config, positive_int,
-)
-from shared.metrics_server import MetricsEndpoint, add_arguments as add_metrics_arguments
+from shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
+from shared.metrics_server import MetricsEndpoint
+from shared.options import default
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo, load_model_info
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--chunk-tokens", "EMBEDFLEET_CHUNK_TOKENS", 8192, "max tokens per batch sent to a worker", positive_int)
-    add_option(parser, "--chunk-seqs", "EMBEDFLEET_CHUNK_SEQS", 256, "max sequences per batch sent to a worker", positive_int)
-    add_option(parser, "--prompts", "EMBEDFLEET_PROMPTS", "",
-               'prompts by input type, as JSON: {"query": "query: ", "document": "passage: "} (added to the model\'s own)')
-    add_option(parser, "--threads", "EMBEDFLEET_TOKENIZER_THREADS", None, "tokenizer threads (default: all cores)", positive_int)
-    add_option(parser, "--routing", "EMBEDFLEET_ROUTING", "load",
-               "load: each batch to the least-loaded live worker; queue: the workers' shared queue group",
-               choices=("load", "queue"))
-    add_option(parser, "--bulk-ahead", "EMBEDFLEET_BULK_AHEAD", 256,
-               "bulk token batches the tokenizers may queue ahead of the workers before they wait", positive_int)
-    add_job_arguments(parser)
-    add_metrics_arguments(parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +22,9 @@ class TokenizerConfig:
     chunk_tokens: int
     chunk_seqs: int
     prompts: dict[str, str] | None = None
-    threads: int | None = None
-    routing: str = "load"
-    bulk_ahead: int = 256
+    threads: int | None = default("threads", "tokenizer")  # None: all cores
+    routing: str = default("routing")
+    bulk_ahead: int = default("bulk_ahead")
     jobs: JobSettings = JobSettings()
     metrics: MetricsEndpoint = MetricsEndpoint()
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from services.cli import build_parser
 from shared.jobs import stream_names
 from shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
+from shared.options import COMMANDS, env_names
 from shared.subjects import Subjects, model_token
 from tests.deploy.manifests import ROOT, render
 
@@ -23,16 +23,8 @@ CRDS = {("keda.sh/v1alpha1", "ScaledObject")}  # not in the Kubernetes schemas: 
 
 
 def env_names_by_command() -> dict[str, set[str]]:
-    """Every environment variable each ``embedfleet`` command reads, from its options' help."""
-    parser = build_parser()
-    commands = next(a for a in parser._actions if a.dest == "command").choices
-    names = {}
-    for name, sub in commands.items():
-        found = set()
-        for action in sub._actions:
-            found.update(re.findall(r"\b(?:env|or) ([A-Z][A-Z0-9_]+)", action.help or ""))
-        names[name] = found
-    return names
+    """Every environment variable each ``embedfleet`` command reads, from the options' declarations."""
+    return {command: env_names(command) for command in COMMANDS}
 
 
 def containers(docs: list[dict]):
@@ -178,8 +170,7 @@ def test_dockerfiles_copy_real_files_and_run_as_non_root(dockerfile):
     assert command in env_names_by_command()
 
 
-def test_readme_table_lists_every_env_var():
-    readme = (ROOT / "README.md").read_text()
-    every = set().union(*env_names_by_command().values())
-    missing = sorted(n for n in every if f"`{n}`" not in readme)
-    assert not missing, f"README's option table lacks {missing}"
+def test_the_declared_commands_are_the_clis():
+    from services.cli import HELP
+
+    assert set(HELP) == {c for c in COMMANDS if " " not in c}

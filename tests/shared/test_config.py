@@ -2,33 +2,37 @@ import argparse
 
 import pytest
 
-from shared.config import ConfigError, add_common_arguments, add_option, nats_config, positive_int
+from shared.config import ConfigError, nats_config
+from shared.option import Option, positive_int
+from shared.options import add_options
 from shared.subjects import Subjects, model_token
 
+X = Option("--x", ("EMBEDFLEET_X",), 3, "x", frozenset({"test"}), "test", type=positive_int)
 
-def test_flag_beats_environment_beats_default(monkeypatch):
-    monkeypatch.setenv("EMBEDFLEET_X", "7")
+
+def _parser(monkeypatch_env: dict[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    add_option(parser, "--x", "EMBEDFLEET_X", 3, "x", positive_int)
-    assert parser.parse_args([]).x == 7
-    assert parser.parse_args(["--x", "9"]).x == 9
-    monkeypatch.delenv("EMBEDFLEET_X")
-    parser = argparse.ArgumentParser()
-    add_option(parser, "--x", "EMBEDFLEET_X", 3, "x", positive_int)
-    assert parser.parse_args([]).x == 3
+    X.add_to(parser, monkeypatch_env)
+    return parser
 
 
-def test_bad_environment_value_names_the_variable(monkeypatch):
-    monkeypatch.setenv("EMBEDFLEET_X", "-2")
-    with pytest.raises(ConfigError, match=r"\$EMBEDFLEET_X='-2'"):
-        add_option(argparse.ArgumentParser(), "--x", "EMBEDFLEET_X", 3, "x", positive_int)
+def test_flag_beats_environment_beats_default():
+    assert _parser({"EMBEDFLEET_X": "7"}).parse_args([]).x == 7
+    assert _parser({"EMBEDFLEET_X": "7"}).parse_args(["--x", "9"]).x == 9
+    assert _parser({}).parse_args([]).x == 3
+    assert _parser({"EMBEDFLEET_X": ""}).parse_args([]).x == 3
+
+
+def test_bad_environment_value_names_the_variable():
+    with pytest.raises(ConfigError, match=r"\$EMBEDFLEET_X='-2' is not a valid value for --x"):
+        _parser({"EMBEDFLEET_X": "-2"})
 
 
 def test_nats_url_from_environment(monkeypatch):
     monkeypatch.delenv("EMBEDFLEET_NATS_URL", raising=False)
     monkeypatch.setenv("NATS_URL", "nats://example:4333")
     parser = argparse.ArgumentParser()
-    add_common_arguments(parser)
+    add_options(parser, "gateway")
     ns = parser.parse_args([])
     assert nats_config(ns).url == "nats://example:4333"
     ns.nats = "example:4333"

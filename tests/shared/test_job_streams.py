@@ -12,7 +12,8 @@ import uuid
 import nats
 import pytest
 
-from shared.config import JOB_TTL, RESULTS_MAX_AGE, ConfigError, Retention
+from shared.config import ConfigError, Retention
+from shared.options import JOB_TTL, RESULTS_MAX_AGE
 from shared.jobs import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, read_state, stream_names, update_state
 from shared.subjects import Subjects
 

@@ -1,0 +1,168 @@
+"""shared/options.py: every option declared once, and the parsers, the child arguments and the
+README's table all made from the declarations."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from services.cli import build_parser
+from shared.option import ConfigError
+from shared.options import COMMANDS, OPTIONS, add_options, arguments, declared, default, env_names, markdown_table
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found = {}
+    for action in parser._actions:  # argparse gives no public view of its sub-commands
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[name] = sub
+                found.update({f"{name} {n}": s for n, s in _subparsers(sub).items()})
+    return found
+
+
+def test_no_command_takes_a_flag_dest_or_variable_twice():
+    for command in COMMANDS:
+        options = declared(command)
+        for what in ("flag", "dest"):
+            counts = Counter(getattr(o, what) for o in options)
+            assert not [k for k, n in counts.items() if n > 1], (command, what)
+        names = Counter(name for o in options for name in o.env)
+        assert not [k for k, n in names.items() if n > 1], command
+
+
+def test_every_declaration_has_a_command_and_a_known_group():
+    for o in OPTIONS:
+        assert o.commands and o.commands <= set(COMMANDS), o.flag
+        assert o.help and not o.help.endswith(".")
+        assert o.env_only == (not o.flag.startswith("--")), o.flag
+        assert all(re.fullmatch(r"(EMBEDFLEET_[A-Z0-9_]+|NATS_URL)", n) for n in o.env), o.flag
+
+
+def test_each_commands_parser_is_made_from_its_declarations(monkeypatch):
+    for o in OPTIONS:
+        for name in o.env:
+            monkeypatch.delenv(name, raising=False)
+    subs = _subparsers(build_parser())
+    assert set(subs) == set(COMMANDS)
+    for command, sub in subs.items():
+        flags = {s for a in sub._actions for s in a.option_strings if s not in ("-h", "--help")}
+        again = declared("jobs") if command.startswith("jobs ") else []  # the options of jobs, after the action
+        assert flags == {o.flag for o in [*declared(command), *again] if not o.env_only}, command
+        if again:
+            continue
+        ns = sub.parse_args({"reindex": ["in.jsonl", "--out", "o.npy"], "check": ["m"], "auth": ["f"]}.get(command, []))
+        for o in declared(command):
+            if not o.env_only and o.dest != "out":
+                assert getattr(ns, o.dest) == o.value({}), (command, o.flag)
+
+
+def test_flag_beats_environment_beats_default(monkeypatch):
+    monkeypatch.delenv("EMBEDFLEET_MAX_IN_FLIGHT", raising=False)
+    assert build_parser().parse_args(["gateway"]).max_in_flight == default("max_in_flight") == 512
+    monkeypatch.setenv("EMBEDFLEET_MAX_IN_FLIGHT", "7")
+    assert build_parser().parse_args(["gateway"]).max_in_flight == 7
+    assert build_parser().parse_args(["gateway", "--max-in-flight", "9"]).max_in_flight == 9
+    monkeypatch.setenv("EMBEDFLEET_MAX_IN_FLIGHT", "")  # empty: unset
+    assert build_parser().parse_args(["gateway"]).max_in_flight == 512
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("EMBEDFLEET_PORT", "x", "$EMBEDFLEET_PORT='x' is not a valid value for --port"),
+    ("EMBEDFLEET_MAX_INPUTS", "-2", "$EMBEDFLEET_MAX_INPUTS='-2' is not a valid value for --max-inputs"),
+    ("EMBEDFLEET_LOG_LEVEL", "loud", "$EMBEDFLEET_LOG_LEVEL='loud': choose one of debug, info, warning, error"),
+])
+def test_a_bad_variable_names_itself_and_the_option(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as exc:
+        build_parser()
+    assert str(exc.value) == message
+
+
+def test_nats_url_reads_a_second_variable_and_up_defaults_to_none(monkeypatch):
+    monkeypatch.delenv("EMBEDFLEET_NATS_URL", raising=False)
+    monkeypatch.delenv("NATS_URL", raising=False)
+    assert build_parser().parse_args(["gateway"]).nats == "nats://127.0.0.1:4222"
+    assert build_parser().parse_args(["up"]).nats is None
+    monkeypatch.setenv("NATS_URL", "nats://b:2")
+    assert build_parser().parse_args(["up"]).nats == "nats://b:2"
+    monkeypatch.setenv("EMBEDFLEET_NATS_URL", "nats://a:1")  # the first variable wins
+    assert build_parser().parse_args(["gateway"]).nats == "nats://a:1"
+
+
+def test_secrets_have_no_flag_but_are_read_by_every_connected_command():
+    secrets = [o for o in OPTIONS if o.secret]
+    assert {o.env for o in secrets} == {("EMBEDFLEET_NATS_PASSWORD",), ("EMBEDFLEET_NATS_TOKEN",)}
+    parser = argparse.ArgumentParser()
+    add_options(parser, "worker")
+    assert not [a for a in parser._actions if "password" in a.dest and "file" not in a.dest]
+    for command in ("up", "gateway", "tokenizer", "worker", "scorer", "reindex", "init", "jobs"):
+        assert {"EMBEDFLEET_NATS_PASSWORD", "EMBEDFLEET_NATS_TOKEN", "NATS_URL"} <= env_names(command)
+
+
+def test_up_models_come_from_flags_else_from_the_variable(monkeypatch):
+    monkeypatch.setenv("EMBEDFLEET_MODEL", "a=/m/a, /m/b")
+    assert build_parser().parse_args(["up"]).model == ["a=/m/a", "/m/b"]
+    assert build_parser().parse_args(["up", "--model", "/m/c", "--model", "/m/d"]).model == ["/m/c", "/m/d"]
+
+
+def test_a_childs_arguments_give_it_the_same_namespace(monkeypatch):
+    for o in OPTIONS:
+        for name in o.env:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EMBEDFLEET_NATS_URL", "nats://user:secret@a:1")  # stays in the environment
+    monkeypatch.setenv("EMBEDFLEET_MAX_QUEUED_TOKENS", "1000")
+    given = ["worker", "--device", "cpu", "--max-batch-tokens", "4096", "--graphs", "off", "--ack-wait", "2.5",
+             "--results-max-age", "60", "--log-format", "json", "--model", "/m", "--load-interval", "0.01"]
+    ns = build_parser().parse_args(given)
+    args = arguments(ns, "worker")
+    assert "nats://user:secret@a:1" not in args and "--max-queued-tokens" not in args
+    assert build_parser().parse_args(["worker", *args]) == ns
+    replica = build_parser().parse_args(["worker", *arguments(ns, "worker", replicas=1, threads=3)])
+    assert (replica.replicas, replica.threads, replica.device) == (1, 3, "cpu")
+    # a child started with another environment is given what that one lacks
+    assert "--max-queued-tokens" in arguments(ns, "worker", environ={})
+
+
+def test_up_passes_the_gateway_and_scorer_their_fleet_options(monkeypatch):
+    from services.stack import _gateway_args
+
+    monkeypatch.delenv("EMBEDFLEET_DISCOVERY_INTERVAL", raising=False)
+    ns = build_parser().parse_args(["up", "--discovery-interval", "0.2", "--port", "9000"])
+    gateway = build_parser().parse_args(["gateway", *_gateway_args(ns)])
+    assert (gateway.discovery_interval, gateway.port) == (0.2, 9000)
+    scorer = build_parser().parse_args(["scorer", *arguments(ns, "scorer", ["fleet"])])
+    assert scorer.discovery_interval == 0.2
+
+
+def test_readme_table_is_the_declarations():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
+    assert block == markdown_table(), "README's option table differs from shared/options.py: paste markdown_table()"
+    assert markdown_table().count("\n") == len(OPTIONS) + 2
+
+
+def test_config_defaults_are_the_declared_ones():
+    from dataclasses import MISSING
+
+    from services.gateway.config import GatewayConfig, comma_list
+    from services.gpu_worker.config import WorkerConfig
+    from services.scorer.config import ScorerConfig
+    from services.tokenizer.config import TokenizerConfig
+
+    checked = 0
+    for cls, command in ((GatewayConfig, "gateway"), (WorkerConfig, "worker"), (ScorerConfig, "scorer"),
+                         (TokenizerConfig, "tokenizer")):
+        for o in declared(command):
+            field = cls.__dataclass_fields__.get(o.dest)
+            if field is not None and field.default is not MISSING and o.dest != "prompts":  # None: no prompts
+                value = o.value({})
+                assert field.default == (comma_list(value) if o.dest in ("api_keys", "open_paths") else value), o.dest
+                checked += 1
+    assert checked >= 15
