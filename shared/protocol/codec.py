@@ -1,8 +1,8 @@
-"""Protocol v1 codec: msgpack encoding, and decoding that checks every field before use."""
+"""Protocol codec: msgpack encoding, and decoding that checks every field before use (keys: docs/protocol.md)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, Union
+from typing import Any, Callable, TypeVar, Union
 
 import msgpack
 import numpy as np
@@ -14,86 +14,27 @@ from shared.protocol.checks import (
 )
 from shared.protocol.messages import (
     MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, row_bytes, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest,
-    EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
+    EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult,
 )
 
 
 Message = Union[
-    EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
+    EmbedRequest, TokenChunk, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
     LoadReport, JobBatch, JobResult, RerankRequest, RerankResult,
 ]
 
 
 def encode(msg: Message) -> bytes:
-    """Serialise one message to msgpack bytes."""
-    body: dict[str, Any] = {"v": VERSION, "t": msg.TYPE, "id": msg.id}
-    if isinstance(msg, EmbedRequest):
-        body |= {"m": msg.model, "x": msg.texts, "dl": msg.deadline, "o": msg.options.to_wire()}
-        if msg.token_ids is not None:
-            body["tk"] = [np.ascontiguousarray(t, dtype=TOKEN_DTYPE).tobytes() for t in msg.token_ids]
-        if msg.pairs is not None:
-            body["pr"] = [list(p) for p in msg.pairs]
-    elif isinstance(msg, TokenBatch):
-        body |= {
-            "m": msg.model,
-            "s": msg.start,
-            "n": msg.total,
-            "ids": np.ascontiguousarray(msg.input_ids, dtype=TOKEN_DTYPE).tobytes(),
-            "cu": np.ascontiguousarray(msg.cu_seqlens, dtype=TOKEN_DTYPE).tobytes(),
-            "dl": msg.deadline,
-            "o": msg.options.to_wire(),
-            "tm": msg.timings,
-        }
-        if msg.token_types is not None:
-            body["tt"] = np.ascontiguousarray(msg.token_types, dtype=TOKEN_DTYPE).tobytes()
-        if msg.prompt_tokens:
-            body["pt"] = msg.prompt_tokens
-        if msg.job is not None:
-            body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
-    elif isinstance(msg, EmbedResult):
-        body |= {
-            "s": msg.start,
-            "n": msg.total,
-            "dim": msg.dim,
-            "dt": msg.dtype,
-            "b": msg.data,
-            "tok": msg.tokens,
-            "tm": msg.timings,
-        } | _ragged_wire(msg.offsets, msg.indices)
-    elif isinstance(msg, ErrorReply):
-        body |= {"c": msg.code.value, "e": msg.message}
-    elif isinstance(msg, TokenizeRequest):
-        body |= {"m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
-    elif isinstance(msg, TokenizeResult):
-        body |= {"tk": [[list(t) for t in seq] for seq in msg.tokens]}
-    elif isinstance(msg, DecodeRequest):
-        body |= {"m": msg.model, "tk": [np.ascontiguousarray(t, dtype=TOKEN_DTYPE).tobytes() for t in msg.ids],
-                 "ss": msg.skip_special_tokens}
-    elif isinstance(msg, DecodeResult):
-        body |= {"x": msg.texts}
-    elif isinstance(msg, JobBatch):
-        body |= {"b": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
-    elif isinstance(msg, JobResult):
-        body |= {"b": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype, "d": msg.data,
-                 "tok": msg.tokens} | _ragged_wire(msg.offsets, msg.indices)
-    elif isinstance(msg, LoadReport):
-        body |= {"m": msg.model, "s": msg.subject, "q": msg.queued_tokens, "i": msg.interval, "l": msg.leaving, "r": msg.rate}
-    elif isinstance(msg, RerankRequest):
-        body |= {"m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
-                 "rs": msg.raw_scores, "tr": msg.truncate, "rt": msg.return_text}
-        if msg.vectors is not None:
-            body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=VECTOR_DTYPES["f4"]).tobytes(), "cd": msg.vectors.shape[1]}
-    elif isinstance(msg, RerankResult):
-        body |= {
-            "i": np.ascontiguousarray(msg.indices, dtype=TOKEN_DTYPE).tobytes(),
-            "sc": np.ascontiguousarray(msg.scores, dtype=VECTOR_DTYPES["f4"]).tobytes(),
-        }
-        if msg.texts is not None:
-            body["x"] = msg.texts
-    else:  # pragma: no cover - internal misuse
+    """Serialise one message to msgpack bytes (its keys: docs/protocol.md)."""
+    codec = _CODECS.get(getattr(msg, "TYPE", None))
+    if codec is None:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    return msgpack.packb(body, use_bin_type=True)
+    return msgpack.packb({"v": VERSION, "t": msg.TYPE} | codec[0](msg), use_bin_type=True)
+
+
+def _tokens_wire(ids: np.ndarray) -> bytes:
+    return np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes()
 
 
 def _ragged_wire(offsets: np.ndarray | None, indices: np.ndarray | None) -> dict[str, bytes]:
@@ -136,6 +77,21 @@ def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = Fa
     return len(offsets) - 1, offsets, indices
 
 
+# v1 keys that v2 renamed so that no key means two things, per message type. JetStream keeps v1 job
+# batches, bulk token chunks and job results across an upgrade: a v1 message is read by renaming these
+# keys first, then checked exactly as a v2 one.
+V1_KEYS: dict[str, dict[str, str]] = {
+    "tokens": {"n": "rows"},
+    "result": {"n": "rows", "b": "vec"},
+    "tokenized": {"tk": "tkd"},
+    "job": {"id": "jb", "b": "bi"},
+    "jobresult": {"id": "jb", "b": "bi", "d": "vec"},
+    "load": {"id": "wk", "s": "sub", "q": "qt", "i": "iv"},
+    "ranked": {"i": "ci"},
+}
+READ_VERSIONS = (1, VERSION)
+
+
 def decode(data: bytes) -> Message:
     """Parse and validate one message; raises ProtocolError on anything malformed."""
     try:
@@ -149,17 +105,24 @@ def decode(data: bytes) -> Message:
     if not isinstance(m, dict):
         raise ProtocolError("message must be a msgpack map")
     version = m.get("v")
-    if not _is_int(version) or version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {_show(version)} (this is v{VERSION})")
+    if not _is_int(version) or version not in READ_VERSIONS:
+        newer = _is_int(version) and version > VERSION
+        raise ProtocolError(
+            f"unsupported protocol version {_show(version)}: this service reads v1 and v{VERSION}"
+            + ("; upgrade it to the sender's release" if newer else "")
+        )
     kind = m.get("t")
-    decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
-    if decoder is None:
+    codec = _CODECS.get(kind) if isinstance(kind, str) else None
+    if codec is None:
         raise ProtocolError(f"unknown message type {_show(kind)}")
-    return decoder(m)
+    if version == 1 and kind in V1_KEYS:
+        renamed = V1_KEYS[kind]
+        m = {renamed.get(k, k): v for k, v in m.items() if k not in renamed.values()}
+    return codec[1](m)
 
 
 M = TypeVar(
-    "M", EmbedRequest, TokenBatch, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
+    "M", EmbedRequest, TokenChunk, EmbedResult, ErrorReply, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
     LoadReport, JobBatch, JobResult, RerankRequest, RerankResult,
 )
 
@@ -172,7 +135,19 @@ def decode_as(data: bytes, kind: type[M]) -> M:
     return msg
 
 
-def _decode_embed(m: dict) -> EmbedRequest:
+# -- one encoder and one decoder per message, in the order of docs/protocol.md ---------------------
+
+
+def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
+    body = {"id": msg.id, "m": msg.model, "x": msg.texts, "dl": msg.deadline, "o": msg.options.to_wire()}
+    if msg.token_ids is not None:
+        body["tk"] = [_tokens_wire(t) for t in msg.token_ids]
+    if msg.pairs is not None:
+        body["pr"] = [list(p) for p in msg.pairs]
+    return body
+
+
+def _decode_embed_request(m: dict) -> EmbedRequest:
     texts = _str_list(m, "x")
     token_ids = None
     if m.get("tk") is not None:
@@ -199,53 +174,34 @@ def _decode_embed(m: dict) -> EmbedRequest:
     )
 
 
-def _decode_tokenize(m: dict) -> TokenizeRequest:
-    special, prompt = m.get("sp", True), m.get("pn")
-    if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
-        raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
-    return TokenizeRequest(
-        id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), add_special_tokens=special,
-        prompt_name=prompt,
-    )
+def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
+    body = {
+        "id": msg.id,
+        "m": msg.model,
+        "s": msg.start,
+        "rows": msg.total,
+        "ids": _tokens_wire(msg.input_ids),
+        "cu": _tokens_wire(msg.cu_seqlens),
+        "dl": msg.deadline,
+        "o": msg.options.to_wire(),
+        "tm": msg.timings,
+    }
+    if msg.token_types is not None:
+        body["tt"] = _tokens_wire(msg.token_types)
+    if msg.prompt_tokens:
+        body["pt"] = msg.prompt_tokens
+    if msg.job is not None:
+        body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
+    return body
 
 
-def _decode_tokenized(m: dict) -> TokenizeResult:
-    tokens = []
-    for seq in _req(m, "tk", list):
-        if not isinstance(seq, list):
-            raise ProtocolError("tokens must be lists")
-        row = []
-        for t in seq:
-            if not (isinstance(t, list) and len(t) == 5 and _is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
-                raise ProtocolError("a token is [id, text, special, start, stop]")
-            if not all(x is None or _is_int(x) for x in t[3:]):
-                raise ProtocolError("token offsets must be integers or null")
-            row.append(tuple(t))
-        tokens.append(row)
-    return TokenizeResult(id=_id(m), tokens=tokens)
-
-
-def _decode_decode(m: dict) -> DecodeRequest:
-    raw = _req(m, "tk", list)
-    if len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
-        raise ProtocolError(f"ids must be at most {MAX_ROWS} byte strings of int32 token IDs")
-    return DecodeRequest(
-        id=_id(m), model=_name(m, "m"), ids=[_int32_array(t, "ids") for t in raw],
-        skip_special_tokens=_opt_bool(m, "ss", True),
-    )
-
-
-def _decode_decoded(m: dict) -> DecodeResult:
-    return DecodeResult(id=_id(m), texts=_str_list(m, "x"))
-
-
-def _decode_tokens(m: dict) -> TokenBatch:
+def _decode_token_chunk(m: dict) -> TokenChunk:
     ids = _int32_array(_req(m, "ids", bytes), "ids")
     cu = _int32_array(_req(m, "cu", bytes), "cu")
     # differences taken in int64: int32 offsets could wrap around and pass as increasing
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
-    start, total = _req_int(m, "s"), _req_int(m, "n")
+    start, total = _req_int(m, "s"), _req_int(m, "rows")
     if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     token_types = None
@@ -262,7 +218,7 @@ def _decode_tokens(m: dict) -> TokenBatch:
         doc_ids = _str_list(m, "di")
         if len(doc_ids) != len(cu) - 1:
             raise ProtocolError("one document id per row")
-    return TokenBatch(
+    return TokenChunk(
         id=_id(m),
         model=_name(m, "m"),
         start=start,
@@ -280,10 +236,23 @@ def _decode_tokens(m: dict) -> TokenBatch:
     )
 
 
-def _decode_result(m: dict) -> EmbedResult:
-    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "b", bytes)
+def _encode_embed_result(msg: EmbedResult) -> dict[str, Any]:
+    return {
+        "id": msg.id,
+        "s": msg.start,
+        "rows": msg.total,
+        "dim": msg.dim,
+        "dt": msg.dtype,
+        "vec": msg.data,
+        "tok": msg.tokens,
+        "tm": msg.timings,
+    } | _ragged_wire(msg.offsets, msg.indices)
+
+
+def _decode_embed_result(m: dict) -> EmbedResult:
+    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "vec", bytes)
     count, offsets, indices = _payload_layout(m, data, dtype, dim)
-    start, total = _req_int(m, "s"), _req_int(m, "n")
+    start, total = _req_int(m, "s"), _req_int(m, "rows")
     if not (0 <= start and start + count <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
@@ -300,47 +269,133 @@ def _decode_result(m: dict) -> EmbedResult:
     )
 
 
-def _decode_error(m: dict) -> ErrorReply:
+def _encode_error_reply(msg: ErrorReply) -> dict[str, Any]:
+    body = {"id": msg.id, "c": msg.code.value, "e": msg.message}
+    if msg.row is not None:
+        body["row"] = msg.row
+    return body
+
+
+def _decode_error_reply(m: dict) -> ErrorReply:
     try:
         code = ErrorCode(_req(m, "c", str))
     except ValueError:
         code = ErrorCode.INTERNAL
-    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str))
+    row = _req_int(m, "row") if m.get("row") is not None else None
+    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)
 
 
-def _decode_job(m: dict) -> JobBatch:
+def _encode_tokenize_request(msg: TokenizeRequest) -> dict[str, Any]:
+    return {"id": msg.id, "m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
+
+
+def _decode_tokenize_request(m: dict) -> TokenizeRequest:
+    special, prompt = m.get("sp", True), m.get("pn")
+    if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
+        raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
+    return TokenizeRequest(
+        id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), add_special_tokens=special,
+        prompt_name=prompt,
+    )
+
+
+def _encode_tokenize_result(msg: TokenizeResult) -> dict[str, Any]:
+    return {"id": msg.id, "tkd": [[list(t) for t in seq] for seq in msg.tokens]}
+
+
+def _decode_tokenize_result(m: dict) -> TokenizeResult:
+    tokens = []
+    for seq in _req(m, "tkd", list):
+        if not isinstance(seq, list):
+            raise ProtocolError("tokens must be lists")
+        row = []
+        for t in seq:
+            if not (isinstance(t, list) and len(t) == 5 and _is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
+                raise ProtocolError("a token is [id, text, special, start, stop]")
+            if not all(x is None or _is_int(x) for x in t[3:]):
+                raise ProtocolError("token offsets must be integers or null")
+            row.append(tuple(t))
+        tokens.append(row)
+    return TokenizeResult(id=_id(m), tokens=tokens)
+
+
+def _encode_decode_request(msg: DecodeRequest) -> dict[str, Any]:
+    return {"id": msg.id, "m": msg.model, "tk": [_tokens_wire(t) for t in msg.ids], "ss": msg.skip_special_tokens}
+
+
+def _decode_decode_request(m: dict) -> DecodeRequest:
+    raw = _req(m, "tk", list)
+    if len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
+        raise ProtocolError(f"ids must be at most {MAX_ROWS} byte strings of int32 token IDs")
+    return DecodeRequest(
+        id=_id(m), model=_name(m, "m"), ids=[_int32_array(t, "ids") for t in raw],
+        skip_special_tokens=_opt_bool(m, "ss", True),
+    )
+
+
+def _encode_decode_result(msg: DecodeResult) -> dict[str, Any]:
+    return {"id": msg.id, "x": msg.texts}
+
+
+def _decode_decode_result(m: dict) -> DecodeResult:
+    return DecodeResult(id=_id(m), texts=_str_list(m, "x"))
+
+
+def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
+    return {"jb": msg.id, "bi": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
+
+
+def _decode_job_batch(m: dict) -> JobBatch:
     doc_ids, texts = _str_list(m, "di"), _str_list(m, "x")
     if len(doc_ids) != len(texts) or not texts:
         raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
     return JobBatch(
-        id=_name(m, "id"), batch=_req_int(m, "b"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
+        id=_name(m, "jb"), batch=_req_int(m, "bi"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
         options=EmbedOptions.from_wire(m.get("o", {})),
     )
 
 
+def _encode_job_result(msg: JobResult) -> dict[str, Any]:
+    return {"jb": msg.id, "bi": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype,
+            "vec": msg.data, "tok": msg.tokens} | _ragged_wire(msg.offsets, msg.indices)
+
+
 def _decode_job_result(m: dict) -> JobResult:
-    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "d", bytes)
+    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "vec", bytes)
     doc_ids = _str_list(m, "di")
     count, offsets, indices = _payload_layout(m, data, dtype, dim, empty=True)
     if count != len(doc_ids):
         raise ProtocolError("payload does not hold one vector per document")
     return JobResult(
-        id=_name(m, "id"), batch=_req_int(m, "b"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
+        id=_name(m, "jb"), batch=_req_int(m, "bi"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
         dtype=dtype, data=data, tokens=_req_int(m, "tok"), offsets=offsets, indices=indices,
     )
 
 
-def _decode_load(m: dict) -> LoadReport:
-    interval, leaving, rate = _req_number(m, "i"), m.get("l", False), _opt_number(m, "r", 0.0)
+def _encode_load_report(msg: LoadReport) -> dict[str, Any]:
+    return {"wk": msg.id, "m": msg.model, "sub": msg.subject, "qt": msg.queued_tokens, "iv": msg.interval,
+            "l": msg.leaving, "r": msg.rate}
+
+
+def _decode_load_report(m: dict) -> LoadReport:
+    interval, leaving, rate = _req_number(m, "iv"), m.get("l", False), _opt_number(m, "r", 0.0)
     if not 0 < interval <= 60 or not isinstance(leaving, bool) or not 0 <= rate < 1e12:
         raise ProtocolError("load report: interval in (0, 60] seconds, a boolean leaving, a rate >= 0")
     return LoadReport(
-        id=_name(m, "id"), model=_name(m, "m"), subject=_name(m, "s", MAX_ID),
-        queued_tokens=_req_int(m, "q"), interval=interval, leaving=leaving, rate=rate,
+        id=_name(m, "wk"), model=_name(m, "m"), subject=_name(m, "sub", MAX_ID),
+        queued_tokens=_req_int(m, "qt"), interval=interval, leaving=leaving, rate=rate,
     )
 
 
-def _decode_rerank(m: dict) -> RerankRequest:
+def _encode_rerank_request(msg: RerankRequest) -> dict[str, Any]:
+    body = {"id": msg.id, "m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
+            "rs": msg.raw_scores, "tr": msg.truncate, "rt": msg.return_text}
+    if msg.vectors is not None:
+        body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=VECTOR_DTYPES["f4"]).tobytes(), "cd": msg.vectors.shape[1]}
+    return body
+
+
+def _decode_rerank_request(m: dict) -> RerankRequest:
     texts = _str_list(m, "x")
     top_n = m.get("k")
     if top_n is not None and (not _is_int(top_n) or top_n <= 0):
@@ -370,8 +425,16 @@ def _decode_rerank(m: dict) -> RerankRequest:
     )
 
 
-def _decode_ranked(m: dict) -> RerankResult:
-    indices = _int32_array(_req(m, "i", bytes), "indices")
+def _encode_rerank_result(msg: RerankResult) -> dict[str, Any]:
+    body = {"id": msg.id, "ci": _tokens_wire(msg.indices),
+            "sc": np.ascontiguousarray(msg.scores, dtype=VECTOR_DTYPES["f4"]).tobytes()}
+    if msg.texts is not None:
+        body["x"] = msg.texts
+    return body
+
+
+def _decode_rerank_result(m: dict) -> RerankResult:
+    indices = _int32_array(_req(m, "ci", bytes), "indices")
     scores_buf = _req(m, "sc", bytes)
     if len(scores_buf) != 4 * len(indices):
         raise ProtocolError("scores and indices differ in length")
@@ -383,18 +446,19 @@ def _decode_ranked(m: dict) -> RerankResult:
     )
 
 
-_DECODERS = {
-    EmbedRequest.TYPE: _decode_embed,
-    TokenBatch.TYPE: _decode_tokens,
-    EmbedResult.TYPE: _decode_result,
-    ErrorReply.TYPE: _decode_error,
-    TokenizeRequest.TYPE: _decode_tokenize,
-    TokenizeResult.TYPE: _decode_tokenized,
-    DecodeRequest.TYPE: _decode_decode,
-    DecodeResult.TYPE: _decode_decoded,
-    LoadReport.TYPE: _decode_load,
-    JobBatch.TYPE: _decode_job,
-    JobResult.TYPE: _decode_job_result,
-    RerankRequest.TYPE: _decode_rerank,
-    RerankResult.TYPE: _decode_ranked,
+# message type on the wire ("t") -> (encoder, decoder)
+_CODECS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] = {
+    EmbedRequest.TYPE: (_encode_embed_request, _decode_embed_request),
+    TokenChunk.TYPE: (_encode_token_chunk, _decode_token_chunk),
+    EmbedResult.TYPE: (_encode_embed_result, _decode_embed_result),
+    ErrorReply.TYPE: (_encode_error_reply, _decode_error_reply),
+    TokenizeRequest.TYPE: (_encode_tokenize_request, _decode_tokenize_request),
+    TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),
+    DecodeRequest.TYPE: (_encode_decode_request, _decode_decode_request),
+    DecodeResult.TYPE: (_encode_decode_result, _decode_decode_result),
+    JobBatch.TYPE: (_encode_job_batch, _decode_job_batch),
+    JobResult.TYPE: (_encode_job_result, _decode_job_result),
+    LoadReport.TYPE: (_encode_load_report, _decode_load_report),
+    RerankRequest.TYPE: (_encode_rerank_request, _decode_rerank_request),
+    RerankResult.TYPE: (_encode_rerank_result, _decode_rerank_result),
 }

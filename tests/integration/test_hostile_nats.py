@@ -29,13 +29,13 @@ from shared.errors import ErrorCode
 from shared.jobs import stream_names
 from shared.protocol import (
     MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
-    LoadReport, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult, decode, decode_as,
+    LoadReport, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, decode, decode_as,
     encode,
 )
 from shared.subjects import SERVICE_NAMES, Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.integration.procs import count_services
-from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_batches, with_raw_field
+from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field
 
 pytestmark = pytest.mark.integration
 
@@ -59,11 +59,11 @@ in_vocab = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)
 
 
 @st.composite
-def batches_for_the_model(draw, job: bool = False) -> TokenBatch:
+def batches_for_the_model(draw, job: bool = False) -> TokenChunk:
     rows = draw(st.lists(in_vocab, min_size=1, max_size=3))
     cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype("<i4")
     name = draw(st.text("abc", min_size=1, max_size=8)) if job else None
-    return TokenBatch(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array(sum(rows, []), "<i4"), cu, draw(soon),
+    return TokenChunk(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array(sum(rows, []), "<i4"), cu, draw(soon),
                       job=name, doc_ids=[f"d{i}" for i in range(len(rows))] if job else None)
 
 
@@ -73,7 +73,7 @@ SEEDS = {
     | VALID[EmbedRequest],
     "tokenize": st.builds(TokenizeRequest, id=st.text(max_size=8), model=st.just(MODEL), texts=short_texts)
     | VALID[TokenizeRequest],
-    "tokens": batches_for_the_model() | VALID[TokenBatch],
+    "tokens": batches_for_the_model() | VALID[TokenChunk],
     "decode": st.builds(DecodeRequest, id=st.text(max_size=8), model=st.just(MODEL),
                         ids=st.lists(in_vocab.map(lambda ids: np.array(ids, "<i4")), min_size=1, max_size=3))
     | VALID[DecodeRequest],
@@ -90,7 +90,7 @@ ANSWERS = {"embed": EmbedResult, "tokenize": TokenizeResult, "tokens": EmbedResu
 def _token_batch(ids, rows: int = 1, **kw) -> bytes:
     ids = np.asarray(ids, "<i4")
     cu = np.linspace(0, len(ids), rows + 1).astype("<i4")
-    return encode(TokenBatch(kw.pop("id", "h"), MODEL, 0, rows, ids, cu, time.time() + 30, **kw))
+    return encode(TokenChunk(kw.pop("id", "h"), MODEL, 0, rows, ids, cu, time.time() + 30, **kw))
 
 
 def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
@@ -441,9 +441,9 @@ def _refused_as(kind: type, job: str):
             msg = decode_as(data, kind)
         except ProtocolError:
             return True
-        if (msg.job if isinstance(msg, TokenBatch) else msg.id) not in (None, job):
+        if (msg.job if isinstance(msg, TokenChunk) else msg.id) not in (None, job):
             return False
-        return msg.job is None if isinstance(msg, TokenBatch) else msg.model != MODEL
+        return msg.job is None if isinstance(msg, TokenChunk) else msg.model != MODEL
     return refused
 
 
@@ -485,7 +485,7 @@ async def _publish_bulk(url: str, subject: str, payloads: list[bytes], job: str,
 BULK = {
     # stream subject, message type, numbers ending a message id, what may not become a dead letter
     "jobs": (SUBJECTS.jobs(MODEL), JobBatch, 1),
-    "bulk": (SUBJECTS.bulk(MODEL), TokenBatch, 2),
+    "bulk": (SUBJECTS.bulk(MODEL), TokenChunk, 2),
 }
 
 
@@ -505,7 +505,7 @@ def test_hostile_bulk_messages_become_dead_letters(stack, clean, max_payload, st
 
     generated: list[bytes] = []
 
-    seed = VALID[kind] if kind is JobBatch else token_batches(job=True)
+    seed = VALID[kind] if kind is JobBatch else token_chunks(job=True)
 
     @settings(max_examples=2, deadline=None, suppress_health_check=[*SLOW_OK, HealthCheck.filter_too_much])
     @given(payloads=st.lists(hostile(seed).filter(_refused_as(kind, job)), min_size=10, max_size=10))
