@@ -1,7 +1,7 @@
 """Protocol messages: the dataclasses every service exchanges, and their limits.
 
 Each message's wire keys and encodings are tabled in docs/protocol.md (tests/shared/test_protocol_doc.py
-holds the tables to the codec); the codec is shared/protocol/codec.py.
+holds the tables to the code); its encoder and decoder are in shared/protocol/wire.py.
 """
 
 from __future__ import annotations
