@@ -398,13 +398,13 @@ def message_sizes(texts: list[str], batch: int = 64) -> dict[str, float]:
     of the model's 384 components."""
     from services.tokenizer.encoder import TextEncoder, pack_chunks
     from shared.model_dir import load_model_info
-    from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenBatch, encode
+    from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenChunk, encode
 
     ids = [f"d{i}" for i in range(len(texts))]
     job = sum(len(encode(JobBatch("job", i, MODEL, ids[i : i + batch], texts[i : i + batch], EmbedOptions())))
               for i in range(0, len(texts), batch))
     tokens = TextEncoder(load_model_info(None)).encode(texts, True)
-    packed = sum(len(encode(TokenBatch(
+    packed = sum(len(encode(TokenChunk(
         id="job.0", model=MODEL, start=c.start, total=len(texts), input_ids=c.input_ids, cu_seqlens=c.cu_seqlens,
         deadline=time.time(), options=EmbedOptions(), job="job", batch=0, doc_ids=ids[c.start : c.start + len(c.cu_seqlens) - 1],
         prompt_tokens=0))) for c in pack_chunks(tokens, 2048, 256))

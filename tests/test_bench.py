@@ -170,3 +170,13 @@ def test_stack_memory_benchmark_measures_engines_in_one_process():
     assert result.returncode == 0, result.stderr[-2000:]
     rss = [float(line.split()[-3]) for line in result.stdout.splitlines() if "MiB RSS" in line]
     assert len(rss) == 3 and rss[0] < rss[1] < rss[2]  # torch alone, then each engine adds its weights
+
+
+def test_protocol_benchmark_times_the_hot_messages():
+    result = subprocess.run([sys.executable, "-m", "bench.protocol", "--rounds", "1", "--number", "5"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {" ".join(line.split()[:2]): line.split()[2:] for line in result.stdout.splitlines()
+            if line.startswith(("TokenChunk", "EmbedResult", "JobBatch"))}
+    assert set(rows) == {"TokenChunk 32x128", "EmbedResult 32x384", "JobBatch 64"}
+    assert all(float(row[-1]) > 0 for row in rows.values())  # µs (or, with msgspec, the ratio)

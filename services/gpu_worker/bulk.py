@@ -31,7 +31,7 @@ from shared.config import JobSettings
 from shared.errors import ErrorCode, ServiceError
 from shared.jobs import count_done, has_state_key, publish_durably, update_state
 from shared.progress import Rows
-from shared.protocol import JobResult, ProtocolError, TokenBatch, decode_as, encode
+from shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
 from shared.subjects import Subjects, model_token
 from shared.tracing import Tracer, from_headers, headers_for
 from services.gpu_worker.scheduler import Scheduler, Work
@@ -46,7 +46,7 @@ CRASH_AFTER_STORE = "EMBEDFLEET_TEST_CRASH_AFTER_STORE"
 
 def describe(data: bytes, headers: dict) -> BatchInfo:
     try:
-        batch = decode_as(data, TokenBatch)
+        batch = decode_as(data, TokenChunk)
         if batch.job is not None:
             return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()), batch.total)
     except ProtocolError:
@@ -61,7 +61,7 @@ class BulkFeeder:
         subjects: Subjects,
         model: str,
         scheduler: Scheduler,
-        check: Callable[[TokenBatch], None],
+        check: Callable[[TokenChunk], None],
         wake: Callable[[], None],
         settings: JobSettings = JobSettings(),
         tracer: Tracer | None = None,
@@ -130,7 +130,7 @@ class BulkFeeder:
                 continue
             for msg in await self._work.fetch():
                 try:
-                    batch = decode_as(msg.data, TokenBatch)
+                    batch = decode_as(msg.data, TokenChunk)
                     if batch.job is None:
                         raise ProtocolError("a bulk batch must name its job")
                     if await self._cancellations.cancelled(batch.job):

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.protocol import RAGGED_OUTPUTS, TokenBatch
+from shared.protocol import RAGGED_OUTPUTS, TokenChunk
 from shared.tracing import TraceContext
 
 
 @dataclass(slots=True)
 class Work:
-    """One TokenBatch in the worker: its rows fill ``vectors`` as engine batches complete."""
+    """One TokenChunk in the worker: its rows fill ``vectors`` as engine batches complete."""
 
-    batch: TokenBatch
+    batch: TokenChunk
     reply: str
     arrived: float = 0.0  # perf_counter when queued
     started: float | None = None  # perf_counter when its first rows were launched

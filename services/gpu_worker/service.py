@@ -1,4 +1,4 @@
-"""Worker service: TokenBatch in (queue group), scheduled FCFS, EmbedResult straight to the gateway.
+"""Worker service: TokenChunk in (queue group), scheduled FCFS, EmbedResult straight to the gateway.
 
 Each engine replica has its own loop: it cuts the next batch, launches it (``step`` returns at
 once on CUDA), and only then waits for the previous batch's result, so batch N+1 is assembled and
@@ -33,7 +33,7 @@ from shared.protocol import (
     JobResult,
     LoadReport,
     ProtocolError,
-    TokenBatch,
+    TokenChunk,
     decode_as,
     encode,
     row_bytes,
@@ -221,7 +221,7 @@ class WorkerService:
         trace = from_headers(msg.headers)
         bind(trace, "")  # the subscription's task runs every message: each binds its own
         try:
-            batch = decode_as(msg.data, TokenBatch)
+            batch = decode_as(msg.data, TokenChunk)
             request_id = batch.id
             bind(trace, request_id)
             self._check_batch(batch)
@@ -239,7 +239,7 @@ class WorkerService:
         self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter(), trace=trace))
         self._wake.set()
 
-    def _check_batch(self, batch: TokenBatch) -> None:
+    def _check_batch(self, batch: TokenChunk) -> None:
         model, output = self._cfg.model, batch.options.output
         if not model.serves(output):
             offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens") if model.serves(o))
@@ -248,7 +248,7 @@ class WorkerService:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}")
         self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
 
-    def _check_bulk(self, batch: TokenBatch) -> None:
+    def _check_bulk(self, batch: TokenChunk) -> None:
         """A bulk batch's vectors are stored as one message, under a message id naming the job: a batch
         whose vectors cannot fit in one can never succeed."""
         self._check_batch(batch)

@@ -24,7 +24,7 @@ from shared.bulkwork import (
 )
 from shared.errors import ErrorCode, ServiceError
 from shared.jobs import publish_durably, stream_names
-from shared.protocol import JobBatch, ProtocolError, TokenBatch, decode_as, encode
+from shared.protocol import JobBatch, ProtocolError, TokenChunk, decode_as, encode
 from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for
 from services.tokenizer.config import TokenizerConfig
@@ -125,7 +125,7 @@ class BulkTokenizer:
         batches = []
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
             rows = len(chunk.cu_seqlens) - 1
-            batch = TokenBatch(
+            batch = TokenChunk(
                 id=f"{job.id}.{job.batch}",
                 model=job.model,
                 start=chunk.start,

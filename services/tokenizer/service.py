@@ -1,4 +1,4 @@
-"""Tokenizer service: EmbedRequest in (queue group), TokenBatch chunks out to the workers."""
+"""Tokenizer service: EmbedRequest in (queue group), TokenChunk chunks out to the workers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from shared.protocol import (
     ErrorReply,
     LoadReport,
     ProtocolError,
-    TokenBatch,
+    TokenChunk,
     TokenizeRequest,
     TokenizeResult,
     decode_as,
@@ -176,7 +176,7 @@ class TokenizerService:
         headers = headers_for(current())  # the workers' spans are this one's children
         chunks = 0
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs, types):
-            batch = TokenBatch(
+            batch = TokenChunk(
                 id=request.id,
                 model=request.model,
                 start=chunk.start,

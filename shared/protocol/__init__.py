@@ -1,13 +1,14 @@
-"""Wire protocol v1: every message between services, and its msgpack codec.
+"""The wire protocol: every message between services, and its msgpack codec.
 
-Messages are msgpack maps with ``v`` (protocol version) and ``t`` (message type). Token IDs and
+Messages are msgpack maps with ``v`` (protocol version, VERSION) and ``t`` (message type); docs/protocol.md
+tables every message's keys and their encodings, and says which versions are read. Token IDs and
 vectors travel as raw little-endian bytes (``<i4``, ``<f4``, ``<f2``), never as lists of numbers.
 Everything read from NATS is untrusted: :func:`decode` checks types, sizes and invariants before
 anything is allocated from it, and raises :class:`ProtocolError` otherwise.
 
 Flow of one embedding request split into k chunks::
 
-    gateway --EmbedRequest--> tokenizer --TokenBatch x k--> worker(s) --EmbedResult x >=k--> gateway
+    gateway --EmbedRequest--> tokenizer --TokenChunk x k--> worker(s) --EmbedResult x >=k--> gateway
 
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
@@ -17,12 +18,12 @@ from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.messages import (
     MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, DecodeRequest, DecodeResult,
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
-    JobResult, LoadReport, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult, row_bytes, row_width,
+    JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes, row_width,
 )
 
 __all__ = [
     "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
     "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "JobBatch", "JobResult", "LoadReport", "Message",
-    "ProtocolError", "RerankRequest", "RerankResult", "TokenBatch", "TokenizeRequest", "TokenizeResult", "decode",
+    "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",
 ]

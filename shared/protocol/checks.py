@@ -24,7 +24,7 @@ _SHOW.maxlevel = 3
 
 
 class ProtocolError(ValueError):
-    """A message that is not valid protocol v1."""
+    """A message that is not valid protocol (see docs/protocol.md)."""
 
 
 def _show(value: Any) -> str:

@@ -1,4 +1,8 @@
-"""Protocol v1 messages: the dataclasses every service exchanges, and their limits."""
+"""Protocol messages: the dataclasses every service exchanges, and their limits.
+
+Each message's wire keys and encodings are tabled in docs/protocol.md (tests/shared/test_protocol_doc.py
+holds the tables to the code); its encoder and decoder are in shared/protocol/wire.py.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import numpy as np
 from shared.errors import ErrorCode
 from shared.protocol.checks import ProtocolError, _is_int
 
-VERSION = 1
+# the key layout written (docs/protocol.md): v2 gave every key one meaning across all messages; v1
+# messages, which JetStream keeps across an upgrade, are still read (codec.V1_KEYS)
+VERSION = 2
 
 # dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
 # the bit-packed forms (b1: bytes shifted into int8, ub1: plain bytes; 8 components a byte), see
@@ -142,8 +148,9 @@ class EmbedRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenBatch:
-    """tokenizer -> worker: rows [start, start + count) of request ``id``, packed without padding."""
+class TokenChunk:
+    """tokenizer -> worker: rows [start, start + count) of request ``id``, tokenized and packed without
+    padding (a worker batches several chunks into one engine batch)."""
 
     id: str
     model: str
@@ -212,6 +219,7 @@ class ErrorReply:
     id: str
     code: ErrorCode
     message: str
+    row: int | None = None  # the index, within the request, of the input that failed; None: not about one input
 
     TYPE = "error"
 
@@ -265,10 +273,11 @@ class DecodeResult:
 class JobBatch:
     """client -> tokenizers (JetStream subject <prefix>.v1.jobs.<model>): one batch of a bulk job.
 
-    Wire format, for publishers in any language (a msgpack map):
-    ``{"v": 1, "t": "job", "id": JOB_ID, "b": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
+    Wire format, for publishers in any language (a msgpack map; every key in docs/protocol.md):
+    ``{"v": 2, "t": "job", "jb": JOB_ID, "bi": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
-    "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional),
+    "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional;
+    the v1 form, ``"v": 1`` with ``"id"`` and ``"b"`` for the job and the index, is still read),
     published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from shared.protocol import TokenBatch
+from shared.protocol import TokenChunk
 from services.gpu_worker.metrics import WorkerMetrics, token_class
 from services.gpu_worker.scheduler import Scheduler, Work
 from tests.prometheus_text import has, value
@@ -16,7 +16,7 @@ from tests.prometheus_text import has, value
 def _work(request_id: str, lengths: list[int], bulk: bool = False) -> Work:
     cu = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=cu[1:])
-    batch = TokenBatch(request_id, "m", 0, len(lengths), np.arange(cu[-1], dtype=np.int32), cu, 1e12)
+    batch = TokenChunk(request_id, "m", 0, len(lengths), np.arange(cu[-1], dtype=np.int32), cu, 1e12)
     return Work(batch, reply="" if bulk else f"inbox.{request_id}", source=object() if bulk else None)
 
 

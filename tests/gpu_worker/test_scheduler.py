@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from shared.protocol import TokenBatch
+from shared.protocol import TokenChunk
 from services.gpu_worker.scheduler import Scheduler, Work
 
 
@@ -9,7 +9,7 @@ def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: in
     cu = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=cu[1:])
     ids = np.arange(cu[-1], dtype=np.int32)
-    batch = TokenBatch(request_id, "m", start, start + len(lengths), ids, cu, deadline, prompt_tokens=prompt_tokens)
+    batch = TokenChunk(request_id, "m", start, start + len(lengths), ids, cu, deadline, prompt_tokens=prompt_tokens)
     return Work(batch, reply=f"inbox.{request_id}")
 
 

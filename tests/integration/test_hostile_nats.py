@@ -29,13 +29,13 @@ from shared.errors import ErrorCode
 from shared.jobs import stream_names
 from shared.protocol import (
     MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
-    LoadReport, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest, TokenizeResult, decode, decode_as,
+    LoadReport, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, VERSION, decode, decode_as,
     encode,
 )
 from shared.subjects import SERVICE_NAMES, Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.integration.procs import count_services
-from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_batches, with_raw_field
+from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field
 
 pytestmark = pytest.mark.integration
 
@@ -59,11 +59,11 @@ in_vocab = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)
 
 
 @st.composite
-def batches_for_the_model(draw, job: bool = False) -> TokenBatch:
+def batches_for_the_model(draw, job: bool = False) -> TokenChunk:
     rows = draw(st.lists(in_vocab, min_size=1, max_size=3))
     cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype("<i4")
     name = draw(st.text("abc", min_size=1, max_size=8)) if job else None
-    return TokenBatch(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array(sum(rows, []), "<i4"), cu, draw(soon),
+    return TokenChunk(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array(sum(rows, []), "<i4"), cu, draw(soon),
                       job=name, doc_ids=[f"d{i}" for i in range(len(rows))] if job else None)
 
 
@@ -73,7 +73,7 @@ SEEDS = {
     | VALID[EmbedRequest],
     "tokenize": st.builds(TokenizeRequest, id=st.text(max_size=8), model=st.just(MODEL), texts=short_texts)
     | VALID[TokenizeRequest],
-    "tokens": batches_for_the_model() | VALID[TokenBatch],
+    "tokens": batches_for_the_model() | VALID[TokenChunk],
     "decode": st.builds(DecodeRequest, id=st.text(max_size=8), model=st.just(MODEL),
                         ids=st.lists(in_vocab.map(lambda ids: np.array(ids, "<i4")), min_size=1, max_size=3))
     | VALID[DecodeRequest],
@@ -87,10 +87,10 @@ ANSWERS = {"embed": EmbedResult, "tokenize": TokenizeResult, "tokens": EmbedResu
            "decode": DecodeResult}
 
 
-def _token_batch(ids, rows: int = 1, **kw) -> bytes:
+def _token_chunk(ids, rows: int = 1, **kw) -> bytes:
     ids = np.asarray(ids, "<i4")
     cu = np.linspace(0, len(ids), rows + 1).astype("<i4")
-    return encode(TokenBatch(kw.pop("id", "h"), MODEL, 0, rows, ids, cu, time.time() + 30, **kw))
+    return encode(TokenChunk(kw.pop("id", "h"), MODEL, 0, rows, ids, cu, time.time() + 30, **kw))
 
 
 def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
@@ -98,7 +98,7 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
     seed = {
         "embed": encode(EmbedRequest("h", MODEL, ["a text"], time.time() + 30)),
         "tokenize": encode(TokenizeRequest("h", MODEL, ["a text"])),
-        "tokens": _token_batch([101, 2000, 102]),
+        "tokens": _token_chunk([101, 2000, 102]),
         "rerank": encode(RerankRequest("h", MODEL, "q", ["a", "b"], time.time() + 30)),
         "decode": encode(DecodeRequest("h", MODEL, [np.array([101, 7592, 102], "<i4")])),
     }[kind]
@@ -109,7 +109,7 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
         b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94.",  # a pickle
         np.random.default_rng(0).bytes(256),
         np.random.default_rng(1).bytes(big),  # random bytes just under the payload limit
-        msgpack.packb({**body, "v": 2}),
+        msgpack.packb({**body, "v": VERSION + 1}),
         msgpack.packb({**body, "v": "1"}),
         msgpack.packb({**body, "t": ["embed"]}),
         msgpack.packb({**body, "id": 7}),
@@ -142,17 +142,17 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
         ]
     if kind == "tokens":
         cases += [
-            _token_batch([101, VOCAB, 102]),
-            _token_batch([101, -5, 102]),
-            _token_batch([101, 2**31 - 1]),
-            _token_batch(np.full(big // 4, VOCAB, "<i4"), rows=4),  # out of the vocabulary, near the limit
-            _token_batch([101] * 300),  # over the model's 256 tokens
-            _token_batch([101, 102], token_types=np.array([0, 5], "<i4")),
-            _token_batch([101, 102], options=EmbedOptions(dimensions=4096)),
-            msgpack.packb({**body, "cu": np.array([0, 2**31 - 1, -(2**31), -1, 3], "<i4").tobytes(), "n": 9}),
-            msgpack.packb({**body, "cu": np.array([0, 2, 1, 3], "<i4").tobytes(), "n": 9}),
+            _token_chunk([101, VOCAB, 102]),
+            _token_chunk([101, -5, 102]),
+            _token_chunk([101, 2**31 - 1]),
+            _token_chunk(np.full(big // 4, VOCAB, "<i4"), rows=4),  # out of the vocabulary, near the limit
+            _token_chunk([101] * 300),  # over the model's 256 tokens
+            _token_chunk([101, 102], token_types=np.array([0, 5], "<i4")),
+            _token_chunk([101, 102], options=EmbedOptions(dimensions=4096)),
+            msgpack.packb({**body, "cu": np.array([0, 2**31 - 1, -(2**31), -1, 3], "<i4").tobytes(), "rows": 9}),
+            msgpack.packb({**body, "cu": np.array([0, 2, 1, 3], "<i4").tobytes(), "rows": 9}),
             msgpack.packb({**body, "ids": b"\x01\x00\x00"}),
-            msgpack.packb({**body, "n": 2**40}),
+            msgpack.packb({**body, "rows": 2**40}),
             msgpack.packb({**body, "tm": {"x" * 10_000: 1.0}}),
         ]
     if kind == "decode":
@@ -279,7 +279,7 @@ def _assert_still_serving(stack, clean: np.ndarray) -> None:
         assert count_services(stack.nats_url, role) == count, f"{role}s answering pings"
     workers = _worker_subjects(stack.nats_url)
     assert len(workers) == 2, workers
-    batch = _token_batch([101, 7592, 102])
+    batch = _token_chunk([101, 7592, 102])
     for subject in workers.values():
         [msgs] = asyncio.run(_burst(stack.nats_url, subject, [batch]))
         assert msgs and isinstance(decode(msgs[0].data), EmbedResult), msgs
@@ -341,7 +341,7 @@ def test_hostile_batches_on_each_workers_direct_subject(stack, clean, max_payloa
 def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(stack, clean, max_payload):
     """The id and timings a batch carries travel back in every result part: parts are sized with them."""
     rows = max_payload // (384 * 4) + 8  # more rows than one result message holds
-    batch = _token_batch(np.full(rows, 7592, "<i4"), rows=rows, id="x" * MAX_ID,
+    batch = _token_chunk(np.full(rows, 7592, "<i4"), rows=rows, id="x" * MAX_ID,
                          timings={f"stage{i}": 1.0 for i in range(MAX_STAGES)})
     for subject in _worker_subjects(stack.nats_url).values():
         async def gather() -> list[EmbedResult]:
@@ -441,9 +441,9 @@ def _refused_as(kind: type, job: str):
             msg = decode_as(data, kind)
         except ProtocolError:
             return True
-        if (msg.job if isinstance(msg, TokenBatch) else msg.id) not in (None, job):
+        if (msg.job if isinstance(msg, TokenChunk) else msg.id) not in (None, job):
             return False
-        return msg.job is None if isinstance(msg, TokenBatch) else msg.model != MODEL
+        return msg.job is None if isinstance(msg, TokenChunk) else msg.model != MODEL
     return refused
 
 
@@ -485,7 +485,7 @@ async def _publish_bulk(url: str, subject: str, payloads: list[bytes], job: str,
 BULK = {
     # stream subject, message type, numbers ending a message id, what may not become a dead letter
     "jobs": (SUBJECTS.jobs(MODEL), JobBatch, 1),
-    "bulk": (SUBJECTS.bulk(MODEL), TokenBatch, 2),
+    "bulk": (SUBJECTS.bulk(MODEL), TokenChunk, 2),
 }
 
 
@@ -499,13 +499,13 @@ def test_hostile_bulk_messages_become_dead_letters(stack, clean, max_payload, st
         hand += [encode(JobBatch(job, 0, "someone-else/model", ["d0"], ["text"])),
                  encode(JobBatch(job, 0, MODEL, ["d0"], ["text"], EmbedOptions(prompt_name="nope")))]
     else:
-        hand += [_token_batch([101, VOCAB, 102], job=job, doc_ids=["d0"]),
-                 _token_batch([101, 102]),  # no job: not bulk work
-                 _token_batch([101] * 300, job=job, doc_ids=["d0"])]
+        hand += [_token_chunk([101, VOCAB, 102], job=job, doc_ids=["d0"]),
+                 _token_chunk([101, 102]),  # no job: not bulk work
+                 _token_chunk([101] * 300, job=job, doc_ids=["d0"])]
 
     generated: list[bytes] = []
 
-    seed = VALID[kind] if kind is JobBatch else token_batches(job=True)
+    seed = VALID[kind] if kind is JobBatch else token_chunks(job=True)
 
     @settings(max_examples=2, deadline=None, suppress_health_check=[*SLOW_OK, HealthCheck.filter_too_much])
     @given(payloads=st.lists(hostile(seed).filter(_refused_as(kind, job)), min_size=10, max_size=10))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from shared.nats_server import EmbeddedNats, free_port
-from shared.protocol import ErrorReply, TokenBatch, decode, encode
+from shared.protocol import ErrorReply, TokenChunk, decode, encode
 from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
@@ -158,7 +158,7 @@ def test_a_worker_flooded_over_nats_refuses_past_its_queue_limit(loaded):
         ids = np.tile(np.array([101] + [2000 + k for k in range(length - 2)] + [102], np.int32), rows)
         cu = np.arange(0, rows * length + 1, length, dtype=np.int32)
         for i in range(batches):
-            batch = TokenBatch(f"flood{i}", MODEL, 0, rows, ids, cu, time.time() + 120)
+            batch = TokenChunk(f"flood{i}", MODEL, 0, rows, ids, cu, time.time() + 120)
             await nc.publish(Subjects().tokens(MODEL), encode(batch), reply=f"{inbox}.{i}")
         await nc.flush()
         try:

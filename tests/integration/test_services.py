@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shared.errors import ErrorCode
-from shared.protocol import ErrorReply, RerankRequest, RerankResult, TokenBatch, decode, encode
+from shared.protocol import ErrorReply, RerankRequest, RerankResult, TokenChunk, decode, encode
 from shared.subjects import Subjects
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,7 @@ def test_tokenizer_answers_bad_messages_with_errors(stack, payload, code):
 
 def _token_batch(ids: list[int], deadline: float | None = None) -> bytes:
     return encode(
-        TokenBatch(
+        TokenChunk(
             id="t",
             model=MODEL,
             start=0,

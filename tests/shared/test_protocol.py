@@ -13,13 +13,14 @@ from shared.protocol import (
     ProtocolError,
     RerankRequest,
     RerankResult,
-    TokenBatch,
+    TokenChunk,
+    VERSION,
     decode,
     encode,
 )
 
 
-def _batch(**kw) -> TokenBatch:
+def _chunk(**kw) -> TokenChunk:
     args = dict(
         id="r1",
         model="m",
@@ -31,7 +32,7 @@ def _batch(**kw) -> TokenBatch:
         options=EmbedOptions(normalize=False, dimensions=64, dtype="f2", truncate=False),
     )
     args.update(kw)
-    return TokenBatch(**args)
+    return TokenChunk(**args)
 
 
 def test_embed_request_round_trip():
@@ -39,19 +40,19 @@ def test_embed_request_round_trip():
     assert decode(encode(msg)) == msg
 
 
-def test_token_batch_round_trip_keeps_little_endian_bytes():
-    msg = _batch()
+def test_token_chunk_round_trip_keeps_little_endian_bytes():
+    msg = _chunk()
     raw = msgpack.unpackb(encode(msg))
-    assert raw["v"] == 1 and raw["t"] == "tokens"
+    assert raw["v"] == VERSION and raw["t"] == "tokens"
     assert raw["ids"] == np.array([101, 7, 102, 101, 102], dtype="<i4").tobytes()
     out = decode(encode(msg))
-    assert isinstance(out, TokenBatch)
+    assert isinstance(out, TokenChunk)
     assert out.count == 2 and out.num_tokens == 5
     np.testing.assert_array_equal(out.input_ids, msg.input_ids)
     np.testing.assert_array_equal(out.cu_seqlens, msg.cu_seqlens)
     assert out.options == msg.options
     assert "pt" not in raw and out.prompt_tokens == 0  # absent unless a model skips prompt tokens: old messages decode
-    assert decode(encode(_batch(prompt_tokens=7))).prompt_tokens == 7
+    assert decode(encode(_chunk(prompt_tokens=7))).prompt_tokens == 7
 
 
 def test_result_round_trip_and_array_view():
@@ -106,7 +107,8 @@ def test_unknown_error_code_becomes_internal():
     [
         (b"\xc1\xc1", "not a msgpack"),
         (msgpack.packb([1, 2]), "must be a msgpack map"),
-        (msgpack.packb({"v": 2, "t": "embed"}), "unsupported protocol version"),
+        (msgpack.packb({"v": 0, "t": "embed"}), "unsupported protocol version 0: this service reads v1 and v2$"),
+        (msgpack.packb({"v": 3, "t": "embed"}), "version 3: this service reads v1 and v2; upgrade it to the sender's release"),
         (msgpack.packb({"v": 1, "t": "pickle"}), "unknown message type"),
         (msgpack.packb({"v": 1, "t": "embed", "id": "a", "m": "m", "x": ["a", 3], "dl": 1.0}), "texts must be strings"),
         (msgpack.packb({"v": 1, "t": "embed", "id": "a", "m": "m", "x": ["a"], "dl": "soon"}), "'dl' must be a number"),
@@ -119,7 +121,7 @@ def test_rejects_malformed(data, message):
 
 
 def _raw_tokens(**kw) -> bytes:
-    body = msgpack.unpackb(encode(_batch()))
+    body = msgpack.unpackb(encode(_chunk()))
     body.update(kw)
     return msgpack.packb(body)
 
@@ -142,7 +144,7 @@ def _raw_tokens(**kw) -> bytes:
         ({"pt": "5"}, "pt"),
     ],
 )
-def test_rejects_bad_token_batches(fields, message):
+def test_rejects_bad_token_chunks(fields, message):
     with pytest.raises(ProtocolError, match=message):
         decode(_raw_tokens(**fields))
 
@@ -150,8 +152,8 @@ def test_rejects_bad_token_batches(fields, message):
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"b": b"\x00" * 10}, "whole number of rows"),
-        ({"b": b""}, "whole number of rows"),
+        ({"vec": b"\x00" * 10}, "whole number of rows"),
+        ({"vec": b""}, "whole number of rows"),
         ({"dim": 0}, "dimension"),
         ({"dt": "i8"}, "dtype"),
         ({"s": 3}, "rows out of range"),
@@ -171,7 +173,7 @@ def test_decode_as_checks_the_type():
     data = encode(ErrorReply("a", ErrorCode.TIMEOUT, "late"))
     assert decode_as(data, ErrorReply).message == "late"
     with pytest.raises(ProtocolError, match="expected a 'tokens' message, got 'error'"):
-        decode_as(data, TokenBatch)
+        decode_as(data, TokenChunk)
 
 
 def test_bit_packed_results_hold_ceil_dim_over_8_bytes_a_row():

@@ -22,16 +22,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gpu_worker.bulk import describe as describe_token_batch
+from services.gpu_worker.bulk import describe as describe_token_chunk
 from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import ErrorCode
 from shared.protocol import (
     MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions,
     EmbedRequest, EmbedResult, ErrorReply,
-    JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenBatch, TokenizeRequest,
-    TokenizeResult, decode, decode_as, encode, row_bytes,
+    JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
+    TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
 )
+from shared.protocol.codec import V1_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -88,13 +89,13 @@ def embed_requests(draw) -> EmbedRequest:
 
 
 @st.composite
-def token_batches(draw, job: bool | None = None) -> TokenBatch:
+def token_chunks(draw, job: bool | None = None) -> TokenChunk:
     lengths = draw(st.lists(st.integers(1, 8), min_size=1, max_size=6))
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype("<i4")
     n, rows = int(cu[-1]), len(lengths)
     start = draw(st.integers(0, 1000))
     with_job = draw(st.booleans()) if job is None else job
-    return TokenBatch(
+    return TokenChunk(
         id=draw(ids),
         model=draw(names),
         start=start,
@@ -197,9 +198,10 @@ token_tuples = st.tuples(
 )
 VALID: dict[type, st.SearchStrategy] = {
     EmbedRequest: embed_requests(),
-    TokenBatch: token_batches(),
+    TokenChunk: token_chunks(),
     EmbedResult: embed_results(),
-    ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from(list(ErrorCode)), message=st.text(max_size=40)),
+    ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from(list(ErrorCode)), message=st.text(max_size=40),
+                          row=st.none() | u64),
     TokenizeRequest: st.builds(
         TokenizeRequest, id=ids, model=names, texts=texts, add_special_tokens=st.booleans(),
         prompt_name=st.none() | st.text(max_size=20),
@@ -268,11 +270,18 @@ def with_raw_field(body: dict, key: str, raw: bytes) -> bytes:
     return packer.pack_map_header(len(rest) + 1) + fields + packer.pack(key) + raw
 
 
+def v1_form(msg: Message) -> bytes:
+    """``msg`` as protocol v1 wrote it: version 1, and the keys v2 renamed under their v1 names."""
+    body = msgpack.unpackb(encode(msg), raw=False)
+    old = {new: old for old, new in V1_KEYS.get(msg.TYPE, {}).items()}
+    return msgpack.packb({old.get(k, k): v for k, v in body.items()} | {"v": 1}, use_bin_type=True)
+
+
 @st.composite
 def mutated(draw, valid: st.SearchStrategy) -> bytes:
-    """A valid message's encoding, damaged one way: cut, bytes flipped or inserted, a field (or a field
-    of a nested map) replaced by junk or removed, or set to a deeply nested value."""
-    data = encode(draw(valid))
+    """A valid message's encoding (either version's), damaged one way: cut, bytes flipped or inserted, a
+    field (or a field of a nested map) replaced by junk or removed, or set to a deeply nested value."""
+    data = draw(st.sampled_from([encode, v1_form]))(draw(valid))
     how = draw(st.sampled_from(["truncate", "flip", "insert", "field", "nested", "drop", "deep"]))
     if how == "truncate":
         return data[: draw(st.integers(0, len(data) - 1))]
@@ -306,11 +315,14 @@ msgpack_values = st.recursive(
     | st.dictionaries(st.text(max_size=3) | st.binary(max_size=3), inner, max_size=4),
     max_leaves=10,
 ).map(lambda v: msgpack.packb(v, use_bin_type=True))
+# every key of either version, old meanings and new (docs/protocol.md)
+WIRE_KEYS = sorted({key for renamed in V1_KEYS.values() for pair in renamed.items() for key in pair} | {
+    "id", "m", "x", "dl", "o", "tk", "pr", "s", "ids", "cu", "tt", "tm", "pt", "di", "dim", "dt", "tok", "of", "ix",
+    "c", "e", "row", "sp", "pn", "ss", "l", "r", "q", "k", "rs", "tr", "rt", "cv", "cd", "sc",
+})
 protocol_shaped = st.fixed_dictionaries(
-    {"v": st.just(1) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
-    optional={key: junk for key in ["id", "m", "x", "dl", "o", "tk", "pr", "s", "n", "ids", "cu", "tt", "tm", "jb",
-                                    "bi", "di", "dim", "dt", "b", "tok", "c", "e", "sp", "pn", "d", "q", "i", "l", "r",
-                                    "k", "rs", "tr", "rt", "cv", "cd", "sc", "ss"]},
+    {"v": st.sampled_from([1, VERSION]) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
+    optional={key: junk for key in WIRE_KEYS},
 ).map(lambda body: msgpack.packb(body, use_bin_type=True))
 
 
@@ -358,6 +370,18 @@ def test_valid_messages_round_trip(kind, data):
     assert plain(out) == plain(msg)
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.TYPE)
+@FUZZ
+@given(data=st.data())
+def test_v1_encodings_decode_to_the_same_message(kind, data):
+    """JetStream keeps what a v1 release wrote (job batches, bulk token chunks, job results) across an
+    upgrade: each message in its v1 form decodes to the message itself."""
+    msg = data.draw(VALID[kind])
+    if kind is ErrorReply:
+        msg = dataclasses.replace(msg, row=None)  # v1 had no row
+    assert plain(decode_as(v1_form(msg), kind)) == plain(msg)
+
+
 @FUZZ
 @given(data=st.binary(max_size=2048))
 def test_arbitrary_bytes_are_refused_or_valid(data):
@@ -378,13 +402,13 @@ def test_mutated_encodings_are_refused_or_valid(kind, data):
 
 
 def _tokens(**fields) -> bytes:
-    batch = TokenBatch("r", "m", 0, 2, np.array([101, 7, 102], "<i4"), np.array([0, 1, 3], "<i4"), 9.0)
+    batch = TokenChunk("r", "m", 0, 2, np.array([101, 7, 102], "<i4"), np.array([0, 1, 3], "<i4"), 9.0)
     body = msgpack.unpackb(encode(batch))
     return msgpack.packb({**body, **fields}, use_bin_type=True)
 
 
 def _message(kind: str, **fields) -> bytes:
-    return msgpack.packb({"v": 1, "t": kind, **fields}, use_bin_type=True)
+    return msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
 
 
 OK_EMBED = dict(id="a", m="m", x=["a"], dl=1.0)
@@ -395,19 +419,19 @@ HUGE_CLAIMS = {
     "bin32 of 4 GB": b"\xc6\xff\xff\xff\xff\x00",
     "str32 of 4 GB": b"\xdb\xff\xff\xff\xff\x00",
     "ext32 of 4 GB": b"\xc9\xff\xff\xff\xff\x01\x00",
-    "texts claiming 2**32-1": with_raw_field({"v": 1, "t": "embed", "id": "a", "m": "m", "dl": 1.0}, "x",
+    "texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "embed", "id": "a", "m": "m", "dl": 1.0}, "x",
                                              b"\xdd\xff\xff\xff\xff"),
     "ids claiming 4 GB": with_raw_field(msgpack.unpackb(_tokens()), "ids", b"\xc6\xff\xff\xff\xff\x00\x00"),
     "nested 100000 deep": deeply_nested(100_000),
-    "field nested 100000 deep": with_raw_field({"v": 1, "t": "embed"}, "x", deeply_nested(100_000)),
+    "field nested 100000 deep": with_raw_field({"v": VERSION, "t": "embed"}, "x", deeply_nested(100_000)),
     "version nested 1000 deep": with_raw_field({"t": "embed"}, "v", deeply_nested(1000)),
     # a token batch whose offsets claim 2**40 tokens (or wrap around int32) with three ids behind them
     "cu claiming 2**31-1 tokens": _tokens(cu=np.array([0, 1, 2**31 - 1], "<i4").tobytes()),
-    "cu wrapping around int32": _tokens(cu=np.array([0, 2**31 - 1, -(2**31), -1, 3], "<i4").tobytes(), n=9),
-    "cu not increasing": _tokens(cu=np.array([0, 2, 1, 3], "<i4").tobytes(), n=9),
+    "cu wrapping around int32": _tokens(cu=np.array([0, 2**31 - 1, -(2**31), -1, 3], "<i4").tobytes(), rows=9),
+    "cu not increasing": _tokens(cu=np.array([0, 2, 1, 3], "<i4").tobytes(), rows=9),
     "cu not ending at len(ids)": _tokens(cu=np.array([0, 1, 4], "<i4").tobytes()),
     "ids not whole int32": _tokens(ids=b"\x01\x00\x00\x00\x02"),
-    "total 2**40 rows": _tokens(n=2**40),
+    "total 2**40 rows": _tokens(rows=2**40),
     "start 2**64-1": _tokens(s=2**64 - 1),
     "negative start": _tokens(s=-1),
     "negative token type": _tokens(tt=np.array([0, -1, 0], "<i4").tobytes()),
@@ -415,44 +439,44 @@ HUGE_CLAIMS = {
     "deadline inf": _message("embed", **{**OK_EMBED, "dl": float("inf")}),
     "timings NaN": _tokens(tm={"tokenize": float("nan")}),
     "timings stage name 100 KB": _tokens(tm={"x" * 100_000: 1.0}),
-    "dimension 2**40": _message("result", id="a", s=0, n=1, dim=2**40, dt="f4", b=b"\x00" * 4, tok=1),
-    "result rows past total": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"\x00" * 8, tok=1),
-    "result bytes not whole rows": _message("result", id="a", s=0, n=9, dim=2, dt="f4", b=b"\x00" * 12, tok=1),
-    "offsets past the payload": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"\x00" * 4, tok=1,
+    "dimension 2**40": _message("result", id="a", s=0, rows=1, dim=2**40, dt="f4", vec=b"\x00" * 4, tok=1),
+    "result rows past total": _message("result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"\x00" * 8, tok=1),
+    "result bytes not whole rows": _message("result", id="a", s=0, rows=9, dim=2, dt="f4", vec=b"\x00" * 12, tok=1),
+    "offsets past the payload": _message("result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"\x00" * 4, tok=1,
                                          of=np.array([0, 2**31 - 1], "<i4").tobytes()),
-    "offsets wrapping around int32": _message("result", id="a", s=0, n=3, dim=1, dt="f4", b=b"\x00" * 4, tok=1,
+    "offsets wrapping around int32": _message("result", id="a", s=0, rows=3, dim=1, dt="f4", vec=b"\x00" * 4, tok=1,
                                               of=np.array([0, 2**31 - 1, -(2**31), 1], "<i4").tobytes()),
-    "offsets decreasing": _message("result", id="a", s=0, n=3, dim=1, dt="f4", b=b"\x00" * 8, tok=1,
+    "offsets decreasing": _message("result", id="a", s=0, rows=3, dim=1, dt="f4", vec=b"\x00" * 8, tok=1,
                                    of=np.array([0, 2, 1, 2], "<i4").tobytes()),
-    "offsets claiming 2**40 inputs": _message("result", id="a", s=0, n=1, dim=1, dt="f4", b=b"", tok=1,
+    "offsets claiming 2**40 inputs": _message("result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"", tok=1,
                                               of=b"\xc6\xff\xff\xff\xff"),
-    "sparse index past dim": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 4, tok=1,
+    "sparse index past dim": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1,
                                       of=np.array([0, 1], "<i4").tobytes(), ix=np.array([4], "<i4").tobytes()),
-    "sparse negative index": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 4, tok=1,
+    "sparse negative index": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1,
                                       of=np.array([0, 1], "<i4").tobytes(), ix=np.array([-1], "<i4").tobytes()),
-    "sparse values and indices differ": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 8, tok=1,
+    "sparse values and indices differ": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 8, tok=1,
                                                  of=np.array([0, 2], "<i4").tobytes(), ix=np.array([1], "<i4").tobytes()),
-    "sparse int8 values": _message("result", id="a", s=0, n=1, dim=4, dt="i1", b=b"\x00", tok=1,
+    "sparse int8 values": _message("result", id="a", s=0, rows=1, dim=4, dt="i1", vec=b"\x00", tok=1,
                                    of=np.array([0, 1], "<i4").tobytes(), ix=np.array([1], "<i4").tobytes()),
-    "sparse without offsets": _message("result", id="a", s=0, n=1, dim=4, dt="f4", b=b"\x00" * 4, tok=1,
+    "sparse without offsets": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1,
                                        ix=np.array([1], "<i4").tobytes()),
-    "job result offsets not one per document": _message("jobresult", id="j", b=0, s=0, di=["a", "b"], dim=1, dt="f4",
-                                                        d=b"\x00" * 4, tok=1, of=np.array([0, 1], "<i4").tobytes()),
+    "job result offsets not one per document": _message("jobresult", jb="j", bi=0, s=0, di=["a", "b"], dim=1, dt="f4",
+                                                        vec=b"\x00" * 4, tok=1, of=np.array([0, 1], "<i4").tobytes()),
     "options output unknown": _message("embed", **OK_EMBED, o={"out": "everything"}),
     "options sparse top_k 2**64": _message("embed", **OK_EMBED, o={"out": "sparse", "sk": 2**64 - 1}),
     "options sparse threshold NaN": _message("embed", **OK_EMBED, o={"out": "sparse", "sth": float("nan")}),
     "options sparse as binary": _message("embed", **OK_EMBED, o={"out": "sparse", "dt": "b1"}),
-    "job result not one vector per document": _message("jobresult", id="j", b=0, s=0, di=["a"], dim=2**16, dt="f4",
-                                                     d=b"\x00" * 4, tok=1),
+    "job result not one vector per document": _message("jobresult", jb="j", bi=0, s=0, di=["a"], dim=2**16, dt="f4",
+                                                     vec=b"\x00" * 4, tok=1),
     "rerank candidate dim 2**40": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0, cv=b"\x00" * 8, cd=2**40),
     "rerank candidate NaN": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0,
                                      cv=np.array([1.0, float("nan")], "<f4").tobytes(), cd=2),
-    "load rate as text": _message("load", id="w", m="m", s="s", q=0, i=0.05, r="1e3"),
-    "load rate inf": _message("load", id="w", m="m", s="s", q=0, i=0.05, r=float("inf")),
+    "load rate as text": _message("load", wk="w", m="m", sub="s", qt=0, iv=0.05, r="1e3"),
+    "load rate inf": _message("load", wk="w", m="m", sub="s", qt=0, iv=0.05, r=float("inf")),
     "options dtype a list": _message("embed", **OK_EMBED, o={"dt": ["f4"]}),
     "options dimensions huge": _message("embed", **OK_EMBED, o={"d": 2**64 - 1}),
-    "type a list": msgpack.packb({"v": 1, "t": [1, 2]}),
-    "type a map": msgpack.packb({"v": 1, "t": {"a": 1}}),
+    "type a list": msgpack.packb({"v": VERSION, "t": [1, 2]}),
+    "type a map": msgpack.packb({"v": VERSION, "t": {"a": 1}}),
     "version true": msgpack.packb({"v": True, "t": "error", "id": "a", "c": "internal", "e": "x"}),
     "version 1.0": msgpack.packb({"v": 1.0, "t": "error", "id": "a", "c": "internal", "e": "x"}),
     "version 100 KB string": msgpack.packb({"v": "x" * 100_000, "t": "embed"}),
@@ -461,9 +485,9 @@ HUGE_CLAIMS = {
     "empty model": _message("embed", **{**OK_EMBED, "m": ""}),
     "job longer than MAX_NAME": _tokens(jb="j" * (MAX_NAME + 1), di=["a", "b"], bi=0),
     "job a number": _tokens(jb=7, di=["a", "b"], bi=0),
-    "decode ids claiming 2**32-1 sequences": with_raw_field({"v": 1, "t": "decode", "id": "a", "m": "m"}, "tk",
+    "decode ids claiming 2**32-1 sequences": with_raw_field({"v": VERSION, "t": "decode", "id": "a", "m": "m"}, "tk",
                                                         b"\xdd\xff\xff\xff\xff"),
-    "decode ids claiming 4 GB": with_raw_field({"v": 1, "t": "decode", "id": "a", "m": "m"}, "tk",
+    "decode ids claiming 4 GB": with_raw_field({"v": VERSION, "t": "decode", "id": "a", "m": "m"}, "tk",
                                                b"\x91\xc6\xff\xff\xff\xff\x00"),
     "decode ids not whole int32": _message("decode", id="a", m="m", tk=[b"\x01\x00\x00"]),
     "decode ids as numbers": _message("decode", id="a", m="m", tk=[[101, 102]]),
@@ -471,7 +495,7 @@ HUGE_CLAIMS = {
     "decode without a model": _message("decode", id="a", tk=[b"\x00" * 4]),
     "decode skip_special_tokens a string": _message("decode", id="a", m="m", tk=[b"\x00" * 4], ss="yes"),
     "decoded texts as bytes": _message("decoded", id="a", x=[b"text"]),
-    "decoded texts claiming 2**32-1": with_raw_field({"v": 1, "t": "decoded", "id": "a"}, "x", b"\xdd\xff\xff\xff\xff"),
+    "decoded texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "decoded", "id": "a"}, "x", b"\xdd\xff\xff\xff\xff"),
     "pickle": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94.",
 }
 
@@ -497,13 +521,13 @@ msg_ids = st.one_of(
 
 
 @FUZZ
-@given(msg_id=msg_ids, data=hostile(VALID[JobBatch]) | hostile(token_batches(job=True)))
+@given(msg_id=msg_ids, data=hostile(VALID[JobBatch]) | hostile(token_chunks(job=True)))
 def test_dead_letter_descriptions_never_fail(msg_id, data):
     """What a dead letter records of a bulk batch comes from its payload, else from its message id
     header: both untrusted. Describing one never raises, and names a job only by a usable name."""
     headers = {"Nats-Msg-Id": msg_id}
     for info in (job_from_msg_id(headers, 1), job_from_msg_id(headers, 2), describe_job_batch(data, headers),
-                 describe_token_batch(data, headers)):
+                 describe_token_chunk(data, headers)):
         assert isinstance(info, BatchInfo)
         assert info.job is None or 0 < len(info.job) <= MAX_NAME
 

@@ -1,0 +1,391 @@
+"""Each message's wire form: one encoder and one decoder per message, in the order of docs/protocol.md,
+whose tables list the keys (shared/protocol/codec.py frames them, with the version and the type)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from shared.errors import ErrorCode
+from shared.protocol.checks import (
+    MAX_ID, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
+    _req_int, _req_number, _str_list, _show, _timings,
+)
+from shared.protocol.messages import (
+    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest,
+    EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
+    TokenizeResult,
+)
+
+
+def _tokens_wire(ids: np.ndarray) -> bytes:
+    """Token IDs, offsets or indices on the wire: little-endian int32 bytes."""
+    return np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def _ragged_wire(offsets: np.ndarray | None, indices: np.ndarray | None) -> dict[str, bytes]:
+    wire = {}
+    if offsets is not None:
+        wire["of"] = _tokens_wire(offsets)
+    if indices is not None:
+        wire["ix"] = _tokens_wire(indices)
+    return wire
+
+
+def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = False) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    """Check a result payload against its dtype, dimension and optional offsets / indices (all before any
+    array is made from them); returns (inputs it holds, offsets, indices)."""
+    if dtype not in VECTOR_DTYPES:
+        raise ProtocolError(f"unknown vector dtype {_show(dtype)}")
+    if not 0 < dim <= MAX_DIMENSION:
+        raise ProtocolError("dimension out of range")
+    offsets = indices = None
+    if m.get("ix") is not None:  # sparse: values with their vocabulary indices
+        if dtype not in SPARSE_DTYPES or m.get("of") is None:
+            raise ProtocolError(f"sparse results hold {' or '.join(SPARSE_DTYPES)} values and per-input offsets")
+        indices = _int32_array(_req(m, "ix", bytes), "indices")
+        if len(data) != len(indices) * VECTOR_DTYPES[dtype].itemsize:
+            raise ProtocolError("sparse results need one value per index")
+        if len(indices) and (indices.min() < 0 or indices.max() >= dim):
+            raise ProtocolError(f"sparse indices must be in [0, {dim})")
+        entries = len(indices)
+    else:
+        size = row_bytes(dtype, dim)
+        if len(data) % size or (not data and not empty and m.get("of") is None):
+            raise ProtocolError("payload is not a whole number of rows")
+        entries = len(data) // size
+    if m.get("of") is None:
+        return entries, None, None
+    offsets = _int32_array(_req(m, "of", bytes), "offsets")
+    # differences in int64: int32 offsets could wrap around and pass as non-decreasing
+    if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != entries or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        raise ProtocolError("offsets must start at 0, never decrease and end at the payload's entries")
+    return len(offsets) - 1, offsets, indices
+
+
+
+def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
+    body = {"id": msg.id, "m": msg.model, "x": msg.texts, "dl": msg.deadline, "o": msg.options.to_wire()}
+    if msg.token_ids is not None:
+        body["tk"] = [_tokens_wire(t) for t in msg.token_ids]
+    if msg.pairs is not None:
+        body["pr"] = [list(p) for p in msg.pairs]
+    return body
+
+
+def _decode_embed_request(m: dict) -> EmbedRequest:
+    texts = _str_list(m, "x")
+    token_ids = None
+    if m.get("tk") is not None:
+        raw = _req(m, "tk", list)
+        if texts or len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
+            raise ProtocolError("token inputs must be byte strings, with no texts beside them")
+        token_ids = [_int32_array(t, "token input") for t in raw]
+    pairs = None
+    if m.get("pr") is not None:
+        raw = _req(m, "pr", list)
+        if texts or token_ids is not None or len(raw) > MAX_ROWS:
+            raise ProtocolError("pair inputs come alone, with no texts or token inputs beside them")
+        if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw):
+            raise ProtocolError("pairs must be [query, document] string pairs")
+        pairs = [(p[0], p[1]) for p in raw]
+    return EmbedRequest(
+        id=_id(m),
+        model=_name(m, "m"),
+        texts=texts,
+        deadline=_req_number(m, "dl"),
+        options=EmbedOptions.from_wire(m.get("o", {})),
+        token_ids=token_ids,
+        pairs=pairs,
+    )
+
+
+def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
+    body = {
+        "id": msg.id,
+        "m": msg.model,
+        "s": msg.start,
+        "rows": msg.total,
+        "ids": _tokens_wire(msg.input_ids),
+        "cu": _tokens_wire(msg.cu_seqlens),
+        "dl": msg.deadline,
+        "o": msg.options.to_wire(),
+        "tm": msg.timings,
+    }
+    if msg.token_types is not None:
+        body["tt"] = _tokens_wire(msg.token_types)
+    if msg.prompt_tokens:
+        body["pt"] = msg.prompt_tokens
+    if msg.job is not None:
+        body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
+    return body
+
+
+def _decode_token_chunk(m: dict) -> TokenChunk:
+    ids = _int32_array(_req(m, "ids", bytes), "ids")
+    cu = _int32_array(_req(m, "cu", bytes), "cu")
+    # differences taken in int64: int32 offsets could wrap around and pass as increasing
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
+        raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
+    start, total = _req_int(m, "s"), _req_int(m, "rows")
+    if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
+        raise ProtocolError("rows out of range")
+    token_types = None
+    if m.get("tt") is not None:
+        token_types = _int32_array(_req(m, "tt", bytes), "token types")
+        if len(token_types) != len(ids) or (len(ids) and token_types.min() < 0):
+            raise ProtocolError("token types must be one non-negative value per token")
+    prompt_tokens = _req_int(m, "pt") if m.get("pt") is not None else 0
+    if not 0 <= prompt_tokens <= MAX_PROMPT_TOKENS:
+        raise ProtocolError(f"prompt_tokens must be between 0 and {MAX_PROMPT_TOKENS}")
+    job = _name(m, "jb") if m.get("jb") is not None else None
+    doc_ids = None
+    if job is not None:
+        doc_ids = _str_list(m, "di")
+        if len(doc_ids) != len(cu) - 1:
+            raise ProtocolError("one document id per row")
+    return TokenChunk(
+        id=_id(m),
+        model=_name(m, "m"),
+        start=start,
+        total=total,
+        input_ids=ids,
+        cu_seqlens=cu,
+        deadline=_req_number(m, "dl"),
+        options=EmbedOptions.from_wire(m.get("o", {})),
+        timings=_timings(m),
+        token_types=token_types,
+        job=job,
+        batch=_req_int(m, "bi") if job is not None else 0,
+        doc_ids=doc_ids,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def _encode_embed_result(msg: EmbedResult) -> dict[str, Any]:
+    return {
+        "id": msg.id,
+        "s": msg.start,
+        "rows": msg.total,
+        "dim": msg.dim,
+        "dt": msg.dtype,
+        "vec": msg.data,
+        "tok": msg.tokens,
+        "tm": msg.timings,
+    } | _ragged_wire(msg.offsets, msg.indices)
+
+
+def _decode_embed_result(m: dict) -> EmbedResult:
+    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "vec", bytes)
+    count, offsets, indices = _payload_layout(m, data, dtype, dim)
+    start, total = _req_int(m, "s"), _req_int(m, "rows")
+    if not (0 <= start and start + count <= total <= MAX_ROWS):
+        raise ProtocolError("rows out of range")
+    return EmbedResult(
+        id=_id(m),
+        start=start,
+        total=total,
+        dim=dim,
+        dtype=dtype,
+        data=data,
+        tokens=_req_int(m, "tok"),
+        timings=_timings(m),
+        offsets=offsets,
+        indices=indices,
+    )
+
+
+def _encode_error_reply(msg: ErrorReply) -> dict[str, Any]:
+    body = {"id": msg.id, "c": msg.code.value, "e": msg.message}
+    if msg.row is not None:
+        body["row"] = msg.row
+    return body
+
+
+def _decode_error_reply(m: dict) -> ErrorReply:
+    try:
+        code = ErrorCode(_req(m, "c", str))
+    except ValueError:
+        code = ErrorCode.INTERNAL
+    row = _req_int(m, "row") if m.get("row") is not None else None
+    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)
+
+
+def _encode_tokenize_request(msg: TokenizeRequest) -> dict[str, Any]:
+    return {"id": msg.id, "m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
+
+
+def _decode_tokenize_request(m: dict) -> TokenizeRequest:
+    special, prompt = m.get("sp", True), m.get("pn")
+    if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
+        raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
+    return TokenizeRequest(
+        id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), add_special_tokens=special,
+        prompt_name=prompt,
+    )
+
+
+def _encode_tokenize_result(msg: TokenizeResult) -> dict[str, Any]:
+    return {"id": msg.id, "tkd": [[list(t) for t in seq] for seq in msg.tokens]}
+
+
+def _decode_tokenize_result(m: dict) -> TokenizeResult:
+    tokens = []
+    for seq in _req(m, "tkd", list):
+        if not isinstance(seq, list):
+            raise ProtocolError("tokens must be lists")
+        row = []
+        for t in seq:
+            if not (isinstance(t, list) and len(t) == 5 and _is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
+                raise ProtocolError("a token is [id, text, special, start, stop]")
+            if not all(x is None or _is_int(x) for x in t[3:]):
+                raise ProtocolError("token offsets must be integers or null")
+            row.append(tuple(t))
+        tokens.append(row)
+    return TokenizeResult(id=_id(m), tokens=tokens)
+
+
+def _encode_decode_request(msg: DecodeRequest) -> dict[str, Any]:
+    return {"id": msg.id, "m": msg.model, "tk": [_tokens_wire(t) for t in msg.ids], "ss": msg.skip_special_tokens}
+
+
+def _decode_decode_request(m: dict) -> DecodeRequest:
+    raw = _req(m, "tk", list)
+    if len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
+        raise ProtocolError(f"ids must be at most {MAX_ROWS} byte strings of int32 token IDs")
+    return DecodeRequest(
+        id=_id(m), model=_name(m, "m"), ids=[_int32_array(t, "ids") for t in raw],
+        skip_special_tokens=_opt_bool(m, "ss", True),
+    )
+
+
+def _encode_decode_result(msg: DecodeResult) -> dict[str, Any]:
+    return {"id": msg.id, "x": msg.texts}
+
+
+def _decode_decode_result(m: dict) -> DecodeResult:
+    return DecodeResult(id=_id(m), texts=_str_list(m, "x"))
+
+
+def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
+    return {"jb": msg.id, "bi": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
+
+
+def _decode_job_batch(m: dict) -> JobBatch:
+    doc_ids, texts = _str_list(m, "di"), _str_list(m, "x")
+    if len(doc_ids) != len(texts) or not texts:
+        raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
+    return JobBatch(
+        id=_name(m, "jb"), batch=_req_int(m, "bi"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
+        options=EmbedOptions.from_wire(m.get("o", {})),
+    )
+
+
+def _encode_job_result(msg: JobResult) -> dict[str, Any]:
+    return {"jb": msg.id, "bi": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype,
+            "vec": msg.data, "tok": msg.tokens} | _ragged_wire(msg.offsets, msg.indices)
+
+
+def _decode_job_result(m: dict) -> JobResult:
+    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "vec", bytes)
+    doc_ids = _str_list(m, "di")
+    count, offsets, indices = _payload_layout(m, data, dtype, dim, empty=True)
+    if count != len(doc_ids):
+        raise ProtocolError("payload does not hold one vector per document")
+    return JobResult(
+        id=_name(m, "jb"), batch=_req_int(m, "bi"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
+        dtype=dtype, data=data, tokens=_req_int(m, "tok"), offsets=offsets, indices=indices,
+    )
+
+
+def _encode_load_report(msg: LoadReport) -> dict[str, Any]:
+    return {"wk": msg.id, "m": msg.model, "sub": msg.subject, "qt": msg.queued_tokens, "iv": msg.interval,
+            "l": msg.leaving, "r": msg.rate}
+
+
+def _decode_load_report(m: dict) -> LoadReport:
+    interval, leaving, rate = _req_number(m, "iv"), m.get("l", False), _opt_number(m, "r", 0.0)
+    if not 0 < interval <= 60 or not isinstance(leaving, bool) or not 0 <= rate < 1e12:
+        raise ProtocolError("load report: interval in (0, 60] seconds, a boolean leaving, a rate >= 0")
+    return LoadReport(
+        id=_name(m, "wk"), model=_name(m, "m"), subject=_name(m, "sub", MAX_ID),
+        queued_tokens=_req_int(m, "qt"), interval=interval, leaving=leaving, rate=rate,
+    )
+
+
+def _encode_rerank_request(msg: RerankRequest) -> dict[str, Any]:
+    body = {"id": msg.id, "m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
+            "rs": msg.raw_scores, "tr": msg.truncate, "rt": msg.return_text}
+    if msg.vectors is not None:
+        body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=VECTOR_DTYPES["f4"]).tobytes(), "cd": msg.vectors.shape[1]}
+    return body
+
+
+def _decode_rerank_request(m: dict) -> RerankRequest:
+    texts = _str_list(m, "x")
+    top_n = m.get("k")
+    if top_n is not None and (not _is_int(top_n) or top_n <= 0):
+        raise ProtocolError("top_n must be a positive integer")
+    vectors = None
+    if m.get("cv") is not None:
+        data, dim = _req(m, "cv", bytes), _req_int(m, "cd")
+        if not 0 < dim <= MAX_DIMENSION or len(data) % (4 * dim):
+            raise ProtocolError("candidate vectors must be n * dim little-endian float32 values, 0 < dim <= "
+                                f"{MAX_DIMENSION}")
+        if texts:
+            raise ProtocolError("give candidates as texts or as vectors, not both")
+        vectors = np.frombuffer(data, dtype=VECTOR_DTYPES["f4"]).reshape(-1, dim)
+        if len(vectors) > MAX_ROWS or not np.isfinite(vectors).all():
+            raise ProtocolError(f"candidate vectors: at most {MAX_ROWS}, of finite values")
+    return RerankRequest(
+        id=_id(m),
+        model=_name(m, "m"),
+        query=_req(m, "q", str),
+        texts=texts,
+        deadline=_req_number(m, "dl"),
+        top_n=top_n,
+        raw_scores=_opt_bool(m, "rs", False),
+        truncate=_opt_bool(m, "tr", True),
+        vectors=vectors,
+        return_text=_opt_bool(m, "rt", False),
+    )
+
+
+def _encode_rerank_result(msg: RerankResult) -> dict[str, Any]:
+    body = {"id": msg.id, "ci": _tokens_wire(msg.indices),
+            "sc": np.ascontiguousarray(msg.scores, dtype=VECTOR_DTYPES["f4"]).tobytes()}
+    if msg.texts is not None:
+        body["x"] = msg.texts
+    return body
+
+
+def _decode_rerank_result(m: dict) -> RerankResult:
+    indices = _int32_array(_req(m, "ci", bytes), "indices")
+    scores_buf = _req(m, "sc", bytes)
+    if len(scores_buf) != 4 * len(indices):
+        raise ProtocolError("scores and indices differ in length")
+    texts = _str_list(m, "x") if m.get("x") is not None else None
+    if texts is not None and len(texts) != len(indices):
+        raise ProtocolError("texts and indices differ in length")
+    return RerankResult(
+        id=_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
+    )
+
+
+# message type on the wire ("t") -> (encoder, decoder)
+FORMS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] = {
+    EmbedRequest.TYPE: (_encode_embed_request, _decode_embed_request),
+    TokenChunk.TYPE: (_encode_token_chunk, _decode_token_chunk),
+    EmbedResult.TYPE: (_encode_embed_result, _decode_embed_result),
+    ErrorReply.TYPE: (_encode_error_reply, _decode_error_reply),
+    TokenizeRequest.TYPE: (_encode_tokenize_request, _decode_tokenize_request),
+    TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),
+    DecodeRequest.TYPE: (_encode_decode_request, _decode_decode_request),
+    DecodeResult.TYPE: (_encode_decode_result, _decode_decode_result),
+    JobBatch.TYPE: (_encode_job_batch, _decode_job_batch),
+    JobResult.TYPE: (_encode_job_result, _decode_job_result),
+    LoadReport.TYPE: (_encode_load_report, _decode_load_report),
+    RerankRequest.TYPE: (_encode_rerank_request, _decode_rerank_request),
+    RerankResult.TYPE: (_encode_rerank_result, _decode_rerank_result),
+}

@@ -1,0 +1,103 @@
+"""docs/protocol.md against the codec: each message's table lists exactly the keys encode() writes (and
+which are always there), each key is in the key index once, and the version-1 renames are the codec's."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from shared.errors import ErrorCode
+from shared.protocol import (
+    DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport,
+    RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, encode,
+)
+from shared.protocol.codec import V1_KEYS
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")
+SPARSE = EmbedOptions(output="sparse", sparse_top_k=4, sparse_threshold=0.1)
+SPARSE_PART = dict(dim=8, dtype="f4", data=np.zeros(3, "<f4").tobytes(), offsets=CU, indices=IDS)
+VECTORS = np.zeros((2, 3), "<f4")
+
+# per message: (the fewest keys it can have, every key it can have)
+EXAMPLES = {
+    EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
+                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")])),
+    TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
+                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
+                            prompt_tokens=1)),
+    EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
+                  EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
+    ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
+    TokenizeRequest: (TokenizeRequest("r", "m", ["a"]),) * 2,
+    TokenizeResult: (TokenizeResult("r", [[(1, "a", False, 0, 1)]]),) * 2,
+    DecodeRequest: (DecodeRequest("r", "m", [IDS]),) * 2,
+    DecodeResult: (DecodeResult("r", ["a"]),) * 2,
+    JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),) * 2,
+    JobResult: (JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
+                JobResult("j", 0, 0, ["a", "b"], tokens=3, **SPARSE_PART)),
+    LoadReport: (LoadReport("w", "m", "sub", 0, 0.05),) * 2,
+    RerankRequest: (RerankRequest("r", "m", "q", ["a"], 1.0),
+                    RerankRequest("r", "m", "q", [], 1.0, vectors=VECTORS)),
+    RerankResult: (RerankResult("r", IDS, np.zeros(3, "<f4")), RerankResult("r", IDS, np.zeros(3, "<f4"), ["a", "b", "c"])),
+}
+
+
+def _section(heading: str) -> str:
+    """The text under the first heading that starts with ``heading``, up to the next heading."""
+    match = re.search(rf"^#+ {re.escape(heading)}.*?\n(.*?)(?=^#)", DOC + "\n#", re.S | re.M)
+    assert match, f"docs/protocol.md has no section {heading!r}"
+    return match.group(1)
+
+
+def _rows(text: str) -> list[list[str]]:
+    """Table rows (header and rule left out), cells stripped of their backticks."""
+    lines = [line for line in text.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in lines]
+
+
+def _table(heading: str) -> dict[str, tuple[str, str]]:
+    """key -> (field, when present), from a message's table."""
+    rows = _rows(_section(heading))
+    table = {key: (field, present) for key, field, present in rows}
+    assert len(table) == len(rows), f"a key twice in {heading}"
+    return table
+
+
+def _keys(msg) -> set[str]:
+    return set(msgpack.unpackb(encode(msg))) - {"v", "t"}
+
+
+@pytest.mark.parametrize("kind", EXAMPLES, ids=lambda k: k.__name__)
+def test_each_message_table_lists_the_keys_the_codec_writes(kind):
+    fewest, every = EXAMPLES[kind]
+    table = _table(f"{kind.__name__} (`{kind.TYPE}`)")
+    assert set(table) == _keys(every)
+    assert {key for key, (_, present) in table.items() if present.startswith("always")} == _keys(fewest)
+    assert {field for field, _ in table.values()} <= {f.name for f in dataclasses.fields(kind)}
+
+
+def test_the_options_table_lists_the_keys_the_codec_writes():
+    table = _table("EmbedOptions")
+    assert set(table) == set(SPARSE.to_wire())
+    assert {key for key, (_, present) in table.items() if present == "always"} == set(EmbedOptions().to_wire())
+    assert {field for field, _ in table.values()} <= {f.name for f in dataclasses.fields(EmbedOptions)}
+
+
+def test_every_key_has_one_meaning_in_the_index():
+    index = [row[0] for row in _rows(_section("Key index"))]
+    assert len(index) == len(set(index)), sorted(k for k in index if index.count(k) > 1)
+    used = {key for kind in EXAMPLES for key in _table(f"{kind.__name__} (`{kind.TYPE}`)")} | set(_table("EmbedOptions"))
+    assert set(index) == used | {"v", "t"}
+
+
+def test_the_version_table_is_the_codecs():
+    rows = _rows(_section("Versions"))
+    documented = {kind: dict(zip(old.replace("`", "").split(", "), new.replace("`", "").split(", ")))
+                  for kind, old, new in rows}
+    assert documented == V1_KEYS
