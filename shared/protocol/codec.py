@@ -63,6 +63,8 @@ def encode(msg: Message) -> bytes:
         } | _ragged_wire(msg.offsets, msg.indices)
     elif isinstance(msg, ErrorReply):
         body |= {"c": msg.code.value, "e": msg.message}
+        if msg.row is not None:
+            body["row"] = msg.row
     elif isinstance(msg, TokenizeRequest):
         body |= {"m": msg.model, "x": msg.texts, "sp": msg.add_special_tokens, "pn": msg.prompt_name}
     elif isinstance(msg, TokenizeResult):
@@ -305,7 +307,7 @@ def _decode_error(m: dict) -> ErrorReply:
         code = ErrorCode(_req(m, "c", str))
     except ValueError:
         code = ErrorCode.INTERNAL
-    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str))
+    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=_req_int(m, "row") if "row" in m else None)
 
 
 def _decode_job(m: dict) -> JobBatch:

@@ -212,6 +212,7 @@ class ErrorReply:
     id: str
     code: ErrorCode
     message: str
+    row: int | None = None
 
     TYPE = "error"
 
