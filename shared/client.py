@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 import numpy as np
 from nats.aio.client import Client
@@ -47,6 +47,8 @@ from shared.subjects import Subjects
 from shared.tracing import HEADER_BYTES, TraceContext, current, headers_for
 
 log = logging.getLogger("embedfleet.client")
+
+T = TypeVar("T")
 
 _NO_RESPONDERS = "503"
 _NO_RESPONDER_PAUSE = 0.1  # seconds before re-sending after a missing responder
@@ -126,6 +128,27 @@ class _Pending:
 
     def missing(self) -> np.ndarray:
         return np.flatnonzero(~self.filled)
+
+
+def reply_error(reply: ErrorReply, rows: int, index: np.ndarray | None = None, noun: str = "input") -> ServiceError:
+    """A service's error reply as a ServiceError of the request; ``rows``: the inputs of the request the
+    reply answers, ``index``: their rows in the whole request (None: the same)."""
+    if reply.row is None:
+        return ServiceError(reply.code, reply.message)
+    if reply.row >= rows:
+        raise ProtocolError(f"error row {reply.row} is outside a request of {rows}")
+    return ServiceError(reply.code, reply.message, reply.row if index is None else int(index[reply.row]), noun)
+
+
+async def part_of(call: Awaitable[T], rows: Sequence[int], noun: str = "input") -> T:
+    """Await a call for some of a request's inputs, ``rows`` (its rows in the request): an input's error
+    is said of its row in the request, and of the inputs as the request's API names them (``noun``)."""
+    try:
+        return await call
+    except ServiceError as exc:
+        if exc.row is None:
+            raise
+        raise exc.at(rows[exc.row], noun) from None
 
 
 def _subset(request: EmbedRequest, attempt: str, rows: np.ndarray) -> EmbedRequest:
@@ -292,7 +315,7 @@ class EmbedClient:
     ) -> TokenizeResult:
         """Ask a tokenizer how ``texts`` tokenize."""
         request = TokenizeRequest(uuid.uuid4().hex, model, texts, add_special_tokens, prompt_name)
-        reply = await self._ask(self._subjects.tokenize(model), encode(request), "tokenizer", timeout)
+        reply = await self._ask(self._subjects.tokenize(model), encode(request), "tokenizer", timeout, len(texts))
         if not isinstance(reply, TokenizeResult) or len(reply.tokens) != len(texts):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply
@@ -304,22 +327,24 @@ class EmbedClient:
         if len(payload) > self._nc.max_payload:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
                                f"{self._nc.max_payload}: send fewer token IDs per request")
-        reply = await self._ask(self._subjects.decode(model), payload, "tokenizer", timeout)
+        reply = await self._ask(self._subjects.decode(model), payload, "tokenizer", timeout, len(ids))
         if not isinstance(reply, DecodeResult) or len(reply.texts) != len(ids):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply.texts
 
     async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
         """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""
-        reply = await self._ask(self._subjects.rerank(request.model), encode(request), "scorer", timeout)
+        reply = await self._ask(self._subjects.rerank(request.model), encode(request), "scorer", timeout, request.count,
+                                "candidate")
         if not isinstance(reply, RerankResult) or len(reply.indices) > request.count or (
             len(reply.indices) and (reply.indices.min() < 0 or reply.indices.max() >= request.count)
         ):
             raise ServiceError(ErrorCode.INTERNAL, "a scorer sent an unexpected reply")
         return reply
 
-    async def _ask(self, subject: str, payload: bytes, who: str, timeout: float):
-        """One request-reply to a ``who`` service: its reply decoded, or its error raised."""
+    async def _ask(self, subject: str, payload: bytes, who: str, timeout: float, rows: int, noun: str = "input"):
+        """One request-reply to a ``who`` service about ``rows`` inputs (named ``noun`` in errors): its reply
+        decoded, or its error raised."""
         self._check_connected()
         try:
             msg = await self._nc.request(subject, payload, timeout=timeout, headers=headers_for(current()))
@@ -329,10 +354,11 @@ class EmbedClient:
             raise ServiceError(ErrorCode.TIMEOUT, f"no answer from a {who} within {timeout:g}s") from None
         try:
             reply = decode(msg.data)
+            error = reply_error(reply, rows, noun=noun) if isinstance(reply, ErrorReply) else None
         except ProtocolError:
             raise ServiceError(ErrorCode.INTERNAL, f"a {who} sent a malformed reply") from None
-        if isinstance(reply, ErrorReply):
-            raise ServiceError(reply.code, reply.message)
+        if error is not None:
+            raise error
         return reply
 
     async def _on_reply(self, msg: Msg) -> None:
@@ -349,7 +375,7 @@ class EmbedClient:
         try:
             reply = decode(msg.data)
             if isinstance(reply, ErrorReply):
-                pending.fail(ServiceError(reply.code, reply.message))
+                pending.fail(reply_error(reply, pending.total if index is None else len(index), index))
             elif isinstance(reply, EmbedResult):
                 pending.add(reply, index)
             else:

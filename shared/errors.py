@@ -1,4 +1,5 @@
-"""Error codes that travel on the wire; the gateway maps each to an HTTP status in one table."""
+"""Error codes answered to callers, on the wire and over HTTP; the gateway maps each to an HTTP status
+in one table (services/gateway/errors.py)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,38 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"  # the request's deadline passed
     INTERNAL = "internal"
+    # the gateway's own, never on the wire
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # a request body over --max-body-bytes
+    TOO_MANY_INPUTS = "too_many_inputs"  # more inputs than --max-inputs
+    ROUTE_NOT_FOUND = "route_not_found"  # no route at the path
+    METHOD_NOT_ALLOWED = "method_not_allowed"  # a route, but not for the method
 
 
 class ServiceError(Exception):
-    """An error that is answered to the caller as a wire error (code + message)."""
+    """An error that is answered to the caller as a wire error: a code, a message and, for an error of
+    one input, its ``row`` (its index in the request).
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
+    The message of an input's error is said of that input ("has 302 tokens; ..."), and ``text`` names
+    the input: "input 3 has 302 tokens; ...", or in the words of the API that numbers the rows
+    (``noun``: "candidate 3 ...").
+    """
+
+    def __init__(self, code: ErrorCode, message: str, row: int | None = None, noun: str = "input") -> None:
         self.code = ErrorCode(code)
         self.message = message
+        self.row = row
+        self.noun = noun
+        super().__init__(self.text())
+
+    def text(self, name: str | None = None) -> str:
+        """The message as a sentence: an input's error names the input, as ``name`` or by its row."""
+        if self.row is None:
+            return self.message
+        return f"{name or f'{self.noun} {self.row}'} {self.message}"
+
+    def at(self, row: int, noun: str | None = None) -> ServiceError:
+        """The same error of an input numbered ``row``: a part's error, said of the request it is part of."""
+        return ServiceError(self.code, self.message, row, noun or self.noun)
 
     def __repr__(self) -> str:
-        return f"ServiceError({self.code.value!r}, {self.message!r})"
+        return f"ServiceError({self.code.value!r}, {self.message!r}, row={self.row!r})"

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from shared import __version__
-from shared.client import EmbedClient, EmbedOutcome
+from shared.client import EmbedClient, EmbedOutcome, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
@@ -32,7 +32,7 @@ from shared.tracing import Tracer
 from services.gateway import cohere_api, models_api, openai_api, rerank_api, tei_api, tei_tasks
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
-from services.gateway.errors import ApiError, error_response
+from services.gateway.errors import TABLE, ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
 from services.gateway.jobs_api import JobsApi
@@ -43,6 +43,9 @@ from services.gateway.openapi import openapi_spec
 
 log = logging.getLogger("embedfleet.gateway")
 
+# the statuses starlette's routing raises (unknown path, method not allowed); it raises no others here, and
+# another would be answered as a bad request (4xx) or an internal error
+_ROUTING = {404: ErrorCode.ROUTE_NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
 # stage -> response header (milliseconds), as text-embeddings-inference names them
 TIMING_HEADERS = {"tokenize": "x-tokenization-time", "queue": "x-queue-time", "inference": "x-inference-time"}
 
@@ -139,7 +142,7 @@ class Gateway:
         try:
             yield
         except ServiceError as exc:
-            raise ApiError(exc.code, exc.message) from None
+            raise ApiError.of(exc) from None
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
@@ -279,7 +282,7 @@ class Gateway:
         try:
             result = await self.client.tokenize(model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout)
         except ServiceError as exc:
-            raise ApiError(exc.code, exc.message) from None
+            raise ApiError.of(exc) from None
         return Response(tei_api.render_tokens(result), media_type="application/json")
 
     async def info(self, request: Request) -> Response:
@@ -308,8 +311,8 @@ class Gateway:
         timeout = self.cfg.request_timeout
         async with self.admitted():  # single texts and pairs travel as two requests, scored at once
             outcomes = await asyncio.gather(*(
-                self.client.embed(model, [] if is_pair else [call.inputs[i] for i in rows], call.options, timeout,
-                                  pairs=[call.inputs[i] for i in rows] if is_pair else None)
+                part_of(self.client.embed(model, [] if is_pair else [call.inputs[i] for i in rows], call.options, timeout,
+                                          pairs=[call.inputs[i] for i in rows] if is_pair else None), rows)
                 for rows, is_pair in groups
             ))
         labels = tei_tasks.worker_labels(worker)
@@ -399,15 +402,16 @@ class Gateway:
         if view.models:
             return json_response({"status": "ok", "models": view.models})
         missing = "tokenizer" if not view.tokenizers else "worker" if not view.workers else "tokenizer and worker of one model"
+        unhealthy = TABLE[ErrorCode.NO_RESPONDERS]
         return json_response(
             {
                 "status": "unavailable",
                 "error": f"no {missing} answers",
-                "error_type": "Unhealthy",  # as text-embeddings-inference answers
+                "error_type": unhealthy.tei_type,  # TEI's error body, with what is missing beside it
                 "tokenizers": sorted(view.tokenizers),
                 "workers": sorted(view.workers),
             },
-            status=503,
+            status=unhealthy.status,
         )
 
     async def prometheus(self, request: Request) -> Response:
@@ -420,12 +424,12 @@ class Gateway:
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"request body is over the {limit} byte limit", status=413)
+        raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body is over the {limit} byte limit")
     body = bytearray()
     async for part in request.stream():
         body += part
         if len(body) > limit:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"request body is over the {limit} byte limit", status=413)
+            raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body is over the {limit} byte limit")
     return bytes(body)
 
 
@@ -438,17 +442,18 @@ async def _protocol_error(request: Request, exc: Exception) -> Response:
     """A request whose fields make a message the wire protocol refuses: the request is at fault (the
     routes check their fields first; this is the net under them)."""
     log.warning("request on %s made an invalid message: %s", request.url.path, exc)
-    return error_response(request.url.path, 400, f"invalid request: {str(exc).replace('options.', '')}", ErrorCode.INVALID_REQUEST)
+    return error_response(request.url.path, ErrorCode.INVALID_REQUEST, f"invalid request: {str(exc).replace('options.', '')}")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return error_response(request.url.path, exc.status_code, str(exc.detail), None)
+    code = _ROUTING.get(exc.status_code, ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL)
+    return error_response(request.url.path, code, str(exc.detail))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(request.url.path, 500, "internal error", ErrorCode.INTERNAL)
+    return error_response(request.url.path, ErrorCode.INTERNAL, "internal error")
 
 
 def create_app(cfg: GatewayConfig) -> Starlette:

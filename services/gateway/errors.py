@@ -1,57 +1,86 @@
-"""Errors answered over HTTP: one table from internal codes to HTTP status, and the body shapes
-(OpenAI's on OpenAI routes, TEI's on TEI routes, Cohere's on Cohere routes)."""
+"""Errors answered over HTTP: one table from internal codes to what each API answers (OpenAI's shape on
+OpenAI routes, TEI's on TEI routes, Cohere's on Cohere routes)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import orjson
 from starlette.responses import Response
 
-from shared.errors import ErrorCode
+from shared.errors import ErrorCode, ServiceError
 
-# internal code -> (HTTP status, OpenAI error type, TEI error type)
-STATUS: dict[ErrorCode, tuple[int, str, str]] = {
-    ErrorCode.INVALID_REQUEST: (400, "invalid_request_error", "Validation"),
-    ErrorCode.INPUT_TOO_LONG: (413, "invalid_request_error", "Validation"),
-    ErrorCode.INVALID_TOKENS: (422, "invalid_request_error", "Validation"),
-    ErrorCode.MODEL_NOT_FOUND: (404, "invalid_request_error", "Validation"),
-    ErrorCode.NOT_FOUND: (404, "invalid_request_error", "Validation"),
-    ErrorCode.UNAUTHORIZED: (401, "authentication_error", "Unauthorized"),
-    ErrorCode.OVERLOADED: (429, "rate_limit_error", "Overloaded"),
-    ErrorCode.INTERNAL: (500, "server_error", "Backend"),
-    ErrorCode.NO_RESPONDERS: (503, "service_unavailable", "Unhealthy"),
-    ErrorCode.TIMEOUT: (504, "timeout_error", "Backend"),
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How one code is answered: its HTTP status, and each API's words for it."""
+
+    status: int
+    openai_type: str  # OpenAI's error.type
+    tei_type: str  # TEI's error_type
+    # Cohere has no 413: it answers over-long inputs and bodies with 400, which its SDK raises as BadRequestError
+    cohere_status: int
+    # OpenAI's error.code: the code's value, but the broader code for a limit, and none for starlette's routing
+    openai_code: str | None
+
+
+_C = ErrorCode
+TABLE: dict[ErrorCode, Answer] = {
+    #                            status  OpenAI type              TEI type       Cohere  OpenAI code
+    _C.INVALID_REQUEST:    Answer(400, "invalid_request_error", "Validation",   400, "invalid_request"),
+    _C.INPUT_TOO_LONG:     Answer(413, "invalid_request_error", "Validation",   400, "input_too_long"),
+    _C.PAYLOAD_TOO_LARGE:  Answer(413, "invalid_request_error", "Validation",   400, "invalid_request"),
+    _C.TOO_MANY_INPUTS:    Answer(422, "invalid_request_error", "Validation",   422, "invalid_request"),
+    _C.INVALID_TOKENS:     Answer(422, "invalid_request_error", "Validation",   422, "invalid_tokens"),
+    _C.MODEL_NOT_FOUND:    Answer(404, "invalid_request_error", "Validation",   404, "model_not_found"),
+    _C.NOT_FOUND:          Answer(404, "invalid_request_error", "Validation",   404, "not_found"),
+    _C.ROUTE_NOT_FOUND:    Answer(404, "invalid_request_error", "Validation",   404, None),
+    _C.METHOD_NOT_ALLOWED: Answer(405, "invalid_request_error", "Validation",   405, None),
+    _C.UNAUTHORIZED:       Answer(401, "authentication_error",  "Unauthorized", 401, "unauthorized"),
+    _C.OVERLOADED:         Answer(429, "rate_limit_error",      "Overloaded",   429, "overloaded"),
+    _C.INTERNAL:           Answer(500, "server_error",          "Backend",      500, "internal"),
+    _C.NO_RESPONDERS:      Answer(503, "service_unavailable",   "Unhealthy",    503, "no_responders"),
+    _C.TIMEOUT:            Answer(504, "timeout_error",         "Backend",      504, "timeout"),
 }
 
 # routes answering in TEI's shape (routes in neither this set nor COHERE_PATHS answer in OpenAI's)
 TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/embed_all", "/tokenize", "/info", "/rerank", "/predict", "/similarity",
                        "/decode", "/", "/invocations", "/ping"})
-# routes answering in Cohere's shape, ``{"message": ...}``; Cohere has no 413 and answers over-long
-# inputs and bodies with 400, which its SDK raises as BadRequestError
+# routes answering in Cohere's shape, ``{"message": ...}``
 COHERE_PATHS = frozenset({"/v1/embed", "/v2/embed", "/v2/rerank"})
-COHERE_STATUS = {413: 400}
 
 
 class ApiError(Exception):
     """An error for the client: an internal code (hence the status), a message, the parameter at fault."""
 
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None, status: int | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
-        self.status = status or STATUS[code][0]
+
+    @classmethod
+    def of(cls, error: ServiceError) -> ApiError:
+        """A service's error as the client sees it: an input's error names it by its row in the request."""
+        return cls(error.code, error.text())
+
+    @property
+    def status(self) -> int:
+        return TABLE[self.code].status
 
     def response(self, path: str = "") -> Response:
-        return error_response(path, self.status, self.message, self.code, self.param)
+        return error_response(path, self.code, self.message, self.param)
 
 
-def error_response(path: str, status: int, message: str, code: ErrorCode | None, param: str | None = None) -> Response:
-    _, openai_type, tei_type = STATUS.get(code, (status, "invalid_request_error" if status < 500 else "server_error", "Validation"))
+def error_response(path: str, code: ErrorCode, message: str, param: str | None = None) -> Response:
+    """The answer to ``code`` on ``path``, in the shape of the API the path belongs to."""
+    answer = TABLE[code]
+    status = answer.status
     if path in TEI_PATHS:
-        body: dict = {"error": message, "error_type": tei_type}
+        body: dict = {"error": message, "error_type": answer.tei_type}
     elif path in COHERE_PATHS:
         body = {"message": message}
-        status = COHERE_STATUS.get(status, status)
+        status = answer.cohere_status
     else:
-        body = {"error": {"message": message, "type": openai_type, "param": param, "code": code.value if code else None}}
+        body = {"error": {"message": message, "type": answer.openai_type, "param": param, "code": answer.openai_code}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")

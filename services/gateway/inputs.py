@@ -71,9 +71,7 @@ def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> In
                 )
         inputs = Inputs(items, None)
     if inputs.count > limits.max_inputs:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'{param}' has {inputs.count} items; the limit is {limits.max_inputs}", param, status=422
-        )
+        raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {inputs.count} items; the limit is {limits.max_inputs}", param)
     return inputs
 
 

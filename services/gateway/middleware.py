@@ -61,7 +61,7 @@ class GatewayMiddleware:
         try:
             if self.keys.enabled and key is None and path not in self.keys.open_paths:
                 response = error_response(
-                    path, 401, "missing or unknown API key: send 'Authorization: Bearer <key>'", ErrorCode.UNAUTHORIZED
+                    path, ErrorCode.UNAUTHORIZED, "missing or unknown API key: send 'Authorization: Bearer <key>'"
                 )
                 response.headers["www-authenticate"] = "Bearer"
                 await response(scope, receive, send_with_headers)
@@ -92,7 +92,7 @@ class GatewayMiddleware:
         self.metrics.key_requests.labels(name, "limited").inc()
         limit, wait = refused
         per_minute = self.limits.requests if limit == "requests" else self.limits.tokens
-        response = error_response(path, 429, f"this API key is over its limit of {per_minute} {limit} a minute; retry "
-                                  f"in {wait}s", ErrorCode.OVERLOADED)
+        response = error_response(path, ErrorCode.OVERLOADED, f"this API key is over its limit of {per_minute} {limit} a "
+                                  f"minute; retry in {wait}s")
         response.headers["retry-after"] = str(wait)
         return response

@@ -38,8 +38,8 @@ def texts_field(raw: Any, param: str, limits: Limits, objects: bool) -> list[str
     if not isinstance(raw, list):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be a list, got {json_type(raw)}", param)
     if len(raw) > limits.max_inputs:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' has {len(raw)} items; the limit is {limits.max_inputs}",
-                       param, status=422)
+        raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {len(raw)} items; the limit is {limits.max_inputs}",
+                       param)
     texts = []
     for i, item in enumerate(raw):
         if objects and isinstance(item, dict):  # Cohere/Jina also take {"text": ...}

@@ -53,8 +53,8 @@ def parse_predict(body: bytes, limits: Limits) -> PredictCall:
     raw = doc["inputs"]
     if isinstance(raw, list) and raw and isinstance(raw[0], list):
         if len(raw) > limits.max_inputs:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs' has {len(raw)} items; the limit is {limits.max_inputs}",
-                           "inputs", status=422)
+            raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'inputs' has {len(raw)} items; the limit is {limits.max_inputs}",
+                           "inputs")
         inputs, batch = [_sequence(item, f"inputs[{i}]", limits, batched=True) for i, item in enumerate(raw)], True
     else:
         inputs, batch = [_sequence(raw, "inputs", limits)], False
@@ -132,8 +132,8 @@ def parse_similarity(body: bytes, limits: Limits) -> SimilarityCall:
     parse_inputs(source, "inputs.source_sentence", limits, allow_tokens=False)
     parse_inputs(sentences, "inputs.sentences", limits, allow_tokens=False)
     if len(sentences) + 1 > limits.max_inputs:  # the source sentence is embedded with them
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs.sentences' has {len(sentences)} items, {len(sentences) + 1} "
-                       f"inputs with the source sentence; the limit is {limits.max_inputs}", "inputs", status=422)
+        raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'inputs.sentences' has {len(sentences)} items, {len(sentences) + 1} "
+                       f"inputs with the source sentence; the limit is {limits.max_inputs}", "inputs")
     parameters = doc.get("parameters")
     parameters = {} if parameters is None else parameters
     if not isinstance(parameters, dict):

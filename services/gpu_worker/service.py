@@ -44,6 +44,7 @@ from shared.tracing import TraceContext, Tracer, bind, from_headers
 from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
 from services.gpu_worker.engine.pooling import postprocess
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
@@ -76,6 +77,16 @@ def _trim_heap() -> None:
     hundreds of MB under steady traffic of varied batch sizes, though nothing leaks."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+# the engine's errors as wire codes
+_CODES: dict[type[EngineError], ErrorCode] = {InvalidTokens: ErrorCode.INVALID_TOKENS, InputTooLong: ErrorCode.INPUT_TOO_LONG}
+
+
+def wire_error(error: EngineError, batch: TokenChunk) -> ServiceError:
+    """An engine error on a batch row as the wire error of its request's row (the batch holds the
+    request's rows from ``batch.start``)."""
+    return ServiceError(_CODES[type(error)], error.message, batch.start + error.row)
 
 
 def _stage_timings(work: Work) -> dict[str, float]:
@@ -246,7 +257,10 @@ class WorkerService:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {model.id} does not make {output} vectors (it makes: {offers})")
         if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}")
-        self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
+        try:
+            self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
+        except EngineError as exc:
+            raise wire_error(exc, batch) from None
 
     def _check_bulk(self, batch: TokenChunk) -> None:
         """A bulk batch's vectors are stored as one message, under a message id naming the job: a batch
@@ -428,14 +442,14 @@ class WorkerService:
     async def _reply_error(self, reply: str, request_id: str, error: ServiceError, trace: TraceContext | None = None,
                            work: Work | None = None) -> None:
         """Answer ``error``; its span records the work's stay (``work``), or its refusal (``trace``)."""
-        log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
+        log.info("request %s: %s: %s", request_id or "?", error.code.value, error.text())
         self.metrics.error(error.code.value)
         if work is not None:
             record_work(self._tracer, work, "worker embed", error)
         elif trace is not None and trace.sampled and self._tracer.enabled:
             with self._tracer.start("worker embed", trace, "consumer", request_id=request_id) as span:
-                span.error(error.code.value, error.message)
+                span.error(error.code.value, error.text())
         try:
-            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))
+            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message, error.row)))
         except Exception as exc:  # called from the replica loops too, which must keep running
             log.warning("request %s: error reply not sent: %r", request_id or "?", exc)

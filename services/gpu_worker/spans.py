@@ -25,6 +25,6 @@ def record_work(tracer: Tracer, work: Work, name: str, error: ServiceError | Non
         tracer.record("queue", span.context, arrived, started)
         tracer.record("inference", span.context, started, started + int(work.inference * 1e9), tokens=batch.num_tokens)
     if error is not None:
-        span.error(error.code.value, error.message)
+        span.error(error.code.value, error.text())
     span.end(now_ns)
     return span.context

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared.client import EmbedClient
+from shared.client import EmbedClient, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.lifecycle import register
@@ -82,6 +81,7 @@ class ScorerService:
         if not msg.reply:
             return
         request_id = ""
+        error: ServiceError | None = None
         # a task of its own: the candidates' embed requests sent from here are this span's children
         span = self._tracer.start("scorer rerank", from_headers(msg.headers), "consumer")
         bind(span.context, "")
@@ -93,14 +93,15 @@ class ScorerService:
             with self.metrics.rerank(request.count):
                 reply = await self._rank(request)
         except ProtocolError as exc:
-            reply = ErrorReply(request_id, ErrorCode.INVALID_REQUEST, str(exc))
+            error = ServiceError(ErrorCode.INVALID_REQUEST, str(exc))
         except ServiceError as exc:
-            reply = ErrorReply(request_id, exc.code, exc.message)
+            error = exc
         except Exception:
             log.exception("rerank %s failed", request_id)
-            reply = ErrorReply(request_id, ErrorCode.INTERNAL, "scorer error")
-        if isinstance(reply, ErrorReply):
-            span.error(reply.code.value, reply.message)
+            error = ServiceError(ErrorCode.INTERNAL, "scorer error")
+        if error is not None:
+            span.error(error.code.value, error.text())
+            reply = ErrorReply(request_id, error.code, error.message, error.row)
         span.end()
         self.metrics.answered(reply)
         payload = encode(reply)
@@ -131,14 +132,14 @@ class ScorerService:
             return _answer(request, indices, scores)
         query_part = self._client.embed(model.id, [request.query], options, remaining)
         if request.vectors is not None:
-            query = (await _named(query_part, "the query")).vectors[0]
+            query = (await _query(query_part)).vectors[0]
             if request.vectors.shape[1] != len(query):
                 raise ServiceError(ErrorCode.INVALID_REQUEST, f"candidate vectors have {request.vectors.shape[1]} "
                                    f"dimensions; {model.id} makes {len(query)}")
             candidates = request.vectors
         else:
             query_outcome, candidates = await asyncio.gather(
-                _named(query_part, "the query"), self._in_parts(request.texts, remaining, options)
+                _query(query_part), self._in_parts(request.texts, remaining, options)
             )
             query = query_outcome.vectors[0]
         indices, scores = cosine_rank(query, candidates, request.top_n)
@@ -155,7 +156,7 @@ class ScorerService:
                 call = self._client.embed(self._cfg.model.id, chunk, options, remaining)
             else:
                 call = self._client.embed(self._cfg.model.id, [], options, remaining, pairs=[(query, t) for t in chunk])
-            parts.append(_named(call, "candidate", start))
+            parts.append(part_of(call, range(start, start + len(chunk)), "candidate"))
         return np.concatenate([outcome.vectors for outcome in await asyncio.gather(*parts)])
 
 
@@ -168,16 +169,11 @@ def _answer(request: RerankRequest, indices: np.ndarray, scores: np.ndarray) -> 
     return RerankResult(request.id, indices=indices, scores=scores, texts=texts)
 
 
-_INPUT = re.compile(r"\binput (\d+)\b")
-
-
-async def _named(call, what: str, offset: int | None = None):
-    """Await an embed call; errors that name an input by its index in the part name the candidate."""
+async def _query(call):
+    """Await the query's embed call: an error of its one input is said of the query."""
     try:
         return await call
     except ServiceError as exc:
-        if offset is None:
-            message = _INPUT.sub(what, exc.message)
-        else:
-            message = _INPUT.sub(lambda m: f"{what} {offset + int(m.group(1))}", exc.message)
-        raise ServiceError(exc.code, message) from None
+        if exc.row is None:
+            raise
+        raise ServiceError(exc.code, exc.text("the query")) from None

@@ -245,11 +245,9 @@ class TextEncoder:
         """Inputs given as token IDs: refused outside the vocabulary, cut (or refused) past the limit."""
         for i, ids in enumerate(token_ids):
             if len(ids) == 0:
-                raise ServiceError(ErrorCode.INVALID_TOKENS, f"input {i} has no tokens")
+                raise ServiceError(ErrorCode.INVALID_TOKENS, "has no tokens", i)
             if ids.min() < 0 or ids.max() >= self.vocab_size:
-                raise ServiceError(
-                    ErrorCode.INVALID_TOKENS, f"input {i} has token ids outside the vocabulary [0, {self.vocab_size})"
-                )
+                raise ServiceError(ErrorCode.INVALID_TOKENS, f"has token ids outside the vocabulary [0, {self.vocab_size})", i)
         if not truncate:
             self._refuse_long(token_ids)
             return token_ids
@@ -282,11 +280,8 @@ class TextEncoder:
     def _refuse_long(self, ids) -> None:
         for i, seq in enumerate(ids):
             if len(seq) > self.max_length:
-                raise ServiceError(
-                    ErrorCode.INPUT_TOO_LONG,
-                    f"input {i} has {len(seq)} tokens; the model's limit is {self.max_length} "
-                    "(send truncate=true to cut it)",
-                )
+                raise ServiceError(ErrorCode.INPUT_TOO_LONG, f"has {len(seq)} tokens; the model's limit is {self.max_length} "
+                                   "(send truncate=true to cut it)", i)
 
 
 def pack_chunks(ids: list, max_tokens: int, max_seqs: int, token_types: list | None = None) -> Iterator[Chunk]:

@@ -237,8 +237,8 @@ class TokenizerService:
             await self._nc.publish(reply, payload)
 
     async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError, span: Span) -> None:
-        log.info("request %s: %s: %s", request_id or "?", error.code.value, error.message)
-        span.error(error.code.value, error.message)
+        log.info("request %s: %s: %s", request_id or "?", error.code.value, error.text())
+        span.error(error.code.value, error.text())
         self.metrics.error(error.code.value)
         if reply:
-            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message)))
+            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message, error.row)))

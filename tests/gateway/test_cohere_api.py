@@ -192,6 +192,6 @@ def test_rerank_invalid_requests(doc, param, fragment):
 def test_errors_outside_the_handlers_answer_in_cohere_shape_on_cohere_paths():
     """A missing API key (the middleware) and unknown-route errors use the path's shape too."""
     for path in ("/v1/embed", "/v2/embed", "/v2/rerank"):
-        answer = error_response(path, 401, "missing or unknown API key", ErrorCode.UNAUTHORIZED)
+        answer = error_response(path, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
         assert answer.status_code == 401 and orjson.loads(answer.body) == {"message": "missing or unknown API key"}
-    assert "error" in orjson.loads(error_response("/v1/rerank", 401, "no", ErrorCode.UNAUTHORIZED).body)
+    assert "error" in orjson.loads(error_response("/v1/rerank", ErrorCode.UNAUTHORIZED, "no").body)

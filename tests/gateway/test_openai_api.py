@@ -6,7 +6,7 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.quantize import FORMS, quantize, stored_width
-from services.gateway.errors import STATUS, ApiError
+from services.gateway.errors import TABLE, ApiError
 from services.gateway.inputs import Limits
 from services.gateway.openai_api import parse_embeddings_request, render_embeddings
 
@@ -134,4 +134,4 @@ def test_limits_and_token_errors(doc, status, fragment):
 
 
 def test_every_error_code_has_a_status():
-    assert set(STATUS) == set(ErrorCode)
+    assert set(TABLE) == set(ErrorCode)

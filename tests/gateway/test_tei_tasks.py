@@ -194,5 +194,5 @@ def test_info_names_the_model_type_as_tei():
 
 @pytest.mark.parametrize("path", ["/predict", "/similarity", "/decode", "/", "/invocations", "/ping"])
 def test_new_routes_answer_errors_in_tei_shape(path):
-    r = error_response(path, 400, "bad", ErrorCode.INVALID_REQUEST)
+    r = error_response(path, ErrorCode.INVALID_REQUEST, "bad")
     assert orjson.loads(r.body) == {"error": "bad", "error_type": "Validation"}

@@ -2,10 +2,13 @@ import numpy as np
 import pytest
 import torch
 
-from shared.errors import ErrorCode, ServiceError
+from shared.errors import ErrorCode
+from shared.protocol import EmbedOptions, TokenChunk
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.batch import DeviceBatch, prepare
+from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
 from services.gpu_worker.engine.pooling import pool, postprocess
+from services.gpu_worker.service import _CODES, wire_error
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
@@ -63,16 +66,29 @@ def test_postprocess_matryoshka_then_normalise():
 
 
 def test_check_rejects_out_of_vocabulary_and_over_long(engine):
-    with pytest.raises(ServiceError) as err:
-        engine.check(np.array([101, 30522, 102], np.int32), np.array([0, 3], np.int32))
-    assert err.value.code is ErrorCode.INVALID_TOKENS
-    with pytest.raises(ServiceError) as err:
+    """The engine's own errors, naming the first row at fault (its index in the batch)."""
+    with pytest.raises(InvalidTokens) as err:
+        engine.check(np.array([101, 102, 101, 30522, 102], np.int32), np.array([0, 2, 5], np.int32))
+    assert (err.value.row, err.value.message) == (1, "has token ids outside the vocabulary [0, 30522)")
+    with pytest.raises(InvalidTokens) as err:
         engine.check(np.array([-1], np.int32), np.array([0, 1], np.int32))
-    assert err.value.code is ErrorCode.INVALID_TOKENS
-    with pytest.raises(ServiceError) as err:
-        engine.check(np.ones(257, np.int32), np.array([0, 257], np.int32))
-    assert err.value.code is ErrorCode.INPUT_TOO_LONG
+    assert err.value.row == 0
+    with pytest.raises(InputTooLong) as err:
+        engine.check(np.ones(261, np.int32), np.array([0, 2, 4, 261], np.int32))
+    assert (err.value.row, err.value.message) == (2, "has 257 tokens; the model's limit is 256")
     engine.check(np.ones(256, np.int32), np.array([0, 256], np.int32))
+
+
+def test_the_worker_answers_engine_errors_as_the_requests_rows():
+    """One mapping: an engine error's batch row is the request's row ``batch.start + row``, under the wire's code."""
+    batch = TokenChunk("r", "m", start=64, total=100, input_ids=np.ones(3, np.int32), cu_seqlens=np.array([0, 1, 3], np.int32),
+                       deadline=0.0, options=EmbedOptions())
+    for error, code in ((InvalidTokens(1, "has token ids outside the vocabulary [0, 9)"), ErrorCode.INVALID_TOKENS),
+                        (InputTooLong(0, "has 300 tokens; the model's limit is 256"), ErrorCode.INPUT_TOO_LONG)):
+        wire = wire_error(error, batch)
+        assert (wire.code, wire.row, wire.message) == (code, 64 + error.row, error.message)
+        assert wire.text() == f"input {64 + error.row} {error.message}"
+    assert set(_CODES) == set(EngineError.__subclasses__())
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from shared.model_dir import load_model_info
 from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.errors import InvalidTokens
 from tests.conftest import cosines
 
 
@@ -137,7 +138,7 @@ def test_token_types_reach_the_model(tmp_path, model_info):
                 .last_hidden_state[0, 0].numpy() for i, t in zip(ids, types)]
     np.testing.assert_allclose(got, np.stack(want), atol=1e-4)
     assert not np.allclose(got, engine.embed(input_ids, cu), atol=1e-3)  # the types matter
-    with pytest.raises(Exception, match="token types must be below 2"):
+    with pytest.raises(InvalidTokens, match=r"row 0 has token types outside \[0, 2\)"):
         engine.check(input_ids, cu, np.full(len(input_ids), 2, np.int32))
 
 

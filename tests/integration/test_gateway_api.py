@@ -59,6 +59,14 @@ def test_out_of_vocabulary_token_ids_are_refused(stack):
     assert "outside the vocabulary" in r.json()["error"]["message"]
 
 
+def test_an_inputs_error_names_its_row_in_the_request(stack):
+    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [[101, 102], [101, 999999, 102]]},
+                   timeout=30)
+    assert r.status_code == 422, r.text
+    assert r.json() == {"error": {"message": "input 1 has token ids outside the vocabulary [0, 30522)",
+                                  "type": "invalid_request_error", "param": None, "code": "invalid_tokens"}}
+
+
 def test_tei_embed(stack, texts, expected):
     r = httpx.post(f"{stack.base_url}/embed", json={"inputs": texts[:5], "truncate": True}, timeout=30)
     assert r.status_code == 200, r.text

@@ -138,9 +138,16 @@ def test_cross_encoder_refuses_over_long_pairs_without_truncation(cross_encoder)
     assert embed.status_code == 400 and "cross-encoder" in embed.json()["error"]["message"], embed.text
     long_text = " ".join(["word"] * 2000)
     r = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text]}, timeout=60)
-    assert r.status_code == 413, r.text
+    assert r.status_code == 413 and r.json()["error"].startswith("candidate 1 has "), r.text
     ok = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text], "truncate": True}, timeout=60)
     assert ok.status_code == 200 and len(ok.json()) == 2
+
+
+def test_an_over_long_query_is_named(stack):
+    r = httpx.post(f"{stack.base_url}/rerank", json={"query": " ".join(["word"] * 600), "texts": ["a", "b"]}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert r.json() == {"error": "the query has 602 tokens; the model's limit is 256 (send truncate=true to cut it)",
+                        "error_type": "Validation"}
 
 
 def test_large_candidate_lists_are_split_and_merged(stack, reference):

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from shared.errors import ErrorCode
-from shared.protocol import ErrorReply, RerankRequest, RerankResult, TokenChunk, decode, encode
+from shared.protocol import (
+    EmbedOptions, EmbedRequest, ErrorReply, RerankRequest, RerankResult, TokenChunk, decode, encode,
+)
 from shared.subjects import Subjects
 
 pytestmark = pytest.mark.integration
@@ -71,6 +73,33 @@ def test_worker_answers_bad_batches_with_errors(stack, payload, code):
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), payload))
     assert isinstance(reply, ErrorReply) and reply.code is code, reply
     assert stack.services["worker-1"].alive and stack.services["worker-2"].alive
+
+
+def test_worker_errors_name_the_requests_row(stack):
+    """A batch of rows 5 and 6 of a request: the request's row at fault is named, as the wire carries it."""
+    bad_token = TokenChunk(id="t", model=MODEL, start=5, total=8, input_ids=np.array([101, 102, 101, 999999, 102], np.int32),
+                           cu_seqlens=np.array([0, 2, 5], np.int32), deadline=time.time() + 30)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), encode(bad_token)))
+    assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INVALID_TOKENS, 6), reply
+    assert reply.message == "has token ids outside the vocabulary [0, 30522)"
+    too_long = TokenChunk(id="t", model=MODEL, start=3, total=8, input_ids=np.full(302, 101, np.int32),
+                          cu_seqlens=np.array([0, 300, 302], np.int32), deadline=time.time() + 30)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), encode(too_long)))
+    assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INPUT_TOO_LONG, 3), reply
+    assert reply.message == "has 300 tokens; the model's limit is 256"
+
+
+def test_tokenizer_errors_name_the_row(stack):
+    ids = [np.array([101, 102], np.int32)] * 2 + [np.array([101, 999999], np.int32)]
+    request = EmbedRequest(id="e", model=MODEL, texts=[], deadline=time.time() + 30, token_ids=ids)
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.embed(MODEL), encode(request)))
+    assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INVALID_TOKENS, 2), reply
+    assert reply.message == "has token ids outside the vocabulary [0, 30522)"
+    request = EmbedRequest(id="e", model=MODEL, texts=["short", "word " * 300], deadline=time.time() + 30,
+                           options=EmbedOptions(truncate=False))
+    reply = asyncio.run(_request(stack.nats_url, SUBJECTS.embed(MODEL), encode(request)))
+    assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INPUT_TOO_LONG, 1), reply
+    assert reply.message == "has 302 tokens; the model's limit is 256 (send truncate=true to cut it)"
 
 
 def test_scorer_ranks_like_reference_cosine(stack, reference):

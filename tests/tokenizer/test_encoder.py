@@ -31,7 +31,7 @@ def test_truncate_off_refuses_long_input(encoder):
     with pytest.raises(ServiceError) as err:
         encoder.encode(["short", "word " * 300], truncate=False)
     assert err.value.code is ErrorCode.INPUT_TOO_LONG
-    assert "input 1 has 302 tokens" in err.value.message
+    assert err.value.row == 1 and err.value.text().startswith("input 1 has 302 tokens; the model's limit is 256")
     assert [len(s) for s in encoder.encode(["a b"], truncate=False)] == [4]
 
 
@@ -89,8 +89,9 @@ def test_token_id_inputs_are_checked_and_cut(encoder):
     right, left = encoder.check_ids([long])[0], encoder.check_ids([long], direction="left")[0]
     assert right.tolist() == list(range(1000, 1256)) and left.tolist() == list(range(1044, 1300))
     with pytest.raises(ServiceError) as err:
-        encoder.check_ids([np.array([101, 30522], np.int32)])
-    assert err.value.code is ErrorCode.INVALID_TOKENS and "outside the vocabulary" in err.value.message
+        encoder.check_ids([np.array([101], np.int32), np.array([101, 30522], np.int32)])
+    assert err.value.code is ErrorCode.INVALID_TOKENS and err.value.row == 1
+    assert err.value.text() == "input 1 has token ids outside the vocabulary [0, 30522)"
     with pytest.raises(ServiceError) as err:
         encoder.check_ids([long], truncate=False)
     assert err.value.code is ErrorCode.INPUT_TOO_LONG

@@ -63,7 +63,7 @@ def test_no_truncation_refuses_and_left_truncation_keeps_the_end(folders):
     long_pair = ("a question", " ".join(["word"] * 400))
     with pytest.raises(ServiceError) as err:
         encoder.encode_pairs([("short", "pair"), long_pair], truncate=False)
-    assert err.value.code is ErrorCode.INPUT_TOO_LONG and "input 1 has" in err.value.message
+    assert err.value.code is ErrorCode.INPUT_TOO_LONG and err.value.row == 1 and "input 1 has" in err.value.text()
     tokenizer = reference(folder).tokenizer
     messages = [{"role": "query", "content": long_pair[0]}, {"role": "document", "content": long_pair[1]}]
     whole = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]

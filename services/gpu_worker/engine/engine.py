@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from shared.config import ConfigError
-from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from services.gpu_worker.engine.attention import Attention, select_attention
 from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
+from services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
 from services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
 from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights, read_safetensors
@@ -55,7 +55,7 @@ def pick_device(requested: str | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ServiceError(ErrorCode.INTERNAL, f"device {requested!r} asked for, but CUDA is not available")
+        raise ConfigError(f"device {requested!r} asked for, but CUDA is not available")
     return device
 
 
@@ -177,16 +177,20 @@ class Engine:
     # -- checks -----------------------------------------------------------------------------
 
     def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None) -> None:
-        """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows)."""
-        if self.model.USES_TOKEN_TYPES and token_types is not None and len(token_types) and token_types.max() >= self.spec.type_vocab_size:
-            raise ServiceError(ErrorCode.INVALID_TOKENS, f"token types must be below {self.spec.type_vocab_size}")
-        if len(input_ids) and (input_ids.min() < 0 or input_ids.max() >= self.spec.vocab_size):
-            raise ServiceError(ErrorCode.INVALID_TOKENS, f"token ids must be in [0, {self.spec.vocab_size})")
-        longest = int(np.diff(cu_seqlens).max(initial=0))
-        if longest > self.max_seq_length:
-            raise ServiceError(
-                ErrorCode.INPUT_TOO_LONG, f"a sequence has {longest} tokens; the model's limit is {self.max_seq_length}"
-            )
+        """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows): raises
+        InvalidTokens or InputTooLong, naming the first row at fault."""
+        types = self.spec.type_vocab_size
+        if self.model.USES_TOKEN_TYPES and token_types is not None and len(token_types) and token_types.max() >= types:
+            first = int(np.argmax(token_types >= types))
+            raise InvalidTokens(row_of(cu_seqlens, first), f"has token types outside [0, {types})")
+        vocab = self.spec.vocab_size
+        if len(input_ids) and (input_ids.min() < 0 or input_ids.max() >= vocab):
+            first = int(np.argmax((input_ids < 0) | (input_ids >= vocab)))
+            raise InvalidTokens(row_of(cu_seqlens, first), f"has token ids outside the vocabulary [0, {vocab})")
+        lengths = np.diff(cu_seqlens)
+        if len(lengths) and lengths.max() > self.max_seq_length:
+            row = int(np.argmax(lengths > self.max_seq_length))
+            raise InputTooLong(row, f"has {int(lengths[row])} tokens; the model's limit is {self.max_seq_length}")
 
     # -- running ----------------------------------------------------------------------------
 
