@@ -208,7 +208,7 @@ def _decode_error_reply(m: dict) -> ErrorReply:
         code = ErrorCode(_req(m, "c", str))
     except ValueError:
         code = ErrorCode.INTERNAL
-    row = _req_int(m, "row") if m.get("row") is not None else None
+    row = _req_int(m, "row") if "row" in m else None  # the encoder leaves it out when there is none
     return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)
 
 
