@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from nats.aio.client import Client
@@ -27,15 +27,11 @@ from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet.fleet")
 
-ROLES = ("tokenizer", "worker")
-
-
 @dataclass(frozen=True, slots=True)
 class FleetView:
     tokenizers: dict[str, dict[str, str]]  # model id -> metadata of one live tokenizer
     workers: dict[str, dict[str, str]]  # model id -> metadata of one live worker
     at: float  # monotonic time of the poll
-    instances: dict[str, set[str]] = field(default_factory=dict)  # role -> live instance ids
 
     @property
     def models(self) -> list[str]:
@@ -101,7 +97,7 @@ class FleetWatch:
             self._ping("tokenizer", until_ready), self._ping("worker", until_ready)
         )
         now = time.monotonic()
-        self._view = FleetView(tokenizers, workers, now, {"tokenizer": t_ids, "worker": w_ids})
+        self._view = FleetView(tokenizers, workers, now)
         for role, ids in (("tokenizer", t_ids), ("worker", w_ids)):
             for instance in ids:
                 self._seen[(role, instance)] = now

@@ -24,9 +24,7 @@ from shared.config import ConfigError
 
 DEFAULT_MODEL_ID = "all-MiniLM-L6-v2"
 POOLING_MODES = ("mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len")
-DENSE_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")  # in the order they must run
-SCORE_ACTIVATIONS = ("sigmoid", "identity")
 
 # sentence-transformers' pooling mode names (underscores dropped, as older configs vary) -> ours
 _ST_POOLING = {
@@ -73,7 +71,7 @@ class DenseSpec:
     in_features: int
     out_features: int
     bias: bool
-    activation: str  # one of DENSE_ACTIVATIONS
+    activation: str  # one of _ACTIVATIONS' values
 
 
 SPARSE_POOLINGS = ("max", "sum")
@@ -140,7 +138,7 @@ class ModelInfo:
     score_tokens: tuple[int, ...] = ()
     pair_template: str | None = None  # the chat template (Jinja) a (query, document) pair is rendered with
     message_format: str = "flat"  # the template's message content: "flat" (a string) or "structured" (parts)
-    score_activation: str = "sigmoid"  # a reranker's score from its logit: one of SCORE_ACTIVATIONS
+    score_activation: str = "sigmoid"  # a reranker's score from its logit: "sigmoid" or "identity"
     outputs: tuple[str, ...] = ("dense",)  # what it makes, of "dense", "sparse", "multivector" ("tokens": any embedder)
     sparse: SparseSpec | None = None
     multivector: MultiVectorSpec | None = None
@@ -153,15 +151,6 @@ class ModelInfo:
             return output == "dense"
         return output == "tokens" or output in self.outputs
 
-    def output_dim(self, output: str) -> int:
-        if output == "sparse":
-            return self.vocab_size
-        if output == "multivector":
-            return self.multivector.dim
-        if output == "tokens":
-            return self.hidden_size
-        return self.dim
-
     @property
     def scores(self) -> bool:
         return self.task == "score"
@@ -170,9 +159,6 @@ class ModelInfo:
     def pooled_dim(self) -> int:
         """The pooled vector's dimension (the encoder's output), before any Dense layer."""
         return self.dense[0].in_features if self.dense else self.dim
-
-    def matches(self, requested: str) -> bool:
-        return same_model(requested, self.id)
 
 
 def same_model(requested: str, served_id: str) -> bool:
