@@ -4,10 +4,10 @@ A ``FleetWatch`` pings the tokenizers and workers under our subject prefix every
 seconds in the background, so a request never waits for a poll. Each live process answers with
 its instance id; a process not heard from for ``lost_after`` seconds has died (SIGKILL, a crashed
 host, a stopped process) and the watch calls its ``on_lost`` callbacks: callers re-send the work
-that process may have held. A worker that stops cleanly says so in its last load report and
-drains its work first (its last load report, also sent on the leaving subject): it is forgotten
-without a call. (A tokenizer holds a request for
-milliseconds; one that stops cleanly costs at most duplicates, which callers ignore.)
+that process may have held. A worker that stops cleanly drains its work first and says so in its
+last load report, also sent on the leaving subject: it is forgotten without a call. (A tokenizer
+holds a request for milliseconds; one that stops cleanly costs at most duplicates, which callers
+ignore.)
 """
 
 from __future__ import annotations
