@@ -132,7 +132,7 @@ class _Plan:
 def _plan(ns: argparse.Namespace) -> _Plan:
     path, out = Path(ns.input), Path(ns.out)
     form = form_named(ns.embedding_type)
-    output = getattr(ns, "output", "dense")
+    output = ns.output
     try:
         options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
     except ProtocolError as exc:
