@@ -108,8 +108,12 @@ class Placement:
 
     async def put(self, config: StreamConfig, current: StreamConfig | None) -> None:
         """Create the stream ``config`` describes, or update it (``current``: its config as read), with
-        the replicas it should have. An existing stream is updated, never added again: the server
-        refuses an add whose config differs, and an update that changes nothing is as harmless."""
+        the replicas it should have.
+
+        An existing stream that already has these settings is added again, which the server answers
+        from what it holds; an update, even of nothing, is a change the cluster's nodes agree on, and
+        every process puts every stream at start, often while another has just made it. A stream
+        whose settings differ is updated at once, without the add that the server would refuse."""
         if current is None:
             try:
                 await self.create(config.name, lambda n: self._js.add_stream(config.evolve(num_replicas=n)))
@@ -118,7 +122,15 @@ class Placement:
                 if exc.err_code != STREAM_EXISTS:
                     raise
                 current = await _stream_config(self._js, config.name)
-        if changed := _differences(config, current):
+        changed = _differences(config, current)
+        if not changed and self.target(current.num_replicas) == current.num_replicas:
+            try:
+                await self._js.add_stream(config.evolve(num_replicas=current.num_replicas))
+                return
+            except BadRequestError as exc:  # a setting this config leaves to the server's default differs
+                if exc.err_code != STREAM_EXISTS:
+                    raise
+        if changed:
             log.info("stream %s exists with other settings (%s): updating it to these", config.name, ", ".join(changed))
         await self.update(config.name, current.num_replicas,
                           lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
