@@ -34,6 +34,7 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator, Self
 
 import httpx
 import nats
@@ -56,16 +57,16 @@ class Reply:
     status: int | str  # the HTTP status, or the client's error
 
 
-class Probe:
-    """Online embedding requests to the gateway, one after another ``interval`` apart, from a thread."""
+class Ticking:
+    """A daemon thread that runs ``_run`` from entering a ``with`` block until leaving it; ``_run``
+    loops over ``_ticks()``, which ends once the block is left."""
 
-    def __init__(self, base: str, interval: float = 0.05, timeout: float = 60.0) -> None:
-        self._base, self._interval, self._timeout = base, interval, timeout
-        self.replies: list[Reply] = []
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Probe:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -73,10 +74,29 @@ class Probe:
         self._stop.set()
         self._thread.join()
 
+    def _ticks(self) -> Iterator[int]:
+        """0, 1, 2, ..., ``interval`` seconds after each step ends, until the block is left."""
+        i = 0
+        while not self._stop.is_set():
+            yield i
+            i += 1
+            self._stop.wait(self._interval)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Probe(Ticking):
+    """Online embedding requests to the gateway, one after another ``interval`` apart, from a thread."""
+
+    def __init__(self, base: str, interval: float = 0.05, timeout: float = 60.0) -> None:
+        super().__init__(interval)
+        self._base, self._timeout = base, timeout
+        self.replies: list[Reply] = []
+
     def _run(self) -> None:
         with httpx.Client(timeout=self._timeout) as client:
-            i = 0
-            while not self._stop.is_set():
+            for i in self._ticks():
                 sent = time.monotonic()
                 try:
                     status = client.post(f"{self._base}/v1/embeddings",
@@ -84,11 +104,6 @@ class Probe:
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 self.replies.append(Reply(sent, time.monotonic() - sent, status))
-                i += 1
-                self._stop.wait(self._interval)
-
-    def around(self, start: float, end: float) -> list[Reply]:
-        return [r for r in self.replies if start <= r.sent <= end]
 
 
 def longest_silence(replies: list[Reply], start: float, end: float) -> float:
@@ -281,37 +296,27 @@ def _quarter(run: Run) -> int:
     return max(4 * BATCH, run.documents // 4)
 
 
-class Sampler:
+class Sampler(Ticking):
     """Reads the job's done count every 50 ms from a thread while the job runs (nothing while the
     bucket has no quorum), into ``run.progress``."""
 
     def __init__(self, fleet: ClusterFleet, run: Run) -> None:
-        self._fleet, self._run = fleet, run
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        super().__init__(0.05)
+        self._fleet, self._job_run = fleet, run
 
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            state = self._fleet.state(self._run.job)
+    def _run(self) -> None:
+        for _ in self._ticks():
+            state = self._fleet.state(self._job_run.job)
             if state:
-                self._run.progress.append((time.monotonic(), state.get("done", 0)))
-            self._stop.wait(0.05)
+                self._job_run.progress.append((time.monotonic(), state.get("done", 0)))
 
     def wait(self, until, timeout: float, proc: subprocess.Popen) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            if until(self._run):
+            if until(self._job_run):
                 return True
             time.sleep(0.02)
-        return until(self._run)
+        return until(self._job_run)
 
 
 def _quarter_done(run: Run) -> bool:

@@ -46,17 +46,17 @@ class Workload:
     texts: list[str]
     per_request: int
     in_flight: int
-    latency: bool  # report p50/p99 (single-query workloads)
 
 
 QUERY_TOKENS = (15, 20)  # a short query, special tokens included (the performance notes' ~15-20)
 
 
-def queries(texts: list[str], low: int = QUERY_TOKENS[0], high: int = QUERY_TOKENS[1]) -> list[str]:
-    """One query per text: its longest run of leading words that has at most ``high`` tokens, kept
-    when it has at least ``low`` (a text's first words can be one long identifier: left out)."""
+def queries(texts: list[str]) -> list[str]:
+    """One query per text: its longest run of leading words that has at most QUERY_TOKENS[1] tokens,
+    kept when it has at least QUERY_TOKENS[0] (a text's first words can be one long identifier: left out)."""
     from services.tokenizer.encoder import TextEncoder
 
+    low, high = QUERY_TOKENS
     encoder = TextEncoder(load_model_info(None))
     out = []
     for text in texts:
@@ -72,10 +72,10 @@ def queries(texts: list[str], low: int = QUERY_TOKENS[0], high: int = QUERY_TOKE
 def workloads() -> list[Workload]:
     qs = queries(mixed_texts(400))
     return [
-        Workload("long", long_texts(512), 32, 4, False),
-        Workload("medium", medium_texts(1024), 8, 8, False),
-        Workload("single", qs, 1, 1, True),
-        Workload("many-singles", qs, 1, 32, True),
+        Workload("long", long_texts(512), 32, 4),
+        Workload("medium", medium_texts(1024), 8, 8),
+        Workload("single", qs, 1, 1),
+        Workload("many-singles", qs, 1, 32),
     ]
 
 
@@ -185,7 +185,7 @@ def run_http(url: str, ws: list[Workload], seconds: float, tokens: dict[str, int
     each workload for its CPU milliseconds per request."""
     out = {}
     for w in ws:
-        asyncio.run(drive_http(url, Workload(w.name, w.texts, w.per_request, w.in_flight, w.latency), 1.0, tokens))
+        asyncio.run(drive_http(url, w, 1.0, tokens))
         used = cpu() if cpu else 0.0
         out[w.name] = asyncio.run(drive_http(url, w, seconds, tokens))
         if cpu:
@@ -200,7 +200,7 @@ def _line(r: dict) -> str:
             f"p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms{cpu}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0, help="per workload and system")
@@ -222,18 +222,17 @@ def main() -> None:
                         help="the traced systems' --trace-sample-ratio (1: every request recorded)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="compute dtype of every system (bfloat16 needs a CPU with bf16 instructions to pay off)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def systems_to_run(args: argparse.Namespace, ws: list[Workload], tokens: dict[str, int]) -> dict[str, Callable[[], dict]]:
+    """Each system the arguments ask for, by name: a call that runs every workload on it once."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     from services.gpu_worker.engine import Engine
     from services.tokenizer.encoder import TextEncoder, pack_chunks
 
-    ws = [w for w in workloads() if args.only is None or w.name in args.only]
-    tokens: dict[str, int] = {}
-    for w in ws:
-        tokens |= token_counts(w.texts)
     info = load_model_info(None)
     encoder = TextEncoder(info)
     engine = Engine(info, "cpu", args.dtype, max_batch_tokens=args.budget)
@@ -277,8 +276,12 @@ def main() -> None:
 
     if args.systems is not None:
         systems = {name: run for name, run in systems.items() if name.split()[0] in args.systems}
+    return systems
+
+
+def run_rounds(systems: dict[str, Callable[[], dict]], count: int) -> list[dict]:
     rounds: list[dict] = []
-    for r in range(args.rounds):
+    for r in range(count):
         results = {}
         # every other round in the reverse order: no system always runs first (a cold cache) or last
         for name, run in (list(systems.items())[::-1] if r % 2 else systems.items()):
@@ -288,15 +291,16 @@ def main() -> None:
                 for w, res in results[name].items():
                     print(f"    {w:13} {_line(res)}", flush=True)
         rounds.append(results)
+    return rounds
 
-    summary = summarize(rounds, [w.name for w in ws])
-    report(summary)
-    observability_overhead(summary)
-    out = Path(args.out)
+
+def write_results(out: Path, summary: dict, rounds: list[dict], dtype: str) -> None:
+    import torch
+
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "dtype": args.dtype}
+               "dtype": dtype}
     (out / "e2e.json").write_text(json.dumps({"machine": machine, "summary": summary, "rounds": rounds}, indent=1))
     print(f"\nwrote {out / 'e2e.json'}")
     try:
@@ -306,6 +310,19 @@ def main() -> None:
             print(f"wrote {path}")
     except ImportError:
         print("(no plots: pip install matplotlib)")
+
+
+def main() -> None:
+    args = parse_args()
+    ws = [w for w in workloads() if args.only is None or w.name in args.only]
+    tokens: dict[str, int] = {}
+    for w in ws:
+        tokens |= token_counts(w.texts)
+    rounds = run_rounds(systems_to_run(args, ws, tokens), args.rounds)
+    summary = summarize(rounds, [w.name for w in ws])
+    report(summary)
+    observability_overhead(summary)
+    write_results(Path(args.out), summary, rounds, args.dtype)
 
 
 def observability_overhead(s: dict) -> None:

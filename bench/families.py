@@ -28,7 +28,7 @@ import torch
 
 MAX_SEQ_LENGTH = 512
 WORDPIECE_VOCAB = 30522  # the default model's tokenizer
-PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103  # its special tokens' ids
+PAD, CLS, SEP = 0, 101, 102  # its special tokens' ids
 
 # what a tiny shape keeps of each family: 2 layers of width 64, 4 heads of 16
 _TINY: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)

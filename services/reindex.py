@@ -22,6 +22,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,12 +116,24 @@ def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str,
     out.with_suffix(".ids.json").write_text(json.dumps(ids))
 
 
-async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
-    from tqdm import tqdm
+@dataclass(frozen=True)
+class _Plan:
+    """A reindex run, every part checked before anything is published."""
 
+    path: Path
+    out: Path
+    form: str  # a shared/quantize.py FORMS name
+    output: str  # "dense", "sparse" or "multivector"
+    options: EmbedOptions
+    tracing: TracingConfig
+    docs: list[tuple[str, str]]  # (id, text), in input order
+    job: str
+
+
+def _plan(ns: argparse.Namespace) -> _Plan:
     path, out = Path(ns.input), Path(ns.out)
     form = form_named(ns.embedding_type)
-    output = getattr(ns, "output", "dense")
+    output = ns.output
     try:
         options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
     except ProtocolError as exc:
@@ -131,99 +144,133 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
     if not has_state_key(job):
         raise ConfigError(f"--job-id must be at most {MAX_JOB_ID} letters, digits and - _ = / . (not starting or ending with .)")
+    return _Plan(path, out, form, output, options, tracing, docs, job)
+
+
+async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan):
+    """A connection, its JetStream context and the job bucket, once the job's recorded state allows
+    running it (not another form, not cancelled, results not expired, not purged a moment ago)."""
     subjects = nats.subjects
     nc = await connect(nats, "embedfleet-reindex")
     js = nc.jetstream()
     try:
         kv = await ensure_streams(js, subjects, retention(ns))
-        state = await read_state(kv, job)
-        problem = (form_conflict(state, form, output) or was_cancelled(state) or await results_gone(js, subjects, job, state)
-                   or await purged_recently(js, subjects, job, state))
+        state = await read_state(kv, plan.job)
+        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state)
+                   or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
     except BaseException:
         await nc.close()
         raise
     if problem:
         await nc.close()
         raise ConfigError(problem)
+    return nc, js, kv
+
+
+async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
+    from tqdm import tqdm
+
+    plan = _plan(ns)
+    job, docs, subjects = plan.job, plan.docs, nats.subjects
+    nc, js, kv = await _connect_checked(ns, nats, plan)
     batches = (len(docs) + ns.batch_size - 1) // ns.batch_size
-    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {output} {form} vectors", flush=True)
+    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors",
+          flush=True)
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
-    tracer = Tracer("reindex", tracing)
+    tracer = Tracer("reindex", plan.tracing)
     span = tracer.start("reindex", None, "internal", job=job, documents=len(docs))
     bind(span.context, job)
-    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, options, str(path),
-                                           tracer))
-    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], options.dtype, ns.results_check)
+    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, plan.options,
+                                           str(plan.path), tracer))
+    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], plan.options.dtype,
+                          ns.results_check)
     await collector.open()
-    failed, checked = 0, 0.0
-    tokens, last_progress = 0, time.monotonic()
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     start_time = time.monotonic()
     try:
-        while len(collector.got) + failed < len(docs):
-            fresh, fresh_tokens = await collector.poll()
-            if fresh:
-                tokens += fresh_tokens
-                bar.update(fresh)
-                last_progress = time.monotonic()
-            bar.set_postfix(tokens_s=f"{tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
-            cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
-            if publisher.done() and not cancelled and publisher.exception():
-                raise publisher.exception()
-            if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
-                checked = time.monotonic()
-                try:
-                    state = (await read_state(kv, job)) or {}
-                    failed = state.get("failed", 0)
-                    cancelled = cancelled or state.get("status") == CANCELLED
-                except Exception:
-                    pass  # the server is away: next time
-            if cancelled:
-                bar.close()
-                print(f"job {job}: cancelled, {len(collector.got)} of {len(docs)} documents stored; nothing written to "
-                      f"{out} (the stored results stay in the results stream until the job is purged)")
-                return 1
-            if time.monotonic() - last_progress > ns.stall_timeout:
-                errors = ((await read_state(kv, job)) or {}).get("errors", [])
-                await update_state(kv, job, lambda s: s.update(status="stalled"))
-                bar.close()
-                print(f"job {job}: no progress for {ns.stall_timeout:.0f}s, {len(collector.got)}/{len(docs)} documents; "
-                      f"errors: {errors or 'none'}")
-                return 1
-        bar.close()
+        stopped, tokens = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout)
+        if stopped is not None:
+            return stopped
         await publisher
-        got = collector.got
-        ids = [d for d, _ in docs if d in got]
-        if output == "dense":
-            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[form][1])
-            write_output(out, ids, vectors, form, collector.dim)
-        else:
-            write_ragged(out, ids, [got[d] for d in ids], output, form, collector.dim)
-        elapsed = time.monotonic() - start_time
-        rate = f"{tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s)"
-        if len(ids) < len(docs):
-            lost = [d for d, _ in docs if d not in got]
-            failed_path = out.with_suffix(".failed.json")
-            failed_path.write_text(json.dumps(lost))
-            errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
-            print(f"job {job}: {len(ids)} of {len(docs)} documents, {rate} -> {out}; {len(lost)} given up "
-                  f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
-            return 1
-        def finish(state: dict) -> None:
-            state.update(collected=len(docs), dim=collector.dim)
-            if state.get("status") != "cancelled":  # a cancel that came after the last vector stays said
-                state["status"] = "done"
-            state.setdefault("finished", time.time())
-
-        await update_state(kv, job, finish)
-        print(f"job {job}: {len(docs)} documents, {rate} -> {out}")
-        return 0
+        return await _write(plan, kv, collector, tokens, time.monotonic() - start_time)
     finally:
         publisher.cancel()
         await collector.close()
         await nc.drain()
         span.end()
         tracer.shutdown()
+
+
+async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float):
+    """Collect results until every document has its vector or was given up. Returns (1 when the job
+    was cancelled or stalled, else None; the tokens of the documents collected)."""
+    job, docs = plan.job, plan.docs
+    failed, checked = 0, 0.0
+    tokens, last_progress = 0, time.monotonic()
+    start_time = time.monotonic()
+    while len(collector.got) + failed < len(docs):
+        fresh, fresh_tokens = await collector.poll()
+        if fresh:
+            tokens += fresh_tokens
+            bar.update(fresh)
+            last_progress = time.monotonic()
+        bar.set_postfix(tokens_s=f"{tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
+        cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
+        if publisher.done() and not cancelled and publisher.exception():
+            raise publisher.exception()
+        if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
+            checked = time.monotonic()
+            try:
+                state = (await read_state(kv, job)) or {}
+                failed = state.get("failed", 0)
+                cancelled = cancelled or state.get("status") == CANCELLED
+            except Exception:
+                pass  # the server is away: next time
+        if cancelled:
+            bar.close()
+            print(f"job {job}: cancelled, {len(collector.got)} of {len(docs)} documents stored; nothing written to "
+                  f"{plan.out} (the stored results stay in the results stream until the job is purged)")
+            return 1, tokens
+        if time.monotonic() - last_progress > stall_timeout:
+            errors = ((await read_state(kv, job)) or {}).get("errors", [])
+            await update_state(kv, job, lambda s: s.update(status="stalled"))
+            bar.close()
+            print(f"job {job}: no progress for {stall_timeout:.0f}s, {len(collector.got)}/{len(docs)} documents; "
+                  f"errors: {errors or 'none'}")
+            return 1, tokens
+    bar.close()
+    return None, tokens
+
+
+async def _write(plan: _Plan, kv, collector: Collector, tokens: int, elapsed: float) -> int:
+    """Write the vectors collected, in input order, and record the job done; 1 when some documents
+    were given up (their ids written beside the output)."""
+    job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
+    ids = [d for d, _ in docs if d in got]
+    if plan.output == "dense":
+        vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form][1])
+        write_output(out, ids, vectors, plan.form, collector.dim)
+    else:
+        write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)
+    rate = f"{tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s)"
+    if len(ids) < len(docs):
+        lost = [d for d, _ in docs if d not in got]
+        failed_path = out.with_suffix(".failed.json")
+        failed_path.write_text(json.dumps(lost))
+        errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
+        print(f"job {job}: {len(ids)} of {len(docs)} documents, {rate} -> {out}; {len(lost)} given up "
+              f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
+        return 1
+
+    def finish(state: dict) -> None:
+        state.update(collected=len(docs), dim=collector.dim)
+        if state.get("status") != CANCELLED:  # a cancel that came after the last vector stays said
+            state["status"] = "done"
+        state.setdefault("finished", time.time())
+
+    await update_state(kv, job, finish)
+    print(f"job {job}: {len(docs)} documents, {rate} -> {out}")
+    return 0
 
 
 class Collector:

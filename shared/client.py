@@ -269,13 +269,13 @@ class EmbedClient:
             log.warning("request %s: resend failed: %s", pending.id, exc)
         return True
 
-    def resend_missing(self, role: str = "", instance: str = "") -> None:
+    def resend_missing(self, role: str, instance: str) -> None:
         """A process of the fleet died: every request in flight may have lost rows with it.
 
         Out of retries, a request still completes if its rows come, or times out at its deadline."""
         for pending in list(self._pending.values()):
             if not pending.future.done() and not pending.resending:
-                self._spawn(self._resend(pending, f"{role or 'a process'} {instance} stopped answering"), pending)
+                self._spawn(self._resend(pending, f"{role} {instance} stopped answering"), pending)
 
     async def _no_responder(self, pending: _Pending) -> None:
         model = pending.request.model

@@ -4,10 +4,10 @@ A ``FleetWatch`` pings the tokenizers and workers under our subject prefix every
 seconds in the background, so a request never waits for a poll. Each live process answers with
 its instance id; a process not heard from for ``lost_after`` seconds has died (SIGKILL, a crashed
 host, a stopped process) and the watch calls its ``on_lost`` callbacks: callers re-send the work
-that process may have held. A worker that stops cleanly says so in its last load report and
-drains its work first (its last load report, also sent on the leaving subject): it is forgotten
-without a call. (A tokenizer holds a request for
-milliseconds; one that stops cleanly costs at most duplicates, which callers ignore.)
+that process may have held. A worker that stops cleanly drains its work first and says so in its
+last load report, also sent on the leaving subject: it is forgotten without a call. (A tokenizer
+holds a request for milliseconds; one that stops cleanly costs at most duplicates, which callers
+ignore.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from nats.aio.client import Client
@@ -27,15 +27,11 @@ from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet.fleet")
 
-ROLES = ("tokenizer", "worker")
-
-
 @dataclass(frozen=True, slots=True)
 class FleetView:
     tokenizers: dict[str, dict[str, str]]  # model id -> metadata of one live tokenizer
     workers: dict[str, dict[str, str]]  # model id -> metadata of one live worker
     at: float  # monotonic time of the poll
-    instances: dict[str, set[str]] = field(default_factory=dict)  # role -> live instance ids
 
     @property
     def models(self) -> list[str]:
@@ -101,7 +97,7 @@ class FleetWatch:
             self._ping("tokenizer", until_ready), self._ping("worker", until_ready)
         )
         now = time.monotonic()
-        self._view = FleetView(tokenizers, workers, now, {"tokenizer": t_ids, "worker": w_ids})
+        self._view = FleetView(tokenizers, workers, now)
         for role, ids in (("tokenizer", t_ids), ("worker", w_ids)):
             for instance in ids:
                 self._seen[(role, instance)] = now

@@ -82,6 +82,7 @@ AUTO_REPLICAS = 3  # a majority survives one node's loss
 # JetStream's answers that a stream's copies cannot be placed: no suitable peers, not enough
 # resources, a server that is not clustered
 _PLACEMENT_ERRORS = {10005, 10023, 10074}
+STREAM_EXISTS = 10058  # a stream of that name is there with another config (made meanwhile by another process)
 
 
 def clustered(js: JetStreamContext) -> bool:
@@ -107,21 +108,33 @@ class Placement:
         return max(self.replicas, current)  # automatic: never lowered
 
     async def put(self, config: StreamConfig, current: StreamConfig | None) -> None:
-        """Create the stream ``config`` describes, or update it, with the replicas it should have."""
+        """Create the stream ``config`` describes, or update it (``current``: its config as read), with
+        the replicas it should have.
+
+        An existing stream that already has these settings is added again, which the server answers
+        from what it holds; an update, even of nothing, is a change the cluster's nodes agree on, and
+        every process puts every stream at start, often while another has just made it. A stream
+        whose settings differ is updated at once, without the add that the server would refuse."""
         if current is None:
             try:
                 await self.create(config.name, lambda n: self._js.add_stream(config.evolve(num_replicas=n)))
                 return
             except BadRequestError as exc:
-                if exc.err_code != 10058:  # 10058: created meanwhile by another process, with another config
+                if exc.err_code != STREAM_EXISTS:
                     raise
                 current = await _stream_config(self._js, config.name)
-        try:
-            await self._js.add_stream(config.evolve(num_replicas=self.target(current.num_replicas)))
-        except BadRequestError:  # there, with other settings (10058)
-            log.info("stream %s exists with other settings: updating it to these", config.name)
-            await self.update(config.name, current.num_replicas,
-                              lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
+        changed = _differences(config, current)
+        if not changed and self.target(current.num_replicas) == current.num_replicas:
+            try:
+                await self._js.add_stream(config.evolve(num_replicas=current.num_replicas))
+                return
+            except BadRequestError as exc:  # a setting this config leaves to the server's default differs
+                if exc.err_code != STREAM_EXISTS:
+                    raise
+        if changed:
+            log.info("stream %s exists with other settings (%s): updating it to these", config.name, ", ".join(changed))
+        await self.update(config.name, current.num_replicas,
+                          lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
 
     async def create(self, name: str, make):
         """``make(replicas)``: a new stream; with one copy when automatic replicas cannot be placed."""
@@ -199,6 +212,13 @@ async def purge_wait(js: JetStreamContext, subjects: Subjects, job: str) -> floa
     if (marker.headers or {}).get("KV-Operation") != "PURGE" or marker.time is None:
         return 0.0
     return max(0.0, marker.time.timestamp() + DUPLICATE_WINDOW - time.time())
+
+
+def _differences(config: StreamConfig, current: StreamConfig) -> list[str]:
+    """The settings ``config`` gives (its fields that are not None, replicas aside) that ``current`` has otherwise."""
+    given = {k: v for k, v in config.as_dict().items() if k != "num_replicas"}
+    have = current.as_dict()
+    return sorted(k for k, v in given.items() if have.get(k) != v)
 
 
 async def _stream_config(js: JetStreamContext, name: str) -> StreamConfig | None:

@@ -24,9 +24,7 @@ from shared.config import ConfigError
 
 DEFAULT_MODEL_ID = "all-MiniLM-L6-v2"
 POOLING_MODES = ("mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len")
-DENSE_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")  # in the order they must run
-SCORE_ACTIVATIONS = ("sigmoid", "identity")
 
 # sentence-transformers' pooling mode names (underscores dropped, as older configs vary) -> ours
 _ST_POOLING = {
@@ -73,7 +71,7 @@ class DenseSpec:
     in_features: int
     out_features: int
     bias: bool
-    activation: str  # one of DENSE_ACTIVATIONS
+    activation: str  # one of _ACTIVATIONS' values
 
 
 SPARSE_POOLINGS = ("max", "sum")
@@ -140,7 +138,7 @@ class ModelInfo:
     score_tokens: tuple[int, ...] = ()
     pair_template: str | None = None  # the chat template (Jinja) a (query, document) pair is rendered with
     message_format: str = "flat"  # the template's message content: "flat" (a string) or "structured" (parts)
-    score_activation: str = "sigmoid"  # a reranker's score from its logit: one of SCORE_ACTIVATIONS
+    score_activation: str = "sigmoid"  # a reranker's score from its logit: "sigmoid" or "identity"
     outputs: tuple[str, ...] = ("dense",)  # what it makes, of "dense", "sparse", "multivector" ("tokens": any embedder)
     sparse: SparseSpec | None = None
     multivector: MultiVectorSpec | None = None
@@ -153,15 +151,6 @@ class ModelInfo:
             return output == "dense"
         return output == "tokens" or output in self.outputs
 
-    def output_dim(self, output: str) -> int:
-        if output == "sparse":
-            return self.vocab_size
-        if output == "multivector":
-            return self.multivector.dim
-        if output == "tokens":
-            return self.hidden_size
-        return self.dim
-
     @property
     def scores(self) -> bool:
         return self.task == "score"
@@ -171,9 +160,6 @@ class ModelInfo:
         """The pooled vector's dimension (the encoder's output), before any Dense layer."""
         return self.dense[0].in_features if self.dense else self.dim
 
-    def matches(self, requested: str) -> bool:
-        return same_model(requested, self.id)
-
 
 def same_model(requested: str, served_id: str) -> bool:
     """'sentence-transformers/all-MiniLM-L6-v2' and 'all-MiniLM-L6-v2' both name the same model."""
@@ -182,57 +168,74 @@ def same_model(requested: str, served_id: str) -> bool:
 
 def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo:
     """Read a model folder's configs; ``model`` None means the default shipped model."""
-    if model is None:
-        path, default_id = default_model_path(), DEFAULT_MODEL_ID
-    else:
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise ConfigError(f"--model {model!r} is not a folder (a local Hugging Face model folder is needed)")
-        path = path.resolve()
-        default_id = path.name
+    path, default_id = _model_folder(model)
+    model_id = model_id or default_id
     config = _read_json(path / "config.json", required=True)
-    text_config = config.get("text_config") or {}  # multimodal wrappers keep the text model's sizes here
-    st_config = _read_json(path / "sentence_bert_config.json")
     st_general = _read_json(path / "config_sentence_transformers.json")
     tok_config = _read_json(path / "tokenizer_config.json")
-
-    def setting(key: str, default: Any = None) -> Any:
-        return config.get(key, text_config.get(key, default))
-
-    max_positions = int(setting("max_position_embeddings", 512))
-    if config.get("model_type") in ("xlm-roberta", "roberta", "camembert"):
-        # positions start after the padding index, so two fewer are usable
-        max_positions -= int(config.get("pad_token_id", 1)) + 1
-    # tokenizer_config's model_max_length may be a huge sentinel (1e30): the min below caps it
-    limit = st_config.get("max_seq_length") or tok_config.get("model_max_length") or max_positions
-    max_seq_length = min(int(limit), max_positions)
+    max_seq_length = _max_seq_length(config, _read_json(path / "sentence_bert_config.json"), tok_config)
 
     if is_cross_encoder(config, path):
         if score_tokens := logit_score_tokens(path, config):
-            return _llm_reranker_info(path, config, model_id or default_id, max_seq_length, score_tokens)
+            return _llm_reranker_info(path, config, model_id, max_seq_length, score_tokens)
         labels = classifier_labels(config)
         return ModelInfo(
-            id=model_id or default_id, path=path, max_seq_length=max_seq_length, dim=labels, pooling="cls",
+            id=model_id, path=path, max_seq_length=max_seq_length, dim=labels, pooling="cls",
             normalize=False, vocab_size=int(config["vocab_size"]), prompts={}, task="score",
             labels=label_names(config, labels),
         )
     prompts = {str(k): str(v) for k, v in (st_general.get("prompts") or {}).items()}
     common = dict(
-        id=model_id or default_id, path=path, max_seq_length=max_seq_length, vocab_size=int(setting("vocab_size")),
-        prompts=prompts, default_prompt=_default_prompt(st_general, prompts), hidden_size=int(setting("hidden_size")),
+        id=model_id, path=path, max_seq_length=max_seq_length, vocab_size=int(_setting(config, "vocab_size")),
+        prompts=prompts, default_prompt=_default_prompt(st_general, prompts),
+        hidden_size=int(_setting(config, "hidden_size")),
     )
     kinds = _module_types(path)
     if "SpladePooling" in kinds or "MLMTransformer" in kinds:
         return _sparse_encoder(path, config, kinds, common)
     if "MultiVectorMask" in kinds or st_general.get("model_type") == "MultiVectorEncoder":
         return _multi_vector_encoder(path, config, common)
+    return _dense_encoder(path, config, st_general, tok_config, common)
+
+
+def _model_folder(model: str | None) -> tuple[Path, str]:
+    """The folder ``model`` names (None: the default shipped model), and the id it serves under by default."""
+    if model is None:
+        return default_model_path(), DEFAULT_MODEL_ID
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"--model {model!r} is not a folder (a local Hugging Face model folder is needed)")
+    path = path.resolve()
+    return path, path.name
+
+
+def _setting(config: dict[str, Any], key: str, default: Any = None) -> Any:
+    """A config.json value; multimodal wrappers keep the text model's sizes in its ``text_config``."""
+    return config.get(key, (config.get("text_config") or {}).get(key, default))
+
+
+def _max_seq_length(config: dict[str, Any], st_config: dict[str, Any], tok_config: dict[str, Any]) -> int:
+    """The longest input, special tokens included: the configured limit, capped by the positions."""
+    max_positions = int(_setting(config, "max_position_embeddings", 512))
+    if config.get("model_type") in ("xlm-roberta", "roberta", "camembert"):
+        # positions start after the padding index, so two fewer are usable
+        max_positions -= int(config.get("pad_token_id", 1)) + 1
+    # tokenizer_config's model_max_length may be a huge sentinel (1e30): the min below caps it
+    limit = st_config.get("max_seq_length") or tok_config.get("model_max_length") or max_positions
+    return min(int(limit), max_positions)
+
+
+def _dense_encoder(path: Path, config: dict[str, Any], st_general: dict[str, Any], tok_config: dict[str, Any],
+                   common: dict[str, Any]) -> ModelInfo:
+    """A sentence-transformers embedder: Transformer -> Pooling -> Dense* -> Normalize? (and BGE-M3's
+    sparse and multi-vector heads beside the dense one)."""
     stack = _read_modules(path)
     pooling_config = _read_json(stack.pooling / "config.json") if stack.pooling else {}
     # "embedding_dimension" since sentence-transformers 6, "word_embedding_dimension" before
     pooled_dim = int(
         pooling_config.get("embedding_dimension")
         or pooling_config.get("word_embedding_dimension")
-        or setting("hidden_size")
+        or _setting(config, "hidden_size")
     )
     dense = tuple(_read_dense(d) for d in stack.dense)
     _check_dense_chain(dense, pooled_dim)

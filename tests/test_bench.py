@@ -126,7 +126,7 @@ def test_observed_fleet_scrapes_its_metrics_and_receives_its_spans_and_the_overh
     from bench.fleet import fleet, observation
 
     texts = ["a short query about observability", "another one"]
-    w = Workload("single", texts, 1, 1, True)
+    w = Workload("single", texts, 1, 1)
     with observation(metrics=True, tracing=True) as watch:
         with fleet([["--threads", "1"]], [], watch=watch) as (base, _):
             result = run_http(f"{base}/v1/embeddings", [w], 1.0, token_counts(texts), watch.cpu_seconds)["single"]

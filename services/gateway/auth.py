@@ -18,11 +18,6 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def allows(self, path: str, authorization: str | None) -> bool:
-        if not self._keys or path in self._open:
-            return True
-        return self.identify(authorization) is not None
-
     def identify(self, authorization: str | None) -> str | None:
         """The configured key an ``Authorization: Bearer`` header gives; None for none or another."""
         scheme, _, token = (authorization or "").partition(" ")

@@ -63,11 +63,11 @@ class BulkFeeder:
         scheduler: Scheduler,
         check: Callable[[TokenChunk], None],
         wake: Callable[[], None],
-        settings: JobSettings = JobSettings(),
-        tracer: Tracer | None = None,
+        settings: JobSettings,
+        tracer: Tracer,
     ) -> None:
         self._nc = nc
-        self._tracer = tracer or Tracer("worker")
+        self._tracer = tracer
         self._subjects = subjects
         self._model = model
         self._scheduler = scheduler

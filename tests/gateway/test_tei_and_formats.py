@@ -85,12 +85,11 @@ def test_binary_bodies():
 
 def test_api_keys():
     keys = ApiKeys(("k1", "secret-2"), ("/health",))
-    assert keys.enabled
-    assert keys.allows("/v1/embeddings", "Bearer secret-2") and keys.allows("/v1/embeddings", "bearer k1")
-    assert not keys.allows("/v1/embeddings", "Bearer nope")
-    assert not keys.allows("/v1/embeddings", None) and not keys.allows("/v1/embeddings", "Basic k1")
-    assert keys.allows("/health", None)
-    assert ApiKeys((), ()).allows("/anything", None)
+    assert keys.enabled and keys.open_paths == {"/health"}
+    assert keys.identify("Bearer secret-2") == "secret-2" and keys.identify("bearer k1") == "k1"
+    assert keys.identify("Bearer nope") is None
+    assert keys.identify(None) is None and keys.identify("Basic k1") is None
+    assert not ApiKeys((), ()).enabled and ApiKeys((), ()).identify("Bearer k1") is None
 
 
 def test_unauthorized_shapes():

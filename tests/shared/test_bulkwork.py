@@ -8,7 +8,7 @@ import uuid
 import nats
 import pytest
 
-from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, fetch_one, job_from_msg_id, open_work
+from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
 from shared.config import JobSettings
 from shared.jobs import ensure_streams, read_state, stream_names, update_state
 from shared.subjects import Subjects
@@ -23,12 +23,11 @@ async def _setup(url: str):
 
 
 async def _fetch(psub, wait: float) -> list:
-    deadline = asyncio.get_running_loop().time() + wait
-    while asyncio.get_running_loop().time() < deadline:
-        msgs = await fetch_one(psub)
-        if msgs:
-            return msgs
-    return []
+    """Up to one message, waiting at most ``wait`` seconds for it."""
+    try:
+        return await psub.fetch(1, timeout=wait)
+    except (asyncio.TimeoutError, nats.errors.TimeoutError):
+        return []
 
 
 @pytest.mark.slow  # waits out ack waits

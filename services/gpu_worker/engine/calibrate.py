@@ -18,6 +18,7 @@ from services.gpu_worker.engine.engine import Engine
 log = logging.getLogger("embedfleet.engine")
 
 BUDGETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+ROW_TOKENS = 128  # tokens a row of the synthetic batches: a passage, as bulk work sends them
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +57,9 @@ def measure(engine: Engine, tokens: int, seq_len: int, min_seconds: float) -> fl
 def calibrate(
     engine: Engine,
     budgets: tuple[int, ...] = BUDGETS,
-    seq_len: int = 128,
     min_seconds: float = 0.15,
-    tolerance: float = 0.95,
 ) -> Calibration:
-    seq_len = min(seq_len, engine.max_seq_length)
+    seq_len = min(ROW_TOKENS, engine.max_seq_length)
     points: list[tuple[int, float]] = []
     best, flat = 0.0, 0
     for budget in budgets:
@@ -73,7 +72,7 @@ def calibrate(
         best = max(best, rate)
         if flat == 2:
             break
-    return Calibration(points, pick_knee(points, tolerance))
+    return Calibration(points, pick_knee(points))
 
 
 def pick_knee(points: list[tuple[int, float]], tolerance: float = 0.95) -> int:

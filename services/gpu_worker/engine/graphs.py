@@ -30,16 +30,11 @@ class GraphCache:
         self._graphs: dict[int, Replay] = {}
         self.captures = 0
         self.replays = 0
-        self.eager_runs = 0
 
     def bucket_for(self, tokens: int) -> int | None:
         """The smallest bucket holding ``tokens``; None above the largest (eager fallback)."""
         i = bisect.bisect_left(self.buckets, tokens)
         return self.buckets[i] if i < len(self.buckets) else None
-
-    @property
-    def captured(self) -> list[int]:
-        return sorted(self._graphs)
 
     def run(self, bucket: int, eager: Callable[[], None]) -> str:
         """Replay the bucket's graph, or run eagerly and capture it: returns 'replay' or 'captured'."""
@@ -49,7 +44,6 @@ class GraphCache:
             self.replays += 1
             return "replay"
         eager()
-        self.eager_runs += 1
         self._graphs[bucket] = self._capture(bucket)
         self.captures += 1
         return "captured"

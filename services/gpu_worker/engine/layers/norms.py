@@ -31,7 +31,3 @@ class RMSNorm(nn.Module):
         if self.offset:
             return normed.mul_(1.0 + self.weight.float()).to(x.dtype)
         return self.weight * normed.to(x.dtype)
-
-
-def layer_norm(dim: int, eps: float, bias: bool = True) -> nn.LayerNorm:
-    return nn.LayerNorm(dim, eps=eps, bias=bias)
