@@ -50,30 +50,40 @@ def timed(fn: Callable[[], object], rounds: int = 7, number: int = 2000) -> floa
     return best * 1e6
 
 
-def msgspec_codecs() -> dict[str, Callable[[Any], Callable[[], object]]]:
-    """Per message, a function from the message to one encode-and-decode round through msgspec Structs
-    that check what the codec checks (types, sizes, array invariants)."""
-    import msgspec
+def _finite(value: float, what: str) -> None:
+    if not math.isfinite(value):
+        raise ProtocolError(f"{what} must be finite")
+
+
+def _bounded_types() -> tuple[Any, Any, Any, Any, Any]:
+    """msgspec's annotations for the codec's bounds: a name, a count, a request id, a row count, timings."""
     from msgspec import Meta
 
-    Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
-    Count = Annotated[int, Meta(ge=0)]
+    name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
+    count = Annotated[int, Meta(ge=0)]
+    request_id = Annotated[str, Meta(max_length=MAX_ID)]
+    rows = Annotated[int, Meta(ge=0, le=MAX_ROWS)]
+    timings = Annotated[dict[Annotated[str, Meta(max_length=64)], float], Meta(max_length=8)]
+    return name, count, request_id, rows, timings
 
-    def _finite(value: float, what: str) -> None:
-        if not math.isfinite(value):
-            raise ProtocolError(f"{what} must be finite")
+
+def _chunk_struct() -> type:
+    """TokenChunk as a msgspec Struct, the wire keys its fields."""
+    import msgspec
+
+    Name, Count, Id, Rows, Timings = _bounded_types()
 
     class Chunk(msgspec.Struct, tag="tokens", tag_field="t", frozen=True):
         v: int
-        id: Annotated[str, Meta(max_length=MAX_ID)]
+        id: Id
         m: Name
         s: Count
-        rows: Annotated[int, Meta(ge=0, le=MAX_ROWS)]
+        rows: Rows
         ids: np.ndarray
         cu: np.ndarray
         dl: float
         o: dict[str, Any] = {}
-        tm: Annotated[dict[Annotated[str, Meta(max_length=64)], float], Meta(max_length=8)] = {}
+        tm: Timings = {}
 
         def __post_init__(self) -> None:
             cu = self.cu
@@ -86,16 +96,26 @@ def msgspec_codecs() -> dict[str, Callable[[Any], Callable[[], object]]]:
                 _finite(seconds, "timings")
             EmbedOptions.from_wire(self.o)
 
+    return Chunk
+
+
+def _result_struct() -> type:
+    """EmbedResult as a msgspec Struct, the wire keys its fields."""
+    import msgspec
+    from msgspec import Meta
+
+    _, Count, Id, Rows, Timings = _bounded_types()
+
     class Result(msgspec.Struct, tag="result", tag_field="t", frozen=True):
         v: int
-        id: Annotated[str, Meta(max_length=MAX_ID)]
+        id: Id
         s: Count
-        rows: Annotated[int, Meta(ge=0, le=MAX_ROWS)]
+        rows: Rows
         dim: Annotated[int, Meta(gt=0, le=1 << 20)]
         dt: str
         vec: bytes
         tok: Count
-        tm: Annotated[dict[Annotated[str, Meta(max_length=64)], float], Meta(max_length=8)] = {}
+        tm: Timings = {}
 
         def __post_init__(self) -> None:
             size = self.dim * 4  # this benchmark's dtype: f4
@@ -105,6 +125,16 @@ def msgspec_codecs() -> dict[str, Callable[[Any], Callable[[], object]]]:
                 raise ProtocolError("rows out of range")
             for seconds in self.tm.values():
                 _finite(seconds, "timings")
+
+    return Result
+
+
+def _job_struct() -> type:
+    """JobBatch as a msgspec Struct, the wire keys its fields."""
+    import msgspec
+    from msgspec import Meta
+
+    Name, Count, _, _, _ = _bounded_types()
 
     class Job(msgspec.Struct, tag="job", tag_field="t", frozen=True):
         v: int
@@ -120,18 +150,29 @@ def msgspec_codecs() -> dict[str, Callable[[Any], Callable[[], object]]]:
                 raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
             EmbedOptions.from_wire(self.o)
 
-    def enc_hook(obj: Any) -> Any:
-        if isinstance(obj, np.ndarray):
-            return np.ascontiguousarray(obj, dtype="<i4").tobytes()
-        raise NotImplementedError(type(obj))
+    return Job
 
-    def dec_hook(kind: type, obj: Any) -> Any:
-        if kind is np.ndarray and isinstance(obj, bytes) and len(obj) % 4 == 0:
-            return np.frombuffer(obj, dtype="<i4")
-        raise ProtocolError("an int32 array must be whole int32 values")
 
-    encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-    decoder = msgspec.msgpack.Decoder(Chunk | Result | Job, dec_hook=dec_hook)
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return np.ascontiguousarray(obj, dtype="<i4").tobytes()
+    raise NotImplementedError(type(obj))
+
+
+def _dec_hook(kind: type, obj: Any) -> Any:
+    if kind is np.ndarray and isinstance(obj, bytes) and len(obj) % 4 == 0:
+        return np.frombuffer(obj, dtype="<i4")
+    raise ProtocolError("an int32 array must be whole int32 values")
+
+
+def msgspec_codecs() -> dict[str, Callable[[Any], Callable[[], object]]]:
+    """Per message, a function from the message to one encode-and-decode round through msgspec Structs
+    that check what the codec checks (types, sizes, array invariants)."""
+    import msgspec
+
+    Chunk, Result, Job = _chunk_struct(), _result_struct(), _job_struct()
+    encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+    decoder = msgspec.msgpack.Decoder(Chunk | Result | Job, dec_hook=_dec_hook)
 
     def chunk(msg: TokenChunk) -> Callable[[], object]:
         return lambda: decoder.decode(encoder.encode(Chunk(

@@ -81,16 +81,7 @@ def _dispatch(ns: argparse.Namespace) -> None:
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command, ns.log_format)
     if command in ("reindex", "jobs", "init"):
-        from services.job_cancel import cancel
-        from services.jobs_admin import list_jobs, purge_job
-        from services.reindex import init_jetstream, reindex
-
-        cfg = nats_config(ns)
-        run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg),
-               "jobs purge": lambda: purge_job(cfg, ns.job, ns.force), "jobs cancel": lambda: cancel(cfg, ns.job),
-               "init": lambda: init_jetstream(cfg, retention(ns))}
-        action = getattr(ns, "jobs_command", None)
-        sys.exit(run_async(run[f"{command} {action}" if action else command]()))
+        sys.exit(_run_admin(ns))
     if command == "gateway":
         from services.gateway.app import serve
 
@@ -102,32 +93,50 @@ def _dispatch(ns: argparse.Namespace) -> None:
         cfg.apply_threads()
         run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
-        # GNU OpenMP's threads spin 300,000 times after each parallel region before they sleep: a few
-        # ms here, so an engine thread between two queries holds a core that the gateway, tokenizer
-        # and NATS need on a shared machine, and is preempted by them in the next batch, which then
-        # waits at every barrier. 3,000 spins still cover the gaps between one forward's ops. Read
-        # when torch loads OpenMP, so set before that; an explicit GOMP_SPINCOUNT wins.
-        os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-        from services.gpu_worker.replicas import build_engines, is_cpu, replica_threads, run_cpu_processes
-        from services.gpu_worker.service import WorkerService
-
-        cfg = worker_config.WorkerConfig.from_namespace(ns)
-        # oneDNN keeps one primitive per GEMM shape (1024 by default): batches of every token count
-        # made a worker's memory climb under steady traffic. The engine pads CPU batches to a
-        # multiple of 8 tokens, and 256 primitives hold every shape a query or a batch needs: memory
-        # stays bounded and a query rarely pays a primitive's creation (~1 ms at 64 primitives).
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
-        if cfg.replicas > 1 and is_cpu(cfg):
-            sys.exit(run_cpu_processes(cfg, ns))
-        threads = replica_threads(cfg.replicas)
-        # load weights (and calibrate) before taking work, on the thread that will run the engine
-        engines = threads[0].submit(build_engines, cfg).result()
-        run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engines, threads))
+        _run_worker(ns)
     elif command == "scorer":
         from services.scorer.service import ScorerService
 
         cfg = scorer_config.ScorerConfig.from_namespace(ns)
         run_service("scorer", cfg.nats, lambda nc: ScorerService(nc, cfg))
+
+
+def _run_admin(ns: argparse.Namespace) -> int:
+    """reindex, init, and jobs with its actions: each one coroutine against NATS; its exit status."""
+    from services.job_cancel import cancel
+    from services.jobs_admin import list_jobs, purge_job
+    from services.reindex import init_jetstream, reindex
+
+    cfg = nats_config(ns)
+    run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg),
+           "jobs purge": lambda: purge_job(cfg, ns.job, ns.force), "jobs cancel": lambda: cancel(cfg, ns.job),
+           "init": lambda: init_jetstream(cfg, retention(ns))}
+    action = getattr(ns, "jobs_command", None)
+    return run_async(run[f"{ns.command} {action}" if action else ns.command]())
+
+
+def _run_worker(ns: argparse.Namespace) -> None:
+    # GNU OpenMP's threads spin 300,000 times after each parallel region before they sleep: a few
+    # ms here, so an engine thread between two queries holds a core that the gateway, tokenizer
+    # and NATS need on a shared machine, and is preempted by them in the next batch, which then
+    # waits at every barrier. 3,000 spins still cover the gaps between one forward's ops. Read
+    # when torch loads OpenMP, so set before that; an explicit GOMP_SPINCOUNT wins.
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+    from services.gpu_worker.replicas import build_engines, is_cpu, replica_threads, run_cpu_processes
+    from services.gpu_worker.service import WorkerService
+
+    cfg = worker_config.WorkerConfig.from_namespace(ns)
+    # oneDNN keeps one primitive per GEMM shape (1024 by default), so batches of every token count
+    # make a worker's memory climb under steady traffic. The engine pads CPU batches to a multiple
+    # of 8 tokens, and 256 primitives hold every shape a query or a batch needs: memory stays
+    # bounded and a query rarely pays a primitive's creation (~1 ms at 64 primitives).
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
+    if cfg.replicas > 1 and is_cpu(cfg):
+        sys.exit(run_cpu_processes(cfg, ns))
+    threads = replica_threads(cfg.replicas)
+    # load weights (and calibrate) before taking work, on the thread that will run the engine
+    engines = threads[0].submit(build_engines, cfg).result()
+    run_service("worker", cfg.nats, lambda nc: WorkerService(nc, cfg, engines, threads))
 
 
 def _write_auth(ns: argparse.Namespace) -> int:

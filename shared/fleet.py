@@ -2,12 +2,12 @@
 
 A ``FleetWatch`` pings the tokenizers and workers under our subject prefix every ``interval``
 seconds in the background, so a request never waits for a poll. Each live process answers with
-its instance id; a process not heard from for ``lost_after`` seconds has died (SIGKILL, a crashed
-host, a stopped process) and the watch calls its ``on_lost`` callbacks: callers re-send the work
-that process may have held. A worker that stops cleanly drains its work first and says so in its
-last load report, also sent on the leaving subject: it is forgotten without a call. (A tokenizer
-holds a request for milliseconds; one that stops cleanly costs at most duplicates, which callers
-ignore.)
+its instance id; a process not heard from for ``LOST_AFTER_POLLS`` intervals (and a ping's wait)
+has died (SIGKILL, a crashed host, a stopped process) and the watch calls its ``on_lost``
+callbacks: callers re-send the work that process may have held. A worker that stops cleanly
+drains its work first and says so in its last load report, also sent on the leaving subject: it is
+forgotten without a call. (A tokenizer holds a request for milliseconds; one that stops cleanly
+costs at most duplicates, which callers ignore.)
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from shared.protocol import LoadReport, ProtocolError, decode_as
 from shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet.fleet")
+# polls a live process may miss (a reply lost in a reconnect, a busy event loop) before it is taken
+# for dead; --discovery-interval's help states this count
+LOST_AFTER_POLLS = 3
+
 
 @dataclass(frozen=True, slots=True)
 class FleetView:
@@ -43,12 +47,12 @@ class FleetView:
 
 
 class FleetWatch:
-    def __init__(self, nc: Client, prefix: str, wait: float, interval: float, lost_after: float | None = None) -> None:
+    def __init__(self, nc: Client, prefix: str, wait: float, interval: float) -> None:
         self._nc = nc
         self._prefix = prefix  # only services under our subject prefix belong to our fleet
         self._wait = wait
         self._interval = interval
-        self._lost_after = lost_after if lost_after is not None else 3 * interval + wait
+        self._lost_after = LOST_AFTER_POLLS * interval + wait  # seconds
         self._view = FleetView({}, {}, 0.0)
         self._lock = asyncio.Lock()
         self._seen: dict[tuple[str, str], float] = {}  # (role, instance id) -> last answer (monotonic)

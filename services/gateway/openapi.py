@@ -176,8 +176,9 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
     }
 
 
-def openapi_spec(version: str) -> dict[str, Any]:
-    embeddings_body = {
+def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
+    """OpenAI's /v1/embeddings (and its unversioned path) and /v1/models."""
+    body = {
         "type": "object",
         "required": ["model", "input"],
         "properties": {
@@ -190,7 +191,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
             "embedding_type": _EMBEDDING_TYPE,
         },
     }
-    embeddings_ok = {
+    ok = {
         "application/json": {
             "schema": {
                 "type": "object",
@@ -206,7 +207,50 @@ def openapi_spec(version: str) -> dict[str, Any]:
         },
         **_BINARY,
     }
-    embed_body = {
+    return {
+        "/v1/embeddings": _post("Create embeddings (OpenAI)", body, ok, _OPENAI_ERROR, codes),
+        "/embeddings": _post("Create embeddings (OpenAI, unversioned path)", body, ok, _OPENAI_ERROR, codes),
+        "/v1/models": _get("Models served right now", {"type": "object"}, (401,)),
+    }
+
+
+def _job_paths() -> dict[str, Any]:
+    """Bulk jobs: POST /v1/jobs, and GET / DELETE /v1/jobs/{job}."""
+    job = [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}]
+    return {
+        "/v1/jobs": _post(
+            "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
+            {"type": "object", "properties": {
+                "model": {"type": "string"}, "id": {"type": "string"}, "path": {"type": "string"},
+                "documents": {"type": "array", "items": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "text": {"type": "string"}}, "required": ["id", "text"]}},
+                "input_type": {"type": "string", "enum": ["query", "document"]},
+                "embedding_type": _EMBEDDING_TYPE,
+                "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
+                "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096}}},
+            {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
+        ),
+        "/v1/jobs/{job}": {
+            "get": {
+                "summary": "A bulk job's state",
+                "parameters": job,
+                "responses": {"200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(_OPENAI_ERROR, (401, 404, 503))},
+            },
+            "delete": {
+                "summary": "Cancel a bulk job: nothing more of it is published or computed; what was stored stays",
+                "parameters": job,
+                "responses": {"200": {"description": "its state after: status 'cancelled' (a finished job's is unchanged)",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(_OPENAI_ERROR, (401, 404, 503))},
+            },
+        },
+    }
+
+
+def _tei_bodies() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The bodies of TEI's /embed, /embed_sparse and /embed_all (POST / takes the first two too)."""
+    embed = {
         "type": "object",
         "required": ["inputs"],
         "properties": {
@@ -219,25 +263,30 @@ def openapi_spec(version: str) -> dict[str, Any]:
             "embedding_type": _EMBEDDING_TYPE,
         },
     }
-    common_tei = {
+    common = {
         "inputs": _STR_OR_LIST,
         "model": {"type": "string", "description": "an extension: which served model answers (default: the gateway's --default-model)"},
         "truncate": {"type": "boolean"},
         "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
         "prompt_name": {"type": ["string", "null"]},
     }
-    sparse_body = {"type": "object", "required": ["inputs"], "properties": {
-        **common_tei,
+    sparse = {"type": "object", "required": ["inputs"], "properties": {
+        **common,
         "top_k": {"type": "integer", "minimum": 1, "description": "an extension: keep each vector's k largest values"},
         "threshold": {"type": "number", "description": "an extension: drop values at or below this"},
     }}
-    all_body = {"type": "object", "required": ["inputs"], "properties": {
-        **common_tei,
+    every_token = {"type": "object", "required": ["inputs"], "properties": {
+        **common,
         "output": {"type": "string", "enum": ["tokens", "multivector"], "description":
                    "an extension: last hidden states, or the model's multi-vector head (its default when it has one)"},
         "input_type": {"type": "string", "enum": ["query", "document"]},
         "embedding_type": _EMBEDDING_TYPE,
     }}
+    return embed, sparse, every_token
+
+
+def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+    """TEI's /embed, /embed_sparse, /embed_all, /tokenize and /rerank."""
     tokenize_body = {
         "type": "object",
         "required": ["inputs"],
@@ -249,93 +298,86 @@ def openapi_spec(version: str) -> dict[str, Any]:
     }
     token = {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"},
              "special": {"type": "boolean"}, "start": {"type": ["integer", "null"]}, "stop": {"type": ["integer", "null"]}}}
-    common = (400, 401, 404, 413, 422, 429, 503, 504)
+    return {
+        "/embed": _post(
+            "Embed (TEI)", embed_body,
+            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
+             **_BINARY},
+            _TEI_ERROR, codes,
+        ),
+        "/embed_sparse": _post(
+            "Sparse vectors: SPLADE, BGE-M3 lexical weights (TEI)", sparse_body,
+            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
+                "type": "object", "properties": {"index": {"type": "integer"}, "value": {"type": "number"}}}}}}},
+            _TEI_ERROR, codes,
+        ),
+        "/embed_all": _post(
+            "A vector per token: hidden states, or ColBERT-style multi-vectors (TEI)", all_body,
+            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
+                "type": "array", "items": {"type": "number"}}}}}},
+            _TEI_ERROR, codes,
+        ),
+        "/tokenize": _post(
+            "Tokenize (TEI)", tokenize_body,
+            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
+            _TEI_ERROR, (400, 401, 413, 503, 504),
+        ),
+        "/rerank": _post(
+            "Rerank texts by relevance to a query (TEI)",
+            {"type": "object", "required": ["query", "texts"], "properties": {
+                "query": {"type": "string", "minLength": 1}, "texts": {"type": "array", "items": {"type": "string"}},
+                "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}, "truncate": {"type": "boolean"},
+                "top_n": {"type": "integer", "minimum": 1}}},
+            {"application/json": {"schema": {"type": "array", "items": {"type": "object", "properties": {
+                "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}}},
+            _TEI_ERROR, codes,
+        ),
+    }
+
+
+def _jina_rerank_path(codes: tuple[int, ...]) -> dict[str, Any]:
+    """/v1/rerank in Cohere's and Jina's shape; its errors in OpenAI's."""
+    return {
+        "/v1/rerank": _post(
+            "Rerank documents by relevance to a query (Cohere / Jina)",
+            {"type": "object", "required": ["query", "documents"], "properties": {
+                "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
+                "documents": {"type": "array", "items": {"oneOf": [
+                    {"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}},
+                "top_n": {"type": "integer", "minimum": 1}, "return_documents": {"type": "boolean"},
+                "truncate": {"type": "boolean"}}},
+            {"application/json": {"schema": {"type": "object", "properties": {
+                "id": {"type": "string"}, "model": {"type": "string"}, "results": {"type": "array", "items": {
+                    "type": "object", "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"},
+                                                     "document": {"type": "object"}}}}}}}},
+            _OPENAI_ERROR, codes,
+        ),
+    }
+
+
+def _service_paths() -> dict[str, Any]:
+    """The gateway's own: /info, /health, /metrics and this document."""
+    return {
+        "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 503), _TEI_ERROR),
+        "/health": _get("200 when a tokenizer and a worker answer", {"type": "object"}, (503,)),
+        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
+        "/openapi.json": _get("This document", {"type": "object"}),
+    }
+
+
+def openapi_spec(version: str) -> dict[str, Any]:
+    codes = (400, 401, 404, 413, 422, 429, 503, 504)  # what most routes may answer besides 200
+    embed_body, sparse_body, all_body = _tei_bodies()
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedfleet gateway", "version": version},
         "paths": {
-            "/v1/embeddings": _post("Create embeddings (OpenAI)", embeddings_body, embeddings_ok, _OPENAI_ERROR, common),
-            "/embeddings": _post("Create embeddings (OpenAI, unversioned path)", embeddings_body, embeddings_ok, _OPENAI_ERROR, common),
-            "/v1/models": _get("Models served right now", {"type": "object"}, (401,)),
-            "/v1/jobs": _post(
-                "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
-                {"type": "object", "properties": {
-                    "model": {"type": "string"}, "id": {"type": "string"}, "path": {"type": "string"},
-                    "documents": {"type": "array", "items": {"type": "object", "properties": {
-                        "id": {"type": "string"}, "text": {"type": "string"}}, "required": ["id", "text"]}},
-                    "input_type": {"type": "string", "enum": ["query", "document"]},
-                    "embedding_type": _EMBEDDING_TYPE,
-                    "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
-                    "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096}}},
-                {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
-            ),
-            "/v1/jobs/{job}": {
-                "get": {
-                    "summary": "A bulk job's state",
-                    "parameters": [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "responses": {"200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
-                                  **_errors(_OPENAI_ERROR, (401, 404, 503))},
-                },
-                "delete": {
-                    "summary": "Cancel a bulk job: nothing more of it is published or computed; what was stored stays",
-                    "parameters": [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "responses": {"200": {"description": "its state after: status 'cancelled' (a finished job's is unchanged)",
-                                          "content": {"application/json": {"schema": {"type": "object"}}}},
-                                  **_errors(_OPENAI_ERROR, (401, 404, 503))},
-                },
-            },
-            "/embed": _post(
-                "Embed (TEI)", embed_body,
-                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
-                 **_BINARY},
-                _TEI_ERROR, common,
-            ),
-            "/embed_sparse": _post(
-                "Sparse vectors: SPLADE, BGE-M3 lexical weights (TEI)", sparse_body,
-                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
-                    "type": "object", "properties": {"index": {"type": "integer"}, "value": {"type": "number"}}}}}}},
-                _TEI_ERROR, common,
-            ),
-            "/embed_all": _post(
-                "A vector per token: hidden states, or ColBERT-style multi-vectors (TEI)", all_body,
-                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
-                    "type": "array", "items": {"type": "number"}}}}}},
-                _TEI_ERROR, common,
-            ),
-            "/tokenize": _post(
-                "Tokenize (TEI)", tokenize_body,
-                {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
-                _TEI_ERROR, (400, 401, 413, 503, 504),
-            ),
-            "/rerank": _post(
-                "Rerank texts by relevance to a query (TEI)",
-                {"type": "object", "required": ["query", "texts"], "properties": {
-                    "query": {"type": "string", "minLength": 1}, "texts": {"type": "array", "items": {"type": "string"}},
-                    "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}, "truncate": {"type": "boolean"},
-                    "top_n": {"type": "integer", "minimum": 1}}},
-                {"application/json": {"schema": {"type": "array", "items": {"type": "object", "properties": {
-                    "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}}},
-                _TEI_ERROR, common,
-            ),
-            "/v1/rerank": _post(
-                "Rerank documents by relevance to a query (Cohere / Jina)",
-                {"type": "object", "required": ["query", "documents"], "properties": {
-                    "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
-                    "documents": {"type": "array", "items": {"oneOf": [
-                        {"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}},
-                    "top_n": {"type": "integer", "minimum": 1}, "return_documents": {"type": "boolean"},
-                    "truncate": {"type": "boolean"}}},
-                {"application/json": {"schema": {"type": "object", "properties": {
-                    "id": {"type": "string"}, "model": {"type": "string"}, "results": {"type": "array", "items": {
-                        "type": "object", "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"},
-                                                         "document": {"type": "object"}}}}}}}},
-                _OPENAI_ERROR, common,
-            ),
+            **_openai_paths(codes),
+            **_job_paths(),
+            **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
+            **_jina_rerank_path(codes),
             **_cohere_paths(),
-            **_tei_task_paths(embed_body, sparse_body, common),
-            "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 503), _TEI_ERROR),
-            "/health": _get("200 when a tokenizer and a worker answer", {"type": "object"}, (503,)),
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
-            "/openapi.json": _get("This document", {"type": "object"}),
+            **_tei_task_paths(embed_body, sparse_body, codes),
+            **_service_paths(),
         },
     }

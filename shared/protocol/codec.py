@@ -29,9 +29,9 @@ def encode(msg: Message) -> bytes:
     return msgpack.packb({"v": VERSION, "t": msg.TYPE} | form[0](msg), use_bin_type=True)
 
 
-# v1 keys that v2 renamed so that no key means two things, per message type. JetStream keeps v1 job
-# batches, bulk token chunks and job results across an upgrade: a v1 message is read by renaming these
-# keys first, then checked exactly as a v2 one.
+# per message type, v1's key -> v2's, for the keys v1 spells otherwise (v2 gives no key two meanings).
+# JetStream keeps v1 job batches, bulk token chunks and job results across an upgrade: a v1 message is
+# read with these keys mapped first, then checked exactly as a v2 one.
 V1_KEYS: dict[str, dict[str, str]] = {
     "tokens": {"n": "rows"},
     "result": {"n": "rows", "b": "vec"},

@@ -15,8 +15,8 @@ import numpy as np
 from shared.errors import ErrorCode
 from shared.protocol.checks import ProtocolError, _is_int
 
-# the key layout written (docs/protocol.md): v2 gave every key one meaning across all messages; v1
-# messages, which JetStream keeps across an upgrade, are still read (codec.V1_KEYS)
+# the key layout written (docs/protocol.md), in which a key means one thing across all messages; v1's
+# layout is read too, since JetStream keeps v1 messages across an upgrade (codec.V1_KEYS)
 VERSION = 2
 
 # dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
