@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
-import time
+import urllib.request
 
 import httpx
 import nats
@@ -39,6 +40,12 @@ def _load_reporters(url: str, seconds: float = 0.5) -> set[str]:
     return asyncio.run(listen())
 
 
+def _connections(server: EmbeddedNats) -> int:
+    """The clients connected to ``server`` (its monitoring endpoint)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/varz", timeout=5) as r:
+        return json.load(r)["connections"]
+
+
 def _embed_all(base: str, batches: list[list[str]]) -> list[int]:
     return [httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": b}, timeout=60).status_code for b in batches]
 
@@ -65,9 +72,10 @@ def test_routing_survives_workers_leaving(tmp_path):
 
         # a worker stopping gracefully says so first: requests sent meanwhile are all answered
         statuses: list[int] = []
-        sender = threading.Thread(target=lambda: statuses.extend(_embed_all(base, [texts[:16]] * 12)))
+        sender = threading.Thread(target=lambda: [statuses.extend(_embed_all(base, [texts[:16]])) for _ in range(12)])
         sender.start()
-        time.sleep(0.3)
+        wait_until(lambda: len(statuses) >= 2, 60, "requests answered before the stop", list(services.values()))
+        assert sender.is_alive(), "every request was answered before the worker stopped"
         assert services["w2"].stop() == 0
         sender.join(120)
         assert statuses == [200] * 12
@@ -75,8 +83,11 @@ def test_routing_survives_workers_leaving(tmp_path):
         # a worker killed outright is dropped once its reports stop (three report intervals)
         services["w3"] = Service("worker", worker_args, tmp_path)
         wait_until(lambda: len(_load_reporters(server.url, 0.3)) == 2, 90, "a new worker", list(services.values())[:1])
+        connections = _connections(server)
         services["w3"].kill()
-        time.sleep(0.5)
+        # once the server has dropped its connection (requests routed to it meanwhile would be lost, not
+        # refused), requests are answered while the tokenizer still routes to it by its last reports
+        wait_until(lambda: _connections(server) < connections, 30, "the server to drop the killed worker")
         assert _embed_all(base, [texts[:16]] * 10) == [200] * 10
         assert len(_load_reporters(server.url, 0.3)) == 1
     finally:
