@@ -38,7 +38,7 @@ def small_stack(tmp_path) -> Iterator[SmallStack]:
     services = {
         "tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "32"], tmp_path),
         "worker": Service("worker", [*common, "--max-batch-tokens", "1024", "--metrics-port", str(metrics_port)], tmp_path),
-        "gateway": Service("gateway", [*common, "--port", str(port), "--request-timeout", "60"], tmp_path),
+        "gateway": Service("gateway", [*common, "--port", str(port), "--request-timeout", "120"], tmp_path),
     }
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -74,7 +74,7 @@ def test_services_reconnect_after_nats_restart(small_stack, reference):
 
 
 def test_sigterm_drains_in_flight_work(small_stack):
-    texts = medium_texts(800)  # tens of thousands of tokens: seconds of work on a CPU
+    texts = medium_texts(240)  # ~12k tokens: seconds of work on a CPU
     result: dict[str, httpx.Response] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", _embed(small_stack.base_url, texts, 120)))
     thread.start()
