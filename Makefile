@@ -12,8 +12,16 @@ TORCH_CPU := torch==2.13.0
 run: $(RUN_STAMP)
 	$(BIN)/embedfleet up $(ARGS)
 
+# the whole suite: four pytest processes at once (most of the suite waits on service processes rather than
+# computing, so four keep two cores busy; tests sharing a module-scoped fixture stay in one process, see
+# tests/conftest.py), then the tests marked serial, which measure time or load, with the machine to
+# themselves. Exit code 5 (nothing collected) only when neither part collected anything.
+XDIST := -n 4 --dist loadgroup
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
+	if [ $$parallel -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
+	for rc in $$parallel $$serial; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 # the unit lane, under a minute on two cores: no service processes, nothing marked slow, fewer fuzz examples
 test-fast: $(TEST_STAMP)

@@ -15,6 +15,7 @@ from services.gateway.job_metrics import KEEP_FINISHED, JobMetrics
 from services.gateway.metrics import Metrics
 from shared.subjects import Subjects
 from tests.prometheus_text import has, value
+from tests.waiting import eventually
 
 NOW = 1_000_000.0
 STREAMS = {"EMBEDFLEET_JOBS": "tokenizer", "EMBEDFLEET_BULK": "worker"}
@@ -120,13 +121,10 @@ def test_refreshes_in_the_background_until_stopped():
         jobs = Metrics().jobs
         js = FakeJetStream({})
         jobs.start(js, FakeBucket({}), Subjects("embedfleet"), interval=0.01)
-        for _ in range(200):
-            if js.calls >= 6:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: js.calls >= 6, 5, "six refresh calls")
         await jobs.stop()
         seen = js.calls
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the sleep is the test: five refresh intervals pass with no call
         return seen, js.calls
 
     seen, later = asyncio.run(main())
@@ -144,10 +142,7 @@ def test_a_failed_refresh_keeps_the_loop_and_the_last_values():
         jobs = Metrics().jobs
         js = Failing({})
         jobs.start(js, FakeBucket({}), Subjects("embedfleet"), interval=0.01)
-        for _ in range(200):
-            if js.calls >= 3:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: js.calls >= 3, 5, "three failed refreshes")
         await jobs.stop()
         return js.calls
 

@@ -17,6 +17,7 @@ import httpx
 import nats
 
 from shared.subjects import SERVICE_NAMES
+from tests import waiting
 
 
 class Service:
@@ -59,16 +60,19 @@ class Service:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, services: list[Service] = ()) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """``tests.waiting.wait_until`` that also fails at once, with its log, when one of ``services`` exits."""
+
+    def check() -> bool:
         for s in services:
             if not s.alive:
                 raise RuntimeError(f"{s.role} exited with {s.proc.returncode} while waiting for {what}:\n{s.log()[-3000:]}")
-        if predicate():
-            return
-        time.sleep(0.1)
-    logs = "\n".join(f"--- {s.role}\n{s.log()[-2000:]}" for s in services)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+        return predicate()
+
+    try:
+        waiting.wait_until(check, timeout, what)
+    except TimeoutError as exc:
+        logs = "\n".join(f"--- {s.role}\n{s.log()[-2000:]}" for s in services)
+        raise TimeoutError(f"{exc}\n{logs}") from None
 
 
 def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "embedfleet",
@@ -158,3 +162,20 @@ def start_fleet(nats_url: str, prefix: str, folders: dict, log_dir: Path, *, nam
             s.stop()
         raise
     return base_url, services
+
+
+def scraped(port: int, sample: str, **labels: str) -> float:
+    """One sample of the metrics a process serves on ``port`` (--metrics-port); 0 while it does not
+    answer (not up yet, or stopped)."""
+    from tests.prometheus_text import value
+
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    return value(text, sample, **labels)
+
+
+def holds_rows(port: int, model: str) -> bool:
+    """Whether the worker serving metrics on ``port`` has online token batches queued (rows of a request)."""
+    return scraped(port, "embedfleet_worker_queue_depth", model=model, queue="online") > 0

@@ -25,12 +25,15 @@ import pytest
 from shared.nats_server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, count_services, healthy, holds_rows, scraped, wait_until
 
-pytestmark = pytest.mark.integration
+# the answers must come within deadlines of seconds on one-thread workers: with the machine to itself
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 MODEL = "all-MiniLM-L6-v2"
 DEADLINE = 20.0  # the gateway's --request-timeout
+LOST_AFTER = 3.5  # seconds until the gateway's fleet watch takes a silent process for dead (its defaults)
+SHORT_DEADLINE = 4.0  # a second gateway's, for the test that waits one out
 TEXTS = medium_texts(320)  # ~16k tokens: seconds of work for two one-thread workers
 
 
@@ -40,28 +43,45 @@ class Fleet:
     folder: Path
     base_url: str = ""
     port: int = 0
+    short_url: str = ""  # the gateway with SHORT_DEADLINE
+    short_port: int = 0
     services: dict[str, Service] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # tokenizers' and workers'
     expected: np.ndarray | None = None
 
     def start(self, name: str) -> Service:
         common = ["--nats", self.nats.url]
         role = name.split("-")[0]
+        if role in ("tokenizer", "worker"):
+            self.metrics_ports[name] = free_port()
+            common += ["--metrics-port", str(self.metrics_ports[name])]
         if role == "tokenizer":
             # small chunks: a request is spread over both workers
             service = Service("tokenizer", [*common, "--chunk-seqs", "8"], self.folder)
         elif role == "worker":
             service = Service("worker", [*common, "--max-batch-tokens", "512"], self.folder, {"OMP_NUM_THREADS": "1"})
+        elif name == "gateway-short":
+            service = Service("gateway", [*common, "--port", str(self.short_port), "--request-timeout", str(SHORT_DEADLINE)],
+                              self.folder)
         else:
             service = Service("gateway", [*common, "--port", str(self.port), "--request-timeout", str(DEADLINE)], self.folder)
         self.services[name] = service
         return service
+
+    def holds_rows(self, worker: str) -> bool:
+        return holds_rows(self.metrics_ports[worker], MODEL)
+
+    def tokenized(self) -> float:
+        """Online inputs the live tokenizers have tokenized: a request's rows sent again are tokenized again."""
+        return sum(scraped(self.metrics_ports[name], "embedfleet_tokenizer_inputs_total", model=MODEL, queue="online")
+                   for name, s in self.services.items() if name.startswith("tokenizer") and s.alive)
 
     def workers(self) -> int:
         return count_services(self.nats.url, "worker")
 
     def wait_serving(self, workers: int = 2, tokenizers: int = 2) -> None:
         procs = [s for s in self.services.values() if s.alive]
-        wait_until(lambda: healthy(self.base_url), 120, "gateway health", procs)
+        wait_until(lambda: healthy(self.base_url) and healthy(self.short_url), 120, "gateways' health", procs)
         wait_until(lambda: self.workers() == workers, 120, f"{workers} workers", procs)
         wait_until(lambda: count_services(self.nats.url, "tokenizer") == tokenizers, 60, f"{tokenizers} tokenizers", procs)
 
@@ -81,10 +101,11 @@ def fleet(tmp_path_factory, reference) -> Iterator[Fleet]:
     folder = tmp_path_factory.mktemp("faults")
     server = EmbeddedNats(folder / "nats")
     server.start()
-    f = Fleet(server, folder, port=free_port())
+    f = Fleet(server, folder, port=free_port(), short_port=free_port())
     f.base_url = f"http://127.0.0.1:{f.port}"
+    f.short_url = f"http://127.0.0.1:{f.short_port}"
     try:
-        for name in ("tokenizer-1", "tokenizer-2", "worker-1", "worker-2", "gateway"):
+        for name in ("tokenizer-1", "tokenizer-2", "worker-1", "worker-2", "gateway", "gateway-short"):
             f.start(name)
         f.wait_serving()
         f.expected = reference.encode(TEXTS)
@@ -134,56 +155,71 @@ def check_right(fleet: Fleet, r: httpx.Response, rows: slice = slice(None)) -> N
     assert cosines(got, fleet.expected[rows]).min() >= COSINE_TOLERANCE
 
 
-def traffic(fleet: Fleet, stop: threading.Event, clients: int = 3, size: int = 16) -> list[tuple[int, float, int]]:
-    """``clients`` loops sending requests of ``size`` texts until ``stop``: (status, seconds, first row) each."""
-    results: list[tuple[int, float, int]] = []
+def traffic(fleet: Fleet, stop: threading.Event, results: list[list[tuple[int, float, int]]], size: int = 16) -> None:
+    """A loop per list of ``results`` sending requests of ``size`` texts until ``stop``, appending
+    (status, seconds, first row) of each to its own list."""
 
     def loop(k: int) -> None:
         i = k * 7
         while not stop.is_set():
             first = (i * size) % (len(TEXTS) - size)
             r, took = embed(fleet.base_url, TEXTS[first : first + size])
-            results.append((r.status_code, took, first))
+            results[k].append((r.status_code, took, first))
             if r.status_code == 200:
                 check_right(fleet, r, slice(first, first + size))
             i += 1
 
-    with ThreadPoolExecutor(clients) as pool:
-        for future in [pool.submit(loop, k) for k in range(clients)]:
+    with ThreadPoolExecutor(len(results)) as pool:
+        for future in [pool.submit(loop, k) for k in range(len(results))]:
             future.result()
-    return results
+
+
+def each_answered_again(results: list[list], seen: list[int], what: str) -> None:
+    """Wait until every loop of ``traffic`` has answers past the ``seen`` counts: each request in flight
+    when they were taken has been answered."""
+    wait_until(lambda: all(len(r) > n for r, n in zip(results, seen)), DEADLINE + 10, what)
 
 
 def test_worker_killed_while_holding_rows_of_a_request(serving: Fleet):
     """SIGKILL a worker while a request's chunks sit on both workers: the gateway sends the rows the
     dead worker held again (embedding is idempotent) and the request succeeds within its deadline."""
     fleet = serving
+    tokenized = fleet.tokenized()
     result: dict[str, tuple[httpx.Response, float]] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS)))
     thread.start()
-    time.sleep(1.0)  # 40 chunks of 8 texts spread over both workers: seconds of work on one thread each
+    # 40 chunks of 8 texts spread over both workers: seconds of work on one thread each
+    wait_until(lambda: fleet.holds_rows("worker-1") or not thread.is_alive(), DEADLINE, "worker-1 to hold rows")
     assert thread.is_alive(), "the request finished before the worker was killed"
     fleet.services["worker-1"].kill()
     thread.join(DEADLINE + 10)
     r, took = result["r"]
     check_right(fleet, r)
     assert took < DEADLINE
-    assert "missing rows again" in fleet.services["gateway"].log()
+    # the rows the dead worker held were sent again: tokenized twice (a tokenizer counts a request as
+    # it sends its chunks: polled, not read once)
+    wait_until(lambda: fleet.tokenized() - tokenized > len(TEXTS), 10, "rows tokenized again")
 
 
 def test_tokenizer_killed_during_traffic(serving: Fleet):
     """SIGKILL one of two tokenizers while requests flow: every request is answered, and right."""
     fleet = serving
     stop = threading.Event()
-    done: list = []
-    thread = threading.Thread(target=lambda: done.extend(traffic(fleet, stop, clients=4, size=4)))
+    results: list[list] = [[] for _ in range(4)]
+    thread = threading.Thread(target=traffic, args=(fleet, stop, results, 4))
     thread.start()
-    time.sleep(2.0)
+    each_answered_again(results, [0] * len(results), "requests flowing")
     fleet.services["tokenizer-1"].kill()
-    time.sleep(5.0)  # past the fleet watch's 3 s: the lost tokenizer's requests were sent again
+    killed_at, seen = time.monotonic(), [len(r) for r in results]
+    # requests go on through the whole window in which the gateway still counts the lost tokenizer (its
+    # fleet watch takes a process silent for three 1 s polls plus a 0.25 s gather for dead); the
+    # requests it held are sent again then, and answered
+    wait_until(lambda: time.monotonic() > killed_at + LOST_AFTER and all(len(r) > n for r, n in zip(results, seen)),
+               DEADLINE + 10, "requests answered past the fleet watch's window")
     stop.set()
     thread.join(DEADLINE + 10)
-    assert done and all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
+    done = [d for r in results for d in r]
+    assert all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
     assert max(took for _, took, _ in done) < DEADLINE
 
 
@@ -195,7 +231,8 @@ def test_stopped_worker_rows_are_served_by_the_other(serving: Fleet):
     result: dict[str, tuple[httpx.Response, float]] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS[:64])))
     thread.start()
-    time.sleep(0.5)
+    wait_until(lambda: fleet.holds_rows("worker-2") or not thread.is_alive(), DEADLINE, "worker-2 to hold rows")
+    assert thread.is_alive(), "the request finished before the worker was stopped"
     os.kill(slow.proc.pid, signal.SIGSTOP)
     try:
         thread.join(DEADLINE + 10)
@@ -214,15 +251,15 @@ def test_deadline_is_honoured_when_no_worker_answers(serving: Fleet):
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
-        r, took = embed(fleet.base_url, ["a query nobody will answer"])
+        r, took = embed(fleet.short_url, ["a query nobody will answer"])
         assert r.status_code == 504, r.text
         assert r.json()["error"]["message"].startswith("no complete result within")
-        assert DEADLINE - 1 <= took < DEADLINE + 2
+        assert SHORT_DEADLINE - 1 <= took < SHORT_DEADLINE + 2
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
     fleet.wait_serving()
-    r, _ = embed(fleet.base_url, TEXTS[:8])
+    r, _ = embed(fleet.short_url, TEXTS[:8])
     check_right(fleet, r, slice(0, 8))
 
 
@@ -233,8 +270,9 @@ def test_nats_restart_fails_fast_then_serves_again(serving: Fleet):
     result: dict[str, tuple[httpx.Response, float]] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS)))
     thread.start()
-    time.sleep(1.0)
-    assert thread.is_alive()
+    wait_until(lambda: fleet.holds_rows("worker-1") or fleet.holds_rows("worker-2") or not thread.is_alive(),
+               DEADLINE, "the request's rows in a worker")
+    assert thread.is_alive(), "the request finished before the server was stopped"
     fleet.nats.stop()
     thread.join(DEADLINE)
     r, took = result["r"]
@@ -254,17 +292,19 @@ def test_sigterm_drains_a_worker_during_traffic(serving: Fleet):
     """SIGTERM a worker while requests flow: it finishes what it accepted, then exits 0; no request
     fails and none is sent again (nothing was lost)."""
     fleet = serving
-    gateway_log = len(fleet.services["gateway"].log())
+    tokenized = fleet.tokenized()
     stop = threading.Event()
-    done: list = []
-    thread = threading.Thread(target=lambda: done.extend(traffic(fleet, stop, clients=3, size=16)))
+    results: list[list] = [[] for _ in range(3)]
+    thread = threading.Thread(target=traffic, args=(fleet, stop, results, 16))
     thread.start()
-    time.sleep(2.0)
+    each_answered_again(results, [0] * len(results), "requests flowing")
     worker = fleet.services["worker-1"]
     assert worker.stop(timeout=60) == 0, worker.log()[-2000:]
-    time.sleep(2.0)
+    each_answered_again(results, [len(r) for r in results], "the requests in flight at the stop answered")
     stop.set()
     thread.join(DEADLINE + 10)
-    assert done and all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
-    assert "finishing in-flight work" in worker.log()
-    assert "missing rows again" not in fleet.services["gateway"].log()[gateway_log:]
+    done = [d for r in results for d in r]
+    assert all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
+    # every row tokenized once: none was sent again
+    wait_until(lambda: fleet.tokenized() - tokenized >= 16 * len(done), 10, "every request's rows tokenized")
+    assert fleet.tokenized() - tokenized == 16 * len(done)

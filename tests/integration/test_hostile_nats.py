@@ -12,6 +12,7 @@ messages become dead letters; afterwards every process is alive and the stack an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -36,6 +37,7 @@ from shared.subjects import SERVICE_NAMES, Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.integration.procs import count_services
 from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -236,10 +238,8 @@ def _worker_subjects(url: str) -> dict[str, str]:
                 found[report.id] = report.subject
 
         sub = await nc.subscribe(SUBJECTS.load(MODEL), cb=on_report)
-        for _ in range(100):
-            if len(found) >= 2:
-                break
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):  # the caller checks what was found
+            await eventually(lambda: len(found) >= 2, 5, "two workers' load reports")
         await sub.unsubscribe()
         await nc.close()
         return found

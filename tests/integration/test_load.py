@@ -26,7 +26,8 @@ from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, healthy, wait_until
 
-pytestmark = pytest.mark.integration
+# offers six times the admitted load and watches memory: with the machine to itself
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 MODEL = "all-MiniLM-L6-v2"
 SECONDS = float(os.environ.get("EMBEDFLEET_LOAD_SECONDS", "20"))
@@ -83,7 +84,7 @@ async def offer_load(base_url: str, seconds: float, services: dict[str, Service]
                 statuses[r.status_code] += 1
                 if r.status_code == 429:
                     assert r.json()["error"]["type"], r.text  # the API's own error shape
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # pacing: a refused client backs off a little, as a real one would
                 elif r.status_code != 200:
                     failures.append(f"{r.status_code}: {r.text[:200]}")
             except httpx.HTTPError as exc:
@@ -95,7 +96,7 @@ async def offer_load(base_url: str, seconds: float, services: dict[str, Service]
         while time.monotonic() < end:
             for name, s in services.items():
                 samples[name].append((time.monotonic() - started, rss_mb(s.proc.pid)))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # pacing: one memory sample a second
 
     async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as http:
         await asyncio.gather(sample(), *(client(k, http) for k in range(CLIENTS)))

@@ -23,6 +23,7 @@ from shared.permissions import ROLES, role_permissions
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -117,8 +118,9 @@ def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
     assert fabric.violations() == []
 
 
-async def _violations(url: str, seed: str, inbox: str, act) -> list[str]:
-    """What the server refused ``act(nc, js)`` (its errors, as nats-py's error callback hears them)."""
+async def _violations(url: str, seed: str, inbox: str, act, want: int) -> list[str]:
+    """What the server refused ``act(nc, js)`` (its errors, as nats-py's error callback hears them),
+    once ``want`` errors came (or ten seconds passed)."""
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -129,7 +131,8 @@ async def _violations(url: str, seed: str, inbox: str, act) -> list[str]:
         with contextlib.suppress(Exception):
             await act(nc, nc.jetstream())
         await nc.flush()
-        await asyncio.sleep(0.3)
+        with contextlib.suppress(TimeoutError):
+            await eventually(lambda: len(errors) >= want, 10, f"{want} refusals")
     finally:
         await nc.close()
     return errors
@@ -141,7 +144,7 @@ def test_a_tokenizer_cannot_answer_for_a_gateway_nor_read_its_inbox(fabric):
         await nc.subscribe("_INBOX.embedfleet-gateway.>")
         await nc.subscribe("_INBOX.>")
 
-    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act))
+    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act, 3))
     assert any('publish to "_inbox.embedfleet-gateway.forged.1"' in e.lower() for e in errors), errors
     assert any('subscription to "_inbox.embedfleet-gateway.>"' in e.lower() for e in errors), errors
     assert any('subscription to "_inbox.>"' in e.lower() for e in errors), errors
@@ -153,7 +156,7 @@ def test_a_worker_cannot_delete_or_purge_a_stream(fabric):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(call, 1)
 
-    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("worker"), "_INBOX.embedfleet-worker", act))
+    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("worker"), "_INBOX.embedfleet-worker", act, 2))
     assert any("$js.api.stream.delete.embedfleet_jobs" in e.lower() for e in errors), errors
     assert any("$js.api.stream.purge.embedfleet_results" in e.lower() for e in errors), errors
 
@@ -164,7 +167,7 @@ def test_a_job_publisher_cannot_reach_the_online_subjects(fabric):
         await nc.publish("embedfleet.v1.tokens.all-MiniLM-L6-v2", b"x")
         await nc.subscribe("embedfleet.v1.embed.*")
 
-    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("publisher"), "_INBOX.embedfleet-reindex", act))
+    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("publisher"), "_INBOX.embedfleet-reindex", act, 3))
     assert len([e for e in errors if "permissions violation" in e.lower()]) == 3, errors
 
 

@@ -10,6 +10,7 @@ import httpx
 import nats
 import pytest
 
+from services.tokenizer.routing import STALE_INTERVALS
 from shared.nats_server import EmbeddedNats, free_port
 from shared.protocol import LoadReport, decode
 from shared.subjects import Subjects
@@ -21,15 +22,16 @@ pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"
 
 
-def _load_reporters(url: str, seconds: float = 0.5) -> set[str]:
-    async def listen() -> set[str]:
+def _load_reporters(url: str, seconds: float = 0.5) -> dict[str, float]:
+    """The workers that report their load within ``seconds``: id -> their report interval."""
+    async def listen() -> dict[str, float]:
         nc = await nats.connect(url)
-        seen: set[str] = set()
+        seen: dict[str, float] = {}
 
         async def on_report(msg) -> None:
             report = decode(msg.data)
             if isinstance(report, LoadReport) and not report.leaving:
-                seen.add(report.id)
+                seen[report.id] = report.interval
 
         await nc.subscribe(Subjects().load(MODEL), cb=on_report)
         await asyncio.sleep(seconds)
@@ -65,9 +67,10 @@ def test_routing_survives_workers_leaving(tmp_path):
 
         # a worker stopping gracefully says so first: requests sent meanwhile are all answered
         statuses: list[int] = []
-        sender = threading.Thread(target=lambda: statuses.extend(_embed_all(base, [texts[:16]] * 12)))
+        sender = threading.Thread(target=lambda: [statuses.extend(_embed_all(base, [texts[:16]])) for _ in range(12)])
         sender.start()
-        time.sleep(0.3)
+        wait_until(lambda: len(statuses) >= 2, 60, "requests answered before the stop", list(services.values()))
+        assert sender.is_alive(), "every request was answered before the worker stopped"
         assert services["w2"].stop() == 0
         sender.join(120)
         assert statuses == [200] * 12
@@ -75,8 +78,11 @@ def test_routing_survives_workers_leaving(tmp_path):
         # a worker killed outright is dropped once its reports stop (three report intervals)
         services["w3"] = Service("worker", worker_args, tmp_path)
         wait_until(lambda: len(_load_reporters(server.url, 0.3)) == 2, 90, "a new worker", list(services.values())[:1])
+        intervals = _load_reporters(server.url, 0.3)
         services["w3"].kill()
-        time.sleep(0.5)
+        # the sleep is the test: its reports silent for three intervals, the tokenizer routes around it
+        # (until then a request can be routed to it on every attempt, and time out)
+        time.sleep(STALE_INTERVALS * max(intervals.values()) + 0.5)
         assert _embed_all(base, [texts[:16]] * 10) == [200] * 10
         assert len(_load_reporters(server.url, 0.3)) == 1
     finally:

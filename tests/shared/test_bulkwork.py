@@ -12,6 +12,7 @@ from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id,
 from shared.config import JobSettings
 from shared.jobs import ensure_streams, read_state, stream_names, update_state
 from shared.subjects import Subjects
+from tests.waiting import eventually
 
 
 async def _setup(url: str):
@@ -120,11 +121,10 @@ def test_max_deliveries_advisory_turns_a_batch_into_a_dead_letter(nats_url):
             assert state["dead"][0]["deliveries"] == 2 and "too many times" in state["dead"][0]["reason"]
             letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job2"))
             assert letter.data == b"crashes its holder"
-            for _ in range(50):  # removed from the work queue
-                if (await js.stream_info(stream)).state.messages == 0:
-                    break
-                await asyncio.sleep(0.1)
-            assert (await js.stream_info(stream)).state.messages == 0
+            async def removed() -> bool:
+                return (await js.stream_info(stream)).state.messages == 0
+
+            await eventually(removed, 5, "the batch removed from the work queue")
             await dead.stop()
         finally:
             await nc.close()
@@ -180,11 +180,11 @@ def test_cancellations_are_read_from_the_job_state_and_held(nats_url):
             assert not await seen.cancelled("run")
             await cancel_job(kv, "run")
             assert not await seen.cancelled("run")  # read less than ttl ago: not read again yet
-            await asyncio.sleep(0.35)
+            await asyncio.sleep(0.35)  # the sleep is the test: the ttl passes
             assert await seen.cancelled("run")
             await kv.delete("run")  # purged
             assert await seen.cancelled("run")  # held: the job's queued batches are dropped without reads
-            await asyncio.sleep(0.7)
+            await asyncio.sleep(0.7)  # the sleep is the test: the hold passes
             assert not await seen.cancelled("run")  # read again after the hold: the id names no cancelled job
             assert not await seen.cancelled("unknown") and not await seen.cancelled("not a key")
         finally:
@@ -204,16 +204,13 @@ def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url)
             stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
             stopping = await open_work(js, stream, "w", subject, JobSettings())
             fetching = asyncio.create_task(stopping.fetch(1, timeout=5))
-            for _ in range(50):  # until the pull request is at the server
-                if (await js.consumer_info(stream, "w")).num_waiting:
-                    break
-                await asyncio.sleep(0.02)
+            async def at_server() -> bool:
+                return bool((await js.consumer_info(stream, "w")).num_waiting)
+
+            await eventually(at_server, 5, "the pull request at the server")
             fetching.cancel()
             await js.publish(subject, b"late", headers={"Nats-Msg-Id": "j:0:0"})
-            for _ in range(50):
-                if stopping.pending_msgs:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: stopping.pending_msgs > 0, 5, "the late batch delivered")
             assert stopping.pending_msgs == 1
             assert await hand_back_pending(stopping) == 1 and stopping.pending_msgs == 0
             other = await open_work(js, stream, "w", subject, JobSettings())

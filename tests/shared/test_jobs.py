@@ -7,6 +7,7 @@ import pytest
 from shared.jobs import JobConflict, form_conflict, submit
 from shared.protocol import EmbedOptions
 from shared.subjects import Subjects
+from tests.waiting import eventually
 
 
 def test_form_conflict():
@@ -144,12 +145,11 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
             docs = [(f"d{i}", "text") for i in range(64)]
             publisher = asyncio.create_task(submit(js, kv, subjects, "paced", "m", docs, 1, EmbedOptions(), "inline"))
             stream, subject = stream_names(subjects)["jobs"], subjects.jobs("m")
-            for _ in range(100):  # until it stops
-                await asyncio.sleep(0.05)
-                waiting = (await js.stream_info(stream)).state.messages
-                if waiting >= 16:
-                    break
-            await asyncio.sleep(0.5)
+            async def ahead() -> bool:
+                return (await js.stream_info(stream)).state.messages >= 16
+
+            await eventually(ahead, 5, "16 batches published ahead")
+            await asyncio.sleep(0.5)  # the sleep is the test: the publisher goes no further meanwhile
             waiting = (await js.stream_info(stream)).state.messages
             assert 16 <= waiting < 16 + 8 and not publisher.done()  # checked every 8 batches
             psub = await js.pull_subscribe(subject, "tokenizers", stream=stream)
