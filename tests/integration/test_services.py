@@ -39,6 +39,7 @@ async def _request(url: str, subject: str, payload: bytes, timeout: float = 30):
         (msgpack.packb({"v": 1, "t": "embed", "id": "x", "m": MODEL, "x": [], "dl": time.time() + 9}), ErrorCode.INVALID_REQUEST),
         (msgpack.packb({"v": 1, "t": "embed", "id": "x", "m": MODEL, "x": ["a"], "dl": 1.0}), ErrorCode.TIMEOUT),
     ],
+    ids=["pickle", "version-9", "no-texts", "past-deadline"],  # the payloads hold the time: xdist needs fixed ids
 )
 def test_tokenizer_answers_bad_messages_with_errors(stack, payload, code):
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.embed(MODEL), payload))
@@ -68,6 +69,7 @@ def _token_batch(ids: list[int], deadline: float | None = None) -> bytes:
         (_token_batch([101] * 300), ErrorCode.INPUT_TOO_LONG),
         (_token_batch([101, 102], deadline=1.0), ErrorCode.TIMEOUT),
     ],
+    ids=["garbage", "outside-vocabulary", "over-limit", "past-deadline"],
 )
 def test_worker_answers_bad_batches_with_errors(stack, payload, code):
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), payload))
