@@ -22,11 +22,27 @@ Message = Union[
 
 
 def encode(msg: Message) -> bytes:
-    """Serialise one message to msgpack bytes (its keys: docs/protocol.md)."""
+    """Serialise one message to msgpack bytes (its keys: docs/protocol.md), in the version
+    ``write_version`` chose (this release's own unless told otherwise)."""
     form = FORMS.get(getattr(msg, "TYPE", None))
     if form is None:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    return msgpack.packb({"v": VERSION, "t": msg.TYPE} | form[0](msg), use_bin_type=True)
+    body = form[0](msg)
+    if _written == 1 and msg.TYPE in V2_TO_V1:
+        renamed = V2_TO_V1[msg.TYPE]
+        body = {renamed.get(k, k): v for k, v in body.items()}
+    return msgpack.packb({"v": _written, "t": msg.TYPE} | body, use_bin_type=True)
+
+
+def write_version(version: int) -> None:
+    """Write ``version`` from now on. Version 1 is for a rolling upgrade: while services of the
+    release before still run, the new ones write what those read (and read both); once every service
+    is upgraded, they go back to the default. The keys v2 added (an error's ``row``) go along, and v1
+    readers ignore them."""
+    global _written
+    if version not in READ_VERSIONS:
+        raise ValueError(f"protocol version {version}: this service writes v1 or v{VERSION}")
+    _written = version
 
 
 # per message type, v1's key -> v2's, for the keys v1 spells otherwise (v2 gives no key two meanings).
@@ -41,7 +57,9 @@ V1_KEYS: dict[str, dict[str, str]] = {
     "load": {"id": "wk", "s": "sub", "q": "qt", "i": "iv"},
     "ranked": {"i": "ci"},
 }
+V2_TO_V1 = {kind: {new: old for old, new in keys.items()} for kind, keys in V1_KEYS.items()}
 READ_VERSIONS = (1, VERSION)
+_written = VERSION
 
 
 def decode(data: bytes) -> Message:

@@ -89,3 +89,26 @@ def test_error_reply_names_the_row_that_failed():
     for bad in (-1, True, "3", 1.5):
         with pytest.raises(ProtocolError, match="'row'"):
             decode(msgpack.packb({**body, "row": bad}))
+
+
+@pytest.fixture
+def writing_v1():
+    from shared.protocol.codec import write_version
+
+    write_version(1)
+    yield
+    write_version(VERSION)
+
+
+@pytest.mark.parametrize("body, message", V1_BODIES, ids=[b["t"] for b, _ in V1_BODIES])
+def test_a_rolling_upgrade_writes_v1_as_the_release_before_did(writing_v1, body, message):
+    assert msgpack.unpackb(encode(message)) == {"v": 1, **body}
+    assert _same(decode(encode(message)), message)
+
+
+def test_only_versions_it_reads_are_written():
+    from shared.protocol.codec import write_version
+
+    with pytest.raises(ValueError, match="writes v1 or v2"):
+        write_version(3)
+    assert msgpack.unpackb(encode(V1_BODIES[0][1]))["v"] == VERSION
