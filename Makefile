@@ -12,11 +12,12 @@ TORCH_CPU := torch==2.13.0
 run: $(RUN_STAMP)
 	$(BIN)/embedfleet up $(ARGS)
 
-# the whole suite: four pytest processes at once (most of the suite waits on service processes rather than
-# computing, so four keep two cores busy; tests sharing a module-scoped fixture stay in one process, see
-# tests/conftest.py), then the tests marked serial, which measure time or load, with the machine to
-# themselves. Exit code 5 (nothing collected) only when neither part collected anything.
-XDIST := -n 4 --dist loadgroup
+# the whole suite: the tests not marked serial, then those marked serial (they measure time or load)
+# with the machine to themselves. XDIST='-n 4 --dist loadgroup' runs the first part in four pytest
+# processes (a module's tests sharing a module-scoped fixture stay in one, see tests/conftest.py) on a
+# machine with cores to spare; on two cores the suite is bound by its CPU time, and four processes
+# finish no sooner. Exit code 5 (nothing collected) only when neither part collected anything.
+XDIST ?=
 test: $(TEST_STAMP)
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
