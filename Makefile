@@ -19,10 +19,10 @@ run: $(RUN_STAMP)
 # finish no sooner. Exit code 5 (nothing collected) only when neither part collected anything.
 XDIST ?=
 test: $(TEST_STAMP)
-	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
+	@$(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
-	if [ $$parallel -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
-	for rc in $$parallel $$serial; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
+	if [ $$first -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
+	for rc in $$first $$serial; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 # the unit lane, under a minute on two cores: no service processes, nothing marked slow, fewer fuzz examples
 test-fast: $(TEST_STAMP)
