@@ -20,6 +20,7 @@ runs the same scenarios and asserts on what they record.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import json
@@ -57,7 +58,7 @@ class Reply:
     status: int | str  # the HTTP status, or the client's error
 
 
-class Ticking:
+class Ticking(abc.ABC):
     """A daemon thread that runs ``_run`` from entering a ``with`` block until leaving it; ``_run``
     loops over ``_ticks()``, which ends once the block is left."""
 
@@ -82,8 +83,9 @@ class Ticking:
             i += 1
             self._stop.wait(self._interval)
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The thread's work: a loop over ``_ticks()``."""
 
 
 class Probe(Ticking):

@@ -156,7 +156,7 @@ def _job_struct() -> type:
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return np.ascontiguousarray(obj, dtype="<i4").tobytes()
-    raise NotImplementedError(type(obj))
+    raise NotImplementedError(type(obj))  # msgspec's way of being told a type is not ours to encode
 
 
 def _dec_hook(kind: type, obj: Any) -> Any:
