@@ -24,6 +24,11 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"  # a route, but not for the method
 
 
+# a reply from NATS naming one of these is someone else's mistake: it is read as INTERNAL
+GATEWAY_ONLY = frozenset({ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.TOO_MANY_INPUTS, ErrorCode.ROUTE_NOT_FOUND,
+                          ErrorCode.METHOD_NOT_ALLOWED})
+
+
 class ServiceError(Exception):
     """An error that is answered to the caller as a wire error: a code, a message and, for an error of
     one input, its ``row`` (its index in the request).

@@ -7,6 +7,7 @@ from typing import TypeVar, Union
 
 import msgpack
 
+from shared.errors import ServiceError
 from shared.protocol.checks import ProtocolError, _is_int, _show
 from shared.protocol.messages import (
     VERSION, DecodeRequest, DecodeResult, EmbedRequest, EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport,
@@ -28,17 +29,25 @@ def encode(msg: Message) -> bytes:
     if form is None:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     body = form[0](msg)
-    if _written == 1 and msg.TYPE in V2_TO_V1:
-        renamed = V2_TO_V1[msg.TYPE]
-        body = {renamed.get(k, k): v for k, v in body.items()}
+    if _written == 1:
+        body = _as_v1(msg, body)
     return msgpack.packb({"v": _written, "t": msg.TYPE} | body, use_bin_type=True)
+
+
+def _as_v1(msg: Message, body: dict) -> dict:
+    """``body`` as the release that writes v1 wrote it. An input's error names the input in its text
+    (v1 readers know no ``row``)."""
+    if isinstance(msg, ErrorReply) and msg.row is not None:
+        body = {k: v for k, v in body.items() if k != "row"}
+        body["e"] = ServiceError(msg.code, msg.message, msg.row).text()
+    renamed = V2_TO_V1.get(msg.TYPE)
+    return {renamed.get(k, k): v for k, v in body.items()} if renamed else body
 
 
 def write_version(version: int) -> None:
     """Write ``version`` from now on. Version 1 is for a rolling upgrade: while services of the
     release before still run, the new ones write what those read (and read both); once every service
-    is upgraded, they go back to the default. The keys v2 added (an error's ``row``) go along, and v1
-    readers ignore them."""
+    is upgraded, they go back to the default."""
     global _written
     if version not in READ_VERSIONS:
         raise ValueError(f"protocol version {version}: this service writes v1 or v{VERSION}")

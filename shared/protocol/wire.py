@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shared.errors import ErrorCode
+from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol.checks import (
     MAX_ID, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
     _req_int, _req_number, _str_list, _show, _timings,
@@ -207,6 +207,8 @@ def _decode_error_reply(m: dict) -> ErrorReply:
     try:
         code = ErrorCode(_req(m, "c", str))
     except ValueError:
+        code = ErrorCode.INTERNAL
+    if code in GATEWAY_ONLY:
         code = ErrorCode.INTERNAL
     row = _req_int(m, "row") if "row" in m else None  # the encoder leaves it out when there is none
     return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)

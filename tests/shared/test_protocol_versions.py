@@ -112,3 +112,14 @@ def test_only_versions_it_reads_are_written():
     with pytest.raises(ValueError, match="writes v1 or v2"):
         write_version(3)
     assert msgpack.unpackb(encode(V1_BODIES[0][1]))["v"] == VERSION
+
+
+def test_a_rolling_upgrade_names_the_failing_input_in_the_text(writing_v1):
+    raw = msgpack.unpackb(encode(ErrorReply("a", ErrorCode.INPUT_TOO_LONG, "has 302 tokens; the limit is 256", row=3)))
+    assert raw == {"v": 1, "t": "error", "id": "a", "c": "input_too_long", "e": "input 3 has 302 tokens; the limit is 256"}
+
+
+@pytest.mark.parametrize("code", ["payload_too_large", "too_many_inputs", "route_not_found", "method_not_allowed"])
+def test_the_gateways_own_codes_are_not_taken_from_the_wire(code):
+    reply = decode(msgpack.packb({"v": VERSION, "t": "error", "id": "a", "c": code, "e": "x"}))
+    assert reply.code is ErrorCode.INTERNAL
