@@ -188,7 +188,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     start_time = time.monotonic()
     try:
-        stopped, tokens = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout)
+        stopped, tokens = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time)
         if stopped is not None:
             return stopped
         await publisher
@@ -201,13 +201,13 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         tracer.shutdown()
 
 
-async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float):
+async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
+                   start_time: float):
     """Collect results until every document has its vector or was given up. Returns (1 when the job
     was cancelled or stalled, else None; the tokens of the documents collected)."""
     job, docs = plan.job, plan.docs
     failed, checked = 0, 0.0
     tokens, last_progress = 0, time.monotonic()
-    start_time = time.monotonic()
     while len(collector.got) + failed < len(docs):
         fresh, fresh_tokens = await collector.poll()
         if fresh:

@@ -83,6 +83,7 @@ class Option:
     kind: str = "value"
     required: bool = False
     metavar: str | None = None
+    shows_value: bool = True  # False: --help never prints its value (it may carry credentials or keys)
 
     @property
     def dest(self) -> str:
@@ -132,7 +133,8 @@ class Option:
                                 **({"default": argparse.SUPPRESS} if suppress else {}))
             return
         default = self.from_env(environ)
-        shown = f" (env {' or '.join(self.env)}; default {default!r})" if self.env else ""
+        value = f"; default {default!r}" if self.shows_value else ""
+        shown = f" (env {' or '.join(self.env)}{value})" if self.env else ""
         extra: dict[str, Any] = {"metavar": self.metavar} if self.metavar else {}
         if self.kind == "list":
             extra["action"] = _Append

@@ -53,9 +53,9 @@ def _option(flag: str, env: str | tuple[str, ...] | None, default: Any, help: st
 OPTIONS: tuple[Option, ...] = (
     # -- NATS: where, who, how ------------------------------------------------------------------
     _option("--nats", ("EMBEDFLEET_NATS_URL", "NATS_URL"), "nats://127.0.0.1:4222", _NATS_HELP, CONNECTED - {"up"},
-            "nats"),
+            "nats", shows_value=False),
     _option("--nats", ("EMBEDFLEET_NATS_URL", "NATS_URL"), None, f"{_NATS_HELP}; none: start an embedded nats-server",
-            {"up"}, "nats"),
+            {"up"}, "nats", shows_value=False),
     _option("--nats-user", "EMBEDFLEET_NATS_USER", None,
             f"NATS user name; its password from --nats-password-file or {PASSWORD_ENV}", CONNECTED, "nats"),
     _option("--nats-password-file", "EMBEDFLEET_NATS_PASSWORD_FILE", None,
@@ -121,7 +121,7 @@ OPTIONS: tuple[Option, ...] = (
     _option("--max-in-flight", "EMBEDFLEET_MAX_IN_FLIGHT", 512, "requests handled at once; more are answered 429 at once",
             GATEWAY, "gateway", type=positive_int),
     _option("--api-keys", "EMBEDFLEET_API_KEYS", "", "accepted API keys (Bearer), comma separated; none: no auth",
-            GATEWAY, "gateway"),
+            GATEWAY, "gateway", shows_value=False),
     _option("--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line", GATEWAY,
             "gateway"),
     _option("--key-requests-per-minute", "EMBEDFLEET_KEY_REQUESTS_PER_MINUTE", 0,

@@ -166,3 +166,15 @@ def test_config_defaults_are_the_declared_ones():
                 assert field.default == (comma_list(value) if o.dest in ("api_keys", "open_paths") else value), o.dest
                 checked += 1
     assert checked >= 15
+
+
+def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch, capsys):
+    from services.cli import build_parser
+
+    monkeypatch.setenv("EMBEDFLEET_NATS_URL", "nats://alice:s3cret@h:4222")
+    monkeypatch.setenv("EMBEDFLEET_API_KEYS", "k-secret")
+    for command in ("gateway", "up", "tokenizer"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        shown = capsys.readouterr().out
+        assert "--nats" in shown and "s3cret" not in shown and "k-secret" not in shown
