@@ -34,7 +34,7 @@ log = logging.getLogger("embedfleet.up")
 
 def run_stack(ns: argparse.Namespace) -> int:
     setup_logging(ns.log_level, "up", ns.log_format)
-    trace = TracingConfig.from_namespace(ns)
+    TracingConfig.from_namespace(ns)  # fails now, naming the extra, where --otlp-endpoint needs it
     infos = served_models(ns)  # fail fast on a bad --model
     default = default_model(ns, infos)
     stop = threading.Event()
@@ -55,8 +55,8 @@ def run_stack(ns: argparse.Namespace) -> int:
     # service that meets the job streams sets (a flag given to `up` reaches all of them)
     fleet = Fleet({**child_environment(auth, tls, os.environ), **retention(ns).environment()})
     try:
-        common = ["--nats", url, "--subject-prefix", ns.subject_prefix, "--log-level", ns.log_level,
-                  "--log-format", ns.log_format, *trace.arguments()]
+        # every service's own ready file; the options shared by every service kind, as the worker takes them
+        common = ["--nats", url, *arguments(ns, "worker", ("common", "tracing"), fleet.env, skip=("ready_file",))]
         gateway = [*_gateway_args(ns, fleet.env, skip=("default_model",)), "--default-model", default.id]
         plan = children(infos, common, gateway, ready_dir, {"scorer": arguments(ns, "scorer", ["fleet"], fleet.env)})
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host

@@ -141,11 +141,6 @@ class TracingConfig:
         url = self.endpoint.rstrip("/")
         return url if url.endswith("/v1/traces") else f"{url}/v1/traces"
 
-    def arguments(self) -> list[str]:
-        """The options that give a child process these settings."""
-        args = ["--trace-sample-ratio", repr(self.sample_ratio)]
-        return [*args, "--otlp-endpoint", self.endpoint] if self.endpoint else args
-
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TracingConfig:
         cfg = cls(getattr(ns, "otlp_endpoint", None), getattr(ns, "trace_sample_ratio", default("trace_sample_ratio")))
