@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from services.gpu_worker.bulk import describe as describe_token_chunk
 from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
-from shared.errors import ErrorCode
+from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
     MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions,
     EmbedRequest, EmbedResult, ErrorReply,
@@ -200,7 +200,7 @@ VALID: dict[type, st.SearchStrategy] = {
     EmbedRequest: embed_requests(),
     TokenChunk: token_chunks(),
     EmbedResult: embed_results(),
-    ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from(list(ErrorCode)), message=st.text(max_size=40),
+    ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from([c for c in ErrorCode if c not in GATEWAY_ONLY]), message=st.text(max_size=40),
                           row=st.none() | u64),
     TokenizeRequest: st.builds(
         TokenizeRequest, id=ids, model=names, texts=texts, add_special_tokens=st.booleans(),
