@@ -132,9 +132,9 @@ def compare(info: ModelInfo, label: str, args: argparse.Namespace) -> list[Row]:
                          f"the engine at {info.max_seq_length}: not the same work")
     print(f"model {label}: {engine.describe()}, limit {info.max_seq_length} tokens", flush=True)
     # the better of two measurements, before and after the workloads: the machine is shared
-    peak = gemm_peak(engine.model, args.budget)
+    peak = gemm_peak(engine.model, args.budget, args.peak_seconds)
     rows = [_measure(w, encoder, engine, reference, args) for w in workloads(args.scale).values()]
-    peak = max(peak, gemm_peak(engine.model, args.budget))
+    peak = max(peak, gemm_peak(engine.model, args.budget, args.peak_seconds))
     rows = [replace(row, peak=peak) for row in rows]
     print(f"measured fp32 GEMM peak at the model's shapes: {peak / 1e9:.0f} GFLOP/s (linear kernels: {engine.linear_ops.name})")
     print()
@@ -186,7 +186,7 @@ def _reference_tokens(reference, texts: list[str]) -> int:
     return int(features["attention_mask"].sum())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model folder (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--family", action="append", choices=[*families.FAMILIES, "all"],
@@ -195,7 +195,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=int, default=2048, help="engine batch token budget")
     parser.add_argument("--scale", type=float, default=1.0, help="workload size multiplier")
-    args = parser.parse_args()
+    parser.add_argument("--peak-seconds", type=float, default=1.0,
+                        help="seconds of GEMMs per kernel set for the roofline's peak (twice: before and after)")
+    args = parser.parse_args(argv)
     if args.model and args.family:
         parser.error("--model and --family exclude each other")
 
@@ -221,5 +223,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.random.seed(0)
     main()

@@ -211,7 +211,7 @@ def main() -> None:
             try:
                 if key not in folders:
                     folders[key] = families.make_folder(check.family, Path(tmp), shape, reference=False)
-                record = check_model(check, folders[key], device, args.smoke, 0.3 if args.smoke else args.seconds)
+                record = check_model(check, folders[key], device, args.smoke, 0.1 if args.smoke else args.seconds)
             except Exception as exc:  # one model's failure must not cost the others' figures
                 traceback.print_exc()
                 record = {"family": check.family, "shape": shape, "error": f"{type(exc).__name__}: {exc}"}

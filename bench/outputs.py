@@ -135,11 +135,11 @@ def compare(kind: str, folder: Path, texts: list[str], rounds: int) -> dict:
             "tokenize_share": statistics.median(tokenize_s) / engine_time, "same": same, "cosine": cosine, "wire": wire}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the workload's texts")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     texts = workloads(args.scale)["medium"].texts
     print(f"medium workload: {len(texts)} texts; {torch.get_num_threads()} torch threads; rounds {args.rounds}")

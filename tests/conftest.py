@@ -12,6 +12,9 @@ import pytest
 from shared.model_dir import ModelInfo, load_model_info
 from shared.nats_server import EmbeddedNats
 
+# no hub on the network: the references load local folders only (read when transformers is imported)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 # outputs equal the reference when every cosine is at least this (float32 on CPU)
 COSINE_TOLERANCE = 0.9999
 

@@ -1,7 +1,6 @@
 """The benchmarks' own code paths, at tiny sizes (figures come from running them for real)."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -13,29 +12,33 @@ from tests.integration.procs import wait_until
 pytestmark = pytest.mark.slow
 
 
-def test_engine_benchmark_prints_ratios_and_roofline():
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.engine", "--rounds", "1", "--scale", "0.05"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith(("long", "medium"))}
+def _bench(module, argv: list[str], capsys) -> str:
+    """What a benchmark's ``main`` prints, run in this process (sentence-transformers, the reference
+    most of them import, is imported once per test process instead of once per benchmark)."""
+    capsys.readouterr()
+    module.main(argv)
+    return capsys.readouterr().out
+
+
+def test_engine_benchmark_prints_ratios_and_roofline(capsys):
+    from bench import engine
+
+    out = _bench(engine, ["--rounds", "1", "--scale", "0.05", "--peak-seconds", "0.05"], capsys)
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("long", "medium"))}
     assert set(rows) == {"long", "medium"}
     for row in rows.values():
         assert row[5].endswith("x") and float(row[5][:-1]) > 0  # engine / reference
         assert row[7].endswith("%")  # of the roofline
-    assert "GEMM peak" in result.stdout
+    assert "GEMM peak" in out
 
 
-def test_engine_benchmark_builds_each_family_and_prints_its_ratios():
+def test_engine_benchmark_builds_each_family_and_prints_its_ratios(capsys):
     """--family at the tiny shape: a folder per family, the same comparison, a ratio row per family and workload."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.engine", "--family", "mpnet", "--family", "qwen3", "--shape", "tiny",
-         "--rounds", "1", "--scale", "0.05"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = {(line.split()[8], line.split()[0]): line.split() for line in result.stdout.splitlines()
+    from bench import engine
+
+    out = _bench(engine, ["--family", "mpnet", "--family", "qwen3", "--shape", "tiny", "--rounds", "1", "--scale", "0.05",
+                          "--peak-seconds", "0.05"], capsys)
+    rows = {(line.split()[8], line.split()[0]): line.split() for line in out.splitlines()
             if line.startswith(("long", "medium"))}
     assert set(rows) == {(f, w) for f in ("mpnet", "qwen3") for w in ("long", "medium")}
     for row in rows.values():
@@ -44,8 +47,8 @@ def test_engine_benchmark_builds_each_family_and_prints_its_ratios():
         assert float(row[9]) > 0.9999  # the engine's vectors are the reference's
     # long documents are cut at the folders' 512-token limit, not the default model's 256
     assert int(rows[("mpnet", "long")][1]) > 256 * int(192 * 0.05)
-    assert "== mpnet (tiny)" in result.stdout and "== qwen3 (tiny)" in result.stdout
-    summary = result.stdout[result.stdout.index("summary:"):].splitlines()
+    assert "== mpnet (tiny)" in out and "== qwen3 (tiny)" in out
+    summary = out[out.index("summary:"):].splitlines()
     assert [line.split()[0] for line in summary[2:4]] == ["mpnet", "qwen3"]
 
 
@@ -151,14 +154,12 @@ def test_e2e_queries_are_short_queries_as_the_performance_notes_define_them():
     assert all(QUERY_TOKENS[0] <= counts[q] <= QUERY_TOKENS[1] for q in single.texts), sorted(counts.values())[-5:]
 
 
-def test_outputs_benchmark_prints_ratios_for_sparse_and_multi_vector():
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.outputs", "--rounds", "1", "--scale", "0.03"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith(("splade", "colbert"))}
-    assert set(rows) == {"splade", "colbert"}, result.stdout
+def test_outputs_benchmark_prints_ratios_for_sparse_and_multi_vector(capsys):
+    from bench import outputs
+
+    out = _bench(outputs, ["--rounds", "1", "--scale", "0.03"], capsys)
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("splade", "colbert"))}
+    assert set(rows) == {"splade", "colbert"}, out
     for row in rows.values():
         assert float(row[4].rstrip("x")) > 0  # engine / reference
         assert row[5] == "True" and float(row[6]) >= 0.9999  # same nonzero set / shapes, least cosine

@@ -4,22 +4,18 @@ sentence-transformers / transformers, and the tokenizer.json the engine reads gi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from sentence_transformers import CrossEncoder, SentenceTransformer
+from tokenizers import Tokenizer
+
+from tests import tiny_models
+from tests.tiny_models import CLASSIFIERS, DECODERS, FAMILIES, MAX_SEQ_LENGTH
 
 pytestmark = pytest.mark.slow
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
-
-from sentence_transformers import CrossEncoder, SentenceTransformer  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from tests import tiny_models  # noqa: E402
-from tests.tiny_models import CLASSIFIERS, DECODERS, FAMILIES, MAX_SEQ_LENGTH  # noqa: E402
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",

@@ -31,7 +31,7 @@ from tests.integration.procs import Service, count_services, stored_doc_ids, wai
 
 pytestmark = pytest.mark.integration
 
-DOCUMENTS = 800
+DOCUMENTS = 320
 BATCH = 16
 # a short ack wait, so that the batches a killed process held come back within seconds
 HOLD = ["--ack-wait", "4"]

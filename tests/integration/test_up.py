@@ -22,9 +22,13 @@ from tests.prometheus_text import value
 pytestmark = pytest.mark.integration
 
 
-def _start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+# the worker's token budget, given: only test_up_with_embedded_nats runs the start-up calibration
+FIXED_BUDGET = {"EMBEDFLEET_MAX_BATCH_TOKENS": "2048"}
+
+
+def _start_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     log = tmp_path / "up.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}, **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), *args],
         stdout=open(log, "wb"),
@@ -111,7 +115,7 @@ def test_up_with_embedded_nats(tmp_path):
 
 def test_up_with_external_nats_starts_none(tmp_path, nats_url):
     port = free_port()
-    proc, log = _start_up(tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "uptest")
+    proc, log = _start_up(tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "uptest", env=FIXED_BUDGET)
     try:
         wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
         assert proc.poll() is None, log.read_text()
@@ -146,7 +150,7 @@ def test_up_starts_a_dead_service_again(tmp_path):
     the stack serves again with no manual step."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc, log = _start_up(tmp_path, "--port", str(port))
+    proc, log = _start_up(tmp_path, "--port", str(port), env=FIXED_BUDGET)
     try:
         wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
         assert proc.poll() is None, log.read_text()

@@ -36,8 +36,8 @@ from shared.protocol.codec import V1_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
-    # make test-fast draws fewer examples
-    max_examples=int(os.environ.get("EMBEDFLEET_FUZZ_EXAMPLES", "250")), deadline=timedelta(seconds=2),
+    # hypothesis's default count; make test-fast draws fewer, EMBEDFLEET_FUZZ_EXAMPLES=2000 digs deeper
+    max_examples=int(os.environ.get("EMBEDFLEET_FUZZ_EXAMPLES", "100")), deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
