@@ -224,7 +224,12 @@ OPTIONS: tuple[Option, ...] = (
     _option("--max-queued-tokens", "EMBEDFLEET_MAX_QUEUED_TOKENS", 262144,
             "online tokens waiting in this worker beyond which new batches are refused (overloaded: 429)", {"worker"},
             "worker", type=positive_int),
-    _option("--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05, "seconds between queue-depth reports to the tokenizers",
+    _option("--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
+            "seconds between queue-depth reports to the tokenizers while work waits or runs on the worker",
+            {"worker"}, "worker", type=positive_float),
+    _option("--load-idle-interval", "EMBEDFLEET_LOAD_IDLE_INTERVAL", 0.25,
+            "seconds between queue-depth reports while nothing waits on the worker (at least --load-interval; a new "
+            "batch is reported at the next --load-interval); a dead idle worker is dropped after 3 of them",
             {"worker"}, "worker", type=positive_float),
     # -- the scorer -----------------------------------------------------------------------------
     _option("--max-concurrency", "EMBEDFLEET_SCORER_CONCURRENCY", 64, "rerank requests handled at once", {"scorer"},

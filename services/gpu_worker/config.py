@@ -26,6 +26,7 @@ class WorkerConfig:
     graphs: bool | None  # None: on where CUDA and the attention backend allow
     attention: str
     load_interval: float = default("load_interval")
+    load_idle_interval: float = default("load_idle_interval")
     jobs: JobSettings = JobSettings()
     bulk_batch_tokens: int | None = default("bulk_batch_tokens")  # None: max_batch_tokens
     max_queued_tokens: int = default("max_queued_tokens")
@@ -36,6 +37,9 @@ class WorkerConfig:
         if self.metrics.enabled and self.metrics.port + self.replicas - 1 > 65535:
             raise ConfigError(f"--metrics-port {self.metrics.port} with --replicas {self.replicas}: replica processes "
                               "on a CPU take one port each from it up, past 65535")
+        if self.load_idle_interval < self.load_interval:
+            raise ConfigError(f"--load-idle-interval {self.load_idle_interval:g} is below --load-interval "
+                              f"{self.load_interval:g}: an idle worker reports no more often than a busy one")
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
             raise ConfigError(
                 f"--max-batch-tokens {self.max_batch_tokens} is below the model's sequence limit {self.model.max_seq_length}"
@@ -58,6 +62,7 @@ class WorkerConfig:
             graphs={"auto": None, "on": True, "off": False}[ns.graphs],
             attention=ns.attention,
             load_interval=ns.load_interval,
+            load_idle_interval=ns.load_idle_interval,
             jobs=job_settings(ns),
             bulk_batch_tokens=ns.bulk_batch_tokens,
             max_queued_tokens=ns.max_queued_tokens,

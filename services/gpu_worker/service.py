@@ -8,6 +8,7 @@ queued on the device while batch N runs. Waiting polls the result's event, never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -46,6 +47,7 @@ from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
 from services.gpu_worker.engine.pooling import postprocess
+from services.gpu_worker.load_reports import ReportCadence
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
@@ -111,7 +113,8 @@ class WorkerService:
         self.metrics = WorkerMetrics(cfg.model.id, self._scheduler, first.max_batch_tokens)
         self._exporter = None
         self._tracer = Tracer("worker", cfg.tracing)
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # work was queued: for the replicas' loops
+        self._arrived = asyncio.Event()  # the same, for the load reports' loop
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self._executors: list[ThreadPoolExecutor] = []
@@ -141,7 +144,7 @@ class WorkerService:
         self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
         self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
         try:
-            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_bulk, self._wake.set, self._cfg.jobs,
+            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_bulk, self._work_queued, self._cfg.jobs,
                               self._tracer)
             await bulk.start()
             self._bulk = bulk
@@ -176,7 +179,8 @@ class WorkerService:
         if self._report_task is not None:
             self._report_task.cancel()
             self._report_task = None
-            await self._publish_load(leaving=True)  # tokenizers stop routing here at once
+            # the last report: the tokenizers stop routing here at once
+            await self._publish_load(self.load, self._cfg.load_interval, leaving=True)
         for sub in (self._sub, self._direct_sub):
             if sub is not None:
                 await sub.drain()
@@ -197,20 +201,26 @@ class WorkerService:
         self._tracer.shutdown()
 
     async def _report_load(self) -> None:
+        cadence = ReportCadence(self._cfg.load_interval, self._cfg.load_idle_interval)
         while True:
-            try:
-                await self._publish_load()
-            except Exception as exc:  # a report lost during a reconnect is replaced by the next one
-                log.debug("load report: %s", exc)
-            await asyncio.sleep(self._cfg.load_interval)
+            self._arrived.clear()  # before the load is read: work that comes after it wakes the wait below
+            load = self.load
+            interval = cadence.due(load, time.monotonic())
+            if interval is not None:
+                try:
+                    await self._publish_load(load, interval)
+                except Exception as exc:  # a report lost during a reconnect is replaced by the next one
+                    log.debug("load report: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), cadence.wait(load, time.monotonic()))
 
-    async def _publish_load(self, leaving: bool = False) -> None:
+    async def _publish_load(self, load: int, interval: float, leaving: bool = False) -> None:
         report = LoadReport(
             id=self._id,
             model=self._cfg.model.id,
             subject=self._direct,
-            queued_tokens=self.load,
-            interval=self._cfg.load_interval,
+            queued_tokens=load,
+            interval=interval,
             leaving=leaving,
             rate=self._rate,
         )
@@ -218,6 +228,10 @@ class WorkerService:
         await self._nc.publish(self._cfg.nats.subjects.load(self._cfg.model.id), payload)
         if leaving:  # the fleet watches hear of it on a subject of its own, not in every report
             await self._nc.publish(self._cfg.nats.subjects.leaving(), payload)
+
+    def _work_queued(self) -> None:
+        self._wake.set()
+        self._arrived.set()
 
     @property
     def load(self) -> int:
@@ -248,7 +262,7 @@ class WorkerService:
                 trace)
             return
         self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter(), trace=trace))
-        self._wake.set()
+        self._work_queued()
 
     def _check_batch(self, batch: TokenChunk) -> None:
         model, output = self._cfg.model, batch.options.output

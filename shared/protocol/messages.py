@@ -331,7 +331,7 @@ def _split(values: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray |
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    """worker -> tokenizers, every few tens of milliseconds: how much work waits on it."""
+    """worker -> tokenizers, every few tens of milliseconds (less often while idle): how much work waits on it."""
 
     id: str  # the worker's id
     model: str

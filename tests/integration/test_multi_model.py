@@ -39,7 +39,8 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict[str, Path
     port = free_port()
     args = ["--nats", nats_url, "--subject-prefix", PREFIX, "--port", str(port), "--default-model", SECOND,
             "--model", str(folders["bert"]), "--model", f"{SECOND}={folders[SECOND]}", "--model", str(folders["bert-cls"])]
-    up = Service("up", args, tmp_path_factory.mktemp("multi-logs"))
+    # a fixed engine budget, inherited by the three workers: test_up runs the start-up calibration
+    up = Service("up", args, tmp_path_factory.mktemp("multi-logs"), {"EMBEDFLEET_MAX_BATCH_TOKENS": "1024"})
     try:
         wait_until(lambda: "embedfleet is up" in up.log(), 300, "the stack", [up])
         yield f"http://127.0.0.1:{port}", folders, up

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"
 
 
-def _load_reporters(url: str, seconds: float = 0.5) -> dict[str, float]:
+def _load_reporters(url: str, seconds: float = 0.6) -> dict[str, float]:
     """The workers that report their load within ``seconds``: id -> their report interval."""
     async def listen() -> dict[str, float]:
         nc = await nats.connect(url)
@@ -77,14 +77,14 @@ def test_routing_survives_workers_leaving(tmp_path):
 
         # a worker killed outright is dropped once its reports stop (three report intervals)
         services["w3"] = Service("worker", worker_args, tmp_path)
-        wait_until(lambda: len(_load_reporters(server.url, 0.3)) == 2, 90, "a new worker", list(services.values())[:1])
-        intervals = _load_reporters(server.url, 0.3)
+        wait_until(lambda: len(_load_reporters(server.url)) == 2, 90, "a new worker", list(services.values())[:1])
+        intervals = _load_reporters(server.url)
         services["w3"].kill()
         # the sleep is the test: its reports silent for three intervals, the tokenizer routes around it
         # (until then a request can be routed to it on every attempt, and time out)
         time.sleep(STALE_INTERVALS * max(intervals.values()) + 0.5)
         assert _embed_all(base, [texts[:16]] * 10) == [200] * 10
-        assert len(_load_reporters(server.url, 0.3)) == 1
+        assert len(_load_reporters(server.url)) == 1
     finally:
         for s in services.values():
             s.stop()
