@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -12,9 +10,6 @@ import pytest
 from shared.model_dir import ModelInfo, load_model_info
 from shared.nats_server import EmbeddedNats
 
-# no hub on the network: the references load local folders only (read when transformers is imported)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 # outputs equal the reference when every cosine is at least this (float32 on CPU)
 COSINE_TOLERANCE = 0.9999
 
@@ -22,6 +17,15 @@ COSINE_TOLERANCE = 0.9999
 @pytest.fixture(scope="session")
 def model_info() -> ModelInfo:
     return load_model_info(None)
+
+
+@pytest.fixture
+def hub_offline(monkeypatch) -> None:
+    """huggingface_hub's offline mode for one test: no hub on the network, local folders only (the
+    variable HF_HUB_OFFLINE is read once, at import; the HF clients' tests talk to our gateway)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def test_engine_benchmark_prints_ratios_and_roofline(capsys):
     assert "GEMM peak" in out
 
 
-def test_engine_benchmark_builds_each_family_and_prints_its_ratios(capsys):
+def test_engine_benchmark_builds_each_family_and_prints_its_ratios(capsys, hub_offline):
     """--family at the tiny shape: a folder per family, the same comparison, a ratio row per family and workload."""
     from bench import engine
 
@@ -58,7 +58,6 @@ def test_roofline_counts_the_linear_layers_and_the_keys_each_token_sees():
     from bench.engine import flops_per_token, keys_per_token
     from services.gpu_worker.engine.attention import AttnMask
     from services.gpu_worker.engine.models.registry import build
-    from services.gpu_worker.engine.spec import ModelSpec
     from services.gpu_worker.engine.models import gemma3
 
     lengths = np.array([10, 10, 4])
@@ -154,7 +153,7 @@ def test_e2e_queries_are_short_queries_as_the_performance_notes_define_them():
     assert all(QUERY_TOKENS[0] <= counts[q] <= QUERY_TOKENS[1] for q in single.texts), sorted(counts.values())[-5:]
 
 
-def test_outputs_benchmark_prints_ratios_for_sparse_and_multi_vector(capsys):
+def test_outputs_benchmark_prints_ratios_for_sparse_and_multi_vector(capsys, hub_offline):
     from bench import outputs
 
     out = _bench(outputs, ["--rounds", "1", "--scale", "0.03"], capsys)

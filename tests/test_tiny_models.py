@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from tests import tiny_models
 from tests.tiny_models import CLASSIFIERS, DECODERS, FAMILIES, MAX_SEQ_LENGTH
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hub_offline")]
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
