@@ -288,8 +288,11 @@ def declared(command: str, groups: Iterable[str] | None = None) -> list[Option]:
 def option(dest: str, command: str | None = None) -> Option:
     """The one declaration of ``dest`` (for ``command``, where commands declare it differently)."""
     found = [o for o in OPTIONS if o.dest == dest and (command is None or command in o.commands)]
+    if not found:
+        raise LookupError(f"no option {dest!r}" + (f" for {command!r}" if command else "") + " is declared")
     if len({(o.default, o.env) for o in found}) != 1:
-        raise LookupError(f"{dest!r} is declared {len(found)} ways: name the command")
+        raise LookupError(f"{dest!r} is declared {len(found)} ways (commands " +
+                          ", ".join(sorted({c for o in found for c in o.commands})) + "): name the command")
     return found[0]
 
 

@@ -178,3 +178,15 @@ def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch,
             build_parser().parse_args([command, "--help"])
         shown = capsys.readouterr().out
         assert "--nats" in shown and "s3cret" not in shown and "k-secret" not in shown
+
+
+def test_a_lookup_names_what_is_missing_or_ambiguous():
+    from shared.options import option
+
+    with pytest.raises(LookupError, match="no option 'nope' is declared"):
+        option("nope")
+    with pytest.raises(LookupError, match="no option 'port' for 'worker' is declared"):
+        option("port", "worker")
+    with pytest.raises(LookupError, match=r"'threads' is declared 2 ways \(commands .*\): name the command"):
+        option("threads")
+    assert option("threads", "worker").env != option("threads", "tokenizer").env  # named, each is found
