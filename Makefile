@@ -12,14 +12,15 @@ TORCH_CPU := torch==2.13.0
 run: $(RUN_STAMP)
 	$(BIN)/embedfleet up $(ARGS)
 
-# the whole suite: the tests not marked serial, then those marked serial (they measure time or load)
-# with the machine to themselves. XDIST='-n 4 --dist loadgroup' runs the first part in four pytest
-# processes (a module's tests sharing a module-scoped fixture stay in one, see tests/conftest.py) on a
-# machine with cores to spare; on two cores the suite is bound by its CPU time, and four processes
-# finish no sooner. Exit code 5 (nothing collected) only when neither part collected anything.
-XDIST ?=
+# the whole suite: the tests not marked serial in two pytest processes (a module's tests sharing a
+# module-scoped fixture stay in one, see tests/conftest.py), one torch thread each (two would spin on
+# two cores: a third more CPU time), then those marked serial (they measure time or load) in one, with
+# the machine to themselves. On two cores the first part is bound by its CPU time: more processes
+# finish no sooner (XDIST= runs it in one, XDIST='-n 4 --dist loadgroup' in four). Exit code 5
+# (nothing collected) only when neither part collected anything.
+XDIST ?= -n 2 --dist loadgroup
 test: $(TEST_STAMP)
-	@$(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
+	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
 	if [ $$first -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
 	for rc in $$first $$serial; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done

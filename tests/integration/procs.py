@@ -86,7 +86,8 @@ def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "e
         inbox = nc.new_inbox()
 
         async def on_reply(msg) -> None:
-            replies.append(json.loads(msg.data))
+            if msg.data:  # not the server's empty "no responders" status
+                replies.append(json.loads(msg.data))
 
         sub = await nc.subscribe(inbox, cb=on_reply)
         await nc.publish(f"$SRV.PING.{SERVICE_NAMES[role]}", b"", reply=inbox)

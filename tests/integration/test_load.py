@@ -3,7 +3,7 @@
 The gateway admits ``--max-in-flight`` requests and answers the rest 429 at once, so memory does not
 grow with the offered load: every request gets an answer (200 or 429, nothing else, no client
 timeout), each service's resident memory stays flat over the run, and when the load stops the
-stack answers a plain request at once. ``EMBEDFLEET_LOAD_SECONDS`` sets the length (default 20).
+stack answers a plain request at once. ``EMBEDFLEET_LOAD_SECONDS`` sets the length (default 12).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tests.integration.procs import Service, healthy, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 MODEL = "all-MiniLM-L6-v2"
-SECONDS = float(os.environ.get("EMBEDFLEET_LOAD_SECONDS", "20"))
+SECONDS = float(os.environ.get("EMBEDFLEET_LOAD_SECONDS", "12"))
 MAX_IN_FLIGHT = 16
 QUEUE_LIMIT = 16384  # the worker's --max-queued-tokens
 CLIENTS = 96  # connections sending back to back: several times what MAX_IN_FLIGHT admits
