@@ -12,13 +12,13 @@ TORCH_CPU := torch==2.13.0
 run: $(RUN_STAMP)
 	$(BIN)/embedfleet up $(ARGS)
 
-# the whole suite: the tests not marked serial in two pytest processes (a module's tests sharing a
-# module-scoped fixture stay in one, see tests/conftest.py), one torch thread each (two would spin on
-# two cores: a third more CPU time), then those marked serial (they measure time or load) in one, with
-# the machine to themselves. On two cores the first part is bound by its CPU time: more processes
-# finish no sooner (XDIST= runs it in one, XDIST='-n 4 --dist loadgroup' in four). Exit code 5
-# (nothing collected) only when neither part collected anything.
-XDIST ?= -n 2 --dist loadgroup
+# the whole suite: the tests not marked serial in two pytest processes (a module's tests in one, so
+# that its module-scoped fixtures, fleets of processes, are set up once), one torch thread each (two
+# would spin on two cores: a third more CPU time), then those marked serial (they measure time or
+# load) in one, with the machine to themselves. On two cores the first part is bound by its CPU time:
+# more processes finish no sooner (XDIST= runs it in one, XDIST='-n 4 --dist loadscope' in four).
+# Exit code 5 (nothing collected) only when neither part collected anything.
+XDIST ?= -n 2 --dist loadscope
 test: $(TEST_STAMP)
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \

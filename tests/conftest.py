@@ -85,14 +85,3 @@ def nats_container_url() -> Iterator[str]:
 
     with NatsContainer("nats:2.10", jetstream=True) as container:
         yield container.nats_uri()
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (`make test`), the tests of a module that share a
-    module-scoped fixture (a fleet of processes, a model built) run in one pytest process, which sets
-    it up once; every other test is handed to whichever process is free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
