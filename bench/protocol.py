@@ -55,6 +55,11 @@ def _finite(value: float, what: str) -> None:
         raise ProtocolError(f"{what} must be finite")
 
 
+def _finite_timings(timings: dict[str, float]) -> None:
+    for seconds in timings.values():
+        _finite(seconds, "timings")
+
+
 def _bounded_types() -> tuple[Any, Any, Any, Any, Any]:
     """msgspec's annotations for the codec's bounds: a name, a count, a request id, a row count, timings."""
     from msgspec import Meta
@@ -92,8 +97,7 @@ def _chunk_struct() -> type:
             if self.s + len(cu) - 1 > self.rows:
                 raise ProtocolError("rows out of range")
             _finite(self.dl, "deadline")
-            for seconds in self.tm.values():
-                _finite(seconds, "timings")
+            _finite_timings(self.tm)
             EmbedOptions.from_wire(self.o)
 
     return Chunk
@@ -123,8 +127,7 @@ def _result_struct() -> type:
                 raise ProtocolError("payload is not a whole number of rows")
             if self.s + len(self.vec) // size > self.rows:
                 raise ProtocolError("rows out of range")
-            for seconds in self.tm.values():
-                _finite(seconds, "timings")
+            _finite_timings(self.tm)
 
     return Result
 

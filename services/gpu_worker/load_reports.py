@@ -15,8 +15,7 @@ from __future__ import annotations
 
 class ReportCadence:
     def __init__(self, busy: float, idle: float) -> None:
-        if idle < busy:
-            raise ValueError(f"idle interval {idle} below the busy one {busy}")
+        # idle >= busy: WorkerConfig refuses less (--load-idle-interval)
         self.busy = busy  # the tick while busy: the caller asks every `busy` seconds
         self.idle = idle
         self._sent_at: float | None = None

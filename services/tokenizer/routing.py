@@ -1,12 +1,13 @@
 """Load-aware routing: send each token batch to the live worker that will finish it first. No NATS here.
 
 Workers report the tokens waiting on them and their recent speed (tokens/s) every few tens of
-milliseconds while busy, a few times a second while idle. A batch goes where (waiting + sent since the report + this batch) / speed is least:
-the least-loaded worker among equals, and a slower (busier, older, shared) worker only once the
-faster one's queue outweighs the difference. Tokens the router itself sent since a worker's last
-report count as waiting, so a burst spreads instead of piling onto the one that looked idle. A
-worker is live while its reports keep coming (three of the intervals its last report announced, of
-silence, and it is dropped; a leaving report drops it at once). With no live worker known, the caller uses the shared queue group.
+milliseconds while busy, a few times a second while idle. A batch goes where (waiting + sent since
+the report + this batch) / speed is least: the least-loaded worker among equals, and a slower
+(busier, older, shared) worker only once the faster one's queue outweighs the difference. Tokens the
+router itself sent since a worker's last report count as waiting, so a burst spreads instead of
+piling onto the one that looked idle. A worker is live while its reports keep coming: silent for
+three of the intervals its last report announced, it is dropped (a leaving report drops it at once).
+With no live worker known, the caller uses the shared queue group.
 """
 
 from __future__ import annotations
