@@ -1,4 +1,5 @@
-# Two entry points: `make run` (local stack) and `make test` (whole suite). Both install what is missing.
+# Two entry points: `make run` (local stack) and `make test` (whole suite). Both install what is missing:
+# the venv, and for the tests the programs PyPI does not ship (tests/setup/system-packages.sh).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-installed
 # CPU build of PyTorch when no NVIDIA GPU is present (the project's own requirement is a range)
 TORCH_CPU := torch==2.13.0
 
-.PHONY: run test test-fast install install-test clean
+.PHONY: run test test-fast install install-test system-packages clean
 
 run: $(RUN_STAMP)
 	$(BIN)/embedfleet up $(ARGS)
@@ -19,7 +20,7 @@ run: $(RUN_STAMP)
 # more processes finish no sooner (XDIST= runs it in one, XDIST='-n 4 --dist loadscope' in four).
 # Exit code 5 (nothing collected) only when neither part collected anything.
 XDIST ?= -n 2 --dist loadscope
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) system-packages
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
 	if [ $$first -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
@@ -31,7 +32,11 @@ test-fast: $(TEST_STAMP)
 		-n auto -p no:cacheprovider $(PYTEST_ARGS)
 
 install: $(RUN_STAMP)
-install-test: $(TEST_STAMP)
+install-test: $(TEST_STAMP) system-packages
+
+# programs the tests run that PyPI does not ship (Debian's prometheus: prometheus, promtool), when missing
+system-packages:
+	@bash tests/setup/system-packages.sh
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

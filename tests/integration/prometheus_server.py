@@ -20,7 +20,7 @@ def binary(name: str) -> str:
     """The path of ``name`` (prometheus, promtool); a missing one fails the test: CI installs it."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: apt-get install prometheus (.ci/run installs it before the tests)")
+        pytest.fail(f"{name} is not installed: apt-get install prometheus (make test installs it: tests/setup/system-packages.sh)")
     return path
 
 
