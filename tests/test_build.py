@@ -1,0 +1,68 @@
+"""The README's two commands do all of the set-up: `make test` installs what its tests need, and CI's
+entry point (.ci/run) runs `make test` and adds no install step of its own."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "setup" / "system-packages.sh"
+
+
+def commands(path: Path) -> list[str]:
+    """The lines of a shell script that run something (comments and blank lines dropped)."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_ci_runs_make_test_and_installs_nothing():
+    lines = commands(ROOT / ".ci" / "run")
+    assert any(re.match(r"make test\b", line) for line in lines), lines
+    installs = [line for line in lines if re.search(r"apt-get|apt |pip |dnf |yum |npm |curl |wget ", line)]
+    assert installs == [], f".ci/run installs what make test should: {installs}"
+
+
+def test_make_test_runs_the_system_packages_step_first():
+    out = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    setup = next(i for i, line in enumerate(lines) if "tests/setup/system-packages.sh" in line)
+    pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
+    assert setup < pytest_run, out.stdout
+
+
+def test_the_test_programs_are_there_after_make_test():
+    # make test ran the set-up before this suite: what it installs is on PATH
+    missing = [name for name in ("prometheus", "promtool") if shutil.which(name) is None]
+    assert missing == [], f"make test did not install {missing}"
+
+
+def test_the_set_up_does_nothing_when_all_is_there(tmp_path):
+    # stand-ins for installed programs: the script must not reach apt-get (absent from this PATH)
+    for name in ("prometheus", "promtool"):
+        stub = tmp_path / name
+        stub.write_text("#!/bin/sh\nexit 0\n")
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    out = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+
+
+def test_the_set_up_names_what_to_install_where_it_cannot(tmp_path):
+    # no prometheus and no apt-get on this PATH: a clear message, and make test goes on (the tests then fail
+    # naming the missing program)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "id", "sudo"):
+        found = shutil.which(name)
+        if found:
+            (bin_dir / name).symlink_to(found)
+    env = {**os.environ, "PATH": str(bin_dir)}
+    out = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "prometheus" in out.stderr and ("apt-get" in out.stderr or "Prometheus 2.x" in out.stderr), out.stderr
