@@ -348,6 +348,15 @@ def test_an_unknown_model_is_404_on_every_route(fleet, path):
     assert r.json() == want
 
 
+@pytest.mark.parametrize("path", ["/v1/jobs", "/embed", "/rerank", "/tokenize"])
+def test_a_model_that_is_no_string_is_refused_not_taken_for_the_default(fleet, path):
+    base, _, _ = fleet
+    r = httpx.post(f"{base}{path}", json={**_BODIES[path], "model": 5}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["message"] if path == "/v1/jobs" else error) == "'model' must be a string"
+
+
 def test_info_of_an_unknown_model_is_404(fleet):
     base, folders, _ = fleet
     r = httpx.get(f"{base}/info", params={"model": "missing"}, timeout=30)
