@@ -332,8 +332,9 @@ def markdown_table() -> str:
     """The README's table of options: a row a declaration, with the commands that take it."""
     rows = ["| flag | environment | default | commands | meaning |", "|---|---|---|---|---|"]
     for o in OPTIONS:
-        if o.commands >= CONNECTED:
-            commands = "all" if "auth" not in o.commands else "all, auth"
+        if o.commands >= CONNECTED:  # "all", naming those of the commands that meet no NATS it leaves out
+            left_out = [c for c in COMMANDS if c not in CONNECTED and c not in o.commands and not c.startswith("jobs ")]
+            commands = "all" + (f" but {' and '.join(left_out)}" if left_out else "")
         else:
             commands = ", ".join(c for c in COMMANDS if c in o.commands)
         rows.append(o.table_row(commands))

@@ -29,10 +29,10 @@ from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 from shared.quantize import FORMS, WIRE_FORMS
 from shared.tracing import Tracer
-from services.gateway import cohere_api, models_api, openai_api, rerank_api, tei_api, tei_tasks
+from services.gateway import cohere_api, health, models_api, openai_api, rerank_api, tei_api, tei_tasks
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
-from services.gateway.errors import TABLE, ApiError, error_response
+from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
 from services.gateway.jobs_api import JobsApi
@@ -194,8 +194,9 @@ class Gateway:
     # -- TEI routes -------------------------------------------------------------------------
 
     async def embed(self, request: Request) -> Response:
-        req = tei_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        model = await self.resolve_model(None)
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        req = tei_api.parse_embed(body, self.limits)
+        model = await self.resolve_model(tei_api.model_field(body))
         outcome = await self.run_embed(model, req.inputs, req.options)
         form = rows_form(req.options.dtype, outcome.dtype)
         headers = self.stage_headers(outcome)
@@ -277,8 +278,9 @@ class Gateway:
         return Response(cohere_api.render_rerank(request_id, ranked.indices, ranked.scores), media_type="application/json")
 
     async def tokenize(self, request: Request) -> Response:
-        req = tei_api.parse_tokenize(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        model = await self.resolve_model(None)
+        body = await _read_body(request, self.cfg.max_body_bytes)
+        req = tei_api.parse_tokenize(body, self.limits)
+        model = await self.resolve_model(tei_api.model_field(body))
         try:
             result = await self.client.tokenize(model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout)
         except ServiceError as exc:
@@ -286,7 +288,8 @@ class Gateway:
         return Response(tei_api.render_tokens(result), media_type="application/json")
 
     async def info(self, request: Request) -> Response:
-        model = await self.resolve_model(None)
+        """GET /info, of the model ``?model=ID`` names (a GET has no body), else of the default model."""
+        model = await self.resolve_model(request.query_params.get("model"))
         view = await self.discovery.view()
         body = tei_api.render_info(
             model, view.tokenizers.get(model, {}), view.workers.get(model, {}), self.limits, self.cfg.max_in_flight, __version__
@@ -377,8 +380,7 @@ class Gateway:
         if self.jobs is None:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
         body = await _read_body(request, self.cfg.max_body_bytes)
-        requested = json_object(body).get("model")
-        model = await self.resolve_model(requested if isinstance(requested, str) else None)
+        model = await self.resolve_model(tei_api.model_field(body))  # a 'model' that is no string: 400
         output = json_object(body).get("output", "dense")
         if output in ("sparse", "multivector") and output not in await self.offers(model):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {output} vectors", "output")
@@ -398,21 +400,14 @@ class Gateway:
     # -- operations -------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        view = await self.discovery.refresh(until_ready=True)
-        if view.models:
-            return json_response({"status": "ok", "models": view.models})
-        missing = "tokenizer" if not view.tokenizers else "worker" if not view.workers else "tokenizer and worker of one model"
-        unhealthy = TABLE[ErrorCode.NO_RESPONDERS]
-        return json_response(
-            {
-                "status": "unavailable",
-                "error": f"no {missing} answers",
-                "error_type": unhealthy.tei_type,  # TEI's error body, with what is missing beside it
-                "tokenizers": sorted(view.tokenizers),
-                "workers": sorted(view.workers),
-            },
-            status=unhealthy.status,
-        )
+        """Liveness, or with ``?model=ID`` / ``?all=1`` readiness of models (services/gateway/health.py)."""
+        ask = health.parse_readiness(request.query_params)
+        view = await self.discovery.refresh(until_ready=ask.plain)
+        if ask.plain and not view.models and view.tokenizers and view.workers:
+            # the first tokenizer and the first worker to answer were of different models: ask them all
+            view = await self.discovery.refresh()
+        body, status = health.health_answer(view, ask)
+        return json_response(body, status=status)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

@@ -57,6 +57,15 @@ _EMBEDDING_TYPE = {
         "float the rows are JSON numbers (integers for all but the float forms); with base64 their little-endian bytes."
     ),
 }
+# the field (a query parameter on GET /info) naming which served model answers
+_MODEL = {"type": "string", "description": "an extension: which served model answers (default: the gateway's "
+          "--default-model); an unknown one: 404"}
+_READINESS = [
+    {"name": "model", "in": "query", "required": False, "schema": {"type": "array", "items": {"type": "string"}},
+     "description": "readiness: 503 until each model named has a live tokenizer and worker (repeatable)"},
+    {"name": "all", "in": "query", "required": False, "schema": {"type": "string", "enum": ["1", "true", "0", "false"]},
+     "description": "readiness: 503 while any model a live tokenizer or worker announces lacks the other"},
+]
 # a row as JSON numbers (integers for int8, uint8, binary, ubinary), or (base64) its little-endian bytes
 _ROW = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "contentEncoding": "base64"}]}
 
@@ -75,10 +84,12 @@ def _post(summary: str, body: dict, ok: dict, error: dict, codes: tuple[int, ...
     }
 
 
-def _get(summary: str, schema: dict, codes: tuple[int, ...] = (), error: dict = _OPENAI_ERROR) -> dict[str, Any]:
+def _get(summary: str, schema: dict, codes: tuple[int, ...] = (), error: dict = _OPENAI_ERROR,
+         parameters: list[dict] | None = None) -> dict[str, Any]:
     return {
         "get": {
             "summary": summary,
+            **({"parameters": parameters} if parameters else {}),
             "responses": {"200": {"description": "success", "content": {"application/json": {"schema": schema}}}, **_errors(error, codes)},
         }
     }
@@ -127,7 +138,7 @@ def _cohere_paths() -> dict[str, Any]:
 
 def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
     """TEI's /predict, /similarity, /decode, POST / (and /invocations) by the model's kind, GET / and /ping."""
-    model = {"type": "string", "description": "an extension: which served model answers (default: the gateway's --default-model)"}
+    model = _MODEL
     truncation = {"truncate": {"type": "boolean", "default": False},
                   "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]}}
     texts = {"type": "array", "items": {"type": "string"}}
@@ -163,7 +174,7 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
                         for k, v in body["properties"].items()} | {"query": {"type": "string"}, "texts": texts}},
         {"application/json": {"schema": {"type": "array"}}, **_BINARY}, _TEI_ERROR, codes,
     )
-    health = _get("200 when a tokenizer and a worker answer (TEI's health routes)", {"type": "object"}, (503,))
+    health = _health("TEI's names for /health")
     return {
         "/predict": _post("Label scores of a sequence classifier (TEI)", predict_body, predicted, _TEI_ERROR, codes),
         "/similarity": _post("Cosine similarity of sentences to a source sentence (TEI)", similarity_body, cosines,
@@ -261,11 +272,12 @@ def _tei_bodies() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             "prompt_name": {"type": ["string", "null"]},
             "dimensions": {"type": "integer", "minimum": 1},
             "embedding_type": _EMBEDDING_TYPE,
+            "model": _MODEL,
         },
     }
     common = {
         "inputs": _STR_OR_LIST,
-        "model": {"type": "string", "description": "an extension: which served model answers (default: the gateway's --default-model)"},
+        "model": _MODEL,
         "truncate": {"type": "boolean"},
         "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
         "prompt_name": {"type": ["string", "null"]},
@@ -294,6 +306,7 @@ def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes:
             "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
             "add_special_tokens": {"type": "boolean"},
             "prompt_name": {"type": ["string", "null"]},
+            "model": _MODEL,
         },
     }
     token = {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"},
@@ -320,14 +333,14 @@ def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes:
         "/tokenize": _post(
             "Tokenize (TEI)", tokenize_body,
             {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
-            _TEI_ERROR, (400, 401, 413, 503, 504),
+            _TEI_ERROR, (400, 401, 404, 413, 503, 504),
         ),
         "/rerank": _post(
             "Rerank texts by relevance to a query (TEI)",
             {"type": "object", "required": ["query", "texts"], "properties": {
                 "query": {"type": "string", "minLength": 1}, "texts": {"type": "array", "items": {"type": "string"}},
                 "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}, "truncate": {"type": "boolean"},
-                "top_n": {"type": "integer", "minimum": 1}}},
+                "top_n": {"type": "integer", "minimum": 1}, "model": _MODEL}},
             {"application/json": {"schema": {"type": "array", "items": {"type": "object", "properties": {
                 "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}}},
             _TEI_ERROR, codes,
@@ -358,11 +371,17 @@ def _jina_rerank_path(codes: tuple[int, ...]) -> dict[str, Any]:
 def _service_paths() -> dict[str, Any]:
     """The gateway's own: /info, /health, /metrics and this document."""
     return {
-        "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 503), _TEI_ERROR),
-        "/health": _get("200 when a tokenizer and a worker answer", {"type": "object"}, (503,)),
+        "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 404, 503), _TEI_ERROR,
+                      [{"name": "model", "in": "query", "required": False, "schema": _MODEL}]),
+        "/health": _health("liveness"),
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
         "/openapi.json": _get("This document", {"type": "object"}),
     }
+
+
+def _health(summary: str) -> dict[str, Any]:
+    return _get(f"200 when a tokenizer and a worker of a model answer ({summary}); readiness of models with "
+                "?model=ID or ?all=1", {"type": "object"}, (400, 503), parameters=_READINESS)
 
 
 def openapi_spec(version: str) -> dict[str, Any]:

@@ -62,13 +62,15 @@ def top_n_field(doc: dict) -> int | None:
 
 
 def parse_tei(body: bytes, limits: Limits) -> RerankCall:
-    """``{"query", "texts", "raw_scores": false, "return_text": false, "truncate": false}``."""
+    """``{"query", "texts", "raw_scores": false, "return_text": false, "truncate": false}``, and the
+    extension ``model`` (none: the default model)."""
     doc = json_object(body)
     query = query_field(doc, limits)
     if "texts" not in doc:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required", "texts")
     return RerankCall(
-        model=None, query=query, texts=texts_field(doc["texts"], "texts", limits, objects=False), top_n=top_n_field(doc),
+        model=optional(doc, "model", str), query=query, texts=texts_field(doc["texts"], "texts", limits, objects=False),
+        top_n=top_n_field(doc),
         raw_scores=optional(doc, "raw_scores", bool, False), truncate=optional(doc, "truncate", bool, False),
         return_text=optional(doc, "return_text", bool, False),
     )

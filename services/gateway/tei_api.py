@@ -95,7 +95,7 @@ def render_info(model: str, tokenizer: dict[str, str], worker: dict[str, str], l
 
 
 def model_field(body: bytes) -> str | None:
-    """The extension field ``model`` of a TEI body: which of several served models answers (None: the first)."""
+    """The field ``model`` of a body: which of several served models answers (None: the default model)."""
     return optional(json_object(body), "model", str)
 
 

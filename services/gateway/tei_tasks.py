@@ -150,7 +150,8 @@ def render_similarity(vectors: np.ndarray) -> bytes:
     v = vectors.astype(np.float64)
     norms = np.linalg.norm(v, axis=1)
     norms[norms == 0] = 1.0  # a zero vector is similar to nothing: cosine 0
-    return orjson.dumps(((v[1:] @ v[0]) / (norms[1:] * norms[0])).tolist())
+    # clipped: rounding may put a sentence equal to the source a hair above 1
+    return orjson.dumps(np.clip((v[1:] @ v[0]) / (norms[1:] * norms[0]), -1.0, 1.0).tolist())
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,12 @@ import numpy as np
 def cosine_rank(query: np.ndarray, candidates: np.ndarray, top_n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """query [dim], candidates [n, dim] -> (indices best first [k] int32, scores [k] float32).
 
-    Ties keep input order (stable sort), so equal candidates rank as they were given.
+    Ties keep input order (stable sort), so equal candidates rank as they were given. Scores lie in
+    [-1, 1]: float32 rounding gives a vector 1.0000001 with itself, which a client may check against 1.
     """
     q = query.astype(np.float32) / max(float(np.linalg.norm(query)), 1e-12)
     c = candidates.astype(np.float32)
-    return rank((c @ q) / np.maximum(np.linalg.norm(c, axis=1), 1e-12), top_n)
+    return rank(np.clip((c @ q) / np.maximum(np.linalg.norm(c, axis=1), 1e-12), -1.0, 1.0), top_n)
 
 
 def rank(scores: np.ndarray, top_n: int | None = None) -> tuple[np.ndarray, np.ndarray]:

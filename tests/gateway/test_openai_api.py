@@ -135,3 +135,16 @@ def test_limits_and_token_errors(doc, status, fragment):
 
 def test_every_error_code_has_a_status():
     assert set(TABLE) == set(ErrorCode)
+
+
+def test_the_docs_curl_examples_are_requests_the_route_takes():
+    """Every curl to /v1/embeddings in the README and docs/ sends a body the route accepts (names its model)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    calls = [m for page in pages for m in re.finditer(r"curl [^`]*?/v1/embeddings[^`]*?-d '([^']*)'", page.read_text())]
+    assert len(calls) >= 2  # the quick start's and the deploy section's
+    for call in calls:
+        assert _parse(orjson.loads(call.group(1))).model == "all-MiniLM-L6-v2", call.group(0)

@@ -196,3 +196,12 @@ def test_info_names_the_model_type_as_tei():
 def test_new_routes_answer_errors_in_tei_shape(path):
     r = error_response(path, ErrorCode.INVALID_REQUEST, "bad")
     assert orjson.loads(r.body) == {"error": "bad", "error_type": "Validation"}
+
+
+def test_similarity_cosines_stay_within_minus_one_and_one():
+    """A sentence equal to the source (or its negation) may round past 1 (-1) in float64: clipped."""
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((2000, 384)).astype(np.float32)
+    got = np.array([orjson.loads(render_similarity(np.stack([r, r, -r]))) for r in rows])
+    assert got.max() == 1.0 and got.min() == -1.0
+    np.testing.assert_allclose(got, np.tile([1.0, -1.0], (len(rows), 1)), atol=1e-12)

@@ -66,6 +66,18 @@ def test_splade_over_http_equals_sparse_encoder(fleet):
         assert [e["index"] for e in row] == sorted(e["index"] for e in row)
 
 
+def test_embed_sparse_answers_the_named_model_not_the_default(fleet):
+    """Two sparse models served: the body's ``model`` picks one; none named is the default (the first
+    id in order, bge-m3)."""
+    base_url, folders = fleet
+    named, default = _sparse(base_url, SPLADE), _post(base_url, "/embed_sparse", {"inputs": TEXTS}).json()
+    lexical = bge_m3_reference(folders["bge-m3"], TEXTS)["sparse"]
+    assert [{e["index"] for e in row} for row in default] == [set(x) for x in lexical]
+    splade = splade_reference(folders["splade"], TEXTS)
+    assert [{e["index"] for e in row} for row in named] == [set(np.flatnonzero(r).tolist()) for r in splade]
+    assert [{e["index"] for e in row} for row in named] != [set(x) for x in lexical]
+
+
 def test_sparse_pruning_over_http(fleet):
     base_url, folders = fleet
     full = _sparse(base_url, SPLADE)

@@ -132,8 +132,9 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     base_url, services = start_fleet(nats_url, PREFIX, folders, log_dir, named=True, extra=[scorer])
     try:
         wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == 1, 60, "the scorer", services)
-        wait_until(lambda: len(httpx.get(f"{base_url}/health", timeout=5).json().get("models", [])) == len(folders), 60,
-                   "every model served", services)
+        # ?all=1: every model served (a plain /health lists the models whose processes answered first)
+        wait_until(lambda: len(httpx.get(f"{base_url}/health?all=1", timeout=5).json().get("models", [])) == len(folders),
+                   60, "every model served", services)
         yield base_url, folders
     finally:
         for s in services:

@@ -148,6 +148,27 @@ def test_readme_table_is_the_declarations():
     assert markdown_table().count("\n") == len(OPTIONS) + 2
 
 
+def _table_commands(cell: str, subs: dict) -> set[str]:
+    """A table row's commands: a list, or "all" (every command, the jobs actions too) "but" some."""
+    if not cell.startswith("all"):
+        named = set(cell.split(", "))
+        return named | ({c for c in subs if c.startswith("jobs ")} if "jobs" in named else set())
+    return set(subs) - set(cell.removeprefix("all").removeprefix(" but ").split(" and ")) - {""}
+
+
+def test_the_tables_commands_are_those_that_take_the_flag():
+    """Read as a user reads it: "all" is every command but those named after it (check and auth take
+    no --log-level or --ready-file); a row per declaration, so a flag's rows together name its commands."""
+    subs = _subparsers(build_parser())
+    named: dict[str, set[str]] = {}
+    for o, row in zip(OPTIONS, markdown_table().splitlines()[2:]):
+        if not o.env_only:
+            named.setdefault(o.flag, set()).update(_table_commands(row.split(" | ")[3], subs))
+    for flag, commands in named.items():
+        assert commands == {c for c, sub in subs.items() if flag in sub._option_string_actions}, flag
+    assert _table_commands("all but auth and check", subs) == set(subs) - {"auth", "check"}
+
+
 def test_config_defaults_are_the_declared_ones():
     from dataclasses import MISSING
 
