@@ -15,7 +15,7 @@ import numpy as np
 
 from shared.config import ConfigError, NatsConfig
 from shared.jobs import CANCELLED, MAX_JOB_ID, has_state_key, job_bucket, read_state
-from shared.job_results import JobForm, Stored, StoredResults, unfinished
+from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, unfinished
 from shared.lifecycle import connect
 from shared.quantize import FORMS
 from services.reindex import check_output_path, write_output, write_ragged
@@ -57,6 +57,8 @@ async def _read(reader: StoredResults, job: str, state: dict) -> tuple[list[Stor
             raise ConfigError(f"job {job} stored {state['done']} documents' vectors, and the results stream holds none "
                               "of them any more (expired: --results-max-age, --results-max-bytes)")
         parts = [part async for part in reader]
+    except ResultsLost as exc:
+        raise ConfigError(f"{exc}; nothing written") from None
     finally:
         await reader.close()
     return sorted(parts, key=lambda p: (p.batch, p.start)), reader.dim
@@ -69,7 +71,11 @@ def _said(job: str, state: dict, written: int, out: Path) -> int:
     if written == documents:
         print(line)
         return 0
-    why = ("it was cancelled" if state.get("status") == CANCELLED
-           else f"{state.get('failed', 0)} were given up (batches in the dead-letter stream)")
-    print(f"{line}; {documents - written} missing: {why}")
+    missing, failed = documents - written, state.get("failed", 0)
+    why = ["it was cancelled"] if state.get("status") == CANCELLED else []
+    if failed:
+        why.append(f"{failed} were given up (batches in the dead-letter stream)")
+    if missing > failed and not why:
+        why.append(f"{missing - failed} are no longer in the results stream (expired)")
+    print(f"{line}; {missing} missing: {', '.join(why)}")
     return 1

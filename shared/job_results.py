@@ -121,8 +121,8 @@ class StoredResults:
             try:
                 msgs = await self._psub.fetch(FETCH, timeout=FETCH_WAIT)
             except (asyncio.TimeoutError, NatsTimeoutError):
-                raise ResultsLost(f"job {self._job}: the results stream stopped answering with {pending} results "
-                                  "left to read") from None
+                raise ResultsLost(f"job {self._job}: the results stream stopped answering with {pending} of its "
+                                  f"{self.stored} results unread") from None
             for msg in msgs:
                 pending = msg.metadata.num_pending
                 try:

@@ -16,6 +16,7 @@ finished yet is a 409 naming its status; an unknown job 404; results expired fro
 from __future__ import annotations
 
 import io
+import logging
 from typing import AsyncIterator
 
 import numpy as np
@@ -24,9 +25,11 @@ from starlette.responses import StreamingResponse
 
 from shared.errors import ErrorCode
 from shared.jobs import MAX_JOB_ID, has_state_key, read_state
-from shared.job_results import JobForm, Stored, StoredResults, unfinished
+from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, unfinished
 from shared.quantize import FORMS
 from services.gateway.errors import ApiError
+
+log = logging.getLogger("embedfleet.gateway.job_results")
 
 NDJSON = "application/x-ndjson"
 PARQUET = "application/vnd.apache.parquet"
@@ -164,6 +167,9 @@ async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
     try:
         async for part in reader:
             yield ndjson_lines(part, form.output)
+    except ResultsLost as exc:  # the answer has begun: only ending it short tells the client
+        log.error("%s: the answer is cut short", exc)
+        raise
     finally:
         await reader.close()
 
@@ -175,5 +181,8 @@ async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]
             if data := stream.add(part):
                 yield data
         yield stream.finish(reader.dim)
+    except ResultsLost as exc:  # a Parquet file cut short has no footer: no reader takes it for whole
+        log.error("%s: the answer is cut short", exc)
+        raise
     finally:
         await reader.close()
