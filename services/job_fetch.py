@@ -26,7 +26,8 @@ async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
     cancelled (what it stored is written); a ConfigError (exit 2) when nothing can be written."""
     if not has_state_key(job):
         raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
-    nc = await connect(nats, "embedfleet-jobs")
+    # it reads results as reindex does, under reindex's name: a job publisher's credentials serve
+    nc = await connect(nats, "embedfleet-reindex")
     try:
         js = nc.jetstream()
         kv = await job_bucket(js, nats.subjects)
