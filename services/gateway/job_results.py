@@ -4,10 +4,8 @@ the default) or Parquet (``application/vnd.apache.parquet`` or ``application/x-p
 
 NDJSON: one object a document, ``{"id", "vector"}``; the vector as ``embedfleet reindex`` writes it
 for the same job: dense a list of numbers (floats for float32 / float16, integers for the quantized
-forms), sparse ``{"indices", "values"}``, multivector a list of vectors. Parquet: the columns ``id``
-and ``vector`` (a list of the form's type, as reindex's .parquet; sparse a struct of ``indices`` and
-``values``; multivector a list of lists), with ``embedding_type``, ``dim`` and ``output`` in the schema's
-metadata, a row group every ``ROW_GROUP`` documents.
+forms), sparse ``{"indices", "values"}``, multivector a list of vectors. Parquet: the columns reindex
+writes (services/gateway/parquet_stream.py).
 
 Rows come in the order they were stored (batches finish in any order), each with its id. A job not
 finished yet is a 409 naming its status; an unknown job 404; results expired from the stream 410.
@@ -15,7 +13,6 @@ finished yet is a 409 naming its status; an unknown job 404; results expired fro
 
 from __future__ import annotations
 
-import io
 import logging
 from typing import AsyncIterator
 
@@ -26,7 +23,6 @@ from starlette.responses import StreamingResponse
 from shared.errors import ErrorCode
 from shared.jobs import MAX_JOB_ID, has_state_key, read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, unfinished
-from shared.quantize import FORMS
 from services.gateway.errors import ApiError
 
 log = logging.getLogger("embedfleet.gateway.job_results")
@@ -35,10 +31,6 @@ NDJSON = "application/x-ndjson"
 PARQUET = "application/vnd.apache.parquet"
 # media type -> what is answered; the first of these is the default (no Accept, */*, application/*)
 _SERVED = {NDJSON: "ndjson", PARQUET: "parquet", "application/x-parquet": "parquet"}
-# a Parquet row group ends at this many documents or bytes of vectors (what the response holds before
-# sending them: a multivector document can hold a few hundred kB)
-ROW_GROUP = 4096
-ROW_GROUP_BYTES = 16 << 20
 
 
 def negotiate(accept: str | None) -> str:
@@ -74,65 +66,6 @@ def ndjson_lines(part: Stored, output: str) -> bytes:
 def _numbers(values: np.ndarray) -> np.ndarray:
     """What orjson writes as the form's numbers (a little-endian view of the stored bytes is not native)."""
     return values.astype(values.dtype.newbyteorder("="), copy=False)
-
-
-class ParquetStream:
-    """Parquet written into memory a row group at a time, handed out as bytes once written."""
-
-    def __init__(self, form: JobForm) -> None:
-        import pyarrow as pa
-
-        self._form = form
-        value = pa.from_numpy_dtype(FORMS[form.form][1])
-        self._type = {"dense": pa.list_(value), "multivector": pa.list_(pa.list_(value)),
-                      "sparse": pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(value))])}[form.output]
-        self._sink = io.BytesIO()
-        self._writer = None
-        self._ids: list[str] = []
-        self._vectors: list = []
-        self._held = 0  # bytes of the vectors in _vectors
-
-    def add(self, part: Stored) -> bytes:
-        if self._writer is None:
-            self._open(part.dim)
-        self._ids += part.doc_ids
-        if self._form.output == "sparse":
-            self._vectors += [{"indices": i.astype(np.int32), "values": v} for i, v in part.rows]
-            self._held += sum(i.nbytes + v.nbytes for i, v in part.rows)
-        else:  # a multivector document's [tokens, width] array as a list of its vectors
-            self._vectors += [list(v) if v.ndim == 2 else v for v in part.rows]
-            self._held += sum(v.nbytes for v in part.rows)
-        return self._flush() if len(self._ids) >= ROW_GROUP or self._held >= ROW_GROUP_BYTES else b""
-
-    def finish(self, dim: int) -> bytes:
-        if self._writer is None:
-            self._open(dim)
-        tail = self._flush()
-        self._writer.close()
-        return tail + self._taken()
-
-    def _open(self, dim: int) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        meta = {"embedding_type": self._form.form, "dim": str(dim), "output": self._form.output}
-        schema = pa.schema([("id", pa.string()), ("vector", self._type)], metadata=meta)
-        self._writer = pq.ParquetWriter(self._sink, schema)
-
-    def _flush(self) -> bytes:
-        import pyarrow as pa
-
-        if self._ids:
-            self._writer.write_table(pa.table({"id": self._ids, "vector": pa.array(self._vectors, self._type)},
-                                              schema=self._writer.schema))
-            self._ids, self._vectors, self._held = [], [], 0
-        return self._taken()
-
-    def _taken(self) -> bytes:
-        data = self._sink.getvalue()
-        self._sink.seek(0)
-        self._sink.truncate()
-        return data
 
 
 class JobResultsApi:
@@ -175,6 +108,8 @@ async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
 
 
 async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
+    from services.gateway.parquet_stream import ParquetStream  # pyarrow: loaded by the first Parquet answer
+
     stream = ParquetStream(form)
     try:
         async for part in reader:

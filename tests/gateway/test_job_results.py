@@ -14,7 +14,8 @@ import pytest
 from shared.errors import ErrorCode
 from shared.job_results import JobForm, Stored, unfinished
 from services.gateway.errors import ApiError
-from services.gateway.job_results import ParquetStream, ndjson_lines, negotiate
+from services.gateway.job_results import ndjson_lines, negotiate
+from services.gateway.parquet_stream import ParquetStream
 
 
 @pytest.mark.parametrize("accept, kind", [
@@ -64,7 +65,7 @@ def test_sparse_and_multivector_lines():
 
 def _parquet(form: JobForm, parts: list[Stored], dim: int, monkeypatch, group: int = 3) -> tuple[bytes, int]:
     """The whole Parquet file the stream hands out, and how many pieces came before its last."""
-    monkeypatch.setattr("services.gateway.job_results.ROW_GROUP", group)
+    monkeypatch.setattr("services.gateway.parquet_stream.ROW_GROUP", group)
     stream = ParquetStream(form)
     pieces = [data for part in parts if (data := stream.add(part))]
     return b"".join(pieces) + stream.finish(dim), len(pieces)
