@@ -28,6 +28,10 @@ log = logging.getLogger("embedfleet.job_results")
 
 FETCH = 16  # results a fetch asks for: at most ~16 MB held (a result is under NATS's max payload)
 FETCH_WAIT = 5.0  # seconds a fetch waits for results the stream said it holds
+# seconds the server keeps a reader's consumer without a fetch (a client that stopped reading); one
+# lost meanwhile, or with a server that restarted, is opened again after the last result read
+INACTIVE = 60.0
+REOPENS = 3  # consumers lost in a row before the reader gives up
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,7 @@ class StoredResults:
         self._subject = subjects.results(job)
         self._stream = stream_names(subjects)["results"]
         self._psub = None
+        self._last = 0  # stream sequence of the last result read
         self.stored = 0  # messages the stream held for the job when opened
         self.dim = 0  # components per row, from the first result read
 
@@ -94,14 +99,25 @@ class StoredResults:
         info = await self._js.stream_info(self._stream, subjects_filter=self._subject)
         self.stored = (info.state.subjects or {}).get(self._subject, 0)
         if self.stored:
-            self._psub = await self._js.pull_subscribe(self._subject, stream=self._stream, config=ConsumerConfig(
-                ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60.0))
+            await self._subscribe()
         return self.stored
 
+    async def _subscribe(self) -> None:
+        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
+                 else dict(deliver_policy=DeliverPolicy.ALL))
+        self._psub = await self._js.pull_subscribe(self._subject, stream=self._stream, config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE, **start))
+
     async def close(self) -> None:
-        if self._psub is not None:
-            await close_pull(self._psub)
-            self._psub = None
+        """Unsubscribe and delete the consumer (left, the server would keep it ``INACTIVE`` seconds)."""
+        if self._psub is None:
+            return
+        psub, self._psub = self._psub, None
+        try:
+            await self._js.delete_consumer(self._stream, psub._consumer)  # nats-py keeps the consumer's name there
+        except Exception as exc:  # gone already, or the server is away: it expires by itself
+            log.debug("job %s: results consumer not deleted: %r", self._job, exc)
+        await close_pull(psub)
 
     async def __aiter__(self) -> AsyncIterator[Stored]:
         seen: set[tuple[int, int]] = set()  # (batch, start) of the parts read: a few per batch, not per row
@@ -114,21 +130,45 @@ class StoredResults:
 
     async def _results(self) -> AsyncIterator[JobResult]:
         """Every result the stream held at ``open``: until the consumer has none pending."""
-        from nats.errors import TimeoutError as NatsTimeoutError
-
         pending = self.stored
         while self._psub is not None and pending:
-            try:
-                msgs = await self._psub.fetch(FETCH, timeout=FETCH_WAIT)
-            except (asyncio.TimeoutError, NatsTimeoutError):
-                raise ResultsLost(f"job {self._job}: the results stream stopped answering with {pending} of its "
-                                  f"{self.stored} results unread") from None
-            for msg in msgs:
+            for msg in await self._fetch(pending):
+                self._last = msg.metadata.sequence.stream
                 pending = msg.metadata.num_pending
                 try:
                     yield decode_as(msg.data, JobResult)
                 except ProtocolError as exc:
                     log.warning("job %s: a stored result is not one (%s): left out", self._job, exc)
+
+    async def _fetch(self, pending: int) -> list:
+        """The next results; a consumer lost (inactive too long, a server restarted) is opened again
+        after the last result read, ``REOPENS`` times in a row at most."""
+        from nats.errors import TimeoutError as NatsTimeoutError
+
+        unread = f"with {pending} of its {self.stored} results unread"
+        for _ in range(REOPENS):
+            try:
+                return await self._psub.fetch(FETCH, timeout=FETCH_WAIT)
+            except (asyncio.TimeoutError, NatsTimeoutError):
+                if await self._still_there():  # there, and nothing came: the results went meanwhile
+                    raise ResultsLost(f"job {self._job}: the results stream stopped answering {unread}") from None
+                why = "gone"
+            except Exception as exc:
+                why = repr(exc)
+            log.info("job %s: results consumer lost (%s): opening it again after result %d", self._job, why, self._last)
+            try:
+                await self.close()
+                await self._subscribe()
+            except Exception as exc:
+                raise ResultsLost(f"job {self._job}: its results consumer cannot be opened again ({exc!r}) {unread}") from None
+        raise ResultsLost(f"job {self._job}: its results consumer was lost {REOPENS} times in a row {unread}")
+
+    async def _still_there(self) -> bool:
+        try:
+            await self._psub.consumer_info()
+            return True
+        except Exception:
+            return False
 
     def _fits(self, result: JobResult) -> bool:
         if result.dtype == self._form.wire and (not self.dim or result.dim == self.dim):

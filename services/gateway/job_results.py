@@ -13,6 +13,7 @@ finished yet is a 409 naming its status; an unknown job 404; results expired fro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import AsyncIterator
 
@@ -103,8 +104,8 @@ async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
     except ResultsLost as exc:  # the answer has begun: only ending it short tells the client
         log.error("%s: the answer is cut short", exc)
         raise
-    finally:
-        await reader.close()
+    finally:  # also when the client went away (the task cancelled): the close runs to its end
+        await asyncio.shield(reader.close())
 
 
 async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
@@ -119,5 +120,5 @@ async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]
     except ResultsLost as exc:  # a Parquet file cut short has no footer: no reader takes it for whole
         log.error("%s: the answer is cut short", exc)
         raise
-    finally:
-        await reader.close()
+    finally:  # also when the client went away (the task cancelled): the close runs to its end
+        await asyncio.shield(reader.close())

@@ -80,3 +80,26 @@ def test_results_gone_while_read_are_said(nats_url, monkeypatch):
         await reader.close()
 
     _run(nats_url, body)
+
+
+def test_a_consumer_lost_mid_read_is_opened_again_after_the_last_result(nats_url, monkeypatch):
+    """Its consumer deleted after two of five results (as the server does to one inactive too long):
+    the reader goes on from the third, each result once; closed, it leaves no consumer behind."""
+    monkeypatch.setattr("shared.job_results.FETCH", 1)
+    monkeypatch.setattr("shared.job_results.FETCH_WAIT", 0.5)
+
+    async def body(js, subjects):
+        for b in range(5):
+            await js.publish(subjects.results("lost"), _result("lost", b, np.full((2, 4), b)), headers={"Nats-Msg-Id": f"l:{b}"})
+        reader = StoredResults(js, subjects, "lost", JobForm("float32", "dense"))
+        assert await reader.open() == 5
+        batches = []
+        async for part in reader:
+            batches.append(part.batch)
+            if len(batches) == 2:
+                await js.delete_consumer(stream_names(subjects)["results"], reader._psub._consumer)
+        assert batches == [0, 1, 2, 3, 4]
+        await reader.close()
+        assert (await js.stream_info(stream_names(subjects)["results"])).state.consumer_count == 0
+
+    _run(nats_url, body)
