@@ -170,6 +170,9 @@ def test_refusals(stack, float_job, tmp_path):
     fetched = _cli(["jobs", "fetch", "nope", "--out", out, "--nats", stack.nats_url])
     assert fetched.returncode == 2 and fetched.stderr == "embedfleet: error: no job 'nope'\n"
 
+    wrong = _cli(["jobs", "fetch", float_job[0], "--out", str(tmp_path / "x.npz"), "--nats", stack.nats_url])
+    assert wrong.returncode == 2 and "dense vectors are written to .npy" in wrong.stderr, wrong.stderr
+
     refused = httpx.get(f"{base}/v1/jobs/{float_job[0]}/results", headers={"accept": "application/json"}, timeout=10)
     assert refused.status_code == 406 and refused.json()["error"]["code"] == "not_acceptable", refused.text
     assert refused.json()["error"]["param"] == "accept" and PARQUET in refused.json()["error"]["message"]
