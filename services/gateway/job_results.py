@@ -90,17 +90,20 @@ class JobResultsApi:
         if not await reader.open() and state.get("done"):
             raise ApiError(ErrorCode.GONE, f"job {job} stored {state['done']} documents' vectors, and the results "
                            "stream holds none of them any more (expired: --results-max-age, --results-max-bytes)", "id")
-        body = _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form)
+        body = _closing(reader, _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form))
         headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
                    "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),
                    "x-embedding-type": form.form, "x-job-output": form.output}
         return StreamingResponse(body, media_type=NDJSON if kind == "ndjson" else PARQUET, headers=headers)
 
 
-async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
+async def _closing(reader: StoredResults, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``chunks`` as the body of an answer: results lost while read cut it short (a Parquet file cut
+    short has no footer, an NDJSON body no end: no client takes either for whole), and the reader is
+    closed whatever ends it."""
     try:
-        async for part in reader:
-            yield ndjson_lines(part, form.output)
+        async for chunk in chunks:
+            yield chunk
     except ResultsLost as exc:  # the answer has begun: only ending it short tells the client
         log.error("%s: the answer is cut short", exc)
         raise
@@ -108,17 +111,16 @@ async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
         await asyncio.shield(reader.close())
 
 
+async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
+    async for part in reader:
+        yield ndjson_lines(part, form.output)
+
+
 async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
     from services.gateway.parquet_stream import ParquetStream  # pyarrow: loaded by the first Parquet answer
 
     stream = ParquetStream(form)
-    try:
-        async for part in reader:
-            if data := stream.add(part):
-                yield data
-        yield stream.finish(reader.dim)
-    except ResultsLost as exc:  # a Parquet file cut short has no footer: no reader takes it for whole
-        log.error("%s: the answer is cut short", exc)
-        raise
-    finally:  # also when the client went away (the task cancelled): the close runs to its end
-        await asyncio.shield(reader.close())
+    async for part in reader:
+        if data := stream.add(part):
+            yield data
+    yield stream.finish(reader.dim)
