@@ -15,7 +15,7 @@ import numpy as np
 
 from shared.config import ConfigError, NatsConfig
 from shared.jobs import CANCELLED, MAX_JOB_ID, has_state_key, job_bucket, read_state
-from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, unfinished
+from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from shared.lifecycle import connect
 from shared.quantize import FORMS
 from services.reindex import check_output_path, write_output, write_ragged
@@ -55,8 +55,7 @@ async def _read(reader: StoredResults, job: str, state: dict) -> tuple[list[Stor
     """The job's stored parts in input order, and the rows' dimension."""
     try:
         if not await reader.open() and state.get("done"):
-            raise ConfigError(f"job {job} stored {state['done']} documents' vectors, and the results stream holds none "
-                              "of them any more (expired: --results-max-age, --results-max-bytes)")
+            raise ConfigError(expired(job, state))
         parts = [part async for part in reader]
     except ResultsLost as exc:
         raise ConfigError(f"{exc}; nothing written") from None

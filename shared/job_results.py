@@ -78,6 +78,12 @@ def unfinished(state: dict) -> str | None:
             "documents settled; its results can be read once it is done")
 
 
+def expired(job: str, state: dict) -> str:
+    """Why a job whose stream holds none of its results has none to give."""
+    return (f"job {job} stored {state.get('done', 0)} documents' vectors, and the results stream holds none of them "
+            "any more (expired: --results-max-age, --results-max-bytes)")
+
+
 class StoredResults:
     """A job's results as stored, read once from the first to the last stored when ``open`` ran.
 

@@ -23,7 +23,7 @@ from starlette.responses import StreamingResponse
 
 from shared.errors import ErrorCode
 from shared.jobs import MAX_JOB_ID, has_state_key, read_state
-from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, unfinished
+from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from services.gateway.errors import ApiError
 
 log = logging.getLogger("embedfleet.gateway.job_results")
@@ -88,8 +88,7 @@ class JobResultsApi:
         form = JobForm.of(state)
         reader = StoredResults(self._js, self._subjects, job, form)
         if not await reader.open() and state.get("done"):
-            raise ApiError(ErrorCode.GONE, f"job {job} stored {state['done']} documents' vectors, and the results "
-                           "stream holds none of them any more (expired: --results-max-age, --results-max-bytes)", "id")
+            raise ApiError(ErrorCode.GONE, expired(job, state), "id")
         body = _closing(reader, _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form))
         headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
                    "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),
