@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from shared import __version__
 from shared.config import ConfigError, nats_config, retention
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     actions = commands["jobs"].add_subparsers(dest="jobs_command", metavar="ACTION")
     for name, text in (("purge", "remove a job's results, dead letters and record"),
                        ("cancel", "stop a job: nothing more of it is published or computed; what was stored stays "
-                                  "until purged")):
+                                  "until purged"),
+                       ("fetch", "write a finished job's vectors to a file, as reindex --out writes them")):
         action = actions.add_parser(name, help=text)
         # the options of jobs again, after the action: one not given there keeps the value given
         # before the action (or its default) instead of resetting it
@@ -106,12 +108,14 @@ def _dispatch(ns: argparse.Namespace) -> None:
 def _run_admin(ns: argparse.Namespace) -> int:
     """reindex, init, and jobs with its actions: each one coroutine against NATS; its exit status."""
     from services.job_cancel import cancel
+    from services.job_fetch import fetch
     from services.jobs_admin import list_jobs, purge_job
     from services.reindex import init_jetstream, reindex
 
     cfg = nats_config(ns)
     run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg),
            "jobs purge": lambda: purge_job(cfg, ns.job, ns.force), "jobs cancel": lambda: cancel(cfg, ns.job),
+           "jobs fetch": lambda: fetch(cfg, ns.job, Path(ns.out)),
            "init": lambda: init_jetstream(cfg, retention(ns))}
     action = getattr(ns, "jobs_command", None)
     return run_async(run[f"{ns.command} {action}" if action else ns.command]())

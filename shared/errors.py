@@ -22,11 +22,15 @@ class ErrorCode(StrEnum):
     TOO_MANY_INPUTS = "too_many_inputs"  # more inputs than --max-inputs
     ROUTE_NOT_FOUND = "route_not_found"  # no route at the path
     METHOD_NOT_ALLOWED = "method_not_allowed"  # a route, but not for the method
+    NOT_ACCEPTABLE = "not_acceptable"  # an Accept header naming no form the route answers in
+    NOT_FINISHED = "not_finished"  # a job's results asked for before the job finished
+    GONE = "gone"  # a job's results expired from the results stream
 
 
 # a reply from NATS naming one of these is someone else's mistake: it is read as INTERNAL
 GATEWAY_ONLY = frozenset({ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.TOO_MANY_INPUTS, ErrorCode.ROUTE_NOT_FOUND,
-                          ErrorCode.METHOD_NOT_ALLOWED})
+                          ErrorCode.METHOD_NOT_ALLOWED, ErrorCode.NOT_ACCEPTABLE, ErrorCode.NOT_FINISHED,
+                          ErrorCode.GONE})
 
 
 class ServiceError(Exception):

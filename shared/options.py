@@ -19,10 +19,10 @@ from shared.quantize import EMBEDDING_TYPES
 
 __all__ = ["ConfigError", "OPTIONS", "add_options", "arguments", "declared", "default", "env_names", "markdown_table"]
 
-# every command, in the order the README's table names them; "jobs purge" and "jobs cancel" are
-# the actions of "jobs" (they take its options again, see add_options)
+# every command, in the order the README's table names them; "jobs purge", "jobs cancel" and "jobs
+# fetch" are the actions of "jobs" (they take its options again, see add_options)
 COMMANDS = ("up", "gateway", "tokenizer", "worker", "scorer", "reindex", "init", "jobs", "jobs purge", "jobs cancel",
-            "auth", "check")
+            "jobs fetch", "auth", "check")
 CONNECTED = frozenset(("up", "gateway", "tokenizer", "worker", "scorer", "reindex", "init", "jobs"))  # they meet NATS
 SERVICES = frozenset(("tokenizer", "worker", "scorer"))
 GATEWAY = frozenset(("up", "gateway"))
@@ -163,8 +163,8 @@ OPTIONS: tuple[Option, ...] = (
             {"up"}, "up", type=positive_float),
     # -- reindex --------------------------------------------------------------------------------
     _option("--out", None, None,
-            "output: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector", {"reindex"},
-            "reindex", required=True),
+            "output: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector",
+            {"reindex", "jobs fetch"}, "reindex", required=True),
     _option("--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id", {"reindex"}, "reindex"),
     _option("--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", {"reindex"}, "reindex",
             type=positive_int),

@@ -82,6 +82,13 @@ class _JetStream:
         return [f"$JS.API.CONSUMER.CREATE.{kv}", f"$JS.API.CONSUMER.CREATE.{kv}.>", f"$JS.API.CONSUMER.DELETE.{kv}.>",
                 f"$JS.API.CONSUMER.INFO.{kv}.>"]
 
+    def read_results(self) -> list[str]:
+        """Read a job's stored results through an ephemeral consumer of the results stream (no acks)."""
+        results = self.names["results"]
+        return [f"$JS.API.CONSUMER.CREATE.{results}", f"$JS.API.CONSUMER.CREATE.{results}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{results}.>", f"$JS.API.CONSUMER.DELETE.{results}.>",
+                f"$JS.API.CONSUMER.INFO.{results}.>"]
+
     def consume(self, kind: str, durable: str) -> list[str]:
         """Bind, fetch from and acknowledge a durable pull consumer of one stream; give up its dead batches."""
         stream = self.names[kind]
@@ -116,7 +123,8 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
         return Permissions(
             publish=(f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.rerank.*", f"{p}.jobs.*", *watch,
                      *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(), *js.bucket_listing(),
-                     f"$JS.API.CONSUMER.LIST.{js.names['jobs']}", f"$JS.API.CONSUMER.LIST.{js.names['bulk']}"),
+                     f"$JS.API.CONSUMER.LIST.{js.names['jobs']}", f"$JS.API.CONSUMER.LIST.{js.names['bulk']}",
+                     *js.read_results()),  # GET /v1/jobs/{id}/results
             subscribe=(own_inbox, f"{p}.leaving", *micro(SERVICE_NAMES["gateway"])),
             responses=1,
         )
@@ -144,13 +152,11 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
             subscribe=(own_inbox, f"{p}.rerank.*", f"{p}.leaving", *micro(SERVICE_NAMES["scorer"])),
             responses=1,
         )
-    if role == "publisher":  # embedfleet reindex: publishes a job, collects its results
+    if role == "publisher":  # embedfleet reindex: publishes a job, collects its results; jobs fetch reads them
         results = js.names["results"]
         return Permissions(
             publish=(f"{p}.jobs.*", *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
-                     f"$JS.API.CONSUMER.CREATE.{results}", f"$JS.API.CONSUMER.CREATE.{results}.>",
-                     f"$JS.API.CONSUMER.MSG.NEXT.{results}.>", f"$JS.API.CONSUMER.DELETE.{results}.>",
-                     f"$JS.API.CONSUMER.INFO.{results}.>", f"$JS.ACK.{results}.>", f"$JS.API.STREAM.MSG.GET.{results}"),
+                     *js.read_results(), f"$JS.ACK.{results}.>", f"$JS.API.STREAM.MSG.GET.{results}"),
             subscribe=(own_inbox,),
         )
     # operator: embedfleet init, jobs (list, purge, cancel), and whatever administration needs

@@ -180,3 +180,13 @@ def test_protocol_benchmark_times_the_hot_messages():
             if line.startswith(("TokenChunk", "EmbedResult", "JobBatch"))}
     assert set(rows) == {"TokenChunk 32x128", "EmbedResult 32x384", "JobBatch 64"}
     assert all(float(row[-1]) > 0 for row in rows.values())  # µs (or, with msgspec, the ratio)
+
+
+def test_job_results_benchmark_reads_a_job_back_in_both_forms():
+    result = subprocess.run([sys.executable, "-m", "bench.job_results", "--results", "20"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("1280 documents (2 MiB of float32 vectors)"), result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    assert [row[0] for row in rows] == ["application/x-ndjson", "application/vnd.apache.parquet"], result.stdout
+    assert all(float(row[1]) > 0 and float(row[-3]) > 0 for row in rows)  # MiB read, peak MiB RSS

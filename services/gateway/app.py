@@ -35,6 +35,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
+from services.gateway.job_results import JobResultsApi
 from services.gateway.jobs_api import JobsApi
 from services.gateway.limits import KeyLimits, current_key, key_id
 from services.gateway.metrics import Metrics
@@ -67,6 +68,7 @@ class Gateway:
         self._micro = None
         self._in_flight = 0
         self.jobs: JobsApi | None = None
+        self.job_results: JobResultsApi | None = None
         self.tracer = Tracer("gateway", cfg.tracing)
         self.key_limits = KeyLimits(cfg.key_requests_per_minute, cfg.key_tokens_per_minute)
 
@@ -84,6 +86,7 @@ class Gateway:
             js = self.nc.jetstream()
             kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
             self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer)
+            self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects)
             # consumer lag and job progress, refreshed apart
             self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval)
         except Exception as exc:  # online requests are served without JetStream
@@ -392,6 +395,11 @@ class Gateway:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
         return json_response(await self.jobs.get(request.path_params["job"]))
 
+    async def job_vectors(self, request: Request) -> Response:
+        if self.job_results is None:
+            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
+        return await self.job_results.response(request.path_params["job"], request.headers.get("accept"))
+
     async def cancel_job(self, request: Request) -> Response:
         if self.jobs is None:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
@@ -461,6 +469,7 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/jobs", gw.create_job, methods=["POST"]),
         Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
         Route("/v1/jobs/{job}", gw.cancel_job, methods=["DELETE"]),
+        Route("/v1/jobs/{job}/results", gw.job_vectors, methods=["GET"]),
         Route("/embed", gw.embed, methods=["POST"]),
         Route("/embed_sparse", gw.embed_sparse, methods=["POST"]),
         Route("/embed_all", gw.embed_all, methods=["POST"]),

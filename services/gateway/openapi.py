@@ -225,8 +225,39 @@ def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+def _job_results(job: list[dict]) -> dict[str, Any]:
+    """GET /v1/jobs/{job}/results: a finished job's vectors, streamed (services/gateway/job_results.py)."""
+    number = {"type": "number", "description": "a float for float32 / float16, an integer for the quantized forms"}
+    vector = {"oneOf": [
+        {"type": "array", "items": number, "description": "dense"},
+        {"type": "object", "properties": {"indices": {"type": "array", "items": {"type": "integer"}},
+                                          "values": {"type": "array", "items": number}}, "description": "sparse"},
+        {"type": "array", "items": {"type": "array", "items": number}, "description": "multivector: a vector per token"}]}
+    line = {"type": "object", "required": ["id", "vector"], "properties": {"id": {"type": "string"}, "vector": vector},
+            "description": "one line per document, in the order the results were stored"}
+    parquet = {"type": "string", "format": "binary", "description": (
+        "columns id and vector (as embedfleet reindex writes .parquet), schema metadata embedding_type, dim, output")}
+    return {"get": {
+        "summary": "A finished bulk job's vectors, streamed as they are read: NDJSON (the default) or Parquet",
+        "parameters": [*job, {"name": "accept", "in": "header", "required": False, "schema": {
+            "type": "string", "enum": ["application/x-ndjson", "application/vnd.apache.parquet", "application/x-parquet"],
+            "default": "application/x-ndjson"}}],
+        "responses": {
+            "200": {"description": "every stored document's vector; headers x-job-status, x-job-documents, x-job-done, "
+                                   "x-job-failed, x-embedding-type, x-job-output",
+                    "content": {"application/x-ndjson": {"schema": line},
+                                "application/vnd.apache.parquet": {"schema": parquet}}},
+            **_errors(_OPENAI_ERROR, (401, 404, 406, 503)),
+            "409": {"description": "the job has not finished: the message names its status and progress",
+                    "content": {"application/json": {"schema": _OPENAI_ERROR}}},
+            "410": {"description": "the job's results expired from the results stream",
+                    "content": {"application/json": {"schema": _OPENAI_ERROR}}},
+        },
+    }}
+
+
 def _job_paths() -> dict[str, Any]:
-    """Bulk jobs: POST /v1/jobs, and GET / DELETE /v1/jobs/{job}."""
+    """Bulk jobs: POST /v1/jobs, GET / DELETE /v1/jobs/{job} and GET /v1/jobs/{job}/results."""
     job = [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "/v1/jobs": _post(
@@ -256,6 +287,7 @@ def _job_paths() -> dict[str, Any]:
                               **_errors(_OPENAI_ERROR, (401, 404, 503))},
             },
         },
+        "/v1/jobs/{job}/results": _job_results(job),
     }
 
 

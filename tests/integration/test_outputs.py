@@ -193,3 +193,70 @@ def test_bulk_jobs_write_sparse_and_multi_vector_rows(fleet, nats_url, tmp_path)
 
     refused = _reindex([str(docs), "--out", str(tmp_path / "x.npy"), "--model", SPLADE, "--output", "sparse", *common])
     assert refused.returncode != 0 and ".npz" in refused.stderr
+
+
+def _http_job(base_url: str, job: str, model: str, output: str, texts: list[str]) -> tuple[list[str], dict, object]:
+    """POST a job of ``output`` rows, wait until done, read it back: (ids in input order, NDJSON's
+    id -> vector, the Parquet table)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from tests.integration.procs import wait_until
+
+    ids = [f"{job}-{i}" for i in range(len(texts))]
+    r = _post(base_url, "/v1/jobs", {"id": job, "model": model, "output": output, "batch_size": 3,
+                                     "documents": [{"id": d, "text": t} for d, t in zip(ids, texts)]})
+    assert r.status_code == 202, r.text
+    wait_until(lambda: httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done", 120, job)
+    lines = httpx.get(f"{base_url}/v1/jobs/{job}/results", timeout=60)
+    assert lines.status_code == 200 and lines.headers["x-job-output"] == output, lines.text[:300]
+    vectors = {line["id"]: line["vector"] for line in map(json.loads, lines.text.splitlines())}
+    assert sorted(vectors) == sorted(ids)
+    table = httpx.get(f"{base_url}/v1/jobs/{job}/results", headers={"accept": "application/vnd.apache.parquet"}, timeout=60)
+    assert table.status_code == 200, table.text[:300]
+    return ids, vectors, pq.read_table(io.BytesIO(table.content))
+
+
+def _fetch(nats_url: str, job: str, out) -> None:
+    done = subprocess.run([sys.executable, "-m", "services.cli", "jobs", "fetch", job, "--out", str(out), "--nats", nats_url,
+                           "--subject-prefix", PREFIX], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(out.with_suffix(".ids.json").read_text()) == [f"{job}-{i}" for i in range(len(TEXTS) * 2)]
+
+
+def test_http_jobs_of_sparse_and_multi_vector_rows_read_back(fleet, nats_url, tmp_path):
+    """POST /v1/jobs with output sparse / multivector, read back: GET /v1/jobs/{id}/results' NDJSON as the
+    online routes answer, its Parquet the same rows, and `jobs fetch` the .npz reindex writes."""
+    import scipy.sparse
+
+    base_url, _ = fleet
+    texts = TEXTS * 2
+    ids, rows, table = _http_job(base_url, "outputs-sparse-http", SPLADE, "sparse", texts)
+    dim = int(table.schema.metadata[b"dim"])
+    dense = np.stack([densify(rows[d]["indices"], rows[d]["values"], dim) for d in ids])
+    online = [densify([e["index"] for e in row], [e["value"] for e in row], dim) for row in _sparse(base_url, SPLADE)]
+    want = np.stack(online * 2)
+    assert np.array_equal(dense > 0, want > 0)
+    np.testing.assert_allclose(dense, want, atol=1e-5)
+    assert table.column("id").to_pylist() and sorted(table.column("id").to_pylist()) == sorted(ids)
+    for r in table.to_pylist():  # float32 values, read back exactly from NDJSON's decimals
+        assert r["vector"]["indices"] == rows[r["id"]]["indices"]
+        np.testing.assert_array_equal(np.float32(r["vector"]["values"]), np.float32(rows[r["id"]]["values"]))
+    _fetch(nats_url, "outputs-sparse-http", tmp_path / "sparse.npz")
+    np.testing.assert_array_equal(scipy.sparse.load_npz(tmp_path / "sparse.npz").toarray(), dense)
+
+    ids, rows, table = _http_job(base_url, "outputs-multi-http", "colbert", "multivector", texts)
+    r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS})
+    online = [np.asarray(v, np.float32) for v in r.json()] * 2
+    for doc, want_rows in zip(ids, online):
+        got = np.asarray(rows[doc], np.float32)
+        assert got.shape == want_rows.shape and cosines(got, want_rows).min() >= COSINE
+    assert sorted(table.column("id").to_pylist()) == sorted(ids)
+    for r in table.to_pylist():
+        np.testing.assert_array_equal(np.float32(r["vector"]), np.float32(rows[r["id"]]))
+    _fetch(nats_url, "outputs-multi-http", tmp_path / "multi.npz")
+    stored = np.load(tmp_path / "multi.npz")
+    vectors, offsets = stored["vectors"], stored["offsets"]
+    for i, doc in enumerate(ids):
+        np.testing.assert_array_equal(vectors[offsets[i]: offsets[i + 1]], np.asarray(rows[doc], np.float32))

@@ -112,6 +112,13 @@ def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
                 seed=fabric.seed("publisher"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert np.load(out).shape == (10, 384)
+    # the gateway reads the HTTP job's results back; the publisher fetches them to a file
+    results = httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}/results", timeout=60)
+    assert results.status_code == 200 and len(results.content.splitlines()) == 20, results.text[:300]
+    fetched = _cli("jobs", "fetch", job_id, "--out", str(tmp_path / "fetched.npy"), "--nats", fabric.server.url,
+                   seed=fabric.seed("publisher"))
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert np.load(tmp_path / "fetched.npy").shape == (20, 384)
     # the operator lists the jobs
     listed = _cli("jobs", "--nats", fabric.server.url, seed=fabric.seed("operator"))
     assert listed.returncode == 0 and job_id in listed.stdout, listed.stdout + listed.stderr

@@ -1,0 +1,125 @@
+"""GET /v1/jobs/{id}/results: a finished job's vectors, streamed as they are read from the results
+stream (shared/job_results.py), never the whole job held: NDJSON (``Accept: application/x-ndjson``,
+the default) or Parquet (``application/vnd.apache.parquet`` or ``application/x-parquet``).
+
+NDJSON: one object a document, ``{"id", "vector"}``; the vector as ``embedfleet reindex`` writes it
+for the same job: dense a list of numbers (floats for float32 / float16, integers for the quantized
+forms), sparse ``{"indices", "values"}``, multivector a list of vectors. Parquet: the columns reindex
+writes (services/gateway/parquet_stream.py).
+
+Rows come in the order they were stored (batches finish in any order), each with its id. A job not
+finished yet is a 409 naming its status; an unknown job 404; results expired from the stream 410.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import numpy as np
+import orjson
+from starlette.responses import StreamingResponse
+
+from shared.errors import ErrorCode
+from shared.jobs import MAX_JOB_ID, has_state_key, read_state
+from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from services.gateway.errors import ApiError
+
+log = logging.getLogger("embedfleet.gateway.job_results")
+
+NDJSON = "application/x-ndjson"
+PARQUET = "application/vnd.apache.parquet"
+# media type -> what is answered; the first of these is the default (no Accept, */*, application/*)
+_SERVED = {NDJSON: "ndjson", PARQUET: "parquet", "application/x-parquet": "parquet"}
+
+
+def negotiate(accept: str | None) -> str:
+    """'ndjson' or 'parquet' from an Accept header, by its q-values (ties: the order given); a 406
+    when it names neither nor a wildcard."""
+    offers: list[tuple[float, int, str]] = []
+    for order, part in enumerate((accept or "*/*").lower().split(",")):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = next((p[2:] for p in params if p.startswith("q=")), "1")
+        try:
+            weight = float(q)
+        except ValueError:
+            weight = 0.0
+        kind = "ndjson" if media in ("*/*", "application/*", "") else _SERVED.get(media)
+        if kind is not None and weight > 0:
+            offers.append((-weight, order, kind))
+    if not offers:
+        raise ApiError(ErrorCode.NOT_ACCEPTABLE, f"a job's results are served as {NDJSON} (the default) or {PARQUET} "
+                       f"(also application/x-parquet), not {accept!r}", "accept")
+    return min(offers)[2]
+
+
+def ndjson_lines(part: Stored, output: str) -> bytes:
+    """``{"id", "vector"}`` a line for each document of ``part``."""
+    if output == "sparse":
+        vectors = [{"indices": i.astype(np.int64), "values": _numbers(v)} for i, v in part.rows]
+    else:
+        vectors = [_numbers(v) for v in part.rows]
+    return b"".join(orjson.dumps({"id": d, "vector": v}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+                    for d, v in zip(part.doc_ids, vectors))
+
+
+def _numbers(values: np.ndarray) -> np.ndarray:
+    """What orjson writes as the form's numbers (a little-endian view of the stored bytes is not native)."""
+    return values.astype(values.dtype.newbyteorder("="), copy=False)
+
+
+class JobResultsApi:
+    """The route's logic over the JetStream context, the job bucket and the subjects."""
+
+    def __init__(self, js, kv, subjects) -> None:
+        self._js, self._kv, self._subjects = js, kv, subjects
+
+    async def response(self, job: str, accept: str | None) -> StreamingResponse:
+        if not has_state_key(job):
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, "
+                           "digits and - _ = / .", "id")
+        state = await read_state(self._kv, job)
+        if state is None or "documents" not in state:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
+        kind = negotiate(accept)
+        if (problem := unfinished({"job": job, **state})) is not None:
+            raise ApiError(ErrorCode.NOT_FINISHED, problem, "id")
+        form = JobForm.of(state)
+        reader = StoredResults(self._js, self._subjects, job, form)
+        if not await reader.open() and state.get("done"):
+            raise ApiError(ErrorCode.GONE, expired(job, state), "id")
+        body = _closing(reader, _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form))
+        headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
+                   "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),
+                   "x-embedding-type": form.form, "x-job-output": form.output}
+        return StreamingResponse(body, media_type=NDJSON if kind == "ndjson" else PARQUET, headers=headers)
+
+
+async def _closing(reader: StoredResults, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``chunks`` as the body of an answer: results lost while read cut it short (a Parquet file cut
+    short has no footer, an NDJSON body no end: no client takes either for whole), and the reader is
+    closed whatever ends it."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ResultsLost as exc:  # the answer has begun: only ending it short tells the client
+        log.error("%s: the answer is cut short", exc)
+        raise
+    finally:  # also when the client went away (the task cancelled): the close runs to its end
+        await asyncio.shield(reader.close())
+
+
+async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
+    async for part in reader:
+        yield ndjson_lines(part, form.output)
+
+
+async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
+    from services.gateway.parquet_stream import ParquetStream  # pyarrow: loaded by the first Parquet answer
+
+    stream = ParquetStream(form)
+    async for part in reader:
+        if data := stream.add(part):
+            yield data
+    yield stream.finish(reader.dim)

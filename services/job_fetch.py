@@ -1,0 +1,81 @@
+"""``embedfleet jobs fetch ID --out FILE``: a finished job's vectors, however it was submitted
+(``POST /v1/jobs``, ``embedfleet reindex``, any NATS client), written as ``reindex --out`` writes them:
+.npy with .ids.json beside it or .parquet for dense vectors, .npz for sparse and multivector.
+
+The rows are read from the results stream (shared/job_results.py) and written in input order: by
+batch, then by row within the batch, which is the order of the documents the job was given. Like
+reindex, it holds the job's vectors in memory to write them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shared.config import ConfigError, NatsConfig
+from shared.jobs import CANCELLED, MAX_JOB_ID, has_state_key, job_bucket, read_state
+from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from shared.lifecycle import connect
+from shared.quantize import FORMS
+from services.reindex import check_output_path, write_output, write_ragged
+
+
+async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
+    """0 when every document of the job is written; 1 when the job ended with some given up or
+    cancelled (what it stored is written); a ConfigError (exit 2) when nothing can be written."""
+    if not has_state_key(job):
+        raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
+    # it reads results as reindex does, under reindex's name: a job publisher's credentials serve
+    nc = await connect(nats, "embedfleet-reindex")
+    try:
+        js = nc.jetstream()
+        kv = await job_bucket(js, nats.subjects)
+        state = await read_state(kv, job) if kv is not None else None
+        if state is None or "documents" not in state:
+            raise ConfigError(f"no job {job!r}")
+        if (problem := unfinished({"job": job, **state})) is not None:
+            raise ConfigError(f"{problem} (`embedfleet jobs` shows its progress)")
+        form = JobForm.of(state)
+        check_output_path(out, form.output)
+        parts, dim = await _read(StoredResults(js, nats.subjects, job, form), job, state)
+    finally:
+        await nc.close()
+    ids = [d for part in parts for d in part.doc_ids]
+    if form.output == "dense":
+        rows = [part.rows for part in parts]
+        vectors = np.concatenate(rows) if rows else np.zeros((0, 0), FORMS[form.form][1])
+        write_output(out, ids, vectors, form.form, dim)
+    else:
+        write_ragged(out, ids, [row for part in parts for row in part.rows], form.output, form.form, dim)
+    return _said(job, state, len(ids), out)
+
+
+async def _read(reader: StoredResults, job: str, state: dict) -> tuple[list[Stored], int]:
+    """The job's stored parts in input order, and the rows' dimension."""
+    try:
+        if not await reader.open() and state.get("done"):
+            raise ConfigError(expired(job, state))
+        parts = [part async for part in reader]
+    except ResultsLost as exc:
+        raise ConfigError(f"{exc}; nothing written") from None
+    finally:
+        await reader.close()
+    return sorted(parts, key=lambda p: (p.batch, p.start)), reader.dim
+
+
+def _said(job: str, state: dict, written: int, out: Path) -> int:
+    """Print what was written; the exit status (1 when the job's documents are not all there)."""
+    documents = state.get("documents", 0)
+    line = f"job {job}: {written} of {documents} documents, {JobForm.of(state).form} vectors -> {out}"
+    if written == documents:
+        print(line)
+        return 0
+    missing, failed = documents - written, state.get("failed", 0)
+    why = ["it was cancelled"] if state.get("status") == CANCELLED else []
+    if failed:
+        why.append(f"{failed} were given up (batches in the dead-letter stream)")
+    if missing > failed and not why:
+        why.append(f"{missing - failed} are no longer in the results stream (expired)")
+    print(f"{line}; {missing} missing: {', '.join(why)}")
+    return 1

@@ -1,0 +1,188 @@
+"""A finished job's vectors, read back from the results stream (``<prefix>.v1.results.<job>``) a few
+results at a time: what ``GET /v1/jobs/{id}/results`` streams and ``embedfleet jobs fetch`` writes.
+
+A result holds the rows of one part of one job batch (``JobResult``: batch, first row, document ids).
+The reader goes once through what the stream holds for the job when it starts, in the order it was
+stored (batches finish in any order), through an ephemeral consumer of its own that acknowledges
+nothing, so it changes nothing and any number of readers may run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import numpy as np
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from shared.bulkwork import close_pull
+from shared.jobs import FINISHED, stream_names
+from shared.protocol import JobResult, ProtocolError, decode_as
+from shared.quantize import FORMS
+from shared.subjects import Subjects
+
+log = logging.getLogger("embedfleet.job_results")
+
+FETCH = 16  # results a fetch asks for: at most ~16 MB held (a result is under NATS's max payload)
+FETCH_WAIT = 5.0  # seconds a fetch waits for results the stream said it holds
+# seconds the server keeps a reader's consumer without a fetch (a client that stopped reading); one
+# lost meanwhile, or with a server that restarted, is opened again after the last result read
+INACTIVE = 60.0
+REOPENS = 3  # consumers lost in a row before the reader gives up
+
+
+@dataclass(frozen=True, slots=True)
+class JobForm:
+    """What a job's rows are: ``form`` (shared/quantize.py) and ``output`` (dense, sparse, multivector)."""
+
+    form: str
+    output: str
+
+    @classmethod
+    def of(cls, state: dict) -> JobForm:
+        # jobs recorded before forms and outputs existed made dense float32 vectors
+        return cls(state.get("embedding_type", "float32"), state.get("output", "dense"))
+
+    @property
+    def wire(self) -> str:
+        return FORMS[self.form][0]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One stored result's rows: dense [n, stored_width] of the form's type; sparse a list of (indices,
+    values); multivector a list of [tokens, width] arrays. ``batch`` and ``start`` place them in the
+    job's input (batch b's row r is document b·batch_size + start + r)."""
+
+    batch: int
+    start: int
+    doc_ids: list[str]
+    rows: np.ndarray | list
+    dim: int
+
+
+def result_rows(result: JobResult) -> np.ndarray | list:
+    """A result's rows as ``Stored.rows`` holds them."""
+    return result.ragged() if result.offsets is not None else result.array()
+
+
+def unfinished(state: dict) -> str | None:
+    """Why a job's results cannot be read as a whole yet (None: they can): it has not finished."""
+    if state.get("status") in FINISHED:
+        return None
+    settled = state.get("done", 0) + state.get("failed", 0)
+    return (f"job {state.get('job')} is {state.get('status', 'not started')}: {settled} of {state.get('documents', '?')} "
+            "documents settled; its results can be read once it is done")
+
+
+def expired(job: str, state: dict) -> str:
+    """Why a job whose stream holds none of its results has none to give."""
+    return (f"job {job} stored {state.get('done', 0)} documents' vectors, and the results stream holds none of them "
+            "any more (expired: --results-max-age, --results-max-bytes)")
+
+
+class StoredResults:
+    """A job's results as stored, read once from the first to the last stored when ``open`` ran.
+
+    Results of another form or dimension than the job's first are not the job's rows (a client
+    publishing into the subject): left out, with a log line. A part of a batch stored twice (after the
+    stream's duplicate window) is read once."""
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects, job: str, form: JobForm) -> None:
+        self._js, self._job, self._form = js, job, form
+        self._subject = subjects.results(job)
+        self._stream = stream_names(subjects)["results"]
+        self._psub = None
+        self._last = 0  # stream sequence of the last result read
+        self.stored = 0  # messages the stream held for the job when opened
+        self.dim = 0  # components per row, from the first result read
+
+    async def open(self) -> int:
+        """Count the job's stored results and, when there are some, open the consumer; returns the count."""
+        info = await self._js.stream_info(self._stream, subjects_filter=self._subject)
+        self.stored = (info.state.subjects or {}).get(self._subject, 0)
+        if self.stored:
+            await self._subscribe()
+        return self.stored
+
+    async def _subscribe(self) -> None:
+        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
+                 else dict(deliver_policy=DeliverPolicy.ALL))
+        self._psub = await self._js.pull_subscribe(self._subject, stream=self._stream, config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE, **start))
+
+    async def close(self) -> None:
+        """Unsubscribe and delete the consumer (left, the server would keep it ``INACTIVE`` seconds)."""
+        if self._psub is None:
+            return
+        psub, self._psub = self._psub, None
+        try:
+            await self._js.delete_consumer(self._stream, psub._consumer)  # nats-py keeps the consumer's name there
+        except Exception as exc:  # gone already, or the server is away: it expires by itself
+            log.debug("job %s: results consumer not deleted: %r", self._job, exc)
+        await close_pull(psub)
+
+    async def __aiter__(self) -> AsyncIterator[Stored]:
+        seen: set[tuple[int, int]] = set()  # (batch, start) of the parts read: a few per batch, not per row
+        async for result in self._results():
+            if (result.batch, result.start) in seen or not self._fits(result):
+                continue
+            seen.add((result.batch, result.start))
+            self.dim = result.dim
+            yield Stored(result.batch, result.start, list(result.doc_ids), result_rows(result), result.dim)
+
+    async def _results(self) -> AsyncIterator[JobResult]:
+        """Every result the stream held at ``open``: until the consumer has none pending."""
+        pending = self.stored
+        while self._psub is not None and pending:
+            for msg in await self._fetch(pending):
+                self._last = msg.metadata.sequence.stream
+                pending = msg.metadata.num_pending
+                try:
+                    yield decode_as(msg.data, JobResult)
+                except ProtocolError as exc:
+                    log.warning("job %s: a stored result is not one (%s): left out", self._job, exc)
+
+    async def _fetch(self, pending: int) -> list:
+        """The next results; a consumer lost (inactive too long, a server restarted) is opened again
+        after the last result read, ``REOPENS`` times in a row at most."""
+        from nats.errors import TimeoutError as NatsTimeoutError
+
+        unread = f"with {pending} of its {self.stored} results unread"
+        for _ in range(REOPENS):
+            try:
+                return await self._psub.fetch(FETCH, timeout=FETCH_WAIT)
+            except (asyncio.TimeoutError, NatsTimeoutError):
+                if await self._still_there():  # there, and nothing came: the results went meanwhile
+                    raise ResultsLost(f"job {self._job}: the results stream stopped answering {unread}") from None
+                why = "gone"
+            except Exception as exc:
+                why = repr(exc)
+            log.info("job %s: results consumer lost (%s): opening it again after result %d", self._job, why, self._last)
+            try:
+                await self.close()
+                await self._subscribe()
+            except Exception as exc:
+                raise ResultsLost(f"job {self._job}: its results consumer cannot be opened again ({exc!r}) {unread}") from None
+        raise ResultsLost(f"job {self._job}: its results consumer was lost {REOPENS} times in a row {unread}")
+
+    async def _still_there(self) -> bool:
+        try:
+            await self._psub.consumer_info()
+            return True
+        except Exception:
+            return False
+
+    def _fits(self, result: JobResult) -> bool:
+        if result.dtype == self._form.wire and (not self.dim or result.dim == self.dim):
+            return True
+        log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: left out", self._job, result.batch,
+                  result.dtype, result.dim, self._form.wire, f" of dimension {self.dim}" if self.dim else "")
+        return False
+
+
+class ResultsLost(Exception):
+    """The stream stopped giving results it said it held (they expired meanwhile, or the server went)."""
