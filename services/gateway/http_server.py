@@ -66,9 +66,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _too_slow(self, what: str, seconds: float) -> None:
         self._timer = None
-        if self.cycle is not None and self.cycle.response_started:
+        if what == "body" and self.cycle is not None and self.cycle.response_started:
             return  # the application answered already; the body it no longer needs may take its time
-        self._refuse(Refused(408, f"the request's {what} took over {seconds:g}s"))
+        self._refuse(Refused(408, f"the request's {what} took over {seconds:g}s"), what == "body")
 
     # -- the connection -----------------------------------------------------------------------
 
@@ -102,11 +102,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._in_head and self._head_received > self.limits.max_header_bytes:  # one header without end
             self._refuse(Refused(431, f"request headers over {self.limits.max_header_bytes} bytes"))
 
-    def _refuse(self, refused: Refused) -> None:
+    def _refuse(self, refused: Refused, in_body: bool = False) -> None:
+        """Answer ``refused`` and close; ``in_body``: the application has the request, and is told it is gone."""
         self._disarm()
         peer = "%s:%d" % self.client if self.client else "?"
         log.warning("refused a request from %s with %d: %s", peer, refused.status, refused.reason)
-        if self.cycle is not None and not self.cycle.response_complete:
+        if in_body and self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the application's receive() says the client is gone
             self.cycle.message_event.set()
         body = refused.reason.encode()

@@ -138,6 +138,18 @@ def test_slow_headers_are_answered_408_after_the_header_timeout(edge, sent):
     assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 3.0, waited
 
 
+def test_slow_headers_of_a_kept_alive_connection_s_next_request_are_answered_408(edge):
+    with _connect(edge.port) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _status(_answer(sock)) == 200
+        start = time.monotonic()
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        answer = _answer(sock)
+        waited = time.monotonic() - start
+    assert _status(answer) == 408 and b"the request's headers took over 2s" in answer, answer
+    assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 3.0, waited
+
+
 def test_a_slow_body_is_answered_408_after_the_body_timeout(edge):
     before = edge.sample("embedfleet_errors_total", route="/embed", code="500")
     with _connect(edge.port) as sock:
