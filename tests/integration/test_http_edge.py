@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -97,7 +98,13 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         pass
 
 
+def _rss_mb(pid: int) -> float:
+    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
 def test_oversize_headers_are_refused_431_at_once_and_others_are_served(edge):
+    rss = _rss_mb(edge.gateway.proc.pid)
     sock = _connect(edge.port)
     big = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (32 << 20)  # 32 MB, never ended
     start = time.monotonic()
@@ -114,6 +121,7 @@ def test_oversize_headers_are_refused_431_at_once_and_others_are_served(edge):
     assert _status(answer) == 431, answer[:200]
     assert b"request headers over 65536 bytes" in answer
     assert waited < 3.0 and took < 2.0, (waited, took)
+    assert _rss_mb(edge.gateway.proc.pid) - rss < 16, (rss, _rss_mb(edge.gateway.proc.pid))  # the 32 MB never held
 
 
 def test_too_many_headers_are_refused_431(edge):
