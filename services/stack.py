@@ -28,7 +28,7 @@ from shared.model_dir import ModelInfo
 from shared.nats_server import TOKEN_FILE, EmbeddedNats
 from services.gateway.config import api_keys
 from services.gateway.models_api import model_kind
-from services.stack_plan import Child, children, default_model, served_models, with_metrics
+from services.stack_plan import Child, children, default_model, secret_environment, served_models, with_metrics
 
 log = logging.getLogger("embedfleet.up")
 
@@ -53,7 +53,7 @@ def run_stack(ns: argparse.Namespace) -> int:
     ready_dir = Path(tempfile.mkdtemp(prefix="embedfleet-up-"))
     # secrets go to the services in their environment; so do the retention limits, which every
     # service that meets the job streams sets (a flag given to `up` reaches all of them)
-    fleet = Fleet({**child_environment(auth, tls, os.environ), **retention(ns).environment()})
+    fleet = Fleet({**child_environment(auth, tls, os.environ), **retention(ns).environment(), **secret_environment(ns)})
     try:
         # every service's own ready file; the options shared by every service kind, as the worker takes them
         common = ["--nats", url, *arguments(ns, "worker", ("common", "tracing"), fleet.env, skip=("ready_file",))]

@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 from shared.config import ConfigError
 from shared.metrics_server import MetricsEndpoint
 from shared.model_dir import ModelInfo, load_model_info, same_model
+from shared.options import option
 from shared.subjects import model_token
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,13 @@ def roles(info: ModelInfo) -> tuple[str, ...]:
     an embedder's dense vectors; a classifier (several labels) or a sparse-only model has none."""
     ranks = info.dim == 1 if info.scores else "dense" in info.outputs
     return ("tokenizer", "worker", "scorer") if ranks else ("tokenizer", "worker")
+
+
+def secret_environment(ns: argparse.Namespace) -> dict[str, str]:
+    """The gateway's API keys given to ``up``, for the children's environment: an argument would show
+    them to every user of the machine (ps, /proc/PID/cmdline), as a NATS token would."""
+    keys = option("api_keys")
+    return {keys.env[0]: ns.api_keys} if ns.api_keys else {}
 
 
 def children(infos: list[ModelInfo], common: list[str], gateway: list[str], ready_dir: Path,

@@ -118,8 +118,20 @@ OPTIONS: tuple[Option, ...] = (
             type=positive_int),
     _option("--max-body-bytes", "EMBEDFLEET_MAX_BODY_BYTES", 8 << 20, "max request body size in bytes", GATEWAY,
             "gateway", type=positive_int),
-    _option("--max-in-flight", "EMBEDFLEET_MAX_IN_FLIGHT", 512, "requests handled at once; more are answered 429 at once",
+    _option("--max-in-flight", "EMBEDFLEET_MAX_IN_FLIGHT", 512, "requests handled at once, on every route but the "
+            "probes (/health, /ping, GET /, /metrics, /openapi.json); more are answered 429 at once", GATEWAY, "gateway",
+            type=positive_int),
+    _option("--max-header-bytes", "EMBEDFLEET_MAX_HEADER_BYTES", 64 << 10,
+            "max bytes of a request's target and header fields; more: 431, connection closed", GATEWAY, "gateway",
+            type=positive_int),
+    _option("--max-headers", "EMBEDFLEET_MAX_HEADERS", 100, "max header fields in a request; more: 431, connection closed",
             GATEWAY, "gateway", type=positive_int),
+    _option("--header-timeout", "EMBEDFLEET_HEADER_TIMEOUT", 10.0,
+            "seconds a client may take to send a request's line and headers, from its connection or first byte; "
+            "slower: 408, connection closed", GATEWAY, "gateway", type=positive_float),
+    _option("--body-timeout", "EMBEDFLEET_BODY_TIMEOUT", 30.0,
+            "seconds a client may take to send a request's body, from the end of its headers; slower: 408, "
+            "connection closed", GATEWAY, "gateway", type=positive_float),
     _option("--api-keys", "EMBEDFLEET_API_KEYS", "", "accepted API keys (Bearer), comma separated; none: no auth",
             GATEWAY, "gateway", shows_value=False),
     _option("--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line", GATEWAY,

@@ -154,3 +154,15 @@ def test_every_process_gets_a_metrics_url(tmp_path):
                 s.bind(("127.0.0.1", port))
     with socket.socket() as s:
         s.bind(("127.0.0.1", block))  # free again
+
+
+def test_the_gateway_s_api_keys_travel_in_the_environment(monkeypatch):
+    from services.stack import _gateway_args
+    from services.stack_plan import secret_environment
+
+    monkeypatch.delenv("EMBEDFLEET_API_KEYS", raising=False)
+    ns = build_parser().parse_args(["up", "--api-keys", "k-one,k-two"])
+    env = secret_environment(ns)
+    assert env == {"EMBEDFLEET_API_KEYS": "k-one,k-two"}
+    assert "--api-keys" not in _gateway_args(ns, env) and not any("k-one" in a for a in _gateway_args(ns, env))
+    assert secret_environment(build_parser().parse_args(["up"])) == {}

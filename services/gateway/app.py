@@ -30,11 +30,13 @@ from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 from shared.quantize import FORMS, WIRE_FORMS
 from shared.tracing import Tracer
 from services.gateway import cohere_api, health, models_api, openai_api, rerank_api, tei_api, tei_tasks
+from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
+from services.gateway.job_ids import check_job_id
 from services.gateway.job_results import JobResultsApi
 from services.gateway.jobs_api import JobsApi
 from services.gateway.limits import KeyLimits, current_key, key_id
@@ -66,7 +68,6 @@ class Gateway:
         self.client: EmbedClient | None = None
         self.discovery: FleetWatch | None = None
         self._micro = None
-        self._in_flight = 0
         self.jobs: JobsApi | None = None
         self.job_results: JobResultsApi | None = None
         self.tracer = Tracer("gateway", cfg.tracing)
@@ -137,18 +138,11 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def admitted(self) -> AsyncIterator[None]:
-        """A request's slot among --max-in-flight (429 at once beyond it); service errors -> API errors."""
-        if self._in_flight >= self.cfg.max_in_flight:
-            raise ApiError(ErrorCode.OVERLOADED, f"the gateway is handling {self._in_flight} requests, its limit; retry later")
-        self._in_flight += 1
-        self.metrics.in_flight.inc()
+        """Service errors -> API errors (the request's slot among --max-in-flight is the middleware's)."""
         try:
             yield
         except ServiceError as exc:
             raise ApiError.of(exc) from None
-        finally:
-            self._in_flight -= 1
-            self.metrics.in_flight.dec()
 
     async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions) -> EmbedOutcome:
         view = await self.discovery.view()
@@ -346,6 +340,8 @@ class Gateway:
         body = await _read_body(request, self.cfg.max_body_bytes)
         call = tei_tasks.parse_decode(body, self.limits)
         model = await self.resolve_model(tei_api.model_field(body))
+        if vocab := int((await self.discovery.view()).tokenizers.get(model, {}).get("vocab_size", 0)):
+            tei_tasks.check_vocabulary(call.ids, vocab)
         async with self.admitted():
             texts = await self.client.decode(model, call.ids, call.skip_special_tokens, self.cfg.request_timeout)
         return Response(tei_tasks.render_decode(texts), media_type="application/json")
@@ -393,17 +389,17 @@ class Gateway:
     async def job_state(self, request: Request) -> Response:
         if self.jobs is None:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return json_response(await self.jobs.get(request.path_params["job"]))
+        return json_response(await self.jobs.get(check_job_id(request.path_params["job"])))
 
     async def job_vectors(self, request: Request) -> Response:
         if self.job_results is None:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return await self.job_results.response(request.path_params["job"], request.headers.get("accept"))
+        return await self.job_results.response(check_job_id(request.path_params["job"]), request.headers.get("accept"))
 
     async def cancel_job(self, request: Request) -> Response:
         if self.jobs is None:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return json_response(await self.jobs.cancel(request.path_params["job"]))
+        return json_response(await self.jobs.cancel(check_job_id(request.path_params["job"])))
 
     # -- operations -------------------------------------------------------------------------
 
@@ -499,12 +495,14 @@ def create_app(cfg: GatewayConfig) -> Starlette:
     )
     known = frozenset(r.path for r in routes)
     app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known,
-                       tracer=gw.tracer, limits=gw.key_limits)
+                       tracer=gw.tracer, limits=gw.key_limits, admission=Admission(cfg.max_in_flight, metrics.in_flight))
     return app
 
 
 def serve(cfg: GatewayConfig, log_level: str) -> None:
     import uvicorn
+
+    from services.gateway import http_server
 
     uvicorn.run(
         create_app(cfg),
@@ -514,4 +512,5 @@ def serve(cfg: GatewayConfig, log_level: str) -> None:
         log_level=log_level,
         access_log=log_level == "debug",
         timeout_graceful_shutdown=30,
+        http=http_server.protocol(cfg.http),  # limits on headers and slow clients
     )

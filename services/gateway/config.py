@@ -17,6 +17,20 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What a client may send before the application sees its request (services/gateway/http_server.py)."""
+
+    max_header_bytes: int = default("max_header_bytes")  # request target and header fields; more: 431
+    max_headers: int = default("max_headers")  # header fields; more: 431
+    header_timeout: float = default("header_timeout")  # seconds to send the request line and headers; more: 408
+    body_timeout: float = default("body_timeout")  # seconds to send the body once the headers are in; more: 408
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> HttpLimits:
+        return cls(ns.max_header_bytes, ns.max_headers, ns.header_timeout, ns.body_timeout)
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     nats: NatsConfig
     host: str
@@ -39,6 +53,7 @@ class GatewayConfig:
     metrics: MetricsEndpoint = MetricsEndpoint()  # besides /metrics on the HTTP port
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
     retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
+    http: HttpLimits = HttpLimits()  # header size and count, slow clients
 
     def __post_init__(self) -> None:
         if self.default_model is not None and not self.default_model.strip():
@@ -71,6 +86,7 @@ class GatewayConfig:
             metrics=MetricsEndpoint.from_namespace(ns),
             tracing=TracingConfig.from_namespace(ns),
             retention=retention(ns),
+            http=HttpLimits.from_namespace(ns),
         )
 
 

@@ -21,6 +21,7 @@ from shared.progress import LEDGER
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
 from services.gateway.errors import ApiError
+from services.gateway.job_ids import check_job_field
 from services.gateway.inputs import embedding_form, json_object, optional
 
 log = logging.getLogger("embedfleet.gateway.jobs")
@@ -48,6 +49,7 @@ class JobsApi:
         if output == "sparse" and form not in ("float32", "float16"):
             raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
         options = EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output)
+        check_job_field(doc)
         # everything is checked before the first batch is published: the fields above, every document, the id
         if "documents" in doc and "path" in doc:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")

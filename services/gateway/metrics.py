@@ -19,7 +19,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "embedfleet_requests", "HTTP requests by route and status", ["route", "code"], registry=self.registry
+            "embedfleet_requests", "HTTP requests by route and status (code \"disconnected\": the client went away before its answer)", ["route", "code"], registry=self.registry
         )
         self.errors = Counter(
             "embedfleet_errors", "HTTP error answers (status >= 400) by route and status", ["route", "code"],
@@ -41,9 +41,10 @@ class Metrics:
         self.key_tokens = Counter("embedfleet_key_tokens", "tokens embedded by API key", ["key"], registry=self.registry)
         self.jobs = JobMetrics(self.registry)
 
-    def observe(self, route: str, status: int) -> None:
+    def observe(self, route: str, status: int | str) -> None:
+        """An answered request, or one whose client went away first (status "disconnected": no error)."""
         self.requests.labels(route, str(status)).inc()
-        if status >= 400:
+        if isinstance(status, int) and status >= 400:
             self.errors.labels(route, str(status)).inc()
 
     def observe_stages(self, model: str, tokens: int, timings: dict[str, float]) -> None:

@@ -1,20 +1,28 @@
-"""One ASGI middleware for what every route shares: request ids, trace context, API keys, timing, metrics."""
+"""One ASGI middleware for what every route shares: request ids, trace context, API keys, admission,
+timing, metrics, and clients that go away (services/gateway/disconnects.py)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import ErrorCode
+from shared.options import default
 from shared.tracing import TRACEPARENT, TraceContext, Tracer, bind
+from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
+from services.gateway.disconnects import run_watched
 from services.gateway.limits import KeyLimits, bind_key, key_id
 from services.gateway.errors import error_response
 from services.gateway.metrics import Metrics
+
+log = logging.getLogger("embedfleet.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"})
@@ -22,8 +30,9 @@ EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed"
 
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str], tracer: Tracer,
-                 limits: KeyLimits | None = None) -> None:
+                 limits: KeyLimits | None = None, admission: Admission | None = None) -> None:
         self.app = app
+        self.admission = admission or Admission(default("max_in_flight"), metrics.in_flight)
         self.keys = keys
         self.limits = limits or KeyLimits()
         self.metrics = metrics
@@ -58,29 +67,51 @@ class GatewayMiddleware:
             await send(message)
 
         key = self.keys.identify(headers.get("authorization"))
+        gone = False  # the client went away before its answer
         try:
-            if self.keys.enabled and key is None and path not in self.keys.open_paths:
-                response = error_response(
-                    path, ErrorCode.UNAUTHORIZED, "missing or unknown API key: send 'Authorization: Bearer <key>'"
-                )
-                response.headers["www-authenticate"] = "Bearer"
-                await response(scope, receive, send_with_headers)
-            elif path in self.keys.open_paths:
-                await self.app(scope, receive, send_with_headers)
-            elif (refusal := self._limited(path, key)) is not None:
+            refusal = self._refusal(scope, key)
+            if refusal is not None:
                 await refusal(scope, receive, send_with_headers)
-            else:
+            elif self.admission.exempt(scope["method"], path):
                 await self.app(scope, receive, send_with_headers)
+            else:
+                try:
+                    gone = await run_watched(self.app, scope, receive, send_with_headers)
+                finally:
+                    self.admission.leave()
         finally:
             span.set(**{"http.response.status_code": status})
-            if status >= 500:
+            if gone:  # one line, no traceback: a client may leave, the gateway is not at fault
+                log.info("%s %s: the client went away after %.3fs, before its answer", scope["method"], path,
+                         time.perf_counter() - start)
+                span.error("disconnected", "the client went away")
+            elif status >= 500:
                 span.error(str(status), "server error")
             span.end()
-            self.metrics.observe(route, status)
-            if route in EMBED_ROUTES and status < 400:
+            self.metrics.observe(route, "disconnected" if gone else status)
+            if route in EMBED_ROUTES and status < 400 and not gone:
                 self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)
 
-    def _limited(self, path: str, key: str | None):
+    def _refusal(self, scope: Scope, key: str | None) -> Response | None:
+        """The answer to a request refused before any route: no API key (401), a gateway at its
+        --max-in-flight or a key over its limits (429); None: admitted, its slot taken (unless a probe)."""
+        path = scope["path"]
+        if self.keys.enabled and key is None and path not in self.keys.open_paths:
+            response = error_response(
+                path, ErrorCode.UNAUTHORIZED, "missing or unknown API key: send 'Authorization: Bearer <key>'"
+            )
+            response.headers["www-authenticate"] = "Bearer"
+            return response
+        exempt = self.admission.exempt(scope["method"], path)
+        if not exempt and not self.admission.enter():
+            return error_response(path, ErrorCode.OVERLOADED, f"the gateway is handling {self.admission.taken} "
+                                  "requests, its limit; retry later")
+        refusal = None if path in self.keys.open_paths else self._limited(path, key)
+        if refusal is not None and not exempt:
+            self.admission.leave()
+        return refusal
+
+    def _limited(self, path: str, key: str | None) -> Response | None:
         """A 429 answer when ``key`` is over one of its per-minute limits, else None (the request is
         admitted and counted under the key, which routes charge its tokens to)."""
         bind_key(key)

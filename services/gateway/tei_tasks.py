@@ -176,6 +176,17 @@ def parse_decode(body: bytes, limits: Limits) -> DecodeCall:
     return DecodeCall(inputs.token_ids, optional(doc, "skip_special_tokens", bool, True))
 
 
+def check_vocabulary(ids: list[np.ndarray], vocab_size: int) -> None:
+    """IDs to decode must be in the model's vocabulary [0, ``vocab_size``): 422 naming the first that is
+    not (the tokenizers library would drop it silently, and an empty text tells nothing)."""
+    for row, seq in enumerate(ids):
+        bad = np.flatnonzero((seq < 0) | (seq >= vocab_size))
+        if bad.size:
+            at = int(bad[0])
+            raise ApiError(ErrorCode.INVALID_TOKENS, f"token id {int(seq[at])} (ids[{row}][{at}]) is outside the "
+                           f"vocabulary of {vocab_size} ids [0, {vocab_size})", "ids")
+
+
 def render_decode(texts: list[str]) -> bytes:
     return orjson.dumps(texts)
 

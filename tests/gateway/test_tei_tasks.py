@@ -205,3 +205,13 @@ def test_similarity_cosines_stay_within_minus_one_and_one():
     got = np.array([orjson.loads(render_similarity(np.stack([r, r, -r]))) for r in rows])
     assert got.max() == 1.0 and got.min() == -1.0
     np.testing.assert_allclose(got, np.tile([1.0, -1.0], (len(rows), 1)), atol=1e-12)
+
+
+def test_decode_ids_outside_the_vocabulary_are_named():
+    from services.gateway.tei_tasks import check_vocabulary
+
+    check_vocabulary([np.array([0, 5, 9], dtype=np.int32)], 10)
+    with pytest.raises(ApiError) as caught:
+        check_vocabulary([np.array([1, 2], dtype=np.int32), np.array([3, 10, 11], dtype=np.int32)], 10)
+    assert caught.value.code == ErrorCode.INVALID_TOKENS and caught.value.status == 422
+    assert caught.value.message == "token id 10 (ids[1][1]) is outside the vocabulary of 10 ids [0, 10)"

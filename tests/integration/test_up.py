@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -123,6 +124,38 @@ def test_up_with_external_nats_starts_none(tmp_path, nats_url):
         assert not (tmp_path / "data" / "nats").exists()
         r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a", "b"]}, timeout=60)
         assert r.status_code == 200 and len(r.json()["data"]) == 2
+    finally:
+        assert _stop(proc) == 0, log.read_text()[-3000:]
+
+
+def _descendants(parent: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout
+    children = [int(p) for p in out.split()]
+    return children + [pid for child in children for pid in _descendants(child)]
+
+
+def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
+    """`up --api-keys` hands the keys to the gateway in its environment, as it does a NATS token: no
+    process it starts shows them in its arguments (ps, /proc/PID/cmdline), and they still admit."""
+    keys = [f"key-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"]
+    port = free_port()
+    proc, log = _start_up(tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "upkeys",
+                          "--api-keys", ",".join(keys), env=FIXED_BUDGET)
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        assert proc.poll() is None, log.read_text()
+        pids = _descendants(proc.pid)
+        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in pids}
+        assert sum("services.cli gateway" in c for c in commands.values()) == 1, commands
+        for pid, command in commands.items():
+            assert not any(key in command for key in keys), command
+        url = f"http://127.0.0.1:{port}/v1/embeddings"
+        body = {"model": "all-MiniLM-L6-v2", "input": "hi"}
+        assert httpx.post(url, json=body, timeout=60).status_code == 401
+        for key in keys:
+            r = httpx.post(url, json=body, headers={"authorization": f"Bearer {key}"}, timeout=60)
+            assert r.status_code == 200, r.text
+        assert not any(key in log.read_text() for key in keys)
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
 

@@ -1,0 +1,159 @@
+"""uvicorn's httptools protocol with limits on what a client may send before the application sees it.
+
+uvicorn bounds none of this: a request's headers are parsed whole, however large, before any ASGI
+middleware runs (an API-key check included), and a client may take forever to send them or its body.
+Here, per connection:
+
+- the request target and header fields may take ``max_header_bytes`` and number ``max_headers``:
+  beyond, 431 and the connection is closed. httptools hands a header over only once it is complete, so
+  the bytes received while the headers are incomplete are counted too: one endless header is cut off
+  after ``max_header_bytes`` plus one read, not buffered whole;
+- the request line and headers must arrive within ``header_timeout`` seconds of the connection (or of
+  the request's first byte on a kept-alive one), the body within ``body_timeout`` of the headers'
+  end: slower, 408 and the connection is closed (a slow-loris client holds a socket, never a slot
+  among --max-in-flight for long).
+
+These answers are plain text: they come before any route is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from services.gateway.config import HttpLimits
+
+log = logging.getLogger("embedfleet.gateway.http")
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class Refused(Exception):
+    """A request the limits refuse before the application sees it: the status and why."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """One HTTP/1.1 connection, under ``limits``."""
+
+    def __init__(self, *args: Any, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._in_head = True  # the bytes arriving belong to a request's line and headers
+        self._head_received = 0  # bytes received while in the head (an upper bound on its size)
+        self._head_bytes = 0  # bytes of the target and header fields parsed so far
+        self._header_count = 0
+        self._timer: asyncio.TimerHandle | None = None  # the header or body deadline
+
+    # -- deadlines ----------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._too_slow, what, seconds)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _too_slow(self, what: str, seconds: float) -> None:
+        self._timer = None
+        if what == "body" and self.cycle is not None and self.cycle.response_started:
+            return  # the application answered already; the body it no longer needs may take its time
+        self._refuse(Refused(408, f"the request's {what} took over {seconds:g}s"), what == "body")
+
+    # -- the connection -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, "headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            self._head_received += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, Refused):  # raised by a callback below
+                self._refuse(exc.__context__)
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+            return
+        if self._in_head and self._head_received > self.limits.max_header_bytes:  # one header without end
+            self._refuse(Refused(431, f"request headers over {self.limits.max_header_bytes} bytes"))
+
+    def _refuse(self, refused: Refused, in_body: bool = False) -> None:
+        """Answer ``refused`` and close; ``in_body``: the application has the request, and is told it is gone."""
+        self._disarm()
+        peer = "%s:%d" % self.client if self.client else "?"
+        log.warning("refused a request from %s with %d: %s", peer, refused.status, refused.reason)
+        if in_body and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the application's receive() says the client is gone
+            self.cycle.message_event.set()
+        body = refused.reason.encode()
+        self.transport.write(b"".join((
+            b"HTTP/1.1 %d %s\r\n" % (refused.status, _REASONS[refused.status]),
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body),
+            body,
+        )))
+        self.transport.close()
+
+    # -- parser callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = self._header_count = 0
+        if self._timer is None:  # a kept-alive connection's next request
+            self._arm(self.limits.header_timeout, "headers")
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url), 0)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4, 1)  # "name: value\r\n"
+        super().on_header(name, value)
+
+    def _count(self, size: int, headers: int) -> None:
+        self._head_bytes += size
+        self._header_count += headers
+        if self._head_bytes > self.limits.max_header_bytes:
+            raise Refused(431, f"request headers over {self.limits.max_header_bytes} bytes")
+        if self._header_count > self.limits.max_headers:
+            raise Refused(431, f"over {self.limits.max_headers} header fields")
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self.limits.body_timeout, "body")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head, self._head_received = True, 0
+        super().on_message_complete()
+
+
+def protocol(limits: HttpLimits) -> functools.partial:
+    """The protocol factory to give uvicorn as ``http``."""
+    return functools.partial(LimitedHttpProtocol, limits=limits)

@@ -1,0 +1,30 @@
+"""Job ids from HTTP: refused at once when they cannot name a subject token or a bucket key."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.errors import ApiError
+from services.gateway.job_ids import check_job_field, check_job_id
+from shared.errors import ErrorCode
+
+
+@pytest.mark.parametrize("job", ["a..b", ".a", "a.", "", "a b", "a*", "a>", "x" * 129])
+def test_ids_that_name_no_key_are_refused(job):
+    with pytest.raises(ApiError) as caught:
+        check_job_id(job)
+    assert (caught.value.code, caught.value.param) == (ErrorCode.INVALID_REQUEST, "id")
+    assert caught.value.message.startswith(f"invalid job id {job[:100]!r}: at most 128 letters")
+
+
+@pytest.mark.parametrize("job", ["a", "a.b", "run-1_2=3/x", "x" * 128])
+def test_good_ids_pass(job):
+    assert check_job_id(job) == job
+
+
+def test_a_submission_s_id_field():
+    check_job_field({})  # none given: the gateway makes one
+    check_job_field({"id": "a.b"})
+    for bad in ({"id": ""}, {"id": 3}, {"id": None}):
+        with pytest.raises(ApiError):
+            check_job_field(bad)
