@@ -16,7 +16,7 @@ from nats.js.errors import NoKeysError, NotFoundError
 
 from shared.config import ConfigError, NatsConfig
 from shared.jobs import DUPLICATE_WINDOW, FINISHED, MAX_JOB_ID, has_state_key, job_bucket, read_state, stream_names
-from shared.lifecycle import connect
+from shared.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")
 
@@ -91,7 +91,7 @@ def job_row(key: str, state: dict, now: float) -> str:
 
 
 async def list_jobs(nats: NatsConfig) -> int:
-    nc = await connect(nats, "embedfleet-jobs")
+    nc = await connect_within(nats, "embedfleet-jobs")
     try:
         kv = await job_bucket(nc.jetstream(), nats.subjects)
         try:
@@ -121,7 +121,7 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
     if not has_state_key(job):
         raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
     subjects = nats.subjects
-    nc = await connect(nats, "embedfleet-jobs")
+    nc = await connect_within(nats, "embedfleet-jobs")
     try:
         js = nc.jetstream()
         kv = await job_bucket(js, subjects)

@@ -36,7 +36,7 @@ from shared.jobs import (
     purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
 )
 from shared.subjects import Subjects
-from shared.lifecycle import connect
+from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
 from shared.quantize import FORMS, form_named
@@ -151,7 +151,7 @@ async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan
     """A connection, its JetStream context and the job bucket, once the job's recorded state allows
     running it (not another form, not cancelled, results not expired, not purged a moment ago)."""
     subjects = nats.subjects
-    nc = await connect(nats, "embedfleet-reindex")
+    nc = await connect_within(nats, "embedfleet-reindex")
     js = nc.jetstream()
     try:
         kv = await ensure_streams(js, subjects, retention(ns))
@@ -410,7 +410,7 @@ async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) 
 
 async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:
     """Create (or bring to this version's settings and ``limits``) the streams and the job bucket, then exit."""
-    nc = await connect(nats, "embedfleet-init")
+    nc = await connect_within(nats, "embedfleet-init")
     try:
         js = nc.jetstream()
         await ensure_streams(js, nats.subjects, limits)
