@@ -91,7 +91,8 @@ def use_local_stack(ns: argparse.Namespace) -> str:
     """Give ``ns`` the URL and token file of the stack recorded in ``--data-dir`` when no NATS URL or
     credential is given (else the default URL); returns where the URL came from, for errors."""
     if nats_given(ns):
-        return "given by --nats or the environment"
+        ns.nats = ns.nats or FALLBACK_URL  # credentials without a URL: the default server
+        return "given by --nats or the environment" if ns.nats != FALLBACK_URL else "the default"
     record = Path(ns.data_dir) / RECORD
     stack = read_stack(Path(ns.data_dir))
     if stack is None:
