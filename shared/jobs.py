@@ -22,7 +22,7 @@ from nats.js.kv import KeyValue
 
 from shared.config import ConfigError, JobSettings, Retention
 from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.progress import Rows, account
+from shared.progress import Rows, account, accounted
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
@@ -380,7 +380,11 @@ def record_error(state: dict, message: str) -> None:
 
 def count_done(state: dict, rows: Rows, tokens: int) -> int:
     """Stored ``rows``: counted as done unless they were counted before (a batch delivered again after
-    its holder died between storing and counting). Returns how many were new."""
+    its holder died between storing and counting), or the job was cancelled before they were: its
+    counts stay as the cancel found them (``late_rows`` tells the storer to remove their result).
+    Returns how many were new."""
+    if state.get("status") == CANCELLED:
+        return 0
     fresh = account(state, rows)
     if fresh:
         state["done"] = state.get("done", 0) + fresh
@@ -389,9 +393,18 @@ def count_done(state: dict, rows: Rows, tokens: int) -> int:
     return fresh
 
 
+def late_rows(state: dict, rows: Rows) -> bool:
+    """Whether stored ``rows`` came after their job's cancel and were not counted before it: their
+    result must go, so that what the results stream holds is what the job's state counts as done."""
+    return state.get("status") == CANCELLED and accounted(state, rows) < rows.count
+
+
 def count_failed(state: dict, rows: Rows, record: dict) -> int:
     """Given-up ``rows``: counted as failed unless already accounted for, and the batch listed once
-    (up to a limit). Returns how many were new."""
+    (up to a limit); not once the job is cancelled (its counts stay as the cancel found them).
+    Returns how many were new."""
+    if state.get("status") == CANCELLED:
+        return 0
     fresh = account(state, rows)
     state["failed"] = state.get("failed", 0) + fresh
     dead = state.setdefault("dead", [])
