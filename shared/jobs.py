@@ -318,6 +318,9 @@ class JobConflict(Exception):
 
 
 CANCELLED = "cancelled"
+# the state's record of where the current run of a job started: {"started": unix time, "done",
+# "failed", "tokens": the job's counts then}, so rates count this run's work over this run's time
+RUN = "run"
 FINISHED = ("done", "done_with_errors", CANCELLED)  # statuses a job keeps once it has one
 
 
@@ -358,18 +361,24 @@ async def cancel_job(kv: KeyValue, job: str) -> dict | None:
         return None
 
 
+def vector_kind(output: str, form: str) -> str:
+    """What a job makes, in words: its form for dense vectors ("int8"), else the output too ("sparse float32")."""
+    return form if output == "dense" else f"{output} {form}"
+
+
+def job_form(state: dict) -> str:
+    """The vectors the job recorded as ``state`` makes (jobs recorded before forms and outputs existed
+    made dense float32)."""
+    return vector_kind(state.get("output", "dense"), state.get("embedding_type", "float32"))
+
+
 def form_conflict(state: dict | None, form: str, output: str = "dense") -> str | None:
     """Why the job recorded as ``state`` cannot go on making ``output`` vectors of ``form`` (None: it can)."""
     if not state or "model" not in state:
         return None  # no job yet
-    recorded = state.get("embedding_type", "float32")  # jobs recorded before forms existed made float32
-    made = state.get("output", "dense")  # ... and dense vectors
-    if (recorded, made) == (form, output):
+    if job_form(state) == vector_kind(output, form):
         return None
-    def kind(out: str, f: str) -> str:
-        return f if out == "dense" else f"{out} {f}"
-
-    return f"job {state.get('job')} makes {kind(made, recorded)} vectors, not {kind(output, form)}: give it another job id"
+    return f"job {state.get('job')} makes {job_form(state)} vectors, not {vector_kind(output, form)}: give it another job id"
 
 
 def record_error(state: dict, message: str) -> None:
@@ -461,6 +470,9 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         problem = form_conflict(state, form, options.output) or was_cancelled(state)
         if problem:
             raise (JobCancelled if state.get("status") == CANCELLED else JobConflict)(problem)
+        if state.get("status") not in FINISHED:  # a run starts (or resumes): its rates count from here
+            state[RUN] = {"started": time.time(), "done": state.get("done", 0), "failed": state.get("failed", 0),
+                          "tokens": state.get("tokens", 0)}
         state.update(model=model, input=source, documents=len(docs), batches=len(batches), embedding_type=form,
                      output=options.output)
         state.setdefault("status", "running")
