@@ -147,6 +147,22 @@ def test_post_jobs_refuses_bad_documents_and_publishes_nothing(stack):
     assert _state(stack.nats_url, "pre-http") is None
 
 
+def test_post_jobs_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack):
+    before = _published(stack.nats_url)
+    docs = [{"id": "a", "text": "x"}]
+    cases = [
+        ({"model": "no-such-model"}, 404, "model_not_found", "model 'no-such-model' is not served here", "model"),
+        ({"output": "sparse"}, 400, "invalid_request", f"{MODEL} makes no sparse vectors", "output"),
+        ({"output": "multivector"}, 400, "invalid_request", f"{MODEL} makes no multivector vectors", "output"),
+    ]
+    for fields, status, code, message, param in cases:
+        r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "id": "fleet-http", **fields}, timeout=30)
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        assert message in r.json()["error"]["message"] and r.json()["error"]["param"] == param, r.text
+    assert _published(stack.nats_url) == before
+    assert _state(stack.nats_url, "fleet-http") is None
+
+
 def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_path):
     docs = _docs(tmp_path, 40, "purge")
     out = tmp_path / "v.npy"
