@@ -111,14 +111,20 @@ def _run_admin(ns: argparse.Namespace) -> int:
     from services.job_fetch import fetch
     from services.jobs_admin import list_jobs, purge_job
     from services.reindex import init_jetstream, reindex
+    from shared.lifecycle import NatsUnreachable
+    from shared.local_stack import use_local_stack
 
+    source = use_local_stack(ns)  # none given: the stack `up` recorded in --data-dir
     cfg = nats_config(ns)
     run = {"reindex": lambda: reindex(ns, cfg), "jobs": lambda: list_jobs(cfg),
            "jobs purge": lambda: purge_job(cfg, ns.job, ns.force), "jobs cancel": lambda: cancel(cfg, ns.job),
            "jobs fetch": lambda: fetch(cfg, ns.job, Path(ns.out)),
            "init": lambda: init_jetstream(cfg, retention(ns))}
     action = getattr(ns, "jobs_command", None)
-    return run_async(run[f"{ns.command} {action}" if action else ns.command]())
+    try:
+        return run_async(run[f"{ns.command} {action}" if action else ns.command]())
+    except NatsUnreachable as exc:
+        raise ConfigError(f"{exc}; that URL is {source}") from None
 
 
 def _run_worker(ns: argparse.Namespace) -> None:

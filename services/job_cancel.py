@@ -11,7 +11,7 @@ import sys
 
 from shared.config import NatsConfig
 from shared.jobs import CANCELLED, cancel_job, has_state_key, job_bucket
-from shared.lifecycle import connect
+from shared.lifecycle import connect_within
 
 
 def outcome(job: str, state: dict) -> str:
@@ -27,7 +27,7 @@ async def cancel(nats: NatsConfig, job: str) -> int:
     if not has_state_key(job):
         print(f"embedfleet: no job {job[:100]!r}", file=sys.stderr)
         return 1
-    nc = await connect(nats, "embedfleet-jobs")
+    nc = await connect_within(nats, "embedfleet-jobs")
     try:
         kv = await job_bucket(nc.jetstream(), nats.subjects)  # none yet: no job either
         state = None if kv is None else await cancel_job(kv, job)

@@ -15,8 +15,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
 
 from shared.config import ConfigError, NatsConfig
-from shared.jobs import DUPLICATE_WINDOW, FINISHED, MAX_JOB_ID, has_state_key, job_bucket, read_state, stream_names
-from shared.lifecycle import connect
+from shared.jobs import (
+    DUPLICATE_WINDOW, FINISHED, MAX_JOB_ID, RUN, has_state_key, job_bucket, job_form, read_state, stream_names,
+)
+from shared.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")
 
@@ -25,12 +27,15 @@ RUNNING = "running"
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """Where a job stands, from its recorded state."""
+    """Where a job stands, from its recorded state. Its rates are those of its current run (a resumed
+    job's from the resume on) and count only documents embedded, not those given up."""
 
     settled: int  # documents stored or given up
     total: int  # documents in the job; 0: not recorded yet
-    tokens: int  # tokens of the stored documents
-    seconds: float  # since the job started, until it finished (or until now)
+    embedded: int  # documents stored in this run
+    run_settled: int  # documents stored or given up in this run
+    tokens: int  # tokens of the documents stored in this run
+    seconds: float  # since this run started, until the job finished (or until now)
     active: bool
 
     @property
@@ -39,7 +44,7 @@ class Progress:
 
     @property
     def docs_per_s(self) -> float | None:
-        return self.settled / self.seconds if self.seconds > 0 and self.settled else None
+        return self.embedded / self.seconds if self.seconds > 0 and self.embedded else None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -47,19 +52,21 @@ class Progress:
 
     @property
     def eta(self) -> float | None:
-        """Seconds until every document is settled at the rate so far; None when not running or unknown."""
-        rate = self.docs_per_s
-        if not self.active or not self.total or rate is None:
+        """Seconds until every document is settled at this run's pace; None when not running or unknown."""
+        if not self.active or not self.total or self.seconds <= 0 or not self.run_settled:
             return None
-        return max(self.total - self.settled, 0) / rate
+        return max(self.total - self.settled, 0) / (self.run_settled / self.seconds)
 
 
 def progress(state: dict, now: float) -> Progress:
-    settled = state.get("done", 0) + state.get("failed", 0)
-    started = state.get("started")
+    done, failed = state.get("done", 0), state.get("failed", 0)
+    run = state.get(RUN) or {}  # where the current run started (jobs recorded before runs were: the job's start)
+    started = run.get("started", state.get("started"))
     end = state.get("finished") or now
     seconds = max(end - started, 0.0) if started else 0.0
-    return Progress(settled, state.get("documents", 0), state.get("tokens", 0), seconds, state.get("status") == RUNNING)
+    embedded = done - run.get("done", 0)
+    return Progress(done + failed, state.get("documents", 0), embedded, embedded + failed - run.get("failed", 0),
+                    state.get("tokens", 0) - run.get("tokens", 0), seconds, state.get("status") == RUNNING)
 
 
 def duration(seconds: float | None) -> str:
@@ -87,11 +94,11 @@ def job_row(key: str, state: dict, now: float) -> str:
     return (f"{key:18} {state.get('status', '?'):16} {p.total:>9} {state.get('done', 0):>9} {state.get('failed', 0):>6} "
             f"{share:>8} {_rate(p.docs_per_s, 1):>8} {_rate(p.tokens_per_s, 0):>9} {duration(p.eta):>7} "
             f"{state.get('batches', 0):>7} {state.get('published', 0):>9}  {state.get('model', '?')}  "
-            f"{state.get('embedding_type', 'float32')}")
+            f"{job_form(state)}")
 
 
 async def list_jobs(nats: NatsConfig) -> int:
-    nc = await connect(nats, "embedfleet-jobs")
+    nc = await connect_within(nats, "embedfleet-jobs")
     try:
         kv = await job_bucket(nc.jetstream(), nats.subjects)
         try:
@@ -121,7 +128,7 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
     if not has_state_key(job):
         raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
     subjects = nats.subjects
-    nc = await connect(nats, "embedfleet-jobs")
+    nc = await connect_within(nats, "embedfleet-jobs")
     try:
         js = nc.jetstream()
         kv = await job_bucket(js, subjects)

@@ -22,25 +22,24 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from shared.bulkwork import close_pull
 from shared.config import ConfigError, NatsConfig, Retention, retention
-from shared.options import default
 from shared.documents import job_id_for, read_documents
 from shared.jobs import (
     CANCELLED, DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, bucket_stream, ensure_streams, form_conflict, has_state_key,
     purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
 )
 from shared.subjects import Subjects
-from shared.lifecycle import connect
+from shared.job_fit import JobRefused, check_job, fleet_view
+from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
-from shared.protocol import EmbedOptions, JobResult, ProtocolError, decode_as
+from shared.protocol import EmbedOptions, ProtocolError
 from shared.quantize import FORMS, form_named
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from services.reindex_results import Collector, Polled
 
 log = logging.getLogger("embedfleet.reindex")
 
@@ -128,6 +127,7 @@ class _Plan:
     tracing: TracingConfig
     docs: list[tuple[str, str]]  # (id, text), in input order
     job: str
+    batch_size: int
 
 
 def _plan(ns: argparse.Namespace) -> _Plan:
@@ -144,16 +144,34 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
     if not has_state_key(job):
         raise ConfigError(f"--job-id must be at most {MAX_JOB_ID} letters, digits and - _ = / . (not starting or ending with .)")
-    return _Plan(path, out, form, output, options, tracing, docs, job)
+    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size)
+
+
+async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan:
+    """The plan once the fleet can run it: the model served, the output one it makes, the batch size
+    cut (and said so) where a batch's vectors could outgrow a NATS message."""
+    view = await fleet_view(nc, prefix, ns.model)
+    try:
+        fit = check_job(view, ns.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
+    except JobRefused as exc:
+        raise ConfigError(f"{exc}; nothing was published") from None
+    if fit.note:
+        print(f"reindex: {fit.note}", flush=True)
+    if fit.batch_size == plan.batch_size:
+        return plan
+    job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output)
+    return replace(plan, batch_size=fit.batch_size, job=job)
 
 
 async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan):
-    """A connection, its JetStream context and the job bucket, once the job's recorded state allows
-    running it (not another form, not cancelled, results not expired, not purged a moment ago)."""
+    """A connection, its JetStream context, the job bucket and the plan, once the fleet can run the
+    job and its recorded state allows running it (not another form, not cancelled, results not
+    expired, not purged a moment ago)."""
     subjects = nats.subjects
-    nc = await connect(nats, "embedfleet-reindex")
+    nc = await connect_within(nats, "embedfleet-reindex")
     js = nc.jetstream()
     try:
+        plan = await _fitted(nc, ns, subjects.prefix, plan)
         kv = await ensure_streams(js, subjects, retention(ns))
         state = await read_state(kv, plan.job)
         problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state)
@@ -164,35 +182,35 @@ async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan
     if problem:
         await nc.close()
         raise ConfigError(problem)
-    return nc, js, kv
+    return nc, js, kv, plan
 
 
 async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     from tqdm import tqdm
 
-    plan = _plan(ns)
+    nc, js, kv, plan = await _connect_checked(ns, nats, _plan(ns))
     job, docs, subjects = plan.job, plan.docs, nats.subjects
-    nc, js, kv = await _connect_checked(ns, nats, plan)
-    batches = (len(docs) + ns.batch_size - 1) // ns.batch_size
+    batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
     print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors",
           flush=True)
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
     tracer = Tracer("reindex", plan.tracing)
     span = tracer.start("reindex", None, "internal", job=job, documents=len(docs))
     bind(span.context, job)
-    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, ns.batch_size, plan.options,
-                                           str(plan.path), tracer))
+    # opened first: the results stored before it are an earlier run's, not counted in this run's rate
     collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], plan.options.dtype,
                           ns.results_check)
     await collector.open()
+    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
+                                           str(plan.path), tracer))
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     start_time = time.monotonic()
     try:
-        stopped, tokens = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time)
+        stopped, run = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time)
         if stopped is not None:
             return stopped
         await publisher
-        return await _write(plan, kv, collector, tokens, time.monotonic() - start_time)
+        return await _write(plan, kv, collector, run, time.monotonic() - start_time)
     finally:
         publisher.cancel()
         await collector.close()
@@ -201,20 +219,35 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         tracer.shutdown()
 
 
+def _advance(bar, polled: Polled) -> None:
+    """Move the bar by what a poll read; documents an earlier run stored move it without counting
+    toward its rate."""
+    if bar.disable:
+        return
+    if polled.earlier:
+        bar.n += polled.earlier
+        bar.last_print_n += polled.earlier
+        bar.initial += polled.earlier
+    if polled.now:
+        bar.update(polled.now)
+    elif polled.earlier:
+        bar.refresh()
+
+
 async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
                    start_time: float):
     """Collect results until every document has its vector or was given up. Returns (1 when the job
-    was cancelled or stalled, else None; the tokens of the documents collected)."""
+    was cancelled or stalled, else None; what this run read)."""
     job, docs = plan.job, plan.docs
     failed, checked = 0, 0.0
-    tokens, last_progress = 0, time.monotonic()
+    run, last_progress = Polled(), time.monotonic()
     while len(collector.got) + failed < len(docs):
-        fresh, fresh_tokens = await collector.poll()
-        if fresh:
-            tokens += fresh_tokens
-            bar.update(fresh)
+        polled = await collector.poll()
+        if polled.earlier or polled.now:
+            run = Polled(run.earlier + polled.earlier, run.now + polled.now, run.tokens + polled.tokens)
+            _advance(bar, polled)
             last_progress = time.monotonic()
-        bar.set_postfix(tokens_s=f"{tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
+        bar.set_postfix(tokens_s=f"{run.tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
         cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
         if publisher.done() and not cancelled and publisher.exception():
             raise publisher.exception()
@@ -228,21 +261,30 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
                 pass  # the server is away: next time
         if cancelled:
             bar.close()
-            print(f"job {job}: cancelled, {len(collector.got)} of {len(docs)} documents stored; nothing written to "
-                  f"{plan.out} (the stored results stay in the results stream until the job is purged)")
-            return 1, tokens
+            state = (await read_state(kv, job)) or {}  # its counts, final since the cancel
+            print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored, "
+                  f"{state.get('failed', 0)} failed; nothing written to {plan.out} (the stored results stay in the "
+                  "results stream until the job is purged)")
+            return 1, run
         if time.monotonic() - last_progress > stall_timeout:
             errors = ((await read_state(kv, job)) or {}).get("errors", [])
             await update_state(kv, job, lambda s: s.update(status="stalled"))
             bar.close()
             print(f"job {job}: no progress for {stall_timeout:.0f}s, {len(collector.got)}/{len(docs)} documents; "
                   f"errors: {errors or 'none'}")
-            return 1, tokens
+            return 1, run
     bar.close()
-    return None, tokens
+    return None, run
 
 
-async def _write(plan: _Plan, kv, collector: Collector, tokens: int, elapsed: float) -> int:
+def _rate(run: Polled, elapsed: float) -> str:
+    """This run's work over this run's time (documents an earlier run stored are read, not counted)."""
+    earlier = f"; {run.earlier} stored by an earlier run" if run.earlier else ""
+    return (f"{run.now} embedded in this run, {run.tokens} tokens in {elapsed:.1f}s ({run.now / max(elapsed, 1e-6):,.1f} "
+            f"docs/s, {run.tokens / max(elapsed, 1e-6):,.0f} tokens/s){earlier}")
+
+
+async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: float) -> int:
     """Write the vectors collected, in input order, and record the job done; 1 when some documents
     were given up (their ids written beside the output)."""
     job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
@@ -252,13 +294,13 @@ async def _write(plan: _Plan, kv, collector: Collector, tokens: int, elapsed: fl
         write_output(out, ids, vectors, plan.form, collector.dim)
     else:
         write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)
-    rate = f"{tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-6):,.0f} tokens/s)"
+    rate = _rate(run, elapsed)
     if len(ids) < len(docs):
         lost = [d for d, _ in docs if d not in got]
         failed_path = out.with_suffix(".failed.json")
         failed_path.write_text(json.dumps(lost))
         errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
-        print(f"job {job}: {len(ids)} of {len(docs)} documents, {rate} -> {out}; {len(lost)} given up "
+        print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {out}; {len(lost)} given up "
               f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
         return 1
 
@@ -269,119 +311,8 @@ async def _write(plan: _Plan, kv, collector: Collector, tokens: int, elapsed: fl
         state.setdefault("finished", time.time())
 
     await update_state(kv, job, finish)
-    print(f"job {job}: {len(docs)} documents, {rate} -> {out}")
+    print(f"job {job}: {len(docs)} documents ({rate}) -> {out}")
     return 0
-
-
-class Collector:
-    """Reads a job's results from the start of the stream (results collected before a crash are read
-    again) through a consumer of its own, kept in as many copies as the stream (a NATS node's loss
-    leaves it to the others). When the consumer is lost (a restarted server, a quiet spell with no
-    answer) it is opened again after the last result read, so nothing is read twice or missed.
-
-    Rows are kept as they came (``dtype``, a wire name: the job's form); a result of another dtype or
-    of another dimension than the first result's cannot belong to this job's output and is refused."""
-
-    def __init__(self, js, subject: str, stream: str, dtype: str = "f4",
-                 quiet_check: float = default("results_check")) -> None:
-        self._js, self._subject, self._stream = js, subject, stream
-        self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
-        # fetches in a row without a result before the consumer is asked whether it is there
-        self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
-        self._psub = None
-        self._last = 0  # stream sequence of the last result read
-        self._quiet = 0
-        self.dtype = dtype
-        self.dim = 0  # components per row, from the first result
-        self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
-
-    async def open(self) -> None:
-        replicas = (await self._js.stream_info(self._stream)).config.num_replicas or 1
-        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
-                 else dict(deliver_policy=DeliverPolicy.ALL))
-        self._psub = await self._js.pull_subscribe(
-            self._subject, stream=self._stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0, num_replicas=replicas,
-                                  **start),
-        )
-
-    async def close(self) -> None:
-        if self._psub is not None:
-            await close_pull(self._psub)
-            self._psub = None
-
-    async def reopen(self, why: str) -> None:
-        """Open the consumer again after the last result read; while the server cannot (a lost quorum),
-        every poll tries again, half a second apart."""
-        if self._psub is not None:
-            log.info("results consumer lost (%s): opening it again after result %d", why, self._last)
-            await self.close()
-        await asyncio.sleep(0.5)
-        try:
-            await self.open()
-        except Exception as again:
-            log.debug("results consumer not open yet: %r", again)
-        else:
-            log.info("results consumer open again after result %d", self._last)
-
-    async def _still_there(self) -> bool:
-        try:
-            await self._psub.consumer_info()
-            return True
-        except Exception as exc:
-            log.debug("results consumer: %r", exc)
-            return False
-
-    async def poll(self) -> tuple[int, int]:
-        """Results that arrived: (new documents, their tokens)."""
-        from nats.errors import TimeoutError as NatsTimeoutError
-
-        if self._psub is None:
-            await self.reopen("")
-            return 0, 0
-        try:
-            msgs = await self._psub.fetch(64, timeout=self._fetch_wait)
-        except (asyncio.TimeoutError, NatsTimeoutError):
-            self._quiet += 1
-            if self._quiet >= self._quiet_check:
-                self._quiet = 0
-                if not await self._still_there():
-                    await self.reopen("no answer")
-            return 0, 0
-        except Exception as exc:  # the consumer is gone (server restarted) or the server is away
-            await self.reopen(repr(exc))
-            return 0, 0
-        self._quiet = 0
-        fresh = tokens = 0
-        for msg in msgs:
-            try:
-                self._last = max(self._last, msg.metadata.sequence.stream)
-            except Exception:
-                pass
-            try:
-                result = decode_as(msg.data, JobResult)
-            except ProtocolError:
-                await msg.term()
-                continue
-            if result.dtype != self.dtype or (self.dim and result.dim != self.dim):
-                log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped", result.id,
-                          result.batch, result.dtype, result.dim, self.dtype, f" of dimension {self.dim}" if self.dim else "")
-                await msg.term()
-                continue
-            self.dim = result.dim
-            new = 0
-            rows = result.ragged() if result.offsets is not None else result.array()
-            for doc_id, row in zip(result.doc_ids, rows):
-                if doc_id not in self.got:
-                    self.got[doc_id] = row
-                    new += 1
-            fresh += new
-            tokens += result.tokens if new else 0
-            try:
-                await msg.ack()
-            except Exception:
-                pass
-        return fresh, tokens
 
 
 async def results_gone(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
@@ -410,7 +341,7 @@ async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) 
 
 async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:
     """Create (or bring to this version's settings and ``limits``) the streams and the job bucket, then exit."""
-    nc = await connect(nats, "embedfleet-init")
+    nc = await connect_within(nats, "embedfleet-init")
     try:
         js = nc.jetstream()
         await ensure_streams(js, nats.subjects, limits)

@@ -22,6 +22,7 @@ from typing import Mapping
 
 from shared.config import ConfigError, child_environment, nats_security, retention
 from shared.options import arguments, declared, default, option
+from shared.local_stack import forget_stack, record_stack
 from shared.logs import setup_logging
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo
@@ -67,6 +68,8 @@ def run_stack(ns: argparse.Namespace) -> int:
         if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
         print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE), flush=True)
+        if nats is not None:  # for reindex, jobs and init: where this stack's NATS listens (removed below)
+            record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE)
         restarts = Restarts(ns.restart_limit, ns.restart_window)
         while not stop.wait(0.5):
             if nats is not None and not nats.running:
@@ -85,6 +88,7 @@ def run_stack(ns: argparse.Namespace) -> int:
     finally:
         fleet.stop_all()
         if nats is not None:
+            forget_stack(ns.data_dir)
             nats.stop()
             log.info("nats-server stopped")
         shutil.rmtree(ready_dir, ignore_errors=True)

@@ -22,7 +22,7 @@ from nats.js.kv import KeyValue
 
 from shared.config import ConfigError, JobSettings, Retention
 from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.progress import Rows, account
+from shared.progress import Rows, account, accounted
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
@@ -318,6 +318,9 @@ class JobConflict(Exception):
 
 
 CANCELLED = "cancelled"
+# the state's record of where the current run of a job started: {"started": unix time, "done",
+# "failed", "tokens": the job's counts then}, so rates count this run's work over this run's time
+RUN = "run"
 FINISHED = ("done", "done_with_errors", CANCELLED)  # statuses a job keeps once it has one
 
 
@@ -358,18 +361,24 @@ async def cancel_job(kv: KeyValue, job: str) -> dict | None:
         return None
 
 
+def vector_kind(output: str, form: str) -> str:
+    """What a job makes, in words: its form for dense vectors ("int8"), else the output too ("sparse float32")."""
+    return form if output == "dense" else f"{output} {form}"
+
+
+def job_form(state: dict) -> str:
+    """The vectors the job recorded as ``state`` makes (jobs recorded before forms and outputs existed
+    made dense float32)."""
+    return vector_kind(state.get("output", "dense"), state.get("embedding_type", "float32"))
+
+
 def form_conflict(state: dict | None, form: str, output: str = "dense") -> str | None:
     """Why the job recorded as ``state`` cannot go on making ``output`` vectors of ``form`` (None: it can)."""
     if not state or "model" not in state:
         return None  # no job yet
-    recorded = state.get("embedding_type", "float32")  # jobs recorded before forms existed made float32
-    made = state.get("output", "dense")  # ... and dense vectors
-    if (recorded, made) == (form, output):
+    if job_form(state) == vector_kind(output, form):
         return None
-    def kind(out: str, f: str) -> str:
-        return f if out == "dense" else f"{out} {f}"
-
-    return f"job {state.get('job')} makes {kind(made, recorded)} vectors, not {kind(output, form)}: give it another job id"
+    return f"job {state.get('job')} makes {job_form(state)} vectors, not {vector_kind(output, form)}: give it another job id"
 
 
 def record_error(state: dict, message: str) -> None:
@@ -380,7 +389,11 @@ def record_error(state: dict, message: str) -> None:
 
 def count_done(state: dict, rows: Rows, tokens: int) -> int:
     """Stored ``rows``: counted as done unless they were counted before (a batch delivered again after
-    its holder died between storing and counting). Returns how many were new."""
+    its holder died between storing and counting), or the job was cancelled before they were: its
+    counts stay as the cancel found them (``late_rows`` tells the storer to remove their result).
+    Returns how many were new."""
+    if state.get("status") == CANCELLED:
+        return 0
     fresh = account(state, rows)
     if fresh:
         state["done"] = state.get("done", 0) + fresh
@@ -389,9 +402,18 @@ def count_done(state: dict, rows: Rows, tokens: int) -> int:
     return fresh
 
 
+def late_rows(state: dict, rows: Rows) -> bool:
+    """Whether stored ``rows`` came after their job's cancel and were not counted before it: their
+    result must go, so that what the results stream holds is what the job's state counts as done."""
+    return state.get("status") == CANCELLED and accounted(state, rows) < rows.count
+
+
 def count_failed(state: dict, rows: Rows, record: dict) -> int:
     """Given-up ``rows``: counted as failed unless already accounted for, and the batch listed once
-    (up to a limit). Returns how many were new."""
+    (up to a limit); not once the job is cancelled (its counts stay as the cancel found them).
+    Returns how many were new."""
+    if state.get("status") == CANCELLED:
+        return 0
     fresh = account(state, rows)
     state["failed"] = state.get("failed", 0) + fresh
     dead = state.setdefault("dead", [])
@@ -448,6 +470,9 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         problem = form_conflict(state, form, options.output) or was_cancelled(state)
         if problem:
             raise (JobCancelled if state.get("status") == CANCELLED else JobConflict)(problem)
+        if state.get("status") not in FINISHED:  # a run starts (or resumes): its rates count from here
+            state[RUN] = {"started": time.time(), "done": state.get("done", 0), "failed": state.get("failed", 0),
+                          "tokens": state.get("tokens", 0)}
         state.update(model=model, input=source, documents=len(docs), batches=len(batches), embedding_type=form,
                      output=options.output)
         state.setdefault("status", "running")

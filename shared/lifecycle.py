@@ -18,7 +18,7 @@ from nats.micro import add_service
 from nats.micro.service import Service, ServiceConfig
 
 from shared import __version__
-from shared.config import NatsConfig
+from shared.config import ConfigError, NatsConfig
 from shared.nats_auth import redact
 from shared.permissions import inbox_prefix
 from shared.subjects import SERVICE_NAMES, Subjects
@@ -109,9 +109,12 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
     """Connect to NATS with the configured credentials and TLS, retrying until it answers (or
     ``stop`` is set: ConnectAborted); once connected, reconnect forever."""
     warnings = RepeatFilter()
+    last = "no answer yet"  # the last failure, told when the caller stops waiting
 
     async def on_error(exc: Exception) -> None:
-        warnings.warning(f"nats: {describe_error(exc, cfg)}")
+        nonlocal last
+        last = describe_error(exc, cfg)
+        warnings.warning(f"nats: {last}")
 
     async def on_disconnect() -> None:
         if not (nc.is_draining or nc.is_closed):
@@ -150,15 +153,40 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
         except ConnectAborted:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 1)
-            raise
+            raise ConnectAborted(last) from None
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             # on_error has logged it; the failed client's socket is closed by the server or the
             # failed handshake, and closing the client could wait forever on it (see above)
+            last = describe_error(exc, cfg)
             if stop is not None and stop.is_set():
-                raise ConnectAborted from exc
+                raise ConnectAborted(last) from exc
             log.debug("nats: cannot connect to %s (%s); retrying in %.1fs", cfg.url, describe_error(exc, cfg), delay)
-            await asyncio.sleep(delay)
+            try:
+                await _unless_stopped(asyncio.sleep(delay), stop)
+            except ConnectAborted:
+                raise ConnectAborted(last) from exc
             delay = min(delay * 2, 5.0)
+
+
+class NatsUnreachable(ConfigError):
+    """NATS did not accept a one-shot command's connection in time."""
+
+
+# seconds a one-shot command (reindex, jobs, init) waits for NATS: a server that runs answers in
+# milliseconds, and a refused or unanswered connection must end the command, not hold it forever
+ONE_SHOT_PATIENCE = 5.0
+
+
+async def connect_within(cfg: NatsConfig, name: str, seconds: float = ONE_SHOT_PATIENCE) -> Client:
+    """Connect as ``connect`` does, giving up after ``seconds`` with NatsUnreachable naming the URL."""
+    stop = asyncio.Event()
+    timer = asyncio.get_running_loop().call_later(seconds, stop.set)
+    try:
+        return await connect(cfg, name, stop)
+    except ConnectAborted as exc:
+        raise NatsUnreachable(f"cannot reach NATS at {cfg.url} within {seconds:.0f}s: {exc}") from None
+    finally:
+        timer.cancel()
 
 
 async def register(

@@ -30,6 +30,7 @@ TRACED = frozenset(("up", "gateway", "tokenizer", "worker", "scorer", "reindex")
 METRICS = frozenset(("up", "gateway", "tokenizer", "worker", "scorer"))
 STREAMS = frozenset(("up", "gateway", "tokenizer", "worker", "reindex", "init"))  # they meet the job streams
 BULK = frozenset(("tokenizer", "worker"))
+ADMIN = frozenset(("reindex", "init", "jobs"))  # one-shot commands: they find the local stack by default
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -52,8 +53,11 @@ def _option(flag: str, env: str | tuple[str, ...] | None, default: Any, help: st
 
 OPTIONS: tuple[Option, ...] = (
     # -- NATS: where, who, how ------------------------------------------------------------------
-    _option("--nats", ("EMBEDFLEET_NATS_URL", "NATS_URL"), "nats://127.0.0.1:4222", _NATS_HELP, CONNECTED - {"up"},
+    _option("--nats", ("EMBEDFLEET_NATS_URL", "NATS_URL"), "nats://127.0.0.1:4222", _NATS_HELP, CONNECTED - {"up"} - ADMIN,
             "nats", shows_value=False),
+    _option("--nats", ("EMBEDFLEET_NATS_URL", "NATS_URL"), None,
+            f"{_NATS_HELP}; none (and no NATS credential given): the stack `embedfleet up` recorded in --data-dir, "
+            "else nats://127.0.0.1:4222", ADMIN, "nats", shows_value=False),
     _option("--nats", ("EMBEDFLEET_NATS_URL", "NATS_URL"), None, f"{_NATS_HELP}; none: start an embedded nats-server",
             {"up"}, "nats", shows_value=False),
     _option("--nats-user", "EMBEDFLEET_NATS_USER", None,
@@ -160,8 +164,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--discovery-wait", "EMBEDFLEET_DISCOVERY_WAIT", 0.25, "seconds a ping gathers replies",
             GATEWAY | {"scorer"}, "fleet", type=positive_float),
     # -- embedfleet up --------------------------------------------------------------------------
-    _option("--data-dir", "EMBEDFLEET_DATA_DIR", ".embedfleet", "folder for the embedded nats-server's data and logs",
-            {"up"}, "up"),
+    _option("--data-dir", "EMBEDFLEET_DATA_DIR", ".embedfleet",
+            "folder for the embedded nats-server's data and logs, where up records where its NATS listens (stack.json; "
+            "reindex, init and jobs read it when given no --nats)", {"up"} | ADMIN, "up"),
     _option("--ready-timeout", "EMBEDFLEET_READY_TIMEOUT", 180.0,
             "seconds each worker may take to load its model and calibrate (a slow CPU) before up gives up starting "
             "the stack", {"up"}, "up", type=positive_float),

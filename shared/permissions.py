@@ -141,7 +141,9 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
         return Permissions(
             publish=(f"{p}.load.*", f"{p}.leaving", f"{p}.results.*", dead,
                      *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
-                     *js.consume("bulk", "*")),
+                     *js.consume("bulk", "*"),
+                     # a result stored as its job was cancelled is removed again (its rows are not counted)
+                     f"$JS.API.STREAM.MSG.DELETE.{js.names['results']}"),
             subscribe=(own_inbox, f"{p}.tokens.*", f"{p}.worker.*.*", advisories("bulk", "*"),
                        *micro(SERVICE_NAMES["worker"])),
             responses=MAX_RESPONSES,
@@ -152,10 +154,10 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
             subscribe=(own_inbox, f"{p}.rerank.*", f"{p}.leaving", *micro(SERVICE_NAMES["scorer"])),
             responses=1,
         )
-    if role == "publisher":  # embedfleet reindex: publishes a job, collects its results; jobs fetch reads them
+    if role == "publisher":  # embedfleet reindex: checks the fleet serves the job, publishes it, collects its results; jobs fetch reads them
         results = js.names["results"]
         return Permissions(
-            publish=(f"{p}.jobs.*", *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
+            publish=(f"{p}.jobs.*", *watch, *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
                      *js.read_results(), f"$JS.ACK.{results}.>", f"$JS.API.STREAM.MSG.GET.{results}"),
             subscribe=(own_inbox,),
         )

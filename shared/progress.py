@@ -51,6 +51,15 @@ def account(state: dict, rows: Rows) -> int:
     return fresh
 
 
+def accounted(state: dict, rows: Rows) -> int:
+    """How many of ``rows`` ``state`` holds as accounted for already (nothing recorded)."""
+    batch, start, count, _ = rows
+    ledger = state.get(LEDGER) or {"whole": [], "part": {}}
+    if count <= 0 or _holds(ledger["whole"], batch):
+        return max(count, 0)
+    return _overlap(ledger["part"].get(str(batch), []), start, start + count)
+
+
 def _holds(spans: list[list[int]], x: int) -> bool:
     return any(lo <= x < hi for lo, hi in spans)
 

@@ -10,9 +10,9 @@ def test_a_running_job_has_a_rate_and_an_eta():
     p = progress(state, now=150.0)
     assert (p.settled, p.total, p.seconds) == (250, 1000, 50.0)
     assert p.fraction == pytest.approx(0.25)
-    assert p.docs_per_s == pytest.approx(5.0)  # 250 documents in 50 s
+    assert p.docs_per_s == pytest.approx(4.8)  # 240 documents embedded in 50 s (the 10 given up are not)
     assert p.tokens_per_s == pytest.approx(100.0)
-    assert p.eta == pytest.approx(150.0)  # 750 documents left at 5/s
+    assert p.eta == pytest.approx(150.0)  # 750 documents left, settled at 5/s
 
 
 def test_a_finished_job_is_rated_until_it_finished_and_has_no_eta():
@@ -41,8 +41,35 @@ def test_a_row_lines_up_with_the_header():
     state = {"status": "running", "documents": 1000, "done": 240, "failed": 10, "tokens": 5000, "started": 100.0,
              "batches": 16, "published": 16, "model": "all-MiniLM-L6-v2", "embedding_type": "int8"}
     row = job_row("0123456789abcdef", state, now=150.0)
-    assert row.split() == ["0123456789abcdef", "running", "1000", "240", "10", "25.0%", "5.0", "100", "2m30s", "16",
+    assert row.split() == ["0123456789abcdef", "running", "1000", "240", "10", "25.0%", "4.8", "100", "2m30s", "16",
                            "16", "all-MiniLM-L6-v2", "int8"]
     assert HEADER.split() == ["job", "status", "documents", "done", "failed", "progress", "docs/s", "tokens/s", "eta",
                               "batches", "published", "model", "form"]
     assert HEADER.index("eta") + len("eta") == row.index("2m30s") + len("2m30s")  # right-aligned under its title
+
+
+def test_a_job_whose_every_batch_failed_has_no_rate():
+    state = {"status": "done_with_errors", "documents": 4902, "failed": 4902, "started": 10.0, "finished": 11.0}
+    p = progress(state, now=100.0)
+    assert p.docs_per_s is None and p.tokens_per_s is None
+    row = job_row("allfailed", state, now=100.0).split()
+    assert row[:8] == ["allfailed", "done_with_errors", "4902", "0", "4902", "100.0%", "-", "-"]
+
+
+def test_a_resumed_job_is_rated_by_its_current_run_only():
+    """Started at 0, stopped having stored 900 documents (9M tokens); resumed at 1000 with 100 left:
+    the rate is those 100 over the 20 s since the resume, not 1,000 over 1,020 s or 9M tokens over 20 s."""
+    state = {"status": "done", "documents": 1000, "done": 1000, "tokens": 10_000_000, "started": 0.0,
+             "finished": 1020.0, "run": {"started": 1000.0, "done": 900, "failed": 0, "tokens": 9_000_000}}
+    p = progress(state, now=5000.0)
+    assert p.seconds == 20.0 and p.docs_per_s == pytest.approx(5.0) and p.tokens_per_s == pytest.approx(50_000.0)
+    running = {**state, "status": "running", "done": 950, "tokens": 9_500_000, "finished": None}
+    p = progress(running, now=1010.0)
+    assert p.docs_per_s == pytest.approx(5.0) and p.eta == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("output, form, shown", [("sparse", "float32", "sparse float32"), ("dense", "int8", "int8"),
+                                                 ("multivector", "float16", "multivector float16"), (None, None, "float32")])
+def test_the_form_column_shows_the_jobs_output_and_form(output, form, shown):
+    state = {"status": "running", "documents": 10, "model": "m", **({"output": output, "embedding_type": form} if output else {})}
+    assert job_row("j", state, now=1.0).endswith(f"  m  {shown}")

@@ -93,13 +93,14 @@ def test_a_read_only_folder_is_refused(tmp_path):
 
 def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_url):
     """Its consumer gone (a restarted or lost node), the collector opens another that starts after
-    the last result it read: the results stored meanwhile are read, none twice."""
+    the last result it read: the results stored meanwhile are read, none twice. Results stored before
+    it opened are an earlier run's; those stored after, this run's (the only ones a rate counts)."""
     import asyncio
     import uuid
 
     import nats
 
-    from services.reindex import Collector
+    from services.reindex_results import Collector
     from shared.jobs import ensure_streams, stream_names
     from shared.protocol import JobResult, encode
     from shared.subjects import Subjects
@@ -120,16 +121,19 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
                 await js.publish(subjects.results("j"), result(batch))
             collector = Collector(js, subjects.results("j"), stream)
             await collector.open()
-            assert (await collector.poll())[0] == 6
+            first = await collector.poll()
+            assert (first.earlier, first.now, first.tokens) == (6, 0, 0)
             await js.delete_consumer(stream, (await collector._psub.consumer_info()).name)
             for batch in range(3, 5):
                 await js.publish(subjects.results("j"), result(batch))
-            fresh = 0
+            fresh = tokens = 0
             for _ in range(40):
-                fresh += (await collector.poll())[0]
+                polled = await collector.poll()
+                assert polled.earlier == 0
+                fresh, tokens = fresh + polled.now, tokens + polled.tokens
                 if fresh >= 4:
                     break
-            assert fresh == 4 and sorted(collector.got) == sorted(f"d{b}{r}" for b in range(5) for r in "ab")
+            assert (fresh, tokens) == (4, 6) and sorted(collector.got) == sorted(f"d{b}{r}" for b in range(5) for r in "ab")
             assert (await collector._psub.consumer_info()).config.opt_start_seq == 4
             assert collector.got["d4a"].tolist() == [4.0] * 4
             await collector.close()

@@ -13,6 +13,8 @@ from pathlib import Path
 from shared.config import ConfigError
 from shared.documents import job_id_for, read_documents
 from shared.errors import ErrorCode
+from shared.fleet import FleetView
+from shared.job_fit import JobRefused, check_job
 from shared.jobs import (
     DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, JobConflict, cancel_job, form_conflict, has_state_key, purge_wait, read_state,
     submit, was_cancelled,
@@ -34,7 +36,9 @@ class JobsApi:
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
         self._background: set[asyncio.Task] = set()
 
-    async def create(self, body: bytes, model: str) -> tuple[int, dict]:
+    async def create(self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0) -> tuple[int, dict]:
+        """``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
+        against them (shared/job_fit.py) before anything is published; its batches cut to fit."""
         doc = json_object(body)
         batch_size = optional(doc, "batch_size", int, 64)
         if not 0 < batch_size <= 4096:
@@ -55,6 +59,7 @@ class JobsApi:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")
         if "documents" in doc:
             docs = _inline(doc["documents"])
+            batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
             job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
             await self._check_id(job, form, output)
             try:
@@ -72,6 +77,7 @@ class JobsApi:
                 docs = read_documents(path)  # all of them, each checked (ids unique, texts strings)
             except ConfigError as exc:
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "path") from None
+            batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
             job = optional(doc, "id", str) or job_id_for(path, model, batch_size, form, output)
             await self._check_id(job, form, output)
             # a file may be large: publish in the background, answer at once
@@ -83,7 +89,7 @@ class JobsApi:
         else:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
         return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
-                     "embedding_type": form}
+                     "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {})}
 
     async def _check_id(self, job: str, form: str, output: str) -> None:
         """A job id must name a state entry, and a job already there must make the same form and not
@@ -128,6 +134,19 @@ class JobsApi:
             log.info("%s", task.exception())
         else:
             log.error("submitting a job failed: %s", task.exception())
+
+
+def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_size: int, max_payload: int,
+            docs: list[tuple[str, str]]) -> tuple[int, str | None]:
+    """The batch size the job runs with, and why it is smaller than asked; what the fleet cannot run
+    is refused (400) before anything is published."""
+    if fleet is None:
+        return batch_size, None
+    try:
+        fit = check_job(fleet, model, options, batch_size, max_payload, [d for d, _ in docs])
+    except JobRefused as exc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
+    return fit.batch_size, fit.note
 
 
 def _shown(state: dict, job: str) -> dict:

@@ -8,7 +8,9 @@ three become dead letters (shared/bulkwork.py).
 
 A stored result is counted in the job's state before its batch is acknowledged, by its rows, so a
 worker that dies in between leaves a batch that is delivered again, stored again as a duplicate (the
-message id), and counted then, once. A batch of a cancelled job is acknowledged and dropped unrun.
+message id), and counted then, once. A batch of a cancelled job is acknowledged and dropped unrun;
+one that was running when the cancel came is stored, found late by the count (the cancel froze the
+job's counts) and its result removed again, so the results stream holds what the state counts.
 Told to stop, the feeder fetches no more and hands back the batches queued here that the engine has
 not started; those it started are finished, stored and acknowledged.
 """
@@ -16,12 +18,14 @@ not started; those it started are finished, stored and acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from typing import Callable
 
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
 from shared.bulkwork import (
     BatchInfo, Cancellations, Heartbeats, deliveries, hand_back, join_work,
@@ -29,7 +33,7 @@ from shared.bulkwork import (
 )
 from shared.config import JobSettings
 from shared.errors import ErrorCode, ServiceError
-from shared.jobs import count_done, has_state_key, publish_durably, update_state
+from shared.jobs import count_done, has_state_key, late_rows, publish_durably, stream_names, update_state
 from shared.progress import Rows
 from shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
 from shared.subjects import Subjects, model_token
@@ -168,14 +172,17 @@ class BulkFeeder:
         rows = Rows(batch.batch, batch.start, len(batch.doc_ids), batch.total)
         trace = record_work(self._tracer, work, "worker job batch")  # the stored result's reader continues it
         try:
-            await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
-                                  f"{batch.job}:{batch.batch}:{batch.start}", headers=headers_for(trace),
-                                  patience=self._settings.ack_wait)
+            stored = await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
+                                           f"{batch.job}:{batch.batch}:{batch.start}", headers=headers_for(trace),
+                                           patience=self._settings.ack_wait)
             if self._crash_after_store:
                 os._exit(70)
             if has_state_key(batch.job):  # a forged job id names no state: the stored result is all there is
-                await update_state(self._kv, batch.job, lambda s: count_done(s, rows, batch.num_tokens),
-                                   patience=self._settings.ack_wait)
+                state = await update_state(self._kv, batch.job, lambda s: count_done(s, rows, batch.num_tokens),
+                                           patience=self._settings.ack_wait)
+                if late_rows(state, rows):  # computed as the job was cancelled: its counts are final, so is its output
+                    with contextlib.suppress(NotFoundError):  # removed already, before a crash
+                        await self._js.delete_msg(stream_names(self._subjects)["results"], stored.seq)
             await msg.ack()
         except Exception as exc:  # the server is away for long: the batch is delivered again later
             log.warning("bulk batch %s:%s left for another try: %r", batch.job, batch.batch, exc)

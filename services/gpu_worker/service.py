@@ -91,6 +91,18 @@ def wire_error(error: EngineError, batch: TokenChunk) -> ServiceError:
     return ServiceError(_CODES[type(error)], error.message, batch.start + error.row)
 
 
+def _ragged_limits(model) -> dict[str, str]:
+    """A sparse vector's most entries (SPLADE weighs the whole vocabulary, BGE-M3 only the input's
+    tokens) and a multi-vector's width, as discovery metadata."""
+    limits = {}
+    if model.sparse is not None:
+        whole = model.sparse.kind == "mlm"
+        limits["sparse_entries"] = str(model.vocab_size if whole else min(model.vocab_size, model.max_seq_length))
+    if model.multivector is not None:
+        limits["multivector_dim"] = str(model.multivector.dim)
+    return limits
+
+
 def _stage_timings(work: Work) -> dict[str, float]:
     """The stages before the worker, as many as leave room for its two (queue, inference) within MAX_STAGES."""
     upstream = dict(list(work.batch.timings.items())[: MAX_STAGES - 2])
@@ -166,6 +178,8 @@ class WorkerService:
                 "pooling": model.pooling,
                 "task": model.task,
                 "outputs": ",".join(model.outputs),
+                # the most a document's sparse / multivector output can hold (bulk jobs size batches by it)
+                **_ragged_limits(model),
                 # a classifier's label names by logit, as JSON (names may hold commas)
                 **({"labels": json.dumps(model.labels)} if model.labels else {}),
                 "max_batch_tokens": str(first.max_batch_tokens),

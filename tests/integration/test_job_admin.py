@@ -108,6 +108,27 @@ def test_reindex_refuses_what_it_can_check_and_publishes_nothing(stack, tmp_path
     assert job_id_for(docs, MODEL, 64) not in after[1] and job_id_for(bad, MODEL, 64) not in after[1]
 
 
+def test_reindex_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack, tmp_path):
+    """A model nobody serves and an output the model cannot make are found before publishing (from
+    the fleet's discovery answers), not as dead letters after."""
+    docs = _docs(tmp_path, 20, "fleet")
+    before = _published(stack.nats_url)
+    cases = [
+        (["--model", "no-such-model"], "model 'no-such-model' is not served here (no live tokenizer and worker for it); "
+                                       f"served: {MODEL}; nothing was published"),
+        (["--model", f"sentence-transformers/{MODEL}"], f"model 'sentence-transformers/{MODEL}' is not served here (no "
+                                                          f"live tokenizer and worker for it): name it '{MODEL}'"),
+        (["--output", "sparse"], f"{MODEL} makes no sparse vectors (it makes: dense); nothing was published"),
+        (["--output", "multivector"], f"{MODEL} makes no multivector vectors (it makes: dense)"),
+    ]
+    for args, message in cases:
+        out = tmp_path / ("v.npz" if "--output" in args else "v.npy")
+        result = _cli(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--quiet", *args])
+        assert result.returncode == 2 and f"embedfleet: error: {message}" in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and result.stdout == ""
+    assert _published(stack.nats_url) == before  # no batch published, no job recorded
+
+
 def test_post_jobs_refuses_bad_documents_and_publishes_nothing(stack):
     before = _published(stack.nats_url)
     cases = [
@@ -124,6 +145,22 @@ def test_post_jobs_refuses_bad_documents_and_publishes_nothing(stack):
         assert r.json()["error"]["param"] == param
     assert _published(stack.nats_url) == before
     assert _state(stack.nats_url, "pre-http") is None
+
+
+def test_post_jobs_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack):
+    before = _published(stack.nats_url)
+    docs = [{"id": "a", "text": "x"}]
+    cases = [
+        ({"model": "no-such-model"}, 404, "model_not_found", "model 'no-such-model' is not served here", "model"),
+        ({"output": "sparse"}, 400, "invalid_request", f"{MODEL} makes no sparse vectors", "output"),
+        ({"output": "multivector"}, 400, "invalid_request", f"{MODEL} makes no multivector vectors", "output"),
+    ]
+    for fields, status, code, message, param in cases:
+        r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "id": "fleet-http", **fields}, timeout=30)
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        assert message in r.json()["error"]["message"] and r.json()["error"]["param"] == param, r.text
+    assert _published(stack.nats_url) == before
+    assert _state(stack.nats_url, "fleet-http") is None
 
 
 def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_path):

@@ -47,6 +47,12 @@ def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
                   "--stall-timeout", "30"])
     assert again.returncode == 0, again.stderr
     np.testing.assert_allclose(np.load(out), vectors, atol=1e-6)
+    # each run's rate is its own work over its own time: the first embedded all 300; the second read
+    # them back (stored by the first) and embedded none, so it claims no rate
+    assert "300 documents (300 embedded in this run, " in result.stdout and "earlier run" not in result.stdout, result.stdout
+    assert " 0 tokens in " not in result.stdout
+    assert "300 documents (0 embedded in this run, 0 tokens in " in again.stdout, again.stdout
+    assert "(0.0 docs/s, 0 tokens/s); 300 stored by an earlier run) -> " in again.stdout, again.stdout
 
 
 def test_reindex_refuses_bad_input(stack, tmp_path):
@@ -267,7 +273,8 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
         assert proc.wait(15) == 1
     finally:
         proc.kill()
-    assert "job cancel-big: cancelled" in proc.stdout.read() and not (tmp_path / "big.npy").exists()
+    told_reindex = proc.stdout.read()
+    assert "job cancel-big: cancelled" in told_reindex and not (tmp_path / "big.npy").exists()
     exited = time.monotonic() - told
     wait_until(lambda: asyncio.run(queued()) == 0, 15, "the cancelled job's batches dropped")
     dropped = time.monotonic() - told
@@ -278,6 +285,14 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     assert 0 < final["done"] <= 1500 and final["documents"] == 3000 and "accounted" not in final, final
     rows = asyncio.run(stored())
     assert len(rows) == final["done"] and set(rows.values()) == {1}  # readable, and counted exactly
+    # one figure everywhere, frozen by the cancel: what `jobs cancel` said, what reindex said, what
+    # `jobs` and the API show once the batches that were running when it came have finished
+    said = f"{final['done']} of 3000 documents stored"
+    assert f"job cancel-big cancelled: {said}" in cancelled.stdout, (cancelled.stdout, final)
+    assert f"job cancel-big: cancelled, {said}" in told_reindex, (told_reindex, final)
+    listed = _run(["jobs", "--nats", url]).stdout
+    row = next(line.split() for line in listed.splitlines() if line.startswith("cancel-big "))
+    assert row[1:4] == ["cancelled", "3000", str(final["done"])], listed
     again = httpx.delete(f"{stack.base_url}/v1/jobs/cancel-big", timeout=10)
     assert again.status_code == 200 and again.json()["status"] == "cancelled" and again.json()["done"] == final["done"]
     finished = httpx.delete(f"{stack.base_url}/v1/jobs/speed-before", timeout=10)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from typing import Iterator
 
 import httpx
@@ -260,3 +261,38 @@ def test_http_jobs_of_sparse_and_multi_vector_rows_read_back(fleet, nats_url, tm
     vectors, offsets = stored["vectors"], stored["offsets"]
     for i, doc in enumerate(ids):
         np.testing.assert_array_equal(vectors[offsets[i]: offsets[i + 1]], np.asarray(rows[doc], np.float32))
+
+
+def test_sparse_jobs_run_in_batches_whose_vectors_fit_a_message(fleet, nats_url, tmp_path):
+    """SPLADE may weigh all 30,522 vocabulary ids: 64 documents' sparse vectors could take 15.6 MB, over
+    the server's 8 MiB messages. reindex at the default --batch-size cuts the batches to 34 and says so,
+    and every document is stored (none given up as a dead letter); POST /v1/jobs does the same."""
+    import scipy.sparse
+
+    base_url, _ = fleet
+    texts = TEXTS * 20
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "sparse.npz"
+    result = _reindex([str(docs), "--out", str(out), "--model", SPLADE, "--output", "sparse", "--nats", nats_url,
+                       "--subject-prefix", PREFIX, "--quiet", "--stall-timeout", "120"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(f"reindex: batch size cut from 64 to 34: a document's sparse vectors from {SPLADE} "
+                                    "may take 244,188 bytes, and a batch's results must fit in one NATS message of "
+                                    "8,388,608 bytes (max_payload)\n"), result.stdout
+    assert f"{len(texts)} documents in 3 batches" in result.stdout
+    job = result.stdout.split("\njob ", 1)[1].split(":", 1)[0]
+    assert scipy.sparse.load_npz(out).shape == (len(texts), 30522)
+    state = httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json()
+    assert (state["status"], state["done"], state.get("failed", 0), state["batches"]) == ("done", len(texts), 0, 3), state
+
+    body = {"model": SPLADE, "output": "sparse", "documents": [{"id": f"h{i}", "text": t} for i, t in enumerate(texts)]}
+    r = _post(base_url, "/v1/jobs", body)
+    assert r.status_code == 202 and r.json()["batch_size"] == 34, r.text
+    assert r.json()["note"].startswith("batch size cut from 64 to 34: a document's sparse vectors"), r.text
+    job = r.json()["id"]
+    deadline = time.monotonic() + 120
+    while (state := httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())["status"] == "running":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+    assert (state["status"], state["done"], state.get("failed", 0), state["batches"]) == ("done", len(texts), 0, 3), state

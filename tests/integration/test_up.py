@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import nats
+import numpy as np
 import pytest
 
 from shared.nats_server import free_port
@@ -158,6 +159,66 @@ def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
         assert not any(key in log.read_text() for key in keys)
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
+
+
+def _one_shot(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """A one-shot command with no NATS URL or credential in its environment; (its result, seconds it took)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA"))}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120,
+                            env={**clean, **(env or {})})
+    return result, time.monotonic() - started
+
+
+def test_reindex_and_jobs_find_the_stack_up_recorded(tmp_path):
+    """`up` records its NATS URL and token file in its data folder while it runs; reindex and jobs,
+    given no --nats, connect with them (flag --data-dir, or its variable); the record goes with `up`."""
+    import json
+
+    port = free_port()
+    proc, log = _start_up(tmp_path, "--port", str(port), env=FIXED_BUDGET)
+    record = tmp_path / "data" / "stack.json"
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        assert proc.poll() is None, log.read_text()
+        nats_url = "nats://127.0.0.1:" + log.read_text().split("NATS nats://127.0.0.1:")[1].split()[0]
+        assert json.loads(record.read_text()) == {"url": nats_url, "token_file": str(tmp_path / "data" / "nats" / "token"),
+                                                  "pid": proc.pid}
+        docs = tmp_path / "docs.jsonl"
+        docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(20)))
+        out = tmp_path / "vectors.npy"
+        result, _ = _one_shot(["reindex", str(docs), "--out", str(out), "--quiet", "--data-dir", str(tmp_path / "data")])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert np.load(out).shape == (20, 384)
+        listed, _ = _one_shot(["jobs"], env={"EMBEDFLEET_DATA_DIR": str(tmp_path / "data")})
+        assert listed.returncode == 0 and " done " in listed.stdout, listed.stdout + listed.stderr
+    finally:
+        assert _stop(proc) == 0, log.read_text()[-3000:]
+    assert not record.exists()
+    gone, took = _one_shot(["jobs", "--data-dir", str(tmp_path / "data"), "--nats", nats_url])
+    assert gone.returncode == 2 and f"cannot reach NATS at {nats_url} within 5s" in gone.stderr, gone.stderr
+    assert took < 15, took
+
+
+def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
+    """No retrying forever: a NATS that refuses ends reindex, jobs and init within seconds (5 s of
+    tries and a process start, bounded here for a loaded two-core machine), the URL named."""
+    dead = f"nats://127.0.0.1:{free_port()}"
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"id": "a", "text": "hello"}\n')
+    for args in (["reindex", str(docs), "--out", str(tmp_path / "v.npy"), "--nats", dead], ["jobs", "--nats", dead],
+                 ["init", "--nats", dead], ["jobs", "cancel", "some-job", "--nats", dead]):
+        result, took = _one_shot(args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert f"embedfleet: error: cannot reach NATS at {dead} within 5s: " in result.stderr, result.stderr
+        assert "given by --nats or the environment" in result.stderr and "Traceback" not in result.stderr
+        assert took < 15, (args, took)
+    if _port_open(4222):
+        return  # a NATS on the default port of this machine would answer the last case
+    # nothing given, nothing recorded: the default URL, and why it was tried
+    result, took = _one_shot(["jobs", "--data-dir", str(tmp_path / "empty")])
+    assert result.returncode == 2 and took < 15
+    assert f"no running `embedfleet up` is recorded in {tmp_path / 'empty' / 'stack.json'}" in result.stderr, result.stderr
 
 
 def test_up_refuses_a_bad_model_folder(tmp_path):

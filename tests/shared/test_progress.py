@@ -1,10 +1,10 @@
 """Exact progress: rows recorded twice (a batch delivered again after its holder died between storing
-and counting) count once; the ledger stays small; a cancelled job keeps its status."""
+and counting) count once; the ledger stays small; a cancelled job keeps its status and its counts."""
 
 import json
 import random
 
-from shared.jobs import CANCELLED, count_done, count_failed
+from shared.jobs import CANCELLED, count_done, count_failed, late_rows
 from shared.progress import LEDGER, Rows, account
 
 
@@ -62,7 +62,14 @@ def test_a_batch_given_up_twice_is_failed_and_listed_once():
     assert (state["done"], state["failed"]) == (10, 10)
 
 
-def test_a_cancelled_job_stays_cancelled_when_its_last_rows_arrive():
-    state = {"documents": 10, "status": CANCELLED}
+def test_a_cancel_freezes_the_counts_and_finds_the_rows_stored_after_it_late():
+    """Rows stored after the cancel are not counted (the figures the cancel reported stay), and are
+    late: their result is removed. Rows counted before the cancel, stored again, are not late."""
+    state = {"documents": 20}
     count_done(state, Rows(0, 0, 10, 10), 50)
-    assert state["done"] == 10 and state["status"] == CANCELLED
+    state["status"] = CANCELLED
+    assert count_done(state, Rows(1, 0, 10, 10), 50) == 0
+    assert count_failed(state, Rows(1, 0, 10, 10), {"stage": "worker", "batch": 1, "start": 0}) == 0
+    assert (state["done"], state.get("failed", 0), state["tokens"], state["status"]) == (10, 0, 50, CANCELLED)
+    assert late_rows(state, Rows(1, 0, 10, 10)) and not late_rows(state, Rows(0, 0, 10, 10))
+    assert not late_rows({"documents": 20, "status": "running"}, Rows(1, 0, 10, 10))

@@ -1,0 +1,149 @@
+"""A bulk job's results as ``embedfleet reindex`` collects them: read from the results stream through a
+consumer of their own, every document's vectors once, and which of them this run stored."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from shared.bulkwork import close_pull
+from shared.options import default
+from shared.protocol import JobResult, ProtocolError, decode_as
+
+log = logging.getLogger("embedfleet.reindex")
+
+
+@dataclass(frozen=True, slots=True)
+class Polled:
+    """Documents whose vectors a poll read for the first time: ``earlier`` of them stored by an earlier
+    run of the job (read again on resuming), ``now`` during this run, with their ``tokens``. A rate
+    counts only these."""
+
+    earlier: int = 0
+    now: int = 0
+    tokens: int = 0
+
+    def plus(self, docs: int, tokens: int, earlier: bool) -> Polled:
+        if earlier:
+            return Polled(self.earlier + docs, self.now, self.tokens)
+        return Polled(self.earlier, self.now + docs, self.tokens + tokens)
+
+
+class Collector:
+    """Reads a job's results from the start of the stream (results collected before a crash are read
+    again) through a consumer of its own, kept in as many copies as the stream (a NATS node's loss
+    leaves it to the others). When the consumer is lost (a restarted server, a quiet spell with no
+    answer) it is opened again after the last result read, so nothing is read twice or missed.
+
+    Rows are kept as they came (``dtype``, a wire name: the job's form); a result of another dtype or
+    of another dimension than the first result's cannot belong to this job's output and is refused."""
+
+    def __init__(self, js, subject: str, stream: str, dtype: str = "f4",
+                 quiet_check: float = default("results_check")) -> None:
+        self._js, self._subject, self._stream = js, subject, stream
+        self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
+        # fetches in a row without a result before the consumer is asked whether it is there
+        self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
+        self._psub = None
+        self._last = 0  # stream sequence of the last result read
+        self._before: int | None = None  # the stream's last sequence when this run began: results up to it are an earlier run's
+        self._quiet = 0
+        self.dtype = dtype
+        self.dim = 0  # components per row, from the first result
+        self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
+
+    async def open(self) -> None:
+        info = await self._js.stream_info(self._stream)
+        replicas = info.config.num_replicas or 1
+        if self._before is None:
+            self._before = info.state.last_seq
+        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
+                 else dict(deliver_policy=DeliverPolicy.ALL))
+        self._psub = await self._js.pull_subscribe(
+            self._subject, stream=self._stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0, num_replicas=replicas,
+                                  **start),
+        )
+
+    async def close(self) -> None:
+        if self._psub is not None:
+            await close_pull(self._psub)
+            self._psub = None
+
+    async def reopen(self, why: str) -> None:
+        """Open the consumer again after the last result read; while the server cannot (a lost quorum),
+        every poll tries again, half a second apart."""
+        if self._psub is not None:
+            log.info("results consumer lost (%s): opening it again after result %d", why, self._last)
+            await self.close()
+        await asyncio.sleep(0.5)
+        try:
+            await self.open()
+        except Exception as again:
+            log.debug("results consumer not open yet: %r", again)
+        else:
+            log.info("results consumer open again after result %d", self._last)
+
+    async def _still_there(self) -> bool:
+        try:
+            await self._psub.consumer_info()
+            return True
+        except Exception as exc:
+            log.debug("results consumer: %r", exc)
+            return False
+
+    async def poll(self) -> Polled:
+        """Results that arrived: their new documents, and of those the ones stored during this run."""
+        from nats.errors import TimeoutError as NatsTimeoutError
+
+        if self._psub is None:
+            await self.reopen("")
+            return Polled()
+        try:
+            msgs = await self._psub.fetch(64, timeout=self._fetch_wait)
+        except (asyncio.TimeoutError, NatsTimeoutError):
+            self._quiet += 1
+            if self._quiet >= self._quiet_check:
+                self._quiet = 0
+                if not await self._still_there():
+                    await self.reopen("no answer")
+            return Polled()
+        except Exception as exc:  # the consumer is gone (server restarted) or the server is away
+            await self.reopen(repr(exc))
+            return Polled()
+        self._quiet = 0
+        polled = Polled()
+        for msg in msgs:
+            seq = 0
+            try:
+                seq = msg.metadata.sequence.stream
+                self._last = max(self._last, seq)
+            except Exception:
+                pass
+            try:
+                result = decode_as(msg.data, JobResult)
+            except ProtocolError:
+                await msg.term()
+                continue
+            if result.dtype != self.dtype or (self.dim and result.dim != self.dim):
+                log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped", result.id,
+                          result.batch, result.dtype, result.dim, self.dtype, f" of dimension {self.dim}" if self.dim else "")
+                await msg.term()
+                continue
+            self.dim = result.dim
+            new = 0
+            rows = result.ragged() if result.offsets is not None else result.array()
+            for doc_id, row in zip(result.doc_ids, rows):
+                if doc_id not in self.got:
+                    self.got[doc_id] = row
+                    new += 1
+            polled = polled.plus(new, result.tokens if new else 0, earlier=seq <= (self._before or 0))
+            try:
+                await msg.ack()
+            except Exception:
+                pass
+        return polled

@@ -1,0 +1,141 @@
+"""Whether a bulk job can run on the fleet serving now, checked before any of it is published.
+
+A job published for a model no worker serves, for an output the model cannot make, or in batches
+whose vectors cannot fit in one NATS message, would only become dead letters, batch after batch.
+What the fleet serves comes from the tokenizers' and workers' discovery metadata (shared/fleet.py,
+the same that GET /v1/models shows); the message limit from the server's INFO (``max_payload``).
+
+A worker stores each token batch's vectors as one result message, and a token batch holds at most
+a job batch's documents. So a job batch fits when its documents' vectors fit at their largest: a
+dense row; a sparse vector with an entry for every vocabulary id the model can weigh (SPLADE: the
+whole vocabulary; BGE-M3: one per token); a vector per token for the model's token limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Mapping
+
+from shared.fleet import FleetView, FleetWatch
+from shared.model_dir import same_model
+from shared.protocol import EmbedOptions
+from shared.protocol.messages import VECTOR_DTYPES, row_bytes
+from shared.subjects import model_token
+
+# bytes of a stored result besides its vectors and document ids: the message's other fields, the
+# job id (in the message and its subject; at most MAX_JOB_ID bytes each), the headers (message id,
+# trace context); as the worker's own check counts them, and more
+RESULT_OVERHEAD = 1024 + 256 + 2 * 128
+ID_OVERHEAD = 5  # msgpack's header of one document id
+OFFSET_BYTES = 4  # a ragged result's offset per document (int32)
+INDEX_BYTES = 4  # a sparse entry's vocabulary id (int32)
+
+
+class JobRefused(ValueError):
+    """A job the fleet cannot run as asked; ``field`` names what to change (an HTTP body's field)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A model as the fleet serves it: one live tokenizer's and one live worker's metadata."""
+
+    model: str
+    tokenizer: Mapping[str, str]
+    worker: Mapping[str, str]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(o for o in (self.worker.get("outputs") or "dense").split(",") if o)
+
+    def number(self, key: str, *fallbacks: str) -> int:
+        """A metadata number, from the worker's else the tokenizer's metadata, trying ``fallbacks`` in turn."""
+        for name in (key, *fallbacks):
+            for meta in (self.worker, self.tokenizer):
+                try:
+                    return int(meta[name])
+                except (KeyError, ValueError):
+                    continue
+        return 0
+
+    def document_bytes(self, options: EmbedOptions) -> int:
+        """The most bytes one document's vectors of ``options`` take in a stored result."""
+        dtype, output = options.dtype, options.output
+        if output == "sparse":  # (id, value) entries, as many as vocabulary ids the model can weigh
+            return self.number("sparse_entries", "vocab_size") * (INDEX_BYTES + VECTOR_DTYPES[dtype].itemsize) + OFFSET_BYTES
+        if output == "multivector":  # a vector per token, up to the model's token limit
+            return self.number("max_seq_length") * row_bytes(dtype, self.number("multivector_dim", "dim")) + OFFSET_BYTES
+        return row_bytes(dtype, self.number("dim"))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFit:
+    """The job batch size that fits, and why it is smaller than asked (None: as asked)."""
+
+    batch_size: int
+    note: str | None = None
+
+
+def served_id(view: FleetView, model: str) -> str | None:
+    """The served id whose tokenizers take ``model``'s job batches (the same subject token), if any."""
+    return next((m for m in view.models if model_token(m) == model_token(model)), None)
+
+
+def served(view: FleetView, model: str) -> Served:
+    """``model`` as the fleet serves it; JobRefused when no tokenizer and worker serve it."""
+    found = served_id(view, model)
+    if found is None:
+        alike = next((m for m in view.models if same_model(model, m)), None)
+        hint = f": name it {alike!r}" if alike else f"; served: {', '.join(view.models) or 'none'}"
+        raise JobRefused(f"model {model!r} is not served here (no live tokenizer and worker for it){hint}", "model")
+    return Served(found, view.tokenizers[found], view.workers[found])
+
+
+def check_output(model: Served, output: str) -> None:
+    """JobRefused when ``model`` cannot make ``output`` vectors (a cross-encoder makes none)."""
+    if model.worker.get("task") == "score":
+        raise JobRefused(f"{model.model} is a cross-encoder: it scores (query, document) pairs and makes no vectors",
+                         "model")
+    if output not in model.outputs:
+        raise JobRefused(f"{model.model} makes no {output} vectors (it makes: {', '.join(model.outputs)})", "output")
+
+
+def fit_batch(model: Served, options: EmbedOptions, batch_size: int, max_payload: int, longest_id: int) -> BatchFit:
+    """The job batch size (at most ``batch_size``) whose stored results fit in ``max_payload`` bytes,
+    for document ids of at most ``longest_id`` bytes; JobRefused when not even one document fits."""
+    per_document = model.document_bytes(options) + longest_id + ID_OVERHEAD
+    fits = (max_payload - RESULT_OVERHEAD) // per_document
+    kind = f"{options.output} vectors" if options.output != "dense" else "vector"
+    if fits < 1:
+        raise JobRefused(f"one document's {kind} from {model.model} may take {per_document:,} bytes, over the NATS "
+                         f"server's message limit of {max_payload:,} (max_payload): raise max_payload in the server's "
+                         "configuration, or ask a smaller embedding_type", "output")
+    if fits >= batch_size:
+        return BatchFit(batch_size)
+    return BatchFit(fits, f"batch size cut from {batch_size} to {fits}: a document's {kind} from {model.model} may "
+                          f"take {per_document:,} bytes, and a batch's results must fit in one NATS message of "
+                          f"{max_payload:,} bytes (max_payload)")
+
+
+def check_job(view: FleetView, model: str, options: EmbedOptions, batch_size: int, max_payload: int,
+              doc_ids: list[str]) -> BatchFit:
+    """Everything the fleet must offer a job, checked before any of it is published."""
+    found = served(view, model)
+    check_output(found, options.output)
+    longest = max((len(d.encode()) for d in doc_ids), default=0)
+    return fit_batch(found, options, batch_size, max_payload, longest)
+
+
+async def fleet_view(nc, prefix: str, model: str, patience: float = 3.0) -> FleetView:
+    """What the fleet serves, pinged again (half a second each) until ``model`` shows or ``patience``
+    seconds passed: a busy process may answer a ping late."""
+    watch = FleetWatch(nc, prefix, wait=0.5, interval=1.0)
+    deadline = asyncio.get_running_loop().time() + patience
+    while True:
+        view = await watch.refresh()
+        if served_id(view, model) is not None or asyncio.get_running_loop().time() >= deadline:
+            return view
