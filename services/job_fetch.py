@@ -16,7 +16,7 @@ import numpy as np
 from shared.config import ConfigError, NatsConfig
 from shared.jobs import CANCELLED, MAX_JOB_ID, has_state_key, job_bucket, read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
-from shared.lifecycle import connect
+from shared.lifecycle import connect_within
 from shared.quantize import FORMS
 from services.reindex import check_output_path, write_output, write_ragged
 
@@ -27,7 +27,7 @@ async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
     if not has_state_key(job):
         raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
     # it reads results as reindex does, under reindex's name: a job publisher's credentials serve
-    nc = await connect(nats, "embedfleet-reindex")
+    nc = await connect_within(nats, "embedfleet-reindex")
     try:
         js = nc.jetstream()
         kv = await job_bucket(js, nats.subjects)

@@ -207,7 +207,8 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"id": "a", "text": "hello"}\n')
     for args in (["reindex", str(docs), "--out", str(tmp_path / "v.npy"), "--nats", dead], ["jobs", "--nats", dead],
-                 ["init", "--nats", dead], ["jobs", "cancel", "some-job", "--nats", dead]):
+                 ["init", "--nats", dead], ["jobs", "cancel", "some-job", "--nats", dead],
+                 ["jobs", "fetch", "some-job", "--out", str(tmp_path / "f.npy"), "--nats", dead]):
         result, took = _one_shot(args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert f"embedfleet: error: cannot reach NATS at {dead} within 5s: " in result.stderr, result.stderr
