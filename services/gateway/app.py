@@ -23,7 +23,7 @@ from shared.client import EmbedClient, EmbedOutcome, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
-from shared.lifecycle import connect, mark_ready, register
+from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
@@ -99,7 +99,7 @@ class Gateway:
             await self.discovery.stop()
             await self.client.stop()
             await self.metrics.jobs.stop()
-            await self.nc.drain()
+            await drain_or_close(self.nc)
             if exporter is not None:
                 exporter.close()
             self.tracer.shutdown()

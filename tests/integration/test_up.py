@@ -163,3 +163,64 @@ def test_up_starts_a_dead_service_again(tmp_path):
         assert proc.poll() is None
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process under ``pid`` (children, their children, ...)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout
+        kids = {int(p) for p in out.split()}
+        todo += kids - found
+        found |= kids
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_up_killed_outright_takes_its_stack_along(tmp_path):
+    """A second `up` on the data folder of a running one fails at once naming the holder; `up` killed
+    with SIGKILL leaves no nats-server or service behind, and frees its data folder."""
+    port = free_port()
+    proc, log = _start_up(tmp_path, "--port", str(port), env=FIXED_BUDGET)
+    stack: set[int] = set()
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        assert proc.poll() is None, log.read_text()
+        second = subprocess.run(
+            [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert second.returncode == 2, second.stderr
+        assert f"the data folder {tmp_path / 'data'} is in use by pid {proc.pid} (" in second.stderr
+        assert "services.cli up --data-dir" in second.stderr and "Traceback" not in second.stderr
+        stack = _descendants(proc.pid)
+        ps = subprocess.run(["ps", "-o", "args=", "-p", ",".join(map(str, stack))], capture_output=True, text=True).stdout
+        assert "nats-server" in ps and ps.count("services.cli") == 4, ps
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # the services stop as on SIGTERM, their NATS server gone with them
+        started = time.monotonic()
+        try:
+            wait_until(lambda: not any(_running(pid) for pid in stack), 30, "the stack's processes to end")
+        except TimeoutError:
+            left = [p for p in stack if _running(p)]
+            ps = subprocess.run(["ps", "-o", "pid,stat,args", "-p", ",".join(map(str, left))], capture_output=True, text=True)
+            raise AssertionError(f"still running:\n{ps.stdout}\n{log.read_text()[-4000:]}") from None
+        print(f"the stack ended {time.monotonic() - started:.1f}s after `up` was killed")
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+        for pid in stack:  # what this test failed to see end
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    from services.stack_lock import hold_data_dir
+
+    hold_data_dir(tmp_path / "data").close()  # the kernel let go of the dead one's lock
