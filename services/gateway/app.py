@@ -74,8 +74,10 @@ class Gateway:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         exporter = serve_metrics(self.metrics.registry, self.cfg.metrics)  # --metrics-port, besides GET /metrics
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
-        self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
-        self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery.serves)
+        # liveness checks while requests are in flight: the rows a killed process held go out again at once
+        self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval,
+                                    busy=lambda: self.client is not None and self.client.in_flight > 0)
+        self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery)
         self.discovery.on_lost(self.client.resend_missing)
         await self.client.start()
         await self.discovery.start()
