@@ -63,7 +63,7 @@ _NO_RESPONDERS = "503"
 _CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
 # seconds before its deadline at which a request whose rows wait for the model to be served again is
 # answered 503 (before the wait_for at the deadline answers 504)
-_GIVE_UP_BEFORE = 0.1
+_GIVE_UP_BEFORE = 0.2
 _NOBODY = "no tokenizer or worker is serving this model right now"
 
 

@@ -143,7 +143,8 @@ class FleetWatch:
             now = time.monotonic()
             if now >= until:
                 return False
-            if now - view.at >= WAITING_POLL and not self._lock.locked():
+            # a ping gathers answers for `wait` seconds: none is started that would end past `until`
+            if now - view.at >= WAITING_POLL and now + self._wait < until and not self._lock.locked():
                 async with self._lock:  # one ping for every caller waiting
                     await self.refresh()
             else:
