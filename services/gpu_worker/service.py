@@ -27,6 +27,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
+    DELIVERY_CHECK,
     MAX_STAGES,
     VECTOR_DTYPES,
     EmbedResult,
@@ -240,7 +241,7 @@ class WorkerService:
         return self._scheduler.queued_tokens + self._running_tokens
 
     async def _on_batch(self, msg: Msg) -> None:
-        if not msg.data:
+        if not msg.data and msg.headers and DELIVERY_CHECK in msg.headers:
             return  # a tokenizer's check that its batches reached a worker: arriving is the answer
         if not msg.reply:
             log.warning("token batch without a reply subject dropped")

@@ -3,9 +3,9 @@
 A batch published to a subject nobody subscribes to is dropped without a word: a worker killed a
 moment ago (its load reports not stale yet, so the router still picks it), or no worker at all. So
 after publishing a request's batches, the tokenizer sends one empty message on each subject they went
-to, with a reply to its own inbox. Messages of one connection are handled in order: where the batches
-found nobody, so does the check, and nats-server answers it with a 503 status at once. A worker takes
-an empty message for a check and ignores it; where it arrived, nothing comes back. What was sent is
+to, with a reply to its own inbox (and the DELIVERY_CHECK header). Messages of one connection are handled in order: where the batches
+found nobody, so does the check, and nats-server answers it with a 503 status at once. A worker
+ignores the check; where it arrived, nothing comes back. What was sent is
 kept ``KEEP`` seconds for a 503 to name it.
 """
 
@@ -19,6 +19,8 @@ from typing import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+
+from shared.protocol import DELIVERY_CHECK
 
 log = logging.getLogger("embedfleet.tokenizer")
 
@@ -70,7 +72,7 @@ class DeliveryCheck:
             self._kept.popitem(last=False)
         self._count += 1
         self._kept[self._count] = (now, sent)
-        await self._nc.publish(sent.subject, b"", reply=f"{self._inbox}.{self._count}")
+        await self._nc.publish(sent.subject, b"", reply=f"{self._inbox}.{self._count}", headers={DELIVERY_CHECK: "1"})
 
     async def _on_answer(self, msg: Msg) -> None:
         if not (msg.headers and msg.headers.get("Status") == _NO_RESPONDERS):

@@ -225,6 +225,11 @@ class ErrorReply:
     TYPE = "error"
 
 
+# a header of an empty message that asks only whether anyone subscribes to its subject (a tokenizer's
+# check that its token chunks reached a worker): a worker ignores such a message
+DELIVERY_CHECK = "Embedfleet-Check"
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """worker -> requester, as a token chunk arrives: rows ``start``..``start + rows`` of request ``id``
