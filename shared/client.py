@@ -423,8 +423,10 @@ class EmbedClient:
     def _nobody_took(self, pending: _Pending, attempt: str, why: str) -> None:
         """An attempt's rows reached nobody: sent again once the model is served (one answer per attempt:
         several of its chunks may each find nobody; an older attempt's answer is stale)."""
-        if not pending.future.done() and not pending.resending and attempt == pending.attempts[-1]:
-            pending.lost |= True  # conservatively: every row still missing
+        if pending.future.done() or attempt != pending.attempts[-1]:
+            return
+        pending.lost |= True  # conservatively: every row still missing (a resend under way takes them along)
+        if not pending.resending:
             self._spawn(self._when_served(pending, why, time.monotonic()), pending)
 
     async def _on_reply(self, msg: Msg) -> None:
