@@ -27,8 +27,10 @@ from shared.logs import setup_logging
 from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo
 from shared.nats_server import TOKEN_FILE, EmbeddedNats
+from shared.parent_death import die_with_parent
 from services.gateway.config import api_keys
 from services.gateway.models_api import model_kind
+from services.stack_lock import hold_data_dir
 from services.stack_plan import Child, children, default_model, secret_environment, served_models, with_metrics
 
 log = logging.getLogger("embedfleet.up")
@@ -38,6 +40,8 @@ def run_stack(ns: argparse.Namespace) -> int:
     TracingConfig.from_namespace(ns)  # fails now, naming the extra, where --otlp-endpoint needs it
     infos = served_models(ns)  # fail fast on a bad --model
     default = default_model(ns, infos)
+    # one `up` a data folder; its children die with it (they are started from this, the main, thread)
+    lock = hold_data_dir(Path(ns.data_dir))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -49,7 +53,7 @@ def run_stack(ns: argparse.Namespace) -> int:
     if url is None:
         # the embedded server asks for a token made for this run: no other user of the machine reaches
         # the fabric; the services get it in their environment, `reindex` and `jobs` from its file
-        nats, auth = EmbeddedNats.with_token(Path(ns.data_dir) / "nats")
+        nats, auth = EmbeddedNats.with_token(Path(ns.data_dir) / "nats", die_with_parent=True)
         url = nats.start()
     ready_dir = Path(tempfile.mkdtemp(prefix="embedfleet-up-"))
     # secrets go to the services in their environment; so do the retention limits, which every
@@ -92,6 +96,7 @@ def run_stack(ns: argparse.Namespace) -> int:
             nats.stop()
             log.info("nats-server stopped")
         shutil.rmtree(ready_dir, ignore_errors=True)
+        lock.close()
 
 
 class Fleet:
@@ -108,7 +113,7 @@ class Fleet:
         child.ready.unlink(missing_ok=True)  # a killed process leaves its file behind
         self._roles[child.name] = child.role
         self._procs[child.name] = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", child.role, *child.args], env=self.env
+            [sys.executable, "-m", "services.cli", child.role, *child.args], env=self.env, preexec_fn=die_with_parent()
         )
 
     def started(self, child: Child) -> bool:

@@ -5,11 +5,19 @@ is ``<inbox>.<attempt id>``. A request split into k chunks comes back as several
 messages, each naming its rows; the request completes when every row arrived, fails on the first
 error, and times out at its deadline.
 
-Embedding is idempotent, so work that may be lost is sent again: when a process of the fleet dies
-(``resend_missing``, called by a FleetWatch) or a hop has no responder while the fleet still serves
-the model, the rows still missing go out once more as a new attempt, up to ``retries`` times per
-request, always under the request's own deadline. Rows that arrive twice are kept once. While the
-NATS connection is down nothing is sent: new requests and those in flight fail at once (503).
+Embedding is idempotent, so work that may be lost is sent again, as a new attempt holding the rows
+still missing, up to ``retries`` times per request and always under the request's own deadline:
+
+- when a process of the fleet dies (``resend_missing``, called by a FleetWatch, within a fraction of
+  a second of a SIGKILL), the missing rows of that model's requests in flight go out again at once
+  while the fleet still serves the model;
+- when an attempt's rows are known lost because nobody took them (no tokenizer answered: a 503
+  status; or a tokenizer found no worker: a ``no_responders`` error reply), and when a process died
+  and nothing serves the model any more, the rows wait until a fresh look at the fleet shows it
+  served again (a process restarted), then go out. Nothing back before the deadline: 503, not 504.
+
+Rows that arrive twice are kept once. While the NATS connection is down nothing is sent: new requests
+and those in flight fail at once (503).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Awaitable, Protocol, Sequence, TypeVar
 
 import numpy as np
 from nats.aio.client import Client
@@ -35,6 +43,7 @@ from shared.protocol import (
     EmbedRequest,
     EmbedResult,
     ErrorReply,
+    Held,
     ProtocolError,
     RerankRequest,
     RerankResult,
@@ -51,8 +60,21 @@ log = logging.getLogger("embedfleet.client")
 T = TypeVar("T")
 
 _NO_RESPONDERS = "503"
-_NO_RESPONDER_PAUSE = 0.1  # seconds before re-sending after a missing responder
 _CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
+# seconds before its deadline at which a request whose rows wait for the model to be served again is
+# answered 503 (before the wait_for at the deadline answers 504)
+_GIVE_UP_BEFORE = 0.2
+_NOBODY = "no tokenizer or worker is serving this model right now"
+
+
+class Fleet(Protocol):
+    """What the client asks of the fleet's watch (shared.fleet.FleetWatch)."""
+
+    def serves(self, model: str) -> bool:
+        """Whether the latest view has a tokenizer and a worker for ``model``."""
+
+    async def wait_serving(self, model: str, since: float, until: float) -> bool:
+        """Whether a view taken after ``since`` serves ``model`` before ``until`` (monotonic times)."""
 
 
 @dataclass(slots=True)
@@ -84,6 +106,9 @@ class _Pending:
         self.timings: dict[str, float] = {}
         self.attempts: list[str] = []  # attempt ids, the first is the request id
         self.resending = False  # a resend is under way
+        self.parked = False  # its missing rows wait for the model to be served again
+        self.held: dict[str, np.ndarray] = {}  # worker id -> rows it holds (bool mask over the request's rows)
+        self.lost = np.zeros(self.total, dtype=bool)  # rows to send again (those still missing then)
         self.trace: TraceContext | None = current()  # sent with every attempt (a resend runs in another task)
 
     def fail(self, error: ServiceError) -> None:
@@ -129,6 +154,22 @@ class _Pending:
     def missing(self) -> np.ndarray:
         return np.flatnonzero(~self.filled)
 
+    def hold(self, held: Held, index: np.ndarray | None) -> None:
+        """A worker took rows of one attempt; ``index`` maps them to the request's (None: the same)."""
+        count = self.total if index is None else len(index)
+        if held.start + held.rows > count:
+            raise ProtocolError(f"held rows {held.start}..{held.start + held.rows} do not fit a request of {count}")
+        rows = np.arange(held.start, held.start + held.rows) if index is None else index[held.start : held.start + held.rows]
+        self.held.setdefault(held.holder, np.zeros(self.total, dtype=bool))[rows] = True
+
+    def lose(self, role: str, instance: str) -> bool:
+        """``role`` ``instance`` died: the rows it held are lost, and so may be those no worker holds yet
+        (in a tokenizer, or on their way to a worker). Whether any of them is still missing."""
+        gone = self.held.pop(instance, None) if role == "worker" else None
+        unheld = ~np.logical_or.reduce(list(self.held.values())) if self.held else np.ones(self.total, dtype=bool)
+        self.lost |= unheld if gone is None else (gone | unheld)
+        return bool((self.lost & ~self.filled).any())
+
 
 def reply_error(reply: ErrorReply, rows: int, index: np.ndarray | None = None, noun: str = "input") -> ServiceError:
     """A service's error reply as a ServiceError of the request; ``rows``: the inputs of the request the
@@ -166,16 +207,15 @@ def _subset(request: EmbedRequest, attempt: str, rows: np.ndarray) -> EmbedReque
 class EmbedClient:
     """Sends EmbedRequests and gathers their results; shared by the gateway and the scorer.
 
-    ``retries``: attempts after the first for work that may be lost; ``serves(model)``: whether the
-    fleet still serves a model (a FleetWatch's view), asked before re-sending after a missing
-    responder; without it a missing responder fails the request at once.
+    ``retries``: attempts after the first for work that may be lost; ``fleet``: who serves what (a
+    FleetWatch), asked before rows are sent again; without it rows nobody took fail the request at once.
     """
 
-    def __init__(self, nc: Client, subjects: Subjects, retries: int = 2, serves: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, nc: Client, subjects: Subjects, retries: int = 2, fleet: Fleet | None = None) -> None:
         self._nc = nc
         self._subjects = subjects
         self._retries = retries
-        self._serves = serves
+        self._fleet = fleet
         self._inbox = ""
         self._pending: dict[str, _Pending] = {}
         self._attempts: dict[str, tuple[_Pending, np.ndarray | None]] = {}  # attempt id -> request, row map
@@ -238,6 +278,8 @@ class EmbedClient:
             await self._send(pending, request_id, None, payload)
             return await asyncio.wait_for(pending.future, timeout)
         except asyncio.TimeoutError:
+            if pending.parked:  # its rows were lost, and nothing serves the model to take them again
+                raise ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY) from None
             raise ServiceError(
                 ErrorCode.TIMEOUT, f"no complete result within {timeout:g}s ({pending.rows}/{pending.total} rows)"
             ) from None
@@ -253,8 +295,9 @@ class EmbedClient:
                                headers=headers_for(pending.trace))
 
     async def _resend(self, pending: _Pending, why: str) -> bool:
-        """Send ``pending``'s missing rows as a new attempt; False when its retries or time ran out."""
-        rows = pending.missing()
+        """Send ``pending``'s lost rows still missing as a new attempt; False when its retries or time ran out."""
+        rows = np.flatnonzero(pending.lost & ~pending.filled)
+        pending.lost[:] = False
         if pending.future.done() or not len(rows):
             return True
         if len(pending.attempts) > self._retries or pending.request.deadline - time.time() < 0.05:
@@ -269,21 +312,37 @@ class EmbedClient:
             log.warning("request %s: resend failed: %s", pending.id, exc)
         return True
 
-    def resend_missing(self, role: str, instance: str) -> None:
-        """A process of the fleet died: every request in flight may have lost rows with it.
+    def resend_missing(self, role: str, instance: str, model: str | None = None) -> None:
+        """A process of the fleet serving ``model`` (None: any) died: every request of that model in flight
+        may have lost rows with it.
 
         Out of retries, a request still completes if its rows come, or times out at its deadline."""
         for pending in list(self._pending.values()):
-            if not pending.future.done() and not pending.resending:
-                self._spawn(self._resend(pending, f"{role} {instance} stopped answering"), pending)
+            if model is not None and pending.request.model != model:
+                continue
+            # a resend under way sends these rows too (or goes again for them)
+            if pending.lose(role, instance) and not pending.future.done() and not pending.resending:
+                self._spawn(self._when_served(pending, f"{role} {instance} died", None), pending)
 
-    async def _no_responder(self, pending: _Pending) -> None:
+    async def _when_served(self, pending: _Pending, why: str, lost_at: float | None) -> None:
+        """Send ``pending``'s missing rows again once its model is served. ``lost_at``: when (monotonic)
+        its latest attempt found nobody to take them (None: a process died, they may be lost): then
+        only a look at the fleet taken after that counts, and out of retries the request fails (503)."""
         model = pending.request.model
-        if self._serves is not None and self._serves(model):
-            await asyncio.sleep(_NO_RESPONDER_PAUSE)  # the tokenizers' routers drop a dead worker meanwhile
-            if self._serves(model) and await self._resend(pending, "a hop had no responder"):
+        if self._fleet is None:
+            pending.fail(ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY))
+            return
+        if lost_at is not None or not self._fleet.serves(model):
+            pending.parked = True
+            until = time.monotonic() + pending.request.deadline - time.time() - _GIVE_UP_BEFORE
+            served = await self._fleet.wait_serving(model, time.monotonic() if lost_at is None else lost_at, until)
+            pending.parked = False
+            if not served:
+                pending.fail(ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY))
                 return
-        pending.fail(ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer or worker is serving this model right now"))
+        while (pending.lost & ~pending.filled).any():  # more were lost meanwhile: they go too
+            if not await self._resend(pending, why) and lost_at is not None:
+                pending.fail(ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY))
 
     def _spawn(self, work, pending: _Pending) -> None:
         """Run ``work`` (a resend) in the background, one at a time per request."""
@@ -361,6 +420,15 @@ class EmbedClient:
             raise error
         return reply
 
+    def _nobody_took(self, pending: _Pending, attempt: str, why: str) -> None:
+        """An attempt's rows reached nobody: sent again once the model is served (one answer per attempt:
+        several of its chunks may each find nobody; an older attempt's answer is stale)."""
+        if pending.future.done() or attempt != pending.attempts[-1]:
+            return
+        pending.lost |= True  # conservatively: every row still missing (a resend under way takes them along)
+        if not pending.resending:
+            self._spawn(self._when_served(pending, why, time.monotonic()), pending)
+
     async def _on_reply(self, msg: Msg) -> None:
         attempt = msg.subject.rsplit(".", 1)[-1]
         found = self._attempts.get(attempt)
@@ -368,16 +436,18 @@ class EmbedClient:
             return  # late reply for a request that already finished or timed out
         pending, index = found
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            # one answer per attempt: several chunks of it may each find no responder
-            if not pending.future.done() and not pending.resending and attempt == pending.attempts[-1]:
-                self._spawn(self._no_responder(pending), pending)
+            self._nobody_took(pending, attempt, "no tokenizer took it")
             return
         try:
             reply = decode(msg.data)
-            if isinstance(reply, ErrorReply):
+            if isinstance(reply, ErrorReply) and reply.code is ErrorCode.NO_RESPONDERS:
+                self._nobody_took(pending, attempt, "no worker took its rows")  # a tokenizer found none
+            elif isinstance(reply, ErrorReply):
                 pending.fail(reply_error(reply, pending.total if index is None else len(index), index))
             elif isinstance(reply, EmbedResult):
                 pending.add(reply, index)
+            elif isinstance(reply, Held):
+                pending.hold(reply, index)
             else:
                 raise ProtocolError(f"unexpected {type(reply).__name__} on a reply subject")
         except ProtocolError as exc:

@@ -2,12 +2,20 @@
 
 A ``FleetWatch`` pings the tokenizers and workers under our subject prefix every ``interval``
 seconds in the background, so a request never waits for a poll. Each live process answers with
-its instance id; a process not heard from for ``LOST_AFTER_POLLS`` intervals (and a ping's wait)
-has died (SIGKILL, a crashed host, a stopped process) and the watch calls its ``on_lost``
-callbacks: callers re-send the work that process may have held. A worker that stops cleanly
-drains its work first and says so in its last load report, also sent on the leaving subject: it is
-forgotten without a call. (A tokenizer holds a request for milliseconds; one that stops cleanly
-costs at most duplicates, which callers ignore.)
+its instance id. A process that dies is found two ways, and the watch calls its ``on_lost``
+callbacks: callers re-send the work that process may have held.
+
+- Within ``LIVENESS_INTERVAL`` while the caller has work in flight (``busy()``): every known process
+  is sent an empty message on its own ping subject (``$SRV.PING.<name>.<id>``) with a reply to our
+  inbox. nats-server answers such a message at once with a 503 status when nobody subscribes to the
+  subject: the process's connection closed (SIGKILL, a crash, the OOM killer). A live process answers
+  the ping; that answer is ignored.
+- A process not heard from for ``LOST_AFTER_POLLS`` intervals (and a ping's wait): a stopped process
+  (SIGSTOP) or a host cut off, whose connection is still open.
+
+A worker that stops cleanly drains its work first and says so in its last load report, also sent on
+the leaving subject: it is forgotten without a call. (A tokenizer holds a request for milliseconds;
+one that stops cleanly costs at most duplicates, which callers ignore.)
 """
 
 from __future__ import annotations
@@ -23,12 +31,27 @@ from nats.aio.client import Client
 
 from shared.lifecycle import cancel
 from shared.protocol import LoadReport, ProtocolError, decode_as
-from shared.subjects import SERVICE_NAMES, Subjects
+from shared.subjects import SERVICE_NAMES, Subjects, model_token
 
 log = logging.getLogger("embedfleet.fleet")
 # polls a live process may miss (a reply lost in a reconnect, a busy event loop) before it is taken
 # for dead; --discovery-interval's help states this count
 LOST_AFTER_POLLS = 3
+# seconds between liveness checks of the known processes while work is in flight: how soon the work
+# a killed process held is sent again
+LIVENESS_INTERVAL = 0.2
+# seconds between pings while a caller waits for a model to be served again (``wait_serving``)
+WAITING_POLL = 0.3
+_NO_RESPONDERS = "503"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One live process as the last pings saw it."""
+
+    model: str
+    ping: str  # its own ping subject: $SRV.PING.<name>.<micro-service id>
+    seen: float  # monotonic time of its last answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +68,18 @@ class FleetView:
     def serves(self, model: str) -> bool:
         return model in self.tokenizers and model in self.workers
 
+    def without(self, role: str, model: str) -> FleetView:
+        """This view less ``role``'s entry for ``model`` (its last process of that role died)."""
+        tokenizers, workers = dict(self.tokenizers), dict(self.workers)
+        (tokenizers if role == "tokenizer" else workers).pop(model, None)
+        return FleetView(tokenizers, workers, self.at)
+
 
 class FleetWatch:
-    def __init__(self, nc: Client, prefix: str, wait: float, interval: float) -> None:
+    """``busy()``: whether the caller has work in flight (the liveness checks run only then)."""
+
+    def __init__(self, nc: Client, prefix: str, wait: float, interval: float,
+                 busy: Callable[[], bool] = lambda: True) -> None:
         self._nc = nc
         self._prefix = prefix  # only services under our subject prefix belong to our fleet
         self._wait = wait
@@ -55,18 +87,23 @@ class FleetWatch:
         self._lost_after = LOST_AFTER_POLLS * interval + wait  # seconds
         self._view = FleetView({}, {}, 0.0)
         self._lock = asyncio.Lock()
-        self._seen: dict[tuple[str, str], float] = {}  # (role, instance id) -> last answer (monotonic)
-        self._on_lost: list[Callable[[str, str], None]] = []
-        self._task: asyncio.Task | None = None
-        self._leaving_sub = None
+        self._busy = busy
+        self._seen: dict[tuple[str, str], Member] = {}  # (role, instance id) -> the process
+        self._on_lost: list[Callable[[str, str, str], None]] = []
+        self._tasks: list[asyncio.Task] = []
+        self._subs: list = []
+        self._live_inbox = ""
 
-    def on_lost(self, callback: Callable[[str, str], None]) -> None:
-        """Call ``callback(role, instance_id)`` when a live process stops answering."""
+    def on_lost(self, callback: Callable[[str, str, str], None]) -> None:
+        """Call ``callback(role, instance_id, model)`` when a live process dies or stops answering."""
         self._on_lost.append(callback)
 
     async def start(self) -> None:
-        self._leaving_sub = await self._nc.subscribe(Subjects(self._prefix).leaving(), cb=self._on_leaving)
-        self._task = asyncio.create_task(self._poll_forever(), name="fleet-watch")
+        self._live_inbox = self._nc.new_inbox()
+        self._subs = [await self._nc.subscribe(Subjects(self._prefix).leaving(), cb=self._on_leaving),
+                      await self._nc.subscribe(f"{self._live_inbox}.>", cb=self._on_liveness)]
+        self._tasks = [asyncio.create_task(self._poll_forever(), name="fleet-watch"),
+                       asyncio.create_task(self._check_liveness(), name="fleet-liveness")]
 
     async def _on_leaving(self, msg) -> None:
         try:
@@ -74,14 +111,15 @@ class FleetWatch:
         except ProtocolError:
             return
         if report.leaving:
-            self._seen.pop(("worker", report.id), None)
+            self._seen.pop(("worker", report.id), None)  # its work drains: nothing to send again
 
     async def stop(self) -> None:
-        if self._leaving_sub is not None:
-            await self._leaving_sub.unsubscribe()
-            self._leaving_sub = None
-        await cancel(self._task)
-        self._task = None
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs = []
+        for task in self._tasks:
+            await cancel(task)
+        self._tasks = []
 
     def serves(self, model: str) -> bool:
         """Whether the latest view has a tokenizer and a worker for ``model``."""
@@ -95,6 +133,23 @@ class FleetWatch:
                     await self.refresh()
         return self._view
 
+    async def wait_serving(self, model: str, since: float, until: float) -> bool:
+        """Wait until a view taken after ``since`` (monotonic) has a tokenizer and a worker for ``model``:
+        True then, False once ``until`` (monotonic) passes first. Pings every WAITING_POLL seconds meanwhile."""
+        while True:
+            view = self._view
+            if view.at > since and view.serves(model):
+                return True
+            now = time.monotonic()
+            if now >= until:
+                return False
+            # a ping gathers answers for `wait` seconds: none is started that would end past `until`
+            if now - view.at >= WAITING_POLL and now + self._wait < until and not self._lock.locked():
+                async with self._lock:  # one ping for every caller waiting
+                    await self.refresh()
+            else:
+                await asyncio.sleep(min(0.05, until - now))
+
     async def refresh(self, until_ready: bool = False) -> FleetView:
         """Ping tokenizers and workers; ``until_ready`` returns as soon as one model has both."""
         (tokenizers, t_ids), (workers, w_ids) = await asyncio.gather(
@@ -103,22 +158,49 @@ class FleetWatch:
         now = time.monotonic()
         self._view = FleetView(tokenizers, workers, now)
         for role, ids in (("tokenizer", t_ids), ("worker", w_ids)):
-            for instance in ids:
-                self._seen[(role, instance)] = now
+            for instance, (model, ping) in ids.items():
+                self._seen[(role, instance)] = Member(model, ping, now)
         return self._view
 
     def _check_lost(self) -> None:
         now = time.monotonic()
-        for key, seen in list(self._seen.items()):
-            if now - seen > self._lost_after:
-                del self._seen[key]
-                role, instance = key
-                log.warning("%s %s stopped answering: its work is sent again", role, instance)
-                for callback in self._on_lost:
-                    try:
-                        callback(role, instance)
-                    except Exception:  # one failing callback must not stop the watch
-                        log.exception("fleet callback failed")
+        for key, member in list(self._seen.items()):
+            if now - member.seen > self._lost_after:
+                self._lost(*key, "stopped answering")
+
+    def _lost(self, role: str, instance: str, why: str) -> None:
+        member = self._seen.pop((role, instance), None)
+        if member is None:
+            return  # found already
+        log.warning("%s %s %s: its work is sent again", role, instance, why)
+        if not any(r == role and m.model == member.model for (r, _), m in self._seen.items()):
+            self._view = self._view.without(role, member.model)  # its model's last of that role
+        for callback in self._on_lost:
+            try:
+                callback(role, instance, member.model)
+            except Exception:  # one failing callback must not stop the watch
+                log.exception("fleet callback failed")
+
+    async def _check_liveness(self) -> None:
+        """While work is in flight, an empty message on each known process's own ping subject: the server
+        answers 503 at once for one whose connection closed (``_on_liveness``)."""
+        while True:
+            await asyncio.sleep(LIVENESS_INTERVAL)
+            if not (self._busy() and self._nc.is_connected):
+                continue
+            try:
+                for (role, instance), member in list(self._seen.items()):
+                    await self._nc.publish(member.ping, b"", reply=f"{self._live_inbox}.{role}.{model_token(instance)}")
+            except Exception as exc:  # lost in a reconnect: the next round checks again
+                log.debug("liveness check: %s", exc)
+
+    async def _on_liveness(self, msg) -> None:
+        if not (msg.headers and msg.headers.get("Status") == _NO_RESPONDERS):
+            return  # a live process's answer
+        role, token = msg.subject[len(self._live_inbox) + 1:].split(".", 1)
+        for r, instance in list(self._seen):
+            if r == role and model_token(instance) == token:
+                self._lost(role, instance, "is gone (its connection closed)")
 
     async def _poll_forever(self) -> None:
         while True:
@@ -131,9 +213,11 @@ class FleetWatch:
                     log.debug("fleet poll: %s", exc)
             await asyncio.sleep(max(0.0, self._interval - (time.monotonic() - started)))
 
-    async def _ping(self, role: str, first_only: bool) -> tuple[dict[str, dict[str, str]], set[str]]:
+    async def _ping(self, role: str, first_only: bool) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, str]]]:
+        """Who of ``role`` answers: model -> one process's metadata; instance -> (model, its ping subject)."""
         found: dict[str, dict[str, str]] = {}
-        ids: set[str] = set()
+        ids: dict[str, tuple[str, str]] = {}
+        name = SERVICE_NAMES[role]
         got_one = asyncio.Event()
         inbox = self._nc.new_inbox()
 
@@ -141,18 +225,19 @@ class FleetWatch:
             try:
                 answer = json.loads(msg.data)
                 meta = answer.get("metadata") or {}
-                instance = meta.get("instance") or answer.get("id")
+                service = answer.get("id")
+                instance = meta.get("instance") or service
             except (ValueError, AttributeError):
                 return
             if isinstance(meta, dict) and meta.get("prefix") == self._prefix and isinstance(meta.get("model"), str):
                 found.setdefault(meta["model"], meta)
-                if isinstance(instance, str):
-                    ids.add(instance)
+                if isinstance(instance, str) and isinstance(service, str) and service.isalnum():
+                    ids[instance] = (meta["model"], f"$SRV.PING.{name}.{service}")
                 got_one.set()
 
         sub = await self._nc.subscribe(inbox, cb=on_reply)
         try:
-            await self._nc.publish(f"$SRV.PING.{SERVICE_NAMES[role]}", b"", reply=inbox)
+            await self._nc.publish(f"$SRV.PING.{name}", b"", reply=inbox)
             if first_only:
                 try:
                     await asyncio.wait_for(got_one.wait(), self._wait)

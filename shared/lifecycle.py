@@ -208,6 +208,18 @@ async def register(
     )
 
 
+async def drain_or_close(nc: Client) -> None:
+    """Drain the connection (what was received is handled, what was published is sent); where that
+    fails (the server is gone: the client is reconnecting), close it: a reconnecting client's task
+    would otherwise keep the event loop, and the process, from ending."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout=DRAIN_TIMEOUT)
+    except Exception as exc:
+        log.warning("nats drain: %s", exc)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), timeout=DRAIN_TIMEOUT)
+
+
 def mark_ready(cfg: NatsConfig, ready: bool) -> None:
     """Write (or remove) the ready file that readiness probes look for."""
     if not cfg.ready_file:
@@ -248,10 +260,7 @@ def run_service(
             await asyncio.wait_for(service.stop(), timeout=STOP_TIMEOUT)
         except asyncio.TimeoutError:
             log.warning("%s: in-flight work did not finish within %.0fs", role, STOP_TIMEOUT)
-        try:
-            await asyncio.wait_for(nc.drain(), timeout=DRAIN_TIMEOUT)
-        except Exception as exc:  # a drain during reconnect can fail; we exit either way
-            log.warning("nats drain: %s", exc)
+        await drain_or_close(nc)
         log.info("%s stopped", role)
 
     run_async(main())

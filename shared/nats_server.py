@@ -24,6 +24,7 @@ from pathlib import Path
 from shared.config import ConfigError
 from shared.options import option
 from shared.nats_auth import NatsAuth
+from shared import parent_death
 
 log = logging.getLogger("embedfleet.nats")
 
@@ -86,12 +87,15 @@ def free_port() -> int:
 class EmbeddedNats:
     """A nats-server child process; ``start()`` returns its URL once JetStream answers."""
 
-    def __init__(self, data_dir: Path, port: int = 0, config: str = "", name: str = "") -> None:
+    def __init__(self, data_dir: Path, port: int = 0, config: str = "", name: str = "", die_with_parent: bool = False) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.monitor_port = free_port()
         self.config = config  # more nats-server configuration (authorization, tls, cluster, ...), appended
         self.name = name  # the server's name (a cluster's nodes need one each); "": nats-server makes one
+        # stopped by the kernel when the process that started it dies (see shared.parent_death): it must
+        # be started from a thread that lives as long as that process
+        self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -99,7 +103,7 @@ class EmbeddedNats:
         return f"nats://{HOST}:{self.port}"
 
     @classmethod
-    def with_token(cls, data_dir: Path) -> tuple[EmbeddedNats, NatsAuth]:
+    def with_token(cls, data_dir: Path, die_with_parent: bool = False) -> tuple[EmbeddedNats, NatsAuth]:
         """A server that asks every client for a token made now (random, 256 bits), and the credentials
         that give it. The token is written to ``data_dir/token`` (mode 0600, for the owner's own
         `reindex` or `jobs`: ``--nats-token-file``), into the server's config (0600) and nowhere else."""
@@ -110,7 +114,8 @@ class EmbeddedNats:
         path.touch(mode=0o600)
         path.chmod(0o600)
         path.write_text(token + "\n")
-        return cls(data_dir, config=f'authorization {{\n  token: "{token}"\n}}\n'), NatsAuth(token=token)
+        config = f'authorization {{\n  token: "{token}"\n}}\n'
+        return cls(data_dir, config=config, die_with_parent=die_with_parent), NatsAuth(token=token)
 
     def start(self, timeout: float = 15.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +137,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a terminal's Ctrl-C reaches the services, not the server under them
+            preexec_fn=parent_death.die_with_parent() if self.die_with_parent else None,
         )
         log_file.close()
         deadline = time.monotonic() + timeout

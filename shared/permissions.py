@@ -113,7 +113,9 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
         return [f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")] + [
             f"$SRV.{verb}.{name}" for verb in ("PING", "INFO", "STATS")] + [
             f"$SRV.{verb}.{name}.*" for verb in ("PING", "INFO", "STATS")]
-    watch = [f"$SRV.PING.{SERVICE_NAMES[r]}" for r in ("tokenizer", "worker", "scorer")]  # who serves (FleetWatch)
+    # who serves (FleetWatch), and whether one of them is gone (its own ping subject)
+    watch = [f"$SRV.PING.{SERVICE_NAMES[r]}" for r in ("tokenizer", "worker", "scorer")] + [
+        f"$SRV.PING.{SERVICE_NAMES[r]}.*" for r in ("tokenizer", "worker")]
     dead = f"{p}.dead.*"
 
     def advisories(kind: str, durable: str) -> str:

@@ -23,7 +23,7 @@ from shared.client import EmbedClient, EmbedOutcome, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
-from shared.lifecycle import connect, mark_ready, register
+from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
@@ -77,8 +77,10 @@ class Gateway:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         exporter = serve_metrics(self.metrics.registry, self.cfg.metrics)  # --metrics-port, besides GET /metrics
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
-        self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval)
-        self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery.serves)
+        # liveness checks while requests are in flight: the rows a killed process held go out again at once
+        self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval,
+                                    busy=lambda: self.client is not None and self.client.in_flight > 0)
+        self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery)
         self.discovery.on_lost(self.client.resend_missing)
         await self.client.start()
         await self.discovery.start()
@@ -103,7 +105,7 @@ class Gateway:
             await self.discovery.stop()
             await self.client.stop()
             await self.metrics.jobs.stop()
-            await self.nc.drain()
+            await drain_or_close(self.nc)
             if exporter is not None:
                 exporter.close()
             self.tracer.shutdown()

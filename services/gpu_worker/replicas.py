@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from shared.options import arguments
+from shared.parent_death import die_with_parent
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.calibrate import calibrate
@@ -69,7 +70,8 @@ def run_cpu_processes(cfg: WorkerConfig, ns: argparse.Namespace) -> int:
     children = [
         subprocess.Popen([sys.executable, "-m", "services.cli", "worker", *arguments(
             ns, "worker", replicas=1, threads=threads,
-            metrics_port=cfg.metrics.port + i if cfg.metrics.enabled else cfg.metrics.port)])
+            metrics_port=cfg.metrics.port + i if cfg.metrics.enabled else cfg.metrics.port)],
+            preexec_fn=die_with_parent())  # killed outright, this process takes its replicas along
         for i in range(cfg.replicas)
     ]
     log.info("started %d CPU worker processes with %d threads each", len(children), threads)

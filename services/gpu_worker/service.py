@@ -27,10 +27,12 @@ from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
+    DELIVERY_CHECK,
     MAX_STAGES,
     VECTOR_DTYPES,
     EmbedResult,
     ErrorReply,
+    Held,
     JobResult,
     LoadReport,
     ProtocolError,
@@ -253,6 +255,8 @@ class WorkerService:
         return self._scheduler.queued_tokens + self._running_tokens
 
     async def _on_batch(self, msg: Msg) -> None:
+        if not msg.data and msg.headers and DELIVERY_CHECK in msg.headers:
+            return  # a tokenizer's check that its batches reached a worker: arriving is the answer
         if not msg.reply:
             log.warning("token batch without a reply subject dropped")
             return
@@ -275,6 +279,8 @@ class WorkerService:
                 ErrorCode.OVERLOADED, f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later"),
                 trace)
             return
+        if batch.held:  # these rows are ours now: should this process die, the requester sends them again
+            await self._nc.publish(msg.reply, encode(Held(batch.id, batch.start, batch.count, self._id)))
         self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter(), trace=trace))
         self._work_queued()
 

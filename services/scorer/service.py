@@ -30,8 +30,9 @@ class ScorerService:
         self._nc = nc
         self._cfg = cfg
         # the tokenizers and workers it sends candidates to: rows a dead one held are sent again
-        self._fleet = FleetWatch(nc, cfg.nats.subjects.prefix, wait=cfg.discovery_wait, interval=cfg.discovery_interval)
-        self._client = EmbedClient(nc, cfg.nats.subjects, serves=self._fleet.serves)
+        self._fleet = FleetWatch(nc, cfg.nats.subjects.prefix, wait=cfg.discovery_wait, interval=cfg.discovery_interval,
+                                 busy=lambda: self._client.in_flight > 0)
+        self._client = EmbedClient(nc, cfg.nats.subjects, fleet=self._fleet)
         self._fleet.on_lost(self._client.resend_missing)
         self._slots = asyncio.Semaphore(cfg.max_concurrency)
         self._tasks: set[asyncio.Task] = set()

@@ -6,7 +6,8 @@ the report + this batch) / speed is least: the least-loaded worker among equals,
 (busier, older, shared) worker only once the faster one's queue outweighs the difference. Tokens the
 router itself sent since a worker's last report count as waiting, so a burst spreads instead of
 piling onto the one that looked idle. A worker is live while its reports keep coming: silent for
-three of the intervals its last report announced, it is dropped (a leaving report drops it at once).
+three of the intervals its last report announced, it is dropped (a leaving report drops it at once, and
+so does a batch sent to it that reached nobody: its process is gone).
 With no live worker known, the caller uses the shared queue group.
 """
 
@@ -41,6 +42,11 @@ class Router:
             self._workers.pop(report.id, None)
             return
         self._workers[report.id] = _Worker(report.subject, report.queued_tokens, 0, now, report.interval, report.rate)
+
+    def forget(self, subject: str) -> None:
+        """The worker on ``subject`` is gone (a batch sent there reached nobody)."""
+        for wid in [wid for wid, w in self._workers.items() if w.subject == subject]:
+            del self._workers[wid]
 
     def live(self, now: float) -> list[str]:
         return sorted(wid for wid, w in self._workers.items() if now - w.seen <= STALE_INTERVALS * w.interval)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from nats.aio.client import Client
@@ -32,6 +33,7 @@ from shared.tracing import Span, Tracer, bind, current, from_headers, headers_fo
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.bulk import BulkTokenizer
+from services.tokenizer.delivery import DeliveryCheck, Sent
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.routing import Router
 
@@ -41,6 +43,8 @@ log = logging.getLogger("embedfleet.tokenizer")
 # requests up to this many characters are tokenized on the event loop (tens of microseconds): handing
 # them to a thread costs more than the work, in wake-ups and GIL hand-offs
 _INLINE_CHARS = 2048
+# subjects tried for a request's batches that reached no worker, before the requester is told none took them
+_MAX_TRIES = 3
 
 
 async def _off_loop(size: int, encode: Callable[..., Any], *args: Any) -> Any:
@@ -61,6 +65,7 @@ class TokenizerService:
         self._decode_sub = None
         self._load_sub = None
         self._router = Router()
+        self._delivery = DeliveryCheck(nc, self._missed)
         self._bulk: BulkTokenizer | None = None
         self._micro = None
         self.metrics = TokenizerMetrics(cfg.model.id)
@@ -70,6 +75,7 @@ class TokenizerService:
     async def start(self) -> None:
         self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
         model = self._cfg.model
+        await self._delivery.start()
         self._sub = await self._nc.subscribe(
             self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request
         )
@@ -111,6 +117,7 @@ class TokenizerService:
             if sub is not None:
                 await sub.drain()  # finishes messages already received
         self._sub = self._tokenize_sub = self._decode_sub = self._load_sub = None
+        await self._delivery.stop()
         if self._micro is not None:
             await self._micro.stop()
             self._micro = None
@@ -172,9 +179,23 @@ class TokenizerService:
             ids = await _off_loop(sum(map(len, texts)), self._encoder.encode, texts, opts.truncate,
                                   opts.truncation_direction)
         timings = {"tokenize": time.perf_counter() - t0}
-        shared_subject = self._subjects.tokens(request.model)
         headers = headers_for(current())  # the workers' spans are this one's children
-        chunks = 0
+        by_subject = self._route(request, ids, types, timings, prompt_tokens)
+        for subject, (payloads, tokens) in by_subject.items():
+            await self._delivery.publish(Sent(subject, tuple(payloads), tokens, reply, headers, request.id, request.model))
+        chunks = sum(len(payloads) for payloads, _ in by_subject.values())
+        self.metrics.embedded(ids, timings["tokenize"], chunks)
+        log.debug(
+            "request %s: %d inputs -> %d chunks in %.1f ms",
+            request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
+        )
+
+    def _route(self, request: EmbedRequest, ids: list, types: list | None, timings: dict[str, float],
+               prompt_tokens: int) -> dict[str, tuple[list[bytes], int]]:
+        """``request``'s token IDs packed into batches, each for the worker the router picks (the shared
+        subject when it knows none): subject -> (encoded batches, their tokens)."""
+        shared_subject = self._subjects.tokens(request.model)
+        by_subject: dict[str, tuple[list[bytes], int]] = {}
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs, types):
             batch = TokenChunk(
                 id=request.id,
@@ -188,15 +209,29 @@ class TokenizerService:
                 timings=timings,
                 token_types=chunk.token_types,
                 prompt_tokens=prompt_tokens,
+                held=True,  # the requester learns which worker holds which rows
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
-            await self._nc.publish(subject, encode(batch), reply=reply, headers=headers)
-            chunks += 1
-        self.metrics.embedded(ids, timings["tokenize"], chunks)
-        log.debug(
-            "request %s: %d inputs -> %d chunks in %.1f ms",
-            request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
-        )
+            payloads, tokens = by_subject.get(subject, ([], 0))
+            by_subject[subject] = ([*payloads, encode(batch)], tokens + len(chunk.input_ids))
+        return by_subject
+
+    async def _missed(self, sent: Sent) -> None:
+        """Batches that reached no worker: the worker picked is gone (forgotten now): to the next the
+        router picks; none left (the shared subject found nobody too): the requester is told no worker
+        took them, and sends them again once one serves the model."""
+        shared = self._subjects.tokens(sent.model)
+        if sent.subject != shared:
+            self._router.forget(sent.subject)
+            if sent.tries < _MAX_TRIES:
+                subject = self._router.pick(sent.tokens, time.monotonic()) or shared
+                log.info("request %s: worker on %s is gone; its %d batches go to %s", sent.request_id, sent.subject,
+                         len(sent.payloads), subject)
+                await self._delivery.publish(replace(sent, subject=subject, tries=sent.tries + 1))
+                return
+        log.info("request %s: no worker serves %s; the requester sends the rows again", sent.request_id, sent.model)
+        error = ErrorReply(sent.request_id, ErrorCode.NO_RESPONDERS, f"no worker is serving {sent.model} right now")
+        await self._nc.publish(sent.reply, encode(error))
 
     def _check_model(self, model: str) -> None:
         """Only this model's tokenizer may answer: another's would use the wrong vocabulary."""

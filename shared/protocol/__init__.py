@@ -8,7 +8,7 @@ anything is allocated from it, and raises :class:`ProtocolError` otherwise.
 
 Flow of one embedding request split into k chunks::
 
-    gateway --EmbedRequest--> tokenizer --TokenChunk x k--> worker(s) --EmbedResult x >=k--> gateway
+    gateway --EmbedRequest--> tokenizer --TokenChunk x k--> worker(s) --Held x k, EmbedResult x >=k--> gateway
 
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
@@ -16,14 +16,14 @@ The gateway's reply subject travels with the request, so workers answer the gate
 from shared.protocol.checks import MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
 from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.messages import (
-    MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, DecodeRequest, DecodeResult,
-    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, DecodeRequest, DecodeResult,
+    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
     JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes, row_width,
 )
 
 __all__ = [
-    "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
-    "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "JobBatch", "JobResult", "LoadReport", "Message",
+    "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
+    "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",
 ]

@@ -166,6 +166,7 @@ class TokenChunk:
     batch: int = 0  # bulk work: the job batch these rows belong to
     doc_ids: list[str] | None = None  # bulk work: the documents of these rows
     prompt_tokens: int = 0  # leading tokens of every row that pooling skips (a model's include_prompt=false)
+    held: bool = False  # online work: the worker says it holds these rows (a Held message) as they arrive
 
     TYPE = "tokens"
 
@@ -222,6 +223,24 @@ class ErrorReply:
     row: int | None = None  # the index, within the request, of the input that failed; None: not about one input
 
     TYPE = "error"
+
+
+# a header of an empty message that asks only whether anyone subscribes to its subject (a tokenizer's
+# check that its token chunks reached a worker): a worker ignores such a message
+DELIVERY_CHECK = "Embedfleet-Check"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """worker -> requester, as a token chunk arrives: rows ``start``..``start + rows`` of request ``id``
+    are held by worker ``holder``; should it die, the requester sends those rows again."""
+
+    id: str
+    start: int
+    rows: int
+    holder: str  # the worker's id (its load reports' and its micro-service metadata's "instance")
+
+    TYPE = "held"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from shared.protocol.checks import (
 )
 from shared.protocol.messages import (
     MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest,
-    EmbedResult, ErrorReply, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
-    TokenizeResult,
+    EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk,
+    TokenizeRequest, TokenizeResult,
 )
 
 
@@ -117,6 +117,8 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body["tt"] = _tokens_wire(msg.token_types)
     if msg.prompt_tokens:
         body["pt"] = msg.prompt_tokens
+    if msg.held:
+        body["hd"] = True
     if msg.job is not None:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     return body
@@ -160,6 +162,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         batch=_req_int(m, "bi") if job is not None else 0,
         doc_ids=doc_ids,
         prompt_tokens=prompt_tokens,
+        held=_opt_bool(m, "hd", False),
     )
 
 
@@ -212,6 +215,17 @@ def _decode_error_reply(m: dict) -> ErrorReply:
         code = ErrorCode.INTERNAL
     row = _req_int(m, "row") if "row" in m else None  # the encoder leaves it out when there is none
     return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)
+
+
+def _encode_held(msg: Held) -> dict[str, Any]:
+    return {"id": msg.id, "s": msg.start, "hn": msg.rows, "wk": msg.holder}
+
+
+def _decode_held(m: dict) -> Held:
+    start, rows = _req_int(m, "s"), _req_int(m, "hn")
+    if rows < 1 or start + rows > MAX_ROWS:
+        raise ProtocolError(f"held rows {start}..{start + rows} are not within a request of at most {MAX_ROWS}")
+    return Held(id=_id(m), start=start, rows=rows, holder=_name(m, "wk"))
 
 
 def _encode_tokenize_request(msg: TokenizeRequest) -> dict[str, Any]:
@@ -381,6 +395,7 @@ FORMS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] 
     TokenChunk.TYPE: (_encode_token_chunk, _decode_token_chunk),
     EmbedResult.TYPE: (_encode_embed_result, _decode_embed_result),
     ErrorReply.TYPE: (_encode_error_reply, _decode_error_reply),
+    Held.TYPE: (_encode_held, _decode_held),
     TokenizeRequest.TYPE: (_encode_tokenize_request, _decode_tokenize_request),
     TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),
     DecodeRequest.TYPE: (_encode_decode_request, _decode_decode_request),

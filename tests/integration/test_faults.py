@@ -15,8 +15,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -32,9 +33,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 MODEL = "all-MiniLM-L6-v2"
 DEADLINE = 20.0  # the gateway's --request-timeout
-LOST_AFTER = 3.5  # seconds until the gateway's fleet watch takes a silent process for dead (its defaults)
 SHORT_DEADLINE = 4.0  # a second gateway's, for the test that waits one out
 TEXTS = medium_texts(320)  # ~16k tokens: seconds of work for two one-thread workers
+IN_FLIGHT = 8  # requests kept in flight while a process is killed
+# seconds after a process's SIGKILL within which the gateway finds it gone (its liveness checks run every
+# 0.2 s while requests are in flight); room for a loaded two-core machine
+FOUND_GONE_WITHIN = 1.0
 
 
 @dataclass
@@ -201,26 +205,119 @@ def test_worker_killed_while_holding_rows_of_a_request(serving: Fleet):
     wait_until(lambda: fleet.tokenized() - tokenized > len(TEXTS), 10, "rows tokenized again")
 
 
-def test_tokenizer_killed_during_traffic(serving: Fleet):
-    """SIGKILL one of two tokenizers while requests flow: every request is answered, and right."""
-    fleet = serving
+@dataclass(frozen=True)
+class Answered:
+    status: int
+    started: float  # monotonic seconds
+    ended: float
+
+
+def timed_traffic(fleet: Fleet, stop: threading.Event, results: list[list[Answered]], size: int) -> None:
+    """A loop per list of ``results`` sending requests of ``size`` texts until ``stop``, each answer's
+    status and times appended to its loop's list."""
+
+    def loop(k: int) -> None:
+        i = k * 5
+        while not stop.is_set():
+            first = (i * size) % (len(TEXTS) - size)
+            started = time.monotonic()
+            r, _ = embed(fleet.base_url, TEXTS[first : first + size])
+            results[k].append(Answered(r.status_code, started, time.monotonic()))
+            if r.status_code == 200:
+                check_right(fleet, r, slice(first, first + size))
+            i += 1
+
+    with ThreadPoolExecutor(len(results)) as pool:
+        for future in [pool.submit(loop, k) for k in range(len(results))]:
+            future.result()
+
+
+@dataclass(frozen=True)
+class KillUnderLoad:
+    answers: list[Answered]
+    slowest_before: float  # seconds: the longest wait of a request answered before the kill
+    waits: list[float]  # seconds from the kill to the answer of each request in flight at it
+    found_after: float  # seconds from the kill to the gateway's finding the process gone
+
+
+def _found_gone(gateway_log: str, role: str, after: float) -> float | None:
+    """When (epoch seconds) the gateway logged a ``role`` process gone, at or after ``after``."""
+    for line in gateway_log.splitlines():
+        if f"embedfleet.fleet: {role} " in line and "is gone" in line:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if at >= after - 0.01:  # the log's clock in milliseconds
+                return at
+    return None
+
+
+def killed_under_load(fleet: Fleet, name: str, busy: Callable[[], bool]) -> KillUnderLoad:
+    """SIGKILL ``name`` once ``busy()`` while 8 requests of one text each are in flight (a light load: the
+    wait measured is the fault's more than the queue's)."""
     stop = threading.Event()
-    results: list[list] = [[] for _ in range(4)]
-    thread = threading.Thread(target=traffic, args=(fleet, stop, results, 4))
+    results: list[list[Answered]] = [[] for _ in range(IN_FLIGHT)]
+    thread = threading.Thread(target=timed_traffic, args=(fleet, stop, results, 1))
     thread.start()
-    each_answered_again(results, [0] * len(results), "requests flowing")
-    fleet.services["tokenizer-1"].kill()
-    killed_at, seen = time.monotonic(), [len(r) for r in results]
-    # requests go on through the whole window in which the gateway still counts the lost tokenizer (its
-    # fleet watch takes a process silent for three 1 s polls plus a 0.25 s gather for dead); the
-    # requests it held are sent again then, and answered
-    wait_until(lambda: time.monotonic() > killed_at + LOST_AFTER and all(len(r) > n for r, n in zip(results, seen)),
-               DEADLINE + 10, "requests answered past the fleet watch's window")
-    stop.set()
-    thread.join(DEADLINE + 10)
+    try:
+        each_answered_again(results, [0] * len(results), "requests flowing")
+        wait_until(busy, DEADLINE, f"{name} to hold work")
+        killed_at, killed_wall = time.monotonic(), time.time()
+        fleet.services[name].kill()
+        each_answered_again(results, [len(r) for r in results], "the requests in flight at the kill answered")
+    finally:
+        stop.set()
+        thread.join(DEADLINE + 10)
     done = [d for r in results for d in r]
-    assert all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
-    assert max(took for _, took, _ in done) < DEADLINE
+    found = _found_gone(fleet.services["gateway"].log(), name.split("-")[0], killed_wall)
+    assert found is not None, fleet.logs()
+    return KillUnderLoad(done, max(d.ended - d.started for d in done if d.ended < killed_at),
+                         [d.ended - killed_at for d in done if d.started < killed_at < d.ended], found - killed_wall)
+
+
+def check_kill_under_load(fleet: Fleet, name: str, run: KillUnderLoad) -> None:
+    assert all(d.status == 200 for d in run.answers), (sorted({d.status for d in run.answers}), fleet.logs())
+    assert run.waits, "no request was in flight at the kill"
+    print(f"{name} killed: found gone after {run.found_after:.2f}s; the {len(run.waits)} requests in flight answered "
+          f"at most {max(run.waits):.2f}s after the kill (the slowest before it took {run.slowest_before:.2f}s)")
+    # within a liveness check (0.2 s) of the kill, with room for a loaded machine's event loops
+    assert run.found_after < FOUND_GONE_WITHIN, fleet.logs()
+    # the kill adds under a second to the requests it caught
+    assert max(run.waits) < run.slowest_before + 1.0, (run.waits, fleet.logs())
+
+
+def test_requests_a_killed_worker_held_are_answered_within_a_second(serving: Fleet):
+    """SIGKILL one of two workers while 8 requests are in flight: every request is answered, and right;
+    the gateway finds the worker's connection gone within a liveness check and sends the rows it held
+    (and those no worker held yet) to the other."""
+    fleet = serving
+    check_kill_under_load(fleet, "worker-1", killed_under_load(fleet, "worker-1", lambda: fleet.holds_rows("worker-1")))
+
+
+def test_requests_a_killed_tokenizer_held_are_answered_within_a_second(serving: Fleet):
+    """SIGKILL one of two tokenizers while 8 requests are in flight: every request is answered, and right;
+    the rows no worker held yet are sent again as soon as the gateway finds the tokenizer gone."""
+    fleet = serving
+    check_kill_under_load(fleet, "tokenizer-1", killed_under_load(fleet, "tokenizer-1", lambda: fleet.tokenized() > 0))
+
+
+def test_rows_wait_for_a_worker_and_get_503_before_the_deadline(serving: Fleet):
+    """Both workers killed while they hold a request's rows, none started again: the rows wait for a
+    worker to serve the model again; none comes, and the answer is a 503 in the API's error shape just
+    before the deadline, not a 504 at it."""
+    fleet = serving
+    result: dict[str, tuple[httpx.Response, float]] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.short_url, TEXTS[:64])))
+    thread.start()
+    wait_until(lambda: fleet.holds_rows("worker-1") or fleet.holds_rows("worker-2") or not thread.is_alive(),
+               SHORT_DEADLINE, "the request's rows in a worker")
+    assert thread.is_alive(), "the request finished before the workers were killed"
+    fleet.services["worker-1"].kill()
+    fleet.services["worker-2"].kill()
+    thread.join(SHORT_DEADLINE + 10)
+    r, took = result["r"]
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["message"] == "no tokenizer or worker is serving this model right now"
+    # the gateway gives up 0.2 s before its deadline; the client's clock also counts the HTTP exchange
+    assert SHORT_DEADLINE - 1.5 < took < SHORT_DEADLINE + 2, took
 
 
 def test_stopped_worker_rows_are_served_by_the_other(serving: Fleet):

@@ -29,7 +29,7 @@ from shared.bulkwork import TRUNCATED
 from shared.errors import ErrorCode
 from shared.jobs import stream_names
 from shared.protocol import (
-    MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, JobBatch,
+    MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
     LoadReport, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, VERSION, decode, decode_as,
     encode,
 )
@@ -85,7 +85,9 @@ SEEDS = {
                       subject=st.text(min_size=1, max_size=30), queued_tokens=st.integers(0, 2**64 - 1),
                       interval=st.floats(0.01, 60), rate=st.floats(0, 1e11)) | VALID[LoadReport],
 }
-ANSWERS = {"embed": EmbedResult, "tokenize": TokenizeResult, "tokens": EmbedResult, "rerank": RerankResult,
+# what a service may answer besides an error: a worker says which rows it holds (Held) before their
+# vectors when the tokenizer asks (online requests)
+ANSWERS = {"embed": (Held, EmbedResult), "tokenize": TokenizeResult, "tokens": (Held, EmbedResult), "rerank": RerankResult,
            "decode": DecodeResult}
 
 

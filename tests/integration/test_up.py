@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -240,9 +242,17 @@ def _child(parent: int, role: str) -> int:
     return pids[0]
 
 
+def _logged_at(log: str, line: str, nth: int) -> float:
+    """The time (epoch seconds) of the ``nth`` (from 1) log line holding ``line``."""
+    stamps = [row[:23] for row in log.splitlines() if line in row]
+    assert len(stamps) >= nth, (line, stamps)
+    return datetime.strptime(stamps[nth - 1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def test_up_starts_a_dead_service_again(tmp_path):
-    """A service of the local stack that dies (here the worker, SIGKILL) is started again by `up`;
-    the stack serves again with no manual step."""
+    """A service of the local stack that dies (here the worker, SIGKILL) is started again by `up`; a
+    request sent at once, its rows stranded with the dead worker, is answered once the new worker is
+    ready; the stack serves again with no manual step."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc, log = _start_up(tmp_path, "--port", str(port), env=FIXED_BUDGET)
@@ -251,10 +261,81 @@ def test_up_starts_a_dead_service_again(tmp_path):
         assert proc.poll() is None, log.read_text()
         worker = _child(proc.pid, "worker")
         os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: "worker[all-MiniLM-L6-v2] exited with -9; starting it again" in log.read_text(), 30, "the restart")
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(httpx.post, f"{base}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "at once"},
+                               timeout=60)
+            r = sent.result()
+            answered = time.time()
+        assert r.status_code == 200, r.text
+        ready = _logged_at(log.read_text(), "INFO worker embedfleet: worker ready", 2)
+        print(f"the request sent as the worker died was answered {answered - ready:.2f}s after the new worker was ready")
+        # ~1.3 s: a look at the fleet every 0.3 s shows the new worker, then the rows go again (2 cores, loaded)
+        assert answered - ready < 3.0, log.read_text()[-3000:]
+        assert "worker[all-MiniLM-L6-v2] exited with -9; starting it again" in log.read_text()
         wait_until(lambda: healthy(base) and _child(proc.pid, "worker") != worker, 120, "health with a new worker")
         r = httpx.post(f"{base}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "again"}, timeout=60)
         assert r.status_code == 200, r.text
         assert proc.poll() is None
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process under ``pid`` (children, their children, ...)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout
+        kids = {int(p) for p in out.split()}
+        todo += kids - found
+        found |= kids
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_up_killed_outright_takes_its_stack_along(tmp_path):
+    """A second `up` on the data folder of a running one fails at once naming the holder; `up` killed
+    with SIGKILL leaves no nats-server or service behind, and frees its data folder."""
+    port = free_port()
+    proc, log = _start_up(tmp_path, "--port", str(port), env=FIXED_BUDGET)
+    stack: set[int] = set()
+    try:
+        wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+        assert proc.poll() is None, log.read_text()
+        second = subprocess.run(
+            [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert second.returncode == 2, second.stderr
+        assert f"the data folder {tmp_path / 'data'} is in use by pid {proc.pid} (" in second.stderr
+        assert "services.cli up --data-dir" in second.stderr and "Traceback" not in second.stderr
+        stack = _descendants(proc.pid)
+        ps = subprocess.run(["ps", "-o", "args=", "-p", ",".join(map(str, stack))], capture_output=True, text=True).stdout
+        assert "nats-server" in ps and ps.count("services.cli") == 4, ps
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # the services stop as on SIGTERM, their NATS server gone with them
+        started = time.monotonic()
+        try:
+            wait_until(lambda: not any(_running(pid) for pid in stack), 30, "the stack's processes to end")
+        except TimeoutError:
+            left = [p for p in stack if _running(p)]
+            ps = subprocess.run(["ps", "-o", "pid,stat,args", "-p", ",".join(map(str, left))], capture_output=True, text=True)
+            raise AssertionError(f"still running:\n{ps.stdout}\n{log.read_text()[-4000:]}") from None
+        print(f"the stack ended {time.monotonic() - started:.1f}s after `up` was killed")
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+        for pid in stack:  # what this test failed to see end
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    from services.stack_lock import hold_data_dir
+
+    hold_data_dir(tmp_path / "data").close()  # the kernel let go of the dead one's lock

@@ -1,5 +1,6 @@
 """A request's rows gathered over several attempts: rows of a re-sent subset land where they belong,
-rows that come twice are kept once, and the request completes exactly when every row is in."""
+rows that come twice are kept once, the request completes exactly when every row is in, and the rows a
+dead process took with it are known."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from shared.client import _Pending, _subset
-from shared.protocol import EmbedRequest, EmbedResult, ProtocolError
+from shared.protocol import EmbedRequest, EmbedResult, Held, ProtocolError
 
 DIM = 4
 
@@ -52,5 +53,26 @@ def test_rows_outside_the_attempt_are_refused():
             pending.add(result("r-1", 1, 2, rows_for([0, 1]), 2), np.array([1, 2]))  # rows 1..3 of 2
         with pytest.raises(ProtocolError):
             pending.add(result("r", 0, 4, rows_for([0]), 1), None)  # the request has 3 rows, not 4
+
+    asyncio.run(run())
+
+
+def test_a_dead_worker_loses_the_rows_it_held_and_those_no_worker_holds():
+    async def run() -> None:
+        request = EmbedRequest("r", "m", [f"t{i}" for i in range(10)], 1e12)
+        pending = _Pending(request, asyncio.get_running_loop().create_future())
+        pending.hold(Held("r", 0, 4, "w1"), None)
+        pending.hold(Held("r", 4, 4, "w2"), None)  # rows 8 and 9: in a tokenizer, or on their way
+        pending.add(result("r", 0, 10, rows_for([0, 1]), 4), None)  # w1 answered two of its rows
+        assert pending.lose("worker", "w1")
+        assert np.flatnonzero(pending.lost & ~pending.filled).tolist() == [2, 3, 8, 9]
+        pending.lost[:] = False
+        # a re-sent subset (rows 2, 3, 8, 9) held by w3: its rows map back to the request's
+        pending.hold(Held("r-1", 0, 4, "w3"), np.array([2, 3, 8, 9]))
+        assert not pending.lose("tokenizer", "t1")  # every missing row is held by a live worker
+        assert pending.lose("worker", "w2")
+        assert np.flatnonzero(pending.lost & ~pending.filled).tolist() == [4, 5, 6, 7]
+        with pytest.raises(ProtocolError):
+            pending.hold(Held("r-1", 2, 3, "w3"), np.array([2, 3, 8, 9]))  # rows 2..5 of an attempt of 4
 
     asyncio.run(run())

@@ -27,7 +27,7 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions, Held,
     EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
@@ -110,6 +110,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         batch=draw(u64) if with_job else 0,
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=rows, max_size=rows)) if with_job else None,
         prompt_tokens=draw(st.integers(0, 300)),
+        held=draw(st.booleans()),
     )
 
 
@@ -202,6 +203,7 @@ VALID: dict[type, st.SearchStrategy] = {
     EmbedResult: embed_results(),
     ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from([c for c in ErrorCode if c not in GATEWAY_ONLY]), message=st.text(max_size=40),
                           row=st.none() | u64),
+    Held: st.builds(Held, id=ids, start=st.integers(0, MAX_ROWS - 1), rows=st.just(1), holder=names),
     TokenizeRequest: st.builds(
         TokenizeRequest, id=ids, model=names, texts=texts, add_special_tokens=st.booleans(),
         prompt_name=st.none() | st.text(max_size=20),

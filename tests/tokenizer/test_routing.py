@@ -41,6 +41,17 @@ def test_silent_and_leaving_workers_are_dropped():
     assert router.pick(1, now=0.5) is None
 
 
+def test_a_worker_whose_batches_reached_nobody_is_forgotten_at_once():
+    router = Router()
+    router.update(_report("a", 0), now=0.0)
+    router.update(_report("b", 10_000), now=0.0)
+    assert router.pick(1, now=0.01) == "direct.a"
+    router.forget("direct.a")  # its reports are fresh, but its process is gone
+    assert router.live(0.01) == ["b"] and router.pick(1, now=0.01) == "direct.b"
+    router.forget("direct.b")
+    assert router.pick(1, now=0.01) is None
+
+
 def test_a_faster_worker_takes_work_until_its_queue_outweighs_the_difference():
     router = Router()
     fast = LoadReport(id="fast", model="m", subject="direct.fast", queued_tokens=0, interval=0.1, rate=4000.0)

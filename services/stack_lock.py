@@ -1,0 +1,47 @@
+"""One `embedfleet up` a data folder: a second one on the same folder would start a second nats-server
+on the same JetStream store. The first holds an advisory lock (flock) on ``<data dir>/up.lock`` for
+its whole life, with its pid and command line in the file; the kernel lets go of the lock when the
+process dies, however it dies, so a lock is never left stale."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+from typing import IO
+
+from shared.config import ConfigError
+
+LOCK_FILE = "up.lock"
+
+
+def _command(pid: int) -> str:
+    """The command line of ``pid`` (empty where it cannot be read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def hold_data_dir(data_dir: Path) -> IO[str]:
+    """Lock ``data_dir`` for this process; keep the returned file open as long as the lock is wanted.
+
+    Raises ConfigError naming the process that holds it already."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_FILE
+    handle = open(path, "a+")  # not truncated before the lock is ours: it names the holder
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that has not written its pid yet"
+        handle.close()
+        raise ConfigError(f"the data folder {data_dir} is in use by {holder} (lock {path}): stop that one "
+                          "first, or give this one another --data-dir") from None
+    handle.seek(0)
+    handle.truncate()
+    pid = os.getpid()
+    handle.write(f"pid {pid} ({_command(pid) or ' '.join(sys.argv)})\n")
+    handle.flush()
+    return handle

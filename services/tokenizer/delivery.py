@@ -1,0 +1,87 @@
+"""Did a request's token batches reach a worker? Asked of nats-server, which knows at once.
+
+A batch published to a subject nobody subscribes to is dropped without a word: a worker killed a
+moment ago (its load reports not stale yet, so the router still picks it), or no worker at all. So
+after publishing a request's batches, the tokenizer sends one empty message on each subject they went
+to, with a reply to its own inbox (and the DELIVERY_CHECK header). Messages of one connection are handled in order: where the batches
+found nobody, so does the check, and nats-server answers it with a 503 status at once. A worker
+ignores the check; where it arrived, nothing comes back. What was sent is
+kept ``KEEP`` seconds for a 503 to name it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from shared.protocol import DELIVERY_CHECK
+
+log = logging.getLogger("embedfleet.tokenizer")
+
+KEEP = 5.0  # seconds: a 503 comes within a round trip; this outlasts a busy event loop many times over
+_NO_RESPONDERS = "503"
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """Token batches of one request published on one subject."""
+
+    subject: str
+    payloads: tuple[bytes, ...]
+    tokens: int  # in all of them (the router's measure of load)
+    reply: str  # the requester's reply subject
+    headers: dict[str, str] | None
+    request_id: str
+    model: str
+    tries: int = 1  # subjects tried so far for these batches
+
+
+class DeliveryCheck:
+    """``on_missed(sent)`` is called for batches that reached nobody."""
+
+    def __init__(self, nc: Client, on_missed: Callable[[Sent], Awaitable[None]]) -> None:
+        self._nc = nc
+        self._on_missed = on_missed
+        self._inbox = ""
+        self._sub = None
+        self._count = 0
+        self._kept: OrderedDict[int, tuple[float, Sent]] = OrderedDict()  # check number -> (sent at, batches)
+
+    async def start(self) -> None:
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        self._kept.clear()
+
+    async def publish(self, sent: Sent) -> None:
+        """Publish ``sent``'s batches on their subject, then check that they reached someone."""
+        for payload in sent.payloads:
+            await self._nc.publish(sent.subject, payload, reply=sent.reply, headers=sent.headers)
+        now = time.monotonic()
+        while self._kept and now - next(iter(self._kept.values()))[0] > KEEP:
+            self._kept.popitem(last=False)
+        self._count += 1
+        self._kept[self._count] = (now, sent)
+        await self._nc.publish(sent.subject, b"", reply=f"{self._inbox}.{self._count}", headers={DELIVERY_CHECK: "1"})
+
+    async def _on_answer(self, msg: Msg) -> None:
+        if not (msg.headers and msg.headers.get("Status") == _NO_RESPONDERS):
+            return
+        try:
+            _, sent = self._kept.pop(int(msg.subject.rsplit(".", 1)[-1]))
+        except (KeyError, ValueError):
+            return  # kept no longer
+        try:
+            await self._on_missed(sent)
+        except Exception:  # the connection went away meanwhile: the requester's own checks take over
+            log.exception("request %s: handling batches that reached no worker failed", sent.request_id)

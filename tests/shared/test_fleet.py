@@ -1,0 +1,81 @@
+"""FleetWatch on a real nats-server: a process whose connection closes is found within the liveness
+interval, while work is in flight, and only then; callers waiting for a model see it served again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+
+from shared.fleet import LIVENESS_INTERVAL, FleetWatch
+from shared.lifecycle import register
+from shared.subjects import Subjects
+
+PREFIX = "fleettest"
+
+
+async def _member(url: str, role: str, instance: str) -> nats.NATS:
+    """A connection registered as a ``role`` process of model "m" under PREFIX."""
+    nc = await nats.connect(url)
+    await register(nc, Subjects(PREFIX), role, "test", {"model": "m", "instance": instance})
+    return nc
+
+
+async def _lost_after_close(url: str, busy: bool) -> tuple[list[tuple], float]:
+    watcher = await nats.connect(url)
+    # polls too rare to matter: only the liveness check can find the loss in time
+    watch = FleetWatch(watcher, PREFIX, wait=0.2, interval=60, busy=lambda: busy)
+    lost: list[tuple] = []
+    watch.on_lost(lambda *who: lost.append((time.monotonic(), who)))
+    members = [await _member(url, "tokenizer", "t1"), await _member(url, "worker", "w1")]
+    try:
+        await watch.start()
+        await watch.refresh()
+        assert watch.serves("m")
+        closed = time.monotonic()
+        await members[1].close()  # what the server sees of a SIGKILL: the connection ends
+        while not lost and time.monotonic() - closed < 5 * LIVENESS_INTERVAL:
+            await asyncio.sleep(0.01)
+        return lost, closed
+    finally:
+        await watch.stop()
+        for nc in [watcher, *members]:
+            await nc.close()
+
+
+def test_a_closed_connection_is_lost_within_the_liveness_interval(nats_url):
+    lost, closed = asyncio.run(_lost_after_close(nats_url, busy=True))
+    assert [who for _, who in lost] == [("worker", "w1", "m")]
+    assert lost[0][0] - closed < 2 * LIVENESS_INTERVAL + 0.1
+
+
+def test_nothing_is_checked_while_no_work_is_in_flight(nats_url):
+    lost, _ = asyncio.run(_lost_after_close(nats_url, busy=False))
+    assert lost == []
+
+
+def test_waiting_for_a_model_sees_a_process_come_back(nats_url):
+    async def run() -> tuple[bool, bool, float]:
+        watcher = await nats.connect(nats_url)
+        watch = FleetWatch(watcher, PREFIX + "2", wait=0.1, interval=60)
+        tokenizer = await nats.connect(nats_url)
+        await register(tokenizer, Subjects(PREFIX + "2"), "tokenizer", "test", {"model": "m", "instance": "t"})
+        worker = await nats.connect(nats_url)
+        try:
+            await watch.start()
+            since = time.monotonic()
+            # no worker: not served before the deadline
+            early = await watch.wait_serving("m", since, since + 0.5)
+            back = time.monotonic()
+            await register(worker, Subjects(PREFIX + "2"), "worker", "test", {"model": "m", "instance": "w"})
+            served = await watch.wait_serving("m", since, back + 5)
+            return early, served, time.monotonic() - back
+        finally:
+            await watch.stop()
+            for nc in (watcher, tokenizer, worker):
+                await nc.close()
+
+    early, served, took = asyncio.run(run())
+    assert (early, served) == (False, True)
+    assert took < 1.0  # a ping every WAITING_POLL (0.3 s) and its 0.1 s wait
