@@ -119,7 +119,7 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
             stream = stream_names(subjects)["results"]
             for batch in range(3):
                 await js.publish(subjects.results("j"), result(batch))
-            collector = Collector(js, subjects.results("j"), stream)
+            collector = Collector(js, "j", None, subjects.results("j"), stream)
             await collector.open()
             first = await collector.poll()
             assert (first.earlier, first.now, first.tokens) == (6, 0, 0)
