@@ -30,16 +30,18 @@ import numpy as np
 from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_documents
 from shared.jobs import (
-    CANCELLED, DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, bucket_stream, ensure_streams, form_conflict, has_state_key,
+    CANCELLED, DUPLICATE_WINDOW, JobCancelled, bucket_stream, ensure_streams, form_conflict,
     purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
 )
 from shared.subjects import Subjects
+from shared.job_ids import job_id_problem
+from shared.job_requests import Claim, claim_problem, request_digest
 from shared.job_fit import JobRefused, check_job, fleet_view
 from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, ProtocolError
 from shared.quantize import FORMS, form_named
-from services.reindex_results import Collector, Polled
+from services.reindex_results import Collector, Layout, Polled
 
 log = logging.getLogger("embedfleet.reindex")
 
@@ -142,8 +144,9 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     tracing = TracingConfig.from_namespace(ns)
     docs = read_documents(path)  # all of them, each checked
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
-    if not has_state_key(job):
-        raise ConfigError(f"--job-id must be at most {MAX_JOB_ID} letters, digits and - _ = / . (not starting or ending with .)")
+    problem = job_id_problem(job)
+    if problem:
+        raise ConfigError(f"--job-id: {problem}")
     return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size)
 
 
@@ -165,8 +168,8 @@ async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan
 
 async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan):
     """A connection, its JetStream context, the job bucket and the plan, once the fleet can run the
-    job and its recorded state allows running it (not another form, not cancelled, results not
-    expired, not purged a moment ago)."""
+    job and its recorded state allows running it (not another form or input, not cancelled, results
+    not expired, not purged a moment ago)."""
     subjects = nats.subjects
     nc = await connect_within(nats, "embedfleet-reindex")
     js = nc.jetstream()
@@ -174,7 +177,8 @@ async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan
         plan = await _fitted(nc, ns, subjects.prefix, plan)
         kv = await ensure_streams(js, subjects, retention(ns))
         state = await read_state(kv, plan.job)
-        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state)
+        claim = Claim(request_digest(ns.model, plan.docs, plan.batch_size, plan.options))
+        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
                    or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
     except BaseException:
         await nc.close()
@@ -198,8 +202,8 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     span = tracer.start("reindex", None, "internal", job=job, documents=len(docs))
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
-    collector = Collector(js, subjects.results(job), stream_names(subjects)["results"], plan.options.dtype,
-                          ns.results_check)
+    collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
+                          stream_names(subjects)["results"], plan.options.dtype, ns.results_check)
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer))

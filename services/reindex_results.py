@@ -33,18 +33,35 @@ class Polled:
         return Polled(self.earlier, self.now + docs, self.tokens + tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a job's documents are: its ids in input order, cut into batches of ``batch_size``. A
+    result holds the rows of documents b·batch_size + start ... of batch b; one that names others is
+    not this job's (a client publishing into the job's subject)."""
+
+    ids: list[str]
+    batch_size: int
+
+    def holds(self, result: JobResult) -> bool:
+        first = result.batch * self.batch_size + result.start
+        return (0 <= result.start and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
+                and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids))
+
+
 class Collector:
     """Reads a job's results from the start of the stream (results collected before a crash are read
     again) through a consumer of its own, kept in as many copies as the stream (a NATS node's loss
     leaves it to the others). When the consumer is lost (a restarted server, a quiet spell with no
     answer) it is opened again after the last result read, so nothing is read twice or missed.
 
-    Rows are kept as they came (``dtype``, a wire name: the job's form); a result of another dtype or
-    of another dimension than the first result's cannot belong to this job's output and is refused."""
+    Rows are kept as they came (``dtype``, a wire name: the job's form); a result naming another job
+    or other documents than ``layout`` puts there (published into this job's subject by a client), of
+    another dtype or of another dimension than the first result's cannot belong to this job's output
+    and is refused."""
 
-    def __init__(self, js, subject: str, stream: str, dtype: str = "f4",
+    def __init__(self, js, job: str, layout: Layout | None, subject: str, stream: str, dtype: str = "f4",
                  quiet_check: float = default("results_check")) -> None:
-        self._js, self._subject, self._stream = js, subject, stream
+        self._js, self._job, self._layout, self._subject, self._stream = js, job, layout, subject, stream
         self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
         # fetches in a row without a result before the consumer is asked whether it is there
         self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
@@ -127,6 +144,11 @@ class Collector:
             try:
                 result = decode_as(msg.data, JobResult)
             except ProtocolError:
+                await msg.term()
+                continue
+            if result.id != self._job or (self._layout is not None and not self._layout.holds(result)):
+                log.error("job %s: a result of job %r, batch %d, row %d, is not one of its own: dropped", self._job,
+                          result.id[:100], result.batch, result.start)
                 await msg.term()
                 continue
             if result.dtype != self.dtype or (self.dim and result.dim != self.dim):

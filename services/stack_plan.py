@@ -101,10 +101,10 @@ def roles(info: ModelInfo) -> tuple[str, ...]:
 
 
 def secret_environment(ns: argparse.Namespace) -> dict[str, str]:
-    """The gateway's API keys given to ``up``, for the children's environment: an argument would show
+    """The gateway's API keys (and operator keys) given to ``up``, for the children's environment: an argument would show
     them to every user of the machine (ps, /proc/PID/cmdline), as a NATS token would."""
-    keys = option("api_keys")
-    return {keys.env[0]: ns.api_keys} if ns.api_keys else {}
+    given = {option(dest).env[0]: getattr(ns, dest, "") for dest in ("api_keys", "operator_keys")}
+    return {name: value for name, value in given.items() if value}
 
 
 def children(infos: list[ModelInfo], common: list[str], gateway: list[str], ready_dir: Path,

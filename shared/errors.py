@@ -25,12 +25,13 @@ class ErrorCode(StrEnum):
     NOT_ACCEPTABLE = "not_acceptable"  # an Accept header naming no form the route answers in
     NOT_FINISHED = "not_finished"  # a job's results asked for before the job finished
     GONE = "gone"  # a job's results expired from the results stream
+    CONFLICT = "conflict"  # a job id that names a job another request made
 
 
 # a reply from NATS naming one of these is someone else's mistake: it is read as INTERNAL
 GATEWAY_ONLY = frozenset({ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.TOO_MANY_INPUTS, ErrorCode.ROUTE_NOT_FOUND,
                           ErrorCode.METHOD_NOT_ALLOWED, ErrorCode.NOT_ACCEPTABLE, ErrorCode.NOT_FINISHED,
-                          ErrorCode.GONE})
+                          ErrorCode.GONE, ErrorCode.CONFLICT})
 
 
 class ServiceError(Exception):

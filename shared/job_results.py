@@ -87,8 +87,8 @@ def expired(job: str, state: dict) -> str:
 class StoredResults:
     """A job's results as stored, read once from the first to the last stored when ``open`` ran.
 
-    Results of another form or dimension than the job's first are not the job's rows (a client
-    publishing into the subject): left out, with a log line. A part of a batch stored twice (after the
+    Results naming another job, or of another form or dimension than the job's first, are not the
+    job's rows (a client publishing into the subject): left out, with a log line. A part of a batch stored twice (after the
     stream's duplicate window) is read once."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, job: str, form: JobForm) -> None:
@@ -177,6 +177,9 @@ class StoredResults:
             return False
 
     def _fits(self, result: JobResult) -> bool:
+        if result.id != self._job:
+            log.error("a result of job %r in the subject of job %r: left out", result.id[:100], self._job)
+            return False
         if result.dtype == self._form.wire and (not self.dim or result.dim == self.dim):
             return True
         log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: left out", self._job, result.batch,

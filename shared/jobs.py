@@ -328,6 +328,10 @@ class JobCancelled(JobConflict):
     """The job was cancelled: none of it is published again."""
 
 
+class JobTaken(JobConflict):
+    """The job id names a job made by another request (other documents, options, or another API key)."""
+
+
 class _NoJob(Exception):
     pass
 
@@ -441,28 +445,34 @@ def settle(state: dict) -> None:
 
 async def submit(
     js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
-    docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None,
+    docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None, claim=None,
 ) -> dict:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
-    Raises JobConflict when the job exists and makes another vector form than ``options.dtype``, and
-    JobCancelled when it is (or gets) cancelled: no batch is published after the cancellation is seen.
+    Raises JobConflict when the job exists and makes another vector form than ``options.dtype``,
+    JobTaken when it was made by another request than ``claim`` (a shared.job_requests.Claim; None:
+    one without an owner, its digest made here), and JobCancelled when it is (or gets) cancelled: no
+    batch is published after the cancellation is seen.
     ``tracer`` (a shared.tracing.Tracer) records the publishing as a span under the current trace
     context; every batch carries it, so the job's stages in every process are one trace."""
     from shared.tracing import Tracer, current, headers_for
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
     with span:
-        return await _publish(js, kv, subjects, job, model, docs, batch_size, options, source, headers_for(span.context))
+        return await _publish(js, kv, subjects, job, model, docs, batch_size, options, source, headers_for(span.context),
+                              claim)
 
 
 async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
-                   docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None) -> dict:
+                   docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None,
+                   claim) -> dict:
     import time
 
+    from shared.job_requests import Claim, claim_problem, record_claim, request_digest
     from shared.protocol import JobBatch, encode
     from shared.quantize import WIRE_FORMS
 
+    claim = claim or Claim(request_digest(model, docs, batch_size, options))
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
     form = WIRE_FORMS[options.dtype]
 
@@ -470,6 +480,9 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         problem = form_conflict(state, form, options.output) or was_cancelled(state)
         if problem:
             raise (JobCancelled if state.get("status") == CANCELLED else JobConflict)(problem)
+        if taken := claim_problem(state, claim):
+            raise JobTaken(taken)
+        record_claim(state, claim)
         if state.get("status") not in FINISHED:  # a run starts (or resumes): its rates count from here
             state[RUN] = {"started": time.time(), "done": state.get("done", 0), "failed": state.get("failed", 0),
                           "tokens": state.get("tokens", 0)}

@@ -140,6 +140,11 @@ OPTIONS: tuple[Option, ...] = (
             GATEWAY, "gateway", shows_value=False),
     _option("--api-keys-file", "EMBEDFLEET_API_KEYS_FILE", None, "file with one accepted API key per line", GATEWAY,
             "gateway"),
+    _option("--operator-keys", "EMBEDFLEET_OPERATOR_KEYS", "", "API keys (Bearer) that see, cancel and read every bulk "
+            "job, whoever made it (any other key sees only its own), comma separated; accepted keys as well",
+            GATEWAY, "gateway", shows_value=False),
+    _option("--operator-keys-file", "EMBEDFLEET_OPERATOR_KEYS_FILE", None, "file with one operator key per line",
+            GATEWAY, "gateway"),
     _option("--key-requests-per-minute", "EMBEDFLEET_KEY_REQUESTS_PER_MINUTE", 0,
             "requests each API key may make a minute (429 with Retry-After beyond); 0: no limit", GATEWAY, "gateway",
             type=non_negative_int),
@@ -151,6 +156,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--jobs-dir", "EMBEDFLEET_JOBS_DIR", None,
             "folder whose files POST /v1/jobs may name as 'path' (default: none, server-side files are refused)",
             GATEWAY, "gateway"),
+    _option("--jobs-max-file-bytes", "EMBEDFLEET_JOBS_MAX_FILE_BYTES", 256 << 20,
+            "max bytes of a file a path job (POST /v1/jobs with 'path') names; larger: 400 (run it with reindex)",
+            GATEWAY, "gateway", type=positive_int),
     _option("--default-model", "EMBEDFLEET_DEFAULT_MODEL", None,
             "the served model that requests naming none use (TEI routes); default: the first served id in order "
             "(embedfleet up: its first --model)", GATEWAY, "gateway"),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# the bytes of a job id that stand for themselves in its subject token
+_KEPT = frozenset((string.ascii_letters + string.digits + "-").encode())
 
 # queue groups: each message on a data subject goes to one member of the fleet
 TOKENIZER_QUEUE = "tokenizers"
@@ -27,6 +30,16 @@ def model_token(model: str) -> str:
     if not token:
         raise ValueError("model id must not be empty")
     return token
+
+
+def job_token(job: str) -> str:
+    """A job id as one subject token, one token per id: letters, digits and '-' as they are, every
+    other byte (``_`` included) as ``_XX`` in hex, so 'docs.2026-12-01' -> 'docs_2E2026-12-01' and
+    'docs_2026-12-01' -> 'docs_5F2026-12-01' are two subjects (``model_token`` would make both one).
+    Ids of letters, digits and '-' (the ids reindex makes) keep the token they had."""
+    if not job:
+        raise ValueError("job id must not be empty")
+    return "".join(chr(b) if b in _KEPT else f"_{b:02X}" for b in job.encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +89,11 @@ class Subjects:
 
     def results(self, job: str) -> str:
         """a job's vectors (JetStream, workers -> the job's collector)."""
-        return f"{self.prefix}.v1.results.{model_token(job)}"
+        return f"{self.prefix}.v1.results.{job_token(job)}"
 
     def dead(self, job: str) -> str:
         """dead letters of a job: batches given up, with the stage and the reason (JetStream)."""
-        return f"{self.prefix}.v1.dead.{model_token(job)}"
+        return f"{self.prefix}.v1.dead.{job_token(job)}"
 
     def rerank(self, model: str) -> str:
         """gateway -> scorer fleet."""

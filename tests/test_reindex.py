@@ -119,7 +119,7 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
             stream = stream_names(subjects)["results"]
             for batch in range(3):
                 await js.publish(subjects.results("j"), result(batch))
-            collector = Collector(js, subjects.results("j"), stream)
+            collector = Collector(js, "j", None, subjects.results("j"), stream)
             await collector.open()
             first = await collector.poll()
             assert (first.earlier, first.now, first.tokens) == (6, 0, 0)
@@ -141,3 +141,20 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_a_result_is_the_jobs_only_at_its_documents_places():
+    from services.reindex_results import Layout
+    from shared.protocol import JobResult
+
+    layout = Layout([f"d{i}" for i in range(10)], 4)  # batches [d0..d3], [d4..d7], [d8, d9]
+
+    def result(batch: int, start: int, ids: list[str]) -> JobResult:
+        return JobResult("j", batch, start, ids, 1, "f4", b"\0" * 4 * len(ids), 1)
+
+    assert layout.holds(result(1, 0, ["d4", "d5", "d6", "d7"])) and layout.holds(result(1, 2, ["d6", "d7"]))
+    assert layout.holds(result(2, 0, ["d8", "d9"]))
+    assert not layout.holds(result(0, 0, ["d4"]))  # a real id at another place
+    assert not layout.holds(result(1, 3, ["d7", "d8"]))  # past its batch
+    assert not layout.holds(result(2, 1, ["d9", "x"]))  # past the job
+    assert not layout.holds(result(0, 0, ["x"]))

@@ -166,3 +166,16 @@ def test_the_gateway_s_api_keys_travel_in_the_environment(monkeypatch):
     assert env == {"EMBEDFLEET_API_KEYS": "k-one,k-two"}
     assert "--api-keys" not in _gateway_args(ns, env) and not any("k-one" in a for a in _gateway_args(ns, env))
     assert secret_environment(build_parser().parse_args(["up"])) == {}
+
+
+def test_the_gateway_s_operator_keys_travel_in_the_environment_too(monkeypatch):
+    from services.stack import _gateway_args
+    from services.stack_plan import secret_environment
+
+    for name in ("EMBEDFLEET_API_KEYS", "EMBEDFLEET_OPERATOR_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    ns = build_parser().parse_args(["up", "--api-keys", "k-one", "--operator-keys", "op-one"])
+    env = secret_environment(ns)
+    assert env == {"EMBEDFLEET_API_KEYS": "k-one", "EMBEDFLEET_OPERATOR_KEYS": "op-one"}
+    args = _gateway_args(ns, env)
+    assert "--operator-keys" not in args and not any("op-one" in a for a in args)

@@ -37,6 +37,7 @@ from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
 from services.gateway.job_ids import check_job_id
+from services.gateway.job_owners import JobOwners
 from services.gateway.job_results import JobResultsApi
 from services.gateway.jobs_api import JobsApi
 from services.gateway.limits import KeyLimits, current_key, key_id
@@ -88,10 +89,12 @@ class Gateway:
         try:
             js = self.nc.jetstream()
             kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
-            self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer)
-            self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects)
+            owners = JobOwners(bool(self.cfg.api_keys), self.cfg.operator_keys)
+            self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer, owners,
+                                self.cfg.jobs_max_file_bytes)
+            self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart
-            self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval)
+            self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval, owners.private)
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
         log.info("gateway on http://%s:%d (nats %s, default model: %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url,

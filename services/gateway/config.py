@@ -40,11 +40,13 @@ class GatewayConfig:
     max_body_bytes: int
     max_input_chars: int = default("max_input_chars")
     max_in_flight: int = default("max_in_flight")
-    api_keys: tuple[str, ...] = comma_list(default("api_keys"))  # none: no auth
+    api_keys: tuple[str, ...] = comma_list(default("api_keys"))  # none: no auth (operator keys are among them)
+    operator_keys: tuple[str, ...] = comma_list(default("operator_keys"))  # keys that see every bulk job
     key_requests_per_minute: int = default("key_requests_per_minute")  # per API key; 0: no limit
     key_tokens_per_minute: int = default("key_tokens_per_minute")
     open_paths: tuple[str, ...] = comma_list(default("open_paths"))  # served without an API key
     jobs_dir: Path | None = None
+    jobs_max_file_bytes: int = default("jobs_max_file_bytes")
     discovery_interval: float = default("discovery_interval")  # seconds between fleet polls; 3 silent: dead
     retries: int = default("retries")  # attempts after the first for rows a dead process may have held
     discovery_wait: float = default("discovery_wait")  # seconds to gather ping replies
@@ -74,7 +76,8 @@ class GatewayConfig:
             max_input_chars=ns.max_input_chars,
             max_in_flight=ns.max_in_flight,
             retries=ns.retries,
-            api_keys=api_keys(ns),
+            api_keys=tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns))),
+            operator_keys=operator_keys(ns),
             key_requests_per_minute=ns.key_requests_per_minute,
             key_tokens_per_minute=ns.key_tokens_per_minute,
             open_paths=comma_list(ns.open_paths),
@@ -82,6 +85,7 @@ class GatewayConfig:
             discovery_wait=ns.discovery_wait,
             job_metrics_interval=ns.job_metrics_interval,
             jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
+            jobs_max_file_bytes=ns.jobs_max_file_bytes,
             default_model=ns.default_model,
             metrics=MetricsEndpoint.from_namespace(ns),
             tracing=TracingConfig.from_namespace(ns),
@@ -92,13 +96,22 @@ class GatewayConfig:
 
 def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:
     """The keys of --api-keys and --api-keys-file (``embedfleet up`` sends one on its readiness checks)."""
-    keys = list(comma_list(ns.api_keys))
-    if ns.api_keys_file:
-        path = Path(ns.api_keys_file)
+    return _keys(ns.api_keys, ns.api_keys_file, "--api-keys-file")
+
+
+def operator_keys(ns: argparse.Namespace) -> tuple[str, ...]:
+    """The keys of --operator-keys and --operator-keys-file."""
+    return _keys(getattr(ns, "operator_keys", ""), getattr(ns, "operator_keys_file", None), "--operator-keys-file")
+
+
+def _keys(listed: str, file: str | None, flag: str) -> tuple[str, ...]:
+    keys = list(comma_list(listed))
+    if file:
+        path = Path(file)
         try:
             keys += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
         except OSError as exc:
-            raise ConfigError(f"--api-keys-file {path}: {exc.strerror}") from None
+            raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
         if not keys:
-            raise ConfigError(f"--api-keys-file {path} holds no key")
+            raise ConfigError(f"{flag} {path} holds no key")
     return tuple(keys)

@@ -38,6 +38,7 @@ TABLE: dict[ErrorCode, Answer] = {
     _C.METHOD_NOT_ALLOWED: Answer(405, "invalid_request_error", "Validation",   405, None),
     _C.NOT_ACCEPTABLE:     Answer(406, "invalid_request_error", "Validation",   406, "not_acceptable"),
     _C.NOT_FINISHED:       Answer(409, "invalid_request_error", "Validation",   409, "not_finished"),
+    _C.CONFLICT:           Answer(409, "invalid_request_error", "Validation",   409, "conflict"),
     _C.GONE:               Answer(410, "invalid_request_error", "Validation",   410, "gone"),
     _C.UNAUTHORIZED:       Answer(401, "authentication_error",  "Unauthorized", 401, "unauthorized"),
     _C.OVERLOADED:         Answer(429, "rate_limit_error",      "Overloaded",   429, "overloaded"),

@@ -4,11 +4,16 @@ Read from NATS in the background every ``--job-metrics-interval`` seconds (never
 the consumers of the jobs stream (the tokenizers', one per model) and of the bulk stream (the
 workers'), and the job states in the job bucket. A finished job's state no longer changes, so it is
 read once; its gauges stay ``KEEP_FINISHED`` seconds after it finished, so its last values are scraped.
+
+On a gateway with API keys a job belongs to the key that made it, and /metrics is open (--open-paths)
+or read with any key: a job's ``job_id`` label is then a digest of its id (``job_label``), which tells
+nothing of the id to whoever does not know it, and which its owner can compute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 
@@ -27,6 +32,12 @@ STAGES = {"jobs": "tokenizer", "bulk": "worker"}  # stream (shared/jobs.py) -> t
 STATES = ("total", "done", "failed")  # a job's documents: all, stored, given up
 
 
+def job_label(job: str, hidden: bool) -> str:
+    """A job's ``job_id`` label: its id, or when ids are hidden the first 16 hex digits of its SHA-256
+    (``printf %s JOB_ID | sha256sum | cut -c1-16``)."""
+    return hashlib.sha256(job.encode()).hexdigest()[:16] if hidden else job
+
+
 class JobMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         stage = ["stage", "consumer"]
@@ -37,7 +48,7 @@ class JobMetrics:
         self._ack_pending = Gauge("embedfleet_bulk_ack_pending", "bulk batches a stage holds: delivered, not acknowledged",
                                   stage, registry=registry)
         self._documents = Gauge("embedfleet_job_documents", "documents of a running (or just finished) job, by state: "
-                                "total, done (stored), failed (given up)", ["job_id", "model", "state"], registry=registry)
+                                "total, done (stored), failed (given up); job_id a digest of the id where API keys are on", ["job_id", "model", "state"], registry=registry)
         self._jobs = Gauge("embedfleet_jobs", "jobs in the job bucket, by status", ["status"], registry=registry)
         self._updated = Gauge("embedfleet_bulk_metrics_updated", "unix time the bulk and job gauges were last read "
                               "from NATS", registry=registry)
@@ -46,8 +57,10 @@ class JobMetrics:
         self._statuses: set[str] = set()
         self._finished: dict[str, dict] = {}  # job -> its final state
         self._task: asyncio.Task | None = None
+        self._hidden = False  # job ids shown as digests
 
-    def start(self, js, kv, subjects: Subjects, interval: float) -> None:
+    def start(self, js, kv, subjects: Subjects, interval: float, hide_ids: bool = False) -> None:
+        self._hidden = hide_ids
         self._task = asyncio.create_task(self._run(js, kv, subjects, interval), name="job-metrics")
 
     async def stop(self) -> None:
@@ -106,7 +119,7 @@ class JobMetrics:
             finished = state.get("finished")
             if status in FINISHED and isinstance(finished, (int, float)) and now - finished > KEEP_FINISHED:
                 continue
-            key = (job, str(state.get("model", "")))
+            key = (job_label(job, self._hidden), str(state.get("model", "")))
             shown.add(key)
             values = {"total": state.get("documents", 0), "done": state.get("done", 0), "failed": state.get("failed", 0)}
             for name, value in values.items():

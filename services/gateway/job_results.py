@@ -22,9 +22,10 @@ import orjson
 from starlette.responses import StreamingResponse
 
 from shared.errors import ErrorCode
-from shared.jobs import MAX_JOB_ID, has_state_key, read_state
+from shared.jobs import read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from services.gateway.errors import ApiError
+from services.gateway.job_owners import JobOwners
 
 log = logging.getLogger("embedfleet.gateway.job_results")
 
@@ -72,15 +73,13 @@ def _numbers(values: np.ndarray) -> np.ndarray:
 class JobResultsApi:
     """The route's logic over the JetStream context, the job bucket and the subjects."""
 
-    def __init__(self, js, kv, subjects) -> None:
+    def __init__(self, js, kv, subjects, owners: JobOwners | None = None) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
+        self._owners = owners or JobOwners(False, ())
 
     async def response(self, job: str, accept: str | None) -> StreamingResponse:
-        if not has_state_key(job):
-            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, "
-                           "digits and - _ = / .", "id")
         state = await read_state(self._kv, job)
-        if state is None or "documents" not in state:
+        if state is None or "documents" not in state or not self._owners.sees(state):  # another key's: as none
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
         kind = negotiate(accept)
         if (problem := unfinished({"job": job, **state})) is not None:

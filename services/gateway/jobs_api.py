@@ -10,117 +10,119 @@ import logging
 import uuid
 from pathlib import Path
 
-from shared.config import ConfigError
-from shared.documents import job_id_for, read_documents
+from shared.documents import job_id_for
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
 from shared.job_fit import JobRefused, check_job
+from shared.job_requests import OWNER, Claim, claim_problem, request_digest
 from shared.jobs import (
-    DUPLICATE_WINDOW, MAX_JOB_ID, JobCancelled, JobConflict, cancel_job, form_conflict, has_state_key, purge_wait, read_state,
-    submit, was_cancelled,
+    DUPLICATE_WINDOW, JobConflict, JobTaken, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
 )
+from shared.options import default
 from shared.progress import LEDGER
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
 from services.gateway.errors import ApiError
+from services.gateway.job_files import read_job_file
 from services.gateway.job_ids import check_job_field
+from services.gateway.job_owners import JobOwners
 from services.gateway.inputs import embedding_form, json_object, optional
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
 
 class JobsApi:
-    def __init__(self, js, kv, subjects, jobs_dir: Path | None, tracer=None) -> None:
+    def __init__(self, js, kv, subjects, jobs_dir: Path | None, tracer=None, owners: JobOwners | None = None,
+                 max_file_bytes: int = default("jobs_max_file_bytes")) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
+        self._max_file_bytes = max_file_bytes
+        self._owners = owners or JobOwners(False, ())
         self._background: set[asyncio.Task] = set()
 
     async def create(self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0) -> tuple[int, dict]:
         """``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
-        against them (shared/job_fit.py) before anything is published; its batches cut to fit."""
+        against them (shared/job_fit.py) before anything is published; its batches cut to fit. A job
+        of that id already there: the same request again answers its state (200, resumed if it was
+        not all published), any other 409."""
         doc = json_object(body)
-        batch_size = optional(doc, "batch_size", int, 64)
-        if not 0 < batch_size <= 4096:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'batch_size' must be in 1..4096", "batch_size")
-        input_type = optional(doc, "input_type", str)
-        if input_type not in (None, "query", "document"):
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-        form = embedding_form(doc)
-        output = optional(doc, "output", str, "dense")
-        if output not in ("dense", "sparse", "multivector"):
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
-        if output == "sparse" and form not in ("float32", "float16"):
-            raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
-        options = EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output)
+        batch_size, options, form = _fields(doc)
         check_job_field(doc)
         # everything is checked before the first batch is published: the fields above, every document, the id
         if "documents" in doc and "path" in doc:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")
         if "documents" in doc:
-            docs = _inline(doc["documents"])
-            batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
-            job = optional(doc, "id", str) or uuid.uuid4().hex[:16]
-            await self._check_id(job, form, output)
-            try:
-                state = await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, "inline",
-                                     self._tracer)
-            except JobConflict as exc:  # created meanwhile by another request
-                raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
+            docs, source, path = _inline(doc["documents"]), "inline", None
         elif "path" in doc:
             if self._jobs_dir is None:
                 raise ApiError(ErrorCode.INVALID_REQUEST, "server-side files are off here (the gateway's --jobs-dir is not set)", "path")
-            path = (self._jobs_dir / optional(doc, "path", str)).resolve()
-            if not path.is_relative_to(self._jobs_dir):
-                raise ApiError(ErrorCode.INVALID_REQUEST, "'path' must name a file inside the jobs folder", "path")
-            try:
-                docs = read_documents(path)  # all of them, each checked (ids unique, texts strings)
-            except ConfigError as exc:
-                raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "path") from None
-            batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
-            job = optional(doc, "id", str) or job_id_for(path, model, batch_size, form, output)
-            await self._check_id(job, form, output)
-            # a file may be large: publish in the background, answer at once
-            task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, str(path),
-                                             self._tracer))
+            file = await read_job_file(self._jobs_dir, optional(doc, "path", str), self._max_file_bytes)
+            docs, source, path = file.docs, file.given, file.path
+        else:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
+        batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
+        job = optional(doc, "id", str) or (job_id_for(path, model, batch_size, form, options.output) if path
+                                           else uuid.uuid4().hex[:16])
+        claim = Claim(await asyncio.to_thread(request_digest, model, docs, batch_size, options), self._owners.owner())
+        existing = await self._existing(job, claim, form, options.output)
+        if existing is not None and existing.get("published", 0) >= existing.get("batches", 0):
+            return 200, _shown(existing, job)
+        if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
+            claim = Claim(claim.request)
+        if path is None:
+            state = await self._submit(job, model, docs, batch_size, options, source, claim)
+        else:  # a file may be large: publish in the background, answer at once
+            task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options,
+                                              source, self._tracer, claim))
             self._background.add(task)
             task.add_done_callback(self._done)
             state = {"job": job, "status": "running", "documents": len(docs)}
-        else:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
+        if existing is not None:
+            return 200, _shown(await read_state(self._kv, job) or existing, job)
         return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
                      "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {})}
 
-    async def _check_id(self, job: str, form: str, output: str) -> None:
-        """A job id must name a state entry, and a job already there must make the same form and not
-        have been cancelled."""
-        if not has_state_key(job):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'id' must be at most {MAX_JOB_ID} letters, digits and "
-                           "- _ = / . (not starting or ending with .)", "id")
+    async def _submit(self, job: str, model: str, docs, batch_size: int, options, source: str, claim: Claim) -> dict:
+        try:
+            return await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, source,
+                                self._tracer, claim)
+        except JobTaken as exc:  # created meanwhile by another request
+            raise ApiError(ErrorCode.CONFLICT, str(exc), "id") from None
+        except JobConflict as exc:
+            raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
+
+    async def _existing(self, job: str, claim: Claim, form: str, output: str) -> dict | None:
+        """The state of the job ``job`` names when it is this same request's (None: no job yet). A job
+        that another key made is taken (409, nothing of it told); one cancelled is refused (400), one
+        made by another request (other documents, model, form or batch size) is a conflict (409)."""
         state = await read_state(self._kv, job)
-        problem = form_conflict(state, form, output) or was_cancelled(state)
-        if problem:
+        if state is None or "documents" not in state:
+            wait = await purge_wait(self._js, self._subjects, job) if state is None else 0.0
+            if wait:  # the streams would drop its batches as repeats of the purged run's
+                raise ApiError(ErrorCode.INVALID_REQUEST, f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago: "
+                               f"submit it again in {wait:.0f}s, or give another 'id'", "id")
+            return None
+        if not self._owners.sees(state):
+            raise ApiError(ErrorCode.CONFLICT, f"job id {job} is taken: give another 'id'", "id")
+        if problem := was_cancelled(state):
             raise ApiError(ErrorCode.INVALID_REQUEST, problem, "id")
-        wait = await purge_wait(self._js, self._subjects, job) if state is None else 0.0
-        if wait:  # the streams would drop its batches as repeats of the purged run's
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago: "
-                           f"submit it again in {wait:.0f}s, or give another 'id'", "id")
+        if problem := form_conflict(state, form, output) or claim_problem(state, Claim(claim.request)):
+            raise ApiError(ErrorCode.CONFLICT, problem, "id")
+        return state
+
+    async def _visible(self, job: str, state: dict | None) -> dict:
+        """``state`` when the caller may see it; else 404, as for no job at all."""
+        if state is None or "documents" not in state or not self._owners.sees(state):
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
+        return state
 
     async def get(self, job: str) -> dict:
-        if not has_state_key(job):
-            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits "
-                           "and - _ = / .", "id")
-        try:
-            entry = await self._kv.get(job)
-        except Exception:
-            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id") from None
-        return _shown(json.loads(entry.value), job)
+        return _shown(await self._visible(job, await read_state(self._kv, job)), job)
 
     async def cancel(self, job: str) -> dict:
         """Cancel a job; its state as it stands after (a finished job's is unchanged)."""
-        if not has_state_key(job):
-            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits "
-                           "and - _ = / .", "id")
+        await self._visible(job, await read_state(self._kv, job))
         state = await cancel_job(self._kv, job)
         if state is None:
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
@@ -130,10 +132,27 @@ class JobsApi:
         self._background.discard(task)
         if task.cancelled() or not task.exception():
             return
-        if isinstance(task.exception(), JobCancelled):
+        if isinstance(task.exception(), JobConflict):
             log.info("%s", task.exception())
         else:
             log.error("submitting a job failed: %s", task.exception())
+
+
+def _fields(doc: dict) -> tuple[int, EmbedOptions, str]:
+    """The batch size, the options and the form name a job's submission asks for, checked."""
+    batch_size = optional(doc, "batch_size", int, 64)
+    if not 0 < batch_size <= 4096:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'batch_size' must be in 1..4096", "batch_size")
+    input_type = optional(doc, "input_type", str)
+    if input_type not in (None, "query", "document"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
+    form = embedding_form(doc)
+    output = optional(doc, "output", str, "dense")
+    if output not in ("dense", "sparse", "multivector"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
+    if output == "sparse" and form not in ("float32", "float16"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
+    return batch_size, EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output), form
 
 
 def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_size: int, max_payload: int,
@@ -150,8 +169,10 @@ def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_si
 
 
 def _shown(state: dict, job: str) -> dict:
-    """A job's state as the API shows it: ``id`` for ``job``, without the ledger of counted rows."""
+    """A job's state as the API shows it: ``id`` for ``job``, without the ledger of counted rows or
+    the digest of its owner's key."""
     state.pop(LEDGER, None)
+    state.pop(OWNER, None)
     state["id"] = state.pop("job", job)
     return state
 

@@ -29,6 +29,7 @@ ANSWERED = {
     ErrorCode.NOT_ACCEPTABLE: (406, "invalid_request_error", "Validation", 406, "not_acceptable"),
     ErrorCode.NOT_FINISHED: (409, "invalid_request_error", "Validation", 409, "not_finished"),
     ErrorCode.GONE: (410, "invalid_request_error", "Validation", 410, "gone"),
+    ErrorCode.CONFLICT: (409, "invalid_request_error", "Validation", 409, "conflict"),
     ErrorCode.UNAUTHORIZED: (401, "authentication_error", "Unauthorized", 401, "unauthorized"),
     ErrorCode.OVERLOADED: (429, "rate_limit_error", "Overloaded", 429, "overloaded"),
     ErrorCode.INTERNAL: (500, "server_error", "Backend", 500, "internal"),

@@ -232,15 +232,20 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
 
 
 def test_results_need_an_api_key_where_the_gateway_asks_for_one(stack, float_job, tmp_path):
+    """A job made without a key (here on the open gateway) is read with an operator key; to the other
+    keys it is as if it did not exist."""
     port = free_port()
-    gateway = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), "--api-keys", "key-one"], tmp_path)
+    gateway = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), "--api-keys", "key-one",
+                                  "--operator-keys", "key-op"], tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base), 60, "a gateway with API keys", [gateway])
         url = f"{base}/v1/jobs/{float_job[0]}/results"
         denied = httpx.get(url, timeout=10)
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthorized"
-        allowed = httpx.get(url, headers={"authorization": "Bearer key-one"}, timeout=60)
+        hidden = httpx.get(url, headers={"authorization": "Bearer key-one"}, timeout=60)
+        assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "not_found", hidden.text
+        allowed = httpx.get(url, headers={"authorization": "Bearer key-op"}, timeout=60)
         assert allowed.status_code == 200 and len(_lines(allowed)) == 40
     finally:
         gateway.stop()

@@ -194,10 +194,10 @@ def test_jobs_over_http_take_embedding_type(stack):
         state = httpx.get(f"{stack.base_url}/v1/jobs/forms-http").json()
         time.sleep(0.2)
     assert state["status"] == "done" and state["embedding_type"] == "ubinary", state
-    # the same id in another form would mix forms in one job's results
+    # the same id in another form would mix forms in one job's results: a conflict with the job there
     clash = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int8", "id": "forms-http"},
                        timeout=30)
-    assert clash.status_code == 400 and clash.json()["error"]["param"] == "id"
+    assert clash.status_code == 409 and clash.json()["error"]["param"] == "id"
     assert "makes ubinary vectors, not int8" in clash.json()["error"]["message"]
     bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int4"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "embedding_type"

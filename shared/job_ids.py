@@ -1,0 +1,17 @@
+"""Job ids given by people (POST /v1/jobs's ``id``, ``embedfleet reindex --job-id``), checked before
+anything is read or published: an id names a key of the job bucket, whose keys are dot-separated
+tokens, so one with an empty token (``a..b``, ``.a``, ``a.``, ``""``) cannot name a job."""
+
+from __future__ import annotations
+
+from shared.jobs import MAX_JOB_ID, has_state_key
+
+RULE = (f"at most {MAX_JOB_ID} letters, digits and - _ = / ., with no empty part between dots "
+        "(not '', '.a', 'a.', 'a..b')")
+
+
+def job_id_problem(job: str) -> str | None:
+    """Why ``job`` cannot name a job (None: it can)."""
+    if has_state_key(job) and ".." not in job:
+        return None
+    return f"invalid job id {job[:100]!r}: {RULE}"

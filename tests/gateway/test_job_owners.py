@@ -1,0 +1,30 @@
+"""Who sees a job on a gateway: its key, the operator keys, everyone without keys (no I/O)."""
+
+from __future__ import annotations
+
+from services.cli import build_parser
+from services.gateway.config import GatewayConfig
+from services.gateway.job_owners import JobOwners
+from services.gateway.limits import bind_key
+from shared.job_requests import owner_digest
+
+
+def test_a_job_is_seen_by_its_key_and_the_operators():
+    owners = JobOwners(True, ("op",))
+    mine, keyless = {"owner": owner_digest("a")}, {}
+    for key, sees in (("a", (True, False)), ("b", (False, False)), ("op", (True, True)), (None, (False, False))):
+        bind_key(key)
+        assert (owners.sees(mine), owners.sees(keyless)) == sees, key
+    bind_key("a")
+    assert owners.owner() == owner_digest("a") and owners.owner() != "a"
+    open_gateway = JobOwners(False, ())
+    assert open_gateway.sees(mine) and open_gateway.owner() is None and not open_gateway.private
+    bind_key(None)
+
+
+def test_operator_keys_are_accepted_keys(tmp_path):
+    (tmp_path / "ops").write_text("# operators\nop-two\n")
+    ns = build_parser().parse_args(["gateway", "--api-keys", "k", "--operator-keys", "op-one",
+                                    "--operator-keys-file", str(tmp_path / "ops")])
+    cfg = GatewayConfig.from_namespace(ns)
+    assert cfg.api_keys == ("k", "op-one", "op-two") and cfg.operator_keys == ("op-one", "op-two")
