@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from shared.config import ConfigError, NatsConfig
-from shared.jobs import CANCELLED, MAX_JOB_ID, has_state_key, job_bucket, read_state
+from shared.job_ids import job_id_problem
+from shared.jobs import CANCELLED, job_bucket, read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from shared.lifecycle import connect_within
 from shared.quantize import FORMS
@@ -24,8 +25,8 @@ from services.reindex import check_output_path, write_output, write_ragged
 async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
     """0 when every document of the job is written; 1 when the job ended with some given up or
     cancelled (what it stored is written); a ConfigError (exit 2) when nothing can be written."""
-    if not has_state_key(job):
-        raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
+    if (problem := job_id_problem(job)) is not None:
+        raise ConfigError(problem)
     # it reads results as reindex does, under reindex's name: a job publisher's credentials serve
     nc = await connect_within(nats, "embedfleet-reindex")
     try:

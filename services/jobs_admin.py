@@ -15,8 +15,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
 
 from shared.config import ConfigError, NatsConfig
+from shared.job_ids import job_id_problem
 from shared.jobs import (
-    DUPLICATE_WINDOW, FINISHED, MAX_JOB_ID, RUN, has_state_key, job_bucket, job_form, read_state, stream_names,
+    DUPLICATE_WINDOW, FINISHED, RUN, job_bucket, job_form, read_state, stream_names,
 )
 from shared.lifecycle import connect_within
 
@@ -125,8 +126,8 @@ async def list_jobs(nats: NatsConfig) -> int:
 async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
     """Remove a job's results, dead letters and record; a job not finished (its batches may still be
     in flight) only with ``force``."""
-    if not has_state_key(job):
-        raise ConfigError(f"no job {job[:100]!r}: job ids are at most {MAX_JOB_ID} letters, digits and - _ = / .")
+    if (problem := job_id_problem(job)) is not None:
+        raise ConfigError(problem)
     subjects = nats.subjects
     nc = await connect_within(nats, "embedfleet-jobs")
     try:

@@ -28,7 +28,7 @@ from shared.tracing import TracingConfig
 from shared.model_dir import ModelInfo
 from shared.nats_server import TOKEN_FILE, EmbeddedNats
 from shared.parent_death import die_with_parent
-from services.gateway.config import api_keys
+from services.gateway.config import api_keys, operator_keys
 from services.gateway.models_api import model_kind
 from services.stack_lock import hold_data_dir
 from services.stack_plan import Child, children, default_model, secret_environment, served_models, with_metrics
@@ -48,7 +48,7 @@ def run_stack(ns: argparse.Namespace) -> int:
 
     # the URL without credentials (safe to print); credentials and TLS files checked before anything starts
     url, auth, tls = nats_security(ns)
-    keys = api_keys(ns)
+    keys = api_keys(ns) + operator_keys(ns)  # operator keys are accepted keys too: up may check with one
     nats = None
     if url is None:
         # the embedded server asks for a token made for this run: no other user of the machine reaches

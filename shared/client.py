@@ -106,6 +106,7 @@ class _Pending:
         self.timings: dict[str, float] = {}
         self.attempts: list[str] = []  # attempt ids, the first is the request id
         self.resending = False  # a resend is under way
+        self.resend_task: asyncio.Task | None = None  # that resend: it ends with the request
         self.parked = False  # its missing rows wait for the model to be served again
         self.held: dict[str, np.ndarray] = {}  # worker id -> rows it holds (bool mask over the request's rows)
         self.lost = np.zeros(self.total, dtype=bool)  # rows to send again (those still missing then)
@@ -232,6 +233,8 @@ class EmbedClient:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        for task in list(self._tasks):  # resends waiting for a worker: nothing will take their rows now
+            task.cancel()
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -264,6 +267,7 @@ class EmbedClient:
             options=options,
             token_ids=token_ids,
             pairs=pairs,
+            held=True,  # this client reads Held replies: a dead worker's rows are known, not guessed
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
@@ -285,6 +289,8 @@ class EmbedClient:
             ) from None
         finally:
             del self._pending[request_id]
+            if pending.resend_task is not None:  # answered, timed out or abandoned: no wait for a worker goes on
+                pending.resend_task.cancel()
             for attempt in pending.attempts:
                 self._attempts.pop(attempt, None)
 
@@ -349,9 +355,11 @@ class EmbedClient:
         pending.resending = True
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
+        pending.resend_task = task
 
         def done(t: asyncio.Task) -> None:
             pending.resending = False
+            pending.resend_task = None
             self._tasks.discard(t)
 
         task.add_done_callback(done)

@@ -256,9 +256,10 @@ _CONFLICTS = 1000  # compare-and-set retries before a state update is given up
 
 
 def has_state_key(job: str) -> bool:
-    """Whether ``job`` can name a state entry (a KV key); an untrusted id may not."""
+    """Whether ``job`` can name a state entry (a KV key: dot-separated tokens, none empty); an untrusted
+    id may not."""
     return (len(job) <= MAX_JOB_ID and bool(_KV_KEY.fullmatch(job)) and not job.startswith(".")
-            and not job.endswith("."))
+            and not job.endswith(".") and ".." not in job)
 
 
 async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) -> dict:

@@ -86,8 +86,12 @@ class JobResultsApi:
             raise ApiError(ErrorCode.NOT_FINISHED, problem, "id")
         form = JobForm.of(state)
         reader = StoredResults(self._js, self._subjects, job, form)
-        if not await reader.open() and state.get("done"):
-            raise ApiError(ErrorCode.GONE, expired(job, state), "id")
+        try:
+            if not await reader.open() and state.get("done"):
+                raise ApiError(ErrorCode.GONE, expired(job, state), "id")
+        except BaseException:  # refused, or the client gone before the body began: _closing will not run
+            await asyncio.shield(reader.close())
+            raise
         body = _closing(reader, _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form))
         headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
                    "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),

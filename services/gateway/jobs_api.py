@@ -5,7 +5,6 @@ stream, as for `embedfleet reindex`."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from pathlib import Path
@@ -16,7 +15,7 @@ from shared.fleet import FleetView
 from shared.job_fit import JobRefused, check_job
 from shared.job_requests import OWNER, Claim, claim_problem, request_digest
 from shared.jobs import (
-    DUPLICATE_WINDOW, JobConflict, JobTaken, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
+    DUPLICATE_WINDOW, JobCancelled, JobConflict, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
 )
 from shared.options import default
 from shared.progress import LEDGER
@@ -57,7 +56,9 @@ class JobsApi:
         elif "path" in doc:
             if self._jobs_dir is None:
                 raise ApiError(ErrorCode.INVALID_REQUEST, "server-side files are off here (the gateway's --jobs-dir is not set)", "path")
-            file = await read_job_file(self._jobs_dir, optional(doc, "path", str), self._max_file_bytes)
+            if not (given := optional(doc, "path", str)):
+                raise ApiError(ErrorCode.INVALID_REQUEST, "'path' must name a file under the gateway's --jobs-dir", "path")
+            file = await read_job_file(self._jobs_dir, given, self._max_file_bytes)
             docs, source, path = file.docs, file.given, file.path
         else:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
@@ -87,10 +88,10 @@ class JobsApi:
         try:
             return await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, source,
                                 self._tracer, claim)
-        except JobTaken as exc:  # created meanwhile by another request
-            raise ApiError(ErrorCode.CONFLICT, str(exc), "id") from None
-        except JobConflict as exc:
+        except JobCancelled as exc:  # as _existing answers it
             raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
+        except JobConflict as exc:  # created meanwhile by another request, or another form: as _existing answers it
+            raise ApiError(ErrorCode.CONFLICT, str(exc), "id") from None
 
     async def _existing(self, job: str, claim: Claim, form: str, output: str) -> dict | None:
         """The state of the job ``job`` names when it is this same request's (None: no job yet). A job

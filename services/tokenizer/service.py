@@ -209,7 +209,7 @@ class TokenizerService:
                 timings=timings,
                 token_types=chunk.token_types,
                 prompt_tokens=prompt_tokens,
-                held=True,  # the requester learns which worker holds which rows
+                held=request.held,  # the requester asked to learn which worker holds which rows
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             payloads, tokens = by_subject.get(subject, ([], 0))

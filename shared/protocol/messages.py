@@ -137,6 +137,9 @@ class EmbedRequest:
     options: EmbedOptions = field(default_factory=EmbedOptions)
     token_ids: list[np.ndarray] | None = None  # inputs given as token IDs ([n] int32 each); texts empty
     pairs: list[tuple[str, str]] | None = None  # (query, document) inputs for cross-encoders; texts empty
+    # the requester reads Held replies: workers say which rows they hold (a requester of an earlier
+    # release would take one for a malformed reply, so it is asked for, never sent unasked)
+    held: bool = False
 
     TYPE = "embed"
 

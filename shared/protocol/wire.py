@@ -71,6 +71,8 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["tk"] = [_tokens_wire(t) for t in msg.token_ids]
     if msg.pairs is not None:
         body["pr"] = [list(p) for p in msg.pairs]
+    if msg.held:
+        body["hd"] = True
     return body
 
 
@@ -98,6 +100,7 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         options=EmbedOptions.from_wire(m.get("o", {})),
         token_ids=token_ids,
         pairs=pairs,
+        held=_opt_bool(m, "hd", False),
     )
 
 

@@ -159,27 +159,8 @@ def check_right(fleet: Fleet, r: httpx.Response, rows: slice = slice(None)) -> N
     assert cosines(got, fleet.expected[rows]).min() >= COSINE_TOLERANCE
 
 
-def traffic(fleet: Fleet, stop: threading.Event, results: list[list[tuple[int, float, int]]], size: int = 16) -> None:
-    """A loop per list of ``results`` sending requests of ``size`` texts until ``stop``, appending
-    (status, seconds, first row) of each to its own list."""
-
-    def loop(k: int) -> None:
-        i = k * 7
-        while not stop.is_set():
-            first = (i * size) % (len(TEXTS) - size)
-            r, took = embed(fleet.base_url, TEXTS[first : first + size])
-            results[k].append((r.status_code, took, first))
-            if r.status_code == 200:
-                check_right(fleet, r, slice(first, first + size))
-            i += 1
-
-    with ThreadPoolExecutor(len(results)) as pool:
-        for future in [pool.submit(loop, k) for k in range(len(results))]:
-            future.result()
-
-
 def each_answered_again(results: list[list], seen: list[int], what: str) -> None:
-    """Wait until every loop of ``traffic`` has answers past the ``seen`` counts: each request in flight
+    """Wait until every loop of ``timed_traffic`` has answers past the ``seen`` counts: each request in flight
     when they were taken has been answered."""
     wait_until(lambda: all(len(r) > n for r, n in zip(results, seen)), DEADLINE + 10, what)
 
@@ -341,7 +322,9 @@ def test_stopped_worker_rows_are_served_by_the_other(serving: Fleet):
 
 
 def test_deadline_is_honoured_when_no_worker_answers(serving: Fleet):
-    """Every worker stopped: the request gets a 504 in the API's error shape at its deadline, not later;
+    """Every worker stopped: the request is answered at its deadline, not later, in the API's error
+    shape: 504, or 503 where the gateway took the silent workers for dead first (three silent fleet
+    polls: nobody serves the model, and its rows waited for a worker until just before the deadline);
     once the workers resume the stack serves again."""
     fleet = serving
     pids = [fleet.services[name].proc.pid for name in ("worker-1", "worker-2")]
@@ -349,9 +332,15 @@ def test_deadline_is_honoured_when_no_worker_answers(serving: Fleet):
         os.kill(pid, signal.SIGSTOP)
     try:
         r, took = embed(fleet.short_url, ["a query nobody will answer"])
-        assert r.status_code == 504, r.text
-        assert r.json()["error"]["message"].startswith("no complete result within")
-        assert SHORT_DEADLINE - 1 <= took < SHORT_DEADLINE + 2
+        assert r.status_code in (503, 504), r.text
+        message = r.json()["error"]["message"]
+        if r.status_code == 504:
+            assert message.startswith("no complete result within"), message
+        else:
+            assert message == "no tokenizer or worker is serving this model right now", message
+        # the gateway gives up 0.2 s before its deadline when it waits for a worker; the client's clock
+        # also counts the HTTP exchange
+        assert SHORT_DEADLINE - 1.5 <= took < SHORT_DEADLINE + 2, took
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
@@ -392,7 +381,7 @@ def test_sigterm_drains_a_worker_during_traffic(serving: Fleet):
     tokenized = fleet.tokenized()
     stop = threading.Event()
     results: list[list] = [[] for _ in range(3)]
-    thread = threading.Thread(target=traffic, args=(fleet, stop, results, 16))
+    thread = threading.Thread(target=timed_traffic, args=(fleet, stop, results, 16))
     thread.start()
     each_answered_again(results, [0] * len(results), "requests flowing")
     worker = fleet.services["worker-1"]
@@ -401,7 +390,7 @@ def test_sigterm_drains_a_worker_during_traffic(serving: Fleet):
     stop.set()
     thread.join(DEADLINE + 10)
     done = [d for r in results for d in r]
-    assert all(status == 200 for status, _, _ in done), (sorted({s for s, _, _ in done}), fleet.logs())
+    assert all(a.status == 200 for a in done), (sorted({a.status for a in done}), fleet.logs())
     # every row tokenized once: none was sent again
     wait_until(lambda: fleet.tokenized() - tokenized >= 16 * len(done), 10, "every request's rows tokenized")
     assert fleet.tokenized() - tokenized == 16 * len(done)

@@ -145,12 +145,13 @@ def test_a_large_file_is_read_off_the_event_loop(gateway):
 
 
 def test_bad_paths_are_400_in_the_clients_words(gateway):
-    def refused(path: str) -> str:
+    def refused(path: str | None) -> str:
         r = _post(gateway, "a", {"path": path})
         assert r.status_code == 400 and r.json()["error"]["param"] == "path", r.text
         return r.json()["error"]["message"]
 
     assert refused("a\u0000b.jsonl") == "'path' must not hold a NUL character"
+    assert refused(None) == refused("") == "'path' must name a file under the gateway's --jobs-dir"
     long_name = "n" * 5000
     assert refused(long_name) == f"'path' {long_name[:200]!r}: File name too long"
     assert refused("missing.jsonl") == "'path' 'missing.jsonl': no such file"

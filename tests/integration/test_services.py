@@ -12,7 +12,7 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    EmbedOptions, EmbedRequest, ErrorReply, RerankRequest, RerankResult, TokenChunk, decode, encode,
+    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, RerankRequest, RerankResult, TokenChunk, decode, encode,
 )
 from shared.subjects import Subjects
 
@@ -89,6 +89,47 @@ def test_worker_errors_name_the_requests_row(stack):
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), encode(too_long)))
     assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INPUT_TOO_LONG, 3), reply
     assert reply.message == "has 300 tokens; the model's limit is 256"
+
+
+async def _replies(url: str, request: EmbedRequest, timeout: float = 30) -> list:
+    """Every reply to ``request`` until its rows' results are all in (or ``timeout``), in order."""
+    nc = await nats.connect(url)
+    try:
+        inbox, got, rows = nc.new_inbox(), [], 0
+        sub = await nc.subscribe(inbox)
+        await nc.publish(SUBJECTS.embed(MODEL), encode(request), reply=inbox)
+        deadline = time.monotonic() + timeout
+        while rows < request.count and time.monotonic() < deadline:
+            reply = decode((await sub.next_msg(timeout=deadline - time.monotonic())).data)
+            got.append(reply)
+            rows += reply.count if isinstance(reply, EmbedResult) else 0
+        with_a_moment = time.monotonic() + 0.5  # nothing more comes after the results
+        while time.monotonic() < with_a_moment:
+            try:
+                got.append(decode((await sub.next_msg(timeout=with_a_moment - time.monotonic())).data))
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                break
+        return got
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize("asks", [False, True], ids=["earlier-requester", "asks-for-held"])
+def test_workers_say_which_rows_they_hold_only_to_a_requester_that_asks(stack, asks):
+    """A gateway or scorer of an earlier release knows no Held reply (it would fail the request as
+    malformed): only a request that asks (`hd`) is told which worker holds which rows."""
+    request = EmbedRequest(id=f"held-{asks}", model=MODEL, texts=["one", "two", "three"], deadline=time.time() + 30,
+                           held=asks)
+    replies = asyncio.run(_replies(stack.nats_url, request))
+    results = [r for r in replies if isinstance(r, EmbedResult)]
+    assert sum(r.count for r in results) == 3, replies
+    held = [r for r in replies if isinstance(r, Held)]
+    assert [type(r) for r in replies if not isinstance(r, (EmbedResult, Held))] == []
+    if asks:
+        assert held and replies.index(held[0]) < replies.index(results[0]), replies
+        assert sum(h.rows for h in held) >= 3
+    else:
+        assert held == [], replies
 
 
 def test_tokenizer_errors_name_the_row(stack):

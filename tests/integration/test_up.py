@@ -131,12 +131,6 @@ def test_up_with_external_nats_starts_none(tmp_path, nats_url):
         assert _stop(proc) == 0, log.read_text()[-3000:]
 
 
-def _descendants(parent: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout
-    children = [int(p) for p in out.split()]
-    return children + [pid for child in children for pid in _descendants(child)]
-
-
 def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
     """`up --api-keys` hands the keys to the gateway in its environment, as it does a NATS token: no
     process it starts shows them in its arguments (ps, /proc/PID/cmdline), and they still admit."""

@@ -164,7 +164,7 @@ def test_only_valid_kv_keys_name_a_job_state():
 
     assert has_state_key("job-1_a=b/c.d")
     assert has_state_key("j" * MAX_JOB_ID)
-    for bad in ("", "-*Øs", "a b", ".start", "end.", "x>", "x*", "j" * (MAX_JOB_ID + 1)):
+    for bad in ("", "-*Øs", "a b", ".start", "end.", "a..b", "x>", "x*", "j" * (MAX_JOB_ID + 1)):
         assert not has_state_key(bad), bad
 
 

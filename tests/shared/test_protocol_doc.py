@@ -27,7 +27,7 @@ VECTORS = np.zeros((2, 3), "<f4")
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
     EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
-                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")])),
+                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True)),
     TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
                  TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
                             prompt_tokens=1, held=True)),
