@@ -86,7 +86,7 @@ def token_counts(texts: list[str]) -> dict[str, int]:
     return {t: len(ids) for t, ids in zip(texts, encoder.encode(texts))}
 
 
-async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, int]) -> dict:
+async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, int], model: str = MODEL) -> dict:
     """``in_flight`` clients send requests of ``per_request`` texts for ``seconds``; every request
     started is waited for and counted, and the rate divides by the time until the last answer.
 
@@ -108,7 +108,7 @@ async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, in
             while time.perf_counter() < stop:
                 batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
                 i += w.in_flight * w.per_request
-                body = orjson.dumps({"model": MODEL, "input": batch if w.per_request > 1 else batch[0]})
+                body = orjson.dumps({"model": model, "input": batch if w.per_request > 1 else batch[0]})
                 t = time.perf_counter()
                 async with client.post(url, data=body, headers=headers) as r:
                     await r.read()
@@ -147,12 +147,14 @@ def _summary(latencies: list[float], tokens: int, took: float) -> dict:
 
 
 @contextmanager
-def infinity_server(command: str, dtype: str, seconds: float = 300) -> Iterator[str]:
+def infinity_server(command: str, dtype: str, seconds: float = 300, folder: Path | None = None,
+                    name: str = MODEL) -> Iterator[str]:
+    """infinity-emb's server on ``folder`` (the default model's by default), served as ``name``."""
     port = free_port()
     log = open(Path(tempfile.gettempdir()) / f"infinity-{port}.log", "wb")
     proc = subprocess.Popen(
-        [command, "v2", "--model-id", str(load_model_info(None).path), "--engine", "torch", "--device", "cpu",
-         "--port", str(port), "--url-prefix", "/v1", "--served-model-name", MODEL, "--dtype", dtype],
+        [command, "v2", "--model-id", str(folder or load_model_info(None).path), "--engine", "torch", "--device", "cpu",
+         "--port", str(port), "--url-prefix", "/v1", "--served-model-name", name, "--dtype", dtype],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

@@ -2,6 +2,7 @@
 
     make_folder("qwen3", root)          # Qwen3-Embedding-0.6B's sizes (vocabulary cut to 30522)
     make_folder("mpnet", root, "tiny")  # hidden 64, 2 layers: for tests
+    make_folder("bert", root, "fabric") # hidden 32, 1 layer: the forward pass costs next to nothing
 
 A folder holds what the engine and sentence-transformers both load: config.json and
 model.safetensors (transformers' config class, ``AutoModel.from_config``, its default random init),
@@ -51,6 +52,9 @@ FAMILIES: dict[str, Family] = {
             "base": ("BERT-base", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)),
             "minilm": ("all-MiniLM-L6-v2", dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)),
             "tiny": ("tiny", _TINY),
+            # next to no FLOPs a token: what the CPU around the forward pass costs (bench.fabric)
+            "fabric": ("near-zero compute", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                 intermediate_size=64)),
         },
         fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=512, pad_token_id=PAD),
     ),

@@ -190,3 +190,30 @@ def test_job_results_benchmark_reads_a_job_back_in_both_forms():
     rows = [line.split() for line in result.stdout.splitlines()[1:]]
     assert [row[0] for row in rows] == ["application/x-ndjson", "application/vnd.apache.parquet"], result.stdout
     assert all(float(row[1]) > 0 and float(row[-3]) > 0 for row in rows)  # MiB read, peak MiB RSS
+
+
+def test_fabric_benchmark_measures_every_process_of_every_workload(tmp_path):
+    """bench.fabric --smoke: up's stack on the near-zero model, each workload's CPU per unit by process
+    (positive for every process its requests pass through), the floors, ratios, idle and projection."""
+    result = subprocess.run([sys.executable, "-m", "bench.fabric", "--smoke", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads((tmp_path / "fabric.json").read_text())
+    workloads = data["workloads"]
+    assert set(workloads) == {"single-32", "single-128", "medium-8", "long", "nats-single-32", "reindex"}
+    processes = {"nats-server", "gateway", "tokenizer", "worker", "scorer", "up", "client"}
+    for name, w in workloads.items():
+        assert processes <= set(w["cpu_ms"]), name
+        assert all(w["cpu_ms"][p] >= 0 for p in processes), (name, w["cpu_ms"])
+        assert w["path"] and all(w["cpu_ms"][p] > 0 for p in w["path"]), (name, w["cpu_ms"])
+        assert w["cpu_ms"]["all"] >= w["cpu_ms"]["stack"] > 0 and w["tokens_per_s"] > 0
+        assert w["worker_loop_ms"] > 0 and w["worker_forward_ms"] > 0
+    assert "gateway" not in workloads["nats-single-32"]["path"]
+    assert workloads["reindex"]["documents"] == 500 and workloads["long"]["unit"] == "1k tokens"
+    assert data["floors"]["http"]["server_cpu_ms_per_request"] > 0
+    assert data["floors"]["tokenizer_long"]["cpu_ms_per_1k_tokens"] > 0
+    assert set(data["ratios"]) == {"gateway_over_http_floor", "tokenizer_over_encode_batch_long",
+                                   "reindex_all_over_encode_batch"} and all(v > 0 for v in data["ratios"].values())
+    assert all(v > 0 for v in data["projection"].values()) and len(data["projection"]) == 4
+    assert data["idle"]["total_cpu_s_per_minute"] > 0
+    assert "projection: cores to feed one H200" in result.stdout and "gateway / HTTP floor" in result.stdout

@@ -1,0 +1,316 @@
+"""The parts of ``bench.fabric``: the stack as ``embedfleet up`` starts it, each process's CPU read
+from /proc, the NATS-direct client, the bulk ``reindex`` run, and the floors (bare HTTP, raw tokenizer).
+
+CPU is user + system time (/proc/PID/stat fields 14-17): a process's own, its threads' included, and
+its child processes' (those alive, walked through /proc/PID/task/*/children, and those it waited for,
+cutime + cstime), so a worker's CPU replica processes count as the worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+
+from bench.e2e import Workload, _summary
+from shared.local_stack import read_stack
+from shared.nats_server import free_port
+
+ROLES = ("nats-server", "gateway", "tokenizer", "worker", "scorer", "up")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (of every one of its threads)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
+        pass
+    return out
+
+
+def tree_seconds(pid: int, own: bool = False) -> float:
+    """CPU seconds of ``pid`` and its descendants (``own``: of ``pid`` alone, its children left out)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    # fields[11:15]: utime, stime, cutime, cstime (fields 14-17 of stat, the name removed)
+    ticks = int(fields[11]) + int(fields[12])
+    if own:
+        return ticks / TICKS
+    ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICKS + sum(tree_seconds(c) for c in children(pid))
+
+
+def self_seconds() -> float:
+    """CPU seconds of this process (every thread): the in-process load client's cost."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def waited_children_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _role(pid: int) -> str | None:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in argv if a]
+    if args and Path(args[0]).name == "nats-server":
+        return "nats-server"
+    if "services.cli" in args and args.index("services.cli") + 1 < len(args):
+        return args[args.index("services.cli") + 1]
+    return None
+
+
+def _option(pid: int, flag: str) -> str:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return args[args.index(flag) + 1]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A running ``embedfleet up`` on one model folder."""
+
+    base: str  # the gateway's URL
+    nats_url: str  # without credentials
+    token_file: str  # the token the embedded nats-server asks for
+    model: str  # the served id
+    pids: dict[str, int]  # role (ROLES) -> pid
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far by role; ``up`` itself without its children (they are the other roles)."""
+        return {role: tree_seconds(pid, own=role == "up") for role, pid in self.pids.items()}
+
+    def worker_loop_seconds(self) -> float:
+        """CPU seconds of the worker's main thread (its event loop: NATS, decoding, batching, replies);
+        the rest of the worker's CPU is its engine threads' (a replica's thread, torch's pool)."""
+        pid = self.pids["worker"]
+        try:
+            with open(f"/proc/{pid}/task/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def forward_seconds(self) -> float:
+        """The worker's summed forward time so far (embedfleet_worker_forward_seconds, every token class)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        port = _option(self.pids["worker"], "--metrics-port")
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                   if s.name == "embedfleet_worker_forward_seconds_sum")
+
+
+@contextmanager
+def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300) -> Iterator[Stack]:
+    """``embedfleet up --model FOLDER`` as a process, its own embedded nats-server included, once it
+    has recorded itself (every process ready); stopped as Ctrl-C stops it."""
+    from shared.model_dir import load_model_info
+
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--model", str(folder), "--port", str(port),
+                                 "--data-dir", str(data_dir)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while (record := read_stack(data_dir)) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"embedfleet up did not start (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        pids = {role: pid for pid in children(proc.pid) if (role := _role(pid)) in ROLES}
+        missing = set(ROLES) - {"up"} - set(pids)
+        if missing:
+            raise RuntimeError(f"embedfleet up runs no {', '.join(sorted(missing))}")
+        yield Stack(f"http://127.0.0.1:{port}", record.url, record.token_file, load_model_info(str(folder)).id,
+                    {**pids, "up": proc.pid})
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Meter:
+    """CPU seconds of every process of a stack and of the client, and the worker's forward time, from
+    ``start()`` to ``stop()``; ``client``: the client's CPU seconds so far (this process by default)."""
+
+    def __init__(self, stack: Stack, client: Callable[[], float] = self_seconds) -> None:
+        self._stack, self._client = stack, client
+        self._cpu: dict[str, float] = {}
+        self._forward = self._loop = 0.0
+
+    def start(self) -> None:
+        self._cpu = {**self._stack.cpu(), "client": self._client()}
+        self._forward, self._loop = self._stack.forward_seconds(), self._stack.worker_loop_seconds()
+
+    def stop(self) -> dict:
+        now = {**self._stack.cpu(), "client": self._client()}
+        return {"cpu_s": {role: now[role] - self._cpu[role] for role in now},
+                "forward_s": self._stack.forward_seconds() - self._forward,
+                "worker_loop_s": self._stack.worker_loop_seconds() - self._loop}
+
+
+async def drive_nats(stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int],
+                     meter: Meter) -> dict:
+    """As ``bench.e2e.drive_http``, through an EmbedClient on a NATS connection of this process (as
+    the gateway sends): ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()``
+    in the result)."""
+    from shared.client import EmbedClient
+    from shared.config import NatsConfig
+    from shared.lifecycle import connect
+    from shared.nats_auth import NatsAuth
+    from shared.subjects import Subjects
+
+    token = Path(stack.token_file).read_text().splitlines()[0].strip()
+    nc = await connect(NatsConfig(stack.nats_url, Subjects(), auth=NatsAuth(token=token)), "bench-fabric")
+    client = EmbedClient(nc, Subjects())
+    await client.start()
+    try:
+        await _embed_for(client, stack.model, w, warm_up, tokens)
+        meter.start()
+        result = await _embed_for(client, stack.model, w, seconds, tokens)
+        return {**result, **meter.stop()}
+    finally:
+        await client.stop()
+        await nc.drain()
+
+
+async def _embed_for(client, model: str, w: Workload, seconds: float, tokens: dict[str, int]) -> dict:
+    from shared.protocol import EmbedOptions
+
+    latencies: list[float] = []
+    done_tokens = 0
+    start = time.perf_counter()
+    stop = start + seconds
+
+    async def one(k: int) -> None:
+        nonlocal done_tokens
+        i = k * w.per_request
+        while time.perf_counter() < stop:
+            batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
+            i += w.in_flight * w.per_request
+            t = time.perf_counter()
+            await client.embed(model, batch, EmbedOptions(), 60.0)
+            latencies.append(time.perf_counter() - t)
+            done_tokens += sum(tokens[x] for x in batch)
+
+    await asyncio.gather(*(one(k) for k in range(w.in_flight)))
+    return _summary(latencies, done_tokens, time.perf_counter() - start)
+
+
+def run_reindex(stack: Stack, texts: list[str], folder: Path) -> dict:
+    """``embedfleet reindex`` of ``texts`` as a process, measured by a Meter whose client is that
+    process (its CPU read once it has been waited for)."""
+    import numpy as np
+
+    docs = folder / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = folder / "vectors.npy"
+    command = [sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(out), "--model", stack.model,
+               "--nats", stack.nats_url, "--nats-token-file", stack.token_file, "--quiet"]
+    meter = Meter(stack, waited_children_seconds)
+    meter.start()
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    took = time.perf_counter() - start
+    measured = meter.stop()
+    if done.returncode != 0:
+        raise RuntimeError(f"reindex exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    rows = np.load(out, mmap_mode="r").shape[0]
+    if rows != len(texts):
+        raise RuntimeError(f"reindex wrote {rows} vectors for {len(texts)} documents")
+    return {"documents": rows, "seconds": took, **measured}
+
+
+@contextmanager
+def http_floor(log: Path, timeout: float = 60) -> Iterator[tuple[str, int]]:
+    """``bench.fabric_floor`` as a process; yields its embeddings URL and pid once it answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/embeddings"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "bench.fabric_floor", "--port", str(port)], stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _answers(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP floor did not start (exit {proc.poll()}):\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.post(url, json={"model": "floor", "input": "ping"}, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def tokenizer_floor(folder: Path, texts: list[str], per_call: int, seconds: float) -> dict:
+    """HF tokenizers' ``encode_batch`` in this process, truncation at the model's limit, no padding,
+    ``per_call`` texts a call: of ``texts`` as they are ("whole"), and of each cut after its last kept
+    token (the floor: a text past the limit costs its kept tokens, not its length, as the tokenizer
+    service cuts it first). CPU includes the library's own threads."""
+    from tokenizers import Tokenizer
+
+    from shared.model_dir import load_model_info
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(load_model_info(str(folder)).max_seq_length)
+    tokenizer.no_padding()
+    kept = []
+    for text, e in zip(texts, tokenizer.encode_batch(texts)):
+        ends = [end for (_, end), special in zip(e.offsets, e.special_tokens_mask) if not special]
+        kept.append(text[: max(ends)] if ends else text)
+    whole = _encode_for(tokenizer, texts, per_call, seconds / 2)
+    return {**_encode_for(tokenizer, kept, per_call, seconds / 2),
+            "whole_texts_cpu_ms_per_1k_tokens": whole["cpu_ms_per_1k_tokens"]}
+
+
+def _encode_for(tokenizer, texts: list[str], per_call: int, seconds: float) -> dict:
+    """Every text of ``texts``, ``per_call`` a call, over and over for about ``seconds`` (once at least)."""
+    tokenizer.encode_batch(texts[:per_call])  # warm-up
+    tokens, calls = 0, 0
+    used, start = self_seconds(), time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < seconds:
+        for i in range(0, len(texts), per_call):
+            tokens += sum(len(e.ids) for e in tokenizer.encode_batch(texts[i : i + per_call]))
+        calls += 1
+    cpu = self_seconds() - used
+    return {"tokens": tokens, "cpu_s": cpu, "seconds": time.perf_counter() - start,
+            "cpu_ms_per_1k_tokens": cpu * 1e3 / tokens * 1e3}
+
+
+def infinity_pid(command: str) -> int:
+    """The infinity-emb server this process started (``bench.e2e.infinity_server``): a child of this
+    process running ``command``."""
+    for pid in children(os.getpid()):
+        if command in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            return pid
+    raise RuntimeError(f"no child process runs {command}")
