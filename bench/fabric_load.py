@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,10 +175,10 @@ class Meter:
 
 
 async def drive_nats(stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int],
-                     meter: Meter) -> dict:
+                     meter: Meter, errors: Counter) -> dict:
     """As ``bench.e2e.drive_http``, through an EmbedClient on a NATS connection of this process (as
     the gateway sends): ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()``
-    in the result)."""
+    in the result); error replies counted in ``errors`` by code."""
     from shared.client import EmbedClient
     from shared.config import NatsConfig
     from shared.lifecycle import connect
@@ -189,16 +190,17 @@ async def drive_nats(stack: Stack, w: Workload, seconds: float, warm_up: float, 
     client = EmbedClient(nc, Subjects())
     await client.start()
     try:
-        await _embed_for(client, stack.model, w, warm_up, tokens)
+        await _embed_for(client, stack.model, w, warm_up, tokens, Counter())
         meter.start()
-        result = await _embed_for(client, stack.model, w, seconds, tokens)
+        result = await _embed_for(client, stack.model, w, seconds, tokens, errors)
         return {**result, **meter.stop()}
     finally:
         await client.stop()
         await nc.drain()
 
 
-async def _embed_for(client, model: str, w: Workload, seconds: float, tokens: dict[str, int]) -> dict:
+async def _embed_for(client, model: str, w: Workload, seconds: float, tokens: dict[str, int], errors: Counter) -> dict:
+    from shared.errors import ServiceError
     from shared.protocol import EmbedOptions
 
     latencies: list[float] = []
@@ -213,7 +215,11 @@ async def _embed_for(client, model: str, w: Workload, seconds: float, tokens: di
             batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
             i += w.in_flight * w.per_request
             t = time.perf_counter()
-            await client.embed(model, batch, EmbedOptions(), 60.0)
+            try:
+                await client.embed(model, batch, EmbedOptions(), 60.0)
+            except ServiceError as exc:
+                errors[exc.code.value] += 1
+                continue
             latencies.append(time.perf_counter() - t)
             done_tokens += sum(tokens[x] for x in batch)
 

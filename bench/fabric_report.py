@@ -32,7 +32,9 @@ def summarize(result: dict, unit: str, path: tuple[str, ...]) -> dict:
 
 def _rate(r: dict) -> str:
     latency = f"  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms" if r.get("p50_ms") is not None else ""
-    return f"{r['requests_per_s']:8.1f} req/s {r['tokens_per_s']:10,.0f} tok/s{latency}  ({r['seconds']:.1f} s)"
+    errors = ", ".join(f"{n} x {what}" for what, n in r.get("errors", {}).items())
+    return (f"{r['requests_per_s']:8.1f} req/s {r['tokens_per_s']:10,.0f} tok/s{latency}  ({r['seconds']:.1f} s)"
+            + (f"  errors: {errors}" if errors else ""))
 
 
 def print_case(name: str, r: dict) -> None:
