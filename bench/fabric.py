@@ -2,7 +2,7 @@
 next to nothing (bert "fabric": hidden 32, one layer), served by the stack ``embedfleet up`` starts.
 
     python -m bench.fabric [--seconds 10] [--idle-seconds 20] [--reindex-docs 20000] [--infinity PATH] [--out DIR]
-    python -m bench.fabric --smoke      # every code path in well under a minute
+    python -m bench.fabric --smoke      # every code path at tiny durations (the test)
 
 Workloads, each after a warm-up: single queries over HTTP at 32 and 128 in flight, 8-input requests
 (8 in flight), long documents (32 a request, 4 in flight), the same single queries through an
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.e2e import Workload, drive_http, infinity_server, queries
-from bench.fabric_load import ROLES, Meter, Stack, drive_nats, http_floor, infinity_pid, run_reindex, self_seconds
-from bench.fabric_load import tokenizer_floor, tree_seconds, up_stack
+from bench.fabric_floor import http_floor, tokenizer_floor
+from bench.fabric_load import ROLES, Meter, Stack, drive_nats, infinity_pid, run_reindex, self_seconds, tree_seconds
+from bench.fabric_load import up_stack
 from bench.fabric_report import print_case, print_summary, summarize
 from tests.corpus import long_texts, medium_texts, mixed_texts
 
