@@ -52,6 +52,7 @@ class Member:
     model: str
     ping: str  # its own ping subject: $SRV.PING.<name>.<micro-service id>
     seen: float  # monotonic time of its last answer
+    metadata: dict[str, str]  # what it said of itself then
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ class FleetWatch:
         True then, False once ``until`` (monotonic) passes first. Pings every WAITING_POLL seconds meanwhile."""
         while True:
             view = self._view
-            if view.at > since and view.serves(model):
+            if view.at > since and self._heard_since(model, since):
                 return True
             now = time.monotonic()
             if now >= until:
@@ -150,16 +151,28 @@ class FleetWatch:
             else:
                 await asyncio.sleep(min(0.05, until - now))
 
+    def _heard_since(self, model: str, since: float) -> bool:
+        """Whether a tokenizer and a worker of ``model`` answered a ping after ``since`` (monotonic)."""
+        roles = {role for (role, _), m in self._seen.items() if m.model == model and m.seen > since}
+        return roles == {"tokenizer", "worker"}
+
     async def refresh(self, until_ready: bool = False) -> FleetView:
-        """Ping tokenizers and workers; ``until_ready`` returns as soon as one model has both."""
+        """Ping tokenizers and workers; ``until_ready`` returns as soon as one model has both.
+
+        The view holds what answered now and every process heard from within ``LOST_AFTER_POLLS``
+        polls: a process too busy to answer one ping in time (a loaded event loop) still serves its
+        model, and is taken for lost only as ``_check_lost`` says."""
         (tokenizers, t_ids), (workers, w_ids) = await asyncio.gather(
             self._ping("tokenizer", until_ready), self._ping("worker", until_ready)
         )
         now = time.monotonic()
-        self._view = FleetView(tokenizers, workers, now)
         for role, ids in (("tokenizer", t_ids), ("worker", w_ids)):
-            for instance, (model, ping) in ids.items():
-                self._seen[(role, instance)] = Member(model, ping, now)
+            for instance, (model, ping, metadata) in ids.items():
+                self._seen[(role, instance)] = Member(model, ping, now, metadata)
+        for (role, _), member in self._seen.items():
+            if now - member.seen <= self._lost_after:
+                (tokenizers if role == "tokenizer" else workers).setdefault(member.model, member.metadata)
+        self._view = FleetView(tokenizers, workers, now)
         return self._view
 
     def _check_lost(self) -> None:
@@ -213,10 +226,11 @@ class FleetWatch:
                     log.debug("fleet poll: %s", exc)
             await asyncio.sleep(max(0.0, self._interval - (time.monotonic() - started)))
 
-    async def _ping(self, role: str, first_only: bool) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, str]]]:
-        """Who of ``role`` answers: model -> one process's metadata; instance -> (model, its ping subject)."""
+    async def _ping(self, role: str, first_only: bool) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, str, dict]]]:
+        """Who of ``role`` answers: model -> one process's metadata; instance -> (model, its ping subject,
+        its metadata)."""
         found: dict[str, dict[str, str]] = {}
-        ids: dict[str, tuple[str, str]] = {}
+        ids: dict[str, tuple[str, str, dict]] = {}
         name = SERVICE_NAMES[role]
         got_one = asyncio.Event()
         inbox = self._nc.new_inbox()
@@ -232,7 +246,7 @@ class FleetWatch:
             if isinstance(meta, dict) and meta.get("prefix") == self._prefix and isinstance(meta.get("model"), str):
                 found.setdefault(meta["model"], meta)
                 if isinstance(instance, str) and isinstance(service, str) and service.isalnum():
-                    ids[instance] = (meta["model"], f"$SRV.PING.{name}.{service}")
+                    ids[instance] = (meta["model"], f"$SRV.PING.{name}.{service}", meta)
                 got_one.set()
 
         sub = await self._nc.subscribe(inbox, cb=on_reply)

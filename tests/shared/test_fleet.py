@@ -8,7 +8,7 @@ import time
 
 import nats
 
-from shared.fleet import LIVENESS_INTERVAL, FleetWatch
+from shared.fleet import LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
 from shared.lifecycle import register
 from shared.subjects import Subjects
 
@@ -79,3 +79,36 @@ def test_waiting_for_a_model_sees_a_process_come_back(nats_url):
     early, served, took = asyncio.run(run())
     assert (early, served) == (False, True)
     assert took < 1.0  # a ping every WAITING_POLL (0.3 s) and its 0.1 s wait
+
+
+def test_a_process_that_misses_a_ping_still_serves_until_it_is_taken_for_lost(nats_url):
+    """A worker too busy to answer a poll in time (here: its ping endpoint stopped, its connection
+    open) keeps its model served for LOST_AFTER_POLLS polls, not one: requests are not refused 503
+    because an event loop was slow once."""
+
+    async def run() -> tuple[bool, bool, float]:
+        watcher = await nats.connect(nats_url)
+        interval, wait = 0.3, 0.1
+        watch = FleetWatch(watcher, PREFIX + "3", wait=wait, interval=interval, busy=lambda: False)
+        tokenizer, worker = await nats.connect(nats_url), await nats.connect(nats_url)
+        await register(tokenizer, Subjects(PREFIX + "3"), "tokenizer", "test", {"model": "m", "instance": "t"})
+        service = await register(worker, Subjects(PREFIX + "3"), "worker", "test", {"model": "m", "instance": "w"})
+        try:
+            await watch.start()
+            await watch.refresh()
+            assert watch.serves("m")
+            await service.stop()  # answers no ping from now on
+            silent = time.monotonic()
+            await watch.refresh()
+            still = watch.serves("m")  # one missed poll
+            while watch.serves("m") and time.monotonic() - silent < 10:
+                await asyncio.sleep(0.02)
+            return still, watch.serves("m"), time.monotonic() - silent
+        finally:
+            await watch.stop()
+            for nc in (watcher, tokenizer, worker):
+                await nc.close()
+
+    still, later, took = asyncio.run(run())
+    assert still and not later
+    assert LOST_AFTER_POLLS * 0.3 <= took < LOST_AFTER_POLLS * 0.3 + 2.0, took
