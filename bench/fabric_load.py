@@ -176,32 +176,20 @@ class Meter:
 
 async def drive_nats(stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int],
                      meter: Meter, errors: Counter) -> dict:
-    """As ``bench.e2e.drive_http``, through an EmbedClient on a NATS connection of this process (as
-    the gateway sends): ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()``
-    in the result); error replies counted in ``errors`` by code."""
-    from shared.client import EmbedClient
-    from shared.config import NatsConfig
-    from shared.lifecycle import connect
-    from shared.nats_auth import NatsAuth
-    from shared.subjects import Subjects
+    """As ``bench.e2e.drive_http``, through the public NATS-direct client (shared.fleet_client) in this
+    process: ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()`` in the
+    result); error replies counted in ``errors`` by code."""
+    from shared.fleet_client import FleetClient
 
-    token = Path(stack.token_file).read_text().splitlines()[0].strip()
-    nc = await connect(NatsConfig(stack.nats_url, Subjects(), auth=NatsAuth(token=token)), "bench-fabric")
-    client = EmbedClient(nc, Subjects())
-    await client.start()
-    try:
-        await _embed_for(client, stack.model, w, warm_up, tokens, Counter())
+    async with await FleetClient.connect(stack.nats_url, token_file=stack.token_file, timeout=60.0) as fleet:
+        await _embed_for(fleet, stack.model, w, warm_up, tokens, Counter())
         meter.start()
-        result = await _embed_for(client, stack.model, w, seconds, tokens, errors)
+        result = await _embed_for(fleet, stack.model, w, seconds, tokens, errors)
         return {**result, **meter.stop()}
-    finally:
-        await client.stop()
-        await nc.drain()
 
 
-async def _embed_for(client, model: str, w: Workload, seconds: float, tokens: dict[str, int], errors: Counter) -> dict:
+async def _embed_for(fleet, model: str, w: Workload, seconds: float, tokens: dict[str, int], errors: Counter) -> dict:
     from shared.errors import ServiceError
-    from shared.protocol import EmbedOptions
 
     latencies: list[float] = []
     done_tokens = 0
@@ -216,7 +204,7 @@ async def _embed_for(client, model: str, w: Workload, seconds: float, tokens: di
             i += w.in_flight * w.per_request
             t = time.perf_counter()
             try:
-                await client.embed(model, batch, EmbedOptions(), 60.0)
+                await fleet.embed(batch, model)
             except ServiceError as exc:
                 errors[exc.code.value] += 1
                 continue
