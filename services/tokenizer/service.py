@@ -195,7 +195,7 @@ class TokenizerService:
         admitted = [self._admit(msg) for msg in msgs]
         for p in admitted:
             if p.error is not None:
-                await self._reply_error(p.reply, p.request_id, p.error, p.span)
+                await self._refuse(p)
         tokenized = [p for p in admitted if p.error is None]
         sents: list[Sent] = []
         for kind, group in _by_tokenization(tokenized).items():
@@ -209,7 +209,7 @@ class TokenizerService:
                         chunks += sum(len(s.payloads) for s in sent)
                         ids += p.ids
                         continue
-                await self._reply_error(p.reply, p.request_id, p.error, p.span)
+                await self._refuse(p)
             done = sum(p.error is None for p in group)
             if done:
                 self.metrics.embedded(ids, seconds, chunks, done)
@@ -217,6 +217,10 @@ class TokenizerService:
         for p in admitted:
             p.span.end()
         log.debug("%d requests: %d token batches", len(msgs), sum(len(s.payloads) for s in sents))
+
+    async def _refuse(self, p: _Pending) -> None:
+        bind(p.span.context, p.request_id)  # its log lines name it and its trace
+        await self._reply_error(p.reply, p.request_id, p.error, p.span)
 
     def _admit(self, msg: Msg) -> _Pending:
         """``msg`` decoded and checked, its prompt applied; what is wrong with it kept as its error."""
@@ -281,6 +285,7 @@ class TokenizerService:
         """``p``'s batches, each for the worker the router picks; an unexpected failure is kept as its error."""
         request = p.request
         try:
+            bind(p.span.context, request.id)
             by_subject = self._route(request, p.ids, p.types, {"tokenize": seconds}, p.prompt_tokens)
         except Exception:
             log.exception("%s %s failed", request.TYPE, request.id)
