@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import accumulate, chain
 from typing import Callable, Iterator
 
 import numpy as np
@@ -347,12 +348,16 @@ def pack_chunks(ids: list, max_tokens: int, max_seqs: int, token_types: list | N
                 break
             tokens += n
             end += 1
-        lengths = np.fromiter((len(s) for s in ids[start:end]), dtype=np.int32, count=end - start)
-        cu_seqlens = np.zeros(end - start + 1, dtype=np.int32)
-        np.cumsum(lengths, out=cu_seqlens[1:])
-        flat = np.concatenate([np.asarray(s, dtype=np.int32) for s in ids[start:end]])
-        types = None
-        if token_types is not None:
-            types = np.concatenate([np.asarray(s, dtype=np.int32) for s in token_types[start:end]])
+        cu_seqlens = np.array([0, *accumulate(map(len, ids[start:end]))], dtype=np.int32)
+        flat = _flat(ids[start:end], tokens)
+        types = None if token_types is None else _flat(token_types[start:end], tokens)
         yield Chunk(start=start, input_ids=flat, cu_seqlens=cu_seqlens, token_types=types)
         start = end
+
+
+def _flat(seqs: list, tokens: int) -> np.ndarray:
+    """[tokens] int32: ``seqs`` back to back. Lists of ints (the tokenizer's) are read straight into
+    the array, several times faster than an array made of each then joined."""
+    if all(type(s) is list for s in seqs):
+        return np.fromiter(chain.from_iterable(seqs), dtype=np.int32, count=tokens)
+    return np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])

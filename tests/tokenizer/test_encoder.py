@@ -234,3 +234,13 @@ def test_a_request_too_long_untruncated_gets_its_own_error_in_a_group(encoder):
     too_long, fine = encoder.encode_pairs_each(pairs, truncate=False)
     assert isinstance(too_long, ServiceError) and (too_long.code, too_long.row) == (ErrorCode.INPUT_TOO_LONG, 0)
     assert fine == encoder.encode_pairs([("q", "d")], truncate=False)
+
+
+def test_pack_chunks_takes_token_id_arrays_as_lists():
+    lists = [[101, 7, 102], [101, 8, 9, 102], [101, 102]]
+    arrays = [np.array(s, dtype=np.int32) for s in lists]
+    for a, b in zip(pack_chunks(lists, 7, 10), pack_chunks(arrays, 7, 10), strict=True):
+        assert a.start == b.start and a.input_ids.dtype == b.input_ids.dtype == np.int32
+        assert a.input_ids.tolist() == b.input_ids.tolist() and a.cu_seqlens.tolist() == b.cu_seqlens.tolist()
+    assert [c.input_ids.tolist() for c in pack_chunks(arrays, 7, 10)] == [[101, 7, 102, 101, 8, 9, 102], [101, 102]]
+    assert [c.cu_seqlens.tolist() for c in pack_chunks(lists, 7, 10)] == [[0, 3, 7], [0, 2]]
