@@ -66,8 +66,8 @@ class TokenizerMetrics:
                          by_queue, registry=r)
         tokens = Counter("embedfleet_tokenizer_tokens", "tokens made, special tokens included, by queue", by_queue,
                          registry=r)
-        seconds = Histogram("embedfleet_tokenizer_seconds", "seconds tokenizing one embed request (online) or one job "
-                            "batch (bulk)", by_queue, buckets=_SECONDS, registry=r)
+        seconds = Histogram("embedfleet_tokenizer_seconds", "seconds tokenizing one embed request (online: requests "
+                            "tokenized together each count their group's) or one job batch (bulk)", by_queue, buckets=_SECONDS, registry=r)
         self._inputs = {q: inputs.labels(model, q) for q in QUEUES}
         self._tokens = {q: tokens.labels(model, q) for q in QUEUES}
         self._seconds = {q: seconds.labels(model, q) for q in QUEUES}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 from nats.aio.client import Client
@@ -67,6 +67,7 @@ class _Pending:
     prompt_tokens: int = 0
     ids: list | None = None
     types: list | None = None
+    sent: list[Sent] = field(default_factory=list)  # its batches, by subject
 
     @property
     def request_id(self) -> str:
@@ -200,19 +201,17 @@ class TokenizerService:
         sents: list[Sent] = []
         for kind, group in _by_tokenization(tokenized).items():
             seconds = await self._tokenize_group(kind, group)
-            chunks, ids = 0, []
             for p in group:
                 if p.error is None:
-                    sent = self._routed(p, seconds)
-                    if p.error is None:
-                        sents += sent
-                        chunks += sum(len(s.payloads) for s in sent)
-                        ids += p.ids
-                        continue
-                await self._refuse(p)
-            done = sum(p.error is None for p in group)
+                    p.sent = self._routed(p, seconds)
+            done = [p for p in group if p.error is None]
+            for p in group:
+                if p.error is not None:
+                    await self._refuse(p)
             if done:
-                self.metrics.embedded(ids, seconds, chunks, done)
+                chunks = sum(len(sent.payloads) for p in done for sent in p.sent)
+                self.metrics.embedded([seq for p in done for seq in p.ids], seconds, chunks, len(done))
+                sents += [sent for p in done for sent in p.sent]
         await self._delivery.publish(sents)
         for p in admitted:
             p.span.end()
