@@ -2,7 +2,7 @@
 
 A batch published to a subject nobody subscribes to is dropped without a word: a worker killed a
 moment ago (its load reports not stale yet, so the router still picks it), or no worker at all. So
-after publishing a request's batches, the tokenizer sends one empty message on each subject they went
+after publishing a group of requests' batches, the tokenizer sends one empty message on each subject they went
 to, with a reply to its own inbox (and the DELIVERY_CHECK header). Messages of one connection are handled in order: where the batches
 found nobody, so does the check, and nats-server answers it with a 503 status at once. A worker
 ignores the check; where it arrived, nothing comes back. What was sent is
@@ -51,7 +51,7 @@ class DeliveryCheck:
         self._inbox = ""
         self._sub = None
         self._count = 0
-        self._kept: OrderedDict[int, tuple[float, Sent]] = OrderedDict()  # check number -> (sent at, batches)
+        self._kept: OrderedDict[int, tuple[float, list[Sent]]] = OrderedDict()  # check number -> (sent at, batches)
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
@@ -63,25 +63,31 @@ class DeliveryCheck:
             self._sub = None
         self._kept.clear()
 
-    async def publish(self, sent: Sent) -> None:
-        """Publish ``sent``'s batches on their subject, then check that they reached someone."""
-        for payload in sent.payloads:
-            await self._nc.publish(sent.subject, payload, reply=sent.reply, headers=sent.headers)
+    async def publish(self, sents: list[Sent]) -> None:
+        """Publish each of ``sents``' batches on its subject, then check once per subject that they
+        reached someone (a group of requests gets one check a subject, not one a request)."""
+        by_subject: dict[str, list[Sent]] = {}
+        for sent in sents:
+            for payload in sent.payloads:
+                await self._nc.publish(sent.subject, payload, reply=sent.reply, headers=sent.headers)
+            by_subject.setdefault(sent.subject, []).append(sent)
         now = time.monotonic()
         while self._kept and now - next(iter(self._kept.values()))[0] > KEEP:
             self._kept.popitem(last=False)
-        self._count += 1
-        self._kept[self._count] = (now, sent)
-        await self._nc.publish(sent.subject, b"", reply=f"{self._inbox}.{self._count}", headers={DELIVERY_CHECK: "1"})
+        for subject, on_subject in by_subject.items():
+            self._count += 1
+            self._kept[self._count] = (now, on_subject)
+            await self._nc.publish(subject, b"", reply=f"{self._inbox}.{self._count}", headers={DELIVERY_CHECK: "1"})
 
     async def _on_answer(self, msg: Msg) -> None:
         if not (msg.headers and msg.headers.get("Status") == _NO_RESPONDERS):
             return
         try:
-            _, sent = self._kept.pop(int(msg.subject.rsplit(".", 1)[-1]))
+            _, sents = self._kept.pop(int(msg.subject.rsplit(".", 1)[-1]))
         except (KeyError, ValueError):
             return  # kept no longer
-        try:
-            await self._on_missed(sent)
-        except Exception:  # the connection went away meanwhile: the requester's own checks take over
-            log.exception("request %s: handling batches that reached no worker failed", sent.request_id)
+        for sent in sents:
+            try:
+                await self._on_missed(sent)
+            except Exception:  # the connection went away meanwhile: the requester's own checks take over
+                log.exception("request %s: handling batches that reached no worker failed", sent.request_id)

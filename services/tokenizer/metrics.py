@@ -66,8 +66,8 @@ class TokenizerMetrics:
                          by_queue, registry=r)
         tokens = Counter("embedfleet_tokenizer_tokens", "tokens made, special tokens included, by queue", by_queue,
                          registry=r)
-        seconds = Histogram("embedfleet_tokenizer_seconds", "seconds tokenizing one embed request (online) or one job "
-                            "batch (bulk)", by_queue, buckets=_SECONDS, registry=r)
+        seconds = Histogram("embedfleet_tokenizer_seconds", "seconds tokenizing one embed request (online: requests "
+                            "tokenized together each count their group's) or one job batch (bulk)", by_queue, buckets=_SECONDS, registry=r)
         self._inputs = {q: inputs.labels(model, q) for q in QUEUES}
         self._tokens = {q: tokens.labels(model, q) for q in QUEUES}
         self._seconds = {q: seconds.labels(model, q) for q in QUEUES}
@@ -78,15 +78,16 @@ class TokenizerMetrics:
         self._input_tokens = ArrayHistogram("embedfleet_tokenizer_input_tokens", "tokens per input, online and bulk",
                                             {"model": model}, _INPUT_TOKENS, r)
 
-    def request(self, kind: str) -> None:
-        self._requests.labels(self._model, kind).inc()
+    def request(self, kind: str, count: int = 1) -> None:
+        self._requests.labels(self._model, kind).inc(count)
 
     def error(self, code: str) -> None:
         self._errors.labels(self._model, code).inc()
 
-    def embedded(self, ids: Sequence[Sequence[int]], seconds: float, chunks: int) -> None:
-        """An online embed request: its inputs' token IDs, the seconds they took, the batches sent."""
-        self._tokenized("online", ids, seconds)
+    def embedded(self, ids: Sequence[Sequence[int]], seconds: float, chunks: int, requests: int = 1) -> None:
+        """``requests`` online embed requests tokenized together: their inputs' token IDs, the seconds
+        each of them took (the group's), the batches sent."""
+        self._tokenized("online", ids, seconds, requests)
         self._chunks.inc(chunks)
 
     def bulk_batch(self, ids: Sequence[Sequence[int]], seconds: float) -> None:
@@ -94,11 +95,12 @@ class TokenizerMetrics:
         self._bulk_batches.inc()
         self._tokenized("bulk", ids, seconds)
 
-    def _tokenized(self, queue: str, ids: Sequence[Sequence[int]], seconds: float) -> None:
+    def _tokenized(self, queue: str, ids: Sequence[Sequence[int]], seconds: float, times: int = 1) -> None:
         n = lengths(ids)
         self._inputs[queue].inc(len(n))
         self._tokens[queue].inc(int(n.sum()))
-        self._seconds[queue].observe(seconds)
+        for _ in range(times):
+            self._seconds[queue].observe(seconds)
         self._input_tokens.observe(n)
 
     def bulk_view(self, encoder: TextEncoder) -> BulkEncoder:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 from nats.aio.client import Client
@@ -29,10 +29,11 @@ from shared.protocol import (
     encode,
 )
 from shared.subjects import TOKENIZER_QUEUE, model_token
-from shared.tracing import Span, Tracer, bind, current, from_headers, headers_for
+from shared.tracing import Span, Tracer, bind, from_headers, headers_for
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.bulk import BulkTokenizer
+from services.tokenizer.coalesce import Coalescer
 from services.tokenizer.delivery import DeliveryCheck, Sent
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.routing import Router
@@ -54,6 +55,35 @@ async def _off_loop(size: int, encode: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(encode, *args)
 
 
+@dataclass(slots=True)
+class _Pending:
+    """An embed request on its way through a group: what it has come to so far."""
+
+    request: EmbedRequest | None  # None: the message was no valid request
+    reply: str
+    span: Span
+    error: ServiceError | None = None  # what it is answered instead, once set
+    texts: list[str] | None = None  # with the prompt
+    prompt_tokens: int = 0
+    ids: list | None = None
+    types: list | None = None
+    sent: list[Sent] = field(default_factory=list)  # its batches, by subject
+
+    @property
+    def request_id(self) -> str:
+        return self.request.id if self.request is not None else ""
+
+
+def _by_tokenization(group: list[_Pending]) -> dict[tuple[str, bool, str], list[_Pending]]:
+    """Requests keyed by how they are tokenized: (texts | pairs | ids, truncate, direction)."""
+    out: dict[tuple[str, bool, str], list[_Pending]] = {}
+    for p in group:
+        opts = p.request.options
+        what = "texts" if p.texts is not None else "pairs" if p.request.pairs is not None else "ids"
+        out.setdefault((what, opts.truncate, opts.truncation_direction), []).append(p)
+    return out
+
+
 class TokenizerService:
     def __init__(self, nc: Client, cfg: TokenizerConfig) -> None:
         self._nc = nc
@@ -66,6 +96,7 @@ class TokenizerService:
         self._load_sub = None
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
+        self._embeds = Coalescer(self._embed_group)
         self._bulk: BulkTokenizer | None = None
         self._micro = None
         self.metrics = TokenizerMetrics(cfg.model.id)
@@ -76,6 +107,7 @@ class TokenizerService:
         self._exporter = serve_metrics(self.metrics.registry, self._cfg.metrics)
         model = self._cfg.model
         await self._delivery.start()
+        self._embeds.start()
         self._sub = await self._nc.subscribe(
             self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request
         )
@@ -117,6 +149,7 @@ class TokenizerService:
             if sub is not None:
                 await sub.drain()  # finishes messages already received
         self._sub = self._tokenize_sub = self._decode_sub = self._load_sub = None
+        await self._embeds.stop()  # the embed requests received: handled before the connection goes
         await self._delivery.stop()
         if self._micro is not None:
             await self._micro.stop()
@@ -126,7 +159,7 @@ class TokenizerService:
         self._tracer.shutdown()
 
     async def _on_request(self, msg: Msg) -> None:
-        await self._answering(msg, EmbedRequest, self._handle)
+        await self._embeds.put(msg)  # handled with whatever else is queued by the time its turn comes
 
     async def _on_tokenize(self, msg: Msg) -> None:
         await self._answering(msg, TokenizeRequest, self._tokenize)
@@ -156,7 +189,62 @@ class TokenizerService:
         finally:
             span.end()
 
-    async def _handle(self, request: EmbedRequest, reply: str | None) -> None:
+    async def _embed_group(self, msgs: list[Msg]) -> None:
+        """Embed requests queued together: each decoded and checked alone, those that tokenize alike
+        tokenized in one call, then all routed and published in one pass (one socket write)."""
+        self.metrics.request(EmbedRequest.TYPE, len(msgs))
+        admitted = [self._admit(msg) for msg in msgs]
+        for p in admitted:
+            if p.error is not None:
+                await self._refuse(p)
+        tokenized = [p for p in admitted if p.error is None]
+        sents: list[Sent] = []
+        for kind, group in _by_tokenization(tokenized).items():
+            seconds = await self._tokenize_group(kind, group)
+            for p in group:
+                if p.error is None:
+                    p.sent = self._routed(p, seconds)
+            done = [p for p in group if p.error is None]
+            for p in group:
+                if p.error is not None:
+                    await self._refuse(p)
+            if done:
+                chunks = sum(len(sent.payloads) for p in done for sent in p.sent)
+                self.metrics.embedded([seq for p in done for seq in p.ids], seconds, chunks, len(done))
+                sents += [sent for p in done for sent in p.sent]
+        await self._delivery.publish(sents)
+        for p in admitted:
+            p.span.end()
+        log.debug("%d requests: %d token batches", len(msgs), sum(len(s.payloads) for s in sents))
+
+    async def _refuse(self, p: _Pending) -> None:
+        bind(p.span.context, p.request_id)  # its log lines name it and its trace
+        await self._reply_error(p.reply, p.request_id, p.error, p.span)
+
+    def _admit(self, msg: Msg) -> _Pending:
+        """``msg`` decoded and checked, its prompt applied; what is wrong with it kept as its error."""
+        span = self._tracer.start(f"tokenizer {EmbedRequest.TYPE}", from_headers(msg.headers), "consumer")
+        try:
+            request = decode_as(msg.data, EmbedRequest)
+        except ProtocolError as exc:
+            return _Pending(None, msg.reply or "", span, error=ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
+        span.set(request_id=request.id, model=request.model)
+        pending = _Pending(request, msg.reply or "", span)
+        try:
+            self._check_embed(request, msg.reply)
+            if request.texts:
+                pending.texts = self._encoder.with_prompt(request.texts, request.options)
+                pending.prompt_tokens = self._encoder.prompt_tokens(request.options)
+            elif request.token_ids is not None:
+                opts = request.options
+                pending.ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
+        except ProtocolError as exc:
+            pending.error = ServiceError(ErrorCode.INVALID_REQUEST, str(exc))
+        except ServiceError as exc:
+            pending.error = exc
+        return pending
+
+    def _check_embed(self, request: EmbedRequest, reply: str | None) -> None:
         if not reply:
             raise ProtocolError("embed request without a reply subject")
         self._check_model(request.model)
@@ -164,31 +252,47 @@ class TokenizerService:
             raise ServiceError(ErrorCode.INVALID_REQUEST, "no inputs to embed")
         if time.time() > request.deadline:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
+
+    async def _tokenize_group(self, kind: tuple[str, bool, str], group: list[_Pending]) -> float:
+        """Token IDs of every request of ``group`` (all of one ``kind``), in one call into the tokenizer;
+        returns the seconds it took. A request's own error (a row too long) is kept on it."""
+        what, truncate, direction = kind
         t0 = time.perf_counter()
-        opts = request.options
-        types, prompt_tokens = None, 0
-        if request.token_ids is not None:
-            ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
-        elif request.pairs is not None:
-            size = sum(len(q) + len(d) for q, d in request.pairs)
-            ids, types = await _off_loop(size, self._encoder.encode_pairs, request.pairs, opts.truncate,
-                                         opts.truncation_direction)
-        else:
-            texts = self._encoder.with_prompt(request.texts, opts)
-            prompt_tokens = self._encoder.prompt_tokens(opts)
-            ids = await _off_loop(sum(map(len, texts)), self._encoder.encode, texts, opts.truncate,
-                                  opts.truncation_direction)
-        timings = {"tokenize": time.perf_counter() - t0}
-        headers = headers_for(current())  # the workers' spans are this one's children
-        by_subject = self._route(request, ids, types, timings, prompt_tokens)
-        for subject, (payloads, tokens) in by_subject.items():
-            await self._delivery.publish(Sent(subject, tuple(payloads), tokens, reply, headers, request.id, request.model))
-        chunks = sum(len(payloads) for payloads, _ in by_subject.values())
-        self.metrics.embedded(ids, timings["tokenize"], chunks)
-        log.debug(
-            "request %s: %d inputs -> %d chunks in %.1f ms",
-            request.id, request.count, chunks, (time.perf_counter() - t0) * 1e3,
-        )
+        try:
+            if what == "texts":
+                texts = [p.texts for p in group]
+                each = await _off_loop(sum(len(t) for ts in texts for t in ts), self._encoder.encode_each, texts,
+                                       truncate, direction)
+                for p, ids in zip(group, each):
+                    p.error, p.ids = (ids, None) if isinstance(ids, ServiceError) else (None, ids)
+            elif what == "pairs":
+                pairs = [p.request.pairs for p in group]
+                size = sum(len(q) + len(d) for ps in pairs for q, d in ps)
+                each = await _off_loop(size, self._encoder.encode_pairs_each, pairs, truncate, direction)
+                for p, out in zip(group, each):
+                    if isinstance(out, ServiceError):
+                        p.error = out
+                    else:
+                        p.ids, p.types = out
+        except Exception:
+            log.exception("tokenizing %d requests failed", len(group))
+            for p in group:
+                p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
+        return time.perf_counter() - t0
+
+    def _routed(self, p: _Pending, seconds: float) -> list[Sent]:
+        """``p``'s batches, each for the worker the router picks; an unexpected failure is kept as its error."""
+        request = p.request
+        try:
+            bind(p.span.context, request.id)
+            by_subject = self._route(request, p.ids, p.types, {"tokenize": seconds}, p.prompt_tokens)
+        except Exception:
+            log.exception("%s %s failed", request.TYPE, request.id)
+            p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
+            return []
+        headers = headers_for(p.span.context)  # the workers' spans are this one's children
+        return [Sent(subject, tuple(payloads), tokens, p.reply, headers, request.id, request.model)
+                for subject, (payloads, tokens) in by_subject.items()]
 
     def _route(self, request: EmbedRequest, ids: list, types: list | None, timings: dict[str, float],
                prompt_tokens: int) -> dict[str, tuple[list[bytes], int]]:
@@ -227,7 +331,7 @@ class TokenizerService:
                 subject = self._router.pick(sent.tokens, time.monotonic()) or shared
                 log.info("request %s: worker on %s is gone; its %d batches go to %s", sent.request_id, sent.subject,
                          len(sent.payloads), subject)
-                await self._delivery.publish(replace(sent, subject=subject, tries=sent.tries + 1))
+                await self._delivery.publish([replace(sent, subject=subject, tries=sent.tries + 1)])
                 return
         log.info("request %s: no worker serves %s; the requester sends the rows again", sent.request_id, sent.model)
         error = ErrorReply(sent.request_id, ErrorCode.NO_RESPONDERS, f"no worker is serving {sent.model} right now")

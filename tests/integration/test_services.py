@@ -196,3 +196,56 @@ def test_scorer_takes_candidate_vectors_returns_texts_and_honours_the_deadline(s
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(late)))
     assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.TIMEOUT, reply
     assert time.monotonic() - started < 5  # the whole rerank is bounded by the deadline
+
+
+async def _together(url: str, requests: list[EmbedRequest], timeout: float = 60) -> dict[str, list]:
+    """``requests`` published in one go (one socket write: the tokenizer takes them as one group);
+    each request id -> the replies its own inbox got, until its rows are in or an error came."""
+    nc = await nats.connect(url)
+    try:
+        subs = {r.id: await nc.subscribe(nc.new_inbox()) for r in requests}
+        for r in requests:
+            await nc.publish(SUBJECTS.embed(r.model), encode(r), reply=subs[r.id].subject)
+        got: dict[str, list] = {}
+        deadline = time.monotonic() + timeout
+        for r in requests:
+            got[r.id], rows = [], 0
+            while rows < r.count and not any(isinstance(x, ErrorReply) for x in got[r.id]):
+                reply = decode((await subs[r.id].next_msg(timeout=deadline - time.monotonic())).data)
+                got[r.id].append(reply)
+                rows += reply.count if isinstance(reply, EmbedResult) else 0
+        return got
+    finally:
+        await nc.close()
+
+
+def test_requests_arriving_together_are_each_answered_as_alone(stack):
+    """A group taken at once: each request keeps its rows, its options and its own error (its row
+    counted within itself, though tokenized with others)."""
+    dl = time.time() + 60
+    ids = [np.array([101, 2000, 102], np.int32), np.array([101, 999999], np.int32)]
+    requests = [
+        EmbedRequest(id="g-texts", model=MODEL, texts=["one", "two", "three"], deadline=dl),
+        EmbedRequest(id="g-late", model=MODEL, texts=["late"], deadline=1.0),
+        EmbedRequest(id="g-strict", model=MODEL, texts=["a", "b", "c"], deadline=dl, options=EmbedOptions(truncate=False)),
+        EmbedRequest(id="g-long", model=MODEL, texts=["short", "word " * 300], deadline=dl,
+                     options=EmbedOptions(truncate=False)),
+        EmbedRequest(id="g-left", model=MODEL, texts=["word " * 300, "x"], deadline=dl,
+                     options=EmbedOptions(truncation_direction="left")),
+        EmbedRequest(id="g-ids", model=MODEL, texts=[], deadline=dl, token_ids=ids),
+        EmbedRequest(id="g-pairs", model=MODEL, texts=[], deadline=dl, pairs=[("q", "d"), ("q2", "d2")]),
+        EmbedRequest(id="g-one", model=MODEL, texts=["alone"], deadline=dl),
+    ]
+    got = asyncio.run(_together(stack.nats_url, requests))
+    errors = {rid: (r[-1].code, r[-1].row, r[-1].id) for rid, r in got.items() if isinstance(r[-1], ErrorReply)}
+    assert errors == {
+        "g-late": (ErrorCode.TIMEOUT, None, "g-late"),
+        "g-long": (ErrorCode.INPUT_TOO_LONG, 1, "g-long"),
+        "g-ids": (ErrorCode.INVALID_TOKENS, 1, "g-ids"),
+    }, got
+    for rid, count in (("g-texts", 3), ("g-strict", 3), ("g-left", 2), ("g-pairs", 2), ("g-one", 1)):
+        results = [r for r in got[rid] if isinstance(r, EmbedResult)]
+        assert all(r.id == rid for r in results) and len(results) == len(got[rid]), got[rid]
+        starts = sorted((r.start, r.count) for r in results)
+        assert sum(c for _, c in starts) == count and [s for s, _ in starts] == [
+            sum(c for _, c in starts[:i]) for i in range(len(starts))], starts

@@ -213,3 +213,34 @@ def test_decode_refuses_empty_and_negative_ids(encoder, ids, fragment):
     with pytest.raises(ServiceError) as err:
         encoder.decode(ids)
     assert err.value.code is ErrorCode.INVALID_TOKENS and fragment in err.value.message
+
+
+def test_several_requests_encoded_in_one_call_equal_each_alone(encoder):
+    texts = mixed_texts(30)
+    requests = [texts[:1], texts[1:13], texts[13:14], texts[14:]]
+    assert encoder.encode_each(requests) == [encoder.encode(r) for r in requests]
+    assert encoder.encode_each(requests, True, "left") == [encoder.encode(r, True, "left") for r in requests]
+    pairs = [[(texts[0], texts[1])], [(texts[2], texts[3]), (texts[4], "word " * 400)]]
+    assert encoder.encode_pairs_each(pairs) == [encoder.encode_pairs(p) for p in pairs]
+
+
+def test_a_request_too_long_untruncated_gets_its_own_error_in_a_group(encoder):
+    requests = [["short"], ["a b", "word " * 300], ["c"]]
+    first, second, third = encoder.encode_each(requests, truncate=False)
+    assert first == encoder.encode(["short"]) and third == encoder.encode(["c"])
+    assert isinstance(second, ServiceError) and (second.code, second.row) == (ErrorCode.INPUT_TOO_LONG, 1)
+    assert second.text() == "input 1 has 302 tokens; the model's limit is 256 (send truncate=true to cut it)"
+    pairs = [[("q", "word " * 300)], [("q", "d")]]
+    too_long, fine = encoder.encode_pairs_each(pairs, truncate=False)
+    assert isinstance(too_long, ServiceError) and (too_long.code, too_long.row) == (ErrorCode.INPUT_TOO_LONG, 0)
+    assert fine == encoder.encode_pairs([("q", "d")], truncate=False)
+
+
+def test_pack_chunks_takes_token_id_arrays_as_lists():
+    lists = [[101, 7, 102], [101, 8, 9, 102], [101, 102]]
+    arrays = [np.array(s, dtype=np.int32) for s in lists]
+    for a, b in zip(pack_chunks(lists, 7, 10), pack_chunks(arrays, 7, 10), strict=True):
+        assert a.start == b.start and a.input_ids.dtype == b.input_ids.dtype == np.int32
+        assert a.input_ids.tolist() == b.input_ids.tolist() and a.cu_seqlens.tolist() == b.cu_seqlens.tolist()
+    assert [c.input_ids.tolist() for c in pack_chunks(arrays, 7, 10)] == [[101, 7, 102, 101, 8, 9, 102], [101, 102]]
+    assert [c.cu_seqlens.tolist() for c in pack_chunks(lists, 7, 10)] == [[0, 3, 7], [0, 2]]
