@@ -124,15 +124,18 @@ class Stack:
 
 
 @contextmanager
-def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300) -> Iterator[Stack]:
+def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300,
+             environ: dict[str, str] | None = None) -> Iterator[Stack]:
     """``embedfleet up --model FOLDER`` as a process, its own embedded nats-server included, once it
-    has recorded itself (every process ready); stopped as Ctrl-C stops it."""
+    has recorded itself (every process ready); stopped as Ctrl-C stops it. ``environ``: variables
+    added to its environment (its processes inherit them)."""
     from shared.model_dir import load_model_info
 
     port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--model", str(folder), "--port", str(port),
-                                 "--data-dir", str(data_dir)], stdout=out, stderr=subprocess.STDOUT)
+                                 "--data-dir", str(data_dir)], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(environ or {})})
     try:
         deadline = time.monotonic() + timeout
         while (record := read_stack(data_dir)) is None:
