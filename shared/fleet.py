@@ -125,6 +125,10 @@ class FleetWatch:
         """Whether the latest view has a tokenizer and a worker for ``model``."""
         return self._view.serves(model)
 
+    def workers(self, model: str) -> int:
+        """How many live workers of ``model`` the watch knows."""
+        return sum(1 for (role, _), member in self._seen.items() if role == "worker" and member.model == model)
+
     async def view(self) -> FleetView:
         """The latest view; polled now only before the first poll, or when the background poll is late."""
         if time.monotonic() - self._view.at > 2 * self._interval + self._wait:
