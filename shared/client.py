@@ -10,7 +10,10 @@ still missing, up to ``retries`` times per request and always under the request'
 
 - when a process of the fleet dies (``resend_missing``, called by a FleetWatch, within a fraction of
   a second of a SIGKILL), the missing rows of that model's requests in flight go out again at once
-  while the fleet still serves the model;
+  while the fleet still serves the model: those the dead process may have held, known from the Held
+  replies workers send while the fleet has several workers of the model (with one, or a worker
+  unknown to the watch when the request went out, every missing row goes again; duplicates are
+  kept once);
 - when an attempt's rows are known lost because nobody took them (no tokenizer answered: a 503
   status; or a tokenizer found no worker: a ``no_responders`` error reply), and when a process died
   and nothing serves the model any more, the rows wait until a fresh look at the fleet shows it
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -76,6 +80,9 @@ class Fleet(Protocol):
     async def wait_serving(self, model: str, since: float, until: float) -> bool:
         """Whether a view taken after ``since`` serves ``model`` before ``until`` (monotonic times)."""
 
+    def workers(self, model: str) -> int:
+        """How many live workers of ``model`` it knows."""
+
 
 @dataclass(slots=True)
 class EmbedOutcome:
@@ -115,6 +122,11 @@ class _Pending:
     def fail(self, error: ServiceError) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+    def expire(self) -> None:
+        """Its deadline passed: the request is answered with a timeout."""
+        if not self.future.done():
+            self.future.set_exception(asyncio.TimeoutError())
 
     def add(self, result: EmbedResult, index: np.ndarray | None) -> None:
         """Rows of one attempt; ``index`` maps that attempt's rows to the request's (None: the same)."""
@@ -258,7 +270,7 @@ class EmbedClient:
         Raises ServiceError (timeout, no responders, ...).
         """
         self._check_connected()
-        request_id = uuid.uuid4().hex
+        request_id = os.urandom(16).hex()
         request = EmbedRequest(
             id=request_id,
             model=model,
@@ -267,7 +279,7 @@ class EmbedClient:
             options=options,
             token_ids=token_ids,
             pairs=pairs,
-            held=True,  # this client reads Held replies: a dead worker's rows are known, not guessed
+            held=self._wants_held(model),
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
@@ -276,11 +288,14 @@ class EmbedClient:
                 f"request is {len(payload)} bytes encoded; the NATS limit is {self._nc.max_payload}: "
                 "send fewer or shorter inputs per request",
             )
-        pending = _Pending(request, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request, loop.create_future())
         self._pending[request_id] = pending
+        # the deadline as a timer on the future (asyncio.wait_for costs a task's worth of callbacks a request)
+        timer = loop.call_later(timeout, pending.expire)
         try:
             await self._send(pending, request_id, None, payload)
-            return await asyncio.wait_for(pending.future, timeout)
+            return await pending.future
         except asyncio.TimeoutError:
             if pending.parked:  # its rows were lost, and nothing serves the model to take them again
                 raise ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY) from None
@@ -288,11 +303,19 @@ class EmbedClient:
                 ErrorCode.TIMEOUT, f"no complete result within {timeout:g}s ({pending.rows}/{pending.total} rows)"
             ) from None
         finally:
+            timer.cancel()
             del self._pending[request_id]
             if pending.resend_task is not None:  # answered, timed out or abandoned: no wait for a worker goes on
                 pending.resend_task.cancel()
             for attempt in pending.attempts:
                 self._attempts.pop(attempt, None)
+
+    def _wants_held(self, model: str) -> bool:
+        """Whether to ask workers to say which rows they hold (a Held reply per worker batch): only that tells
+        a dead worker's rows from the rows another worker holds, and only while the fleet has more than one
+        worker of ``model``. With one, every missing row of its requests is lost with it anyway (those no
+        worker holds yet too); without a fleet no rows are sent again."""
+        return self._fleet is not None and self._fleet.workers(model) > 1
 
     async def _send(self, pending: _Pending, attempt: str, index: np.ndarray | None, payload: bytes) -> None:
         pending.attempts.append(attempt)

@@ -90,6 +90,7 @@ class FleetWatch:
         self._lock = asyncio.Lock()
         self._busy = busy
         self._seen: dict[tuple[str, str], Member] = {}  # (role, instance id) -> the process
+        self._workers: dict[str, int] | None = None  # model -> its workers in _seen (None: to count again)
         self._on_lost: list[Callable[[str, str, str], None]] = []
         self._tasks: list[asyncio.Task] = []
         self._subs: list = []
@@ -113,6 +114,7 @@ class FleetWatch:
             return
         if report.leaving:
             self._seen.pop(("worker", report.id), None)  # its work drains: nothing to send again
+            self._workers = None
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -125,6 +127,15 @@ class FleetWatch:
     def serves(self, model: str) -> bool:
         """Whether the latest view has a tokenizer and a worker for ``model``."""
         return self._view.serves(model)
+
+    def workers(self, model: str) -> int:
+        """How many live workers of ``model`` the watch knows (asked per request: counted once per change)."""
+        if self._workers is None:
+            self._workers = {}
+            for (role, _), member in self._seen.items():
+                if role == "worker":
+                    self._workers[member.model] = self._workers.get(member.model, 0) + 1
+        return self._workers.get(model, 0)
 
     async def view(self) -> FleetView:
         """The latest view; polled now only before the first poll, or when the background poll is late."""
@@ -173,6 +184,7 @@ class FleetWatch:
             if now - member.seen <= self._lost_after:
                 (tokenizers if role == "tokenizer" else workers).setdefault(member.model, member.metadata)
         self._view = FleetView(tokenizers, workers, now)
+        self._workers = None
         return self._view
 
     def _check_lost(self) -> None:
@@ -183,6 +195,7 @@ class FleetWatch:
 
     def _lost(self, role: str, instance: str, why: str) -> None:
         member = self._seen.pop((role, instance), None)
+        self._workers = None
         if member is None:
             return  # found already
         log.warning("%s %s %s: its work is sent again", role, instance, why)

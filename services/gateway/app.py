@@ -33,6 +33,7 @@ from services.gateway import cohere_api, health, models_api, openai_api, rerank_
 from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewayConfig
+from services.gateway.endpoints import Endpoints
 from services.gateway.errors import ApiError, error_response
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Inputs, Limits, json_object
@@ -40,7 +41,7 @@ from services.gateway.job_ids import check_job_id
 from services.gateway.job_owners import JobOwners
 from services.gateway.job_results import JobResultsApi
 from services.gateway.jobs_api import JobsApi
-from services.gateway.limits import KeyLimits, current_key, key_id
+from services.gateway.limits import KeyLimits, current_key
 from services.gateway.metrics import Metrics
 from services.gateway.middleware import GatewayMiddleware
 from services.gateway.openapi import openapi_spec
@@ -166,7 +167,7 @@ class Gateway:
         """An answered embedding's tokens: in the metrics, by model and by API key, and charged to the key."""
         self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
         key = current_key()
-        self.metrics.key_tokens.labels(key_id(key)).inc(outcome.tokens)
+        self.metrics.key_tokens_of(key, outcome.tokens)
         if key is not None:
             self.key_limits.charge(key, outcome.tokens)
 
@@ -460,7 +461,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, ErrorCode.INTERNAL, "internal error")
 
 
-def create_app(cfg: GatewayConfig) -> Starlette:
+def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
     metrics = Metrics()
     gw = Gateway(cfg, metrics)
     routes = [
@@ -492,16 +493,12 @@ def create_app(cfg: GatewayConfig) -> Starlette:
         Route("/metrics", gw.prometheus, methods=["GET"]),
         Route("/openapi.json", gw.openapi, methods=["GET"]),
     ]
-    app = Starlette(
-        routes=routes,
-        lifespan=gw.lifespan,
-        exception_handlers={ApiError: _api_error, ProtocolError: _protocol_error, HTTPException: _http_error,
-                            Exception: _unexpected},
-    )
+    handlers = {ApiError: _api_error, ProtocolError: _protocol_error, HTTPException: _http_error, Exception: _unexpected}
+    app = Starlette(routes=routes, lifespan=gw.lifespan, exception_handlers=handlers)
     known = frozenset(r.path for r in routes)
-    app.add_middleware(GatewayMiddleware, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known,
-                       tracer=gw.tracer, limits=gw.key_limits, admission=Admission(cfg.max_in_flight, metrics.in_flight))
-    return app
+    return GatewayMiddleware(app, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known,
+                             tracer=gw.tracer, limits=gw.key_limits, admission=Admission(cfg.max_in_flight, metrics.in_flight),
+                             endpoints=Endpoints(routes, handlers))
 
 
 def serve(cfg: GatewayConfig, log_level: str) -> None:

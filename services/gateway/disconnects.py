@@ -1,11 +1,17 @@
 """A request's handling is cancelled when its client goes away: no NATS work, no slot among
 --max-in-flight, is kept for an answer nobody will read.
 
-uvicorn tells of a lost connection only through the ASGI ``receive()``: it answers
-``http.disconnect`` once the connection is closed (or once the response is complete). The handler
-reads its body through ``receive()`` as usual; once the body is in, a watcher waits on ``receive()``
-for the rest of the request and cancels the handler's task when the client left before its answer
-was complete.
+The gateway's HTTP server (services/gateway/http_server.py) tells of it directly: each request's
+scope carries a ``Departure`` (``scope["extensions"][DEPARTURE]``) that the server calls when the
+connection is lost, or the body is too slow, before the answer is complete. The request then runs in
+the server's own task, which that call cancels (``run_departing``): no task, event or wait of its own
+per request.
+
+Under another ASGI server (starlette's TestClient) the only news of a lost connection is the ASGI
+``receive()``: it answers ``http.disconnect`` once the connection is closed (or once the response is
+complete). There the handler reads its body through ``receive()`` as usual; once the body is in, a
+watcher waits on ``receive()`` for the rest of the request and cancels the handler's task when the
+client left before its answer was complete (``run_watched``).
 """
 
 from __future__ import annotations
@@ -13,10 +19,63 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from typing import Callable
+
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+DEPARTURE = "embedfleet.departure"  # the scope extension of a request's Departure
 _NO_BODY = {"type": "http.request", "body": b"", "more_body": False}
+
+
+class Departure:
+    """One request's news of its client leaving before the answer is complete, from the HTTP server."""
+
+    __slots__ = ("_callback",)
+
+    def __init__(self) -> None:
+        self._callback: Callable[[], None] | None = None
+
+    def on_leave(self, callback: Callable[[], None] | None) -> None:
+        self._callback = callback
+
+    def leave(self) -> None:
+        """The client went away (called by the server, outside the request's task); told once."""
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
+
+
+def departure_of(scope: Scope) -> Departure | None:
+    extensions = scope.get("extensions")
+    return None if extensions is None else extensions.get(DEPARTURE)
+
+
+async def run_departing(app: ASGIApp, scope: Scope, receive: Receive, send: Send, departure: Departure) -> bool:
+    """Run ``app`` on the request in this task; True when its client went away before the answer was
+    complete (``departure`` told: the task is cancelled, and the cancellation ends here)."""
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+
+    def leave() -> None:
+        nonlocal left
+        left = True
+        task.cancel()
+
+    departure.on_leave(leave)
+    try:
+        await app(scope, receive, send)
+    except asyncio.CancelledError:
+        if not left:
+            raise  # cancelled for another reason: the server shuts down
+    except ClientDisconnect:  # the body's end never came: the server said the client is gone
+        return True
+    finally:
+        departure.on_leave(None)
+    if left and task.cancelling():
+        task.uncancel()
+    return left
 
 
 def _has_body(scope: Scope) -> bool:

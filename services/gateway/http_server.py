@@ -14,6 +14,9 @@ Here, per connection:
   among --max-in-flight for long).
 
 These answers are plain text: they come before any route is known.
+
+Each request's scope carries a ``Departure`` (services/gateway/disconnects.py), told when the client
+goes away (or its body is cut off as too slow) before its answer is complete.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.gateway.config import HttpLimits
+from services.gateway.disconnects import DEPARTURE, Departure, departure_of
 
 log = logging.getLogger("embedfleet.gateway.http")
 
@@ -78,7 +82,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._depart()
         super().connection_lost(exc)
+
+    def _depart(self) -> None:
+        """Tell the request being answered, if any, that its client is gone."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            departure = departure_of(self.cycle.scope)
+            if departure is not None:
+                departure.leave()
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -110,6 +122,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if in_body and self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the application's receive() says the client is gone
             self.cycle.message_event.set()
+            self._depart()
         body = refused.reason.encode()
         self.transport.write(b"".join((
             b"HTTP/1.1 %d %s\r\n" % (refused.status, _REASONS[refused.status]),
@@ -123,6 +136,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {DEPARTURE: Departure()}
         self._head_bytes = self._header_count = 0
         if self._timer is None:  # a kept-alive connection's next request
             self._arm(self.limits.header_timeout, "headers")

@@ -4,9 +4,12 @@ errors, tokens, per-stage seconds (overall and per model), requests in flight, a
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from services.gateway.job_metrics import JobMetrics
+from services.gateway.limits import key_id
 
 STAGES = ("queue", "tokenize", "inference", "total")
 MODEL_STAGES = ("tokenize", "queue", "inference")  # the stages a request's result reports, per model
@@ -40,21 +43,45 @@ class Metrics:
         )
         self.key_tokens = Counter("embedfleet_key_tokens", "tokens embedded by API key", ["key"], registry=self.registry)
         self.jobs = JobMetrics(self.registry)
+        # (metric, label values) -> its child: prometheus_client's labels() checks and locks on every call,
+        # a cost per request; the label values are few (routes, statuses, models, configured keys)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once."""
+        found = self._children.get((metric, *values))
+        if found is None:
+            found = self._children[(metric, *values)] = metric.labels(*values)
+        return found
 
     def observe(self, route: str, status: int | str) -> None:
         """An answered request, or one whose client went away first (status "disconnected": no error)."""
-        self.requests.labels(route, str(status)).inc()
+        self.child(self.requests, route, str(status)).inc()
         if isinstance(status, int) and status >= 400:
-            self.errors.labels(route, str(status)).inc()
+            self.child(self.errors, route, str(status)).inc()
 
     def observe_stages(self, model: str, tokens: int, timings: dict[str, float]) -> None:
-        self.tokens.labels(model).inc(tokens)
-        for stage in STAGES:
-            if stage in timings:
-                self.stage_seconds.labels(stage).observe(timings[stage])
-        for stage in MODEL_STAGES:
-            if stage in timings:
-                self.model_stage_seconds.labels(model, stage).observe(timings[stage])
+        self.child(self.tokens, model).inc(tokens)
+        for stage, seconds in timings.items():
+            if stage in STAGES:
+                self.child(self.stage_seconds, stage).observe(seconds)
+            if stage in MODEL_STAGES:
+                self.child(self.model_stage_seconds, model, stage).observe(seconds)
+
+    def key_request(self, key: str | None, outcome: str) -> None:
+        """A request of API key ``key`` (None: none given) admitted or limited."""
+        self.child(self.key_requests, self.key_name(key), outcome).inc()
+
+    def key_tokens_of(self, key: str | None, tokens: int) -> None:
+        """Tokens embedded for API key ``key`` (None: none given)."""
+        self.child(self.key_tokens, self.key_name(key)).inc(tokens)
+
+    def key_name(self, key: str | None) -> str:
+        """``key_id(key)``, its digest computed once per key."""
+        found = self._children.get(("key", key))
+        if found is None:
+            found = self._children[("key", key)] = key_id(key)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,12 +3,12 @@ timing, metrics, and clients that go away (services/gateway/disconnects.py)."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 import time
-import uuid
 
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,20 +17,40 @@ from shared.options import default
 from shared.tracing import TRACEPARENT, TraceContext, Tracer, bind
 from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
-from services.gateway.disconnects import run_watched
-from services.gateway.limits import KeyLimits, bind_key, key_id
+from services.gateway.disconnects import departure_of, run_departing, run_watched
+from services.gateway.endpoints import Endpoints
+from services.gateway.limits import KeyLimits, bind_key
 from services.gateway.errors import error_response
 from services.gateway.metrics import Metrics
 
 log = logging.getLogger("embedfleet.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_TRACEPARENT = TRACEPARENT.encode()
 EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"})
 
 
+def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, str | None]:
+    """The x-request-id, traceparent and authorization headers (their first) of a request, in one pass
+    (uvicorn gives header names in lowercase)."""
+    request_id = traceparent = authorization = None
+    for name, value in raw:
+        if name == b"x-request-id":
+            request_id = request_id if request_id is not None else value.decode("latin-1")
+        elif name == _TRACEPARENT:
+            traceparent = traceparent if traceparent is not None else value.decode("latin-1")
+        elif name == b"authorization":
+            authorization = authorization if authorization is not None else value.decode("latin-1")
+    return request_id, traceparent, authorization
+
+
 class GatewayMiddleware:
+    """The gateway's outermost ASGI layer. ``app``: the starlette app; ``endpoints``: its routes run
+    straight from here (services/gateway/endpoints.py), None: every request goes through ``app``."""
+
     def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str], tracer: Tracer,
-                 limits: KeyLimits | None = None, admission: Admission | None = None) -> None:
+                 limits: KeyLimits | None = None, admission: Admission | None = None,
+                 endpoints: Endpoints | None = None) -> None:
         self.app = app
         self.admission = admission or Admission(default("max_in_flight"), metrics.in_flight)
         self.keys = keys
@@ -38,21 +58,21 @@ class GatewayMiddleware:
         self.metrics = metrics
         self.routes = routes
         self.tracer = tracer
+        self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        headers = Headers(scope=scope)
-        given = headers.get("x-request-id", "")
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        path = scope["path"]
+        given, traceparent, authorization = _headers(scope["headers"])
+        request_id = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
+        method, path = scope["method"], scope["path"]
         route = path if path in self.routes else "other"  # unknown paths share one label
         status = 500
         # the client's trace continues here (a malformed traceparent starts a new one, as the spec says)
-        span = self.tracer.start(f"{scope['method']} {route}", TraceContext.parse(headers.get(TRACEPARENT)), "server",
-                                 **{"http.request.method": scope["method"], "url.path": path, "http.route": route},
+        span = self.tracer.start(f"{method} {route}", TraceContext.parse(traceparent), "server",
+                                 **{"http.request.method": method, "url.path": path, "http.route": route},
                                  request_id=request_id)
         bind(span.context, request_id)  # this request's task: log lines and NATS messages carry it
 
@@ -60,29 +80,28 @@ class GatewayMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                out = MutableHeaders(scope=message)
-                out["x-request-id"] = request_id
-                out[TRACEPARENT] = span.context.header
-                out["x-total-time"] = str(round((time.perf_counter() - start) * 1000))
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode()),
+                                      (_TRACEPARENT, span.context.header.encode()),
+                                      (b"x-total-time", b"%d" % round((time.perf_counter() - start) * 1000))]
             await send(message)
 
-        key = self.keys.identify(headers.get("authorization"))
+        key = self.keys.identify(authorization)
         gone = False  # the client went away before its answer
         try:
             refusal = self._refusal(scope, key)
             if refusal is not None:
                 await refusal(scope, receive, send_with_headers)
-            elif self.admission.exempt(scope["method"], path):
-                await self.app(scope, receive, send_with_headers)
+            elif self.admission.exempt(method, path):
+                await self._run(scope, receive, send_with_headers)
             else:
                 try:
-                    gone = await run_watched(self.app, scope, receive, send_with_headers)
+                    gone = await self._run(scope, receive, send_with_headers)
                 finally:
                     self.admission.leave()
         finally:
             span.set(**{"http.response.status_code": status})
             if gone:  # one line, no traceback: a client may leave, the gateway is not at fault
-                log.info("%s %s: the client went away after %.3fs, before its answer", scope["method"], path,
+                log.info("%s %s: the client went away after %.3fs, before its answer", method, path,
                          time.perf_counter() - start)
                 span.error("disconnected", "the client went away")
             elif status >= 500:
@@ -90,7 +109,16 @@ class GatewayMiddleware:
             span.end()
             self.metrics.observe(route, "disconnected" if gone else status)
             if route in EMBED_ROUTES and status < 400 and not gone:
-                self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)
+                self.metrics.child(self.metrics.stage_seconds, "total").observe(time.perf_counter() - start)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the request; True when its client went away before its answer (services/gateway/disconnects.py)."""
+        endpoint = None if self.endpoints is None else self.endpoints.get(scope["method"], scope["path"])
+        app = self.app if endpoint is None else functools.partial(self.endpoints.run, endpoint)
+        departure = departure_of(scope)
+        if departure is None:
+            return await run_watched(app, scope, receive, send)
+        return await run_departing(app, scope, receive, send, departure)
 
     def _refusal(self, scope: Scope, key: str | None) -> Response | None:
         """The answer to a request refused before any route: no API key (401), a gateway at its
@@ -115,12 +143,11 @@ class GatewayMiddleware:
         """A 429 answer when ``key`` is over one of its per-minute limits, else None (the request is
         admitted and counted under the key, which routes charge its tokens to)."""
         bind_key(key)
-        name = key_id(key)
         refused = self.limits.admit(key) if key is not None and self.limits.enabled else None
         if refused is None:
-            self.metrics.key_requests.labels(name, "admitted").inc()
+            self.metrics.key_request(key, "admitted")
             return None
-        self.metrics.key_requests.labels(name, "limited").inc()
+        self.metrics.key_request(key, "limited")
         limit, wait = refused
         per_minute = self.limits.requests if limit == "requests" else self.limits.tokens
         response = error_response(path, ErrorCode.OVERLOADED, f"this API key is over its limit of {per_minute} {limit} a "

@@ -1,5 +1,6 @@
 """FleetWatch on a real nats-server: a process whose connection closes is found within the liveness
-interval, while work is in flight, and only then; callers waiting for a model see it served again."""
+interval, while work is in flight, and only then; callers waiting for a model see it served again; the
+embed client asks for Held replies only while the watch knows several workers of the model."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ import asyncio
 import time
 
 import nats
+import pytest
 
+from shared.client import EmbedClient
+from shared.errors import ServiceError
 from shared.fleet import LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
 from shared.lifecycle import register
+from shared.protocol import EmbedOptions, EmbedRequest, decode_as
 from shared.subjects import Subjects
 
 PREFIX = "fleettest"
 
 
-async def _member(url: str, role: str, instance: str) -> nats.NATS:
-    """A connection registered as a ``role`` process of model "m" under PREFIX."""
+async def _member(url: str, role: str, instance: str, prefix: str = PREFIX) -> nats.NATS:
+    """A connection registered as a ``role`` process of model "m" under ``prefix``."""
     nc = await nats.connect(url)
-    await register(nc, Subjects(PREFIX), role, "test", {"model": "m", "instance": instance})
+    await register(nc, Subjects(prefix), role, "test", {"model": "m", "instance": instance})
     return nc
 
 
@@ -112,3 +117,40 @@ def test_a_process_that_misses_a_ping_still_serves_until_it_is_taken_for_lost(na
     still, later, took = asyncio.run(run())
     assert still and not later
     assert LOST_AFTER_POLLS * 0.3 <= took < LOST_AFTER_POLLS * 0.3 + 2.0, took
+
+
+def test_requests_ask_for_held_replies_only_while_several_workers_serve_the_model(nats_url):
+    """One worker: its death loses every missing row anyway, so no Held per chunk is asked; two: asked."""
+    async def run() -> tuple[list[int], list[bool]]:
+        prefix = PREFIX + "3"
+        watcher = await nats.connect(nats_url)
+        watch = FleetWatch(watcher, prefix, wait=0.2, interval=60)
+        client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+        asked: list[bool] = []
+
+        async def tokenizer(msg) -> None:  # answers nothing: each request times out
+            asked.append(decode_as(msg.data, EmbedRequest).held)
+
+        members = [await _member(nats_url, "tokenizer", "t1", prefix), await _member(nats_url, "worker", "w1", prefix)]
+        await members[0].subscribe(Subjects(prefix).embed("m"), cb=tokenizer)
+        counts = []
+        try:
+            await watch.start()
+            await client.start()
+            for more in (None, "w2"):
+                if more is not None:
+                    members.append(await _member(nats_url, "worker", more, prefix))
+                await watch.refresh()
+                counts.append(watch.workers("m"))
+                with pytest.raises(ServiceError):
+                    await client.embed("m", ["a text"], EmbedOptions(), timeout=0.3)
+            return counts, asked
+        finally:
+            await client.stop()
+            await watch.stop()
+            for nc in [watcher, *members]:
+                await nc.close()
+
+    counts, asked = asyncio.run(run())
+    assert counts == [1, 2]
+    assert asked == [False, True]
