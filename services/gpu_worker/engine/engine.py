@@ -247,7 +247,8 @@ class Engine:
                     return ReadyResult({k: v.numpy().copy() for k, v in made.items()}, run)
                 return ReadyResult(made.numpy().copy(), run)
             host = _to_host(made)
-            event = torch.cuda.Event()
+            # blocking: the replica's thread waiting on it sleeps until the copy is done, not spinning a core
+            event = torch.cuda.Event(blocking=True)
             event.record(self.stream)
             return CudaResult(host, event, run)
 
