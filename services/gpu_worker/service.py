@@ -2,7 +2,8 @@
 
 Each engine replica has its own loop: it cuts the next batch, launches it (``step`` returns at
 once on CUDA), and only then waits for the previous batch's result, so batch N+1 is assembled and
-queued on the device while batch N runs. Waiting polls the result's event, never blocking the loop.
+queued on the device while batch N runs. A result not ready yet (CUDA) is waited for on the replica's
+thread, which is idle once its launch returned: the loop is never blocked, and never polls.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ log = logging.getLogger("embedfleet.worker")
 
 # room left in a NATS message for the msgpack envelope around a result payload
 _ENVELOPE_BYTES = 1024
-_POLL_SECONDS = 0.0005
+# an EmbedResult's bytes besides its id, stage names, timings and vectors (keys, counts, dtype: ~70)
+_FIXED_ENVELOPE = 256
 # batches of every size leave the C heap fragmented: its free pages go back to the system this often
 _TRIM_SECONDS = 2.0
 
@@ -103,6 +105,13 @@ def _ragged_limits(model) -> dict[str, str]:
     if model.multivector is not None:
         limits["multivector_dim"] = str(model.multivector.dim)
     return limits
+
+
+def _envelope_bound(request_id: str, timings: dict[str, float]) -> int:
+    """At least the bytes of an EmbedResult without its vectors: a few numbers and short strings
+    (_FIXED_ENVELOPE), the id and the stage names (at most 4 bytes a character in UTF-8, 5 of msgpack
+    header), a float64 per stage."""
+    return _FIXED_ENVELOPE + 4 * len(request_id) + sum(4 * len(stage) + 14 for stage in timings)
 
 
 def _stage_timings(work: Work) -> dict[str, float]:
@@ -356,8 +365,8 @@ class WorkerService:
                 await self._finish(*in_flight.popleft())
 
     async def _finish(self, batch: Batch, handle, launched: float, replica: int = 0) -> None:
-        while not handle.ready():
-            await asyncio.sleep(_POLL_SECONDS)
+        if not handle.ready():  # CUDA: sleep on the batch's event in the replica's thread
+            await asyncio.get_running_loop().run_in_executor(self._executors[replica], handle.wait)
         took = time.perf_counter() - launched
         self.metrics.batch_done(replica, batch, handle.run, launched, took)
         self._running_tokens -= batch.num_tokens
@@ -421,9 +430,11 @@ class WorkerService:
         row_bytes = out.shape[1] * out.itemsize
         tokens = batch.num_tokens  # all counted on the first part, so the parts add up
         timings = _stage_timings(work)
-        # the envelope holds the request's id and timings, which the request chose: measure it
-        empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings)
-        envelope = len(encode(empty))
+        # the envelope holds the request's id and timings, which the request chose: bounded from their
+        # lengths, and measured only when the vectors may not fit one message with that bound
+        envelope = _envelope_bound(batch.id, timings)
+        if envelope + out.nbytes + _ENVELOPE_BYTES > self._nc.max_payload:
+            envelope = len(encode(EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings)))
         rows_per_msg = max(1, (self._nc.max_payload - envelope - _ENVELOPE_BYTES) // row_bytes)
         for r0 in range(0, len(out), rows_per_msg):
             part = out[r0 : r0 + rows_per_msg]

@@ -5,6 +5,7 @@ import torch
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions, TokenChunk
 from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.engine import CPU_SERIAL_MACS
 from services.gpu_worker.engine.batch import DeviceBatch, prepare
 from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
 from services.gpu_worker.engine.pooling import pool, postprocess
@@ -98,3 +99,28 @@ def test_cuda_matches_cpu(model_info, engine, encoder):
     gpu = Engine(model_info, device="cuda")
     c = cosines(_embed(gpu, encoder, texts), _embed(engine, encoder, texts))
     assert c.min() >= 0.999  # float16 on the GPU
+
+
+def test_small_cpu_batches_run_on_one_thread_and_long_ones_on_all(model_info, encoder):
+    """A batch whose widest GEMM is under CPU_SERIAL_MACS multiply-adds runs on one thread (a team's
+    fork and join cost more than its work); longer ones on the engine's threads; same vectors either way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = Engine(model_info, device="cpu")
+        widest = engine.spec.hidden_size * engine.spec.intermediate_size
+        short = engine._serial_tokens - 1
+        assert 0 < short < CPU_SERIAL_MACS // widest + 1
+        ids = np.arange(2000, 2000 + short, dtype=np.int32)
+        cu = np.array([0, short], np.int32)
+        serial = engine.embed(ids, cu)
+        assert torch.get_num_threads() == 1
+        long_texts = mixed_texts(4)
+        chunk = next(iter(pack_chunks(encoder.encode(long_texts), 4096, 256)))
+        assert int(chunk.cu_seqlens[-1]) >= engine._serial_tokens
+        engine.embed(chunk.input_ids, chunk.cu_seqlens)
+        assert torch.get_num_threads() == 2
+        np.testing.assert_allclose(engine.embed(ids, cu), serial, atol=1e-6)
+        assert engine.replicate()._threads == 2  # not the one a small batch left set
+    finally:
+        torch.set_num_threads(before)

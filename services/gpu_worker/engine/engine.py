@@ -37,6 +37,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # sequence, dropped after the forward); smaller ones, a query or two, run at their exact size
 CPU_TOKEN_STEP = 8
 CPU_EXACT_TOKENS = 32
+# a CPU batch whose widest GEMM (tokens x hidden x intermediate) is under this many multiply-adds runs
+# on one thread: split over an OpenMP team, each op of it pays the team's fork, join and spin (tens of
+# microseconds) for a few microseconds of work each, and the spinning takes the cores the gateway,
+# tokenizer and NATS need. A MiniLM query (17 x 384 x 1536: 10M) and any longer batch keep every thread.
+CPU_SERIAL_MACS = 4 << 20
 # padding of a bucket is under 256 tokens, so the dummy row never exceeds this or the model limit
 _PAD_ROW_MAX = 256
 
@@ -118,6 +123,11 @@ class Engine:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._capture_fn = capture
         self._graphs_requested = graphs
+        # CPU: the thread count set for this engine (--threads, or torch's default), and the batches
+        # below this many tokens that run on one thread instead
+        self._threads = torch.get_num_threads()
+        widest = self.spec.hidden_size * max(self.spec.intermediate_size, self.spec.hidden_size)
+        self._serial_tokens = CPU_SERIAL_MACS // widest if self.device.type == "cpu" else 0
         self.configure(max_batch_tokens, max_batch_seqs)
 
     # -- set-up -----------------------------------------------------------------------------
@@ -148,7 +158,7 @@ class Engine:
 
     def replicate(self) -> Engine:
         """Another replica on the same device: shared weights, own stream, graphs and buffers."""
-        return Engine(
+        replica = Engine(
             self.info,
             str(self.device),
             self.dtype_name,
@@ -160,6 +170,8 @@ class Engine:
             model=self.model,
             heads=self.heads,
         )
+        replica._threads = self._threads  # this thread may be set to one by a small batch just run
+        return replica
 
     def describe(self) -> str:
         return (
@@ -220,6 +232,8 @@ class Engine:
         bucket = (self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs and not extra
                   else None)
         run = "eager"
+        if self.device.type == "cpu":
+            self._use_threads(1 if tokens < self._serial_tokens and not extra else self._threads)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if extra:
                 made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs)
@@ -233,9 +247,16 @@ class Engine:
                     return ReadyResult({k: v.numpy().copy() for k, v in made.items()}, run)
                 return ReadyResult(made.numpy().copy(), run)
             host = _to_host(made)
-            event = torch.cuda.Event()
+            # blocking: the replica's thread waiting on it sleeps until the copy is done, not spinning a core
+            event = torch.cuda.Event(blocking=True)
             event.record(self.stream)
             return CudaResult(host, event, run)
+
+    @staticmethod
+    def _use_threads(count: int) -> None:
+        """Run this thread's next ops on ``count`` threads (torch's setting is per thread under OpenMP)."""
+        if torch.get_num_threads() != count:
+            torch.set_num_threads(count)
 
     def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None,
                skip: np.ndarray | None, outputs: tuple[str, ...] | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
