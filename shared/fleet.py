@@ -172,7 +172,8 @@ class FleetWatch:
 
         The view holds what answered now and every process heard from within ``LOST_AFTER_POLLS``
         polls: a process too busy to answer one ping in time (a loaded event loop) still serves its
-        model, and is taken for lost only as ``_check_lost`` says."""
+        model, and is taken for lost only as ``_check_lost`` says; while the NATS connection is down,
+        only what answered counts (nothing)."""
         (tokenizers, t_ids), (workers, w_ids) = await asyncio.gather(
             self._ping("tokenizer", until_ready), self._ping("worker", until_ready)
         )
@@ -180,7 +181,7 @@ class FleetWatch:
         for role, ids in (("tokenizer", t_ids), ("worker", w_ids)):
             for instance, (model, ping, metadata) in ids.items():
                 self._seen[(role, instance)] = Member(model, ping, now, metadata)
-        for (role, _), member in self._seen.items():
+        for (role, _), member in self._seen.items() if self._nc.is_connected else ():  # NATS down: nothing serves
             if now - member.seen <= self._lost_after:
                 (tokenizers if role == "tokenizer" else workers).setdefault(member.model, member.metadata)
         self._view = FleetView(tokenizers, workers, now)
