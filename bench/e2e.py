@@ -87,6 +87,15 @@ def token_counts(texts: list[str]) -> dict[str, int]:
     return {t: len(ids) for t, ids in zip(texts, encoder.encode(texts))}
 
 
+def client_batches(w: Workload, k: int) -> Iterator[list[str]]:
+    """The requests' texts client ``k`` of ``w.in_flight`` sends, one list a request, without end: the
+    clients take turns through the texts."""
+    i = k * w.per_request
+    while True:
+        yield [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
+        i += w.in_flight * w.per_request
+
+
 async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, int], model: str = MODEL,
                      errors: Counter | None = None) -> dict:
     """``in_flight`` clients send requests of ``per_request`` texts for ``seconds``; every request
@@ -107,10 +116,9 @@ async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, in
 
         async def one(k: int) -> None:
             nonlocal done_tokens
-            i = k * w.per_request
-            while time.perf_counter() < stop:
-                batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
-                i += w.in_flight * w.per_request
+            for batch in client_batches(w, k):
+                if time.perf_counter() >= stop:
+                    break
                 body = orjson.dumps({"model": model, "input": batch if w.per_request > 1 else batch[0]})
                 t = time.perf_counter()
                 async with client.post(url, data=body, headers=headers) as r:

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 import httpx
 
-from bench.e2e import Workload, _summary
+from bench.e2e import Workload, _summary, client_batches
 from shared.local_stack import read_stack
 from shared.nats_server import free_port
 
@@ -201,10 +201,9 @@ async def _embed_for(fleet, model: str, w: Workload, seconds: float, tokens: dic
 
     async def one(k: int) -> None:
         nonlocal done_tokens
-        i = k * w.per_request
-        while time.perf_counter() < stop:
-            batch = [w.texts[(i + j) % len(w.texts)] for j in range(w.per_request)]
-            i += w.in_flight * w.per_request
+        for batch in client_batches(w, k):
+            if time.perf_counter() >= stop:
+                break
             t = time.perf_counter()
             try:
                 await fleet.embed(batch, model)
