@@ -71,7 +71,8 @@ class OneDnnLinearOps(LinearOps):
     # work, F.linear's ~20 (a 17 x 64 x 192 GEMM: 79 vs 24 µs; 17 x 384 x 1152: 386 vs 435 µs)
     SMALL_MACS = 1 << 21
 
-    def __init__(self) -> None:
+    def __init__(self, small_macs: int = SMALL_MACS) -> None:
+        self.small_macs = small_macs  # GEMMs under this many multiply-adds take the plain path
         self._op = torch.ops.mkldnn._linear_pointwise
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(layer) -> (its weight, packed)
         # id(layer) -> (its weight, packed gate half, packed up half, gate bias, up bias)
@@ -85,7 +86,7 @@ class OneDnnLinearOps(LinearOps):
         return entry[1]
 
     def _small(self, x: torch.Tensor, layer: nn.Linear) -> bool:
-        return x.numel() * layer.out_features < self.SMALL_MACS  # x: [T, in]
+        return x.numel() * layer.out_features < self.small_macs  # x: [T, in]
 
     def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
         if self._small(x, layer):
@@ -126,9 +127,9 @@ def select_linear_ops(device: torch.device, dtype: torch.dtype) -> LinearOps:
         dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     ):
         try:
-            ops = OneDnnLinearOps()
-            _self_check(ops, dtype)
-            return ops
+            # the check's shapes are small: its instance takes the fused kernels at every size
+            _self_check(OneDnnLinearOps(small_macs=0), dtype)
+            return OneDnnLinearOps()
         except Exception as exc:  # the kernels are internal to PyTorch: any failure means "not here"
             log.info("oneDNN fused linear unavailable (%s); using F.linear", exc)
     return LinearOps()
@@ -140,8 +141,6 @@ def _self_check(ops: LinearOps, dtype: torch.dtype = torch.float32) -> None:
     x, r = torch.randn(5, 16, generator=gen).to(dtype), torch.randn(5, 8, generator=gen).to(dtype)
     atol = 1e-5 if dtype == torch.float32 else 5e-2  # bf16 keeps 8 bits of mantissa
     plain = LinearOps()
-    if isinstance(ops, OneDnnLinearOps):
-        ops.SMALL_MACS = 0  # these shapes are small: the fused kernels are what must be checked
     checks = []
     for layer in (nn.Linear(16, 8).to(dtype), nn.Linear(16, 8, bias=False).to(dtype)):  # bias-free: decoders
         checks += [
@@ -151,8 +150,6 @@ def _self_check(ops: LinearOps, dtype: torch.dtype = torch.float32) -> None:
             (ops.gated(x, layer, "silu"), plain.gated(x, layer, "silu")),
             (ops.gated(x, layer, "gelu_pytorch_tanh"), plain.gated(x, layer, "gelu_pytorch_tanh")),
         ]
-    if isinstance(ops, OneDnnLinearOps):
-        del ops.SMALL_MACS  # the class's threshold again
     for got, want in checks:
         if got.dtype != want.dtype or not torch.allclose(got.float(), want.float(), atol=atol):
             raise ValueError("fused linear disagrees with F.linear")
