@@ -277,3 +277,21 @@ def run_async(main: Awaitable[Any]) -> Any:
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
+
+
+# tries at a JetStream set-up that times out: a cluster just started may still be electing its
+# JetStream leader (seconds); a server without JetStream answers at once, and is not tried again
+JETSTREAM_TRIES = 4
+
+
+async def start_jetstream_part(start: Callable[[], Awaitable[Any]]) -> None:
+    """``await start()``, tried again while it times out (up to JETSTREAM_TRIES times)."""
+    for attempt in range(1, JETSTREAM_TRIES + 1):
+        try:
+            await start()
+            return
+        except asyncio.TimeoutError:
+            if attempt == JETSTREAM_TRIES:
+                raise
+            log.info("JetStream did not answer in time (try %d of %d); trying again", attempt, JETSTREAM_TRIES)
+

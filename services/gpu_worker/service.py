@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
-from shared.lifecycle import register
+from shared.lifecycle import register, start_jetstream_part
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
     DELIVERY_CHECK,
@@ -169,7 +169,7 @@ class WorkerService:
         try:
             bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_bulk, self._work_queued, self._cfg.jobs,
                               self._tracer)
-            await bulk.start()
+            await start_jetstream_part(bulk.start)  # a cluster just started may still elect its leader
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
             log.warning("bulk jobs disabled: JetStream is not available (%s)", exc)

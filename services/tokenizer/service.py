@@ -12,7 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared.errors import ErrorCode, ServiceError
-from shared.lifecycle import register
+from shared.lifecycle import register, start_jetstream_part
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
     DecodeRequest,
@@ -121,7 +121,7 @@ class TokenizerService:
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
         try:
             bulk = BulkTokenizer(self._nc, self._cfg, self.metrics.bulk_view(self._encoder), self._tracer)
-            await bulk.start()
+            await start_jetstream_part(bulk.start)  # a cluster just started may still elect its leader
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
             log.warning("bulk jobs disabled: JetStream is not available (%s)", exc)
