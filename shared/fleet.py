@@ -89,7 +89,8 @@ class FleetWatch:
         self._view = FleetView({}, {}, 0.0)
         self._lock = asyncio.Lock()
         self._busy = busy
-        self._seen: dict[tuple[str, str], Member] = {}  # (role, instance id) -> the process
+        self._seen: dict[tuple[str, str], Member] = {}
+        self._left: set[str] = set()  # workers that said they are leaving (ids are never reused)  # (role, instance id) -> the process
         self._workers: dict[str, int] | None = None  # model -> its workers in _seen (None: to count again)
         self._on_lost: list[Callable[[str, str, str], None]] = []
         self._tasks: list[asyncio.Task] = []
@@ -114,6 +115,7 @@ class FleetWatch:
             return
         if report.leaving:
             self._seen.pop(("worker", report.id), None)  # its work drains: nothing to send again
+            self._left.add(report.id)  # it answers pings while it drains: not taken back by a poll
             self._workers = None
 
     async def stop(self) -> None:
@@ -180,7 +182,8 @@ class FleetWatch:
         now = time.monotonic()
         for role, ids in (("tokenizer", t_ids), ("worker", w_ids)):
             for instance, (model, ping, metadata) in ids.items():
-                self._seen[(role, instance)] = Member(model, ping, now, metadata)
+                if not (role == "worker" and instance in self._left):
+                    self._seen[(role, instance)] = Member(model, ping, now, metadata)
         for (role, _), member in self._seen.items() if self._nc.is_connected else ():  # NATS down: nothing serves
             if now - member.seen <= self._lost_after:
                 (tokenizers if role == "tokenizer" else workers).setdefault(member.model, member.metadata)
