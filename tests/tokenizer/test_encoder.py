@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from shared.errors import ErrorCode, ServiceError
-from services.tokenizer.encoder import TextEncoder, pack_chunks
+from services.tokenizer.encoder import _SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
 from tests.corpus import mixed_texts
 
 
@@ -18,6 +18,21 @@ def test_ids_equal_reference_tokenizer_without_padding(encoder, reference):
     assert ours == ref
     lengths = {len(s) for s in ours}
     assert len(lengths) > 20, "no padding: lengths vary"
+
+
+@pytest.mark.parametrize("count", [3, 400])  # under and over the size tokenized one by one
+def test_encode_all_gives_the_batch_calls_encodings(encoder, count):
+    texts = mixed_texts(count)
+    pairs = [(texts[i], texts[-1 - i]) for i in range(count)]
+    serial = sum(map(len, texts)) <= _SERIAL_CHARS
+    assert serial == (count == 3) and (2 * sum(map(len, texts)) <= _SERIAL_CHARS) == serial
+    tokenizer = encoder._by_mode["right"]
+    for inputs in (texts, pairs):
+        for special in (True, False):
+            ours = encode_all(tokenizer, inputs, special)
+            ref = tokenizer.encode_batch(inputs, add_special_tokens=special)
+            assert [(e.ids, e.type_ids, e.offsets) for e in ours] == [(e.ids, e.type_ids, e.offsets) for e in ref]
+    assert encode_all(tokenizer, []) == []
 
 
 def test_truncates_at_model_limit_not_tokenizer_json(encoder):
