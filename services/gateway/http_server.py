@@ -45,6 +45,37 @@ class Refused(Exception):
         self.status, self.reason = status, reason
 
 
+class _HeadWithBody:
+    """A response's transport that holds its status line and headers until its first body bytes, so
+    both go out in one write: one system call and one TCP segment instead of two (uvicorn writes them
+    apart). The head is the first write after the response started (a "100 Continue" comes before)."""
+
+    __slots__ = ("_transport", "_cycle", "_head", "_headed")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._headed = False
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        elif not self._headed and self._cycle.response_started:
+            self._head, self._headed = data, True
+            return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head is not None:
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class LimitedHttpProtocol(HttpToolsProtocol):
     """One HTTP/1.1 connection, under ``limits``."""
 
@@ -160,7 +191,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._arm(self.limits.body_timeout, "body")
+        previous = self.cycle
         super().on_headers_complete()
+        if self.cycle is not previous:  # a new request's cycle, whose application task has not run yet
+            self.cycle.transport = _HeadWithBody(self.transport, self.cycle)
 
     def on_message_complete(self) -> None:
         self._disarm()
