@@ -49,11 +49,13 @@ from shared.protocol import (
     ErrorReply,
     Held,
     ProtocolError,
+    Replies,
     RerankRequest,
     RerankResult,
     TokenizeRequest,
     TokenizeResult,
     decode,
+    decode_as,
     encode,
 )
 from shared.subjects import Subjects
@@ -69,6 +71,8 @@ _CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
 # answered 503 (before the wait_for at the deadline answers 504)
 _GIVE_UP_BEFORE = 0.2
 _NOBODY = "no tokenizer or worker is serving this model right now"
+# the last token of the inbox subject where workers send Replies (attempt ids are hex, never this)
+_REPLIES = "replies"
 
 
 class Fleet(Protocol):
@@ -280,6 +284,7 @@ class EmbedClient:
             token_ids=token_ids,
             pairs=pairs,
             held=self._wants_held(model),
+            replies=f"{self._inbox}.{_REPLIES}",  # a worker answers a batch's requests of ours in one message
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
@@ -462,15 +467,36 @@ class EmbedClient:
 
     async def _on_reply(self, msg: Msg) -> None:
         attempt = msg.subject.rsplit(".", 1)[-1]
+        if attempt == _REPLIES:
+            self._take_replies(msg.data)
+            return
+        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            found = self._attempts.get(attempt)
+            if found is not None:
+                self._nobody_took(found[0], attempt, "no tokenizer took it")
+            return
+        self._take(attempt, msg.data)
+
+    def _take_replies(self, data: bytes) -> None:
+        """A worker's replies to several of our requests, each as if it came on its own reply subject."""
+        try:
+            replies = decode_as(data, Replies)
+        except ProtocolError as exc:  # which requests it answered is unknown: they time out
+            log.error("bad replies message: %s", exc)
+            return
+        prefix = f"{self._inbox}."
+        for subject, payload in zip(replies.subjects, replies.messages):
+            if subject.startswith(prefix):
+                self._take(subject[len(prefix):], payload)
+
+    def _take(self, attempt: str, data: bytes) -> None:
+        """One reply to attempt ``attempt``: rows, rows held, or an error."""
         found = self._attempts.get(attempt)
         if found is None:
             return  # late reply for a request that already finished or timed out
         pending, index = found
-        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            self._nobody_took(pending, attempt, "no tokenizer took it")
-            return
         try:
-            reply = decode(msg.data)
+            reply = decode(data)
             if isinstance(reply, ErrorReply) and reply.code is ErrorCode.NO_RESPONDERS:
                 self._nobody_took(pending, attempt, "no worker took its rows")  # a tokenizer found none
             elif isinstance(reply, ErrorReply):

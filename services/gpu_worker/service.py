@@ -53,6 +53,7 @@ from services.gpu_worker.engine.pooling import postprocess
 from services.gpu_worker.load_reports import ReportCadence
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
+from services.gpu_worker.replies import Outgoing
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
 from services.gpu_worker.spans import record_work
 
@@ -380,13 +381,19 @@ class WorkerService:
             log.exception("reading a batch result failed")
             await self._fail(batch)
             return
+        outgoing = Outgoing()  # the batch's replies: one message per requester where it takes them so
         for work in self._scheduler.complete(batch, vectors):
             bind(work.trace, work.batch.id)  # its log lines carry its ids
             try:
-                await self._reply(work)
+                await self._reply(work, outgoing)
             except Exception:  # one unanswerable request must not stop this replica's loop
                 log.exception("answering request %s failed", work.batch.id)
         bind(None, "")
+        for subject, payload in outgoing.messages(self._nc.max_payload):
+            try:
+                await self._nc.publish(subject, payload)
+            except Exception:  # the connection is going away: the requesters send these rows again
+                log.exception("publishing a reply on %s failed", subject)
 
     async def _fail(self, batch: Batch) -> None:
         self.metrics.batch_failed(batch)
@@ -412,9 +419,10 @@ class WorkerService:
         offsets, rows = token_rows(work.vectors, batch.input_ids, batch.cu_seqlens, skip_first, drop)
         return offsets, quantize(rows, WIRE_FORMS[opts.dtype]), None, rows.shape[1]
 
-    async def _reply(self, work: Work) -> None:
+    async def _reply(self, work: Work, outgoing: Outgoing) -> None:
+        """Answer a finished ``work``: bulk work is stored, online replies are added to ``outgoing``."""
         if work.batch.options.output != "dense":
-            await self._reply_ragged(work)
+            await self._reply_ragged(work, outgoing)
             return
         batch, opts = work.batch, work.batch.options
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
@@ -449,9 +457,9 @@ class WorkerService:
                 timings=timings,
             )
             tokens = 0
-            await self._nc.publish(work.reply, encode(result))
+            outgoing.add(batch.replies, work.reply, encode(result))
 
-    async def _reply_ragged(self, work: Work) -> None:
+    async def _reply_ragged(self, work: Work, outgoing: Outgoing) -> None:
         batch, opts = work.batch, work.batch.options
         offsets, payload, indices, dim = self._ragged(work)
         if work.source is not None:
@@ -482,7 +490,7 @@ class WorkerService:
                 indices=None if indices is None else indices[a:b],
             )
             tokens = 0
-            await self._nc.publish(work.reply, encode(result))
+            outgoing.add(batch.replies, work.reply, encode(result))
 
     async def _reply_error(self, reply: str, request_id: str, error: ServiceError, trace: TraceContext | None = None,
                            work: Work | None = None) -> None:

@@ -18,12 +18,12 @@ from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.messages import (
     DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, DecodeRequest, DecodeResult,
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
-    JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes, row_width,
+    JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes, row_width,
 )
 
 __all__ = [
     "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
-    "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message",
+    "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",
 ]

@@ -140,6 +140,9 @@ class EmbedRequest:
     # the requester reads Held replies: workers say which rows they hold (a requester of an earlier
     # release would take one for a malformed reply, so it is asked for, never sent unasked)
     held: bool = False
+    # the requester's subject for Replies: a worker may answer several of its requests in one message
+    # there (None: each reply goes alone to its own reply subject, as a requester of an earlier release reads)
+    replies: str | None = None
 
     TYPE = "embed"
 
@@ -170,6 +173,7 @@ class TokenChunk:
     doc_ids: list[str] | None = None  # bulk work: the documents of these rows
     prompt_tokens: int = 0  # leading tokens of every row that pooling skips (a model's include_prompt=false)
     held: bool = False  # online work: the worker says it holds these rows (a Held message) as they arrive
+    replies: str | None = None  # online work: the requester's subject for Replies (its EmbedRequest's)
 
     TYPE = "tokens"
 
@@ -226,6 +230,18 @@ class ErrorReply:
     row: int | None = None  # the index, within the request, of the input that failed; None: not about one input
 
     TYPE = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Replies:
+    """worker -> requester, on the subject its requests named for it: several replies in one message,
+    each with the reply subject it answers (the replies of one batch to one requester go as one
+    message, not one each). ``messages[i]`` is an encoded reply (an EmbedResult or an ErrorReply)."""
+
+    subjects: list[str]
+    messages: list[bytes]
+
+    TYPE = "replies"
 
 
 # a header of an empty message that asks only whether anyone subscribes to its subject (a tokenizer's

@@ -9,12 +9,12 @@ import numpy as np
 
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol.checks import (
-    MAX_ID, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
+    MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
     _req_int, _req_number, _str_list, _show, _timings,
 )
 from shared.protocol.messages import (
     MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest,
-    EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, RerankRequest, RerankResult, TokenChunk,
+    EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk,
     TokenizeRequest, TokenizeResult,
 )
 
@@ -73,7 +73,13 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["pr"] = [list(p) for p in msg.pairs]
     if msg.held:
         body["hd"] = True
+    if msg.replies is not None:
+        body["rb"] = msg.replies
     return body
+
+
+def _replies_subject(m: dict) -> str | None:
+    return _name(m, "rb") if m.get("rb") is not None else None
 
 
 def _decode_embed_request(m: dict) -> EmbedRequest:
@@ -101,6 +107,7 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         token_ids=token_ids,
         pairs=pairs,
         held=_opt_bool(m, "hd", False),
+        replies=_replies_subject(m),
     )
 
 
@@ -122,6 +129,8 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body["pt"] = msg.prompt_tokens
     if msg.held:
         body["hd"] = True
+    if msg.replies is not None:
+        body["rb"] = msg.replies
     if msg.job is not None:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     return body
@@ -166,6 +175,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         doc_ids=doc_ids,
         prompt_tokens=prompt_tokens,
         held=_opt_bool(m, "hd", False),
+        replies=_replies_subject(m),
     )
 
 
@@ -229,6 +239,19 @@ def _decode_held(m: dict) -> Held:
     if rows < 1 or start + rows > MAX_ROWS:
         raise ProtocolError(f"held rows {start}..{start + rows} are not within a request of at most {MAX_ROWS}")
     return Held(id=_id(m), start=start, rows=rows, holder=_name(m, "wk"))
+
+
+def _encode_replies(msg: Replies) -> dict[str, Any]:
+    return {"rp": msg.subjects, "ms": msg.messages}
+
+
+def _decode_replies(m: dict) -> Replies:
+    subjects, messages = _str_list(m, "rp"), _req(m, "ms", list)
+    if len(messages) != len(subjects) or not all(isinstance(x, bytes) for x in messages):
+        raise ProtocolError("replies need one message (bytes) per reply subject")
+    if any(not 0 < len(x) <= MAX_NAME for x in subjects):
+        raise ProtocolError(f"a reply subject must have 1 to {MAX_NAME} characters")
+    return Replies(subjects, messages)
 
 
 def _encode_tokenize_request(msg: TokenizeRequest) -> dict[str, Any]:
@@ -399,6 +422,7 @@ FORMS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] 
     EmbedResult.TYPE: (_encode_embed_result, _decode_embed_result),
     ErrorReply.TYPE: (_encode_error_reply, _decode_error_reply),
     Held.TYPE: (_encode_held, _decode_held),
+    Replies.TYPE: (_encode_replies, _decode_replies),
     TokenizeRequest.TYPE: (_encode_tokenize_request, _decode_tokenize_request),
     TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),
     DecodeRequest.TYPE: (_encode_decode_request, _decode_decode_request),

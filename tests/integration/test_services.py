@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import msgpack
 import nats
@@ -12,7 +13,7 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, RerankRequest, RerankResult, TokenChunk, decode, encode,
+    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, Replies, RerankRequest, RerankResult, TokenChunk, decode, encode,
 )
 from shared.subjects import Subjects
 
@@ -249,3 +250,53 @@ def test_requests_arriving_together_are_each_answered_as_alone(stack):
         starts = sorted((r.start, r.count) for r in results)
         assert sum(c for _, c in starts) == count and [s for s, _ in starts] == [
             sum(c for _, c in starts[:i]) for i in range(len(starts))], starts
+
+
+async def _gather_replies(url: str, requests: list[EmbedRequest], timeout: float = 60) -> tuple[dict[str, list], int]:
+    """``requests`` published in one go, each naming ``<inbox>.replies`` for Replies: request id -> the
+    replies it got (alone on its own subject or inside a Replies), and how many Replies messages came."""
+    nc = await nats.connect(url)
+    try:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(f"{inbox}.*")
+        for r in requests:
+            await nc.publish(SUBJECTS.embed(r.model), encode(replace(r, replies=f"{inbox}.replies")), reply=f"{inbox}.{r.id}")
+        got: dict[str, list] = {r.id: [] for r in requests}
+        rows = {r.id: 0 for r in requests}
+        bundles = 0
+        deadline = time.monotonic() + timeout
+        while any(rows[r.id] < r.count for r in requests):
+            msg = await sub.next_msg(timeout=deadline - time.monotonic())
+            reply = decode(msg.data)
+            if isinstance(reply, Replies):
+                bundles += 1
+                parts = [(s.rsplit(".", 1)[-1], decode(m)) for s, m in zip(reply.subjects, reply.messages)]
+            else:
+                parts = [(msg.subject.rsplit(".", 1)[-1], reply)]
+            for rid, part in parts:
+                assert isinstance(part, EmbedResult) and part.id == rid, part
+                got[rid].append(part)
+                rows[rid] += part.count
+        return got, bundles
+    finally:
+        await nc.close()
+
+
+def test_a_batch_s_results_for_one_requester_come_as_one_replies_message(stack):
+    """Requests that name a subject for Replies get a batch's results there in one message; each result
+    is the one the request gets alone on its reply subject (a requester of an earlier release)."""
+    dl = time.time() + 60
+    requests = [EmbedRequest(id=f"b{i}", model=MODEL, texts=[f"query number {i}", "and a second input"], deadline=dl)
+                for i in range(8)]
+    alone = asyncio.run(_together(stack.nats_url, requests))
+    for _ in range(5):  # the 8 requests nearly always share a batch; one Replies is enough
+        got, bundles = asyncio.run(_gather_replies(stack.nats_url, requests))
+        if bundles:
+            break
+    assert bundles >= 1
+    for r in requests:
+        ours = np.concatenate([p.array() for p in sorted(got[r.id], key=lambda p: p.start)])
+        theirs = np.concatenate([p.array() for p in sorted(alone[r.id], key=lambda p: p.start)])
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    got, bundles = asyncio.run(_gather_replies(stack.nats_url, requests[:1]))  # a lone result goes alone
+    assert bundles == 0 and sum(p.count for p in got["b0"]) == 2

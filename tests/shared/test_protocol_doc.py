@@ -13,7 +13,7 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport,
+    DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies,
     RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, encode,
 )
 from shared.protocol.codec import V1_KEYS
@@ -27,14 +27,15 @@ VECTORS = np.zeros((2, 3), "<f4")
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
     EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
-                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True)),
+                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True, replies="_INBOX.g.replies")),
     TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
                  TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
-                            prompt_tokens=1, held=True)),
+                            prompt_tokens=1, held=True, replies="_INBOX.g.replies")),
     EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                   EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
     Held: (Held("r", 0, 2, "w"),) * 2,
+    Replies: (Replies(["_INBOX.g.r"], [b"\x80"]),) * 2,
     TokenizeRequest: (TokenizeRequest("r", "m", ["a"]),) * 2,
     TokenizeResult: (TokenizeResult("r", [[(1, "a", False, 0, 1)]]),) * 2,
     DecodeRequest: (DecodeRequest("r", "m", [IDS]),) * 2,

@@ -27,7 +27,7 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions, Held,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
     EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
@@ -77,7 +77,8 @@ def int32_arrays(n: int, low: int = -(2**31)) -> st.SearchStrategy[np.ndarray]:
 
 @st.composite
 def embed_requests(draw) -> EmbedRequest:
-    common = dict(id=draw(ids), model=draw(names), deadline=draw(finite), options=draw(options))
+    common = dict(id=draw(ids), model=draw(names), deadline=draw(finite), options=draw(options),
+                  held=draw(st.booleans()), replies=draw(st.none() | names))
     kind = draw(st.sampled_from(["texts", "tokens", "pairs"]))
     if kind == "texts":
         return EmbedRequest(texts=draw(texts), **common)
@@ -111,6 +112,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=rows, max_size=rows)) if with_job else None,
         prompt_tokens=draw(st.integers(0, 300)),
         held=draw(st.booleans()),
+        replies=draw(st.none() | names),
     )
 
 
@@ -204,6 +206,8 @@ VALID: dict[type, st.SearchStrategy] = {
     ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from([c for c in ErrorCode if c not in GATEWAY_ONLY]), message=st.text(max_size=40),
                           row=st.none() | u64),
     Held: st.builds(Held, id=ids, start=st.integers(0, MAX_ROWS - 1), rows=st.just(1), holder=names),
+    Replies: st.integers(0, 4).flatmap(lambda n: st.builds(
+        Replies, subjects=st.lists(names, min_size=n, max_size=n), messages=st.lists(st.binary(max_size=30), min_size=n, max_size=n))),
     TokenizeRequest: st.builds(
         TokenizeRequest, id=ids, model=names, texts=texts, add_special_tokens=st.booleans(),
         prompt_name=st.none() | st.text(max_size=20),

@@ -1,0 +1,40 @@
+"""A batch's replies as messages: one Replies per requester that takes them, within max_payload."""
+
+from shared.protocol import EmbedResult, Replies, decode, encode
+from services.gpu_worker.replies import Outgoing
+
+
+def _result(rid: str, rows: int = 1) -> bytes:
+    return encode(EmbedResult(rid, 0, rows, 4, "f4", b"\0" * 16 * rows, 3))
+
+
+def test_replies_to_one_requester_go_as_one_message_and_others_alone():
+    out = Outgoing()
+    for i in range(3):
+        out.add("_INBOX.g.replies", f"_INBOX.g.r{i}", _result(f"r{i}"))
+    out.add(None, "_INBOX.old.x", _result("x"))  # a requester of an earlier release names no subject
+    out.add("_INBOX.h.replies", "_INBOX.h.y", _result("y"))  # another requester's lone reply
+    sent = dict(out.messages(1 << 20))
+    assert set(sent) == {"_INBOX.g.replies", "_INBOX.old.x", "_INBOX.h.y"}
+    bundle = decode(sent["_INBOX.g.replies"])
+    assert isinstance(bundle, Replies) and bundle.subjects == ["_INBOX.g.r0", "_INBOX.g.r1", "_INBOX.g.r2"]
+    assert [decode(m).id for m in bundle.messages] == ["r0", "r1", "r2"]
+    assert decode(sent["_INBOX.old.x"]).id == "x" and decode(sent["_INBOX.h.y"]).id == "y"
+
+
+def test_replies_are_split_to_fit_max_payload_and_each_message_fits():
+    out = Outgoing()
+    payloads = [_result(f"r{i}", rows=40) for i in range(10)]  # ~700 bytes each
+    for i, payload in enumerate(payloads):
+        out.add("_INBOX.g.replies", f"_INBOX.g.r{i}", payload)
+    limit = 2048
+    sent = out.messages(limit)
+    assert len(sent) > 1 and all(len(payload) <= limit for _, payload in sent)
+    taken = []
+    for subject, payload in sent:
+        message = decode(payload)
+        taken += message.messages if isinstance(message, Replies) else [payload]
+    assert taken == payloads  # every reply once, in order
+    big = Outgoing()
+    big.add("_INBOX.g.replies", "_INBOX.g.big", _result("big", rows=200))  # alone over the limit: as itself
+    assert big.messages(limit) == [("_INBOX.g.big", _result("big", rows=200))]
