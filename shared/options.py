@@ -294,8 +294,8 @@ OPTIONS: tuple[Option, ...] = (
             "OpenTelemetry collector to export spans to over OTLP/HTTP (http://HOST:4318; /v1/traces is added); "
             "unset: no spans are recorded, the trace context is only passed on (needs embedfleet[tracing])", TRACED,
             "tracing"),
-    _option("--trace-sample-ratio", "EMBEDFLEET_TRACE_SAMPLE_RATIO", 1.0,
-            "share of the traces started here that are recorded, 0..1 (a request that brings a traceparent follows its "
+    _option("--trace-sample-ratio", "EMBEDFLEET_TRACE_SAMPLE_RATIO", 0.1,
+            "share of the traces started here that are recorded, 0..1 (1: all; a request that brings a traceparent follows its "
             "sampled flag)", TRACED, "tracing", type=float),
     # -- the actions' own -----------------------------------------------------------------------
     _option("--force", None, False, "purge a job that has not finished too", {"jobs purge"}, "jobs-action", kind="switch"),

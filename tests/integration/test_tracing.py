@@ -39,7 +39,8 @@ def traced(nats_url: str, tmp_path_factory) -> Iterator[Traced]:
 
     with contextlib.closing(FreePorts("127.0.0.1")) as free:
         port = free(1)
-    common = ["--nats", nats_url, "--subject-prefix", PREFIX, "--otlp-endpoint", sink.url, "--log-format", "json"]
+    common = ["--nats", nats_url, "--subject-prefix", PREFIX, "--otlp-endpoint", sink.url, "--trace-sample-ratio", "1",
+              "--log-format", "json"]
     services = {
         "tokenizer": Service("tokenizer", common, log_dir, FAST_EXPORT),
         "worker": Service("worker", [*common, "--max-batch-tokens", "1024"], log_dir, {**FAST_EXPORT, "OMP_NUM_THREADS": "1"}),

@@ -136,6 +136,18 @@ def test_unsampled_parents_and_a_zero_ratio_record_nothing(sink):
     assert [s.name for s in sink.spans()] == ["recorded: its parent is sampled"]
 
 
+def test_by_default_one_trace_in_ten_is_recorded(sink):
+    """Recording every trace costs ~11% more CPU on single queries: the default records a tenth."""
+    tracer = Tracer("unit", TracingConfig(sink.url))
+    roots = [tracer.start("root", None) for _ in range(2000)]
+    assert all(span.recording == span.context.sampled for span in roots)
+    for span in roots:
+        span.end()
+    recorded = sum(span.context.sampled for span in roots)
+    assert 140 <= recorded <= 260  # 200 expected; 4.5 standard deviations either side
+    tracer.shutdown()
+
+
 def test_wall_clock_of_a_perf_counter_instant():
     assert wall_ns(9.5, now_perf=10.0, now_ns=5_000_000_000) == 4_500_000_000
 
