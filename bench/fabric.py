@@ -139,9 +139,29 @@ def floors(folder: Path, args: argparse.Namespace, work: Path) -> dict:
     }
 
 
+def classic_folder(folder: Path) -> None:
+    """Write the folder's sentence-transformers configuration as published models have it
+    (``sentence_transformers.models.Pooling``, ``pooling_mode_mean_tokens``), which every release of it
+    reads: the release in infinity-emb's environment knows neither newer module paths nor newer keys."""
+    modules = json.loads((folder / "modules.json").read_text())
+    for module in modules:
+        module["type"] = "sentence_transformers.models." + module["type"].rsplit(".", 1)[-1]
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    bert = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": bert["max_seq_length"],
+                                                                  "do_lower_case": False}))
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    modes = {"cls": "cls_token", "mean": "mean_tokens", "max": "max_tokens", "mean_sqrt_len_tokens": "mean_sqrt_len_tokens"}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": pooling["embedding_dimension"],
+        **{f"pooling_mode_{mode}": name == pooling["pooling_mode"] for name, mode in modes.items()},
+    }))
+
+
 def infinity(folder: Path, args: argparse.Namespace, model: str) -> dict:
     """infinity-emb on the same folder: its whole process's CPU per unit, singles (32) and long."""
     out = {}
+    classic_folder(folder)
     with infinity_server(args.infinity, "float32", folder=folder, name=model) as url:
         pid = infinity_pid(args.infinity)
         for case in (c for c in cases() if c.name in ("single-32", "long")):
