@@ -1,6 +1,7 @@
 """kitoken against HF tokenizers on all-MiniLM-L6-v2: CPU per 1,000 tokens, and the code points they differ on.
 
     python -m bench.fast_tokenizer [--texts 2000] [--repeat 3]   # CPU (time.process_time: every thread)
+    python -m bench.fast_tokenizer --reindex 1500 --model DIR    # the tokenizer process's CPU in a reindex
     python -m bench.fast_tokenizer --scan                        # rewrite services/tokenizer/fast_charset.py
 
 The scan tokenizes every code point alone, between letters and doubled between words, both ways, and
@@ -11,6 +12,10 @@ changes, and the service's start-up check (``fast_check``) compares both on prob
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +25,9 @@ from tokenizers import Tokenizer
 from services.tokenizer.encoder import TextEncoder
 from services.tokenizer.fast_encoder import load
 from shared.model_dir import load_model_info
-from tests.corpus import mixed_texts
+from bench.fleet import Observation, fleet
+from bench.jobs import _write_docs
+from tests.corpus import long_texts, mixed_texts
 
 CHARSET = Path(__file__).resolve().parents[1] / "services" / "tokenizer" / "fast_charset.py"
 _HEADER = '''"""Code points kitoken tokenizes differently from HF tokenizers (BERT uncased WordPiece), as ranges.
@@ -106,16 +113,53 @@ def cpu(texts: list[str], repeat: int) -> None:
             print(f"  {name:26s} " + "  ".join(f"{f:.3f}" for f in figures) + "  ms CPU / 1k tokens")
 
 
+def reindex_cpu(documents: int, model: str | None) -> None:
+    """The tokenizer process's CPU (from /proc) while ``embedfleet reindex`` embeds ``documents`` long
+    texts, per 1,000 tokens kept, on each path; and HF encode_batch's on the same texts. A tiny model
+    (``model``, a folder) keeps the worker quick: with a slow one the tokenizer's idle CPU counts too."""
+    texts = long_texts(documents)
+    info = load_model_info(model)
+    hf = TextEncoder(info)._by_mode["right"]
+    tokens = sum(len(e.ids) for e in hf.encode_batch(texts))
+    start = time.process_time()
+    hf.encode_batch(texts)
+    print(f"{documents} documents, {tokens} tokens; tokenizers encode_batch "
+          f"{(time.process_time() - start) / tokens * 1e6:.2f} ms CPU / 1k tokens")
+    served = ["--model", str(info.path)]
+    for mode in ("off", "auto", "off", "auto"):
+        watch = Observation(False)
+        with tempfile.TemporaryDirectory() as tmp, \
+                fleet([served], [*served, "--fast-tokenizer", mode], watch=watch) as (_, nats_url):
+            tokenizer = watch.pids[0]
+            docs = _write_docs(Path(tmp), "long", texts)
+            before = _cpu_seconds(tokenizer)
+            proc = subprocess.run([sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", f"{tmp}/out.npy",
+                                   "--nats", nats_url, "--model", info.id, "--quiet"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(proc.stdout + proc.stderr)
+            print(f"  --fast-tokenizer {mode:4s}: the tokenizer process "
+                  f"{(_cpu_seconds(tokenizer) - before) / tokens * 1e6:.2f} ms CPU / 1k tokens", flush=True)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, every thread
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--scan", action="store_true")
+    parser.add_argument("--reindex", type=int, metavar="DOCUMENTS", help="measure the tokenizer process in a reindex")
+    parser.add_argument("--model", help="the model folder of --reindex (default: all-MiniLM-L6-v2)")
     args = parser.parse_args()
     if args.scan:
         ranges = scan()
         write_charset(ranges)
         print(f"{len(ranges)} ranges, {sum(b - a + 1 for a, b in ranges)} code points -> {CHARSET}")
+    elif args.reindex:
+        reindex_cpu(args.reindex, args.model)
     else:
         cpu(mixed_texts(args.texts), args.repeat)
 
