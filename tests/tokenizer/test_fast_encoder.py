@@ -173,3 +173,30 @@ def test_without_kitoken_installed_tokenizers_serves():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "tokenizers [[101, 7592, 2088, 102]]"
+
+
+@pytest.mark.parametrize("flag, env, path", [([], None, KITOKEN), ([], "off", TOKENIZERS),
+                                             (["--fast-tokenizer", "off"], "auto", TOKENIZERS),
+                                             (["--fast-tokenizer", "auto"], "off", KITOKEN)])
+def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env, path):
+    """--fast-tokenizer and EMBEDFLEET_FAST_TOKENIZER, through the CLI's parser and config, to the service."""
+    from services.cli import build_parser
+    from services.tokenizer.config import TokenizerConfig
+    from services.tokenizer.service import TokenizerService
+
+    if env is None:
+        monkeypatch.delenv("EMBEDFLEET_FAST_TOKENIZER", raising=False)
+    else:
+        monkeypatch.setenv("EMBEDFLEET_FAST_TOKENIZER", env)
+    cfg = TokenizerConfig.from_namespace(build_parser().parse_args(["tokenizer", *flag]))
+    service = TokenizerService(None, cfg)  # no NATS until start()
+    assert service.tokenizer_path == path
+    assert (service._encoder.fast is not None) == (path == KITOKEN)
+
+
+def test_a_fast_tokenizer_value_outside_its_choices_is_refused(capsys):
+    from services.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["tokenizer", "--fast-tokenizer", "on"])
+    assert "invalid choice: 'on' (choose from 'auto', 'off')" in capsys.readouterr().err
