@@ -14,7 +14,6 @@ WordPiece, or the check finds one differing token.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from bisect import bisect_right
 from collections.abc import Callable
@@ -25,8 +24,6 @@ from tokenizers import Tokenizer
 
 from services.tokenizer.encoder import _CHARS_PER_TOKEN, _SERIAL_CHARS, _cut
 from services.tokenizer.fast_charset import DIVERGENT
-
-log = logging.getLogger("embedfleet.tokenizer")
 
 # the tokenizer.json parts kitoken was shown to reproduce token for token (with the charset left out)
 _NORMALIZER = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True, "lowercase": True}
