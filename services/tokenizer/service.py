@@ -32,6 +32,7 @@ from shared.subjects import TOKENIZER_QUEUE, model_token
 from shared.tracing import Span, Tracer, bind, from_headers, headers_for
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
+from services.tokenizer.fast_check import choose
 from services.tokenizer.bulk import BulkTokenizer
 from services.tokenizer.coalesce import Coalescer
 from services.tokenizer.delivery import DeliveryCheck, Sent
@@ -89,6 +90,7 @@ class TokenizerService:
         self._nc = nc
         self._cfg = cfg
         self._encoder = TextEncoder(cfg.model, cfg.prompts)
+        self.tokenizer_path = choose(self._encoder, cfg.model.path, cfg.fast_tokenizer)  # kitoken or tokenizers
         self._subjects = cfg.nats.subjects
         self._sub = None
         self._tokenize_sub = None
@@ -137,6 +139,7 @@ class TokenizerService:
                 "vocab_size": str(model.vocab_size),
                 "pooling": model.pooling,
                 "prompts": ",".join(sorted(self._encoder.prompts)),
+                "tokenizer": self.tokenizer_path,
             },
         )
         log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
