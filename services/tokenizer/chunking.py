@@ -1,0 +1,210 @@
+"""A long text cut into windows of at most ``size`` content tokens (chunking, late chunking). No NATS here.
+
+The input is one ``tokenizers.Encoding`` of the whole text, made without special tokens and without
+truncation; every chunk is a slice of its tokens, with the characters it spans.
+
+Rules:
+- Cuts fall between pre-tokenizer words (``Encoding.word_ids``): the tokenizer's model (WordPiece,
+  BPE, Unigram) works on each word alone, so the tokens of ``text[start:end]`` tokenized alone are
+  exactly the chunk's. A word here is what the model's pre-tokenizer makes one: for BERT's, a run of
+  letters and digits, each punctuation mark and each CJK character on its own; for Metaspace
+  (SentencePiece) a whitespace-separated run; for byte-level BPE a regex piece.
+- A chunk's text runs from its first token's first character to its last token's last character:
+  whitespace around it is left out where the tokenizer's offsets leave it out (BERT's do; a byte-level
+  token that carries its leading space keeps it, as its re-tokenization needs).
+- A window holds ``size`` tokens and ends at its last word start that follows whitespace, when that
+  keeps the chunk at least half full ("e.g." and "https://x.org/a" stay whole); else at its last word
+  start (a punctuation mark, a CJK character). A word of more than ``size`` tokens (BERT's WordPiece:
+  a run of letters and digits, at most 100 characters, longer ones read as one [UNK]; SentencePiece:
+  also CJK text, which has no spaces) is cut inside, at the last token boundary that falls between characters: those chunks' ids are
+  still slices of the whole text's, but their text tokenized alone differs (a WordPiece piece
+  "##x" reads "x" at a text's start). No token is dropped and no chunk holds more than ``size``.
+- ``boundary="sentence"``: the window ends first of all at its last sentence end, when there is one
+  that keeps the chunk at least half full (an earlier one would make chunks far under ``size``, and
+  more of them); otherwise it ends as with ``"token"``. A sentence ends at a line break; after
+  ``.``, ``!``, ``?`` or ``…`` (closing quotes and brackets after it included) followed by
+  whitespace; after a full-width ``。``, ``！`` or ``？``, which need none. "e.g. x" reads as a
+  sentence end: the cost is one early cut, no lost text.
+- Overlap: the next window starts at the first word start (after whitespace where there is one) at
+  most ``overlap`` tokens before the previous chunk's end, so consecutive chunks share at most
+  ``overlap`` tokens (fewer where words are long); each starts and ends after the one before.
+- A text with no tokens (empty, whitespace, characters the normalizer drops) is one chunk (0, 0) of
+  no tokens: the service embeds it as it would without chunking.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from tokenizers import Encoding
+
+from shared.errors import ErrorCode, ServiceError
+
+BOUNDARIES = ("token", "sentence")
+_STOPS = ".!?…"  # end a sentence when whitespace follows
+_WIDE_STOPS = "。！？"  # end a sentence with nothing after them (CJK text has no spaces)
+_CLOSERS = "\"')]}»”’」』"  # may follow a stop: `He said "no." Then`
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    start: int  # characters: text[start:end] is the chunk's text
+    end: int
+    first: int  # content-token indices within the whole text: tokens [first, last)
+    last: int
+
+    @property
+    def tokens(self) -> int:
+        return self.last - self.first
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """How a request asks its inputs cut: ``size`` content tokens a window at most, ``overlap`` tokens
+    shared by consecutive windows at most, cuts at words (``"token"``) or sentence ends (``"sentence"``)."""
+
+    size: int
+    overlap: int = 0
+    boundary: str = "token"
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.size) or self.size < 1:
+            raise _invalid(f"chunking.size must be an integer of at least 1, got {self.size!r}")
+        if not _is_int(self.overlap) or self.overlap < 0:
+            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {self.overlap!r}")
+        if self.overlap >= self.size:
+            raise _invalid(f"chunking.overlap ({self.overlap}) must be less than chunking.size ({self.size})")
+        if self.boundary not in BOUNDARIES:
+            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {self.boundary!r}")
+
+    def check_room(self, room: int) -> None:
+        """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's
+        special tokens and the prompt."""
+        if self.size > room:
+            raise _invalid(f"chunking.size is {self.size}; this model holds at most {room} tokens of text a chunk "
+                           "(its limit, less its special tokens and the prompt)")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.INVALID_REQUEST, message)
+
+
+def cut(text: str, encoding: Encoding, spec: ChunkSpec) -> list[TextChunk]:
+    """``text`` cut into chunks, in order, covering every token of ``encoding`` (the whole text's, no
+    special tokens, no truncation)."""
+    offsets = encoding.offsets
+    n = len(offsets)
+    if n == 0:
+        return [TextChunk(0, 0, 0, 0)]
+    cuts = _Cuts(text, offsets, encoding.word_ids, spec)
+    chunks: list[TextChunk] = []
+    first = last = 0
+    while True:
+        last = n if n - first <= spec.size else cuts.end(first, last)
+        chunks.append(TextChunk(offsets[first][0], offsets[last - 1][1], first, last))
+        if last == n:
+            return chunks
+        first = cuts.next_start(first, last)
+
+
+def chunk_ids(ids: list[int], chunks: list[TextChunk]) -> list[list[int]]:
+    """Each chunk's token ids: slices of the whole text's ``ids`` (``Encoding.ids``), no tokenizing again."""
+    return [ids[c.first : c.last] for c in chunks]
+
+
+def chunked_tokens(chunks: list[TextChunk]) -> int:
+    """Content tokens the chunks hold in all: a token shared by an overlap counts in each chunk."""
+    return sum(c.tokens for c in chunks)
+
+
+class _Cuts:
+    """Where a text's tokens may be cut, as sorted token indices i (a cut before token i)."""
+
+    def __init__(self, text: str, offsets: list[tuple[int, int]], word_ids: list[int | None], spec: ChunkSpec) -> None:
+        self.n = len(offsets)
+        self.size, self.overlap = spec.size, spec.overlap
+        sentences = spec.boundary == "sentence"
+        self.spaced: list[int] = []  # word starts after whitespace: preferred, a word keeps its punctuation
+        self.words: list[int] = []  # before the first token of a word
+        self.clean: list[int] = []  # between two characters, in a word or not (not inside one character's bytes)
+        self.sentences: list[int] = []  # word starts that end a sentence, when asked for
+        for i in range(1, len(offsets)):
+            if offsets[i][0] < offsets[i - 1][1]:
+                continue  # one character's bytes (byte-level BPE): no character boundary to cut at
+            self.clean.append(i)
+            if word_ids[i] == word_ids[i - 1]:
+                continue
+            self.words.append(i)
+            if _after_space(text, offsets[i]):
+                self.spaced.append(i)
+            if sentences and _ends_sentence(text, offsets[i - 1][1], offsets[i]):
+                self.sentences.append(i)
+
+    def end(self, first: int, floor: int) -> int:
+        """The end of the window that starts at token ``first`` and holds at most ``size`` tokens, past
+        ``floor`` (the previous chunk's end): its last sentence end, else its last word start after
+        whitespace, if either keeps the chunk half full; else its last word start; else (one word
+        longer than the window) a cut inside the word."""
+        limit = first + self.size
+        half = (self.size + 1) // 2
+        for candidates, least in ((self.sentences, half), (self.spaced, half), (self.words, 1), (self.clean, 1)):
+            at = _last_in(candidates, max(first + least - 1, floor), limit)
+            if at is not None:
+                return at
+        return limit
+
+    def next_start(self, first: int, last: int) -> int:
+        """Where the window after the chunk [first, last) starts: ``overlap`` tokens back at most, at a
+        word start, after ``first``; later, where that lets the window reach the end of the word at
+        ``last`` (a shorter overlap rather than a cut inside a word that fits a window)."""
+        low = max(last - self.overlap, first + 1)
+        k = bisect_left(self.words, last)
+        if k < len(self.words) and self.words[k] == last:  # the chunk ends at a word: reach that word's end
+            reach = (self.words[k + 1] if k + 1 < len(self.words) else self.n) - self.size
+            low = reach if low < reach <= last else low
+        for candidates in (self.spaced, self.words, self.clean):
+            at = _first_in(candidates, low, last)
+            if at is not None:
+                return at
+        return last
+
+
+def _last_in(points: list[int], after: int, upto: int) -> int | None:
+    """The largest point p with after < p <= upto, or None."""
+    k = bisect_right(points, upto) - 1
+    return points[k] if k >= 0 and points[k] > after else None
+
+
+def _first_in(points: list[int], low: int, upto: int) -> int | None:
+    """The smallest point p with low <= p <= upto, or None."""
+    k = bisect_left(points, low)
+    return points[k] if k < len(points) and points[k] <= upto else None
+
+
+def _after_space(text: str, token: tuple[int, int]) -> bool:
+    """Whether whitespace comes just before ``token``, or begins it (a byte-level token carries its space;
+    BERT's offsets leave it out)."""
+    start, stop = token
+    return (start < stop and text[start].isspace()) or (start > 0 and text[start - 1].isspace())
+
+
+def _ends_sentence(text: str, before: int, token: tuple[int, int]) -> bool:
+    """Whether a sentence ends between the character ``before`` (the end of the previous token) and
+    ``token``'s first character that is not whitespace (a byte-level token may start with its space)."""
+    gap_end = token[0]
+    while gap_end < token[1] and text[gap_end].isspace():
+        gap_end += 1
+    gap = text[before:gap_end]
+    if "\n" in gap or "\r" in gap:
+        return True
+    stop = before
+    while stop > 0 and text[stop - 1] in _CLOSERS:
+        stop -= 1
+    if stop == 0:
+        return False
+    mark = text[stop - 1]
+    return mark in _WIDE_STOPS or (mark in _STOPS and gap != "" and gap.isspace())

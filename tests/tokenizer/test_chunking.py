@@ -1,0 +1,261 @@
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from bisect import bisect_right
+from collections import Counter
+
+import pytest
+from tokenizers import Encoding, Tokenizer
+
+from shared.errors import ErrorCode, ServiceError
+from services.tokenizer.chunking import BOUNDARIES, ChunkSpec, TextChunk, chunk_ids, chunked_tokens, cut
+from services.tokenizer.encoder import TextEncoder
+from tests.corpus import mixed_texts
+
+# text the Python docs corpus lacks: accents (composed and combining), CJK with full-width stops, emoji,
+# URLs, a word of many pieces, one over WordPiece's 100 characters, runs of newlines, tabs, characters
+# the normalizer drops, quotes after a stop
+_ODD = [
+    "Crème brûlée, naïve café, Zoë's résumé; e\u0301le\u0300ve and ΣΊΣΥΦΟΣ ἀρχή.",
+    "我爱北京天安门。天安门上太阳升！你好吗？今天天气很好，我们去公园散步吧。",
+    "Emoji 😀🎉👍🏽 family 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 and ✨sparkles✨ in a row.",
+    "See https://example.com/path/to/page?query=1&b=two#frag or http://a.b/c_d. Mail me: x.y@z.org!",
+    "Pneumonoultramicroscopicsilicovolcanoconiosis and supercalifragilisticexpialidocious are long words.",
+    "x" * 150 + " " + "antidisestablishmentarianism" * 3 + " done",
+    "Line one\n\n\n\nLine two\r\nLine three\n\t\tindented  \u00a0 spaced\u200bzero\x00null\u0301mark",
+    'He said "Stop." Then (quietly.) she left… Why? Because! 3.14 is pi, e.g. this, i.e. that.',
+    "مرحبا بالعالم. Привет, мир! שלום עולם. नमस्ते दुनिया। 안녕하세요 세계.",
+    "\n\n  leading and trailing whitespace   \n\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_info) -> Tokenizer:
+    return TextEncoder(model_info)._by_mode["none"]  # the service's tokenizer, without truncation
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    texts = mixed_texts(48)
+    odd = " ".join(_ODD)
+    return [*texts[:24], *_ODD, "\n\n".join(texts[24:]), "\n".join([odd] * 4)]
+
+
+@pytest.fixture(scope="module")
+def docs(tokenizer, corpus) -> list[_Doc]:
+    return [_Doc(text, _encode(tokenizer, text)) for text in corpus]
+
+
+def _encode(tokenizer: Tokenizer, text: str):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _chunks(tokenizer: Tokenizer, text: str, spec: ChunkSpec) -> list[tuple[str, int, int]]:
+    return [(text[c.start : c.end], c.first, c.last) for c in cut(text, _encode(tokenizer, text), spec)]
+
+
+# a sentence ends before token i when the text before it ends with a stop and whitespace, a full-width
+# stop, or holds a line break since the previous token (said here as a regex, apart from the module's scan)
+_SENTENCE_END = re.compile(r"(?:[.!?…][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*)\Z")
+
+
+def _sentence_end(text: str, offsets: list, i: int) -> bool:
+    gap = text[offsets[i - 1][1] : offsets[i][0]]
+    return "\n" in gap or "\r" in gap or _SENTENCE_END.search(text[max(0, offsets[i][0] - 12) : offsets[i][0]]) is not None
+
+
+@dataclass
+class _Doc:
+    """A text with what the checks read of its whole tokenization."""
+
+    text: str
+    enc: Encoding
+    word_start: set[int] = field(init=False)  # token indices where a word starts, 0 and n included
+    word_tokens: Counter = field(init=False)  # tokens a word
+    ends: list[int] = field(init=False)  # word starts that end a sentence
+
+    def __post_init__(self) -> None:
+        words, offsets, n = self.enc.word_ids, self.enc.offsets, len(self.enc.ids)
+        self.word_start = {0, n} | {i for i in range(1, n) if words[i] != words[i - 1]}
+        self.word_tokens = Counter(words)
+        self.ends = [i for i in sorted(self.word_start - {0, n}) if _sentence_end(self.text, offsets, i)]
+
+
+def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextChunk], int, int]:
+    """Asserts what every cut promises; returns the chunks, how many were cut inside a word, and how
+    many end at a sentence end."""
+    text, enc, word_start, ends = doc.text, doc.enc, doc.word_start, doc.ends
+    chunks = cut(text, enc, spec)
+    n, offsets, words = len(enc.ids), enc.offsets, enc.word_ids
+    assert chunks[0].first == 0 and chunks[-1].last == n
+    for c in chunks:
+        assert 1 <= c.tokens <= spec.size
+        assert (c.start, c.end) == (offsets[c.first][0], offsets[c.last - 1][1])
+        for at in (c.first, c.last):  # a cut inside a word only in a word longer than a window
+            assert at in word_start or doc.word_tokens[words[at]] > spec.size, (text[c.start : c.end], c)
+    for a, b in zip(chunks, chunks[1:]):
+        assert a.first < b.first <= a.last < b.last  # in order, every token covered
+        assert a.last - b.first <= spec.overlap
+    alone = tokenizer.encode_batch([text[c.start : c.end] for c in chunks], add_special_tokens=False)
+    inside = 0
+    for c, ids, e in zip(chunks, chunk_ids(enc.ids, chunks), alone):
+        if c.first in word_start and c.last in word_start:
+            assert e.ids == ids, (text[c.start : c.end], c)
+        else:
+            inside += 1
+    if spec.boundary == "sentence":
+        floor = 0
+        for c in chunks[:-1]:  # the last sentence end in the window's second half (past the last chunk) is taken
+            low, high = max(c.first + (spec.size + 1) // 2, floor + 1), c.first + spec.size
+            taken = ends[bisect_right(ends, high) - 1] if ends and ends[0] <= high else -1
+            assert c.last == taken or taken < low, (text[c.start : c.end], c, taken)
+            floor = c.last
+    return chunks, inside, len(set(ends) & {c.last for c in chunks})
+
+
+_SPECS = [(size, overlap) for size in (1, 2, 3, 5, 8, 16, 64, 254)
+          for overlap in sorted({0, 1, size // 2, size - 1}) if overlap < size]
+
+
+@pytest.mark.parametrize("size,overlap", _SPECS)
+def test_chunks_cover_the_text_within_size_and_retokenize_to_their_ids(tokenizer, docs, size, overlap):
+    # each token is tokenized again in size / (size - overlap) chunks: long texts only where that is few
+    if size < 8 or size > 4 * (size - overlap):
+        docs = [d for d in docs if len(d.text) < 4000]
+    inside = 0
+    for boundary in BOUNDARIES:
+        for doc in docs:
+            inside += _check(tokenizer, doc, ChunkSpec(size, overlap, boundary))[1]
+    if size >= 64:  # only the word of 84 characters (21 pieces) runs past a window this large
+        assert inside == 0
+
+
+def test_sentence_mode_cuts_at_sentence_ends(tokenizer, docs):
+    for size in (16, 64, 128):
+        token = sum(_check(tokenizer, d, ChunkSpec(size, 0, "token"))[2] for d in docs)
+        cuts = [_check(tokenizer, d, ChunkSpec(size, 0, "sentence")) for d in docs]
+        sentence, chunks = sum(c[2] for c in cuts), sum(len(c[0]) for c in cuts)
+        assert sentence > 2 * token, (size, token, sentence)
+        if size >= 64:  # sentences of the docs run some 20-40 tokens: most windows this large hold an end
+            assert sentence > 0.5 * (chunks - len(docs)), (size, sentence, chunks)
+
+
+def test_token_mode_fills_its_windows(tokenizer, corpus):
+    for size, overlap in ((16, 0), (64, 8), (128, 32)):
+        spec = ChunkSpec(size, overlap)
+        inner = [c for t in corpus for c in cut(t, _encode(tokenizer, t), spec)[:-1]]
+        assert len(inner) > 20 and sum(c.tokens for c in inner) >= 0.9 * size * len(inner)
+        assert min(c.tokens for c in inner) >= (size + 1) // 2 or size == 16  # a word start after whitespace in reach
+
+
+def test_text_that_fits_is_one_chunk_of_its_tokens(tokenizer, corpus):
+    assert _chunks(tokenizer, " Hello world \n", ChunkSpec(2)) == [("Hello world", 0, 2)]
+    text = corpus[1]
+    n = len(_encode(tokenizer, text).ids)
+    assert 10 < n <= 254
+    for boundary in BOUNDARIES:
+        assert cut(text, _encode(tokenizer, text), ChunkSpec(n, n - 1, boundary)) == [TextChunk(0, len(text), 0, n)]
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "\u0301", "\x00\x01", "\u200b\ufeff"])
+def test_text_without_tokens_is_one_empty_chunk(tokenizer, text):
+    enc = _encode(tokenizer, text)
+    assert cut(text, enc, ChunkSpec(4, 1, "sentence")) == [TextChunk(0, 0, 0, 0)]
+    assert chunk_ids(enc.ids, [TextChunk(0, 0, 0, 0)]) == [[]]
+
+
+def test_windows_and_overlap_fall_at_words(tokenizer):
+    text = "alpha beta gamma delta epsilon"
+    assert _chunks(tokenizer, text, ChunkSpec(2)) == [("alpha beta", 0, 2), ("gamma delta", 2, 4), ("epsilon", 4, 5)]
+    assert _chunks(tokenizer, text, ChunkSpec(2, 1)) == [
+        ("alpha beta", 0, 2), ("beta gamma", 1, 3), ("gamma delta", 2, 4), ("delta epsilon", 3, 5)]
+    assert _chunks(tokenizer, text, ChunkSpec(4, 3)) == [("alpha beta gamma delta", 0, 4), ("beta gamma delta epsilon", 1, 5)]
+    # a word keeps its punctuation where a cut after whitespace keeps the chunk half full
+    assert _chunks(tokenizer, "e.g. this one and that one here", ChunkSpec(6, 1)) == [
+        ("e.g. this one", 0, 6), ("one and that one here", 5, 10)]
+    # ... else the cut falls at punctuation: the URL's words are "https", ":", "/", "/", "example", ...
+    assert _chunks(tokenizer, "see https://example.com/a_b?c=1 now", ChunkSpec(8, 2)) == [
+        ("see https://example.com", 0, 8), (".com/a_b?c", 6, 14), ("?c=1 now", 12, 17)]
+
+
+def test_a_word_longer_than_the_window_is_cut_inside(tokenizer):
+    text = "a supercalifragilisticexpialidocious word"
+    enc = _encode(tokenizer, text)
+    chunks = cut(text, enc, ChunkSpec(4, 1))
+    assert [(text[c.start : c.end], c.first, c.last) for c in chunks] == [
+        ("a", 0, 1), ("supercalifrag", 1, 5), ("ragilisticex", 4, 8), ("expialidoc", 7, 11), ("ocious word", 10, 13)]
+    ids = chunk_ids(enc.ids, chunks)
+    assert ids[1] == enc.ids[1:5] and ids[1] == _encode(tokenizer, "supercalifrag").ids  # starts at the word's start
+    # documented: a chunk that starts inside the word re-tokenizes differently ("##rag" reads "rag")
+    assert _encode(tokenizer, "ragilisticex").ids != ids[2] and tokenizer.id_to_token(ids[2][0]) == "##rag"
+    assert _encode(tokenizer, "ocious word").ids != ids[4] and ids[4][-1] == _encode(tokenizer, "word").ids[0]
+
+
+def test_sentence_mode_cuts_after_the_last_sentence_end(tokenizer):
+    spec = ChunkSpec(6, 0, "sentence")
+    assert _chunks(tokenizer, "One two. Three four five six seven eight.", spec) == [
+        ("One two.", 0, 3), ("Three four five six seven", 3, 8), ("eight.", 8, 10)]
+    assert _chunks(tokenizer, "One two. Three four five six seven eight.", ChunkSpec(6)) == [
+        ("One two. Three four five", 0, 6), ("six seven eight.", 6, 10)]
+    assert _chunks(tokenizer, 'He said "Stop." Then we left the old place at last.', ChunkSpec(10, 0, "sentence")) == [
+        ('He said "Stop."', 0, 6), ("Then we left the old place at last.", 6, 15)]
+    assert _chunks(tokenizer, "我爱北京。天安门很大。", ChunkSpec(7, 0, "sentence")) == [("我爱北京。", 0, 5), ("天安门很大。", 5, 11)]
+    assert _chunks(tokenizer, "Title\nbody words here", ChunkSpec(2, 0, "sentence")) == [("Title", 0, 1), ("body words", 1, 3), ("here", 3, 4)]
+    assert _chunks(tokenizer, "Title\nbody words here", ChunkSpec(2)) == [("Title\nbody", 0, 2), ("words here", 2, 4)]
+    # no sentence end in the window's second half: cut as "token" does
+    assert _chunks(tokenizer, "Hi. one two three four five six seven", ChunkSpec(8, 0, "sentence")) == [
+        ("Hi. one two three four five six", 0, 8), ("seven", 8, 9)]
+    # not sentence ends: a stop with no whitespace after it
+    assert _chunks(tokenizer, "pi is 3.14 and x.y is z here", ChunkSpec(6, 0, "sentence")) == [
+        ("pi is 3.14 and", 0, 6), ("x.y is z here", 6, 12)]
+
+
+def test_chunk_ids_are_the_encodings_slices(tokenizer, corpus):
+    text = corpus[-1]
+    enc = _encode(tokenizer, text)
+    chunks = cut(text, enc, ChunkSpec(50, 10, "sentence"))
+    ids = chunk_ids(enc.ids, chunks)
+    assert [len(i) for i in ids] == [c.tokens for c in chunks]
+    assert all(i == enc.ids[c.first : c.last] for i, c in zip(ids, chunks))
+    assert chunked_tokens(chunks) == sum(map(len, ids)) > len(enc.ids)  # overlaps count in both chunks
+    assert chunked_tokens(cut(text, enc, ChunkSpec(50))) == len(enc.ids)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"size": 0}, "chunking.size must be an integer of at least 1, got 0"),
+    ({"size": -3}, "chunking.size must be an integer of at least 1, got -3"),
+    ({"size": 2.5}, "chunking.size must be an integer of at least 1, got 2.5"),
+    ({"size": True}, "chunking.size must be an integer of at least 1, got True"),
+    ({"size": 8, "overlap": -1}, "chunking.overlap must be an integer of at least 0, got -1"),
+    ({"size": 8, "overlap": "2"}, "chunking.overlap must be an integer of at least 0, got '2'"),
+    ({"size": 8, "overlap": 8}, "chunking.overlap (8) must be less than chunking.size (8)"),
+    ({"size": 8, "overlap": 9}, "chunking.overlap (9) must be less than chunking.size (8)"),
+    ({"size": 8, "boundary": "word"}, "chunking.boundary must be 'token' or 'sentence', got 'word'"),
+    ({"size": 8, "boundary": None}, "chunking.boundary must be 'token' or 'sentence', got None"),
+])
+def test_invalid_specs_are_refused_with_clear_messages(kwargs, message):
+    with pytest.raises(ServiceError) as err:
+        ChunkSpec(**kwargs)
+    assert err.value.code is ErrorCode.INVALID_REQUEST and err.value.row is None
+    assert err.value.text() == message
+
+
+def test_size_over_the_models_room_is_refused():
+    ChunkSpec(254, 10).check_room(254)
+    with pytest.raises(ServiceError) as err:
+        ChunkSpec(255, 10).check_room(254)
+    assert err.value.code is ErrorCode.INVALID_REQUEST
+    assert err.value.text() == ("chunking.size is 255; this model holds at most 254 tokens of text a chunk "
+                                "(its limit, less its special tokens and the prompt)")
+
+
+def test_a_long_document_is_cut_quickly(tokenizer, corpus):
+    text = "\n\n".join(corpus) * 4
+    enc = _encode(tokenizer, text)
+    assert len(enc.ids) > 50_000
+    began = time.perf_counter()
+    chunks = cut(text, enc, ChunkSpec(254, 32, "sentence"))
+    took = time.perf_counter() - began
+    assert len(chunks) > 200 and took < 1.0, took  # ~0.1 s unloaded: one pass over the tokens
