@@ -8,17 +8,23 @@ Rules:
   BPE, Unigram) works on each word alone, so the tokens of ``text[start:end]`` tokenized alone are
   exactly the chunk's. A word here is what the model's pre-tokenizer makes one: for BERT's, a run of
   letters and digits, each punctuation mark and each CJK character on its own; for Metaspace
-  (SentencePiece) a whitespace-separated run; for byte-level BPE a regex piece.
+  (SentencePiece) a run between spaces; for byte-level BPE a regex piece. Never right after a token
+  that is all whitespace: byte-level BPE splits a run of whitespace by what follows it (GPT-2's regex
+  makes "\n\n\nLine" "\n\n", "\n", "Line", but keeps "\n\n\n" at a text's end whole), so a chunk
+  ends before such a run.
 - A chunk's text runs from its first token's first character to its last token's last character:
   whitespace around it is left out where the tokenizer's offsets leave it out (BERT's do; a byte-level
-  token that carries its leading space keeps it, as its re-tokenization needs).
+  token that carries its leading space keeps it, as its re-tokenization needs). Not kept: a tokenizer
+  that adds a prefix space to every text (RoBERTa's ``add_prefix_space``) or trims byte-level offsets
+  (``trim_offsets``) re-tokenizes a chunk's first word differently; its ids are still the slice's.
 - A window holds ``size`` tokens and ends at its last word start that follows whitespace, when that
   keeps the chunk at least half full ("e.g." and "https://x.org/a" stay whole); else at its last word
-  start (a punctuation mark, a CJK character). A word of more than ``size`` tokens (BERT's WordPiece:
-  a run of letters and digits, at most 100 characters, longer ones read as one [UNK]; SentencePiece:
-  also CJK text, which has no spaces) is cut inside, at the last token boundary that falls between characters: those chunks' ids are
-  still slices of the whole text's, but their text tokenized alone differs (a WordPiece piece
-  "##x" reads "x" at a text's start). No token is dropped and no chunk holds more than ``size``.
+  start (a punctuation mark, a CJK character). A word of more than ``size`` tokens (WordPiece: a run
+  of letters and digits, at most 100 characters, a longer one being one [UNK]; SentencePiece: also
+  CJK text, which has no spaces) is cut inside, at the last token boundary between two characters:
+  those chunks' ids are still slices of the whole text's, but their text tokenized alone differs (a
+  WordPiece piece "##x" reads "x" at a text's start). No token is dropped; no chunk holds more than
+  ``size``.
 - ``boundary="sentence"``: the window ends first of all at its last sentence end, when there is one
   that keeps the chunk at least half full (an earlier one would make chunks far under ``size``, and
   more of them); otherwise it ends as with ``"token"``. A sentence ends at a line break; after
@@ -27,7 +33,8 @@ Rules:
   sentence end: the cost is one early cut, no lost text.
 - Overlap: the next window starts at the first word start (after whitespace where there is one) at
   most ``overlap`` tokens before the previous chunk's end, so consecutive chunks share at most
-  ``overlap`` tokens (fewer where words are long); each starts and ends after the one before.
+  ``overlap`` tokens; fewer where words are long, or where a window started there could not hold the
+  word after the previous chunk whole. Each chunk starts and ends after the one before.
 - A text with no tokens (empty, whitespace, characters the normalizer drops) is one chunk (0, 0) of
   no tokens: the service embeds it as it would without chunking.
 """
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+
 from tokenizers import Encoding
 
 from shared.errors import ErrorCode, ServiceError
@@ -43,6 +51,7 @@ from shared.errors import ErrorCode, ServiceError
 BOUNDARIES = ("token", "sentence")
 _STOPS = ".!?…"  # end a sentence when whitespace follows
 _WIDE_STOPS = "。！？"  # end a sentence with nothing after them (CJK text has no spaces)
+_LOOK_BACK = 64  # characters of whitespace and closers read back from a word: a longer run ends no sentence
 _CLOSERS = "\"')]}»”’」』"  # may follow a stop: `He said "no." Then`
 
 
@@ -136,12 +145,12 @@ class _Cuts:
             if offsets[i][0] < offsets[i - 1][1]:
                 continue  # one character's bytes (byte-level BPE): no character boundary to cut at
             self.clean.append(i)
-            if word_ids[i] == word_ids[i - 1]:
-                continue
+            if word_ids[i] == word_ids[i - 1] or _blank(text, offsets[i - 1]):
+                continue  # not after a whitespace token: byte-level BPE splits a whitespace run by what follows it
             self.words.append(i)
             if _after_space(text, offsets[i]):
                 self.spaced.append(i)
-            if sentences and _ends_sentence(text, offsets[i - 1][1], offsets[i]):
+            if sentences and _ends_sentence(text, offsets[i]):
                 self.sentences.append(i)
 
     def end(self, first: int, floor: int) -> int:
@@ -185,6 +194,12 @@ def _first_in(points: list[int], low: int, upto: int) -> int | None:
     return points[k] if k < len(points) and points[k] <= upto else None
 
 
+def _blank(text: str, token: tuple[int, int]) -> bool:
+    """Whether ``token`` is all whitespace (a byte-level "\\n\\n" or "Ġ"; BERT has none)."""
+    start, stop = token
+    return start < stop and text[start:stop].isspace()
+
+
 def _after_space(text: str, token: tuple[int, int]) -> bool:
     """Whether whitespace comes just before ``token``, or begins it (a byte-level token carries its space;
     BERT's offsets leave it out)."""
@@ -192,19 +207,19 @@ def _after_space(text: str, token: tuple[int, int]) -> bool:
     return (start < stop and text[start].isspace()) or (start > 0 and text[start - 1].isspace())
 
 
-def _ends_sentence(text: str, before: int, token: tuple[int, int]) -> bool:
-    """Whether a sentence ends between the character ``before`` (the end of the previous token) and
-    ``token``'s first character that is not whitespace (a byte-level token may start with its space)."""
-    gap_end = token[0]
-    while gap_end < token[1] and text[gap_end].isspace():
-        gap_end += 1
-    gap = text[before:gap_end]
+def _ends_sentence(text: str, token: tuple[int, int]) -> bool:
+    """Whether a sentence ends in the whitespace before ``token``'s first character that is not
+    whitespace (a byte-level token may begin with its space, or be all whitespace)."""
+    start, stop = token
+    while start < stop and text[start].isspace():
+        start += 1
+    back = start
+    while back > 0 and start - back < _LOOK_BACK and text[back - 1].isspace():
+        back -= 1
+    gap = text[back:start]
     if "\n" in gap or "\r" in gap:
         return True
-    stop = before
-    while stop > 0 and text[stop - 1] in _CLOSERS:
-        stop -= 1
-    if stop == 0:
-        return False
-    mark = text[stop - 1]
-    return mark in _WIDE_STOPS or (mark in _STOPS and gap != "" and gap.isspace())
+    while back > 0 and start - back < _LOOK_BACK and text[back - 1] in _CLOSERS:
+        back -= 1
+    mark = text[back - 1] if back > 0 else ""
+    return mark != "" and (mark in _WIDE_STOPS or (mark in _STOPS and gap != ""))

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
 from bisect import bisect_right
-from collections import Counter
+from dataclasses import dataclass, field
 
 import pytest
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from shared.errors import ErrorCode, ServiceError
 from services.tokenizer.chunking import BOUNDARIES, ChunkSpec, TextChunk, chunk_ids, chunked_tokens, cut
@@ -56,14 +55,17 @@ def _chunks(tokenizer: Tokenizer, text: str, spec: ChunkSpec) -> list[tuple[str,
     return [(text[c.start : c.end], c.first, c.last) for c in cut(text, _encode(tokenizer, text), spec)]
 
 
-# a sentence ends before token i when the text before it ends with a stop and whitespace, a full-width
-# stop, or holds a line break since the previous token (said here as a regex, apart from the module's scan)
-_SENTENCE_END = re.compile(r"(?:[.!?…][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*)\Z")
+# a sentence ends before token i when the text before its first character that is not whitespace ends
+# with a stop and whitespace, a full-width stop, or a line break and whitespace (said here as a regex,
+# apart from the module's scan)
+_SENTENCE_END = re.compile(r"(?:[.!?…][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*|[\n\r]\s*)\Z")
 
 
 def _sentence_end(text: str, offsets: list, i: int) -> bool:
-    gap = text[offsets[i - 1][1] : offsets[i][0]]
-    return "\n" in gap or "\r" in gap or _SENTENCE_END.search(text[max(0, offsets[i][0] - 12) : offsets[i][0]]) is not None
+    at, stop = offsets[i]
+    while at < stop and text[at].isspace():  # a byte-level token may begin with its space
+        at += 1
+    return _SENTENCE_END.search(text[max(0, at - 40) : at]) is not None
 
 
 @dataclass
@@ -72,15 +74,22 @@ class _Doc:
 
     text: str
     enc: Encoding
-    word_start: set[int] = field(init=False)  # token indices where a word starts, 0 and n included
-    word_tokens: Counter = field(init=False)  # tokens a word
+    word_start: set[int] = field(init=False)  # token indices a chunk may start or end at, 0 and n included
     ends: list[int] = field(init=False)  # word starts that end a sentence
 
     def __post_init__(self) -> None:
         words, offsets, n = self.enc.word_ids, self.enc.offsets, len(self.enc.ids)
-        self.word_start = {0, n} | {i for i in range(1, n) if words[i] != words[i - 1]}
-        self.word_tokens = Counter(words)
+        # a word of the pre-tokenizer's, not after a whitespace token (byte-level BPE splits a run of
+        # whitespace by what follows it)
+        self.word_start = {0, n} | {i for i in range(1, n) if words[i] != words[i - 1]
+                                    and not self.text[offsets[i - 1][0] : offsets[i - 1][1]].isspace()}
         self.ends = [i for i in sorted(self.word_start - {0, n}) if _sentence_end(self.text, offsets, i)]
+
+    def word_tokens(self, at: int) -> int:
+        """Tokens of the word token ``at`` is in, between the word starts around it."""
+        starts = sorted(self.word_start)
+        k = bisect_right(starts, at)
+        return starts[k] - starts[k - 1]
 
 
 def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextChunk], int, int]:
@@ -88,13 +97,13 @@ def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextC
     many end at a sentence end."""
     text, enc, word_start, ends = doc.text, doc.enc, doc.word_start, doc.ends
     chunks = cut(text, enc, spec)
-    n, offsets, words = len(enc.ids), enc.offsets, enc.word_ids
+    n, offsets = len(enc.ids), enc.offsets
     assert chunks[0].first == 0 and chunks[-1].last == n
     for c in chunks:
         assert 1 <= c.tokens <= spec.size
         assert (c.start, c.end) == (offsets[c.first][0], offsets[c.last - 1][1])
         for at in (c.first, c.last):  # a cut inside a word only in a word longer than a window
-            assert at in word_start or doc.word_tokens[words[at]] > spec.size, (text[c.start : c.end], c)
+            assert at in word_start or doc.word_tokens(at) > spec.size, (text[c.start : c.end], c)
     for a, b in zip(chunks, chunks[1:]):
         assert a.first < b.first <= a.last < b.last  # in order, every token covered
         assert a.last - b.first <= spec.overlap
@@ -249,6 +258,44 @@ def test_size_over_the_models_room_is_refused():
     assert err.value.code is ErrorCode.INVALID_REQUEST
     assert err.value.text() == ("chunking.size is 255; this model holds at most 254 tokens of text a chunk "
                                 "(its limit, less its special tokens and the prompt)")
+
+
+def _trained(kind: str, texts: list[str]) -> Tokenizer:
+    """A small tokenizer of another family, trained here on the corpus: byte-level BPE (GPT-2, Qwen), whose
+    tokens carry their leading space and split characters into bytes, or SentencePiece-style Unigram over
+    Metaspace (XLM-R, T5), whose words are whole runs between spaces, CJK text included."""
+    if kind == "byte-level":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    else:
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.NFKC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=1500, unk_token="<unk>", special_tokens=["<unk>"], show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
+def test_other_tokenizer_families_keep_the_promises(corpus, kind):
+    tokenizer = _trained(kind, [*mixed_texts(60), *_ODD])
+    docs = [_Doc(text, _encode(tokenizer, text)) for text in corpus if len(text) < 4000]
+    inside = whole = 0
+    for size, overlap in ((1, 0), (3, 1), (8, 4), (32, 8), (64, 63)):
+        for boundary in BOUNDARIES:
+            for doc in docs:
+                chunks, cut_inside, _ = _check(tokenizer, doc, ChunkSpec(size, overlap, boundary))
+                inside, whole = inside + cut_inside, whole + len(chunks) - cut_inside
+    assert whole > 1000 and inside > 0  # both kinds met: most chunks whole, a few in over-long words
+    text = "Hello world, café 我爱北京。 😀🎉 done."
+    enc = _encode(tokenizer, text)
+    chunks = cut(text, enc, ChunkSpec(4, 1))
+    if kind == "byte-level":  # a chunk keeps the space its first token carries; never a cut inside a character
+        assert [text[c.start : c.end] for c in chunks] == [
+            "Hello", " world,", " café", " 我", "爱", "北", "京", "。", " 😀", "🎉", " done."]
+    else:  # the CJK run is one word of more tokens than the window: cut inside it
+        assert [text[c.start : c.end] for c in chunks][4:] == [" 我爱北", "北京。", " 😀🎉", " done."]
 
 
 def test_a_long_document_is_cut_quickly(tokenizer, corpus):
