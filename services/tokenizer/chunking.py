@@ -41,6 +41,7 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
@@ -49,10 +50,10 @@ from tokenizers import Encoding
 from shared.errors import ErrorCode, ServiceError
 
 BOUNDARIES = ("token", "sentence")
-_STOPS = ".!?…"  # end a sentence when whitespace follows
-_WIDE_STOPS = "。！？"  # end a sentence with nothing after them (CJK text has no spaces)
-_LOOK_BACK = 64  # characters of whitespace and closers read back from a word: a longer run ends no sentence
-_CLOSERS = "\"')]}»”’」』"  # may follow a stop: `He said "no." Then`
+# a sentence ends after a stop and whitespace, a full-width stop (CJK text has no spaces) or a line
+# break; closing quotes and brackets may follow a stop: `He said "no." Then`
+_SENTENCE_END = re.compile(r"(?:[.!?…][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*|[\n\r]\s*)")
+_LOOK_AHEAD = 64  # characters of whitespace read past a token's start for the next word's first character
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ class _Cuts:
     def __init__(self, text: str, offsets: list[tuple[int, int]], word_ids: list[int | None], spec: ChunkSpec) -> None:
         self.n = len(offsets)
         self.size, self.overlap = spec.size, spec.overlap
-        sentences = spec.boundary == "sentence"
+        starts = _sentence_starts(text) if spec.boundary == "sentence" else set()
         self.spaced: list[int] = []  # word starts after whitespace: preferred, a word keeps its punctuation
         self.words: list[int] = []  # before the first token of a word
         self.clean: list[int] = []  # between two characters, in a word or not (not inside one character's bytes)
@@ -150,7 +151,7 @@ class _Cuts:
             self.words.append(i)
             if _after_space(text, offsets[i]):
                 self.spaced.append(i)
-            if sentences and _ends_sentence(text, offsets[i]):
+            if starts and _text_start(text, offsets[i][0]) in starts:
                 self.sentences.append(i)
 
     def end(self, first: int, floor: int) -> int:
@@ -207,19 +208,18 @@ def _after_space(text: str, token: tuple[int, int]) -> bool:
     return (start < stop and text[start].isspace()) or (start > 0 and text[start - 1].isspace())
 
 
-def _ends_sentence(text: str, token: tuple[int, int]) -> bool:
-    """Whether a sentence ends in the whitespace before ``token``'s first character that is not
-    whitespace (a byte-level token may begin with its space, or be all whitespace)."""
-    start, stop = token
-    while start < stop and text[start].isspace():
-        start += 1
-    back = start
-    while back > 0 and start - back < _LOOK_BACK and text[back - 1].isspace():
-        back -= 1
-    gap = text[back:start]
-    if "\n" in gap or "\r" in gap:
-        return True
-    while back > 0 and start - back < _LOOK_BACK and text[back - 1] in _CLOSERS:
-        back -= 1
-    mark = text[back - 1] if back > 0 else ""
-    return mark != "" and (mark in _WIDE_STOPS or (mark in _STOPS and gap != ""))
+def _sentence_starts(text: str) -> set[int]:
+    """The characters that begin a sentence after another: each the first one, not whitespace, after a
+    stop and whitespace, a full-width stop, or a line break."""
+    return {m.end() for m in _SENTENCE_END.finditer(text)}
+
+
+def _text_start(text: str, start: int) -> int:
+    """The first character at or after ``start`` that is not whitespace (a byte-level token may begin
+    with its space, or be all whitespace), or ``start`` past a long run."""
+    at = start
+    while at < len(text) and text[at].isspace():
+        at += 1
+        if at - start > _LOOK_AHEAD:
+            return start
+    return at
