@@ -12,9 +12,10 @@ Rules:
   that is all whitespace: byte-level BPE splits a run of whitespace by what follows it (GPT-2's regex
   makes "\n\n\nLine" "\n\n", "\n", "Line", but keeps "\n\n\n" at a text's end whole), so a chunk
   ends before such a run.
-- A chunk's text runs from its first token's first character to its last token's last character:
-  whitespace around it is left out where the tokenizer's offsets leave it out (BERT's do; a byte-level
-  token that carries its leading space keeps it, as its re-tokenization needs). Not kept: a tokenizer
+- A chunk's text runs from its first token's first character to its last token's last character,
+  and over characters no token covers that touch them (an accent the normalizer dropped): whitespace
+  around it is left out where the tokenizer's offsets leave it out (BERT's do; a byte-level token that
+  carries its leading space keeps it, as its re-tokenization needs). Not kept: a tokenizer
   that adds a prefix space to every text (RoBERTa's ``add_prefix_space``) or trims byte-level offsets
   (``trim_offsets``) re-tokenizes a chunk's first word differently; its ids are still the slice's.
 - A window holds ``size`` tokens and ends at its last word start that follows whitespace, when that
@@ -28,8 +29,8 @@ Rules:
 - ``boundary="sentence"``: the window ends first of all at its last sentence end, when there is one
   that keeps the chunk at least half full (an earlier one would make chunks far under ``size``, and
   more of them); otherwise it ends as with ``"token"``. A sentence ends at a line break; after
-  ``.``, ``!``, ``?`` or ``…`` (closing quotes and brackets after it included) followed by
-  whitespace; after a full-width ``。``, ``！`` or ``？``, which need none. "e.g. x" reads as a
+  ``.``, ``!``, ``?``, ``…`` (or the Devanagari and Arabic stops ``।``, ``؟``, ``۔``; closing quotes
+  and brackets after it included) followed by whitespace; after a full-width ``。``, ``！`` or ``？``, which need none. "e.g. x" reads as a
   sentence end: the cost is one early cut, no lost text.
 - Overlap: the next window starts at the first word start (after whitespace where there is one) at
   most ``overlap`` tokens before the previous chunk's end, so consecutive chunks share at most
@@ -52,7 +53,7 @@ from shared.errors import ErrorCode, ServiceError
 BOUNDARIES = ("token", "sentence")
 # a sentence ends after a stop and whitespace, a full-width stop (CJK text has no spaces) or a line
 # break; closing quotes and brackets may follow a stop: `He said "no." Then`
-_SENTENCE_END = re.compile(r"(?:[.!?…][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*|[\n\r]\s*)")
+_SENTENCE_END = re.compile(r"(?:[.!?…।؟۔][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*|[\n\r]\s*)")
 _LOOK_AHEAD = 64  # characters of whitespace read past a token's start for the next word's first character
 
 
@@ -115,10 +116,26 @@ def cut(text: str, encoding: Encoding, spec: ChunkSpec) -> list[TextChunk]:
     first = last = 0
     while True:
         last = n if n - first <= spec.size else cuts.end(first, last)
-        chunks.append(TextChunk(offsets[first][0], offsets[last - 1][1], first, last))
+        chunks.append(TextChunk(*_span(text, offsets, first, last), first, last))
         if last == n:
             return chunks
         first = cuts.next_start(first, last)
+
+
+def _span(text: str, offsets: list[tuple[int, int]], first: int, last: int) -> tuple[int, int]:
+    """The characters of tokens [first, last), widened over the characters next to them that no token
+    covers and are not whitespace (an accent or a vowel sign the normalizer dropped: "cafe\u0301"'s
+    token is "cafe"), so that a chunk's text holds its words whole. Such characters before the first
+    token are its own only after whitespace: touching the previous token, they are that token's (NFKC
+    composes "e\u0301" into one character, whose offsets may leave out the accent)."""
+    start, end = offsets[first][0], offsets[last - 1][1]
+    ceiling = offsets[last][0] if last < len(offsets) else len(text)
+    while end < ceiling and not text[end].isspace():
+        end += 1
+    floor, at = (offsets[first - 1][1] if first > 0 else 0), start
+    while at > floor and not text[at - 1].isspace():
+        at -= 1
+    return (at if at == 0 or text[at - 1].isspace() else start), end
 
 
 def chunk_ids(ids: list[int], chunks: list[TextChunk]) -> list[list[int]]:
