@@ -1,7 +1,8 @@
 """A long text cut into windows of at most ``size`` content tokens (chunking, late chunking). No NATS here.
 
 The input is one ``tokenizers.Encoding`` of the whole text, made without special tokens and without
-truncation; every chunk is a slice of its tokens, with the characters it spans.
+truncation by ``whole_text_tokenizer``'s copy of the model's tokenizer; every chunk is a slice of its
+tokens, with the characters it spans.
 
 Rules:
 - Cuts fall between pre-tokenizer words (``Encoding.word_ids``): the tokenizer's model (WordPiece,
@@ -15,9 +16,10 @@ Rules:
 - A chunk's text runs from its first token's first character to its last token's last character,
   and over characters no token covers that touch them (an accent the normalizer dropped): whitespace
   around it is left out where the tokenizer's offsets leave it out (BERT's do; a byte-level token that
-  carries its leading space keeps it, as its re-tokenization needs). Not kept: a tokenizer
-  that adds a prefix space to every text (RoBERTa's ``add_prefix_space``) or trims byte-level offsets
-  (``trim_offsets``) re-tokenizes a chunk's first word differently; its ids are still the slice's.
+  carries its leading space keeps it, as its re-tokenization needs: RoBERTa's post-processor would trim
+  it, hence ``whole_text_tokenizer``). Not kept: a pre-tokenizer that adds a space before every text
+  (``add_prefix_space``) re-tokenizes a chunk's first word differently where no space came before it;
+  the chunk's ids are still the slice's.
 - A window holds ``size`` tokens and ends at its last word start that follows whitespace, when that
   keeps the chunk at least half full ("e.g." and "https://x.org/a" stay whole); else at its last word
   start (a punctuation mark, a CJK character). A word of more than ``size`` tokens (WordPiece: a run
@@ -46,7 +48,7 @@ import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from tokenizers import Encoding
+from tokenizers import Encoding, Tokenizer
 
 from shared.errors import ErrorCode, ServiceError
 
@@ -104,9 +106,20 @@ def _invalid(message: str) -> ServiceError:
     return ServiceError(ErrorCode.INVALID_REQUEST, message)
 
 
+def whole_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of ``tokenizer`` for the encoding ``cut`` reads: no truncation, no padding, and no
+    post-processor, which adds nothing without special tokens but may trim offsets (RoBERTa's
+    ``trim_offsets`` leaves out the space a byte-level token carries, and a chunk's text needs it)."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    copy.post_processor = None
+    return copy
+
+
 def cut(text: str, encoding: Encoding, spec: ChunkSpec) -> list[TextChunk]:
-    """``text`` cut into chunks, in order, covering every token of ``encoding`` (the whole text's, no
-    special tokens, no truncation)."""
+    """``text`` cut into chunks, in order, covering every token of ``encoding``: the whole text's,
+    ``whole_text_tokenizer(tokenizer).encode(text, add_special_tokens=False)``."""
     offsets = encoding.offsets
     n = len(offsets)
     if n == 0:

@@ -6,10 +6,11 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import pytest
-from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 from shared.errors import ErrorCode, ServiceError
-from services.tokenizer.chunking import BOUNDARIES, ChunkSpec, TextChunk, chunk_ids, chunked_tokens, cut
+from services.tokenizer.chunking import (BOUNDARIES, ChunkSpec, TextChunk, chunk_ids, chunked_tokens, cut,
+                                         whole_text_tokenizer)
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
 
@@ -32,7 +33,7 @@ _ODD = [
 
 @pytest.fixture(scope="module")
 def tokenizer(model_info) -> Tokenizer:
-    return TextEncoder(model_info)._by_mode["none"]  # the service's tokenizer, without truncation
+    return whole_text_tokenizer(TextEncoder(model_info)._by_mode["right"])  # the service's, as it will use it
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +315,28 @@ def test_other_tokenizer_families_keep_the_promises(corpus, kind):
     else:  # the CJK run is one word of more tokens than the window: cut inside it
         assert any(text.index("我") < c.start < text.index(" 😀") for c in chunks)
         assert [text[c.start : c.end] for c in chunks][-2:] == [" 😀🎉", " done."]
+
+
+def test_the_whole_text_tokenizer_keeps_a_byte_level_tokens_space(corpus, tokenizer, model_info):
+    roberta = _trained("byte-level", [*mixed_texts(60), *_ODD])  # as roberta-base: trim_offsets=True
+    roberta.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
+    roberta.enable_truncation(16)
+    text = "Hello world, this is a test of trimmed offsets here."
+    spec = ChunkSpec(4)
+    trimmed = cut(text, roberta.encode(text, add_special_tokens=False), spec)
+    assert [text[c.start : c.end] for c in trimmed][1:3] == ["world,", "this is a"]  # the spaces lost
+    whole = whole_text_tokenizer(roberta)
+    assert roberta.truncation is not None and whole.truncation is None and whole.post_processor is None
+    doc = _Doc(text, _encode(whole, text))
+    assert len(doc.enc.ids) > 16
+    roberta.no_truncation()
+    chunks, inside, _ = _check(roberta, doc, spec)  # re-tokenized by the model's own tokenizer
+    assert [text[c.start : c.end] for c in chunks][1:3] == [" world,", " this is a"] and inside == 0
+    # BERT's offsets leave out the space: the copy changes nothing there
+    text = corpus[3]
+    bert = TextEncoder(model_info)._by_mode["right"]
+    assert _encode(tokenizer, text).offsets == bert.encode(text, add_special_tokens=False).offsets
+    assert bert.encode(text).ids[0] == 101 and bert.truncation is not None  # the model's tokenizer untouched
 
 
 def test_a_long_document_is_cut_quickly(tokenizer, corpus):
