@@ -11,7 +11,7 @@ Rules:
   letters and digits, each punctuation mark and each CJK character on its own; for Metaspace
   (SentencePiece) a run between spaces; for byte-level BPE a regex piece. Never right after a token
   that is all whitespace: byte-level BPE splits a run of whitespace by what follows it (GPT-2's regex
-  makes "\n\n\nLine" "\n\n", "\n", "Line", but keeps "\n\n\n" at a text's end whole), so a chunk
+  makes "\\n\\n\\nLine" "\\n\\n", "\\n", "Line", but keeps "\\n\\n\\n" at a text's end whole), so a chunk
   ends before such a run.
 - A chunk's text runs from its first token's first character to its last token's last character,
   and over characters no token covers that touch them (an accent the normalizer dropped): whitespace
@@ -32,8 +32,8 @@ Rules:
   that keeps the chunk at least half full (an earlier one would make chunks far under ``size``, and
   more of them); otherwise it ends as with ``"token"``. A sentence ends at a line break; after
   ``.``, ``!``, ``?``, ``…`` (or the Devanagari and Arabic stops ``।``, ``؟``, ``۔``; closing quotes
-  and brackets after it included) followed by whitespace; after a full-width ``。``, ``！`` or ``？``, which need none. "e.g. x" reads as a
-  sentence end: the cost is one early cut, no lost text.
+  and brackets after it included) followed by whitespace; after a full-width ``。``, ``！`` or ``？``,
+  which need none. "e.g. x" reads as a sentence end: the cost is one early cut, no lost text.
 - Overlap: the next window starts at the first word start (after whitespace where there is one) at
   most ``overlap`` tokens before the previous chunk's end, so consecutive chunks share at most
   ``overlap`` tokens; fewer where words are long, or where a window started there could not hold the
@@ -137,10 +137,10 @@ def cut(text: str, encoding: Encoding, spec: ChunkSpec) -> list[TextChunk]:
 
 def _span(text: str, offsets: list[tuple[int, int]], first: int, last: int) -> tuple[int, int]:
     """The characters of tokens [first, last), widened over the characters next to them that no token
-    covers and are not whitespace (an accent or a vowel sign the normalizer dropped: "cafe\u0301"'s
+    covers and are not whitespace (an accent or a vowel sign the normalizer dropped: "cafe\\u0301"'s
     token is "cafe"), so that a chunk's text holds its words whole. Such characters before the first
     token are its own only after whitespace: touching the previous token, they are that token's (NFKC
-    composes "e\u0301" into one character, whose offsets may leave out the accent)."""
+    composes "e\\u0301" into one character, whose offsets may leave out the accent)."""
     start, end = offsets[first][0], offsets[last - 1][1]
     ceiling = offsets[last][0] if last < len(offsets) else len(text)
     while end < ceiling and not text[end].isspace():
