@@ -333,7 +333,8 @@ _LAYOUT_CHUNKS = {"cs": "starts", "ce": "ends", "cf": "firsts", "cl": "lasts"}
 
 
 def _encode_chunk_layout(msg: ChunkLayout) -> dict[str, Any]:
-    return {"id": msg.id} | {key: _tokens_wire(getattr(msg, name)) for key, name in (_LAYOUT_INPUTS | _LAYOUT_CHUNKS).items()}
+    arrays = _LAYOUT_INPUTS | _LAYOUT_CHUNKS
+    return {"id": msg.id} | {key: _tokens_wire(getattr(msg, name)) for key, name in arrays.items()}
 
 
 def _decode_chunk_layout(m: dict) -> ChunkLayout:
@@ -346,7 +347,8 @@ def _decode_chunk_layout(m: dict) -> ChunkLayout:
     n = len(chunks["starts"])
     if any(len(a) != n for a in chunks.values()) or n > MAX_ROWS:
         raise ProtocolError(f"a layout has one start, end, first and last per chunk, at most {MAX_ROWS} chunks")
-    if len(counts) and (counts.min() < 1 or tokens.min() < 0) or int(counts.sum(dtype=np.int64)) != n:
+    # the sum in int64: int32 counts could wrap around to the chunks' number
+    if (len(counts) and (counts.min() < 1 or tokens.min() < 0)) or int(counts.sum(dtype=np.int64)) != n:
         raise ProtocolError("each input has at least one chunk, the counts summing to the chunks, and tokens >= 0")
     starts, ends, firsts, lasts = chunks.values()
     if n and (starts.min() < 0 or firsts.min() < 0 or np.any(starts > ends) or np.any(firsts > lasts)

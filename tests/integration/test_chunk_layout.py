@@ -1,7 +1,7 @@
 """A tokenizer process over a real nats-server answers chunk layouts (EmbedClient.chunk): exactly the cuts
 services/tokenizer/chunking.py makes of the same texts in-process, and refusals in the protocol's words
 with their codes and rows: a window over the model's room (which a prompt makes smaller), and a
-request cut into more chunks than --max-chunks."""
+request cut into more chunks than --max-chunks; and hostile payloads refused, the tokenizer serving on."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Awaitable, Callable, Iterator, TypeVar
 import msgpack
 import nats
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shared.client import EmbedClient
 from shared.errors import ErrorCode, ServiceError
@@ -23,6 +25,7 @@ from services.tokenizer.chunking import cut
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until
+from tests.shared.test_protocol_fuzz import VALID, hostile
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +134,35 @@ def test_the_refusal_travels_as_an_error_reply_with_its_row(tokenizer, nats_url)
     assert (reply.id, reply.code, reply.row) == ("raw-1", ErrorCode.INPUT_TOO_LONG, 1)
     assert msgpack.unpackb(encode(reply))["row"] == 1
     assert "Traceback" not in tokenizer.log()  # every refusal above was answered, none raised
+
+
+# requests close to valid ones (so damaged copies get far into the handler), and the fuzz suite's
+SEEDS = st.builds(ChunkRequest, id=st.text(max_size=8), model=st.just(MODEL),
+                  texts=st.lists(st.text(max_size=60), max_size=4), spec=st.builds(ChunkSpec, st.integers(1, 300)),
+                  input_type=st.none() | st.just("query")) | VALID[ChunkRequest]
+REFUSALS = {ErrorCode.INVALID_REQUEST, ErrorCode.INPUT_TOO_LONG, ErrorCode.MODEL_NOT_FOUND}
+
+
+async def _ask_each(nats_url: str, payloads: list[bytes]) -> list[bytes]:
+    nc = await nats.connect(nats_url)
+    try:
+        subject = Subjects(PREFIX).chunk(MODEL)
+        return [(await nc.request(subject, payload, timeout=TIMEOUT)).data for payload in payloads]
+    finally:
+        await nc.close()
+
+
+def test_hostile_requests_are_refused_and_the_tokenizer_serves_on(tokenizer, nats_url):
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(payloads=st.lists(hostile(SEEDS), min_size=10, max_size=10))
+    def throw(payloads: list[bytes]) -> None:
+        for payload, data in zip(payloads, asyncio.run(_ask_each(nats_url, payloads))):
+            answer = decode(data)  # the tokenizer only ever answers valid protocol
+            if isinstance(answer, ErrorReply):
+                assert answer.code in REFUSALS and 0 < len(answer.message) <= 1000, (answer, payload[:120])
+            else:
+                assert isinstance(answer, ChunkLayout), (answer, payload[:120])
+
+    throw()
+    assert _chunk(nats_url, ["still serving"], ChunkSpec(8)).counts.tolist() == [1]
+    assert tokenizer.alive and "Traceback" not in tokenizer.log()
