@@ -16,7 +16,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from shared.protocol import EmbedOptions
 from services.tokenizer.chat_template import PairTemplate, special_token_variables
-from services.tokenizer.chunking import whole_text_tokenizer
+from services.tokenizer import chunking
 
 if TYPE_CHECKING:
     from services.tokenizer.fast_encoder import FastEncoder
@@ -173,7 +173,7 @@ class TextEncoder:
 
     def whole_text_tokenizer(self) -> Tokenizer:
         """The tokenizer ``chunking.cut`` reads a whole text's encoding from (no special tokens, no truncation)."""
-        return whole_text_tokenizer(self._by_mode["none"])
+        return chunking.whole_text_tokenizer(self._by_mode["none"])
 
     def _prompt(self, options: EmbedOptions) -> str:
         if options.prompt_name is not None:
