@@ -41,6 +41,8 @@ from nats.errors import NoRespondersError
 from shared.errors import ErrorCode, ServiceError
 from shared.protocol import (
     VECTOR_DTYPES,
+    ChunkLayout,
+    ChunkRequest,
     DecodeRequest,
     DecodeResult,
     EmbedOptions,
@@ -59,6 +61,7 @@ from shared.protocol import (
     encode,
 )
 from shared.subjects import Subjects
+from shared.text_chunks import ChunkSpec
 from shared.tracing import HEADER_BYTES, TraceContext, current, headers_for
 
 log = logging.getLogger("embedfleet.client")
@@ -426,6 +429,20 @@ class EmbedClient:
         if not isinstance(reply, DecodeResult) or len(reply.texts) != len(ids):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply.texts
+
+    async def chunk(self, model: str, texts: list[str], spec: ChunkSpec, options: EmbedOptions,
+                    timeout: float) -> ChunkLayout:
+        """Ask a tokenizer where ``texts`` are cut into chunks of ``spec``, each with room for the prompt
+        ``options`` name (the chunks' texts are then embedded with those options)."""
+        request = ChunkRequest(uuid.uuid4().hex, model, texts, spec, options.prompt_name, options.input_type)
+        payload = encode(request)
+        if len(payload) > self._nc.max_payload:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
+                               f"{self._nc.max_payload}: send fewer or shorter texts per request")
+        reply = await self._ask(self._subjects.chunk(model), payload, "tokenizer", timeout, len(texts))
+        if not isinstance(reply, ChunkLayout) or len(reply.counts) != len(texts):
+            raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
+        return reply
 
     async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
         """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""

@@ -226,6 +226,9 @@ OPTIONS: tuple[Option, ...] = (
             "auto: texts tokenized with kitoken (the extra 'fast-tokenizer') when it is installed and matches the "
             "model's tokenizers token for token on a built-in corpus at start-up; off: tokenizers only",
             {"tokenizer"}, "tokenizer", choices=("auto", "off")),
+    _option("--max-chunks", "EMBEDFLEET_MAX_CHUNKS", 1024,
+            "max chunks a request's texts may be cut into when it asks them chunked; more: refused (input_too_long)",
+            {"tokenizer"}, "tokenizer", type=positive_int),
     _option("--bulk-ahead", "EMBEDFLEET_BULK_AHEAD", 256,
             "bulk token batches the tokenizers may queue ahead of the workers before they wait", {"tokenizer"},
             "tokenizer", type=positive_int),

@@ -123,7 +123,8 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
 
     if role == "gateway":
         return Permissions(
-            publish=(f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.rerank.*", f"{p}.jobs.*", *watch,
+            publish=(f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.chunk.*", f"{p}.rerank.*", f"{p}.jobs.*",
+                     *watch,
                      *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(), *js.bucket_listing(),
                      f"$JS.API.CONSUMER.LIST.{js.names['jobs']}", f"$JS.API.CONSUMER.LIST.{js.names['bulk']}",
                      *js.read_results()),  # GET /v1/jobs/{id}/results
@@ -135,7 +136,7 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
             publish=(f"{p}.tokens.*", f"{p}.worker.*.*", f"{p}.bulk.*", dead,
                      *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
                      *js.consume("jobs", "*")),
-            subscribe=(own_inbox, f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.load.*",
+            subscribe=(own_inbox, f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.chunk.*", f"{p}.load.*",
                        advisories("jobs", "*"), *micro(SERVICE_NAMES["tokenizer"])),
             responses=1,
         )

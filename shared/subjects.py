@@ -79,6 +79,10 @@ class Subjects:
         """gateway -> tokenizer fleet: token IDs back to text (TEI /decode)."""
         return f"{self.prefix}.v1.decode.{model_token(model)}"
 
+    def chunk(self, model: str) -> str:
+        """gateway -> tokenizer fleet: where long texts are cut into chunks (their layout)."""
+        return f"{self.prefix}.v1.chunk.{model_token(model)}"
+
     def jobs(self, model: str) -> str:
         """bulk job batches (JetStream, published by clients)."""
         return f"{self.prefix}.v1.jobs.{model_token(model)}"

@@ -46,64 +46,18 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
 
 from tokenizers import Encoding, Tokenizer
 
-from shared.errors import ErrorCode, ServiceError
+from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
-BOUNDARIES = ("token", "sentence")
+# the request's parameters and a chunk's place live in shared/ (the gateway and the protocol read them too)
+__all__ = ["BOUNDARIES", "ChunkSpec", "TextChunk", "chunk_ids", "chunked_tokens", "cut", "whole_text_tokenizer"]
+
 # a sentence ends after a stop and whitespace, a full-width stop (CJK text has no spaces) or a line
 # break; closing quotes and brackets may follow a stop: `He said "no." Then`
 _SENTENCE_END = re.compile(r"(?:[.!?…।؟۔][\"')\]}»”’」』]*\s+|[。！？][\"')\]}»”’」』]*\s*|[\n\r]\s*)")
 _LOOK_AHEAD = 64  # characters of whitespace read past a token's start for the next word's first character
-
-
-@dataclass(frozen=True, slots=True)
-class TextChunk:
-    start: int  # characters: text[start:end] is the chunk's text
-    end: int
-    first: int  # content-token indices within the whole text: tokens [first, last)
-    last: int
-
-    @property
-    def tokens(self) -> int:
-        return self.last - self.first
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkSpec:
-    """How a request asks its inputs cut: ``size`` content tokens a window at most, ``overlap`` tokens
-    shared by consecutive windows at most, cuts at words (``"token"``) or sentence ends (``"sentence"``)."""
-
-    size: int
-    overlap: int = 0
-    boundary: str = "token"
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.size) or self.size < 1:
-            raise _invalid(f"chunking.size must be an integer of at least 1, got {self.size!r}")
-        if not _is_int(self.overlap) or self.overlap < 0:
-            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {self.overlap!r}")
-        if self.overlap >= self.size:
-            raise _invalid(f"chunking.overlap ({self.overlap}) must be less than chunking.size ({self.size})")
-        if self.boundary not in BOUNDARIES:
-            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {self.boundary!r}")
-
-    def check_room(self, room: int) -> None:
-        """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's
-        special tokens and the prompt."""
-        if self.size > room:
-            raise _invalid(f"chunking.size is {self.size}; this model holds at most {room} tokens of text a chunk "
-                           "(its limit, less its special tokens and the prompt)")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _invalid(message: str) -> ServiceError:
-    return ServiceError(ErrorCode.INVALID_REQUEST, message)
 
 
 def whole_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:

@@ -26,6 +26,7 @@ class TokenizerConfig:
     routing: str = default("routing")
     bulk_ahead: int = default("bulk_ahead")
     fast_tokenizer: str = default("fast_tokenizer")  # auto: kitoken where it matches tokenizers (fast_check)
+    max_chunks: int = default("max_chunks")  # chunks a request's texts may be cut into (a ChunkRequest)
     jobs: JobSettings = JobSettings()
     metrics: MetricsEndpoint = MetricsEndpoint()
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
@@ -42,6 +43,7 @@ class TokenizerConfig:
             routing=ns.routing,
             bulk_ahead=ns.bulk_ahead,
             fast_tokenizer=ns.fast_tokenizer,
+            max_chunks=ns.max_chunks,
             jobs=job_settings(ns),
             metrics=MetricsEndpoint.from_namespace(ns),
             tracing=TracingConfig.from_namespace(ns),

@@ -16,6 +16,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.model_dir import ModelInfo
 from shared.protocol import EmbedOptions
 from services.tokenizer.chat_template import PairTemplate, special_token_variables
+from services.tokenizer import chunking
 
 if TYPE_CHECKING:
     from services.tokenizer.fast_encoder import FastEncoder
@@ -163,6 +164,16 @@ class TextEncoder:
         if self.include_prompt or not prompt:
             return 0
         return max(len(self._by_mode["none"].encode(prompt, add_special_tokens=True).ids) - 1, 0)
+
+    def room(self, options: EmbedOptions) -> int:
+        """Content tokens a sequence holds besides the model's special tokens and the prompt ``options``
+        name (tokenized with them, as it leads every text): what a chunk of a long text may hold."""
+        prompt = self._prompt(options)
+        return self.max_length - len(self._by_mode["none"].encode(prompt, add_special_tokens=True).ids)
+
+    def whole_text_tokenizer(self) -> Tokenizer:
+        """The tokenizer ``chunking.cut`` reads a whole text's encoding from (no special tokens, no truncation)."""
+        return chunking.whole_text_tokenizer(self._by_mode["none"])
 
     def _prompt(self, options: EmbedOptions) -> str:
         if options.prompt_name is not None:

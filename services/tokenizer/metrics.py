@@ -59,7 +59,7 @@ class TokenizerMetrics:
         self.registry = r = CollectorRegistry()
         self._model = model
         by_queue = ["model", "queue"]
-        self._requests = Counter("embedfleet_tokenizer_requests", "requests handled, by kind (embed, tokenize, decode)",
+        self._requests = Counter("embedfleet_tokenizer_requests", "requests handled, by kind (embed, tokenize, decode, chunk)",
                                  ["model", "kind"], registry=r)
         self._errors = Counter("embedfleet_tokenizer_errors", "error replies by code", ["model", "code"], registry=r)
         inputs = Counter("embedfleet_tokenizer_inputs", "inputs tokenized (texts, pairs or token-ID lists), by queue",

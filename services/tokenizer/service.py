@@ -1,4 +1,5 @@
-"""Tokenizer service: EmbedRequest in (queue group), TokenChunk chunks out to the workers."""
+"""Tokenizer service: EmbedRequest in (queue group), TokenChunk chunks out to the workers; and the
+gateway's questions answered: how texts tokenize, what token IDs read as, where long texts are cut."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
 from shared.metrics_server import serve_metrics
 from shared.protocol import (
+    ChunkRequest,
     DecodeRequest,
     DecodeResult,
     EmbedOptions,
@@ -33,6 +35,7 @@ from shared.tracing import Span, Tracer, bind, from_headers, headers_for
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.fast_check import choose
+from services.tokenizer.layout import Layouts
 from services.tokenizer.bulk import BulkTokenizer
 from services.tokenizer.coalesce import Coalescer
 from services.tokenizer.delivery import DeliveryCheck, Sent
@@ -95,7 +98,9 @@ class TokenizerService:
         self._sub = None
         self._tokenize_sub = None
         self._decode_sub = None
+        self._chunk_sub = None
         self._load_sub = None
+        self._layouts = Layouts(self._encoder, cfg.max_chunks)
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
         self._embeds = Coalescer(self._embed_group)
@@ -118,6 +123,9 @@ class TokenizerService:
         )
         self._decode_sub = await self._nc.subscribe(
             self._subjects.decode(model.id), queue=TOKENIZER_QUEUE, cb=self._on_decode
+        )
+        self._chunk_sub = await self._nc.subscribe(
+            self._subjects.chunk(model.id), queue=TOKENIZER_QUEUE, cb=self._on_chunk
         )
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
@@ -148,10 +156,10 @@ class TokenizerService:
         if self._bulk is not None:
             await self._bulk.stop()
             self._bulk = None
-        for sub in (self._sub, self._tokenize_sub, self._decode_sub, self._load_sub):
+        for sub in (self._sub, self._tokenize_sub, self._decode_sub, self._chunk_sub, self._load_sub):
             if sub is not None:
                 await sub.drain()  # finishes messages already received
-        self._sub = self._tokenize_sub = self._decode_sub = self._load_sub = None
+        self._sub = self._tokenize_sub = self._decode_sub = self._chunk_sub = self._load_sub = None
         await self._embeds.stop()  # the embed requests received: handled before the connection goes
         await self._delivery.stop()
         if self._micro is not None:
@@ -169,6 +177,9 @@ class TokenizerService:
 
     async def _on_decode(self, msg: Msg) -> None:
         await self._answering(msg, DecodeRequest, self._decode)
+
+    async def _on_chunk(self, msg: Msg) -> None:
+        await self._answering(msg, ChunkRequest, self._chunk)
 
     async def _answering(self, msg: Msg, kind: type, handle: Callable[[Any, str | None], Awaitable[None]]) -> None:
         """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
@@ -370,6 +381,13 @@ class TokenizerService:
         size = sum(len(seq) for seq in request.ids)
         texts = await _off_loop(size, self._encoder.decode, request.ids, request.skip_special_tokens)
         await self._answer(reply, encode(DecodeResult(request.id, texts)), "the texts", "fewer token IDs")
+
+    async def _chunk(self, request: ChunkRequest, reply: str | None) -> None:
+        self._check_model(request.model)
+        self._layouts.check(request)
+        size = sum(len(t) for t in request.texts)
+        layout = await _off_loop(size, self._layouts.layout, request)
+        await self._answer(reply, encode(layout), "the chunk layout", "fewer texts")
 
     async def _answer(self, reply: str | None, payload: bytes, what: str, fewer: str) -> None:
         """Publish an answer that fits one NATS message; one that does not is the request's error."""

@@ -10,20 +10,23 @@ Flow of one embedding request split into k chunks::
 
     gateway --EmbedRequest--> tokenizer --TokenChunk x k--> worker(s) --Held x k, EmbedResult x >=k--> gateway
 
+Long texts, chunked: the gateway first asks a tokenizer where they are cut (ChunkRequest -> ChunkLayout),
+then embeds the chunks' texts as one ordinary EmbedRequest.
+
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
 from shared.protocol.checks import MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
 from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.messages import (
-    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, DecodeRequest, DecodeResult,
+    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
     JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes, row_width,
 )
 
 __all__ = [
     "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
-    "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
+    "ChunkLayout", "ChunkRequest", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",
 ]

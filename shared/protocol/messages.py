@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from shared.errors import ErrorCode
-from shared.protocol.checks import ProtocolError, _is_int
+from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, _is_int
+from shared.text_chunks import ChunkSpec, TextChunk
 
 # the key layout written (docs/protocol.md), in which a key means one thing across all messages; v1's
 # layout is read too, since JetStream keeps v1 messages across an upgrade (codec.V1_KEYS)
@@ -305,6 +306,60 @@ class DecodeResult:
     texts: list[str]
 
     TYPE = "decoded"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRequest:
+    """gateway -> tokenizer: where each text is cut into chunks of ``spec`` (the layout, not the chunks'
+    texts), with the room the prompt leaves: the chunks are embedded with that prompt before them."""
+
+    id: str
+    model: str
+    texts: list[str]
+    spec: ChunkSpec
+    prompt_name: str | None = None  # as EmbedOptions has them: the prompt the chunks are embedded with
+    input_type: str | None = None
+
+    TYPE = "chunk"
+
+    @property
+    def prompt_options(self) -> EmbedOptions:
+        return EmbedOptions(prompt_name=self.prompt_name, input_type=self.input_type)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLayout:
+    """tokenizer -> gateway: the chunks of each text of a ChunkRequest, in order: input i owns chunks
+    ``sum(counts[:i])`` .. ``sum(counts[:i + 1])``, chunk j being ``text[starts[j]:ends[j]]``, the text's
+    content tokens ``firsts[j]`` .. ``lasts[j]`` (as services/tokenizer/chunking.py cuts them)."""
+
+    id: str
+    counts: np.ndarray  # [inputs] int32, chunks of each input, >= 1
+    tokens: np.ndarray  # [inputs] int32, content tokens of each whole input (no special tokens, no prompt)
+    starts: np.ndarray  # [chunks] int32, characters
+    ends: np.ndarray  # [chunks] int32, characters, >= starts
+    firsts: np.ndarray  # [chunks] int32, token indices
+    lasts: np.ndarray  # [chunks] int32, token indices (exclusive), >= firsts, <= the input's tokens
+
+    TYPE = "chunked"
+
+    @classmethod
+    def of(cls, id: str, chunks: list[list[TextChunk]], tokens: list[int]) -> ChunkLayout:
+        """The layout of texts cut into ``chunks`` (per text, in order), of ``tokens`` content tokens each."""
+        flat = [c for each in chunks for c in each]
+
+        def column(name: str) -> np.ndarray:
+            return np.fromiter((getattr(c, name) for c in flat), dtype=TOKEN_DTYPE, count=len(flat))
+
+        return cls(id, np.array([len(each) for each in chunks], TOKEN_DTYPE), np.array(tokens, TOKEN_DTYPE),
+                   column("start"), column("end"), column("first"), column("last"))
+
+    def chunks(self) -> list[list[TextChunk]]:
+        """Per input, its chunks."""
+        flat = [TextChunk(*c) for c in zip(self.starts.tolist(), self.ends.tolist(), self.firsts.tolist(),
+                                           self.lasts.tolist())]
+        bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,16 +7,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shared.errors import GATEWAY_ONLY, ErrorCode
+from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError
 from shared.protocol.checks import (
     MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
     _req_int, _req_number, _str_list, _show, _timings,
 )
 from shared.protocol.messages import (
-    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest,
-    EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk,
+    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
+    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk,
     TokenizeRequest, TokenizeResult,
 )
+from shared.text_chunks import ChunkSpec
 
 
 def _tokens_wire(ids: np.ndarray) -> bytes:
@@ -310,6 +311,52 @@ def _decode_decode_result(m: dict) -> DecodeResult:
     return DecodeResult(id=_id(m), texts=_str_list(m, "x"))
 
 
+def _encode_chunk_request(msg: ChunkRequest) -> dict[str, Any]:
+    spec = msg.spec
+    return {"id": msg.id, "m": msg.model, "x": msg.texts, "sz": spec.size, "ov": spec.overlap, "bd": spec.boundary,
+            "pn": msg.prompt_name, "it": msg.input_type}
+
+
+def _decode_chunk_request(m: dict) -> ChunkRequest:
+    try:
+        spec = ChunkSpec(m.get("sz"), m.get("ov", 0), m.get("bd", "token"))  # checked as a client's request is
+    except ServiceError as exc:
+        raise ProtocolError(exc.message) from None
+    prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"))  # checked as an embed request's
+    return ChunkRequest(id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), spec=spec,
+                        prompt_name=prompt.prompt_name, input_type=prompt.input_type)
+
+
+# ChunkLayout's arrays: key -> field
+_LAYOUT_INPUTS = {"cc": "counts", "ct": "tokens"}
+_LAYOUT_CHUNKS = {"cs": "starts", "ce": "ends", "cf": "firsts", "cl": "lasts"}
+
+
+def _encode_chunk_layout(msg: ChunkLayout) -> dict[str, Any]:
+    arrays = _LAYOUT_INPUTS | _LAYOUT_CHUNKS
+    return {"id": msg.id} | {key: _tokens_wire(getattr(msg, name)) for key, name in arrays.items()}
+
+
+def _decode_chunk_layout(m: dict) -> ChunkLayout:
+    inputs = {name: _int32_array(_req(m, key, bytes), name) for key, name in _LAYOUT_INPUTS.items()}
+    chunks = {name: _int32_array(_req(m, key, bytes), name) for key, name in _LAYOUT_CHUNKS.items()}
+    counts, tokens = inputs["counts"], inputs["tokens"]
+    # lengths first: every array below is at most MAX_ROWS long before anything is computed from it
+    if len(counts) != len(tokens) or len(counts) > MAX_ROWS:
+        raise ProtocolError(f"a layout has one chunk count and one token count per input, at most {MAX_ROWS} inputs")
+    n = len(chunks["starts"])
+    if any(len(a) != n for a in chunks.values()) or n > MAX_ROWS:
+        raise ProtocolError(f"a layout has one start, end, first and last per chunk, at most {MAX_ROWS} chunks")
+    # the sum in int64: int32 counts could wrap around to the chunks' number
+    if (len(counts) and (counts.min() < 1 or tokens.min() < 0)) or int(counts.sum(dtype=np.int64)) != n:
+        raise ProtocolError("each input has at least one chunk, the counts summing to the chunks, and tokens >= 0")
+    starts, ends, firsts, lasts = chunks.values()
+    if n and (starts.min() < 0 or firsts.min() < 0 or np.any(starts > ends) or np.any(firsts > lasts)
+              or np.any(lasts > np.repeat(tokens, counts))):
+        raise ProtocolError("a chunk spans 0 <= start <= end characters and 0 <= first <= last <= its input's tokens")
+    return ChunkLayout(id=_id(m), **inputs, **chunks)
+
+
 def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
     return {"jb": msg.id, "bi": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
 
@@ -427,6 +474,8 @@ FORMS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] 
     TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),
     DecodeRequest.TYPE: (_encode_decode_request, _decode_decode_request),
     DecodeResult.TYPE: (_encode_decode_result, _decode_decode_result),
+    ChunkRequest.TYPE: (_encode_chunk_request, _decode_chunk_request),
+    ChunkLayout.TYPE: (_encode_chunk_layout, _decode_chunk_layout),
     JobBatch.TYPE: (_encode_job_batch, _decode_job_batch),
     JobResult.TYPE: (_encode_job_result, _decode_job_result),
     LoadReport.TYPE: (_encode_load_report, _decode_load_report),

@@ -13,10 +13,11 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies,
+    ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies,
     RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, encode,
 )
 from shared.protocol.codec import V1_KEYS
+from shared.text_chunks import ChunkSpec, TextChunk
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
 IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")
@@ -40,6 +41,8 @@ EXAMPLES = {
     TokenizeResult: (TokenizeResult("r", [[(1, "a", False, 0, 1)]]),) * 2,
     DecodeRequest: (DecodeRequest("r", "m", [IDS]),) * 2,
     DecodeResult: (DecodeResult("r", ["a"]),) * 2,
+    ChunkRequest: (ChunkRequest("r", "m", ["a"], ChunkSpec(8)),) * 2,
+    ChunkLayout: (ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]),) * 2,
     JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),) * 2,
     JobResult: (JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                 JobResult("j", 0, 0, ["a", "b"], tokens=3, **SPARSE_PART)),

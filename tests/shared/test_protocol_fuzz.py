@@ -27,12 +27,13 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
     EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
 )
 from shared.protocol.codec import V1_KEYS
+from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -196,6 +197,32 @@ def rerank_results(draw) -> RerankResult:
     )
 
 
+@st.composite
+def chunk_requests(draw) -> ChunkRequest:
+    size = draw(st.integers(1, 2**64 - 1))
+    spec = ChunkSpec(size, draw(st.integers(0, min(size - 1, 2**63))), draw(st.sampled_from(BOUNDARIES)))
+    return ChunkRequest(id=draw(ids), model=draw(names), texts=draw(texts), spec=spec,
+                        prompt_name=draw(st.none() | st.text(max_size=20)),
+                        input_type=draw(st.none() | st.sampled_from(["query", "document"])))
+
+
+@st.composite
+def text_chunks(draw) -> tuple[list[TextChunk], int]:
+    """One input's chunks (as any layout may hold them: spans, not necessarily a cut's), and its tokens."""
+    tokens = draw(st.integers(0, 2**31 - 1))
+    spans = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, tokens),
+                      st.integers(0, tokens))
+    chunks = [TextChunk(min(a, b), max(a, b), min(f, l), max(f, l)) for a, b, f, l in
+              draw(st.lists(spans, min_size=1, max_size=4))]
+    return chunks, tokens
+
+
+@st.composite
+def chunk_layouts(draw) -> ChunkLayout:
+    inputs = draw(st.lists(text_chunks(), max_size=4))
+    return ChunkLayout.of(draw(ids), [c for c, _ in inputs], [t for _, t in inputs])
+
+
 token_tuples = st.tuples(
     st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.booleans(), st.none() | u64, st.none() | u64
 )
@@ -218,6 +245,8 @@ VALID: dict[type, st.SearchStrategy] = {
         skip_special_tokens=st.booleans(),
     ),
     DecodeResult: st.builds(DecodeResult, id=ids, texts=texts),
+    ChunkRequest: chunk_requests(),
+    ChunkLayout: chunk_layouts(),
     JobBatch: job_batches(),
     JobResult: job_results(),
     LoadReport: st.builds(
@@ -324,7 +353,8 @@ msgpack_values = st.recursive(
 # every key of either version, old meanings and new (docs/protocol.md)
 WIRE_KEYS = sorted({key for renamed in V1_KEYS.values() for pair in renamed.items() for key in pair} | {
     "id", "m", "x", "dl", "o", "tk", "pr", "s", "ids", "cu", "tt", "tm", "pt", "di", "dim", "dt", "tok", "of", "ix",
-    "c", "e", "row", "sp", "pn", "ss", "l", "r", "q", "k", "rs", "tr", "rt", "cv", "cd", "sc",
+    "c", "e", "row", "sp", "pn", "ss", "l", "r", "q", "k", "rs", "tr", "rt", "cv", "cd", "sc", "it", "sz", "ov", "bd",
+    "cc", "ct", "cs", "ce", "cf", "cl",
 })
 protocol_shaped = st.fixed_dictionaries(
     {"v": st.sampled_from([1, VERSION]) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
@@ -418,6 +448,18 @@ def _message(kind: str, **fields) -> bytes:
 
 
 OK_EMBED = dict(id="a", m="m", x=["a"], dl=1.0)
+OK_CHUNK = dict(id="a", m="m", x=["a"], sz=8, ov=0, bd="token")
+
+
+def _layout(**fields) -> bytes:
+    """A valid layout of two inputs (2 chunks and 1) with ``fields`` replaced."""
+    layout = ChunkLayout.of("r", [[TextChunk(0, 5, 0, 2), TextChunk(4, 9, 1, 3)], [TextChunk(0, 0, 0, 0)]], [3, 0])
+    body = msgpack.unpackb(encode(layout))
+    return msgpack.packb({**body, **{k: np.array(v, "<i4").tobytes() for k, v in fields.items()}}, use_bin_type=True)
+
+
+def _i4(*values: int) -> list[int]:
+    return list(values)
 HUGE_CLAIMS = {
     # msgpack headers that claim far more than the bytes that follow
     "array32 of 2**32-1": b"\xdd\xff\xff\xff\xff\xc0",
@@ -502,6 +544,28 @@ HUGE_CLAIMS = {
     "decode skip_special_tokens a string": _message("decode", id="a", m="m", tk=[b"\x00" * 4], ss="yes"),
     "decoded texts as bytes": _message("decoded", id="a", x=[b"text"]),
     "decoded texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "decoded", "id": "a"}, "x", b"\xdd\xff\xff\xff\xff"),
+    "chunk size 0": _message("chunk", **{**OK_CHUNK, "sz": 0}),
+    "chunk size a float": _message("chunk", **{**OK_CHUNK, "sz": 8.0}),
+    "chunk overlap as large as size": _message("chunk", **{**OK_CHUNK, "ov": 8}),
+    "chunk overlap negative": _message("chunk", **{**OK_CHUNK, "ov": -1}),
+    "chunk boundary 100 KB": _message("chunk", **{**OK_CHUNK, "bd": "x" * 100_000}),
+    "chunk prompt name a number": _message("chunk", **{**OK_CHUNK, "pn": 7}),
+    "chunk texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "chunk", "id": "a", "m": "m", "sz": 8}, "x",
+                                                   b"\xdd\xff\xff\xff\xff"),
+    "layout starts claiming 4 GB": with_raw_field(msgpack.unpackb(_layout()), "cs", b"\xc6\xff\xff\xff\xff\x00"),
+    "layout counts not whole int32": msgpack.packb({**msgpack.unpackb(_layout()), "cc": b"\x02\x00\x00\x00\x01"}),
+    "layout counts summing past the chunks": _layout(cc=_i4(2, 2), ct=_i4(3, 0)),
+    "layout counts summing short of the chunks": _layout(cc=_i4(1, 1)),
+    "layout counts wrapping around int32": _layout(cc=_i4(2**31 - 1, 2**31 - 1, 4), ct=_i4(3, 0, 0)),
+    "layout input of no chunks": _layout(cc=_i4(3, 0)),
+    "layout tokens not one per input": _layout(ct=_i4(3)),
+    "layout negative tokens": _layout(ct=_i4(3, -1)),
+    "layout ends not one per chunk": _layout(ce=_i4(5, 9)),
+    "layout start past end": _layout(cs=_i4(0, 10, 0)),
+    "layout negative start": _layout(cs=_i4(-1, 4, 0), ce=_i4(-1, 9, 0)),
+    "layout first past last": _layout(cf=_i4(0, 4, 0)),
+    "layout negative first": _layout(cf=_i4(-5, 1, 0)),
+    "layout last past the input's tokens": _layout(cl=_i4(2, 3, 1)),
     "pickle": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94.",
 }
 

@@ -1,0 +1,44 @@
+"""Chunk layouts: where the texts of a ChunkRequest are cut (services/tokenizer/chunking.py), within the
+room the model leaves a chunk and the service's limit on chunks a request. No NATS here."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from shared.errors import ErrorCode, ServiceError
+from shared.protocol import ChunkLayout, ChunkRequest
+from shared.text_chunks import TextChunk
+from services.tokenizer.chunking import cut
+from services.tokenizer.encoder import TextEncoder, encode_all
+
+
+class Layouts:
+    """Cuts texts for one model: each encoded whole (no special tokens, no truncation) by a copy of its
+    tokenizer made once, then cut into windows of the request's size."""
+
+    def __init__(self, encoder: TextEncoder, max_chunks: int) -> None:
+        self._encoder = encoder
+        self._tokenizer = encoder.whole_text_tokenizer()
+        self._max_chunks = max_chunks
+
+    def check(self, request: ChunkRequest) -> None:
+        """Refuses a window the model cannot hold with its special tokens and the request's prompt before
+        it (and a prompt the model does not have): the chunks are embedded so."""
+        request.spec.check_room(self._encoder.room(request.prompt_options))
+
+    def layout(self, request: ChunkRequest) -> ChunkLayout:
+        """Where each text is cut; refused when the texts make more than ``max_chunks`` chunks."""
+        encodings = encode_all(self._tokenizer, request.texts, add_special_tokens=False)
+        chunks = [cut(text, encoding, request.spec) for text, encoding in zip(request.texts, encodings)]
+        self._check_count(chunks)
+        return ChunkLayout.of(request.id, chunks, [len(e.ids) for e in encodings])
+
+    def _check_count(self, chunks: list[list[TextChunk]]) -> None:
+        """An error of the input that takes the request past the limit, naming what the texts make in all."""
+        total = sum(map(len, chunks))
+        if total <= self._max_chunks:
+            return
+        row = next(i for i, upto in enumerate(accumulate(map(len, chunks))) if upto > self._max_chunks)
+        raise ServiceError(ErrorCode.INPUT_TOO_LONG,
+                           f"takes the request past {self._max_chunks} chunks, the most one may be cut into: its texts "
+                           f"make {total} (send fewer or shorter texts, or a larger chunking.size)", row)

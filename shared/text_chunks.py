@@ -1,0 +1,63 @@
+"""How texts are asked cut into chunks (``ChunkSpec``), and where a cut chunk lies (``TextChunk``).
+
+Shared by the gateway, the client and the protocol, which check a request's chunking once, here, and by
+the tokenizer, which cuts (services/tokenizer/chunking.py).
+"""
+
+from __future__ import annotations
+
+import reprlib
+from dataclasses import dataclass
+
+from shared.errors import ErrorCode, ServiceError
+
+BOUNDARIES = ("token", "sentence")
+_SHOW = reprlib.Repr()  # a value quoted in an error stays short (it may come from a client, or the wire)
+_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    start: int  # characters: text[start:end] is the chunk's text
+    end: int
+    first: int  # content-token indices within the whole text: tokens [first, last)
+    last: int
+
+    @property
+    def tokens(self) -> int:
+        return self.last - self.first
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """How a request asks its inputs cut: ``size`` content tokens a window at most, ``overlap`` tokens
+    shared by consecutive windows at most, cuts at words (``"token"``) or sentence ends (``"sentence"``)."""
+
+    size: int
+    overlap: int = 0
+    boundary: str = "token"
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.size) or self.size < 1:
+            raise _invalid(f"chunking.size must be an integer of at least 1, got {_SHOW.repr(self.size)}")
+        if not _is_int(self.overlap) or self.overlap < 0:
+            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {_SHOW.repr(self.overlap)}")
+        if self.overlap >= self.size:
+            raise _invalid(f"chunking.overlap ({self.overlap}) must be less than chunking.size ({self.size})")
+        if self.boundary not in BOUNDARIES:
+            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {_SHOW.repr(self.boundary)}")
+
+    def check_room(self, room: int) -> None:
+        """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's
+        special tokens and the prompt."""
+        if self.size > room:
+            raise _invalid(f"chunking.size is {self.size}; this model holds at most {room} tokens of text a chunk "
+                           "(its limit, less its special tokens and the prompt)")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.INVALID_REQUEST, message)
