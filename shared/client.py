@@ -57,7 +57,6 @@ from shared.protocol import (
     TokenizeRequest,
     TokenizeResult,
     decode,
-    decode_as,
     encode,
 )
 from shared.subjects import Subjects
@@ -74,8 +73,6 @@ _CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
 # answered 503 (before the wait_for at the deadline answers 504)
 _GIVE_UP_BEFORE = 0.2
 _NOBODY = "no tokenizer or worker is serving this model right now"
-# the last token of the inbox subject where workers send Replies (attempt ids are hex, never this)
-_REPLIES = "replies"
 
 
 class Fleet(Protocol):
@@ -287,7 +284,7 @@ class EmbedClient:
             token_ids=token_ids,
             pairs=pairs,
             held=self._wants_held(model),
-            replies=f"{self._inbox}.{_REPLIES}",  # a worker answers a batch's requests of ours in one message
+            replies=True,  # a worker may answer a batch's requests of ours in one message
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
@@ -484,36 +481,34 @@ class EmbedClient:
 
     async def _on_reply(self, msg: Msg) -> None:
         attempt = msg.subject.rsplit(".", 1)[-1]
-        if attempt == _REPLIES:
-            self._take_replies(msg.data)
-            return
+        found = self._attempts.get(attempt)
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            found = self._attempts.get(attempt)
             if found is not None:
                 self._nobody_took(found[0], attempt, "no tokenizer took it")
             return
-        self._take(attempt, msg.data)
-
-    def _take_replies(self, data: bytes) -> None:
-        """A worker's replies to several of our requests, each as if it came on its own reply subject."""
         try:
-            replies = decode_as(data, Replies)
-        except ProtocolError as exc:  # which requests it answered is unknown: they time out
-            log.error("bad replies message: %s", exc)
+            reply = decode(msg.data)
+        except ProtocolError as exc:
+            if found is not None:
+                log.error("request %s: bad reply: %s", found[0].id, exc)
+                found[0].fail(ServiceError(ErrorCode.INTERNAL, "a worker sent a malformed reply"))
             return
-        prefix = f"{self._inbox}."
-        for subject, payload in zip(replies.subjects, replies.messages):
+        if not isinstance(reply, Replies):
+            self._take(attempt, reply)
+            return
+        prefix = f"{self._inbox}."  # a worker's replies to several of our requests
+        for subject, payload in zip(reply.subjects, reply.messages):
             if subject.startswith(prefix):
                 self._take(subject[len(prefix):], payload)
 
-    def _take(self, attempt: str, data: bytes) -> None:
-        """One reply to attempt ``attempt``: rows, rows held, or an error."""
+    def _take(self, attempt: str, reply: object | bytes) -> None:
+        """One reply to attempt ``attempt`` (or its bytes, from a Replies): rows, rows held, or an error."""
         found = self._attempts.get(attempt)
         if found is None:
             return  # late reply for a request that already finished or timed out
         pending, index = found
         try:
-            reply = decode(data)
+            reply = decode(reply) if isinstance(reply, bytes) else reply
             if isinstance(reply, ErrorReply) and reply.code is ErrorCode.NO_RESPONDERS:
                 self._nobody_took(pending, attempt, "no worker took its rows")  # a tokenizer found none
             elif isinstance(reply, ErrorReply):

@@ -1,11 +1,13 @@
 """The replies of one engine batch as the fewest messages: one per requester, not one per request.
 
-A requester (a gateway, a scorer, a NATS-direct client) that names a subject for Replies on its
-requests gets the replies of each batch there in one Replies message, or in as few as its NATS
-max_payload allows; each reply inside names the reply subject it answers. A reply alone, and every
-reply to a requester that named no such subject (one of an earlier release), goes to its own reply
-subject as before. Fewer messages mean fewer publishes here, fewer messages for nats-server to route,
-and fewer for the requester to take in.
+A requester (a gateway, a scorer, a NATS-direct client) whose requests say it reads Replies gets the
+replies of each batch in one Replies message, or in as few as its NATS max_payload allows, sent to the
+reply subject of the first reply it holds; each reply inside names the reply subject it answers. The
+replies of one requester are those whose reply subjects share an inbox (all but their last token). A
+reply alone, and every reply to a requester that does not read Replies (one of an earlier release),
+goes to its own reply subject as before. A worker publishes only to reply subjects it was given (what
+NATS permissions let it: ``allow_responses``). Fewer messages mean fewer publishes here, fewer
+messages for nats-server to route, and fewer for the requester to take in.
 """
 
 from __future__ import annotations
@@ -25,35 +27,36 @@ class Outgoing:
     """The replies of one batch, gathered before any is published."""
 
     alone: list[tuple[str, bytes]] = field(default_factory=list)  # (reply subject, payload)
-    # a requester's subject for Replies -> its replies: (reply subject, payload)
+    # a requester's inbox -> its replies: (reply subject, payload)
     bundled: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
 
-    def add(self, replies: str | None, subject: str, payload: bytes) -> None:
-        if replies is None:
-            self.alone.append((subject, payload))
+    def add(self, replies: bool, subject: str, payload: bytes) -> None:
+        """A reply to ``subject``; ``replies``: its requester reads Replies."""
+        if replies:
+            self.bundled.setdefault(subject.rpartition(".")[0], []).append((subject, payload))
         else:
-            self.bundled.setdefault(replies, []).append((subject, payload))
+            self.alone.append((subject, payload))
 
     def messages(self, max_payload: int) -> list[tuple[str, bytes]]:
         """What to publish: (subject, payload) pairs, each payload within ``max_payload``."""
         out = list(self.alone)
-        for replies, items in self.bundled.items():
+        for items in self.bundled.values():
             group: list[tuple[str, bytes]] = []
             size = _BUNDLE_BYTES
             for subject, payload in items:
                 cost = len(payload) + 4 * len(subject) + _PER_REPLY_BYTES
                 if group and size + cost > max_payload:
-                    out.append(_one(replies, group))
+                    out.append(_one(group))
                     group, size = [], _BUNDLE_BYTES
                 group.append((subject, payload))
                 size += cost
             if group:
-                out.append(_one(replies, group))
+                out.append(_one(group))
         return out
 
 
-def _one(replies: str, group: list[tuple[str, bytes]]) -> tuple[str, bytes]:
-    """One message for ``group``: a reply alone as itself (on its own subject), several as Replies."""
+def _one(group: list[tuple[str, bytes]]) -> tuple[str, bytes]:
+    """One message for ``group``: a reply alone as itself, several as Replies on the first one's subject."""
     if len(group) == 1:
         return group[0]
-    return replies, encode(Replies([subject for subject, _ in group], [payload for _, payload in group]))
+    return group[0][0], encode(Replies([subject for subject, _ in group], [payload for _, payload in group]))

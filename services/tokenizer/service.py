@@ -328,7 +328,7 @@ class TokenizerService:
                 token_types=chunk.token_types,
                 prompt_tokens=prompt_tokens,
                 held=request.held,  # the requester asked to learn which worker holds which rows
-                replies=request.replies,  # where the worker may answer several of the requester's requests at once
+                replies=request.replies,  # the worker may answer several of the requester's requests at once
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             payloads, tokens = by_subject.get(subject, ([], 0))

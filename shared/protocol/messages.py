@@ -141,9 +141,9 @@ class EmbedRequest:
     # the requester reads Held replies: workers say which rows they hold (a requester of an earlier
     # release would take one for a malformed reply, so it is asked for, never sent unasked)
     held: bool = False
-    # the requester's subject for Replies: a worker may answer several of its requests in one message
-    # there (None: each reply goes alone to its own reply subject, as a requester of an earlier release reads)
-    replies: str | None = None
+    # the requester reads Replies: a worker may answer several of its requests in one message, sent to
+    # the reply subject of one of them (False: each reply goes alone, as a requester of an earlier release reads)
+    replies: bool = False
 
     TYPE = "embed"
 
@@ -174,7 +174,7 @@ class TokenChunk:
     doc_ids: list[str] | None = None  # bulk work: the documents of these rows
     prompt_tokens: int = 0  # leading tokens of every row that pooling skips (a model's include_prompt=false)
     held: bool = False  # online work: the worker says it holds these rows (a Held message) as they arrive
-    replies: str | None = None  # online work: the requester's subject for Replies (its EmbedRequest's)
+    replies: bool = False  # online work: the requester reads Replies (its EmbedRequest asked)
 
     TYPE = "tokens"
 
@@ -235,9 +235,9 @@ class ErrorReply:
 
 @dataclass(frozen=True, slots=True)
 class Replies:
-    """worker -> requester, on the subject its requests named for it: several replies in one message,
-    each with the reply subject it answers (the replies of one batch to one requester go as one
-    message, not one each). ``messages[i]`` is an encoded reply (an EmbedResult or an ErrorReply)."""
+    """worker -> requester, on the reply subject of one of the replies it holds: several replies in one
+    message, each with the reply subject it answers (the replies of one batch to one requester go as
+    one message, not one each). ``messages[i]`` is an encoded reply (an EmbedResult or an ErrorReply)."""
 
     subjects: list[str]
     messages: list[bytes]

@@ -74,13 +74,9 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["pr"] = [list(p) for p in msg.pairs]
     if msg.held:
         body["hd"] = True
-    if msg.replies is not None:
-        body["rb"] = msg.replies
+    if msg.replies:
+        body["rb"] = True
     return body
-
-
-def _replies_subject(m: dict) -> str | None:
-    return _name(m, "rb") if m.get("rb") is not None else None
 
 
 def _decode_embed_request(m: dict) -> EmbedRequest:
@@ -108,7 +104,7 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         token_ids=token_ids,
         pairs=pairs,
         held=_opt_bool(m, "hd", False),
-        replies=_replies_subject(m),
+        replies=_opt_bool(m, "rb", False),
     )
 
 
@@ -130,8 +126,8 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body["pt"] = msg.prompt_tokens
     if msg.held:
         body["hd"] = True
-    if msg.replies is not None:
-        body["rb"] = msg.replies
+    if msg.replies:
+        body["rb"] = True
     if msg.job is not None:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     return body
@@ -176,7 +172,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         doc_ids=doc_ids,
         prompt_tokens=prompt_tokens,
         held=_opt_bool(m, "hd", False),
-        replies=_replies_subject(m),
+        replies=_opt_bool(m, "rb", False),
     )
 
 

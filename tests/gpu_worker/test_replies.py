@@ -11,22 +11,22 @@ def _result(rid: str, rows: int = 1) -> bytes:
 def test_replies_to_one_requester_go_as_one_message_and_others_alone():
     out = Outgoing()
     for i in range(3):
-        out.add("_INBOX.g.replies", f"_INBOX.g.r{i}", _result(f"r{i}"))
-    out.add(None, "_INBOX.old.x", _result("x"))  # a requester of an earlier release names no subject
-    out.add("_INBOX.h.replies", "_INBOX.h.y", _result("y"))  # another requester's lone reply
+        out.add(True, f"_INBOX.g.r{i}", _result(f"r{i}"))
+    out.add(False, "_INBOX.g.x", _result("x"))  # from a requester of an earlier release: it reads no Replies
+    out.add(True, "_INBOX.h.y", _result("y"))  # another requester's lone reply
     sent = dict(out.messages(1 << 20))
-    assert set(sent) == {"_INBOX.g.replies", "_INBOX.old.x", "_INBOX.h.y"}
-    bundle = decode(sent["_INBOX.g.replies"])
+    assert set(sent) == {"_INBOX.g.r0", "_INBOX.g.x", "_INBOX.h.y"}  # the Replies on its first reply's subject
+    bundle = decode(sent["_INBOX.g.r0"])
     assert isinstance(bundle, Replies) and bundle.subjects == ["_INBOX.g.r0", "_INBOX.g.r1", "_INBOX.g.r2"]
     assert [decode(m).id for m in bundle.messages] == ["r0", "r1", "r2"]
-    assert decode(sent["_INBOX.old.x"]).id == "x" and decode(sent["_INBOX.h.y"]).id == "y"
+    assert decode(sent["_INBOX.g.x"]).id == "x" and decode(sent["_INBOX.h.y"]).id == "y"
 
 
 def test_replies_are_split_to_fit_max_payload_and_each_message_fits():
     out = Outgoing()
     payloads = [_result(f"r{i}", rows=40) for i in range(10)]  # ~700 bytes each
     for i, payload in enumerate(payloads):
-        out.add("_INBOX.g.replies", f"_INBOX.g.r{i}", payload)
+        out.add(True, f"_INBOX.g.r{i}", payload)
     limit = 2048
     sent = out.messages(limit)
     assert len(sent) > 1 and all(len(payload) <= limit for _, payload in sent)
@@ -34,7 +34,8 @@ def test_replies_are_split_to_fit_max_payload_and_each_message_fits():
     for subject, payload in sent:
         message = decode(payload)
         taken += message.messages if isinstance(message, Replies) else [payload]
+        assert subject == (message.subjects[0] if isinstance(message, Replies) else f"_INBOX.g.{message.id}")
     assert taken == payloads  # every reply once, in order
     big = Outgoing()
-    big.add("_INBOX.g.replies", "_INBOX.g.big", _result("big", rows=200))  # alone over the limit: as itself
+    big.add(True, "_INBOX.g.big", _result("big", rows=200))  # alone over the limit: as itself
     assert big.messages(limit) == [("_INBOX.g.big", _result("big", rows=200))]

@@ -253,14 +253,14 @@ def test_requests_arriving_together_are_each_answered_as_alone(stack):
 
 
 async def _gather_replies(url: str, requests: list[EmbedRequest], timeout: float = 60) -> tuple[dict[str, list], int]:
-    """``requests`` published in one go, each naming ``<inbox>.replies`` for Replies: request id -> the
-    replies it got (alone on its own subject or inside a Replies), and how many Replies messages came."""
+    """``requests`` published in one go, each saying it reads Replies: request id -> the replies it got
+    (alone on its own subject or inside a Replies), and how many Replies messages came."""
     nc = await nats.connect(url)
     try:
         inbox = nc.new_inbox()
         sub = await nc.subscribe(f"{inbox}.*")
         for r in requests:
-            await nc.publish(SUBJECTS.embed(r.model), encode(replace(r, replies=f"{inbox}.replies")), reply=f"{inbox}.{r.id}")
+            await nc.publish(SUBJECTS.embed(r.model), encode(replace(r, replies=True)), reply=f"{inbox}.{r.id}")
         got: dict[str, list] = {r.id: [] for r in requests}
         rows = {r.id: 0 for r in requests}
         bundles = 0
@@ -283,8 +283,8 @@ async def _gather_replies(url: str, requests: list[EmbedRequest], timeout: float
 
 
 def test_a_batch_s_results_for_one_requester_come_as_one_replies_message(stack):
-    """Requests that name a subject for Replies get a batch's results there in one message; each result
-    is the one the request gets alone on its reply subject (a requester of an earlier release)."""
+    """Requests that say they read Replies get a batch's results in one message; each result is the one
+    the request gets alone on its reply subject (a requester of an earlier release)."""
     dl = time.time() + 60
     requests = [EmbedRequest(id=f"b{i}", model=MODEL, texts=[f"query number {i}", "and a second input"], deadline=dl)
                 for i in range(8)]

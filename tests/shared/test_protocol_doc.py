@@ -28,10 +28,10 @@ VECTORS = np.zeros((2, 3), "<f4")
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
     EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
-                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True, replies="_INBOX.g.replies")),
+                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True, replies=True)),
     TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
                  TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
-                            prompt_tokens=1, held=True, replies="_INBOX.g.replies")),
+                            prompt_tokens=1, held=True, replies=True)),
     EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                   EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),

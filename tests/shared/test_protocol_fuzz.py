@@ -79,7 +79,7 @@ def int32_arrays(n: int, low: int = -(2**31)) -> st.SearchStrategy[np.ndarray]:
 @st.composite
 def embed_requests(draw) -> EmbedRequest:
     common = dict(id=draw(ids), model=draw(names), deadline=draw(finite), options=draw(options),
-                  held=draw(st.booleans()), replies=draw(st.none() | names))
+                  held=draw(st.booleans()), replies=draw(st.booleans()))
     kind = draw(st.sampled_from(["texts", "tokens", "pairs"]))
     if kind == "texts":
         return EmbedRequest(texts=draw(texts), **common)
@@ -113,7 +113,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=rows, max_size=rows)) if with_job else None,
         prompt_tokens=draw(st.integers(0, 300)),
         held=draw(st.booleans()),
-        replies=draw(st.none() | names),
+        replies=draw(st.booleans()),
     )
 
 
