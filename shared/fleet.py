@@ -5,7 +5,8 @@ seconds in the background, so a request never waits for a poll. Each live proces
 its instance id. A process that dies is found two ways, and the watch calls its ``on_lost``
 callbacks: callers re-send the work that process may have held.
 
-- Within ``LIVENESS_INTERVAL`` while the caller has work in flight (``busy()``): every known process
+- Within ``LIVENESS_INTERVAL`` while the caller has work in flight (``busy()``; idle, the checks sleep
+  until a request goes out, which asks ``workers()``): every known process
   is sent an empty message on its own ping subject (``$SRV.PING.<name>.<id>``) with a reply to our
   inbox. nats-server answers such a message at once with a 503 status when nobody subscribes to the
   subject: the process's connection closed (SIGKILL, a crash, the OOM killer). A live process answers
@@ -93,6 +94,7 @@ class FleetWatch:
         self._left: set[str] = set()  # workers that said they are leaving (ids are never reused)  # (role, instance id) -> the process
         self._workers: dict[str, int] | None = None  # model -> its workers in _seen (None: to count again)
         self._on_lost: list[Callable[[str, str, str], None]] = []
+        self._request = asyncio.Event()  # a request went out (workers() was asked): the liveness checks wake
         self._tasks: list[asyncio.Task] = []
         self._subs: list = []
         self._live_inbox = ""
@@ -131,7 +133,9 @@ class FleetWatch:
         return self._view.serves(model)
 
     def workers(self, model: str) -> int:
-        """How many live workers of ``model`` the watch knows (asked per request: counted once per change)."""
+        """How many live workers of ``model`` the watch knows (asked per request: counted once per change).
+        Being asked wakes the liveness checks, asleep while nothing was in flight."""
+        self._request.set()
         if self._workers is None:
             self._workers = {}
             for (role, _), member in self._seen.items():
@@ -213,8 +217,13 @@ class FleetWatch:
 
     async def _check_liveness(self) -> None:
         """While work is in flight, an empty message on each known process's own ping subject: the server
-        answers 503 at once for one whose connection closed (``_on_liveness``)."""
+        answers 503 at once for one whose connection closed (``_on_liveness``). While nothing is in flight
+        it sleeps until a request goes out (an idle caller wakes for nothing)."""
         while True:
+            if not self._busy():
+                self._request.clear()
+                await self._request.wait()
+                continue
             await asyncio.sleep(LIVENESS_INTERVAL)
             if not (self._busy() and self._nc.is_connected):
                 continue

@@ -154,3 +154,58 @@ def test_requests_ask_for_held_replies_only_while_several_workers_serve_the_mode
     counts, asked = asyncio.run(run())
     assert counts == [1, 2]
     assert asked == [False, True]
+
+
+def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once(nats_url):
+    """Idle, the watch's liveness checks sleep (no message, no wake-up); the first request that goes out
+    wakes them: a worker whose connection closes while it holds the request is found within the
+    liveness interval, and the request's rows go out again."""
+
+    async def run() -> tuple[int, list[tuple], float]:
+        prefix = PREFIX + "4"
+        watcher = await nats.connect(nats_url)
+        client: EmbedClient | None = None
+        watch = FleetWatch(watcher, prefix, wait=0.2, interval=60, busy=lambda: client is not None and client.in_flight > 0)
+        client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+        lost: list[tuple] = []
+        watch.on_lost(lambda *who: lost.append((time.monotonic(), who)))
+        got = asyncio.Event()
+
+        async def tokenizer(msg) -> None:  # takes the request, answers nothing
+            got.set()
+
+        members = [await _member(nats_url, "tokenizer", "t1", prefix), await _member(nats_url, "worker", "w1", prefix)]
+        await members[0].subscribe(Subjects(prefix).embed("m"), cb=tokenizer)
+        try:
+            await watch.start()
+            await client.start()
+            await watch.refresh()
+            pings = 0
+
+            async def count(msg) -> None:
+                nonlocal pings
+                pings += 1
+
+            spy = await members[1].subscribe("$SRV.PING.>", cb=count)
+            await asyncio.sleep(10 * LIVENESS_INTERVAL)  # idle: no liveness check
+            idle_pings = pings
+            await spy.unsubscribe()
+            call = asyncio.create_task(client.embed("m", ["a text"], EmbedOptions(), timeout=5))
+            await asyncio.wait_for(got.wait(), 5)
+            closed = time.monotonic()
+            await members[1].close()  # the worker dies holding the request
+            while not lost and time.monotonic() - closed < 10 * LIVENESS_INTERVAL:
+                await asyncio.sleep(0.01)
+            call.cancel()
+            return idle_pings, lost, closed
+        finally:
+            await client.stop()
+            await watch.stop()
+            for nc in [watcher, *members]:
+                if not nc.is_closed:
+                    await nc.close()
+
+    idle_pings, lost, closed = asyncio.run(run())
+    assert idle_pings == 0
+    assert [who for _, who in lost] == [("worker", "w1", "m")]
+    assert lost[0][0] - closed < 2 * LIVENESS_INTERVAL + 0.1
