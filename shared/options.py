@@ -167,8 +167,9 @@ OPTIONS: tuple[Option, ...] = (
             type=positive_float),
     # -- watching the fleet (who serves what, who died) -------------------------------------------
     _option("--discovery-interval", "EMBEDFLEET_DISCOVERY_INTERVAL", 1.0,
-            "seconds between pings of the tokenizers and workers; one silent for 3 intervals is taken for dead and "
-            "the rows it held are sent again", GATEWAY | {"scorer"}, "fleet", type=positive_float),
+            "seconds between pings of the tokenizers and workers (5 times that while no request came since the last "
+            "ping); one silent for 3 intervals and 3 pings is taken for dead and the rows it held are sent again",
+            GATEWAY | {"scorer"}, "fleet", type=positive_float),
     _option("--discovery-wait", "EMBEDFLEET_DISCOVERY_WAIT", 0.25, "seconds a ping gathers replies",
             GATEWAY | {"scorer"}, "fleet", type=positive_float),
     # -- embedfleet up --------------------------------------------------------------------------
