@@ -4,8 +4,8 @@ A ``FleetWatch`` pings the tokenizers and workers under our subject prefix every
 seconds in the background, so a request never waits for a poll. While the caller is idle (nothing in
 flight, no request since the last poll) it pings every ``IDLE_POLLS`` intervals instead, and the
 first request that goes out brings the next ping forward (no sooner than ``interval`` after the last):
-the view a request reads is the same, the fleet is woken a fifth as often. Each live process answers with
-its instance id. A process that dies is found two ways, and the watch calls its ``on_lost``
+the view a request reads is the same, the fleet is woken a fifth as often. Each live process answers
+with its instance id. A process that dies is found two ways, and the watch calls its ``on_lost``
 callbacks: callers re-send the work that process may have held.
 
 - Within ``LIVENESS_INTERVAL`` while the caller has work in flight (``busy()``; idle, the checks sleep

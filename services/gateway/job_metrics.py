@@ -5,7 +5,8 @@ the consumers of the jobs stream (the tokenizers', one per model) and of the bul
 workers'), and the job states in the job bucket. The states are read again only when the bucket's
 stream changed since (a write, a deletion or an expiry moves its sequence numbers or its count): an
 idle bucket costs one stream-info request a refresh, not a listing of its keys (which makes the server
-create and remove a consumer). A finished job's state no longer changes, so it is read once; its gauges stay ``KEEP_FINISHED`` seconds after it finished, so its last values are scraped.
+create and remove a consumer). A finished job's state no longer changes, so it is read once; its
+gauges stay ``KEEP_FINISHED`` seconds after it finished, so its last values are scraped.
 
 On a gateway with API keys a job belongs to the key that made it, and /metrics is open (--open-paths)
 or read with any key: a job's ``job_id`` label is then a digest of its id (``job_label``), which tells

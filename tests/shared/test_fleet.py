@@ -217,7 +217,8 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
         prefix = PREFIX + "4"
         watcher = await nats.connect(nats_url)
         client: EmbedClient | None = None
-        watch = FleetWatch(watcher, prefix, wait=0.2, interval=60, busy=lambda: client is not None and client.in_flight > 0)
+        watch = FleetWatch(watcher, prefix, wait=0.2, interval=60,
+                           busy=lambda: client is not None and client.in_flight > 0)
         client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
         lost: list[tuple] = []
         watch.on_lost(lambda *who: lost.append((time.monotonic(), who)))
