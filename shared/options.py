@@ -253,7 +253,7 @@ OPTIONS: tuple[Option, ...] = (
     _option("--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
             "seconds between queue-depth reports to the tokenizers while work waits or runs on the worker",
             {"worker"}, "worker", type=positive_float),
-    _option("--load-idle-interval", "EMBEDFLEET_LOAD_IDLE_INTERVAL", 1.0,
+    _option("--load-idle-interval", "EMBEDFLEET_LOAD_IDLE_INTERVAL", 2.0,
             "seconds between queue-depth reports while nothing waits on the worker (at least --load-interval; a new "
             "batch is reported at the next --load-interval); a dead idle worker is dropped after 3 of them, or at once "
             "when a batch sent to it reaches nobody",
