@@ -78,9 +78,12 @@ async def open_work(js: JetStreamContext, stream: str, durable: str, subject: st
     return await js.pull_subscribe_bind(durable=durable, stream=stream)
 
 
-# quiet fetches (half a second each) between two checks that an idle stage's consumer still exists:
-# a lost consumer is noticed within ~10 s, at the cost of one consumer-info request per idle stage
-CHECK_EVERY = 20
+# seconds a fetch waits at the server for a batch: one published meanwhile is delivered at once, so the
+# wait costs a batch no time; it only sets how often an idle stage asks again (and with it, the server)
+FETCH_WAIT = 5.0
+# quiet fetches between two checks that an idle stage's consumer still exists: a lost consumer is
+# noticed within ~10 s, at the cost of one consumer-info request per idle stage
+CHECK_EVERY = 2
 
 
 class WorkQueue:
@@ -90,21 +93,35 @@ class WorkQueue:
     Whether it is there is asked after a failed fetch (which has already waited half a second), and
     after every ``check_every`` fetches in a row that found nothing. A fetch that finds a message
     never asks, so a busy stage costs the server nothing; an idle one asks every ~10 s and a failing
-    one at most twice a second, each ask bounded by the JetStream request timeout (5 s)."""
+    one at most twice a second, each ask bounded by the JetStream request timeout (5 s). A fetch
+    waits ``wait`` seconds for a batch; ``stop_fetching`` ends the one under way (the stage stops)."""
 
     def __init__(self, js: JetStreamContext, stream: str, durable: str, subject: str, settings: JobSettings,
-                 check_every: int = CHECK_EVERY) -> None:
+                 check_every: int = CHECK_EVERY, wait: float = FETCH_WAIT) -> None:
         self._js, self._stream, self._durable, self._subject, self._settings = js, stream, durable, subject, settings
         self._check_every = check_every
+        self._wait = wait
         self._quiet = 0
+        self._fetching: asyncio.Task | None = None
+        self._stopped = False  # stop_fetching was called: fetches find nothing
         self.psub = None
 
     async def open(self) -> None:
         self.psub = await open_work(self._js, self._stream, self._durable, self._subject, self._settings)
 
     async def fetch(self) -> list:
-        """Up to one message, waiting half a second; [] when none (or reconnecting)."""
-        msgs, failed = await _fetch(self.psub)
+        """Up to one message, waiting up to ``wait`` seconds; [] when none (or reconnecting, or stopped)."""
+        if self._stopped:
+            return []
+        self._fetching = asyncio.ensure_future(_fetch(self.psub, self._wait))
+        try:
+            msgs, failed = await self._fetching
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # the caller itself is cancelled
+            return []  # stopped: a batch its pull request brings later is handed back (hand_back_pending)
+        finally:
+            self._fetching = None
         if msgs:
             self._quiet = 0
             return msgs
@@ -134,6 +151,13 @@ class WorkQueue:
             return
         await close_pull(old)
 
+    def stop_fetching(self) -> None:
+        """The stage stops: the fetch under way ends now, finding nothing (it need not be waited out), and
+        no other starts."""
+        self._stopped = True
+        if self._fetching is not None:
+            self._fetching.cancel()
+
     async def hand_back_pending(self) -> int:
         return await hand_back_pending(self.psub)
 
@@ -158,12 +182,12 @@ async def join_work(
     return js, kv, work, dead
 
 
-async def _fetch(psub) -> tuple[list, bool]:
+async def _fetch(psub, wait: float) -> tuple[list, bool]:
     """(up to one message, whether the fetch failed otherwise than by finding none)."""
     from nats.errors import TimeoutError as NatsTimeoutError
 
     try:
-        return await psub.fetch(1, timeout=0.5), False
+        return await psub.fetch(1, timeout=wait), False
     except (asyncio.TimeoutError, NatsTimeoutError):
         return [], False
     except Exception as exc:  # reconnecting, or the consumer is gone: try again shortly

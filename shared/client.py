@@ -68,7 +68,6 @@ log = logging.getLogger("embedfleet.client")
 T = TypeVar("T")
 
 _NO_RESPONDERS = "503"
-_CONNECTION_POLL = 0.1  # seconds between checks of the NATS connection
 # seconds before its deadline at which a request whose rows wait for the model to be served again is
 # answered 503 (before the wait_for at the deadline answers 504)
 _GIVE_UP_BEFORE = 0.2
@@ -237,18 +236,17 @@ class EmbedClient:
         self._pending: dict[str, _Pending] = {}
         self._attempts: dict[str, tuple[_Pending, np.ndarray | None]] = {}  # attempt id -> request, row map
         self._sub = None
-        self._watch: asyncio.Task | None = None
+        self._watching = False  # whether a dropped connection fails what is in flight (_watch_connection)
+        self._hooked = False  # whether the connection's disconnected callback calls ours
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
-        self._watch = asyncio.create_task(self._watch_connection(), name="connection-watch")
+        self._watch_connection()
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        self._watching = False
         for task in list(self._tasks):  # resends waiting for a worker: nothing will take their rows now
             task.cancel()
         if self._sub is not None:
@@ -396,14 +394,26 @@ class EmbedClient:
         if not self._nc.is_connected:
             raise ServiceError(ErrorCode.NO_RESPONDERS, "the NATS server is unreachable right now; retry shortly")
 
-    async def _watch_connection(self) -> None:
-        """Fail what is in flight as soon as the connection drops: its replies would be lost."""
-        while True:
-            await asyncio.sleep(_CONNECTION_POLL)
-            if not self._nc.is_connected and self._pending:
+    def _watch_connection(self) -> None:
+        """Fail what is in flight as soon as the connection drops: its replies would be lost. nats-py calls
+        its disconnected callback once the socket is closed (a reconnect begins, or the client closes), its
+        status already not connected, so no request starts after it; ours goes before the one the
+        connection was made with (shared.lifecycle.connect), which still runs."""
+        self._watching = True
+        if self._hooked:
+            return  # started again: the chain holds this client's callback already
+        previous = self._nc._disconnected_cb  # nats-py keeps one; connect() takes it, no public setter
+
+        async def on_disconnect() -> None:
+            if self._watching and not self._nc.is_connected and self._pending:
                 error = ServiceError(ErrorCode.NO_RESPONDERS, "lost the connection to the NATS server; retry shortly")
                 for pending in list(self._pending.values()):
                     pending.fail(error)
+            if previous is not None:
+                await previous()
+
+        self._nc._disconnected_cb = on_disconnect
+        self._hooked = True
 
     async def tokenize(
         self, model: str, texts: list[str], add_special_tokens: bool, prompt_name: str | None, timeout: float

@@ -167,8 +167,9 @@ OPTIONS: tuple[Option, ...] = (
             type=positive_float),
     # -- watching the fleet (who serves what, who died) -------------------------------------------
     _option("--discovery-interval", "EMBEDFLEET_DISCOVERY_INTERVAL", 1.0,
-            "seconds between pings of the tokenizers and workers; one silent for 3 intervals is taken for dead and "
-            "the rows it held are sent again", GATEWAY | {"scorer"}, "fleet", type=positive_float),
+            "seconds between pings of the tokenizers and workers (5 times that while no request came since the last "
+            "ping); one silent for 3 intervals and 3 pings is taken for dead and the rows it held are sent again",
+            GATEWAY | {"scorer"}, "fleet", type=positive_float),
     _option("--discovery-wait", "EMBEDFLEET_DISCOVERY_WAIT", 0.25, "seconds a ping gathers replies",
             GATEWAY | {"scorer"}, "fleet", type=positive_float),
     # -- embedfleet up --------------------------------------------------------------------------
@@ -259,9 +260,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--load-interval", "EMBEDFLEET_LOAD_INTERVAL", 0.05,
             "seconds between queue-depth reports to the tokenizers while work waits or runs on the worker",
             {"worker"}, "worker", type=positive_float),
-    _option("--load-idle-interval", "EMBEDFLEET_LOAD_IDLE_INTERVAL", 0.25,
+    _option("--load-idle-interval", "EMBEDFLEET_LOAD_IDLE_INTERVAL", 2.0,
             "seconds between queue-depth reports while nothing waits on the worker (at least --load-interval; a new "
-            "batch is reported at the next --load-interval); a dead idle worker is dropped after 3 of them",
+            "batch is reported at the next --load-interval); a dead idle worker is dropped after 3 of them, or at once "
+            "when a batch sent to it reaches nobody",
             {"worker"}, "worker", type=positive_float),
     # -- the scorer -----------------------------------------------------------------------------
     _option("--max-concurrency", "EMBEDFLEET_SCORER_CONCURRENCY", 64, "rerank requests handled at once", {"scorer"},

@@ -504,9 +504,9 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
 def serve(cfg: GatewayConfig, log_level: str) -> None:
     import uvicorn
 
-    from services.gateway import http_server
+    from services.gateway import http_server, uvicorn_server
 
-    uvicorn.run(
+    uvicorn_server.run(uvicorn.Config(
         create_app(cfg),
         host=cfg.host,
         port=cfg.port,
@@ -515,4 +515,4 @@ def serve(cfg: GatewayConfig, log_level: str) -> None:
         access_log=log_level == "debug",
         timeout_graceful_shutdown=30,
         http=http_server.protocol(cfg.http),  # limits on headers and slow clients
-    )
+    ))

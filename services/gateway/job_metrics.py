@@ -2,8 +2,11 @@
 
 Read from NATS in the background every ``--job-metrics-interval`` seconds (never while a request or a scrape waits):
 the consumers of the jobs stream (the tokenizers', one per model) and of the bulk stream (the
-workers'), and the job states in the job bucket. A finished job's state no longer changes, so it is
-read once; its gauges stay ``KEEP_FINISHED`` seconds after it finished, so its last values are scraped.
+workers'), and the job states in the job bucket. The states are read again only when the bucket's
+stream changed since (a write, a deletion or an expiry moves its sequence numbers or its count): an
+idle bucket costs one stream-info request a refresh, not a listing of its keys (which makes the server
+create and remove a consumer). A finished job's state no longer changes, so it is read once; its
+gauges stay ``KEEP_FINISHED`` seconds after it finished, so its last values are scraped.
 
 On a gateway with API keys a job belongs to the key that made it, and /metrics is open (--open-paths)
 or read with any key: a job's ``job_id`` label is then a digest of its id (``job_label``), which tells
@@ -56,6 +59,8 @@ class JobMetrics:
         self._shown: set[tuple[str, str]] = set()  # (job, model) with gauges
         self._statuses: set[str] = set()
         self._finished: dict[str, dict] = {}  # job -> its final state
+        self._states: dict[str, dict] = {}  # job -> its state, as last read
+        self._bucket: tuple[int, int, int] | None = None  # the bucket stream's (first seq, last seq, messages) then
         self._task: asyncio.Task | None = None
         self._hidden = False  # job ids shown as digests
 
@@ -95,6 +100,14 @@ class JobMetrics:
         self._updated.set(now)
 
     async def _job_states(self, kv) -> dict[str, dict]:
+        state = (await kv.status()).stream_info.state
+        bucket = (state.first_seq, state.last_seq, state.messages)
+        if bucket != self._bucket:
+            self._states = await self._read_states(kv)
+            self._bucket = bucket
+        return self._states
+
+    async def _read_states(self, kv) -> dict[str, dict]:
         try:
             keys = await kv.keys()
         except NoKeysError:

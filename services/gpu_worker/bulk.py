@@ -98,6 +98,7 @@ class BulkFeeder:
         it started finishes, and is stored and acknowledged before ``close``)."""
         self._stopping = True
         if self._task is not None:
+            self._work.stop_fetching()  # an idle stage's fetch waits seconds for a batch
             await self._task
             self._task = None
         withdrawn = self._scheduler.withdraw_bulk()

@@ -3,10 +3,10 @@
 While work waits or runs on the worker, a report every ``busy`` seconds: the tokenizers route each
 batch by these figures, and a busy worker that dies must drop out of their routing within
 milliseconds. While nothing waits, a report every ``idle`` seconds: an idle fleet's tokenizers,
-workers and NATS servers then handle a fraction of the messages (5x fewer at the defaults). A change
+workers and NATS servers then handle a fraction of the messages (40x fewer at the defaults). A change
 is never held back: a worker that gets work, or runs out of it, reports at its next ``busy`` tick.
 Each report names the longest wait until the next, which the tokenizers' staleness check reads. An
-idle worker sleeps until work arrives or its next report is due: it wakes a few times a second, not
+idle worker sleeps until work arrives or its next report is due: it wakes every other second, not
 at every ``busy`` tick.
 """
 

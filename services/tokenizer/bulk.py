@@ -68,6 +68,7 @@ class BulkTokenizer:
     async def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
+            self._work.stop_fetching()  # an idle stage's fetch waits seconds for a batch
             await self._task  # the batch in hand is finished and acknowledged
             self._task = None
         if await self._work.hand_back_pending():

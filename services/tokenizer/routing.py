@@ -1,7 +1,7 @@
 """Load-aware routing: send each token batch to the live worker that will finish it first. No NATS here.
 
 Workers report the tokens waiting on them and their recent speed (tokens/s) every few tens of
-milliseconds while busy, a few times a second while idle. A batch goes where (waiting + sent since
+milliseconds while busy, every other second while idle. A batch goes where (waiting + sent since
 the report + this batch) / speed is least: the least-loaded worker among equals, and a slower
 (busier, older, shared) worker only once the faster one's queue outweighs the difference. Tokens the
 router itself sent since a worker's last report count as waiting, so a burst spreads instead of

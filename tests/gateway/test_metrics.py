@@ -35,8 +35,18 @@ class FakeBucket:
     def __init__(self, states: dict[str, dict]) -> None:
         self.states = states
         self.reads: list[str] = []
+        self.listings = 0  # keys() calls
+        self.status_calls = 0
+
+    async def status(self):
+        """The bucket's stream: its sequence numbers move with every change of a state, as a real one's do."""
+        self.status_calls += 1
+        seq = hash(json.dumps(self.states, sort_keys=True))
+        return SimpleNamespace(stream_info=SimpleNamespace(state=SimpleNamespace(first_seq=1, last_seq=seq,
+                                                                                 messages=len(self.states))))
 
     async def keys(self):
+        self.listings += 1
         if not self.states:
             raise NoKeysError
         return list(self.states)
@@ -147,3 +157,23 @@ def test_a_failed_refresh_keeps_the_loop_and_the_last_values():
         return js.calls
 
     assert asyncio.run(main()) >= 3
+
+
+def test_an_unchanged_bucket_is_not_listed_again():
+    """Nothing written to the job bucket since the last refresh: its keys are not listed (a consumer the
+    server makes and removes) and no state is read; the gauges stay, a finished job's still ages out."""
+    metrics = Metrics()
+    js = FakeJetStream({})
+    kv = FakeBucket({"new": {"job": "new", "model": "m", "status": "done", "documents": 9, "done": 9,
+                             "finished": NOW - 10}})
+    asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW))
+    assert (kv.listings, kv.reads) == (1, ["new"])
+    asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + 5))
+    assert (kv.listings, kv.reads, kv.status_calls) == (1, ["new"], 2)
+    assert value(_text(metrics), "embedfleet_job_documents", job_id="new", model="m", state="done") == 9
+    asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + KEEP_FINISHED))
+    assert not has(_text(metrics), "embedfleet_job_documents", job_id="new", model="m", state="done")
+    kv.states["run"] = {"job": "run", "model": "m", "status": "running", "documents": 4, "done": 1}
+    asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + KEEP_FINISHED + 1))
+    assert kv.listings == 2
+    assert value(_text(metrics), "embedfleet_job_documents", job_id="run", model="m", state="done") == 1

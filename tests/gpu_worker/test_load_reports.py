@@ -4,6 +4,7 @@ from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.load_reports import ReportCadence
 from services.tokenizer.routing import Router
 from shared.config import ConfigError
+from shared.options import default
 from shared.protocol import LoadReport
 
 BUSY, IDLE = 0.05, 0.25
@@ -55,3 +56,12 @@ def test_an_idle_interval_below_the_busy_one_is_refused(model_info):
         WorkerConfig(nats=None, model=model_info, device="cpu", dtype=None, max_batch_tokens=None, max_batch_seqs=64,
                      replicas=1, threads=None, graphs=None, attention="auto", load_interval=0.05,
                      load_idle_interval=0.01)
+
+
+def test_an_idle_worker_at_the_defaults_reports_every_other_second():
+    """The defaults an idle fleet runs with: a report every other second (not four a second), a busy
+    worker's every 50 ms."""
+    cadence = ReportCadence(default("load_interval"), default("load_idle_interval"))
+    ticks = [cadence.due(0, i * cadence.busy) for i in range(int(10 / cadence.busy))]  # 10 s idle
+    assert sum(t is not None for t in ticks) == 5
+    assert cadence.due(512, 10.0) == 0.05

@@ -55,6 +55,29 @@ def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
     assert "(0.0 docs/s, 0 tokens/s); 300 stored by an earlier run) -> " in again.stdout, again.stdout
 
 
+def test_a_job_sent_to_an_idle_stack_is_done_at_once(stack):
+    """Idle, the tokenizer's and worker's fetches wait seconds at the server (they ask rarely); a job
+    sent then is taken by both stages as it arrives, not when their waits end."""
+    import time
+
+    import httpx
+
+    from shared.bulkwork import FETCH_WAIT
+
+    time.sleep(FETCH_WAIT + 1)  # the scenario: both stages idle, each in a fetch left waiting
+    sent = time.monotonic()
+    r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "idle-0", "text": "after a quiet while"}]},
+                   timeout=60)
+    assert r.status_code == 202, r.text
+    job, state = r.json()["id"], {}
+    while time.monotonic() - sent < 30 and state.get("status") != "done":
+        state = httpx.get(f"{stack.base_url}/v1/jobs/{job}").json()
+        time.sleep(0.05)
+    took = time.monotonic() - sent
+    assert state["status"] == "done" and state["done"] == 1, state
+    assert took < FETCH_WAIT - 1, took  # two stages that waited out their fetches would take 5 s or more
+
+
 def test_reindex_refuses_bad_input(stack, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n')

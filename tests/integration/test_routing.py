@@ -11,6 +11,7 @@ import nats
 import pytest
 
 from shared.nats_server import EmbeddedNats, free_port
+from shared.options import default
 from shared.protocol import LoadReport, decode
 from shared.subjects import Subjects
 from tests.corpus import medium_texts
@@ -21,8 +22,9 @@ pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"
 
 
-def _load_reporters(url: str, seconds: float = 0.6) -> dict[str, float]:
-    """The workers that report their load within ``seconds``: id -> their report interval."""
+def _load_reporters(url: str, seconds: float = 1.5 * default("load_idle_interval")) -> dict[str, float]:
+    """The workers that report their load within ``seconds`` (an idle one reports every
+    --load-idle-interval): id -> their report interval."""
     async def listen() -> dict[str, float]:
         nc = await nats.connect(url)
         seen: dict[str, float] = {}

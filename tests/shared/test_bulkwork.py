@@ -249,3 +249,77 @@ def test_a_work_queue_makes_its_lost_consumer_again_and_takes_work_through_it(na
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_an_idle_work_queue_takes_a_batch_as_it_is_published(nats_url):
+    """A stage's fetch waits seconds at the server while nothing comes (an idle stage asks rarely), yet a
+    batch published meanwhile is taken at once, not when the wait ends."""
+    import time
+
+    from shared.bulkwork import FETCH_WAIT, WorkQueue
+
+    async def main() -> float:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
+            work = WorkQueue(js, stream, "w", subject, JobSettings())
+            await work.open()
+            fetching = asyncio.create_task(work.fetch())
+
+            async def at_server() -> bool:
+                return bool((await js.consumer_info(stream, "w")).num_waiting)
+
+            await eventually(at_server, 5, "the pull request at the server")
+            await asyncio.sleep(1.0)  # the stage has been idle a while
+            published = time.monotonic()
+            await js.publish(subject, b"first", headers={"Nats-Msg-Id": "j:0:0"})
+            got = await fetching
+            took = time.monotonic() - published
+            assert [m.data for m in got] == [b"first"]
+            await got[0].ack()
+            await work.close()
+            return took
+        finally:
+            await nc.close()
+
+    assert FETCH_WAIT >= 5.0  # idle stages ask the server at most every few seconds
+    took = asyncio.run(main())
+    assert took < 1.0, took
+
+
+def test_stop_fetching_ends_the_wait_at_once_and_a_late_batch_is_handed_back(nats_url):
+    """A stopping stage does not wait out its fetch; a batch its pull request brings after that is handed
+    back for another stage at once."""
+    import time
+
+    from shared.bulkwork import WorkQueue
+
+    async def main() -> None:
+        nc, js, kv, subjects = await _setup(nats_url)
+        try:
+            stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
+            work = WorkQueue(js, stream, "w", subject, JobSettings(), wait=30.0)
+            await work.open()
+            fetching = asyncio.create_task(work.fetch())
+
+            async def at_server() -> bool:
+                return bool((await js.consumer_info(stream, "w")).num_waiting)
+
+            await eventually(at_server, 5, "the pull request at the server")
+            stopped = time.monotonic()
+            work.stop_fetching()
+            assert await fetching == []
+            assert time.monotonic() - stopped < 0.5
+            assert await work.fetch() == []  # stopped: no new fetch waits
+            await js.publish(subject, b"late", headers={"Nats-Msg-Id": "j:0:0"})
+            await eventually(lambda: work.psub.pending_msgs > 0, 5, "the late batch delivered")
+            assert await work.hand_back_pending() == 1
+            other = await open_work(js, stream, "w", subject, JobSettings())
+            (msg,) = await _fetch(other, 3)
+            assert msg.data == b"late" and msg.metadata.num_delivered == 2
+            await msg.ack()
+            await work.close()
+        finally:
+            await nc.close()
+
+    asyncio.run(main())

@@ -12,7 +12,7 @@ import pytest
 
 from shared.client import EmbedClient
 from shared.errors import ServiceError
-from shared.fleet import LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
+from shared.fleet import IDLE_POLLS, LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
 from shared.lifecycle import register
 from shared.protocol import EmbedOptions, EmbedRequest, decode_as
 from shared.subjects import Subjects
@@ -86,37 +86,89 @@ def test_waiting_for_a_model_sees_a_process_come_back(nats_url):
     assert took < 1.0  # a ping every WAITING_POLL (0.3 s) and its 0.1 s wait
 
 
+async def _silent_worker(url: str, prefix: str, interval: float, asking: bool) -> tuple[bool, bool, float]:
+    """A worker whose ping endpoint stops (its connection open): whether its model is still served after
+    one missed ping, whether it is at the end, and how long after it fell silent it was taken for lost.
+    ``asking``: requests keep going out (each asks how many workers serve the model), so the watch is not
+    idle; none is in flight, so the liveness checks (which would find the stopped endpoint) stay asleep."""
+    watcher = await nats.connect(url)
+    watch = FleetWatch(watcher, prefix, wait=0.1, interval=interval, busy=lambda: False)
+    tokenizer, worker = await nats.connect(url), await nats.connect(url)
+    await register(tokenizer, Subjects(prefix), "tokenizer", "test", {"model": "m", "instance": "t"})
+    service = await register(worker, Subjects(prefix), "worker", "test", {"model": "m", "instance": "w"})
+    try:
+        await watch.start()
+        began = time.monotonic()
+        while not watch.serves("m") and time.monotonic() - began < 10:  # a loaded machine may miss a 0.1 s wait
+            await watch.refresh()
+        assert watch.serves("m")
+        await service.stop()  # answers no ping from now on
+        silent = time.monotonic()
+        await watch.refresh()
+        still = watch.serves("m")  # one missed poll
+        while watch.serves("m") and time.monotonic() - silent < 10 + 4 * IDLE_POLLS * interval:
+            if asking:
+                watch.workers("m")
+            await asyncio.sleep(0.02)
+        return still, watch.serves("m"), time.monotonic() - silent
+    finally:
+        await watch.stop()
+        for nc in (watcher, tokenizer, worker):
+            await nc.close()
+
+
 def test_a_process_that_misses_a_ping_still_serves_until_it_is_taken_for_lost(nats_url):
     """A worker too busy to answer a poll in time (here: its ping endpoint stopped, its connection
     open) keeps its model served for LOST_AFTER_POLLS polls, not one: requests are not refused 503
     because an event loop was slow once."""
-
-    async def run() -> tuple[bool, bool, float]:
-        watcher = await nats.connect(nats_url)
-        interval, wait = 0.3, 0.1
-        watch = FleetWatch(watcher, PREFIX + "3", wait=wait, interval=interval, busy=lambda: False)
-        tokenizer, worker = await nats.connect(nats_url), await nats.connect(nats_url)
-        await register(tokenizer, Subjects(PREFIX + "3"), "tokenizer", "test", {"model": "m", "instance": "t"})
-        service = await register(worker, Subjects(PREFIX + "3"), "worker", "test", {"model": "m", "instance": "w"})
-        try:
-            await watch.start()
-            await watch.refresh()
-            assert watch.serves("m")
-            await service.stop()  # answers no ping from now on
-            silent = time.monotonic()
-            await watch.refresh()
-            still = watch.serves("m")  # one missed poll
-            while watch.serves("m") and time.monotonic() - silent < 10:
-                await asyncio.sleep(0.02)
-            return still, watch.serves("m"), time.monotonic() - silent
-        finally:
-            await watch.stop()
-            for nc in (watcher, tokenizer, worker):
-                await nc.close()
-
-    still, later, took = asyncio.run(run())
+    still, later, took = asyncio.run(_silent_worker(nats_url, PREFIX + "3", 0.3, asking=True))
     assert still and not later
     assert LOST_AFTER_POLLS * 0.3 <= took < LOST_AFTER_POLLS * 0.3 + 2.0, took
+
+
+def test_an_idle_watch_pings_less_often_and_takes_a_silent_process_for_lost_after_as_many_pings(nats_url):
+    """Idle, the watch pings every IDLE_POLLS intervals; a process silent for one such ping still serves
+    (the first request after a quiet while finds its model served), and is taken for lost after
+    LOST_AFTER_POLLS of them."""
+    interval = 0.2
+    still, later, took = asyncio.run(_silent_worker(nats_url, PREFIX + "5", interval, asking=False))
+    assert still and not later
+    idle_gap = IDLE_POLLS * interval
+    assert (LOST_AFTER_POLLS - 1) * idle_gap <= took < LOST_AFTER_POLLS * idle_gap + 2.0, took
+
+
+def test_an_idle_watch_pings_every_few_intervals_and_a_request_brings_the_next_ping_forward(nats_url):
+    async def run() -> tuple[int, float]:
+        prefix = PREFIX + "6"
+        interval = 0.3
+        watcher = await nats.connect(nats_url)
+        watch = FleetWatch(watcher, prefix, wait=0.05, interval=interval, busy=lambda: False)
+        member = await _member(nats_url, "worker", "w1", prefix)
+        pings: list[float] = []
+
+        async def count(msg) -> None:
+            pings.append(time.monotonic())
+
+        spy = await member.subscribe("$SRV.PING.embedfleet-worker", cb=count)
+        await member.flush()
+        try:
+            await watch.start()
+            await asyncio.sleep(3.5 * IDLE_POLLS * interval)  # 5.25 s idle: 4 pings (0, 1.5, 3, 4.5 s), not 18
+            idle = len(pings)
+            asked = time.monotonic()
+            watch.workers("m")  # a request goes out
+            while len(pings) == idle and time.monotonic() - asked < 5:
+                await asyncio.sleep(0.01)
+            return idle, pings[-1] - asked
+        finally:
+            await spy.unsubscribe()
+            await watch.stop()
+            for nc in (watcher, member):
+                await nc.close()
+
+    idle, forward = asyncio.run(run())
+    assert 3 <= idle <= 5, idle
+    assert forward < 0.3 + 0.5, forward  # no later than an interval after the last ping, not at the next idle one
 
 
 def test_requests_ask_for_held_replies_only_while_several_workers_serve_the_model(nats_url):
@@ -154,3 +206,63 @@ def test_requests_ask_for_held_replies_only_while_several_workers_serve_the_mode
     counts, asked = asyncio.run(run())
     assert counts == [1, 2]
     assert asked == [False, True]
+
+
+def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once(nats_url):
+    """Idle, the watch's liveness checks sleep (no message, no wake-up); the first request that goes out
+    wakes them: a worker whose connection closes while it holds the request is found within the
+    liveness interval, and the request's rows go out again."""
+
+    async def run() -> tuple[int, list[tuple], float]:
+        prefix = PREFIX + "4"
+        watcher = await nats.connect(nats_url)
+        client: EmbedClient | None = None
+        watch = FleetWatch(watcher, prefix, wait=0.2, interval=60,
+                           busy=lambda: client is not None and client.in_flight > 0)
+        client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+        lost: list[tuple] = []
+        watch.on_lost(lambda *who: lost.append((time.monotonic(), who)))
+        got = asyncio.Event()
+
+        async def tokenizer(msg) -> None:  # takes the request, answers nothing
+            got.set()
+
+        members = [await _member(nats_url, "tokenizer", "t1", prefix), await _member(nats_url, "worker", "w1", prefix)]
+        await members[0].subscribe(Subjects(prefix).embed("m"), cb=tokenizer)
+        try:
+            await watch.start()
+            await client.start()
+            began = time.monotonic()
+            while not watch.serves("m") and time.monotonic() - began < 10:  # a loaded machine may miss a wait
+                await watch.refresh()
+            pings = 0
+
+            async def count(msg) -> None:
+                nonlocal pings
+                pings += 1
+
+            spy = await members[1].subscribe("$SRV.PING.>", cb=count)
+            await asyncio.sleep(10 * LIVENESS_INTERVAL)  # idle: no liveness check
+            idle_pings = pings
+            await spy.unsubscribe()
+            call = asyncio.create_task(client.embed("m", ["a text"], EmbedOptions(), timeout=5))
+            await asyncio.wait_for(got.wait(), 5)
+            closed = time.monotonic()
+            await members[1].close()  # the worker dies holding the request
+            while not lost and time.monotonic() - closed < 5:
+                await asyncio.sleep(0.01)
+            call.cancel()
+            return idle_pings, lost, closed
+        finally:
+            await client.stop()
+            await watch.stop()
+            for nc in [watcher, *members]:
+                if not nc.is_closed:
+                    await nc.close()
+
+    idle_pings, lost, closed = asyncio.run(run())
+    assert idle_pings == 0
+    assert [who for _, who in lost] == [("worker", "w1", "m")]
+    # within a liveness interval or two (a loaded machine adds some): the background polls, a minute
+    # apart here, could not have found it
+    assert lost[0][0] - closed < 1.5
