@@ -1,6 +1,7 @@
 """The benchmarks' own code paths, at tiny sizes (figures come from running them for real)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -180,6 +181,14 @@ def test_protocol_benchmark_times_the_hot_messages():
             if line.startswith(("TokenChunk", "EmbedResult", "JobBatch"))}
     assert set(rows) == {"TokenChunk 32x128", "EmbedResult 32x384", "JobBatch 64"}
     assert all(float(row[-1]) > 0 for row in rows.values())  # µs (or, with msgspec, the ratio)
+
+
+def test_nats_message_benchmark_prints_the_cpu_of_a_message():
+    result = subprocess.run([sys.executable, "-m", "bench.nats_message", "--messages", "400"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    match = re.match(r"([0-9.]+) us of CPU a message in nats-py, both ends \(400 messages of 300 bytes", result.stdout)
+    assert match and float(match.group(1)) > 0, result.stdout
 
 
 def test_job_results_benchmark_reads_a_job_back_in_both_forms():
