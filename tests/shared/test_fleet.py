@@ -167,7 +167,9 @@ def test_an_idle_watch_pings_every_few_intervals_and_a_request_brings_the_next_p
                 await nc.close()
 
     idle, forward = asyncio.run(run())
-    assert 3 <= idle <= 5, idle
+    # 4 expected; a loaded machine delays a poll or two past the window's edges. Busy, the watch would
+    # have pinged 18 times in the same while
+    assert 2 <= idle <= 9, idle
     assert forward < 0.3 + 0.5, forward  # no later than an interval after the last ping, not at the next idle one
 
 
@@ -242,8 +244,10 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
                 pings += 1
 
             spy = await members[1].subscribe("$SRV.PING.>", cb=count)
+            await asyncio.sleep(5 * LIVENESS_INTERVAL)  # a round already under way (a loaded machine) ends
+            settled = pings
             await asyncio.sleep(10 * LIVENESS_INTERVAL)  # idle: no liveness check
-            idle_pings = pings
+            idle_pings = pings - settled
             await spy.unsubscribe()
             call = asyncio.create_task(client.embed("m", ["a text"], EmbedOptions(), timeout=5))
             await asyncio.wait_for(got.wait(), 5)
@@ -261,7 +265,8 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
                     await nc.close()
 
     idle_pings, lost, closed = asyncio.run(run())
-    assert idle_pings == 0
+    # none expected; one straggling round of two members at most on a loaded machine (busy: 20 in the while)
+    assert idle_pings <= 2, idle_pings
     assert [who for _, who in lost] == [("worker", "w1", "m")]
     # within a liveness interval or two (a loaded machine adds some): the background polls, a minute
     # apart here, could not have found it
