@@ -192,7 +192,10 @@ class Gateway:
                 chunks = None  # a vector per input
         headers = self.stage_headers(outcome)
         kind = negotiate(request.headers.get("accept"))
-        if kind != "json" and chunks is None:
+        if kind != "json" and chunks is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "a binary answer has no room for the chunks' offsets: ask "
+                           "for JSON, or for 'chunking.return' 'mean' (a vector per input)", "chunking")
+        if kind != "json":
             return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
         body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form, chunks)
         return Response(body, media_type="application/json", headers=headers)

@@ -114,3 +114,13 @@ def test_the_readme_example_is_answered_as_it_says(stack):
     (item,) = r.json()["data"]  # "a long document ..." fits one window
     assert (item["index"], item["chunk"], item["start"], item["end"]) == (0, 0, 0, len(sent["input"][0]))
     assert len(item["embedding"]) == 384
+
+
+def test_a_binary_answer_takes_the_mean_and_refuses_chunk_offsets(stack, texts):
+    url, body = f"{stack.base_url}/v1/embeddings", {"model": MODEL, "input": texts}
+    mean = httpx.post(url, json={**body, "chunking": {"size": 64, "return": "mean"}},
+                      headers={"accept": "application/octet-stream"}, timeout=120)
+    assert mean.status_code == 200 and len(mean.content) == 2 * 384 * 4, mean.text[:300]
+    chunks = httpx.post(url, json={**body, "chunking": {"size": 64}}, headers={"accept": "application/octet-stream"},
+                        timeout=120)
+    assert chunks.status_code == 400 and chunks.json()["error"]["param"] == "chunking", chunks.text
