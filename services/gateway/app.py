@@ -27,11 +27,12 @@ from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir import same_model
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
-from shared.quantize import FORMS, WIRE_FORMS
+from shared.quantize import FORMS, WIRE_FORMS, quantize
 from shared.tracing import Tracer
 from services.gateway import cohere_api, health, models_api, openai_api, rerank_api, tei_api, tei_tasks
 from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
+from services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
 from services.gateway.config import GatewayConfig
 from services.gateway.endpoints import Endpoints
 from services.gateway.errors import ApiError, error_response
@@ -181,14 +182,46 @@ class Gateway:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.model)
         options = EmbedOptions(dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type][0])
-        outcome = await self.run_embed(model, req.inputs, options)
-        form = rows_form(options.dtype, outcome.dtype)
+        chunks = None
+        if req.chunking is None:
+            outcome = await self.run_embed(model, req.inputs, options)
+            form = rows_form(options.dtype, outcome.dtype)
+        else:
+            outcome, chunks, form = await self.run_chunked(model, req.texts, options, req.chunking)
+            if req.chunking.returns == "mean":
+                chunks = None  # a vector per input
         headers = self.stage_headers(outcome)
         kind = negotiate(request.headers.get("accept"))
+        if kind != "json" and chunks is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "a binary answer has no room for the chunks' offsets: ask "
+                           "for JSON, or for 'chunking.return' 'mean' (a vector per input)", "chunking")
         if kind != "json":
             return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
-        body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form)
+        body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form, chunks)
         return Response(body, media_type="application/json", headers=headers)
+
+    async def run_chunked(self, model: str, texts: list[str], options: EmbedOptions, chunking: Chunking
+                          ) -> tuple[EmbedOutcome, list, str]:
+        """``texts`` cut into chunks (a tokenizer says where), the chunks' texts embedded: the outcome with
+        a row per chunk (``"chunks"``) or per input (``"mean"``), each input's chunks, and the rows' form."""
+        if chunking.late:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking.late' (late chunking) is not served yet: send "
+                           "'late': false", "chunking.late")
+        mean = chunking.returns == "mean"
+        asked = options.dtype
+        async with self.admitted():
+            layout = await self.client.chunk(model, texts, chunking.spec, options, self.cfg.request_timeout)
+        pieces, chunks = chunk_texts(texts, layout)
+        floats = dataclasses.replace(options, dtype="f4") if mean else options  # averaged in float32, then made the asked form
+        outcome = await self.run_embed(model, Inputs(pieces, None), floats)
+        form = rows_form(floats.dtype, outcome.dtype)
+        if mean:
+            view = await self.discovery.view()
+            normalize = view.workers.get(model, {}).get("normalize", "true") == "true"
+            vectors = mean_of_chunks(outcome.vectors, chunks, normalize)
+            form = WIRE_FORMS[asked]
+            outcome = dataclasses.replace(outcome, vectors=quantize(vectors, form))
+        return outcome, chunks, form
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()

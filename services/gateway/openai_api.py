@@ -11,6 +11,7 @@ import orjson
 
 from shared.errors import ErrorCode
 from shared.quantize import FORMS
+from services.gateway.chunking import Chunking, parse_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
 
@@ -26,6 +27,7 @@ class EmbeddingsRequest:
     dimensions: int | None
     input_type: str | None = None
     embedding_type: str = "float32"  # the vector form (shared/quantize.py); 'float' in the request is float32
+    chunking: Chunking | None = None  # long inputs cut into chunks (services/gateway/chunking.py)
 
     @property
     def texts(self) -> list[str]:
@@ -47,21 +49,32 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     input_type = optional(doc, "input_type", str)
     if input_type is not None and input_type not in INPUT_TYPES:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc))
+    chunking = parse_chunking(doc)
+    if chunking is not None and inputs.token_ids is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts: give 'input' as text, not token IDs", "chunking")
+    return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc),
+                             chunking)
 
 
-def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str, form: str = "float32") -> bytes:
+def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str, form: str = "float32",
+                      chunks: list | None = None) -> bytes:
     """The OpenAI response body. ``vectors``: [n, stored_width(form, dim)] rows of ``form``.
 
     "float": each row as JSON numbers, serialised by orjson straight from numpy (integers for int8,
     uint8 and the packed bytes of binary / ubinary, as Cohere answers them); "base64": each row's
-    little-endian bytes in that form."""
+    little-endian bytes in that form. ``chunks``: per input its TextChunks, one row each (the rows
+    input by input): each item then names its input, its chunk and the chunk's characters."""
     stored = vectors.astype(FORMS[form][1], copy=False)
     if encoding_format == "base64":
         rows: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in stored]
     else:
         rows = list(stored)
-    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    if chunks is None:
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    else:
+        places = [(i, k, c) for i, cs in enumerate(chunks) for k, c in enumerate(cs)]
+        data = [{"object": "embedding", "index": i, "chunk": k, "start": c.start, "end": c.end, "embedding": row}
+                for (i, k, c), row in zip(places, rows)]
     return orjson.dumps(
         {
             "object": "list",

@@ -188,6 +188,7 @@ class WorkerService:
                 "replicas": str(len(self._engines)),
                 "dtype": first.dtype_name,
                 "pooling": model.pooling,
+                "normalize": "true" if model.normalize else "false",  # a chunked request's mean is normalised as its chunks
                 "task": model.task,
                 "outputs": ",".join(model.outputs),
                 # the most a document's sparse / multivector output can hold (bulk jobs size batches by it)

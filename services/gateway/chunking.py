@@ -1,0 +1,84 @@
+"""The ``chunking`` option of the embedding routes: its parsing, and what the gateway makes of a layout.
+
+A request with ``chunking`` is answered in two hops: a tokenizer says where each input's chunks fall
+(``EmbedClient.chunk``), then the chunks' texts are embedded as an ordinary request (packing, workers
+and resends as for any input). ``"return": "chunks"`` answers a vector per chunk with its offsets;
+``"mean"`` a vector per input: the mean of its chunks' vectors weighted by their tokens, normalised
+again when the model normalises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shared.errors import ErrorCode, ServiceError
+from shared.protocol import ChunkLayout
+from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+from services.gateway.errors import ApiError
+
+RETURNS = ("chunks", "mean")
+_KEYS = ("size", "overlap", "boundary", "late", "return")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunking:
+    spec: ChunkSpec
+    late: bool = False
+    returns: str = "chunks"
+
+
+def parse_chunking(doc: dict[str, Any], param: str = "chunking") -> Chunking | None:
+    """The request's ``chunking`` object (None when absent); refused in the route's error shape when
+    its keys or values are wrong."""
+    raw = doc.get(param)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be an object with 'size' and optionally "
+                       f"{', '.join(repr(k) for k in _KEYS[1:])}", param)
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' has unknown keys {', '.join(map(repr, unknown))}: it takes "
+                       f"{', '.join(map(repr, _KEYS))}", param)
+    if "size" not in raw:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.size' is required: the most tokens of text a chunk holds",
+                       f"{param}.size")
+    late, returns = raw.get("late", False), raw.get("return", "chunks")
+    if not isinstance(late, bool):
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.late' must be true or false", f"{param}.late")
+    if returns not in RETURNS:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.return' must be 'chunks' or 'mean'", f"{param}.return")
+    boundary = raw.get("boundary", "token")
+    if not isinstance(boundary, str) or boundary not in BOUNDARIES:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.boundary' must be 'token' or 'sentence'", f"{param}.boundary")
+    try:
+        spec = ChunkSpec(raw["size"], raw.get("overlap", 0), boundary)
+    except ServiceError as exc:
+        raise ApiError(exc.code, exc.message, param) from None
+    return Chunking(spec, late, returns)
+
+
+def chunk_texts(texts: list[str], layout: ChunkLayout) -> tuple[list[str], list[list[TextChunk]]]:
+    """Every chunk's text, input by input, and each input's chunks."""
+    chunks = layout.chunks()
+    return [text[c.start:c.end] for text, cs in zip(texts, chunks) for c in cs], chunks
+
+
+def mean_of_chunks(vectors: np.ndarray, chunks: list[list[TextChunk]], normalize: bool) -> np.ndarray:
+    """[inputs, dim] float32: each input's chunk vectors (rows of ``vectors``, input by input) averaged,
+    weighted by their tokens (an input whose chunks hold none: equally), then L2-normalised when
+    ``normalize``."""
+    out = np.empty((len(chunks), vectors.shape[1]), dtype=np.float32)
+    row = 0
+    for i, cs in enumerate(chunks):
+        weights = np.array([c.tokens for c in cs], dtype=np.float64)
+        if not weights.sum():
+            weights[:] = 1.0
+        out[i] = (weights @ vectors[row : row + len(cs)].astype(np.float64)) / weights.sum()
+        row += len(cs)
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out

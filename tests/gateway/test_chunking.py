@@ -1,0 +1,45 @@
+"""The `chunking` option: parsing and refusals in the API's shape, and the mean of chunk vectors."""
+
+import numpy as np
+import pytest
+
+from shared.errors import ErrorCode
+from shared.text_chunks import ChunkSpec, TextChunk
+from services.gateway.chunking import Chunking, mean_of_chunks, parse_chunking
+from services.gateway.errors import ApiError
+
+
+def test_a_chunking_object_is_read_with_its_defaults():
+    assert parse_chunking({}) is None
+    assert parse_chunking({"chunking": {"size": 64}}) == Chunking(ChunkSpec(64, 0, "token"), False, "chunks")
+    assert parse_chunking({"chunking": {"size": 64, "overlap": 8, "boundary": "sentence", "late": False,
+                                        "return": "mean"}}) == Chunking(ChunkSpec(64, 8, "sentence"), False, "mean")
+
+
+@pytest.mark.parametrize("raw, param, message", [
+    ([64], "chunking", "'chunking' must be an object"),
+    ({"overlap": 2}, "chunking.size", "'chunking.size' is required"),
+    ({"size": 64, "stride": 2}, "chunking", "'chunking' has unknown keys 'stride'"),
+    ({"size": 0}, "chunking", "chunking.size must be an integer of at least 1, got 0"),
+    ({"size": "64"}, "chunking", "chunking.size must be an integer of at least 1, got '64'"),
+    ({"size": True}, "chunking", "chunking.size must be an integer of at least 1, got True"),
+    ({"size": 8, "overlap": 8}, "chunking", "chunking.overlap (8) must be less than chunking.size (8)"),
+    ({"size": 8, "overlap": -1}, "chunking", "chunking.overlap must be an integer of at least 0, got -1"),
+    ({"size": 8, "boundary": "word"}, "chunking.boundary", "'chunking.boundary' must be 'token' or 'sentence'"),
+    ({"size": 8, "late": "yes"}, "chunking.late", "'chunking.late' must be true or false"),
+    ({"size": 8, "return": "all"}, "chunking.return", "'chunking.return' must be 'chunks' or 'mean'"),
+])
+def test_a_wrong_chunking_object_is_refused_with_its_parameter(raw, param, message):
+    with pytest.raises(ApiError) as err:
+        parse_chunking({"chunking": raw})
+    assert err.value.code is ErrorCode.INVALID_REQUEST and err.value.status == 400
+    assert err.value.param == param and err.value.message.startswith(message), err.value.message
+
+
+def test_the_mean_weighs_chunks_by_their_tokens_and_is_normalised_when_asked():
+    vectors = np.array([[1, 0], [0, 1], [3, 4], [0, 2]], np.float32)
+    chunks = [[TextChunk(0, 5, 0, 3), TextChunk(4, 9, 2, 3)], [TextChunk(0, 4, 0, 4)], [TextChunk(0, 0, 0, 0)]]
+    raw = mean_of_chunks(vectors, chunks, normalize=False)
+    np.testing.assert_allclose(raw, [[0.75, 0.25], [3, 4], [0, 2]], rtol=1e-6)  # 3 and 1 tokens; an empty input alone
+    unit = mean_of_chunks(vectors, chunks, normalize=True)
+    np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-6)
