@@ -428,10 +428,7 @@ class EmbedClient:
     async def decode(self, model: str, ids: list[np.ndarray], skip_special_tokens: bool, timeout: float) -> list[str]:
         """Ask a tokenizer for the text of each sequence of token IDs."""
         request = DecodeRequest(uuid.uuid4().hex, model, ids, skip_special_tokens)
-        payload = encode(request)
-        if len(payload) > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
-                               f"{self._nc.max_payload}: send fewer token IDs per request")
+        payload = self._within_limit(encode(request), "send fewer token IDs per request")
         reply = await self._ask(self._subjects.decode(model), payload, "tokenizer", timeout, len(ids))
         if not isinstance(reply, DecodeResult) or len(reply.texts) != len(ids):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
@@ -442,14 +439,18 @@ class EmbedClient:
         """Ask a tokenizer where ``texts`` are cut into chunks of ``spec``, each with room for the prompt
         ``options`` name (the chunks' texts are then embedded with those options)."""
         request = ChunkRequest(uuid.uuid4().hex, model, texts, spec, options.prompt_name, options.input_type)
-        payload = encode(request)
-        if len(payload) > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
-                               f"{self._nc.max_payload}: send fewer or shorter texts per request")
+        payload = self._within_limit(encode(request), "send fewer or shorter texts per request")
         reply = await self._ask(self._subjects.chunk(model), payload, "tokenizer", timeout, len(texts))
         if not isinstance(reply, ChunkLayout) or len(reply.counts) != len(texts):
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply
+
+    def _within_limit(self, payload: bytes, fewer: str) -> bytes:
+        """``payload``, refused (what to send instead: ``fewer``) when it is over the NATS limit."""
+        if len(payload) > self._nc.max_payload:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
+                               f"{self._nc.max_payload}: {fewer}")
+        return payload
 
     async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
         """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""
