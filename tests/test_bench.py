@@ -226,3 +226,23 @@ def test_fabric_benchmark_measures_every_process_of_every_workload(tmp_path):
     assert all(v > 0 for v in data["projection"].values()) and len(data["projection"]) == 4
     assert data["idle"]["total_cpu_s_per_minute"] > 0
     assert "projection: cores to feed one H200" in result.stdout and "gateway / HTTP floor" in result.stdout
+
+
+def test_chunking_benchmark_measures_each_mode_against_truncation(tmp_path, capsys):
+    """bench.chunking --smoke: the same documents truncated, cut into chunks and averaged, on one stack;
+    chunks cover every token of a document, so they embed more tokens and make more vectors than
+    truncation, and the mean makes one vector a document."""
+    from bench import chunking
+
+    out = _bench(chunking, ["--smoke", "--out", str(tmp_path)], capsys)
+    data = json.loads((tmp_path / "chunking.json").read_text())
+    modes = data["modes"]
+    assert {"truncate", "chunks", "mean"} <= set(modes), data["refused"]
+    for mode, s in modes.items():
+        assert s["documents_per_s"] > 0 and s["embedded_tokens_per_s"] > 0, mode
+    per_doc = {m: s["vectors_per_s"] / s["documents_per_s"] for m, s in modes.items()}
+    assert per_doc["truncate"] == pytest.approx(1) and per_doc["mean"] == pytest.approx(1)
+    assert per_doc["chunks"] > 2  # ~1,000-token documents in 128-token chunks
+    tokens_per_doc = {m: s["embedded_tokens_per_s"] / s["documents_per_s"] for m, s in modes.items()}
+    assert tokens_per_doc["chunks"] > 2 * tokens_per_doc["truncate"]  # truncation embeds 256 a document
+    assert "docs/s vs truncate" in out and re.search(r"^chunks .* 0\.\d\dx$", out, re.M)
