@@ -1,0 +1,88 @@
+"""The pgvector sink against a real PostgreSQL with pgvector (pgserver ships both): tables made and
+checked, upserts that write each key once, the index, search with and without a filter, and the
+store's errors with their passwords hidden."""
+
+from __future__ import annotations
+
+import numpy as np
+import pgserver
+import pytest
+
+from shared.sinks.base import Rows, Shape, SinkError
+from shared.sinks.pgvector import PgVectorSink
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()
+
+
+def _unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgres):
+    sink = PgVectorSink(f"{postgres}&table=docs")
+    sink.open(Shape("float32", "dense", 16))
+    vectors, ids = _unit(600, 16), [f"doc-{i}" for i in range(600)]
+    for start in range(0, 600, 200):
+        sink.write(Rows(ids[start : start + 200], vectors[start : start + 200],
+                        [{"lang": "en" if i % 2 else "de", "n": i} for i in range(start, start + 200)]))
+    sink.write(Rows(ids[:200], vectors[:200], [{"lang": "en" if i % 2 else "de", "n": i} for i in range(200)]))  # again
+    sink.write(Rows(["doc-7", "doc-7"], vectors[[8, 7]], None))  # a key twice in one batch: the last wins
+    assert sink.count() == 600
+    sink.finish()
+    exact = np.argsort(-(vectors @ vectors[7]))[:10]
+    hits = sink.search(vectors[7], 10)
+    assert [h.id for h in hits][:1] == ["doc-7"] and hits[0].score == pytest.approx(1.0, abs=1e-6)
+    assert len({h.id for h in hits} & {ids[i] for i in exact}) >= 9  # HNSW: recall@10 >= 0.9 on 600 rows
+    assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[7]), abs=1e-5)
+    german = sink.search(vectors[7], 5, {"lang": "de"})
+    assert len(german) == 5 and all(h.metadata["lang"] == "de" and h.metadata["n"] % 2 == 0 for h in german)
+    sink.close()
+    again = PgVectorSink(f"{postgres}&table=docs")  # a later job's sink on the same table
+    again.open(Shape("float32", "dense", 16))
+    assert again.count() == 600
+
+
+def test_chunk_rows_are_keyed_by_id_and_chunk(postgres):
+    sink = PgVectorSink(f"{postgres}&table=chunks&index=none")
+    sink.open(Shape("float32", "dense", 8, chunked=True))
+    v = _unit(3, 8)
+    sink.write(Rows(["a", "a", "b"], v, None, [(0, 0, 10), (1, 8, 20), (0, 0, 5)]))
+    sink.write(Rows(["a"], v[1:2], None, [(1, 8, 20)]))
+    assert sink.count() == 3
+    sink.finish()  # index=none: nothing to build
+    hits = sink.search(v[1], 1)
+    assert (hits[0].id, hits[0].chunk) == ("a", 1)
+
+
+def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres):
+    PgVectorSink(f"{postgres}&table=shaped").open(Shape("float32", "dense", 8))
+    with pytest.raises(SinkError, match=r"holds embedding vector\(8\); this job makes vector\(16\)") as err:
+        PgVectorSink(f"{postgres}&table=shaped").open(Shape("float32", "dense", 16))
+    assert not err.value.retryable
+    with pytest.raises(SinkError, match="has no chunk column"):
+        PgVectorSink(f"{postgres}&table=shaped").open(Shape("float32", "dense", 8, chunked=True))
+    with pytest.raises(SinkError, match="no int8 vectors"):
+        PgVectorSink(f"{postgres}&table=other").open(Shape("int8", "dense", 8))
+    with pytest.raises(SinkError, match="no multi-vector column"):
+        PgVectorSink(f"{postgres}&table=other").open(Shape("float32", "multivector", 8))
+
+
+def test_bad_urls_are_refused_before_connecting():
+    with pytest.raises(SinkError, match="not a plain table name"):
+        PgVectorSink("postgresql://u@h:5432/db?table=x;drop")
+    with pytest.raises(SinkError, match="index='ivf'"):
+        PgVectorSink("postgresql://u@h:5432/db?table=x&index=ivf")
+
+
+def test_a_store_that_is_down_is_retryable_and_its_password_never_shown():
+    sink = PgVectorSink("postgresql://user:s3cret-pw@127.0.0.1:1/db?table=x")
+    assert sink.shown == "postgresql://user:***@127.0.0.1:1/db?table=x"
+    with pytest.raises(SinkError) as err:
+        sink.open(Shape("float32", "dense", 8))
+    assert err.value.retryable and "s3cret-pw" not in str(err.value) and "127.0.0.1" in str(err.value)
