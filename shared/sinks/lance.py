@@ -1,0 +1,141 @@
+"""LanceDB (embedded, on disk) as a sink: ``lancedb:///path/to/db?table=NAME``.
+
+The table is made when missing, with the columns ``id``, [``chunk``, ``start_char``, ``end_char``,]
+``vector`` and ``metadata`` (the input's other fields as JSON text). ``vector`` is a fixed-size list of
+float32 or float16 (dense), of uint8 bytes (binary and ubinary: packed bits, searched by Hamming
+distance in LanceDB), or a list of float32 vectors (multi-vector). A batch is a merge-insert on the
+key (id, or id and chunk): written twice, it leaves one row per key. ``finish`` compacts the table
+(each merge adds a fragment).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import numpy as np
+import orjson
+
+from shared.sinks.base import Hit, Rows, Shape, SinkError
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+class LanceSink:
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        params = dict(parse_qsl(parts.query))
+        self.table_name = params.pop("table", "embeddings")
+        if parts.netloc or not parts.path:
+            raise SinkError(f"{url!r}: a LanceDB URL names a folder on this machine: lancedb:///path/to/db?table=NAME",
+                            retryable=False)
+        if not _NAME.match(self.table_name):
+            raise SinkError(f"table={self.table_name!r} is not a plain table name (letters, digits, _ . -)", retryable=False)
+        if params:
+            raise SinkError(f"unknown LanceDB URL parameters {', '.join(sorted(params))}: it takes 'table'", retryable=False)
+        self.path = parts.path
+        self.shown = f"lancedb://{self.path}?table={self.table_name}"
+        self._table: Any = None
+        self._shape: Shape | None = None
+
+    def _error(self, exc: Exception) -> SinkError:
+        # a local folder: a full disk or a folder gone may clear up, anything else will not
+        retryable = isinstance(exc, OSError) or "No space left" in str(exc)
+        return SinkError(f"LanceDB at {self.shown}: {str(exc).strip() or type(exc).__name__}", retryable)
+
+    def _schema(self, shape: Shape):
+        import pyarrow as pa
+
+        if shape.output == "sparse" or shape.form in ("int8", "uint8"):
+            what = "sparse" if shape.output == "sparse" else shape.form
+            raise SinkError(f"LanceDB takes float32, float16, binary, ubinary and multi-vector rows, not {what}: "
+                            "store these in files or another sink", retryable=False)
+        if shape.output == "multivector":
+            vector = pa.list_(pa.list_(pa.float32(), shape.dim))
+        elif shape.form in ("binary", "ubinary"):
+            vector = pa.list_(pa.uint8(), -(-shape.dim // 8))
+        else:
+            vector = pa.list_(pa.float16() if shape.form == "float16" else pa.float32(), shape.dim)
+        chunk = [("chunk", pa.int32()), ("start_char", pa.int32()), ("end_char", pa.int32())] if shape.chunked else []
+        return pa.schema([("id", pa.string()), *chunk, ("vector", vector), ("metadata", pa.string())])
+
+    def open(self, shape: Shape) -> None:
+        import lancedb
+
+        schema = self._schema(shape)
+        self._shape = shape
+        try:
+            db = lancedb.connect(self.path)
+            if self.table_name in db.list_tables().tables:
+                self._table = db.open_table(self.table_name)
+            else:
+                self._table = db.create_table(self.table_name, schema=schema)
+            found = self._table.schema
+        except Exception as exc:
+            raise self._error(exc) from None
+        if found != schema:
+            raise SinkError(f"table {self.table_name} has the columns {found.to_string(show_schema_metadata=False)!r}; "
+                            "this job's rows need another layout: name another table", retryable=False)
+
+    def write(self, rows: Rows) -> None:
+        import pyarrow as pa
+
+        shape = self._shape
+        assert shape is not None and self._table is not None, "open() first"
+        schema = self._table.schema
+        keyed: dict[tuple, int] = {}  # the last row of a key given twice in one batch wins
+        for i, doc_id in enumerate(rows.ids):
+            keyed[(doc_id, rows.chunks[i][0]) if shape.chunked and rows.chunks else (doc_id,)] = i
+        take = list(keyed.values())
+        if shape.output == "multivector":
+            vectors = [np.asarray(rows.vectors[i], dtype=np.float32).tolist() for i in take]
+        else:
+            dense = np.asarray(rows.vectors)[take]
+            if shape.form == "binary":  # bytes shifted by -128: back to the plain packed bits
+                dense = (dense.astype(np.int16) + 128).astype(np.uint8)
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), dense.shape[1])
+        columns: dict[str, Any] = {"id": [rows.ids[i] for i in take]}
+        if shape.chunked:
+            chunks = [rows.chunks[i] if rows.chunks else (0, None, None) for i in take]
+            columns |= {"chunk": [c[0] for c in chunks], "start_char": [c[1] for c in chunks],
+                        "end_char": [c[2] for c in chunks]}
+        metadata = rows.metadata or [None] * len(rows.ids)
+        columns |= {"vector": vectors, "metadata": [None if metadata[i] is None else orjson.dumps(metadata[i]).decode()
+                                                    for i in take]}
+        key = ["id", "chunk"] if shape.chunked else ["id"]
+        try:
+            table = pa.table(columns, schema=schema)
+            self._table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(table)
+        except Exception as exc:
+            raise self._error(exc) from None
+
+    def finish(self) -> None:
+        assert self._table is not None, "open() first"
+        try:
+            self._table.optimize()
+        except Exception as exc:
+            raise self._error(exc) from None
+
+    def count(self) -> int:
+        assert self._table is not None, "open() first"
+        try:
+            return int(self._table.count_rows())
+        except Exception as exc:
+            raise self._error(exc) from None
+
+    def search(self, vector: np.ndarray, top_k: int, where: dict[str, Any] | None = None) -> list[Hit]:
+        shape = self._shape
+        assert shape is not None and self._table is not None, "open() first"
+        if shape.output != "dense" or shape.form not in ("float32", "float16") or where:
+            raise SinkError("LanceDB tables are searched by dense float vectors without filters here: search a "
+                            "pgvector or Qdrant sink", retryable=False)
+        try:
+            found = self._table.search(vector.astype(np.float32)).distance_type("cosine").limit(top_k).to_list()
+        except Exception as exc:
+            raise self._error(exc) from None
+        return [Hit(r["id"], 1.0 - float(r["_distance"]), orjson.loads(r["metadata"]) if r["metadata"] else {},
+                    r.get("chunk")) for r in found]
+
+    def close(self) -> None:
+        self._table = None

@@ -1,0 +1,76 @@
+"""The LanceDB sink on disk: tables made and checked, merge-inserts that write each key once, every
+vector form it takes, search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shared.quantize import quantize
+from shared.sinks.base import Rows, Shape, SinkError
+from shared.sinks.lance import LanceSink
+
+
+def _unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
+    sink = LanceSink(f"lancedb://{tmp_path}/db?table=docs")
+    sink.open(Shape("float32", "dense", 16))
+    vectors, ids = _unit(300, 16), [f"doc-{i}" for i in range(300)]
+    for start in range(0, 300, 100):
+        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], [{"n": i} for i in range(start, start + 100)]))
+    sink.write(Rows(ids[:100], vectors[:100], [{"n": i} for i in range(100)]))  # delivered again
+    sink.write(Rows(["doc-3", "doc-3"], vectors[[4, 3]], None))  # a key twice in one batch: the last wins
+    assert sink.count() == 300
+    sink.finish()
+    hits = sink.search(vectors[3], 5)
+    exact = np.argsort(-(vectors @ vectors[3]))[:5]
+    assert [h.id for h in hits] == [ids[i] for i in exact]  # no index: exact search
+    assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[3]), abs=1e-5)
+    assert sink.search(vectors[10], 1)[0].metadata == {"n": 10}
+    again = LanceSink(f"lancedb://{tmp_path}/db?table=docs")
+    again.open(Shape("float32", "dense", 16))
+    assert again.count() == 300
+
+
+@pytest.mark.parametrize("form", ["float16", "binary", "ubinary"])
+def test_each_form_it_takes_round_trips(tmp_path, form):
+    v = _unit(4, 16)
+    sink = LanceSink(f"lancedb://{tmp_path}/db?table=t")
+    sink.open(Shape(form, "dense", 16, chunked=True))
+    rows = quantize(v, form)
+    sink.write(Rows(["a", "a", "b", "c"], rows, None, [(0, 0, 4), (1, 3, 9), (0, 0, 2), (0, 0, 7)]))
+    assert sink.count() == 4
+    stored = sink._table.to_arrow().sort_by([("id", "ascending"), ("chunk", "ascending")])
+    got = np.array(stored["vector"].to_pylist())
+    if form == "float16":
+        np.testing.assert_array_equal(got, rows.astype(np.float32))
+    else:  # packed bits, unshifted
+        np.testing.assert_array_equal(got, np.packbits(v > 0, axis=1))
+
+
+def test_multi_vector_rows(tmp_path):
+    sink = LanceSink(f"lancedb://{tmp_path}/db?table=mv")
+    sink.open(Shape("float32", "multivector", 8))
+    sink.write(Rows(["a", "b"], [_unit(3, 8), _unit(5, 8, 1)]))
+    assert sink.count() == 2
+    lengths = sorted(len(x) for x in sink._table.to_arrow()["vector"].to_pylist())
+    assert lengths == [3, 5]
+
+
+def test_what_it_cannot_take_is_refused(tmp_path):
+    LanceSink(f"lancedb://{tmp_path}/db?table=t").open(Shape("float32", "dense", 8))
+    with pytest.raises(SinkError, match="another layout") as err:
+        LanceSink(f"lancedb://{tmp_path}/db?table=t").open(Shape("float32", "dense", 16))
+    assert not err.value.retryable
+    with pytest.raises(SinkError, match="not sparse"):
+        LanceSink(f"lancedb://{tmp_path}/db?table=s").open(Shape("float32", "sparse", 30522))
+    with pytest.raises(SinkError, match="not int8"):
+        LanceSink(f"lancedb://{tmp_path}/db?table=s").open(Shape("int8", "dense", 8))
+    with pytest.raises(SinkError, match="names a folder on this machine"):
+        LanceSink("lancedb://host/db?table=t")
+    with pytest.raises(SinkError, match="unknown LanceDB URL parameters mode"):
+        LanceSink(f"lancedb://{tmp_path}/db?table=t&mode=x")
