@@ -1,0 +1,81 @@
+"""The Qdrant sink in qdrant-client's local mode (a folder): collections made and checked, upserts that
+write each key once, dense, sparse and multi-vector points, search with and without a filter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shared.sinks.base import Rows, Shape, SinkError
+from shared.sinks.qdrant import QdrantSink, point_id
+
+
+def _unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_upserts_write_each_id_once_and_search_ranks_by_cosine_with_filters(tmp_path):
+    sink = QdrantSink(f"qdrant://{tmp_path}/q?collection=docs")
+    assert sink.shown == f"qdrant://{tmp_path}/q?collection=docs"
+    sink.open(Shape("float32", "dense", 16))
+    vectors, ids = _unit(300, 16), [f"doc-{i}" for i in range(300)]
+    meta = [{"lang": "en" if i % 2 else "de", "n": i} for i in range(300)]
+    for start in range(0, 300, 100):
+        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], meta[start : start + 100]))
+    sink.write(Rows(ids[:100], vectors[:100], meta[:100]))  # delivered again
+    assert sink.count() == 300
+    sink.finish()
+    hits = sink.search(vectors[3], 5)
+    exact = np.argsort(-(vectors @ vectors[3]))[:5]
+    assert [h.id for h in hits] == [ids[i] for i in exact]
+    assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[3]), abs=1e-5)
+    english = sink.search(vectors[3], 4, {"lang": "en"})
+    assert len(english) == 4 and all(h.metadata["n"] % 2 == 1 for h in english)
+    sink.close()
+
+
+def test_chunks_sparse_and_multi_vector_points(tmp_path):
+    chunks = QdrantSink(f"qdrant://{tmp_path}/q?collection=chunks")
+    chunks.open(Shape("float16", "dense", 8, chunked=True))
+    v = _unit(3, 8)
+    chunks.write(Rows(["a", "a", "b"], v, None, [(0, 0, 4), (1, 3, 9), (0, 0, 2)]))
+    chunks.write(Rows(["a"], v[1:2], None, [(1, 3, 9)]))
+    assert chunks.count() == 3 and point_id("a", 0) != point_id("a", 1) != point_id("a", None)
+    top = chunks.search(v[1], 1)[0]
+    assert (top.id, top.chunk) == ("a", 1)
+    chunks.close()
+    sparse = QdrantSink(f"qdrant://{tmp_path}/q2?collection=sparse")
+    sparse.open(Shape("float32", "sparse", 30522))
+    sparse.write(Rows(["s1", "s2"], [(np.array([3, 70]), np.array([0.5, 1.5])), (np.array([9]), np.array([2.0]))]))
+    assert sparse.count() == 2
+    sparse.close()
+    multi = QdrantSink(f"qdrant://{tmp_path}/q3?collection=mv")
+    multi.open(Shape("float32", "multivector", 8))
+    multi.write(Rows(["m1", "m2"], [_unit(3, 8), _unit(5, 8, 1)]))
+    assert multi.count() == 2
+    multi.close()
+
+
+def test_what_it_cannot_take_is_refused(tmp_path):
+    QdrantSink(f"qdrant://{tmp_path}/q?collection=t").open(Shape("float32", "dense", 8))
+    with pytest.raises(SinkError, match="has no dense vector of 16 dimensions") as err:
+        s = QdrantSink(f"qdrant://{tmp_path}/q?collection=t")
+        try:
+            s.open(Shape("float32", "dense", 16))
+        finally:
+            s.close()
+    assert not err.value.retryable
+    with pytest.raises(SinkError, match="not binary"):
+        QdrantSink(f"qdrant://{tmp_path}/q4?collection=b").open(Shape("binary", "dense", 8))
+    with pytest.raises(SinkError, match="unknown Qdrant URL parameters api_key"):
+        QdrantSink("qdrant://localhost:6333?collection=t&api_key=x")
+
+
+def test_a_server_that_is_down_is_retryable_and_its_key_never_shown(tmp_path, monkeypatch):
+    monkeypatch.setenv("QDRANT_API_KEY", "k3y-secret")
+    sink = QdrantSink("qdrant://127.0.0.1:1?collection=t")
+    assert sink.shown == "qdrant://127.0.0.1:1?collection=t"
+    with pytest.raises(SinkError) as err:
+        sink.open(Shape("float32", "dense", 8))
+    assert err.value.retryable and "k3y-secret" not in str(err.value)
