@@ -74,3 +74,15 @@ def test_what_it_cannot_take_is_refused(tmp_path):
         LanceSink("lancedb://host/db?table=t")
     with pytest.raises(SinkError, match="unknown LanceDB URL parameters mode"):
         LanceSink(f"lancedb://{tmp_path}/db?table=t&mode=x")
+
+
+def test_a_sink_is_chosen_by_its_scheme(tmp_path):
+    from shared.sinks import sink_for
+    from shared.sinks.pgvector import PgVectorSink
+    from shared.sinks.qdrant import QdrantSink
+
+    assert isinstance(sink_for(f"lancedb://{tmp_path}/db?table=t"), LanceSink)
+    assert isinstance(sink_for("postgresql://u@localhost:5432/db?table=t"), PgVectorSink)
+    assert isinstance(sink_for("qdrant://localhost:6333?collection=c"), QdrantSink)
+    with pytest.raises(SinkError, match="unknown sink 'mysql://'"):
+        sink_for("mysql://localhost/db")
