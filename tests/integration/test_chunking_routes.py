@@ -276,6 +276,20 @@ def test_cohere_sdk_reads_the_chunks_extension(base_url, reference, texts, place
     _close(r.embeddings.float_, reference.encode(_pieces(texts, places), prompt=PROMPTS["document"]))
 
 
+def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, reference):
+    """An empty or blank text is one chunk of no tokens, (0, 0): its vector is the empty text's, and its
+    mean (no tokens to weigh by) that same vector."""
+    texts = ["", "  \n ", "word"]
+    want = reference.encode(["", "", "word"])
+    tei = _post(base_url, "/embed", {"inputs": texts, "chunking": SPEC})
+    assert tei.status_code == 200, tei.text
+    assert _tei_places(tei.json()) == [{"index": i, "chunk": 0, "start": 0, "end": e} for i, e in enumerate((0, 0, 4))]
+    _close([c["embedding"] for cs in tei.json() for c in cs], want)
+    cohere = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "chunking": {**SPEC, "return": "mean"}})
+    assert cohere.status_code == 200, cohere.text
+    _close(cohere.json()["embeddings"]["float"], want)
+
+
 # -- refusals, each in its route's shape ----------------------------------------------------------
 
 @pytest.mark.parametrize("chunking, extra, statuses, message", [
