@@ -182,23 +182,35 @@ class Gateway:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.model)
         options = EmbedOptions(dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type][0])
-        chunks = None
-        if req.chunking is None:
-            outcome = await self.run_embed(model, req.inputs, options)
-            form = rows_form(options.dtype, outcome.dtype)
-        else:
-            outcome, chunks, form = await self.run_chunked(model, req.texts, options, req.chunking)
-            if req.chunking.returns == "mean":
-                chunks = None  # a vector per input
+        outcome, chunks, form = await self.embed_texts(model, req.inputs, options, req.chunking)
         headers = self.stage_headers(outcome)
-        kind = negotiate(request.headers.get("accept"))
-        if kind != "json" and chunks is not None:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "a binary answer has no room for the chunks' offsets: ask "
-                           "for JSON, or for 'chunking.return' 'mean' (a vector per input)", "chunking")
-        if kind != "json":
-            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
+        if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
+            return binary
         body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form, chunks)
         return Response(body, media_type="application/json", headers=headers)
+
+    async def embed_texts(self, model: str, inputs: Inputs, options: EmbedOptions, chunking: Chunking | None
+                          ) -> tuple[EmbedOutcome, list | None, str]:
+        """``inputs`` embedded whole, or cut into chunks when the request asks: the outcome, each input's
+        chunks when the rows are the chunks' (None: a row per input, ``"mean"`` included), the rows' form."""
+        if chunking is None:
+            outcome = await self.run_embed(model, inputs, options)
+            return outcome, None, rows_form(options.dtype, outcome.dtype)
+        outcome, chunks, form = await self.run_chunked(model, inputs.texts, options, chunking)
+        return outcome, None if chunking.returns == "mean" else chunks, form
+
+    @staticmethod
+    def binary_answer(request: Request, model: str, outcome: EmbedOutcome, form: str, chunks: list | None,
+                      headers: dict[str, str]) -> Response | None:
+        """The rows as bytes when the Accept header asks for them (None: it asks for JSON); chunk rows are
+        refused so, their offsets having no room there."""
+        kind = negotiate(request.headers.get("accept"))
+        if kind == "json":
+            return None
+        if chunks is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "a binary answer has no room for the chunks' offsets: ask "
+                           "for JSON, or for 'chunking.return' 'mean' (a vector per input)", "chunking")
+        return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
 
     async def run_chunked(self, model: str, texts: list[str], options: EmbedOptions, chunking: Chunking
                           ) -> tuple[EmbedOutcome, list, str]:
@@ -215,9 +227,9 @@ class Gateway:
         floats = dataclasses.replace(options, dtype="f4") if mean else options  # averaged in float32, then made the asked form
         outcome = await self.run_embed(model, Inputs(pieces, None), floats)
         form = rows_form(floats.dtype, outcome.dtype)
-        if mean:
-            view = await self.discovery.view()
-            normalize = view.workers.get(model, {}).get("normalize", "true") == "true"
+        if mean:  # normalised as the chunks were: TEI's 'normalize' when sent, else the model's rule
+            normalize = options.normalize if options.normalize is not None else (
+                (await self.discovery.view()).workers.get(model, {}).get("normalize", "true") == "true")
             vectors = mean_of_chunks(outcome.vectors, chunks, normalize)
             form = WIRE_FORMS[asked]
             outcome = dataclasses.replace(outcome, vectors=quantize(vectors, form))
@@ -232,14 +244,16 @@ class Gateway:
     async def embed(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed(body, self.limits)
-        model = await self.resolve_model(tei_api.model_field(body))
-        outcome = await self.run_embed(model, req.inputs, req.options)
-        form = rows_form(req.options.dtype, outcome.dtype)
+        return await self.run_tei_embed(request, req, await self.resolve_model(tei_api.model_field(body)))
+
+    async def run_tei_embed(self, request: Request, req: tei_api.EmbedRequest, model: str) -> Response:
+        outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options, req.chunking)
         headers = self.stage_headers(outcome)
-        kind = negotiate(request.headers.get("accept"))
-        if kind != "json":
-            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
-        return Response(tei_api.render_embed(outcome.vectors, form), media_type="application/json", headers=headers)
+        if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
+            return binary
+        body = (tei_api.render_embed(outcome.vectors, form) if chunks is None
+                else tei_api.render_embed_chunks(outcome.vectors, form, chunks))
+        return Response(body, media_type="application/json", headers=headers)
 
     async def offers(self, model: str) -> tuple[str, ...]:
         """The outputs a model's workers make (workers registered before outputs existed: dense)."""
@@ -298,9 +312,8 @@ class Gateway:
         view = await self.discovery.view()
         cohere_api.check_model_limits("max_tokens", req.max_tokens, int(view.tokenizers.get(model, {}).get("max_seq_length", 0)),
                                       req.dimensions, int(view.workers.get(model, {}).get("dim", 0)))
-        options = req.options()
-        outcome = await self.run_embed(model, req.inputs, options)
-        body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, rows_form(options.dtype, outcome.dtype), outcome.tokens)
+        outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options(), req.chunking)
+        body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, form, outcome.tokens, chunks)
         return Response(body, media_type="application/json", headers=self.stage_headers(outcome))
 
     async def rerank_cohere_v2(self, request: Request) -> Response:
@@ -404,13 +417,7 @@ class Gateway:
             outcome = await self.run_embed(model, req.inputs, req.options)
             return Response(tei_api.render_sparse(outcome.ragged), media_type="application/json",
                             headers=self.stage_headers(outcome))
-        req = tei_api.parse_embed(body, self.limits)
-        outcome = await self.run_embed(model, req.inputs, req.options)
-        form, headers = rows_form(req.options.dtype, outcome.dtype), self.stage_headers(outcome)
-        kind = negotiate(request.headers.get("accept"))
-        if kind != "json":
-            return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
-        return Response(tei_api.render_embed(outcome.vectors, form), media_type="application/json", headers=headers)
+        return await self.run_tei_embed(request, tei_api.parse_embed(body, self.limits), model)
 
     # -- bulk jobs --------------------------------------------------------------------------
 

@@ -4,7 +4,11 @@ A request with ``chunking`` is answered in two hops: a tokenizer says where each
 (``EmbedClient.chunk``), then the chunks' texts are embedded as an ordinary request (packing, workers
 and resends as for any input). ``"return": "chunks"`` answers a vector per chunk with its offsets;
 ``"mean"`` a vector per input: the mean of its chunks' vectors weighted by their tokens, normalised
-again when the model normalises.
+again when the request's vectors are (the model's rule, or TEI's ``normalize``).
+
+The routes taking it (``/v1/embeddings``, TEI's ``/embed``, Cohere's ``/v2/embed``) parse it here, embed
+through ``Gateway.run_chunked`` and name each chunk row with ``chunk_places``; only the answer's shape
+is theirs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from shared.errors import ErrorCode, ServiceError
 from shared.protocol import ChunkLayout
 from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 from services.gateway.errors import ApiError
+from services.gateway.inputs import Inputs
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")
@@ -59,6 +64,22 @@ def parse_chunking(doc: dict[str, Any], param: str = "chunking") -> Chunking | N
     except ServiceError as exc:
         raise ApiError(exc.code, exc.message, param) from None
     return Chunking(spec, late, returns)
+
+
+def parse_text_chunking(doc: dict[str, Any], inputs: Inputs, field: str) -> Chunking | None:
+    """``parse_chunking`` on a route whose inputs are in ``field``: inputs given as token IDs have no
+    text to cut, and are refused."""
+    chunking = parse_chunking(doc)
+    if chunking is not None and inputs.token_ids is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'chunking' cuts texts: give '{field}' as text, not token IDs",
+                       "chunking")
+    return chunking
+
+
+def chunk_places(chunks: list[list[TextChunk]]) -> list[dict[str, int]]:
+    """Where each chunk row lies, input by input (the rows' order): its input's ``index``, its number
+    ``chunk`` within the input, and its characters ``start`` and ``end`` (``input[start:end]``)."""
+    return [{"index": i, "chunk": k, "start": c.start, "end": c.end} for i, cs in enumerate(chunks) for k, c in enumerate(cs)]
 
 
 def chunk_texts(texts: list[str], layout: ChunkLayout) -> tuple[list[str], list[list[TextChunk]]]:

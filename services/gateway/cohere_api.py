@@ -19,6 +19,7 @@ import orjson
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS, quantize
+from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs, Limits, json_object, json_type, optional, parse_inputs, positive_dimensions
 from services.gateway.rerank_api import RerankCall, query_field, texts_field, top_n_field
@@ -43,6 +44,7 @@ class CohereEmbed:
     dimensions: int | None  # v2's output_dimension
     truncation: str | None  # "right", "left", or None: over-long inputs are errors
     max_tokens: int | None  # v2: a cap per input, accepted when it does not cut below the model's limit
+    chunking: Chunking | None = None  # v2's extension: long inputs cut into chunks (services/gateway/chunking.py)
 
     @property
     def form(self) -> str:
@@ -78,6 +80,7 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
         version=version, model=optional(doc, "model", str), inputs=inputs, input_type=_input_type(doc),
         types=types if types is not None or version == 1 else ("float",), dimensions=dimensions,
         truncation=_truncation(doc), max_tokens=max_tokens,
+        chunking=parse_text_chunking(doc, inputs, "texts") if version == 2 else None,
     )
 
 
@@ -131,11 +134,16 @@ def check_model_limits(param: str, cap: int | None, max_length: int, dimensions:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'output_dimension' {dimensions} exceeds the model's {dim}", "output_dimension")
 
 
-def render_embed(req: CohereEmbed, request_id: str, vectors: np.ndarray, form: str, tokens: int) -> bytes:
-    """``vectors``: [n, stored_width(form, dim)] rows of ``form`` (req.form)."""
+def render_embed(req: CohereEmbed, request_id: str, vectors: np.ndarray, form: str, tokens: int,
+                 chunks: list | None = None) -> bytes:
+    """``vectors``: [n, stored_width(form, dim)] rows of ``form`` (req.form). ``chunks``: per input its
+    TextChunks, a row each (the rows input by input): the extension ``chunks`` then says where each row
+    lies, ``{"index", "chunk", "start", "end"}``, aligned with every type's rows."""
     meta = {"api_version": {"version": str(req.version)}, "billed_units": {"input_tokens": tokens}}
     stored = np.ascontiguousarray(vectors, dtype=FORMS[form][1])  # orjson serialises contiguous arrays only
     body: dict[str, Any] = {"id": request_id, "texts": req.inputs.texts, "meta": meta}
+    if chunks is not None:
+        body["chunks"] = chunk_places(chunks)
     if req.types is None:
         body |= {"response_type": "embeddings_floats", "embeddings": stored}
     else:

@@ -11,7 +11,7 @@ import orjson
 
 from shared.errors import ErrorCode
 from shared.quantize import FORMS
-from services.gateway.chunking import Chunking, parse_chunking
+from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
 
@@ -49,9 +49,7 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     input_type = optional(doc, "input_type", str)
     if input_type is not None and input_type not in INPUT_TYPES:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    chunking = parse_chunking(doc)
-    if chunking is not None and inputs.token_ids is not None:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts: give 'input' as text, not token IDs", "chunking")
+    chunking = parse_text_chunking(doc, inputs, "input")
     return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc),
                              chunking)
 
@@ -72,9 +70,7 @@ def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_for
     if chunks is None:
         data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
     else:
-        places = [(i, k, c) for i, cs in enumerate(chunks) for k, c in enumerate(cs)]
-        data = [{"object": "embedding", "index": i, "chunk": k, "start": c.start, "end": c.end, "embedding": row}
-                for (i, k, c), row in zip(places, rows)]
+        data = [{"object": "embedding", **place, "embedding": row} for place, row in zip(chunk_places(chunks), rows)]
     return orjson.dumps(
         {
             "object": "list",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from shared.quantize import EMBEDDING_TYPES
+from shared.text_chunks import BOUNDARIES
+from services.gateway.chunking import RETURNS
 from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, TYPE_FORMS
 
 _STR_OR_LIST = {
@@ -66,6 +68,23 @@ _READINESS = [
     {"name": "all", "in": "query", "required": False, "schema": {"type": "string", "enum": ["1", "true", "0", "false"]},
      "description": "readiness: 503 while any model a live tokenizer or worker announces lacks the other"},
 ]
+# the extension of /v1/embeddings, /embed and /v2/embed (services/gateway/chunking.py; README "Long documents: chunking")
+_CHUNKING = {"type": "object", "required": ["size"], "additionalProperties": False, "description": (
+    "an extension: each text cut into windows of at most 'size' tokens, each window embedded; a binary answer "
+    "(Accept) takes return 'mean' only"), "properties": {
+    "size": {"type": "integer", "minimum": 1, "description": "the most tokens of text a chunk holds; the model's "
+             "special tokens and the prompt come on top and must fit its limit"},
+    "overlap": {"type": "integer", "minimum": 0, "default": 0, "description": "tokens consecutive chunks share at "
+                "most (less than size)"},
+    "boundary": {"type": "string", "enum": list(BOUNDARIES), "default": "token"},
+    "late": {"type": "boolean", "default": False, "description": "late chunking (true is refused: not served yet)"},
+    "return": {"type": "string", "enum": list(RETURNS), "default": "chunks", "description": (
+        "chunks: a vector per chunk with its offsets; mean: a vector per input, its chunks' mean weighted by tokens")}}}
+# where a chunk's row lies with "return": "chunks": input[start:end] is the chunk's text
+_PLACE = {"index": {"type": "integer", "description": "the input"},
+          "chunk": {"type": "integer", "description": "the chunk's number within its input"},
+          "start": {"type": "integer", "description": "the chunk's first character"},
+          "end": {"type": "integer", "description": "past the chunk's last character"}}
 # a row as JSON numbers (integers for int8, uint8, binary, ubinary), or (base64) its little-endian bytes
 _ROW = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "contentEncoding": "base64"}]}
 
@@ -114,13 +133,15 @@ def _cohere_paths() -> dict[str, Any]:
                     "type": "array", "items": {"type": "object", "properties": {
                         "type": {"const": "text"}, "text": {"type": "string"}}}}}}},
                 "output_dimension": {"type": "integer", "minimum": 1},
-                "max_tokens": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"}}
+                "max_tokens": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"}, "chunking": _CHUNKING}
     meta = {"type": "object", "properties": {"api_version": {"type": "object"}, "billed_units": {"type": "object"}}}
     by_type = {"type": "object", "properties": {
         "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]}, "id": {"type": "string"},
         "embeddings": {"oneOf": [{"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
                                  {"type": "object", "additionalProperties": {"type": "array"}}]},
-        "texts": {"type": "array", "items": {"type": "string"}}, "meta": meta}}
+        "texts": {"type": "array", "items": {"type": "string"}}, "meta": meta,
+        "chunks": {"type": "array", "items": {"type": "object", "properties": _PLACE}, "description": (
+            "an extension, with chunking return 'chunks': where each row of every type lies")}}}
     ok = {"application/json": {"schema": by_type}}
     rerank = {"type": "object", "required": ["query", "documents"], "properties": {
         "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
@@ -200,6 +221,7 @@ def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
             "user": {"type": "string"},
             "input_type": {"type": "string", "enum": ["query", "document"]},
             "embedding_type": _EMBEDDING_TYPE,
+            "chunking": _CHUNKING,
         },
     }
     ok = {
@@ -209,8 +231,7 @@ def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
                 "properties": {
                     "object": {"const": "list"},
                     "data": {"type": "array", "items": {"type": "object", "properties": {
-                        "object": {"const": "embedding"}, "index": {"type": "integer"},
-                        "embedding": _ROW}}},
+                        "object": {"const": "embedding"}, **_PLACE, "embedding": _ROW}}},
                     "model": {"type": "string"},
                     "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
                 },
@@ -304,6 +325,7 @@ def _tei_bodies() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             "prompt_name": {"type": ["string", "null"]},
             "dimensions": {"type": "integer", "minimum": 1},
             "embedding_type": _EMBEDDING_TYPE,
+            "chunking": _CHUNKING,
             "model": _MODEL,
         },
     }
@@ -346,7 +368,11 @@ def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes:
     return {
         "/embed": _post(
             "Embed (TEI)", embed_body,
-            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
+            {"application/json": {"schema": {"type": "array", "items": {"oneOf": [
+                {"type": "array", "items": {"type": "number"}, "description": "a vector per input"},
+                {"type": "array", "items": {"type": "object", "properties": {
+                    **{k: v for k, v in _PLACE.items() if k != "index"}, "embedding": {"type": "array", "items": {"type": "number"}}}},
+                 "description": "an extension, with chunking return 'chunks': per input its chunks"}]}}},
              **_BINARY},
             _TEI_ERROR, codes,
         ),

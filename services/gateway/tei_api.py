@@ -12,6 +12,7 @@ from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions, TokenizeResult
 from shared.protocol.messages import MAX_SPARSE_TOP_K
 from shared.quantize import FORMS
+from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import (
     Inputs, Limits, embedding_form, json_object, name_field, optional, parse_inputs, positive_dimensions,
@@ -23,6 +24,7 @@ from services.gateway.tei_tasks import model_type
 class EmbedRequest:
     inputs: Inputs
     options: EmbedOptions
+    chunking: Chunking | None = None  # /embed's extension: long inputs cut into chunks (services/gateway/chunking.py)
 
 
 def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
@@ -41,7 +43,7 @@ def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
         prompt_name=name_field(doc, "prompt_name"),
         dtype=FORMS[embedding_form(doc)][0],  # an extension: TEI answers float32 only
     )
-    return EmbedRequest(inputs, options)
+    return EmbedRequest(inputs, options, parse_text_chunking(doc, inputs, "inputs"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,16 @@ def parse_tokenize(body: bytes, limits: Limits) -> TokenizeRequest:
 def render_embed(vectors: np.ndarray, form: str = "float32") -> bytes:
     """Rows of ``form`` as JSON numbers (integers for int8, uint8 and the packed bytes of binary / ubinary)."""
     return orjson.dumps(vectors.astype(FORMS[form][1], copy=False), option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def render_embed_chunks(vectors: np.ndarray, form: str, chunks: list) -> bytes:
+    """/embed's answer with ``"return": "chunks"``: per input (TEI's outer list) a list of its chunks,
+    ``{"chunk", "start", "end", "embedding"}``, ``inputs[i][start:end]`` being the chunk's text.
+    ``vectors``: a row of ``form`` per chunk, input by input; ``chunks``: per input its TextChunks."""
+    answer: list[list[dict]] = [[] for _ in chunks]
+    for place, row in zip(chunk_places(chunks), np.ascontiguousarray(vectors, dtype=FORMS[form][1])):
+        answer[place.pop("index")].append({**place, "embedding": row})
+    return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def render_tokens(result: TokenizeResult) -> bytes:

@@ -5,8 +5,9 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.text_chunks import ChunkSpec, TextChunk
-from services.gateway.chunking import Chunking, mean_of_chunks, parse_chunking
+from services.gateway.chunking import Chunking, chunk_places, mean_of_chunks, parse_chunking, parse_text_chunking
 from services.gateway.errors import ApiError
+from services.gateway.inputs import Inputs
 
 
 def test_a_chunking_object_is_read_with_its_defaults():
@@ -43,3 +44,21 @@ def test_the_mean_weighs_chunks_by_their_tokens_and_is_normalised_when_asked():
     np.testing.assert_allclose(raw, [[0.75, 0.25], [3, 4], [0, 2]], rtol=1e-6)  # 3 and 1 tokens; an empty input alone
     unit = mean_of_chunks(vectors, chunks, normalize=True)
     np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_chunk_places_name_each_row_input_by_input():
+    chunks = [[TextChunk(0, 5, 0, 3), TextChunk(4, 9, 2, 5)], [], [TextChunk(0, 4, 0, 4)]]
+    assert chunk_places(chunks) == [{"index": 0, "chunk": 0, "start": 0, "end": 5},
+                                    {"index": 0, "chunk": 1, "start": 4, "end": 9},
+                                    {"index": 2, "chunk": 0, "start": 0, "end": 4}]
+
+
+@pytest.mark.parametrize("field", ["input", "inputs", "texts"])
+def test_token_ids_have_no_text_to_cut_and_are_refused_naming_the_routes_field(field):
+    doc = {"chunking": {"size": 8}}
+    assert parse_text_chunking(doc, Inputs(["a"], None), field) == Chunking(ChunkSpec(8))
+    assert parse_text_chunking({}, Inputs([], [np.array([101, 102], np.int32)]), field) is None
+    with pytest.raises(ApiError) as err:
+        parse_text_chunking(doc, Inputs([], [np.array([101, 102], np.int32)]), field)
+    assert (err.value.status, err.value.param) == (400, "chunking")
+    assert err.value.message == f"'chunking' cuts texts: give '{field}' as text, not token IDs"

@@ -7,6 +7,8 @@ import pytest
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS, quantize
+from shared.text_chunks import ChunkSpec, TextChunk
+from services.gateway.chunking import Chunking
 from services.gateway.cohere_api import check_model_limits, parse_embed, parse_rerank, render_embed, render_rerank
 from services.gateway.errors import ApiError, error_response
 from services.gateway.inputs import Limits
@@ -195,3 +197,32 @@ def test_errors_outside_the_handlers_answer_in_cohere_shape_on_cohere_paths():
         answer = error_response(path, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
         assert answer.status_code == 401 and orjson.loads(answer.body) == {"message": "missing or unknown API key"}
     assert "error" in orjson.loads(error_response("/v1/rerank", ErrorCode.UNAUTHORIZED, "no").body)
+
+
+def test_v2_takes_chunking_and_v1_does_not_read_it():
+    doc = {"texts": ["a"], "chunking": {"size": 16, "boundary": "sentence"}}
+    assert _parse(doc, version=2).chunking == Chunking(ChunkSpec(16, 0, "sentence"))
+    assert _parse(doc, version=1).chunking is None  # as output_dimension and max_tokens: v2's fields
+    with pytest.raises(ApiError) as err:
+        _parse({"texts": ["a"], "chunking": {"size": 16, "stride": 2}}, version=2)
+    answer = err.value.response("/v2/embed")
+    assert answer.status_code == 400 and orjson.loads(answer.body) == {"message": err.value.message}
+    assert err.value.message.startswith("'chunking' has unknown keys 'stride'")
+
+
+def test_render_chunk_rows_of_every_type_with_where_each_lies():
+    floats = _unit_rows(3, 20, seed=2)
+    types = ["float", "int8", "ubinary", "base64"]
+    r = _parse({"texts": ["a long one", "b"], "embedding_types": types, "chunking": {"size": 4}}, version=2)
+    chunks = [[TextChunk(0, 6, 0, 2), TextChunk(2, 10, 1, 3)], [TextChunk(0, 1, 0, 1)]]
+    body = orjson.loads(render_embed(r, "x", floats, "float32", 11, chunks))
+    assert body["chunks"] == [{"index": 0, "chunk": 0, "start": 0, "end": 6}, {"index": 0, "chunk": 1, "start": 2, "end": 10},
+                              {"index": 1, "chunk": 0, "start": 0, "end": 1}]
+    assert body["texts"] == ["a long one", "b"] and body["meta"]["billed_units"] == {"input_tokens": 11}
+    got = body["embeddings"]
+    assert list(got) == types and all(len(got[t]) == 3 for t in types)
+    np.testing.assert_array_equal(np.array(got["float"], np.float32), floats)
+    for form in ("int8", "ubinary"):
+        assert np.array_equal(np.array(got[form]), quantize(floats, form).astype(np.int64)), form
+    np.testing.assert_array_equal(np.stack([np.frombuffer(base64.b64decode(s), "<f4") for s in got["base64"]]), floats)
+    assert "chunks" not in orjson.loads(render_embed(r, "x", floats[:2], "float32", 3))  # a row per input

@@ -6,11 +6,15 @@ import pytest
 from shared.errors import ErrorCode
 from shared.protocol import TokenizeResult
 from shared.quantize import FORMS, quantize
+from shared.text_chunks import ChunkSpec, TextChunk
 from services.gateway.auth import ApiKeys
+from services.gateway.chunking import Chunking
 from services.gateway.errors import ApiError
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Limits
-from services.gateway.tei_api import parse_embed, parse_tokenize, render_embed, render_info, render_tokens
+from services.gateway.tei_api import (
+    parse_embed, parse_tokenize, render_embed, render_embed_chunks, render_info, render_tokens,
+)
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 
@@ -137,3 +141,32 @@ def test_rows_of_another_form_than_asked_are_an_error():
     with pytest.raises(ApiError) as err:
         rows_form("i1", "f4")
     assert err.value.status == 500 and "float32 rows to a request for int8" in err.value.message
+
+
+def test_embed_takes_chunking_as_an_extension_and_refuses_it_on_token_ids():
+    r = parse_embed(orjson.dumps({"inputs": "a long text", "normalize": False,
+                                  "chunking": {"size": 32, "overlap": 4, "return": "mean"}}), LIMITS)
+    assert r.chunking == Chunking(ChunkSpec(32, 4), False, "mean") and r.options.normalize is False
+    assert parse_embed(orjson.dumps({"inputs": "a"}), LIMITS).chunking is None
+    for doc, param, fragment in [({"inputs": [[101, 102]], "chunking": {"size": 8}}, "chunking", "give 'inputs' as text"),
+                                 ({"inputs": "a", "chunking": {"size": 8, "overlap": 8}}, "chunking", "less than"),
+                                 ({"inputs": "a", "chunking": {"size": 8, "return": "all"}}, "chunking.return", "'mean'")]:
+        with pytest.raises(ApiError) as err:
+            parse_embed(orjson.dumps(doc), LIMITS)
+        assert err.value.param == param and fragment in err.value.message, err.value.message
+        answer = err.value.response("/embed")
+        assert answer.status_code == 400
+        assert orjson.loads(answer.body) == {"error": err.value.message, "error_type": "Validation"}
+
+
+@pytest.mark.parametrize("form", ["float32", "int8", "ubinary"])
+def test_render_embed_chunks_lists_each_inputs_chunks_with_their_offsets(form):
+    floats = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
+    rows = quantize(floats, form)
+    chunks = [[TextChunk(0, 10, 0, 3), TextChunk(8, 20, 2, 6)], [TextChunk(0, 4, 0, 1)]]
+    got = orjson.loads(render_embed_chunks(rows, form, chunks))
+    assert [[{k: v for k, v in c.items() if k != "embedding"} for c in one] for one in got] == [
+        [{"chunk": 0, "start": 0, "end": 10}, {"chunk": 1, "start": 8, "end": 20}], [{"chunk": 0, "start": 0, "end": 4}]]
+    vectors = [c["embedding"] for one in got for c in one]
+    np.testing.assert_array_equal(np.array(vectors, FORMS[form][1]), rows)
+    assert form == "float32" or all(type(v) is int for row in vectors for v in row)
