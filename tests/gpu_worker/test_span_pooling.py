@@ -156,3 +156,14 @@ def test_counts_that_do_not_match_the_rows_or_the_spans_are_refused(engine):
         decode(encode(TokenChunk("r", "m", 0, 2, ids, CU, 1.0, spans=Spans.of([[(0, 1)], [(0, 1)]]))))
     with pytest.raises(ProtocolError, match="field 'sn' must be bytes"):
         decode(encode(TokenChunk("r", "m", 0, 2, ids, CU, 1.0, SPANS)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_spans_match_cpu(model_info, engine, texts):
+    ids, _ = _hf_states(model_info.path, texts)
+    input_ids, cu = _packed(ids)
+    spans = Spans.of(_spans_of(ids))
+    gpu = Engine(model_info, device="cuda").step(input_ids, cu, outputs=("spans",), spans=spans).result()["spans"]
+    cpu = engine.step(input_ids, cu, outputs=("spans",), spans=spans).result()["spans"]
+    assert cosines(gpu, cpu).min() >= 0.999  # float16 on the GPU
