@@ -4,7 +4,8 @@ A request with ``chunking`` is answered in two hops: a tokenizer says where each
 (``EmbedClient.chunk``), then the chunks' texts are embedded as an ordinary request (packing, workers
 and resends as for any input). ``"return": "chunks"`` answers a vector per chunk with its offsets;
 ``"mean"`` a vector per input: the mean of its chunks' vectors weighted by their tokens, normalised
-again when the model normalises.
+again when the model normalises. ``"late": true`` embeds the same chunks from windows of the texts
+instead, each chunk pooled from the token states of the text around it (late_chunking.py).
 """
 
 from __future__ import annotations
