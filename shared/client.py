@@ -54,6 +54,7 @@ from shared.protocol import (
     Replies,
     RerankRequest,
     RerankResult,
+    Spans,
     TokenizeRequest,
     TokenizeResult,
     decode,
@@ -217,6 +218,7 @@ def _subset(request: EmbedRequest, attempt: str, rows: np.ndarray) -> EmbedReque
         texts=[request.texts[i] for i in pick] if request.texts else [],
         token_ids=None if request.token_ids is None else [request.token_ids[i] for i in pick],
         pairs=None if request.pairs is None else [request.pairs[i] for i in pick],
+        spans=None if request.spans is None else request.spans.take(rows),
     )
 
 
@@ -265,9 +267,11 @@ class EmbedClient:
         timeout: float,
         token_ids: list[np.ndarray] | None = None,
         pairs: list[tuple[str, str]] | None = None,
+        spans: Spans | None = None,
     ) -> EmbedOutcome:
         """Embed ``texts`` (or inputs given as ``token_ids``, or (query, document) ``pairs`` for a
-        cross-encoder, whose "vectors" are its logits) with ``model``.
+        cross-encoder, whose "vectors" are its logits) with ``model``; with output "spans", ``spans``
+        says which ranges of each text's content tokens make a vector each (late chunking).
 
         Raises ServiceError (timeout, no responders, ...).
         """
@@ -283,6 +287,7 @@ class EmbedClient:
             pairs=pairs,
             held=self._wants_held(model),
             replies=True,  # a worker may answer a batch's requests of ours in one message
+            spans=spans,
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:

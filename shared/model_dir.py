@@ -139,7 +139,8 @@ class ModelInfo:
     pair_template: str | None = None  # the chat template (Jinja) a (query, document) pair is rendered with
     message_format: str = "flat"  # the template's message content: "flat" (a string) or "structured" (parts)
     score_activation: str = "sigmoid"  # a reranker's score from its logit: "sigmoid" or "identity"
-    outputs: tuple[str, ...] = ("dense",)  # what it makes, of "dense", "sparse", "multivector" ("tokens": any embedder)
+    # what it makes, of "dense", "sparse", "multivector" ("tokens": any embedder; "spans": any that makes "dense")
+    outputs: tuple[str, ...] = ("dense",)
     sparse: SparseSpec | None = None
     multivector: MultiVectorSpec | None = None
     hidden_size: int = 0  # the encoder's width (the "tokens" output's dimension)
@@ -149,6 +150,8 @@ class ModelInfo:
         """Whether a request for ``output`` (a protocol OUTPUTS name) can be served by this model."""
         if self.scores:
             return output == "dense"
+        if output == "spans":  # late chunking: the token states pooled by span, then the dense stack
+            return "dense" in self.outputs
         return output == "tokens" or output in self.outputs
 
     @property

@@ -26,10 +26,10 @@ from shared.jobs import ensure_streams
 from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir import same_model
-from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
+from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, Spans
 from shared.quantize import FORMS, WIRE_FORMS, quantize
 from shared.tracing import Tracer
-from services.gateway import cohere_api, health, models_api, openai_api, rerank_api, tei_api, tei_tasks
+from services.gateway import cohere_api, health, late_chunking, models_api, openai_api, rerank_api, tei_api, tei_tasks
 from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
 from services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
@@ -151,7 +151,10 @@ class Gateway:
         except ServiceError as exc:
             raise ApiError.of(exc) from None
 
-    async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions) -> EmbedOutcome:
+    async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions, spans: Spans | None = None,
+                        rows: list[int] | None = None) -> EmbedOutcome:
+        """``inputs`` embedded; ``spans``: with output "spans", each text's spans; ``rows``: the request's
+        input each of ``inputs`` is of, when they are parts of its inputs (an input's error names it)."""
         view = await self.discovery.view()
         if view.workers.get(model, {}).get("task") == "score":
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} is a cross-encoder: it scores (query, document) pairs "
@@ -160,7 +163,8 @@ class Gateway:
         if options.dimensions is not None and dim and options.dimensions > dim:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions")
         async with self.admitted():
-            outcome = await self.client.embed(model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids)
+            call = self.client.embed(model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids, spans=spans)
+            outcome = await (call if rows is None else part_of(call, rows))
         self.account(model, outcome)
         return outcome
 
@@ -214,18 +218,21 @@ class Gateway:
 
     async def run_chunked(self, model: str, texts: list[str], options: EmbedOptions, chunking: Chunking
                           ) -> tuple[EmbedOutcome, list, str]:
-        """``texts`` cut into chunks (a tokenizer says where), the chunks' texts embedded: the outcome with
-        a row per chunk (``"chunks"``) or per input (``"mean"``), each input's chunks, and the rows' form."""
+        """``texts`` cut into chunks (a tokenizer says where), the chunks embedded (their texts, or late: from
+        windows of the texts): the outcome with a row per chunk (``"chunks"``) or per input (``"mean"``),
+        each input's chunks, and the rows' form."""
         if chunking.late:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking.late' (late chunking) is not served yet: send "
-                           "'late': false", "chunking.late")
+            late_chunking.check_model(model, (await self.discovery.view()).workers.get(model, {}))
         mean = chunking.returns == "mean"
         asked = options.dtype
         async with self.admitted():
             layout = await self.client.chunk(model, texts, chunking.spec, options, self.cfg.request_timeout)
-        pieces, chunks = chunk_texts(texts, layout)
         floats = dataclasses.replace(options, dtype="f4") if mean else options  # averaged in float32, then made the asked form
-        outcome = await self.run_embed(model, Inputs(pieces, None), floats)
+        if chunking.late:
+            outcome, chunks = await self.run_late(model, texts, layout, floats)
+        else:
+            pieces, chunks = chunk_texts(texts, layout)
+            outcome = await self.run_embed(model, Inputs(pieces, None), floats)
         form = rows_form(floats.dtype, outcome.dtype)
         if mean:  # normalised as the chunks were: TEI's 'normalize' when sent, else the model's rule
             normalize = options.normalize if options.normalize is not None else (
@@ -234,6 +241,15 @@ class Gateway:
             form = WIRE_FORMS[asked]
             outcome = dataclasses.replace(outcome, vectors=quantize(vectors, form))
         return outcome, chunks, form
+
+    async def run_late(self, model: str, texts: list[str], layout: ChunkLayout, options: EmbedOptions
+                       ) -> tuple[EmbedOutcome, list]:
+        """The chunks of ``layout`` late-chunked (services/gateway/late_chunking.py): the outcome with a
+        row per chunk, and each input's chunks."""
+        late, chunks = late_chunking.plan(texts, layout)
+        spans = dataclasses.replace(options, output="spans", truncate=False)
+        outcome = await self.run_embed(model, Inputs(late.texts, None), spans, late.spans, late.inputs)
+        return dataclasses.replace(outcome, vectors=late_chunking.chunk_rows(outcome.ragged, late), ragged=None), chunks
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()

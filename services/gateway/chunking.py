@@ -4,7 +4,9 @@ A request with ``chunking`` is answered in two hops: a tokenizer says where each
 (``EmbedClient.chunk``), then the chunks' texts are embedded as an ordinary request (packing, workers
 and resends as for any input). ``"return": "chunks"`` answers a vector per chunk with its offsets;
 ``"mean"`` a vector per input: the mean of its chunks' vectors weighted by their tokens, normalised
-again when the request's vectors are (the model's rule, or TEI's ``normalize``).
+again when the request's vectors are (the model's rule, or TEI's ``normalize``). ``"late": true`` embeds
+the same chunks from windows of the texts instead, each chunk pooled from the token states of the text
+around it (late_chunking.py).
 
 The routes taking it (``/v1/embeddings``, TEI's ``/embed``, Cohere's ``/v2/embed``) parse it here, embed
 through ``Gateway.run_chunked`` and name each chunk row with ``chunk_places``; only the answer's shape

@@ -77,7 +77,7 @@ _CHUNKING = {"type": "object", "required": ["size"], "additionalProperties": Fal
     "overlap": {"type": "integer", "minimum": 0, "default": 0, "description": "tokens consecutive chunks share at "
                 "most (less than size)"},
     "boundary": {"type": "string", "enum": list(BOUNDARIES), "default": "token"},
-    "late": {"type": "boolean", "default": False, "description": "late chunking (true is refused: not served yet)"},
+    "late": {"type": "boolean", "default": False, "description": "late chunking: each chunk pooled from the token states of the text around it"},
     "return": {"type": "string", "enum": list(RETURNS), "default": "chunks", "description": (
         "chunks: a vector per chunk with its offsets; mean: a vector per input, its chunks' mean weighted by tokens")}}}
 # where a chunk's row lies with "return": "chunks": input[start:end] is the chunk's text

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.protocol import RAGGED_OUTPUTS, TokenChunk
+from shared.protocol import Spans, TokenChunk
 from shared.tracing import TraceContext
 
 
@@ -28,7 +28,8 @@ class Work:
     source: object | None = None  # bulk work: the JetStream message to acknowledge once answered
     next_row: int = 0  # first row not yet scheduled
     done_rows: int = 0
-    vectors: np.ndarray | None = None  # [count, dim] float32 (tokens, multivector: [tokens, dim]), allocated on first result
+    # [count, dim] float32 (tokens, multivector: [tokens, dim]; spans: [spans, dim]), allocated on first result
+    vectors: np.ndarray | None = None
     trace: TraceContext | None = None  # the trace context its message brought (spans.py)
 
     @property
@@ -52,6 +53,7 @@ class Batch:
     token_types: np.ndarray | None = None  # [T] int32, when any work carries segment ids
     skip: np.ndarray | None = None  # [B] int32 leading tokens of each row that pooling skips, when any work has some
     outputs: tuple[str, ...] = ("dense",)  # the output kinds its works ask for
+    spans: Spans | None = None  # [B] rows' spans, when any work asks for them (others' rows have none)
 
     @property
     def num_tokens(self) -> int:
@@ -148,28 +150,43 @@ class Scheduler:
         """Store the engine's output ([B, dim], or a dict of outputs by kind: see ``Engine.step``);
         return the works that are now complete."""
         finished = []
-        offset = token_offset = 0
+        # where each slice's entries start in the batch's outputs: a vector per row (dense, sparse), per
+        # token (tokens, multivector), or per span (spans, of the rows that have them)
+        at = {"rows": 0, "tokens": 0, "spans": 0}
         for s in batch.slices:
-            rows = s.row_end - s.row_start
             work = s.work
             kind = work.batch.options.output
             made = vectors[kind] if isinstance(vectors, dict) else vectors
-            cu = work.batch.cu_seqlens
-            lo, hi = int(cu[s.row_start]), int(cu[s.row_end])
-            if kind in RAGGED_OUTPUTS:  # a vector per token: the work's tokens lo..hi
-                if work.vectors is None:
-                    work.vectors = np.empty((work.batch.num_tokens, made.shape[1]), dtype=np.float32)
-                work.vectors[lo:hi] = made[token_offset : token_offset + hi - lo]
-            else:
-                if work.vectors is None:
-                    work.vectors = np.empty((work.batch.count, made.shape[1]), dtype=np.float32)
-                work.vectors[s.row_start : s.row_end] = made[offset : offset + rows]
-            offset += rows
-            token_offset += hi - lo
-            work.done_rows += rows
+            entries = {unit: _entries(work.batch, unit, s.row_start, s.row_end) for unit in at}
+            unit = _UNITS.get(kind, "rows")
+            lo, hi = entries[unit]
+            if work.vectors is None:
+                total = _entries(work.batch, unit, 0, work.batch.count)[1]
+                work.vectors = np.empty((total, made.shape[1]), dtype=np.float32)
+            work.vectors[lo:hi] = made[at[unit] : at[unit] + hi - lo]
+            for name, (a, b) in entries.items():
+                at[name] += b - a
+            work.done_rows += s.row_end - s.row_start
             if work.done_rows == work.batch.count:
                 finished.append(work)
         return finished
+
+
+# the entries each output kind makes, other than a vector per row
+_UNITS = {"tokens": "tokens", "multivector": "tokens", "spans": "spans"}
+
+
+def _entries(chunk: TokenChunk, unit: str, start: int, end: int) -> tuple[int, int]:
+    """The entries of ``unit`` (rows, tokens, spans) that rows ``start`` .. ``end`` of ``chunk`` hold, as
+    indices within the chunk's (a chunk without spans holds none)."""
+    if unit == "rows":
+        return start, end
+    if unit == "tokens":
+        return int(chunk.cu_seqlens[start]), int(chunk.cu_seqlens[end])
+    if chunk.spans is None:
+        return 0, 0
+    offsets = chunk.spans.offsets
+    return int(offsets[start]), int(offsets[end])
 
 
 def _pack(slices: list[Slice]) -> Batch:
@@ -190,4 +207,14 @@ def _pack(slices: list[Slice]) -> Batch:
     if any(s.work.batch.prompt_tokens for s in slices):
         skip = np.concatenate([np.full(s.row_end - s.row_start, s.work.batch.prompt_tokens, np.int32) for s in slices])
     outputs = tuple(sorted({s.work.batch.options.output for s in slices}))
-    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip, outputs)
+    spans = _batch_spans(slices) if "spans" in outputs else None
+    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip, outputs, spans)
+
+
+def _batch_spans(slices: list[Slice]) -> Spans:
+    """The spans of a batch's rows, row-relative as each chunk has them; rows of works that ask for
+    another output have none."""
+    parts = [s.work.batch.spans.between(s.row_start, s.row_end) if s.work.batch.spans is not None
+             else Spans(np.zeros(s.row_end - s.row_start, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
+             for s in slices]
+    return Spans(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("counts", "firsts", "lasts")))

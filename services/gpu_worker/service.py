@@ -48,7 +48,7 @@ from shared.tracing import TraceContext, Tracer, bind, from_headers
 from services.gpu_worker.bulk import BulkFeeder
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
+from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidSpans, InvalidTokens
 from services.gpu_worker.engine.pooling import postprocess
 from services.gpu_worker.load_reports import ReportCadence
 from services.gpu_worker.metrics import WorkerMetrics
@@ -87,7 +87,8 @@ def _trim_heap() -> None:
 
 
 # the engine's errors as wire codes
-_CODES: dict[type[EngineError], ErrorCode] = {InvalidTokens: ErrorCode.INVALID_TOKENS, InputTooLong: ErrorCode.INPUT_TOO_LONG}
+_CODES: dict[type[EngineError], ErrorCode] = {InvalidTokens: ErrorCode.INVALID_TOKENS, InputTooLong: ErrorCode.INPUT_TOO_LONG,
+                                              InvalidSpans: ErrorCode.INVALID_REQUEST}
 
 
 def wire_error(error: EngineError, batch: TokenChunk) -> ServiceError:
@@ -298,12 +299,12 @@ class WorkerService:
     def _check_batch(self, batch: TokenChunk) -> None:
         model, output = self._cfg.model, batch.options.output
         if not model.serves(output):
-            offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens") if model.serves(o))
+            offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens", "spans") if model.serves(o))
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {model.id} does not make {output} vectors (it makes: {offers})")
         if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}")
         try:
-            self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types)
+            self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types, batch.spans)
         except EngineError as exc:
             raise wire_error(exc, batch) from None
 
@@ -355,7 +356,8 @@ class WorkerService:
                     s.work.started = launched
             try:
                 handle = await loop.run_in_executor(
-                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types, batch.skip, batch.outputs
+                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types, batch.skip, batch.outputs,
+                    batch.spans,
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
@@ -404,9 +406,20 @@ class WorkerService:
                 continue
             await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"), work=s.work)
 
+    def _pooled(self, work: Work) -> np.ndarray:
+        """A finished dense or spans work's vectors as the request asks them: Matryoshka truncation (a
+        request that names no dimensions gets the folder's truncate_dim, as encode() does), then the L2
+        norm where the model's stack normalises (or the request says), float32."""
+        opts = work.batch.options
+        normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
+        return postprocess(work.vectors, normalize, opts.dimensions or self._cfg.model.truncate_dim, FLOAT32)
+
     def _ragged(self, work: Work) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-        """A finished sparse / tokens / multivector work as (offsets, payload, indices or None, dim)."""
+        """A finished sparse / tokens / multivector / spans work as (offsets, payload, indices or None, dim)."""
         batch, opts, model = work.batch, work.batch.options, self._cfg.model
+        if opts.output == "spans":  # a vector per span, made as a dense vector is
+            floats = self._pooled(work)
+            return batch.spans.offsets.astype(np.int32), quantize(floats, WIRE_FORMS[opts.dtype]), None, floats.shape[1]
         if opts.output == "sparse":
             offsets, indices, values = sparse_rows(work.vectors, opts.sparse_threshold, opts.sparse_top_k)
             return offsets, values.astype(VECTOR_DTYPES[opts.dtype]), indices, work.vectors.shape[1]
@@ -426,10 +439,7 @@ class WorkerService:
             await self._reply_ragged(work, outgoing)
             return
         batch, opts = work.batch, work.batch.options
-        normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
-        # Matryoshka: a request that names no dimensions gets the folder's truncate_dim, as encode() does
-        dimensions = opts.dimensions or self._cfg.model.truncate_dim
-        floats = postprocess(work.vectors, normalize, dimensions, FLOAT32)
+        floats = self._pooled(work)
         dim = floats.shape[1]
         out = quantize(floats, WIRE_FORMS[opts.dtype])  # the form the request asked for (float32: as is)
         if work.source is not None:

@@ -127,6 +127,7 @@ class TextEncoder:
         if not path.is_file():
             raise ConfigError(f"{info.path} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
         self._by_mode: dict[str, Tokenizer] = {}
+        self._frames: dict[str, tuple[int, int]] = {}  # prompt -> tokens before and after a text's (frame)
         tokenizer_config = _read_config(info.path / "tokenizer_config.json")
         template = special_tokens_template(Tokenizer.from_file(str(path)), tokenizer_config)
         for mode in ("right", "left", "none"):
@@ -170,6 +171,23 @@ class TextEncoder:
         name (tokenized with them, as it leads every text): what a chunk of a long text may hold."""
         prompt = self._prompt(options)
         return self.max_length - len(self._by_mode["none"].encode(prompt, add_special_tokens=True).ids)
+
+    def frame(self, options: EmbedOptions) -> tuple[int, int]:
+        """(before, after): the tokens a sequence has before its text's content tokens (special tokens,
+        then the prompt ``options`` name) and after them (special tokens), where late chunking's spans
+        are placed. Refused for a model whose special tokens do not simply frame the text."""
+        prompt = self._prompt(options)
+        if prompt not in self._frames:
+            tokenizer = self._by_mode["none"]
+            probe = tokenizer.encode("a", add_special_tokens=True)
+            content = [i for i, special in enumerate(probe.special_tokens_mask) if not special]
+            before = content[0] + (len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0)
+            after = len(probe.ids) - 1 - content[-1]
+            if before + after != self.max_length - self.room(options):
+                raise ServiceError(ErrorCode.INVALID_REQUEST, "this model's special tokens and prompt do not frame a "
+                                   "text plainly: its spans cannot be placed (late chunking is not served for it)")
+            self._frames[prompt] = before, after
+        return self._frames[prompt]
 
     def whole_text_tokenizer(self) -> Tokenizer:
         """The tokenizer ``chunking.cut`` reads a whole text's encoding from (no special tokens, no truncation)."""

@@ -27,11 +27,13 @@ class Layouts:
         request.spec.check_room(self._encoder.room(request.prompt_options))
 
     def layout(self, request: ChunkRequest) -> ChunkLayout:
-        """Where each text is cut; refused when the texts make more than ``max_chunks`` chunks."""
+        """Where each text is cut; refused when the texts make more than ``max_chunks`` chunks. The layout
+        says the room a sequence has (late chunking's windows hold that much text)."""
         encodings = encode_all(self._tokenizer, request.texts, add_special_tokens=False)
         chunks = [cut(text, encoding, request.spec) for text, encoding in zip(request.texts, encodings)]
         self._check_count(chunks)
-        return ChunkLayout.of(request.id, chunks, [len(e.ids) for e in encodings])
+        room = self._encoder.room(request.prompt_options)
+        return ChunkLayout.of(request.id, chunks, [len(e.ids) for e in encodings], room)
 
     def _check_count(self, chunks: list[list[TextChunk]]) -> None:
         """An error of the input that takes the request past the limit, naming what the texts make in all."""

@@ -24,6 +24,7 @@ from shared.protocol import (
     ErrorReply,
     LoadReport,
     ProtocolError,
+    Spans,
     TokenChunk,
     TokenizeRequest,
     TokenizeResult,
@@ -36,6 +37,7 @@ from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from services.tokenizer.fast_check import choose
 from services.tokenizer.layout import Layouts
+from services.tokenizer.span_rows import place_spans
 from services.tokenizer.bulk import BulkTokenizer
 from services.tokenizer.coalesce import Coalescer
 from services.tokenizer.delivery import DeliveryCheck, Sent
@@ -71,6 +73,8 @@ class _Pending:
     prompt_tokens: int = 0
     ids: list | None = None
     types: list | None = None
+    frame: tuple[int, int] = (0, 0)  # output "spans": tokens before and after each text's content (TextEncoder.frame)
+    spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
 
     @property
@@ -216,6 +220,8 @@ class TokenizerService:
         for kind, group in _by_tokenization(tokenized).items():
             seconds = await self._tokenize_group(kind, group)
             for p in group:
+                if p.error is None and p.request.spans is not None:
+                    self._place(p)
                 if p.error is None:
                     p.sent = self._routed(p, seconds)
             done = [p for p in group if p.error is None]
@@ -249,6 +255,8 @@ class TokenizerService:
             if request.texts:
                 pending.texts = self._encoder.with_prompt(request.texts, request.options)
                 pending.prompt_tokens = self._encoder.prompt_tokens(request.options)
+                if request.spans is not None:
+                    pending.frame = self._encoder.frame(request.options)
             elif request.token_ids is not None:
                 opts = request.options
                 pending.ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)
@@ -294,12 +302,20 @@ class TokenizerService:
                 p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
         return time.perf_counter() - t0
 
+    @staticmethod
+    def _place(p: _Pending) -> None:
+        """A spans request's spans placed in its rows' sequences; a text that tokenized otherwise is its error."""
+        try:
+            p.spans = place_spans(p.request.spans, p.ids, *p.frame)
+        except ServiceError as exc:
+            p.error = exc
+
     def _routed(self, p: _Pending, seconds: float) -> list[Sent]:
         """``p``'s batches, each for the worker the router picks; an unexpected failure is kept as its error."""
         request = p.request
         try:
             bind(p.span.context, request.id)
-            by_subject = self._route(request, p.ids, p.types, {"tokenize": seconds}, p.prompt_tokens)
+            by_subject = self._route(request, p.ids, p.types, {"tokenize": seconds}, p.prompt_tokens, p.spans)
         except Exception:
             log.exception("%s %s failed", request.TYPE, request.id)
             p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
@@ -309,7 +325,7 @@ class TokenizerService:
                 for subject, (payloads, tokens) in by_subject.items()]
 
     def _route(self, request: EmbedRequest, ids: list, types: list | None, timings: dict[str, float],
-               prompt_tokens: int) -> dict[str, tuple[list[bytes], int]]:
+               prompt_tokens: int, spans: Spans | None = None) -> dict[str, tuple[list[bytes], int]]:
         """``request``'s token IDs packed into batches, each for the worker the router picks (the shared
         subject when it knows none): subject -> (encoded batches, their tokens)."""
         shared_subject = self._subjects.tokens(request.model)
@@ -329,6 +345,7 @@ class TokenizerService:
                 prompt_tokens=prompt_tokens,
                 held=request.held,  # the requester asked to learn which worker holds which rows
                 replies=request.replies,  # the worker may answer several of the requester's requests at once
+                spans=None if spans is None else spans.between(chunk.start, chunk.start + len(chunk.cu_seqlens) - 1),
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             payloads, tokens = by_subject.get(subject, ([], 0))

@@ -11,21 +11,23 @@ Flow of one embedding request split into k chunks::
     gateway --EmbedRequest--> tokenizer --TokenChunk x k--> worker(s) --Held x k, EmbedResult x >=k--> gateway
 
 Long texts, chunked: the gateway first asks a tokenizer where they are cut (ChunkRequest -> ChunkLayout),
-then embeds the chunks' texts as one ordinary EmbedRequest.
+then embeds the chunks' texts as one ordinary EmbedRequest; late chunking embeds windows of the texts
+instead, each with the spans of its chunks (output "spans": a vector per span).
 
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
 from shared.protocol.checks import MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
 from shared.protocol.codec import Message, decode, decode_as, encode
+from shared.protocol.spans import Spans
 from shared.protocol.messages import (
-    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
+    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, POOLED_OUTPUTS, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
     JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes, row_width,
 )
 
 __all__ = [
-    "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
+    "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "POOLED_OUTPUTS", "RAGGED_OUTPUTS", "Spans", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
     "ChunkLayout", "ChunkRequest", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",

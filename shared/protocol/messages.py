@@ -14,6 +14,7 @@ import numpy as np
 
 from shared.errors import ErrorCode
 from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, _is_int
+from shared.protocol.spans import Spans
 from shared.text_chunks import ChunkSpec, TextChunk
 
 # the key layout written (docs/protocol.md), in which a key means one thing across all messages; v1's
@@ -43,9 +44,12 @@ MAX_SPARSE_TOP_K = MAX_DIMENSION
 #   "dense": one vector per input (pooled, Dense layers, Normalize);
 #   "sparse": one vocabulary-sized vector per input, sent as (index, value) pairs (SPLADE, BGE-M3's lexical weights);
 #   "tokens": every token's last hidden state (TEI /embed_all);
-#   "multivector": one projected vector per token (ColBERT-style models, BGE-M3's colbert vectors)
-OUTPUTS = ("dense", "sparse", "tokens", "multivector")
-RAGGED_OUTPUTS = ("tokens", "multivector")  # several rows per input: results carry per-input offsets
+#   "multivector": one projected vector per token (ColBERT-style models, BGE-M3's colbert vectors);
+#   "spans": one vector per span of the input's tokens (late chunking: shared/protocol/spans.py): the
+#     mean of the span's last hidden states, then the Dense layers and Normalize
+OUTPUTS = ("dense", "sparse", "tokens", "multivector", "spans")
+RAGGED_OUTPUTS = ("tokens", "multivector", "spans")  # several rows per input: results carry per-input offsets
+POOLED_OUTPUTS = ("dense", "spans")  # vectors made by the model's post-pooling stack: dimensions apply
 SPARSE_DTYPES = ("f4", "f2")  # a sparse vector's values
 
 
@@ -74,8 +78,10 @@ class EmbedOptions:
             or not math.isfinite(self.sparse_threshold)
         ):
             raise ProtocolError("options.sparse_threshold must be a finite number")
-        if self.output != "dense" and self.dimensions is not None:
-            raise ProtocolError("options.dimensions applies to dense vectors only")
+        if self.output not in POOLED_OUTPUTS and self.dimensions is not None:
+            raise ProtocolError("options.dimensions applies to dense and span vectors only")
+        if self.output == "spans" and self.truncate is not False:
+            raise ProtocolError("options.truncate must be false with output 'spans': a row cut short loses its spans")
         if self.truncation_direction not in ("right", "left"):
             raise ProtocolError("options.truncation_direction must be 'right' or 'left'")
         for name in ("prompt_name", "input_type"):
@@ -144,6 +150,8 @@ class EmbedRequest:
     # the requester reads Replies: a worker may answer several of its requests in one message, sent to
     # the reply subject of one of them (False: each reply goes alone, as a requester of an earlier release reads)
     replies: bool = False
+    # output "spans": per text, the ranges of its content tokens pooled into one vector each (late chunking)
+    spans: Spans | None = None
 
     TYPE = "embed"
 
@@ -175,6 +183,7 @@ class TokenChunk:
     prompt_tokens: int = 0  # leading tokens of every row that pooling skips (a model's include_prompt=false)
     held: bool = False  # online work: the worker says it holds these rows (a Held message) as they arrive
     replies: bool = False  # online work: the requester reads Replies (its EmbedRequest asked)
+    spans: Spans | None = None  # output "spans": per row, the ranges of its tokens pooled into one vector each
 
     TYPE = "tokens"
 
@@ -340,11 +349,14 @@ class ChunkLayout:
     ends: np.ndarray  # [chunks] int32, characters, >= starts
     firsts: np.ndarray  # [chunks] int32, token indices
     lasts: np.ndarray  # [chunks] int32, token indices (exclusive), >= firsts, <= the input's tokens
+    # content tokens one sequence holds besides the model's special tokens and the request's prompt (what
+    # late chunking's windows may hold); 0: not said (a tokenizer of an earlier release)
+    room: int = 0
 
     TYPE = "chunked"
 
     @classmethod
-    def of(cls, id: str, chunks: list[list[TextChunk]], tokens: list[int]) -> ChunkLayout:
+    def of(cls, id: str, chunks: list[list[TextChunk]], tokens: list[int], room: int = 0) -> ChunkLayout:
         """The layout of texts cut into ``chunks`` (per text, in order), of ``tokens`` content tokens each."""
         flat = [c for each in chunks for c in each]
 
@@ -352,7 +364,7 @@ class ChunkLayout:
             return np.fromiter((getattr(c, name) for c in flat), dtype=TOKEN_DTYPE, count=len(flat))
 
         return cls(id, np.array([len(each) for each in chunks], TOKEN_DTYPE), np.array(tokens, TOKEN_DTYPE),
-                   column("start"), column("end"), column("first"), column("last"))
+                   column("start"), column("end"), column("first"), column("last"), room)
 
     def chunks(self) -> list[list[TextChunk]]:
         """Per input, its chunks."""

@@ -17,6 +17,7 @@ from shared.protocol.messages import (
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk,
     TokenizeRequest, TokenizeResult,
 )
+from shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
 from shared.text_chunks import ChunkSpec
 
 
@@ -76,7 +77,7 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["hd"] = True
     if msg.replies:
         body["rb"] = True
-    return body
+    return body | spans_body(msg.spans, CONTENT_KEYS)
 
 
 def _decode_embed_request(m: dict) -> EmbedRequest:
@@ -95,16 +96,21 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw):
             raise ProtocolError("pairs must be [query, document] string pairs")
         pairs = [(p[0], p[1]) for p in raw]
+    options = EmbedOptions.from_wire(m.get("o", {}))
+    spans = spans_field(m, CONTENT_KEYS, options.output, None)
+    if spans is not None and (token_ids is not None or pairs is not None or spans.rows != len(texts)):
+        raise ProtocolError("spans come with texts, one row of spans per text")
     return EmbedRequest(
         id=_id(m),
         model=_name(m, "m"),
         texts=texts,
         deadline=_req_number(m, "dl"),
-        options=EmbedOptions.from_wire(m.get("o", {})),
+        options=options,
         token_ids=token_ids,
         pairs=pairs,
         held=_opt_bool(m, "hd", False),
         replies=_opt_bool(m, "rb", False),
+        spans=spans,
     )
 
 
@@ -130,7 +136,7 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body["rb"] = True
     if msg.job is not None:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
-    return body
+    return body | spans_body(msg.spans, SEQUENCE_KEYS)
 
 
 def _decode_token_chunk(m: dict) -> TokenChunk:
@@ -156,6 +162,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         doc_ids = _str_list(m, "di")
         if len(doc_ids) != len(cu) - 1:
             raise ProtocolError("one document id per row")
+    options = EmbedOptions.from_wire(m.get("o", {}))
     return TokenChunk(
         id=_id(m),
         model=_name(m, "m"),
@@ -164,7 +171,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         input_ids=ids,
         cu_seqlens=cu,
         deadline=_req_number(m, "dl"),
-        options=EmbedOptions.from_wire(m.get("o", {})),
+        options=options,
         timings=_timings(m),
         token_types=token_types,
         job=job,
@@ -173,6 +180,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         prompt_tokens=prompt_tokens,
         held=_opt_bool(m, "hd", False),
         replies=_opt_bool(m, "rb", False),
+        spans=spans_field(m, SEQUENCE_KEYS, options.output, np.diff(cu)),
     )
 
 
@@ -330,7 +338,8 @@ _LAYOUT_CHUNKS = {"cs": "starts", "ce": "ends", "cf": "firsts", "cl": "lasts"}
 
 def _encode_chunk_layout(msg: ChunkLayout) -> dict[str, Any]:
     arrays = _LAYOUT_INPUTS | _LAYOUT_CHUNKS
-    return {"id": msg.id} | {key: _tokens_wire(getattr(msg, name)) for key, name in arrays.items()}
+    body = {"id": msg.id} | {key: _tokens_wire(getattr(msg, name)) for key, name in arrays.items()}
+    return body | ({"rm": msg.room} if msg.room else {})
 
 
 def _decode_chunk_layout(m: dict) -> ChunkLayout:
@@ -350,7 +359,10 @@ def _decode_chunk_layout(m: dict) -> ChunkLayout:
     if n and (starts.min() < 0 or firsts.min() < 0 or np.any(starts > ends) or np.any(firsts > lasts)
               or np.any(lasts > np.repeat(tokens, counts))):
         raise ProtocolError("a chunk spans 0 <= start <= end characters and 0 <= first <= last <= its input's tokens")
-    return ChunkLayout(id=_id(m), **inputs, **chunks)
+    room = _req_int(m, "rm") if m.get("rm") is not None else 0
+    if room > MAX_ROWS:
+        raise ProtocolError(f"a layout's room is at most {MAX_ROWS} tokens")
+    return ChunkLayout(id=_id(m), **inputs, **chunks, room=room)
 
 
 def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
@@ -361,9 +373,12 @@ def _decode_job_batch(m: dict) -> JobBatch:
     doc_ids, texts = _str_list(m, "di"), _str_list(m, "x")
     if len(doc_ids) != len(texts) or not texts:
         raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
+    options = EmbedOptions.from_wire(m.get("o", {}))
+    if options.output == "spans":
+        raise ProtocolError("a job batch carries no spans: output 'spans' is asked with them (an embed request)")
     return JobBatch(
         id=_name(m, "jb"), batch=_req_int(m, "bi"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
-        options=EmbedOptions.from_wire(m.get("o", {})),
+        options=options,
     )
 
 

@@ -155,6 +155,18 @@ def test_cross_encoder_refuses_over_long_pairs_without_truncation(cross_encoder)
     assert ok.status_code == 200 and len(ok.json()) == 2
 
 
+def test_a_cross_encoder_refuses_late_chunking(cross_encoder):
+    """It has no token vectors to pool: 400 in the OpenAI shape, before any text is cut."""
+    base, _ = cross_encoder
+    r = httpx.post(f"{base}/v1/embeddings", json={"model": "tiny-reranker", "input": ["a long text"],
+                                                    "chunking": {"size": 64, "late": True}}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "chunking.late" and error["type"] == "invalid_request_error", error
+    assert error["message"].startswith("late chunking pools an embedder's token vectors; tiny-reranker is a "
+                                       "cross-encoder"), error
+
+
 def test_an_over_long_query_is_named(stack):
     r = httpx.post(f"{stack.base_url}/rerank", json={"query": " ".join(["word"] * 600), "texts": ["a", "b"]}, timeout=60)
     assert r.status_code == 413, r.text

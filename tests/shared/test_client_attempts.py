@@ -76,3 +76,16 @@ def test_a_dead_worker_loses_the_rows_it_held_and_those_no_worker_holds():
             pending.hold(Held("r-1", 2, 3, "w3"), np.array([2, 3, 8, 9]))  # rows 2..5 of an attempt of 4
 
     asyncio.run(run())
+
+
+def test_a_subset_attempt_takes_its_rows_spans_along():
+    """Rows sent again as an attempt of their own keep their own spans (late chunking's windows)."""
+    from shared.protocol import EmbedOptions, Spans, decode, encode
+
+    spans = Spans.of([[(0, 2)], [(0, 1), (1, 3)], [(0, 0)]], [2, 3, 0])
+    request = EmbedRequest("r", "m", ["a b", "c d e", ""], 1e12, EmbedOptions(output="spans", truncate=False),
+                           spans=spans)
+    again = decode(encode(_subset(request, "r-1", np.array([1, 2]))))
+    assert again.texts == ["c d e", ""] and again.spans.counts.tolist() == [2, 1]
+    assert list(zip(again.spans.firsts.tolist(), again.spans.lasts.tolist())) == [(0, 1), (1, 3), (0, 0)]
+    assert again.spans.tokens.tolist() == [3, 0]

@@ -14,7 +14,7 @@ import pytest
 from shared.errors import ErrorCode
 from shared.protocol import (
     ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies,
-    RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, encode,
+    RerankRequest, RerankResult, Spans, TokenChunk, TokenizeRequest, TokenizeResult, encode,
 )
 from shared.protocol.codec import V1_KEYS
 from shared.text_chunks import ChunkSpec, TextChunk
@@ -24,14 +24,16 @@ IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")
 SPARSE = EmbedOptions(output="sparse", sparse_top_k=4, sparse_threshold=0.1)
 SPARSE_PART = dict(dim=8, dtype="f4", data=np.zeros(3, "<f4").tobytes(), offsets=CU, indices=IDS)
 VECTORS = np.zeros((2, 3), "<f4")
+SPANS = EmbedOptions(output="spans", truncate=False)
 
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
     EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
-                   EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True, replies=True)),
+                   EmbedRequest("r", "m", [], 1.0, SPANS, token_ids=[IDS], pairs=[("q", "d")], held=True, replies=True,
+                                spans=Spans.of([[(0, 1)]], [1]))),
     TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
-                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
-                            prompt_tokens=1, held=True, replies=True)),
+                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, SPANS, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
+                            prompt_tokens=1, held=True, replies=True, spans=Spans.of([[(0, 1)], [(0, 2)]]))),
     EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                   EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
@@ -42,7 +44,7 @@ EXAMPLES = {
     DecodeRequest: (DecodeRequest("r", "m", [IDS]),) * 2,
     DecodeResult: (DecodeResult("r", ["a"]),) * 2,
     ChunkRequest: (ChunkRequest("r", "m", ["a"], ChunkSpec(8)),) * 2,
-    ChunkLayout: (ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]),) * 2,
+    ChunkLayout: (ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]), ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1], 254)),
     JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),) * 2,
     JobResult: (JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                 JobResult("j", 0, 0, ["a", "b"], tokens=3, **SPARSE_PART)),

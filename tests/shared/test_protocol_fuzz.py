@@ -27,7 +27,7 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, POOLED_OUTPUTS, SPARSE_DTYPES, Spans, VECTOR_DTYPES, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
     EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
@@ -53,13 +53,13 @@ timings = st.dictionaries(st.text(max_size=12), st.floats(0, 1e6), max_size=8)
 
 
 @st.composite
-def options(draw) -> EmbedOptions:
-    output = draw(st.sampled_from(OUTPUTS))
+def options(draw, outputs: tuple[str, ...] = OUTPUTS) -> EmbedOptions:
+    output = draw(st.sampled_from(outputs))
     return EmbedOptions(
         normalize=draw(st.none() | st.booleans()),
-        dimensions=draw(st.none() | st.integers(1, MAX_DIMENSION)) if output == "dense" else None,
+        dimensions=draw(st.none() | st.integers(1, MAX_DIMENSION)) if output in POOLED_OUTPUTS else None,
         dtype=draw(st.sampled_from(sorted(SPARSE_DTYPES if output == "sparse" else VECTOR_DTYPES))),
-        truncate=draw(st.booleans()),
+        truncate=draw(st.booleans()) and output != "spans",
         truncation_direction=draw(st.sampled_from(["right", "left"])),
         prompt_name=draw(st.none() | st.text(max_size=20)),
         input_type=draw(st.none() | st.sampled_from(["query", "document"])),
@@ -69,6 +69,7 @@ def options(draw) -> EmbedOptions:
     )
 
 
+unspanned = options(tuple(o for o in OUTPUTS if o != "spans"))  # messages that carry no spans
 options = options()
 
 
@@ -77,10 +78,28 @@ def int32_arrays(n: int, low: int = -(2**31)) -> st.SearchStrategy[np.ndarray]:
 
 
 @st.composite
+def row_spans(draw, lengths: list[int], content: bool) -> Spans:
+    """Spans of rows ``lengths`` tokens long: an EmbedRequest's (``content``: its texts' content tokens,
+    (0, 0) in a row of none) or a TokenChunk's."""
+    rows = []
+    for n in lengths:
+        if n == 0:
+            rows.append([(0, 0)])
+            continue
+        pair = st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(lambda p: (min(p), max(p[1], min(p) + 1)))
+        rows.append(draw(st.lists(pair, min_size=1, max_size=min(n, 4))))
+    return Spans.of(rows, lengths if content else None)
+
+
+@st.composite
 def embed_requests(draw) -> EmbedRequest:
     common = dict(id=draw(ids), model=draw(names), deadline=draw(finite), options=draw(options),
                   held=draw(st.booleans()), replies=draw(st.booleans()))
-    kind = draw(st.sampled_from(["texts", "tokens", "pairs"]))
+    kind = "spans" if common["options"].output == "spans" else draw(st.sampled_from(["texts", "tokens", "pairs"]))
+    if kind == "spans":
+        inputs = draw(texts)
+        lengths = draw(st.lists(st.integers(0, 300), min_size=len(inputs), max_size=len(inputs)))
+        return EmbedRequest(texts=inputs, spans=draw(row_spans(lengths, content=True)), **common)
     if kind == "texts":
         return EmbedRequest(texts=draw(texts), **common)
     if kind == "tokens":
@@ -97,6 +116,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
     n, rows = int(cu[-1]), len(lengths)
     start = draw(st.integers(0, 1000))
     with_job = draw(st.booleans()) if job is None else job
+    opts = draw(unspanned if with_job else options)
     return TokenChunk(
         id=draw(ids),
         model=draw(names),
@@ -105,7 +125,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         input_ids=draw(int32_arrays(n)),
         cu_seqlens=cu,
         deadline=draw(finite),
-        options=draw(options),
+        options=opts,
         timings=draw(timings),
         token_types=draw(st.none() | int32_arrays(n, low=0)),
         job=draw(names) if with_job else None,
@@ -114,6 +134,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         prompt_tokens=draw(st.integers(0, 300)),
         held=draw(st.booleans()),
         replies=draw(st.booleans()),
+        spans=draw(row_spans(lengths, content=False)) if opts.output == "spans" else None,
     )
 
 
@@ -167,7 +188,7 @@ def job_batches(draw) -> JobBatch:
     return JobBatch(
         id=draw(names), batch=draw(u64), model=draw(names),
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=n, max_size=n)),
-        texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)), options=draw(options),
+        texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)), options=draw(unspanned),
     )
 
 

@@ -26,6 +26,7 @@ from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.models.registry import Family, family_for
 from services.gpu_worker.engine.outputs import build_outputs
 from services.gpu_worker.engine.pooling import pool
+from services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
 from services.gpu_worker.engine.spec import ModelSpec
 from services.gpu_worker.engine.st_modules import build_dense
@@ -188,9 +189,12 @@ class Engine:
 
     # -- checks -----------------------------------------------------------------------------
 
-    def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None) -> None:
-        """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows): raises
-        InvalidTokens or InputTooLong, naming the first row at fault."""
+    def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
+              spans: Spans | None = None) -> None:
+        """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows, spans
+        outside their rows): raises InvalidTokens, InputTooLong or InvalidSpans, naming the first row at fault."""
+        if spans is not None:
+            check_spans(spans, cu_seqlens)
         types = self.spec.type_vocab_size
         if self.model.USES_TOKEN_TYPES and token_types is not None and len(token_types) and token_types.max() >= types:
             first = int(np.argmax(token_types >= types))
@@ -214,7 +218,7 @@ class Engine:
     @torch.inference_mode()
     def step(
         self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
-        skip: np.ndarray | None = None, outputs: tuple[str, ...] = ("dense",),
+        skip: np.ndarray | None = None, outputs: tuple[str, ...] = ("dense",), spans: Spans | None = None,
     ) -> ReadyResult | CudaResult:
         """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32, its
         ``run`` how the forward ran ("eager", "captured" or "replay": CUDA graphs).
@@ -222,9 +226,13 @@ class Engine:
         ``skip``: [B] leading (prompt) tokens of each row that pooling does not count, for a model
         whose Pooling has include_prompt=false (ignored otherwise). ``outputs``: protocol output kinds;
         anything but ``("dense",)`` runs eagerly and ``result()`` gives a dict: "dense" [B, dim],
-        "sparse" [B, vocab], "tokens" [T, hidden], "multivector" [T, dim] (float32 each). Inputs must
-        have passed :meth:`check`.
+        "sparse" [B, vocab], "tokens" [T, hidden], "multivector" [T, dim], "spans" [S, dim] (float32
+        each). ``spans``: with output "spans", each row's token ranges (row-relative; a row may have
+        none), each pooled into one vector (span_pooling.py), in row then span order. Inputs must have
+        passed :meth:`check`.
         """
+        if ("spans" in outputs) != (spans is not None):
+            raise ValueError("spans are given exactly with the output 'spans'")
         if self.info.include_prompt:
             skip = None
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
@@ -236,7 +244,7 @@ class Engine:
             self._use_threads(1 if tokens < self._serial_tokens and not extra else self._threads)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if extra:
-                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs)
+                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs, spans)
             elif bucket is None:
                 made = self._eager(input_ids, cu_seqlens, token_types, skip)
             else:
@@ -259,7 +267,8 @@ class Engine:
             torch.set_num_threads(count)
 
     def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None,
-               skip: np.ndarray | None, outputs: tuple[str, ...] | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
+               skip: np.ndarray | None, outputs: tuple[str, ...] | None = None,
+               spans: Spans | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
         if self.device.type == "cpu" and tokens > CPU_EXACT_TOKENS:
@@ -275,7 +284,9 @@ class Engine:
         # the dummy row's outputs are never read: the attention may skip it
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
         if outputs is not None:
-            return self._forward_outputs(batch, outputs, rows, tokens)
+            at = None if spans is None else tuple(torch.from_numpy(a).to(self.device, non_blocking=True)
+                                                  for a in span_positions(spans, cu_seqlens))
+            return self._forward_outputs(batch, outputs, rows, tokens, at)
         return self._forward(batch)[:rows]
 
     def _graphed(
@@ -300,8 +311,10 @@ class Engine:
         pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
         return pooled if self.dense is None else self.dense(pooled)
 
-    def _forward_outputs(self, batch, outputs: tuple[str, ...], rows: int, tokens: int) -> dict[str, torch.Tensor]:
-        """Every asked-for output of one forward pass (the dummy pad row and pad tokens dropped)."""
+    def _forward_outputs(self, batch, outputs: tuple[str, ...], rows: int, tokens: int,
+                         spans: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Every asked-for output of one forward pass (the dummy pad row and pad tokens dropped).
+        ``spans``: ([S] first, [S] end) token positions in the batch, for output "spans"."""
         hidden = self.model(batch, self.attention, self.linear_ops)
         made: dict[str, torch.Tensor] = {}
         for kind in outputs:
@@ -317,6 +330,9 @@ class Engine:
                 made[kind] = self.heads["multivector"](hidden[:tokens])
             elif kind == "tokens":
                 made[kind] = hidden[:tokens].float()
+            elif kind == "spans":
+                means = span_means(hidden, *spans)  # [S, hidden]: the model's post-pooling stack follows
+                made[kind] = means if self.dense is None else self.dense(means)
             else:
                 raise ValueError(f"unknown output {kind!r}")
         return made

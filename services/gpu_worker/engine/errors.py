@@ -28,3 +28,7 @@ class InputTooLong(EngineError):
 def row_of(cu_seqlens: np.ndarray, position: int) -> int:
     """The row that holds token ``position`` of a packed batch (cu_seqlens: [B + 1])."""
     return int(np.searchsorted(cu_seqlens, position, side="right")) - 1
+
+
+class InvalidSpans(EngineError):
+    """A row's spans do not lie within it (or it has more spans than tokens)."""
