@@ -175,6 +175,10 @@ class TextEncoder:
         """The tokenizer ``chunking.cut`` reads a whole text's encoding from (no special tokens, no truncation)."""
         return chunking.whole_text_tokenizer(self._by_mode["none"])
 
+    def frame(self, options: EmbedOptions) -> tuple[list[int], list[int]]:
+        """The tokens before and after a chunk's content tokens in its sequence (``chunking.frame``)."""
+        return chunking.frame(self._by_mode["none"], self._prompt(options))
+
     def _prompt(self, options: EmbedOptions) -> str:
         if options.prompt_name is not None:
             if options.prompt_name not in self.prompts:

@@ -11,11 +11,14 @@ Flow of one embedding request split into k chunks::
     gateway --EmbedRequest--> tokenizer --TokenChunk x k--> worker(s) --Held x k, EmbedResult x >=k--> gateway
 
 Long texts, chunked: the gateway first asks a tokenizer where they are cut (ChunkRequest -> ChunkLayout),
-then embeds the chunks' texts as one ordinary EmbedRequest.
+then embeds the chunks' texts as one ordinary EmbedRequest. A chunked bulk job's tokenizer cuts each
+document of a JobBatch and sends its chunks as rows; its TokenChunks and JobResults say which chunk of
+which document each row is (ChunkRows).
 
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
+from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.checks import MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
 from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.messages import (
@@ -26,7 +29,7 @@ from shared.protocol.messages import (
 
 __all__ = [
     "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "RAGGED_OUTPUTS", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
-    "ChunkLayout", "ChunkRequest", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
+    "ChunkLayout", "ChunkRequest", "ChunkRows", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",
 ]

@@ -17,21 +17,23 @@ from shared.protocol import (
     RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, encode,
 )
 from shared.protocol.codec import V1_KEYS
-from shared.text_chunks import ChunkSpec, TextChunk
+from shared.protocol import ChunkRows
+from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
 IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")
 SPARSE = EmbedOptions(output="sparse", sparse_top_k=4, sparse_threshold=0.1)
 SPARSE_PART = dict(dim=8, dtype="f4", data=np.zeros(3, "<f4").tobytes(), offsets=CU, indices=IDS)
 VECTORS = np.zeros((2, 3), "<f4")
+CHUNK_ROWS = ChunkRows.of(1, [(0, 0, 2, 0, 4), (0, 1, 2, 3, 9)], ["abcd", "defghi"])
 
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
     EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
                    EmbedRequest("r", "m", [], 1.0, token_ids=[IDS], pairs=[("q", "d")], held=True, replies=True)),
     TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
-                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
-                            prompt_tokens=1, held=True, replies=True)),
+                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, token_types=IDS, job="j", batch=1, doc_ids=["a", "a"],
+                            prompt_tokens=1, held=True, replies=True, chunks=CHUNK_ROWS)),
     EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                   EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
@@ -43,9 +45,10 @@ EXAMPLES = {
     DecodeResult: (DecodeResult("r", ["a"]),) * 2,
     ChunkRequest: (ChunkRequest("r", "m", ["a"], ChunkSpec(8)),) * 2,
     ChunkLayout: (ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]),) * 2,
-    JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),) * 2,
+    JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),
+               JobBatch("j", 0, "m", ["a"], ["text"], chunking=JobChunking(ChunkSpec(8, 2), with_text=True))),
     JobResult: (JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
-                JobResult("j", 0, 0, ["a", "b"], tokens=3, **SPARSE_PART)),
+                JobResult("j", 0, 0, ["a", "b"], tokens=3, chunks=CHUNK_ROWS, **SPARSE_PART)),
     LoadReport: (LoadReport("w", "m", "sub", 0, 0.05),) * 2,
     RerankRequest: (RerankRequest("r", "m", "q", ["a"], 1.0),
                     RerankRequest("r", "m", "q", [], 1.0, vectors=VECTORS)),
