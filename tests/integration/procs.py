@@ -149,6 +149,7 @@ def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
     seen: dict = {}
 
     def over() -> bool:
+        seen.clear()
         seen.update(httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())
         return seen.get("status") in FINISHED
 

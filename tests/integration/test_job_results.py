@@ -19,11 +19,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from shared.jobs import FINISHED
 from shared.nats_server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import Service, healthy, job_finished as _finished, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +33,6 @@ PARQUET = "application/vnd.apache.parquet"
 def _cli(args: list[str], timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd or ROOT)
-
-
-def _finished(base_url: str, job: str, timeout: float = 90) -> dict:
-    """The job's state once it has finished (polled)."""
-    seen: dict = {}
-
-    def over() -> bool:
-        seen.update(httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())
-        return seen.get("status") in FINISHED
-
-    wait_until(over, timeout, f"job {job} finished")
-    return seen
 
 
 def _submit(base_url: str, job: str, texts: list[str], **fields) -> list[str]:
