@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -26,6 +29,7 @@ from tests.integration.procs import job_finished, stored_chunks, wait_until
 pytestmark = pytest.mark.integration
 
 PARQUET = "application/vnd.apache.parquet"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
@@ -241,3 +245,23 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         error = r.json()["error"]
         assert error["param"] == param and said in error["message"] and error["code"] == "invalid_request", (fields, error)
     assert httpx.get(f"{stack.base_url}/v1/jobs/refused-chunks", timeout=10).status_code == 404  # nothing published
+
+
+def test_the_docs_chunking_example_runs_as_typed(stack, tmp_path):
+    """docs/bulk-jobs.md's chunking example, typed into a shell against this stack (its gateway for
+    127.0.0.1:8080, its NATS server given by the environment)."""
+    text = (ROOT / "docs" / "bulk-jobs.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "chunked-job" in b]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "EMBEDFLEET_NATS_URL": stack.nats_url, "PYTHONPATH": str(ROOT)}  # this checkout's embedfleet
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.replace("http://127.0.0.1:8080", stack.base_url)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    guide = json.loads((tmp_path / "guide.jsonl").read_text())["text"]
+    table = pq.read_table(tmp_path / "guide.parquet").drop(["vector"]).to_pylist()
+    assert len(table) > 2 and all(row["text"] == guide[row["start"]:row["end"]] for row in table)
+    assert str(table[:2]) in done.stdout
+    lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith('{"id":"a"')]
+    assert [(line["chunk"], line["start"], line["end"], line["text"]) for line in lines] == [
+        (0, 0, 17, "A first document."), (1, 18, 39, "It has two sentences.")]
+    assert all(len(line["vector"]) == 384 for line in lines)

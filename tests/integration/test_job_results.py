@@ -242,7 +242,7 @@ def test_the_docs_example_runs_as_typed(stack, tmp_path):
     """docs/bulk-jobs.md's example of reading a job's vectors, typed into a shell against this stack
     (its gateway's address for 127.0.0.1:8080, its NATS server given by the environment)."""
     text = (ROOT / "docs" / "bulk-jobs.md").read_text()
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "/results" in b]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "first-job/results" in b]
     script = block.replace("http://127.0.0.1:8080", stack.base_url)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "EMBEDFLEET_NATS_URL": stack.nats_url, "PYTHONPATH": str(ROOT)}  # this checkout's embedfleet
