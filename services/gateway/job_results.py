@@ -103,6 +103,8 @@ class JobResultsApi:
         headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
                    "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),
                    "x-embedding-type": form.form, "x-job-output": form.output}
+        if form.chunking is not None:  # its lines are chunks: as many as it stored
+            headers["x-job-chunks"] = str(state.get("chunks_done", 0))
         return StreamingResponse(body, media_type=NDJSON if kind == "ndjson" else PARQUET, headers=headers)
 
 

@@ -247,7 +247,7 @@ def _job_results(job: list[dict]) -> dict[str, Any]:
             "default": "application/x-ndjson"}}],
         "responses": {
             "200": {"description": "every stored document's vector; headers x-job-status, x-job-documents, x-job-done, "
-                                   "x-job-failed, x-embedding-type, x-job-output",
+                                   "x-job-failed, x-embedding-type, x-job-output (a chunked job: x-job-chunks)",
                     "content": {"application/x-ndjson": {"schema": line},
                                 "application/vnd.apache.parquet": {"schema": parquet}}},
             **_errors(_OPENAI_ERROR, (401, 404, 406, 503)),

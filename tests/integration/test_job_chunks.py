@@ -138,8 +138,9 @@ def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_p
     assert (state["status"], state["done"], state["documents"]) == ("done", 48, 48), state
     assert state["chunks"] == state["chunks_done"] > 48, state
 
-    lines = [orjson.loads(line) for line in httpx.get(f"{stack.base_url}/v1/jobs/chunks-http/results", timeout=60)
-             .content.splitlines()]
+    r = httpx.get(f"{stack.base_url}/v1/jobs/chunks-http/results", timeout=60)
+    assert (r.headers["x-job-done"], r.headers["x-job-chunks"]) == ("48", str(state["chunks_done"]))
+    lines = [orjson.loads(line) for line in r.content.splitlines()]
     assert all(set(line) == {"id", "chunk", "start", "end", "text", "vector"} for line in lines), lines[0]
     assert len(lines) == state["chunks"]
     order = {d: i for i, (d, _) in enumerate(docs)}
