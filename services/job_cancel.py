@@ -16,7 +16,9 @@ from shared.lifecycle import connect_within
 
 def outcome(job: str, state: dict) -> str:
     """One line on what cancelling left of ``job``."""
-    counts = f"{state.get('done', 0)} of {state.get('documents', 0)} documents stored, {state.get('failed', 0)} failed"
+    chunks = f" ({state.get('chunks_done', 0)} chunks)" if state.get("chunking") else ""
+    counts = (f"{state.get('done', 0)} of {state.get('documents', 0)} documents stored{chunks}, "
+              f"{state.get('failed', 0)} failed")
     if state.get("status") == CANCELLED:
         return f"job {job} cancelled: {counts}; its stored results stay until purged (embedfleet jobs purge {job})"
     return f"job {job} had already finished ({state.get('status')}): {counts}; nothing to cancel"

@@ -4,7 +4,8 @@
 
 The rows are read from the results stream (shared/job_results.py) and written in input order: by
 batch, then by row within the batch, which is the order of the documents the job was given. Like
-reindex, it holds the job's vectors in memory to write them.
+reindex, it holds the job's vectors in memory to write them. A chunked job's rows are its chunks, each
+once, of the documents whose chunks are all stored (services/chunked_output.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import numpy as np
 
 from shared.config import ConfigError, NatsConfig
 from shared.job_ids import job_id_problem
+from shared.job_chunks import ChunkedRows
 from shared.jobs import CANCELLED, job_bucket, read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from shared.lifecycle import connect_within
 from shared.quantize import FORMS
+from services.chunked_output import write_chunked
 from services.reindex import check_output_path, write_output, write_ragged
 
 
@@ -38,10 +41,12 @@ async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
         if (problem := unfinished({"job": job, **state})) is not None:
             raise ConfigError(f"{problem} (`embedfleet jobs` shows its progress)")
         form = JobForm.of(state)
-        check_output_path(out, form.output)
+        check_output_path(out, form.output, form.chunking is not None)
         parts, dim = await _read(StoredResults(js, nats.subjects, job, form), job, state)
     finally:
         await nc.close()
+    if form.chunking is not None:
+        return _write_chunks(out, parts, form, dim, job, state)
     ids = [d for part in parts for d in part.doc_ids]
     if form.output == "dense":
         rows = [part.rows for part in parts]
@@ -65,10 +70,21 @@ async def _read(reader: StoredResults, job: str, state: dict) -> tuple[list[Stor
     return sorted(parts, key=lambda p: (p.batch, p.start)), reader.dim
 
 
-def _said(job: str, state: dict, written: int, out: Path) -> int:
+def _write_chunks(out: Path, parts: list[Stored], form: JobForm, dim: int, job: str, state: dict) -> int:
+    """A chunked job's rows written: every chunk once, of the documents whose chunks are all there."""
+    rows = ChunkedRows()
+    for part in parts:
+        rows.add(part.batch, part.doc_ids, part.rows, part.chunks)
+    table, vectors = rows.table()
+    write_chunked(out, table, np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form][1]), form.form, dim,
+                  form.chunking)
+    return _said(job, state, rows.complete, out, f" in {len(table.ids)} chunks")
+
+
+def _said(job: str, state: dict, written: int, out: Path, chunks: str = "") -> int:
     """Print what was written; the exit status (1 when the job's documents are not all there)."""
     documents = state.get("documents", 0)
-    line = f"job {job}: {written} of {documents} documents, {JobForm.of(state).form} vectors -> {out}"
+    line = f"job {job}: {written} of {documents} documents{chunks}, {JobForm.of(state).form} vectors -> {out}"
     if written == documents:
         print(line)
         return 0

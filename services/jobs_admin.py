@@ -86,7 +86,14 @@ def _rate(value: float | None, digits: int) -> str:
 
 
 HEADER = (f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'progress':>8} {'docs/s':>8} "
-          f"{'tokens/s':>9} {'eta':>7} {'batches':>7} {'published':>9}  model  form")
+          f"{'tokens/s':>9} {'eta':>7} {'batches':>7} {'published':>9} {'chunks':>13}  model  form")
+
+
+def chunks_cell(state: dict) -> str:
+    """A chunked job's chunks: stored/cut so far ("-" for a job without chunks)."""
+    if not state.get("chunking"):
+        return "-"
+    return f"{state.get('chunks_done', 0)}/{state.get('chunks', 0)}"
 
 
 def job_row(key: str, state: dict, now: float) -> str:
@@ -94,8 +101,8 @@ def job_row(key: str, state: dict, now: float) -> str:
     share = "-" if p.fraction is None else f"{100 * p.fraction:.1f}%"
     return (f"{key:18} {state.get('status', '?'):16} {p.total:>9} {state.get('done', 0):>9} {state.get('failed', 0):>6} "
             f"{share:>8} {_rate(p.docs_per_s, 1):>8} {_rate(p.tokens_per_s, 0):>9} {duration(p.eta):>7} "
-            f"{state.get('batches', 0):>7} {state.get('published', 0):>9}  {state.get('model', '?')}  "
-            f"{job_form(state)}")
+            f"{state.get('batches', 0):>7} {state.get('published', 0):>9} {chunks_cell(state):>13}  "
+            f"{state.get('model', '?')}  {job_form(state)}")
 
 
 async def list_jobs(nats: NatsConfig) -> int:

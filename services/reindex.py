@@ -6,9 +6,11 @@ one document a line), publishes them as job batches with JetStream's backpressur
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
 durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet), in
 the form ``--embedding-type`` names (shared/quantize.py; the worker makes it).
-The job id is derived from the input, the model and the form, so running the same command again
-after it was killed resumes the job: published batches are not sent again, collected results are
-read again; the same input in another form is another job.
+The job id is derived from the input, the model, the form and the chunking, so running the same
+command again after it was killed resumes the job: published batches are not sent again, collected
+results are read again; the same input in another form is another job. With ``--chunk-size`` the
+tokenizers cut every document into chunks and each chunk gets a vector: a row a chunk, with its
+place (services/chunked_output.py says what each format holds).
 Everything that can be checked is checked before the first batch is published: the options, the
 output (its format, its folder made and written to), every document, the job's recorded form.
 """
@@ -41,6 +43,9 @@ from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, ProtocolError
 from shared.quantize import FORMS, form_named
+from shared.text_chunks import JobChunking
+from services.chunked_output import SIDECAR, write_chunked
+from services.reindex_chunking import check_room, chunking_of
 from services.reindex_results import Collector, Layout, Polled
 
 log = logging.getLogger("embedfleet.reindex")
@@ -64,10 +69,10 @@ def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "fl
         out.with_suffix(".ids.json").write_text(json.dumps(ids))
 
 
-def check_output_path(out: Path, output: str) -> None:
+def check_output_path(out: Path, output: str, chunked: bool = False) -> None:
     """Refuse, before any work, an output that could not be written: a format ``output`` is not
     written in, a folder in place of a file, a folder that cannot be made or written to. The folder is
-    made here (as writing would make it)."""
+    made here (as writing would make it). ``chunked``: a .npy gets a chunks sidecar too."""
     suffix = out.suffix.lower()
     if suffix not in OUTPUT_SUFFIXES[output]:
         if output == "dense":
@@ -78,6 +83,7 @@ def check_output_path(out: Path, output: str) -> None:
         if above.exists() and not above.is_dir():
             raise ConfigError(f"--out {out}: {above} is a file, not a folder")
     written = [out, out.with_suffix(".failed.json")] + ([] if suffix == ".parquet" else [out.with_suffix(".ids.json")])
+    written += [out.with_suffix(SIDECAR)] if chunked and suffix != ".parquet" else []
     for path in written:
         if path.is_dir():
             raise ConfigError(f"--out {out}: {path} is a folder")
@@ -130,6 +136,7 @@ class _Plan:
     docs: list[tuple[str, str]]  # (id, text), in input order
     job: str
     batch_size: int
+    chunking: JobChunking | None  # None: a vector a document
 
 
 def _plan(ns: argparse.Namespace) -> _Plan:
@@ -140,14 +147,15 @@ def _plan(ns: argparse.Namespace) -> _Plan:
         options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
     except ProtocolError as exc:
         raise ConfigError(str(exc).replace("options.", "")) from None
-    check_output_path(out, output)
+    chunking = chunking_of(ns, output)
+    check_output_path(out, output, chunking is not None)
     tracing = TracingConfig.from_namespace(ns)
     docs = read_documents(path)  # all of them, each checked
-    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output)
+    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
     problem = job_id_problem(job)
     if problem:
         raise ConfigError(f"--job-id: {problem}")
-    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size)
+    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking)
 
 
 async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan:
@@ -162,7 +170,7 @@ async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan
         print(f"reindex: {fit.note}", flush=True)
     if fit.batch_size == plan.batch_size:
         return plan
-    job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output)
+    job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output, plan.chunking)
     return replace(plan, batch_size=fit.batch_size, job=job)
 
 
@@ -175,9 +183,11 @@ async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan
     js = nc.jetstream()
     try:
         plan = await _fitted(nc, ns, subjects.prefix, plan)
+        if plan.chunking is not None:
+            await check_room(nc, subjects, ns.model, plan.chunking, plan.options)
         kv = await ensure_streams(js, subjects, retention(ns))
         state = await read_state(kv, plan.job)
-        claim = Claim(request_digest(ns.model, plan.docs, plan.batch_size, plan.options))
+        claim = Claim(request_digest(ns.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
         problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
                    or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
     except BaseException:
@@ -195,18 +205,19 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     nc, js, kv, plan = await _connect_checked(ns, nats, _plan(ns))
     job, docs, subjects = plan.job, plan.docs, nats.subjects
     batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
-    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors",
-          flush=True)
+    cut = f", cut into chunks of at most {plan.chunking.spec.size} tokens" if plan.chunking else ""
+    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors"
+          f"{cut}", flush=True)
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
     tracer = Tracer("reindex", plan.tracing)
     span = tracer.start("reindex", None, "internal", job=job, documents=len(docs))
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
     collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
-                          stream_names(subjects)["results"], plan.options.dtype, ns.results_check)
+                          stream_names(subjects)["results"], plan.options.dtype, ns.results_check, plan.chunking is not None)
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
-                                           str(plan.path), tracer))
+                                           str(plan.path), tracer, chunking=plan.chunking))
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     start_time = time.monotonic()
     try:
@@ -245,13 +256,14 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
     job, docs = plan.job, plan.docs
     failed, checked = 0, 0.0
     run, last_progress = Polled(), time.monotonic()
-    while len(collector.got) + failed < len(docs):
+    while collector.documents + failed < len(docs):
         polled = await collector.poll()
-        if polled.earlier or polled.now:
-            run = Polled(run.earlier + polled.earlier, run.now + polled.now, run.tokens + polled.tokens)
+        if polled.earlier or polled.now or polled.chunks:
+            run = run + polled
             _advance(bar, polled)
             last_progress = time.monotonic()
-        bar.set_postfix(tokens_s=f"{run.tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
+        chunks = {"chunks": collector.chunks.chunks} if collector.chunks is not None else {}
+        bar.set_postfix(**chunks, tokens_s=f"{run.tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
         cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
         if publisher.done() and not cancelled and publisher.exception():
             raise publisher.exception()
@@ -266,7 +278,8 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
         if cancelled:
             bar.close()
             state = (await read_state(kv, job)) or {}  # its counts, final since the cancel
-            print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored, "
+            chunks = f" ({state.get('chunks_done', 0)} chunks)" if plan.chunking else ""
+            print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored{chunks}, "
                   f"{state.get('failed', 0)} failed; nothing written to {plan.out} (the stored results stay in the "
                   "results stream until the job is purged)")
             return 1, run
@@ -274,7 +287,7 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
             errors = ((await read_state(kv, job)) or {}).get("errors", [])
             await update_state(kv, job, lambda s: s.update(status="stalled"))
             bar.close()
-            print(f"job {job}: no progress for {stall_timeout:.0f}s, {len(collector.got)}/{len(docs)} documents; "
+            print(f"job {job}: no progress for {stall_timeout:.0f}s, {collector.documents}/{len(docs)} documents; "
                   f"errors: {errors or 'none'}")
             return 1, run
     bar.close()
@@ -292,15 +305,25 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
     """Write the vectors collected, in input order, and record the job done; 1 when some documents
     were given up (their ids written beside the output)."""
     job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
-    ids = [d for d, _ in docs if d in got]
-    if plan.output == "dense":
-        vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form][1])
-        write_output(out, ids, vectors, plan.form, collector.dim)
+    if collector.chunks is not None:
+        table, rows = collector.chunks.table([d for d, _ in docs])
+        vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form][1])
+        write_chunked(out, table, vectors, plan.form, collector.dim, plan.chunking.record())
+        whole = collector.chunks.whole
+        ids = [d for d, _ in docs if whole(d)]
+        said = f"{len(ids)} documents in {len(table.ids)} chunks"
     else:
-        write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)
+        whole = got.__contains__
+        ids = [d for d, _ in docs if d in got]
+        said = f"{len(ids)} documents"
+        if plan.output == "dense":
+            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form][1])
+            write_output(out, ids, vectors, plan.form, collector.dim)
+        else:
+            write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)
     rate = _rate(run, elapsed)
     if len(ids) < len(docs):
-        lost = [d for d, _ in docs if d not in got]
+        lost = [d for d, _ in docs if not whole(d)]
         failed_path = out.with_suffix(".failed.json")
         failed_path.write_text(json.dumps(lost))
         errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
@@ -315,7 +338,7 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
         state.setdefault("finished", time.time())
 
     await update_state(kv, job, finish)
-    print(f"job {job}: {len(docs)} documents ({rate}) -> {out}")
+    print(f"job {job}: {said} ({rate}) -> {out}")
     return 0
 
 

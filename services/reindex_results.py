@@ -1,5 +1,6 @@
 """A bulk job's results as ``embedfleet reindex`` collects them: read from the results stream through a
-consumer of their own, every document's vectors once, and which of them this run stored."""
+consumer of their own, every document's vectors once (a chunked job's: every chunk of every document
+once, shared/job_chunks.py), and which of them this run stored."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
+from shared.job_chunks import ChunkedRows
 from shared.options import default
 from shared.protocol import JobResult, ProtocolError, decode_as
 
@@ -19,18 +21,24 @@ log = logging.getLogger("embedfleet.reindex")
 
 @dataclass(frozen=True, slots=True)
 class Polled:
-    """Documents whose vectors a poll read for the first time: ``earlier`` of them stored by an earlier
-    run of the job (read again on resuming), ``now`` during this run, with their ``tokens``. A rate
-    counts only these."""
+    """Documents whose vectors a poll read for the first time (a chunked job's: whose chunks are now all
+    read): ``earlier`` of them stored by an earlier run of the job (read again on resuming), ``now``
+    during this run, with their ``tokens``. A rate counts only these. ``chunks``: the chunks read for
+    the first time, of either run."""
 
     earlier: int = 0
     now: int = 0
     tokens: int = 0
+    chunks: int = 0
 
-    def plus(self, docs: int, tokens: int, earlier: bool) -> Polled:
+    def plus(self, docs: int, tokens: int, earlier: bool, chunks: int = 0) -> Polled:
         if earlier:
-            return Polled(self.earlier + docs, self.now, self.tokens)
-        return Polled(self.earlier, self.now + docs, self.tokens + tokens)
+            return Polled(self.earlier + docs, self.now, self.tokens, self.chunks + chunks)
+        return Polled(self.earlier, self.now + docs, self.tokens + tokens, self.chunks + chunks)
+
+    def __add__(self, other: Polled) -> Polled:
+        return Polled(self.earlier + other.earlier, self.now + other.now, self.tokens + other.tokens,
+                      self.chunks + other.chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,11 @@ class Layout:
     batch_size: int
 
     def holds(self, result: JobResult) -> bool:
+        if result.chunks is not None:  # rows are chunks: each names its document's row in the batch
+            base = result.batch * self.batch_size
+            return result.batch >= 0 and result.chunks.documents <= self.batch_size and all(
+                base + d < len(self.ids) and self.ids[base + d] == doc_id
+                for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids))
         first = result.batch * self.batch_size + result.start
         return (0 <= result.start and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
                 and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids))
@@ -56,11 +69,11 @@ class Collector:
 
     Rows are kept as they came (``dtype``, a wire name: the job's form); a result naming another job
     or other documents than ``layout`` puts there (published into this job's subject by a client), of
-    another dtype or of another dimension than the first result's cannot belong to this job's output
-    and is refused."""
+    another dtype or of another dimension than the first result's, or with chunks in a job without
+    (or none in a ``chunked`` one), cannot belong to this job's output and is refused."""
 
     def __init__(self, js, job: str, layout: Layout | None, subject: str, stream: str, dtype: str = "f4",
-                 quiet_check: float = default("results_check")) -> None:
+                 quiet_check: float = default("results_check"), chunked: bool = False) -> None:
         self._js, self._job, self._layout, self._subject, self._stream = js, job, layout, subject, stream
         self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
         # fetches in a row without a result before the consumer is asked whether it is there
@@ -72,6 +85,12 @@ class Collector:
         self.dtype = dtype
         self.dim = 0  # components per row, from the first result
         self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
+        self.chunks: ChunkedRows | None = ChunkedRows() if chunked else None  # a chunked job's rows
+
+    @property
+    def documents(self) -> int:
+        """Documents whose vectors are all here."""
+        return self.chunks.complete if self.chunks is not None else len(self.got)
 
     async def open(self) -> None:
         info = await self._js.stream_info(self._stream)
@@ -151,19 +170,27 @@ class Collector:
                           result.id[:100], result.batch, result.start)
                 await msg.term()
                 continue
+            if (result.chunks is None) != (self.chunks is None):
+                log.error("job %s batch %d: rows %s chunks in a job %s: dropped", result.id, result.batch,
+                          "without" if result.chunks is None else "with", "of chunks" if self.chunks else "without")
+                await msg.term()
+                continue
             if result.dtype != self.dtype or (self.dim and result.dim != self.dim):
                 log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped", result.id,
                           result.batch, result.dtype, result.dim, self.dtype, f" of dimension {self.dim}" if self.dim else "")
                 await msg.term()
                 continue
             self.dim = result.dim
-            new = 0
+            new = chunks = 0
             rows = result.ragged() if result.offsets is not None else result.array()
-            for doc_id, row in zip(result.doc_ids, rows):
-                if doc_id not in self.got:
-                    self.got[doc_id] = row
-                    new += 1
-            polled = polled.plus(new, result.tokens if new else 0, earlier=seq <= (self._before or 0))
+            if self.chunks is not None:
+                new, chunks = self.chunks.add(result.batch, result.doc_ids, rows, result.chunks)
+            else:
+                for doc_id, row in zip(result.doc_ids, rows):
+                    if doc_id not in self.got:
+                        self.got[doc_id] = row
+                        new += 1
+            polled = polled.plus(new, result.tokens if new or chunks else 0, seq <= (self._before or 0), chunks)
             try:
                 await msg.ack()
             except Exception:

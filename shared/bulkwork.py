@@ -36,7 +36,7 @@ from shared.jobs import (
     work_consumer,
 )
 from shared.progress import Rows
-from shared.protocol import MAX_NAME
+from shared.protocol import MAX_NAME, ChunkRows
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.bulk")
@@ -52,13 +52,15 @@ _HEADER_ROOM = 1024  # bytes for the headers beside the reason, the origin and t
 @dataclass(frozen=True, slots=True)
 class BatchInfo:
     """What a dead letter records about a batch: its job, batch index, first row and documents, and
-    the number of documents in its job batch (0: not known)."""
+    the number of documents in its job batch (0: not known). A chunked job's token batch holds chunk
+    rows (``chunks`` says whose, ``total`` is the job batch's chunks)."""
 
     job: str | None
     batch: int | None = None
     start: int = 0
     documents: int = 0
     total: int = 0
+    chunks: ChunkRows | None = None
 
     @property
     def rows(self) -> Rows:
@@ -336,7 +338,16 @@ class DeadLetters:
         # recorded again after a crash between record and term: the rows and the entry count once
         entry = {"stage": self._stage, "batch": info.batch, "start": info.start, "documents": info.documents,
                  "deliveries": count, "reason": reason[:500]}
-        await update_state(self._kv, info.job, lambda s: count_failed(s, info.rows, entry))
+
+        def tally(state: dict) -> int:
+            rows = info.rows
+            if info.chunks is None and self._stage == "worker" and state.get("chunking"):
+                # a chunked job's token batch that does not decode: chunk rows of documents it cannot
+                # name, listed as dead but counted nowhere (never counted as the documents of its rows)
+                rows = rows._replace(batch=-1)
+            return count_failed(state, rows, entry, info.chunks)
+
+        await update_state(self._kv, info.job, tally)
 
     async def watch(self, stream: str, durable: str, describe: Callable[[bytes, dict], BatchInfo]) -> None:
         """Turn the server's max-deliveries advisories for ``durable`` into dead letters (one watcher

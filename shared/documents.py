@@ -90,14 +90,18 @@ def _json_type(value: object) -> str:
             list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
 
 
-def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense") -> str:
+def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense",
+               chunking=None) -> str:
     """The id of the job that embeds ``path`` with ``model`` into vectors of ``form``: the same file,
     model, batch size and form give the same id, so running a job again resumes it, and another form
-    is another job. float32 leaves the key as it was before forms existed (those jobs still resume)."""
+    (or another ``chunking``, a JobChunking) is another job. float32 leaves the key as it was before
+    forms existed (those jobs still resume)."""
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{model}|{batch_size}"
     if form != "float32":
         key += f"|{form}"
     if output != "dense":  # sparse / multivector jobs
         key += f"|{output}"
+    if chunking is not None:
+        key += "|chunks:" + json.dumps(chunking.record(), sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -30,6 +30,7 @@ RESULT_OVERHEAD = 1024 + 256 + 2 * 128
 ID_OVERHEAD = 5  # msgpack's header of one document id
 OFFSET_BYTES = 4  # a ragged result's offset per document (int32)
 INDEX_BYTES = 4  # a sparse entry's vocabulary id (int32)
+CHUNK_ROOM_TIMEOUT = 5.0  # seconds a tokenizer has to say whether a chunked job's windows fit the model
 
 
 class JobRefused(ValueError):
@@ -139,3 +140,17 @@ async def fleet_view(nc, prefix: str, model: str, patience: float = 3.0) -> Flee
         view = await watch.refresh()
         if served_id(view, model) is not None or asyncio.get_running_loop().time() >= deadline:
             return view
+
+
+async def check_chunk_room(chunker, model: str, chunking, options: EmbedOptions,
+                           timeout: float = CHUNK_ROOM_TIMEOUT) -> None:
+    """Refuses chunking whose windows ``model`` cannot hold (over its limit less its special tokens and
+    the job's prompt), asking a tokenizer as the online route does: ``chunker`` is an EmbedClient,
+    ``chunking`` a JobChunking. JobRefused naming the field to change."""
+    from shared.errors import ErrorCode, ServiceError
+
+    try:
+        await chunker.chunk(model, [""], chunking.spec, options, timeout)
+    except ServiceError as exc:
+        field = "chunking.size" if exc.code == ErrorCode.INVALID_REQUEST and "chunking.size" in exc.message else "model"
+        raise JobRefused(exc.message, field) from None

@@ -22,10 +22,12 @@ class Claim:
     owner: str | None = None
 
 
-def request_digest(model: str, docs: list[tuple[str, str]], batch_size: int, options) -> str:
-    """SHA-256 over what makes a job's batches: the same file or documents, model, batch size and
-    options give the same digest, whichever way (POST /v1/jobs, reindex) they were submitted."""
-    h = hashlib.sha256(json.dumps([model, batch_size, dataclasses.asdict(options)], sort_keys=True).encode())
+def request_digest(model: str, docs: list[tuple[str, str]], batch_size: int, options, chunking=None) -> str:
+    """SHA-256 over what makes a job's batches: the same file or documents, model, batch size, options
+    and chunking (a JobChunking, or None) give the same digest, whichever way (POST /v1/jobs, reindex)
+    they were submitted. An unchunked job's digest is the one it had before chunking existed."""
+    head = [model, batch_size, dataclasses.asdict(options)] + ([chunking.record()] if chunking is not None else [])
+    h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
     for doc_id, text in docs:  # each part length-prefixed: no two lists of documents hash alike
         for part in (doc_id.encode(), text.encode()):
             h.update(len(part).to_bytes(8, "little"))

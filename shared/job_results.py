@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
 from shared.jobs import FINISHED, stream_names
-from shared.protocol import JobResult, ProtocolError, decode_as
+from shared.protocol import ChunkRows, JobResult, ProtocolError, decode_as
 from shared.quantize import FORMS
 from shared.subjects import Subjects
 
@@ -36,15 +36,21 @@ REOPENS = 3  # consumers lost in a row before the reader gives up
 
 @dataclass(frozen=True, slots=True)
 class JobForm:
-    """What a job's rows are: ``form`` (shared/quantize.py) and ``output`` (dense, sparse, multivector)."""
+    """What a job's rows are: ``form`` (shared/quantize.py) and ``output`` (dense, sparse, multivector);
+    ``chunking`` (as its state records it; None: a row a document): a row a chunk, with its place."""
 
     form: str
     output: str
+    chunking: dict | None = None
 
     @classmethod
     def of(cls, state: dict) -> JobForm:
         # jobs recorded before forms and outputs existed made dense float32 vectors
-        return cls(state.get("embedding_type", "float32"), state.get("output", "dense"))
+        return cls(state.get("embedding_type", "float32"), state.get("output", "dense"), state.get("chunking"))
+
+    @property
+    def with_text(self) -> bool:
+        return bool(self.chunking and self.chunking.get("with_text"))
 
     @property
     def wire(self) -> str:
@@ -62,6 +68,7 @@ class Stored:
     doc_ids: list[str]
     rows: np.ndarray | list
     dim: int
+    chunks: ChunkRows | None = None  # a chunked job's: the chunk each row is (doc_ids: each row's document)
 
 
 def result_rows(result: JobResult) -> np.ndarray | list:
@@ -132,7 +139,7 @@ class StoredResults:
                 continue
             seen.add((result.batch, result.start))
             self.dim = result.dim
-            yield Stored(result.batch, result.start, list(result.doc_ids), result_rows(result), result.dim)
+            yield Stored(result.batch, result.start, list(result.doc_ids), result_rows(result), result.dim, result.chunks)
 
     async def _results(self) -> AsyncIterator[JobResult]:
         """Every result the stream held at ``open``: until the consumer has none pending."""
@@ -179,6 +186,10 @@ class StoredResults:
     def _fits(self, result: JobResult) -> bool:
         if result.id != self._job:
             log.error("a result of job %r in the subject of job %r: left out", result.id[:100], self._job)
+            return False
+        if (result.chunks is None) != (self._form.chunking is None):
+            log.error("job %s batch %d: %s rows in a job of %s rows: left out", self._job, result.batch,
+                      "document" if result.chunks is None else "chunk", "chunk" if self._form.chunking else "document")
             return False
         if result.dtype == self._form.wire and (not self.dim or result.dim == self.dim):
             return True

@@ -22,7 +22,8 @@ from nats.js.kv import KeyValue
 
 from shared.config import ConfigError, JobSettings, Retention
 from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.progress import Rows, account, accounted
+from shared.chunk_progress import fail_chunks, store_chunks
+from shared.progress import CHUNK_LEDGER, LEDGER, Rows, account, accounted
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
@@ -392,35 +393,44 @@ def record_error(state: dict, message: str) -> None:
         errors.append(message[:500])
 
 
-def count_done(state: dict, rows: Rows, tokens: int) -> int:
+def count_done(state: dict, rows: Rows, tokens: int, chunks=None) -> int:
     """Stored ``rows``: counted as done unless they were counted before (a batch delivered again after
     its holder died between storing and counting), or the job was cancelled before they were: its
     counts stay as the cancel found them (``late_rows`` tells the storer to remove their result).
+    ``chunks`` (a ChunkRows): the rows are chunks of a chunked job (shared/chunk_progress.py).
     Returns how many were new."""
     if state.get("status") == CANCELLED:
         return 0
-    fresh = account(state, rows)
-    if fresh:
-        state["done"] = state.get("done", 0) + fresh
-        state["tokens"] = state.get("tokens", 0) + tokens
+    if chunks is not None:
+        fresh = store_chunks(state, rows, chunks, tokens)
+    else:
+        fresh = account(state, rows)
+        if fresh:
+            state["done"] = state.get("done", 0) + fresh
+            state["tokens"] = state.get("tokens", 0) + tokens
     settle(state)
     return fresh
 
 
-def late_rows(state: dict, rows: Rows) -> bool:
-    """Whether stored ``rows`` came after their job's cancel and were not counted before it: their
-    result must go, so that what the results stream holds is what the job's state counts as done."""
-    return state.get("status") == CANCELLED and accounted(state, rows) < rows.count
+def late_rows(state: dict, rows: Rows, chunked: bool = False) -> bool:
+    """Whether stored ``rows`` (``chunked``: chunk rows) came after their job's cancel and were not
+    counted before it: their result must go, so that what the results stream holds is what the job's
+    state counts as done."""
+    ledger = CHUNK_LEDGER if chunked else LEDGER
+    return state.get("status") == CANCELLED and accounted(state, rows, ledger) < rows.count
 
 
-def count_failed(state: dict, rows: Rows, record: dict) -> int:
-    """Given-up ``rows``: counted as failed unless already accounted for, and the batch listed once
-    (up to a limit); not once the job is cancelled (its counts stay as the cancel found them).
-    Returns how many were new."""
+def count_failed(state: dict, rows: Rows, record: dict, chunks=None) -> int:
+    """Given-up ``rows`` (``chunks``: chunk rows of a chunked job, whose documents fail): counted as
+    failed unless already accounted for, and the batch listed once (up to a limit); not once the job
+    is cancelled (its counts stay as the cancel found them). Returns how many documents were new."""
     if state.get("status") == CANCELLED:
         return 0
-    fresh = account(state, rows)
-    state["failed"] = state.get("failed", 0) + fresh
+    if chunks is not None:
+        fresh = fail_chunks(state, rows, chunks)
+    else:
+        fresh = account(state, rows)
+        state["failed"] = state.get("failed", 0) + fresh
     dead = state.setdefault("dead", [])
     place = (record.get("stage"), record.get("batch"), record.get("start"))
     if len(dead) < MAX_DEAD_RECORDS and all((d.get("stage"), d.get("batch"), d.get("start")) != place for d in dead):
@@ -446,7 +456,7 @@ def settle(state: dict) -> None:
 
 async def submit(
     js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
-    docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None, claim=None,
+    docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None, claim=None, chunking=None,
 ) -> dict:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
@@ -455,25 +465,27 @@ async def submit(
     one without an owner, its digest made here), and JobCancelled when it is (or gets) cancelled: no
     batch is published after the cancellation is seen.
     ``tracer`` (a shared.tracing.Tracer) records the publishing as a span under the current trace
-    context; every batch carries it, so the job's stages in every process are one trace."""
+    context; every batch carries it, so the job's stages in every process are one trace.
+    ``chunking`` (a shared.text_chunks.JobChunking): every document is cut into chunks, a vector each;
+    the state records it (``chunking``), and the tokenizers count the chunks as they cut them."""
     from shared.tracing import Tracer, current, headers_for
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
     with span:
         return await _publish(js, kv, subjects, job, model, docs, batch_size, options, source, headers_for(span.context),
-                              claim)
+                              claim, chunking)
 
 
 async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
                    docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None,
-                   claim) -> dict:
+                   claim, chunking) -> dict:
     import time
 
     from shared.job_requests import Claim, claim_problem, record_claim, request_digest
     from shared.protocol import JobBatch, encode
     from shared.quantize import WIRE_FORMS
 
-    claim = claim or Claim(request_digest(model, docs, batch_size, options))
+    claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
     form = WIRE_FORMS[options.dtype]
 
@@ -489,6 +501,8 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
                           "tokens": state.get("tokens", 0)}
         state.update(model=model, input=source, documents=len(docs), batches=len(batches), embedding_type=form,
                      output=options.output)
+        if chunking is not None:
+            state["chunking"] = chunking.record()
         state.setdefault("status", "running")
         state.setdefault("started", time.time())
         state.setdefault("published", 0)
@@ -500,7 +514,7 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         if await _cancelled(kv, job):
             await update_state(kv, job, lambda s, n=i: s.update(published=max(s.get("published", 0), n)))
             raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
-        batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options)
+        batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options, chunking)
         # the stream's acknowledgement of each publish is the backpressure
         await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}", headers=headers)
         if i % 8 == 7 or i == len(batches) - 1:

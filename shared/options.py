@@ -202,6 +202,21 @@ OPTIONS: tuple[Option, ...] = (
     _option("--output", "EMBEDFLEET_JOB_OUTPUT", "dense",
             "what to write: dense vectors, sparse vectors (SPLADE, BGE-M3) or multivector (a vector per token); "
             "sparse and multivector go to .npz", {"reindex"}, "reindex", choices=("dense", "sparse", "multivector")),
+    _option("--chunk-size", "EMBEDFLEET_CHUNK_SIZE", None,
+            "cut every document into chunks of at most this many tokens of text, a vector each (a row a chunk, with "
+            "its document's id, chunk, start and end); at most the model's limit less its special tokens and prompt",
+            {"reindex"}, "reindex", type=int),
+    _option("--chunk-overlap", "EMBEDFLEET_CHUNK_OVERLAP", None,
+            "tokens consecutive chunks of a document share at most, below --chunk-size (default 0)", {"reindex"},
+            "reindex", type=int),
+    _option("--chunk-boundary", "EMBEDFLEET_CHUNK_BOUNDARY", None,
+            "where chunks are cut: token (between words, the default) or sentence (at a sentence end where one "
+            "keeps the chunk half full)", {"reindex"}, "reindex", choices=("token", "sentence")),
+    _option("--late-chunking", None, False,
+            "late chunking (one forward over the whole document, pooled per chunk): not served in jobs yet, refused",
+            {"reindex"}, "reindex", kind="switch"),
+    _option("--with-text", None, False, "store each chunk's text beside its vector (a text column)", {"reindex"},
+            "reindex", kind="switch"),
     _option("--job-id", None, None, "job id (default: derived from the input, model and form, so a rerun resumes)",
             {"reindex"}, "reindex"),
     _option("--stall-timeout", "EMBEDFLEET_STALL_TIMEOUT", 300.0, "give up after this many seconds without progress",
@@ -228,7 +243,8 @@ OPTIONS: tuple[Option, ...] = (
             "model's tokenizers token for token on a built-in corpus at start-up; off: tokenizers only",
             {"tokenizer"}, "tokenizer", choices=("auto", "off")),
     _option("--max-chunks", "EMBEDFLEET_MAX_CHUNKS", 1024,
-            "max chunks a request's texts may be cut into when it asks them chunked; more: refused (input_too_long)",
+            "max chunks a request's texts may be cut into when it asks them chunked; more: refused (input_too_long); "
+            "in a chunked bulk job, max chunks a document may be cut into (more: that document fails)",
             {"tokenizer"}, "tokenizer", type=positive_int),
     _option("--bulk-ahead", "EMBEDFLEET_BULK_AHEAD", 256,
             "bulk token batches the tokenizers may queue ahead of the workers before they wait", {"tokenizer"},

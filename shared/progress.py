@@ -8,6 +8,10 @@ delivered again, and recording the same rows a second time changes nothing. So `
 The ledger lives in the job's JSON state under ``accounted`` and stays small: job batches wholly
 accounted for are merged into index ranges, and only the batches in flight keep row ranges:
 ``{"whole": [[b0, b1], ...], "part": {"<b>": [[r0, r1], ...]}}`` (half-open ranges, sorted, disjoint).
+
+A chunked job keeps two more ledgers of that shape (shared/chunk_progress.py): its chunk rows
+(``CHUNK_LEDGER``: row r of job batch b is a chunk, not a document) and the job batches whose chunks
+were counted (``CUT_LEDGER``); ``accounted`` stays its documents'.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 LEDGER = "accounted"
+CHUNK_LEDGER = "accounted_chunks"
+CUT_LEDGER = "cut"
+LEDGERS = (LEDGER, CHUNK_LEDGER, CUT_LEDGER)  # a state's bookkeeping, not shown to users
 
 
 class Rows(NamedTuple):
@@ -26,38 +33,38 @@ class Rows(NamedTuple):
     total: int = 0
 
 
-def account(state: dict, rows: Rows) -> int:
-    """Record ``rows`` as accounted for in ``state``; returns how many of them were not before."""
+def account(state: dict, rows: Rows, ledger: str = LEDGER) -> int:
+    """Record ``rows`` as accounted for in ``state``'s ``ledger``; returns how many of them were not before."""
     batch, start, count, total = rows
     if batch < 0 or start < 0 or count <= 0:
         return 0
     end = start + count
     if total and end > total:  # a batch that contradicts itself: its rows still count once
         total = 0
-    ledger = state.setdefault(LEDGER, {"whole": [], "part": {}})
-    if _holds(ledger["whole"], batch):
+    book = state.setdefault(ledger, {"whole": [], "part": {}})
+    if _holds(book["whole"], batch):
         return 0
     key = str(batch)
-    spans = ledger["part"].get(key, [])
+    spans = book["part"].get(key, [])
     fresh = count - _overlap(spans, start, end)
     if fresh == 0:
         return 0
     spans = _add(spans, start, end)
     if total and spans == [[0, total]]:
-        ledger["part"].pop(key, None)
-        ledger["whole"] = _add(ledger["whole"], batch, batch + 1)
+        book["part"].pop(key, None)
+        book["whole"] = _add(book["whole"], batch, batch + 1)
     else:
-        ledger["part"][key] = spans
+        book["part"][key] = spans
     return fresh
 
 
-def accounted(state: dict, rows: Rows) -> int:
-    """How many of ``rows`` ``state`` holds as accounted for already (nothing recorded)."""
+def accounted(state: dict, rows: Rows, ledger: str = LEDGER) -> int:
+    """How many of ``rows`` ``state``'s ``ledger`` holds as accounted for already (nothing recorded)."""
     batch, start, count, _ = rows
-    ledger = state.get(LEDGER) or {"whole": [], "part": {}}
-    if count <= 0 or _holds(ledger["whole"], batch):
+    book = state.get(ledger) or {"whole": [], "part": {}}
+    if count <= 0 or _holds(book["whole"], batch):
         return max(count, 0)
-    return _overlap(ledger["part"].get(str(batch), []), start, start + count)
+    return _overlap(book["part"].get(str(batch), []), start, start + count)
 
 
 def _holds(spans: list[list[int]], x: int) -> bool:

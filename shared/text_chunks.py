@@ -61,3 +61,27 @@ def _is_int(value: object) -> bool:
 
 def _invalid(message: str) -> ServiceError:
     return ServiceError(ErrorCode.INVALID_REQUEST, message)
+
+
+LATE_NOT_SERVED = "late chunking in jobs is not served yet"
+
+
+@dataclass(frozen=True, slots=True)
+class JobChunking:
+    """How a bulk job cuts its documents: ``spec``'s windows, each embedded alone (``late``: the whole
+    document in one forward, its token vectors pooled over each window; not served yet), and whether
+    each chunk's text is stored beside its vector (``with_text``)."""
+
+    spec: ChunkSpec
+    late: bool = False
+    with_text: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("late", "with_text"):
+            if not isinstance(getattr(self, name), bool):
+                raise _invalid(f"chunking.{name} must be true or false")
+
+    def record(self) -> dict:
+        """As a job's state records it (and the job's id and request digest are made of it)."""
+        return {"size": self.spec.size, "overlap": self.spec.overlap, "boundary": self.spec.boundary, "late": self.late,
+                "with_text": self.with_text}

@@ -42,10 +42,18 @@ def test_a_row_lines_up_with_the_header():
              "batches": 16, "published": 16, "model": "all-MiniLM-L6-v2", "embedding_type": "int8"}
     row = job_row("0123456789abcdef", state, now=150.0)
     assert row.split() == ["0123456789abcdef", "running", "1000", "240", "10", "25.0%", "4.8", "100", "2m30s", "16",
-                           "16", "all-MiniLM-L6-v2", "int8"]
+                           "16", "-", "all-MiniLM-L6-v2", "int8"]
     assert HEADER.split() == ["job", "status", "documents", "done", "failed", "progress", "docs/s", "tokens/s", "eta",
-                              "batches", "published", "model", "form"]
+                              "batches", "published", "chunks", "model", "form"]
     assert HEADER.index("eta") + len("eta") == row.index("2m30s") + len("2m30s")  # right-aligned under its title
+
+
+def test_a_chunked_job_shows_its_chunks_stored_of_those_cut():
+    state = {"status": "running", "documents": 10, "done": 4, "chunks": 37, "chunks_done": 21, "model": "m",
+             "chunking": {"size": 64, "overlap": 0, "boundary": "token", "late": False, "with_text": False}}
+    row = job_row("j", state, now=1.0)
+    assert row.split()[11] == "21/37"
+    assert HEADER.index("chunks") + len("chunks") == row.index("21/37") + len("21/37")
 
 
 def test_a_job_whose_every_batch_failed_has_no_rate():

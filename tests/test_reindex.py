@@ -158,3 +158,54 @@ def test_a_result_is_the_jobs_only_at_its_documents_places():
     assert not layout.holds(result(1, 3, ["d7", "d8"]))  # past its batch
     assert not layout.holds(result(2, 1, ["d9", "x"]))  # past the job
     assert not layout.holds(result(0, 0, ["x"]))
+
+
+# -- a chunked job's files ----------------------------------------------------------------------
+
+def _chunk_table(texts: bool):
+    from shared.job_chunks import ChunkTable
+
+    return ChunkTable(["a", "a", "b"], [0, 1, 0], [0, 5, 0], [6, 12, 3], ["first", "second", "b's"] if texts else None)
+
+
+CHUNKING = {"size": 8, "overlap": 1, "boundary": "token", "late": False, "with_text": True}
+
+
+@pytest.mark.parametrize("texts", [True, False])
+def test_a_chunked_npy_has_a_row_a_chunk_and_its_place_beside_it(tmp_path, texts):
+    from services.chunked_output import write_chunked
+
+    stored = quantize(np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32), "int8")
+    out = tmp_path / "v.npy"
+    write_chunked(out, _chunk_table(texts), stored, "int8", 16, CHUNKING)
+    assert np.array_equal(np.load(out), stored) and np.load(out).dtype == np.int8
+    assert json.loads(out.with_suffix(".ids.json").read_text()) == ["a", "a", "b"]
+    lines = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
+    assert lines[1] == {"id": "a", "chunk": 1, "start": 5, "end": 12, **({"text": "second"} if texts else {})}
+    assert len(lines) == 3
+
+
+def test_a_chunked_parquet_has_the_chunk_columns_and_says_how_it_was_cut(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from services.chunked_output import write_chunked
+
+    stored = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    out = tmp_path / "v.parquet"
+    write_chunked(out, _chunk_table(True), stored, "float32", 4, CHUNKING)
+    table = pq.read_table(out)
+    assert table.column_names == ["id", "chunk", "start", "end", "vector", "text"]
+    assert [table.schema.field(c).type for c in ("chunk", "start", "end")] == [pa.int32(), pa.int64(), pa.int64()]
+    assert json.loads(table.schema.metadata[b"chunking"]) == CHUNKING and table.schema.metadata[b"dim"] == b"4"
+    assert table.select(["id", "chunk", "start", "end", "text"]).to_pylist()[2] == {
+        "id": "b", "chunk": 0, "start": 0, "end": 3, "text": "b's"}
+    assert np.array_equal(np.stack(table.column("vector").to_numpy(zero_copy_only=False)), stored)
+
+
+def test_a_chunked_npys_sidecar_is_checked_before_any_work(tmp_path):
+    (tmp_path / "v.chunks.jsonl").mkdir()
+    check_output_path(tmp_path / "v.npy", "dense")  # without chunks the sidecar is not written
+    with pytest.raises(ConfigError) as exc:
+        check_output_path(tmp_path / "v.npy", "dense", chunked=True)
+    assert str(exc.value).endswith(f"{tmp_path / 'v.chunks.jsonl'} is a folder")

@@ -445,7 +445,8 @@ class Gateway:
         output = json_object(body).get("output", "dense")
         if output in ("sparse", "multivector") and output not in await self.offers(model):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {output} vectors", "output")
-        status, answer = await self.jobs.create(body, model, await self.discovery.view(), self.nc.max_payload)
+        status, answer = await self.jobs.create(body, model, await self.discovery.view(), self.nc.max_payload,
+                                                self.client)
         return json_response(answer, status=status)
 
     async def job_state(self, request: Request) -> Response:

@@ -28,6 +28,7 @@ from services.gateway.inputs import Inputs
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")
+JOB_KEYS = _KEYS[:4]  # a bulk job's chunking: a vector a chunk, always
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +38,19 @@ class Chunking:
     returns: str = "chunks"
 
 
-def parse_chunking(doc: dict[str, Any], param: str = "chunking") -> Chunking | None:
-    """The request's ``chunking`` object (None when absent); refused in the route's error shape when
-    its keys or values are wrong."""
+def parse_chunking(doc: dict[str, Any], param: str = "chunking", keys: tuple[str, ...] = _KEYS) -> Chunking | None:
+    """The request's ``chunking`` object (None when absent), of ``keys`` at most; refused in the route's
+    error shape when its keys or values are wrong."""
     raw = doc.get(param)
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be an object with 'size' and optionally "
-                       f"{', '.join(repr(k) for k in _KEYS[1:])}", param)
-    unknown = sorted(set(raw) - set(_KEYS))
+                       f"{', '.join(repr(k) for k in keys[1:])}", param)
+    unknown = sorted(set(raw) - set(keys))
     if unknown:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' has unknown keys {', '.join(map(repr, unknown))}: it takes "
-                       f"{', '.join(map(repr, _KEYS))}", param)
+                       f"{', '.join(map(repr, keys))}", param)
     if "size" not in raw:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.size' is required: the most tokens of text a chunk holds",
                        f"{param}.size")

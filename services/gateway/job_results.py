@@ -4,8 +4,9 @@ the default) or Parquet (``application/vnd.apache.parquet`` or ``application/x-p
 
 NDJSON: one object a document, ``{"id", "vector"}``; the vector as ``embedfleet reindex`` writes it
 for the same job: dense a list of numbers (floats for float32 / float16, integers for the quantized
-forms), sparse ``{"indices", "values"}``, multivector a list of vectors. Parquet: the columns reindex
-writes (services/gateway/parquet_stream.py).
+forms), sparse ``{"indices", "values"}``, multivector a list of vectors. A chunked job's: one object a
+chunk, ``{"id", "chunk", "start", "end", "vector"}`` (and ``"text"`` when the job stores texts).
+Parquet: the columns reindex writes (services/gateway/parquet_stream.py).
 
 Rows come in the order they were stored (batches finish in any order), each with its id. A job not
 finished yet is a 409 naming its status; an unknown job 404; results expired from the stream 410.
@@ -22,6 +23,7 @@ import orjson
 from starlette.responses import StreamingResponse
 
 from shared.errors import ErrorCode
+from shared.job_chunks import stored_columns
 from shared.jobs import read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from services.gateway.errors import ApiError
@@ -56,13 +58,18 @@ def negotiate(accept: str | None) -> str:
 
 
 def ndjson_lines(part: Stored, output: str) -> bytes:
-    """``{"id", "vector"}`` a line for each document of ``part``."""
+    """``{"id", "vector"}`` a line for each document of ``part``; a chunked job's, ``{"id", "chunk",
+    "start", "end", "vector"[, "text"]}`` a line for each chunk."""
     if output == "sparse":
         vectors = [{"indices": i.astype(np.int64), "values": _numbers(v)} for i, v in part.rows]
     else:
         vectors = [_numbers(v) for v in part.rows]
-    return b"".join(orjson.dumps({"id": d, "vector": v}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-                    for d, v in zip(part.doc_ids, vectors))
+    if part.chunks is None:
+        lines = ({"id": d, "vector": v} for d, v in zip(part.doc_ids, vectors))
+    else:
+        columns = stored_columns(part.doc_ids, part.chunks).columns()
+        lines = ({**dict(zip(columns, values)), "vector": v} for *values, v in zip(*columns.values(), vectors))
+    return b"".join(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for line in lines)
 
 
 def _numbers(values: np.ndarray) -> np.ndarray:
@@ -96,6 +103,8 @@ class JobResultsApi:
         headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
                    "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),
                    "x-embedding-type": form.form, "x-job-output": form.output}
+        if form.chunking is not None:  # its lines are chunks: as many as it stored
+            headers["x-job-chunks"] = str(state.get("chunks_done", 0))
         return StreamingResponse(body, media_type=NDJSON if kind == "ndjson" else PARQUET, headers=headers)
 
 

@@ -1,6 +1,7 @@
 """HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server),
 GET /v1/jobs/{id} returns its state, DELETE /v1/jobs/{id} cancels it. The vectors go to the results
-stream, as for `embedfleet reindex`."""
+stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
+tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from pathlib import Path
 from shared.documents import job_id_for
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
-from shared.job_fit import JobRefused, check_job
+from shared.job_fit import JobRefused, check_chunk_room, check_job
 from shared.job_requests import OWNER, Claim, claim_problem, request_digest
 from shared.jobs import (
     DUPLICATE_WINDOW, JobCancelled, JobConflict, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
 )
 from shared.options import default
-from shared.progress import LEDGER
+from shared.progress import LEDGERS
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
+from shared.text_chunks import LATE_NOT_SERVED, JobChunking
+from services.gateway.chunking import JOB_KEYS, parse_chunking
 from services.gateway.errors import ApiError
 from services.gateway.job_files import read_job_file
 from services.gateway.job_ids import check_job_field
@@ -40,13 +43,16 @@ class JobsApi:
         self._owners = owners or JobOwners(False, ())
         self._background: set[asyncio.Task] = set()
 
-    async def create(self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0) -> tuple[int, dict]:
+    async def create(self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0,
+                     chunker=None) -> tuple[int, dict]:
         """``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
-        against them (shared/job_fit.py) before anything is published; its batches cut to fit. A job
-        of that id already there: the same request again answers its state (200, resumed if it was
-        not all published), any other 409."""
+        against them (shared/job_fit.py) before anything is published; its batches cut to fit.
+        ``chunker`` (an EmbedClient): a tokenizer it asks says whether a chunked job's windows fit the
+        model. A job of that id already there: the same request again answers its state (200, resumed
+        if it was not all published), any other 409."""
         doc = json_object(body)
         batch_size, options, form = _fields(doc)
+        chunking = _chunking(doc, options)
         check_job_field(doc)
         # everything is checked before the first batch is published: the fields above, every document, the id
         if "documents" in doc and "path" in doc:
@@ -63,31 +69,39 @@ class JobsApi:
         else:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
         batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
-        job = optional(doc, "id", str) or (job_id_for(path, model, batch_size, form, options.output) if path
+        if chunking is not None and chunker is not None:
+            try:
+                await check_chunk_room(chunker, model, chunking, options)
+            except JobRefused as exc:
+                raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
+        job = optional(doc, "id", str) or (job_id_for(path, model, batch_size, form, options.output, chunking) if path
                                            else uuid.uuid4().hex[:16])
-        claim = Claim(await asyncio.to_thread(request_digest, model, docs, batch_size, options), self._owners.owner())
+        claim = Claim(await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking),
+                      self._owners.owner())
         existing = await self._existing(job, claim, form, options.output)
         if existing is not None and existing.get("published", 0) >= existing.get("batches", 0):
             return 200, _shown(existing, job)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
         if path is None:
-            state = await self._submit(job, model, docs, batch_size, options, source, claim)
+            state = await self._submit(job, model, docs, batch_size, options, source, claim, chunking)
         else:  # a file may be large: publish in the background, answer at once
             task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options,
-                                              source, self._tracer, claim))
+                                              source, self._tracer, claim, chunking))
             self._background.add(task)
             task.add_done_callback(self._done)
             state = {"job": job, "status": "running", "documents": len(docs)}
         if existing is not None:
             return 200, _shown(await read_state(self._kv, job) or existing, job)
         return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
-                     "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {})}
+                     "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {}),
+                     **({"chunking": chunking.record()} if chunking else {})}
 
-    async def _submit(self, job: str, model: str, docs, batch_size: int, options, source: str, claim: Claim) -> dict:
+    async def _submit(self, job: str, model: str, docs, batch_size: int, options, source: str, claim: Claim,
+                      chunking: JobChunking | None) -> dict:
         try:
             return await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, source,
-                                self._tracer, claim)
+                                self._tracer, claim, chunking)
         except JobCancelled as exc:  # as _existing answers it
             raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
         except JobConflict as exc:  # created meanwhile by another request, or another form: as _existing answers it
@@ -156,6 +170,24 @@ def _fields(doc: dict) -> tuple[int, EmbedOptions, str]:
     return batch_size, EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output), form
 
 
+def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:
+    """The job's ``chunking`` and ``with_text`` fields, checked (None: a vector a document)."""
+    parsed = parse_chunking(doc, keys=JOB_KEYS)
+    with_text = optional(doc, "with_text", bool, False)
+    if parsed is None:
+        if with_text:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'with_text' stores each chunk's text: give 'chunking' too",
+                           "with_text")
+        return None
+    if parsed.late:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'chunking.late': {LATE_NOT_SERVED}: send 'late': false (each "
+                       "chunk embedded alone)", "chunking.late")
+    if options.output != "dense":
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"a chunked job makes a dense vector a chunk, not {options.output} "
+                       "vectors", "chunking")
+    return JobChunking(parsed.spec, parsed.late, with_text)
+
+
 def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_size: int, max_payload: int,
             docs: list[tuple[str, str]]) -> tuple[int, str | None]:
     """The batch size the job runs with, and why it is smaller than asked; what the fleet cannot run
@@ -170,9 +202,10 @@ def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_si
 
 
 def _shown(state: dict, job: str) -> dict:
-    """A job's state as the API shows it: ``id`` for ``job``, without the ledger of counted rows or
+    """A job's state as the API shows it: ``id`` for ``job``, without the ledgers of counted rows or
     the digest of its owner's key."""
-    state.pop(LEDGER, None)
+    for ledger in LEDGERS:
+        state.pop(ledger, None)
     state.pop(OWNER, None)
     state["id"] = state.pop("job", job)
     return state

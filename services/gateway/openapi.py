@@ -254,8 +254,11 @@ def _job_results(job: list[dict]) -> dict[str, Any]:
         {"type": "object", "properties": {"indices": {"type": "array", "items": {"type": "integer"}},
                                           "values": {"type": "array", "items": number}}, "description": "sparse"},
         {"type": "array", "items": {"type": "array", "items": number}, "description": "multivector: a vector per token"}]}
-    line = {"type": "object", "required": ["id", "vector"], "properties": {"id": {"type": "string"}, "vector": vector},
-            "description": "one line per document, in the order the results were stored"}
+    line = {"type": "object", "required": ["id", "vector"], "properties": {
+        "id": {"type": "string"}, "vector": vector, "chunk": {"type": "integer"}, "start": {"type": "integer"},
+        "end": {"type": "integer"}, "text": {"type": "string"}},
+        "description": "one line per document (a chunked job's: per chunk, with chunk, start, end and, when stored, "
+                       "text), in the order the results were stored"}
     parquet = {"type": "string", "format": "binary", "description": (
         "columns id and vector (as embedfleet reindex writes .parquet), schema metadata embedding_type, dim, output")}
     return {"get": {
@@ -265,7 +268,7 @@ def _job_results(job: list[dict]) -> dict[str, Any]:
             "default": "application/x-ndjson"}}],
         "responses": {
             "200": {"description": "every stored document's vector; headers x-job-status, x-job-documents, x-job-done, "
-                                   "x-job-failed, x-embedding-type, x-job-output",
+                                   "x-job-failed, x-embedding-type, x-job-output (a chunked job: x-job-chunks)",
                     "content": {"application/x-ndjson": {"schema": line},
                                 "application/vnd.apache.parquet": {"schema": parquet}}},
             **_errors(_OPENAI_ERROR, (401, 404, 406, 503)),
@@ -290,7 +293,13 @@ def _job_paths() -> dict[str, Any]:
                 "input_type": {"type": "string", "enum": ["query", "document"]},
                 "embedding_type": _EMBEDDING_TYPE,
                 "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
-                "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096}}},
+                "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
+                "chunking": {"type": "object", "required": ["size"], "description": (
+                    "cut each document into chunks of at most size tokens, a vector each (late: not served in jobs)"),
+                    "properties": {"size": {"type": "integer", "minimum": 1}, "overlap": {"type": "integer", "minimum": 0},
+                                   "boundary": {"type": "string", "enum": ["token", "sentence"]},
+                                   "late": {"type": "boolean", "enum": [False]}}},
+                "with_text": {"type": "boolean", "description": "store each chunk's text beside its vector"}}},
             {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
         ),
         "/v1/jobs/{job}": {

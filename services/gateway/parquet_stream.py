@@ -2,6 +2,8 @@
 response streams it without holding the job: columns ``id`` and ``vector`` (as ``embedfleet reindex``
 writes .parquet: a list of the form's type; sparse a struct of ``indices`` and ``values`` lists;
 multivector a list of vectors), with ``embedding_type``, ``dim`` and ``output`` in the schema metadata.
+A chunked job's has a row a chunk: ``id``, ``chunk`` (int32), ``start``, ``end`` (int64, characters),
+``vector`` and, when the job stores texts, ``text``; ``chunking`` (JSON) in the metadata too.
 
 Columns are built from the rows' flat arrays and offsets (no Python object per value).
 """
@@ -9,11 +11,13 @@ Columns are built from the rows' flat arrays and offsets (no Python object per v
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shared.job_chunks import stored_columns
 from shared.job_results import JobForm, Stored
 from shared.quantize import FORMS
 
@@ -54,13 +58,25 @@ class ParquetStream:
 
     def _open(self, dim: int) -> None:
         meta = {"embedding_type": self._form.form, "dim": str(dim), "output": self._form.output}
-        self._writer = pq.ParquetWriter(self._sink, pa.schema([("id", pa.string()), ("vector", self._type)], metadata=meta))
+        fields = [("id", pa.string()), ("vector", self._type)]
+        if self._form.chunking is not None:  # a row a chunk: its place in its document
+            meta["chunking"] = json.dumps(self._form.chunking)
+            fields[1:1] = [("chunk", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
+            fields += [("text", pa.string())] if self._form.with_text else []
+        self._writer = pq.ParquetWriter(self._sink, pa.schema(fields, metadata=meta))
 
     def _flush(self) -> bytes:
         if self._parts:
-            ids = pa.array([d for part in self._parts for d in part.doc_ids], pa.string())
-            vectors = _column(self._parts, self._form.output, self._type)
-            self._writer.write_table(pa.Table.from_arrays([ids, vectors], schema=self._writer.schema))
+            columns = {"id": pa.array([d for part in self._parts for d in part.doc_ids], pa.string()),
+                       "vector": _column(self._parts, self._form.output, self._type)}
+            if self._form.chunking is not None:
+                places = [stored_columns(part.doc_ids, part.chunks) for part in self._parts]
+                for name in ("chunk", "start", "end") + (("text",) if self._form.with_text else ()):
+                    kind = self._writer.schema.field(name).type
+                    columns[name] = pa.array([v for place in places for v in (place.columns().get(name) or
+                                                                               [""] * len(place.ids))], kind)
+            arrays = [columns[name] for name in self._writer.schema.names]
+            self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._writer.schema))
             self._parts, self._documents, self._held = [], 0, 0
         return self._taken()
 

@@ -52,7 +52,7 @@ def describe(data: bytes, headers: dict) -> BatchInfo:
     try:
         batch = decode_as(data, TokenChunk)
         if batch.job is not None:
-            return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()), batch.total)
+            return BatchInfo(batch.job, batch.batch, batch.start, len(batch.doc_ids or ()), batch.total, batch.chunks)
     except ProtocolError:
         pass
     return undecodable(data, headers, 2)  # the message id may still name the job
@@ -169,6 +169,7 @@ class BulkFeeder:
         result = JobResult(
             id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=dim,
             dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens, offsets=offsets, indices=indices,
+            chunks=batch.chunks,  # a chunked job's rows are chunks: which, the tokenizer said
         )
         rows = Rows(batch.batch, batch.start, len(batch.doc_ids), batch.total)
         trace = record_work(self._tracer, work, "worker job batch")  # the stored result's reader continues it
@@ -179,9 +180,10 @@ class BulkFeeder:
             if self._crash_after_store:
                 os._exit(70)
             if has_state_key(batch.job):  # a forged job id names no state: the stored result is all there is
-                state = await update_state(self._kv, batch.job, lambda s: count_done(s, rows, batch.num_tokens),
+                state = await update_state(self._kv, batch.job,
+                                           lambda s: count_done(s, rows, batch.num_tokens, batch.chunks),
                                            patience=self._settings.ack_wait)
-                if late_rows(state, rows):  # computed as the job was cancelled: its counts are final, so is its output
+                if late_rows(state, rows, batch.chunks is not None):  # computed as the job was cancelled: its counts are final, so is its output
                     with contextlib.suppress(NotFoundError):  # removed already, before a crash
                         await self._js.delete_msg(stream_names(self._subjects)["results"], stored.seq)
             await msg.ack()

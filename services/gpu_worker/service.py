@@ -315,7 +315,8 @@ class WorkerService:
         opts = batch.options
         if opts.output != "dense":
             return  # entries per document are known once made: checked then (_reply_ragged)
-        envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0)))
+        envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0,
+                                        chunks=batch.chunks)))
         size = batch.count * row_bytes(opts.dtype, opts.dimensions or self._cfg.model.truncate_dim or self._dim)
         if envelope + size + 2 * len(batch.job.encode()) + _ENVELOPE_BYTES > self._nc.max_payload:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"the vectors of {batch.count} documents do not fit in one "

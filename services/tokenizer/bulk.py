@@ -7,6 +7,9 @@ hand the tokenizer sends in-progress beats. It takes a job batch only while fewe
 ``--bulk-ahead`` token batches of its model wait for the workers, so a million-document job waits in
 the jobs stream rather than piling up as tokens. A malformed batch is given up at once as a dead
 letter (see shared/bulkwork.py); a batch of a cancelled job is acknowledged and dropped untokenized.
+A chunked job's batch is cut (services/tokenizer/bulk_chunks.py): its rows are chunks, packed so that
+each result fits a message; a document cut into more than --max-chunks chunks is given up alone (a
+dead letter holding it, counted failed), and the batch's chunks are counted in the job's state.
 Told to stop, it fetches no more, finishes the batch in hand (milliseconds of tokenizing) and hands
 back anything delivered after its last fetch.
 """
@@ -20,13 +23,15 @@ import time
 from nats.aio.client import Client
 
 from shared.bulkwork import (
-    BatchInfo, Cancellations, Heartbeats, join_work, undecodable,
+    BatchInfo, Cancellations, Heartbeats, deliveries, join_work, undecodable,
 )
+from shared.chunk_progress import count_cut
 from shared.errors import ErrorCode, ServiceError
-from shared.jobs import publish_durably, stream_names
+from shared.jobs import CANCELLED, publish_durably, stream_names, update_state
 from shared.protocol import JobBatch, ProtocolError, TokenChunk, decode_as, encode
 from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for
+from services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 
@@ -34,6 +39,9 @@ log = logging.getLogger("embedfleet.tokenizer.bulk")
 
 BULK_DEADLINE = 7 * 24 * 3600.0  # bulk work has no client waiting: it may wait behind online work
 _HEADER_BYTES = 256  # room for a publish's headers besides the message id
+# bytes of a chunked token batch or its result besides its rows: the message's other fields, the job
+# id (in the message, its subject and its message id), the model id
+_ENVELOPE_BYTES = 2048
 
 
 def describe(data: bytes, headers: dict) -> BatchInfo:
@@ -51,6 +59,7 @@ class BulkTokenizer:
         self._cfg = cfg
         self._encoder = encoder
         self._subjects = cfg.nats.subjects
+        self._cutter = BatchCutter(encoder, cfg.max_chunks)
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._beats = Heartbeats(cfg.jobs.heartbeat)
@@ -118,29 +127,19 @@ class BulkTokenizer:
             if await self._cancellations.cancelled(job.id):
                 await msg.ack()  # dropped untokenized: its job is cancelled
                 return
-            texts = self._encoder.with_prompt(job.texts, job.options)
-            ids = await asyncio.to_thread(self._encoder.encode, texts, True, job.options.truncation_direction)
+            if job.chunking is not None:
+                started = time.perf_counter()
+                cut = await asyncio.to_thread(self._cutter.cut, job)
+                self._encoder.counted(cut.sequences, time.perf_counter() - started)
+                batches = self._chunk_batches(job, cut)
+            else:
+                cut = None
+                texts = self._encoder.with_prompt(job.texts, job.options)
+                ids = await asyncio.to_thread(self._encoder.encode, texts, True, job.options.truncation_direction)
+                batches = self._token_batches(job, ids)
         except (ProtocolError, ServiceError) as exc:
             await self._dead.give_up(msg, str(exc), describe(msg.data, msg.headers or {}))
             return
-        batches = []
-        for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
-            rows = len(chunk.cu_seqlens) - 1
-            batch = TokenChunk(
-                id=f"{job.id}.{job.batch}",
-                model=job.model,
-                start=chunk.start,
-                total=len(job.texts),
-                input_ids=chunk.input_ids,
-                cu_seqlens=chunk.cu_seqlens,
-                deadline=time.time() + BULK_DEADLINE,
-                options=job.options,
-                job=job.id,
-                batch=job.batch,
-                doc_ids=job.doc_ids[chunk.start : chunk.start + rows],
-                prompt_tokens=self._encoder.prompt_tokens(job.options),
-            )
-            batches.append((encode(batch), f"{job.id}:{job.batch}:{chunk.start}"))
         # a token batch the stream cannot take (huge document ids) would fail on every delivery; one just
         # under the limit would pass the client's check and break the connection with its headers
         room = self._nc.max_payload - _HEADER_BYTES
@@ -153,4 +152,59 @@ class BulkTokenizer:
         for data, msg_id in batches:
             await publish_durably(self._js, self._subjects.bulk(job.model), data, msg_id, headers=headers,
                                   patience=self._cfg.jobs.ack_wait)
+        if cut is not None:
+            await self._settle_cut(msg, job, cut)
         await msg.ack()
+
+    def _token_batches(self, job: JobBatch, ids: list[list[int]]) -> list[tuple[bytes, str]]:
+        """A job batch's documents as token batches: (payload, message id) each."""
+        batches = []
+        for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
+            rows = len(chunk.cu_seqlens) - 1
+            batches.append(self._token_batch(job, chunk.start, len(job.texts), chunk.input_ids, chunk.cu_seqlens,
+                                             job.doc_ids[chunk.start : chunk.start + rows]))
+        return batches
+
+    def _chunk_batches(self, job: JobBatch, cut: CutBatch) -> list[tuple[bytes, str]]:
+        """A chunked job batch's rows (a chunk each) as token batches, each small enough that its result
+        fits a NATS message with the rows' ids and texts."""
+        room = self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
+        size = vector_bytes(job.options, self._cfg.model.dim)
+        batches = []
+        for lo, hi in pack_rows(cut, self._cfg.chunk_tokens, self._cfg.chunk_seqs, room, size):
+            input_ids, cu_seqlens = cut.packed((lo, hi))
+            batches.append(self._token_batch(job, lo, len(cut.sequences), input_ids, cu_seqlens, cut.doc_ids[lo:hi],
+                                             cut.chunks.part(lo, hi)))
+        return batches
+
+    def _token_batch(self, job: JobBatch, start: int, total: int, input_ids, cu_seqlens, doc_ids: list[str],
+                     chunks=None) -> tuple[bytes, str]:
+        batch = TokenChunk(
+            id=f"{job.id}.{job.batch}",
+            model=job.model,
+            start=start,
+            total=total,
+            input_ids=input_ids,
+            cu_seqlens=cu_seqlens,
+            deadline=time.time() + BULK_DEADLINE,
+            options=job.options,
+            job=job.id,
+            batch=job.batch,
+            doc_ids=doc_ids,
+            prompt_tokens=self._encoder.prompt_tokens(job.options),
+            chunks=chunks,
+        )
+        return encode(batch), f"{job.id}:{job.batch}:{start}"
+
+    async def _settle_cut(self, msg, job: JobBatch, cut: CutBatch) -> None:
+        """After a chunked batch's token batches are in the stream: its documents cut into too many
+        chunks given up (a dead letter each, holding the document), and its chunks counted in the job's
+        state, each once however often the batch comes."""
+        for d, why in cut.failed:
+            letter = JobBatch(job.id, job.batch, job.model, [job.doc_ids[d]], [job.texts[d]], job.options, job.chunking)
+            headers = {**(msg.headers or {}), "Nats-Msg-Id": f"{job.id}:{job.batch}:{d}"}  # a letter per document
+            await self._dead.record(encode(letter), headers, msg.subject, why,
+                                    BatchInfo(job.id, job.batch, d, 1, len(job.texts)), deliveries(msg))
+        rows = len(cut.sequences)
+        await update_state(self._kv, job.id, lambda s: s.get("status") == CANCELLED or count_cut(s, job.batch, rows),
+                           patience=self._cfg.jobs.ack_wait)

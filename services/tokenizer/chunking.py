@@ -52,7 +52,7 @@ from tokenizers import Encoding, Tokenizer
 from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
 # the request's parameters and a chunk's place live in shared/ (the gateway and the protocol read them too)
-__all__ = ["BOUNDARIES", "ChunkSpec", "TextChunk", "chunk_ids", "chunked_tokens", "cut", "whole_text_tokenizer"]
+__all__ = ["BOUNDARIES", "ChunkSpec", "TextChunk", "chunk_ids", "chunked_tokens", "cut", "frame", "whole_text_tokenizer"]
 
 # a sentence ends after a stop and whitespace, a full-width stop (CJK text has no spaces) or a line
 # break; closing quotes and brackets may follow a stop: `He said "no." Then`
@@ -69,6 +69,19 @@ def whole_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     copy.no_padding()
     copy.post_processor = None
     return copy
+
+
+def frame(tokenizer: Tokenizer, prompt: str) -> tuple[list[int], list[int]]:
+    """The tokens a chunk's content tokens go between to make a sequence, as ``tokenizer`` (the model's,
+    with its post-processor) frames a text: its special tokens before the text and the ``prompt``'s
+    tokens, and its special tokens after. A sequence made so is the one the chunk's text, with the
+    prompt before it, tokenizes to, where the prompt ends between two words ("query: ", "passage: ")."""
+    marked = tokenizer.encode("a", add_special_tokens=True)
+    mask = marked.special_tokens_mask
+    lead = next((i for i, special in enumerate(mask) if not special), len(mask))
+    tail = next((i for i, special in enumerate(reversed(mask)) if not special), 0)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else []
+    return [*marked.ids[:lead], *prompt_ids], marked.ids[len(mask) - tail :]
 
 
 def cut(text: str, encoding: Encoding, spec: ChunkSpec) -> list[TextChunk]:

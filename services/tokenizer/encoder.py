@@ -172,17 +172,13 @@ class TextEncoder:
         prompt = self._prompt(options)
         return self.max_length - len(self._by_mode["none"].encode(prompt, add_special_tokens=True).ids)
 
-    def frame(self, options: EmbedOptions) -> tuple[int, int]:
-        """(before, after): the tokens a sequence has before its text's content tokens (special tokens,
-        then the prompt ``options`` name) and after them (special tokens), where late chunking's spans
-        are placed. Refused for a model whose special tokens do not simply frame the text."""
+    def frame_sizes(self, options: EmbedOptions) -> tuple[int, int]:
+        """(before, after): how many tokens a sequence has before its text's content tokens (special
+        tokens, then the prompt ``options`` name) and after them (special tokens), where late chunking's
+        spans are placed. Refused for a model whose special tokens do not simply frame the text."""
         prompt = self._prompt(options)
         if prompt not in self._frames:
-            tokenizer = self._by_mode["none"]
-            probe = tokenizer.encode("a", add_special_tokens=True)
-            content = [i for i, special in enumerate(probe.special_tokens_mask) if not special]
-            before = content[0] + (len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0)
-            after = len(probe.ids) - 1 - content[-1]
+            before, after = (len(ids) for ids in self.frame(options))
             if before + after != self.max_length - self.room(options):
                 raise ServiceError(ErrorCode.INVALID_REQUEST, "this model's special tokens and prompt do not frame a "
                                    "text plainly: its spans cannot be placed (late chunking is not served for it)")
@@ -192,6 +188,10 @@ class TextEncoder:
     def whole_text_tokenizer(self) -> Tokenizer:
         """The tokenizer ``chunking.cut`` reads a whole text's encoding from (no special tokens, no truncation)."""
         return chunking.whole_text_tokenizer(self._by_mode["none"])
+
+    def frame(self, options: EmbedOptions) -> tuple[list[int], list[int]]:
+        """The tokens before and after a chunk's content tokens in its sequence (``chunking.frame``)."""
+        return chunking.frame(self._by_mode["none"], self._prompt(options))
 
     def _prompt(self, options: EmbedOptions) -> str:
         if options.prompt_name is not None:

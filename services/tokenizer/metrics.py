@@ -121,5 +121,9 @@ class BulkEncoder:
         self._metrics.bulk_batch(ids, time.perf_counter() - start)
         return ids
 
+    def counted(self, ids: list[list[int]], seconds: float) -> None:
+        """A job batch tokenized otherwise (cut into chunks: their sequences ``ids``), counted as one."""
+        self._metrics.bulk_batch(ids, seconds)
+
     def __getattr__(self, name: str) -> Any:  # every other method: the encoder's own
         return getattr(self._encoder, name)

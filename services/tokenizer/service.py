@@ -73,7 +73,7 @@ class _Pending:
     prompt_tokens: int = 0
     ids: list | None = None
     types: list | None = None
-    frame: tuple[int, int] = (0, 0)  # output "spans": tokens before and after each text's content (TextEncoder.frame)
+    frame: tuple[int, int] = (0, 0)  # output "spans": tokens before and after each text's content (TextEncoder.frame_sizes)
     spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
 
@@ -256,7 +256,7 @@ class TokenizerService:
                 pending.texts = self._encoder.with_prompt(request.texts, request.options)
                 pending.prompt_tokens = self._encoder.prompt_tokens(request.options)
                 if request.spans is not None:
-                    pending.frame = self._encoder.frame(request.options)
+                    pending.frame = self._encoder.frame_sizes(request.options)
             elif request.token_ids is not None:
                 opts = request.options
                 pending.ids = self._encoder.check_ids(request.token_ids, opts.truncate, opts.truncation_direction)

@@ -12,11 +12,14 @@ Flow of one embedding request split into k chunks::
 
 Long texts, chunked: the gateway first asks a tokenizer where they are cut (ChunkRequest -> ChunkLayout),
 then embeds the chunks' texts as one ordinary EmbedRequest; late chunking embeds windows of the texts
-instead, each with the spans of its chunks (output "spans": a vector per span).
+instead, each with the spans of its chunks (output "spans": a vector per span). A chunked bulk job's
+tokenizer cuts each document of a JobBatch and sends its chunks as rows; its TokenChunks and JobResults
+say which chunk of which document each row is (ChunkRows).
 
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
+from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.checks import MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
 from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.spans import Spans
@@ -28,7 +31,7 @@ from shared.protocol.messages import (
 
 __all__ = [
     "DELIVERY_CHECK", "MAX_DIMENSION", "OUTPUTS", "POOLED_OUTPUTS", "RAGGED_OUTPUTS", "Spans", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
-    "ChunkLayout", "ChunkRequest", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
+    "ChunkLayout", "ChunkRequest", "ChunkRows", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",
 ]

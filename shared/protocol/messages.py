@@ -14,8 +14,9 @@ import numpy as np
 
 from shared.errors import ErrorCode
 from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, _is_int
+from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import Spans
-from shared.text_chunks import ChunkSpec, TextChunk
+from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
 # the key layout written (docs/protocol.md), in which a key means one thing across all messages; v1's
 # layout is read too, since JetStream keeps v1 messages across an upgrade (codec.V1_KEYS)
@@ -184,6 +185,7 @@ class TokenChunk:
     held: bool = False  # online work: the worker says it holds these rows (a Held message) as they arrive
     replies: bool = False  # online work: the requester reads Replies (its EmbedRequest asked)
     spans: Spans | None = None  # output "spans": per row, the ranges of its tokens pooled into one vector each
+    chunks: ChunkRows | None = None  # bulk work of a chunked job: the chunk each row is (rows: the job batch's chunks)
 
     TYPE = "tokens"
 
@@ -382,6 +384,7 @@ class JobBatch:
     ``{"v": 2, "t": "job", "jb": JOB_ID, "bi": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
     "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional;
+    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``;
     the v1 form, ``"v": 1`` with ``"id"`` and ``"b"`` for the job and the index, is still read),
     published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
@@ -392,6 +395,7 @@ class JobBatch:
     doc_ids: list[str]
     texts: list[str]
     options: EmbedOptions = field(default_factory=EmbedOptions)
+    chunking: JobChunking | None = None  # each document cut into chunks, a row (and a vector) each
 
     TYPE = "job"
 
@@ -410,6 +414,7 @@ class JobResult:
     tokens: int
     offsets: np.ndarray | None = None  # as EmbedResult's
     indices: np.ndarray | None = None
+    chunks: ChunkRows | None = None  # a chunked job's: the chunk each row is (doc_ids: each row's document)
 
     TYPE = "jobresult"
 

@@ -17,8 +17,9 @@ from shared.protocol.messages import (
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk,
     TokenizeRequest, TokenizeResult,
 )
+from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
-from shared.text_chunks import ChunkSpec
+from shared.text_chunks import ChunkSpec, JobChunking
 
 
 def _tokens_wire(ids: np.ndarray) -> bytes:
@@ -136,6 +137,8 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body["rb"] = True
     if msg.job is not None:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
+    if msg.chunks is not None:
+        body |= msg.chunks.to_wire()
     return body | spans_body(msg.spans, SEQUENCE_KEYS)
 
 
@@ -157,11 +160,12 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
     if not 0 <= prompt_tokens <= MAX_PROMPT_TOKENS:
         raise ProtocolError(f"prompt_tokens must be between 0 and {MAX_PROMPT_TOKENS}")
     job = _name(m, "jb") if m.get("jb") is not None else None
-    doc_ids = None
+    doc_ids = chunks = None
     if job is not None:
         doc_ids = _str_list(m, "di")
         if len(doc_ids) != len(cu) - 1:
             raise ProtocolError("one document id per row")
+        chunks = ChunkRows.from_wire(m, len(doc_ids), start, total)
     options = EmbedOptions.from_wire(m.get("o", {}))
     return TokenChunk(
         id=_id(m),
@@ -181,6 +185,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         held=_opt_bool(m, "hd", False),
         replies=_opt_bool(m, "rb", False),
         spans=spans_field(m, SEQUENCE_KEYS, options.output, np.diff(cu)),
+        chunks=chunks,
     )
 
 
@@ -366,7 +371,22 @@ def _decode_chunk_layout(m: dict) -> ChunkLayout:
 
 
 def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
-    return {"jb": msg.id, "bi": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
+    body = {"jb": msg.id, "bi": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
+    if msg.chunking is not None:
+        spec = msg.chunking.spec
+        body |= {"sz": spec.size, "ov": spec.overlap, "bd": spec.boundary, "lc": msg.chunking.late,
+                 "wt": msg.chunking.with_text}
+    return body
+
+
+def _decode_job_chunking(m: dict) -> JobChunking | None:
+    if m.get("sz") is None:
+        return None
+    try:  # checked as a client's request is
+        return JobChunking(ChunkSpec(m.get("sz"), m.get("ov", 0), m.get("bd", "token")), m.get("lc", False),
+                           m.get("wt", False))
+    except ServiceError as exc:
+        raise ProtocolError(exc.message) from None
 
 
 def _decode_job_batch(m: dict) -> JobBatch:
@@ -378,13 +398,14 @@ def _decode_job_batch(m: dict) -> JobBatch:
         raise ProtocolError("a job batch carries no spans: output 'spans' is asked with them (an embed request)")
     return JobBatch(
         id=_name(m, "jb"), batch=_req_int(m, "bi"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
-        options=options,
+        options=options, chunking=_decode_job_chunking(m),
     )
 
 
 def _encode_job_result(msg: JobResult) -> dict[str, Any]:
-    return {"jb": msg.id, "bi": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype,
+    body = {"jb": msg.id, "bi": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype,
             "vec": msg.data, "tok": msg.tokens} | _ragged_wire(msg.offsets, msg.indices)
+    return body | ({} if msg.chunks is None else msg.chunks.to_wire())
 
 
 def _decode_job_result(m: dict) -> JobResult:
@@ -393,9 +414,11 @@ def _decode_job_result(m: dict) -> JobResult:
     count, offsets, indices = _payload_layout(m, data, dtype, dim, empty=True)
     if count != len(doc_ids):
         raise ProtocolError("payload does not hold one vector per document")
+    start = _req_int(m, "s")
     return JobResult(
-        id=_name(m, "jb"), batch=_req_int(m, "bi"), start=_req_int(m, "s"), doc_ids=doc_ids, dim=dim,
+        id=_name(m, "jb"), batch=_req_int(m, "bi"), start=start, doc_ids=doc_ids, dim=dim,
         dtype=dtype, data=data, tokens=_req_int(m, "tok"), offsets=offsets, indices=indices,
+        chunks=ChunkRows.from_wire(m, len(doc_ids), start),
     )
 
 

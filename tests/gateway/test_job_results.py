@@ -109,3 +109,33 @@ def test_only_a_finished_job_is_read():
     assert unfinished({"job": "j", "status": "cancelled"}) is None
     said = unfinished({"job": "j", "status": "running", "documents": 40, "done": 16, "failed": 0})
     assert said == "job j is running: 16 of 40 documents settled; its results can be read once it is done"
+
+
+def _chunked(texts: list[str] | None) -> Stored:
+    from shared.protocol import ChunkRows
+
+    rows = np.array([[0.5, 1.0], [2.0, -1.0]], dtype="<f4")
+    chunks = ChunkRows.of(1, [(0, 0, 2, 0, 4), (0, 1, 2, 3, 9)], texts)
+    return Stored(0, 0, ["a", "a"], rows, 2, chunks)
+
+
+def test_a_chunked_jobs_lines_are_a_chunk_each_with_its_place():
+    assert ndjson_lines(_chunked(None), "dense") == (b'{"id":"a","chunk":0,"start":0,"end":4,"vector":[0.5,1.0]}\n'
+                                                      b'{"id":"a","chunk":1,"start":3,"end":9,"vector":[2.0,-1.0]}\n')
+    lines = [orjson.loads(line) for line in ndjson_lines(_chunked(["abcd", "defghi"]), "dense").splitlines()]
+    assert [line["text"] for line in lines] == ["abcd", "defghi"]
+
+
+@pytest.mark.parametrize("with_text", [False, True])
+def test_a_chunked_jobs_parquet_has_the_chunk_columns(with_text):
+    chunking = {"size": 8, "overlap": 2, "boundary": "token", "late": False, "with_text": with_text}
+    stream = ParquetStream(JobForm("float32", "dense", chunking))
+    data = stream.add(_chunked(["abcd", "defghi"] if with_text else None)) + stream.finish(2)
+    table = pq.read_table(io.BytesIO(data))
+    assert table.column_names == ["id", "chunk", "start", "end", "vector"] + (["text"] if with_text else [])
+    assert table.select(["id", "chunk", "start", "end"]).to_pylist() == [
+        {"id": "a", "chunk": 0, "start": 0, "end": 4}, {"id": "a", "chunk": 1, "start": 3, "end": 9}]
+    assert table.column("vector").to_pylist() == [[0.5, 1.0], [2.0, -1.0]]
+    assert orjson.loads(table.schema.metadata[b"chunking"]) == chunking
+    if with_text:
+        assert table.column("text").to_pylist() == ["abcd", "defghi"]

@@ -114,6 +114,17 @@ async def job_settled(kv, job: str, timeout: float = 30.0) -> dict:
 async def stored_doc_ids(js, subject: str) -> Counter:
     """How many times each document id is stored in a job's results (``subject``), read with an
     ordered consumer up to the last one stored (or until two seconds pass without one)."""
+    return await _stored_rows(js, subject, lambda result: result.doc_ids)
+
+
+async def stored_chunks(js, subject: str) -> Counter:
+    """How many times each (document id, chunk, the document's chunks) of a chunked job is stored in its
+    results (``subject``)."""
+    return await _stored_rows(js, subject, lambda result: zip(result.doc_ids, result.chunks.chunk.tolist(),
+                                                              result.chunks.count.tolist()))
+
+
+async def _stored_rows(js, subject: str, keys) -> Counter:
     from shared.protocol import JobResult, decode_as
 
     counts: Counter = Counter()
@@ -124,11 +135,26 @@ async def stored_doc_ids(js, subject: str) -> Counter:
                 msg = await sub.next_msg(timeout=2)
             except Exception:
                 return counts
-            counts.update(decode_as(msg.data, JobResult).doc_ids)
+            counts.update(keys(decode_as(msg.data, JobResult)))
             if msg.metadata.num_pending == 0:
                 return counts
     finally:
         await sub.unsubscribe()
+
+
+def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
+    """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled)."""
+    from shared.jobs import FINISHED
+
+    seen: dict = {}
+
+    def over() -> bool:
+        seen.clear()
+        seen.update(httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())
+        return seen.get("status") in FINISHED
+
+    wait_until(over, timeout, f"job {job} finished")
+    return seen
 
 
 def healthy(base_url: str) -> bool:

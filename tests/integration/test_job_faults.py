@@ -27,7 +27,7 @@ from shared.protocol import EmbedOptions
 from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, stored_doc_ids, wait_until
+from tests.integration.procs import Service, count_services, stored_chunks, stored_doc_ids, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +55,10 @@ class FaultStack:
             self.services[name] = Service("worker", [*common, "--max-batch-tokens", "2048"], self.folder,
                                           {"OMP_NUM_THREADS": "1"})
 
-    def reindex(self, job: str, out: Path) -> subprocess.Popen:
+    def reindex(self, job: str, out: Path, *more: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "services.cli", "reindex", str(self.docs), "--out", str(out), "--nats", self.nats.url,
-             "--batch-size", str(BATCH), "--job-id", job, "--quiet", "--stall-timeout", "60"],
+             "--batch-size", str(BATCH), "--job-id", job, "--quiet", "--stall-timeout", "60", *more],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
 
@@ -160,6 +160,48 @@ def test_worker_killed_mid_job(faults, reference, tmp_path):
                [faults.services["worker-2"]])
     faults.start("worker-1")  # the fleet replaces it, as a deployment would
     _check_complete(faults, "kill-worker", proc, out, reference)
+
+
+@pytest.mark.parametrize("victim", ["worker-1", "tokenizer"])
+def test_a_process_killed_mid_chunked_job(faults, reference, tmp_path, victim):
+    """A chunked job (a row a chunk) whose worker, or tokenizer, is killed mid-way: the batches it held
+    come back (a tokenizer's job batch is cut again into the same token batches), and every
+    (document, chunk) is stored once, written once, and counted once, documents and chunks."""
+    out, job = tmp_path / "c.npy", f"kill-{victim}-chunks"
+    proc = faults.reindex(job, out, "--chunk-size", "48", "--chunk-overlap", "8")
+    done = _wait_mid_job(faults, job, proc)
+    faults.services[victim].kill()
+    if victim == "tokenizer":
+        time.sleep(1.0)  # the outage: the job waits with no tokenizer
+    else:
+        wait_until(lambda: _state(faults.nats.url, job).get("done", 0) > done, 60, "the job going on with one worker",
+                   [faults.services["worker-2"]])
+    faults.start(victim)
+    try:
+        rc = proc.wait(300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"job {job} did not finish\n{faults.logs()}")
+    assert rc == 0, proc.stdout.read() + faults.logs()
+    rows = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
+    stored = asyncio.run(_stored_chunks(faults.nats.url, job))  # (document, chunk, its chunks) -> times stored
+    assert set(stored.values()) == {1} and len(stored) == len(rows) > DOCUMENTS, Counter(stored.values())
+    chunks_of = {d: n for d, _, n in stored}
+    assert [(r["id"], r["chunk"]) for r in rows] == [(f"d{i}", k) for i in range(DOCUMENTS) for k in range(chunks_of[f"d{i}"])]
+    vectors = np.load(out)
+    pieces = [faults.texts[int(r["id"][1:])][r["start"] : r["end"]] for r in rows[:60]]
+    assert cosines(vectors[:60], reference.encode(pieces)).min() >= COSINE_TOLERANCE
+    state = _state(faults.nats.url, job)
+    assert (state["status"], state["done"], state.get("failed", 0)) == ("done", DOCUMENTS, 0), state
+    assert state["chunks"] == state["chunks_done"] == len(rows) and not state.get("chunks_failed"), state
+
+
+async def _stored_chunks(url: str, job: str) -> Counter:
+    nc = await nats.connect(url)
+    try:
+        return await stored_chunks(nc.jetstream(), SUBJECTS.results(job))
+    finally:
+        await nc.close()
 
 
 def test_tokenizer_killed_mid_job(faults, reference, tmp_path):

@@ -14,28 +14,15 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.jobs import FINISHED
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import wait_until
+from tests.integration.procs import job_finished as _finished
 
 pytestmark = pytest.mark.integration
 
 
 def _cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _finished(base_url: str, job: str, timeout: float = 90) -> dict:
-    seen: dict = {}
-
-    def over() -> bool:
-        seen.clear()
-        seen.update(httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())
-        return seen.get("status") in FINISHED
-
-    wait_until(over, timeout, f"job {job} finished")
-    return seen
 
 
 def _post(base_url: str, job: str, ids: list[str], texts: list[str], **fields) -> httpx.Response:

@@ -19,11 +19,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from shared.jobs import FINISHED
 from shared.nats_server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import Service, healthy, job_finished as _finished, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +33,6 @@ PARQUET = "application/vnd.apache.parquet"
 def _cli(args: list[str], timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd or ROOT)
-
-
-def _finished(base_url: str, job: str, timeout: float = 90) -> dict:
-    """The job's state once it has finished (polled)."""
-    seen: dict = {}
-
-    def over() -> bool:
-        seen.update(httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())
-        return seen.get("status") in FINISHED
-
-    wait_until(over, timeout, f"job {job} finished")
-    return seen
 
 
 def _submit(base_url: str, job: str, texts: list[str], **fields) -> list[str]:
@@ -255,7 +242,7 @@ def test_the_docs_example_runs_as_typed(stack, tmp_path):
     """docs/bulk-jobs.md's example of reading a job's vectors, typed into a shell against this stack
     (its gateway's address for 127.0.0.1:8080, its NATS server given by the environment)."""
     text = (ROOT / "docs" / "bulk-jobs.md").read_text()
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "/results" in b]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "first-job/results" in b]
     script = block.replace("http://127.0.0.1:8080", stack.base_url)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "EMBEDFLEET_NATS_URL": stack.nats_url, "PYTHONPATH": str(ROOT)}  # this checkout's embedfleet

@@ -16,8 +16,9 @@ from shared.protocol import (
     ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies,
     RerankRequest, RerankResult, Spans, TokenChunk, TokenizeRequest, TokenizeResult, encode,
 )
+from shared.protocol import ChunkRows
 from shared.protocol.codec import V1_KEYS
-from shared.text_chunks import ChunkSpec, TextChunk
+from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
 IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")
@@ -25,6 +26,7 @@ SPARSE = EmbedOptions(output="sparse", sparse_top_k=4, sparse_threshold=0.1)
 SPARSE_PART = dict(dim=8, dtype="f4", data=np.zeros(3, "<f4").tobytes(), offsets=CU, indices=IDS)
 VECTORS = np.zeros((2, 3), "<f4")
 SPANS = EmbedOptions(output="spans", truncate=False)
+CHUNK_ROWS = ChunkRows.of(1, [(0, 0, 2, 0, 4), (0, 1, 2, 3, 9)], ["abcd", "defghi"])
 
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
@@ -32,8 +34,9 @@ EXAMPLES = {
                    EmbedRequest("r", "m", [], 1.0, SPANS, token_ids=[IDS], pairs=[("q", "d")], held=True, replies=True,
                                 spans=Spans.of([[(0, 1)]], [1]))),
     TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
-                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, SPANS, token_types=IDS, job="j", batch=1, doc_ids=["a", "b"],
-                            prompt_tokens=1, held=True, replies=True, spans=Spans.of([[(0, 1)], [(0, 2)]]))),
+                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, SPANS, token_types=IDS, job="j", batch=1, doc_ids=["a", "a"],
+                            prompt_tokens=1, held=True, replies=True, spans=Spans.of([[(0, 1)], [(0, 2)]]),
+                            chunks=CHUNK_ROWS)),
     EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
                   EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
@@ -45,9 +48,10 @@ EXAMPLES = {
     DecodeResult: (DecodeResult("r", ["a"]),) * 2,
     ChunkRequest: (ChunkRequest("r", "m", ["a"], ChunkSpec(8)),) * 2,
     ChunkLayout: (ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]), ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1], 254)),
-    JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),) * 2,
+    JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),
+               JobBatch("j", 0, "m", ["a"], ["text"], chunking=JobChunking(ChunkSpec(8, 2), with_text=True))),
     JobResult: (JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
-                JobResult("j", 0, 0, ["a", "b"], tokens=3, **SPARSE_PART)),
+                JobResult("j", 0, 0, ["a", "b"], tokens=3, chunks=CHUNK_ROWS, **SPARSE_PART)),
     LoadReport: (LoadReport("w", "m", "sub", 0, 0.05),) * 2,
     RerankRequest: (RerankRequest("r", "m", "q", ["a"], 1.0),
                     RerankRequest("r", "m", "q", [], 1.0, vectors=VECTORS)),

@@ -27,13 +27,14 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, POOLED_OUTPUTS, SPARSE_DTYPES, Spans, VECTOR_DTYPES, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, POOLED_OUTPUTS, SPARSE_DTYPES, Spans, VECTOR_DTYPES, ChunkLayout,
+    ChunkRequest, ChunkRows, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
     EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
 )
 from shared.protocol.codec import V1_KEYS
-from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+from shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -114,14 +115,15 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
     lengths = draw(st.lists(st.integers(1, 8), min_size=1, max_size=6))
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype("<i4")
     n, rows = int(cu[-1]), len(lengths)
-    start = draw(st.integers(0, 1000))
     with_job = draw(st.booleans()) if job is None else job
     opts = draw(unspanned if with_job else options)
+    chunked = with_job and draw(st.booleans())
+    start = draw(st.integers(4 if chunked else 0, 1000))  # a chunked row's document may begin 3 rows before
     return TokenChunk(
         id=draw(ids),
         model=draw(names),
         start=start,
-        total=draw(st.integers(start + rows, MAX_ROWS)),
+        total=draw(st.integers(start + rows + (3 if chunked else 0), MAX_ROWS)),
         input_ids=draw(int32_arrays(n)),
         cu_seqlens=cu,
         deadline=draw(finite),
@@ -135,7 +137,24 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         held=draw(st.booleans()),
         replies=draw(st.booleans()),
         spans=draw(row_spans(lengths, content=False)) if opts.output == "spans" else None,
+        chunks=draw(chunk_rows(rows)) if chunked else None,
     )
+
+
+@st.composite
+def chunk_rows(draw, rows: int) -> ChunkRows:
+    """Chunked rows as a tokenizer makes them: documents one after another, each's chunks in order (the
+    first's first chunks may lie before these rows, up to 3 of them, the last's last after them, up to 3)."""
+    counts = draw(st.lists(st.integers(1, 4), min_size=1, max_size=rows))
+    first = draw(st.integers(0, counts[0] - 1))
+    flat = [(d, k, n) for d, n in enumerate(counts) for k in range(n)][first : first + rows]
+    while len(flat) < rows:
+        flat.append((len(counts), 0, 1))
+        counts.append(1)
+    starts = draw(st.lists(st.integers(0, 2**31 - 1), min_size=rows, max_size=rows))
+    spans = [(d, k, n, s, s + draw(st.integers(0, 2**31 - 1 - s))) for (d, k, n), s in zip(flat, starts)]
+    texts = draw(st.none() | st.lists(st.text(max_size=10), min_size=rows, max_size=rows))
+    return ChunkRows.of(len(counts) + draw(st.integers(0, 3)), spans, texts)
 
 
 @st.composite
@@ -178,7 +197,7 @@ def job_results(draw) -> JobResult:
     return JobResult(
         id=draw(names), batch=draw(u64), start=draw(u64),
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)), tokens=draw(u64),
-        **draw(payloads(docs)),
+        **draw(payloads(docs)), chunks=draw(st.none() | chunk_rows(docs)) if docs else None,
     )
 
 
@@ -189,7 +208,14 @@ def job_batches(draw) -> JobBatch:
         id=draw(names), batch=draw(u64), model=draw(names),
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=n, max_size=n)),
         texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)), options=draw(unspanned),
+        chunking=draw(st.none() | st.builds(JobChunking, chunk_specs(), st.booleans(), st.booleans())),
     )
+
+
+@st.composite
+def chunk_specs(draw) -> ChunkSpec:
+    size = draw(st.integers(1, 2**64 - 1))
+    return ChunkSpec(size, draw(st.integers(0, min(size - 1, 2**63))), draw(st.sampled_from(BOUNDARIES)))
 
 
 @st.composite
@@ -220,9 +246,7 @@ def rerank_results(draw) -> RerankResult:
 
 @st.composite
 def chunk_requests(draw) -> ChunkRequest:
-    size = draw(st.integers(1, 2**64 - 1))
-    spec = ChunkSpec(size, draw(st.integers(0, min(size - 1, 2**63))), draw(st.sampled_from(BOUNDARIES)))
-    return ChunkRequest(id=draw(ids), model=draw(names), texts=draw(texts), spec=spec,
+    return ChunkRequest(id=draw(ids), model=draw(names), texts=draw(texts), spec=draw(chunk_specs()),
                         prompt_name=draw(st.none() | st.text(max_size=20)),
                         input_type=draw(st.none() | st.sampled_from(["query", "document"])))
 
