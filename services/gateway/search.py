@@ -9,6 +9,7 @@ model; the store's dimension must be the model's.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -28,6 +29,8 @@ from services.gateway.search_store import SearchStore
 
 if TYPE_CHECKING:
     from services.gateway.app import Gateway
+
+log = logging.getLogger("embedfleet.gateway")
 
 ROUTE = "/v1/search"
 NOT_SERVED = "search is not served here: start the gateway with --search-sink URL (a pgvector, LanceDB or Qdrant store)"
@@ -50,6 +53,8 @@ class Search:
         started = time.perf_counter()
         hits = await self.store.search(model, outcome.vectors[0], call.top_k, call.where, gw.cfg.request_timeout)
         headers = {**gw.stage_headers(outcome), "x-search-time": _ms(started)}
+        log.debug("search %s: %d hits of top_k %d in %s ms (filter on %s)", model, len(hits), call.top_k,
+                  headers["x-search-time"], ", ".join(sorted(call.where)) or "nothing")
         if reranker is None or not hits:
             return _json(search_api.render_search(model, hits, outcome.tokens, reranker), headers)
         missing = next((h for h in hits if h.text is None), None)
@@ -61,6 +66,7 @@ class Search:
         rerank = RerankCall(reranker, call.query, texts, call.rerank.top_n, raw_scores=False, truncate=True, return_text=False)
         _, ranked = await gw.run_rerank(rerank, uuid.uuid4().hex)
         headers["x-rerank-time"] = _ms(started)
+        log.debug("search %s: %d hits reranked by %s in %s ms", model, len(hits), reranker, headers["x-rerank-time"])
         return _json(search_api.render_search(model, hits, outcome.tokens, reranker, ranked.indices, ranked.scores), headers)
 
     async def _model(self, gw: Gateway, requested: str | None) -> str:

@@ -48,9 +48,18 @@ class SearchStore:
         except TimeoutError:
             raise self._late(timeout) from None
 
-    async def close(self) -> None:
-        async with self._lock:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Let the call in its thread end (``timeout`` seconds at most: a store that hangs does not hold up
+        the gateway's shutdown), then close the connection."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout)
+        except TimeoutError:
+            log.warning("search store %s: a call still runs at shutdown; its connection is left to close", self.shown)
+            return
+        try:
             await asyncio.to_thread(self._detach)
+        finally:
+            self._lock.release()
 
     def _release(self, work: asyncio.Future) -> None:
         self._lock.release()

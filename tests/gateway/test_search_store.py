@@ -107,3 +107,23 @@ def test_a_search_past_its_deadline_is_504_and_the_next_waits_for_it(postgres):
         (ErrorCode.TIMEOUT, f"the search store {store.shown} did not answer within 0.5s")] * 2
     assert [h.id for h in hits] == ["d2"]
     asyncio.run(store.close())
+
+
+def test_shutdown_does_not_wait_for_a_store_that_hangs(postgres):
+    _, uri = postgres
+    vectors = _unit(4, 8)
+    _load(f"{uri}&table=stuck", vectors)
+    store = SearchStore(sink_for(f"{uri}&table=stuck"))
+    with psycopg.connect(uri) as holder:
+        holder.execute("LOCK TABLE stuck IN ACCESS EXCLUSIVE MODE")
+
+        async def search_then_close() -> float:
+            late = await asyncio.gather(store.search("m", vectors[0], 1, {}, 0.3), return_exceptions=True)
+            assert isinstance(late[0], ApiError) and late[0].code is ErrorCode.TIMEOUT
+            started = asyncio.get_running_loop().time()
+            await store.close(timeout=0.5)  # the call still runs in its thread: closed without it
+            waited = asyncio.get_running_loop().time() - started
+            await asyncio.to_thread(holder.rollback)
+            return waited
+
+        assert 0.4 < asyncio.run(search_then_close()) < 2
