@@ -162,6 +162,14 @@ OPTIONS: tuple[Option, ...] = (
     _option("--default-model", "EMBEDFLEET_DEFAULT_MODEL", None,
             "the served model that requests naming none use (TEI routes); default: the first served id in order "
             "(embedfleet up: its first --model)", GATEWAY, "gateway"),
+    _option("--search-sink", "EMBEDFLEET_SEARCH_SINK", None,
+            "the vector store POST /v1/search reads: postgresql://USER@HOST:PORT/DB?table=NAME (pgvector), "
+            "lancedb:///PATH?table=NAME or qdrant://HOST:PORT?collection=NAME (qdrant:///PATH: local mode), a table "
+            "loaded with the rows' texts; default: none, search is not served (up hands it over in the environment: "
+            "it may hold a password)", GATEWAY, "gateway", shows_value=False, metavar="URL"),
+    _option("--search-model", "EMBEDFLEET_SEARCH_MODEL", None,
+            "the served model whose vectors the --search-sink store holds: it embeds every query, and a request "
+            "naming another is refused; default: the request's model, else --default-model", GATEWAY, "gateway"),
     _option("--job-metrics-interval", "EMBEDFLEET_JOB_METRICS_INTERVAL", 5.0,
             "seconds between reads of the bulk jobs' progress for the gateway's metrics", GATEWAY, "gateway",
             type=positive_float),

@@ -179,3 +179,26 @@ def test_the_gateway_s_operator_keys_travel_in_the_environment_too(monkeypatch):
     assert env == {"EMBEDFLEET_API_KEYS": "k-one", "EMBEDFLEET_OPERATOR_KEYS": "op-one"}
     args = _gateway_args(ns, env)
     assert "--operator-keys" not in args and not any("op-one" in a for a in args)
+
+
+def test_the_search_store_url_travels_in_the_environment_and_is_checked_before_start(monkeypatch):
+    from services.gateway.config import GatewayConfig
+    from services.stack import _gateway_args
+    from services.stack_plan import secret_environment
+
+    for name in ("EMBEDFLEET_API_KEYS", "EMBEDFLEET_OPERATOR_KEYS", "EMBEDFLEET_SEARCH_SINK", "EMBEDFLEET_SEARCH_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    url = "postgresql://reader:pw-9@db:5432/docs?table=chunks"
+    ns = build_parser().parse_args(["up", "--search-sink", url, "--search-model", "all-MiniLM-L6-v2"])
+    env = secret_environment(ns)
+    assert env == {"EMBEDFLEET_SEARCH_SINK": url}
+    args = _gateway_args(ns, env)
+    assert not any("pw-9" in a for a in args) and args[args.index("--search-model") + 1] == "all-MiniLM-L6-v2"
+    monkeypatch.setenv("EMBEDFLEET_SEARCH_SINK", url)  # the child's environment, as `up` gives it
+    child = GatewayConfig.from_namespace(build_parser().parse_args(["gateway", *args]))
+    assert (child.search_sink, child.search_model) == (url, "all-MiniLM-L6-v2")
+    with pytest.raises(ConfigError, match="--search-sink: unknown sink 'mysql://'"):
+        GatewayConfig.from_namespace(build_parser().parse_args(["gateway", "--search-sink", "mysql://h/db"]))
+    monkeypatch.delenv("EMBEDFLEET_SEARCH_SINK")
+    with pytest.raises(ConfigError, match="give --search-sink"):
+        GatewayConfig.from_namespace(build_parser().parse_args(["gateway", "--search-model", "m"]))

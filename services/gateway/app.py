@@ -29,7 +29,8 @@ from shared.model_dir import same_model
 from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, Spans
 from shared.quantize import FORMS, WIRE_FORMS, quantize
 from shared.tracing import Tracer
-from services.gateway import cohere_api, health, late_chunking, models_api, openai_api, rerank_api, tei_api, tei_tasks
+from shared.sinks import sink_for
+from services.gateway import cohere_api, health, late_chunking, models_api, openai_api, rerank_api, search_api, tei_api, tei_tasks
 from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
 from services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
@@ -46,6 +47,8 @@ from services.gateway.limits import KeyLimits, current_key
 from services.gateway.metrics import Metrics
 from services.gateway.middleware import GatewayMiddleware
 from services.gateway.openapi import openapi_spec
+from services.gateway.search import NOT_SERVED, Search
+from services.gateway.search_store import SearchStore
 
 log = logging.getLogger("embedfleet.gateway")
 
@@ -75,6 +78,8 @@ class Gateway:
         self.job_results: JobResultsApi | None = None
         self.tracer = Tracer("gateway", cfg.tracing)
         self.key_limits = KeyLimits(cfg.key_requests_per_minute, cfg.key_tokens_per_minute)
+        # POST /v1/search: the store is attached on the first search (the gateway starts with the store down too)
+        self.searcher = Search(SearchStore(sink_for(cfg.search_sink)), cfg.search_model) if cfg.search_sink else None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -99,8 +104,9 @@ class Gateway:
             self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval, owners.private)
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
-        log.info("gateway on http://%s:%d (nats %s, default model: %s)", self.cfg.host, self.cfg.port, self.cfg.nats.url,
-                 self.cfg.default_model or "the first served")
+        log.info("gateway on http://%s:%d (nats %s, default model: %s, search: %s)", self.cfg.host, self.cfg.port,
+                 self.cfg.nats.url, self.cfg.default_model or "the first served",
+                 self.searcher.store.shown if self.searcher else "not served")
         mark_ready(self.cfg.nats, True)
         try:
             yield
@@ -110,6 +116,8 @@ class Gateway:
             await self.discovery.stop()
             await self.client.stop()
             await self.metrics.jobs.stop()
+            if self.searcher is not None:
+                await self.searcher.store.close()
             await drain_or_close(self.nc)
             if exporter is not None:
                 exporter.close()
@@ -253,7 +261,15 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()
-        return json_response(models_api.render_models(view.models, view.tokenizers, view.workers, self.default_of(view.models)))
+        return json_response(models_api.render_models(view.models, view.tokenizers, view.workers, self.default_of(view.models),
+                                                      self.searcher.card() if self.searcher else None))
+
+    async def search(self, request: Request) -> Response:
+        """POST /v1/search (services/gateway/search.py)."""
+        if self.searcher is None:
+            raise ApiError(ErrorCode.NOT_FOUND, NOT_SERVED)
+        call = search_api.parse_search(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        return await self.searcher.answer(self, call)
 
     # -- TEI routes -------------------------------------------------------------------------
 
@@ -525,6 +541,7 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
         Route("/v1/embeddings", gw.embeddings, methods=["POST"]),
         Route("/embeddings", gw.embeddings, methods=["POST"]),
         Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/v1/search", gw.search, methods=["POST"]),
         Route("/v1/jobs", gw.create_job, methods=["POST"]),
         Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
         Route("/v1/jobs/{job}", gw.cancel_job, methods=["DELETE"]),

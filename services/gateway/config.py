@@ -56,10 +56,16 @@ class GatewayConfig:
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
     retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
     http: HttpLimits = HttpLimits()  # header size and count, slow clients
+    search_sink: str | None = None  # the vector store POST /v1/search reads (shared/sinks); None: not served
+    search_model: str | None = None  # the model whose vectors it holds; None: the request's model, else the default
 
     def __post_init__(self) -> None:
         if self.default_model is not None and not self.default_model.strip():
             raise ConfigError("--default-model must name a model")
+        if self.search_model is not None and self.search_sink is None:
+            raise ConfigError("--search-model names the model of the --search-sink store's vectors: give --search-sink")
+        if self.search_sink is not None:
+            _check_sink(self.search_sink)
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
             raise ConfigError("--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
                               "(--api-keys or --api-keys-file)")
@@ -91,7 +97,20 @@ class GatewayConfig:
             tracing=TracingConfig.from_namespace(ns),
             retention=retention(ns),
             http=HttpLimits.from_namespace(ns),
+            search_sink=ns.search_sink,
+            search_model=ns.search_model,
         )
+
+
+def _check_sink(url: str) -> None:
+    """A --search-sink URL the sinks take (its scheme, parameters and client), before the gateway starts;
+    nothing is connected to here (the store may come up later)."""
+    from shared.sinks import SinkError, sink_for
+
+    try:
+        sink_for(url)
+    except SinkError as exc:
+        raise ConfigError(f"--search-sink: {exc.message}") from None
 
 
 def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:

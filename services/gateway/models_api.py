@@ -22,15 +22,24 @@ def model_kind(task: str, dim: int, outputs: Sequence[str]) -> str:
     return "embedding"
 
 
+def worker_kind(worker: Mapping[str, str]) -> str:
+    """The kind of the model a live worker serves, from what it registered (``model_kind``)."""
+    return model_kind(worker.get("task", "embed"), _int(worker.get("dim")) or 0, _outputs(worker))
+
+
+def _outputs(worker: Mapping[str, str]) -> list[str]:
+    return [o for o in (worker.get("outputs") or "dense").split(",") if o]
+
+
 def model_card(model: str, tokenizer: Mapping[str, str], worker: Mapping[str, str], default: bool) -> dict[str, object]:
     """One ``data`` entry: OpenAI's fields, then ``kind``, ``dimensions`` (a vector's length: the
     vocabulary for sparse, the number of labels for rerank / classify), ``max_tokens`` (special tokens
     included), ``outputs``, ``prompts`` (names a request's ``input_type`` / ``prompt_name`` may
     choose), ``default`` (the model of requests that name none) and, for a classifier, ``labels``
     (its label names, by logit)."""
-    outputs = [o for o in (worker.get("outputs") or "dense").split(",") if o]
+    outputs = _outputs(worker)
     dim = _int(worker.get("dim"))
-    kind = model_kind(worker.get("task", "embed"), dim or 0, outputs)
+    kind = worker_kind(worker)
     card: dict[str, object] = {
         "id": model,
         "object": "model",
@@ -54,9 +63,11 @@ def render_models(
     tokenizers: Mapping[str, Mapping[str, str]],
     workers: Mapping[str, Mapping[str, str]],
     default: str | None,
+    search: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
+    """The list; ``search``: what ``POST /v1/search`` searches (``Search.card``), when the gateway serves it."""
     data = [model_card(m, tokenizers.get(m, {}), workers.get(m, {}), m == default) for m in models]
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": data, **({"search": dict(search)} if search is not None else {})}
 
 
 def _labels(text: str | None) -> list[str] | None:

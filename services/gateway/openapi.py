@@ -8,6 +8,7 @@ from shared.quantize import EMBEDDING_TYPES
 from shared.text_chunks import BOUNDARIES
 from services.gateway.chunking import RETURNS
 from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, TYPE_FORMS
+from services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
 
 _STR_OR_LIST = {
     "oneOf": [
@@ -435,6 +436,32 @@ def _jina_rerank_path(codes: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+def _search_path(codes: tuple[int, ...]) -> dict[str, Any]:
+    """/v1/search over the gateway's --search-sink store (services/gateway/search.py), OpenAI's list style."""
+    body = {"type": "object", "required": ["query"], "properties": {
+        "model": {"type": "string", "description": "the model whose vectors the store holds (default: the gateway's "
+                  "--search-model, else --default-model); it embeds the query with its query prompt"},
+        "query": {"type": "string", "minLength": 1},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": DEFAULT_TOP_K},
+        "filter": {"type": "object", "maxProperties": MAX_FILTER_FIELDS, "description": "metadata fields and the values "
+                   "they must equal", "additionalProperties": {"type": ["string", "integer", "boolean"]}},
+        "rerank": {"type": "object", "required": ["model"], "additionalProperties": False, "description": (
+            "the hits' texts reranked by a cross-encoder, scored as POST /v1/rerank scores them"), "properties": {
+            "model": {"type": "string"}, "top_n": {"type": "integer", "minimum": 1}}}}}
+    hit = {"type": "object", "required": ["object", "id", "score", "metadata"], "properties": {
+        "object": {"const": "search_result"}, "id": {"type": "string"},
+        "chunk": {"type": "integer", "description": "the chunk's number, when the store holds chunks"},
+        "score": {"type": "number", "description": "the cosine of the query's vector and the row's"},
+        "rerank_score": {"type": "number", "description": "with 'rerank': the reranker's score (the rows in its order)"},
+        "text": {"type": "string"}, "metadata": {"type": "object"}}}
+    answer = {"type": "object", "properties": {
+        "object": {"const": "list"}, "model": {"type": "string"}, "rerank_model": {"type": "string"},
+        "data": {"type": "array", "items": hit},
+        "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
+    return {"/v1/search": _post("Search the gateway's vector store (--search-sink) with a query, optionally reranked",
+                                body, {"application/json": {"schema": answer}}, _OPENAI_ERROR, codes)}
+
+
 def _service_paths() -> dict[str, Any]:
     """The gateway's own: /info, /health, /metrics and this document."""
     return {
@@ -462,6 +489,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
             **_job_paths(),
             **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
             **_jina_rerank_path(codes),
+            **_search_path(codes),
             **_cohere_paths(),
             **_tei_task_paths(embed_body, sparse_body, codes),
             **_service_paths(),

@@ -6,6 +6,9 @@ delivered twice, after a crash or a redelivery, writes nothing twice. Sinks are 
 clients are): the collector calls them in a thread. A failure raises ``SinkError`` with the store's
 own message, marked retryable when waiting may help (the store down or busy), so the job pauses and
 tries again instead of failing.
+
+The gateway's ``POST /v1/search`` reads a loaded table through the same sink: ``attach`` (the table
+as a load left it), then ``search``, in a thread too.
 """
 
 from __future__ import annotations
@@ -42,15 +45,18 @@ class Shape:
 class Rows:
     """One batch of a job's rows. ``vectors``: dense [n, width] in the job's form; sparse a list of
     (indices, values); multivector a list of [tokens, width] float arrays. ``metadata``: per row the
-    input's other fields (or None). ``chunks``: per row (chunk, start, end) when the job chunks."""
+    input's other fields (or None). ``chunks``: per row (chunk, start, end) when the job chunks.
+    ``texts``: per row the text its vector was made from (the chunk's, when the job chunks), kept so a
+    search can answer it and a reranker score it (or None: not kept)."""
 
     ids: list[str]
     vectors: np.ndarray | list
     metadata: list[dict[str, Any] | None] | None = None
     chunks: list[tuple[int, int, int]] | None = None
+    texts: list[str | None] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("metadata", "chunks"):
+        for name in ("metadata", "chunks", "texts"):
             column = getattr(self, name)
             if column is not None and len(column) != len(self.ids):
                 raise ValueError(f"{len(column)} {name} for {len(self.ids)} rows")
@@ -61,12 +67,13 @@ class Rows:
 @dataclass(frozen=True, slots=True)
 class Hit:
     """One search result: the row's id (and chunk), its similarity to the query (higher is closer;
-    cosine for dense float rows), and its metadata."""
+    cosine for dense float rows), its metadata and its text (None: the row has none stored)."""
 
     id: str
     score: float
     metadata: dict[str, Any] = field(default_factory=dict)
     chunk: int | None = None
+    text: str | None = None
 
 
 class Sink(Protocol):
@@ -78,6 +85,10 @@ class Sink(Protocol):
 
     def write(self, rows: Rows) -> None:
         """Upserts one batch, durably when it returns."""
+
+    def attach(self) -> Shape:
+        """Connects to the table (collection) a load made, to search it, and returns what its rows are;
+        SinkError (not retryable) when there is none: a search never makes an empty one."""
 
     def finish(self) -> None:
         """After the last batch: builds the search index where the store wants one built after a load."""

@@ -1,7 +1,8 @@
 """LanceDB (embedded, on disk) as a sink: ``lancedb:///path/to/db?table=NAME``.
 
 The table is made when missing, with the columns ``id``, [``chunk``, ``start_char``, ``end_char``,]
-``vector`` and ``metadata`` (the input's other fields as JSON text). ``vector`` is a fixed-size list of
+``vector``, ``metadata`` (the input's other fields as JSON text) and ``text`` (the row's text, or null).
+``vector`` is a fixed-size list of
 float32 or float16 (dense), of uint8 bytes (binary and ubinary: packed bits, searched by Hamming
 distance in LanceDB), or a list of float32 vectors (multi-vector). A batch is a merge-insert on the
 key (id, or id and chunk): written twice, it leaves one row per key. ``finish`` compacts the table
@@ -58,7 +59,7 @@ class LanceSink:
         else:
             vector = pa.list_(pa.float16() if shape.form == "float16" else pa.float32(), shape.dim)
         chunk = [("chunk", pa.int32()), ("start_char", pa.int32()), ("end_char", pa.int32())] if shape.chunked else []
-        return pa.schema([("id", pa.string()), *chunk, ("vector", vector), ("metadata", pa.string())])
+        return pa.schema([("id", pa.string()), *chunk, ("vector", vector), ("metadata", pa.string()), ("text", pa.string())])
 
     def open(self, shape: Shape) -> None:
         import lancedb
@@ -77,6 +78,32 @@ class LanceSink:
         if found != schema:
             raise SinkError(f"table {self.table_name} has the columns {found.to_string(show_schema_metadata=False)!r}; "
                             "this job's rows need another layout: name another table", retryable=False)
+
+    def attach(self) -> Shape:
+        import lancedb
+        import pyarrow as pa
+
+        try:
+            db = lancedb.connect(self.path)
+            if self.table_name not in db.list_tables().tables:
+                raise SinkError(f"LanceDB at {self.shown}: no table {self.table_name}: load one first", retryable=False)
+            self._table = db.open_table(self.table_name)
+            schema = self._table.schema
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise self._error(exc) from None
+        vector = schema.field("vector").type if "vector" in schema.names else None
+        if isinstance(vector, pa.ListType) and pa.types.is_fixed_size_list(vector.value_type):  # a list of vectors
+            shape = Shape("float32", "multivector", vector.value_type.list_size)
+        elif isinstance(vector, pa.FixedSizeListType) and vector.value_type in (pa.float32(), pa.float16(), pa.uint8()):
+            packed = vector.value_type == pa.uint8()  # packed bits: 8 components a byte
+            form = "ubinary" if packed else "float16" if vector.value_type == pa.float16() else "float32"
+            shape = Shape(form, "dense", vector.list_size * (8 if packed else 1))
+        else:
+            raise SinkError(f"table {self.table_name} has no vector column a load makes ({vector})", retryable=False)
+        self._shape = Shape(shape.form, shape.output, shape.dim, "chunk" in schema.names)
+        return self._shape
 
     def write(self, rows: Rows) -> None:
         import pyarrow as pa
@@ -102,7 +129,8 @@ class LanceSink:
                         "end_char": [c[2] for c in chunks]}
         metadata = rows.metadata or [None] * len(rows.ids)
         columns |= {"vector": vectors, "metadata": [None if metadata[i] is None else orjson.dumps(metadata[i]).decode()
-                                                    for i in take]}
+                                                    for i in take],
+                    "text": [rows.texts[i] if rows.texts is not None else None for i in take]}
         key = ["id", "chunk"] if shape.chunked else ["id"]
         try:
             table = pa.table(columns, schema=schema)
@@ -135,7 +163,7 @@ class LanceSink:
         except Exception as exc:
             raise self._error(exc) from None
         return [Hit(r["id"], 1.0 - float(r["_distance"]), orjson.loads(r["metadata"]) if r["metadata"] else {},
-                    r.get("chunk")) for r in found]
+                    r.get("chunk"), r.get("text")) for r in found]
 
     def close(self) -> None:
         self._table = None

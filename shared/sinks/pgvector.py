@@ -4,7 +4,7 @@ The URL is libpq's: its other parameters (``host=/socket/dir``, ``sslmode``, ``p
 through, and so do libpq's variables (PGPASSWORD, PGPASSFILE, PGUSER…), so a password need not be in
 the URL at all; where it is, ``shown`` hides it. The table is made when missing:
 
-    id text, [chunk int, start_char int, end_char int,] embedding <type>(D), metadata jsonb,
+    id text, [chunk int, start_char int, end_char int,] embedding <type>(D), metadata jsonb, text text,
     primary key (id) or (id, chunk)
 
 with the type of the job's vectors: ``vector`` (float32), ``halfvec`` (float16), ``bit`` (binary,
@@ -33,6 +33,9 @@ _INDEX_LIMITS = {"vector": 2000, "halfvec": 4000, "bit": 64000}
 # pgvector releases that brought a type (or its HNSW operator class); the bit type itself is PostgreSQL's
 _SINCE = {"halfvec": (0, 7), "sparsevec": (0, 7), "bit": (0, 7)}
 _RETRYABLE_CLASSES = ("08", "53", "57", "40", "58")  # connection, resources, operator, rollback, system
+# a column's type -> the rows' form (bits: binary and ubinary rows are the same bits; say ubinary)
+_FORMS = {"vector": "float32", "halfvec": "float16", "bit": "ubinary", "sparsevec": "float32"}
+_COLUMN = re.compile(r"^(\w+)\((\d+)\)$")  # format_type's "vector(384)"
 
 
 class PgVectorSink:
@@ -113,13 +116,11 @@ class PgVectorSink:
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text NOT NULL, {}embedding {} NOT NULL, "
-                                     "metadata jsonb, PRIMARY KEY ({}))").format(table, chunk_cols, sql.SQL(column), key))
-                found = conn.execute(
-                    "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-                    "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped", (self.table,)).fetchall()
+                                     "metadata jsonb, text text, PRIMARY KEY ({}))").format(
+                                         table, chunk_cols, sql.SQL(column), key))
+                columns = self._columns(conn)
         except Exception as exc:
             raise self._error(exc) from None
-        columns = dict(found)
         if columns.get("embedding") != column:
             raise SinkError(f"table {self.table} holds embedding {columns.get('embedding')}; this job makes {column}: "
                             "name another table", retryable=False)
@@ -127,6 +128,28 @@ class PgVectorSink:
             raise SinkError(f"table {self.table} {'has no' if shape.chunked else 'has a'} chunk column; this job "
                             f"{'chunks' if shape.chunked else 'does not chunk'} its documents: name another table",
                             retryable=False)
+
+    def _columns(self, conn) -> dict[str, str]:
+        """The table's columns and their types as PostgreSQL writes them (``vector(384)``); none: no table.
+        (The name is quoted, as the statements quote it: unquoted, PostgreSQL would fold it to lower case.)"""
+        return dict(conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped", (f'"{self.table}"',)).fetchall())
+
+    def attach(self) -> Shape:
+        try:
+            columns = self._columns(self._connection())
+        except Exception as exc:
+            raise self._error(exc) from None
+        if not columns:
+            raise SinkError(f"PostgreSQL at {self.shown}: no table {self.table}: load one first", retryable=False)
+        found = _COLUMN.match(columns.get("embedding", ""))
+        if found is None or found.group(1) not in _FORMS:
+            raise SinkError(f"table {self.table} has no embedding column of pgvector's ({columns.get('embedding')})",
+                            retryable=False)
+        kind, dim = found.group(1), int(found.group(2))
+        self._shape = Shape(_FORMS[kind], "sparse" if kind == "sparsevec" else "dense", dim, "chunk" in columns)
+        return self._shape
 
     def _values(self, rows: Rows) -> list:
         """The batch's embedding column, as pgvector's adapters take it."""
@@ -154,12 +177,13 @@ class PgVectorSink:
         keyed: dict[tuple, tuple] = {}  # the last row of a key given twice in one batch wins
         for i, doc_id in enumerate(rows.ids):
             meta = Jsonb(rows.metadata[i]) if rows.metadata is not None and rows.metadata[i] is not None else None
+            text = rows.texts[i] if rows.texts is not None else None
             if shape.chunked:
                 chunk, start, end = rows.chunks[i] if rows.chunks is not None else (0, None, None)
-                keyed[(doc_id, chunk)] = (doc_id, chunk, start, end, values[i], meta)
+                keyed[(doc_id, chunk)] = (doc_id, chunk, start, end, values[i], meta, text)
             else:
-                keyed[(doc_id,)] = (doc_id, values[i], meta)
-        names = ["id", *(["chunk", "start_char", "end_char"] if shape.chunked else []), "embedding", "metadata"]
+                keyed[(doc_id,)] = (doc_id, values[i], meta, text)
+        names = ["id", *(["chunk", "start_char", "end_char"] if shape.chunked else []), "embedding", "metadata", "text"]
         table, stage = sql.Identifier(self.table), sql.Identifier(f"embedfleet_stage_{self.table}"[:63])
         cols = sql.SQL(", ").join(map(sql.Identifier, names))
         update = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n))
@@ -221,8 +245,8 @@ class PgVectorSink:
         query = HalfVector(vector.astype(np.float16)) if kind == "halfvec" else Vector(vector.astype(np.float32))
         chunk = sql.SQL(", chunk") if shape.chunked else sql.SQL(", NULL")
         filtered = sql.SQL("WHERE metadata @> %(where)s") if where else sql.SQL("")
-        statement = sql.SQL("SELECT id{}, embedding {} %(q)s AS distance, metadata FROM {} {} ORDER BY distance LIMIT %(k)s").format(
-            chunk, sql.SQL(op), sql.Identifier(self.table), filtered)
+        statement = sql.SQL("SELECT id{}, embedding {} %(q)s AS distance, metadata, text FROM {} {} ORDER BY distance "
+                            "LIMIT %(k)s").format(chunk, sql.SQL(op), sql.Identifier(self.table), filtered)
         try:
             conn = self._connection()
             with conn.transaction():
@@ -231,7 +255,7 @@ class PgVectorSink:
                 found = conn.execute(statement, {"q": query, "k": top_k, "where": Jsonb(where or {})}).fetchall()
         except Exception as exc:
             raise self._error(exc) from None
-        return [Hit(doc_id, 1.0 - float(distance), meta or {}, chunk) for doc_id, chunk, distance, meta in found]
+        return [Hit(doc_id, 1.0 - float(distance), meta or {}, chunk, text) for doc_id, chunk, distance, meta, text in found]
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

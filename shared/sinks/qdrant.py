@@ -5,8 +5,8 @@ An API key comes from QDRANT_API_KEY or from a file named by ``api_key_file=``, 
 The collection is made when missing, with one named vector of the job's output: ``dense`` (float32,
 float16 or uint8 components, cosine), ``sparse`` (Qdrant's sparse vectors, dot product) or
 ``multivector`` (late interaction, MaxSim). A point's id is a UUID made from the document's id (and
-chunk), so a batch upserted twice leaves one point per key; the payload holds ``id``, ``metadata``
-and, for chunks, ``chunk``, ``start_char``, ``end_char``.
+chunk), so a batch upserted twice leaves one point per key; the payload holds ``id``, ``metadata``,
+``text`` (when the rows have one) and, for chunks, ``chunk``, ``start_char``, ``end_char``.
 """
 
 from __future__ import annotations
@@ -112,6 +112,33 @@ class QdrantSink:
             raise SinkError(f"collection {self.collection} has no {name} vector of {shape.dim} dimensions: name another "
                             "collection", retryable=False)
 
+    def attach(self) -> Shape:
+        forms = {"float32": "float32", "float16": "float16", "uint8": "uint8"}  # Qdrant's datatype -> form
+        try:
+            client = self._connect()
+            if not client.collection_exists(self.collection):
+                raise SinkError(f"Qdrant at {self.shown}: no collection {self.collection}: load one first", retryable=False)
+            config = client.get_collection(self.collection).config.params
+            # a point's payload says whether the rows are chunks (a collection has no columns to say it)
+            first = client.scroll(self.collection, limit=1, with_payload=True, with_vectors=False)[0]
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise self._error(exc) from None
+        chunked = bool(first) and "chunk" in (first[0].payload or {})
+        vectors = config.vectors if isinstance(config.vectors, dict) else {}
+        if (params := vectors.get(_NAMES["dense"])) is not None:
+            datatype = params.datatype.value if params.datatype is not None else "float32"
+            self._shape = Shape(forms.get(datatype, "float32"), "dense", params.size, chunked)
+        elif (params := vectors.get(_NAMES["multivector"])) is not None:
+            self._shape = Shape("float32", "multivector", params.size, chunked)
+        elif _NAMES["sparse"] in (config.sparse_vectors or {}):
+            self._shape = Shape("float32", "sparse", 0, chunked)  # a sparse vector's vocabulary is not recorded
+        else:
+            raise SinkError(f"collection {self.collection} has none of the vectors a load makes ({', '.join(_NAMES)})",
+                            retryable=False)
+        return self._shape
+
     def _vector(self, shape: Shape, value) -> Any:
         from qdrant_client import models
 
@@ -128,6 +155,8 @@ class QdrantSink:
         points = []
         for i, doc_id in enumerate(rows.ids):
             payload: dict[str, Any] = {"id": doc_id, "metadata": (rows.metadata[i] if rows.metadata else None) or {}}
+            if rows.texts is not None and rows.texts[i] is not None:
+                payload["text"] = rows.texts[i]
             chunk = None
             if shape.chunked:
                 chunk, start, end = rows.chunks[i] if rows.chunks else (0, None, None)
@@ -165,8 +194,8 @@ class QdrantSink:
                                                  with_payload=True).points
         except Exception as exc:
             raise self._error(exc) from None
-        return [Hit(p.payload["id"], float(p.score), p.payload.get("metadata") or {}, p.payload.get("chunk"))
-                for p in found]
+        return [Hit(p.payload["id"], float(p.score), p.payload.get("metadata") or {}, p.payload.get("chunk"),
+                    p.payload.get("text")) for p in found]
 
     def close(self) -> None:
         client, self._client = self._client, None

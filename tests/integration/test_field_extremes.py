@@ -30,6 +30,7 @@ BASES: dict[str, dict] = {
     "/rerank": {"query": "what is a fox", "texts": ["a fox is an animal", "a car"]},
     "/v1/rerank": {"model": MODEL, "query": "what is a fox", "documents": ["a fox is an animal", "a car"]},
     "/v1/jobs": {"documents": [{"id": "extreme", "text": "hello world"}]},
+    "/v1/search": {"query": "what is a fox", "top_k": 3},
     "/v1/embed": {"model": MODEL, "texts": ["hello world"]},
     "/v2/embed": {"model": MODEL, "texts": ["hello world"], "input_type": "search_document", "embedding_types": ["float"]},
     "/v2/rerank": {"model": MODEL, "query": "what is a fox", "documents": ["a fox is an animal", "a car"]},

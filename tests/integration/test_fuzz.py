@@ -48,13 +48,13 @@ def spec(stack) -> dict:
 def test_every_route_is_fuzzed(spec):
     posts = [p for p, ops in spec["paths"].items() if "post" in ops]
     assert sorted(posts) == sorted(["/embed", "/embed_all", "/embed_sparse", "/embeddings", "/rerank", "/tokenize", "/v1/embeddings",
-                                    "/v1/jobs", "/v1/rerank",
+                                    "/v1/jobs", "/v1/rerank", "/v1/search",
                                     "/", "/decode", "/invocations", "/predict", "/similarity",
                                     "/v1/embed", "/v2/embed", "/v2/rerank"])
 
 
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/embed_sparse", "/embed_all", "/tokenize",
-                                  "/v1/jobs", "/rerank", "/v1/rerank",
+                                  "/v1/jobs", "/rerank", "/v1/rerank", "/v1/search",
                                   "/predict", "/similarity", "/decode", "/", "/invocations",
                                   "/v1/embed", "/v2/embed", "/v2/rerank"])
 def test_post_routes_never_answer_5xx(stack, spec, path):

@@ -189,7 +189,7 @@ def test_openapi_lists_the_real_routes(stack):
                                   "/predict", "/similarity", "/decode", "/", "/invocations", "/ping",
                                   "/v1/embed", "/v2/embed", "/v2/rerank",
                                   "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}", "/v1/jobs/{job}/results",
-                                  "/rerank", "/v1/rerank"}
+                                  "/rerank", "/v1/rerank", "/v1/search"}
     assert set(spec["paths"]["/v1/jobs/{job}"]) == {"get", "delete"}  # a job's state; cancelling it
     results = spec["paths"]["/v1/jobs/{job}/results"]["get"]  # a finished job's vectors, in two forms
     assert set(results["responses"]["200"]["content"]) == {"application/x-ndjson", "application/vnd.apache.parquet"}

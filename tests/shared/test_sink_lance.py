@@ -20,9 +20,11 @@ def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
     sink = LanceSink(f"lancedb://{tmp_path}/db?table=docs")
     sink.open(Shape("float32", "dense", 16))
     vectors, ids = _unit(300, 16), [f"doc-{i}" for i in range(300)]
+    texts = [f"text of {i}" for i in range(300)]
     for start in range(0, 300, 100):
-        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], [{"n": i} for i in range(start, start + 100)]))
-    sink.write(Rows(ids[:100], vectors[:100], [{"n": i} for i in range(100)]))  # delivered again
+        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], [{"n": i} for i in range(start, start + 100)],
+                        texts=texts[start : start + 100]))
+    sink.write(Rows(ids[:100], vectors[:100], [{"n": i} for i in range(100)], texts=texts[:100]))  # delivered again
     sink.write(Rows(["doc-3", "doc-3"], vectors[[4, 3]], None))  # a key twice in one batch: the last wins
     assert sink.count() == 300
     sink.finish()
@@ -30,10 +32,25 @@ def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
     exact = np.argsort(-(vectors @ vectors[3]))[:5]
     assert [h.id for h in hits] == [ids[i] for i in exact]  # no index: exact search
     assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[3]), abs=1e-5)
+    assert [h.text for h in hits] == [texts[i] if i != 3 else None for i in exact]  # doc-3: rewritten without
     assert sink.search(vectors[10], 1)[0].metadata == {"n": 10}
     again = LanceSink(f"lancedb://{tmp_path}/db?table=docs")
     again.open(Shape("float32", "dense", 16))
     assert again.count() == 300
+    reader = LanceSink(f"lancedb://{tmp_path}/db?table=docs")  # a search's: the table as the load left it
+    assert reader.attach() == Shape("float32", "dense", 16)
+    assert [(h.id, h.text) for h in reader.search(vectors[10], 1)] == [("doc-10", "text of 10")]
+
+
+@pytest.mark.parametrize("shape", [Shape("float16", "dense", 8, chunked=True), Shape("ubinary", "dense", 16),
+                                   Shape("float32", "multivector", 8)])
+def test_attach_reads_what_a_table_holds_and_never_makes_one(tmp_path, shape):
+    LanceSink(f"lancedb://{tmp_path}/db?table=t").open(shape)
+    assert LanceSink(f"lancedb://{tmp_path}/db?table=t").attach() == shape
+    with pytest.raises(SinkError, match="no table other: load one first") as err:
+        LanceSink(f"lancedb://{tmp_path}/db?table=other").attach()
+    assert not err.value.retryable
+    assert not (tmp_path / "db" / "other.lance").exists()
 
 
 @pytest.mark.parametrize("form", ["float16", "binary", "ubinary"])

@@ -30,14 +30,17 @@ def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgr
     vectors, ids = _unit(600, 16), [f"doc-{i}" for i in range(600)]
     for start in range(0, 600, 200):
         sink.write(Rows(ids[start : start + 200], vectors[start : start + 200],
-                        [{"lang": "en" if i % 2 else "de", "n": i} for i in range(start, start + 200)]))
-    sink.write(Rows(ids[:200], vectors[:200], [{"lang": "en" if i % 2 else "de", "n": i} for i in range(200)]))  # again
+                        [{"lang": "en" if i % 2 else "de", "n": i} for i in range(start, start + 200)],
+                        texts=[f"text of {i}" for i in range(start, start + 200)]))
+    sink.write(Rows(ids[:200], vectors[:200], [{"lang": "en" if i % 2 else "de", "n": i} for i in range(200)],
+                    texts=[f"text of {i}" for i in range(200)]))  # again
     sink.write(Rows(["doc-7", "doc-7"], vectors[[8, 7]], None))  # a key twice in one batch: the last wins
     assert sink.count() == 600
     sink.finish()
     exact = np.argsort(-(vectors @ vectors[7]))[:10]
     hits = sink.search(vectors[7], 10)
     assert [h.id for h in hits][:1] == ["doc-7"] and hits[0].score == pytest.approx(1.0, abs=1e-6)
+    assert all(h.text == f"text of {h.id.removeprefix('doc-')}" for h in hits[1:]) and hits[0].text is None  # doc-7: rewritten without
     assert len({h.id for h in hits} & {ids[i] for i in exact}) >= 9  # HNSW: recall@10 >= 0.9 on 600 rows
     assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[7]), abs=1e-5)
     german = sink.search(vectors[7], 5, {"lang": "de"})
@@ -46,6 +49,24 @@ def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgr
     again = PgVectorSink(f"{postgres}&table=docs")  # a later job's sink on the same table
     again.open(Shape("float32", "dense", 16))
     assert again.count() == 600
+    reader = PgVectorSink(f"{postgres}&table=docs")  # a search's: the table as the load left it
+    assert reader.attach() == Shape("float32", "dense", 16)
+    assert [(h.id, h.text) for h in reader.search(vectors[9], 1)] == [("doc-9", "text of 9")]
+
+
+def test_attach_reads_what_a_table_holds_and_never_makes_one(postgres):
+    sink = PgVectorSink(f"{postgres}&table=Chunked")  # a name in capitals is one table, not two
+    sink.open(Shape("float32", "dense", 8, chunked=True))
+    sink.write(Rows(["a"], _unit(1, 8), [{"k": 1}], [(2, 0, 6)], ["a text"]))
+    reader = PgVectorSink(f"{postgres}&table=Chunked")
+    assert reader.attach() == Shape("float32", "dense", 8, chunked=True)
+    (hit,) = reader.search(_unit(1, 8)[0], 5)
+    assert (hit.id, hit.chunk, hit.text, hit.metadata) == ("a", 2, "a text", {"k": 1})
+    with pytest.raises(SinkError, match="no table nowhere: load one first") as err:
+        PgVectorSink(f"{postgres}&table=nowhere").attach()
+    assert not err.value.retryable
+    with pytest.raises(SinkError, match="no table nowhere"):
+        PgVectorSink(f"{postgres}&table=nowhere").attach()  # still none: the first attach made nothing
 
 
 def test_chunk_rows_are_keyed_by_id_and_chunk(postgres):

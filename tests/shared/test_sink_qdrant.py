@@ -21,18 +21,44 @@ def test_upserts_write_each_id_once_and_search_ranks_by_cosine_with_filters(tmp_
     sink.open(Shape("float32", "dense", 16))
     vectors, ids = _unit(300, 16), [f"doc-{i}" for i in range(300)]
     meta = [{"lang": "en" if i % 2 else "de", "n": i} for i in range(300)]
+    texts = [f"text of {i}" for i in range(300)]
     for start in range(0, 300, 100):
-        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], meta[start : start + 100]))
-    sink.write(Rows(ids[:100], vectors[:100], meta[:100]))  # delivered again
+        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], meta[start : start + 100],
+                        texts=texts[start : start + 100]))
+    sink.write(Rows(ids[:100], vectors[:100], meta[:100], texts=texts[:100]))  # delivered again
     assert sink.count() == 300
     sink.finish()
     hits = sink.search(vectors[3], 5)
     exact = np.argsort(-(vectors @ vectors[3]))[:5]
     assert [h.id for h in hits] == [ids[i] for i in exact]
     assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[3]), abs=1e-5)
+    assert [h.text for h in hits] == [texts[i] for i in exact]
     english = sink.search(vectors[3], 4, {"lang": "en"})
     assert len(english) == 4 and all(h.metadata["n"] % 2 == 1 for h in english)
     sink.close()
+    reader = QdrantSink(f"qdrant://{tmp_path}/q?collection=docs")  # a search's: the collection as the load left it
+    assert reader.attach() == Shape("float32", "dense", 16)
+    assert [(h.id, h.text) for h in reader.search(vectors[10], 1)] == [("doc-10", "text of 10")]
+    reader.close()  # local mode: one client a folder
+    other = QdrantSink(f"qdrant://{tmp_path}/q?collection=other")
+    with pytest.raises(SinkError, match="no collection other: load one first") as err:
+        other.attach()
+    assert not err.value.retryable and not other._connect().collection_exists("other")
+    other.close()
+
+
+def test_attach_reads_chunks_sparse_and_multi_vector_collections(tmp_path):
+    shapes = {"chunks": Shape("float16", "dense", 8, chunked=True), "sparse": Shape("float32", "sparse", 0),
+              "mv": Shape("float32", "multivector", 8)}
+    for name, shape in shapes.items():
+        sink = QdrantSink(f"qdrant://{tmp_path}/{name}?collection={name}")
+        sink.open(shape)
+        if shape.chunked:  # a collection says nothing of chunks: its points' payload does
+            sink.write(Rows(["a"], _unit(1, 8), None, [(0, 0, 4)], ["a text"]))
+        sink.close()
+        reader = QdrantSink(f"qdrant://{tmp_path}/{name}?collection={name}")
+        assert reader.attach() == shape
+        reader.close()
 
 
 def test_chunks_sparse_and_multi_vector_points(tmp_path):
