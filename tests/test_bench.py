@@ -231,18 +231,18 @@ def test_fabric_benchmark_measures_every_process_of_every_workload(tmp_path):
 def test_chunking_benchmark_measures_each_mode_against_truncation(tmp_path, capsys):
     """bench.chunking --smoke: the same documents truncated, cut into chunks and averaged, on one stack;
     chunks cover every token of a document, so they embed more tokens and make more vectors than
-    truncation, and the mean makes one vector a document."""
+    truncation, and the mean makes one vector a document; late chunking a vector a chunk too."""
     from bench import chunking
 
     out = _bench(chunking, ["--smoke", "--out", str(tmp_path)], capsys)
     data = json.loads((tmp_path / "chunking.json").read_text())
     modes = data["modes"]
-    assert {"truncate", "chunks", "mean"} <= set(modes), data["refused"]
+    assert set(modes) == {"truncate", "chunks", "mean", "late"}, data["refused"]
     for mode, s in modes.items():
         assert s["documents_per_s"] > 0 and s["embedded_tokens_per_s"] > 0, mode
     per_doc = {m: s["vectors_per_s"] / s["documents_per_s"] for m, s in modes.items()}
     assert per_doc["truncate"] == pytest.approx(1) and per_doc["mean"] == pytest.approx(1)
-    assert per_doc["chunks"] > 2  # ~1,000-token documents in 128-token chunks
+    assert per_doc["chunks"] > 2 and per_doc["late"] > 2  # ~1,000-token documents in 128-token chunks
     tokens_per_doc = {m: s["embedded_tokens_per_s"] / s["documents_per_s"] for m, s in modes.items()}
     assert tokens_per_doc["chunks"] > 2 * tokens_per_doc["truncate"]  # truncation embeds 256 a document
     assert "docs/s vs truncate" in out and re.search(r"^chunks .* 0\.\d\dx$", out, re.M)
