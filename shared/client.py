@@ -39,6 +39,7 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 
 from shared.errors import ErrorCode, ServiceError
+from shared.request_outbox import Outbox, Outgoing
 from shared.protocol import (
     VECTOR_DTYPES,
     ChunkLayout,
@@ -237,6 +238,9 @@ class EmbedClient:
         self._inbox = ""
         self._pending: dict[str, _Pending] = {}
         self._attempts: dict[str, tuple[_Pending, np.ndarray | None]] = {}  # attempt id -> request, row map
+        # the attempt a Requests message went with -> every attempt in it (a no-responders answer names the first)
+        self._bundled: dict[str, list[str]] = {}
+        self._outbox = Outbox(nc, self._carried, self._unsent)
         self._sub = None
         self._watching = False  # whether a dropped connection fails what is in flight (_watch_connection)
         self._hooked = False  # whether the connection's disconnected callback calls ours
@@ -317,6 +321,7 @@ class EmbedClient:
                 pending.resend_task.cancel()
             for attempt in pending.attempts:
                 self._attempts.pop(attempt, None)
+                self._bundled.pop(attempt, None)
 
     def _wants_held(self, model: str) -> bool:
         """Whether to ask workers to say which rows they hold (a Held reply per worker batch): only that tells
@@ -328,8 +333,19 @@ class EmbedClient:
     async def _send(self, pending: _Pending, attempt: str, index: np.ndarray | None, payload: bytes) -> None:
         pending.attempts.append(attempt)
         self._attempts[attempt] = (pending, index)
-        await self._nc.publish(self._subjects.embed(pending.request.model), payload, reply=f"{self._inbox}.{attempt}",
-                               headers=headers_for(pending.trace))
+        self._outbox.add(self._subjects.embed(pending.request.model),
+                         Outgoing(f"{self._inbox}.{attempt}", payload, headers_for(pending.trace)))
+
+    def _carried(self, reply: str, replies: list[str]) -> None:
+        self._bundled[reply.rsplit(".", 1)[-1]] = [r.rsplit(".", 1)[-1] for r in replies]
+
+    def _unsent(self, replies: list[str], exc: Exception) -> None:
+        """Requests whose publishing failed (the connection went away after they were made)."""
+        for reply in replies:
+            found = self._attempts.get(reply.rsplit(".", 1)[-1])
+            if found is not None:
+                found[0].fail(ServiceError(ErrorCode.NO_RESPONDERS, "the NATS server became unreachable while the "
+                                           f"request was sent ({type(exc).__name__}); retry shortly"))
 
     async def _resend(self, pending: _Pending, why: str) -> bool:
         """Send ``pending``'s lost rows still missing as a new attempt; False when its retries or time ran out."""
@@ -499,8 +515,9 @@ class EmbedClient:
         attempt = msg.subject.rsplit(".", 1)[-1]
         found = self._attempts.get(attempt)
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            if found is not None:
-                self._nobody_took(found[0], attempt, "no tokenizer took it")
+            for each in self._bundled.get(attempt, (attempt,)):  # a Requests message: every request in it
+                if (taken := self._attempts.get(each)) is not None:
+                    self._nobody_took(taken[0], each, "no tokenizer took it")
             return
         try:
             reply = decode(msg.data)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.jobs import bucket_stream, stream_names
+from shared.protocol import MAX_BUNDLE
 from shared.subjects import SERVICE_NAMES, Subjects
 
 ROLES = ("gateway", "tokenizer", "worker", "scorer", "publisher", "operator")
@@ -138,7 +139,8 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                      *js.consume("jobs", "*")),
             subscribe=(own_inbox, f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.chunk.*", f"{p}.load.*",
                        advisories("jobs", "*"), *micro(SERVICE_NAMES["tokenizer"])),
-            responses=1,
+            # a Requests message brings up to MAX_BUNDLE requests, each refused (if at all) on its reply subject
+            responses=MAX_BUNDLE,
         )
     if role == "worker":
         return Permissions(

@@ -73,6 +73,9 @@ class TokenizerMetrics:
         self._seconds = {q: seconds.labels(model, q) for q in QUEUES}
         self._chunks = Counter("embedfleet_tokenizer_chunks", "token batches sent to the workers for online requests",
                                ["model"], registry=r).labels(model)
+        self._bundled = Counter("embedfleet_tokenizer_bundled", "embed requests that came several to a NATS message "
+                                "(a Requests message: what a gateway published in one pass of its loop)", ["model"],
+                                registry=r).labels(model)
         self._bulk_batches = Counter("embedfleet_tokenizer_bulk_batches", "job batches tokenized", ["model"],
                                      registry=r).labels(model)
         self._input_tokens = ArrayHistogram("embedfleet_tokenizer_input_tokens", "tokens per input, online and bulk",
@@ -80,6 +83,9 @@ class TokenizerMetrics:
 
     def request(self, kind: str, count: int = 1) -> None:
         self._requests.labels(self._model, kind).inc(count)
+
+    def bundled(self, count: int) -> None:
+        self._bundled.inc(count)
 
     def error(self, code: str) -> None:
         self._errors.labels(self._model, code).inc()

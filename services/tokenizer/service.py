@@ -24,6 +24,7 @@ from shared.protocol import (
     ErrorReply,
     LoadReport,
     ProtocolError,
+    Replies,
     Spans,
     TokenChunk,
     TokenizeRequest,
@@ -39,6 +40,7 @@ from services.tokenizer.fast_check import choose
 from services.tokenizer.layout import Layouts
 from services.tokenizer.span_rows import place_spans
 from services.tokenizer.bulk import BulkTokenizer
+from services.tokenizer.bundles import carrier_of, is_bundle, unbundle
 from services.tokenizer.coalesce import Coalescer
 from services.tokenizer.delivery import DeliveryCheck, Sent
 from services.tokenizer.metrics import TokenizerMetrics
@@ -76,6 +78,7 @@ class _Pending:
     frame: tuple[int, int] = (0, 0)  # output "spans": tokens before and after each text's content (TextEncoder.frame_sizes)
     spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
+    carrier: str = ""  # the reply subject of the message that brought it (another: it came in a Requests)
 
     @property
     def request_id(self) -> str:
@@ -174,7 +177,21 @@ class TokenizerService:
         self._tracer.shutdown()
 
     async def _on_request(self, msg: Msg) -> None:
-        await self._embeds.put(msg)  # handled with whatever else is queued by the time its turn comes
+        # handled with whatever else is queued by the time its turn comes; a Requests message's entries
+        # each as if it had come alone
+        if not is_bundle(msg.data):
+            await self._embeds.put(msg)
+            return
+        try:
+            entries = unbundle(msg)
+        except ProtocolError as exc:
+            span = self._tracer.start(f"tokenizer {EmbedRequest.TYPE}", None, "consumer")
+            await self._reply_error(msg.reply, "", ServiceError(ErrorCode.INVALID_REQUEST, str(exc)), span)
+            span.end()
+            return
+        self.metrics.bundled(len(entries))
+        for entry in entries:
+            await self._embeds.put(entry)
 
     async def _on_tokenize(self, msg: Msg) -> None:
         await self._answering(msg, TokenizeRequest, self._tokenize)
@@ -239,7 +256,7 @@ class TokenizerService:
 
     async def _refuse(self, p: _Pending) -> None:
         bind(p.span.context, p.request_id)  # its log lines name it and its trace
-        await self._reply_error(p.reply, p.request_id, p.error, p.span)
+        await self._reply_error(p.reply, p.request_id, p.error, p.span, p.carrier)
 
     def _admit(self, msg: Msg) -> _Pending:
         """``msg`` decoded and checked, its prompt applied; what is wrong with it kept as its error."""
@@ -247,9 +264,10 @@ class TokenizerService:
         try:
             request = decode_as(msg.data, EmbedRequest)
         except ProtocolError as exc:
-            return _Pending(None, msg.reply or "", span, error=ServiceError(ErrorCode.INVALID_REQUEST, str(exc)))
+            return _Pending(None, msg.reply or "", span, error=ServiceError(ErrorCode.INVALID_REQUEST, str(exc)),
+                            carrier=carrier_of(msg))
         span.set(request_id=request.id, model=request.model)
-        pending = _Pending(request, msg.reply or "", span)
+        pending = _Pending(request, msg.reply or "", span, carrier=carrier_of(msg))
         try:
             self._check_embed(request, msg.reply)
             if request.texts:
@@ -414,9 +432,16 @@ class TokenizerService:
         if reply:
             await self._nc.publish(reply, payload)
 
-    async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError, span: Span) -> None:
+    async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError, span: Span,
+                           carrier: str | None = None) -> None:
+        """``carrier``: the reply subject of the message that brought the request, when it came inside a
+        Requests message: the answer goes there, in a Replies (the only subject this may publish to)."""
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.text())
         span.error(error.code.value, error.text())
         self.metrics.error(error.code.value)
         if reply:
-            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message, error.row)))
+            answer = encode(ErrorReply(request_id, error.code, error.message, error.row))
+            if carrier and carrier != reply:
+                await self._nc.publish(carrier, encode(Replies([reply], [answer])))
+            else:
+                await self._nc.publish(reply, answer)

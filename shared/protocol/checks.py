@@ -15,6 +15,7 @@ MAX_ID = 4096  # longest request id: every reply that echoes one stays small
 # control line (the server closes a connection that sends a longer one)
 MAX_NAME = 1024
 MAX_ROWS = 1 << 20  # inputs (rows) in one request
+MAX_BUNDLE = 1024  # requests in one Requests message
 MAX_PROMPT_TOKENS = 1 << 20  # a row's leading tokens that pooling skips
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
 

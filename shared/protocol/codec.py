@@ -11,14 +11,14 @@ from shared.errors import ServiceError
 from shared.protocol.checks import ProtocolError, _is_int, _show
 from shared.protocol.messages import (
     VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport,
-    Replies, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult,
+    Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult,
 )
 from shared.protocol.wire import FORMS
 
 
 Message = Union[
     EmbedRequest, TokenChunk, EmbedResult, ErrorReply, Held, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
-    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, ChunkRequest, ChunkLayout,
+    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, Requests, ChunkRequest, ChunkLayout,
 ]
 
 
@@ -102,7 +102,7 @@ def decode(data: bytes) -> Message:
 
 M = TypeVar(
     "M", EmbedRequest, TokenChunk, EmbedResult, ErrorReply, Held, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
-    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, ChunkRequest, ChunkLayout,
+    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, Requests, ChunkRequest, ChunkLayout,
 )
 
 

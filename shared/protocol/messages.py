@@ -256,6 +256,22 @@ class Replies:
     TYPE = "replies"
 
 
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """gateway -> tokenizer, on a model's embed subject: several embed requests published in one pass of
+    the gateway's event loop, in one message (a lone request goes as itself). ``messages[i]`` is an
+    encoded EmbedRequest answered on ``subjects[i]``, whose trace context is ``traces[i]`` (a
+    traceparent, "" for none). The message's own reply subject is ``subjects[0]``: the tokenizer may
+    publish only there (NATS ``allow_responses``), so it answers any other request of the bundle there,
+    inside a Replies; every subject shares one inbox (all but its last token)."""
+
+    subjects: list[str]
+    traces: list[str]
+    messages: list[bytes]
+
+    TYPE = "requests"
+
+
 # a header of an empty message that asks only whether anyone subscribes to its subject (a tokenizer's
 # check that its token chunks reached a worker): a worker ignores such a message
 DELIVERY_CHECK = "Embedfleet-Check"

@@ -9,12 +9,13 @@ import numpy as np
 
 from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError
 from shared.protocol.checks import (
-    MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
+    MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
     _req_int, _req_number, _str_list, _show, _timings,
 )
 from shared.protocol.messages import (
     MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
-    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, RerankRequest, RerankResult, TokenChunk,
+    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, Requests, RerankRequest, RerankResult,
+    TokenChunk,
     TokenizeRequest, TokenizeResult,
 )
 from shared.protocol.chunk_rows import ChunkRows
@@ -238,6 +239,22 @@ def _decode_error_reply(m: dict) -> ErrorReply:
         code = ErrorCode.INTERNAL
     row = _req_int(m, "row") if "row" in m else None  # the encoder leaves it out when there is none
     return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)
+
+
+def _encode_requests(msg: Requests) -> dict[str, Any]:
+    return {"rp": msg.subjects, "tp": msg.traces, "ms": msg.messages}
+
+
+def _decode_requests(m: dict) -> Requests:
+    subjects, traces, messages = _str_list(m, "rp"), _str_list(m, "tp"), _req(m, "ms", list)
+    if not 0 < len(subjects) <= MAX_BUNDLE or not len(subjects) == len(traces) == len(messages):
+        raise ProtocolError(f"requests need 1 to {MAX_BUNDLE} messages, each with its reply subject and trace")
+    if not all(isinstance(x, bytes) for x in messages) or any(len(t) > MAX_NAME for t in traces):
+        raise ProtocolError(f"requests' messages are bytes, their traces strings of at most {MAX_NAME} characters")
+    inbox = subjects[0].rpartition(".")[0]
+    if not inbox or any(not 0 < len(x) <= MAX_NAME or x.rpartition(".")[0] != inbox for x in subjects):
+        raise ProtocolError("requests' reply subjects must share one inbox (all but their last token)")
+    return Requests(subjects, traces, messages)
 
 
 def _encode_held(msg: Held) -> dict[str, Any]:
@@ -504,6 +521,7 @@ FORMS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] 
     ErrorReply.TYPE: (_encode_error_reply, _decode_error_reply),
     Held.TYPE: (_encode_held, _decode_held),
     Replies.TYPE: (_encode_replies, _decode_replies),
+    Requests.TYPE: (_encode_requests, _decode_requests),
     TokenizeRequest.TYPE: (_encode_tokenize_request, _decode_tokenize_request),
     TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),
     DecodeRequest.TYPE: (_encode_decode_request, _decode_decode_request),

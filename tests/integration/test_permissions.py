@@ -33,6 +33,7 @@ MODEL = "all-MiniLM-L6-v2"
 class Fabric:
     def __init__(self, server: EmbeddedNats, seeds: Path, base_url: str, services: dict[str, Service]) -> None:
         self.server, self.seeds, self.base_url, self.services = server, seeds, base_url, services
+        self.tokenizer_metrics = ""  # the tokenizer's /metrics URL
 
     def seed(self, role: str) -> str:
         return str(self.seeds / f"{role}.nk")
@@ -64,10 +65,10 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
         from services.stack import FreePorts
 
         with contextlib.closing(FreePorts("127.0.0.1")) as free:
-            port = free(1)
+            port, metrics_port = free(1), free(1)
         common = ["--nats", server.url]
         role_args = {
-            "tokenizer": ["--chunk-seqs", "8"],
+            "tokenizer": ["--chunk-seqs", "8", "--metrics-port", str(metrics_port)],
             "worker": ["--max-batch-tokens", "1024"],
             "scorer": [],
             "gateway": ["--port", str(port)],
@@ -81,7 +82,9 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
             wait_until(lambda: healthy(base_url), 180, "gateway health", procs)
             wait_until(lambda: count_services(server.url, "worker", nkey_seed=str(seeds / "operator.nk")) == 1, 60,
                        "the worker", procs)
-            yield Fabric(server, seeds, base_url, services)
+            fabric = Fabric(server, seeds, base_url, services)
+            fabric.tokenizer_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+            yield fabric
         finally:
             for s in services.values():  # a test may have replaced one
                 s.stop()
@@ -143,6 +146,40 @@ async def _violations(url: str, seed: str, inbox: str, act, want: int) -> list[s
     finally:
         await nc.close()
     return errors
+
+
+def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
+    """Requests a gateway makes in one pass of its loop reach the tokenizer in one message; each is
+    answered on its own, its errors too (through the one subject the tokenizer may answer on), with the
+    vectors it gets alone, and nats-server refuses nothing."""
+    texts = mixed_texts(40)[:24]
+    alone = httpx.post(f"{fabric.base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=60).json()
+
+    def bundled() -> float:
+        text = httpx.get(fabric.tokenizer_metrics, timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("embedfleet_tokenizer_bundled_total{"))
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=fabric.base_url, timeout=60,
+                                     limits=httpx.Limits(max_connections=64)) as client:
+            posts = [client.post("/v1/embeddings", json={"model": MODEL, "input": t}) for t in texts]
+            bad = [client.post("/embed", json={"inputs": t, "prompt_name": "nope"}) for t in texts[:8]]
+            return await asyncio.gather(*posts, *bad)
+
+    before = bundled()
+    for _ in range(5):  # requests that happen to arrive in one pass: a few rounds make it all but certain
+        answers = asyncio.run(together())
+        for text, r, want in zip(texts, answers, alone["data"]):
+            assert r.status_code == 200, r.text
+            got = np.array(r.json()["data"][0]["embedding"])
+            assert float(got @ np.array(want["embedding"])) > 0.9999, text
+        for r in answers[len(texts):]:
+            assert r.status_code == 400 and "the model has no prompt 'nope'" in r.json()["error"], r.text
+        if bundled() > before:
+            break
+    assert bundled() > before, "no two requests ever went in one message"
+    assert fabric.violations() == []
 
 
 def test_a_tokenizer_cannot_answer_for_a_gateway_nor_read_its_inbox(fabric):

@@ -13,7 +13,7 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies,
+    ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, Requests,
     RerankRequest, RerankResult, Spans, TokenChunk, TokenizeRequest, TokenizeResult, encode,
 )
 from shared.protocol import ChunkRows
@@ -42,6 +42,7 @@ EXAMPLES = {
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
     Held: (Held("r", 0, 2, "w"),) * 2,
     Replies: (Replies(["_INBOX.g.r"], [b"\x80"]),) * 2,
+    Requests: (Requests(["_INBOX.g.r"], [""], [b"\x80"]),) * 2,
     TokenizeRequest: (TokenizeRequest("r", "m", ["a"]),) * 2,
     TokenizeResult: (TokenizeResult("r", [[(1, "a", False, 0, 1)]]),) * 2,
     DecodeRequest: (DecodeRequest("r", "m", [IDS]),) * 2,
