@@ -117,7 +117,7 @@ def read_fields(path: Path) -> dict[str, dict] | None:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
-                fields[str(row.pop("id"))] = {k: v for k, v in row.items() if k != "text"}
+                fields[str(row["id"])] = {k: v for k, v in row.items() if k not in ("id", "text")}
         return fields if any(fields.values()) else None
     if suffix == ".parquet":
         import pyarrow.parquet as pq
