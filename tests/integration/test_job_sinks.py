@@ -125,7 +125,8 @@ def _pg_rows(uri: str, table: str, chunked: bool = False) -> list[tuple]:
     with psycopg.connect(uri) as conn:
         register_vector(conn)
         chunk = ", chunk, start_char, end_char, text" if chunked else ""
-        return conn.execute(f"SELECT id, embedding, metadata{chunk} FROM {table}").fetchall()
+        rows = conn.execute(f"SELECT id, embedding, metadata{chunk} FROM {table}").fetchall()
+    return [(r[0], np.asarray(r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1], np.float32), *r[2:]) for r in rows]
 
 
 def _store(kind: str, stack: SinkStack, postgres, job: str) -> tuple[str, callable]:
