@@ -22,7 +22,7 @@ from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expi
 from shared.lifecycle import connect_within
 from shared.quantize import FORMS
 from services.chunked_output import write_chunked
-from services.reindex import check_output_path, write_output, write_ragged
+from services.reindex_files import check_output_path, write_output, write_ragged
 
 
 async def fetch(nats: NatsConfig, job: str, out: Path) -> int:

@@ -17,7 +17,7 @@ from nats.js.errors import NoKeysError, NotFoundError
 from shared.config import ConfigError, NatsConfig
 from shared.job_ids import job_id_problem
 from shared.jobs import (
-    DUPLICATE_WINDOW, FINISHED, RUN, job_bucket, job_form, read_state, stream_names,
+    DUPLICATE_WINDOW, FINISHED, RUN, SINK, SINK_ERROR, SINK_ROWS, job_bucket, job_form, read_state, stream_names,
 )
 from shared.lifecycle import connect_within
 
@@ -105,6 +105,19 @@ def job_row(key: str, state: dict, now: float) -> str:
             f"{state.get('model', '?')}  {job_form(state)}")
 
 
+def sink_line(state: dict, now: float) -> str | None:
+    """Under a job's row, where its rows go when reindex writes them into a store: the rows written,
+    and while the store refuses them, since when and its message (None: no store)."""
+    if not state.get(SINK):
+        return None
+    line = f"  -> {state[SINK]}: {state.get(SINK_ROWS, 0)} rows written"
+    if error := state.get(SINK_ERROR):
+        since = error.get("since") or now
+        line += (f"; waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                 f"({duration(now - since)}): {error.get('message', '')}")
+    return line
+
+
 async def list_jobs(nats: NatsConfig) -> int:
     nc = await connect_within(nats, "embedfleet-jobs")
     try:
@@ -125,6 +138,8 @@ async def list_jobs(nats: NatsConfig) -> int:
         print(HEADER)
         for key in sorted(states, key=lambda k: (states[k].get("started") or 0, k)):
             print(job_row(key, states[key], now))
+            if (line := sink_line(states[key], now)) is not None:
+                print(line)
         return 0
     finally:
         await nc.close()

@@ -21,8 +21,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,97 +36,27 @@ from shared.jobs import (
 from shared.subjects import Subjects
 from shared.job_ids import job_id_problem
 from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_fit import JobRefused, check_job, fleet_view
+from shared.job_fit import JobRefused, check_job, fleet_view, served
 from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, ProtocolError
 from shared.quantize import FORMS, form_named
 from shared.text_chunks import JobChunking
-from services.chunked_output import SIDECAR, write_chunked
+from services.chunked_output import write_chunked
+from services.reindex_files import check_output_path, write_output, write_ragged
 from services.reindex_chunking import check_room, chunking_of
 from services.reindex_results import Collector, Layout, Polled
+from services.reindex_sink import SinkWriter, open_sink, shape_for, sink_sources
+from shared.sinks import Shape, SinkError
 
 log = logging.getLogger("embedfleet.reindex")
-
-# output kind -> the file suffixes it is written to
-OUTPUT_SUFFIXES = {"dense": (".npy", ".parquet"), "sparse": (".npz",), "multivector": (".npz",)}
-
-
-def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "float32", dim: int = 0) -> None:
-    """``vectors``: [n, stored_width(form, dim)] of the form's element type, written as they are (.npy:
-    that dtype; Parquet: a list column of it, with the form and ``dim`` in the schema's metadata)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        table = pa.table({"id": ids, "vector": list(vectors)})
-        pq.write_table(table.replace_schema_metadata({"embedding_type": form, "dim": str(dim or vectors.shape[1])}), out)
-    else:
-        np.save(out, vectors)
-        out.with_suffix(".ids.json").write_text(json.dumps(ids))
-
-
-def check_output_path(out: Path, output: str, chunked: bool = False) -> None:
-    """Refuse, before any work, an output that could not be written: a format ``output`` is not
-    written in, a folder in place of a file, a folder that cannot be made or written to. The folder is
-    made here (as writing would make it). ``chunked``: a .npy gets a chunks sidecar too."""
-    suffix = out.suffix.lower()
-    if suffix not in OUTPUT_SUFFIXES[output]:
-        if output == "dense":
-            raise ConfigError(f"--out {out}: dense vectors are written to .npy (with .ids.json beside it) or .parquet, "
-                              f"not {out.suffix or 'a name without a suffix'}")
-        raise ConfigError(f"{output} vectors are written to .npz (a varying number of entries per document), not {out.suffix or out.name}")
-    for above in (out.parent, *out.parent.parents):
-        if above.exists() and not above.is_dir():
-            raise ConfigError(f"--out {out}: {above} is a file, not a folder")
-    written = [out, out.with_suffix(".failed.json")] + ([] if suffix == ".parquet" else [out.with_suffix(".ids.json")])
-    written += [out.with_suffix(SIDECAR)] if chunked and suffix != ".parquet" else []
-    for path in written:
-        if path.is_dir():
-            raise ConfigError(f"--out {out}: {path} is a folder")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot make the folder {out.parent}: {exc.strerror or exc}") from None
-    try:
-        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".embedfleet-check-"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write in {out.parent}: {exc.strerror or exc}") from None
-    for path in written:
-        if path.exists() and not os.access(path, os.W_OK):
-            raise ConfigError(f"--out {out}: {path} exists and cannot be written")
-
-
-def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str, dim: int) -> None:
-    """Sparse vectors as scipy's CSR .npz (``scipy.sparse.load_npz`` reads it: data, indices, indptr,
-    format, shape); multi-vectors as ``vectors`` [all tokens, width] with ``offsets`` [n + 1] (document
-    i owns vectors[offsets[i]:offsets[i + 1]]). The ids in order go to .ids.json beside it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    counts = [len(item[0]) if output == "sparse" else len(item) for item in items]
-    offsets = np.zeros(len(items) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    dtype = FORMS[form][1]
-    if output == "sparse":
-        indices = np.concatenate([i for i, _ in items]).astype(np.int32) if items else np.zeros(0, np.int32)
-        values = np.concatenate([v for _, v in items]).astype(dtype) if items else np.zeros(0, dtype)
-        np.savez(out, data=values, indices=indices, indptr=offsets, format=np.array(b"csr"),
-                 shape=np.array([len(items), dim], dtype=np.int64))
-    else:
-        width = items[0].shape[1] if items else 0
-        vectors = np.concatenate(items).astype(dtype, copy=False) if items else np.zeros((0, width), dtype)
-        np.savez(out, vectors=vectors, offsets=offsets, dim=np.array(dim, dtype=np.int64),
-                 embedding_type=np.array(form.encode()))
-    out.with_suffix(".ids.json").write_text(json.dumps(ids))
-
 
 @dataclass(frozen=True)
 class _Plan:
     """A reindex run, every part checked before anything is published."""
 
     path: Path
-    out: Path
+    out: Path | None  # None: rows go to the sink only
     form: str  # a shared/quantize.py FORMS name
     output: str  # "dense", "sparse" or "multivector"
     options: EmbedOptions
@@ -137,10 +65,14 @@ class _Plan:
     job: str
     batch_size: int
     chunking: JobChunking | None  # None: a vector a document
+    sink: str | None = None  # --sink URL
+    shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
 
 
 def _plan(ns: argparse.Namespace) -> _Plan:
-    path, out = Path(ns.input), Path(ns.out)
+    path, out = Path(ns.input), Path(ns.out) if ns.out else None
+    if out is None and not ns.sink:
+        raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
     form = form_named(ns.embedding_type)
     output = ns.output
     try:
@@ -148,14 +80,15 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     except ProtocolError as exc:
         raise ConfigError(str(exc).replace("options.", "")) from None
     chunking = chunking_of(ns, output)
-    check_output_path(out, output, chunking is not None)
+    if out is not None:
+        check_output_path(out, output, chunking is not None)
     tracing = TracingConfig.from_namespace(ns)
     docs = read_documents(path)  # all of them, each checked
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
     problem = job_id_problem(job)
     if problem:
         raise ConfigError(f"--job-id: {problem}")
-    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking)
+    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.sink)
 
 
 async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan:
@@ -168,6 +101,8 @@ async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan
         raise ConfigError(f"{exc}; nothing was published") from None
     if fit.note:
         print(f"reindex: {fit.note}", flush=True)
+    if plan.sink:
+        plan = replace(plan, shape=shape_for(served(view, ns.model), plan.form, plan.output, plan.chunking is not None))
     if fit.batch_size == plan.batch_size:
         return plan
     job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output, plan.chunking)
@@ -204,6 +139,11 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
 
     nc, js, kv, plan = await _connect_checked(ns, nats, _plan(ns))
     job, docs, subjects = plan.job, plan.docs, nats.subjects
+    try:  # the store checked before anything is published: a table of another dimension ends the run here
+        sink = await open_sink(plan.sink, plan.shape) if plan.sink else None
+    except BaseException:
+        await nc.close()
+        raise
     batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
     cut = f", cut into chunks of at most {plan.chunking.spec.size} tokens" if plan.chunking else ""
     print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors"
@@ -219,14 +159,28 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking))
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
+    writer = None if sink is None else SinkWriter(
+        sink, kv, job, sink_sources(plan.path, docs, ns.with_text, plan.chunking is not None), plan.out is not None,
+        lambda text: bar.set_postfix_str(text or "", refresh=True))
     start_time = time.monotonic()
     try:
-        stopped, run = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time)
+        if writer is not None:
+            await writer.start()
+        stopped, run = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time, writer)
         if stopped is not None:
             return stopped
         await publisher
-        return await _write(plan, kv, collector, run, time.monotonic() - start_time)
+        if writer is not None:
+            await writer.flush(collector, final=True)
+            await writer.finish()
+        return await _write(plan, kv, collector, run, time.monotonic() - start_time, writer)
+    except SinkError as exc:  # a refusal waiting cannot cure: what was read stays in the results stream
+        print(f"job {job}: the store {sink.shown} refused rows: {exc.message}; the job's results stay in the results "
+              "stream: run the same command again (with a sink that takes them) to write them", flush=True)
+        return 1
     finally:
+        if sink is not None:
+            await asyncio.to_thread(sink.close)
         publisher.cancel()
         await collector.close()
         await nc.drain()
@@ -250,7 +204,7 @@ def _advance(bar, polled: Polled) -> None:
 
 
 async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
-                   start_time: float):
+                   start_time: float, writer: SinkWriter | None):
     """Collect results until every document has its vector or was given up. Returns (1 when the job
     was cancelled or stalled, else None; what this run read)."""
     job, docs = plan.job, plan.docs
@@ -262,6 +216,10 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
             run = run + polled
             _advance(bar, polled)
             last_progress = time.monotonic()
+        if writer is not None:  # every document read goes to the store (the wait for it is no stall)
+            writer.add(collector.take_fresh(), collector)
+            if await writer.flush(collector):
+                last_progress = time.monotonic()
         chunks = {"chunks": collector.chunks.chunks} if collector.chunks is not None else {}
         bar.set_postfix(**chunks, tokens_s=f"{run.tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
         cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
@@ -280,7 +238,7 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
             state = (await read_state(kv, job)) or {}  # its counts, final since the cancel
             chunks = f" ({state.get('chunks_done', 0)} chunks)" if plan.chunking else ""
             print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored{chunks}, "
-                  f"{state.get('failed', 0)} failed; nothing written to {plan.out} (the stored results stay in the "
+                  f"{state.get('failed', 0)} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
                   "results stream until the job is purged)")
             return 1, run
         if time.monotonic() - last_progress > stall_timeout:
@@ -301,34 +259,42 @@ def _rate(run: Polled, elapsed: float) -> str:
             f"docs/s, {run.tokens / max(elapsed, 1e-6):,.0f} tokens/s){earlier}")
 
 
-async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: float) -> int:
-    """Write the vectors collected, in input order, and record the job done; 1 when some documents
-    were given up (their ids written beside the output)."""
+async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: float, writer: SinkWriter | None) -> int:
+    """Write the vectors collected, in input order (when there is an output file), and record the job
+    done; 1 when some documents were given up (their ids written beside the output, or listed)."""
     job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
     if collector.chunks is not None:
-        table, rows = collector.chunks.table([d for d, _ in docs])
-        vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form][1])
-        write_chunked(out, table, vectors, plan.form, collector.dim, plan.chunking.record())
         whole = collector.chunks.whole
         ids = [d for d, _ in docs if whole(d)]
-        said = f"{len(ids)} documents in {len(table.ids)} chunks"
+        said = f"{len(ids)} documents in {collector.chunks.chunks} chunks"
+        if out is not None:
+            table, rows = collector.chunks.table([d for d, _ in docs])
+            vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form][1])
+            write_chunked(out, table, vectors, plan.form, collector.dim, plan.chunking.record())
+            said = f"{len(ids)} documents in {len(table.ids)} chunks"
     else:
         whole = got.__contains__
         ids = [d for d, _ in docs if d in got]
         said = f"{len(ids)} documents"
-        if plan.output == "dense":
+        if out is not None and plan.output == "dense":
             vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form][1])
             write_output(out, ids, vectors, plan.form, collector.dim)
-        else:
+        elif out is not None:
             write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)
+    where = " and ".join(([str(out)] if out is not None else [])
+                         + ([f"{writer.sink.shown} ({writer.rows} rows)"] if writer is not None else []))
     rate = _rate(run, elapsed)
     if len(ids) < len(docs):
         lost = [d for d, _ in docs if not whole(d)]
-        failed_path = out.with_suffix(".failed.json")
-        failed_path.write_text(json.dumps(lost))
+        if out is not None:
+            failed_path = out.with_suffix(".failed.json")
+            failed_path.write_text(json.dumps(lost))
+            listed = f"ids in {failed_path}"
+        else:
+            listed = f"ids {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}"
         errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
-        print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {out}; {len(lost)} given up "
-              f"(ids in {failed_path}; batches in the dead-letter stream): {errors[:3]}")
+        print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {where}; {len(lost)} given up "
+              f"({listed}; batches in the dead-letter stream): {errors[:3]}")
         return 1
 
     def finish(state: dict) -> None:
@@ -338,7 +304,7 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
         state.setdefault("finished", time.time())
 
     await update_state(kv, job, finish)
-    print(f"job {job}: {said} ({rate}) -> {out}")
+    print(f"job {job}: {said} ({rate}) -> {where}")
     return 0
 
 

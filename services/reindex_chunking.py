@@ -29,7 +29,9 @@ def chunking_of(ns: argparse.Namespace, output: str) -> JobChunking | None:
     if ns.chunk_size is None:
         needing = [flag for flag, given in (("--chunk-overlap", ns.chunk_overlap is not None),
                                             ("--chunk-boundary", ns.chunk_boundary is not None),
-                                            ("--late-chunking", ns.late_chunking), ("--with-text", ns.with_text)) if given]
+                                            ("--late-chunking", ns.late_chunking),
+                                            # a sink stores each document's text where asked
+                                            ("--with-text", ns.with_text and not getattr(ns, "sink", None))) if given]
         if needing:
             raise ConfigError(f"{needing[0]} needs --chunk-size (the most tokens of text a chunk holds)")
         return None

@@ -86,11 +86,20 @@ class Collector:
         self.dim = 0  # components per row, from the first result
         self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
         self.chunks: ChunkedRows | None = ChunkedRows() if chunked else None  # a chunked job's rows
+        self._fresh: list[str] = []  # documents (of a job without chunks) completed since ``take_fresh``
 
     @property
     def documents(self) -> int:
         """Documents whose vectors are all here."""
         return self.chunks.complete if self.chunks is not None else len(self.got)
+
+    def take_fresh(self) -> list[str]:
+        """The documents whose vectors are all here since the last call, in the order they completed
+        (what a sink has not been given yet)."""
+        source = self.chunks.fresh if self.chunks is not None else self._fresh
+        fresh = list(source)
+        source.clear()
+        return fresh
 
     async def open(self) -> None:
         info = await self._js.stream_info(self._stream)
@@ -189,6 +198,7 @@ class Collector:
                 for doc_id, row in zip(result.doc_ids, rows):
                     if doc_id not in self.got:
                         self.got[doc_id] = row
+                        self._fresh.append(doc_id)
                         new += 1
             polled = polled.plus(new, result.tokens if new or chunks else 0, seq <= (self._before or 0), chunks)
             try:

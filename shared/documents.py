@@ -105,3 +105,38 @@ def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", o
     if chunking is not None:
         key += "|chunks:" + json.dumps(chunking.record(), sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def read_fields(path: Path) -> dict[str, dict] | None:
+    """Each document's other fields than ``id`` and ``text`` (JSONL keys, Parquet columns), by id, for a
+    sink's ``metadata``; None when the input has none (plain text, or only those two). The file was
+    checked by ``read_documents`` already."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        fields = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                fields[str(row["id"])] = {k: v for k, v in row.items() if k not in ("id", "text")}
+        return fields if any(fields.values()) else None
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        others = [c for c in pq.read_schema(path).names if c not in ("id", "text")]
+        if not others:
+            return None
+        table = pq.read_table(path, columns=["id", *others])
+        rows = table.select(others).to_pylist()  # JSON-able values: Parquet dates and decimals become strings below
+        return {str(i): {k: _plain(v) for k, v in row.items()} for i, row in zip(table["id"].to_pylist(), rows)}
+    return None
+
+
+def _plain(value: object) -> object:
+    """A Parquet value as JSON holds it (dates, decimals and bytes as text)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value.hex() if isinstance(value, bytes) else str(value)

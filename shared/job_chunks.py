@@ -46,6 +46,7 @@ class ChunkedRows:
         self._rows: dict[str, dict[int, tuple[np.ndarray, int, int, str | None]]] = {}
         self.complete = 0  # documents whose chunks are all here
         self.chunks = 0  # rows gathered
+        self.fresh: list[str] = []  # documents completed since a reader last took them (``take_fresh``)
 
     def add(self, batch: int, doc_ids: list[str], rows, chunks: ChunkRows) -> tuple[int, int]:
         """A result's rows (``rows[i]``: the vector of row i); returns (documents it completed, new rows).
@@ -65,9 +66,14 @@ class ChunkedRows:
             new += 1
             if len(have) == count:
                 documents += 1
+                self.fresh.append(doc_id)
         self.complete += documents
         self.chunks += new
         return documents, new
+
+    def rows_of(self, doc_id: str) -> list[tuple[int, np.ndarray, int, int, str | None]]:
+        """A document's rows in chunk order: (chunk, vector, start, end, text)."""
+        return [(k, *row) for k, row in sorted(self._rows.get(doc_id, {}).items())]
 
     def whole(self, doc_id: str) -> bool:
         """Whether every chunk of ``doc_id`` is here."""

@@ -582,3 +582,19 @@ def transient(exc: BaseException) -> bool:
     from nats.js.errors import APIError, ServiceUnavailableError
 
     return not isinstance(exc, APIError) or isinstance(exc, ServiceUnavailableError)
+
+
+# a job's rows written to a vector store (reindex --sink): the store as shown (no password), the rows
+# durably written by the current run, and while the store refuses them, its message and since when
+SINK, SINK_ROWS, SINK_ERROR = "sink", "sink_rows", "sink_error"
+
+
+def sink_waiting(state: dict, message: str, since: float) -> None:
+    """The store refused a batch and the collector waits to write it again (unix time ``since``)."""
+    state[SINK_ERROR] = {"message": message[:500], "since": since}
+
+
+def sink_written(state: dict, rows: int) -> None:
+    """``rows`` of the job are durably in the store: a wait for it, if any, is over."""
+    state[SINK_ROWS] = max(rows, state.get(SINK_ROWS) or 0)  # a resumed run writes again what an earlier one did
+    state.pop(SINK_ERROR, None)

@@ -198,7 +198,14 @@ OPTIONS: tuple[Option, ...] = (
     # -- reindex --------------------------------------------------------------------------------
     _option("--out", None, None,
             "output: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector",
-            {"reindex", "jobs fetch"}, "reindex", required=True),
+            {"jobs fetch"}, "reindex", required=True),
+    _option("--out", None, None,
+            "output file: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector; none: only "
+            "--sink (one of the two is needed)", {"reindex"}, "reindex"),
+    _option("--sink", "EMBEDFLEET_SINK", None,
+            "also (or only) write the rows into a vector store as they are collected: postgresql://…?table=NAME "
+            "(pgvector), lancedb:///path?table=NAME or qdrant://HOST:PORT?collection=NAME (or qdrant:///path); a "
+            "password in the URL is never shown", {"reindex"}, "reindex", shows_value=False),
     _option("--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id", {"reindex"}, "reindex"),
     _option("--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", {"reindex"}, "reindex",
             type=positive_int),
@@ -223,7 +230,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--late-chunking", None, False,
             "late chunking (one forward over the whole document, pooled per chunk): not served in jobs yet, refused",
             {"reindex"}, "reindex", kind="switch"),
-    _option("--with-text", None, False, "store each chunk's text beside its vector (a text column)", {"reindex"},
+    _option("--with-text", None, False,
+            "store each chunk's text beside its vector (a text column); with --sink, each document's text when "
+            "there are no chunks", {"reindex"},
             "reindex", kind="switch"),
     _option("--job-id", None, None, "job id (default: derived from the input, model and form, so a rerun resumes)",
             {"reindex"}, "reindex"),

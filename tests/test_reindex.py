@@ -8,7 +8,7 @@ import pytest
 
 from shared.config import ConfigError
 from shared.quantize import FORMS, quantize
-from services.reindex import check_output_path, write_output
+from services.reindex_files import check_output_path, write_output
 
 
 @pytest.mark.parametrize("form", list(FORMS))

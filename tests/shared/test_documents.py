@@ -106,3 +106,20 @@ def test_a_parquet_name_on_another_file_is_refused(tmp_path: Path):
     path.write_text('{"id": "a", "text": "one"}\n')
     with pytest.raises(ConfigError, match="not a Parquet file"):
         read_documents(path)
+
+
+def test_a_documents_other_fields_are_its_metadata(tmp_path):
+    from shared.documents import read_fields
+
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"id": 1, "text": "a", "lang": "de", "tags": ["x"]}\n{"id": "b", "text": "b"}\n')
+    assert read_fields(jsonl) == {"1": {"lang": "de", "tags": ["x"]}, "b": {}}
+    plain = tmp_path / "d.jsonl"
+    plain.write_text('{"id": 1, "text": "a"}\n')
+    assert read_fields(plain) is None  # nothing but id and text: no metadata
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2], "text": ["a", "b"], "year": [2020, None]}), tmp_path / "d.parquet")
+    assert read_fields(tmp_path / "d.parquet") == {"1": {"year": 2020}, "2": {"year": None}}
+    assert read_fields(tmp_path / "d.txt") is None
