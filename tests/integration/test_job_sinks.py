@@ -202,7 +202,7 @@ def test_a_worker_killed_mid_job_leaves_every_id_once_in_the_store(stack, postgr
 
 def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres, reference):
     job = "sink_chunks"
-    proc = stack.reindex(job, f"{postgres.get_uri()}&table={job}", "--chunk-size", "48", "--chunk-overlap", "8",
+    proc = stack.reindex(job, f"{postgres.get_uri()}&table={job}", "--chunk-size", "96", "--chunk-overlap", "8",
                          "--with-text")
     stack.finished(job, proc)
     rows = _pg_rows(postgres.get_uri(), job, chunked=True)
