@@ -11,7 +11,7 @@ from shared.errors import ServiceError
 from shared.job_fit import JobRefused, check_chunk_room
 from shared.protocol import EmbedOptions
 from shared.subjects import Subjects
-from shared.text_chunks import LATE_NOT_SERVED, ChunkSpec, JobChunking
+from shared.text_chunks import ChunkSpec, JobChunking
 
 # the request field a message names -> reindex's flag
 _FLAGS = {"chunking.size": "--chunk-size", "chunking.overlap": "--chunk-overlap", "chunking.boundary": "--chunk-boundary"}
@@ -25,7 +25,7 @@ def _flags(message: str) -> str:
 
 def chunking_of(ns: argparse.Namespace, output: str) -> JobChunking | None:
     """The job's chunking from the options (None: a vector a document); ConfigError for what cannot be
-    run: a value out of range, a flag that needs --chunk-size without it, late chunking (not served)."""
+    run: a value out of range, a flag that needs --chunk-size without it."""
     if ns.chunk_size is None:
         needing = [flag for flag, given in (("--chunk-overlap", ns.chunk_overlap is not None),
                                             ("--chunk-boundary", ns.chunk_boundary is not None),
@@ -39,8 +39,6 @@ def chunking_of(ns: argparse.Namespace, output: str) -> JobChunking | None:
         spec = ChunkSpec(ns.chunk_size, 0 if ns.chunk_overlap is None else ns.chunk_overlap, ns.chunk_boundary or "token")
     except ServiceError as exc:
         raise ConfigError(_flags(exc.message)) from None
-    if ns.late_chunking:
-        raise ConfigError(f"--late-chunking: {LATE_NOT_SERVED} (leave it out: each chunk is embedded alone)")
     if output != "dense":
         raise ConfigError(f"--chunk-size: chunked jobs make a dense vector a chunk, not {output} vectors")
     return JobChunking(spec, ns.late_chunking, ns.with_text)

@@ -228,7 +228,8 @@ OPTIONS: tuple[Option, ...] = (
             "where chunks are cut: token (between words, the default) or sentence (at a sentence end where one "
             "keeps the chunk half full)", {"reindex"}, "reindex", choices=("token", "sentence")),
     _option("--late-chunking", None, False,
-            "late chunking (one forward over the whole document, pooled per chunk): not served in jobs yet, refused",
+            "late chunking: each chunk's vector pooled from one forward over the document around it (windows of the "
+            "model's room; one forward a window)",
             {"reindex"}, "reindex", kind="switch"),
     _option("--with-text", None, False,
             "store each chunk's text beside its vector (a text column); with --sink, each document's text when "

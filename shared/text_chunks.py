@@ -63,14 +63,12 @@ def _invalid(message: str) -> ServiceError:
     return ServiceError(ErrorCode.INVALID_REQUEST, message)
 
 
-LATE_NOT_SERVED = "late chunking in jobs is not served yet"
-
-
 @dataclass(frozen=True, slots=True)
 class JobChunking:
-    """How a bulk job cuts its documents: ``spec``'s windows, each embedded alone (``late``: the whole
-    document in one forward, its token vectors pooled over each window; not served yet), and whether
-    each chunk's text is stored beside its vector (``with_text``)."""
+    """How a bulk job cuts its documents: into ``spec``'s chunks, each embedded alone (``late``: the
+    document read in windows of the model's room, one forward each, its token states pooled over each
+    chunk: services/tokenizer/bulk_chunks.py); and whether each chunk's text is stored beside its
+    vector (``with_text``)."""
 
     spec: ChunkSpec
     late: bool = False

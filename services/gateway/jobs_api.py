@@ -22,7 +22,7 @@ from shared.options import default
 from shared.progress import LEDGERS
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
-from shared.text_chunks import LATE_NOT_SERVED, JobChunking
+from shared.text_chunks import JobChunking
 from services.gateway.chunking import JOB_KEYS, parse_chunking
 from services.gateway.errors import ApiError
 from services.gateway.job_files import read_job_file
@@ -179,9 +179,6 @@ def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:
             raise ApiError(ErrorCode.INVALID_REQUEST, "'with_text' stores each chunk's text: give 'chunking' too",
                            "with_text")
         return None
-    if parsed.late:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'chunking.late': {LATE_NOT_SERVED}: send 'late': false (each "
-                       "chunk embedded alone)", "chunking.late")
     if options.output != "dense":
         raise ApiError(ErrorCode.INVALID_REQUEST, f"a chunked job makes a dense vector a chunk, not {options.output} "
                        "vectors", "chunking")

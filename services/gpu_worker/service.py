@@ -116,6 +116,12 @@ def _envelope_bound(request_id: str, timings: dict[str, float]) -> int:
     return _FIXED_ENVELOPE + 4 * len(request_id) + sum(4 * len(stage) + 14 for stage in timings)
 
 
+def _rows_per_vector(bulk: bool, output: str) -> bool:
+    """Whether a result holds a vector per row: dense work, and bulk work with spans, whose spans are a
+    late-chunked job's chunks, each a result row of its own (``TokenChunk.chunks``)."""
+    return output == "dense" or (bulk and output == "spans")
+
+
 def _stage_timings(work: Work) -> dict[str, float]:
     """The stages before the worker, as many as leave room for its two (queue, inference) within MAX_STAGES."""
     upstream = dict(list(work.batch.timings.items())[: MAX_STAGES - 2])
@@ -313,13 +319,14 @@ class WorkerService:
         whose vectors cannot fit in one can never succeed."""
         self._check_batch(batch)
         opts = batch.options
-        if opts.output != "dense":
+        if not _rows_per_vector(True, opts.output):
             return  # entries per document are known once made: checked then (_reply_ragged)
+        rows = len(batch.doc_ids)  # a vector each: the rows, or with spans the spans (a late job's chunks)
         envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0,
                                         chunks=batch.chunks)))
-        size = batch.count * row_bytes(opts.dtype, opts.dimensions or self._cfg.model.truncate_dim or self._dim)
+        size = rows * row_bytes(opts.dtype, opts.dimensions or self._cfg.model.truncate_dim or self._dim)
         if envelope + size + 2 * len(batch.job.encode()) + _ENVELOPE_BYTES > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"the vectors of {batch.count} documents do not fit in one "
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"the vectors of {rows} documents do not fit in one "
                                f"message of {self._nc.max_payload} bytes: use smaller batches")
 
     async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
@@ -436,7 +443,7 @@ class WorkerService:
 
     async def _reply(self, work: Work, outgoing: Outgoing) -> None:
         """Answer a finished ``work``: bulk work is stored, online replies are added to ``outgoing``."""
-        if work.batch.options.output != "dense":
+        if not _rows_per_vector(work.source is not None, work.batch.options.output):
             await self._reply_ragged(work, outgoing)
             return
         batch, opts = work.batch, work.batch.options

@@ -8,7 +8,8 @@ hand the tokenizer sends in-progress beats. It takes a job batch only while fewe
 the jobs stream rather than piling up as tokens. A malformed batch is given up at once as a dead
 letter (see shared/bulkwork.py); a batch of a cancelled job is acknowledged and dropped untokenized.
 A chunked job's batch is cut (services/tokenizer/bulk_chunks.py): its rows are chunks, packed so that
-each result fits a message; a document cut into more than --max-chunks chunks is given up alone (a
+each result fits a message (late chunking: its sequences are windows, each with the chunks it owns as
+spans, and a token batch's rows are the chunks its windows own); a document cut into more than --max-chunks chunks is given up alone (a
 dead letter holding it, counted failed), and the batch's chunks are counted in the job's state.
 Told to stop, it fetches no more, finishes the batch in hand (milliseconds of tokenizing) and hands
 back anything delivered after its last fetch.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from nats.aio.client import Client
 
@@ -28,7 +30,7 @@ from shared.bulkwork import (
 from shared.chunk_progress import count_cut
 from shared.errors import ErrorCode, ServiceError
 from shared.jobs import CANCELLED, publish_durably, stream_names, update_state
-from shared.protocol import JobBatch, ProtocolError, TokenChunk, decode_as, encode
+from shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
 from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for
 from services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
@@ -170,15 +172,21 @@ class BulkTokenizer:
         fits a NATS message with the rows' ids and texts."""
         room = self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
         size = vector_bytes(job.options, self._cfg.model.dim)
+        # late: a window's chunks are the spans the worker pools (output "spans"), a vector a chunk; a
+        # window is never cut short (it holds at most the model's room)
+        options = job.options if cut.spans is None else replace(job.options, output="spans", truncate=False)
+        bounds = cut.row_bounds()
         batches = []
         for lo, hi in pack_rows(cut, self._cfg.chunk_tokens, self._cfg.chunk_seqs, room, size):
             input_ids, cu_seqlens = cut.packed((lo, hi))
-            batches.append(self._token_batch(job, lo, len(cut.sequences), input_ids, cu_seqlens, cut.doc_ids[lo:hi],
-                                             cut.chunks.part(lo, hi)))
+            a, b = int(bounds[lo]), int(bounds[hi])  # the rows (chunks) these sequences make
+            batches.append(self._token_batch(job, a, cut.rows, input_ids, cu_seqlens, cut.doc_ids[a:b],
+                                             cut.chunks.part(a, b), options,
+                                             None if cut.spans is None else cut.spans.between(lo, hi)))
         return batches
 
     def _token_batch(self, job: JobBatch, start: int, total: int, input_ids, cu_seqlens, doc_ids: list[str],
-                     chunks=None) -> tuple[bytes, str]:
+                     chunks=None, options: EmbedOptions | None = None, spans: Spans | None = None) -> tuple[bytes, str]:
         batch = TokenChunk(
             id=f"{job.id}.{job.batch}",
             model=job.model,
@@ -187,12 +195,13 @@ class BulkTokenizer:
             input_ids=input_ids,
             cu_seqlens=cu_seqlens,
             deadline=time.time() + BULK_DEADLINE,
-            options=job.options,
+            options=options or job.options,
             job=job.id,
             batch=job.batch,
             doc_ids=doc_ids,
             prompt_tokens=self._encoder.prompt_tokens(job.options),
             chunks=chunks,
+            spans=spans,
         )
         return encode(batch), f"{job.id}:{job.batch}:{start}"
 
@@ -205,6 +214,6 @@ class BulkTokenizer:
             headers = {**(msg.headers or {}), "Nats-Msg-Id": f"{job.id}:{job.batch}:{d}"}  # a letter per document
             await self._dead.record(encode(letter), headers, msg.subject, why,
                                     BatchInfo(job.id, job.batch, d, 1, len(job.texts)), deliveries(msg))
-        rows = len(cut.sequences)
+        rows = cut.rows
         await update_state(self._kv, job.id, lambda s: s.get("status") == CANCELLED or count_cut(s, job.batch, rows),
                            patience=self._cfg.jobs.ack_wait)

@@ -1,13 +1,14 @@
-"""A chunked job batch in the tokenizer: each document tokenized once, whole, cut into windows
-(services/tokenizer/chunking.py), and each window made a sequence of its own (the special tokens and
-the prompt's before its tokens, the special tokens after), sent to the workers as any sequence. The
-chunks' texts are never tokenized again: their tokens are slices of the document's. No NATS here.
+"""A chunked job batch in the tokenizer: each document tokenized once, whole, cut into chunks
+(services/tokenizer/chunking.py). The chunks' texts are never tokenized again: every sequence is a
+slice of the document's tokens inside the frame (the special tokens and the prompt's before it, the
+special tokens after). A result row is a chunk, whichever way its vector is made:
 
-Late chunking (the whole document in one forward, the token vectors pooled over each window) plugs
-in at ``BatchCutter.cut``: there a document would become one sequence (the frame around its first
-tokens, up to the model's limit) with the windows as token spans within it, the rows of its
-TokenChunk being its spans and the worker pooling each span into a vector. Until workers pool
-spans, a batch asking for it is refused (``LATE_NOT_SERVED``).
+- plain chunking: each chunk a sequence of its own, embedded alone as any sequence;
+- late chunking: the document's chunks grouped into windows of the model's room (shared/chunk_windows.py),
+  each window ONE sequence carrying as spans (in its sequence positions) the chunks it owns; the
+  worker reads the window in one forward and pools each span into a chunk's vector (output "spans").
+  A document that fits the model is one window: one forward, however many chunks.
+No NATS here.
 """
 
 from __future__ import annotations
@@ -18,28 +19,40 @@ from typing import Iterator
 
 import numpy as np
 
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import ChunkRows, JobBatch, row_bytes
-from shared.text_chunks import LATE_NOT_SERVED
+from shared.chunk_windows import late_windows
+from shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
+from shared.text_chunks import TextChunk
 from services.tokenizer.chunking import chunk_ids, cut
 from services.tokenizer.encoder import TextEncoder, encode_all
 
 # bytes a row adds to a token batch or a result besides its tokens or vector, its document id and its
-# text: msgpack's headers of those, its five chunk numbers (int32), its sequence length
-_ROW_BYTES = 48
+# text: msgpack's headers of those, its five chunk numbers and its span (int32), its sequence length
+_ROW_BYTES = 56
 
 
 @dataclass(frozen=True, slots=True)
 class CutBatch:
-    """A job batch's documents as rows, a chunk each, in document order; and the documents given up."""
+    """A job batch's documents as sequences and as result rows (a chunk each), both in document order;
+    and the documents given up. Plain chunking: sequence i is row i. Late: sequence i is a window, and
+    its ``spans`` are the rows it owns, in order (rows ``spans.offsets[i]`` .. ``spans.offsets[i + 1]``)."""
 
-    sequences: list[list[int]]  # each row's token ids, framed
+    sequences: list[list[int]]  # each sequence's token ids, framed
     chunks: ChunkRows  # which chunk of which document each row is
     doc_ids: list[str]  # each row's document id
     failed: list[tuple[int, str]]  # (document row, why) of the documents given up: no rows
+    spans: Spans | None = None  # late chunking: per sequence, its rows' tokens, in sequence positions
+
+    @property
+    def rows(self) -> int:
+        """Result rows: the job batch's chunks."""
+        return len(self.doc_ids)
+
+    def row_bounds(self) -> np.ndarray:
+        """[sequences + 1] int64: sequence i makes rows ``[i]`` .. ``[i + 1]``."""
+        return self.spans.offsets if self.spans is not None else np.arange(len(self.sequences) + 1, dtype=np.int64)
 
     def packed(self, rows: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``lo`` .. ``hi`` back to back: ([T] int32 token ids, [rows + 1] int32 cu_seqlens)."""
+        """Sequences ``lo`` .. ``hi`` back to back: ([T] int32 token ids, [sequences + 1] int32 cu_seqlens)."""
         lo, hi = rows
         seqs = self.sequences[lo:hi]
         cu = np.array([0, *accumulate(map(len, seqs))], dtype=np.int32)
@@ -56,14 +69,17 @@ class BatchCutter:
 
     def cut(self, job: JobBatch) -> CutBatch:
         """Every document of ``job`` cut; ServiceError (the whole batch given up) for what no document
-        can be cut for: late chunking, a window over the room the model and the prompt leave."""
+        can be cut for: a chunk over the room the model and the prompt leave; late chunking for a model
+        whose special tokens do not frame a text plainly (its spans could not be placed)."""
         chunking = job.chunking
-        if chunking.late:  # the plug for late chunking (see the module's docstring)
-            raise ServiceError(ErrorCode.INVALID_REQUEST, LATE_NOT_SERVED)
-        chunking.spec.check_room(self._encoder.room(job.options))
+        room = self._encoder.room(job.options)
+        chunking.spec.check_room(room)
+        if chunking.late:
+            self._encoder.frame_sizes(job.options)  # refuses a frame the spans cannot be placed past
         before, after = self._encoder.frame(job.options)
         encodings = encode_all(self._tokenizer, job.texts, add_special_tokens=False)
         sequences: list[list[int]] = []
+        spans: list[list[tuple[int, int]]] = []  # late: per sequence, its chunks' (first, last) in it
         rows: list[tuple[int, int, int, int, int]] = []
         failed: list[tuple[int, str]] = []
         for d, (text, encoding) in enumerate(zip(job.texts, encodings)):
@@ -73,25 +89,52 @@ class BatchCutter:
                                   f"{self._max_chunks} a document may be (the tokenizer's --max-chunks): give a larger "
                                   "chunk size, or cut the document"))
                 continue
-            sequences += [[*before, *ids, *after] for ids in chunk_ids(encoding.ids, chunks)]
+            if chunking.late:
+                windows, owned = window_rows(encoding.ids, chunks, room, (before, after))
+                sequences += windows
+                spans += owned
+            else:
+                sequences += [[*before, *ids, *after] for ids in chunk_ids(encoding.ids, chunks)]
             rows += [(d, k, len(chunks), c.start, c.end) for k, c in enumerate(chunks)]
         texts = [job.texts[d][start:end] for d, _, _, start, end in rows] if chunking.with_text else None
-        return CutBatch(sequences, ChunkRows.of(len(job.texts), rows, texts), [job.doc_ids[r[0]] for r in rows], failed)
+        return CutBatch(sequences, ChunkRows.of(len(job.texts), rows, texts), [job.doc_ids[r[0]] for r in rows], failed,
+                        Spans.of(spans) if chunking.late else None)
+
+
+def window_rows(ids: list[int], chunks: list[TextChunk], room: int, frame: tuple[list[int], list[int]]
+                ) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+    """A document's late windows (``late_windows`` of its ``chunks``, each at most ``room`` tokens) as
+    sequences: the ``frame`` (tokens before, after) around the window's slice of the document's token
+    ``ids``; with each window the (first, last) of the chunks it owns, in its sequence's positions. A
+    chunk of no tokens (a document without any) pools its whole sequence, as the online path does."""
+    before, after = frame
+    sequences, owned = [], []
+    for w in late_windows(chunks, room):
+        base = chunks[w.first].first  # the window's first token, in the document's tokens
+        sequence = [*before, *ids[base : chunks[w.end - 1].last], *after]
+        sequences.append(sequence)
+        owned.append([(len(before) + c.first - base, len(before) + c.last - base) if c.tokens else (0, len(sequence))
+                      for c in chunks[w.own : w.end]])
+    return sequences, owned
 
 
 def pack_rows(batch: CutBatch, max_tokens: int, max_seqs: int, max_bytes: int, vector_bytes: int
               ) -> Iterator[tuple[int, int]]:
-    """``batch``'s rows, in order, as token batches [lo, hi) of at most ``max_tokens`` tokens, ``max_seqs``
-    rows and ``max_bytes`` bytes, whichever the batch or its result would take (a row's tokens, or its
-    vector of ``vector_bytes``, with its document id and text): a row alone may pass the first and last."""
+    """``batch``'s sequences, in order, as token batches [lo, hi) of at most ``max_tokens`` tokens,
+    ``max_seqs`` sequences and ``max_bytes`` bytes, whichever the batch or its result would take (a
+    sequence's tokens, or the vectors of ``vector_bytes`` of the rows it makes, with their document ids
+    and texts): a sequence alone may pass the first and last."""
     texts = batch.chunks.texts
+    bounds = batch.row_bounds().tolist()
     lo, n = 0, len(batch.sequences)
     while lo < n:
         hi, tokens, size = lo, 0, 0
         while hi < n and hi - lo < max_seqs:
             length = len(batch.sequences[hi])
-            cost = (max(4 * length, vector_bytes) + len(batch.doc_ids[hi].encode()) + _ROW_BYTES
-                    + (len(texts[hi].encode()) if texts is not None else 0))
+            a, b = bounds[hi], bounds[hi + 1]  # the rows it makes: one, or a window's chunks
+            cost = (max(4 * length, vector_bytes * (b - a)) + (b - a) * _ROW_BYTES
+                    + sum(len(d.encode()) for d in batch.doc_ids[a:b])
+                    + (sum(len(t.encode()) for t in texts[a:b]) if texts is not None else 0))
             if hi > lo and (tokens + length > max_tokens or size + cost > max_bytes):
                 break
             tokens, size, hi = tokens + length, size + cost, hi + 1

@@ -171,7 +171,7 @@ class TokenChunk:
     id: str
     model: str
     start: int
-    total: int  # rows in the whole request
+    total: int  # rows in the whole request (bulk work with spans: its start and total count spans, as doc_ids)
     input_ids: np.ndarray  # [T] int32
     cu_seqlens: np.ndarray  # [count + 1] int32, cu_seqlens[0] == 0, cu_seqlens[-1] == T
     deadline: float
@@ -180,12 +180,14 @@ class TokenChunk:
     token_types: np.ndarray | None = None  # [T] int32 segment ids (pairs); None: all 0
     job: str | None = None  # bulk work: the job, whose results go to JetStream, not to a reply subject
     batch: int = 0  # bulk work: the job batch these rows belong to
-    doc_ids: list[str] | None = None  # bulk work: the documents of these rows
+    doc_ids: list[str] | None = None  # bulk work: the documents of these rows (with spans: of its spans)
     prompt_tokens: int = 0  # leading tokens of every row that pooling skips (a model's include_prompt=false)
     held: bool = False  # online work: the worker says it holds these rows (a Held message) as they arrive
     replies: bool = False  # online work: the requester reads Replies (its EmbedRequest asked)
     spans: Spans | None = None  # output "spans": per row, the ranges of its tokens pooled into one vector each
-    chunks: ChunkRows | None = None  # bulk work of a chunked job: the chunk each row is (rows: the job batch's chunks)
+    # bulk work of a chunked job: the chunk each row is (rows: the job batch's chunks); with spans (late
+    # chunking) each row is a window and each span a chunk, whose vector is a result row
+    chunks: ChunkRows | None = None
 
     TYPE = "tokens"
 

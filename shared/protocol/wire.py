@@ -161,13 +161,18 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
     if not 0 <= prompt_tokens <= MAX_PROMPT_TOKENS:
         raise ProtocolError(f"prompt_tokens must be between 0 and {MAX_PROMPT_TOKENS}")
     job = _name(m, "jb") if m.get("jb") is not None else None
+    options = EmbedOptions.from_wire(m.get("o", {}))
+    spans = spans_field(m, SEQUENCE_KEYS, options.output, np.diff(cu))
     doc_ids = chunks = None
     if job is not None:
         doc_ids = _str_list(m, "di")
-        if len(doc_ids) != len(cu) - 1:
-            raise ProtocolError("one document id per row")
-        chunks = ChunkRows.from_wire(m, len(doc_ids), start, total)
-    options = EmbedOptions.from_wire(m.get("o", {}))
+        # a bulk batch's result rows: its rows, or with spans its spans (a late-chunked job's chunks)
+        rows = len(cu) - 1 if spans is None else len(spans.firsts)
+        if len(doc_ids) != rows or start + rows > total:
+            raise ProtocolError("one document id per row (per span, with spans), the rows within the total")
+        chunks = ChunkRows.from_wire(m, rows, start, total)
+        if spans is not None and chunks is None:
+            raise ProtocolError("a bulk batch's spans are a late-chunked job's chunks: it names them")
     return TokenChunk(
         id=_id(m),
         model=_name(m, "m"),
@@ -185,7 +190,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         prompt_tokens=prompt_tokens,
         held=_opt_bool(m, "hd", False),
         replies=_opt_bool(m, "rb", False),
-        spans=spans_field(m, SEQUENCE_KEYS, options.output, np.diff(cu)),
+        spans=spans,
         chunks=chunks,
     )
 

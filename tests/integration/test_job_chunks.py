@@ -24,12 +24,14 @@ import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts, mixed_texts
+from tests.late_reference import Reference
 from tests.integration.procs import job_finished, stored_chunks, wait_until
 
 pytestmark = pytest.mark.integration
 
 PARQUET = "application/vnd.apache.parquet"
 ROOT = Path(__file__).resolve().parents[2]
+ROOM = 254  # MiniLM's 256 tokens less [CLS] and [SEP]: what a late window holds
 
 
 def _cli(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
@@ -41,10 +43,11 @@ def _jsonl(path, docs: list[tuple[str, str]]) -> None:
 
 
 def check_rows(docs: list[tuple[str, str]], rows: list[dict], vectors: np.ndarray, reference,
-               texts: bool = False) -> dict[str, int]:
+               texts: bool = False, late: Reference | None = None) -> dict[str, int]:
     """``rows`` (``{"id", "chunk", "start", "end"[, "text"]}``, in input order) against ``docs``: each
     document's chunks 0..n-1 once and in order, covering its text (only whitespace between two chunks),
-    texts ``text[start:end]``, and each vector the reference's for that text. Returns chunks a document."""
+    texts ``text[start:end]``, and each vector the reference's for that text (``late``: the late
+    reference's, pooled in its window of the document). Returns chunks a document."""
     by_id = dict(docs)
     counts: dict[str, int] = {}
     for row in rows:
@@ -62,8 +65,12 @@ def check_rows(docs: list[tuple[str, str]], rows: list[dict], vectors: np.ndarra
             assert text[ends[k - 1] : starts[k]].strip() == "", (doc_id, k)  # nothing between two chunks is lost
         if texts:
             assert [r["text"] for r in mine] == [text[s:e] for s, e in zip(starts, ends)]
-    pieces = [by_id[r["id"]][r["start"] : r["end"]] for r in rows]
-    c = cosines(vectors, reference.encode(pieces, batch_size=64))
+    if late is not None:
+        want = np.concatenate([late.late_vectors(text, [(r["start"], r["end"]) for r in rows if r["id"] == d], ROOM)
+                               for d, text in docs])
+    else:
+        want = reference.encode([by_id[r["id"]][r["start"] : r["end"]] for r in rows], batch_size=64)
+    c = cosines(vectors, want)
     assert c.min() >= COSINE_TOLERANCE, (c.min(), rows[int(c.argmin())])
     return counts
 
@@ -205,6 +212,63 @@ def test_a_cancelled_chunked_job_keeps_exact_counts(stack):
     assert final["done"] == len(whole), (final["done"], len(whole))  # a document is done when all its chunks are
 
 
+@pytest.fixture(scope="module")
+def late_ref(model_info) -> Reference:
+    assert model_info.max_seq_length == 256  # what ROOM is made from
+    return Reference(model_info.path)
+
+
+@pytest.fixture(scope="module")
+def late_corpus() -> list[tuple[str, str]]:
+    """48 documents: queries (one chunk), paragraphs (a few chunks in one window), whole help
+    topics past the model's 256 tokens (several windows each, one of 5,000 tokens), and an empty one."""
+    return [(f"late-{i}", t) for i, t in enumerate([*mixed_texts(47), ""])]
+
+
+def test_a_late_chunked_reindex_pools_each_chunk_in_its_window(stack, late_ref, late_corpus, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    _jsonl(docs, late_corpus)
+    out = tmp_path / "late.parquet"
+    result = _cli(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "8", "--quiet",
+                   "--stall-timeout", "60", "--chunk-size", "64", "--chunk-overlap", "8", "--late-chunking", "--with-text"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = result.stdout.split()[1].rstrip(":")
+    table = pq.read_table(out)
+    assert table.column_names == ["id", "chunk", "start", "end", "vector", "text"]
+    rows = table.select(["id", "chunk", "start", "end", "text"]).to_pylist()
+    vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False))
+    counts = check_rows(late_corpus, rows, vectors, None, texts=True, late=late_ref)
+    windows = {d: len(late_ref.offsets(t)) > ROOM for d, t in late_corpus}  # read in several windows
+    assert sum(windows.values()) >= 4 and all(counts[d] > 4 for d, over in windows.items() if over)
+    assert sum(n == 1 for n in counts.values()) >= 10 and any(n > 1 for d, n in counts.items() if not windows[d])
+    state = httpx.get(f"{stack.base_url}/v1/jobs/{job}", timeout=10).json()
+    assert (state["status"], state["done"], state.get("failed", 0)) == ("done", 48, 0), state
+    assert state["chunks"] == state["chunks_done"] == len(rows) and state["chunking"]["late"] is True, state
+    stored = asyncio.run(_stored(stack.nats_url, job))
+    assert len(stored) == len(rows) and set(stored.values()) == {1}
+
+
+def test_a_late_chunked_job_over_http_has_plain_chunkings_rows(stack, late_ref, late_corpus):
+    body = {"documents": [{"id": d, "text": t} for d, t in late_corpus], "batch_size": 8, "with_text": True}
+    lines = {}
+    for late in (True, False):
+        job = f"late-http-{late}".lower()
+        r = httpx.post(f"{stack.base_url}/v1/jobs", json={**body, "id": job, "chunking": {"size": 48, "late": late}},
+                       timeout=60)
+        assert r.status_code == 202 and r.json()["chunking"]["late"] is late, r.text
+        state = job_finished(stack.base_url, job, 180)
+        assert (state["status"], state["done"]) == ("done", 48) and state["chunks"] == state["chunks_done"], state
+        got = [orjson.loads(line) for line in httpx.get(f"{stack.base_url}/v1/jobs/{job}/results", timeout=60).content.splitlines()]
+        order = {d: i for i, (d, _) in enumerate(late_corpus)}
+        lines[late] = sorted(got, key=lambda line: (order[line["id"]], line["chunk"]))
+    vectors = {late: np.array([line.pop("vector") for line in lines[late]], np.float32) for late in lines}
+    assert lines[True] == lines[False]  # the same chunks: ids, offsets, texts
+    check_rows(late_corpus, lines[True], vectors[True], None, texts=True, late=late_ref)
+    # pooled in context, not from the chunk alone: a document of several chunks gets other vectors
+    several = [i for i, line in enumerate(lines[True]) if line["chunk"] > 0]
+    assert cosines(vectors[True][several], vectors[False][several]).min() < 0.98
+
+
 def test_bad_chunking_options_are_refused(stack, tmp_path):
     path = tmp_path / "docs.jsonl"
     _jsonl(path, [("a", "one"), ("b", "two")])
@@ -216,7 +280,6 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         (["--chunk-size", "8", "--chunk-boundary", "paragraph"], "argument --chunk-boundary: invalid choice: 'paragraph'"),
         (["--chunk-size", "eight"], "argument --chunk-size: invalid int value: 'eight'"),
         (["--chunk-size", "600"], "--chunk-size is 600; this model holds at most 254 tokens of text a chunk"),
-        (["--chunk-size", "8", "--late-chunking"], "late chunking in jobs is not served yet"),
         (["--with-text"], "--with-text needs --chunk-size"),
         (["--chunk-overlap", "2"], "--chunk-overlap needs --chunk-size"),
         (["--chunk-size", "8", "--output", "sparse"], "chunked jobs make a dense vector a chunk"),
@@ -235,7 +298,6 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         ({"chunking": {"size": 8, "return": "mean"}}, "chunking", "'chunking' has unknown keys 'return'"),
         ({"chunking": 8}, "chunking", "'chunking' must be an object"),
         ({"chunking": {"size": 600}}, "chunking.size", "chunking.size is 600; this model holds at most 254"),
-        ({"chunking": {"size": 8, "late": True}}, "chunking.late", "late chunking in jobs is not served yet"),
         ({"chunking": {"size": 8, "late": "no"}}, "chunking.late", "'chunking.late' must be true or false"),
         ({"with_text": True}, "with_text", "'with_text' stores each chunk's text: give 'chunking' too"),
         ({"chunking": {"size": 8}, "with_text": "yes"}, "with_text", "'with_text' must be"),

@@ -28,6 +28,7 @@ from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, stored_chunks, stored_doc_ids, wait_until
+from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
 
@@ -162,13 +163,15 @@ def test_worker_killed_mid_job(faults, reference, tmp_path):
     _check_complete(faults, "kill-worker", proc, out, reference)
 
 
-@pytest.mark.parametrize("victim", ["worker-1", "tokenizer"])
-def test_a_process_killed_mid_chunked_job(faults, reference, tmp_path, victim):
-    """A chunked job (a row a chunk) whose worker, or tokenizer, is killed mid-way: the batches it held
-    come back (a tokenizer's job batch is cut again into the same token batches), and every
-    (document, chunk) is stored once, written once, and counted once, documents and chunks."""
-    out, job = tmp_path / "c.npy", f"kill-{victim}-chunks"
-    proc = faults.reindex(job, out, "--chunk-size", "48", "--chunk-overlap", "8")
+@pytest.mark.parametrize("victim, late", [("worker-1", False), ("tokenizer", False), ("worker-1", True)],
+                         ids=["worker-1", "tokenizer", "worker-1-late"])
+def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_path, victim, late):
+    """A chunked job (a row a chunk; late: a window a sequence, a vector a chunk it owns) whose worker,
+    or tokenizer, is killed mid-way: the batches it held come back (a tokenizer's job batch is cut again
+    into the same token batches), and every (document, chunk) is stored once, written once, and counted
+    once, documents and chunks."""
+    out, job = tmp_path / "c.npy", f"kill-{victim}-chunks" + ("-late" if late else "")
+    proc = faults.reindex(job, out, "--chunk-size", "48", "--chunk-overlap", "8", *(["--late-chunking"] if late else []))
     done = _wait_mid_job(faults, job, proc)
     faults.services[victim].kill()
     if victim == "tokenizer":
@@ -189,8 +192,14 @@ def test_a_process_killed_mid_chunked_job(faults, reference, tmp_path, victim):
     chunks_of = {d: n for d, _, n in stored}
     assert [(r["id"], r["chunk"]) for r in rows] == [(f"d{i}", k) for i in range(DOCUMENTS) for k in range(chunks_of[f"d{i}"])]
     vectors = np.load(out)
-    pieces = [faults.texts[int(r["id"][1:])][r["start"] : r["end"]] for r in rows[:60]]
-    assert cosines(vectors[:60], reference.encode(pieces)).min() >= COSINE_TOLERANCE
+    head = [r for r in rows if int(r["id"][1:]) < 12]  # the first documents' chunks (d7: several windows)
+    if late:
+        ref = Reference(model_info.path)
+        want = np.concatenate([ref.late_vectors(faults.texts[i], [(r["start"], r["end"]) for r in head if r["id"] == f"d{i}"],
+                                                254) for i in range(12)])  # 254: MiniLM's room
+    else:
+        want = reference.encode([faults.texts[int(r["id"][1:])][r["start"] : r["end"]] for r in head])
+    assert cosines(vectors[: len(head)], want).min() >= COSINE_TOLERANCE
     state = _state(faults.nats.url, job)
     assert (state["status"], state["done"], state.get("failed", 0)) == ("done", DOCUMENTS, 0), state
     assert state["chunks"] == state["chunks_done"] == len(rows) and not state.get("chunks_failed"), state

@@ -13,48 +13,17 @@ import base64
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from shared.chunk_windows import late_windows
 from shared.text_chunks import TextChunk
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
+from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
 
 MODEL = "all-MiniLM-L6-v2"
 ROOM = 254  # MiniLM's 256 tokens less [CLS] and [SEP]
-
-
-class Reference:
-    """transformers' AutoModel and tokenizer on the model's folder (test-only)."""
-
-    def __init__(self, path) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModel.from_pretrained(str(path)).eval()
-
-    def offsets(self, text: str) -> np.ndarray:
-        """[tokens, 2] each content token's characters."""
-        return np.array(self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"],
-                        dtype=np.int64).reshape(-1, 2)
-
-    def tokens(self, text: str, start: int, end: int) -> tuple[int, int]:
-        """The content tokens [first, last) of ``text`` that lie in its characters [start, end)."""
-        inside = np.flatnonzero((self.offsets(text)[:, 0] >= start) & (self.offsets(text)[:, 1] <= end))
-        assert len(inside) and np.all(np.diff(inside) == 1), (start, end)
-        return int(inside[0]), int(inside[-1]) + 1
-
-    def chunk_vectors(self, text: str, spans: list[tuple[int, int]]) -> np.ndarray:
-        """[spans, 384]: the mean of the last hidden states of ``text`` ([CLS] text [SEP], not cut) over each
-        span of content tokens, L2-normalised."""
-        batch = self.tokenizer(text, return_tensors="pt")
-        assert batch["input_ids"].shape[1] <= 256, "the reference reads the whole text at once"
-        with torch.inference_mode():
-            states = self.model(**batch).last_hidden_state[0]
-        means = np.stack([states[1 + a : 1 + b].mean(0).numpy() for a, b in spans])  # [CLS] first
-        return means / np.linalg.norm(means, axis=1, keepdims=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.protocol import ChunkRows, JobBatch, JobResult, ProtocolError, TokenChunk, decode, encode
+from shared.protocol import ChunkRows, EmbedOptions, JobBatch, JobResult, ProtocolError, Spans, TokenChunk, decode, encode
 from shared.text_chunks import ChunkSpec, JobChunking
 
 # rows 2 and 3 of a job batch of 6 chunk rows: document 0's last chunk (of 3), document 1's only one
@@ -71,3 +71,30 @@ def test_a_job_batchs_bad_chunking_is_refused(wire, why):
     body.update(wire)
     with pytest.raises(ProtocolError, match=why):
         decode(msgpack.packb(body))
+
+
+def _late_batch(**wire) -> bytes:
+    """A late-chunked token batch: one window of 5 tokens owning both rows' chunks, as its two spans."""
+    batch = TokenChunk("j.0", "m", 2, 6, np.array([1, 2, 3, 4, 5], np.int32), np.array([0, 5], np.int32), 1.0,
+                       EmbedOptions(output="spans", truncate=False), job="j", batch=0, doc_ids=["a", "b"], chunks=ROWS,
+                       spans=Spans.of([[(1, 3), (2, 4)]]))
+    body = msgpack.unpackb(encode(batch))
+    body.update(wire)
+    return msgpack.packb(body)
+
+
+def test_a_late_batchs_rows_are_its_spans():
+    batch = decode(_late_batch())
+    assert batch.count == 1 and batch.doc_ids == ["a", "b"] and batch.chunks.doc.tolist() == [0, 1]
+    assert batch.spans.firsts.tolist() == [1, 2] and batch.spans.lasts.tolist() == [3, 4]
+
+
+@pytest.mark.parametrize("wire, why", [
+    ({"di": ["a"]}, "one document id per row \\(per span, with spans\\)"),  # a row (window), not a span
+    ({"rows": 3}, "the rows within the total"),  # two spans from row 2 of 3
+    ({"dn": None}, "a bulk batch's spans are a late-chunked job's chunks: it names them"),
+    ({"sn": _i4(1), "sf": _i4(1), "sl": _i4(3), "di": ["a"]}, "a document, chunk, count, start and end per row"),  # one span, two chunks
+])
+def test_a_late_batch_whose_rows_are_not_its_spans_is_refused(wire, why):
+    with pytest.raises(ProtocolError, match=why):
+        decode(_late_batch(**wire))

@@ -2,16 +2,22 @@
 sequence the model's tokenization of the chunk's text (with the prompt before it), made from the
 document's tokens without tokenizing the chunk again; a document cut into too many chunks is given up
 alone; rows are packed within tokens, rows and bytes (no NATS here; on the stack:
-tests/integration/test_job_chunks.py)."""
+tests/integration/test_job_chunks.py). Late chunking: a sequence a window of a document's chunks, the
+chunks it owns its spans, the rows the same chunks as plain chunking's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from shared.errors import ErrorCode, ServiceError
 from shared.protocol import EmbedOptions, JobBatch
 from shared.text_chunks import ChunkSpec, JobChunking
+from shared.chunk_windows import late_windows
 from services.tokenizer.bulk_chunks import BatchCutter, pack_rows
+from services.tokenizer.chunking import cut as cut_text
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
 
@@ -50,13 +56,13 @@ def test_a_document_over_max_chunks_is_given_up_alone(encoder):
     assert cut.doc_ids == ["d0", "d2", "d2"] and cut.chunks.documents == 3 and cut.chunks.texts is None
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["plain", "late"])
 @pytest.mark.parametrize("chunking, said", [
-    (JobChunking(ChunkSpec(8), late=True), "late chunking in jobs is not served yet"),
     (JobChunking(ChunkSpec(255)), "chunking.size is 255; this model holds at most 254 tokens of text a chunk"),
 ])
-def test_what_no_document_can_be_cut_for_gives_the_batch_up(encoder, chunking, said):
+def test_what_no_document_can_be_cut_for_gives_the_batch_up(encoder, chunking, said, late):
     with pytest.raises(ServiceError) as caught:
-        BatchCutter(encoder, 1024).cut(_job(["text"], chunking))
+        BatchCutter(encoder, 1024).cut(_job(["text"], replace(chunking, late=late)))
     assert caught.value.code == ErrorCode.INVALID_REQUEST and said in caught.value.message
 
 
@@ -72,3 +78,58 @@ def test_rows_are_packed_within_tokens_rows_and_bytes(encoder):
             cost = sum(1536 + len(cut.doc_ids[i]) + len(cut.chunks.texts[i].encode()) for i in range(lo, hi))
             assert hi - lo == 1 or cost <= size
     assert len(list(pack_rows(cut, 4096, 256, 8000, 1536))) > len(list(pack_rows(cut, 4096, 256, 1 << 20, 1536)))
+
+
+def _windows(encoder: TextEncoder, texts: list[str], spec: ChunkSpec, options: EmbedOptions) -> list[str]:
+    """Each document's late windows' texts, as shared/chunk_windows.py places them over its chunks."""
+    whole = encoder.whole_text_tokenizer()
+    out = []
+    for text in texts:
+        chunks = cut_text(text, whole.encode(text, add_special_tokens=False), spec)
+        out += [text[chunks[w.first].start : chunks[w.end - 1].end] for w in late_windows(chunks, encoder.room(options))]
+    return out
+
+
+@pytest.mark.parametrize("options", [EmbedOptions(), EmbedOptions(input_type="query")], ids=["plain", "prompt"])
+def test_late_rows_are_windows_with_the_chunks_they_own_as_spans(encoder, options):
+    # one document of several windows, short ones of one window each, one of no tokens
+    texts = [" ".join(mixed_texts(40)), *mixed_texts(6), "", "one line"]
+    spec = ChunkSpec(60, 10, "sentence")
+    plain = BatchCutter(encoder, 1024).cut(_job(texts, JobChunking(spec, with_text=True), options))
+    late = BatchCutter(encoder, 1024).cut(_job(texts, JobChunking(spec, late=True, with_text=True), options))
+    # the rows are plain chunking's chunks, in the same order, with the same ids, offsets and texts
+    assert late.doc_ids == plain.doc_ids and late.chunks.texts == plain.chunks.texts and late.rows == plain.rows
+    for name in ("doc", "chunk", "count", "start", "end"):
+        assert getattr(late.chunks, name).tolist() == getattr(plain.chunks, name).tolist(), name
+    # a sequence a window: the model's sequence for the window's text (no tokenizing here: a slice)
+    assert late.sequences == encoder.encode(encoder.with_prompt(_windows(encoder, texts, spec, options), options),
+                                            truncate=False)
+    assert len(late.sequences) < late.rows and max(map(len, late.sequences)) <= encoder.max_length
+    bounds = late.row_bounds()
+    assert bounds[-1] == late.rows and np.all(np.diff(bounds) >= 1)  # every window owns a chunk, each chunk once
+    before, after = (len(t) for t in encoder.frame(options))
+    firsts, lasts = late.spans.firsts.tolist(), late.spans.lasts.tolist()
+    for i, sequence in enumerate(late.sequences):
+        for r in range(bounds[i], bounds[i + 1]):  # a span holds its chunk's tokens, where the window has them
+            alone = plain.sequences[r][before : len(plain.sequences[r]) - after]
+            assert sequence[firsts[r] : lasts[r]] == alone if alone else (firsts[r], lasts[r]) == (0, len(sequence))
+    # the long document is several windows; a document that fits is one, however many chunks it has
+    windows_of = late.chunks.doc[bounds[:-1]].tolist()  # the document of each window
+    assert windows_of.count(0) > 1 and all(windows_of.count(d) == 1 for d in range(1, len(texts)))
+    assert any(n > 1 for n in late.chunks.count[late.chunks.doc >= 1].tolist())
+
+
+def test_late_windows_are_packed_with_the_rows_they_own(encoder):
+    texts = [" ".join(mixed_texts(30)), *mixed_texts(20)]
+    cut = BatchCutter(encoder, 1024).cut(_job(texts, JobChunking(ChunkSpec(32, 4), late=True, with_text=True)))
+    bounds = cut.row_bounds().tolist()
+    for limits in [(512, 256, 1 << 20), (4096, 3, 1 << 20), (4096, 256, 8000)]:
+        parts = list(pack_rows(cut, *limits, 1536))
+        assert parts[0][0] == 0 and parts[-1][1] == len(cut.sequences)
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        tokens, seqs, size = limits
+        for lo, hi in parts:
+            assert hi - lo <= seqs and (hi - lo == 1 or sum(len(s) for s in cut.sequences[lo:hi]) <= tokens)
+            rows = range(bounds[lo], bounds[hi])  # a result holds a vector for each chunk its windows own
+            cost = sum(1536 + len(cut.doc_ids[r]) + len(cut.chunks.texts[r].encode()) for r in rows)
+            assert hi - lo == 1 or cost <= size
