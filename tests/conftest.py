@@ -42,6 +42,12 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+def unit_rows(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    """[n, dim] float32 random rows of norm 1 (vectors as a normalising model makes them)."""
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
 def _docker_engine_reason() -> str | None:
     """None when a Docker engine answers, else why not."""
     try:

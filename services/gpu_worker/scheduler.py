@@ -151,8 +151,9 @@ class Scheduler:
         return the works that are now complete."""
         finished = []
         # where each slice's entries start in the batch's outputs: a vector per row (dense, sparse), per
-        # token (tokens, multivector), or per span (spans, of the rows that have them)
-        at = {"rows": 0, "tokens": 0, "spans": 0}
+        # token (tokens, multivector), or per span (spans, of the rows that have them); only the units
+        # the batch's outputs are counted in
+        at = dict.fromkeys({_UNITS.get(kind, "rows") for kind in batch.outputs}, 0)
         for s in batch.slices:
             work = s.work
             kind = work.batch.options.output

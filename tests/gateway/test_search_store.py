@@ -15,11 +15,8 @@ from shared.errors import ErrorCode
 from shared.sinks import Rows, Shape, sink_for
 from services.gateway.errors import ApiError
 from services.gateway.search_store import SearchStore
+from tests.conftest import unit_rows
 
-
-def _unit(n: int, dim: int) -> np.ndarray:
-    v = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
 def _load(url: str, vectors: np.ndarray) -> None:
@@ -39,7 +36,7 @@ def _refusal(coroutine) -> ApiError:
 def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
     url = f"lancedb://{tmp_path}/db?table=docs"
     store = SearchStore(sink_for(url))
-    vectors = _unit(20, 8)
+    vectors = unit_rows(20, 8)
     missing = _refusal(store.search("m", vectors[0], 3, {}, 10))
     assert (missing.code, missing.message) == (ErrorCode.NO_RESPONDERS, f"the search store is unavailable: LanceDB at "
                                                 f"lancedb://{tmp_path}/db?table=docs: no table docs: load one first")
@@ -74,7 +71,7 @@ def postgres(tmp_path):
 def test_a_store_down_is_503_without_its_password_and_found_again_when_back(postgres):
     folder, uri = postgres
     url = uri.replace("postgres:@", "postgres:s3cret-pw@") + "&table=docs"  # the socket trusts: the password is unused
-    vectors = _unit(30, 8)
+    vectors = unit_rows(30, 8)
     _load(url, vectors)
     store = SearchStore(sink_for(url))
     assert [h.id for h in asyncio.run(store.search("m", vectors[3], 1, {"n": 3}, 10))] == ["d3"]
@@ -89,7 +86,7 @@ def test_a_store_down_is_503_without_its_password_and_found_again_when_back(post
 
 def test_a_search_past_its_deadline_is_504_and_the_next_waits_for_it(postgres):
     _, uri = postgres
-    vectors = _unit(10, 8)
+    vectors = unit_rows(10, 8)
     _load(f"{uri}&table=locked", vectors)
     store = SearchStore(sink_for(f"{uri}&table=locked"))
     asyncio.run(store.search("m", vectors[0], 1, {}, 10))  # attached
@@ -111,7 +108,7 @@ def test_a_search_past_its_deadline_is_504_and_the_next_waits_for_it(postgres):
 
 def test_shutdown_does_not_wait_for_a_store_that_hangs(postgres):
     _, uri = postgres
-    vectors = _unit(4, 8)
+    vectors = unit_rows(4, 8)
     _load(f"{uri}&table=stuck", vectors)
     store = SearchStore(sink_for(f"{uri}&table=stuck"))
     with psycopg.connect(uri) as holder:

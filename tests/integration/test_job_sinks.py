@@ -11,8 +11,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -22,40 +21,22 @@ import pytest
 from shared.nats_server import EmbeddedNats
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, wait_until
-from tests.integration.test_job_faults import _state, _stored_ids
+from tests.integration.procs import count_services, wait_until
+from tests.integration.test_job_faults import FaultStack, _state, _stored_ids
 
 pytestmark = pytest.mark.integration
 
 DOCUMENTS = 1200
 BATCH = 16
 SAMPLE = 300  # documents whose vectors are compared with the reference
-HOLD = ["--ack-wait", "4"]  # the batches a killed worker held come back within seconds
 
 
 @dataclass
-class SinkStack:
-    nats: EmbeddedNats
-    folder: Path
-    docs: Path
-    texts: list[str]
-    expected: np.ndarray  # [SAMPLE, 384]: sentence-transformers' vectors of the first SAMPLE texts
-    services: dict[str, Service] = field(default_factory=dict)
-
-    def start(self, name: str) -> None:
-        common = ["--nats", self.nats.url, *HOLD]
-        if name == "tokenizer":
-            self.services[name] = Service("tokenizer", [*common, "--chunk-seqs", "16", "--bulk-ahead", "4"], self.folder)
-        else:
-            self.services[name] = Service("worker", [*common, "--max-batch-tokens", "2048"], self.folder,
-                                          {"OMP_NUM_THREADS": "1"})
+class SinkStack(FaultStack):
+    expected: np.ndarray | None = None  # [SAMPLE, 384]: sentence-transformers' vectors of the first SAMPLE texts
 
     def reindex(self, job: str, sink: str, *more: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "reindex", str(self.docs), "--sink", sink, "--nats", self.nats.url,
-             "--batch-size", str(BATCH), "--job-id", job, "--quiet", "--stall-timeout", "120", *more],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        return self.reindex_to(job, "--sink", sink, "--stall-timeout", "120", *more)
 
     def finished(self, job: str, proc: subprocess.Popen) -> str:
         try:
@@ -66,9 +47,6 @@ class SinkStack:
         output = proc.stdout.read()
         assert rc == 0, output + self.logs()
         return output
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}\n{s.log()[-2500:]}" for n, s in self.services.items())
 
 
 def _fields(i: int) -> dict:
@@ -83,7 +61,7 @@ def stack(tmp_path_factory, reference) -> Iterator[SinkStack]:
     texts = mixed_texts(DOCUMENTS)
     docs = folder / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t, **_fields(i)}) + "\n" for i, t in enumerate(texts)))
-    built = SinkStack(server, folder, docs, texts, reference.encode(texts[:SAMPLE]))
+    built = SinkStack(server, folder, docs, texts, expected=reference.encode(texts[:SAMPLE]))
     try:
         for name in ("tokenizer", "worker-1", "worker-2"):
             built.start(name)

@@ -9,17 +9,14 @@ import pytest
 from shared.quantize import quantize
 from shared.sinks.base import Rows, Shape, SinkError
 from shared.sinks.lance import LanceSink
+from tests.conftest import unit_rows
 
-
-def _unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
 def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
     sink = LanceSink(f"lancedb://{tmp_path}/db?table=docs")
     sink.open(Shape("float32", "dense", 16))
-    vectors, ids = _unit(300, 16), [f"doc-{i}" for i in range(300)]
+    vectors, ids = unit_rows(300, 16), [f"doc-{i}" for i in range(300)]
     texts = [f"text of {i}" for i in range(300)]
     for start in range(0, 300, 100):
         sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], [{"n": i} for i in range(start, start + 100)],
@@ -55,7 +52,7 @@ def test_attach_reads_what_a_table_holds_and_never_makes_one(tmp_path, shape):
 
 @pytest.mark.parametrize("form", ["float16", "binary", "ubinary"])
 def test_each_form_it_takes_round_trips(tmp_path, form):
-    v = _unit(4, 16)
+    v = unit_rows(4, 16)
     sink = LanceSink(f"lancedb://{tmp_path}/db?table=t")
     sink.open(Shape(form, "dense", 16, chunked=True))
     rows = quantize(v, form)
@@ -72,7 +69,7 @@ def test_each_form_it_takes_round_trips(tmp_path, form):
 def test_multi_vector_rows(tmp_path):
     sink = LanceSink(f"lancedb://{tmp_path}/db?table=mv")
     sink.open(Shape("float32", "multivector", 8))
-    sink.write(Rows(["a", "b"], [_unit(3, 8), _unit(5, 8, 1)]))
+    sink.write(Rows(["a", "b"], [unit_rows(3, 8), unit_rows(5, 8, 1)]))
     assert sink.count() == 2
     lengths = sorted(len(x) for x in sink._table.to_arrow()["vector"].to_pylist())
     assert lengths == [3, 5]

@@ -10,6 +10,7 @@ import pytest
 
 from shared.sinks.base import Rows, Shape, SinkError
 from shared.sinks.pgvector import PgVectorSink
+from tests.conftest import unit_rows
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +20,11 @@ def postgres(tmp_path_factory):
     server.cleanup()
 
 
-def _unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
-
 
 def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgres):
     sink = PgVectorSink(f"{postgres}&table=docs")
     sink.open(Shape("float32", "dense", 16))
-    vectors, ids = _unit(600, 16), [f"doc-{i}" for i in range(600)]
+    vectors, ids = unit_rows(600, 16), [f"doc-{i}" for i in range(600)]
     for start in range(0, 600, 200):
         sink.write(Rows(ids[start : start + 200], vectors[start : start + 200],
                         [{"lang": "en" if i % 2 else "de", "n": i} for i in range(start, start + 200)],
@@ -57,10 +54,10 @@ def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgr
 def test_attach_reads_what_a_table_holds_and_never_makes_one(postgres):
     sink = PgVectorSink(f"{postgres}&table=Chunked")  # a name in capitals is one table, not two
     sink.open(Shape("float32", "dense", 8, chunked=True))
-    sink.write(Rows(["a"], _unit(1, 8), [{"k": 1}], [(2, 0, 6)], ["a text"]))
+    sink.write(Rows(["a"], unit_rows(1, 8), [{"k": 1}], [(2, 0, 6)], ["a text"]))
     reader = PgVectorSink(f"{postgres}&table=Chunked")
     assert reader.attach() == Shape("float32", "dense", 8, chunked=True)
-    (hit,) = reader.search(_unit(1, 8)[0], 5)
+    (hit,) = reader.search(unit_rows(1, 8)[0], 5)
     assert (hit.id, hit.chunk, hit.text, hit.metadata) == ("a", 2, "a text", {"k": 1})
     with pytest.raises(SinkError, match="no table nowhere: load one first") as err:
         PgVectorSink(f"{postgres}&table=nowhere").attach()
@@ -72,7 +69,7 @@ def test_attach_reads_what_a_table_holds_and_never_makes_one(postgres):
 def test_chunk_rows_are_keyed_by_id_and_chunk(postgres):
     sink = PgVectorSink(f"{postgres}&table=chunks&index=none")
     sink.open(Shape("float32", "dense", 8, chunked=True))
-    v = _unit(3, 8)
+    v = unit_rows(3, 8)
     sink.write(Rows(["a", "a", "b"], v, None, [(0, 0, 10), (1, 8, 20), (0, 0, 5)]))
     sink.write(Rows(["a"], v[1:2], None, [(1, 8, 20)]))
     assert sink.count() == 3

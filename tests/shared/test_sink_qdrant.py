@@ -8,18 +8,15 @@ import pytest
 
 from shared.sinks.base import Rows, Shape, SinkError
 from shared.sinks.qdrant import QdrantSink, point_id
+from tests.conftest import unit_rows
 
-
-def _unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
 def test_upserts_write_each_id_once_and_search_ranks_by_cosine_with_filters(tmp_path):
     sink = QdrantSink(f"qdrant://{tmp_path}/q?collection=docs")
     assert sink.shown == f"qdrant://{tmp_path}/q?collection=docs"
     sink.open(Shape("float32", "dense", 16))
-    vectors, ids = _unit(300, 16), [f"doc-{i}" for i in range(300)]
+    vectors, ids = unit_rows(300, 16), [f"doc-{i}" for i in range(300)]
     meta = [{"lang": "en" if i % 2 else "de", "n": i} for i in range(300)]
     texts = [f"text of {i}" for i in range(300)]
     for start in range(0, 300, 100):
@@ -54,7 +51,7 @@ def test_attach_reads_chunks_sparse_and_multi_vector_collections(tmp_path):
         sink = QdrantSink(f"qdrant://{tmp_path}/{name}?collection={name}")
         sink.open(shape)
         if shape.chunked:  # a collection says nothing of chunks: its points' payload does
-            sink.write(Rows(["a"], _unit(1, 8), None, [(0, 0, 4)], ["a text"]))
+            sink.write(Rows(["a"], unit_rows(1, 8), None, [(0, 0, 4)], ["a text"]))
         sink.close()
         reader = QdrantSink(f"qdrant://{tmp_path}/{name}?collection={name}")
         assert reader.attach() == shape
@@ -64,7 +61,7 @@ def test_attach_reads_chunks_sparse_and_multi_vector_collections(tmp_path):
 def test_chunks_sparse_and_multi_vector_points(tmp_path):
     chunks = QdrantSink(f"qdrant://{tmp_path}/q?collection=chunks")
     chunks.open(Shape("float16", "dense", 8, chunked=True))
-    v = _unit(3, 8)
+    v = unit_rows(3, 8)
     chunks.write(Rows(["a", "a", "b"], v, None, [(0, 0, 4), (1, 3, 9), (0, 0, 2)]))
     chunks.write(Rows(["a"], v[1:2], None, [(1, 3, 9)]))
     assert chunks.count() == 3 and point_id("a", 0) != point_id("a", 1) != point_id("a", None)
@@ -78,7 +75,7 @@ def test_chunks_sparse_and_multi_vector_points(tmp_path):
     sparse.close()
     multi = QdrantSink(f"qdrant://{tmp_path}/q3?collection=mv")
     multi.open(Shape("float32", "multivector", 8))
-    multi.write(Rows(["m1", "m2"], [_unit(3, 8), _unit(5, 8, 1)]))
+    multi.write(Rows(["m1", "m2"], [unit_rows(3, 8), unit_rows(5, 8, 1)]))
     assert multi.count() == 2
     multi.close()
 
