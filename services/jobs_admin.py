@@ -17,7 +17,7 @@ from nats.js.errors import NoKeysError, NotFoundError
 from shared.config import ConfigError, NatsConfig
 from shared.job_ids import job_id_problem
 from shared.jobs import (
-    DUPLICATE_WINDOW, FINISHED, RUN, SINK, SINK_ERROR, SINK_ROWS, job_bucket, job_form, read_state, stream_names,
+    DUPLICATE_WINDOW, FINISHED, RUN, SINK, SINK_DONE, SINK_ERROR, SINK_ROWS, job_bucket, job_form, read_state, stream_names,
 )
 from shared.lifecycle import connect_within
 
@@ -106,12 +106,16 @@ def job_row(key: str, state: dict, now: float) -> str:
 
 
 def sink_line(state: dict, now: float) -> str | None:
-    """Under a job's row, where its rows go when reindex writes them into a store: the rows written,
+    """Under a job's row, where its rows go when reindex (or the gateway) writes them into a store: the rows written,
     and while the store refuses them, since when and its message (None: no store)."""
     if not state.get(SINK):
         return None
     line = f"  -> {state[SINK]}: {state.get(SINK_ROWS, 0)} rows written"
-    if error := state.get(SINK_ERROR):
+    if state.get(SINK_DONE):
+        line += ", index built"
+    if failed := state.get("sink_failed"):  # the gateway's writer (services/gateway/sink_jobs.py) stopped for good
+        line += f"; the store refused them for good: {failed}"
+    elif error := state.get(SINK_ERROR):
         since = error.get("since") or now
         line += (f"; waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))} "
                  f"({duration(now - since)}): {error.get('message', '')}")
@@ -163,6 +167,7 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
                               "(batches still in flight would store results again)")
         names = stream_names(subjects)
         results = await purge_subject(js, names["results"], subjects.results(job))
+        await purge_subject(js, names["results"], subjects.sources(job))  # a sink job's rows' fields and texts
         dead = await purge_subject(js, names["dead"], subjects.dead(job))
         if state is not None:
             await kv.purge(job)

@@ -30,7 +30,7 @@ import numpy as np
 from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_documents
 from shared.jobs import (
-    CANCELLED, DUPLICATE_WINDOW, JobCancelled, bucket_stream, ensure_streams, form_conflict,
+    CANCELLED, DUPLICATE_WINDOW, SINK, JobCancelled, bucket_stream, ensure_streams, form_conflict,
     purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
 )
 from shared.subjects import Subjects
@@ -45,9 +45,10 @@ from shared.text_chunks import JobChunking
 from services.chunked_output import write_chunked
 from services.reindex_files import check_output_path, write_output, write_ragged
 from services.reindex_chunking import check_room, chunking_of
-from services.reindex_results import Collector, Layout, Polled
-from services.reindex_sink import SinkWriter, open_sink, shape_for, sink_sources
+from shared.job_collector import Collector, Layout, Polled
+from services.reindex_sink import open_sink, sink_sources
 from shared.sinks import Shape, SinkError
+from shared.sinks.writer import SinkWriter, shape_for
 
 log = logging.getLogger("embedfleet.reindex")
 
@@ -157,15 +158,14 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
                           stream_names(subjects)["results"], plan.options.dtype, ns.results_check, plan.chunking is not None)
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
-                                           str(plan.path), tracer, chunking=plan.chunking))
+                                           str(plan.path), tracer, chunking=plan.chunking,
+                                           sink=None if sink is None else {SINK: sink.shown}))
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     writer = None if sink is None else SinkWriter(
         sink, kv, job, sink_sources(plan.path, docs, ns.with_text, plan.chunking is not None), plan.out is not None,
-        lambda text: bar.set_postfix_str(text or "", refresh=True))
+        lambda text: bar.set_postfix_str(text or "", refresh=True), lambda line: print(line, flush=True))
     start_time = time.monotonic()
     try:
-        if writer is not None:
-            await writer.start()
         stopped, run = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time, writer)
         if stopped is not None:
             return stopped

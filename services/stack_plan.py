@@ -104,7 +104,7 @@ def secret_environment(ns: argparse.Namespace) -> dict[str, str]:
     """The gateway's API keys (and operator keys) and its search store's URL (which may hold a password) given to
     ``up``, for the children's environment: an argument would show them to every user of the machine (ps,
     /proc/PID/cmdline), as a NATS token would."""
-    given = {option(dest).env[0]: getattr(ns, dest, None) or "" for dest in ("api_keys", "operator_keys", "search_sink")}
+    given = {option(dest).env[0]: getattr(ns, dest, None) or "" for dest in ("api_keys", "operator_keys", "search_sink", "job_sinks")}
     return {name: value for name, value in given.items() if value}
 
 

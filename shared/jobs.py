@@ -448,6 +448,8 @@ def settle(state: dict) -> None:
     total = state.get("documents")
     if state.get("status") == CANCELLED or not total or state.get("done", 0) + state.get("failed", 0) < total:
         return
+    if state.get(SINK) and not state.get(SINK_DONE):  # done once its rows are in the store (shared/sinks/writer.py)
+        return
     status = "done" if not state.get("failed") else "done_with_errors"
     if state.get("status") != status:
         state["status"] = status
@@ -457,6 +459,7 @@ def settle(state: dict) -> None:
 async def submit(
     js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
     docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None, claim=None, chunking=None,
+    sink: dict | None = None,
 ) -> dict:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
@@ -467,18 +470,20 @@ async def submit(
     ``tracer`` (a shared.tracing.Tracer) records the publishing as a span under the current trace
     context; every batch carries it, so the job's stages in every process are one trace.
     ``chunking`` (a shared.text_chunks.JobChunking): every document is cut into chunks, a vector each;
-    the state records it (``chunking``), and the tokenizers count the chunks as they cut them."""
+    the state records it (``chunking``), and the tokenizers count the chunks as they cut them.
+    ``sink``: the store the job's rows go to (``SINK`` and what its writer needs), recorded with the
+    job's first state, so the job is never done before its rows are in the store."""
     from shared.tracing import Tracer, current, headers_for
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
     with span:
         return await _publish(js, kv, subjects, job, model, docs, batch_size, options, source, headers_for(span.context),
-                              claim, chunking)
+                              claim, chunking, sink)
 
 
 async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
                    docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None,
-                   claim, chunking) -> dict:
+                   claim, chunking, sink: dict | None) -> dict:
     import time
 
     from shared.job_requests import Claim, claim_problem, record_claim, request_digest
@@ -503,6 +508,8 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
                      output=options.output)
         if chunking is not None:
             state["chunking"] = chunking.record()
+        if sink:
+            state.update(sink)
         state.setdefault("status", "running")
         state.setdefault("started", time.time())
         state.setdefault("published", 0)
@@ -586,7 +593,7 @@ def transient(exc: BaseException) -> bool:
 
 # a job's rows written to a vector store (reindex --sink): the store as shown (no password), the rows
 # durably written by the current run, and while the store refuses them, its message and since when
-SINK, SINK_ROWS, SINK_ERROR = "sink", "sink_rows", "sink_error"
+SINK, SINK_ROWS, SINK_ERROR, SINK_DONE = "sink", "sink_rows", "sink_error", "sink_done"
 
 
 def sink_waiting(state: dict, message: str, since: float) -> None:
@@ -598,3 +605,12 @@ def sink_written(state: dict, rows: int) -> None:
     """``rows`` of the job are durably in the store: a wait for it, if any, is over."""
     state[SINK_ROWS] = max(rows, state.get(SINK_ROWS) or 0)  # a resumed run writes again what an earlier one did
     state.pop(SINK_ERROR, None)
+
+
+def sink_finished(state: dict) -> None:
+    """The last row is in the store and its index built: the job may be done now."""
+    import time
+
+    state.pop(SINK_ERROR, None)
+    state[SINK_DONE] = time.time()
+    settle(state)

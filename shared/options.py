@@ -170,6 +170,12 @@ OPTIONS: tuple[Option, ...] = (
     _option("--search-model", "EMBEDFLEET_SEARCH_MODEL", None,
             "the served model whose vectors the --search-sink store holds: it embeds every query, and a request "
             "naming another is refused; default: the request's model, else --default-model", GATEWAY, "gateway"),
+    _option("--job-sinks", "EMBEDFLEET_JOB_SINKS", "",
+            "the vector stores POST /v1/jobs may write a job's rows into (its \"sink\" field), comma-separated "
+            "URLs as --search-sink takes them, with their credentials; a request names one of them without its "
+            "password and may choose the table (?table=NAME, Qdrant's ?collection=NAME); default: none, jobs are "
+            "written into no store (up hands it over in the environment: it may hold a password)", GATEWAY, "gateway",
+            shows_value=False, metavar="URL[,URL...]"),
     _option("--job-metrics-interval", "EMBEDFLEET_JOB_METRICS_INTERVAL", 5.0,
             "seconds between reads of the bulk jobs' progress for the gateway's metrics", GATEWAY, "gateway",
             type=positive_float),

@@ -128,7 +128,9 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                      *watch,
                      *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(), *js.bucket_listing(),
                      f"$JS.API.CONSUMER.LIST.{js.names['jobs']}", f"$JS.API.CONSUMER.LIST.{js.names['bulk']}",
-                     *js.read_results()),  # GET /v1/jobs/{id}/results
+                     *js.read_results(),  # GET /v1/jobs/{id}/results
+                     # POST /v1/jobs "sink": the rows' sources kept beside the results, the results read and acked
+                     f"{p}.results.*.sources", f"$JS.ACK.{js.names['results']}.>"),
             subscribe=(own_inbox, f"{p}.leaving", *micro(SERVICE_NAMES["gateway"])),
             responses=1,
         )

@@ -95,6 +95,11 @@ class Subjects:
         """a job's vectors (JetStream, workers -> the job's collector)."""
         return f"{self.prefix}.v1.results.{job_token(job)}"
 
+    def sources(self, job: str) -> str:
+        """what a job's rows hold besides vectors (other input fields, texts), for the gateway's sink
+        writer to find again after a restart (JetStream, in the results stream; shared/job_sources.py)."""
+        return f"{self.prefix}.v1.results.{job_token(job)}.sources"
+
     def dead(self, job: str) -> str:
         """dead letters of a job: batches given up, with the stage and the reason (JetStream)."""
         return f"{self.prefix}.v1.dead.{job_token(job)}"

@@ -100,7 +100,7 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
 
     import nats
 
-    from services.reindex_results import Collector
+    from shared.job_collector import Collector
     from shared.jobs import ensure_streams, stream_names
     from shared.protocol import JobResult, encode
     from shared.subjects import Subjects
@@ -144,7 +144,7 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
 
 
 def test_a_result_is_the_jobs_only_at_its_documents_places():
-    from services.reindex_results import Layout
+    from shared.job_collector import Layout
     from shared.protocol import JobResult
 
     layout = Layout([f"d{i}" for i in range(10)], 4)  # batches [d0..d3], [d4..d7], [d8, d9]

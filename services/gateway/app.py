@@ -49,6 +49,7 @@ from services.gateway.middleware import GatewayMiddleware
 from services.gateway.openapi import openapi_spec
 from services.gateway.search import NOT_SERVED, Search
 from services.gateway.search_store import SearchStore
+from services.gateway.sink_jobs import SinkJobs, SinkTargets
 
 log = logging.getLogger("embedfleet.gateway")
 
@@ -75,6 +76,7 @@ class Gateway:
         self.discovery: FleetWatch | None = None
         self._micro = None
         self.jobs: JobsApi | None = None
+        self.sink_jobs: SinkJobs | None = None
         self.job_results: JobResultsApi | None = None
         self.tracer = Tracer("gateway", cfg.tracing)
         self.key_limits = KeyLimits(cfg.key_requests_per_minute, cfg.key_tokens_per_minute)
@@ -97,8 +99,11 @@ class Gateway:
             js = self.nc.jetstream()
             kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
             owners = JobOwners(bool(self.cfg.api_keys), self.cfg.operator_keys)
+            # POST /v1/jobs "sink": the jobs this gateway writes into the --job-sinks stores, and those no gateway writes
+            self.sink_jobs = SinkJobs(js, kv, self.cfg.nats.subjects, SinkTargets(self.cfg.job_sinks), self.nc.max_payload)
+            self.sink_jobs.start()
             self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer, owners,
-                                self.cfg.jobs_max_file_bytes)
+                                self.cfg.jobs_max_file_bytes, self.sink_jobs)
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart
             self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval, owners.private)
@@ -116,6 +121,8 @@ class Gateway:
             await self.discovery.stop()
             await self.client.stop()
             await self.metrics.jobs.stop()
+            if self.sink_jobs is not None:
+                await self.sink_jobs.stop()
             if self.searcher is not None:
                 await self.searcher.store.close()
             await drain_or_close(self.nc)

@@ -58,6 +58,7 @@ class GatewayConfig:
     http: HttpLimits = HttpLimits()  # header size and count, slow clients
     search_sink: str | None = None  # the vector store POST /v1/search reads (shared/sinks); None: not served
     search_model: str | None = None  # the model whose vectors it holds; None: the request's model, else the default
+    job_sinks: tuple[str, ...] = comma_list(default("job_sinks"))  # the stores POST /v1/jobs may write into ("sink"); none: jobs write into none
 
     def __post_init__(self) -> None:
         if self.default_model is not None and not self.default_model.strip():
@@ -65,7 +66,9 @@ class GatewayConfig:
         if self.search_model is not None and self.search_sink is None:
             raise ConfigError("--search-model names the model of the --search-sink store's vectors: give --search-sink")
         if self.search_sink is not None:
-            _check_sink(self.search_sink)
+            _check_sink(self.search_sink, "--search-sink")
+        for url in self.job_sinks:
+            _check_sink(url, "--job-sinks")
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
             raise ConfigError("--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
                               "(--api-keys or --api-keys-file)")
@@ -98,19 +101,20 @@ class GatewayConfig:
             retention=retention(ns),
             http=HttpLimits.from_namespace(ns),
             search_sink=ns.search_sink,
+            job_sinks=comma_list(ns.job_sinks),
             search_model=ns.search_model,
         )
 
 
-def _check_sink(url: str) -> None:
-    """A --search-sink URL the sinks take (its scheme, parameters and client), before the gateway starts;
+def _check_sink(url: str, flag: str) -> None:
+    """A --search-sink (--job-sinks) URL the sinks take (its scheme, parameters and client), before the gateway starts;
     nothing is connected to here (the store may come up later)."""
     from shared.sinks import SinkError, sink_for
 
     try:
         sink_for(url)
     except SinkError as exc:
-        raise ConfigError(f"--search-sink: {exc.message}") from None
+        raise ConfigError(f"{flag}: {exc.message}") from None
 
 
 def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server),
 GET /v1/jobs/{id} returns its state, DELETE /v1/jobs/{id} cancels it. The vectors go to the results
 stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
-tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too)."""
+tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too).
+With ``sink`` (a store the gateway's --job-sinks allows) the gateway writes the rows into it as they
+come (services/gateway/sink_jobs.py): an inline document's other fields are its row's metadata."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import logging
 import uuid
 from pathlib import Path
 
-from shared.documents import job_id_for
+from shared.documents import job_id_for, read_fields
+from shared.job_collector import Layout
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
-from shared.job_fit import JobRefused, check_chunk_room, check_job
+from shared.job_fit import JobRefused, check_chunk_room, check_job, served
 from shared.job_requests import OWNER, Claim, claim_problem, request_digest
 from shared.jobs import (
     DUPLICATE_WINDOW, JobCancelled, JobConflict, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
@@ -22,6 +25,7 @@ from shared.options import default
 from shared.progress import LEDGERS
 from shared.protocol import EmbedOptions
 from shared.quantize import FORMS
+from shared.sinks.writer import Sources, shape_for
 from shared.text_chunks import JobChunking
 from services.gateway.chunking import JOB_KEYS, parse_chunking
 from services.gateway.errors import ApiError
@@ -29,18 +33,20 @@ from services.gateway.job_files import read_job_file
 from services.gateway.job_ids import check_job_field
 from services.gateway.job_owners import JobOwners
 from services.gateway.inputs import embedding_form, json_object, optional
+from services.gateway.sink_jobs import SINK_LEASE, SINK_TARGET, SinkJobs
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
 
 class JobsApi:
     def __init__(self, js, kv, subjects, jobs_dir: Path | None, tracer=None, owners: JobOwners | None = None,
-                 max_file_bytes: int = default("jobs_max_file_bytes")) -> None:
+                 max_file_bytes: int = default("jobs_max_file_bytes"), sinks: SinkJobs | None = None) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
         self._max_file_bytes = max_file_bytes
         self._owners = owners or JobOwners(False, ())
+        self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
         self._background: set[asyncio.Task] = set()
 
     async def create(self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0,
@@ -53,12 +59,13 @@ class JobsApi:
         doc = json_object(body)
         batch_size, options, form = _fields(doc)
         chunking = _chunking(doc, options)
+        with_text = optional(doc, "with_text", bool, False)
         check_job_field(doc)
         # everything is checked before the first batch is published: the fields above, every document, the id
         if "documents" in doc and "path" in doc:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")
         if "documents" in doc:
-            docs, source, path = _inline(doc["documents"]), "inline", None
+            (docs, fields), source, path = _inline(doc["documents"]), "inline", None
         elif "path" in doc:
             if self._jobs_dir is None:
                 raise ApiError(ErrorCode.INVALID_REQUEST, "server-side files are off here (the gateway's --jobs-dir is not set)", "path")
@@ -66,6 +73,7 @@ class JobsApi:
                 raise ApiError(ErrorCode.INVALID_REQUEST, "'path' must name a file under the gateway's --jobs-dir", "path")
             file = await read_job_file(self._jobs_dir, given, self._max_file_bytes)
             docs, source, path = file.docs, file.given, file.path
+            fields = await asyncio.to_thread(read_fields, path) if "sink" in doc else None
         else:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
         batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
@@ -79,29 +87,72 @@ class JobsApi:
         claim = Claim(await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking),
                       self._owners.owner())
         existing = await self._existing(job, claim, form, options.output)
+        if existing is not None and existing.get(SINK_TARGET) != (given := doc.get("sink")):
+            raise ApiError(ErrorCode.CONFLICT, f"job {job} writes into {existing.get('sink') or 'no store'}, not "
+                           f"{given or 'none'}: give another 'id'", "sink")
         if existing is not None and existing.get("published", 0) >= existing.get("batches", 0):
             return 200, _shown(existing, job)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
-        if path is None:
-            state = await self._submit(job, model, docs, batch_size, options, source, claim, chunking)
-        else:  # a file may be large: publish in the background, answer at once
-            task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options,
-                                              source, self._tracer, claim, chunking))
-            self._background.add(task)
-            task.add_done_callback(self._done)
-            state = {"job": job, "status": "running", "documents": len(docs)}
+        store = None
+        if "sink" in doc:  # opened (its table made) before anything is published; the gateway writes it
+            sources = Sources(fields, dict(docs) if with_text and chunking is None else None)
+            store = await self._store(doc, fleet, model, form, options, chunking, job, docs, sources)
+        try:
+            record = None if store is None else self._sinks.record(store[0], store[1], store[2])
+            if path is None:
+                state = await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)
+            else:  # a file may be large: publish in the background, answer at once
+                task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size,
+                                                  options, source, self._tracer, claim, chunking, record))
+                self._background.add(task)
+                task.add_done_callback(self._done)
+                state = {"job": job, "status": "running", "documents": len(docs)}
+        except BaseException:
+            if store is not None:
+                await asyncio.to_thread(store[1].close)
+            raise
+        if store is not None:
+            self._sinks.write(job, store[1], store[2], sources, Layout([d for d, _ in docs], batch_size))
         if existing is not None:
             return 200, _shown(await read_state(self._kv, job) or existing, job)
         return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
                      "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {}),
-                     **({"chunking": chunking.record()} if chunking else {})}
+                     **({"chunking": chunking.record()} if chunking else {}),
+                     **({"sink": store[1].shown} if store else {})}
+
+    async def _store(self, doc: dict, fleet: FleetView | None, model: str, form: str, options: EmbedOptions,
+                     chunking: JobChunking | None, job: str, docs, sources: Sources):
+        """The store a job's ``sink`` names, opened for its rows, and their sources kept beside its
+        results: (the request's URL, the sink, the rows' shape)."""
+        given = doc["sink"]
+        if not isinstance(given, str) or not given:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'sink' must be a store's URL (postgresql://, lancedb://, "
+                           "qdrant://)", "sink")
+        if self._sinks is None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "jobs are not written into stores here (the gateway's "
+                           "--job-sinks is not set)", "sink")
+        self._sinks.targets.resolve(given)  # a store not allowed: refused before anything else is done
+        messages = self._sinks.sources_messages([d for d, _ in docs], sources)
+        try:
+            shape = shape_for(served(fleet, model), form, options.output, chunking is not None) if fleet else None
+        except JobRefused as exc:
+            raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
+        if shape is None:
+            raise ApiError(ErrorCode.NO_RESPONDERS, "the fleet's models are not known yet: try again", "model")
+        given, sink = await self._sinks.open(given, shape)
+        try:
+            await self._sinks.keep(job, messages)
+        except BaseException:
+            await asyncio.to_thread(sink.close)
+            raise
+        return given, sink, shape
 
     async def _submit(self, job: str, model: str, docs, batch_size: int, options, source: str, claim: Claim,
-                      chunking: JobChunking | None) -> dict:
+                      chunking: JobChunking | None, sink: dict | None = None) -> dict:
         try:
             return await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, source,
-                                self._tracer, claim, chunking)
+                                self._tracer, claim, chunking, sink)
         except JobCancelled as exc:  # as _existing answers it
             raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
         except JobConflict as exc:  # created meanwhile by another request, or another form: as _existing answers it
@@ -175,7 +226,7 @@ def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:
     parsed = parse_chunking(doc, keys=JOB_KEYS)
     with_text = optional(doc, "with_text", bool, False)
     if parsed is None:
-        if with_text:
+        if with_text and "sink" not in doc:  # a store keeps each document's text; the results stream only a chunk's
             raise ApiError(ErrorCode.INVALID_REQUEST, "'with_text' stores each chunk's text: give 'chunking' too",
                            "with_text")
         return None
@@ -204,11 +255,13 @@ def _shown(state: dict, job: str) -> dict:
     for ledger in LEDGERS:
         state.pop(ledger, None)
     state.pop(OWNER, None)
+    state.pop(SINK_LEASE, None)
     state["id"] = state.pop("job", job)
     return state
 
 
-def _inline(raw) -> list[tuple[str, str]]:
+def _inline(raw) -> tuple[list[tuple[str, str]], dict[str, dict] | None]:
+    """The documents, and each one's other fields (None: no document has any)."""
     if not isinstance(raw, list) or not raw:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' must be a non-empty list of {\"id\", \"text\"}", "documents")
     docs = []
@@ -218,9 +271,10 @@ def _inline(raw) -> list[tuple[str, str]]:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'documents[{i}]' must be {{\"id\": string, \"text\": string}}", "documents")
         docs.append((str(d["id"]), d["text"]))
     seen: set[str] = set()
+    fields = {str(d["id"]): {k: v for k, v in d.items() if k not in ("id", "text")} for d in raw if len(d) > 2}
     for i, (doc_id, _) in enumerate(docs):
         if doc_id in seen:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
                            "documents")
         seen.add(doc_id)
-    return docs
+    return docs, fields or None

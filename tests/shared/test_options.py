@@ -184,7 +184,7 @@ def test_config_defaults_are_the_declared_ones():
             field = cls.__dataclass_fields__.get(o.dest)
             if field is not None and field.default is not MISSING and o.dest != "prompts":  # None: no prompts
                 value = o.value({})
-                assert field.default == (comma_list(value) if o.dest in ("api_keys", "operator_keys", "open_paths") else value), o.dest
+                assert field.default == (comma_list(value) if o.dest in ("api_keys", "operator_keys", "open_paths", "job_sinks") else value), o.dest
                 checked += 1
     assert checked >= 15
 

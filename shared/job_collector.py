@@ -16,7 +16,7 @@ from shared.job_chunks import ChunkedRows
 from shared.options import default
 from shared.protocol import JobResult, ProtocolError, decode_as
 
-log = logging.getLogger("embedfleet.reindex")
+log = logging.getLogger("embedfleet.jobs.collector")
 
 
 @dataclass(frozen=True, slots=True)

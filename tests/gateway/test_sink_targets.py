@@ -1,0 +1,53 @@
+"""Which stores POST /v1/jobs may write into: a request's URL resolved against the gateway's
+--job-sinks (the table free, the credentials the gateway's), and everything else refused."""
+
+import pytest
+
+from services.gateway.errors import ApiError
+from services.gateway.sink_jobs import SinkTargets, sink_shown
+
+PG = "postgresql://loader:pw@db.internal:5432/docs?sslmode=require"
+LANCE = "lancedb:///srv/lance"
+
+
+def _refused(targets: SinkTargets, url: str) -> str:
+    with pytest.raises(ApiError) as raised:
+        targets.resolve(url)
+    assert raised.value.status == 400 and raised.value.param == "sink"
+    return raised.value.message
+
+
+def test_a_request_names_an_allowed_store_and_chooses_its_table():
+    targets = SinkTargets((PG, LANCE))
+    assert targets.resolve("postgresql://db.internal:5432/docs?sslmode=require&table=news") == \
+        "postgresql://loader:pw@db.internal:5432/docs?sslmode=require&table=news"
+    assert targets.resolve("postgres://loader@DB.internal:5432/docs?table=t&index=none&sslmode=require").endswith(
+        "?sslmode=require&table=t&index=none")
+    assert targets.resolve("lancedb:///srv/lance?table=x") == "lancedb:///srv/lance?table=x"
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://db.internal:5433/docs?sslmode=require&table=t",  # another port
+    "postgresql://other:5432/docs?sslmode=require&table=t",  # another host
+    "postgresql://db.internal:5432/other?sslmode=require&table=t",  # another database
+    "postgresql://db.internal:5432/docs?table=t",  # another parameter (no TLS)
+    "postgresql://admin@db.internal:5432/docs?sslmode=require&table=t",  # another user
+    "lancedb:///srv/other?table=x",
+    "qdrant://localhost:6333?collection=c",
+    "not a url",
+])
+def test_other_stores_are_refused_naming_the_allowed_ones_without_their_passwords(url):
+    message = _refused(SinkTargets((PG, LANCE)), url)
+    assert "does not write into" in message and "loader:***@db.internal" in message and ":pw@" not in message
+
+
+def test_a_url_with_a_password_and_a_gateway_without_sinks_are_refused():
+    assert "no password" in _refused(SinkTargets((PG,)), "postgresql://loader:pw@db.internal:5432/docs?table=t")
+    assert "--job-sinks is not set" in _refused(SinkTargets(()), "lancedb:///srv/lance?table=x")
+    assert "not a URL" in _refused(SinkTargets((PG,)), "postgresql://db.internal:99999/docs")
+
+
+def test_an_empty_password_is_none():
+    uri = "postgresql://postgres:@/postgres?host=/tmp/sock"
+    assert SinkTargets((uri,)).resolve(f"{uri}&table=t") == f"{uri}&table=t"
+    assert sink_shown(uri) == uri and sink_shown(PG) == "postgresql://loader:***@db.internal:5432/docs?sslmode=require"
