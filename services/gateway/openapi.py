@@ -300,7 +300,12 @@ def _job_paths() -> dict[str, Any]:
                     "properties": {"size": {"type": "integer", "minimum": 1}, "overlap": {"type": "integer", "minimum": 0},
                                    "boundary": {"type": "string", "enum": ["token", "sentence"]},
                                    "late": {"type": "boolean", "enum": [False]}}},
-                "with_text": {"type": "boolean", "description": "store each chunk's text beside its vector"}}},
+                "with_text": {"type": "boolean", "description": "store each chunk's text beside its vector (with sink: "
+                              "each document's when the job has no chunks)"},
+                "sink": {"type": "string", "description": (
+                    "a vector store to write the rows into, one of the gateway's --job-sinks without its password, "
+                    "the table chosen: postgresql://USER@HOST:PORT/DB?table=NAME, lancedb:///PATH?table=NAME, "
+                    "qdrant://HOST:PORT?collection=NAME")}}},
             {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
         ),
         "/v1/jobs/{job}": {

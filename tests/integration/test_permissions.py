@@ -71,7 +71,7 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
             "tokenizer": ["--chunk-seqs", "8", "--metrics-port", str(metrics_port)],
             "worker": ["--max-batch-tokens", "1024"],
             "scorer": [],
-            "gateway": ["--port", str(port)],
+            "gateway": ["--port", str(port), "--job-sinks", f"lancedb://{folder / 'lance'}"],
         }
         services = {role: Service(role, [*common, *args, "--nats-nkey-seed", str(seeds / f"{role}.nk")], folder,
                                   {"OMP_NUM_THREADS": "1"} if role == "worker" else None)
@@ -146,6 +146,24 @@ async def _violations(url: str, seed: str, inbox: str, act, want: int) -> list[s
     finally:
         await nc.close()
     return errors
+
+
+def test_the_gateway_writes_a_job_into_a_store_under_its_permissions(fabric):
+    """The rows' sources kept beside the results, the results read and acknowledged, the state's lease:
+    all within the gateway's permissions, and nothing refused."""
+    import lancedb
+
+    lance = fabric.server.data_dir.parent / "lance"
+    docs = [{"id": f"s{i}", "text": t, "n": i} for i, t in enumerate(mixed_texts(12))]
+    job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 4, "with_text": True,
+                                                         "sink": f"lancedb://{lance}?table=permitted"}, timeout=60)
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}", timeout=10).json().get("status") == "done",
+               120, "the gateway's sink job", list(fabric.services.values()))
+    rows = lancedb.connect(str(lance)).open_table("permitted").to_arrow().to_pylist()
+    assert sorted((r["id"], r["text"]) for r in rows) == sorted((d["id"], d["text"]) for d in docs)
+    assert fabric.violations() == []
 
 
 def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
