@@ -1,6 +1,6 @@
 """What writing into a vector store costs against a Parquet file, and what searching one costs, in one run.
 
-    python -m bench.sinks [--documents 2000] [--seconds 6] [--model-dir DIR] [--out-dir docs/bench/sinks]
+    python -m bench.sinks [--documents 1500] [--seconds 5] [--model-dir DIR] [--out-dir docs/bench/sinks]
     python -m bench.sinks --smoke      # every sink and search mode once, at tiny sizes (the test)
 
 One stack (bench/sink_search.py: nats-server, tokenizer, worker, scorer, gateways as processes) serving
@@ -15,7 +15,9 @@ rerank). Job rows/s: documents over the command's wall time, index build include
 Store only: the embedding dominates a job's time, so each sink's own cost is also timed apart, on the
 Parquet job's rows: ``open`` + ``write`` in batches of services/reindex_sink.py's BATCH_ROWS +
 ``finish`` (pgvector: the HNSW index; LanceDB: compaction; Qdrant's local mode: nothing), against
-pyarrow writing the same columns (id, vector, metadata, text) to Parquet in the same batches.
+pyarrow writing the same columns (id, vector, metadata, text) to Parquet in the same batches. A job
+upserts sooner than BATCH_ROWS, every BATCH_SECONDS, so the same is timed again in batches of the rows
+the Parquet job collected in BATCH_SECONDS ("small batches"): where a store's cost is per upsert.
 
 Search: POST /v1/search over HTTP against gateways started with ``--search-sink`` on the pgvector
 table and the LanceDB table the jobs made, a fixed set of short queries, ``--top-k`` candidates,
@@ -38,7 +40,7 @@ import numpy as np
 
 from bench import sink_search
 from bench.sink_search import RERANKER, Served
-from services.reindex_sink import BATCH_ROWS
+from services.reindex_sink import BATCH_ROWS, BATCH_SECONDS
 from shared.model_dir import load_model_info
 from shared.sinks import Rows, Shape, sink_for
 from tests.corpus import medium_texts, mixed_texts
@@ -96,13 +98,13 @@ def job_rows(parquet: Path, texts: list[str], metadata: list[dict]) -> Rows:
     return Rows(ids, vectors, [metadata[i] for i in index], texts=[texts[i] for i in index])
 
 
-def _batches(rows: Rows) -> list[Rows]:
-    return [Rows(rows.ids[s:s + BATCH_ROWS], rows.vectors[s:s + BATCH_ROWS], rows.metadata[s:s + BATCH_ROWS],
-                 texts=rows.texts[s:s + BATCH_ROWS]) for s in range(0, len(rows.ids), BATCH_ROWS)]
+def _batches(rows: Rows, size: int) -> list[Rows]:
+    return [Rows(rows.ids[s:s + size], rows.vectors[s:s + size], rows.metadata[s:s + size], texts=rows.texts[s:s + size])
+            for s in range(0, len(rows.ids), size)]
 
 
-def store_parquet(rows: Rows, path: Path) -> dict:
-    """pyarrow writing the rows' columns to ``path``, a row group a batch."""
+def store_parquet(rows: Rows, path: Path, size: int) -> dict:
+    """pyarrow writing the rows' columns to ``path``, a row group a batch of ``size`` rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -110,20 +112,20 @@ def store_parquet(rows: Rows, path: Path) -> dict:
     schema = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), rows.vectors.shape[1])),
                         ("metadata", pa.string()), ("text", pa.string())])
     with pq.ParquetWriter(path, schema) as writer:
-        for b in _batches(rows):
+        for b in _batches(rows, size):
             vectors = pa.FixedSizeListArray.from_arrays(pa.array(b.vectors.reshape(-1)), rows.vectors.shape[1])
             writer.write_table(pa.table([pa.array(b.ids), vectors, pa.array([json.dumps(m) for m in b.metadata]),
                                          pa.array(b.texts)], schema=schema))
     return {"seconds": time.perf_counter() - start, "finish_seconds": 0.0}
 
 
-def store_sink(rows: Rows, url: str) -> dict:
-    """A sink's ``open`` + ``write`` of each batch + ``finish``, timed (``finish`` apart too)."""
+def store_sink(rows: Rows, url: str, size: int) -> dict:
+    """A sink's ``open`` + ``write`` of each batch of ``size`` rows + ``finish``, timed (``finish`` apart too)."""
     sink = sink_for(url)
     try:
         start = time.perf_counter()
         sink.open(Shape("float32", "dense", rows.vectors.shape[1]))
-        for b in _batches(rows):
+        for b in _batches(rows, size):
             sink.write(b)
         written = time.perf_counter()
         sink.finish()
@@ -168,9 +170,13 @@ def run(args: argparse.Namespace) -> dict:
                           f"({job[sink]['seconds']:.1f} s)", flush=True)
                 rows = job_rows(folder / "job.parquet", texts, metadata)
                 _warm_clients()
-                store = {"parquet": store_parquet(rows, folder / "store.parquet")}
-                for sink, url in store_urls(folder, pg.get_uri(), "store").items():
-                    store[sink] = store_sink(rows, url)
+                # a job's upserts: BATCH_ROWS rows, or what it collected in BATCH_SECONDS (at the Parquet job's rate)
+                small = max(1, round(args.documents / job["parquet"]["seconds"] * BATCH_SECONDS))
+                store, trickle = {}, {}
+                for found, name, size in ((store, "store", BATCH_ROWS), (trickle, "small", small)):
+                    found["parquet"] = store_parquet(rows, folder / f"{name}.parquet", size)
+                    for sink, url in store_urls(folder, pg.get_uri(), name).items():
+                        found[sink] = store_sink(rows, url, size)
                 search = {}
                 for name, base in bases.items():
                     for mode, top_n in (("plain", None), ("rerank", args.top_n)):
@@ -181,15 +187,16 @@ def run(args: argparse.Namespace) -> dict:
                                   f"p99 {result['p99_ms']:7.1f} ms", flush=True)
         finally:
             pg.cleanup()
-    return {"documents": args.documents, "model": model, "batch_rows": BATCH_ROWS,
+    return {"documents": args.documents, "model": model, "batch_rows": BATCH_ROWS, "small_batch_rows": small,
             "reranker": reranker_said, "top_k": args.top_k, "top_n": args.top_n, "queries": len(queries()),
-            "seconds": args.seconds, "finish": FINISH, "table": table(job, store, args.documents),
-            "jobs": job, "store_only": store, "search": search,
+            "seconds": args.seconds, "finish": FINISH, "table": table(job, store, trickle, args.documents),
+            "jobs": job, "store_only": store, "store_only_small_batches": trickle, "search": search,
             "qdrant": "local mode (a folder, qdrant-client in-process): no Qdrant server installs here"}
 
 
-def table(job: dict, store: dict, documents: int) -> list[dict]:
-    """A row per sink: job and store-only rows/s, each against Parquet's, and the finish (index) seconds."""
+def table(job: dict, store: dict, trickle: dict, documents: int) -> list[dict]:
+    """A row per sink: job and store-only rows/s, each against Parquet's, the finish (index) seconds, and
+    store-only rows/s in the job's small batches."""
     out = []
     for sink in SINKS:
         job_rate, store_rate = documents / job[sink]["seconds"], documents / store[sink]["seconds"]
@@ -197,18 +204,21 @@ def table(job: dict, store: dict, documents: int) -> list[dict]:
                     "job_vs_parquet": job_rate / (documents / job["parquet"]["seconds"]),
                     "store_rows_per_s": store_rate,
                     "store_vs_parquet": store_rate / (documents / store["parquet"]["seconds"]),
-                    "index_build_s": store[sink]["finish_seconds"]})
+                    "index_build_s": store[sink]["finish_seconds"],
+                    "store_small_rows_per_s": documents / trickle[sink]["seconds"]})
     return out
 
 
 def report(data: dict) -> None:
     print(f"\n{data['documents']} documents of ~50 tokens, {data['model']}; store-only writes in batches of "
-          f"{data['batch_rows']} rows; Qdrant: {data['qdrant']}")
+          f"{data['batch_rows']} rows (small: {data['small_batch_rows']} rows, what the job collects in "
+          f"{BATCH_SECONDS:g} s); Qdrant: {data['qdrant']}")
     print(f"{'sink':<9} {'job rows/s':>10} {'job/parquet':>11} {'store rows/s':>12} {'store/parquet':>13} "
-          f"{'index build s':>13}  finish")
+          f"{'index build s':>13} {'small batches rows/s':>20}  finish")
     for r in data["table"]:
         print(f"{r['sink']:<9} {r['job_rows_per_s']:10.1f} {r['job_vs_parquet']:10.2f}x {r['store_rows_per_s']:12.0f} "
-              f"{r['store_vs_parquet']:12.3f}x {r['index_build_s']:13.3f}  {data['finish'][r['sink']]}")
+              f"{r['store_vs_parquet']:12.3f}x {r['index_build_s']:13.3f} {r['store_small_rows_per_s']:20.0f}  "
+              f"{data['finish'][r['sink']]}")
     print(f"\nPOST /v1/search, {data['queries']} fixed queries, top_k {data['top_k']}; rerank: all {data['top_k']} "
           f"candidates reranked (top_n {data['top_n']}) by {data['reranker']}")
     print(f"{'store':<9} {'mode':<7} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'searches/s':>10}")
@@ -219,8 +229,8 @@ def report(data: dict) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--documents", type=int, default=2000, help="documents of the re-index job")
-    p.add_argument("--seconds", type=float, default=6.0, help="measured seconds per store, mode and concurrency")
+    p.add_argument("--documents", type=int, default=1500, help="documents of the re-index job")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per store, mode and concurrency")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="clients searching at once")
     p.add_argument("--top-k", type=int, default=20, help="candidates a search fetches (and rerank scores)")
     p.add_argument("--top-n", type=int, default=10, help="results rerank keeps")

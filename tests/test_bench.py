@@ -259,6 +259,7 @@ def test_sinks_benchmark_measures_every_sink_and_both_search_modes(tmp_path, cap
     assert list(rows) == ["parquet", "pgvector", "lancedb", "qdrant"]
     for sink, r in rows.items():
         assert r["job_rows_per_s"] > 0 and r["store_rows_per_s"] > 0 and r["index_build_s"] >= 0, sink
+        assert r["store_small_rows_per_s"] > 0, sink
         assert r["job_vs_parquet"] > 0 and r["store_vs_parquet"] > 0, sink
     assert rows["parquet"]["job_vs_parquet"] == pytest.approx(1) and rows["pgvector"]["index_build_s"] > 0
     assert all(data["jobs"][s]["rows"] == data["documents"] for s in ("pgvector", "lancedb", "qdrant"))
