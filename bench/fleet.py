@@ -19,7 +19,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
@@ -218,12 +218,17 @@ def _latencies(base: str, queries: list[str], seconds: float, concurrency: int) 
                 out.append(time.perf_counter() - t)
                 i += concurrency
 
+    in_threads(client, concurrency)
+    return out
+
+
+def in_threads(client: Callable[[int], None], concurrency: int) -> None:
+    """``client(k)`` for k in 0..concurrency-1, each on a thread of its own, until all return."""
     threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return out
 
 
 def bench_routing(args: argparse.Namespace) -> None:

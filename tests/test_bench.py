@@ -246,3 +246,29 @@ def test_chunking_benchmark_measures_each_mode_against_truncation(tmp_path, caps
     tokens_per_doc = {m: s["embedded_tokens_per_s"] / s["documents_per_s"] for m, s in modes.items()}
     assert tokens_per_doc["chunks"] > 2 * tokens_per_doc["truncate"]  # truncation embeds 256 a document
     assert "docs/s vs truncate" in out and re.search(r"^chunks .* 0\.\d\dx$", out, re.M)
+
+
+def test_sinks_benchmark_measures_every_sink_and_both_search_modes(tmp_path, capsys, hub_offline):
+    """bench.sinks --smoke: the same job into Parquet, pgvector, LanceDB and Qdrant's local mode, each
+    sink's own write timed apart, and searches with and without rerank on the pgvector and LanceDB tables."""
+    from bench import sinks
+
+    out = _bench(sinks, ["--smoke", "--out-dir", str(tmp_path)], capsys)
+    data = json.loads((tmp_path / "sinks.json").read_text())
+    rows = {r["sink"]: r for r in data["table"]}
+    assert list(rows) == ["parquet", "pgvector", "lancedb", "qdrant"]
+    for sink, r in rows.items():
+        assert r["job_rows_per_s"] > 0 and r["store_rows_per_s"] > 0 and r["index_build_s"] >= 0, sink
+        assert r["store_small_rows_per_s"] > 0, sink
+        assert r["job_vs_parquet"] > 0 and r["store_vs_parquet"] > 0, sink
+    assert rows["parquet"]["job_vs_parquet"] == pytest.approx(1) and rows["pgvector"]["index_build_s"] > 0
+    assert all(data["jobs"][s]["rows"] == data["documents"] for s in ("pgvector", "lancedb", "qdrant"))
+    cells = {(s["store"], s["mode"], s["concurrency"]): s for s in data["search"].values()}
+    assert set(cells) == {(store, mode, c) for store in ("pgvector", "lancedb") for mode in ("plain", "rerank")
+                          for c in (1, 2)}
+    for key, s in cells.items():
+        assert s["searches"] > 0 and s["p99_ms"] >= s["p50_ms"] > 0 and s["searches_per_s"] > 0, key
+    assert data["top_k"] == 20 and "tiny random BERT cross-encoder" in data["reranker"]
+    for sink in rows:
+        assert re.search(rf"^{sink} +[0-9.]+ +[0-9.]+x +[0-9]+ +[0-9.]+x", out, re.M), out
+    assert "reranked (top_n 10) by the tests' tiny" in out and "no Qdrant server installs here" in out
