@@ -56,7 +56,8 @@ class LocalPgvector:
             server = pgserver.get_server(self.folder, cleanup_mode=None)  # None: stopped by the guard, not at exit
             info = server.get_postmaster_info()
         except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
-            raise ConfigError(f"--with-pgvector: PostgreSQL did not start in {self.folder}: {exc}{_log_end(self.folder)}") from None
+            raise ConfigError(f"--with-pgvector: PostgreSQL did not start in {self.folder}: {exc}"
+                              f"{_log_end(self.folder)}") from None
         self._postmaster = info.process
         # the guard: a child of this thread (the main one, as shared/parent_death.py wants)
         self._guard = subprocess.Popen([sys.executable, "-m", "services.local_pgvector", str(info.pid)],
@@ -100,7 +101,9 @@ def require_pgserver():
 def _check_folder(folder: Path) -> None:
     """A folder PostgreSQL can keep its data in: none yet, an empty one, or one of its own."""
     problem = None
-    if folder.exists() and not folder.is_dir():
+    if " " in str(folder):  # pg_ctl hands postgres its socket folder in one option string, split at spaces
+        problem = "has a space in its path, which pgserver's PostgreSQL cannot take"
+    elif folder.exists() and not folder.is_dir():
         problem = "is not a folder"
     elif folder.is_dir() and not (folder / "PG_VERSION").exists() and any(folder.iterdir()):
         problem = "holds files but no PostgreSQL data (no PG_VERSION)"

@@ -244,7 +244,8 @@ def test_the_local_pgvector_refuses_a_folder_it_cannot_use_and_names_what_to_ins
     (tmp_path / "file" / "pgvector").write_text("")
     (tmp_path / "full" / "pgvector").mkdir(parents=True)
     (tmp_path / "full" / "pgvector" / "notes.txt").write_text("mine")
-    for data_dir, problem in (("file", "is not a folder"), ("full", "holds files but no PostgreSQL data (no PG_VERSION)")):
+    for data_dir, problem in (("file", "is not a folder"), ("full", "holds files but no PostgreSQL data (no PG_VERSION)"),
+                              ("my data", "has a space in its path, which pgserver's PostgreSQL cannot take")):
         with pytest.raises(ConfigError) as exc:
             LocalPgvector(tmp_path / data_dir).start()
         assert str(exc.value) == (f"--with-pgvector: {tmp_path / data_dir / 'pgvector'} {problem}: PostgreSQL keeps its "
