@@ -4,7 +4,8 @@ ARGS=...` as the Makefile runs it (`.venv/bin/embedfleet up ARGS`, in a fresh wo
 pgserver; then every line of the second terminal's block through bash, as written (only the README's
 port 8080 becomes the test's free port); the answer checked against the files made and the answer the
 README shows; then Ctrl-C as a terminal sends it (SIGINT to the whole process group), after which no
-postgres of the data folder is left. `up` killed outright takes its PostgreSQL along too."""
+postgres of the data folder is left. A postgres that dies is started again, and `up` killed outright
+takes its PostgreSQL along."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -47,13 +51,17 @@ def _terminal(port: int) -> dict[str, str]:
     return {**env, "EMBEDFLEET_PORT": str(port), "EMBEDFLEET_MAX_BATCH_TOKENS": "2048"}
 
 
-def _workdir(tmp_path_factory) -> Path:
-    """A fresh folder with this Python's venv as its .venv (where `make run` installs), its path short
-    enough for PostgreSQL's socket inside its .embedfleet/pgvector (as on a checkout)."""
-    work = tmp_path_factory.mktemp("walk")
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A fresh folder with this Python's venv as its .venv (where `make run` installs). In /tmp itself,
+    not under pytest's folder: a pytest session starting meanwhile makes that folder its owner's alone
+    again, and then the user pgserver runs PostgreSQL as (when the tests run as root) could not reach
+    its data; and its path short enough for PostgreSQL's socket inside .embedfleet/pgvector."""
     assert (Path(sys.prefix) / "bin" / "embedfleet").is_file(), "the embedfleet command is not installed in this venv"
-    (work / ".venv").symlink_to(sys.prefix)
-    return work
+    folder = Path(tempfile.mkdtemp(prefix="embedfleet-walk-"))
+    (folder / ".venv").symlink_to(sys.prefix)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _up(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path]:
@@ -93,14 +101,14 @@ def _end(proc: subprocess.Popen, folder: Path) -> None:
         p.kill()
 
 
-def test_the_walk_through_runs_as_typed(tmp_path_factory):
+def test_the_walk_through_runs_as_typed(work):
     section = _section()
     start, second = _blocks(section, "sh")
     (shown,) = _blocks(section, "json")
     (make_run,) = start.strip().splitlines()
     args = shlex.split(re.fullmatch(r"make run (ARGS=.*)", make_run).group(1))[0].removeprefix("ARGS=").split()
     assert "--with-pgvector" in args
-    work, port = _workdir(tmp_path_factory), free_port()
+    port = free_port()
     pgdata = work / ".embedfleet" / "pgvector"
     proc, log = _up(work, args, port)
     try:
@@ -140,17 +148,27 @@ def test_the_walk_through_runs_as_typed(tmp_path_factory):
         _end(proc, pgdata)
 
 
-def test_up_killed_outright_takes_its_postgres_along(tmp_path_factory):
-    work, port = _workdir(tmp_path_factory), free_port()
+def _postmaster(pgdata: Path) -> int:
+    return int((pgdata / "postmaster.pid").read_text().split()[0])
+
+
+def test_up_starts_a_dead_postgres_again_and_killed_outright_takes_it_along(work):
+    port = free_port()
     pgdata = work / ".embedfleet" / "pgvector"
     proc, log = _up(work, ["--with-pgvector"], port)
     try:
-        postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
-        assert psutil.Process(postmaster).ppid() != proc.pid  # pg_ctl's daemon: not a child, its guard stops it
+        first = _postmaster(pgdata)
+        assert psutil.Process(first).ppid() != proc.pid  # pg_ctl's daemon: not a child, its guard stops it
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "PostgreSQL (pgvector) exited; starting it again" in log.read_text()
+                   and (pgdata / "postmaster.pid").exists() and _postmaster(pgdata) != first
+                   and psutil.pid_exists(_postmaster(pgdata)), 30, "postgres started again")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert log.read_text().count("PostgreSQL (pgvector) exited") == 1  # started again at the first try
         proc.kill()
         proc.wait()
         started = time.monotonic()
-        assert _gone(pgdata, 30), [p.info for p in _postgres_of(pgdata)]
+        assert _gone(pgdata, 30), ([p.info for p in _postgres_of(pgdata)], log.read_text()[-3000:])
         print(f"postgres ended {time.monotonic() - started:.1f}s after `up` was killed")
     finally:
         _end(proc, pgdata)
