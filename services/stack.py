@@ -31,7 +31,10 @@ from shared.parent_death import die_with_parent
 from services.gateway.config import api_keys, operator_keys
 from services.gateway.models_api import model_kind
 from services.stack_lock import hold_data_dir
-from services.stack_plan import Child, children, default_model, secret_environment, served_models, with_metrics
+from services.local_pgvector import TABLE, LocalPgvector, require_pgserver
+from services.stack_plan import (
+    Child, children, default_model, secret_environment, served_models, with_metrics, with_search_store,
+)
 
 log = logging.getLogger("embedfleet.up")
 
@@ -40,12 +43,28 @@ def run_stack(ns: argparse.Namespace) -> int:
     TracingConfig.from_namespace(ns)  # fails now, naming the extra, where --otlp-endpoint needs it
     infos = served_models(ns)  # fail fast on a bad --model
     default = default_model(ns, infos)
+    store = LocalPgvector(Path(ns.data_dir)) if ns.with_pgvector else None
+    if store is not None:
+        require_pgserver()  # missing: said before anything starts
     # one `up` a data folder; its children die with it (they are started from this, the main, thread)
     lock = hold_data_dir(Path(ns.data_dir))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    try:
+        if store is not None:  # its guard stops it when this process ends, however it ends
+            ns = with_search_store(ns, store.start(), TABLE, infos, default)
+        return _run(ns, infos, default, store, stop)
+    finally:
+        if store is not None:
+            store.stop()
+            log.info("PostgreSQL stopped")
+        lock.close()
 
+
+def _run(ns: argparse.Namespace, infos: list[ModelInfo], default: ModelInfo, store: LocalPgvector | None,
+         stop: threading.Event) -> int:
+    """The stack on ``ns``, until ``stop`` is set or a process dies too often; its exit status."""
     # the URL without credentials (safe to print); credentials and TLS files checked before anything starts
     url, auth, tls = nats_security(ns)
     keys = api_keys(ns) + operator_keys(ns)  # operator keys are accepted keys too: up may check with one
@@ -71,7 +90,8 @@ def run_stack(ns: argparse.Namespace) -> int:
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
         if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
-        print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE), flush=True)
+        print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE,
+                      _store_lines(store, ns.search_sink, base)), flush=True)
         if nats is not None:  # for reindex, jobs and init: where this stack's NATS listens (removed below)
             record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE)
         restarts = Restarts(ns.restart_limit, ns.restart_window)
@@ -81,6 +101,11 @@ def run_stack(ns: argparse.Namespace) -> int:
                     return 1
                 log.error("nats-server exited; starting it again")
                 nats.start()
+            if store is not None and not store.running:
+                if not restarts.allow("postgres"):
+                    return 1
+                log.error("PostgreSQL (pgvector) exited; starting it again")
+                store.start()
             for child in plan:
                 code = fleet.exited(child)
                 if code is not None and restarts.allow(child.name):
@@ -96,7 +121,6 @@ def run_stack(ns: argparse.Namespace) -> int:
             nats.stop()
             log.info("nats-server stopped")
         shutil.rmtree(ready_dir, ignore_errors=True)
-        lock.close()
 
 
 class Fleet:
@@ -261,8 +285,19 @@ def _metrics_lines(plan: list[Child], replicas: int) -> str:
     return "".join(lines)
 
 
+def _store_lines(store: LocalPgvector | None, search_sink: str | None, base: str) -> str:
+    """The banner's lines on the search route and the local PostgreSQL (its URL, never a given sink's:
+    that one may hold a password)."""
+    table = f"{store.url}&table={TABLE}" if store is not None else None
+    searched = "the table below" if table and search_sink == table else "the --search-sink store"
+    lines = f"  POST {base}/v1/search       ({searched})\n" if search_sink else ""
+    if table:
+        lines += f"  PostgreSQL + pgvector: {table}\n    (data in {store.folder}; reindex --sink URL loads it)\n"
+    return lines
+
+
 def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, plan: list[Child] = (),
-            replicas: int = 1, token_file: Path | None = None) -> str:
+            replicas: int = 1, token_file: Path | None = None, store_lines: str = "") -> str:
     served = "\n".join(
         f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"
         + ("  (default)" if info is default else "")
@@ -278,6 +313,7 @@ def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, pla
         f"  POST {base}/v1/rerank       (cross-encoders; embedders by cosine)\n"
         f"  GET  {base}/v1/models\n"
         f"  GET  {base}/health\n"
+        + store_lines
         + (f"  try: {try_line}\n" if try_line else "")
         + ("  metrics (Prometheus), one URL a process:\n" + _metrics_lines(plan, replicas) if plan else "")
         + "Ctrl-C stops everything.\n"

@@ -100,6 +100,18 @@ def roles(info: ModelInfo) -> tuple[str, ...]:
     return ("tokenizer", "worker", "scorer") if ranks else ("tokenizer", "worker")
 
 
+def with_search_store(ns: argparse.Namespace, url: str, table: str, infos: list[ModelInfo],
+                      default: ModelInfo) -> argparse.Namespace:
+    """``ns`` whose gateway searches ``table`` of the store at ``url`` (postgresql://...?host=...) with the
+    default model (else the first that makes dense vectors), unless --search-sink names another store;
+    a --search-model given stays. None makes dense vectors: ``ns`` as it is (no search)."""
+    model = next((i for i in (default, *infos) if i.task == "embed" and "dense" in i.outputs), None)
+    if ns.search_sink is not None or model is None:
+        return ns
+    return argparse.Namespace(**{**vars(ns), "search_sink": f"{url}&table={table}",
+                                 "search_model": ns.search_model or model.id})
+
+
 def secret_environment(ns: argparse.Namespace) -> dict[str, str]:
     """The gateway's API keys (and operator keys) and its search store's URL (which may hold a password) given to
     ``up``, for the children's environment: an argument would show them to every user of the machine (ps,

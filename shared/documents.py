@@ -1,17 +1,67 @@
-"""Documents for bulk jobs: reading them from files, and the job id a file gets.
+"""Documents for bulk jobs: reading them from files or folders, and the job id an input gets.
 
 A file is read whole and checked before a job is made of it: every line or row parses, every id is a
 string or an integer and appears once, every text is a string. The first problem is a ConfigError
-that names the file and the line or row.
+that names the file and the line or row. A folder (``reindex`` only) is its text files, one
+document a file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from shared.config import ConfigError
+
+FOLDER_SUFFIXES = (".txt", ".md")  # the files of a folder that are documents (any case)
+
+
+def read_input(path: Path) -> list[tuple[str, str]]:
+    """(id, text) pairs of ``path``: a folder's text files (``read_folder``), else a file's documents
+    (``read_documents``)."""
+    if path.is_dir():
+        return read_folder(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or folder")
+    return read_documents(path)
+
+
+def read_folder(path: Path) -> list[tuple[str, str]]:
+    """Every .txt and .md file under ``path`` (sub-folders too, symlinked folders not followed), one
+    document a file: its path relative to ``path`` (with /) for an id, its whole content for a text,
+    in the order of those ids."""
+    docs = []
+    for file, doc_id in _folder_files(path):
+        try:
+            docs.append((doc_id, file.read_bytes().decode("utf-8")))
+        except OSError as exc:
+            raise ConfigError(f"{file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start}: {exc.reason}); every .txt and .md file "
+                              f"under {path} is a document") from None
+    if not docs:
+        raise ConfigError(f"{path} holds no documents: no {' or '.join(FOLDER_SUFFIXES)} file under it")
+    return docs
+
+
+def _folder_files(path: Path) -> list[tuple[Path, str]]:
+    """(file, id) of the documents under ``path``, sorted by id."""
+    found = []
+    try:
+        for top, _, names in os.walk(path, onerror=_raise):
+            for name in names:
+                file = Path(top) / name
+                if file.suffix.lower() in FOLDER_SUFFIXES and file.is_file():
+                    found.append((file, file.relative_to(path).as_posix()))
+    except OSError as exc:
+        raise ConfigError(f"{exc.filename or path}: {exc.strerror or exc}") from None
+    return sorted(found, key=lambda pair: pair[1])
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
 
 
 def read_documents(path: Path) -> list[tuple[str, str]]:
@@ -95,9 +145,13 @@ def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", o
     """The id of the job that embeds ``path`` with ``model`` into vectors of ``form``: the same file,
     model, batch size and form give the same id, so running a job again resumes it, and another form
     (or another ``chunking``, a JobChunking) is another job. float32 leaves the key as it was before
-    forms existed (those jobs still resume)."""
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{model}|{batch_size}"
+    forms existed (those jobs still resume). A file is known by its size and time of change, a folder
+    by its documents' names and contents (a file added, removed, renamed or edited: another job)."""
+    if path.is_dir():
+        key = f"{path.resolve()}|folder:{_folder_digest(path)}|{model}|{batch_size}"
+    else:
+        stat = path.stat()
+        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{model}|{batch_size}"
     if form != "float32":
         key += f"|{form}"
     if output != "dense":  # sparse / multivector jobs
@@ -107,10 +161,20 @@ def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", o
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def _folder_digest(path: Path) -> str:
+    """A digest of the documents of a folder: each one's id and the digest of its bytes, in id order."""
+    digest = hashlib.sha256()
+    for file, doc_id in _folder_files(path):
+        digest.update(f"{doc_id}\0{hashlib.sha256(file.read_bytes()).hexdigest()}\0".encode())
+    return digest.hexdigest()
+
+
 def read_fields(path: Path) -> dict[str, dict] | None:
     """Each document's other fields than ``id`` and ``text`` (JSONL keys, Parquet columns), by id, for a
-    sink's ``metadata``; None when the input has none (plain text, or only those two). The file was
-    checked by ``read_documents`` already."""
+    sink's ``metadata``; None when the input has none (plain text, a folder, or only those two). The
+    input was checked by ``read_input`` already."""
+    if path.is_dir():
+        return None
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
         fields = {}

@@ -201,6 +201,11 @@ OPTIONS: tuple[Option, ...] = (
             "again", {"up"}, "up", type=positive_int),
     _option("--restart-window", "EMBEDFLEET_RESTART_WINDOW", 60.0, "seconds over which --restart-limit counts deaths",
             {"up"}, "up", type=positive_float),
+    _option("--with-pgvector", None, False,
+            "also start a PostgreSQL with pgvector (the PyPI package pgserver: the extra local-pgvector), its data in "
+            "DATA/pgvector, listening on a unix socket there only, stopped with up (killed outright too); up prints its "
+            "URL, and its gateway searches its table documents with the default model unless --search-sink is given",
+            {"up"}, "up", kind="switch"),
     # -- reindex --------------------------------------------------------------------------------
     _option("--out", None, None,
             "output: .npy (with .ids.json beside it) or .parquet; .npz for sparse and multivector",

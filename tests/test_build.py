@@ -36,6 +36,23 @@ def test_make_test_runs_the_system_packages_step_first():
     assert setup < pytest_run, out.stdout
 
 
+def test_make_run_installs_the_local_pgvector_only_when_asked():
+    """`make run ARGS=...--with-pgvector...` installs the extra local-pgvector (once: a stamp) before
+    `embedfleet up`; a plain `make run` never does. -B: every step shown, whatever is installed here."""
+    def steps(*args: str) -> list[str]:
+        out = subprocess.run(["make", "-n", "-B", "run", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    extra = "-m pip install --quiet -e '.[local-pgvector]'"
+    assert not any(extra in line for line in steps()) and not any(extra in line for line in steps("ARGS=--port 9090"))
+    for args in ("--with-pgvector", "--port 9090 --with-pgvector"):
+        lines = steps(f"ARGS={args}")
+        install = next(i for i, line in enumerate(lines) if extra in line)
+        assert lines[install + 1] == "touch .venv/.pgvector-installed", lines
+        assert lines[-1] == f".venv/bin/embedfleet up {args}" and install < len(lines) - 1, lines
+
+
 def test_the_test_programs_are_there_after_make_test():
     # make test ran the set-up before this suite: what it installs is on PATH
     missing = [name for name in ("prometheus", "promtool") if shutil.which(name) is None]

@@ -202,3 +202,61 @@ def test_the_search_store_url_travels_in_the_environment_and_is_checked_before_s
     monkeypatch.delenv("EMBEDFLEET_SEARCH_SINK")
     with pytest.raises(ConfigError, match="give --search-sink"):
         GatewayConfig.from_namespace(build_parser().parse_args(["gateway", "--search-model", "m"]))
+
+
+def test_the_local_pgvector_becomes_the_gateways_store_unless_one_is_given(monkeypatch):
+    """`up --with-pgvector`: the gateway searches the table documents of the local PostgreSQL with the
+    default model (the first dense embedder where the default is none), unless --search-sink is given;
+    a --search-model given stays; the URL travels in the environment as a given one does."""
+    from services.stack import _gateway_args
+    from services.stack_plan import secret_environment, with_search_store
+
+    for name in ("EMBEDFLEET_SEARCH_SINK", "EMBEDFLEET_SEARCH_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    url = "postgresql://postgres@/postgres?host=/data/.embedfleet/pgvector"
+    embedder = load_model_info(None)
+    other = dataclasses.replace(embedder, id="e5")
+    reranker = dataclasses.replace(embedder, id="ce", task="score", dim=1)
+    sparse = dataclasses.replace(embedder, id="splade", outputs=("sparse",))
+    ns = build_parser().parse_args(["up", "--with-pgvector"])
+    got = with_search_store(ns, url, "documents", [embedder, other], other)
+    assert (got.search_sink, got.search_model) == (f"{url}&table=documents", "e5")
+    assert ns.search_sink is None  # a copy: the parsed options stay as given
+    assert secret_environment(got) == {"EMBEDFLEET_SEARCH_SINK": f"{url}&table=documents"}
+    args = _gateway_args(got, secret_environment(got))
+    assert args[args.index("--search-model") + 1] == "e5" and "--search-sink" not in args
+    got = with_search_store(ns, url, "documents", [reranker, sparse, embedder], reranker)
+    assert got.search_model == embedder.id  # the default ranks only: the first dense embedder
+    assert with_search_store(ns, url, "documents", [reranker, sparse], reranker) is ns  # nothing to search with
+    pinned = build_parser().parse_args(["up", "--with-pgvector", "--search-model", "e5"])
+    assert with_search_store(pinned, url, "documents", [embedder, other], embedder).search_model == "e5"
+    given = build_parser().parse_args(["up", "--with-pgvector", "--search-sink", "qdrant://h:6333?collection=c"])
+    assert with_search_store(given, url, "documents", [embedder], embedder) is given
+
+
+def test_the_local_pgvector_refuses_a_folder_it_cannot_use_and_names_what_to_install(tmp_path):
+    import subprocess
+    import sys
+
+    from services.local_pgvector import LocalPgvector
+
+    (tmp_path / "file" / "pgvector").parent.mkdir()
+    (tmp_path / "file" / "pgvector").write_text("")
+    (tmp_path / "full" / "pgvector").mkdir(parents=True)
+    (tmp_path / "full" / "pgvector" / "notes.txt").write_text("mine")
+    for data_dir, problem in (("file", "is not a folder"), ("full", "holds files but no PostgreSQL data (no PG_VERSION)"),
+                              ("my data", "has a space in its path, which pgserver's PostgreSQL cannot take")):
+        with pytest.raises(ConfigError) as exc:
+            LocalPgvector(tmp_path / data_dir).start()
+        assert str(exc.value) == (f"--with-pgvector: {tmp_path / data_dir / 'pgvector'} {problem}: PostgreSQL keeps its "
+                                  "data there; move it away, or start up with another --data-dir")
+    assert (tmp_path / "full" / "pgvector" / "notes.txt").read_text() == "mine"  # nothing touched
+    # pgserver not installed (None in sys.modules: its import fails as for a missing package)
+    code = ("import sys; sys.modules['pgserver'] = None\n"
+            "from services.cli import main; main(['up', '--with-pgvector', '--data-dir', sys.argv[1]])")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("embedfleet: error: --with-pgvector needs the packages pgserver, psycopg and pgvector "
+                                  "(the extra local-pgvector), missing here (")
+    assert f"`{sys.executable} -m pip install -e '.[local-pgvector]'`" in done.stderr
+    assert not (tmp_path / "none").exists()  # refused before anything started

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
@@ -50,11 +50,13 @@ class PgVectorSink:
             raise SinkError(f"index={index!r}: use 'hnsw' (the default) or 'none'", retryable=False)
         self.index = index == "hnsw"
         self._password = parts.password or ""
-        self._conninfo = urlunsplit(parts._replace(query=urlencode(params)))
+        # %20, never +, for a space: libpq decodes only %XX (a socket folder's path may hold spaces)
+        self._conninfo = urlunsplit(parts._replace(query=urlencode(params, quote_via=quote)))
         host = parts.netloc.rpartition("@")[2]
         user = f"{parts.username}{':***' if parts.password else ''}@" if parts.username else ""
         shown_params = {k: v for k, v in params.items() if k != "password"}
-        query = urlencode({**shown_params, "table": self.table, **({} if self.index else {"index": "none"})}, safe="/")
+        query = urlencode({**shown_params, "table": self.table, **({} if self.index else {"index": "none"})}, safe="/",
+                          quote_via=quote)
         self.shown = urlunsplit((parts.scheme, user + host, parts.path, query, ""))
         self._conn: Any = None
         self._shape: Shape | None = None

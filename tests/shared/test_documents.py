@@ -1,12 +1,12 @@
-"""Documents read from files, each checked; job ids derived from an input file: the same file, model,
-batch size and form give the same id."""
+"""Documents read from files and folders, each checked; job ids derived from an input: the same file
+(folder), model, batch size and form give the same id."""
 
 from pathlib import Path
 
 import pytest
 
 from shared.config import ConfigError
-from shared.documents import job_id_for, read_documents
+from shared.documents import job_id_for, read_documents, read_fields, read_input
 from shared.quantize import FORMS
 
 
@@ -109,8 +109,6 @@ def test_a_parquet_name_on_another_file_is_refused(tmp_path: Path):
 
 
 def test_a_documents_other_fields_are_its_metadata(tmp_path):
-    from shared.documents import read_fields
-
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text('{"id": 1, "text": "a", "lang": "de", "tags": ["x"]}\n{"id": "b", "text": "b"}\n')
     assert read_fields(jsonl) == {"1": {"lang": "de", "tags": ["x"]}, "b": {}}
@@ -123,3 +121,68 @@ def test_a_documents_other_fields_are_its_metadata(tmp_path):
     pq.write_table(pa.table({"id": [1, 2], "text": ["a", "b"], "year": [2020, None]}), tmp_path / "d.parquet")
     assert read_fields(tmp_path / "d.parquet") == {"1": {"year": 2020}, "2": {"year": None}}
     assert read_fields(tmp_path / "d.txt") is None
+
+
+# -- a folder: its text files, one document a file ---------------------------------------------
+
+def _notes(root: Path) -> Path:
+    (root / "notes" / "sub" / "deeper").mkdir(parents=True)
+    (root / "notes" / "b.txt").write_text("bee\n")
+    (root / "notes" / "a.md").write_text("# A\n\nfirst\n")
+    (root / "notes" / "sub" / "c.TXT").write_text("see")
+    (root / "notes" / "sub" / "deeper" / "d.md").write_text("")
+    (root / "notes" / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff")  # not a document: never read
+    (root / "notes" / "sub" / "notes.jsonl").write_text('{"id": 1, "text": "x"}\n')
+    return root / "notes"
+
+
+def test_a_folder_is_its_text_files_by_relative_path_in_order(tmp_path: Path):
+    folder = _notes(tmp_path)
+    assert read_input(folder) == [("a.md", "# A\n\nfirst\n"), ("b.txt", "bee\n"), ("sub/c.TXT", "see"),
+                                  ("sub/deeper/d.md", "")]
+    assert read_fields(folder) is None  # no metadata besides the id
+    assert read_input(folder / "b.txt") == [("0", "bee")]  # a file is read as before
+    with pytest.raises(ConfigError, match="is not a file"):
+        read_documents(folder)  # the gateway's path jobs take files only
+
+
+def test_a_folder_without_documents_or_with_a_file_not_utf8_is_refused_naming_it(tmp_path: Path):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "sub" / "data.csv").write_text("a,b\n")
+    with pytest.raises(ConfigError) as exc:
+        read_input(empty)
+    assert str(exc.value) == f"{empty} holds no documents: no .txt or .md file under it"
+    folder = _notes(tmp_path)
+    (folder / "sub" / "latin1.md").write_bytes(b"caf\xe9\n")
+    with pytest.raises(ConfigError) as exc:
+        read_input(folder)
+    assert str(exc.value).startswith(f"{folder / 'sub' / 'latin1.md'}: not UTF-8 text (byte 3: invalid continuation byte)")
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        read_input(tmp_path / "missing")
+
+
+def test_a_folders_job_id_is_stable_and_follows_its_documents(tmp_path: Path):
+    import os
+
+    folder = _notes(tmp_path)
+    first = job_id_for(folder, "m", 64)
+    os.utime(folder / "b.txt", ns=(1, 1))  # touched, not changed: the same job
+    (folder / "skipped.csv").write_text("not a document")
+    assert job_id_for(folder, "m", 64) == first
+    assert job_id_for(folder, "m", 64, "int8") != first and job_id_for(folder, "other", 64) != first
+    seen = {first}
+    for change in (lambda: (folder / "b.txt").write_text("bee!\n"),  # a document edited
+                   lambda: (folder / "e.md").write_text("new"),  # one added
+                   lambda: (folder / "e.md").rename(folder / "f.md"),  # renamed: another id
+                   lambda: (folder / "sub" / "c.TXT").unlink()):  # removed
+        change()
+        now = job_id_for(folder, "m", 64)
+        assert now not in seen
+        seen.add(now)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for doc_id, text in read_input(folder):
+        (copy / doc_id).parent.mkdir(parents=True, exist_ok=True)
+        (copy / doc_id).write_text(text)
+    assert job_id_for(copy, "m", 64) not in seen  # the same documents elsewhere: another job, as for files

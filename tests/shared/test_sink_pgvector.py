@@ -91,6 +91,20 @@ def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres):
         PgVectorSink(f"{postgres}&table=other").open(Shape("float32", "multivector", 8))
 
 
+def test_a_socket_folder_with_a_space_in_its_path_is_reached(postgres, tmp_path):
+    """host= names the socket's folder; a space in its path, written %20 or as is, reaches the server
+    (here a link to the server's socket folder: PostgreSQL itself would take such a path too)."""
+    from urllib.parse import parse_qs, quote, urlsplit
+
+    spaced = tmp_path / "my notes"
+    spaced.symlink_to(parse_qs(urlsplit(postgres).query)["host"][0])
+    for host in (quote(str(spaced)), str(spaced)):
+        sink = PgVectorSink(f"postgresql://postgres@/postgres?host={host}&table=spaced")
+        sink.open(Shape("float32", "dense", 4))
+        assert sink.count() == 0
+        sink.close()
+
+
 def test_bad_urls_are_refused_before_connecting():
     with pytest.raises(SinkError, match="not a plain table name"):
         PgVectorSink("postgresql://u@h:5432/db?table=x;drop")

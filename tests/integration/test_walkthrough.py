@@ -1,0 +1,174 @@
+"""The README's walk-through "From documents to search", run as typed on a real stack: `make run
+ARGS=...` as the Makefile runs it (`.venv/bin/embedfleet up ARGS`, in a fresh working folder whose
+`.venv` is this Python's), with the real all-MiniLM-L6-v2 and a real PostgreSQL with pgvector from
+pgserver; then every line of the second terminal's block through bash, as written (only the README's
+port 8080 becomes the test's free port); the answer checked against the files made and the answer the
+README shows; then Ctrl-C as a terminal sends it (SIGINT to the whole process group), after which no
+postgres of the data folder is left. A postgres that dies is started again, and `up` killed outright
+takes its PostgreSQL along."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from shared.nats_server import free_port
+from tests.integration.procs import wait_until
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SCORE_TOLERANCE = 0.01  # the README's two-digit scores against the answer's
+# the environment of a newcomer's terminal: no NATS or data folder chosen (the stack is found by its record);
+# the worker's token budget given (as in test_up): only test_up_with_embedded_nats calibrates
+_CHOSEN = ("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA_DIR", "EMBEDFLEET_PORT", "EMBEDFLEET_SEARCH")
+
+
+def _section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("\n## From documents to search\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _blocks(section: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```$", section, re.M | re.S)
+
+
+def _terminal(port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CHOSEN)}
+    return {**env, "EMBEDFLEET_PORT": str(port), "EMBEDFLEET_MAX_BATCH_TOKENS": "2048"}
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A fresh folder with this Python's venv as its .venv (where `make run` installs). In /tmp itself,
+    not under pytest's folder: a pytest session starting meanwhile makes that folder its owner's alone
+    again, and then the user pgserver runs PostgreSQL as (when the tests run as root) could not reach
+    its data; and its path short enough for PostgreSQL's socket inside .embedfleet/pgvector."""
+    assert (Path(sys.prefix) / "bin" / "embedfleet").is_file(), "the embedfleet command is not installed in this venv"
+    folder = Path(tempfile.mkdtemp(prefix="embedfleet-walk-"))
+    (folder / ".venv").symlink_to(sys.prefix)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _up(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path]:
+    """`make run ARGS=...` as the Makefile's recipe runs it, in a process group of its own (a terminal's)."""
+    recipe = re.search(r"^run:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert recipe == "$(BIN)/embedfleet up $(ARGS)", recipe
+    log = work / "up.log"
+    proc = subprocess.Popen([".venv/bin/embedfleet", "up", *args], cwd=work, env=_terminal(port),
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
+    assert proc.poll() is None, log.read_text()[-4000:]
+    return proc, log
+
+
+def _postgres_of(folder: Path) -> list[psutil.Process]:
+    """The live postgres processes (postmaster and backends) of the data folder ``folder``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and str(folder) in " ".join(p.info["cmdline"] or ()):
+            found.append(p)
+    return found
+
+
+def _gone(folder: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _postgres_of(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _postgres_of(folder)
+
+
+def _end(proc: subprocess.Popen, folder: Path) -> None:
+    """What a failed test leaves: the stack and its PostgreSQL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for p in _postgres_of(folder):
+        p.kill()
+
+
+def test_the_walk_through_runs_as_typed(work):
+    section = _section()
+    start, second = _blocks(section, "sh")
+    (shown,) = _blocks(section, "json")
+    (make_run,) = start.strip().splitlines()
+    args = shlex.split(re.fullmatch(r"make run (ARGS=.*)", make_run).group(1))[0].removeprefix("ARGS=").split()
+    assert "--with-pgvector" in args
+    port = free_port()
+    pgdata = work / ".embedfleet" / "pgvector"
+    proc, log = _up(work, args, port)
+    try:
+        banner = log.read_text()
+        table = f"postgresql://postgres@/postgres?host={pgdata}&table=documents"
+        assert f"PostgreSQL + pgvector: {table}\n" in banner and f"POST http://127.0.0.1:{port}/v1/search" in banner
+        assert _postgres_of(pgdata), "no postgres runs on the data folder"
+        outputs = []
+        for line in (line for line in second.splitlines() if line.strip()):
+            done = subprocess.run(["bash", "-c", line.replace("localhost:8080", f"localhost:{port}")], cwd=work,
+                                  env=_terminal(port), capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, (line, done.stdout, done.stderr[-3000:])
+            outputs.append(done.stdout)
+        assert "reindex notes --sink" in second and f"-> {table} (4 rows)" in outputs[-2], outputs[-2]
+        answer = json.loads(outputs[-1])
+        print(json.dumps(answer))
+        files = {p.relative_to(work / "notes").as_posix(): p.read_text() for p in (work / "notes").rglob("*") if p.is_file()}
+        assert len(files) == 4 and "travel/flights.md" in files
+        query = json.loads(re.search(r"-d '(\{.*\})'", second.splitlines()[-1]).group(1))
+        hits = answer["data"]
+        assert len(hits) == query["top_k"] and answer["model"] == "all-MiniLM-L6-v2"
+        for hit in hits:  # the files' paths in the folder, their texts as written, no metadata
+            assert hit["text"] == files[hit["id"]] and hit["metadata"] == {}, hit
+        assert hits[0]["id"] == "passwords.txt" and "password" in query["query"]  # the query was written for it
+        # the answer the README shows: the same rows, in the same order, the same scores to two digits
+        assert re.findall(r'"id": "([^"]+)"', shown) == [h["id"] for h in hits], hits
+        for score, hit in zip(re.findall(r'"score": ([0-9.-]+)', shown), hits):
+            assert abs(float(score) - hit["score"]) < SCORE_TOLERANCE, (score, hit)
+        assert f'"prompt_tokens": {answer["usage"]["prompt_tokens"]}' in shown
+        # Ctrl-C in the first terminal: SIGINT to the whole group, as a terminal sends it
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert _gone(pgdata, 5), [p.info for p in _postgres_of(pgdata)]
+        assert not (pgdata / ".s.PGSQL.5432").exists() and (pgdata / "PG_VERSION").is_file()  # data kept
+        assert "PostgreSQL stopped" in log.read_text()
+    finally:
+        _end(proc, pgdata)
+
+
+def _postmaster(pgdata: Path) -> int:
+    return int((pgdata / "postmaster.pid").read_text().split()[0])
+
+
+def test_up_starts_a_dead_postgres_again_and_killed_outright_takes_it_along(work):
+    port = free_port()
+    pgdata = work / ".embedfleet" / "pgvector"
+    proc, log = _up(work, ["--with-pgvector"], port)
+    try:
+        first = _postmaster(pgdata)
+        assert psutil.Process(first).ppid() != proc.pid  # pg_ctl's daemon: not a child, its guard stops it
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "PostgreSQL (pgvector) exited; starting it again" in log.read_text()
+                   and (pgdata / "postmaster.pid").exists() and _postmaster(pgdata) != first
+                   and psutil.pid_exists(_postmaster(pgdata)), 30, "postgres started again")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert log.read_text().count("PostgreSQL (pgvector) exited") == 1  # started again at the first try
+        proc.kill()
+        proc.wait()
+        started = time.monotonic()
+        assert _gone(pgdata, 30), ([p.info for p in _postgres_of(pgdata)], log.read_text()[-3000:])
+        print(f"postgres ended {time.monotonic() - started:.1f}s after `up` was killed")
+    finally:
+        _end(proc, pgdata)
