@@ -18,8 +18,8 @@ from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import Spans
 from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
-# the key layout written (docs/protocol.md), in which a key means one thing across all messages; v1's
-# layout is read too, since JetStream keeps v1 messages across an upgrade (codec.V1_KEYS)
+# the key layout written and read (docs/protocol.md), in which a key means one thing across all
+# messages; a message of another version is refused
 VERSION = 2
 
 # dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
@@ -402,8 +402,7 @@ class JobBatch:
     ``{"v": 2, "t": "job", "jb": JOB_ID, "bi": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
     "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional;
-    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``;
-    the v1 form, ``"v": 1`` with ``"id"`` and ``"b"`` for the job and the index, is still read),
+    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``),
     published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
 
