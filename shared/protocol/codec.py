@@ -7,7 +7,7 @@ from typing import TypeVar, Union
 
 import msgpack
 
-from shared.protocol.checks import ProtocolError, _is_int, _show
+from shared.protocol.checks import ProtocolError, is_int, shown
 from shared.protocol.messages import (
     VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport,
     Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult,
@@ -42,16 +42,16 @@ def decode(data: bytes) -> Message:
     if not isinstance(m, dict):
         raise ProtocolError("message must be a msgpack map")
     version = m.get("v")
-    if not _is_int(version) or version != VERSION:
-        newer = _is_int(version) and version > VERSION
+    if not is_int(version) or version != VERSION:
+        newer = is_int(version) and version > VERSION
         raise ProtocolError(
-            f"unsupported protocol version {_show(version)}: this service reads v{VERSION}"
+            f"unsupported protocol version {shown(version)}: this service reads v{VERSION}"
             + ("; upgrade it to the sender's release" if newer else "")
         )
     kind = m.get("t")
     form = FORMS.get(kind) if isinstance(kind, str) else None
     if form is None:
-        raise ProtocolError(f"unknown message type {_show(kind)}")
+        raise ProtocolError(f"unknown message type {shown(kind)}")
     return form[1](m)
 
 

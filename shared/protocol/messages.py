@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from shared.errors import ErrorCode
-from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, _is_int
+from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
 from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import Spans
 from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
@@ -72,7 +72,7 @@ class EmbedOptions:
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
             raise ProtocolError(f"options.output must be one of {', '.join(OUTPUTS)}")
-        if self.sparse_top_k is not None and (not _is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K):
+        if self.sparse_top_k is not None and (not is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K):
             raise ProtocolError(f"options.sparse_top_k must be an integer in 1..{MAX_SPARSE_TOP_K}")
         if self.sparse_threshold is not None and (
             isinstance(self.sparse_threshold, bool) or not isinstance(self.sparse_threshold, (int, float))
@@ -92,7 +92,7 @@ class EmbedOptions:
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise ProtocolError("options.normalize must be a boolean")
         if self.dimensions is not None and (
-            not _is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
+            not is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
         ):
             raise ProtocolError("options.dimensions must be a positive integer")
         if not isinstance(self.dtype, str) or self.dtype not in VECTOR_DTYPES:
