@@ -12,7 +12,6 @@ from shared.config import ConfigError, nats_config, retention
 from shared.lifecycle import run_async, run_service
 from shared.logs import setup_logging
 from shared.options import add_options
-from shared.protocol.codec import write_version
 from services.gateway import config as gateway_config
 from services.gpu_worker import config as worker_config
 from services.scorer import config as scorer_config
@@ -84,7 +83,6 @@ def _dispatch(ns: argparse.Namespace) -> None:
 
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command, ns.log_format)
-    write_version(ns.wire_version)
     if command in ("reindex", "jobs", "init"):
         sys.exit(_run_admin(ns))
     if command == "gateway":

@@ -88,9 +88,6 @@ OPTIONS: tuple[Option, ...] = (
     _option("--log-level", "EMBEDFLEET_LOG_LEVEL", "info", "log level", CONNECTED, "common", choices=LOG_LEVELS),
     _option("--log-format", "EMBEDFLEET_LOG_FORMAT", "text",
             "log lines as text, or one JSON object a line for log pipelines", CONNECTED, "common", choices=LOG_FORMATS),
-    _option("--wire-version", "EMBEDFLEET_WIRE_VERSION", 2,
-            "protocol version this process writes (it reads 1 and 2): 1 while services of a release that reads only "
-            "version 1 still run (a rolling upgrade), then 2", CONNECTED - {"up"}, "common", type=int, choices=(1, 2)),
     _option("--ready-file", "EMBEDFLEET_READY_FILE", None,
             "file written once the service is ready (model loaded and warmed, subscribed) and removed when it stops: "
             "for readiness probes", CONNECTED, "common"),

@@ -34,12 +34,12 @@ class Chunk:
 
 # text averages 3-6 characters a token: a window of 8 a token nearly always holds more tokens than
 # are kept; when it does not, the whole text is tokenized (same result, only slower)
-_CHARS_PER_TOKEN = 8
+CHARS_PER_TOKEN = 8
 # up to this many characters in all, a call's inputs are tokenized one by one on the calling thread:
 # the library's batch call hands even one short query to its thread pool, whose threads then spin
 # (sched_yield) waiting for more; for a few queries that spinning costs more CPU than the tokenizing
 # (at 32 single queries in flight: the tokenizer process 0.57 -> 0.51 ms of CPU a query)
-_SERIAL_CHARS = 8192
+SERIAL_CHARS = 8192
 
 
 def encode_all(tokenizer: Tokenizer, inputs: list, add_special_tokens: bool = True) -> list:
@@ -47,14 +47,14 @@ def encode_all(tokenizer: Tokenizer, inputs: list, add_special_tokens: bool = Tr
     size = 0
     for item in inputs:
         size += len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
-        if size > _SERIAL_CHARS:
+        if size > SERIAL_CHARS:
             return tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
     if inputs and not isinstance(inputs[0], str):
         return [tokenizer.encode(a, b, add_special_tokens=add_special_tokens) for a, b in inputs]
     return [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in inputs]
 
 
-def _cut(text: str, window: int, direction: str) -> str:
+def cut_chars(text: str, window: int, direction: str) -> str:
     """``text`` cut to about ``window`` characters at a whitespace, from the side truncation keeps;
     the text itself when it is short or has no whitespace to cut at."""
     if len(text) <= window:
@@ -210,7 +210,7 @@ class TextEncoder:
         """Token IDs per text, special tokens included. Releases the GIL while encoding.
 
         With truncation, a text far longer than the limit is first cut at a whitespace a generous
-        number of characters past what the kept tokens can span (``_CHARS_PER_TOKEN`` per token),
+        number of characters past what the kept tokens can span (``CHARS_PER_TOKEN`` per token),
         so a 50 KB document is not tokenized whole to keep 256 tokens. Words never span whitespace,
         so the kept tokens are those of the whole text; when the cut text does not even reach the
         limit (a text of very long tokens), the whole text is tokenized after all.
@@ -237,8 +237,8 @@ class TextEncoder:
         tokenizer = self._by_mode[direction if truncate else "none"]
         if not truncate:
             return [e.ids for e in encode_all(tokenizer, texts)]
-        window = self.max_length * _CHARS_PER_TOKEN
-        cut = [_cut(t, window, direction) for t in texts]
+        window = self.max_length * CHARS_PER_TOKEN
+        cut = [cut_chars(t, window, direction) for t in texts]
         encodings = encode_all(tokenizer, cut)
         ids = []
         for text, short, e in zip(texts, cut, encodings):

@@ -22,7 +22,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from services.tokenizer.encoder import _CHARS_PER_TOKEN, _SERIAL_CHARS, _cut
+from services.tokenizer.encoder import CHARS_PER_TOKEN, SERIAL_CHARS, cut_chars
 from services.tokenizer.fast_charset import DIVERGENT
 
 # the tokenizer.json parts kitoken was shown to reproduce token for token (with the charset left out)
@@ -78,7 +78,7 @@ class FastEncoder:
 
     def content(self, texts: list[str]) -> list[list[int]]:
         """Content token IDs of each text (no special tokens), as kitoken gives them."""
-        if sum(map(len, texts)) > _SERIAL_CHARS:  # as encode_all: few short texts on this thread
+        if sum(map(len, texts)) > SERIAL_CHARS:  # as encode_all: few short texts on this thread
             return self._kit.encode_all(texts, True)
         return [self._kit.encode(t, True) for t in texts]
 
@@ -90,8 +90,8 @@ class FastEncoder:
                reference: Callable[[list[str]], list[list[int]]]) -> list[list[int]]:
         """``TextEncoder._encode`` of ``texts`` (``direction`` None: no truncation): kitoken's IDs for
         the texts it agrees on, ``reference(rest)`` for the others."""
-        window = self._max_length * _CHARS_PER_TOKEN
-        cut = texts if direction is None else [_cut(t, window, direction) for t in texts]
+        window = self._max_length * CHARS_PER_TOKEN
+        cut = texts if direction is None else [cut_chars(t, window, direction) for t in texts]
         mine = [i for i, t in enumerate(cut) if self.agrees(t)]
         ids: list[Any] = [None] * len(texts)
         for i, row in zip(mine, self.content([cut[i] for i in mine])):

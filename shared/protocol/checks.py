@@ -28,63 +28,63 @@ class ProtocolError(ValueError):
     """A message that is not valid protocol (see docs/protocol.md)."""
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     """A short repr of an untrusted value, for error messages (which travel back in replies)."""
     text = _SHOW.repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _req(m: dict, key: str, typ: type) -> Any:
+def required(m: dict, key: str, typ: type) -> Any:
     value = m.get(key)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise ProtocolError(f"field {key!r} must be {typ.__name__}")
     return value
 
 
-def _id(m: dict, key: str = "id", limit: int = MAX_ID) -> str:
-    value = _req(m, key, str)
+def checked_id(m: dict, key: str = "id", limit: int = MAX_ID) -> str:
+    value = required(m, key, str)
     if len(value) > limit:
         raise ProtocolError(f"field {key!r} is longer than {limit} characters")
     return value
 
 
-def _name(m: dict, key: str, limit: int = MAX_NAME) -> str:
+def checked_name(m: dict, key: str, limit: int = MAX_NAME) -> str:
     """A name that goes into subjects (model, job, worker): not empty, at most ``limit`` characters."""
-    value = _id(m, key, limit)
+    value = checked_id(m, key, limit)
     if not value:
         raise ProtocolError(f"field {key!r} must not be empty")
     return value
 
 
-def _req_int(m: dict, key: str) -> int:
-    value = _req(m, key, int)
+def required_int(m: dict, key: str) -> int:
+    value = required(m, key, int)
     if value < 0:
         raise ProtocolError(f"field {key!r} must not be negative")
     return value
 
 
-def _req_number(m: dict, key: str) -> float:
+def required_number(m: dict, key: str) -> float:
     value = m.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ProtocolError(f"field {key!r} must be a number, and finite")
     return float(value)
 
 
-def _opt_number(m: dict, key: str, default: float) -> float:
-    return default if m.get(key) is None else _req_number(m, key)
+def optional_number(m: dict, key: str, default: float) -> float:
+    return default if m.get(key) is None else required_number(m, key)
 
 
-def _int32_array(buf: bytes, name: str) -> np.ndarray:
+def int32_array(buf: bytes, name: str) -> np.ndarray:
     if len(buf) % TOKEN_DTYPE.itemsize:
         raise ProtocolError(f"{name} is not a whole number of int32 values")
     return np.frombuffer(buf, dtype=TOKEN_DTYPE)
 
 
-def _opt_bool(m: dict, key: str, default: bool) -> bool:
+def optional_bool(m: dict, key: str, default: bool) -> bool:
     value = m.get(key, default)
     if value is None:
         return default
@@ -93,8 +93,8 @@ def _opt_bool(m: dict, key: str, default: bool) -> bool:
     return value
 
 
-def _str_list(m: dict, key: str) -> list[str]:
-    values = _req(m, key, list)
+def str_list(m: dict, key: str) -> list[str]:
+    values = required(m, key, list)
     if len(values) > MAX_ROWS:
         raise ProtocolError(f"more than {MAX_ROWS} entries in {key!r}")
     if not all(isinstance(t, str) for t in values):
@@ -102,7 +102,7 @@ def _str_list(m: dict, key: str) -> list[str]:
     return values
 
 
-def _timings(m: dict) -> dict[str, float]:
+def timings_field(m: dict) -> dict[str, float]:
     raw = m.get("tm") or {}
     if not isinstance(raw, dict) or len(raw) > MAX_STAGES:
         raise ProtocolError("timings must be a small map")

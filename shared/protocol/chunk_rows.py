@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, _int32_array, _req, _req_int, _str_list
+from shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, int32_array, required, required_int, str_list
 
 # key -> field of the per-row arrays (``cs`` / ``ce`` mean what they mean in a ChunkLayout)
 _ARRAYS = {"dr": "doc", "ck": "chunk", "cn": "count", "cs": "start", "ce": "end"}
@@ -66,8 +66,8 @@ class ChunkRows:
         batch's ``total`` rows known, every document's chunks within them (rows ``first`` onwards)."""
         if m.get("dn") is None:
             return None
-        documents = _req_int(m, "dn")
-        arrays = {name: _int32_array(_req(m, key, bytes), name) for key, name in _ARRAYS.items()}
+        documents = required_int(m, "dn")
+        arrays = {name: int32_array(required(m, key, bytes), name) for key, name in _ARRAYS.items()}
         if documents > MAX_ROWS or any(len(a) != rows for a in arrays.values()):
             raise ProtocolError(f"chunked rows need a document, chunk, count, start and end per row, of at most "
                                 f"{MAX_ROWS} documents")
@@ -82,7 +82,7 @@ class ChunkRows:
                 raise ProtocolError("a chunked row's document has its chunks outside the job batch's rows")
         texts = None
         if m.get("x") is not None:
-            texts = _str_list(m, "x")
+            texts = str_list(m, "x")
             if len(texts) != rows:
                 raise ProtocolError("a chunked row's text: one per row")
         return cls(documents, doc, chunk, count, start, end, texts)

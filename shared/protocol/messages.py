@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from shared.errors import ErrorCode
-from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, _is_int
+from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
 from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import Spans
 from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
-# the key layout written (docs/protocol.md), in which a key means one thing across all messages; v1's
-# layout is read too, since JetStream keeps v1 messages across an upgrade (codec.V1_KEYS)
+# the key layout written and read (docs/protocol.md), in which a key means one thing across all
+# messages; a message of another version is refused
 VERSION = 2
 
 # dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
@@ -72,7 +72,7 @@ class EmbedOptions:
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
             raise ProtocolError(f"options.output must be one of {', '.join(OUTPUTS)}")
-        if self.sparse_top_k is not None and (not _is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K):
+        if self.sparse_top_k is not None and (not is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K):
             raise ProtocolError(f"options.sparse_top_k must be an integer in 1..{MAX_SPARSE_TOP_K}")
         if self.sparse_threshold is not None and (
             isinstance(self.sparse_threshold, bool) or not isinstance(self.sparse_threshold, (int, float))
@@ -92,7 +92,7 @@ class EmbedOptions:
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise ProtocolError("options.normalize must be a boolean")
         if self.dimensions is not None and (
-            not _is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
+            not is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
         ):
             raise ProtocolError("options.dimensions must be a positive integer")
         if not isinstance(self.dtype, str) or self.dtype not in VECTOR_DTYPES:
@@ -402,8 +402,7 @@ class JobBatch:
     ``{"v": 2, "t": "job", "jb": JOB_ID, "bi": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
     "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional;
-    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``;
-    the v1 form, ``"v": 1`` with ``"id"`` and ``"b"`` for the job and the index, is still read),
+    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``),
     published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
 

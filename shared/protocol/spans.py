@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, _int32_array, _req
+from shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, int32_array, required
 
 CONTENT_KEYS = ("cc", "cf", "cl", "ct")  # counts, firsts, lasts, tokens: an EmbedRequest's
 SEQUENCE_KEYS = ("sn", "sf", "sl")  # counts, firsts, lasts: a TokenChunk's
@@ -111,7 +111,7 @@ def span_fault(counts: np.ndarray, firsts: np.ndarray, lasts: np.ndarray, length
 def read_spans(m: dict, keys: tuple[str, ...], lengths: np.ndarray | None) -> Spans:
     """Spans from ``m``'s ``keys``, checked against rows ``lengths`` tokens long (None: the rows'
     ``tokens`` that the keys carry, an EmbedRequest's); ProtocolError when they do not fit."""
-    arrays = [_int32_array(_req(m, key, bytes), key) for key in keys]
+    arrays = [int32_array(required(m, key, bytes), key) for key in keys]
     counts, firsts, lasts = arrays[:3]
     tokens = arrays[3] if len(arrays) > 3 else None
     if tokens is not None:

@@ -9,8 +9,8 @@ import numpy as np
 
 from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError
 from shared.protocol.checks import (
-    MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, _id, _int32_array, _is_int, _name, _opt_bool, _opt_number, _req,
-    _req_int, _req_number, _str_list, _show, _timings,
+    MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, checked_id, int32_array, is_int, checked_name, optional_bool, optional_number, required,
+    required_int, required_number, str_list, shown, timings_field,
 )
 from shared.protocol.messages import (
     MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
@@ -41,14 +41,14 @@ def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = Fa
     """Check a result payload against its dtype, dimension and optional offsets / indices (all before any
     array is made from them); returns (inputs it holds, offsets, indices)."""
     if dtype not in VECTOR_DTYPES:
-        raise ProtocolError(f"unknown vector dtype {_show(dtype)}")
+        raise ProtocolError(f"unknown vector dtype {shown(dtype)}")
     if not 0 < dim <= MAX_DIMENSION:
         raise ProtocolError("dimension out of range")
     offsets = indices = None
     if m.get("ix") is not None:  # sparse: values with their vocabulary indices
         if dtype not in SPARSE_DTYPES or m.get("of") is None:
             raise ProtocolError(f"sparse results hold {' or '.join(SPARSE_DTYPES)} values and per-input offsets")
-        indices = _int32_array(_req(m, "ix", bytes), "indices")
+        indices = int32_array(required(m, "ix", bytes), "indices")
         if len(data) != len(indices) * VECTOR_DTYPES[dtype].itemsize:
             raise ProtocolError("sparse results need one value per index")
         if len(indices) and (indices.min() < 0 or indices.max() >= dim):
@@ -61,7 +61,7 @@ def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = Fa
         entries = len(data) // size
     if m.get("of") is None:
         return entries, None, None
-    offsets = _int32_array(_req(m, "of", bytes), "offsets")
+    offsets = int32_array(required(m, "of", bytes), "offsets")
     # differences in int64: int32 offsets could wrap around and pass as non-decreasing
     if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != entries or np.any(np.diff(offsets.astype(np.int64)) < 0):
         raise ProtocolError("offsets must start at 0, never decrease and end at the payload's entries")
@@ -83,16 +83,16 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
 
 
 def _decode_embed_request(m: dict) -> EmbedRequest:
-    texts = _str_list(m, "x")
+    texts = str_list(m, "x")
     token_ids = None
     if m.get("tk") is not None:
-        raw = _req(m, "tk", list)
+        raw = required(m, "tk", list)
         if texts or len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
             raise ProtocolError("token inputs must be byte strings, with no texts beside them")
-        token_ids = [_int32_array(t, "token input") for t in raw]
+        token_ids = [int32_array(t, "token input") for t in raw]
     pairs = None
     if m.get("pr") is not None:
-        raw = _req(m, "pr", list)
+        raw = required(m, "pr", list)
         if texts or token_ids is not None or len(raw) > MAX_ROWS:
             raise ProtocolError("pair inputs come alone, with no texts or token inputs beside them")
         if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw):
@@ -103,15 +103,15 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
     if spans is not None and (token_ids is not None or pairs is not None or spans.rows != len(texts)):
         raise ProtocolError("spans come with texts, one row of spans per text")
     return EmbedRequest(
-        id=_id(m),
-        model=_name(m, "m"),
+        id=checked_id(m),
+        model=checked_name(m, "m"),
         texts=texts,
-        deadline=_req_number(m, "dl"),
+        deadline=required_number(m, "dl"),
         options=options,
         token_ids=token_ids,
         pairs=pairs,
-        held=_opt_bool(m, "hd", False),
-        replies=_opt_bool(m, "rb", False),
+        held=optional_bool(m, "hd", False),
+        replies=optional_bool(m, "rb", False),
         spans=spans,
     )
 
@@ -144,28 +144,28 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
 
 
 def _decode_token_chunk(m: dict) -> TokenChunk:
-    ids = _int32_array(_req(m, "ids", bytes), "ids")
-    cu = _int32_array(_req(m, "cu", bytes), "cu")
+    ids = int32_array(required(m, "ids", bytes), "ids")
+    cu = int32_array(required(m, "cu", bytes), "cu")
     # differences taken in int64: int32 offsets could wrap around and pass as increasing
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
-    start, total = _req_int(m, "s"), _req_int(m, "rows")
+    start, total = required_int(m, "s"), required_int(m, "rows")
     if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     token_types = None
     if m.get("tt") is not None:
-        token_types = _int32_array(_req(m, "tt", bytes), "token types")
+        token_types = int32_array(required(m, "tt", bytes), "token types")
         if len(token_types) != len(ids) or (len(ids) and token_types.min() < 0):
             raise ProtocolError("token types must be one non-negative value per token")
-    prompt_tokens = _req_int(m, "pt") if m.get("pt") is not None else 0
+    prompt_tokens = required_int(m, "pt") if m.get("pt") is not None else 0
     if not 0 <= prompt_tokens <= MAX_PROMPT_TOKENS:
         raise ProtocolError(f"prompt_tokens must be between 0 and {MAX_PROMPT_TOKENS}")
-    job = _name(m, "jb") if m.get("jb") is not None else None
+    job = checked_name(m, "jb") if m.get("jb") is not None else None
     options = EmbedOptions.from_wire(m.get("o", {}))
     spans = spans_field(m, SEQUENCE_KEYS, options.output, np.diff(cu))
     doc_ids = chunks = None
     if job is not None:
-        doc_ids = _str_list(m, "di")
+        doc_ids = str_list(m, "di")
         # a bulk batch's result rows: its rows, or with spans its spans (a late-chunked job's chunks)
         rows = len(cu) - 1 if spans is None else len(spans.firsts)
         if len(doc_ids) != rows or start + rows > total:
@@ -174,22 +174,22 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         if spans is not None and chunks is None:
             raise ProtocolError("a bulk batch's spans are a late-chunked job's chunks: it names them")
     return TokenChunk(
-        id=_id(m),
-        model=_name(m, "m"),
+        id=checked_id(m),
+        model=checked_name(m, "m"),
         start=start,
         total=total,
         input_ids=ids,
         cu_seqlens=cu,
-        deadline=_req_number(m, "dl"),
+        deadline=required_number(m, "dl"),
         options=options,
-        timings=_timings(m),
+        timings=timings_field(m),
         token_types=token_types,
         job=job,
-        batch=_req_int(m, "bi") if job is not None else 0,
+        batch=required_int(m, "bi") if job is not None else 0,
         doc_ids=doc_ids,
         prompt_tokens=prompt_tokens,
-        held=_opt_bool(m, "hd", False),
-        replies=_opt_bool(m, "rb", False),
+        held=optional_bool(m, "hd", False),
+        replies=optional_bool(m, "rb", False),
         spans=spans,
         chunks=chunks,
     )
@@ -209,20 +209,20 @@ def _encode_embed_result(msg: EmbedResult) -> dict[str, Any]:
 
 
 def _decode_embed_result(m: dict) -> EmbedResult:
-    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "vec", bytes)
+    dim, dtype, data = required_int(m, "dim"), required(m, "dt", str), required(m, "vec", bytes)
     count, offsets, indices = _payload_layout(m, data, dtype, dim)
-    start, total = _req_int(m, "s"), _req_int(m, "rows")
+    start, total = required_int(m, "s"), required_int(m, "rows")
     if not (0 <= start and start + count <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
-        id=_id(m),
+        id=checked_id(m),
         start=start,
         total=total,
         dim=dim,
         dtype=dtype,
         data=data,
-        tokens=_req_int(m, "tok"),
-        timings=_timings(m),
+        tokens=required_int(m, "tok"),
+        timings=timings_field(m),
         offsets=offsets,
         indices=indices,
     )
@@ -237,13 +237,13 @@ def _encode_error_reply(msg: ErrorReply) -> dict[str, Any]:
 
 def _decode_error_reply(m: dict) -> ErrorReply:
     try:
-        code = ErrorCode(_req(m, "c", str))
+        code = ErrorCode(required(m, "c", str))
     except ValueError:
         code = ErrorCode.INTERNAL
     if code in GATEWAY_ONLY:
         code = ErrorCode.INTERNAL
-    row = _req_int(m, "row") if "row" in m else None  # the encoder leaves it out when there is none
-    return ErrorReply(id=_id(m), code=code, message=_req(m, "e", str), row=row)
+    row = required_int(m, "row") if "row" in m else None  # the encoder leaves it out when there is none
+    return ErrorReply(id=checked_id(m), code=code, message=required(m, "e", str), row=row)
 
 
 def _encode_requests(msg: Requests) -> dict[str, Any]:
@@ -251,7 +251,7 @@ def _encode_requests(msg: Requests) -> dict[str, Any]:
 
 
 def _decode_requests(m: dict) -> Requests:
-    subjects, traces, messages = _str_list(m, "rp"), _str_list(m, "tp"), _req(m, "ms", list)
+    subjects, traces, messages = str_list(m, "rp"), str_list(m, "tp"), required(m, "ms", list)
     if not 0 < len(subjects) <= MAX_BUNDLE or not len(subjects) == len(traces) == len(messages):
         raise ProtocolError(f"requests need 1 to {MAX_BUNDLE} messages, each with its reply subject and trace")
     if not all(isinstance(x, bytes) for x in messages) or any(len(t) > MAX_NAME for t in traces):
@@ -267,10 +267,10 @@ def _encode_held(msg: Held) -> dict[str, Any]:
 
 
 def _decode_held(m: dict) -> Held:
-    start, rows = _req_int(m, "s"), _req_int(m, "hn")
+    start, rows = required_int(m, "s"), required_int(m, "hn")
     if rows < 1 or start + rows > MAX_ROWS:
         raise ProtocolError(f"held rows {start}..{start + rows} are not within a request of at most {MAX_ROWS}")
-    return Held(id=_id(m), start=start, rows=rows, holder=_name(m, "wk"))
+    return Held(id=checked_id(m), start=start, rows=rows, holder=checked_name(m, "wk"))
 
 
 def _encode_replies(msg: Replies) -> dict[str, Any]:
@@ -278,7 +278,7 @@ def _encode_replies(msg: Replies) -> dict[str, Any]:
 
 
 def _decode_replies(m: dict) -> Replies:
-    subjects, messages = _str_list(m, "rp"), _req(m, "ms", list)
+    subjects, messages = str_list(m, "rp"), required(m, "ms", list)
     if len(messages) != len(subjects) or not all(isinstance(x, bytes) for x in messages):
         raise ProtocolError("replies need one message (bytes) per reply subject")
     if any(not 0 < len(x) <= MAX_NAME for x in subjects):
@@ -295,7 +295,7 @@ def _decode_tokenize_request(m: dict) -> TokenizeRequest:
     if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
         raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
     return TokenizeRequest(
-        id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), add_special_tokens=special,
+        id=checked_id(m), model=checked_name(m, "m"), texts=str_list(m, "x"), add_special_tokens=special,
         prompt_name=prompt,
     )
 
@@ -306,18 +306,18 @@ def _encode_tokenize_result(msg: TokenizeResult) -> dict[str, Any]:
 
 def _decode_tokenize_result(m: dict) -> TokenizeResult:
     tokens = []
-    for seq in _req(m, "tkd", list):
+    for seq in required(m, "tkd", list):
         if not isinstance(seq, list):
             raise ProtocolError("tokens must be lists")
         row = []
         for t in seq:
-            if not (isinstance(t, list) and len(t) == 5 and _is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
+            if not (isinstance(t, list) and len(t) == 5 and is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
                 raise ProtocolError("a token is [id, text, special, start, stop]")
-            if not all(x is None or _is_int(x) for x in t[3:]):
+            if not all(x is None or is_int(x) for x in t[3:]):
                 raise ProtocolError("token offsets must be integers or null")
             row.append(tuple(t))
         tokens.append(row)
-    return TokenizeResult(id=_id(m), tokens=tokens)
+    return TokenizeResult(id=checked_id(m), tokens=tokens)
 
 
 def _encode_decode_request(msg: DecodeRequest) -> dict[str, Any]:
@@ -325,12 +325,12 @@ def _encode_decode_request(msg: DecodeRequest) -> dict[str, Any]:
 
 
 def _decode_decode_request(m: dict) -> DecodeRequest:
-    raw = _req(m, "tk", list)
+    raw = required(m, "tk", list)
     if len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
         raise ProtocolError(f"ids must be at most {MAX_ROWS} byte strings of int32 token IDs")
     return DecodeRequest(
-        id=_id(m), model=_name(m, "m"), ids=[_int32_array(t, "ids") for t in raw],
-        skip_special_tokens=_opt_bool(m, "ss", True),
+        id=checked_id(m), model=checked_name(m, "m"), ids=[int32_array(t, "ids") for t in raw],
+        skip_special_tokens=optional_bool(m, "ss", True),
     )
 
 
@@ -339,7 +339,7 @@ def _encode_decode_result(msg: DecodeResult) -> dict[str, Any]:
 
 
 def _decode_decode_result(m: dict) -> DecodeResult:
-    return DecodeResult(id=_id(m), texts=_str_list(m, "x"))
+    return DecodeResult(id=checked_id(m), texts=str_list(m, "x"))
 
 
 def _encode_chunk_request(msg: ChunkRequest) -> dict[str, Any]:
@@ -354,7 +354,7 @@ def _decode_chunk_request(m: dict) -> ChunkRequest:
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
     prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"))  # checked as an embed request's
-    return ChunkRequest(id=_id(m), model=_name(m, "m"), texts=_str_list(m, "x"), spec=spec,
+    return ChunkRequest(id=checked_id(m), model=checked_name(m, "m"), texts=str_list(m, "x"), spec=spec,
                         prompt_name=prompt.prompt_name, input_type=prompt.input_type)
 
 
@@ -370,8 +370,8 @@ def _encode_chunk_layout(msg: ChunkLayout) -> dict[str, Any]:
 
 
 def _decode_chunk_layout(m: dict) -> ChunkLayout:
-    inputs = {name: _int32_array(_req(m, key, bytes), name) for key, name in _LAYOUT_INPUTS.items()}
-    chunks = {name: _int32_array(_req(m, key, bytes), name) for key, name in _LAYOUT_CHUNKS.items()}
+    inputs = {name: int32_array(required(m, key, bytes), name) for key, name in _LAYOUT_INPUTS.items()}
+    chunks = {name: int32_array(required(m, key, bytes), name) for key, name in _LAYOUT_CHUNKS.items()}
     counts, tokens = inputs["counts"], inputs["tokens"]
     # lengths first: every array below is at most MAX_ROWS long before anything is computed from it
     if len(counts) != len(tokens) or len(counts) > MAX_ROWS:
@@ -386,10 +386,10 @@ def _decode_chunk_layout(m: dict) -> ChunkLayout:
     if n and (starts.min() < 0 or firsts.min() < 0 or np.any(starts > ends) or np.any(firsts > lasts)
               or np.any(lasts > np.repeat(tokens, counts))):
         raise ProtocolError("a chunk spans 0 <= start <= end characters and 0 <= first <= last <= its input's tokens")
-    room = _req_int(m, "rm") if m.get("rm") is not None else 0
+    room = required_int(m, "rm") if m.get("rm") is not None else 0
     if room > MAX_ROWS:
         raise ProtocolError(f"a layout's room is at most {MAX_ROWS} tokens")
-    return ChunkLayout(id=_id(m), **inputs, **chunks, room=room)
+    return ChunkLayout(id=checked_id(m), **inputs, **chunks, room=room)
 
 
 def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
@@ -412,14 +412,14 @@ def _decode_job_chunking(m: dict) -> JobChunking | None:
 
 
 def _decode_job_batch(m: dict) -> JobBatch:
-    doc_ids, texts = _str_list(m, "di"), _str_list(m, "x")
+    doc_ids, texts = str_list(m, "di"), str_list(m, "x")
     if len(doc_ids) != len(texts) or not texts:
         raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
     options = EmbedOptions.from_wire(m.get("o", {}))
     if options.output == "spans":
         raise ProtocolError("a job batch carries no spans: output 'spans' is asked with them (an embed request)")
     return JobBatch(
-        id=_name(m, "jb"), batch=_req_int(m, "bi"), model=_name(m, "m"), doc_ids=doc_ids, texts=texts,
+        id=checked_name(m, "jb"), batch=required_int(m, "bi"), model=checked_name(m, "m"), doc_ids=doc_ids, texts=texts,
         options=options, chunking=_decode_job_chunking(m),
     )
 
@@ -431,15 +431,15 @@ def _encode_job_result(msg: JobResult) -> dict[str, Any]:
 
 
 def _decode_job_result(m: dict) -> JobResult:
-    dim, dtype, data = _req_int(m, "dim"), _req(m, "dt", str), _req(m, "vec", bytes)
-    doc_ids = _str_list(m, "di")
+    dim, dtype, data = required_int(m, "dim"), required(m, "dt", str), required(m, "vec", bytes)
+    doc_ids = str_list(m, "di")
     count, offsets, indices = _payload_layout(m, data, dtype, dim, empty=True)
     if count != len(doc_ids):
         raise ProtocolError("payload does not hold one vector per document")
-    start = _req_int(m, "s")
+    start = required_int(m, "s")
     return JobResult(
-        id=_name(m, "jb"), batch=_req_int(m, "bi"), start=start, doc_ids=doc_ids, dim=dim,
-        dtype=dtype, data=data, tokens=_req_int(m, "tok"), offsets=offsets, indices=indices,
+        id=checked_name(m, "jb"), batch=required_int(m, "bi"), start=start, doc_ids=doc_ids, dim=dim,
+        dtype=dtype, data=data, tokens=required_int(m, "tok"), offsets=offsets, indices=indices,
         chunks=ChunkRows.from_wire(m, len(doc_ids), start),
     )
 
@@ -450,12 +450,12 @@ def _encode_load_report(msg: LoadReport) -> dict[str, Any]:
 
 
 def _decode_load_report(m: dict) -> LoadReport:
-    interval, leaving, rate = _req_number(m, "iv"), m.get("l", False), _opt_number(m, "r", 0.0)
+    interval, leaving, rate = required_number(m, "iv"), m.get("l", False), optional_number(m, "r", 0.0)
     if not 0 < interval <= 60 or not isinstance(leaving, bool) or not 0 <= rate < 1e12:
         raise ProtocolError("load report: interval in (0, 60] seconds, a boolean leaving, a rate >= 0")
     return LoadReport(
-        id=_name(m, "wk"), model=_name(m, "m"), subject=_name(m, "sub", MAX_ID),
-        queued_tokens=_req_int(m, "qt"), interval=interval, leaving=leaving, rate=rate,
+        id=checked_name(m, "wk"), model=checked_name(m, "m"), subject=checked_name(m, "sub", MAX_ID),
+        queued_tokens=required_int(m, "qt"), interval=interval, leaving=leaving, rate=rate,
     )
 
 
@@ -468,13 +468,13 @@ def _encode_rerank_request(msg: RerankRequest) -> dict[str, Any]:
 
 
 def _decode_rerank_request(m: dict) -> RerankRequest:
-    texts = _str_list(m, "x")
+    texts = str_list(m, "x")
     top_n = m.get("k")
-    if top_n is not None and (not _is_int(top_n) or top_n <= 0):
+    if top_n is not None and (not is_int(top_n) or top_n <= 0):
         raise ProtocolError("top_n must be a positive integer")
     vectors = None
     if m.get("cv") is not None:
-        data, dim = _req(m, "cv", bytes), _req_int(m, "cd")
+        data, dim = required(m, "cv", bytes), required_int(m, "cd")
         if not 0 < dim <= MAX_DIMENSION or len(data) % (4 * dim):
             raise ProtocolError("candidate vectors must be n * dim little-endian float32 values, 0 < dim <= "
                                 f"{MAX_DIMENSION}")
@@ -484,16 +484,16 @@ def _decode_rerank_request(m: dict) -> RerankRequest:
         if len(vectors) > MAX_ROWS or not np.isfinite(vectors).all():
             raise ProtocolError(f"candidate vectors: at most {MAX_ROWS}, of finite values")
     return RerankRequest(
-        id=_id(m),
-        model=_name(m, "m"),
-        query=_req(m, "q", str),
+        id=checked_id(m),
+        model=checked_name(m, "m"),
+        query=required(m, "q", str),
         texts=texts,
-        deadline=_req_number(m, "dl"),
+        deadline=required_number(m, "dl"),
         top_n=top_n,
-        raw_scores=_opt_bool(m, "rs", False),
-        truncate=_opt_bool(m, "tr", True),
+        raw_scores=optional_bool(m, "rs", False),
+        truncate=optional_bool(m, "tr", True),
         vectors=vectors,
-        return_text=_opt_bool(m, "rt", False),
+        return_text=optional_bool(m, "rt", False),
     )
 
 
@@ -506,15 +506,15 @@ def _encode_rerank_result(msg: RerankResult) -> dict[str, Any]:
 
 
 def _decode_rerank_result(m: dict) -> RerankResult:
-    indices = _int32_array(_req(m, "ci", bytes), "indices")
-    scores_buf = _req(m, "sc", bytes)
+    indices = int32_array(required(m, "ci", bytes), "indices")
+    scores_buf = required(m, "sc", bytes)
     if len(scores_buf) != 4 * len(indices):
         raise ProtocolError("scores and indices differ in length")
-    texts = _str_list(m, "x") if m.get("x") is not None else None
+    texts = str_list(m, "x") if m.get("x") is not None else None
     if texts is not None and len(texts) != len(indices):
         raise ProtocolError("texts and indices differ in length")
     return RerankResult(
-        id=_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
+        id=checked_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
     )
 
 

@@ -201,7 +201,7 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
         await update_state(kv, job, lambda s: s.update(model=model, documents=6, batches=2, status="running"))
         good = JobBatch(job, 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
         await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": f"{job}:0"})
-        bad = msgpack.packb({"v": 1, "t": "job", "id": job, "b": 1, "m": model, "di": ["d", "e", "f"],
+        bad = msgpack.packb({"v": 2, "t": "job", "jb": job, "bi": 1, "m": model, "di": ["d", "e", "f"],
                              "x": ["four", 5, "six"], "o": {}})
         await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": f"{job}:1"})
         state = await job_settled(kv, job)

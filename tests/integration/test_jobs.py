@@ -137,7 +137,7 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
         await update_state(kv, "poison", lambda s: s.update(model=model, documents=6, batches=2, status="running"))
         good = JobBatch("poison", 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
         await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": "poison:0"})
-        bad = msgpack.packb({"v": 1, "t": "job", "id": "poison", "b": 1, "m": model, "di": ["d", "e", "f"],
+        bad = msgpack.packb({"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": model, "di": ["d", "e", "f"],
                              "x": ["four", 5, "six"], "o": {}})
         await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": "poison:1"})
         state = await job_settled(kv, "poison")

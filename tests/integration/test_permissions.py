@@ -278,7 +278,7 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
         await update_state(kv, "poison", lambda s: s.update(model=MODEL, documents=4, batches=2, status="running"))
         good = JobBatch("poison", 0, MODEL, ["a", "b"], ["one", "two"], EmbedOptions())
         await js.publish(subjects.jobs(MODEL), encode(good), headers={"Nats-Msg-Id": "poison:0"})
-        bad = msgpack.packb({"v": 1, "t": "job", "id": "poison", "b": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4],
+        bad = msgpack.packb({"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4],
                              "o": {}})
         await js.publish(subjects.jobs(MODEL), bad, headers={"Nats-Msg-Id": "poison:1"})
         state = await job_settled(kv, "poison")

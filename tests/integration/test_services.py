@@ -37,8 +37,8 @@ async def _request(url: str, subject: str, payload: bytes, timeout: float = 30):
     [
         (b"\x80\x04\x95 pickled?", ErrorCode.INVALID_REQUEST),
         (msgpack.packb({"v": 9, "t": "embed"}), ErrorCode.INVALID_REQUEST),
-        (msgpack.packb({"v": 1, "t": "embed", "id": "x", "m": MODEL, "x": [], "dl": time.time() + 9}), ErrorCode.INVALID_REQUEST),
-        (msgpack.packb({"v": 1, "t": "embed", "id": "x", "m": MODEL, "x": ["a"], "dl": 1.0}), ErrorCode.TIMEOUT),
+        (msgpack.packb({"v": 2, "t": "embed", "id": "x", "m": MODEL, "x": [], "dl": time.time() + 9}), ErrorCode.INVALID_REQUEST),
+        (msgpack.packb({"v": 2, "t": "embed", "id": "x", "m": MODEL, "x": ["a"], "dl": 1.0}), ErrorCode.TIMEOUT),
     ],
     ids=["pickle", "version-9", "no-texts", "past-deadline"],  # the payloads hold the time: xdist needs fixed ids
 )

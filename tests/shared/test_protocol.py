@@ -98,7 +98,7 @@ def test_rerank_options_and_candidate_vectors():
 
 
 def test_unknown_error_code_becomes_internal():
-    raw = msgpack.packb({"v": 1, "t": "error", "id": "a", "c": "martian", "e": "?"})
+    raw = msgpack.packb({"v": VERSION, "t": "error", "id": "a", "c": "martian", "e": "?"})
     assert decode(raw).code is ErrorCode.INTERNAL
 
 
@@ -107,12 +107,12 @@ def test_unknown_error_code_becomes_internal():
     [
         (b"\xc1\xc1", "not a msgpack"),
         (msgpack.packb([1, 2]), "must be a msgpack map"),
-        (msgpack.packb({"v": 0, "t": "embed"}), "unsupported protocol version 0: this service reads v1 and v2$"),
-        (msgpack.packb({"v": 3, "t": "embed"}), "version 3: this service reads v1 and v2; upgrade it to the sender's release"),
-        (msgpack.packb({"v": 1, "t": "pickle"}), "unknown message type"),
-        (msgpack.packb({"v": 1, "t": "embed", "id": "a", "m": "m", "x": ["a", 3], "dl": 1.0}), "texts must be strings"),
-        (msgpack.packb({"v": 1, "t": "embed", "id": "a", "m": "m", "x": ["a"], "dl": "soon"}), "'dl' must be a number"),
-        (msgpack.packb({"v": 1, "t": "embed", "id": 5, "m": "m", "x": ["a"], "dl": 1.0}), "'id' must be str"),
+        (msgpack.packb({"v": 0, "t": "embed"}), "unsupported protocol version 0: this service reads v2$"),
+        (msgpack.packb({"v": 3, "t": "embed"}), "version 3: this service reads v2; upgrade it to the sender's release"),
+        (msgpack.packb({"v": VERSION, "t": "pickle"}), "unknown message type"),
+        (msgpack.packb({"v": VERSION, "t": "embed", "id": "a", "m": "m", "x": ["a", 3], "dl": 1.0}), "texts must be strings"),
+        (msgpack.packb({"v": VERSION, "t": "embed", "id": "a", "m": "m", "x": ["a"], "dl": "soon"}), "'dl' must be a number"),
+        (msgpack.packb({"v": VERSION, "t": "embed", "id": 5, "m": "m", "x": ["a"], "dl": 1.0}), "'id' must be str"),
     ],
 )
 def test_rejects_malformed(data, message):

@@ -33,7 +33,6 @@ from shared.protocol import (
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
 )
-from shared.protocol.codec import V1_KEYS
 from shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -350,18 +349,11 @@ def with_raw_field(body: dict, key: str, raw: bytes) -> bytes:
     return packer.pack_map_header(len(rest) + 1) + fields + packer.pack(key) + raw
 
 
-def v1_form(msg: Message) -> bytes:
-    """``msg`` as protocol v1 wrote it: version 1, and the keys v2 renamed under their v1 names."""
-    body = msgpack.unpackb(encode(msg), raw=False)
-    old = {new: old for old, new in V1_KEYS.get(msg.TYPE, {}).items()}
-    return msgpack.packb({old.get(k, k): v for k, v in body.items()} | {"v": 1}, use_bin_type=True)
-
-
 @st.composite
 def mutated(draw, valid: st.SearchStrategy) -> bytes:
-    """A valid message's encoding (either version's), damaged one way: cut, bytes flipped or inserted, a
-    field (or a field of a nested map) replaced by junk or removed, or set to a deeply nested value."""
-    data = draw(st.sampled_from([encode, v1_form]))(draw(valid))
+    """A valid message's encoding, damaged one way: cut, bytes flipped or inserted, a field (or a field
+    of a nested map) replaced by junk or removed, or set to a deeply nested value."""
+    data = encode(draw(valid))
     how = draw(st.sampled_from(["truncate", "flip", "insert", "field", "nested", "drop", "deep"]))
     if how == "truncate":
         return data[: draw(st.integers(0, len(data) - 1))]
@@ -395,8 +387,8 @@ msgpack_values = st.recursive(
     | st.dictionaries(st.text(max_size=3) | st.binary(max_size=3), inner, max_size=4),
     max_leaves=10,
 ).map(lambda v: msgpack.packb(v, use_bin_type=True))
-# every key of either version, old meanings and new (docs/protocol.md)
-WIRE_KEYS = sorted({key for renamed in V1_KEYS.values() for pair in renamed.items() for key in pair} | {
+# every key a message has (docs/protocol.md), and a few short ones none has
+WIRE_KEYS = sorted({"rows", "vec", "tkd", "jb", "bi", "wk", "sub", "qt", "iv", "ci", "n", "b", "d", "i",
     "id", "m", "x", "dl", "o", "tk", "pr", "s", "ids", "cu", "tt", "tm", "pt", "di", "dim", "dt", "tok", "of", "ix",
     "c", "e", "row", "sp", "pn", "ss", "l", "r", "q", "k", "rs", "tr", "rt", "cv", "cd", "sc", "it", "sz", "ov", "bd",
     "cc", "ct", "cs", "ce", "cf", "cl",
@@ -449,18 +441,6 @@ def test_valid_messages_round_trip(kind, data):
     msg = data.draw(VALID[kind])
     out = decode_as(encode(msg), kind)
     assert plain(out) == plain(msg)
-
-
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.TYPE)
-@FUZZ
-@given(data=st.data())
-def test_v1_encodings_decode_to_the_same_message(kind, data):
-    """JetStream keeps what a v1 release wrote (job batches, bulk token chunks, job results) across an
-    upgrade: each message in its v1 form decodes to the message itself."""
-    msg = data.draw(VALID[kind])
-    if kind is ErrorReply:
-        msg = dataclasses.replace(msg, row=None)  # v1 had no row
-    assert plain(decode_as(v1_form(msg), kind)) == plain(msg)
 
 
 @FUZZ

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from shared.errors import ErrorCode, ServiceError
-from services.tokenizer.encoder import _SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
+from services.tokenizer.encoder import SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
 from tests.corpus import mixed_texts
 
 
@@ -24,8 +24,8 @@ def test_ids_equal_reference_tokenizer_without_padding(encoder, reference):
 def test_encode_all_gives_the_batch_calls_encodings(encoder, count):
     texts = mixed_texts(count)
     pairs = [(texts[i], texts[-1 - i]) for i in range(count)]
-    serial = sum(map(len, texts)) <= _SERIAL_CHARS
-    assert serial == (count == 3) and (2 * sum(map(len, texts)) <= _SERIAL_CHARS) == serial
+    serial = sum(map(len, texts)) <= SERIAL_CHARS
+    assert serial == (count == 3) and (2 * sum(map(len, texts)) <= SERIAL_CHARS) == serial
     tokenizer = encoder._by_mode["right"]
     for inputs in (texts, pairs):
         for special in (True, False):
@@ -140,7 +140,7 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
     those of tokenizing the whole text, for prose, code-like and adversarial texts."""
     import random
 
-    from services.tokenizer.encoder import _cut
+    from services.tokenizer.encoder import cut_chars
     from tests.corpus import long_texts, mixed_texts
 
     encoder = TextEncoder(model_info)
@@ -155,8 +155,8 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
                   for _ in range(3000)) for _ in range(10)]
     whole = [e.ids for e in encoder._by_mode[direction].encode_batch(texts, add_special_tokens=True)]
     assert encoder.encode(texts, True, direction) == whole
-    assert len(_cut("word " * 5000, 2048, direction)) < 2100  # the cut is taken
-    assert _cut("x" * 20000, 2048, direction) == "x" * 20000
+    assert len(cut_chars("word " * 5000, 2048, direction)) < 2100  # the cut is taken
+    assert cut_chars("x" * 20000, 2048, direction) == "x" * 20000
 
 
 def _without_post_processor(model_info, tmp_path, tokenizer_config: dict):
