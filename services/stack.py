@@ -292,7 +292,8 @@ def _store_lines(store: LocalPgvector | None, search_sink: str | None, base: str
     searched = "the table below" if table and search_sink == table else "the --search-sink store"
     lines = f"  POST {base}/v1/search       ({searched})\n" if search_sink else ""
     if table:
-        lines += f"  PostgreSQL + pgvector: {table}\n    (data in {store.folder}; reindex --sink URL loads it)\n"
+        lines += (f"  PostgreSQL + pgvector: {table}\n    (data in {store.folder}; reindex --sink URL loads it, and so "
+                  "does POST /v1/jobs with \"sink\": URL)\n")
     return lines
 
 

@@ -104,7 +104,9 @@ def with_search_store(ns: argparse.Namespace, url: str, table: str, infos: list[
                       default: ModelInfo) -> argparse.Namespace:
     """``ns`` whose gateway searches ``table`` of the store at ``url`` (postgresql://...?host=...) with the
     default model (else the first that makes dense vectors), unless --search-sink names another store;
-    a --search-model given stays. None makes dense vectors: ``ns`` as it is (no search)."""
+    a --search-model given stays; None makes dense vectors: no search. POST /v1/jobs may write into the
+    store (its ``"sink"``), unless --job-sinks names others."""
+    ns = argparse.Namespace(**{**vars(ns), "job_sinks": ns.job_sinks or url})
     model = next((i for i in (default, *infos) if i.task == "embed" and "dense" in i.outputs), None)
     if ns.search_sink is not None or model is None:
         return ns

@@ -211,7 +211,7 @@ def test_the_local_pgvector_becomes_the_gateways_store_unless_one_is_given(monke
     from services.stack import _gateway_args
     from services.stack_plan import secret_environment, with_search_store
 
-    for name in ("EMBEDFLEET_SEARCH_SINK", "EMBEDFLEET_SEARCH_MODEL"):
+    for name in ("EMBEDFLEET_SEARCH_SINK", "EMBEDFLEET_SEARCH_MODEL", "EMBEDFLEET_JOB_SINKS"):
         monkeypatch.delenv(name, raising=False)
     url = "postgresql://postgres@/postgres?host=/data/.embedfleet/pgvector"
     embedder = load_model_info(None)
@@ -222,16 +222,19 @@ def test_the_local_pgvector_becomes_the_gateways_store_unless_one_is_given(monke
     got = with_search_store(ns, url, "documents", [embedder, other], other)
     assert (got.search_sink, got.search_model) == (f"{url}&table=documents", "e5")
     assert ns.search_sink is None  # a copy: the parsed options stay as given
-    assert secret_environment(got) == {"EMBEDFLEET_SEARCH_SINK": f"{url}&table=documents"}
+    assert secret_environment(got) == {"EMBEDFLEET_SEARCH_SINK": f"{url}&table=documents", "EMBEDFLEET_JOB_SINKS": url}
     args = _gateway_args(got, secret_environment(got))
     assert args[args.index("--search-model") + 1] == "e5" and "--search-sink" not in args
     got = with_search_store(ns, url, "documents", [reranker, sparse, embedder], reranker)
     assert got.search_model == embedder.id  # the default ranks only: the first dense embedder
-    assert with_search_store(ns, url, "documents", [reranker, sparse], reranker) is ns  # nothing to search with
+    alone = with_search_store(ns, url, "documents", [reranker, sparse], reranker)  # nothing to search with
+    assert alone.search_sink is None and alone.job_sinks == url  # jobs may still write into the store
     pinned = build_parser().parse_args(["up", "--with-pgvector", "--search-model", "e5"])
     assert with_search_store(pinned, url, "documents", [embedder, other], embedder).search_model == "e5"
     given = build_parser().parse_args(["up", "--with-pgvector", "--search-sink", "qdrant://h:6333?collection=c"])
-    assert with_search_store(given, url, "documents", [embedder], embedder) is given
+    assert with_search_store(given, url, "documents", [embedder], embedder).search_sink == given.search_sink
+    mine = build_parser().parse_args(["up", "--with-pgvector", "--job-sinks", "lancedb:///srv/l"])
+    assert with_search_store(mine, url, "documents", [embedder], embedder).job_sinks == "lancedb:///srv/l"
 
 
 def test_the_local_pgvector_refuses_a_folder_it_cannot_use_and_names_what_to_install(tmp_path):
