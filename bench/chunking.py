@@ -159,10 +159,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=128, help="chunking.size (tokens)")
     p.add_argument("--overlap", type=int, default=16, help="chunking.overlap (tokens)")
     p.add_argument("--out", default="bench-results/chunking", help="folder for chunking.json")
-    p.add_argument("--smoke", action="store_true", help="one round of 1 s a mode on 8 documents")
+    p.add_argument("--smoke", action="store_true",
+                   help="one round of 1 s a mode on 8 documents, one a request, two requests in flight")
     args = p.parse_args(argv)
     if args.smoke:
-        args.rounds, args.seconds, args.warm_up, args.documents = 1, 1.0, 0.2, 8
+        # a request started within the second runs to its end: few and small, so a mode takes seconds
+        args.rounds, args.seconds, args.warm_up, args.documents, args.per_request, args.in_flight = 1, 1.0, 0.2, 8, 1, 2
     return args
 
 

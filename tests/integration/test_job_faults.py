@@ -59,10 +59,11 @@ class FaultStack:
     def reindex(self, job: str, out: Path, *more: str) -> subprocess.Popen:
         return self.reindex_to(job, "--out", str(out), *more)
 
-    def reindex_to(self, job: str, *args: str) -> subprocess.Popen:
-        """``embedfleet reindex`` of the stack's documents as job ``job``, writing where ``args`` say."""
+    def reindex_to(self, job: str, *args: str, docs: Path | None = None) -> subprocess.Popen:
+        """``embedfleet reindex`` of the stack's documents (or of ``docs``) as job ``job``, writing where
+        ``args`` say."""
         return subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "reindex", str(self.docs), "--nats", self.nats.url,
+            [sys.executable, "-m", "services.cli", "reindex", str(docs or self.docs), "--nats", self.nats.url,
              "--batch-size", str(BATCH), "--job-id", job, "--quiet", "--stall-timeout", "60", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

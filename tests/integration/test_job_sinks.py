@@ -1,5 +1,5 @@
 """reindex --sink on real stores, real processes, the real model: pgvector (PostgreSQL from pgserver),
-LanceDB on disk and Qdrant's local mode. A worker SIGKILLed mid-job still leaves every id in the
+LanceDB on disk and Qdrant's local mode. A worker SIGKILLed mid-job of 2,000 documents still leaves every id in the
 store exactly once with the sentence-transformers vector and the input's other fields; a chunked job
 is keyed by (id, chunk); PostgreSQL stopped mid-job makes the job wait (the job state says why) and
 finish once it is back; a bad URL or a table of another dimension ends reindex before anything is
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -26,17 +27,19 @@ from tests.integration.test_job_faults import FaultStack, _state, _stored_ids
 
 pytestmark = pytest.mark.integration
 
-DOCUMENTS = 1200
+DOCUMENTS = 2000  # the job a worker is killed in, into each store
 BATCH = 16
 SAMPLE = 300  # documents whose vectors are compared with the reference
+CHUNKED = 300  # documents of the chunked job (its first ones): many chunks each, keyed the same way
+PAUSED = 600  # documents of the job whose PostgreSQL stops (its first ones)
 
 
 @dataclass
 class SinkStack(FaultStack):
     expected: np.ndarray | None = None  # [SAMPLE, 384]: sentence-transformers' vectors of the first SAMPLE texts
 
-    def reindex(self, job: str, sink: str, *more: str) -> subprocess.Popen:
-        return self.reindex_to(job, "--sink", sink, "--stall-timeout", "120", *more)
+    def reindex(self, job: str, sink: str, *more: str, docs: Path | None = None) -> subprocess.Popen:
+        return self.reindex_to(job, "--sink", sink, "--stall-timeout", "120", *more, docs=docs)
 
     def finished(self, job: str, proc: subprocess.Popen) -> str:
         try:
@@ -137,12 +140,12 @@ def _store(kind: str, stack: SinkStack, postgres, job: str) -> tuple[str, callab
     return f"qdrant://{path}?collection={job}", qdrant
 
 
-def _wait_mid_job(stack: SinkStack, job: str, proc: subprocess.Popen) -> int:
+def _wait_mid_job(stack: SinkStack, job: str, proc: subprocess.Popen, total: int = DOCUMENTS) -> int:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         done = _state(stack.nats.url, job).get("done", 0)
         if done >= 4 * BATCH:
-            assert done < DOCUMENTS, "the job ended before the fault: make it longer"
+            assert done < total, "the job ended before the fault: make it longer"
             return done
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.05)
@@ -180,17 +183,19 @@ def test_a_worker_killed_mid_job_leaves_every_id_once_in_the_store(stack, postgr
 
 def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres, reference):
     job = "sink_chunks"
+    docs = stack.folder / "chunked.jsonl"
+    docs.write_text("".join(stack.docs.read_text().splitlines(keepends=True)[:CHUNKED]))
     proc = stack.reindex(job, f"{postgres.get_uri()}&table={job}", "--chunk-size", "96", "--chunk-overlap", "8",
-                         "--with-text")
+                         "--with-text", docs=docs)
     stack.finished(job, proc)
     rows = _pg_rows(postgres.get_uri(), job, chunked=True)
     keys = [(r[0], r[3]) for r in rows]
     state = _state(stack.nats.url, job)
-    assert len(set(keys)) == len(keys) == state["chunks_done"] > DOCUMENTS, state
+    assert len(set(keys)) == len(keys) == state["chunks_done"] > CHUNKED, state
     chunks_of: dict[str, set[int]] = {}
     for doc_id, chunk in keys:
         chunks_of.setdefault(doc_id, set()).add(chunk)
-    assert len(chunks_of) == DOCUMENTS and all(c == set(range(len(c))) for c in chunks_of.values())
+    assert len(chunks_of) == CHUNKED and all(c == set(range(len(c))) for c in chunks_of.values())
     sample = sorted(rows, key=lambda r: (int(r[0][1:]), r[3]))[:SAMPLE]
     pieces = [stack.texts[int(r[0][1:])][r[4]: r[5]] for r in sample]
     assert [r[6] for r in sample] == pieces  # --with-text: each chunk's own text
@@ -202,9 +207,11 @@ def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres, reference):
 def test_postgres_stopped_mid_job_pauses_the_job_until_it_is_back(stack, tmp_path_factory):
     server = pgserver.get_server(tmp_path_factory.mktemp("pg-down"), cleanup_mode="stop")
     uri, job = server.get_uri(), "sink_pg_down"
+    docs = stack.folder / "paused.jsonl"
+    docs.write_text("".join(stack.docs.read_text().splitlines(keepends=True)[:PAUSED]))
     try:
-        proc = stack.reindex(job, f"{uri}&table={job}")
-        _wait_mid_job(stack, job, proc)
+        proc = stack.reindex(job, f"{uri}&table={job}", docs=docs)
+        _wait_mid_job(stack, job, proc, PAUSED)
         _pg_ctl(server, "stop")
         wait_until(lambda: "sink_error" in _state(stack.nats.url, job), 120, "the job state saying the store is down")
         error = _state(stack.nats.url, job)["sink_error"]
@@ -217,9 +224,9 @@ def test_postgres_stopped_mid_job_pauses_the_job_until_it_is_back(stack, tmp_pat
         output = stack.finished(job, proc)
         assert "waiting for the store" in output and "takes rows again" in output, output
         rows = _pg_rows(uri, job)
-        assert sorted(r[0] for r in rows) == sorted(f"d{i}" for i in range(DOCUMENTS))
+        assert sorted(r[0] for r in rows) == sorted(f"d{i}" for i in range(PAUSED))
         state = _state(stack.nats.url, job)
-        assert "sink_error" not in state and state["sink_rows"] == DOCUMENTS, state
+        assert "sink_error" not in state and state["sink_rows"] == PAUSED, state
     finally:
         _pg_ctl(server, "stop")
 
