@@ -9,9 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 from nats.js.errors import KeyNotFoundError, NoKeysError
-from prometheus_client import generate_latest
 
-from services.gateway.job_metrics import KEEP_FINISHED, JobMetrics
+from services.gateway.job_metrics import KEEP_FINISHED
 from services.gateway.metrics import Metrics
 from shared.subjects import Subjects
 from tests.prometheus_text import has, value

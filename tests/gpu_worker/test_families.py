@@ -12,7 +12,6 @@ from services.gpu_worker.engine.batch import DeviceBatch, prepare
 from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights
 from services.gpu_worker.engine.models.registry import family_for
-from services.gpu_worker.engine.spec import ModelSpec
 
 LENGTHS = [1, 5, 19, 40, 7, 40, 26]  # windows below are 8-12 tokens: most sequences pass them
 

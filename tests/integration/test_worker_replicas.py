@@ -3,7 +3,6 @@ CPU replicas as processes sharing the cores."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import nats
