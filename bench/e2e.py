@@ -132,7 +132,7 @@ async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, in
 
         await asyncio.gather(*(one(k) for k in range(w.in_flight)))
     took = time.perf_counter() - start
-    return _summary(latencies, done_tokens, took)
+    return load_summary(latencies, done_tokens, took)
 
 
 def drive_in_process(embed: Callable[[list[str]], object], w: Workload, seconds: float, tokens: dict[str, int]) -> dict:
@@ -146,10 +146,10 @@ def drive_in_process(embed: Callable[[list[str]], object], w: Workload, seconds:
         embed(batch)
         latencies.append(time.perf_counter() - t)
         done_tokens += sum(tokens[x] for x in batch)
-    return _summary(latencies, done_tokens, time.perf_counter() - start)
+    return load_summary(latencies, done_tokens, time.perf_counter() - start)
 
 
-def _summary(latencies: list[float], tokens: int, took: float) -> dict:
+def load_summary(latencies: list[float], tokens: int, took: float) -> dict:
     lat = sorted(latencies)
     return {
         "requests": len(lat), "tokens": tokens, "seconds": took,

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 import httpx
 
-from bench.e2e import Workload, _summary, client_batches
+from bench.e2e import Workload, load_summary, client_batches
 from shared.local_stack import read_stack
 from shared.nats_server import free_port
 
@@ -214,7 +214,7 @@ async def _embed_for(fleet, model: str, w: Workload, seconds: float, tokens: dic
             done_tokens += sum(tokens[x] for x in batch)
 
     await asyncio.gather(*(one(k) for k in range(w.in_flight)))
-    return _summary(latencies, done_tokens, time.perf_counter() - start)
+    return load_summary(latencies, done_tokens, time.perf_counter() - start)
 
 
 def run_reindex(stack: Stack, texts: list[str], folder: Path) -> dict:

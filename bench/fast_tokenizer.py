@@ -26,7 +26,7 @@ from services.tokenizer.encoder import TextEncoder
 from services.tokenizer.fast_encoder import load
 from shared.model_dir import load_model_info
 from bench.fleet import Observation, fleet
-from bench.jobs import _write_docs
+from bench.jobs import docs_file
 from tests.corpus import long_texts, mixed_texts
 
 CHARSET = Path(__file__).resolve().parents[1] / "services" / "tokenizer" / "fast_charset.py"
@@ -131,7 +131,7 @@ def reindex_cpu(documents: int, model: str | None) -> None:
         with tempfile.TemporaryDirectory() as tmp, \
                 fleet([served], [*served, "--fast-tokenizer", mode], watch=watch) as (_, nats_url):
             tokenizer = watch.pids[0]
-            docs = _write_docs(Path(tmp), "long", texts)
+            docs = docs_file(Path(tmp), "long", texts)
             before = _cpu_seconds(tokenizer)
             proc = subprocess.run([sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", f"{tmp}/out.npy",
                                    "--nats", nats_url, "--model", info.id, "--quiet"], capture_output=True, text=True)

@@ -205,7 +205,7 @@ def bench_scaling(args: argparse.Namespace) -> None:
     print(f"two workers / one worker: {results[1] / results[2]:.2f}x faster")
 
 
-def _latencies(base: str, queries: list[str], seconds: float, concurrency: int) -> list[float]:
+def latencies_for(base: str, queries: list[str], seconds: float, concurrency: int) -> list[float]:
     out: list[float] = []
     stop = time.perf_counter() + seconds
 
@@ -237,8 +237,8 @@ def bench_routing(args: argparse.Namespace) -> None:
     try:
         for routing in ("queue", "load", "queue", "load"):
             with stack([["--threads", "1"]] * 2, ["--routing", routing], pin=["0", "1"]) as base:
-                _latencies(base, queries, 1.0, args.concurrency)  # warm-up
-                lat = sorted(_latencies(base, queries, args.seconds, args.concurrency))
+                latencies_for(base, queries, 1.0, args.concurrency)  # warm-up
+                lat = sorted(latencies_for(base, queries, args.seconds, args.concurrency))
                 p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
                 print(f"routing={routing:5}  queries {len(lat):5}  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
                       f"{len(lat) / args.seconds:6.1f} q/s", flush=True)

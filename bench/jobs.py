@@ -18,13 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fleet import _latencies, embed, fleet
+from bench.fleet import latencies_for, embed, fleet
 from bench.workloads import workloads
 from shared.model_dir import load_model_info
 from tests.corpus import medium_texts, mixed_texts
 
 
-def _write_docs(folder: Path, name: str, texts: list[str]) -> Path:
+def docs_file(folder: Path, name: str, texts: list[str]) -> Path:
     path = folder / f"{name}.jsonl"
     path.write_text("".join(json.dumps({"id": f"{name}-{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     return path
@@ -55,7 +55,7 @@ def bench_throughput(args: argparse.Namespace) -> None:
     worker = ["--threads", str(args.threads), "--max-batch-tokens", str(args.budget)]
     with tempfile.TemporaryDirectory() as tmp, fleet([worker], ["--chunk-tokens", str(args.budget)]) as (base, nats_url):
         folder = Path(tmp)
-        docs = _write_docs(folder, "long", texts)
+        docs = docs_file(folder, "long", texts)
         embed(base, texts[:8])  # warm the stack
         for c in chunks[:2]:
             engine.embed(c.input_ids, c.cu_seqlens)
@@ -90,15 +90,15 @@ def bench_latency(args: argparse.Namespace) -> None:
     if args.bulk_budget:
         worker += ["--bulk-batch-tokens", str(args.bulk_budget)]
     with tempfile.TemporaryDirectory() as tmp, fleet([worker], []) as (base, nats_url):
-        docs = _write_docs(Path(tmp), "job", medium_texts(args.job_docs))
-        _latencies(base, queries, 1.0, 1)  # warm-up
+        docs = docs_file(Path(tmp), "job", medium_texts(args.job_docs))
+        latencies_for(base, queries, 1.0, 1)  # warm-up
         rows = []
         for phase in ("idle", "job running", "idle", "job running"):
             proc = None
             if phase == "job running":
                 proc = _reindex(nats_url, docs, Path(tmp) / "out.npy", f"lat-{time.time_ns()}", 64)
                 time.sleep(3.0)  # the job is flowing
-            lat = sorted(_latencies(base, queries, args.seconds, 1))
+            lat = sorted(latencies_for(base, queries, args.seconds, 1))
             if proc is not None:
                 if proc.poll() is not None:
                     print("(the job ended during the measurement: raise --job-docs)")
