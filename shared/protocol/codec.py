@@ -12,7 +12,7 @@ from shared.protocol.messages import (
     VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport,
     Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult,
 )
-from shared.protocol.wire import FORMS
+from shared.protocol.wire import CODECS
 
 
 Message = Union[
@@ -23,7 +23,7 @@ Message = Union[
 
 def encode(msg: Message) -> bytes:
     """Serialise one message to msgpack bytes (its keys: docs/protocol.md)."""
-    form = FORMS.get(getattr(msg, "TYPE", None))
+    form = CODECS.get(getattr(msg, "TYPE", None))
     if form is None:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     return msgpack.packb({"v": VERSION, "t": msg.TYPE} | form[0](msg), use_bin_type=True)
@@ -49,7 +49,7 @@ def decode(data: bytes) -> Message:
             + ("; upgrade it to the sender's release" if newer else "")
         )
     kind = m.get("t")
-    form = FORMS.get(kind) if isinstance(kind, str) else None
+    form = CODECS.get(kind) if isinstance(kind, str) else None
     if form is None:
         raise ProtocolError(f"unknown message type {shown(kind)}")
     return form[1](m)

@@ -519,7 +519,7 @@ def _decode_rerank_result(m: dict) -> RerankResult:
 
 
 # message type on the wire ("t") -> (encoder, decoder)
-FORMS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] = {
+CODECS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]] = {
     EmbedRequest.TYPE: (_encode_embed_request, _decode_embed_request),
     TokenChunk.TYPE: (_encode_token_chunk, _decode_token_chunk),
     EmbedResult.TYPE: (_encode_embed_result, _decode_embed_result),
