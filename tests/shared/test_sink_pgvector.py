@@ -91,6 +91,28 @@ def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres):
         PgVectorSink(f"{postgres}&table=other").open(Shape("float32", "multivector", 8))
 
 
+@pytest.mark.parametrize("shape, kind", [(Shape("float16", "dense", 8), "halfvec"), (Shape("binary", "dense", 64), "bit"),
+                                         (Shape("float32", "sparse", 30522), "sparsevec")])
+def test_a_column_the_servers_pgvector_lacks_is_refused_with_its_version(postgres, shape, kind):
+    """The types pgvector 0.7 brought (halfvec, sparsevec, HNSW over bits) on a server with an older one
+    (pgserver ships 0.6.2): refused for good, naming both versions, no table made. With 0.7 or later the
+    same shapes make their tables."""
+    import psycopg
+
+    with psycopg.connect(postgres) as conn:
+        version = conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[0]
+    if tuple(int(p) for p in version.split(".")[:2]) >= (0, 7):
+        sink = PgVectorSink(f"{postgres}&table=new_{kind}")
+        sink.open(shape)
+        sink.close()
+        return
+    with pytest.raises(SinkError, match=rf"pgvector is {version}; {kind} columns need pgvector 0\.7 or later") as err:
+        PgVectorSink(f"{postgres}&table=new_{kind}").open(shape)
+    assert not err.value.retryable
+    with psycopg.connect(postgres) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f"new_{kind}",)).fetchone()[0] is None
+
+
 def test_a_socket_folder_with_a_space_in_its_path_is_reached(postgres, tmp_path):
     """host= names the socket's folder; a space in its path, written %20 or as is, reaches the server
     (here a link to the server's socket folder: PostgreSQL itself would take such a path too)."""
