@@ -266,41 +266,37 @@ def has_state_key(job: str) -> bool:
 async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) -> dict:
     """Read-modify-write a job's JSON state with compare-and-set, retrying on a concurrent writer, and
     on a lost connection for up to ``patience`` seconds (the server may be restarting)."""
-    import asyncio
     import json
-    import time
 
-    from nats.errors import Error as NatsError
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+    from shared.retry import retry_transient
 
     if not has_state_key(job):
         raise ValueError(f"job id {job[:100]!r} cannot name a job state")
-    give_up = time.monotonic() + patience
-    conflicts = 0
-    while True:
-        try:
+
+    async def attempt() -> dict:
+        conflicts = 0
+        while True:
             try:
-                entry = await kv.get(job)
-                state, revision = json.loads(entry.value), entry.revision
-            except KeyNotFoundError:
-                state, revision = {"job": job}, None
-            change(state)
-            value = json.dumps(state).encode()
-            if revision is None:
-                await kv.create(job, value)
-            else:
-                await kv.update(job, value, last=revision)
-            return state
-        except (KeyWrongLastSequenceError, BadRequestError):
-            conflicts += 1  # someone else wrote first: read again (a request the server always refuses ends)
-            if conflicts > _CONFLICTS:
-                raise
-            continue
-        except (NatsError, asyncio.TimeoutError) as exc:
-            if not transient(exc) or time.monotonic() > give_up:
-                raise
-            log.debug("job %s: state update waits for the server: %r", job, exc)
-            await asyncio.sleep(0.5)
+                try:
+                    entry = await kv.get(job)
+                    state, revision = json.loads(entry.value), entry.revision
+                except KeyNotFoundError:
+                    state, revision = {"job": job}, None
+                change(state)
+                value = json.dumps(state).encode()
+                if revision is None:
+                    await kv.create(job, value)
+                else:
+                    await kv.update(job, value, last=revision)
+                return state
+            except (KeyWrongLastSequenceError, BadRequestError):
+                conflicts += 1  # someone else wrote first: read again (a request the server always refuses ends)
+                if conflicts > _CONFLICTS:
+                    raise
+
+    return await retry_transient(attempt, transient, patience, f"job {job}: state update")
 
 
 async def read_state(kv: KeyValue, job: str) -> dict | None:
@@ -567,20 +563,10 @@ async def publish_durably(js: JetStreamContext, subject: str, data: bytes, msg_i
                           patience: float = 300.0):
     """Publish into a stream with a message id and wait for the stream's acknowledgement, trying again
     while the connection is lost for up to ``patience`` seconds (the id makes a repeat harmless)."""
-    import asyncio
-    import time
+    from shared.retry import retry_transient
 
-    from nats.errors import Error as NatsError
-
-    give_up = time.monotonic() + patience
-    while True:
-        try:
-            return await js.publish(subject, data, headers={**(headers or {}), "Nats-Msg-Id": msg_id})
-        except (NatsError, asyncio.TimeoutError) as exc:
-            if not transient(exc) or time.monotonic() > give_up:
-                raise
-            log.debug("publish %s waits for the server: %r", msg_id, exc)
-            await asyncio.sleep(0.5)
+    return await retry_transient(lambda: js.publish(subject, data, headers={**(headers or {}), "Nats-Msg-Id": msg_id}),
+                                 transient, patience, f"publish {msg_id}")
 
 
 def transient(exc: BaseException) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shared.jobs import sink_finished, sink_waiting, sink_written, update_state
+from shared.retry import Backoff
 from shared.sinks.base import Rows, Shape, Sink, SinkError
 
 log = logging.getLogger("embedfleet.sinks")
@@ -131,7 +131,7 @@ class SinkWriter:
 
     async def _retried(self, call: Callable[[], None], what: str) -> None:
         """``call`` in a thread until the store takes it; a retryable refusal waits and tries again."""
-        delay, since = BACKOFF_FIRST, None
+        backoff, since = Backoff(BACKOFF_FIRST, BACKOFF_MOST), None
         while True:
             try:
                 await asyncio.to_thread(call)
@@ -144,11 +144,10 @@ class SinkWriter:
                             f"{exc.message}")
                     message, began = exc.message, since
                     await update_state(self._kv, self._job, lambda s: sink_waiting(s, message, began))
-                pause = delay * random.uniform(0.5, 1.0)
+                pause = backoff.next()
                 self._said(f"waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))}, "
                            f"next try in {pause:.1f}s")
                 await asyncio.sleep(pause)
-                delay = min(delay * 2, BACKOFF_MOST)
                 continue
             if since is not None:
                 self.waited += time.time() - since
