@@ -29,6 +29,7 @@ log = logging.getLogger("embedfleet")
 # (deploy/k8s's terminationGracePeriodSeconds outlast the two together)
 STOP_TIMEOUT = 30.0
 DRAIN_TIMEOUT = 10.0
+SERVER_GONE = 1.0  # seconds without the NATS server, while stopping, before stopping without it
 
 
 class Runnable(Protocol):
@@ -256,14 +257,45 @@ def run_service(
         await stop.wait()
         mark_ready(cfg, False)
         log.info("%s stopping: finishing in-flight work", role)
-        try:
-            await asyncio.wait_for(service.stop(), timeout=STOP_TIMEOUT)
-        except asyncio.TimeoutError:
-            log.warning("%s: in-flight work did not finish within %.0fs", role, STOP_TIMEOUT)
-        await drain_or_close(nc)
+        await _stop_service(role, service, nc)
+        if not nc.is_closed:
+            await drain_or_close(nc)
         log.info("%s stopped", role)
 
     run_async(main())
+
+
+async def _stop_service(role: str, service: Runnable, nc: Client) -> None:
+    """``service.stop()``, for at most STOP_TIMEOUT seconds. Where the NATS server goes away meanwhile
+    for over SERVER_GONE seconds (it stops with `up`, killed or not), nothing in flight can be answered:
+    the connection is closed, so that the stop's own NATS calls fail at once instead of waiting for a
+    server that is not coming back."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.ensure_future(service.stop())
+    deadline, away_since = loop.time() + STOP_TIMEOUT, None
+    while not stopping.done():
+        await asyncio.wait({stopping}, timeout=0.2)
+        now = loop.time()
+        if stopping.done():
+            break
+        if nc.is_connected or nc.is_closed:
+            away_since = None
+        elif away_since is None:
+            away_since = now
+        elif now - away_since > SERVER_GONE:
+            log.info("%s: its NATS server is gone: stopping without it", role)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), timeout=2.0)
+        if now > deadline:
+            log.warning("%s: in-flight work did not finish within %.0fs", role, STOP_TIMEOUT)
+            stopping.cancel()
+            break
+    try:
+        await stopping
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:  # a NATS call of a stop whose connection was closed
+        log.info("%s: stopping: %r", role, exc)
 
 
 def run_async(main: Awaitable[Any]) -> Any:
