@@ -40,7 +40,9 @@ def test_make_run_installs_the_local_pgvector_only_when_asked():
     """`make run ARGS=...--with-pgvector...` installs the extra local-pgvector (once: a stamp) before
     `embedfleet up`; a plain `make run` never does. -B: every step shown, whatever is installed here."""
     def steps(*args: str) -> list[str]:
-        out = subprocess.run(["make", "-n", "-B", "run", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        # --no-print-directory: under `make test` this make is nested, and would say where it enters and leaves
+        out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "run", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         return out.stdout.splitlines()
 

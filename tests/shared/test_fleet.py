@@ -265,8 +265,8 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
                     await nc.close()
 
     idle_pings, lost, closed = asyncio.run(run())
-    # none expected; one straggling round of two members at most on a loaded machine (busy: 20 in the while)
-    assert idle_pings <= 2, idle_pings
+    # none expected; two straggling rounds of two members at most on a loaded machine (busy: 20 in the while)
+    assert idle_pings <= 4, idle_pings
     assert [who for _, who in lost] == [("worker", "w1", "m")]
     # within a liveness interval or two (a loaded machine adds some): the background polls, a minute
     # apart here, could not have found it
