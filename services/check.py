@@ -50,11 +50,11 @@ def _check(folder: str, report: Report) -> None:
 
     from services.gpu_worker.engine.attention import FLASHINFER_HEAD_DIMS, FlashInferRagged, TorchFlashVarlen
     from services.gpu_worker.engine.models.registry import family_for
-    from services.gpu_worker.engine.spec import ModelSpec
+    from services.gpu_worker.engine.models.registry import spec_from_folder
     from services.tokenizer.encoder import TextEncoder
 
     info = load_model_info(folder)
-    spec = ModelSpec.from_folder(info.path)
+    spec = spec_from_folder(info.path)
     family = family_for(spec.config)
     facts = report.facts
     facts["family"] = f"{family.name} (model_type {spec.model_type})"

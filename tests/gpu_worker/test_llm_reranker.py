@@ -15,7 +15,7 @@ from safetensors import safe_open
 from shared.config import ConfigError
 from shared.model_dir import load_model_info
 from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.spec import ModelSpec
+from services.gpu_worker.engine.models.registry import spec_from_folder
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
 from tests.tiny_llm_rerankers import MAX_LENGTH, build_llm_reranker, reference
@@ -104,5 +104,5 @@ def test_a_family_without_llm_reranking_is_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3_text",
                                                     "architectures": ["Gemma3ForCausalLM"]}))
     with pytest.raises(ConfigError, match="Gemma3 causal LMs are not served as LLM rerankers"):
-        ModelSpec.from_folder(folder)
+        spec_from_folder(folder)
     shutil.rmtree(folder)

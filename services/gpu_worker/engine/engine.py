@@ -23,12 +23,11 @@ from services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
 from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights, read_safetensors
 from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.models.registry import Family, family_for
+from services.gpu_worker.engine.models.registry import Family, family_for, spec_from_folder
 from services.gpu_worker.engine.outputs import build_outputs
 from services.gpu_worker.engine.pooling import pool
 from services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
-from services.gpu_worker.engine.spec import ModelSpec
 from services.gpu_worker.engine.st_modules import build_dense
 
 log = logging.getLogger("embedfleet.engine")
@@ -83,7 +82,7 @@ class Engine:
         heads: dict[str, torch.nn.Module] | None = None,
     ) -> None:
         self.info = info
-        self.spec = ModelSpec.from_folder(info.path)
+        self.spec = spec_from_folder(info.path)
         self.family: Family = family_for(self.spec.config)
         self.device = pick_device(device)
         if dtype is None:

@@ -6,13 +6,10 @@ family needs stays in the raw ``config`` and is read by that family's model file
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from shared.config import ConfigError
-from shared.model_dir import classifier_labels, logit_score_tokens
+from shared.model_dir import classifier_labels
 
 ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
 
@@ -46,27 +43,6 @@ class ModelSpec:
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
-
-    @classmethod
-    def from_folder(cls, path: Path) -> ModelSpec:
-        from services.gpu_worker.engine.models.registry import FAMILIES, family_for
-
-        config = json.loads((path / "config.json").read_text())
-        family = family_for(config)
-        spec = family.spec(config)
-        if tokens := logit_score_tokens(path, config):
-            if not family.llm_reranker:
-                served = ", ".join(f.name for f in FAMILIES if f.llm_reranker)
-                raise ConfigError(f"{family.name} causal LMs are not served as LLM rerankers (LogitScore); these "
-                                  f"families' are: {served}")
-            spec = replace(spec, num_labels=1, score_tokens=tokens)
-        if spec.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation {spec.activation!r} is not supported (supported: {sorted(ACTIVATIONS)})")
-        if not spec.head_dim_override and spec.hidden_size % spec.num_heads:
-            raise ConfigError("hidden_size is not a multiple of num_attention_heads")
-        if spec.num_heads % spec.kv_heads:
-            raise ConfigError("num_attention_heads is not a multiple of num_key_value_heads")
-        return spec
 
 
 def num_labels(config: dict) -> int:

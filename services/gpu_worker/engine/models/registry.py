@@ -3,13 +3,16 @@ worker's start-up refusal and the README's table all come from here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from shared.config import ConfigError
+from shared.model_dir import logit_score_tokens
 from services.gpu_worker.engine.models import bert, decoder, gemma3, modernbert, mpnet
 from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.spec import ModelSpec
+from services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +114,24 @@ def family_for(config: dict[str, Any]) -> Family:
 
 def build(spec: ModelSpec) -> EncoderModel:
     return family_for(spec.config or {"model_type": spec.model_type}).model(spec)
+
+
+def spec_from_folder(path: Path) -> ModelSpec:
+    """The engine's spec of the model folder ``path`` (its config.json, and modules.json for an LLM
+    reranker), checked: a ConfigError for what the engine does not serve."""
+    config = json.loads((path / "config.json").read_text())
+    family = family_for(config)
+    spec = family.spec(config)
+    if tokens := logit_score_tokens(path, config):
+        if not family.llm_reranker:
+            served = ", ".join(f.name for f in FAMILIES if f.llm_reranker)
+            raise ConfigError(f"{family.name} causal LMs are not served as LLM rerankers (LogitScore); these "
+                              f"families' are: {served}")
+        spec = replace(spec, num_labels=1, score_tokens=tokens)
+    if spec.activation not in ACTIVATIONS:
+        raise ConfigError(f"activation {spec.activation!r} is not supported (supported: {sorted(ACTIVATIONS)})")
+    if not spec.head_dim_override and spec.hidden_size % spec.num_heads:
+        raise ConfigError("hidden_size is not a multiple of num_attention_heads")
+    if spec.num_heads % spec.kv_heads:
+        raise ConfigError("num_attention_heads is not a multiple of num_key_value_heads")
+    return spec
