@@ -16,6 +16,12 @@ _SHOW = reprlib.Repr()  # a value quoted in an error stays short (it may come fr
 _SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
 
 
+def _quoted(value) -> str:
+    """``value`` quoted for an error, at most 80 characters (nested lists stay short too)."""
+    text = _SHOW.repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     start: int  # characters: text[start:end] is the chunk's text
@@ -39,13 +45,13 @@ class ChunkSpec:
 
     def __post_init__(self) -> None:
         if not _is_int(self.size) or self.size < 1:
-            raise _invalid(f"chunking.size must be an integer of at least 1, got {_SHOW.repr(self.size)}")
+            raise _invalid(f"chunking.size must be an integer of at least 1, got {_quoted(self.size)}")
         if not _is_int(self.overlap) or self.overlap < 0:
-            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {_SHOW.repr(self.overlap)}")
+            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {_quoted(self.overlap)}")
         if self.overlap >= self.size:
             raise _invalid(f"chunking.overlap ({self.overlap}) must be less than chunking.size ({self.size})")
         if self.boundary not in BOUNDARIES:
-            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {_SHOW.repr(self.boundary)}")
+            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {_quoted(self.boundary)}")
 
     def check_room(self, room: int) -> None:
         """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's
