@@ -3,7 +3,20 @@ in one table (services/gateway/errors.py)."""
 
 from __future__ import annotations
 
+import reprlib
 from enum import StrEnum
+from typing import Any
+
+_SHOW = reprlib.Repr()  # untrusted values quoted in errors: short, and no deep recursion
+_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 60
+_SHOW.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """A short repr of an untrusted value, for error messages (which travel back in replies): at most
+    80 characters, however deep or long the value."""
+    text = _SHOW.repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 class ErrorCode(StrEnum):

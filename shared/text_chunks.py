@@ -6,22 +6,11 @@ the tokenizer, which cuts (services/tokenizer/chunking.py).
 
 from __future__ import annotations
 
-import reprlib
 from dataclasses import dataclass
 
-from shared.errors import ErrorCode, ServiceError
+from shared.errors import ErrorCode, ServiceError, shown
 
 BOUNDARIES = ("token", "sentence")
-_SHOW = reprlib.Repr()  # a value quoted in an error stays short (it may come from a client, or the wire)
-_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
-
-
-def _quoted(value) -> str:
-    """``value`` quoted for an error, at most 80 characters (nested lists stay short too)."""
-    text = _SHOW.repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     start: int  # characters: text[start:end] is the chunk's text
@@ -45,13 +34,13 @@ class ChunkSpec:
 
     def __post_init__(self) -> None:
         if not _is_int(self.size) or self.size < 1:
-            raise _invalid(f"chunking.size must be an integer of at least 1, got {_quoted(self.size)}")
+            raise _invalid(f"chunking.size must be an integer of at least 1, got {shown(self.size)}")
         if not _is_int(self.overlap) or self.overlap < 0:
-            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {_quoted(self.overlap)}")
+            raise _invalid(f"chunking.overlap must be an integer of at least 0, got {shown(self.overlap)}")
         if self.overlap >= self.size:
             raise _invalid(f"chunking.overlap ({self.overlap}) must be less than chunking.size ({self.size})")
         if self.boundary not in BOUNDARIES:
-            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {_quoted(self.boundary)}")
+            raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {shown(self.boundary)}")
 
     def check_room(self, room: int) -> None:
         """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import reprlib
 from typing import Any
 
 import numpy as np
@@ -19,19 +18,8 @@ MAX_BUNDLE = 1024  # requests in one Requests message
 MAX_PROMPT_TOKENS = 1 << 20  # a row's leading tokens that pooling skips
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
 
-_SHOW = reprlib.Repr()  # untrusted values quoted in errors: short, and no deep recursion
-_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 60
-_SHOW.maxlevel = 3
-
-
 class ProtocolError(ValueError):
     """A message that is not valid protocol (see docs/protocol.md)."""
-
-
-def shown(value: Any) -> str:
-    """A short repr of an untrusted value, for error messages (which travel back in replies)."""
-    text = _SHOW.repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def is_int(x: Any) -> bool:

@@ -7,7 +7,8 @@ from typing import TypeVar, Union
 
 import msgpack
 
-from shared.protocol.checks import ProtocolError, is_int, shown
+from shared.errors import shown
+from shared.protocol.checks import ProtocolError, is_int
 from shared.protocol.messages import (
     VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport,
     Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult,

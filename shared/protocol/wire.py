@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError
+from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError, shown
 from shared.protocol.checks import (
     MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, checked_id, int32_array, is_int, checked_name, optional_bool, optional_number, required,
-    required_int, required_number, str_list, shown, timings_field,
+    required_int, required_number, str_list, timings_field,
 )
 from shared.protocol.messages import (
     MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,

@@ -93,7 +93,7 @@ def test_layout_arrays_must_be_whole_int32_bytes():
     ({"ov": 8}, "chunking.overlap (8) must be less than chunking.size (8)"),
     ({"ov": -1}, "chunking.overlap must be an integer of at least 0, got -1"),
     ({"bd": "paragraph"}, "chunking.boundary must be 'token' or 'sentence', got 'paragraph'"),
-    ({"bd": "x" * 100_000}, "chunking.boundary must be 'token' or 'sentence', got 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
+    ({"bd": "x" * 100_000}, "chunking.boundary must be 'token' or 'sentence', got 'xxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx'"),
     ({"pn": 7}, "options.prompt_name must be a short string"),
     ({"it": "q" * 300}, "options.input_type must be a short string"),
     ({"x": "one text"}, "field 'x' must be list"),
