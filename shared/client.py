@@ -38,8 +38,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 
+from shared.bundles import Item
 from shared.errors import ErrorCode, ServiceError
-from shared.request_outbox import Outbox, Outgoing
+from shared.request_outbox import Outbox
 from shared.protocol import (
     VECTOR_DTYPES,
     ChunkLayout,
@@ -334,7 +335,7 @@ class EmbedClient:
         pending.attempts.append(attempt)
         self._attempts[attempt] = (pending, index)
         self._outbox.add(self._subjects.embed(pending.request.model),
-                         Outgoing(f"{self._inbox}.{attempt}", payload, headers_for(pending.trace)))
+                         Item(f"{self._inbox}.{attempt}", payload, headers_for(pending.trace)))
 
     def _carried(self, reply: str, replies: list[str]) -> None:
         self._bundled[reply.rsplit(".", 1)[-1]] = [r.rsplit(".", 1)[-1] for r in replies]

@@ -13,25 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Callable
 
 from nats.aio.client import Client
 
-from shared.protocol import MAX_BUNDLE, Requests, encode
-from shared.tracing import TRACEPARENT
+from shared.bundles import Item, pack, publish
 
 log = logging.getLogger("embedfleet.client")
-
-_OVERHEAD = 64  # a Requests message's bytes besides its entries (map, keys, type, version)
-_PER_ENTRY = 16  # msgpack's headers of one entry's subject, trace and message
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    reply: str  # the request's reply subject
-    payload: bytes  # its encoded EmbedRequest
-    headers: dict[str, str] | None  # what it would carry alone (its traceparent)
 
 
 class Outbox:
@@ -45,10 +33,10 @@ class Outbox:
         self._nc = nc
         self._carried = carried
         self._failed = failed
-        self._queued: dict[str, list[Outgoing]] = {}
+        self._queued: dict[str, list[Item]] = {}
         self._scheduled = False
 
-    def add(self, subject: str, item: Outgoing) -> None:
+    def add(self, subject: str, item: Item) -> None:
         self._queued.setdefault(subject, []).append(item)
         if not self._scheduled:
             self._scheduled = True
@@ -58,34 +46,12 @@ class Outbox:
         queued, self._queued = self._queued, {}
         self._scheduled = False
         for subject, items in queued.items():
-            for bundle in _bundles(items, self._nc.max_payload):
+            for bundle in pack(items, self._nc.max_payload):
                 replies = [item.reply for item in bundle]
                 try:
-                    if len(bundle) == 1:
-                        await self._nc.publish(subject, bundle[0].payload, reply=bundle[0].reply, headers=bundle[0].headers)
-                    else:
+                    if len(bundle) > 1:
                         self._carried(bundle[0].reply, replies)
-                        message = Requests(replies, [(item.headers or {}).get(TRACEPARENT, "") for item in bundle],
-                                           [item.payload for item in bundle])
-                        await self._nc.publish(subject, encode(message), reply=bundle[0].reply)
+                    await publish(self._nc, subject, bundle)
                 except Exception as exc:  # the connection went away since the requests were made
                     log.warning("publishing %d requests on %s failed: %s", len(bundle), subject, exc)
                     self._failed(replies, exc)
-
-
-def _bundles(items: list[Outgoing], max_payload: int) -> list[list[Outgoing]]:
-    """``items`` in order, cut into groups whose Requests message fits ``max_payload`` (each item fits
-    alone: the client checked it), at most MAX_BUNDLE each."""
-    out: list[list[Outgoing]] = []
-    group: list[Outgoing] = []
-    size = _OVERHEAD
-    for item in items:
-        cost = len(item.payload) + len(item.reply) + len(TRACEPARENT) + 64 + _PER_ENTRY
-        if group and (size + cost > max_payload or len(group) >= MAX_BUNDLE):
-            out.append(group)
-            group, size = [], _OVERHEAD
-        group.append(item)
-        size += cost
-    if group:
-        out.append(group)
-    return out

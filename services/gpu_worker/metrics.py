@@ -64,6 +64,9 @@ class WorkerMetrics:
         self._runs = {k: runs.labels(model, k) for k in RUNS}
         self._errors = Counter("embedfleet_worker_errors", "error replies by code (overloaded, timeout, internal, ...)",
                                ["model", "code"], registry=r)
+        self._bundled = Counter("embedfleet_worker_bundled", "token batches that came several to a NATS message (a "
+                                "Requests message: a tokenizer's batches of one group for one requester)", ["model"],
+                                registry=r).labels(model)
         self._busy = Counter("embedfleet_worker_busy_seconds", "seconds each engine replica had a batch in flight",
                              ["model", "replica"], registry=r)
         self._last_ready: dict[int, float] = {}
@@ -95,6 +98,9 @@ class WorkerMetrics:
 
     def batch_failed(self, batch: Batch) -> None:
         self._failed[batch_queue(batch)].inc()
+
+    def bundled(self, count: int) -> None:
+        self._bundled.inc(count)
 
     def error(self, code: str) -> None:
         self._errors.labels(self._model, code).inc()

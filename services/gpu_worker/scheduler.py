@@ -31,6 +31,7 @@ class Work:
     # [count, dim] float32 (tokens, multivector: [tokens, dim]; spans: [spans, dim]), allocated on first result
     vectors: np.ndarray | None = None
     trace: TraceContext | None = None  # the trace context its message brought (spans.py)
+    carrier: str = ""  # the reply subject this process may answer on, when not ``reply`` (shared/bundles.py)
 
     @property
     def pending_tokens(self) -> int:

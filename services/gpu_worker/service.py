@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from shared.bundles import answer, is_bundle, unbundle
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
 from shared.metrics_server import serve_metrics
@@ -278,28 +279,41 @@ class WorkerService:
         if not msg.reply:
             log.warning("token batch without a reply subject dropped")
             return
+        outgoing = Outgoing()  # the answers it gets at once (Held, refusals): one message per requester
+        if is_bundle(msg.data):  # a tokenizer's batches for one requester, in one message (shared/bundles.py)
+            try:
+                entries = unbundle(msg)
+            except ProtocolError as exc:
+                outgoing.add(False, msg.reply, self._refusal("", ServiceError(ErrorCode.INVALID_TOKENS, str(exc))))
+            else:
+                self.metrics.bundled(len(entries))
+                for entry in entries:
+                    self._admit(entry.data, entry.reply, entry.headers, entry.carrier, outgoing)
+        else:
+            self._admit(msg.data, msg.reply, msg.headers, msg.reply, outgoing)
+        bind(None, "")
+        await self._publish(outgoing)
+
+    def _admit(self, data: bytes, reply: str, headers: dict[str, str] | None, carrier: str, outgoing: Outgoing) -> None:
+        """One token batch queued, or refused; its immediate answers (Held, a refusal) added to ``outgoing``."""
         request_id = ""
-        trace = from_headers(msg.headers)
+        trace = from_headers(headers)
         bind(trace, "")  # the subscription's task runs every message: each binds its own
         try:
-            batch = decode_as(msg.data, TokenChunk)
+            batch = decode_as(data, TokenChunk)
             request_id = batch.id
             bind(trace, request_id)
             self._check_batch(batch)
-        except ProtocolError as exc:
-            await self._reply_error(msg.reply, request_id, ServiceError(ErrorCode.INVALID_TOKENS, str(exc)), trace)
-            return
-        except ServiceError as exc:
-            await self._reply_error(msg.reply, request_id, exc, trace)
-            return
-        if self._scheduler.queued_tokens + batch.num_tokens > self._cfg.max_queued_tokens:
-            await self._reply_error(msg.reply, request_id, ServiceError(
-                ErrorCode.OVERLOADED, f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later"),
-                trace)
+            if self._scheduler.queued_tokens + batch.num_tokens > self._cfg.max_queued_tokens:
+                raise ServiceError(ErrorCode.OVERLOADED,
+                                   f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later")
+        except (ProtocolError, ServiceError) as exc:
+            error = exc if isinstance(exc, ServiceError) else ServiceError(ErrorCode.INVALID_TOKENS, str(exc))
+            outgoing.add(False, reply, self._refusal(request_id, error, trace), carrier)
             return
         if batch.held:  # these rows are ours now: should this process die, the requester sends them again
-            await self._nc.publish(msg.reply, encode(Held(batch.id, batch.start, batch.count, self._id)))
-        self._scheduler.push(Work(batch, msg.reply, arrived=time.perf_counter(), trace=trace))
+            outgoing.add(batch.replies, reply, encode(Held(batch.id, batch.start, batch.count, self._id)), carrier)
+        self._scheduler.push(Work(batch, reply, arrived=time.perf_counter(), trace=trace, carrier=carrier))
         self._work_queued()
 
     def _check_batch(self, batch: TokenChunk) -> None:
@@ -343,8 +357,7 @@ class WorkerService:
             while in_flight and in_flight[0][1].ready():
                 await self._finish(*in_flight.popleft())
             for work in self._scheduler.drop_expired(time.time()):
-                await self._reply_error(work.reply, work.batch.id, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"),
-                                        work=work)
+                await self._reply_error(work, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"))
             batch = self._scheduler.next_batch()
             if self._bulk is not None and not (self._scheduler.online_waiting or self._scheduler.bulk_waiting):
                 self._bulk.room()  # bulk work may come in while this batch runs
@@ -400,6 +413,9 @@ class WorkerService:
             except Exception:  # one unanswerable request must not stop this replica's loop
                 log.exception("answering request %s failed", work.batch.id)
         bind(None, "")
+        await self._publish(outgoing)
+
+    async def _publish(self, outgoing: Outgoing) -> None:
         for subject, payload in outgoing.messages(self._nc.max_payload):
             try:
                 await self._nc.publish(subject, payload)
@@ -412,7 +428,7 @@ class WorkerService:
             if s.work.source is not None:
                 await self._bulk.failed(s.work, "the engine failed on the batch")  # tried again, then given up
                 continue
-            await self._reply_error(s.work.reply, s.work.batch.id, ServiceError(ErrorCode.INTERNAL, "engine error"), work=s.work)
+            await self._reply_error(s.work, ServiceError(ErrorCode.INTERNAL, "engine error"))
 
     def _pooled(self, work: Work) -> np.ndarray:
         """A finished dense or spans work's vectors as the request asks them: Matryoshka truncation (a
@@ -476,7 +492,7 @@ class WorkerService:
                 timings=timings,
             )
             tokens = 0
-            outgoing.add(batch.replies, work.reply, encode(result))
+            outgoing.add(batch.replies, work.reply, encode(result), work.carrier)
 
     async def _reply_ragged(self, work: Work, outgoing: Outgoing) -> None:
         batch, opts = work.batch, work.batch.options
@@ -498,7 +514,7 @@ class WorkerService:
         try:
             parts = split_inputs(offsets, entry, self._nc.max_payload - len(encode(empty)) - _ENVELOPE_BYTES)
         except ValueError as exc:
-            await self._reply_error(work.reply, batch.id, ServiceError(
+            await self._reply_error(work, ServiceError(
                 ErrorCode.INVALID_REQUEST, f"{exc} (NATS max_payload): send shorter inputs, or ask a smaller dtype"))
             return
         for lo, hi in parts:
@@ -509,11 +525,12 @@ class WorkerService:
                 indices=None if indices is None else indices[a:b],
             )
             tokens = 0
-            outgoing.add(batch.replies, work.reply, encode(result))
+            outgoing.add(batch.replies, work.reply, encode(result), work.carrier)
 
-    async def _reply_error(self, reply: str, request_id: str, error: ServiceError, trace: TraceContext | None = None,
-                           work: Work | None = None) -> None:
-        """Answer ``error``; its span records the work's stay (``work``), or its refusal (``trace``)."""
+    def _refusal(self, request_id: str, error: ServiceError, trace: TraceContext | None = None,
+                 work: Work | None = None) -> bytes:
+        """``error`` logged, counted, and recorded in the work's span (``work``: its stay) or a span of its
+        refusal (``trace``); returns the encoded ErrorReply."""
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.text())
         self.metrics.error(error.code.value)
         if work is not None:
@@ -521,7 +538,12 @@ class WorkerService:
         elif trace is not None and trace.sampled and self._tracer.enabled:
             with self._tracer.start("worker embed", trace, "consumer", request_id=request_id) as span:
                 span.error(error.code.value, error.text())
+        return encode(ErrorReply(request_id, error.code, error.message, error.row))
+
+    async def _reply_error(self, work: Work, error: ServiceError) -> None:
+        """Answer ``work`` with ``error`` (on the subject this process may answer its requester on)."""
+        payload = self._refusal(work.batch.id, error, work=work)
         try:
-            await self._nc.publish(reply, encode(ErrorReply(request_id, error.code, error.message, error.row)))
+            await self._nc.publish(*answer(work.reply, work.carrier or work.reply, payload))
         except Exception as exc:  # called from the replica loops too, which must keep running
-            log.warning("request %s: error reply not sent: %r", request_id or "?", exc)
+            log.warning("request %s: error reply not sent: %r", work.batch.id or "?", exc)

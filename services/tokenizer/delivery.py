@@ -20,6 +20,7 @@ from typing import Awaitable, Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from shared.bundles import Item, pack, publish
 from shared.protocol import DELIVERY_CHECK
 
 log = logging.getLogger("embedfleet.tokenizer")
@@ -39,6 +40,8 @@ class Sent:
     headers: dict[str, str] | None
     request_id: str
     model: str
+    replies: bool = False  # the requester reads Replies: its batches may go in a Requests with others'
+    carrier: str = ""  # the reply subject this process may answer the requester on (shared/bundles.py)
     tries: int = 1  # subjects tried so far for these batches
 
 
@@ -64,13 +67,22 @@ class DeliveryCheck:
         self._kept.clear()
 
     async def publish(self, sents: list[Sent]) -> None:
-        """Publish each of ``sents``' batches on its subject, then check once per subject that they
+        """Publish ``sents``' batches, those for one subject and one requester as one Requests message
+        where the requester reads Replies (shared/bundles.py), then check once per subject that they
         reached someone (a group of requests gets one check a subject, not one a request)."""
         by_subject: dict[str, list[Sent]] = {}
         for sent in sents:
-            for payload in sent.payloads:
-                await self._nc.publish(sent.subject, payload, reply=sent.reply, headers=sent.headers)
             by_subject.setdefault(sent.subject, []).append(sent)
+        for subject, on_subject in by_subject.items():
+            by_requester: dict[tuple[bool, str], list[Item]] = {}
+            for sent in on_subject:
+                # a requester of Replies: its inbox (all but the last token); any other: each batch alone
+                inbox = sent.reply.rpartition(".")[0] if sent.replies else ""
+                by_requester.setdefault((bool(inbox), inbox or sent.reply), []).extend(
+                    Item(sent.reply, payload, sent.headers) for payload in sent.payloads)
+            for (together, _), items in by_requester.items():
+                for group in pack(items, self._nc.max_payload) if together else [[item] for item in items]:
+                    await publish(self._nc, subject, group)
         now = time.monotonic()
         while self._kept and now - next(iter(self._kept.values()))[0] > KEEP:
             self._kept.popitem(last=False)

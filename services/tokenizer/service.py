@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from shared.bundles import answer, carrier_of, is_bundle, unbundle
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
 from shared.metrics_server import serve_metrics
@@ -24,7 +25,6 @@ from shared.protocol import (
     ErrorReply,
     LoadReport,
     ProtocolError,
-    Replies,
     Spans,
     TokenChunk,
     TokenizeRequest,
@@ -40,7 +40,6 @@ from services.tokenizer.fast_check import choose
 from services.tokenizer.layout import Layouts
 from services.tokenizer.span_rows import place_spans
 from services.tokenizer.bulk import BulkTokenizer
-from services.tokenizer.bundles import carrier_of, is_bundle, unbundle
 from services.tokenizer.coalesce import Coalescer
 from services.tokenizer.delivery import DeliveryCheck, Sent
 from services.tokenizer.metrics import TokenizerMetrics
@@ -339,7 +338,8 @@ class TokenizerService:
             p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
             return []
         headers = headers_for(p.span.context)  # the workers' spans are this one's children
-        return [Sent(subject, tuple(payloads), tokens, p.reply, headers, request.id, request.model)
+        return [Sent(subject, tuple(payloads), tokens, p.reply, headers, request.id, request.model, request.replies,
+                     p.carrier)
                 for subject, (payloads, tokens) in by_subject.items()]
 
     def _route(self, request: EmbedRequest, ids: list, types: list | None, timings: dict[str, float],
@@ -385,7 +385,7 @@ class TokenizerService:
                 return
         log.info("request %s: no worker serves %s; the requester sends the rows again", sent.request_id, sent.model)
         error = ErrorReply(sent.request_id, ErrorCode.NO_RESPONDERS, f"no worker is serving {sent.model} right now")
-        await self._nc.publish(sent.reply, encode(error))
+        await self._nc.publish(*answer(sent.reply, sent.carrier or sent.reply, encode(error)))
 
     def _check_model(self, model: str) -> None:
         """Only this model's tokenizer may answer: another's would use the wrong vocabulary."""
@@ -440,8 +440,5 @@ class TokenizerService:
         span.error(error.code.value, error.text())
         self.metrics.error(error.code.value)
         if reply:
-            answer = encode(ErrorReply(request_id, error.code, error.message, error.row))
-            if carrier and carrier != reply:
-                await self._nc.publish(carrier, encode(Replies([reply], [answer])))
-            else:
-                await self._nc.publish(reply, answer)
+            await self._nc.publish(*answer(reply, carrier or reply, encode(ErrorReply(request_id, error.code, error.message,
+                                                                                     error.row))))

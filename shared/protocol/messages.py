@@ -260,12 +260,14 @@ class Replies:
 
 @dataclass(frozen=True, slots=True)
 class Requests:
-    """gateway -> tokenizer, on a model's embed subject: several embed requests published in one pass of
-    the gateway's event loop, in one message (a lone request goes as itself). ``messages[i]`` is an
-    encoded EmbedRequest answered on ``subjects[i]``, whose trace context is ``traces[i]`` (a
-    traceparent, "" for none). The message's own reply subject is ``subjects[0]``: the tokenizer may
-    publish only there (NATS ``allow_responses``), so it answers any other request of the bundle there,
-    inside a Replies; every subject shares one inbox (all but its last token)."""
+    """Several requests of one requester in one message (a lone request goes as itself): gateway ->
+    tokenizer on a model's embed subject (what a gateway published in one pass of its event loop:
+    encoded EmbedRequests), tokenizer -> worker on a tokens subject (a group's token batches for one
+    requester that reads Replies: encoded TokenChunks). ``messages[i]`` is answered on ``subjects[i]``,
+    its trace context ``traces[i]`` (a traceparent, "" for none). The message's own reply subject is
+    ``subjects[0]``: the receiver may publish only there (NATS ``allow_responses``), so it answers any
+    other request of the bundle there, inside a Replies; every subject shares one inbox (all but its
+    last token)."""
 
     subjects: list[str]
     traces: list[str]

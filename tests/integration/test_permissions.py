@@ -10,6 +10,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +35,7 @@ class Fabric:
     def __init__(self, server: EmbeddedNats, seeds: Path, base_url: str, services: dict[str, Service]) -> None:
         self.server, self.seeds, self.base_url, self.services = server, seeds, base_url, services
         self.tokenizer_metrics = ""  # the tokenizer's /metrics URL
+        self.worker_metrics = ""  # the worker's
 
     def seed(self, role: str) -> str:
         return str(self.seeds / f"{role}.nk")
@@ -65,11 +67,11 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
         from services.stack import FreePorts
 
         with contextlib.closing(FreePorts("127.0.0.1")) as free:
-            port, metrics_port = free(1), free(1)
+            port, metrics_port, worker_metrics = free(1), free(1), free(1)
         common = ["--nats", server.url]
         role_args = {
             "tokenizer": ["--chunk-seqs", "8", "--metrics-port", str(metrics_port)],
-            "worker": ["--max-batch-tokens", "1024"],
+            "worker": ["--max-batch-tokens", "1024", "--metrics-port", str(worker_metrics)],
             "scorer": [],
             "gateway": ["--port", str(port), "--job-sinks", f"lancedb://{folder / 'lance'}"],
         }
@@ -84,6 +86,7 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
                        "the worker", procs)
             fabric = Fabric(server, seeds, base_url, services)
             fabric.tokenizer_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+            fabric.worker_metrics = f"http://127.0.0.1:{worker_metrics}/metrics"
             yield fabric
         finally:
             for s in services.values():  # a test may have replaced one
@@ -166,17 +169,22 @@ def test_the_gateway_writes_a_job_into_a_store_under_its_permissions(fabric):
     assert fabric.violations() == []
 
 
+def _counter(url: str, name: str) -> float:
+    text = httpx.get(url, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
 def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
-    """Requests a gateway makes in one pass of its loop reach the tokenizer in one message; each is
-    answered on its own, its errors too (through the one subject the tokenizer may answer on), with the
-    vectors it gets alone, and nats-server refuses nothing."""
+    """Requests a gateway makes in one pass of its loop reach the tokenizer in one message, and their
+    token batches the worker in one message; each is answered on its own, its errors too (through the
+    one subject the tokenizer may answer on), with the vectors it gets alone, and nats-server refuses
+    nothing."""
     texts = mixed_texts(40)[:24]
     alone = httpx.post(f"{fabric.base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=60).json()
 
-    def bundled() -> float:
-        text = httpx.get(fabric.tokenizer_metrics, timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("embedfleet_tokenizer_bundled_total{"))
+    def bundled() -> tuple[float, float]:
+        return (_counter(fabric.tokenizer_metrics, "embedfleet_tokenizer_bundled_total"),
+                _counter(fabric.worker_metrics, "embedfleet_worker_bundled_total"))
 
     async def together() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=fabric.base_url, timeout=60,
@@ -186,7 +194,7 @@ def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
             return await asyncio.gather(*posts, *bad)
 
     before = bundled()
-    for _ in range(5):  # requests that happen to arrive in one pass: a few rounds make it all but certain
+    for _ in range(8):  # requests that happen to arrive in one pass: a few rounds make it all but certain
         answers = asyncio.run(together())
         for text, r, want in zip(texts, answers, alone["data"]):
             assert r.status_code == 200, r.text
@@ -194,9 +202,57 @@ def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
             assert float(got @ np.array(want["embedding"])) > 0.9999, text
         for r in answers[len(texts):]:
             assert r.status_code == 400 and "the model has no prompt 'nope'" in r.json()["error"], r.text
-        if bundled() > before:
+        now = bundled()
+        if now[0] > before[0] and now[1] > before[1]:
             break
-    assert bundled() > before, "no two requests ever went in one message"
+    now = bundled()
+    assert now[0] > before[0], "no two requests ever went to the tokenizer in one message"
+    assert now[1] > before[1], "no two requests' token batches ever went to the worker in one message"
+    assert fabric.violations() == []
+
+
+def test_a_worker_answers_every_batch_of_one_message_on_its_subject(fabric):
+    """Token batches in one Requests message (as a tokenizer sends them), one of them out of the
+    vocabulary: under the tokenizer's user, every batch is answered (vectors, or the bad one's error)
+    inside Replies on the message's own reply subject, the one the worker may publish to."""
+    from shared.protocol import EmbedResult, ErrorReply, Replies, Requests, TokenChunk, decode, encode
+
+    inbox = "_INBOX.embedfleet-tokenizer.bundle"
+    rows = [[101, 7592, 102], [101, 99999, 102], [101, 2088, 102]]  # the second: outside the vocabulary
+    chunks = [encode(TokenChunk(f"b{i}", MODEL, 0, 1, np.array(ids, "<i4"), np.array([0, 3], "<i4"), time.time() + 30,
+                                replies=True)) for i, ids in enumerate(rows)]
+    bundle = encode(Requests([f"{inbox}.{i}" for i in range(3)], [""] * 3, chunks))
+
+    async def ask() -> tuple[list, list[str]]:
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(fabric.server.url, nkeys_seed=fabric.seed("tokenizer"), error_cb=on_error,
+                                inbox_prefix="_INBOX.embedfleet-tokenizer", allow_reconnect=False)
+        got: list = []
+        try:
+            sub = await nc.subscribe(f"{inbox}.*")
+            await nc.publish(Subjects().tokens(MODEL), bundle, reply=f"{inbox}.0")
+            answered: dict[str, object] = {}
+            while len(answered) < 3:
+                msg = await sub.next_msg(timeout=30)
+                got.append(msg.subject)
+                message = decode(msg.data)
+                for subject, payload in (zip(message.subjects, message.messages) if isinstance(message, Replies)
+                                         else [(msg.subject, msg.data)]):
+                    answered[subject] = decode(payload)
+            return [answered[f"{inbox}.{i}"] for i in range(3)], got + errors
+        finally:
+            await nc.close()
+
+    answers, subjects = asyncio.run(ask())
+    assert set(subjects) == {f"{inbox}.0"}, subjects  # every answer on the message's subject, nothing refused
+    assert isinstance(answers[0], EmbedResult) and isinstance(answers[2], EmbedResult), answers
+    assert isinstance(answers[1], ErrorReply) and "vocabulary" in answers[1].message, answers[1]
+    a, c = answers[0].array()[0], answers[2].array()[0]
+    assert np.isclose(np.linalg.norm(a), 1, atol=1e-4) and float(a @ c) < 0.99  # two texts, two vectors
     assert fabric.violations() == []
 
 

@@ -9,9 +9,9 @@ import asyncio
 import nats
 import pytest
 
+from shared.bundles import Entry, Item, carrier_of, is_bundle, unbundle
 from shared.protocol import ProtocolError, Requests, decode, encode
-from shared.request_outbox import Outbox, Outgoing
-from services.tokenizer.bundles import Entry, carrier_of, is_bundle, unbundle
+from shared.request_outbox import Outbox
 
 INBOX = "_INBOX.test.abc"
 
@@ -49,9 +49,9 @@ def test_requests_of_one_pass_go_as_one_message_and_a_lone_one_as_itself(nats_ur
     async def one_pass(outbox, nc):
         for i in range(5):
             trace = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-0{i % 2}"} if i else None
-            outbox.add("e", Outgoing(f"{INBOX}.{i}", f"request {i}".encode(), trace))
+            outbox.add("e", Item(f"{INBOX}.{i}", f"request {i}".encode(), trace))
         await asyncio.sleep(0.05)  # the flush runs once the pass is over
-        outbox.add("e", Outgoing(f"{INBOX}.9", b"alone", None))
+        outbox.add("e", Item(f"{INBOX}.9", b"alone", None))
 
     got, carried = asyncio.run(_published(nats_url, one_pass, 6))
     assert len(got) == 2
@@ -70,7 +70,7 @@ def test_a_pass_past_max_payload_goes_as_several_messages_each_within_it(nats_ur
     async def big_pass(outbox, nc):
         limit.append(nc.max_payload)
         for i in range(40):
-            outbox.add("e", Outgoing(f"{INBOX}.{i}", bytes(nc.max_payload // 8), None))
+            outbox.add("e", Item(f"{INBOX}.{i}", bytes(nc.max_payload // 8), None))
 
     got, _ = asyncio.run(_published(nats_url, big_pass, 40))
     assert len(got) >= 6 and all(len(m.data) <= limit[0] for m in got)
