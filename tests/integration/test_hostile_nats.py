@@ -30,7 +30,7 @@ from shared.errors import ErrorCode
 from shared.jobs import stream_names
 from shared.protocol import (
     MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
-    LoadReport, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, VERSION, decode, decode_as,
+    LoadReport, ProtocolError, Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, VERSION, decode, decode_as,
     encode,
 )
 from shared.subjects import SERVICE_NAMES, Subjects
@@ -372,6 +372,57 @@ def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(
         vectors = np.concatenate([p.array() for p in sorted(parts, key=lambda p: p.start)])
         assert vectors.shape == (rows, 384) and np.isfinite(vectors).all()
         np.testing.assert_allclose(vectors, vectors[:1].repeat(rows, 0), atol=1e-5)  # one token, one vector
+    _assert_still_serving(stack, clean)
+
+
+async def _bundle_answers(url: str, subject: str, data: bytes, inbox: str, entries: int) -> dict[str, list]:
+    """Publish ``data`` with the reply subject ``inbox``.0; what came back for each of ``inbox``.0 ..
+    ``entries - 1``, taken out of Replies, within REPLY_TIMEOUT (everything must come on ``inbox``.0)."""
+    nc = await nats.connect(url)
+    answers: dict[str, list] = {f"{inbox}.{i}": [] for i in range(entries)}
+    try:
+        sub = await nc.subscribe(f"{inbox}.*")
+        await nc.publish(subject, data, reply=f"{inbox}.0")
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while any(not got for got in answers.values()) and time.monotonic() < deadline:
+            with contextlib.suppress(nats.errors.TimeoutError, asyncio.TimeoutError):
+                msg = await sub.next_msg(timeout=max(0.01, deadline - time.monotonic()))
+                assert not (msg.headers and msg.headers.get("Status")), msg.headers
+                assert msg.subject == f"{inbox}.0", msg.subject  # the one subject a worker may answer on
+                message = decode(msg.data)
+                if isinstance(message, Replies):
+                    for entry_subject, payload in zip(message.subjects, message.messages):
+                        answers[entry_subject].append(decode(payload))
+                else:
+                    answers[msg.subject].append(message)
+        return answers
+    finally:
+        await nc.close()
+
+
+def test_hostile_batches_in_one_message_are_each_answered_on_its_subject(stack, clean, max_payload):
+    """A Requests message of hostile token batches (as a tokenizer bundles them): each entry gets its
+    refusal or its vectors, all through the message's reply subject; a malformed Requests is refused."""
+    cases = [c for c in _hand_picked("tokens", max_payload) if len(c) < max_payload // 64]
+    cases.append(_token_chunk([101, 7592, 102], replies=True))  # one good batch among them
+    inbox = "_INBOX.hostile-bundle"
+    bundle = encode(Requests([f"{inbox}.{i}" for i in range(len(cases))], [""] * len(cases), cases))
+    answers = asyncio.run(_bundle_answers(stack.nats_url, SUBJECTS.tokens(MODEL), bundle, inbox, len(cases)))
+    for case, (subject, got) in zip(cases, answers.items()):
+        assert got, f"no answer for {case[:120]!r}"
+        for answer in got:
+            assert isinstance(answer, (ErrorReply, Held, EmbedResult)), answer
+            if isinstance(answer, ErrorReply):
+                assert answer.code in REFUSALS and answer.message.isprintable(), answer
+    assert isinstance(answers[f"{inbox}.{len(cases) - 1}"][-1], EmbedResult)
+    malformed = [
+        msgpack.packb({**msgpack.unpackb(bundle), "rp": [f"{inbox}.0", "_INBOX.elsewhere.1"] + [f"{inbox}.9"] * (len(cases) - 2)}),
+        msgpack.packb({**msgpack.unpackb(bundle), "ms": cases[:1]}),  # fewer messages than subjects
+        encode(Requests([f"{inbox}.1", f"{inbox}.0"], ["", ""], cases[:2])),  # not sent with its first subject
+    ]
+    for data in malformed:
+        got = asyncio.run(_bundle_answers(stack.nats_url, SUBJECTS.tokens(MODEL), data, inbox, 1))[f"{inbox}.0"]
+        assert got and all(isinstance(a, ErrorReply) and a.code in REFUSALS for a in got), got
     _assert_still_serving(stack, clean)
 
 
