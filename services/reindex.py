@@ -5,7 +5,7 @@ reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns,
 one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
 durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet), in
-the form ``--embedding-type`` names (shared/quantize.py; the worker makes it).
+the form ``--embedding-type`` names (shared/vector_forms.py; the worker makes it).
 The job id is derived from the input, the model, the form and the chunking, so running the same
 command again after it was killed resumes the job: published batches are not sent again, collected
 results are read again; the same input in another form is another job. With ``--chunk-size`` the
@@ -40,7 +40,7 @@ from shared.job_fit import JobRefused, check_job, fleet_view, served
 from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, ProtocolError
-from shared.quantize import FORMS, form_named
+from shared.vector_forms import FORMS, form_named
 from shared.text_chunks import JobChunking
 from services.chunked_output import write_chunked
 from services.reindex_files import check_output_path, write_output, write_ragged
@@ -58,7 +58,7 @@ class _Plan:
 
     path: Path
     out: Path | None  # None: rows go to the sink only
-    form: str  # a shared/quantize.py FORMS name
+    form: str  # a vector form's name (shared/vector_forms.py)
     output: str  # "dense", "sparse" or "multivector"
     options: EmbedOptions
     tracing: TracingConfig
@@ -74,10 +74,10 @@ def _plan(ns: argparse.Namespace) -> _Plan:
     path, out = Path(ns.input), Path(ns.out) if ns.out else None
     if out is None and not ns.sink:
         raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
-    form = form_named(ns.embedding_type)
+    form = form_named(ns.embedding_type).name
     output = ns.output
     try:
-        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
+        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form].wire, output=output)
     except ProtocolError as exc:
         raise ConfigError(str(exc).replace("options.", "")) from None
     chunking = chunking_of(ns, output)
@@ -155,7 +155,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
     collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
-                          stream_names(subjects)["results"], plan.options.dtype, ns.results_check, plan.chunking is not None)
+                          stream_names(subjects)["results"], plan.form, ns.results_check, plan.chunking is not None)
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking,
@@ -269,7 +269,7 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
         said = f"{len(ids)} documents in {collector.chunks.chunks} chunks"
         if out is not None:
             table, rows = collector.chunks.table([d for d, _ in docs])
-            vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form][1])
+            vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form].dtype)
             write_chunked(out, table, vectors, plan.form, collector.dim, plan.chunking.record())
             said = f"{len(ids)} documents in {len(table.ids)} chunks"
     else:
@@ -277,7 +277,7 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
         ids = [d for d, _ in docs if d in got]
         said = f"{len(ids)} documents"
         if out is not None and plan.output == "dense":
-            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form][1])
+            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form].dtype)
             write_output(out, ids, vectors, plan.form, collector.dim)
         elif out is not None:
             write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)

@@ -484,11 +484,10 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
 
     from shared.job_requests import Claim, claim_problem, record_claim, request_digest
     from shared.protocol import JobBatch, encode
-    from shared.quantize import WIRE_FORMS
 
     claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
-    form = WIRE_FORMS[options.dtype]
+    form = options.form
 
     def start(state: dict) -> None:
         problem = form_conflict(state, form, options.output) or was_cancelled(state)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from shared.option import (
     ConfigError, Option, budget, non_negative_float, non_negative_int, port_number, positive_float, positive_int,
 )
-from shared.quantize import EMBEDDING_TYPES
+from shared.vector_forms import EMBEDDING_TYPES
 
 __all__ = ["ConfigError", "OPTIONS", "add_options", "arguments", "declared", "default", "env_names", "markdown_table"]
 

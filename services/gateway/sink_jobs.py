@@ -35,7 +35,6 @@ from shared.job_sources import SourcesLost, parts_of, publish_sources, read_sour
 from shared.jobs import (
     CANCELLED, SINK, SINK_DONE, has_state_key, read_state, stream_names, update_state,
 )
-from shared.quantize import FORMS
 from shared.sinks import Shape, Sink, SinkError, sink_for
 from shared.sinks.writer import SinkWriter, Sources
 from services.gateway.errors import ApiError
@@ -205,7 +204,7 @@ class SinkJobs:
 
     async def _write(self, job: str, sink: Sink, shape: Shape, sources: Sources, layout: Layout | None) -> None:
         collector = Collector(self._js, job, layout, self._subjects.results(job), stream_names(self._subjects)["results"],
-                              FORMS[shape.form][0], chunked=shape.chunked)
+                              shape.form, chunked=shape.chunked)
         writer = SinkWriter(sink, self._kv, job, sources, keep_vectors=False, said=lambda _text: None)
         try:
             await collector.open()
