@@ -1,4 +1,5 @@
-"""Every option of every ``embedfleet`` command, each declared once (``shared.option.Option``).
+"""The declarations: every option of every ``embedfleet`` command, each declared once as an
+``Option`` (the class and the value parsers are the machinery in shared/option.py).
 
 From this list are made: each command's argparse parser (``add_options``), the config dataclasses'
 defaults (``default``), the arguments ``embedfleet up`` and the CPU replica launcher give their child
