@@ -26,7 +26,6 @@ VERSION = 2
 
 # vectors' dtypes on the wire are the forms' codes (shared/vector_forms.py's WIRE_FORMS): f4 f2 i1 u1,
 # and the bit-packed b1 (bytes shifted into int8) and ub1 (plain bytes), 8 components a byte
-
 def row_width(dtype: str, dim: int) -> int:
     """Stored elements per row of ``dim`` components: ``dim``, or ceil(dim / 8) for the bit-packed forms."""
     return WIRE_FORMS[dtype].width(dim)
