@@ -404,7 +404,7 @@ def message_sizes(texts: list[str], batch: int = 64) -> dict[str, float]:
     batches of ``batch`` documents, token batches as the tokenizer packs them, results in three forms
     of the model's 384 components."""
     from services.tokenizer.encoder import TextEncoder, pack_chunks
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
     from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenChunk, encode
 
     ids = [f"d{i}" for i in range(len(texts))]

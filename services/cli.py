@@ -109,7 +109,8 @@ def _run_admin(ns: argparse.Namespace) -> int:
     from services.job_cancel import cancel
     from services.job_fetch import fetch
     from services.jobs_admin import list_jobs, purge_job
-    from services.reindex import init_jetstream, reindex
+    from services.jetstream_init import init_jetstream
+    from services.reindex import reindex
     from shared.lifecycle import NatsUnreachable
     from shared.local_stack import use_local_stack
 

@@ -1,5 +1,5 @@
-"""``embedfleet reindex`` and ``embedfleet init``: bulk jobs from the command line (``embedfleet jobs``:
-services/jobs_admin.py).
+"""``embedfleet reindex``: a bulk job from the command line (``embedfleet init``:
+services/jetstream_init.py; ``embedfleet jobs``: services/jobs_admin.py).
 
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, plain text with
 one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
@@ -11,8 +11,8 @@ command again after it was killed resumes the job: published batches are not sen
 results are read again; the same input in another form is another job. With ``--chunk-size`` the
 tokenizers cut every document into chunks and each chunk gets a vector: a row a chunk, with its
 place (services/chunked_output.py says what each format holds).
-Everything that can be checked is checked before the first batch is published: the options, the
-output (its format, its folder made and written to), every document, the job's recorded form.
+Everything that can be checked is checked before the first batch is published (services/reindex_plan.py):
+the options, the output (its format, its folder made and written to), every document, the job's recorded form.
 """
 
 from __future__ import annotations
@@ -22,123 +22,28 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
-from shared.config import ConfigError, NatsConfig, Retention, retention
-from shared.documents import job_id_for, read_input
-from shared.jobs import (
-    CANCELLED, DUPLICATE_WINDOW, SINK, JobCancelled, bucket_stream, ensure_streams, form_conflict,
-    purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
-)
-from shared.subjects import Subjects
-from shared.job_ids import job_id_problem
-from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_fit import JobRefused, check_job, fleet_view, served
-from shared.lifecycle import connect_within
-from shared.tracing import Tracer, TracingConfig, bind
-from shared.protocol import EmbedOptions, ProtocolError
-from shared.quantize import FORMS, form_named
-from shared.text_chunks import JobChunking
+from shared.config import NatsConfig
+from shared.jobs import CANCELLED, SINK, JobCancelled, read_state, stream_names, submit, update_state
+from shared.tracing import Tracer, bind
+from shared.quantize import FORMS
 from services.chunked_output import write_chunked
-from services.reindex_files import check_output_path, write_output, write_ragged
-from services.reindex_chunking import check_room, chunking_of
+from services.reindex_files import write_output, write_ragged
+from services.reindex_plan import Plan, connect_checked, plan_of
 from shared.job_collector import Collector, Layout, Polled
 from services.reindex_sink import open_sink, sink_sources
-from shared.sinks import Shape, SinkError
-from shared.sinks.writer import SinkWriter, shape_for
+from shared.sinks import SinkError
+from shared.sinks.writer import SinkWriter
 
 log = logging.getLogger("embedfleet.reindex")
-
-@dataclass(frozen=True)
-class _Plan:
-    """A reindex run, every part checked before anything is published."""
-
-    path: Path
-    out: Path | None  # None: rows go to the sink only
-    form: str  # a shared/quantize.py FORMS name
-    output: str  # "dense", "sparse" or "multivector"
-    options: EmbedOptions
-    tracing: TracingConfig
-    docs: list[tuple[str, str]]  # (id, text), in input order
-    job: str
-    batch_size: int
-    chunking: JobChunking | None  # None: a vector a document
-    sink: str | None = None  # --sink URL
-    shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
-
-
-def _plan(ns: argparse.Namespace) -> _Plan:
-    path, out = Path(ns.input), Path(ns.out) if ns.out else None
-    if out is None and not ns.sink:
-        raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
-    form = form_named(ns.embedding_type)
-    output = ns.output
-    try:
-        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
-    except ProtocolError as exc:
-        raise ConfigError(str(exc).replace("options.", "")) from None
-    chunking = chunking_of(ns, output)
-    if out is not None:
-        check_output_path(out, output, chunking is not None)
-    tracing = TracingConfig.from_namespace(ns)
-    docs = read_input(path)  # all of them, each checked
-    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
-    problem = job_id_problem(job)
-    if problem:
-        raise ConfigError(f"--job-id: {problem}")
-    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.sink)
-
-
-async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan:
-    """The plan once the fleet can run it: the model served, the output one it makes, the batch size
-    cut (and said so) where a batch's vectors could outgrow a NATS message."""
-    view = await fleet_view(nc, prefix, ns.model)
-    try:
-        fit = check_job(view, ns.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
-    except JobRefused as exc:
-        raise ConfigError(f"{exc}; nothing was published") from None
-    if fit.note:
-        print(f"reindex: {fit.note}", flush=True)
-    if plan.sink:
-        plan = replace(plan, shape=shape_for(served(view, ns.model), plan.form, plan.output, plan.chunking is not None))
-    if fit.batch_size == plan.batch_size:
-        return plan
-    job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output, plan.chunking)
-    return replace(plan, batch_size=fit.batch_size, job=job)
-
-
-async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan):
-    """A connection, its JetStream context, the job bucket and the plan, once the fleet can run the
-    job and its recorded state allows running it (not another form or input, not cancelled, results
-    not expired, not purged a moment ago)."""
-    subjects = nats.subjects
-    nc = await connect_within(nats, "embedfleet-reindex")
-    js = nc.jetstream()
-    try:
-        plan = await _fitted(nc, ns, subjects.prefix, plan)
-        if plan.chunking is not None:
-            await check_room(nc, subjects, ns.model, plan.chunking, plan.options)
-        kv = await ensure_streams(js, subjects, retention(ns))
-        state = await read_state(kv, plan.job)
-        claim = Claim(request_digest(ns.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
-        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
-                   or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
-    except BaseException:
-        await nc.close()
-        raise
-    if problem:
-        await nc.close()
-        raise ConfigError(problem)
-    return nc, js, kv, plan
 
 
 async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     from tqdm import tqdm
 
-    nc, js, kv, plan = await _connect_checked(ns, nats, _plan(ns))
+    nc, js, kv, plan = await connect_checked(ns, nats, plan_of(ns))
     job, docs, subjects = plan.job, plan.docs, nats.subjects
     try:  # the store checked before anything is published: a table of another dimension ends the run here
         sink = await open_sink(plan.sink, plan.shape) if plan.sink else None
@@ -203,7 +108,7 @@ def _advance(bar, polled: Polled) -> None:
         bar.refresh()
 
 
-async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
+async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
                    start_time: float, writer: SinkWriter | None):
     """Collect results until every document has its vector or was given up. Returns (1 when the job
     was cancelled or stalled, else None; what this run read)."""
@@ -259,7 +164,7 @@ def _rate(run: Polled, elapsed: float) -> str:
             f"docs/s, {run.tokens / max(elapsed, 1e-6):,.0f} tokens/s){earlier}")
 
 
-async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: float, writer: SinkWriter | None) -> int:
+async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: float, writer: SinkWriter | None) -> int:
     """Write the vectors collected, in input order (when there is an output file), and record the job
     done; 1 when some documents were given up (their ids written beside the output, or listed)."""
     job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
@@ -306,49 +211,3 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
     await update_state(kv, job, finish)
     print(f"job {job}: {said} ({rate}) -> {where}")
     return 0
-
-
-async def results_gone(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
-    """Why a job whose results were stored cannot be collected again (None: it can): the results
-    stream holds none of them any more (expired, or pushed out by the stream's size limit)."""
-    if not state or not state.get("done"):
-        return None
-    subject = subjects.results(job)
-    info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
-    if (info.state.subjects or {}).get(subject, 0):
-        return None
-    return (f"job {job} stored {state['done']} documents' vectors, and the results stream holds none of them any "
-            f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
-            f"{job}` and run it again, or give another --job-id")
-
-
-async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
-    """Why a job purged a moment ago cannot be run again yet (None: it can): the streams would drop
-    its batches as repeats of the purged run's."""
-    wait = await purge_wait(js, subjects, job) if state is None else 0.0
-    if not wait:
-        return None
-    return (f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago, and the streams still take its batches for "
-            f"repeats of the purged run's: run it again in {wait:.0f}s, or give another --job-id")
-
-
-async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:
-    """Create (or bring to this version's settings and ``limits``) the streams and the job bucket, then exit."""
-    nc = await connect_within(nats, "embedfleet-init")
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, nats.subjects, limits)
-        names = stream_names(nats.subjects)
-        results = (await js.stream_info(names["results"])).config
-        bucket = (await js.stream_info(bucket_stream(nats.subjects))).config
-        print(f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
-              f"are in place on {nats.url}; results: max age {_limit(results.max_age, 's')}, max bytes "
-              f"{_limit(results.max_bytes, '')}; job records: ttl {_limit(bucket.max_age, 's')}, history "
-              f"{bucket.max_msgs_per_subject}")
-        return 0
-    finally:
-        await nc.close()
-
-
-def _limit(value: float | int | None, unit: str) -> str:
-    return f"{value:.0f}{unit}" if value and value > 0 else "none"

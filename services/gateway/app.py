@@ -25,7 +25,7 @@ from shared.fleet import FleetWatch
 from shared.jobs import ensure_streams
 from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
-from shared.model_dir import same_model
+from shared.model_dir.info import same_model
 from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, Spans
 from shared.quantize import FORMS, WIRE_FORMS, quantize
 from shared.tracing import Tracer

@@ -10,7 +10,8 @@ from shared.config import ConfigError, JobSettings, NatsConfig, job_settings, na
 from shared.metrics_server import MetricsEndpoint
 from shared.options import default
 from shared.tracing import TracingConfig
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 
 
 @dataclass(frozen=True, slots=True)
