@@ -19,11 +19,13 @@ class FamilyTypes:
     # the pooling of a folder with no Pooling config; None: the last token for a decoder's config, else the mean
     pooling: str | None = None
     offset_positions: bool = False  # RoBERTa's scheme: position ids start after pad_token_id
+    # position ids that come before a sequence's first token whatever the config says (MPNet: 2)
+    fixed_offset: int = 0
 
 
 BERT = FamilyTypes("BERT", ("bert",))
 XLM_ROBERTA = FamilyTypes("XLM-RoBERTa", ("xlm-roberta", "roberta", "camembert"), offset_positions=True)
-MPNET = FamilyTypes("MPNet", ("mpnet",))
+MPNET = FamilyTypes("MPNet", ("mpnet",), fixed_offset=2)  # its padding index is 1, fixed
 MODERNBERT = FamilyTypes("ModernBERT", ("modernbert",))
 # decoders: their embedding checkpoints are trained to pool the last token
 QWEN3 = FamilyTypes("Qwen3", ("qwen3",), pooling="lasttoken")
@@ -43,6 +45,9 @@ def family_types(model_type: object) -> FamilyTypes | None:
 
 def position_offset(config: dict[str, Any]) -> int:
     """How many position ids come before a sequence's first token: pad_token_id + 1 where positions
-    start after the padding index, else 0 (so that many fewer of max_position_embeddings are usable)."""
+    start after the padding index (MPNet's fixed 2), else 0 (so that many fewer of max_position_embeddings
+    are usable)."""
     family = family_types(config.get("model_type", "bert"))
-    return int(config.get("pad_token_id", 1)) + 1 if family is not None and family.offset_positions else 0
+    if family is None:
+        return 0
+    return int(config.get("pad_token_id", 1)) + 1 if family.offset_positions else family.fixed_offset

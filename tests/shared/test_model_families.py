@@ -27,8 +27,9 @@ def test_the_registry_serves_the_table_in_its_order():
     ({"model_type": "bert", "pad_token_id": 0}, 0),
     ({}, 0),  # BERT when config.json names no model_type
     ({"model_type": "qwen3"}, 0),
+    ({"model_type": "mpnet", "pad_token_id": 5}, 2),  # MPNet's padding index is 1 whatever the config says
 ])
-def test_position_offset_is_roberta_s_scheme_only(config, offset):
+def test_position_offset_is_roberta_s_scheme_and_mpnet_s(config, offset):
     assert position_offset(config) == offset
 
 
