@@ -17,7 +17,6 @@ the options, the output (its format, its folder made and written to), every docu
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -31,7 +30,7 @@ from shared.tracing import Tracer, bind
 from shared.quantize import FORMS
 from services.chunked_output import write_chunked
 from services.reindex_files import write_output, write_ragged
-from services.reindex_plan import Plan, connect_checked, plan_of
+from services.reindex_plan import Plan, connect_checked
 from shared.job_collector import Collector, Layout, Polled
 from services.reindex_sink import open_sink, sink_sources
 from shared.sinks import SinkError
@@ -40,10 +39,11 @@ from shared.sinks.writer import SinkWriter
 log = logging.getLogger("embedfleet.reindex")
 
 
-async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
+async def reindex(plan: Plan, nats: NatsConfig) -> int:
+    """Run ``plan`` (``plan_of`` the command's options): publish, collect, write; the exit status."""
     from tqdm import tqdm
 
-    nc, js, kv, plan = await connect_checked(ns, nats, plan_of(ns))
+    nc, js, kv, plan = await connect_checked(nats, plan)
     job, docs, subjects = plan.job, plan.docs, nats.subjects
     try:  # the store checked before anything is published: a table of another dimension ends the run here
         sink = await open_sink(plan.sink, plan.shape) if plan.sink else None
@@ -52,7 +52,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         raise
     batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
     cut = f", cut into chunks of at most {plan.chunking.spec.size} tokens" if plan.chunking else ""
-    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors"
+    print(f"job {job}: {len(docs)} documents in {batches} batches, model {plan.model}, {plan.output} {plan.form} vectors"
           f"{cut}", flush=True)
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
     tracer = Tracer("reindex", plan.tracing)
@@ -60,18 +60,18 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
     collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
-                          stream_names(subjects)["results"], plan.options.dtype, ns.results_check, plan.chunking is not None)
+                          stream_names(subjects)["results"], plan.options.dtype, plan.results_check, plan.chunking is not None)
     await collector.open()
-    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
+    publisher = asyncio.create_task(submit(js, kv, subjects, job, plan.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking,
                                            sink=None if sink is None else {SINK: sink.shown}))
-    bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
+    bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=plan.quiet)
     writer = None if sink is None else SinkWriter(
-        sink, kv, job, sink_sources(plan.path, docs, ns.with_text, plan.chunking is not None), plan.out is not None,
+        sink, kv, job, sink_sources(plan.path, docs, plan.with_text, plan.chunking is not None), plan.out is not None,
         lambda text: bar.set_postfix_str(text or "", refresh=True), lambda line: print(line, flush=True))
     start_time = time.monotonic()
     try:
-        stopped, run = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time, writer)
+        stopped, run = await _collect(plan, kv, collector, publisher, bar, plan.stall_timeout, start_time, writer)
         if stopped is not None:
             return stopped
         await publisher

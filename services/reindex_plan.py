@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from shared.config import ConfigError, NatsConfig, retention
+from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_input
 from shared.jobs import (
     DUPLICATE_WINDOW, ensure_streams, form_conflict, purge_wait, read_state, stream_names, was_cancelled,
@@ -46,6 +46,13 @@ class Plan:
     job: str
     batch_size: int
     chunking: JobChunking | None  # None: a vector a document
+    model: str  # --model: the served model the job asks for
+    job_given: str | None  # --job-id; None: ``job`` is derived from the input and options
+    retention: Retention  # set on the streams the run meets
+    results_check: float  # --results-check: seconds between looks at the stored results
+    stall_timeout: float  # --stall-timeout
+    quiet: bool  # --quiet: no progress bar
+    with_text: bool  # --with-text: the sink's rows keep their texts
     sink: str | None = None  # --sink URL
     shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
 
@@ -71,28 +78,29 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     problem = job_id_problem(job)
     if problem:
         raise ConfigError(f"--job-id: {problem}")
-    return Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.sink)
+    return Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.model, ns.job_id,
+                retention(ns), ns.results_check, ns.stall_timeout, ns.quiet, ns.with_text, ns.sink)
 
 
-async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: Plan) -> Plan:
+async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
     """The plan once the fleet can run it: the model served, the output one it makes, the batch size
     cut (and said so) where a batch's vectors could outgrow a NATS message."""
-    view = await fleet_view(nc, prefix, ns.model)
+    view = await fleet_view(nc, prefix, plan.model)
     try:
-        fit = check_job(view, ns.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
+        fit = check_job(view, plan.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
     except JobRefused as exc:
         raise ConfigError(f"{exc}; nothing was published") from None
     if fit.note:
         print(f"reindex: {fit.note}", flush=True)
     if plan.sink:
-        plan = replace(plan, shape=shape_for(served(view, ns.model), plan.form, plan.output, plan.chunking is not None))
+        plan = replace(plan, shape=shape_for(served(view, plan.model), plan.form, plan.output, plan.chunking is not None))
     if fit.batch_size == plan.batch_size:
         return plan
-    job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output, plan.chunking)
+    job = plan.job_given or job_id_for(plan.path, plan.model, fit.batch_size, plan.form, plan.output, plan.chunking)
     return replace(plan, batch_size=fit.batch_size, job=job)
 
 
-async def connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: Plan):
+async def connect_checked(nats: NatsConfig, plan: Plan):
     """A connection, its JetStream context, the job bucket and the plan, once the fleet can run the
     job and its recorded state allows running it (not another form or input, not cancelled, results
     not expired, not purged a moment ago)."""
@@ -100,12 +108,12 @@ async def connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: Plan):
     nc = await connect_within(nats, "embedfleet-reindex")
     js = nc.jetstream()
     try:
-        plan = await _fitted(nc, ns, subjects.prefix, plan)
+        plan = await _fitted(nc, subjects.prefix, plan)
         if plan.chunking is not None:
-            await check_room(nc, subjects, ns.model, plan.chunking, plan.options)
-        kv = await ensure_streams(js, subjects, retention(ns))
+            await check_room(nc, subjects, plan.model, plan.chunking, plan.options)
+        kv = await ensure_streams(js, subjects, plan.retention)
         state = await read_state(kv, plan.job)
-        claim = Claim(request_digest(ns.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
+        claim = Claim(request_digest(plan.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
         problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
                    or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
     except BaseException:
