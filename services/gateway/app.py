@@ -296,9 +296,9 @@ class Gateway:
         return Response(body, media_type="application/json", headers=headers)
 
     async def offers(self, model: str) -> tuple[str, ...]:
-        """The outputs a model's workers make (workers registered before outputs existed: dense)."""
+        """The outputs a model's workers make, as their registrations say (none: no worker of it is seen)."""
         view = await self.discovery.view()
-        return tuple((view.workers.get(model, {}).get("outputs") or "dense").split(","))
+        return tuple(o for o in view.workers.get(model, {}).get("outputs", "").split(",") if o)
 
     async def embed_sparse(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
