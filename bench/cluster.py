@@ -40,7 +40,8 @@ from typing import Iterator, Self
 import httpx
 import nats
 
-from shared.jobs import bucket_stream, read_state, stream_names
+from shared.job_streams import bucket_stream, stream_names
+from shared.jobs import read_state
 from shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts

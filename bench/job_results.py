@@ -21,7 +21,8 @@ import httpx
 import nats
 import numpy as np
 
-from shared.jobs import ensure_streams, update_state
+from shared.job_streams import ensure_streams
+from shared.jobs import update_state
 from shared.nats_server import EmbeddedNats, free_port
 from shared.protocol import JobResult, encode
 from shared.subjects import Subjects

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 
 from shared.config import NatsConfig
-from shared.jobs import CANCELLED, cancel_job, has_state_key, job_bucket
+from shared.job_streams import job_bucket
+from shared.jobs import CANCELLED, cancel_job, has_state_key
 from shared.lifecycle import connect_within
 
 

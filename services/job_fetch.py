@@ -17,7 +17,8 @@ import numpy as np
 from shared.config import ConfigError, NatsConfig
 from shared.job_ids import job_id_problem
 from shared.job_chunks import ChunkedRows
-from shared.jobs import CANCELLED, job_bucket, read_state
+from shared.job_streams import job_bucket
+from shared.jobs import CANCELLED, read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from shared.lifecycle import connect_within
 from shared.quantize import FORMS

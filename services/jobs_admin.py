@@ -16,9 +16,8 @@ from nats.js.errors import NoKeysError, NotFoundError
 
 from shared.config import ConfigError, NatsConfig
 from shared.job_ids import job_id_problem
-from shared.jobs import (
-    DUPLICATE_WINDOW, FINISHED, RUN, SINK, SINK_DONE, SINK_ERROR, SINK_ROWS, job_bucket, job_form, read_state, stream_names,
-)
+from shared.job_streams import DUPLICATE_WINDOW, job_bucket, stream_names
+from shared.jobs import FINISHED, RUN, SINK, SINK_DONE, SINK_ERROR, SINK_ROWS, job_form, read_state
 from shared.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")

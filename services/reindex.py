@@ -29,10 +29,8 @@ import numpy as np
 
 from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_input
-from shared.jobs import (
-    CANCELLED, DUPLICATE_WINDOW, SINK, JobCancelled, bucket_stream, ensure_streams, form_conflict,
-    purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
-)
+from shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, purge_wait, stream_names
+from shared.jobs import CANCELLED, JobCancelled, SINK, form_conflict, read_state, submit, update_state, was_cancelled
 from shared.subjects import Subjects
 from shared.job_ids import job_id_problem
 from shared.job_requests import Claim, claim_problem, request_digest

@@ -31,10 +31,8 @@ from nats.js.kv import KeyValue
 
 from shared.config import JobSettings
 from shared.lifecycle import cancel
-from shared.jobs import (
-    CANCELLED, count_failed, ensure_streams, has_state_key, publish_durably, read_state, stream_names, update_state,
-    work_consumer,
-)
+from shared.job_streams import ensure_streams, stream_names, work_consumer
+from shared.jobs import CANCELLED, count_failed, has_state_key, publish_durably, read_state, update_state
 from shared.progress import Rows
 from shared.protocol import MAX_NAME, ChunkRows
 from shared.subjects import Subjects

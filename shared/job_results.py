@@ -19,7 +19,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
-from shared.jobs import FINISHED, stream_names
+from shared.job_streams import stream_names
+from shared.jobs import FINISHED
 from shared.protocol import ChunkRows, JobResult, ProtocolError, decode_as
 from shared.quantize import FORMS
 from shared.subjects import Subjects

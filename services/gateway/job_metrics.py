@@ -23,7 +23,8 @@ import time
 from nats.js.errors import NoKeysError
 from prometheus_client import CollectorRegistry, Gauge
 
-from shared.jobs import read_state, stream_names
+from shared.job_streams import stream_names
+from shared.jobs import read_state
 from shared.lifecycle import cancel
 from shared.subjects import Subjects
 

@@ -18,9 +18,8 @@ from shared.errors import ErrorCode
 from shared.fleet import FleetView
 from shared.job_fit import JobRefused, check_chunk_room, check_job, served
 from shared.job_requests import OWNER, Claim, claim_problem, request_digest
-from shared.jobs import (
-    DUPLICATE_WINDOW, JobCancelled, JobConflict, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
-)
+from shared.job_streams import DUPLICATE_WINDOW, purge_wait
+from shared.jobs import JobCancelled, JobConflict, cancel_job, form_conflict, read_state, submit, was_cancelled
 from shared.options import default
 from shared.progress import LEDGERS
 from shared.protocol import EmbedOptions

@@ -32,9 +32,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from shared.errors import ErrorCode
 from shared.job_collector import Collector, Layout
 from shared.job_sources import SourcesLost, parts_of, publish_sources, read_sources
-from shared.jobs import (
-    CANCELLED, SINK, SINK_DONE, has_state_key, read_state, stream_names, update_state,
-)
+from shared.job_streams import stream_names
+from shared.jobs import CANCELLED, SINK, SINK_DONE, has_state_key, read_state, update_state
 from shared.quantize import FORMS
 from shared.sinks import Shape, Sink, SinkError, sink_for
 from shared.sinks.writer import SinkWriter, Sources

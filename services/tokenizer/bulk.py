@@ -29,7 +29,8 @@ from shared.bulkwork import (
 )
 from shared.chunk_progress import count_cut
 from shared.errors import ErrorCode, ServiceError
-from shared.jobs import CANCELLED, publish_durably, stream_names, update_state
+from shared.job_streams import stream_names
+from shared.jobs import CANCELLED, publish_durably, update_state
 from shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
 from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for

@@ -17,7 +17,8 @@ import nats
 import pytest
 
 from shared.documents import job_id_for
-from shared.jobs import read_state, stream_names, update_state
+from shared.job_streams import stream_names
+from shared.jobs import read_state, update_state
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
 

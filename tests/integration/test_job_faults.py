@@ -21,7 +21,8 @@ import nats
 import numpy as np
 import pytest
 
-from shared.jobs import read_state, stream_names, submit
+from shared.job_streams import stream_names
+from shared.jobs import read_state, submit
 from shared.nats_server import EmbeddedNats
 from shared.protocol import EmbedOptions
 from shared.subjects import Subjects

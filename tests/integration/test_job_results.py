@@ -135,7 +135,8 @@ def _record(stack, job: str, **state) -> None:
     """A job's record as a publisher writes it, with no batch published: its state is all there is."""
     import nats
 
-    from shared.jobs import ensure_streams, update_state
+    from shared.job_streams import ensure_streams
+    from shared.jobs import update_state
     from shared.subjects import Subjects
 
     async def main() -> None:
@@ -187,7 +188,8 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     import msgpack
     import nats
 
-    from shared.jobs import ensure_streams, update_state
+    from shared.job_streams import ensure_streams
+    from shared.jobs import update_state
     from shared.protocol import EmbedOptions, JobBatch, encode
     from shared.subjects import Subjects
     from tests.integration.procs import job_settled
@@ -264,7 +266,7 @@ def test_stored_order_is_streamed_and_input_order_is_fetched(stack, tmp_path):
     leaves the foreign rows out, and `jobs fetch` writes input order."""
     import nats
 
-    from shared.jobs import ensure_streams, stream_names
+    from shared.job_streams import ensure_streams, stream_names
     from shared.protocol import JobResult, encode
     from shared.subjects import Subjects
 

@@ -122,7 +122,8 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     import msgpack
     import nats
 
-    from shared.jobs import ensure_streams, stream_names, update_state
+    from shared.job_streams import ensure_streams, stream_names
+    from shared.jobs import update_state
     from tests.integration.procs import job_settled
     from shared.protocol import EmbedOptions, JobBatch, encode
     from shared.subjects import Subjects
@@ -237,7 +238,7 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     import httpx
     import nats
 
-    from shared.jobs import stream_names
+    from shared.job_streams import stream_names
     from shared.protocol import JobResult, decode_as
     from shared.subjects import Subjects
     from tests.integration.procs import wait_until

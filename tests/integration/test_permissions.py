@@ -266,7 +266,8 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     and a second worker, under the same role's user, finishes the job. Nothing is refused."""
     import msgpack
 
-    from shared.jobs import ensure_streams, stream_names, update_state
+    from shared.job_streams import ensure_streams, stream_names
+    from shared.jobs import update_state
     from shared.protocol import EmbedOptions, JobBatch, encode
 
     subjects = Subjects()

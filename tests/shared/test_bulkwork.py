@@ -10,7 +10,8 @@ import pytest
 
 from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
 from shared.config import JobSettings
-from shared.jobs import ensure_streams, read_state, stream_names, update_state
+from shared.job_streams import ensure_streams, stream_names
+from shared.jobs import read_state, update_state
 from shared.subjects import Subjects
 from tests.waiting import eventually
 

@@ -14,7 +14,8 @@ import pytest
 
 from shared.config import ConfigError, Retention
 from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.jobs import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, read_state, stream_names, update_state
+from shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
+from shared.jobs import read_state, update_state
 from shared.subjects import Subjects
 
 
@@ -111,19 +112,19 @@ def test_results_and_records_expire_after_their_age(nats_url):
 
 @pytest.mark.slow  # waits out a duplicate window
 def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
-    import shared.jobs
+    import shared.job_streams
 
-    monkeypatch.setattr(shared.jobs, "DUPLICATE_WINDOW", 2.0)
+    monkeypatch.setattr(shared.job_streams, "DUPLICATE_WINDOW", 2.0)
 
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects)
-        assert await shared.jobs.purge_wait(js, subjects, "never") == 0  # no such job
+        assert await shared.job_streams.purge_wait(js, subjects, "never") == 0  # no such job
         await update_state(kv, "j", lambda s: s.update(done=1))
-        assert await shared.jobs.purge_wait(js, subjects, "j") == 0  # a job with its record
+        assert await shared.job_streams.purge_wait(js, subjects, "j") == 0  # a job with its record
         await kv.purge("j")
-        assert 1.0 < await shared.jobs.purge_wait(js, subjects, "j") <= 2.0
+        assert 1.0 < await shared.job_streams.purge_wait(js, subjects, "j") <= 2.0
         await asyncio.sleep(2.1)  # the sleep is the test: the duplicate window passes
-        assert await shared.jobs.purge_wait(js, subjects, "j") == 0
+        assert await shared.job_streams.purge_wait(js, subjects, "j") == 0
         await update_state(kv, "j", lambda s: s.update(done=2))  # a purged key takes a record again
         assert (await read_state(kv, "j")) == {"job": "j", "done": 2}
 

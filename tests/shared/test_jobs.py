@@ -132,7 +132,8 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
     import nats.errors
 
     import shared.jobs
-    from shared.jobs import ensure_streams, read_state, stream_names
+    from shared.job_streams import ensure_streams, stream_names
+    from shared.jobs import read_state
 
     monkeypatch.setattr(shared.jobs, "PUBLISH_AHEAD", 16)
     subjects = Subjects(f"w{uuid.uuid4().hex[:8]}")
