@@ -29,12 +29,14 @@ import numpy as np
 
 from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_input
+from shared.job_bucket import read_state, update_state
+from shared.job_publish import JobCancelled, JobSink, form_conflict, submit, was_cancelled
+from shared.job_state import CANCELLED, DONE, STALLED, JobState
 from shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, purge_wait, stream_names
-from shared.jobs import CANCELLED, JobCancelled, SINK, form_conflict, read_state, submit, update_state, was_cancelled
 from shared.subjects import Subjects
+from shared.job_fit import JobRefused, check_job, fleet_view, served
 from shared.job_ids import job_id_problem
 from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_fit import JobRefused, check_job, fleet_view, served
 from shared.lifecycle import connect_within
 from shared.tracing import Tracer, TracingConfig, bind
 from shared.protocol import EmbedOptions, ProtocolError
@@ -157,7 +159,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking,
-                                           sink=None if sink is None else {SINK: sink.shown}))
+                                           sink=None if sink is None else JobSink(sink.shown)))
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
     writer = None if sink is None else SinkWriter(
         sink, kv, job, sink_sources(plan.path, docs, ns.with_text, plan.chunking is not None), plan.out is not None,
@@ -226,22 +228,22 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
         if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
             checked = time.monotonic()
             try:
-                state = (await read_state(kv, job)) or {}
-                failed = state.get("failed", 0)
-                cancelled = cancelled or state.get("status") == CANCELLED
+                state = (await read_state(kv, job)) or JobState(job)
+                failed = state.failed
+                cancelled = cancelled or state.status == CANCELLED
             except Exception:
                 pass  # the server is away: next time
         if cancelled:
             bar.close()
-            state = (await read_state(kv, job)) or {}  # its counts, final since the cancel
-            chunks = f" ({state.get('chunks_done', 0)} chunks)" if plan.chunking else ""
-            print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored{chunks}, "
-                  f"{state.get('failed', 0)} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
+            state = (await read_state(kv, job)) or JobState(job)  # its counts, final since the cancel
+            chunks = f" ({state.chunks_done} chunks)" if plan.chunking else ""
+            print(f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunks}, "
+                  f"{state.failed} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
                   "results stream until the job is purged)")
             return 1, run
         if time.monotonic() - last_progress > stall_timeout:
-            errors = ((await read_state(kv, job)) or {}).get("errors", [])
-            await update_state(kv, job, lambda s: s.update(status="stalled"))
+            errors = list(((await read_state(kv, job)) or JobState(job)).errors)
+            await update_state(kv, job, lambda s: replace(s, status=STALLED))
             bar.close()
             print(f"job {job}: no progress for {stall_timeout:.0f}s, {collector.documents}/{len(docs)} documents; "
                   f"errors: {errors or 'none'}")
@@ -290,37 +292,36 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
             listed = f"ids in {failed_path}"
         else:
             listed = f"ids {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}"
-        errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
+        errors = (await update_state(kv, job, lambda s: replace(s, collected=len(ids), dim=collector.dim))).errors
         print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {where}; {len(lost)} given up "
-              f"({listed}; batches in the dead-letter stream): {errors[:3]}")
+              f"({listed}; batches in the dead-letter stream): {list(errors[:3])}")
         return 1
 
-    def finish(state: dict) -> None:
-        state.update(collected=len(docs), dim=collector.dim)
-        if state.get("status") != CANCELLED:  # a cancel that came after the last vector stays said
-            state["status"] = "done"
-        state.setdefault("finished", time.time())
+    def finish(state: JobState) -> JobState:
+        return replace(state, collected=len(docs), dim=collector.dim,
+                       status=state.status if state.status == CANCELLED else DONE,  # a cancel after the last vector stays said
+                       finished=state.finished if state.finished is not None else time.time())
 
     await update_state(kv, job, finish)
     print(f"job {job}: {said} ({rate}) -> {where}")
     return 0
 
 
-async def results_gone(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
+async def results_gone(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
     """Why a job whose results were stored cannot be collected again (None: it can): the results
     stream holds none of them any more (expired, or pushed out by the stream's size limit)."""
-    if not state or not state.get("done"):
+    if state is None or not state.done:
         return None
     subject = subjects.results(job)
     info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
     if (info.state.subjects or {}).get(subject, 0):
         return None
-    return (f"job {job} stored {state['done']} documents' vectors, and the results stream holds none of them any "
+    return (f"job {job} stored {state.done} documents' vectors, and the results stream holds none of them any "
             f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
             f"{job}` and run it again, or give another --job-id")
 
 
-async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
+async def purged_recently(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
     """Why a job purged a moment ago cannot be run again yet (None: it can): the streams would drop
     its batches as repeats of the purged run's."""
     wait = await purge_wait(js, subjects, job) if state is None else 0.0
