@@ -29,7 +29,7 @@ from shared.text_chunks import ChunkSpec, JobChunking
 RUNNING, DONE, DONE_WITH_ERRORS, CANCELLED, STALLED = "running", "done", "done_with_errors", "cancelled", "stalled"
 STATUSES = (RUNNING, DONE, DONE_WITH_ERRORS, CANCELLED, STALLED)
 FINISHED = (DONE, DONE_WITH_ERRORS, CANCELLED)  # statuses a job keeps once it has one
-OUTPUTS = ("dense", "sparse", "multivector")
+JOB_OUTPUTS = ("dense", "sparse", "multivector")  # what a bulk job makes (of the protocol's OUTPUTS)
 MAX_DEAD_RECORDS = 100  # dead batches (and errors) listed in a job's state; all are counted, and kept in <P>_DEAD
 # what a submission records, all at once: a state has all of them or none
 SUBMISSION = ("model", "input", "documents", "embedding_type", "output")
@@ -92,7 +92,7 @@ class JobState:
     documents: int | None = None
     batches: int = 0  # job batches the documents make
     embedding_type: str | None = None  # a shared/quantize.py FORMS name
-    output: str | None = None  # one of OUTPUTS
+    output: str | None = None  # one of JOB_OUTPUTS
     chunking: JobChunking | None = None  # None: a vector a document
     request: str | None = None  # digest of the request (shared/job_requests.py)
     owner: str | None = None  # digest of the API key that made the job
@@ -285,7 +285,7 @@ def _shape(value: object) -> Shape:
     if not (isinstance(value, list) and len(value) == 4):
         raise _Bad(f"[form, output, dim, chunked] is expected, not {shown(value)}")
     form, output, dim, chunked = value
-    return Shape(_choice(*FORMS)(form), _choice(*OUTPUTS)(output), _count(dim), _flag(chunked))
+    return Shape(_choice(*FORMS)(form), _choice(*JOB_OUTPUTS)(output), _count(dim), _flag(chunked))
 
 
 def _run(value: object) -> Run:
@@ -311,7 +311,7 @@ def _dead(value: object) -> DeadBatch:
 
 _READERS: dict[str, Callable[[object], Any]] = {
     "status": _choice(*STATUSES), "model": _text, "input": _text, "documents": _count, "batches": _count,
-    "embedding_type": _choice(*FORMS), "output": _choice(*OUTPUTS), "chunking": _chunking, "request": _text,
+    "embedding_type": _choice(*FORMS), "output": _choice(*JOB_OUTPUTS), "chunking": _chunking, "request": _text,
     "owner": _text, "published": _count, "started": _time, "run": _run, "done": _count, "failed": _count,
     "tokens": _count, "chunks": _count, "chunks_done": _count, "chunks_failed": _count,
     "errors": _listed(_text, MAX_DEAD_RECORDS), "dead": _listed(_dead, MAX_DEAD_RECORDS), "finished": _time,

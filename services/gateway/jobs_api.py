@@ -21,7 +21,7 @@ from shared.job_bucket import read_state
 from shared.job_fit import JobRefused, check_chunk_room, check_job, served
 from shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
 from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_state import RUNNING, JobState
+from shared.job_state import JOB_OUTPUTS, RUNNING, JobState
 from shared.job_status import cancel_job
 from shared.job_streams import DUPLICATE_WINDOW, purge_wait
 from shared.options import default
@@ -217,7 +217,7 @@ def _fields(doc: dict) -> tuple[int, EmbedOptions, str]:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
     form = embedding_form(doc)
     output = optional(doc, "output", str, "dense")
-    if output not in ("dense", "sparse", "multivector"):
+    if output not in JOB_OUTPUTS:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
     if output == "sparse" and form not in ("float32", "float16"):
         raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
