@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.config import NatsConfig, Retention
-from shared.jobs import bucket_stream, ensure_streams, stream_names
+from shared.job_streams import bucket_stream, ensure_streams, stream_names
 from shared.lifecycle import connect_within
 
 

@@ -21,11 +21,15 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from shared.config import NatsConfig
-from shared.jobs import CANCELLED, SINK, JobCancelled, read_state, stream_names, submit, update_state
+from shared.job_bucket import read_state, update_state
+from shared.job_publish import JobCancelled, JobSink, submit
+from shared.job_state import CANCELLED, DONE, STALLED, JobState
+from shared.job_streams import stream_names
 from shared.tracing import Tracer, bind
 from shared.quantize import FORMS
 from services.chunked_output import write_chunked
@@ -64,7 +68,7 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, plan.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking,
-                                           sink=None if sink is None else {SINK: sink.shown}))
+                                           sink=None if sink is None else JobSink(sink.shown)))
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=plan.quiet)
     writer = None if sink is None else SinkWriter(
         sink, kv, job, sink_sources(plan.path, docs, plan.with_text, plan.chunking is not None), plan.out is not None,
@@ -133,22 +137,22 @@ async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task
         if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
             checked = time.monotonic()
             try:
-                state = (await read_state(kv, job)) or {}
-                failed = state.get("failed", 0)
-                cancelled = cancelled or state.get("status") == CANCELLED
+                state = (await read_state(kv, job)) or JobState(job)
+                failed = state.failed
+                cancelled = cancelled or state.status == CANCELLED
             except Exception:
                 pass  # the server is away: next time
         if cancelled:
             bar.close()
-            state = (await read_state(kv, job)) or {}  # its counts, final since the cancel
-            chunks = f" ({state.get('chunks_done', 0)} chunks)" if plan.chunking else ""
-            print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored{chunks}, "
-                  f"{state.get('failed', 0)} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
+            state = (await read_state(kv, job)) or JobState(job)  # its counts, final since the cancel
+            chunks = f" ({state.chunks_done} chunks)" if plan.chunking else ""
+            print(f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunks}, "
+                  f"{state.failed} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
                   "results stream until the job is purged)")
             return 1, run
         if time.monotonic() - last_progress > stall_timeout:
-            errors = ((await read_state(kv, job)) or {}).get("errors", [])
-            await update_state(kv, job, lambda s: s.update(status="stalled"))
+            errors = list(((await read_state(kv, job)) or JobState(job)).errors)
+            await update_state(kv, job, lambda s: replace(s, status=STALLED))
             bar.close()
             print(f"job {job}: no progress for {stall_timeout:.0f}s, {collector.documents}/{len(docs)} documents; "
                   f"errors: {errors or 'none'}")
@@ -197,16 +201,15 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
             listed = f"ids in {failed_path}"
         else:
             listed = f"ids {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}"
-        errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
+        errors = (await update_state(kv, job, lambda s: replace(s, collected=len(ids), dim=collector.dim))).errors
         print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {where}; {len(lost)} given up "
-              f"({listed}; batches in the dead-letter stream): {errors[:3]}")
+              f"({listed}; batches in the dead-letter stream): {list(errors[:3])}")
         return 1
 
-    def finish(state: dict) -> None:
-        state.update(collected=len(docs), dim=collector.dim)
-        if state.get("status") != CANCELLED:  # a cancel that came after the last vector stays said
-            state["status"] = "done"
-        state.setdefault("finished", time.time())
+    def finish(state: JobState) -> JobState:
+        return replace(state, collected=len(docs), dim=collector.dim,
+                       status=state.status if state.status == CANCELLED else DONE,  # a cancel after the last vector stays said
+                       finished=state.finished if state.finished is not None else time.time())
 
     await update_state(kv, job, finish)
     print(f"job {job}: {said} ({rate}) -> {where}")

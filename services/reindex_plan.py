@@ -14,9 +14,10 @@ from pathlib import Path
 
 from shared.config import ConfigError, NatsConfig, Retention, retention
 from shared.documents import job_id_for, read_input
-from shared.jobs import (
-    DUPLICATE_WINDOW, ensure_streams, form_conflict, purge_wait, read_state, stream_names, was_cancelled,
-)
+from shared.job_bucket import read_state
+from shared.job_publish import form_conflict, was_cancelled
+from shared.job_state import JobState
+from shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
 from shared.subjects import Subjects
 from shared.job_ids import job_id_problem
 from shared.job_requests import Claim, claim_problem, request_digest
@@ -125,21 +126,21 @@ async def connect_checked(nats: NatsConfig, plan: Plan):
     return nc, js, kv, plan
 
 
-async def results_gone(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
+async def results_gone(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
     """Why a job whose results were stored cannot be collected again (None: it can): the results
     stream holds none of them any more (expired, or pushed out by the stream's size limit)."""
-    if not state or not state.get("done"):
+    if state is None or not state.done:
         return None
     subject = subjects.results(job)
     info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
     if (info.state.subjects or {}).get(subject, 0):
         return None
-    return (f"job {job} stored {state['done']} documents' vectors, and the results stream holds none of them any "
+    return (f"job {job} stored {state.done} documents' vectors, and the results stream holds none of them any "
             f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
             f"{job}` and run it again, or give another --job-id")
 
 
-async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
+async def purged_recently(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
     """Why a job purged a moment ago cannot be run again yet (None: it can): the streams would drop
     its batches as repeats of the purged run's."""
     wait = await purge_wait(js, subjects, job) if state is None else 0.0

@@ -22,7 +22,7 @@ from shared import __version__
 from shared.client import EmbedClient, EmbedOutcome, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
-from shared.jobs import ensure_streams
+from shared.job_streams import ensure_streams
 from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir.info import same_model
