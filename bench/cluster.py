@@ -40,7 +40,9 @@ from typing import Iterator, Self
 import httpx
 import nats
 
-from shared.jobs import bucket_stream, read_state, stream_names
+from shared.job_bucket import read_state
+from shared.job_state import JobState
+from shared.job_streams import bucket_stream, stream_names
 from shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
@@ -227,14 +229,14 @@ class ClusterFleet:
                     return node.name
         raise LookupError(f"no node serves {connection}")
 
-    def state(self, job: str) -> dict:
+    def state(self, job: str) -> JobState | None:
         async def work(nc, js):
-            return (await read_state(await js.key_value(stream_names(SUBJECTS)["kv"]), job)) or {}
+            return await read_state(await js.key_value(stream_names(SUBJECTS)["kv"]), job)
 
         try:
             return self._run(work)
         except Exception:  # no quorum: the bucket does not answer
-            return {}
+            return None
 
     def stored(self, job: str) -> Counter:
         """How many times each document id is stored in the job's results."""
@@ -309,8 +311,8 @@ class Sampler(Ticking):
     def _run(self) -> None:
         for _ in self._ticks():
             state = self._fleet.state(self._job_run.job)
-            if state:
-                self._job_run.progress.append((time.monotonic(), state.get("done", 0)))
+            if state is not None:
+                self._job_run.progress.append((time.monotonic(), state.done))
 
     def wait(self, until, timeout: float, proc: subprocess.Popen) -> bool:
         deadline = time.monotonic() + timeout
@@ -404,7 +406,7 @@ def message_sizes(texts: list[str], batch: int = 64) -> dict[str, float]:
     batches of ``batch`` documents, token batches as the tokenizer packs them, results in three forms
     of the model's 384 components."""
     from services.tokenizer.encoder import TextEncoder, pack_chunks
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
     from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenChunk, encode
 
     ids = [f"d{i}" for i in range(len(texts))]

@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from bench.fleet import fleet, observation
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from shared.nats_server import free_port
 from tests.corpus import long_texts, medium_texts, mixed_texts
 

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.attention import AttnMask
 from services.gpu_worker.engine.linear import LinearOps, select_linear_ops

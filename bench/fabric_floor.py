@@ -81,7 +81,7 @@ def tokenizer_floor(folder: Path, texts: list[str], per_call: int, seconds: floa
     service cuts it first). CPU includes the library's own threads."""
     from tokenizers import Tokenizer
 
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.enable_truncation(load_model_info(str(folder)).max_seq_length)

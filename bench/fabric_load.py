@@ -129,7 +129,7 @@ def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300,
     """``embedfleet up --model FOLDER`` as a process, its own embedded nats-server included, once it
     has recorded itself (every process ready); stopped as Ctrl-C stops it. ``environ``: variables
     added to its environment (its processes inherit them)."""
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
 
     port = free_port()
     with open(log, "wb") as out:

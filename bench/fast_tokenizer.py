@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from services.tokenizer.encoder import TextEncoder
 from services.tokenizer.fast_encoder import load
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from bench.fleet import Observation, fleet
 from bench.jobs import docs_file
 from tests.corpus import long_texts, mixed_texts

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import httpx
 
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from shared.nats_server import EmbeddedNats, free_port
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import long_texts, medium_texts, mixed_texts

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.calibrate import calibrate, synthetic_batch
 from bench import families

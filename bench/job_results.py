@@ -15,13 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import nats
 import numpy as np
 
-from shared.jobs import ensure_streams, update_state
+from shared.job_bucket import update_state
+from shared.job_streams import ensure_streams
 from shared.nats_server import EmbeddedNats, free_port
 from shared.protocol import JobResult, encode
 from shared.subjects import Subjects
@@ -49,8 +51,9 @@ async def store(url: str, results: int) -> None:
             rows = rng.standard_normal((ROWS, DIM)).astype("<f4")
             result = JobResult(JOB, b, 0, [f"d{b}-{i}" for i in range(ROWS)], DIM, "f4", rows.tobytes(), 100)
             await js.publish(subjects.results(JOB), encode(result), headers={"Nats-Msg-Id": f"{JOB}:{b}"})
-        await update_state(kv, JOB, lambda s: s.update(model="bench", documents=results * ROWS, batches=results,
-                                                       done=results * ROWS, status="done", embedding_type="float32"))
+        await update_state(kv, JOB, lambda s: replace(s, model="bench", input="bench", documents=results * ROWS,
+                                                      batches=results, done=results * ROWS, status="done",
+                                                      embedding_type="float32", output="dense"))
     finally:
         await nc.close()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.fleet import latencies_for, embed, fleet
 from bench.workloads import workloads
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from tests.corpus import medium_texts, mixed_texts
 
 

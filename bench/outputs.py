@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.ragged import sparse_rows, token_rows
 from services.tokenizer.encoder import TextEncoder, pack_chunks

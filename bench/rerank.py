@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 
 from bench.fleet import fleet
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import long_texts
 

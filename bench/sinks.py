@@ -41,7 +41,7 @@ import numpy as np
 from bench import sink_search
 from bench.sink_search import RERANKER, Served
 from shared.sinks.writer import BATCH_ROWS, BATCH_SECONDS
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from shared.sinks import Rows, Shape, sink_for
 from tests.corpus import medium_texts, mixed_texts
 

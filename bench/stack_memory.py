@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.model_dir import default_model_path
+from shared.model_dir.folder import default_model_path
 from shared.nats_server import free_port
 from tests.corpus import medium_texts, mixed_texts
 
@@ -89,7 +89,7 @@ def engines_in_one_process(count: int) -> None:
     on the same batches: what a model costs where several engines share one worker process."""
     from services.gpu_worker.engine import Engine
     from services.gpu_worker.engine.calibrate import synthetic_batch
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
 
     print(f"python and torch: {memory_mib(os.getpid())[0]:.0f} MiB RSS")
     engines = []

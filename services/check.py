@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from safetensors import safe_open
 
 from shared.config import ConfigError
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 
 if TYPE_CHECKING:
     from services.tokenizer.encoder import TextEncoder
@@ -54,7 +55,7 @@ def _check(folder: str, report: Report) -> None:
     from services.tokenizer.encoder import TextEncoder
 
     info = load_model_info(folder)
-    spec = spec_from_folder(info.path)
+    spec = spec_from_folder(info)
     family = family_for(spec.config)
     facts = report.facts
     facts["family"] = f"{family.name} (model_type {spec.model_type})"

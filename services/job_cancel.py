@@ -10,18 +10,21 @@ from __future__ import annotations
 import sys
 
 from shared.config import NatsConfig
-from shared.jobs import CANCELLED, cancel_job, has_state_key, job_bucket
+from shared.job_bucket import has_state_key
+from shared.job_state import CANCELLED, JobState
+from shared.job_status import cancel_job
+from shared.job_streams import job_bucket
 from shared.lifecycle import connect_within
 
 
-def outcome(job: str, state: dict) -> str:
-    """One line on what cancelling left of ``job``."""
-    chunks = f" ({state.get('chunks_done', 0)} chunks)" if state.get("chunking") else ""
-    counts = (f"{state.get('done', 0)} of {state.get('documents', 0)} documents stored{chunks}, "
-              f"{state.get('failed', 0)} failed")
-    if state.get("status") == CANCELLED:
+def outcome(state: JobState) -> str:
+    """One line on what cancelling left of the job."""
+    job = state.job
+    chunks = f" ({state.chunks_done} chunks)" if state.chunking is not None else ""
+    counts = f"{state.done} of {state.documents} documents stored{chunks}, {state.failed} failed"
+    if state.status == CANCELLED:
         return f"job {job} cancelled: {counts}; its stored results stay until purged (embedfleet jobs purge {job})"
-    return f"job {job} had already finished ({state.get('status')}): {counts}; nothing to cancel"
+    return f"job {job} had already finished ({state.status}): {counts}; nothing to cancel"
 
 
 async def cancel(nats: NatsConfig, job: str) -> int:
@@ -38,5 +41,5 @@ async def cancel(nats: NatsConfig, job: str) -> int:
     if state is None:
         print(f"embedfleet: no job {job!r}", file=sys.stderr)
         return 1
-    print(outcome(job, state))
+    print(outcome(state))
     return 0

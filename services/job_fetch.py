@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from shared.config import ConfigError, NatsConfig
-from shared.job_ids import job_id_problem
+from shared.job_bucket import read_state
 from shared.job_chunks import ChunkedRows
-from shared.jobs import CANCELLED, job_bucket, read_state
+from shared.job_ids import job_id_problem
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from shared.job_state import CANCELLED, JobState
+from shared.job_streams import job_bucket
 from shared.lifecycle import connect_within
 from shared.vector_forms import FORMS
 from services.chunked_output import write_chunked
@@ -36,17 +38,17 @@ async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
         js = nc.jetstream()
         kv = await job_bucket(js, nats.subjects)
         state = await read_state(kv, job) if kv is not None else None
-        if state is None or "documents" not in state:
+        if state is None or not state.submitted:
             raise ConfigError(f"no job {job!r}")
-        if (problem := unfinished({"job": job, **state})) is not None:
+        if (problem := unfinished(state)) is not None:
             raise ConfigError(f"{problem} (`embedfleet jobs` shows its progress)")
         form = JobForm.of(state)
         check_output_path(out, form.output, form.chunking is not None)
-        parts, dim = await _read(StoredResults(js, nats.subjects, job, form), job, state)
+        parts, dim = await _read(StoredResults(js, nats.subjects, job, form), state)
     finally:
         await nc.close()
     if form.chunking is not None:
-        return _write_chunks(out, parts, form, dim, job, state)
+        return _write_chunks(out, parts, form, dim, state)
     ids = [d for part in parts for d in part.doc_ids]
     if form.output == "dense":
         rows = [part.rows for part in parts]
@@ -54,14 +56,14 @@ async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
         write_output(out, ids, vectors, form.form, dim)
     else:
         write_ragged(out, ids, [row for part in parts for row in part.rows], form.output, form.form, dim)
-    return _said(job, state, len(ids), out)
+    return _said(state, len(ids), out)
 
 
-async def _read(reader: StoredResults, job: str, state: dict) -> tuple[list[Stored], int]:
+async def _read(reader: StoredResults, state: JobState) -> tuple[list[Stored], int]:
     """The job's stored parts in input order, and the rows' dimension."""
     try:
-        if not await reader.open() and state.get("done"):
-            raise ConfigError(expired(job, state))
+        if not await reader.open() and state.done:
+            raise ConfigError(expired(state))
         parts = [part async for part in reader]
     except ResultsLost as exc:
         raise ConfigError(f"{exc}; nothing written") from None
@@ -70,26 +72,26 @@ async def _read(reader: StoredResults, job: str, state: dict) -> tuple[list[Stor
     return sorted(parts, key=lambda p: (p.batch, p.start)), reader.dim
 
 
-def _write_chunks(out: Path, parts: list[Stored], form: JobForm, dim: int, job: str, state: dict) -> int:
+def _write_chunks(out: Path, parts: list[Stored], form: JobForm, dim: int, state: JobState) -> int:
     """A chunked job's rows written: every chunk once, of the documents whose chunks are all there."""
     rows = ChunkedRows()
     for part in parts:
         rows.add(part.batch, part.doc_ids, part.rows, part.chunks)
     table, vectors = rows.table()
     write_chunked(out, table, np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form].dtype), form.form, dim,
-                  form.chunking)
-    return _said(job, state, rows.complete, out, f" in {len(table.ids)} chunks")
+                  form.chunking.record())
+    return _said(state, rows.complete, out, f" in {len(table.ids)} chunks")
 
 
-def _said(job: str, state: dict, written: int, out: Path, chunks: str = "") -> int:
+def _said(state: JobState, written: int, out: Path, chunks: str = "") -> int:
     """Print what was written; the exit status (1 when the job's documents are not all there)."""
-    documents = state.get("documents", 0)
-    line = f"job {job}: {written} of {documents} documents{chunks}, {JobForm.of(state).form} vectors -> {out}"
+    documents = state.documents or 0
+    line = f"job {state.job}: {written} of {documents} documents{chunks}, {JobForm.of(state).form} vectors -> {out}"
     if written == documents:
         print(line)
         return 0
-    missing, failed = documents - written, state.get("failed", 0)
-    why = ["it was cancelled"] if state.get("status") == CANCELLED else []
+    missing, failed = documents - written, state.failed
+    why = ["it was cancelled"] if state.status == CANCELLED else []
     if failed:
         why.append(f"{failed} were given up (batches in the dead-letter stream)")
     if missing > failed and not why:

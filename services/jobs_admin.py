@@ -6,7 +6,6 @@ Neither creates or changes a stream or the bucket: they read (and purge) what is
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -15,16 +14,14 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
 
 from shared.config import ConfigError, NatsConfig
+from shared.job_bucket import read_state
 from shared.job_ids import job_id_problem
-from shared.jobs import (
-    DUPLICATE_WINDOW, FINISHED, RUN, SINK, SINK_DONE, SINK_ERROR, SINK_ROWS, job_bucket, job_form, read_state, stream_names,
-)
+from shared.job_publish import job_form
+from shared.job_state import FINISHED, RUNNING, JobState, JobStateError
+from shared.job_streams import DUPLICATE_WINDOW, job_bucket, stream_names
 from shared.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")
-
-RUNNING = "running"
-
 
 @dataclass(frozen=True, slots=True)
 class Progress:
@@ -59,15 +56,15 @@ class Progress:
         return max(self.total - self.settled, 0) / (self.run_settled / self.seconds)
 
 
-def progress(state: dict, now: float) -> Progress:
-    done, failed = state.get("done", 0), state.get("failed", 0)
-    run = state.get(RUN) or {}  # where the current run started (jobs recorded before runs were: the job's start)
-    started = run.get("started", state.get("started"))
-    end = state.get("finished") or now
-    seconds = max(end - started, 0.0) if started else 0.0
-    embedded = done - run.get("done", 0)
-    return Progress(done + failed, state.get("documents", 0), embedded, embedded + failed - run.get("failed", 0),
-                    state.get("tokens", 0) - run.get("tokens", 0), seconds, state.get("status") == RUNNING)
+def progress(state: JobState, now: float) -> Progress:
+    settled, total = state.done + state.failed, state.documents or 0
+    run = state.run  # where the current run started: recorded by every submission
+    if run is None:  # counted by a stage, recorded by no submission: no run to rate
+        return Progress(settled, total, 0, 0, 0, 0.0, False)
+    seconds = max((state.finished or now) - run.started, 0.0)
+    embedded = state.done - run.done
+    return Progress(settled, total, embedded, embedded + state.failed - run.failed, state.tokens - run.tokens, seconds,
+                    state.status == RUNNING)
 
 
 def duration(seconds: float | None) -> str:
@@ -89,36 +86,35 @@ HEADER = (f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} 
           f"{'tokens/s':>9} {'eta':>7} {'batches':>7} {'published':>9} {'chunks':>13}  model  form")
 
 
-def chunks_cell(state: dict) -> str:
+def chunks_cell(state: JobState) -> str:
     """A chunked job's chunks: stored/cut so far ("-" for a job without chunks)."""
-    if not state.get("chunking"):
+    if state.chunking is None:
         return "-"
-    return f"{state.get('chunks_done', 0)}/{state.get('chunks', 0)}"
+    return f"{state.chunks_done}/{state.chunks}"
 
 
-def job_row(key: str, state: dict, now: float) -> str:
+def job_row(key: str, state: JobState, now: float) -> str:
     p = progress(state, now)
     share = "-" if p.fraction is None else f"{100 * p.fraction:.1f}%"
-    return (f"{key:18} {state.get('status', '?'):16} {p.total:>9} {state.get('done', 0):>9} {state.get('failed', 0):>6} "
+    return (f"{key:18} {state.status or '?':16} {p.total:>9} {state.done:>9} {state.failed:>6} "
             f"{share:>8} {_rate(p.docs_per_s, 1):>8} {_rate(p.tokens_per_s, 0):>9} {duration(p.eta):>7} "
-            f"{state.get('batches', 0):>7} {state.get('published', 0):>9} {chunks_cell(state):>13}  "
-            f"{state.get('model', '?')}  {job_form(state)}")
+            f"{state.batches:>7} {state.published:>9} {chunks_cell(state):>13}  "
+            f"{state.model or '?'}  {job_form(state)}")
 
 
-def sink_line(state: dict, now: float) -> str | None:
+def sink_line(state: JobState, now: float) -> str | None:
     """Under a job's row, where its rows go when reindex (or the gateway) writes them into a store: the rows written,
     and while the store refuses them, since when and its message (None: no store)."""
-    if not state.get(SINK):
+    if state.sink is None:
         return None
-    line = f"  -> {state[SINK]}: {state.get(SINK_ROWS, 0)} rows written"
-    if state.get(SINK_DONE):
+    line = f"  -> {state.sink}: {state.sink_rows} rows written"
+    if state.sink_done is not None:
         line += ", index built"
-    if failed := state.get("sink_failed"):  # the gateway's writer (services/gateway/sink_jobs.py) stopped for good
-        line += f"; the store refused them for good: {failed}"
-    elif error := state.get(SINK_ERROR):
-        since = error.get("since") or now
-        line += (f"; waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                 f"({duration(now - since)}): {error.get('message', '')}")
+    if state.sink_failed is not None:  # the gateway's writer (services/gateway/sink_jobs.py) stopped for good
+        line += f"; the store refused them for good: {state.sink_failed}"
+    elif (error := state.sink_error) is not None:
+        line += (f"; waiting for the store since {time.strftime('%H:%M:%S', time.localtime(error.since))} "
+                 f"({duration(now - error.since)}): {error.message}")
     return line
 
 
@@ -130,17 +126,17 @@ async def list_jobs(nats: NatsConfig) -> int:
             keys = await kv.keys() if kv is not None else []
         except NoKeysError:
             keys = []
-        states = {}
+        states: dict[str, JobState] = {}
         for key in keys:
             try:
-                states[key] = json.loads((await kv.get(key)).value)
+                states[key] = JobState.decode((await kv.get(key)).value, key)
             except NotFoundError:
                 continue  # expired or purged since it was listed
-            except ValueError:
-                log.warning("job %s: its record is not JSON: skipped", key)
+            except JobStateError as exc:
+                log.warning("%s: skipped", exc)
         now = time.time()
         print(HEADER)
-        for key in sorted(states, key=lambda k: (states[k].get("started") or 0, k)):
+        for key in sorted(states, key=lambda k: (states[k].started or 0, k)):
             print(job_row(key, states[key], now))
             if (line := sink_line(states[key], now)) is not None:
                 print(line)
@@ -160,9 +156,9 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
         js = nc.jetstream()
         kv = await job_bucket(js, subjects)
         state = await read_state(kv, job) if kv is not None else None
-        if state is not None and state.get("status") not in FINISHED and not force:
+        if state is not None and state.status not in FINISHED and not force:
             p = progress(state, time.time())
-            raise ConfigError(f"job {job} is {state.get('status', 'not finished')} ({p.settled}/{p.total} documents): "
+            raise ConfigError(f"job {job} is {state.status or 'not finished'} ({p.settled}/{p.total} documents): "
                               f"purge it once it is over (`embedfleet jobs cancel {job}` ends it), or now with --force "
                               "(batches still in flight would store results again)")
         names = stream_names(subjects)

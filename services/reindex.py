@@ -1,5 +1,5 @@
-"""``embedfleet reindex`` and ``embedfleet init``: bulk jobs from the command line (``embedfleet jobs``:
-services/jobs_admin.py).
+"""``embedfleet reindex``: a bulk job from the command line (``embedfleet init``:
+services/jetstream_init.py; ``embedfleet jobs``: services/jobs_admin.py).
 
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, plain text with
 one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
@@ -11,134 +11,43 @@ command again after it was killed resumes the job: published batches are not sen
 results are read again; the same input in another form is another job. With ``--chunk-size`` the
 tokenizers cut every document into chunks and each chunk gets a vector: a row a chunk, with its
 place (services/chunked_output.py says what each format holds).
-Everything that can be checked is checked before the first batch is published: the options, the
-output (its format, its folder made and written to), every document, the job's recorded form.
+Everything that can be checked is checked before the first batch is published (services/reindex_plan.py):
+the options, the output (its format, its folder made and written to), every document, the job's recorded form.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 
-from shared.config import ConfigError, NatsConfig, Retention, retention
-from shared.documents import job_id_for, read_input
-from shared.jobs import (
-    CANCELLED, DUPLICATE_WINDOW, SINK, JobCancelled, bucket_stream, ensure_streams, form_conflict,
-    purge_wait, read_state, stream_names, submit, update_state, was_cancelled,
-)
-from shared.subjects import Subjects
-from shared.job_ids import job_id_problem
-from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_fit import JobRefused, check_job, fleet_view, served
-from shared.lifecycle import connect_within
-from shared.tracing import Tracer, TracingConfig, bind
-from shared.protocol import EmbedOptions, ProtocolError
-from shared.vector_forms import FORMS, form_named
-from shared.text_chunks import JobChunking
+from shared.config import NatsConfig
+from shared.job_bucket import read_state, update_state
+from shared.job_publish import JobCancelled, JobSink, submit
+from shared.job_state import CANCELLED, DONE, STALLED, JobState
+from shared.job_streams import stream_names
+from shared.tracing import Tracer, bind
+from shared.vector_forms import FORMS
 from services.chunked_output import write_chunked
-from services.reindex_files import check_output_path, write_output, write_ragged
-from services.reindex_chunking import check_room, chunking_of
+from services.reindex_files import write_output, write_ragged
+from services.reindex_plan import Plan, connect_checked
 from shared.job_collector import Collector, Layout, Polled
 from services.reindex_sink import open_sink, sink_sources
-from shared.sinks import Shape, SinkError
-from shared.sinks.writer import SinkWriter, shape_for
+from shared.sinks import SinkError
+from shared.sinks.writer import SinkWriter
 
 log = logging.getLogger("embedfleet.reindex")
 
-@dataclass(frozen=True)
-class _Plan:
-    """A reindex run, every part checked before anything is published."""
 
-    path: Path
-    out: Path | None  # None: rows go to the sink only
-    form: str  # a vector form's name (shared/vector_forms.py)
-    output: str  # "dense", "sparse" or "multivector"
-    options: EmbedOptions
-    tracing: TracingConfig
-    docs: list[tuple[str, str]]  # (id, text), in input order
-    job: str
-    batch_size: int
-    chunking: JobChunking | None  # None: a vector a document
-    sink: str | None = None  # --sink URL
-    shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
-
-
-def _plan(ns: argparse.Namespace) -> _Plan:
-    path, out = Path(ns.input), Path(ns.out) if ns.out else None
-    if out is None and not ns.sink:
-        raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
-    form = form_named(ns.embedding_type).name
-    output = ns.output
-    try:
-        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form].wire, output=output)
-    except ProtocolError as exc:
-        raise ConfigError(str(exc).replace("options.", "")) from None
-    chunking = chunking_of(ns, output)
-    if out is not None:
-        check_output_path(out, output, chunking is not None)
-    tracing = TracingConfig.from_namespace(ns)
-    docs = read_input(path)  # all of them, each checked
-    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
-    problem = job_id_problem(job)
-    if problem:
-        raise ConfigError(f"--job-id: {problem}")
-    return _Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.sink)
-
-
-async def _fitted(nc, ns: argparse.Namespace, prefix: str, plan: _Plan) -> _Plan:
-    """The plan once the fleet can run it: the model served, the output one it makes, the batch size
-    cut (and said so) where a batch's vectors could outgrow a NATS message."""
-    view = await fleet_view(nc, prefix, ns.model)
-    try:
-        fit = check_job(view, ns.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
-    except JobRefused as exc:
-        raise ConfigError(f"{exc}; nothing was published") from None
-    if fit.note:
-        print(f"reindex: {fit.note}", flush=True)
-    if plan.sink:
-        plan = replace(plan, shape=shape_for(served(view, ns.model), plan.form, plan.output, plan.chunking is not None))
-    if fit.batch_size == plan.batch_size:
-        return plan
-    job = ns.job_id or job_id_for(plan.path, ns.model, fit.batch_size, plan.form, plan.output, plan.chunking)
-    return replace(plan, batch_size=fit.batch_size, job=job)
-
-
-async def _connect_checked(ns: argparse.Namespace, nats: NatsConfig, plan: _Plan):
-    """A connection, its JetStream context, the job bucket and the plan, once the fleet can run the
-    job and its recorded state allows running it (not another form or input, not cancelled, results
-    not expired, not purged a moment ago)."""
-    subjects = nats.subjects
-    nc = await connect_within(nats, "embedfleet-reindex")
-    js = nc.jetstream()
-    try:
-        plan = await _fitted(nc, ns, subjects.prefix, plan)
-        if plan.chunking is not None:
-            await check_room(nc, subjects, ns.model, plan.chunking, plan.options)
-        kv = await ensure_streams(js, subjects, retention(ns))
-        state = await read_state(kv, plan.job)
-        claim = Claim(request_digest(ns.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
-        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
-                   or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
-    except BaseException:
-        await nc.close()
-        raise
-    if problem:
-        await nc.close()
-        raise ConfigError(problem)
-    return nc, js, kv, plan
-
-
-async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
+async def reindex(plan: Plan, nats: NatsConfig) -> int:
+    """Run ``plan`` (``plan_of`` the command's options): publish, collect, write; the exit status."""
     from tqdm import tqdm
 
-    nc, js, kv, plan = await _connect_checked(ns, nats, _plan(ns))
+    nc, js, kv, plan = await connect_checked(nats, plan)
     job, docs, subjects = plan.job, plan.docs, nats.subjects
     try:  # the store checked before anything is published: a table of another dimension ends the run here
         sink = await open_sink(plan.sink, plan.shape) if plan.sink else None
@@ -147,7 +56,7 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
         raise
     batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
     cut = f", cut into chunks of at most {plan.chunking.spec.size} tokens" if plan.chunking else ""
-    print(f"job {job}: {len(docs)} documents in {batches} batches, model {ns.model}, {plan.output} {plan.form} vectors"
+    print(f"job {job}: {len(docs)} documents in {batches} batches, model {plan.model}, {plan.output} {plan.form} vectors"
           f"{cut}", flush=True)
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
     tracer = Tracer("reindex", plan.tracing)
@@ -155,18 +64,18 @@ async def reindex(ns: argparse.Namespace, nats: NatsConfig) -> int:
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
     collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
-                          stream_names(subjects)["results"], plan.form, ns.results_check, plan.chunking is not None)
+                          stream_names(subjects)["results"], plan.form, plan.results_check, plan.chunking is not None)
     await collector.open()
-    publisher = asyncio.create_task(submit(js, kv, subjects, job, ns.model, docs, plan.batch_size, plan.options,
+    publisher = asyncio.create_task(submit(js, kv, subjects, job, plan.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking,
-                                           sink=None if sink is None else {SINK: sink.shown}))
-    bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=ns.quiet)
+                                           sink=None if sink is None else JobSink(sink.shown)))
+    bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=plan.quiet)
     writer = None if sink is None else SinkWriter(
-        sink, kv, job, sink_sources(plan.path, docs, ns.with_text, plan.chunking is not None), plan.out is not None,
+        sink, kv, job, sink_sources(plan.path, docs, plan.with_text, plan.chunking is not None), plan.out is not None,
         lambda text: bar.set_postfix_str(text or "", refresh=True), lambda line: print(line, flush=True))
     start_time = time.monotonic()
     try:
-        stopped, run = await _collect(plan, kv, collector, publisher, bar, ns.stall_timeout, start_time, writer)
+        stopped, run = await _collect(plan, kv, collector, publisher, bar, plan.stall_timeout, start_time, writer)
         if stopped is not None:
             return stopped
         await publisher
@@ -203,7 +112,7 @@ def _advance(bar, polled: Polled) -> None:
         bar.refresh()
 
 
-async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
+async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
                    start_time: float, writer: SinkWriter | None):
     """Collect results until every document has its vector or was given up. Returns (1 when the job
     was cancelled or stalled, else None; what this run read)."""
@@ -228,22 +137,22 @@ async def _collect(plan: _Plan, kv, collector: Collector, publisher: asyncio.Tas
         if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
             checked = time.monotonic()
             try:
-                state = (await read_state(kv, job)) or {}
-                failed = state.get("failed", 0)
-                cancelled = cancelled or state.get("status") == CANCELLED
+                state = (await read_state(kv, job)) or JobState(job)
+                failed = state.failed
+                cancelled = cancelled or state.status == CANCELLED
             except Exception:
                 pass  # the server is away: next time
         if cancelled:
             bar.close()
-            state = (await read_state(kv, job)) or {}  # its counts, final since the cancel
-            chunks = f" ({state.get('chunks_done', 0)} chunks)" if plan.chunking else ""
-            print(f"job {job}: cancelled, {state.get('done', 0)} of {len(docs)} documents stored{chunks}, "
-                  f"{state.get('failed', 0)} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
+            state = (await read_state(kv, job)) or JobState(job)  # its counts, final since the cancel
+            chunks = f" ({state.chunks_done} chunks)" if plan.chunking else ""
+            print(f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunks}, "
+                  f"{state.failed} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
                   "results stream until the job is purged)")
             return 1, run
         if time.monotonic() - last_progress > stall_timeout:
-            errors = ((await read_state(kv, job)) or {}).get("errors", [])
-            await update_state(kv, job, lambda s: s.update(status="stalled"))
+            errors = list(((await read_state(kv, job)) or JobState(job)).errors)
+            await update_state(kv, job, lambda s: replace(s, status=STALLED))
             bar.close()
             print(f"job {job}: no progress for {stall_timeout:.0f}s, {collector.documents}/{len(docs)} documents; "
                   f"errors: {errors or 'none'}")
@@ -259,7 +168,7 @@ def _rate(run: Polled, elapsed: float) -> str:
             f"docs/s, {run.tokens / max(elapsed, 1e-6):,.0f} tokens/s){earlier}")
 
 
-async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: float, writer: SinkWriter | None) -> int:
+async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: float, writer: SinkWriter | None) -> int:
     """Write the vectors collected, in input order (when there is an output file), and record the job
     done; 1 when some documents were given up (their ids written beside the output, or listed)."""
     job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
@@ -292,63 +201,16 @@ async def _write(plan: _Plan, kv, collector: Collector, run: Polled, elapsed: fl
             listed = f"ids in {failed_path}"
         else:
             listed = f"ids {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}"
-        errors = (await update_state(kv, job, lambda s: s.update(collected=len(ids), dim=collector.dim))).get("errors", [])
+        errors = (await update_state(kv, job, lambda s: replace(s, collected=len(ids), dim=collector.dim))).errors
         print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {where}; {len(lost)} given up "
-              f"({listed}; batches in the dead-letter stream): {errors[:3]}")
+              f"({listed}; batches in the dead-letter stream): {list(errors[:3])}")
         return 1
 
-    def finish(state: dict) -> None:
-        state.update(collected=len(docs), dim=collector.dim)
-        if state.get("status") != CANCELLED:  # a cancel that came after the last vector stays said
-            state["status"] = "done"
-        state.setdefault("finished", time.time())
+    def finish(state: JobState) -> JobState:
+        return replace(state, collected=len(docs), dim=collector.dim,
+                       status=state.status if state.status == CANCELLED else DONE,  # a cancel after the last vector stays said
+                       finished=state.finished if state.finished is not None else time.time())
 
     await update_state(kv, job, finish)
     print(f"job {job}: {said} ({rate}) -> {where}")
     return 0
-
-
-async def results_gone(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
-    """Why a job whose results were stored cannot be collected again (None: it can): the results
-    stream holds none of them any more (expired, or pushed out by the stream's size limit)."""
-    if not state or not state.get("done"):
-        return None
-    subject = subjects.results(job)
-    info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
-    if (info.state.subjects or {}).get(subject, 0):
-        return None
-    return (f"job {job} stored {state['done']} documents' vectors, and the results stream holds none of them any "
-            f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
-            f"{job}` and run it again, or give another --job-id")
-
-
-async def purged_recently(js, subjects: Subjects, job: str, state: dict | None) -> str | None:
-    """Why a job purged a moment ago cannot be run again yet (None: it can): the streams would drop
-    its batches as repeats of the purged run's."""
-    wait = await purge_wait(js, subjects, job) if state is None else 0.0
-    if not wait:
-        return None
-    return (f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago, and the streams still take its batches for "
-            f"repeats of the purged run's: run it again in {wait:.0f}s, or give another --job-id")
-
-
-async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:
-    """Create (or bring to this version's settings and ``limits``) the streams and the job bucket, then exit."""
-    nc = await connect_within(nats, "embedfleet-init")
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, nats.subjects, limits)
-        names = stream_names(nats.subjects)
-        results = (await js.stream_info(names["results"])).config
-        bucket = (await js.stream_info(bucket_stream(nats.subjects))).config
-        print(f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
-              f"are in place on {nats.url}; results: max age {_limit(results.max_age, 's')}, max bytes "
-              f"{_limit(results.max_bytes, '')}; job records: ttl {_limit(bucket.max_age, 's')}, history "
-              f"{bucket.max_msgs_per_subject}")
-        return 0
-    finally:
-        await nc.close()
-
-
-def _limit(value: float | int | None, unit: str) -> str:
-    return f"{value:.0f}{unit}" if value and value > 0 else "none"

@@ -25,7 +25,7 @@ from shared.options import arguments, declared, default, option
 from shared.local_stack import forget_stack, record_stack
 from shared.logs import setup_logging
 from shared.tracing import TracingConfig
-from shared.model_dir import ModelInfo
+from shared.model_dir.info import ModelInfo
 from shared.nats_server import TOKEN_FILE, EmbeddedNats
 from shared.parent_death import die_with_parent
 from services.gateway.config import api_keys, operator_keys

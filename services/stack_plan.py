@@ -14,7 +14,8 @@ from typing import Callable, Mapping
 
 from shared.config import ConfigError
 from shared.metrics_server import MetricsEndpoint
-from shared.model_dir import ModelInfo, load_model_info, same_model
+from shared.model_dir.info import ModelInfo, same_model
+from shared.model_dir.load import load_model_info
 from shared.options import option
 from shared.subjects import model_token
 

@@ -31,10 +31,11 @@ from nats.js.kv import KeyValue
 
 from shared.config import JobSettings
 from shared.lifecycle import cancel
-from shared.jobs import (
-    CANCELLED, count_failed, ensure_streams, has_state_key, publish_durably, read_state, stream_names, update_state,
-    work_consumer,
-)
+from shared.job_bucket import has_state_key, read_state, update_state
+from shared.job_publish import publish_durably
+from shared.job_state import CANCELLED, DeadBatch, JobState
+from shared.job_status import count_failed
+from shared.job_streams import ensure_streams, stream_names, work_consumer
 from shared.progress import Rows
 from shared.protocol import MAX_NAME, ChunkRows
 from shared.subjects import Subjects
@@ -254,7 +255,7 @@ class Cancellations:
         except Exception as exc:  # the server is away: the last answer stands (none: the work is done, not lost)
             log.debug("job %s: state not read: %r", job, exc)
             return cancelled
-        cancelled = state is not None and state.get("status") == CANCELLED
+        cancelled = state is not None and state.status == CANCELLED
         self._seen[job] = (now, cancelled)
         self._seen.move_to_end(job)
         while len(self._seen) > self._size:
@@ -336,12 +337,11 @@ class DeadLetters:
         if info.job is None or not has_state_key(info.job):  # a forged job id names no job state: the letter is all there is
             return
         # recorded again after a crash between record and term: the rows and the entry count once
-        entry = {"stage": self._stage, "batch": info.batch, "start": info.start, "documents": info.documents,
-                 "deliveries": count, "reason": reason[:500]}
+        entry = DeadBatch(self._stage, info.batch, info.start, info.documents, count, reason[:500])
 
-        def tally(state: dict) -> int:
+        def tally(state: JobState) -> JobState:
             rows = info.rows
-            if info.chunks is None and self._stage == "worker" and state.get("chunking"):
+            if info.chunks is None and self._stage == "worker" and state.chunking is not None:
                 # a chunked job's token batch that does not decode: chunk rows of documents it cannot
                 # name, listed as dead but counted nowhere (never counted as the documents of its rows)
                 rows = rows._replace(batch=-1)

@@ -15,7 +15,9 @@ from typing import Mapping
 from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
 from shared.subjects import Subjects
 from shared.option import ConfigError
-from shared.options import MAX_JOB_HISTORY, MAX_REPLICAS, PASSWORD_ENV, TOKEN_ENV, declared, default, option
+from shared.options import (
+    MAX_JOB_HISTORY, MAX_REPLICAS, PASSWORD_ENV, TOKEN_ENV, declared, from_options, option, setting,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +123,11 @@ class Retention:
     ``replicas``: copies of every stream and the bucket kept by a clustered NATS; None: 3 where the
     cluster can place them, else 1, and an existing stream is raised to that, never lowered."""
 
-    results_max_age: float | None = None
-    results_max_bytes: int | None = None
-    job_ttl: float | None = None
-    job_history: int | None = None
-    replicas: int | None = None
+    results_max_age: float | None = setting("results_max_age")
+    results_max_bytes: int | None = setting("results_max_bytes")
+    job_ttl: float | None = setting("job_ttl")
+    job_history: int | None = setting("job_history")
+    replicas: int | None = setting("stream_replicas")
 
     def __post_init__(self) -> None:
         for flag, seconds in (("--results-max-age", self.results_max_age), ("--job-ttl", self.job_ttl)):
@@ -146,8 +148,7 @@ class Retention:
 
 
 def retention(ns: argparse.Namespace) -> Retention:
-    return Retention(results_max_age=ns.results_max_age, results_max_bytes=ns.results_max_bytes, job_ttl=ns.job_ttl,
-                     job_history=ns.job_history, replicas=ns.stream_replicas)
+    return from_options(Retention, ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +157,8 @@ class JobSettings:
     (holders send in-progress beats every ``ack_wait / 4``); after ``max_deliver`` deliveries it is
     given up as a dead letter. ``retention``: what the stage sets on the streams it meets."""
 
-    ack_wait: float = default("ack_wait")
-    max_deliver: int = default("max_deliver")
+    ack_wait: float = setting("ack_wait")
+    max_deliver: int = setting("max_deliver")
     retention: Retention = Retention()
 
     def __post_init__(self) -> None:
@@ -172,4 +173,4 @@ class JobSettings:
 
 
 def job_settings(ns: argparse.Namespace) -> JobSettings:
-    return JobSettings(ack_wait=ns.ack_wait, max_deliver=ns.max_deliver, retention=retention(ns))
+    return from_options(JobSettings, ns, retention=retention(ns))

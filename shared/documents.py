@@ -142,22 +142,18 @@ def _json_type(value: object) -> str:
 
 def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense",
                chunking=None) -> str:
-    """The id of the job that embeds ``path`` with ``model`` into vectors of ``form``: the same file,
-    model, batch size and form give the same id, so running a job again resumes it, and another form
-    (or another ``chunking``, a JobChunking) is another job. float32 leaves the key as it was before
-    forms existed (those jobs still resume). A file is known by its size and time of change, a folder
-    by its documents' names and contents (a file added, removed, renamed or edited: another job)."""
+    """The id of the job that embeds ``path`` with ``model`` into ``output`` vectors of ``form``: the same
+    input, model, batch size, form, output and ``chunking`` (a JobChunking, or None) give the same id, so
+    running a job again resumes it; any other is another job. A file is known by its size and time of
+    change, a folder by its documents' names and contents (a file added, removed, renamed or edited:
+    another job)."""
     if path.is_dir():
-        key = f"{path.resolve()}|folder:{_folder_digest(path)}|{model}|{batch_size}"
+        source = f"folder:{_folder_digest(path)}"
     else:
         stat = path.stat()
-        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{model}|{batch_size}"
-    if form != "float32":
-        key += f"|{form}"
-    if output != "dense":  # sparse / multivector jobs
-        key += f"|{output}"
-    if chunking is not None:
-        key += "|chunks:" + json.dumps(chunking.record(), sort_keys=True)
+        source = f"{stat.st_size}|{stat.st_mtime_ns}"
+    cut = json.dumps(chunking.record() if chunking is not None else None, sort_keys=True)
+    key = f"{path.resolve()}|{source}|{model}|{batch_size}|{form}|{output}|chunks:{cut}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

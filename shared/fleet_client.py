@@ -35,7 +35,7 @@ from shared.config import nats_config
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.lifecycle import connect_within, drain_or_close
-from shared.model_dir import same_model
+from shared.model_dir.info import same_model
 from shared.local_stack import use_local_stack
 from shared.options import add_options
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from shared.fleet import FleetView, FleetWatch
-from shared.model_dir import same_model
+from shared.model_dir.info import same_model
 from shared.protocol import EmbedOptions
 from shared.protocol.messages import row_bytes
 from shared.subjects import model_token

@@ -8,10 +8,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-REQUEST = "request"  # the state's key for the request's digest
-OWNER = "owner"  # the state's key for the digest of the API key that made the job
+from shared.job_state import JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +24,8 @@ class Claim:
 def request_digest(model: str, docs: list[tuple[str, str]], batch_size: int, options, chunking=None) -> str:
     """SHA-256 over what makes a job's batches: the same file or documents, model, batch size, options
     and chunking (a JobChunking, or None) give the same digest, whichever way (POST /v1/jobs, reindex)
-    they were submitted. An unchunked job's digest is the one it had before chunking existed."""
-    head = [model, batch_size, dataclasses.asdict(options)] + ([chunking.record()] if chunking is not None else [])
+    they were submitted."""
+    head = [model, batch_size, dataclasses.asdict(options), chunking.record() if chunking is not None else None]
     h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
     for doc_id, text in docs:  # each part length-prefixed: no two lists of documents hash alike
         for part in (doc_id.encode(), text.encode()):
@@ -39,21 +38,19 @@ def owner_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def claim_problem(state: dict | None, claim: Claim) -> str | None:
+def claim_problem(state: JobState | None, claim: Claim) -> str | None:
     """Why the job recorded as ``state`` is not the one ``claim`` asks for (None: no job yet, or the
-    same request again). A job recorded before digests existed is taken for the same."""
-    if not state or "documents" not in state:
+    same request again)."""
+    if state is None or not state.submitted:
         return None
-    job = state.get("job")
-    if claim.owner is not None and state.get(OWNER) != claim.owner:
-        return f"job id {job} is taken: give another job id"
-    if state.get(REQUEST, claim.request) != claim.request:
-        return (f"job {job} exists with other documents, model, batch size or options: give it another job id "
+    if claim.owner is not None and state.owner != claim.owner:
+        return f"job id {state.job} is taken: give another job id"
+    if state.request != claim.request:
+        return (f"job {state.job} exists with other documents, model, batch size or options: give it another job id "
                 "(the same request again resumes it)")
     return None
 
 
-def record_claim(state: dict, claim: Claim) -> None:
-    state.setdefault(REQUEST, claim.request)
-    if claim.owner is not None:
-        state.setdefault(OWNER, claim.owner)
+def record_claim(state: JobState, claim: Claim) -> JobState:
+    """``state`` with the claim's digests, unless it has them (the first submission's stay)."""
+    return replace(state, request=state.request or claim.request, owner=state.owner or claim.owner)

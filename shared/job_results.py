@@ -19,9 +19,11 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
-from shared.jobs import FINISHED, stream_names
+from shared.job_state import FINISHED, JobState
+from shared.job_streams import stream_names
 from shared.protocol import ChunkRows, JobResult, ProtocolError, decode_as
 from shared.subjects import Subjects
+from shared.text_chunks import JobChunking
 from shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.job_results")
@@ -37,20 +39,21 @@ REOPENS = 3  # consumers lost in a row before the reader gives up
 @dataclass(frozen=True, slots=True)
 class JobForm:
     """What a job's rows are: ``form`` (shared/vector_forms.py) and ``output`` (dense, sparse, multivector);
-    ``chunking`` (as its state records it; None: a row a document): a row a chunk, with its place."""
+    ``chunking`` (None: a row a document): a row a chunk, with its place."""
 
     form: str
     output: str
-    chunking: dict | None = None
+    chunking: JobChunking | None = None
 
     @classmethod
-    def of(cls, state: dict) -> JobForm:
-        # jobs recorded before forms and outputs existed made dense float32 vectors
-        return cls(state.get("embedding_type", "float32"), state.get("output", "dense"), state.get("chunking"))
+    def of(cls, state: JobState) -> JobForm:
+        """The form a submitted job's state records."""
+        assert state.embedding_type is not None and state.output is not None, "a submission records the form"
+        return cls(state.embedding_type, state.output, state.chunking)
 
     @property
     def with_text(self) -> bool:
-        return bool(self.chunking and self.chunking.get("with_text"))
+        return self.chunking is not None and self.chunking.with_text
 
     @property
     def wire(self) -> str:
@@ -76,18 +79,18 @@ def result_rows(result: JobResult) -> np.ndarray | list:
     return result.ragged() if result.offsets is not None else result.array()
 
 
-def unfinished(state: dict) -> str | None:
+def unfinished(state: JobState) -> str | None:
     """Why a job's results cannot be read as a whole yet (None: they can): it has not finished."""
-    if state.get("status") in FINISHED:
+    if state.status in FINISHED:
         return None
-    settled = state.get("done", 0) + state.get("failed", 0)
-    return (f"job {state.get('job')} is {state.get('status', 'not started')}: {settled} of {state.get('documents', '?')} "
-            "documents settled; its results can be read once it is done")
+    return (f"job {state.job} is {state.status or 'not started'}: {state.done + state.failed} of "
+            f"{state.documents if state.documents is not None else '?'} documents settled; its results can be read once "
+            "it is done")
 
 
-def expired(job: str, state: dict) -> str:
+def expired(state: JobState) -> str:
     """Why a job whose stream holds none of its results has none to give."""
-    return (f"job {job} stored {state.get('done', 0)} documents' vectors, and the results stream holds none of them "
+    return (f"job {state.job} stored {state.done} documents' vectors, and the results stream holds none of them "
             "any more (expired: --results-max-age, --results-max-bytes)")
 
 

@@ -21,7 +21,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
-from shared.jobs import publish_durably, stream_names
+from shared.job_publish import publish_durably
+from shared.job_streams import stream_names
 from shared.sinks.writer import Sources
 from shared.subjects import Subjects
 

@@ -17,7 +17,7 @@ from threading import Thread
 from prometheus_client import CollectorRegistry, start_http_server
 
 from shared.config import ConfigError
-from shared.options import default
+from shared.options import from_options, setting
 
 log = logging.getLogger("embedfleet.metrics")
 
@@ -26,8 +26,8 @@ log = logging.getLogger("embedfleet.metrics")
 class MetricsEndpoint:
     """Where a service serves its metrics; port 0: nowhere."""
 
-    port: int = default("metrics_port")
-    host: str = default("metrics_host")
+    port: int = setting("metrics_port")
+    host: str = setting("metrics_host")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,7 +57,7 @@ class MetricsEndpoint:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> MetricsEndpoint:
-        endpoint = cls(port=ns.metrics_port, host=ns.metrics_host)
+        endpoint = from_options(cls, ns)
         endpoint.check()
         return endpoint
 

@@ -2,7 +2,8 @@
 ``Option`` (the class and the value parsers are the machinery in shared/option.py).
 
 From this list are made: each command's argparse parser (``add_options``), the config dataclasses'
-defaults (``default``), the arguments ``embedfleet up`` and the CPU replica launcher give their child
+fields that hold options (``setting``: the declared default, filled from the parsed options by
+``from_options``), the arguments ``embedfleet up`` and the CPU replica launcher give their child
 processes (``arguments``), the README's option table (``markdown_table``) and the set of environment
 variables each command reads, which the Kubernetes manifests are checked against (``env_names``).
 """
@@ -10,15 +11,20 @@ variables each command reads, which the Kubernetes manifests are checked against
 from __future__ import annotations
 
 import argparse
+import copy
 import os
-from typing import Any, Iterable, Mapping
+from dataclasses import field, fields
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from shared.option import (
     ConfigError, Option, budget, non_negative_float, non_negative_int, port_number, positive_float, positive_int,
 )
 from shared.vector_forms import EMBEDDING_TYPES
 
-__all__ = ["ConfigError", "OPTIONS", "add_options", "arguments", "declared", "default", "env_names", "markdown_table"]
+__all__ = ["ConfigError", "OPTIONS", "add_options", "arguments", "declared", "default", "env_names", "from_options",
+           "markdown_table", "setting", "settings_of"]
+
+T = TypeVar("T")
 
 # every command, in the order the README's table names them; "jobs purge", "jobs cancel" and "jobs
 # fetch" are the actions of "jobs" (they take its options again, see add_options)
@@ -376,6 +382,36 @@ def option(dest: str, command: str | None = None) -> Option:
 def default(dest: str, command: str | None = None) -> Any:
     """The declared default of ``dest``, parsed as a flag's text is (what a config's field defaults to)."""
     return option(dest, command).value({})
+
+
+_OPTION = "option"  # a config field's metadata key: the option (dest, command) it holds
+_CONVERT = "convert"  # and what makes the field's value of the option's
+
+
+def setting(dest: str, command: str | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A config dataclass field that holds option ``dest``: its default is the declared one (``convert``ed:
+    how the field's value is made of the option's), and ``from_options`` fills it from a namespace."""
+    value = default(dest, command)
+    made = convert(value) if convert else value
+    meta = {_OPTION: (dest, command), _CONVERT: convert}
+    if isinstance(made, (list, dict, set)):  # a mutable default: a fresh copy for each config
+        return field(default_factory=lambda: copy.copy(made), metadata=meta)
+    return field(default=made, metadata=meta)
+
+
+def settings_of(cls: type) -> dict[str, tuple[str, Callable[[Any], Any] | None]]:
+    """A config class's ``setting`` fields: field name -> (the option's dest, its ``convert``)."""
+    return {f.name: (f.metadata[_OPTION][0], f.metadata[_CONVERT]) for f in fields(cls) if _OPTION in f.metadata}
+
+
+def from_options(cls: type[T], ns: argparse.Namespace, **given: Any) -> T:
+    """A ``cls`` config: every ``setting`` field from ``ns`` (the parsed options), the rest ``given``."""
+    values = dict(given)
+    for name, (dest, convert) in settings_of(cls).items():
+        if name not in values:
+            value = getattr(ns, dest)
+            values[name] = convert(value) if convert else value
+    return cls(**values)
 
 
 def add_options(parser: argparse.ArgumentParser, command: str, environ: Mapping[str, str] | None = None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.jobs import bucket_stream, stream_names
+from shared.job_streams import bucket_stream, stream_names
 from shared.protocol import MAX_BUNDLE
 from shared.subjects import SERVICE_NAMES, Subjects
 

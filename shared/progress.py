@@ -5,23 +5,22 @@ job's state before it acknowledges their batch; a process killed in between leav
 delivered again, and recording the same rows a second time changes nothing. So ``done`` and
 ``failed`` count each document once, whichever process dies at whichever point.
 
-The ledger lives in the job's JSON state under ``accounted`` and stays small: job batches wholly
-accounted for are merged into index ranges, and only the batches in flight keep row ranges:
-``{"whole": [[b0, b1], ...], "part": {"<b>": [[r0, r1], ...]}}`` (half-open ranges, sorted, disjoint).
+The ``Ledger`` is the job state's ``accounted`` and stays small: job batches wholly accounted for are
+merged into index ranges (``whole``), and only the batches in flight keep row ranges (``part``); all
+ranges half-open, sorted, disjoint. Stored as ``{"whole": [[b0, b1], ...], "part": {"<b>": [[r0, r1], ...]}}``
+(shared/job_state.py).
 
 A chunked job keeps two more ledgers of that shape (shared/chunk_progress.py): its chunk rows
-(``CHUNK_LEDGER``: row r of job batch b is a chunk, not a document) and the job batches whose chunks
-were counted (``CUT_LEDGER``); ``accounted`` stays its documents'.
+(``accounted_chunks``: row r of job batch b is a chunk, not a document) and the job batches whose
+chunks were counted (``cut``); ``accounted`` stays its documents'.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple
 
-LEDGER = "accounted"
-CHUNK_LEDGER = "accounted_chunks"
-CUT_LEDGER = "cut"
-LEDGERS = (LEDGER, CHUNK_LEDGER, CUT_LEDGER)  # a state's bookkeeping, not shown to users
+Span = tuple[int, int]  # [lo, hi)
 
 
 class Rows(NamedTuple):
@@ -33,54 +32,58 @@ class Rows(NamedTuple):
     total: int = 0
 
 
-def account(state: dict, rows: Rows, ledger: str = LEDGER) -> int:
-    """Record ``rows`` as accounted for in ``state``'s ``ledger``; returns how many of them were not before."""
-    batch, start, count, total = rows
-    if batch < 0 or start < 0 or count <= 0:
-        return 0
-    end = start + count
-    if total and end > total:  # a batch that contradicts itself: its rows still count once
-        total = 0
-    book = state.setdefault(ledger, {"whole": [], "part": {}})
-    if _holds(book["whole"], batch):
-        return 0
-    key = str(batch)
-    spans = book["part"].get(key, [])
-    fresh = count - _overlap(spans, start, end)
-    if fresh == 0:
-        return 0
-    spans = _add(spans, start, end)
-    if total and spans == [[0, total]]:
-        book["part"].pop(key, None)
-        book["whole"] = _add(book["whole"], batch, batch + 1)
-    else:
-        book["part"][key] = spans
-    return fresh
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """Rows accounted for: the job batches ``whole``, and per batch in flight its row ranges (``part``).
+    A value: ``account`` gives a new ledger, this one is never changed."""
+
+    whole: tuple[Span, ...] = ()
+    part: Mapping[int, tuple[Span, ...]] = field(default_factory=dict)
+
+    def account(self, rows: Rows) -> tuple[Ledger, int]:
+        """This ledger with ``rows`` accounted for, and how many of them were not before."""
+        batch, start, count, total = rows
+        if batch < 0 or start < 0 or count <= 0:
+            return self, 0
+        end = start + count
+        if total and end > total:  # a batch that contradicts itself: its rows still count once
+            total = 0
+        if _holds(self.whole, batch):
+            return self, 0
+        spans = self.part.get(batch, ())
+        fresh = count - _overlap(spans, start, end)
+        if fresh == 0:
+            return self, 0
+        spans = _add(spans, start, end)
+        part = dict(self.part)
+        if total and spans == ((0, total),):
+            part.pop(batch, None)
+            return Ledger(_add(self.whole, batch, batch + 1), part), fresh
+        part[batch] = spans
+        return Ledger(self.whole, part), fresh
+
+    def accounted(self, rows: Rows) -> int:
+        """How many of ``rows`` this ledger holds as accounted for already."""
+        batch, start, count, _ = rows
+        if count <= 0 or _holds(self.whole, batch):
+            return max(count, 0)
+        return _overlap(self.part.get(batch, ()), start, start + count)
 
 
-def accounted(state: dict, rows: Rows, ledger: str = LEDGER) -> int:
-    """How many of ``rows`` ``state``'s ``ledger`` holds as accounted for already (nothing recorded)."""
-    batch, start, count, _ = rows
-    book = state.get(ledger) or {"whole": [], "part": {}}
-    if count <= 0 or _holds(book["whole"], batch):
-        return max(count, 0)
-    return _overlap(book["part"].get(str(batch), []), start, start + count)
-
-
-def _holds(spans: list[list[int]], x: int) -> bool:
+def _holds(spans: tuple[Span, ...], x: int) -> bool:
     return any(lo <= x < hi for lo, hi in spans)
 
 
-def _overlap(spans: list[list[int]], lo: int, hi: int) -> int:
+def _overlap(spans: tuple[Span, ...], lo: int, hi: int) -> int:
     return sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans)
 
 
-def _add(spans: list[list[int]], lo: int, hi: int) -> list[list[int]]:
+def _add(spans: tuple[Span, ...], lo: int, hi: int) -> tuple[Span, ...]:
     """``spans`` with [lo, hi) added, touching ranges merged."""
     merged: list[list[int]] = []
-    for a, b in sorted([*spans, [lo, hi]]):
+    for a, b in sorted([*spans, (lo, hi)]):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
-    return merged
+    return tuple((a, b) for a, b in merged)

@@ -3,7 +3,8 @@
 ``Backoff(first, most)`` gives the pauses between tries: doubling from ``first`` to ``most`` seconds,
 each drawn between half and all of that (without jitter, every process that lost the same server
 would try again in step; with full jitter, pauses bunch near zero). ``retry_transient`` calls
-``call()`` again while it fails with an error that waiting may cure, for up to ``patience`` seconds.
+``call()`` again while it fails with an error that waiting may cure (``transient``: a NATS call's), for
+up to ``patience`` seconds.
 """
 
 from __future__ import annotations
@@ -47,3 +48,11 @@ async def retry_transient(call: Callable[[], Awaitable[T]], transient: Callable[
                 raise
             log.debug("%s waits for the server: %r", what, exc)
             await asyncio.sleep(backoff.next())
+
+
+def transient(exc: BaseException) -> bool:
+    """A lost connection, a timeout or JetStream not ready yet: worth trying again. An API error that
+    the server answered (a bad request, a limit) is not."""
+    from nats.js.errors import APIError, ServiceUnavailableError
+
+    return not isinstance(exc, APIError) or isinstance(exc, ServiceUnavailableError)

@@ -7,7 +7,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 from shared.nats_server import EmbeddedNats
 
 # outputs equal the reference when every cosine is at least this (float32 on CPU)

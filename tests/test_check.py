@@ -127,7 +127,7 @@ def test_gemma3_in_float16_computes_in_float32_and_says_so(folders, caplog):
     import logging
 
     from services.gpu_worker.engine import Engine
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
 
     with caplog.at_level(logging.WARNING, logger="embedfleet.engine"):
         engine = Engine(load_model_info(str(folders["gemma3"])), "cpu", "float16")

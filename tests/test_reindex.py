@@ -102,7 +102,7 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
     import nats
 
     from shared.job_collector import Collector
-    from shared.jobs import ensure_streams, stream_names
+    from shared.job_streams import ensure_streams, stream_names
     from shared.protocol import JobResult, encode
     from shared.subjects import Subjects
 

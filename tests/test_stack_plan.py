@@ -14,7 +14,8 @@ import pytest
 from services.cli import build_parser
 from services.stack_plan import children, default_model, roles, served_models, split_entry, with_metrics
 from shared.config import ConfigError
-from shared.model_dir import DEFAULT_MODEL_ID, default_model_path, load_model_info
+from shared.model_dir.folder import DEFAULT_MODEL_ID, default_model_path
+from shared.model_dir.load import load_model_info
 
 
 @pytest.fixture

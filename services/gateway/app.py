@@ -22,10 +22,10 @@ from shared import __version__
 from shared.client import EmbedClient, EmbedOutcome, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
-from shared.jobs import ensure_streams
+from shared.job_streams import ensure_streams
 from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
-from shared.model_dir import same_model
+from shared.model_dir.info import same_model
 from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, Spans
 from shared.quantize import quantize
 from shared.vector_forms import FLOAT32, FORMS
@@ -48,6 +48,7 @@ from services.gateway.limits import KeyLimits, current_key
 from services.gateway.metrics import Metrics
 from services.gateway.middleware import GatewayMiddleware
 from services.gateway.openapi import openapi_spec
+from services.gateway.routes import PATHS, ROUTES
 from services.gateway.search import NOT_SERVED, Search
 from services.gateway.search_store import SearchStore
 from services.gateway.sink_jobs import SinkJobs, SinkTargets
@@ -295,9 +296,9 @@ class Gateway:
         return Response(body, media_type="application/json", headers=headers)
 
     async def offers(self, model: str) -> tuple[str, ...]:
-        """The outputs a model's workers make (workers registered before outputs existed: dense)."""
+        """The outputs a model's workers make, as their registrations say (none: no worker of it is seen)."""
         view = await self.discovery.view()
-        return tuple((view.workers.get(model, {}).get("outputs") or "dense").split(","))
+        return tuple(o for o in view.workers.get(model, {}).get("outputs", "").split(",") if o)
 
     async def embed_sparse(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
@@ -544,40 +545,10 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
     metrics = Metrics()
     gw = Gateway(cfg, metrics)
-    routes = [
-        Route("/v1/embeddings", gw.embeddings, methods=["POST"]),
-        Route("/embeddings", gw.embeddings, methods=["POST"]),
-        Route("/v1/models", gw.models, methods=["GET"]),
-        Route("/v1/search", gw.search, methods=["POST"]),
-        Route("/v1/jobs", gw.create_job, methods=["POST"]),
-        Route("/v1/jobs/{job}", gw.job_state, methods=["GET"]),
-        Route("/v1/jobs/{job}", gw.cancel_job, methods=["DELETE"]),
-        Route("/v1/jobs/{job}/results", gw.job_vectors, methods=["GET"]),
-        Route("/embed", gw.embed, methods=["POST"]),
-        Route("/embed_sparse", gw.embed_sparse, methods=["POST"]),
-        Route("/embed_all", gw.embed_all, methods=["POST"]),
-        Route("/tokenize", gw.tokenize, methods=["POST"]),
-        Route("/rerank", gw.rerank_tei, methods=["POST"]),
-        Route("/v1/rerank", gw.rerank_cohere, methods=["POST"]),
-        Route("/v1/embed", gw.cohere_embed_v1, methods=["POST"]),
-        Route("/v2/embed", gw.cohere_embed_v2, methods=["POST"]),
-        Route("/v2/rerank", gw.rerank_cohere_v2, methods=["POST"]),
-        Route("/predict", gw.predict, methods=["POST"]),
-        Route("/similarity", gw.similarity, methods=["POST"]),
-        Route("/decode", gw.decode, methods=["POST"]),
-        Route("/", gw.root, methods=["POST"]),
-        Route("/invocations", gw.root, methods=["POST"]),
-        Route("/", gw.health, methods=["GET"]),
-        Route("/ping", gw.health, methods=["GET"]),
-        Route("/info", gw.info, methods=["GET"]),
-        Route("/health", gw.health, methods=["GET"]),
-        Route("/metrics", gw.prometheus, methods=["GET"]),
-        Route("/openapi.json", gw.openapi, methods=["GET"]),
-    ]
+    routes = [Route(spec.path, getattr(gw, spec.handler), methods=[spec.method]) for spec in ROUTES]
     handlers = {ApiError: _api_error, ProtocolError: _protocol_error, HTTPException: _http_error, Exception: _unexpected}
     app = Starlette(routes=routes, lifespan=gw.lifespan, exception_handlers=handlers)
-    known = frozenset(r.path for r in routes)
-    return GatewayMiddleware(app, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=known,
+    return GatewayMiddleware(app, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=PATHS,
                              tracer=gw.tracer, limits=gw.key_limits, admission=Admission(cfg.max_in_flight, metrics.in_flight),
                              endpoints=Endpoints(routes, handlers))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from shared.config import ConfigError, NatsConfig, Retention, nats_config, retention
 from shared.metrics_server import MetricsEndpoint
-from shared.options import default
+from shared.options import from_options, setting
 from shared.tracing import TracingConfig
 
 
@@ -20,45 +20,47 @@ def comma_list(text: str) -> tuple[str, ...]:
 class HttpLimits:
     """What a client may send before the application sees its request (services/gateway/http_server.py)."""
 
-    max_header_bytes: int = default("max_header_bytes")  # request target and header fields; more: 431
-    max_headers: int = default("max_headers")  # header fields; more: 431
-    header_timeout: float = default("header_timeout")  # seconds to send the request line and headers; more: 408
-    body_timeout: float = default("body_timeout")  # seconds to send the body once the headers are in; more: 408
+    max_header_bytes: int = setting("max_header_bytes")  # request target and header fields; more: 431
+    max_headers: int = setting("max_headers")  # header fields; more: 431
+    header_timeout: float = setting("header_timeout")  # seconds to send the request line and headers; more: 408
+    body_timeout: float = setting("body_timeout")  # seconds to send the body once the headers are in; more: 408
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> HttpLimits:
-        return cls(ns.max_header_bytes, ns.max_headers, ns.header_timeout, ns.body_timeout)
+        return from_options(cls, ns)
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     nats: NatsConfig
-    host: str
-    port: int
-    request_timeout: float
-    max_inputs: int
-    max_body_bytes: int
-    max_input_chars: int = default("max_input_chars")
-    max_in_flight: int = default("max_in_flight")
-    api_keys: tuple[str, ...] = comma_list(default("api_keys"))  # none: no auth (operator keys are among them)
-    operator_keys: tuple[str, ...] = comma_list(default("operator_keys"))  # keys that see every bulk job
-    key_requests_per_minute: int = default("key_requests_per_minute")  # per API key; 0: no limit
-    key_tokens_per_minute: int = default("key_tokens_per_minute")
-    open_paths: tuple[str, ...] = comma_list(default("open_paths"))  # served without an API key
-    jobs_dir: Path | None = None
-    jobs_max_file_bytes: int = default("jobs_max_file_bytes")
-    discovery_interval: float = default("discovery_interval")  # seconds between fleet polls; 3 silent: dead
-    retries: int = default("retries")  # attempts after the first for rows a dead process may have held
-    discovery_wait: float = default("discovery_wait")  # seconds to gather ping replies
-    default_model: str | None = default("default_model")  # None: the first model served, by id
-    job_metrics_interval: float = default("job_metrics_interval")  # seconds between reads of the jobs' progress
+    host: str = setting("host")
+    port: int = setting("port")
+    request_timeout: float = setting("request_timeout")
+    max_inputs: int = setting("max_inputs")
+    max_body_bytes: int = setting("max_body_bytes")
+    max_input_chars: int = setting("max_input_chars")
+    max_in_flight: int = setting("max_in_flight")
+    # none: no auth (operator keys are among them; from_namespace adds --api-keys-file's)
+    api_keys: tuple[str, ...] = setting("api_keys", convert=comma_list)
+    operator_keys: tuple[str, ...] = setting("operator_keys", convert=comma_list)  # keys that see every bulk job
+    key_requests_per_minute: int = setting("key_requests_per_minute")  # per API key; 0: no limit
+    key_tokens_per_minute: int = setting("key_tokens_per_minute")
+    open_paths: tuple[str, ...] = setting("open_paths", convert=comma_list)  # served without an API key
+    jobs_dir: Path | None = setting("jobs_dir", convert=lambda given: Path(given).resolve() if given else None)
+    jobs_max_file_bytes: int = setting("jobs_max_file_bytes")
+    discovery_interval: float = setting("discovery_interval")  # seconds between fleet polls; 3 silent: dead
+    retries: int = setting("retries")  # attempts after the first for rows a dead process may have held
+    discovery_wait: float = setting("discovery_wait")  # seconds to gather ping replies
+    default_model: str | None = setting("default_model")  # None: the first model served, by id
+    job_metrics_interval: float = setting("job_metrics_interval")  # seconds between reads of the jobs' progress
     metrics: MetricsEndpoint = MetricsEndpoint()  # besides /metrics on the HTTP port
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
     retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
     http: HttpLimits = HttpLimits()  # header size and count, slow clients
-    search_sink: str | None = None  # the vector store POST /v1/search reads (shared/sinks); None: not served
-    search_model: str | None = None  # the model whose vectors it holds; None: the request's model, else the default
-    job_sinks: tuple[str, ...] = comma_list(default("job_sinks"))  # the stores POST /v1/jobs may write into ("sink"); none: jobs write into none
+    search_sink: str | None = setting("search_sink")  # the vector store POST /v1/search reads (shared/sinks); None: not served
+    search_model: str | None = setting("search_model")  # the model whose vectors it holds; None: the request's, else the default
+    # the stores POST /v1/jobs may write into ("sink"); none: jobs write into none
+    job_sinks: tuple[str, ...] = setting("job_sinks", convert=comma_list)
 
     def __post_init__(self) -> None:
         if self.default_model is not None and not self.default_model.strip():
@@ -75,35 +77,10 @@ class GatewayConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GatewayConfig:
-        return cls(
-            nats=nats_config(ns),
-            host=ns.host,
-            port=ns.port,
-            request_timeout=ns.request_timeout,
-            max_inputs=ns.max_inputs,
-            max_body_bytes=ns.max_body_bytes,
-            max_input_chars=ns.max_input_chars,
-            max_in_flight=ns.max_in_flight,
-            retries=ns.retries,
-            api_keys=tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns))),
-            operator_keys=operator_keys(ns),
-            key_requests_per_minute=ns.key_requests_per_minute,
-            key_tokens_per_minute=ns.key_tokens_per_minute,
-            open_paths=comma_list(ns.open_paths),
-            discovery_interval=ns.discovery_interval,
-            discovery_wait=ns.discovery_wait,
-            job_metrics_interval=ns.job_metrics_interval,
-            jobs_dir=Path(ns.jobs_dir).resolve() if ns.jobs_dir else None,
-            jobs_max_file_bytes=ns.jobs_max_file_bytes,
-            default_model=ns.default_model,
-            metrics=MetricsEndpoint.from_namespace(ns),
-            tracing=TracingConfig.from_namespace(ns),
-            retention=retention(ns),
-            http=HttpLimits.from_namespace(ns),
-            search_sink=ns.search_sink,
-            job_sinks=comma_list(ns.job_sinks),
-            search_model=ns.search_model,
-        )
+        return from_options(cls, ns, nats=nats_config(ns), api_keys=tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns))),
+                            operator_keys=operator_keys(ns), metrics=MetricsEndpoint.from_namespace(ns),
+                            tracing=TracingConfig.from_namespace(ns), retention=retention(ns),
+                            http=HttpLimits.from_namespace(ns))
 
 
 def _check_sink(url: str, flag: str) -> None:

@@ -1,5 +1,5 @@
 """Errors answered over HTTP: one table from internal codes to what each API answers (OpenAI's shape on
-OpenAI routes, TEI's on TEI routes, Cohere's on Cohere routes)."""
+OpenAI routes and the gateway's own, TEI's on TEI routes, Cohere's on Cohere routes: routes.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import orjson
 from starlette.responses import Response
 
 from shared.errors import ErrorCode, ServiceError
+from services.gateway.routes import Api, api_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +48,6 @@ TABLE: dict[ErrorCode, Answer] = {
     _C.TIMEOUT:            Answer(504, "timeout_error",         "Backend",      504, "timeout"),
 }
 
-# routes answering in TEI's shape (routes in neither this set nor COHERE_PATHS answer in OpenAI's)
-TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/embed_all", "/tokenize", "/info", "/rerank", "/predict", "/similarity",
-                       "/decode", "/", "/invocations", "/ping"})
-# routes answering in Cohere's shape, ``{"message": ...}``
-COHERE_PATHS = frozenset({"/v1/embed", "/v2/embed", "/v2/rerank"})
-
 
 class ApiError(Exception):
     """An error for the client: an internal code (hence the status), a message, the parameter at fault."""
@@ -77,12 +72,13 @@ class ApiError(Exception):
 
 
 def error_response(path: str, code: ErrorCode, message: str, param: str | None = None) -> Response:
-    """The answer to ``code`` on ``path``, in the shape of the API the path belongs to."""
+    """The answer to ``code`` on ``path``, in the shape of the API the path belongs to (routes.py)."""
     answer = TABLE[code]
     status = answer.status
-    if path in TEI_PATHS:
+    api = api_of(path)
+    if api is Api.TEI:
         body: dict = {"error": message, "error_type": answer.tei_type}
-    elif path in COHERE_PATHS:
+    elif api is Api.COHERE:
         body = {"message": message}
         status = answer.cohere_status
     else:

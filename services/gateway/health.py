@@ -18,7 +18,7 @@ from starlette.datastructures import QueryParams
 
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
-from shared.model_dir import same_model
+from shared.model_dir.info import same_model
 from services.gateway.errors import TABLE, ApiError
 
 _OFF = ("0", "false")

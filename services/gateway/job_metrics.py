@@ -23,15 +23,17 @@ import time
 from nats.js.errors import NoKeysError
 from prometheus_client import CollectorRegistry, Gauge
 
-from shared.jobs import read_state, stream_names
+from shared.job_bucket import read_state
+from shared.job_state import DONE, DONE_WITH_ERRORS, RUNNING, JobState, JobStateError
+from shared.job_streams import stream_names
 from shared.lifecycle import cancel
 from shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.metrics")
 
 KEEP_FINISHED = 300.0
-FINISHED = ("done", "done_with_errors")
-STAGES = {"jobs": "tokenizer", "bulk": "worker"}  # stream (shared/jobs.py) -> the stage consuming it
+FINISHED = (DONE, DONE_WITH_ERRORS)
+STAGES = {"jobs": "tokenizer", "bulk": "worker"}  # stream (shared/job_streams.py) -> the stage consuming it
 STATES = ("total", "done", "failed")  # a job's documents: all, stored, given up
 
 
@@ -58,8 +60,8 @@ class JobMetrics:
         self._consumers: set[tuple[str, str]] = set()
         self._shown: set[tuple[str, str]] = set()  # (job, model) with gauges
         self._statuses: set[str] = set()
-        self._finished: dict[str, dict] = {}  # job -> its final state
-        self._states: dict[str, dict] = {}  # job -> its state, as last read
+        self._finished: dict[str, JobState] = {}  # job -> its final state
+        self._states: dict[str, JobState] = {}  # job -> its state, as last read
         self._bucket: tuple[int, int, int] | None = None  # the bucket stream's (first seq, last seq, messages) then
         self._task: asyncio.Task | None = None
         self._hidden = False  # job ids shown as digests
@@ -99,7 +101,7 @@ class JobMetrics:
         self._show_jobs(await self._job_states(kv), now)
         self._updated.set(now)
 
-    async def _job_states(self, kv) -> dict[str, dict]:
+    async def _job_states(self, kv) -> dict[str, JobState]:
         state = (await kv.status()).stream_info.state
         bucket = (state.first_seq, state.last_seq, state.messages)
         if bucket != self._bucket:
@@ -107,7 +109,7 @@ class JobMetrics:
             self._bucket = bucket
         return self._states
 
-    async def _read_states(self, kv) -> dict[str, dict]:
+    async def _read_states(self, kv) -> dict[str, JobState]:
         try:
             keys = await kv.keys()
         except NoKeysError:
@@ -115,26 +117,29 @@ class JobMetrics:
         self._finished = {job: state for job, state in self._finished.items() if job in keys}  # expired or deleted
         states = {}
         for job in keys:
-            state = self._finished.get(job) or await read_state(kv, job)
+            try:
+                state = self._finished.get(job) or await read_state(kv, job)
+            except JobStateError as exc:  # not one this code wrote: no gauges of it, the others' shown
+                log.warning("%s: not shown", exc)
+                continue
             if state is None:
                 continue
-            if state.get("status") in FINISHED:
+            if state.status in FINISHED:
                 self._finished[job] = state
             states[job] = state
         return states
 
-    def _show_jobs(self, states: dict[str, dict], now: float) -> None:
+    def _show_jobs(self, states: dict[str, JobState], now: float) -> None:
         counts: dict[str, int] = {}
         shown = set()
         for job, state in states.items():
-            status = str(state.get("status", "running"))
+            status = state.status or RUNNING
             counts[status] = counts.get(status, 0) + 1
-            finished = state.get("finished")
-            if status in FINISHED and isinstance(finished, (int, float)) and now - finished > KEEP_FINISHED:
+            if status in FINISHED and state.finished is not None and now - state.finished > KEEP_FINISHED:
                 continue
-            key = (job_label(job, self._hidden), str(state.get("model", "")))
+            key = (job_label(job, self._hidden), state.model or "")
             shown.add(key)
-            values = {"total": state.get("documents", 0), "done": state.get("done", 0), "failed": state.get("failed", 0)}
+            values = {"total": state.documents or 0, "done": state.done, "failed": state.failed}
             for name, value in values.items():
                 self._documents.labels(*key, name).set(value)
         for key in self._shown - shown:

@@ -4,7 +4,8 @@ other key a job is as if it did not exist (404). Without API keys every caller s
 
 from __future__ import annotations
 
-from shared.job_requests import OWNER, owner_digest
+from shared.job_requests import owner_digest
+from shared.job_state import JobState
 from services.gateway.limits import current_key
 
 
@@ -23,10 +24,10 @@ class JobOwners:
         key = current_key()
         return owner_digest(key) if self._keys_on and key is not None else None
 
-    def sees(self, state: dict) -> bool:
+    def sees(self, state: JobState) -> bool:
         """Whether the request being handled may see the job recorded as ``state``; a job made without
         a key (reindex, a gateway without keys) is seen by the operator keys only."""
         if not self._keys_on:
             return True
         caller = self.owner()
-        return caller is not None and (caller in self._operators or state.get(OWNER) == caller)
+        return caller is not None and (caller in self._operators or state.owner == caller)

@@ -23,8 +23,8 @@ import orjson
 from starlette.responses import StreamingResponse
 
 from shared.errors import ErrorCode
+from shared.job_bucket import read_state
 from shared.job_chunks import stored_columns
-from shared.jobs import read_state
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from services.gateway.errors import ApiError
 from services.gateway.job_owners import JobOwners
@@ -86,25 +86,25 @@ class JobResultsApi:
 
     async def response(self, job: str, accept: str | None) -> StreamingResponse:
         state = await read_state(self._kv, job)
-        if state is None or "documents" not in state or not self._owners.sees(state):  # another key's: as none
+        if state is None or not state.submitted or not self._owners.sees(state):  # another key's: as none
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
         kind = negotiate(accept)
-        if (problem := unfinished({"job": job, **state})) is not None:
+        if (problem := unfinished(state)) is not None:
             raise ApiError(ErrorCode.NOT_FINISHED, problem, "id")
         form = JobForm.of(state)
         reader = StoredResults(self._js, self._subjects, job, form)
         try:
-            if not await reader.open() and state.get("done"):
-                raise ApiError(ErrorCode.GONE, expired(job, state), "id")
+            if not await reader.open() and state.done:
+                raise ApiError(ErrorCode.GONE, expired(state), "id")
         except BaseException:  # refused, or the client gone before the body began: _closing will not run
             await asyncio.shield(reader.close())
             raise
         body = _closing(reader, _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form))
-        headers = {"x-job-status": str(state.get("status")), "x-job-documents": str(state.get("documents", 0)),
-                   "x-job-done": str(state.get("done", 0)), "x-job-failed": str(state.get("failed", 0)),
+        headers = {"x-job-status": str(state.status), "x-job-documents": str(state.documents),
+                   "x-job-done": str(state.done), "x-job-failed": str(state.failed),
                    "x-embedding-type": form.form, "x-job-output": form.output}
         if form.chunking is not None:  # its lines are chunks: as many as it stored
-            headers["x-job-chunks"] = str(state.get("chunks_done", 0))
+            headers["x-job-chunks"] = str(state.chunks_done)
         return StreamingResponse(body, media_type=NDJSON if kind == "ndjson" else PARQUET, headers=headers)
 
 

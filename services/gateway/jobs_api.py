@@ -10,19 +10,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from shared.documents import job_id_for, read_fields
 from shared.job_collector import Layout
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
+from shared.job_bucket import read_state
 from shared.job_fit import JobRefused, check_chunk_room, check_job, served
-from shared.job_requests import OWNER, Claim, claim_problem, request_digest
-from shared.jobs import (
-    DUPLICATE_WINDOW, JobCancelled, JobConflict, cancel_job, form_conflict, purge_wait, read_state, submit, was_cancelled,
-)
+from shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
+from shared.job_requests import Claim, claim_problem, request_digest
+from shared.job_state import JOB_OUTPUTS, RUNNING, JobState
+from shared.job_status import cancel_job
+from shared.job_streams import DUPLICATE_WINDOW, purge_wait
 from shared.options import default
-from shared.progress import LEDGERS
+from shared.progress import Ledger
 from shared.protocol import EmbedOptions
 from shared.vector_forms import FORMS
 from shared.sinks.writer import Sources, shape_for
@@ -33,7 +36,7 @@ from services.gateway.job_files import read_job_file
 from services.gateway.job_ids import check_job_field
 from services.gateway.job_owners import JobOwners
 from services.gateway.inputs import embedding_form, json_object, optional
-from services.gateway.sink_jobs import SINK_LEASE, SINK_TARGET, SinkJobs
+from services.gateway.sink_jobs import SinkJobs
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
@@ -87,11 +90,11 @@ class JobsApi:
         claim = Claim(await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking),
                       self._owners.owner())
         existing = await self._existing(job, claim, form, options.output)
-        if existing is not None and existing.get(SINK_TARGET) != (given := doc.get("sink")):
-            raise ApiError(ErrorCode.CONFLICT, f"job {job} writes into {existing.get('sink') or 'no store'}, not "
+        if existing is not None and existing.sink_target != (given := doc.get("sink")):
+            raise ApiError(ErrorCode.CONFLICT, f"job {job} writes into {existing.sink or 'no store'}, not "
                            f"{given or 'none'}: give another 'id'", "sink")
-        if existing is not None and existing.get("published", 0) >= existing.get("batches", 0):
-            return 200, _shown(existing, job)
+        if existing is not None and existing.published >= existing.batches:
+            return 200, _shown(existing)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
         store = None
@@ -101,13 +104,13 @@ class JobsApi:
         try:
             record = None if store is None else self._sinks.record(store[0], store[1], store[2])
             if path is None:
-                state = await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)
+                status = (await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)).status
             else:  # a file may be large: publish in the background, answer at once
                 task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size,
                                                   options, source, self._tracer, claim, chunking, record))
                 self._background.add(task)
                 task.add_done_callback(self._done)
-                state = {"job": job, "status": "running", "documents": len(docs)}
+                status = RUNNING
         except BaseException:
             if store is not None:
                 await asyncio.to_thread(store[1].close)
@@ -115,8 +118,8 @@ class JobsApi:
         if store is not None:
             self._sinks.write(job, store[1], store[2], sources, Layout([d for d, _ in docs], batch_size))
         if existing is not None:
-            return 200, _shown(await read_state(self._kv, job) or existing, job)
-        return 202, {"id": job, "status": state.get("status", "running"), "documents": len(docs), "model": model,
+            return 200, _shown(await read_state(self._kv, job) or existing)
+        return 202, {"id": job, "status": status, "documents": len(docs), "model": model,
                      "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {}),
                      **({"chunking": chunking.record()} if chunking else {}),
                      **({"sink": store[1].shown} if store else {})}
@@ -149,7 +152,7 @@ class JobsApi:
         return given, sink, shape
 
     async def _submit(self, job: str, model: str, docs, batch_size: int, options, source: str, claim: Claim,
-                      chunking: JobChunking | None, sink: dict | None = None) -> dict:
+                      chunking: JobChunking | None, sink: JobSink | None = None) -> JobState:
         try:
             return await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, source,
                                 self._tracer, claim, chunking, sink)
@@ -158,12 +161,12 @@ class JobsApi:
         except JobConflict as exc:  # created meanwhile by another request, or another form: as _existing answers it
             raise ApiError(ErrorCode.CONFLICT, str(exc), "id") from None
 
-    async def _existing(self, job: str, claim: Claim, form: str, output: str) -> dict | None:
+    async def _existing(self, job: str, claim: Claim, form: str, output: str) -> JobState | None:
         """The state of the job ``job`` names when it is this same request's (None: no job yet). A job
         that another key made is taken (409, nothing of it told); one cancelled is refused (400), one
         made by another request (other documents, model, form or batch size) is a conflict (409)."""
         state = await read_state(self._kv, job)
-        if state is None or "documents" not in state:
+        if state is None or not state.submitted:
             wait = await purge_wait(self._js, self._subjects, job) if state is None else 0.0
             if wait:  # the streams would drop its batches as repeats of the purged run's
                 raise ApiError(ErrorCode.INVALID_REQUEST, f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago: "
@@ -177,14 +180,14 @@ class JobsApi:
             raise ApiError(ErrorCode.CONFLICT, problem, "id")
         return state
 
-    async def _visible(self, job: str, state: dict | None) -> dict:
+    async def _visible(self, job: str, state: JobState | None) -> JobState:
         """``state`` when the caller may see it; else 404, as for no job at all."""
-        if state is None or "documents" not in state or not self._owners.sees(state):
+        if state is None or not state.submitted or not self._owners.sees(state):
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
         return state
 
     async def get(self, job: str) -> dict:
-        return _shown(await self._visible(job, await read_state(self._kv, job)), job)
+        return _shown(await self._visible(job, await read_state(self._kv, job)))
 
     async def cancel(self, job: str) -> dict:
         """Cancel a job; its state as it stands after (a finished job's is unchanged)."""
@@ -192,7 +195,7 @@ class JobsApi:
         state = await cancel_job(self._kv, job)
         if state is None:
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
-        return _shown(state, job)
+        return _shown(state)
 
     def _done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
@@ -214,7 +217,7 @@ def _fields(doc: dict) -> tuple[int, EmbedOptions, str]:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
     form = embedding_form(doc)
     output = optional(doc, "output", str, "dense")
-    if output not in ("dense", "sparse", "multivector"):
+    if output not in JOB_OUTPUTS:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
     if output == "sparse" and not FORMS[form].floating:
         raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
@@ -249,15 +252,13 @@ def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_si
     return fit.batch_size, fit.note
 
 
-def _shown(state: dict, job: str) -> dict:
-    """A job's state as the API shows it: ``id`` for ``job``, without the ledgers of counted rows or
-    the digest of its owner's key."""
-    for ledger in LEDGERS:
-        state.pop(ledger, None)
-    state.pop(OWNER, None)
-    state.pop(SINK_LEASE, None)
-    state["id"] = state.pop("job", job)
-    return state
+def _shown(state: JobState) -> dict:
+    """A job's state as the API shows it: its record with ``id`` for ``job``, without the ledgers of
+    counted rows, the digest of its owner's key or the lease of the gateway writing its store."""
+    private = replace(state, accounted=Ledger(), accounted_chunks=Ledger(), cut=Ledger(), owner=None, sink_lease=None)
+    shown = private.record()
+    shown["id"] = shown.pop("job")
+    return shown
 
 
 def _inline(raw) -> tuple[list[tuple[str, str]], dict[str, dict] | None]:

@@ -22,12 +22,12 @@ from services.gateway.endpoints import Endpoints
 from services.gateway.limits import KeyLimits, bind_key
 from services.gateway.errors import error_response
 from services.gateway.metrics import Metrics
+from services.gateway.routes import EMBED_PATHS
 
 log = logging.getLogger("embedfleet.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TRACEPARENT = TRACEPARENT.encode()
-EMBED_ROUTES = frozenset({"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"})
 
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, str | None]:
@@ -108,7 +108,7 @@ class GatewayMiddleware:
                 span.error(str(status), "server error")
             span.end()
             self.metrics.observe(route, "disconnected" if gone else status)
-            if route in EMBED_ROUTES and status < 400 and not gone:
+            if route in EMBED_PATHS and status < 400 and not gone:
                 self.metrics.child(self.metrics.stage_seconds, "total").observe(time.perf_counter() - start)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> bool:

@@ -60,7 +60,7 @@ class ParquetStream:
         meta = {"embedding_type": self._form.form, "dim": str(dim), "output": self._form.output}
         fields = [("id", pa.string()), ("vector", self._type)]
         if self._form.chunking is not None:  # a row a chunk: its place in its document
-            meta["chunking"] = json.dumps(self._form.chunking)
+            meta["chunking"] = json.dumps(self._form.chunking.record())
             fields[1:1] = [("chunk", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
             fields += [("text", pa.string())] if self._form.with_text else []
         self._writer = pq.ParquetWriter(self._sink, pa.schema(fields, metadata=meta))

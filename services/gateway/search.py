@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from starlette.responses import Response
 
 from shared.errors import ErrorCode
-from shared.model_dir import same_model
+from shared.model_dir.info import same_model
 from shared.protocol import EmbedOptions
 from shared.vector_forms import FLOAT32
 from services.gateway import search_api

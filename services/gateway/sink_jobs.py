@@ -15,10 +15,10 @@ takes them over: the results are read again from the start of the stream and ups
 repeat writes nothing twice), with the rows' fields and texts read back from the results stream
 (shared/job_sources.py). Nothing a job stored is lost while its results are kept.
 
-State keys: ``sink`` (the store as shown, no password), ``sink_target`` (the request's URL),
-``sink_shape`` ([form, output, dim, chunked]), ``sink_lease``, and the writer's ``sink_rows``,
-``sink_error``, ``sink_done``; a store that refuses the rows for good (another table's dimension)
-ends the writing with ``sink_failed`` (the job stays unfinished; a new job writes elsewhere).
+State fields (shared/job_state.py): ``sink`` (the store as shown, no password), ``sink_target`` (the
+request's URL), ``sink_shape``, ``sink_lease``, and the writer's ``sink_rows``, ``sink_error``,
+``sink_done``; a store that refuses the rows for good (another table's dimension) ends the writing
+with ``sink_failed`` (the job stays unfinished; a new job writes elsewhere).
 """
 
 from __future__ import annotations
@@ -27,21 +27,22 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import replace
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from shared.errors import ErrorCode
+from shared.job_bucket import has_state_key, read_state, update_state
 from shared.job_collector import Collector, Layout
 from shared.job_sources import SourcesLost, parts_of, publish_sources, read_sources
-from shared.jobs import (
-    CANCELLED, SINK, SINK_DONE, has_state_key, read_state, stream_names, update_state,
-)
+from shared.job_publish import JobSink
+from shared.job_state import CANCELLED, JobState, JobStateError, Lease
+from shared.job_streams import stream_names
 from shared.sinks import Shape, Sink, SinkError, sink_for
 from shared.sinks.writer import SinkWriter, Sources
 from services.gateway.errors import ApiError
 
 log = logging.getLogger("embedfleet.gateway.sinks")
 
-SINK_TARGET, SINK_SHAPE, SINK_LEASE, SINK_FAILED = "sink_target", "sink_shape", "sink_lease", "sink_failed"
 LEASE = 15.0  # seconds a gateway holds a job's writing without renewing it
 ADOPT_EVERY = 5.0  # seconds between looks for sink jobs no gateway writes
 STATE_EVERY = 1.0  # seconds between reads of a written job's state (is it all stored, cancelled?)
@@ -105,11 +106,6 @@ def sink_shown(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
-def _shape(record: list) -> Shape:
-    form, output, dim, chunked = record
-    return Shape(str(form), str(output), int(dim), bool(chunked))
-
-
 class SinkJobs:
     """The sink jobs this gateway writes, and the look-out for those no gateway writes."""
 
@@ -151,11 +147,10 @@ class SinkJobs:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{exc.message}; nothing was published", "sink") from None
         return given, sink
 
-    def record(self, given: str, sink: Sink, shape: Shape) -> dict:
-        """What the job's first state holds of its store (shared/jobs.py's submit ``sink``): the lease
-        is this gateway's from the start."""
-        return {SINK: sink.shown, SINK_TARGET: given, SINK_SHAPE: [shape.form, shape.output, shape.dim, shape.chunked],
-                SINK_LEASE: self._lease()}
+    def record(self, given: str, sink: Sink, shape: Shape) -> JobSink:
+        """What the job's first state holds of its store (shared/job_publish.py's submit ``sink``): the
+        lease is this gateway's from the start."""
+        return JobSink(sink.shown, given, shape, self._lease())
 
     def sources_messages(self, ids: list[str], sources: Sources) -> list[bytes]:
         try:
@@ -177,24 +172,24 @@ class SinkJobs:
 
     # -- the lease ------------------------------------------------------------------------------
 
-    def _lease(self) -> dict:
-        return {"by": self._name, "until": time.time() + LEASE}
+    def _lease(self) -> Lease:
+        return Lease(self._name, time.time() + LEASE)
 
-    async def _hold(self, job: str) -> dict:
+    async def _hold(self, job: str) -> JobState:
         """Take or renew the job's lease; LeaseHeld when another gateway's runs."""
-        def take(state: dict) -> None:
-            if not state.get(SINK_TARGET):  # not recorded (yet, or no more): nothing to write
+        def take(state: JobState) -> JobState:
+            if not state.sink_target:  # not recorded (yet, or no more): nothing to write
                 raise LeaseHeld(job)
-            lease = state.get(SINK_LEASE) or {}
-            if lease.get("by") not in (None, self._name) and float(lease.get("until", 0)) > time.time():
+            lease = state.sink_lease
+            if lease is not None and lease.by != self._name and lease.until > time.time():
                 raise LeaseHeld(job)
-            state[SINK_LEASE] = self._lease()
+            return replace(state, sink_lease=self._lease())
         return await update_state(self._kv, job, take)
 
     async def _release(self, job: str) -> None:
-        def release(state: dict) -> None:
-            if (state.get(SINK_LEASE) or {}).get("by") == self._name:
-                state.pop(SINK_LEASE, None)
+        def release(state: JobState) -> JobState:
+            mine = state.sink_lease is not None and state.sink_lease.by == self._name
+            return replace(state, sink_lease=None) if mine else state
         try:
             await update_state(self._kv, job, release, patience=5.0)
         except Exception as exc:  # it runs out by itself
@@ -209,7 +204,7 @@ class SinkJobs:
         try:
             await collector.open()
             renewed = checked = time.monotonic()
-            state: dict = {}
+            state: JobState | None = None
             while True:
                 await collector.poll()
                 writer.add(collector.take_fresh(), collector)
@@ -218,11 +213,14 @@ class SinkJobs:
                 if now - renewed >= LEASE / 3:
                     state, renewed = await self._hold(job), now
                 elif now - checked >= STATE_EVERY:
-                    state = await read_state(self._kv, job) or {}
+                    state = await read_state(self._kv, job)
                 else:
                     continue
                 checked = now
-                if state.get("status") == CANCELLED:
+                if state is None:
+                    log.info("job %s: purged; %d rows were written into %s", job, writer.rows, sink.shown)
+                    return
+                if state.status == CANCELLED:
                     log.info("job %s: cancelled; %d rows were written into %s", job, writer.rows, sink.shown)
                     return
                 if _all_read(state, collector.documents):
@@ -234,8 +232,8 @@ class SinkJobs:
             log.info("job %s: another gateway writes it now", job)
         except SinkError as exc:  # not retryable: the store will never take these rows
             log.error("job %s: the store %s refused its rows for good: %s", job, sink.shown, exc.message)
-            failed = {SINK_FAILED: exc.message[:500]}
-            await update_state(self._kv, job, lambda s: s.update(failed))
+            failed = exc.message[:500]
+            await update_state(self._kv, job, lambda s: replace(s, sink_failed=failed))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -266,22 +264,29 @@ class SinkJobs:
         for job in keys:
             if job in self._writing or job in self._refused or not has_state_key(job):
                 continue
-            state = await read_state(self._kv, job)
+            try:
+                state = await read_state(self._kv, job)
+            except JobStateError as exc:  # not one this code wrote: never taken over
+                self._refused.add(job)
+                log.warning("%s: not taken over", exc)
+                continue
             if state is None or not _unwritten(state):
                 continue
-            lease = state.get(SINK_LEASE) or {}
-            if float(lease.get("until", 0)) > time.time():
+            if state.sink_lease is not None and state.sink_lease.until > time.time():
                 continue
             await self._adopt(job, state)
 
-    async def _adopt(self, job: str, state: dict) -> None:
+    async def _adopt(self, job: str, state: JobState) -> None:
         try:
-            url = self.targets.resolve(state[SINK_TARGET])
-            shape = _shape(state[SINK_SHAPE])
-        except (ApiError, KeyError, ValueError, TypeError) as exc:
+            url = self.targets.resolve(state.sink_target or "")
+        except ApiError as exc:
             self._refused.add(job)
-            log.warning("job %s: its store %s is not one this gateway writes into: %s", job, state.get(SINK),
-                        getattr(exc, "message", exc))
+            log.warning("job %s: its store %s is not one this gateway writes into: %s", job, state.sink, exc.message)
+            return
+        shape = state.sink_shape
+        if shape is None:  # recorded by every gateway that writes a job (SinkJobs.record): another writer's job
+            self._refused.add(job)
+            log.warning("job %s: its store %s has no rows' shape recorded: not taken over", job, state.sink)
             return
         try:
             await self._hold(job)
@@ -300,14 +305,13 @@ class SinkJobs:
         task.add_done_callback(lambda _t, j=job: self._writing.pop(j, None))
 
 
-def _unwritten(state: dict) -> bool:
+def _unwritten(state: JobState) -> bool:
     """A sink job whose rows are not all in its store yet, and may still be written."""
-    return (bool(state.get(SINK_TARGET)) and not state.get(SINK_DONE) and not state.get(SINK_FAILED)
-            and state.get("status") != CANCELLED)
+    return (bool(state.sink_target) and state.sink_done is None and state.sink_failed is None
+            and state.status != CANCELLED)
 
 
-def _all_read(state: dict, read: int) -> bool:
+def _all_read(state: JobState, read: int) -> bool:
     """Every document settled (stored or given up), and every stored one read by the collector."""
-    total = state.get("documents") or 0
-    done = state.get("done", 0)
-    return bool(total) and done + state.get("failed", 0) >= total and read >= done
+    total = state.documents or 0
+    return bool(total) and state.done + state.failed >= total and read >= state.done

@@ -33,7 +33,10 @@ from shared.bulkwork import (
 )
 from shared.config import JobSettings
 from shared.errors import ErrorCode, ServiceError
-from shared.jobs import count_done, has_state_key, late_rows, publish_durably, stream_names, update_state
+from shared.job_bucket import has_state_key, update_state
+from shared.job_publish import publish_durably
+from shared.job_status import count_done, late_rows
+from shared.job_streams import stream_names
 from shared.progress import Rows
 from shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
 from shared.subjects import Subjects, model_token

@@ -8,28 +8,30 @@ from dataclasses import dataclass
 
 from shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
 from shared.metrics_server import MetricsEndpoint
-from shared.options import default
+from shared.options import from_options, setting
 from shared.tracing import TracingConfig
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     nats: NatsConfig
     model: ModelInfo
-    device: str
-    dtype: str | None
-    max_batch_tokens: int | None  # None: calibrate
-    max_batch_seqs: int
-    replicas: int
-    threads: int | None
-    graphs: bool | None  # None: on where CUDA and the attention backend allow
-    attention: str
-    load_interval: float = default("load_interval")
-    load_idle_interval: float = default("load_idle_interval")
+    device: str = setting("device")
+    dtype: str | None = setting("dtype")
+    max_batch_tokens: int | None = setting("max_batch_tokens")  # None: calibrate
+    max_batch_seqs: int = setting("max_batch_seqs")
+    replicas: int = setting("replicas")
+    threads: int | None = setting("threads", "worker")
+    # None: on where CUDA and the attention backend allow
+    graphs: bool | None = setting("graphs", convert=lambda given: {"auto": None, "on": True, "off": False}[given])
+    attention: str = setting("attention")
+    load_interval: float = setting("load_interval")
+    load_idle_interval: float = setting("load_idle_interval")
     jobs: JobSettings = JobSettings()
-    bulk_batch_tokens: int | None = default("bulk_batch_tokens")  # None: max_batch_tokens
-    max_queued_tokens: int = default("max_queued_tokens")
+    bulk_batch_tokens: int | None = setting("bulk_batch_tokens")  # None: max_batch_tokens
+    max_queued_tokens: int = setting("max_queued_tokens")
     metrics: MetricsEndpoint = MetricsEndpoint()  # CPU replica processes: port + i each (replicas.py)
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 
@@ -50,22 +52,6 @@ class WorkerConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> WorkerConfig:
-        return cls(
-            nats=nats_config(ns),
-            model=load_model_info(ns.model, ns.model_name),
-            device=ns.device,
-            dtype=ns.dtype,
-            max_batch_tokens=ns.max_batch_tokens,
-            max_batch_seqs=ns.max_batch_seqs,
-            replicas=ns.replicas,
-            threads=ns.threads,
-            graphs={"auto": None, "on": True, "off": False}[ns.graphs],
-            attention=ns.attention,
-            load_interval=ns.load_interval,
-            load_idle_interval=ns.load_idle_interval,
-            jobs=job_settings(ns),
-            bulk_batch_tokens=ns.bulk_batch_tokens,
-            max_queued_tokens=ns.max_queued_tokens,
-            metrics=MetricsEndpoint.from_namespace(ns),
-            tracing=TracingConfig.from_namespace(ns),
-        )
+        return from_options(cls, ns, nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name),
+                            jobs=job_settings(ns), metrics=MetricsEndpoint.from_namespace(ns),
+                            tracing=TracingConfig.from_namespace(ns))

@@ -8,6 +8,7 @@ scheduler when scraped, so waiting work costs nothing until someone looks.
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -70,6 +71,7 @@ class WorkerMetrics:
         self._busy = Counter("embedfleet_worker_busy_seconds", "seconds each engine replica had a batch in flight",
                              ["model", "replica"], registry=r)
         self._last_ready: dict[int, float] = {}
+        self._children: dict[tuple[object, str], Any] = {}  # (metric, label) -> its child, looked up once
         depth = Gauge("embedfleet_worker_queue_depth", "token batches waiting in this worker, by queue", by_queue,
                       registry=r)
         depth.labels(model, "online").set_function(lambda: scheduler.online_waiting)
@@ -88,13 +90,20 @@ class WorkerMetrics:
         self._rows[queue].inc(rows)
         self._batch_tokens.observe(tokens)
         self._batch_rows.observe(rows)
-        self._forward.labels(self._model, token_class(tokens)).observe(took)
+        self._child(self._forward, token_class(tokens)).observe(took)
         self._runs[run].inc()
         # on CUDA batch N+1 is launched while batch N runs: count the time covered, not the sum of both
         ready = launched + took
         start = max(launched, self._last_ready.get(replica, launched))
         self._last_ready[replica] = ready
-        self._busy.labels(self._model, str(replica)).inc(max(0.0, ready - start))
+        self._child(self._busy, str(replica)).inc(max(0.0, ready - start))
+
+    def _child(self, metric: Any, label: str) -> Any:
+        """``metric.labels(model, label)``, looked up once (prometheus_client checks and locks on each call)."""
+        found = self._children.get((metric, label))
+        if found is None:
+            found = self._children[(metric, label)] = metric.labels(self._model, label)
+        return found
 
     def batch_failed(self, batch: Batch) -> None:
         self._failed[batch_queue(batch)].inc()
@@ -103,4 +112,4 @@ class WorkerMetrics:
         self._bundled.inc(count)
 
     def error(self, code: str) -> None:
-        self._errors.labels(self._model, code).inc()
+        self._child(self._errors, code).inc()

@@ -7,19 +7,20 @@ from dataclasses import dataclass
 
 from shared.config import ConfigError, NatsConfig, nats_config
 from shared.metrics_server import MetricsEndpoint
-from shared.options import default
+from shared.options import from_options, setting
 from shared.tracing import TracingConfig
-from shared.model_dir import ModelInfo, load_model_info
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 
 
 @dataclass(frozen=True, slots=True)
 class ScorerConfig:
     nats: NatsConfig
     model: ModelInfo
-    max_concurrency: int
-    split: int = default("split")
-    discovery_interval: float = default("discovery_interval")  # seconds between pings of the fleet
-    discovery_wait: float = default("discovery_wait")
+    max_concurrency: int = setting("max_concurrency")
+    split: int = setting("split")
+    discovery_interval: float = setting("discovery_interval")  # seconds between pings of the fleet
+    discovery_wait: float = setting("discovery_wait")
     metrics: MetricsEndpoint = MetricsEndpoint()
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
 
@@ -29,6 +30,5 @@ class ScorerConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:
-        return cls(nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name), max_concurrency=ns.max_concurrency,
-                   split=ns.split, discovery_interval=ns.discovery_interval, discovery_wait=ns.discovery_wait,
-                   metrics=MetricsEndpoint.from_namespace(ns), tracing=TracingConfig.from_namespace(ns))
+        return from_options(cls, ns, nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name),
+                            metrics=MetricsEndpoint.from_namespace(ns), tracing=TracingConfig.from_namespace(ns))

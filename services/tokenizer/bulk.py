@@ -29,7 +29,9 @@ from shared.bulkwork import (
 )
 from shared.chunk_progress import count_cut
 from shared.errors import ErrorCode, ServiceError
-from shared.jobs import CANCELLED, publish_durably, stream_names, update_state
+from shared.job_bucket import update_state
+from shared.job_publish import publish_durably
+from shared.job_streams import stream_names
 from shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
 from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for
@@ -215,5 +217,4 @@ class BulkTokenizer:
             await self._dead.record(encode(letter), headers, msg.subject, why,
                                     BatchInfo(job.id, job.batch, d, 1, len(job.texts)), deliveries(msg))
         rows = cut.rows
-        await update_state(self._kv, job.id, lambda s: s.get("status") == CANCELLED or count_cut(s, job.batch, rows),
-                           patience=self._cfg.jobs.ack_wait)
+        await update_state(self._kv, job.id, lambda s: count_cut(s, job.batch, rows), patience=self._cfg.jobs.ack_wait)

@@ -13,7 +13,7 @@ from tokenizers.processors import TemplateProcessing
 
 from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
-from shared.model_dir import ModelInfo
+from shared.model_dir.info import ModelInfo
 from shared.protocol import EmbedOptions
 from services.tokenizer.chat_template import PairTemplate, special_token_variables
 from services.tokenizer import chunking

@@ -12,7 +12,7 @@ A store that refuses a batch with a retryable error (down, busy) is waited for: 
 tried again after a backoff (``BACKOFF_FIRST`` s doubling to ``BACKOFF_MOST`` s, with jitter), the
 job's state records ``sink_error`` (the store's message and since when) until a write goes through.
 A refusal that waiting cannot cure (another dimension) raises. The job is done only once the last
-batch is in the store and its index built (``sink_done``, shared/jobs.py's ``settle``).
+batch is in the store and its index built (``sink_done``, shared/job_status.py's ``settle``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shared.jobs import sink_finished, sink_waiting, sink_written, update_state
+from shared.job_bucket import update_state
+from shared.job_status import sink_finished, sink_waiting, sink_written
 from shared.retry import Backoff
 from shared.sinks.base import Rows, Shape, Sink, SinkError
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from shared.jobs import stream_names
+from shared.job_streams import stream_names
 from shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from shared.options import COMMANDS, env_names
 from shared.subjects import Subjects, model_token

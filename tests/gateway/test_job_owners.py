@@ -7,11 +7,12 @@ from services.gateway.config import GatewayConfig
 from services.gateway.job_owners import JobOwners
 from services.gateway.limits import bind_key
 from shared.job_requests import owner_digest
+from shared.job_state import JobState
 
 
 def test_a_job_is_seen_by_its_key_and_the_operators():
     owners = JobOwners(True, ("op",))
-    mine, keyless = {"owner": owner_digest("a")}, {}
+    mine, keyless = JobState("j", owner=owner_digest("a")), JobState("k")
     for key, sees in (("a", (True, False)), ("b", (False, False)), ("op", (True, True)), (None, (False, False))):
         bind_key(key)
         assert (owners.sees(mine), owners.sees(keyless)) == sees, key

@@ -13,6 +13,8 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.job_results import JobForm, Stored, unfinished
+from shared.job_state import JobState
+from shared.text_chunks import ChunkSpec, JobChunking
 from services.gateway.errors import ApiError
 from services.gateway.job_results import ndjson_lines, negotiate
 from services.gateway.parquet_stream import ParquetStream
@@ -105,9 +107,9 @@ def test_a_job_without_stored_rows_is_an_empty_file(monkeypatch):
 
 
 def test_only_a_finished_job_is_read():
-    assert unfinished({"job": "j", "status": "done"}) is None
-    assert unfinished({"job": "j", "status": "cancelled"}) is None
-    said = unfinished({"job": "j", "status": "running", "documents": 40, "done": 16, "failed": 0})
+    assert unfinished(JobState("j", status="done")) is None
+    assert unfinished(JobState("j", status="cancelled")) is None
+    said = unfinished(JobState("j", status="running", documents=40, done=16))
     assert said == "job j is running: 16 of 40 documents settled; its results can be read once it is done"
 
 
@@ -128,7 +130,7 @@ def test_a_chunked_jobs_lines_are_a_chunk_each_with_its_place():
 
 @pytest.mark.parametrize("with_text", [False, True])
 def test_a_chunked_jobs_parquet_has_the_chunk_columns(with_text):
-    chunking = {"size": 8, "overlap": 2, "boundary": "token", "late": False, "with_text": with_text}
+    chunking = JobChunking(ChunkSpec(8, 2), with_text=with_text)
     stream = ParquetStream(JobForm("float32", "dense", chunking))
     data = stream.add(_chunked(["abcd", "defghi"] if with_text else None)) + stream.finish(2)
     table = pq.read_table(io.BytesIO(data))
@@ -136,6 +138,7 @@ def test_a_chunked_jobs_parquet_has_the_chunk_columns(with_text):
     assert table.select(["id", "chunk", "start", "end"]).to_pylist() == [
         {"id": "a", "chunk": 0, "start": 0, "end": 4}, {"id": "a", "chunk": 1, "start": 3, "end": 9}]
     assert table.column("vector").to_pylist() == [[0.5, 1.0], [2.0, -1.0]]
-    assert orjson.loads(table.schema.metadata[b"chunking"]) == chunking
+    assert orjson.loads(table.schema.metadata[b"chunking"]) == {"size": 8, "overlap": 2, "boundary": "token",
+                                                                 "late": False, "with_text": with_text}
     if with_text:
         assert table.column("text").to_pylist() == ["abcd", "defghi"]

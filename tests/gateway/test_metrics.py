@@ -29,6 +29,9 @@ class FakeJetStream:
         self.calls += 1
         return [SimpleNamespace(name=n, num_pending=p, num_ack_pending=a) for n, p, a in self.consumers.get(stream, [])]
 
+# what a submission records besides model and documents (shared/job_state.py's SUBMISSION)
+SUBMITTED = {"input": "inline", "embedding_type": "float32", "output": "dense"}
+
 
 class FakeBucket:
     def __init__(self, states: dict[str, dict]) -> None:
@@ -81,9 +84,10 @@ def test_lag_per_stage_and_job_progress():
     metrics = Metrics()
     js = FakeJetStream({"EMBEDFLEET_JOBS": [("tokenizers-m", 3, 1)], "EMBEDFLEET_BULK": [("workers-m", 0, 2)]})
     kv = FakeBucket({
-        "run": {"job": "run", "model": "m", "status": "running", "documents": 100, "done": 40, "failed": 2},
-        "old": {"job": "old", "model": "m", "status": "done", "documents": 5, "done": 5, "finished": NOW - KEEP_FINISHED - 1},
-        "new": {"job": "new", "model": "m", "status": "done_with_errors", "documents": 9, "done": 8, "failed": 1,
+        "run": {**SUBMITTED, "job": "run", "model": "m", "status": "running", "documents": 100, "done": 40, "failed": 2},
+        "old": {**SUBMITTED, "job": "old", "model": "m", "status": "done", "documents": 5, "done": 5,
+                "finished": NOW - KEEP_FINISHED - 1},
+        "new": {**SUBMITTED, "job": "new", "model": "m", "status": "done_with_errors", "documents": 9, "done": 8, "failed": 1,
                 "finished": NOW - 10},
     })
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW))
@@ -163,7 +167,7 @@ def test_an_unchanged_bucket_is_not_listed_again():
     server makes and removes) and no state is read; the gauges stay, a finished job's still ages out."""
     metrics = Metrics()
     js = FakeJetStream({})
-    kv = FakeBucket({"new": {"job": "new", "model": "m", "status": "done", "documents": 9, "done": 9,
+    kv = FakeBucket({"new": {**SUBMITTED, "job": "new", "model": "m", "status": "done", "documents": 9, "done": 9,
                              "finished": NOW - 10}})
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW))
     assert (kv.listings, kv.reads) == (1, ["new"])
@@ -172,7 +176,7 @@ def test_an_unchanged_bucket_is_not_listed_again():
     assert value(_text(metrics), "embedfleet_job_documents", job_id="new", model="m", state="done") == 9
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + KEEP_FINISHED))
     assert not has(_text(metrics), "embedfleet_job_documents", job_id="new", model="m", state="done")
-    kv.states["run"] = {"job": "run", "model": "m", "status": "running", "documents": 4, "done": 1}
+    kv.states["run"] = {**SUBMITTED, "job": "run", "model": "m", "status": "running", "documents": 4, "done": 1}
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + KEEP_FINISHED + 1))
     assert kv.listings == 2
     assert value(_text(metrics), "embedfleet_job_documents", job_id="run", model="m", state="done") == 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from tests.gpu_worker.test_models import _packed, _random_ids, _tiny_folder
 

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from shared.config import ConfigError
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.models.registry import spec_from_folder
 from services.tokenizer.encoder import TextEncoder
@@ -104,5 +104,5 @@ def test_a_family_without_llm_reranking_is_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3_text",
                                                     "architectures": ["Gemma3ForCausalLM"]}))
     with pytest.raises(ConfigError, match="Gemma3 causal LMs are not served as LLM rerankers"):
-        spec_from_folder(folder)
+        spec_from_folder(load_model_info(str(folder)))
     shutil.rmtree(folder)

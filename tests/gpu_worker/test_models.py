@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.errors import InvalidTokens
 from tests.conftest import cosines

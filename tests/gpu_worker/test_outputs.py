@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from shared.config import ConfigError
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
 from tests.conftest import cosines
@@ -143,6 +143,22 @@ def test_unsupported_stacks_are_refused(root):
     (colbert / "sentence_bert_config.json").write_text(json.dumps({**config, "query_expansion": {"strategy": "mask", "length": 32}}))
     with pytest.raises(ConfigError, match="query_expansion"):
         load_model_info(str(colbert))
+
+
+@pytest.mark.parametrize("build,message", [
+    (build_splade, "modules.json runs MLMTransformer ->  -> SpladePooling: of sparse encoders only"),
+    (build_colbert, "modules.json module '' is not supported in a multi-vector encoder"),
+])
+def test_a_modules_json_entry_that_is_no_object_is_refused(root, build, message):
+    import json
+    import shutil
+
+    folder = root / f"{build.__name__}-odd-entry"
+    shutil.copytree(build(root / "odd"), folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps([modules[0], 7, *modules[1:]]))
+    with pytest.raises(ConfigError, match=message):
+        load_model_info(str(folder))
 
 
 def test_bge_m3_heads_as_torch_pickles_are_not_loaded(root, caplog):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from shared.protocol import EmbedOptions, ProtocolError, Spans, TokenChunk, decode, encode
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.errors import InvalidSpans

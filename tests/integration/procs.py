@@ -100,14 +100,16 @@ def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "e
 
 
 async def job_settled(kv, job: str, timeout: float = 30.0) -> dict:
-    """A job's state once it is no longer running (or as it is when ``timeout`` seconds have passed)."""
-    from shared.jobs import read_state
+    """A job's state once it is no longer running (or as it is when ``timeout`` seconds have passed), as
+    the bucket holds it (its record)."""
+    from shared.job_bucket import read_state
 
     deadline = time.monotonic() + timeout
     while True:
-        state = await read_state(kv, job) or {}
-        if state.get("status", "running") != "running" or time.monotonic() > deadline:
-            return state
+        state = await read_state(kv, job)
+        record = state.record() if state is not None else {}
+        if record.get("status", "running") != "running" or time.monotonic() > deadline:
+            return record
         await asyncio.sleep(0.1)
 
 
@@ -144,7 +146,7 @@ async def _stored_rows(js, subject: str, keys) -> Counter:
 
 def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
     """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled)."""
-    from shared.jobs import FINISHED
+    from shared.job_state import FINISHED
 
     seen: dict = {}
 

@@ -54,9 +54,9 @@ def _check(cluster: Cluster, run: Run, reference) -> None:
     # a batch stored while its count could not be written (no quorum) is delivered again and counted
     # then: the counts are exact once it has been (within seconds)
     deadline = time.monotonic() + 30
-    while (state := fleet.state(run.job)).get("done") != DOCUMENTS and time.monotonic() < deadline:
+    while ((state := fleet.state(run.job)) is None or state.done != DOCUMENTS) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert state["status"] == "done" and state["done"] == DOCUMENTS and not state.get("failed"), state
+    assert state is not None and (state.status, state.done, state.failed) == ("done", DOCUMENTS, 0), state
     # online requests: each answered, and never later than the gateway's deadline (with a second's slack)
     after = [r for r in run.replies if r.sent >= run.fault_at]
     assert after, "no online request was sent during the fault"

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from shared.bulkwork import TRUNCATED
 from shared.errors import ErrorCode
-from shared.jobs import stream_names
+from shared.job_streams import stream_names
 from shared.protocol import (
     MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
     LoadReport, ProtocolError, Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, VERSION, decode, decode_as,

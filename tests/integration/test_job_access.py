@@ -15,7 +15,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from shared.jobs import FINISHED
+from shared.job_state import FINISHED
 from shared.nats_server import free_port
 from tests.integration.procs import Service, healthy, wait_until
 

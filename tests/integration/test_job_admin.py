@@ -17,9 +17,12 @@ import nats
 import pytest
 
 from shared.documents import job_id_for
-from shared.jobs import read_state, stream_names, update_state
+from shared.job_bucket import read_state, update_state
+from shared.job_state import JobState, Run
+from shared.job_streams import stream_names
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
+from tests.job_states import submitted
 
 pytestmark = pytest.mark.integration
 
@@ -68,11 +71,11 @@ def _results(url: str, job: str) -> int:
     return _nats(url, body)
 
 
-def _state(url: str, job: str) -> dict | None:
+def _state(url: str, job: str) -> JobState | None:
     return _nats(url, lambda js: _read(js, job))
 
 
-async def _read(js, job: str) -> dict | None:
+async def _read(js, job: str) -> JobState | None:
     return await read_state(await js.key_value(stream_names(SUBJECTS)["kv"]), job)
 
 
@@ -224,8 +227,8 @@ def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_pat
 
 async def _running(js, started: float) -> None:
     kv = await js.key_value(stream_names(SUBJECTS)["kv"])
-    await update_state(kv, "admin-running", lambda s: s.update(
-        model=MODEL, documents=10, batches=1, published=1, done=2, failed=1, tokens=40, status="running", started=started))
+    await update_state(kv, "admin-running", submitted(10, model=MODEL, batches=1, published=1, done=2, failed=1, tokens=40,
+                                                      status="running", started=started, run=Run(started, 0, 0, 0)))
     await js.publish(SUBJECTS.results("admin-running"), b"not read", headers={"Nats-Msg-Id": "admin-running:0:0"})
 
 

@@ -21,7 +21,9 @@ import nats
 import numpy as np
 import pytest
 
-from shared.jobs import read_state, stream_names, submit
+from shared.job_bucket import read_state
+from shared.job_publish import submit
+from shared.job_streams import stream_names
 from shared.nats_server import EmbeddedNats
 from shared.protocol import EmbedOptions
 from shared.subjects import Subjects
@@ -101,7 +103,8 @@ def _state(url: str, job: str, subjects: Subjects = SUBJECTS) -> dict:
     async def read() -> dict:
         nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
         try:
-            return (await read_state(await nc.jetstream().key_value(stream_names(subjects)["kv"]), job)) or {}
+            state = await read_state(await nc.jetstream().key_value(stream_names(subjects)["kv"]), job)
+            return state.record() if state is not None else {}  # as the bucket holds it
         finally:
             await nc.close()
 

@@ -135,14 +135,16 @@ def _record(stack, job: str, **state) -> None:
     """A job's record as a publisher writes it, with no batch published: its state is all there is."""
     import nats
 
-    from shared.jobs import ensure_streams, update_state
+    from shared.job_bucket import update_state
+    from shared.job_streams import ensure_streams
     from shared.subjects import Subjects
+    from tests.job_states import submitted
 
     async def main() -> None:
         nc = await nats.connect(stack.nats_url)
         try:
             kv = await ensure_streams(nc.jetstream(), Subjects("embedfleet"))
-            await update_state(kv, job, lambda s: s.update(model="all-MiniLM-L6-v2", **state))
+            await update_state(kv, job, submitted(model="all-MiniLM-L6-v2", **state))
         finally:
             await nc.close()
 
@@ -187,10 +189,12 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     import msgpack
     import nats
 
-    from shared.jobs import ensure_streams, update_state
+    from shared.job_bucket import update_state
+    from shared.job_streams import ensure_streams
     from shared.protocol import EmbedOptions, JobBatch, encode
     from shared.subjects import Subjects
     from tests.integration.procs import job_settled
+    from tests.job_states import submitted
 
     subjects, model, job = Subjects("embedfleet"), "all-MiniLM-L6-v2", "results-partial"
 
@@ -198,7 +202,7 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
         nc = await nats.connect(stack.nats_url)
         js = nc.jetstream()
         kv = await ensure_streams(js, subjects)
-        await update_state(kv, job, lambda s: s.update(model=model, documents=6, batches=2, status="running"))
+        await update_state(kv, job, submitted(6, model=model, batches=2, status="running"))
         good = JobBatch(job, 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
         await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": f"{job}:0"})
         bad = msgpack.packb({"v": 2, "t": "job", "jb": job, "bi": 1, "m": model, "di": ["d", "e", "f"],
@@ -264,7 +268,7 @@ def test_stored_order_is_streamed_and_input_order_is_fetched(stack, tmp_path):
     leaves the foreign rows out, and `jobs fetch` writes input order."""
     import nats
 
-    from shared.jobs import ensure_streams, stream_names
+    from shared.job_streams import ensure_streams, stream_names
     from shared.protocol import JobResult, encode
     from shared.subjects import Subjects
 

@@ -122,8 +122,10 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     import msgpack
     import nats
 
-    from shared.jobs import ensure_streams, stream_names, update_state
+    from shared.job_bucket import update_state
+    from shared.job_streams import ensure_streams, stream_names
     from tests.integration.procs import job_settled
+    from tests.job_states import submitted
     from shared.protocol import EmbedOptions, JobBatch, encode
     from shared.subjects import Subjects
 
@@ -134,7 +136,7 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
         nc = await nats.connect(stack.nats_url)
         js = nc.jetstream()
         kv = await ensure_streams(js, subjects)
-        await update_state(kv, "poison", lambda s: s.update(model=model, documents=6, batches=2, status="running"))
+        await update_state(kv, "poison", submitted(6, model=model, batches=2, status="running"))
         good = JobBatch("poison", 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
         await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": "poison:0"})
         bad = msgpack.packb({"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": model, "di": ["d", "e", "f"],
@@ -237,7 +239,7 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     import httpx
     import nats
 
-    from shared.jobs import stream_names
+    from shared.job_streams import stream_names
     from shared.protocol import JobResult, decode_as
     from shared.subjects import Subjects
     from tests.integration.procs import wait_until

@@ -110,7 +110,7 @@ def test_init_creates_the_streams(nats_url):
 
     import nats as nats_client
 
-    from shared.jobs import stream_names
+    from shared.job_streams import stream_names
     from shared.subjects import Subjects
 
     for _ in range(2):  # idempotent

@@ -24,6 +24,7 @@ from shared.permissions import ROLES, role_permissions
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
+from tests.job_states import submitted
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -322,7 +323,8 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     and a second worker, under the same role's user, finishes the job. Nothing is refused."""
     import msgpack
 
-    from shared.jobs import ensure_streams, stream_names, update_state
+    from shared.job_bucket import update_state
+    from shared.job_streams import ensure_streams, stream_names
     from shared.protocol import EmbedOptions, JobBatch, encode
 
     subjects = Subjects()
@@ -331,7 +333,7 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
         nc = await nats.connect(fabric.server.url, nkeys_seed=fabric.seed("publisher"), inbox_prefix="_INBOX.embedfleet-reindex")
         js = nc.jetstream()
         kv = await ensure_streams(js, subjects)
-        await update_state(kv, "poison", lambda s: s.update(model=MODEL, documents=4, batches=2, status="running"))
+        await update_state(kv, "poison", submitted(4, model=MODEL, batches=2, status="running"))
         good = JobBatch("poison", 0, MODEL, ["a", "b"], ["one", "two"], EmbedOptions())
         await js.publish(subjects.jobs(MODEL), encode(good), headers={"Nats-Msg-Id": "poison:0"})
         bad = msgpack.packb({"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4],

@@ -10,8 +10,11 @@ import pytest
 
 from shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
 from shared.config import JobSettings
-from shared.jobs import ensure_streams, read_state, stream_names, update_state
+from shared.job_bucket import read_state, update_state
+from shared.job_state import DeadBatch
+from shared.job_streams import ensure_streams, stream_names
 from shared.subjects import Subjects
+from tests.job_states import submitted
 from tests.waiting import eventually
 
 
@@ -64,7 +67,7 @@ def test_give_up_records_a_dead_letter_and_counts_the_documents_once(nats_url):
     async def main() -> None:
         nc, js, kv, subjects = await _setup(nats_url)
         try:
-            await update_state(kv, "job1", lambda s: s.update(documents=10, done=6, status="running"))
+            await update_state(kv, "job1", submitted(10, done=6, status="running"))
             subject = subjects.jobs("m")
             psub = await open_work(js, stream_names(subjects)["jobs"], "t", subject, JobSettings())
             await js.publish(subject, b"\xc1 not msgpack", headers={"Nats-Msg-Id": "job1:3"})
@@ -78,10 +81,9 @@ def test_give_up_records_a_dead_letter_and_counts_the_documents_once(nats_url):
             await dead.record(msg.data, msg.headers, msg.subject, "again", info, 2)
 
             state = await read_state(kv, "job1")
-            assert state["failed"] == 4 and state["status"] == "done_with_errors" and "finished" in state
-            assert state["dead"] == [{"stage": "tokenizer", "batch": 3, "start": 0, "documents": 4, "deliveries": 1,
-                                      "reason": "not a job batch"}]
-            assert "not a job batch" in state["errors"][0]
+            assert state.failed == 4 and state.status == "done_with_errors" and state.finished is not None
+            assert state.dead == (DeadBatch("tokenizer", 3, 0, 4, 1, "not a job batch"),)
+            assert "not a job batch" in state.errors[0]
             letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job1"))
             assert letter.data == b"\xc1 not msgpack"
             assert letter.headers["Embedfleet-Stage"] == "tokenizer" and letter.headers["Embedfleet-Reason"] == "not a job batch"
@@ -101,7 +103,7 @@ def test_max_deliveries_advisory_turns_a_batch_into_a_dead_letter(nats_url):
     async def main() -> None:
         nc, js, kv, subjects = await _setup(nats_url)
         try:
-            await update_state(kv, "job2", lambda s: s.update(documents=3, done=0, status="running"))
+            await update_state(kv, "job2", submitted(3, status="running"))
             stream = stream_names(subjects)["bulk"]
             subject = subjects.bulk("m")
             psub = await open_work(js, stream, "w", subject, JobSettings(ack_wait=1.0, max_deliver=2))
@@ -111,14 +113,13 @@ def test_max_deliveries_advisory_turns_a_batch_into_a_dead_letter(nats_url):
             for delivery in (1, 2):  # taken and never acknowledged, twice
                 (msg,) = await _fetch(psub, 3)
                 assert msg.metadata.num_delivered == delivery
-            state = {}
             for _ in range(20):  # the fleet keeps asking for work: the server finds the batch exhausted
                 assert await _fetch(psub, 0.5) == []
                 state = await read_state(kv, "job2")
-                if state.get("failed"):
+                if state.failed:
                     break
-            assert state["failed"] == 3 and state["status"] == "done_with_errors", state
-            assert state["dead"][0]["deliveries"] == 2 and "too many times" in state["dead"][0]["reason"]
+            assert state.failed == 3 and state.status == "done_with_errors", state
+            assert state.dead[0].deliveries == 2 and "too many times" in state.dead[0].reason
             letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job2"))
             assert letter.data == b"crashes its holder"
             async def removed() -> bool:
@@ -160,7 +161,7 @@ def test_job_settings_are_checked():
 def test_only_valid_kv_keys_name_a_job_state():
     """A forged job id (from an untrusted bulk message) must not reach the KV bucket: the server would
     refuse the key on every try."""
-    from shared.jobs import MAX_JOB_ID, has_state_key
+    from shared.job_bucket import MAX_JOB_ID, has_state_key
 
     assert has_state_key("job-1_a=b/c.d")
     assert has_state_key("j" * MAX_JOB_ID)
@@ -170,12 +171,12 @@ def test_only_valid_kv_keys_name_a_job_state():
 
 def test_cancellations_are_read_from_the_job_state_and_held(nats_url):
     from shared.bulkwork import Cancellations
-    from shared.jobs import cancel_job
+    from shared.job_status import cancel_job
 
     async def main() -> None:
         nc, js, kv, subjects = await _setup(nats_url)
         try:
-            await update_state(kv, "run", lambda s: s.update(documents=5, status="running"))
+            await update_state(kv, "run", submitted(5, status="running"))
             seen = Cancellations(kv, ttl=0.3, hold=0.6)
             assert not await seen.cancelled("run")
             await cancel_job(kv, "run")

@@ -20,14 +20,17 @@ def test_job_id_differs_by_form_and_not_otherwise(tmp_path: Path):
     assert job_id_for(docs, "m", 32, "int8") != ids["int8"] and job_id_for(docs, "other", 64, "int8") != ids["int8"]
 
 
-def test_float32_job_ids_are_those_made_before_forms_existed(tmp_path: Path):
-    import hashlib
+def test_job_id_differs_by_output_and_chunking(tmp_path: Path):
+    from shared.text_chunks import ChunkSpec, JobChunking
 
     docs = tmp_path / "docs.txt"
     docs.write_text("one\n")
-    stat = docs.stat()
-    before = hashlib.sha256(f"{docs.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|m|64".encode()).hexdigest()[:16]
-    assert job_id_for(docs, "m", 64, "float32") == before  # a float job started by an older version still resumes
+    ids = {output: job_id_for(docs, "m", 64, "float32", output) for output in ("dense", "sparse", "multivector")}
+    assert len(set(ids.values())) == 3 and job_id_for(docs, "m", 64) == ids["dense"]
+    chunked = job_id_for(docs, "m", 64, chunking=JobChunking(ChunkSpec(8, 2)))
+    assert chunked not in ids.values()
+    assert chunked == job_id_for(docs, "m", 64, chunking=JobChunking(ChunkSpec(8, 2)))
+    assert job_id_for(docs, "m", 64, chunking=JobChunking(ChunkSpec(8, 2), late=True)) != chunked
 
 
 # -- every document checked when the file is read -----------------------------------------

@@ -7,8 +7,10 @@ import re
 
 from shared.job_ids import job_id_problem
 from shared.job_requests import Claim, claim_problem, record_claim, request_digest
+from shared.job_state import JobState
 from shared.protocol import EmbedOptions
 from shared.subjects import Subjects, job_token
+from shared.text_chunks import ChunkSpec, JobChunking
 
 
 def test_job_tokens_are_one_to_one_and_valid_subject_tokens():
@@ -37,17 +39,18 @@ def test_a_request_digest_changes_with_anything_that_makes_the_batches():
     others = [request_digest("m2", docs, 16, EmbedOptions()), request_digest("m", docs, 8, EmbedOptions()),
               request_digest("m", docs, 16, EmbedOptions(dtype="i1")), request_digest("m", docs[:1], 16, EmbedOptions()),
               request_digest("m", [("a", "firs"), ("tb", "second")], 16, EmbedOptions()),
-              request_digest("m", [("a", "first"), ("b", "second!")], 16, EmbedOptions())]
-    assert len({base, *others}) == 7
+              request_digest("m", [("a", "first"), ("b", "second!")], 16, EmbedOptions()),
+              request_digest("m", docs, 16, EmbedOptions(), JobChunking(ChunkSpec(8)))]
+    assert len({base, *others}) == 8
 
 
 def test_a_claim_on_a_recorded_job():
-    state = {"job": "j", "documents": 2}
+    state = record_claim(JobState("j", documents=2), Claim("d1", "owner-a"))
+    assert (state.request, state.owner) == ("d1", "owner-a")
     mine = Claim("d1", "owner-a")
-    record_claim(state, mine)
-    assert state == {"job": "j", "documents": 2, "request": "d1", "owner": "owner-a"}
     assert claim_problem(state, mine) is None and claim_problem(None, mine) is None
+    assert claim_problem(JobState("j"), mine) is None  # counts, but no job recorded
     assert claim_problem(state, Claim("d1")) is None  # no owner asked: reindex resumes it
     assert claim_problem(state, Claim("d1", "owner-b")) == "job id j is taken: give another job id"
     assert claim_problem(state, Claim("d2")).startswith("job j exists with other documents, model, batch size or options")
-    assert claim_problem({"job": "old", "documents": 3}, Claim("d9")) is None  # recorded before digests: resumed
+    assert record_claim(state, Claim("d2", "owner-b")) == state  # the first submission's digests stay

@@ -8,13 +8,16 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import replace
 
 import nats
 import pytest
 
 from shared.config import ConfigError, Retention
 from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.jobs import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, read_state, stream_names, update_state
+from shared.job_bucket import read_state, update_state
+from shared.job_state import JobState
+from shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
 from shared.subjects import Subjects
 
 
@@ -44,9 +47,9 @@ def test_new_streams_get_the_limits_given(nats_url):
         assert (results.max_age, results.max_bytes, results.duplicate_window) == (3600, 5_000_000, DUPLICATE_WINDOW)
         assert (bucket.max_age, bucket.max_msgs_per_subject) == (7200, 5)
         for n in range(7):
-            await update_state(kv, "j", lambda s, n=n: s.update(n=n))
+            await update_state(kv, "j", lambda s, n=n: replace(s, done=n))
         history = await kv.history("j")
-        assert [json.loads(e.value)["n"] for e in history] == [2, 3, 4, 5, 6]  # 5 revisions kept
+        assert [json.loads(e.value).get("done", 0) for e in history] == [2, 3, 4, 5, 6]  # 5 revisions kept
         assert await job_bucket(js, subjects) is not None
 
     _run(nats_url, body)
@@ -66,7 +69,7 @@ def test_an_existing_stream_and_bucket_are_updated_in_place_and_unset_limits_sta
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects)
         await js.publish(subjects.results("j"), b"vectors", headers={"Nats-Msg-Id": "j:0:0"})
-        await update_state(kv, "j", lambda s: s.update(done=1))
+        await update_state(kv, "j", lambda s: replace(s, done=1))
 
         kv = await ensure_streams(js, subjects, Retention(results_max_age=60, results_max_bytes=1 << 20, job_ttl=120,
                                                           job_history=3))
@@ -74,7 +77,7 @@ def test_an_existing_stream_and_bucket_are_updated_in_place_and_unset_limits_sta
         # a duplicate window longer than the age limit is refused by the server: it shrinks with it
         assert (results.max_age, results.max_bytes, results.duplicate_window) == (60, 1 << 20, 60)
         assert (bucket.max_age, bucket.max_msgs_per_subject) == (120, 3)
-        assert (await read_state(kv, "j"))["done"] == 1  # nothing lost
+        assert (await read_state(kv, "j")).done == 1  # nothing lost
         info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subjects.results("j"))
         assert info.state.subjects == {subjects.results("j"): 1}
 
@@ -96,7 +99,7 @@ def test_results_and_records_expire_after_their_age(nats_url):
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects, Retention(results_max_age=1, job_ttl=1))
         await js.publish(subjects.results("old"), b"vectors", headers={"Nats-Msg-Id": "old:0:0"})
-        await update_state(kv, "old", lambda s: s.update(done=1))
+        await update_state(kv, "old", lambda s: replace(s, done=1))
         stream = stream_names(subjects)["results"]
         assert (await js.stream_info(stream)).state.messages == 1 and await read_state(kv, "old") is not None
         deadline = time.monotonic() + 15
@@ -111,21 +114,21 @@ def test_results_and_records_expire_after_their_age(nats_url):
 
 @pytest.mark.slow  # waits out a duplicate window
 def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
-    import shared.jobs
+    import shared.job_streams
 
-    monkeypatch.setattr(shared.jobs, "DUPLICATE_WINDOW", 2.0)
+    monkeypatch.setattr(shared.job_streams, "DUPLICATE_WINDOW", 2.0)
 
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects)
-        assert await shared.jobs.purge_wait(js, subjects, "never") == 0  # no such job
-        await update_state(kv, "j", lambda s: s.update(done=1))
-        assert await shared.jobs.purge_wait(js, subjects, "j") == 0  # a job with its record
+        assert await shared.job_streams.purge_wait(js, subjects, "never") == 0  # no such job
+        await update_state(kv, "j", lambda s: replace(s, done=1))
+        assert await shared.job_streams.purge_wait(js, subjects, "j") == 0  # a job with its record
         await kv.purge("j")
-        assert 1.0 < await shared.jobs.purge_wait(js, subjects, "j") <= 2.0
+        assert 1.0 < await shared.job_streams.purge_wait(js, subjects, "j") <= 2.0
         await asyncio.sleep(2.1)  # the sleep is the test: the duplicate window passes
-        assert await shared.jobs.purge_wait(js, subjects, "j") == 0
-        await update_state(kv, "j", lambda s: s.update(done=2))  # a purged key takes a record again
-        assert (await read_state(kv, "j")) == {"job": "j", "done": 2}
+        assert await shared.job_streams.purge_wait(js, subjects, "j") == 0
+        await update_state(kv, "j", lambda s: replace(s, done=s.done + 2))  # a purged key takes a record again
+        assert (await read_state(kv, "j")) == JobState("j", done=2)
 
     _run(nats_url, body)
 

@@ -1,27 +1,29 @@
 """A job id already in use by a job of another vector form is refused, not resumed into mixed forms."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
-from shared.jobs import JobConflict, form_conflict, submit
+from shared.job_publish import JobConflict, form_conflict, submit
+from shared.job_state import JobState
 from shared.protocol import EmbedOptions
 from shared.subjects import Subjects
 from tests.waiting import eventually
 
 
+def _job(form: str, output: str = "dense") -> JobState:
+    return JobState("j", model="m", input="inline", documents=3, embedding_type=form, output=output)
+
+
 def test_form_conflict():
     assert form_conflict(None, "int8") is None  # no job yet
-    assert form_conflict({"job": "j"}, "int8") is None  # a state with no job recorded in it
-    assert form_conflict({"job": "j", "model": "m", "embedding_type": "int8"}, "int8") is None
-    problem = form_conflict({"job": "j", "model": "m", "embedding_type": "int8"}, "binary")
-    assert problem == "job j makes int8 vectors, not binary: give it another job id"
-    # a job recorded before forms existed made float32
-    assert form_conflict({"job": "j", "model": "m"}, "float32") is None
-    assert "makes float32 vectors, not uint8" in form_conflict({"job": "j", "model": "m"}, "uint8")
+    assert form_conflict(JobState("j", done=2), "int8") is None  # a state with no job recorded in it
+    assert form_conflict(_job("int8"), "int8") is None
+    assert form_conflict(_job("int8"), "binary") == "job j makes int8 vectors, not binary: give it another job id"
     # the output kind counts too: a dense job is not resumed as a sparse one
-    assert "makes float32 vectors, not sparse float32" in form_conflict({"job": "j", "model": "m"}, "float32", "sparse")
-    assert form_conflict({"job": "j", "model": "m", "output": "sparse"}, "float32", "sparse") is None
+    assert "makes float32 vectors, not sparse float32" in form_conflict(_job("float32"), "float32", "sparse")
+    assert form_conflict(_job("float32", "sparse"), "float32", "sparse") is None
 
 
 class _Entry:
@@ -68,11 +70,17 @@ def test_submit_records_the_form_and_refuses_another():
     kv, js = _MemoryKV(), _RecordingJS()
     docs = [("a", "one"), ("b", "two"), ("c", "three")]
 
-    async def run(dtype: str) -> dict:
+    async def run(dtype: str) -> JobState:
         return await submit(js, kv, Subjects(), "job1", "m", docs, 2, EmbedOptions(dtype=dtype), "inline")
 
-    asyncio.run(run("i1"))
-    assert json.loads(kv.data["job1"].value)["embedding_type"] == "int8"
+    state = asyncio.run(run("i1"))
+    stored = json.loads(kv.data["job1"].value)  # the record other processes read: the fields' names as keys
+    assert JobState.decode(kv.data["job1"].value, "job1") == replace(state, published=2)
+    assert {k: stored[k] for k in ("job", "status", "model", "input", "documents", "batches", "published",
+                                   "embedding_type", "output")} == {
+        "job": "job1", "status": "running", "model": "m", "input": "inline", "documents": 3, "batches": 2,
+        "published": 2, "embedding_type": "int8", "output": "dense"}
+    assert stored["run"]["started"] == stored["started"] and len(stored["request"]) == 64
     assert js.published == ["job1:0", "job1:1"]
     asyncio.run(run("i1"))  # the same form: resumed, nothing published again
     assert js.published == ["job1:0", "job1:1"]
@@ -82,9 +90,9 @@ def test_submit_records_the_form_and_refuses_another():
 
 
 def test_cancel_stops_submission_before_the_next_batch():
-    import json
-
-    from shared.jobs import CANCELLED, JobCancelled, cancel_job
+    from shared.job_publish import JobCancelled
+    from shared.job_state import CANCELLED
+    from shared.job_status import cancel_job
 
     kv = _MemoryKV()
     docs = [(f"d{i}", "text") for i in range(10)]
@@ -99,8 +107,8 @@ def test_cancel_stops_submission_before_the_next_batch():
     with pytest.raises(JobCancelled, match="after 2 of 5 batches"):
         asyncio.run(submit(js, kv, Subjects(), "job2", "m", docs, 2, EmbedOptions(), "inline"))
     assert js.published == ["job2:0", "job2:1"]
-    state = json.loads(kv.data["job2"].value)
-    assert state["status"] == CANCELLED and state["published"] == 2 and state["cancelled"] >= state["started"]
+    state = JobState.decode(kv.data["job2"].value, "job2")
+    assert state.status == CANCELLED and state.published == 2 and state.cancelled >= state.started
     # submitted again (a rerun of the same command): refused, nothing published
     with pytest.raises(JobCancelled, match="job job2 was cancelled: purge it"):
         asyncio.run(submit(js, kv, Subjects(), "job2", "m", docs, 2, EmbedOptions(), "inline"))
@@ -110,17 +118,21 @@ def test_cancel_stops_submission_before_the_next_batch():
 def test_cancel_job_leaves_unknown_and_finished_jobs_alone():
     import json
 
-    from shared.jobs import cancel_job, update_state
+    from shared.job_bucket import update_state
+    from shared.job_status import cancel_job
 
     kv = _MemoryKV()
     assert asyncio.run(cancel_job(kv, "nope")) is None and "nope" not in kv.data  # no state created
-    asyncio.run(update_state(kv, "fin", lambda s: s.update(documents=4, done=4, status="done", finished=1.0)))
+    finished = replace(_job("float32"), documents=4, done=4, status="done", finished=1.0)
+    asyncio.run(update_state(kv, "fin", lambda s: replace(finished, job=s.job)))
     state = asyncio.run(cancel_job(kv, "fin"))
-    assert state["status"] == "done" and "cancelled" not in state
-    assert json.loads(kv.data["fin"].value)["status"] == "done"
-    asyncio.run(update_state(kv, "run", lambda s: s.update(documents=9, done=3, status="running")))
+    assert state.status == "done" and state.cancelled is None
+    stored = json.loads(kv.data["fin"].value)
+    assert stored["status"] == "done" and "cancelled" not in stored
+    running = replace(_job("float32"), documents=9, done=3, status="running")
+    asyncio.run(update_state(kv, "run", lambda s: replace(running, job=s.job)))
     state = asyncio.run(cancel_job(kv, "run"))
-    assert (state["status"], state["done"]) == ("cancelled", 3) and state["finished"] == state["cancelled"]
+    assert (state.status, state.done) == ("cancelled", 3) and state.finished == state.cancelled
 
 
 def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monkeypatch):
@@ -131,10 +143,11 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
     import nats
     import nats.errors
 
-    import shared.jobs
-    from shared.jobs import ensure_streams, read_state, stream_names
+    import shared.job_publish
+    from shared.job_bucket import read_state
+    from shared.job_streams import ensure_streams, stream_names
 
-    monkeypatch.setattr(shared.jobs, "PUBLISH_AHEAD", 16)
+    monkeypatch.setattr(shared.job_publish, "PUBLISH_AHEAD", 16)
     subjects = Subjects(f"w{uuid.uuid4().hex[:8]}")
 
     async def main() -> None:
@@ -163,7 +176,7 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
                     await msg.ack()
                     taken += 1
             await asyncio.wait_for(publisher, 10)
-            assert taken == 64 and (await read_state(kv, "paced"))["published"] == 64
+            assert taken == 64 and (await read_state(kv, "paced")).published == 64
         finally:
             await nc.close()
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from shared.config import ConfigError
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from tests.tiny_llm_rerankers import build_llm_reranker, reference
 
 

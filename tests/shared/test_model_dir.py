@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from shared.config import ConfigError
-from shared.model_dir import DenseSpec, load_model_info, same_model
+from shared.model_dir.info import same_model
+from shared.model_dir.load import load_model_info
+from shared.model_dir.stack import DenseSpec
 
 
 def test_default_model_reads_sentence_transformers_configs(model_info):
@@ -303,3 +305,13 @@ def test_a_classifier_names_its_labels_by_logit(model_info, tmp_path, extra, lab
     info = load_model_info(str(folder))
     assert (info.task, info.dim, info.labels) == ("score", len(labels), labels)
     assert model_info.labels == ()
+
+
+@pytest.mark.parametrize("architectures", [["BertModel"], ["BertForSequenceClassification"]])
+def test_a_modules_json_that_is_no_list_is_refused_for_every_kind_of_folder(model_info, tmp_path, architectures):
+    folder = _copy_model(model_info.path, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": architectures}))
+    (folder / "modules.json").write_text(json.dumps({"0": "sentence_transformers.models.Transformer"}))
+    with pytest.raises(ConfigError, match="modules.json is not a list of modules"):
+        load_model_info(str(folder))

@@ -18,7 +18,8 @@ import pytest
 
 from shared.bulkwork import open_work
 from shared.config import ConfigError, JobSettings, Retention
-from shared.jobs import AUTO_REPLICAS, Placement, bucket_stream, ensure_streams, stream_names
+from shared.job_streams import bucket_stream, ensure_streams, stream_names
+from shared.stream_placement import AUTO_REPLICAS, Placement
 from shared.nats_server import NatsCluster
 from shared.subjects import Subjects
 

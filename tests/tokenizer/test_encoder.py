@@ -163,7 +163,7 @@ def _without_post_processor(model_info, tmp_path, tokenizer_config: dict):
     import json
     import shutil
 
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
 
     folder = tmp_path / "decoder"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
@@ -199,7 +199,7 @@ def test_tokenizer_json_that_already_adds_the_tokens_is_kept(model_info, tmp_pat
     import json
     import shutil
 
-    from shared.model_dir import load_model_info
+    from shared.model_dir.load import load_model_info
 
     folder = tmp_path / "bert"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))

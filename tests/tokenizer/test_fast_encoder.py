@@ -15,7 +15,7 @@ from services.tokenizer.encoder import TextEncoder
 from services.tokenizer.fast_charset import DIVERGENT
 from services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
 from services.tokenizer.fast_encoder import Charset, unsupported
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from tests.corpus import long_texts, mixed_texts
 
 if sys.platform != "linux":  # the test extra installs kitoken on Linux only: there, its absence fails these tests
@@ -174,7 +174,7 @@ def test_without_kitoken_installed_tokenizers_serves():
     code = ("import sys; sys.modules['kitoken'] = None\n"
             "from services.tokenizer.encoder import TextEncoder\n"
             "from services.tokenizer.fast_check import choose\n"
-            "from shared.model_dir import load_model_info\n"
+            "from shared.model_dir.load import load_model_info\n"
             "info = load_model_info(None); e = TextEncoder(info)\n"
             "print(choose(e, info.path, 'auto'), e.encode(['hello world']))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

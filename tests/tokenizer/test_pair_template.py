@@ -11,7 +11,7 @@ import pytest
 
 from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
-from shared.model_dir import load_model_info
+from shared.model_dir.load import load_model_info
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
 from tests.tiny_llm_rerankers import (

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shared.config import ConfigError
-from shared.model_dir import ModelInfo
+from shared.model_dir.info import ModelInfo
 from services.gpu_worker.engine.attention import Attention, select_attention
 from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
 from services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
@@ -82,7 +82,7 @@ class Engine:
         heads: dict[str, torch.nn.Module] | None = None,
     ) -> None:
         self.info = info
-        self.spec = spec_from_folder(info.path)
+        self.spec = spec_from_folder(info)
         self.family: Family = family_for(self.spec.config)
         self.device = pick_device(device)
         if dtype is None:

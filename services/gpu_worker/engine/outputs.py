@@ -21,7 +21,8 @@ from torch import nn
 
 from shared.config import ConfigError
 from shared.heads import read_linear
-from shared.model_dir import ModelInfo, MultiVectorSpec, SparseSpec
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.outputs import MultiVectorSpec, SparseSpec
 from services.gpu_worker.engine.st_modules import DenseStack
 
 # index_reduce_ ("amax" over each row's tokens) is marked beta; its results are exact

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.model_dir import classifier_labels
+from shared.model_dir.scoring import classifier_labels
 
 ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
 

@@ -12,7 +12,8 @@ from safetensors import safe_open
 from torch import nn
 
 from shared.config import ConfigError
-from shared.model_dir import DenseSpec, ModelInfo
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.stack import DenseSpec
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "identity": nn.Identity,

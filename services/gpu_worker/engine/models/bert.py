@@ -16,8 +16,7 @@ from services.gpu_worker.engine.attention import FULL, Attention, AttnMask
 from services.gpu_worker.engine.linear import LinearOps
 from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.spec import ModelSpec, num_labels
-
-OFFSET_POSITIONS = {"xlm-roberta", "roberta", "camembert"}  # position ids start at pad_token_id + 1
+from shared.model_families import BY_TYPE, position_offset
 
 
 def spec(config: dict[str, Any]) -> ModelSpec:
@@ -28,7 +27,7 @@ def spec(config: dict[str, Any]) -> ModelSpec:
         raise ConfigError("only absolute position embeddings are supported for BERT-family models")
     return ModelSpec(
         model_type=model_type,
-        family="BERT" if model_type == "bert" else "XLM-RoBERTa",
+        family=BY_TYPE[model_type].name,
         hidden_size=int(config["hidden_size"]),
         num_heads=int(config["num_attention_heads"]),
         num_layers=int(config["num_hidden_layers"]),
@@ -38,7 +37,7 @@ def spec(config: dict[str, Any]) -> ModelSpec:
         type_vocab_size=int(config.get("type_vocab_size", 2)),
         layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
         activation=config.get("hidden_act", "gelu"),
-        position_offset=int(config.get("pad_token_id", 1)) + 1 if model_type in OFFSET_POSITIONS else 0,
+        position_offset=position_offset(config),
         num_labels=num_labels(config),
         config=config,
     )

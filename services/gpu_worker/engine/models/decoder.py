@@ -21,8 +21,7 @@ from services.gpu_worker.engine.layers.self_attention import SelfAttention
 from services.gpu_worker.engine.linear import LinearOps
 from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.spec import ModelSpec, num_labels
-
-FAMILIES = {"qwen3": "Qwen3", "qwen2": "Qwen2", "mistral": "Mistral", "llama": "Llama"}
+from shared.model_families import BY_TYPE
 
 
 def bidirectional(config: dict[str, Any]) -> bool:
@@ -34,7 +33,7 @@ def spec(config: dict[str, Any]) -> ModelSpec:
     heads = int(config["num_attention_heads"])
     return ModelSpec(
         model_type=model_type,
-        family=FAMILIES[model_type],
+        family=BY_TYPE[model_type].name,
         hidden_size=int(config["hidden_size"]),
         num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable
 
+from shared import model_families
 from shared.config import ConfigError
-from shared.model_dir import logit_score_tokens
+from shared.model_dir.info import ModelInfo
 from services.gpu_worker.engine.models import bert, decoder, gemma3, modernbert, mpnet
 from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
@@ -17,8 +17,7 @@ from services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    name: str
-    model_types: tuple[str, ...]
+    types: model_families.FamilyTypes  # its name and model_types (the table shared code reads too)
     spec: Callable[[dict[str, Any]], ModelSpec]
     model: Callable[[ModelSpec], EncoderModel]
     examples: str
@@ -30,42 +29,50 @@ class Family:
     fp16_overflows: bool = False  # activations overflow float16: half precision means bfloat16 or float32
     llm_reranker: bool = False  # its causal LMs serve as rerankers from their answer tokens' logits (LogitScore)
 
+    @property
+    def name(self) -> str:
+        return self.types.name
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        return self.types.model_types
+
 
 _FLASH = "FlashInfer (head size 64/128/256) or PyTorch flash varlen; CUDA graphs"
 # symmetric windows: no FlashInfer kernel takes them; PyTorch's varlen kernel does where it has window_size
 _WINDOWED = "PyTorch flash varlen with a symmetric window; CUDA graphs (SDPA where this PyTorch's kernel has no windows)"
 FAMILIES = (
-    Family("BERT", ("bert",), bert.spec, bert.BertEncoder,
+    Family(model_families.BERT, bert.spec, bert.BertEncoder,
            "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, ms-marco-MiniLM cross-encoders", "mean / cls",
            "bidirectional", _FLASH, verified="real, states, logits, rerank"),
-    Family("XLM-RoBERTa", ("xlm-roberta", "roberta", "camembert"), bert.spec, bert.BertEncoder,
+    Family(model_families.XLM_ROBERTA, bert.spec, bert.BertEncoder,
            "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3", "mean / cls", "bidirectional", _FLASH,
            prompts="e5: `query: ` / `passage: `", verified="states"),
-    Family("MPNet", ("mpnet",), mpnet.spec, mpnet.MPNetEncoder,
+    Family(model_families.MPNET, mpnet.spec, mpnet.MPNetEncoder,
            "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1", "mean", "bidirectional + relative-position bias",
            "SDPA (a score bias: no flash kernel takes it); no CUDA graphs", verified="states, stack, logits"),
-    Family("ModernBERT", ("modernbert",), modernbert.spec, modernbert.ModernBertEncoder,
+    Family(model_families.MODERNBERT, modernbert.spec, modernbert.ModernBertEncoder,
            "gte-modernbert-base, modernbert-embed-base, gte-reranker-modernbert-base", "mean / cls",
            "bidirectional; local layers a ±64-token window", _WINDOWED,
            prompts="modernbert-embed: `search_query: ` / `search_document: `", verified="states, stack, logits, rerank"),
-    Family("Qwen3", ("qwen3",), decoder.spec, decoder.DecoderEncoder,
+    Family(model_families.QWEN3, decoder.spec, decoder.DecoderEncoder,
            "Qwen3-Embedding-0.6B/4B/8B, Qwen3-Reranker-0.6B/4B/8B (the causal LM's yes/no logits, or sequence "
            "classification)", "lasttoken", "causal (or bidirectional by config), grouped-query", _FLASH,
            prompts="`Instruct: {task}\\nQuery:` for queries", verified="states, stack, logits, rerank, llm-rerank",
            llm_reranker=True),
-    Family("Qwen2", ("qwen2",), decoder.spec, decoder.DecoderEncoder,
+    Family(model_families.QWEN2, decoder.spec, decoder.DecoderEncoder,
            "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct", "lasttoken",
            "causal (or bidirectional by config), grouped-query", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
            verified="states, stack, llm", llm_reranker=True),
-    Family("Mistral", ("mistral",), decoder.spec, decoder.DecoderEncoder,
+    Family(model_families.MISTRAL, decoder.spec, decoder.DecoderEncoder,
            "e5-mistral-7b-instruct, SFR-Embedding-Mistral", "lasttoken",
            "causal, grouped-query, sliding window where set", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
            verified="states, stack, llm", llm_reranker=True),
-    Family("Llama", ("llama",), decoder.spec, decoder.DecoderEncoder,
+    Family(model_families.LLAMA, decoder.spec, decoder.DecoderEncoder,
            "Llama-based embedders (LLM2Vec-style, bidirectional by config)", "lasttoken",
            "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling", _FLASH,
            verified="states, stack, logits, llm", llm_reranker=True),
-    Family("Gemma3", ("gemma3_text",), gemma3.spec, gemma3.Gemma3Encoder,
+    Family(model_families.GEMMA3, gemma3.spec, gemma3.Gemma3Encoder,
            "embeddinggemma-300m", "mean, then Dense 768→3072→768", "bidirectional; local layers a ±256-token window",
            _WINDOWED, prompts="`task: search result \\| query: ` / "
            "`title: none \\| text: `", fp16_overflows=True, verified="states, stack"),
@@ -116,13 +123,13 @@ def build(spec: ModelSpec) -> EncoderModel:
     return family_for(spec.config or {"model_type": spec.model_type}).model(spec)
 
 
-def spec_from_folder(path: Path) -> ModelSpec:
-    """The engine's spec of the model folder ``path`` (its config.json, and modules.json for an LLM
-    reranker), checked: a ConfigError for what the engine does not serve."""
-    config = json.loads((path / "config.json").read_text())
+def spec_from_folder(info: ModelInfo) -> ModelSpec:
+    """The engine's spec of the model folder ``info`` describes (its config.json, and the answer tokens
+    of an LLM reranker), checked: a ConfigError for what the engine does not serve."""
+    config = json.loads((info.path / "config.json").read_text())
     family = family_for(config)
     spec = family.spec(config)
-    if tokens := logit_score_tokens(path, config):
+    if tokens := info.score_tokens:
         if not family.llm_reranker:
             served = ", ".join(f.name for f in FAMILIES if f.llm_reranker)
             raise ConfigError(f"{family.name} causal LMs are not served as LLM rerankers (LogitScore); these "

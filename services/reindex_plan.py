@@ -1,0 +1,150 @@
+"""A reindex run's plan: the options, the output, every document and the job's recorded state checked
+before the first batch is published (services/reindex.py runs it).
+
+The job id is derived from the input, the model, the form and the chunking (shared/documents.py), so
+running the same command again after it was killed finds the same job; what its recorded state says
+(another form or input, cancelled, results expired, purged a moment ago) can refuse the run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from shared.config import ConfigError, NatsConfig, Retention, retention
+from shared.documents import job_id_for, read_input
+from shared.job_bucket import read_state
+from shared.job_publish import form_conflict, was_cancelled
+from shared.job_state import JobState
+from shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
+from shared.subjects import Subjects
+from shared.job_ids import job_id_problem
+from shared.job_requests import Claim, claim_problem, request_digest
+from shared.job_fit import JobRefused, check_job, fleet_view, served
+from shared.lifecycle import connect_within
+from shared.tracing import TracingConfig
+from shared.protocol import EmbedOptions, ProtocolError
+from shared.vector_forms import FORMS, form_named
+from shared.text_chunks import JobChunking
+from services.reindex_files import check_output_path
+from services.reindex_chunking import check_room, chunking_of
+from shared.sinks import Shape
+from shared.sinks.writer import shape_for
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A reindex run, every part checked before anything is published."""
+
+    path: Path
+    out: Path | None  # None: rows go to the sink only
+    form: str  # a vector form's name (shared/vector_forms.py)
+    output: str  # "dense", "sparse" or "multivector"
+    options: EmbedOptions
+    tracing: TracingConfig
+    docs: list[tuple[str, str]]  # (id, text), in input order
+    job: str
+    batch_size: int
+    chunking: JobChunking | None  # None: a vector a document
+    model: str  # --model: the served model the job asks for
+    job_given: str | None  # --job-id; None: ``job`` is derived from the input and options
+    retention: Retention  # set on the streams the run meets
+    results_check: float  # --results-check: seconds between looks at the stored results
+    stall_timeout: float  # --stall-timeout
+    quiet: bool  # --quiet: no progress bar
+    with_text: bool  # --with-text: the sink's rows keep their texts
+    sink: str | None = None  # --sink URL
+    shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
+
+
+def plan_of(ns: argparse.Namespace) -> Plan:
+    """The run the options ask for, checked without NATS: the output, the form and output kind, the
+    chunking, every document read, the job id."""
+    path, out = Path(ns.input), Path(ns.out) if ns.out else None
+    if out is None and not ns.sink:
+        raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
+    form = form_named(ns.embedding_type).name
+    output = ns.output
+    try:
+        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form].wire, output=output)
+    except ProtocolError as exc:
+        raise ConfigError(str(exc).replace("options.", "")) from None
+    chunking = chunking_of(ns, output)
+    if out is not None:
+        check_output_path(out, output, chunking is not None)
+    tracing = TracingConfig.from_namespace(ns)
+    docs = read_input(path)  # all of them, each checked
+    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
+    problem = job_id_problem(job)
+    if problem:
+        raise ConfigError(f"--job-id: {problem}")
+    return Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.model, ns.job_id,
+                retention(ns), ns.results_check, ns.stall_timeout, ns.quiet, ns.with_text, ns.sink)
+
+
+async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
+    """The plan once the fleet can run it: the model served, the output one it makes, the batch size
+    cut (and said so) where a batch's vectors could outgrow a NATS message."""
+    view = await fleet_view(nc, prefix, plan.model)
+    try:
+        fit = check_job(view, plan.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
+    except JobRefused as exc:
+        raise ConfigError(f"{exc}; nothing was published") from None
+    if fit.note:
+        print(f"reindex: {fit.note}", flush=True)
+    if plan.sink:
+        plan = replace(plan, shape=shape_for(served(view, plan.model), plan.form, plan.output, plan.chunking is not None))
+    if fit.batch_size == plan.batch_size:
+        return plan
+    job = plan.job_given or job_id_for(plan.path, plan.model, fit.batch_size, plan.form, plan.output, plan.chunking)
+    return replace(plan, batch_size=fit.batch_size, job=job)
+
+
+async def connect_checked(nats: NatsConfig, plan: Plan):
+    """A connection, its JetStream context, the job bucket and the plan, once the fleet can run the
+    job and its recorded state allows running it (not another form or input, not cancelled, results
+    not expired, not purged a moment ago)."""
+    subjects = nats.subjects
+    nc = await connect_within(nats, "embedfleet-reindex")
+    js = nc.jetstream()
+    try:
+        plan = await _fitted(nc, subjects.prefix, plan)
+        if plan.chunking is not None:
+            await check_room(nc, subjects, plan.model, plan.chunking, plan.options)
+        kv = await ensure_streams(js, subjects, plan.retention)
+        state = await read_state(kv, plan.job)
+        claim = Claim(request_digest(plan.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
+        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
+                   or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
+    except BaseException:
+        await nc.close()
+        raise
+    if problem:
+        await nc.close()
+        raise ConfigError(problem)
+    return nc, js, kv, plan
+
+
+async def results_gone(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
+    """Why a job whose results were stored cannot be collected again (None: it can): the results
+    stream holds none of them any more (expired, or pushed out by the stream's size limit)."""
+    if state is None or not state.done:
+        return None
+    subject = subjects.results(job)
+    info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
+    if (info.state.subjects or {}).get(subject, 0):
+        return None
+    return (f"job {job} stored {state.done} documents' vectors, and the results stream holds none of them any "
+            f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
+            f"{job}` and run it again, or give another --job-id")
+
+
+async def purged_recently(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
+    """Why a job purged a moment ago cannot be run again yet (None: it can): the streams would drop
+    its batches as repeats of the purged run's."""
+    wait = await purge_wait(js, subjects, job) if state is None else 0.0
+    if not wait:
+        return None
+    return (f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago, and the streams still take its batches for "
+            f"repeats of the purged run's: run it again in {wait:.0f}s, or give another --job-id")

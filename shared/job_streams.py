@@ -1,0 +1,143 @@
+"""JetStream resources of bulk jobs: streams, durable consumers and the job-state bucket.
+
+- ``<P>_JOBS``: work queue of job batches clients publish (``<prefix>.v1.jobs.<model>``);
+- ``<P>_BULK``: work queue of token batches, tokenizers -> workers (``<prefix>.v1.bulk.<model>``);
+- ``<P>_RESULTS``: vectors per job (``<prefix>.v1.results.<job>``), deduplicated by message id;
+- ``<P>_DEAD``: dead letters (``<prefix>.v1.dead.<job>``): batches given up, kept with the stage, the
+  reason and the number of deliveries in headers, so they can be inspected and published again;
+- ``<P>_jobs`` key-value bucket: one JSON state per job.
+All in file storage, created idempotently by whichever service starts first. The results stream and
+the bucket expire what they hold after the limits of ``Retention`` (shared/config.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from shared.config import JobSettings, Retention
+from shared.options import JOB_TTL, RESULTS_MAX_AGE
+from shared.stream_placement import Placement, stream_config
+from shared.subjects import Subjects
+
+log = logging.getLogger("embedfleet.jobs")
+
+DUPLICATE_WINDOW = 600.0  # seconds a message id is remembered: redeliveries inside it are dropped
+DEAD_MAX_AGE = 30 * 24 * 3600.0
+
+
+def _base(subjects: Subjects) -> str:
+    return subjects.prefix.replace(".", "_").replace("-", "_").upper()
+
+
+def stream_names(subjects: Subjects) -> dict[str, str]:
+    base = _base(subjects)
+    return {"jobs": f"{base}_JOBS", "bulk": f"{base}_BULK", "results": f"{base}_RESULTS", "dead": f"{base}_DEAD",
+            "kv": f"{base}_jobs"}
+
+
+def bucket_stream(subjects: Subjects) -> str:
+    """The stream that holds the job bucket (JetStream keeps a bucket as the stream ``KV_<bucket>``)."""
+    return f"KV_{stream_names(subjects)['kv']}"
+
+
+async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Retention = Retention()) -> KeyValue:
+    """Create the four streams and the bucket, or bring existing ones to this config; the limits
+    ``retention`` leaves unset stay as an existing stream or bucket has them. Returns the bucket.
+
+    Replicas: ``retention.replicas`` copies, exactly; unset, ``AUTO_REPLICAS`` on a clustered server
+    (1 where the cluster cannot place that many, said in the log) and an existing stream raised to
+    that, never lowered (an operator may have set more)."""
+    names = stream_names(subjects)
+    p = subjects.prefix
+    results = await stream_config(js, names["results"])
+    results_age = _chosen(retention.results_max_age, results and results.max_age, RESULTS_MAX_AGE)
+    results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, 0)
+    configs = [
+        StreamConfig(name=names["jobs"], subjects=[f"{p}.v1.jobs.>"], retention=RetentionPolicy.WORK_QUEUE,
+                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
+        StreamConfig(name=names["bulk"], subjects=[f"{p}.v1.bulk.>"], retention=RetentionPolicy.WORK_QUEUE,
+                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
+        StreamConfig(name=names["results"], subjects=[f"{p}.v1.results.>"], retention=RetentionPolicy.LIMITS,
+                     storage=StorageType.FILE, duplicate_window=_window(DUPLICATE_WINDOW, results_age),
+                     max_age=results_age, max_bytes=results_bytes if results_bytes > 0 else -1),
+        StreamConfig(name=names["dead"], subjects=[f"{p}.v1.dead.>"], retention=RetentionPolicy.LIMITS,
+                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=DEAD_MAX_AGE),
+    ]
+    placement = Placement(js, retention.replicas)
+    for config in configs:
+        current = results if config.name == names["results"] else await stream_config(js, config.name)
+        await placement.put(config, current)
+    return await _ensure_bucket(js, names["kv"], retention, placement)
+
+
+async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention, placement: Placement) -> KeyValue:
+    """The job bucket, created with ``retention``'s limits or brought to those it sets, with the
+    replicas ``placement`` settled."""
+    stream = f"KV_{bucket}"
+    current = await stream_config(js, stream)
+    ttl = _chosen(retention.job_ttl, current and current.max_age, JOB_TTL)
+    history = _chosen(retention.job_history, current and current.max_msgs_per_subject, 1)
+    if current is None:
+        try:
+            return await placement.create(stream, lambda n: js.create_key_value(
+                bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE, replicas=n))
+        except BadRequestError:  # created meanwhile by another process, with other limits
+            current = await stream_config(js, stream)
+    replicas = placement.target(current.num_replicas)
+    if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history or \
+            replicas != current.num_replicas:
+        log.info("bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)", bucket, ttl, history,
+                 current.max_age or 0, current.max_msgs_per_subject)
+        await placement.update(stream, current.num_replicas, lambda n: js.update_stream(current.evolve(
+            max_age=ttl, max_msgs_per_subject=history, duplicate_window=_window(current.duplicate_window, ttl),
+            num_replicas=n)))
+    return await js.key_value(bucket)
+
+
+async def job_bucket(js: JetStreamContext, subjects: Subjects) -> KeyValue | None:
+    """The job bucket as it is, or None when there is none yet (nothing created, nothing changed)."""
+    try:
+        return await js.key_value(stream_names(subjects)["kv"])
+    except BucketNotFoundError:
+        return None
+
+
+async def purge_wait(js: JetStreamContext, subjects: Subjects, job: str) -> float:
+    """Seconds before a purged job can be published afresh (0: now). Its batches and results carry
+    the message ids of its earlier run, which the streams remember for ``DUPLICATE_WINDOW`` seconds
+    and drop as repeats: counted from the purge (the bucket's marker), which came after its last
+    publish. The marker's time is the server's clock."""
+    try:
+        marker = await js.get_last_msg(bucket_stream(subjects), f"$KV.{stream_names(subjects)['kv']}.{job}")
+    except NotFoundError:
+        return 0.0
+    if (marker.headers or {}).get("KV-Operation") != "PURGE" or marker.time is None:
+        return 0.0
+    return max(0.0, marker.time.timestamp() + DUPLICATE_WINDOW - time.time())
+
+
+def _chosen(given, existing, default):
+    """A retention limit: the one given, else the one in place, else the default (a new stream)."""
+    return given if given is not None else existing if existing is not None else default
+
+
+def _window(window: float | None, max_age: float) -> float:
+    """A duplicate window the server accepts: no longer than the stream's age limit (0: none)."""
+    window = window or DUPLICATE_WINDOW
+    return min(window, max_age) if max_age else window
+
+
+def work_consumer(durable: str, subject: str, settings: JobSettings) -> ConsumerConfig:
+    """A stage's durable consumer, with as many copies of its state as its stream has (replicas 0:
+    the stream's, now and after it is raised)."""
+    return ConsumerConfig(
+        name=durable, durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=settings.ack_wait, max_deliver=settings.max_deliver, num_replicas=0,
+    )
+

@@ -1,0 +1,119 @@
+"""A model folder read into its ``ModelInfo``: which kind of folder it is (a dense embedder, a SPLADE
+or multi-vector encoder, a classifier or an LLM reranker), its real sequence limit, its prompts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.config import ConfigError
+from shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.outputs import bge_m3_heads, is_multi_vector_encoder, is_sparse_encoder, multi_vector, splade
+from shared.model_dir.scoring import (
+    classifier_labels, is_classifier, label_names, logit_score_tokens, pair_template, score_activation,
+)
+from shared.model_dir.stack import check_dense_chain, pooling_mode, read_dense, read_stack
+from shared.model_families import position_offset
+
+
+def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo:
+    """Read a model folder's configs; ``model`` None means the default shipped model."""
+    folder, default_id = read_folder(model)
+    config = folder.config
+    common: dict[str, Any] = dict(id=model_id or default_id, path=folder.path, max_seq_length=_max_seq_length(folder))
+    if score_tokens := logit_score_tokens(folder):
+        return _llm_reranker(folder, score_tokens, common)
+    if is_classifier(config):
+        labels = classifier_labels(config)
+        return ModelInfo(
+            dim=labels, pooling="cls", normalize=False, vocab_size=int(config["vocab_size"]), prompts={}, task="score",
+            labels=label_names(config, labels), **common,
+        )
+    prompts = _prompts(folder)
+    common.update(
+        vocab_size=int(setting(config, "vocab_size")), prompts=prompts, default_prompt=_default_prompt(folder, prompts),
+        hidden_size=int(setting(config, "hidden_size")),
+    )
+    if is_sparse_encoder(folder):
+        sparse = splade(folder)
+        return ModelInfo(dim=common["vocab_size"], pooling="max", normalize=False, outputs=("sparse",), sparse=sparse,
+                         **common)
+    if is_multi_vector_encoder(folder):
+        spec = multi_vector(folder, common["hidden_size"])
+        return ModelInfo(dim=spec.dim, pooling="cls", normalize=False, outputs=("multivector",), multivector=spec,
+                         **common)
+    return _dense_encoder(folder, common)
+
+
+def _max_seq_length(folder: ModelFolder) -> int:
+    """The longest input, special tokens included: the configured limit, capped by the positions."""
+    max_positions = int(setting(folder.config, "max_position_embeddings", 512)) - position_offset(folder.config)
+    # tokenizer_config's model_max_length may be a huge sentinel (1e30): the min below caps it
+    limit = folder.st_config.get("max_seq_length") or folder.tok_config.get("model_max_length") or max_positions
+    return min(int(limit), max_positions)
+
+
+def _dense_encoder(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
+    """A sentence-transformers embedder: Transformer -> Pooling -> Dense* -> Normalize? (and BGE-M3's
+    sparse and multi-vector heads beside the dense one)."""
+    stack = read_stack(folder)
+    pooling_config = read_json(stack.pooling / "config.json") if stack.pooling else {}
+    # "embedding_dimension" since sentence-transformers 6, "word_embedding_dimension" before
+    pooled_dim = int(
+        pooling_config.get("embedding_dimension")
+        or pooling_config.get("word_embedding_dimension")
+        or setting(folder.config, "hidden_size")
+    )
+    dense = tuple(read_dense(d) for d in stack.dense)
+    check_dense_chain(dense, pooled_dim)
+    sparse, multivector = bge_m3_heads(folder)
+    return ModelInfo(
+        dim=dense[-1].out_features if dense else pooled_dim,
+        pooling=pooling_mode(pooling_config, folder.config, stack.pooling),
+        normalize=stack.normalize,
+        include_prompt=bool(pooling_config.get("include_prompt", True)),
+        dense=dense,
+        truncate_dim=_truncate_dim(folder),
+        outputs=("dense",) + (("sparse",) if sparse else ()) + (("multivector",) if multivector else ()),
+        sparse=sparse,
+        multivector=multivector,
+        **common,
+    )
+
+
+def _llm_reranker(folder: ModelFolder, score_tokens: tuple[int, ...], common: dict[str, Any]) -> ModelInfo:
+    """A causal-LM reranker: one logit (the last token's, from the LM head's answer-token rows), with the pair
+    rendered by the chat template when sentence-transformers renders it so."""
+    prompts = _prompts(folder)
+    template, message_format = pair_template(folder)
+    return ModelInfo(
+        dim=1, pooling="lasttoken", normalize=False, vocab_size=int(folder.config["vocab_size"]), prompts=prompts,
+        task="score", default_prompt=_default_prompt(folder, prompts), score_tokens=score_tokens,
+        pair_template=template, message_format=message_format, score_activation=score_activation(folder), **common,
+    )
+
+
+def _prompts(folder: ModelFolder) -> dict[str, str]:
+    """Input type -> the prefix put before its texts (config_sentence_transformers.json's ``prompts``)."""
+    return {str(k): str(v) for k, v in (folder.st_general.get("prompts") or {}).items()}
+
+
+def _default_prompt(folder: ModelFolder, prompts: dict[str, str]) -> str | None:
+    name = folder.st_general.get("default_prompt_name")
+    if name is None:
+        return None
+    if str(name) not in prompts:
+        raise ConfigError(
+            f"config_sentence_transformers.json: default_prompt_name {name!r} is not one of its prompts "
+            f"({', '.join(prompts) or 'none'})"
+        )
+    return str(name)
+
+
+def _truncate_dim(folder: ModelFolder) -> int | None:
+    value = folder.st_general.get("truncate_dim")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"config_sentence_transformers.json: truncate_dim {value!r} is not a positive integer")
+    return value
