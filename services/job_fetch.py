@@ -22,7 +22,7 @@ from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expi
 from shared.job_state import CANCELLED, JobState
 from shared.job_streams import job_bucket
 from shared.lifecycle import connect_within
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 from services.chunked_output import write_chunked
 from services.reindex_files import check_output_path, write_output, write_ragged
 
@@ -52,7 +52,7 @@ async def fetch(nats: NatsConfig, job: str, out: Path) -> int:
     ids = [d for part in parts for d in part.doc_ids]
     if form.output == "dense":
         rows = [part.rows for part in parts]
-        vectors = np.concatenate(rows) if rows else np.zeros((0, 0), FORMS[form.form][1])
+        vectors = np.concatenate(rows) if rows else np.zeros((0, 0), FORMS[form.form].dtype)
         write_output(out, ids, vectors, form.form, dim)
     else:
         write_ragged(out, ids, [row for part in parts for row in part.rows], form.output, form.form, dim)
@@ -78,7 +78,7 @@ def _write_chunks(out: Path, parts: list[Stored], form: JobForm, dim: int, state
     for part in parts:
         rows.add(part.batch, part.doc_ids, part.rows, part.chunks)
     table, vectors = rows.table()
-    write_chunked(out, table, np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form][1]), form.form, dim,
+    write_chunked(out, table, np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form].dtype), form.form, dim,
                   form.chunking.record())
     return _said(state, rows.complete, out, f" in {len(table.ids)} chunks")
 

@@ -5,7 +5,7 @@ reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns,
 one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
 durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet), in
-the form ``--embedding-type`` names (shared/quantize.py; the worker makes it).
+the form ``--embedding-type`` names (shared/vector_forms.py; the worker makes it).
 The job id is derived from the input, the model, the form and the chunking, so running the same
 command again after it was killed resumes the job: published batches are not sent again, collected
 results are read again; the same input in another form is another job. With ``--chunk-size`` the
@@ -31,7 +31,7 @@ from shared.job_publish import JobCancelled, JobSink, submit
 from shared.job_state import CANCELLED, DONE, STALLED, JobState
 from shared.job_streams import stream_names
 from shared.tracing import Tracer, bind
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 from services.chunked_output import write_chunked
 from services.reindex_files import write_output, write_ragged
 from services.reindex_plan import Plan, connect_checked
@@ -64,7 +64,7 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
     collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
-                          stream_names(subjects)["results"], plan.options.dtype, plan.results_check, plan.chunking is not None)
+                          stream_names(subjects)["results"], plan.form, plan.results_check, plan.chunking is not None)
     await collector.open()
     publisher = asyncio.create_task(submit(js, kv, subjects, job, plan.model, docs, plan.batch_size, plan.options,
                                            str(plan.path), tracer, chunking=plan.chunking,
@@ -178,7 +178,7 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
         said = f"{len(ids)} documents in {collector.chunks.chunks} chunks"
         if out is not None:
             table, rows = collector.chunks.table([d for d, _ in docs])
-            vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form][1])
+            vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form].dtype)
             write_chunked(out, table, vectors, plan.form, collector.dim, plan.chunking.record())
             said = f"{len(ids)} documents in {len(table.ids)} chunks"
     else:
@@ -186,7 +186,7 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
         ids = [d for d, _ in docs if d in got]
         said = f"{len(ids)} documents"
         if out is not None and plan.output == "dense":
-            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form][1])
+            vectors = np.stack([got[d] for d in ids]) if ids else np.zeros((0, 0), FORMS[plan.form].dtype)
             write_output(out, ids, vectors, plan.form, collector.dim)
         elif out is not None:
             write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)

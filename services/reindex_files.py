@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.config import ConfigError
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 from services.chunked_output import SIDECAR
 
 # output kind -> the file suffixes it is written to
@@ -19,7 +19,7 @@ OUTPUT_SUFFIXES = {"dense": (".npy", ".parquet"), "sparse": (".npz",), "multivec
 
 
 def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "float32", dim: int = 0) -> None:
-    """``vectors``: [n, stored_width(form, dim)] of the form's element type, written as they are (.npy:
+    """``vectors``: [n, width(dim)] of the form's element type, written as they are (.npy:
     that dtype; Parquet: a list column of it, with the form and ``dim`` in the schema's metadata)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".parquet":
@@ -73,7 +73,7 @@ def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str,
     counts = [len(item[0]) if output == "sparse" else len(item) for item in items]
     offsets = np.zeros(len(items) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    dtype = FORMS[form][1]
+    dtype = FORMS[form].dtype
     if output == "sparse":
         indices = np.concatenate([i for i, _ in items]).astype(np.int32) if items else np.zeros(0, np.int32)
         values = np.concatenate([v for _, v in items]).astype(dtype) if items else np.zeros(0, dtype)

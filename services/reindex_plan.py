@@ -25,7 +25,7 @@ from shared.job_fit import JobRefused, check_job, fleet_view, served
 from shared.lifecycle import connect_within
 from shared.tracing import TracingConfig
 from shared.protocol import EmbedOptions, ProtocolError
-from shared.quantize import FORMS, form_named
+from shared.vector_forms import FORMS, form_named
 from shared.text_chunks import JobChunking
 from services.reindex_files import check_output_path
 from services.reindex_chunking import check_room, chunking_of
@@ -39,7 +39,7 @@ class Plan:
 
     path: Path
     out: Path | None  # None: rows go to the sink only
-    form: str  # a shared/quantize.py FORMS name
+    form: str  # a vector form's name (shared/vector_forms.py)
     output: str  # "dense", "sparse" or "multivector"
     options: EmbedOptions
     tracing: TracingConfig
@@ -64,10 +64,10 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     path, out = Path(ns.input), Path(ns.out) if ns.out else None
     if out is None and not ns.sink:
         raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
-    form = form_named(ns.embedding_type)
+    form = form_named(ns.embedding_type).name
     output = ns.output
     try:
-        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form][0], output=output)
+        options = EmbedOptions(input_type=ns.input_type, dtype=FORMS[form].wire, output=output)
     except ProtocolError as exc:
         raise ConfigError(str(exc).replace("options.", "")) from None
     chunking = chunking_of(ns, output)

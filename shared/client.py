@@ -42,7 +42,6 @@ from shared.bundles import Item
 from shared.errors import ErrorCode, ServiceError
 from shared.request_outbox import Outbox
 from shared.protocol import (
-    VECTOR_DTYPES,
     ChunkLayout,
     ChunkRequest,
     DecodeRequest,
@@ -65,6 +64,7 @@ from shared.protocol import (
 from shared.subjects import Subjects
 from shared.text_chunks import ChunkSpec
 from shared.tracing import HEADER_BYTES, TraceContext, current, headers_for
+from shared.vector_forms import WIRE_FORMS
 
 log = logging.getLogger("embedfleet.client")
 
@@ -92,11 +92,11 @@ class Fleet(Protocol):
 
 @dataclass(slots=True)
 class EmbedOutcome:
-    vectors: np.ndarray  # [n, row_width(dtype, dim)] of VECTOR_DTYPES[dtype]
+    vectors: np.ndarray  # [n, width(dim)] of the form's element type
     tokens: int  # real tokens processed, special tokens included
     timings: dict[str, float]  # seconds per stage (tokenize, queue, inference): the slowest chunk's
     dim: int = 0  # components per row (a bit-packed row holds ceil(dim / 8) bytes)
-    dtype: str = "f4"  # the wire dtype name the rows came in (the request's options.dtype)
+    form: str = "float32"  # the vector form (shared/vector_forms.py) the rows came in: the request's options.form
     # sparse / tokens / multivector: per input, its (indices, values) or its [n, width] vectors (vectors is empty)
     ragged: list | None = None
 
@@ -111,7 +111,7 @@ class _Pending:
         self.future = future
         self.vectors: np.ndarray | None = None
         self.dim = 0
-        self.dtype = ""
+        self.dtype = ""  # the wire code of the first result's form
         self.ragged: list | None = None  # per input, for sparse / tokens / multivector results
         self.filled = np.zeros(self.total, dtype=bool)
         self.rows = 0
@@ -146,7 +146,7 @@ class _Pending:
         if result.total != count or end > count:
             raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
-            self.vectors = np.empty((0, 0) if ragged else (self.total, rows.shape[1]), dtype=VECTOR_DTYPES[result.dtype])
+            self.vectors = np.empty((0, 0) if ragged else (self.total, rows.shape[1]), dtype=WIRE_FORMS[result.dtype].dtype)
             self.dim, self.dtype = result.dim, result.dtype
             self.ragged = [None] * self.total if ragged else None
         elif (self.dim, self.dtype, self.ragged is not None) != (result.dim, result.dtype, ragged):
@@ -168,7 +168,8 @@ class _Pending:
         for stage, seconds in result.timings.items():
             self.timings[stage] = max(self.timings.get(stage, 0.0), seconds)
         if self.rows == self.total:
-            self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings, self.dim, self.dtype, self.ragged))
+            self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings, self.dim,
+                                                  WIRE_FORMS[self.dtype].name, self.ragged))
 
     def missing(self) -> np.ndarray:
         return np.flatnonzero(~self.filled)

@@ -15,6 +15,7 @@ from shared.bulkwork import close_pull
 from shared.job_chunks import ChunkedRows
 from shared.options import default
 from shared.protocol import JobResult, ProtocolError, decode_as
+from shared.vector_forms import WIRE_FORMS, vector_form
 
 log = logging.getLogger("embedfleet.jobs.collector")
 
@@ -67,12 +68,12 @@ class Collector:
     leaves it to the others). When the consumer is lost (a restarted server, a quiet spell with no
     answer) it is opened again after the last result read, so nothing is read twice or missed.
 
-    Rows are kept as they came (``dtype``, a wire name: the job's form); a result naming another job
-    or other documents than ``layout`` puts there (published into this job's subject by a client), of
-    another dtype or of another dimension than the first result's, or with chunks in a job without
+    Rows are kept as they came, in the job's ``form`` (shared/vector_forms.py); a result naming another
+    job or other documents than ``layout`` puts there (published into this job's subject by a client),
+    of another form or of another dimension than the first result's, or with chunks in a job without
     (or none in a ``chunked`` one), cannot belong to this job's output and is refused."""
 
-    def __init__(self, js, job: str, layout: Layout | None, subject: str, stream: str, dtype: str = "f4",
+    def __init__(self, js, job: str, layout: Layout | None, subject: str, stream: str, form: str = "float32",
                  quiet_check: float = default("results_check"), chunked: bool = False) -> None:
         self._js, self._job, self._layout, self._subject, self._stream = js, job, layout, subject, stream
         self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
@@ -82,9 +83,9 @@ class Collector:
         self._last = 0  # stream sequence of the last result read
         self._before: int | None = None  # the stream's last sequence when this run began: results up to it are an earlier run's
         self._quiet = 0
-        self.dtype = dtype
+        self.form = vector_form(form)
         self.dim = 0  # components per row, from the first result
-        self.got: dict[str, np.ndarray] = {}  # doc id -> [row_width(dtype, dim)]
+        self.got: dict[str, np.ndarray] = {}  # doc id -> [form.width(dim)]
         self.chunks: ChunkedRows | None = ChunkedRows() if chunked else None  # a chunked job's rows
         self._fresh: list[str] = []  # documents (of a job without chunks) completed since ``take_fresh``
 
@@ -184,9 +185,10 @@ class Collector:
                           "without" if result.chunks is None else "with", "of chunks" if self.chunks else "without")
                 await msg.term()
                 continue
-            if result.dtype != self.dtype or (self.dim and result.dim != self.dim):
+            if result.dtype != self.form.wire or (self.dim and result.dim != self.dim):
                 log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped", result.id,
-                          result.batch, result.dtype, result.dim, self.dtype, f" of dimension {self.dim}" if self.dim else "")
+                          result.batch, WIRE_FORMS[result.dtype].name, result.dim, self.form.name,
+                          f" of dimension {self.dim}" if self.dim else "")
                 await msg.term()
                 continue
             self.dim = result.dim

@@ -20,8 +20,9 @@ from typing import Mapping
 from shared.fleet import FleetView, FleetWatch
 from shared.model_dir.info import same_model
 from shared.protocol import EmbedOptions
-from shared.protocol.messages import VECTOR_DTYPES, row_bytes
+from shared.protocol.messages import row_bytes
 from shared.subjects import model_token
+from shared.vector_forms import WIRE_FORMS
 
 # bytes of a stored result besides its vectors and document ids: the message's other fields, the
 # job id (in the message and its subject; at most MAX_JOB_ID bytes each), the headers (message id,
@@ -67,7 +68,7 @@ class Served:
         """The most bytes one document's vectors of ``options`` take in a stored result."""
         dtype, output = options.dtype, options.output
         if output == "sparse":  # (id, value) entries, as many as vocabulary ids the model can weigh
-            return self.number("sparse_entries", "vocab_size") * (INDEX_BYTES + VECTOR_DTYPES[dtype].itemsize) + OFFSET_BYTES
+            return self.number("sparse_entries", "vocab_size") * (INDEX_BYTES + WIRE_FORMS[dtype].dtype.itemsize) + OFFSET_BYTES
         if output == "multivector":  # a vector per token, up to the model's token limit
             return self.number("max_seq_length") * row_bytes(dtype, self.number("multivector_dim", "dim")) + OFFSET_BYTES
         return row_bytes(dtype, self.number("dim"))

@@ -109,11 +109,10 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
                    docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None,
                    claim, chunking, sink: JobSink | None) -> JobState:
     from shared.protocol import JobBatch, encode
-    from shared.quantize import WIRE_FORMS
 
     claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
-    form = WIRE_FORMS[options.dtype]
+    form = options.form
 
     def start(state: JobState) -> JobState:
         problem = form_conflict(state, form, options.output) or was_cancelled(state)

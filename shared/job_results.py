@@ -22,9 +22,9 @@ from shared.bulkwork import close_pull
 from shared.job_state import FINISHED, JobState
 from shared.job_streams import stream_names
 from shared.protocol import ChunkRows, JobResult, ProtocolError, decode_as
-from shared.quantize import FORMS
 from shared.subjects import Subjects
 from shared.text_chunks import JobChunking
+from shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.job_results")
 
@@ -38,7 +38,7 @@ REOPENS = 3  # consumers lost in a row before the reader gives up
 
 @dataclass(frozen=True, slots=True)
 class JobForm:
-    """What a job's rows are: ``form`` (shared/quantize.py) and ``output`` (dense, sparse, multivector);
+    """What a job's rows are: ``form`` (shared/vector_forms.py) and ``output`` (dense, sparse, multivector);
     ``chunking`` (None: a row a document): a row a chunk, with its place."""
 
     form: str
@@ -57,12 +57,12 @@ class JobForm:
 
     @property
     def wire(self) -> str:
-        return FORMS[self.form][0]
+        return FORMS[self.form].wire
 
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """One stored result's rows: dense [n, stored_width] of the form's type; sparse a list of (indices,
+    """One stored result's rows: dense [n, width] of the form's type; sparse a list of (indices,
     values); multivector a list of [tokens, width] arrays. ``batch`` and ``start`` place them in the
     job's input (batch b's row r is document b·batch_size + start + r)."""
 

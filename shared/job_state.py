@@ -22,9 +22,9 @@ import orjson
 
 from shared.errors import ServiceError, shown
 from shared.progress import Ledger, Span
-from shared.quantize import FORMS
 from shared.sinks.base import Shape
 from shared.text_chunks import ChunkSpec, JobChunking
+from shared.vector_forms import FORMS
 
 RUNNING, DONE, DONE_WITH_ERRORS, CANCELLED, STALLED = "running", "done", "done_with_errors", "cancelled", "stalled"
 STATUSES = (RUNNING, DONE, DONE_WITH_ERRORS, CANCELLED, STALLED)
@@ -91,7 +91,7 @@ class JobState:
     input: str | None = None  # what the documents were read from ("inline", a file)
     documents: int | None = None
     batches: int = 0  # job batches the documents make
-    embedding_type: str | None = None  # a shared/quantize.py FORMS name
+    embedding_type: str | None = None  # a vector form's name (shared/vector_forms.py)
     output: str | None = None  # one of JOB_OUTPUTS
     chunking: JobChunking | None = None  # None: a vector a document
     request: str | None = None  # digest of the request (shared/job_requests.py)

@@ -1,4 +1,5 @@
-"""Every option of every ``embedfleet`` command, each declared once (``shared.option.Option``).
+"""The declarations: every option of every ``embedfleet`` command, each declared once as an
+``Option`` (the class and the value parsers are the machinery in shared/option.py).
 
 From this list are made: each command's argparse parser (``add_options``), the config dataclasses'
 fields that hold options (``setting``: the declared default, filled from the parsed options by
@@ -18,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 from shared.option import (
     ConfigError, Option, budget, non_negative_float, non_negative_int, port_number, positive_float, positive_int,
 )
-from shared.quantize import EMBEDDING_TYPES
+from shared.vector_forms import EMBEDDING_TYPES
 
 __all__ = ["ConfigError", "OPTIONS", "add_options", "arguments", "declared", "default", "env_names", "from_options",
            "markdown_table", "setting", "settings_of"]

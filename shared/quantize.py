@@ -1,4 +1,4 @@
-"""Vector forms an index stores: float32, float16, int8, uint8, binary and ubinary.
+"""Float rows made into each vector form (shared/vector_forms.py declares the forms), and back.
 
 The forms and their bytes per vector of dimension d:
 
@@ -25,27 +25,9 @@ import math
 
 import numpy as np
 
-# form -> (wire dtype name, numpy dtype of one stored element)
-FORMS: dict[str, tuple[str, np.dtype]] = {
-    "float32": ("f4", np.dtype("<f4")),
-    "float16": ("f2", np.dtype("<f2")),
-    "int8": ("i1", np.dtype("i1")),
-    "uint8": ("u1", np.dtype("u1")),
-    "binary": ("b1", np.dtype("i1")),
-    "ubinary": ("ub1", np.dtype("u1")),
-}
-WIRE_FORMS = {wire: form for form, (wire, _) in FORMS.items()}
-# what a request names the form by (the HTTP field ``embedding_type``, ``reindex --embedding-type``):
-# Cohere's and Jina's names, where ``float`` is float32; the form names themselves are accepted too
-EMBEDDING_TYPES: dict[str, str] = {"float": "float32", **{form: form for form in FORMS}}
+from shared.vector_forms import vector_form
+
 CLIP_SIGMAS = 4.0  # components beyond this many times 1/sqrt(d) (times the row's norm) are clipped
-
-
-def form_named(name: str) -> str:
-    """The form an ``embedding_type`` names; ValueError for a name that is none."""
-    if name not in EMBEDDING_TYPES:
-        raise ValueError(f"unknown embedding type {name!r} (known: {', '.join(EMBEDDING_TYPES)})")
-    return EMBEDDING_TYPES[name]
 
 
 def range_of(dim: int) -> float:
@@ -53,27 +35,15 @@ def range_of(dim: int) -> float:
     return min(1.0, CLIP_SIGMAS / math.sqrt(dim))
 
 
-def stored_width(form: str, dim: int) -> int:
-    """Elements stored per row of ``dim`` components (bytes, except float16/float32)."""
-    if form not in FORMS:
-        raise ValueError(f"unknown vector form {form!r} (known: {', '.join(FORMS)})")
-    return -(-dim // 8) if form in ("binary", "ubinary") else dim
-
-
-def row_bytes(form: str, dim: int) -> int:
-    return stored_width(form, dim) * FORMS[form][1].itemsize
-
-
 def quantize(vectors: np.ndarray, form: str) -> np.ndarray:
-    """[n, d] float -> [n, stored_width(form, d)] of the form's element type."""
-    if form not in FORMS:
-        raise ValueError(f"unknown vector form {form!r} (known: {', '.join(FORMS)})")
+    """[n, d] float -> [n, width(d)] of the form's (shared/vector_forms.py) element type."""
+    kind = vector_form(form)
     v = np.asarray(vectors, dtype=np.float32)
     if v.ndim != 2:
         raise ValueError("vectors must be a 2-D array")
-    if form in ("float32", "float16"):
-        return v.astype(FORMS[form][1], copy=False)
-    if form in ("binary", "ubinary"):
+    if kind.floating:
+        return v.astype(kind.dtype, copy=False)
+    if kind.packed:
         bits = np.packbits(v > 0, axis=1)
         return (bits.astype(np.int16) - 128).astype(np.int8) if form == "binary" else bits
     norms = np.linalg.norm(v, axis=1, keepdims=True)
@@ -86,9 +56,10 @@ def quantize(vectors: np.ndarray, form: str) -> np.ndarray:
 def dequantize(stored: np.ndarray, form: str, dim: int) -> np.ndarray:
     """An approximation of the float rows back (for tests and for clients that want floats): int8 and
     uint8 in units of their range (the scale of a normalised row); binary as +-1 per component."""
-    if form in ("float32", "float16"):
+    kind = vector_form(form)
+    if kind.floating:
         return np.asarray(stored, dtype=np.float32)
-    if form in ("binary", "ubinary"):
+    if kind.packed:
         packed = (stored.astype(np.int16) + 128).astype(np.uint8) if form == "binary" else stored
         bits = np.unpackbits(packed, axis=1)[:, :dim]
         return bits.astype(np.float32) * 2.0 - 1.0

@@ -29,8 +29,14 @@ from shared.options import default
 log = logging.getLogger("embedfleet.tracing")
 
 TRACEPARENT = "traceparent"
-# version-traceid-parentid-flags; a later version may append fields after a dash (the spec's rule)
-_HEADER = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[ -~]*)?$")
+# version-traceid-parentid-flags between optional spaces or tabs (HTTP's); a later version may append
+# fields after a dash (the spec's rule). The grammar is that of OpenTelemetry's
+# TraceContextTextMapPropagator, which tests/shared/test_tracing_propagator.py holds this parser to on a
+# table of valid and malformed values. It is parsed here rather than through the propagator: every
+# request at the gateway and every message at each hop parses one, and the propagator (a Context, a
+# NonRecordingSpan and a SpanContext a header) takes 4 to 5 times as long to read one and about 9 times
+# as long to write one (timeit, CPython 3.11: 6.5-7.4 against 1.4-1.8 us; 3.1-3.6 against 0.3-0.4 us).
+_HEADER = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
 _MAX_HEADER = 512  # a traceparent is 55 characters; anything far longer is refused unread
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 SAMPLED = 0x01
@@ -68,7 +74,7 @@ class TraceContext:
         a receiver that cannot parse it starts a new trace)."""
         if not value or len(value) > _MAX_HEADER:
             return None
-        m = _HEADER.match(value.strip())
+        m = _HEADER.match(value)
         if m is None:
             return None
         version, trace_id, span_id, flags, rest = m.groups()

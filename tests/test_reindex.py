@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from shared.config import ConfigError
-from shared.quantize import FORMS, quantize
+from shared.quantize import quantize
+from shared.vector_forms import FORMS
 from services.reindex_files import check_output_path, write_output
 
 
@@ -17,7 +18,7 @@ def test_npy_keeps_the_forms_dtype_and_packed_width(tmp_path, form):
     out = tmp_path / "v.npy"
     write_output(out, ["a", "b", "c", "d"], stored, form, 20)
     back = np.load(out)
-    assert back.dtype == FORMS[form][1] and back.shape == stored.shape and np.array_equal(back, stored)
+    assert back.dtype == FORMS[form].dtype and back.shape == stored.shape and np.array_equal(back, stored)
     assert json.loads(out.with_suffix(".ids.json").read_text()) == ["a", "b", "c", "d"]
 
 

@@ -27,7 +27,8 @@ from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir.info import same_model
 from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, Spans
-from shared.quantize import FORMS, WIRE_FORMS, quantize
+from shared.quantize import quantize
+from shared.vector_forms import FLOAT32, FORMS
 from shared.tracing import Tracer
 from shared.sinks import sink_for
 from services.gateway import cohere_api, health, late_chunking, models_api, openai_api, rerank_api, search_api, tei_api, tei_tasks
@@ -201,7 +202,7 @@ class Gateway:
     async def embeddings(self, request: Request) -> Response:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.model)
-        options = EmbedOptions(dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type][0])
+        options = EmbedOptions(dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire)
         outcome, chunks, form = await self.embed_texts(model, req.inputs, options, req.chunking)
         headers = self.stage_headers(outcome)
         if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
@@ -215,7 +216,7 @@ class Gateway:
         chunks when the rows are the chunks' (None: a row per input, ``"mean"`` included), the rows' form."""
         if chunking is None:
             outcome = await self.run_embed(model, inputs, options)
-            return outcome, None, rows_form(options.dtype, outcome.dtype)
+            return outcome, None, rows_form(options.form, outcome.form)
         outcome, chunks, form = await self.run_chunked(model, inputs.texts, options, chunking)
         return outcome, None if chunking.returns == "mean" else chunks, form
 
@@ -240,21 +241,20 @@ class Gateway:
         if chunking.late:
             late_chunking.check_model(model, (await self.discovery.view()).workers.get(model, {}))
         mean = chunking.returns == "mean"
-        asked = options.dtype
         async with self.admitted():
             layout = await self.client.chunk(model, texts, chunking.spec, options, self.cfg.request_timeout)
-        floats = dataclasses.replace(options, dtype="f4") if mean else options  # averaged in float32, then made the asked form
+        floats = dataclasses.replace(options, dtype=FLOAT32.wire) if mean else options  # averaged in float32, then made the asked form
         if chunking.late:
             outcome, chunks = await self.run_late(model, texts, layout, floats)
         else:
             pieces, chunks = chunk_texts(texts, layout)
             outcome = await self.run_embed(model, Inputs(pieces, None), floats)
-        form = rows_form(floats.dtype, outcome.dtype)
+        form = rows_form(floats.form, outcome.form)
         if mean:  # normalised as the chunks were: TEI's 'normalize' when sent, else the model's rule
             normalize = options.normalize if options.normalize is not None else (
                 (await self.discovery.view()).workers.get(model, {}).get("normalize", "true") == "true")
             vectors = mean_of_chunks(outcome.vectors, chunks, normalize)
-            form = WIRE_FORMS[asked]
+            form = options.form
             outcome = dataclasses.replace(outcome, vectors=quantize(vectors, form))
         return outcome, chunks, form
 
@@ -315,7 +315,7 @@ class Gateway:
         model = await self.resolve_model(tei_api.model_field(body))
         req = tei_api.parse_embed_all(body, self.limits, await self.offers(model))
         outcome = await self.run_embed(model, req.inputs, req.options)
-        form = WIRE_FORMS[req.options.dtype]
+        form = req.options.form
         return Response(tei_api.render_all(outcome.ragged, form), media_type="application/json",
                         headers=self.stage_headers(outcome))
 

@@ -1,6 +1,7 @@
 """Cohere's API as its SDK calls it: POST /v1/embed, /v2/embed and /v2/rerank (no I/O here).
 
-Embedding types: one request asks for one or more of float, int8, uint8, binary, ubinary and base64.
+Embedding types (shared/vector_forms.py's COHERE_TYPES): a request asks for one or more of float, int8, uint8,
+binary, ubinary and base64.
 When they all share one form (base64 is float32's bytes), the worker makes that form, as on the
 other routes; when they differ, the worker answers float32 once and each type is quantized here by
 ``shared.quantize.quantize``, the function the worker itself runs on the same float32 rows: the
@@ -18,7 +19,8 @@ import orjson
 
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions
-from shared.quantize import FORMS, quantize
+from shared.quantize import quantize
+from shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
 from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs, Limits, json_object, json_type, optional, parse_inputs, positive_dimensions
@@ -29,9 +31,6 @@ INPUT_TYPES = {"search_query": "query", "search_document": "document", "classifi
                "clustering": "clustering"}
 # truncate -> the side cut (None: over-long inputs are refused); Cohere's default is END
 TRUNCATE = {"NONE": None, "START": "left", "END": "right"}
-# Cohere's embedding type -> the form it is made in (shared/quantize.py)
-TYPE_FORMS = {"float": "float32", "int8": "int8", "uint8": "uint8", "binary": "binary", "ubinary": "ubinary",
-              "base64": "float32"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +48,11 @@ class CohereEmbed:
     @property
     def form(self) -> str:
         """The form the worker makes: the types' one form, or float32 for several (quantized here)."""
-        forms = {TYPE_FORMS[t] for t in self.types or ("float",)}
-        return forms.pop() if len(forms) == 1 else "float32"
+        forms = {COHERE_TYPES[t].name for t in self.types or ("float",)}
+        return forms.pop() if len(forms) == 1 else FLOAT32.name
 
     def options(self) -> EmbedOptions:
-        return EmbedOptions(dimensions=self.dimensions, dtype=FORMS[self.form][0], truncate=self.truncation is not None,
+        return EmbedOptions(dimensions=self.dimensions, dtype=FORMS[self.form].wire, truncate=self.truncation is not None,
                             truncation_direction=self.truncation or "right", input_type=self.input_type)
 
 
@@ -102,8 +101,8 @@ def _input_texts(raw: Any) -> list[str]:
 def _embedding_types(raw: Any) -> tuple[str, ...] | None:
     if raw is None:
         return None
-    known = ", ".join(f"'{t}'" for t in TYPE_FORMS)
-    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t in TYPE_FORMS for t in raw):
+    known = ", ".join(f"'{t}'" for t in COHERE_TYPES)
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t in COHERE_TYPES for t in raw):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'embedding_types' must be a non-empty list of {known}", "embedding_types")
     return tuple(dict.fromkeys(raw))  # each type once, in the order asked
 
@@ -136,11 +135,11 @@ def check_model_limits(param: str, cap: int | None, max_length: int, dimensions:
 
 def render_embed(req: CohereEmbed, request_id: str, vectors: np.ndarray, form: str, tokens: int,
                  chunks: list | None = None) -> bytes:
-    """``vectors``: [n, stored_width(form, dim)] rows of ``form`` (req.form). ``chunks``: per input its
+    """``vectors``: [n, width(dim)] rows of ``form`` (req.form). ``chunks``: per input its
     TextChunks, a row each (the rows input by input): the extension ``chunks`` then says where each row
     lies, ``{"index", "chunk", "start", "end"}``, aligned with every type's rows."""
     meta = {"api_version": {"version": str(req.version)}, "billed_units": {"input_tokens": tokens}}
-    stored = np.ascontiguousarray(vectors, dtype=FORMS[form][1])  # orjson serialises contiguous arrays only
+    stored = np.ascontiguousarray(vectors, dtype=FORMS[form].dtype)  # orjson serialises contiguous arrays only
     body: dict[str, Any] = {"id": request_id, "texts": req.inputs.texts, "meta": meta}
     if chunks is not None:
         body["chunks"] = chunk_places(chunks)
@@ -152,9 +151,9 @@ def render_embed(req: CohereEmbed, request_id: str, vectors: np.ndarray, form: s
 
 
 def _rows_of(kind: str, stored: np.ndarray, form: str) -> Any:
-    wanted = TYPE_FORMS[kind]
+    wanted = COHERE_TYPES[kind].name
     if wanted != form:
-        assert form == "float32", form  # several forms are only ever made from float32 rows
+        assert form == FLOAT32.name, form  # several forms are only ever made from float32 rows
         stored = quantize(stored, wanted)
     if kind == "base64":  # each row's little-endian float32 bytes
         return [base64.b64encode(row.tobytes()).decode() for row in stored]

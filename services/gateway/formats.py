@@ -1,6 +1,6 @@
 """Binary answers for clients that want them: raw little-endian rows, or a msgpack map.
 
-Rows are in the request's ``embedding_type`` (shared/quantize.py): float32 unless asked otherwise.
+Rows are in the request's ``embedding_type`` (shared/vector_forms.py): float32 unless asked otherwise.
 ``Accept: application/octet-stream`` gets the rows' bytes (row count, components, form and bytes per
 row in headers); ``Accept: application/msgpack`` gets ``{model, rows, dim, shape, dtype,
 embedding_type, data, usage}`` with ``data`` the same bytes, ``dtype`` numpy's name of one element and
@@ -14,15 +14,12 @@ import numpy as np
 from starlette.responses import Response
 
 from shared.errors import ErrorCode
-from shared.quantize import FORMS, WIRE_FORMS, stored_width
+from shared.vector_forms import FORMS, OCTET_DTYPES
 from services.gateway.errors import ApiError
 
 OCTET = "application/octet-stream"
 MSGPACK = "application/msgpack"
 _MSGPACK_ALIASES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
-# form -> the x-embedding-dtype header: what one row's bytes are
-DTYPE_HEADER = {"float32": "float32-le", "float16": "float16-le", "int8": "int8", "uint8": "uint8",
-                "binary": "binary", "ubinary": "ubinary"}
 
 
 def negotiate(accept: str | None) -> str:
@@ -37,26 +34,26 @@ def negotiate(accept: str | None) -> str:
 
 
 def rows_form(asked: str, answered: str) -> str:
-    """The form (shared/quantize.py) of rows that came back as wire dtype ``answered`` for a request
-    that asked for ``asked``: a worker that ignores the request's dtype (an older one) is an error,
-    not rows labelled as something they are not."""
+    """The form of rows that came back in form ``answered`` for a request that asked for ``asked``: a
+    worker that ignores the request's dtype (an older one) is an error, not rows labelled as something
+    they are not."""
     if answered != asked:
-        raise ApiError(ErrorCode.INTERNAL, f"a worker answered {WIRE_FORMS[answered]} rows to a request for "
-                       f"{WIRE_FORMS[asked]}: is it older than the gateway?")
-    return WIRE_FORMS[answered]
+        raise ApiError(ErrorCode.INTERNAL, f"a worker answered {answered} rows to a request for {asked}: "
+                       "is it older than the gateway?")
+    return answered
 
 
 def binary_response(
     kind: str, model: str, vectors: np.ndarray, tokens: int, headers: dict[str, str],
     form: str = "float32", dim: int | None = None,
 ) -> Response:
-    """``vectors``: [rows, stored_width(form, dim)] of the form's element type; ``dim``: components per
-    row (None: the row width, which it is for every form but the bit-packed ones)."""
-    rows = np.ascontiguousarray(vectors, dtype=FORMS[form][1])
+    """``vectors``: [rows, width(dim)] of the form's element type; ``dim``: components per row (None: the
+    row width, which it is for every form but the bit-packed ones)."""
+    rows = np.ascontiguousarray(vectors, dtype=FORMS[form].dtype)
     dim = rows.shape[1] if dim is None else dim
-    assert rows.shape[1] == stored_width(form, dim), (form, dim, rows.shape)
+    assert rows.shape[1] == FORMS[form].width(dim), (form, dim, rows.shape)
     if kind == "octet":
-        meta = {"x-embedding-rows": str(rows.shape[0]), "x-embedding-dim": str(dim), "x-embedding-dtype": DTYPE_HEADER[form],
+        meta = {"x-embedding-rows": str(rows.shape[0]), "x-embedding-dim": str(dim), "x-embedding-dtype": OCTET_DTYPES[form],
                 "x-embedding-row-bytes": str(rows.shape[1] * rows.itemsize), "x-prompt-tokens": str(tokens)}
         return Response(rows.tobytes(), media_type=OCTET, headers={**headers, **meta})
     body = msgpack.packb(

@@ -10,7 +10,7 @@ import orjson
 
 from shared.errors import ErrorCode
 from shared.protocol import MAX_DIMENSION
-from shared.quantize import EMBEDDING_TYPES, form_named
+from shared.vector_forms import EMBEDDING_TYPES, form_named
 from services.gateway.errors import ApiError
 
 MAX_TOKEN_ID = (1 << 31) - 1
@@ -111,10 +111,10 @@ def name_field(doc: dict, key: str) -> str | None:
 
 
 def embedding_form(doc: dict) -> str:
-    """The vector form (shared/quantize.py) that ``embedding_type`` names; float32 when it is absent."""
+    """The vector form (shared/vector_forms.py) that ``embedding_type`` names; float32 when it is absent."""
     name = optional(doc, "embedding_type", str, "float")
     try:
-        return form_named(name)
+        return form_named(name).name
     except ValueError:
         known = ", ".join(f"'{n}'" for n in EMBEDDING_TYPES)
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'embedding_type' must be one of {known}", "embedding_type") from None

@@ -27,7 +27,7 @@ from shared.job_streams import DUPLICATE_WINDOW, purge_wait
 from shared.options import default
 from shared.progress import Ledger
 from shared.protocol import EmbedOptions
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 from shared.sinks.writer import Sources, shape_for
 from shared.text_chunks import JobChunking
 from services.gateway.chunking import JOB_KEYS, parse_chunking
@@ -219,9 +219,9 @@ def _fields(doc: dict) -> tuple[int, EmbedOptions, str]:
     output = optional(doc, "output", str, "dense")
     if output not in JOB_OUTPUTS:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
-    if output == "sparse" and form not in ("float32", "float16"):
+    if output == "sparse" and not FORMS[form].floating:
         raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
-    return batch_size, EmbedOptions(input_type=input_type, dtype=FORMS[form][0], output=output), form
+    return batch_size, EmbedOptions(input_type=input_type, dtype=FORMS[form].wire, output=output), form
 
 
 def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:

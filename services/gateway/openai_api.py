@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from shared.errors import ErrorCode
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
@@ -26,7 +26,7 @@ class EmbeddingsRequest:
     encoding_format: str
     dimensions: int | None
     input_type: str | None = None
-    embedding_type: str = "float32"  # the vector form (shared/quantize.py); 'float' in the request is float32
+    embedding_type: str = "float32"  # the vector form (shared/vector_forms.py); 'float' in the request is float32
     chunking: Chunking | None = None  # long inputs cut into chunks (services/gateway/chunking.py)
 
     @property
@@ -56,13 +56,13 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
 
 def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str, form: str = "float32",
                       chunks: list | None = None) -> bytes:
-    """The OpenAI response body. ``vectors``: [n, stored_width(form, dim)] rows of ``form``.
+    """The OpenAI response body. ``vectors``: [n, width(dim)] rows of ``form``.
 
     "float": each row as JSON numbers, serialised by orjson straight from numpy (integers for int8,
     uint8 and the packed bytes of binary / ubinary, as Cohere answers them); "base64": each row's
     little-endian bytes in that form. ``chunks``: per input its TextChunks, one row each (the rows
     input by input): each item then names its input, its chunk and the chunk's characters."""
-    stored = vectors.astype(FORMS[form][1], copy=False)
+    stored = vectors.astype(FORMS[form].dtype, copy=False)
     if encoding_format == "base64":
         rows: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in stored]
     else:

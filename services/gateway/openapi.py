@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.quantize import EMBEDDING_TYPES
 from shared.text_chunks import BOUNDARIES
+from shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
 from services.gateway.chunking import RETURNS
-from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, TYPE_FORMS
+from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
 from services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
 
 _STR_OR_LIST = {
@@ -48,7 +48,7 @@ _BINARY = {
         "a map {model, rows, dim, shape, dtype, embedding_type, data, usage}: data holds the rows' bytes, "
         "shape [rows, stored elements per row] (ceil(dim / 8) for binary and ubinary), dtype numpy's name of one element")}},
 }
-# the vector form a request asks for (shared/quantize.py; README "Vector forms")
+# the vector form a request asks for (shared/vector_forms.py; README "Vector forms")
 _EMBEDDING_TYPE = {
     "type": "string",
     "enum": list(EMBEDDING_TYPES),
@@ -119,7 +119,7 @@ def _cohere_paths() -> dict[str, Any]:
     """Cohere's /v1/embed, /v2/embed (embed v1 and v2 of its SDK) and /v2/rerank."""
     error = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
     codes = (400, 401, 404, 422, 429, 503, 504)
-    types = {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(TYPE_FORMS)}, "description": (
+    types = {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(COHERE_TYPES)}, "description": (
         "the forms answered, each an array under its name in 'embeddings': float; int8 / uint8 (one fixed rule, see the "
         "README's Vector forms); binary / ubinary (packed sign bits); base64 (each row's float32 bytes)")}
     embed = {

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from shared.job_chunks import stored_columns
 from shared.job_results import JobForm, Stored
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 
 # a row group ends at this many documents or bytes of vectors: what the response holds before sending
 # them (a multivector document can hold a few hundred kB)
@@ -32,7 +32,7 @@ class ParquetStream:
 
     def __init__(self, form: JobForm) -> None:
         self._form = form
-        value = pa.from_numpy_dtype(FORMS[form.form][1])
+        value = pa.from_numpy_dtype(FORMS[form.form].dtype)
         self._type = {"dense": pa.list_(value), "multivector": pa.list_(pa.list_(value)),
                       "sparse": pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(value))])}[form.output]
         self._sink = io.BytesIO()

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from shared.errors import ErrorCode
 from shared.model_dir.info import same_model
 from shared.protocol import EmbedOptions
-from shared.quantize import FORMS
+from shared.vector_forms import FLOAT32
 from services.gateway import search_api
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs
@@ -48,7 +48,7 @@ class Search:
     async def answer(self, gw: Gateway, call: search_api.SearchCall) -> Response:
         model = await self._model(gw, call.model)
         reranker = await self._reranker(gw, call.rerank.model) if call.rerank is not None else None
-        options = EmbedOptions(input_type="query", dtype=FORMS["float32"][0])
+        options = EmbedOptions(input_type="query", dtype=FLOAT32.wire)
         outcome = await gw.run_embed(model, Inputs([call.query], None), options)
         started = time.perf_counter()
         hits = await self.store.search(model, outcome.vectors[0], call.top_k, call.where, gw.cfg.request_timeout)

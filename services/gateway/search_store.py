@@ -18,11 +18,13 @@ import numpy as np
 
 from shared.errors import ErrorCode
 from shared.sinks import Hit, Shape, Sink, SinkError
+from shared.vector_forms import FORMS
 from services.gateway.errors import ApiError
 
 log = logging.getLogger("embedfleet.gateway")
 
-SEARCHED_FORMS = ("float32", "float16")  # the dense forms every store searches by cosine
+# the dense forms every store searches by cosine: float32, float16
+SEARCHED_FORMS = tuple(name for name, form in FORMS.items() if form.floating)
 
 
 class SearchStore:

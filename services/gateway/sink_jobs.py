@@ -37,7 +37,6 @@ from shared.job_sources import SourcesLost, parts_of, publish_sources, read_sour
 from shared.job_publish import JobSink
 from shared.job_state import CANCELLED, JobState, JobStateError, Lease
 from shared.job_streams import stream_names
-from shared.quantize import FORMS
 from shared.sinks import Shape, Sink, SinkError, sink_for
 from shared.sinks.writer import SinkWriter, Sources
 from services.gateway.errors import ApiError
@@ -200,7 +199,7 @@ class SinkJobs:
 
     async def _write(self, job: str, sink: Sink, shape: Shape, sources: Sources, layout: Layout | None) -> None:
         collector = Collector(self._js, job, layout, self._subjects.results(job), stream_names(self._subjects)["results"],
-                              FORMS[shape.form][0], chunked=shape.chunked)
+                              shape.form, chunked=shape.chunked)
         writer = SinkWriter(sink, self._kv, job, sources, keep_vectors=False, said=lambda _text: None)
         try:
             await collector.open()

@@ -11,7 +11,7 @@ import orjson
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions, TokenizeResult
 from shared.protocol.messages import MAX_SPARSE_TOP_K
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import (
@@ -41,7 +41,7 @@ def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
         truncate=optional(doc, "truncate", bool, False),  # TEI's default: refuse over-long inputs
         truncation_direction=direction,
         prompt_name=name_field(doc, "prompt_name"),
-        dtype=FORMS[embedding_form(doc)][0],  # an extension: TEI answers float32 only
+        dtype=FORMS[embedding_form(doc)].wire,  # an extension: TEI answers float32 only
     )
     return EmbedRequest(inputs, options, parse_text_chunking(doc, inputs, "inputs"))
 
@@ -65,7 +65,7 @@ def parse_tokenize(body: bytes, limits: Limits) -> TokenizeRequest:
 
 def render_embed(vectors: np.ndarray, form: str = "float32") -> bytes:
     """Rows of ``form`` as JSON numbers (integers for int8, uint8 and the packed bytes of binary / ubinary)."""
-    return orjson.dumps(vectors.astype(FORMS[form][1], copy=False), option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(vectors.astype(FORMS[form].dtype, copy=False), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def render_embed_chunks(vectors: np.ndarray, form: str, chunks: list) -> bytes:
@@ -73,7 +73,7 @@ def render_embed_chunks(vectors: np.ndarray, form: str, chunks: list) -> bytes:
     ``{"chunk", "start", "end", "embedding"}``, ``inputs[i][start:end]`` being the chunk's text.
     ``vectors``: a row of ``form`` per chunk, input by input; ``chunks``: per input its TextChunks."""
     answer: list[list[dict]] = [[] for _ in chunks]
-    for place, row in zip(chunk_places(chunks), np.ascontiguousarray(vectors, dtype=FORMS[form][1])):
+    for place, row in zip(chunk_places(chunks), np.ascontiguousarray(vectors, dtype=FORMS[form].dtype)):
         answer[place.pop("index")].append({**place, "embedding": row})
     return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
@@ -156,7 +156,7 @@ def parse_embed_all(body: bytes, limits: Limits, offers: tuple[str, ...]) -> Emb
     input_type = optional(doc, "input_type", str)
     if input_type not in (None, "query", "document"):
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    options = EmbedOptions(output=output, dtype=FORMS[form][0], input_type=input_type,
+    options = EmbedOptions(output=output, dtype=FORMS[form].wire, input_type=input_type,
                            **_common_options(doc))
     return EmbedRequest(inputs, options)
 
@@ -170,5 +170,5 @@ def render_sparse(rows: list) -> bytes:
 
 def render_all(rows: list, form: str = "float32") -> bytes:
     """[[[...], ...], ...]: per input, a vector per token."""
-    dtype = FORMS[form][1]
+    dtype = FORMS[form].dtype
     return orjson.dumps([r.astype(dtype, copy=False) for r in rows], option=orjson.OPT_SERIALIZE_NUMPY)

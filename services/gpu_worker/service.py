@@ -31,7 +31,6 @@ from shared.metrics_server import serve_metrics
 from shared.protocol import (
     DELIVERY_CHECK,
     MAX_STAGES,
-    VECTOR_DTYPES,
     EmbedResult,
     ErrorReply,
     Held,
@@ -43,7 +42,8 @@ from shared.protocol import (
     encode,
     row_bytes,
 )
-from shared.quantize import FORMS, WIRE_FORMS, quantize
+from shared.quantize import quantize
+from shared.vector_forms import FORMS, WIRE_FORMS
 from shared.subjects import WORKER_QUEUE
 from shared.tracing import TraceContext, Tracer, bind, from_headers
 from services.gpu_worker.bulk import BulkFeeder
@@ -58,7 +58,7 @@ from services.gpu_worker.replies import Outgoing
 from services.gpu_worker.scheduler import Batch, Scheduler, Work
 from services.gpu_worker.spans import record_work
 
-FLOAT32 = FORMS["float32"][1]
+FLOAT32 = FORMS["float32"].dtype
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -443,10 +443,10 @@ class WorkerService:
         batch, opts, model = work.batch, work.batch.options, self._cfg.model
         if opts.output == "spans":  # a vector per span, made as a dense vector is
             floats = self._pooled(work)
-            return batch.spans.offsets.astype(np.int32), quantize(floats, WIRE_FORMS[opts.dtype]), None, floats.shape[1]
+            return batch.spans.offsets.astype(np.int32), quantize(floats, opts.form), None, floats.shape[1]
         if opts.output == "sparse":
             offsets, indices, values = sparse_rows(work.vectors, opts.sparse_threshold, opts.sparse_top_k)
-            return offsets, values.astype(VECTOR_DTYPES[opts.dtype]), indices, work.vectors.shape[1]
+            return offsets, values.astype(WIRE_FORMS[opts.dtype].dtype), indices, work.vectors.shape[1]
         drop = None
         skip_first = False
         if opts.output == "multivector":
@@ -455,7 +455,7 @@ class WorkerService:
             if spec.skiplist_ids and (opts.input_type or "document") in spec.skiplist_tasks:
                 drop = np.asarray(spec.skiplist_ids, dtype=np.int32)
         offsets, rows = token_rows(work.vectors, batch.input_ids, batch.cu_seqlens, skip_first, drop)
-        return offsets, quantize(rows, WIRE_FORMS[opts.dtype]), None, rows.shape[1]
+        return offsets, quantize(rows, opts.form), None, rows.shape[1]
 
     async def _reply(self, work: Work, outgoing: Outgoing) -> None:
         """Answer a finished ``work``: bulk work is stored, online replies are added to ``outgoing``."""
@@ -465,7 +465,7 @@ class WorkerService:
         batch, opts = work.batch, work.batch.options
         floats = self._pooled(work)
         dim = floats.shape[1]
-        out = quantize(floats, WIRE_FORMS[opts.dtype])  # the form the request asked for (float32: as is)
+        out = quantize(floats, opts.form)  # the form the request asked for (float32: as is)
         if work.source is not None:
             self._bulk.answer_soon(work, out, opts.dtype, dim)  # stored while the engine runs the next batch
             return

@@ -24,14 +24,14 @@ from shared.protocol.checks import MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_ROWS, MAX_S
 from shared.protocol.codec import Message, decode, decode_as, encode
 from shared.protocol.spans import Spans
 from shared.protocol.messages import (
-    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, PACKED_DTYPES, POOLED_OUTPUTS, RAGGED_OUTPUTS, SPARSE_DTYPES, VECTOR_DTYPES, VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
+    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, POOLED_OUTPUTS, RAGGED_OUTPUTS, SPARSE_DTYPES, VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
     JobResult, LoadReport, Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes,
     row_width,
 )
 
 __all__ = [
-    "DELIVERY_CHECK", "MAX_BUNDLE", "MAX_DIMENSION", "OUTPUTS", "POOLED_OUTPUTS", "RAGGED_OUTPUTS", "Spans", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VECTOR_DTYPES", "PACKED_DTYPES", "VERSION",
+    "DELIVERY_CHECK", "MAX_BUNDLE", "MAX_DIMENSION", "OUTPUTS", "POOLED_OUTPUTS", "RAGGED_OUTPUTS", "Spans", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VERSION",
     "ChunkLayout", "ChunkRequest", "ChunkRows", "DecodeRequest", "DecodeResult", "EmbedOptions", "EmbedRequest", "EmbedResult", "ErrorReply", "Held", "JobBatch", "JobResult", "LoadReport", "Message", "Replies", "Requests",
     "ProtocolError", "RerankRequest", "RerankResult", "TokenChunk", "TokenizeRequest", "TokenizeResult", "decode",
     "decode_as", "encode", "row_bytes", "row_width",

@@ -17,26 +17,22 @@ from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
 from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import Spans
 from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
+from shared.vector_forms import FLOAT32, WIRE_FORMS
 
 # the key layout written and read (docs/protocol.md), in which a key means one thing across all
 # messages; a message of another version is refused
 VERSION = 2
 
-# dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
-# the bit-packed forms (b1: bytes shifted into int8, ub1: plain bytes; 8 components a byte), see
-# shared/quantize.py
-VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2"), "i1": np.dtype("i1"), "u1": np.dtype("u1"),
-                 "b1": np.dtype("i1"), "ub1": np.dtype("u1")}
-PACKED_DTYPES = ("b1", "ub1")
 
-
+# vectors' dtypes on the wire are the forms' codes (shared/vector_forms.py's WIRE_FORMS): f4 f2 i1 u1,
+# and the bit-packed b1 (bytes shifted into int8) and ub1 (plain bytes), 8 components a byte
 def row_width(dtype: str, dim: int) -> int:
     """Stored elements per row of ``dim`` components: ``dim``, or ceil(dim / 8) for the bit-packed forms."""
-    return -(-dim // 8) if dtype in PACKED_DTYPES else dim
+    return WIRE_FORMS[dtype].width(dim)
 
 
 def row_bytes(dtype: str, dim: int) -> int:
-    return row_width(dtype, dim) * VECTOR_DTYPES[dtype].itemsize
+    return WIRE_FORMS[dtype].row_bytes(dim)
 
 MAX_DIMENSION = 1 << 20  # a vector's components: a sparse vector has one per vocabulary entry
 MAX_SPARSE_TOP_K = MAX_DIMENSION
@@ -51,7 +47,7 @@ MAX_SPARSE_TOP_K = MAX_DIMENSION
 OUTPUTS = ("dense", "sparse", "tokens", "multivector", "spans")
 RAGGED_OUTPUTS = ("tokens", "multivector", "spans")  # several rows per input: results carry per-input offsets
 POOLED_OUTPUTS = ("dense", "spans")  # vectors made by the model's post-pooling stack: dimensions apply
-SPARSE_DTYPES = ("f4", "f2")  # a sparse vector's values
+SPARSE_DTYPES = tuple(form.wire for form in WIRE_FORMS.values() if form.floating)  # a sparse vector's values
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +56,7 @@ class EmbedOptions:
 
     normalize: bool | None = None  # None: as the model's modules.json says
     dimensions: int | None = None  # Matryoshka truncation (then renormalised when normalising)
-    dtype: str = "f4"  # a VECTOR_DTYPES name: "f4" | "f2" | "i1" | "u1" | "b1" | "ub1"
+    dtype: str = FLOAT32.wire  # a form's wire code (WIRE_FORMS): "f4" | "f2" | "i1" | "u1" | "b1" | "ub1"
     truncate: bool = True  # False: an input over the model limit is an error
     truncation_direction: str = "right"  # "right" keeps the start of an input, "left" its end
     prompt_name: str | None = None  # a prompt of the model that must exist (TEI prompt_name)
@@ -95,13 +91,18 @@ class EmbedOptions:
             not is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
         ):
             raise ProtocolError("options.dimensions must be a positive integer")
-        if not isinstance(self.dtype, str) or self.dtype not in VECTOR_DTYPES:
-            raise ProtocolError(f"options.dtype must be one of {sorted(VECTOR_DTYPES)}")
+        if not isinstance(self.dtype, str) or self.dtype not in WIRE_FORMS:
+            raise ProtocolError(f"options.dtype must be one of {sorted(WIRE_FORMS)}")
         # after the check above: only a known (short) dtype is echoed back
         if self.output == "sparse" and self.dtype not in SPARSE_DTYPES:
             raise ProtocolError(f"sparse values are sent as {' or '.join(SPARSE_DTYPES)}, not {self.dtype!r}")
         if not isinstance(self.truncate, bool):
             raise ProtocolError("options.truncate must be a boolean")
+
+    @property
+    def form(self) -> str:
+        """The name of the vector form ``dtype`` codes (shared/vector_forms.py)."""
+        return WIRE_FORMS[self.dtype].name
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -123,7 +124,7 @@ class EmbedOptions:
         return cls(
             normalize=m.get("n"),
             dimensions=m.get("d"),
-            dtype=m.get("dt", "f4"),
+            dtype=m.get("dt", FLOAT32.wire),
             truncate=m.get("tr", True),
             truncation_direction=m.get("td", "right"),
             prompt_name=m.get("pn"),
@@ -445,7 +446,7 @@ class JobResult:
 
 
 def _payload(data: bytes, dtype: str, dim: int, sparse: bool) -> np.ndarray:
-    values = np.frombuffer(data, dtype=VECTOR_DTYPES[dtype])
+    values = np.frombuffer(data, dtype=WIRE_FORMS[dtype].dtype)
     return values if sparse else values.reshape(-1, row_width(dtype, dim))
 
 

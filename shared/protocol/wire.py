@@ -13,7 +13,7 @@ from shared.protocol.checks import (
     required_int, required_number, str_list, timings_field,
 )
 from shared.protocol.messages import (
-    MAX_DIMENSION, SPARSE_DTYPES, VECTOR_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
+    MAX_DIMENSION, SPARSE_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
     EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, Requests, RerankRequest, RerankResult,
     TokenChunk,
     TokenizeRequest, TokenizeResult,
@@ -21,6 +21,7 @@ from shared.protocol.messages import (
 from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
 from shared.text_chunks import ChunkSpec, JobChunking
+from shared.vector_forms import FLOAT32, WIRE_FORMS
 
 
 def _tokens_wire(ids: np.ndarray) -> bytes:
@@ -40,7 +41,7 @@ def _ragged_wire(offsets: np.ndarray | None, indices: np.ndarray | None) -> dict
 def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = False) -> tuple[int, np.ndarray | None, np.ndarray | None]:
     """Check a result payload against its dtype, dimension and optional offsets / indices (all before any
     array is made from them); returns (inputs it holds, offsets, indices)."""
-    if dtype not in VECTOR_DTYPES:
+    if dtype not in WIRE_FORMS:
         raise ProtocolError(f"unknown vector dtype {shown(dtype)}")
     if not 0 < dim <= MAX_DIMENSION:
         raise ProtocolError("dimension out of range")
@@ -49,7 +50,7 @@ def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = Fa
         if dtype not in SPARSE_DTYPES or m.get("of") is None:
             raise ProtocolError(f"sparse results hold {' or '.join(SPARSE_DTYPES)} values and per-input offsets")
         indices = int32_array(required(m, "ix", bytes), "indices")
-        if len(data) != len(indices) * VECTOR_DTYPES[dtype].itemsize:
+        if len(data) != len(indices) * WIRE_FORMS[dtype].dtype.itemsize:
             raise ProtocolError("sparse results need one value per index")
         if len(indices) and (indices.min() < 0 or indices.max() >= dim):
             raise ProtocolError(f"sparse indices must be in [0, {dim})")
@@ -463,7 +464,7 @@ def _encode_rerank_request(msg: RerankRequest) -> dict[str, Any]:
     body = {"id": msg.id, "m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
             "rs": msg.raw_scores, "tr": msg.truncate, "rt": msg.return_text}
     if msg.vectors is not None:
-        body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=VECTOR_DTYPES["f4"]).tobytes(), "cd": msg.vectors.shape[1]}
+        body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=FLOAT32.dtype).tobytes(), "cd": msg.vectors.shape[1]}
     return body
 
 
@@ -480,7 +481,7 @@ def _decode_rerank_request(m: dict) -> RerankRequest:
                                 f"{MAX_DIMENSION}")
         if texts:
             raise ProtocolError("give candidates as texts or as vectors, not both")
-        vectors = np.frombuffer(data, dtype=VECTOR_DTYPES["f4"]).reshape(-1, dim)
+        vectors = np.frombuffer(data, dtype=FLOAT32.dtype).reshape(-1, dim)
         if len(vectors) > MAX_ROWS or not np.isfinite(vectors).all():
             raise ProtocolError(f"candidate vectors: at most {MAX_ROWS}, of finite values")
     return RerankRequest(
@@ -499,7 +500,7 @@ def _decode_rerank_request(m: dict) -> RerankRequest:
 
 def _encode_rerank_result(msg: RerankResult) -> dict[str, Any]:
     body = {"id": msg.id, "ci": _tokens_wire(msg.indices),
-            "sc": np.ascontiguousarray(msg.scores, dtype=VECTOR_DTYPES["f4"]).tobytes()}
+            "sc": np.ascontiguousarray(msg.scores, dtype=FLOAT32.dtype).tobytes()}
     if msg.texts is not None:
         body["x"] = msg.texts
     return body
@@ -514,7 +515,7 @@ def _decode_rerank_result(m: dict) -> RerankResult:
     if texts is not None and len(texts) != len(indices):
         raise ProtocolError("texts and indices differ in length")
     return RerankResult(
-        id=checked_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=VECTOR_DTYPES["f4"]), texts=texts,
+        id=checked_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=FLOAT32.dtype), texts=texts,
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from shared.sinks.base import Hit, Rows, Shape, SinkError
+from shared.vector_forms import FORMS
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -54,7 +55,7 @@ class LanceSink:
                             "store these in files or another sink", retryable=False)
         if shape.output == "multivector":
             vector = pa.list_(pa.list_(pa.float32(), shape.dim))
-        elif shape.form in ("binary", "ubinary"):
+        elif FORMS[shape.form].packed:
             vector = pa.list_(pa.uint8(), -(-shape.dim // 8))
         else:
             vector = pa.list_(pa.float16() if shape.form == "float16" else pa.float32(), shape.dim)

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from shared.sinks.base import Hit, Rows, Shape, SinkError
+from shared.vector_forms import FLOAT32, FORMS
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # pgvector's type, its HNSW operator class and distance operator, by the job's form (sparse: by output)
@@ -33,8 +34,9 @@ _INDEX_LIMITS = {"vector": 2000, "halfvec": 4000, "bit": 64000}
 # pgvector releases that brought a type (or its HNSW operator class); the bit type itself is PostgreSQL's
 _SINCE = {"halfvec": (0, 7), "sparsevec": (0, 7), "bit": (0, 7)}
 _RETRYABLE_CLASSES = ("08", "53", "57", "40", "58")  # connection, resources, operator, rollback, system
-# a column's type -> the rows' form (bits: binary and ubinary rows are the same bits; say ubinary)
-_FORMS = {"vector": "float32", "halfvec": "float16", "bit": "ubinary", "sparsevec": "float32"}
+# a column's type -> the form its rows are read as, from _TYPES: bits as ubinary (binary rows are the same
+# bits, each byte shifted), a sparsevec's values as float32
+_FORMS = {kind: FLOAT32.name if key == "sparse" else key for key, (kind, _, _) in _TYPES.items() if key != "binary"}
 _COLUMN = re.compile(r"^(\w+)\((\d+)\)$")  # format_type's "vector(384)"
 
 
@@ -164,7 +166,7 @@ class PgVectorSink:
         vectors = np.asarray(rows.vectors)
         if shape.form == "float16":
             return [HalfVector(v) for v in vectors.astype(np.float16)]
-        if shape.form in ("binary", "ubinary"):  # packed bits (binary: each byte shifted by -128)
+        if FORMS[shape.form].packed:  # packed bits (binary: each byte shifted by -128)
             packed = (vectors.astype(np.int16) + 128).astype(np.uint8) if shape.form == "binary" else vectors.astype(np.uint8)
             return [Bit(bits[: shape.dim]) for bits in np.unpackbits(packed, axis=1).astype(bool)]
         return [Vector(v) for v in vectors.astype(np.float32)]

@@ -25,6 +25,8 @@ from shared.sinks.base import Hit, Rows, Shape, SinkError
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,254}$")
 _IDS = uuid.UUID("6f0e3c0a-53a4-4c8e-9d3b-7a1f4b2e9c10")  # the namespace of point ids
 _NAMES = {"dense": "dense", "sparse": "sparse", "multivector": "multivector"}  # the named vector of each output
+# the forms Qdrant stores, each as its datatype of the same name
+_DATATYPES = ("float32", "float16", "uint8")
 
 
 def point_id(doc_id: str, chunk: int | None) -> str:
@@ -80,13 +82,12 @@ class QdrantSink:
 
         if shape.output == "sparse":
             return {}, {_NAMES["sparse"]: models.SparseVectorParams()}
-        kinds = {"float32": models.Datatype.FLOAT32, "float16": models.Datatype.FLOAT16, "uint8": models.Datatype.UINT8}
-        if shape.form not in kinds:
+        if shape.form not in _DATATYPES:
             raise SinkError(f"Qdrant stores float32, float16 and uint8 vectors, not {shape.form}: store float32 (and "
                             "turn on Qdrant's own binary or scalar quantization) or use another sink", retryable=False)
         multi = (models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
                  if shape.output == "multivector" else None)
-        params = models.VectorParams(size=shape.dim, distance=models.Distance.COSINE, datatype=kinds[shape.form],
+        params = models.VectorParams(size=shape.dim, distance=models.Distance.COSINE, datatype=models.Datatype(shape.form),
                                      multivector_config=multi)
         return {_NAMES[shape.output]: params}, {}
 
@@ -113,7 +114,6 @@ class QdrantSink:
                             "collection", retryable=False)
 
     def attach(self) -> Shape:
-        forms = {"float32": "float32", "float16": "float16", "uint8": "uint8"}  # Qdrant's datatype -> form
         try:
             client = self._connect()
             if not client.collection_exists(self.collection):
@@ -129,7 +129,7 @@ class QdrantSink:
         vectors = config.vectors if isinstance(config.vectors, dict) else {}
         if (params := vectors.get(_NAMES["dense"])) is not None:
             datatype = params.datatype.value if params.datatype is not None else "float32"
-            self._shape = Shape(forms.get(datatype, "float32"), "dense", params.size, chunked)
+            self._shape = Shape(datatype if datatype in _DATATYPES else "float32", "dense", params.size, chunked)
         elif (params := vectors.get(_NAMES["multivector"])) is not None:
             self._shape = Shape("float32", "multivector", params.size, chunked)
         elif _NAMES["sparse"] in (config.sparse_vectors or {}):

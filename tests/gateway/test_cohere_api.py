@@ -6,7 +6,8 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions
-from shared.quantize import FORMS, quantize
+from shared.quantize import quantize
+from shared.vector_forms import FORMS
 from shared.text_chunks import ChunkSpec, TextChunk
 from services.gateway.chunking import Chunking
 from services.gateway.cohere_api import check_model_limits, parse_embed, parse_rerank, render_embed, render_rerank
@@ -55,7 +56,7 @@ def test_truncate_sides(truncate, options):
 ])
 def test_the_worker_makes_the_types_one_form_or_float32(types, form):
     r = _parse({"texts": ["a"], "embedding_types": types})
-    assert r.form == form and r.options().dtype == FORMS[form][0]
+    assert r.form == form and r.options().dtype == FORMS[form].wire
 
 
 def test_v2_fields():

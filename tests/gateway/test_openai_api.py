@@ -5,7 +5,8 @@ import orjson
 import pytest
 
 from shared.errors import ErrorCode
-from shared.quantize import FORMS, quantize, stored_width
+from shared.quantize import quantize
+from shared.vector_forms import FORMS
 from services.gateway.errors import TABLE, ApiError
 from services.gateway.inputs import Limits
 from services.gateway.openai_api import parse_embeddings_request, render_embeddings
@@ -95,7 +96,7 @@ def test_render_each_form_as_numbers_and_as_base64(form):
     floats = np.random.default_rng(1).standard_normal((3, 20)).astype(np.float32)
     floats /= np.linalg.norm(floats, axis=1, keepdims=True)
     stored = quantize(floats, form)
-    assert stored.shape == (3, stored_width(form, 20))
+    assert stored.shape == (3, FORMS[form].width(20))
     as_numbers = orjson.loads(render_embeddings("m", stored, 7, "float", form))
     rows = [d["embedding"] for d in as_numbers["data"]]
     assert all(len(row) == stored.shape[1] for row in rows)
@@ -105,8 +106,8 @@ def test_render_each_form_as_numbers_and_as_base64(form):
         assert all(type(x) is int for row in rows for x in row)
         assert np.array_equal(np.array(rows), stored.astype(np.int64))
     as_b64 = orjson.loads(render_embeddings("m", stored, 7, "base64", form))
-    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), FORMS[form][1]) for d in as_b64["data"]])
-    assert decoded.dtype == FORMS[form][1] and np.array_equal(decoded, stored)
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), FORMS[form].dtype) for d in as_b64["data"]])
+    assert decoded.dtype == FORMS[form].dtype and np.array_equal(decoded, stored)
     assert len(base64.b64decode(as_b64["data"][0]["embedding"])) == stored.shape[1] * stored.itemsize
 
 

@@ -5,7 +5,8 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import TokenizeResult
-from shared.quantize import FORMS, quantize
+from shared.quantize import quantize
+from shared.vector_forms import FORMS
 from shared.text_chunks import ChunkSpec, TextChunk
 from services.gateway.auth import ApiKeys
 from services.gateway.chunking import Chunking
@@ -124,7 +125,7 @@ def test_render_embed_keeps_integers_integers():
 def test_binary_bodies_carry_each_forms_dtype_and_shape(form):
     floats = np.random.default_rng(3).standard_normal((3, 20)).astype(np.float32)
     stored = quantize(floats, form)  # [3, 20] or, bit-packed, [3, 3]
-    width, element = stored.shape[1], FORMS[form][1]
+    width, element = stored.shape[1], FORMS[form].dtype
     octet = binary_response("octet", "m", stored, 5, {}, form, 20)
     assert (octet.headers["x-embedding-rows"], octet.headers["x-embedding-dim"]) == ("3", "20")
     assert octet.headers["x-embedding-row-bytes"] == str(width * element.itemsize)
@@ -137,9 +138,9 @@ def test_binary_bodies_carry_each_forms_dtype_and_shape(form):
 
 
 def test_rows_of_another_form_than_asked_are_an_error():
-    assert rows_form("b1", "b1") == "binary"
+    assert rows_form("binary", "binary") == "binary"
     with pytest.raises(ApiError) as err:
-        rows_form("i1", "f4")
+        rows_form("int8", "float32")
     assert err.value.status == 500 and "float32 rows to a request for int8" in err.value.message
 
 
@@ -168,5 +169,5 @@ def test_render_embed_chunks_lists_each_inputs_chunks_with_their_offsets(form):
     assert [[{k: v for k, v in c.items() if k != "embedding"} for c in one] for one in got] == [
         [{"chunk": 0, "start": 0, "end": 10}, {"chunk": 1, "start": 8, "end": 20}], [{"chunk": 0, "start": 0, "end": 4}]]
     vectors = [c["embedding"] for one in got for c in one]
-    np.testing.assert_array_equal(np.array(vectors, FORMS[form][1]), rows)
+    np.testing.assert_array_equal(np.array(vectors, FORMS[form].dtype), rows)
     assert form == "float32" or all(type(v) is int for row in vectors for v in row)

@@ -11,7 +11,8 @@ import numpy as np
 import openai
 import pytest
 
-from shared.quantize import FORMS, dequantize, quantize
+from shared.quantize import dequantize, quantize
+from shared.vector_forms import FORMS
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 
@@ -44,9 +45,9 @@ def _ints(r: httpx.Response, form: str) -> np.ndarray:
     """The JSON rows of an integer form: integers, in the form's range."""
     rows = _rows(r)
     assert all(type(x) is int for row in rows for x in row)
-    info = np.iinfo(FORMS[form][1])
+    info = np.iinfo(FORMS[form].dtype)
     assert min(map(min, rows)) >= info.min and max(map(max, rows)) <= info.max
-    return np.array(rows, dtype=FORMS[form][1])
+    return np.array(rows, dtype=FORMS[form].dtype)
 
 
 def _signs(stored: np.ndarray, form: str, dim: int) -> np.ndarray:
@@ -117,15 +118,15 @@ def test_float16_rows_are_the_float_rows_rounded(stack, texts, floats):
 def test_base64_decodes_to_the_json_numbers(stack, texts, floats, form):
     numbers = np.array(_rows(_embed(stack, texts, embedding_type=form)))
     encoded = _rows(_embed(stack, texts, embedding_type=form, encoding_format="base64"))
-    decoded = np.stack([np.frombuffer(base64.b64decode(row), FORMS[form][1]) for row in encoded])
+    decoded = np.stack([np.frombuffer(base64.b64decode(row), FORMS[form].dtype) for row in encoded])
     assert decoded.shape == numbers.shape
     if form == "float16":
         np.testing.assert_allclose(decoded.astype(np.float32), numbers, atol=1e-3)
     elif form in ("int8", "uint8"):
-        _assert_within_a_step(decoded, numbers.astype(FORMS[form][1]))
+        _assert_within_a_step(decoded, numbers.astype(FORMS[form].dtype))
     else:
         _assert_signs_match(decoded, form, floats)
-        _assert_signs_match(numbers.astype(FORMS[form][1]), form, floats)
+        _assert_signs_match(numbers.astype(FORMS[form].dtype), form, floats)
 
 
 def test_forms_with_matryoshka_dimensions(stack, texts):

@@ -7,7 +7,7 @@ import pytest
 
 from shared.config import ConfigError
 from shared.documents import job_id_for, read_documents, read_fields, read_input
-from shared.quantize import FORMS
+from shared.vector_forms import FORMS
 
 
 def test_job_id_differs_by_form_and_not_otherwise(tmp_path: Path):

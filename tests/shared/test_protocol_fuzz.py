@@ -27,13 +27,14 @@ from services.tokenizer.bulk import describe as describe_job_batch
 from shared.bulkwork import BatchInfo, job_from_msg_id
 from shared.errors import GATEWAY_ONLY, ErrorCode
 from shared.protocol import (
-    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, POOLED_OUTPUTS, SPARSE_DTYPES, Spans, VECTOR_DTYPES, ChunkLayout,
+    MAX_DIMENSION, MAX_ID, MAX_NAME, MAX_ROWS, OUTPUTS, POOLED_OUTPUTS, SPARSE_DTYPES, Spans, ChunkLayout,
     ChunkRequest, ChunkRows, DecodeRequest, DecodeResult, EmbedOptions, Held, Replies,
     EmbedRequest, EmbedResult, ErrorReply,
     JobBatch, JobResult, LoadReport, Message, ProtocolError, RerankRequest, RerankResult, TokenChunk, TokenizeRequest,
     TokenizeResult, VERSION, decode, decode_as, encode, row_bytes,
 )
 from shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
+from shared.vector_forms import WIRE_FORMS
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -58,7 +59,7 @@ def options(draw, outputs: tuple[str, ...] = OUTPUTS) -> EmbedOptions:
     return EmbedOptions(
         normalize=draw(st.none() | st.booleans()),
         dimensions=draw(st.none() | st.integers(1, MAX_DIMENSION)) if output in POOLED_OUTPUTS else None,
-        dtype=draw(st.sampled_from(sorted(SPARSE_DTYPES if output == "sparse" else VECTOR_DTYPES))),
+        dtype=draw(st.sampled_from(sorted(SPARSE_DTYPES if output == "sparse" else WIRE_FORMS))),
         truncate=draw(st.booleans()) and output != "spans",
         truncation_direction=draw(st.sampled_from(["right", "left"])),
         prompt_name=draw(st.none() | st.text(max_size=20)),
@@ -162,7 +163,7 @@ def payloads(draw, inputs: int) -> dict:
     multivector) or (index, value) pairs (sparse)."""
     kind = draw(st.sampled_from(["dense", "ragged", "sparse"]))
     dim = draw(st.integers(1, 16))
-    dtype = draw(st.sampled_from(sorted(SPARSE_DTYPES if kind == "sparse" else VECTOR_DTYPES)))
+    dtype = draw(st.sampled_from(sorted(SPARSE_DTYPES if kind == "sparse" else WIRE_FORMS)))
     if kind == "dense":
         size = inputs * row_bytes(dtype, dim)  # bit-packed forms: ceil(dim / 8) bytes a row
         return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)))
@@ -172,7 +173,7 @@ def payloads(draw, inputs: int) -> dict:
     if kind == "ragged":
         size = entries * row_bytes(dtype, dim)
         return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets)
-    size = entries * VECTOR_DTYPES[dtype].itemsize
+    size = entries * WIRE_FORMS[dtype].dtype.itemsize
     indices = np.array(draw(st.lists(st.integers(0, dim - 1), min_size=entries, max_size=entries)), dtype="<i4")
     return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets, indices=indices)
 

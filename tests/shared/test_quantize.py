@@ -4,7 +4,8 @@ reference for the bit-packed forms)."""
 import numpy as np
 import pytest
 
-from shared.quantize import FORMS, dequantize, quantize, range_of, row_bytes, stored_width
+from shared.quantize import dequantize, quantize, range_of
+from shared.vector_forms import FORMS, vector_form
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 
@@ -17,18 +18,18 @@ def vectors(reference) -> np.ndarray:
 
 
 def test_bytes_per_vector_of_each_form():
-    assert {f: row_bytes(f, 384) for f in FORMS} == {
+    assert {name: form.row_bytes(384) for name, form in FORMS.items()} == {
         "float32": 1536, "float16": 768, "int8": 384, "uint8": 384, "binary": 48, "ubinary": 48,
     }
-    assert stored_width("binary", 385) == 49  # the last byte carries one bit
+    assert vector_form("binary").width(385) == 49  # the last byte carries one bit
     with pytest.raises(ValueError, match="unknown vector form 'int4'"):
-        stored_width("int4", 8)
+        vector_form("int4")
 
 
 @pytest.mark.parametrize("form", ["int8", "uint8"])
 def test_int8_and_uint8_keep_the_direction_of_real_vectors(vectors, form):
     stored = quantize(vectors, form)
-    assert stored.dtype == FORMS[form][1] and stored.shape == vectors.shape
+    assert stored.dtype == FORMS[form].dtype and stored.shape == vectors.shape
     assert cosines(dequantize(stored, form, vectors.shape[1]), vectors).min() >= INT8_COSINE
     # the range is used: real components reach well into the 8 bits, few are clipped
     centred = stored.astype(np.int16) - (0 if form == "int8" else 128)
