@@ -35,7 +35,8 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Self
+from typing import Self
+from collections.abc import Iterator
 
 import httpx
 import nats

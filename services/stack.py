@@ -18,7 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from shared.config import ConfigError, child_environment, nats_security, retention
 from shared.options import arguments, declared, default, option

@@ -23,7 +23,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -190,7 +190,7 @@ async def _fetch(psub, wait: float) -> tuple[list, bool]:
 
     try:
         return await psub.fetch(1, timeout=wait), False
-    except (asyncio.TimeoutError, NatsTimeoutError):
+    except (TimeoutError, NatsTimeoutError):
         return [], False
     except Exception as exc:  # reconnecting, or the consumer is gone: try again shortly
         log.debug("fetch: %r", exc)

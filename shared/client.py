@@ -31,7 +31,8 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Awaitable, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Sequence
 
 import numpy as np
 from nats.aio.client import Client
@@ -132,7 +133,7 @@ class _Pending:
     def expire(self) -> None:
         """Its deadline passed: the request is answered with a timeout."""
         if not self.future.done():
-            self.future.set_exception(asyncio.TimeoutError())
+            self.future.set_exception(TimeoutError())
 
     def add(self, result: EmbedResult, index: np.ndarray | None) -> None:
         """Rows of one attempt; ``index`` maps that attempt's rows to the request's (None: the same)."""
@@ -309,7 +310,7 @@ class EmbedClient:
         try:
             await self._send(pending, request_id, None, payload)
             return await pending.future
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if pending.parked:  # its rows were lost, and nothing serves the model to take them again
                 raise ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY) from None
             raise ServiceError(
@@ -492,7 +493,7 @@ class EmbedClient:
             msg = await self._nc.request(subject, payload, timeout=timeout, headers=headers_for(current()))
         except NoRespondersError:
             raise ServiceError(ErrorCode.NO_RESPONDERS, f"no {who} is serving this model right now") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ServiceError(ErrorCode.TIMEOUT, f"no answer from a {who} within {timeout:g}s") from None
         try:
             reply = decode(msg.data)

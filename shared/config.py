@@ -10,7 +10,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
 from shared.subjects import Subjects

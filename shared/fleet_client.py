@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from nats.aio.client import Client

@@ -10,7 +10,8 @@ import signal
 import ssl
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
 
 import nats
 from nats.aio.client import Client
@@ -155,7 +156,7 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 1)
             raise ConnectAborted(last) from None
-        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             # on_error has logged it; the failed client's socket is closed by the server or the
             # failed handshake, and closing the client could wait forever on it (see above)
             last = describe_error(exc, cfg)
@@ -322,7 +323,7 @@ async def start_jetstream_part(start: Callable[[], Awaitable[Any]]) -> None:
         try:
             await start()
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if attempt == JETSTREAM_TRIES:
                 raise
             log.info("JetStream did not answer in time (try %d of %d); trying again", attempt, JETSTREAM_TRIES)

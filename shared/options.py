@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from shared.option import (
     ConfigError, Option, budget, non_negative_float, non_negative_int, port_number, positive_float, positive_int,

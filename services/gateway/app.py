@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from typing import Callable
+from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
@@ -130,7 +130,7 @@ class BulkFeeder:
                 self._room.clear()
                 try:  # woken when the engine takes the queued work (the timeout is a safety net)
                     await asyncio.wait_for(self._room.wait(), 0.05)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             for msg in await self._work.fetch():

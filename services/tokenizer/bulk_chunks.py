@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

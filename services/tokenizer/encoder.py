@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer

@@ -3,7 +3,8 @@ whose tables list the keys (shared/protocol/codec.py frames them, with the versi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -150,7 +151,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
     start, total = required_int(m, "s"), required_int(m, "rows")
-    if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
+    if not (start >= 0 and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     token_types = None
     if m.get("tt") is not None:
@@ -212,7 +213,7 @@ def _decode_embed_result(m: dict) -> EmbedResult:
     dim, dtype, data = required_int(m, "dim"), required(m, "dt", str), required(m, "vec", bytes)
     count, offsets, indices = _payload_layout(m, data, dtype, dim)
     start, total = required_int(m, "s"), required_int(m, "rows")
-    if not (0 <= start and start + count <= total <= MAX_ROWS):
+    if not (start >= 0 and start + count <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
         id=checked_id(m),

@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 import nats

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import msgpack

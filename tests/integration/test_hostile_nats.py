@@ -205,7 +205,7 @@ async def _burst(url: str, subject: str, payloads: list[bytes], reply: bool = Tr
         if reply:
             try:
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in answered)), REPLY_TIMEOUT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await sub.unsubscribe()
         return replies
@@ -517,7 +517,7 @@ async def _dead_letters(url: str, subject: str, want: int, timeout: float = 90.0
         try:
             while True:
                 letters.append(await sub.next_msg(timeout=2))
-        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             pass
         await sub.unsubscribe()
         return letters

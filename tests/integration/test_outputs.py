@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np

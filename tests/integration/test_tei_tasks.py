@@ -9,7 +9,7 @@ their own (own subject prefix, own gateway): references transformers' logits and
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np

@@ -27,7 +27,7 @@ async def _fetch(psub, wait: float) -> list:
     """Up to one message, waiting at most ``wait`` seconds for it."""
     try:
         return await psub.fetch(1, timeout=wait)
-    except (asyncio.TimeoutError, nats.errors.TimeoutError):
+    except (TimeoutError, nats.errors.TimeoutError):
         return []
 
 

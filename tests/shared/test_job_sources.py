@@ -19,7 +19,7 @@ def _joined(messages: list[bytes], limit: int) -> Sources:
 
 def test_sources_are_cut_under_the_limit_and_come_back_whole():
     ids = [f"d{i}" for i in range(500)]
-    sources = Sources({d: {"n": i, "tag": "x" * 30} for i, d in enumerate(ids)}, {d: "text " * 40 for d in ids})
+    sources = Sources({d: {"n": i, "tag": "x" * 30} for i, d in enumerate(ids)}, dict.fromkeys(ids, "text " * 40))
     messages = parts_of(ids, sources, 16_384)
     assert len(messages) > 5 and all(len(m) <= 16_384 for m in messages)
     assert [msgpack.unpackb(m)["part"] for m in messages] == list(range(len(messages)))

@@ -395,7 +395,7 @@ WIRE_KEYS = sorted({"rows", "vec", "tkd", "jb", "bi", "wk", "sub", "qt", "iv", "
 })
 protocol_shaped = st.fixed_dictionaries(
     {"v": st.sampled_from([1, VERSION]) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
-    optional={key: junk for key in WIRE_KEYS},
+    optional=dict.fromkeys(WIRE_KEYS, junk),
 ).map(lambda body: msgpack.packb(body, use_bin_type=True))
 
 
@@ -645,11 +645,7 @@ def test_sources_never_unpickle():
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Import):
                 found += [where for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES:
-                found.append(where)
-            elif isinstance(node, ast.keyword) and node.arg == "allow_pickle":
-                found.append(where)
-            elif isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) and \
-                    node.value.id in ("torch", "pickle", "marshal"):
+            elif (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES) or (isinstance(node, ast.keyword) and node.arg == "allow_pickle") or (isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) and \
+                    node.value.id in ("torch", "pickle", "marshal")):
                 found.append(where)
     assert len(_sources()) > 20 and found == []

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import nats
 import pytest

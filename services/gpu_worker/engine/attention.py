@@ -13,7 +13,8 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 import numpy as np
 import torch

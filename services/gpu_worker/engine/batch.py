@@ -126,7 +126,7 @@ class StaticBatch:
                 src = src.pin_memory()
             getattr(self, name)[: len(src)].copy_(src, non_blocking=True)
 
-    def view(self, tokens: int) -> "StaticView":
+    def view(self, tokens: int) -> StaticView:
         return StaticView(self, tokens)
 
 

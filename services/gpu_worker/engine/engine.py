@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ class Engine:
         attention: str = "auto",
         max_batch_tokens: int = 8192,
         max_batch_seqs: int = 256,
-        capture: Callable[["Engine", int], Replay] | None = None,
+        capture: Callable[[Engine, int], Replay] | None = None,
         model: EncoderModel | None = None,
         heads: dict[str, torch.nn.Module] | None = None,
     ) -> None:
