@@ -207,7 +207,7 @@ def main() -> None:
     print(f"{'message':<24}{'bytes':>8}{'codec µs':>11}{'msgspec µs':>12}{'codec/msgspec':>15}")
     for name, msg in messages().items():
         data = encode(msg)
-        ours = timed(lambda: decode_as(encode(msg), type(msg)), args.rounds, args.number)
+        ours = timed(lambda msg=msg: decode_as(encode(msg), type(msg)), args.rounds, args.number)
         line = f"{name:<24}{len(data):>8}{ours:>11.1f}"
         if name in others:
             theirs = timed(others[name](msg), args.rounds, args.number)

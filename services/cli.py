@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_options(command, name)
     actions = commands["jobs"].add_subparsers(dest="jobs_command", metavar="ACTION")
     for name, text in (("purge", "remove a job's results, dead letters and record"),
-                       ("cancel", "stop a job: nothing more of it is published or computed; what was stored stays "
-                                  "until purged"),
+                       ("cancel", ("stop a job: nothing more of it is published or computed; what was stored stays "
+                                  "until purged")),
                        ("fetch", "write a finished job's vectors to a file, as reindex --out writes them")):
         action = actions.add_parser(name, help=text)
         # the options of jobs again, after the action: one not given there keeps the value given

@@ -140,7 +140,7 @@ def test_observed_fleet_scrapes_its_metrics_and_receives_its_spans_and_the_overh
     plain = {"single": {k: result[k] for k in ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms", "cpu_ms_per_request")}}
     observed = {"single": {**plain["single"], "tokens_per_s": plain["single"]["tokens_per_s"] / 2}}
     observability_overhead({"embedfleet": plain, OBSERVED: observed})
-    line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith(OBSERVED))
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.strip().startswith(OBSERVED))
     assert "tokens/s 0.500x" in line and "CPU per request 1.000x" in line
 
 

@@ -537,7 +537,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    log.exception("unhandled error on %s %s", request.method, request.url.path)  # noqa: LOG004 (starlette calls it in its except)
     return error_response(request.url.path, ErrorCode.INTERNAL, "internal error")
 
 

@@ -148,7 +148,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, refused: Refused, in_body: bool = False) -> None:
         """Answer ``refused`` and close; ``in_body``: the application has the request, and is told it is gone."""
         self._disarm()
-        peer = "%s:%d" % self.client if self.client else "?"
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.warning("refused a request from %s with %d: %s", peer, refused.status, refused.reason)
         if in_body and self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the application's receive() says the client is gone

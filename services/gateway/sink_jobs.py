@@ -171,7 +171,7 @@ class SinkJobs:
     def write(self, job: str, sink: Sink, shape: Shape, sources: Sources, layout: Layout | None) -> None:
         """Write a job just submitted (its lease taken with its first state) in the background."""
         if job in self._writing:  # the same request again while this gateway writes it
-            asyncio.create_task(asyncio.to_thread(sink.close))
+            asyncio.create_task(asyncio.to_thread(sink.close))  # noqa: RUF006 (the executor's future holds the task until closed)
             return
         self._writing[job] = task = asyncio.create_task(self._write(job, sink, shape, sources, layout))
         task.add_done_callback(lambda _t, j=job: self._writing.pop(j, None))

@@ -85,9 +85,9 @@ class BatchCutter:
         for d, (text, encoding) in enumerate(zip(job.texts, encodings)):
             chunks = cut(text, encoding, chunking.spec)
             if len(chunks) > self._max_chunks:
-                failed.append((d, f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
+                failed.append((d, (f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
                                   f"{self._max_chunks} a document may be (the tokenizer's --max-chunks): give a larger "
-                                  "chunk size, or cut the document"))
+                                  "chunk size, or cut the document")))
                 continue
             if chunking.late:
                 windows, owned = window_rows(encoding.ids, chunks, room, (before, after))

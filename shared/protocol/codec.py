@@ -3,7 +3,7 @@ every field before use; each message's keys are in shared/protocol/wire.py (tabl
 
 from __future__ import annotations
 
-from typing import TypeVar, Union
+from typing import TypeVar
 
 import msgpack
 
@@ -16,10 +16,11 @@ from shared.protocol.messages import (
 from shared.protocol.wire import CODECS
 
 
-Message = Union[
-    EmbedRequest, TokenChunk, EmbedResult, ErrorReply, Held, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
-    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, Requests, ChunkRequest, ChunkLayout,
-]
+Message = (
+    EmbedRequest | TokenChunk | EmbedResult | ErrorReply | Held | TokenizeRequest | TokenizeResult | DecodeRequest
+    | DecodeResult | LoadReport | JobBatch | JobResult | RerankRequest | RerankResult | Replies | Requests | ChunkRequest
+    | ChunkLayout
+)
 
 
 def encode(msg: Message) -> bytes:

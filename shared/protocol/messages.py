@@ -17,6 +17,7 @@ from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
 from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.spans import Spans
 from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
+import itertools
 
 # the key layout written and read (docs/protocol.md), in which a key means one thing across all
 # messages; a message of another version is refused
@@ -393,7 +394,7 @@ class ChunkLayout:
         flat = [TextChunk(*c) for c in zip(self.starts.tolist(), self.ends.tolist(), self.firsts.tolist(),
                                            self.lasts.tolist())]
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
-        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return [flat[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,8 +455,8 @@ def _split(values: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray |
         raise ValueError("not a ragged result")
     bounds = offsets.tolist()
     if indices is None:
-        return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    return [(indices[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [values[a:b] for a, b in itertools.pairwise(bounds)]
+    return [(indices[a:b], values[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 @dataclass(frozen=True, slots=True)

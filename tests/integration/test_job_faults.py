@@ -142,7 +142,7 @@ def _check_complete(stack: FaultStack, job: str, proc: subprocess.Popen, out: Pa
         rc = proc.wait(300)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"job {job} did not finish\n{stack.logs()}")
+        raise AssertionError(f"job {job} did not finish\n{stack.logs()}") from None
     output = proc.stdout.read()
     assert rc == 0, output + stack.logs()
     ids = json.loads(out.with_suffix(".ids.json").read_text())
@@ -189,7 +189,7 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
         rc = proc.wait(300)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"job {job} did not finish\n{faults.logs()}")
+        raise AssertionError(f"job {job} did not finish\n{faults.logs()}") from None
     assert rc == 0, proc.stdout.read() + faults.logs()
     rows = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
     stored = asyncio.run(_stored_chunks(faults.nats.url, job))  # (document, chunk, its chunks) -> times stored
@@ -346,7 +346,7 @@ def test_worker_stopped_mid_job_hands_over_without_a_stall(drain_fleet: DrainFle
             rc = proc.wait(180)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"job {job} did not finish")
+            raise AssertionError(f"job {job} did not finish") from None
         assert rc == 0, proc.stdout.read()
         return time.monotonic() - started, stopping
 

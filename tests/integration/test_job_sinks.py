@@ -46,7 +46,7 @@ class SinkStack(FaultStack):
             rc = proc.wait(600)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"job {job} did not finish\n{proc.stdout.read()}\n{self.logs()}")
+            raise AssertionError(f"job {job} did not finish\n{proc.stdout.read()}\n{self.logs()}") from None
         output = proc.stdout.read()
         assert rc == 0, output + self.logs()
         return output

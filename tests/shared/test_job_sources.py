@@ -43,5 +43,5 @@ def test_a_job_without_fields_or_texts_has_no_sources_and_one_too_large_is_refus
     msgpack.packb({"part": 0, "parts": 1, "ids": ["a" * 5000]}),
 ])
 def test_a_message_that_is_not_a_part_is_refused(bad):
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):  # msgpack's errors for a malformed message are ValueErrors too
         _part(bad, 4096)

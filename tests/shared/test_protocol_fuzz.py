@@ -256,7 +256,7 @@ def text_chunks(draw) -> tuple[list[TextChunk], int]:
     tokens = draw(st.integers(0, 2**31 - 1))
     spans = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, tokens),
                       st.integers(0, tokens))
-    chunks = [TextChunk(min(a, b), max(a, b), min(f, l), max(f, l)) for a, b, f, l in
+    chunks = [TextChunk(min(a, b), max(a, b), min(f, t), max(f, t)) for a, b, f, t in
               draw(st.lists(spans, min_size=1, max_size=4))]
     return chunks, tokens
 
@@ -366,13 +366,13 @@ def mutated(draw, valid: st.SearchStrategy) -> bytes:
         at = draw(st.integers(0, len(data)))
         return data[:at] + draw(st.binary(min_size=1, max_size=16)) + data[at:]
     body = msgpack.unpackb(data, raw=False)
-    key = draw(st.sampled_from(sorted(body) + ["zz"]))
+    key = draw(st.sampled_from([*sorted(body), "zz"]))
     if how == "deep":
         return with_raw_field(body, key, deeply_nested(draw(st.integers(1, 3000))))
     if how == "drop":
         body.pop(key, None)
     elif how == "nested" and isinstance(body.get("o"), dict):
-        body["o"][draw(st.sampled_from(sorted(body["o"]) + ["zz"]))] = draw(junk)
+        body["o"][draw(st.sampled_from([*sorted(body["o"]), "zz"]))] = draw(junk)
     elif how == "nested" and isinstance(body.get("tm"), dict):
         body["tm"][draw(st.text(max_size=80))] = draw(junk)
     else:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+import itertools
 
 log = logging.getLogger("embedfleet.engine")
 
@@ -122,7 +123,7 @@ class SdpaVarlen:
         self._covered = int(cu_host[-1])
         cu = cu_host.tolist()
         runs: list[tuple[int, int, int]] = []
-        for s, e in zip(cu[:-1], cu[1:]):
+        for s, e in itertools.pairwise(cu):
             if e == s:
                 continue
             if runs and runs[-1][2] == e - s and runs[-1][0] + runs[-1][1] * runs[-1][2] == s:
@@ -187,7 +188,7 @@ class SdpaVarlen:
         return self._masks[key]
 
     def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask, gqa: dict) -> torch.Tensor:
-        positions, keep, n, longest = self._pad
+        positions, _keep, n, longest = self._pad
         heads, d = q.shape[1], q.shape[2]
 
         def pad(t: torch.Tensor) -> torch.Tensor:
@@ -210,7 +211,7 @@ class SdpaVarlen:
         NaN, and never read)."""
         key = ("padded", mask)
         if key not in self._masks:
-            _, keep, n, longest = self._pad  # keep: [n, 1, 1, L] real keys
+            _, keep, _n, longest = self._pad  # keep: [n, 1, 1, L] real keys
             structure = _structure(longest, mask, q.device)
             if structure is not None:
                 pad_rows = ~keep.transpose(-1, -2)  # [n, 1, L, 1]: padding query rows
