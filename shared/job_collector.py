@@ -57,7 +57,7 @@ class Layout:
                 base + d < len(self.ids) and self.ids[base + d] == doc_id
                 for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids))
         first = result.batch * self.batch_size + result.start
-        return (0 <= result.start and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
+        return (result.start >= 0 and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
                 and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids))
 
 
@@ -150,7 +150,7 @@ class Collector:
             return Polled()
         try:
             msgs = await self._psub.fetch(64, timeout=self._fetch_wait)
-        except (asyncio.TimeoutError, NatsTimeoutError):
+        except (TimeoutError, NatsTimeoutError):
             self._quiet += 1
             if self._quiet >= self._quiet_check:
                 self._quiet = 0

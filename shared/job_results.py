@@ -9,10 +9,9 @@ nothing, so it changes nothing and any number of readers may run at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 from nats.js import JetStreamContext
@@ -162,7 +161,7 @@ class StoredResults:
         for _ in range(REOPENS):
             try:
                 return await self._psub.fetch(FETCH, timeout=FETCH_WAIT)
-            except (asyncio.TimeoutError, NatsTimeoutError):
+            except (TimeoutError, NatsTimeoutError):
                 if await self._still_there():  # there, and nothing came: the results went meanwhile
                     raise ResultsLost(f"job {self._job}: the results stream stopped answering {unread}") from None
                 why = "gone"

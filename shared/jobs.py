@@ -539,7 +539,7 @@ async def _wait_for_room(js: JetStreamContext, subjects: Subjects, model: str) -
             info = await js.stream_info(stream_names(subjects)["jobs"], subjects_filter=subject)
             if (info.state.subjects or {}).get(subject, 0) < PUBLISH_AHEAD:
                 return
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, NatsError) as exc:
             if not transient(exc):
                 raise
             log.debug("jobs stream: %r", exc)
@@ -549,13 +549,12 @@ async def _wait_for_room(js: JetStreamContext, subjects: Subjects, model: str) -
 async def _cancelled(kv: KeyValue, job: str) -> bool:
     """Whether the job's state says cancelled; a server that does not answer says nothing (the
     publish after this waits for it anyway)."""
-    import asyncio
 
     from nats.errors import Error as NatsError
 
     try:
         return ((await read_state(kv, job)) or {}).get("status") == CANCELLED
-    except (NatsError, asyncio.TimeoutError):
+    except (TimeoutError, NatsError):
         return False
 
 

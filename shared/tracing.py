@@ -21,7 +21,8 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from shared.config import ConfigError
 from shared.options import default
