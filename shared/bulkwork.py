@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
@@ -119,7 +121,8 @@ class WorkQueue:
         try:
             msgs, failed = await self._fetching
         except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
                 raise  # the caller itself is cancelled
             return []  # stopped: a batch its pull request brings later is handed back (hand_back_pending)
         finally:
@@ -274,7 +277,7 @@ class Heartbeats:
 
     def __init__(self, interval: float) -> None:
         self._interval = interval
-        self._held: dict[int, object] = {}  # by identity: messages are not hashable
+        self._held: dict[int, Msg] = {}  # by identity: messages are not hashable
         self._task: asyncio.Task | None = None
 
     def hold(self, msg) -> None:
@@ -310,7 +313,7 @@ class DeadLetters:
         self._kv = kv
         self._subjects = subjects
         self._stage = stage
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def give_up(self, msg, reason: str, info: BatchInfo) -> None:
         """A batch that must not be tried again: recorded, then terminated (no more deliveries)."""

@@ -101,6 +101,11 @@ class EmbedOutcome:
     # sparse / tokens / multivector: per input, its (indices, values) or its [n, width] vectors (vectors is empty)
     ragged: list | None = None
 
+    def ragged_rows(self) -> list:
+        """``ragged``, of a request whose output is per input (sparse, tokens, multivector)."""
+        assert self.ragged is not None, "per-input rows asked for, and the answer holds none"
+        return self.ragged
+
 
 class _Pending:
     """Rows gathered so far for one request, over all its attempts."""

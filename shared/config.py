@@ -81,6 +81,8 @@ def nats_config(ns: argparse.Namespace) -> NatsConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     url, auth, tls = nats_security(ns)
+    if url is None:
+        raise ConfigError("--nats: no NATS URL given")
     return NatsConfig(url=url, subjects=subjects, ready_file=getattr(ns, "ready_file", None), auth=auth, tls=tls)
 
 

@@ -120,7 +120,8 @@ async def run_watched(app: ASGIApp, scope: Scope, receive: Receive, send: Send) 
             pass
         gone.set()
 
-    handler = asyncio.create_task(app(scope, app_receive, app_send))  # the request's context goes with it
+    # the request's context goes with it; ensure_future: an ASGI app returns an awaitable, not always a coroutine
+    handler = asyncio.ensure_future(app(scope, app_receive, app_send))
     watcher = asyncio.create_task(watch())
     departure = asyncio.create_task(gone.wait())
     try:

@@ -97,7 +97,7 @@ class Scheduler:
         """Remove queued work whose deadline passed before any of its rows ran."""
         expired = []
         for queue in (self._online, self._bulk):
-            keep = deque()
+            keep: deque[Work] = deque()
             for work in queue:
                 if work.next_row == 0 and work.batch.deadline < now:
                     expired.append(work)

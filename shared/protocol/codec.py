@@ -25,7 +25,7 @@ Message = (
 
 def encode(msg: Message) -> bytes:
     """Serialise one message to msgpack bytes (its keys: docs/protocol.md)."""
-    form = CODECS.get(getattr(msg, "TYPE", None))
+    form = CODECS.get(getattr(msg, "TYPE", ""))
     if form is None:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     return msgpack.packb({"v": VERSION, "t": msg.TYPE} | form[0](msg), use_bin_type=True)

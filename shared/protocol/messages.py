@@ -26,7 +26,7 @@ VERSION = 2
 # dtype names on the wire -> numpy little-endian dtypes of one stored element: floats, int8 / uint8, and
 # the bit-packed forms (b1: bytes shifted into int8, ub1: plain bytes; 8 components a byte), see
 # shared/quantize.py
-VECTOR_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2"), "i1": np.dtype("i1"), "u1": np.dtype("u1"),
+VECTOR_DTYPES: dict[str, np.dtype] = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2"), "i1": np.dtype("i1"), "u1": np.dtype("u1"),
                  "b1": np.dtype("i1"), "ub1": np.dtype("u1")}
 PACKED_DTYPES = ("b1", "ub1")
 

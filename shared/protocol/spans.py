@@ -119,6 +119,7 @@ def read_spans(m: dict, keys: tuple[str, ...], lengths: np.ndarray | None) -> Sp
         if len(tokens) != len(counts) or (len(tokens) and tokens.min() < 0):
             raise ProtocolError("spans: one content-token count per row, each >= 0")
         lengths = tokens
+    assert lengths is not None, "spans without their tokens are read against given row lengths"
     fault = span_fault(counts, firsts, lasts, lengths, empty_rows=tokens is not None)
     if fault is not None:
         row, what = fault

@@ -230,7 +230,7 @@ def _decode_embed_result(m: dict) -> EmbedResult:
 
 
 def _encode_error_reply(msg: ErrorReply) -> dict[str, Any]:
-    body = {"id": msg.id, "c": msg.code.value, "e": msg.message}
+    body: dict[str, Any] = {"id": msg.id, "c": msg.code.value, "e": msg.message}
     if msg.row is not None:
         body["row"] = msg.row
     return body
@@ -350,8 +350,9 @@ def _encode_chunk_request(msg: ChunkRequest) -> dict[str, Any]:
 
 
 def _decode_chunk_request(m: dict) -> ChunkRequest:
+    size: Any = m.get("sz")  # None or any wire value: ChunkSpec checks it
     try:
-        spec = ChunkSpec(m.get("sz"), m.get("ov", 0), m.get("bd", "token"))  # checked as a client's request is
+        spec = ChunkSpec(size, m.get("ov", 0), m.get("bd", "token"))  # checked as a client's request is
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
     prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"))  # checked as an embed request's
@@ -406,7 +407,7 @@ def _decode_job_chunking(m: dict) -> JobChunking | None:
     if m.get("sz") is None:
         return None
     try:  # checked as a client's request is
-        return JobChunking(ChunkSpec(m.get("sz"), m.get("ov", 0), m.get("bd", "token")), m.get("lc", False),
+        return JobChunking(ChunkSpec(m["sz"], m.get("ov", 0), m.get("bd", "token")), m.get("lc", False),
                            m.get("wt", False))
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
