@@ -100,8 +100,8 @@ def _dispatch(ns: argparse.Namespace) -> None:
     elif command == "scorer":
         from services.scorer.service import ScorerService
 
-        cfg = scorer_config.ScorerConfig.from_namespace(ns)
-        run_service("scorer", cfg.nats, lambda nc: ScorerService(nc, cfg))
+        scorer_cfg = scorer_config.ScorerConfig.from_namespace(ns)
+        run_service("scorer", scorer_cfg.nats, lambda nc: ScorerService(nc, scorer_cfg))
 
 
 def _run_admin(ns: argparse.Namespace) -> int:

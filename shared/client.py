@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Sequence
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 
 from shared.bundles import Item
@@ -152,7 +153,7 @@ class _Pending:
         if result.total != count or end > count:
             raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
-            self.vectors = np.empty((0, 0) if ragged else (self.total, rows.shape[1]), dtype=VECTOR_DTYPES[result.dtype])
+            self.vectors = np.empty((0, 0) if ragged else (self.total, np.shape(rows)[1]), dtype=VECTOR_DTYPES[result.dtype])
             self.dim, self.dtype = result.dim, result.dtype
             self.ragged = [None] * self.total if ragged else None
         elif (self.dim, self.dtype, self.ragged is not None) != (result.dim, result.dtype, ragged):
@@ -161,7 +162,7 @@ class _Pending:
         fresh = ~self.filled[where]
         if not fresh.any():
             return  # a duplicate: an earlier attempt delivered these rows
-        if ragged:
+        if self.ragged is not None:  # as ``ragged``: checked to agree above
             for row, item, new in zip(where.tolist(), rows, fresh.tolist()):
                 if new:
                     self.ragged[row] = item
@@ -248,7 +249,7 @@ class EmbedClient:
         # the attempt a Requests message went with -> every attempt in it (a no-responders answer names the first)
         self._bundled: dict[str, list[str]] = {}
         self._outbox = Outbox(nc, self._carried, self._unsent)
-        self._sub = None
+        self._sub: Subscription | None = None
         self._watching = False  # whether a dropped connection fails what is in flight (_watch_connection)
         self._hooked = False  # whether the connection's disconnected callback calls ours
         self._tasks: set[asyncio.Task] = set()

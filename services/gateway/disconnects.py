@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,7 +47,7 @@ class Departure:
             callback()
 
 
-def departure_of(scope: Scope) -> Departure | None:
+def departure_of(scope: Mapping[str, Any]) -> Departure | None:  # an ASGI scope, or uvicorn's typed one
     extensions = scope.get("extensions")
     return None if extensions is None else extensions.get(DEPARTURE)
 

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from shared.errors import ErrorCode
@@ -174,7 +175,10 @@ class SinkJobs:
             asyncio.create_task(asyncio.to_thread(sink.close))  # noqa: RUF006 (the executor's future holds the task until closed)
             return
         self._writing[job] = task = asyncio.create_task(self._write(job, sink, shape, sources, layout))
-        task.add_done_callback(lambda _t, j=job: self._writing.pop(j, None))
+        task.add_done_callback(partial(self._written, job))
+
+    def _written(self, job: str, _task: asyncio.Task) -> None:
+        self._writing.pop(job, None)
 
     # -- the lease ------------------------------------------------------------------------------
 
@@ -298,7 +302,7 @@ class SinkJobs:
             return
         log.info("job %s: writing into %s taken over (its gateway stopped)", job, sink.shown)
         self._writing[job] = task = asyncio.create_task(self._write(job, sink, shape, sources, None))
-        task.add_done_callback(lambda _t, j=job: self._writing.pop(j, None))
+        task.add_done_callback(partial(self._written, job))
 
 
 def _unwritten(state: dict) -> bool:

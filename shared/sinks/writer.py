@@ -90,7 +90,8 @@ class SinkWriter:
             return 0
         written = 0
         while self._pending:
-            take, count = [], 0
+            take: list[str] = []
+            count = 0
             while self._pending and (count < BATCH_ROWS or not take):
                 doc_id = self._pending.pop(0)
                 take.append(doc_id)
