@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
@@ -78,7 +79,7 @@ class Collector:
         self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
         # fetches in a row without a result before the consumer is asked whether it is there
         self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
-        self._psub = None
+        self._psub: JetStreamContext.PullSubscription | None = None
         self._last = 0  # stream sequence of the last result read
         self._before: int | None = None  # the stream's last sequence when this run began: results up to it are an earlier run's
         self._quiet = 0
@@ -134,6 +135,8 @@ class Collector:
             log.info("results consumer open again after result %d", self._last)
 
     async def _still_there(self) -> bool:
+        if self._psub is None:  # closed meanwhile: gone as well
+            return False
         try:
             await self._psub.consumer_info()
             return True
@@ -193,6 +196,7 @@ class Collector:
             new = chunks = 0
             rows = result.ragged() if result.offsets is not None else result.array()
             if self.chunks is not None:
+                assert result.chunks is not None  # checked above: a chunk row, as the job's are
                 new, chunks = self.chunks.add(result.batch, result.doc_ids, rows, result.chunks)
             else:
                 for doc_id, row in zip(result.doc_ids, rows):

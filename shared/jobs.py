@@ -74,7 +74,7 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
     ]
     placement = Placement(js, retention.replicas)
     for config in configs:
-        current = results if config.name == names["results"] else await _stream_config(js, config.name)
+        current = results if config.name == names["results"] else await _stream_config(js, _name(config))
         await placement.put(config, current)
     return await _ensure_bucket(js, names["kv"], retention, placement)
 
@@ -118,12 +118,13 @@ class Placement:
         whose settings differ is updated at once, without the add that the server would refuse."""
         if current is None:
             try:
-                await self.create(config.name, lambda n: self._js.add_stream(config.evolve(num_replicas=n)))
+                await self.create(_name(config), lambda n: self._js.add_stream(config.evolve(num_replicas=n)))
                 return
             except BadRequestError as exc:
                 if exc.err_code != STREAM_EXISTS:
                     raise
-                current = await _stream_config(self._js, config.name)
+                current = await _stream_config(self._js, _name(config))
+                assert current is not None  # the server said it exists
         changed = _differences(config, current)
         if not changed and self.target(current.num_replicas) == current.num_replicas:
             try:
@@ -134,7 +135,7 @@ class Placement:
                     raise
         if changed:
             log.info("stream %s exists with other settings (%s): updating it to these", config.name, ", ".join(changed))
-        await self.update(config.name, current.num_replicas,
+        await self.update(_name(config), current.num_replicas or 1,  # a stream the server describes names its copies
                           lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
 
     async def create(self, name: str, make):
@@ -180,12 +181,13 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention
                 bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE, replicas=n))
         except BadRequestError:  # created meanwhile by another process, with other limits
             current = await _stream_config(js, stream)
+            assert current is not None  # the server said it exists
     replicas = placement.target(current.num_replicas)
     if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history or \
             replicas != current.num_replicas:
         log.info("bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)", bucket, ttl, history,
                  current.max_age or 0, current.max_msgs_per_subject)
-        await placement.update(stream, current.num_replicas, lambda n: js.update_stream(current.evolve(
+        await placement.update(stream, current.num_replicas or 1, lambda n: js.update_stream(current.evolve(
             max_age=ttl, max_msgs_per_subject=history, duplicate_window=_window(current.duplicate_window, ttl),
             num_replicas=n)))
     return await js.key_value(bucket)
@@ -220,6 +222,12 @@ def _differences(config: StreamConfig, current: StreamConfig) -> list[str]:
     given = {k: v for k, v in config.as_dict().items() if k != "num_replicas"}
     have = current.as_dict()
     return sorted(k for k, v in given.items() if have.get(k) != v)
+
+
+def _name(config: StreamConfig) -> str:
+    """The stream's name: every config made here has one (nats-py's type leaves it optional)."""
+    assert config.name is not None
+    return config.name
 
 
 async def _stream_config(js: JetStreamContext, name: str) -> StreamConfig | None:
@@ -281,6 +289,7 @@ async def update_state(kv: KeyValue, job: str, change, patience: float = 300.0) 
             try:
                 try:
                     entry = await kv.get(job)
+                    assert entry.value is not None  # get() raises for a deleted record: a record has a value
                     state, revision = json.loads(entry.value), entry.revision
                 except KeyNotFoundError:
                     state, revision = {"job": job}, None
@@ -306,7 +315,9 @@ async def read_state(kv: KeyValue, job: str) -> dict | None:
     from nats.js.errors import KeyNotFoundError
 
     try:
-        return json.loads((await kv.get(job)).value)
+        value = (await kv.get(job)).value
+        assert value is not None  # get() raises for a deleted record: a record has a value
+        return json.loads(value)
     except KeyNotFoundError:
         return None
 

@@ -239,6 +239,7 @@ class Tracer:
                 return Span(TraceContext.start(sampled=False))
             return Span(parent.child())
         otel = self._otel
+        assert otel is not None  # loaded with the tracer
         context = None
         if parent is not None:
             remote = otel.SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
