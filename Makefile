@@ -9,7 +9,7 @@ PGVECTOR_STAMP := $(VENV)/.pgvector-installed
 # CPU build of PyTorch when no NVIDIA GPU is present (the project's own requirement is a range)
 TORCH_CPU := torch==2.13.0
 
-.PHONY: run test test-fast install install-test system-packages clean
+.PHONY: run test test-fast lint install install-test system-packages clean
 
 # ARGS=--with-pgvector: the extra 'local-pgvector' too (installed only when asked)
 run: $(RUN_STAMP) $(if $(findstring --with-pgvector,$(ARGS)),$(PGVECTOR_STAMP))
@@ -22,7 +22,7 @@ run: $(RUN_STAMP) $(if $(findstring --with-pgvector,$(ARGS)),$(PGVECTOR_STAMP))
 # more processes finish no sooner (XDIST= runs it in one, XDIST='-n 4 --dist loadscope' in four).
 # Exit code 5 (nothing collected) only when neither part collected anything.
 XDIST ?= -n 2 --dist loadscope
-test: $(TEST_STAMP) system-packages
+test: $(TEST_STAMP) system-packages lint
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
 	if [ $$first -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
@@ -32,6 +32,11 @@ test: $(TEST_STAMP) system-packages
 test-fast: $(TEST_STAMP)
 	EMBEDFLEET_FUZZ_EXAMPLES=25 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not integration" --ignore=tests/integration \
 		-n auto -p no:cacheprovider $(PYTEST_ARGS)
+
+# the static checks, configured in pyproject.toml: ruff over the whole tree, mypy over shared/ and services/
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 install: $(RUN_STAMP)
 install-test: $(TEST_STAMP) system-packages

@@ -35,7 +35,8 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Self
+from typing import Self
+from collections.abc import Iterator
 
 import httpx
 import nats
@@ -47,6 +48,7 @@ from shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, stored_doc_ids, wait_until
+import itertools
 
 MODEL = "all-MiniLM-L6-v2"
 SUBJECTS = Subjects("embedfleet")
@@ -115,7 +117,7 @@ def longest_silence(replies: list[Reply], start: float, end: float) -> float:
     end = min(end, max((r.sent + r.seconds for r in replies), default=start))  # no later than the last answer
     done = sorted(r.sent + r.seconds for r in replies if r.status == 200 and start <= r.sent + r.seconds <= end)
     marks = [start, *done, end]
-    return max(b - a for a, b in zip(marks, marks[1:]))
+    return max(b - a for a, b in itertools.pairwise(marks))
 
 
 class ClusterFleet:

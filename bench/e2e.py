@@ -27,7 +27,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import orjson
@@ -165,7 +165,7 @@ def infinity_server(command: str, dtype: str, seconds: float = 300, folder: Path
                     name: str = MODEL) -> Iterator[str]:
     """infinity-emb's server on ``folder`` (the default model's by default), served as ``name``."""
     port = free_port()
-    log = open(Path(tempfile.gettempdir()) / f"infinity-{port}.log", "wb")
+    log = open(Path(tempfile.gettempdir()) / f"infinity-{port}.log", "wb")  # noqa: SIM115 (the server writes it until it stops)
     proc = subprocess.Popen(
         [command, "v2", "--model-id", str(folder or load_model_info(None).path), "--engine", "torch", "--device", "cpu",
          "--port", str(port), "--url-prefix", "/v1", "--served-model-name", name, "--dtype", dtype],

@@ -18,12 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tokenizers import Tokenizer
 
 from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.fast_encoder import load
+from services.tokenizer.fast_encoder import FastEncoder, load
 from shared.model_dir.load import load_model_info
 from bench.fleet import Observation, fleet
 from bench.jobs import docs_file
@@ -88,6 +88,16 @@ def _dist_version(name: str) -> str:
     return version(name)
 
 
+def _runs(hf: Tokenizer, encoder: TextEncoder, fast: FastEncoder, texts: list[str], truncate: bool) -> dict[str, Callable[[], object]]:
+    """The three ways to tokenize ``texts`` that are timed, by name."""
+    return {
+        "tokenizers encode_batch": lambda: hf.encode_batch(texts),
+        "TextEncoder, tokenizers": lambda: encoder._encode_hf(texts, truncate, "right"),
+        "TextEncoder, kitoken": lambda: fast.encode(texts, "right" if truncate else None,
+                                                    lambda r: encoder._encode_hf(r, truncate, "right")),
+    }
+
+
 def cpu(texts: list[str], repeat: int) -> None:
     """CPU ms per 1,000 tokens: HF encode_batch, and TextEncoder's encode on each path; truncated at the
     model's limit (the tokens kept counted), then whole."""
@@ -97,13 +107,8 @@ def cpu(texts: list[str], repeat: int) -> None:
     for truncate, mode in ((True, "right"), (False, "none")):
         hf = encoder._by_mode[mode]
         tokens = sum(len(e.ids) for e in hf.encode_batch(texts))
-        runs: dict[str, Callable[[], object]] = {
-            "tokenizers encode_batch": lambda: hf.encode_batch(texts),
-            "TextEncoder, tokenizers": lambda: encoder._encode_hf(texts, truncate, "right"),
-            "TextEncoder, kitoken": lambda: fast.encode(texts, "right" if truncate else None,
-                                                        lambda r: encoder._encode_hf(r, truncate, "right")),
-        }
-        print(f"{len(texts)} texts, {tokens} tokens ({'truncated at %d' % info.max_seq_length if truncate else 'whole'})")
+        runs = _runs(hf, encoder, fast, texts, truncate)
+        print(f"{len(texts)} texts, {tokens} tokens ({f'truncated at {info.max_seq_length}' if truncate else 'whole'})")
         for name, run in runs.items():
             figures = []
             for _ in range(repeat):

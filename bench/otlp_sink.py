@@ -47,7 +47,7 @@ class OtlpSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:  # http.server's name for the handler
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -85,13 +85,12 @@ class OtlpSink:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             service = resource.get("service.name", "")
             for scope in resource_spans.scope_spans:
-                for s in scope.spans:
-                    got.append(ReceivedSpan(
-                        service=service, name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_id=s.parent_span_id.hex(), kind=KINDS.get(s.kind, str(s.kind)),
-                        start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
-                        attributes={a.key: _value(a.value) for a in s.attributes}, error=s.status.code == 2,
-                    ))
+                got.extend(ReceivedSpan(
+                    service=service, name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
+                    parent_id=s.parent_span_id.hex(), kind=KINDS.get(s.kind, str(s.kind)),
+                    start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
+                    attributes={a.key: _value(a.value) for a in s.attributes}, error=s.status.code == 2,
+                ) for s in scope.spans)
         with self._lock:
             self._spans.extend(got)
             self.requests += 1

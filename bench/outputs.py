@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             r = compare(kind, folder, texts, args.rounds)
             wire = ", ".join(f"{form} {size:,.0f}" for form, size in r["wire"].items())
             print(f"{kind:10} {r['tokens']:>7} {r['reference']:>16,.0f} {r['engine']:>13,.0f} "
-                  f"{r['engine'] / r['reference']:>5.2f}x {str(r['same']):>15} {r['cosine']:>10.6f}  {wire}")
+                  f"{r['engine'] / r['reference']:>5.2f}x {r['same']!s:>15} {r['cosine']:>10.6f}  {wire}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 
@@ -62,8 +62,8 @@ def reranker_folder(kind: str, encoder: Path, root: Path) -> tuple[Path, str]:
         return (tiny_models.build("bert", root, classifier=True, num_labels=1),
                 "the tests' tiny random BERT cross-encoder (2 layers, hidden 64)")
     return (minilm_cross_encoder(encoder, root),
-            "a cross-encoder of ms-marco-MiniLM-L-6-v2's shape: all-MiniLM-L6-v2's encoder (6 layers, hidden 384), "
-            "a random one-label head (scores meaningless, cost real)")
+            ("a cross-encoder of ms-marco-MiniLM-L-6-v2's shape: all-MiniLM-L6-v2's encoder (6 layers, hidden 384), "
+            "a random one-label head (scores meaningless, cost real)"))
 
 
 @contextmanager

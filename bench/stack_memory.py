@@ -123,7 +123,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}
     command = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--data-dir", str(scratch / "data"),
                *(x for m in models for x in ("--model", m))]
-    up = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+    up = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115 (the child holds it)
     try:
         deadline = time.monotonic() + 600
         while "embedfleet is up" not in log.read_text():

@@ -137,7 +137,7 @@ def _check_tensors(path: Path, model) -> None:
 
 
 def _legacy(name: str, names: set[str]) -> bool:
-    return name.endswith(".LayerNorm.weight") and name[: -len("weight")] + "gamma" in names or (
+    return (name.endswith(".LayerNorm.weight") and name[: -len("weight")] + "gamma" in names) or (
         name.endswith(".LayerNorm.bias") and name[: -len("bias")] + "beta" in names)
 
 

@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_options(command, name)
     actions = commands["jobs"].add_subparsers(dest="jobs_command", metavar="ACTION")
     for name, text in (("purge", "remove a job's results, dead letters and record"),
-                       ("cancel", "stop a job: nothing more of it is published or computed; what was stored stays "
-                                  "until purged"),
+                       ("cancel", ("stop a job: nothing more of it is published or computed; what was stored stays "
+                                  "until purged")),
                        ("fetch", "write a finished job's vectors to a file, as reindex --out writes them")):
         action = actions.add_parser(name, help=text)
         # the options of jobs again, after the action: one not given there keeps the value given
@@ -100,8 +100,8 @@ def _dispatch(ns: argparse.Namespace) -> None:
     elif command == "scorer":
         from services.scorer.service import ScorerService
 
-        cfg = scorer_config.ScorerConfig.from_namespace(ns)
-        run_service("scorer", cfg.nats, lambda nc: ScorerService(nc, cfg))
+        scorer_cfg = scorer_config.ScorerConfig.from_namespace(ns)
+        run_service("scorer", scorer_cfg.nats, lambda nc: ScorerService(nc, scorer_cfg))
 
 
 def _run_admin(ns: argparse.Namespace) -> int:

@@ -74,8 +74,10 @@ async def _read(reader: StoredResults, state: JobState) -> tuple[list[Stored], i
 
 def _write_chunks(out: Path, parts: list[Stored], form: JobForm, dim: int, state: JobState) -> int:
     """A chunked job's rows written: every chunk once, of the documents whose chunks are all there."""
+    assert form.chunking is not None  # a chunked job's alone
     rows = ChunkedRows()
     for part in parts:
+        assert part.chunks is not None  # StoredResults checks each result is of the job's kind
         rows.add(part.batch, part.doc_ids, part.rows, part.chunks)
     table, vectors = rows.table()
     write_chunked(out, table, np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form].dtype), form.form, dim,

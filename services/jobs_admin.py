@@ -128,6 +128,7 @@ async def list_jobs(nats: NatsConfig) -> int:
             keys = []
         states: dict[str, JobState] = {}
         for key in keys:
+            assert kv is not None  # the keys are its
             try:
                 states[key] = JobState.decode((await kv.get(key)).value, key)
             except NotFoundError:
@@ -165,7 +166,7 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
         results = await purge_subject(js, names["results"], subjects.results(job))
         await purge_subject(js, names["results"], subjects.sources(job))  # a sink job's rows' fields and texts
         dead = await purge_subject(js, names["dead"], subjects.dead(job))
-        if state is not None:
+        if state is not None and kv is not None:  # a state was read from it
             await kv.purge(job)
         if state is None and not results and not dead:
             print(f"no job {job}: nothing to purge")

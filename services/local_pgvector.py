@@ -74,7 +74,8 @@ class LocalPgvector:
         """Stop PostgreSQL (its guard does, as when `up` dies) and wait for it; idempotent."""
         guard, self._guard = self._guard, None
         if guard is not None:
-            guard.stdin.close()  # the guard reads EOF
+            if guard.stdin is not None:  # started with a pipe: always
+                guard.stdin.close()  # the guard reads EOF
             try:
                 guard.wait(STOP_TIMEOUT + 10)
             except subprocess.TimeoutExpired:

@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from dataclasses import replace
+from collections.abc import Callable
 
 import numpy as np
 
@@ -84,6 +85,7 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
             await writer.finish()
         return await _write(plan, kv, collector, run, time.monotonic() - start_time, writer)
     except SinkError as exc:  # a refusal waiting cannot cure: what was read stays in the results stream
+        assert sink is not None  # the error is its
         print(f"job {job}: the store {sink.shown} refused rows: {exc.message}; the job's results stay in the results "
               "stream: run the same command again (with a sink that takes them) to write them", flush=True)
         return 1
@@ -132,8 +134,8 @@ async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task
         chunks = {"chunks": collector.chunks.chunks} if collector.chunks is not None else {}
         bar.set_postfix(**chunks, tokens_s=f"{run.tokens / max(time.monotonic() - start_time, 1e-6):,.0f}")
         cancelled = publisher.done() and not publisher.cancelled() and isinstance(publisher.exception(), JobCancelled)
-        if publisher.done() and not cancelled and publisher.exception():
-            raise publisher.exception()
+        if publisher.done() and not cancelled and (failure := publisher.exception()) is not None:
+            raise failure
         if time.monotonic() - checked > 1.0:  # batches given up count as failed in the job's state
             checked = time.monotonic()
             try:
@@ -145,8 +147,8 @@ async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task
         if cancelled:
             bar.close()
             state = (await read_state(kv, job)) or JobState(job)  # its counts, final since the cancel
-            chunks = f" ({state.chunks_done} chunks)" if plan.chunking else ""
-            print(f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunks}, "
+            chunked = f" ({state.chunks_done} chunks)" if plan.chunking else ""
+            print(f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunked}, "
                   f"{state.failed} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
                   "results stream until the job is purged)")
             return 1, run
@@ -172,6 +174,7 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
     """Write the vectors collected, in input order (when there is an output file), and record the job
     done; 1 when some documents were given up (their ids written beside the output, or listed)."""
     job, docs, out, got = plan.job, plan.docs, plan.out, collector.got
+    whole: Callable[[str], bool]  # whether a document's vectors are all there
     if collector.chunks is not None:
         whole = collector.chunks.whole
         ids = [d for d, _ in docs if whole(d)]
@@ -179,6 +182,7 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
         if out is not None:
             table, rows = collector.chunks.table([d for d, _ in docs])
             vectors = np.stack(rows) if rows else np.zeros((0, 0), FORMS[plan.form].dtype)
+            assert plan.chunking is not None  # a chunked job's collector has chunks
             write_chunked(out, table, vectors, plan.form, collector.dim, plan.chunking.record())
             said = f"{len(ids)} documents in {len(table.ids)} chunks"
     else:

@@ -18,7 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping, Sequence
 
 from shared.config import ConfigError, child_environment, nats_security, retention
 from shared.options import arguments, declared, default, option
@@ -90,7 +90,7 @@ def _run(ns: argparse.Namespace, infos: list[ModelInfo], default: ModelInfo, sto
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
         if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
-        print(_banner(infos, default, base, url, plan, replicas, nats and nats.data_dir / TOKEN_FILE,
+        print(_banner(infos, default, base, url, plan, replicas, nats.data_dir / TOKEN_FILE if nats is not None else None,
                       _store_lines(store, ns.search_sink, base)), flush=True)
         if nats is not None:  # for reindex, jobs and init: where this stack's NATS listens (removed below)
             record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE)
@@ -273,12 +273,13 @@ def _worker_replicas() -> int:
         return 1  # the worker refuses the value itself
 
 
-def _metrics_lines(plan: list[Child], replicas: int) -> str:
+def _metrics_lines(plan: Sequence[Child], replicas: int) -> str:
     width = max(len(c.name) for c in plan)
     lines = []
     for c in plan:
         if c.metrics:
             port = urllib.parse.urlsplit(c.metrics).port
+            assert port is not None  # with_metrics gives each child a port of its own
             more = (f"  (on a CPU, {replicas} replica processes: ports {port}-{port + replicas - 1})"
                     if c.role == "worker" and replicas > 1 else "")
             lines.append(f"    {c.name:<{width}}  {c.metrics}{more}\n")
@@ -291,13 +292,13 @@ def _store_lines(store: LocalPgvector | None, search_sink: str | None, base: str
     table = f"{store.url}&table={TABLE}" if store is not None else None
     searched = "the table below" if table and search_sink == table else "the --search-sink store"
     lines = f"  POST {base}/v1/search       ({searched})\n" if search_sink else ""
-    if table:
+    if store is not None:
         lines += (f"  PostgreSQL + pgvector: {table}\n    (data in {store.folder}; reindex --sink URL loads it, and so "
                   "does POST /v1/jobs with \"sink\": URL)\n")
     return lines
 
 
-def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, plan: list[Child] = (),
+def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, plan: Sequence[Child] = (),
             replicas: int = 1, token_file: Path | None = None, store_lines: str = "") -> str:
     served = "\n".join(
         f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"

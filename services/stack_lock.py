@@ -30,7 +30,7 @@ def hold_data_dir(data_dir: Path) -> IO[str]:
     Raises ConfigError naming the process that holds it already."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / LOCK_FILE
-    handle = open(path, "a+")  # not truncated before the lock is ours: it names the holder
+    handle = open(path, "a+")  # noqa: SIM115 (returned, held open as the lock) not truncated before the lock is ours: it names the holder
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

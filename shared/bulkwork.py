@@ -23,9 +23,11 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
@@ -120,7 +122,8 @@ class WorkQueue:
         try:
             msgs, failed = await self._fetching
         except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
                 raise  # the caller itself is cancelled
             return []  # stopped: a batch its pull request brings later is handed back (hand_back_pending)
         finally:
@@ -191,7 +194,7 @@ async def _fetch(psub, wait: float) -> tuple[list, bool]:
 
     try:
         return await psub.fetch(1, timeout=wait), False
-    except (asyncio.TimeoutError, NatsTimeoutError):
+    except (TimeoutError, NatsTimeoutError):
         return [], False
     except Exception as exc:  # reconnecting, or the consumer is gone: try again shortly
         log.debug("fetch: %r", exc)
@@ -275,7 +278,7 @@ class Heartbeats:
 
     def __init__(self, interval: float) -> None:
         self._interval = interval
-        self._held: dict[int, object] = {}  # by identity: messages are not hashable
+        self._held: dict[int, Msg] = {}  # by identity: messages are not hashable
         self._task: asyncio.Task | None = None
 
     def hold(self, msg) -> None:
@@ -311,7 +314,7 @@ class DeadLetters:
         self._kv = kv
         self._subjects = subjects
         self._stage = stage
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def give_up(self, msg, reason: str, info: BatchInfo) -> None:
         """A batch that must not be tried again: recorded, then terminated (no more deliveries)."""

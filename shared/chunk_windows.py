@@ -25,7 +25,7 @@ Pure: the gateway groups a request's chunks with it, and a bulk job's chunking c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from shared.text_chunks import TextChunk
 

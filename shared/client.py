@@ -31,11 +31,13 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Awaitable, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Sequence
 
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 
 from shared.bundles import Item
@@ -100,6 +102,11 @@ class EmbedOutcome:
     # sparse / tokens / multivector: per input, its (indices, values) or its [n, width] vectors (vectors is empty)
     ragged: list | None = None
 
+    def ragged_rows(self) -> list:
+        """``ragged``, of a request whose output is per input (sparse, tokens, multivector)."""
+        assert self.ragged is not None, "per-input rows asked for, and the answer holds none"
+        return self.ragged
+
 
 class _Pending:
     """Rows gathered so far for one request, over all its attempts."""
@@ -132,7 +139,7 @@ class _Pending:
     def expire(self) -> None:
         """Its deadline passed: the request is answered with a timeout."""
         if not self.future.done():
-            self.future.set_exception(asyncio.TimeoutError())
+            self.future.set_exception(TimeoutError())
 
     def add(self, result: EmbedResult, index: np.ndarray | None) -> None:
         """Rows of one attempt; ``index`` maps that attempt's rows to the request's (None: the same)."""
@@ -146,7 +153,7 @@ class _Pending:
         if result.total != count or end > count:
             raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
-            self.vectors = np.empty((0, 0) if ragged else (self.total, rows.shape[1]), dtype=WIRE_FORMS[result.dtype].dtype)
+            self.vectors = np.empty((0, 0) if ragged else (self.total, np.shape(rows)[1]), dtype=WIRE_FORMS[result.dtype].dtype)
             self.dim, self.dtype = result.dim, result.dtype
             self.ragged = [None] * self.total if ragged else None
         elif (self.dim, self.dtype, self.ragged is not None) != (result.dim, result.dtype, ragged):
@@ -155,7 +162,7 @@ class _Pending:
         fresh = ~self.filled[where]
         if not fresh.any():
             return  # a duplicate: an earlier attempt delivered these rows
-        if ragged:
+        if self.ragged is not None:  # as ``ragged``: checked to agree above
             for row, item, new in zip(where.tolist(), rows, fresh.tolist()):
                 if new:
                     self.ragged[row] = item
@@ -243,7 +250,7 @@ class EmbedClient:
         # the attempt a Requests message went with -> every attempt in it (a no-responders answer names the first)
         self._bundled: dict[str, list[str]] = {}
         self._outbox = Outbox(nc, self._carried, self._unsent)
-        self._sub = None
+        self._sub: Subscription | None = None
         self._watching = False  # whether a dropped connection fails what is in flight (_watch_connection)
         self._hooked = False  # whether the connection's disconnected callback calls ours
         self._tasks: set[asyncio.Task] = set()
@@ -310,7 +317,7 @@ class EmbedClient:
         try:
             await self._send(pending, request_id, None, payload)
             return await pending.future
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if pending.parked:  # its rows were lost, and nothing serves the model to take them again
                 raise ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY) from None
             raise ServiceError(
@@ -493,7 +500,7 @@ class EmbedClient:
             msg = await self._nc.request(subject, payload, timeout=timeout, headers=headers_for(current()))
         except NoRespondersError:
             raise ServiceError(ErrorCode.NO_RESPONDERS, f"no {who} is serving this model right now") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ServiceError(ErrorCode.TIMEOUT, f"no answer from a {who} within {timeout:g}s") from None
         try:
             reply = decode(msg.data)

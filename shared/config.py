@@ -10,7 +10,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
 from shared.subjects import Subjects
@@ -83,6 +83,8 @@ def nats_config(ns: argparse.Namespace) -> NatsConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     url, auth, tls = nats_security(ns)
+    if url is None:
+        raise ConfigError("--nats: no NATS URL given")
     return NatsConfig(url=url, subjects=subjects, ready_file=getattr(ns, "ready_file", None), auth=auth, tls=tls)
 
 

@@ -32,7 +32,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from nats.aio.client import Client
 
@@ -313,7 +313,7 @@ class FleetWatch:
             if first_only:
                 try:
                     await asyncio.wait_for(got_one.wait(), self._wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             else:
                 await asyncio.sleep(self._wait)

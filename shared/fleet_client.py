@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from nats.aio.client import Client
@@ -127,9 +127,10 @@ class FleetClient:
         view = await self._fleet.view()
         if model is None and len(view.models) == 1:
             return view.models[0]
-        for served in view.models if model is not None else ():
-            if same_model(model, served):
-                return served
+        if model is not None:
+            for served in view.models:
+                if same_model(model, served):
+                    return served
         if not view.models:
             raise ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model right now")
         if model is None:

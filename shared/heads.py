@@ -50,7 +50,7 @@ def linear_shape(path: Path) -> tuple[int, int]:
             from safetensors import safe_open
 
             with safe_open(str(path), framework="np") as f:
-                if "weight" in f.keys():
+                if "weight" in f.keys():  # noqa: SIM118 (safe_open is no mapping)
                     shape = f.get_slice("weight").get_shape()
                     if len(shape) == 2:
                         return int(shape[0]), int(shape[1])

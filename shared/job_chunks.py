@@ -33,7 +33,8 @@ class ChunkTable:
 
     def columns(self) -> dict[str, list]:
         """The table's columns by name, ``text`` last when there are texts."""
-        return dict(zip(COLUMNS, (self.ids, self.chunk, self.start, self.end))) | (
+        columns: tuple[list, ...] = (self.ids, self.chunk, self.start, self.end)
+        return dict(zip(COLUMNS, columns)) | (
             {} if self.texts is None else {"text": self.texts})
 
 

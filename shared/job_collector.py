@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bulkwork import close_pull
@@ -58,7 +59,7 @@ class Layout:
                 base + d < len(self.ids) and self.ids[base + d] == doc_id
                 for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids))
         first = result.batch * self.batch_size + result.start
-        return (0 <= result.start and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
+        return (result.start >= 0 and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
                 and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids))
 
 
@@ -79,7 +80,7 @@ class Collector:
         self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
         # fetches in a row without a result before the consumer is asked whether it is there
         self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
-        self._psub = None
+        self._psub: JetStreamContext.PullSubscription | None = None
         self._last = 0  # stream sequence of the last result read
         self._before: int | None = None  # the stream's last sequence when this run began: results up to it are an earlier run's
         self._quiet = 0
@@ -135,6 +136,8 @@ class Collector:
             log.info("results consumer open again after result %d", self._last)
 
     async def _still_there(self) -> bool:
+        if self._psub is None:  # closed meanwhile: gone as well
+            return False
         try:
             await self._psub.consumer_info()
             return True
@@ -151,7 +154,7 @@ class Collector:
             return Polled()
         try:
             msgs = await self._psub.fetch(64, timeout=self._fetch_wait)
-        except (asyncio.TimeoutError, NatsTimeoutError):
+        except (TimeoutError, NatsTimeoutError):
             self._quiet += 1
             if self._quiet >= self._quiet_check:
                 self._quiet = 0
@@ -195,6 +198,7 @@ class Collector:
             new = chunks = 0
             rows = result.ragged() if result.offsets is not None else result.array()
             if self.chunks is not None:
+                assert result.chunks is not None  # checked above: a chunk row, as the job's are
                 new, chunks = self.chunks.add(result.batch, result.doc_ids, rows, result.chunks)
             else:
                 for doc_id, row in zip(result.doc_ids, rows):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from shared.fleet import FleetView, FleetWatch
 from shared.model_dir.info import same_model

@@ -9,10 +9,9 @@ nothing, so it changes nothing and any number of readers may run at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 from nats.js import JetStreamContext
@@ -105,7 +104,7 @@ class StoredResults:
         self._js, self._job, self._form = js, job, form
         self._subject = subjects.results(job)
         self._stream = stream_names(subjects)["results"]
-        self._psub = None
+        self._psub: JetStreamContext.PullSubscription | None = None
         self._last = 0  # stream sequence of the last result read
         self.stored = 0  # messages the stream held for the job when opened
         self.dim = 0  # components per row, from the first result read
@@ -163,9 +162,10 @@ class StoredResults:
 
         unread = f"with {pending} of its {self.stored} results unread"
         for _ in range(REOPENS):
+            assert self._psub is not None  # open, and opened again below
             try:
                 return await self._psub.fetch(FETCH, timeout=FETCH_WAIT)
-            except (asyncio.TimeoutError, NatsTimeoutError):
+            except (TimeoutError, NatsTimeoutError):
                 if await self._still_there():  # there, and nothing came: the results went meanwhile
                     raise ResultsLost(f"job {self._job}: the results stream stopped answering {unread}") from None
                 why = "gone"
@@ -180,6 +180,8 @@ class StoredResults:
         raise ResultsLost(f"job {self._job}: its results consumer was lost {REOPENS} times in a row {unread}")
 
     async def _still_there(self) -> bool:
+        if self._psub is None:  # closed meanwhile: gone as well
+            return False
         try:
             await self._psub.consumer_info()
             return True

@@ -13,7 +13,6 @@ Read back, each message is checked (msgpack, types, lengths) before anything is 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import msgpack
@@ -100,7 +99,7 @@ async def read_sources(js: JetStreamContext, subjects: Subjects, job: str, limit
         while len(parts) < held and (wanted is None or len(parts) < wanted):
             try:
                 msgs = await psub.fetch(min(16, held - len(parts)), timeout=FETCH_WAIT)
-            except (asyncio.TimeoutError, NatsTimeoutError):
+            except (TimeoutError, NatsTimeoutError):
                 break
             for msg in msgs:
                 try:

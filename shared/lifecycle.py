@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import ssl
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine
 
 import nats
 from nats.aio.client import Client
@@ -65,8 +67,8 @@ class RepeatFilter:
 
     def warning(self, message: str) -> None:
         now = time.monotonic()
-        last, repeats = self._seen.get(message, (None, 0))
-        if last is not None and now - last < self._every:
+        last, repeats = self._seen.get(message, (-math.inf, 0))  # never logged: -inf, long ago
+        if now - last < self._every:
             self._seen[message] = (last, repeats + 1)
             return
         self._seen[message] = (now, 0)
@@ -138,9 +140,10 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
                     servers=cfg.url.split(","),
                     name=name,
                     inbox_prefix=inbox_prefix(name),  # replies only to this role's inboxes (shared.permissions)
-                    connect_timeout=cfg.connect_timeout,
+                    # seconds: nats-py annotates them int, and passes them on to asyncio, which takes floats
+                    connect_timeout=cfg.connect_timeout,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]
                     allow_reconnect=False,
                     error_cb=on_error,
                     disconnected_cb=on_disconnect,
@@ -155,7 +158,7 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 1)
             raise ConnectAborted(last) from None
-        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             # on_error has logged it; the failed client's socket is closed by the server or the
             # failed handshake, and closing the client could wait forever on it (see above)
             last = describe_error(exc, cfg)
@@ -298,7 +301,7 @@ async def _stop_service(role: str, service: Runnable, nc: Client) -> None:
         log.info("%s: stopping: %r", role, exc)
 
 
-def run_async(main: Awaitable[Any]) -> Any:
+def run_async(main: Coroutine[Any, Any, Any]) -> Any:
     """Run ``main`` to completion on uvloop where it is installed (C socket I/O: a small request's
     cost is mostly event-loop work), else on asyncio's own loop."""
     try:
@@ -322,7 +325,7 @@ async def start_jetstream_part(start: Callable[[], Awaitable[Any]]) -> None:
         try:
             await start()
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if attempt == JETSTREAM_TRIES:
                 raise
             log.info("JetStream did not answer in time (try %d of %d); trying again", attempt, JETSTREAM_TRIES)

@@ -15,7 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from shared.config import NATS_SECURITY_ENV, ConfigError
 from shared.options import PASSWORD_ENV, TOKEN_ENV

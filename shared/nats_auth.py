@@ -43,8 +43,8 @@ def split_credentials(urls: str) -> tuple[str, str | None, str | None]:
         clean.append(urlunsplit(parts._replace(netloc=hostport)))
     if len(found) > 1:
         raise ValueError(f"--nats {redact(urls)}: the URLs carry different credentials; give one set")
-    user, password = found.pop() if found else (None, None)
-    return ",".join(clean), user or None, password
+    who, secret = found.pop() if found else ("", None)
+    return ",".join(clean), who or None, secret
 
 
 def read_secret(path: str, option: str) -> str:

@@ -130,7 +130,7 @@ class EmbeddedNats:
             f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n'
             + self.config
         )
-        log_file = open(self.data_dir / "nats-server.log", "ab")
+        log_file = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 (the server writes it until it stops)
         self._proc = subprocess.Popen(
             [find_binary(), "-c", str(conf)],
             stdout=log_file,

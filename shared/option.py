@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 
 class ConfigError(ValueError):
@@ -132,8 +133,8 @@ class Option:
         if self.env_only:
             return
         if self.kind == "switch":
-            parser.add_argument(self.flag, action="store_true", help=self.help,
-                                **({"default": argparse.SUPPRESS} if suppress else {}))
+            unset: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+            parser.add_argument(self.flag, action="store_true", help=self.help, **unset)
             return
         default = self.from_env(environ)
         value = f"; default {default!r}" if self.shows_value else ""

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field, fields
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from shared.option import (
     ConfigError, Option, budget, non_negative_float, non_negative_int, port_number, positive_float, positive_int,

@@ -16,7 +16,7 @@ import ctypes.util
 import os
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -28,7 +28,7 @@ class Rows(NamedTuple):
 
     batch: int
     start: int
-    count: int
+    count: int  # type: ignore[assignment]  # the rows, a field: it hides tuple.count, which no one calls on it
     total: int = 0
 
 

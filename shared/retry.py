@@ -13,7 +13,8 @@ import asyncio
 import logging
 import random
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("embedfleet.retry")
 
@@ -43,7 +44,7 @@ async def retry_transient(call: Callable[[], Awaitable[T]], transient: Callable[
     while True:
         try:
             return await call()
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, NatsError) as exc:
             if not transient(exc) or time.monotonic() > give_up:
                 raise
             log.debug("%s waits for the server: %r", what, exc)

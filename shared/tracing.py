@@ -21,7 +21,8 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from shared.config import ConfigError
 from shared.options import default
@@ -244,6 +245,7 @@ class Tracer:
                 return Span(TraceContext.start(sampled=False))
             return Span(parent.child())
         otel = self._otel
+        assert otel is not None  # loaded with the tracer
         context = None
         if parent is not None:
             remote = otel.SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,

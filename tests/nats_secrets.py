@@ -45,7 +45,7 @@ class CertificateAuthority:
     def __init__(self, folder: Path, name: str = "embedfleet test CA") -> None:
         self.folder = folder
         self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self._cert = (
             x509.CertificateBuilder()
             .subject_name(_name(name)).issuer_name(_name(name))
@@ -65,7 +65,7 @@ class CertificateAuthority:
 
     def issue(self, stem: str, names: list[x509.GeneralName], usage: x509.ObjectIdentifier) -> Pem:
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         cert = (
             x509.CertificateBuilder()
             .subject_name(_name(stem)).issuer_name(self._cert.subject)

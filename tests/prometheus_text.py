@@ -16,7 +16,7 @@ def value(text: str, name: str, **labels: str) -> float:
     found = samples(text)
     key = (name, frozenset(labels.items()))
     if key not in found:
-        near = sorted(f"{n}{dict(l)}" for n, l in found if n == name)
+        near = sorted(f"{n}{dict(labelled)}" for n, labelled in found if n == name)
         raise AssertionError(f"no sample {name}{labels}; {name} has: {near or 'none'}")
     return found[key]
 

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,21 @@ def test_make_test_runs_the_system_packages_step_first():
     setup = next(i for i, line in enumerate(lines) if "tests/setup/system-packages.sh" in line)
     pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
     assert setup < pytest_run, out.stdout
+
+
+def test_make_test_runs_the_static_checks_before_pytest():
+    """make lint (ruff and mypy, configured in pyproject.toml) runs before the suite, from the venv the test
+    extra installs them into: a lint error fails make test without the suite's minutes."""
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "test"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    ruff = lines.index(".venv/bin/ruff check .")
+    mypy = lines.index(".venv/bin/mypy")
+    pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
+    assert ruff < pytest_run and mypy < pytest_run, out.stdout
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert {re.split(r"[<>=]", spec)[0] for spec in extra} >= {"ruff", "mypy"}, extra
 
 
 def test_make_run_installs_the_local_pgvector_only_when_asked():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:

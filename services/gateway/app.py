@@ -8,10 +8,12 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
+from nats.aio.client import Client
+from nats.micro.service import Service
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -26,7 +28,7 @@ from shared.job_streams import ensure_streams
 from shared.lifecycle import connect, drain_or_close, mark_ready, register
 from shared.metrics_server import serve_metrics
 from shared.model_dir.info import same_model
-from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, Spans
+from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
 from shared.quantize import quantize
 from shared.vector_forms import FLOAT32, FORMS
 from shared.tracing import Tracer
@@ -73,10 +75,11 @@ class Gateway:
         self.cfg = cfg
         self.metrics = metrics
         self.limits = Limits(cfg.max_inputs, cfg.max_input_chars)
-        self.nc = None
-        self.client: EmbedClient | None = None
-        self.discovery: FleetWatch | None = None
-        self._micro = None
+        # made by the lifespan, before the first request
+        self.nc: Client
+        self.client: EmbedClient
+        self.discovery: FleetWatch
+        self._micro: Service
         self.jobs: JobsApi | None = None
         self.sink_jobs: SinkJobs | None = None
         self.job_results: JobResultsApi | None = None
@@ -91,7 +94,7 @@ class Gateway:
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
         # liveness checks while requests are in flight: the rows a killed process held go out again at once
         self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval,
-                                    busy=lambda: self.client is not None and self.client.in_flight > 0)
+                                    busy=lambda: self.client.in_flight > 0)  # asked once started, below
         self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery)
         self.discovery.on_lost(self.client.resend_missing)
         await self.client.start()
@@ -265,7 +268,7 @@ class Gateway:
         late, chunks = late_chunking.plan(texts, layout)
         spans = dataclasses.replace(options, output="spans", truncate=False)
         outcome = await self.run_embed(model, Inputs(late.texts, None), spans, late.spans, late.inputs)
-        return dataclasses.replace(outcome, vectors=late_chunking.chunk_rows(outcome.ragged, late), ragged=None), chunks
+        return dataclasses.replace(outcome, vectors=late_chunking.chunk_rows(outcome.ragged_rows(), late), ragged=None), chunks
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()
@@ -307,7 +310,7 @@ class Gateway:
         if "sparse" not in await self.offers(model):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)")
         outcome = await self.run_embed(model, req.inputs, req.options)
-        return Response(tei_api.render_sparse(outcome.ragged), media_type="application/json",
+        return Response(tei_api.render_sparse(outcome.ragged_rows()), media_type="application/json",
                         headers=self.stage_headers(outcome))
 
     async def embed_all(self, request: Request) -> Response:
@@ -316,10 +319,10 @@ class Gateway:
         req = tei_api.parse_embed_all(body, self.limits, await self.offers(model))
         outcome = await self.run_embed(model, req.inputs, req.options)
         form = req.options.form
-        return Response(tei_api.render_all(outcome.ragged, form), media_type="application/json",
+        return Response(tei_api.render_all(outcome.ragged_rows(), form), media_type="application/json",
                         headers=self.stage_headers(outcome))
 
-    async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, object]:
+    async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, RerankResult]:
         model = await self.resolve_model(call.model)
         deadline = time.time() + self.cfg.request_timeout
         request = RerankRequest(request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate)
@@ -399,12 +402,14 @@ class Gateway:
                            "one (embedders answer /embed)", "model")
         pairs = [i for i, x in enumerate(call.inputs) if not isinstance(x, str)]
         singles = [i for i, x in enumerate(call.inputs) if isinstance(x, str)]
+        texts = [x for x in call.inputs if isinstance(x, str)]  # singles' inputs, in their order
+        both = [x for x in call.inputs if not isinstance(x, str)]  # pairs'
         groups = [(rows, is_pair) for rows, is_pair in ((singles, False), (pairs, True)) if rows]
         timeout = self.cfg.request_timeout
         async with self.admitted():  # single texts and pairs travel as two requests, scored at once
             outcomes = await asyncio.gather(*(
-                part_of(self.client.embed(model, [] if is_pair else [call.inputs[i] for i in rows], call.options, timeout,
-                                          pairs=[call.inputs[i] for i in rows] if is_pair else None), rows)
+                part_of(self.client.embed(model, [] if is_pair else texts, call.options, timeout,
+                                          pairs=both if is_pair else None), rows)
                 for rows, is_pair in groups
             ))
         labels = tei_tasks.worker_labels(worker)
@@ -455,7 +460,7 @@ class Gateway:
         if task == "embed_sparse":
             req = tei_api.parse_embed_sparse(body, self.limits)
             outcome = await self.run_embed(model, req.inputs, req.options)
-            return Response(tei_api.render_sparse(outcome.ragged), media_type="application/json",
+            return Response(tei_api.render_sparse(outcome.ragged_rows()), media_type="application/json",
                             headers=self.stage_headers(outcome))
         return await self.run_tei_embed(request, tei_api.parse_embed(body, self.limits), model)
 
@@ -538,7 +543,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    log.exception("unhandled error on %s %s", request.method, request.url.path)  # noqa: LOG004 (starlette calls it in its except)
     return error_response(request.url.path, ErrorCode.INTERNAL, "internal error")
 
 
@@ -566,5 +571,7 @@ def serve(cfg: GatewayConfig, log_level: str) -> None:
         log_level=log_level,
         access_log=log_level == "debug",
         timeout_graceful_shutdown=30,
-        http=http_server.protocol(cfg.http),  # limits on headers and slow clients
+        # limits on headers and slow clients; uvicorn takes a protocol class or its name, and calls it to make
+        # one: a factory with the limits bound is as good, which its annotation cannot say
+        http=http_server.protocol(cfg.http),  # type: ignore[arg-type]
     ))

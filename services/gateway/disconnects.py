@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from typing import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,7 +47,7 @@ class Departure:
             callback()
 
 
-def departure_of(scope: Scope) -> Departure | None:
+def departure_of(scope: Mapping[str, Any]) -> Departure | None:  # an ASGI scope, or uvicorn's typed one
     extensions = scope.get("extensions")
     return None if extensions is None else extensions.get(DEPARTURE)
 
@@ -120,7 +121,8 @@ async def run_watched(app: ASGIApp, scope: Scope, receive: Receive, send: Send) 
             pass
         gone.set()
 
-    handler = asyncio.create_task(app(scope, app_receive, app_send))  # the request's context goes with it
+    # the request's context goes with it; ensure_future: an ASGI app returns an awaitable, not always a coroutine
+    handler = asyncio.ensure_future(app(scope, app_receive, app_send))
     watcher = asyncio.create_task(watch())
     departure = asyncio.create_task(gone.wait())
     try:

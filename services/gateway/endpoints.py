@@ -10,7 +10,7 @@ unknown path or method, the lifespan) goes through starlette as before.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response

@@ -148,7 +148,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, refused: Refused, in_body: bool = False) -> None:
         """Answer ``refused`` and close; ``in_body``: the application has the request, and is told it is gone."""
         self._disarm()
-        peer = "%s:%d" % self.client if self.client else "?"
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.warning("refused a request from %s with %d: %s", peer, refused.status, refused.reason)
         if in_body and self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the application's receive() says the client is gone
@@ -167,7 +167,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {DEPARTURE: Departure()}
+        # ASGI extensions hold any values; uvicorn's scope type says dicts
+        self.scope["extensions"] = {DEPARTURE: Departure()}  # type: ignore[dict-item]
         self._head_bytes = self._header_count = 0
         if self._timer is None:  # a kept-alive connection's next request
             self._arm(self.limits.header_timeout, "headers")
@@ -194,7 +195,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         previous = self.cycle
         super().on_headers_complete()
         if self.cycle is not previous:  # a new request's cycle, whose application task has not run yet
-            self.cycle.transport = _HeadWithBody(self.transport, self.cycle)
+            # a stand-in with the calls the cycle makes on its transport, not a Transport subclass
+            self.cycle.transport = _HeadWithBody(self.transport, self.cycle)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._disarm()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
@@ -60,6 +60,7 @@ def negotiate(accept: str | None) -> str:
 def ndjson_lines(part: Stored, output: str) -> bytes:
     """``{"id", "vector"}`` a line for each document of ``part``; a chunked job's, ``{"id", "chunk",
     "start", "end", "vector"[, "text"]}`` a line for each chunk."""
+    vectors: list[dict[str, np.ndarray]] | list[np.ndarray]
     if output == "sparse":
         vectors = [{"indices": i.astype(np.int64), "values": _numbers(v)} for i, v in part.rows]
     else:

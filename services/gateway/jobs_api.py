@@ -102,7 +102,10 @@ class JobsApi:
             sources = Sources(fields, dict(docs) if with_text and chunking is None else None)
             store = await self._store(doc, fleet, model, form, options, chunking, job, docs, sources)
         try:
-            record = None if store is None else self._sinks.record(store[0], store[1], store[2])
+            record = None
+            if store is not None:
+                assert self._sinks is not None  # _store refuses a sink without them
+                record = self._sinks.record(store[0], store[1], store[2])
             if path is None:
                 status = (await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)).status
             else:  # a file may be large: publish in the background, answer at once
@@ -116,6 +119,7 @@ class JobsApi:
                 await asyncio.to_thread(store[1].close)
             raise
         if store is not None:
+            assert self._sinks is not None  # _store refuses a sink without them
             self._sinks.write(job, store[1], store[2], sources, Layout([d for d, _ in docs], batch_size))
         if existing is not None:
             return 200, _shown(await read_state(self._kv, job) or existing)

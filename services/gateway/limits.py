@@ -13,7 +13,7 @@ import contextvars
 import hashlib
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 NO_KEY = "none"  # the metrics' key label for requests that gave no key (no keys configured, open paths)
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("embedfleet_api_key", default=None)

@@ -113,8 +113,9 @@ class GatewayMiddleware:
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer the request; True when its client went away before its answer (services/gateway/disconnects.py)."""
-        endpoint = None if self.endpoints is None else self.endpoints.get(scope["method"], scope["path"])
-        app = self.app if endpoint is None else functools.partial(self.endpoints.run, endpoint)
+        endpoints = self.endpoints
+        endpoint = None if endpoints is None else endpoints.get(scope["method"], scope["path"])
+        app = self.app if endpoints is None or endpoint is None else functools.partial(endpoints.run, endpoint)
         departure = departure_of(scope)
         if departure is None:
             return await run_watched(app, scope, receive, send)

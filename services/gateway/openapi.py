@@ -164,7 +164,7 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
     truncation = {"truncate": {"type": "boolean", "default": False},
                   "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]}}
     texts = {"type": "array", "items": {"type": "string"}}
-    predict_body = {"type": "object", "required": ["inputs"], "properties": {
+    predict_body: dict[str, Any] = {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"oneOf": [
             {"type": "string", "description": "one text"},
             {**texts, "minItems": 1, "maxItems": 2, "description": "one text, or a [text, text_pair] pair"},
@@ -176,7 +176,7 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
         "score": {"type": "number"}, "label": {"type": "string"}}}, "description": "per label, best first"}
     predicted = {"application/json": {"schema": {"oneOf": [
         prediction, {"type": "array", "items": prediction, "description": "a batch: per input"}]}}}
-    similarity_body = {"type": "object", "required": ["inputs"], "properties": {
+    similarity_body: dict[str, Any] = {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
             "source_sentence": {"type": "string"}, "sentences": {**texts, "minItems": 1}}},
         "parameters": {"type": ["object", "null"], "properties": {**truncation, "prompt_name": {"type": ["string", "null"]}}},

@@ -53,7 +53,7 @@ class ParquetStream:
         if self._writer is None:
             self._open(dim)
         tail = self._flush()
-        self._writer.close()
+        self._opened().close()
         return tail + self._taken()
 
     def _open(self, dim: int) -> None:
@@ -65,18 +65,26 @@ class ParquetStream:
             fields += [("text", pa.string())] if self._form.with_text else []
         self._writer = pq.ParquetWriter(self._sink, pa.schema(fields, metadata=meta))
 
+    def _opened(self) -> pq.ParquetWriter:
+        assert self._writer is not None  # by the first add, or by finish
+        return self._writer
+
     def _flush(self) -> bytes:
         if self._parts:
+            writer = self._opened()
             columns = {"id": pa.array([d for part in self._parts for d in part.doc_ids], pa.string()),
                        "vector": _column(self._parts, self._form.output, self._type)}
             if self._form.chunking is not None:
-                places = [stored_columns(part.doc_ids, part.chunks) for part in self._parts]
+                places = []
+                for part in self._parts:
+                    assert part.chunks is not None  # StoredResults checks each result is of the job's kind
+                    places.append(stored_columns(part.doc_ids, part.chunks))
                 for name in ("chunk", "start", "end") + (("text",) if self._form.with_text else ()):
-                    kind = self._writer.schema.field(name).type
+                    kind = writer.schema.field(name).type
                     columns[name] = pa.array([v for place in places for v in (place.columns().get(name) or
                                                                                [""] * len(place.ids))], kind)
-            arrays = [columns[name] for name in self._writer.schema.names]
-            self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._writer.schema))
+            arrays = [columns[name] for name in writer.schema.names]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=writer.schema))
             self._parts, self._documents, self._held = [], 0, 0
         return self._taken()
 
@@ -89,7 +97,7 @@ class ParquetStream:
 
 def _arrays(part: Stored, output: str) -> list[np.ndarray]:
     if output == "dense":
-        return [part.rows]
+        return [np.asarray(part.rows)]  # [rows, width] already
     if output == "sparse":
         return [a for pair in part.rows for a in pair]
     return list(part.rows)

@@ -61,6 +61,7 @@ class Search:
         if missing is not None:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"the search store holds no text for {missing.id!r}: rerank needs the "
                            "rows' texts (loaded with them), or leave 'rerank' out", "rerank")
+        assert call.rerank is not None  # the reranker is its
         started = time.perf_counter()
         texts = [h.text or "" for h in hits]
         rerank = RerankCall(reranker, call.query, texts, call.rerank.top_n, raw_scores=False, truncate=True, return_text=False)

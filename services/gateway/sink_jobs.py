@@ -28,6 +28,7 @@ import logging
 import time
 import uuid
 from dataclasses import replace
+from functools import partial
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from shared.errors import ErrorCode
@@ -165,10 +166,13 @@ class SinkJobs:
     def write(self, job: str, sink: Sink, shape: Shape, sources: Sources, layout: Layout | None) -> None:
         """Write a job just submitted (its lease taken with its first state) in the background."""
         if job in self._writing:  # the same request again while this gateway writes it
-            asyncio.create_task(asyncio.to_thread(sink.close))
+            asyncio.create_task(asyncio.to_thread(sink.close))  # noqa: RUF006 (the executor's future holds the task until closed)
             return
         self._writing[job] = task = asyncio.create_task(self._write(job, sink, shape, sources, layout))
-        task.add_done_callback(lambda _t, j=job: self._writing.pop(j, None))
+        task.add_done_callback(partial(self._written, job))
+
+    def _written(self, job: str, _task: asyncio.Task) -> None:
+        self._writing.pop(job, None)
 
     # -- the lease ------------------------------------------------------------------------------
 
@@ -302,7 +306,7 @@ class SinkJobs:
             return
         log.info("job %s: writing into %s taken over (its gateway stopped)", job, sink.shown)
         self._writing[job] = task = asyncio.create_task(self._write(job, sink, shape, sources, None))
-        task.add_done_callback(lambda _t, j=job: self._writing.pop(j, None))
+        task.add_done_callback(partial(self._written, job))
 
 
 def _unwritten(state: JobState) -> bool:

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
@@ -133,7 +133,7 @@ class BulkFeeder:
                 self._room.clear()
                 try:  # woken when the engine takes the queued work (the timeout is a safety net)
                     await asyncio.wait_for(self._room.wait(), 0.05)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             for msg in await self._work.fetch():
@@ -169,6 +169,8 @@ class BulkFeeder:
         crash before the acknowledgement redelivers it: the result's message id makes the second copy
         a no-op, and rows counted before are not counted again."""
         batch, msg = work.batch, work.source
+        # bulk work: a job batch's, with its message
+        assert msg is not None and batch.job is not None and batch.doc_ids is not None
         result = JobResult(
             id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=dim,
             dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens, offsets=offsets, indices=indices,
@@ -202,6 +204,7 @@ class BulkFeeder:
     async def failed(self, work: Work, reason: str) -> None:
         """The engine failed on this batch: another try later, or given up on its last delivery."""
         msg = work.source
+        assert msg is not None  # bulk work: its message
         if not self._beats.release(msg):
             return  # another part of the same batch failed first: already handled
         record_work(self._tracer, work, "worker job batch", ServiceError(ErrorCode.INTERNAL, reason))

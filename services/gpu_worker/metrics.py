@@ -21,7 +21,7 @@ RUNS = ("eager", "captured", "replay")  # see Engine.step: the handle's ``run``
 TOKEN_CLASSES = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKENS = tuple(float(2**i) for i in range(4, 17))  # 16 .. 65536 tokens per batch
-_ROWS = tuple(float(2**i) for i in range(0, 13))  # 1 .. 4096 sequences per batch
+_ROWS = tuple(float(2**i) for i in range(13))  # 1 .. 4096 sequences per batch
 
 
 def token_class(tokens: int) -> str:

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from nats.aio.msg import Msg
 
 from shared.protocol import Spans, TokenChunk
 from shared.tracing import TraceContext
@@ -25,7 +26,7 @@ class Work:
     arrived: float = 0.0  # perf_counter when queued
     started: float | None = None  # perf_counter when its first rows were launched
     inference: float = 0.0  # seconds of engine batches its rows were in
-    source: object | None = None  # bulk work: the JetStream message to acknowledge once answered
+    source: Msg | None = None  # bulk work: the JetStream message to acknowledge once answered
     next_row: int = 0  # first row not yet scheduled
     done_rows: int = 0
     # [count, dim] float32 (tokens, multivector: [tokens, dim]; spans: [spans, dim]), allocated on first result
@@ -97,7 +98,7 @@ class Scheduler:
         """Remove queued work whose deadline passed before any of its rows ran."""
         expired = []
         for queue in (self._online, self._bulk):
-            keep = deque()
+            keep: deque[Work] = deque()
             for work in queue:
                 if work.next_row == 0 and work.batch.deadline < now:
                     expired.append(work)

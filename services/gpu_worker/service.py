@@ -23,11 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.micro.service import Service
 
 from shared.bundles import answer, is_bundle, unbundle
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
-from shared.metrics_server import serve_metrics
+from shared.metrics_server import MetricsServer, serve_metrics
 from shared.protocol import (
     DELIVERY_CHECK,
     MAX_STAGES,
@@ -51,6 +53,7 @@ from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidSpans, InvalidTokens
 from services.gpu_worker.engine.pooling import postprocess
+from services.gpu_worker.engine.results import CudaResult, ReadyResult
 from services.gpu_worker.load_reports import ReportCadence
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
@@ -143,16 +146,16 @@ class WorkerService:
         self._dim = first.dim
         self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs, cfg.bulk_batch_tokens)
         self.metrics = WorkerMetrics(cfg.model.id, self._scheduler, first.max_batch_tokens)
-        self._exporter = None
+        self._exporter: MetricsServer | None = None
         self._tracer = Tracer("worker", cfg.tracing)
         self._wake = asyncio.Event()  # work was queued: for the replicas' loops
         self._arrived = asyncio.Event()  # the same, for the load reports' loop
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self._executors: list[ThreadPoolExecutor] = []
-        self._sub = None
-        self._direct_sub = None
-        self._micro = None
+        self._sub: Subscription | None = None
+        self._direct_sub: Subscription | None = None
+        self._micro: Service | None = None
         self._id = uuid.uuid4().hex[:16]
         self._running_tokens = 0  # tokens in launched, uncollected batches
         self._rate = 0.0  # tokens/s of recent batches (moving average), for the tokenizers' routing
@@ -333,6 +336,7 @@ class WorkerService:
         whose vectors cannot fit in one can never succeed."""
         self._check_batch(batch)
         opts = batch.options
+        assert batch.job is not None and batch.doc_ids is not None  # a job batch: BulkFeeder took it as one
         if not _rows_per_vector(True, opts.output):
             return  # entries per document are known once made: checked then (_reply_ragged)
         rows = len(batch.doc_ids)  # a vector each: the rows, or with spans the spans (a late job's chunks)
@@ -345,7 +349,7 @@ class WorkerService:
 
     async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
-        in_flight: deque[tuple[Batch, object, float, int]] = deque()
+        in_flight: deque[tuple[Batch, ReadyResult | CudaResult, float, int]] = deque()
         replica = self._engines.index(engine)
         trimmed = time.monotonic()
         while True:
@@ -422,11 +426,16 @@ class WorkerService:
             except Exception:  # the connection is going away: the requesters send these rows again
                 log.exception("publishing a reply on %s failed", subject)
 
+    def _feeder(self) -> BulkFeeder:
+        """The bulk feeder, which all bulk work (work with a ``source``) came through."""
+        assert self._bulk is not None
+        return self._bulk
+
     async def _fail(self, batch: Batch) -> None:
         self.metrics.batch_failed(batch)
         for s in batch.slices:
             if s.work.source is not None:
-                await self._bulk.failed(s.work, "the engine failed on the batch")  # tried again, then given up
+                await self._feeder().failed(s.work, "the engine failed on the batch")  # tried again, then given up
                 continue
             await self._reply_error(s.work, ServiceError(ErrorCode.INTERNAL, "engine error"))
 
@@ -436,25 +445,30 @@ class WorkerService:
         norm where the model's stack normalises (or the request says), float32."""
         opts = work.batch.options
         normalize = self._cfg.model.normalize if opts.normalize is None else opts.normalize
+        assert work.vectors is not None  # finished
         return postprocess(work.vectors, normalize, opts.dimensions or self._cfg.model.truncate_dim, FLOAT32)
 
     def _ragged(self, work: Work) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
         """A finished sparse / tokens / multivector / spans work as (offsets, payload, indices or None, dim)."""
         batch, opts, model = work.batch, work.batch.options, self._cfg.model
+        vectors = work.vectors
+        assert vectors is not None  # finished
         if opts.output == "spans":  # a vector per span, made as a dense vector is
             floats = self._pooled(work)
+            assert batch.spans is not None  # checked with the batch: output "spans" comes with them
             return batch.spans.offsets.astype(np.int32), quantize(floats, opts.form), None, floats.shape[1]
         if opts.output == "sparse":
-            offsets, indices, values = sparse_rows(work.vectors, opts.sparse_threshold, opts.sparse_top_k)
-            return offsets, values.astype(WIRE_FORMS[opts.dtype].dtype), indices, work.vectors.shape[1]
+            offsets, indices, values = sparse_rows(vectors, opts.sparse_threshold, opts.sparse_top_k)
+            return offsets, values.astype(WIRE_FORMS[opts.dtype].dtype), indices, vectors.shape[1]
         drop = None
         skip_first = False
         if opts.output == "multivector":
             spec = model.multivector
+            assert spec is not None  # checked with the batch: the model makes multivectors
             skip_first = spec.skip_first
             if spec.skiplist_ids and (opts.input_type or "document") in spec.skiplist_tasks:
                 drop = np.asarray(spec.skiplist_ids, dtype=np.int32)
-        offsets, rows = token_rows(work.vectors, batch.input_ids, batch.cu_seqlens, skip_first, drop)
+        offsets, rows = token_rows(vectors, batch.input_ids, batch.cu_seqlens, skip_first, drop)
         return offsets, quantize(rows, opts.form), None, rows.shape[1]
 
     async def _reply(self, work: Work, outgoing: Outgoing) -> None:
@@ -467,7 +481,7 @@ class WorkerService:
         dim = floats.shape[1]
         out = quantize(floats, opts.form)  # the form the request asked for (float32: as is)
         if work.source is not None:
-            self._bulk.answer_soon(work, out, opts.dtype, dim)  # stored while the engine runs the next batch
+            self._feeder().answer_soon(work, out, opts.dtype, dim)  # stored while the engine runs the next batch
             return
         record_work(self._tracer, work, "worker embed")
         row_bytes = out.shape[1] * out.itemsize
@@ -498,12 +512,13 @@ class WorkerService:
         batch, opts = work.batch, work.batch.options
         offsets, payload, indices, dim = self._ragged(work)
         if work.source is not None:
+            assert batch.job is not None and batch.doc_ids is not None  # a job batch (_check_bulk)
             size = payload.nbytes + offsets.nbytes + (0 if indices is None else indices.nbytes)
             if size + 2 * len(batch.job.encode()) + sum(len(d) for d in batch.doc_ids) + _ENVELOPE_BYTES > self._nc.max_payload:
-                await self._bulk.failed(work, f"the {opts.output} vectors of {batch.count} documents take {size} bytes, "
+                await self._feeder().failed(work, f"the {opts.output} vectors of {batch.count} documents take {size} bytes, "
                                         f"over one message of {self._nc.max_payload}: use smaller batches")
                 return
-            self._bulk.answer_soon(work, payload, opts.dtype, dim, offsets, indices)
+            self._feeder().answer_soon(work, payload, opts.dtype, dim, offsets, indices)
             return
         record_work(self._tracer, work, "worker embed")
         tokens = batch.num_tokens

@@ -9,12 +9,14 @@ import time
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.micro.service import Service
 
 from shared.client import EmbedClient, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.lifecycle import register
-from shared.metrics_server import serve_metrics
+from shared.metrics_server import MetricsServer, serve_metrics
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE, model_token
 from shared.tracing import Tracer, bind, from_headers
@@ -36,10 +38,10 @@ class ScorerService:
         self._fleet.on_lost(self._client.resend_missing)
         self._slots = asyncio.Semaphore(cfg.max_concurrency)
         self._tasks: set[asyncio.Task] = set()
-        self._sub = None
-        self._micro = None
+        self._sub: Subscription | None = None
+        self._micro: Service | None = None
         self.metrics = ScorerMetrics(cfg.model.id, _kind(cfg), lambda: len(self._tasks))
-        self._exporter = None
+        self._exporter: MetricsServer | None = None
         self._tracer = Tracer("scorer", cfg.tracing)
 
     async def start(self) -> None:
@@ -83,6 +85,7 @@ class ScorerService:
             return
         request_id = ""
         error: ServiceError | None = None
+        reply: RerankResult | ErrorReply
         # a task of its own: the candidates' embed requests sent from here are this span's children
         span = self._tracer.start("scorer rerank", from_headers(msg.headers), "consumer")
         bind(span.context, "")

@@ -37,7 +37,8 @@ from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for
 from services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
 from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.encoder import TextEncoder, pack_chunks
+from services.tokenizer.encoder import pack_chunks
+from services.tokenizer.metrics import BulkEncoder
 
 log = logging.getLogger("embedfleet.tokenizer.bulk")
 
@@ -57,7 +58,7 @@ def describe(data: bytes, headers: dict) -> BatchInfo:
 
 
 class BulkTokenizer:
-    def __init__(self, nc: Client, cfg: TokenizerConfig, encoder: TextEncoder, tracer: Tracer) -> None:
+    def __init__(self, nc: Client, cfg: TokenizerConfig, encoder: BulkEncoder, tracer: Tracer) -> None:
         self._nc = nc
         self._tracer = tracer
         self._cfg = cfg

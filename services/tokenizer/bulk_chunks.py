@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
 from shared.text_chunks import TextChunk
 from services.tokenizer.chunking import chunk_ids, cut
 from services.tokenizer.encoder import TextEncoder, encode_all
+from services.tokenizer.metrics import BulkEncoder
 
 # bytes a row adds to a token batch or a result besides its tokens or vector, its document id and its
 # text: msgpack's headers of those, its five chunk numbers and its span (int32), its sequence length
@@ -62,7 +63,7 @@ class CutBatch:
 class BatchCutter:
     """Cuts job batches for one model: a copy of its tokenizer made once reads each document whole."""
 
-    def __init__(self, encoder: TextEncoder, max_chunks: int) -> None:
+    def __init__(self, encoder: TextEncoder | BulkEncoder, max_chunks: int) -> None:
         self._encoder = encoder
         self._tokenizer = encoder.whole_text_tokenizer()
         self._max_chunks = max_chunks
@@ -72,6 +73,7 @@ class BatchCutter:
         can be cut for: a chunk over the room the model and the prompt leave; late chunking for a model
         whose special tokens do not frame a text plainly (its spans could not be placed)."""
         chunking = job.chunking
+        assert chunking is not None  # the tokenizer cuts only a batch that asks for chunks
         room = self._encoder.room(job.options)
         chunking.spec.check_room(room)
         if chunking.late:
@@ -85,9 +87,9 @@ class BatchCutter:
         for d, (text, encoding) in enumerate(zip(job.texts, encodings)):
             chunks = cut(text, encoding, chunking.spec)
             if len(chunks) > self._max_chunks:
-                failed.append((d, f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
+                failed.append((d, (f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
                                   f"{self._max_chunks} a document may be (the tokenizer's --max-chunks): give a larger "
-                                  "chunk size, or cut the document"))
+                                  "chunk size, or cut the document")))
                 continue
             if chunking.late:
                 windows, owned = window_rows(encoding.ids, chunks, room, (before, after))

@@ -32,7 +32,7 @@ Messages = list[dict[str, Any]]
 class _Generation(Extension):
     """``{% generation %}…{% endgeneration %}`` (transformers marks assistant turns so): its body as is."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja2's Extension reads it so)
 
     def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
+
+from shared.bundles import Entry
 
 log = logging.getLogger("embedfleet.tokenizer")
 
@@ -24,11 +26,12 @@ MAX_BYTES = 8 << 20  # their payloads together
 
 
 class Coalescer:
-    """``handle(msgs)`` is called with every message queued since its last call, one call at a time."""
+    """``handle(msgs)`` is called with every message queued since its last call, one call at a time.
+    A message is a NATS message, or a request that came in a Requests message (an Entry)."""
 
-    def __init__(self, handle: Callable[[list[Msg]], Awaitable[None]]) -> None:
+    def __init__(self, handle: Callable[[list[Msg | Entry]], Awaitable[None]]) -> None:
         self._handle = handle
-        self._queued: deque[Msg] = deque()
+        self._queued: deque[Msg | Entry] = deque()
         self._bytes = 0
         self._wake = asyncio.Event()
         self._taken = asyncio.Event()  # set when a group has been taken: a full queue has room again
@@ -39,7 +42,7 @@ class Coalescer:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def put(self, msg: Msg) -> None:
+    async def put(self, msg: Msg | Entry) -> None:
         self._queued.append(msg)
         self._bytes += len(msg.data)
         self._idle.clear()
@@ -72,8 +75,8 @@ class Coalescer:
                     log.exception("handling %d requests failed", len(group))
             self._idle.set()
 
-    def _take(self) -> list[Msg]:
-        group: list[Msg] = []
+    def _take(self) -> list[Msg | Entry]:
+        group: list[Msg | Entry] = []
         while self._queued and len(group) < MAX_QUEUED:
             group.append(self._queued.popleft())
         self._bytes -= sum(len(m.data) for m in group)

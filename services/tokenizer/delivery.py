@@ -15,10 +15,11 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from shared.bundles import Item, pack, publish
 from shared.protocol import DELIVERY_CHECK
@@ -52,7 +53,7 @@ class DeliveryCheck:
         self._nc = nc
         self._on_missed = on_missed
         self._inbox = ""
-        self._sub = None
+        self._sub: Subscription | None = None
         self._count = 0
         self._kept: OrderedDict[int, tuple[float, list[Sent]]] = OrderedDict()  # check number -> (sent at, batches)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -147,7 +148,7 @@ class TextEncoder:
         if info.pair_template is not None:
             self._pairs = PairTemplate(info.pair_template, info.message_format, special_token_variables(tokenizer_config))
             self._pairs.check_roles(self.pair_prompt or None)
-            self.pair_tail = self._template_tail()
+            self.pair_tail = self._template_tail(self._pairs)
             if (overhead := self.pair_overhead()) >= self.max_length:
                 raise ConfigError(f"the chat template alone takes {overhead} tokens, the model's limit {self.max_length}: "
                                   "every pair would be cut to the template")
@@ -273,14 +274,15 @@ class TextEncoder:
     def _encode_pairs(self, pairs: list[tuple[str, str]], truncate: bool, direction: str
                       ) -> tuple[list[list[int]], list[list[int]] | None]:
         if self._pairs is not None:
-            return self._encode_rendered(pairs, truncate, direction), None
+            return self._encode_rendered(self._pairs, pairs, truncate, direction), None
         if self.pair_prompt:  # sentence-transformers prefixes the query of a text pair
             pairs = [(self.pair_prompt + q, d) for q, d in pairs]
         tokenizer = self._by_mode[direction if truncate else "none"]
         encodings = encode_all(tokenizer, list(pairs))
         return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
-    def _encode_rendered(self, pairs: list[tuple[str, str]], truncate: bool, direction: str) -> list[list[int]]:
+    def _encode_rendered(self, template: PairTemplate, pairs: list[tuple[str, str]], truncate: bool, direction: str
+                         ) -> list[list[int]]:
         """Pairs through the chat template, then tokenized as ``apply_chat_template`` does (no special tokens
         added: the template writes them).
 
@@ -292,7 +294,7 @@ class TextEncoder:
         ``direction="left"`` keeps the last ``max_length`` tokens instead: the tail intact, the template's
         head (system prompt, instruction) cut, which sentence-transformers never does.
         """
-        texts = [self._pairs.render(q, d, self.pair_prompt or None) for q, d in pairs]
+        texts = [template.render(q, d, self.pair_prompt or None) for q, d in pairs]
         ids = [e.ids for e in encode_all(self._by_mode["none"], texts, add_special_tokens=False)]
         if not truncate:
             return ids
@@ -309,11 +311,11 @@ class TextEncoder:
         return len(self._by_mode["none"].encode(self._pairs.render("", "", self.pair_prompt or None),
                                                 add_special_tokens=False).ids)
 
-    def _template_tail(self) -> list[int]:
+    def _template_tail(self, template: PairTemplate) -> list[int]:
         """The template's tokens after the document, as sentence-transformers derives them: the longest
         common token tail of two renders whose contents differ ("0" and "1 2 3 4"); [] when they share
         none or never differ."""
-        a, b = ([*self._by_mode["none"].encode(self._pairs.render(f, f, self.pair_prompt or None),
+        a, b = ([*self._by_mode["none"].encode(template.render(f, f, self.pair_prompt or None),
                                                 add_special_tokens=False).ids] for f in ("0", "1 2 3 4"))
         common = 0
         for x, y in zip(reversed(a), reversed(b)):
@@ -339,7 +341,7 @@ class TextEncoder:
         """Each text's tokens with their character offsets (None for special tokens)."""
         out = []
         for text, enc in zip(texts, encode_all(self._by_mode["right"], texts, add_special_tokens)):
-            row = []
+            row: list[Token] = []
             for tid, token, special, (start, stop) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets):
                 if special:
                     row.append((tid, token, True, None, None))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -58,7 +59,7 @@ def mismatch(fast: FastEncoder, encoder: TextEncoder, texts: list[str]) -> str |
     """The first text ``fast`` tokenizes otherwise than ``encoder``'s tokenizers, described; None if none."""
     for truncate, direction in ((True, "right"), (True, "left"), (False, "right")):
         expected = encoder._encode_hf(texts, truncate, direction)
-        got = fast.encode(texts, direction if truncate else None, lambda rest: encoder._encode_hf(rest, truncate, direction))
+        got = fast.encode(texts, direction if truncate else None, partial(encoder._encode_hf, truncate=truncate, direction=direction))
         for text, want, have in zip(texts, expected, got):
             if want != have:
                 how = f"truncated {direction}" if truncate else "whole"

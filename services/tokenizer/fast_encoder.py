@@ -94,6 +94,7 @@ class FastEncoder:
         cut = texts if direction is None else [cut_chars(t, window, direction) for t in texts]
         mine = [i for i, t in enumerate(cut) if self.agrees(t)]
         ids: list[Any] = [None] * len(texts)
+        row: list[int] | None  # kitoken's IDs, None where it disagrees with the whole text
         for i, row in zip(mine, self.content([cut[i] for i in mine])):
             if cut[i] is not texts[i] and len(row) <= self._keep:  # the cut text fit whole: the cut may matter
                 row = self._kit.encode(texts[i], True) if self.agrees(texts[i]) else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -16,7 +17,7 @@ from services.tokenizer.encoder import TextEncoder
 
 QUEUES = ("online", "bulk")
 _SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-_INPUT_TOKENS = tuple(float(2**i) for i in range(0, 16))  # 1 .. 32768 tokens per input
+_INPUT_TOKENS = tuple(float(2**i) for i in range(16))  # 1 .. 32768 tokens per input
 
 
 class ArrayHistogram:

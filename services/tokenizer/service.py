@@ -7,15 +7,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.micro.service import Service
 
-from shared.bundles import answer, carrier_of, is_bundle, unbundle
+from shared.bundles import Entry, answer, carrier_of, is_bundle, unbundle
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
-from shared.metrics_server import serve_metrics
+from shared.metrics_server import MetricsServer, serve_metrics
 from shared.protocol import (
     ChunkRequest,
     DecodeRequest,
@@ -48,6 +51,8 @@ from services.tokenizer.routing import Router
 log = logging.getLogger("embedfleet.tokenizer")
 
 
+# the requests answered one by one (each with its own handler)
+_Request = TypeVar("_Request", TokenizeRequest, DecodeRequest, ChunkRequest)
 # requests up to this many characters are tokenized on the event loop (tens of microseconds): handing
 # them to a thread costs more than the work, in wake-ups and GIL hand-offs
 _INLINE_CHARS = 2048
@@ -83,13 +88,25 @@ class _Pending:
     def request_id(self) -> str:
         return self.request.id if self.request is not None else ""
 
+    @property
+    def admitted(self) -> EmbedRequest:
+        """``request``, of one past ``_admit`` without an error (only those are tokenized and routed)."""
+        assert self.request is not None
+        return self.request
+
+    @property
+    def token_ids(self) -> list:
+        """``ids``, of one tokenized without an error."""
+        assert self.ids is not None
+        return self.ids
+
 
 def _by_tokenization(group: list[_Pending]) -> dict[tuple[str, bool, str], list[_Pending]]:
     """Requests keyed by how they are tokenized: (texts | pairs | ids, truncate, direction)."""
     out: dict[tuple[str, bool, str], list[_Pending]] = {}
     for p in group:
-        opts = p.request.options
-        what = "texts" if p.texts is not None else "pairs" if p.request.pairs is not None else "ids"
+        opts = p.admitted.options
+        what = "texts" if p.texts is not None else "pairs" if p.admitted.pairs is not None else "ids"
         out.setdefault((what, opts.truncate, opts.truncation_direction), []).append(p)
     return out
 
@@ -101,19 +118,19 @@ class TokenizerService:
         self._encoder = TextEncoder(cfg.model, cfg.prompts)
         self.tokenizer_path = choose(self._encoder, cfg.model.path, cfg.fast_tokenizer)  # kitoken or tokenizers
         self._subjects = cfg.nats.subjects
-        self._sub = None
-        self._tokenize_sub = None
-        self._decode_sub = None
-        self._chunk_sub = None
-        self._load_sub = None
+        self._sub: Subscription | None = None
+        self._tokenize_sub: Subscription | None = None
+        self._decode_sub: Subscription | None = None
+        self._chunk_sub: Subscription | None = None
+        self._load_sub: Subscription | None = None
         self._layouts = Layouts(self._encoder, cfg.max_chunks)
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
         self._embeds = Coalescer(self._embed_group)
         self._bulk: BulkTokenizer | None = None
-        self._micro = None
+        self._micro: Service | None = None
         self.metrics = TokenizerMetrics(cfg.model.id)
-        self._exporter = None
+        self._exporter: MetricsServer | None = None
         self._tracer = Tracer("tokenizer", cfg.tracing)
 
     async def start(self) -> None:
@@ -201,7 +218,8 @@ class TokenizerService:
     async def _on_chunk(self, msg: Msg) -> None:
         await self._answering(msg, ChunkRequest, self._chunk)
 
-    async def _answering(self, msg: Msg, kind: type, handle: Callable[[Any, str | None], Awaitable[None]]) -> None:
+    async def _answering(self, msg: Msg, kind: type[_Request], handle: Callable[[_Request, str | None], Awaitable[None]]
+                         ) -> None:
         """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
         request_id = ""
         self.metrics.request(kind.TYPE)
@@ -223,7 +241,7 @@ class TokenizerService:
         finally:
             span.end()
 
-    async def _embed_group(self, msgs: list[Msg]) -> None:
+    async def _embed_group(self, msgs: list[Msg | Entry]) -> None:
         """Embed requests queued together: each decoded and checked alone, those that tokenize alike
         tokenized in one call, then all routed and published in one pass (one socket write)."""
         self.metrics.request(EmbedRequest.TYPE, len(msgs))
@@ -236,7 +254,7 @@ class TokenizerService:
         for kind, group in _by_tokenization(tokenized).items():
             seconds = await self._tokenize_group(kind, group)
             for p in group:
-                if p.error is None and p.request.spans is not None:
+                if p.error is None and p.admitted.spans is not None:
                     self._place(p)
                 if p.error is None:
                     p.sent = self._routed(p, seconds)
@@ -246,7 +264,7 @@ class TokenizerService:
                     await self._refuse(p)
             if done:
                 chunks = sum(len(sent.payloads) for p in done for sent in p.sent)
-                self.metrics.embedded([seq for p in done for seq in p.ids], seconds, chunks, len(done))
+                self.metrics.embedded([seq for p in done for seq in p.token_ids], seconds, chunks, len(done))
                 sents += [sent for p in done for sent in p.sent]
         await self._delivery.publish(sents)
         for p in admitted:
@@ -255,9 +273,10 @@ class TokenizerService:
 
     async def _refuse(self, p: _Pending) -> None:
         bind(p.span.context, p.request_id)  # its log lines name it and its trace
+        assert p.error is not None  # refused for it
         await self._reply_error(p.reply, p.request_id, p.error, p.span, p.carrier)
 
-    def _admit(self, msg: Msg) -> _Pending:
+    def _admit(self, msg: Msg | Entry) -> _Pending:
         """``msg`` decoded and checked, its prompt applied; what is wrong with it kept as its error."""
         span = self._tracer.start(f"tokenizer {EmbedRequest.TYPE}", from_headers(msg.headers), "consumer")
         try:
@@ -299,13 +318,13 @@ class TokenizerService:
         t0 = time.perf_counter()
         try:
             if what == "texts":
-                texts = [p.texts for p in group]
+                texts = [p.texts for p in group if p.texts is not None]  # all of them: a group of texts
                 each = await _off_loop(sum(len(t) for ts in texts for t in ts), self._encoder.encode_each, texts,
                                        truncate, direction)
                 for p, ids in zip(group, each):
                     p.error, p.ids = (ids, None) if isinstance(ids, ServiceError) else (None, ids)
             elif what == "pairs":
-                pairs = [p.request.pairs for p in group]
+                pairs = [ps for p in group if (ps := p.admitted.pairs) is not None]  # all of them: a group of pairs
                 size = sum(len(q) + len(d) for ps in pairs for q, d in ps)
                 each = await _off_loop(size, self._encoder.encode_pairs_each, pairs, truncate, direction)
                 for p, out in zip(group, each):
@@ -323,16 +342,18 @@ class TokenizerService:
     def _place(p: _Pending) -> None:
         """A spans request's spans placed in its rows' sequences; a text that tokenized otherwise is its error."""
         try:
-            p.spans = place_spans(p.request.spans, p.ids, *p.frame)
+            spans = p.admitted.spans
+            assert spans is not None  # placed for a spans request alone
+            p.spans = place_spans(spans, p.token_ids, *p.frame)
         except ServiceError as exc:
             p.error = exc
 
     def _routed(self, p: _Pending, seconds: float) -> list[Sent]:
         """``p``'s batches, each for the worker the router picks; an unexpected failure is kept as its error."""
-        request = p.request
+        request = p.admitted
         try:
             bind(p.span.context, request.id)
-            by_subject = self._route(request, p.ids, p.types, {"tokenize": seconds}, p.prompt_tokens, p.spans)
+            by_subject = self._route(request, p.token_ids, p.types, {"tokenize": seconds}, p.prompt_tokens, p.spans)
         except Exception:
             log.exception("%s %s failed", request.TYPE, request.id)
             p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")

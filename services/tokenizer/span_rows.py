@@ -24,6 +24,7 @@ def place_spans(spans: Spans, ids: list[list[int]], before: int, after: int) -> 
     which has ``before`` tokens before its content (special tokens, the prompt) and ``after`` after it.
     A text without tokens has one span (0, 0): it pools its whole sequence, all the text has. Raises
     ServiceError (invalid_request, the row) for a text that makes other than its spans' content tokens."""
+    assert spans.tokens is not None, "an EmbedRequest's spans carry each row's content tokens"
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     content = lengths - before - after
     wrong = content != spans.tokens

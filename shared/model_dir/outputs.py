@@ -130,9 +130,11 @@ def bge_m3_heads(folder: ModelFolder) -> tuple[SparseSpec | None, MultiVectorSpe
     sparse_file = next((path / n for n in BGE_M3_SPARSE if (path / n).is_file()), None)
     colbert_file = next((path / n for n in BGE_M3_COLBERT if (path / n).is_file()), None)
     if sparse_file is not None and sparse_file.suffix != ".safetensors":
-        sparse_file = _pickled(sparse_file)
+        _pickled(sparse_file)
+        sparse_file = None
     if colbert_file is not None and colbert_file.suffix != ".safetensors":
-        colbert_file = _pickled(colbert_file)
+        _pickled(colbert_file)
+        colbert_file = None
     sparse = multivector = None
     if sparse_file is not None:
         # FlagEmbedding gives no lexical weight to the tokenizer's cls, eos, pad and unk tokens
@@ -173,4 +175,3 @@ def _pickled(path: Path) -> None:
     from shared.heads import pickled_head
 
     logging.getLogger("embedfleet.model").warning("%s; until then the folder serves no output of that head", pickled_head(path))
-    return None

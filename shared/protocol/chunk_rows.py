@@ -36,7 +36,8 @@ class ChunkRows:
     def of(cls, documents: int, rows: list[tuple[int, int, int, int, int]], texts: list[str] | None = None) -> ChunkRows:
         """From (doc, chunk, count, start, end) a row."""
         columns = np.array(rows, dtype=TOKEN_DTYPE).reshape(-1, 5).T
-        return cls(documents, *(np.ascontiguousarray(c) for c in columns), texts)
+        doc, chunk, count, start, end = (np.ascontiguousarray(c) for c in columns)
+        return cls(documents, doc, chunk, count, start, end, texts)
 
     def part(self, lo: int, hi: int) -> ChunkRows:
         """Rows ``lo`` .. ``hi``."""

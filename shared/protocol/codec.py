@@ -3,7 +3,7 @@ every field before use; each message's keys are in shared/protocol/wire.py (tabl
 
 from __future__ import annotations
 
-from typing import TypeVar, Union
+from typing import TypeVar
 
 import msgpack
 
@@ -16,15 +16,16 @@ from shared.protocol.messages import (
 from shared.protocol.wire import CODECS
 
 
-Message = Union[
-    EmbedRequest, TokenChunk, EmbedResult, ErrorReply, Held, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
-    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, Requests, ChunkRequest, ChunkLayout,
-]
+Message = (
+    EmbedRequest | TokenChunk | EmbedResult | ErrorReply | Held | TokenizeRequest | TokenizeResult | DecodeRequest
+    | DecodeResult | LoadReport | JobBatch | JobResult | RerankRequest | RerankResult | Replies | Requests | ChunkRequest
+    | ChunkLayout
+)
 
 
 def encode(msg: Message) -> bytes:
     """Serialise one message to msgpack bytes (its keys: docs/protocol.md)."""
-    form = CODECS.get(getattr(msg, "TYPE", None))
+    form = CODECS.get(getattr(msg, "TYPE", ""))
     if form is None:  # pragma: no cover - internal misuse
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
     return msgpack.packb({"v": VERSION, "t": msg.TYPE} | form[0](msg), use_bin_type=True)

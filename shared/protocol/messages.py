@@ -6,6 +6,7 @@ holds the tables to the code); its encoder and decoder are in shared/protocol/wi
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -394,7 +395,7 @@ class ChunkLayout:
         flat = [TextChunk(*c) for c in zip(self.starts.tolist(), self.ends.tolist(), self.firsts.tolist(),
                                            self.lasts.tolist())]
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
-        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return [flat[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,8 +456,8 @@ def _split(values: np.ndarray, offsets: np.ndarray | None, indices: np.ndarray |
         raise ValueError("not a ragged result")
     bounds = offsets.tolist()
     if indices is None:
-        return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    return [(indices[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [values[a:b] for a, b in itertools.pairwise(bounds)]
+    return [(indices[a:b], values[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ by the engine, which takes spans from any caller.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -118,6 +119,7 @@ def read_spans(m: dict, keys: tuple[str, ...], lengths: np.ndarray | None) -> Sp
         if len(tokens) != len(counts) or (len(tokens) and tokens.min() < 0):
             raise ProtocolError("spans: one content-token count per row, each >= 0")
         lengths = tokens
+    assert lengths is not None, "spans without their tokens are read against given row lengths"
     fault = span_fault(counts, firsts, lasts, lengths, empty_rows=tokens is not None)
     if fault is not None:
         row, what = fault

@@ -3,7 +3,8 @@ whose tables list the keys (shared/protocol/codec.py frames them, with the versi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -151,7 +152,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
     start, total = required_int(m, "s"), required_int(m, "rows")
-    if not (0 <= start and start + len(cu) - 1 <= total <= MAX_ROWS):
+    if not (start >= 0 and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     token_types = None
     if m.get("tt") is not None:
@@ -213,7 +214,7 @@ def _decode_embed_result(m: dict) -> EmbedResult:
     dim, dtype, data = required_int(m, "dim"), required(m, "dt", str), required(m, "vec", bytes)
     count, offsets, indices = _payload_layout(m, data, dtype, dim)
     start, total = required_int(m, "s"), required_int(m, "rows")
-    if not (0 <= start and start + count <= total <= MAX_ROWS):
+    if not (start >= 0 and start + count <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
     return EmbedResult(
         id=checked_id(m),
@@ -230,7 +231,7 @@ def _decode_embed_result(m: dict) -> EmbedResult:
 
 
 def _encode_error_reply(msg: ErrorReply) -> dict[str, Any]:
-    body = {"id": msg.id, "c": msg.code.value, "e": msg.message}
+    body: dict[str, Any] = {"id": msg.id, "c": msg.code.value, "e": msg.message}
     if msg.row is not None:
         body["row"] = msg.row
     return body
@@ -350,8 +351,9 @@ def _encode_chunk_request(msg: ChunkRequest) -> dict[str, Any]:
 
 
 def _decode_chunk_request(m: dict) -> ChunkRequest:
+    size: Any = m.get("sz")  # None or any wire value: ChunkSpec checks it
     try:
-        spec = ChunkSpec(m.get("sz"), m.get("ov", 0), m.get("bd", "token"))  # checked as a client's request is
+        spec = ChunkSpec(size, m.get("ov", 0), m.get("bd", "token"))  # checked as a client's request is
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
     prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"))  # checked as an embed request's
@@ -406,7 +408,7 @@ def _decode_job_chunking(m: dict) -> JobChunking | None:
     if m.get("sz") is None:
         return None
     try:  # checked as a client's request is
-        return JobChunking(ChunkSpec(m.get("sz"), m.get("ov", 0), m.get("bd", "token")), m.get("lc", False),
+        return JobChunking(ChunkSpec(m["sz"], m.get("ov", 0), m.get("bd", "token")), m.get("lc", False),
                            m.get("wt", False))
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None

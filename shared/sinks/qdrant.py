@@ -69,7 +69,7 @@ class QdrantSink:
         from qdrant_client import QdrantClient
 
         if self._client is None:
-            if self.local:
+            if isinstance(self._where, str):  # local: a folder's path
                 self._client = QdrantClient(path=self._where)
             else:
                 host, port = self._where

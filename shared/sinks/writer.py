@@ -21,7 +21,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -89,13 +91,14 @@ class SinkWriter:
             return 0
         written = 0
         while self._pending:
-            take, count = [], 0
+            take: list[str] = []
+            count = 0
             while self._pending and (count < BATCH_ROWS or not take):
                 doc_id = self._pending.pop(0)
                 take.append(doc_id)
                 count += len(collector.chunks.rows_of(doc_id)) if collector.chunks is not None else 1
             rows = self._rows(take, collector)
-            await self._retried(lambda: self.sink.write(rows), f"{len(rows.ids)} rows")
+            await self._retried(partial(self.sink.write, rows), f"{len(rows.ids)} rows")
             written += len(rows.ids)
             self._pending_rows -= count
             if not self._keep and collector.chunks is None:
@@ -143,8 +146,7 @@ class SinkWriter:
                     since = time.time()
                     self._tell(f"job {self._job}: waiting for the store {self.sink.shown}, which refused {what}: "
                             f"{exc.message}")
-                    message, began = exc.message, since
-                    await update_state(self._kv, self._job, lambda s: sink_waiting(s, message, began))
+                    await update_state(self._kv, self._job, partial(sink_waiting, message=exc.message, since=since))
                 pause = backoff.next()
                 self._said(f"waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))}, "
                            f"next try in {pause:.1f}s")

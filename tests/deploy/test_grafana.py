@@ -68,7 +68,7 @@ def test_every_panel_has_an_id_a_place_and_queries(board):
     for panel in board["panels"]:
         g = panel["gridPos"]
         assert all(isinstance(g[k], int) for k in ("h", "w", "x", "y")), panel["title"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"{panel['title']}: off the 24 columns"
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, f"{panel['title']}: off the 24 columns"
         for x in range(g["x"], g["x"] + g["w"]):
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"

@@ -52,7 +52,7 @@ def test_the_vectors_come_back_in_chunk_order_one_per_chunk():
     ragged = [np.full((n, 2), w, np.float32) for w, n in enumerate(late.spans.counts.tolist())]
     assert chunk_rows(ragged, late)[:, 0].tolist() == [0] * 4 + [1] * 3 + [2] * 3
     with pytest.raises(ApiError) as err:
-        chunk_rows(ragged[:2] + [ragged[2][:2]], late)
+        chunk_rows([*ragged[:2], ragged[2][:2]], late)
     assert err.value.code is ErrorCode.INTERNAL
 
 

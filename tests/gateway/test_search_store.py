@@ -38,12 +38,12 @@ def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
     store = SearchStore(sink_for(url))
     vectors = unit_rows(20, 8)
     missing = _refusal(store.search("m", vectors[0], 3, {}, 10))
-    assert (missing.code, missing.message) == (ErrorCode.NO_RESPONDERS, f"the search store is unavailable: LanceDB at "
-                                                f"lancedb://{tmp_path}/db?table=docs: no table docs: load one first")
+    assert (missing.code, missing.message) == (ErrorCode.NO_RESPONDERS, (f"the search store is unavailable: LanceDB at "
+                                                f"lancedb://{tmp_path}/db?table=docs: no table docs: load one first"))
     assert not (tmp_path / "db" / "docs.lance").exists()
     _load(url, vectors)
     hits = asyncio.run(store.search("m", vectors[4], 3, {}, 10))
-    assert [(h.id, h.text) for h in hits][0] == ("d4", "text 4") and hits[0].score == pytest.approx(1.0, abs=1e-6)
+    assert next((h.id, h.text) for h in hits) == ("d4", "text 4") and hits[0].score == pytest.approx(1.0, abs=1e-6)
     wrong = _refusal(store.search("big-model", np.ones(16, np.float32), 3, {}, 10))
     assert (wrong.code, wrong.param) == (ErrorCode.INVALID_REQUEST, "model")
     assert wrong.message.startswith("big-model makes vectors of 16 dimensions; the search store lancedb://")

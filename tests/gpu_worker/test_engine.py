@@ -26,9 +26,7 @@ def encoder(model_info) -> TextEncoder:
 
 
 def _embed(engine, encoder, texts, max_tokens=4096):
-    out = []
-    for chunk in pack_chunks(encoder.encode(texts), max_tokens, 256):
-        out.append(engine.embed(chunk.input_ids, chunk.cu_seqlens))
+    out = [engine.embed(chunk.input_ids, chunk.cu_seqlens) for chunk in pack_chunks(encoder.encode(texts), max_tokens, 256)]
     return postprocess(np.concatenate(out), True, None, np.float32)
 
 

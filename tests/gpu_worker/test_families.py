@@ -12,6 +12,7 @@ from services.gpu_worker.engine.batch import DeviceBatch, prepare
 from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights
 from services.gpu_worker.engine.models.registry import family_for
+import itertools
 
 LENGTHS = [1, 5, 19, 40, 7, 40, 26]  # windows below are 8-12 tokens: most sequences pass them
 
@@ -96,7 +97,7 @@ def _packed_forward(config: dict, hf_model, ids: list[np.ndarray]):
 def _ours(config: dict, hf_model, ids: list[np.ndarray]) -> list[torch.Tensor]:
     _, hidden, batch = _packed_forward(config, hf_model, ids)
     cu = batch.cu_seqlens.tolist()
-    return [hidden[s:e] for s, e in zip(cu[:-1], cu[1:])]
+    return [hidden[s:e] for s, e in itertools.pairwise(cu)]
 
 
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")
@@ -117,7 +118,7 @@ def test_packed_forward_equals_transformers(name, bidirectional):
     want = _hf_states(hf, ids, pad=0, mask_4d=bidirectional)
     for i, (g, w) in enumerate(zip(got, want)):
         assert w.abs().max() > 0.1  # not a degenerate model
-        torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4, msg=lambda m: f"sequence {i} (length {LENGTHS[i]}): {m}")
+        torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4, msg=lambda m, i=i: f"sequence {i} (length {LENGTHS[i]}): {m}")
 
 
 CLASSIFIERS = ["mpnet", "modernbert-cls", "modernbert-mean", "qwen3", "llama"]

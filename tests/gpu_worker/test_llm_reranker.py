@@ -63,7 +63,7 @@ def test_tied_head_with_the_true_token_alone(tmp_path):
     without a false token (the score is logit["yes"] itself)."""
     folder = build_llm_reranker(tmp_path, "qwen3", tied=True, true_only=True)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        assert "lm_head.weight" not in f.keys()
+        assert "lm_head.weight" not in f.keys()  # noqa: SIM118 (safe_open is no mapping)
     model, pairs = reference(folder), _pairs()
     info = load_model_info(str(folder))
     assert info.score_tokens == (model.tokenizer.convert_tokens_to_ids("yes"),)
@@ -94,7 +94,7 @@ def test_a_missing_lm_head_is_refused(tmp_path):
     folder = build_llm_reranker(tmp_path, "qwen3")
     weights = folder / "model.safetensors"
     save_file({k: v for k, v in load_file(weights).items() if k != "lm_head.weight"}, weights)
-    with pytest.raises(ConfigError, match="lm_head.weight"):
+    with pytest.raises(ConfigError, match=r"lm_head.weight"):
         Engine(load_model_info(str(folder)), "cpu")
 
 

@@ -116,7 +116,7 @@ def test_missing_tensor_is_a_clear_error(tmp_path, model_info):
     tensors = load_file(str(model_info.path / "model.safetensors"))
     del tensors["encoder.layer.3.output.dense.weight"]
     save_file(tensors, str(folder / "model.safetensors"))
-    with pytest.raises(ConfigError, match="missing tensor 'encoder.layer.3.output.dense.weight'"):
+    with pytest.raises(ConfigError, match=r"missing tensor 'encoder.layer.3.output.dense.weight'"):
         Engine(load_model_info(str(folder)), "cpu")
 
 

@@ -202,10 +202,10 @@ def test_dense_weight_errors_name_the_file(tmp_path):
         DenseStack((spec,))
     assert str(caught.value) == f"{spec.path}: linear.weight has shape [8, 12], the Dense config says [8, 16]"
     missing = dataclasses.replace(spec, path=tmp_path / "gone" / "model.safetensors")
-    with pytest.raises(ConfigError, match="gone/model.safetensors is missing"):
+    with pytest.raises(ConfigError, match=r"gone/model.safetensors is missing"):
         DenseStack((missing,))
     (tmp_path / "model.safetensors").write_bytes(b"\x00" * 12)
-    with pytest.raises(ConfigError, match="cannot read .*model.safetensors"):
+    with pytest.raises(ConfigError, match=r"cannot read .*model.safetensors"):
         DenseStack((spec,))
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 import nats
@@ -26,7 +26,7 @@ class Service:
     def __init__(self, role: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.role = role
         self.log_path = log_dir / f"{role}-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (the process writes it until it stops)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", role, *args],
             stdout=self._log,

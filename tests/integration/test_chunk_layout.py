@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Awaitable, Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterator
 
 import msgpack
 import nats

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
+import itertools
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ def test_each_chunk_is_the_vector_of_its_text_and_the_chunks_cover_the_input(sta
     pieces = [texts[d["index"]][d["start"]:d["end"]] for d in items]
     assert all(_content_tokens(reference, p) <= 64 for p in pieces)
     starts, ends = [d["start"] for d in first], [d["end"] for d in first]
-    assert starts[0] == 0 and ends[-1] == len(texts[0].rstrip()) and all(a < b for a, b in zip(starts, starts[1:]))
+    assert starts[0] == 0 and ends[-1] == len(texts[0].rstrip()) and all(a < b for a, b in itertools.pairwise(starts))
     assert all(s <= e_prev for s, e_prev in zip(starts[1:], ends)), "consecutive chunks overlap or touch"
     got = np.array([d["embedding"] for d in items], np.float32)
     want = reference.encode(pieces, convert_to_numpy=True)
@@ -60,7 +61,7 @@ def test_sentence_boundaries_cut_after_a_sentence_end(stack, texts):
     r = _post(stack, texts[:1], {"size": 64, "boundary": "sentence"})
     assert r.status_code == 200, r.text
     text = texts[0]
-    inner = [d for d in r.json()["data"]][:-1]  # every chunk but the last ends where the text goes on
+    inner = list(r.json()["data"])[:-1]  # every chunk but the last ends where the text goes on
     assert inner and sum(text[d["end"] - 1] in ".!?" for d in inner) >= len(inner) // 2
 
 

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import msgpack
@@ -30,6 +30,7 @@ from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 from tests.integration.test_chunking import _content_tokens
+import itertools
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +100,7 @@ def _check_cover(reference, texts: list[str], places: list[dict], size: int) -> 
         assert [p["chunk"] for p in mine] == list(range(len(mine)))
         starts, ends = [p["start"] for p in mine], [p["end"] for p in mine]
         assert starts[0] == 0 and ends[-1] == len(text.rstrip()), (starts[:3], ends[-3:])
-        assert all(a < b for a, b in zip(starts, starts[1:])) and all(s <= e for s, e in zip(starts[1:], ends))
+        assert all(a < b for a, b in itertools.pairwise(starts)) and all(s <= e for s, e in zip(starts[1:], ends))
     assert all(_content_tokens(reference, p) <= size for p in _pieces(texts, places))
 
 

@@ -8,7 +8,7 @@ import base64
 import json
 import shutil
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import cohere
 import httpx

@@ -8,7 +8,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np

@@ -86,7 +86,7 @@ def test_an_input_too_long_names_its_row(stack):
 
 
 def test_an_unreachable_nats_is_named():
-    with pytest.raises(ConfigError, match="nats://127.0.0.1:1"):
+    with pytest.raises(ConfigError, match=r"nats://127.0.0.1:1"):
         asyncio.run(FleetClient.connect("nats://127.0.0.1:1"))
 
 

@@ -65,7 +65,7 @@ def batches_for_the_model(draw, job: bool = False) -> TokenChunk:
     rows = draw(st.lists(in_vocab, min_size=1, max_size=3))
     cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype("<i4")
     name = draw(st.text("abc", min_size=1, max_size=8)) if job else None
-    return TokenChunk(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array(sum(rows, []), "<i4"), cu, draw(soon),
+    return TokenChunk(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array([t for r in rows for t in r], "<i4"), cu, draw(soon),
                       job=name, doc_ids=[f"d{i}" for i in range(len(rows))] if job else None)
 
 
@@ -205,7 +205,7 @@ async def _burst(url: str, subject: str, payloads: list[bytes], reply: bool = Tr
         if reply:
             try:
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in answered)), REPLY_TIMEOUT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await sub.unsubscribe()
         return replies
@@ -346,7 +346,7 @@ def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(
     batch = _token_chunk(np.full(rows, 7592, "<i4"), rows=rows, id="x" * MAX_ID,
                          timings={f"stage{i}": 1.0 for i in range(MAX_STAGES)})
     for subject in _worker_subjects(stack.nats_url).values():
-        async def gather() -> list[EmbedResult]:
+        async def gather(subject: str) -> list[EmbedResult]:
             nc = await nats.connect(stack.nats_url)
             parts: list[EmbedResult] = []
             done = asyncio.Event()
@@ -366,7 +366,7 @@ def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(
                 await nc.close()
             return parts
 
-        parts = asyncio.run(gather())
+        parts = asyncio.run(gather(subject))
         assert all(isinstance(p, EmbedResult) for p in parts), parts[-1]
         assert len(parts) >= 2 and sorted(p.start for p in parts)[0] == 0
         vectors = np.concatenate([p.array() for p in sorted(parts, key=lambda p: p.start)])
@@ -408,7 +408,7 @@ def test_hostile_batches_in_one_message_are_each_answered_on_its_subject(stack, 
     inbox = "_INBOX.hostile-bundle"
     bundle = encode(Requests([f"{inbox}.{i}" for i in range(len(cases))], [""] * len(cases), cases))
     answers = asyncio.run(_bundle_answers(stack.nats_url, SUBJECTS.tokens(MODEL), bundle, inbox, len(cases)))
-    for case, (subject, got) in zip(cases, answers.items()):
+    for case, (_subject, got) in zip(cases, answers.items()):
         assert got, f"no answer for {case[:120]!r}"
         for answer in got:
             assert isinstance(answer, (ErrorReply, Held, EmbedResult)), answer
@@ -517,7 +517,7 @@ async def _dead_letters(url: str, subject: str, want: int, timeout: float = 90.0
         try:
             while True:
                 letters.append(await sub.next_msg(timeout=2))
-        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             pass
         await sub.unsubscribe()
         return letters

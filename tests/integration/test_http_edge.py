@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -99,7 +99,7 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
 
 
 def _rss_mb(pid: int) -> float:
-    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmRSS:"))
+    line = next(s for s in Path(f"/proc/{pid}/status").read_text().splitlines() if s.startswith("VmRSS:"))
     return int(line.split()[1]) / 1024
 
 
@@ -182,8 +182,8 @@ def test_a_client_leaving_mid_body_is_counted_as_disconnected_in_one_log_line(ed
     for i in range(1, 4):  # one after the other: the gateway takes one request at a time here
         with _connect(edge.port) as sock:
             sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-                         + b'{"inputs": "' + b"a" * 400)
-        wait_until(lambda: edge.sample("embedfleet_requests_total", route="/embed", code="disconnected") == gone_before + i,
+                          b'{"inputs": "' + b"a" * 400)
+        wait_until(lambda i=i: edge.sample("embedfleet_requests_total", route="/embed", code="disconnected") == gone_before + i,
                    10, f"disconnection {i} counted", [edge.gateway])
     assert edge.sample("embedfleet_errors_total", route="/embed", code="500") == errors_before
     assert edge.sample("embedfleet_requests_in_flight") == 0

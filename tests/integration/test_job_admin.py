@@ -117,10 +117,10 @@ def test_reindex_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack, 
     docs = _docs(tmp_path, 20, "fleet")
     before = _published(stack.nats_url)
     cases = [
-        (["--model", "no-such-model"], "model 'no-such-model' is not served here (no live tokenizer and worker for it); "
-                                       f"served: {MODEL}; nothing was published"),
-        (["--model", f"sentence-transformers/{MODEL}"], f"model 'sentence-transformers/{MODEL}' is not served here (no "
-                                                          f"live tokenizer and worker for it): name it '{MODEL}'"),
+        (["--model", "no-such-model"], ("model 'no-such-model' is not served here (no live tokenizer and worker for it); "
+                                       f"served: {MODEL}; nothing was published")),
+        (["--model", f"sentence-transformers/{MODEL}"], (f"model 'sentence-transformers/{MODEL}' is not served here (no "
+                                                          f"live tokenizer and worker for it): name it '{MODEL}'")),
         (["--output", "sparse"], f"{MODEL} makes no sparse vectors (it makes: dense); nothing was published"),
         (["--output", "multivector"], f"{MODEL} makes no multivector vectors (it makes: dense)"),
     ]

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import nats
 import numpy as np
@@ -145,7 +145,7 @@ def _check_complete(stack: FaultStack, job: str, proc: subprocess.Popen, out: Pa
         rc = proc.wait(300)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"job {job} did not finish\n{stack.logs()}")
+        raise AssertionError(f"job {job} did not finish\n{stack.logs()}") from None
     output = proc.stdout.read()
     assert rc == 0, output + stack.logs()
     ids = json.loads(out.with_suffix(".ids.json").read_text())
@@ -192,7 +192,7 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
         rc = proc.wait(300)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"job {job} did not finish\n{faults.logs()}")
+        raise AssertionError(f"job {job} did not finish\n{faults.logs()}") from None
     assert rc == 0, proc.stdout.read() + faults.logs()
     rows = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
     stored = asyncio.run(_stored_chunks(faults.nats.url, job))  # (document, chunk, its chunks) -> times stored
@@ -349,7 +349,7 @@ def test_worker_stopped_mid_job_hands_over_without_a_stall(drain_fleet: DrainFle
             rc = proc.wait(180)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"job {job} did not finish")
+            raise AssertionError(f"job {job} did not finish") from None
         assert rc == 0, proc.stdout.read()
         return time.monotonic() - started, stopping
 

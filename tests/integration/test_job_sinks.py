@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pgserver
@@ -46,7 +46,7 @@ class SinkStack(FaultStack):
             rc = proc.wait(600)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"job {job} did not finish\n{proc.stdout.read()}\n{self.logs()}")
+            raise AssertionError(f"job {job} did not finish\n{proc.stdout.read()}\n{self.logs()}") from None
         output = proc.stdout.read()
         assert rc == 0, output + self.logs()
         return output

@@ -13,7 +13,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np

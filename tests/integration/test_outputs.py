@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -80,7 +80,7 @@ def test_embed_sparse_answers_the_named_model_not_the_default(fleet):
 
 
 def test_sparse_pruning_over_http(fleet):
-    base_url, folders = fleet
+    base_url, _folders = fleet
     full = _sparse(base_url, SPLADE)
     top = _sparse(base_url, SPLADE, top_k=5)
     cut = _sparse(base_url, SPLADE, threshold=0.2)

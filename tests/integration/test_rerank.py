@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -15,6 +15,7 @@ import pytest
 from shared.nats_server import free_port
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
+import itertools
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ def _check_ranking(indices: list[int], scores: list[float], want: np.ndarray, co
     """Every candidate once (or the top ``count``), best first, each with the reference's score.
     (Order is checked through the scores: near-equal candidates may swap within the tolerance.)"""
     assert len(indices) == count and len(set(indices)) == count
-    assert all(a >= b for a, b in zip(scores, scores[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(scores))
     np.testing.assert_allclose(scores, want[indices], atol=TOLERANCE)
     np.testing.assert_allclose(scores, np.sort(want)[::-1][:count], atol=TOLERANCE)
 

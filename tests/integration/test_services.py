@@ -108,7 +108,7 @@ async def _replies(url: str, request: EmbedRequest, timeout: float = 30) -> list
         while time.monotonic() < with_a_moment:
             try:
                 got.append(decode((await sub.next_msg(timeout=with_a_moment - time.monotonic())).data))
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 break
         return got
     finally:

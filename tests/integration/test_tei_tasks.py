@@ -9,7 +9,7 @@ their own (own subject prefix, own gateway): references transformers' logits and
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -66,7 +66,7 @@ def test_feature_extraction_equals_sentence_transformers(stack, reference):
 def test_sentence_similarity_equals_cosines_of_reference_vectors(stack, reference):
     from huggingface_hub import InferenceClient
 
-    source, others = "How do I read a file line by line?", medium_texts(6) + ["reading files one line at a time"]
+    source, others = "How do I read a file line by line?", [*medium_texts(6), "reading files one line at a time"]
     vectors = reference.encode([source, *others], convert_to_numpy=True)
     want = cosines(np.repeat(vectors[:1], len(others), axis=0), vectors[1:])
     assert np.ptp(want) > 0.1
@@ -80,7 +80,7 @@ def test_sentence_similarity_equals_cosines_of_reference_vectors(stack, referenc
 
 def test_decode_equals_the_tokenizers_library(stack, model_info):
     tokenizer = Tokenizer.from_file(str(model_info.path / "tokenizer.json"))
-    texts = mixed_texts(10)[:9] + ["Une phrase en français, avec des accents: é è à."]
+    texts = [*mixed_texts(10)[:9], "Une phrase en français, avec des accents: é è à."]
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     for skip in (True, False):
         got = _post(stack.base_url, "/decode", {"ids": ids, "skip_special_tokens": skip})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest

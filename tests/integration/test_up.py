@@ -35,7 +35,7 @@ def _start_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     env = {**{k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}, **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), *args],
-        stdout=open(log, "wb"),
+        stdout=open(log, "wb"),  # noqa: SIM115 (the child holds it)
         stderr=subprocess.STDOUT,
         env=env,
     )
@@ -144,7 +144,7 @@ def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
         pids = _descendants(proc.pid)
         commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in pids}
         assert sum("services.cli gateway" in c for c in commands.values()) == 1, commands
-        for pid, command in commands.items():
+        for command in commands.values():
             assert not any(key in command for key in keys), command
         url = f"http://127.0.0.1:{port}/v1/embeddings"
         body = {"model": "all-MiniLM-L6-v2", "input": "hi"}

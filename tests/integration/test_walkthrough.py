@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -70,7 +70,7 @@ def _up(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path]
     assert recipe == "$(BIN)/embedfleet up $(ARGS)", recipe
     log = work / "up.log"
     proc = subprocess.Popen([".venv/bin/embedfleet", "up", *args], cwd=work, env=_terminal(port),
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115 (the child holds it)
     wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
     assert proc.poll() is None, log.read_text()[-4000:]
     return proc, log
@@ -78,11 +78,8 @@ def _up(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path]
 
 def _postgres_of(folder: Path) -> list[psutil.Process]:
     """The live postgres processes (postmaster and backends) of the data folder ``folder``."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["status"] != psutil.STATUS_ZOMBIE and str(folder) in " ".join(p.info["cmdline"] or ()):
-            found.append(p)
-    return found
+    return [p for p in psutil.process_iter(["cmdline", "status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(folder) in " ".join(p.info["cmdline"] or ())]
 
 
 def _gone(folder: Path, timeout: float) -> bool:

@@ -17,9 +17,8 @@ def test_reranks_candidates_errors_in_flight():
     metrics = ScorerMetrics("m", "bi-encoder", lambda: busy[0])
     with metrics.rerank(100):
         pass
-    with pytest.raises(RuntimeError):
-        with metrics.rerank(7):
-            raise RuntimeError("scoring failed")
+    with pytest.raises(RuntimeError), metrics.rerank(7):
+        raise RuntimeError("scoring failed")
     metrics.answered(ErrorReply("r", ErrorCode.TIMEOUT, "late"))
     metrics.answered(object())  # an answer, not an error
     text = generate_latest(metrics.registry).decode()

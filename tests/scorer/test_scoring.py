@@ -31,6 +31,6 @@ def test_cosines_stay_within_minus_one_and_one():
         unit = row / np.linalg.norm(row)
         over += float((row @ unit) / np.linalg.norm(row)) > 1.0  # the rounding the clip is for
         _, scores = cosine_rank(row, np.stack([row, -row]))
-        assert -1.0 <= scores.min() and scores.max() <= 1.0
+        assert scores.min() >= -1.0 and scores.max() <= 1.0
         np.testing.assert_allclose(scores, [1.0, -1.0], atol=1e-6)
     assert over > 0, "no row rounds above 1: the test checks nothing"

@@ -30,7 +30,7 @@ async def _fetch(psub, wait: float) -> list:
     """Up to one message, waiting at most ``wait`` seconds for it."""
     try:
         return await psub.fetch(1, timeout=wait)
-    except (asyncio.TimeoutError, nats.errors.TimeoutError):
+    except (TimeoutError, nats.errors.TimeoutError):
         return []
 
 
@@ -38,7 +38,7 @@ async def _fetch(psub, wait: float) -> list:
 @pytest.mark.parametrize("beats", [True, False])
 def test_in_progress_beats_keep_a_held_batch_from_redelivery(nats_url, beats):
     async def main() -> None:
-        nc, js, kv, subjects = await _setup(nats_url)
+        nc, js, _kv, subjects = await _setup(nats_url)
         try:
             settings = JobSettings(ack_wait=1.0, max_deliver=5)
             subject = subjects.bulk("m")
@@ -174,7 +174,7 @@ def test_cancellations_are_read_from_the_job_state_and_held(nats_url):
     from shared.job_status import cancel_job
 
     async def main() -> None:
-        nc, js, kv, subjects = await _setup(nats_url)
+        nc, _js, kv, _subjects = await _setup(nats_url)
         try:
             await update_state(kv, "run", submitted(5, status="running"))
             seen = Cancellations(kv, ttl=0.3, hold=0.6)
@@ -200,7 +200,7 @@ def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url)
     from shared.bulkwork import hand_back_pending
 
     async def main() -> None:
-        nc, js, kv, subjects = await _setup(nats_url)
+        nc, js, _kv, subjects = await _setup(nats_url)
         try:
             stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
             stopping = await open_work(js, stream, "w", subject, JobSettings())
@@ -230,7 +230,7 @@ def test_a_work_queue_makes_its_lost_consumer_again_and_takes_work_through_it(na
     from shared.bulkwork import WorkQueue
 
     async def main() -> None:
-        nc, js, kv, subjects = await _setup(nats_url)
+        nc, js, _kv, subjects = await _setup(nats_url)
         try:
             stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
             work = WorkQueue(js, stream, "w", subject, JobSettings(), check_every=2)
@@ -260,7 +260,7 @@ def test_an_idle_work_queue_takes_a_batch_as_it_is_published(nats_url):
     from shared.bulkwork import FETCH_WAIT, WorkQueue
 
     async def main() -> float:
-        nc, js, kv, subjects = await _setup(nats_url)
+        nc, js, _kv, subjects = await _setup(nats_url)
         try:
             stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
             work = WorkQueue(js, stream, "w", subject, JobSettings())
@@ -296,7 +296,7 @@ def test_stop_fetching_ends_the_wait_at_once_and_a_late_batch_is_handed_back(nat
     from shared.bulkwork import WorkQueue
 
     async def main() -> None:
-        nc, js, kv, subjects = await _setup(nats_url)
+        nc, js, _kv, subjects = await _setup(nats_url)
         try:
             stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
             work = WorkQueue(js, stream, "w", subject, JobSettings(), wait=30.0)

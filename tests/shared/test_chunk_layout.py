@@ -80,9 +80,9 @@ def test_a_layout_that_does_not_hold_together_is_refused(arrays, message):
 
 def test_layout_arrays_must_be_whole_int32_bytes():
     body = msgpack.unpackb(_layout())
-    with pytest.raises(ProtocolError, match="^counts is not a whole number of int32 values$"):
+    with pytest.raises(ProtocolError, match=r"^counts is not a whole number of int32 values$"):
         decode(msgpack.packb({**body, "cc": b"\x01\x00\x00"}))
-    with pytest.raises(ProtocolError, match="^field 'ce' must be bytes$"):
+    with pytest.raises(ProtocolError, match=r"^field 'ce' must be bytes$"):
         decode(msgpack.packb({**body, "ce": [5, 9, 0, 7]}))
 
 

@@ -170,7 +170,7 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
             while taken < 64 and asyncio.get_running_loop().time() < deadline:
                 try:
                     msgs = await psub.fetch(8, timeout=1)
-                except (asyncio.TimeoutError, nats.errors.TimeoutError):
+                except (TimeoutError, nats.errors.TimeoutError):
                     continue
                 for msg in msgs:
                     await msg.ack()

@@ -61,5 +61,5 @@ def test_the_record_is_used_only_when_nothing_is_given(tmp_path, no_nats_env, mo
     assert use_local_stack(ns) == "the default" and ns.nats == "nats://127.0.0.1:4222"
     monkeypatch.delenv("EMBEDFLEET_NATS_TOKEN")
     token.unlink()
-    with pytest.raises(ConfigError, match="names the token file .* which is not there"):
+    with pytest.raises(ConfigError, match=r"names the token file .* which is not there"):
         use_local_stack(_ns("--data-dir", str(tmp_path)))

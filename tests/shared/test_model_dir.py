@@ -49,7 +49,7 @@ def test_xlm_roberta_limit_accounts_for_position_offset(model_info, tmp_path):
 def test_missing_folder_and_files_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="is not a folder"):
         load_model_info(str(tmp_path / "nope"))
-    with pytest.raises(ConfigError, match="config.json is missing"):
+    with pytest.raises(ConfigError, match=r"config.json is missing"):
         load_model_info(str(tmp_path))
 
 
@@ -313,5 +313,5 @@ def test_a_modules_json_that_is_no_list_is_refused_for_every_kind_of_folder(mode
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": architectures}))
     (folder / "modules.json").write_text(json.dumps({"0": "sentence_transformers.models.Transformer"}))
-    with pytest.raises(ConfigError, match="modules.json is not a list of modules"):
+    with pytest.raises(ConfigError, match=r"modules.json is not a list of modules"):
         load_model_info(str(folder))

@@ -16,7 +16,7 @@ def test_the_registry_serves_the_table_in_its_order():
     from services.gpu_worker.engine.models.registry import FAMILIES, SUPPORTED_TYPES
 
     assert [f.types for f in FAMILIES] == list(FAMILY_TYPES)
-    assert SUPPORTED_TYPES == tuple(t for f in FAMILY_TYPES for t in f.model_types)
+    assert tuple(t for f in FAMILY_TYPES for t in f.model_types) == SUPPORTED_TYPES
     assert len(set(SUPPORTED_TYPES)) == len(SUPPORTED_TYPES)  # a model type belongs to one family
 
 

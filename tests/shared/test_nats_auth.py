@@ -124,17 +124,17 @@ def test_bad_options_name_the_option(args, env, message, monkeypatch):
 
 def test_files_that_hold_the_wrong_thing(tmp_path):
     empty = write(tmp_path / "empty", "")
-    with pytest.raises(ConfigError, match="--nats-token-file .*: the file is empty"):
+    with pytest.raises(ConfigError, match=r"--nats-token-file .*: the file is empty"):
         config("--nats-token-file", empty)
     account_seed = write(tmp_path / "account.nk", new_seed(nkeys.PREFIX_BYTE_ACCOUNT))
     with pytest.raises(ConfigError, match="not a user nkey seed"):
         config("--nats-nkey-seed", account_seed)
     broken = write(tmp_path / "broken.nk", new_seed(nkeys.PREFIX_BYTE_USER)[:30])  # cut short
-    with pytest.raises(ConfigError, match="--nats-nkey-seed .*: not a valid nkey seed"):
+    with pytest.raises(ConfigError, match=r"--nats-nkey-seed .*: not a valid nkey seed"):
         config("--nats-nkey-seed", broken)
     with pytest.raises(ConfigError, match="not a NATS credentials file"):
         config("--nats-creds", write(tmp_path / "x.creds", "hello"))
-    with pytest.raises(ConfigError, match="--nats-tls-ca .*: cannot load it"):
+    with pytest.raises(ConfigError, match=r"--nats-tls-ca .*: cannot load it"):
         config("--nats-tls-ca", write(tmp_path / "ca.pem", "not a certificate"))
 
 
@@ -165,7 +165,7 @@ def test_tls_files_build_a_verifying_context(tmp_path):
     assert [c["subject"] for c in context.get_ca_certs()] == [((("commonName", "embedfleet test CA"),),)]
     assert config().tls.connect_options() == {}  # nats-py's default context, for tls:// URLs
     other = CertificateAuthority(tmp_path / "other").client("x@embedfleet.test")
-    with pytest.raises(ConfigError, match="--nats-tls-cert .* / --nats-tls-key .*: cannot load them"):
+    with pytest.raises(ConfigError, match=r"--nats-tls-cert .* / --nats-tls-key .*: cannot load them"):
         config("--nats-tls-cert", str(client.cert), "--nats-tls-key", str(other.key))
 
 

@@ -257,7 +257,7 @@ def text_chunks(draw) -> tuple[list[TextChunk], int]:
     tokens = draw(st.integers(0, 2**31 - 1))
     spans = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, tokens),
                       st.integers(0, tokens))
-    chunks = [TextChunk(min(a, b), max(a, b), min(f, l), max(f, l)) for a, b, f, l in
+    chunks = [TextChunk(min(a, b), max(a, b), min(f, t), max(f, t)) for a, b, f, t in
               draw(st.lists(spans, min_size=1, max_size=4))]
     return chunks, tokens
 
@@ -367,13 +367,13 @@ def mutated(draw, valid: st.SearchStrategy) -> bytes:
         at = draw(st.integers(0, len(data)))
         return data[:at] + draw(st.binary(min_size=1, max_size=16)) + data[at:]
     body = msgpack.unpackb(data, raw=False)
-    key = draw(st.sampled_from(sorted(body) + ["zz"]))
+    key = draw(st.sampled_from([*sorted(body), "zz"]))
     if how == "deep":
         return with_raw_field(body, key, deeply_nested(draw(st.integers(1, 3000))))
     if how == "drop":
         body.pop(key, None)
     elif how == "nested" and isinstance(body.get("o"), dict):
-        body["o"][draw(st.sampled_from(sorted(body["o"]) + ["zz"]))] = draw(junk)
+        body["o"][draw(st.sampled_from([*sorted(body["o"]), "zz"]))] = draw(junk)
     elif how == "nested" and isinstance(body.get("tm"), dict):
         body["tm"][draw(st.text(max_size=80))] = draw(junk)
     else:
@@ -396,7 +396,7 @@ WIRE_KEYS = sorted({"rows", "vec", "tkd", "jb", "bi", "wk", "sub", "qt", "iv", "
 })
 protocol_shaped = st.fixed_dictionaries(
     {"v": st.sampled_from([1, VERSION]) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
-    optional={key: junk for key in WIRE_KEYS},
+    optional=dict.fromkeys(WIRE_KEYS, junk),
 ).map(lambda body: msgpack.packb(body, use_bin_type=True))
 
 
@@ -646,11 +646,7 @@ def test_sources_never_unpickle():
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Import):
                 found += [where for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES:
-                found.append(where)
-            elif isinstance(node, ast.keyword) and node.arg == "allow_pickle":
-                found.append(where)
-            elif isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) and \
-                    node.value.id in ("torch", "pickle", "marshal"):
+            elif (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES) or (isinstance(node, ast.keyword) and node.arg == "allow_pickle") or (isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) and \
+                    node.value.id in ("torch", "pickle", "marshal")):
                 found.append(where)
     assert len(_sources()) > 20 and found == []

@@ -89,7 +89,7 @@ def test_config_checks_its_values():
     assert TracingConfig("http://collector:4318").traces_url == "http://collector:4318/v1/traces"
     assert TracingConfig("http://c:4318/v1/traces/").traces_url == "http://c:4318/v1/traces"
     assert TracingConfig().traces_url is None
-    with pytest.raises(ConfigError, match="--trace-sample-ratio 1.5"):
+    with pytest.raises(ConfigError, match=r"--trace-sample-ratio 1.5"):
         TracingConfig(sample_ratio=1.5)
     with pytest.raises(ConfigError, match="--otlp-endpoint 'collector:4318'"):
         TracingConfig("collector:4318")

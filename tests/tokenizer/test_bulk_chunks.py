@@ -20,6 +20,7 @@ from services.tokenizer.bulk_chunks import BatchCutter, pack_rows
 from services.tokenizer.chunking import cut as cut_text
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
+import itertools
 
 PROMPTS = {"query": "query: "}
 
@@ -51,8 +52,8 @@ def test_each_row_is_the_models_sequence_for_its_chunks_text(encoder, options):
 
 def test_a_document_over_max_chunks_is_given_up_alone(encoder):
     cut = BatchCutter(encoder, 5).cut(_job(["short", " ".join(["word"] * 6), "also short"], JobChunking(ChunkSpec(1))))
-    assert cut.failed == [(1, "document 'd1' is cut into 6 chunks, over the 5 a document may be (the tokenizer's "
-                              "--max-chunks): give a larger chunk size, or cut the document")]
+    assert cut.failed == [(1, ("document 'd1' is cut into 6 chunks, over the 5 a document may be (the tokenizer's "
+                              "--max-chunks): give a larger chunk size, or cut the document"))]
     assert cut.doc_ids == ["d0", "d2", "d2"] and cut.chunks.documents == 3 and cut.chunks.texts is None
 
 
@@ -71,7 +72,7 @@ def test_rows_are_packed_within_tokens_rows_and_bytes(encoder):
     for limits in [(256, 256, 1 << 20), (4096, 5, 1 << 20), (4096, 256, 8000)]:
         parts = list(pack_rows(cut, *limits, 1536))
         assert parts[0][0] == 0 and parts[-1][1] == len(cut.sequences)
-        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # in order, every row once
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))  # in order, every row once
         tokens, seqs, size = limits
         for lo, hi in parts:
             assert hi - lo <= seqs and (hi - lo == 1 or sum(len(s) for s in cut.sequences[lo:hi]) <= tokens)
@@ -126,7 +127,7 @@ def test_late_windows_are_packed_with_the_rows_they_own(encoder):
     for limits in [(512, 256, 1 << 20), (4096, 3, 1 << 20), (4096, 256, 8000)]:
         parts = list(pack_rows(cut, *limits, 1536))
         assert parts[0][0] == 0 and parts[-1][1] == len(cut.sequences)
-        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))
         tokens, seqs, size = limits
         for lo, hi in parts:
             assert hi - lo <= seqs and (hi - lo == 1 or sum(len(s) for s in cut.sequences[lo:hi]) <= tokens)

@@ -13,6 +13,7 @@ from services.tokenizer.chunking import (BOUNDARIES, ChunkSpec, TextChunk, chunk
                                          whole_text_tokenizer)
 from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
+import itertools
 
 # text the Python docs corpus lacks: accents (composed and combining), CJK with full-width stops, emoji,
 # URLs, a word of many pieces, one over WordPiece's 100 characters, runs of newlines, tabs, characters
@@ -111,7 +112,7 @@ def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextC
         assert not any(ch.isspace() for ch in widened), (text[c.start : c.end], c)
         for at in (c.first, c.last):  # a cut inside a word only in a word longer than a window
             assert at in word_start or doc.word_tokens(at) > spec.size, (text[c.start : c.end], c)
-    for a, b in zip(chunks, chunks[1:]):
+    for a, b in itertools.pairwise(chunks):
         assert a.first < b.first <= a.last < b.last  # in order, every token covered
         assert a.last - b.first <= spec.overlap
     alone = tokenizer.encode_batch([text[c.start : c.end] for c in chunks], add_special_tokens=False)

@@ -70,7 +70,7 @@ def test_a_full_queue_makes_the_callback_wait_for_the_group_to_be_taken():
 
     groups, order = asyncio.run(main())
     assert [len(g) for g in groups] == [coalesce.MAX_QUEUED, 3]
-    assert sum(groups, []) == [n % 256 for n in range(coalesce.MAX_QUEUED + 3)]
+    assert [n for g in groups for n in g] == [n % 256 for n in range(coalesce.MAX_QUEUED + 3)]
     assert order[coalesce.MAX_QUEUED - 2] == 0 and order[coalesce.MAX_QUEUED - 1] == 1
 
 

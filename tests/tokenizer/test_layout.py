@@ -53,7 +53,7 @@ def test_a_window_over_the_room_is_refused(encoder):
     assert err.value.message == ("chunking.size is 255; this model holds at most 254 tokens of text a chunk "
                                  "(its limit, less its special tokens and the prompt)")
     layouts.check(_request(["a"], ChunkSpec(252), input_type="query"))
-    with pytest.raises(ServiceError, match="^chunking.size is 253; this model holds at most 252 tokens"):
+    with pytest.raises(ServiceError, match=r"^chunking.size is 253; this model holds at most 252 tokens"):
         layouts.check(_request(["a"], ChunkSpec(253), input_type="query"))
     with pytest.raises(ServiceError, match=r"^the model has no prompt 'passage' \(its prompts: long, query\)$"):
         layouts.check(_request(["a"], ChunkSpec(8), prompt_name="passage"))

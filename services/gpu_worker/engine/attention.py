@@ -13,11 +13,13 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import itertools
 
 log = logging.getLogger("embedfleet.engine")
 
@@ -121,7 +123,7 @@ class SdpaVarlen:
         self._covered = int(cu_host[-1])
         cu = cu_host.tolist()
         runs: list[tuple[int, int, int]] = []
-        for s, e in zip(cu[:-1], cu[1:]):
+        for s, e in itertools.pairwise(cu):
             if e == s:
                 continue
             if runs and runs[-1][2] == e - s and runs[-1][0] + runs[-1][1] * runs[-1][2] == s:
@@ -144,7 +146,7 @@ class SdpaVarlen:
             self._pad = (positions, keep[:, None, None, :], n, longest)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
-        gqa = {}
+        gqa: dict[str, Any] = {}  # enable_gqa where SDPA has it (passed only then)
         if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves heads / kv_heads queries
             if SDPA_GQA:
                 gqa = {"enable_gqa": True}
@@ -152,7 +154,7 @@ class SdpaVarlen:
                 group = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if self._pad is not None:
-            return self._padded(q, k, v, mask, gqa)
+            return self._padded(self._pad, q, k, v, mask, gqa)
         out = torch.empty_like(q)
         if self._covered < len(q):
             out[self._covered :].zero_()
@@ -162,8 +164,9 @@ class SdpaVarlen:
             # [n * L, heads, d] -> [n, heads, L, d]: 4-D inputs take the fused (flash) kernel on CPU;
             # 3-D ones fall back to the unfused math path (several times slower)
             causal = mask.causal and _window(mask, length) is None and mask.bias is None
+            qs, ks, vs = (t[start:end].view(n, length, t.shape[1], d).transpose(1, 2) for t in (q, k, v))
             o = F.scaled_dot_product_attention(
-                *(t[start:end].view(n, length, t.shape[1], d).transpose(1, 2) for t in (q, k, v)),
+                qs, ks, vs,
                 attn_mask=None if causal else self._run_mask(length, mask, q),
                 is_causal=causal, scale=mask.scale, **gqa,
             )
@@ -185,8 +188,10 @@ class SdpaVarlen:
                 self._masks[key] = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
         return self._masks[key]
 
-    def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask, gqa: dict) -> torch.Tensor:
-        positions, keep, n, longest = self._pad
+    def _padded(self, padding: tuple[torch.Tensor, torch.Tensor, int, int], q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, mask: AttnMask, gqa: dict[str, Any]) -> torch.Tensor:
+        """``padding``: this batch's (``_pad``)."""
+        positions, _keep, n, longest = padding
         heads, d = q.shape[1], q.shape[2]
 
         def pad(t: torch.Tensor) -> torch.Tensor:
@@ -194,7 +199,7 @@ class SdpaVarlen:
             padded.index_copy_(0, positions, t[: self._covered])
             return padded.view(n, longest, t.shape[1], d).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=self._padded_mask(mask, q), scale=mask.scale,
+        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=self._padded_mask(padding, mask, q), scale=mask.scale,
                                            **gqa)
         o = o.transpose(1, 2).reshape(n * longest, heads, d)
         if self._covered == len(q):
@@ -203,21 +208,23 @@ class SdpaVarlen:
         torch.index_select(o, 0, positions, out=out[: self._covered])
         return out
 
-    def _padded_mask(self, mask: AttnMask, q: torch.Tensor) -> torch.Tensor:
+    def _padded_mask(self, padding: tuple[torch.Tensor, torch.Tensor, int, int], mask: AttnMask, q: torch.Tensor
+                     ) -> torch.Tensor:
         """[n, 1, L, L] bool, or [n, heads, L, L] float with a bias: a query sees its own sequence's
         keys as the mask allows; a padding query row sees all its sequence's keys (never nothing: no
         NaN, and never read)."""
         key = ("padded", mask)
-        if key not in self._masks:
-            _, keep, n, longest = self._pad  # keep: [n, 1, 1, L] real keys
+        found = self._masks.get(key)  # never None for this key
+        if found is None:
+            _, keep, _n, longest = padding  # keep: [n, 1, 1, L] real keys
             structure = _structure(longest, mask, q.device)
             if structure is not None:
                 pad_rows = ~keep.transpose(-1, -2)  # [n, 1, L, 1]: padding query rows
                 keep = keep & (structure | pad_rows)
             if mask.bias is not None:
                 keep = mask.bias(longest).to(q.dtype)[None].masked_fill(~keep, float("-inf"))
-            self._masks[key] = keep
-        return self._masks[key]
+            self._masks[key] = found = keep
+        return found
 
 
 class TorchFlashVarlen:
@@ -251,7 +258,7 @@ class TorchFlashVarlen:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask = FULL) -> torch.Tensor:
         # q, k, v are strided views of the fused QKV output: the kernel wants dense rows
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        kwargs = {}
+        kwargs: dict[str, Any] = {}  # what this PyTorch's varlen attention takes, passed only when needed
         if mask.scale is not None:
             kwargs["scale"] = mask.scale
         if k.shape[1] != q.shape[1]:
@@ -259,7 +266,10 @@ class TorchFlashVarlen:
         if mask.causal or mask.window is not None:
             left = -1 if mask.window is None else mask.window
             kwargs["window_size"] = (left, 0 if mask.causal else left)
-        return self._varlen_attn(q, k, v, self._cu, self._cu, self._max_len, self._max_len, **kwargs)
+        assert self._cu is not None  # bound before every forward
+        out = self._varlen_attn(q, k, v, self._cu, self._cu, self._max_len, self._max_len, **kwargs)
+        assert isinstance(out, torch.Tensor)  # the output alone: no auxiliary outputs asked
+        return out
 
 
 class FlashInferRagged:
@@ -281,8 +291,9 @@ class FlashInferRagged:
         self._masks = tuple(dict.fromkeys(masks))
         self._workspace = torch.empty(self.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._eager = {m: flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD") for m in self._masks}
-        self._graph_wrappers: dict[tuple[int, AttnMask], object] = {}
-        self._active: dict[AttnMask, object] = self._eager
+        # FlashInfer's wrappers (an untyped package)
+        self._graph_wrappers: dict[tuple[int, AttnMask], Any] = {}
+        self._active: dict[AttnMask, Any] = self._eager
 
     @staticmethod
     def supports(mask: AttnMask) -> bool:

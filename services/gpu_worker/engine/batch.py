@@ -88,6 +88,18 @@ _ARRAYS = [f.name for f in fields(HostBatch) if f.name not in ("rows", "max_len"
 class DeviceBatch:
     """Device tensors for one HostBatch, each field under the same name."""
 
+    # HostBatch's arrays (its shapes and dtypes), set from _ARRAYS in __init__
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    token_types: torch.Tensor
+    cu_seqlens: torch.Tensor
+    seq_ids: torch.Tensor
+    first: torch.Tensor
+    last: torch.Tensor
+    lengths: torch.Tensor
+    keep: torch.Tensor
+    kept: torch.Tensor
+
     def __init__(self, host: HostBatch, device: torch.device) -> None:
         pin = device.type == "cuda"
         for name in _ARRAYS:
@@ -126,7 +138,7 @@ class StaticBatch:
                 src = src.pin_memory()
             getattr(self, name)[: len(src)].copy_(src, non_blocking=True)
 
-    def view(self, tokens: int) -> "StaticView":
+    def view(self, tokens: int) -> StaticView:
         return StaticView(self, tokens)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -49,7 +49,11 @@ _PAD_ROW_MAX = 256
 def _to_host(made: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
     """Start the device-to-host copy of a step's output into pinned memory (float32)."""
     if isinstance(made, dict):
-        return {k: _to_host(v) for k, v in made.items()}
+        return {k: _pinned_copy(v) for k, v in made.items()}
+    return _pinned_copy(made)
+
+
+def _pinned_copy(made: torch.Tensor) -> torch.Tensor:
     host = torch.empty(made.shape, dtype=torch.float32, pin_memory=True)
     host.copy_(made, non_blocking=True)
     return host
@@ -77,7 +81,7 @@ class Engine:
         attention: str = "auto",
         max_batch_tokens: int = 8192,
         max_batch_seqs: int = 256,
-        capture: Callable[["Engine", int], Replay] | None = None,
+        capture: Callable[[Engine, int], Replay] | None = None,
         model: EncoderModel | None = None,
         heads: dict[str, torch.nn.Module] | None = None,
     ) -> None:
@@ -105,7 +109,7 @@ class Engine:
                 load_weights(model, tensors)
                 model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
             heads = build_outputs(info, tensors, self.spec.config, self.device)
-            if "sparse" in heads and info.sparse.kind == "mlm":
+            if "sparse" in heads and info.sparse is not None and info.sparse.kind == "mlm":
                 heads["sparse"].head.to(self.dtype)  # vocabulary-sized GEMMs: the encoder's precision
             del tensors
         self.model = model
@@ -212,7 +216,9 @@ class Engine:
     def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
               skip: np.ndarray | None = None) -> np.ndarray:
         """input_ids [T] int32, cu_seqlens [B + 1] -> pooled vectors [B, dim] float32 (blocking)."""
-        return self.step(input_ids, cu_seqlens, token_types, skip).result()
+        vectors = self.step(input_ids, cu_seqlens, token_types, skip).result()
+        assert isinstance(vectors, np.ndarray)  # the dense output alone: no dict
+        return vectors
 
     @torch.inference_mode()
     def step(
@@ -283,8 +289,11 @@ class Engine:
         # the dummy row's outputs are never read: the attention may skip it
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
         if outputs is not None:
-            at = None if spans is None else tuple(torch.from_numpy(a).to(self.device, non_blocking=True)
-                                                  for a in span_positions(spans, cu_seqlens))
+            at = None
+            if spans is not None:
+                first, end = (torch.from_numpy(a).to(self.device, non_blocking=True)
+                              for a in span_positions(spans, cu_seqlens))
+                at = (first, end)
             return self._forward_outputs(batch, outputs, rows, tokens, at)
         return self._forward(batch)[:rows]
 
@@ -293,14 +302,16 @@ class Engine:
         bucket: int,
     ) -> tuple[torch.Tensor, str]:
         """The static output buffer, and how it was filled: "captured" or "replay" (see GraphCache.run)."""
+        static, graphs = self._static, self.graphs
+        assert static is not None and graphs is not None  # a bucket is chosen only where graphs are set up
         host = prepare(
-            input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=self._static.max_rows,
+            input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=static.max_rows,
             token_types=token_types, skip=skip,
         )
-        self._static.load(host)
+        static.load(host)
         # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect
-        self.attention.bind(host.cu_seqlens, self._static.cu_seqlens, self._static_max_len, graph_key=bucket)
-        run = self.graphs.run(bucket, eager=lambda: self._static_forward(bucket))
+        self.attention.bind(host.cu_seqlens, static.cu_seqlens, self._static_max_len, graph_key=bucket)
+        run = graphs.run(bucket, eager=lambda: self._static_forward(bucket))
         return self._static_out, run
 
     def _forward(self, batch) -> torch.Tensor:
@@ -330,6 +341,7 @@ class Engine:
             elif kind == "tokens":
                 made[kind] = hidden[:tokens].float()
             elif kind == "spans":
+                assert spans is not None  # step() refuses output "spans" without them
                 means = span_means(hidden, *spans)  # [S, hidden]: the model's post-pooling stack follows
                 made[kind] = means if self.dense is None else self.dense(means)
             else:
@@ -337,6 +349,7 @@ class Engine:
         return made
 
     def _static_forward(self, bucket: int) -> None:
+        assert self._static is not None  # captured and replayed only where graphs are set up
         self._static_out.copy_(self._forward(self._static.view(bucket)))
 
     def _capture(self, bucket: int) -> Replay:

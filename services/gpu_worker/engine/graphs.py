@@ -9,7 +9,7 @@ The capture itself is injected (``capture``), so the bookkeeping is testable wit
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from collections.abc import Callable
 
 Replay = Callable[[], None]
 

@@ -21,7 +21,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safetensors' safe_open is no mapping: keys() is its list)
                 tensors[name] = f.get_tensor(name)
     return tensors
 

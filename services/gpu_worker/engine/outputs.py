@@ -98,6 +98,8 @@ def _linear(path, expect_in: int) -> nn.Linear:
 
 
 class SparseOutput(nn.Module):
+    dropped: torch.Tensor  # [n] int64 token ids whose weight is 0, a buffer (registered in __init__)
+
     def __init__(self, spec: SparseSpec, vocab: int, hidden: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
         super().__init__()
         self.spec = spec
@@ -116,12 +118,14 @@ class SparseOutput(nn.Module):
         rows = batch.lengths.shape[0]
         out = torch.zeros(rows, self.vocab, dtype=torch.float32, device=hidden.device)
         if self.spec.kind == "linear":
+            assert isinstance(self.head, nn.Linear)  # made so in __init__
             w = torch.relu(self.head(hidden.to(self.head.weight.dtype))).squeeze(1).float()  # [T]
             if len(self.dropped):
                 w = w.masked_fill(torch.isin(batch.input_ids, self.dropped), 0.0)
             flat = batch.seq_ids * self.vocab + batch.input_ids
             return out.view(-1).scatter_reduce_(0, flat, w, reduce="amax").view(rows, self.vocab)
         step = max(1, _LOGIT_CHUNK // self.vocab)
+        assert isinstance(self.head, MlmHead)  # the other kind, made so in __init__
         head_dtype = self.head.dense.weight.dtype
         for lo in range(0, hidden.shape[0], step):
             logits = self.head(hidden[lo : lo + step].to(head_dtype)).float()

@@ -60,6 +60,8 @@ def inv_frequencies(params: dict[str, Any], head_dim: int) -> torch.Tensor:
 class Rotary(nn.Module):
     """cos/sin tables [T, head_dim] for the tokens' positions (computed in float32)."""
 
+    inv_freq: torch.Tensor  # [head_dim / 2] float32, a buffer (registered in __init__)
+
     def __init__(self, params: dict[str, Any], head_dim: int) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_frequencies(params, head_dim), persistent=False)

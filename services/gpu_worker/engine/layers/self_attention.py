@@ -32,7 +32,7 @@ class SelfAttention(nn.Module):
         q = qkv[:, : self.heads * d].view(t, self.heads, d)
         k = qkv[:, self.heads * d : (self.heads + self.kv_heads) * d].view(t, self.kv_heads, d)
         v = qkv[:, (self.heads + self.kv_heads) * d :].view(t, self.kv_heads, d)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both, or neither
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         a = attention(q, k, v, mask).reshape(t, -1)

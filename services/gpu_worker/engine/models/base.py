@@ -52,6 +52,11 @@ class EncoderModel(nn.Module, abc.ABC):
         """The part of the checkpoint tensor found for head parameter ``ours`` that it holds (all of it here)."""
         return tensor
 
+    def scorer(self) -> nn.Module:
+        """``head``: a classifier's checkpoint has one (``score`` is called only then)."""
+        assert self.head is not None, "scored with a model that has no classification head"
+        return self.head
+
     @abc.abstractmethod
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         """A classifier's logits [R, labels] float32 from the hidden states [T, hidden] (called only when

@@ -117,7 +117,7 @@ class ScoreHead(nn.Module):
 
 
 class BertEncoder(EncoderModel):
-    PREFIXES = ("", "bert.", "roberta.", "model.")
+    PREFIXES: tuple[str, ...] = ("", "bert.", "roberta.", "model.")
     PROBE = "embeddings.word_embeddings.weight"
     USES_TOKEN_TYPES = True
 
@@ -142,7 +142,7 @@ class BertEncoder(EncoderModel):
         return [self.mask] * self.spec.num_layers
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        return self.head(hidden[batch.first]).float()
+        return self.scorer()(hidden[batch.first]).float()
 
     def weight_names(self) -> dict[str, list[str]]:
         names = {

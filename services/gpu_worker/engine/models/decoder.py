@@ -119,11 +119,13 @@ class DecoderEncoder(EncoderModel):
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         # a decoder classifier reads its last token (transformers: the last non-padding one)
+        head = self.scorer()
         if not self.spec.score_tokens:
-            return self.head(hidden[batch.last]).float()
+            return head(hidden[batch.last]).float()
         # LogitScore: logit[true] - logit[false], each a float32 dot product (the difference of two
         # logits of similar size loses digits in half precision)
-        logits = F.linear(hidden[batch.last].float(), self.head.weight.float())  # [R, 1 or 2]
+        assert isinstance(head, nn.Linear)  # the answer tokens' rows, made in __init__
+        logits = F.linear(hidden[batch.last].float(), head.weight.float())  # [R, 1 or 2]
         return logits[:, :1] - logits[:, 1:] if logits.shape[1] == 2 else logits
 
     def weight_names(self) -> dict[str, list[str]]:

@@ -108,7 +108,7 @@ class Gemma3Encoder(EncoderModel):
         return [self.mask_of[kind] for kind in self.types]
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        return self.head(hidden[batch.last]).float()
+        return self.scorer()(hidden[batch.last]).float()
 
     def weight_names(self) -> dict[str, list[str]]:
         names = {"word.weight": ["embed_tokens.weight"], "norm.weight": ["norm.weight"]}

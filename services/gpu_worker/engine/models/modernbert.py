@@ -115,7 +115,7 @@ class ModernBertEncoder(EncoderModel):
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
         pooled = pool(hidden, batch, "mean") if self.pooling == "mean" else hidden[batch.first].float()
-        return self.head(pooled.to(hidden.dtype)).float()
+        return self.scorer()(pooled.to(hidden.dtype)).float()
 
     def weight_names(self) -> dict[str, list[str]]:
         names = {
