@@ -51,7 +51,10 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
     nc, js, kv, plan = await connect_checked(nats, plan)
     job, docs, subjects = plan.job, plan.docs, nats.subjects
     try:  # the store checked before anything is published: a table of another dimension ends the run here
-        sink = await open_sink(plan.sink, plan.shape) if plan.sink else None
+        sink = None
+        if plan.sink:
+            assert plan.shape is not None  # connect_checked read it from the fleet
+            sink = await open_sink(plan.sink, plan.shape)
     except BaseException:
         await nc.close()
         raise

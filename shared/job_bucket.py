@@ -10,7 +10,7 @@ function from the state read to the state to write (``dataclasses.replace``), ca
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from nats.errors import Error as NatsError
@@ -135,14 +136,19 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         if i % 8 == 0:
             await _wait_for_room(js, subjects, model)
         if await _cancelled(kv, job):
-            await update_state(kv, job, lambda s, n=i: replace(s, published=max(s.published, n)))
+            await update_state(kv, job, _published(i))
             raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
         batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options, chunking)
         # the stream's acknowledgement of each publish is the backpressure
         await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}", headers=headers)
         if i % 8 == 7 or i == len(batches) - 1:
-            await update_state(kv, job, lambda s, n=i + 1: replace(s, published=max(s.published, n)))
+            await update_state(kv, job, _published(i + 1))
     return state
+
+
+def _published(batches: int) -> Callable[[JobState], JobState]:
+    """A state change: at least ``batches`` batches published."""
+    return lambda s: replace(s, published=max(s.published, batches))
 
 
 async def _wait_for_room(js: JetStreamContext, subjects: Subjects, model: str) -> None:
@@ -155,7 +161,7 @@ async def _wait_for_room(js: JetStreamContext, subjects: Subjects, model: str) -
             info = await js.stream_info(stream_names(subjects)["jobs"], subjects_filter=subject)
             if (info.state.subjects or {}).get(subject, 0) < PUBLISH_AHEAD:
                 return
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, NatsError) as exc:
             if not transient(exc):
                 raise
             log.debug("jobs stream: %r", exc)
@@ -167,7 +173,7 @@ async def _cancelled(kv: KeyValue, job: str) -> bool:
     publish after this waits for it anyway)."""
     try:
         state = await read_state(kv, job)
-    except (NatsError, asyncio.TimeoutError):
+    except (TimeoutError, NatsError):
         return False
     return state is not None and state.status == CANCELLED
 

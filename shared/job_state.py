@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import orjson
 
@@ -146,10 +147,11 @@ class JobState:
         return orjson.dumps(self.record())
 
     @classmethod
-    def decode(cls, data: bytes, job: str) -> JobState:
-        """The state the bucket holds under ``job``; JobStateError for anything this code does not write."""
+    def decode(cls, data: bytes | None, job: str) -> JobState:
+        """The state the bucket holds under ``job``; JobStateError for anything this code does not write
+        (an empty record, which nats-py gives as None, included)."""
         try:
-            record = orjson.loads(data)
+            record = orjson.loads(data or b"")
         except orjson.JSONDecodeError as exc:
             raise JobStateError(f"job {shown(job)}: its state is not JSON ({exc})") from None
         try:

@@ -71,6 +71,7 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
     ]
     placement = Placement(js, retention.replicas)
     for config in configs:
+        assert config.name is not None  # every stream above is named
         current = results if config.name == names["results"] else await stream_config(js, config.name)
         await placement.put(config, current)
     return await _ensure_bucket(js, names["kv"], retention, placement)
@@ -89,12 +90,13 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention
                 bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE, replicas=n))
         except BadRequestError:  # created meanwhile by another process, with other limits
             current = await stream_config(js, stream)
+            assert current is not None  # the server said it exists
     replicas = placement.target(current.num_replicas)
     if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history or \
             replicas != current.num_replicas:
         log.info("bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)", bucket, ttl, history,
                  current.max_age or 0, current.max_msgs_per_subject)
-        await placement.update(stream, current.num_replicas, lambda n: js.update_stream(current.evolve(
+        await placement.update(stream, current.num_replicas or 1, lambda n: js.update_stream(current.evolve(
             max_age=ttl, max_msgs_per_subject=history, duplicate_window=_window(current.duplicate_window, ttl),
             num_replicas=n)))
     return await js.key_value(bucket)

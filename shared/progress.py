@@ -18,7 +18,8 @@ chunks were counted (``cut``); ``accounted`` stays its documents'.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Mapping
 
 Span = tuple[int, int]  # [lo, hi)
 

@@ -56,6 +56,7 @@ class Placement:
         from what it holds; an update, even of nothing, is a change the cluster's nodes agree on, and
         every process puts every stream at start, often while another has just made it. A stream
         whose settings differ is updated at once, without the add that the server would refuse."""
+        assert config.name is not None  # the project's streams are named
         if current is None:
             try:
                 await self.create(config.name, lambda n: self._js.add_stream(config.evolve(num_replicas=n)))
@@ -64,6 +65,7 @@ class Placement:
                 if exc.err_code != STREAM_EXISTS:
                     raise
                 current = await stream_config(self._js, config.name)
+                assert current is not None  # the server said it exists
         changed = differences(config, current)
         if not changed and self.target(current.num_replicas) == current.num_replicas:
             try:
@@ -74,7 +76,7 @@ class Placement:
                     raise
         if changed:
             log.info("stream %s exists with other settings (%s): updating it to these", config.name, ", ".join(changed))
-        await self.update(config.name, current.num_replicas,
+        await self.update(config.name, current.num_replicas or 1,  # a stream the server describes names its copies
                           lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
 
     async def create(self, name: str, make):

@@ -4,7 +4,8 @@ shared/job_state.py's SUBMISSION), without publishing anything."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from shared.job_state import JobState
 

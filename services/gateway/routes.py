@@ -9,10 +9,10 @@ against it (tests/gateway/test_routes.py). A path has one error shape, whatever 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Api(str, Enum):
+class Api(StrEnum):
     """Whose API a route answers for, hence the shape of its errors."""
 
     OPENAI = "openai"  # {"error": {"message", "type", "param", "code"}}

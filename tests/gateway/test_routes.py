@@ -35,7 +35,7 @@ def test_openapi_describes_exactly_the_declared_routes():
 
 
 def test_the_embedding_routes_are_the_ones_that_take_texts_to_vectors():
-    assert EMBED_PATHS == {"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"}
+    assert {"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"} == EMBED_PATHS
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: f"{r.method} {r.path}")

@@ -96,8 +96,8 @@ def test_a_record_as_a_submitted_and_counted_job_has_it_is_read():
     (b'{"job": "j", "sink_shape": ["int8", "dense", 384]}', "'sink_shape': [form, output, dim, chunked] is expected"),
     (b'{"job": "j", "sink_shape": ["int4", "dense", 384, false]}', "'sink_shape': one of float32"),
     (b'{"job": "j", "embedding_type": "f4"}', "'embedding_type': one of float32"),
-    (b'{"job": "j", "documents": 3}', "a submission records model, input, documents, embedding_type, output "
-                                      "together, not documents alone"),
+    (b'{"job": "j", "documents": 3}', ("a submission records model, input, documents, embedding_type, output "
+                                       "together, not documents alone")),
 ])
 def test_a_record_this_code_does_not_write_is_refused_naming_the_job_and_the_key(data, said):
     with pytest.raises(JobStateError) as exc:

@@ -31,7 +31,7 @@ def test_a_form_describes_the_rows_quantize_makes(name):
 
 
 def test_every_api_name_leads_to_a_declared_form():
-    assert EMBEDDING_TYPES == {"float": FORMS["float32"], **FORMS}
+    assert {"float": FORMS["float32"], **FORMS} == EMBEDDING_TYPES
     assert {t: f.name for t, f in COHERE_TYPES.items()} == {
         "float": "float32", "int8": "int8", "uint8": "uint8", "binary": "binary", "ubinary": "ubinary", "base64": "float32"}
     assert set(OCTET_DTYPES) == set(FORMS)
@@ -43,5 +43,5 @@ def test_unknown_names_are_refused_naming_the_known_ones():
         form_named("INT8")
     with pytest.raises(ValueError, match="unknown vector form 'float' \\(known: float32, float16"):
         vector_form("float")  # an API's name, not a form's
-    with pytest.raises(ProtocolError, match="options.dtype must be one of"):
+    with pytest.raises(ProtocolError, match=r"options\.dtype must be one of"):
         EmbedOptions(dtype="float32")  # a form's name is not its wire code
