@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -33,10 +34,10 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
-from collections.abc import Iterator
 
 import httpx
 import nats
@@ -48,7 +49,6 @@ from shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
 from shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, stored_doc_ids, wait_until
-import itertools
 
 MODEL = "all-MiniLM-L6-v2"
 SUBJECTS = Subjects("embedfleet")

@@ -24,10 +24,10 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 import httpx
 import orjson

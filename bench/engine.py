@@ -29,14 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.load import load_model_info
+from bench import families
+from bench.workloads import Workload, workloads
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.attention import AttnMask
 from services.gpu_worker.engine.linear import LinearOps, select_linear_ops
 from services.tokenizer.encoder import TextEncoder, pack_chunks
-from bench import families
-from bench.workloads import Workload, workloads
+from shared.model_dir.info import ModelInfo
+from shared.model_dir.load import load_model_info
 
 MAX_ROWS = 256  # rows per engine batch, as the worker packs them
 

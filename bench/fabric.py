@@ -27,8 +27,17 @@ from pathlib import Path
 
 from bench.e2e import Workload, drive_http, infinity_server, queries
 from bench.fabric_floor import http_floor, tokenizer_floor
-from bench.fabric_load import ROLES, Meter, Stack, drive_nats, infinity_pid, run_reindex, self_seconds, tree_seconds
-from bench.fabric_load import up_stack
+from bench.fabric_load import (
+    ROLES,
+    Meter,
+    Stack,
+    drive_nats,
+    infinity_pid,
+    run_reindex,
+    self_seconds,
+    tree_seconds,
+    up_stack,
+)
 from bench.fabric_report import print_case, print_summary, summarize
 from tests.corpus import long_texts, medium_texts, mixed_texts
 

@@ -15,9 +15,9 @@ import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterator
 
 import httpx
 import numpy as np

@@ -17,14 +17,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 import httpx
 
-from bench.e2e import Workload, load_summary, client_batches
+from bench.e2e import Workload, client_batches, load_summary
 from shared.local_stack import read_stack
 from shared.nats_server import free_port
 

@@ -140,8 +140,8 @@ def describe(family: str, shape: str = "base") -> str:
 
 def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool = True) -> Path:
     """Write ``root/<family>-<shape>`` (see the module's docstring) and return it."""
-    from transformers import AutoModel
     import transformers
+    from transformers import AutoModel
 
     fam = _family(family)
     _, sizes = _shape(fam, family, shape)

@@ -17,16 +17,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from bench.fleet import Observation, fleet
+from bench.jobs import docs_file
 from services.tokenizer.encoder import TextEncoder
 from services.tokenizer.fast_encoder import FastEncoder, load
 from shared.model_dir.load import load_model_info
-from bench.fleet import Observation, fleet
-from bench.jobs import docs_file
 from tests.corpus import long_texts, mixed_texts
 
 CHARSET = Path(__file__).resolve().parents[1] / "services" / "tokenizer" / "fast_charset.py"

@@ -17,15 +17,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 import httpx
 
+from services.tokenizer.encoder import TextEncoder
 from shared.model_dir.load import load_model_info
 from shared.nats_server import EmbeddedNats, free_port
-from services.tokenizer.encoder import TextEncoder
 from tests.corpus import long_texts, medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 

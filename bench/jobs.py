@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fleet import latencies_for, embed, fleet
+from bench.fleet import embed, fleet, latencies_for
 from bench.workloads import workloads
 from shared.model_dir.load import load_model_info
 from tests.corpus import medium_texts, mixed_texts

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.model_dir.load import load_model_info
+from bench.workloads import workloads
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.ragged import sparse_rows, token_rows
 from services.tokenizer.encoder import TextEncoder, pack_chunks
-from bench.workloads import workloads
+from shared.model_dir.load import load_model_info
 
 MAX_ROWS = 256
 BUDGET = 2048

@@ -12,13 +12,22 @@ of 32 x 384 float32 and a JobBatch of 64 texts of about 300 characters. docs/pro
 import argparse
 import math
 import time
-from typing import Annotated, Any
 from collections.abc import Callable
+from typing import Annotated, Any
 
 import numpy as np
 
 from shared.protocol import (
-    MAX_ID, MAX_NAME, MAX_ROWS, EmbedOptions, EmbedResult, JobBatch, ProtocolError, TokenChunk, decode_as, encode,
+    MAX_ID,
+    MAX_NAME,
+    MAX_ROWS,
+    EmbedOptions,
+    EmbedResult,
+    JobBatch,
+    ProtocolError,
+    TokenChunk,
+    decode_as,
+    encode,
 )
 
 ROWS, TOKENS, DIM, TEXTS = 32, 128, 384, 64

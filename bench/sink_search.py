@@ -15,10 +15,10 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 import httpx
 

@@ -40,9 +40,9 @@ import numpy as np
 
 from bench import sink_search
 from bench.sink_search import RERANKER, Served
-from shared.sinks.writer import BATCH_ROWS, BATCH_SECONDS
 from shared.model_dir.load import load_model_info
 from shared.sinks import Rows, Shape, sink_for
+from shared.sinks.writer import BATCH_ROWS, BATCH_SECONDS
 from tests.corpus import medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"

@@ -50,8 +50,7 @@ def _check(folder: str, report: Report) -> None:
     import torch
 
     from services.gpu_worker.engine.attention import FLASHINFER_HEAD_DIMS, FlashInferRagged, TorchFlashVarlen
-    from services.gpu_worker.engine.models.registry import family_for
-    from services.gpu_worker.engine.models.registry import spec_from_folder
+    from services.gpu_worker.engine.models.registry import family_for, spec_from_folder
     from services.tokenizer.encoder import TextEncoder
 
     info = load_model_info(folder)

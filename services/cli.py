@@ -7,15 +7,15 @@ import os
 import sys
 from pathlib import Path
 
+from services.gateway import config as gateway_config
+from services.gpu_worker import config as worker_config
+from services.scorer import config as scorer_config
+from services.tokenizer import config as tokenizer_config
 from shared import __version__
 from shared.config import ConfigError, nats_config, retention
 from shared.lifecycle import run_async, run_service
 from shared.logs import setup_logging
 from shared.options import add_options
-from services.gateway import config as gateway_config
-from services.gpu_worker import config as worker_config
-from services.scorer import config as scorer_config
-from services.tokenizer import config as tokenizer_config
 
 HELP = {
     "up": "start the whole local stack, one model or several (embedded nats-server unless --nats is given)",
@@ -106,10 +106,10 @@ def _dispatch(ns: argparse.Namespace) -> None:
 
 def _run_admin(ns: argparse.Namespace) -> int:
     """reindex, init, and jobs with its actions: each one coroutine against NATS; its exit status."""
+    from services.jetstream_init import init_jetstream
     from services.job_cancel import cancel
     from services.job_fetch import fetch
     from services.jobs_admin import list_jobs, purge_job
-    from services.jetstream_init import init_jetstream
     from services.reindex import reindex
     from services.reindex_plan import plan_of
     from shared.lifecycle import NatsUnreachable

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from services.chunked_output import write_chunked
+from services.reindex_files import check_output_path, write_output, write_ragged
 from shared.config import ConfigError, NatsConfig
 from shared.job_bucket import read_state
 from shared.job_chunks import ChunkedRows
@@ -23,8 +25,6 @@ from shared.job_state import CANCELLED, JobState
 from shared.job_streams import job_bucket
 from shared.lifecycle import connect_within
 from shared.vector_forms import FORMS
-from services.chunked_output import write_chunked
-from services.reindex_files import check_output_path, write_output, write_ragged
 
 
 async def fetch(nats: NatsConfig, job: str, out: Path) -> int:

@@ -17,24 +17,30 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from shared.config import ConfigError, child_environment, nats_security, retention
-from shared.options import arguments, declared, default, option
-from shared.local_stack import forget_stack, record_stack
-from shared.logs import setup_logging
-from shared.tracing import TracingConfig
-from shared.model_dir.info import ModelInfo
-from shared.nats_server import TOKEN_FILE, EmbeddedNats
-from shared.parent_death import die_with_parent
 from services.gateway.config import api_keys, operator_keys
 from services.gateway.models_api import model_kind
-from services.stack_lock import hold_data_dir
 from services.local_pgvector import TABLE, LocalPgvector, require_pgserver
+from services.stack_lock import hold_data_dir
 from services.stack_plan import (
-    Child, children, default_model, secret_environment, served_models, with_metrics, with_search_store,
+    Child,
+    children,
+    default_model,
+    secret_environment,
+    served_models,
+    with_metrics,
+    with_search_store,
 )
+from shared.config import ConfigError, child_environment, nats_security, retention
+from shared.local_stack import forget_stack, record_stack
+from shared.logs import setup_logging
+from shared.model_dir.info import ModelInfo
+from shared.nats_server import TOKEN_FILE, EmbeddedNats
+from shared.options import arguments, declared, default, option
+from shared.parent_death import die_with_parent
+from shared.tracing import TracingConfig
 
 log = logging.getLogger("embedfleet.up")
 

@@ -8,9 +8,9 @@ gets a scorer too; one gateway stands in front of all of them.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable, Mapping
 
 from shared.config import ConfigError
 from shared.metrics_server import MetricsEndpoint
@@ -18,6 +18,7 @@ from shared.model_dir.info import ModelInfo, same_model
 from shared.model_dir.load import load_model_info
 from shared.options import option
 from shared.subjects import model_token
+
 
 @dataclass(frozen=True, slots=True)
 class Child:

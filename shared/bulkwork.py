@@ -22,8 +22,8 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -32,12 +32,12 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.config import JobSettings
-from shared.lifecycle import cancel
 from shared.job_bucket import has_state_key, read_state, update_state
 from shared.job_publish import publish_durably
 from shared.job_state import CANCELLED, DeadBatch, JobState
 from shared.job_status import count_failed
 from shared.job_streams import ensure_streams, stream_names, work_consumer
+from shared.lifecycle import cancel
 from shared.progress import Rows
 from shared.protocol import MAX_NAME, ChunkRows
 from shared.subjects import Subjects

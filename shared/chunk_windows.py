@@ -24,8 +24,8 @@ Pure: the gateway groups a request's chunks with it, and a bulk job's chunking c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from shared.text_chunks import TextChunk
 

@@ -30,9 +30,9 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
-from collections.abc import Awaitable, Sequence
 
 import numpy as np
 from nats.aio.client import Client
@@ -42,7 +42,6 @@ from nats.errors import NoRespondersError
 
 from shared.bundles import Item
 from shared.errors import ErrorCode, ServiceError
-from shared.request_outbox import Outbox
 from shared.protocol import (
     ChunkLayout,
     ChunkRequest,
@@ -63,6 +62,7 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.request_outbox import Outbox
 from shared.subjects import Subjects
 from shared.text_chunks import ChunkSpec
 from shared.tracing import HEADER_BYTES, TraceContext, current, headers_for

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 
 from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
-from shared.subjects import Subjects
 from shared.option import ConfigError
 from shared.options import (
-    MAX_JOB_HISTORY, MAX_REPLICAS, PASSWORD_ENV, TOKEN_ENV, declared, from_options, option, setting,
+    MAX_JOB_HISTORY,
+    MAX_REPLICAS,
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    declared,
+    from_options,
+    option,
+    setting,
 )
+from shared.subjects import Subjects
 
 
 @dataclass(frozen=True, slots=True)

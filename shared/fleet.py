@@ -31,8 +31,8 @@ import json
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from nats.aio.client import Client
 

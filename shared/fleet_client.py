@@ -35,8 +35,8 @@ from shared.config import nats_config
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
 from shared.lifecycle import connect_within, drain_or_close
-from shared.model_dir.info import same_model
 from shared.local_stack import use_local_stack
+from shared.model_dir.info import same_model
 from shared.options import add_options
 from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 

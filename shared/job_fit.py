@@ -14,8 +14,8 @@ whole vocabulary; BGE-M3: one per token); a vector per token for the model's tok
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from shared.fleet import FleetView, FleetWatch
 from shared.model_dir.info import same_model

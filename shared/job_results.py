@@ -10,8 +10,8 @@ nothing, so it changes nothing and any number of readers may run at once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import numpy as np
 from nats.js import JetStreamContext

@@ -15,9 +15,9 @@ the keys are the fields' names.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
-from collections.abc import Callable
 
 import orjson
 

@@ -15,7 +15,16 @@ from nats.js.kv import KeyValue
 
 from shared.chunk_progress import fail_chunks, store_chunks
 from shared.job_bucket import update_state
-from shared.job_state import CANCELLED, DONE, DONE_WITH_ERRORS, FINISHED, MAX_DEAD_RECORDS, DeadBatch, JobState, StoreWait
+from shared.job_state import (
+    CANCELLED,
+    DONE,
+    DONE_WITH_ERRORS,
+    FINISHED,
+    MAX_DEAD_RECORDS,
+    DeadBatch,
+    JobState,
+    StoreWait,
+)
 from shared.progress import Rows
 from shared.protocol import ChunkRows
 

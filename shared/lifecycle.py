@@ -10,9 +10,9 @@ import os
 import signal
 import ssl
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
-from collections.abc import Awaitable, Callable, Coroutine
 
 import nats
 from nats.aio.client import Client

@@ -13,9 +13,9 @@ import argparse
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 
 from shared.config import NATS_SECURITY_ENV, ConfigError
 from shared.options import PASSWORD_ENV, TOKEN_ENV

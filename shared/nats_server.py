@@ -21,10 +21,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from shared.config import ConfigError
-from shared.options import option
-from shared.nats_auth import NatsAuth
 from shared import parent_death
+from shared.config import ConfigError
+from shared.nats_auth import NatsAuth
+from shared.options import option
 
 log = logging.getLogger("embedfleet.nats")
 

@@ -12,9 +12,9 @@ as is a setting of the machine rather than of the command (where nats-server is)
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Mapping
 
 
 class ConfigError(ValueError):

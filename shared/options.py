@@ -18,7 +18,14 @@ from dataclasses import field, fields
 from typing import Any, TypeVar
 
 from shared.option import (
-    ConfigError, Option, budget, non_negative_float, non_negative_int, port_number, positive_float, positive_int,
+    ConfigError,
+    Option,
+    budget,
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
 )
 from shared.vector_forms import EMBEDDING_TYPES
 

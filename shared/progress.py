@@ -17,9 +17,9 @@ chunks were counted (``cut``); ``accounted`` stays its documents'.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
-from collections.abc import Mapping
 
 Span = tuple[int, int]  # [lo, hi)
 

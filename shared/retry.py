@@ -13,8 +13,8 @@ import asyncio
 import logging
 import random
 import time
-from typing import TypeVar
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 log = logging.getLogger("embedfleet.retry")
 

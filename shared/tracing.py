@@ -20,9 +20,9 @@ import logging
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping
 
 from shared.config import ConfigError
 from shared.options import default

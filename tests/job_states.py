@@ -3,9 +3,9 @@ shared/job_state.py's SUBMISSION), without publishing anything."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-from collections.abc import Callable
 
 from shared.job_state import JobState
 

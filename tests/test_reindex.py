@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from services.reindex_files import check_output_path, write_output
 from shared.config import ConfigError
 from shared.quantize import quantize
 from shared.vector_forms import FORMS
-from services.reindex_files import check_output_path, write_output
 
 
 @pytest.mark.parametrize("form", list(FORMS))

@@ -20,20 +20,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from shared import __version__
-from shared.client import EmbedClient, EmbedOutcome, part_of
-from shared.errors import ErrorCode, ServiceError
-from shared.fleet import FleetWatch
-from shared.job_streams import ensure_streams
-from shared.lifecycle import connect, drain_or_close, mark_ready, register
-from shared.metrics_server import serve_metrics
-from shared.model_dir.info import same_model
-from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
-from shared.quantize import quantize
-from shared.vector_forms import FLOAT32, FORMS
-from shared.tracing import Tracer
-from shared.sinks import sink_for
-from services.gateway import cohere_api, health, late_chunking, models_api, openai_api, rerank_api, search_api, tei_api, tei_tasks
+from services.gateway import (
+    cohere_api,
+    health,
+    late_chunking,
+    models_api,
+    openai_api,
+    rerank_api,
+    search_api,
+    tei_api,
+    tei_tasks,
+)
 from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
 from services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
@@ -54,6 +51,19 @@ from services.gateway.routes import PATHS, ROUTES
 from services.gateway.search import NOT_SERVED, Search
 from services.gateway.search_store import SearchStore
 from services.gateway.sink_jobs import SinkJobs, SinkTargets
+from shared import __version__
+from shared.client import EmbedClient, EmbedOutcome, part_of
+from shared.errors import ErrorCode, ServiceError
+from shared.fleet import FleetWatch
+from shared.job_streams import ensure_streams
+from shared.lifecycle import connect, drain_or_close, mark_ready, register
+from shared.metrics_server import serve_metrics
+from shared.model_dir.info import same_model
+from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
+from shared.quantize import quantize
+from shared.sinks import sink_for
+from shared.tracing import Tracer
+from shared.vector_forms import FLOAT32, FORMS
 
 log = logging.getLogger("embedfleet.gateway")
 

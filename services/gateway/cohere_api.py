@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions
-from shared.quantize import quantize
-from shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
 from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Inputs, Limits, json_object, json_type, optional, parse_inputs, positive_dimensions
 from services.gateway.rerank_api import RerankCall, query_field, texts_field, top_n_field
+from shared.errors import ErrorCode
+from shared.protocol import EmbedOptions
+from shared.quantize import quantize
+from shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
 
 # Cohere's input_type -> the name of the model's prompt it selects (none of that name: no prompt)
 INPUT_TYPES = {"search_query": "query", "search_document": "document", "classification": "classification",

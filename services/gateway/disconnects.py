@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-
 from collections.abc import Callable, Mapping
 from typing import Any
 

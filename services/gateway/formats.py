@@ -13,9 +13,9 @@ import msgpack
 import numpy as np
 from starlette.responses import Response
 
+from services.gateway.errors import ApiError
 from shared.errors import ErrorCode
 from shared.vector_forms import FORMS, OCTET_DTYPES
-from services.gateway.errors import ApiError
 
 OCTET = "application/octet-stream"
 MSGPACK = "application/msgpack"

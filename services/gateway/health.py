@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from starlette.datastructures import QueryParams
 
+from services.gateway.errors import TABLE, ApiError
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
 from shared.model_dir.info import same_model
-from services.gateway.errors import TABLE, ApiError
 
 _OFF = ("0", "false")
 

@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.gateway.errors import ApiError
 from shared.config import ConfigError
 from shared.documents import read_documents
 from shared.errors import ErrorCode
-from services.gateway.errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)

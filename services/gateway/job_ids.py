@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+from services.gateway.errors import ApiError
 from shared.errors import ErrorCode
 from shared.job_ids import job_id_problem
-from services.gateway.errors import ApiError
 
 
 def check_job_id(job: object) -> str:

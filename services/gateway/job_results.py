@@ -22,12 +22,12 @@ import numpy as np
 import orjson
 from starlette.responses import StreamingResponse
 
+from services.gateway.errors import ApiError
+from services.gateway.job_owners import JobOwners
 from shared.errors import ErrorCode
 from shared.job_bucket import read_state
 from shared.job_chunks import stored_columns
 from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
-from services.gateway.errors import ApiError
-from services.gateway.job_owners import JobOwners
 
 log = logging.getLogger("embedfleet.gateway.job_results")
 

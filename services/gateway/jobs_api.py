@@ -13,11 +13,18 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from services.gateway.chunking import JOB_KEYS, parse_chunking
+from services.gateway.errors import ApiError
+from services.gateway.inputs import embedding_form, json_object, optional
+from services.gateway.job_files import read_job_file
+from services.gateway.job_ids import check_job_field
+from services.gateway.job_owners import JobOwners
+from services.gateway.sink_jobs import SinkJobs
 from shared.documents import job_id_for, read_fields
-from shared.job_collector import Layout
 from shared.errors import ErrorCode
 from shared.fleet import FleetView
 from shared.job_bucket import read_state
+from shared.job_collector import Layout
 from shared.job_fit import JobRefused, check_chunk_room, check_job, served
 from shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
 from shared.job_requests import Claim, claim_problem, request_digest
@@ -27,16 +34,9 @@ from shared.job_streams import DUPLICATE_WINDOW, purge_wait
 from shared.options import default
 from shared.progress import Ledger
 from shared.protocol import EmbedOptions
-from shared.vector_forms import FORMS
 from shared.sinks.writer import Sources, shape_for
 from shared.text_chunks import JobChunking
-from services.gateway.chunking import JOB_KEYS, parse_chunking
-from services.gateway.errors import ApiError
-from services.gateway.job_files import read_job_file
-from services.gateway.job_ids import check_job_field
-from services.gateway.job_owners import JobOwners
-from services.gateway.inputs import embedding_form, json_object, optional
-from services.gateway.sink_jobs import SinkJobs
+from shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.gateway.errors import ApiError
 from shared.chunk_windows import late_windows
 from shared.errors import ErrorCode
 from shared.protocol import ChunkLayout, Spans
 from shared.text_chunks import TextChunk
-from services.gateway.errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)

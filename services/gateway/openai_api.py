@@ -9,11 +9,19 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shared.errors import ErrorCode
-from shared.vector_forms import FORMS
 from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
 from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, embedding_form, json_object, optional, parse_inputs, positive_dimensions
+from services.gateway.inputs import (
+    Inputs,
+    Limits,
+    embedding_form,
+    json_object,
+    optional,
+    parse_inputs,
+    positive_dimensions,
+)
+from shared.errors import ErrorCode
+from shared.vector_forms import FORMS
 
 ENCODING_FORMATS = ("float", "base64")
 INPUT_TYPES = ("query", "document")

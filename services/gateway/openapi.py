@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.text_chunks import BOUNDARIES
-from shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
 from services.gateway.chunking import RETURNS
 from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
 from services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
+from shared.text_chunks import BOUNDARIES
+from shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
 
 _STR_OR_LIST = {
     "oneOf": [

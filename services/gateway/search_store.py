@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from services.gateway.errors import ApiError
 from shared.errors import ErrorCode
 from shared.sinks import Hit, Shape, Sink, SinkError
 from shared.vector_forms import FORMS
-from services.gateway.errors import ApiError
 
 log = logging.getLogger("embedfleet.gateway")
 

@@ -8,16 +8,23 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
+from services.gateway.errors import ApiError
+from services.gateway.inputs import (
+    Inputs,
+    Limits,
+    embedding_form,
+    json_object,
+    name_field,
+    optional,
+    parse_inputs,
+    positive_dimensions,
+)
+from services.gateway.tei_tasks import model_type
 from shared.errors import ErrorCode
 from shared.protocol import EmbedOptions, TokenizeResult
 from shared.protocol.messages import MAX_SPARSE_TOP_K
 from shared.vector_forms import FORMS
-from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
-from services.gateway.errors import ApiError
-from services.gateway.inputs import (
-    Inputs, Limits, embedding_form, json_object, name_field, optional, parse_inputs, positive_dimensions,
-)
-from services.gateway.tei_tasks import model_type
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,15 @@ from collections.abc import Callable
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
+from services.gpu_worker.scheduler import Scheduler, Work
+from services.gpu_worker.spans import record_work
 from shared.bulkwork import (
-    BatchInfo, Cancellations, Heartbeats, deliveries, hand_back, join_work,
+    BatchInfo,
+    Cancellations,
+    Heartbeats,
+    deliveries,
+    hand_back,
+    join_work,
     undecodable,
 )
 from shared.config import JobSettings
@@ -41,8 +48,6 @@ from shared.progress import Rows
 from shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
 from shared.subjects import Subjects, model_token
 from shared.tracing import Tracer, from_headers, headers_for
-from services.gpu_worker.scheduler import Scheduler, Work
-from services.gpu_worker.spans import record_work
 
 log = logging.getLogger("embedfleet.worker.bulk")
 

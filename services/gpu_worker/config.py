@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
 from shared.metrics_server import MetricsEndpoint
-from shared.options import from_options, setting
-from shared.tracing import TracingConfig
 from shared.model_dir.info import ModelInfo
 from shared.model_dir.load import load_model_info
+from shared.options import from_options, setting
+from shared.tracing import TracingConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from shared.options import arguments
-from shared.parent_death import die_with_parent
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.calibrate import calibrate
 from services.gpu_worker.engine.engine import pick_device
+from shared.options import arguments
+from shared.parent_death import die_with_parent
 
 log = logging.getLogger("embedfleet.worker")
 

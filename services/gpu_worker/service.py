@@ -17,15 +17,26 @@ import logging
 import time
 import uuid
 from collections import deque
-
-import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
+from services.gpu_worker.bulk import BulkFeeder
+from services.gpu_worker.config import WorkerConfig
+from services.gpu_worker.engine import Engine
+from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidSpans, InvalidTokens
+from services.gpu_worker.engine.pooling import postprocess
+from services.gpu_worker.engine.results import CudaResult, ReadyResult
+from services.gpu_worker.load_reports import ReportCadence
+from services.gpu_worker.metrics import WorkerMetrics
+from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
+from services.gpu_worker.replies import Outgoing
+from services.gpu_worker.scheduler import Batch, Scheduler, Work
+from services.gpu_worker.spans import record_work
 from shared.bundles import answer, is_bundle, unbundle
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
@@ -45,21 +56,9 @@ from shared.protocol import (
     row_bytes,
 )
 from shared.quantize import quantize
-from shared.vector_forms import FORMS, WIRE_FORMS
 from shared.subjects import WORKER_QUEUE
 from shared.tracing import TraceContext, Tracer, bind, from_headers
-from services.gpu_worker.bulk import BulkFeeder
-from services.gpu_worker.config import WorkerConfig
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidSpans, InvalidTokens
-from services.gpu_worker.engine.pooling import postprocess
-from services.gpu_worker.engine.results import CudaResult, ReadyResult
-from services.gpu_worker.load_reports import ReportCadence
-from services.gpu_worker.metrics import WorkerMetrics
-from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
-from services.gpu_worker.replies import Outgoing
-from services.gpu_worker.scheduler import Batch, Scheduler, Work
-from services.gpu_worker.spans import record_work
+from shared.vector_forms import FORMS, WIRE_FORMS
 
 FLOAT32 = FORMS["float32"].dtype
 

@@ -12,6 +12,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
+from services.scorer.config import ScorerConfig
+from services.scorer.metrics import ScorerMetrics
+from services.scorer.scoring import cosine_rank, rank, sigmoid
 from shared.client import EmbedClient, part_of
 from shared.errors import ErrorCode, ServiceError
 from shared.fleet import FleetWatch
@@ -20,9 +23,6 @@ from shared.metrics_server import MetricsServer, serve_metrics
 from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
 from shared.subjects import SCORER_QUEUE, model_token
 from shared.tracing import Tracer, bind, from_headers
-from services.scorer.config import ScorerConfig
-from services.scorer.metrics import ScorerMetrics
-from services.scorer.scoring import cosine_rank, rank, sigmoid
 
 log = logging.getLogger("embedfleet.scorer")
 

@@ -24,8 +24,17 @@ from dataclasses import replace
 
 from nats.aio.client import Client
 
+from services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
+from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.encoder import pack_chunks
+from services.tokenizer.metrics import BulkEncoder
 from shared.bulkwork import (
-    BatchInfo, Cancellations, Heartbeats, deliveries, join_work, undecodable,
+    BatchInfo,
+    Cancellations,
+    Heartbeats,
+    deliveries,
+    join_work,
+    undecodable,
 )
 from shared.chunk_progress import count_cut
 from shared.errors import ErrorCode, ServiceError
@@ -35,10 +44,6 @@ from shared.job_streams import stream_names
 from shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
 from shared.subjects import model_token
 from shared.tracing import Tracer, bind, current, from_headers, headers_for
-from services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.encoder import pack_chunks
-from services.tokenizer.metrics import BulkEncoder
 
 log = logging.getLogger("embedfleet.tokenizer.bulk")
 

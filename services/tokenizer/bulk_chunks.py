@@ -13,18 +13,18 @@ No NATS here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from collections.abc import Iterator
 
 import numpy as np
 
-from shared.chunk_windows import late_windows
-from shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
-from shared.text_chunks import TextChunk
 from services.tokenizer.chunking import chunk_ids, cut
 from services.tokenizer.encoder import TextEncoder, encode_all
 from services.tokenizer.metrics import BulkEncoder
+from shared.chunk_windows import late_windows
+from shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
+from shared.text_chunks import TextChunk
 
 # bytes a row adds to a token batch or a result besides its tokens or vector, its document id and its
 # text: msgpack's headers of those, its five chunk numbers and its span (int32), its sequence length

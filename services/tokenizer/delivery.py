@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg

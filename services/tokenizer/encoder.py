@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING
-from collections.abc import Callable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
+from services.tokenizer import chunking
+from services.tokenizer.chat_template import PairTemplate, special_token_variables
 from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir.info import ModelInfo
 from shared.protocol import EmbedOptions
-from services.tokenizer.chat_template import PairTemplate, special_token_variables
-from services.tokenizer import chunking
 
 if TYPE_CHECKING:
     from services.tokenizer.fast_encoder import FastEncoder

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+from services.tokenizer.chunking import cut
+from services.tokenizer.encoder import TextEncoder, encode_all
 from shared.errors import ErrorCode, ServiceError
 from shared.protocol import ChunkLayout, ChunkRequest
 from shared.text_chunks import TextChunk
-from services.tokenizer.chunking import cut
-from services.tokenizer.encoder import TextEncoder, encode_all
 
 
 class Layouts:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram

@@ -6,15 +6,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
-from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
+from services.tokenizer.bulk import BulkTokenizer
+from services.tokenizer.coalesce import Coalescer
+from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.delivery import DeliveryCheck, Sent
+from services.tokenizer.encoder import TextEncoder, pack_chunks
+from services.tokenizer.fast_check import choose
+from services.tokenizer.layout import Layouts
+from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.routing import Router
+from services.tokenizer.span_rows import place_spans
 from shared.bundles import Entry, answer, carrier_of, is_bundle, unbundle
 from shared.errors import ErrorCode, ServiceError
 from shared.lifecycle import register, start_jetstream_part
@@ -37,16 +47,6 @@ from shared.protocol import (
 )
 from shared.subjects import TOKENIZER_QUEUE, model_token
 from shared.tracing import Span, Tracer, bind, from_headers, headers_for
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.encoder import TextEncoder, pack_chunks
-from services.tokenizer.fast_check import choose
-from services.tokenizer.layout import Layouts
-from services.tokenizer.span_rows import place_spans
-from services.tokenizer.bulk import BulkTokenizer
-from services.tokenizer.coalesce import Coalescer
-from services.tokenizer.delivery import DeliveryCheck, Sent
-from services.tokenizer.metrics import TokenizerMetrics
-from services.tokenizer.routing import Router
 
 log = logging.getLogger("embedfleet.tokenizer")
 

@@ -10,7 +10,12 @@ from shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
 from shared.model_dir.info import ModelInfo
 from shared.model_dir.outputs import bge_m3_heads, is_multi_vector_encoder, is_sparse_encoder, multi_vector, splade
 from shared.model_dir.scoring import (
-    classifier_labels, is_classifier, label_names, logit_score_tokens, pair_template, score_activation,
+    classifier_labels,
+    is_classifier,
+    label_names,
+    logit_score_tokens,
+    pair_template,
+    score_activation,
 )
 from shared.model_dir.stack import check_dense_chain, pooling_mode, read_dense, read_stack
 from shared.model_families import position_offset

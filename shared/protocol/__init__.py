@@ -19,16 +19,40 @@ say which chunk of which document each row is (ChunkRows).
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
-from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.checks import MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
+from shared.protocol.chunk_rows import ChunkRows
 from shared.protocol.codec import Message, decode, decode_as, encode
-from shared.protocol.spans import Spans
 from shared.protocol.messages import (
-    DELIVERY_CHECK, MAX_DIMENSION, OUTPUTS, POOLED_OUTPUTS, RAGGED_OUTPUTS, SPARSE_DTYPES, VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
-    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
-    JobResult, LoadReport, Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, row_bytes,
+    DELIVERY_CHECK,
+    MAX_DIMENSION,
+    OUTPUTS,
+    POOLED_OUTPUTS,
+    RAGGED_OUTPUTS,
+    SPARSE_DTYPES,
+    VERSION,
+    ChunkLayout,
+    ChunkRequest,
+    DecodeRequest,
+    DecodeResult,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    JobBatch,
+    JobResult,
+    LoadReport,
+    Replies,
+    Requests,
+    RerankRequest,
+    RerankResult,
+    TokenChunk,
+    TokenizeRequest,
+    TokenizeResult,
+    row_bytes,
     row_width,
 )
+from shared.protocol.spans import Spans
 
 __all__ = [
     "DELIVERY_CHECK", "MAX_BUNDLE", "MAX_DIMENSION", "OUTPUTS", "POOLED_OUTPUTS", "RAGGED_OUTPUTS", "Spans", "SPARSE_DTYPES", "MAX_ID", "MAX_NAME", "MAX_ROWS", "MAX_STAGES", "TOKEN_DTYPE", "VERSION",

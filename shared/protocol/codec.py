@@ -10,11 +10,27 @@ import msgpack
 from shared.errors import shown
 from shared.protocol.checks import ProtocolError, is_int
 from shared.protocol.messages import (
-    VERSION, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport,
-    Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult,
+    VERSION,
+    ChunkLayout,
+    ChunkRequest,
+    DecodeRequest,
+    DecodeResult,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    JobBatch,
+    JobResult,
+    LoadReport,
+    Replies,
+    Requests,
+    RerankRequest,
+    RerankResult,
+    TokenChunk,
+    TokenizeRequest,
+    TokenizeResult,
 )
 from shared.protocol.wire import CODECS
-
 
 Message = (
     EmbedRequest | TokenChunk | EmbedResult | ErrorReply | Held | TokenizeRequest | TokenizeResult | DecodeRequest

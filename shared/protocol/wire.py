@@ -3,23 +3,57 @@ whose tables list the keys (shared/protocol/codec.py frames them, with the versi
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError, shown
 from shared.protocol.checks import (
-    MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_PROMPT_TOKENS, MAX_ROWS, TOKEN_DTYPE, ProtocolError, checked_id, int32_array, is_int, checked_name, optional_bool, optional_number, required,
-    required_int, required_number, str_list, timings_field,
-)
-from shared.protocol.messages import (
-    MAX_DIMENSION, SPARSE_DTYPES, row_bytes, ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult,
-    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, Requests, RerankRequest, RerankResult,
-    TokenChunk,
-    TokenizeRequest, TokenizeResult,
+    MAX_BUNDLE,
+    MAX_ID,
+    MAX_NAME,
+    MAX_PROMPT_TOKENS,
+    MAX_ROWS,
+    TOKEN_DTYPE,
+    ProtocolError,
+    checked_id,
+    checked_name,
+    int32_array,
+    is_int,
+    optional_bool,
+    optional_number,
+    required,
+    required_int,
+    required_number,
+    str_list,
+    timings_field,
 )
 from shared.protocol.chunk_rows import ChunkRows
+from shared.protocol.messages import (
+    MAX_DIMENSION,
+    SPARSE_DTYPES,
+    ChunkLayout,
+    ChunkRequest,
+    DecodeRequest,
+    DecodeResult,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    JobBatch,
+    JobResult,
+    LoadReport,
+    Replies,
+    Requests,
+    RerankRequest,
+    RerankResult,
+    TokenChunk,
+    TokenizeRequest,
+    TokenizeResult,
+    row_bytes,
+)
 from shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
 from shared.text_chunks import ChunkSpec, JobChunking
 from shared.vector_forms import FLOAT32, WIRE_FORMS

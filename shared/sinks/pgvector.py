@@ -237,9 +237,9 @@ class PgVectorSink:
             raise self._error(exc) from None
 
     def search(self, vector: np.ndarray, top_k: int, where: dict[str, Any] | None = None) -> list[Hit]:
+        from pgvector import HalfVector, Vector
         from psycopg import sql
         from psycopg.types.json import Jsonb
-        from pgvector import HalfVector, Vector
 
         shape = self._shape
         assert shape is not None, "open() first"

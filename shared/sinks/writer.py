@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
-from collections.abc import Callable
 
 import numpy as np
 

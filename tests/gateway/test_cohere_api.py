@@ -4,15 +4,15 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions
-from shared.quantize import quantize
-from shared.vector_forms import FORMS
-from shared.text_chunks import ChunkSpec, TextChunk
 from services.gateway.chunking import Chunking
 from services.gateway.cohere_api import check_model_limits, parse_embed, parse_rerank, render_embed, render_rerank
 from services.gateway.errors import ApiError, error_response
 from services.gateway.inputs import Limits
+from shared.errors import ErrorCode
+from shared.protocol import EmbedOptions
+from shared.quantize import quantize
+from shared.text_chunks import ChunkSpec, TextChunk
+from shared.vector_forms import FORMS
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from services.gateway.errors import ApiError
+from services.gateway.job_results import ndjson_lines, negotiate
+from services.gateway.parquet_stream import ParquetStream
 from shared.errors import ErrorCode
 from shared.job_results import JobForm, Stored, unfinished
 from shared.job_state import JobState
 from shared.text_chunks import ChunkSpec, JobChunking
-from services.gateway.errors import ApiError
-from services.gateway.job_results import ndjson_lines, negotiate
-from services.gateway.parquet_stream import ParquetStream
 
 
 @pytest.mark.parametrize("accept, kind", [

@@ -4,12 +4,12 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.errors import ErrorCode
-from shared.quantize import quantize
-from shared.vector_forms import FORMS
 from services.gateway.errors import TABLE, ApiError
 from services.gateway.inputs import Limits
 from services.gateway.openai_api import parse_embeddings_request, render_embeddings
+from shared.errors import ErrorCode
+from shared.quantize import quantize
+from shared.vector_forms import FORMS
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)
 

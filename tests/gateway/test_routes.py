@@ -6,11 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from shared.errors import ErrorCode
 from services.gateway.app import Gateway
 from services.gateway.errors import error_response
 from services.gateway.openapi import openapi_spec
 from services.gateway.routes import EMBED_PATHS, PATHS, ROUTES, Api, api_of
+from shared.errors import ErrorCode
 
 
 def test_each_route_is_declared_once_and_answered_by_a_gateway_method():

@@ -7,11 +7,11 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.errors import ErrorCode
-from shared.sinks import Hit
 from services.gateway.errors import ApiError
 from services.gateway.inputs import Limits
 from services.gateway.search_api import DEFAULT_TOP_K, MAX_TOP_K, RerankAsk, SearchCall, parse_search, render_search
+from shared.errors import ErrorCode
+from shared.sinks import Hit
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=100)
 

@@ -11,12 +11,11 @@ import pgserver
 import psycopg
 import pytest
 
-from shared.errors import ErrorCode
-from shared.sinks import Rows, Shape, sink_for
 from services.gateway.errors import ApiError
 from services.gateway.search_store import SearchStore
+from shared.errors import ErrorCode
+from shared.sinks import Rows, Shape, sink_for
 from tests.conftest import unit_rows
-
 
 
 def _load(url: str, vectors: np.ndarray) -> None:

@@ -3,19 +3,24 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.errors import ErrorCode
-from shared.protocol import TokenizeResult
-from shared.quantize import quantize
-from shared.vector_forms import FORMS
-from shared.text_chunks import ChunkSpec, TextChunk
 from services.gateway.auth import ApiKeys
 from services.gateway.chunking import Chunking
 from services.gateway.errors import ApiError
 from services.gateway.formats import binary_response, negotiate, rows_form
 from services.gateway.inputs import Limits
 from services.gateway.tei_api import (
-    parse_embed, parse_tokenize, render_embed, render_embed_chunks, render_info, render_tokens,
+    parse_embed,
+    parse_tokenize,
+    render_embed,
+    render_embed_chunks,
+    render_info,
+    render_tokens,
 )
+from shared.errors import ErrorCode
+from shared.protocol import TokenizeResult
+from shared.quantize import quantize
+from shared.text_chunks import ChunkSpec, TextChunk
+from shared.vector_forms import FORMS
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 

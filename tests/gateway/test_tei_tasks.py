@@ -13,8 +13,15 @@ from services.gateway.errors import ApiError, error_response
 from services.gateway.inputs import Limits
 from services.gateway.tei_api import render_info
 from services.gateway.tei_tasks import (
-    label_scores, model_type, parse_decode, parse_predict, parse_similarity, render_predict,
-    render_similarity, root_task, worker_labels,
+    label_scores,
+    model_type,
+    parse_decode,
+    parse_predict,
+    parse_similarity,
+    render_predict,
+    render_similarity,
+    root_task,
+    worker_labels,
 )
 from shared.errors import ErrorCode
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
+from shared.model_dir.load import load_model_info
 from tests.gpu_worker.test_models import _packed, _random_ids, _tiny_folder
 
 LENGTHS = [9, 40, 3, 64, 17]

@@ -3,6 +3,8 @@ sequences of varied lengths in one packed batch (past the sliding windows), ever
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,6 @@ from services.gpu_worker.engine.batch import DeviceBatch, prepare
 from services.gpu_worker.engine.linear import select_linear_ops
 from services.gpu_worker.engine.loader import load_weights
 from services.gpu_worker.engine.models.registry import family_for
-import itertools
 
 LENGTHS = [1, 5, 19, 40, 7, 40, 26]  # windows below are 8-12 tokens: most sequences pass them
 
@@ -31,7 +32,13 @@ def _randomize(model: torch.nn.Module) -> None:
 
 def _configs():
     from transformers import (
-        Gemma3TextConfig, LlamaConfig, MistralConfig, ModernBertConfig, MPNetConfig, Qwen2Config, Qwen3Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        ModernBertConfig,
+        MPNetConfig,
+        Qwen2Config,
+        Qwen3Config,
     )
 
     small = dict(vocab_size=300, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96)

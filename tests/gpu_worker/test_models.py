@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.errors import InvalidTokens
+from shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 
 
@@ -145,9 +145,9 @@ def test_token_types_reach_the_model(tmp_path, model_info):
 def test_prompts_equal_sentence_transformers(tmp_path, model_info):
     from sentence_transformers import SentenceTransformer
 
-    from shared.protocol import EmbedOptions
     from services.gpu_worker.engine.pooling import postprocess
     from services.tokenizer.encoder import TextEncoder, pack_chunks
+    from shared.protocol import EmbedOptions
 
     folder = tmp_path / "prompted"
     shutil.copytree(model_info.path, folder)

@@ -9,13 +9,19 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from shared.config import ConfigError
-from shared.model_dir.load import load_model_info
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
+from shared.config import ConfigError
+from shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 from tests.output_models import (
-    bge_m3_reference, build_bge_m3, build_colbert, build_splade, colbert_reference, densify, splade_reference,
+    bge_m3_reference,
+    build_bge_m3,
+    build_colbert,
+    build_splade,
+    colbert_reference,
+    densify,
+    splade_reference,
 )
 
 TEXTS = ["hello world, a test!", "the quick brown fox jumps over the lazy dog.", "x", "search: sparse, dense; multi-vector?"]
@@ -87,8 +93,8 @@ def test_bge_m3_three_outputs_from_one_pass(root):
 
 
 def test_tokens_are_the_last_hidden_states(root):
-    from transformers import AutoModel
     import torch
+    from transformers import AutoModel
 
     folder = build_bge_m3(root / "tokens")
     ids, cu = _packed(folder, TEXTS[:2])

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from shared.protocol import TokenChunk
 from services.gpu_worker.scheduler import Scheduler, Work
+from shared.protocol import TokenChunk
 
 
 def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: int = 0, prompt_tokens: int = 0) -> Work:

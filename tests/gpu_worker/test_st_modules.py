@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from services.gpu_worker.engine.batch import DeviceBatch, prepare
+from services.gpu_worker.engine.pooling import POOLING_MODES, pool
+from services.gpu_worker.engine.st_modules import DenseStack, build_dense
 from shared.config import ConfigError
 from shared.model_dir.info import ModelInfo
 from shared.model_dir.load import load_model_info
 from shared.model_dir.stack import DenseSpec
-from services.gpu_worker.engine.batch import DeviceBatch, prepare
-from services.gpu_worker.engine.pooling import POOLING_MODES, pool
-from services.gpu_worker.engine.st_modules import DenseStack, build_dense
 from tests.conftest import cosines
 
 

@@ -4,8 +4,8 @@ port of its own (--metrics-port), on subjects under a prefix of its own (no othe
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 

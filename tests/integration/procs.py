@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import nats

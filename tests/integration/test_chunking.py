@@ -4,6 +4,7 @@ vector against sentence-transformers' encode of the chunk's text (cosine >= COSI
 from __future__ import annotations
 
 import base64
+import itertools
 
 import httpx
 import numpy as np
@@ -11,7 +12,6 @@ import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
-import itertools
 
 pytestmark = pytest.mark.integration
 

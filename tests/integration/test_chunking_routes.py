@@ -10,13 +10,14 @@ A stack of its own: its tokenizer has prompts (the room a prompt leaves is check
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import msgpack
@@ -30,7 +31,6 @@ from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 from tests.integration.test_chunking import _content_tokens
-import itertools
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import cohere
 import httpx

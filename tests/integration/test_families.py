@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np

@@ -13,11 +13,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 import httpx
 import numpy as np

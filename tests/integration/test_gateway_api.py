@@ -10,11 +10,11 @@ import numpy as np
 import openai
 import pytest
 
+from shared.nats_server import free_port
+from shared.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, healthy, wait_until
-from shared.nats_server import free_port
-from shared.tracing import TraceContext
 
 pytestmark = pytest.mark.integration
 

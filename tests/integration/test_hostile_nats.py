@@ -29,8 +29,28 @@ from shared.bulkwork import TRUNCATED
 from shared.errors import ErrorCode
 from shared.job_streams import stream_names
 from shared.protocol import (
-    MAX_ID, MAX_STAGES, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch,
-    LoadReport, ProtocolError, Replies, Requests, RerankRequest, RerankResult, TokenChunk, TokenizeRequest, TokenizeResult, VERSION, decode, decode_as,
+    MAX_ID,
+    MAX_STAGES,
+    VERSION,
+    DecodeRequest,
+    DecodeResult,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    JobBatch,
+    LoadReport,
+    ProtocolError,
+    Replies,
+    Requests,
+    RerankRequest,
+    RerankResult,
+    TokenChunk,
+    TokenizeRequest,
+    TokenizeResult,
+    decode,
+    decode_as,
     encode,
 )
 from shared.subjects import SERVICE_NAMES, Subjects

@@ -11,8 +11,8 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest

@@ -9,8 +9,8 @@ import hashlib
 import json
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest

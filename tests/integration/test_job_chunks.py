@@ -24,8 +24,8 @@ import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts, mixed_texts
-from tests.late_reference import Reference
 from tests.integration.procs import job_finished, stored_chunks, wait_until
+from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
 

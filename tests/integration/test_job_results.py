@@ -22,7 +22,8 @@ import pytest
 from shared.nats_server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, job_finished as _finished, wait_until
+from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import job_finished as _finished
 
 pytestmark = pytest.mark.integration
 

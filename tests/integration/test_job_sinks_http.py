@@ -11,8 +11,8 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np

@@ -124,10 +124,10 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
 
     from shared.job_bucket import update_state
     from shared.job_streams import ensure_streams, stream_names
-    from tests.integration.procs import job_settled
-    from tests.job_states import submitted
     from shared.protocol import EmbedOptions, JobBatch, encode
     from shared.subjects import Subjects
+    from tests.integration.procs import job_settled
+    from tests.job_states import submitted
 
     subjects = Subjects("embedfleet")
     model = "all-MiniLM-L6-v2"

@@ -12,8 +12,8 @@ import asyncio
 import os
 import time
 from collections import Counter
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np

@@ -6,8 +6,8 @@ unknown model gets 404 in each route's error shape, and /health?all=1 waits for 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import msgpack

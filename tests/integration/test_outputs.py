@@ -19,7 +19,13 @@ import pytest
 from tests.conftest import cosines
 from tests.integration.procs import start_fleet
 from tests.output_models import (
-    bge_m3_reference, build_bge_m3, build_colbert, build_splade, colbert_reference, densify, splade_reference,
+    bge_m3_reference,
+    build_bge_m3,
+    build_colbert,
+    build_splade,
+    colbert_reference,
+    densify,
+    splade_reference,
 )
 
 pytestmark = pytest.mark.integration
@@ -121,8 +127,8 @@ def test_bge_m3_three_outputs_over_http(fleet):
 
 def test_token_states_and_quantized_token_vectors(fleet):
     base_url, folders = fleet
-    from transformers import AutoModel, AutoTokenizer
     import torch
+    from transformers import AutoModel, AutoTokenizer
 
     folder = folders["bge-m3"]
     r = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS[:2], "output": "tokens"})

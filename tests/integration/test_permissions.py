@@ -11,8 +11,8 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import nats

@@ -4,9 +4,10 @@ folder with random weights, built here), against sentence-transformers and trans
 
 from __future__ import annotations
 
+import itertools
 import shutil
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -15,7 +16,6 @@ import pytest
 from shared.nats_server import free_port
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
-import itertools
 
 pytestmark = pytest.mark.integration
 

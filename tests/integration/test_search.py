@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 import httpx
 import numpy as np

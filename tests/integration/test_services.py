@@ -13,7 +13,17 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, Replies, RerankRequest, RerankResult, TokenChunk, decode, encode,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    Replies,
+    RerankRequest,
+    RerankResult,
+    TokenChunk,
+    decode,
+    encode,
 )
 from shared.subjects import Subjects
 

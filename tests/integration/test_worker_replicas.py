@@ -9,15 +9,15 @@ import nats
 import numpy as np
 import pytest
 
-from shared.client import EmbedClient
-from shared.config import NatsConfig
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects
 from services.gpu_worker.config import WorkerConfig
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.service import WorkerService
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.service import TokenizerService
+from shared.client import EmbedClient
+from shared.config import NatsConfig
+from shared.protocol import EmbedOptions
+from shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until

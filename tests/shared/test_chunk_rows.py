@@ -7,7 +7,17 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.protocol import ChunkRows, EmbedOptions, JobBatch, JobResult, ProtocolError, Spans, TokenChunk, decode, encode
+from shared.protocol import (
+    ChunkRows,
+    EmbedOptions,
+    JobBatch,
+    JobResult,
+    ProtocolError,
+    Spans,
+    TokenChunk,
+    decode,
+    encode,
+)
 from shared.text_chunks import ChunkSpec, JobChunking
 
 # rows 2 and 3 of a job batch of 6 chunk rows: document 0's last chunk (of 3), document 1's only one

@@ -12,8 +12,8 @@ import nats
 import numpy as np
 import pytest
 
-from shared.job_streams import ensure_streams, stream_names
 from shared.job_results import JobForm, ResultsLost, StoredResults
+from shared.job_streams import ensure_streams, stream_names
 from shared.protocol import JobResult, encode
 from shared.subjects import Subjects
 

@@ -14,10 +14,10 @@ import nats
 import pytest
 
 from shared.config import ConfigError, Retention
-from shared.options import JOB_TTL, RESULTS_MAX_AGE
 from shared.job_bucket import read_state, update_state
 from shared.job_state import JobState
 from shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
+from shared.options import JOB_TTL, RESULTS_MAX_AGE
 from shared.subjects import Subjects
 
 

@@ -3,18 +3,27 @@ README's table all made from the declarations."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING
-
 import argparse
 import re
 from collections import Counter
+from dataclasses import MISSING
 from pathlib import Path
 
 import pytest
 
 from services.cli import build_parser
 from shared.option import ConfigError
-from shared.options import COMMANDS, OPTIONS, add_options, arguments, declared, default, env_names, markdown_table, option
+from shared.options import (
+    COMMANDS,
+    OPTIONS,
+    add_options,
+    arguments,
+    declared,
+    default,
+    env_names,
+    markdown_table,
+    option,
+)
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -172,12 +181,12 @@ def test_the_tables_commands_are_those_that_take_the_flag():
 
 
 def _configs():
-    from shared.config import JobSettings, Retention
-    from shared.metrics_server import MetricsEndpoint
     from services.gateway.config import GatewayConfig, HttpLimits
     from services.gpu_worker.config import WorkerConfig
     from services.scorer.config import ScorerConfig
     from services.tokenizer.config import TokenizerConfig
+    from shared.config import JobSettings, Retention
+    from shared.metrics_server import MetricsEndpoint
 
     return ((GatewayConfig, "gateway"), (HttpLimits, "gateway"), (WorkerConfig, "worker"), (ScorerConfig, "scorer"),
             (TokenizerConfig, "tokenizer"), (MetricsEndpoint, "worker"), (JobSettings, "worker"), (Retention, "worker"))

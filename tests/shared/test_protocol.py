@@ -4,6 +4,7 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
+    VERSION,
     DecodeRequest,
     DecodeResult,
     EmbedOptions,
@@ -14,7 +15,6 @@ from shared.protocol import (
     RerankRequest,
     RerankResult,
     TokenChunk,
-    VERSION,
     decode,
     encode,
 )

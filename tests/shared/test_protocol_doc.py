@@ -13,10 +13,30 @@ import pytest
 
 from shared.errors import ErrorCode
 from shared.protocol import (
-    ChunkLayout, ChunkRequest, DecodeRequest, DecodeResult, EmbedOptions, EmbedRequest, EmbedResult, ErrorReply, Held, JobBatch, JobResult, LoadReport, Replies, Requests,
-    RerankRequest, RerankResult, Spans, TokenChunk, TokenizeRequest, TokenizeResult, encode,
+    VERSION,
+    ChunkLayout,
+    ChunkRequest,
+    ChunkRows,
+    DecodeRequest,
+    DecodeResult,
+    EmbedOptions,
+    EmbedRequest,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    JobBatch,
+    JobResult,
+    LoadReport,
+    Replies,
+    Requests,
+    RerankRequest,
+    RerankResult,
+    Spans,
+    TokenChunk,
+    TokenizeRequest,
+    TokenizeResult,
+    encode,
 )
-from shared.protocol import VERSION, ChunkRows
 from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()

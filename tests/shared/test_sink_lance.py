@@ -12,7 +12,6 @@ from shared.sinks.lance import LanceSink
 from tests.conftest import unit_rows
 
 
-
 def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
     sink = LanceSink(f"lancedb://{tmp_path}/db?table=docs")
     sink.open(Shape("float32", "dense", 16))

@@ -11,7 +11,6 @@ from shared.sinks.qdrant import QdrantSink, point_id
 from tests.conftest import unit_rows
 
 
-
 def test_upserts_write_each_id_once_and_search_ranks_by_cosine_with_filters(tmp_path):
     sink = QdrantSink(f"qdrant://{tmp_path}/q?collection=docs")
     assert sink.shown == f"qdrant://{tmp_path}/q?collection=docs"

@@ -19,8 +19,8 @@ import pytest
 from shared.bulkwork import open_work
 from shared.config import ConfigError, JobSettings, Retention
 from shared.job_streams import bucket_stream, ensure_streams, stream_names
-from shared.stream_placement import AUTO_REPLICAS, Placement
 from shared.nats_server import NatsCluster
+from shared.stream_placement import AUTO_REPLICAS, Placement
 from shared.subjects import Subjects
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,13 @@ import pytest
 from shared.protocol import EmbedOptions, ProtocolError, row_bytes
 from shared.quantize import quantize
 from shared.vector_forms import (
-    COHERE_TYPES, EMBEDDING_TYPES, FORMS, OCTET_DTYPES, WIRE_FORMS, form_named, vector_form,
+    COHERE_TYPES,
+    EMBEDDING_TYPES,
+    FORMS,
+    OCTET_DTYPES,
+    WIRE_FORMS,
+    form_named,
+    vector_form,
 )
 
 

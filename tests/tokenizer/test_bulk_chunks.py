@@ -7,20 +7,20 @@ chunks it owns its spans, the rows the same chunks as plain chunking's."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import EmbedOptions, JobBatch
-from shared.text_chunks import ChunkSpec, JobChunking
-from shared.chunk_windows import late_windows
 from services.tokenizer.bulk_chunks import BatchCutter, pack_rows
 from services.tokenizer.chunking import cut as cut_text
 from services.tokenizer.encoder import TextEncoder
+from shared.chunk_windows import late_windows
+from shared.errors import ErrorCode, ServiceError
+from shared.protocol import EmbedOptions, JobBatch
+from shared.text_chunks import ChunkSpec, JobChunking
 from tests.corpus import mixed_texts
-import itertools
 
 PROMPTS = {"query": "query: "}
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from bisect import bisect_right
@@ -8,12 +9,18 @@ from dataclasses import dataclass, field
 import pytest
 from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-from shared.errors import ErrorCode, ServiceError
-from services.tokenizer.chunking import (BOUNDARIES, ChunkSpec, TextChunk, chunk_ids, chunked_tokens, cut,
-                                         whole_text_tokenizer)
+from services.tokenizer.chunking import (
+    BOUNDARIES,
+    ChunkSpec,
+    TextChunk,
+    chunk_ids,
+    chunked_tokens,
+    cut,
+    whole_text_tokenizer,
+)
 from services.tokenizer.encoder import TextEncoder
+from shared.errors import ErrorCode, ServiceError
 from tests.corpus import mixed_texts
-import itertools
 
 # text the Python docs corpus lacks: accents (composed and combining), CJK with full-width stops, emoji,
 # URLs, a word of many pieces, one over WordPiece's 100 characters, runs of newlines, tabs, characters

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from shared.errors import ErrorCode, ServiceError
 from services.tokenizer.encoder import SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
+from shared.errors import ErrorCode, ServiceError
 from tests.corpus import mixed_texts
 
 

@@ -9,13 +9,18 @@ import shutil
 
 import pytest
 
+from services.tokenizer.encoder import TextEncoder
 from shared.config import ConfigError
 from shared.errors import ErrorCode, ServiceError
 from shared.model_dir.load import load_model_info
-from services.tokenizer.encoder import TextEncoder
 from tests.corpus import mixed_texts
 from tests.tiny_llm_rerankers import (
-    MAX_LENGTH, RERANK_TEMPLATE, STRUCTURED_TEMPLATE, build_llm_reranker, reference, reference_ids,
+    MAX_LENGTH,
+    RERANK_TEMPLATE,
+    STRUCTURED_TEMPLATE,
+    build_llm_reranker,
+    reference,
+    reference_ids,
 )
 
 VARIANTS = {

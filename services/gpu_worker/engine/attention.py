@@ -11,15 +11,15 @@ is valid for any batch of the same token bucket.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import itertools
 
 log = logging.getLogger("embedfleet.engine")
 

@@ -14,8 +14,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
 from services.gpu_worker.engine.attention import Attention, select_attention
 from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
 from services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
@@ -26,9 +24,11 @@ from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.models.registry import Family, family_for, spec_from_folder
 from services.gpu_worker.engine.outputs import build_outputs
 from services.gpu_worker.engine.pooling import pool
-from services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from services.gpu_worker.engine.results import CudaResult, ReadyResult
+from services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from services.gpu_worker.engine.st_modules import build_dense
+from shared.config import ConfigError
+from shared.model_dir.info import ModelInfo
 
 log = logging.getLogger("embedfleet.engine")
 

@@ -4,16 +4,16 @@ worker's start-up refusal and the README's table all come from here."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-from collections.abc import Callable
 
-from shared import model_families
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
 from services.gpu_worker.engine.models import bert, decoder, gemma3, modernbert, mpnet
 from services.gpu_worker.engine.models.base import EncoderModel
 from services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
+from shared import model_families
+from shared.config import ConfigError
+from shared.model_dir.info import ModelInfo
 
 
 @dataclass(frozen=True, slots=True)
