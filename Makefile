@@ -36,6 +36,7 @@ test-fast: $(TEST_STAMP)
 # the static checks, configured in pyproject.toml: ruff over the whole tree, mypy over shared/ and services/
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 install: $(RUN_STAMP)

@@ -46,8 +46,12 @@ def documents(n: int) -> list[str]:
 def body(mode: str, batch: list[str], size: int, overlap: int) -> bytes:
     doc: dict = {"model": MODEL, "input": batch}
     if mode != "truncate":
-        doc["chunking"] = {"size": size, "overlap": overlap, "late": mode == "late",
-                           "return": "mean" if mode == "mean" else "chunks"}
+        doc["chunking"] = {
+            "size": size,
+            "overlap": overlap,
+            "late": mode == "late",
+            "return": "mean" if mode == "mean" else "chunks",
+        }
     return orjson.dumps(doc)
 
 
@@ -60,8 +64,9 @@ async def drive(url: str, mode: str, docs: list[str], args: argparse.Namespace, 
     counts = {"documents": 0, "embedded_tokens": 0, "vectors": 0}
     start = time.perf_counter()
     stop = start + seconds
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.in_flight),
-                                     timeout=aiohttp.ClientTimeout(total=600)) as client:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=args.in_flight), timeout=aiohttp.ClientTimeout(total=600)
+    ) as client:
 
         async def one(k: int) -> None:
             i = k * args.per_request
@@ -69,8 +74,9 @@ async def drive(url: str, mode: str, docs: list[str], args: argparse.Namespace, 
                 batch = [docs[(i + j) % len(docs)] for j in range(args.per_request)]
                 i += args.in_flight * args.per_request
                 t = time.perf_counter()
-                async with client.post(url, data=body(mode, batch, args.size, args.overlap),
-                                       headers={"content-type": "application/json"}) as r:
+                async with client.post(
+                    url, data=body(mode, batch, args.size, args.overlap), headers={"content-type": "application/json"}
+                ) as r:
                     answer = await r.read()
                     if r.status != 200:
                         raise RuntimeError(f"{mode}: HTTP {r.status}: {answer[:300]!r}")
@@ -115,35 +121,56 @@ def run(args: argparse.Namespace) -> dict:
                     continue
                 result["document_tokens"] = result["documents"] * mean_tokens
                 rounds[mode].append(result)
-                print(f"  round {r + 1} {mode:<9} {result['documents'] / result['seconds']:8.1f} docs/s "
-                      f"{result['embedded_tokens'] / result['seconds']:10.0f} embedded tok/s  p50 {result['p50_ms']:.0f} ms",
-                      flush=True)
-    return {"documents": len(docs), "mean_document_tokens": mean_tokens, "per_request": args.per_request,
-            "in_flight": args.in_flight, "size": args.size, "overlap": args.overlap, "rounds": args.rounds,
-            "modes": {m: summarize(rs) for m, rs in rounds.items() if rs}, "refused": refused}
+                print(
+                    f"  round {r + 1} {mode:<9} {result['documents'] / result['seconds']:8.1f} docs/s "
+                    f"{result['embedded_tokens'] / result['seconds']:10.0f} embedded tok/s  p50 {result['p50_ms']:.0f} ms",
+                    flush=True,
+                )
+    return {
+        "documents": len(docs),
+        "mean_document_tokens": mean_tokens,
+        "per_request": args.per_request,
+        "in_flight": args.in_flight,
+        "size": args.size,
+        "overlap": args.overlap,
+        "rounds": args.rounds,
+        "modes": {m: summarize(rs) for m, rs in rounds.items() if rs},
+        "refused": refused,
+    }
 
 
 def summarize(results: list[dict]) -> dict:
     """Medians over rounds of each rate."""
+
     def rate(key: str) -> float:
         return statistics.median(r[key] / r["seconds"] for r in results)
 
-    return {"documents_per_s": rate("documents"), "document_tokens_per_s": rate("document_tokens"),
-            "embedded_tokens_per_s": rate("embedded_tokens"), "vectors_per_s": rate("vectors"),
-            "p50_ms": statistics.median(r["p50_ms"] for r in results)}
+    return {
+        "documents_per_s": rate("documents"),
+        "document_tokens_per_s": rate("document_tokens"),
+        "embedded_tokens_per_s": rate("embedded_tokens"),
+        "vectors_per_s": rate("vectors"),
+        "p50_ms": statistics.median(r["p50_ms"] for r in results),
+    }
 
 
 def report(data: dict) -> None:
     modes = data["modes"]
     base = modes.get("truncate")
-    print(f"\n{data['documents']} documents of {data['mean_document_tokens']:.0f} tokens on average, "
-          f"{data['per_request']} a request, {data['in_flight']} in flight; chunks of {data['size']} tokens, "
-          f"overlap {data['overlap']}; medians of {data['rounds']} round(s)")
-    print(f"{'mode':<9} {'docs/s':>8} {'doc tok/s':>10} {'embedded tok/s':>15} {'vectors/s':>10} {'p50 ms':>7}  docs/s vs truncate")
+    print(
+        f"\n{data['documents']} documents of {data['mean_document_tokens']:.0f} tokens on average, "
+        f"{data['per_request']} a request, {data['in_flight']} in flight; chunks of {data['size']} tokens, "
+        f"overlap {data['overlap']}; medians of {data['rounds']} round(s)"
+    )
+    print(
+        f"{'mode':<9} {'docs/s':>8} {'doc tok/s':>10} {'embedded tok/s':>15} {'vectors/s':>10} {'p50 ms':>7}  docs/s vs truncate"
+    )
     for mode, s in modes.items():
         ratio = f"{s['documents_per_s'] / base['documents_per_s']:.2f}x" if base else "-"
-        print(f"{mode:<9} {s['documents_per_s']:8.1f} {s['document_tokens_per_s']:10.0f} {s['embedded_tokens_per_s']:15.0f} "
-              f"{s['vectors_per_s']:10.1f} {s['p50_ms']:7.0f}  {ratio}")
+        print(
+            f"{mode:<9} {s['documents_per_s']:8.1f} {s['document_tokens_per_s']:10.0f} {s['embedded_tokens_per_s']:15.0f} "
+            f"{s['vectors_per_s']:10.1f} {s['p50_ms']:7.0f}  {ratio}"
+        )
     for mode, why in data["refused"].items():
         print(f"{mode:<9} not measured: {why}")
 
@@ -159,8 +186,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=128, help="chunking.size (tokens)")
     p.add_argument("--overlap", type=int, default=16, help="chunking.overlap (tokens)")
     p.add_argument("--out", default="bench-results/chunking", help="folder for chunking.json")
-    p.add_argument("--smoke", action="store_true",
-                   help="one round of 1 s a mode on 8 documents, one a request, two requests in flight")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one round of 1 s a mode on 8 documents, one a request, two requests in flight",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         # a request started within the second runs to its end: few and small, so a mode takes seconds

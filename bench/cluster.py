@@ -105,8 +105,9 @@ class Probe(Ticking):
             for i in self._ticks():
                 sent = time.monotonic()
                 try:
-                    status = client.post(f"{self._base}/v1/embeddings",
-                                         json={"input": f"query {i} about failover", "model": MODEL}).status_code
+                    status = client.post(
+                        f"{self._base}/v1/embeddings", json={"input": f"query {i} about failover", "model": MODEL}
+                    ).status_code
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 self.replies.append(Reply(sent, time.monotonic() - sent, status))
@@ -140,14 +141,24 @@ class ClusterFleet:
         common = ["--nats", self.url, "--ack-wait", str(self._ack_wait)]
         self.services.append(Service("tokenizer", [*common, "--chunk-seqs", "16", "--bulk-ahead", "4"], self.folder))
         for _ in range(self._workers):
-            self.services.append(Service("worker", [*common, "--max-batch-tokens", "2048"], self.folder,
-                                         {"OMP_NUM_THREADS": "1"}))
+            self.services.append(
+                Service("worker", [*common, "--max-batch-tokens", "2048"], self.folder, {"OMP_NUM_THREADS": "1"})
+            )
         port = free_port()
-        self.services.append(Service("gateway", ["--nats", self.url, "--port", str(port), "--request-timeout",
-                                                 str(self.request_timeout)], self.folder))
+        self.services.append(
+            Service(
+                "gateway",
+                ["--nats", self.url, "--port", str(port), "--request-timeout", str(self.request_timeout)],
+                self.folder,
+            )
+        )
         self.base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: healthy(self.base) and count_services(self.url, "worker") == self._workers, 180,
-                   "the fleet on the cluster", self.services)
+        wait_until(
+            lambda: healthy(self.base) and count_services(self.url, "worker") == self._workers,
+            180,
+            "the fleet on the cluster",
+            self.services,
+        )
         return self
 
     def stop(self) -> None:
@@ -173,8 +184,9 @@ class ClusterFleet:
             async def quiet(exc: Exception) -> None:  # a node going away mid-read: the caller reads again
                 pass
 
-            nc = await nats.connect([n.url for n in self.live], connect_timeout=2, max_reconnect_attempts=1,
-                                    error_cb=quiet)
+            nc = await nats.connect(
+                [n.url for n in self.live], connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet
+            )
             try:
                 return await work(nc, nc.jetstream(timeout=1.0))
             finally:
@@ -188,6 +200,7 @@ class ClusterFleet:
 
     def placement(self) -> dict[str, tuple[int, str | None]]:
         """Each job stream's (replicas, leader)."""
+
         async def work(nc, js):
             out = {}
             for name in self.streams():
@@ -217,8 +230,10 @@ class ClusterFleet:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{', '.join(others)} would not be led from {node}")
                 preferred = json.dumps({"placement": {"preferred": node}}).encode()
-                await asyncio.gather(*(nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", preferred, timeout=5)
-                                       for name in others), return_exceptions=True)
+                await asyncio.gather(
+                    *(nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", preferred, timeout=5) for name in others),
+                    return_exceptions=True,
+                )
                 await asyncio.sleep(0.2)
 
         self._run(work)
@@ -246,9 +261,27 @@ class ClusterFleet:
 
     def reindex(self, docs: Path, out: Path, job: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(out), "--nats", self.url,
-             "--batch-size", str(BATCH), "--job-id", job, "--quiet", "--stall-timeout", "120"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "reindex",
+                str(docs),
+                "--out",
+                str(out),
+                "--nats",
+                self.url,
+                "--batch-size",
+                str(BATCH),
+                "--job-id",
+                job,
+                "--quiet",
+                "--stall-timeout",
+                "120",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
 
@@ -286,10 +319,13 @@ class Run:
         statuses = Counter(str(r.status) for r in online)
         window_end = self.fault_at + 15
         out = {
-            "exit": self.rc, "job_seconds": round(self.seconds, 2), "documents": self.documents,
+            "exit": self.rc,
+            "job_seconds": round(self.seconds, 2),
+            "documents": self.documents,
             "stored_once": len(self.stored) == self.documents and set(self.stored.values()) == {1},
             "job_stall_seconds": round(self.stall_after(self.fault_at), 2),
-            "online_requests_after_fault": len(online), "online_statuses": dict(statuses),
+            "online_requests_after_fault": len(online),
+            "online_statuses": dict(statuses),
             "online_longest_silence_seconds": round(longest_silence(self.replies, self.fault_at, window_end), 2),
             "online_slowest_seconds": round(max((r.seconds for r in online), default=0.0), 3),
         }
@@ -349,8 +385,14 @@ def _finish(fleet: ClusterFleet, run: Run, proc: subprocess.Popen, started: floa
     return run
 
 
-def node_loss(fleet: ClusterFleet, docs: Path, documents: int, job: str, restart_after: float | None = None,
-              graceful: bool = False) -> Run:
+def node_loss(
+    fleet: ClusterFleet,
+    docs: Path,
+    documents: int,
+    job: str,
+    restart_after: float | None = None,
+    graceful: bool = False,
+) -> Run:
     """Kill the node that leads every job stream and serves the gateway, a quarter into the job
     (and start it again ``restart_after`` seconds later). ``graceful``: stopped with SIGTERM, as a
     rolling restart does, rather than killed."""
@@ -412,22 +454,50 @@ def message_sizes(texts: list[str], batch: int = 64) -> dict[str, float]:
     from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenChunk, encode
 
     ids = [f"d{i}" for i in range(len(texts))]
-    job = sum(len(encode(JobBatch("job", i, MODEL, ids[i : i + batch], texts[i : i + batch], EmbedOptions())))
-              for i in range(0, len(texts), batch))
+    job = sum(
+        len(encode(JobBatch("job", i, MODEL, ids[i : i + batch], texts[i : i + batch], EmbedOptions())))
+        for i in range(0, len(texts), batch)
+    )
     tokens = TextEncoder(load_model_info(None)).encode(texts, True)
-    packed = sum(len(encode(TokenChunk(
-        id="job.0", model=MODEL, start=c.start, total=len(texts), input_ids=c.input_ids, cu_seqlens=c.cu_seqlens,
-        deadline=time.time(), options=EmbedOptions(), job="job", batch=0, doc_ids=ids[c.start : c.start + len(c.cu_seqlens) - 1],
-        prompt_tokens=0))) for c in pack_chunks(tokens, 2048, 256))
-    out = {"text": sum(len(t.encode()) for t in texts) / len(texts), "tokens": sum(map(len, tokens)) / len(texts),
-           "job_batch": job / len(texts), "token_batch": packed / len(texts)}
-    for name, dtype, width in (("result_float32", "f4", 384 * 4), ("result_int8", "i1", 384), ("result_binary", "b1", 48)):
+    packed = sum(
+        len(
+            encode(
+                TokenChunk(
+                    id="job.0",
+                    model=MODEL,
+                    start=c.start,
+                    total=len(texts),
+                    input_ids=c.input_ids,
+                    cu_seqlens=c.cu_seqlens,
+                    deadline=time.time(),
+                    options=EmbedOptions(),
+                    job="job",
+                    batch=0,
+                    doc_ids=ids[c.start : c.start + len(c.cu_seqlens) - 1],
+                    prompt_tokens=0,
+                )
+            )
+        )
+        for c in pack_chunks(tokens, 2048, 256)
+    )
+    out = {
+        "text": sum(len(t.encode()) for t in texts) / len(texts),
+        "tokens": sum(map(len, tokens)) / len(texts),
+        "job_batch": job / len(texts),
+        "token_batch": packed / len(texts),
+    }
+    for name, dtype, width in (
+        ("result_float32", "f4", 384 * 4),
+        ("result_int8", "i1", 384),
+        ("result_binary", "b1", 48),
+    ):
         out[name] = len(encode(JobResult("job", 0, 0, ids[:16], 384, dtype, b"\0" * width * 16, 1000))) / 16
     return {k: round(v, 1) for k, v in out.items()}
 
 
 def results_bytes(fleet: ClusterFleet, job: str) -> dict[str, float]:
     """What the results stream holds on disk for ``job``, per document: payload and the store's framing."""
+
     async def work(nc, js):
         info = await js.stream_info(stream_names(SUBJECTS)["results"])
         return info.state.bytes, info.state.messages
@@ -448,17 +518,28 @@ def main() -> None:
         clean_rc = clean.wait(600)
         results = {"clean": {"exit": clean_rc, "job_seconds": round(time.monotonic() - clean_start, 2)}}
         stored = results_bytes(fleet, "clean")  # the clean job is the only one in the stream yet
-        results["sizes_bytes_per_document"] = {**message_sizes(texts), "results_stream_float32": round(
-            stored["bytes"] / args.documents, 1), "results_messages": stored["messages"]}
+        results["sizes_bytes_per_document"] = {
+            **message_sizes(texts),
+            "results_stream_float32": round(stored["bytes"] / args.documents, 1),
+            "results_messages": stored["messages"],
+        }
         results["node_loss"] = node_loss(fleet, docs, args.documents, "node-loss").summary()
-        results["node_loss_restart"] = node_loss(fleet, docs, args.documents, "node-restart", restart_after=2.0).summary()
-        results["node_stop_restart"] = node_loss(fleet, docs, args.documents, "node-stop", restart_after=2.0,
-                                                 graceful=True).summary()
+        results["node_loss_restart"] = node_loss(
+            fleet, docs, args.documents, "node-restart", restart_after=2.0
+        ).summary()
+        results["node_stop_restart"] = node_loss(
+            fleet, docs, args.documents, "node-stop", restart_after=2.0, graceful=True
+        ).summary()
         results["quorum_loss"] = quorum_loss(fleet, docs, args.documents, "quorum-loss", args.quorum_pause).summary()
         results["replicas"] = {name: r for name, (r, _) in fleet.placement().items()}
     version = subprocess.run([find_binary(), "--version"], capture_output=True, text=True).stdout.strip()
-    results["setup"] = {"documents": args.documents, "batch": BATCH, "quorum_pause_seconds": args.quorum_pause,
-                        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "nats_server": version}
+    results["setup"] = {
+        "documents": args.documents,
+        "batch": BATCH,
+        "quorum_pause_seconds": args.quorum_pause,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "nats_server": version,
+    }
     print(json.dumps(results, indent=2))
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -96,8 +96,9 @@ def client_batches(w: Workload, k: int) -> Iterator[list[str]]:
         i += w.in_flight * w.per_request
 
 
-async def drive_http(url: str, w: Workload, seconds: float, tokens: dict[str, int], model: str = MODEL,
-                     errors: Counter | None = None) -> dict:
+async def drive_http(
+    url: str, w: Workload, seconds: float, tokens: dict[str, int], model: str = MODEL, errors: Counter | None = None
+) -> dict:
     """``in_flight`` clients send requests of ``per_request`` texts for ``seconds``; every request
     started is waited for and counted, and the rate divides by the time until the last answer.
     An error status raises, or with ``errors`` is counted there by status (the request not counted).
@@ -152,8 +153,11 @@ def drive_in_process(embed: Callable[[list[str]], object], w: Workload, seconds:
 def load_summary(latencies: list[float], tokens: int, took: float) -> dict:
     lat = sorted(latencies)
     return {
-        "requests": len(lat), "tokens": tokens, "seconds": took,
-        "tokens_per_s": tokens / took, "requests_per_s": len(lat) / took,
+        "requests": len(lat),
+        "tokens": tokens,
+        "seconds": took,
+        "tokens_per_s": tokens / took,
+        "requests_per_s": len(lat) / took,
         "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else None,
         "latencies_ms": [round(x * 1e3, 3) for x in lat],
@@ -161,15 +165,33 @@ def load_summary(latencies: list[float], tokens: int, took: float) -> dict:
 
 
 @contextmanager
-def infinity_server(command: str, dtype: str, seconds: float = 300, folder: Path | None = None,
-                    name: str = MODEL) -> Iterator[str]:
+def infinity_server(
+    command: str, dtype: str, seconds: float = 300, folder: Path | None = None, name: str = MODEL
+) -> Iterator[str]:
     """infinity-emb's server on ``folder`` (the default model's by default), served as ``name``."""
     port = free_port()
     log = open(Path(tempfile.gettempdir()) / f"infinity-{port}.log", "wb")  # noqa: SIM115 (the server writes it until it stops)
     proc = subprocess.Popen(
-        [command, "v2", "--model-id", str(folder or load_model_info(None).path), "--engine", "torch", "--device", "cpu",
-         "--port", str(port), "--url-prefix", "/v1", "--served-model-name", name, "--dtype", dtype],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            command,
+            "v2",
+            "--model-id",
+            str(folder or load_model_info(None).path),
+            "--engine",
+            "torch",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--url-prefix",
+            "/v1",
+            "--served-model-name",
+            name,
+            "--dtype",
+            dtype,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -195,8 +217,9 @@ def infinity_server(command: str, dtype: str, seconds: float = 300, folder: Path
         log.close()
 
 
-def run_http(url: str, ws: list[Workload], seconds: float, tokens: dict[str, int],
-             cpu: Callable[[], float] | None = None) -> dict:
+def run_http(
+    url: str, ws: list[Workload], seconds: float, tokens: dict[str, int], cpu: Callable[[], float] | None = None
+) -> dict:
     """Each workload, after a second of warm-up; ``cpu``: the server's CPU seconds so far, read around
     each workload for its CPU milliseconds per request."""
     out = {}
@@ -212,36 +235,67 @@ def run_http(url: str, ws: list[Workload], seconds: float, tokens: dict[str, int
 
 def _line(r: dict) -> str:
     cpu = f"  cpu {r['cpu_ms_per_request']:7.2f} ms/req" if "cpu_ms_per_request" in r else ""
-    return (f"{r['tokens_per_s']:9,.0f} tok/s {r['requests_per_s']:8.1f} req/s  "
-            f"p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms{cpu}")
+    return (
+        f"{r['tokens_per_s']:9,.0f} tok/s {r['requests_per_s']:8.1f} req/s  "
+        f"p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms{cpu}"
+    )
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0, help="per workload and system")
-    parser.add_argument("--infinity", default=os.environ.get("EMBEDFLEET_BENCH_INFINITY"),
-                        help="infinity_emb command (its own venv); without it infinity-emb is left out")
-    parser.add_argument("--budget", type=int, default=2048, help="the worker's and the in-process engine's token budget")
+    parser.add_argument(
+        "--infinity",
+        default=os.environ.get("EMBEDFLEET_BENCH_INFINITY"),
+        help="infinity_emb command (its own venv); without it infinity-emb is left out",
+    )
+    parser.add_argument(
+        "--budget", type=int, default=2048, help="the worker's and the in-process engine's token budget"
+    )
     parser.add_argument("--out", default="bench/results", help="folder for e2e.json and the plots")
     parser.add_argument("--only", nargs="*", default=None, help="workloads to run (default: all four)")
-    parser.add_argument("--worker-processes", type=int, default=1,
-                        help="embedfleet's workers: processes sharing the cores (threads = cores / processes)")
-    parser.add_argument("--systems", nargs="*", default=None,
-                        help="systems to run (default: all): engine, sentence-transformers, embedfleet, infinity-emb")
-    parser.add_argument("--observability", action="store_true",
-                        help=f"also run '{OBSERVED}': every service's metrics scraped each second and a span per stage "
-                        "of every request exported over OTLP, alternating with plain embedfleet (the overhead)")
-    parser.add_argument("--observability-parts", action="store_true",
-                        help="also run 'embedfleet metrics' (scraped metrics alone) and 'embedfleet tracing' (tracing alone)")
-    parser.add_argument("--trace-sample-ratio", type=float, default=1.0,
-                        help="the traced systems' --trace-sample-ratio (1: every request recorded)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="compute dtype of every system (bfloat16 needs a CPU with bf16 instructions to pay off)")
+    parser.add_argument(
+        "--worker-processes",
+        type=int,
+        default=1,
+        help="embedfleet's workers: processes sharing the cores (threads = cores / processes)",
+    )
+    parser.add_argument(
+        "--systems",
+        nargs="*",
+        default=None,
+        help="systems to run (default: all): engine, sentence-transformers, embedfleet, infinity-emb",
+    )
+    parser.add_argument(
+        "--observability",
+        action="store_true",
+        help=f"also run '{OBSERVED}': every service's metrics scraped each second and a span per stage "
+        "of every request exported over OTLP, alternating with plain embedfleet (the overhead)",
+    )
+    parser.add_argument(
+        "--observability-parts",
+        action="store_true",
+        help="also run 'embedfleet metrics' (scraped metrics alone) and 'embedfleet tracing' (tracing alone)",
+    )
+    parser.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=1.0,
+        help="the traced systems' --trace-sample-ratio (1: every request recorded)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="compute dtype of every system (bfloat16 needs a CPU with bf16 instructions to pay off)",
+    )
     return parser.parse_args()
 
 
-def systems_to_run(args: argparse.Namespace, ws: list[Workload], tokens: dict[str, int]) -> dict[str, Callable[[], dict]]:
+def systems_to_run(
+    args: argparse.Namespace, ws: list[Workload], tokens: dict[str, int]
+) -> dict[str, Callable[[], dict]]:
     """Each system the arguments ask for, by name: a call that runs every workload on it once."""
     import torch
     from sentence_transformers import SentenceTransformer
@@ -261,7 +315,9 @@ def systems_to_run(args: argparse.Namespace, ws: list[Workload], tokens: dict[st
     systems: dict[str, Callable[[], dict]] = {
         "engine in-process": lambda: {w.name: drive_in_process(engine_embed, w, args.seconds, tokens) for w in ws},
         "sentence-transformers in-process": lambda: {
-            w.name: drive_in_process(lambda b, n=w.per_request: reference.encode(b, batch_size=n), w, args.seconds, tokens)
+            w.name: drive_in_process(
+                lambda b, n=w.per_request: reference.encode(b, batch_size=n), w, args.seconds, tokens
+            )
             for w in ws
         },
     }
@@ -284,6 +340,7 @@ def systems_to_run(args: argparse.Namespace, ws: list[Workload], tokens: dict[st
         systems["embedfleet metrics"] = lambda: embedfleet(metrics=True)
         systems["embedfleet tracing"] = lambda: embedfleet(tracing=True)
     if args.infinity:
+
         def infinity() -> dict:
             with infinity_server(args.infinity, args.dtype) as url:
                 return run_http(url, ws, args.seconds, tokens)
@@ -300,7 +357,7 @@ def run_rounds(systems: dict[str, Callable[[], dict]], count: int) -> list[dict]
     for r in range(count):
         results = {}
         # every other round in the reverse order: no system always runs first (a cold cache) or last
-        for name, run in (list(systems.items())[::-1] if r % 2 else systems.items()):
+        for name, run in list(systems.items())[::-1] if r % 2 else systems.items():
             print(f"round {r + 1}: {name}", flush=True)
             results[name] = run()
             if "in-process" in name:
@@ -314,9 +371,14 @@ def write_results(out: Path, summary: dict, rounds: list[dict], dtype: str) -> N
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "dtype": dtype}
+    machine = {
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": dtype,
+    }
     (out / "e2e.json").write_text(json.dumps({"machine": machine, "summary": summary, "rounds": rounds}, indent=1))
     print(f"\nwrote {out / 'e2e.json'}")
     try:
@@ -351,10 +413,12 @@ def observability_overhead(s: dict) -> None:
     for name in others:
         for w, b in s[name].items():
             a = plain[w]
-            print(f"  {name:20} {w:13} tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}x  CPU per request "
-                  f"{b['cpu_ms_per_request'] / a['cpu_ms_per_request']:.3f}x ({a['cpu_ms_per_request']:.2f} -> "
-                  f"{b['cpu_ms_per_request']:.2f} ms)  p50 {a['p50_ms']:.1f} -> {b['p50_ms']:.1f} ms  "
-                  f"p99 {a['p99_ms']:.1f} -> {b['p99_ms']:.1f} ms")
+            print(
+                f"  {name:20} {w:13} tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}x  CPU per request "
+                f"{b['cpu_ms_per_request'] / a['cpu_ms_per_request']:.3f}x ({a['cpu_ms_per_request']:.2f} -> "
+                f"{b['cpu_ms_per_request']:.2f} ms)  p50 {a['p50_ms']:.1f} -> {b['p50_ms']:.1f} ms  "
+                f"p99 {a['p99_ms']:.1f} -> {b['p99_ms']:.1f} ms"
+            )
 
 
 def summarize(rounds: list[dict], names: list[str]) -> dict:
@@ -378,13 +442,17 @@ def report(s: dict) -> None:
     eng, inf = s.get("engine in-process", {}), s.get("infinity-emb")
     print("\nratios (targets from the performance notes)")
     if "long" in ef and "long" in eng:
-        print(f"  long: embedfleet / engine in-process = {ef['long']['tokens_per_s'] / eng['long']['tokens_per_s']:.0%} (>= 90%)")
+        print(
+            f"  long: embedfleet / engine in-process = {ef['long']['tokens_per_s'] / eng['long']['tokens_per_s']:.0%} (>= 90%)"
+        )
     for w in ("long", "medium"):
         if inf and w in ef:
             print(f"  {w}: embedfleet / infinity-emb = {ef[w]['tokens_per_s'] / inf[w]['tokens_per_s']:.2f}x (>= 2x)")
     if "single" in ef:
-        print(f"  single: p50 {ef['single']['p50_ms']:.1f} ms (<= 5), p99 {ef['single']['p99_ms']:.1f} ms (<= 15)"
-              + (f"; infinity-emb p50 {inf['single']['p50_ms']:.1f} ms" if inf else ""))
+        print(
+            f"  single: p50 {ef['single']['p50_ms']:.1f} ms (<= 5), p99 {ef['single']['p99_ms']:.1f} ms (<= 15)"
+            + (f"; infinity-emb p50 {inf['single']['p50_ms']:.1f} ms" if inf else "")
+        )
     if "many-singles" in ef:
         m = ef["many-singles"]
         line = f"  many singles: {m['requests_per_s']:.0f} q/s, p99 {m['p99_ms']:.0f} ms (< 100)"

@@ -71,7 +71,11 @@ def keys_per_token(lengths: np.ndarray, mask: AttnMask) -> float:
     for length, count in zip(*np.unique(lengths, return_counts=True)):
         i = np.arange(length)
         lo = np.zeros(length) if mask.window is None else np.maximum(i - mask.window, 0)
-        hi = i if mask.causal else (np.full(length, length - 1) if mask.window is None else np.minimum(i + mask.window, length - 1))
+        hi = (
+            i
+            if mask.causal
+            else (np.full(length, length - 1) if mask.window is None else np.minimum(i + mask.window, length - 1))
+        )
         seen += count * float((hi - lo + 1).sum())
         tokens += count * int(length)
     return seen / tokens
@@ -129,25 +133,34 @@ def compare(info: ModelInfo, label: str, args: argparse.Namespace) -> list[Row]:
     engine = Engine(info, "cpu", "float32", max_batch_tokens=args.budget)
     reference = SentenceTransformer(str(info.path), device="cpu")
     if reference.max_seq_length != info.max_seq_length:
-        raise SystemExit(f"{label}: sentence-transformers truncates at {reference.max_seq_length} tokens, "
-                         f"the engine at {info.max_seq_length}: not the same work")
+        raise SystemExit(
+            f"{label}: sentence-transformers truncates at {reference.max_seq_length} tokens, "
+            f"the engine at {info.max_seq_length}: not the same work"
+        )
     print(f"model {label}: {engine.describe()}, limit {info.max_seq_length} tokens", flush=True)
     # the better of two measurements, before and after the workloads: the machine is shared
     peak = gemm_peak(engine.model, args.budget, args.peak_seconds)
     rows = [_measure(w, encoder, engine, reference, args) for w in workloads(args.scale).values()]
     peak = max(peak, gemm_peak(engine.model, args.budget, args.peak_seconds))
     rows = [replace(row, peak=peak) for row in rows]
-    print(f"measured fp32 GEMM peak at the model's shapes: {peak / 1e9:.0f} GFLOP/s (linear kernels: {engine.linear_ops.name})")
+    print(
+        f"measured fp32 GEMM peak at the model's shapes: {peak / 1e9:.0f} GFLOP/s (linear kernels: {engine.linear_ops.name})"
+    )
     print()
-    print(f"{'workload':9} {'tokens':>7} {'reference':>10} {'engine':>10} {'tok+engine':>10} {'ratio':>6} "
-          f"{'roofline':>9} {'of roofline':>11}  {'model':8} {'cosine':>8}")
+    print(
+        f"{'workload':9} {'tokens':>7} {'reference':>10} {'engine':>10} {'tok+engine':>10} {'ratio':>6} "
+        f"{'roofline':>9} {'of roofline':>11}  {'model':8} {'cosine':>8}"
+    )
     for row in rows:
         print(
             f"{row.workload:9} {row.tokens:>7} {row.reference:>10,.0f} {row.engine:>10,.0f} {row.tokenize_engine:>10,.0f} "
             f"{row.ratio:>5.2f}x {row.roofline:>9,.0f} {row.share:>10.0%}  {label:8} {row.cosine:>8.6f}"
         )
-    print("\n(tokens/s; ratio = engine / reference; roofline = GEMM peak / FLOPs per token; "
-          "cosine = least of engine vs reference vectors)", flush=True)
+    print(
+        "\n(tokens/s; ratio = engine / reference; roofline = GEMM peak / FLOPs per token; "
+        "cosine = least of engine vs reference vectors)",
+        flush=True,
+    )
     return rows
 
 
@@ -157,7 +170,9 @@ def _measure(w: Workload, encoder: TextEncoder, engine: Engine, reference, args:
     # the reference must run the same tokens: its tokenizer, its truncation, no padding counted
     theirs = _reference_tokens(reference, w.texts)
     if theirs != tokens:
-        raise SystemExit(f"{w.name}: sentence-transformers runs {theirs} tokens, the engine {tokens}: not the same work")
+        raise SystemExit(
+            f"{w.name}: sentence-transformers runs {theirs} tokens, the engine {tokens}: not the same work"
+        )
     chunks = list(pack_chunks(ids, args.budget, MAX_ROWS))
     vectors = np.concatenate([engine.embed(c.input_ids, c.cu_seqlens) for c in chunks])  # also the warm-up
     cosine = min_cosine(vectors, reference.encode(w.texts, batch_size=w.per_request, convert_to_numpy=True))
@@ -190,14 +205,22 @@ def _reference_tokens(reference, texts: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model folder (default: the shipped all-MiniLM-L6-v2)")
-    parser.add_argument("--family", action="append", choices=[*families.FAMILIES, "all"],
-                        help="build a random-weight folder of this family and compare on it (repeatable; all: every family)")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=[*families.FAMILIES, "all"],
+        help="build a random-weight folder of this family and compare on it (repeatable; all: every family)",
+    )
     parser.add_argument("--shape", default="base", choices=("base", "tiny"), help="sizes of the --family folders")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=int, default=2048, help="engine batch token budget")
     parser.add_argument("--scale", type=float, default=1.0, help="workload size multiplier")
-    parser.add_argument("--peak-seconds", type=float, default=1.0,
-                        help="seconds of GEMMs per kernel set for the roofline's peak (twice: before and after)")
+    parser.add_argument(
+        "--peak-seconds",
+        type=float,
+        default=1.0,
+        help="seconds of GEMMs per kernel set for the roofline's peak (twice: before and after)",
+    )
     args = parser.parse_args(argv)
     if args.model and args.family:
         parser.error("--model and --family exclude each other")
@@ -213,12 +236,18 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             start = time.perf_counter()
             folder = families.make_folder(name, Path(tmp), args.shape)
-            print(f"\n== {name} ({args.shape}): {families.describe(name, args.shape)}; "
-                  f"built in {time.perf_counter() - start:.0f} s", flush=True)
+            print(
+                f"\n== {name} ({args.shape}): {families.describe(name, args.shape)}; "
+                f"built in {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
             results[name] = compare(load_model_info(str(folder)), name, args)
             shutil.rmtree(folder)  # a base-size folder is up to 2 GB
     print("\nsummary: engine / sentence-transformers (fp32, in-process) and share of the roofline")
-    print(f"{'family':11} " + " ".join(f"{r.workload + ' ratio':>12} {r.workload + ' roof':>11}" for r in results[names[0]]))
+    print(
+        f"{'family':11} "
+        + " ".join(f"{r.workload + ' ratio':>12} {r.workload + ' roof':>11}" for r in results[names[0]])
+    )
     for name, rows in results.items():
         print(f"{name:11} " + " ".join(f"{r.ratio:>11.2f}x {r.share:>11.0%}" for r in rows))
 

@@ -108,8 +108,12 @@ def run_stack(folder: Path, args: argparse.Namespace, work: Path) -> dict:
         result = run_reindex(stack, texts, work)
         counts = token_counts(folder, texts)  # by text: the documents repeat the corpus's paragraphs
         result["tokens"] = sum(counts[t] for t in texts)
-        result |= {"tokens_per_s": result["tokens"] / result["seconds"], "p50_ms": None, "p99_ms": None,
-                   "requests_per_s": result["documents"] / result["seconds"]}
+        result |= {
+            "tokens_per_s": result["tokens"] / result["seconds"],
+            "p50_ms": None,
+            "p99_ms": None,
+            "requests_per_s": result["documents"] / result["seconds"],
+        }
         out["workloads"]["reindex"] = summarize(result, "1k tokens", ("nats-server", "tokenizer", "worker", "client"))
         print_case("reindex", out["workloads"]["reindex"])
         out["idle"] = idle(stack, args.idle_seconds)
@@ -133,8 +137,13 @@ def http_floor_figures(args: argparse.Namespace, work: Path, single: Workload, t
         result = asyncio.run(drive_http(url, single, args.seconds, tokens))
         server, client = tree_seconds(pid) - server, self_seconds() - client
     n = max(result["requests"], 1)
-    return {"requests_per_s": result["requests_per_s"], "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
-            "server_cpu_ms_per_request": server * 1e3 / n, "client_cpu_ms_per_request": client * 1e3 / n}
+    return {
+        "requests_per_s": result["requests_per_s"],
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "server_cpu_ms_per_request": server * 1e3 / n,
+        "client_cpu_ms_per_request": client * 1e3 / n,
+    }
 
 
 def floors(folder: Path, args: argparse.Namespace, work: Path) -> dict:
@@ -157,14 +166,24 @@ def classic_folder(folder: Path) -> None:
         module["type"] = "sentence_transformers.models." + module["type"].rsplit(".", 1)[-1]
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     bert = json.loads((folder / "sentence_bert_config.json").read_text())
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": bert["max_seq_length"],
-                                                                  "do_lower_case": False}))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": bert["max_seq_length"], "do_lower_case": False})
+    )
     pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
-    modes = {"cls": "cls_token", "mean": "mean_tokens", "max": "max_tokens", "mean_sqrt_len_tokens": "mean_sqrt_len_tokens"}
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": pooling["embedding_dimension"],
-        **{f"pooling_mode_{mode}": name == pooling["pooling_mode"] for name, mode in modes.items()},
-    }))
+    modes = {
+        "cls": "cls_token",
+        "mean": "mean_tokens",
+        "max": "max_tokens",
+        "mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    }
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": pooling["embedding_dimension"],
+                **{f"pooling_mode_{mode}": name == pooling["pooling_mode"] for name, mode in modes.items()},
+            }
+        )
+    )
 
 
 def infinity(folder: Path, args: argparse.Namespace, model: str) -> dict:
@@ -189,7 +208,8 @@ def ratios_and_projection(data: dict) -> tuple[dict, dict]:
     w, f = data["workloads"], data["floors"]
     ratios = {
         "gateway_over_http_floor": w["single-32"]["cpu_ms"]["gateway"] / f["http"]["server_cpu_ms_per_request"],
-        "tokenizer_over_encode_batch_long": w["long"]["cpu_ms"]["tokenizer"] / f["tokenizer_long"]["cpu_ms_per_1k_tokens"],
+        "tokenizer_over_encode_batch_long": w["long"]["cpu_ms"]["tokenizer"]
+        / f["tokenizer_long"]["cpu_ms_per_1k_tokens"],
         "reindex_all_over_encode_batch": w["reindex"]["cpu_ms"]["all"] / f["tokenizer_reindex"]["cpu_ms_per_1k_tokens"],
     }
     projection = {
@@ -207,14 +227,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-up", type=float, default=2.0, help="unmeasured seconds before each workload")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="seconds the idle stack is watched")
     parser.add_argument("--reindex-docs", type=int, default=20_000, help="documents of the bulk reindex")
-    parser.add_argument("--infinity", default=os.environ.get("EMBEDFLEET_BENCH_INFINITY"),
-                        help="infinity_emb command (its own venv); without it infinity-emb is left out")
+    parser.add_argument(
+        "--infinity",
+        default=os.environ.get("EMBEDFLEET_BENCH_INFINITY"),
+        help="infinity_emb command (its own venv); without it infinity-emb is left out",
+    )
     parser.add_argument("--out", default="bench/results", help="folder for fabric.json")
     parser.add_argument("--smoke", action="store_true", help="tiny durations: 1 s a workload, 500 documents, 2 s idle")
     args = parser.parse_args(argv)
     if args.smoke:
-        args = argparse.Namespace(**{**vars(args), "seconds": 1.0, "warm_up": 0.3, "idle_seconds": 2.0,
-                                     "reindex_docs": 500})
+        args = argparse.Namespace(
+            **{**vars(args), "seconds": 1.0, "warm_up": 0.3, "idle_seconds": 2.0, "reindex_docs": 500}
+        )
     return args
 
 
@@ -228,8 +252,13 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         folder = make_folder("bert", work, "fabric")
         print(f"model: {describe('bert', 'fabric')}", flush=True)
-        data = {"model": describe("bert", "fabric"), "smoke": args.smoke, "cpus": os.cpu_count(),
-                "seconds": args.seconds, **run_stack(folder, args, work)}
+        data = {
+            "model": describe("bert", "fabric"),
+            "smoke": args.smoke,
+            "cpus": os.cpu_count(),
+            "seconds": args.seconds,
+            **run_stack(folder, args, work),
+        }
         data["floors"] = floors(folder, args, work)
         data["ratios"], data["projection"] = ratios_and_projection(data)
         if args.infinity:

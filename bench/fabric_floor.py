@@ -40,8 +40,12 @@ def create_app() -> Starlette:
         body = orjson.loads(await request.body())
         texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = [{"object": "embedding", "index": i, "embedding": vector} for i in range(len(texts))]
-        answer = {"object": "list", "data": data, "model": body.get("model"),
-                  "usage": {"prompt_tokens": 0, "total_tokens": 0}}
+        answer = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": 0, "total_tokens": 0},
+        }
         return Response(orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
@@ -53,8 +57,9 @@ def http_floor(log: Path, timeout: float = 60) -> Iterator[tuple[str, int]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/embeddings"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "bench.fabric_floor", "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.fabric_floor", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + timeout
         while not _answers(url):
@@ -91,8 +96,10 @@ def tokenizer_floor(folder: Path, texts: list[str], per_call: int, seconds: floa
         ends = [end for (_, end), special in zip(e.offsets, e.special_tokens_mask) if not special]
         kept.append(text[: max(ends)] if ends else text)
     whole = _encode_for(tokenizer, texts, per_call, seconds / 2)
-    return {**_encode_for(tokenizer, kept, per_call, seconds / 2),
-            "whole_texts_cpu_ms_per_1k_tokens": whole["cpu_ms_per_1k_tokens"]}
+    return {
+        **_encode_for(tokenizer, kept, per_call, seconds / 2),
+        "whole_texts_cpu_ms_per_1k_tokens": whole["cpu_ms_per_1k_tokens"],
+    }
 
 
 def _encode_for(tokenizer, texts: list[str], per_call: int, seconds: float) -> dict:
@@ -105,8 +112,12 @@ def _encode_for(tokenizer, texts: list[str], per_call: int, seconds: float) -> d
             tokens += sum(len(e.ids) for e in tokenizer.encode_batch(texts[i : i + per_call]))
         calls += 1
     cpu = self_seconds() - used
-    return {"tokens": tokens, "cpu_s": cpu, "seconds": time.perf_counter() - start,
-            "cpu_ms_per_1k_tokens": cpu * 1e3 / tokens * 1e3}
+    return {
+        "tokens": tokens,
+        "cpu_s": cpu,
+        "seconds": time.perf_counter() - start,
+        "cpu_ms_per_1k_tokens": cpu * 1e3 / tokens * 1e3,
+    }
 
 
 def main() -> None:
@@ -116,8 +127,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     # the gateway's stack: uvicorn's httptools protocol (its own subclass adds limits), loop "auto" (uvloop)
-    uvicorn.run(create_app(), host="127.0.0.1", port=args.port, http="httptools", loop="auto", log_level="warning",
-                access_log=False)
+    uvicorn.run(
+        create_app(),
+        host="127.0.0.1",
+        port=args.port,
+        http="httptools",
+        loop="auto",
+        log_level="warning",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

@@ -119,13 +119,18 @@ class Stack:
 
         port = _option(self.pids["worker"], "--metrics-port")
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-                   if s.name == "embedfleet_worker_forward_seconds_sum")
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "embedfleet_worker_forward_seconds_sum"
+        )
 
 
 @contextmanager
-def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300,
-             environ: dict[str, str] | None = None) -> Iterator[Stack]:
+def up_stack(
+    folder: Path, data_dir: Path, log: Path, timeout: float = 300, environ: dict[str, str] | None = None
+) -> Iterator[Stack]:
     """``embedfleet up --model FOLDER`` as a process, its own embedded nats-server included, once it
     has recorded itself (every process ready); stopped as Ctrl-C stops it. ``environ``: variables
     added to its environment (its processes inherit them)."""
@@ -133,9 +138,23 @@ def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300,
 
     port = free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--model", str(folder), "--port", str(port),
-                                 "--data-dir", str(data_dir)], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(environ or {})})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "up",
+                "--model",
+                str(folder),
+                "--port",
+                str(port),
+                "--data-dir",
+                str(data_dir),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(environ or {})},
+        )
     try:
         deadline = time.monotonic() + timeout
         while (record := read_stack(data_dir)) is None:
@@ -146,8 +165,13 @@ def up_stack(folder: Path, data_dir: Path, log: Path, timeout: float = 300,
         missing = set(ROLES) - {"up"} - set(pids)
         if missing:
             raise RuntimeError(f"embedfleet up runs no {', '.join(sorted(missing))}")
-        yield Stack(f"http://127.0.0.1:{port}", record.url, record.token_file, load_model_info(str(folder)).id,
-                    {**pids, "up": proc.pid})
+        yield Stack(
+            f"http://127.0.0.1:{port}",
+            record.url,
+            record.token_file,
+            load_model_info(str(folder)).id,
+            {**pids, "up": proc.pid},
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -172,13 +196,16 @@ class Meter:
 
     def stop(self) -> dict:
         now = {**self._stack.cpu(), "client": self._client()}
-        return {"cpu_s": {role: now[role] - self._cpu[role] for role in now},
-                "forward_s": self._stack.forward_seconds() - self._forward,
-                "worker_loop_s": self._stack.worker_loop_seconds() - self._loop}
+        return {
+            "cpu_s": {role: now[role] - self._cpu[role] for role in now},
+            "forward_s": self._stack.forward_seconds() - self._forward,
+            "worker_loop_s": self._stack.worker_loop_seconds() - self._loop,
+        }
 
 
-async def drive_nats(stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int],
-                     meter: Meter, errors: Counter) -> dict:
+async def drive_nats(
+    stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int], meter: Meter, errors: Counter
+) -> dict:
     """As ``bench.e2e.drive_http``, through the public NATS-direct client (shared.fleet_client) in this
     process: ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()`` in the
     result); error replies counted in ``errors`` by code."""
@@ -225,8 +252,22 @@ def run_reindex(stack: Stack, texts: list[str], folder: Path) -> dict:
     docs = folder / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     out = folder / "vectors.npy"
-    command = [sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(out), "--model", stack.model,
-               "--nats", stack.nats_url, "--nats-token-file", stack.token_file, "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "reindex",
+        str(docs),
+        "--out",
+        str(out),
+        "--model",
+        stack.model,
+        "--nats",
+        stack.nats_url,
+        "--nats-token-file",
+        stack.token_file,
+        "--quiet",
+    ]
     meter = Meter(stack, waited_children_seconds)
     meter.start()
     start = time.perf_counter()

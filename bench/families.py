@@ -47,70 +47,149 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "bert": Family(
-        "BertConfig", "mean",
+        "BertConfig",
+        "mean",
         {
-            "base": ("BERT-base", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)),
-            "minilm": ("all-MiniLM-L6-v2", dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)),
+            "base": (
+                "BERT-base",
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+            ),
+            "minilm": (
+                "all-MiniLM-L6-v2",
+                dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+            ),
             "tiny": ("tiny", _TINY),
             # next to no FLOPs a token: what the CPU around the forward pass costs (bench.fabric)
-            "fabric": ("near-zero compute", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                 intermediate_size=64)),
+            "fabric": (
+                "near-zero compute",
+                dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+            ),
         },
         fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=512, pad_token_id=PAD),
     ),
     "mpnet": Family(
         # MPNet's position ids count from its padding id 1 (here [unused0], which WordPiece never
         # produces) + 1; the tokenizer pads with [PAD] (0), which the attention mask hides
-        "MPNetConfig", "mean",
+        "MPNetConfig",
+        "mean",
         {
-            "base": ("all-mpnet-base-v2", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                               intermediate_size=3072)),
+            "base": (
+                "all-mpnet-base-v2",
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+            ),
             "tiny": ("tiny", _TINY),
         },
-        fixed=dict(vocab_size=30527, max_position_embeddings=MAX_SEQ_LENGTH + 2, relative_attention_num_buckets=32,
-                   pad_token_id=1, bos_token_id=CLS, eos_token_id=SEP),
+        fixed=dict(
+            vocab_size=30527,
+            max_position_embeddings=MAX_SEQ_LENGTH + 2,
+            relative_attention_num_buckets=32,
+            pad_token_id=1,
+            bos_token_id=CLS,
+            eos_token_id=SEP,
+        ),
     ),
     "modernbert": Family(
-        "ModernBertConfig", "mean",
+        "ModernBertConfig",
+        "mean",
         {
-            "base": ("ModernBERT-base", dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12,
-                                             intermediate_size=1152, local_attention=128, global_attn_every_n_layers=3)),
+            "base": (
+                "ModernBERT-base",
+                dict(
+                    hidden_size=768,
+                    num_hidden_layers=22,
+                    num_attention_heads=12,
+                    intermediate_size=1152,
+                    local_attention=128,
+                    global_attn_every_n_layers=3,
+                ),
+            ),
             # layer 0 global, layer 1 local with a window of 16 (8 either side)
             "tiny": ("tiny", dict(_TINY, local_attention=16, global_attn_every_n_layers=2)),
         },
-        fixed=dict(vocab_size=50368, max_position_embeddings=8192, pad_token_id=PAD, cls_token_id=CLS,
-                   sep_token_id=SEP, bos_token_id=CLS, eos_token_id=SEP),
+        fixed=dict(
+            vocab_size=50368,
+            max_position_embeddings=8192,
+            pad_token_id=PAD,
+            cls_token_id=CLS,
+            sep_token_id=SEP,
+            bos_token_id=CLS,
+            eos_token_id=SEP,
+        ),
     ),
     "qwen3": Family(
-        "Qwen3Config", "lasttoken",
+        "Qwen3Config",
+        "lasttoken",
         {
-            "base": ("Qwen3-Embedding-0.6B", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                                                  num_key_value_heads=8, head_dim=128, intermediate_size=3072)),
+            "base": (
+                "Qwen3-Embedding-0.6B",
+                dict(
+                    hidden_size=1024,
+                    num_hidden_layers=28,
+                    num_attention_heads=16,
+                    num_key_value_heads=8,
+                    head_dim=128,
+                    intermediate_size=3072,
+                ),
+            ),
             "tiny": ("tiny", dict(_TINY, num_key_value_heads=2, head_dim=16)),
         },
         # vocabulary cut from 151669: the embedding table costs memory and disk, not FLOPs
-        fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                   rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, tie_word_embeddings=True,
-                   pad_token_id=PAD, eos_token_id=SEP),
+        fixed=dict(
+            vocab_size=WORDPIECE_VOCAB,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            tie_word_embeddings=True,
+            pad_token_id=PAD,
+            eos_token_id=SEP,
+        ),
         decoder=True,
     ),
     "gemma3": Family(
-        "Gemma3TextConfig", "mean",
+        "Gemma3TextConfig",
+        "mean",
         {
             # every 6th layer global; the others see |i - j| <= sliding_window / 2 (bidirectional)
-            "base": ("EmbeddingGemma-300m", dict(hidden_size=768, num_hidden_layers=24, num_attention_heads=3,
-                                                 num_key_value_heads=1, head_dim=256, intermediate_size=1152,
-                                                 sliding_window=512, query_pre_attn_scalar=256,
-                                                 layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 4)),
-            "tiny": ("tiny", dict(_TINY, num_key_value_heads=1, head_dim=16, sliding_window=16, query_pre_attn_scalar=16,
-                                  layer_types=["sliding_attention", "full_attention"])),
+            "base": (
+                "EmbeddingGemma-300m",
+                dict(
+                    hidden_size=768,
+                    num_hidden_layers=24,
+                    num_attention_heads=3,
+                    num_key_value_heads=1,
+                    head_dim=256,
+                    intermediate_size=1152,
+                    sliding_window=512,
+                    query_pre_attn_scalar=256,
+                    layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 4,
+                ),
+            ),
+            "tiny": (
+                "tiny",
+                dict(
+                    _TINY,
+                    num_key_value_heads=1,
+                    head_dim=16,
+                    sliding_window=16,
+                    query_pre_attn_scalar=16,
+                    layer_types=["sliding_attention", "full_attention"],
+                ),
+            ),
         },
         # vocabulary cut from 262144, as for Qwen3
-        fixed=dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=2048, use_bidirectional_attention=True,
-                   hidden_activation="gelu_pytorch_tanh",
-                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
-                   pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP),
+        fixed=dict(
+            vocab_size=WORDPIECE_VOCAB,
+            max_position_embeddings=2048,
+            use_bidirectional_attention=True,
+            hidden_activation="gelu_pytorch_tanh",
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+            pad_token_id=PAD,
+            bos_token_id=CLS,
+            eos_token_id=SEP,
+        ),
         dense=True,
     ),
 }
@@ -131,8 +210,10 @@ def describe(family: str, shape: str = "base") -> str:
     heads = f"{c['num_attention_heads']} heads"
     if "num_key_value_heads" in c or "head_dim" in c:
         heads += f" ({c.get('num_key_value_heads', c['num_attention_heads'])} kv, head_dim {c.get('head_dim')})"
-    text = (f"{copies} sizes: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {heads}, "
-            f"intermediate {c['intermediate_size']}, vocab {c['vocab_size']}")
+    text = (
+        f"{copies} sizes: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {heads}, "
+        f"intermediate {c['intermediate_size']}, vocab {c['vocab_size']}"
+    )
     if shape != "tiny" and family in _CUT_VOCAB:
         text += f" (cut from {_CUT_VOCAB[family]})"
     return text + ", random weights"
@@ -155,11 +236,15 @@ def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool
         _write_tokenizer(fam, folder)
         _write_sentence_transformer(fam, folder, hidden)
         _write_tokenizer(fam, folder)  # sentence-transformers rewrote them in transformers' own form
-    _write_json(folder / "sentence_bert_config.json", {**_read_json(folder / "sentence_bert_config.json"),
-                                                        "max_seq_length": MAX_SEQ_LENGTH})
+    _write_json(
+        folder / "sentence_bert_config.json",
+        {**_read_json(folder / "sentence_bert_config.json"), "max_seq_length": MAX_SEQ_LENGTH},
+    )
     if not reference:
-        _write_json(folder / "1_Pooling" / "config.json",
-                    {"embedding_dimension": hidden, "pooling_mode": fam.pooling, "include_prompt": True})
+        _write_json(
+            folder / "1_Pooling" / "config.json",
+            {"embedding_dimension": hidden, "pooling_mode": fam.pooling, "include_prompt": True},
+        )
     return folder
 
 
@@ -192,14 +277,28 @@ def _write_tokenizer(fam: Family, folder: Path) -> None:
     if fam.decoder:
         specials = {"unk_token": "[UNK]", "eos_token": "[SEP]", "pad_token": "[PAD]"}
     else:
-        specials = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                    "mask_token": "[MASK]"}
-    inputs = ["input_ids", "token_type_ids", "attention_mask"] if fam.config_class == "BertConfig" else [
-        "input_ids", "attention_mask"]
-    _write_json(folder / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_SEQ_LENGTH, "padding_side": "right",
-        **specials, "model_input_names": inputs,
-    })
+        specials = {
+            "unk_token": "[UNK]",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        }
+    inputs = (
+        ["input_ids", "token_type_ids", "attention_mask"]
+        if fam.config_class == "BertConfig"
+        else ["input_ids", "attention_mask"]
+    )
+    _write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": MAX_SEQ_LENGTH,
+            "padding_side": "right",
+            **specials,
+            "model_input_names": inputs,
+        },
+    )
 
 
 def _write_sentence_transformer(fam: Family, folder: Path, hidden: int) -> None:
@@ -208,10 +307,15 @@ def _write_sentence_transformer(fam: Family, folder: Path, hidden: int) -> None:
     from sentence_transformers.base.modules import Dense, Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    modules: list[torch.nn.Module] = [Transformer(str(folder), max_seq_length=MAX_SEQ_LENGTH), Pooling(hidden, fam.pooling)]
+    modules: list[torch.nn.Module] = [
+        Transformer(str(folder), max_seq_length=MAX_SEQ_LENGTH),
+        Pooling(hidden, fam.pooling),
+    ]
     if fam.dense:
-        modules += [Dense(hidden, 4 * hidden, bias=False, activation_function=torch.nn.Identity()),
-                    Dense(4 * hidden, hidden, bias=False, activation_function=torch.nn.Identity())]
+        modules += [
+            Dense(hidden, 4 * hidden, bias=False, activation_function=torch.nn.Identity()),
+            Dense(4 * hidden, hidden, bias=False, activation_function=torch.nn.Identity()),
+        ]
     modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
 

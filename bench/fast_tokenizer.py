@@ -61,7 +61,9 @@ def scan() -> list[tuple[int, int]]:
             chunk = points[at : at + 20000]
             texts = [context.format(c=chr(c)) for c in chunk]
             mine = fast.content(texts)
-            bad.update(c for c, a, b in zip(chunk, mine, hf.encode_batch(texts, add_special_tokens=False)) if a != b.ids)
+            bad.update(
+                c for c, a, b in zip(chunk, mine, hf.encode_batch(texts, add_special_tokens=False)) if a != b.ids
+            )
     ranges: list[list[int]] = []
     for c in sorted(bad):
         if ranges and ranges[-1][1] == c - 1:
@@ -88,13 +90,16 @@ def _dist_version(name: str) -> str:
     return version(name)
 
 
-def _runs(hf: Tokenizer, encoder: TextEncoder, fast: FastEncoder, texts: list[str], truncate: bool) -> dict[str, Callable[[], object]]:
+def _runs(
+    hf: Tokenizer, encoder: TextEncoder, fast: FastEncoder, texts: list[str], truncate: bool
+) -> dict[str, Callable[[], object]]:
     """The three ways to tokenize ``texts`` that are timed, by name."""
     return {
         "tokenizers encode_batch": lambda: hf.encode_batch(texts),
         "TextEncoder, tokenizers": lambda: encoder._encode_hf(texts, truncate, "right"),
-        "TextEncoder, kitoken": lambda: fast.encode(texts, "right" if truncate else None,
-                                                    lambda r: encoder._encode_hf(r, truncate, "right")),
+        "TextEncoder, kitoken": lambda: fast.encode(
+            texts, "right" if truncate else None, lambda r: encoder._encode_hf(r, truncate, "right")
+        ),
     }
 
 
@@ -128,22 +133,45 @@ def reindex_cpu(documents: int, model: str | None) -> None:
     tokens = sum(len(e.ids) for e in hf.encode_batch(texts))
     start = time.process_time()
     hf.encode_batch(texts)
-    print(f"{documents} documents, {tokens} tokens; tokenizers encode_batch "
-          f"{(time.process_time() - start) / tokens * 1e6:.2f} ms CPU / 1k tokens")
+    print(
+        f"{documents} documents, {tokens} tokens; tokenizers encode_batch "
+        f"{(time.process_time() - start) / tokens * 1e6:.2f} ms CPU / 1k tokens"
+    )
     served = ["--model", str(info.path)]
     for mode in ("off", "auto", "off", "auto"):
         watch = Observation(False)
-        with tempfile.TemporaryDirectory() as tmp, \
-                fleet([served], [*served, "--fast-tokenizer", mode], watch=watch) as (_, nats_url):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            fleet([served], [*served, "--fast-tokenizer", mode], watch=watch) as (_, nats_url),
+        ):
             tokenizer = watch.pids[0]
             docs = docs_file(Path(tmp), "long", texts)
             before = _cpu_seconds(tokenizer)
-            proc = subprocess.run([sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", f"{tmp}/out.npy",
-                                   "--nats", nats_url, "--model", info.id, "--quiet"], capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.cli",
+                    "reindex",
+                    str(docs),
+                    "--out",
+                    f"{tmp}/out.npy",
+                    "--nats",
+                    nats_url,
+                    "--model",
+                    info.id,
+                    "--quiet",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 raise SystemExit(proc.stdout + proc.stderr)
-            print(f"  --fast-tokenizer {mode:4s}: the tokenizer process "
-                  f"{(_cpu_seconds(tokenizer) - before) / tokens * 1e6:.2f} ms CPU / 1k tokens", flush=True)
+            print(
+                f"  --fast-tokenizer {mode:4s}: the tokenizer process "
+                f"{(_cpu_seconds(tokenizer) - before) / tokens * 1e6:.2f} ms CPU / 1k tokens",
+                flush=True,
+            )
 
 
 def _cpu_seconds(pid: int) -> float:

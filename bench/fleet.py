@@ -1,10 +1,10 @@
 """Fleet benchmarks on real processes (nats-server, tokenizer, workers, gateway), ratios in one run.
 
-    python -m bench.fleet tokenizer   # one tokenizer's tokens/s on the long workload, and the share
-                                      # of end-to-end time spent tokenizing
-    python -m bench.fleet scaling     # a request of thousands of inputs: one worker against two
-    python -m bench.fleet routing     # two workers, one slowed by a CPU hog on its core: single-query
-                                      # p50/p99 with load-aware routing against the plain queue group
+python -m bench.fleet tokenizer   # one tokenizer's tokens/s on the long workload, and the share
+                                  # of end-to-end time spent tokenizing
+python -m bench.fleet scaling     # a request of thousands of inputs: one worker against two
+python -m bench.fleet routing     # two workers, one slowed by a CPU hog on its core: single-query
+                                  # p50/p99 with load-aware routing against the plain queue group
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ def stack(workers: list[list[str]], tokenizer: list[str], pin: list[str | None] 
 
 @contextmanager
 def fleet(
-    workers: list[list[str]], tokenizer: list[str], pin: list[str | None] | None = None, scorer: bool = False,
+    workers: list[list[str]],
+    tokenizer: list[str],
+    pin: list[str | None] | None = None,
+    scorer: bool = False,
     watch: Observation | None = None,
 ) -> Iterator[tuple[str, str]]:
     """As ``stack`` (with a scorer when asked); yields the gateway URL and the NATS URL. ``watch`` (see
@@ -67,7 +70,12 @@ def fleet(
         services.append(service("gateway", ["--port", str(port), "--request-timeout", "300"]))
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: healthy(base) and count_services(server.url, "worker") == len(workers), 180, "the stack", services)
+            wait_until(
+                lambda: healthy(base) and count_services(server.url, "worker") == len(workers),
+                180,
+                "the stack",
+                services,
+            )
             if pin:  # threads started after the first pinning inherit it; pin again to be sure
                 for i, s in enumerate(services[1 : 1 + len(workers)]):
                     if pin[i] is not None:
@@ -188,8 +196,10 @@ def bench_tokenizer(args: argparse.Namespace) -> None:
         for i in range(0, 256, 32):
             r = embed(base, texts[i : i + 32])
             shares.append(float(r.headers["x-tokenization-time"]) / max(float(r.headers["x-total-time"]), 1.0))
-        print(f"end to end (32 long documents per request): tokenizing is {statistics.mean(shares):.1%} of the "
-              f"request time (x-tokenization-time / x-total-time, mean over {len(shares)} requests)")
+        print(
+            f"end to end (32 long documents per request): tokenizing is {statistics.mean(shares):.1%} of the "
+            f"request time (x-tokenization-time / x-total-time, mean over {len(shares)} requests)"
+        )
 
 
 def bench_scaling(args: argparse.Namespace) -> None:
@@ -201,7 +211,9 @@ def bench_scaling(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             r = embed(base, texts)
             results[n] = time.perf_counter() - start
-            print(f"{n} worker(s): {len(texts)} inputs, {r.json()['usage']['prompt_tokens']} tokens in {results[n]:.2f}s")
+            print(
+                f"{n} worker(s): {len(texts)} inputs, {r.json()['usage']['prompt_tokens']} tokens in {results[n]:.2f}s"
+            )
     print(f"two workers / one worker: {results[1] / results[2]:.2f}x faster")
 
 
@@ -214,7 +226,9 @@ def latencies_for(base: str, queries: list[str], seconds: float, concurrency: in
             i = k
             while time.perf_counter() < stop:
                 t = time.perf_counter()
-                c.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": queries[i % len(queries)]}).raise_for_status()
+                c.post(
+                    f"{base}/v1/embeddings", json={"model": MODEL, "input": queries[i % len(queries)]}
+                ).raise_for_status()
                 out.append(time.perf_counter() - t)
                 i += concurrency
 
@@ -240,8 +254,11 @@ def bench_routing(args: argparse.Namespace) -> None:
                 latencies_for(base, queries, 1.0, args.concurrency)  # warm-up
                 lat = sorted(latencies_for(base, queries, args.seconds, args.concurrency))
                 p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
-                print(f"routing={routing:5}  queries {len(lat):5}  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-                      f"{len(lat) / args.seconds:6.1f} q/s", flush=True)
+                print(
+                    f"routing={routing:5}  queries {len(lat):5}  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+                    f"{len(lat) / args.seconds:6.1f} q/s",
+                    flush=True,
+                )
     finally:
         hog.kill()
 

@@ -80,7 +80,12 @@ def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
 def correctness(info: ModelInfo, eager: Engine, graphed: Engine | None) -> dict:
     """The device engine (eager, and graphed where possible) against the CPU fp32 engine."""
     reference = Engine(info, "cpu", "float32", graphs=False)
-    out = {"batches": 0, "min_cosine_eager_vs_cpu": 1.0, "min_cosine_graphs_vs_cpu": None, "max_abs_graphs_vs_eager": None}
+    out = {
+        "batches": 0,
+        "min_cosine_eager_vs_cpu": 1.0,
+        "min_cosine_graphs_vs_cpu": None,
+        "max_abs_graphs_vs_eager": None,
+    }
     wants = []
     for seed, (rows, max_len) in enumerate(CORRECTNESS_BATCHES):
         ids, cu = mixed_batch(seed, rows, min(max_len, eager.max_seq_length), eager.spec.vocab_size)
@@ -138,35 +143,55 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
     eager = Engine(info, device, check.dtype, graphs=False, max_batch_tokens=2048, max_batch_seqs=64)
     graphs_possible = device == "cuda" and eager.attention.capturable
     record: dict = {
-        "family": check.family, "shape": "tiny" if smoke else check.shape,
+        "family": check.family,
+        "shape": "tiny" if smoke else check.shape,
         "sizes": families.describe(check.family, "tiny" if smoke else check.shape),
-        "engine": eager.describe(), "attention": eager.attention.name, "dtype": eager.dtype_name,
+        "engine": eager.describe(),
+        "attention": eager.attention.name,
+        "dtype": eager.dtype_name,
         "graphs_possible": graphs_possible,
     }
     graphed = None
     if graphs_possible:
-        graphed = Engine(info, device, check.dtype, graphs=True, max_batch_tokens=2048, max_batch_seqs=64, model=eager.model)
+        graphed = Engine(
+            info, device, check.dtype, graphs=True, max_batch_tokens=2048, max_batch_seqs=64, model=eager.model
+        )
     record["correctness"] = correctness(info, eager, graphed)
-    print(f"{check.name}: {record['engine']}; min cosine vs CPU fp32: eager {record['correctness']['min_cosine_eager_vs_cpu']:.5f}, "
-          f"graphs {record['correctness']['min_cosine_graphs_vs_cpu']}", flush=True)
+    print(
+        f"{check.name}: {record['engine']}; min cosine vs CPU fp32: eager {record['correctness']['min_cosine_eager_vs_cpu']:.5f}, "
+        f"graphs {record['correctness']['min_cosine_graphs_vs_cpu']}",
+        flush=True,
+    )
     del graphed
 
     budget = 1024 if smoke else 8192
     runs = []
     for graphs in [False, True] if graphs_possible else [False]:
-        first = Engine(info, device, check.dtype, graphs=graphs, max_batch_tokens=budget, max_batch_seqs=256, model=eager.model)
+        first = Engine(
+            info, device, check.dtype, graphs=graphs, max_batch_tokens=budget, max_batch_seqs=256, model=eager.model
+        )
         for seq_len in (50, 512):
             for replicas in check.replicas:
                 engines = [first] + [first.replicate() for _ in range(replicas - 1)]
                 point = throughput(engines, seq_len, budget, seconds)
                 runs.append({"seq_len": seq_len, "graphs": graphs, "replicas": replicas, **point})
-                print(f"  seq {seq_len:4} graphs {graphs!s:5} replicas {replicas}: {point['tokens_per_s']:,.0f} tokens/s", flush=True)
+                print(
+                    f"  seq {seq_len:4} graphs {graphs!s:5} replicas {replicas}: {point['tokens_per_s']:,.0f} tokens/s",
+                    flush=True,
+                )
         del first, engines
     record["throughput"] = runs
 
     if check.saturation:
-        engine = Engine(info, device, check.dtype, graphs=graphs_possible, max_batch_tokens=budget * 2, max_batch_seqs=512,
-                        model=eager.model)
+        engine = Engine(
+            info,
+            device,
+            check.dtype,
+            graphs=graphs_possible,
+            max_batch_tokens=budget * 2,
+            max_batch_seqs=512,
+            model=eager.model,
+        )
         budgets = (64, 128, 256) if smoke else (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
         curve = calibrate(engine, budgets=budgets, min_seconds=0.05 if smoke else 0.5)
         record["saturation"] = {"points": curve.points, "knee": curve.knee}
@@ -182,7 +207,9 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the script itself")
     parser.add_argument("--seconds", type=float, default=2.0, help="per throughput point")
-    parser.add_argument("--only", action="append", choices=[c.name for c in CHECKS], help="run only these models (repeatable)")
+    parser.add_argument(
+        "--only", action="append", choices=[c.name for c in CHECKS], help="run only these models (repeatable)"
+    )
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -217,7 +244,7 @@ def main() -> None:
                 traceback.print_exc()
                 record = {"family": check.family, "shape": shape, "error": f"{type(exc).__name__}: {exc}"}
             results["models"][check.name] = record
-            if key in folders and all((c.family, "tiny" if args.smoke else c.shape) != key for c in checks[i + 1:]):
+            if key in folders and all((c.family, "tiny" if args.smoke else c.shape) != key for c in checks[i + 1 :]):
                 shutil.rmtree(folders.pop(key))  # a base-size folder is up to 2 GB
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -229,8 +256,10 @@ def main() -> None:
 
 
 def _summary(results: dict) -> None:
-    print(f"\n{'model':12} {'attention':18} {'dtype':9} {'cos eager':>9} {'cos graphs':>10} "
-          f"{'50 eager':>12} {'50 graphs':>12} {'512 eager':>12} {'512 graphs':>12}")
+    print(
+        f"\n{'model':12} {'attention':18} {'dtype':9} {'cos eager':>9} {'cos graphs':>10} "
+        f"{'50 eager':>12} {'50 graphs':>12} {'512 eager':>12} {'512 graphs':>12}"
+    )
     for name, r in results["models"].items():
         if "error" in r:
             print(f"{name:12} error: {r['error']}")
@@ -238,8 +267,12 @@ def _summary(results: dict) -> None:
         rate = {(p["seq_len"], p["graphs"]): p["tokens_per_s"] for p in r["throughput"] if p["replicas"] == 1}
         c = r["correctness"]
         graphs_cos = "-" if c["min_cosine_graphs_vs_cpu"] is None else f"{c['min_cosine_graphs_vs_cpu']:.5f}"
-        cells = " ".join(f"{rate[(s, g)]:>12,.0f}" if (s, g) in rate else f"{'-':>12}" for s in (50, 512) for g in (False, True))
-        print(f"{name:12} {r['attention']:18} {r['dtype']:9} {c['min_cosine_eager_vs_cpu']:>9.5f} {graphs_cos:>10} {cells}")
+        cells = " ".join(
+            f"{rate[(s, g)]:>12,.0f}" if (s, g) in rate else f"{'-':>12}" for s in (50, 512) for g in (False, True)
+        )
+        print(
+            f"{name:12} {r['attention']:18} {r['dtype']:9} {c['min_cosine_eager_vs_cpu']:>9.5f} {graphs_cos:>10} {cells}"
+        )
     print(f"(tokens/s, one replica; wall {results['wall_seconds']:.0f} s)")
 
 

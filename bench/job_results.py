@@ -51,9 +51,21 @@ async def store(url: str, results: int) -> None:
             rows = rng.standard_normal((ROWS, DIM)).astype("<f4")
             result = JobResult(JOB, b, 0, [f"d{b}-{i}" for i in range(ROWS)], DIM, "f4", rows.tobytes(), 100)
             await js.publish(subjects.results(JOB), encode(result), headers={"Nats-Msg-Id": f"{JOB}:{b}"})
-        await update_state(kv, JOB, lambda s: replace(s, model="bench", input="bench", documents=results * ROWS,
-                                                      batches=results, done=results * ROWS, status="done",
-                                                      embedding_type="float32", output="dense"))
+        await update_state(
+            kv,
+            JOB,
+            lambda s: replace(
+                s,
+                model="bench",
+                input="bench",
+                documents=results * ROWS,
+                batches=results,
+                done=results * ROWS,
+                status="done",
+                embedding_type="float32",
+                output="dense",
+            ),
+        )
     finally:
         await nc.close()
 
@@ -78,19 +90,26 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(store(server.url, results))
         port = free_port()
         with open(Path(tmp) / "gateway.log", "wb") as log:
-            gateway = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--nats", server.url, "--port",
-                                        str(port)], stdout=log, stderr=subprocess.STDOUT)
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "gateway", "--nats", server.url, "--port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         base = f"http://127.0.0.1:{port}"
         try:
             wait_until(lambda: _answers(f"{base}/v1/jobs/{JOB}"), 120, "the gateway")
             before = rss_mib(gateway.pid)
             docs = results * ROWS
-            print(f"{docs} documents ({docs * DIM * 4 / 2**20:.0f} MiB of float32 vectors); gateway {before:.0f} MiB RSS idle")
+            print(
+                f"{docs} documents ({docs * DIM * 4 / 2**20:.0f} MiB of float32 vectors); gateway {before:.0f} MiB RSS idle"
+            )
             for accept in ("application/x-ndjson", "application/vnd.apache.parquet"):
                 m = read_back(base, gateway.pid, accept)
-                print(f"{accept:32} {m['bytes'] / 2**20:6.0f} MiB in {m['seconds']:5.1f} s "
-                      f"({m['bytes'] / 2**20 / m['seconds']:4.0f} MiB/s), first bytes {m['first']:.2f} s, "
-                      f"gateway peak {m['peak']:.0f} MiB RSS")
+                print(
+                    f"{accept:32} {m['bytes'] / 2**20:6.0f} MiB in {m['seconds']:5.1f} s "
+                    f"({m['bytes'] / 2**20 / m['seconds']:4.0f} MiB/s), first bytes {m['first']:.2f} s, "
+                    f"gateway peak {m['peak']:.0f} MiB RSS"
+                )
         finally:
             gateway.terminate()
             gateway.wait(30)

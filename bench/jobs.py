@@ -1,9 +1,9 @@
 """Bulk-job benchmarks on real processes (nats-server, tokenizer, worker, gateway), ratios in one run.
 
-    python -m bench.jobs throughput   # long workload: tokens/s through the job path (embedfleet
-                                      # reindex -> JetStream -> tokenizer -> worker -> results)
-                                      # against the engine in-process, alternating rounds
-    python -m bench.jobs latency      # single-query p50/p99 through HTTP, idle and while a job runs
+python -m bench.jobs throughput   # long workload: tokens/s through the job path (embedfleet
+                                  # reindex -> JetStream -> tokenizer -> worker -> results)
+                                  # against the engine in-process, alternating rounds
+python -m bench.jobs latency      # single-query p50/p99 through HTTP, idle and while a job runs
 """
 
 from __future__ import annotations
@@ -32,9 +32,25 @@ def docs_file(folder: Path, name: str, texts: list[str]) -> Path:
 
 def _reindex(nats_url: str, docs: Path, out: Path, job: str, batch: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(out), "--nats", nats_url,
-         "--job-id", job, "--batch-size", str(batch), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "reindex",
+            str(docs),
+            "--out",
+            str(out),
+            "--nats",
+            nats_url,
+            "--job-id",
+            job,
+            "--batch-size",
+            str(batch),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -53,7 +69,10 @@ def bench_throughput(args: argparse.Namespace) -> None:
     tokens = sum(len(s) for s in ids)
     chunks = list(pack_chunks(ids, args.budget, 256))
     worker = ["--threads", str(args.threads), "--max-batch-tokens", str(args.budget)]
-    with tempfile.TemporaryDirectory() as tmp, fleet([worker], ["--chunk-tokens", str(args.budget)]) as (base, nats_url):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        fleet([worker], ["--chunk-tokens", str(args.budget)]) as (base, nats_url),
+    ):
         folder = Path(tmp)
         docs = docs_file(folder, "long", texts)
         embed(base, texts[:8])  # warm the stack
@@ -75,13 +94,20 @@ def bench_throughput(args: argparse.Namespace) -> None:
             if proc.returncode != 0:
                 raise SystemExit(output)
             job_path.append(float(re.search(r"\(([\d,]+) tokens/s\)", output).group(1).replace(",", "")))
-            print(f"round {r + 1}: engine in-process {in_process[-1]:,.0f}  tokenizer+engine in-process "
-                  f"{with_tokenizer[-1]:,.0f}  job path {job_path[-1]:,.0f} tokens/s", flush=True)
+            print(
+                f"round {r + 1}: engine in-process {in_process[-1]:,.0f}  tokenizer+engine in-process "
+                f"{with_tokenizer[-1]:,.0f}  job path {job_path[-1]:,.0f} tokens/s",
+                flush=True,
+            )
     a, t, b = (statistics.median(x) for x in (in_process, with_tokenizer, job_path))
-    print(f"\nlong workload, {len(texts)} documents, {tokens} tokens, {args.threads} engine threads, budget {args.budget} "
-          f"(medians of {args.rounds} rounds):")
-    print(f"job path {b:,.0f} tokens/s = {b / a:.0%} of the engine in-process ({a:,.0f}), "
-          f"{b / t:.0%} of tokenizer+engine in-process ({t:,.0f})")
+    print(
+        f"\nlong workload, {len(texts)} documents, {tokens} tokens, {args.threads} engine threads, budget {args.budget} "
+        f"(medians of {args.rounds} rounds):"
+    )
+    print(
+        f"job path {b:,.0f} tokens/s = {b / a:.0%} of the engine in-process ({a:,.0f}), "
+        f"{b / t:.0%} of tokenizer+engine in-process ({t:,.0f})"
+    )
 
 
 def bench_latency(args: argparse.Namespace) -> None:
@@ -105,11 +131,15 @@ def bench_latency(args: argparse.Namespace) -> None:
                 proc.communicate(timeout=900)  # the job runs to its end before the next idle phase
             p50, p90, p99 = (lat[int(len(lat) * q)] * 1e3 for q in (0.5, 0.9, 0.99))
             rows.append((phase, p50, p99))
-            print(f"{phase:12} queries {len(lat):5}  p50 {p50:7.1f} ms  p90 {p90:7.1f} ms  p99 {p99:7.1f} ms", flush=True)
+            print(
+                f"{phase:12} queries {len(lat):5}  p50 {p50:7.1f} ms  p90 {p90:7.1f} ms  p99 {p99:7.1f} ms", flush=True
+            )
     idle = [r for r in rows if r[0] == "idle"]
     busy = [r for r in rows if r[0] != "idle"]
-    print(f"\nsingle queries, one at a time, bulk batches of {args.bulk_budget or args.budget} tokens: p99 idle {statistics.mean(r[2] for r in idle):.1f} ms, "
-          f"with a job running {statistics.mean(r[2] for r in busy):.1f} ms")
+    print(
+        f"\nsingle queries, one at a time, bulk batches of {args.bulk_budget or args.budget} tokens: p99 idle {statistics.mean(r[2] for r in idle):.1f} ms, "
+        f"with a job running {statistics.mean(r[2] for r in busy):.1f} ms"
+    )
 
 
 def main() -> None:

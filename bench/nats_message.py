@@ -44,8 +44,12 @@ async def measure(url: str, messages: int, size: int) -> dict:
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     await sender.close()
     await receiver.close()
-    return {"messages": messages, "size": size, "cpu_us_per_message": cpu / messages * 1e6,
-            "messages_per_s": messages / wall}
+    return {
+        "messages": messages,
+        "size": size,
+        "cpu_us_per_message": cpu / messages * 1e6,
+        "messages_per_s": messages / wall,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,8 +64,10 @@ def main(argv: list[str] | None = None) -> None:
             result = asyncio.run(measure(server.url, args.messages, args.size))
         finally:
             server.stop()
-    print(f"{result['cpu_us_per_message']:.1f} us of CPU a message in nats-py, both ends "
-          f"({result['messages']} messages of {result['size']} bytes, {result['messages_per_s']:,.0f} a second)")
+    print(
+        f"{result['cpu_us_per_message']:.1f} us of CPU a message in nats-py, both ends "
+        f"({result['messages']} messages of {result['size']} bytes, {result['messages_per_s']:,.0f} a second)"
+    )
 
 
 if __name__ == "__main__":

@@ -85,12 +85,21 @@ class OtlpSink:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             service = resource.get("service.name", "")
             for scope in resource_spans.scope_spans:
-                got.extend(ReceivedSpan(
-                    service=service, name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                    parent_id=s.parent_span_id.hex(), kind=KINDS.get(s.kind, str(s.kind)),
-                    start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
-                    attributes={a.key: _value(a.value) for a in s.attributes}, error=s.status.code == 2,
-                ) for s in scope.spans)
+                got.extend(
+                    ReceivedSpan(
+                        service=service,
+                        name=s.name,
+                        trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(),
+                        parent_id=s.parent_span_id.hex(),
+                        kind=KINDS.get(s.kind, str(s.kind)),
+                        start_ns=s.start_time_unix_nano,
+                        end_ns=s.end_time_unix_nano,
+                        attributes={a.key: _value(a.value) for a in s.attributes},
+                        error=s.status.code == 2,
+                    )
+                    for s in scope.spans
+                )
         with self._lock:
             self._spans.extend(got)
             self.requests += 1

@@ -51,10 +51,20 @@ def _folders(root: Path) -> dict[str, Path]:
         if (base / name).is_file():
             (mlm / name).write_bytes((base / name).read_bytes())
     SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling("max")], device="cpu").save(str(root / "splade"))
-    dense = Dense(384, 128, bias=False, activation_function=torch.nn.Identity(),
-                  module_input_name="token_embeddings", module_output_name="token_embeddings")
-    modules = [Transformer(str(base)), dense, MultiVectorMask(skiplist_words=list(string.punctuation)),
-               Normalize(module_input_name="token_embeddings", module_output_name="token_embeddings")]
+    dense = Dense(
+        384,
+        128,
+        bias=False,
+        activation_function=torch.nn.Identity(),
+        module_input_name="token_embeddings",
+        module_output_name="token_embeddings",
+    )
+    modules = [
+        Transformer(str(base)),
+        dense,
+        MultiVectorMask(skiplist_words=list(string.punctuation)),
+        Normalize(module_input_name="token_embeddings", module_output_name="token_embeddings"),
+    ]
     MultiVectorEncoder(modules=modules, device="cpu").save(str(root / "colbert"))
     return {"splade": root / "splade", "colbert": root / "colbert"}
 
@@ -117,8 +127,12 @@ def compare(kind: str, folder: Path, texts: list[str], rounds: int) -> dict:
         cosine = min(_least_cosine(a, b) for a, b in zip(rows, want))
         per_input = float(np.mean([len(r) for r in rows]))
         width = rows[0].shape[1]
-        wire = {"float32": 4 * width * per_input, "float16": 2 * width * per_input, "int8": width * per_input,
-                "binary": -(-width // 8) * per_input}
+        wire = {
+            "float32": 4 * width * per_input,
+            "float16": 2 * width * per_input,
+            "int8": width * per_input,
+            "binary": -(-width // 8) * per_input,
+        }
     engine_s, ref_s, tokenize_s = [], [], []
     for _ in range(rounds):
         t = time.perf_counter()
@@ -131,8 +145,16 @@ def compare(kind: str, folder: Path, texts: list[str], rounds: int) -> dict:
         ref_run()
         ref_s.append(time.perf_counter() - t)
     engine_time, ref_time = statistics.median(engine_s), statistics.median(ref_s)
-    return {"kind": kind, "tokens": tokens, "engine": tokens / engine_time, "reference": tokens / ref_time,
-            "tokenize_share": statistics.median(tokenize_s) / engine_time, "same": same, "cosine": cosine, "wire": wire}
+    return {
+        "kind": kind,
+        "tokens": tokens,
+        "engine": tokens / engine_time,
+        "reference": tokens / ref_time,
+        "tokenize_share": statistics.median(tokenize_s) / engine_time,
+        "same": same,
+        "cosine": cosine,
+        "wire": wire,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,14 +165,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     texts = workloads(args.scale)["medium"].texts
     print(f"medium workload: {len(texts)} texts; {torch.get_num_threads()} torch threads; rounds {args.rounds}")
-    print(f"{'output':10} {'tokens':>7} {'reference tok/s':>16} {'engine tok/s':>13} {'ratio':>6} {'same set/shape':>15} "
-          f"{'least cos':>10}  wire bytes per input")
+    print(
+        f"{'output':10} {'tokens':>7} {'reference tok/s':>16} {'engine tok/s':>13} {'ratio':>6} {'same set/shape':>15} "
+        f"{'least cos':>10}  wire bytes per input"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for kind, folder in _folders(Path(tmp)).items():
             r = compare(kind, folder, texts, args.rounds)
             wire = ", ".join(f"{form} {size:,.0f}" for form, size in r["wire"].items())
-            print(f"{kind:10} {r['tokens']:>7} {r['reference']:>16,.0f} {r['engine']:>13,.0f} "
-                  f"{r['engine'] / r['reference']:>5.2f}x {r['same']!s:>15} {r['cosine']:>10.6f}  {wire}")
+            print(
+                f"{kind:10} {r['tokens']:>7} {r['reference']:>16,.0f} {r['engine']:>13,.0f} "
+                f"{r['engine'] / r['reference']:>5.2f}x {r['same']!s:>15} {r['cosine']:>10.6f}  {wire}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Plots of bench.e2e results: throughput per workload and system, latency distributions.
 
-    python -m bench.plots docs/bench/e2e.json   # draw again from a results file
+python -m bench.plots docs/bench/e2e.json   # draw again from a results file
 """
 
 from __future__ import annotations

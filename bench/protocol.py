@@ -37,15 +37,49 @@ def messages() -> dict[str, Any]:
     rng = np.random.default_rng(0)
     cu = np.arange(0, ROWS * TOKENS + 1, TOKENS, dtype="<i4")
     ids = rng.integers(0, 30_000, ROWS * TOKENS, dtype=np.int32)
-    words = ["the", "of", "a", "to", "in", "is", "for", "on", "that", "with", "as", "by", "at", "from", "this", "be", "an", "are"]
+    words = [
+        "the",
+        "of",
+        "a",
+        "to",
+        "in",
+        "is",
+        "for",
+        "on",
+        "that",
+        "with",
+        "as",
+        "by",
+        "at",
+        "from",
+        "this",
+        "be",
+        "an",
+        "are",
+    ]
     texts = [" ".join(rng.choice(words, 80)) for _ in range(TEXTS)]
     return {
-        "TokenChunk 32x128": TokenChunk("req-1", "all-MiniLM-L6-v2", 0, ROWS, ids, cu, time.time() + 30,
-                                        timings={"tokenize": 0.001}),
-        "EmbedResult 32x384 f4": EmbedResult("req-1", 0, ROWS, DIM, "f4", rng.random((ROWS, DIM), "<f4").tobytes(),
-                                             ROWS * TOKENS, {"tokenize": 0.001, "queue": 0.002, "inference": 0.01}),
-        "JobBatch 64 texts": JobBatch("job1", 0, "all-MiniLM-L6-v2", [f"doc-{i}" for i in range(TEXTS)], texts,
-                                      EmbedOptions(input_type="document")),
+        "TokenChunk 32x128": TokenChunk(
+            "req-1", "all-MiniLM-L6-v2", 0, ROWS, ids, cu, time.time() + 30, timings={"tokenize": 0.001}
+        ),
+        "EmbedResult 32x384 f4": EmbedResult(
+            "req-1",
+            0,
+            ROWS,
+            DIM,
+            "f4",
+            rng.random((ROWS, DIM), "<f4").tobytes(),
+            ROWS * TOKENS,
+            {"tokenize": 0.001, "queue": 0.002, "inference": 0.01},
+        ),
+        "JobBatch 64 texts": JobBatch(
+            "job1",
+            0,
+            "all-MiniLM-L6-v2",
+            [f"doc-{i}" for i in range(TEXTS)],
+            texts,
+            EmbedOptions(input_type="document"),
+        ),
     }
 
 
@@ -188,17 +222,34 @@ def msgspec_codecs() -> dict[str, Callable[[Any], Callable[[], object]]]:
     decoder = msgspec.msgpack.Decoder(Chunk | Result | Job, dec_hook=_dec_hook)
 
     def chunk(msg: TokenChunk) -> Callable[[], object]:
-        return lambda: decoder.decode(encoder.encode(Chunk(
-            2, msg.id, msg.model, msg.start, msg.total, msg.input_ids, msg.cu_seqlens, msg.deadline,
-            msg.options.to_wire(), msg.timings)))
+        return lambda: decoder.decode(
+            encoder.encode(
+                Chunk(
+                    2,
+                    msg.id,
+                    msg.model,
+                    msg.start,
+                    msg.total,
+                    msg.input_ids,
+                    msg.cu_seqlens,
+                    msg.deadline,
+                    msg.options.to_wire(),
+                    msg.timings,
+                )
+            )
+        )
 
     def result(msg: EmbedResult) -> Callable[[], object]:
-        return lambda: decoder.decode(encoder.encode(Result(
-            2, msg.id, msg.start, msg.total, msg.dim, msg.dtype, msg.data, msg.tokens, msg.timings)))
+        return lambda: decoder.decode(
+            encoder.encode(
+                Result(2, msg.id, msg.start, msg.total, msg.dim, msg.dtype, msg.data, msg.tokens, msg.timings)
+            )
+        )
 
     def job(msg: JobBatch) -> Callable[[], object]:
-        return lambda: decoder.decode(encoder.encode(Job(
-            2, msg.id, msg.batch, msg.model, msg.doc_ids, msg.texts, msg.options.to_wire())))
+        return lambda: decoder.decode(
+            encoder.encode(Job(2, msg.id, msg.batch, msg.model, msg.doc_ids, msg.texts, msg.options.to_wire()))
+        )
 
     return {"TokenChunk 32x128": chunk, "EmbedResult 32x384 f4": result, "JobBatch 64 texts": job}
 

@@ -91,9 +91,12 @@ def main() -> None:
                 lat, took = _http(base, query, docs, args.seconds, c)
                 lat.sort()
                 rate = len(lat) / took
-                print(f"round {rnd + 1}: embedfleet /v1/rerank, {c} in flight: {rate:6.2f} reranks/s "
-                      f"({rate / st_rate:.2f}x), p50 {statistics.median(lat) * 1e3:.0f} ms, "
-                      f"p99 {lat[int(len(lat) * 0.99)] * 1e3:.0f} ms", flush=True)
+                print(
+                    f"round {rnd + 1}: embedfleet /v1/rerank, {c} in flight: {rate:6.2f} reranks/s "
+                    f"({rate / st_rate:.2f}x), p50 {statistics.median(lat) * 1e3:.0f} ms, "
+                    f"p99 {lat[int(len(lat) * 0.99)] * 1e3:.0f} ms",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -59,16 +59,23 @@ def reranker_folder(kind: str, encoder: Path, root: Path) -> tuple[Path, str]:
     if kind == "tiny":
         from tests import tiny_models
 
-        return (tiny_models.build("bert", root, classifier=True, num_labels=1),
-                "the tests' tiny random BERT cross-encoder (2 layers, hidden 64)")
-    return (minilm_cross_encoder(encoder, root),
-            ("a cross-encoder of ms-marco-MiniLM-L-6-v2's shape: all-MiniLM-L6-v2's encoder (6 layers, hidden 384), "
-            "a random one-label head (scores meaningless, cost real)"))
+        return (
+            tiny_models.build("bert", root, classifier=True, num_labels=1),
+            "the tests' tiny random BERT cross-encoder (2 layers, hidden 64)",
+        )
+    return (
+        minilm_cross_encoder(encoder, root),
+        (
+            "a cross-encoder of ms-marco-MiniLM-L-6-v2's shape: all-MiniLM-L6-v2's encoder (6 layers, hidden 384), "
+            "a random one-label head (scores meaningless, cost real)"
+        ),
+    )
 
 
 @contextmanager
-def search_fleet(embedder: Served, reranker: Served, stores: dict[str, str], folder: Path,
-                 threads: int) -> Iterator[tuple[str, dict[str, str]]]:
+def search_fleet(
+    embedder: Served, reranker: Served, stores: dict[str, str], folder: Path, threads: int
+) -> Iterator[tuple[str, dict[str, str]]]:
     """The stack; yields the NATS URL and, per store name, the base URL of the gateway searching ``stores[name]``."""
     server = EmbeddedNats(folder / "nats")
     server.start()
@@ -80,15 +87,39 @@ def search_fleet(embedder: Served, reranker: Served, stores: dict[str, str], fol
             named = ["--model", str(model.folder), "--model-name", model.name]
             services.append(Service("tokenizer", [*common, *named], folder))
             services.append(Service("worker", [*common, *named, "--threads", str(threads)], folder))
-        services.append(Service("scorer", [*common, "--model", str(reranker.folder), "--model-name", reranker.name],
-                                folder))
+        services.append(
+            Service("scorer", [*common, "--model", str(reranker.folder), "--model-name", reranker.name], folder)
+        )
         for store, url in stores.items():
             port = free_port()
-            services.append(Service("gateway", [*common, "--port", str(port), "--search-sink", url,
-                                                "--search-model", embedder.name, "--request-timeout", "300"], folder))
+            services.append(
+                Service(
+                    "gateway",
+                    [
+                        *common,
+                        "--port",
+                        str(port),
+                        "--search-sink",
+                        url,
+                        "--search-model",
+                        embedder.name,
+                        "--request-timeout",
+                        "300",
+                    ],
+                    folder,
+                )
+            )
             bases[store] = f"http://127.0.0.1:{port}"
-        wait_until(lambda: all(healthy(b) for b in bases.values()) and count_services(server.url, "worker") == 2
-                   and count_services(server.url, "scorer") == 1, 240, "the stack", services)
+        wait_until(
+            lambda: (
+                all(healthy(b) for b in bases.values())
+                and count_services(server.url, "worker") == 2
+                and count_services(server.url, "scorer") == 1
+            ),
+            240,
+            "the stack",
+            services,
+        )
         yield server.url, bases
     finally:
         for s in services:
@@ -144,12 +175,17 @@ def latencies(base: str, bodies: list[dict], seconds: float, concurrency: int) -
     return out, time.perf_counter() - start
 
 
-def measure(base: str, queries: list[str], top_k: int, rerank_top_n: int | None, seconds: float,
-            concurrency: int) -> dict:
+def measure(
+    base: str, queries: list[str], top_k: int, rerank_top_n: int | None, seconds: float, concurrency: int
+) -> dict:
     """p50 / p99 (ms) and searches/s of one store, mode and concurrency, after an unmeasured warm-up."""
     bodies = [search_body(q, top_k, rerank_top_n) for q in queries]
     latencies(base, bodies, min(1.0, seconds), concurrency)
     lat, took = latencies(base, bodies, seconds, concurrency)
     lat.sort()
-    return {"searches": len(lat), "searches_per_s": len(lat) / took, "p50_ms": statistics.median(lat) * 1e3,
-            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3}
+    return {
+        "searches": len(lat),
+        "searches_per_s": len(lat) / took,
+        "p50_ms": statistics.median(lat) * 1e3,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3,
+    }

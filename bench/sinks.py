@@ -63,26 +63,45 @@ def queries() -> list[str]:
 
 
 def write_documents(path: Path, texts: list[str], metadata: list[dict]) -> None:
-    path.write_text("".join(json.dumps({"id": f"d{i}", "text": t, **m}) + "\n"
-                            for i, (t, m) in enumerate(zip(texts, metadata))))
+    path.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t, **m}) + "\n" for i, (t, m) in enumerate(zip(texts, metadata)))
+    )
 
 
 def store_urls(folder: Path, pg_uri: str, name: str) -> dict[str, str]:
     """Each sink's URL for a fresh table ``name`` (the folders under ``folder``)."""
-    return {"pgvector": f"{pg_uri}&table={name}", "lancedb": f"lancedb://{folder}/lance?table={name}",
-            "qdrant": f"qdrant://{folder}/qdrant-{name}?collection={name}"}
+    return {
+        "pgvector": f"{pg_uri}&table={name}",
+        "lancedb": f"lancedb://{folder}/lance?table={name}",
+        "qdrant": f"qdrant://{folder}/qdrant-{name}?collection={name}",
+    }
 
 
 def run_job(nats_url: str, docs: Path, model: str, sink: str, target: str, job: str) -> dict:
     """One ``embedfleet reindex`` into ``target`` (a .parquet path, or a sink URL); its wall time."""
     where = ["--out", target] if sink == "parquet" else ["--sink", target, "--with-text"]
-    command = [sys.executable, "-m", "services.cli", "reindex", str(docs), "--nats", nats_url, "--model", model,
-               "--job-id", job, "--quiet", *where]
+    command = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "reindex",
+        str(docs),
+        "--nats",
+        nats_url,
+        "--model",
+        model,
+        "--job-id",
+        job,
+        "--quiet",
+        *where,
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"reindex into {sink} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"reindex into {sink} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     rows = re.search(r"\((\d+) rows\)", done.stdout)
     return {"seconds": seconds, "rows": int(rows.group(1)) if rows else None, "said": done.stdout.strip()[-400:]}
 
@@ -99,8 +118,15 @@ def job_rows(parquet: Path, texts: list[str], metadata: list[dict]) -> Rows:
 
 
 def _batches(rows: Rows, size: int) -> list[Rows]:
-    return [Rows(rows.ids[s:s + size], rows.vectors[s:s + size], rows.metadata[s:s + size], texts=rows.texts[s:s + size])
-            for s in range(0, len(rows.ids), size)]
+    return [
+        Rows(
+            rows.ids[s : s + size],
+            rows.vectors[s : s + size],
+            rows.metadata[s : s + size],
+            texts=rows.texts[s : s + size],
+        )
+        for s in range(0, len(rows.ids), size)
+    ]
 
 
 def store_parquet(rows: Rows, path: Path, size: int) -> dict:
@@ -109,13 +135,23 @@ def store_parquet(rows: Rows, path: Path, size: int) -> dict:
     import pyarrow.parquet as pq
 
     start = time.perf_counter()
-    schema = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), rows.vectors.shape[1])),
-                        ("metadata", pa.string()), ("text", pa.string())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("vector", pa.list_(pa.float32(), rows.vectors.shape[1])),
+            ("metadata", pa.string()),
+            ("text", pa.string()),
+        ]
+    )
     with pq.ParquetWriter(path, schema) as writer:
         for b in _batches(rows, size):
             vectors = pa.FixedSizeListArray.from_arrays(pa.array(b.vectors.reshape(-1)), rows.vectors.shape[1])
-            writer.write_table(pa.table([pa.array(b.ids), vectors, pa.array([json.dumps(m) for m in b.metadata]),
-                                         pa.array(b.texts)], schema=schema))
+            writer.write_table(
+                pa.table(
+                    [pa.array(b.ids), vectors, pa.array([json.dumps(m) for m in b.metadata]), pa.array(b.texts)],
+                    schema=schema,
+                )
+            )
     return {"seconds": time.perf_counter() - start, "finish_seconds": 0.0}
 
 
@@ -160,14 +196,18 @@ def run(args: argparse.Namespace) -> dict:
         try:
             jobs = store_urls(folder, pg.get_uri(), "job")
             searched = {s: jobs[s] for s in SEARCHED}
-            with sink_search.search_fleet(Served(model_dir, model), Served(reranker, RERANKER), searched, folder,
-                                          args.threads) as (nats_url, bases):
+            with sink_search.search_fleet(
+                Served(model_dir, model), Served(reranker, RERANKER), searched, folder, args.threads
+            ) as (nats_url, bases):
                 job = {}
                 for sink in SINKS:
                     target = str(folder / "job.parquet") if sink == "parquet" else jobs[sink]
                     job[sink] = run_job(nats_url, docs, model, sink, target, f"bench-{sink}-{time.time_ns()}")
-                    print(f"  job into {sink:<8} {args.documents / job[sink]['seconds']:8.1f} rows/s "
-                          f"({job[sink]['seconds']:.1f} s)", flush=True)
+                    print(
+                        f"  job into {sink:<8} {args.documents / job[sink]['seconds']:8.1f} rows/s "
+                        f"({job[sink]['seconds']:.1f} s)",
+                        flush=True,
+                    )
                 rows = job_rows(folder / "job.parquet", texts, metadata)
                 _warm_clients()
                 # a job's upserts: BATCH_ROWS rows, or what it collected in BATCH_SECONDS (at the Parquet job's rate)
@@ -183,15 +223,31 @@ def run(args: argparse.Namespace) -> dict:
                         for c in args.concurrency:
                             result = sink_search.measure(base, queries(), args.top_k, top_n, args.seconds, c)
                             search[f"{name} {mode} c{c}"] = {"store": name, "mode": mode, "concurrency": c, **result}
-                            print(f"  search {name:<8} {mode:<6} c{c:<2} p50 {result['p50_ms']:7.1f} ms  "
-                                  f"p99 {result['p99_ms']:7.1f} ms", flush=True)
+                            print(
+                                f"  search {name:<8} {mode:<6} c{c:<2} p50 {result['p50_ms']:7.1f} ms  "
+                                f"p99 {result['p99_ms']:7.1f} ms",
+                                flush=True,
+                            )
         finally:
             pg.cleanup()
-    return {"documents": args.documents, "model": model, "batch_rows": BATCH_ROWS, "small_batch_rows": small,
-            "reranker": reranker_said, "top_k": args.top_k, "top_n": args.top_n, "queries": len(queries()),
-            "seconds": args.seconds, "finish": FINISH, "table": table(job, store, trickle, args.documents),
-            "jobs": job, "store_only": store, "store_only_small_batches": trickle, "search": search,
-            "qdrant": "local mode (a folder, qdrant-client in-process): no Qdrant server installs here"}
+    return {
+        "documents": args.documents,
+        "model": model,
+        "batch_rows": BATCH_ROWS,
+        "small_batch_rows": small,
+        "reranker": reranker_said,
+        "top_k": args.top_k,
+        "top_n": args.top_n,
+        "queries": len(queries()),
+        "seconds": args.seconds,
+        "finish": FINISH,
+        "table": table(job, store, trickle, args.documents),
+        "jobs": job,
+        "store_only": store,
+        "store_only_small_batches": trickle,
+        "search": search,
+        "qdrant": "local mode (a folder, qdrant-client in-process): no Qdrant server installs here",
+    }
 
 
 def table(job: dict, store: dict, trickle: dict, documents: int) -> list[dict]:
@@ -200,31 +256,46 @@ def table(job: dict, store: dict, trickle: dict, documents: int) -> list[dict]:
     out = []
     for sink in SINKS:
         job_rate, store_rate = documents / job[sink]["seconds"], documents / store[sink]["seconds"]
-        out.append({"sink": sink, "job_rows_per_s": job_rate,
-                    "job_vs_parquet": job_rate / (documents / job["parquet"]["seconds"]),
-                    "store_rows_per_s": store_rate,
-                    "store_vs_parquet": store_rate / (documents / store["parquet"]["seconds"]),
-                    "index_build_s": store[sink]["finish_seconds"],
-                    "store_small_rows_per_s": documents / trickle[sink]["seconds"]})
+        out.append(
+            {
+                "sink": sink,
+                "job_rows_per_s": job_rate,
+                "job_vs_parquet": job_rate / (documents / job["parquet"]["seconds"]),
+                "store_rows_per_s": store_rate,
+                "store_vs_parquet": store_rate / (documents / store["parquet"]["seconds"]),
+                "index_build_s": store[sink]["finish_seconds"],
+                "store_small_rows_per_s": documents / trickle[sink]["seconds"],
+            }
+        )
     return out
 
 
 def report(data: dict) -> None:
-    print(f"\n{data['documents']} documents of ~50 tokens, {data['model']}; store-only writes in batches of "
-          f"{data['batch_rows']} rows (small: {data['small_batch_rows']} rows, what the job collects in "
-          f"{BATCH_SECONDS:g} s); Qdrant: {data['qdrant']}")
-    print(f"{'sink':<9} {'job rows/s':>10} {'job/parquet':>11} {'store rows/s':>12} {'store/parquet':>13} "
-          f"{'index build s':>13} {'small batches rows/s':>20}  finish")
+    print(
+        f"\n{data['documents']} documents of ~50 tokens, {data['model']}; store-only writes in batches of "
+        f"{data['batch_rows']} rows (small: {data['small_batch_rows']} rows, what the job collects in "
+        f"{BATCH_SECONDS:g} s); Qdrant: {data['qdrant']}"
+    )
+    print(
+        f"{'sink':<9} {'job rows/s':>10} {'job/parquet':>11} {'store rows/s':>12} {'store/parquet':>13} "
+        f"{'index build s':>13} {'small batches rows/s':>20}  finish"
+    )
     for r in data["table"]:
-        print(f"{r['sink']:<9} {r['job_rows_per_s']:10.1f} {r['job_vs_parquet']:10.2f}x {r['store_rows_per_s']:12.0f} "
-              f"{r['store_vs_parquet']:12.3f}x {r['index_build_s']:13.3f} {r['store_small_rows_per_s']:20.0f}  "
-              f"{data['finish'][r['sink']]}")
-    print(f"\nPOST /v1/search, {data['queries']} fixed queries, top_k {data['top_k']}; rerank: all {data['top_k']} "
-          f"candidates reranked (top_n {data['top_n']}) by {data['reranker']}")
+        print(
+            f"{r['sink']:<9} {r['job_rows_per_s']:10.1f} {r['job_vs_parquet']:10.2f}x {r['store_rows_per_s']:12.0f} "
+            f"{r['store_vs_parquet']:12.3f}x {r['index_build_s']:13.3f} {r['store_small_rows_per_s']:20.0f}  "
+            f"{data['finish'][r['sink']]}"
+        )
+    print(
+        f"\nPOST /v1/search, {data['queries']} fixed queries, top_k {data['top_k']}; rerank: all {data['top_k']} "
+        f"candidates reranked (top_n {data['top_n']}) by {data['reranker']}"
+    )
     print(f"{'store':<9} {'mode':<7} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'searches/s':>10}")
     for s in data["search"].values():
-        print(f"{s['store']:<9} {s['mode']:<7} {s['concurrency']:7d} {s['p50_ms']:8.1f} {s['p99_ms']:8.1f} "
-              f"{s['searches_per_s']:10.1f}")
+        print(
+            f"{s['store']:<9} {s['mode']:<7} {s['concurrency']:7d} {s['p50_ms']:8.1f} {s['p99_ms']:8.1f} "
+            f"{s['searches_per_s']:10.1f}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -236,8 +307,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-n", type=int, default=10, help="results rerank keeps")
     p.add_argument("--threads", type=int, default=2, help="each worker's CPU threads")
     p.add_argument("--model-dir", default=None, help="the embedding model's folder (default: all-MiniLM-L6-v2)")
-    p.add_argument("--reranker", choices=("minilm", "tiny"), default="minilm",
-                   help="minilm: a cross-encoder of ms-marco-MiniLM-L-6-v2's shape; tiny: the tests' tiny one")
+    p.add_argument(
+        "--reranker",
+        choices=("minilm", "tiny"),
+        default="minilm",
+        help="minilm: a cross-encoder of ms-marco-MiniLM-L-6-v2's shape; tiny: the tests' tiny one",
+    )
     p.add_argument("--out-dir", default="docs/bench/sinks", help="folder for sinks.json")
     p.add_argument("--smoke", action="store_true", help="40 documents, 0.5 s a search cell, the tiny reranker")
     args = p.parse_args(argv)

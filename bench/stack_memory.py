@@ -55,10 +55,16 @@ def descendants(pid: int) -> list[int]:
 
 def memory_mib(pid: int) -> tuple[float, float]:
     """(RSS, PSS) in MiB."""
-    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-               if line.startswith("VmRSS:"))
-    pss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
-               if line.startswith("Pss:"))
+    rss = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    pss = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+        if line.startswith("Pss:")
+    )
     return rss / 1024, pss / 1024
 
 
@@ -77,8 +83,11 @@ def exercise(base: str) -> None:
     for model in models:
         for _ in range(3):
             if model["kind"] == "rerank":
-                r = httpx.post(f"{base}/v1/rerank", json={"model": model["id"], "query": "how to read a file",
-                                                          "documents": docs}, timeout=300)
+                r = httpx.post(
+                    f"{base}/v1/rerank",
+                    json={"model": model["id"], "query": "how to read a file", "documents": docs},
+                    timeout=300,
+                )
             else:
                 r = httpx.post(f"{base}/v1/embeddings", json={"model": model["id"], "input": texts}, timeout=300)
             r.raise_for_status()
@@ -94,8 +103,15 @@ def engines_in_one_process(count: int) -> None:
     print(f"python and torch: {memory_mib(os.getpid())[0]:.0f} MiB RSS")
     engines = []
     for i in range(count):
-        engine = Engine(load_model_info(None, f"minilm-{i}"), "cpu", None, graphs=False, attention="auto",
-                        max_batch_tokens=2048, max_batch_seqs=256)
+        engine = Engine(
+            load_model_info(None, f"minilm-{i}"),
+            "cpu",
+            None,
+            graphs=False,
+            attention="auto",
+            max_batch_tokens=2048,
+            max_batch_seqs=256,
+        )
         for tokens in (512, 2048):
             engine.embed(*synthetic_batch(engine, tokens, 128))
         engines.append(engine)
@@ -105,9 +121,14 @@ def engines_in_one_process(count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[], help="[ID=]DIR, as `embedfleet up --model`")
-    parser.add_argument("--minilm-stack", action="store_true",
-                        help="serve all-MiniLM-L6-v2, the same folder as 'minilm-2', and a MiniLM-sized cross-encoder")
-    parser.add_argument("--engines-in-one-process", type=int, metavar="N", help="measure N engines in this process instead")
+    parser.add_argument(
+        "--minilm-stack",
+        action="store_true",
+        help="serve all-MiniLM-L6-v2, the same folder as 'minilm-2', and a MiniLM-sized cross-encoder",
+    )
+    parser.add_argument(
+        "--engines-in-one-process", type=int, metavar="N", help="measure N engines in this process instead"
+    )
     args = parser.parse_args()
     if args.engines_in_one_process:
         engines_in_one_process(args.engines_in_one_process)
@@ -121,8 +142,17 @@ def main() -> None:
     port = free_port()
     log = scratch / "up.log"
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}
-    command = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--data-dir", str(scratch / "data"),
-               *(x for m in models for x in ("--model", m))]
+    command = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "up",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(scratch / "data"),
+        *(x for m in models for x in ("--model", m)),
+    ]
     up = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115 (the child holds it)
     try:
         deadline = time.monotonic() + 600

@@ -59,25 +59,33 @@ def _check(folder: str, report: Report) -> None:
     facts = report.facts
     facts["family"] = f"{family.name} (model_type {spec.model_type})"
     facts["task"] = f"classifier, {info.dim} logit(s)" if info.scores else "embeddings"
-    facts["shape"] = (f"{spec.num_layers} layers, hidden {spec.hidden_size}, {spec.num_heads} heads"
-                      f"{f' / {spec.kv_heads} kv' if spec.kv_heads != spec.num_heads else ''}, head size {spec.head_dim}")
+    facts["shape"] = (
+        f"{spec.num_layers} layers, hidden {spec.hidden_size}, {spec.num_heads} heads"
+        f"{f' / {spec.kv_heads} kv' if spec.kv_heads != spec.num_heads else ''}, head size {spec.head_dim}"
+    )
     with torch.device("meta"):  # the layers' shapes and masks, no memory
         model = family.model(spec)
     facts["attention"] = "; ".join(m.describe() for m in model.masks())
     _check_tensors(info.path, model)
     facts["max tokens"] = min(info.max_seq_length, spec.max_positions - spec.position_offset)
     if not info.scores:
-        stack = [f"pooling {info.pooling}{'' if info.include_prompt else ' (prompt tokens skipped)'}"] + [f"dense {d.in_features}->{d.out_features} ({d.activation})" for d in info.dense]
+        stack = [f"pooling {info.pooling}{'' if info.include_prompt else ' (prompt tokens skipped)'}"] + [
+            f"dense {d.in_features}->{d.out_features} ({d.activation})" for d in info.dense
+        ]
         stack += ["normalize"] if info.normalize else []
         facts["output"] = " -> ".join(stack)
-        facts["dimensions"] = info.dim if info.truncate_dim is None else f"{info.dim} (Matryoshka default {info.truncate_dim})"
+        facts["dimensions"] = (
+            info.dim if info.truncate_dim is None else f"{info.dim} (Matryoshka default {info.truncate_dim})"
+        )
         prompts = ", ".join(f"{k}={v!r}" for k, v in info.prompts.items() if v) or "none"
         facts["prompts"] = prompts + (f" (default {info.default_prompt})" if info.default_prompt else "")
     encoder = TextEncoder(info)
     if info.score_tokens:
         _describe_llm_reranker(info, encoder, facts)
     facts["tokenizer"] = f"vocab {spec.vocab_size}, 'hello' -> {encoder.encode(['hello'])[0]}"
-    facts["dtype"] = "cpu float32; cuda " + ("float32 (float16 overflows; bfloat16 on request)" if family.fp16_overflows else "float16")
+    facts["dtype"] = "cpu float32; cuda " + (
+        "float32 (float16 overflows; bfloat16 on request)" if family.fp16_overflows else "float16"
+    )
     facts["backend (cpu)"] = "sdpa (eager)"
     masks, grouped = model.masks(), spec.kv_heads != spec.num_heads
     if spec.head_dim in FLASHINFER_HEAD_DIMS and all(FlashInferRagged.supports(m) for m in masks):
@@ -96,12 +104,16 @@ def _describe_llm_reranker(info: ModelInfo, encoder: TextEncoder, facts: dict[st
     vocab = Tokenizer.from_file(str(info.path / "tokenizer.json"))
     true, *false = (f"logit[{vocab.id_to_token(t)!r} ({t})]" for t in info.score_tokens)
     activation = "sigmoid" if info.score_activation == "sigmoid" else "no activation"
-    facts["task"] = f"LLM reranker: {true}{f' - {false[0]}' if false else ''} at the last token, {activation} by default"
+    facts["task"] = (
+        f"LLM reranker: {true}{f' - {false[0]}' if false else ''} at the last token, {activation} by default"
+    )
     if info.pair_template is None:
         facts["pairs"] = "tokenizer pair (no chat template)"
     else:
-        facts["pairs"] = (f"chat template ({info.message_format} messages: query, document), "
-                          f"{encoder.pair_overhead()} tokens besides them")
+        facts["pairs"] = (
+            f"chat template ({info.message_format} messages: query, document), "
+            f"{encoder.pair_overhead()} tokens besides them"
+        )
         facts["after the document"] = repr(vocab.decode(encoder.pair_tail, skip_special_tokens=False))
     facts["prompt"] = repr(encoder.pair_prompt) + (f" ({info.default_prompt})" if encoder.pair_prompt else " (none)")
 
@@ -137,7 +149,8 @@ def _check_tensors(path: Path, model) -> None:
 
 def _legacy(name: str, names: set[str]) -> bool:
     return (name.endswith(".LayerNorm.weight") and name[: -len("weight")] + "gamma" in names) or (
-        name.endswith(".LayerNorm.bias") and name[: -len("bias")] + "beta" in names)
+        name.endswith(".LayerNorm.bias") and name[: -len("bias")] + "beta" in names
+    )
 
 
 def main(folders: list[str], as_json: bool) -> int:

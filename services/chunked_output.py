@@ -29,13 +29,20 @@ def write_chunked(out: Path, table: ChunkTable, vectors: np.ndarray, form: str, 
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        columns = {"id": pa.array(table.ids, pa.string()), "chunk": pa.array(table.chunk, pa.int32()),
-                   "start": pa.array(table.start, pa.int64()), "end": pa.array(table.end, pa.int64()),
-                   "vector": pa.array(list(vectors), pa.list_(pa.from_numpy_dtype(vectors.dtype)))}
+        columns = {
+            "id": pa.array(table.ids, pa.string()),
+            "chunk": pa.array(table.chunk, pa.int32()),
+            "start": pa.array(table.start, pa.int64()),
+            "end": pa.array(table.end, pa.int64()),
+            "vector": pa.array(list(vectors), pa.list_(pa.from_numpy_dtype(vectors.dtype))),
+        }
         if table.texts is not None:
             columns["text"] = pa.array(table.texts, pa.string())
-        meta = {"embedding_type": form, "dim": str(dim or (vectors.shape[1] if vectors.ndim == 2 else 0)),
-                "chunking": json.dumps(chunking)}
+        meta = {
+            "embedding_type": form,
+            "dim": str(dim or (vectors.shape[1] if vectors.ndim == 2 else 0)),
+            "chunking": json.dumps(chunking),
+        }
         pq.write_table(pa.table(columns).replace_schema_metadata(meta), out)
         return
     np.save(out, vectors)

@@ -24,7 +24,7 @@ HELP = {
     "jobs": "list bulk jobs with their progress, rate and ETA, or act on one",
     "check": "tell whether model folders will serve, and how (family, pooling, dims, backends)",
     "auth": "write a nats-server authorization (an nkey user per role, each allowed only its own subjects) and each "
-            "role's seed file, then exit",
+    "role's seed file, then exit",
     "init": "create the JetStream streams and the job bucket (idempotent), then exit",
     "tokenizer": "run a tokenizer",
     "worker": "run a worker (the engine; CUDA when present, else CPU)",
@@ -39,17 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {name: sub.add_parser(name, help=text) for name, text in HELP.items()}
     commands["reindex"].add_argument(
-        "input", help="documents: .jsonl ({\"id\", \"text\"}), .parquet (id, text), text (one a line), or a folder "
-        "(its .txt and .md files, one a file, the path in the folder for an id)")
+        "input",
+        help='documents: .jsonl ({"id", "text"}), .parquet (id, text), text (one a line), or a folder '
+        "(its .txt and .md files, one a file, the path in the folder for an id)",
+    )
     commands["check"].add_argument("folders", nargs="+", metavar="MODEL_DIR", help="local Hugging Face model folders")
-    commands["auth"].add_argument("folder", help="where to write auth.conf (for the server) and <role>.nk (one per role)")
+    commands["auth"].add_argument(
+        "folder", help="where to write auth.conf (for the server) and <role>.nk (one per role)"
+    )
     for name, command in commands.items():
         add_options(command, name)
     actions = commands["jobs"].add_subparsers(dest="jobs_command", metavar="ACTION")
-    for name, text in (("purge", "remove a job's results, dead letters and record"),
-                       ("cancel", ("stop a job: nothing more of it is published or computed; what was stored stays "
-                                  "until purged")),
-                       ("fetch", "write a finished job's vectors to a file, as reindex --out writes them")):
+    for name, text in (
+        ("purge", "remove a job's results, dead letters and record"),
+        ("cancel", ("stop a job: nothing more of it is published or computed; what was stored stays until purged")),
+        ("fetch", "write a finished job's vectors to a file, as reindex --out writes them"),
+    ):
         action = actions.add_parser(name, help=text)
         # the options of jobs again, after the action: one not given there keeps the value given
         # before the action (or its default) instead of resetting it
@@ -117,10 +122,14 @@ def _run_admin(ns: argparse.Namespace) -> int:
 
     source = use_local_stack(ns)  # none given: the stack `up` recorded in --data-dir
     cfg = nats_config(ns)
-    run = {"reindex": lambda: reindex(plan_of(ns), cfg), "jobs": lambda: list_jobs(cfg),
-           "jobs purge": lambda: purge_job(cfg, ns.job, ns.force), "jobs cancel": lambda: cancel(cfg, ns.job),
-           "jobs fetch": lambda: fetch(cfg, ns.job, Path(ns.out)),
-           "init": lambda: init_jetstream(cfg, retention(ns))}
+    run = {
+        "reindex": lambda: reindex(plan_of(ns), cfg),
+        "jobs": lambda: list_jobs(cfg),
+        "jobs purge": lambda: purge_job(cfg, ns.job, ns.force),
+        "jobs cancel": lambda: cancel(cfg, ns.job),
+        "jobs fetch": lambda: fetch(cfg, ns.job, Path(ns.out)),
+        "init": lambda: init_jetstream(cfg, retention(ns)),
+    }
     action = getattr(ns, "jobs_command", None)
     try:
         return run_async(run[f"{ns.command} {action}" if action else ns.command]())
@@ -161,8 +170,10 @@ def _write_auth(ns: argparse.Namespace) -> int:
     folder = Path(ns.folder)
     existing = [r for r in ROLES if (folder / f"{r}.nk").exists()]
     if existing and not ns.force:
-        raise ConfigError(f"{folder} already holds seeds ({', '.join(existing)}.nk): give --force to replace them "
-                          "(every process using them must then get the new ones)")
+        raise ConfigError(
+            f"{folder} already holds seeds ({', '.join(existing)}.nk): give --force to replace them "
+            "(every process using them must then get the new ones)"
+        )
     try:
         conf = write_auth(folder, Subjects(ns.subject_prefix))
     except ValueError as exc:

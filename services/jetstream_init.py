@@ -16,10 +16,12 @@ async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> i
         names = stream_names(nats.subjects)
         results = (await js.stream_info(names["results"])).config
         bucket = (await js.stream_info(bucket_stream(nats.subjects))).config
-        print(f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
-              f"are in place on {nats.url}; results: max age {_limit(results.max_age, 's')}, max bytes "
-              f"{_limit(results.max_bytes, '')}; job records: ttl {_limit(bucket.max_age, 's')}, history "
-              f"{bucket.max_msgs_per_subject}")
+        print(
+            f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
+            f"are in place on {nats.url}; results: max age {_limit(results.max_age, 's')}, max bytes "
+            f"{_limit(results.max_bytes, '')}; job records: ttl {_limit(bucket.max_age, 's')}, history "
+            f"{bucket.max_msgs_per_subject}"
+        )
         return 0
     finally:
         await nc.close()

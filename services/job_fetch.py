@@ -80,8 +80,14 @@ def _write_chunks(out: Path, parts: list[Stored], form: JobForm, dim: int, state
         assert part.chunks is not None  # StoredResults checks each result is of the job's kind
         rows.add(part.batch, part.doc_ids, part.rows, part.chunks)
     table, vectors = rows.table()
-    write_chunked(out, table, np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form].dtype), form.form, dim,
-                  form.chunking.record())
+    write_chunked(
+        out,
+        table,
+        np.stack(vectors) if vectors else np.zeros((0, 0), FORMS[form.form].dtype),
+        form.form,
+        dim,
+        form.chunking.record(),
+    )
     return _said(state, rows.complete, out, f" in {len(table.ids)} chunks")
 
 

@@ -23,6 +23,7 @@ from shared.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")
 
+
 @dataclass(frozen=True, slots=True)
 class Progress:
     """Where a job stands, from its recorded state. Its rates are those of its current run (a resumed
@@ -63,8 +64,15 @@ def progress(state: JobState, now: float) -> Progress:
         return Progress(settled, total, 0, 0, 0, 0.0, False)
     seconds = max((state.finished or now) - run.started, 0.0)
     embedded = state.done - run.done
-    return Progress(settled, total, embedded, embedded + state.failed - run.failed, state.tokens - run.tokens, seconds,
-                    state.status == RUNNING)
+    return Progress(
+        settled,
+        total,
+        embedded,
+        embedded + state.failed - run.failed,
+        state.tokens - run.tokens,
+        seconds,
+        state.status == RUNNING,
+    )
 
 
 def duration(seconds: float | None) -> str:
@@ -82,8 +90,10 @@ def _rate(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-HEADER = (f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'progress':>8} {'docs/s':>8} "
-          f"{'tokens/s':>9} {'eta':>7} {'batches':>7} {'published':>9} {'chunks':>13}  model  form")
+HEADER = (
+    f"{'job':18} {'status':16} {'documents':>9} {'done':>9} {'failed':>6} {'progress':>8} {'docs/s':>8} "
+    f"{'tokens/s':>9} {'eta':>7} {'batches':>7} {'published':>9} {'chunks':>13}  model  form"
+)
 
 
 def chunks_cell(state: JobState) -> str:
@@ -96,10 +106,12 @@ def chunks_cell(state: JobState) -> str:
 def job_row(key: str, state: JobState, now: float) -> str:
     p = progress(state, now)
     share = "-" if p.fraction is None else f"{100 * p.fraction:.1f}%"
-    return (f"{key:18} {state.status or '?':16} {p.total:>9} {state.done:>9} {state.failed:>6} "
-            f"{share:>8} {_rate(p.docs_per_s, 1):>8} {_rate(p.tokens_per_s, 0):>9} {duration(p.eta):>7} "
-            f"{state.batches:>7} {state.published:>9} {chunks_cell(state):>13}  "
-            f"{state.model or '?'}  {job_form(state)}")
+    return (
+        f"{key:18} {state.status or '?':16} {p.total:>9} {state.done:>9} {state.failed:>6} "
+        f"{share:>8} {_rate(p.docs_per_s, 1):>8} {_rate(p.tokens_per_s, 0):>9} {duration(p.eta):>7} "
+        f"{state.batches:>7} {state.published:>9} {chunks_cell(state):>13}  "
+        f"{state.model or '?'}  {job_form(state)}"
+    )
 
 
 def sink_line(state: JobState, now: float) -> str | None:
@@ -113,8 +125,10 @@ def sink_line(state: JobState, now: float) -> str | None:
     if state.sink_failed is not None:  # the gateway's writer (services/gateway/sink_jobs.py) stopped for good
         line += f"; the store refused them for good: {state.sink_failed}"
     elif (error := state.sink_error) is not None:
-        line += (f"; waiting for the store since {time.strftime('%H:%M:%S', time.localtime(error.since))} "
-                 f"({duration(now - error.since)}): {error.message}")
+        line += (
+            f"; waiting for the store since {time.strftime('%H:%M:%S', time.localtime(error.since))} "
+            f"({duration(now - error.since)}): {error.message}"
+        )
     return line
 
 
@@ -159,9 +173,11 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
         state = await read_state(kv, job) if kv is not None else None
         if state is not None and state.status not in FINISHED and not force:
             p = progress(state, time.time())
-            raise ConfigError(f"job {job} is {state.status or 'not finished'} ({p.settled}/{p.total} documents): "
-                              f"purge it once it is over (`embedfleet jobs cancel {job}` ends it), or now with --force "
-                              "(batches still in flight would store results again)")
+            raise ConfigError(
+                f"job {job} is {state.status or 'not finished'} ({p.settled}/{p.total} documents): "
+                f"purge it once it is over (`embedfleet jobs cancel {job}` ends it), or now with --force "
+                "(batches still in flight would store results again)"
+            )
         names = stream_names(subjects)
         results = await purge_subject(js, names["results"], subjects.results(job))
         await purge_subject(js, names["results"], subjects.sources(job))  # a sink job's rows' fields and texts
@@ -171,9 +187,15 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
         if state is None and not results and not dead:
             print(f"no job {job}: nothing to purge")
             return 1
-        print(f"job {job}: {results} result messages and {dead} dead letters removed"
-              + (f", and its record; the same id can run again in {DUPLICATE_WINDOW:.0f}s (until then the streams "
-                 "take its batches for repeats of this run's)" if state is not None else "; it had no record"))
+        print(
+            f"job {job}: {results} result messages and {dead} dead letters removed"
+            + (
+                f", and its record; the same id can run again in {DUPLICATE_WINDOW:.0f}s (until then the streams "
+                "take its batches for repeats of this run's)"
+                if state is not None
+                else "; it had no record"
+            )
+        )
         return 0
     finally:
         await nc.close()

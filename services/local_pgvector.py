@@ -26,8 +26,10 @@ from shared.option import ConfigError
 FOLDER = "pgvector"  # under the data dir
 TABLE = "documents"  # the table the gateway searches, unless --search-sink names another store
 REAP_TIMEOUT = 10.0  # seconds a dead postmaster may stay a zombie (its parent, init, reaps it) before a restart
-_INSTALL = ("run `make run ARGS=--with-pgvector` (it installs them), or in the checkout "
-            f"`{sys.executable} -m pip install -e '.[local-pgvector]'`")
+_INSTALL = (
+    "run `make run ARGS=--with-pgvector` (it installs them), or in the checkout "
+    f"`{sys.executable} -m pip install -e '.[local-pgvector]'`"
+)
 
 
 class LocalPgvector:
@@ -50,8 +52,9 @@ class LocalPgvector:
         _check_folder(self.folder)
         # the guard first: this process killed while postgres starts leaves none behind either. No
         # parent-death signal: a guard started as this process dies must still do its work
-        self._guard = subprocess.Popen([sys.executable, "-m", "services.pgvector_guard", str(self.folder)],
-                                       stdin=subprocess.PIPE)
+        self._guard = subprocess.Popen(
+            [sys.executable, "-m", "services.pgvector_guard", str(self.folder)], stdin=subprocess.PIPE
+        )
         logging.getLogger("pgserver").setLevel(logging.CRITICAL)  # its failures are told below, with the log
         try:
             # not get_server: it hands back the instance it made before, dead server and all, once one died;
@@ -60,8 +63,10 @@ class LocalPgvector:
             info = server.get_postmaster_info()
         except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
             self.stop()
-            raise ConfigError(f"--with-pgvector: PostgreSQL did not start in {self.folder}: {exc or type(exc).__name__}"
-                              f"{_log_end(self.folder)}") from None
+            raise ConfigError(
+                f"--with-pgvector: PostgreSQL did not start in {self.folder}: {exc or type(exc).__name__}"
+                f"{_log_end(self.folder)}"
+            ) from None
         self._postmaster = info.process
         self.url = f"postgresql://postgres@/postgres?host={quote(str(info.socket_dir))}"
         return self.url
@@ -96,8 +101,10 @@ def require_pgserver():
         for client in ("psycopg", "pgvector.psycopg"):  # the pgvector sink's: reindex --sink, the gateway's search
             importlib.import_module(client)
     except ImportError as exc:
-        raise ConfigError(f"--with-pgvector needs the packages pgserver, psycopg and pgvector (the extra "
-                          f"local-pgvector), missing here ({exc}): {_INSTALL}") from None
+        raise ConfigError(
+            f"--with-pgvector needs the packages pgserver, psycopg and pgvector (the extra "
+            f"local-pgvector), missing here ({exc}): {_INSTALL}"
+        ) from None
     return pgserver
 
 
@@ -116,8 +123,10 @@ def _check_folder(folder: Path) -> None:
         except OSError as exc:
             problem = f"cannot be made ({exc.strerror or exc})"
     if problem:
-        raise ConfigError(f"--with-pgvector: {folder} {problem}: PostgreSQL keeps its data there; move it away, "
-                          "or start up with another --data-dir")
+        raise ConfigError(
+            f"--with-pgvector: {folder} {problem}: PostgreSQL keeps its data there; move it away, "
+            "or start up with another --data-dir"
+        )
 
 
 def _reaped(process, timeout: float) -> None:

@@ -60,23 +60,57 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
         raise
     batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
     cut = f", cut into chunks of at most {plan.chunking.spec.size} tokens" if plan.chunking else ""
-    print(f"job {job}: {len(docs)} documents in {batches} batches, model {plan.model}, {plan.output} {plan.form} vectors"
-          f"{cut}", flush=True)
+    print(
+        f"job {job}: {len(docs)} documents in {batches} batches, model {plan.model}, {plan.output} {plan.form} vectors"
+        f"{cut}",
+        flush=True,
+    )
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
     tracer = Tracer("reindex", plan.tracing)
     span = tracer.start("reindex", None, "internal", job=job, documents=len(docs))
     bind(span.context, job)
     # opened first: the results stored before it are an earlier run's, not counted in this run's rate
-    collector = Collector(js, job, Layout([d for d, _ in docs], plan.batch_size), subjects.results(job),
-                          stream_names(subjects)["results"], plan.form, plan.results_check, plan.chunking is not None)
+    collector = Collector(
+        js,
+        job,
+        Layout([d for d, _ in docs], plan.batch_size),
+        subjects.results(job),
+        stream_names(subjects)["results"],
+        plan.form,
+        plan.results_check,
+        plan.chunking is not None,
+    )
     await collector.open()
-    publisher = asyncio.create_task(submit(js, kv, subjects, job, plan.model, docs, plan.batch_size, plan.options,
-                                           str(plan.path), tracer, chunking=plan.chunking,
-                                           sink=None if sink is None else JobSink(sink.shown)))
+    publisher = asyncio.create_task(
+        submit(
+            js,
+            kv,
+            subjects,
+            job,
+            plan.model,
+            docs,
+            plan.batch_size,
+            plan.options,
+            str(plan.path),
+            tracer,
+            chunking=plan.chunking,
+            sink=None if sink is None else JobSink(sink.shown),
+        )
+    )
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=plan.quiet)
-    writer = None if sink is None else SinkWriter(
-        sink, kv, job, sink_sources(plan.path, docs, plan.with_text, plan.chunking is not None), plan.out is not None,
-        lambda text: bar.set_postfix_str(text or "", refresh=True), lambda line: print(line, flush=True))
+    writer = (
+        None
+        if sink is None
+        else SinkWriter(
+            sink,
+            kv,
+            job,
+            sink_sources(plan.path, docs, plan.with_text, plan.chunking is not None),
+            plan.out is not None,
+            lambda text: bar.set_postfix_str(text or "", refresh=True),
+            lambda line: print(line, flush=True),
+        )
+    )
     start_time = time.monotonic()
     try:
         stopped, run = await _collect(plan, kv, collector, publisher, bar, plan.stall_timeout, start_time, writer)
@@ -89,8 +123,11 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
         return await _write(plan, kv, collector, run, time.monotonic() - start_time, writer)
     except SinkError as exc:  # a refusal waiting cannot cure: what was read stays in the results stream
         assert sink is not None  # the error is its
-        print(f"job {job}: the store {sink.shown} refused rows: {exc.message}; the job's results stay in the results "
-              "stream: run the same command again (with a sink that takes them) to write them", flush=True)
+        print(
+            f"job {job}: the store {sink.shown} refused rows: {exc.message}; the job's results stay in the results "
+            "stream: run the same command again (with a sink that takes them) to write them",
+            flush=True,
+        )
         return 1
     finally:
         if sink is not None:
@@ -117,8 +154,16 @@ def _advance(bar, polled: Polled) -> None:
         bar.refresh()
 
 
-async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task, bar, stall_timeout: float,
-                   start_time: float, writer: SinkWriter | None):
+async def _collect(
+    plan: Plan,
+    kv,
+    collector: Collector,
+    publisher: asyncio.Task,
+    bar,
+    stall_timeout: float,
+    start_time: float,
+    writer: SinkWriter | None,
+):
     """Collect results until every document has its vector or was given up. Returns (1 when the job
     was cancelled or stalled, else None; what this run read)."""
     job, docs = plan.job, plan.docs
@@ -151,16 +196,20 @@ async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task
             bar.close()
             state = (await read_state(kv, job)) or JobState(job)  # its counts, final since the cancel
             chunked = f" ({state.chunks_done} chunks)" if plan.chunking else ""
-            print(f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunked}, "
-                  f"{state.failed} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
-                  "results stream until the job is purged)")
+            print(
+                f"job {job}: cancelled, {state.done} of {len(docs)} documents stored{chunked}, "
+                f"{state.failed} failed; nothing written to {plan.out or 'a file'} (the stored results stay in the "
+                "results stream until the job is purged)"
+            )
             return 1, run
         if time.monotonic() - last_progress > stall_timeout:
             errors = list(((await read_state(kv, job)) or JobState(job)).errors)
             await update_state(kv, job, lambda s: replace(s, status=STALLED))
             bar.close()
-            print(f"job {job}: no progress for {stall_timeout:.0f}s, {collector.documents}/{len(docs)} documents; "
-                  f"errors: {errors or 'none'}")
+            print(
+                f"job {job}: no progress for {stall_timeout:.0f}s, {collector.documents}/{len(docs)} documents; "
+                f"errors: {errors or 'none'}"
+            )
             return 1, run
     bar.close()
     return None, run
@@ -169,8 +218,10 @@ async def _collect(plan: Plan, kv, collector: Collector, publisher: asyncio.Task
 def _rate(run: Polled, elapsed: float) -> str:
     """This run's work over this run's time (documents an earlier run stored are read, not counted)."""
     earlier = f"; {run.earlier} stored by an earlier run" if run.earlier else ""
-    return (f"{run.now} embedded in this run, {run.tokens} tokens in {elapsed:.1f}s ({run.now / max(elapsed, 1e-6):,.1f} "
-            f"docs/s, {run.tokens / max(elapsed, 1e-6):,.0f} tokens/s){earlier}")
+    return (
+        f"{run.now} embedded in this run, {run.tokens} tokens in {elapsed:.1f}s ({run.now / max(elapsed, 1e-6):,.1f} "
+        f"docs/s, {run.tokens / max(elapsed, 1e-6):,.0f} tokens/s){earlier}"
+    )
 
 
 async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: float, writer: SinkWriter | None) -> int:
@@ -197,8 +248,10 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
             write_output(out, ids, vectors, plan.form, collector.dim)
         elif out is not None:
             write_ragged(out, ids, [got[d] for d in ids], plan.output, plan.form, collector.dim)
-    where = " and ".join(([str(out)] if out is not None else [])
-                         + ([f"{writer.sink.shown} ({writer.rows} rows)"] if writer is not None else []))
+    where = " and ".join(
+        ([str(out)] if out is not None else [])
+        + ([f"{writer.sink.shown} ({writer.rows} rows)"] if writer is not None else [])
+    )
     rate = _rate(run, elapsed)
     if len(ids) < len(docs):
         lost = [d for d, _ in docs if not whole(d)]
@@ -209,14 +262,20 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
         else:
             listed = f"ids {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}"
         errors = (await update_state(kv, job, lambda s: replace(s, collected=len(ids), dim=collector.dim))).errors
-        print(f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {where}; {len(lost)} given up "
-              f"({listed}; batches in the dead-letter stream): {list(errors[:3])}")
+        print(
+            f"job {job}: {len(ids)} of {len(docs)} documents ({rate}) -> {where}; {len(lost)} given up "
+            f"({listed}; batches in the dead-letter stream): {list(errors[:3])}"
+        )
         return 1
 
     def finish(state: JobState) -> JobState:
-        return replace(state, collected=len(docs), dim=collector.dim,
-                       status=state.status if state.status == CANCELLED else DONE,  # a cancel after the last vector stays said
-                       finished=state.finished if state.finished is not None else time.time())
+        return replace(
+            state,
+            collected=len(docs),
+            dim=collector.dim,
+            status=state.status if state.status == CANCELLED else DONE,  # a cancel after the last vector stays said
+            finished=state.finished if state.finished is not None else time.time(),
+        )
 
     await update_state(kv, job, finish)
     print(f"job {job}: {said} ({rate}) -> {where}")

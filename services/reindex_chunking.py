@@ -14,7 +14,11 @@ from shared.subjects import Subjects
 from shared.text_chunks import ChunkSpec, JobChunking
 
 # the request field a message names -> reindex's flag
-_FLAGS = {"chunking.size": "--chunk-size", "chunking.overlap": "--chunk-overlap", "chunking.boundary": "--chunk-boundary"}
+_FLAGS = {
+    "chunking.size": "--chunk-size",
+    "chunking.overlap": "--chunk-overlap",
+    "chunking.boundary": "--chunk-boundary",
+}
 
 
 def _flags(message: str) -> str:
@@ -27,16 +31,24 @@ def chunking_of(ns: argparse.Namespace, output: str) -> JobChunking | None:
     """The job's chunking from the options (None: a vector a document); ConfigError for what cannot be
     run: a value out of range, a flag that needs --chunk-size without it."""
     if ns.chunk_size is None:
-        needing = [flag for flag, given in (("--chunk-overlap", ns.chunk_overlap is not None),
-                                            ("--chunk-boundary", ns.chunk_boundary is not None),
-                                            ("--late-chunking", ns.late_chunking),
-                                            # a sink stores each document's text where asked
-                                            ("--with-text", ns.with_text and not getattr(ns, "sink", None))) if given]
+        needing = [
+            flag
+            for flag, given in (
+                ("--chunk-overlap", ns.chunk_overlap is not None),
+                ("--chunk-boundary", ns.chunk_boundary is not None),
+                ("--late-chunking", ns.late_chunking),
+                # a sink stores each document's text where asked
+                ("--with-text", ns.with_text and not getattr(ns, "sink", None)),
+            )
+            if given
+        ]
         if needing:
             raise ConfigError(f"{needing[0]} needs --chunk-size (the most tokens of text a chunk holds)")
         return None
     try:
-        spec = ChunkSpec(ns.chunk_size, 0 if ns.chunk_overlap is None else ns.chunk_overlap, ns.chunk_boundary or "token")
+        spec = ChunkSpec(
+            ns.chunk_size, 0 if ns.chunk_overlap is None else ns.chunk_overlap, ns.chunk_boundary or "token"
+        )
     except ServiceError as exc:
         raise ConfigError(_flags(exc.message)) from None
     if output != "dense":

@@ -27,7 +27,9 @@ def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "fl
         import pyarrow.parquet as pq
 
         table = pa.table({"id": ids, "vector": list(vectors)})
-        pq.write_table(table.replace_schema_metadata({"embedding_type": form, "dim": str(dim or vectors.shape[1])}), out)
+        pq.write_table(
+            table.replace_schema_metadata({"embedding_type": form, "dim": str(dim or vectors.shape[1])}), out
+        )
     else:
         np.save(out, vectors)
         out.with_suffix(".ids.json").write_text(json.dumps(ids))
@@ -40,9 +42,13 @@ def check_output_path(out: Path, output: str, chunked: bool = False) -> None:
     suffix = out.suffix.lower()
     if suffix not in OUTPUT_SUFFIXES[output]:
         if output == "dense":
-            raise ConfigError(f"--out {out}: dense vectors are written to .npy (with .ids.json beside it) or .parquet, "
-                              f"not {out.suffix or 'a name without a suffix'}")
-        raise ConfigError(f"{output} vectors are written to .npz (a varying number of entries per document), not {out.suffix or out.name}")
+            raise ConfigError(
+                f"--out {out}: dense vectors are written to .npy (with .ids.json beside it) or .parquet, "
+                f"not {out.suffix or 'a name without a suffix'}"
+            )
+        raise ConfigError(
+            f"{output} vectors are written to .npz (a varying number of entries per document), not {out.suffix or out.name}"
+        )
     for above in (out.parent, *out.parent.parents):
         if above.exists() and not above.is_dir():
             raise ConfigError(f"--out {out}: {above} is a file, not a folder")
@@ -77,11 +83,22 @@ def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str,
     if output == "sparse":
         indices = np.concatenate([i for i, _ in items]).astype(np.int32) if items else np.zeros(0, np.int32)
         values = np.concatenate([v for _, v in items]).astype(dtype) if items else np.zeros(0, dtype)
-        np.savez(out, data=values, indices=indices, indptr=offsets, format=np.array(b"csr"),
-                 shape=np.array([len(items), dim], dtype=np.int64))
+        np.savez(
+            out,
+            data=values,
+            indices=indices,
+            indptr=offsets,
+            format=np.array(b"csr"),
+            shape=np.array([len(items), dim], dtype=np.int64),
+        )
     else:
         width = items[0].shape[1] if items else 0
         vectors = np.concatenate(items).astype(dtype, copy=False) if items else np.zeros((0, width), dtype)
-        np.savez(out, vectors=vectors, offsets=offsets, dim=np.array(dim, dtype=np.int64),
-                 embedding_type=np.array(form.encode()))
+        np.savez(
+            out,
+            vectors=vectors,
+            offsets=offsets,
+            dim=np.array(dim, dtype=np.int64),
+            embedding_type=np.array(form.encode()),
+        )
     out.with_suffix(".ids.json").write_text(json.dumps(ids))

@@ -79,8 +79,26 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     problem = job_id_problem(job)
     if problem:
         raise ConfigError(f"--job-id: {problem}")
-    return Plan(path, out, form, output, options, tracing, docs, job, ns.batch_size, chunking, ns.model, ns.job_id,
-                retention(ns), ns.results_check, ns.stall_timeout, ns.quiet, ns.with_text, ns.sink)
+    return Plan(
+        path,
+        out,
+        form,
+        output,
+        options,
+        tracing,
+        docs,
+        job,
+        ns.batch_size,
+        chunking,
+        ns.model,
+        ns.job_id,
+        retention(ns),
+        ns.results_check,
+        ns.stall_timeout,
+        ns.quiet,
+        ns.with_text,
+        ns.sink,
+    )
 
 
 async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
@@ -94,7 +112,9 @@ async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
     if fit.note:
         print(f"reindex: {fit.note}", flush=True)
     if plan.sink:
-        plan = replace(plan, shape=shape_for(served(view, plan.model), plan.form, plan.output, plan.chunking is not None))
+        plan = replace(
+            plan, shape=shape_for(served(view, plan.model), plan.form, plan.output, plan.chunking is not None)
+        )
     if fit.batch_size == plan.batch_size:
         return plan
     job = plan.job_given or job_id_for(plan.path, plan.model, fit.batch_size, plan.form, plan.output, plan.chunking)
@@ -115,8 +135,13 @@ async def connect_checked(nats: NatsConfig, plan: Plan):
         kv = await ensure_streams(js, subjects, plan.retention)
         state = await read_state(kv, plan.job)
         claim = Claim(request_digest(plan.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
-        problem = (form_conflict(state, plan.form, plan.output) or was_cancelled(state) or claim_problem(state, claim)
-                   or await results_gone(js, subjects, plan.job, state) or await purged_recently(js, subjects, plan.job, state))
+        problem = (
+            form_conflict(state, plan.form, plan.output)
+            or was_cancelled(state)
+            or claim_problem(state, claim)
+            or await results_gone(js, subjects, plan.job, state)
+            or await purged_recently(js, subjects, plan.job, state)
+        )
     except BaseException:
         await nc.close()
         raise
@@ -135,9 +160,11 @@ async def results_gone(js, subjects: Subjects, job: str, state: JobState | None)
     info = await js.stream_info(stream_names(subjects)["results"], subjects_filter=subject)
     if (info.state.subjects or {}).get(subject, 0):
         return None
-    return (f"job {job} stored {state.done} documents' vectors, and the results stream holds none of them any "
-            f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
-            f"{job}` and run it again, or give another --job-id")
+    return (
+        f"job {job} stored {state.done} documents' vectors, and the results stream holds none of them any "
+        f"more (expired: --results-max-age, --results-max-bytes); remove the job with `embedfleet jobs purge "
+        f"{job}` and run it again, or give another --job-id"
+    )
 
 
 async def purged_recently(js, subjects: Subjects, job: str, state: JobState | None) -> str | None:
@@ -146,5 +173,7 @@ async def purged_recently(js, subjects: Subjects, job: str, state: JobState | No
     wait = await purge_wait(js, subjects, job) if state is None else 0.0
     if not wait:
         return None
-    return (f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago, and the streams still take its batches for "
-            f"repeats of the purged run's: run it again in {wait:.0f}s, or give another --job-id")
+    return (
+        f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago, and the streams still take its batches for "
+        f"repeats of the purged run's: run it again in {wait:.0f}s, or give another --job-id"
+    )

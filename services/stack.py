@@ -44,6 +44,7 @@ from shared.tracing import TracingConfig
 
 log = logging.getLogger("embedfleet.up")
 
+
 def run_stack(ns: argparse.Namespace) -> int:
     setup_logging(ns.log_level, "up", ns.log_format)
     TracingConfig.from_namespace(ns)  # fails now, naming the extra, where --otlp-endpoint needs it
@@ -68,8 +69,13 @@ def run_stack(ns: argparse.Namespace) -> int:
         lock.close()
 
 
-def _run(ns: argparse.Namespace, infos: list[ModelInfo], default: ModelInfo, store: LocalPgvector | None,
-         stop: threading.Event) -> int:
+def _run(
+    ns: argparse.Namespace,
+    infos: list[ModelInfo],
+    default: ModelInfo,
+    store: LocalPgvector | None,
+    stop: threading.Event,
+) -> int:
     """The stack on ``ns``, until ``stop`` is set or a process dies too often; its exit status."""
     # the URL without credentials (safe to print); credentials and TLS files checked before anything starts
     url, auth, tls = nats_security(ns)
@@ -94,10 +100,23 @@ def _run(ns: argparse.Namespace, infos: list[ModelInfo], default: ModelInfo, sto
         replicas = _worker_replicas()
         with contextlib.closing(FreePorts(ns.metrics_host)) as ports:  # every service's metrics on a port of its own
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
-        if not _start(plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout):
+        if not _start(
+            plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout
+        ):
             return 1
-        print(_banner(infos, default, base, url, plan, replicas, nats.data_dir / TOKEN_FILE if nats is not None else None,
-                      _store_lines(store, ns.search_sink, base)), flush=True)
+        print(
+            _banner(
+                infos,
+                default,
+                base,
+                url,
+                plan,
+                replicas,
+                nats.data_dir / TOKEN_FILE if nats is not None else None,
+                _store_lines(store, ns.search_sink, base),
+            ),
+            flush=True,
+        )
         if nats is not None:  # for reindex, jobs and init: where this stack's NATS listens (removed below)
             record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE)
         restarts = Restarts(ns.restart_limit, ns.restart_window)
@@ -189,14 +208,23 @@ class Restarts:
         return True
 
 
-def _gateway_args(ns: argparse.Namespace, environ: Mapping[str, str] | None = None, skip: tuple[str, ...] = ()) -> list[str]:
+def _gateway_args(
+    ns: argparse.Namespace, environ: Mapping[str, str] | None = None, skip: tuple[str, ...] = ()
+) -> list[str]:
     """The gateway's options `up` was given (but those in ``skip``), for a gateway process started with
     ``environ`` (this process's by default): what that environment gives already is not repeated."""
     return arguments(ns, "gateway", ("gateway", "fleet", "metrics", "retention"), environ, skip)
 
 
-def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: str | None, stop: threading.Event,
-           ready_timeout: float) -> bool:
+def _start(
+    plan: list[Child],
+    models: set[str],
+    fleet: Fleet,
+    base: str,
+    key: str | None,
+    stop: threading.Event,
+    ready_timeout: float,
+) -> bool:
     """Start the stack and wait until every process is ready and the gateway lists all of ``models``.
 
     A worker calibrates its batch budget at start-up by timing the device, so the workers start one
@@ -224,8 +252,11 @@ def _start(plan: list[Child], models: set[str], fleet: Fleet, base: str, key: st
         time.sleep(0.25)
     if not stop.is_set():
         missing = [c.name for c in plan if not c.ready.exists()]
-        log.error("the stack did not become ready within %.0fs (not ready: %s)", timeout, ", ".join(missing) or
-                  "none, but the gateway does not list every model")
+        log.error(
+            "the stack did not become ready within %.0fs (not ready: %s)",
+            timeout,
+            ", ".join(missing) or "none, but the gateway does not list every model",
+        )
     return False
 
 
@@ -286,8 +317,11 @@ def _metrics_lines(plan: Sequence[Child], replicas: int) -> str:
         if c.metrics:
             port = urllib.parse.urlsplit(c.metrics).port
             assert port is not None  # with_metrics gives each child a port of its own
-            more = (f"  (on a CPU, {replicas} replica processes: ports {port}-{port + replicas - 1})"
-                    if c.role == "worker" and replicas > 1 else "")
+            more = (
+                f"  (on a CPU, {replicas} replica processes: ports {port}-{port + replicas - 1})"
+                if c.role == "worker" and replicas > 1
+                else ""
+            )
             lines.append(f"    {c.name:<{width}}  {c.metrics}{more}\n")
     return "".join(lines)
 
@@ -299,13 +333,23 @@ def _store_lines(store: LocalPgvector | None, search_sink: str | None, base: str
     searched = "the table below" if table and search_sink == table else "the --search-sink store"
     lines = f"  POST {base}/v1/search       ({searched})\n" if search_sink else ""
     if store is not None:
-        lines += (f"  PostgreSQL + pgvector: {table}\n    (data in {store.folder}; reindex --sink URL loads it, and so "
-                  "does POST /v1/jobs with \"sink\": URL)\n")
+        lines += (
+            f"  PostgreSQL + pgvector: {table}\n    (data in {store.folder}; reindex --sink URL loads it, and so "
+            'does POST /v1/jobs with "sink": URL)\n'
+        )
     return lines
 
 
-def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, plan: Sequence[Child] = (),
-            replicas: int = 1, token_file: Path | None = None, store_lines: str = "") -> str:
+def _banner(
+    infos: list[ModelInfo],
+    default: ModelInfo,
+    base: str,
+    url: str,
+    plan: Sequence[Child] = (),
+    replicas: int = 1,
+    token_file: Path | None = None,
+    store_lines: str = "",
+) -> str:
     served = "\n".join(
         f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"
         + ("  (default)" if info is default else "")
@@ -314,8 +358,11 @@ def _banner(infos: list[ModelInfo], default: ModelInfo, base: str, url: str, pla
     try_line = _example(infos, base)
     return (
         f"\nembedfleet is up: {len(infos)} model(s), NATS {url}\n"
-        + (f"  NATS asks for the token in {token_file} (reindex, jobs: --nats-token-file {token_file})\n"
-           if token_file else "")
+        + (
+            f"  NATS asks for the token in {token_file} (reindex, jobs: --nats-token-file {token_file})\n"
+            if token_file
+            else ""
+        )
         + f"{served}\n"
         f"  POST {base}/v1/embeddings   (OpenAI API)\n"
         f"  POST {base}/v1/rerank       (cross-encoders; embedders by cosine)\n"

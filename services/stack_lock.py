@@ -37,8 +37,10 @@ def hold_data_dir(data_dir: Path) -> IO[str]:
         handle.seek(0)
         holder = handle.read().strip() or "a process that has not written its pid yet"
         handle.close()
-        raise ConfigError(f"the data folder {data_dir} is in use by {holder} (lock {path}): stop that one "
-                          "first, or give this one another --data-dir") from None
+        raise ConfigError(
+            f"the data folder {data_dir} is in use by {holder} (lock {path}): stop that one "
+            "first, or give this one another --data-dir"
+        ) from None
     handle.seek(0)
     handle.truncate()
     pid = os.getpid()

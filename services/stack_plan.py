@@ -71,7 +71,9 @@ def served_models(ns: argparse.Namespace) -> list[ModelInfo]:
     entries = _entries(ns)
     if ns.model_name is not None:
         if len(entries) > 1:
-            raise ConfigError("--model-name names the one model served; with several, give each its id as --model ID=DIR")
+            raise ConfigError(
+                "--model-name names the one model served; with several, give each its id as --model ID=DIR"
+            )
         if entries and entries[0][0] is not None:
             raise ConfigError(f"--model-name {ns.model_name!r} and --model {entries[0][0]}=...: give the id once")
     if not entries:
@@ -80,8 +82,10 @@ def served_models(ns: argparse.Namespace) -> list[ModelInfo]:
     for i, a in enumerate(infos):
         for b in infos[:i]:
             if same_model(a.id, b.id) or model_token(a.id) == model_token(b.id):
-                raise ConfigError(f"two models would be served as {b.id!r} ({b.path} and {a.path}): "
-                                  "give one another id with --model ID=DIR")
+                raise ConfigError(
+                    f"two models would be served as {b.id!r} ({b.path} and {a.path}): "
+                    "give one another id with --model ID=DIR"
+                )
     return infos
 
 
@@ -92,7 +96,9 @@ def default_model(ns: argparse.Namespace, infos: list[ModelInfo]) -> ModelInfo:
     for info in infos:
         if same_model(ns.default_model, info.id):
             return info
-    raise ConfigError(f"--default-model {ns.default_model!r} is none of the models served: {', '.join(i.id for i in infos)}")
+    raise ConfigError(
+        f"--default-model {ns.default_model!r} is none of the models served: {', '.join(i.id for i in infos)}"
+    )
 
 
 def roles(info: ModelInfo) -> tuple[str, ...]:
@@ -102,8 +108,9 @@ def roles(info: ModelInfo) -> tuple[str, ...]:
     return ("tokenizer", "worker", "scorer") if ranks else ("tokenizer", "worker")
 
 
-def with_search_store(ns: argparse.Namespace, url: str, table: str, infos: list[ModelInfo],
-                      default: ModelInfo) -> argparse.Namespace:
+def with_search_store(
+    ns: argparse.Namespace, url: str, table: str, infos: list[ModelInfo], default: ModelInfo
+) -> argparse.Namespace:
     """``ns`` whose gateway searches ``table`` of the store at ``url`` (postgresql://...?host=...) with the
     default model (else the first that makes dense vectors), unless --search-sink names another store;
     a --search-model given stays; None makes dense vectors: no search. POST /v1/jobs may write into the
@@ -112,20 +119,29 @@ def with_search_store(ns: argparse.Namespace, url: str, table: str, infos: list[
     model = next((i for i in (default, *infos) if i.task == "embed" and "dense" in i.outputs), None)
     if ns.search_sink is not None or model is None:
         return ns
-    return argparse.Namespace(**{**vars(ns), "search_sink": f"{url}&table={table}",
-                                 "search_model": ns.search_model or model.id})
+    return argparse.Namespace(
+        **{**vars(ns), "search_sink": f"{url}&table={table}", "search_model": ns.search_model or model.id}
+    )
 
 
 def secret_environment(ns: argparse.Namespace) -> dict[str, str]:
     """The gateway's API keys (and operator keys) and its search store's URL (which may hold a password) given to
     ``up``, for the children's environment: an argument would show them to every user of the machine (ps,
     /proc/PID/cmdline), as a NATS token would."""
-    given = {option(dest).env[0]: getattr(ns, dest, None) or "" for dest in ("api_keys", "operator_keys", "search_sink", "job_sinks")}
+    given = {
+        option(dest).env[0]: getattr(ns, dest, None) or ""
+        for dest in ("api_keys", "operator_keys", "search_sink", "job_sinks")
+    }
     return {name: value for name, value in given.items() if value}
 
 
-def children(infos: list[ModelInfo], common: list[str], gateway: list[str], ready_dir: Path,
-             more: Mapping[str, list[str]] | None = None) -> list[Child]:
+def children(
+    infos: list[ModelInfo],
+    common: list[str],
+    gateway: list[str],
+    ready_dir: Path,
+    more: Mapping[str, list[str]] | None = None,
+) -> list[Child]:
     """Every process of the stack, the gateway last, each with its own ready file under ``ready_dir``;
     ``more``: a role's arguments besides ``common``."""
     more = more or {}
@@ -133,8 +149,16 @@ def children(infos: list[ModelInfo], common: list[str], gateway: list[str], read
     for info in infos:
         for role in roles(info):
             ready = ready_dir / f"{role}-{model_token(info.id)}"
-            args = (*common, "--ready-file", str(ready), "--model", str(info.path), "--model-name", info.id,
-                    *more.get(role, ()))
+            args = (
+                *common,
+                "--ready-file",
+                str(ready),
+                "--model",
+                str(info.path),
+                "--model-name",
+                info.id,
+                *more.get(role, ()),
+            )
             plan.append(Child(f"{role}[{info.id}]", role, args, ready))
     ready = ready_dir / "gateway"
     plan.append(Child("gateway", "gateway", (*common, "--ready-file", str(ready), *gateway), ready))

@@ -101,8 +101,16 @@ class WorkQueue:
     one at most twice a second, each ask bounded by the JetStream request timeout (5 s). A fetch
     waits ``wait`` seconds for a batch; ``stop_fetching`` ends the one under way (the stage stops)."""
 
-    def __init__(self, js: JetStreamContext, stream: str, durable: str, subject: str, settings: JobSettings,
-                 check_every: int = CHECK_EVERY, wait: float = FETCH_WAIT) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        durable: str,
+        subject: str,
+        settings: JobSettings,
+        check_every: int = CHECK_EVERY,
+        wait: float = FETCH_WAIT,
+    ) -> None:
         self._js, self._stream, self._durable, self._subject, self._settings = js, stream, durable, subject, settings
         self._check_every = check_every
         self._wait = wait
@@ -172,7 +180,13 @@ class WorkQueue:
 
 
 async def join_work(
-    nc: Client, subjects: Subjects, stream: str, durable: str, subject: str, settings: JobSettings, stage: str,
+    nc: Client,
+    subjects: Subjects,
+    stream: str,
+    durable: str,
+    subject: str,
+    settings: JobSettings,
+    stage: str,
     describe: Callable[[bytes, dict], BatchInfo],
 ):
     """A stage's place in the bulk pipeline: the streams and job bucket (created if missing), its
@@ -336,8 +350,12 @@ class DeadLetters:
         room = self._nc.max_payload - _HEADER_ROOM - len(f"{reason[:500]}{subject}{origin_id}".encode())
         if len(data) > room:
             data, record[TRUNCATED] = data[: max(room, 0)], str(len(data))
-        await publish_durably(self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}", headers=record)
-        if info.job is None or not has_state_key(info.job):  # a forged job id names no job state: the letter is all there is
+        await publish_durably(
+            self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}", headers=record
+        )
+        if info.job is None or not has_state_key(
+            info.job
+        ):  # a forged job id names no job state: the letter is all there is
             return
         # recorded again after a crash between record and term: the rows and the entry count once
         entry = DeadBatch(self._stage, info.batch, info.start, info.documents, count, reason[:500])
@@ -366,8 +384,14 @@ class DeadLetters:
                 log.warning("max-deliveries advisory not handled: %r", exc)
                 return
             headers = dict(raw.headers or {})
-            await self.record(raw.data or b"", headers, raw.subject or "", "delivered too many times without an "
-                              "acknowledgement (its holders died or timed out)", describe(raw.data or b"", headers), count)
+            await self.record(
+                raw.data or b"",
+                headers,
+                raw.subject or "",
+                "delivered too many times without an acknowledgement (its holders died or timed out)",
+                describe(raw.data or b"", headers),
+                count,
+            )
             try:
                 await self._js.delete_msg(stream, seq)  # out of the work queue: it is in the dead-letter stream
             except Exception as exc:
@@ -389,8 +413,11 @@ def job_from_msg_id(headers: dict, numbers: int) -> BatchInfo:
     when the payload cannot be decoded; ``numbers`` is how many numeric parts end the id."""
     parts = (headers.get("Nats-Msg-Id") or "").rsplit(":", numbers)
     # the id is untrusted: a job name must make a valid subject, the numbers plain ASCII digits
-    if len(parts) != numbers + 1 or not 0 < len(parts[0]) <= MAX_NAME or \
-            not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts[1:]):
+    if (
+        len(parts) != numbers + 1
+        or not 0 < len(parts[0]) <= MAX_NAME
+        or not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts[1:])
+    ):
         return BatchInfo(None)
     return BatchInfo(parts[0], int(parts[1]), int(parts[2]) if numbers > 1 else 0)
 

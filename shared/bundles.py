@@ -63,8 +63,11 @@ async def publish(nc: Client, subject: str, group: list[Item]) -> None:
     if len(group) == 1:
         await nc.publish(subject, group[0].payload, reply=group[0].reply, headers=group[0].headers)
         return
-    message = Requests([item.reply for item in group], [(item.headers or {}).get(TRACEPARENT, "") for item in group],
-                       [item.payload for item in group])
+    message = Requests(
+        [item.reply for item in group],
+        [(item.headers or {}).get(TRACEPARENT, "") for item in group],
+        [item.payload for item in group],
+    )
     await nc.publish(subject, encode(message), reply=group[0].reply)
 
 
@@ -89,8 +92,10 @@ def unbundle(msg: Msg) -> list[Entry]:
     bundle = decode_as(msg.data, Requests)
     if msg.reply != bundle.subjects[0]:
         raise ProtocolError("a Requests message must come with its first entry's reply subject")
-    return [Entry(msg.subject, reply, data, {TRACEPARENT: trace} if trace else None, msg.reply)
-            for reply, trace, data in zip(bundle.subjects, bundle.traces, bundle.messages)]
+    return [
+        Entry(msg.subject, reply, data, {TRACEPARENT: trace} if trace else None, msg.reply)
+        for reply, trace, data in zip(bundle.subjects, bundle.traces, bundle.messages)
+    ]
 
 
 def carrier_of(msg: Msg | Entry) -> str:

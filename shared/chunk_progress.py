@@ -36,8 +36,14 @@ def store_chunks(state: JobState, rows: Rows, chunks: ChunkRows, tokens: int) ->
             # a document with a chunk given up was counted failed then: not counted again here
             documents, settled = documents.account(Rows(rows.batch, doc, 1, chunks.documents))
             done += settled
-    return replace(state, accounted_chunks=stored, accounted=documents, chunks_done=state.chunks_done + fresh,
-                   tokens=state.tokens + tokens, done=state.done + done)
+    return replace(
+        state,
+        accounted_chunks=stored,
+        accounted=documents,
+        chunks_done=state.chunks_done + fresh,
+        tokens=state.tokens + tokens,
+        done=state.done + done,
+    )
 
 
 def fail_chunks(state: JobState, rows: Rows, chunks: ChunkRows) -> JobState:
@@ -49,8 +55,13 @@ def fail_chunks(state: JobState, rows: Rows, chunks: ChunkRows) -> JobState:
             documents, settled = documents.account(Rows(rows.batch, doc, 1, chunks.documents))
             failed += settled
     given_up, fresh = state.accounted_chunks.account(rows)
-    return replace(state, accounted=documents, accounted_chunks=given_up, failed=state.failed + failed,
-                   chunks_failed=state.chunks_failed + fresh)
+    return replace(
+        state,
+        accounted=documents,
+        accounted_chunks=given_up,
+        failed=state.failed + failed,
+        chunks_failed=state.chunks_failed + fresh,
+    )
 
 
 def count_cut(state: JobState, batch: int, chunks: int) -> JobState:

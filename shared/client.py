@@ -153,7 +153,9 @@ class _Pending:
         if result.total != count or end > count:
             raise ProtocolError(f"result rows {result.start}..{end} do not fit a request of {count}")
         if self.vectors is None:
-            self.vectors = np.empty((0, 0) if ragged else (self.total, np.shape(rows)[1]), dtype=WIRE_FORMS[result.dtype].dtype)
+            self.vectors = np.empty(
+                (0, 0) if ragged else (self.total, np.shape(rows)[1]), dtype=WIRE_FORMS[result.dtype].dtype
+            )
             self.dim, self.dtype = result.dim, result.dtype
             self.ragged = [None] * self.total if ragged else None
         elif (self.dim, self.dtype, self.ragged is not None) != (result.dim, result.dtype, ragged):
@@ -175,8 +177,11 @@ class _Pending:
         for stage, seconds in result.timings.items():
             self.timings[stage] = max(self.timings.get(stage, 0.0), seconds)
         if self.rows == self.total:
-            self.future.set_result(EmbedOutcome(self.vectors, self.tokens, self.timings, self.dim,
-                                                  WIRE_FORMS[self.dtype].name, self.ragged))
+            self.future.set_result(
+                EmbedOutcome(
+                    self.vectors, self.tokens, self.timings, self.dim, WIRE_FORMS[self.dtype].name, self.ragged
+                )
+            )
 
     def missing(self) -> np.ndarray:
         return np.flatnonzero(~self.filled)
@@ -186,7 +191,11 @@ class _Pending:
         count = self.total if index is None else len(index)
         if held.start + held.rows > count:
             raise ProtocolError(f"held rows {held.start}..{held.start + held.rows} do not fit a request of {count}")
-        rows = np.arange(held.start, held.start + held.rows) if index is None else index[held.start : held.start + held.rows]
+        rows = (
+            np.arange(held.start, held.start + held.rows)
+            if index is None
+            else index[held.start : held.start + held.rows]
+        )
         self.held.setdefault(held.holder, np.zeros(self.total, dtype=bool))[rows] = True
 
     def lose(self, role: str, instance: str) -> bool:
@@ -342,8 +351,10 @@ class EmbedClient:
     async def _send(self, pending: _Pending, attempt: str, index: np.ndarray | None, payload: bytes) -> None:
         pending.attempts.append(attempt)
         self._attempts[attempt] = (pending, index)
-        self._outbox.add(self._subjects.embed(pending.request.model),
-                         Item(f"{self._inbox}.{attempt}", payload, headers_for(pending.trace)))
+        self._outbox.add(
+            self._subjects.embed(pending.request.model),
+            Item(f"{self._inbox}.{attempt}", payload, headers_for(pending.trace)),
+        )
 
     def _carried(self, reply: str, replies: list[str]) -> None:
         self._bundled[reply.rsplit(".", 1)[-1]] = [r.rsplit(".", 1)[-1] for r in replies]
@@ -353,8 +364,13 @@ class EmbedClient:
         for reply in replies:
             found = self._attempts.get(reply.rsplit(".", 1)[-1])
             if found is not None:
-                found[0].fail(ServiceError(ErrorCode.NO_RESPONDERS, "the NATS server became unreachable while the "
-                                           f"request was sent ({type(exc).__name__}); retry shortly"))
+                found[0].fail(
+                    ServiceError(
+                        ErrorCode.NO_RESPONDERS,
+                        "the NATS server became unreachable while the "
+                        f"request was sent ({type(exc).__name__}); retry shortly",
+                    )
+                )
 
     async def _resend(self, pending: _Pending, why: str) -> bool:
         """Send ``pending``'s lost rows still missing as a new attempt; False when its retries or time ran out."""
@@ -365,8 +381,13 @@ class EmbedClient:
         if len(pending.attempts) > self._retries or pending.request.deadline - time.time() < 0.05:
             return False
         attempt = f"{pending.id}-{len(pending.attempts)}"
-        log.info("request %s: %s; sending its %d missing rows again (attempt %d)", pending.id, why, len(rows),
-                 len(pending.attempts) + 1)
+        log.info(
+            "request %s: %s; sending its %d missing rows again (attempt %d)",
+            pending.id,
+            why,
+            len(rows),
+            len(pending.attempts) + 1,
+        )
         index = None if len(rows) == pending.total else rows  # all rows: their places are unchanged
         try:
             await self._send(pending, attempt, index, encode(_subset(pending.request, attempt, rows)))
@@ -464,8 +485,9 @@ class EmbedClient:
             raise ServiceError(ErrorCode.INTERNAL, "a tokenizer sent an unexpected reply")
         return reply.texts
 
-    async def chunk(self, model: str, texts: list[str], spec: ChunkSpec, options: EmbedOptions,
-                    timeout: float) -> ChunkLayout:
+    async def chunk(
+        self, model: str, texts: list[str], spec: ChunkSpec, options: EmbedOptions, timeout: float
+    ) -> ChunkLayout:
         """Ask a tokenizer where ``texts`` are cut into chunks of ``spec``, each with room for the prompt
         ``options`` name (the chunks' texts are then embedded with those options)."""
         request = ChunkRequest(uuid.uuid4().hex, model, texts, spec, options.prompt_name, options.input_type)
@@ -478,16 +500,21 @@ class EmbedClient:
     def _within_limit(self, payload: bytes, fewer: str) -> bytes:
         """``payload``, refused (what to send instead: ``fewer``) when it is over the NATS limit."""
         if len(payload) > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"request is {len(payload)} bytes encoded; the NATS limit is "
-                               f"{self._nc.max_payload}: {fewer}")
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"request is {len(payload)} bytes encoded; the NATS limit is {self._nc.max_payload}: {fewer}",
+            )
         return payload
 
     async def rerank(self, request: RerankRequest, timeout: float) -> RerankResult:
         """Ask a scorer to rank ``request``'s candidates (one deadline for the whole rerank)."""
-        reply = await self._ask(self._subjects.rerank(request.model), encode(request), "scorer", timeout, request.count,
-                                "candidate")
-        if not isinstance(reply, RerankResult) or len(reply.indices) > request.count or (
-            len(reply.indices) and (reply.indices.min() < 0 or reply.indices.max() >= request.count)
+        reply = await self._ask(
+            self._subjects.rerank(request.model), encode(request), "scorer", timeout, request.count, "candidate"
+        )
+        if (
+            not isinstance(reply, RerankResult)
+            or len(reply.indices) > request.count
+            or (len(reply.indices) and (reply.indices.min() < 0 or reply.indices.max() >= request.count))
         ):
             raise ServiceError(ErrorCode.INTERNAL, "a scorer sent an unexpected reply")
         return reply
@@ -541,7 +568,7 @@ class EmbedClient:
         prefix = f"{self._inbox}."  # a worker's replies to several of our requests
         for subject, payload in zip(reply.subjects, reply.messages):
             if subject.startswith(prefix):
-                self._take(subject[len(prefix):], payload)
+                self._take(subject[len(prefix) :], payload)
 
     def _take(self, attempt: str, reply: object | bytes) -> None:
         """One reply to attempt ``attempt`` (or its bytes, from a Replies): rows, rows held, or an error."""

@@ -62,7 +62,10 @@ def nats_security(ns: argparse.Namespace) -> tuple[str | None, NatsAuth, NatsTls
         url, url_user, url_secret = split_credentials(ns.nats) if ns.nats else (None, None, None)
         password = read_secret(opt["nats_password_file"], "--nats-password-file") if opt["nats_password_file"] else None
         token = read_secret(opt["nats_token_file"], "--nats-token-file") if opt["nats_token_file"] else None
-        password_env, token_env = option("nats_password").from_env(os.environ), option("nats_token").from_env(os.environ)
+        password_env, token_env = (
+            option("nats_password").from_env(os.environ),
+            option("nats_token").from_env(os.environ),
+        )
         if password is not None and password_env is not None:
             raise ValueError(f"the NATS password is given twice: --nats-password-file and ${PASSWORD_ENV}")
         if token is not None and token_env is not None:
@@ -74,10 +77,13 @@ def nats_security(ns: argparse.Namespace) -> tuple[str | None, NatsAuth, NatsTls
             if user is not None or password is not None or token is not None:
                 raise ValueError("NATS credentials are given both in the --nats URL and as options: give one")
             user, password, token = (url_user, url_secret, None) if url_secret is not None else (None, None, url_user)
-        auth = NatsAuth(user=user, password=password, token=token, nkey_seed=opt["nats_nkey_seed"], creds=opt["nats_creds"])
+        auth = NatsAuth(
+            user=user, password=password, token=token, nkey_seed=opt["nats_nkey_seed"], creds=opt["nats_creds"]
+        )
         auth.check_files()
-        tls = NatsTls(ca=opt["nats_tls_ca"], cert=opt["nats_tls_cert"], key=opt["nats_tls_key"],
-                      hostname=opt["nats_tls_hostname"])
+        tls = NatsTls(
+            ca=opt["nats_tls_ca"], cert=opt["nats_tls_cert"], key=opt["nats_tls_key"], hostname=opt["nats_tls_hostname"]
+        )
         tls.context()  # loads the files: a bad one fails now, not at every reconnect
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -117,9 +123,16 @@ def child_environment(auth: NatsAuth, tls: NatsTls, base: Mapping[str, str]) -> 
 
 
 # Retention field -> environment variable (embedfleet up hands them to every service it starts)
-RETENTION_ENV = {field: option(dest).env[0] for field, dest in (
-    ("results_max_age", "results_max_age"), ("results_max_bytes", "results_max_bytes"), ("job_ttl", "job_ttl"),
-    ("job_history", "job_history"), ("replicas", "stream_replicas"))}
+RETENTION_ENV = {
+    field: option(dest).env[0]
+    for field, dest in (
+        ("results_max_age", "results_max_age"),
+        ("results_max_bytes", "results_max_bytes"),
+        ("job_ttl", "job_ttl"),
+        ("job_history", "job_history"),
+        ("replicas", "stream_replicas"),
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +165,11 @@ class Retention:
 
     def environment(self) -> dict[str, str]:
         """The variables that give a child process these settings (the ones set)."""
-        return {env_name: str(getattr(self, name)) for name, env_name in RETENTION_ENV.items()
-                if getattr(self, name) is not None}
+        return {
+            env_name: str(getattr(self, name))
+            for name, env_name in RETENTION_ENV.items()
+            if getattr(self, name) is not None
+        }
 
 
 def retention(ns: argparse.Namespace) -> Retention:

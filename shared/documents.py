@@ -39,8 +39,10 @@ def read_folder(path: Path) -> list[tuple[str, str]]:
         except OSError as exc:
             raise ConfigError(f"{file}: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start}: {exc.reason}); every .txt and .md file "
-                              f"under {path} is a document") from None
+            raise ConfigError(
+                f"{file}: not UTF-8 text (byte {exc.start}: {exc.reason}); every .txt and .md file "
+                f"under {path} is a document"
+            ) from None
     if not docs:
         raise ConfigError(f"{path} holds no documents: no {' or '.join(FOLDER_SUFFIXES)} file under it")
     return docs
@@ -76,7 +78,9 @@ def read_documents(path: Path) -> list[tuple[str, str]]:
         elif suffix == ".parquet":
             docs = _read_parquet(path)
         else:
-            docs = [(str(n), line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()) if line.strip()]
+            docs = [
+                (str(n), line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()) if line.strip()
+            ]
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -136,12 +140,20 @@ def _read_parquet(path: Path) -> list[tuple[str, str]]:
 
 
 def _json_type(value: object) -> str:
-    return {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
-def job_id_for(path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense",
-               chunking=None) -> str:
+def job_id_for(
+    path: Path, model: str, batch_size: int, form: str = "float32", output: str = "dense", chunking=None
+) -> str:
     """The id of the job that embeds ``path`` with ``model`` into ``output`` vectors of ``form``: the same
     input, model, batch size, form, output and ``chunking`` (a JobChunking, or None) give the same id, so
     running a job again resumes it; any other is another job. A file is known by its size and time of

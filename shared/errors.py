@@ -42,9 +42,18 @@ class ErrorCode(StrEnum):
 
 
 # a reply from NATS naming one of these is someone else's mistake: it is read as INTERNAL
-GATEWAY_ONLY = frozenset({ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.TOO_MANY_INPUTS, ErrorCode.ROUTE_NOT_FOUND,
-                          ErrorCode.METHOD_NOT_ALLOWED, ErrorCode.NOT_ACCEPTABLE, ErrorCode.NOT_FINISHED,
-                          ErrorCode.GONE, ErrorCode.CONFLICT})
+GATEWAY_ONLY = frozenset(
+    {
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.TOO_MANY_INPUTS,
+        ErrorCode.ROUTE_NOT_FOUND,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.NOT_ACCEPTABLE,
+        ErrorCode.NOT_FINISHED,
+        ErrorCode.GONE,
+        ErrorCode.CONFLICT,
+    }
+)
 
 
 class ServiceError(Exception):

@@ -88,8 +88,9 @@ class FleetView:
 class FleetWatch:
     """``busy()``: whether the caller has work in flight (the liveness checks run only then)."""
 
-    def __init__(self, nc: Client, prefix: str, wait: float, interval: float,
-                 busy: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self, nc: Client, prefix: str, wait: float, interval: float, busy: Callable[[], bool] = lambda: True
+    ) -> None:
         self._nc = nc
         self._prefix = prefix  # only services under our subject prefix belong to our fleet
         self._wait = wait
@@ -101,7 +102,9 @@ class FleetWatch:
         self._lock = asyncio.Lock()
         self._busy = busy
         self._seen: dict[tuple[str, str], Member] = {}
-        self._left: set[str] = set()  # workers that said they are leaving (ids are never reused)  # (role, instance id) -> the process
+        self._left: set[str] = (
+            set()
+        )  # workers that said they are leaving (ids are never reused)  # (role, instance id) -> the process
         self._workers: dict[str, int] | None = None  # model -> its workers in _seen (None: to count again)
         self._on_lost: list[Callable[[str, str, str], None]] = []
         self._request = asyncio.Event()  # a request went out (workers() was asked): the liveness checks wake
@@ -116,10 +119,14 @@ class FleetWatch:
 
     async def start(self) -> None:
         self._live_inbox = self._nc.new_inbox()
-        self._subs = [await self._nc.subscribe(Subjects(self._prefix).leaving(), cb=self._on_leaving),
-                      await self._nc.subscribe(f"{self._live_inbox}.>", cb=self._on_liveness)]
-        self._tasks = [asyncio.create_task(self._poll_forever(), name="fleet-watch"),
-                       asyncio.create_task(self._check_liveness(), name="fleet-liveness")]
+        self._subs = [
+            await self._nc.subscribe(Subjects(self._prefix).leaving(), cb=self._on_leaving),
+            await self._nc.subscribe(f"{self._live_inbox}.>", cb=self._on_liveness),
+        ]
+        self._tasks = [
+            asyncio.create_task(self._poll_forever(), name="fleet-watch"),
+            asyncio.create_task(self._check_liveness(), name="fleet-liveness"),
+        ]
 
     async def _on_leaving(self, msg) -> None:
         try:
@@ -255,7 +262,7 @@ class FleetWatch:
     async def _on_liveness(self, msg) -> None:
         if not (msg.headers and msg.headers.get("Status") == _NO_RESPONDERS):
             return  # a live process's answer
-        role, token = msg.subject[len(self._live_inbox) + 1:].split(".", 1)
+        role, token = msg.subject[len(self._live_inbox) + 1 :].split(".", 1)
         for r, instance in list(self._seen):
             if r == role and model_token(instance) == token:
                 self._lost(role, instance, "is gone (its connection closed)")
@@ -284,7 +291,9 @@ class FleetWatch:
                 await asyncio.wait_for(self._asked.wait(), max(0.0, started + self._gap - time.monotonic()))
         await asyncio.sleep(max(0.0, started + self._interval - time.monotonic()))
 
-    async def _ping(self, role: str, first_only: bool) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, str, dict]]]:
+    async def _ping(
+        self, role: str, first_only: bool
+    ) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, str, dict]]]:
         """Who of ``role`` answers: model -> one process's metadata; instance -> (model, its ping subject,
         its metadata)."""
         found: dict[str, dict[str, str]] = {}

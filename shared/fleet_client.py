@@ -51,21 +51,34 @@ class FleetClient:
     def __init__(self, nc: Client, prefix: str, subjects, timeout: float) -> None:
         self._nc = nc
         self._timeout = timeout
-        self._fleet = FleetWatch(nc, prefix, _DISCOVERY_WAIT, _DISCOVERY_INTERVAL, busy=lambda: self._client.in_flight > 0)
+        self._fleet = FleetWatch(
+            nc, prefix, _DISCOVERY_WAIT, _DISCOVERY_INTERVAL, busy=lambda: self._client.in_flight > 0
+        )
         self._client = EmbedClient(nc, subjects, fleet=self._fleet)
         self._fleet.on_lost(self._client.resend_missing)
 
     @classmethod
-    async def connect(cls, nats: str | None = None, *, token_file: str | None = None, data_dir: str | None = None,
-                      subject_prefix: str | None = None, timeout: float = 30.0) -> FleetClient:
+    async def connect(
+        cls,
+        nats: str | None = None,
+        *,
+        token_file: str | None = None,
+        data_dir: str | None = None,
+        subject_prefix: str | None = None,
+        timeout: float = 30.0,
+    ) -> FleetClient:
         """Connect (see the module's notes) and look at the fleet once; ``timeout``: each request's
         deadline in seconds. Raises ``shared.option.ConfigError`` naming the URL when NATS cannot be
         reached within 5 seconds."""
         parser = argparse.ArgumentParser(add_help=False)
         add_options(parser, "jobs")  # the one-shot commands' NATS options, with their environment defaults
         ns = parser.parse_args([])
-        for dest, value in (("nats", nats), ("nats_token_file", token_file), ("data_dir", data_dir),
-                            ("subject_prefix", subject_prefix)):
+        for dest, value in (
+            ("nats", nats),
+            ("nats_token_file", token_file),
+            ("data_dir", data_dir),
+            ("subject_prefix", subject_prefix),
+        ):
             if value is not None:
                 setattr(ns, dest, value)
         use_local_stack(ns)
@@ -92,9 +105,17 @@ class FleetClient:
         """The models a tokenizer and a worker serve right now."""
         return (await self._fleet.view()).models
 
-    async def embed(self, texts: str | Sequence[str], model: str | None = None, *, normalize: bool | None = None,
-                    dimensions: int | None = None, prompt_name: str | None = None, input_type: str | None = None,
-                    truncate: bool = True) -> np.ndarray:
+    async def embed(
+        self,
+        texts: str | Sequence[str],
+        model: str | None = None,
+        *,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        input_type: str | None = None,
+        truncate: bool = True,
+    ) -> np.ndarray:
         """[len(texts), dim] float32 vectors of ``texts`` (one string: one row), as POST /v1/embeddings
         answers them. ``model``: a served id (None: the only one served); the options as the HTTP
         routes take them (``normalize`` None: as the model's folder says)."""
@@ -102,18 +123,29 @@ class FleetClient:
         if not texts or not all(isinstance(t, str) and t for t in texts):
             raise ServiceError(ErrorCode.INVALID_REQUEST, "texts must be one or more non-empty strings")
         try:
-            options = EmbedOptions(normalize=normalize, dimensions=dimensions, prompt_name=prompt_name,
-                                   input_type=input_type, truncate=truncate)
+            options = EmbedOptions(
+                normalize=normalize,
+                dimensions=dimensions,
+                prompt_name=prompt_name,
+                input_type=input_type,
+                truncate=truncate,
+            )
         except ProtocolError as exc:
             raise ServiceError(ErrorCode.INVALID_REQUEST, str(exc).removeprefix("options.")) from None
         served = await self._model(model)
         outcome = await self._client.embed(served, texts, options, self._timeout)
         return outcome.vectors
 
-    async def rerank(self, query: str, documents: Sequence[str], model: str | None = None, *,
-                     top_n: int | None = None) -> list[tuple[int, float]]:
+    async def rerank(
+        self, query: str, documents: Sequence[str], model: str | None = None, *, top_n: int | None = None
+    ) -> list[tuple[int, float]]:
         """``(index into documents, score)`` best first, as POST /rerank ranks them (``top_n``: the best n)."""
-        if not isinstance(query, str) or not query or not documents or not all(isinstance(d, str) and d for d in documents):
+        if (
+            not isinstance(query, str)
+            or not query
+            or not documents
+            or not all(isinstance(d, str) and d for d in documents)
+        ):
             raise ServiceError(ErrorCode.INVALID_REQUEST, "query and documents must be non-empty strings")
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
             raise ServiceError(ErrorCode.INVALID_REQUEST, "top_n must be a positive integer")
@@ -134,5 +166,9 @@ class FleetClient:
         if not view.models:
             raise ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model right now")
         if model is None:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"several models are served ({', '.join(view.models)}): name one")
-        raise ServiceError(ErrorCode.MODEL_NOT_FOUND, f"model {model!r} is not served here; available: {', '.join(view.models)}")
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST, f"several models are served ({', '.join(view.models)}): name one"
+            )
+        raise ServiceError(
+            ErrorCode.MODEL_NOT_FOUND, f"model {model!r} is not served here; available: {', '.join(view.models)}"
+        )

@@ -38,9 +38,11 @@ def read_linear(path: Path) -> dict[str, np.ndarray]:
 
 def pickled_head(path: Path) -> str:
     target = path.with_suffix(".safetensors")
-    return (f"{path} is a torch pickle, which is never loaded (only safetensors are): convert it once with "
-            f"python -c \"import torch; from safetensors.torch import save_file; "
-            f"save_file(torch.load('{path}'), '{target}')\"")
+    return (
+        f"{path} is a torch pickle, which is never loaded (only safetensors are): convert it once with "
+        f'python -c "import torch; from safetensors.torch import save_file; '
+        f"save_file(torch.load('{path}'), '{target}')\""
+    )
 
 
 def linear_shape(path: Path) -> tuple[int, int]:

@@ -28,12 +28,18 @@ _CONFLICTS = 1000  # compare-and-set retries before a state update is given up
 def has_state_key(job: str) -> bool:
     """Whether ``job`` can name a state entry (a KV key: dot-separated tokens, none empty); an untrusted
     id may not."""
-    return (len(job) <= MAX_JOB_ID and bool(_KV_KEY.fullmatch(job)) and not job.startswith(".")
-            and not job.endswith(".") and ".." not in job)
+    return (
+        len(job) <= MAX_JOB_ID
+        and bool(_KV_KEY.fullmatch(job))
+        and not job.startswith(".")
+        and not job.endswith(".")
+        and ".." not in job
+    )
 
 
-async def update_state(kv: KeyValue, job: str, change: Callable[[JobState], JobState],
-                       patience: float = 300.0) -> JobState:
+async def update_state(
+    kv: KeyValue, job: str, change: Callable[[JobState], JobState], patience: float = 300.0
+) -> JobState:
     """Read-modify-write a job's state with compare-and-set, retrying on a concurrent writer, and on a
     lost connection for up to ``patience`` seconds (the server may be restarting). Returns the state
     written. A stored state this code did not write raises JobStateError, and nothing is written."""

@@ -34,8 +34,7 @@ class ChunkTable:
     def columns(self) -> dict[str, list]:
         """The table's columns by name, ``text`` last when there are texts."""
         columns: tuple[list, ...] = (self.ids, self.chunk, self.start, self.end)
-        return dict(zip(COLUMNS, columns)) | (
-            {} if self.texts is None else {"text": self.texts})
+        return dict(zip(COLUMNS, columns)) | ({} if self.texts is None else {"text": self.texts})
 
 
 class ChunkedRows:
@@ -58,7 +57,9 @@ class ChunkedRows:
             k, count = int(chunks.chunk[i]), int(chunks.count[i])
             known = self._docs.setdefault(doc_id, (count, (batch, int(chunks.doc[i]))))
             if known[0] != count:
-                log.error("document %r: a row says %d chunks, an earlier one %d: dropped", doc_id[:100], count, known[0])
+                log.error(
+                    "document %r: a row says %d chunks, an earlier one %d: dropped", doc_id[:100], count, known[0]
+                )
                 continue
             have = self._rows.setdefault(doc_id, {})
             if k in have:

@@ -39,8 +39,9 @@ class Polled:
         return Polled(self.earlier, self.now + docs, self.tokens + tokens, self.chunks + chunks)
 
     def __add__(self, other: Polled) -> Polled:
-        return Polled(self.earlier + other.earlier, self.now + other.now, self.tokens + other.tokens,
-                      self.chunks + other.chunks)
+        return Polled(
+            self.earlier + other.earlier, self.now + other.now, self.tokens + other.tokens, self.chunks + other.chunks
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +56,21 @@ class Layout:
     def holds(self, result: JobResult) -> bool:
         if result.chunks is not None:  # rows are chunks: each names its document's row in the batch
             base = result.batch * self.batch_size
-            return result.batch >= 0 and result.chunks.documents <= self.batch_size and all(
-                base + d < len(self.ids) and self.ids[base + d] == doc_id
-                for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids))
+            return (
+                result.batch >= 0
+                and result.chunks.documents <= self.batch_size
+                and all(
+                    base + d < len(self.ids) and self.ids[base + d] == doc_id
+                    for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids)
+                )
+            )
         first = result.batch * self.batch_size + result.start
-        return (result.start >= 0 and result.start + len(result.doc_ids) <= self.batch_size and result.batch >= 0
-                and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids))
+        return (
+            result.start >= 0
+            and result.start + len(result.doc_ids) <= self.batch_size
+            and result.batch >= 0
+            and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids)
+        )
 
 
 class Collector:
@@ -74,15 +84,26 @@ class Collector:
     of another form or of another dimension than the first result's, or with chunks in a job without
     (or none in a ``chunked`` one), cannot belong to this job's output and is refused."""
 
-    def __init__(self, js, job: str, layout: Layout | None, subject: str, stream: str, form: str = "float32",
-                 quiet_check: float = default("results_check"), chunked: bool = False) -> None:
+    def __init__(
+        self,
+        js,
+        job: str,
+        layout: Layout | None,
+        subject: str,
+        stream: str,
+        form: str = "float32",
+        quiet_check: float = default("results_check"),
+        chunked: bool = False,
+    ) -> None:
         self._js, self._job, self._layout, self._subject, self._stream = js, job, layout, subject, stream
         self._fetch_wait = min(1.0, quiet_check)  # seconds a fetch waits for results
         # fetches in a row without a result before the consumer is asked whether it is there
         self._quiet_check = max(1, round(quiet_check / self._fetch_wait))
         self._psub: JetStreamContext.PullSubscription | None = None
         self._last = 0  # stream sequence of the last result read
-        self._before: int | None = None  # the stream's last sequence when this run began: results up to it are an earlier run's
+        self._before: int | None = (
+            None  # the stream's last sequence when this run began: results up to it are an earlier run's
+        )
         self._quiet = 0
         self.form = vector_form(form)
         self.dim = 0  # components per row, from the first result
@@ -108,12 +129,17 @@ class Collector:
         replicas = info.config.num_replicas or 1
         if self._before is None:
             self._before = info.state.last_seq
-        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
-                 else dict(deliver_policy=DeliverPolicy.ALL))
+        start = (
+            dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1)
+            if self._last
+            else dict(deliver_policy=DeliverPolicy.ALL)
+        )
         self._psub = await self._js.pull_subscribe(
-            self._subject, stream=self._stream,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0, num_replicas=replicas,
-                                  **start),
+            self._subject,
+            stream=self._stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0, num_replicas=replicas, **start
+            ),
         )
 
     async def close(self) -> None:
@@ -179,19 +205,35 @@ class Collector:
                 await msg.term()
                 continue
             if result.id != self._job or (self._layout is not None and not self._layout.holds(result)):
-                log.error("job %s: a result of job %r, batch %d, row %d, is not one of its own: dropped", self._job,
-                          result.id[:100], result.batch, result.start)
+                log.error(
+                    "job %s: a result of job %r, batch %d, row %d, is not one of its own: dropped",
+                    self._job,
+                    result.id[:100],
+                    result.batch,
+                    result.start,
+                )
                 await msg.term()
                 continue
             if (result.chunks is None) != (self.chunks is None):
-                log.error("job %s batch %d: rows %s chunks in a job %s: dropped", result.id, result.batch,
-                          "without" if result.chunks is None else "with", "of chunks" if self.chunks else "without")
+                log.error(
+                    "job %s batch %d: rows %s chunks in a job %s: dropped",
+                    result.id,
+                    result.batch,
+                    "without" if result.chunks is None else "with",
+                    "of chunks" if self.chunks else "without",
+                )
                 await msg.term()
                 continue
             if result.dtype != self.form.wire or (self.dim and result.dim != self.dim):
-                log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped", result.id,
-                          result.batch, WIRE_FORMS[result.dtype].name, result.dim, self.form.name,
-                          f" of dimension {self.dim}" if self.dim else "")
+                log.error(
+                    "job %s batch %d: %s rows of dimension %d in a job of %s rows%s: dropped",
+                    result.id,
+                    result.batch,
+                    WIRE_FORMS[result.dtype].name,
+                    result.dim,
+                    self.form.name,
+                    f" of dimension {self.dim}" if self.dim else "",
+                )
                 await msg.term()
                 continue
             self.dim = result.dim

@@ -68,9 +68,14 @@ class Served:
         """The most bytes one document's vectors of ``options`` take in a stored result."""
         dtype, output = options.dtype, options.output
         if output == "sparse":  # (id, value) entries, as many as vocabulary ids the model can weigh
-            return self.number("sparse_entries", "vocab_size") * (INDEX_BYTES + WIRE_FORMS[dtype].dtype.itemsize) + OFFSET_BYTES
+            return (
+                self.number("sparse_entries", "vocab_size") * (INDEX_BYTES + WIRE_FORMS[dtype].dtype.itemsize)
+                + OFFSET_BYTES
+            )
         if output == "multivector":  # a vector per token, up to the model's token limit
-            return self.number("max_seq_length") * row_bytes(dtype, self.number("multivector_dim", "dim")) + OFFSET_BYTES
+            return (
+                self.number("max_seq_length") * row_bytes(dtype, self.number("multivector_dim", "dim")) + OFFSET_BYTES
+            )
         return row_bytes(dtype, self.number("dim"))
 
 
@@ -100,8 +105,9 @@ def served(view: FleetView, model: str) -> Served:
 def check_output(model: Served, output: str) -> None:
     """JobRefused when ``model`` cannot make ``output`` vectors (a cross-encoder makes none)."""
     if model.worker.get("task") == "score":
-        raise JobRefused(f"{model.model} is a cross-encoder: it scores (query, document) pairs and makes no vectors",
-                         "model")
+        raise JobRefused(
+            f"{model.model} is a cross-encoder: it scores (query, document) pairs and makes no vectors", "model"
+        )
     if output not in model.outputs:
         raise JobRefused(f"{model.model} makes no {output} vectors (it makes: {', '.join(model.outputs)})", "output")
 
@@ -113,18 +119,25 @@ def fit_batch(model: Served, options: EmbedOptions, batch_size: int, max_payload
     fits = (max_payload - RESULT_OVERHEAD) // per_document
     kind = f"{options.output} vectors" if options.output != "dense" else "vector"
     if fits < 1:
-        raise JobRefused(f"one document's {kind} from {model.model} may take {per_document:,} bytes, over the NATS "
-                         f"server's message limit of {max_payload:,} (max_payload): raise max_payload in the server's "
-                         "configuration, or ask a smaller embedding_type", "output")
+        raise JobRefused(
+            f"one document's {kind} from {model.model} may take {per_document:,} bytes, over the NATS "
+            f"server's message limit of {max_payload:,} (max_payload): raise max_payload in the server's "
+            "configuration, or ask a smaller embedding_type",
+            "output",
+        )
     if fits >= batch_size:
         return BatchFit(batch_size)
-    return BatchFit(fits, f"batch size cut from {batch_size} to {fits}: a document's {kind} from {model.model} may "
-                          f"take {per_document:,} bytes, and a batch's results must fit in one NATS message of "
-                          f"{max_payload:,} bytes (max_payload)")
+    return BatchFit(
+        fits,
+        f"batch size cut from {batch_size} to {fits}: a document's {kind} from {model.model} may "
+        f"take {per_document:,} bytes, and a batch's results must fit in one NATS message of "
+        f"{max_payload:,} bytes (max_payload)",
+    )
 
 
-def check_job(view: FleetView, model: str, options: EmbedOptions, batch_size: int, max_payload: int,
-              doc_ids: list[str]) -> BatchFit:
+def check_job(
+    view: FleetView, model: str, options: EmbedOptions, batch_size: int, max_payload: int, doc_ids: list[str]
+) -> BatchFit:
     """Everything the fleet must offer a job, checked before any of it is published."""
     found = served(view, model)
     check_output(found, options.output)
@@ -143,8 +156,9 @@ async def fleet_view(nc, prefix: str, model: str, patience: float = 3.0) -> Flee
             return view
 
 
-async def check_chunk_room(chunker, model: str, chunking, options: EmbedOptions,
-                           timeout: float = CHUNK_ROOM_TIMEOUT) -> None:
+async def check_chunk_room(
+    chunker, model: str, chunking, options: EmbedOptions, timeout: float = CHUNK_ROOM_TIMEOUT
+) -> None:
     """Refuses chunking whose windows ``model`` cannot hold (over its limit less its special tokens and
     the job's prompt), asking a tokenizer as the online route does: ``chunker`` is an EmbedClient,
     ``chunking`` a JobChunking. JobRefused naming the field to change."""

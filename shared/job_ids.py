@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from shared.job_bucket import MAX_JOB_ID, has_state_key
 
-RULE = (f"at most {MAX_JOB_ID} letters, digits and - _ = / ., with no empty part between dots "
-        "(not '', '.a', 'a.', 'a..b')")
+RULE = (
+    f"at most {MAX_JOB_ID} letters, digits and - _ = / ., with no empty part between dots (not '', '.a', 'a.', 'a..b')"
+)
 
 
 def job_id_problem(job: str) -> str | None:

@@ -82,8 +82,18 @@ def form_conflict(state: JobState | None, form: str, output: str = "dense") -> s
 
 
 async def submit(
-    js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
-    docs: list[tuple[str, str]], batch_size: int, options, source: str, tracer=None, claim=None, chunking=None,
+    js: JetStreamContext,
+    kv: KeyValue,
+    subjects: Subjects,
+    job: str,
+    model: str,
+    docs: list[tuple[str, str]],
+    batch_size: int,
+    options,
+    source: str,
+    tracer=None,
+    claim=None,
+    chunking=None,
     sink: JobSink | None = None,
 ) -> JobState:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
@@ -102,13 +112,38 @@ async def submit(
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
     with span:
-        return await _publish(js, kv, subjects, job, model, docs, batch_size, options, source, headers_for(span.context),
-                              claim, chunking, sink)
+        return await _publish(
+            js,
+            kv,
+            subjects,
+            job,
+            model,
+            docs,
+            batch_size,
+            options,
+            source,
+            headers_for(span.context),
+            claim,
+            chunking,
+            sink,
+        )
 
 
-async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: str, model: str,
-                   docs: list[tuple[str, str]], batch_size: int, options, source: str, headers: dict | None,
-                   claim, chunking, sink: JobSink | None) -> JobState:
+async def _publish(
+    js: JetStreamContext,
+    kv: KeyValue,
+    subjects: Subjects,
+    job: str,
+    model: str,
+    docs: list[tuple[str, str]],
+    batch_size: int,
+    options,
+    source: str,
+    headers: dict | None,
+    claim,
+    chunking,
+    sink: JobSink | None,
+) -> JobState:
     from shared.protocol import JobBatch, encode
 
     claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
@@ -126,10 +161,21 @@ async def _publish(js: JetStreamContext, kv: KeyValue, subjects: Subjects, job: 
         if state.status not in FINISHED:  # a run starts (or resumes): its rates count from here
             state = replace(state, run=Run(now, state.done, state.failed, state.tokens))
         if sink is not None:
-            state = replace(state, sink=sink.shown, sink_target=sink.target, sink_shape=sink.shape, sink_lease=sink.lease)
-        return replace(state, model=model, input=source, documents=len(docs), batches=len(batches), embedding_type=form,
-                       output=options.output, chunking=chunking if chunking is not None else state.chunking,
-                       status=state.status or RUNNING, started=state.started or now)
+            state = replace(
+                state, sink=sink.shown, sink_target=sink.target, sink_shape=sink.shape, sink_lease=sink.lease
+            )
+        return replace(
+            state,
+            model=model,
+            input=source,
+            documents=len(docs),
+            batches=len(batches),
+            embedding_type=form,
+            output=options.output,
+            chunking=chunking if chunking is not None else state.chunking,
+            status=state.status or RUNNING,
+            started=state.started or now,
+        )
 
     state = await update_state(kv, job, start)
     for i in range(state.published, len(batches)):
@@ -178,9 +224,14 @@ async def _cancelled(kv: KeyValue, job: str) -> bool:
     return state is not None and state.status == CANCELLED
 
 
-async def publish_durably(js: JetStreamContext, subject: str, data: bytes, msg_id: str, headers: dict | None = None,
-                          patience: float = 300.0):
+async def publish_durably(
+    js: JetStreamContext, subject: str, data: bytes, msg_id: str, headers: dict | None = None, patience: float = 300.0
+):
     """Publish into a stream with a message id and wait for the stream's acknowledgement, trying again
     while the connection is lost for up to ``patience`` seconds (the id makes a repeat harmless)."""
-    return await retry_transient(lambda: js.publish(subject, data, headers={**(headers or {}), "Nats-Msg-Id": msg_id}),
-                                 transient, patience, f"publish {msg_id}")
+    return await retry_transient(
+        lambda: js.publish(subject, data, headers={**(headers or {}), "Nats-Msg-Id": msg_id}),
+        transient,
+        patience,
+        f"publish {msg_id}",
+    )

@@ -46,8 +46,10 @@ def claim_problem(state: JobState | None, claim: Claim) -> str | None:
     if claim.owner is not None and state.owner != claim.owner:
         return f"job id {state.job} is taken: give another job id"
     if state.request != claim.request:
-        return (f"job {state.job} exists with other documents, model, batch size or options: give it another job id "
-                "(the same request again resumes it)")
+        return (
+            f"job {state.job} exists with other documents, model, batch size or options: give it another job id "
+            "(the same request again resumes it)"
+        )
     return None
 
 

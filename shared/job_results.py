@@ -82,15 +82,19 @@ def unfinished(state: JobState) -> str | None:
     """Why a job's results cannot be read as a whole yet (None: they can): it has not finished."""
     if state.status in FINISHED:
         return None
-    return (f"job {state.job} is {state.status or 'not started'}: {state.done + state.failed} of "
-            f"{state.documents if state.documents is not None else '?'} documents settled; its results can be read once "
-            "it is done")
+    return (
+        f"job {state.job} is {state.status or 'not started'}: {state.done + state.failed} of "
+        f"{state.documents if state.documents is not None else '?'} documents settled; its results can be read once "
+        "it is done"
+    )
 
 
 def expired(state: JobState) -> str:
     """Why a job whose stream holds none of its results has none to give."""
-    return (f"job {state.job} stored {state.done} documents' vectors, and the results stream holds none of them "
-            "any more (expired: --results-max-age, --results-max-bytes)")
+    return (
+        f"job {state.job} stored {state.done} documents' vectors, and the results stream holds none of them "
+        "any more (expired: --results-max-age, --results-max-bytes)"
+    )
 
 
 class StoredResults:
@@ -118,10 +122,16 @@ class StoredResults:
         return self.stored
 
     async def _subscribe(self) -> None:
-        start = (dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1) if self._last
-                 else dict(deliver_policy=DeliverPolicy.ALL))
-        self._psub = await self._js.pull_subscribe(self._subject, stream=self._stream, config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE, **start))
+        start = (
+            dict(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._last + 1)
+            if self._last
+            else dict(deliver_policy=DeliverPolicy.ALL)
+        )
+        self._psub = await self._js.pull_subscribe(
+            self._subject,
+            stream=self._stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE, **start),
+        )
 
     async def close(self) -> None:
         """Unsubscribe and delete the consumer (left, the server would keep it ``INACTIVE`` seconds)."""
@@ -141,7 +151,9 @@ class StoredResults:
                 continue
             seen.add((result.batch, result.start))
             self.dim = result.dim
-            yield Stored(result.batch, result.start, list(result.doc_ids), result_rows(result), result.dim, result.chunks)
+            yield Stored(
+                result.batch, result.start, list(result.doc_ids), result_rows(result), result.dim, result.chunks
+            )
 
     async def _results(self) -> AsyncIterator[JobResult]:
         """Every result the stream held at ``open``: until the consumer has none pending."""
@@ -176,7 +188,9 @@ class StoredResults:
                 await self.close()
                 await self._subscribe()
             except Exception as exc:
-                raise ResultsLost(f"job {self._job}: its results consumer cannot be opened again ({exc!r}) {unread}") from None
+                raise ResultsLost(
+                    f"job {self._job}: its results consumer cannot be opened again ({exc!r}) {unread}"
+                ) from None
         raise ResultsLost(f"job {self._job}: its results consumer was lost {REOPENS} times in a row {unread}")
 
     async def _still_there(self) -> bool:
@@ -193,13 +207,25 @@ class StoredResults:
             log.error("a result of job %r in the subject of job %r: left out", result.id[:100], self._job)
             return False
         if (result.chunks is None) != (self._form.chunking is None):
-            log.error("job %s batch %d: %s rows in a job of %s rows: left out", self._job, result.batch,
-                      "document" if result.chunks is None else "chunk", "chunk" if self._form.chunking else "document")
+            log.error(
+                "job %s batch %d: %s rows in a job of %s rows: left out",
+                self._job,
+                result.batch,
+                "document" if result.chunks is None else "chunk",
+                "chunk" if self._form.chunking else "document",
+            )
             return False
         if result.dtype == self._form.wire and (not self.dim or result.dim == self.dim):
             return True
-        log.error("job %s batch %d: %s rows of dimension %d in a job of %s rows%s: left out", self._job, result.batch,
-                  result.dtype, result.dim, self._form.wire, f" of dimension {self.dim}" if self.dim else "")
+        log.error(
+            "job %s batch %d: %s rows of dimension %d in a job of %s rows%s: left out",
+            self._job,
+            result.batch,
+            result.dtype,
+            result.dim,
+            self._form.wire,
+            f" of dimension {self.dim}" if self.dim else "",
+        )
         return False
 
 

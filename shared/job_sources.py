@@ -51,11 +51,18 @@ def parts_of(ids: list[str], sources: Sources, limit: int) -> list[bytes]:
             size = 0
         groups[-1].append(doc_id)
         size += one
-    return [msgpack.packb({
-        "part": i, "parts": len(groups), "ids": group,
-        "fields": None if sources.fields is None else [sources.fields.get(d) for d in group],
-        "texts": None if sources.texts is None else [sources.texts.get(d) for d in group],
-    }) for i, group in enumerate(groups)]
+    return [
+        msgpack.packb(
+            {
+                "part": i,
+                "parts": len(groups),
+                "ids": group,
+                "fields": None if sources.fields is None else [sources.fields.get(d) for d in group],
+                "texts": None if sources.texts is None else [sources.texts.get(d) for d in group],
+            }
+        )
+        for i, group in enumerate(groups)
+    ]
 
 
 async def publish_sources(js: JetStreamContext, subjects: Subjects, job: str, messages: list[bytes]) -> None:
@@ -75,8 +82,11 @@ def _part(data: bytes, limit: int) -> dict:
         raise ValueError("bad ids or part number")
     for key, kind in (("fields", dict), ("texts", str)):
         column = part.get(key)
-        if column is not None and not (isinstance(column, list) and len(column) == len(ids)
-                                       and all(v is None or isinstance(v, kind) for v in column)):
+        if column is not None and not (
+            isinstance(column, list)
+            and len(column) == len(ids)
+            and all(v is None or isinstance(v, kind) for v in column)
+        ):
             raise ValueError(f"bad {key}")
     return part
 
@@ -91,8 +101,11 @@ async def read_sources(js: JetStreamContext, subjects: Subjects, job: str, limit
     held = (info.state.subjects or {}).get(subject, 0)
     if not held:
         return Sources(None, None)
-    psub = await js.pull_subscribe(subject, stream=stream, config=ConsumerConfig(
-        ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0))
+    psub = await js.pull_subscribe(
+        subject,
+        stream=stream,
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0),
+    )
     parts: dict[int, dict] = {}
     wanted = None
     try:

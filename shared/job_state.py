@@ -188,8 +188,10 @@ class _Bad(Exception):
 def _plain(value: Any) -> Any:
     """A field's value as JSON holds it."""
     if isinstance(value, Ledger):
-        return {"whole": [list(s) for s in value.whole], "part": {str(b): [list(s) for s in spans]
-                                                                  for b, spans in sorted(value.part.items())}}
+        return {
+            "whole": [list(s) for s in value.whole],
+            "part": {str(b): [list(s) for s in spans] for b, spans in sorted(value.part.items())},
+        }
     if isinstance(value, JobChunking):
         return value.record()
     if isinstance(value, Shape):
@@ -202,6 +204,7 @@ def _plain(value: Any) -> Any:
 
 
 # -- reading: each key's value checked, refused with what it should be ---------------------------------
+
 
 def _text(value: object) -> str:
     if not isinstance(value, str):
@@ -232,6 +235,7 @@ def _choice(*allowed: str) -> Callable[[object], str]:
         if value not in allowed:
             raise _Bad(f"one of {', '.join(allowed)} is expected, not {shown(value)}")
         return str(value)
+
     return read
 
 
@@ -246,6 +250,7 @@ def _listed(read: Callable[[object], Any], most: int) -> Callable[[object], tupl
         if not isinstance(value, list) or len(value) > most:
             raise _Bad(f"a list of at most {most} is expected, not {shown(value)}")
         return tuple(read(v) for v in value)
+
     return read_all
 
 
@@ -307,17 +312,51 @@ def _store_wait(value: object) -> StoreWait:
 
 def _dead(value: object) -> DeadBatch:
     raw = _object(value, ("stage", "batch", "start", "documents", "deliveries", "reason"))
-    return DeadBatch(_text(raw["stage"]), None if raw["batch"] is None else _count(raw["batch"]), _count(raw["start"]),
-                     _count(raw["documents"]), _count(raw["deliveries"]), _text(raw["reason"]))
+    return DeadBatch(
+        _text(raw["stage"]),
+        None if raw["batch"] is None else _count(raw["batch"]),
+        _count(raw["start"]),
+        _count(raw["documents"]),
+        _count(raw["deliveries"]),
+        _text(raw["reason"]),
+    )
 
 
 _READERS: dict[str, Callable[[object], Any]] = {
-    "status": _choice(*STATUSES), "model": _text, "input": _text, "documents": _count, "batches": _count,
-    "embedding_type": _choice(*FORMS), "output": _choice(*JOB_OUTPUTS), "chunking": _chunking, "request": _text,
-    "owner": _text, "published": _count, "started": _time, "run": _run, "done": _count, "failed": _count,
-    "tokens": _count, "chunks": _count, "chunks_done": _count, "chunks_failed": _count,
-    "errors": _listed(_text, MAX_DEAD_RECORDS), "dead": _listed(_dead, MAX_DEAD_RECORDS), "finished": _time,
-    "cancelled": _time, "collected": _count, "dim": _count, "sink": _text, "sink_target": _text, "sink_shape": _shape,
-    "sink_lease": _lease, "sink_rows": _count, "sink_error": _store_wait, "sink_done": _time, "sink_failed": _text,
-    "accounted": _ledger, "accounted_chunks": _ledger, "cut": _ledger,
+    "status": _choice(*STATUSES),
+    "model": _text,
+    "input": _text,
+    "documents": _count,
+    "batches": _count,
+    "embedding_type": _choice(*FORMS),
+    "output": _choice(*JOB_OUTPUTS),
+    "chunking": _chunking,
+    "request": _text,
+    "owner": _text,
+    "published": _count,
+    "started": _time,
+    "run": _run,
+    "done": _count,
+    "failed": _count,
+    "tokens": _count,
+    "chunks": _count,
+    "chunks_done": _count,
+    "chunks_failed": _count,
+    "errors": _listed(_text, MAX_DEAD_RECORDS),
+    "dead": _listed(_dead, MAX_DEAD_RECORDS),
+    "finished": _time,
+    "cancelled": _time,
+    "collected": _count,
+    "dim": _count,
+    "sink": _text,
+    "sink_target": _text,
+    "sink_shape": _shape,
+    "sink_lease": _lease,
+    "sink_rows": _count,
+    "sink_error": _store_wait,
+    "sink_done": _time,
+    "sink_failed": _text,
+    "accounted": _ledger,
+    "accounted_chunks": _ledger,
+    "cut": _ledger,
 }

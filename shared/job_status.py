@@ -66,7 +66,9 @@ def count_failed(state: JobState, rows: Rows, dead: DeadBatch, chunks: ChunkRows
         state = replace(state, accounted=accounted, failed=state.failed + fresh)
     place = (dead.stage, dead.batch, dead.start)
     if len(state.dead) < MAX_DEAD_RECORDS and all((d.stage, d.batch, d.start) != place for d in state.dead):
-        state = _with_error(replace(state, dead=(*state.dead, dead)), f"{dead.stage}: batch {dead.batch}: {dead.reason}")
+        state = _with_error(
+            replace(state, dead=(*state.dead, dead)), f"{dead.stage}: batch {dead.batch}: {dead.reason}"
+        )
     return settle(state)
 
 
@@ -82,7 +84,9 @@ def settle(state: JobState) -> JobState:
     total = state.documents
     if state.status == CANCELLED or not total or state.done + state.failed < total:
         return state
-    if state.sink is not None and state.sink_done is None:  # done once its rows are in the store (shared/sinks/writer.py)
+    if (
+        state.sink is not None and state.sink_done is None
+    ):  # done once its rows are in the store (shared/sinks/writer.py)
         return state
     status = DONE_WITH_ERRORS if state.failed else DONE
     if state.status == status:
@@ -101,7 +105,9 @@ def cancelled(state: JobState) -> JobState:
     if state.status in FINISHED:
         return state
     now = time.time()
-    return replace(state, status=CANCELLED, cancelled=now, finished=state.finished if state.finished is not None else now)
+    return replace(
+        state, status=CANCELLED, cancelled=now, finished=state.finished if state.finished is not None else now
+    )
 
 
 async def cancel_job(kv: KeyValue, job: str) -> JobState | None:

@@ -37,8 +37,13 @@ def _base(subjects: Subjects) -> str:
 
 def stream_names(subjects: Subjects) -> dict[str, str]:
     base = _base(subjects)
-    return {"jobs": f"{base}_JOBS", "bulk": f"{base}_BULK", "results": f"{base}_RESULTS", "dead": f"{base}_DEAD",
-            "kv": f"{base}_jobs"}
+    return {
+        "jobs": f"{base}_JOBS",
+        "bulk": f"{base}_BULK",
+        "results": f"{base}_RESULTS",
+        "dead": f"{base}_DEAD",
+        "kv": f"{base}_jobs",
+    }
 
 
 def bucket_stream(subjects: Subjects) -> str:
@@ -59,15 +64,37 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
     results_age = _chosen(retention.results_max_age, results and results.max_age, RESULTS_MAX_AGE)
     results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, 0)
     configs = [
-        StreamConfig(name=names["jobs"], subjects=[f"{p}.v1.jobs.>"], retention=RetentionPolicy.WORK_QUEUE,
-                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
-        StreamConfig(name=names["bulk"], subjects=[f"{p}.v1.bulk.>"], retention=RetentionPolicy.WORK_QUEUE,
-                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW),
-        StreamConfig(name=names["results"], subjects=[f"{p}.v1.results.>"], retention=RetentionPolicy.LIMITS,
-                     storage=StorageType.FILE, duplicate_window=_window(DUPLICATE_WINDOW, results_age),
-                     max_age=results_age, max_bytes=results_bytes if results_bytes > 0 else -1),
-        StreamConfig(name=names["dead"], subjects=[f"{p}.v1.dead.>"], retention=RetentionPolicy.LIMITS,
-                     storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, max_age=DEAD_MAX_AGE),
+        StreamConfig(
+            name=names["jobs"],
+            subjects=[f"{p}.v1.jobs.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW,
+        ),
+        StreamConfig(
+            name=names["bulk"],
+            subjects=[f"{p}.v1.bulk.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW,
+        ),
+        StreamConfig(
+            name=names["results"],
+            subjects=[f"{p}.v1.results.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            duplicate_window=_window(DUPLICATE_WINDOW, results_age),
+            max_age=results_age,
+            max_bytes=results_bytes if results_bytes > 0 else -1,
+        ),
+        StreamConfig(
+            name=names["dead"],
+            subjects=[f"{p}.v1.dead.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW,
+            max_age=DEAD_MAX_AGE,
+        ),
     ]
     placement = Placement(js, retention.replicas)
     for config in configs:
@@ -86,19 +113,41 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention
     history = _chosen(retention.job_history, current and current.max_msgs_per_subject, 1)
     if current is None:
         try:
-            return await placement.create(stream, lambda n: js.create_key_value(
-                bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE, replicas=n))
+            return await placement.create(
+                stream,
+                lambda n: js.create_key_value(
+                    bucket=bucket, history=history, ttl=ttl or None, storage=StorageType.FILE, replicas=n
+                ),
+            )
         except BadRequestError:  # created meanwhile by another process, with other limits
             current = await stream_config(js, stream)
             assert current is not None  # the server said it exists
     replicas = placement.target(current.num_replicas)
-    if abs((current.max_age or 0) - ttl) > 1e-3 or current.max_msgs_per_subject != history or \
-            replicas != current.num_replicas:
-        log.info("bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)", bucket, ttl, history,
-                 current.max_age or 0, current.max_msgs_per_subject)
-        await placement.update(stream, current.num_replicas or 1, lambda n: js.update_stream(current.evolve(
-            max_age=ttl, max_msgs_per_subject=history, duplicate_window=_window(current.duplicate_window, ttl),
-            num_replicas=n)))
+    if (
+        abs((current.max_age or 0) - ttl) > 1e-3
+        or current.max_msgs_per_subject != history
+        or replicas != current.num_replicas
+    ):
+        log.info(
+            "bucket %s: record ttl %.0fs, %d revisions a job (was %.0fs, %d)",
+            bucket,
+            ttl,
+            history,
+            current.max_age or 0,
+            current.max_msgs_per_subject,
+        )
+        await placement.update(
+            stream,
+            current.num_replicas or 1,
+            lambda n: js.update_stream(
+                current.evolve(
+                    max_age=ttl,
+                    max_msgs_per_subject=history,
+                    duplicate_window=_window(current.duplicate_window, ttl),
+                    num_replicas=n,
+                )
+            ),
+        )
     return await js.key_value(bucket)
 
 
@@ -139,7 +188,11 @@ def work_consumer(durable: str, subject: str, settings: JobSettings) -> Consumer
     """A stage's durable consumer, with as many copies of its state as its stream has (replicas 0:
     the stream's, now and after it is raised)."""
     return ConsumerConfig(
-        name=durable, durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=settings.ack_wait, max_deliver=settings.max_deliver, num_replicas=0,
+        name=durable,
+        durable_name=durable,
+        filter_subject=subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=settings.ack_wait,
+        max_deliver=settings.max_deliver,
+        num_replicas=0,
     )
-

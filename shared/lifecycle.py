@@ -80,8 +80,10 @@ def describe_error(exc: BaseException, cfg: NatsConfig) -> str:
     text = redact(str(exc) or type(exc).__name__).removeprefix("nats: ")
     lowered = text.lower()
     if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in lowered or "authentication" in lowered:
-        return (f"the server refused the credentials ({text}); this service gives {cfg.auth.method}: check "
-                "--nats-user/--nats-password-file, --nats-token-file, --nats-nkey-seed or --nats-creds")
+        return (
+            f"the server refused the credentials ({text}); this service gives {cfg.auth.method}: check "
+            "--nats-user/--nats-password-file, --nats-token-file, --nats-nkey-seed or --nats-creds"
+        )
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed ({text}): check --nats-tls-ca, --nats-tls-cert/--nats-tls-key and --nats-tls-hostname"
     return text
@@ -193,9 +195,7 @@ async def connect_within(cfg: NatsConfig, name: str, seconds: float = ONE_SHOT_P
         timer.cancel()
 
 
-async def register(
-    nc: Client, subjects: Subjects, role: str, description: str, metadata: dict[str, str]
-) -> Service:
+async def register(nc: Client, subjects: Subjects, role: str, description: str, metadata: dict[str, str]) -> Service:
     """Register as a NATS micro service: $SRV.PING/INFO/STATS answer for this process.
 
     The metadata carries the subject prefix: fleets under different prefixes share a NATS server
@@ -329,4 +329,3 @@ async def start_jetstream_part(start: Callable[[], Awaitable[Any]]) -> None:
             if attempt == JETSTREAM_TRIES:
                 raise
             log.info("JetStream did not answer in time (try %d of %d); trying again", attempt, JETSTREAM_TRIES)
-

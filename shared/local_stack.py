@@ -83,8 +83,11 @@ def _alive(pid: int) -> bool:
 def nats_given(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> bool:
     """Whether a NATS URL or any NATS credential is given. The flags' defaults come from their
     environment variables already; the secrets themselves only travel in the environment."""
-    return (getattr(ns, "nats", None) is not None or any(getattr(ns, dest, None) for dest in NATS_SECURITY_ENV)
-            or any(environ.get(name) for name in (PASSWORD_ENV, TOKEN_ENV)))
+    return (
+        getattr(ns, "nats", None) is not None
+        or any(getattr(ns, dest, None) for dest in NATS_SECURITY_ENV)
+        or any(environ.get(name) for name in (PASSWORD_ENV, TOKEN_ENV))
+    )
 
 
 def use_local_stack(ns: argparse.Namespace) -> str:
@@ -99,7 +102,9 @@ def use_local_stack(ns: argparse.Namespace) -> str:
         ns.nats = FALLBACK_URL
         return f"the default, as no running `embedfleet up` is recorded in {record}"
     if stack.token_file and not Path(stack.token_file).is_file():
-        raise ConfigError(f"{record} names the token file {stack.token_file}, which is not there: start "
-                          "`embedfleet up` again, or give --nats and its credentials")
+        raise ConfigError(
+            f"{record} names the token file {stack.token_file}, which is not there: start "
+            "`embedfleet up` again, or give --nats and its credentials"
+        )
     ns.nats, ns.nats_token_file = stack.url, stack.token_file
     return f"recorded in {record} by `embedfleet up` (pid {stack.pid})"

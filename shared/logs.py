@@ -34,8 +34,14 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        ids = [f"{key}={value}" for key, value in (("request", getattr(record, "request_id", "")),
-                                                  ("trace", getattr(record, "trace_id", ""))) if value]
+        ids = [
+            f"{key}={value}"
+            for key, value in (
+                ("request", getattr(record, "request_id", "")),
+                ("trace", getattr(record, "trace_id", "")),
+            )
+            if value
+        ]
         return f"{line} [{' '.join(ids)}]" if ids else line
 
 

@@ -52,8 +52,9 @@ class MetricsEndpoint:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exposition's server does
                 s.bind((self.host, self.port))
         except OSError as exc:
-            raise ConfigError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} "
-                              f"({exc.strerror or exc})") from None
+            raise ConfigError(
+                f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} ({exc.strerror or exc})"
+            ) from None
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> MetricsEndpoint:
@@ -90,7 +91,8 @@ def serve_metrics(registry: CollectorRegistry, endpoint: MetricsEndpoint) -> Met
     try:
         server, thread = start_http_server(endpoint.port, endpoint.host, registry=registry)
     except OSError as exc:
-        raise ConfigError(f"--metrics-port {endpoint.port}: cannot listen on {endpoint.host}:{endpoint.port} "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"--metrics-port {endpoint.port}: cannot listen on {endpoint.host}:{endpoint.port} ({exc.strerror or exc})"
+        ) from None
     log.info("metrics on %s", endpoint.url())
     return MetricsServer(server, thread)

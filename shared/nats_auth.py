@@ -97,17 +97,23 @@ class NatsAuth:
     creds: str | None = None  # path of a .creds file
 
     def __post_init__(self) -> None:
-        ways = [name for name, given in (
-            ("user and password", self.user is not None or self.password is not None),
-            ("token", self.token is not None),
-            ("--nats-nkey-seed", self.nkey_seed is not None),
-            ("--nats-creds", self.creds is not None),
-        ) if given]
+        ways = [
+            name
+            for name, given in (
+                ("user and password", self.user is not None or self.password is not None),
+                ("token", self.token is not None),
+                ("--nats-nkey-seed", self.nkey_seed is not None),
+                ("--nats-creds", self.creds is not None),
+            )
+            if given
+        ]
         if len(ways) > 1:
             raise ValueError(f"NATS credentials given {len(ways)} ways ({', '.join(ways)}): give one")
         if self.user is not None and not self.password:
-            raise ValueError(f"--nats-user {self.user!r} needs a password: --nats-password-file FILE, "
-                             "$EMBEDFLEET_NATS_PASSWORD, or nats://USER:PASSWORD@HOST")
+            raise ValueError(
+                f"--nats-user {self.user!r} needs a password: --nats-password-file FILE, "
+                "$EMBEDFLEET_NATS_PASSWORD, or nats://USER:PASSWORD@HOST"
+            )
         if self.password is not None and self.user is None:
             raise ValueError("a NATS password needs a user: --nats-user USER")
         if self.token == "":
@@ -166,7 +172,9 @@ class NatsTls:
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
-            given, missing = ("--nats-tls-cert", "--nats-tls-key") if self.key is None else ("--nats-tls-key", "--nats-tls-cert")
+            given, missing = (
+                ("--nats-tls-cert", "--nats-tls-key") if self.key is None else ("--nats-tls-key", "--nats-tls-cert")
+            )
             raise ValueError(f"{given} needs {missing}: a client certificate and its key go together")
 
     @property

@@ -87,7 +87,9 @@ def free_port() -> int:
 class EmbeddedNats:
     """A nats-server child process; ``start()`` returns its URL once JetStream answers."""
 
-    def __init__(self, data_dir: Path, port: int = 0, config: str = "", name: str = "", die_with_parent: bool = False) -> None:
+    def __init__(
+        self, data_dir: Path, port: int = 0, config: str = "", name: str = "", die_with_parent: bool = False
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.monitor_port = free_port()
@@ -123,12 +125,10 @@ class EmbeddedNats:
         conf.touch(mode=0o600)  # it may hold credentials
         conf.chmod(0o600)
         conf.write_text(
-            (f"server_name: {self.name}\n" if self.name else "")
-            + f"listen: {HOST}:{self.port}\n"
+            (f"server_name: {self.name}\n" if self.name else "") + f"listen: {HOST}:{self.port}\n"
             f"http: {HOST}:{self.monitor_port}\n"
             f"max_payload: {MAX_PAYLOAD}\n"
-            f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n'
-            + self.config
+            f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n' + self.config
         )
         log_file = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 (the server writes it until it stops)
         self._proc = subprocess.Popen(
@@ -202,8 +202,11 @@ class NatsCluster:
         route_ports = [free_port() for _ in range(size)]
         routes = ", ".join(f"nats-route://{HOST}:{p}" for p in route_ports)
         self.nodes = [
-            EmbeddedNats(data_dir / f"n{i + 1}", name=f"n{i + 1}", config=config + (
-                f"cluster {{\n  name: {name}\n  listen: {HOST}:{port}\n  routes: [{routes}]\n}}\n"))
+            EmbeddedNats(
+                data_dir / f"n{i + 1}",
+                name=f"n{i + 1}",
+                config=config + (f"cluster {{\n  name: {name}\n  listen: {HOST}:{port}\n  routes: [{routes}]\n}}\n"),
+            )
             for i, port in enumerate(route_ports)
         ]
 

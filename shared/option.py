@@ -144,8 +144,14 @@ class Option:
             extra["action"] = _Append
         else:
             extra["choices"] = self.choices
-        parser.add_argument(self.flag, default=argparse.SUPPRESS if suppress else default, type=self.type,
-                            required=self.required, help=self.help.replace("%", "%%") + shown, **extra)
+        parser.add_argument(
+            self.flag,
+            default=argparse.SUPPRESS if suppress else default,
+            type=self.type,
+            required=self.required,
+            help=self.help.replace("%", "%%") + shown,
+            **extra,
+        )
 
     def arguments(self, value: Any, environ: Mapping[str, str]) -> list[str]:
         """The arguments that give a child process, started with ``environ``, this ``value``: none where
@@ -161,7 +167,16 @@ class Option:
     def table_row(self, commands: str) -> str:
         flag = "none: environment only" if self.env_only else f"`{self.flag}`"
         env = " or ".join(f"`{name}`" for name in self.env) or "none"
-        default = ("required" if self.required else "none" if self.default is None else "off" if self.kind == "switch"
-                   else "empty" if self.default == "" else f"`{self.default}`")
+        default = (
+            "required"
+            if self.required
+            else "none"
+            if self.default is None
+            else "off"
+            if self.kind == "switch"
+            else "empty"
+            if self.default == ""
+            else f"`{self.default}`"
+        )
         meaning = self.help.replace("|", "\\|")
         return f"| {flag} | {env} | {default} | {commands} | {meaning} |"

@@ -30,8 +30,13 @@ MAX_RESPONSES = 10_000
 
 
 # the NATS connection name of each role's processes (shared.lifecycle.connect)
-CONNECTION_NAMES = {"gateway": "embedfleet-gateway", "tokenizer": "embedfleet-tokenizer", "worker": "embedfleet-worker",
-                    "scorer": "embedfleet-scorer", "publisher": "embedfleet-reindex"}
+CONNECTION_NAMES = {
+    "gateway": "embedfleet-gateway",
+    "tokenizer": "embedfleet-tokenizer",
+    "worker": "embedfleet-worker",
+    "scorer": "embedfleet-scorer",
+    "publisher": "embedfleet-reindex",
+}
 
 
 def inbox_prefix(connection_name: str) -> str:
@@ -68,36 +73,56 @@ class _JetStream:
         """Create streams (and the bucket) or bring them to a config: what every stage does at start."""
         out = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
         for stream in [*self.streams(*kinds), self.kv_stream]:
-            out += [f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}", f"$JS.API.STREAM.INFO.{stream}"]
+            out += [
+                f"$JS.API.STREAM.CREATE.{stream}",
+                f"$JS.API.STREAM.UPDATE.{stream}",
+                f"$JS.API.STREAM.INFO.{stream}",
+            ]
         return out
 
     def bucket_access(self) -> list[str]:
         """Read and write job states (the key-value bucket's subjects and direct gets)."""
         kv = self.kv_stream
-        return [f"$KV.{self.bucket}.>", f"$JS.API.DIRECT.GET.{kv}.>", f"$JS.API.DIRECT.GET.{kv}",
-                f"$JS.API.STREAM.MSG.GET.{kv}"]
+        return [
+            f"$KV.{self.bucket}.>",
+            f"$JS.API.DIRECT.GET.{kv}.>",
+            f"$JS.API.DIRECT.GET.{kv}",
+            f"$JS.API.STREAM.MSG.GET.{kv}",
+        ]
 
     def bucket_listing(self) -> list[str]:
         """List the bucket's keys (an ephemeral ordered consumer on its stream): the gateway's job gauges."""
         kv = self.kv_stream
-        return [f"$JS.API.CONSUMER.CREATE.{kv}", f"$JS.API.CONSUMER.CREATE.{kv}.>", f"$JS.API.CONSUMER.DELETE.{kv}.>",
-                f"$JS.API.CONSUMER.INFO.{kv}.>"]
+        return [
+            f"$JS.API.CONSUMER.CREATE.{kv}",
+            f"$JS.API.CONSUMER.CREATE.{kv}.>",
+            f"$JS.API.CONSUMER.DELETE.{kv}.>",
+            f"$JS.API.CONSUMER.INFO.{kv}.>",
+        ]
 
     def read_results(self) -> list[str]:
         """Read a job's stored results through an ephemeral consumer of the results stream (no acks)."""
         results = self.names["results"]
-        return [f"$JS.API.CONSUMER.CREATE.{results}", f"$JS.API.CONSUMER.CREATE.{results}.>",
-                f"$JS.API.CONSUMER.MSG.NEXT.{results}.>", f"$JS.API.CONSUMER.DELETE.{results}.>",
-                f"$JS.API.CONSUMER.INFO.{results}.>"]
+        return [
+            f"$JS.API.CONSUMER.CREATE.{results}",
+            f"$JS.API.CONSUMER.CREATE.{results}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{results}.>",
+            f"$JS.API.CONSUMER.DELETE.{results}.>",
+            f"$JS.API.CONSUMER.INFO.{results}.>",
+        ]
 
     def consume(self, kind: str, durable: str) -> list[str]:
         """Bind, fetch from and acknowledge a durable pull consumer of one stream; give up its dead batches."""
         stream = self.names[kind]
         return [
-            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}", f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
-            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", f"$JS.ACK.{stream}.{durable}.>",
-            f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.STREAM.MSG.DELETE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.STREAM.MSG.DELETE.{stream}",
         ]
 
 
@@ -109,14 +134,19 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
     p = f"{subjects.prefix}.v1"
     js = _JetStream(subjects)
     own_inbox = f"{inbox_prefix(CONNECTION_NAMES.get(role, 'embedfleet'))}.>"
+
     # every service answers $SRV.PING/INFO/STATS for its name (NATS micro services), replies by allow_responses
     def micro(name: str) -> list[str]:
-        return [f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")] + [
-            f"$SRV.{verb}.{name}" for verb in ("PING", "INFO", "STATS")] + [
-            f"$SRV.{verb}.{name}.*" for verb in ("PING", "INFO", "STATS")]
+        return (
+            [f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")]
+            + [f"$SRV.{verb}.{name}" for verb in ("PING", "INFO", "STATS")]
+            + [f"$SRV.{verb}.{name}.*" for verb in ("PING", "INFO", "STATS")]
+        )
+
     # who serves (FleetWatch), and whether one of them is gone (its own ping subject)
     watch = [f"$SRV.PING.{SERVICE_NAMES[r]}" for r in ("tokenizer", "worker", "scorer")] + [
-        f"$SRV.PING.{SERVICE_NAMES[r]}.*" for r in ("tokenizer", "worker")]
+        f"$SRV.PING.{SERVICE_NAMES[r]}.*" for r in ("tokenizer", "worker")
+    ]
     dead = f"{p}.dead.*"
 
     def advisories(kind: str, durable: str) -> str:
@@ -124,35 +154,71 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
 
     if role == "gateway":
         return Permissions(
-            publish=(f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.chunk.*", f"{p}.rerank.*", f"{p}.jobs.*",
-                     *watch,
-                     *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(), *js.bucket_listing(),
-                     f"$JS.API.CONSUMER.LIST.{js.names['jobs']}", f"$JS.API.CONSUMER.LIST.{js.names['bulk']}",
-                     *js.read_results(),  # GET /v1/jobs/{id}/results
-                     # POST /v1/jobs "sink": the rows' sources kept beside the results, the results read and acked
-                     f"{p}.results.*.sources", f"$JS.ACK.{js.names['results']}.>"),
+            publish=(
+                f"{p}.embed.*",
+                f"{p}.tokenize.*",
+                f"{p}.decode.*",
+                f"{p}.chunk.*",
+                f"{p}.rerank.*",
+                f"{p}.jobs.*",
+                *watch,
+                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.bucket_access(),
+                *js.bucket_listing(),
+                f"$JS.API.CONSUMER.LIST.{js.names['jobs']}",
+                f"$JS.API.CONSUMER.LIST.{js.names['bulk']}",
+                *js.read_results(),  # GET /v1/jobs/{id}/results
+                # POST /v1/jobs "sink": the rows' sources kept beside the results, the results read and acked
+                f"{p}.results.*.sources",
+                f"$JS.ACK.{js.names['results']}.>",
+            ),
             subscribe=(own_inbox, f"{p}.leaving", *micro(SERVICE_NAMES["gateway"])),
             responses=1,
         )
     if role == "tokenizer":
         return Permissions(
-            publish=(f"{p}.tokens.*", f"{p}.worker.*.*", f"{p}.bulk.*", dead,
-                     *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
-                     *js.consume("jobs", "*")),
-            subscribe=(own_inbox, f"{p}.embed.*", f"{p}.tokenize.*", f"{p}.decode.*", f"{p}.chunk.*", f"{p}.load.*",
-                       advisories("jobs", "*"), *micro(SERVICE_NAMES["tokenizer"])),
+            publish=(
+                f"{p}.tokens.*",
+                f"{p}.worker.*.*",
+                f"{p}.bulk.*",
+                dead,
+                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.bucket_access(),
+                *js.consume("jobs", "*"),
+            ),
+            subscribe=(
+                own_inbox,
+                f"{p}.embed.*",
+                f"{p}.tokenize.*",
+                f"{p}.decode.*",
+                f"{p}.chunk.*",
+                f"{p}.load.*",
+                advisories("jobs", "*"),
+                *micro(SERVICE_NAMES["tokenizer"]),
+            ),
             # a Requests message brings up to MAX_BUNDLE requests, each refused (if at all) on its reply subject
             responses=MAX_BUNDLE,
         )
     if role == "worker":
         return Permissions(
-            publish=(f"{p}.load.*", f"{p}.leaving", f"{p}.results.*", dead,
-                     *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
-                     *js.consume("bulk", "*"),
-                     # a result stored as its job was cancelled is removed again (its rows are not counted)
-                     f"$JS.API.STREAM.MSG.DELETE.{js.names['results']}"),
-            subscribe=(own_inbox, f"{p}.tokens.*", f"{p}.worker.*.*", advisories("bulk", "*"),
-                       *micro(SERVICE_NAMES["worker"])),
+            publish=(
+                f"{p}.load.*",
+                f"{p}.leaving",
+                f"{p}.results.*",
+                dead,
+                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.bucket_access(),
+                *js.consume("bulk", "*"),
+                # a result stored as its job was cancelled is removed again (its rows are not counted)
+                f"$JS.API.STREAM.MSG.DELETE.{js.names['results']}",
+            ),
+            subscribe=(
+                own_inbox,
+                f"{p}.tokens.*",
+                f"{p}.worker.*.*",
+                advisories("bulk", "*"),
+                *micro(SERVICE_NAMES["worker"]),
+            ),
             responses=MAX_RESPONSES,
         )
     if role == "scorer":
@@ -161,11 +227,20 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
             subscribe=(own_inbox, f"{p}.rerank.*", f"{p}.leaving", *micro(SERVICE_NAMES["scorer"])),
             responses=1,
         )
-    if role == "publisher":  # embedfleet reindex: checks the fleet serves the job, publishes it, collects its results; jobs fetch reads them
+    if (
+        role == "publisher"
+    ):  # embedfleet reindex: checks the fleet serves the job, publishes it, collects its results; jobs fetch reads them
         results = js.names["results"]
         return Permissions(
-            publish=(f"{p}.jobs.*", *watch, *js.manage("jobs", "bulk", "results", "dead"), *js.bucket_access(),
-                     *js.read_results(), f"$JS.ACK.{results}.>", f"$JS.API.STREAM.MSG.GET.{results}"),
+            publish=(
+                f"{p}.jobs.*",
+                *watch,
+                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.bucket_access(),
+                *js.read_results(),
+                f"$JS.ACK.{results}.>",
+                f"$JS.API.STREAM.MSG.GET.{results}",
+            ),
             subscribe=(own_inbox,),
         )
     # operator: embedfleet init, jobs (list, purge, cancel), and whatever administration needs
@@ -192,8 +267,11 @@ def write_auth(folder: Path, subjects: Subjects) -> Path:
         path.write_bytes(seed + b"\n")
         users.append({"nkey": public, "permissions": role_permissions(subjects, role).server_config()})
     conf = folder / "auth.conf"
-    lines = [f"# embedfleet roles under the subject prefix {subjects.prefix!r}: see shared/permissions.py", "authorization {",
-             "  users = ["]
+    lines = [
+        f"# embedfleet roles under the subject prefix {subjects.prefix!r}: see shared/permissions.py",
+        "authorization {",
+        "  users = [",
+    ]
     lines += [f"    {json.dumps(user)}  # {role}" for role, user in zip(ROLES, users)]
     lines += ["  ]", "}", ""]
     conf.write_text("\n".join(lines))

@@ -28,8 +28,9 @@ class Outbox:
     no-responders answer of nats-server comes on the first only). ``failed(replies, exc)``: a publish
     that raised (the connection went away meanwhile)."""
 
-    def __init__(self, nc: Client, carried: Callable[[str, list[str]], None],
-                 failed: Callable[[list[str], Exception], None]) -> None:
+    def __init__(
+        self, nc: Client, carried: Callable[[str, list[str]], None], failed: Callable[[list[str], Exception], None]
+    ) -> None:
         self._nc = nc
         self._carried = carried
         self._failed = failed

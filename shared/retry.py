@@ -33,8 +33,14 @@ class Backoff:
         return pause
 
 
-async def retry_transient(call: Callable[[], Awaitable[T]], transient: Callable[[BaseException], bool],
-                          patience: float, what: str, first: float = 0.25, most: float = 2.0) -> T:
+async def retry_transient(
+    call: Callable[[], Awaitable[T]],
+    transient: Callable[[BaseException], bool],
+    patience: float,
+    what: str,
+    first: float = 0.25,
+    most: float = 2.0,
+) -> T:
     """``await call()``, tried again after a pause while it raises an error for which ``transient`` is
     true (a lost connection, a timeout), for up to ``patience`` seconds; then that error is raised."""
     from nats.errors import Error as NatsError

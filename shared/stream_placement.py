@@ -76,8 +76,11 @@ class Placement:
                     raise
         if changed:
             log.info("stream %s exists with other settings (%s): updating it to these", config.name, ", ".join(changed))
-        await self.update(config.name, current.num_replicas or 1,  # a stream the server describes names its copies
-                          lambda n: self._js.update_stream(config.evolve(num_replicas=n)))
+        await self.update(
+            config.name,
+            current.num_replicas or 1,  # a stream the server describes names its copies
+            lambda n: self._js.update_stream(config.evolve(num_replicas=n)),
+        )
 
     async def create(self, name: str, make):
         """``make(replicas)``: a new stream; with one copy when automatic replicas cannot be placed."""
@@ -87,10 +90,16 @@ class Placement:
             if exc.err_code not in _PLACEMENT_ERRORS or self.replicas == 1:
                 raise
             if self.wanted is not None:
-                raise ConfigError(f"--stream-replicas {self.wanted}: NATS cannot place {self.wanted} copies of "
-                                  f"{name}: {exc.description}") from None
-            log.warning("%s: NATS cannot place %d copies (%s): one copy, which a lost node takes with it",
-                        name, self.replicas, exc.description)
+                raise ConfigError(
+                    f"--stream-replicas {self.wanted}: NATS cannot place {self.wanted} copies of "
+                    f"{name}: {exc.description}"
+                ) from None
+            log.warning(
+                "%s: NATS cannot place %d copies (%s): one copy, which a lost node takes with it",
+                name,
+                self.replicas,
+                exc.description,
+            )
             self.replicas = 1
             return await make(1)
 
@@ -121,4 +130,3 @@ async def stream_config(js: JetStreamContext, name: str) -> StreamConfig | None:
         return (await js.stream_info(name)).config
     except NotFoundError:
         return None
-

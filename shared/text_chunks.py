@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from shared.errors import ErrorCode, ServiceError, shown
 
 BOUNDARIES = ("token", "sentence")
+
+
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     start: int  # characters: text[start:end] is the chunk's text
@@ -46,8 +48,10 @@ class ChunkSpec:
         """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's
         special tokens and the prompt."""
         if self.size > room:
-            raise _invalid(f"chunking.size is {self.size}; this model holds at most {room} tokens of text a chunk "
-                           "(its limit, less its special tokens and the prompt)")
+            raise _invalid(
+                f"chunking.size is {self.size}; this model holds at most {room} tokens of text a chunk "
+                "(its limit, less its special tokens and the prompt)"
+            )
 
 
 def _is_int(value: object) -> bool:
@@ -76,5 +80,10 @@ class JobChunking:
 
     def record(self) -> dict:
         """As a job's state records it (and the job's id and request digest are made of it)."""
-        return {"size": self.spec.size, "overlap": self.spec.overlap, "boundary": self.spec.boundary, "late": self.late,
-                "with_text": self.with_text}
+        return {
+            "size": self.spec.size,
+            "overlap": self.spec.overlap,
+            "boundary": self.spec.boundary,
+            "late": self.late,
+            "with_text": self.with_text,
+        }

@@ -130,6 +130,7 @@ def bind(context: TraceContext | None, request_id: str | None = None) -> None:
 
 # -- configuration ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
     endpoint: str | None = default("otlp_endpoint")
@@ -170,6 +171,7 @@ def _sdk():
 
 
 # -- spans --------------------------------------------------------------------------------------
+
 
 def _attribute(key: str) -> str:
     """embedfleet's own attributes under its namespace; dotted names (OpenTelemetry's conventions) as given."""
@@ -237,8 +239,14 @@ class Tracer:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    def start(self, name: str, parent: TraceContext | None, kind: str = "internal", start_ns: int | None = None,
-              **attributes: Any) -> Span:
+    def start(
+        self,
+        name: str,
+        parent: TraceContext | None,
+        kind: str = "internal",
+        start_ns: int | None = None,
+        **attributes: Any,
+    ) -> Span:
         """A span of ``name`` under ``parent`` (None: the first of a new trace)."""
         if self._tracer is None:
             if parent is None:
@@ -248,11 +256,18 @@ class Tracer:
         assert otel is not None  # loaded with the tracer
         context = None
         if parent is not None:
-            remote = otel.SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
-                                      trace_flags=otel.TraceFlags(parent.flags & 0xFF))
+            remote = otel.SpanContext(
+                int(parent.trace_id, 16),
+                int(parent.span_id, 16),
+                is_remote=True,
+                trace_flags=otel.TraceFlags(parent.flags & 0xFF),
+            )
             context = otel.set_span_in_context(otel.NonRecordingSpan(remote))
         span = self._tracer.start_span(
-            name, context=context, kind=getattr(otel.SpanKind, kind.upper()), start_time=start_ns,
+            name,
+            context=context,
+            kind=getattr(otel.SpanKind, kind.upper()),
+            start_time=start_ns,
             attributes={_attribute(k): v for k, v in attributes.items()} or None,
         )
         sc = span.get_span_context()
@@ -278,4 +293,3 @@ def wall_ns(perf_seconds: float, now_perf: float | None = None, now_ns: int | No
     now_perf = time.perf_counter() if now_perf is None else now_perf
     now_ns = time.time_ns() if now_ns is None else now_ns
     return now_ns - int((now_perf - perf_seconds) * 1e9)
-

@@ -70,11 +70,23 @@ def vector_form(name: str) -> VectorForm:
 # Jina's and Cohere's names, where ``float`` is float32; every form's own name is accepted too
 EMBEDDING_TYPES: dict[str, VectorForm] = {"float": FLOAT32, **FORMS}
 # Cohere's ``embedding_types``: ``base64`` is each float32 row's bytes, base64-encoded
-COHERE_TYPES: dict[str, VectorForm] = {"float": FLOAT32, "int8": INT8, "uint8": UINT8, "binary": BINARY,
-                                       "ubinary": UBINARY, "base64": FLOAT32}
+COHERE_TYPES: dict[str, VectorForm] = {
+    "float": FLOAT32,
+    "int8": INT8,
+    "uint8": UINT8,
+    "binary": BINARY,
+    "ubinary": UBINARY,
+    "base64": FLOAT32,
+}
 # the ``x-embedding-dtype`` header of an octet-stream answer, by form: what one row's bytes are
-OCTET_DTYPES: dict[str, str] = {"float32": "float32-le", "float16": "float16-le", "int8": "int8", "uint8": "uint8",
-                                "binary": "binary", "ubinary": "ubinary"}
+OCTET_DTYPES: dict[str, str] = {
+    "float32": "float32-le",
+    "float16": "float16-le",
+    "int8": "int8",
+    "uint8": "uint8",
+    "binary": "binary",
+    "ubinary": "ubinary",
+}
 
 
 def form_named(name: str) -> VectorForm:

@@ -22,8 +22,10 @@ class Reference:
 
     def offsets(self, text: str) -> np.ndarray:
         """[tokens, 2] each content token's characters."""
-        return np.array(self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"],
-                        dtype=np.int64).reshape(-1, 2)
+        return np.array(
+            self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"],
+            dtype=np.int64,
+        ).reshape(-1, 2)
 
     def tokens(self, text: str, start: int, end: int, offsets: np.ndarray | None = None) -> tuple[int, int]:
         """The content tokens [first, last) of ``text`` (its ``offsets``, when known) in its characters [start, end)."""
@@ -57,6 +59,9 @@ class Reference:
             start, end = chunks[w.first].start, chunks[w.end - 1].end
             window = text[start:end]
             within = self.offsets(window)
-            out.append(self.chunk_vectors(window, [self.tokens(window, c.start - start, c.end - start, within)
-                                                   for c in chunks[w.own : w.end]]))
+            out.append(
+                self.chunk_vectors(
+                    window, [self.tokens(window, c.start - start, c.end - start, within) for c in chunks[w.own : w.end]]
+                )
+            )
         return np.concatenate(out)

@@ -34,8 +34,9 @@ def _write(folder: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurv
     folder.mkdir(parents=True, exist_ok=True)
     pem = Pem(folder / f"{stem}.pem", folder / f"{stem}-key.pem")
     pem.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pem.key.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    pem.key.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return pem
 
 
@@ -48,16 +49,27 @@ class CertificateAuthority:
         now = datetime.datetime.now(datetime.UTC)
         self._cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(name)).issuer_name(_name(name))
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
             .public_key(self._key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
             .sign(self._key, hashes.SHA256())
         )
@@ -68,7 +80,8 @@ class CertificateAuthority:
         now = datetime.datetime.now(datetime.UTC)
         cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(stem)).issuer_name(self._cert.subject)
+            .subject_name(_name(stem))
+            .issuer_name(self._cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -105,15 +118,29 @@ def _b64(data: bytes) -> str:
 def _jwt(issuer_seed: str, subject: str, name: str, nats: dict) -> str:
     """A NATS JWT (header alg ed25519-nkey) for ``subject``, signed by ``issuer_seed``."""
     claims = {"iat": int(time.time()), "iss": public_key(issuer_seed), "name": name, "sub": subject, "nats": nats}
-    claims["jti"] = base64.b32encode(hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).digest()).decode().rstrip("=")
-    signing_input = f"{_b64(json.dumps({'typ': 'JWT', 'alg': 'ed25519-nkey'}).encode())}.{_b64(json.dumps(claims).encode())}"
+    claims["jti"] = (
+        base64.b32encode(hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).digest()).decode().rstrip("=")
+    )
+    signing_input = (
+        f"{_b64(json.dumps({'typ': 'JWT', 'alg': 'ed25519-nkey'}).encode())}.{_b64(json.dumps(claims).encode())}"
+    )
     signature = nkeys.from_seed(bytearray(issuer_seed.encode())).sign(signing_input.encode())
     return f"{signing_input}.{_b64(signature)}"
 
 
 _UNLIMITED = {"subs": -1, "data": -1, "payload": -1}
-_ACCOUNT_LIMITS = {**_UNLIMITED, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1,
-                   "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}  # JetStream on
+_ACCOUNT_LIMITS = {
+    **_UNLIMITED,
+    "imports": -1,
+    "exports": -1,
+    "wildcards": True,
+    "conn": -1,
+    "leaf": -1,
+    "mem_storage": -1,
+    "disk_storage": -1,
+    "streams": -1,
+    "consumer": -1,
+}  # JetStream on
 
 
 class Operator:
@@ -129,10 +156,13 @@ class Operator:
         operator = public_key(self.operator_seed)
         self.operator_jwt = _jwt(self.operator_seed, operator, "embedfleet-test", {"type": "operator", "version": 2})
         self.accounts = {
-            public_key(seed): _jwt(self.operator_seed, public_key(seed), name,
-                                   {"type": "account", "version": 2, "limits": limits})
-            for seed, name, limits in ((self.account_seed, "fleet", _ACCOUNT_LIMITS),
-                                       (self.system_seed, "SYS", {**_ACCOUNT_LIMITS, "mem_storage": 0, "disk_storage": 0}))
+            public_key(seed): _jwt(
+                self.operator_seed, public_key(seed), name, {"type": "account", "version": 2, "limits": limits}
+            )
+            for seed, name, limits in (
+                (self.account_seed, "fleet", _ACCOUNT_LIMITS),
+                (self.system_seed, "SYS", {**_ACCOUNT_LIMITS, "mem_storage": 0, "disk_storage": 0}),
+            )
         }
 
     def server_config(self) -> str:
@@ -140,16 +170,22 @@ class Operator:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "operator.jwt").write_text(self.operator_jwt)
         preload = "".join(f'  {account}: "{jwt}"\n' for account, jwt in self.accounts.items())
-        return (f'operator: "{folder / "operator.jwt"}"\n'
-                f"system_account: {public_key(self.system_seed)}\n"
-                "resolver: MEMORY\n"
-                f"resolver_preload: {{\n{preload}}}\n")
+        return (
+            f'operator: "{folder / "operator.jwt"}"\n'
+            f"system_account: {public_key(self.system_seed)}\n"
+            "resolver: MEMORY\n"
+            f"resolver_preload: {{\n{preload}}}\n"
+        )
 
     def creds(self, path: Path, account_seed: str | None = None) -> str:
         """Write a new user's credentials file (signed by this account, or by ``account_seed``); its seed."""
         user_seed = new_seed(nkeys.PREFIX_BYTE_USER)
-        user_jwt = _jwt(account_seed or self.account_seed, public_key(user_seed), "service",
-                        {"type": "user", "version": 2, "pub": {}, "sub": {}, **_UNLIMITED})
+        user_jwt = _jwt(
+            account_seed or self.account_seed,
+            public_key(user_seed),
+            "service",
+            {"type": "user", "version": 2, "pub": {}, "sub": {}, **_UNLIMITED},
+        )
         path.write_text(
             "-----BEGIN NATS USER JWT-----\n"
             f"{user_jwt}\n"

@@ -69,11 +69,21 @@ def build_colbert(root: Path) -> Path:
     folder = root / "colbert"
     torch.manual_seed(2)
     hidden = json.loads((base / "config.json").read_text())["hidden_size"]
-    dense = Dense(hidden, 16, bias=False, activation_function=nn.Identity(),
-                  module_input_name="token_embeddings", module_output_name="token_embeddings")
+    dense = Dense(
+        hidden,
+        16,
+        bias=False,
+        activation_function=nn.Identity(),
+        module_input_name="token_embeddings",
+        module_output_name="token_embeddings",
+    )
     nn.init.normal_(dense.linear.weight, 0.0, 0.3)
-    modules = [Transformer(str(base)), dense, MultiVectorMask(skiplist_words=list(string.punctuation)),
-               Normalize(module_input_name="token_embeddings", module_output_name="token_embeddings")]
+    modules = [
+        Transformer(str(base)),
+        dense,
+        MultiVectorMask(skiplist_words=list(string.punctuation)),
+        Normalize(module_input_name="token_embeddings", module_output_name="token_embeddings"),
+    ]
     MultiVectorEncoder(modules=modules, device="cpu").save(str(folder))
     _restore_tokenizer(base, folder)
     return folder

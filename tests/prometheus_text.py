@@ -7,8 +7,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
     """Every sample of the exposition ``text``: (sample name, its labels) -> value."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(text: str, name: str, **labels: str) -> float:

@@ -37,10 +37,29 @@ def test_engine_benchmark_builds_each_family_and_prints_its_ratios(capsys, hub_o
     """--family at the tiny shape: a folder per family, the same comparison, a ratio row per family and workload."""
     from bench import engine
 
-    out = _bench(engine, ["--family", "mpnet", "--family", "qwen3", "--shape", "tiny", "--rounds", "1", "--scale", "0.05",
-                          "--peak-seconds", "0.05"], capsys)
-    rows = {(line.split()[8], line.split()[0]): line.split() for line in out.splitlines()
-            if line.startswith(("long", "medium"))}
+    out = _bench(
+        engine,
+        [
+            "--family",
+            "mpnet",
+            "--family",
+            "qwen3",
+            "--shape",
+            "tiny",
+            "--rounds",
+            "1",
+            "--scale",
+            "0.05",
+            "--peak-seconds",
+            "0.05",
+        ],
+        capsys,
+    )
+    rows = {
+        (line.split()[8], line.split()[0]): line.split()
+        for line in out.splitlines()
+        if line.startswith(("long", "medium"))
+    }
     assert set(rows) == {(f, w) for f in ("mpnet", "qwen3") for w in ("long", "medium")}
     for row in rows.values():
         assert row[5].endswith("x") and float(row[5][:-1]) > 0  # engine / reference
@@ -49,7 +68,7 @@ def test_engine_benchmark_builds_each_family_and_prints_its_ratios(capsys, hub_o
     # long documents are cut at the folders' 512-token limit, not the default model's 256
     assert int(rows[("mpnet", "long")][1]) > 256 * int(192 * 0.05)
     assert "== mpnet (tiny)" in out and "== qwen3 (tiny)" in out
-    summary = out[out.index("summary:"):].splitlines()
+    summary = out[out.index("summary:") :].splitlines()
     assert [line.split()[0] for line in summary[2:4]] == ["mpnet", "qwen3"]
 
 
@@ -68,9 +87,19 @@ def test_roofline_counts_the_linear_layers_and_the_keys_each_token_sees():
     assert keys_per_token(np.array([5]), AttnMask(causal=True, window=1)) == (1 + 2 + 2 + 2 + 2) / 5
 
     # EmbeddingGemma-300m: q 768 -> 3 x 256, k and v 768 -> 256, o 768 -> 768, gate/up 768 -> 2 x 1152, down
-    config = {"model_type": "gemma3_text", "hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 3,
-              "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 1152, "vocab_size": 1000,
-              "sliding_window": 4, "query_pre_attn_scalar": 256, "use_bidirectional_attention": True}
+    config = {
+        "model_type": "gemma3_text",
+        "hidden_size": 768,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "intermediate_size": 1152,
+        "vocab_size": 1000,
+        "sliding_window": 4,
+        "query_pre_attn_scalar": 256,
+        "use_bidirectional_attention": True,
+    }
     model = build(gemma3.spec(config))
     per_layer = 768 * (768 + 256 + 256) + 768 * 768 + 768 * 2 * 1152 + 1152 * 768
     linear, attention = flops_per_token(model, np.array([10]))
@@ -86,7 +115,9 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
     out = tmp_path / "smoke.json"
     result = subprocess.run(
         [sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads(out.read_text())
@@ -101,7 +132,9 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         assert model["correctness"]["min_cosine_eager_vs_cpu"] > floor, name
         assert model["correctness"]["batches"] == 6
         replicas = (1, 2, 4) if name == "bert-base" else (1,)
-        assert {(r["seq_len"], r["replicas"]) for r in model["throughput"]} == {(s, n) for s in (50, 512) for n in replicas}
+        assert {(r["seq_len"], r["replicas"]) for r in model["throughput"]} == {
+            (s, n) for s in (50, 512) for n in replicas
+        }
         assert all(r["tokens_per_s"] > 0 for r in model["throughput"])
     assert models["gemma3"]["dtype"] == "float32" and models["gemma3-bf16"]["dtype"] == "bfloat16"
     saturation = models["bert-base"]["saturation"]
@@ -111,8 +144,22 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
 def test_e2e_benchmark_runs_its_systems_and_writes_results(tmp_path):
     """bench.e2e at a tiny size: embedfleet as processes, the engine and sentence-transformers in-process."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench.e2e", "--rounds", "1", "--seconds", "0.5", "--only", "single", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "bench.e2e",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0.5",
+            "--only",
+            "single",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads((tmp_path / "e2e.json").read_text())
@@ -137,7 +184,9 @@ def test_observed_fleet_scrapes_its_metrics_and_receives_its_spans_and_the_overh
         requests = result["requests"]
         # each request: the gateway's, the tokenizer's and the worker's three spans (the warm-up's too)
         assert requests > 0 and watch.spans >= 5 * requests and result["cpu_ms_per_request"] > 0
-    plain = {"single": {k: result[k] for k in ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms", "cpu_ms_per_request")}}
+    plain = {
+        "single": {k: result[k] for k in ("tokens_per_s", "requests_per_s", "p50_ms", "p99_ms", "cpu_ms_per_request")}
+    }
     observed = {"single": {**plain["single"], "tokens_per_s": plain["single"]["tokens_per_s"] / 2}}
     observability_overhead({"embedfleet": plain, OBSERVED: observed})
     line = next(s for s in capsys.readouterr().out.splitlines() if s.strip().startswith(OBSERVED))
@@ -166,34 +215,47 @@ def test_outputs_benchmark_prints_ratios_for_sparse_and_multi_vector(capsys, hub
 
 
 def test_stack_memory_benchmark_measures_engines_in_one_process():
-    result = subprocess.run([sys.executable, "-m", "bench.stack_memory", "--engines-in-one-process", "2"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.stack_memory", "--engines-in-one-process", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rss = [float(line.split()[-3]) for line in result.stdout.splitlines() if "MiB RSS" in line]
     assert len(rss) == 3 and rss[0] < rss[1] < rss[2]  # torch alone, then each engine adds its weights
 
 
 def test_protocol_benchmark_times_the_hot_messages():
-    result = subprocess.run([sys.executable, "-m", "bench.protocol", "--rounds", "1", "--number", "5"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.protocol", "--rounds", "1", "--number", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = {" ".join(line.split()[:2]): line.split()[2:] for line in result.stdout.splitlines()
-            if line.startswith(("TokenChunk", "EmbedResult", "JobBatch"))}
+    rows = {
+        " ".join(line.split()[:2]): line.split()[2:]
+        for line in result.stdout.splitlines()
+        if line.startswith(("TokenChunk", "EmbedResult", "JobBatch"))
+    }
     assert set(rows) == {"TokenChunk 32x128", "EmbedResult 32x384", "JobBatch 64"}
     assert all(float(row[-1]) > 0 for row in rows.values())  # µs (or, with msgspec, the ratio)
 
 
 def test_nats_message_benchmark_prints_the_cpu_of_a_message():
-    result = subprocess.run([sys.executable, "-m", "bench.nats_message", "--messages", "400"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.nats_message", "--messages", "400"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     match = re.match(r"([0-9.]+) us of CPU a message in nats-py, both ends \(400 messages of 300 bytes", result.stdout)
     assert match and float(match.group(1)) > 0, result.stdout
 
 
 def test_job_results_benchmark_reads_a_job_back_in_both_forms():
-    result = subprocess.run([sys.executable, "-m", "bench.job_results", "--results", "20"], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.job_results", "--results", "20"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("1280 documents (2 MiB of float32 vectors)"), result.stdout
     rows = [line.split() for line in result.stdout.splitlines()[1:]]
@@ -204,8 +266,12 @@ def test_job_results_benchmark_reads_a_job_back_in_both_forms():
 def test_fabric_benchmark_measures_every_process_of_every_workload(tmp_path):
     """bench.fabric --smoke: up's stack on the near-zero model, each workload's CPU per unit by process
     (positive for every process its requests pass through), the floors, ratios, idle and projection."""
-    result = subprocess.run([sys.executable, "-m", "bench.fabric", "--smoke", "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.fabric", "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads((tmp_path / "fabric.json").read_text())
     workloads = data["workloads"]
@@ -221,12 +287,17 @@ def test_fabric_benchmark_measures_every_process_of_every_workload(tmp_path):
     assert workloads["reindex"]["documents"] == 500 and workloads["long"]["unit"] == "1k tokens"
     assert data["floors"]["http"]["server_cpu_ms_per_request"] > 0
     assert data["floors"]["tokenizer_long"]["cpu_ms_per_1k_tokens"] > 0
-    assert set(data["ratios"]) == {"gateway_over_http_floor", "tokenizer_over_encode_batch_long",
-                                   "reindex_all_over_encode_batch"} and all(v > 0 for v in data["ratios"].values())
+    assert set(data["ratios"]) == {
+        "gateway_over_http_floor",
+        "tokenizer_over_encode_batch_long",
+        "reindex_all_over_encode_batch",
+    } and all(v > 0 for v in data["ratios"].values())
     assert all(v > 0 for v in data["projection"].values()) and len(data["projection"]) == 4
     # an idle stack may spend less than a clock tick (10 ms) of CPU in the smoke's 2 s: zero is a figure
     idle = data["idle"]
-    assert idle["seconds"] == 2.0 and {"nats-server", "gateway", "tokenizer", "worker", "scorer"} <= set(idle["cpu_s_per_minute"])
+    assert idle["seconds"] == 2.0 and {"nats-server", "gateway", "tokenizer", "worker", "scorer"} <= set(
+        idle["cpu_s_per_minute"]
+    )
     assert all(v >= 0 for v in idle["cpu_s_per_minute"].values())
     assert idle["total_cpu_s_per_minute"] == pytest.approx(sum(idle["cpu_s_per_minute"].values()))
     assert "projection: cores to feed one H200" in result.stdout and "gateway / HTTP floor" in result.stdout
@@ -268,8 +339,9 @@ def test_sinks_benchmark_measures_every_sink_and_both_search_modes(tmp_path, cap
     assert rows["parquet"]["job_vs_parquet"] == pytest.approx(1) and rows["pgvector"]["index_build_s"] > 0
     assert all(data["jobs"][s]["rows"] == data["documents"] for s in ("pgvector", "lancedb", "qdrant"))
     cells = {(s["store"], s["mode"], s["concurrency"]): s for s in data["search"].values()}
-    assert set(cells) == {(store, mode, c) for store in ("pgvector", "lancedb") for mode in ("plain", "rerank")
-                          for c in (1, 2)}
+    assert set(cells) == {
+        (store, mode, c) for store in ("pgvector", "lancedb") for mode in ("plain", "rerank") for c in (1, 2)
+    }
     for key, s in cells.items():
         assert s["searches"] > 0 and s["p99_ms"] >= s["p50_ms"] > 0 and s["searches_per_s"] > 0, key
     assert data["top_k"] == 20 and "tiny random BERT cross-encoder" in data["reranker"]

@@ -28,8 +28,7 @@ def test_ci_runs_make_test_and_installs_nothing():
 
 
 def test_make_test_runs_the_system_packages_step_first():
-    out = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     setup = next(i for i, line in enumerate(lines) if "tests/setup/system-packages.sh" in line)
@@ -38,16 +37,18 @@ def test_make_test_runs_the_system_packages_step_first():
 
 
 def test_make_test_runs_the_static_checks_before_pytest():
-    """make lint (ruff and mypy, configured in pyproject.toml) runs before the suite, from the venv the test
+    """make lint (ruff's lint and format check, and mypy, configured in pyproject.toml) runs before the suite, from the venv the test
     extra installs them into: a lint error fails make test without the suite's minutes."""
-    out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "test"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     ruff = lines.index(".venv/bin/ruff check .")
+    formatted = lines.index(".venv/bin/ruff format --check .")
     mypy = lines.index(".venv/bin/mypy")
     pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
-    assert ruff < pytest_run and mypy < pytest_run, out.stdout
+    assert max(ruff, formatted, mypy) < pytest_run, out.stdout
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert {re.split(r"[<>=]", spec)[0] for spec in extra} >= {"ruff", "mypy"}, extra
 
@@ -55,10 +56,16 @@ def test_make_test_runs_the_static_checks_before_pytest():
 def test_make_run_installs_the_local_pgvector_only_when_asked():
     """`make run ARGS=...--with-pgvector...` installs the extra local-pgvector (once: a stamp) before
     `embedfleet up`; a plain `make run` never does. -B: every step shown, whatever is installed here."""
+
     def steps(*args: str) -> list[str]:
         # --no-print-directory: under `make test` this make is nested, and would say where it enters and leaves
-        out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "run", *args], cwd=ROOT, capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["make", "--no-print-directory", "-n", "-B", "run", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout.splitlines()
 

@@ -21,13 +21,16 @@ def folders(tmp_path_factory):
     return {f: build(f, root) for f in FAMILIES} | {"qwen3-cls": build("qwen3", root, classifier=True, num_labels=2)}
 
 
-@pytest.mark.parametrize("name, family, pooling, attention", [
-    ("bert", "BERT", "mean", "bidirectional"),
-    ("mpnet", "MPNet", "mean", "bidirectional, relative-position bias"),
-    ("modernbert", "ModernBERT", "mean", "bidirectional; bidirectional, window ±4"),
-    ("qwen3", "Qwen3", "lasttoken", "causal"),
-    ("gemma3", "Gemma3", "mean", "bidirectional, window ±4; bidirectional"),
-])
+@pytest.mark.parametrize(
+    "name, family, pooling, attention",
+    [
+        ("bert", "BERT", "mean", "bidirectional"),
+        ("mpnet", "MPNet", "mean", "bidirectional, relative-position bias"),
+        ("modernbert", "ModernBERT", "mean", "bidirectional; bidirectional, window ±4"),
+        ("qwen3", "Qwen3", "lasttoken", "causal"),
+        ("gemma3", "Gemma3", "mean", "bidirectional, window ±4; bidirectional"),
+    ],
+)
 def test_each_family_serves_and_says_how(folders, name, family, pooling, attention):
     report = check_folder(str(folders[name]))
     assert report.ok, report.error
@@ -58,7 +61,10 @@ def test_llm_reranker_is_described(tmp_path):
     yes, no = model[1].true_token_id, model[1].false_token_id
     report = check_folder(str(folder))
     assert report.ok, report.error
-    assert report.facts["task"] == f"LLM reranker: logit['yes' ({yes})] - logit['no' ({no})] at the last token, sigmoid by default"
+    assert (
+        report.facts["task"]
+        == f"LLM reranker: logit['yes' ({yes})] - logit['no' ({no})] at the last token, sigmoid by default"
+    )
     assert report.facts["pairs"].startswith("chat template (flat messages: query, document), ")
     # the template's tail; Jinja drops a template's last newline, in transformers as here
     assert report.facts["after the document"] == repr("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n")
@@ -90,13 +96,18 @@ def test_missing_tensor_is_named(folders, tmp_path):
 
 
 def test_command_exit_codes_and_json(folders, tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "services.cli", "check", str(folders["mpnet"]), "--json"],
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "services.cli", "check", str(folders["mpnet"]), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     (report,) = json.loads(ok.stdout)
     assert report["ok"] and report["facts"]["family"] == "MPNet (model_type mpnet)"
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "check", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "services.cli", "check", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 1 and "cannot serve" in bad.stdout and "config.json is missing" in bad.stdout
 
 
@@ -108,8 +119,12 @@ def test_services_refuse_an_unservable_folder_at_start(folders, tmp_path, role):
     folder = tmp_path / "odd-pooling"
     shutil.copytree(folders["mpnet"], folder)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "attention"}))
-    result = subprocess.run([sys.executable, "-m", "services.cli", role, "--model", str(folder), "--nats", "nats://127.0.0.1:1"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", role, "--model", str(folder), "--nats", "nats://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "pooling mode 'attention' is not supported" in result.stderr
 

@@ -50,7 +50,9 @@ def test_bad_options_exit_2_with_a_message(args, fragment):
 def test_up_passes_its_gateway_options_on():
     from services.stack import _gateway_args
 
-    args = _gateway_args(build_parser().parse_args(["up", "--port", "9000", "--api-keys", "a,b", "--max-in-flight", "3"]))
+    args = _gateway_args(
+        build_parser().parse_args(["up", "--port", "9000", "--api-keys", "a,b", "--max-in-flight", "3"])
+    )
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--port"] == "9000" and pairs["--api-keys"] == "a,b" and pairs["--max-in-flight"] == "3"
     assert "--api-keys-file" not in pairs  # not given, not passed
@@ -63,8 +65,13 @@ def test_jobs_purge_takes_the_common_options_before_or_after_the_action(monkeypa
     listing = parser.parse_args(["jobs", "--nats", "nats://a:1"])
     assert (listing.command, listing.jobs_command, listing.nats) == ("jobs", None, "nats://a:1")
     before = parser.parse_args(["jobs", "--nats", "nats://a:1", "--subject-prefix", "p", "purge", "J"])
-    assert (before.jobs_command, before.job, before.force, before.nats, before.subject_prefix) == \
-        ("purge", "J", False, "nats://a:1", "p")  # not reset by the action's defaults
+    assert (before.jobs_command, before.job, before.force, before.nats, before.subject_prefix) == (
+        "purge",
+        "J",
+        False,
+        "nats://a:1",
+        "p",
+    )  # not reset by the action's defaults
     after = parser.parse_args(["jobs", "purge", "J", "--force", "--nats", "nats://b:2"])
     assert (after.job, after.force, after.nats, after.subject_prefix) == ("J", True, "nats://b:2", "embedfleet")
 

@@ -73,15 +73,18 @@ def test_every_anchor_names_a_heading(page):
 
 
 def test_headings_give_github_anchors():
-    text = ("# The `embedfleet` command\n## Bulk re-indexing (JetStream)\n"
-            "```\n# a comment\n```\n### Limits, faults and errors")
-    assert headings(text) == {"the-embedfleet-command", "bulk-re-indexing-jetstream",
-                              "limits-faults-and-errors"}
+    text = (
+        "# The `embedfleet` command\n## Bulk re-indexing (JetStream)\n"
+        "```\n# a comment\n```\n### Limits, faults and errors"
+    )
+    assert headings(text) == {"the-embedfleet-command", "bulk-re-indexing-jetstream", "limits-faults-and-errors"}
 
 
 def test_links_are_read_as_a_reader_follows_them():
-    text = ("[a](docs/a.md) ![plot](docs/bench/x.png) [b](b.md#part) [site](https://nats.io) "
-            "[here](#quick-start) [mail](mailto:x@y)")
+    text = (
+        "[a](docs/a.md) ![plot](docs/bench/x.png) [b](b.md#part) [site](https://nats.io) "
+        "[here](#quick-start) [mail](mailto:x@y)"
+    )
     assert relative_links(text) == ["docs/a.md", "docs/bench/x.png", "b.md"]
 
 

@@ -39,8 +39,11 @@ def test_parquet_holds_the_rows_and_names_the_form(tmp_path, form):
 
 # -- the output, checked before anything is published ----------------------------------------
 
-@pytest.mark.parametrize("name, output", [("v.npy", "dense"), ("v.parquet", "dense"), ("v.NPY", "dense"),
-                                          ("v.npz", "sparse"), ("v.npz", "multivector")])
+
+@pytest.mark.parametrize(
+    "name, output",
+    [("v.npy", "dense"), ("v.parquet", "dense"), ("v.NPY", "dense"), ("v.npz", "sparse"), ("v.npz", "multivector")],
+)
 def test_a_writable_output_passes_and_its_folder_is_made(tmp_path, name, output):
     out = tmp_path / "new" / "deeper" / name
     check_output_path(out, output)
@@ -48,13 +51,16 @@ def test_a_writable_output_passes_and_its_folder_is_made(tmp_path, name, output)
     assert list(out.parent.iterdir()) == []  # the file written to try the folder is gone again
 
 
-@pytest.mark.parametrize("name, output, fragment", [
-    ("v.bin", "dense", "dense vectors are written to .npy (with .ids.json beside it) or .parquet, not .bin"),
-    ("vectors", "dense", "not a name without a suffix"),
-    ("v.npz", "dense", "not .npz"),
-    ("v.npy", "sparse", "sparse vectors are written to .npz"),
-    ("v.parquet", "multivector", "multivector vectors are written to .npz"),
-])
+@pytest.mark.parametrize(
+    "name, output, fragment",
+    [
+        ("v.bin", "dense", "dense vectors are written to .npy (with .ids.json beside it) or .parquet, not .bin"),
+        ("vectors", "dense", "not a name without a suffix"),
+        ("v.npz", "dense", "not .npz"),
+        ("v.npy", "sparse", "sparse vectors are written to .npz"),
+        ("v.parquet", "multivector", "multivector vectors are written to .npz"),
+    ],
+)
 def test_an_unsupported_format_is_refused(tmp_path, name, output, fragment):
     with pytest.raises(ConfigError) as exc:
         check_output_path(tmp_path / name, output)
@@ -134,7 +140,9 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
                 fresh, tokens = fresh + polled.now, tokens + polled.tokens
                 if fresh >= 4:
                     break
-            assert (fresh, tokens) == (4, 6) and sorted(collector.got) == sorted(f"d{b}{r}" for b in range(5) for r in "ab")
+            assert (fresh, tokens) == (4, 6) and sorted(collector.got) == sorted(
+                f"d{b}{r}" for b in range(5) for r in "ab"
+            )
             assert (await collector._psub.consumer_info()).config.opt_start_seq == 4
             assert collector.got["d4a"].tolist() == [4.0] * 4
             await collector.close()
@@ -162,6 +170,7 @@ def test_a_result_is_the_jobs_only_at_its_documents_places():
 
 
 # -- a chunked job's files ----------------------------------------------------------------------
+
 
 def _chunk_table(texts: bool):
     from shared.job_chunks import ChunkTable
@@ -200,7 +209,12 @@ def test_a_chunked_parquet_has_the_chunk_columns_and_says_how_it_was_cut(tmp_pat
     assert [table.schema.field(c).type for c in ("chunk", "start", "end")] == [pa.int32(), pa.int64(), pa.int64()]
     assert json.loads(table.schema.metadata[b"chunking"]) == CHUNKING and table.schema.metadata[b"dim"] == b"4"
     assert table.select(["id", "chunk", "start", "end", "text"]).to_pylist()[2] == {
-        "id": "b", "chunk": 0, "start": 0, "end": 3, "text": "b's"}
+        "id": "b",
+        "chunk": 0,
+        "start": 0,
+        "end": 3,
+        "text": "b's",
+    }
     assert np.array_equal(np.stack(table.column("vector").to_numpy(zero_copy_only=False)), stored)
 
 

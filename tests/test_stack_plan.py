@@ -112,8 +112,14 @@ def test_each_model_gets_the_processes_it_needs(tmp_path):
     assert roles(classifier) == ("tokenizer", "worker")  # the scorer needs one label
     assert roles(sparse) == ("tokenizer", "worker")
     plan = children([embedder, classifier], ["--nats", "nats://x:1"], ["--port", "1"], tmp_path)
-    assert [c.name for c in plan] == [f"tokenizer[{embedder.id}]", f"worker[{embedder.id}]", f"scorer[{embedder.id}]",
-                                      "tokenizer[nli]", "worker[nli]", "gateway"]
+    assert [c.name for c in plan] == [
+        f"tokenizer[{embedder.id}]",
+        f"worker[{embedder.id}]",
+        f"scorer[{embedder.id}]",
+        "tokenizer[nli]",
+        "worker[nli]",
+        "gateway",
+    ]
     assert len({c.ready for c in plan}) == len(plan) and all(c.ready.parent == tmp_path for c in plan)
     worker = plan[4]
     assert worker.args[worker.args.index("--model-name") + 1] == "nli"
@@ -187,7 +193,12 @@ def test_the_search_store_url_travels_in_the_environment_and_is_checked_before_s
     from services.stack import _gateway_args
     from services.stack_plan import secret_environment
 
-    for name in ("EMBEDFLEET_API_KEYS", "EMBEDFLEET_OPERATOR_KEYS", "EMBEDFLEET_SEARCH_SINK", "EMBEDFLEET_SEARCH_MODEL"):
+    for name in (
+        "EMBEDFLEET_API_KEYS",
+        "EMBEDFLEET_OPERATOR_KEYS",
+        "EMBEDFLEET_SEARCH_SINK",
+        "EMBEDFLEET_SEARCH_MODEL",
+    ):
         monkeypatch.delenv(name, raising=False)
     url = "postgresql://reader:pw-9@db:5432/docs?table=chunks"
     ns = build_parser().parse_args(["up", "--search-sink", url, "--search-model", "all-MiniLM-L6-v2"])
@@ -248,19 +259,30 @@ def test_the_local_pgvector_refuses_a_folder_it_cannot_use_and_names_what_to_ins
     (tmp_path / "file" / "pgvector").write_text("")
     (tmp_path / "full" / "pgvector").mkdir(parents=True)
     (tmp_path / "full" / "pgvector" / "notes.txt").write_text("mine")
-    for data_dir, problem in (("file", "is not a folder"), ("full", "holds files but no PostgreSQL data (no PG_VERSION)"),
-                              ("my data", "has a space in its path, which pgserver's PostgreSQL cannot take")):
+    for data_dir, problem in (
+        ("file", "is not a folder"),
+        ("full", "holds files but no PostgreSQL data (no PG_VERSION)"),
+        ("my data", "has a space in its path, which pgserver's PostgreSQL cannot take"),
+    ):
         with pytest.raises(ConfigError) as exc:
             LocalPgvector(tmp_path / data_dir).start()
-        assert str(exc.value) == (f"--with-pgvector: {tmp_path / data_dir / 'pgvector'} {problem}: PostgreSQL keeps its "
-                                  "data there; move it away, or start up with another --data-dir")
+        assert str(exc.value) == (
+            f"--with-pgvector: {tmp_path / data_dir / 'pgvector'} {problem}: PostgreSQL keeps its "
+            "data there; move it away, or start up with another --data-dir"
+        )
     assert (tmp_path / "full" / "pgvector" / "notes.txt").read_text() == "mine"  # nothing touched
     # pgserver not installed (None in sys.modules: its import fails as for a missing package)
-    code = ("import sys; sys.modules['pgserver'] = None\n"
-            "from services.cli import main; main(['up', '--with-pgvector', '--data-dir', sys.argv[1]])")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; sys.modules['pgserver'] = None\n"
+        "from services.cli import main; main(['up', '--with-pgvector', '--data-dir', sys.argv[1]])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "none")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.startswith("embedfleet: error: --with-pgvector needs the packages pgserver, psycopg and pgvector "
-                                  "(the extra local-pgvector), missing here (")
+    assert done.stderr.startswith(
+        "embedfleet: error: --with-pgvector needs the packages pgserver, psycopg and pgvector "
+        "(the extra local-pgvector), missing here ("
+    )
     assert f"`{sys.executable} -m pip install -e '.[local-pgvector]'`" in done.stderr
     assert not (tmp_path / "none").exists()  # refused before anything started

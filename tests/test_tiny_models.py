@@ -48,8 +48,16 @@ def embedder(root: Path):
 def test_embedder_folder(family: str, embedder) -> None:
     folder, _ = embedder(family)
     assert folder.name == family
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
-                 "sentence_bert_config.json", "1_Pooling/config.json", "config_sentence_transformers.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+        "config_sentence_transformers.json",
+    ):
         assert (folder / name).is_file(), name
     tokenizer_json = json.loads((folder / "tokenizer.json").read_text())
     assert tokenizer_json["padding"] is None and tokenizer_json["truncation"] is None

@@ -28,7 +28,7 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 # Qwen3-Reranker's prompt as a chat template (the form sentence-transformers' CrossEncoder renders pairs
 # with: roles "query" and "document", a "system" message when a prompt applies)
 RERANK_TEMPLATE = (
-    '<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
     'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
     '<Instruct>: {{ messages | selectattr("role", "eq", "system") | map(attribute="content") | first'
     ' | default("' + DEFAULT_INSTRUCTION + '") }}\n'
@@ -39,7 +39,7 @@ RERANK_TEMPLATE = (
 # the same prompt reading typed content parts, which sentence-transformers sends to a template that
 # looks for them ("structured" messages)
 STRUCTURED_TEMPLATE = (
-    "<|im_start|>system\nJudge the Document against the Query. Answer \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    '<|im_start|>system\nJudge the Document against the Query. Answer "yes" or "no".<|im_end|>\n<|im_start|>user\n'
     "{% for m in messages %}{% if m.role == 'system' %}<Instruct>: {{ m.content[0].text }}\n"
     "{% elif m.role == 'query' %}<Query>: {{ m.content[0].text }}\n"
     "{% elif m.role == 'document' %}<Document>: {{ m.content[0].text }}{% endif %}{% endfor %}"
@@ -59,15 +59,23 @@ def _qwen_bpe() -> str:
     vocab = json.loads(_wordpiece())["model"]["vocab"]
     words = [word.removeprefix("##") for word in vocab if not word.startswith("[")]
     lines = [" ".join(words[i : i + 16]) for i in range(0, len(words), 16)] + ["yes", "no"] * 200
-    tokenizer = Tokenizer(models.BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tokenizer = Tokenizer(
+        models.BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+    )
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=8192, special_tokens=list(SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=8192,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(lines, trainer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
     return tokenizer.to_str()
@@ -97,14 +105,21 @@ def build_llm_reranker(
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
     torch.manual_seed(0)
-    config = dict(spec.config, vocab_size=VOCAB_SIZE, tie_word_embeddings=tied, bos_token_id=None, eos_token_id=2,
-                  pad_token_id=0)
+    config = dict(
+        spec.config, vocab_size=VOCAB_SIZE, tie_word_embeddings=tied, bos_token_id=None, eos_token_id=2, pad_token_id=0
+    )
     model = AutoModelForCausalLM.from_config(spec.config_cls(**config))
     _randomize(model)
     model.save_pretrained(base, safe_serialization=True)
     Tokenizer.from_str(_qwen_bpe()).save(str(base / "tokenizer.json"))
-    tokenizer_config = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": MAX_LENGTH, "eos_token": "<|im_end|>",
-                        "pad_token": "<|endoftext|>", "unk_token": None, "padding_side": "left"}
+    tokenizer_config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "model_max_length": MAX_LENGTH,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "padding_side": "left",
+    }
     if template is not None:
         tokenizer_config["chat_template"] = template
     (base / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")

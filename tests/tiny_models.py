@@ -62,7 +62,11 @@ _DECODER: dict[str, Any] = dict(
 _BOS_EOS: dict[str, Any] = dict(bos_token_id=CLS, eos_token_id=SEP, pad_token_id=PAD)
 
 _ENCODER_TOKENS = {
-    "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]"
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "mask_token": "[MASK]",
 }
 _DECODER_TOKENS = {"unk_token": "[UNK]", "bos_token": "[CLS]", "eos_token": "[SEP]", "pad_token": "[PAD]"}
 

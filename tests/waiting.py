@@ -21,8 +21,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: 
         time.sleep(every)
 
 
-async def eventually(predicate: Callable[[], Awaitable[bool] | bool], timeout: float, what: str,
-                     every: float = 0.05) -> None:
+async def eventually(
+    predicate: Callable[[], Awaitable[bool] | bool], timeout: float, what: str, every: float = 0.05
+) -> None:
     """``wait_until`` inside an event loop: ``predicate`` may be a coroutine function."""
     deadline = time.monotonic() + timeout
     while True:

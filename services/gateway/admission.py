@@ -11,8 +11,9 @@ from __future__ import annotations
 from prometheus_client import Gauge
 
 # (method, path) of the requests that take no slot; HEAD is GET without the body
-PROBES = frozenset((method, path) for method in ("GET", "HEAD")
-                   for path in ("/health", "/ping", "/", "/metrics", "/openapi.json"))
+PROBES = frozenset(
+    (method, path) for method in ("GET", "HEAD") for path in ("/health", "/ping", "/", "/metrics", "/openapi.json")
+)
 
 
 class Admission:

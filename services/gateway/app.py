@@ -103,30 +103,52 @@ class Gateway:
         exporter = serve_metrics(self.metrics.registry, self.cfg.metrics)  # --metrics-port, besides GET /metrics
         self.nc = await connect(self.cfg.nats, "embedfleet-gateway")
         # liveness checks while requests are in flight: the rows a killed process held go out again at once
-        self.discovery = FleetWatch(self.nc, self.cfg.nats.subjects.prefix, self.cfg.discovery_wait, self.cfg.discovery_interval,
-                                    busy=lambda: self.client.in_flight > 0)  # asked once started, below
+        self.discovery = FleetWatch(
+            self.nc,
+            self.cfg.nats.subjects.prefix,
+            self.cfg.discovery_wait,
+            self.cfg.discovery_interval,
+            busy=lambda: self.client.in_flight > 0,
+        )  # asked once started, below
         self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery)
         self.discovery.on_lost(self.client.resend_missing)
         await self.client.start()
         await self.discovery.start()
-        self._micro = await register(self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)})
+        self._micro = await register(
+            self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)}
+        )
         try:
             js = self.nc.jetstream()
             kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
             owners = JobOwners(bool(self.cfg.api_keys), self.cfg.operator_keys)
             # POST /v1/jobs "sink": the jobs this gateway writes into the --job-sinks stores, and those no gateway writes
-            self.sink_jobs = SinkJobs(js, kv, self.cfg.nats.subjects, SinkTargets(self.cfg.job_sinks), self.nc.max_payload)
+            self.sink_jobs = SinkJobs(
+                js, kv, self.cfg.nats.subjects, SinkTargets(self.cfg.job_sinks), self.nc.max_payload
+            )
             self.sink_jobs.start()
-            self.jobs = JobsApi(js, kv, self.cfg.nats.subjects, self.cfg.jobs_dir, self.tracer, owners,
-                                self.cfg.jobs_max_file_bytes, self.sink_jobs)
+            self.jobs = JobsApi(
+                js,
+                kv,
+                self.cfg.nats.subjects,
+                self.cfg.jobs_dir,
+                self.tracer,
+                owners,
+                self.cfg.jobs_max_file_bytes,
+                self.sink_jobs,
+            )
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart
             self.metrics.jobs.start(js, kv, self.cfg.nats.subjects, self.cfg.job_metrics_interval, owners.private)
         except Exception as exc:  # online requests are served without JetStream
             log.warning("job routes disabled: JetStream is not available (%s)", exc)
-        log.info("gateway on http://%s:%d (nats %s, default model: %s, search: %s)", self.cfg.host, self.cfg.port,
-                 self.cfg.nats.url, self.cfg.default_model or "the first served",
-                 self.searcher.store.shown if self.searcher else "not served")
+        log.info(
+            "gateway on http://%s:%d (nats %s, default model: %s, search: %s)",
+            self.cfg.host,
+            self.cfg.port,
+            self.cfg.nats.url,
+            self.cfg.default_model or "the first served",
+            self.searcher.store.shown if self.searcher else "not served",
+        )
         mark_ready(self.cfg.nats, True)
         try:
             yield
@@ -167,10 +189,15 @@ class Gateway:
         if not view.models:
             raise ApiError(ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model right now")
         if requested is None:  # a --default-model that is not served (yet, or no longer)
-            raise ApiError(ErrorCode.NO_RESPONDERS, f"the default model {self.cfg.default_model!r} is not served right "
-                           f"now; available: {', '.join(view.models)} (name one as 'model')")
+            raise ApiError(
+                ErrorCode.NO_RESPONDERS,
+                f"the default model {self.cfg.default_model!r} is not served right "
+                f"now; available: {', '.join(view.models)} (name one as 'model')",
+            )
         raise ApiError(
-            ErrorCode.MODEL_NOT_FOUND, f"model {requested!r} is not served here; available: {', '.join(view.models)}", "model"
+            ErrorCode.MODEL_NOT_FOUND,
+            f"model {requested!r} is not served here; available: {', '.join(view.models)}",
+            "model",
         )
 
     @contextlib.asynccontextmanager
@@ -181,19 +208,33 @@ class Gateway:
         except ServiceError as exc:
             raise ApiError.of(exc) from None
 
-    async def run_embed(self, model: str, inputs: Inputs, options: EmbedOptions, spans: Spans | None = None,
-                        rows: list[int] | None = None) -> EmbedOutcome:
+    async def run_embed(
+        self,
+        model: str,
+        inputs: Inputs,
+        options: EmbedOptions,
+        spans: Spans | None = None,
+        rows: list[int] | None = None,
+    ) -> EmbedOutcome:
         """``inputs`` embedded; ``spans``: with output "spans", each text's spans; ``rows``: the request's
         input each of ``inputs`` is of, when they are parts of its inputs (an input's error names it)."""
         view = await self.discovery.view()
         if view.workers.get(model, {}).get("task") == "score":
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} is a cross-encoder: it scores (query, document) pairs "
-                           "through /rerank or /v1/rerank and makes no embeddings", "model")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"{model} is a cross-encoder: it scores (query, document) pairs "
+                "through /rerank or /v1/rerank and makes no embeddings",
+                "model",
+            )
         dim = int(view.workers.get(model, {}).get("dim", 0))
         if options.dimensions is not None and dim and options.dimensions > dim:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, f"'dimensions' {options.dimensions} exceeds the model's {dim}", "dimensions"
+            )
         async with self.admitted():
-            call = self.client.embed(model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids, spans=spans)
+            call = self.client.embed(
+                model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids, spans=spans
+            )
             outcome = await (call if rows is None else part_of(call, rows))
         self.account(model, outcome)
         return outcome
@@ -208,14 +249,20 @@ class Gateway:
 
     @staticmethod
     def stage_headers(outcome: EmbedOutcome) -> dict[str, str]:
-        return {header: str(round(outcome.timings[stage] * 1000)) for stage, header in TIMING_HEADERS.items() if stage in outcome.timings}
+        return {
+            header: str(round(outcome.timings[stage] * 1000))
+            for stage, header in TIMING_HEADERS.items()
+            if stage in outcome.timings
+        }
 
     # -- OpenAI routes ----------------------------------------------------------------------
 
     async def embeddings(self, request: Request) -> Response:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.model)
-        options = EmbedOptions(dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire)
+        options = EmbedOptions(
+            dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire
+        )
         outcome, chunks, form = await self.embed_texts(model, req.inputs, options, req.chunking)
         headers = self.stage_headers(outcome)
         if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
@@ -223,8 +270,9 @@ class Gateway:
         body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form, chunks)
         return Response(body, media_type="application/json", headers=headers)
 
-    async def embed_texts(self, model: str, inputs: Inputs, options: EmbedOptions, chunking: Chunking | None
-                          ) -> tuple[EmbedOutcome, list | None, str]:
+    async def embed_texts(
+        self, model: str, inputs: Inputs, options: EmbedOptions, chunking: Chunking | None
+    ) -> tuple[EmbedOutcome, list | None, str]:
         """``inputs`` embedded whole, or cut into chunks when the request asks: the outcome, each input's
         chunks when the rows are the chunks' (None: a row per input, ``"mean"`` included), the rows' form."""
         if chunking is None:
@@ -234,20 +282,26 @@ class Gateway:
         return outcome, None if chunking.returns == "mean" else chunks, form
 
     @staticmethod
-    def binary_answer(request: Request, model: str, outcome: EmbedOutcome, form: str, chunks: list | None,
-                      headers: dict[str, str]) -> Response | None:
+    def binary_answer(
+        request: Request, model: str, outcome: EmbedOutcome, form: str, chunks: list | None, headers: dict[str, str]
+    ) -> Response | None:
         """The rows as bytes when the Accept header asks for them (None: it asks for JSON); chunk rows are
         refused so, their offsets having no room there."""
         kind = negotiate(request.headers.get("accept"))
         if kind == "json":
             return None
         if chunks is not None:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "a binary answer has no room for the chunks' offsets: ask "
-                           "for JSON, or for 'chunking.return' 'mean' (a vector per input)", "chunking")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                "a binary answer has no room for the chunks' offsets: ask "
+                "for JSON, or for 'chunking.return' 'mean' (a vector per input)",
+                "chunking",
+            )
         return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
 
-    async def run_chunked(self, model: str, texts: list[str], options: EmbedOptions, chunking: Chunking
-                          ) -> tuple[EmbedOutcome, list, str]:
+    async def run_chunked(
+        self, model: str, texts: list[str], options: EmbedOptions, chunking: Chunking
+    ) -> tuple[EmbedOutcome, list, str]:
         """``texts`` cut into chunks (a tokenizer says where), the chunks embedded (their texts, or late: from
         windows of the texts): the outcome with a row per chunk (``"chunks"``) or per input (``"mean"``),
         each input's chunks, and the rows' form."""
@@ -256,7 +310,9 @@ class Gateway:
         mean = chunking.returns == "mean"
         async with self.admitted():
             layout = await self.client.chunk(model, texts, chunking.spec, options, self.cfg.request_timeout)
-        floats = dataclasses.replace(options, dtype=FLOAT32.wire) if mean else options  # averaged in float32, then made the asked form
+        floats = (
+            dataclasses.replace(options, dtype=FLOAT32.wire) if mean else options
+        )  # averaged in float32, then made the asked form
         if chunking.late:
             outcome, chunks = await self.run_late(model, texts, layout, floats)
         else:
@@ -264,26 +320,39 @@ class Gateway:
             outcome = await self.run_embed(model, Inputs(pieces, None), floats)
         form = rows_form(floats.form, outcome.form)
         if mean:  # normalised as the chunks were: TEI's 'normalize' when sent, else the model's rule
-            normalize = options.normalize if options.normalize is not None else (
-                (await self.discovery.view()).workers.get(model, {}).get("normalize", "true") == "true")
+            normalize = (
+                options.normalize
+                if options.normalize is not None
+                else ((await self.discovery.view()).workers.get(model, {}).get("normalize", "true") == "true")
+            )
             vectors = mean_of_chunks(outcome.vectors, chunks, normalize)
             form = options.form
             outcome = dataclasses.replace(outcome, vectors=quantize(vectors, form))
         return outcome, chunks, form
 
-    async def run_late(self, model: str, texts: list[str], layout: ChunkLayout, options: EmbedOptions
-                       ) -> tuple[EmbedOutcome, list]:
+    async def run_late(
+        self, model: str, texts: list[str], layout: ChunkLayout, options: EmbedOptions
+    ) -> tuple[EmbedOutcome, list]:
         """The chunks of ``layout`` late-chunked (services/gateway/late_chunking.py): the outcome with a
         row per chunk, and each input's chunks."""
         late, chunks = late_chunking.plan(texts, layout)
         spans = dataclasses.replace(options, output="spans", truncate=False)
         outcome = await self.run_embed(model, Inputs(late.texts, None), spans, late.spans, late.inputs)
-        return dataclasses.replace(outcome, vectors=late_chunking.chunk_rows(outcome.ragged_rows(), late), ragged=None), chunks
+        return dataclasses.replace(
+            outcome, vectors=late_chunking.chunk_rows(outcome.ragged_rows(), late), ragged=None
+        ), chunks
 
     async def models(self, request: Request) -> Response:
         view = await self.discovery.view()
-        return json_response(models_api.render_models(view.models, view.tokenizers, view.workers, self.default_of(view.models),
-                                                      self.searcher.card() if self.searcher else None))
+        return json_response(
+            models_api.render_models(
+                view.models,
+                view.tokenizers,
+                view.workers,
+                self.default_of(view.models),
+                self.searcher.card() if self.searcher else None,
+            )
+        )
 
     async def search(self, request: Request) -> Response:
         """POST /v1/search (services/gateway/search.py)."""
@@ -304,8 +373,11 @@ class Gateway:
         headers = self.stage_headers(outcome)
         if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
             return binary
-        body = (tei_api.render_embed(outcome.vectors, form) if chunks is None
-                else tei_api.render_embed_chunks(outcome.vectors, form, chunks))
+        body = (
+            tei_api.render_embed(outcome.vectors, form)
+            if chunks is None
+            else tei_api.render_embed_chunks(outcome.vectors, form, chunks)
+        )
         return Response(body, media_type="application/json", headers=headers)
 
     async def offers(self, model: str) -> tuple[str, ...]:
@@ -318,10 +390,15 @@ class Gateway:
         req = tei_api.parse_embed_sparse(body, self.limits)
         model = await self.resolve_model(tei_api.model_field(body))
         if "sparse" not in await self.offers(model):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)"
+            )
         outcome = await self.run_embed(model, req.inputs, req.options)
-        return Response(tei_api.render_sparse(outcome.ragged_rows()), media_type="application/json",
-                        headers=self.stage_headers(outcome))
+        return Response(
+            tei_api.render_sparse(outcome.ragged_rows()),
+            media_type="application/json",
+            headers=self.stage_headers(outcome),
+        )
 
     async def embed_all(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
@@ -329,13 +406,18 @@ class Gateway:
         req = tei_api.parse_embed_all(body, self.limits, await self.offers(model))
         outcome = await self.run_embed(model, req.inputs, req.options)
         form = req.options.form
-        return Response(tei_api.render_all(outcome.ragged_rows(), form), media_type="application/json",
-                        headers=self.stage_headers(outcome))
+        return Response(
+            tei_api.render_all(outcome.ragged_rows(), form),
+            media_type="application/json",
+            headers=self.stage_headers(outcome),
+        )
 
     async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, RerankResult]:
         model = await self.resolve_model(call.model)
         deadline = time.time() + self.cfg.request_timeout
-        request = RerankRequest(request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate)
+        request = RerankRequest(
+            request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate
+        )
         async with self.admitted():
             return model, await self.client.rerank(request, self.cfg.request_timeout)
 
@@ -348,8 +430,10 @@ class Gateway:
         call = rerank_api.parse_cohere(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         request_id = uuid.uuid4().hex
         model, ranked = await self.run_rerank(call, request_id)
-        return Response(rerank_api.render_cohere(call, model, request_id, ranked.indices, ranked.scores),
-                        media_type="application/json")
+        return Response(
+            rerank_api.render_cohere(call, model, request_id, ranked.indices, ranked.scores),
+            media_type="application/json",
+        )
 
     # -- Cohere routes ----------------------------------------------------------------------
 
@@ -363,8 +447,13 @@ class Gateway:
         req = cohere_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits, version)
         model = await self.resolve_model(req.model)
         view = await self.discovery.view()
-        cohere_api.check_model_limits("max_tokens", req.max_tokens, int(view.tokenizers.get(model, {}).get("max_seq_length", 0)),
-                                      req.dimensions, int(view.workers.get(model, {}).get("dim", 0)))
+        cohere_api.check_model_limits(
+            "max_tokens",
+            req.max_tokens,
+            int(view.tokenizers.get(model, {}).get("max_seq_length", 0)),
+            req.dimensions,
+            int(view.workers.get(model, {}).get("dim", 0)),
+        )
         outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options(), req.chunking)
         body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, form, outcome.tokens, chunks)
         return Response(body, media_type="application/json", headers=self.stage_headers(outcome))
@@ -373,18 +462,23 @@ class Gateway:
         req = cohere_api.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.call.model)
         view = await self.discovery.view()
-        cohere_api.check_model_limits("max_tokens_per_doc", req.max_tokens_per_doc,
-                                      int(view.tokenizers.get(model, {}).get("max_seq_length", 0)))
+        cohere_api.check_model_limits(
+            "max_tokens_per_doc", req.max_tokens_per_doc, int(view.tokenizers.get(model, {}).get("max_seq_length", 0))
+        )
         request_id = str(uuid.uuid4())
         _, ranked = await self.run_rerank(req.call, request_id)
-        return Response(cohere_api.render_rerank(request_id, ranked.indices, ranked.scores), media_type="application/json")
+        return Response(
+            cohere_api.render_rerank(request_id, ranked.indices, ranked.scores), media_type="application/json"
+        )
 
     async def tokenize(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_tokenize(body, self.limits)
         model = await self.resolve_model(tei_api.model_field(body))
         try:
-            result = await self.client.tokenize(model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout)
+            result = await self.client.tokenize(
+                model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout
+            )
         except ServiceError as exc:
             raise ApiError.of(exc) from None
         return Response(tei_api.render_tokens(result), media_type="application/json")
@@ -394,7 +488,12 @@ class Gateway:
         model = await self.resolve_model(request.query_params.get("model"))
         view = await self.discovery.view()
         body = tei_api.render_info(
-            model, view.tokenizers.get(model, {}), view.workers.get(model, {}), self.limits, self.cfg.max_in_flight, __version__
+            model,
+            view.tokenizers.get(model, {}),
+            view.workers.get(model, {}),
+            self.limits,
+            self.cfg.max_in_flight,
+            __version__,
         )
         return Response(body, media_type="application/json")
 
@@ -408,8 +507,11 @@ class Gateway:
     async def run_predict(self, call: tei_tasks.PredictCall, model: str) -> Response:
         worker = (await self.discovery.view()).workers.get(model, {})
         if worker.get("task") != "score":
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} is not a sequence classifier; /predict scores texts with "
-                           "one (embedders answer /embed)", "model")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"{model} is not a sequence classifier; /predict scores texts with one (embedders answer /embed)",
+                "model",
+            )
         pairs = [i for i, x in enumerate(call.inputs) if not isinstance(x, str)]
         singles = [i for i, x in enumerate(call.inputs) if isinstance(x, str)]
         texts = [x for x in call.inputs if isinstance(x, str)]  # singles' inputs, in their order
@@ -417,16 +519,24 @@ class Gateway:
         groups = [(rows, is_pair) for rows, is_pair in ((singles, False), (pairs, True)) if rows]
         timeout = self.cfg.request_timeout
         async with self.admitted():  # single texts and pairs travel as two requests, scored at once
-            outcomes = await asyncio.gather(*(
-                part_of(self.client.embed(model, [] if is_pair else texts, call.options, timeout,
-                                          pairs=both if is_pair else None), rows)
-                for rows, is_pair in groups
-            ))
+            outcomes = await asyncio.gather(
+                *(
+                    part_of(
+                        self.client.embed(
+                            model, [] if is_pair else texts, call.options, timeout, pairs=both if is_pair else None
+                        ),
+                        rows,
+                    )
+                    for rows, is_pair in groups
+                )
+            )
         labels = tei_tasks.worker_labels(worker)
         logits = np.empty((len(call.inputs), len(labels)), dtype=np.float32)
         for (rows, _), outcome in zip(groups, outcomes):
             if outcome.vectors.shape[1] != len(labels):
-                raise ApiError(ErrorCode.INTERNAL, f"the model gave {outcome.vectors.shape[1]} logits for {len(labels)} labels")
+                raise ApiError(
+                    ErrorCode.INTERNAL, f"the model gave {outcome.vectors.shape[1]} logits for {len(labels)} labels"
+                )
             logits[rows] = outcome.vectors
             self.account(model, outcome)
         body = tei_tasks.render_predict(call, tei_tasks.label_scores(logits, call.raw_scores), labels)
@@ -440,8 +550,11 @@ class Gateway:
 
     async def run_similarity(self, call: tei_tasks.SimilarityCall, model: str) -> Response:
         outcome = await self.run_embed(model, call.inputs, call.options)
-        return Response(tei_tasks.render_similarity(outcome.vectors), media_type="application/json",
-                        headers=self.stage_headers(outcome))
+        return Response(
+            tei_tasks.render_similarity(outcome.vectors),
+            media_type="application/json",
+            headers=self.stage_headers(outcome),
+        )
 
     async def decode(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
@@ -470,8 +583,11 @@ class Gateway:
         if task == "embed_sparse":
             req = tei_api.parse_embed_sparse(body, self.limits)
             outcome = await self.run_embed(model, req.inputs, req.options)
-            return Response(tei_api.render_sparse(outcome.ragged_rows()), media_type="application/json",
-                            headers=self.stage_headers(outcome))
+            return Response(
+                tei_api.render_sparse(outcome.ragged_rows()),
+                media_type="application/json",
+                headers=self.stage_headers(outcome),
+            )
         return await self.run_tei_embed(request, tei_api.parse_embed(body, self.limits), model)
 
     # -- bulk jobs --------------------------------------------------------------------------
@@ -484,8 +600,9 @@ class Gateway:
         output = json_object(body).get("output", "dense")
         if output in ("sparse", "multivector") and output not in await self.offers(model):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {output} vectors", "output")
-        status, answer = await self.jobs.create(body, model, await self.discovery.view(), self.nc.max_payload,
-                                                self.client)
+        status, answer = await self.jobs.create(
+            body, model, await self.discovery.view(), self.nc.max_payload, self.client
+        )
         return json_response(answer, status=status)
 
     async def job_state(self, request: Request) -> Response:
@@ -543,7 +660,9 @@ async def _protocol_error(request: Request, exc: Exception) -> Response:
     """A request whose fields make a message the wire protocol refuses: the request is at fault (the
     routes check their fields first; this is the net under them)."""
     log.warning("request on %s made an invalid message: %s", request.url.path, exc)
-    return error_response(request.url.path, ErrorCode.INVALID_REQUEST, f"invalid request: {str(exc).replace('options.', '')}")
+    return error_response(
+        request.url.path, ErrorCode.INVALID_REQUEST, f"invalid request: {str(exc).replace('options.', '')}"
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -561,11 +680,23 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
     metrics = Metrics()
     gw = Gateway(cfg, metrics)
     routes = [Route(spec.path, getattr(gw, spec.handler), methods=[spec.method]) for spec in ROUTES]
-    handlers = {ApiError: _api_error, ProtocolError: _protocol_error, HTTPException: _http_error, Exception: _unexpected}
+    handlers = {
+        ApiError: _api_error,
+        ProtocolError: _protocol_error,
+        HTTPException: _http_error,
+        Exception: _unexpected,
+    }
     app = Starlette(routes=routes, lifespan=gw.lifespan, exception_handlers=handlers)
-    return GatewayMiddleware(app, keys=ApiKeys(cfg.api_keys, cfg.open_paths), metrics=metrics, routes=PATHS,
-                             tracer=gw.tracer, limits=gw.key_limits, admission=Admission(cfg.max_in_flight, metrics.in_flight),
-                             endpoints=Endpoints(routes, handlers))
+    return GatewayMiddleware(
+        app,
+        keys=ApiKeys(cfg.api_keys, cfg.open_paths),
+        metrics=metrics,
+        routes=PATHS,
+        tracer=gw.tracer,
+        limits=gw.key_limits,
+        admission=Admission(cfg.max_in_flight, metrics.in_flight),
+        endpoints=Endpoints(routes, handlers),
+    )
 
 
 def serve(cfg: GatewayConfig, log_level: str) -> None:
@@ -573,15 +704,17 @@ def serve(cfg: GatewayConfig, log_level: str) -> None:
 
     from services.gateway import http_server, uvicorn_server
 
-    uvicorn_server.run(uvicorn.Config(
-        create_app(cfg),
-        host=cfg.host,
-        port=cfg.port,
-        log_config=None,  # uvicorn's lines go through the process's handler, in its --log-format
-        log_level=log_level,
-        access_log=log_level == "debug",
-        timeout_graceful_shutdown=30,
-        # limits on headers and slow clients; uvicorn takes a protocol class or its name, and calls it to make
-        # one: a factory with the limits bound is as good, which its annotation cannot say
-        http=http_server.protocol(cfg.http),  # type: ignore[arg-type]
-    ))
+    uvicorn_server.run(
+        uvicorn.Config(
+            create_app(cfg),
+            host=cfg.host,
+            port=cfg.port,
+            log_config=None,  # uvicorn's lines go through the process's handler, in its --log-format
+            log_level=log_level,
+            access_log=log_level == "debug",
+            timeout_graceful_shutdown=30,
+            # limits on headers and slow clients; uvicorn takes a protocol class or its name, and calls it to make
+            # one: a factory with the limits bound is as good, which its annotation cannot say
+            http=http_server.protocol(cfg.http),  # type: ignore[arg-type]
+        )
+    )

@@ -45,15 +45,24 @@ def parse_chunking(doc: dict[str, Any], param: str = "chunking", keys: tuple[str
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be an object with 'size' and optionally "
-                       f"{', '.join(repr(k) for k in keys[1:])}", param)
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'{param}' must be an object with 'size' and optionally {', '.join(repr(k) for k in keys[1:])}",
+            param,
+        )
     unknown = sorted(set(raw) - set(keys))
     if unknown:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' has unknown keys {', '.join(map(repr, unknown))}: it takes "
-                       f"{', '.join(map(repr, keys))}", param)
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'{param}' has unknown keys {', '.join(map(repr, unknown))}: it takes {', '.join(map(repr, keys))}",
+            param,
+        )
     if "size" not in raw:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.size' is required: the most tokens of text a chunk holds",
-                       f"{param}.size")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'{param}.size' is required: the most tokens of text a chunk holds",
+            f"{param}.size",
+        )
     late, returns = raw.get("late", False), raw.get("return", "chunks")
     if not isinstance(late, bool):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.late' must be true or false", f"{param}.late")
@@ -61,7 +70,9 @@ def parse_chunking(doc: dict[str, Any], param: str = "chunking", keys: tuple[str
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.return' must be 'chunks' or 'mean'", f"{param}.return")
     boundary = raw.get("boundary", "token")
     if not isinstance(boundary, str) or boundary not in BOUNDARIES:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.boundary' must be 'token' or 'sentence'", f"{param}.boundary")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'{param}.boundary' must be 'token' or 'sentence'", f"{param}.boundary"
+        )
     try:
         spec = ChunkSpec(raw["size"], raw.get("overlap", 0), boundary)
     except ServiceError as exc:
@@ -74,21 +85,26 @@ def parse_text_chunking(doc: dict[str, Any], inputs: Inputs, field: str) -> Chun
     text to cut, and are refused."""
     chunking = parse_chunking(doc)
     if chunking is not None and inputs.token_ids is not None:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'chunking' cuts texts: give '{field}' as text, not token IDs",
-                       "chunking")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'chunking' cuts texts: give '{field}' as text, not token IDs", "chunking"
+        )
     return chunking
 
 
 def chunk_places(chunks: list[list[TextChunk]]) -> list[dict[str, int]]:
     """Where each chunk row lies, input by input (the rows' order): its input's ``index``, its number
     ``chunk`` within the input, and its characters ``start`` and ``end`` (``input[start:end]``)."""
-    return [{"index": i, "chunk": k, "start": c.start, "end": c.end} for i, cs in enumerate(chunks) for k, c in enumerate(cs)]
+    return [
+        {"index": i, "chunk": k, "start": c.start, "end": c.end}
+        for i, cs in enumerate(chunks)
+        for k, c in enumerate(cs)
+    ]
 
 
 def chunk_texts(texts: list[str], layout: ChunkLayout) -> tuple[list[str], list[list[TextChunk]]]:
     """Every chunk's text, input by input, and each input's chunks."""
     chunks = layout.chunks()
-    return [text[c.start:c.end] for text, cs in zip(texts, chunks) for c in cs], chunks
+    return [text[c.start : c.end] for text, cs in zip(texts, chunks) for c in cs], chunks
 
 
 def mean_of_chunks(vectors: np.ndarray, chunks: list[list[TextChunk]], normalize: bool) -> np.ndarray:

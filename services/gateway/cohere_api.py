@@ -27,8 +27,12 @@ from shared.quantize import quantize
 from shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
 
 # Cohere's input_type -> the name of the model's prompt it selects (none of that name: no prompt)
-INPUT_TYPES = {"search_query": "query", "search_document": "document", "classification": "classification",
-               "clustering": "clustering"}
+INPUT_TYPES = {
+    "search_query": "query",
+    "search_document": "document",
+    "classification": "classification",
+    "clustering": "clustering",
+}
 # truncate -> the side cut (None: over-long inputs are refused); Cohere's default is END
 TRUNCATE = {"NONE": None, "START": "left", "END": "right"}
 
@@ -52,8 +56,13 @@ class CohereEmbed:
         return forms.pop() if len(forms) == 1 else FLOAT32.name
 
     def options(self) -> EmbedOptions:
-        return EmbedOptions(dimensions=self.dimensions, dtype=FORMS[self.form].wire, truncate=self.truncation is not None,
-                            truncation_direction=self.truncation or "right", input_type=self.input_type)
+        return EmbedOptions(
+            dimensions=self.dimensions,
+            dtype=FORMS[self.form].wire,
+            truncate=self.truncation is not None,
+            truncation_direction=self.truncation or "right",
+            input_type=self.input_type,
+        )
 
 
 def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
@@ -67,7 +76,9 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
     elif "texts" in doc:
         inputs = parse_inputs(doc["texts"], "texts", limits, allow_tokens=False)
     else:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required" + (" (or 'inputs')" if version == 2 else ""), "texts")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'texts' is required" + (" (or 'inputs')" if version == 2 else ""), "texts"
+        )
     types = _embedding_types(doc.get("embedding_types"))
     dimensions = positive_dimensions(doc, "output_dimension") if version == 2 else None
     max_tokens = optional(doc, "max_tokens", int) if version == 2 else None
@@ -76,9 +87,14 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
     if version == 2:
         optional(doc, "priority", int)  # accepted: every request here has the same priority
     return CohereEmbed(
-        version=version, model=optional(doc, "model", str), inputs=inputs, input_type=_input_type(doc),
-        types=types if types is not None or version == 1 else ("float",), dimensions=dimensions,
-        truncation=_truncation(doc), max_tokens=max_tokens,
+        version=version,
+        model=optional(doc, "model", str),
+        inputs=inputs,
+        input_type=_input_type(doc),
+        types=types if types is not None or version == 1 else ("float",),
+        dimensions=dimensions,
+        truncation=_truncation(doc),
+        max_tokens=max_tokens,
         chunking=parse_text_chunking(doc, inputs, "texts") if version == 2 else None,
     )
 
@@ -92,8 +108,12 @@ def _input_texts(raw: Any) -> list[str]:
         content = item.get("content") if isinstance(item, dict) else None
         part = content[0] if isinstance(content, list) and len(content) == 1 else None
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs[{i}]' must be {{\"content\": [{{\"type\": \"text\", "
-                           "\"text\": ...}]}: one text item (the served models embed text)", "inputs")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f'\'inputs[{i}]\' must be {{"content": [{{"type": "text", '
+                '"text": ...}]}: one text item (the served models embed text)',
+                "inputs",
+            )
         texts.append(part["text"])
     return texts
 
@@ -103,7 +123,9 @@ def _embedding_types(raw: Any) -> tuple[str, ...] | None:
         return None
     known = ", ".join(f"'{t}'" for t in COHERE_TYPES)
     if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t in COHERE_TYPES for t in raw):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'embedding_types' must be a non-empty list of {known}", "embedding_types")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'embedding_types' must be a non-empty list of {known}", "embedding_types"
+        )
     return tuple(dict.fromkeys(raw))  # each type once, in the order asked
 
 
@@ -122,19 +144,28 @@ def _truncation(doc: dict) -> str | None:
     return TRUNCATE[name]
 
 
-def check_model_limits(param: str, cap: int | None, max_length: int, dimensions: int | None = None, dim: int = 0) -> None:
+def check_model_limits(
+    param: str, cap: int | None, max_length: int, dimensions: int | None = None, dim: int = 0
+) -> None:
     """Limits only the model knows: a token cap (``param``) below its ``max_length`` would cut inputs
     shorter than the tokenizer does, which is not offered; ``dimensions`` past its ``dim`` do not exist.
     A limit of 0 is unknown and not checked."""
     if cap is not None and max_length and cap < max_length:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' {cap} is below the model's limit of {max_length} tokens: "
-                       f"inputs are cut at the model's limit only (send {max_length} or more)", param)
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'{param}' {cap} is below the model's limit of {max_length} tokens: "
+            f"inputs are cut at the model's limit only (send {max_length} or more)",
+            param,
+        )
     if dimensions is not None and dim and dimensions > dim:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'output_dimension' {dimensions} exceeds the model's {dim}", "output_dimension")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'output_dimension' {dimensions} exceeds the model's {dim}", "output_dimension"
+        )
 
 
-def render_embed(req: CohereEmbed, request_id: str, vectors: np.ndarray, form: str, tokens: int,
-                 chunks: list | None = None) -> bytes:
+def render_embed(
+    req: CohereEmbed, request_id: str, vectors: np.ndarray, form: str, tokens: int, chunks: list | None = None
+) -> bytes:
     """``vectors``: [n, width(dim)] rows of ``form`` (req.form). ``chunks``: per input its
     TextChunks, a row each (the rows input by input): the extension ``chunks`` then says where each row
     lies, ``{"index", "chunk", "start", "end"}``, aligned with every type's rows."""
@@ -176,12 +207,21 @@ def parse_rerank(body: bytes, limits: Limits) -> CohereRerank:
     texts = texts_field(doc["documents"], "documents", limits, objects=False)
     cap = optional(doc, "max_tokens_per_doc", int)
     if cap is not None and cap <= 0:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'max_tokens_per_doc' must be a positive integer", "max_tokens_per_doc")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'max_tokens_per_doc' must be a positive integer", "max_tokens_per_doc"
+        )
     if doc.get("relevant_spans"):
         raise ApiError(ErrorCode.INVALID_REQUEST, "'relevant_spans' is not supported", "relevant_spans")
     optional(doc, "priority", int)  # accepted: every request here has the same priority
-    call = RerankCall(model=optional(doc, "model", str), query=query, texts=texts, top_n=top_n_field(doc),
-                      raw_scores=False, truncate=True, return_text=False)
+    call = RerankCall(
+        model=optional(doc, "model", str),
+        query=query,
+        texts=texts,
+        top_n=top_n_field(doc),
+        raw_scores=False,
+        truncate=True,
+        return_text=False,
+    )
     return CohereRerank(call, cap)
 
 

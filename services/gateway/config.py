@@ -57,8 +57,12 @@ class GatewayConfig:
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on
     retention: Retention = Retention()  # set on the results stream and job bucket the gateway meets
     http: HttpLimits = HttpLimits()  # header size and count, slow clients
-    search_sink: str | None = setting("search_sink")  # the vector store POST /v1/search reads (shared/sinks); None: not served
-    search_model: str | None = setting("search_model")  # the model whose vectors it holds; None: the request's, else the default
+    search_sink: str | None = setting(
+        "search_sink"
+    )  # the vector store POST /v1/search reads (shared/sinks); None: not served
+    search_model: str | None = setting(
+        "search_model"
+    )  # the model whose vectors it holds; None: the request's, else the default
     # the stores POST /v1/jobs may write into ("sink"); none: jobs write into none
     job_sinks: tuple[str, ...] = setting("job_sinks", convert=comma_list)
 
@@ -72,15 +76,24 @@ class GatewayConfig:
         for url in self.job_sinks:
             _check_sink(url, "--job-sinks")
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
-            raise ConfigError("--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
-                              "(--api-keys or --api-keys-file)")
+            raise ConfigError(
+                "--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
+                "(--api-keys or --api-keys-file)"
+            )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GatewayConfig:
-        return from_options(cls, ns, nats=nats_config(ns), api_keys=tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns))),
-                            operator_keys=operator_keys(ns), metrics=MetricsEndpoint.from_namespace(ns),
-                            tracing=TracingConfig.from_namespace(ns), retention=retention(ns),
-                            http=HttpLimits.from_namespace(ns))
+        return from_options(
+            cls,
+            ns,
+            nats=nats_config(ns),
+            api_keys=tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns))),
+            operator_keys=operator_keys(ns),
+            metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
+            retention=retention(ns),
+            http=HttpLimits.from_namespace(ns),
+        )
 
 
 def _check_sink(url: str, flag: str) -> None:
@@ -109,7 +122,9 @@ def _keys(listed: str, file: str | None, flag: str) -> tuple[str, ...]:
     if file:
         path = Path(file)
         try:
-            keys += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+            keys += [
+                line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")
+            ]
         except OSError as exc:
             raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
         if not keys:

@@ -26,6 +26,7 @@ class Answer:
 
 
 _C = ErrorCode
+# fmt: off
 TABLE: dict[ErrorCode, Answer] = {
     #                            status  OpenAI type              TEI type       Cohere  OpenAI code
     _C.INVALID_REQUEST:    Answer(400, "invalid_request_error", "Validation",   400, "invalid_request"),
@@ -47,6 +48,7 @@ TABLE: dict[ErrorCode, Answer] = {
     _C.NO_RESPONDERS:      Answer(503, "service_unavailable",   "Unhealthy",    503, "no_responders"),
     _C.TIMEOUT:            Answer(504, "timeout_error",         "Backend",      504, "timeout"),
 }
+# fmt: on
 
 
 class ApiError(Exception):

@@ -38,14 +38,21 @@ def rows_form(asked: str, answered: str) -> str:
     worker that ignores the request's dtype (an older one) is an error, not rows labelled as something
     they are not."""
     if answered != asked:
-        raise ApiError(ErrorCode.INTERNAL, f"a worker answered {answered} rows to a request for {asked}: "
-                       "is it older than the gateway?")
+        raise ApiError(
+            ErrorCode.INTERNAL,
+            f"a worker answered {answered} rows to a request for {asked}: is it older than the gateway?",
+        )
     return answered
 
 
 def binary_response(
-    kind: str, model: str, vectors: np.ndarray, tokens: int, headers: dict[str, str],
-    form: str = "float32", dim: int | None = None,
+    kind: str,
+    model: str,
+    vectors: np.ndarray,
+    tokens: int,
+    headers: dict[str, str],
+    form: str = "float32",
+    dim: int | None = None,
 ) -> Response:
     """``vectors``: [rows, width(dim)] of the form's element type; ``dim``: components per row (None: the
     row width, which it is for every form but the bit-packed ones)."""
@@ -53,8 +60,13 @@ def binary_response(
     dim = rows.shape[1] if dim is None else dim
     assert rows.shape[1] == FORMS[form].width(dim), (form, dim, rows.shape)
     if kind == "octet":
-        meta = {"x-embedding-rows": str(rows.shape[0]), "x-embedding-dim": str(dim), "x-embedding-dtype": OCTET_DTYPES[form],
-                "x-embedding-row-bytes": str(rows.shape[1] * rows.itemsize), "x-prompt-tokens": str(tokens)}
+        meta = {
+            "x-embedding-rows": str(rows.shape[0]),
+            "x-embedding-dim": str(dim),
+            "x-embedding-dtype": OCTET_DTYPES[form],
+            "x-embedding-row-bytes": str(rows.shape[1] * rows.itemsize),
+            "x-prompt-tokens": str(tokens),
+        }
         return Response(rows.tobytes(), media_type=OCTET, headers={**headers, **meta})
     body = msgpack.packb(
         {

@@ -60,8 +60,17 @@ def health_answer(view: FleetView, ask: Readiness) -> tuple[dict, int]:
     if waiting:
         error = f"not served yet (a tokenizer and a worker each): {', '.join(waiting)}"
     else:
-        error = "no " + ("tokenizer" if not view.tokenizers else "worker" if not view.workers
-                         else "tokenizer and worker of one model") + " answers"
+        error = (
+            "no "
+            + (
+                "tokenizer"
+                if not view.tokenizers
+                else "worker"
+                if not view.workers
+                else "tokenizer and worker of one model"
+            )
+            + " answers"
+        )
     unhealthy = TABLE[ErrorCode.NO_RESPONDERS]
     body = {
         "status": "unavailable",

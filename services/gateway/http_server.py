@@ -155,12 +155,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.cycle.message_event.set()
             self._depart()
         body = refused.reason.encode()
-        self.transport.write(b"".join((
-            b"HTTP/1.1 %d %s\r\n" % (refused.status, _REASONS[refused.status]),
-            b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body),
-            body,
-        )))
+        self.transport.write(
+            b"".join(
+                (
+                    b"HTTP/1.1 %d %s\r\n" % (refused.status, _REASONS[refused.status]),
+                    b"content-type: text/plain; charset=utf-8\r\n",
+                    b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body),
+                    body,
+                )
+            )
+        )
         self.transport.close()
 
     # -- parser callbacks ---------------------------------------------------------------------

@@ -52,7 +52,9 @@ def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> In
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must not be an empty list", param)
         items = raw
     else:
-        kinds = "a string, a list of strings" + (", a list of token IDs or a list of token-ID lists" if allow_tokens else "")
+        kinds = "a string, a list of strings" + (
+            ", a list of token IDs or a list of token-ID lists" if allow_tokens else ""
+        )
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be {kinds}, got {json_type(raw)}", param)
 
     if allow_tokens and isinstance(items[0], int) and not isinstance(items[0], bool):
@@ -62,7 +64,9 @@ def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> In
     else:
         for i, item in enumerate(items):
             if not isinstance(item, str):
-                raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be a string, got {json_type(item)}", param)
+                raise ApiError(
+                    ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be a string, got {json_type(item)}", param
+                )
             if len(item) > limits.max_input_chars:
                 raise ApiError(
                     ErrorCode.INPUT_TOO_LONG,
@@ -71,17 +75,23 @@ def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> In
                 )
         inputs = Inputs(items, None)
     if inputs.count > limits.max_inputs:
-        raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {inputs.count} items; the limit is {limits.max_inputs}", param)
+        raise ApiError(
+            ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {inputs.count} items; the limit is {limits.max_inputs}", param
+        )
     return inputs
 
 
 def _token_list(value: Any, where: str) -> np.ndarray:
     if not isinstance(value, list) or not value:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{where}' must be a non-empty list of token IDs", where.split("[")[0])
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'{where}' must be a non-empty list of token IDs", where.split("[")[0]
+        )
     for t in value:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
             raise ApiError(
-                ErrorCode.INVALID_TOKENS, f"'{where}' holds {t!r}, not a token ID (an integer >= 0)", where.split("[")[0]
+                ErrorCode.INVALID_TOKENS,
+                f"'{where}' holds {t!r}, not a token ID (an integer >= 0)",
+                where.split("[")[0],
             )
     return np.asarray(value, dtype=np.int32)
 
@@ -106,7 +116,9 @@ def name_field(doc: dict, key: str) -> str | None:
     """An optional short name (a prompt's): a string of at most MAX_NAME_CHARS characters."""
     value = optional(doc, key, str)
     if value is not None and len(value) > MAX_NAME_CHARS:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{key}' is {len(value)} characters; names are at most {MAX_NAME_CHARS}", key)
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'{key}' is {len(value)} characters; names are at most {MAX_NAME_CHARS}", key
+        )
     return value
 
 
@@ -117,7 +129,9 @@ def embedding_form(doc: dict) -> str:
         return form_named(name).name
     except ValueError:
         known = ", ".join(f"'{n}'" for n in EMBEDDING_TYPES)
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'embedding_type' must be one of {known}", "embedding_type") from None
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'embedding_type' must be one of {known}", "embedding_type"
+        ) from None
 
 
 _names = {str: "a string", bool: "a boolean", int: "an integer", list: "a list", dict: "an object"}

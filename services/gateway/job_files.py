@@ -34,7 +34,9 @@ def _located(jobs_dir: Path, given: str) -> Path:
     try:
         path = (jobs_dir / given).resolve()
     except (OSError, RuntimeError) as exc:  # too long a name, a symlink loop
-        raise _refused(f"'path' {given[:200]!r} names no usable file: {getattr(exc, 'strerror', None) or exc}") from None
+        raise _refused(
+            f"'path' {given[:200]!r} names no usable file: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     if not path.is_relative_to(jobs_dir):
         raise _refused("'path' must name a file inside the jobs folder")
     return path
@@ -48,8 +50,10 @@ def _read(path: Path, given: str, max_bytes: int) -> list[tuple[str, str]]:
         why = "no such file" if exc.errno == errno.ENOENT else exc.strerror or str(exc)
         raise _refused(f"'path' {given[:200]!r}: {why}") from None
     if size > max_bytes:
-        raise _refused(f"'path' {given[:200]!r} is {size} bytes, over this gateway's limit of {max_bytes} "
-                       "(--jobs-max-file-bytes): split it, or run it with `embedfleet reindex`")
+        raise _refused(
+            f"'path' {given[:200]!r} is {size} bytes, over this gateway's limit of {max_bytes} "
+            "(--jobs-max-file-bytes): split it, or run it with `embedfleet reindex`"
+        )
     try:
         return read_documents(path)
     except ConfigError as exc:

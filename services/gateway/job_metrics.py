@@ -46,17 +46,38 @@ def job_label(job: str, hidden: bool) -> str:
 class JobMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         stage = ["stage", "consumer"]
-        self._lag = Gauge("embedfleet_bulk_lag", "bulk batches a stage has not acknowledged: waiting plus delivered and "
-                          "unacknowledged (num_pending + num_ack_pending of its JetStream consumer)", stage, registry=registry)
-        self._pending = Gauge("embedfleet_bulk_pending", "bulk batches waiting for a stage's consumer, not delivered yet",
-                              stage, registry=registry)
-        self._ack_pending = Gauge("embedfleet_bulk_ack_pending", "bulk batches a stage holds: delivered, not acknowledged",
-                                  stage, registry=registry)
-        self._documents = Gauge("embedfleet_job_documents", "documents of a running (or just finished) job, by state: "
-                                "total, done (stored), failed (given up); job_id a digest of the id where API keys are on", ["job_id", "model", "state"], registry=registry)
+        self._lag = Gauge(
+            "embedfleet_bulk_lag",
+            "bulk batches a stage has not acknowledged: waiting plus delivered and "
+            "unacknowledged (num_pending + num_ack_pending of its JetStream consumer)",
+            stage,
+            registry=registry,
+        )
+        self._pending = Gauge(
+            "embedfleet_bulk_pending",
+            "bulk batches waiting for a stage's consumer, not delivered yet",
+            stage,
+            registry=registry,
+        )
+        self._ack_pending = Gauge(
+            "embedfleet_bulk_ack_pending",
+            "bulk batches a stage holds: delivered, not acknowledged",
+            stage,
+            registry=registry,
+        )
+        self._documents = Gauge(
+            "embedfleet_job_documents",
+            "documents of a running (or just finished) job, by state: "
+            "total, done (stored), failed (given up); job_id a digest of the id where API keys are on",
+            ["job_id", "model", "state"],
+            registry=registry,
+        )
         self._jobs = Gauge("embedfleet_jobs", "jobs in the job bucket, by status", ["status"], registry=registry)
-        self._updated = Gauge("embedfleet_bulk_metrics_updated", "unix time the bulk and job gauges were last read "
-                              "from NATS", registry=registry)
+        self._updated = Gauge(
+            "embedfleet_bulk_metrics_updated",
+            "unix time the bulk and job gauges were last read from NATS",
+            registry=registry,
+        )
         self._consumers: set[tuple[str, str]] = set()
         self._shown: set[tuple[str, str]] = set()  # (job, model) with gauges
         self._statuses: set[str] = set()

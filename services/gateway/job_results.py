@@ -52,8 +52,12 @@ def negotiate(accept: str | None) -> str:
         if kind is not None and weight > 0:
             offers.append((-weight, order, kind))
     if not offers:
-        raise ApiError(ErrorCode.NOT_ACCEPTABLE, f"a job's results are served as {NDJSON} (the default) or {PARQUET} "
-                       f"(also application/x-parquet), not {accept!r}", "accept")
+        raise ApiError(
+            ErrorCode.NOT_ACCEPTABLE,
+            f"a job's results are served as {NDJSON} (the default) or {PARQUET} "
+            f"(also application/x-parquet), not {accept!r}",
+            "accept",
+        )
     return min(offers)[2]
 
 
@@ -101,9 +105,14 @@ class JobResultsApi:
             await asyncio.shield(reader.close())
             raise
         body = _closing(reader, _ndjson(reader, form) if kind == "ndjson" else _parquet(reader, form))
-        headers = {"x-job-status": str(state.status), "x-job-documents": str(state.documents),
-                   "x-job-done": str(state.done), "x-job-failed": str(state.failed),
-                   "x-embedding-type": form.form, "x-job-output": form.output}
+        headers = {
+            "x-job-status": str(state.status),
+            "x-job-documents": str(state.documents),
+            "x-job-done": str(state.done),
+            "x-job-failed": str(state.failed),
+            "x-embedding-type": form.form,
+            "x-job-output": form.output,
+        }
         if form.chunking is not None:  # its lines are chunks: as many as it stored
             headers["x-job-chunks"] = str(state.chunks_done)
         return StreamingResponse(body, media_type=NDJSON if kind == "ndjson" else PARQUET, headers=headers)

@@ -42,8 +42,17 @@ log = logging.getLogger("embedfleet.gateway.jobs")
 
 
 class JobsApi:
-    def __init__(self, js, kv, subjects, jobs_dir: Path | None, tracer=None, owners: JobOwners | None = None,
-                 max_file_bytes: int = default("jobs_max_file_bytes"), sinks: SinkJobs | None = None) -> None:
+    def __init__(
+        self,
+        js,
+        kv,
+        subjects,
+        jobs_dir: Path | None,
+        tracer=None,
+        owners: JobOwners | None = None,
+        max_file_bytes: int = default("jobs_max_file_bytes"),
+        sinks: SinkJobs | None = None,
+    ) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
@@ -52,8 +61,9 @@ class JobsApi:
         self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
         self._background: set[asyncio.Task] = set()
 
-    async def create(self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0,
-                     chunker=None) -> tuple[int, dict]:
+    async def create(
+        self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0, chunker=None
+    ) -> tuple[int, dict]:
         """``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
         against them (shared/job_fit.py) before anything is published; its batches cut to fit.
         ``chunker`` (an EmbedClient): a tokenizer it asks says whether a chunked job's windows fit the
@@ -71,28 +81,43 @@ class JobsApi:
             (docs, fields), source, path = _inline(doc["documents"]), "inline", None
         elif "path" in doc:
             if self._jobs_dir is None:
-                raise ApiError(ErrorCode.INVALID_REQUEST, "server-side files are off here (the gateway's --jobs-dir is not set)", "path")
+                raise ApiError(
+                    ErrorCode.INVALID_REQUEST,
+                    "server-side files are off here (the gateway's --jobs-dir is not set)",
+                    "path",
+                )
             if not (given := optional(doc, "path", str)):
-                raise ApiError(ErrorCode.INVALID_REQUEST, "'path' must name a file under the gateway's --jobs-dir", "path")
+                raise ApiError(
+                    ErrorCode.INVALID_REQUEST, "'path' must name a file under the gateway's --jobs-dir", "path"
+                )
             file = await read_job_file(self._jobs_dir, given, self._max_file_bytes)
             docs, source, path = file.docs, file.given, file.path
             fields = await asyncio.to_thread(read_fields, path) if "sink" in doc else None
         else:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)", "documents")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)",
+                "documents",
+            )
         batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
         if chunking is not None and chunker is not None:
             try:
                 await check_chunk_room(chunker, model, chunking, options)
             except JobRefused as exc:
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
-        job = optional(doc, "id", str) or (job_id_for(path, model, batch_size, form, options.output, chunking) if path
-                                           else uuid.uuid4().hex[:16])
-        claim = Claim(await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking),
-                      self._owners.owner())
+        job = optional(doc, "id", str) or (
+            job_id_for(path, model, batch_size, form, options.output, chunking) if path else uuid.uuid4().hex[:16]
+        )
+        claim = Claim(
+            await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking), self._owners.owner()
+        )
         existing = await self._existing(job, claim, form, options.output)
         if existing is not None and existing.sink_target != (given := doc.get("sink")):
-            raise ApiError(ErrorCode.CONFLICT, f"job {job} writes into {existing.sink or 'no store'}, not "
-                           f"{given or 'none'}: give another 'id'", "sink")
+            raise ApiError(
+                ErrorCode.CONFLICT,
+                f"job {job} writes into {existing.sink or 'no store'}, not {given or 'none'}: give another 'id'",
+                "sink",
+            )
         if existing is not None and existing.published >= existing.batches:
             return 200, _shown(existing)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
@@ -107,10 +132,27 @@ class JobsApi:
                 assert self._sinks is not None  # _store refuses a sink without them
                 record = self._sinks.record(store[0], store[1], store[2])
             if path is None:
-                status = (await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)).status
+                status = (
+                    await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)
+                ).status
             else:  # a file may be large: publish in the background, answer at once
-                task = asyncio.create_task(submit(self._js, self._kv, self._subjects, job, model, docs, batch_size,
-                                                  options, source, self._tracer, claim, chunking, record))
+                task = asyncio.create_task(
+                    submit(
+                        self._js,
+                        self._kv,
+                        self._subjects,
+                        job,
+                        model,
+                        docs,
+                        batch_size,
+                        options,
+                        source,
+                        self._tracer,
+                        claim,
+                        chunking,
+                        record,
+                    )
+                )
                 self._background.add(task)
                 task.add_done_callback(self._done)
                 status = RUNNING
@@ -123,22 +165,43 @@ class JobsApi:
             self._sinks.write(job, store[1], store[2], sources, Layout([d for d, _ in docs], batch_size))
         if existing is not None:
             return 200, _shown(await read_state(self._kv, job) or existing)
-        return 202, {"id": job, "status": status, "documents": len(docs), "model": model,
-                     "embedding_type": form, "batch_size": batch_size, **({"note": note} if note else {}),
-                     **({"chunking": chunking.record()} if chunking else {}),
-                     **({"sink": store[1].shown} if store else {})}
+        return 202, {
+            "id": job,
+            "status": status,
+            "documents": len(docs),
+            "model": model,
+            "embedding_type": form,
+            "batch_size": batch_size,
+            **({"note": note} if note else {}),
+            **({"chunking": chunking.record()} if chunking else {}),
+            **({"sink": store[1].shown} if store else {}),
+        }
 
-    async def _store(self, doc: dict, fleet: FleetView | None, model: str, form: str, options: EmbedOptions,
-                     chunking: JobChunking | None, job: str, docs, sources: Sources):
+    async def _store(
+        self,
+        doc: dict,
+        fleet: FleetView | None,
+        model: str,
+        form: str,
+        options: EmbedOptions,
+        chunking: JobChunking | None,
+        job: str,
+        docs,
+        sources: Sources,
+    ):
         """The store a job's ``sink`` names, opened for its rows, and their sources kept beside its
         results: (the request's URL, the sink, the rows' shape)."""
         given = doc["sink"]
         if not isinstance(given, str) or not given:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'sink' must be a store's URL (postgresql://, lancedb://, "
-                           "qdrant://)", "sink")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, "'sink' must be a store's URL (postgresql://, lancedb://, qdrant://)", "sink"
+            )
         if self._sinks is None:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "jobs are not written into stores here (the gateway's "
-                           "--job-sinks is not set)", "sink")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                "jobs are not written into stores here (the gateway's --job-sinks is not set)",
+                "sink",
+            )
         self._sinks.targets.resolve(given)  # a store not allowed: refused before anything else is done
         messages = self._sinks.sources_messages([d for d, _ in docs], sources)
         try:
@@ -155,11 +218,34 @@ class JobsApi:
             raise
         return given, sink, shape
 
-    async def _submit(self, job: str, model: str, docs, batch_size: int, options, source: str, claim: Claim,
-                      chunking: JobChunking | None, sink: JobSink | None = None) -> JobState:
+    async def _submit(
+        self,
+        job: str,
+        model: str,
+        docs,
+        batch_size: int,
+        options,
+        source: str,
+        claim: Claim,
+        chunking: JobChunking | None,
+        sink: JobSink | None = None,
+    ) -> JobState:
         try:
-            return await submit(self._js, self._kv, self._subjects, job, model, docs, batch_size, options, source,
-                                self._tracer, claim, chunking, sink)
+            return await submit(
+                self._js,
+                self._kv,
+                self._subjects,
+                job,
+                model,
+                docs,
+                batch_size,
+                options,
+                source,
+                self._tracer,
+                claim,
+                chunking,
+                sink,
+            )
         except JobCancelled as exc:  # as _existing answers it
             raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
         except JobConflict as exc:  # created meanwhile by another request, or another form: as _existing answers it
@@ -173,8 +259,12 @@ class JobsApi:
         if state is None or not state.submitted:
             wait = await purge_wait(self._js, self._subjects, job) if state is None else 0.0
             if wait:  # the streams would drop its batches as repeats of the purged run's
-                raise ApiError(ErrorCode.INVALID_REQUEST, f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago: "
-                               f"submit it again in {wait:.0f}s, or give another 'id'", "id")
+                raise ApiError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"job {job} was purged less than {DUPLICATE_WINDOW:.0f}s ago: "
+                    f"submit it again in {wait:.0f}s, or give another 'id'",
+                    "id",
+                )
             return None
         if not self._owners.sees(state):
             raise ApiError(ErrorCode.CONFLICT, f"job id {job} is taken: give another 'id'", "id")
@@ -234,17 +324,27 @@ def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:
     with_text = optional(doc, "with_text", bool, False)
     if parsed is None:
         if with_text and "sink" not in doc:  # a store keeps each document's text; the results stream only a chunk's
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'with_text' stores each chunk's text: give 'chunking' too",
-                           "with_text")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, "'with_text' stores each chunk's text: give 'chunking' too", "with_text"
+            )
         return None
     if options.output != "dense":
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"a chunked job makes a dense vector a chunk, not {options.output} "
-                       "vectors", "chunking")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"a chunked job makes a dense vector a chunk, not {options.output} vectors",
+            "chunking",
+        )
     return JobChunking(parsed.spec, parsed.late, with_text)
 
 
-def _fitted(fleet: FleetView | None, model: str, options: EmbedOptions, batch_size: int, max_payload: int,
-            docs: list[tuple[str, str]]) -> tuple[int, str | None]:
+def _fitted(
+    fleet: FleetView | None,
+    model: str,
+    options: EmbedOptions,
+    batch_size: int,
+    max_payload: int,
+    docs: list[tuple[str, str]],
+) -> tuple[int, str | None]:
     """The batch size the job runs with, and why it is smaller than asked; what the fleet cannot run
     is refused (400) before anything is published."""
     if fleet is None:
@@ -268,18 +368,29 @@ def _shown(state: JobState) -> dict:
 def _inline(raw) -> tuple[list[tuple[str, str]], dict[str, dict] | None]:
     """The documents, and each one's other fields (None: no document has any)."""
     if not isinstance(raw, list) or not raw:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' must be a non-empty list of {\"id\", \"text\"}", "documents")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, '\'documents\' must be a non-empty list of {"id", "text"}', "documents"
+        )
     docs = []
     for i, d in enumerate(raw):
-        if not (isinstance(d, dict) and isinstance(d.get("id"), (str, int)) and not isinstance(d.get("id"), bool)
-                and isinstance(d.get("text"), str)):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'documents[{i}]' must be {{\"id\": string, \"text\": string}}", "documents")
+        if not (
+            isinstance(d, dict)
+            and isinstance(d.get("id"), (str, int))
+            and not isinstance(d.get("id"), bool)
+            and isinstance(d.get("text"), str)
+        ):
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, f'\'documents[{i}]\' must be {{"id": string, "text": string}}', "documents"
+            )
         docs.append((str(d["id"]), d["text"]))
     seen: set[str] = set()
     fields = {str(d["id"]): {k: v for k, v in d.items() if k not in ("id", "text")} for d in raw if len(d) > 2}
     for i, (doc_id, _) in enumerate(docs):
         if doc_id in seen:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
-                           "documents")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
+                "documents",
+            )
         seen.add(doc_id)
     return docs, fields or None

@@ -32,18 +32,28 @@ class LatePlan:
 def check_model(model: str, worker: dict[str, str]) -> None:
     """Refuses a model with no token states to pool into embeddings (``worker``: its discovery metadata)."""
     if worker.get("task") == "score":
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"late chunking pools an embedder's token vectors; {model} is a "
-                       "cross-encoder, which scores (query, document) pairs and makes none", "chunking.late")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"late chunking pools an embedder's token vectors; {model} is a "
+            "cross-encoder, which scores (query, document) pairs and makes none",
+            "chunking.late",
+        )
     if "dense" not in (worker.get("outputs") or "dense").split(","):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"late chunking pools token vectors into dense vectors; {model} "
-                       "makes no dense vectors", "chunking.late")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"late chunking pools token vectors into dense vectors; {model} makes no dense vectors",
+            "chunking.late",
+        )
 
 
 def plan(texts: list[str], layout: ChunkLayout) -> tuple[LatePlan, list[list[TextChunk]]]:
     """The windows to embed for ``texts`` cut as ``layout`` says, and each input's chunks."""
     if layout.room <= 0:
-        raise ApiError(ErrorCode.INTERNAL, "the tokenizer that cut the texts does not say how many tokens a window "
-                       "holds (a release before late chunking): upgrade it")
+        raise ApiError(
+            ErrorCode.INTERNAL,
+            "the tokenizer that cut the texts does not say how many tokens a window "
+            "holds (a release before late chunking): upgrade it",
+        )
     chunks = layout.chunks()
     windows, inputs, rows, tokens = [], [], [], []
     for i, (text, cs) in enumerate(zip(texts, chunks)):

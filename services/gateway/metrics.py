@@ -22,10 +22,15 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "embedfleet_requests", "HTTP requests by route and status (code \"disconnected\": the client went away before its answer)", ["route", "code"], registry=self.registry
+            "embedfleet_requests",
+            'HTTP requests by route and status (code "disconnected": the client went away before its answer)',
+            ["route", "code"],
+            registry=self.registry,
         )
         self.errors = Counter(
-            "embedfleet_errors", "HTTP error answers (status >= 400) by route and status", ["route", "code"],
+            "embedfleet_errors",
+            "HTTP error answers (status >= 400) by route and status",
+            ["route", "code"],
             registry=self.registry,
         )
         self.tokens = Counter("embedfleet_tokens", "tokens embedded, by model", ["model"], registry=self.registry)
@@ -34,14 +39,21 @@ class Metrics:
         )
         self.in_flight = Gauge("embedfleet_requests_in_flight", "requests being handled", registry=self.registry)
         self.model_stage_seconds = Histogram(
-            "embedfleet_model_stage_seconds", "seconds per request stage, by model (tokenize, queue, inference)",
-            ["model", "stage"], buckets=_BUCKETS, registry=self.registry,
+            "embedfleet_model_stage_seconds",
+            "seconds per request stage, by model (tokenize, queue, inference)",
+            ["model", "stage"],
+            buckets=_BUCKETS,
+            registry=self.registry,
         )
         self.key_requests = Counter(
-            "embedfleet_key_requests", "requests by API key (key: its id, see README) and outcome: admitted or "
-            "limited (over a per-key limit)", ["key", "outcome"], registry=self.registry,
+            "embedfleet_key_requests",
+            "requests by API key (key: its id, see README) and outcome: admitted or limited (over a per-key limit)",
+            ["key", "outcome"],
+            registry=self.registry,
         )
-        self.key_tokens = Counter("embedfleet_key_tokens", "tokens embedded by API key", ["key"], registry=self.registry)
+        self.key_tokens = Counter(
+            "embedfleet_key_tokens", "tokens embedded by API key", ["key"], registry=self.registry
+        )
         self.jobs = JobMetrics(self.registry)
         # (metric, label values) -> its child: prometheus_client's labels() checks and locks on every call,
         # a cost per request; the label values are few (routes, statuses, models, configured keys)

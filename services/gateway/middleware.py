@@ -48,9 +48,17 @@ class GatewayMiddleware:
     """The gateway's outermost ASGI layer. ``app``: the starlette app; ``endpoints``: its routes run
     straight from here (services/gateway/endpoints.py), None: every request goes through ``app``."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: Metrics, routes: frozenset[str], tracer: Tracer,
-                 limits: KeyLimits | None = None, admission: Admission | None = None,
-                 endpoints: Endpoints | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: ApiKeys,
+        metrics: Metrics,
+        routes: frozenset[str],
+        tracer: Tracer,
+        limits: KeyLimits | None = None,
+        admission: Admission | None = None,
+        endpoints: Endpoints | None = None,
+    ) -> None:
         self.app = app
         self.admission = admission or Admission(default("max_in_flight"), metrics.in_flight)
         self.keys = keys
@@ -71,18 +79,25 @@ class GatewayMiddleware:
         route = path if path in self.routes else "other"  # unknown paths share one label
         status = 500
         # the client's trace continues here (a malformed traceparent starts a new one, as the spec says)
-        span = self.tracer.start(f"{method} {route}", TraceContext.parse(traceparent), "server",
-                                 **{"http.request.method": method, "url.path": path, "http.route": route},
-                                 request_id=request_id)
+        span = self.tracer.start(
+            f"{method} {route}",
+            TraceContext.parse(traceparent),
+            "server",
+            **{"http.request.method": method, "url.path": path, "http.route": route},
+            request_id=request_id,
+        )
         bind(span.context, request_id)  # this request's task: log lines and NATS messages carry it
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode()),
-                                      (_TRACEPARENT, span.context.header.encode()),
-                                      (b"x-total-time", b"%d" % round((time.perf_counter() - start) * 1000))]
+                message["headers"] = [
+                    *message["headers"],
+                    (b"x-request-id", request_id.encode()),
+                    (_TRACEPARENT, span.context.header.encode()),
+                    (b"x-total-time", b"%d" % round((time.perf_counter() - start) * 1000)),
+                ]
             await send(message)
 
         key = self.keys.identify(authorization)
@@ -101,8 +116,12 @@ class GatewayMiddleware:
         finally:
             span.set(**{"http.response.status_code": status})
             if gone:  # one line, no traceback: a client may leave, the gateway is not at fault
-                log.info("%s %s: the client went away after %.3fs, before its answer", method, path,
-                         time.perf_counter() - start)
+                log.info(
+                    "%s %s: the client went away after %.3fs, before its answer",
+                    method,
+                    path,
+                    time.perf_counter() - start,
+                )
                 span.error("disconnected", "the client went away")
             elif status >= 500:
                 span.error(str(status), "server error")
@@ -133,8 +152,11 @@ class GatewayMiddleware:
             return response
         exempt = self.admission.exempt(scope["method"], path)
         if not exempt and not self.admission.enter():
-            return error_response(path, ErrorCode.OVERLOADED, f"the gateway is handling {self.admission.taken} "
-                                  "requests, its limit; retry later")
+            return error_response(
+                path,
+                ErrorCode.OVERLOADED,
+                f"the gateway is handling {self.admission.taken} requests, its limit; retry later",
+            )
         refusal = None if path in self.keys.open_paths else self._limited(path, key)
         if refusal is not None and not exempt:
             self.admission.leave()
@@ -151,7 +173,10 @@ class GatewayMiddleware:
         self.metrics.key_request(key, "limited")
         limit, wait = refused
         per_minute = self.limits.requests if limit == "requests" else self.limits.tokens
-        response = error_response(path, ErrorCode.OVERLOADED, f"this API key is over its limit of {per_minute} {limit} a "
-                                  f"minute; retry in {wait}s")
+        response = error_response(
+            path,
+            ErrorCode.OVERLOADED,
+            f"this API key is over its limit of {per_minute} {limit} a minute; retry in {wait}s",
+        )
         response.headers["retry-after"] = str(wait)
         return response

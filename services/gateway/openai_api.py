@@ -58,12 +58,19 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     if input_type is not None and input_type not in INPUT_TYPES:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
     chunking = parse_text_chunking(doc, inputs, "input")
-    return EmbeddingsRequest(model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc),
-                             chunking)
+    return EmbeddingsRequest(
+        model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc), chunking
+    )
 
 
-def render_embeddings(model: str, vectors: np.ndarray, tokens: int, encoding_format: str, form: str = "float32",
-                      chunks: list | None = None) -> bytes:
+def render_embeddings(
+    model: str,
+    vectors: np.ndarray,
+    tokens: int,
+    encoding_format: str,
+    form: str = "float32",
+    chunks: list | None = None,
+) -> bytes:
     """The OpenAI response body. ``vectors``: [n, width(dim)] rows of ``form``.
 
     "float": each row as JSON numbers, serialised by orjson straight from numpy (integers for int8,

@@ -15,7 +15,11 @@ _STR_OR_LIST = {
         {"type": "string"},
         {"type": "array", "items": {"type": "string"}, "minItems": 1},
         {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}, "minItems": 1},
+        {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+            "minItems": 1,
+        },
     ]
 }
 
@@ -41,12 +45,26 @@ _TEI_ERROR = {
     "required": ["error", "error_type"],
 }
 _BINARY = {
-    "application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": (
-        "the rows' bytes in the request's embedding_type; headers x-embedding-rows, x-embedding-dim (components), "
-        "x-embedding-dtype (float32-le, float16-le, int8, uint8, binary, ubinary), x-embedding-row-bytes")}},
-    "application/msgpack": {"schema": {"type": "string", "format": "binary", "description": (
-        "a map {model, rows, dim, shape, dtype, embedding_type, data, usage}: data holds the rows' bytes, "
-        "shape [rows, stored elements per row] (ceil(dim / 8) for binary and ubinary), dtype numpy's name of one element")}},
+    "application/octet-stream": {
+        "schema": {
+            "type": "string",
+            "format": "binary",
+            "description": (
+                "the rows' bytes in the request's embedding_type; headers x-embedding-rows, x-embedding-dim (components), "
+                "x-embedding-dtype (float32-le, float16-le, int8, uint8, binary, ubinary), x-embedding-row-bytes"
+            ),
+        }
+    },
+    "application/msgpack": {
+        "schema": {
+            "type": "string",
+            "format": "binary",
+            "description": (
+                "a map {model, rows, dim, shape, dtype, embedding_type, data, usage}: data holds the rows' bytes, "
+                "shape [rows, stored elements per row] (ceil(dim / 8) for binary and ubinary), dtype numpy's name of one element"
+            ),
+        }
+    },
 }
 # the vector form a request asks for (shared/vector_forms.py; README "Vector forms")
 _EMBEDDING_TYPE = {
@@ -61,31 +79,72 @@ _EMBEDDING_TYPE = {
     ),
 }
 # the field (a query parameter on GET /info) naming which served model answers
-_MODEL = {"type": "string", "description": "an extension: which served model answers (default: the gateway's "
-          "--default-model); an unknown one: 404"}
+_MODEL = {
+    "type": "string",
+    "description": "an extension: which served model answers (default: the gateway's "
+    "--default-model); an unknown one: 404",
+}
 _READINESS = [
-    {"name": "model", "in": "query", "required": False, "schema": {"type": "array", "items": {"type": "string"}},
-     "description": "readiness: 503 until each model named has a live tokenizer and worker (repeatable)"},
-    {"name": "all", "in": "query", "required": False, "schema": {"type": "string", "enum": ["1", "true", "0", "false"]},
-     "description": "readiness: 503 while any model a live tokenizer or worker announces lacks the other"},
+    {
+        "name": "model",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "array", "items": {"type": "string"}},
+        "description": "readiness: 503 until each model named has a live tokenizer and worker (repeatable)",
+    },
+    {
+        "name": "all",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": ["1", "true", "0", "false"]},
+        "description": "readiness: 503 while any model a live tokenizer or worker announces lacks the other",
+    },
 ]
 # the extension of /v1/embeddings, /embed and /v2/embed (services/gateway/chunking.py; README "Long documents: chunking")
-_CHUNKING = {"type": "object", "required": ["size"], "additionalProperties": False, "description": (
-    "an extension: each text cut into windows of at most 'size' tokens, each window embedded; a binary answer "
-    "(Accept) takes return 'mean' only"), "properties": {
-    "size": {"type": "integer", "minimum": 1, "description": "the most tokens of text a chunk holds; the model's "
-             "special tokens and the prompt come on top and must fit its limit"},
-    "overlap": {"type": "integer", "minimum": 0, "default": 0, "description": "tokens consecutive chunks share at "
-                "most (less than size)"},
-    "boundary": {"type": "string", "enum": list(BOUNDARIES), "default": "token"},
-    "late": {"type": "boolean", "default": False, "description": "late chunking: each chunk pooled from the token states of the text around it"},
-    "return": {"type": "string", "enum": list(RETURNS), "default": "chunks", "description": (
-        "chunks: a vector per chunk with its offsets; mean: a vector per input, its chunks' mean weighted by tokens")}}}
+_CHUNKING = {
+    "type": "object",
+    "required": ["size"],
+    "additionalProperties": False,
+    "description": (
+        "an extension: each text cut into windows of at most 'size' tokens, each window embedded; a binary answer "
+        "(Accept) takes return 'mean' only"
+    ),
+    "properties": {
+        "size": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "the most tokens of text a chunk holds; the model's "
+            "special tokens and the prompt come on top and must fit its limit",
+        },
+        "overlap": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 0,
+            "description": "tokens consecutive chunks share at most (less than size)",
+        },
+        "boundary": {"type": "string", "enum": list(BOUNDARIES), "default": "token"},
+        "late": {
+            "type": "boolean",
+            "default": False,
+            "description": "late chunking: each chunk pooled from the token states of the text around it",
+        },
+        "return": {
+            "type": "string",
+            "enum": list(RETURNS),
+            "default": "chunks",
+            "description": (
+                "chunks: a vector per chunk with its offsets; mean: a vector per input, its chunks' mean weighted by tokens"
+            ),
+        },
+    },
+}
 # where a chunk's row lies with "return": "chunks": input[start:end] is the chunk's text
-_PLACE = {"index": {"type": "integer", "description": "the input"},
-          "chunk": {"type": "integer", "description": "the chunk's number within its input"},
-          "start": {"type": "integer", "description": "the chunk's first character"},
-          "end": {"type": "integer", "description": "past the chunk's last character"}}
+_PLACE = {
+    "index": {"type": "integer", "description": "the input"},
+    "chunk": {"type": "integer", "description": "the chunk's number within its input"},
+    "start": {"type": "integer", "description": "the chunk's first character"},
+    "end": {"type": "integer", "description": "past the chunk's last character"},
+}
 # a row as JSON numbers (integers for int8, uint8, binary, ubinary), or (base64) its little-endian bytes
 _ROW = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "contentEncoding": "base64"}]}
 
@@ -104,13 +163,21 @@ def _post(summary: str, body: dict, ok: dict, error: dict, codes: tuple[int, ...
     }
 
 
-def _get(summary: str, schema: dict, codes: tuple[int, ...] = (), error: dict = _OPENAI_ERROR,
-         parameters: list[dict] | None = None) -> dict[str, Any]:
+def _get(
+    summary: str,
+    schema: dict,
+    codes: tuple[int, ...] = (),
+    error: dict = _OPENAI_ERROR,
+    parameters: list[dict] | None = None,
+) -> dict[str, Any]:
     return {
         "get": {
             "summary": summary,
             **({"parameters": parameters} if parameters else {}),
-            "responses": {"200": {"description": "success", "content": {"application/json": {"schema": schema}}}, **_errors(error, codes)},
+            "responses": {
+                "200": {"description": "success", "content": {"application/json": {"schema": schema}}},
+                **_errors(error, codes),
+            },
         }
     }
 
@@ -119,40 +186,105 @@ def _cohere_paths() -> dict[str, Any]:
     """Cohere's /v1/embed, /v2/embed (embed v1 and v2 of its SDK) and /v2/rerank."""
     error = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
     codes = (400, 401, 404, 422, 429, 503, 504)
-    types = {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(COHERE_TYPES)}, "description": (
-        "the forms answered, each an array under its name in 'embeddings': float; int8 / uint8 (one fixed rule, see the "
-        "README's Vector forms); binary / ubinary (packed sign bits); base64 (each row's float32 bytes)")}
+    types = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "string", "enum": list(COHERE_TYPES)},
+        "description": (
+            "the forms answered, each an array under its name in 'embeddings': float; int8 / uint8 (one fixed rule, see the "
+            "README's Vector forms); binary / ubinary (packed sign bits); base64 (each row's float32 bytes)"
+        ),
+    }
     embed = {
         "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "model": {"type": "string"},
-        "input_type": {"type": "string", "enum": list(INPUT_TYPES), "description": "selects the model's prompt "
-                       "of the name: query, document, classification, clustering (none of that name: no prompt)"},
+        "input_type": {
+            "type": "string",
+            "enum": list(INPUT_TYPES),
+            "description": "selects the model's prompt "
+            "of the name: query, document, classification, clustering (none of that name: no prompt)",
+        },
         "embedding_types": types,
         "truncate": {"type": "string", "enum": list(TRUNCATE), "default": "END"},
     }
-    v2_embed = {**embed, "inputs": {"type": "array", "items": {"type": "object", "properties": {"content": {
-                    "type": "array", "items": {"type": "object", "properties": {
-                        "type": {"const": "text"}, "text": {"type": "string"}}}}}}},
-                "output_dimension": {"type": "integer", "minimum": 1},
-                "max_tokens": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"}, "chunking": _CHUNKING}
+    v2_embed = {
+        **embed,
+        "inputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "content": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        },
+                    }
+                },
+            },
+        },
+        "output_dimension": {"type": "integer", "minimum": 1},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "priority": {"type": "integer"},
+        "chunking": _CHUNKING,
+    }
     meta = {"type": "object", "properties": {"api_version": {"type": "object"}, "billed_units": {"type": "object"}}}
-    by_type = {"type": "object", "properties": {
-        "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]}, "id": {"type": "string"},
-        "embeddings": {"oneOf": [{"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-                                 {"type": "object", "additionalProperties": {"type": "array"}}]},
-        "texts": {"type": "array", "items": {"type": "string"}}, "meta": meta,
-        "chunks": {"type": "array", "items": {"type": "object", "properties": _PLACE}, "description": (
-            "an extension, with chunking return 'chunks': where each row of every type lies")}}}
+    by_type = {
+        "type": "object",
+        "properties": {
+            "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]},
+            "id": {"type": "string"},
+            "embeddings": {
+                "oneOf": [
+                    {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                    {"type": "object", "additionalProperties": {"type": "array"}},
+                ]
+            },
+            "texts": {"type": "array", "items": {"type": "string"}},
+            "meta": meta,
+            "chunks": {
+                "type": "array",
+                "items": {"type": "object", "properties": _PLACE},
+                "description": ("an extension, with chunking return 'chunks': where each row of every type lies"),
+            },
+        },
+    }
     ok = {"application/json": {"schema": by_type}}
-    rerank = {"type": "object", "required": ["query", "documents"], "properties": {
-        "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
-        "documents": {"type": "array", "items": {"type": "string"}}, "top_n": {"type": "integer", "minimum": 1},
-        "max_tokens_per_doc": {"type": "integer", "minimum": 1}, "priority": {"type": "integer"}}}
-    ranked = {"application/json": {"schema": {"type": "object", "properties": {
-        "id": {"type": "string"}, "meta": meta, "results": {"type": "array", "items": {"type": "object", "properties": {
-            "index": {"type": "integer"}, "relevance_score": {"type": "number"}}}}}}}}
+    rerank = {
+        "type": "object",
+        "required": ["query", "documents"],
+        "properties": {
+            "model": {"type": "string"},
+            "query": {"type": "string", "minLength": 1},
+            "documents": {"type": "array", "items": {"type": "string"}},
+            "top_n": {"type": "integer", "minimum": 1},
+            "max_tokens_per_doc": {"type": "integer", "minimum": 1},
+            "priority": {"type": "integer"},
+        },
+    }
+    ranked = {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "meta": meta,
+                    "results": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"}},
+                        },
+                    },
+                },
+            }
+        }
+    }
     return {
-        "/v1/embed": _post("Embed (Cohere v1)", {"type": "object", "required": ["texts"], "properties": embed}, ok, error, codes),
+        "/v1/embed": _post(
+            "Embed (Cohere v1)", {"type": "object", "required": ["texts"], "properties": embed}, ok, error, codes
+        ),
         "/v2/embed": _post("Embed (Cohere v2)", {"type": "object", "properties": v2_embed}, ok, error, codes),
         "/v2/rerank": _post("Rerank documents by relevance to a query (Cohere v2)", rerank, ranked, error, codes),
     }
@@ -161,48 +293,114 @@ def _cohere_paths() -> dict[str, Any]:
 def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
     """TEI's /predict, /similarity, /decode, POST / (and /invocations) by the model's kind, GET / and /ping."""
     model = _MODEL
-    truncation = {"truncate": {"type": "boolean", "default": False},
-                  "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]}}
+    truncation = {
+        "truncate": {"type": "boolean", "default": False},
+        "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
+    }
     texts = {"type": "array", "items": {"type": "string"}}
-    predict_body: dict[str, Any] = {"type": "object", "required": ["inputs"], "properties": {
-        "inputs": {"oneOf": [
-            {"type": "string", "description": "one text"},
-            {**texts, "minItems": 1, "maxItems": 2, "description": "one text, or a [text, text_pair] pair"},
-            {"type": "array", "minItems": 1, "items": {**texts, "minItems": 1, "maxItems": 2},
-             "description": "a batch of [text] and [text, text_pair] lists"}]},
-        "raw_scores": {"type": "boolean", "default": False, "description": "logits instead of softmax (sigmoid for one label)"},
-        "model": model, **truncation}}
-    prediction = {"type": "array", "items": {"type": "object", "properties": {
-        "score": {"type": "number"}, "label": {"type": "string"}}}, "description": "per label, best first"}
-    predicted = {"application/json": {"schema": {"oneOf": [
-        prediction, {"type": "array", "items": prediction, "description": "a batch: per input"}]}}}
-    similarity_body: dict[str, Any] = {"type": "object", "required": ["inputs"], "properties": {
-        "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
-            "source_sentence": {"type": "string"}, "sentences": {**texts, "minItems": 1}}},
-        "parameters": {"type": ["object", "null"], "properties": {**truncation, "prompt_name": {"type": ["string", "null"]}}},
-        "model": model}}
-    cosines = {"application/json": {"schema": {"type": "array", "items": {"type": "number"},
-                                               "description": "per sentence, its cosine with the source sentence"}}}
+    predict_body: dict[str, Any] = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {
+                "oneOf": [
+                    {"type": "string", "description": "one text"},
+                    {**texts, "minItems": 1, "maxItems": 2, "description": "one text, or a [text, text_pair] pair"},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {**texts, "minItems": 1, "maxItems": 2},
+                        "description": "a batch of [text] and [text, text_pair] lists",
+                    },
+                ]
+            },
+            "raw_scores": {
+                "type": "boolean",
+                "default": False,
+                "description": "logits instead of softmax (sigmoid for one label)",
+            },
+            "model": model,
+            **truncation,
+        },
+    }
+    prediction = {
+        "type": "array",
+        "items": {"type": "object", "properties": {"score": {"type": "number"}, "label": {"type": "string"}}},
+        "description": "per label, best first",
+    }
+    predicted = {
+        "application/json": {
+            "schema": {
+                "oneOf": [prediction, {"type": "array", "items": prediction, "description": "a batch: per input"}]
+            }
+        }
+    }
+    similarity_body: dict[str, Any] = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {
+                "type": "object",
+                "required": ["source_sentence", "sentences"],
+                "properties": {"source_sentence": {"type": "string"}, "sentences": {**texts, "minItems": 1}},
+            },
+            "parameters": {
+                "type": ["object", "null"],
+                "properties": {**truncation, "prompt_name": {"type": ["string", "null"]}},
+            },
+            "model": model,
+        },
+    }
+    cosines = {
+        "application/json": {
+            "schema": {
+                "type": "array",
+                "items": {"type": "number"},
+                "description": "per sentence, its cosine with the source sentence",
+            }
+        }
+    }
     ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    decode_body = {"type": "object", "required": ["ids"], "properties": {
-        "ids": {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1}]},
-        "skip_special_tokens": {"type": "boolean", "default": True}, "model": model}}
+    decode_body = {
+        "type": "object",
+        "required": ["ids"],
+        "properties": {
+            "ids": {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1}]},
+            "skip_special_tokens": {"type": "boolean", "default": True},
+            "model": model,
+        },
+    }
     rerank_body = {"type": "object", "required": ["query", "texts"], "description": "/rerank's body"}
     root = _post(
         "The task of the model's kind, as TEI: embed (embedders), embed_sparse (SPLADE), rerank (one-logit rerankers), "
         "predict (classifiers); a body with inputs.source_sentence runs similarity with any embedder",
-        {"type": "object", "oneOf": [embed_body, sparse_body, rerank_body, predict_body, similarity_body],
-         "properties": {k: v for body in (embed_body, sparse_body, predict_body, similarity_body)
-                        for k, v in body["properties"].items()} | {"query": {"type": "string"}, "texts": texts}},
-        {"application/json": {"schema": {"type": "array"}}, **_BINARY}, _TEI_ERROR, codes,
+        {
+            "type": "object",
+            "oneOf": [embed_body, sparse_body, rerank_body, predict_body, similarity_body],
+            "properties": {
+                k: v
+                for body in (embed_body, sparse_body, predict_body, similarity_body)
+                for k, v in body["properties"].items()
+            }
+            | {"query": {"type": "string"}, "texts": texts},
+        },
+        {"application/json": {"schema": {"type": "array"}}, **_BINARY},
+        _TEI_ERROR,
+        codes,
     )
     health = _health("TEI's names for /health")
     return {
         "/predict": _post("Label scores of a sequence classifier (TEI)", predict_body, predicted, _TEI_ERROR, codes),
-        "/similarity": _post("Cosine similarity of sentences to a source sentence (TEI)", similarity_body, cosines,
-                             _TEI_ERROR, codes),
-        "/decode": _post("Token IDs back to text (TEI)", decode_body,
-                         {"application/json": {"schema": texts}}, _TEI_ERROR, (400, 401, 404, 422, 503, 504)),
+        "/similarity": _post(
+            "Cosine similarity of sentences to a source sentence (TEI)", similarity_body, cosines, _TEI_ERROR, codes
+        ),
+        "/decode": _post(
+            "Token IDs back to text (TEI)",
+            decode_body,
+            {"application/json": {"schema": texts}},
+            _TEI_ERROR,
+            (400, 401, 404, 422, 503, 504),
+        ),
         "/": {**root, **health},
         "/invocations": root,
         "/ping": health,
@@ -231,10 +429,18 @@ def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
                 "type": "object",
                 "properties": {
                     "object": {"const": "list"},
-                    "data": {"type": "array", "items": {"type": "object", "properties": {
-                        "object": {"const": "embedding"}, **_PLACE, "embedding": _ROW}}},
+                    "data": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"object": {"const": "embedding"}, **_PLACE, "embedding": _ROW},
+                        },
+                    },
                     "model": {"type": "string"},
-                    "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
+                    "usage": {
+                        "type": "object",
+                        "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+                    },
                 },
             }
         },
@@ -250,35 +456,82 @@ def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
 def _job_results(job: list[dict]) -> dict[str, Any]:
     """GET /v1/jobs/{job}/results: a finished job's vectors, streamed (services/gateway/job_results.py)."""
     number = {"type": "number", "description": "a float for float32 / float16, an integer for the quantized forms"}
-    vector = {"oneOf": [
-        {"type": "array", "items": number, "description": "dense"},
-        {"type": "object", "properties": {"indices": {"type": "array", "items": {"type": "integer"}},
-                                          "values": {"type": "array", "items": number}}, "description": "sparse"},
-        {"type": "array", "items": {"type": "array", "items": number}, "description": "multivector: a vector per token"}]}
-    line = {"type": "object", "required": ["id", "vector"], "properties": {
-        "id": {"type": "string"}, "vector": vector, "chunk": {"type": "integer"}, "start": {"type": "integer"},
-        "end": {"type": "integer"}, "text": {"type": "string"}},
-        "description": "one line per document (a chunked job's: per chunk, with chunk, start, end and, when stored, "
-                       "text), in the order the results were stored"}
-    parquet = {"type": "string", "format": "binary", "description": (
-        "columns id and vector (as embedfleet reindex writes .parquet), schema metadata embedding_type, dim, output")}
-    return {"get": {
-        "summary": "A finished bulk job's vectors, streamed as they are read: NDJSON (the default) or Parquet",
-        "parameters": [*job, {"name": "accept", "in": "header", "required": False, "schema": {
-            "type": "string", "enum": ["application/x-ndjson", "application/vnd.apache.parquet", "application/x-parquet"],
-            "default": "application/x-ndjson"}}],
-        "responses": {
-            "200": {"description": "every stored document's vector; headers x-job-status, x-job-documents, x-job-done, "
-                                   "x-job-failed, x-embedding-type, x-job-output (a chunked job: x-job-chunks)",
-                    "content": {"application/x-ndjson": {"schema": line},
-                                "application/vnd.apache.parquet": {"schema": parquet}}},
-            **_errors(_OPENAI_ERROR, (401, 404, 406, 503)),
-            "409": {"description": "the job has not finished: the message names its status and progress",
-                    "content": {"application/json": {"schema": _OPENAI_ERROR}}},
-            "410": {"description": "the job's results expired from the results stream",
-                    "content": {"application/json": {"schema": _OPENAI_ERROR}}},
+    vector = {
+        "oneOf": [
+            {"type": "array", "items": number, "description": "dense"},
+            {
+                "type": "object",
+                "properties": {
+                    "indices": {"type": "array", "items": {"type": "integer"}},
+                    "values": {"type": "array", "items": number},
+                },
+                "description": "sparse",
+            },
+            {
+                "type": "array",
+                "items": {"type": "array", "items": number},
+                "description": "multivector: a vector per token",
+            },
+        ]
+    }
+    line = {
+        "type": "object",
+        "required": ["id", "vector"],
+        "properties": {
+            "id": {"type": "string"},
+            "vector": vector,
+            "chunk": {"type": "integer"},
+            "start": {"type": "integer"},
+            "end": {"type": "integer"},
+            "text": {"type": "string"},
         },
-    }}
+        "description": "one line per document (a chunked job's: per chunk, with chunk, start, end and, when stored, "
+        "text), in the order the results were stored",
+    }
+    parquet = {
+        "type": "string",
+        "format": "binary",
+        "description": (
+            "columns id and vector (as embedfleet reindex writes .parquet), schema metadata embedding_type, dim, output"
+        ),
+    }
+    return {
+        "get": {
+            "summary": "A finished bulk job's vectors, streamed as they are read: NDJSON (the default) or Parquet",
+            "parameters": [
+                *job,
+                {
+                    "name": "accept",
+                    "in": "header",
+                    "required": False,
+                    "schema": {
+                        "type": "string",
+                        "enum": ["application/x-ndjson", "application/vnd.apache.parquet", "application/x-parquet"],
+                        "default": "application/x-ndjson",
+                    },
+                },
+            ],
+            "responses": {
+                "200": {
+                    "description": "every stored document's vector; headers x-job-status, x-job-documents, x-job-done, "
+                    "x-job-failed, x-embedding-type, x-job-output (a chunked job: x-job-chunks)",
+                    "content": {
+                        "application/x-ndjson": {"schema": line},
+                        "application/vnd.apache.parquet": {"schema": parquet},
+                    },
+                },
+                **_errors(_OPENAI_ERROR, (401, 404, 406, 503)),
+                "409": {
+                    "description": "the job has not finished: the message names its status and progress",
+                    "content": {"application/json": {"schema": _OPENAI_ERROR}},
+                },
+                "410": {
+                    "description": "the job's results expired from the results stream",
+                    "content": {"application/json": {"schema": _OPENAI_ERROR}},
+                },
+            },
+        }
+    }
 
 
 def _job_paths() -> dict[str, Any]:
@@ -287,40 +540,75 @@ def _job_paths() -> dict[str, Any]:
     return {
         "/v1/jobs": _post(
             "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
-            {"type": "object", "properties": {
-                "model": {"type": "string"}, "id": {"type": "string"}, "path": {"type": "string"},
-                "documents": {"type": "array", "items": {"type": "object", "properties": {
-                    "id": {"type": "string"}, "text": {"type": "string"}}, "required": ["id", "text"]}},
-                "input_type": {"type": "string", "enum": ["query", "document"]},
-                "embedding_type": _EMBEDDING_TYPE,
-                "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
-                "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
-                "chunking": {"type": "object", "required": ["size"], "description": (
-                    "cut each document into chunks of at most size tokens, a vector each (late: not served in jobs)"),
-                    "properties": {"size": {"type": "integer", "minimum": 1}, "overlap": {"type": "integer", "minimum": 0},
-                                   "boundary": {"type": "string", "enum": ["token", "sentence"]},
-                                   "late": {"type": "boolean", "enum": [False]}}},
-                "with_text": {"type": "boolean", "description": "store each chunk's text beside its vector (with sink: "
-                              "each document's when the job has no chunks)"},
-                "sink": {"type": "string", "description": (
-                    "a vector store to write the rows into, one of the gateway's --job-sinks without its password, "
-                    "the table chosen: postgresql://USER@HOST:PORT/DB?table=NAME, lancedb:///PATH?table=NAME, "
-                    "qdrant://HOST:PORT?collection=NAME")}}},
-            {"application/json": {"schema": {"type": "object"}}}, _OPENAI_ERROR, (400, 401, 404, 503),
+            {
+                "type": "object",
+                "properties": {
+                    "model": {"type": "string"},
+                    "id": {"type": "string"},
+                    "path": {"type": "string"},
+                    "documents": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"id": {"type": "string"}, "text": {"type": "string"}},
+                            "required": ["id", "text"],
+                        },
+                    },
+                    "input_type": {"type": "string", "enum": ["query", "document"]},
+                    "embedding_type": _EMBEDDING_TYPE,
+                    "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
+                    "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
+                    "chunking": {
+                        "type": "object",
+                        "required": ["size"],
+                        "description": (
+                            "cut each document into chunks of at most size tokens, a vector each (late: not served in jobs)"
+                        ),
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 1},
+                            "overlap": {"type": "integer", "minimum": 0},
+                            "boundary": {"type": "string", "enum": ["token", "sentence"]},
+                            "late": {"type": "boolean", "enum": [False]},
+                        },
+                    },
+                    "with_text": {
+                        "type": "boolean",
+                        "description": "store each chunk's text beside its vector (with sink: "
+                        "each document's when the job has no chunks)",
+                    },
+                    "sink": {
+                        "type": "string",
+                        "description": (
+                            "a vector store to write the rows into, one of the gateway's --job-sinks without its password, "
+                            "the table chosen: postgresql://USER@HOST:PORT/DB?table=NAME, lancedb:///PATH?table=NAME, "
+                            "qdrant://HOST:PORT?collection=NAME"
+                        ),
+                    },
+                },
+            },
+            {"application/json": {"schema": {"type": "object"}}},
+            _OPENAI_ERROR,
+            (400, 401, 404, 503),
         ),
         "/v1/jobs/{job}": {
             "get": {
                 "summary": "A bulk job's state",
                 "parameters": job,
-                "responses": {"200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
-                              **_errors(_OPENAI_ERROR, (401, 404, 503))},
+                "responses": {
+                    "200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
+                    **_errors(_OPENAI_ERROR, (401, 404, 503)),
+                },
             },
             "delete": {
                 "summary": "Cancel a bulk job: nothing more of it is published or computed; what was stored stays",
                 "parameters": job,
-                "responses": {"200": {"description": "its state after: status 'cancelled' (a finished job's is unchanged)",
-                                      "content": {"application/json": {"schema": {"type": "object"}}}},
-                              **_errors(_OPENAI_ERROR, (401, 404, 503))},
+                "responses": {
+                    "200": {
+                        "description": "its state after: status 'cancelled' (a finished job's is unchanged)",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    **_errors(_OPENAI_ERROR, (401, 404, 503)),
+                },
             },
         },
         "/v1/jobs/{job}/results": _job_results(job),
@@ -351,18 +639,33 @@ def _tei_bodies() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
         "prompt_name": {"type": ["string", "null"]},
     }
-    sparse = {"type": "object", "required": ["inputs"], "properties": {
-        **common,
-        "top_k": {"type": "integer", "minimum": 1, "description": "an extension: keep each vector's k largest values"},
-        "threshold": {"type": "number", "description": "an extension: drop values at or below this"},
-    }}
-    every_token = {"type": "object", "required": ["inputs"], "properties": {
-        **common,
-        "output": {"type": "string", "enum": ["tokens", "multivector"], "description":
-                   "an extension: last hidden states, or the model's multi-vector head (its default when it has one)"},
-        "input_type": {"type": "string", "enum": ["query", "document"]},
-        "embedding_type": _EMBEDDING_TYPE,
-    }}
+    sparse = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            **common,
+            "top_k": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "an extension: keep each vector's k largest values",
+            },
+            "threshold": {"type": "number", "description": "an extension: drop values at or below this"},
+        },
+    }
+    every_token = {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            **common,
+            "output": {
+                "type": "string",
+                "enum": ["tokens", "multivector"],
+                "description": "an extension: last hidden states, or the model's multi-vector head (its default when it has one)",
+            },
+            "input_type": {"type": "string", "enum": ["query", "document"]},
+            "embedding_type": _EMBEDDING_TYPE,
+        },
+    }
     return embed, sparse, every_token
 
 
@@ -378,45 +681,120 @@ def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes:
             "model": _MODEL,
         },
     }
-    token = {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"},
-             "special": {"type": "boolean"}, "start": {"type": ["integer", "null"]}, "stop": {"type": ["integer", "null"]}}}
+    token = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "text": {"type": "string"},
+            "special": {"type": "boolean"},
+            "start": {"type": ["integer", "null"]},
+            "stop": {"type": ["integer", "null"]},
+        },
+    }
     return {
         "/embed": _post(
-            "Embed (TEI)", embed_body,
-            {"application/json": {"schema": {"type": "array", "items": {"oneOf": [
-                {"type": "array", "items": {"type": "number"}, "description": "a vector per input"},
-                {"type": "array", "items": {"type": "object", "properties": {
-                    **{k: v for k, v in _PLACE.items() if k != "index"}, "embedding": {"type": "array", "items": {"type": "number"}}}},
-                 "description": "an extension, with chunking return 'chunks': per input its chunks"}]}}},
-             **_BINARY},
-            _TEI_ERROR, codes,
+            "Embed (TEI)",
+            embed_body,
+            {
+                "application/json": {
+                    "schema": {
+                        "type": "array",
+                        "items": {
+                            "oneOf": [
+                                {"type": "array", "items": {"type": "number"}, "description": "a vector per input"},
+                                {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "properties": {
+                                            **{k: v for k, v in _PLACE.items() if k != "index"},
+                                            "embedding": {"type": "array", "items": {"type": "number"}},
+                                        },
+                                    },
+                                    "description": "an extension, with chunking return 'chunks': per input its chunks",
+                                },
+                            ]
+                        },
+                    }
+                },
+                **_BINARY,
+            },
+            _TEI_ERROR,
+            codes,
         ),
         "/embed_sparse": _post(
-            "Sparse vectors: SPLADE, BGE-M3 lexical weights (TEI)", sparse_body,
-            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
-                "type": "object", "properties": {"index": {"type": "integer"}, "value": {"type": "number"}}}}}}},
-            _TEI_ERROR, codes,
+            "Sparse vectors: SPLADE, BGE-M3 lexical weights (TEI)",
+            sparse_body,
+            {
+                "application/json": {
+                    "schema": {
+                        "type": "array",
+                        "items": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {"index": {"type": "integer"}, "value": {"type": "number"}},
+                            },
+                        },
+                    }
+                }
+            },
+            _TEI_ERROR,
+            codes,
         ),
         "/embed_all": _post(
-            "A vector per token: hidden states, or ColBERT-style multi-vectors (TEI)", all_body,
-            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": {
-                "type": "array", "items": {"type": "number"}}}}}},
-            _TEI_ERROR, codes,
+            "A vector per token: hidden states, or ColBERT-style multi-vectors (TEI)",
+            all_body,
+            {
+                "application/json": {
+                    "schema": {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                    }
+                }
+            },
+            _TEI_ERROR,
+            codes,
         ),
         "/tokenize": _post(
-            "Tokenize (TEI)", tokenize_body,
+            "Tokenize (TEI)",
+            tokenize_body,
             {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
-            _TEI_ERROR, (400, 401, 404, 413, 503, 504),
+            _TEI_ERROR,
+            (400, 401, 404, 413, 503, 504),
         ),
         "/rerank": _post(
             "Rerank texts by relevance to a query (TEI)",
-            {"type": "object", "required": ["query", "texts"], "properties": {
-                "query": {"type": "string", "minLength": 1}, "texts": {"type": "array", "items": {"type": "string"}},
-                "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}, "truncate": {"type": "boolean"},
-                "top_n": {"type": "integer", "minimum": 1}, "model": _MODEL}},
-            {"application/json": {"schema": {"type": "array", "items": {"type": "object", "properties": {
-                "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}}},
-            _TEI_ERROR, codes,
+            {
+                "type": "object",
+                "required": ["query", "texts"],
+                "properties": {
+                    "query": {"type": "string", "minLength": 1},
+                    "texts": {"type": "array", "items": {"type": "string"}},
+                    "raw_scores": {"type": "boolean"},
+                    "return_text": {"type": "boolean"},
+                    "truncate": {"type": "boolean"},
+                    "top_n": {"type": "integer", "minimum": 1},
+                    "model": _MODEL,
+                },
+            },
+            {
+                "application/json": {
+                    "schema": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "index": {"type": "integer"},
+                                "score": {"type": "number"},
+                                "text": {"type": "string"},
+                            },
+                        },
+                    }
+                }
+            },
+            _TEI_ERROR,
+            codes,
         ),
     }
 
@@ -426,61 +804,148 @@ def _jina_rerank_path(codes: tuple[int, ...]) -> dict[str, Any]:
     return {
         "/v1/rerank": _post(
             "Rerank documents by relevance to a query (Cohere / Jina)",
-            {"type": "object", "required": ["query", "documents"], "properties": {
-                "model": {"type": "string"}, "query": {"type": "string", "minLength": 1},
-                "documents": {"type": "array", "items": {"oneOf": [
-                    {"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}},
-                "top_n": {"type": "integer", "minimum": 1}, "return_documents": {"type": "boolean"},
-                "truncate": {"type": "boolean"}}},
-            {"application/json": {"schema": {"type": "object", "properties": {
-                "id": {"type": "string"}, "model": {"type": "string"}, "results": {"type": "array", "items": {
-                    "type": "object", "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"},
-                                                     "document": {"type": "object"}}}}}}}},
-            _OPENAI_ERROR, codes,
+            {
+                "type": "object",
+                "required": ["query", "documents"],
+                "properties": {
+                    "model": {"type": "string"},
+                    "query": {"type": "string", "minLength": 1},
+                    "documents": {
+                        "type": "array",
+                        "items": {
+                            "oneOf": [
+                                {"type": "string"},
+                                {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+                            ]
+                        },
+                    },
+                    "top_n": {"type": "integer", "minimum": 1},
+                    "return_documents": {"type": "boolean"},
+                    "truncate": {"type": "boolean"},
+                },
+            },
+            {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "string"},
+                            "model": {"type": "string"},
+                            "results": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "index": {"type": "integer"},
+                                        "relevance_score": {"type": "number"},
+                                        "document": {"type": "object"},
+                                    },
+                                },
+                            },
+                        },
+                    }
+                }
+            },
+            _OPENAI_ERROR,
+            codes,
         ),
     }
 
 
 def _search_path(codes: tuple[int, ...]) -> dict[str, Any]:
     """/v1/search over the gateway's --search-sink store (services/gateway/search.py), OpenAI's list style."""
-    body = {"type": "object", "required": ["query"], "properties": {
-        "model": {"type": "string", "description": "the model whose vectors the store holds (default: the gateway's "
-                  "--search-model, else --default-model); it embeds the query with its query prompt"},
-        "query": {"type": "string", "minLength": 1},
-        "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": DEFAULT_TOP_K},
-        "filter": {"type": "object", "maxProperties": MAX_FILTER_FIELDS, "description": "metadata fields and the values "
-                   "they must equal", "additionalProperties": {"type": ["string", "integer", "boolean"]}},
-        "rerank": {"type": "object", "required": ["model"], "additionalProperties": False, "description": (
-            "the hits' texts reranked by a cross-encoder, scored as POST /v1/rerank scores them"), "properties": {
-            "model": {"type": "string"}, "top_n": {"type": "integer", "minimum": 1}}}}}
-    hit = {"type": "object", "required": ["object", "id", "score", "metadata"], "properties": {
-        "object": {"const": "search_result"}, "id": {"type": "string"},
-        "chunk": {"type": "integer", "description": "the chunk's number, when the store holds chunks"},
-        "score": {"type": "number", "description": "the cosine of the query's vector and the row's"},
-        "rerank_score": {"type": "number", "description": "with 'rerank': the reranker's score (the rows in its order)"},
-        "text": {"type": "string"}, "metadata": {"type": "object"}}}
-    answer = {"type": "object", "properties": {
-        "object": {"const": "list"}, "model": {"type": "string"}, "rerank_model": {"type": "string"},
-        "data": {"type": "array", "items": hit},
-        "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
-    return {"/v1/search": _post("Search the gateway's vector store (--search-sink) with a query, optionally reranked",
-                                body, {"application/json": {"schema": answer}}, _OPENAI_ERROR, codes)}
+    body = {
+        "type": "object",
+        "required": ["query"],
+        "properties": {
+            "model": {
+                "type": "string",
+                "description": "the model whose vectors the store holds (default: the gateway's "
+                "--search-model, else --default-model); it embeds the query with its query prompt",
+            },
+            "query": {"type": "string", "minLength": 1},
+            "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": DEFAULT_TOP_K},
+            "filter": {
+                "type": "object",
+                "maxProperties": MAX_FILTER_FIELDS,
+                "description": "metadata fields and the values they must equal",
+                "additionalProperties": {"type": ["string", "integer", "boolean"]},
+            },
+            "rerank": {
+                "type": "object",
+                "required": ["model"],
+                "additionalProperties": False,
+                "description": ("the hits' texts reranked by a cross-encoder, scored as POST /v1/rerank scores them"),
+                "properties": {"model": {"type": "string"}, "top_n": {"type": "integer", "minimum": 1}},
+            },
+        },
+    }
+    hit = {
+        "type": "object",
+        "required": ["object", "id", "score", "metadata"],
+        "properties": {
+            "object": {"const": "search_result"},
+            "id": {"type": "string"},
+            "chunk": {"type": "integer", "description": "the chunk's number, when the store holds chunks"},
+            "score": {"type": "number", "description": "the cosine of the query's vector and the row's"},
+            "rerank_score": {
+                "type": "number",
+                "description": "with 'rerank': the reranker's score (the rows in its order)",
+            },
+            "text": {"type": "string"},
+            "metadata": {"type": "object"},
+        },
+    }
+    answer = {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "model": {"type": "string"},
+            "rerank_model": {"type": "string"},
+            "data": {"type": "array", "items": hit},
+            "usage": {
+                "type": "object",
+                "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
+            },
+        },
+    }
+    return {
+        "/v1/search": _post(
+            "Search the gateway's vector store (--search-sink) with a query, optionally reranked",
+            body,
+            {"application/json": {"schema": answer}},
+            _OPENAI_ERROR,
+            codes,
+        )
+    }
 
 
 def _service_paths() -> dict[str, Any]:
     """The gateway's own: /info, /health, /metrics and this document."""
     return {
-        "/info": _get("Model and limits (TEI)", {"type": "object"}, (401, 404, 503), _TEI_ERROR,
-                      [{"name": "model", "in": "query", "required": False, "schema": _MODEL}]),
+        "/info": _get(
+            "Model and limits (TEI)",
+            {"type": "object"},
+            (401, 404, 503),
+            _TEI_ERROR,
+            [{"name": "model", "in": "query", "required": False, "schema": _MODEL}],
+        ),
         "/health": _health("liveness"),
-        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
+        "/metrics": {
+            "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}
+        },
         "/openapi.json": _get("This document", {"type": "object"}),
     }
 
 
 def _health(summary: str) -> dict[str, Any]:
-    return _get(f"200 when a tokenizer and a worker of a model answer ({summary}); readiness of models with "
-                "?model=ID or ?all=1", {"type": "object"}, (400, 503), parameters=_READINESS)
+    return _get(
+        f"200 when a tokenizer and a worker of a model answer ({summary}); readiness of models with "
+        "?model=ID or ?all=1",
+        {"type": "object"},
+        (400, 503),
+        parameters=_READINESS,
+    )
 
 
 def openapi_spec(version: str) -> dict[str, Any]:

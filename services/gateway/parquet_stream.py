@@ -33,8 +33,11 @@ class ParquetStream:
     def __init__(self, form: JobForm) -> None:
         self._form = form
         value = pa.from_numpy_dtype(FORMS[form.form].dtype)
-        self._type = {"dense": pa.list_(value), "multivector": pa.list_(pa.list_(value)),
-                      "sparse": pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(value))])}[form.output]
+        self._type = {
+            "dense": pa.list_(value),
+            "multivector": pa.list_(pa.list_(value)),
+            "sparse": pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(value))]),
+        }[form.output]
         self._sink = io.BytesIO()
         self._writer: pq.ParquetWriter | None = None
         self._parts: list[Stored] = []
@@ -72,8 +75,10 @@ class ParquetStream:
     def _flush(self) -> bytes:
         if self._parts:
             writer = self._opened()
-            columns = {"id": pa.array([d for part in self._parts for d in part.doc_ids], pa.string()),
-                       "vector": _column(self._parts, self._form.output, self._type)}
+            columns = {
+                "id": pa.array([d for part in self._parts for d in part.doc_ids], pa.string()),
+                "vector": _column(self._parts, self._form.output, self._type),
+            }
             if self._form.chunking is not None:
                 places = []
                 for part in self._parts:
@@ -81,8 +86,9 @@ class ParquetStream:
                     places.append(stored_columns(part.doc_ids, part.chunks))
                 for name in ("chunk", "start", "end") + (("text",) if self._form.with_text else ()):
                     kind = writer.schema.field(name).type
-                    columns[name] = pa.array([v for place in places for v in (place.columns().get(name) or
-                                                                               [""] * len(place.ids))], kind)
+                    columns[name] = pa.array(
+                        [v for place in places for v in (place.columns().get(name) or [""] * len(place.ids))], kind
+                    )
             arrays = [columns[name] for name in writer.schema.names]
             writer.write_table(pa.Table.from_arrays(arrays, schema=writer.schema))
             self._parts, self._documents, self._held = [], 0, 0

@@ -27,10 +27,15 @@ class RerankCall:
 def query_field(doc: dict, limits: Limits) -> str:
     query = doc.get("query")
     if not isinstance(query, str) or not query:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'query' must be a non-empty string, got {json_type(query)}", "query")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'query' must be a non-empty string, got {json_type(query)}", "query"
+        )
     if len(query) > limits.max_input_chars:
-        raise ApiError(ErrorCode.INPUT_TOO_LONG, f"'query' has {len(query)} characters; the limit is "
-                       f"{limits.max_input_chars}", "query")
+        raise ApiError(
+            ErrorCode.INPUT_TOO_LONG,
+            f"'query' has {len(query)} characters; the limit is {limits.max_input_chars}",
+            "query",
+        )
     return query
 
 
@@ -38,8 +43,9 @@ def texts_field(raw: Any, param: str, limits: Limits, objects: bool) -> list[str
     if not isinstance(raw, list):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be a list, got {json_type(raw)}", param)
     if len(raw) > limits.max_inputs:
-        raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {len(raw)} items; the limit is {limits.max_inputs}",
-                       param)
+        raise ApiError(
+            ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {len(raw)} items; the limit is {limits.max_inputs}", param
+        )
     texts = []
     for i, item in enumerate(raw):
         if objects and isinstance(item, dict):  # Cohere/Jina also take {"text": ...}
@@ -48,8 +54,11 @@ def texts_field(raw: Any, param: str, limits: Limits, objects: bool) -> list[str
             want = "a string or an object with 'text'" if objects else "a string"
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be {want}, got {json_type(item)}", param)
         if len(item) > limits.max_input_chars:
-            raise ApiError(ErrorCode.INPUT_TOO_LONG, f"'{param}[{i}]' has {len(item)} characters; the limit is "
-                           f"{limits.max_input_chars}", param)
+            raise ApiError(
+                ErrorCode.INPUT_TOO_LONG,
+                f"'{param}[{i}]' has {len(item)} characters; the limit is {limits.max_input_chars}",
+                param,
+            )
         texts.append(item)
     return texts
 
@@ -69,9 +78,12 @@ def parse_tei(body: bytes, limits: Limits) -> RerankCall:
     if "texts" not in doc:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required", "texts")
     return RerankCall(
-        model=optional(doc, "model", str), query=query, texts=texts_field(doc["texts"], "texts", limits, objects=False),
+        model=optional(doc, "model", str),
+        query=query,
+        texts=texts_field(doc["texts"], "texts", limits, objects=False),
         top_n=top_n_field(doc),
-        raw_scores=optional(doc, "raw_scores", bool, False), truncate=optional(doc, "truncate", bool, False),
+        raw_scores=optional(doc, "raw_scores", bool, False),
+        truncate=optional(doc, "truncate", bool, False),
         return_text=optional(doc, "return_text", bool, False),
     )
 
@@ -83,8 +95,12 @@ def parse_cohere(body: bytes, limits: Limits) -> RerankCall:
     if "documents" not in doc:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' is required", "documents")
     return RerankCall(
-        model=optional(doc, "model", str), query=query, texts=texts_field(doc["documents"], "documents", limits, objects=True),
-        top_n=top_n_field(doc), raw_scores=False, truncate=optional(doc, "truncate", bool, True),
+        model=optional(doc, "model", str),
+        query=query,
+        texts=texts_field(doc["documents"], "documents", limits, objects=True),
+        top_n=top_n_field(doc),
+        raw_scores=False,
+        truncate=optional(doc, "truncate", bool, True),
         return_text=optional(doc, "return_documents", bool, False),
     )
 

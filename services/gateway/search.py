@@ -53,30 +53,47 @@ class Search:
         started = time.perf_counter()
         hits = await self.store.search(model, outcome.vectors[0], call.top_k, call.where, gw.cfg.request_timeout)
         headers = {**gw.stage_headers(outcome), "x-search-time": _ms(started)}
-        log.debug("search %s: %d hits of top_k %d in %s ms (filter on %s)", model, len(hits), call.top_k,
-                  headers["x-search-time"], ", ".join(sorted(call.where)) or "nothing")
+        log.debug(
+            "search %s: %d hits of top_k %d in %s ms (filter on %s)",
+            model,
+            len(hits),
+            call.top_k,
+            headers["x-search-time"],
+            ", ".join(sorted(call.where)) or "nothing",
+        )
         if reranker is None or not hits:
             return _json(search_api.render_search(model, hits, outcome.tokens, reranker), headers)
         missing = next((h for h in hits if h.text is None), None)
         if missing is not None:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"the search store holds no text for {missing.id!r}: rerank needs the "
-                           "rows' texts (loaded with them), or leave 'rerank' out", "rerank")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"the search store holds no text for {missing.id!r}: rerank needs the "
+                "rows' texts (loaded with them), or leave 'rerank' out",
+                "rerank",
+            )
         assert call.rerank is not None  # the reranker is its
         started = time.perf_counter()
         texts = [h.text or "" for h in hits]
-        rerank = RerankCall(reranker, call.query, texts, call.rerank.top_n, raw_scores=False, truncate=True, return_text=False)
+        rerank = RerankCall(
+            reranker, call.query, texts, call.rerank.top_n, raw_scores=False, truncate=True, return_text=False
+        )
         _, ranked = await gw.run_rerank(rerank, uuid.uuid4().hex)
         headers["x-rerank-time"] = _ms(started)
         log.debug("search %s: %d hits reranked by %s in %s ms", model, len(hits), reranker, headers["x-rerank-time"])
-        return _json(search_api.render_search(model, hits, outcome.tokens, reranker, ranked.indices, ranked.scores), headers)
+        return _json(
+            search_api.render_search(model, hits, outcome.tokens, reranker, ranked.indices, ranked.scores), headers
+        )
 
     async def _model(self, gw: Gateway, requested: str | None) -> str:
         """The served model that embeds the query (see the module's docstring)."""
         if self.model is None:
             return await gw.resolve_model(requested)
         if requested is not None and not same_model(requested, self.model):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"the search store holds vectors of {self.model}: leave 'model' out "
-                           "or name that one", "model")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"the search store holds vectors of {self.model}: leave 'model' out or name that one",
+                "model",
+            )
         try:
             return await gw.resolve_model(self.model)
         except ApiError as exc:
@@ -95,8 +112,12 @@ class Search:
         kind = worker_kind(workers.get(model, {}))
         if kind != "rerank":
             served = sorted(m for m, w in workers.items() if worker_kind(w) == "rerank")
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} is no reranker (its kind is {kind}): 'rerank.model' names "
-                           f"a cross-encoder ({', '.join(served) if served else 'none is served here'})", "rerank.model")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"{model} is no reranker (its kind is {kind}): 'rerank.model' names "
+                f"a cross-encoder ({', '.join(served) if served else 'none is served here'})",
+                "rerank.model",
+            )
         return model
 
 

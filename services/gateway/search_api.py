@@ -67,20 +67,34 @@ def filter_field(raw: Any) -> dict[str, str | int | bool]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'filter' must be an object of metadata fields and the values they "
-                       f"must equal, got {json_type(raw)}", "filter")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'filter' must be an object of metadata fields and the values they must equal, got {json_type(raw)}",
+            "filter",
+        )
     if len(raw) > MAX_FILTER_FIELDS:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'filter' has {len(raw)} fields; the limit is {MAX_FILTER_FIELDS}", "filter")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'filter' has {len(raw)} fields; the limit is {MAX_FILTER_FIELDS}", "filter"
+        )
     for name, value in raw.items():
         if not FIELD_NAME.match(name):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'filter' field {name[:70]!r} is not a plain name (letters, digits, "
-                           "_ -, at most 64)", "filter")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"'filter' field {name[:70]!r} is not a plain name (letters, digits, _ -, at most 64)",
+                "filter",
+            )
         if isinstance(value, str) and len(value) > MAX_FILTER_CHARS:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'filter.{name}' has {len(value)} characters; the limit is "
-                           f"{MAX_FILTER_CHARS}", "filter")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"'filter.{name}' has {len(value)} characters; the limit is {MAX_FILTER_CHARS}",
+                "filter",
+            )
         if not isinstance(value, (str, bool, int)) or (isinstance(value, int) and not -INT64 <= value < INT64):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'filter.{name}' must be a string, an integer (64 bits) or a "
-                           f"boolean, got {json_type(value)}", "filter")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"'filter.{name}' must be a string, an integer (64 bits) or a boolean, got {json_type(value)}",
+                "filter",
+            )
     return dict(raw)
 
 
@@ -88,16 +102,23 @@ def rerank_field(raw: Any) -> RerankAsk | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'rerank' must be an object with 'model' and optionally 'top_n', got "
-                       f"{json_type(raw)}", "rerank")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'rerank' must be an object with 'model' and optionally 'top_n', got {json_type(raw)}",
+            "rerank",
+        )
     unknown = sorted(set(raw) - set(_RERANK_KEYS))
     if unknown:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'rerank' has unknown keys {', '.join(map(repr, unknown))}: it takes "
-                       "'model' and 'top_n'", "rerank")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'rerank' has unknown keys {', '.join(map(repr, unknown))}: it takes 'model' and 'top_n'",
+            "rerank",
+        )
     model = raw.get("model")
     if not isinstance(model, str) or not 0 < len(model) <= MAX_NAME_CHARS:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'rerank.model' is required: the name of a reranker served here",
-                       "rerank.model")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'rerank.model' is required: the name of a reranker served here", "rerank.model"
+        )
     try:
         top_n = top_n_field(raw)
     except ApiError as exc:  # named as the field it is here
@@ -105,8 +126,14 @@ def rerank_field(raw: Any) -> RerankAsk | None:
     return RerankAsk(model, top_n)
 
 
-def render_search(model: str, hits: list[Hit], tokens: int, rerank_model: str | None = None,
-                  indices: np.ndarray | None = None, scores: np.ndarray | None = None) -> bytes:
+def render_search(
+    model: str,
+    hits: list[Hit],
+    tokens: int,
+    rerank_model: str | None = None,
+    indices: np.ndarray | None = None,
+    scores: np.ndarray | None = None,
+) -> bytes:
     """The answer: ``hits`` in the store's order, or (``indices``, ``scores``: the reranker's ranking
     of them, best first) in the reranker's."""
     if indices is None or scores is None:

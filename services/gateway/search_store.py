@@ -34,7 +34,9 @@ class SearchStore:
         self._shape: Shape | None = None  # None: not attached (first use, or after a failure)
         self._lock = asyncio.Lock()
 
-    async def search(self, model: str, vector: np.ndarray, top_k: int, where: dict[str, Any], timeout: float) -> list[Hit]:
+    async def search(
+        self, model: str, vector: np.ndarray, top_k: int, where: dict[str, Any], timeout: float
+    ) -> list[Hit]:
         """The ``top_k`` rows closest to ``vector`` (float32 [dim], ``model``'s) whose metadata has ``where``'s
         values, within ``timeout`` seconds (waiting for the call before it included)."""
         loop = asyncio.get_running_loop()
@@ -76,8 +78,12 @@ class SearchStore:
     def _search(self, model: str, vector: np.ndarray, top_k: int, where: dict[str, Any]) -> list[Hit]:
         shape = self._attached()
         if shape.dim != vector.shape[0]:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes vectors of {vector.shape[0]} dimensions; the search "
-                           f"store {self.shown} holds {shape.dim}: search with the model that filled it", "model")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"{model} makes vectors of {vector.shape[0]} dimensions; the search "
+                f"store {self.shown} holds {shape.dim}: search with the model that filled it",
+                "model",
+            )
         try:
             return self.sink.search(vector, top_k, where or None)
         except SinkError as exc:
@@ -85,7 +91,9 @@ class SearchStore:
                 raise ApiError(ErrorCode.INVALID_REQUEST, exc.message, "filter" if where else None) from None
             log.warning("search store %s failed (attaching again on the next search): %s", self.shown, exc.message)
             self._detach()
-            raise ApiError(ErrorCode.NO_RESPONDERS, f"the search store is unavailable, try again later: {exc.message}") from None
+            raise ApiError(
+                ErrorCode.NO_RESPONDERS, f"the search store is unavailable, try again later: {exc.message}"
+            ) from None
 
     def _attached(self) -> Shape:
         if self._shape is not None:
@@ -96,10 +104,18 @@ class SearchStore:
             self._detach()
             raise ApiError(ErrorCode.NO_RESPONDERS, f"the search store is unavailable: {exc.message}") from None
         if shape.output != "dense" or shape.form not in SEARCHED_FORMS:
-            raise ApiError(ErrorCode.NO_RESPONDERS, f"the search store {self.shown} holds {shape.output} {shape.form} "
-                           f"vectors; search is served over dense {' or '.join(SEARCHED_FORMS)} vectors")
-        log.info("search store %s attached: %s vectors of %d dimensions%s", self.shown, shape.form, shape.dim,
-                 ", chunks" if shape.chunked else "")
+            raise ApiError(
+                ErrorCode.NO_RESPONDERS,
+                f"the search store {self.shown} holds {shape.output} {shape.form} "
+                f"vectors; search is served over dense {' or '.join(SEARCHED_FORMS)} vectors",
+            )
+        log.info(
+            "search store %s attached: %s vectors of %d dimensions%s",
+            self.shown,
+            shape.form,
+            shape.dim,
+            ", chunks" if shape.chunked else "",
+        )
         self._shape = shape
         return shape
 

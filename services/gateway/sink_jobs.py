@@ -75,16 +75,23 @@ class SinkTargets:
         """The URL to open for the request's ``given``: the allowed store's, with the request's choice
         of table and index. ApiError (400) for a store not allowed or a URL with a password."""
         if not self._allowed:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "jobs are not written into stores here (the gateway's "
-                           "--job-sinks is not set): leave 'sink' out, and read the vectors from the results route", "sink")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                "jobs are not written into stores here (the gateway's "
+                "--job-sinks is not set): leave 'sink' out, and read the vectors from the results route",
+                "sink",
+            )
         try:
             parts = urlsplit(given)
             port_ok = parts.port is None or parts.port > 0
         except ValueError as exc:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'sink' is not a URL: {exc}", "sink") from None
         if parts.password:  # libpq URLs may say "user:@host": an empty one is none
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'sink' must carry no password: the gateway holds the "
-                           "stores' credentials (--job-sinks)", "sink")
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                "'sink' must carry no password: the gateway holds the stores' credentials (--job-sinks)",
+                "sink",
+            )
         wanted = _store_of(given)
         for allowed in self._allowed:
             if port_ok and _store_of(allowed) == wanted and (parts.username in (None, urlsplit(allowed).username)):
@@ -94,8 +101,12 @@ class SinkTargets:
                 # by hand: urlunsplit drops the "//" of an empty host (lancedb:///PATH, libpq's sockets)
                 return f"{base.scheme}://{base.netloc}{base.path}?{urlencode(params, safe='/')}"
         shown = ", ".join(sink_shown(a) for a in self._allowed)
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'sink' names a store this gateway does not write into; it writes "
-                       f"into {shown} (a table of your choice: ?table=NAME, Qdrant's ?collection=NAME)", "sink")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'sink' names a store this gateway does not write into; it writes "
+            f"into {shown} (a table of your choice: ?table=NAME, Qdrant's ?collection=NAME)",
+            "sink",
+        )
 
 
 def sink_shown(url: str) -> str:
@@ -143,8 +154,9 @@ class SinkJobs:
         except SinkError as exc:
             await asyncio.to_thread(sink.close)
             if exc.retryable:
-                raise ApiError(ErrorCode.NO_RESPONDERS, f"{exc.message}; nothing was published: submit the job again "
-                               "later", "sink") from None
+                raise ApiError(
+                    ErrorCode.NO_RESPONDERS, f"{exc.message}; nothing was published: submit the job again later", "sink"
+                ) from None
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{exc.message}; nothing was published", "sink") from None
         return given, sink
 
@@ -181,6 +193,7 @@ class SinkJobs:
 
     async def _hold(self, job: str) -> JobState:
         """Take or renew the job's lease; LeaseHeld when another gateway's runs."""
+
         def take(state: JobState) -> JobState:
             if not state.sink_target:  # not recorded (yet, or no more): nothing to write
                 raise LeaseHeld(job)
@@ -188,12 +201,14 @@ class SinkJobs:
             if lease is not None and lease.by != self._name and lease.until > time.time():
                 raise LeaseHeld(job)
             return replace(state, sink_lease=self._lease())
+
         return await update_state(self._kv, job, take)
 
     async def _release(self, job: str) -> None:
         def release(state: JobState) -> JobState:
             mine = state.sink_lease is not None and state.sink_lease.by == self._name
             return replace(state, sink_lease=None) if mine else state
+
         try:
             await update_state(self._kv, job, release, patience=5.0)
         except Exception as exc:  # it runs out by itself
@@ -202,8 +217,15 @@ class SinkJobs:
     # -- writing ----------------------------------------------------------------------------------
 
     async def _write(self, job: str, sink: Sink, shape: Shape, sources: Sources, layout: Layout | None) -> None:
-        collector = Collector(self._js, job, layout, self._subjects.results(job), stream_names(self._subjects)["results"],
-                              shape.form, chunked=shape.chunked)
+        collector = Collector(
+            self._js,
+            job,
+            layout,
+            self._subjects.results(job),
+            stream_names(self._subjects)["results"],
+            shape.form,
+            chunked=shape.chunked,
+        )
         writer = SinkWriter(sink, self._kv, job, sources, keep_vectors=False, said=lambda _text: None)
         try:
             await collector.open()
@@ -311,8 +333,9 @@ class SinkJobs:
 
 def _unwritten(state: JobState) -> bool:
     """A sink job whose rows are not all in its store yet, and may still be written."""
-    return (bool(state.sink_target) and state.sink_done is None and state.sink_failed is None
-            and state.status != CANCELLED)
+    return (
+        bool(state.sink_target) and state.sink_done is None and state.sink_failed is None and state.status != CANCELLED
+    )
 
 
 def _all_read(state: JobState, read: int) -> bool:

@@ -41,7 +41,9 @@ def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
     inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
     direction = optional(doc, "truncation_direction", str, "right").lower()
     if direction not in ("right", "left"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
+        )
     options = EmbedOptions(
         normalize=optional(doc, "normalize", bool, True),
         dimensions=positive_dimensions(doc),
@@ -88,13 +90,18 @@ def render_embed_chunks(vectors: np.ndarray, form: str, chunks: list) -> bytes:
 def render_tokens(result: TokenizeResult) -> bytes:
     return orjson.dumps(
         [
-            [{"id": i, "text": text, "special": special, "start": start, "stop": stop} for i, text, special, start, stop in row]
+            [
+                {"id": i, "text": text, "special": special, "start": start, "stop": stop}
+                for i, text, special, start, stop in row
+            ]
             for row in result.tokens
         ]
     )
 
 
-def render_info(model: str, tokenizer: dict[str, str], worker: dict[str, str], limits: Limits, max_in_flight: int, version: str) -> bytes:
+def render_info(
+    model: str, tokenizer: dict[str, str], worker: dict[str, str], limits: Limits, max_in_flight: int, version: str
+) -> bytes:
     return orjson.dumps(
         {
             "model_id": model,
@@ -121,7 +128,9 @@ def model_field(body: bytes) -> str | None:
 def _common_options(doc: dict) -> dict:
     direction = optional(doc, "truncation_direction", str, "right").lower()
     if direction not in ("right", "left"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
+        )
     return dict(
         truncate=optional(doc, "truncate", bool, False),
         truncation_direction=direction,
@@ -140,7 +149,9 @@ def parse_embed_sparse(body: bytes, limits: Limits) -> EmbedRequest:
     if top_k is not None and not 0 < top_k <= MAX_SPARSE_TOP_K:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'top_k' must be in 1..{MAX_SPARSE_TOP_K}", "top_k")
     threshold = doc.get("threshold")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)):
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
+    ):
         raise ApiError(ErrorCode.INVALID_REQUEST, "'threshold' must be a number", "threshold")
     options = EmbedOptions(output="sparse", sparse_top_k=top_k, sparse_threshold=threshold, **_common_options(doc))
     return EmbedRequest(inputs, options)
@@ -158,13 +169,14 @@ def parse_embed_all(body: bytes, limits: Limits, offers: tuple[str, ...]) -> Emb
     if output not in ("tokens", "multivector"):
         raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'tokens' or 'multivector'", "output")
     if output == "multivector" and "multivector" not in offers:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "the model has no multi-vector head: ask 'output': 'tokens'", "output")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "the model has no multi-vector head: ask 'output': 'tokens'", "output"
+        )
     form = embedding_form(doc)
     input_type = optional(doc, "input_type", str)
     if input_type not in (None, "query", "document"):
         raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    options = EmbedOptions(output=output, dtype=FORMS[form].wire, input_type=input_type,
-                           **_common_options(doc))
+    options = EmbedOptions(output=output, dtype=FORMS[form].wire, input_type=input_type, **_common_options(doc))
     return EmbedRequest(inputs, options)
 
 

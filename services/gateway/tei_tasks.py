@@ -41,7 +41,9 @@ def truncation(doc: dict) -> tuple[bool, str]:
     """TEI's ``truncate`` (default false: over-long inputs are refused) and ``truncation_direction``."""
     direction = optional(doc, "truncation_direction", str, "right").lower()
     if direction not in ("right", "left"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
+        )
     return optional(doc, "truncate", bool, False), direction
 
 
@@ -53,8 +55,9 @@ def parse_predict(body: bytes, limits: Limits) -> PredictCall:
     raw = doc["inputs"]
     if isinstance(raw, list) and raw and isinstance(raw[0], list):
         if len(raw) > limits.max_inputs:
-            raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'inputs' has {len(raw)} items; the limit is {limits.max_inputs}",
-                           "inputs")
+            raise ApiError(
+                ErrorCode.TOO_MANY_INPUTS, f"'inputs' has {len(raw)} items; the limit is {limits.max_inputs}", "inputs"
+            )
         inputs, batch = [_sequence(item, f"inputs[{i}]", limits, batched=True) for i, item in enumerate(raw)], True
     else:
         inputs, batch = [_sequence(raw, "inputs", limits)], False
@@ -65,12 +68,19 @@ def parse_predict(body: bytes, limits: Limits) -> PredictCall:
 def _sequence(raw: Any, where: str, limits: Limits, batched: bool = False) -> Sequence:
     parts = [raw] if isinstance(raw, str) and not batched else raw
     if not isinstance(parts, list) or not 1 <= len(parts) <= 2 or not all(isinstance(p, str) for p in parts):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{where}' must be a string, a pair of strings [text, text_pair] or a "
-                       "batch of [text] and [text, text_pair] lists", "inputs")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'{where}' must be a string, a pair of strings [text, text_pair] or a "
+            "batch of [text] and [text, text_pair] lists",
+            "inputs",
+        )
     for part in parts:
         if len(part) > limits.max_input_chars:
-            raise ApiError(ErrorCode.INPUT_TOO_LONG, f"'{where}' has a text of {len(part)} characters; the limit is "
-                           f"{limits.max_input_chars}", "inputs")
+            raise ApiError(
+                ErrorCode.INPUT_TOO_LONG,
+                f"'{where}' has a text of {len(part)} characters; the limit is {limits.max_input_chars}",
+                "inputs",
+            )
     return parts[0] if len(parts) == 1 else (parts[0], parts[1])
 
 
@@ -121,27 +131,37 @@ def parse_similarity(body: bytes, limits: Limits) -> SimilarityCall:
     doc = json_object(body)
     inputs = doc.get("inputs")
     if not isinstance(inputs, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' must be an object {\"source_sentence\", \"sentences\"}, got "
-                       f"{json_type(inputs)}", "inputs")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f'\'inputs\' must be an object {{"source_sentence", "sentences"}}, got {json_type(inputs)}',
+            "inputs",
+        )
     source, sentences = inputs.get("source_sentence"), inputs.get("sentences")
     if not isinstance(source, str):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs.source_sentence' must be a string, got {json_type(source)}",
-                       "inputs")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'inputs.source_sentence' must be a string, got {json_type(source)}", "inputs"
+        )
     if not isinstance(sentences, list) or not sentences:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs.sentences' must be a non-empty list of strings", "inputs")
     parse_inputs(source, "inputs.source_sentence", limits, allow_tokens=False)
     parse_inputs(sentences, "inputs.sentences", limits, allow_tokens=False)
     if len(sentences) + 1 > limits.max_inputs:  # the source sentence is embedded with them
-        raise ApiError(ErrorCode.TOO_MANY_INPUTS, f"'inputs.sentences' has {len(sentences)} items, {len(sentences) + 1} "
-                       f"inputs with the source sentence; the limit is {limits.max_inputs}", "inputs")
+        raise ApiError(
+            ErrorCode.TOO_MANY_INPUTS,
+            f"'inputs.sentences' has {len(sentences)} items, {len(sentences) + 1} "
+            f"inputs with the source sentence; the limit is {limits.max_inputs}",
+            "inputs",
+        )
     parameters = doc.get("parameters")
     parameters = {} if parameters is None else parameters
     if not isinstance(parameters, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'parameters' must be an object, got {json_type(parameters)}",
-                       "parameters")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'parameters' must be an object, got {json_type(parameters)}", "parameters"
+        )
     truncate, direction = truncation(parameters)
-    options = EmbedOptions(truncate=truncate, truncation_direction=direction,
-                           prompt_name=name_field(parameters, "prompt_name"))
+    options = EmbedOptions(
+        truncate=truncate, truncation_direction=direction, prompt_name=name_field(parameters, "prompt_name")
+    )
     return SimilarityCall(Inputs([source, *sentences], None), options)
 
 
@@ -169,8 +189,11 @@ def parse_decode(body: bytes, limits: Limits) -> DecodeCall:
     first = raw[0] if isinstance(raw, list) and raw else []
     if not isinstance(raw, list) or json_type(first) not in ("number", "array") or isinstance(first, float):
         shown = f"a list of {json_type(first)}s" if isinstance(raw, list) else json_type(raw)
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'ids' must be a list of token IDs or a list of token-ID lists, got {shown}",
-                       "ids")
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'ids' must be a list of token IDs or a list of token-ID lists, got {shown}",
+            "ids",
+        )
     inputs = parse_inputs(raw, "ids", limits, allow_tokens=True)
     assert inputs.token_ids is not None
     return DecodeCall(inputs.token_ids, optional(doc, "skip_special_tokens", bool, True))
@@ -183,8 +206,12 @@ def check_vocabulary(ids: list[np.ndarray], vocab_size: int) -> None:
         bad = np.flatnonzero((seq < 0) | (seq >= vocab_size))
         if bad.size:
             at = int(bad[0])
-            raise ApiError(ErrorCode.INVALID_TOKENS, f"token id {int(seq[at])} (ids[{row}][{at}]) is outside the "
-                           f"vocabulary of {vocab_size} ids [0, {vocab_size})", "ids")
+            raise ApiError(
+                ErrorCode.INVALID_TOKENS,
+                f"token id {int(seq[at])} (ids[{row}][{at}]) is outside the "
+                f"vocabulary of {vocab_size} ids [0, {vocab_size})",
+                "ids",
+            )
 
 
 def render_decode(texts: list[str]) -> bytes:
@@ -214,8 +241,12 @@ def model_type(worker: dict[str, str], tokenizer: dict[str, str]) -> dict[str, A
     if worker.get("task") == "score":
         labels = worker_labels(worker)
         kind = "classifier" if len(labels) > 1 else "reranker"
-        return {kind: {"id2label": {str(i): name for i, name in enumerate(labels)},
-                       "label2id": {name: i for i, name in enumerate(labels)}}}
+        return {
+            kind: {
+                "id2label": {str(i): name for i, name in enumerate(labels)},
+                "label2id": {name: i for i, name in enumerate(labels)},
+            }
+        }
     outputs = (worker.get("outputs") or "dense").split(",")
     pooling = "splade" if outputs == ["sparse"] else worker.get("pooling") or tokenizer.get("pooling", "mean")
     return {"embedding": {"pooling": pooling}}

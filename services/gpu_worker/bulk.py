@@ -95,8 +95,14 @@ class BulkFeeder:
 
     async def start(self) -> None:
         self._js, self._kv, self._work, self._dead = await join_work(
-            self._nc, self._subjects, "bulk", f"workers-{model_token(self._model)}", self._subjects.bulk(self._model),
-            self._settings, "worker", describe,
+            self._nc,
+            self._subjects,
+            "bulk",
+            f"workers-{model_token(self._model)}",
+            self._subjects.bulk(self._model),
+            self._settings,
+            "worker",
+            describe,
         )
         self._cancellations = Cancellations(self._kv)
         self._task = asyncio.create_task(self._loop(), name="bulk-feeder")
@@ -177,23 +183,41 @@ class BulkFeeder:
         # bulk work: a job batch's, with its message
         assert msg is not None and batch.job is not None and batch.doc_ids is not None
         result = JobResult(
-            id=batch.job, batch=batch.batch, start=batch.start, doc_ids=batch.doc_ids, dim=dim,
-            dtype=dtype, data=vectors.tobytes(), tokens=batch.num_tokens, offsets=offsets, indices=indices,
+            id=batch.job,
+            batch=batch.batch,
+            start=batch.start,
+            doc_ids=batch.doc_ids,
+            dim=dim,
+            dtype=dtype,
+            data=vectors.tobytes(),
+            tokens=batch.num_tokens,
+            offsets=offsets,
+            indices=indices,
             chunks=batch.chunks,  # a chunked job's rows are chunks: which, the tokenizer said
         )
         rows = Rows(batch.batch, batch.start, len(batch.doc_ids), batch.total)
         trace = record_work(self._tracer, work, "worker job batch")  # the stored result's reader continues it
         try:
-            stored = await publish_durably(self._js, self._subjects.results(batch.job), encode(result),
-                                           f"{batch.job}:{batch.batch}:{batch.start}", headers=headers_for(trace),
-                                           patience=self._settings.ack_wait)
+            stored = await publish_durably(
+                self._js,
+                self._subjects.results(batch.job),
+                encode(result),
+                f"{batch.job}:{batch.batch}:{batch.start}",
+                headers=headers_for(trace),
+                patience=self._settings.ack_wait,
+            )
             if self._crash_after_store:
                 os._exit(70)
             if has_state_key(batch.job):  # a forged job id names no state: the stored result is all there is
-                state = await update_state(self._kv, batch.job,
-                                           lambda s: count_done(s, rows, batch.num_tokens, batch.chunks),
-                                           patience=self._settings.ack_wait)
-                if late_rows(state, rows, batch.chunks is not None):  # computed as the job was cancelled: its counts are final, so is its output
+                state = await update_state(
+                    self._kv,
+                    batch.job,
+                    lambda s: count_done(s, rows, batch.num_tokens, batch.chunks),
+                    patience=self._settings.ack_wait,
+                )
+                if late_rows(
+                    state, rows, batch.chunks is not None
+                ):  # computed as the job was cancelled: its counts are final, so is its output
                     with contextlib.suppress(NotFoundError):  # removed already, before a crash
                         await self._js.delete_msg(stream_names(self._subjects)["results"], stored.seq)
             await msg.ack()

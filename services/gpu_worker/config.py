@@ -37,11 +37,15 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         if self.metrics.enabled and self.metrics.port + self.replicas - 1 > 65535:
-            raise ConfigError(f"--metrics-port {self.metrics.port} with --replicas {self.replicas}: replica processes "
-                              "on a CPU take one port each from it up, past 65535")
+            raise ConfigError(
+                f"--metrics-port {self.metrics.port} with --replicas {self.replicas}: replica processes "
+                "on a CPU take one port each from it up, past 65535"
+            )
         if self.load_idle_interval < self.load_interval:
-            raise ConfigError(f"--load-idle-interval {self.load_idle_interval:g} is below --load-interval "
-                              f"{self.load_interval:g}: an idle worker reports no more often than a busy one")
+            raise ConfigError(
+                f"--load-idle-interval {self.load_idle_interval:g} is below --load-interval "
+                f"{self.load_interval:g}: an idle worker reports no more often than a busy one"
+            )
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.model.max_seq_length:
             raise ConfigError(
                 f"--max-batch-tokens {self.max_batch_tokens} is below the model's sequence limit {self.model.max_seq_length}"
@@ -52,6 +56,12 @@ class WorkerConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> WorkerConfig:
-        return from_options(cls, ns, nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name),
-                            jobs=job_settings(ns), metrics=MetricsEndpoint.from_namespace(ns),
-                            tracing=TracingConfig.from_namespace(ns))
+        return from_options(
+            cls,
+            ns,
+            nats=nats_config(ns),
+            model=load_model_info(ns.model, ns.model_name),
+            jobs=job_settings(ns),
+            metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
+        )

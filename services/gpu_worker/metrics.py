@@ -40,46 +40,81 @@ class WorkerMetrics:
         self.registry = r = CollectorRegistry()
         self._model = model
         by_queue = ["model", "queue"]
-        batches = Counter("embedfleet_worker_batches", "engine batches run, by queue (online or bulk)", by_queue, registry=r)
-        tokens = Counter("embedfleet_worker_tokens", "tokens in engine batches (the sequences' own, no padding)",
-                         by_queue, registry=r)
+        batches = Counter(
+            "embedfleet_worker_batches", "engine batches run, by queue (online or bulk)", by_queue, registry=r
+        )
+        tokens = Counter(
+            "embedfleet_worker_tokens",
+            "tokens in engine batches (the sequences' own, no padding)",
+            by_queue,
+            registry=r,
+        )
         rows = Counter("embedfleet_worker_rows", "sequences embedded (or scored)", by_queue, registry=r)
-        failed = Counter("embedfleet_worker_failed_batches", "engine batches whose forward or result failed",
-                         by_queue, registry=r)
+        failed = Counter(
+            "embedfleet_worker_failed_batches", "engine batches whose forward or result failed", by_queue, registry=r
+        )
         # label children bound once: the per-batch path does no label lookups
         self._batches = {q: batches.labels(model, q) for q in QUEUES}
         self._tokens = {q: tokens.labels(model, q) for q in QUEUES}
         self._rows = {q: rows.labels(model, q) for q in QUEUES}
         self._failed = {q: failed.labels(model, q) for q in QUEUES}
-        self._batch_tokens = Histogram("embedfleet_worker_batch_tokens", "tokens per engine batch", ["model"],
-                                       buckets=_TOKENS, registry=r).labels(model)
-        self._batch_rows = Histogram("embedfleet_worker_batch_rows", "sequences per engine batch", ["model"],
-                                     buckets=_ROWS, registry=r).labels(model)
+        self._batch_tokens = Histogram(
+            "embedfleet_worker_batch_tokens", "tokens per engine batch", ["model"], buckets=_TOKENS, registry=r
+        ).labels(model)
+        self._batch_rows = Histogram(
+            "embedfleet_worker_batch_rows", "sequences per engine batch", ["model"], buckets=_ROWS, registry=r
+        ).labels(model)
         self._forward = Histogram(
             "embedfleet_worker_forward_seconds",
             "seconds from an engine batch's launch to its result on the host, by the batch's tokens rounded up to a "
-            "power of two (label tokens)", ["model", "tokens"], buckets=_SECONDS, registry=r,
+            "power of two (label tokens)",
+            ["model", "tokens"],
+            buckets=_SECONDS,
+            registry=r,
         )
-        runs = Counter("embedfleet_worker_forwards", "forward passes by how they ran: eager (no CUDA graph), captured "
-                       "(eager, then its bucket's graph captured), replay (a captured graph)", ["model", "run"], registry=r)
+        runs = Counter(
+            "embedfleet_worker_forwards",
+            "forward passes by how they ran: eager (no CUDA graph), captured "
+            "(eager, then its bucket's graph captured), replay (a captured graph)",
+            ["model", "run"],
+            registry=r,
+        )
         self._runs = {k: runs.labels(model, k) for k in RUNS}
-        self._errors = Counter("embedfleet_worker_errors", "error replies by code (overloaded, timeout, internal, ...)",
-                               ["model", "code"], registry=r)
-        self._bundled = Counter("embedfleet_worker_bundled", "token batches that came several to a NATS message (a "
-                                "Requests message: a tokenizer's batches of one group for one requester)", ["model"],
-                                registry=r).labels(model)
-        self._busy = Counter("embedfleet_worker_busy_seconds", "seconds each engine replica had a batch in flight",
-                             ["model", "replica"], registry=r)
+        self._errors = Counter(
+            "embedfleet_worker_errors",
+            "error replies by code (overloaded, timeout, internal, ...)",
+            ["model", "code"],
+            registry=r,
+        )
+        self._bundled = Counter(
+            "embedfleet_worker_bundled",
+            "token batches that came several to a NATS message (a "
+            "Requests message: a tokenizer's batches of one group for one requester)",
+            ["model"],
+            registry=r,
+        ).labels(model)
+        self._busy = Counter(
+            "embedfleet_worker_busy_seconds",
+            "seconds each engine replica had a batch in flight",
+            ["model", "replica"],
+            registry=r,
+        )
         self._last_ready: dict[int, float] = {}
         self._children: dict[tuple[object, str], Any] = {}  # (metric, label) -> its child, looked up once
-        depth = Gauge("embedfleet_worker_queue_depth", "token batches waiting in this worker, by queue", by_queue,
-                      registry=r)
+        depth = Gauge(
+            "embedfleet_worker_queue_depth", "token batches waiting in this worker, by queue", by_queue, registry=r
+        )
         depth.labels(model, "online").set_function(lambda: scheduler.online_waiting)
         depth.labels(model, "bulk").set_function(lambda: scheduler.bulk_waiting)
-        Gauge("embedfleet_worker_queued_tokens", "tokens waiting to be scheduled, online and bulk", ["model"],
-              registry=r).labels(model).set_function(lambda: scheduler.queued_tokens)
-        Gauge("embedfleet_worker_max_batch_tokens", "the token budget of one engine batch (set or calibrated)",
-              ["model"], registry=r).labels(model).set(max_batch_tokens)
+        Gauge(
+            "embedfleet_worker_queued_tokens", "tokens waiting to be scheduled, online and bulk", ["model"], registry=r
+        ).labels(model).set_function(lambda: scheduler.queued_tokens)
+        Gauge(
+            "embedfleet_worker_max_batch_tokens",
+            "the token budget of one engine batch (set or calibrated)",
+            ["model"],
+            registry=r,
+        ).labels(model).set(max_batch_tokens)
 
     def batch_done(self, replica: int, batch: Batch, run: str, launched: float, took: float) -> None:
         """An engine batch's result is on the host: ``launched`` (perf_counter) + ``took`` seconds."""

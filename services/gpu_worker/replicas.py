@@ -68,10 +68,22 @@ def run_cpu_processes(cfg: WorkerConfig, ns: argparse.Namespace) -> int:
     # each child is a single replica with its share of the cores, and its own metrics port
     # (--metrics-port P: the i-th child serves on P + i)
     children = [
-        subprocess.Popen([sys.executable, "-m", "services.cli", "worker", *arguments(
-            ns, "worker", replicas=1, threads=threads,
-            metrics_port=cfg.metrics.port + i if cfg.metrics.enabled else cfg.metrics.port)],
-            preexec_fn=die_with_parent())  # killed outright, this process takes its replicas along
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "worker",
+                *arguments(
+                    ns,
+                    "worker",
+                    replicas=1,
+                    threads=threads,
+                    metrics_port=cfg.metrics.port + i if cfg.metrics.enabled else cfg.metrics.port,
+                ),
+            ],
+            preexec_fn=die_with_parent(),
+        )  # killed outright, this process takes its replicas along
         for i in range(cfg.replicas)
     ]
     log.info("started %d CPU worker processes with %d threads each", len(children), threads)
@@ -89,4 +101,3 @@ def run_cpu_processes(cfg: WorkerConfig, ns: argparse.Namespace) -> int:
 
 def is_cpu(cfg: WorkerConfig) -> bool:
     return pick_device(cfg.device).type == "cpu"
-

@@ -211,13 +211,18 @@ def _pack(slices: list[Slice]) -> Batch:
         skip = np.concatenate([np.full(s.row_end - s.row_start, s.work.batch.prompt_tokens, np.int32) for s in slices])
     outputs = tuple(sorted({s.work.batch.options.output for s in slices}))
     spans = _batch_spans(slices) if "spans" in outputs else None
-    return Batch(np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip, outputs, spans)
+    return Batch(
+        np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip, outputs, spans
+    )
 
 
 def _batch_spans(slices: list[Slice]) -> Spans:
     """The spans of a batch's rows, row-relative as each chunk has them; rows of works that ask for
     another output have none."""
-    parts = [s.work.batch.spans.between(s.row_start, s.row_end) if s.work.batch.spans is not None
-             else Spans(np.zeros(s.row_end - s.row_start, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
-             for s in slices]
+    parts = [
+        s.work.batch.spans.between(s.row_start, s.row_end)
+        if s.work.batch.spans is not None
+        else Spans(np.zeros(s.row_end - s.row_start, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
+        for s in slices
+    ]
     return Spans(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("counts", "firsts", "lasts")))

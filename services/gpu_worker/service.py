@@ -90,8 +90,11 @@ def _trim_heap() -> None:
 
 
 # the engine's errors as wire codes
-_CODES: dict[type[EngineError], ErrorCode] = {InvalidTokens: ErrorCode.INVALID_TOKENS, InputTooLong: ErrorCode.INPUT_TOO_LONG,
-                                              InvalidSpans: ErrorCode.INVALID_REQUEST}
+_CODES: dict[type[EngineError], ErrorCode] = {
+    InvalidTokens: ErrorCode.INVALID_TOKENS,
+    InputTooLong: ErrorCode.INPUT_TOO_LONG,
+    InvalidSpans: ErrorCode.INVALID_REQUEST,
+}
 
 
 def wire_error(error: EngineError, batch: TokenChunk) -> ServiceError:
@@ -178,8 +181,16 @@ class WorkerService:
         self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
         self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
         try:
-            bulk = BulkFeeder(self._nc, subjects, model.id, self._scheduler, self._check_bulk, self._work_queued, self._cfg.jobs,
-                              self._tracer)
+            bulk = BulkFeeder(
+                self._nc,
+                subjects,
+                model.id,
+                self._scheduler,
+                self._check_bulk,
+                self._work_queued,
+                self._cfg.jobs,
+                self._tracer,
+            )
             await start_jetstream_part(bulk.start)  # a cluster just started may still elect its leader
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests
@@ -198,7 +209,9 @@ class WorkerService:
                 "replicas": str(len(self._engines)),
                 "dtype": first.dtype_name,
                 "pooling": model.pooling,
-                "normalize": "true" if model.normalize else "false",  # a chunked request's mean is normalised as its chunks
+                "normalize": "true"
+                if model.normalize
+                else "false",  # a chunked request's mean is normalised as its chunks
                 "task": model.task,
                 "outputs": ",".join(model.outputs),
                 # the most a document's sparse / multivector output can hold (bulk jobs size batches by it)
@@ -307,8 +320,10 @@ class WorkerService:
             bind(trace, request_id)
             self._check_batch(batch)
             if self._scheduler.queued_tokens + batch.num_tokens > self._cfg.max_queued_tokens:
-                raise ServiceError(ErrorCode.OVERLOADED,
-                                   f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later")
+                raise ServiceError(
+                    ErrorCode.OVERLOADED,
+                    f"the worker has {self._scheduler.queued_tokens} tokens waiting, its limit; retry later",
+                )
         except (ProtocolError, ServiceError) as exc:
             error = exc if isinstance(exc, ServiceError) else ServiceError(ErrorCode.INVALID_TOKENS, str(exc))
             outgoing.add(False, reply, self._refusal(request_id, error, trace), carrier)
@@ -322,9 +337,13 @@ class WorkerService:
         model, output = self._cfg.model, batch.options.output
         if not model.serves(output):
             offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens", "spans") if model.serves(o))
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {model.id} does not make {output} vectors (it makes: {offers})")
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST, f"model {model.id} does not make {output} vectors (it makes: {offers})"
+            )
         if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}")
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
+            )
         try:
             self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types, batch.spans)
         except EngineError as exc:
@@ -339,12 +358,20 @@ class WorkerService:
         if not _rows_per_vector(True, opts.output):
             return  # entries per document are known once made: checked then (_reply_ragged)
         rows = len(batch.doc_ids)  # a vector each: the rows, or with spans the spans (a late job's chunks)
-        envelope = len(encode(JobResult(batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0,
-                                        chunks=batch.chunks)))
+        envelope = len(
+            encode(
+                JobResult(
+                    batch.job, batch.batch, batch.start, batch.doc_ids, 1, opts.dtype, b"", 0, chunks=batch.chunks
+                )
+            )
+        )
         size = rows * row_bytes(opts.dtype, opts.dimensions or self._cfg.model.truncate_dim or self._dim)
         if envelope + size + 2 * len(batch.job.encode()) + _ENVELOPE_BYTES > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"the vectors of {rows} documents do not fit in one "
-                               f"message of {self._nc.max_payload} bytes: use smaller batches")
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"the vectors of {rows} documents do not fit in one "
+                f"message of {self._nc.max_payload} bytes: use smaller batches",
+            )
 
     async def _run(self, engine: Engine, executor: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
@@ -380,7 +407,13 @@ class WorkerService:
                     s.work.started = launched
             try:
                 handle = await loop.run_in_executor(
-                    executor, engine.step, batch.input_ids, batch.cu_seqlens, batch.token_types, batch.skip, batch.outputs,
+                    executor,
+                    engine.step,
+                    batch.input_ids,
+                    batch.cu_seqlens,
+                    batch.token_types,
+                    batch.skip,
+                    batch.outputs,
                     batch.spans,
                 )
             except Exception:
@@ -490,7 +523,9 @@ class WorkerService:
         # lengths, and measured only when the vectors may not fit one message with that bound
         envelope = _envelope_bound(batch.id, timings)
         if envelope + out.nbytes + _ENVELOPE_BYTES > self._nc.max_payload:
-            envelope = len(encode(EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings)))
+            envelope = len(
+                encode(EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings))
+            )
         rows_per_msg = max(1, (self._nc.max_payload - envelope - _ENVELOPE_BYTES) // row_bytes)
         for r0 in range(0, len(out), rows_per_msg):
             part = out[r0 : r0 + rows_per_msg]
@@ -513,36 +548,64 @@ class WorkerService:
         if work.source is not None:
             assert batch.job is not None and batch.doc_ids is not None  # a job batch (_check_bulk)
             size = payload.nbytes + offsets.nbytes + (0 if indices is None else indices.nbytes)
-            if size + 2 * len(batch.job.encode()) + sum(len(d) for d in batch.doc_ids) + _ENVELOPE_BYTES > self._nc.max_payload:
-                await self._feeder().failed(work, f"the {opts.output} vectors of {batch.count} documents take {size} bytes, "
-                                        f"over one message of {self._nc.max_payload}: use smaller batches")
+            if (
+                size + 2 * len(batch.job.encode()) + sum(len(d) for d in batch.doc_ids) + _ENVELOPE_BYTES
+                > self._nc.max_payload
+            ):
+                await self._feeder().failed(
+                    work,
+                    f"the {opts.output} vectors of {batch.count} documents take {size} bytes, "
+                    f"over one message of {self._nc.max_payload}: use smaller batches",
+                )
                 return
             self._feeder().answer_soon(work, payload, opts.dtype, dim, offsets, indices)
             return
         record_work(self._tracer, work, "worker embed")
         tokens = batch.num_tokens
         timings = _stage_timings(work)
-        empty = EmbedResult(batch.id, batch.start, batch.total, dim, opts.dtype, b"", tokens, timings,
-                            offsets=np.zeros(batch.count + 1, np.int32), indices=None if indices is None else indices[:0])
+        empty = EmbedResult(
+            batch.id,
+            batch.start,
+            batch.total,
+            dim,
+            opts.dtype,
+            b"",
+            tokens,
+            timings,
+            offsets=np.zeros(batch.count + 1, np.int32),
+            indices=None if indices is None else indices[:0],
+        )
         entry = (payload.shape[1] if payload.ndim == 2 else 1) * payload.itemsize + (4 if indices is not None else 0)
         try:
             parts = split_inputs(offsets, entry, self._nc.max_payload - len(encode(empty)) - _ENVELOPE_BYTES)
         except ValueError as exc:
-            await self._reply_error(work, ServiceError(
-                ErrorCode.INVALID_REQUEST, f"{exc} (NATS max_payload): send shorter inputs, or ask a smaller dtype"))
+            await self._reply_error(
+                work,
+                ServiceError(
+                    ErrorCode.INVALID_REQUEST, f"{exc} (NATS max_payload): send shorter inputs, or ask a smaller dtype"
+                ),
+            )
             return
         for lo, hi in parts:
             a, b = int(offsets[lo]), int(offsets[hi])
             result = EmbedResult(
-                id=batch.id, start=batch.start + lo, total=batch.total, dim=dim, dtype=opts.dtype,
-                data=payload[a:b].tobytes(), tokens=tokens, timings=timings, offsets=offsets[lo : hi + 1] - offsets[lo],
+                id=batch.id,
+                start=batch.start + lo,
+                total=batch.total,
+                dim=dim,
+                dtype=opts.dtype,
+                data=payload[a:b].tobytes(),
+                tokens=tokens,
+                timings=timings,
+                offsets=offsets[lo : hi + 1] - offsets[lo],
                 indices=None if indices is None else indices[a:b],
             )
             tokens = 0
             outgoing.add(batch.replies, work.reply, encode(result), work.carrier)
 
-    def _refusal(self, request_id: str, error: ServiceError, trace: TraceContext | None = None,
-                 work: Work | None = None) -> bytes:
+    def _refusal(
+        self, request_id: str, error: ServiceError, trace: TraceContext | None = None, work: Work | None = None
+    ) -> bytes:
         """``error`` logged, counted, and recorded in the work's span (``work``: its stay) or a span of its
         refusal (``trace``); returns the encoded ErrorReply."""
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.text())

@@ -18,8 +18,16 @@ def record_work(tracer: Tracer, work: Work, name: str, error: ServiceError | Non
     now_perf, now_ns = time.perf_counter(), time.time_ns()
     arrived = wall_ns(work.arrived, now_perf, now_ns) if work.arrived else now_ns
     batch = work.batch
-    span = tracer.start(name, work.trace, "consumer", start_ns=arrived, request_id=batch.id, model=batch.model,
-                        rows=batch.count, tokens=batch.num_tokens)
+    span = tracer.start(
+        name,
+        work.trace,
+        "consumer",
+        start_ns=arrived,
+        request_id=batch.id,
+        model=batch.model,
+        rows=batch.count,
+        tokens=batch.num_tokens,
+    )
     if work.started is not None:
         started = wall_ns(work.started, now_perf, now_ns)
         tracer.record("queue", span.context, arrived, started)

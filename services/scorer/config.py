@@ -30,5 +30,11 @@ class ScorerConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ScorerConfig:
-        return from_options(cls, ns, nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name),
-                            metrics=MetricsEndpoint.from_namespace(ns), tracing=TracingConfig.from_namespace(ns))
+        return from_options(
+            cls,
+            ns,
+            nats=nats_config(ns),
+            model=load_model_info(ns.model, ns.model_name),
+            metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
+        )

@@ -20,15 +20,29 @@ class ScorerMetrics:
         """``kind``: cross-encoder or bi-encoder; ``in_flight``: the reranks being scored now."""
         self.registry = r = CollectorRegistry()
         self._model = model
-        self._reranks = Counter("embedfleet_scorer_reranks", "rerank requests scored (answered or failed), by kind "
-                                "(cross-encoder or bi-encoder)", ["model", "kind"], registry=r).labels(model, kind)
-        self._candidates = Counter("embedfleet_scorer_candidates", "candidates scored", ["model"], registry=r).labels(model)
-        self._per_rerank = Histogram("embedfleet_scorer_rerank_candidates", "candidates per rerank", ["model"],
-                                     buckets=_CANDIDATES, registry=r).labels(model)
-        self._seconds = Histogram("embedfleet_scorer_seconds", "seconds scoring one rerank (its embeddings or pair "
-                                  "scores through the fleet included)", ["model"], buckets=_SECONDS, registry=r).labels(model)
+        self._reranks = Counter(
+            "embedfleet_scorer_reranks",
+            "rerank requests scored (answered or failed), by kind (cross-encoder or bi-encoder)",
+            ["model", "kind"],
+            registry=r,
+        ).labels(model, kind)
+        self._candidates = Counter("embedfleet_scorer_candidates", "candidates scored", ["model"], registry=r).labels(
+            model
+        )
+        self._per_rerank = Histogram(
+            "embedfleet_scorer_rerank_candidates", "candidates per rerank", ["model"], buckets=_CANDIDATES, registry=r
+        ).labels(model)
+        self._seconds = Histogram(
+            "embedfleet_scorer_seconds",
+            "seconds scoring one rerank (its embeddings or pair scores through the fleet included)",
+            ["model"],
+            buckets=_SECONDS,
+            registry=r,
+        ).labels(model)
         self._errors = Counter("embedfleet_scorer_errors", "error replies by code", ["model", "code"], registry=r)
-        Gauge("embedfleet_scorer_in_flight", "reranks being scored", ["model"], registry=r).labels(model).set_function(in_flight)
+        Gauge("embedfleet_scorer_in_flight", "reranks being scored", ["model"], registry=r).labels(model).set_function(
+            in_flight
+        )
 
     @contextlib.contextmanager
     def rerank(self, candidates: int) -> Iterator[None]:

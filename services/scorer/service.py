@@ -32,8 +32,13 @@ class ScorerService:
         self._nc = nc
         self._cfg = cfg
         # the tokenizers and workers it sends candidates to: rows a dead one held are sent again
-        self._fleet = FleetWatch(nc, cfg.nats.subjects.prefix, wait=cfg.discovery_wait, interval=cfg.discovery_interval,
-                                 busy=lambda: self._client.in_flight > 0)
+        self._fleet = FleetWatch(
+            nc,
+            cfg.nats.subjects.prefix,
+            wait=cfg.discovery_wait,
+            interval=cfg.discovery_interval,
+            busy=lambda: self._client.in_flight > 0,
+        )
         self._client = EmbedClient(nc, cfg.nats.subjects, fleet=self._fleet)
         self._fleet.on_lost(self._client.resend_missing)
         self._slots = asyncio.Semaphore(cfg.max_concurrency)
@@ -50,8 +55,13 @@ class ScorerService:
         await self._fleet.start()
         subject = self._cfg.nats.subjects.rerank(self._cfg.model.id)
         self._sub = await self._nc.subscribe(subject, queue=SCORER_QUEUE, cb=self._on_request)
-        self._micro = await register(self._nc, self._cfg.nats.subjects, "scorer", "rerank: cross-encoder scores or cosine similarity",
-                                    {"model": self._cfg.model.id, "kind": _kind(self._cfg)})
+        self._micro = await register(
+            self._nc,
+            self._cfg.nats.subjects,
+            "scorer",
+            "rerank: cross-encoder scores or cosine similarity",
+            {"model": self._cfg.model.id, "kind": _kind(self._cfg)},
+        )
         log.info("serving rerank for %s on %s", self._cfg.model.id, subject)
 
     async def stop(self) -> None:
@@ -110,15 +120,21 @@ class ScorerService:
         self.metrics.answered(reply)
         payload = encode(reply)
         if len(payload) > self._nc.max_payload:  # the ranked texts asked back can outgrow a message
-            payload = encode(ErrorReply(request_id, ErrorCode.INVALID_REQUEST,
-                                        f"the answer takes {len(payload)} bytes; the NATS limit is "
-                                        f"{self._nc.max_payload}: ask for fewer texts back (top_n)"))
+            payload = encode(
+                ErrorReply(
+                    request_id,
+                    ErrorCode.INVALID_REQUEST,
+                    f"the answer takes {len(payload)} bytes; the NATS limit is "
+                    f"{self._nc.max_payload}: ask for fewer texts back (top_n)",
+                )
+            )
         await self._nc.publish(msg.reply, payload)
 
     async def _rank(self, request: RerankRequest) -> RerankResult:
         if model_token(request.model) != model_token(self._cfg.model.id):
-            raise ServiceError(ErrorCode.MODEL_NOT_FOUND,
-                               f"this subject serves {self._cfg.model.id}, not {request.model[:200]!r}")
+            raise ServiceError(
+                ErrorCode.MODEL_NOT_FOUND, f"this subject serves {self._cfg.model.id}, not {request.model[:200]!r}"
+            )
         if request.count == 0:
             return RerankResult(request.id, indices=np.zeros(0, "<i4"), scores=np.zeros(0, "<f4"))
         remaining = request.deadline - time.time()  # one deadline for the whole rerank
@@ -128,7 +144,9 @@ class ScorerService:
         options = EmbedOptions(normalize=not model.scores, truncate=request.truncate)
         if model.scores:
             if request.vectors is not None:
-                raise ServiceError(ErrorCode.INVALID_REQUEST, f"{model.id} is a cross-encoder: send candidates as texts")
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST, f"{model.id} is a cross-encoder: send candidates as texts"
+                )
             logits = (await self._in_parts(request.texts, remaining, options, query=request.query))[:, 0]
             # the score CrossEncoder.predict gives by default (sigmoid unless the folder saved Identity)
             plain = request.raw_scores or model.score_activation == "identity"
@@ -138,8 +156,10 @@ class ScorerService:
         if request.vectors is not None:
             query = (await _query(query_part)).vectors[0]
             if request.vectors.shape[1] != len(query):
-                raise ServiceError(ErrorCode.INVALID_REQUEST, f"candidate vectors have {request.vectors.shape[1]} "
-                                   f"dimensions; {model.id} makes {len(query)}")
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"candidate vectors have {request.vectors.shape[1]} dimensions; {model.id} makes {len(query)}",
+                )
             candidates = request.vectors
         else:
             query_outcome, candidates = await asyncio.gather(
@@ -149,7 +169,9 @@ class ScorerService:
         indices, scores = cosine_rank(query, candidates, request.top_n)
         return _answer(request, indices, scores)
 
-    async def _in_parts(self, texts: list[str], remaining: float, options: EmbedOptions, query: str | None = None) -> np.ndarray:
+    async def _in_parts(
+        self, texts: list[str], remaining: float, options: EmbedOptions, query: str | None = None
+    ) -> np.ndarray:
         """Embed (or, with ``query``, score as pairs) the candidates in parts of at most --split, all at
         once: the tokenizers route each part to the worker that will finish it first. Rows in order."""
         size = self._cfg.split

@@ -77,8 +77,14 @@ class BulkTokenizer:
     async def start(self) -> None:
         model = self._cfg.model.id
         self._js, self._kv, self._work, self._dead = await join_work(
-            self._nc, self._subjects, "jobs", f"tokenizers-{model_token(model)}", self._subjects.jobs(model),
-            self._cfg.jobs, "tokenizer", describe,
+            self._nc,
+            self._subjects,
+            "jobs",
+            f"tokenizers-{model_token(model)}",
+            self._subjects.jobs(model),
+            self._cfg.jobs,
+            "tokenizer",
+            describe,
         )
         self._bulk_stream, self._bulk_subject = stream_names(self._subjects)["bulk"], self._subjects.bulk(model)
         self._cancellations = Cancellations(self._kv)
@@ -132,8 +138,10 @@ class BulkTokenizer:
         try:
             job = decode_as(msg.data, JobBatch)
             if model_token(job.model) != model_token(self._cfg.model.id):  # its tokens would go to another model
-                raise ServiceError(ErrorCode.MODEL_NOT_FOUND, f"this stream subject serves {self._cfg.model.id}, not "
-                                   f"{job.model[:200]!r}")
+                raise ServiceError(
+                    ErrorCode.MODEL_NOT_FOUND,
+                    f"this stream subject serves {self._cfg.model.id}, not {job.model[:200]!r}",
+                )
             if await self._cancellations.cancelled(job.id):
                 await msg.ack()  # dropped untokenized: its job is cancelled
                 return
@@ -155,13 +163,22 @@ class BulkTokenizer:
         room = self._nc.max_payload - _HEADER_BYTES
         too_large = [len(data) for data, msg_id in batches if len(data) + len(msg_id.encode()) > room]
         if too_large:
-            await self._dead.give_up(msg, f"a token batch of {too_large[0]} bytes exceeds the NATS limit of "
-                                     f"{self._nc.max_payload}", describe(msg.data, msg.headers or {}))
+            await self._dead.give_up(
+                msg,
+                f"a token batch of {too_large[0]} bytes exceeds the NATS limit of {self._nc.max_payload}",
+                describe(msg.data, msg.headers or {}),
+            )
             return
         headers = headers_for(current())
         for data, msg_id in batches:
-            await publish_durably(self._js, self._subjects.bulk(job.model), data, msg_id, headers=headers,
-                                  patience=self._cfg.jobs.ack_wait)
+            await publish_durably(
+                self._js,
+                self._subjects.bulk(job.model),
+                data,
+                msg_id,
+                headers=headers,
+                patience=self._cfg.jobs.ack_wait,
+            )
         if cut is not None:
             await self._settle_cut(msg, job, cut)
         await msg.ack()
@@ -171,14 +188,24 @@ class BulkTokenizer:
         batches = []
         for chunk in pack_chunks(ids, self._cfg.chunk_tokens, self._cfg.chunk_seqs):
             rows = len(chunk.cu_seqlens) - 1
-            batches.append(self._token_batch(job, chunk.start, len(job.texts), chunk.input_ids, chunk.cu_seqlens,
-                                             job.doc_ids[chunk.start : chunk.start + rows]))
+            batches.append(
+                self._token_batch(
+                    job,
+                    chunk.start,
+                    len(job.texts),
+                    chunk.input_ids,
+                    chunk.cu_seqlens,
+                    job.doc_ids[chunk.start : chunk.start + rows],
+                )
+            )
         return batches
 
     def _chunk_batches(self, job: JobBatch, cut: CutBatch) -> list[tuple[bytes, str]]:
         """A chunked job batch's rows (a chunk each) as token batches, each small enough that its result
         fits a NATS message with the rows' ids and texts."""
-        room = self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
+        room = (
+            self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
+        )
         size = vector_bytes(job.options, self._cfg.model.dim)
         # late: a window's chunks are the spans the worker pools (output "spans"), a vector a chunk; a
         # window is never cut short (it holds at most the model's room)
@@ -188,13 +215,33 @@ class BulkTokenizer:
         for lo, hi in pack_rows(cut, self._cfg.chunk_tokens, self._cfg.chunk_seqs, room, size):
             input_ids, cu_seqlens = cut.packed((lo, hi))
             a, b = int(bounds[lo]), int(bounds[hi])  # the rows (chunks) these sequences make
-            batches.append(self._token_batch(job, a, cut.rows, input_ids, cu_seqlens, cut.doc_ids[a:b],
-                                             cut.chunks.part(a, b), options,
-                                             None if cut.spans is None else cut.spans.between(lo, hi)))
+            batches.append(
+                self._token_batch(
+                    job,
+                    a,
+                    cut.rows,
+                    input_ids,
+                    cu_seqlens,
+                    cut.doc_ids[a:b],
+                    cut.chunks.part(a, b),
+                    options,
+                    None if cut.spans is None else cut.spans.between(lo, hi),
+                )
+            )
         return batches
 
-    def _token_batch(self, job: JobBatch, start: int, total: int, input_ids, cu_seqlens, doc_ids: list[str],
-                     chunks=None, options: EmbedOptions | None = None, spans: Spans | None = None) -> tuple[bytes, str]:
+    def _token_batch(
+        self,
+        job: JobBatch,
+        start: int,
+        total: int,
+        input_ids,
+        cu_seqlens,
+        doc_ids: list[str],
+        chunks=None,
+        options: EmbedOptions | None = None,
+        spans: Spans | None = None,
+    ) -> tuple[bytes, str]:
         batch = TokenChunk(
             id=f"{job.id}.{job.batch}",
             model=job.model,
@@ -220,7 +267,13 @@ class BulkTokenizer:
         for d, why in cut.failed:
             letter = JobBatch(job.id, job.batch, job.model, [job.doc_ids[d]], [job.texts[d]], job.options, job.chunking)
             headers = {**(msg.headers or {}), "Nats-Msg-Id": f"{job.id}:{job.batch}:{d}"}  # a letter per document
-            await self._dead.record(encode(letter), headers, msg.subject, why,
-                                    BatchInfo(job.id, job.batch, d, 1, len(job.texts)), deliveries(msg))
+            await self._dead.record(
+                encode(letter),
+                headers,
+                msg.subject,
+                why,
+                BatchInfo(job.id, job.batch, d, 1, len(job.texts)),
+                deliveries(msg),
+            )
         rows = cut.rows
         await update_state(self._kv, job.id, lambda s: count_cut(s, job.batch, rows), patience=self._cfg.jobs.ack_wait)

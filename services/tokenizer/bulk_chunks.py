@@ -87,9 +87,16 @@ class BatchCutter:
         for d, (text, encoding) in enumerate(zip(job.texts, encodings)):
             chunks = cut(text, encoding, chunking.spec)
             if len(chunks) > self._max_chunks:
-                failed.append((d, (f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
-                                  f"{self._max_chunks} a document may be (the tokenizer's --max-chunks): give a larger "
-                                  "chunk size, or cut the document")))
+                failed.append(
+                    (
+                        d,
+                        (
+                            f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
+                            f"{self._max_chunks} a document may be (the tokenizer's --max-chunks): give a larger "
+                            "chunk size, or cut the document"
+                        ),
+                    )
+                )
                 continue
             if chunking.late:
                 windows, owned = window_rows(encoding.ids, chunks, room, (before, after))
@@ -99,12 +106,18 @@ class BatchCutter:
                 sequences += [[*before, *ids, *after] for ids in chunk_ids(encoding.ids, chunks)]
             rows += [(d, k, len(chunks), c.start, c.end) for k, c in enumerate(chunks)]
         texts = [job.texts[d][start:end] for d, _, _, start, end in rows] if chunking.with_text else None
-        return CutBatch(sequences, ChunkRows.of(len(job.texts), rows, texts), [job.doc_ids[r[0]] for r in rows], failed,
-                        Spans.of(spans) if chunking.late else None)
+        return CutBatch(
+            sequences,
+            ChunkRows.of(len(job.texts), rows, texts),
+            [job.doc_ids[r[0]] for r in rows],
+            failed,
+            Spans.of(spans) if chunking.late else None,
+        )
 
 
-def window_rows(ids: list[int], chunks: list[TextChunk], room: int, frame: tuple[list[int], list[int]]
-                ) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+def window_rows(
+    ids: list[int], chunks: list[TextChunk], room: int, frame: tuple[list[int], list[int]]
+) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
     """A document's late windows (``late_windows`` of its ``chunks``, each at most ``room`` tokens) as
     sequences: the ``frame`` (tokens before, after) around the window's slice of the document's token
     ``ids``; with each window the (first, last) of the chunks it owns, in its sequence's positions. A
@@ -115,13 +128,18 @@ def window_rows(ids: list[int], chunks: list[TextChunk], room: int, frame: tuple
         base = chunks[w.first].first  # the window's first token, in the document's tokens
         sequence = [*before, *ids[base : chunks[w.end - 1].last], *after]
         sequences.append(sequence)
-        owned.append([(len(before) + c.first - base, len(before) + c.last - base) if c.tokens else (0, len(sequence))
-                      for c in chunks[w.own : w.end]])
+        owned.append(
+            [
+                (len(before) + c.first - base, len(before) + c.last - base) if c.tokens else (0, len(sequence))
+                for c in chunks[w.own : w.end]
+            ]
+        )
     return sequences, owned
 
 
-def pack_rows(batch: CutBatch, max_tokens: int, max_seqs: int, max_bytes: int, vector_bytes: int
-              ) -> Iterator[tuple[int, int]]:
+def pack_rows(
+    batch: CutBatch, max_tokens: int, max_seqs: int, max_bytes: int, vector_bytes: int
+) -> Iterator[tuple[int, int]]:
     """``batch``'s sequences, in order, as token batches [lo, hi) of at most ``max_tokens`` tokens,
     ``max_seqs`` sequences and ``max_bytes`` bytes, whichever the batch or its result would take (a
     sequence's tokens, or the vectors of ``vector_bytes`` of the rows it makes, with their document ids
@@ -134,9 +152,12 @@ def pack_rows(batch: CutBatch, max_tokens: int, max_seqs: int, max_bytes: int, v
         while hi < n and hi - lo < max_seqs:
             length = len(batch.sequences[hi])
             a, b = bounds[hi], bounds[hi + 1]  # the rows it makes: one, or a window's chunks
-            cost = (max(4 * length, vector_bytes * (b - a)) + (b - a) * _ROW_BYTES
-                    + sum(len(d.encode()) for d in batch.doc_ids[a:b])
-                    + (sum(len(t.encode()) for t in texts[a:b]) if texts is not None else 0))
+            cost = (
+                max(4 * length, vector_bytes * (b - a))
+                + (b - a) * _ROW_BYTES
+                + sum(len(d.encode()) for d in batch.doc_ids[a:b])
+                + (sum(len(t.encode()) for t in texts[a:b]) if texts is not None else 0)
+            )
             if hi > lo and (tokens + length > max_tokens or size + cost > max_bytes):
                 break
             tokens, size, hi = tokens + length, size + cost, hi + 1

@@ -47,7 +47,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+) -> str:
     # transformers' filter: JSON without Jinja's HTML escaping
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -94,7 +96,10 @@ class PairTemplate:
 
     def render(self, query: str, document: str, system: str | None = None) -> str:
         return self._template.render(
-            messages=self.messages(query, document, system), tools=None, documents=None, add_generation_prompt=False,
+            messages=self.messages(query, document, system),
+            tools=None,
+            documents=None,
+            add_generation_prompt=False,
             **self._variables,
         )
 

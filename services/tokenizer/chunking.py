@@ -52,7 +52,16 @@ from tokenizers import Encoding, Tokenizer
 from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
 # the request's parameters and a chunk's place live in shared/ (the gateway and the protocol read them too)
-__all__ = ["BOUNDARIES", "ChunkSpec", "TextChunk", "chunk_ids", "chunked_tokens", "cut", "frame", "whole_text_tokenizer"]
+__all__ = [
+    "BOUNDARIES",
+    "ChunkSpec",
+    "TextChunk",
+    "chunk_ids",
+    "chunked_tokens",
+    "cut",
+    "frame",
+    "whole_text_tokenizer",
+]
 
 # a sentence ends after a stop and whitespace, a full-width stop (CJK text has no spaces) or a line
 # break; closing quotes and brackets may follow a stop: `He said "no." Then`

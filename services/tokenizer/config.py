@@ -45,9 +45,15 @@ class TokenizerConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> TokenizerConfig:
-        return from_options(cls, ns, nats=nats_config(ns), model=load_model_info(ns.model, ns.model_name),
-                            jobs=job_settings(ns), metrics=MetricsEndpoint.from_namespace(ns),
-                            tracing=TracingConfig.from_namespace(ns))
+        return from_options(
+            cls,
+            ns,
+            nats=nats_config(ns),
+            model=load_model_info(ns.model, ns.model_name),
+            jobs=job_settings(ns),
+            metrics=MetricsEndpoint.from_namespace(ns),
+            tracing=TracingConfig.from_namespace(ns),
+        )
 
     def apply_threads(self) -> None:
         """The tokenizers library sizes its thread pool from the environment, once, on first use."""

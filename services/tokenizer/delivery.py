@@ -80,7 +80,8 @@ class DeliveryCheck:
                 # a requester of Replies: its inbox (all but the last token); any other: each batch alone
                 inbox = sent.reply.rpartition(".")[0] if sent.replies else ""
                 by_requester.setdefault((bool(inbox), inbox or sent.reply), []).extend(
-                    Item(sent.reply, payload, sent.headers) for payload in sent.payloads)
+                    Item(sent.reply, payload, sent.headers) for payload in sent.payloads
+                )
             for (together, _), items in by_requester.items():
                 for group in pack(items, self._nc.max_payload) if together else [[item] for item in items]:
                     await publish(self._nc, subject, group)

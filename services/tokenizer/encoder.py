@@ -84,8 +84,10 @@ def special_tokens_template(tokenizer: Tokenizer, config: dict) -> TemplateProce
     """
     if "add_eos_token" not in config and "add_bos_token" not in config:
         return None
-    bos, eos = (_special(tokenizer, config, flag, key) for flag, key in (("add_bos_token", "bos_token"),
-                                                                           ("add_eos_token", "eos_token")))
+    bos, eos = (
+        _special(tokenizer, config, flag, key)
+        for flag, key in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token"))
+    )
     tokenizer.no_padding()
     tokenizer.no_truncation()
     expected = [i for _, i in bos] + tokenizer.encode("a", add_special_tokens=False).ids + [i for _, i in eos]
@@ -146,12 +148,16 @@ class TextEncoder:
         self._pairs: PairTemplate | None = None
         self.pair_tail: list[int] = []  # the template's tokens after the document, written back over a cut pair's end
         if info.pair_template is not None:
-            self._pairs = PairTemplate(info.pair_template, info.message_format, special_token_variables(tokenizer_config))
+            self._pairs = PairTemplate(
+                info.pair_template, info.message_format, special_token_variables(tokenizer_config)
+            )
             self._pairs.check_roles(self.pair_prompt or None)
             self.pair_tail = self._template_tail(self._pairs)
             if (overhead := self.pair_overhead()) >= self.max_length:
-                raise ConfigError(f"the chat template alone takes {overhead} tokens, the model's limit {self.max_length}: "
-                                  "every pair would be cut to the template")
+                raise ConfigError(
+                    f"the chat template alone takes {overhead} tokens, the model's limit {self.max_length}: "
+                    "every pair would be cut to the template"
+                )
 
     def with_prompt(self, texts: list[str], options: EmbedOptions) -> list[str]:
         """Prefix the texts with the prompt the request names (as sentence-transformers does)."""
@@ -181,8 +187,11 @@ class TextEncoder:
         if prompt not in self._frames:
             before, after = (len(ids) for ids in self.frame(options))
             if before + after != self.max_length - self.room(options):
-                raise ServiceError(ErrorCode.INVALID_REQUEST, "this model's special tokens and prompt do not frame a "
-                                   "text plainly: its spans cannot be placed (late chunking is not served for it)")
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    "this model's special tokens and prompt do not frame a "
+                    "text plainly: its spans cannot be placed (late chunking is not served for it)",
+                )
             self._frames[prompt] = before, after
         return self._frames[prompt]
 
@@ -203,7 +212,9 @@ class TextEncoder:
                 )
             prompt = self.prompts[options.prompt_name]
         else:
-            name = options.input_type or self.default_prompt or ""  # the folder's default_prompt_name when none is asked for
+            name = (
+                options.input_type or self.default_prompt or ""
+            )  # the folder's default_prompt_name when none is asked for
             prompt = self.prompts.get(name, "")
         return prompt
 
@@ -221,8 +232,9 @@ class TextEncoder:
             self._refuse_long(ids)
         return ids
 
-    def encode_each(self, requests: list[list[str]], truncate: bool = True,
-                    direction: str = "right") -> list[list[list[int]] | ServiceError]:
+    def encode_each(
+        self, requests: list[list[str]], truncate: bool = True, direction: str = "right"
+    ) -> list[list[list[int]] | ServiceError]:
         """``encode`` of several requests' texts in one call into the tokenizer: per request its token
         IDs, or the error its rows earn (the row counted within that request)."""
         ids = self._encode([t for texts in requests for t in texts], truncate, direction)
@@ -230,8 +242,9 @@ class TextEncoder:
 
     def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
         if self.fast is not None:
-            return self.fast.encode(texts, direction if truncate else None,
-                                    lambda rest: self._encode_hf(rest, truncate, direction))
+            return self.fast.encode(
+                texts, direction if truncate else None, lambda rest: self._encode_hf(rest, truncate, direction)
+            )
         return self._encode_hf(texts, truncate, direction)
 
     def _encode_hf(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
@@ -261,8 +274,9 @@ class TextEncoder:
             self._refuse_long(ids)
         return ids, types
 
-    def encode_pairs_each(self, requests: list[list[tuple[str, str]]], truncate: bool = True, direction: str = "right"
-                          ) -> list[tuple[list[list[int]], list[list[int]] | None] | ServiceError]:
+    def encode_pairs_each(
+        self, requests: list[list[tuple[str, str]]], truncate: bool = True, direction: str = "right"
+    ) -> list[tuple[list[list[int]], list[list[int]] | None] | ServiceError]:
         """``encode_pairs`` of several requests' pairs in one call: per request (IDs, segment ids), or
         the error its rows earn."""
         ids, types = self._encode_pairs([p for pairs in requests for p in pairs], truncate, direction)
@@ -271,8 +285,9 @@ class TextEncoder:
             return [r if isinstance(r, ServiceError) else (r, None) for r in each]
         return [r if isinstance(r, ServiceError) else (r, t) for r, t in zip(each, _split(types, requests))]
 
-    def _encode_pairs(self, pairs: list[tuple[str, str]], truncate: bool, direction: str
-                      ) -> tuple[list[list[int]], list[list[int]] | None]:
+    def _encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool, direction: str
+    ) -> tuple[list[list[int]], list[list[int]] | None]:
         if self._pairs is not None:
             return self._encode_rendered(self._pairs, pairs, truncate, direction), None
         if self.pair_prompt:  # sentence-transformers prefixes the query of a text pair
@@ -281,8 +296,9 @@ class TextEncoder:
         encodings = encode_all(tokenizer, list(pairs))
         return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
-    def _encode_rendered(self, template: PairTemplate, pairs: list[tuple[str, str]], truncate: bool, direction: str
-                         ) -> list[list[int]]:
+    def _encode_rendered(
+        self, template: PairTemplate, pairs: list[tuple[str, str]], truncate: bool, direction: str
+    ) -> list[list[int]]:
         """Pairs through the chat template, then tokenized as ``apply_chat_template`` does (no special tokens
         added: the template writes them).
 
@@ -298,7 +314,7 @@ class TextEncoder:
         ids = [e.ids for e in encode_all(self._by_mode["none"], texts, add_special_tokens=False)]
         if not truncate:
             return ids
-        n, tail = self.max_length, self.pair_tail[-self.max_length:]
+        n, tail = self.max_length, self.pair_tail[-self.max_length :]
         if direction == "left":
             return [seq[-n:] for seq in ids]
         # as the reference, a row of exactly max_length tokens gets its tail rewritten too (with itself)
@@ -308,15 +324,24 @@ class TextEncoder:
         """Tokens a rendered pair takes besides its query and document (the template's, with the prompt)."""
         if self._pairs is None:
             return 0
-        return len(self._by_mode["none"].encode(self._pairs.render("", "", self.pair_prompt or None),
-                                                add_special_tokens=False).ids)
+        return len(
+            self._by_mode["none"]
+            .encode(self._pairs.render("", "", self.pair_prompt or None), add_special_tokens=False)
+            .ids
+        )
 
     def _template_tail(self, template: PairTemplate) -> list[int]:
         """The template's tokens after the document, as sentence-transformers derives them: the longest
         common token tail of two renders whose contents differ ("0" and "1 2 3 4"); [] when they share
         none or never differ."""
-        a, b = ([*self._by_mode["none"].encode(template.render(f, f, self.pair_prompt or None),
-                                                add_special_tokens=False).ids] for f in ("0", "1 2 3 4"))
+        a, b = (
+            [
+                *self._by_mode["none"]
+                .encode(template.render(f, f, self.pair_prompt or None), add_special_tokens=False)
+                .ids
+            ]
+            for f in ("0", "1 2 3 4")
+        )
         common = 0
         for x, y in zip(reversed(a), reversed(b)):
             if x != y:
@@ -324,13 +349,17 @@ class TextEncoder:
             common += 1
         return a[len(a) - common :] if 0 < common < min(len(a), len(b)) else []
 
-    def check_ids(self, token_ids: list[np.ndarray], truncate: bool = True, direction: str = "right") -> list[np.ndarray]:
+    def check_ids(
+        self, token_ids: list[np.ndarray], truncate: bool = True, direction: str = "right"
+    ) -> list[np.ndarray]:
         """Inputs given as token IDs: refused outside the vocabulary, cut (or refused) past the limit."""
         for i, ids in enumerate(token_ids):
             if len(ids) == 0:
                 raise ServiceError(ErrorCode.INVALID_TOKENS, "has no tokens", i)
             if ids.min() < 0 or ids.max() >= self.vocab_size:
-                raise ServiceError(ErrorCode.INVALID_TOKENS, f"has token ids outside the vocabulary [0, {self.vocab_size})", i)
+                raise ServiceError(
+                    ErrorCode.INVALID_TOKENS, f"has token ids outside the vocabulary [0, {self.vocab_size})", i
+                )
         if not truncate:
             self._refuse_long(token_ids)
             return token_ids
@@ -358,13 +387,18 @@ class TextEncoder:
                 raise ServiceError(ErrorCode.INVALID_TOKENS, f"ids[{i}] has no token IDs")
             if seq.min() < 0:
                 raise ServiceError(ErrorCode.INVALID_TOKENS, f"ids[{i}] holds a negative token ID")
-        return self._by_mode["none"].decode_batch([seq.tolist() for seq in ids], skip_special_tokens=skip_special_tokens)
+        return self._by_mode["none"].decode_batch(
+            [seq.tolist() for seq in ids], skip_special_tokens=skip_special_tokens
+        )
 
     def _refuse_long(self, ids) -> None:
         for i, seq in enumerate(ids):
             if len(seq) > self.max_length:
-                raise ServiceError(ErrorCode.INPUT_TOO_LONG, f"has {len(seq)} tokens; the model's limit is {self.max_length} "
-                                   "(send truncate=true to cut it)", i)
+                raise ServiceError(
+                    ErrorCode.INPUT_TOO_LONG,
+                    f"has {len(seq)} tokens; the model's limit is {self.max_length} (send truncate=true to cut it)",
+                    i,
+                )
 
 
 def _split(flat: list, requests: list[list]) -> list[list]:

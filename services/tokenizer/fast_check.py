@@ -26,14 +26,46 @@ KITOKEN = "kitoken"
 TOKENIZERS = "tokenizers"
 
 _EDGES = (
-    "", " ", "   ", "\t\n\r ", "\u00a0\u2003\u3000", "\x00", "\ufffd", "a\x00b\tc\x07\x1b[0m", "\u200b\u200c\u200d\ufeff",
-    "x" * 99, "x" * 100, "x" * 101, "é" * 101, "x" * 5000, "Hello world!", "Ünïcödé àccénts, çà et là; Ærøskøbing",
-    "ﬁ ligature ﬀ Ａｂｃ１２３ ①②③ ½ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "İstanbul ǅ ß ẞ", "Ωμέγα σοφία ΟΔΥΣΣΕΥΣ", "Привет, мир",
-    "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "日本語のテキスト", "中文字符串测试，标点。", "한국어 텍스트",
-    "😀😃👍🏽 👨\u200d👩\u200d👧\u200d👦 🇫🇷 🫠", "e\u0301 combining a\u0300\u0301\u0302b", "Z̴̡̢a̸l̵g̶o",
-    "[CLS] x [SEP]", "a[SEP]b[MASK][MASK]", "[cls] [Sep] [UNK] ##s", "don't stop: co-op e-mail 3.14 $5,000",
-    "http://example.com/a?b=c&d=e#f", "def f(x):\n    return x ** 2", "<html><body>hi</body></html>",
-    "supercalifragilisticexpialidocious" * 4, "word " * 600, "ab " * 200 + "x" * 2000, "x" * 3000 + " tail words",
+    "",
+    " ",
+    "   ",
+    "\t\n\r ",
+    "\u00a0\u2003\u3000",
+    "\x00",
+    "\ufffd",
+    "a\x00b\tc\x07\x1b[0m",
+    "\u200b\u200c\u200d\ufeff",
+    "x" * 99,
+    "x" * 100,
+    "x" * 101,
+    "é" * 101,
+    "x" * 5000,
+    "Hello world!",
+    "Ünïcödé àccénts, çà et là; Ærøskøbing",
+    "ﬁ ligature ﬀ Ａｂｃ１２３ ①②③ ½ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "İstanbul ǅ ß ẞ",
+    "Ωμέγα σοφία ΟΔΥΣΣΕΥΣ",
+    "Привет, мир",
+    "مرحبا بالعالم",
+    "שלום עולם",
+    "नमस्ते दुनिया",
+    "日本語のテキスト",
+    "中文字符串测试，标点。",
+    "한국어 텍스트",
+    "😀😃👍🏽 👨\u200d👩\u200d👧\u200d👦 🇫🇷 🫠",
+    "e\u0301 combining a\u0300\u0301\u0302b",
+    "Z̴̡̢a̸l̵g̶o",
+    "[CLS] x [SEP]",
+    "a[SEP]b[MASK][MASK]",
+    "[cls] [Sep] [UNK] ##s",
+    "don't stop: co-op e-mail 3.14 $5,000",
+    "http://example.com/a?b=c&d=e#f",
+    "def f(x):\n    return x ** 2",
+    "<html><body>hi</body></html>",
+    "supercalifragilisticexpialidocious" * 4,
+    "word " * 600,
+    "ab " * 200 + "x" * 2000,
+    "x" * 3000 + " tail words",
 )
 
 
@@ -49,8 +81,14 @@ def corpus(paragraphs: int = 240, documents: int = 24) -> list[str]:
 def _probes(per_text: int = 64) -> list[str]:
     """Texts of the code points just outside each divergent range, alone, inside a word and doubled."""
     charset = Charset()
-    points = sorted({c for a, b in DIVERGENT for c in (a - 1, b + 1)
-                     if 0 <= c <= 0x10FFFF and not 0xD800 <= c <= 0xDFFF and not charset.holds(chr(c))})
+    points = sorted(
+        {
+            c
+            for a, b in DIVERGENT
+            for c in (a - 1, b + 1)
+            if 0 <= c <= 0x10FFFF and not 0xD800 <= c <= 0xDFFF and not charset.holds(chr(c))
+        }
+    )
     words = [f"{chr(c)} a{chr(c)}b {chr(c) * 2}" for c in points]
     return [" ".join(words[i : i + per_text]) for i in range(0, len(words), per_text)]
 
@@ -59,7 +97,9 @@ def mismatch(fast: FastEncoder, encoder: TextEncoder, texts: list[str]) -> str |
     """The first text ``fast`` tokenizes otherwise than ``encoder``'s tokenizers, described; None if none."""
     for truncate, direction in ((True, "right"), (True, "left"), (False, "right")):
         expected = encoder._encode_hf(texts, truncate, direction)
-        got = fast.encode(texts, direction if truncate else None, partial(encoder._encode_hf, truncate=truncate, direction=direction))
+        got = fast.encode(
+            texts, direction if truncate else None, partial(encoder._encode_hf, truncate=truncate, direction=direction)
+        )
         for text, want, have in zip(texts, expected, got):
             if want != have:
                 how = f"truncated {direction}" if truncate else "whole"
@@ -88,6 +128,10 @@ def choose(encoder: TextEncoder, folder: Path, mode: str) -> str:
         log.info("tokenizing with %s: kitoken cannot stand in: %s", TOKENIZERS, reason)
         return TOKENIZERS
     encoder.fast = fast
-    log.info("tokenizing texts with %s (matched %s on the built-in corpus in %.2f s)", KITOKEN, TOKENIZERS,
-             time.perf_counter() - start)
+    log.info(
+        "tokenizing texts with %s (matched %s on the built-in corpus in %.2f s)",
+        KITOKEN,
+        TOKENIZERS,
+        time.perf_counter() - start,
+    )
     return KITOKEN

@@ -51,7 +51,7 @@ class Charset:
         hit = self._suspect.search(text)
         if hit is None:
             return False
-        return ord(hit.group()) <= 0xFFFF or any(map(self._divergent, set(text[hit.start():])))
+        return ord(hit.group()) <= 0xFFFF or any(map(self._divergent, set(text[hit.start() :])))
 
     def _divergent(self, char: str) -> bool:
         at = bisect_right(self._starts, ord(char)) - 1
@@ -86,8 +86,9 @@ class FastEncoder:
         """Whether kitoken is known to tokenize ``text`` as the reference does."""
         return not self._charset.holds(text)
 
-    def encode(self, texts: list[str], direction: str | None,
-               reference: Callable[[list[str]], list[list[int]]]) -> list[list[int]]:
+    def encode(
+        self, texts: list[str], direction: str | None, reference: Callable[[list[str]], list[list[int]]]
+    ) -> list[list[int]]:
         """``TextEncoder._encode`` of ``texts`` (``direction`` None: no truncation): kitoken's IDs for
         the texts it agrees on, ``reference(rest)`` for the others."""
         window = self._max_length * CHARS_PER_TOKEN

@@ -41,6 +41,9 @@ class Layouts:
         if total <= self._max_chunks:
             return
         row = next(i for i, upto in enumerate(accumulate(map(len, chunks))) if upto > self._max_chunks)
-        raise ServiceError(ErrorCode.INPUT_TOO_LONG,
-                           f"takes the request past {self._max_chunks} chunks, the most one may be cut into: its texts "
-                           f"make {total} (send fewer or shorter texts, or a larger chunking.size)", row)
+        raise ServiceError(
+            ErrorCode.INPUT_TOO_LONG,
+            f"takes the request past {self._max_chunks} chunks, the most one may be cut into: its texts "
+            f"make {total} (send fewer or shorter texts, or a larger chunking.size)",
+            row,
+        )

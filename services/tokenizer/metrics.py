@@ -24,8 +24,14 @@ class ArrayHistogram:
     """A histogram fed a whole array at a time: one numpy pass per request instead of a call per input
     (a request of 2,048 inputs would otherwise spend milliseconds in ``observe``)."""
 
-    def __init__(self, name: str, documentation: str, labels: dict[str, str], buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: dict[str, str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
         self._name, self._doc, self._labels = name, documentation, labels
         self._edges = np.asarray(buckets, dtype=np.float64)
         self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: above every edge (+Inf)
@@ -60,27 +66,52 @@ class TokenizerMetrics:
         self.registry = r = CollectorRegistry()
         self._model = model
         by_queue = ["model", "queue"]
-        self._requests = Counter("embedfleet_tokenizer_requests", "requests handled, by kind (embed, tokenize, decode, chunk)",
-                                 ["model", "kind"], registry=r)
+        self._requests = Counter(
+            "embedfleet_tokenizer_requests",
+            "requests handled, by kind (embed, tokenize, decode, chunk)",
+            ["model", "kind"],
+            registry=r,
+        )
         self._errors = Counter("embedfleet_tokenizer_errors", "error replies by code", ["model", "code"], registry=r)
-        inputs = Counter("embedfleet_tokenizer_inputs", "inputs tokenized (texts, pairs or token-ID lists), by queue",
-                         by_queue, registry=r)
-        tokens = Counter("embedfleet_tokenizer_tokens", "tokens made, special tokens included, by queue", by_queue,
-                         registry=r)
-        seconds = Histogram("embedfleet_tokenizer_seconds", "seconds tokenizing one embed request (online: requests "
-                            "tokenized together each count their group's) or one job batch (bulk)", by_queue, buckets=_SECONDS, registry=r)
+        inputs = Counter(
+            "embedfleet_tokenizer_inputs",
+            "inputs tokenized (texts, pairs or token-ID lists), by queue",
+            by_queue,
+            registry=r,
+        )
+        tokens = Counter(
+            "embedfleet_tokenizer_tokens", "tokens made, special tokens included, by queue", by_queue, registry=r
+        )
+        seconds = Histogram(
+            "embedfleet_tokenizer_seconds",
+            "seconds tokenizing one embed request (online: requests "
+            "tokenized together each count their group's) or one job batch (bulk)",
+            by_queue,
+            buckets=_SECONDS,
+            registry=r,
+        )
         self._inputs = {q: inputs.labels(model, q) for q in QUEUES}
         self._tokens = {q: tokens.labels(model, q) for q in QUEUES}
         self._seconds = {q: seconds.labels(model, q) for q in QUEUES}
-        self._chunks = Counter("embedfleet_tokenizer_chunks", "token batches sent to the workers for online requests",
-                               ["model"], registry=r).labels(model)
-        self._bundled = Counter("embedfleet_tokenizer_bundled", "embed requests that came several to a NATS message "
-                                "(a Requests message: what a gateway published in one pass of its loop)", ["model"],
-                                registry=r).labels(model)
-        self._bulk_batches = Counter("embedfleet_tokenizer_bulk_batches", "job batches tokenized", ["model"],
-                                     registry=r).labels(model)
-        self._input_tokens = ArrayHistogram("embedfleet_tokenizer_input_tokens", "tokens per input, online and bulk",
-                                            {"model": model}, _INPUT_TOKENS, r)
+        self._chunks = Counter(
+            "embedfleet_tokenizer_chunks",
+            "token batches sent to the workers for online requests",
+            ["model"],
+            registry=r,
+        ).labels(model)
+        self._bundled = Counter(
+            "embedfleet_tokenizer_bundled",
+            "embed requests that came several to a NATS message "
+            "(a Requests message: what a gateway published in one pass of its loop)",
+            ["model"],
+            registry=r,
+        ).labels(model)
+        self._bulk_batches = Counter(
+            "embedfleet_tokenizer_bulk_batches", "job batches tokenized", ["model"], registry=r
+        ).labels(model)
+        self._input_tokens = ArrayHistogram(
+            "embedfleet_tokenizer_input_tokens", "tokens per input, online and bulk", {"model": model}, _INPUT_TOKENS, r
+        )
 
     def request(self, kind: str, count: int = 1) -> None:
         self._requests.labels(self._model, kind).inc(count)

@@ -79,7 +79,10 @@ class _Pending:
     prompt_tokens: int = 0
     ids: list | None = None
     types: list | None = None
-    frame: tuple[int, int] = (0, 0)  # output "spans": tokens before and after each text's content (TextEncoder.frame_sizes)
+    frame: tuple[int, int] = (
+        0,
+        0,
+    )  # output "spans": tokens before and after each text's content (TextEncoder.frame_sizes)
     spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
     carrier: str = ""  # the reply subject of the message that brought it (another: it came in a Requests)
@@ -138,9 +141,7 @@ class TokenizerService:
         model = self._cfg.model
         await self._delivery.start()
         self._embeds.start()
-        self._sub = await self._nc.subscribe(
-            self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request
-        )
+        self._sub = await self._nc.subscribe(self._subjects.embed(model.id), queue=TOKENIZER_QUEUE, cb=self._on_request)
         self._tokenize_sub = await self._nc.subscribe(
             self._subjects.tokenize(model.id), queue=TOKENIZER_QUEUE, cb=self._on_tokenize
         )
@@ -218,8 +219,9 @@ class TokenizerService:
     async def _on_chunk(self, msg: Msg) -> None:
         await self._answering(msg, ChunkRequest, self._chunk)
 
-    async def _answering(self, msg: Msg, kind: type[_Request], handle: Callable[[_Request, str | None], Awaitable[None]]
-                         ) -> None:
+    async def _answering(
+        self, msg: Msg, kind: type[_Request], handle: Callable[[_Request, str | None], Awaitable[None]]
+    ) -> None:
         """Decode a request of ``kind`` and handle it; every failure is answered as an error reply."""
         request_id = ""
         self.metrics.request(kind.TYPE)
@@ -282,8 +284,13 @@ class TokenizerService:
         try:
             request = decode_as(msg.data, EmbedRequest)
         except ProtocolError as exc:
-            return _Pending(None, msg.reply or "", span, error=ServiceError(ErrorCode.INVALID_REQUEST, str(exc)),
-                            carrier=carrier_of(msg))
+            return _Pending(
+                None,
+                msg.reply or "",
+                span,
+                error=ServiceError(ErrorCode.INVALID_REQUEST, str(exc)),
+                carrier=carrier_of(msg),
+            )
         span.set(request_id=request.id, model=request.model)
         pending = _Pending(request, msg.reply or "", span, carrier=carrier_of(msg))
         try:
@@ -319,8 +326,9 @@ class TokenizerService:
         try:
             if what == "texts":
                 texts = [p.texts for p in group if p.texts is not None]  # all of them: a group of texts
-                each = await _off_loop(sum(len(t) for ts in texts for t in ts), self._encoder.encode_each, texts,
-                                       truncate, direction)
+                each = await _off_loop(
+                    sum(len(t) for ts in texts for t in ts), self._encoder.encode_each, texts, truncate, direction
+                )
                 for p, ids in zip(group, each):
                     p.error, p.ids = (ids, None) if isinstance(ids, ServiceError) else (None, ids)
             elif what == "pairs":
@@ -359,12 +367,30 @@ class TokenizerService:
             p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
             return []
         headers = headers_for(p.span.context)  # the workers' spans are this one's children
-        return [Sent(subject, tuple(payloads), tokens, p.reply, headers, request.id, request.model, request.replies,
-                     p.carrier)
-                for subject, (payloads, tokens) in by_subject.items()]
+        return [
+            Sent(
+                subject,
+                tuple(payloads),
+                tokens,
+                p.reply,
+                headers,
+                request.id,
+                request.model,
+                request.replies,
+                p.carrier,
+            )
+            for subject, (payloads, tokens) in by_subject.items()
+        ]
 
-    def _route(self, request: EmbedRequest, ids: list, types: list | None, timings: dict[str, float],
-               prompt_tokens: int, spans: Spans | None = None) -> dict[str, tuple[list[bytes], int]]:
+    def _route(
+        self,
+        request: EmbedRequest,
+        ids: list,
+        types: list | None,
+        timings: dict[str, float],
+        prompt_tokens: int,
+        spans: Spans | None = None,
+    ) -> dict[str, tuple[list[bytes], int]]:
         """``request``'s token IDs packed into batches, each for the worker the router picks (the shared
         subject when it knows none): subject -> (encoded batches, their tokens)."""
         shared_subject = self._subjects.tokens(request.model)
@@ -400,8 +426,13 @@ class TokenizerService:
             self._router.forget(sent.subject)
             if sent.tries < _MAX_TRIES:
                 subject = self._router.pick(sent.tokens, time.monotonic()) or shared
-                log.info("request %s: worker on %s is gone; its %d batches go to %s", sent.request_id, sent.subject,
-                         len(sent.payloads), subject)
+                log.info(
+                    "request %s: worker on %s is gone; its %d batches go to %s",
+                    sent.request_id,
+                    sent.subject,
+                    len(sent.payloads),
+                    subject,
+                )
                 await self._delivery.publish([replace(sent, subject=subject, tries=sent.tries + 1)])
                 return
         log.info("request %s: no worker serves %s; the requester sends the rows again", sent.request_id, sent.model)
@@ -411,8 +442,9 @@ class TokenizerService:
     def _check_model(self, model: str) -> None:
         """Only this model's tokenizer may answer: another's would use the wrong vocabulary."""
         if model_token(model) != model_token(self._cfg.model.id):
-            raise ServiceError(ErrorCode.MODEL_NOT_FOUND,
-                               f"this subject serves {self._cfg.model.id}, not {model[:200]!r}")
+            raise ServiceError(
+                ErrorCode.MODEL_NOT_FOUND, f"this subject serves {self._cfg.model.id}, not {model[:200]!r}"
+            )
 
     async def _on_load(self, msg: Msg) -> None:
         try:
@@ -448,18 +480,22 @@ class TokenizerService:
     async def _answer(self, reply: str | None, payload: bytes, what: str, fewer: str) -> None:
         """Publish an answer that fits one NATS message; one that does not is the request's error."""
         if len(payload) > self._nc.max_payload:
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"{what} take {len(payload)} bytes; the NATS limit is "
-                               f"{self._nc.max_payload}: send {fewer} per request")
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"{what} take {len(payload)} bytes; the NATS limit is {self._nc.max_payload}: send {fewer} per request",
+            )
         if reply:
             await self._nc.publish(reply, payload)
 
-    async def _reply_error(self, reply: str | None, request_id: str, error: ServiceError, span: Span,
-                           carrier: str | None = None) -> None:
+    async def _reply_error(
+        self, reply: str | None, request_id: str, error: ServiceError, span: Span, carrier: str | None = None
+    ) -> None:
         """``carrier``: the reply subject of the message that brought the request, when it came inside a
         Requests message: the answer goes there, in a Replies (the only subject this may publish to)."""
         log.info("request %s: %s: %s", request_id or "?", error.code.value, error.text())
         span.error(error.code.value, error.text())
         self.metrics.error(error.code.value)
         if reply:
-            await self._nc.publish(*answer(reply, carrier or reply, encode(ErrorReply(request_id, error.code, error.message,
-                                                                                     error.row))))
+            await self._nc.publish(
+                *answer(reply, carrier or reply, encode(ErrorReply(request_id, error.code, error.message, error.row)))
+            )

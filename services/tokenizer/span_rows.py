@@ -15,8 +15,10 @@ import numpy as np
 from shared.errors import ErrorCode, ServiceError
 from shared.protocol import Spans
 
-_DIFFERS = ("content tokens, where its spans count {want}: alone it tokenizes otherwise than within the whole text "
-            "(a word cut inside at its edge?)")
+_DIFFERS = (
+    "content tokens, where its spans count {want}: alone it tokenizes otherwise than within the whole text "
+    "(a word cut inside at its edge?)"
+)
 
 
 def place_spans(spans: Spans, ids: list[list[int]], before: int, after: int) -> Spans:
@@ -30,8 +32,9 @@ def place_spans(spans: Spans, ids: list[list[int]], before: int, after: int) -> 
     wrong = content != spans.tokens
     if wrong.any():
         row = int(np.argmax(wrong))
-        raise ServiceError(ErrorCode.INVALID_REQUEST,
-                           f"makes {int(content[row])} " + _DIFFERS.format(want=int(spans.tokens[row])), row)
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST, f"makes {int(content[row])} " + _DIFFERS.format(want=int(spans.tokens[row])), row
+        )
     firsts = spans.firsts.astype(np.int64) + before
     lasts = spans.lasts.astype(np.int64) + before
     empty = spans.firsts == spans.lasts

@@ -46,7 +46,9 @@ class ModelFolder:
 
     path: Path  # resolved
     config: dict[str, Any]  # config.json (required)
-    st_general: dict[str, Any]  # config_sentence_transformers.json: prompts, default prompt, truncate_dim, activation_fn
+    st_general: dict[
+        str, Any
+    ]  # config_sentence_transformers.json: prompts, default prompt, truncate_dim, activation_fn
     st_config: dict[str, Any]  # sentence_bert_config.json: the Transformer module's settings
     tok_config: dict[str, Any]  # tokenizer_config.json
     modules: tuple[Module, ...]  # modules.json, in the order they run (empty without one)
@@ -90,8 +92,10 @@ def _modules(path: Path) -> tuple[Module, ...]:
     modules = read_json(path / "modules.json") or []
     if not isinstance(modules, list):
         raise ConfigError(f"{path / 'modules.json'} is not a list of modules")
-    return tuple(Module(str(m.get("type", "")), str(m.get("path") or "")) if isinstance(m, dict) else Module("", "")
-                 for m in modules)
+    return tuple(
+        Module(str(m.get("type", "")), str(m.get("path") or "")) if isinstance(m, dict) else Module("", "")
+        for m in modules
+    )
 
 
 def setting(config: dict[str, Any], key: str, default: Any = None) -> Any:

@@ -31,22 +31,32 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
     if is_classifier(config):
         labels = classifier_labels(config)
         return ModelInfo(
-            dim=labels, pooling="cls", normalize=False, vocab_size=int(config["vocab_size"]), prompts={}, task="score",
-            labels=label_names(config, labels), **common,
+            dim=labels,
+            pooling="cls",
+            normalize=False,
+            vocab_size=int(config["vocab_size"]),
+            prompts={},
+            task="score",
+            labels=label_names(config, labels),
+            **common,
         )
     prompts = _prompts(folder)
     common.update(
-        vocab_size=int(setting(config, "vocab_size")), prompts=prompts, default_prompt=_default_prompt(folder, prompts),
+        vocab_size=int(setting(config, "vocab_size")),
+        prompts=prompts,
+        default_prompt=_default_prompt(folder, prompts),
         hidden_size=int(setting(config, "hidden_size")),
     )
     if is_sparse_encoder(folder):
         sparse = splade(folder)
-        return ModelInfo(dim=common["vocab_size"], pooling="max", normalize=False, outputs=("sparse",), sparse=sparse,
-                         **common)
+        return ModelInfo(
+            dim=common["vocab_size"], pooling="max", normalize=False, outputs=("sparse",), sparse=sparse, **common
+        )
     if is_multi_vector_encoder(folder):
         spec = multi_vector(folder, common["hidden_size"])
-        return ModelInfo(dim=spec.dim, pooling="cls", normalize=False, outputs=("multivector",), multivector=spec,
-                         **common)
+        return ModelInfo(
+            dim=spec.dim, pooling="cls", normalize=False, outputs=("multivector",), multivector=spec, **common
+        )
     return _dense_encoder(folder, common)
 
 
@@ -92,9 +102,18 @@ def _llm_reranker(folder: ModelFolder, score_tokens: tuple[int, ...], common: di
     prompts = _prompts(folder)
     template, message_format = pair_template(folder)
     return ModelInfo(
-        dim=1, pooling="lasttoken", normalize=False, vocab_size=int(folder.config["vocab_size"]), prompts=prompts,
-        task="score", default_prompt=_default_prompt(folder, prompts), score_tokens=score_tokens,
-        pair_template=template, message_format=message_format, score_activation=score_activation(folder), **common,
+        dim=1,
+        pooling="lasttoken",
+        normalize=False,
+        vocab_size=int(folder.config["vocab_size"]),
+        prompts=prompts,
+        task="score",
+        default_prompt=_default_prompt(folder, prompts),
+        score_tokens=score_tokens,
+        pair_template=template,
+        message_format=message_format,
+        score_activation=score_activation(folder),
+        **common,
     )
 
 

@@ -74,7 +74,9 @@ def splade(folder: ModelFolder) -> SparseSpec:
         )
     architectures = [str(a) for a in folder.config.get("architectures") or []]
     if not any(a.endswith("ForMaskedLM") for a in architectures):
-        raise ConfigError(f"a SPLADE folder needs a …ForMaskedLM checkpoint (config.json names {architectures or 'none'})")
+        raise ConfigError(
+            f"a SPLADE folder needs a …ForMaskedLM checkpoint (config.json names {architectures or 'none'})"
+        )
     where = folder.module_dir(folder.modules[1], "1_SpladePooling") / "config.json"
     pooling = read_json(where)
     strategy = str(pooling.get("pooling_strategy", "max"))
@@ -94,8 +96,10 @@ def multi_vector(folder: ModelFolder, hidden_size: int) -> MultiVectorSpec:
     for module in folder.modules:
         kind = module.kind
         if kind not in order or not module.type.startswith(("sentence_transformers.", "pylate.")):
-            raise ConfigError(f"modules.json module {module.type!r} is not supported in a multi-vector encoder "
-                              f"(supported: {', '.join(order)})")
+            raise ConfigError(
+                f"modules.json module {module.type!r} is not supported in a multi-vector encoder "
+                f"(supported: {', '.join(order)})"
+            )
         kinds.append(kind)
         if kind == "Dense":
             dense.append(read_dense(folder.module_dir(module), "token_embeddings"))
@@ -104,13 +108,22 @@ def multi_vector(folder: ModelFolder, hidden_size: int) -> MultiVectorSpec:
         elif kind == "Normalize":
             normalize = True
     ranks = [order.index(k) for k in kinds]
-    if not kinds or kinds[0] != "Transformer" or ranks != sorted(ranks) or any(kinds.count(k) > 1 for k in order if k != "Dense"):
-        raise ConfigError(f"modules.json runs {' -> '.join(kinds)}: a multi-vector encoder must run "
-                          "Transformer -> Dense (any number) -> MultiVectorMask -> Normalize")
+    if (
+        not kinds
+        or kinds[0] != "Transformer"
+        or ranks != sorted(ranks)
+        or any(kinds.count(k) > 1 for k in order if k != "Dense")
+    ):
+        raise ConfigError(
+            f"modules.json runs {' -> '.join(kinds)}: a multi-vector encoder must run "
+            "Transformer -> Dense (any number) -> MultiVectorMask -> Normalize"
+        )
     for key in ("query_expansion", "query_length", "document_length"):
         if folder.st_config.get(key) is not None:
-            raise ConfigError(f"{folder.path / 'sentence_bert_config.json'}: {key} is set; per-task lengths and query "
-                              "expansion of multi-vector encoders are not supported")
+            raise ConfigError(
+                f"{folder.path / 'sentence_bert_config.json'}: {key} is set; per-task lengths and query "
+                "expansion of multi-vector encoders are not supported"
+            )
     if mask.get("keep_only_token_ids"):
         raise ConfigError("MultiVectorMask keep_only_token_ids (image-patch documents) is not supported")
     tasks = mask.get("skiplist_tasks", ["document"])
@@ -118,7 +131,10 @@ def multi_vector(folder: ModelFolder, hidden_size: int) -> MultiVectorSpec:
     check_dense_chain(dense_t, hidden_size)
     words = tuple(str(w) for w in mask.get("skiplist_words") or ())
     return MultiVectorSpec(
-        dense=dense_t, normalize=normalize, skiplist_words=words, skiplist_ids=_vocab_ids(folder.path, words),
+        dense=dense_t,
+        normalize=normalize,
+        skiplist_words=words,
+        skiplist_ids=_vocab_ids(folder.path, words),
         skiplist_tasks=tuple([tasks] if isinstance(tasks, str) else tasks),
         dim=dense_t[-1].out_features if dense_t else hidden_size,
     )
@@ -165,7 +181,11 @@ def _vocab_ids(path: Path, words: tuple[str, ...], keep_unknown: bool = False) -
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception as exc:
         raise ConfigError(f"cannot read {path / 'tokenizer.json'}: {str(exc)[:200]}") from None
-    unk = tokenizer.token_to_id(str(getattr(tokenizer.model, "unk_token", "") or "")) if hasattr(tokenizer.model, "unk_token") else None
+    unk = (
+        tokenizer.token_to_id(str(getattr(tokenizer.model, "unk_token", "") or ""))
+        if hasattr(tokenizer.model, "unk_token")
+        else None
+    )
     ids = [tokenizer.token_to_id(w) for w in words]
     return tuple(sorted({i for i in ids if i is not None and (keep_unknown or i != unk)}))
 
@@ -174,4 +194,6 @@ def _pickled(path: Path) -> None:
     """A head saved only as a torch pickle: served without it (dense vectors still are), with the fix logged."""
     from shared.heads import pickled_head
 
-    logging.getLogger("embedfleet.model").warning("%s; until then the folder serves no output of that head", pickled_head(path))
+    logging.getLogger("embedfleet.model").warning(
+        "%s; until then the folder serves no output of that head", pickled_head(path)
+    )

@@ -52,7 +52,9 @@ def logit_score_tokens(folder: ModelFolder) -> tuple[int, ...]:
         return ()
     kinds = folder.kinds
     if kinds != ["Transformer", "LogitScore"]:
-        raise ConfigError(f"modules.json runs {' -> '.join(kinds)}: an LLM reranker is served as Transformer -> LogitScore")
+        raise ConfigError(
+            f"modules.json runs {' -> '.join(kinds)}: an LLM reranker is served as Transformer -> LogitScore"
+        )
     config = folder.config
     architectures = [str(a) for a in config.get("architectures") or []]
     if not any(a.endswith("ForCausalLM") for a in architectures):
@@ -62,16 +64,25 @@ def logit_score_tokens(folder: ModelFolder) -> tuple[int, ...]:
         )
     transformer_task = folder.st_config.get("transformer_task", "text-generation")
     if transformer_task != "text-generation":
-        raise ConfigError(f"sentence_bert_config.json: transformer_task {transformer_task!r} cannot feed LogitScore "
-                          "(it reads the causal LM's logits: 'text-generation')")
+        raise ConfigError(
+            f"sentence_bert_config.json: transformer_task {transformer_task!r} cannot feed LogitScore "
+            "(it reads the causal LM's logits: 'text-generation')"
+        )
     where = folder.module_dir(at[0]) / "config.json"
     score = read_json(where)
     if score.get("module_input_name", "causal_logits") != "causal_logits":
-        raise ConfigError(f"{where}: LogitScore reading {score['module_input_name']!r} is not supported (only 'causal_logits')")
-    tokens = [score.get("true_token_id"), *([score["false_token_id"]] if score.get("false_token_id") is not None else [])]
+        raise ConfigError(
+            f"{where}: LogitScore reading {score['module_input_name']!r} is not supported (only 'causal_logits')"
+        )
+    tokens = [
+        score.get("true_token_id"),
+        *([score["false_token_id"]] if score.get("false_token_id") is not None else []),
+    ]
     vocab = int(config.get("vocab_size") or 0)
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
-        raise ConfigError(f"{where}: true_token_id / false_token_id must be token ids below the vocabulary size {vocab}")
+        raise ConfigError(
+            f"{where}: true_token_id / false_token_id must be token ids below the vocabulary size {vocab}"
+        )
     return tuple(tokens)
 
 
@@ -85,8 +96,10 @@ def pair_template(folder: ModelFolder) -> tuple[str | None, str]:
         return None, "flat"
     if template is None:
         if isinstance(modalities, dict):
-            raise ConfigError(f"{folder.path / 'sentence_bert_config.json'} renders pairs as chat messages, but the "
-                              "folder has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)")
+            raise ConfigError(
+                f"{folder.path / 'sentence_bert_config.json'} renders pairs as chat messages, but the "
+                "folder has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)"
+            )
         return None, "flat"
     message = modalities.get("message") if isinstance(modalities, dict) else None
     declared = message.get("format", "auto") if isinstance(message, dict) else "auto"
@@ -104,13 +117,16 @@ def _chat_template(folder: ModelFolder) -> str | None:
     if (path / "chat_template.jinja").is_file():
         return (path / "chat_template.jinja").read_text(encoding="utf-8")
     if (path / "additional_chat_templates").is_dir():
-        raise ConfigError(f"{path} has named chat templates (additional_chat_templates/) but no chat_template.jinja "
-                          "to use by default")
+        raise ConfigError(
+            f"{path} has named chat templates (additional_chat_templates/) but no chat_template.jinja to use by default"
+        )
     template = folder.tok_config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         if "default" not in named:
-            raise ConfigError(f"{path / 'tokenizer_config.json'}: chat templates {sorted(map(str, named))} name no 'default'")
+            raise ConfigError(
+                f"{path / 'tokenizer_config.json'}: chat templates {sorted(map(str, named))} name no 'default'"
+            )
         template = named["default"]
     if template is not None and not isinstance(template, str):
         raise ConfigError(f"{path / 'tokenizer_config.json'}: chat_template is not a string")
@@ -120,11 +136,15 @@ def _chat_template(folder: ModelFolder) -> str | None:
 def score_activation(folder: ModelFolder) -> str:
     """What ``CrossEncoder.predict`` applies to the one logit by default: the saved ``activation_fn``
     (a torch.nn class; others are not loaded without trust_remote_code), else sigmoid."""
-    name = folder.st_general.get("activation_fn") or (folder.config.get("sentence_transformers") or {}).get("activation_fn")
+    name = folder.st_general.get("activation_fn") or (folder.config.get("sentence_transformers") or {}).get(
+        "activation_fn"
+    )
     if not isinstance(name, str) or not name.startswith("torch."):
         return "sigmoid"
     kind = {"Sigmoid": "sigmoid", "Identity": "identity"}.get(name.rsplit(".", 1)[-1])
     if kind is None:
-        raise ConfigError(f"config_sentence_transformers.json: activation_fn {name!r} is not supported for a reranker "
-                          "(supported: torch.nn Sigmoid, Identity)")
+        raise ConfigError(
+            f"config_sentence_transformers.json: activation_fn {name!r} is not supported for a reranker "
+            "(supported: torch.nn Sigmoid, Identity)"
+        )
     return kind

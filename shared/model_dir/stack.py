@@ -17,8 +17,12 @@ SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")  # in the o
 
 # sentence-transformers' pooling mode names (underscores dropped, as older configs vary) -> ours
 _ST_POOLING = {
-    "cls": "cls", "max": "max", "mean": "mean", "meansqrtlentokens": "mean_sqrt_len",
-    "weightedmean": "weightedmean", "lasttoken": "lasttoken",
+    "cls": "cls",
+    "max": "max",
+    "mean": "mean",
+    "meansqrtlentokens": "mean_sqrt_len",
+    "weightedmean": "weightedmean",
+    "lasttoken": "lasttoken",
 }
 # the legacy pooling_mode_* booleans, in the order sentence-transformers concatenates them
 _LEGACY_POOLING_KEYS = (
@@ -32,7 +36,12 @@ _LEGACY_POOLING_KEYS = (
 # Dense activation_function: the torch.nn class sentence-transformers instantiates with no arguments
 # (it writes the full path, e.g. "torch.nn.modules.activation.Tanh"; "torch.nn.Tanh" loads the same)
 _ACTIVATIONS = {
-    "Identity": "identity", "Tanh": "tanh", "ReLU": "relu", "GELU": "gelu", "Sigmoid": "sigmoid", "SiLU": "silu",
+    "Identity": "identity",
+    "Tanh": "tanh",
+    "ReLU": "relu",
+    "GELU": "gelu",
+    "Sigmoid": "sigmoid",
+    "SiLU": "silu",
 }
 
 

@@ -18,6 +18,7 @@ MAX_BUNDLE = 1024  # requests in one Requests message
 MAX_PROMPT_TOKENS = 1 << 20  # a row's leading tokens that pooling skips
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
 
+
 class ProtocolError(ValueError):
     """A message that is not valid protocol (see docs/protocol.md)."""
 
@@ -96,8 +97,13 @@ def timings_field(m: dict) -> dict[str, float]:
         raise ProtocolError("timings must be a small map")
     out = {}
     for k, v in raw.items():
-        if not isinstance(k, str) or len(k) > MAX_STAGE_NAME or isinstance(v, bool) or not isinstance(v, (int, float)) \
-                or not math.isfinite(v):
+        if (
+            not isinstance(k, str)
+            or len(k) > MAX_STAGE_NAME
+            or isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+        ):
             raise ProtocolError("timings map stage names to seconds")
         out[k] = float(v)
     return out

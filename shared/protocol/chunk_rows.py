@@ -33,7 +33,9 @@ class ChunkRows:
         return len(self.doc)
 
     @classmethod
-    def of(cls, documents: int, rows: list[tuple[int, int, int, int, int]], texts: list[str] | None = None) -> ChunkRows:
+    def of(
+        cls, documents: int, rows: list[tuple[int, int, int, int, int]], texts: list[str] | None = None
+    ) -> ChunkRows:
         """From (doc, chunk, count, start, end) a row."""
         columns = np.array(rows, dtype=TOKEN_DTYPE).reshape(-1, 5).T
         doc, chunk, count, start, end = (np.ascontiguousarray(c) for c in columns)
@@ -41,8 +43,15 @@ class ChunkRows:
 
     def part(self, lo: int, hi: int) -> ChunkRows:
         """Rows ``lo`` .. ``hi``."""
-        return ChunkRows(self.documents, self.doc[lo:hi], self.chunk[lo:hi], self.count[lo:hi], self.start[lo:hi],
-                         self.end[lo:hi], None if self.texts is None else self.texts[lo:hi])
+        return ChunkRows(
+            self.documents,
+            self.doc[lo:hi],
+            self.chunk[lo:hi],
+            self.count[lo:hi],
+            self.start[lo:hi],
+            self.end[lo:hi],
+            None if self.texts is None else self.texts[lo:hi],
+        )
 
     def documents_in(self, first: int) -> list[tuple[int, int, int, int, int]]:
         """Per document these rows touch, rows ``first`` onwards in the job batch: (its document, its
@@ -55,7 +64,9 @@ class ChunkRows:
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"dn": self.documents}
-        wire |= {key: np.ascontiguousarray(getattr(self, name), dtype=TOKEN_DTYPE).tobytes() for key, name in _ARRAYS.items()}
+        wire |= {
+            key: np.ascontiguousarray(getattr(self, name), dtype=TOKEN_DTYPE).tobytes() for key, name in _ARRAYS.items()
+        }
         if self.texts is not None:
             wire["x"] = self.texts
         return wire
@@ -70,13 +81,21 @@ class ChunkRows:
         documents = required_int(m, "dn")
         arrays = {name: int32_array(required(m, key, bytes), name) for key, name in _ARRAYS.items()}
         if documents > MAX_ROWS or any(len(a) != rows for a in arrays.values()):
-            raise ProtocolError(f"chunked rows need a document, chunk, count, start and end per row, of at most "
-                                f"{MAX_ROWS} documents")
+            raise ProtocolError(
+                f"chunked rows need a document, chunk, count, start and end per row, of at most {MAX_ROWS} documents"
+            )
         doc, chunk, count, start, end = arrays.values()
-        if rows and (doc.min() < 0 or doc.max() >= documents or chunk.min() < 0 or np.any(chunk >= count)
-                     or start.min() < 0 or np.any(start > end)):
-            raise ProtocolError("a chunked row is chunk 0 <= k < count of a document of its job batch, its "
-                                "characters 0 <= start <= end")
+        if rows and (
+            doc.min() < 0
+            or doc.max() >= documents
+            or chunk.min() < 0
+            or np.any(chunk >= count)
+            or start.min() < 0
+            or np.any(start > end)
+        ):
+            raise ProtocolError(
+                "a chunked row is chunk 0 <= k < count of a document of its job batch, its characters 0 <= start <= end"
+            )
         if total is not None and rows:
             place = first + np.arange(rows, dtype=np.int64) - chunk  # each row's document's first chunk row
             if place.min() < 0 or np.any(place + count > total):

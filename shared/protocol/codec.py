@@ -33,8 +33,23 @@ from shared.protocol.messages import (
 from shared.protocol.wire import CODECS
 
 Message = (
-    EmbedRequest | TokenChunk | EmbedResult | ErrorReply | Held | TokenizeRequest | TokenizeResult | DecodeRequest
-    | DecodeResult | LoadReport | JobBatch | JobResult | RerankRequest | RerankResult | Replies | Requests | ChunkRequest
+    EmbedRequest
+    | TokenChunk
+    | EmbedResult
+    | ErrorReply
+    | Held
+    | TokenizeRequest
+    | TokenizeResult
+    | DecodeRequest
+    | DecodeResult
+    | LoadReport
+    | JobBatch
+    | JobResult
+    | RerankRequest
+    | RerankResult
+    | Replies
+    | Requests
+    | ChunkRequest
     | ChunkLayout
 )
 
@@ -53,8 +68,16 @@ def decode(data: bytes) -> Message:
         # no length msgpack reads may exceed the message's own size, so a claimed length allocates
         # nothing the bytes do not back; nesting is bounded by msgpack's fixed parser stack
         limit = len(data)
-        m = msgpack.unpackb(data, raw=False, strict_map_key=True, max_map_len=64, max_str_len=limit,
-                            max_bin_len=limit, max_array_len=limit, max_ext_len=limit)
+        m = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_map_len=64,
+            max_str_len=limit,
+            max_bin_len=limit,
+            max_array_len=limit,
+            max_ext_len=limit,
+        )
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"not a msgpack message: {str(exc)[:200]}") from None
     if not isinstance(m, dict):
@@ -74,8 +97,25 @@ def decode(data: bytes) -> Message:
 
 
 M = TypeVar(
-    "M", EmbedRequest, TokenChunk, EmbedResult, ErrorReply, Held, TokenizeRequest, TokenizeResult, DecodeRequest, DecodeResult,
-    LoadReport, JobBatch, JobResult, RerankRequest, RerankResult, Replies, Requests, ChunkRequest, ChunkLayout,
+    "M",
+    EmbedRequest,
+    TokenChunk,
+    EmbedResult,
+    ErrorReply,
+    Held,
+    TokenizeRequest,
+    TokenizeResult,
+    DecodeRequest,
+    DecodeResult,
+    LoadReport,
+    JobBatch,
+    JobResult,
+    RerankRequest,
+    RerankResult,
+    Replies,
+    Requests,
+    ChunkRequest,
+    ChunkLayout,
 )
 
 

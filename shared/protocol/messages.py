@@ -35,6 +35,7 @@ def row_width(dtype: str, dim: int) -> int:
 def row_bytes(dtype: str, dim: int) -> int:
     return WIRE_FORMS[dtype].row_bytes(dim)
 
+
 MAX_DIMENSION = 1 << 20  # a vector's components: a sparse vector has one per vocabulary entry
 MAX_SPARSE_TOP_K = MAX_DIMENSION
 
@@ -69,10 +70,13 @@ class EmbedOptions:
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
             raise ProtocolError(f"options.output must be one of {', '.join(OUTPUTS)}")
-        if self.sparse_top_k is not None and (not is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K):
+        if self.sparse_top_k is not None and (
+            not is_int(self.sparse_top_k) or not 0 < self.sparse_top_k <= MAX_SPARSE_TOP_K
+        ):
             raise ProtocolError(f"options.sparse_top_k must be an integer in 1..{MAX_SPARSE_TOP_K}")
         if self.sparse_threshold is not None and (
-            isinstance(self.sparse_threshold, bool) or not isinstance(self.sparse_threshold, (int, float))
+            isinstance(self.sparse_threshold, bool)
+            or not isinstance(self.sparse_threshold, (int, float))
             or not math.isfinite(self.sparse_threshold)
         ):
             raise ProtocolError("options.sparse_threshold must be a finite number")
@@ -88,9 +92,7 @@ class EmbedOptions:
                 raise ProtocolError(f"options.{name} must be a short string")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise ProtocolError("options.normalize must be a boolean")
-        if self.dimensions is not None and (
-            not is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION
-        ):
+        if self.dimensions is not None and (not is_int(self.dimensions) or not 0 < self.dimensions <= MAX_DIMENSION):
             raise ProtocolError("options.dimensions must be a positive integer")
         if not isinstance(self.dtype, str) or self.dtype not in WIRE_FORMS:
             raise ProtocolError(f"options.dtype must be one of {sorted(WIRE_FORMS)}")
@@ -114,7 +116,11 @@ class EmbedOptions:
             "td": self.truncation_direction,
             "pn": self.prompt_name,
             "it": self.input_type,
-        } | ({} if self.output == "dense" else {"out": self.output, "sk": self.sparse_top_k, "sth": self.sparse_threshold})
+        } | (
+            {}
+            if self.output == "dense"
+            else {"out": self.output, "sk": self.sparse_top_k, "sth": self.sparse_threshold}
+        )
 
     @classmethod
     def from_wire(cls, m: Any) -> EmbedOptions:
@@ -387,13 +393,23 @@ class ChunkLayout:
         def column(name: str) -> np.ndarray:
             return np.fromiter((getattr(c, name) for c in flat), dtype=TOKEN_DTYPE, count=len(flat))
 
-        return cls(id, np.array([len(each) for each in chunks], TOKEN_DTYPE), np.array(tokens, TOKEN_DTYPE),
-                   column("start"), column("end"), column("first"), column("last"), room)
+        return cls(
+            id,
+            np.array([len(each) for each in chunks], TOKEN_DTYPE),
+            np.array(tokens, TOKEN_DTYPE),
+            column("start"),
+            column("end"),
+            column("first"),
+            column("last"),
+            room,
+        )
 
     def chunks(self) -> list[list[TextChunk]]:
         """Per input, its chunks."""
-        flat = [TextChunk(*c) for c in zip(self.starts.tolist(), self.ends.tolist(), self.firsts.tolist(),
-                                           self.lasts.tolist())]
+        flat = [
+            TextChunk(*c)
+            for c in zip(self.starts.tolist(), self.ends.tolist(), self.firsts.tolist(), self.lasts.tolist())
+        ]
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
         return [flat[a:b] for a, b in itertools.pairwise(bounds)]
 

@@ -40,8 +40,12 @@ class Spans:
         """Spans from each row's (first, last) pairs."""
         flat = [pair for row in rows for pair in row]
         bounds = np.array(flat, dtype=TOKEN_DTYPE).reshape(-1, 2)
-        return cls(np.array([len(row) for row in rows], TOKEN_DTYPE), bounds[:, 0].copy(), bounds[:, 1].copy(),
-                   None if tokens is None else np.array(tokens, TOKEN_DTYPE))
+        return cls(
+            np.array([len(row) for row in rows], TOKEN_DTYPE),
+            bounds[:, 0].copy(),
+            bounds[:, 1].copy(),
+            None if tokens is None else np.array(tokens, TOKEN_DTYPE),
+        )
 
     @property
     def rows(self) -> int:
@@ -63,23 +67,34 @@ class Spans:
         starts = np.repeat(offsets[rows], counts)
         within = np.arange(len(starts), dtype=np.int64) - np.repeat(np.cumsum(counts, dtype=np.int64) - counts, counts)
         pick = starts + within
-        return Spans(counts.copy(), self.firsts[pick], self.lasts[pick],
-                     None if self.tokens is None else self.tokens[rows])
+        return Spans(
+            counts.copy(), self.firsts[pick], self.lasts[pick], None if self.tokens is None else self.tokens[rows]
+        )
 
     def between(self, start: int, end: int) -> Spans:
         """The spans of the consecutive rows ``start`` .. ``end`` (a token chunk's)."""
         offsets = self.offsets
         a, b = int(offsets[start]), int(offsets[end])
-        return Spans(self.counts[start:end], self.firsts[a:b], self.lasts[a:b],
-                     None if self.tokens is None else self.tokens[start:end])
+        return Spans(
+            self.counts[start:end],
+            self.firsts[a:b],
+            self.lasts[a:b],
+            None if self.tokens is None else self.tokens[start:end],
+        )
 
     def to_wire(self, keys: tuple[str, ...]) -> dict[str, bytes]:
         arrays = (self.counts, self.firsts, self.lasts, self.tokens)
         return {key: np.ascontiguousarray(a, dtype=TOKEN_DTYPE).tobytes() for key, a in zip(keys, arrays)}
 
 
-def span_fault(counts: np.ndarray, firsts: np.ndarray, lasts: np.ndarray, lengths: np.ndarray,
-               empty_rows: bool = False, least: int = 1) -> tuple[int | None, str] | None:
+def span_fault(
+    counts: np.ndarray,
+    firsts: np.ndarray,
+    lasts: np.ndarray,
+    lengths: np.ndarray,
+    empty_rows: bool = False,
+    least: int = 1,
+) -> tuple[int | None, str] | None:
     """What is wrong with spans of rows ``lengths`` tokens long, as (the row at fault or None, what), or None.
 
     Each row has at least ``least`` spans and at most as many as it has tokens; each span is 0 <= first <
@@ -104,8 +119,10 @@ def span_fault(counts: np.ndarray, firsts: np.ndarray, lasts: np.ndarray, length
     bad = (firsts < 0) | (lasts > own) | ((firsts >= lasts) & ~empty)
     if bad.any():
         j = int(np.argmax(bad))
-        return int(row_of[j]), (f"has a span [{int(firsts[j])}, {int(lasts[j])}) outside its {int(own[j])} tokens "
-                                "or empty (0 <= first < last <= tokens)")
+        return int(row_of[j]), (
+            f"has a span [{int(firsts[j])}, {int(lasts[j])}) outside its {int(own[j])} tokens "
+            "or empty (0 <= first < last <= tokens)"
+        )
     return None
 
 

@@ -73,7 +73,9 @@ def _ragged_wire(offsets: np.ndarray | None, indices: np.ndarray | None) -> dict
     return wire
 
 
-def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = False) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+def _payload_layout(
+    m: dict, data: bytes, dtype: str, dim: int, empty: bool = False
+) -> tuple[int, np.ndarray | None, np.ndarray | None]:
     """Check a result payload against its dtype, dimension and optional offsets / indices (all before any
     array is made from them); returns (inputs it holds, offsets, indices)."""
     if dtype not in WIRE_FORMS:
@@ -102,7 +104,6 @@ def _payload_layout(m: dict, data: bytes, dtype: str, dim: int, empty: bool = Fa
     if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != entries or np.any(np.diff(offsets.astype(np.int64)) < 0):
         raise ProtocolError("offsets must start at 0, never decrease and end at the payload's entries")
     return len(offsets) - 1, offsets, indices
-
 
 
 def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
@@ -331,7 +332,10 @@ def _decode_tokenize_request(m: dict) -> TokenizeRequest:
     if not isinstance(special, bool) or (prompt is not None and not isinstance(prompt, str)):
         raise ProtocolError("add_special_tokens must be a boolean and prompt_name a string")
     return TokenizeRequest(
-        id=checked_id(m), model=checked_name(m, "m"), texts=str_list(m, "x"), add_special_tokens=special,
+        id=checked_id(m),
+        model=checked_name(m, "m"),
+        texts=str_list(m, "x"),
+        add_special_tokens=special,
         prompt_name=prompt,
     )
 
@@ -347,7 +351,13 @@ def _decode_tokenize_result(m: dict) -> TokenizeResult:
             raise ProtocolError("tokens must be lists")
         row = []
         for t in seq:
-            if not (isinstance(t, list) and len(t) == 5 and is_int(t[0]) and isinstance(t[1], str) and isinstance(t[2], bool)):
+            if not (
+                isinstance(t, list)
+                and len(t) == 5
+                and is_int(t[0])
+                and isinstance(t[1], str)
+                and isinstance(t[2], bool)
+            ):
                 raise ProtocolError("a token is [id, text, special, start, stop]")
             if not all(x is None or is_int(x) for x in t[3:]):
                 raise ProtocolError("token offsets must be integers or null")
@@ -365,7 +375,9 @@ def _decode_decode_request(m: dict) -> DecodeRequest:
     if len(raw) > MAX_ROWS or not all(isinstance(t, bytes) for t in raw):
         raise ProtocolError(f"ids must be at most {MAX_ROWS} byte strings of int32 token IDs")
     return DecodeRequest(
-        id=checked_id(m), model=checked_name(m, "m"), ids=[int32_array(t, "ids") for t in raw],
+        id=checked_id(m),
+        model=checked_name(m, "m"),
+        ids=[int32_array(t, "ids") for t in raw],
         skip_special_tokens=optional_bool(m, "ss", True),
     )
 
@@ -380,8 +392,16 @@ def _decode_decode_result(m: dict) -> DecodeResult:
 
 def _encode_chunk_request(msg: ChunkRequest) -> dict[str, Any]:
     spec = msg.spec
-    return {"id": msg.id, "m": msg.model, "x": msg.texts, "sz": spec.size, "ov": spec.overlap, "bd": spec.boundary,
-            "pn": msg.prompt_name, "it": msg.input_type}
+    return {
+        "id": msg.id,
+        "m": msg.model,
+        "x": msg.texts,
+        "sz": spec.size,
+        "ov": spec.overlap,
+        "bd": spec.boundary,
+        "pn": msg.prompt_name,
+        "it": msg.input_type,
+    }
 
 
 def _decode_chunk_request(m: dict) -> ChunkRequest:
@@ -391,8 +411,14 @@ def _decode_chunk_request(m: dict) -> ChunkRequest:
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
     prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"))  # checked as an embed request's
-    return ChunkRequest(id=checked_id(m), model=checked_name(m, "m"), texts=str_list(m, "x"), spec=spec,
-                        prompt_name=prompt.prompt_name, input_type=prompt.input_type)
+    return ChunkRequest(
+        id=checked_id(m),
+        model=checked_name(m, "m"),
+        texts=str_list(m, "x"),
+        spec=spec,
+        prompt_name=prompt.prompt_name,
+        input_type=prompt.input_type,
+    )
 
 
 # ChunkLayout's arrays: key -> field
@@ -420,8 +446,13 @@ def _decode_chunk_layout(m: dict) -> ChunkLayout:
     if (len(counts) and (counts.min() < 1 or tokens.min() < 0)) or int(counts.sum(dtype=np.int64)) != n:
         raise ProtocolError("each input has at least one chunk, the counts summing to the chunks, and tokens >= 0")
     starts, ends, firsts, lasts = chunks.values()
-    if n and (starts.min() < 0 or firsts.min() < 0 or np.any(starts > ends) or np.any(firsts > lasts)
-              or np.any(lasts > np.repeat(tokens, counts))):
+    if n and (
+        starts.min() < 0
+        or firsts.min() < 0
+        or np.any(starts > ends)
+        or np.any(firsts > lasts)
+        or np.any(lasts > np.repeat(tokens, counts))
+    ):
         raise ProtocolError("a chunk spans 0 <= start <= end characters and 0 <= first <= last <= its input's tokens")
     room = required_int(m, "rm") if m.get("rm") is not None else 0
     if room > MAX_ROWS:
@@ -430,11 +461,23 @@ def _decode_chunk_layout(m: dict) -> ChunkLayout:
 
 
 def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
-    body = {"jb": msg.id, "bi": msg.batch, "m": msg.model, "di": msg.doc_ids, "x": msg.texts, "o": msg.options.to_wire()}
+    body = {
+        "jb": msg.id,
+        "bi": msg.batch,
+        "m": msg.model,
+        "di": msg.doc_ids,
+        "x": msg.texts,
+        "o": msg.options.to_wire(),
+    }
     if msg.chunking is not None:
         spec = msg.chunking.spec
-        body |= {"sz": spec.size, "ov": spec.overlap, "bd": spec.boundary, "lc": msg.chunking.late,
-                 "wt": msg.chunking.with_text}
+        body |= {
+            "sz": spec.size,
+            "ov": spec.overlap,
+            "bd": spec.boundary,
+            "lc": msg.chunking.late,
+            "wt": msg.chunking.with_text,
+        }
     return body
 
 
@@ -442,8 +485,9 @@ def _decode_job_chunking(m: dict) -> JobChunking | None:
     if m.get("sz") is None:
         return None
     try:  # checked as a client's request is
-        return JobChunking(ChunkSpec(m["sz"], m.get("ov", 0), m.get("bd", "token")), m.get("lc", False),
-                           m.get("wt", False))
+        return JobChunking(
+            ChunkSpec(m["sz"], m.get("ov", 0), m.get("bd", "token")), m.get("lc", False), m.get("wt", False)
+        )
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
 
@@ -456,14 +500,27 @@ def _decode_job_batch(m: dict) -> JobBatch:
     if options.output == "spans":
         raise ProtocolError("a job batch carries no spans: output 'spans' is asked with them (an embed request)")
     return JobBatch(
-        id=checked_name(m, "jb"), batch=required_int(m, "bi"), model=checked_name(m, "m"), doc_ids=doc_ids, texts=texts,
-        options=options, chunking=_decode_job_chunking(m),
+        id=checked_name(m, "jb"),
+        batch=required_int(m, "bi"),
+        model=checked_name(m, "m"),
+        doc_ids=doc_ids,
+        texts=texts,
+        options=options,
+        chunking=_decode_job_chunking(m),
     )
 
 
 def _encode_job_result(msg: JobResult) -> dict[str, Any]:
-    body = {"jb": msg.id, "bi": msg.batch, "s": msg.start, "di": msg.doc_ids, "dim": msg.dim, "dt": msg.dtype,
-            "vec": msg.data, "tok": msg.tokens} | _ragged_wire(msg.offsets, msg.indices)
+    body = {
+        "jb": msg.id,
+        "bi": msg.batch,
+        "s": msg.start,
+        "di": msg.doc_ids,
+        "dim": msg.dim,
+        "dt": msg.dtype,
+        "vec": msg.data,
+        "tok": msg.tokens,
+    } | _ragged_wire(msg.offsets, msg.indices)
     return body | ({} if msg.chunks is None else msg.chunks.to_wire())
 
 
@@ -475,15 +532,30 @@ def _decode_job_result(m: dict) -> JobResult:
         raise ProtocolError("payload does not hold one vector per document")
     start = required_int(m, "s")
     return JobResult(
-        id=checked_name(m, "jb"), batch=required_int(m, "bi"), start=start, doc_ids=doc_ids, dim=dim,
-        dtype=dtype, data=data, tokens=required_int(m, "tok"), offsets=offsets, indices=indices,
+        id=checked_name(m, "jb"),
+        batch=required_int(m, "bi"),
+        start=start,
+        doc_ids=doc_ids,
+        dim=dim,
+        dtype=dtype,
+        data=data,
+        tokens=required_int(m, "tok"),
+        offsets=offsets,
+        indices=indices,
         chunks=ChunkRows.from_wire(m, len(doc_ids), start),
     )
 
 
 def _encode_load_report(msg: LoadReport) -> dict[str, Any]:
-    return {"wk": msg.id, "m": msg.model, "sub": msg.subject, "qt": msg.queued_tokens, "iv": msg.interval,
-            "l": msg.leaving, "r": msg.rate}
+    return {
+        "wk": msg.id,
+        "m": msg.model,
+        "sub": msg.subject,
+        "qt": msg.queued_tokens,
+        "iv": msg.interval,
+        "l": msg.leaving,
+        "r": msg.rate,
+    }
 
 
 def _decode_load_report(m: dict) -> LoadReport:
@@ -491,14 +563,28 @@ def _decode_load_report(m: dict) -> LoadReport:
     if not 0 < interval <= 60 or not isinstance(leaving, bool) or not 0 <= rate < 1e12:
         raise ProtocolError("load report: interval in (0, 60] seconds, a boolean leaving, a rate >= 0")
     return LoadReport(
-        id=checked_name(m, "wk"), model=checked_name(m, "m"), subject=checked_name(m, "sub", MAX_ID),
-        queued_tokens=required_int(m, "qt"), interval=interval, leaving=leaving, rate=rate,
+        id=checked_name(m, "wk"),
+        model=checked_name(m, "m"),
+        subject=checked_name(m, "sub", MAX_ID),
+        queued_tokens=required_int(m, "qt"),
+        interval=interval,
+        leaving=leaving,
+        rate=rate,
     )
 
 
 def _encode_rerank_request(msg: RerankRequest) -> dict[str, Any]:
-    body = {"id": msg.id, "m": msg.model, "q": msg.query, "x": msg.texts, "dl": msg.deadline, "k": msg.top_n,
-            "rs": msg.raw_scores, "tr": msg.truncate, "rt": msg.return_text}
+    body = {
+        "id": msg.id,
+        "m": msg.model,
+        "q": msg.query,
+        "x": msg.texts,
+        "dl": msg.deadline,
+        "k": msg.top_n,
+        "rs": msg.raw_scores,
+        "tr": msg.truncate,
+        "rt": msg.return_text,
+    }
     if msg.vectors is not None:
         body |= {"cv": np.ascontiguousarray(msg.vectors, dtype=FLOAT32.dtype).tobytes(), "cd": msg.vectors.shape[1]}
     return body
@@ -513,8 +599,9 @@ def _decode_rerank_request(m: dict) -> RerankRequest:
     if m.get("cv") is not None:
         data, dim = required(m, "cv", bytes), required_int(m, "cd")
         if not 0 < dim <= MAX_DIMENSION or len(data) % (4 * dim):
-            raise ProtocolError("candidate vectors must be n * dim little-endian float32 values, 0 < dim <= "
-                                f"{MAX_DIMENSION}")
+            raise ProtocolError(
+                f"candidate vectors must be n * dim little-endian float32 values, 0 < dim <= {MAX_DIMENSION}"
+            )
         if texts:
             raise ProtocolError("give candidates as texts or as vectors, not both")
         vectors = np.frombuffer(data, dtype=FLOAT32.dtype).reshape(-1, dim)
@@ -535,8 +622,11 @@ def _decode_rerank_request(m: dict) -> RerankRequest:
 
 
 def _encode_rerank_result(msg: RerankResult) -> dict[str, Any]:
-    body = {"id": msg.id, "ci": _tokens_wire(msg.indices),
-            "sc": np.ascontiguousarray(msg.scores, dtype=FLOAT32.dtype).tobytes()}
+    body = {
+        "id": msg.id,
+        "ci": _tokens_wire(msg.indices),
+        "sc": np.ascontiguousarray(msg.scores, dtype=FLOAT32.dtype).tobytes(),
+    }
     if msg.texts is not None:
         body["x"] = msg.texts
     return body
@@ -551,7 +641,10 @@ def _decode_rerank_result(m: dict) -> RerankResult:
     if texts is not None and len(texts) != len(indices):
         raise ProtocolError("texts and indices differ in length")
     return RerankResult(
-        id=checked_id(m), indices=indices, scores=np.frombuffer(scores_buf, dtype=FLOAT32.dtype), texts=texts,
+        id=checked_id(m),
+        indices=indices,
+        scores=np.frombuffer(scores_buf, dtype=FLOAT32.dtype),
+        texts=texts,
     )
 
 

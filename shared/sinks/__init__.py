@@ -27,15 +27,18 @@ def sink_for(url: str) -> Sink:
 
     scheme = urlsplit(url).scheme
     if scheme not in _STORES:
-        raise SinkError(f"unknown sink {scheme + '://' if scheme else url!r}: a sink is postgresql://, lancedb:// or "
-                        "qdrant://", retryable=False)
+        raise SinkError(
+            f"unknown sink {scheme + '://' if scheme else url!r}: a sink is postgresql://, lancedb:// or qdrant://",
+            retryable=False,
+        )
     module, name, packages = _STORES[scheme]
     try:
         cls = getattr(importlib.import_module(module), name)
         return cls(url)
     except ImportError as exc:
-        raise SinkError(f"the {scheme} sink needs {packages}: pip install 'embedfleet[sinks]' ({exc})",
-                        retryable=False) from None
+        raise SinkError(
+            f"the {scheme} sink needs {packages}: pip install 'embedfleet[sinks]' ({exc})", retryable=False
+        ) from None
 
 
 __all__ = ["Hit", "Rows", "SCHEMES", "Shape", "Sink", "SinkError", "sink_for"]

@@ -30,12 +30,18 @@ class LanceSink:
         params = dict(parse_qsl(parts.query))
         self.table_name = params.pop("table", "embeddings")
         if parts.netloc or not parts.path:
-            raise SinkError(f"{url!r}: a LanceDB URL names a folder on this machine: lancedb:///path/to/db?table=NAME",
-                            retryable=False)
+            raise SinkError(
+                f"{url!r}: a LanceDB URL names a folder on this machine: lancedb:///path/to/db?table=NAME",
+                retryable=False,
+            )
         if not _NAME.match(self.table_name):
-            raise SinkError(f"table={self.table_name!r} is not a plain table name (letters, digits, _ . -)", retryable=False)
+            raise SinkError(
+                f"table={self.table_name!r} is not a plain table name (letters, digits, _ . -)", retryable=False
+            )
         if params:
-            raise SinkError(f"unknown LanceDB URL parameters {', '.join(sorted(params))}: it takes 'table'", retryable=False)
+            raise SinkError(
+                f"unknown LanceDB URL parameters {', '.join(sorted(params))}: it takes 'table'", retryable=False
+            )
         self.path = parts.path
         self.shown = f"lancedb://{self.path}?table={self.table_name}"
         self._table: Any = None
@@ -51,8 +57,11 @@ class LanceSink:
 
         if shape.output == "sparse" or shape.form in ("int8", "uint8"):
             what = "sparse" if shape.output == "sparse" else shape.form
-            raise SinkError(f"LanceDB takes float32, float16, binary, ubinary and multi-vector rows, not {what}: "
-                            "store these in files or another sink", retryable=False)
+            raise SinkError(
+                f"LanceDB takes float32, float16, binary, ubinary and multi-vector rows, not {what}: "
+                "store these in files or another sink",
+                retryable=False,
+            )
         if shape.output == "multivector":
             vector = pa.list_(pa.list_(pa.float32(), shape.dim))
         elif FORMS[shape.form].packed:
@@ -60,7 +69,9 @@ class LanceSink:
         else:
             vector = pa.list_(pa.float16() if shape.form == "float16" else pa.float32(), shape.dim)
         chunk = [("chunk", pa.int32()), ("start_char", pa.int32()), ("end_char", pa.int32())] if shape.chunked else []
-        return pa.schema([("id", pa.string()), *chunk, ("vector", vector), ("metadata", pa.string()), ("text", pa.string())])
+        return pa.schema(
+            [("id", pa.string()), *chunk, ("vector", vector), ("metadata", pa.string()), ("text", pa.string())]
+        )
 
     def open(self, shape: Shape) -> None:
         import lancedb
@@ -77,8 +88,11 @@ class LanceSink:
         except Exception as exc:
             raise self._error(exc) from None
         if found != schema:
-            raise SinkError(f"table {self.table_name} has the columns {found.to_string(show_schema_metadata=False)!r}; "
-                            "this job's rows need another layout: name another table", retryable=False)
+            raise SinkError(
+                f"table {self.table_name} has the columns {found.to_string(show_schema_metadata=False)!r}; "
+                "this job's rows need another layout: name another table",
+                retryable=False,
+            )
 
     def attach(self) -> Shape:
         import lancedb
@@ -126,12 +140,17 @@ class LanceSink:
         columns: dict[str, Any] = {"id": [rows.ids[i] for i in take]}
         if shape.chunked:
             chunks = [rows.chunks[i] if rows.chunks else (0, None, None) for i in take]
-            columns |= {"chunk": [c[0] for c in chunks], "start_char": [c[1] for c in chunks],
-                        "end_char": [c[2] for c in chunks]}
+            columns |= {
+                "chunk": [c[0] for c in chunks],
+                "start_char": [c[1] for c in chunks],
+                "end_char": [c[2] for c in chunks],
+            }
         metadata = rows.metadata or [None] * len(rows.ids)
-        columns |= {"vector": vectors, "metadata": [None if metadata[i] is None else orjson.dumps(metadata[i]).decode()
-                                                    for i in take],
-                    "text": [rows.texts[i] if rows.texts is not None else None for i in take]}
+        columns |= {
+            "vector": vectors,
+            "metadata": [None if metadata[i] is None else orjson.dumps(metadata[i]).decode() for i in take],
+            "text": [rows.texts[i] if rows.texts is not None else None for i in take],
+        }
         key = ["id", "chunk"] if shape.chunked else ["id"]
         try:
             table = pa.table(columns, schema=schema)
@@ -157,14 +176,25 @@ class LanceSink:
         shape = self._shape
         assert shape is not None and self._table is not None, "open() first"
         if shape.output != "dense" or shape.form not in ("float32", "float16") or where:
-            raise SinkError("LanceDB tables are searched by dense float vectors without filters here: search a "
-                            "pgvector or Qdrant sink", retryable=False)
+            raise SinkError(
+                "LanceDB tables are searched by dense float vectors without filters here: search a "
+                "pgvector or Qdrant sink",
+                retryable=False,
+            )
         try:
             found = self._table.search(vector.astype(np.float32)).distance_type("cosine").limit(top_k).to_list()
         except Exception as exc:
             raise self._error(exc) from None
-        return [Hit(r["id"], 1.0 - float(r["_distance"]), orjson.loads(r["metadata"]) if r["metadata"] else {},
-                    r.get("chunk"), r.get("text")) for r in found]
+        return [
+            Hit(
+                r["id"],
+                1.0 - float(r["_distance"]),
+                orjson.loads(r["metadata"]) if r["metadata"] else {},
+                r.get("chunk"),
+                r.get("text"),
+            )
+            for r in found
+        ]
 
     def close(self) -> None:
         self._table = None

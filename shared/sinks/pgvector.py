@@ -26,9 +26,13 @@ from shared.vector_forms import FLOAT32, FORMS
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # pgvector's type, its HNSW operator class and distance operator, by the job's form (sparse: by output)
-_TYPES = {"float32": ("vector", "vector_cosine_ops", "<=>"), "float16": ("halfvec", "halfvec_cosine_ops", "<=>"),
-          "binary": ("bit", "bit_hamming_ops", "<~>"), "ubinary": ("bit", "bit_hamming_ops", "<~>"),
-          "sparse": ("sparsevec", "sparsevec_cosine_ops", "<=>")}
+_TYPES = {
+    "float32": ("vector", "vector_cosine_ops", "<=>"),
+    "float16": ("halfvec", "halfvec_cosine_ops", "<=>"),
+    "binary": ("bit", "bit_hamming_ops", "<~>"),
+    "ubinary": ("bit", "bit_hamming_ops", "<~>"),
+    "sparse": ("sparsevec", "sparsevec_cosine_ops", "<=>"),
+}
 # the most dimensions pgvector's HNSW indexes (non-zero elements for sparsevec)
 _INDEX_LIMITS = {"vector": 2000, "halfvec": 4000, "bit": 64000}
 # pgvector releases that brought a type (or its HNSW operator class); the bit type itself is PostgreSQL's
@@ -57,8 +61,11 @@ class PgVectorSink:
         host = parts.netloc.rpartition("@")[2]
         user = f"{parts.username}{':***' if parts.password else ''}@" if parts.username else ""
         shown_params = {k: v for k, v in params.items() if k != "password"}
-        query = urlencode({**shown_params, "table": self.table, **({} if self.index else {"index": "none"})}, safe="/",
-                          quote_via=quote)
+        query = urlencode(
+            {**shown_params, "table": self.table, **({} if self.index else {"index": "none"})},
+            safe="/",
+            quote_via=quote,
+        )
         self.shown = urlunsplit((parts.scheme, user + host, parts.path, query, ""))
         self._conn: Any = None
         self._shape: Shape | None = None
@@ -93,10 +100,14 @@ class PgVectorSink:
     def _type(self, shape: Shape) -> tuple[str, str, str]:
         key = "sparse" if shape.output == "sparse" else shape.form
         if shape.output == "multivector":
-            raise SinkError("pgvector has no multi-vector column: send multi-vector jobs to Qdrant or LanceDB, or to "
-                            "files", retryable=False)
+            raise SinkError(
+                "pgvector has no multi-vector column: send multi-vector jobs to Qdrant or LanceDB, or to files",
+                retryable=False,
+            )
         if key not in _TYPES:
-            raise SinkError(f"pgvector has no {shape.form} vectors: use float32, float16, binary or ubinary", retryable=False)
+            raise SinkError(
+                f"pgvector has no {shape.form} vectors: use float32, float16, binary or ubinary", retryable=False
+            )
         return _TYPES[key]
 
     def open(self, shape: Shape) -> None:
@@ -105,7 +116,9 @@ class PgVectorSink:
         kind, _, _ = self._type(shape)
         self._shape = shape
         column = f"{kind}({shape.dim})"
-        chunk_cols = sql.SQL("chunk integer NOT NULL, start_char integer, end_char integer, ") if shape.chunked else sql.SQL("")
+        chunk_cols = (
+            sql.SQL("chunk integer NOT NULL, start_char integer, end_char integer, ") if shape.chunked else sql.SQL("")
+        )
         key = sql.SQL("id, chunk" if shape.chunked else "id")
         table = sql.Identifier(self.table)
         try:
@@ -115,30 +128,45 @@ class PgVectorSink:
             raise self._error(exc) from None
         have = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
         if have < _SINCE.get(kind, (0, 0)):
-            raise SinkError(f"this server's pgvector is {version}; {kind} columns need pgvector "
-                            f"{'.'.join(map(str, _SINCE[kind]))} or later", retryable=False)
+            raise SinkError(
+                f"this server's pgvector is {version}; {kind} columns need pgvector "
+                f"{'.'.join(map(str, _SINCE[kind]))} or later",
+                retryable=False,
+            )
         try:
             with conn.transaction():
-                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text NOT NULL, {}embedding {} NOT NULL, "
-                                     "metadata jsonb, text text, PRIMARY KEY ({}))").format(
-                                         table, chunk_cols, sql.SQL(column), key))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (id text NOT NULL, {}embedding {} NOT NULL, "
+                        "metadata jsonb, text text, PRIMARY KEY ({}))"
+                    ).format(table, chunk_cols, sql.SQL(column), key)
+                )
                 columns = self._columns(conn)
         except Exception as exc:
             raise self._error(exc) from None
         if columns.get("embedding") != column:
-            raise SinkError(f"table {self.table} holds embedding {columns.get('embedding')}; this job makes {column}: "
-                            "name another table", retryable=False)
+            raise SinkError(
+                f"table {self.table} holds embedding {columns.get('embedding')}; this job makes {column}: "
+                "name another table",
+                retryable=False,
+            )
         if shape.chunked != ("chunk" in columns):
-            raise SinkError(f"table {self.table} {'has no' if shape.chunked else 'has a'} chunk column; this job "
-                            f"{'chunks' if shape.chunked else 'does not chunk'} its documents: name another table",
-                            retryable=False)
+            raise SinkError(
+                f"table {self.table} {'has no' if shape.chunked else 'has a'} chunk column; this job "
+                f"{'chunks' if shape.chunked else 'does not chunk'} its documents: name another table",
+                retryable=False,
+            )
 
     def _columns(self, conn) -> dict[str, str]:
         """The table's columns and their types as PostgreSQL writes them (``vector(384)``); none: no table.
         (The name is quoted, as the statements quote it: unquoted, PostgreSQL would fold it to lower case.)"""
-        return dict(conn.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped", (f'"{self.table}"',)).fetchall())
+        return dict(
+            conn.execute(
+                "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+                (f'"{self.table}"',),
+            ).fetchall()
+        )
 
     def attach(self) -> Shape:
         try:
@@ -149,8 +177,10 @@ class PgVectorSink:
             raise SinkError(f"PostgreSQL at {self.shown}: no table {self.table}: load one first", retryable=False)
         found = _COLUMN.match(columns.get("embedding", ""))
         if found is None or found.group(1) not in _FORMS:
-            raise SinkError(f"table {self.table} has no embedding column of pgvector's ({columns.get('embedding')})",
-                            retryable=False)
+            raise SinkError(
+                f"table {self.table} has no embedding column of pgvector's ({columns.get('embedding')})",
+                retryable=False,
+            )
         kind, dim = found.group(1), int(found.group(2))
         self._shape = Shape(_FORMS[kind], "sparse" if kind == "sparsevec" else "dense", dim, "chunk" in columns)
         return self._shape
@@ -167,7 +197,11 @@ class PgVectorSink:
         if shape.form == "float16":
             return [HalfVector(v) for v in vectors.astype(np.float16)]
         if FORMS[shape.form].packed:  # packed bits (binary: each byte shifted by -128)
-            packed = (vectors.astype(np.int16) + 128).astype(np.uint8) if shape.form == "binary" else vectors.astype(np.uint8)
+            packed = (
+                (vectors.astype(np.int16) + 128).astype(np.uint8)
+                if shape.form == "binary"
+                else vectors.astype(np.uint8)
+            )
             return [Bit(bits[: shape.dim]) for bits in np.unpackbits(packed, axis=1).astype(bool)]
         return [Vector(v) for v in vectors.astype(np.float32)]
 
@@ -190,18 +224,24 @@ class PgVectorSink:
         names = ["id", *(["chunk", "start_char", "end_char"] if shape.chunked else []), "embedding", "metadata", "text"]
         table, stage = sql.Identifier(self.table), sql.Identifier(f"embedfleet_stage_{self.table}"[:63])
         cols = sql.SQL(", ").join(map(sql.Identifier, names))
-        update = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n))
-                                    for n in names if n not in ("id", "chunk"))
+        update = sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in names if n not in ("id", "chunk")
+        )
         key = sql.SQL("id, chunk" if shape.chunked else "id")
         try:
             conn = self._connection()
             with conn.transaction():
-                conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DELETE ROWS").format(stage, table))
+                conn.execute(
+                    sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DELETE ROWS").format(stage, table)
+                )
                 with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
                     for row in keyed.values():
                         copy.write_row(row)
-                conn.execute(sql.SQL("INSERT INTO {0} ({1}) SELECT {1} FROM {2} ON CONFLICT ({3}) DO UPDATE SET {4}")
-                             .format(table, cols, stage, key, update))
+                conn.execute(
+                    sql.SQL("INSERT INTO {0} ({1}) SELECT {1} FROM {2} ON CONFLICT ({3}) DO UPDATE SET {4}").format(
+                        table, cols, stage, key, update
+                    )
+                )
         except SinkError:
             raise
         except Exception as exc:
@@ -216,13 +256,19 @@ class PgVectorSink:
         if not self.index:
             return
         if shape.dim > _INDEX_LIMITS.get(kind, 1 << 30):
-            raise SinkError(f"pgvector's HNSW index takes {kind} of at most {_INDEX_LIMITS[kind]} dimensions, these have "
-                            f"{shape.dim}: add index=none to the URL (or store float16)", retryable=False)
+            raise SinkError(
+                f"pgvector's HNSW index takes {kind} of at most {_INDEX_LIMITS[kind]} dimensions, these have "
+                f"{shape.dim}: add index=none to the URL (or store float16)",
+                retryable=False,
+            )
         try:
             conn = self._connection()
             with conn.transaction():
-                conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding {})").format(
-                    sql.Identifier(f"{self.table}_embedding_hnsw"[:63]), sql.Identifier(self.table), sql.SQL(ops)))
+                conn.execute(
+                    sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding {})").format(
+                        sql.Identifier(f"{self.table}_embedding_hnsw"[:63]), sql.Identifier(self.table), sql.SQL(ops)
+                    )
+                )
                 conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(self.table)))
         except Exception as exc:
             raise self._error(exc) from None
@@ -231,8 +277,11 @@ class PgVectorSink:
         from psycopg import sql
 
         try:
-            return int(self._connection().execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(self.table)))
-                       .fetchone()[0])
+            return int(
+                self._connection()
+                .execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(self.table)))
+                .fetchone()[0]
+            )
         except Exception as exc:
             raise self._error(exc) from None
 
@@ -245,12 +294,15 @@ class PgVectorSink:
         assert shape is not None, "open() first"
         kind, _, op = self._type(shape)
         if kind not in ("vector", "halfvec"):
-            raise SinkError(f"search over {kind} columns is not served: search a float32 or float16 table", retryable=False)
+            raise SinkError(
+                f"search over {kind} columns is not served: search a float32 or float16 table", retryable=False
+            )
         query = HalfVector(vector.astype(np.float16)) if kind == "halfvec" else Vector(vector.astype(np.float32))
         chunk = sql.SQL(", chunk") if shape.chunked else sql.SQL(", NULL")
         filtered = sql.SQL("WHERE metadata @> %(where)s") if where else sql.SQL("")
-        statement = sql.SQL("SELECT id{}, embedding {} %(q)s AS distance, metadata, text FROM {} {} ORDER BY distance "
-                            "LIMIT %(k)s").format(chunk, sql.SQL(op), sql.Identifier(self.table), filtered)
+        statement = sql.SQL(
+            "SELECT id{}, embedding {} %(q)s AS distance, metadata, text FROM {} {} ORDER BY distance LIMIT %(k)s"
+        ).format(chunk, sql.SQL(op), sql.Identifier(self.table), filtered)
         try:
             conn = self._connection()
             with conn.transaction():
@@ -259,7 +311,9 @@ class PgVectorSink:
                 found = conn.execute(statement, {"q": query, "k": top_k, "where": Jsonb(where or {})}).fetchall()
         except Exception as exc:
             raise self._error(exc) from None
-        return [Hit(doc_id, 1.0 - float(distance), meta or {}, chunk, text) for doc_id, chunk, distance, meta, text in found]
+        return [
+            Hit(doc_id, 1.0 - float(distance), meta or {}, chunk, text) for doc_id, chunk, distance, meta, text in found
+        ]
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

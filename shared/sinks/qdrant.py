@@ -40,13 +40,19 @@ class QdrantSink:
         self.collection = params.pop("collection", "embeddings")
         key_file = params.pop("api_key_file", None)
         if params:
-            raise SinkError(f"unknown Qdrant URL parameters {', '.join(sorted(params))}: it takes 'collection' and "
-                            "'api_key_file'", retryable=False)
+            raise SinkError(
+                f"unknown Qdrant URL parameters {', '.join(sorted(params))}: it takes 'collection' and 'api_key_file'",
+                retryable=False,
+            )
         if not _NAME.match(self.collection):
-            raise SinkError(f"collection={self.collection!r} is not a plain name (letters, digits, _ -)", retryable=False)
+            raise SinkError(
+                f"collection={self.collection!r} is not a plain name (letters, digits, _ -)", retryable=False
+            )
         self.local = not parts.netloc
         if self.local and not parts.path:
-            raise SinkError(f"{url!r}: name a server (qdrant://HOST:PORT) or a folder (qdrant:///path)", retryable=False)
+            raise SinkError(
+                f"{url!r}: name a server (qdrant://HOST:PORT) or a folder (qdrant:///path)", retryable=False
+            )
         self._where = parts.path if self.local else (parts.hostname or "localhost", parts.port or 6333)
         self._api_key = Path(key_file).read_text().strip() if key_file else os.environ.get("QDRANT_API_KEY")
         where = parts.path if self.local else parts.netloc.rpartition("@")[2]  # a local path begins with /
@@ -58,8 +64,9 @@ class QdrantSink:
         from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
         status = getattr(exc, "status_code", None)
-        retryable = (isinstance(exc, (ResponseHandlingException, ConnectionError, TimeoutError, OSError))
-                     or (isinstance(exc, UnexpectedResponse) and (status == 429 or (status or 0) >= 500)))
+        retryable = isinstance(exc, (ResponseHandlingException, ConnectionError, TimeoutError, OSError)) or (
+            isinstance(exc, UnexpectedResponse) and (status == 429 or (status or 0) >= 500)
+        )
         message = str(exc).strip() or type(exc).__name__
         if self._api_key:
             message = message.replace(self._api_key, "***")
@@ -83,12 +90,22 @@ class QdrantSink:
         if shape.output == "sparse":
             return {}, {_NAMES["sparse"]: models.SparseVectorParams()}
         if shape.form not in _DATATYPES:
-            raise SinkError(f"Qdrant stores float32, float16 and uint8 vectors, not {shape.form}: store float32 (and "
-                            "turn on Qdrant's own binary or scalar quantization) or use another sink", retryable=False)
-        multi = (models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
-                 if shape.output == "multivector" else None)
-        params = models.VectorParams(size=shape.dim, distance=models.Distance.COSINE, datatype=models.Datatype(shape.form),
-                                     multivector_config=multi)
+            raise SinkError(
+                f"Qdrant stores float32, float16 and uint8 vectors, not {shape.form}: store float32 (and "
+                "turn on Qdrant's own binary or scalar quantization) or use another sink",
+                retryable=False,
+            )
+        multi = (
+            models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+            if shape.output == "multivector"
+            else None
+        )
+        params = models.VectorParams(
+            size=shape.dim,
+            distance=models.Distance.COSINE,
+            datatype=models.Datatype(shape.form),
+            multivector_config=multi,
+        )
         return {_NAMES[shape.output]: params}, {}
 
     def open(self, shape: Shape) -> None:
@@ -108,16 +125,24 @@ class QdrantSink:
             fits = name in found_sparse
         else:
             have = found.get(name)
-            fits = have is not None and have.size == shape.dim and (have.multivector_config is None) == (shape.output != "multivector")
+            fits = (
+                have is not None
+                and have.size == shape.dim
+                and (have.multivector_config is None) == (shape.output != "multivector")
+            )
         if not fits:
-            raise SinkError(f"collection {self.collection} has no {name} vector of {shape.dim} dimensions: name another "
-                            "collection", retryable=False)
+            raise SinkError(
+                f"collection {self.collection} has no {name} vector of {shape.dim} dimensions: name another collection",
+                retryable=False,
+            )
 
     def attach(self) -> Shape:
         try:
             client = self._connect()
             if not client.collection_exists(self.collection):
-                raise SinkError(f"Qdrant at {self.shown}: no collection {self.collection}: load one first", retryable=False)
+                raise SinkError(
+                    f"Qdrant at {self.shown}: no collection {self.collection}: load one first", retryable=False
+                )
             config = client.get_collection(self.collection).config.params
             # a point's payload says whether the rows are chunks (a collection has no columns to say it)
             first = client.scroll(self.collection, limit=1, with_payload=True, with_vectors=False)[0]
@@ -135,8 +160,10 @@ class QdrantSink:
         elif _NAMES["sparse"] in (config.sparse_vectors or {}):
             self._shape = Shape("float32", "sparse", 0, chunked)  # a sparse vector's vocabulary is not recorded
         else:
-            raise SinkError(f"collection {self.collection} has none of the vectors a load makes ({', '.join(_NAMES)})",
-                            retryable=False)
+            raise SinkError(
+                f"collection {self.collection} has none of the vectors a load makes ({', '.join(_NAMES)})",
+                retryable=False,
+            )
         return self._shape
 
     def _vector(self, shape: Shape, value) -> Any:
@@ -144,7 +171,11 @@ class QdrantSink:
 
         if shape.output == "sparse":
             indices, values = value
-            return {_NAMES["sparse"]: models.SparseVector(indices=[int(i) for i in indices], values=[float(v) for v in values])}
+            return {
+                _NAMES["sparse"]: models.SparseVector(
+                    indices=[int(i) for i in indices], values=[float(v) for v in values]
+                )
+            }
         return {_NAMES[shape.output]: np.asarray(value, dtype=np.float32).tolist()}
 
     def write(self, rows: Rows) -> None:
@@ -161,8 +192,11 @@ class QdrantSink:
             if shape.chunked:
                 chunk, start, end = rows.chunks[i] if rows.chunks else (0, None, None)
                 payload |= {"chunk": chunk, "start_char": start, "end_char": end}
-            points.append(models.PointStruct(id=point_id(doc_id, chunk), vector=self._vector(shape, rows.vectors[i]),
-                                             payload=payload))
+            points.append(
+                models.PointStruct(
+                    id=point_id(doc_id, chunk), vector=self._vector(shape, rows.vectors[i]), payload=payload
+                )
+            )
         try:
             self._connect().upsert(self.collection, points=points, wait=True)
         except Exception as exc:
@@ -186,16 +220,37 @@ class QdrantSink:
             raise SinkError("search is served over dense vectors: search a dense collection", retryable=False)
         condition = None
         if where:
-            condition = models.Filter(must=[models.FieldCondition(key=f"metadata.{k}", match=models.MatchValue(value=v))
-                                            for k, v in where.items()])
+            condition = models.Filter(
+                must=[
+                    models.FieldCondition(key=f"metadata.{k}", match=models.MatchValue(value=v))
+                    for k, v in where.items()
+                ]
+            )
         try:
-            found = self._connect().query_points(self.collection, query=np.asarray(vector, np.float32).tolist(),
-                                                 using=_NAMES["dense"], limit=top_k, query_filter=condition,
-                                                 with_payload=True).points
+            found = (
+                self._connect()
+                .query_points(
+                    self.collection,
+                    query=np.asarray(vector, np.float32).tolist(),
+                    using=_NAMES["dense"],
+                    limit=top_k,
+                    query_filter=condition,
+                    with_payload=True,
+                )
+                .points
+            )
         except Exception as exc:
             raise self._error(exc) from None
-        return [Hit(p.payload["id"], float(p.score), p.payload.get("metadata") or {}, p.payload.get("chunk"),
-                    p.payload.get("text")) for p in found]
+        return [
+            Hit(
+                p.payload["id"],
+                float(p.score),
+                p.payload.get("metadata") or {},
+                p.payload.get("chunk"),
+                p.payload.get("text"),
+            )
+            for p in found
+        ]
 
     def close(self) -> None:
         client, self._client = self._client, None

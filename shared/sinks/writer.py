@@ -65,8 +65,16 @@ class SinkWriter:
     ``said(text)``: where the progress line goes (the bar's postfix, or a printed line); ``tell(line)``:
     where a wait for the store and its end are told (printed by reindex, logged by the gateway)."""
 
-    def __init__(self, sink: Sink, kv, job: str, sources: Sources, keep_vectors: bool,
-                 said: Callable[[str | None], None], tell: Callable[[str], None] = log.warning) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        kv,
+        job: str,
+        sources: Sources,
+        keep_vectors: bool,
+        said: Callable[[str | None], None],
+        tell: Callable[[str], None] = log.warning,
+    ) -> None:
         self.sink, self._kv, self._job, self._sources = sink, kv, job, sources
         self._keep = keep_vectors  # False: a vector written is dropped from the collector (no file wants it)
         self._said, self._tell = said, tell
@@ -86,8 +94,9 @@ class SinkWriter:
     async def flush(self, collector, final: bool = False) -> int:
         """Write what is pending when there is enough of it, or it waited long enough, or ``final``;
         returns the rows written (once the store took them)."""
-        if not self._pending or not (final or self._pending_rows >= BATCH_ROWS
-                                     or time.monotonic() - self._oldest >= BATCH_SECONDS):
+        if not self._pending or not (
+            final or self._pending_rows >= BATCH_ROWS or time.monotonic() - self._oldest >= BATCH_SECONDS
+        ):
             return 0
         written = 0
         while self._pending:
@@ -120,8 +129,12 @@ class SinkWriter:
             vectors: Any = [collector.got[d] for d in doc_ids]
             if vectors and isinstance(vectors[0], np.ndarray) and vectors[0].ndim == 1:
                 vectors = np.stack(vectors)  # dense: [n, width]
-            return Rows(doc_ids, vectors, None if fields is None else [fields.get(d) for d in doc_ids],
-                        texts=None if texts is None else [texts[d] for d in doc_ids])
+            return Rows(
+                doc_ids,
+                vectors,
+                None if fields is None else [fields.get(d) for d in doc_ids],
+                texts=None if texts is None else [texts[d] for d in doc_ids],
+            )
         ids, vectors, places, chunk_texts = [], [], [], []
         for doc_id in doc_ids:
             for k, vector, start, end, text in collector.chunks.rows_of(doc_id):
@@ -130,8 +143,13 @@ class SinkWriter:
                 places.append((k, start, end))
                 chunk_texts.append(text)
         with_text = any(t is not None for t in chunk_texts)
-        return Rows(ids, np.stack(vectors), None if fields is None else [fields.get(d) for d in ids], places,
-                    chunk_texts if with_text else None)
+        return Rows(
+            ids,
+            np.stack(vectors),
+            None if fields is None else [fields.get(d) for d in ids],
+            places,
+            chunk_texts if with_text else None,
+        )
 
     async def _retried(self, call: Callable[[], None], what: str) -> None:
         """``call`` in a thread until the store takes it; a retryable refusal waits and tries again."""
@@ -144,19 +162,21 @@ class SinkWriter:
                     raise
                 if since is None:
                     since = time.time()
-                    self._tell(f"job {self._job}: waiting for the store {self.sink.shown}, which refused {what}: "
-                            f"{exc.message}")
+                    self._tell(
+                        f"job {self._job}: waiting for the store {self.sink.shown}, which refused {what}: {exc.message}"
+                    )
                     await update_state(self._kv, self._job, partial(sink_waiting, message=exc.message, since=since))
                 pause = backoff.next()
-                self._said(f"waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))}, "
-                           f"next try in {pause:.1f}s")
+                self._said(
+                    f"waiting for the store since {time.strftime('%H:%M:%S', time.localtime(since))}, "
+                    f"next try in {pause:.1f}s"
+                )
                 await asyncio.sleep(pause)
                 continue
             if since is not None:
                 self.waited += time.time() - since
                 self._said(None)
-                self._tell(f"job {self._job}: the store {self.sink.shown} takes rows again after "
-                            f"{time.time() - since:.0f}s")
+                self._tell(
+                    f"job {self._job}: the store {self.sink.shown} takes rows again after {time.time() - since:.0f}s"
+                )
             return
-
-

@@ -56,8 +56,11 @@ def discovered(docs: list[dict], ip: str, ports: dict[str, int] | None = None) -
             for port in container.get("ports") or [None]:
                 address = ip if port is None else f"{ip}:{port['containerPort']}"
                 if port is not None:
-                    labels = {**labels, "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
-                              "__meta_kubernetes_pod_container_port_number": str(port["containerPort"])}
+                    labels = {
+                        **labels,
+                        "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                        "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                    }
                 groups.append({"targets": [address], "labels": labels})
     return groups
 

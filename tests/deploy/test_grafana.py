@@ -97,8 +97,9 @@ def test_queries_use_the_rate_interval_and_parse_as_promql(board, tmp_path):
 
 def test_queries_read_only_metrics_the_services_define(board):
     known = series_names()
-    unknown = sorted({f"{name} ({q.panel})" for q in dash.queries(board)
-                      for name, _ in q.selectors() if name not in known})
+    unknown = sorted(
+        {f"{name} ({q.panel})" for q in dash.queries(board) for name, _ in q.selectors() if name not in known}
+    )
     assert not unknown, f"the dashboard reads metrics no service defines: {unknown}"
 
 
@@ -113,7 +114,11 @@ def test_no_series_carries_a_label_prometheus_gives_its_targets():
     """``job`` and ``instance`` name the scrape job and target; a series with either would be renamed
     (``exported_job``) by a Prometheus that does not honour the services' labels."""
     reserved = {"job", "instance"}
-    clashes = [(family._name, label) for registry in registries().values()
-               for family in registry._collector_to_names for label in getattr(family, "_labelnames", ())
-               if label in reserved]
+    clashes = [
+        (family._name, label)
+        for registry in registries().values()
+        for family in registry._collector_to_names
+        for label in getattr(family, "_labelnames", ())
+        if label in reserved
+    ]
     assert not clashes, clashes

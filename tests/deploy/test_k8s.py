@@ -30,7 +30,9 @@ def env_names_by_command() -> dict[str, set[str]]:
 def containers(docs: list[dict]):
     for doc in docs:
         spec = doc.get("spec", {})
-        pod = spec.get("template", {}).get("spec") or spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec")
+        pod = spec.get("template", {}).get("spec") or spec.get("jobTemplate", {}).get("spec", {}).get(
+            "template", {}
+        ).get("spec")
         for c in (pod or {}).get("containers", []):
             yield doc, pod, c
 
@@ -54,8 +56,11 @@ def test_renders_and_validates_against_kubernetes_schemas(path):
 def test_every_env_var_in_the_manifests_is_read_by_the_service(path):
     docs = render(path)
     known = env_names_by_command()
-    maps = {(d["kind"], d["metadata"]["name"]): {**d.get("data", {}), **d.get("stringData", {})}
-            for d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    maps = {
+        (d["kind"], d["metadata"]["name"]): {**d.get("data", {}), **d.get("stringData", {})}
+        for d in docs
+        if d["kind"] in ("ConfigMap", "Secret")
+    }
     checked = 0
     for doc, _, c in containers(docs):
         if not c["image"].startswith("ghcr.io/embedfleet/"):
@@ -94,7 +99,11 @@ def _env(container: dict, docs: list[dict]) -> dict[str, str]:
     env = {}
     for source in container.get("envFrom", []):
         if "configMapRef" in source:
-            env |= next(d["data"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == source["configMapRef"]["name"])
+            env |= next(
+                d["data"]
+                for d in docs
+                if d["kind"] == "ConfigMap" and d["metadata"]["name"] == source["configMapRef"]["name"]
+            )
     env |= {e["name"]: e.get("value") for e in container.get("env", [])}
     return env
 
@@ -108,8 +117,12 @@ def test_prod_puts_one_worker_on_each_gpu_and_scales_on_the_bulk_lag():
     assert pod["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
     assert c["image"].endswith("-cuda") and _env(c, docs)["EMBEDFLEET_DEVICE"] == "cuda"
 
-    config = {k: v for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("embedfleet-")
-              for k, v in d["data"].items()}
+    config = {
+        k: v
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("embedfleet-")
+        for k, v in d["data"].items()
+    }
     subjects = Subjects(config["EMBEDFLEET_SUBJECT_PREFIX"])
     (scaled,) = [d for d in docs if d["kind"] == "ScaledObject"]
     assert scaled["spec"]["scaleTargetRef"]["name"] == "gpu-worker"
@@ -128,7 +141,9 @@ def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, server
     docs = render(path)
     nats = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "nats")
     assert nats["spec"]["replicas"] == servers
-    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")["data"]["nats.conf"]
+    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")["data"][
+        "nats.conf"
+    ]
     assert f"max_payload: {MAX_PAYLOAD}" in conf and "store_dir: /data/jetstream" in conf
     assert ("cluster {" in conf) == (servers > 1)
     if servers > 1:
@@ -142,8 +157,12 @@ def test_clients_know_every_nats_node_and_the_streams_survive_one_nodes_loss(pat
     from shared.config import NatsConfig
 
     docs = render(path)
-    values = {k: v for d in docs if d["kind"] in ("ConfigMap", "Secret") and d["metadata"]["name"].startswith("embedfleet-")
-              for k, v in {**d.get("data", {}), **d.get("stringData", {})}.items()}
+    values = {
+        k: v
+        for d in docs
+        if d["kind"] in ("ConfigMap", "Secret") and d["metadata"]["name"].startswith("embedfleet-")
+        for k, v in {**d.get("data", {}), **d.get("stringData", {})}.items()
+    }
     url = values["EMBEDFLEET_NATS_URL"]
     NatsConfig(url=url, subjects=Subjects("embedfleet"))  # as the services read it
     hosts = [urlsplit(u).hostname for u in url.split(",")]
@@ -194,5 +213,7 @@ def test_the_readmes_own_overlay_points_every_embedfleet_container_at_your_regis
     out = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     images = {c["image"] for _, _, c in containers([d for d in yaml.safe_load_all(out.stdout) if d])}
-    want = {"registry.example/embedfleet:0.1.0-cpu"} | ({"registry.example/embedfleet:0.1.0-cuda"} if overlay == "prod" else set())
+    want = {"registry.example/embedfleet:0.1.0-cpu"} | (
+        {"registry.example/embedfleet:0.1.0-cuda"} if overlay == "prod" else set()
+    )
     assert {i for i in images if "embedfleet" in i} == want

@@ -56,7 +56,7 @@ def test_every_container_connects_as_its_roles_user(prod):
 
 
 def test_the_gateway_asks_for_api_keys_from_a_secret(prod):
-    (spec, gateway), = [(s, c) for s, c in _containers(prod) if c["args"][0] == "gateway"]
+    ((spec, gateway),) = [(s, c) for s, c in _containers(prod) if c["args"][0] == "gateway"]
     keys = {e["name"]: e.get("value") for e in gateway["env"]}["EMBEDFLEET_API_KEYS_FILE"]
     assert _secret_behind(spec, gateway, keys) == "embedfleet-api-keys"
 
@@ -64,7 +64,9 @@ def test_the_gateway_asks_for_api_keys_from_a_secret(prod):
 @pytest.mark.parametrize("overlay, includes", [("overlays/prod", True), ("overlays/dev", False), ("base", False)])
 def test_nats_includes_the_authorization_where_it_should_and_the_server_accepts_it(overlay, includes, tmp_path):
     docs = render(overlay)
-    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")["data"]["nats.conf"]
+    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nats-config")["data"][
+        "nats.conf"
+    ]
     assert ("include ../nats-auth/auth.conf" in conf) == includes
     if not includes:
         return
@@ -75,13 +77,27 @@ def test_nats_includes_the_authorization_where_it_should_and_the_server_accepts_
     # the folders as the pod has them: the config in nats/, the Secret's auth.conf beside it in nats-auth/
     (tmp_path / "nats").mkdir()
     (tmp_path / "nats" / "nats.conf").write_text(conf)
-    made = subprocess.run([sys.executable, "-m", "services.cli", "auth", str(tmp_path / "nats-auth")], capture_output=True,
-                          text=True, timeout=60)
+    made = subprocess.run(
+        [sys.executable, "-m", "services.cli", "auth", str(tmp_path / "nats-auth")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
-    check = subprocess.run([find_binary(), "-t", "-c", str(tmp_path / "nats" / "nats.conf")], capture_output=True, text=True,
-                           timeout=30, env={**os.environ, "POD_NAME": "nats-0"})
+    check = subprocess.run(
+        [find_binary(), "-t", "-c", str(tmp_path / "nats" / "nats.conf")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "POD_NAME": "nats-0"},
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     (tmp_path / "nats-auth" / "auth.conf").write_text("authorization { users = [ {nkey: ")  # a broken one is refused
-    broken = subprocess.run([find_binary(), "-t", "-c", str(tmp_path / "nats" / "nats.conf")], capture_output=True,
-                            text=True, timeout=30, env={**os.environ, "POD_NAME": "nats-0"})
+    broken = subprocess.run(
+        [find_binary(), "-t", "-c", str(tmp_path / "nats" / "nats.conf")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "POD_NAME": "nats-0"},
+    )
     assert broken.returncode != 0

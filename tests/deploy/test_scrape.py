@@ -22,8 +22,12 @@ def matches(selector: dict, labels: dict[str, str]) -> bool:
         return False
     for e in selector.get("matchExpressions", []):
         key, op, values = e["key"], e["operator"], e.get("values", [])
-        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        ok = {
+            "In": labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
@@ -31,8 +35,11 @@ def matches(selector: dict, labels: dict[str, str]) -> bool:
 
 def scraped_pods(docs: list[dict]) -> dict[str, dict]:
     """Workload name -> pod template, for the pods annotated prometheus.io/scrape "true"."""
-    return {doc["metadata"]["name"]: t for doc, t in pod_templates(docs)
-            if t["metadata"].get("annotations", {}).get("prometheus.io/scrape") == "true"}
+    return {
+        doc["metadata"]["name"]: t
+        for doc, t in pod_templates(docs)
+        if t["metadata"].get("annotations", {}).get("prometheus.io/scrape") == "true"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +77,11 @@ def test_podmonitor_selects_exactly_the_annotated_pods(overlay):
     namespaces = {d["metadata"]["namespace"] for d in docs if d["kind"] == "Deployment"}
     # no namespaceSelector: the PodMonitor's own namespace, the manifests' one
     assert "namespaceSelector" not in monitor["spec"] and namespaces == {monitor["metadata"]["namespace"]}
-    selected = {doc["metadata"]["name"] for doc, t in pod_templates(docs)
-                if matches(monitor["spec"]["selector"], t["metadata"].get("labels", {}))}
+    selected = {
+        doc["metadata"]["name"]
+        for doc, t in pod_templates(docs)
+        if matches(monitor["spec"]["selector"], t["metadata"].get("labels", {}))
+    }
     pods = scraped_pods(docs)
     assert selected == set(pods), f"selects {sorted(selected)}; annotated for scraping: {sorted(pods)}"
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]

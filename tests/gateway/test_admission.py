@@ -20,9 +20,23 @@ def test_slots_are_taken_and_given_back_and_shown():
 
 
 def test_only_the_probes_are_exempt():
-    for method, path in (("GET", "/health"), ("HEAD", "/health"), ("GET", "/ping"), ("GET", "/"), ("GET", "/metrics"),
-                         ("GET", "/openapi.json")):
+    for method, path in (
+        ("GET", "/health"),
+        ("HEAD", "/health"),
+        ("GET", "/ping"),
+        ("GET", "/"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+    ):
         assert Admission.exempt(method, path), (method, path)
-    for method, path in (("POST", "/"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/x"), ("DELETE", "/v1/jobs/x"),
-                         ("GET", "/v1/models"), ("GET", "/info"), ("POST", "/embed"), ("POST", "/decode")):
+    for method, path in (
+        ("POST", "/"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/x"),
+        ("DELETE", "/v1/jobs/x"),
+        ("GET", "/v1/models"),
+        ("GET", "/info"),
+        ("POST", "/embed"),
+        ("POST", "/decode"),
+    ):
         assert not Admission.exempt(method, path), (method, path)

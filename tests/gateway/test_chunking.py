@@ -13,23 +13,27 @@ from shared.text_chunks import ChunkSpec, TextChunk
 def test_a_chunking_object_is_read_with_its_defaults():
     assert parse_chunking({}) is None
     assert parse_chunking({"chunking": {"size": 64}}) == Chunking(ChunkSpec(64, 0, "token"), False, "chunks")
-    assert parse_chunking({"chunking": {"size": 64, "overlap": 8, "boundary": "sentence", "late": False,
-                                        "return": "mean"}}) == Chunking(ChunkSpec(64, 8, "sentence"), False, "mean")
+    assert parse_chunking(
+        {"chunking": {"size": 64, "overlap": 8, "boundary": "sentence", "late": False, "return": "mean"}}
+    ) == Chunking(ChunkSpec(64, 8, "sentence"), False, "mean")
 
 
-@pytest.mark.parametrize("raw, param, message", [
-    ([64], "chunking", "'chunking' must be an object"),
-    ({"overlap": 2}, "chunking.size", "'chunking.size' is required"),
-    ({"size": 64, "stride": 2}, "chunking", "'chunking' has unknown keys 'stride'"),
-    ({"size": 0}, "chunking", "chunking.size must be an integer of at least 1, got 0"),
-    ({"size": "64"}, "chunking", "chunking.size must be an integer of at least 1, got '64'"),
-    ({"size": True}, "chunking", "chunking.size must be an integer of at least 1, got True"),
-    ({"size": 8, "overlap": 8}, "chunking", "chunking.overlap (8) must be less than chunking.size (8)"),
-    ({"size": 8, "overlap": -1}, "chunking", "chunking.overlap must be an integer of at least 0, got -1"),
-    ({"size": 8, "boundary": "word"}, "chunking.boundary", "'chunking.boundary' must be 'token' or 'sentence'"),
-    ({"size": 8, "late": "yes"}, "chunking.late", "'chunking.late' must be true or false"),
-    ({"size": 8, "return": "all"}, "chunking.return", "'chunking.return' must be 'chunks' or 'mean'"),
-])
+@pytest.mark.parametrize(
+    "raw, param, message",
+    [
+        ([64], "chunking", "'chunking' must be an object"),
+        ({"overlap": 2}, "chunking.size", "'chunking.size' is required"),
+        ({"size": 64, "stride": 2}, "chunking", "'chunking' has unknown keys 'stride'"),
+        ({"size": 0}, "chunking", "chunking.size must be an integer of at least 1, got 0"),
+        ({"size": "64"}, "chunking", "chunking.size must be an integer of at least 1, got '64'"),
+        ({"size": True}, "chunking", "chunking.size must be an integer of at least 1, got True"),
+        ({"size": 8, "overlap": 8}, "chunking", "chunking.overlap (8) must be less than chunking.size (8)"),
+        ({"size": 8, "overlap": -1}, "chunking", "chunking.overlap must be an integer of at least 0, got -1"),
+        ({"size": 8, "boundary": "word"}, "chunking.boundary", "'chunking.boundary' must be 'token' or 'sentence'"),
+        ({"size": 8, "late": "yes"}, "chunking.late", "'chunking.late' must be true or false"),
+        ({"size": 8, "return": "all"}, "chunking.return", "'chunking.return' must be 'chunks' or 'mean'"),
+    ],
+)
 def test_a_wrong_chunking_object_is_refused_with_its_parameter(raw, param, message):
     with pytest.raises(ApiError) as err:
         parse_chunking({"chunking": raw})
@@ -48,9 +52,11 @@ def test_the_mean_weighs_chunks_by_their_tokens_and_is_normalised_when_asked():
 
 def test_chunk_places_name_each_row_input_by_input():
     chunks = [[TextChunk(0, 5, 0, 3), TextChunk(4, 9, 2, 5)], [], [TextChunk(0, 4, 0, 4)]]
-    assert chunk_places(chunks) == [{"index": 0, "chunk": 0, "start": 0, "end": 5},
-                                    {"index": 0, "chunk": 1, "start": 4, "end": 9},
-                                    {"index": 2, "chunk": 0, "start": 0, "end": 4}]
+    assert chunk_places(chunks) == [
+        {"index": 0, "chunk": 0, "start": 0, "end": 5},
+        {"index": 0, "chunk": 1, "start": 4, "end": 9},
+        {"index": 2, "chunk": 0, "start": 0, "end": 4},
+    ]
 
 
 @pytest.mark.parametrize("field", ["input", "inputs", "texts"])

@@ -28,44 +28,85 @@ def _unit_rows(n: int, dim: int, seed: int = 0) -> np.ndarray:
 
 def test_v1_defaults_cut_the_end_and_answer_plain_floats():
     r = _parse({"texts": ["a", "b"]})
-    assert (r.version, r.model, r.inputs.texts, r.types, r.input_type, r.dimensions) == (1, None, ["a", "b"], None, None, None)
+    assert (r.version, r.model, r.inputs.texts, r.types, r.input_type, r.dimensions) == (
+        1,
+        None,
+        ["a", "b"],
+        None,
+        None,
+        None,
+    )
     assert r.form == "float32"
     assert r.options() == EmbedOptions(dtype="f4", truncate=True, truncation_direction="right")
 
 
-@pytest.mark.parametrize("cohere, prompt", [("search_query", "query"), ("search_document", "document"),
-                                            ("classification", "classification"), ("clustering", "clustering")])
+@pytest.mark.parametrize(
+    "cohere, prompt",
+    [
+        ("search_query", "query"),
+        ("search_document", "document"),
+        ("classification", "classification"),
+        ("clustering", "clustering"),
+    ],
+)
 def test_input_type_names_the_models_prompt(cohere, prompt):
     assert _parse({"texts": ["a"], "input_type": cohere}).options().input_type == prompt
 
 
-@pytest.mark.parametrize("truncate, options", [
-    ("END", {"truncate": True, "truncation_direction": "right"}),
-    ("START", {"truncate": True, "truncation_direction": "left"}),
-    ("NONE", {"truncate": False, "truncation_direction": "right"}),
-])
+@pytest.mark.parametrize(
+    "truncate, options",
+    [
+        ("END", {"truncate": True, "truncation_direction": "right"}),
+        ("START", {"truncate": True, "truncation_direction": "left"}),
+        ("NONE", {"truncate": False, "truncation_direction": "right"}),
+    ],
+)
 def test_truncate_sides(truncate, options):
     got = _parse({"texts": ["a"], "truncate": truncate}).options()
     assert (got.truncate, got.truncation_direction) == (options["truncate"], options["truncation_direction"])
 
 
-@pytest.mark.parametrize("types, form", [
-    (["float"], "float32"), (["int8"], "int8"), (["uint8"], "uint8"), (["binary"], "binary"), (["ubinary"], "ubinary"),
-    (["base64"], "float32"), (["float", "base64"], "float32"),  # one form: made on the worker
-    (["int8", "binary"], "float32"), (["uint8", "float"], "float32"),  # several: float32, quantized on the gateway
-])
+@pytest.mark.parametrize(
+    "types, form",
+    [
+        (["float"], "float32"),
+        (["int8"], "int8"),
+        (["uint8"], "uint8"),
+        (["binary"], "binary"),
+        (["ubinary"], "ubinary"),
+        (["base64"], "float32"),
+        (["float", "base64"], "float32"),  # one form: made on the worker
+        (["int8", "binary"], "float32"),
+        (["uint8", "float"], "float32"),  # several: float32, quantized on the gateway
+    ],
+)
 def test_the_worker_makes_the_types_one_form_or_float32(types, form):
     r = _parse({"texts": ["a"], "embedding_types": types})
     assert r.form == form and r.options().dtype == FORMS[form].wire
 
 
 def test_v2_fields():
-    r = _parse({"model": "m", "texts": ["a"], "input_type": "search_document", "output_dimension": 64, "max_tokens": 512,
-                "truncate": "START", "priority": 3}, version=2)
+    r = _parse(
+        {
+            "model": "m",
+            "texts": ["a"],
+            "input_type": "search_document",
+            "output_dimension": 64,
+            "max_tokens": 512,
+            "truncate": "START",
+            "priority": 3,
+        },
+        version=2,
+    )
     assert (r.model, r.types, r.dimensions, r.max_tokens, r.input_type) == ("m", ("float",), 64, 512, "document")
     assert (r.options().dimensions, r.options().truncation_direction) == (64, "left")
-    inputs = _parse({"inputs": [{"content": [{"type": "text", "text": "x"}]}, {"content": [{"type": "text", "text": "y"}]}],
-                     "embedding_types": ["int8", "int8", "float"]}, version=2)
+    inputs = _parse(
+        {
+            "inputs": [{"content": [{"type": "text", "text": "x"}]}, {"content": [{"type": "text", "text": "y"}]}],
+            "embedding_types": ["int8", "int8", "float"],
+        },
+        version=2,
+    )
     assert inputs.inputs.texts == ["x", "y"] and inputs.types == ("int8", "float")
 
 
@@ -74,30 +115,41 @@ def test_v1_ignores_v2_only_fields():
     assert (r.dimensions, r.max_tokens, r.inputs.texts) == (None, None, ["a"])
 
 
-@pytest.mark.parametrize("doc, version, param, fragment", [
-    ({}, 1, "texts", "'texts' is required"),
-    ({}, 2, "texts", "'texts' is required (or 'inputs')"),
-    ({"texts": []}, 1, "texts", "must not be an empty list"),
-    ({"texts": [1]}, 1, "texts", "'texts[0]' must be a string"),
-    ({"texts": ["a"], "images": ["data:image/png;base64,AA=="]}, 1, "images", "not supported"),
-    ({"texts": ["a"], "input_type": "image"}, 1, "input_type", "must be one of 'search_query'"),
-    ({"texts": ["a"], "input_type": "query"}, 2, "input_type", "must be one of"),
-    ({"texts": ["a"], "truncate": "MIDDLE"}, 1, "truncate", "'NONE', 'START' or 'END'"),
-    ({"texts": ["a"], "truncate": False}, 1, "truncate", "must be a string"),
-    ({"texts": ["a"], "embedding_types": []}, 1, "embedding_types", "non-empty list"),
-    ({"texts": ["a"], "embedding_types": "int8"}, 1, "embedding_types", "non-empty list"),
-    ({"texts": ["a"], "embedding_types": ["int4"]}, 2, "embedding_types",
-     "'float', 'int8', 'uint8', 'binary', 'ubinary', 'base64'"),
-    ({"texts": ["a"], "output_dimension": 0}, 2, "output_dimension", "positive integer"),
-    ({"texts": ["a"], "output_dimension": 1.5}, 2, "output_dimension", "must be an integer"),
-    ({"texts": ["a"], "max_tokens": 0}, 2, "max_tokens", "positive integer"),
-    ({"texts": ["a"], "inputs": [{"content": [{"type": "text", "text": "b"}]}]}, 2, "inputs", "not both"),
-    ({"inputs": "a"}, 2, "inputs", "must be a list"),
-    ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 2, "inputs", "one text item"),
-    ({"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, 2, "inputs",
-     "one text item"),
-    ({"inputs": []}, 2, "inputs", "must not be an empty list"),
-])
+@pytest.mark.parametrize(
+    "doc, version, param, fragment",
+    [
+        ({}, 1, "texts", "'texts' is required"),
+        ({}, 2, "texts", "'texts' is required (or 'inputs')"),
+        ({"texts": []}, 1, "texts", "must not be an empty list"),
+        ({"texts": [1]}, 1, "texts", "'texts[0]' must be a string"),
+        ({"texts": ["a"], "images": ["data:image/png;base64,AA=="]}, 1, "images", "not supported"),
+        ({"texts": ["a"], "input_type": "image"}, 1, "input_type", "must be one of 'search_query'"),
+        ({"texts": ["a"], "input_type": "query"}, 2, "input_type", "must be one of"),
+        ({"texts": ["a"], "truncate": "MIDDLE"}, 1, "truncate", "'NONE', 'START' or 'END'"),
+        ({"texts": ["a"], "truncate": False}, 1, "truncate", "must be a string"),
+        ({"texts": ["a"], "embedding_types": []}, 1, "embedding_types", "non-empty list"),
+        ({"texts": ["a"], "embedding_types": "int8"}, 1, "embedding_types", "non-empty list"),
+        (
+            {"texts": ["a"], "embedding_types": ["int4"]},
+            2,
+            "embedding_types",
+            "'float', 'int8', 'uint8', 'binary', 'ubinary', 'base64'",
+        ),
+        ({"texts": ["a"], "output_dimension": 0}, 2, "output_dimension", "positive integer"),
+        ({"texts": ["a"], "output_dimension": 1.5}, 2, "output_dimension", "must be an integer"),
+        ({"texts": ["a"], "max_tokens": 0}, 2, "max_tokens", "positive integer"),
+        ({"texts": ["a"], "inputs": [{"content": [{"type": "text", "text": "b"}]}]}, 2, "inputs", "not both"),
+        ({"inputs": "a"}, 2, "inputs", "must be a list"),
+        ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 2, "inputs", "one text item"),
+        (
+            {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+            2,
+            "inputs",
+            "one text item",
+        ),
+        ({"inputs": []}, 2, "inputs", "must not be an empty list"),
+    ],
+)
 def test_invalid_requests_answer_cohere_errors(doc, version, param, fragment):
     with pytest.raises(ApiError) as err:
         _parse(doc, version)
@@ -112,7 +164,9 @@ def test_limits_keep_their_status_but_over_long_is_400_in_cohere_shape():
         _parse({"texts": ["x" * 51]})
     assert err.value.status == 413  # the one table's status...
     answer = err.value.response("/v1/embed")
-    assert answer.status_code == 400 and "51 characters" in orjson.loads(answer.body)["message"]  # ...as Cohere answers it
+    assert (
+        answer.status_code == 400 and "51 characters" in orjson.loads(answer.body)["message"]
+    )  # ...as Cohere answers it
     assert err.value.response("/v1/embeddings").status_code == 413
     with pytest.raises(ApiError) as err:
         _parse({"texts": ["a"] * 5}, version=2)
@@ -168,23 +222,43 @@ def test_render_several_types_quantized_from_float32_by_the_workers_rule():
 
 
 def test_rerank_parse_and_render():
-    r = parse_rerank(orjson.dumps({"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1,
-                                   "max_tokens_per_doc": 4096, "priority": 0}), LIMITS)
-    assert (r.call.model, r.call.query, r.call.texts, r.call.top_n, r.max_tokens_per_doc) == ("m", "q", ["a", "b"], 1, 4096)
-    assert (r.call.truncate, r.call.raw_scores, r.call.return_text) == (True, False, False)  # documents are cut, as Cohere's
+    r = parse_rerank(
+        orjson.dumps(
+            {"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1, "max_tokens_per_doc": 4096, "priority": 0}
+        ),
+        LIMITS,
+    )
+    assert (r.call.model, r.call.query, r.call.texts, r.call.top_n, r.max_tokens_per_doc) == (
+        "m",
+        "q",
+        ["a", "b"],
+        1,
+        4096,
+    )
+    assert (r.call.truncate, r.call.raw_scores, r.call.return_text) == (
+        True,
+        False,
+        False,
+    )  # documents are cut, as Cohere's
     body = orjson.loads(render_rerank("id-7", np.array([1, 0], np.int32), np.array([0.75, 0.5], np.float32)))
-    assert body == {"id": "id-7", "results": [{"index": 1, "relevance_score": 0.75}, {"index": 0, "relevance_score": 0.5}],
-                    "meta": {"api_version": {"version": "2"}}}
+    assert body == {
+        "id": "id-7",
+        "results": [{"index": 1, "relevance_score": 0.75}, {"index": 0, "relevance_score": 0.5}],
+        "meta": {"api_version": {"version": "2"}},
+    }
 
 
-@pytest.mark.parametrize("doc, param, fragment", [
-    ({"documents": ["a"]}, "query", "'query' must be a non-empty string"),
-    ({"query": "q"}, "documents", "'documents' is required"),
-    ({"query": "q", "documents": [{"text": "a"}]}, "documents", "'documents[0]' must be a string"),
-    ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n", "positive integer"),
-    ({"query": "q", "documents": ["a"], "max_tokens_per_doc": -1}, "max_tokens_per_doc", "positive integer"),
-    ({"query": "q", "documents": ["a"], "relevant_spans": {"mode": "on"}}, "relevant_spans", "not supported"),
-])
+@pytest.mark.parametrize(
+    "doc, param, fragment",
+    [
+        ({"documents": ["a"]}, "query", "'query' must be a non-empty string"),
+        ({"query": "q"}, "documents", "'documents' is required"),
+        ({"query": "q", "documents": [{"text": "a"}]}, "documents", "'documents[0]' must be a string"),
+        ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n", "positive integer"),
+        ({"query": "q", "documents": ["a"], "max_tokens_per_doc": -1}, "max_tokens_per_doc", "positive integer"),
+        ({"query": "q", "documents": ["a"], "relevant_spans": {"mode": "on"}}, "relevant_spans", "not supported"),
+    ],
+)
 def test_rerank_invalid_requests(doc, param, fragment):
     with pytest.raises(ApiError) as err:
         parse_rerank(orjson.dumps(doc), LIMITS)
@@ -217,8 +291,11 @@ def test_render_chunk_rows_of_every_type_with_where_each_lies():
     r = _parse({"texts": ["a long one", "b"], "embedding_types": types, "chunking": {"size": 4}}, version=2)
     chunks = [[TextChunk(0, 6, 0, 2), TextChunk(2, 10, 1, 3)], [TextChunk(0, 1, 0, 1)]]
     body = orjson.loads(render_embed(r, "x", floats, "float32", 11, chunks))
-    assert body["chunks"] == [{"index": 0, "chunk": 0, "start": 0, "end": 6}, {"index": 0, "chunk": 1, "start": 2, "end": 10},
-                              {"index": 1, "chunk": 0, "start": 0, "end": 1}]
+    assert body["chunks"] == [
+        {"index": 0, "chunk": 0, "start": 0, "end": 6},
+        {"index": 0, "chunk": 1, "start": 2, "end": 10},
+        {"index": 1, "chunk": 0, "start": 0, "end": 1},
+    ]
     assert body["texts"] == ["a long one", "b"] and body["meta"]["billed_units"] == {"input_tokens": 11}
     got = body["embeddings"]
     assert list(got) == types and all(len(got[t]) == 3 for t in types)

@@ -32,8 +32,9 @@ class _Fleet:
 
 
 def _gateway(models: list[str], default: str | None) -> Gateway:
-    cfg = GatewayConfig(NatsConfig("nats://127.0.0.1:4222", Subjects()), "127.0.0.1", 8080, 30.0, 16, 1 << 20,
-                        default_model=default)
+    cfg = GatewayConfig(
+        NatsConfig("nats://127.0.0.1:4222", Subjects()), "127.0.0.1", 8080, 30.0, 16, 1 << 20, default_model=default
+    )
     gw = Gateway(cfg, Metrics())
     gw.discovery = _Fleet(models)
     return gw

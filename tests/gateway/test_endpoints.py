@@ -42,17 +42,30 @@ async def unexpected(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, ErrorCode.INTERNAL, "internal error")
 
 
-ROUTES = [Route("/ok", ok, methods=["POST"]), Route("/embed", refused, methods=["POST"]),
-          Route("/broken", broken, methods=["POST"]), Route("/left", left, methods=["POST"]),
-          Route("/jobs/{job}", ok, methods=["GET"]), Route("/info", ok, methods=["GET"])]
+ROUTES = [
+    Route("/ok", ok, methods=["POST"]),
+    Route("/embed", refused, methods=["POST"]),
+    Route("/broken", broken, methods=["POST"]),
+    Route("/left", left, methods=["POST"]),
+    Route("/jobs/{job}", ok, methods=["GET"]),
+    Route("/info", ok, methods=["GET"]),
+]
 ENDPOINTS = Endpoints(ROUTES, {ApiError: api_error, Exception: unexpected})
 
 
 def call(method: str, path: str, body: bytes = b"") -> list[dict]:
     """The messages the endpoint of (method, path) sends for a request of ``body``."""
     sent: list[dict] = []
-    scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b"", "root_path": "",
-             "scheme": "http", "server": ("127.0.0.1", 80)}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [],
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+    }
 
     async def receive() -> dict:
         return {"type": "http.request", "body": body, "more_body": False}
@@ -88,6 +101,7 @@ def test_an_api_error_is_answered_in_the_route_s_shape():
 def test_an_unexpected_error_is_answered_500_then_raised_on():
     sent: list[dict] = []
     with pytest.raises(RuntimeError, match="a bug"):
+
         async def run() -> None:
             async def receive() -> dict:
                 return {"type": "http.request", "body": b"", "more_body": False}
@@ -95,14 +109,26 @@ def test_an_unexpected_error_is_answered_500_then_raised_on():
             async def send(message: dict) -> None:
                 sent.append(message)
 
-            scope = {"type": "http", "method": "POST", "path": "/broken", "headers": [], "query_string": b"",
-                     "root_path": "", "scheme": "http", "server": ("127.0.0.1", 80)}
+            scope = {
+                "type": "http",
+                "method": "POST",
+                "path": "/broken",
+                "headers": [],
+                "query_string": b"",
+                "root_path": "",
+                "scheme": "http",
+                "server": ("127.0.0.1", 80),
+            }
             await ENDPOINTS.run(broken, scope, receive, send)
 
         asyncio.run(run())
     assert sent[0]["status"] == 500
-    assert orjson.loads(sent[1]["body"])["error"] == {"message": "internal error", "type": "server_error", "param": None,
-                                                      "code": "internal"}
+    assert orjson.loads(sent[1]["body"])["error"] == {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": "internal",
+    }
 
 
 def test_a_client_gone_is_raised_with_no_answer():

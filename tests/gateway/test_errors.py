@@ -49,8 +49,9 @@ def test_each_api_answers_each_code_in_its_shape(code):
     assert error.status == status
     openai = error.response(OPENAI)
     assert openai.status_code == status
-    assert orjson.loads(openai.body) == {"error": {"message": "went wrong", "type": openai_type, "param": "input",
-                                                   "code": openai_code}}
+    assert orjson.loads(openai.body) == {
+        "error": {"message": "went wrong", "type": openai_type, "param": "input", "code": openai_code}
+    }
     tei = error.response(TEI)
     assert tei.status_code == status and orjson.loads(tei.body) == {"error": "went wrong", "error_type": tei_type}
     cohere = error.response(COHERE)
@@ -59,11 +60,17 @@ def test_each_api_answers_each_code_in_its_shape(code):
 
 
 def test_cohere_differs_only_where_it_has_no_413_and_openai_codes_only_for_limits_and_routing():
-    assert {c for c, a in TABLE.items() if a.cohere_status != a.status} == {ErrorCode.INPUT_TOO_LONG,
-                                                                             ErrorCode.PAYLOAD_TOO_LARGE}
+    assert {c for c, a in TABLE.items() if a.cohere_status != a.status} == {
+        ErrorCode.INPUT_TOO_LONG,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+    }
     broader = {c for c, a in TABLE.items() if a.openai_code != c.value}
-    assert broader == {ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.TOO_MANY_INPUTS, ErrorCode.ROUTE_NOT_FOUND,
-                       ErrorCode.METHOD_NOT_ALLOWED}
+    assert broader == {
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.TOO_MANY_INPUTS,
+        ErrorCode.ROUTE_NOT_FOUND,
+        ErrorCode.METHOD_NOT_ALLOWED,
+    }
 
 
 def test_a_service_error_of_an_input_names_its_row():
@@ -76,21 +83,29 @@ def test_a_service_error_of_an_input_names_its_row():
 @pytest.fixture(scope="module")
 def app_client():
     """The gateway's app without its lifespan (no NATS): what it answers before any service is asked."""
-    cfg = GatewayConfig(NatsConfig("nats://127.0.0.1:4222", Subjects()), "127.0.0.1", 8080, 30.0, max_inputs=16,
-                        max_body_bytes=1000)
+    cfg = GatewayConfig(
+        NatsConfig("nats://127.0.0.1:4222", Subjects()), "127.0.0.1", 8080, 30.0, max_inputs=16, max_body_bytes=1000
+    )
     return TestClient(create_app(cfg))
 
 
 def test_routing_and_body_limits_answer_from_the_table(app_client):
     missing = app_client.get("/no-such-route")
     assert missing.status_code == 404
-    assert missing.json() == {"error": {"message": "Not Found", "type": "invalid_request_error", "param": None, "code": None}}
+    assert missing.json() == {
+        "error": {"message": "Not Found", "type": "invalid_request_error", "param": None, "code": None}
+    }
     wrong = app_client.get("/embed")
     assert wrong.status_code == 405 and wrong.json() == {"error": "Method Not Allowed", "error_type": "Validation"}
     big = {"model": "m", "input": "x" * 2000}
     over = app_client.post(OPENAI, json=big)
-    assert over.status_code == 413 and over.json() == {"error": {
-        "message": "request body is over the 1000 byte limit", "type": "invalid_request_error", "param": None,
-        "code": "invalid_request"}}
+    assert over.status_code == 413 and over.json() == {
+        "error": {
+            "message": "request body is over the 1000 byte limit",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_request",
+        }
+    }
     cohere = app_client.post(COHERE, json={"texts": ["x" * 2000]})
     assert cohere.status_code == 400 and cohere.json() == {"message": "request body is over the 1000 byte limit"}

@@ -58,13 +58,19 @@ async def _serve(app, request: bytes) -> RecordingTransport:
 
 def _app(*bodies: bytes, fail_after_start: bool = False):
     async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain")] + (
-                        [] if len(bodies) != 1 else [(b"content-length", str(len(bodies[0])).encode())])})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain")]
+                + ([] if len(bodies) != 1 else [(b"content-length", str(len(bodies[0])).encode())]),
+            }
+        )
         if fail_after_start:
             raise RuntimeError("the application failed after its response started")
         for i, body in enumerate(bodies):
             await send({"type": "http.response.body", "body": body, "more_body": i < len(bodies) - 1})
+
     return app
 
 
@@ -78,7 +84,9 @@ def test_a_response_goes_out_in_one_write():
 def test_a_streamed_response_s_head_goes_with_its_first_chunk_and_the_rest_follow():
     transport = asyncio.run(_serve(_app(b"one", b"two", b""), b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"))
     assert len(transport.writes) == 3
-    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and transport.writes[0].endswith(b"\r\n\r\n3\r\none\r\n")
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and transport.writes[0].endswith(
+        b"\r\n\r\n3\r\none\r\n"
+    )
     assert transport.writes[1:] == [b"3\r\ntwo\r\n", b"0\r\n\r\n"]
 
 
@@ -109,7 +117,11 @@ def test_100_continue_is_written_at_once_and_the_response_after_it():
 def test_a_head_without_body_is_written_before_the_connection_closes(close):
     """An application that fails after starting its response: uvicorn closes the connection; the
     head held for the body is written first, as uvicorn alone would have written it."""
-    transport = asyncio.run(_serve(_app(b"x", fail_after_start=True),
-                                   b"GET / HTTP/1.1\r\nhost: x\r\n" + (b"connection: close\r\n" if close else b"") + b"\r\n"))
+    transport = asyncio.run(
+        _serve(
+            _app(b"x", fail_after_start=True),
+            b"GET / HTTP/1.1\r\nhost: x\r\n" + (b"connection: close\r\n" if close else b"") + b"\r\n",
+        )
+    )
     assert transport.closed
     assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")

@@ -17,6 +17,7 @@ WORDS = " ".join(f"w{k}" for k in range(40))  # "w0 w1 ... w39": a word a token,
 
 def _layout(texts: list[str], cuts: list[list[tuple[int, int]]], room: int) -> ChunkLayout:
     """Chunks of whole words (token k is word k), as a tokenizer would cut them."""
+
     def chunk(text: str, first: int, last: int) -> TextChunk:
         words = text.split(" ")
         start = sum(len(w) + 1 for w in words[:first])
@@ -62,10 +63,20 @@ def test_a_layout_that_does_not_say_its_room_is_refused():
     assert err.value.code is ErrorCode.INTERNAL and "upgrade it" in err.value.message
 
 
-@pytest.mark.parametrize("worker, message", [
-    ({"task": "score", "outputs": "dense"}, "late chunking pools an embedder's token vectors; m is a cross-encoder"),
-    ({"task": "embed", "outputs": "sparse"}, "late chunking pools token vectors into dense vectors; m makes no dense"),
-], ids=["reranker", "sparse-only"])
+@pytest.mark.parametrize(
+    "worker, message",
+    [
+        (
+            {"task": "score", "outputs": "dense"},
+            "late chunking pools an embedder's token vectors; m is a cross-encoder",
+        ),
+        (
+            {"task": "embed", "outputs": "sparse"},
+            "late chunking pools token vectors into dense vectors; m makes no dense",
+        ),
+    ],
+    ids=["reranker", "sparse-only"],
+)
 def test_models_without_token_vectors_to_pool_are_refused(worker, message):
     with pytest.raises(ApiError) as err:
         check_model("m", worker)

@@ -29,6 +29,7 @@ class FakeJetStream:
         self.calls += 1
         return [SimpleNamespace(name=n, num_pending=p, num_ack_pending=a) for n, p, a in self.consumers.get(stream, [])]
 
+
 # what a submission records besides model and documents (shared/job_state.py's SUBMISSION)
 SUBMITTED = {"input": "inline", "embedding_type": "float32", "output": "dense"}
 
@@ -44,8 +45,9 @@ class FakeBucket:
         """The bucket's stream: its sequence numbers move with every change of a state, as a real one's do."""
         self.status_calls += 1
         seq = hash(json.dumps(self.states, sort_keys=True))
-        return SimpleNamespace(stream_info=SimpleNamespace(state=SimpleNamespace(first_seq=1, last_seq=seq,
-                                                                                 messages=len(self.states))))
+        return SimpleNamespace(
+            stream_info=SimpleNamespace(state=SimpleNamespace(first_seq=1, last_seq=seq, messages=len(self.states)))
+        )
 
     async def keys(self):
         self.listings += 1
@@ -83,13 +85,38 @@ def test_stage_seconds_by_model():
 def test_lag_per_stage_and_job_progress():
     metrics = Metrics()
     js = FakeJetStream({"EMBEDFLEET_JOBS": [("tokenizers-m", 3, 1)], "EMBEDFLEET_BULK": [("workers-m", 0, 2)]})
-    kv = FakeBucket({
-        "run": {**SUBMITTED, "job": "run", "model": "m", "status": "running", "documents": 100, "done": 40, "failed": 2},
-        "old": {**SUBMITTED, "job": "old", "model": "m", "status": "done", "documents": 5, "done": 5,
-                "finished": NOW - KEEP_FINISHED - 1},
-        "new": {**SUBMITTED, "job": "new", "model": "m", "status": "done_with_errors", "documents": 9, "done": 8, "failed": 1,
-                "finished": NOW - 10},
-    })
+    kv = FakeBucket(
+        {
+            "run": {
+                **SUBMITTED,
+                "job": "run",
+                "model": "m",
+                "status": "running",
+                "documents": 100,
+                "done": 40,
+                "failed": 2,
+            },
+            "old": {
+                **SUBMITTED,
+                "job": "old",
+                "model": "m",
+                "status": "done",
+                "documents": 5,
+                "done": 5,
+                "finished": NOW - KEEP_FINISHED - 1,
+            },
+            "new": {
+                **SUBMITTED,
+                "job": "new",
+                "model": "m",
+                "status": "done_with_errors",
+                "documents": 9,
+                "done": 8,
+                "failed": 1,
+                "finished": NOW - 10,
+            },
+        }
+    )
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW))
     text = _text(metrics)
     assert value(text, "embedfleet_bulk_lag", stage="tokenizer", consumer="tokenizers-m") == 4
@@ -167,8 +194,19 @@ def test_an_unchanged_bucket_is_not_listed_again():
     server makes and removes) and no state is read; the gauges stay, a finished job's still ages out."""
     metrics = Metrics()
     js = FakeJetStream({})
-    kv = FakeBucket({"new": {**SUBMITTED, "job": "new", "model": "m", "status": "done", "documents": 9, "done": 9,
-                             "finished": NOW - 10}})
+    kv = FakeBucket(
+        {
+            "new": {
+                **SUBMITTED,
+                "job": "new",
+                "model": "m",
+                "status": "done",
+                "documents": 9,
+                "done": 9,
+                "finished": NOW - 10,
+            }
+        }
+    )
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW))
     assert (kv.listings, kv.reads) == (1, ["new"])
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + 5))

@@ -26,23 +26,38 @@ def test_card_keeps_openai_fields_and_adds_the_model_facts():
     tokenizer = {"model": "m", "max_seq_length": "512", "prompts": "document,query", "dim": "768"}
     worker = {"model": "m", "dim": "768", "task": "embed", "outputs": "dense,sparse"}
     assert model_card("m", tokenizer, worker, True) == {
-        "id": "m", "object": "model", "created": 0, "owned_by": "embedfleet",
-        "kind": "embedding", "dimensions": 768, "max_tokens": 512, "outputs": ["dense", "sparse"],
-        "prompts": ["document", "query"], "default": True,
+        "id": "m",
+        "object": "model",
+        "created": 0,
+        "owned_by": "embedfleet",
+        "kind": "embedding",
+        "dimensions": 768,
+        "max_tokens": 512,
+        "outputs": ["dense", "sparse"],
+        "prompts": ["document", "query"],
+        "default": True,
     }
 
 
 def test_card_of_a_process_that_says_little():
     card = model_card("old", {"max_seq_length": "n/a"}, {}, False)
     assert (card["kind"], card["dimensions"], card["max_tokens"], card["outputs"], card["prompts"]) == (
-        "embedding", None, None, ["dense"], [])
+        "embedding",
+        None,
+        None,
+        ["dense"],
+        [],
+    )
 
 
 def test_list_marks_one_default():
     meta = {"a": {"dim": "1", "task": "score"}, "b": {"dim": "8"}}
     body = render_models(["a", "b"], {}, meta, "b")
     assert body["object"] == "list"
-    assert [(m["id"], m["kind"], m["default"]) for m in body["data"]] == [("a", "rerank", False), ("b", "embedding", True)]
+    assert [(m["id"], m["kind"], m["default"]) for m in body["data"]] == [
+        ("a", "rerank", False),
+        ("b", "embedding", True),
+    ]
 
 
 def test_a_classifier_lists_its_labels():

@@ -21,8 +21,16 @@ def _parse(doc):
 def test_string_and_list_inputs():
     r = _parse({"model": "m", "input": "hi"})
     assert (r.texts, r.encoding_format, r.dimensions) == (["hi"], "float", None)
-    r = _parse({"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8, "user": "u",
-                "input_type": "query"})
+    r = _parse(
+        {
+            "model": "m",
+            "input": ["a", "b"],
+            "encoding_format": "base64",
+            "dimensions": 8,
+            "user": "u",
+            "input_type": "query",
+        }
+    )
     assert (r.texts, r.encoding_format, r.dimensions, r.input_type) == (["a", "b"], "base64", 8, "query")
     assert r.inputs.token_ids is None
 
@@ -45,15 +53,22 @@ def test_token_id_inputs():
         (orjson.dumps({"model": "m", "input": []}), "input", "must not be an empty list"),
         (orjson.dumps({"model": "m", "input": ["a", None]}), "input", "'input[1]' must be a string, got null"),
         (orjson.dumps({"model": "m", "input": {"a": 1}}), "input", "got object"),
-        (orjson.dumps({"model": "m", "input": "a", "encoding_format": "hex"}), "encoding_format", "'float' or 'base64'"),
+        (
+            orjson.dumps({"model": "m", "input": "a", "encoding_format": "hex"}),
+            "encoding_format",
+            "'float' or 'base64'",
+        ),
         (orjson.dumps({"model": "m", "input": "a", "dimensions": 0}), "dimensions", "positive integer"),
         (orjson.dumps({"model": "m", "input": "a", "dimensions": True}), "dimensions", "must be an integer"),
         (orjson.dumps({"model": "m", "input": "a", "user": 5}), "user", "'user' must be a string"),
         (orjson.dumps({"model": "m", "input": "a", "input_type": "passage"}), "input_type", "'query' or 'document'"),
         (orjson.dumps({"model": "m", "input": [[101], []]}), "input", "non-empty list of token IDs"),
         (orjson.dumps({"model": "m", "input": [[101], "x"]}), "input", "non-empty list of token IDs"),
-        (orjson.dumps({"model": "m", "input": "a", "embedding_type": "int4"}), "embedding_type",
-         "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'"),
+        (
+            orjson.dumps({"model": "m", "input": "a", "embedding_type": "int4"}),
+            "embedding_type",
+            "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'",
+        ),
         (orjson.dumps({"model": "m", "input": "a", "embedding_type": ["int8"]}), "embedding_type", "must be a string"),
         (orjson.dumps({"model": "m", "input": "a", "embedding_type": "INT8"}), "embedding_type", "must be one of"),
     ],
@@ -81,8 +96,16 @@ def test_render_float_and_base64_agree():
 
 @pytest.mark.parametrize(
     "name, form",
-    [(None, "float32"), ("float", "float32"), ("float32", "float32"), ("float16", "float16"), ("int8", "int8"),
-     ("uint8", "uint8"), ("binary", "binary"), ("ubinary", "ubinary")],
+    [
+        (None, "float32"),
+        ("float", "float32"),
+        ("float32", "float32"),
+        ("float16", "float16"),
+        ("int8", "int8"),
+        ("uint8", "uint8"),
+        ("binary", "binary"),
+        ("ubinary", "ubinary"),
+    ],
 )
 def test_embedding_type_names_a_form(name, form):
     doc = {"model": "m", "input": "a", "dimensions": 64} | ({} if name is None else {"embedding_type": name})

@@ -52,4 +52,6 @@ def test_each_route_s_errors_take_its_api_s_shape(route):
 
 def test_a_path_no_route_has_answers_in_openai_s_shape():
     assert api_of("/no/such/route") is Api.OPENAI
-    assert orjson.loads(error_response("/no/such/route", ErrorCode.ROUTE_NOT_FOUND, "Not Found").body)["error"]["message"]
+    assert orjson.loads(error_response("/no/such/route", ErrorCode.ROUTE_NOT_FOUND, "Not Found").body)["error"][
+        "message"
+    ]

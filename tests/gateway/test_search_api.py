@@ -22,8 +22,13 @@ def _parse(**body) -> SearchCall:
 
 def test_defaults_and_every_field():
     assert _parse(query="q") == SearchCall(None, "q", DEFAULT_TOP_K, {}, None)
-    call = _parse(model="m", query="q", top_k=3, filter={"lang": "en", "year": 2020, "ok": True},
-                  rerank={"model": "r", "top_n": 2})
+    call = _parse(
+        model="m",
+        query="q",
+        top_k=3,
+        filter={"lang": "en", "year": 2020, "ok": True},
+        rerank={"model": "r", "top_n": 2},
+    )
     assert call == SearchCall("m", "q", 3, {"lang": "en", "year": 2020, "ok": True}, RerankAsk("r", 2))
     assert _parse(query="q", rerank={"model": "r"}).rerank == RerankAsk("r", None)
     assert _parse(query="q", filter=None, rerank=None, top_k=None) == SearchCall(None, "q", DEFAULT_TOP_K, {}, None)
@@ -31,36 +36,52 @@ def test_defaults_and_every_field():
     assert parse_search(orjson.dumps({"query": "q", "top_k": 50}), Limits(50, 100)).top_k == 50
 
 
-@pytest.mark.parametrize("body, param, message", [
-    ({}, "query", "'query' must be a non-empty string"),
-    ({"query": ""}, "query", "'query' must be a non-empty string"),
-    ({"query": "x" * 101}, "query", "'query' has 101 characters"),
-    ({"query": "q", "model": ""}, "model", "'model' must name a served model"),
-    ({"query": "q", "model": 3}, "model", "'model' must be a string"),
-    ({"query": "q", "top_k": 0}, "top_k", "'top_k' must be an integer in 1..1000"),
-    ({"query": "q", "top_k": MAX_TOP_K + 1}, "top_k", "'top_k' must be an integer in 1..1000"),
-    ({"query": "q", "top_k": 2.5}, "top_k", "'top_k' must be an integer"),
-    ({"query": "q", "top_k": True}, "top_k", "'top_k' must be an integer"),
-    ({"query": "q", "filter": ["lang"]}, "filter", "'filter' must be an object"),
-    ({"query": "q", "filter": {"lang": 1.5}}, "filter", "'filter.lang' must be a string, an integer (64 bits) or a boolean"),
-    ({"query": "q", "filter": {"lang": None}}, "filter", "'filter.lang' must be a string"),
-    ({"query": "q", "filter": {"lang": ["en"]}}, "filter", "'filter.lang' must be a string"),
-    ({"query": "q", "filter": {"n": 2**63}}, "filter", "'filter.n' must be a string, an integer (64 bits)"),
-    ({"query": "q", "filter": {"a.b": "x"}}, "filter", "'filter' field 'a.b' is not a plain name"),
-    ({"query": "q", "filter": {"": "x"}}, "filter", "'filter' field '' is not a plain name"),
-    ({"query": "q", "filter": {"s": "x" * 1025}}, "filter", "'filter.s' has 1025 characters"),
-    ({"query": "q", "filter": {f"f{i}": i for i in range(17)}}, "filter", "'filter' has 17 fields; the limit is 16"),
-    ({"query": "q", "rerank": "r"}, "rerank", "'rerank' must be an object with 'model'"),
-    ({"query": "q", "rerank": {}}, "rerank.model", "'rerank.model' is required"),
-    ({"query": "q", "rerank": {"model": "r", "top_k": 3}}, "rerank", "'rerank' has unknown keys 'top_k'"),
-    ({"query": "q", "rerank": {"model": "r", "top_n": 0}}, "rerank.top_n", "'rerank.top_n' must be a positive integer"),
-    ({"query": "q", "rerank": {"model": "r", "top_n": "3"}}, "rerank.top_n", "'rerank.top_n' must be an integer"),
-])
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({}, "query", "'query' must be a non-empty string"),
+        ({"query": ""}, "query", "'query' must be a non-empty string"),
+        ({"query": "x" * 101}, "query", "'query' has 101 characters"),
+        ({"query": "q", "model": ""}, "model", "'model' must name a served model"),
+        ({"query": "q", "model": 3}, "model", "'model' must be a string"),
+        ({"query": "q", "top_k": 0}, "top_k", "'top_k' must be an integer in 1..1000"),
+        ({"query": "q", "top_k": MAX_TOP_K + 1}, "top_k", "'top_k' must be an integer in 1..1000"),
+        ({"query": "q", "top_k": 2.5}, "top_k", "'top_k' must be an integer"),
+        ({"query": "q", "top_k": True}, "top_k", "'top_k' must be an integer"),
+        ({"query": "q", "filter": ["lang"]}, "filter", "'filter' must be an object"),
+        (
+            {"query": "q", "filter": {"lang": 1.5}},
+            "filter",
+            "'filter.lang' must be a string, an integer (64 bits) or a boolean",
+        ),
+        ({"query": "q", "filter": {"lang": None}}, "filter", "'filter.lang' must be a string"),
+        ({"query": "q", "filter": {"lang": ["en"]}}, "filter", "'filter.lang' must be a string"),
+        ({"query": "q", "filter": {"n": 2**63}}, "filter", "'filter.n' must be a string, an integer (64 bits)"),
+        ({"query": "q", "filter": {"a.b": "x"}}, "filter", "'filter' field 'a.b' is not a plain name"),
+        ({"query": "q", "filter": {"": "x"}}, "filter", "'filter' field '' is not a plain name"),
+        ({"query": "q", "filter": {"s": "x" * 1025}}, "filter", "'filter.s' has 1025 characters"),
+        (
+            {"query": "q", "filter": {f"f{i}": i for i in range(17)}},
+            "filter",
+            "'filter' has 17 fields; the limit is 16",
+        ),
+        ({"query": "q", "rerank": "r"}, "rerank", "'rerank' must be an object with 'model'"),
+        ({"query": "q", "rerank": {}}, "rerank.model", "'rerank.model' is required"),
+        ({"query": "q", "rerank": {"model": "r", "top_k": 3}}, "rerank", "'rerank' has unknown keys 'top_k'"),
+        (
+            {"query": "q", "rerank": {"model": "r", "top_n": 0}},
+            "rerank.top_n",
+            "'rerank.top_n' must be a positive integer",
+        ),
+        ({"query": "q", "rerank": {"model": "r", "top_n": "3"}}, "rerank.top_n", "'rerank.top_n' must be an integer"),
+    ],
+)
 def test_refusals_name_their_field(body, param, message):
     with pytest.raises(ApiError) as err:
         parse_search(orjson.dumps(body), LIMITS)
     assert (err.value.code, err.value.param) == (ErrorCode.INVALID_REQUEST, param) or (
-        err.value.code is ErrorCode.INPUT_TOO_LONG and param == "query")
+        err.value.code is ErrorCode.INPUT_TOO_LONG and param == "query"
+    )
     assert err.value.message.startswith(message), err.value.message
 
 
@@ -74,11 +95,16 @@ HITS = [Hit("a", 0.9, {"k": 1}), Hit("b", 0.8, {}, chunk=2, text="bee"), Hit("c"
 
 def test_the_answer_keeps_the_store_s_order_and_says_only_what_rows_have():
     body = orjson.loads(render_search("m", HITS, 7))
-    assert body == {"object": "list", "model": "m", "data": [
-        {"object": "search_result", "id": "a", "score": 0.9, "metadata": {"k": 1}},
-        {"object": "search_result", "id": "b", "chunk": 2, "score": 0.8, "text": "bee", "metadata": {}},
-        {"object": "search_result", "id": "c", "score": 0.7, "text": "sea", "metadata": {"k": 3}},
-    ], "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+    assert body == {
+        "object": "list",
+        "model": "m",
+        "data": [
+            {"object": "search_result", "id": "a", "score": 0.9, "metadata": {"k": 1}},
+            {"object": "search_result", "id": "b", "chunk": 2, "score": 0.8, "text": "bee", "metadata": {}},
+            {"object": "search_result", "id": "c", "score": 0.7, "text": "sea", "metadata": {"k": 3}},
+        ],
+        "usage": {"prompt_tokens": 7, "total_tokens": 7},
+    }
     assert orjson.loads(render_search("m", [], 3))["data"] == []
 
 

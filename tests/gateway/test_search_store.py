@@ -21,8 +21,14 @@ from tests.conftest import unit_rows
 def _load(url: str, vectors: np.ndarray) -> None:
     sink = sink_for(url)
     sink.open(Shape("float32", "dense", vectors.shape[1]))
-    sink.write(Rows([f"d{i}" for i in range(len(vectors))], vectors, [{"n": i} for i in range(len(vectors))],
-                    texts=[f"text {i}" for i in range(len(vectors))]))
+    sink.write(
+        Rows(
+            [f"d{i}" for i in range(len(vectors))],
+            vectors,
+            [{"n": i} for i in range(len(vectors))],
+            texts=[f"text {i}" for i in range(len(vectors))],
+        )
+    )
     sink.close()
 
 
@@ -37,8 +43,13 @@ def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
     store = SearchStore(sink_for(url))
     vectors = unit_rows(20, 8)
     missing = _refusal(store.search("m", vectors[0], 3, {}, 10))
-    assert (missing.code, missing.message) == (ErrorCode.NO_RESPONDERS, (f"the search store is unavailable: LanceDB at "
-                                                f"lancedb://{tmp_path}/db?table=docs: no table docs: load one first"))
+    assert (missing.code, missing.message) == (
+        ErrorCode.NO_RESPONDERS,
+        (
+            f"the search store is unavailable: LanceDB at "
+            f"lancedb://{tmp_path}/db?table=docs: no table docs: load one first"
+        ),
+    )
     assert not (tmp_path / "db" / "docs.lance").exists()
     _load(url, vectors)
     hits = asyncio.run(store.search("m", vectors[4], 3, {}, 10))
@@ -47,7 +58,10 @@ def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
     assert (wrong.code, wrong.param) == (ErrorCode.INVALID_REQUEST, "model")
     assert wrong.message.startswith("big-model makes vectors of 16 dimensions; the search store lancedb://")
     filtered = _refusal(store.search("m", vectors[0], 3, {"n": 1}, 10))  # LanceDB tables are searched without filters
-    assert (filtered.code, filtered.param) == (ErrorCode.INVALID_REQUEST, "filter") and "without filters" in filtered.message
+    assert (filtered.code, filtered.param) == (
+        ErrorCode.INVALID_REQUEST,
+        "filter",
+    ) and "without filters" in filtered.message
     asyncio.run(store.close())
 
 
@@ -56,7 +70,9 @@ def test_a_store_of_vectors_search_does_not_serve_is_named(tmp_path):
     sink_for(url).open(Shape("ubinary", "dense", 16))
     refused = _refusal(SearchStore(sink_for(url)).search("m", np.ones(16, np.float32), 3, {}, 10))
     assert refused.code is ErrorCode.NO_RESPONDERS
-    assert refused.message.endswith("holds dense ubinary vectors; search is served over dense float32 or float16 vectors")
+    assert refused.message.endswith(
+        "holds dense ubinary vectors; search is served over dense float32 or float16 vectors"
+    )
 
 
 @pytest.fixture
@@ -76,7 +92,9 @@ def test_a_store_down_is_503_without_its_password_and_found_again_when_back(post
     assert [h.id for h in asyncio.run(store.search("m", vectors[3], 1, {"n": 3}, 10))] == ["d3"]
     pgserver.get_server(folder).cleanup()  # the server stops
     down = _refusal(store.search("m", vectors[3], 1, {}, 10))
-    assert down.code is ErrorCode.NO_RESPONDERS and down.message.startswith("the search store is unavailable, try again")
+    assert down.code is ErrorCode.NO_RESPONDERS and down.message.startswith(
+        "the search store is unavailable, try again"
+    )
     assert "postgres:***@" in down.message and "s3cret-pw" not in down.message
     pgserver.get_server(folder, cleanup_mode="stop")  # back, on the same socket
     assert [h.id for h in asyncio.run(store.search("m", vectors[5], 1, {}, 10))] == ["d5"]
@@ -93,14 +111,16 @@ def test_a_search_past_its_deadline_is_504_and_the_next_waits_for_it(postgres):
         holder.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")  # a search waits for this transaction
 
         async def two_late_then_one_in_time() -> tuple:
-            late = await asyncio.gather(*(store.search("m", vectors[0], 1, {}, 0.5) for _ in range(2)),
-                                        return_exceptions=True)
+            late = await asyncio.gather(
+                *(store.search("m", vectors[0], 1, {}, 0.5) for _ in range(2)), return_exceptions=True
+            )
             await asyncio.to_thread(holder.rollback)  # the lock goes: the first search ends in its thread
             return late, await store.search("m", vectors[2], 1, {}, 10)
 
         late, hits = asyncio.run(two_late_then_one_in_time())
     assert [(e.code, e.message) for e in late] == [
-        (ErrorCode.TIMEOUT, f"the search store {store.shown} did not answer within 0.5s")] * 2
+        (ErrorCode.TIMEOUT, f"the search store {store.shown} did not answer within 0.5s")
+    ] * 2
     assert [h.id for h in hits] == ["d2"]
     asyncio.run(store.close())
 

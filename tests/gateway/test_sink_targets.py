@@ -19,23 +19,29 @@ def _refused(targets: SinkTargets, url: str) -> str:
 
 def test_a_request_names_an_allowed_store_and_chooses_its_table():
     targets = SinkTargets((PG, LANCE))
-    assert targets.resolve("postgresql://db.internal:5432/docs?sslmode=require&table=news") == \
-        "postgresql://loader:pw@db.internal:5432/docs?sslmode=require&table=news"
+    assert (
+        targets.resolve("postgresql://db.internal:5432/docs?sslmode=require&table=news")
+        == "postgresql://loader:pw@db.internal:5432/docs?sslmode=require&table=news"
+    )
     assert targets.resolve("postgres://loader@DB.internal:5432/docs?table=t&index=none&sslmode=require").endswith(
-        "?sslmode=require&table=t&index=none")
+        "?sslmode=require&table=t&index=none"
+    )
     assert targets.resolve("lancedb:///srv/lance?table=x") == "lancedb:///srv/lance?table=x"
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql://db.internal:5433/docs?sslmode=require&table=t",  # another port
-    "postgresql://other:5432/docs?sslmode=require&table=t",  # another host
-    "postgresql://db.internal:5432/other?sslmode=require&table=t",  # another database
-    "postgresql://db.internal:5432/docs?table=t",  # another parameter (no TLS)
-    "postgresql://admin@db.internal:5432/docs?sslmode=require&table=t",  # another user
-    "lancedb:///srv/other?table=x",
-    "qdrant://localhost:6333?collection=c",
-    "not a url",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://db.internal:5433/docs?sslmode=require&table=t",  # another port
+        "postgresql://other:5432/docs?sslmode=require&table=t",  # another host
+        "postgresql://db.internal:5432/other?sslmode=require&table=t",  # another database
+        "postgresql://db.internal:5432/docs?table=t",  # another parameter (no TLS)
+        "postgresql://admin@db.internal:5432/docs?sslmode=require&table=t",  # another user
+        "lancedb:///srv/other?table=x",
+        "qdrant://localhost:6333?collection=c",
+        "not a url",
+    ],
+)
 def test_other_stores_are_refused_naming_the_allowed_ones_without_their_passwords(url):
     message = _refused(SinkTargets((PG, LANCE)), url)
     assert "does not write into" in message and "loader:***@db.internal" in message and ":pw@" not in message

@@ -30,8 +30,16 @@ def test_embed_defaults_follow_tei():
     assert r.inputs.texts == ["hello"]
     assert (r.options.normalize, r.options.truncate, r.options.truncation_direction) == (True, False, "right")
     r = parse_embed(
-        orjson.dumps({"inputs": ["a", "b"], "normalize": False, "truncate": True, "truncation_direction": "Left",
-                      "prompt_name": "query", "dimensions": 16}),
+        orjson.dumps(
+            {
+                "inputs": ["a", "b"],
+                "normalize": False,
+                "truncate": True,
+                "truncation_direction": "Left",
+                "prompt_name": "query",
+                "dimensions": 16,
+            }
+        ),
         LIMITS,
     )
     assert (r.options.normalize, r.options.truncate, r.options.truncation_direction) == (False, True, "left")
@@ -62,16 +70,30 @@ def test_tokenize_request_and_rendering():
     assert (r.texts, r.add_special_tokens, r.prompt_name) == (["hi"], False, None)
     with pytest.raises(ApiError):
         parse_tokenize(orjson.dumps({"inputs": [101]}), LIMITS)  # token IDs are not text to tokenize
-    rows = orjson.loads(render_tokens(TokenizeResult("x", [[(101, "[CLS]", True, None, None), (7592, "hi", False, 0, 2)]])))
-    assert rows == [[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
-                     {"id": 7592, "text": "hi", "special": False, "start": 0, "stop": 2}]]
+    rows = orjson.loads(
+        render_tokens(TokenizeResult("x", [[(101, "[CLS]", True, None, None), (7592, "hi", False, 0, 2)]]))
+    )
+    assert rows == [
+        [
+            {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+            {"id": 7592, "text": "hi", "special": False, "start": 0, "stop": 2},
+        ]
+    ]
 
 
 def test_render_embed_and_info():
     v = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert orjson.loads(render_embed(v)) == v.tolist()
-    info = orjson.loads(render_info("m", {"max_seq_length": "256"}, {"max_batch_tokens": "2048", "dtype": "float32",
-                                                                      "pooling": "mean"}, LIMITS, 64, "0.1.0"))
+    info = orjson.loads(
+        render_info(
+            "m",
+            {"max_seq_length": "256"},
+            {"max_batch_tokens": "2048", "dtype": "float32", "pooling": "mean"},
+            LIMITS,
+            64,
+            "0.1.0",
+        )
+    )
     assert info["model_id"] == "m" and info["max_input_length"] == 256 and info["max_batch_tokens"] == 2048
     assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["max_client_batch_size"] == 4
 
@@ -109,8 +131,18 @@ def test_unauthorized_shapes():
     assert orjson.loads(e.response("/v1/embeddings").body)["error"]["type"] == "authentication_error"
 
 
-@pytest.mark.parametrize("name, wire", [(None, "f4"), ("float", "f4"), ("float16", "f2"), ("int8", "i1"), ("uint8", "u1"),
-                                        ("binary", "b1"), ("ubinary", "ub1")])
+@pytest.mark.parametrize(
+    "name, wire",
+    [
+        (None, "f4"),
+        ("float", "f4"),
+        ("float16", "f2"),
+        ("int8", "i1"),
+        ("uint8", "u1"),
+        ("binary", "b1"),
+        ("ubinary", "ub1"),
+    ],
+)
 def test_embed_takes_embedding_type_as_an_extension(name, wire):
     doc = {"inputs": "a", "dimensions": 16} | ({} if name is None else {"embedding_type": name})
     assert parse_embed(orjson.dumps(doc), LIMITS).options.dtype == wire
@@ -150,13 +182,19 @@ def test_rows_of_another_form_than_asked_are_an_error():
 
 
 def test_embed_takes_chunking_as_an_extension_and_refuses_it_on_token_ids():
-    r = parse_embed(orjson.dumps({"inputs": "a long text", "normalize": False,
-                                  "chunking": {"size": 32, "overlap": 4, "return": "mean"}}), LIMITS)
+    r = parse_embed(
+        orjson.dumps(
+            {"inputs": "a long text", "normalize": False, "chunking": {"size": 32, "overlap": 4, "return": "mean"}}
+        ),
+        LIMITS,
+    )
     assert r.chunking == Chunking(ChunkSpec(32, 4), False, "mean") and r.options.normalize is False
     assert parse_embed(orjson.dumps({"inputs": "a"}), LIMITS).chunking is None
-    for doc, param, fragment in [({"inputs": [[101, 102]], "chunking": {"size": 8}}, "chunking", "give 'inputs' as text"),
-                                 ({"inputs": "a", "chunking": {"size": 8, "overlap": 8}}, "chunking", "less than"),
-                                 ({"inputs": "a", "chunking": {"size": 8, "return": "all"}}, "chunking.return", "'mean'")]:
+    for doc, param, fragment in [
+        ({"inputs": [[101, 102]], "chunking": {"size": 8}}, "chunking", "give 'inputs' as text"),
+        ({"inputs": "a", "chunking": {"size": 8, "overlap": 8}}, "chunking", "less than"),
+        ({"inputs": "a", "chunking": {"size": 8, "return": "all"}}, "chunking.return", "'mean'"),
+    ]:
         with pytest.raises(ApiError) as err:
             parse_embed(orjson.dumps(doc), LIMITS)
         assert err.value.param == param and fragment in err.value.message, err.value.message
@@ -172,7 +210,9 @@ def test_render_embed_chunks_lists_each_inputs_chunks_with_their_offsets(form):
     chunks = [[TextChunk(0, 10, 0, 3), TextChunk(8, 20, 2, 6)], [TextChunk(0, 4, 0, 1)]]
     got = orjson.loads(render_embed_chunks(rows, form, chunks))
     assert [[{k: v for k, v in c.items() if k != "embedding"} for c in one] for one in got] == [
-        [{"chunk": 0, "start": 0, "end": 10}, {"chunk": 1, "start": 8, "end": 20}], [{"chunk": 0, "start": 0, "end": 4}]]
+        [{"chunk": 0, "start": 0, "end": 10}, {"chunk": 1, "start": 8, "end": 20}],
+        [{"chunk": 0, "start": 0, "end": 4}],
+    ]
     vectors = [c["embedding"] for one in got for c in one]
     np.testing.assert_array_equal(np.array(vectors, FORMS[form].dtype), rows)
     assert form == "float32" or all(type(v) is int for row in vectors for v in row)

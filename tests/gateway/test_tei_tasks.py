@@ -42,7 +42,11 @@ def test_predict_inputs_are_a_text_a_pair_or_a_batch_of_them():
     assert (pair.inputs, pair.batch, pair.raw_scores) == ([("a question", "an answer")], False, True)
     batch = _predict({"inputs": [["x"], ["q", "d"]], "truncate": True, "truncation_direction": "Left"})
     assert (batch.inputs, batch.batch) == (["x", ("q", "d")], True)
-    assert (batch.options.truncate, batch.options.truncation_direction, batch.options.normalize) == (True, "left", False)
+    assert (batch.options.truncate, batch.options.truncation_direction, batch.options.normalize) == (
+        True,
+        "left",
+        False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -73,7 +77,9 @@ def test_label_scores_softmax_over_labels_sigmoid_of_one():
     row = [math.exp(x) for x in (2.0, -1.0, 0.5)]
     np.testing.assert_allclose(label_scores(logits, False)[0], [x / sum(row) for x in row], rtol=1e-12)
     np.testing.assert_allclose(label_scores(logits, False)[1], [1 / 3] * 3, rtol=1e-12)
-    np.testing.assert_allclose(label_scores(np.array([[0.3]], np.float32), False), [[1 / (1 + math.exp(-0.3))]], rtol=1e-6)
+    np.testing.assert_allclose(
+        label_scores(np.array([[0.3]], np.float32), False), [[1 / (1 + math.exp(-0.3))]], rtol=1e-6
+    )
     np.testing.assert_array_equal(label_scores(logits, True), logits.astype(np.float64))
     huge = label_scores(np.array([[1000.0, 0.0]], np.float32), False)  # no overflow
     np.testing.assert_allclose(huge, [[1.0, 0.0]])
@@ -83,11 +89,16 @@ def test_predictions_are_sorted_best_first_per_input():
     scores = np.array([[0.2, 0.7, 0.1], [0.5, 0.1, 0.4]])
     labels = worker_labels(CLASSIFIER)
     single = orjson.loads(render_predict(_predict({"inputs": "a"}), scores[:1], labels))
-    assert single == [{"score": 0.7, "label": "neutral"}, {"score": 0.2, "label": "negative"},
-                      {"score": 0.1, "label": "positive"}]
+    assert single == [
+        {"score": 0.7, "label": "neutral"},
+        {"score": 0.2, "label": "negative"},
+        {"score": 0.1, "label": "positive"},
+    ]
     batch = orjson.loads(render_predict(_predict({"inputs": [["a"], ["b"]]}), scores, labels))
-    assert [[p["label"] for p in row] for row in batch] == [["neutral", "negative", "positive"],
-                                                          ["negative", "positive", "neutral"]]
+    assert [[p["label"] for p in row] for row in batch] == [
+        ["neutral", "negative", "positive"],
+        ["negative", "positive", "neutral"],
+    ]
     with pytest.raises(ApiError, match="NaN"):
         render_predict(_predict({"inputs": "a"}), np.array([[np.nan, 0.1, 0.2]]), labels)
     with pytest.raises(ApiError, match="2 scores for 3 labels"):
@@ -102,11 +113,20 @@ def test_label_names_come_from_the_worker_or_default_as_transformers():
 
 
 def test_similarity_body_and_cosines():
-    call = parse_similarity(orjson.dumps({"inputs": {"source_sentence": "s", "sentences": ["a", "b"]},
-                                          "parameters": {"truncate": True, "prompt_name": "query"}}), LIMITS)
+    call = parse_similarity(
+        orjson.dumps(
+            {
+                "inputs": {"source_sentence": "s", "sentences": ["a", "b"]},
+                "parameters": {"truncate": True, "prompt_name": "query"},
+            }
+        ),
+        LIMITS,
+    )
     assert call.inputs.texts == ["s", "a", "b"]
     assert (call.options.truncate, call.options.prompt_name, call.options.output) == (True, "query", "dense")
-    plain = parse_similarity(orjson.dumps({"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": None}), LIMITS)
+    plain = parse_similarity(
+        orjson.dumps({"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": None}), LIMITS
+    )
     assert (plain.options.truncate, plain.options.prompt_name) == (False, None)  # TEI's defaults
     rng = np.random.default_rng(0)
     v = rng.standard_normal((4, 8)).astype(np.float32)
@@ -124,10 +144,18 @@ def test_similarity_body_and_cosines():
         ({"inputs": {"source_sentence": 3, "sentences": ["a"]}}, 400, "'inputs.source_sentence' must be a string"),
         ({"inputs": {"source_sentence": "s", "sentences": "a"}}, 400, "non-empty list"),
         ({"inputs": {"source_sentence": "s", "sentences": [1]}}, 400, "'inputs.sentences[0]' must be a string"),
-        ({"inputs": {"source_sentence": "s", "sentences": ["a"] * 4}}, 422, "5 inputs with the source sentence; the limit is 4"),
+        (
+            {"inputs": {"source_sentence": "s", "sentences": ["a"] * 4}},
+            422,
+            "5 inputs with the source sentence; the limit is 4",
+        ),
         ({"inputs": {"source_sentence": "s", "sentences": ["x" * 51]}}, 413, "51 characters"),
         ({"inputs": {"source_sentence": "x" * 51, "sentences": ["a"]}}, 413, "51 characters"),
-        ({"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": []}, 400, "'parameters' must be an object"),
+        (
+            {"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": []},
+            400,
+            "'parameters' must be an object",
+        ),
         ({"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": {"truncate": 1}}, 400, "'truncate'"),
     ],
 )
@@ -191,8 +219,12 @@ def test_info_names_the_model_type_as_tei():
     def info(worker: dict) -> dict:
         return orjson.loads(render_info("m", {"pooling": "mean"}, worker, LIMITS, 8, "0"))["model_type"]
 
-    assert info(CLASSIFIER) == {"classifier": {"id2label": {"0": "negative", "1": "neutral", "2": "positive"},
-                                               "label2id": {"negative": 0, "neutral": 1, "positive": 2}}}
+    assert info(CLASSIFIER) == {
+        "classifier": {
+            "id2label": {"0": "negative", "1": "neutral", "2": "positive"},
+            "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+        }
+    }
     assert info(RERANKER) == {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
     assert info({"task": "embed", "outputs": "sparse", "pooling": "max"}) == {"embedding": {"pooling": "splade"}}
     assert info({"task": "embed", "outputs": "dense", "pooling": "cls"}) == {"embedding": {"pooling": "cls"}}

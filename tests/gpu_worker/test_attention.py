@@ -20,11 +20,14 @@ def per_sequence(q, k, v, lengths):
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("lengths, padded", [
-    ([3, 7, 5, 6, 1, 7], True),  # many short sequences of different lengths: one padded call
-    ([16, 16, 16], False),  # one run of equal lengths: a view, no padding
-    ([2, 40, 3], False),  # padding would more than double the tokens: call by call
-])
+@pytest.mark.parametrize(
+    "lengths, padded",
+    [
+        ([3, 7, 5, 6, 1, 7], True),  # many short sequences of different lengths: one padded call
+        ([16, 16, 16], False),  # one run of equal lengths: a view, no padding
+        ([2, 40, 3], False),  # padding would more than double the tokens: call by call
+    ],
+)
 def test_padded_and_run_paths_equal_attention_per_sequence(lengths, padded):
     torch.manual_seed(0)
     total, heads, d = sum(lengths), 4, 32
@@ -47,10 +50,13 @@ def test_empty_sequences_are_skipped():
     torch.testing.assert_close(attention(q, k, v), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lengths, padded", [
-    ([18, 6], False),  # one query and the dummy row that rounds a CPU batch up to 24 tokens
-    ([3, 7, 5, 6, 1, 2], True),  # many queries, then the dummy row: one padded call
-])
+@pytest.mark.parametrize(
+    "lengths, padded",
+    [
+        ([18, 6], False),  # one query and the dummy row that rounds a CPU batch up to 24 tokens
+        ([3, 7, 5, 6, 1, 2], True),  # many queries, then the dummy row: one padded call
+    ],
+)
 def test_padding_tokens_are_not_attended_and_get_zeros(lengths, padded):
     """Tokens from real_tokens on (a CPU batch's dummy row) are skipped: the others' outputs are those
     of attention per sequence, the dummy's are zeros (never read, but finite)."""
@@ -110,11 +116,14 @@ def _masks():
 
 
 @pytest.mark.parametrize("mask_name", ["causal", "causal-window", "symmetric-window", "scaled", "bias"])
-@pytest.mark.parametrize("lengths, padded", [
-    ([3, 7, 5, 6, 1, 7], True),  # one padded call
-    ([9, 9, 9], False),  # one run of equal lengths
-    ([2, 40, 3], False),  # call by call
-])
+@pytest.mark.parametrize(
+    "lengths, padded",
+    [
+        ([3, 7, 5, 6, 1, 7], True),  # one padded call
+        ([9, 9, 9], False),  # one run of equal lengths
+        ([2, 40, 3], False),  # call by call
+    ],
+)
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_masks_on_every_path_equal_dense_attention(mask_name, lengths, padded, kv_heads):
     """Causal, windowed, scaled and biased attention, with grouped-query heads, on the padded, run

@@ -33,8 +33,15 @@ def test_bert_for_sequence_classification(tmp_path, model_info, labels):
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=96, max_position_embeddings=80, num_labels=labels)
+    config = BertConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=80,
+        num_labels=labels,
+    )
     model = BertForSequenceClassification(config).eval()
     folder = _tiny_folder(tmp_path, model, None, model_info.path)
     info = load_model_info(str(folder))
@@ -56,9 +63,17 @@ def test_xlm_roberta_for_sequence_classification(tmp_path, model_info):
     from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
 
     torch.manual_seed(1)
-    config = XLMRobertaConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              intermediate_size=96, max_position_embeddings=80, pad_token_id=1, type_vocab_size=1,
-                              num_labels=1)
+    config = XLMRobertaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=80,
+        pad_token_id=1,
+        type_vocab_size=1,
+        num_labels=1,
+    )
     model = XLMRobertaForSequenceClassification(config).eval()
     folder = _tiny_folder(tmp_path, model, None, model_info.path)
     engine = Engine(load_model_info(str(folder)), "cpu")
@@ -73,8 +88,15 @@ def test_a_checkpoint_without_its_head_is_refused(tmp_path, model_info):
 
     from shared.config import ConfigError
 
-    config = BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                        intermediate_size=96, max_position_embeddings=80, num_labels=1)
+    config = BertConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=80,
+        num_labels=1,
+    )
     folder = _tiny_folder(tmp_path, BertForSequenceClassification(config), None, model_info.path)
     weights = folder / "model.safetensors"
     save_file({k: v for k, v in load_file(weights).items() if not k.startswith("classifier")}, weights)

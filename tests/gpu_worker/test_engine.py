@@ -26,7 +26,9 @@ def encoder(model_info) -> TextEncoder:
 
 
 def _embed(engine, encoder, texts, max_tokens=4096):
-    out = [engine.embed(chunk.input_ids, chunk.cu_seqlens) for chunk in pack_chunks(encoder.encode(texts), max_tokens, 256)]
+    out = [
+        engine.embed(chunk.input_ids, chunk.cu_seqlens) for chunk in pack_chunks(encoder.encode(texts), max_tokens, 256)
+    ]
     return postprocess(np.concatenate(out), True, None, np.float32)
 
 
@@ -80,10 +82,20 @@ def test_check_rejects_out_of_vocabulary_and_over_long(engine):
 
 def test_the_worker_answers_engine_errors_as_the_requests_rows():
     """One mapping: an engine error's batch row is the request's row ``batch.start + row``, under the wire's code."""
-    batch = TokenChunk("r", "m", start=64, total=100, input_ids=np.ones(3, np.int32), cu_seqlens=np.array([0, 1, 3], np.int32),
-                       deadline=0.0, options=EmbedOptions())
-    for error, code in ((InvalidTokens(1, "has token ids outside the vocabulary [0, 9)"), ErrorCode.INVALID_TOKENS),
-                        (InputTooLong(0, "has 300 tokens; the model's limit is 256"), ErrorCode.INPUT_TOO_LONG)):
+    batch = TokenChunk(
+        "r",
+        "m",
+        start=64,
+        total=100,
+        input_ids=np.ones(3, np.int32),
+        cu_seqlens=np.array([0, 1, 3], np.int32),
+        deadline=0.0,
+        options=EmbedOptions(),
+    )
+    for error, code in (
+        (InvalidTokens(1, "has token ids outside the vocabulary [0, 9)"), ErrorCode.INVALID_TOKENS),
+        (InputTooLong(0, "has 300 tokens; the model's limit is 256"), ErrorCode.INPUT_TOO_LONG),
+    ):
         wire = wire_error(error, batch)
         assert (wire.code, wire.row, wire.message) == (code, 64 + error.row, error.message)
         assert wire.text() == f"input {64 + error.row} {error.message}"

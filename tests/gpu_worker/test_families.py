@@ -25,7 +25,10 @@ def _randomize(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen) + (1.0 if "norm" in name.lower() and "gemma" not in type(model).__name__.lower() else 0.0))
+                p.copy_(
+                    0.1 * torch.randn(p.shape, generator=gen)
+                    + (1.0 if "norm" in name.lower() and "gemma" not in type(model).__name__.lower() else 0.0)
+                )
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
 
@@ -45,17 +48,38 @@ def _configs():
     decoder = dict(small, num_key_value_heads=2, max_position_embeddings=256)
     return {
         "mpnet": MPNetConfig(**small, max_position_embeddings=130, relative_attention_num_buckets=32),
-        "modernbert": ModernBertConfig(**small, local_attention=16, global_attn_every_n_layers=2,
-                                       max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                                       cls_token_id=1, sep_token_id=2),
+        "modernbert": ModernBertConfig(
+            **small,
+            local_attention=16,
+            global_attn_every_n_layers=2,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
+        ),
         "qwen3": Qwen3Config(**decoder, head_dim=32, rope_theta=1e6),
         "qwen2": Qwen2Config(**decoder, rope_theta=1e6),
         "mistral": MistralConfig(**decoder, sliding_window=12),
-        "llama": LlamaConfig(**decoder, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-        "gemma3": Gemma3TextConfig(**dict(decoder, num_key_value_heads=1, num_hidden_layers=4), head_dim=32,
-                                   sliding_window=9, query_pre_attn_scalar=24, use_bidirectional_attention=True,
-                                   layer_types=["sliding_attention", "full_attention"] * 2),
+        "llama": LlamaConfig(
+            **decoder,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+        "gemma3": Gemma3TextConfig(
+            **dict(decoder, num_key_value_heads=1, num_hidden_layers=4),
+            head_dim=32,
+            sliding_window=9,
+            query_pre_attn_scalar=24,
+            use_bidirectional_attention=True,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
     }
 
 
@@ -125,7 +149,9 @@ def test_packed_forward_equals_transformers(name, bidirectional):
     want = _hf_states(hf, ids, pad=0, mask_4d=bidirectional)
     for i, (g, w) in enumerate(zip(got, want)):
         assert w.abs().max() > 0.1  # not a degenerate model
-        torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4, msg=lambda m, i=i: f"sequence {i} (length {LENGTHS[i]}): {m}")
+        torch.testing.assert_close(
+            g, w, atol=2e-4, rtol=2e-4, msg=lambda m, i=i: f"sequence {i} (length {LENGTHS[i]}): {m}"
+        )
 
 
 CLASSIFIERS = ["mpnet", "modernbert-cls", "modernbert-mean", "qwen3", "llama"]

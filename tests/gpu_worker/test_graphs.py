@@ -68,8 +68,15 @@ def test_graph_path_equals_eager_path_on_cpu(model_info, chunks):
         captures.append(bucket)
         return lambda: engine._static_forward(bucket)
 
-    graphed = Engine(model_info, "cpu", graphs=True, max_batch_tokens=1024, max_batch_seqs=16,
-                     capture=fake_capture, model=eager.model)
+    graphed = Engine(
+        model_info,
+        "cpu",
+        graphs=True,
+        max_batch_tokens=1024,
+        max_batch_seqs=16,
+        capture=fake_capture,
+        model=eager.model,
+    )
     for c in chunks + chunks:  # the second pass replays captured buckets
         want = eager.embed(c.input_ids, c.cu_seqlens)
         got = graphed.embed(c.input_ids, c.cu_seqlens)
@@ -119,8 +126,15 @@ def test_each_step_says_how_it_ran(model_info, chunks):
     """``handle.run``, which the worker's metrics count: the first batch of a bucket runs eagerly and
     captures, later ones replay, batches above the largest bucket and engines without graphs run eagerly."""
     eager = Engine(model_info, "cpu", graphs=False)
-    graphed = Engine(model_info, "cpu", graphs=True, max_batch_tokens=1024, max_batch_seqs=16,
-                     capture=lambda engine, bucket: lambda: engine._static_forward(bucket), model=eager.model)
+    graphed = Engine(
+        model_info,
+        "cpu",
+        graphs=True,
+        max_batch_tokens=1024,
+        max_batch_seqs=16,
+        capture=lambda engine, bucket: lambda: engine._static_forward(bucket),
+        model=eager.model,
+    )
     c = chunks[0]
     assert eager.step(c.input_ids, c.cu_seqlens).run == "eager"
     assert graphed.step(c.input_ids, c.cu_seqlens).run == "captured"

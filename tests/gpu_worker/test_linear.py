@@ -14,13 +14,19 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 @pytest.fixture(scope="module")
 def ops() -> OneDnnLinearOps:
     ops = select_linear_ops(torch.device("cpu"), torch.float32)
-    assert isinstance(ops, OneDnnLinearOps) and ops.small_macs == OneDnnLinearOps.SMALL_MACS  # the self-check's own instance took 0
+    assert (
+        isinstance(ops, OneDnnLinearOps) and ops.small_macs == OneDnnLinearOps.SMALL_MACS
+    )  # the self-check's own instance took 0
     return ops
 
 
 def _calls(ops: LinearOps, x: torch.Tensor, layer: nn.Linear, residual: torch.Tensor) -> list[torch.Tensor]:
-    return [ops.linear(x, layer), ops.linear_act(x, layer, "gelu"), ops.linear_add(x, layer, residual),
-            ops.gated(x, layer, "silu")]
+    return [
+        ops.linear(x, layer),
+        ops.linear_act(x, layer, "gelu"),
+        ops.linear_add(x, layer, residual),
+        ops.gated(x, layer, "silu"),
+    ]
 
 
 @pytest.mark.parametrize("tokens", [1, 17, 300])

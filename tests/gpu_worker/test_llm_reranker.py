@@ -101,8 +101,9 @@ def test_a_missing_lm_head_is_refused(tmp_path):
 def test_a_family_without_llm_reranking_is_refused(tmp_path):
     folder = build_llm_reranker(tmp_path, "qwen3")
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3_text",
-                                                    "architectures": ["Gemma3ForCausalLM"]}))
+    (folder / "config.json").write_text(
+        json.dumps({**config, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]})
+    )
     with pytest.raises(ConfigError, match="Gemma3 causal LMs are not served as LLM rerankers"):
         spec_from_folder(load_model_info(str(folder)))
     shutil.rmtree(folder)

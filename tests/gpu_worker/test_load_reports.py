@@ -53,9 +53,20 @@ def test_the_tokenizers_keep_an_idle_worker_as_long_as_it_announces_and_drop_it_
 
 def test_an_idle_interval_below_the_busy_one_is_refused(model_info):
     with pytest.raises(ConfigError, match=r"--load-idle-interval 0.01 is below --load-interval 0.05"):
-        WorkerConfig(nats=None, model=model_info, device="cpu", dtype=None, max_batch_tokens=None, max_batch_seqs=64,
-                     replicas=1, threads=None, graphs=None, attention="auto", load_interval=0.05,
-                     load_idle_interval=0.01)
+        WorkerConfig(
+            nats=None,
+            model=model_info,
+            device="cpu",
+            dtype=None,
+            max_batch_tokens=None,
+            max_batch_seqs=64,
+            replicas=1,
+            threads=None,
+            graphs=None,
+            attention="auto",
+            load_interval=0.05,
+            load_idle_interval=0.01,
+        )
 
 
 def test_an_idle_worker_at_the_defaults_reports_every_other_second():

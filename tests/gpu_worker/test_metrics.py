@@ -24,8 +24,9 @@ def _text(metrics: WorkerMetrics) -> str:
     return generate_latest(metrics.registry).decode()
 
 
-@pytest.mark.parametrize("tokens, label", [(1, "32"), (32, "32"), (33, "64"), (513, "1024"), (16384, "16384"),
-                                           (16385, "+Inf")])
+@pytest.mark.parametrize(
+    "tokens, label", [(1, "32"), (32, "32"), (33, "64"), (513, "1024"), (16384, "16384"), (16385, "+Inf")]
+)
 def test_token_class(tokens, label):
     assert token_class(tokens) == label
 

@@ -66,8 +66,14 @@ def test_xlm_roberta_with_offset_positions(tmp_path, model_info, pooling):
 
     torch.manual_seed(0)
     config = XLMRobertaConfig(
-        vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
-        max_position_embeddings=80, pad_token_id=1, type_vocab_size=1,
+        vocab_size=500,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=80,
+        pad_token_id=1,
+        type_vocab_size=1,
     )
     model = XLMRobertaModel(config, add_pooling_layer=False).eval()
     folder = _tiny_folder(tmp_path, model, pooling, model_info.path)
@@ -84,8 +90,13 @@ def test_bert_cls_pooling_against_transformers(tmp_path, model_info):
 
     torch.manual_seed(1)
     config = BertConfig(
-        vocab_size=300, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=80,
-        max_position_embeddings=64, hidden_act="gelu_new",
+        vocab_size=300,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=80,
+        max_position_embeddings=64,
+        hidden_act="gelu_new",
     )
     model = BertModel(config, add_pooling_layer=True).eval()  # the pooler weights are ignored
     folder = _tiny_folder(tmp_path, model, "cls", model_info.path)
@@ -124,8 +135,15 @@ def test_token_types_reach_the_model(tmp_path, model_info):
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(2)
-    config = BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=2)
+    config = BertConfig(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+    )
     model = BertModel(config, add_pooling_layer=False).eval()
     folder = _tiny_folder(tmp_path, model, "cls", model_info.path)
     engine = Engine(load_model_info(str(folder)), "cpu")
@@ -134,8 +152,12 @@ def test_token_types_reach_the_model(tmp_path, model_info):
     input_ids, cu = _packed(ids)
     got = engine.embed(input_ids, cu, np.concatenate(types))
     with torch.no_grad():
-        want = [model(input_ids=torch.from_numpy(i).long()[None], token_type_ids=torch.from_numpy(t).long()[None])
-                .last_hidden_state[0, 0].numpy() for i, t in zip(ids, types)]
+        want = [
+            model(input_ids=torch.from_numpy(i).long()[None], token_type_ids=torch.from_numpy(t).long()[None])
+            .last_hidden_state[0, 0]
+            .numpy()
+            for i, t in zip(ids, types)
+        ]
     np.testing.assert_allclose(got, np.stack(want), atol=1e-4)
     assert not np.allclose(got, engine.embed(input_ids, cu), atol=1e-3)  # the types matter
     with pytest.raises(InvalidTokens, match=r"row 0 has token types outside \[0, 2\)"):
@@ -151,7 +173,9 @@ def test_prompts_equal_sentence_transformers(tmp_path, model_info):
 
     folder = tmp_path / "prompted"
     shutil.copytree(model_info.path, folder)
-    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: ", "document": "passage: "}}))
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: ", "document": "passage: "}})
+    )
     info = load_model_info(str(folder))
     texts = ["what is a list comprehension", "Generators yield values one at a time."]
     encoder, engine = TextEncoder(info), Engine(info, "cpu")

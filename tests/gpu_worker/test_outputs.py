@@ -24,7 +24,12 @@ from tests.output_models import (
     splade_reference,
 )
 
-TEXTS = ["hello world, a test!", "the quick brown fox jumps over the lazy dog.", "x", "search: sparse, dense; multi-vector?"]
+TEXTS = [
+    "hello world, a test!",
+    "the quick brown fox jumps over the lazy dog.",
+    "x",
+    "search: sparse, dense; multi-vector?",
+]
 ATOL = 1e-4
 COSINE = 0.9999
 
@@ -112,7 +117,9 @@ def test_sparse_pruning():
     dense[2] = 0.0  # a row with nothing left
     offsets, indices, values = sparse_rows(dense)
     for i in range(5):
-        assert np.array_equal(densify(indices[offsets[i] : offsets[i + 1]], values[offsets[i] : offsets[i + 1]], 50), dense[i])
+        assert np.array_equal(
+            densify(indices[offsets[i] : offsets[i + 1]], values[offsets[i] : offsets[i + 1]], 50), dense[i]
+        )
     offsets, indices, values = sparse_rows(dense, threshold=0.5, top_k=3)
     for i in range(5):
         got = dict(zip(indices[offsets[i] : offsets[i + 1]].tolist(), values[offsets[i] : offsets[i + 1]].tolist()))
@@ -139,22 +146,34 @@ def test_unsupported_stacks_are_refused(root):
     folder = root / "splade-extra"
     shutil.copytree(build_splade(root / "refuse"), folder)
     modules = json.loads((folder / "modules.json").read_text())
-    modules.append({"idx": 2, "name": "2", "path": "", "type": "sentence_transformers.sparse_encoder.modules.SparseStaticEmbedding"})
+    modules.append(
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "",
+            "type": "sentence_transformers.sparse_encoder.modules.SparseStaticEmbedding",
+        }
+    )
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(ConfigError, match="MLMTransformer -> SpladePooling"):
         load_model_info(str(folder))
     colbert = root / "colbert-expansion"
     shutil.copytree(build_colbert(root / "refuse"), colbert)
     config = json.loads((colbert / "sentence_bert_config.json").read_text())
-    (colbert / "sentence_bert_config.json").write_text(json.dumps({**config, "query_expansion": {"strategy": "mask", "length": 32}}))
+    (colbert / "sentence_bert_config.json").write_text(
+        json.dumps({**config, "query_expansion": {"strategy": "mask", "length": 32}})
+    )
     with pytest.raises(ConfigError, match="query_expansion"):
         load_model_info(str(colbert))
 
 
-@pytest.mark.parametrize("build,message", [
-    (build_splade, "modules.json runs MLMTransformer ->  -> SpladePooling: of sparse encoders only"),
-    (build_colbert, "modules.json module '' is not supported in a multi-vector encoder"),
-])
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (build_splade, "modules.json runs MLMTransformer ->  -> SpladePooling: of sparse encoders only"),
+        (build_colbert, "modules.json module '' is not supported in a multi-vector encoder"),
+    ],
+)
 def test_a_modules_json_entry_that_is_no_object_is_refused(root, build, message):
     import json
     import shutil

@@ -139,8 +139,17 @@ def test_spans_follow_their_rows_across_batches_and_other_works():
     lengths, rows = [4, 6, 5], [[(1, 3)], [(0, 2), (1, 6), (5, 6)], [(2, 4), (0, 5)]]
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     spans = Spans.of(rows)
-    chunk = TokenChunk("late", "m", 0, 3, np.arange(cu[-1], dtype=np.int32), cu, 1e12,
-                       EmbedOptions(output="spans", truncate=False), spans=spans)
+    chunk = TokenChunk(
+        "late",
+        "m",
+        0,
+        3,
+        np.arange(cu[-1], dtype=np.int32),
+        cu,
+        1e12,
+        EmbedOptions(output="spans", truncate=False),
+        spans=spans,
+    )
     s = Scheduler(max_tokens=10, max_seqs=100)
     s.push(_work("plain", [3]))
     s.push(Work(chunk, reply="inbox.late"))
@@ -150,8 +159,9 @@ def test_spans_follow_their_rows_across_batches_and_other_works():
         starts = np.repeat(batch.cu_seqlens[:-1], batch.spans.counts)
         # the engine's stand-in: a span's "vector" is (its first token's id, its length)
         made = np.stack([batch.input_ids[starts + batch.spans.firsts], batch.spans.lasts - batch.spans.firsts], 1)
-        finished += Scheduler.complete(batch, {"spans": made.astype(np.float32),
-                                               "dense": np.zeros((len(batch.cu_seqlens) - 1, 2), np.float32)})
+        finished += Scheduler.complete(
+            batch, {"spans": made.astype(np.float32), "dense": np.zeros((len(batch.cu_seqlens) - 1, 2), np.float32)}
+        )
     late = next(w for w in finished if w.batch.id == "late")
     want = [(cu[i] + a, b - a) for i, row in enumerate(rows) for a, b in row]
     assert late.vectors.tolist() == [[float(x), float(n)] for x, n in want]

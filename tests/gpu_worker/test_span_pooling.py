@@ -92,8 +92,10 @@ def test_the_folders_dense_layers_follow_the_span_means(model_info, tmp_path, te
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
     torch.manual_seed(0)
-    dense = [Dense(384, 128, bias=True, activation_function=torch.nn.Tanh()),
-             Dense(128, 64, bias=False, activation_function=torch.nn.Identity())]
+    dense = [
+        Dense(384, 128, bias=True, activation_function=torch.nn.Tanh()),
+        Dense(128, 64, bias=False, activation_function=torch.nn.Identity()),
+    ]
     modules = [Transformer(str(model_info.path)), Pooling(384, "cls"), *dense, Normalize()]
     SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "dense"))
     info = load_model_info(str(tmp_path / "dense"))
@@ -124,13 +126,17 @@ def test_spans_come_with_their_output_only(engine):
 CU = np.array([0, 5, 8], np.int32)  # rows of 5 and 3 tokens
 
 
-@pytest.mark.parametrize("rows, row, message", [
-    ([[(1, 4)], [(0, 4)]], 1, "has a span [0, 4) outside its 3 tokens"),
-    ([[(3, 1)], [(0, 3)]], 0, "has a span [3, 1) outside"),
-    ([[(2, 2)], [(0, 3)]], 0, "has a span [2, 2) outside"),
-    ([[(-1, 2)], [(0, 3)]], 0, "has a span [-1, 2) outside"),
-    ([[(0, 1)], [(0, 1), (1, 2), (2, 3), (0, 3)]], 1, "has more spans than tokens"),
-], ids=["past-the-row", "reversed", "empty", "negative", "too-many"])
+@pytest.mark.parametrize(
+    "rows, row, message",
+    [
+        ([[(1, 4)], [(0, 4)]], 1, "has a span [0, 4) outside its 3 tokens"),
+        ([[(3, 1)], [(0, 3)]], 0, "has a span [3, 1) outside"),
+        ([[(2, 2)], [(0, 3)]], 0, "has a span [2, 2) outside"),
+        ([[(-1, 2)], [(0, 3)]], 0, "has a span [-1, 2) outside"),
+        ([[(0, 1)], [(0, 1), (1, 2), (2, 3), (0, 3)]], 1, "has more spans than tokens"),
+    ],
+    ids=["past-the-row", "reversed", "empty", "negative", "too-many"],
+)
 def test_hostile_spans_are_refused_naming_their_row(engine, rows, row, message):
     spans = Spans.of(rows)
     ids = np.full(8, 1000, np.int32)

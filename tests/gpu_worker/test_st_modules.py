@@ -48,8 +48,14 @@ TEXTS = [
     "Embeddings map text to vectors.",
 ]
 # our mode names -> sentence-transformers'
-ST_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "lasttoken", "max": "max", "weightedmean": "weightedmean",
-            "mean_sqrt_len": "mean_sqrt_len_tokens"}
+ST_MODES = {
+    "mean": "mean",
+    "cls": "cls",
+    "lasttoken": "lasttoken",
+    "max": "max",
+    "weightedmean": "weightedmean",
+    "mean_sqrt_len": "mean_sqrt_len_tokens",
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +72,7 @@ def dense_layers():
     ]
 
 
-def _reference(transformer, dense_layers, mode: str, **kwargs) :
+def _reference(transformer, dense_layers, mode: str, **kwargs):
     modules = [transformer, st_modules.Pooling(384, ST_MODES[mode]), *dense_layers, st_modules.Normalize()]
     return st.SentenceTransformer(modules=modules, device="cpu", **kwargs)
 
@@ -76,8 +82,12 @@ def saved(tmp_path_factory, transformer, dense_layers) -> Path:
     """A model sentence-transformers saved: Transformer -> Pooling(weightedmean) -> Dense -> Dense -> Normalize."""
     folder = tmp_path_factory.mktemp("st") / "tiny-dense"
     model = _reference(
-        transformer, dense_layers, "weightedmean",
-        prompts={"query": "query: ", "document": ""}, default_prompt_name="query", truncate_dim=32,
+        transformer,
+        dense_layers,
+        "weightedmean",
+        prompts={"query": "query: ", "document": ""},
+        default_prompt_name="query",
+        truncate_dim=32,
     )
     model.save(str(folder))
     return folder
@@ -104,10 +114,28 @@ def test_saved_model_is_read(saved):
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
     info = load_model_info(str(saved))
     assert info.dense == (
-        DenseSpec(path=saved / "2_Dense" / "model.safetensors", in_features=384, out_features=128, bias=True, activation="tanh"),
-        DenseSpec(path=saved / "3_Dense" / "model.safetensors", in_features=128, out_features=64, bias=False, activation="identity"),
+        DenseSpec(
+            path=saved / "2_Dense" / "model.safetensors",
+            in_features=384,
+            out_features=128,
+            bias=True,
+            activation="tanh",
+        ),
+        DenseSpec(
+            path=saved / "3_Dense" / "model.safetensors",
+            in_features=128,
+            out_features=64,
+            bias=False,
+            activation="identity",
+        ),
     )
-    assert (info.pooling, info.include_prompt, info.dim, info.pooled_dim, info.normalize) == ("weightedmean", True, 64, 384, True)
+    assert (info.pooling, info.include_prompt, info.dim, info.pooled_dim, info.normalize) == (
+        "weightedmean",
+        True,
+        64,
+        384,
+        True,
+    )
     assert (info.prompts, info.default_prompt, info.truncate_dim) == ({"query": "query: ", "document": ""}, "query", 32)
 
 
@@ -163,7 +191,9 @@ def _dense_folder(model_info: ModelInfo, folder: Path, dense) -> Path:
     (folder / "2_Dense").mkdir()
     dense.save(str(folder / "2_Dense"))
     modules = json.loads((folder / "modules.json").read_text())
-    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.base.modules.dense.Dense"})
+    modules.insert(
+        2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.base.modules.dense.Dense"}
+    )
     (folder / "modules.json").write_text(json.dumps(modules))
     return folder
 
@@ -173,7 +203,9 @@ def test_every_activation_matches_sentence_transformers_dense(model_info, tmp_pa
     torch.manual_seed(1)
     dense = st_modules.Dense(384, 16, bias=True, activation_function=getattr(torch.nn, activation)())
     info = load_model_info(str(_dense_folder(model_info, tmp_path / "m", dense)))
-    assert json.loads((tmp_path / "m" / "2_Dense" / "config.json").read_text())["activation_function"].endswith(activation)
+    assert json.loads((tmp_path / "m" / "2_Dense" / "config.json").read_text())["activation_function"].endswith(
+        activation
+    )
     assert (info.dense[0].activation, info.dim) == (activation.lower(), 16)
     x = torch.randn(5, 384)
     with torch.no_grad():
@@ -228,8 +260,12 @@ def test_include_prompt_false_skips_the_prompt_as_sentence_transformers_does(tra
     from services.tokenizer.encoder import TextEncoder
     from shared.protocol import EmbedOptions
 
-    modules = [transformer, st_modules.Pooling(384, ST_MODES[mode], include_prompt=False), *dense_layers,
-               st_modules.Normalize()]
+    modules = [
+        transformer,
+        st_modules.Pooling(384, ST_MODES[mode], include_prompt=False),
+        *dense_layers,
+        st_modules.Normalize(),
+    ]
     reference = st.SentenceTransformer(modules=modules, device="cpu", prompts={"query": "represent the query: "})
     reference.save(str(tmp_path / "instructor"))
     info = load_model_info(str(tmp_path / "instructor"))

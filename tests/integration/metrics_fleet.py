@@ -27,8 +27,9 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def metrics_fleet(nats_url: str, prefix: str, log_dir: Path,
-                  extra: dict[str, list[str]] | None = None) -> Iterator[Fleet]:
+def metrics_fleet(
+    nats_url: str, prefix: str, log_dir: Path, extra: dict[str, list[str]] | None = None
+) -> Iterator[Fleet]:
     """The fleet once the gateway is healthy and the worker answers; ``extra``: more arguments by role."""
     extra = extra or {}
     with contextlib.closing(FreePorts("127.0.0.1")) as free:

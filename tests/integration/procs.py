@@ -65,7 +65,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, service
     def check() -> bool:
         for s in services:
             if not s.alive:
-                raise RuntimeError(f"{s.role} exited with {s.proc.returncode} while waiting for {what}:\n{s.log()[-3000:]}")
+                raise RuntimeError(
+                    f"{s.role} exited with {s.proc.returncode} while waiting for {what}:\n{s.log()[-3000:]}"
+                )
         return predicate()
 
     try:
@@ -75,8 +77,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, service
         raise TimeoutError(f"{exc}\n{logs}") from None
 
 
-def count_services(nats_url: str, role: str, wait: float = 0.3, prefix: str = "embedfleet",
-                   nkey_seed: str | None = None) -> int:
+def count_services(
+    nats_url: str, role: str, wait: float = 0.3, prefix: str = "embedfleet", nkey_seed: str | None = None
+) -> int:
     """How many processes of ``role`` under subject ``prefix`` answer a NATS micro-service ping
     (``nkey_seed``: as that user, where the server asks for credentials)."""
 
@@ -122,8 +125,9 @@ async def stored_doc_ids(js, subject: str) -> Counter:
 async def stored_chunks(js, subject: str) -> Counter:
     """How many times each (document id, chunk, the document's chunks) of a chunked job is stored in its
     results (``subject``)."""
-    return await _stored_rows(js, subject, lambda result: zip(result.doc_ids, result.chunks.chunk.tolist(),
-                                                              result.chunks.count.tolist()))
+    return await _stored_rows(
+        js, subject, lambda result: zip(result.doc_ids, result.chunks.chunk.tolist(), result.chunks.count.tolist())
+    )
 
 
 async def _stored_rows(js, subject: str, keys) -> Counter:
@@ -166,8 +170,9 @@ def healthy(base_url: str) -> bool:
         return False
 
 
-def start_fleet(nats_url: str, prefix: str, folders: dict, log_dir: Path, *, named: bool = False,
-                extra: list[Service] = ()) -> tuple[str, list[Service]]:
+def start_fleet(
+    nats_url: str, prefix: str, folders: dict, log_dir: Path, *, named: bool = False, extra: list[Service] = ()
+) -> tuple[str, list[Service]]:
     """A tokenizer and a worker per model folder (``named``: served under its key, else the folder's
     name), the ``extra`` services, and a gateway, all on subjects under ``prefix``; returns the
     gateway's URL and the services once the gateway is healthy and every worker answers."""
@@ -178,7 +183,9 @@ def start_fleet(nats_url: str, prefix: str, folders: dict, log_dir: Path, *, nam
     for name, folder in folders.items():
         model = ["--model", str(folder)] + (["--model-name", name] if named else [])
         services.append(Service("tokenizer", [*common, *model], log_dir))
-        services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
+        services.append(
+            Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"})
+        )
     services += extra
     port = free_port()
     services.append(Service("gateway", [*common, "--port", str(port)], log_dir))

@@ -20,7 +20,9 @@ def binary(name: str) -> str:
     """The path of ``name`` (prometheus, promtool); a missing one fails the test: CI installs it."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: apt-get install prometheus (make test installs it: tests/setup/system-packages.sh)")
+        pytest.fail(
+            f"{name} is not installed: apt-get install prometheus (make test installs it: tests/setup/system-packages.sh)"
+        )
     return path
 
 
@@ -42,9 +44,15 @@ class Prometheus:
         self.log_path = workdir / "prometheus.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (the process writes it until it stops)
         self.proc = subprocess.Popen(
-            [binary("prometheus"), f"--config.file={self.config_path}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                binary("prometheus"),
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 30) -> None:

@@ -41,8 +41,16 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def tokenizer(nats_url: str, tmp_path_factory) -> Iterator[Service]:
-    args = ["--nats", nats_url, "--subject-prefix", PREFIX, "--max-chunks", str(MAX_CHUNKS),
-            "--prompts", json.dumps(PROMPTS)]
+    args = [
+        "--nats",
+        nats_url,
+        "--subject-prefix",
+        PREFIX,
+        "--max-chunks",
+        str(MAX_CHUNKS),
+        "--prompts",
+        json.dumps(PROMPTS),
+    ]
     service = Service("tokenizer", args, tmp_path_factory.mktemp("chunk-logs"))
     try:
         wait_until(lambda: count_services(nats_url, "tokenizer", prefix=PREFIX) == 1, 120, "the tokenizer", [service])
@@ -79,8 +87,11 @@ def texts() -> list[str]:
     return [*long, *docs[:6], "", "  \n ", "Crème brûlée. 我爱北京天安门。Line\n\nbreaks\tand tabs."]
 
 
-@pytest.mark.parametrize("spec", [ChunkSpec(254, 32), ChunkSpec(100, 0, "sentence"), ChunkSpec(64, 48), ChunkSpec(16, 4)],
-                         ids=["token-254-32", "sentence-100-0", "token-64-48", "token-16-4"])
+@pytest.mark.parametrize(
+    "spec",
+    [ChunkSpec(254, 32), ChunkSpec(100, 0, "sentence"), ChunkSpec(64, 48), ChunkSpec(16, 4)],
+    ids=["token-254-32", "sentence-100-0", "token-64-48", "token-16-4"],
+)
 def test_the_layout_is_the_cut_made_in_process(tokenizer, nats_url, model_info, texts, spec):
     whole = TextEncoder(model_info).whole_text_tokenizer()
     encodings = [whole.encode(t, add_special_tokens=False) for t in texts]
@@ -97,8 +108,10 @@ def test_a_window_over_the_models_room_is_refused(tokenizer, nats_url):
     assert _chunk(nats_url, ["a text"], ChunkSpec(254)).counts.tolist() == [1]  # 256 less [CLS] and [SEP]
     error = _refusal(nats_url, ["a text"], ChunkSpec(255))
     assert (error.code, error.row) == (ErrorCode.INVALID_REQUEST, None)
-    assert error.message == ("chunking.size is 255; this model holds at most 254 tokens of text a chunk (its limit, "
-                             "less its special tokens and the prompt)")
+    assert error.message == (
+        "chunking.size is 255; this model holds at most 254 tokens of text a chunk (its limit, "
+        "less its special tokens and the prompt)"
+    )
 
 
 def test_a_prompt_leaves_a_chunk_less_room(tokenizer, nats_url):
@@ -108,20 +121,26 @@ def test_a_prompt_leaves_a_chunk_less_room(tokenizer, nats_url):
     assert (error.code, error.row) == (ErrorCode.INVALID_REQUEST, None)
     assert error.message.startswith("chunking.size is 253; this model holds at most 252 tokens of text a chunk")
     error = _refusal(nats_url, ["a text"], ChunkSpec(8), EmbedOptions(prompt_name="passage"))
-    assert (error.code, error.message) == (ErrorCode.INVALID_REQUEST, "the model has no prompt 'passage' (its prompts: query)")
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_REQUEST,
+        "the model has no prompt 'passage' (its prompts: query)",
+    )
 
 
 def test_more_chunks_than_max_chunks_are_refused_at_the_input_that_passes_them(tokenizer, nats_url):
     words = " ".join(["word"] * 8000)  # 8,000 tokens: 1,000 chunks of 8
     error = _refusal(nats_url, ["short", words, words, words], ChunkSpec(8))  # 1, 1001, 2001, 3001 chunks so far
     assert (error.code, error.row) == (ErrorCode.INPUT_TOO_LONG, 3)
-    assert error.text() == (f"input 3 takes the request past {MAX_CHUNKS} chunks, the most one may be cut into: its texts "
-                            "make 3001 (send fewer or shorter texts, or a larger chunking.size)")
+    assert error.text() == (
+        f"input 3 takes the request past {MAX_CHUNKS} chunks, the most one may be cut into: its texts "
+        "make 3001 (send fewer or shorter texts, or a larger chunking.size)"
+    )
     assert _chunk(nats_url, ["short", words, words], ChunkSpec(8)).counts.tolist() == [1, 1000, 1000]
 
 
 def test_the_refusal_travels_as_an_error_reply_with_its_row(tokenizer, nats_url):
     """On the wire, as any NATS client sees it: an ErrorReply with the code and the row."""
+
     async def ask() -> bytes:
         nc = await nats.connect(nats_url)
         try:
@@ -138,9 +157,17 @@ def test_the_refusal_travels_as_an_error_reply_with_its_row(tokenizer, nats_url)
 
 
 # requests close to valid ones (so damaged copies get far into the handler), and the fuzz suite's
-SEEDS = st.builds(ChunkRequest, id=st.text(max_size=8), model=st.just(MODEL),
-                  texts=st.lists(st.text(max_size=60), max_size=4), spec=st.builds(ChunkSpec, st.integers(1, 300)),
-                  input_type=st.none() | st.just("query")) | VALID[ChunkRequest]
+SEEDS = (
+    st.builds(
+        ChunkRequest,
+        id=st.text(max_size=8),
+        model=st.just(MODEL),
+        texts=st.lists(st.text(max_size=60), max_size=4),
+        spec=st.builds(ChunkSpec, st.integers(1, 300)),
+        input_type=st.none() | st.just("query"),
+    )
+    | VALID[ChunkRequest]
+)
 REFUSALS = {ErrorCode.INVALID_REQUEST, ErrorCode.INPUT_TOO_LONG, ErrorCode.MODEL_NOT_FOUND}
 
 

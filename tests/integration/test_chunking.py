@@ -25,8 +25,11 @@ def texts() -> list[str]:
 
 
 def _post(stack, texts, chunking, **extra) -> httpx.Response:
-    return httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": texts, "chunking": chunking,
-                                                                 **extra}, timeout=120)
+    return httpx.post(
+        f"{stack.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": texts, "chunking": chunking, **extra},
+        timeout=120,
+    )
 
 
 def _content_tokens(reference, text: str) -> int:
@@ -42,7 +45,7 @@ def test_each_chunk_is_the_vector_of_its_text_and_the_chunks_cover_the_input(sta
     first, second = ([d for d in items if d["index"] == i] for i in (0, 1))
     assert [d["chunk"] for d in first] == list(range(len(first))) and len(first) > 5
     assert [(d["chunk"], d["start"], d["end"]) for d in second] == [(0, 0, len(texts[1]))]  # it fits one window
-    pieces = [texts[d["index"]][d["start"]:d["end"]] for d in items]
+    pieces = [texts[d["index"]][d["start"] : d["end"]] for d in items]
     assert all(_content_tokens(reference, p) <= 64 for p in pieces)
     starts, ends = [d["start"] for d in first], [d["end"] for d in first]
     assert starts[0] == 0 and ends[-1] == len(texts[0].rstrip()) and all(a < b for a, b in itertools.pairwise(starts))
@@ -73,8 +76,8 @@ def test_the_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack, ref
     assert [(d["index"], "chunk" in d) for d in data] == [(0, False), (1, False)]
     for i, text in enumerate(texts):
         mine = [d for d in chunked if d["index"] == i]
-        weights = np.array([_content_tokens(reference, text[d["start"]:d["end"]]) for d in mine], np.float64)
-        vectors = reference.encode([text[d["start"]:d["end"]] for d in mine], convert_to_numpy=True)
+        weights = np.array([_content_tokens(reference, text[d["start"] : d["end"]]) for d in mine], np.float64)
+        vectors = reference.encode([text[d["start"] : d["end"]] for d in mine], convert_to_numpy=True)
         mean = weights @ vectors / weights.sum()
         mean /= np.linalg.norm(mean)
         assert cosines(np.array([data[i]["embedding"]]), mean[None]).min() >= COSINE_TOLERANCE
@@ -83,12 +86,16 @@ def test_the_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack, ref
     assert all(isinstance(x, int) and -128 <= x <= 127 for d in int8.json()["data"] for x in d["embedding"])
 
 
-@pytest.mark.parametrize("chunking, extra, status, message", [
-    ({"size": 300}, {}, 400, "chunking.size is 300; this model holds at most 254 tokens of text a chunk"),
-    ({"size": 64, "late": 1}, {}, 400, "'chunking.late' must be true or false"),
-    ({"size": 64, "stride": 3}, {}, 400, "'chunking' has unknown keys 'stride'"),
-    ({"size": 1}, {}, 413, "input 0 takes the request past 1024 chunks"),
-], ids=["over-room", "late", "unknown-key", "too-many-chunks"])
+@pytest.mark.parametrize(
+    "chunking, extra, status, message",
+    [
+        ({"size": 300}, {}, 400, "chunking.size is 300; this model holds at most 254 tokens of text a chunk"),
+        ({"size": 64, "late": 1}, {}, 400, "'chunking.late' must be true or false"),
+        ({"size": 64, "stride": 3}, {}, 400, "'chunking' has unknown keys 'stride'"),
+        ({"size": 1}, {}, 413, "input 0 takes the request past 1024 chunks"),
+    ],
+    ids=["over-room", "late", "unknown-key", "too-many-chunks"],
+)
 def test_wrong_chunking_is_refused_in_the_openai_shape(stack, texts, chunking, extra, status, message):
     r = _post(stack, texts, chunking, **extra)
     assert r.status_code == status, r.text
@@ -120,9 +127,14 @@ def test_the_readme_example_is_answered_as_it_says(stack):
 
 def test_a_binary_answer_takes_the_mean_and_refuses_chunk_offsets(stack, texts):
     url, body = f"{stack.base_url}/v1/embeddings", {"model": MODEL, "input": texts}
-    mean = httpx.post(url, json={**body, "chunking": {"size": 64, "return": "mean"}},
-                      headers={"accept": "application/octet-stream"}, timeout=120)
+    mean = httpx.post(
+        url,
+        json={**body, "chunking": {"size": 64, "return": "mean"}},
+        headers={"accept": "application/octet-stream"},
+        timeout=120,
+    )
     assert mean.status_code == 200 and len(mean.content) == 2 * 384 * 4, mean.text[:300]
-    chunks = httpx.post(url, json={**body, "chunking": {"size": 64}}, headers={"accept": "application/octet-stream"},
-                        timeout=120)
+    chunks = httpx.post(
+        url, json={**body, "chunking": {"size": 64}}, headers={"accept": "application/octet-stream"}, timeout=120
+    )
     assert chunks.status_code == 400 and chunks.json()["error"]["param"] == "chunking", chunks.text

@@ -88,7 +88,7 @@ def _post(base_url: str, path: str, body: dict, **kw) -> httpx.Response:
 
 
 def _pieces(texts: list[str], places: list[dict]) -> list[str]:
-    return [texts[p["index"]][p["start"]:p["end"]] for p in places]
+    return [texts[p["index"]][p["start"] : p["end"]] for p in places]
 
 
 def _check_cover(reference, texts: list[str], places: list[dict], size: int) -> None:
@@ -108,8 +108,12 @@ def _mean(reference, texts: list[str], places: list[dict], vectors: np.ndarray, 
     """[inputs, dim]: each input's chunk ``vectors`` (rows as ``places``) weighted by the chunk's tokens."""
     weights = np.array([_content_tokens(reference, p) for p in _pieces(texts, places)], np.float64)
     index = np.array([p["index"] for p in places])
-    out = np.stack([weights[index == i] @ vectors[index == i].astype(np.float64) / weights[index == i].sum()
-                    for i in range(len(texts))])
+    out = np.stack(
+        [
+            weights[index == i] @ vectors[index == i].astype(np.float64) / weights[index == i].sum()
+            for i in range(len(texts))
+        ]
+    )
     return out / np.linalg.norm(out, axis=1, keepdims=True) if normalize else out
 
 
@@ -138,15 +142,20 @@ def _same_form(got, floats: np.ndarray, form: str) -> None:
 
 # -- TEI: POST /embed ---------------------------------------------------------------------------
 
+
 def _tei_places(answer: list) -> list[dict]:
-    return [{"index": i, **{k: c[k] for k in ("chunk", "start", "end")}} for i, chunks in enumerate(answer) for c in chunks]
+    return [
+        {"index": i, **{k: c[k] for k in ("chunk", "start", "end")}} for i, chunks in enumerate(answer) for c in chunks
+    ]
 
 
 def test_tei_chunks_are_the_vectors_of_their_texts_per_input(base_url, reference, texts, places):
     r = _post(base_url, "/embed", {"inputs": texts, "chunking": SPEC})
     assert r.status_code == 200, r.text
     answer = r.json()
-    assert len(answer) == len(texts) and all(set(c) == {"chunk", "start", "end", "embedding"} for cs in answer for c in cs)
+    assert len(answer) == len(texts) and all(
+        set(c) == {"chunk", "start", "end", "embedding"} for cs in answer for c in cs
+    )
     assert _tei_places(answer) == places and len(answer[0]) > 5 and len(answer[1]) == 1
     _check_cover(reference, texts, places, SPEC["size"])
     _close([c["embedding"] for cs in answer for c in cs], reference.encode(_pieces(texts, places)))
@@ -163,15 +172,23 @@ def test_tei_mean_is_a_vector_per_input_in_teis_shape(base_url, reference, texts
     _close(got[1:], reference.encode(texts[1:]))
 
 
-@pytest.mark.parametrize("option", [{"normalize": False}, {"dimensions": 128}, {"prompt_name": "query"},
-                                    {"embedding_type": "int8"}, {"truncate": True, "truncation_direction": "Left"}],
-                         ids=["normalize", "dimensions", "prompt_name", "embedding_type", "truncate"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"normalize": False},
+        {"dimensions": 128},
+        {"prompt_name": "query"},
+        {"embedding_type": "int8"},
+        {"truncate": True, "truncation_direction": "Left"},
+    ],
+    ids=["normalize", "dimensions", "prompt_name", "embedding_type", "truncate"],
+)
 def test_tei_options_apply_to_each_chunk_and_to_the_mean(base_url, reference, raw_reference, texts, places, option):
     pieces = _pieces(texts, places)
     model = raw_reference if option.get("normalize") is False else reference
     want = model.encode(pieces, prompt=PROMPTS.get(option.get("prompt_name")))
     if "dimensions" in option:
-        want = want[:, :option["dimensions"]] / np.linalg.norm(want[:, :option["dimensions"]], axis=1, keepdims=True)
+        want = want[:, : option["dimensions"]] / np.linalg.norm(want[:, : option["dimensions"]], axis=1, keepdims=True)
     normalize = option.get("normalize", True)
     chunks = _post(base_url, "/embed", {"inputs": texts, "chunking": SPEC, **option})
     mean = _post(base_url, "/embed", {"inputs": texts, "chunking": {**SPEC, "return": "mean"}, **option})
@@ -199,7 +216,9 @@ def test_tei_binary_answers_take_the_mean_and_refuse_chunk_offsets(base_url, tex
     refused = _post(base_url, "/embed", {**body, "chunking": SPEC}, headers={"accept": "application/octet-stream"})
     assert refused.status_code == 400 and refused.json() == {
         "error": "a binary answer has no room for the chunks' offsets: ask for JSON, or for 'chunking.return' 'mean' "
-                 "(a vector per input)", "error_type": "Validation"}
+        "(a vector per input)",
+        "error_type": "Validation",
+    }
 
 
 def test_post_root_embeds_chunked_as_embed(base_url, texts, places):
@@ -210,6 +229,7 @@ def test_post_root_embeds_chunked_as_embed(base_url, texts, places):
 
 
 # -- Cohere: POST /v2/embed ---------------------------------------------------------------------
+
 
 def test_cohere_chunks_are_rows_of_every_type_with_their_places(base_url, reference, texts, places):
     r = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": TYPES, "chunking": SPEC})
@@ -241,8 +261,11 @@ def test_cohere_one_type_made_on_the_worker_per_chunk(base_url, reference, texts
 
 
 def test_cohere_mean_keeps_cohere_shape_for_every_type(base_url, reference, texts, places):
-    r = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": TYPES,
-                                      "chunking": {**SPEC, "return": "mean"}})
+    r = _post(
+        base_url,
+        "/v2/embed",
+        {"model": MODEL, "texts": texts, "embedding_types": TYPES, "chunking": {**SPEC, "return": "mean"}},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert set(body) == {"id", "response_type", "embeddings", "texts", "meta"} and body["texts"] == texts
@@ -252,14 +275,27 @@ def test_cohere_mean_keeps_cohere_shape_for_every_type(base_url, reference, text
     for form in ("int8", "uint8", "binary", "ubinary"):
         _same_form(got[form], mean, form)
     _close([np.frombuffer(base64.b64decode(s), "<f4") for s in got["base64"]], mean)
-    one = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": ["uint8"],
-                                        "chunking": {**SPEC, "return": "mean"}})
+    one = _post(
+        base_url,
+        "/v2/embed",
+        {"model": MODEL, "texts": texts, "embedding_types": ["uint8"], "chunking": {**SPEC, "return": "mean"}},
+    )
     _same_form(one.json()["embeddings"]["uint8"], mean, "uint8")  # averaged in float32, then made uint8
 
 
 def test_cohere_input_type_and_output_dimension_apply_to_each_chunk(base_url, reference, texts, places):
-    r = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "input_type": "search_query",
-                                      "output_dimension": 100, "embedding_types": ["float"], "chunking": SPEC})
+    r = _post(
+        base_url,
+        "/v2/embed",
+        {
+            "model": MODEL,
+            "texts": texts,
+            "input_type": "search_query",
+            "output_dimension": 100,
+            "embedding_types": ["float"],
+            "chunking": SPEC,
+        },
+    )
     assert r.status_code == 200, r.text
     want = reference.encode(_pieces(texts, places), prompt=PROMPTS["query"])[:, :100]
     got = np.array(r.json()["embeddings"]["float"], np.float32)
@@ -271,8 +307,13 @@ def test_cohere_sdk_reads_the_chunks_extension(base_url, reference, texts, place
     import cohere
 
     client = cohere.ClientV2(api_key="unused", base_url=base_url, timeout=120)
-    r = client.embed(texts=texts, model=MODEL, input_type="search_document", embedding_types=["float"],
-                     request_options={"additional_body_parameters": {"chunking": SPEC}})
+    r = client.embed(
+        texts=texts,
+        model=MODEL,
+        input_type="search_document",
+        embedding_types=["float"],
+        request_options={"additional_body_parameters": {"chunking": SPEC}},
+    )
     assert r.chunks == places
     _close(r.embeddings.float_, reference.encode(_pieces(texts, places), prompt=PROMPTS["document"]))
 
@@ -293,27 +334,50 @@ def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, referenc
 
 # -- refusals, each in its route's shape ----------------------------------------------------------
 
-@pytest.mark.parametrize("chunking, extra, statuses, message", [
-    ({"size": 300}, {}, (400, 400), "chunking.size is 300; this model holds at most 254 tokens of text a chunk"),
-    ({"size": 253}, {"prompt_name": "query", "input_type": "search_query"}, (400, 400),
-     "chunking.size is 253; this model holds at most 252 tokens"),
-    ({"size": 8, "overlap": 8}, {}, (400, 400), "chunking.overlap (8) must be less than chunking.size (8)"),
-    ({"size": 64, "stride": 3}, {}, (400, 400), "'chunking' has unknown keys 'stride'"),
-    ({"size": "64"}, {}, (400, 400), "chunking.size must be an integer of at least 1, got '64'"),
-    ({"size": 64, "return": "all"}, {}, (400, 400), "'chunking.return' must be 'chunks' or 'mean'"),
-    ([64], {}, (400, 400), "'chunking' must be an object"),
-    # Cohere has no 413: it answers what is too long with 400
-    ({"size": 4}, {}, (413, 400), f"input 0 takes the request past {MAX_CHUNKS} chunks"),
-], ids=["over-room", "over-room-with-prompt", "overlap", "unknown-key", "size-type", "return", "not-object",
-        "too-many-chunks"])
+
+@pytest.mark.parametrize(
+    "chunking, extra, statuses, message",
+    [
+        ({"size": 300}, {}, (400, 400), "chunking.size is 300; this model holds at most 254 tokens of text a chunk"),
+        (
+            {"size": 253},
+            {"prompt_name": "query", "input_type": "search_query"},
+            (400, 400),
+            "chunking.size is 253; this model holds at most 252 tokens",
+        ),
+        ({"size": 8, "overlap": 8}, {}, (400, 400), "chunking.overlap (8) must be less than chunking.size (8)"),
+        ({"size": 64, "stride": 3}, {}, (400, 400), "'chunking' has unknown keys 'stride'"),
+        ({"size": "64"}, {}, (400, 400), "chunking.size must be an integer of at least 1, got '64'"),
+        ({"size": 64, "return": "all"}, {}, (400, 400), "'chunking.return' must be 'chunks' or 'mean'"),
+        ([64], {}, (400, 400), "'chunking' must be an object"),
+        # Cohere has no 413: it answers what is too long with 400
+        ({"size": 4}, {}, (413, 400), f"input 0 takes the request past {MAX_CHUNKS} chunks"),
+    ],
+    ids=[
+        "over-room",
+        "over-room-with-prompt",
+        "overlap",
+        "unknown-key",
+        "size-type",
+        "return",
+        "not-object",
+        "too-many-chunks",
+    ],
+)
 def test_wrong_chunking_is_refused_in_each_routes_shape(base_url, texts, chunking, extra, statuses, message):
-    tei = _post(base_url, "/embed", {"inputs": texts, "chunking": chunking,
-                                     **{k: v for k, v in extra.items() if k == "prompt_name"}})
+    tei = _post(
+        base_url,
+        "/embed",
+        {"inputs": texts, "chunking": chunking, **{k: v for k, v in extra.items() if k == "prompt_name"}},
+    )
     assert tei.status_code == statuses[0], tei.text
     assert set(tei.json()) == {"error", "error_type"} and tei.json()["error_type"] == "Validation"
     assert tei.json()["error"].startswith(message), tei.json()
-    cohere = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "chunking": chunking,
-                                           **{k: v for k, v in extra.items() if k == "input_type"}})
+    cohere = _post(
+        base_url,
+        "/v2/embed",
+        {"model": MODEL, "texts": texts, "chunking": chunking, **{k: v for k, v in extra.items() if k == "input_type"}},
+    )
     assert cohere.status_code == statuses[1], cohere.text
     assert set(cohere.json()) == {"message"} and cohere.json()["message"].startswith(message), cohere.json()
 
@@ -332,10 +396,13 @@ def test_late_chunking_answers_on_every_route_as_on_v1_embeddings(base_url, text
 def test_token_ids_cannot_be_chunked_on_embed(base_url):
     r = _post(base_url, "/embed", {"inputs": [[101, 2000, 102]], "chunking": SPEC})
     assert r.status_code == 400 and r.json() == {
-        "error": "'chunking' cuts texts: give 'inputs' as text, not token IDs", "error_type": "Validation"}
+        "error": "'chunking' cuts texts: give 'inputs' as text, not token IDs",
+        "error_type": "Validation",
+    }
 
 
 # -- the README's examples, as a reader types them ------------------------------------------------
+
 
 def _readme_section() -> str:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -344,8 +411,12 @@ def _readme_section() -> str:
 
 def test_the_readmes_tei_curl_runs_as_written(base_url):
     (command,) = re.findall(r"^curl -s localhost:8080/embed .*$", _readme_section(), re.M)
-    done = subprocess.run(["bash", "-c", command.replace("localhost:8080", base_url.removeprefix("http://"))],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", command.replace("localhost:8080", base_url.removeprefix("http://"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     (chunks,) = json.loads(done.stdout)  # one input, "a long document ...": one window
     assert [(c["chunk"], c["start"], c["end"], len(c["embedding"])) for c in chunks] == [(0, 0, 19, DIM)]
@@ -353,7 +424,13 @@ def test_the_readmes_tei_curl_runs_as_written(base_url):
 
 def test_the_readmes_cohere_example_runs_as_written(base_url, tmp_path):
     (example,) = [block for block in re.findall(r"```python\n(.*?)```", _readme_section(), re.S) if "cohere" in block]
-    done = subprocess.run([sys.executable, "-c", example.replace("http://localhost:8080", base_url)], cwd=tmp_path,
-                          env=os.environ, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", example.replace("http://localhost:8080", base_url)],
+        cwd=tmp_path,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "0", "0", "19", str(DIM)], done.stdout

@@ -14,8 +14,12 @@ from tests.conftest import COSINE_TOLERANCE, cosines
 pytestmark = pytest.mark.integration
 
 MODEL = "all-MiniLM-L6-v2"
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "embedfleet serves embeddings over NATS",
-         "Une phrase en français.", "a" * 3000]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "embedfleet serves embeddings over NATS",
+    "Une phrase en français.",
+    "a" * 3000,
+]
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +60,9 @@ def test_langchain_openai(stack, expected):
     vocabulary, fetched from the network) and sends those token IDs, which mean nothing to another model."""
     from langchain_openai import OpenAIEmbeddings
 
-    embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{stack.base_url}/v1", api_key="unused",
-                                  check_embedding_ctx_length=False, max_retries=0)
+    embeddings = OpenAIEmbeddings(
+        model=MODEL, base_url=f"{stack.base_url}/v1", api_key="unused", check_embedding_ctx_length=False, max_retries=0
+    )
     _close(embeddings.embed_documents(TEXTS), expected)
     _close([embeddings.embed_query(TEXTS[0])], expected[:1])
 

@@ -107,7 +107,9 @@ def test_v1_one_type_is_made_on_the_worker(v1, texts, form):
 
 
 def test_v2_embed_types_and_base64(v2, reference, texts, expected):
-    r = v2.embed(texts=texts[:8], model=MODEL, input_type="search_query", embedding_types=["float", "ubinary", "base64"])
+    r = v2.embed(
+        texts=texts[:8], model=MODEL, input_type="search_query", embedding_types=["float", "ubinary", "base64"]
+    )
     floats = np.array(r.embeddings.float_, np.float32)
     _close(floats, expected[:8])
     assert np.array_equal(np.array(r.embeddings.ubinary), quantize(floats, "ubinary").astype(np.int64))
@@ -124,8 +126,13 @@ def test_v2_inputs_are_the_texts(v2, texts, expected):
 
 
 def test_v2_output_dimension_is_matryoshka(v2, texts, expected):
-    r = v2.embed(texts=texts[:6], model=MODEL, input_type="search_document", output_dimension=100,
-                 embedding_types=["float", "int8"])
+    r = v2.embed(
+        texts=texts[:6],
+        model=MODEL,
+        input_type="search_document",
+        output_dimension=100,
+        embedding_types=["float", "int8"],
+    )
     short = np.array(r.embeddings.float_, np.float32)
     assert short.shape == (6, 100)
     np.testing.assert_allclose(np.linalg.norm(short, axis=1), 1.0, atol=1e-5)  # renormalised
@@ -133,7 +140,9 @@ def test_v2_output_dimension_is_matryoshka(v2, texts, expected):
     assert np.array_equal(np.array(r.embeddings.int8), quantize(short, "int8").astype(np.int64))  # the range of 100
     with pytest.raises(cohere.BadRequestError) as err:
         v2.embed(texts=["x"], model=MODEL, input_type="search_document", output_dimension=DIM + 1)
-    assert err.value.status_code == 400 and err.value.body == {"message": "'output_dimension' 385 exceeds the model's 384"}
+    assert err.value.status_code == 400 and err.value.body == {
+        "message": "'output_dimension' 385 exceeds the model's 384"
+    }
 
 
 def test_truncate_none_refuses_and_start_keeps_the_end(v1, v2, reference, stack):
@@ -146,11 +155,13 @@ def test_truncate_none_refuses_and_start_keeps_the_end(v1, v2, reference, stack)
 
     end = v1.embed(texts=[LONG], model=MODEL, truncate="END").embeddings
     _close(end, reference.encode([LONG]))  # sentence-transformers cuts the end
-    start = v2.embed(texts=[LONG], model=MODEL, input_type="search_document", truncate="START",
-                     embedding_types=["float"]).embeddings.float_
+    start = v2.embed(
+        texts=[LONG], model=MODEL, input_type="search_document", truncate="START", embedding_types=["float"]
+    ).embeddings.float_
     ids = reference.tokenizer(LONG, add_special_tokens=False)["input_ids"]
-    tail = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [101, *ids[-(LIMIT - 2):], 102]},
-                      timeout=60)
+    tail = httpx.post(
+        f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [101, *ids[-(LIMIT - 2) :], 102]}, timeout=60
+    )
     assert tail.status_code == 200, tail.text
     _close(start, [tail.json()["data"][0]["embedding"]])  # the input's last tokens
     assert cosines(np.array(start), np.array(end))[0] < 0.99
@@ -180,8 +191,9 @@ def test_v2_rerank_ranks_as_v1_rerank_and_the_reference(v2, stack, reference):
     r = v2.rerank(model=MODEL, query=QUERY, documents=docs, top_n=7, max_tokens_per_doc=4096)
     got = [(x.index, x.relevance_score) for x in r.results]
     assert len(got) == 7 and r.id and r.meta.api_version.version == "2"
-    old = httpx.post(f"{stack.base_url}/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": docs, "top_n": 7},
-                     timeout=60)
+    old = httpx.post(
+        f"{stack.base_url}/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": docs, "top_n": 7}, timeout=60
+    )
     assert old.status_code == 200, old.text
     want = [(x["index"], x["relevance_score"]) for x in old.json()["results"]]
     assert [i for i, _ in got] == [i for i, _ in want]
@@ -220,7 +232,9 @@ def prompted(nats_url, model_info, tmp_path_factory) -> Iterator[tuple[str, Path
     port = free_port()
     services = [
         Service("tokenizer", [*common, "--model", str(folder)], log_dir),
-        Service("worker", [*common, "--model", str(folder), "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}),
+        Service(
+            "worker", [*common, "--model", str(folder), "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}
+        ),
         Service("gateway", [*common, "--port", str(port)], log_dir),
     ]
     base_url = f"http://127.0.0.1:{port}"
@@ -233,8 +247,9 @@ def prompted(nats_url, model_info, tmp_path_factory) -> Iterator[tuple[str, Path
             s.stop()
 
 
-@pytest.mark.parametrize("input_type, prompt", [("search_query", "query"), ("search_document", "document"),
-                                                ("classification", None)])  # the folder has no prompt of that name
+@pytest.mark.parametrize(
+    "input_type, prompt", [("search_query", "query"), ("search_document", "document"), ("classification", None)]
+)  # the folder has no prompt of that name
 def test_input_type_selects_the_models_prompt(prompted, texts, input_type, prompt):
     base_url, folder = prompted
     client = cohere.ClientV2(api_key="unused", base_url=base_url, timeout=120)

@@ -31,8 +31,14 @@ WORKLOADS = {"gateway": "gateway", "tokenizer": "tokenizer", "worker": "gpu-work
 # the worker refuses an online token batch that would queue more than this many tokens: three long
 # documents (256 tokens each once truncated) do, the short texts below never do
 MAX_QUEUED_TOKENS = 600
-SHORT = ["a fox in the forest", "stock prices fell sharply", "the quick brown fox jumps", "rain tomorrow",
-         "foxes are small canids", "how do I sort a list in Python?"]
+SHORT = [
+    "a fox in the forest",
+    "stock prices fell sharply",
+    "the quick brown fox jumps",
+    "rain tomorrow",
+    "foxes are small canids",
+    "how do I sort a list in Python?",
+]
 LONG = [f"{word} jumps over the lazy dog. " * 60 for word in ("fox", "cat", "hare")]  # ~540 tokens each
 
 
@@ -111,12 +117,17 @@ def test_every_dashboard_query_returns_data(stage):
     wait_until(lambda: _scraped_after(prometheus, mark), 30, "a scrape of every service", procs)
     _traffic(fleet.base_url)
     job = _job(fleet.base_url)
-    wait_until(lambda: httpx.get(f"{fleet.base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done",
-               60, "the job", procs)
+    wait_until(
+        lambda: httpx.get(f"{fleet.base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done",
+        60,
+        "the job",
+        procs,
+    )
     # the gateway reads job states every 5 s; then every service scraped twice more (two samples for rate)
     done = f'max(embedfleet_job_documents{{job_id="{job}", state="done"}})'
-    wait_until(lambda: [float(s["value"][1]) for s in prometheus.query(done)] == [20.0], 30, "the job's progress",
-               procs)
+    wait_until(
+        lambda: [float(s["value"][1]) for s in prometheus.query(done)] == [20.0], 30, "the job's progress", procs
+    )
     mark = time.time()
     wait_until(lambda: _scraped_after(prometheus, mark + 1.0), 30, "two scrapes after the traffic", procs)
 
@@ -133,8 +144,11 @@ def test_every_dashboard_query_returns_data(stage):
     assert not empty and not nan, f"dashboard queries without data ({len(empty) + len(nan)}):{report}"
 
     # another model chosen, every query that names $model shows nothing: the variable filters
-    leaks = [str(q) for q in dash.queries(board)
-             if "$model" in q.expr and prometheus.query(q.filled("no-such-model", window))]
+    leaks = [
+        str(q)
+        for q in dash.queries(board)
+        if "$model" in q.expr and prometheus.query(q.filled("no-such-model", window))
+    ]
     assert not leaks, "queries showing data of a model not chosen:\n  " + "\n  ".join(leaks)
 
     # the progress panel shows the job, by its id, finished
@@ -147,8 +161,14 @@ def test_every_selector_of_a_model_metric_filters_by_the_model_variable(stage):
     series = stage.prometheus.api("series", **{"match[]": '{__name__=~"embedfleet_.+"}'})
     with_model = {s["__name__"] for s in series if "model" in s}
     assert "embedfleet_worker_queue_depth" in with_model and "embedfleet_requests_total" not in with_model
-    unfiltered = sorted({f"{name} ({q.panel})" for q in dash.queries(dash.load())
-                         for name, matchers in q.selectors() if name in with_model and 'model=~"$model"' not in matchers})
+    unfiltered = sorted(
+        {
+            f"{name} ({q.panel})"
+            for q in dash.queries(dash.load())
+            for name, matchers in q.selectors()
+            if name in with_model and 'model=~"$model"' not in matchers
+        }
+    )
     assert not unfiltered, f"selectors of metrics with a model label that ignore $model: {unfiltered}"
 
 

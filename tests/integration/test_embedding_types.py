@@ -146,20 +146,31 @@ def test_forms_with_matryoshka_dimensions(stack, texts):
 
 def test_msgpack_and_octet_carry_the_forms_dtype_and_shape(stack, texts):
     json_int8 = _ints(_embed(stack, texts[:6], embedding_type="int8"), "int8")
-    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": texts[:6], "embedding_type": "int8"},
-                   headers={"accept": "application/msgpack"}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": texts[:6], "embedding_type": "int8"},
+        headers={"accept": "application/msgpack"},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.headers["content-type"] == "application/msgpack"
     body = msgpack.unpackb(r.content)
     assert (body["rows"], body["dim"], body["shape"], body["embedding_type"]) == (6, DIM, [6, DIM], "int8")
     assert np.dtype(body["dtype"]) == np.int8
     _assert_within_a_step(np.frombuffer(body["data"], body["dtype"]).reshape(body["shape"]), json_int8)
 
-    r = httpx.post(f"{stack.base_url}/v1/embeddings",
-                   json={"model": MODEL, "input": texts[:6], "embedding_type": "binary", "dimensions": 100},
-                   headers={"accept": "application/octet-stream"}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": texts[:6], "embedding_type": "binary", "dimensions": 100},
+        headers={"accept": "application/octet-stream"},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
-    assert (r.headers["x-embedding-rows"], r.headers["x-embedding-dim"], r.headers["x-embedding-dtype"],
-            r.headers["x-embedding-row-bytes"]) == ("6", "100", "binary", "13")
+    assert (
+        r.headers["x-embedding-rows"],
+        r.headers["x-embedding-dim"],
+        r.headers["x-embedding-dtype"],
+        r.headers["x-embedding-row-bytes"],
+    ) == ("6", "100", "binary", "13")
     assert len(r.content) == 6 * 13
 
 
@@ -169,8 +180,12 @@ def test_tei_embed_takes_embedding_type(stack, texts, floats):
     rows = r.json()
     assert all(type(x) is int for row in rows for x in row)
     _assert_signs_match(np.array(rows, np.uint8), "ubinary", floats[:6])
-    r = httpx.post(f"{stack.base_url}/embed", json={"inputs": texts[:6], "embedding_type": "int8"},
-                   headers={"accept": "application/msgpack"}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/embed",
+        json={"inputs": texts[:6], "embedding_type": "int8"},
+        headers={"accept": "application/msgpack"},
+        timeout=60,
+    )
     body = msgpack.unpackb(r.content)
     assert (body["shape"], body["embedding_type"], np.dtype(body["dtype"])) == ([6, DIM], "int8", np.int8)
 
@@ -179,25 +194,40 @@ def test_openai_client_with_extra_body(stack, texts, floats):
     """The client asks for base64 and decodes it as float32 unless told a format: with another
     embedding_type, say encoding_format (float: numbers; base64: the string, decoded here)."""
     client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-    numbers = client.embeddings.create(model=MODEL, input=texts[:8], encoding_format="float",
-                                       extra_body={"embedding_type": "int8"})
+    numbers = client.embeddings.create(
+        model=MODEL, input=texts[:8], encoding_format="float", extra_body={"embedding_type": "int8"}
+    )
     int8 = np.array([d.embedding for d in numbers.data])
     assert int8.shape == (8, DIM) and np.array_equal(int8, np.rint(int8)) and np.abs(int8).max() <= 127
     assert cosines(int8, floats[:8]).min() >= INT8_COSINE
-    encoded = client.embeddings.create(model=MODEL, input=texts[:8], encoding_format="base64",
-                                       extra_body={"embedding_type": "ubinary"})
+    encoded = client.embeddings.create(
+        model=MODEL, input=texts[:8], encoding_format="base64", extra_body={"embedding_type": "ubinary"}
+    )
     ubinary = np.stack([np.frombuffer(base64.b64decode(d.embedding), np.uint8) for d in encoded.data])
     assert ubinary.shape == (8, DIM // 8)
     _assert_signs_match(ubinary, "ubinary", floats[:8])
 
 
-@pytest.mark.parametrize("route, body, error", [
-    ("/v1/embeddings", {"model": MODEL, "input": "x", "embedding_type": "int4"},
-     {"message": "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'",
-      "type": "invalid_request_error", "param": "embedding_type", "code": "invalid_request"}),
-    ("/embed", {"inputs": "x", "embedding_type": 8},
-     {"error": "'embedding_type' must be a string", "error_type": "Validation"}),
-])
+@pytest.mark.parametrize(
+    "route, body, error",
+    [
+        (
+            "/v1/embeddings",
+            {"model": MODEL, "input": "x", "embedding_type": "int4"},
+            {
+                "message": "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'",
+                "type": "invalid_request_error",
+                "param": "embedding_type",
+                "code": "invalid_request",
+            },
+        ),
+        (
+            "/embed",
+            {"inputs": "x", "embedding_type": 8},
+            {"error": "'embedding_type' must be a string", "error_type": "Validation"},
+        ),
+    ],
+)
 def test_bad_embedding_type_is_refused_in_the_routes_shape(stack, route, body, error):
     r = httpx.post(f"{stack.base_url}{route}", json=body, timeout=30)
     assert r.status_code == 400

@@ -88,7 +88,9 @@ def test_base64_payload_is_little_endian_float32(stack, texts, expected):
 
 
 def test_dimensions_truncate_and_renormalise(stack, texts, expected):
-    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": texts[:8], "dimensions": 128}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": texts[:8], "dimensions": 128}, timeout=60
+    )
     assert r.status_code == 200, r.text
     got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
     assert got.shape == (8, 128)

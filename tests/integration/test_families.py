@@ -58,7 +58,9 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     for name, folder in folders.items():
         model = ["--model", str(folder)]
         services.append(Service("tokenizer", [*common, *model], log_dir))
-        services.append(Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"}))
+        services.append(
+            Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"})
+        )
         if name.endswith("-cls") or name == LLM_RERANKER:
             services.append(Service("scorer", [*common, *model], log_dir))
     port = free_port()
@@ -66,10 +68,15 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base_url), 180, "gateway health", services)
-        wait_until(lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders), 240,
-                   f"{len(folders)} workers", services)
-        wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == len(CLASSIFIERS) + 1, 60, "scorers",
-                   services)
+        wait_until(
+            lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders),
+            240,
+            f"{len(folders)} workers",
+            services,
+        )
+        wait_until(
+            lambda: count_services(nats_url, "scorer", prefix=PREFIX) == len(CLASSIFIERS) + 1, 60, "scorers", services
+        )
         yield base_url, folders
     finally:
         for s in services:
@@ -99,7 +106,9 @@ def test_vectors_equal_sentence_transformers(fleet, texts, name, family, bidirec
         want = st_reference(folders[name], texts, prompt_name=input_type)
         assert got.shape == want.shape
         c = cosines(got, want)
-        assert c.min() >= COSINE_TOLERANCE, f"{name} ({input_type or 'no prompt'}): worst cosine {c.min():.6f} at {c.argmin()}"
+        assert c.min() >= COSINE_TOLERANCE, (
+            f"{name} ({input_type or 'no prompt'}): worst cosine {c.min():.6f} at {c.argmin()}"
+        )
 
 
 def test_prompts_change_the_vectors_and_models_differ(fleet, texts):
@@ -132,8 +141,11 @@ def test_reranker_scores_equal_transformers(fleet, family):
     query, docs = "how do I read a file line by line", medium_texts(20)
     logits = hf_reference_logits(folders[f"{family}-cls"], [(query, d) for d in docs])[:, 0]
     assert np.ptp(logits) > 0.1
-    r = httpx.post(f"{base_url}/v1/rerank", json={"model": f"{family}-cls", "query": query, "documents": docs,
-                                                  "top_n": len(docs)}, timeout=120)
+    r = httpx.post(
+        f"{base_url}/v1/rerank",
+        json={"model": f"{family}-cls", "query": query, "documents": docs, "top_n": len(docs)},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     got = np.array([x["relevance_score"] for x in results])
@@ -163,8 +175,11 @@ def test_llm_reranker_scores_equal_cross_encoder(fleet, nats_url):
     want = model.predict(pairs, batch_size=8)
     logits = model.predict(pairs, activation_fn=torch.nn.Identity(), batch_size=8)
     assert np.ptp(logits) > 0.1
-    r = httpx.post(f"{base_url}/v1/rerank", json={"model": LLM_RERANKER, "query": query, "documents": docs,
-                                                  "top_n": len(docs)}, timeout=120)
+    r = httpx.post(
+        f"{base_url}/v1/rerank",
+        json={"model": LLM_RERANKER, "query": query, "documents": docs, "top_n": len(docs)},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     got = np.array([x["relevance_score"] for x in results])

@@ -45,8 +45,9 @@ def _tokenizer_metadata(nats_url: str) -> list[dict]:
 
 def _embed(base_url: str, inputs: list, direction: str) -> np.ndarray:
     """TEI's /embed (it takes the truncation's direction, and token IDs as inputs)."""
-    r = httpx.post(f"{base_url}/embed", json={"inputs": inputs, "truncate": True, "truncation_direction": direction},
-                   timeout=120)
+    r = httpx.post(
+        f"{base_url}/embed", json={"inputs": inputs, "truncate": True, "truncation_direction": direction}, timeout=120
+    )
     assert r.status_code == 200, r.text
     return np.array(r.json(), np.float32)
 

@@ -65,10 +65,15 @@ class Fleet:
         elif role == "worker":
             service = Service("worker", [*common, "--max-batch-tokens", "512"], self.folder, {"OMP_NUM_THREADS": "1"})
         elif name == "gateway-short":
-            service = Service("gateway", [*common, "--port", str(self.short_port), "--request-timeout", str(SHORT_DEADLINE)],
-                              self.folder)
+            service = Service(
+                "gateway",
+                [*common, "--port", str(self.short_port), "--request-timeout", str(SHORT_DEADLINE)],
+                self.folder,
+            )
         else:
-            service = Service("gateway", [*common, "--port", str(self.port), "--request-timeout", str(DEADLINE)], self.folder)
+            service = Service(
+                "gateway", [*common, "--port", str(self.port), "--request-timeout", str(DEADLINE)], self.folder
+            )
         self.services[name] = service
         return service
 
@@ -77,8 +82,11 @@ class Fleet:
 
     def tokenized(self) -> float:
         """Online inputs the live tokenizers have tokenized: a request's rows sent again are tokenized again."""
-        return sum(scraped(self.metrics_ports[name], "embedfleet_tokenizer_inputs_total", model=MODEL, queue="online")
-                   for name, s in self.services.items() if name.startswith("tokenizer") and s.alive)
+        return sum(
+            scraped(self.metrics_ports[name], "embedfleet_tokenizer_inputs_total", model=MODEL, queue="online")
+            for name, s in self.services.items()
+            if name.startswith("tokenizer") and s.alive
+        )
 
     def workers(self) -> int:
         return count_services(self.nats.url, "worker")
@@ -87,7 +95,9 @@ class Fleet:
         procs = [s for s in self.services.values() if s.alive]
         wait_until(lambda: healthy(self.base_url) and healthy(self.short_url), 120, "gateways' health", procs)
         wait_until(lambda: self.workers() == workers, 120, f"{workers} workers", procs)
-        wait_until(lambda: count_services(self.nats.url, "tokenizer") == tokenizers, 60, f"{tokenizers} tokenizers", procs)
+        wait_until(
+            lambda: count_services(self.nats.url, "tokenizer") == tokenizers, 60, f"{tokenizers} tokenizers", procs
+        )
 
     def replace(self, name: str) -> None:
         """Start a fresh process in place of a dead one (what Kubernetes or `embedfleet up` does)."""
@@ -250,15 +260,21 @@ def killed_under_load(fleet: Fleet, name: str, busy: Callable[[], bool]) -> Kill
     done = [d for r in results for d in r]
     found = _found_gone(fleet.services["gateway"].log(), name.split("-")[0], killed_wall)
     assert found is not None, fleet.logs()
-    return KillUnderLoad(done, max(d.ended - d.started for d in done if d.ended < killed_at),
-                         [d.ended - killed_at for d in done if d.started < killed_at < d.ended], found - killed_wall)
+    return KillUnderLoad(
+        done,
+        max(d.ended - d.started for d in done if d.ended < killed_at),
+        [d.ended - killed_at for d in done if d.started < killed_at < d.ended],
+        found - killed_wall,
+    )
 
 
 def check_kill_under_load(fleet: Fleet, name: str, run: KillUnderLoad) -> None:
     assert all(d.status == 200 for d in run.answers), (sorted({d.status for d in run.answers}), fleet.logs())
     assert run.waits, "no request was in flight at the kill"
-    print(f"{name} killed: found gone after {run.found_after:.2f}s; the {len(run.waits)} requests in flight answered "
-          f"at most {max(run.waits):.2f}s after the kill (the slowest before it took {run.slowest_before:.2f}s)")
+    print(
+        f"{name} killed: found gone after {run.found_after:.2f}s; the {len(run.waits)} requests in flight answered "
+        f"at most {max(run.waits):.2f}s after the kill (the slowest before it took {run.slowest_before:.2f}s)"
+    )
     # within a liveness check (0.2 s) of the kill, with room for a loaded machine's event loops
     assert run.found_after < FOUND_GONE_WITHIN, fleet.logs()
     # the kill adds under a second to the requests it caught
@@ -288,8 +304,11 @@ def test_rows_wait_for_a_worker_and_get_503_before_the_deadline(serving: Fleet):
     result: dict[str, tuple[httpx.Response, float]] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.short_url, TEXTS[:64])))
     thread.start()
-    wait_until(lambda: fleet.holds_rows("worker-1") or fleet.holds_rows("worker-2") or not thread.is_alive(),
-               SHORT_DEADLINE, "the request's rows in a worker")
+    wait_until(
+        lambda: fleet.holds_rows("worker-1") or fleet.holds_rows("worker-2") or not thread.is_alive(),
+        SHORT_DEADLINE,
+        "the request's rows in a worker",
+    )
     assert thread.is_alive(), "the request finished before the workers were killed"
     fleet.services["worker-1"].kill()
     fleet.services["worker-2"].kill()
@@ -356,8 +375,11 @@ def test_nats_restart_fails_fast_then_serves_again(serving: Fleet):
     result: dict[str, tuple[httpx.Response, float]] = {}
     thread = threading.Thread(target=lambda: result.setdefault("r", embed(fleet.base_url, TEXTS)))
     thread.start()
-    wait_until(lambda: fleet.holds_rows("worker-1") or fleet.holds_rows("worker-2") or not thread.is_alive(),
-               DEADLINE, "the request's rows in a worker")
+    wait_until(
+        lambda: fleet.holds_rows("worker-1") or fleet.holds_rows("worker-2") or not thread.is_alive(),
+        DEADLINE,
+        "the request's rows in a worker",
+    )
     assert thread.is_alive(), "the request finished before the server was stopped"
     fleet.nats.stop()
     thread.join(DEADLINE)

@@ -62,15 +62,19 @@ def test_rankings_equal_the_rerank_route(stack):
     np.testing.assert_allclose([s for _, s in ranked], [s for _, s in http], atol=1e-6)
 
 
-@pytest.mark.parametrize("call, code", [
-    (lambda fleet: fleet.embed(["x"], "no-such-model"), ErrorCode.MODEL_NOT_FOUND),
-    (lambda fleet: fleet.embed([]), ErrorCode.INVALID_REQUEST),
-    (lambda fleet: fleet.embed(["fine", ""]), ErrorCode.INVALID_REQUEST),
-    (lambda fleet: fleet.embed(["x"], dimensions=0), ErrorCode.INVALID_REQUEST),
-    (lambda fleet: fleet.embed(["x"], dimensions=385), ErrorCode.INVALID_REQUEST),
-    (lambda fleet: fleet.embed(["x"], prompt_name="nope"), ErrorCode.INVALID_REQUEST),
-    (lambda fleet: fleet.rerank("q", ["d"], top_n=0), ErrorCode.INVALID_REQUEST),
-], ids=["unknown-model", "no-texts", "empty-text", "dimensions-0", "dimensions-over", "unknown-prompt", "top-n-0"])
+@pytest.mark.parametrize(
+    "call, code",
+    [
+        (lambda fleet: fleet.embed(["x"], "no-such-model"), ErrorCode.MODEL_NOT_FOUND),
+        (lambda fleet: fleet.embed([]), ErrorCode.INVALID_REQUEST),
+        (lambda fleet: fleet.embed(["fine", ""]), ErrorCode.INVALID_REQUEST),
+        (lambda fleet: fleet.embed(["x"], dimensions=0), ErrorCode.INVALID_REQUEST),
+        (lambda fleet: fleet.embed(["x"], dimensions=385), ErrorCode.INVALID_REQUEST),
+        (lambda fleet: fleet.embed(["x"], prompt_name="nope"), ErrorCode.INVALID_REQUEST),
+        (lambda fleet: fleet.rerank("q", ["d"], top_n=0), ErrorCode.INVALID_REQUEST),
+    ],
+    ids=["unknown-model", "no-texts", "empty-text", "dimensions-0", "dimensions-over", "unknown-prompt", "top-n-0"],
+)
 def test_bad_requests_raise_the_error_http_answers(stack, call, code):
     with pytest.raises(ServiceError) as raised:
         _with_client(stack, call)
@@ -109,6 +113,8 @@ def test_the_readmes_example_runs_as_written_against_the_local_stack(stack, tmp_
     env = {**os.environ, "PYTHONPATH": root}
     for name in ("EMBEDFLEET_NATS_URL", "NATS_URL"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["(1,", "384)", "float32", "(1,", "64)", "1"], done.stdout

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 pytestmark = pytest.mark.integration
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=24),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=10,
@@ -47,21 +50,62 @@ def spec(stack) -> dict:
 
 def test_every_route_is_fuzzed(spec):
     posts = [p for p, ops in spec["paths"].items() if "post" in ops]
-    assert sorted(posts) == sorted(["/embed", "/embed_all", "/embed_sparse", "/embeddings", "/rerank", "/tokenize", "/v1/embeddings",
-                                    "/v1/jobs", "/v1/rerank", "/v1/search",
-                                    "/", "/decode", "/invocations", "/predict", "/similarity",
-                                    "/v1/embed", "/v2/embed", "/v2/rerank"])
+    assert sorted(posts) == sorted(
+        [
+            "/embed",
+            "/embed_all",
+            "/embed_sparse",
+            "/embeddings",
+            "/rerank",
+            "/tokenize",
+            "/v1/embeddings",
+            "/v1/jobs",
+            "/v1/rerank",
+            "/v1/search",
+            "/",
+            "/decode",
+            "/invocations",
+            "/predict",
+            "/similarity",
+            "/v1/embed",
+            "/v2/embed",
+            "/v2/rerank",
+        ]
+    )
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embed", "/embed_sparse", "/embed_all", "/tokenize",
-                                  "/v1/jobs", "/rerank", "/v1/rerank", "/v1/search",
-                                  "/predict", "/similarity", "/decode", "/", "/invocations",
-                                  "/v1/embed", "/v2/embed", "/v2/rerank"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/embeddings",
+        "/embeddings",
+        "/embed",
+        "/embed_sparse",
+        "/embed_all",
+        "/tokenize",
+        "/v1/jobs",
+        "/rerank",
+        "/v1/rerank",
+        "/v1/search",
+        "/predict",
+        "/similarity",
+        "/decode",
+        "/",
+        "/invocations",
+        "/v1/embed",
+        "/v2/embed",
+        "/v2/rerank",
+    ],
+)
 def test_post_routes_never_answer_5xx(stack, spec, path):
     schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     client = httpx.Client(base_url=stack.base_url, timeout=60)
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=60,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(body=body_strategy(schema))
     def check(body: bytes) -> None:
         r = client.post(path, content=body, headers={"content-type": "application/json"})

@@ -47,8 +47,11 @@ def test_openai_client_with_token_ids(stack, reference, texts, expected):
 
 
 def test_input_type_and_user_are_accepted(stack, texts, expected):
-    r = httpx.post(f"{stack.base_url}/v1/embeddings",
-                   json={"model": MODEL, "input": texts[:3], "input_type": "query", "user": "u-1"}, timeout=30)
+    r = httpx.post(
+        f"{stack.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": texts[:3], "input_type": "query", "user": "u-1"},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     _close([d["embedding"] for d in r.json()["data"]], expected[:3])  # this model has no query prompt
 
@@ -60,11 +63,18 @@ def test_out_of_vocabulary_token_ids_are_refused(stack):
 
 
 def test_an_inputs_error_names_its_row_in_the_request(stack):
-    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [[101, 102], [101, 999999, 102]]},
-                   timeout=30)
+    r = httpx.post(
+        f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [[101, 102], [101, 999999, 102]]}, timeout=30
+    )
     assert r.status_code == 422, r.text
-    assert r.json() == {"error": {"message": "input 1 has token ids outside the vocabulary [0, 30522)",
-                                  "type": "invalid_request_error", "param": None, "code": "invalid_tokens"}}
+    assert r.json() == {
+        "error": {
+            "message": "input 1 has token ids outside the vocabulary [0, 30522)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_tokens",
+        }
+    }
 
 
 def test_tei_embed(stack, texts, expected):
@@ -73,7 +83,9 @@ def test_tei_embed(stack, texts, expected):
     _close(r.json(), expected[:5])
     for header in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time", "x-request-id"):
         assert header in r.headers
-    raw = httpx.post(f"{stack.base_url}/embed", json={"inputs": texts[0], "normalize": False, "truncate": True}, timeout=30)
+    raw = httpx.post(
+        f"{stack.base_url}/embed", json={"inputs": texts[0], "normalize": False, "truncate": True}, timeout=30
+    )
     assert abs(np.linalg.norm(raw.json()[0]) - 1) > 0.05
 
 
@@ -84,10 +96,14 @@ def test_tei_refuses_long_input_unless_truncating(stack, reference):
     assert r.json()["error_type"] == "Validation" and "limit is 256" in r.json()["error"]
     # left truncation keeps the end of the input: the same as sending its last tokens
     ids = reference.tokenizer(long_text + " jumps over the lazy dog", add_special_tokens=False)["input_ids"]
-    left = httpx.post(f"{stack.base_url}/embed",
-                      json={"inputs": long_text + " jumps over the lazy dog", "truncate": True, "truncation_direction": "Left"},
-                      timeout=30)
-    tail = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [101, *ids[-254:], 102]}, timeout=30)
+    left = httpx.post(
+        f"{stack.base_url}/embed",
+        json={"inputs": long_text + " jumps over the lazy dog", "truncate": True, "truncation_direction": "Left"},
+        timeout=30,
+    )
+    tail = httpx.post(
+        f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": [101, *ids[-254:], 102]}, timeout=30
+    )
     assert left.status_code == 200 and tail.status_code == 200
     _close(left.json(), [tail.json()["data"][0]["embedding"]])
 
@@ -105,7 +121,9 @@ def test_tei_tokenize(stack, reference):
     assert [t["id"] for t in tokens] == reference.tokenizer(text)["input_ids"]
     assert tokens[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
     assert tokens[1]["text"] == "Hello" and (tokens[1]["start"], tokens[1]["stop"]) == (0, 5)
-    bare = httpx.post(f"{stack.base_url}/tokenize", json={"inputs": text, "add_special_tokens": False}, timeout=30).json()
+    bare = httpx.post(
+        f"{stack.base_url}/tokenize", json={"inputs": text, "add_special_tokens": False}, timeout=30
+    ).json()
     assert not any(t["special"] for t in bare[0])
 
 
@@ -158,14 +176,18 @@ def test_every_answer_carries_the_trace_context(stack):
     """Without an OTLP endpoint nothing is recorded, yet the client's trace continues: the answer names
     the same trace, under the gateway's own span id, with the client's sampled flag."""
     client = TraceContext.start(sampled=True)
-    r = httpx.post(f"{stack.base_url}/embed", json={"inputs": "traced"}, headers={"traceparent": client.header}, timeout=30)
+    r = httpx.post(
+        f"{stack.base_url}/embed", json={"inputs": "traced"}, headers={"traceparent": client.header}, timeout=30
+    )
     answered = TraceContext.parse(r.headers["traceparent"])
     assert r.status_code == 200 and answered.trace_id == client.trace_id and answered.span_id != client.span_id
     assert answered.sampled
     failed = httpx.post(f"{stack.base_url}/embed", json={}, headers={"traceparent": client.header}, timeout=30)
     assert failed.status_code == 400 and TraceContext.parse(failed.headers["traceparent"]).trace_id == client.trace_id
     for bad in ("", "00-zz-11-01", f"00-{'0' * 32}-{'1' * 16}-01"):  # missing or malformed: a new trace
-        fresh = TraceContext.parse(httpx.get(f"{stack.base_url}/health", headers={"traceparent": bad}).headers["traceparent"])
+        fresh = TraceContext.parse(
+            httpx.get(f"{stack.base_url}/health", headers={"traceparent": bad}).headers["traceparent"]
+        )
         assert fresh is not None and fresh.trace_id != client.trace_id
 
 
@@ -184,12 +206,34 @@ def test_metrics(stack, texts):
 def test_openapi_lists_the_real_routes(stack):
     spec = httpx.get(f"{stack.base_url}/openapi.json").json()
     assert spec["openapi"].startswith("3.")
-    assert set(spec["paths"]) == {"/v1/embeddings", "/embeddings", "/v1/models", "/embed", "/embed_sparse", "/embed_all",
-                                  "/tokenize", "/info",
-                                  "/predict", "/similarity", "/decode", "/", "/invocations", "/ping",
-                                  "/v1/embed", "/v2/embed", "/v2/rerank",
-                                  "/health", "/metrics", "/openapi.json", "/v1/jobs", "/v1/jobs/{job}", "/v1/jobs/{job}/results",
-                                  "/rerank", "/v1/rerank", "/v1/search"}
+    assert set(spec["paths"]) == {
+        "/v1/embeddings",
+        "/embeddings",
+        "/v1/models",
+        "/embed",
+        "/embed_sparse",
+        "/embed_all",
+        "/tokenize",
+        "/info",
+        "/predict",
+        "/similarity",
+        "/decode",
+        "/",
+        "/invocations",
+        "/ping",
+        "/v1/embed",
+        "/v2/embed",
+        "/v2/rerank",
+        "/health",
+        "/metrics",
+        "/openapi.json",
+        "/v1/jobs",
+        "/v1/jobs/{job}",
+        "/v1/jobs/{job}/results",
+        "/rerank",
+        "/v1/rerank",
+        "/v1/search",
+    }
     assert set(spec["paths"]["/v1/jobs/{job}"]) == {"get", "delete"}  # a job's state; cancelling it
     results = spec["paths"]["/v1/jobs/{job}/results"]["get"]  # a finished job's vectors, in two forms
     assert set(results["responses"]["200"]["content"]) == {"application/x-ndjson", "application/vnd.apache.parquet"}
@@ -213,8 +257,9 @@ def strict_gateway(stack, tmp_path_factory):
     """A second gateway on the same fleet: API keys, one request at a time, a short deadline."""
     folder = tmp_path_factory.mktemp("strict")
     (folder / "keys").write_text("# keys\nkey-one\nkey-two\n")
-    yield from _another_gateway(stack, folder, ["--api-keys-file", str(folder / "keys"), "--max-in-flight", "1",
-                                                "--request-timeout", "1.5"])
+    yield from _another_gateway(
+        stack, folder, ["--api-keys-file", str(folder / "keys"), "--max-in-flight", "1", "--request-timeout", "1.5"]
+    )
 
 
 def test_api_keys(strict_gateway):
@@ -224,7 +269,9 @@ def test_api_keys(strict_gateway):
     assert missing.headers["www-authenticate"] == "Bearer"
     wrong = httpx.post(f"{strict_gateway}/embed", json={"inputs": "hi"}, headers={"authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error_type"] == "Unauthorized"
-    ok = httpx.post(f"{strict_gateway}/v1/embeddings", json=body, headers={"authorization": "Bearer key-two"}, timeout=30)
+    ok = httpx.post(
+        f"{strict_gateway}/v1/embeddings", json=body, headers={"authorization": "Bearer key-two"}, timeout=30
+    )
     assert ok.status_code == 200
     assert httpx.get(f"{strict_gateway}/health").status_code == 200  # left open
     assert httpx.get(f"{strict_gateway}/metrics").status_code == 200
@@ -235,11 +282,18 @@ def test_overload_429_and_deadline_504(strict_gateway):
     big = {"model": MODEL, "input": mixed_texts(600)}
     result: dict = {}
     thread = threading.Thread(
-        target=lambda: result.setdefault("r", httpx.post(f"{strict_gateway}/v1/embeddings", json=big, headers=auth, timeout=60))
+        target=lambda: result.setdefault(
+            "r", httpx.post(f"{strict_gateway}/v1/embeddings", json=big, headers=auth, timeout=60)
+        )
     )
     thread.start()
-    wait_until(lambda: "embedfleet_requests_in_flight 1.0" in httpx.get(f"{strict_gateway}/metrics").text or not thread.is_alive(),
-               10, "the big request in flight")
+    wait_until(
+        lambda: (
+            "embedfleet_requests_in_flight 1.0" in httpx.get(f"{strict_gateway}/metrics").text or not thread.is_alive()
+        ),
+        10,
+        "the big request in flight",
+    )
     busy = httpx.post(f"{strict_gateway}/v1/embeddings", json={"model": MODEL, "input": "x"}, headers=auth, timeout=30)
     thread.join(60)
     assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_error"
@@ -251,8 +305,11 @@ def test_overload_429_and_deadline_504(strict_gateway):
 @pytest.fixture(scope="module")
 def limited_gateway(stack, tmp_path_factory):
     """A gateway on the same fleet whose keys may each make 3 requests and embed 60 tokens a minute."""
-    yield from _another_gateway(stack, tmp_path_factory.mktemp("limited"), [
-        "--api-keys", "key-a,key-b,key-c", "--key-requests-per-minute", "3", "--key-tokens-per-minute", "60"])
+    yield from _another_gateway(
+        stack,
+        tmp_path_factory.mktemp("limited"),
+        ["--api-keys", "key-a,key-b,key-c", "--key-requests-per-minute", "3", "--key-tokens-per-minute", "60"],
+    )
 
 
 def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limited_gateway):
@@ -260,13 +317,19 @@ def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limi
     from tests.prometheus_text import value
 
     def post(key: str, text: str = "hi") -> httpx.Response:
-        return httpx.post(f"{limited_gateway}/v1/embeddings", json={"model": MODEL, "input": text},
-                          headers={"authorization": f"Bearer {key}"}, timeout=30)
+        return httpx.post(
+            f"{limited_gateway}/v1/embeddings",
+            json={"model": MODEL, "input": text},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
 
     answers = [post("key-a") for _ in range(4)]
     assert [r.status_code for r in answers] == [200, 200, 200, 429], [r.text for r in answers]
     refused = answers[-1]
-    assert refused.json()["error"]["code"] == "overloaded" and "3 requests a minute" in refused.json()["error"]["message"]
+    assert (
+        refused.json()["error"]["code"] == "overloaded" and "3 requests a minute" in refused.json()["error"]["message"]
+    )
     assert 1 <= int(refused.headers["retry-after"]) <= 20  # one request's worth of refill: 20 s
     assert post("key-b").status_code == 200  # each key has its own limits
     # tokens: a request over the minute's 60 tokens is answered (its size is known only then), the next waits

@@ -66,10 +66,18 @@ VOCAB = 30522
 SUBJECTS = Subjects()
 REPLY_TIMEOUT = 30.0
 # what a service may answer an untrusted message with; INTERNAL would mean an unexpected exception
-REFUSALS = {ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_TOKENS, ErrorCode.INPUT_TOO_LONG, ErrorCode.MODEL_NOT_FOUND,
-            ErrorCode.TIMEOUT}
-CLEAN_TEXTS = ["The quick brown fox jumps over the lazy dog.", "embedfleet serves embeddings",
-               "Une phrase en français."]
+REFUSALS = {
+    ErrorCode.INVALID_REQUEST,
+    ErrorCode.INVALID_TOKENS,
+    ErrorCode.INPUT_TOO_LONG,
+    ErrorCode.MODEL_NOT_FOUND,
+    ErrorCode.TIMEOUT,
+}
+CLEAN_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "embedfleet serves embeddings",
+    "Une phrase en français.",
+]
 SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 BURSTS = settings(max_examples=6, deadline=None, suppress_health_check=SLOW_OK)
 
@@ -85,8 +93,17 @@ def batches_for_the_model(draw, job: bool = False) -> TokenChunk:
     rows = draw(st.lists(in_vocab, min_size=1, max_size=3))
     cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype("<i4")
     name = draw(st.text("abc", min_size=1, max_size=8)) if job else None
-    return TokenChunk(draw(st.text(max_size=8)), MODEL, 0, len(rows), np.array([t for r in rows for t in r], "<i4"), cu, draw(soon),
-                      job=name, doc_ids=[f"d{i}" for i in range(len(rows))] if job else None)
+    return TokenChunk(
+        draw(st.text(max_size=8)),
+        MODEL,
+        0,
+        len(rows),
+        np.array([t for r in rows for t in r], "<i4"),
+        cu,
+        draw(soon),
+        job=name,
+        doc_ids=[f"d{i}" for i in range(len(rows))] if job else None,
+    )
 
 
 # per kind of subject: messages close to what it serves (so damaged copies get far into the handler)
@@ -96,19 +113,43 @@ SEEDS = {
     "tokenize": st.builds(TokenizeRequest, id=st.text(max_size=8), model=st.just(MODEL), texts=short_texts)
     | VALID[TokenizeRequest],
     "tokens": batches_for_the_model() | VALID[TokenChunk],
-    "decode": st.builds(DecodeRequest, id=st.text(max_size=8), model=st.just(MODEL),
-                        ids=st.lists(in_vocab.map(lambda ids: np.array(ids, "<i4")), min_size=1, max_size=3))
+    "decode": st.builds(
+        DecodeRequest,
+        id=st.text(max_size=8),
+        model=st.just(MODEL),
+        ids=st.lists(in_vocab.map(lambda ids: np.array(ids, "<i4")), min_size=1, max_size=3),
+    )
     | VALID[DecodeRequest],
-    "rerank": st.builds(RerankRequest, id=st.text(max_size=8), model=st.just(MODEL), query=st.text(max_size=20),
-                        texts=short_texts, deadline=soon, top_n=st.none() | st.integers(1, 3)) | VALID[RerankRequest],
-    "load": st.builds(LoadReport, id=st.text("abcdef0123", min_size=1, max_size=16), model=st.just(MODEL),
-                      subject=st.text(min_size=1, max_size=30), queued_tokens=st.integers(0, 2**64 - 1),
-                      interval=st.floats(0.01, 60), rate=st.floats(0, 1e11)) | VALID[LoadReport],
+    "rerank": st.builds(
+        RerankRequest,
+        id=st.text(max_size=8),
+        model=st.just(MODEL),
+        query=st.text(max_size=20),
+        texts=short_texts,
+        deadline=soon,
+        top_n=st.none() | st.integers(1, 3),
+    )
+    | VALID[RerankRequest],
+    "load": st.builds(
+        LoadReport,
+        id=st.text("abcdef0123", min_size=1, max_size=16),
+        model=st.just(MODEL),
+        subject=st.text(min_size=1, max_size=30),
+        queued_tokens=st.integers(0, 2**64 - 1),
+        interval=st.floats(0.01, 60),
+        rate=st.floats(0, 1e11),
+    )
+    | VALID[LoadReport],
 }
 # what a service may answer besides an error: a worker says which rows it holds (Held) before their
 # vectors when the tokenizer asks (online requests)
-ANSWERS = {"embed": (Held, EmbedResult), "tokenize": TokenizeResult, "tokens": (Held, EmbedResult), "rerank": RerankResult,
-           "decode": DecodeResult}
+ANSWERS = {
+    "embed": (Held, EmbedResult),
+    "tokenize": TokenizeResult,
+    "tokens": (Held, EmbedResult),
+    "rerank": RerankResult,
+    "decode": DecodeResult,
+}
 
 
 def _token_chunk(ids, rows: int = 1, **kw) -> bytes:
@@ -161,8 +202,16 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
             msgpack.packb({**body, "x": [], "tk": [b"\x01\x02\x03"]}),
             encode(EmbedRequest("h", MODEL, [], time.time() + 30, token_ids=[np.full(big // 4, VOCAB + 7, "<i4")])),
             encode(EmbedRequest("h", MODEL, ["a"] * 200_000, time.time() - 1)),
-            encode(EmbedRequest("h", MODEL, [], time.time() + 30, token_ids=[np.array([101, 102], "<i4")],
-                                options=EmbedOptions(dimensions=65536))),
+            encode(
+                EmbedRequest(
+                    "h",
+                    MODEL,
+                    [],
+                    time.time() + 30,
+                    token_ids=[np.array([101, 102], "<i4")],
+                    options=EmbedOptions(dimensions=65536),
+                )
+            ),
         ]
     if kind == "tokens":
         cases += [
@@ -183,7 +232,9 @@ def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
         cases += [
             encode(DecodeRequest("h", MODEL, [np.array([101, -1, 102], "<i4")])),
             encode(DecodeRequest("h", MODEL, [np.array([], "<i4")])),
-            encode(DecodeRequest("h", MODEL, [np.array([101, 2**31 - 1, VOCAB], "<i4")])),  # past the vocabulary: left out
+            encode(
+                DecodeRequest("h", MODEL, [np.array([101, 2**31 - 1, VOCAB], "<i4")])
+            ),  # past the vocabulary: left out
             encode(DecodeRequest("h", MODEL, [np.full(big // 4, 7592, "<i4")])),  # its text would outgrow a message
             msgpack.packb({**body, "tk": [b"\x01\x00\x00"]}),
             msgpack.packb({**body, "tk": b"\x00" * 8}),
@@ -363,9 +414,11 @@ def test_hostile_batches_on_each_workers_direct_subject(stack, clean, max_payloa
 def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(stack, clean, max_payload):
     """The id and timings a batch carries travel back in every result part: parts are sized with them."""
     rows = max_payload // (384 * 4) + 8  # more rows than one result message holds
-    batch = _token_chunk(np.full(rows, 7592, "<i4"), rows=rows, id="x" * MAX_ID,
-                         timings={f"stage{i}": 1.0 for i in range(MAX_STAGES)})
+    batch = _token_chunk(
+        np.full(rows, 7592, "<i4"), rows=rows, id="x" * MAX_ID, timings={f"stage{i}": 1.0 for i in range(MAX_STAGES)}
+    )
     for subject in _worker_subjects(stack.nats_url).values():
+
         async def gather(subject: str) -> list[EmbedResult]:
             nc = await nats.connect(stack.nats_url)
             parts: list[EmbedResult] = []
@@ -436,7 +489,9 @@ def test_hostile_batches_in_one_message_are_each_answered_on_its_subject(stack, 
                 assert answer.code in REFUSALS and answer.message.isprintable(), answer
     assert isinstance(answers[f"{inbox}.{len(cases) - 1}"][-1], EmbedResult)
     malformed = [
-        msgpack.packb({**msgpack.unpackb(bundle), "rp": [f"{inbox}.0", "_INBOX.elsewhere.1"] + [f"{inbox}.9"] * (len(cases) - 2)}),
+        msgpack.packb(
+            {**msgpack.unpackb(bundle), "rp": [f"{inbox}.0", "_INBOX.elsewhere.1"] + [f"{inbox}.9"] * (len(cases) - 2)}
+        ),
         msgpack.packb({**msgpack.unpackb(bundle), "ms": cases[:1]}),  # fewer messages than subjects
         encode(Requests([f"{inbox}.1", f"{inbox}.0"], ["", ""], cases[:2])),  # not sent with its first subject
     ]
@@ -492,10 +547,18 @@ def test_hostile_load_reports_do_not_misroute(stack, clean):
 def test_discovery_and_advisory_subjects_shrug_off_garbage(stack, clean):
     names = stream_names(SUBJECTS)
     token = MODEL.replace("/", "_")
-    advisories = [f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{names['jobs']}.tokenizers-{token}",
-                  f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{names['bulk']}.workers-{token}"]
-    garbage = [b"", b"\xff\xfe", b"[" * 100_000, json.dumps({"stream_seq": "1e9999"}).encode(),
-               json.dumps({"stream_seq": 10**12, "deliveries": "many"}).encode(), b"{}"]
+    advisories = [
+        f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{names['jobs']}.tokenizers-{token}",
+        f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{names['bulk']}.workers-{token}",
+    ]
+    garbage = [
+        b"",
+        b"\xff\xfe",
+        b"[" * 100_000,
+        json.dumps({"stream_seq": "1e9999"}).encode(),
+        json.dumps({"stream_seq": 10**12, "deliveries": "many"}).encode(),
+        b"{}",
+    ]
     for subject in advisories:
         asyncio.run(_burst(stack.nats_url, subject, garbage, reply=False))
     for name in SERVICE_NAMES.values():
@@ -509,6 +572,7 @@ def _refused_as(kind: type, job: str):
     """Whether a stage must give a bulk payload up whatever its content, as a letter of ``job``: not a
     message of ``kind``, a token batch of no job, a job batch of another model. (A message that does
     decode, of another job, is that job's letter: left out.)"""
+
     def refused(data: bytes) -> bool:
         try:
             msg = decode_as(data, kind)
@@ -517,6 +581,7 @@ def _refused_as(kind: type, job: str):
         if (msg.job if isinstance(msg, TokenChunk) else msg.id) not in (None, job):
             return False
         return msg.job is None if isinstance(msg, TokenChunk) else msg.model != MODEL
+
     return refused
 
 
@@ -569,12 +634,16 @@ def test_hostile_bulk_messages_become_dead_letters(stack, clean, max_payload, st
     big = np.random.default_rng(2).bytes(max_payload - 512)  # alone it fits; with dead-letter headers it would not
     hand = [b"", big, msgpack.packb({"v": 1, "t": kind.TYPE, "id": job}), b"\xdd\xff\xff\xff\xff", deeply_nested(5000)]
     if kind is JobBatch:
-        hand += [encode(JobBatch(job, 0, "someone-else/model", ["d0"], ["text"])),
-                 encode(JobBatch(job, 0, MODEL, ["d0"], ["text"], EmbedOptions(prompt_name="nope")))]
+        hand += [
+            encode(JobBatch(job, 0, "someone-else/model", ["d0"], ["text"])),
+            encode(JobBatch(job, 0, MODEL, ["d0"], ["text"], EmbedOptions(prompt_name="nope"))),
+        ]
     else:
-        hand += [_token_chunk([101, VOCAB, 102], job=job, doc_ids=["d0"]),
-                 _token_chunk([101, 102]),  # no job: not bulk work
-                 _token_chunk([101] * 300, job=job, doc_ids=["d0"])]
+        hand += [
+            _token_chunk([101, VOCAB, 102], job=job, doc_ids=["d0"]),
+            _token_chunk([101, 102]),  # no job: not bulk work
+            _token_chunk([101] * 300, job=job, doc_ids=["d0"]),
+        ]
 
     generated: list[bytes] = []
 

@@ -27,8 +27,12 @@ HEADER_TIMEOUT = 2.0  # seconds, the gateway's --header-timeout here
 BODY_TIMEOUT = 2.0
 MAX_HEADERS = 20
 # the limits travel as variables: a gateway that knows them not still starts (and fails the tests)
-LIMITS = {"EMBEDFLEET_HEADER_TIMEOUT": str(HEADER_TIMEOUT), "EMBEDFLEET_BODY_TIMEOUT": str(BODY_TIMEOUT),
-          "EMBEDFLEET_MAX_HEADERS": str(MAX_HEADERS), "EMBEDFLEET_MAX_IN_FLIGHT": "1"}
+LIMITS = {
+    "EMBEDFLEET_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
+    "EMBEDFLEET_BODY_TIMEOUT": str(BODY_TIMEOUT),
+    "EMBEDFLEET_MAX_HEADERS": str(MAX_HEADERS),
+    "EMBEDFLEET_MAX_IN_FLIGHT": "1",
+}
 
 
 class Edge:
@@ -52,8 +56,12 @@ def edge(nats_url: str, tmp_path_factory) -> Iterator[Edge]:
     port = free_port()
     tokenizer = Service("tokenizer", common, log_dir)
     worker = Service("worker", [*common, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"})
-    gateway = Service("gateway", [*common, "--port", str(port), "--discovery-interval", "60", "--request-timeout", "60"],
-                      log_dir, LIMITS)
+    gateway = Service(
+        "gateway",
+        [*common, "--port", str(port), "--discovery-interval", "60", "--request-timeout", "60"],
+        log_dir,
+        LIMITS,
+    )
     services = [tokenizer, worker, gateway]
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -81,7 +89,9 @@ def _answer(sock: socket.socket) -> bytes:
             return data
         data += part
         head, _, body = data.partition(b"\r\n\r\n")
-        length = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+        length = [
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        ]
         if length and len(body) >= length[0]:
             return data
 
@@ -134,11 +144,15 @@ def test_too_many_headers_are_refused_431(edge):
         answer = _answer(sock)
     assert _status(answer) == 431 and answer.endswith(b"over 20 header fields"), answer
     with _connect(edge.port) as sock:  # at the limit: served
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(MAX_HEADERS)) + b"\r\n")
+        sock.sendall(
+            b"GET /v1/models HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(MAX_HEADERS)) + b"\r\n"
+        )
         assert _status(_answer(sock)) == 200
 
 
-@pytest.mark.parametrize("sent", [b"", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: "], ids=["nothing", "half-headers"])
+@pytest.mark.parametrize(
+    "sent", [b"", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: "], ids=["nothing", "half-headers"]
+)
 def test_slow_headers_are_answered_408_after_the_header_timeout(edge, sent):
     with _connect(edge.port) as sock:
         start = time.monotonic()
@@ -164,8 +178,10 @@ def test_slow_headers_of_a_kept_alive_connection_s_next_request_are_answered_408
 def test_a_slow_body_is_answered_408_after_the_body_timeout(edge):
     before = edge.sample("embedfleet_errors_total", route="/embed", code="500")
     with _connect(edge.port) as sock:
-        sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-                     b'{"inputs": ')
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            b'{"inputs": '
+        )
         start = time.monotonic()
         answer = _answer(sock)
         waited = time.monotonic() - start
@@ -181,13 +197,21 @@ def test_a_client_leaving_mid_body_is_counted_as_disconnected_in_one_log_line(ed
     errors_before = edge.sample("embedfleet_errors_total", route="/embed", code="500")
     for i in range(1, 4):  # one after the other: the gateway takes one request at a time here
         with _connect(edge.port) as sock:
-            sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-                          b'{"inputs": "' + b"a" * 400)
-        wait_until(lambda i=i: edge.sample("embedfleet_requests_total", route="/embed", code="disconnected") == gone_before + i,
-                   10, f"disconnection {i} counted", [edge.gateway])
+            sock.sendall(
+                b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                b'{"inputs": "' + b"a" * 400
+            )
+        wait_until(
+            lambda i=i: (
+                edge.sample("embedfleet_requests_total", route="/embed", code="disconnected") == gone_before + i
+            ),
+            10,
+            f"disconnection {i} counted",
+            [edge.gateway],
+        )
     assert edge.sample("embedfleet_errors_total", route="/embed", code="500") == errors_before
     assert edge.sample("embedfleet_requests_in_flight") == 0
-    new = edge.gateway.log()[len(log_before):]
+    new = edge.gateway.log()[len(log_before) :]
     assert "Traceback" not in new and "Exception in ASGI" not in new and "unhandled error" not in new, new
     assert new.count("POST /embed: the client went away after") == 3, new
 
@@ -199,8 +223,10 @@ def test_a_client_gone_mid_request_frees_its_slot_and_every_route_is_admitted(ed
     try:
         sock = _connect(edge.port)
         body = b'{"inputs": "a request its client will not wait for"}'
-        sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
         wait_until(lambda: edge.sample("embedfleet_requests_in_flight") == 1, 10, "the request in flight")
         start = time.monotonic()
         r = httpx.post(f"{edge.base_url}/v1/jobs", json={"documents": [{"id": "1", "text": "x"}]}, timeout=10)
@@ -235,7 +261,9 @@ def test_a_job_id_with_an_empty_token_is_refused_400_at_once(edge, job):
 def test_decode_refuses_a_token_id_outside_the_vocabulary_422(edge):
     r = httpx.post(f"{edge.base_url}/decode", json={"ids": [[101, 7592, 102], [101, 30522]]}, timeout=30)
     assert r.status_code == 422, r.text
-    assert r.json() == {"error": "token id 30522 (ids[1][1]) is outside the vocabulary of 30522 ids [0, 30522)",
-                        "error_type": "Validation"}
+    assert r.json() == {
+        "error": "token id 30522 (ids[1][1]) is outside the vocabulary of 30522 ids [0, 30522)",
+        "error_type": "Validation",
+    }
     r = httpx.post(f"{edge.base_url}/decode", json={"ids": [101, 7592, 102]}, timeout=30)
     assert r.status_code == 200 and r.json() == ["hello"]

@@ -21,8 +21,11 @@ from tests.integration.procs import Service, healthy, wait_until
 
 pytestmark = pytest.mark.integration
 
-KEYS = {"a": {"authorization": "Bearer key-a"}, "b": {"authorization": "Bearer key-b"},
-        "op": {"authorization": "Bearer key-op"}}
+KEYS = {
+    "a": {"authorization": "Bearer key-a"},
+    "b": {"authorization": "Bearer key-b"},
+    "op": {"authorization": "Bearer key-op"},
+}
 MAX_FILE = 64_000_000
 
 
@@ -46,9 +49,26 @@ class Gateway:
 def gateway(stack, tmp_path_factory) -> Iterator[Gateway]:
     jobs_dir = tmp_path_factory.mktemp("jobs-dir")
     port = free_port()
-    service = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), "--api-keys", "key-a,key-b",
-                                  "--operator-keys", "key-op", "--jobs-dir", str(jobs_dir), "--job-metrics-interval",
-                                  "0.5", "--jobs-max-file-bytes", str(MAX_FILE)], tmp_path_factory.mktemp("logs"))
+    service = Service(
+        "gateway",
+        [
+            "--nats",
+            stack.nats_url,
+            "--port",
+            str(port),
+            "--api-keys",
+            "key-a,key-b",
+            "--operator-keys",
+            "key-op",
+            "--jobs-dir",
+            str(jobs_dir),
+            "--job-metrics-interval",
+            "0.5",
+            "--jobs-max-file-bytes",
+            str(MAX_FILE),
+        ],
+        tmp_path_factory.mktemp("logs"),
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base), 60, "a gateway with API keys and a jobs folder", [service])
@@ -78,8 +98,11 @@ def test_a_job_is_its_keys_alone_and_the_operators(stack, gateway):
         assert body_b == json.loads(json.dumps(none_body).replace("nosuch", "owned")), (body_b, none_body)
     taken = _post(gateway, "b", body)  # nor can it add to it, or learn its state by submitting it again
     assert taken.status_code == 409 and taken.json()["error"] == {
-        "message": "job id owned is taken: give another 'id'", "type": "invalid_request_error", "param": "id",
-        "code": "conflict"}, taken.text
+        "message": "job id owned is taken: give another 'id'",
+        "type": "invalid_request_error",
+        "param": "id",
+        "code": "conflict",
+    }, taken.text
     # its key and the operator key see it; the state holds no key
     for key in ("a", "op"):
         status, state = answer("GET", "/v1/jobs/owned", key)
@@ -161,8 +184,10 @@ def test_bad_paths_are_400_in_the_clients_words(gateway):
     assert refused("sub/bad.jsonl") == 'sub/bad.jsonl:1: each line must be a JSON object with "id" and "text"'
     with open(gateway.jobs_dir / "huge.jsonl", "wb") as f:  # sparse: its size, none of its bytes written
         f.truncate(MAX_FILE + 1)
-    assert refused("huge.jsonl") == (f"'path' 'huge.jsonl' is {MAX_FILE + 1} bytes, over this gateway's limit of "
-                                     f"{MAX_FILE} (--jobs-max-file-bytes): split it, or run it with `embedfleet reindex`")
+    assert refused("huge.jsonl") == (
+        f"'path' 'huge.jsonl' is {MAX_FILE + 1} bytes, over this gateway's limit of "
+        f"{MAX_FILE} (--jobs-max-file-bytes): split it, or run it with `embedfleet reindex`"
+    )
 
 
 def test_a_path_jobs_state_shows_the_path_as_given(gateway):

@@ -31,7 +31,9 @@ MODEL = "all-MiniLM-L6-v2"
 
 
 def _cli(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _nats(url: str, body):
@@ -81,7 +83,9 @@ async def _read(js, job: str) -> JobState | None:
 
 def _docs(folder: Path, n: int, prefix: str) -> Path:
     path = folder / f"{prefix}.jsonl"
-    path.write_text("".join(json.dumps({"id": f"{prefix}-{i}", "text": t}) + "\n" for i, t in enumerate(mixed_texts(n))))
+    path.write_text(
+        "".join(json.dumps({"id": f"{prefix}-{i}", "text": t}) + "\n" for i, t in enumerate(mixed_texts(n)))
+    )
     return path
 
 
@@ -97,7 +101,11 @@ def test_reindex_refuses_what_it_can_check_and_publishes_nothing(stack, tmp_path
     cases = [
         (docs, tmp_path / "plain.txt" / "out" / "v.npy", f"{tmp_path / 'plain.txt'} is a file, not a folder"),
         (docs, tmp_path / "taken.npy", f"{tmp_path / 'taken.npy'} is a folder"),
-        (docs, tmp_path / "v.csv", "dense vectors are written to .npy (with .ids.json beside it) or .parquet, not .csv"),
+        (
+            docs,
+            tmp_path / "v.csv",
+            "dense vectors are written to .npy (with .ids.json beside it) or .parquet, not .csv",
+        ),
         (bad, tmp_path / "v.npy", f'{bad}:3: "text" must be a string, not a number'),
         (twice, tmp_path / "v.npy", "document id 'a' appears more than once"),
     ]
@@ -117,10 +125,20 @@ def test_reindex_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack, 
     docs = _docs(tmp_path, 20, "fleet")
     before = _published(stack.nats_url)
     cases = [
-        (["--model", "no-such-model"], ("model 'no-such-model' is not served here (no live tokenizer and worker for it); "
-                                       f"served: {MODEL}; nothing was published")),
-        (["--model", f"sentence-transformers/{MODEL}"], (f"model 'sentence-transformers/{MODEL}' is not served here (no "
-                                                          f"live tokenizer and worker for it): name it '{MODEL}'")),
+        (
+            ["--model", "no-such-model"],
+            (
+                "model 'no-such-model' is not served here (no live tokenizer and worker for it); "
+                f"served: {MODEL}; nothing was published"
+            ),
+        ),
+        (
+            ["--model", f"sentence-transformers/{MODEL}"],
+            (
+                f"model 'sentence-transformers/{MODEL}' is not served here (no "
+                f"live tokenizer and worker for it): name it '{MODEL}'"
+            ),
+        ),
         (["--output", "sparse"], f"{MODEL} makes no sparse vectors (it makes: dense); nothing was published"),
         (["--output", "multivector"], f"{MODEL} makes no multivector vectors (it makes: dense)"),
     ]
@@ -135,12 +153,24 @@ def test_reindex_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack, 
 def test_post_jobs_refuses_bad_documents_and_publishes_nothing(stack):
     before = _published(stack.nats_url)
     cases = [
-        ({"documents": [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"id": "a", "text": "z"}], "id": "pre-http"},
-         "document ids must be unique: 'documents[2]' repeats id 'a'", "documents"),
-        ({"documents": [{"id": "a", "text": "x"}, {"id": "b", "text": None}], "id": "pre-http"},
-         "'documents[1]' must be", "documents"),
-        ({"documents": [{"id": "a", "text": "x"}], "path": "docs.jsonl", "id": "pre-http"},
-         "give 'documents' or 'path', not both", "path"),
+        (
+            {
+                "documents": [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}, {"id": "a", "text": "z"}],
+                "id": "pre-http",
+            },
+            "document ids must be unique: 'documents[2]' repeats id 'a'",
+            "documents",
+        ),
+        (
+            {"documents": [{"id": "a", "text": "x"}, {"id": "b", "text": None}], "id": "pre-http"},
+            "'documents[1]' must be",
+            "documents",
+        ),
+        (
+            {"documents": [{"id": "a", "text": "x"}], "path": "docs.jsonl", "id": "pre-http"},
+            "give 'documents' or 'path', not both",
+            "path",
+        ),
     ]
     for body, message, param in cases:
         r = httpx.post(f"{stack.base_url}/v1/jobs", json=body, timeout=30)
@@ -227,8 +257,22 @@ def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_pat
 
 async def _running(js, started: float) -> None:
     kv = await js.key_value(stream_names(SUBJECTS)["kv"])
-    await update_state(kv, "admin-running", submitted(10, model=MODEL, batches=1, published=1, done=2, failed=1, tokens=40,
-                                                      status="running", started=started, run=Run(started, 0, 0, 0)))
+    await update_state(
+        kv,
+        "admin-running",
+        submitted(
+            10,
+            model=MODEL,
+            batches=1,
+            published=1,
+            done=2,
+            failed=1,
+            tokens=40,
+            status="running",
+            started=started,
+            run=Run(started, 0, 0, 0),
+        ),
+    )
     await js.publish(SUBJECTS.results("admin-running"), b"not read", headers={"Nats-Msg-Id": "admin-running:0:0"})
 
 
@@ -246,16 +290,29 @@ def test_init_sets_the_retention_given_by_flag_or_environment_and_keeps_it_other
 
         return _nats(nats_url, body)
 
-    given = _cli(["init", *prefix, "--results-max-age", "3600", "--results-max-bytes", "1000000", "--job-ttl", "7200",
-                  "--job-history", "4"])
+    given = _cli(
+        [
+            "init",
+            *prefix,
+            "--results-max-age",
+            "3600",
+            "--results-max-bytes",
+            "1000000",
+            "--job-ttl",
+            "7200",
+            "--job-history",
+            "4",
+        ]
+    )
     assert given.returncode == 0, given.stderr
     assert "results: max age 3600s, max bytes 1000000; job records: ttl 7200s, history 4" in given.stdout
     assert limits() == (3600, 1_000_000, 7200, 4)
     assert _cli(["init", *prefix]).returncode == 0
     assert limits() == (3600, 1_000_000, 7200, 4)  # none given: none changed
     env = {**os.environ, "EMBEDFLEET_RESULTS_MAX_AGE": "120", "EMBEDFLEET_JOB_HISTORY": "2"}
-    by_env = subprocess.run([sys.executable, "-m", "services.cli", "init", *prefix], capture_output=True, text=True,
-                            timeout=60, env=env)
+    by_env = subprocess.run(
+        [sys.executable, "-m", "services.cli", "init", *prefix], capture_output=True, text=True, timeout=60, env=env
+    )
     assert by_env.returncode == 0, by_env.stderr
     assert limits() == (120, 1_000_000, 7200, 2)
     bad = _cli(["init", *prefix, "--job-history", "100"])

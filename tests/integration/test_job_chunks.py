@@ -35,15 +35,23 @@ ROOM = 254  # MiniLM's 256 tokens less [CLS] and [SEP]: what a late window holds
 
 
 def _cli(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _jsonl(path, docs: list[tuple[str, str]]) -> None:
     path.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in docs))
 
 
-def check_rows(docs: list[tuple[str, str]], rows: list[dict], vectors: np.ndarray, reference,
-               texts: bool = False, late: Reference | None = None) -> dict[str, int]:
+def check_rows(
+    docs: list[tuple[str, str]],
+    rows: list[dict],
+    vectors: np.ndarray,
+    reference,
+    texts: bool = False,
+    late: Reference | None = None,
+) -> dict[str, int]:
     """``rows`` (``{"id", "chunk", "start", "end"[, "text"]}``, in input order) against ``docs``: each
     document's chunks 0..n-1 once and in order, covering its text (only whitespace between two chunks),
     texts ``text[start:end]``, and each vector the reference's for that text (``late``: the late
@@ -66,8 +74,9 @@ def check_rows(docs: list[tuple[str, str]], rows: list[dict], vectors: np.ndarra
         if texts:
             assert [r["text"] for r in mine] == [text[s:e] for s, e in zip(starts, ends)]
     if late is not None:
-        want = np.concatenate([late.late_vectors(text, [(r["start"], r["end"]) for r in rows if r["id"] == d], ROOM)
-                               for d, text in docs])
+        want = np.concatenate(
+            [late.late_vectors(text, [(r["start"], r["end"]) for r in rows if r["id"] == d], ROOM) for d, text in docs]
+        )
     else:
         want = reference.encode([by_id[r["id"]][r["start"] : r["end"]] for r in rows], batch_size=64)
     c = cosines(vectors, want)
@@ -86,15 +95,34 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
     docs = tmp_path / "docs.jsonl"
     _jsonl(docs, corpus)
     out = tmp_path / "chunks.npy"
-    args = ["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "16", "--quiet",
-            "--stall-timeout", "60", "--chunk-size", "96", "--chunk-overlap", "16", "--chunk-boundary", "sentence",
-            "--with-text"]
+    args = [
+        "reindex",
+        str(docs),
+        "--out",
+        str(out),
+        "--nats",
+        stack.nats_url,
+        "--batch-size",
+        "16",
+        "--quiet",
+        "--stall-timeout",
+        "60",
+        "--chunk-size",
+        "96",
+        "--chunk-overlap",
+        "16",
+        "--chunk-boundary",
+        "sentence",
+        "--with-text",
+    ]
     result = _cli(args)
     assert result.returncode == 0, result.stdout + result.stderr
     job = result.stdout.split()[1].rstrip(":")
     rows = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
     vectors = np.load(out)
-    assert vectors.shape == (len(rows), 384) and json.loads(out.with_suffix(".ids.json").read_text()) == [r["id"] for r in rows]
+    assert vectors.shape == (len(rows), 384) and json.loads(out.with_suffix(".ids.json").read_text()) == [
+        r["id"] for r in rows
+    ]
     counts = check_rows(corpus, rows, vectors, reference, texts=True)
     long = [len(reference.tokenizer(t)["input_ids"]) > 256 for _, t in corpus]
     assert sum(long) >= 20 and all(counts[d] > 1 for (d, _), over in zip(corpus, long) if over)
@@ -136,8 +164,13 @@ async def _stored(url: str, job: str):
 
 def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_path):
     docs = corpus[:48]
-    body = {"id": "chunks-http", "documents": [{"id": d, "text": t} for d, t in docs], "batch_size": 8,
-            "chunking": {"size": 64, "overlap": 8}, "with_text": True}
+    body = {
+        "id": "chunks-http",
+        "documents": [{"id": d, "text": t} for d, t in docs],
+        "batch_size": 8,
+        "chunking": {"size": 64, "overlap": 8},
+        "with_text": True,
+    }
     r = httpx.post(f"{stack.base_url}/v1/jobs", json=body, timeout=60)
     assert r.status_code == 202, r.text
     assert r.json()["chunking"] == {"size": 64, "overlap": 8, "boundary": "token", "late": False, "with_text": True}
@@ -158,8 +191,13 @@ def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_p
     r = httpx.get(f"{stack.base_url}/v1/jobs/chunks-http/results", headers={"accept": PARQUET}, timeout=60)
     table = pq.read_table(io.BytesIO(r.content))
     assert table.column_names == ["id", "chunk", "start", "end", "vector", "text"]
-    assert sorted(table.select(["id", "chunk", "start", "end", "text"]).to_pylist(),
-                  key=lambda row: (order[row["id"]], row["chunk"])) == lines
+    assert (
+        sorted(
+            table.select(["id", "chunk", "start", "end", "text"]).to_pylist(),
+            key=lambda row: (order[row["id"]], row["chunk"]),
+        )
+        == lines
+    )
 
     fetched = _cli(["jobs", "fetch", "chunks-http", "--out", str(tmp_path / "f.npy"), "--nats", stack.nats_url])
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
@@ -175,15 +213,33 @@ def test_a_document_cut_into_too_many_chunks_fails_alone(stack, tmp_path):
     path = tmp_path / "docs.jsonl"
     _jsonl(path, docs)
     out = tmp_path / "v.parquet"
-    result = _cli(["reindex", str(path), "--out", str(out), "--nats", stack.nats_url, "--quiet", "--stall-timeout", "60",
-                   "--chunk-size", "1", "--job-id", "too-many-chunks"])
+    result = _cli(
+        [
+            "reindex",
+            str(path),
+            "--out",
+            str(out),
+            "--nats",
+            stack.nats_url,
+            "--quiet",
+            "--stall-timeout",
+            "60",
+            "--chunk-size",
+            "1",
+            "--job-id",
+            "too-many-chunks",
+        ]
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert json.loads(out.with_suffix(".failed.json").read_text()) == ["too-long"]
     table = pq.read_table(out)
     assert table.select(["id", "chunk"]).to_pylist() == [{"id": "short-a", "chunk": k} for k in range(4)] + [
-        {"id": "short-b", "chunk": k} for k in range(2)]
+        {"id": "short-b", "chunk": k} for k in range(2)
+    ]
     state = httpx.get(f"{stack.base_url}/v1/jobs/too-many-chunks", timeout=10).json()
-    assert (state["status"], state["done"], state["failed"], state["chunks_done"]) == ("done_with_errors", 2, 1, 6), state
+    assert (state["status"], state["done"], state["failed"], state["chunks_done"]) == ("done_with_errors", 2, 1, 6), (
+        state
+    )
     (dead,) = state["dead"]
     assert (dead["stage"], dead["start"], dead["documents"]) == ("tokenizer", 1, 1), dead
     assert "'too-long' is cut into 1100 chunks, over the 1024" in dead["reason"], dead
@@ -193,8 +249,11 @@ def test_a_cancelled_chunked_job_keeps_exact_counts(stack):
     """Cancelled mid-way: the state's documents and chunks stored stay as the cancel left them, and the
     results stream holds exactly those chunks, each once, the documents done being those whole there."""
     docs = [{"id": f"long-{i}", "text": t} for i, t in enumerate(long_texts(200))]
-    r = httpx.post(f"{stack.base_url}/v1/jobs", json={"id": "chunks-cancel", "documents": docs, "batch_size": 8,
-                                                      "chunking": {"size": 32}}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/v1/jobs",
+        json={"id": "chunks-cancel", "documents": docs, "batch_size": 8, "chunking": {"size": 32}},
+        timeout=60,
+    )
     assert r.status_code == 202, r.text
     state = lambda: httpx.get(f"{stack.base_url}/v1/jobs/chunks-cancel", timeout=10).json()  # noqa: E731
     wait_until(lambda: state().get("done", 0) > 0, 120, "a document's chunks all stored")
@@ -202,8 +261,9 @@ def test_a_cancelled_chunked_job_keeps_exact_counts(stack):
     assert told["status"] == "cancelled" and 0 < told["done"] < 200, told
     time.sleep(3)  # batches running when the cancel came end; their rows are found late and removed
     final = state()
-    assert {k: final.get(k) for k in ("done", "chunks_done", "failed")} == {k: told.get(k) for k in ("done", "chunks_done",
-                                                                                                     "failed")}
+    assert {k: final.get(k) for k in ("done", "chunks_done", "failed")} == {
+        k: told.get(k) for k in ("done", "chunks_done", "failed")
+    }
     stored = asyncio.run(_stored(stack.nats_url, "chunks-cancel"))
     assert sum(stored.values()) == len(stored) == final["chunks_done"], (len(stored), final)
     assert final["chunks"] >= final["chunks_done"] and final["documents"] == 200
@@ -229,8 +289,27 @@ def test_a_late_chunked_reindex_pools_each_chunk_in_its_window(stack, late_ref, 
     docs = tmp_path / "docs.jsonl"
     _jsonl(docs, late_corpus)
     out = tmp_path / "late.parquet"
-    result = _cli(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "8", "--quiet",
-                   "--stall-timeout", "60", "--chunk-size", "64", "--chunk-overlap", "8", "--late-chunking", "--with-text"])
+    result = _cli(
+        [
+            "reindex",
+            str(docs),
+            "--out",
+            str(out),
+            "--nats",
+            stack.nats_url,
+            "--batch-size",
+            "8",
+            "--quiet",
+            "--stall-timeout",
+            "60",
+            "--chunk-size",
+            "64",
+            "--chunk-overlap",
+            "8",
+            "--late-chunking",
+            "--with-text",
+        ]
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job = result.stdout.split()[1].rstrip(":")
     table = pq.read_table(out)
@@ -253,12 +332,16 @@ def test_a_late_chunked_job_over_http_has_plain_chunkings_rows(stack, late_ref, 
     lines = {}
     for late in (True, False):
         job = f"late-http-{late}".lower()
-        r = httpx.post(f"{stack.base_url}/v1/jobs", json={**body, "id": job, "chunking": {"size": 48, "late": late}},
-                       timeout=60)
+        r = httpx.post(
+            f"{stack.base_url}/v1/jobs", json={**body, "id": job, "chunking": {"size": 48, "late": late}}, timeout=60
+        )
         assert r.status_code == 202 and r.json()["chunking"]["late"] is late, r.text
         state = job_finished(stack.base_url, job, 180)
         assert (state["status"], state["done"]) == ("done", 48) and state["chunks"] == state["chunks_done"], state
-        got = [orjson.loads(line) for line in httpx.get(f"{stack.base_url}/v1/jobs/{job}/results", timeout=60).content.splitlines()]
+        got = [
+            orjson.loads(line)
+            for line in httpx.get(f"{stack.base_url}/v1/jobs/{job}/results", timeout=60).content.splitlines()
+        ]
         order = {d: i for i, (d, _) in enumerate(late_corpus)}
         lines[late] = sorted(got, key=lambda line: (order[line["id"]], line["chunk"]))
     vectors = {late: np.array([line.pop("vector") for line in lines[late]], np.float32) for late in lines}
@@ -277,7 +360,10 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         (["--chunk-size", "0"], "--chunk-size must be an integer of at least 1, got 0"),
         (["--chunk-size", "8", "--chunk-overlap", "8"], "--chunk-overlap (8) must be less than --chunk-size (8)"),
         (["--chunk-size", "8", "--chunk-overlap", "-1"], "--chunk-overlap must be an integer of at least 0, got -1"),
-        (["--chunk-size", "8", "--chunk-boundary", "paragraph"], "argument --chunk-boundary: invalid choice: 'paragraph'"),
+        (
+            ["--chunk-size", "8", "--chunk-boundary", "paragraph"],
+            "argument --chunk-boundary: invalid choice: 'paragraph'",
+        ),
         (["--chunk-size", "eight"], "argument --chunk-size: invalid int value: 'eight'"),
         (["--chunk-size", "600"], "--chunk-size is 600; this model holds at most 254 tokens of text a chunk"),
         (["--with-text"], "--with-text needs --chunk-size"),
@@ -293,7 +379,11 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
     for fields, param, said in [
         ({"chunking": {"size": 0}}, "chunking", "chunking.size must be an integer of at least 1, got 0"),
         ({"chunking": {"size": "8"}}, "chunking", "chunking.size must be an integer of at least 1, got '8'"),
-        ({"chunking": {"size": 8, "overlap": 8}}, "chunking", "chunking.overlap (8) must be less than chunking.size (8)"),
+        (
+            {"chunking": {"size": 8, "overlap": 8}},
+            "chunking",
+            "chunking.overlap (8) must be less than chunking.size (8)",
+        ),
         ({"chunking": {"size": 8, "boundary": "page"}}, "chunking.boundary", "'chunking.boundary' must be 'token' or"),
         ({"chunking": {"size": 8, "return": "mean"}}, "chunking", "'chunking' has unknown keys 'return'"),
         ({"chunking": 8}, "chunking", "'chunking' must be an object"),
@@ -302,11 +392,15 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         ({"with_text": True}, "with_text", "'with_text' stores each chunk's text: give 'chunking' too"),
         ({"chunking": {"size": 8}, "with_text": "yes"}, "with_text", "'with_text' must be"),
     ]:
-        r = httpx.post(f"{stack.base_url}/v1/jobs", json={"id": "refused-chunks", "documents": documents, **fields},
-                       timeout=30)
+        r = httpx.post(
+            f"{stack.base_url}/v1/jobs", json={"id": "refused-chunks", "documents": documents, **fields}, timeout=30
+        )
         assert r.status_code == 400, (fields, r.text)
         error = r.json()["error"]
-        assert error["param"] == param and said in error["message"] and error["code"] == "invalid_request", (fields, error)
+        assert error["param"] == param and said in error["message"] and error["code"] == "invalid_request", (
+            fields,
+            error,
+        )
     assert httpx.get(f"{stack.base_url}/v1/jobs/refused-chunks", timeout=10).status_code == 404  # nothing published
 
 
@@ -315,16 +409,28 @@ def test_the_docs_chunking_example_runs_as_typed(stack, tmp_path):
     127.0.0.1:8080, its NATS server given by the environment)."""
     text = (ROOT / "docs" / "bulk-jobs.md").read_text()
     (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "chunked-job" in b]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "EMBEDFLEET_NATS_URL": stack.nats_url, "PYTHONPATH": str(ROOT)}  # this checkout's embedfleet
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.replace("http://127.0.0.1:8080", stack.base_url)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "EMBEDFLEET_NATS_URL": stack.nats_url,
+        "PYTHONPATH": str(ROOT),
+    }  # this checkout's embedfleet
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.replace("http://127.0.0.1:8080", stack.base_url)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     guide = json.loads((tmp_path / "guide.jsonl").read_text())["text"]
     table = pq.read_table(tmp_path / "guide.parquet").drop(["vector"]).to_pylist()
-    assert len(table) > 2 and all(row["text"] == guide[row["start"]:row["end"]] for row in table)
+    assert len(table) > 2 and all(row["text"] == guide[row["start"] : row["end"]] for row in table)
     assert str(table[:2]) in done.stdout
     lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith('{"id":"a"')]
     assert [(line["chunk"], line["start"], line["end"], line["text"]) for line in lines] == [
-        (0, 0, 17, "A first document."), (1, 18, 39, "It has two sentences.")]
+        (0, 0, 17, "A first document."),
+        (1, 18, 39, "It has two sentences."),
+    ]
     assert all(len(line["vector"]) == 384 for line in lines)

@@ -53,10 +53,13 @@ class FaultStack:
     def start(self, name: str) -> None:
         common = ["--nats", self.nats.url, *HOLD]
         if name == "tokenizer":
-            self.services[name] = Service("tokenizer", [*common, "--chunk-seqs", "16", "--bulk-ahead", "4"], self.folder)
+            self.services[name] = Service(
+                "tokenizer", [*common, "--chunk-seqs", "16", "--bulk-ahead", "4"], self.folder
+            )
         else:
-            self.services[name] = Service("worker", [*common, "--max-batch-tokens", "2048"], self.folder,
-                                          {"OMP_NUM_THREADS": "1"})
+            self.services[name] = Service(
+                "worker", [*common, "--max-batch-tokens", "2048"], self.folder, {"OMP_NUM_THREADS": "1"}
+            )
 
     def reindex(self, job: str, out: Path, *more: str) -> subprocess.Popen:
         return self.reindex_to(job, "--out", str(out), *more)
@@ -65,9 +68,26 @@ class FaultStack:
         """``embedfleet reindex`` of the stack's documents (or of ``docs``) as job ``job``, writing where
         ``args`` say."""
         return subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "reindex", str(docs or self.docs), "--nats", self.nats.url,
-             "--batch-size", str(BATCH), "--job-id", job, "--quiet", "--stall-timeout", "60", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "reindex",
+                str(docs or self.docs),
+                "--nats",
+                self.nats.url,
+                "--batch-size",
+                str(BATCH),
+                "--job-id",
+                job,
+                "--quiet",
+                "--stall-timeout",
+                "60",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     def logs(self) -> str:
@@ -86,8 +106,12 @@ def faults(tmp_path_factory) -> Iterator[FaultStack]:
     try:
         for name in ("tokenizer", "worker-1", "worker-2"):
             stack.start(name)
-        wait_until(lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-                   120, "tokenizer and two workers", list(stack.services.values()))
+        wait_until(
+            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
+            120,
+            "tokenizer and two workers",
+            list(stack.services.values()),
+        )
         out = folder / "clean.npy"
         clean = stack.reindex("clean", out)
         assert clean.wait(300) == 0, clean.stdout.read() + stack.logs()
@@ -165,28 +189,41 @@ def test_worker_killed_mid_job(faults, reference, tmp_path):
     proc = faults.reindex("kill-worker", out)
     done = _wait_mid_job(faults, "kill-worker", proc)
     faults.services["worker-1"].kill()  # SIGKILL: the batches it held are never acknowledged
-    wait_until(lambda: _state(faults.nats.url, "kill-worker").get("done", 0) > done, 60, "the job going on with one worker",
-               [faults.services["worker-2"]])
+    wait_until(
+        lambda: _state(faults.nats.url, "kill-worker").get("done", 0) > done,
+        60,
+        "the job going on with one worker",
+        [faults.services["worker-2"]],
+    )
     faults.start("worker-1")  # the fleet replaces it, as a deployment would
     _check_complete(faults, "kill-worker", proc, out, reference)
 
 
-@pytest.mark.parametrize("victim, late", [("worker-1", False), ("tokenizer", False), ("worker-1", True)],
-                         ids=["worker-1", "tokenizer", "worker-1-late"])
+@pytest.mark.parametrize(
+    "victim, late",
+    [("worker-1", False), ("tokenizer", False), ("worker-1", True)],
+    ids=["worker-1", "tokenizer", "worker-1-late"],
+)
 def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_path, victim, late):
     """A chunked job (a row a chunk; late: a window a sequence, a vector a chunk it owns) whose worker,
     or tokenizer, is killed mid-way: the batches it held come back (a tokenizer's job batch is cut again
     into the same token batches), and every (document, chunk) is stored once, written once, and counted
     once, documents and chunks."""
     out, job = tmp_path / "c.npy", f"kill-{victim}-chunks" + ("-late" if late else "")
-    proc = faults.reindex(job, out, "--chunk-size", "48", "--chunk-overlap", "8", *(["--late-chunking"] if late else []))
+    proc = faults.reindex(
+        job, out, "--chunk-size", "48", "--chunk-overlap", "8", *(["--late-chunking"] if late else [])
+    )
     done = _wait_mid_job(faults, job, proc)
     faults.services[victim].kill()
     if victim == "tokenizer":
         time.sleep(1.0)  # the outage: the job waits with no tokenizer
     else:
-        wait_until(lambda: _state(faults.nats.url, job).get("done", 0) > done, 60, "the job going on with one worker",
-                   [faults.services["worker-2"]])
+        wait_until(
+            lambda: _state(faults.nats.url, job).get("done", 0) > done,
+            60,
+            "the job going on with one worker",
+            [faults.services["worker-2"]],
+        )
     faults.start(victim)
     try:
         rc = proc.wait(300)
@@ -198,13 +235,19 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
     stored = asyncio.run(_stored_chunks(faults.nats.url, job))  # (document, chunk, its chunks) -> times stored
     assert set(stored.values()) == {1} and len(stored) == len(rows) > DOCUMENTS, Counter(stored.values())
     chunks_of = {d: n for d, _, n in stored}
-    assert [(r["id"], r["chunk"]) for r in rows] == [(f"d{i}", k) for i in range(DOCUMENTS) for k in range(chunks_of[f"d{i}"])]
+    assert [(r["id"], r["chunk"]) for r in rows] == [
+        (f"d{i}", k) for i in range(DOCUMENTS) for k in range(chunks_of[f"d{i}"])
+    ]
     vectors = np.load(out)
     head = [r for r in rows if int(r["id"][1:]) < 12]  # the first documents' chunks (d7: several windows)
     if late:
         ref = Reference(model_info.path)
-        want = np.concatenate([ref.late_vectors(faults.texts[i], [(r["start"], r["end"]) for r in head if r["id"] == f"d{i}"],
-                                                254) for i in range(12)])  # 254: MiniLM's room
+        want = np.concatenate(
+            [
+                ref.late_vectors(faults.texts[i], [(r["start"], r["end"]) for r in head if r["id"] == f"d{i}"], 254)
+                for i in range(12)
+            ]
+        )  # 254: MiniLM's room
     else:
         want = reference.encode([faults.texts[int(r["id"][1:])][r["start"] : r["end"]] for r in head])
     assert cosines(vectors[: len(head)], want).min() >= COSINE_TOLERANCE
@@ -265,15 +308,23 @@ def test_worker_killed_between_storing_and_counting(faults):
     (after --ack-wait), is stored again as a duplicate and counted then, once. The workers alone
     bring the job to `done` with exact counts."""
     url, job, documents = faults.nats.url, "crash-count", 15 * BATCH
-    crasher = Service("worker", ["--nats", url, *HOLD, "--max-batch-tokens", "2048"], faults.folder,
-                      {"OMP_NUM_THREADS": "1", "EMBEDFLEET_TEST_CRASH_AFTER_STORE": "1"})
+    crasher = Service(
+        "worker",
+        ["--nats", url, *HOLD, "--max-batch-tokens", "2048"],
+        faults.folder,
+        {"OMP_NUM_THREADS": "1", "EMBEDFLEET_TEST_CRASH_AFTER_STORE": "1"},
+    )
     try:
         wait_until(lambda: count_services(url, "worker") == 3, 60, "the third worker", [crasher])
         _submit(url, job, faults.texts[:documents])
         wait_until(lambda: not crasher.alive, 60, "the worker's crash after its first store")
         assert crasher.proc.returncode == 70, crasher.log()[-2000:]
-        wait_until(lambda: _state(url, job).get("status") != "running", 60, "the job to settle",
-                   [faults.services["worker-1"], faults.services["worker-2"]])
+        wait_until(
+            lambda: _state(url, job).get("status") != "running",
+            60,
+            "the job to settle",
+            [faults.services["worker-1"], faults.services["worker-2"]],
+        )
     finally:
         crasher.kill()
     state = _state(url, job)
@@ -305,11 +356,16 @@ def drain_fleet(tmp_path) -> Iterator[DrainFleet]:
     common = ["--nats", server.url, "--subject-prefix", DRAIN.prefix]
     fleet = {"tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "16"], tmp_path)}
     for i in range(1, DRAIN_WORKERS + 1):
-        fleet[f"worker-{i}"] = Service("worker", [*common, "--max-batch-tokens", "2048"], tmp_path,
-                                       {"OMP_NUM_THREADS": "1"})
+        fleet[f"worker-{i}"] = Service(
+            "worker", [*common, "--max-batch-tokens", "2048"], tmp_path, {"OMP_NUM_THREADS": "1"}
+        )
     try:
-        wait_until(lambda: count_services(server.url, "worker", prefix=DRAIN.prefix) == DRAIN_WORKERS, 120,
-                   "the drain fleet", list(fleet.values()))
+        wait_until(
+            lambda: count_services(server.url, "worker", prefix=DRAIN.prefix) == DRAIN_WORKERS,
+            120,
+            "the drain fleet",
+            list(fleet.values()),
+        )
         yield DrainFleet(server.url, tmp_path, fleet)
     finally:
         for s in fleet.values():  # all told at once: they drain side by side
@@ -327,20 +383,43 @@ def test_worker_stopped_mid_job_hands_over_without_a_stall(drain_fleet: DrainFle
     left to wait out the 60 s ack wait would take it past 5x)."""
     url = drain_fleet.url
     docs = drain_fleet.folder / "drain.jsonl"
-    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
-                            for i, t in enumerate(mixed_texts(DRAIN_DOCUMENTS))))
+    docs.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(mixed_texts(DRAIN_DOCUMENTS)))
+    )
 
     def run(job: str, stop: Service | None = None) -> tuple[float, float | None]:
         """The job's time from start to the reindex process's exit, and the stopped worker's exit time."""
         started = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(drain_fleet.folder / f"{job}.npy"),
-             "--nats", url, "--subject-prefix", DRAIN.prefix, "--batch-size", str(BATCH), "--job-id", job, "--quiet"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "reindex",
+                str(docs),
+                "--out",
+                str(drain_fleet.folder / f"{job}.npy"),
+                "--nats",
+                url,
+                "--subject-prefix",
+                DRAIN.prefix,
+                "--batch-size",
+                str(BATCH),
+                "--job-id",
+                job,
+                "--quiet",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         stopping = None
         if stop is not None:
-            wait_until(lambda: _state(url, job, DRAIN).get("done", 0) >= 0.4 * DRAIN_DOCUMENTS or proc.poll() is not None,
-                       120, "the job mid-way")
+            wait_until(
+                lambda: _state(url, job, DRAIN).get("done", 0) >= 0.4 * DRAIN_DOCUMENTS or proc.poll() is not None,
+                120,
+                "the job mid-way",
+            )
             assert proc.poll() is None, "the job ended before the worker was stopped: make it longer"
             t = time.monotonic()
             assert stop.stop() == 0, stop.log()[-3000:]

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.integration
 
 
 def _cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _post(base_url: str, job: str, ids: list[str], texts: list[str], **fields) -> httpx.Response:
@@ -49,8 +51,23 @@ def test_ids_that_differ_in_dot_or_underscore_never_share_results(stack, referen
     docs = tmp_path / "ours.jsonl"
     docs.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in zip(ids, ours)))
     out = tmp_path / "ours.npy"
-    run = _cli(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--job-id", "victim_job",
-                "--batch-size", "16", "--quiet", "--stall-timeout", "60"])
+    run = _cli(
+        [
+            "reindex",
+            str(docs),
+            "--out",
+            str(out),
+            "--nats",
+            stack.nats_url,
+            "--job-id",
+            "victim_job",
+            "--batch-size",
+            "16",
+            "--quiet",
+            "--stall-timeout",
+            "60",
+        ]
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(out.with_suffix(".ids.json").read_text()) == ids
     assert cosines(np.load(out), reference.encode(ours)).min() >= COSINE_TOLERANCE
@@ -70,9 +87,29 @@ def test_a_job_running_beside_its_alias_finishes(stack, tmp_path):
     docs = tmp_path / "alias.jsonl"
     docs.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in zip(ids, texts)))
     out = tmp_path / "alias.npy"
-    reindex = subprocess.Popen([sys.executable, "-m", "services.cli", "reindex", str(docs), "--out", str(out), "--nats",
-                                stack.nats_url, "--job-id", "alias_one", "--batch-size", "32", "--quiet",
-                                "--stall-timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reindex = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "reindex",
+            str(docs),
+            "--out",
+            str(out),
+            "--nats",
+            stack.nats_url,
+            "--job-id",
+            "alias_one",
+            "--batch-size",
+            "32",
+            "--quiet",
+            "--stall-timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         r = _post(stack.base_url, "alias.one", ids, list(reversed(texts)), batch_size=32)
         assert r.status_code == 202, r.text
@@ -83,7 +120,9 @@ def test_a_job_running_beside_its_alias_finishes(stack, tmp_path):
     assert json.loads(out.with_suffix(".ids.json").read_text()) == ids
     for job in ("alias_one", "alias.one"):
         state = _finished(stack.base_url, job, 120)
-        assert (state["status"], state["documents"], state["done"], state.get("failed", 0)) == ("done", 300, 300, 0), state
+        assert (state["status"], state["documents"], state["done"], state.get("failed", 0)) == ("done", 300, 300, 0), (
+            state
+        )
 
 
 @pytest.mark.parametrize("job", ["a..b", ".a", "a.", "a b"])
@@ -91,10 +130,13 @@ def test_reindex_refuses_an_id_that_cannot_name_a_job_at_once(stack, tmp_path, j
     docs = tmp_path / "one.jsonl"
     docs.write_text('{"id": "x", "text": "hello"}\n')
     started = time.monotonic()
-    run = _cli(["reindex", str(docs), "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url, "--job-id", job],
-               timeout=60)
+    run = _cli(
+        ["reindex", str(docs), "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url, "--job-id", job], timeout=60
+    )
     assert run.returncode == 2, run.stdout + run.stderr
-    assert f"--job-id: invalid job id {job!r}: at most 128 letters, digits and - _ = / ., with no empty part" in run.stderr
+    assert (
+        f"--job-id: invalid job id {job!r}: at most 128 letters, digits and - _ = / ., with no empty part" in run.stderr
+    )
     assert time.monotonic() - started < 20  # refused before it meets NATS, not after a request that never returns
     r = httpx.get(f"{stack.base_url}/v1/jobs/{job}", timeout=10)  # the gateway's words are the same
     assert r.status_code == 400, r.text
@@ -111,15 +153,22 @@ def test_an_id_that_exists_takes_the_same_request_again_and_refuses_another(stac
 
     again = _post(stack.base_url, "resubmitted", ids, texts, batch_size=1)
     assert again.status_code == 200, again.text
-    assert {k: again.json()[k] for k in ("id", "status", "documents", "batches", "done")} == \
-        {"id": "resubmitted", "status": "done", "documents": 2, "batches": 2, "done": 2}
+    assert {k: again.json()[k] for k in ("id", "status", "documents", "batches", "done")} == {
+        "id": "resubmitted",
+        "status": "done",
+        "documents": 2,
+        "batches": 2,
+        "done": 2,
+    }
     assert "owner" not in again.json()
 
     other = _post(stack.base_url, "resubmitted", ["r0", "r1", "r2"], [*texts, "a third"], batch_size=1)
     assert other.status_code == 409, other.text
     assert other.json()["error"]["code"] == "conflict" and other.json()["error"]["param"] == "id"
-    assert other.json()["error"]["message"] == ("job resubmitted exists with other documents, model, batch size or "
-                                                "options: give it another job id (the same request again resumes it)")
+    assert other.json()["error"]["message"] == (
+        "job resubmitted exists with other documents, model, batch size or "
+        "options: give it another job id (the same request again resumes it)"
+    )
     form = _post(stack.base_url, "resubmitted", ids, texts, batch_size=1, embedding_type="int8")
     assert form.status_code == 409 and form.json()["error"]["code"] == "conflict", form.text
     # nothing was published: the state is as the first run left it
@@ -129,8 +178,20 @@ def test_an_id_that_exists_takes_the_same_request_again_and_refuses_another(stac
     # reindex under that id with another input is refused before anything is published
     docs = tmp_path / "other.jsonl"
     docs.write_text('{"id": "r0", "text": "something else"}\n')
-    run = _cli(["reindex", str(docs), "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url, "--job-id",
-                "resubmitted", "--batch-size", "1"])
+    run = _cli(
+        [
+            "reindex",
+            str(docs),
+            "--out",
+            str(tmp_path / "o.npy"),
+            "--nats",
+            stack.nats_url,
+            "--job-id",
+            "resubmitted",
+            "--batch-size",
+            "1",
+        ]
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     assert "job resubmitted exists with other documents, model, batch size or options" in run.stderr
     state = httpx.get(f"{stack.base_url}/v1/jobs/resubmitted", timeout=10).json()

@@ -32,15 +32,19 @@ PARQUET = "application/vnd.apache.parquet"
 
 
 def _cli(args: list[str], timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT
+    )
 
 
 def _submit(base_url: str, job: str, texts: list[str], **fields) -> list[str]:
     """POST a job of ``texts`` (ids ``<job>-<i>``), wait until it is done; its ids in input order."""
     ids = [f"{job}-{i}" for i in range(len(texts))]
-    r = httpx.post(f"{base_url}/v1/jobs", json={"id": job, "documents": [{"id": d, "text": t} for d, t in zip(ids, texts)],
-                                                **fields}, timeout=60)
+    r = httpx.post(
+        f"{base_url}/v1/jobs",
+        json={"id": job, "documents": [{"id": d, "text": t} for d, t in zip(ids, texts)], **fields},
+        timeout=60,
+    )
     assert r.status_code == 202, r.text
     state = _finished(base_url, job)
     assert state["status"] == "done" and state["done"] == len(texts), state
@@ -70,10 +74,17 @@ def test_results_stream_as_ndjson_with_the_reference_vectors(stack, reference, f
     assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
     # streamed: sent in chunks as read, no length known before the end
     assert r.headers.get("transfer-encoding") == "chunked" and "content-length" not in r.headers
-    assert {k: r.headers[k] for k in ("x-job-status", "x-job-documents", "x-job-done", "x-job-failed", "x-embedding-type",
-                                      "x-job-output")} == {"x-job-status": "done", "x-job-documents": "40", "x-job-done": "40",
-                                                           "x-job-failed": "0", "x-embedding-type": "float32",
-                                                           "x-job-output": "dense"}
+    assert {
+        k: r.headers[k]
+        for k in ("x-job-status", "x-job-documents", "x-job-done", "x-job-failed", "x-embedding-type", "x-job-output")
+    } == {
+        "x-job-status": "done",
+        "x-job-documents": "40",
+        "x-job-done": "40",
+        "x-job-failed": "0",
+        "x-embedding-type": "float32",
+        "x-job-output": "dense",
+    }
     vectors = _lines(httpx.Response(200, content=body))
     assert sorted(vectors) == sorted(ids)
     rows = np.array([vectors[d] for d in ids], dtype=np.float32)
@@ -120,8 +131,25 @@ def test_a_quantized_job_reads_as_reindex_writes_it(stack, tmp_path):
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in zip(ids, texts)))
-    rerun = _cli(["reindex", str(docs), "--out", str(tmp_path / "reindex.npy"), "--job-id", "results-int8", "--batch-size",
-                  "8", "--embedding-type", "int8", "--nats", stack.nats_url, "--quiet", "--stall-timeout", "30"])
+    rerun = _cli(
+        [
+            "reindex",
+            str(docs),
+            "--out",
+            str(tmp_path / "reindex.npy"),
+            "--job-id",
+            "results-int8",
+            "--batch-size",
+            "8",
+            "--embedding-type",
+            "int8",
+            "--nats",
+            stack.nats_url,
+            "--quiet",
+            "--stall-timeout",
+            "30",
+        ]
+    )
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     fetched = _cli(["jobs", "fetch", "results-int8", "--out", str(tmp_path / "fetch.npy"), "--nats", stack.nats_url])
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
@@ -156,7 +184,11 @@ def test_refusals(stack, float_job, tmp_path):
     base, out = stack.base_url, str(tmp_path / "x.npy")
     missing = httpx.get(f"{base}/v1/jobs/nope/results", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"] == {
-        "message": "no job 'nope'", "type": "invalid_request_error", "param": "id", "code": "not_found"}
+        "message": "no job 'nope'",
+        "type": "invalid_request_error",
+        "param": "id",
+        "code": "not_found",
+    }
     fetched = _cli(["jobs", "fetch", "nope", "--out", out, "--nats", stack.nats_url])
     assert fetched.returncode == 2 and fetched.stderr == "embedfleet: error: no job 'nope'\n"
 
@@ -206,8 +238,18 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
         await update_state(kv, job, submitted(6, model=model, batches=2, status="running"))
         good = JobBatch(job, 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
         await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": f"{job}:0"})
-        bad = msgpack.packb({"v": 2, "t": "job", "jb": job, "bi": 1, "m": model, "di": ["d", "e", "f"],
-                             "x": ["four", 5, "six"], "o": {}})
+        bad = msgpack.packb(
+            {
+                "v": 2,
+                "t": "job",
+                "jb": job,
+                "bi": 1,
+                "m": model,
+                "di": ["d", "e", "f"],
+                "x": ["four", 5, "six"],
+                "o": {},
+            }
+        )
         await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": f"{job}:1"})
         state = await job_settled(kv, job)
         await nc.close()
@@ -227,8 +269,11 @@ def test_results_need_an_api_key_where_the_gateway_asks_for_one(stack, float_job
     """A job made without a key (here on the open gateway) is read with an operator key; to the other
     keys it is as if it did not exist."""
     port = free_port()
-    gateway = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), "--api-keys", "key-one",
-                                  "--operator-keys", "key-op"], tmp_path)
+    gateway = Service(
+        "gateway",
+        ["--nats", stack.nats_url, "--port", str(port), "--api-keys", "key-one", "--operator-keys", "key-op"],
+        tmp_path,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base), 60, "a gateway with API keys", [gateway])
@@ -249,10 +294,15 @@ def test_the_docs_example_runs_as_typed(stack, tmp_path):
     text = (ROOT / "docs" / "bulk-jobs.md").read_text()
     (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "first-job/results" in b]
     script = block.replace("http://127.0.0.1:8080", stack.base_url)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "EMBEDFLEET_NATS_URL": stack.nats_url, "PYTHONPATH": str(ROOT)}  # this checkout's embedfleet
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "EMBEDFLEET_NATS_URL": stack.nats_url,
+        "PYTHONPATH": str(ROOT),
+    }  # this checkout's embedfleet
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     answers = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     lines = [a for a in answers if "vector" in a]  # the results' lines, after the POST's answer
@@ -277,7 +327,7 @@ def test_stored_order_is_streamed_and_input_order_is_fetched(stack, tmp_path):
     rows = np.arange(6 * 4, dtype="<f4").reshape(6, 4) / 10
 
     def result(batch: int, dtype: str = "f4") -> bytes:
-        part = rows[2 * batch: 2 * batch + 2]
+        part = rows[2 * batch : 2 * batch + 2]
         data = part.tobytes() if dtype == "f4" else part.astype("<f2").tobytes()
         return encode(JobResult(job, batch, 0, [f"o{2 * batch}", f"o{2 * batch + 1}"], 4, dtype, data, 3))
 

@@ -68,8 +68,12 @@ def stack(tmp_path_factory, reference) -> Iterator[SinkStack]:
     try:
         for name in ("tokenizer", "worker-1", "worker-2"):
             built.start(name)
-        wait_until(lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-                   120, "tokenizer and two workers", list(built.services.values()))
+        wait_until(
+            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
+            120,
+            "tokenizer and two workers",
+            list(built.services.values()),
+        )
         yield built
     finally:
         for s in built.services.values():
@@ -95,8 +99,12 @@ def _pg_ctl(server: pgserver.PostgresServer, action: str) -> None:
             pass  # stopped already
     else:
         socket_dir = server.get_uri().rpartition("host=")[2]
-        pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.log), "start"], pgdata=server.pgdata,
-               user=server.system_user, timeout=30)
+        pg_ctl(
+            ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.log), "start"],
+            pgdata=server.pgdata,
+            user=server.system_user,
+            timeout=30,
+        )
 
 
 def _pg_rows(uri: str, table: str, chunked: bool = False) -> list[tuple]:
@@ -107,14 +115,17 @@ def _pg_rows(uri: str, table: str, chunked: bool = False) -> list[tuple]:
         register_vector(conn)
         chunk = ", chunk, start_char, end_char, text" if chunked else ""
         rows = conn.execute(f"SELECT id, embedding, metadata{chunk} FROM {table}").fetchall()
-    return [(r[0], np.asarray(r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1], np.float32), *r[2:]) for r in rows]
+    return [
+        (r[0], np.asarray(r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1], np.float32), *r[2:]) for r in rows
+    ]
 
 
 def _store(kind: str, stack: SinkStack, postgres, job: str) -> tuple[str, callable]:
     """(the sink URL of a fresh table, a reader of its rows: [(id, vector, metadata)])."""
     if kind == "pgvector":
-        return f"{postgres.get_uri()}&table={job}", lambda: [(i, np.asarray(v), m) for i, v, m in _pg_rows(
-            postgres.get_uri(), job)]
+        return f"{postgres.get_uri()}&table={job}", lambda: [
+            (i, np.asarray(v), m) for i, v, m in _pg_rows(postgres.get_uri(), job)
+        ]
     if kind == "lancedb":
         path = stack.folder / "lance"
 
@@ -169,8 +180,12 @@ def test_a_worker_killed_mid_job_leaves_every_id_once_in_the_store(stack, postgr
     proc = stack.reindex(job, url)
     done = _wait_mid_job(stack, job, proc)
     stack.services["worker-1"].kill()  # SIGKILL: the batches it held are never acknowledged
-    wait_until(lambda: _state(stack.nats.url, job).get("done", 0) > done, 120, "the job going on with one worker",
-               [stack.services["worker-2"]])
+    wait_until(
+        lambda: _state(stack.nats.url, job).get("done", 0) > done,
+        120,
+        "the job going on with one worker",
+        [stack.services["worker-2"]],
+    )
     stack.start("worker-1")
     output = stack.finished(job, proc)
     assert f"({DOCUMENTS} rows)" in output, output
@@ -185,8 +200,9 @@ def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres, reference):
     job = "sink_chunks"
     docs = stack.folder / "chunked.jsonl"
     docs.write_text("".join(stack.docs.read_text().splitlines(keepends=True)[:CHUNKED]))
-    proc = stack.reindex(job, f"{postgres.get_uri()}&table={job}", "--chunk-size", "96", "--chunk-overlap", "8",
-                         "--with-text", docs=docs)
+    proc = stack.reindex(
+        job, f"{postgres.get_uri()}&table={job}", "--chunk-size", "96", "--chunk-overlap", "8", "--with-text", docs=docs
+    )
     stack.finished(job, proc)
     rows = _pg_rows(postgres.get_uri(), job, chunked=True)
     keys = [(r[0], r[3]) for r in rows]
@@ -197,7 +213,7 @@ def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres, reference):
         chunks_of.setdefault(doc_id, set()).add(chunk)
     assert len(chunks_of) == CHUNKED and all(c == set(range(len(c))) for c in chunks_of.values())
     sample = sorted(rows, key=lambda r: (int(r[0][1:]), r[3]))[:SAMPLE]
-    pieces = [stack.texts[int(r[0][1:])][r[4]: r[5]] for r in sample]
+    pieces = [stack.texts[int(r[0][1:])][r[4] : r[5]] for r in sample]
     assert [r[6] for r in sample] == pieces  # --with-text: each chunk's own text
     assert all(r[2] == _fields(int(r[0][1:])) for r in sample)
     got = np.stack([np.asarray(r[1]) for r in sample])
@@ -216,8 +232,12 @@ def test_postgres_stopped_mid_job_pauses_the_job_until_it_is_back(stack, tmp_pat
         wait_until(lambda: "sink_error" in _state(stack.nats.url, job), 120, "the job state saying the store is down")
         error = _state(stack.nats.url, job)["sink_error"]
         assert error["since"] <= time.time() and "PostgreSQL at postgresql://postgres@" in error["message"], error
-        listed = subprocess.run([sys.executable, "-m", "services.cli", "jobs", "--nats", stack.nats.url],
-                                capture_output=True, text=True, timeout=60).stdout
+        listed = subprocess.run(
+            [sys.executable, "-m", "services.cli", "jobs", "--nats", stack.nats.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
         assert "waiting for the store since" in listed, listed
         time.sleep(2.0)  # the job goes on meanwhile: its results wait in the results stream
         _pg_ctl(server, "start")

@@ -45,9 +45,22 @@ class Fleet:
 
     def gateway(self) -> None:
         port = free_port()
-        self.services["gateway"] = Service("gateway", [
-            "--nats", self.nats.url, "--port", str(port), "--jobs-dir", str(self.folder), "--request-timeout", "120",
-            "--job-sinks", f"{self.pg_uri},lancedb://{self.folder / 'lance'}"], self.folder)
+        self.services["gateway"] = Service(
+            "gateway",
+            [
+                "--nats",
+                self.nats.url,
+                "--port",
+                str(port),
+                "--jobs-dir",
+                str(self.folder),
+                "--request-timeout",
+                "120",
+                "--job-sinks",
+                f"{self.pg_uri},lancedb://{self.folder / 'lance'}",
+            ],
+            self.folder,
+        )
         self.base = f"http://127.0.0.1:{port}"
         wait_until(lambda: healthy(self.base), 120, "the gateway", [self.services["gateway"]])
 
@@ -75,10 +88,15 @@ def fleet(tmp_path_factory, postgres) -> Iterator[Fleet]:
     try:
         built.services["tokenizer"] = Service("tokenizer", [*common, "--chunk-seqs", "16", "--bulk-ahead", "4"], folder)
         for name in ("worker-1", "worker-2"):
-            built.services[name] = Service("worker", [*common, "--max-batch-tokens", "2048"], folder,
-                                           {"OMP_NUM_THREADS": "1"})
-        wait_until(lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-                   120, "tokenizer and two workers", list(built.services.values()))
+            built.services[name] = Service(
+                "worker", [*common, "--max-batch-tokens", "2048"], folder, {"OMP_NUM_THREADS": "1"}
+            )
+        wait_until(
+            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
+            120,
+            "tokenizer and two workers",
+            list(built.services.values()),
+        )
         built.gateway()
         yield built
     finally:
@@ -94,7 +112,9 @@ def _sink(fleet: Fleet, table: str) -> str:
 def test_an_inline_job_lands_in_the_store_with_its_fields_and_texts(fleet, reference):
     texts = mixed_texts(INLINE)
     documents = [{"id": f"i{i}", "text": t, **_fields(i)} for i, t in enumerate(texts)]
-    answer = fleet.post({"documents": documents, "sink": _sink(fleet, "inline_job"), "with_text": True, "id": "inline_job"})
+    answer = fleet.post(
+        {"documents": documents, "sink": _sink(fleet, "inline_job"), "with_text": True, "id": "inline_job"}
+    )
     assert answer.status_code == 202, answer.text
     assert answer.json()["sink"].endswith("table=inline_job"), answer.json()
     state = job_finished(fleet.base, "inline_job", 180)
@@ -118,15 +138,22 @@ def test_a_chunked_job_goes_to_lancedb_keyed_by_id_and_chunk(fleet, reference):
     texts = mixed_texts(12)
     documents = [{"id": f"c{i}", "text": t} for i, t in enumerate(texts)]
     sink = f"lancedb://{fleet.folder / 'lance'}?table=chunked"
-    answer = fleet.post({"documents": documents, "sink": sink, "chunking": {"size": 64, "overlap": 8},
-                         "with_text": True, "id": "chunked_job"})
+    answer = fleet.post(
+        {
+            "documents": documents,
+            "sink": sink,
+            "chunking": {"size": 64, "overlap": 8},
+            "with_text": True,
+            "id": "chunked_job",
+        }
+    )
     assert answer.status_code == 202, answer.text
     state = job_finished(fleet.base, "chunked_job", 180)
     assert state["status"] == "done" and state["sink_rows"] == state["chunks_done"], state
     rows = lancedb.connect(str(fleet.folder / "lance")).open_table("chunked").to_arrow().to_pylist()
     keys = [(r["id"], r["chunk"]) for r in rows]
     assert len(keys) == len(set(keys)) == state["chunks_done"] > len(texts)
-    pieces = [texts[int(r["id"][1:])][r["start_char"]: r["end_char"]] for r in rows]
+    pieces = [texts[int(r["id"][1:])][r["start_char"] : r["end_char"]] for r in rows]
     assert [r["text"] for r in rows] == pieces
     got = np.stack([np.asarray(r["vector"], np.float32) for r in rows])
     assert cosines(got, reference.encode(pieces)).min() >= COSINE_TOLERANCE
@@ -136,10 +163,13 @@ def test_a_gateway_killed_mid_job_is_replaced_and_nothing_is_lost(fleet, referen
     """A file job; its gateway SIGKILLed once some rows are in the store; a new gateway takes the
     writing over once the dead one's lease runs out, reading the rows' fields and texts back."""
     texts = mixed_texts(DOCUMENTS)
-    (fleet.folder / "big.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t, **_fields(i)}) + "\n"
-                                                    for i, t in enumerate(texts)))
+    (fleet.folder / "big.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t, **_fields(i)}) + "\n" for i, t in enumerate(texts))
+    )
     job = "taken_over"
-    answer = fleet.post({"path": "big.jsonl", "sink": _sink(fleet, job), "with_text": True, "id": job, "batch_size": 16})
+    answer = fleet.post(
+        {"path": "big.jsonl", "sink": _sink(fleet, job), "with_text": True, "id": job, "batch_size": 16}
+    )
     assert answer.status_code == 202, answer.text
     deadline = time.monotonic() + 180
     while (_state(fleet.nats.url, job).get("sink_rows") or 0) == 0:
@@ -164,12 +194,15 @@ def test_a_gateway_killed_mid_job_is_replaced_and_nothing_is_lost(fleet, referen
     assert set(_stored_ids(fleet.nats.url, job).values()) == {1}
 
 
-@pytest.mark.parametrize("sink, message", [
-    ("postgresql://postgres@elsewhere:5432/postgres?table=t", "does not write into"),
-    ("postgresql://postgres:hunter2@/postgres?table=t", "no password"),
-    ("redis://localhost/0", "does not write into"),
-    (7, "must be a store's URL"),
-])
+@pytest.mark.parametrize(
+    "sink, message",
+    [
+        ("postgresql://postgres@elsewhere:5432/postgres?table=t", "does not write into"),
+        ("postgresql://postgres:hunter2@/postgres?table=t", "no password"),
+        ("redis://localhost/0", "does not write into"),
+        (7, "must be a store's URL"),
+    ],
+)
 def test_stores_not_allowed_are_refused_before_anything_is_published(fleet, sink, message):
     answer = fleet.post({"documents": [{"id": "a", "text": "x"}], "sink": sink, "id": "refused"})
     assert answer.status_code == 400, answer.text
@@ -198,7 +231,8 @@ def test_the_readme_example_runs_as_typed(fleet):
     (command,) = re.findall(r"^  (curl -s localhost:8080/v1/jobs .*)$", readme, re.M)
     assert "postgresql://loader@db:5432/docs?table=articles" in command
     command = command.replace("localhost:8080", fleet.base.removeprefix("http://")).replace(
-        "postgresql://loader@db:5432/docs?", f"{fleet.pg_uri}&")
+        "postgresql://loader@db:5432/docs?", f"{fleet.pg_uri}&"
+    )
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     job = json.loads(done.stdout)["id"]
@@ -207,4 +241,7 @@ def test_the_readme_example_runs_as_typed(fleet):
 
     with psycopg.connect(fleet.pg_uri) as conn:
         rows = conn.execute("SELECT id, metadata, text FROM articles ORDER BY id").fetchall()
-    assert rows == [("a1", {"lang": "en"}, "Rivers carry sediment to the sea."), ("a2", {"lang": "en"}, "Glaciers carve valleys.")]
+    assert rows == [
+        ("a1", {"lang": "en"}, "Rivers carry sediment to the sea."),
+        ("a2", {"lang": "en"}, "Glaciers carve valleys."),
+    ]

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 
 
 def _run(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
@@ -24,8 +26,21 @@ def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": f"doc-{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     out = tmp_path / "vectors.npy"
-    result = _run(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "32", "--quiet",
-                   "--stall-timeout", "30"])
+    result = _run(
+        [
+            "reindex",
+            str(docs),
+            "--out",
+            str(out),
+            "--nats",
+            stack.nats_url,
+            "--batch-size",
+            "32",
+            "--quiet",
+            "--stall-timeout",
+            "30",
+        ]
+    )
     logs = "\n".join(f"--- {n}\n{s.log()[-1500:]}" for n, s in stack.services.items() if n != "gateway")
     assert result.returncode == 0, result.stdout + result.stderr + logs
     assert "300 documents" in result.stdout
@@ -43,13 +58,28 @@ def test_reindex_jsonl_to_npy(stack, reference, tmp_path):
     assert row.split()[1:5] == ["done", "300", "300", "0"] and "all-MiniLM-L6-v2" in row
 
     # the same command again: the job is known and done; nothing is embedded twice
-    again = _run(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--batch-size", "32", "--quiet",
-                  "--stall-timeout", "30"])
+    again = _run(
+        [
+            "reindex",
+            str(docs),
+            "--out",
+            str(out),
+            "--nats",
+            stack.nats_url,
+            "--batch-size",
+            "32",
+            "--quiet",
+            "--stall-timeout",
+            "30",
+        ]
+    )
     assert again.returncode == 0, again.stderr
     np.testing.assert_allclose(np.load(out), vectors, atol=1e-6)
     # each run's rate is its own work over its own time: the first embedded all 300; the second read
     # them back (stored by the first) and embedded none, so it claims no rate
-    assert "300 documents (300 embedded in this run, " in result.stdout and "earlier run" not in result.stdout, result.stdout
+    assert "300 documents (300 embedded in this run, " in result.stdout and "earlier run" not in result.stdout, (
+        result.stdout
+    )
     assert " 0 tokens in " not in result.stdout
     assert "300 documents (0 embedded in this run, 0 tokens in " in again.stdout, again.stdout
     assert "(0.0 docs/s, 0 tokens/s); 300 stored by an earlier run) -> " in again.stdout, again.stdout
@@ -66,8 +96,9 @@ def test_a_job_sent_to_an_idle_stack_is_done_at_once(stack):
 
     time.sleep(FETCH_WAIT + 1)  # the scenario: both stages idle, each in a fetch left waiting
     sent = time.monotonic()
-    r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "idle-0", "text": "after a quiet while"}]},
-                   timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "idle-0", "text": "after a quiet while"}]}, timeout=60
+    )
     assert r.status_code == 202, r.text
     job, state = r.json()["id"], {}
     while time.monotonic() - sent < 30 and state.get("status") != "done":
@@ -139,8 +170,18 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
         await update_state(kv, "poison", submitted(6, model=model, batches=2, status="running"))
         good = JobBatch("poison", 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
         await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": "poison:0"})
-        bad = msgpack.packb({"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": model, "di": ["d", "e", "f"],
-                             "x": ["four", 5, "six"], "o": {}})
+        bad = msgpack.packb(
+            {
+                "v": 2,
+                "t": "job",
+                "jb": "poison",
+                "bi": 1,
+                "m": model,
+                "di": ["d", "e", "f"],
+                "x": ["four", 5, "six"],
+                "o": {},
+            }
+        )
         await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": "poison:1"})
         state = await job_settled(kv, "poison")
         letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("poison"))
@@ -174,8 +215,11 @@ def test_reindex_in_int8_writes_the_online_routes_int8_rows(stack, tmp_path):
     assert stored.dtype == np.int8 and stored.shape == (64, 384)
 
     def online(form: str) -> np.ndarray:
-        r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts,
-                                                                  "embedding_type": form}, timeout=120)
+        r = httpx.post(
+            f"{stack.base_url}/v1/embeddings",
+            json={"model": "all-MiniLM-L6-v2", "input": texts, "embedding_type": form},
+            timeout=120,
+        )
         assert r.status_code == 200, r.text
         return np.array([d["embedding"] for d in r.json()["data"]])
 
@@ -198,8 +242,9 @@ def test_reindex_in_int8_writes_the_online_routes_int8_rows(stack, tmp_path):
     clear = np.abs(floats) > 1e-4
     assert np.array_equal(bits[clear], (floats > 0)[clear])
 
-    refused = _run(["reindex", str(docs), "--out", str(tmp_path / "u.npy"), "--job-id", job, "--embedding-type", "uint8",
-                    *common])
+    refused = _run(
+        ["reindex", str(docs), "--out", str(tmp_path / "u.npy"), "--job-id", job, "--embedding-type", "uint8", *common]
+    )
     assert refused.returncode == 2 and f"job {job} makes int8 vectors, not uint8" in refused.stderr
 
 
@@ -209,8 +254,11 @@ def test_jobs_over_http_take_embedding_type(stack):
     import httpx
 
     docs = [{"id": f"b{i}", "text": t} for i, t in enumerate(mixed_texts(8))]
-    r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "ubinary", "id": "forms-http"},
-                   timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/v1/jobs",
+        json={"documents": docs, "embedding_type": "ubinary", "id": "forms-http"},
+        timeout=60,
+    )
     assert r.status_code == 202, r.text
     assert r.json()["embedding_type"] == "ubinary"
     deadline = time.monotonic() + 60
@@ -220,8 +268,9 @@ def test_jobs_over_http_take_embedding_type(stack):
         time.sleep(0.2)
     assert state["status"] == "done" and state["embedding_type"] == "ubinary", state
     # the same id in another form would mix forms in one job's results: a conflict with the job there
-    clash = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int8", "id": "forms-http"},
-                       timeout=30)
+    clash = httpx.post(
+        f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int8", "id": "forms-http"}, timeout=30
+    )
     assert clash.status_code == 409 and clash.json()["error"]["param"] == "id"
     assert "makes ubinary vectors, not int8" in clash.json()["error"]["message"]
     bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": docs, "embedding_type": "int4"}, timeout=30)
@@ -287,14 +336,33 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
             await nc.close()
 
     before = timed("speed-before")
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "reindex", str(big), "--out", str(tmp_path / "big.npy"),
-                             "--job-id", "cancel-big", *common], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "reindex",
+            str(big),
+            "--out",
+            str(tmp_path / "big.npy"),
+            "--job-id",
+            "cancel-big",
+            *common,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     started = time.monotonic()
     try:
-        wait_until(lambda: time.monotonic() - started >= 3 and state("cancel-big").get("done", 0) > 0, 60, "the job running")
+        wait_until(
+            lambda: time.monotonic() - started >= 3 and state("cancel-big").get("done", 0) > 0, 60, "the job running"
+        )
         cancelled = _run(["jobs", "cancel", "cancel-big", "--nats", url])
         told = time.monotonic()
-        assert cancelled.returncode == 0 and "job cancel-big cancelled:" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+        assert cancelled.returncode == 0 and "job cancel-big cancelled:" in cancelled.stdout, (
+            cancelled.stdout + cancelled.stderr
+        )
         assert proc.wait(15) == 1
     finally:
         proc.kill()
@@ -326,8 +394,10 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     rerun = _run(["reindex", str(big), "--out", str(tmp_path / "big.npy"), "--job-id", "cancel-big", *common])
     assert rerun.returncode == 2 and "job cancel-big was cancelled: purge it" in rerun.stderr
-    print(f"cancelled at {final['done']} documents stored; reindex exited {exited:.1f}s and the queued batches were "
-          f"gone {dropped:.1f}s after; the next job {after:.1f}s, the same job before {before:.1f}s")
+    print(
+        f"cancelled at {final['done']} documents stored; reindex exited {exited:.1f}s and the queued batches were "
+        f"gone {dropped:.1f}s after; the next job {after:.1f}s, the same job before {before:.1f}s"
+    )
     # left to run, the cancelled job's queued batches would hold the next job back for a minute; 1 s of
     # slack covers a process start's noise on two shared cores
     assert after <= 1.5 * before + 1.0, (after, before)

@@ -39,8 +39,11 @@ def texts() -> list[str]:
 
 
 def _post(stack, texts, chunking, **extra) -> httpx.Response:
-    return httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": texts, "chunking": chunking,
-                                                                 **extra}, timeout=120)
+    return httpx.post(
+        f"{stack.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": texts, "chunking": chunking, **extra},
+        timeout=120,
+    )
 
 
 def _by_input(items: list[dict]) -> dict[int, list[dict]]:
@@ -56,8 +59,9 @@ def test_each_late_chunk_is_its_tokens_mean_in_the_whole_input(stack, ref, texts
     assert r.status_code == 200, r.text
     body = r.json()
     plain = _post(stack, texts, {**chunking, "late": False}).json()["data"]
-    assert [(d["index"], d["chunk"], d["start"], d["end"]) for d in body["data"]] == \
-        [(d["index"], d["chunk"], d["start"], d["end"]) for d in plain], "late chunks are plain chunking's"
+    assert [(d["index"], d["chunk"], d["start"], d["end"]) for d in body["data"]] == [
+        (d["index"], d["chunk"], d["start"], d["end"]) for d in plain
+    ], "late chunks are plain chunking's"
     per_input = _by_input(body["data"])
     assert sorted(per_input) == [0, 1] and len(per_input[0]) > 4 and len(per_input[1]) == 1
     for i, text in enumerate(texts):
@@ -65,7 +69,7 @@ def test_each_late_chunk_is_its_tokens_mean_in_the_whole_input(stack, ref, texts
         assert [d["chunk"] for d in items] == list(range(len(items)))
         spans = [ref.tokens(text, d["start"], d["end"]) for d in items]
         for d, (a, b) in zip(items, spans):  # input[start:end] is the chunk's text: its tokens, whole words
-            assert text[d["start"]:d["end"]].strip() == text[d["start"]:d["end"]] != ""
+            assert text[d["start"] : d["end"]].strip() == text[d["start"] : d["end"]] != ""
             assert b - a <= 32
         covered = set().union(*(range(a, b) for a, b in spans))
         assert covered == set(range(len(ref.offsets(text)))), "the chunks cover the input's tokens"
@@ -131,12 +135,27 @@ def test_an_input_over_the_limit_is_read_in_windows_each_chunk_pooled_in_its_own
     assert r.json()["usage"]["prompt_tokens"] == usage  # every window's tokens, context included
 
 
-@pytest.mark.parametrize("chunking, extra, status, param, message", [
-    ({"size": 300, "late": True}, {}, 400, None,
-     "chunking.size is 300; this model holds at most 254 tokens of text a chunk"),
-    ({"size": 64, "late": "yes"}, {}, 400, "chunking.late", "'chunking.late' must be true or false"),
-    ({"size": 64, "late": True}, {"dimensions": 1000}, 400, "dimensions", "'dimensions' 1000 exceeds the model's 384"),
-], ids=["over-room", "not-a-boolean", "dimensions"])
+@pytest.mark.parametrize(
+    "chunking, extra, status, param, message",
+    [
+        (
+            {"size": 300, "late": True},
+            {},
+            400,
+            None,
+            "chunking.size is 300; this model holds at most 254 tokens of text a chunk",
+        ),
+        ({"size": 64, "late": "yes"}, {}, 400, "chunking.late", "'chunking.late' must be true or false"),
+        (
+            {"size": 64, "late": True},
+            {"dimensions": 1000},
+            400,
+            "dimensions",
+            "'dimensions' 1000 exceeds the model's 384",
+        ),
+    ],
+    ids=["over-room", "not-a-boolean", "dimensions"],
+)
 def test_wrong_late_chunking_is_refused_in_the_openai_shape(stack, texts, chunking, extra, status, param, message):
     r = _post(stack, texts, chunking, **extra)
     assert r.status_code == status, r.text
@@ -154,14 +173,17 @@ def test_a_window_that_alone_tokenizes_otherwise_is_refused_naming_its_input(sta
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request", error
     assert error["message"].startswith("input 1 makes ") and "content tokens, where its spans count" in error["message"]
-    assert _post(stack, ["fine", long[:200]], {"size": 4, "late": True}).status_code == 200  # one window: the whole text
+    assert (
+        _post(stack, ["fine", long[:200]], {"size": 4, "late": True}).status_code == 200
+    )  # one window: the whole text
 
 
 def test_a_binary_answer_takes_the_late_mean_and_refuses_chunk_offsets(stack, texts):
     url, body = f"{stack.base_url}/v1/embeddings", {"model": MODEL, "input": texts}
     octet = {"accept": "application/octet-stream"}
-    mean = httpx.post(url, json={**body, "chunking": {"size": 64, "late": True, "return": "mean"}}, headers=octet,
-                      timeout=120)
+    mean = httpx.post(
+        url, json={**body, "chunking": {"size": 64, "late": True, "return": "mean"}}, headers=octet, timeout=120
+    )
     assert mean.status_code == 200 and len(mean.content) == 2 * 384 * 4, mean.text[:300]
     chunks = httpx.post(url, json={**body, "chunking": {"size": 64, "late": True}}, headers=octet, timeout=120)
     assert chunks.status_code == 400 and chunks.json()["error"]["param"] == "chunking", chunks.text

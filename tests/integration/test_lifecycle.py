@@ -37,7 +37,9 @@ def small_stack(tmp_path) -> Iterator[SmallStack]:
     common = ["--nats", nats.url]
     services = {
         "tokenizer": Service("tokenizer", [*common, "--chunk-seqs", "32"], tmp_path),
-        "worker": Service("worker", [*common, "--max-batch-tokens", "1024", "--metrics-port", str(metrics_port)], tmp_path),
+        "worker": Service(
+            "worker", [*common, "--max-batch-tokens", "1024", "--metrics-port", str(metrics_port)], tmp_path
+        ),
         "gateway": Service("gateway", [*common, "--port", str(port), "--request-timeout", "120"], tmp_path),
     }
     base_url = f"http://127.0.0.1:{port}"
@@ -63,7 +65,12 @@ def test_services_reconnect_after_nats_restart(small_stack, reference):
     restarted = EmbeddedNats(small_stack.data_dir, port=small_stack.nats.port)
     restarted.start()
     try:
-        wait_until(lambda: healthy(small_stack.base_url), 60, "health after the NATS restart", list(small_stack.services.values()))
+        wait_until(
+            lambda: healthy(small_stack.base_url),
+            60,
+            "health after the NATS restart",
+            list(small_stack.services.values()),
+        )
         texts = ["after the restart", "still the same vectors"]
         r = _embed(small_stack.base_url, texts)
         assert r.status_code == 200, r.text
@@ -79,8 +86,12 @@ def test_sigterm_drains_in_flight_work(small_stack):
     thread = threading.Thread(target=lambda: result.setdefault("r", _embed(small_stack.base_url, texts, 120)))
     thread.start()
     worker = small_stack.services["worker"]
-    wait_until(lambda: holds_rows(small_stack.worker_metrics, MODEL) or not thread.is_alive(), 60,
-               "the request's rows queued in the worker", [worker])
+    wait_until(
+        lambda: holds_rows(small_stack.worker_metrics, MODEL) or not thread.is_alive(),
+        60,
+        "the request's rows queued in the worker",
+        [worker],
+    )
     assert thread.is_alive() and worker.alive, "the request finished before the worker was stopped"
     assert worker.stop(timeout=120) == 0, worker.log()[-2000:]
     thread.join(120)
@@ -92,8 +103,9 @@ def test_sigterm_drains_in_flight_work(small_stack):
 def test_ready_file_marks_a_serving_service(tmp_path, nats_url):
     """The readiness probes' file: written once the service serves, removed when it stops."""
     ready = tmp_path / "ready"
-    tokenizer = Service("tokenizer", ["--nats", nats_url, "--subject-prefix", "readyprobe", "--ready-file", str(ready)],
-                        tmp_path)
+    tokenizer = Service(
+        "tokenizer", ["--nats", nats_url, "--subject-prefix", "readyprobe", "--ready-file", str(ready)], tmp_path
+    )
     try:
         wait_until(ready.exists, 60, "the ready file", [tokenizer])
         assert count_services(nats_url, "tokenizer", prefix="readyprobe") == 1  # ready means it answers
@@ -114,8 +126,12 @@ def test_init_creates_the_streams(nats_url):
     from shared.subjects import Subjects
 
     for _ in range(2):  # idempotent
-        out = subprocess.run([sys.executable, "-m", "services.cli", "init", "--nats", nats_url, "--subject-prefix", "initcheck"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "services.cli", "init", "--nats", nats_url, "--subject-prefix", "initcheck"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
     names = stream_names(Subjects("initcheck"))
 

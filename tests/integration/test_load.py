@@ -53,9 +53,14 @@ def loaded(tmp_path_factory) -> Iterator[tuple[str, str, dict[str, Service]]]:
     common = ["--nats", server.url]
     services = {
         "tokenizer": Service("tokenizer", common, folder),
-        "worker": Service("worker", [*common, "--max-batch-tokens", "1024", "--max-queued-tokens", str(QUEUE_LIMIT)], folder),
-        "gateway": Service("gateway", [*common, "--port", str(port), "--max-in-flight", str(MAX_IN_FLIGHT),
-                                       "--request-timeout", "30"], folder),
+        "worker": Service(
+            "worker", [*common, "--max-batch-tokens", "1024", "--max-queued-tokens", str(QUEUE_LIMIT)], folder
+        ),
+        "gateway": Service(
+            "gateway",
+            [*common, "--port", str(port), "--max-in-flight", str(MAX_IN_FLIGHT), "--request-timeout", "30"],
+            folder,
+        ),
     }
     base_url = f"http://127.0.0.1:{port}"
     try:

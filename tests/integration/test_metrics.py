@@ -64,8 +64,11 @@ def test_online_requests_move_every_services_counters(fleet):
     elapsed = time.monotonic() - start
     assert tokens > 12
 
-    worker = _settled(fleet, "worker", lambda t: _delta(before["worker"], t, "embedfleet_worker_rows_total",
-                                                         model=MODEL, queue="online") >= 12)
+    worker = _settled(
+        fleet,
+        "worker",
+        lambda t: _delta(before["worker"], t, "embedfleet_worker_rows_total", model=MODEL, queue="online") >= 12,
+    )
     w = lambda name, **labels: _delta(before["worker"], worker, name, **labels)  # noqa: E731
     assert w("embedfleet_worker_tokens_total", model=MODEL, queue="online") == tokens
     assert w("embedfleet_worker_rows_total", model=MODEL, queue="online") == 12
@@ -73,8 +76,10 @@ def test_online_requests_move_every_services_counters(fleet):
     batches = w("embedfleet_worker_batches_total", model=MODEL, queue="online")
     assert batches >= 3
     assert w("embedfleet_worker_batch_tokens_count", model=MODEL) == batches
-    assert (_sum(worker, "embedfleet_worker_forward_seconds_count", model=MODEL)
-            - _sum(before["worker"], "embedfleet_worker_forward_seconds_count", model=MODEL)) == batches
+    assert (
+        _sum(worker, "embedfleet_worker_forward_seconds_count", model=MODEL)
+        - _sum(before["worker"], "embedfleet_worker_forward_seconds_count", model=MODEL)
+    ) == batches
     # on a CPU every forward runs eagerly: no CUDA graph captured or replayed
     assert w("embedfleet_worker_forwards_total", model=MODEL, run="eager") == batches
     assert value(worker, "embedfleet_worker_forwards_total", model=MODEL, run="replay") == 0
@@ -84,8 +89,13 @@ def test_online_requests_move_every_services_counters(fleet):
     assert has(worker, "embedfleet_worker_queue_depth", model=MODEL, queue="bulk")
     assert value(worker, "embedfleet_worker_max_batch_tokens", model=MODEL) == 1024
 
-    tokenizer = _settled(fleet, "tokenizer", lambda t: _delta(before["tokenizer"], t, "embedfleet_tokenizer_inputs_total",
-                                                               model=MODEL, queue="online") >= 12)
+    tokenizer = _settled(
+        fleet,
+        "tokenizer",
+        lambda t: (
+            _delta(before["tokenizer"], t, "embedfleet_tokenizer_inputs_total", model=MODEL, queue="online") >= 12
+        ),
+    )
     t = lambda name, **labels: _delta(before["tokenizer"], tokenizer, name, **labels)  # noqa: E731
     assert t("embedfleet_tokenizer_requests_total", model=MODEL, kind="embed") == 3
     assert t("embedfleet_tokenizer_inputs_total", model=MODEL, queue="online") == 12
@@ -111,8 +121,11 @@ def test_a_rerank_moves_the_scorers_counters(fleet):
     docs = ["a fox in the forest", "stock prices fell", "the quick brown fox", "rain tomorrow", "foxes are canids"]
     r = httpx.post(f"{fleet.base_url}/v1/rerank", json={"model": MODEL, "query": "fox", "documents": docs}, timeout=60)
     assert r.status_code == 200, r.text
-    scorer = _settled(fleet, "scorer", lambda t: _delta(before, t, "embedfleet_scorer_reranks_total", model=MODEL,
-                                                          kind="bi-encoder") >= 1)
+    scorer = _settled(
+        fleet,
+        "scorer",
+        lambda t: _delta(before, t, "embedfleet_scorer_reranks_total", model=MODEL, kind="bi-encoder") >= 1,
+    )
     assert _delta(before, scorer, "embedfleet_scorer_reranks_total", model=MODEL, kind="bi-encoder") == 1
     assert _delta(before, scorer, "embedfleet_scorer_candidates_total", model=MODEL) == 5
     assert _delta(before, scorer, "embedfleet_scorer_seconds_count", model=MODEL) == 1
@@ -130,8 +143,14 @@ def test_a_bulk_job_shows_lag_while_the_worker_is_stopped_then_its_progress(flee
         r = httpx.post(f"{fleet.base_url}/v1/jobs", json={"documents": docs, "batch_size": 16}, timeout=60)
         assert r.status_code == 202, r.text
         job = r.json()["id"]
-        waiting = _settled(fleet, "gateway", lambda t: _sum(t, "embedfleet_bulk_lag", stage="worker") >= 1
-                           and has(t, "embedfleet_job_documents", job_id=job, model=MODEL, state="total"))
+        waiting = _settled(
+            fleet,
+            "gateway",
+            lambda t: (
+                _sum(t, "embedfleet_bulk_lag", stage="worker") >= 1
+                and has(t, "embedfleet_job_documents", job_id=job, model=MODEL, state="total")
+            ),
+        )
         assert value(waiting, "embedfleet_job_documents", job_id=job, model=MODEL, state="total") == 40
         assert value(waiting, "embedfleet_job_documents", job_id=job, model=MODEL, state="done") == 0
         assert value(waiting, "embedfleet_jobs", status="running") >= 1
@@ -147,17 +166,28 @@ def test_a_bulk_job_shows_lag_while_the_worker_is_stopped_then_its_progress(flee
 
     wait_until(done, 120, "the job", list(fleet.services.values()))
     assert state["done"] == 40 and state["tokens"] > 0
-    after = _settled(fleet, "gateway", lambda t: _sum(t, "embedfleet_job_documents", job_id=job, state="done") == 40
-                     and _sum(t, "embedfleet_bulk_lag") == 0)
+    after = _settled(
+        fleet,
+        "gateway",
+        lambda t: (
+            _sum(t, "embedfleet_job_documents", job_id=job, state="done") == 40 and _sum(t, "embedfleet_bulk_lag") == 0
+        ),
+    )
     assert value(after, "embedfleet_job_documents", job_id=job, model=MODEL, state="failed") == 0
     assert _sum(after, "embedfleet_bulk_lag", stage="tokenizer") == 0
     assert has(after, "embedfleet_bulk_metrics_updated")
 
     worker_text = fleet.scrape("worker")
-    assert _delta(before["worker"], worker_text, "embedfleet_worker_tokens_total", model=MODEL, queue="bulk") == state["tokens"]
+    assert (
+        _delta(before["worker"], worker_text, "embedfleet_worker_tokens_total", model=MODEL, queue="bulk")
+        == state["tokens"]
+    )
     assert _delta(before["worker"], worker_text, "embedfleet_worker_rows_total", model=MODEL, queue="bulk") == 40
     assert _delta(before["worker"], worker_text, "embedfleet_worker_batches_total", model=MODEL, queue="bulk") >= 1
     tokenizer = fleet.scrape("tokenizer")
     assert _delta(before["tokenizer"], tokenizer, "embedfleet_tokenizer_bulk_batches_total", model=MODEL) == 3
     assert _delta(before["tokenizer"], tokenizer, "embedfleet_tokenizer_inputs_total", model=MODEL, queue="bulk") == 40
-    assert _delta(before["tokenizer"], tokenizer, "embedfleet_tokenizer_tokens_total", model=MODEL, queue="bulk") == state["tokens"]
+    assert (
+        _delta(before["tokenizer"], tokenizer, "embedfleet_tokenizer_tokens_total", model=MODEL, queue="bulk")
+        == state["tokens"]
+    )

@@ -39,8 +39,22 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict[str, Path
         "bert-cls": build("bert", root, classifier=True, num_labels=1),
     }
     port = free_port()
-    args = ["--nats", nats_url, "--subject-prefix", PREFIX, "--port", str(port), "--default-model", SECOND,
-            "--model", str(folders["bert"]), "--model", f"{SECOND}={folders[SECOND]}", "--model", str(folders["bert-cls"])]
+    args = [
+        "--nats",
+        nats_url,
+        "--subject-prefix",
+        PREFIX,
+        "--port",
+        str(port),
+        "--default-model",
+        SECOND,
+        "--model",
+        str(folders["bert"]),
+        "--model",
+        f"{SECOND}={folders[SECOND]}",
+        "--model",
+        str(folders["bert-cls"]),
+    ]
     # a fixed engine budget, inherited by the three workers: test_up runs the start-up calibration
     up = Service("up", args, tmp_path_factory.mktemp("multi-logs"), {"EMBEDFLEET_MAX_BATCH_TOKENS": "1024"})
     try:
@@ -108,8 +122,11 @@ def test_the_cross_encoder_reranks_by_its_name(fleet):
     query, docs = "how do I read a file line by line", medium_texts(12)
     logits = hf_reference_logits(folders["bert-cls"], [(query, d) for d in docs])[:, 0]
     assert np.ptp(logits) > 0.1
-    r = httpx.post(f"{base}/v1/rerank", json={"model": "bert-cls", "query": query, "documents": docs, "top_n": len(docs)},
-                   timeout=120)
+    r = httpx.post(
+        f"{base}/v1/rerank",
+        json={"model": "bert-cls", "query": query, "documents": docs, "top_n": len(docs)},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     assert sorted(x["index"] for x in results) == list(range(len(docs)))
@@ -156,7 +173,10 @@ def refs(fleet) -> dict:
     # the named model and the default answer apart, so a route that answered the default would fail
     assert cosines(vectors["bert"], vectors[SECOND]).max() < 0.99
     return {
-        "texts": texts, "docs": docs, "vectors": vectors, "doc_vectors": doc_vectors,
+        "texts": texts,
+        "docs": docs,
+        "vectors": vectors,
+        "doc_vectors": doc_vectors,
         "logits": hf_reference_logits(folders[CROSS], [(QUERY, d) for d in docs])[:, 0],
         "tokenizers": {name: Tokenizer.from_file(str(folders[name] / "tokenizer.json")) for name in ("bert", SECOND)},
     }
@@ -199,8 +219,11 @@ def test_openai_routes_answer_the_named_model(fleet, refs, path):
 def test_tei_embed_answers_the_named_model(fleet, refs):
     base, _, _ = fleet
     _is_berts(_ok(base, "/embed", {"model": "bert", "inputs": refs["texts"]}).json(), refs)
-    packed = msgpack.unpackb(_ok(base, "/embed", {"model": "bert", "inputs": refs["texts"]},
-                                 headers={"accept": "application/msgpack"}).content)
+    packed = msgpack.unpackb(
+        _ok(
+            base, "/embed", {"model": "bert", "inputs": refs["texts"]}, headers={"accept": "application/msgpack"}
+        ).content
+    )
     assert packed["model"] == "bert"
     _is_berts(np.frombuffer(packed["data"], packed["dtype"]).reshape(packed["shape"]), refs)
 
@@ -215,7 +238,9 @@ def test_cohere_embed_answers_the_named_model(fleet, refs, path):
 def test_similarity_answers_the_named_model(fleet, refs):
     base, _, _ = fleet
     texts = refs["texts"]
-    got = _ok(base, "/similarity", {"model": "bert", "inputs": {"source_sentence": texts[0], "sentences": texts[1:]}}).json()
+    got = _ok(
+        base, "/similarity", {"model": "bert", "inputs": {"source_sentence": texts[0], "sentences": texts[1:]}}
+    ).json()
     want = {name: cosines(v[1:], np.repeat(v[:1], len(v) - 1, axis=0)) for name, v in refs["vectors"].items()}
     assert np.abs(want["bert"] - want[SECOND]).max() > 0.05  # the default's cosines are others
     np.testing.assert_allclose(got, want["bert"], atol=1e-4)
@@ -228,7 +253,10 @@ def test_embed_all_answers_the_named_models_token_states(fleet, refs):
     base, folders, _ = fleet
     texts = refs["texts"][:3]
     got = _ok(base, "/embed_all", {"model": "bert", "inputs": texts, "output": "tokens"}).json()
-    tokenizer, model = AutoTokenizer.from_pretrained(str(folders["bert"])), AutoModel.from_pretrained(str(folders["bert"])).eval()
+    tokenizer, model = (
+        AutoTokenizer.from_pretrained(str(folders["bert"])),
+        AutoModel.from_pretrained(str(folders["bert"])).eval(),
+    )
     with torch.no_grad():
         for text, states in zip(texts, got):
             want = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].numpy()
@@ -243,7 +271,10 @@ def test_embed_sparse_weighs_the_named_model(fleet):
     base, _, _ = fleet
     r = httpx.post(f"{base}/embed_sparse", json={"model": "bert", "inputs": ["x"]}, timeout=60)
     assert r.status_code == 400, r.text
-    assert r.json() == {"error": "bert makes no sparse vectors (serve a SPLADE or BGE-M3 model)", "error_type": "Validation"}
+    assert r.json() == {
+        "error": "bert makes no sparse vectors (serve a SPLADE or BGE-M3 model)",
+        "error_type": "Validation",
+    }
 
 
 @pytest.mark.parametrize("name", ["bert", SECOND])
@@ -312,10 +343,15 @@ def test_info_describes_the_model_of_its_query(fleet):
     cross = info(f"?model={CROSS}")
     assert cross["model_id"] == CROSS
     assert cross["model_type"] == {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
-    assert cross["max_input_length"] == json.loads((folders[CROSS] / "config.json").read_text())["max_position_embeddings"]
+    assert (
+        cross["max_input_length"] == json.loads((folders[CROSS] / "config.json").read_text())["max_position_embeddings"]
+    )
     bert = info("?model=bert")
     assert (bert["model_id"], bert["model_type"]) == ("bert", {"embedding": {"pooling": "mean"}})
-    assert bert["max_input_length"] == json.loads((folders["bert"] / "sentence_bert_config.json").read_text())["max_seq_length"]
+    assert (
+        bert["max_input_length"]
+        == json.loads((folders["bert"] / "sentence_bert_config.json").read_text())["max_seq_length"]
+    )
     assert info("")["model_id"] == SECOND
 
 
@@ -323,13 +359,23 @@ def test_info_describes_the_model_of_its_query(fleet):
 _OPENAI_404 = ["/v1/embeddings", "/embeddings", "/v1/rerank", "/v1/jobs"]
 _COHERE_404 = ["/v1/embed", "/v2/embed", "/v2/rerank"]
 _BODIES = {
-    "/v1/embeddings": {"input": "x"}, "/embeddings": {"input": "x"},
-    "/v1/rerank": {"query": "q", "documents": ["a"]}, "/v1/jobs": {"documents": [{"id": "a", "text": "x"}]},
-    "/v1/embed": {"texts": ["x"]}, "/v2/embed": {"texts": ["x"]}, "/v2/rerank": {"query": "q", "documents": ["a"]},
-    "/embed": {"inputs": "x"}, "/embed_sparse": {"inputs": "x"}, "/embed_all": {"inputs": "x"}, "/tokenize": {"inputs": "x"},
-    "/rerank": {"query": "q", "texts": ["a"]}, "/predict": {"inputs": "x"},
-    "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, "/decode": {"ids": [1, 2]},
-    "/": {"inputs": "x"}, "/invocations": {"inputs": "x"},
+    "/v1/embeddings": {"input": "x"},
+    "/embeddings": {"input": "x"},
+    "/v1/rerank": {"query": "q", "documents": ["a"]},
+    "/v1/jobs": {"documents": [{"id": "a", "text": "x"}]},
+    "/v1/embed": {"texts": ["x"]},
+    "/v2/embed": {"texts": ["x"]},
+    "/v2/rerank": {"query": "q", "documents": ["a"]},
+    "/embed": {"inputs": "x"},
+    "/embed_sparse": {"inputs": "x"},
+    "/embed_all": {"inputs": "x"},
+    "/tokenize": {"inputs": "x"},
+    "/rerank": {"query": "q", "texts": ["a"]},
+    "/predict": {"inputs": "x"},
+    "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["b"]}},
+    "/decode": {"ids": [1, 2]},
+    "/": {"inputs": "x"},
+    "/invocations": {"inputs": "x"},
 }
 
 
@@ -340,7 +386,9 @@ def test_an_unknown_model_is_404_on_every_route(fleet, path):
     r = httpx.post(f"{base}{path}", json={**_BODIES[path], "model": "missing"}, timeout=60)
     assert r.status_code == 404, r.text
     if path in _OPENAI_404:
-        want = {"error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+        want = {
+            "error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+        }
     elif path in _COHERE_404:
         want = {"message": message}
     else:
@@ -361,8 +409,10 @@ def test_info_of_an_unknown_model_is_404(fleet):
     base, folders, _ = fleet
     r = httpx.get(f"{base}/info", params={"model": "missing"}, timeout=30)
     assert r.status_code == 404, r.text
-    assert r.json() == {"error": f"model 'missing' is not served here; available: {', '.join(sorted(folders))}",
-                        "error_type": "Validation"}
+    assert r.json() == {
+        "error": f"model 'missing' is not served here; available: {', '.join(sorted(folders))}",
+        "error_type": "Validation",
+    }
 
 
 # -- readiness of every model: last, as it adds a model to the fleet and takes it away -------------------
@@ -386,8 +436,16 @@ def test_health_all_waits_for_every_model(fleet, nats_url, tmp_path):
     try:
         wait_until(lambda: _health(base, "?all=1")[0] == 503, 60, "the late model's tokenizer", [tokenizer])
         status, body = _health(base, "?all=1")
-        assert (status, body["waiting"], body["tokenizers"], body["workers"]) == (503, ["late"], sorted([*served, "late"]), served)
-        assert body["error"] == "not served yet (a tokenizer and a worker each): late" and body["error_type"] == "Unhealthy"
+        assert (status, body["waiting"], body["tokenizers"], body["workers"]) == (
+            503,
+            ["late"],
+            sorted([*served, "late"]),
+            served,
+        )
+        assert (
+            body["error"] == "not served yet (a tokenizer and a worker each): late"
+            and body["error_type"] == "Unhealthy"
+        )
         status, body = _health(base)  # liveness: some model is served (those whose processes answered first)
         assert (status, body["status"]) == (200, "ok") and set(body["models"]) <= set(served), body
         assert _health(base, "?model=late&model=bert")[1]["waiting"] == ["late"]

@@ -95,8 +95,14 @@ def check(tmp_path, model_info, monkeypatch) -> Callable[..., None]:
     serves; one with ``bad`` logs ``refused`` and keeps trying (the server logs ``server_error`` for
     each try) until SIGTERM ends it at once; no log holds any of ``secrets``."""
 
-    def run(server: EmbeddedNats, good: Credentials, bad: Credentials, secrets: list[str],
-            refused: str = AUTH_REFUSED, server_error: str = SERVER_AUTH_ERROR) -> None:
+    def run(
+        server: EmbeddedNats,
+        good: Credentials,
+        bad: Credentials,
+        secrets: list[str],
+        refused: str = AUTH_REFUSED,
+        server_error: str = SERVER_AUTH_ERROR,
+    ) -> None:
         log_dir = tmp_path / "logs"
         log_dir.mkdir(exist_ok=True)
         serving = Service("tokenizer", good.args, log_dir, good.env)
@@ -104,9 +110,13 @@ def check(tmp_path, model_info, monkeypatch) -> Callable[..., None]:
         server_log = server.data_dir / "nats-server.log"
         try:
             assert asyncio.run(_tokenize(good.config(monkeypatch), model_info.id, serving, 60)) == HELLO_WORLD
-            wait_until(lambda: refused in refused_one.log(), 30, f"{refused!r} in the refused tokenizer's log", [refused_one])
+            wait_until(
+                lambda: refused in refused_one.log(), 30, f"{refused!r} in the refused tokenizer's log", [refused_one]
+            )
             tries = server_log.read_text().count(server_error)
-            wait_until(lambda: server_log.read_text().count(server_error) >= tries + 2, 30, "two more tries", [refused_one])
+            wait_until(
+                lambda: server_log.read_text().count(server_error) >= tries + 2, 30, "two more tries", [refused_one]
+            )
             assert refused_one.alive
         finally:
             codes = (serving.stop(timeout=20), refused_one.stop(timeout=20))
@@ -124,8 +134,16 @@ def test_user_and_password(tmp_path, check):
     password = "pw-" + os.urandom(8).hex()
     server = EmbeddedNats(tmp_path / "nats", config=f'authorization {{\n  user: svc\n  password: "{password}"\n}}\n')
     with server:
-        good = Credentials(["--nats", server.url, "--nats-user", "svc",
-                            "--nats-password-file", write(tmp_path / "password", password + "\n")])
+        good = Credentials(
+            [
+                "--nats",
+                server.url,
+                "--nats-user",
+                "svc",
+                "--nats-password-file",
+                write(tmp_path / "password", password + "\n"),
+            ]
+        )
         # the wrong password inside the URL: the URL that is logged must not show it
         wrong = "pw-wrong-" + os.urandom(8).hex()
         bad = Credentials(["--nats", server.url.replace("nats://", f"nats://svc:{wrong}@")])
@@ -142,9 +160,19 @@ def test_token(tmp_path, check):
         check(server, good, bad, [token, wrong])
         # the one-shot commands connect the same way: init creates the streams
         init = subprocess.run(
-            [sys.executable, "-m", "services.cli", "init", "--nats", server.url,
-             "--nats-token-file", write(tmp_path / "token", token)],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "init",
+                "--nats",
+                server.url,
+                "--nats-token-file",
+                write(tmp_path / "token", token),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert init.returncode == 0, init.stderr
     assert f"are in place on {server.url}" in init.stdout
@@ -183,7 +211,9 @@ def test_tls_without_the_ca_is_refused(tmp_path, check):
     ca = CertificateAuthority(tmp_path / "tls")
     server = EmbeddedNats(tmp_path / "nats", config=_tls_config(ca))
     with server:
-        good = Credentials(["--nats", server.url, "--nats-tls-ca", str(ca.pem.cert), "--nats-tls-hostname", SERVER_NAME])
+        good = Credentials(
+            ["--nats", server.url, "--nats-tls-ca", str(ca.pem.cert), "--nats-tls-hostname", SERVER_NAME]
+        )
         bad = Credentials(["--nats", server.url, "--nats-tls-hostname", SERVER_NAME])  # the system's CAs only
         check(server, good, bad, [], refused="TLS failed", server_error=SERVER_TLS_ERROR)
 
@@ -191,14 +221,20 @@ def test_tls_without_the_ca_is_refused(tmp_path, check):
 def test_mutual_tls_maps_the_client_certificate_to_a_user(tmp_path, check):
     ca = CertificateAuthority(tmp_path / "tls")
     client = ca.client("svc@embedfleet.test")
-    config = _tls_config(ca, client_certificates=True) + 'authorization {\n  users: [{user: "svc@embedfleet.test"}]\n}\n'
+    config = (
+        _tls_config(ca, client_certificates=True) + 'authorization {\n  users: [{user: "svc@embedfleet.test"}]\n}\n'
+    )
     server = EmbeddedNats(tmp_path / "nats", config=config)
     with server:
         tls = ["--nats-tls-ca", str(ca.pem.cert), "--nats-tls-hostname", SERVER_NAME]
-        good = Credentials(["--nats", server.url, *tls, "--nats-tls-cert", str(client.cert), "--nats-tls-key", str(client.key)])
+        good = Credentials(
+            ["--nats", server.url, *tls, "--nats-tls-cert", str(client.cert), "--nats-tls-key", str(client.key)]
+        )
         # a certificate from the right CA for a user the server does not know
         stranger = ca.client("stranger@embedfleet.test")
-        bad = Credentials(["--nats", server.url, *tls, "--nats-tls-cert", str(stranger.cert), "--nats-tls-key", str(stranger.key)])
+        bad = Credentials(
+            ["--nats", server.url, *tls, "--nats-tls-cert", str(stranger.cert), "--nats-tls-key", str(stranger.key)]
+        )
         check(server, good, bad, [])
 
 
@@ -222,9 +258,23 @@ def test_up_runs_the_stack_over_tls_with_a_password_from_its_url(tmp_path, model
         env = {**os.environ, "EMBEDFLEET_MAX_BATCH_TOKENS": "1024", "OMP_NUM_THREADS": "1"}
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--nats", url,
-                 "--nats-tls-ca", str(ca.pem.cert), "--nats-tls-hostname", SERVER_NAME],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
+                [
+                    sys.executable,
+                    "-m",
+                    "services.cli",
+                    "up",
+                    "--port",
+                    str(port),
+                    "--nats",
+                    url,
+                    "--nats-tls-ca",
+                    str(ca.pem.cert),
+                    "--nats-tls-hostname",
+                    SERVER_NAME,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         try:
             wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
@@ -234,8 +284,11 @@ def test_up_runs_the_stack_over_tls_with_a_password_from_its_url(tmp_path, model
             assert len(children) == 4  # tokenizer, worker, scorer, gateway
             for child in children:
                 assert password not in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings",
-                           json={"model": model_info.id, "input": ["hello world", "over TLS"]}, timeout=60)
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/embeddings",
+                json={"model": model_info.id, "input": ["hello world", "over TLS"]},
+                timeout=60,
+            )
             assert r.status_code == 200, r.text
             vectors = [d["embedding"] for d in r.json()["data"]]
             assert [len(v) for v in vectors] == [384, 384]

@@ -33,8 +33,12 @@ pytestmark = pytest.mark.integration
 PREFIX = "outputs"
 SPLADE = "splade-max-relu"
 COSINE = 0.9999
-TEXTS = ["hello world, a test!", "the quick brown fox jumps over the lazy dog.", "x",
-         "search: sparse, dense; multi-vector? " * 6]
+TEXTS = [
+    "hello world, a test!",
+    "the quick brown fox jumps over the lazy dog.",
+    "x",
+    "search: sparse, dense; multi-vector? " * 6,
+]
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +143,9 @@ def test_token_states_and_quantized_token_vectors(fleet):
             want = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].numpy()
             assert np.asarray(states).shape == want.shape and np.abs(np.asarray(states) - want).max() < 1e-4
     # token vectors in int8 and binary, made on the worker
-    floats = [np.asarray(v, np.float32) for v in _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS}).json()]
+    floats = [
+        np.asarray(v, np.float32) for v in _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS}).json()
+    ]
     ints = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "int8"})
     bits = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "ubinary"})
     assert ints.status_code == 200 and bits.status_code == 200, ints.text + bits.text
@@ -162,7 +168,9 @@ def test_outputs_a_model_lacks_are_refused_clearly(fleet):
 
 
 def _reindex(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "reindex", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "reindex", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_bulk_jobs_write_sparse_and_multi_vector_rows(fleet, nats_url, tmp_path):
@@ -212,22 +220,50 @@ def _http_job(base_url: str, job: str, model: str, output: str, texts: list[str]
     from tests.integration.procs import wait_until
 
     ids = [f"{job}-{i}" for i in range(len(texts))]
-    r = _post(base_url, "/v1/jobs", {"id": job, "model": model, "output": output, "batch_size": 3,
-                                     "documents": [{"id": d, "text": t} for d, t in zip(ids, texts)]})
+    r = _post(
+        base_url,
+        "/v1/jobs",
+        {
+            "id": job,
+            "model": model,
+            "output": output,
+            "batch_size": 3,
+            "documents": [{"id": d, "text": t} for d, t in zip(ids, texts)],
+        },
+    )
     assert r.status_code == 202, r.text
     wait_until(lambda: httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done", 120, job)
     lines = httpx.get(f"{base_url}/v1/jobs/{job}/results", timeout=60)
     assert lines.status_code == 200 and lines.headers["x-job-output"] == output, lines.text[:300]
     vectors = {line["id"]: line["vector"] for line in map(json.loads, lines.text.splitlines())}
     assert sorted(vectors) == sorted(ids)
-    table = httpx.get(f"{base_url}/v1/jobs/{job}/results", headers={"accept": "application/vnd.apache.parquet"}, timeout=60)
+    table = httpx.get(
+        f"{base_url}/v1/jobs/{job}/results", headers={"accept": "application/vnd.apache.parquet"}, timeout=60
+    )
     assert table.status_code == 200, table.text[:300]
     return ids, vectors, pq.read_table(io.BytesIO(table.content))
 
 
 def _fetch(nats_url: str, job: str, out) -> None:
-    done = subprocess.run([sys.executable, "-m", "services.cli", "jobs", "fetch", job, "--out", str(out), "--nats", nats_url,
-                           "--subject-prefix", PREFIX], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "jobs",
+            "fetch",
+            job,
+            "--out",
+            str(out),
+            "--nats",
+            nats_url,
+            "--subject-prefix",
+            PREFIX,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(out.with_suffix(".ids.json").read_text()) == [f"{job}-{i}" for i in range(len(TEXTS) * 2)]
 
@@ -266,7 +302,7 @@ def test_http_jobs_of_sparse_and_multi_vector_rows_read_back(fleet, nats_url, tm
     stored = np.load(tmp_path / "multi.npz")
     vectors, offsets = stored["vectors"], stored["offsets"]
     for i, doc in enumerate(ids):
-        np.testing.assert_array_equal(vectors[offsets[i]: offsets[i + 1]], np.asarray(rows[doc], np.float32))
+        np.testing.assert_array_equal(vectors[offsets[i] : offsets[i + 1]], np.asarray(rows[doc], np.float32))
 
 
 def test_sparse_jobs_run_in_batches_whose_vectors_fit_a_message(fleet, nats_url, tmp_path):
@@ -280,17 +316,37 @@ def test_sparse_jobs_run_in_batches_whose_vectors_fit_a_message(fleet, nats_url,
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     out = tmp_path / "sparse.npz"
-    result = _reindex([str(docs), "--out", str(out), "--model", SPLADE, "--output", "sparse", "--nats", nats_url,
-                       "--subject-prefix", PREFIX, "--quiet", "--stall-timeout", "120"])
+    result = _reindex(
+        [
+            str(docs),
+            "--out",
+            str(out),
+            "--model",
+            SPLADE,
+            "--output",
+            "sparse",
+            "--nats",
+            nats_url,
+            "--subject-prefix",
+            PREFIX,
+            "--quiet",
+            "--stall-timeout",
+            "120",
+        ]
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith(f"reindex: batch size cut from 64 to 34: a document's sparse vectors from {SPLADE} "
-                                    "may take 244,188 bytes, and a batch's results must fit in one NATS message of "
-                                    "8,388,608 bytes (max_payload)\n"), result.stdout
+    assert result.stdout.startswith(
+        f"reindex: batch size cut from 64 to 34: a document's sparse vectors from {SPLADE} "
+        "may take 244,188 bytes, and a batch's results must fit in one NATS message of "
+        "8,388,608 bytes (max_payload)\n"
+    ), result.stdout
     assert f"{len(texts)} documents in 3 batches" in result.stdout
     job = result.stdout.split("\njob ", 1)[1].split(":", 1)[0]
     assert scipy.sparse.load_npz(out).shape == (len(texts), 30522)
     state = httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json()
-    assert (state["status"], state["done"], state.get("failed", 0), state["batches"]) == ("done", len(texts), 0, 3), state
+    assert (state["status"], state["done"], state.get("failed", 0), state["batches"]) == ("done", len(texts), 0, 3), (
+        state
+    )
 
     body = {"model": SPLADE, "output": "sparse", "documents": [{"id": f"h{i}", "text": t} for i, t in enumerate(texts)]}
     r = _post(base_url, "/v1/jobs", body)
@@ -301,4 +357,6 @@ def test_sparse_jobs_run_in_batches_whose_vectors_fit_a_message(fleet, nats_url,
     while (state := httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())["status"] == "running":
         assert time.monotonic() < deadline, state
         time.sleep(0.5)
-    assert (state["status"], state["done"], state.get("failed", 0), state["batches"]) == ("done", len(texts), 0, 3), state
+    assert (state["status"], state["done"], state.get("failed", 0), state["batches"]) == ("done", len(texts), 0, 3), (
+        state
+    )

@@ -48,15 +48,20 @@ class Fabric:
 
 
 def _cli(*args: str, seed: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args, "--nats-nkey-seed", seed],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args, "--nats-nkey-seed", seed],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory) -> Iterator[Fabric]:
     folder = tmp_path_factory.mktemp("fabric")
-    made = subprocess.run([sys.executable, "-m", "services.cli", "auth", str(folder / "auth")], capture_output=True,
-                          text=True, timeout=60)
+    made = subprocess.run(
+        [sys.executable, "-m", "services.cli", "auth", str(folder / "auth")], capture_output=True, text=True, timeout=60
+    )
     assert made.returncode == 0, made.stderr
     conf = folder / "auth" / "auth.conf"
     server = EmbeddedNats(folder / "nats", config=conf.read_text())
@@ -76,15 +81,25 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
             "scorer": [],
             "gateway": ["--port", str(port), "--job-sinks", f"lancedb://{folder / 'lance'}"],
         }
-        services = {role: Service(role, [*common, *args, "--nats-nkey-seed", str(seeds / f"{role}.nk")], folder,
-                                  {"OMP_NUM_THREADS": "1"} if role == "worker" else None)
-                    for role, args in role_args.items()}
+        services = {
+            role: Service(
+                role,
+                [*common, *args, "--nats-nkey-seed", str(seeds / f"{role}.nk")],
+                folder,
+                {"OMP_NUM_THREADS": "1"} if role == "worker" else None,
+            )
+            for role, args in role_args.items()
+        }
         base_url = f"http://127.0.0.1:{port}"
         procs = list(services.values())
         try:
             wait_until(lambda: healthy(base_url), 180, "gateway health", procs)
-            wait_until(lambda: count_services(server.url, "worker", nkey_seed=str(seeds / "operator.nk")) == 1, 60,
-                       "the worker", procs)
+            wait_until(
+                lambda: count_services(server.url, "worker", nkey_seed=str(seeds / "operator.nk")) == 1,
+                60,
+                "the worker",
+                procs,
+            )
             fabric = Fabric(server, seeds, base_url, services)
             fabric.tokenizer_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
             fabric.worker_metrics = f"http://127.0.0.1:{worker_metrics}/metrics"
@@ -109,21 +124,34 @@ def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
     job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 8}, timeout=60)
     assert job.status_code == 202, job.text
     job_id = job.json()["id"]
-    wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}", timeout=10).json().get("status") == "done",
-               120, "the gateway's job", list(fabric.services.values()))
+    wait_until(
+        lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}", timeout=10).json().get("status") == "done",
+        120,
+        "the gateway's job",
+        list(fabric.services.values()),
+    )
     # the job publisher: embedfleet reindex under its own user publishes, follows and collects a job
     source = tmp_path / "docs.jsonl"
     source.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts[:10])))
     out = tmp_path / "vectors.npy"
-    done = _cli("reindex", str(source), "--out", str(out), "--nats", fabric.server.url, "--quiet",
-                seed=fabric.seed("publisher"))
+    done = _cli(
+        "reindex", str(source), "--out", str(out), "--nats", fabric.server.url, "--quiet", seed=fabric.seed("publisher")
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert np.load(out).shape == (10, 384)
     # the gateway reads the HTTP job's results back; the publisher fetches them to a file
     results = httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}/results", timeout=60)
     assert results.status_code == 200 and len(results.content.splitlines()) == 20, results.text[:300]
-    fetched = _cli("jobs", "fetch", job_id, "--out", str(tmp_path / "fetched.npy"), "--nats", fabric.server.url,
-                   seed=fabric.seed("publisher"))
+    fetched = _cli(
+        "jobs",
+        "fetch",
+        job_id,
+        "--out",
+        str(tmp_path / "fetched.npy"),
+        "--nats",
+        fabric.server.url,
+        seed=fabric.seed("publisher"),
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert np.load(tmp_path / "fetched.npy").shape == (20, 384)
     # the operator lists the jobs
@@ -159,12 +187,19 @@ def test_the_gateway_writes_a_job_into_a_store_under_its_permissions(fabric):
 
     lance = fabric.server.data_dir.parent / "lance"
     docs = [{"id": f"s{i}", "text": t, "n": i} for i, t in enumerate(mixed_texts(12))]
-    job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 4, "with_text": True,
-                                                         "sink": f"lancedb://{lance}?table=permitted"}, timeout=60)
+    job = httpx.post(
+        f"{fabric.base_url}/v1/jobs",
+        json={"documents": docs, "batch_size": 4, "with_text": True, "sink": f"lancedb://{lance}?table=permitted"},
+        timeout=60,
+    )
     assert job.status_code == 202, job.text
     job_id = job.json()["id"]
-    wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}", timeout=10).json().get("status") == "done",
-               120, "the gateway's sink job", list(fabric.services.values()))
+    wait_until(
+        lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}", timeout=10).json().get("status") == "done",
+        120,
+        "the gateway's sink job",
+        list(fabric.services.values()),
+    )
     rows = lancedb.connect(str(lance)).open_table("permitted").to_arrow().to_pylist()
     assert sorted((r["id"], r["text"]) for r in rows) == sorted((d["id"], d["text"]) for d in docs)
     assert fabric.violations() == []
@@ -184,12 +219,15 @@ def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
     alone = httpx.post(f"{fabric.base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=60).json()
 
     def bundled() -> tuple[float, float]:
-        return (_counter(fabric.tokenizer_metrics, "embedfleet_tokenizer_bundled_total"),
-                _counter(fabric.worker_metrics, "embedfleet_worker_bundled_total"))
+        return (
+            _counter(fabric.tokenizer_metrics, "embedfleet_tokenizer_bundled_total"),
+            _counter(fabric.worker_metrics, "embedfleet_worker_bundled_total"),
+        )
 
     async def together() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=fabric.base_url, timeout=60,
-                                     limits=httpx.Limits(max_connections=64)) as client:
+        async with httpx.AsyncClient(
+            base_url=fabric.base_url, timeout=60, limits=httpx.Limits(max_connections=64)
+        ) as client:
             posts = [client.post("/v1/embeddings", json={"model": MODEL, "input": t}) for t in texts]
             bad = [client.post("/embed", json={"inputs": t, "prompt_name": "nope"}) for t in texts[:8]]
             return await asyncio.gather(*posts, *bad)
@@ -201,7 +239,7 @@ def test_requests_sent_together_are_answered_each_under_the_permissions(fabric):
             assert r.status_code == 200, r.text
             got = np.array(r.json()["data"][0]["embedding"])
             assert float(got @ np.array(want["embedding"])) > 0.9999, text
-        for r in answers[len(texts):]:
+        for r in answers[len(texts) :]:
             assert r.status_code == 400 and "the model has no prompt 'nope'" in r.json()["error"], r.text
         now = bundled()
         if now[0] > before[0] and now[1] > before[1]:
@@ -220,8 +258,14 @@ def test_a_worker_answers_every_batch_of_one_message_on_its_subject(fabric):
 
     inbox = "_INBOX.embedfleet-tokenizer.bundle"
     rows = [[101, 7592, 102], [101, 99999, 102], [101, 2088, 102]]  # the second: outside the vocabulary
-    chunks = [encode(TokenChunk(f"b{i}", MODEL, 0, 1, np.array(ids, "<i4"), np.array([0, 3], "<i4"), time.time() + 30,
-                                replies=True)) for i, ids in enumerate(rows)]
+    chunks = [
+        encode(
+            TokenChunk(
+                f"b{i}", MODEL, 0, 1, np.array(ids, "<i4"), np.array([0, 3], "<i4"), time.time() + 30, replies=True
+            )
+        )
+        for i, ids in enumerate(rows)
+    ]
     bundle = encode(Requests([f"{inbox}.{i}" for i in range(3)], [""] * 3, chunks))
 
     async def ask() -> tuple[list, list[str]]:
@@ -230,8 +274,13 @@ def test_a_worker_answers_every_batch_of_one_message_on_its_subject(fabric):
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
-        nc = await nats.connect(fabric.server.url, nkeys_seed=fabric.seed("tokenizer"), error_cb=on_error,
-                                inbox_prefix="_INBOX.embedfleet-tokenizer", allow_reconnect=False)
+        nc = await nats.connect(
+            fabric.server.url,
+            nkeys_seed=fabric.seed("tokenizer"),
+            error_cb=on_error,
+            inbox_prefix="_INBOX.embedfleet-tokenizer",
+            allow_reconnect=False,
+        )
         got: list = []
         try:
             sub = await nc.subscribe(f"{inbox}.*")
@@ -241,8 +290,11 @@ def test_a_worker_answers_every_batch_of_one_message_on_its_subject(fabric):
                 msg = await sub.next_msg(timeout=30)
                 got.append(msg.subject)
                 message = decode(msg.data)
-                for subject, payload in (zip(message.subjects, message.messages) if isinstance(message, Replies)
-                                         else [(msg.subject, msg.data)]):
+                for subject, payload in (
+                    zip(message.subjects, message.messages)
+                    if isinstance(message, Replies)
+                    else [(msg.subject, msg.data)]
+                ):
                     answered[subject] = decode(payload)
             return [answered[f"{inbox}.{i}"] for i in range(3)], got + errors
         finally:
@@ -263,7 +315,9 @@ def test_a_tokenizer_cannot_answer_for_a_gateway_nor_read_its_inbox(fabric):
         await nc.subscribe("_INBOX.embedfleet-gateway.>")
         await nc.subscribe("_INBOX.>")
 
-    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act, 3))
+    errors = asyncio.run(
+        _violations(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act, 3)
+    )
     assert any('publish to "_inbox.embedfleet-gateway.forged.1"' in e.lower() for e in errors), errors
     assert any('subscription to "_inbox.embedfleet-gateway.>"' in e.lower() for e in errors), errors
     assert any('subscription to "_inbox.>"' in e.lower() for e in errors), errors
@@ -330,14 +384,17 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     subjects = Subjects()
 
     async def poison() -> dict:
-        nc = await nats.connect(fabric.server.url, nkeys_seed=fabric.seed("publisher"), inbox_prefix="_INBOX.embedfleet-reindex")
+        nc = await nats.connect(
+            fabric.server.url, nkeys_seed=fabric.seed("publisher"), inbox_prefix="_INBOX.embedfleet-reindex"
+        )
         js = nc.jetstream()
         kv = await ensure_streams(js, subjects)
         await update_state(kv, "poison", submitted(4, model=MODEL, batches=2, status="running"))
         good = JobBatch("poison", 0, MODEL, ["a", "b"], ["one", "two"], EmbedOptions())
         await js.publish(subjects.jobs(MODEL), encode(good), headers={"Nats-Msg-Id": "poison:0"})
-        bad = msgpack.packb({"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4],
-                             "o": {}})
+        bad = msgpack.packb(
+            {"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4], "o": {}}
+        )
         await js.publish(subjects.jobs(MODEL), bad, headers={"Nats-Msg-Id": "poison:1"})
         state = await job_settled(kv, "poison")
         await nc.close()
@@ -355,19 +412,37 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
 
     assert asyncio.run(dead_letter()).headers["Embedfleet-Stage"] == "tokenizer"
 
-    second = Service("worker", ["--nats", fabric.server.url, "--max-batch-tokens", "1024", "--nats-nkey-seed",
-                                fabric.seed("worker")], fabric.server.data_dir.parent, {"OMP_NUM_THREADS": "1"})
+    second = Service(
+        "worker",
+        ["--nats", fabric.server.url, "--max-batch-tokens", "1024", "--nats-nkey-seed", fabric.seed("worker")],
+        fabric.server.data_dir.parent,
+        {"OMP_NUM_THREADS": "1"},
+    )
     try:
-        wait_until(lambda: count_services(fabric.server.url, "worker", nkey_seed=fabric.seed("operator")) == 2, 120,
-                   "the second worker", [second])
+        wait_until(
+            lambda: count_services(fabric.server.url, "worker", nkey_seed=fabric.seed("operator")) == 2,
+            120,
+            "the second worker",
+            [second],
+        )
         docs = [{"id": f"f{i}", "text": t} for i, t in enumerate(mixed_texts(160))]
-        job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 8}, timeout=60).json()["id"]
+        job = httpx.post(f"{fabric.base_url}/v1/jobs", json={"documents": docs, "batch_size": 8}, timeout=60).json()[
+            "id"
+        ]
         first = fabric.services["worker"]
-        wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json().get("done", 0) > 0, 60,
-                   "the job under way", [first, second])
+        wait_until(
+            lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json().get("done", 0) > 0,
+            60,
+            "the job under way",
+            [first, second],
+        )
         assert first.stop() == 0  # drains: hands back what it has not started, says it is leaving
-        wait_until(lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done", 180,
-                   "the job, finished by the second worker", [second])
+        wait_until(
+            lambda: httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json().get("status") == "done",
+            180,
+            "the job, finished by the second worker",
+            [second],
+        )
         assert httpx.get(f"{fabric.base_url}/v1/jobs/{job}", timeout=10).json()["done"] == 160
     finally:
         fabric.services["worker"] = second  # the fixture stops it

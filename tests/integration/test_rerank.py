@@ -40,7 +40,11 @@ def _cosine_reference(reference, query: str, texts: list[str]) -> np.ndarray:
 
 def test_tei_rerank_with_the_bi_encoder(stack, reference):
     texts = mixed_texts(40)
-    r = httpx.post(f"{stack.base_url}/rerank", json={"query": QUERY, "texts": texts, "return_text": True, "truncate": True}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/rerank",
+        json={"query": QUERY, "texts": texts, "return_text": True, "truncate": True},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     rows = r.json()
     want = _cosine_reference(reference, QUERY, texts)
@@ -50,8 +54,13 @@ def test_tei_rerank_with_the_bi_encoder(stack, reference):
 
 def test_cohere_rerank_top_n_documents_and_errors(stack, reference):
     docs = mixed_texts(12)
-    body = {"model": "all-MiniLM-L6-v2", "query": QUERY, "documents": [{"text": d} for d in docs], "top_n": 3,
-            "return_documents": True}
+    body = {
+        "model": "all-MiniLM-L6-v2",
+        "query": QUERY,
+        "documents": [{"text": d} for d in docs],
+        "top_n": 3,
+        "return_documents": True,
+    }
     r = httpx.post(f"{stack.base_url}/v1/rerank", json=body, timeout=60)
     assert r.status_code == 200, r.text
     results = r.json()["results"]
@@ -74,9 +83,14 @@ def test_cosine_scores_stay_within_minus_one_and_one(stack):
     """A candidate equal to the query scores 1, never the 1.0000001 float32 rounding gives about a third
     of these texts unclipped (services/scorer/scoring.py)."""
     for query in mixed_texts(12):
-        for path, rows, score in (("/rerank", lambda b: b, "score"), ("/v1/rerank", lambda b: b["results"], "relevance_score")):
+        for path, rows, score in (
+            ("/rerank", lambda b: b, "score"),
+            ("/v1/rerank", lambda b: b["results"], "relevance_score"),
+        ):
             key = "texts" if path == "/rerank" else "documents"
-            r = httpx.post(f"{stack.base_url}{path}", json={"query": query, key: [query, QUERY], "truncate": True}, timeout=60)
+            r = httpx.post(
+                f"{stack.base_url}{path}", json={"query": query, key: [query, QUERY], "truncate": True}, timeout=60
+            )
             assert r.status_code == 200, r.text
             scores = [row[score] for row in rows(r.json())]
             assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] >= 1.0 - 1e-6, (path, query[:40], scores)
@@ -91,8 +105,16 @@ def cross_encoder(tmp_path_factory, nats_url, model_info) -> Iterator[tuple[str,
 
     folder = tmp_path_factory.mktemp("reranker") / "tiny-reranker"
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=512, num_labels=1, initializer_range=0.2)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        num_labels=1,
+        initializer_range=0.2,
+    )
     BertForSequenceClassification(config).eval().save_pretrained(folder, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(model_info.path / name, folder / name)
@@ -107,8 +129,12 @@ def cross_encoder(tmp_path_factory, nats_url, model_info) -> Iterator[tuple[str,
     ]
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: healthy(base) and count_services(nats_url, "scorer", prefix="xenc") == 1, 120,
-                   "the cross-encoder stack", services)
+        wait_until(
+            lambda: healthy(base) and count_services(nats_url, "scorer", prefix="xenc") == 1,
+            120,
+            "the cross-encoder stack",
+            services,
+        )
         yield base, folder
     finally:
         for s in services:
@@ -121,7 +147,9 @@ def _cross_reference(folder: Path, query: str, texts: list[str]) -> np.ndarray:
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = BertForSequenceClassification.from_pretrained(folder).eval()
-    batch = tok([query] * len(texts), texts, padding=True, truncation="only_second", max_length=512, return_tensors="pt")
+    batch = tok(
+        [query] * len(texts), texts, padding=True, truncation="only_second", max_length=512, return_tensors="pt"
+    )
     with torch.no_grad():
         return model(**batch).logits[:, 0].numpy()
 
@@ -133,7 +161,9 @@ def test_cross_encoder_scores_equal_transformers(cross_encoder):
     logits = _cross_reference(folder, QUERY, texts)
     assert np.ptp(logits) > 0.1  # scores differ, so the ordering means something
 
-    raw = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": texts, "raw_scores": True, "truncate": True}, timeout=120)
+    raw = httpx.post(
+        f"{base}/rerank", json={"query": QUERY, "texts": texts, "raw_scores": True, "truncate": True}, timeout=120
+    )
     assert raw.status_code == 200, raw.text
     rows = raw.json()
     _check_ranking([row["index"] for row in rows], [row["score"] for row in rows], logits, len(texts))
@@ -152,27 +182,37 @@ def test_cross_encoder_refuses_over_long_pairs_without_truncation(cross_encoder)
     long_text = " ".join(["word"] * 2000)
     r = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text]}, timeout=60)
     assert r.status_code == 413 and r.json()["error"].startswith("candidate 1 has "), r.text
-    ok = httpx.post(f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text], "truncate": True}, timeout=60)
+    ok = httpx.post(
+        f"{base}/rerank", json={"query": QUERY, "texts": ["short", long_text], "truncate": True}, timeout=60
+    )
     assert ok.status_code == 200 and len(ok.json()) == 2
 
 
 def test_a_cross_encoder_refuses_late_chunking(cross_encoder):
     """It has no token vectors to pool: 400 in the OpenAI shape, before any text is cut."""
     base, _ = cross_encoder
-    r = httpx.post(f"{base}/v1/embeddings", json={"model": "tiny-reranker", "input": ["a long text"],
-                                                    "chunking": {"size": 64, "late": True}}, timeout=30)
+    r = httpx.post(
+        f"{base}/v1/embeddings",
+        json={"model": "tiny-reranker", "input": ["a long text"], "chunking": {"size": 64, "late": True}},
+        timeout=30,
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "chunking.late" and error["type"] == "invalid_request_error", error
-    assert error["message"].startswith("late chunking pools an embedder's token vectors; tiny-reranker is a "
-                                       "cross-encoder"), error
+    assert error["message"].startswith(
+        "late chunking pools an embedder's token vectors; tiny-reranker is a cross-encoder"
+    ), error
 
 
 def test_an_over_long_query_is_named(stack):
-    r = httpx.post(f"{stack.base_url}/rerank", json={"query": " ".join(["word"] * 600), "texts": ["a", "b"]}, timeout=60)
+    r = httpx.post(
+        f"{stack.base_url}/rerank", json={"query": " ".join(["word"] * 600), "texts": ["a", "b"]}, timeout=60
+    )
     assert r.status_code == 413, r.text
-    assert r.json() == {"error": "the query has 602 tokens; the model's limit is 256 (send truncate=true to cut it)",
-                        "error_type": "Validation"}
+    assert r.json() == {
+        "error": "the query has 602 tokens; the model's limit is 256 (send truncate=true to cut it)",
+        "error_type": "Validation",
+    }
 
 
 def test_large_candidate_lists_are_split_and_merged(stack, reference):
@@ -181,8 +221,12 @@ def test_large_candidate_lists_are_split_and_merged(stack, reference):
     r = httpx.post(f"{stack.base_url}/v1/rerank", json={"query": QUERY, "documents": texts, "top_n": 200}, timeout=120)
     assert r.status_code == 200, r.text
     results = r.json()["results"]
-    _check_ranking([x["index"] for x in results], [x["relevance_score"] for x in results],
-                   _cosine_reference(reference, QUERY, texts), 200)
+    _check_ranking(
+        [x["index"] for x in results],
+        [x["relevance_score"] for x in results],
+        _cosine_reference(reference, QUERY, texts),
+        200,
+    )
     # without truncation, an over-long candidate is named by its index in the whole list
     texts = medium_texts(200)
     texts[150] = " ".join(["word"] * 600)

@@ -25,6 +25,7 @@ MODEL = "all-MiniLM-L6-v2"
 def _load_reporters(url: str, seconds: float = 1.5 * default("load_idle_interval")) -> dict[str, float]:
     """The workers that report their load within ``seconds`` (an idle one reports every
     --load-idle-interval): id -> their report interval."""
+
     async def listen() -> dict[str, float]:
         nc = await nats.connect(url)
         seen: dict[str, float] = {}
@@ -43,7 +44,9 @@ def _load_reporters(url: str, seconds: float = 1.5 * default("load_idle_interval
 
 
 def _embed_all(base: str, batches: list[list[str]]) -> list[int]:
-    return [httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": b}, timeout=60).status_code for b in batches]
+    return [
+        httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": b}, timeout=60).status_code for b in batches
+    ]
 
 
 def test_routing_survives_workers_leaving(tmp_path):
@@ -61,8 +64,12 @@ def test_routing_survives_workers_leaving(tmp_path):
     base = f"http://127.0.0.1:{port}"
     texts = medium_texts(64)
     try:
-        wait_until(lambda: healthy(base) and count_services(server.url, "worker") == 2, 120, "the stack",
-                   list(services.values()))
+        wait_until(
+            lambda: healthy(base) and count_services(server.url, "worker") == 2,
+            120,
+            "the stack",
+            list(services.values()),
+        )
         assert len(_load_reporters(server.url)) == 2  # both workers report their queue depth
         assert _embed_all(base, [texts] * 3) == [200] * 3
 

@@ -36,16 +36,36 @@ MODEL, RERANKER, PREFIX = "all-MiniLM-L6-v2", "tiny-reranker", "search"
 PASSWORD = "s3cret-pw"  # in the store's URL; the socket pgserver listens on trusts, so it is never checked
 SCORE_TOLERANCE = 1e-3  # a hit's score against the reference query's cosine with the stored vector
 QUERIES = [
-    "how do I read a file line by line", "what does the with statement do", "define a class with methods",
-    "catch an exception and raise another", "format a string with named fields", "sort a list of tuples by key",
-    "difference between a list and a tuple", "how are default arguments evaluated", "call a function with keyword arguments",
-    "iterate over a dictionary's items", "what is a generator expression", "import a module from a package",
-    "global and nonlocal variables", "comparison of objects of different types", "how does slicing work on sequences",
-    "what is the ellipsis literal", "boolean operations and short circuit", "operator precedence in expressions",
-    "lambda expressions and anonymous functions", "what does the yield statement return", "assert statement and optimization",
-    "the del statement removes names", "how do decorators wrap a function", "what are special method names",
-    "integer division and the modulo operator", "unicode strings and bytes literals", "the pass statement does nothing",
-    "how does the for loop use an iterator", "coroutines with async and await", "what is name binding and scope",
+    "how do I read a file line by line",
+    "what does the with statement do",
+    "define a class with methods",
+    "catch an exception and raise another",
+    "format a string with named fields",
+    "sort a list of tuples by key",
+    "difference between a list and a tuple",
+    "how are default arguments evaluated",
+    "call a function with keyword arguments",
+    "iterate over a dictionary's items",
+    "what is a generator expression",
+    "import a module from a package",
+    "global and nonlocal variables",
+    "comparison of objects of different types",
+    "how does slicing work on sequences",
+    "what is the ellipsis literal",
+    "boolean operations and short circuit",
+    "operator precedence in expressions",
+    "lambda expressions and anonymous functions",
+    "what does the yield statement return",
+    "assert statement and optimization",
+    "the del statement removes names",
+    "how do decorators wrap a function",
+    "what are special method names",
+    "integer division and the modulo operator",
+    "unicode strings and bytes literals",
+    "the pass statement does nothing",
+    "how does the for loop use an iterator",
+    "coroutines with async and await",
+    "what is name binding and scope",
 ]
 
 
@@ -117,17 +137,25 @@ def fleet(corpus, nats_url, model_info, tmp_path_factory) -> Iterator[Fleet]:
     logs.mkdir()
     common = ["--nats", nats_url, "--subject-prefix", PREFIX]
     scorer = Service("scorer", [*common, "--model", str(reranker), "--model-name", RERANKER], logs)
-    plain, started = start_fleet(nats_url, PREFIX, {MODEL: model_info.path, RERANKER: reranker}, logs, named=True,
-                                 extra=[scorer])
+    plain, started = start_fleet(
+        nats_url, PREFIX, {MODEL: model_info.path, RERANKER: reranker}, logs, named=True, extra=[scorer]
+    )
     ports = free_port(), free_port()
     services = {f"fleet-{i}": s for i, s in enumerate(started)}
-    services["gateway-pg"] = Service("gateway", [*common, "--port", str(ports[0]), "--search-model", MODEL],
-                                     logs, {"EMBEDFLEET_SEARCH_SINK": pg_url})
-    services["gateway-qdrant"] = Service("gateway", [*common, "--port", str(ports[1]), "--search-sink", qdrant_url], logs)
+    services["gateway-pg"] = Service(
+        "gateway", [*common, "--port", str(ports[0]), "--search-model", MODEL], logs, {"EMBEDFLEET_SEARCH_SINK": pg_url}
+    )
+    services["gateway-qdrant"] = Service(
+        "gateway", [*common, "--port", str(ports[1]), "--search-sink", qdrant_url], logs
+    )
     bases = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        wait_until(lambda: all(healthy(b) for b in bases) and count_services(nats_url, "scorer", prefix=PREFIX) == 1,
-                   120, "the search gateways and the scorer", list(services.values()))
+        wait_until(
+            lambda: all(healthy(b) for b in bases) and count_services(nats_url, "scorer", prefix=PREFIX) == 1,
+            120,
+            "the search gateways and the scorer",
+            list(services.values()),
+        )
         yield Fleet(plain, bases[0], bases[1], pg_url, pg_folder, services)
     finally:
         for s in services.values():
@@ -196,8 +224,11 @@ def test_rerank_orders_and_scores_the_candidates_as_v1_rerank_does(fleet, store)
     body = r.json()
     assert (body["model"], body["rerank_model"]) == (MODEL, RERANKER) and "x-rerank-time" in r.headers
     reranked = body["data"]
-    want = httpx.post(f"{base}/v1/rerank", json={"model": RERANKER, "query": QUERIES[1], "top_n": 8,
-                                                 "documents": [h["text"] for h in plain]}, timeout=120).json()["results"]
+    want = httpx.post(
+        f"{base}/v1/rerank",
+        json={"model": RERANKER, "query": QUERIES[1], "top_n": 8, "documents": [h["text"] for h in plain]},
+        timeout=120,
+    ).json()["results"]
     assert [h["id"] for h in reranked] == [plain[x["index"]]["id"] for x in want]
     np.testing.assert_allclose([h["rerank_score"] for h in reranked], [x["relevance_score"] for x in want], atol=1e-6)
     by_id = {h["id"]: h for h in plain}
@@ -211,25 +242,51 @@ def test_the_model_is_pinned_or_the_request_s(fleet):
     pinned = _search(fleet.pg, query=QUERIES[2], top_k=3)  # no model: --search-model
     assert pinned.status_code == 200 and pinned.json()["model"] == MODEL, pinned.text
     assert _search(fleet.pg, model=f"sentence-transformers/{MODEL}", query=QUERIES[2], top_k=3).status_code == 200
-    _error(_search(fleet.pg, model=RERANKER, query="q"), 400, "model",
-           f"the search store holds vectors of {MODEL}: leave 'model' out or name that one")
-    _error(_search(fleet.qdrant, model="no-such-model", query="q"), 404, "model", "model 'no-such-model' is not served here")
+    _error(
+        _search(fleet.pg, model=RERANKER, query="q"),
+        400,
+        "model",
+        f"the search store holds vectors of {MODEL}: leave 'model' out or name that one",
+    )
+    _error(
+        _search(fleet.qdrant, model="no-such-model", query="q"),
+        404,
+        "model",
+        "model 'no-such-model' is not served here",
+    )
     _error(_search(fleet.qdrant, model=RERANKER, query="q"), 400, "model", f"{RERANKER} is a cross-encoder")
 
 
 def test_rerank_models_that_are_no_rerankers_are_refused(fleet):
-    _error(_search(fleet.pg, query="q", rerank={"model": MODEL}), 400, "rerank.model",
-           f"{MODEL} is no reranker (its kind is embedding): 'rerank.model' names a cross-encoder ({RERANKER})")
-    _error(_search(fleet.pg, query="q", rerank={"model": "nobody"}), 404, "rerank.model", "model 'nobody' is not served")
+    _error(
+        _search(fleet.pg, query="q", rerank={"model": MODEL}),
+        400,
+        "rerank.model",
+        f"{MODEL} is no reranker (its kind is embedding): 'rerank.model' names a cross-encoder ({RERANKER})",
+    )
+    _error(
+        _search(fleet.pg, query="q", rerank={"model": "nobody"}), 404, "rerank.model", "model 'nobody' is not served"
+    )
 
 
-@pytest.mark.parametrize("body, param, message", [
-    ({}, "query", "'query' must be a non-empty string"),
-    ({"query": "q", "top_k": 0}, "top_k", "'top_k' must be an integer in 1..1000"),
-    ({"query": "q", "filter": {"kind": 1.5}}, "filter", "'filter.kind' must be a string, an integer (64 bits) or a boolean"),
-    ({"query": "q", "filter": {"a.b": 1}}, "filter", "'filter' field 'a.b' is not a plain name"),
-    ({"query": "q", "rerank": {"model": RERANKER, "top_n": -1}}, "rerank.top_n", "'rerank.top_n' must be a positive"),
-])
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({}, "query", "'query' must be a non-empty string"),
+        ({"query": "q", "top_k": 0}, "top_k", "'top_k' must be an integer in 1..1000"),
+        (
+            {"query": "q", "filter": {"kind": 1.5}},
+            "filter",
+            "'filter.kind' must be a string, an integer (64 bits) or a boolean",
+        ),
+        ({"query": "q", "filter": {"a.b": 1}}, "filter", "'filter' field 'a.b' is not a plain name"),
+        (
+            {"query": "q", "rerank": {"model": RERANKER, "top_n": -1}},
+            "rerank.top_n",
+            "'rerank.top_n' must be a positive",
+        ),
+    ],
+)
 def test_bad_fields_are_400_naming_the_field(fleet, body, param, message):
     _error(httpx.post(f"{fleet.pg}/v1/search", json=body, timeout=30), 400, param, message)
 
@@ -239,15 +296,24 @@ def test_every_field_at_its_extremes_gets_a_2xx_or_4xx(fleet):
     fields = sorted(schema["application/json"]["schema"]["properties"])
     assert fields == ["filter", "model", "query", "rerank", "top_k"]
     with httpx.Client(base_url=fleet.pg, timeout=120) as client, ThreadPoolExecutor(4) as pool:
-        failures = [f for f in pool.map(lambda case: _failure(client, "/v1/search", *case),
-                                        [(f, v) for f in fields for v in EXTREMES]) if f is not None]
+        failures = [
+            f
+            for f in pool.map(
+                lambda case: _failure(client, "/v1/search", *case), [(f, v) for f in fields for v in EXTREMES]
+            )
+            if f is not None
+        ]
     assert not failures, failures[:10]
     assert all(s.alive for s in fleet.services.values())
 
 
 def test_a_gateway_without_a_store_says_how_to_serve_search(fleet):
-    error = _error(_search(fleet.plain, model=MODEL, query="q"), 404, None, "search is not served here: start the gateway "
-                   "with --search-sink URL")
+    error = _error(
+        _search(fleet.plain, model=MODEL, query="q"),
+        404,
+        None,
+        "search is not served here: start the gateway with --search-sink URL",
+    )
     assert error["code"] == "not_found"
     assert "search" not in httpx.get(f"{fleet.plain}/v1/models", timeout=10).json()
 
@@ -256,15 +322,23 @@ def test_v1_models_says_which_store_and_model_without_the_password(fleet):
     pg = httpx.get(f"{fleet.pg}/v1/models", timeout=10).json()["search"]
     assert pg == {"route": "/v1/search", "store": fleet.pg_url.replace(PASSWORD, "***"), "model": MODEL}
     qdrant = httpx.get(f"{fleet.qdrant}/v1/models", timeout=10).json()["search"]
-    assert qdrant["model"] is None and qdrant["store"].startswith("qdrant:///") and qdrant["store"].endswith("?collection=docs")
+    assert (
+        qdrant["model"] is None
+        and qdrant["store"].startswith("qdrant:///")
+        and qdrant["store"].endswith("?collection=docs")
+    )
 
 
 def test_the_readme_example_runs_as_typed(fleet):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("\n## Search\n", 1)[1].split("\n## ", 1)[0]
     (command,) = re.findall(r"^curl -s localhost:8080/v1/search .*$", section, re.M)
-    done = subprocess.run(["bash", "-c", command.replace("localhost:8080", fleet.pg.removeprefix("http://"))],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", command.replace("localhost:8080", fleet.pg.removeprefix("http://"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     hits = json.loads(done.stdout)["data"]
     assert len(hits) == 3 and all(h["metadata"]["kind"] == "passage" and h["text"] for h in hits), hits
@@ -274,8 +348,12 @@ def test_a_store_down_is_503_with_its_message_and_served_again_when_back(fleet):
     """Last: the PostgreSQL server stops, then starts again on the same socket."""
     assert _search(fleet.pg, query=QUERIES[3]).status_code == 200
     pgserver.get_server(fleet.pg_folder).cleanup()
-    down = _error(_search(fleet.pg, query=QUERIES[3]), 503, None, "the search store is unavailable, try again later: "
-                  f"PostgreSQL at {fleet.pg_url.replace(PASSWORD, '***')}")
+    down = _error(
+        _search(fleet.pg, query=QUERIES[3]),
+        503,
+        None,
+        f"the search store is unavailable, try again later: PostgreSQL at {fleet.pg_url.replace(PASSWORD, '***')}",
+    )
     assert down["type"] == "service_unavailable" and PASSWORD not in down["message"]
     assert _search(fleet.qdrant, model=MODEL, query=QUERIES[3]).status_code == 200  # the other store is not at fault
     pgserver.get_server(fleet.pg_folder, cleanup_mode="stop")

@@ -47,7 +47,10 @@ async def _request(url: str, subject: str, payload: bytes, timeout: float = 30):
     [
         (b"\x80\x04\x95 pickled?", ErrorCode.INVALID_REQUEST),
         (msgpack.packb({"v": 9, "t": "embed"}), ErrorCode.INVALID_REQUEST),
-        (msgpack.packb({"v": 2, "t": "embed", "id": "x", "m": MODEL, "x": [], "dl": time.time() + 9}), ErrorCode.INVALID_REQUEST),
+        (
+            msgpack.packb({"v": 2, "t": "embed", "id": "x", "m": MODEL, "x": [], "dl": time.time() + 9}),
+            ErrorCode.INVALID_REQUEST,
+        ),
         (msgpack.packb({"v": 2, "t": "embed", "id": "x", "m": MODEL, "x": ["a"], "dl": 1.0}), ErrorCode.TIMEOUT),
     ],
     ids=["pickle", "version-9", "no-texts", "past-deadline"],  # the payloads hold the time: xdist needs fixed ids
@@ -90,13 +93,27 @@ def test_worker_answers_bad_batches_with_errors(stack, payload, code):
 
 def test_worker_errors_name_the_requests_row(stack):
     """A batch of rows 5 and 6 of a request: the request's row at fault is named, as the wire carries it."""
-    bad_token = TokenChunk(id="t", model=MODEL, start=5, total=8, input_ids=np.array([101, 102, 101, 999999, 102], np.int32),
-                           cu_seqlens=np.array([0, 2, 5], np.int32), deadline=time.time() + 30)
+    bad_token = TokenChunk(
+        id="t",
+        model=MODEL,
+        start=5,
+        total=8,
+        input_ids=np.array([101, 102, 101, 999999, 102], np.int32),
+        cu_seqlens=np.array([0, 2, 5], np.int32),
+        deadline=time.time() + 30,
+    )
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), encode(bad_token)))
     assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INVALID_TOKENS, 6), reply
     assert reply.message == "has token ids outside the vocabulary [0, 30522)"
-    too_long = TokenChunk(id="t", model=MODEL, start=3, total=8, input_ids=np.full(302, 101, np.int32),
-                          cu_seqlens=np.array([0, 300, 302], np.int32), deadline=time.time() + 30)
+    too_long = TokenChunk(
+        id="t",
+        model=MODEL,
+        start=3,
+        total=8,
+        input_ids=np.full(302, 101, np.int32),
+        cu_seqlens=np.array([0, 300, 302], np.int32),
+        deadline=time.time() + 30,
+    )
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.tokens(MODEL), encode(too_long)))
     assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INPUT_TOO_LONG, 3), reply
     assert reply.message == "has 300 tokens; the model's limit is 256"
@@ -129,8 +146,9 @@ async def _replies(url: str, request: EmbedRequest, timeout: float = 30) -> list
 def test_workers_say_which_rows_they_hold_only_to_a_requester_that_asks(stack, asks):
     """A gateway or scorer of an earlier release knows no Held reply (it would fail the request as
     malformed): only a request that asks (`hd`) is told which worker holds which rows."""
-    request = EmbedRequest(id=f"held-{asks}", model=MODEL, texts=["one", "two", "three"], deadline=time.time() + 30,
-                           held=asks)
+    request = EmbedRequest(
+        id=f"held-{asks}", model=MODEL, texts=["one", "two", "three"], deadline=time.time() + 30, held=asks
+    )
     replies = asyncio.run(_replies(stack.nats_url, request))
     results = [r for r in replies if isinstance(r, EmbedResult)]
     assert sum(r.count for r in results) == 3, replies
@@ -149,8 +167,13 @@ def test_tokenizer_errors_name_the_row(stack):
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.embed(MODEL), encode(request)))
     assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INVALID_TOKENS, 2), reply
     assert reply.message == "has token ids outside the vocabulary [0, 30522)"
-    request = EmbedRequest(id="e", model=MODEL, texts=["short", "word " * 300], deadline=time.time() + 30,
-                           options=EmbedOptions(truncate=False))
+    request = EmbedRequest(
+        id="e",
+        model=MODEL,
+        texts=["short", "word " * 300],
+        deadline=time.time() + 30,
+        options=EmbedOptions(truncate=False),
+    )
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.embed(MODEL), encode(request)))
     assert isinstance(reply, ErrorReply) and (reply.code, reply.row) == (ErrorCode.INPUT_TOO_LONG, 1), reply
     assert reply.message == "has 302 tokens; the model's limit is 256 (send truncate=true to cut it)"
@@ -183,7 +206,11 @@ def test_scorer_empty_candidates(stack):
 
 def test_scorer_takes_candidate_vectors_returns_texts_and_honours_the_deadline(stack, reference):
     query = "How do I handle exceptions in Python?"
-    texts = ["The raise statement throws an exception.", "Integers have unlimited precision.", "try and except catch errors."]
+    texts = [
+        "The raise statement throws an exception.",
+        "Integers have unlimited precision.",
+        "try and except catch errors.",
+    ]
     vectors = reference.encode(texts)  # already embedded by someone: not embedded again
     request = RerankRequest(id="v", model=MODEL, query=query, texts=[], deadline=time.time() + 30, vectors=vectors)
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(request)))
@@ -193,12 +220,15 @@ def test_scorer_takes_candidate_vectors_returns_texts_and_honours_the_deadline(s
     assert reply.indices.tolist() == np.argsort(-want).tolist()
     np.testing.assert_allclose(reply.scores, np.sort(want)[::-1], atol=1e-4)
 
-    wrong = RerankRequest(id="w", model=MODEL, query=query, texts=[], deadline=time.time() + 30, vectors=vectors[:, :10])
+    wrong = RerankRequest(
+        id="w", model=MODEL, query=query, texts=[], deadline=time.time() + 30, vectors=vectors[:, :10]
+    )
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(wrong)))
     assert isinstance(reply, ErrorReply) and "10 dimensions" in reply.message
 
-    with_texts = RerankRequest(id="t", model=MODEL, query=query, texts=texts, deadline=time.time() + 30, top_n=2,
-                               return_text=True)
+    with_texts = RerankRequest(
+        id="t", model=MODEL, query=query, texts=texts, deadline=time.time() + 30, top_n=2, return_text=True
+    )
     reply = asyncio.run(_request(stack.nats_url, SUBJECTS.rerank(MODEL), encode(with_texts)))
     assert reply.texts == [texts[i] for i in reply.indices.tolist()] and len(reply.texts) == 2
 
@@ -238,11 +268,19 @@ def test_requests_arriving_together_are_each_answered_as_alone(stack):
     requests = [
         EmbedRequest(id="g-texts", model=MODEL, texts=["one", "two", "three"], deadline=dl),
         EmbedRequest(id="g-late", model=MODEL, texts=["late"], deadline=1.0),
-        EmbedRequest(id="g-strict", model=MODEL, texts=["a", "b", "c"], deadline=dl, options=EmbedOptions(truncate=False)),
-        EmbedRequest(id="g-long", model=MODEL, texts=["short", "word " * 300], deadline=dl,
-                     options=EmbedOptions(truncate=False)),
-        EmbedRequest(id="g-left", model=MODEL, texts=["word " * 300, "x"], deadline=dl,
-                     options=EmbedOptions(truncation_direction="left")),
+        EmbedRequest(
+            id="g-strict", model=MODEL, texts=["a", "b", "c"], deadline=dl, options=EmbedOptions(truncate=False)
+        ),
+        EmbedRequest(
+            id="g-long", model=MODEL, texts=["short", "word " * 300], deadline=dl, options=EmbedOptions(truncate=False)
+        ),
+        EmbedRequest(
+            id="g-left",
+            model=MODEL,
+            texts=["word " * 300, "x"],
+            deadline=dl,
+            options=EmbedOptions(truncation_direction="left"),
+        ),
         EmbedRequest(id="g-ids", model=MODEL, texts=[], deadline=dl, token_ids=ids),
         EmbedRequest(id="g-pairs", model=MODEL, texts=[], deadline=dl, pairs=[("q", "d"), ("q2", "d2")]),
         EmbedRequest(id="g-one", model=MODEL, texts=["alone"], deadline=dl),
@@ -259,7 +297,8 @@ def test_requests_arriving_together_are_each_answered_as_alone(stack):
         assert all(r.id == rid for r in results) and len(results) == len(got[rid]), got[rid]
         starts = sorted((r.start, r.count) for r in results)
         assert sum(c for _, c in starts) == count and [s for s, _ in starts] == [
-            sum(c for _, c in starts[:i]) for i in range(len(starts))], starts
+            sum(c for _, c in starts[:i]) for i in range(len(starts))
+        ], starts
 
 
 async def _gather_replies(url: str, requests: list[EmbedRequest], timeout: float = 60) -> tuple[dict[str, list], int]:
@@ -296,8 +335,10 @@ def test_a_batch_s_results_for_one_requester_come_as_one_replies_message(stack):
     """Requests that say they read Replies get a batch's results in one message; each result is the one
     the request gets alone on its reply subject (a requester of an earlier release)."""
     dl = time.time() + 60
-    requests = [EmbedRequest(id=f"b{i}", model=MODEL, texts=[f"query number {i}", "and a second input"], deadline=dl)
-                for i in range(8)]
+    requests = [
+        EmbedRequest(id=f"b{i}", model=MODEL, texts=[f"query number {i}", "and a second input"], deadline=dl)
+        for i in range(8)
+    ]
     alone = asyncio.run(_together(stack.nats_url, requests))
     for _ in range(5):  # the 8 requests nearly always share a batch; one Replies is enough
         got, bundles = asyncio.run(_gather_replies(stack.nats_url, requests))

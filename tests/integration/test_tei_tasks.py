@@ -59,7 +59,9 @@ def test_feature_extraction_equals_sentence_transformers(stack, reference):
     assert one.shape == (1, want.shape[1])
     assert cosines(one, reference.encode(["a single text"])).min() >= COSINE_TOLERANCE
     assert abs(np.linalg.norm(one) - 1.0) > 1e-3  # normalize=False was honoured: the raw pooled vector
-    r = httpx.post(stack.base_url, json={"inputs": "search is fun " * 300}, timeout=60)  # TEI: truncate defaults to false
+    r = httpx.post(
+        stack.base_url, json={"inputs": "search is fun " * 300}, timeout=60
+    )  # TEI: truncate defaults to false
     assert r.status_code == 413 and r.json()["error_type"] == "Validation", r.text
 
 
@@ -85,7 +87,9 @@ def test_decode_equals_the_tokenizers_library(stack, model_info):
     for skip in (True, False):
         got = _post(stack.base_url, "/decode", {"ids": ids, "skip_special_tokens": skip})
         assert got == tokenizer.decode_batch(ids, skip_special_tokens=skip)
-    assert _post(stack.base_url, "/decode", {"ids": ids[0]}) == [tokenizer.decode(ids[0])]  # one sequence, TEI's default
+    assert _post(stack.base_url, "/decode", {"ids": ids[0]}) == [
+        tokenizer.decode(ids[0])
+    ]  # one sequence, TEI's default
     tokens = _post(stack.base_url, "/tokenize", {"inputs": "hello world"})[0]
     assert _post(stack.base_url, "/decode", {"ids": [t["id"] for t in tokens]}) == ["hello world"]
     refused = _post(stack.base_url, "/decode", {"ids": []}, 400)
@@ -106,7 +110,9 @@ def test_root_embeds_with_an_embedder_and_health_answers_on_get(stack):
     for path in ("/", "/ping"):
         r = httpx.get(f"{stack.base_url}{path}", timeout=30)
         assert r.status_code == 200 and r.json()["status"] == "ok", r.text
-    refused = _post(stack.base_url, "/", {"query": "q", "texts": ["a"]}, 400)  # an embedder's root embeds: rerank elsewhere
+    refused = _post(
+        stack.base_url, "/", {"query": "q", "texts": ["a"]}, 400
+    )  # an embedder's root embeds: rerank elsewhere
     assert refused == {"error": "'inputs' is required", "error_type": "Validation"}
     refused = _post(stack.base_url, "/predict", {"inputs": "a"}, 400)
     assert refused["error_type"] == "Validation" and "not a sequence classifier" in refused["error"]
@@ -127,14 +133,21 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     config |= {"id2label": dict(enumerate(LABELS)), "label2id": {name: i for i, name in enumerate(LABELS)}}
     (folders[CLASSIFIER] / "config.json").write_text(json.dumps(config))
     log_dir = tmp_path_factory.mktemp("tei-task-logs")
-    scorer = Service("scorer", ["--nats", nats_url, "--subject-prefix", PREFIX, "--model", str(folders[RERANKER]),
-                                "--model-name", RERANKER], log_dir)
+    scorer = Service(
+        "scorer",
+        ["--nats", nats_url, "--subject-prefix", PREFIX, "--model", str(folders[RERANKER]), "--model-name", RERANKER],
+        log_dir,
+    )
     base_url, services = start_fleet(nats_url, PREFIX, folders, log_dir, named=True, extra=[scorer])
     try:
         wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == 1, 60, "the scorer", services)
         # ?all=1: every model served (a plain /health lists the models whose processes answered first)
-        wait_until(lambda: len(httpx.get(f"{base_url}/health?all=1", timeout=5).json().get("models", [])) == len(folders),
-                   60, "every model served", services)
+        wait_until(
+            lambda: len(httpx.get(f"{base_url}/health?all=1", timeout=5).json().get("models", [])) == len(folders),
+            60,
+            "every model served",
+            services,
+        )
         yield base_url, folders
     finally:
         for s in services:
@@ -145,8 +158,10 @@ def test_predict_equals_transformers_softmax(fleet):
     base_url, folders = fleet
     queries = medium_texts(5)
     pairs = [(q, d) for q, d in zip(queries, medium_texts(10)[5:])]
-    logits = {"single": hf_reference_logits(folders[CLASSIFIER], queries),
-              "pair": hf_reference_logits(folders[CLASSIFIER], pairs)}
+    logits = {
+        "single": hf_reference_logits(folders[CLASSIFIER], queries),
+        "pair": hf_reference_logits(folders[CLASSIFIER], pairs),
+    }
     assert np.ptp(_softmax(logits["single"]), axis=1).min() > 1e-3  # the labels' order is not a tie
 
     def check(predictions: list[dict], row: np.ndarray, raw: bool = False) -> None:
@@ -169,8 +184,12 @@ def test_predict_equals_transformers_softmax(fleet):
     check(_post(base_url, "/", {"inputs": queries[0]}), logits["single"][0])
     info = httpx.get(f"{base_url}/info", timeout=30).json()
     assert info["model_id"] == CLASSIFIER
-    assert info["model_type"] == {"classifier": {"id2label": {str(i): n for i, n in enumerate(LABELS)},
-                                                 "label2id": {n: i for i, n in enumerate(LABELS)}}}
+    assert info["model_type"] == {
+        "classifier": {
+            "id2label": {str(i): n for i, n in enumerate(LABELS)},
+            "label2id": {n: i for i, n in enumerate(LABELS)},
+        }
+    }
 
 
 def test_root_of_a_reranker_reranks_and_predict_gives_its_sigmoid(fleet):
@@ -188,7 +207,9 @@ def test_root_of_a_reranker_reranks_and_predict_gives_its_sigmoid(fleet):
     for predictions, logit in zip(predicted, logits[:3]):
         assert [p["label"] for p in predictions] == ["LABEL_0"]
         assert abs(predictions[0]["score"] - 1 / (1 + np.exp(-logit))) < 1e-4
-    refused = _post(base_url, "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": RERANKER}, 400)
+    refused = _post(
+        base_url, "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": RERANKER}, 400
+    )
     assert "cross-encoder" in refused["error"] and refused["error_type"] == "Validation"
 
 

@@ -55,6 +55,7 @@ def _port_open(port: int) -> bool:
 
 def _nats_refuses(url: str, token: str | None) -> bool:
     """Whether the server at ``url`` refuses a client that gives ``token`` (None: no credentials)."""
+
     async def connect() -> None:
         nc = await nats.connect(url, token=token, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
         await nc.close()
@@ -81,7 +82,9 @@ def test_up_with_embedded_nats(tmp_path):
         assert f"POST http://127.0.0.1:{port}/v1/embeddings" in out
         nats_port = int(out.split("NATS nats://127.0.0.1:")[1].split()[0])
         assert healthy(f"http://127.0.0.1:{port}")
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"}, timeout=60)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"}, timeout=60
+        )
         assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
         # every process's metrics URL, one a line; each answers with its own service's metrics
         urls = _metrics_urls(out)
@@ -91,9 +94,14 @@ def test_up_with_embedded_nats(tmp_path):
         assert len(set(urls.values())) == 4
         for name, url in urls.items():
             text = httpx.get(url, timeout=10).text
-            assert ("embedfleet_requests_total" if name == "gateway" else f"embedfleet_{name.split('[')[0]}_") in text, name
+            assert (
+                "embedfleet_requests_total" if name == "gateway" else f"embedfleet_{name.split('[')[0]}_"
+            ) in text, name
         worker = httpx.get(urls[f"worker[{model}]"], timeout=10).text
-        assert value(worker, "embedfleet_worker_tokens_total", model=model, queue="online") == r.json()["usage"]["prompt_tokens"]
+        assert (
+            value(worker, "embedfleet_worker_tokens_total", model=model, queue="online")
+            == r.json()["usage"]["prompt_tokens"]
+        )
         # the embedded server asks for a token made for this run, kept in a file only its owner reads,
         # handed to the services in their environment: printed nowhere, in no process's arguments
         token_file = tmp_path / "data" / "nats" / "token"
@@ -103,7 +111,9 @@ def test_up_with_embedded_nats(tmp_path):
         assert (tmp_path / "data" / "nats" / "nats-server.conf").stat().st_mode & 0o077 == 0
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert "services.cli worker" in ps and token not in ps
-        assert _nats_refuses(f"nats://127.0.0.1:{nats_port}", None) and not _nats_refuses(f"nats://127.0.0.1:{nats_port}", token)
+        assert _nats_refuses(f"nats://127.0.0.1:{nats_port}", None) and not _nats_refuses(
+            f"nats://127.0.0.1:{nats_port}", token
+        )
         # its data and log live under the project-owned data directory
         assert (tmp_path / "data" / "nats" / "nats-server.conf").is_file()
         assert "listen: 127.0.0.1:" in (tmp_path / "data" / "nats" / "nats-server.conf").read_text()
@@ -119,13 +129,19 @@ def test_up_with_embedded_nats(tmp_path):
 
 def test_up_with_external_nats_starts_none(tmp_path, nats_url):
     port = free_port()
-    proc, log = _start_up(tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "uptest", env=FIXED_BUDGET)
+    proc, log = _start_up(
+        tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "uptest", env=FIXED_BUDGET
+    )
     try:
         wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
         assert proc.poll() is None, log.read_text()
         assert f"NATS {nats_url}" in log.read_text()
         assert not (tmp_path / "data" / "nats").exists()
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a", "b"]}, timeout=60)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/embeddings",
+            json={"model": "all-MiniLM-L6-v2", "input": ["a", "b"]},
+            timeout=60,
+        )
         assert r.status_code == 200 and len(r.json()["data"]) == 2
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
@@ -136,8 +152,18 @@ def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
     process it starts shows them in its arguments (ps, /proc/PID/cmdline), and they still admit."""
     keys = [f"key-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"]
     port = free_port()
-    proc, log = _start_up(tmp_path, "--port", str(port), "--nats", nats_url, "--subject-prefix", "upkeys",
-                          "--api-keys", ",".join(keys), env=FIXED_BUDGET)
+    proc, log = _start_up(
+        tmp_path,
+        "--port",
+        str(port),
+        "--nats",
+        nats_url,
+        "--subject-prefix",
+        "upkeys",
+        "--api-keys",
+        ",".join(keys),
+        env=FIXED_BUDGET,
+    )
     try:
         wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
         assert proc.poll() is None, log.read_text()
@@ -159,10 +185,17 @@ def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
 
 def _one_shot(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
     """A one-shot command with no NATS URL or credential in its environment; (its result, seconds it took)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA"))}
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA"))
+    }
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120,
-                            env={**clean, **(env or {})})
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, **(env or {})},
+    )
     return result, time.monotonic() - started
 
 
@@ -178,12 +211,17 @@ def test_reindex_and_jobs_find_the_stack_up_recorded(tmp_path):
         wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
         assert proc.poll() is None, log.read_text()
         nats_url = "nats://127.0.0.1:" + log.read_text().split("NATS nats://127.0.0.1:")[1].split()[0]
-        assert json.loads(record.read_text()) == {"url": nats_url, "token_file": str(tmp_path / "data" / "nats" / "token"),
-                                                  "pid": proc.pid}
+        assert json.loads(record.read_text()) == {
+            "url": nats_url,
+            "token_file": str(tmp_path / "data" / "nats" / "token"),
+            "pid": proc.pid,
+        }
         docs = tmp_path / "docs.jsonl"
         docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(20)))
         out = tmp_path / "vectors.npy"
-        result, _ = _one_shot(["reindex", str(docs), "--out", str(out), "--quiet", "--data-dir", str(tmp_path / "data")])
+        result, _ = _one_shot(
+            ["reindex", str(docs), "--out", str(out), "--quiet", "--data-dir", str(tmp_path / "data")]
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert np.load(out).shape == (20, 384)
         listed, _ = _one_shot(["jobs"], env={"EMBEDFLEET_DATA_DIR": str(tmp_path / "data")})
@@ -202,9 +240,13 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
     dead = f"nats://127.0.0.1:{free_port()}"
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"id": "a", "text": "hello"}\n')
-    cases = [["reindex", str(docs), "--out", str(tmp_path / "v.npy"), "--nats", dead], ["jobs", "--nats", dead],
-             ["init", "--nats", dead], ["jobs", "cancel", "some-job", "--nats", dead],
-             ["jobs", "fetch", "some-job", "--out", str(tmp_path / "f.npy"), "--nats", dead]]
+    cases = [
+        ["reindex", str(docs), "--out", str(tmp_path / "v.npy"), "--nats", dead],
+        ["jobs", "--nats", dead],
+        ["init", "--nats", dead],
+        ["jobs", "cancel", "some-job", "--nats", dead],
+        ["jobs", "fetch", "some-job", "--out", str(tmp_path / "f.npy"), "--nats", dead],
+    ]
     # nothing given, nothing recorded: the default URL, and why it was tried (unless a NATS on the
     # default port of this machine would answer)
     default = not _port_open(4222)
@@ -220,7 +262,9 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
     if default:
         result, took = results[5]
         assert result.returncode == 2 and took < 20
-        assert f"no running `embedfleet up` is recorded in {tmp_path / 'empty' / 'stack.json'}" in result.stderr, result.stderr
+        assert f"no running `embedfleet up` is recorded in {tmp_path / 'empty' / 'stack.json'}" in result.stderr, (
+            result.stderr
+        )
 
 
 def test_up_refuses_a_bad_model_folder(tmp_path):
@@ -261,13 +305,16 @@ def test_up_starts_a_dead_service_again(tmp_path):
         worker = _child(proc.pid, "worker")
         os.kill(worker, signal.SIGKILL)
         with ThreadPoolExecutor(1) as pool:
-            sent = pool.submit(httpx.post, f"{base}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "at once"},
-                               timeout=60)
+            sent = pool.submit(
+                httpx.post, f"{base}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "at once"}, timeout=60
+            )
             r = sent.result()
             answered = time.time()
         assert r.status_code == 200, r.text
         ready = _logged_at(log.read_text(), "INFO worker embedfleet: worker ready", 2)
-        print(f"the request sent as the worker died was answered {answered - ready:.2f}s after the new worker was ready")
+        print(
+            f"the request sent as the worker died was answered {answered - ready:.2f}s after the new worker was ready"
+        )
         # ~1.3 s: a look at the fleet every 0.3 s shows the new worker, then the rows go again (2 cores, loaded)
         assert answered - ready < 3.0, log.read_text()[-3000:]
         assert "worker[all-MiniLM-L6-v2] exited with -9; starting it again" in log.read_text()
@@ -309,14 +356,27 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
         wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
         assert proc.poll() is None, log.read_text()
         second = subprocess.run(
-            [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "up",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(free_port()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 2, second.stderr
         assert f"the data folder {tmp_path / 'data'} is in use by pid {proc.pid} (" in second.stderr
         assert "services.cli up --data-dir" in second.stderr and "Traceback" not in second.stderr
         stack = _descendants(proc.pid)
-        ps = subprocess.run(["ps", "-o", "args=", "-p", ",".join(map(str, stack))], capture_output=True, text=True).stdout
+        ps = subprocess.run(
+            ["ps", "-o", "args=", "-p", ",".join(map(str, stack))], capture_output=True, text=True
+        ).stdout
         assert "nats-server" in ps and ps.count("services.cli") == 4, ps
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -326,7 +386,9 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
             wait_until(lambda: not any(_running(pid) for pid in stack), 30, "the stack's processes to end")
         except TimeoutError:
             left = [p for p in stack if _running(p)]
-            ps = subprocess.run(["ps", "-o", "pid,stat,args", "-p", ",".join(map(str, left))], capture_output=True, text=True)
+            ps = subprocess.run(
+                ["ps", "-o", "pid,stat,args", "-p", ",".join(map(str, left))], capture_output=True, text=True
+            )
             raise AssertionError(f"still running:\n{ps.stdout}\n{log.read_text()[-4000:]}") from None
         print(f"the stack ended {time.monotonic() - started:.1f}s after `up` was killed")
     finally:

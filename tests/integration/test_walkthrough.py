@@ -69,8 +69,14 @@ def _up(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path]
     recipe = re.search(r"^run:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert recipe == "$(BIN)/embedfleet up $(ARGS)", recipe
     log = work / "up.log"
-    proc = subprocess.Popen([".venv/bin/embedfleet", "up", *args], cwd=work, env=_terminal(port),
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115 (the child holds it)
+    proc = subprocess.Popen(
+        [".venv/bin/embedfleet", "up", *args],
+        cwd=work,
+        env=_terminal(port),
+        stdout=open(log, "wb"),  # noqa: SIM115 (the child holds it)
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     wait_until(lambda: "embedfleet is up" in log.read_text() or proc.poll() is not None, 120, "the stack")
     assert proc.poll() is None, log.read_text()[-4000:]
     return proc, log
@@ -78,8 +84,11 @@ def _up(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path]
 
 def _postgres_of(folder: Path) -> list[psutil.Process]:
     """The live postgres processes (postmaster and backends) of the data folder ``folder``."""
-    return [p for p in psutil.process_iter(["cmdline", "status"])
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(folder) in " ".join(p.info["cmdline"] or ())]
+    return [
+        p
+        for p in psutil.process_iter(["cmdline", "status"])
+        if p.info["status"] != psutil.STATUS_ZOMBIE and str(folder) in " ".join(p.info["cmdline"] or ())
+    ]
 
 
 def _gone(folder: Path, timeout: float) -> bool:
@@ -115,14 +124,22 @@ def test_the_walk_through_runs_as_typed(work):
         assert _postgres_of(pgdata), "no postgres runs on the data folder"
         outputs = []
         for line in (line for line in second.splitlines() if line.strip()):
-            done = subprocess.run(["bash", "-c", line.replace("localhost:8080", f"localhost:{port}")], cwd=work,
-                                  env=_terminal(port), capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                ["bash", "-c", line.replace("localhost:8080", f"localhost:{port}")],
+                cwd=work,
+                env=_terminal(port),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert done.returncode == 0, (line, done.stdout, done.stderr[-3000:])
             outputs.append(done.stdout)
         assert "reindex notes --sink" in second and f"-> {table} (4 rows)" in outputs[-2], outputs[-2]
         answer = json.loads(outputs[-1])
         print(json.dumps(answer))
-        files = {p.relative_to(work / "notes").as_posix(): p.read_text() for p in (work / "notes").rglob("*") if p.is_file()}
+        files = {
+            p.relative_to(work / "notes").as_posix(): p.read_text() for p in (work / "notes").rglob("*") if p.is_file()
+        }
         assert len(files) == 4 and "travel/flights.md" in files
         query = json.loads(re.search(r"-d '(\{.*\})'", second.splitlines()[-1]).group(1))
         hits = answer["data"]
@@ -157,9 +174,16 @@ def test_up_starts_a_dead_postgres_again_and_killed_outright_takes_it_along(work
         first = _postmaster(pgdata)
         assert psutil.Process(first).ppid() != proc.pid  # pg_ctl's daemon: not a child, its guard stops it
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: "PostgreSQL (pgvector) exited; starting it again" in log.read_text()
-                   and (pgdata / "postmaster.pid").exists() and _postmaster(pgdata) != first
-                   and psutil.pid_exists(_postmaster(pgdata)), 30, "postgres started again")
+        wait_until(
+            lambda: (
+                "PostgreSQL (pgvector) exited; starting it again" in log.read_text()
+                and (pgdata / "postmaster.pid").exists()
+                and _postmaster(pgdata) != first
+                and psutil.pid_exists(_postmaster(pgdata))
+            ),
+            30,
+            "postgres started again",
+        )
         assert proc.poll() is None, log.read_text()[-3000:]
         assert log.read_text().count("PostgreSQL (pgvector) exited") == 1  # started again at the first try
         proc.kill()

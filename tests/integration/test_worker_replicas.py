@@ -29,8 +29,16 @@ def test_two_engine_replicas_in_one_worker(nats_url, model_info, reference):
     subjects = Subjects("replicas")
     nats_cfg = NatsConfig(nats_url, subjects)
     worker_cfg = WorkerConfig(
-        nats=nats_cfg, model=model_info, device="cpu", dtype=None, max_batch_tokens=512, max_batch_seqs=8,
-        replicas=2, threads=None, graphs=False, attention="auto",
+        nats=nats_cfg,
+        model=model_info,
+        device="cpu",
+        dtype=None,
+        max_batch_tokens=512,
+        max_batch_seqs=8,
+        replicas=2,
+        threads=None,
+        graphs=False,
+        attention="auto",
     )
     first = Engine(model_info, "cpu", max_batch_tokens=512, max_batch_seqs=8)
     engines = [first, first.replicate()]
@@ -71,8 +79,18 @@ def test_cpu_replicas_run_as_processes(nats_url, tmp_path):
         metrics_port = free(2)
     worker = Service(
         "worker",
-        ["--nats", nats_url, "--subject-prefix", prefix, "--replicas", "2", "--max-batch-tokens", "512",
-         "--metrics-port", str(metrics_port)],
+        [
+            "--nats",
+            nats_url,
+            "--subject-prefix",
+            prefix,
+            "--replicas",
+            "2",
+            "--max-batch-tokens",
+            "512",
+            "--metrics-port",
+            str(metrics_port),
+        ],
         tmp_path,
     )
     try:

@@ -86,7 +86,10 @@ def test_give_up_records_a_dead_letter_and_counts_the_documents_once(nats_url):
             assert "not a job batch" in state.errors[0]
             letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job1"))
             assert letter.data == b"\xc1 not msgpack"
-            assert letter.headers["Embedfleet-Stage"] == "tokenizer" and letter.headers["Embedfleet-Reason"] == "not a job batch"
+            assert (
+                letter.headers["Embedfleet-Stage"] == "tokenizer"
+                and letter.headers["Embedfleet-Reason"] == "not a job batch"
+            )
             assert letter.headers["Embedfleet-Origin"] == subject
             assert await _fetch(psub, 1) == []  # terminated: never delivered again
         finally:
@@ -122,6 +125,7 @@ def test_max_deliveries_advisory_turns_a_batch_into_a_dead_letter(nats_url):
             assert state.dead[0].deliveries == 2 and "too many times" in state.dead[0].reason
             letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("job2"))
             assert letter.data == b"crashes its holder"
+
             async def removed() -> bool:
                 return (await js.stream_info(stream)).state.messages == 0
 
@@ -205,6 +209,7 @@ def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url)
             stream, subject = stream_names(subjects)["bulk"], subjects.bulk("m")
             stopping = await open_work(js, stream, "w", subject, JobSettings())
             fetching = asyncio.create_task(stopping.fetch(1, timeout=5))
+
             async def at_server() -> bool:
                 return bool((await js.consumer_info(stream, "w")).num_waiting)
 

@@ -73,8 +73,7 @@ def test_a_document_the_tokenizer_gave_up_is_failed_once_and_the_others_are_done
         state = count_failed(state, Rows(0, 1, 1, 3), dead("tokenizer", 1))
         state = count_cut(state, 0, 2)
     state = count_done(state, Rows(0, 0, 2, 2), 5, ChunkRows.of(3, rows))
-    assert (state.done, state.failed, state.chunks, state.chunks_done, state.status) == (
-        2, 1, 2, 2, "done_with_errors")
+    assert (state.done, state.failed, state.chunks, state.chunks_done, state.status) == (2, 1, 2, 2, "done_with_errors")
     assert len(state.dead) == 1
 
 

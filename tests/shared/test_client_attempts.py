@@ -83,8 +83,9 @@ def test_a_subset_attempt_takes_its_rows_spans_along():
     from shared.protocol import EmbedOptions, Spans, decode, encode
 
     spans = Spans.of([[(0, 2)], [(0, 1), (1, 3)], [(0, 0)]], [2, 3, 0])
-    request = EmbedRequest("r", "m", ["a b", "c d e", ""], 1e12, EmbedOptions(output="spans", truncate=False),
-                           spans=spans)
+    request = EmbedRequest(
+        "r", "m", ["a b", "c d e", ""], 1e12, EmbedOptions(output="spans", truncate=False), spans=spans
+    )
     again = decode(encode(_subset(request, "r-1", np.array([1, 2]))))
     assert again.texts == ["c d e", ""] and again.spans.counts.tolist() == [2, 1]
     assert list(zip(again.spans.firsts.tolist(), again.spans.lasts.tolist())) == [(0, 1), (1, 3), (0, 0)]

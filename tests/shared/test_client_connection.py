@@ -66,4 +66,3 @@ def test_a_dropped_connection_fails_the_requests_in_flight_at_once(tmp_path, cap
     assert ended - killed < 2.0, ended - killed  # at once, not at the 30 s deadline
     # the callback shared.lifecycle.connect gave the connection still runs after the client's
     assert "nats: disconnected" in caplog.text
-

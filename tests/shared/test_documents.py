@@ -35,6 +35,7 @@ def test_job_id_differs_by_output_and_chunking(tmp_path: Path):
 
 # -- every document checked when the file is read -----------------------------------------
 
+
 def test_jsonl_and_text_are_read_in_order(tmp_path: Path):
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text('{"id": "a", "text": "one"}\n\n{"id": 7, "text": ""}\n')
@@ -44,19 +45,24 @@ def test_jsonl_and_text_are_read_in_order(tmp_path: Path):
     assert read_documents(text) == [("0", "first"), ("2", "third")]
 
 
-@pytest.mark.parametrize("lines, fragment", [
-    (['{"id": "a", "text": "one"}', '{"id": "b", "text": 5}'], 'd.jsonl:2: "text" must be a string, not a number'),
-    (['{"id": "a", "text": null}'], 'd.jsonl:1: "text" must be a string, not null'),
-    (['{"id": true, "text": "x"}'], 'd.jsonl:1: "id" must be a string or an integer, not a boolean'),
-    (['{"id": 1.5, "text": "x"}'], 'd.jsonl:1: "id" must be a string or an integer, not a number'),
-    (['{"id": "a", "text": "one"}', '{"id": "a"'], "d.jsonl:2: not JSON"),
-    (['["a", "one"]'], 'd.jsonl:1: each line must be a JSON object with "id" and "text"'),
-    (['{"id": "a"}'], 'd.jsonl:1: each line must be a JSON object with "id" and "text"'),
-    (['{"id": "a", "text": "one"}', '{"id": "b", "text": "two"}', '{"id": "a", "text": "three"}'],
-     "document id 'a' appears more than once"),
-    (['{"id": 1, "text": "one"}', '{"id": "1", "text": "two"}'], "document id '1' appears more than once"),
-    ([""], "holds no documents"),
-])
+@pytest.mark.parametrize(
+    "lines, fragment",
+    [
+        (['{"id": "a", "text": "one"}', '{"id": "b", "text": 5}'], 'd.jsonl:2: "text" must be a string, not a number'),
+        (['{"id": "a", "text": null}'], 'd.jsonl:1: "text" must be a string, not null'),
+        (['{"id": true, "text": "x"}'], 'd.jsonl:1: "id" must be a string or an integer, not a boolean'),
+        (['{"id": 1.5, "text": "x"}'], 'd.jsonl:1: "id" must be a string or an integer, not a number'),
+        (['{"id": "a", "text": "one"}', '{"id": "a"'], "d.jsonl:2: not JSON"),
+        (['["a", "one"]'], 'd.jsonl:1: each line must be a JSON object with "id" and "text"'),
+        (['{"id": "a"}'], 'd.jsonl:1: each line must be a JSON object with "id" and "text"'),
+        (
+            ['{"id": "a", "text": "one"}', '{"id": "b", "text": "two"}', '{"id": "a", "text": "three"}'],
+            "document id 'a' appears more than once",
+        ),
+        (['{"id": 1, "text": "one"}', '{"id": "1", "text": "two"}'], "document id '1' appears more than once"),
+        ([""], "holds no documents"),
+    ],
+)
 def test_a_malformed_jsonl_file_is_refused_at_its_first_problem(tmp_path: Path, lines, fragment):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -85,14 +91,17 @@ def test_parquet_documents(tmp_path: Path):
     assert read_documents(path) == [("3", "c"), ("1", "a"), ("2", "b")]
 
 
-@pytest.mark.parametrize("columns, fragment", [
-    ({"id": ["a", "b"], "body": ["x", "y"]}, "no column text (columns: id, body)"),
-    ({"id": ["a", "b"], "text": [1, 2]}, "column text must hold strings, not int64"),
-    ({"id": [1.5, 2.5], "text": ["x", "y"]}, "column id must hold strings or integers, not double"),
-    ({"id": ["a", "b"], "text": ["x", None]}, "row 1 (counting from 0): text is null"),
-    ({"id": ["a", None], "text": ["x", "y"]}, "row 1 (counting from 0): id is null"),
-    ({"id": ["a", "a"], "text": ["x", "y"]}, "document id 'a' appears more than once"),
-])
+@pytest.mark.parametrize(
+    "columns, fragment",
+    [
+        ({"id": ["a", "b"], "body": ["x", "y"]}, "no column text (columns: id, body)"),
+        ({"id": ["a", "b"], "text": [1, 2]}, "column text must hold strings, not int64"),
+        ({"id": [1.5, 2.5], "text": ["x", "y"]}, "column id must hold strings or integers, not double"),
+        ({"id": ["a", "b"], "text": ["x", None]}, "row 1 (counting from 0): text is null"),
+        ({"id": ["a", None], "text": ["x", "y"]}, "row 1 (counting from 0): id is null"),
+        ({"id": ["a", "a"], "text": ["x", "y"]}, "document id 'a' appears more than once"),
+    ],
+)
 def test_a_malformed_parquet_file_is_refused(tmp_path: Path, columns, fragment):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -128,6 +137,7 @@ def test_a_documents_other_fields_are_its_metadata(tmp_path):
 
 # -- a folder: its text files, one document a file ---------------------------------------------
 
+
 def _notes(root: Path) -> Path:
     (root / "notes" / "sub" / "deeper").mkdir(parents=True)
     (root / "notes" / "b.txt").write_text("bee\n")
@@ -141,8 +151,12 @@ def _notes(root: Path) -> Path:
 
 def test_a_folder_is_its_text_files_by_relative_path_in_order(tmp_path: Path):
     folder = _notes(tmp_path)
-    assert read_input(folder) == [("a.md", "# A\n\nfirst\n"), ("b.txt", "bee\n"), ("sub/c.TXT", "see"),
-                                  ("sub/deeper/d.md", "")]
+    assert read_input(folder) == [
+        ("a.md", "# A\n\nfirst\n"),
+        ("b.txt", "bee\n"),
+        ("sub/c.TXT", "see"),
+        ("sub/deeper/d.md", ""),
+    ]
     assert read_fields(folder) is None  # no metadata besides the id
     assert read_input(folder / "b.txt") == [("0", "bee")]  # a file is read as before
     with pytest.raises(ConfigError, match="is not a file"):
@@ -160,7 +174,9 @@ def test_a_folder_without_documents_or_with_a_file_not_utf8_is_refused_naming_it
     (folder / "sub" / "latin1.md").write_bytes(b"caf\xe9\n")
     with pytest.raises(ConfigError) as exc:
         read_input(folder)
-    assert str(exc.value).startswith(f"{folder / 'sub' / 'latin1.md'}: not UTF-8 text (byte 3: invalid continuation byte)")
+    assert str(exc.value).startswith(
+        f"{folder / 'sub' / 'latin1.md'}: not UTF-8 text (byte 3: invalid continuation byte)"
+    )
     with pytest.raises(ConfigError, match="no such file or folder"):
         read_input(tmp_path / "missing")
 
@@ -175,10 +191,12 @@ def test_a_folders_job_id_is_stable_and_follows_its_documents(tmp_path: Path):
     assert job_id_for(folder, "m", 64) == first
     assert job_id_for(folder, "m", 64, "int8") != first and job_id_for(folder, "other", 64) != first
     seen = {first}
-    for change in (lambda: (folder / "b.txt").write_text("bee!\n"),  # a document edited
-                   lambda: (folder / "e.md").write_text("new"),  # one added
-                   lambda: (folder / "e.md").rename(folder / "f.md"),  # renamed: another id
-                   lambda: (folder / "sub" / "c.TXT").unlink()):  # removed
+    for change in (
+        lambda: (folder / "b.txt").write_text("bee!\n"),  # a document edited
+        lambda: (folder / "e.md").write_text("new"),  # one added
+        lambda: (folder / "e.md").rename(folder / "f.md"),  # renamed: another id
+        lambda: (folder / "sub" / "c.TXT").unlink(),
+    ):  # removed
         change()
         now = job_id_for(folder, "m", 64)
         assert now not in seen

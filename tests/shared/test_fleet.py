@@ -178,6 +178,7 @@ def test_an_idle_watch_pings_every_few_intervals_and_a_request_brings_the_next_p
 
 def test_requests_ask_for_held_replies_only_while_several_workers_serve_the_model(nats_url):
     """One worker: its death loses every missing row anyway, so no Held per chunk is asked; two: asked."""
+
     async def run() -> tuple[list[int], list[bool]]:
         prefix = PREFIX + "3"
         watcher = await nats.connect(nats_url)
@@ -222,8 +223,9 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
         prefix = PREFIX + "4"
         watcher = await nats.connect(nats_url)
         client: EmbedClient | None = None
-        watch = FleetWatch(watcher, prefix, wait=0.2, interval=60,
-                           busy=lambda: client is not None and client.in_flight > 0)
+        watch = FleetWatch(
+            watcher, prefix, wait=0.2, interval=60, busy=lambda: client is not None and client.in_flight > 0
+        )
         client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
         lost: list[tuple] = []
         watch.on_lost(lambda *who: lost.append((time.monotonic(), who)))

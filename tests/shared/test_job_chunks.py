@@ -27,7 +27,12 @@ def test_rows_are_kept_once_and_written_by_whole_documents_in_order():
     assert rows.whole("a") and rows.whole("b") and not rows.whole("c")
     table, vectors = rows.table()  # by (batch, row): a, b; c left out
     assert (table.ids, table.chunk, table.start, table.end, table.texts) == (
-        ["a", "a", "b"], [0, 1, 0], [0, 6, 0], [7, 11, 3], ["a0", "a1", "b0"])
+        ["a", "a", "b"],
+        [0, 1, 0],
+        [0, 6, 0],
+        [7, 11, 3],
+        ["a0", "a1", "b0"],
+    )
     assert np.stack(vectors)[:, 0].tolist() == [10, 11, 30]  # the first copy of a row kept
     table, _ = rows.table(["b", "c", "a"])
     assert table.ids == ["b", "a", "a"] and list(table.columns()) == ["id", "chunk", "start", "end", "text"]

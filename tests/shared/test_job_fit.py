@@ -10,13 +10,24 @@ from shared.job_fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, check_job
 from shared.protocol import EmbedOptions
 
 MB8 = 8 * 1024 * 1024
-MINILM = ({"max_seq_length": "256", "dim": "384", "vocab_size": "30522"},
-          {"dim": "384", "task": "embed", "outputs": "dense"})
-SPLADE = ({"max_seq_length": "512", "dim": "30522", "vocab_size": "30522"},
-          {"dim": "30522", "task": "embed", "outputs": "sparse", "sparse_entries": "30522"})
-BGE_M3 = ({"max_seq_length": "8192", "dim": "1024", "vocab_size": "250002"},
-          {"dim": "1024", "task": "embed", "outputs": "dense,sparse,multivector", "sparse_entries": "8192",
-           "multivector_dim": "1024"})
+MINILM = (
+    {"max_seq_length": "256", "dim": "384", "vocab_size": "30522"},
+    {"dim": "384", "task": "embed", "outputs": "dense"},
+)
+SPLADE = (
+    {"max_seq_length": "512", "dim": "30522", "vocab_size": "30522"},
+    {"dim": "30522", "task": "embed", "outputs": "sparse", "sparse_entries": "30522"},
+)
+BGE_M3 = (
+    {"max_seq_length": "8192", "dim": "1024", "vocab_size": "250002"},
+    {
+        "dim": "1024",
+        "task": "embed",
+        "outputs": "dense,sparse,multivector",
+        "sparse_entries": "8192",
+        "multivector_dim": "1024",
+    },
+)
 RERANKER = ({"max_seq_length": "512", "dim": "384", "vocab_size": "30522"}, {"dim": "1", "task": "score"})
 
 
@@ -37,7 +48,9 @@ def test_a_model_not_served_is_refused_naming_the_served_ones():
     view = _view(minilm=MINILM, splade=SPLADE)
     with pytest.raises(JobRefused) as exc:
         check_job(view, "bge", _options(), 64, MB8, ["a"])
-    assert str(exc.value) == "model 'bge' is not served here (no live tokenizer and worker for it); served: minilm, splade"
+    assert (
+        str(exc.value) == "model 'bge' is not served here (no live tokenizer and worker for it); served: minilm, splade"
+    )
     assert exc.value.field == "model"
     # a tokenizer alone (no worker) does not serve a model
     half = FleetView({"minilm": MINILM[0]}, {}, 0.0)
@@ -45,11 +58,19 @@ def test_a_model_not_served_is_refused_naming_the_served_ones():
         check_job(half, "minilm", _options(), 64, MB8, ["a"])
 
 
-@pytest.mark.parametrize("model, output, message, field", [
-    ("minilm", "sparse", "minilm makes no sparse vectors (it makes: dense)", "output"),
-    ("splade", "dense", "splade makes no dense vectors (it makes: sparse)", "output"),
-    ("reranker", "dense", "reranker is a cross-encoder: it scores (query, document) pairs and makes no vectors", "model"),
-])
+@pytest.mark.parametrize(
+    "model, output, message, field",
+    [
+        ("minilm", "sparse", "minilm makes no sparse vectors (it makes: dense)", "output"),
+        ("splade", "dense", "splade makes no dense vectors (it makes: sparse)", "output"),
+        (
+            "reranker",
+            "dense",
+            "reranker is a cross-encoder: it scores (query, document) pairs and makes no vectors",
+            "model",
+        ),
+    ],
+)
 def test_an_output_the_model_cannot_make_is_refused(model, output, message, field):
     view = _view(minilm=MINILM, splade=SPLADE, reranker=RERANKER)
     with pytest.raises(JobRefused) as exc:
@@ -65,8 +86,10 @@ def test_sparse_batches_are_cut_to_what_a_message_holds():
     fits = (MB8 - RESULT_OVERHEAD) // per_doc
     fit = check_job(_view(splade=SPLADE), "splade", _options("sparse"), 64, MB8, ids)
     assert fit.batch_size == fits == 34
-    assert fit.note == (f"batch size cut from 64 to 34: a document's sparse vectors from splade may take {per_doc:,} "
-                        "bytes, and a batch's results must fit in one NATS message of 8,388,608 bytes (max_payload)")
+    assert fit.note == (
+        f"batch size cut from 64 to 34: a document's sparse vectors from splade may take {per_doc:,} "
+        "bytes, and a batch's results must fit in one NATS message of 8,388,608 bytes (max_payload)"
+    )
     assert 34 * per_doc + RESULT_OVERHEAD <= MB8 < 35 * per_doc + RESULT_OVERHEAD
     # float16 values: 6 bytes an entry, more documents a batch
     assert check_job(_view(splade=SPLADE), "splade", _options("sparse", "f2"), 64, MB8, ids).batch_size == 45
@@ -76,7 +99,9 @@ def test_sparse_batches_are_cut_to_what_a_message_holds():
 
 def test_bge_m3_sizes_by_its_token_limit_and_width():
     view = _view(bge=BGE_M3)
-    assert check_job(view, "bge", _options("sparse"), 64, MB8, ["a"]).batch_size == 64  # 8,192 entries: 65 KB a document
+    assert (
+        check_job(view, "bge", _options("sparse"), 64, MB8, ["a"]).batch_size == 64
+    )  # 8,192 entries: 65 KB a document
     # a vector per token: 8,192 tokens of 1,024 bits (ubinary) is 1 MiB a document
     multi = check_job(view, "bge", _options("multivector", "ub1"), 64, MB8, ["a"])
     assert multi.batch_size == (MB8 - RESULT_OVERHEAD) // (8192 * 128 + 4 + 1 + ID_OVERHEAD) == 7
@@ -85,9 +110,11 @@ def test_bge_m3_sizes_by_its_token_limit_and_width():
 def test_a_document_that_cannot_fit_one_message_is_refused():
     with pytest.raises(JobRefused) as exc:
         check_job(_view(bge=BGE_M3), "bge", _options("multivector"), 64, MB8, ["a"])
-    assert str(exc.value) == ("one document's multivector vectors from bge may take 33,554,442 bytes, over the NATS "
-                              "server's message limit of 8,388,608 (max_payload): raise max_payload in the server's "
-                              "configuration, or ask a smaller embedding_type")
+    assert str(exc.value) == (
+        "one document's multivector vectors from bge may take 33,554,442 bytes, over the NATS "
+        "server's message limit of 8,388,608 (max_payload): raise max_payload in the server's "
+        "configuration, or ask a smaller embedding_type"
+    )
     assert exc.value.field == "output"
 
 
@@ -95,4 +122,6 @@ def test_a_worker_of_an_earlier_version_is_sized_by_the_vocabulary():
     """No sparse_entries in its metadata: the tokenizer's vocabulary bounds a sparse vector."""
     tokenizer, worker = SPLADE
     old = {k: v for k, v in worker.items() if k != "sparse_entries"}
-    assert check_job(_view(splade=(tokenizer, old)), "splade", _options("sparse"), 64, MB8, ["doc-0001"]).batch_size == 34
+    assert (
+        check_job(_view(splade=(tokenizer, old)), "splade", _options("sparse"), 64, MB8, ["doc-0001"]).batch_size == 34
+    )

@@ -14,8 +14,16 @@ from shared.text_chunks import ChunkSpec, JobChunking
 
 
 def test_job_tokens_are_one_to_one_and_valid_subject_tokens():
-    ids = ["victim.job", "victim/job", "victim=job", "victim_job", "victim_2Ejob", "docs.2026-12-01",
-           "docs_2026-12-01", *("".join(p) for p in itertools.product("a._/=-", repeat=3))]
+    ids = [
+        "victim.job",
+        "victim/job",
+        "victim=job",
+        "victim_job",
+        "victim_2Ejob",
+        "docs.2026-12-01",
+        "docs_2026-12-01",
+        *("".join(p) for p in itertools.product("a._/=-", repeat=3)),
+    ]
     tokens = [job_token(j) for j in ids]
     assert len(set(tokens)) == len(ids)
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+", t) for t in tokens)  # no '.', '*', '>' or space: one token
@@ -26,8 +34,10 @@ def test_job_tokens_are_one_to_one_and_valid_subject_tokens():
 
 def test_the_rule_for_job_ids():
     for bad in ("", ".a", "a.", "a..b", "a b", "x" * 129, "a*b"):
-        assert job_id_problem(bad) == (f"invalid job id {bad[:100]!r}: at most 128 letters, digits and - _ = / ., "
-                                       "with no empty part between dots (not '', '.a', 'a.', 'a..b')")
+        assert job_id_problem(bad) == (
+            f"invalid job id {bad[:100]!r}: at most 128 letters, digits and - _ = / ., "
+            "with no empty part between dots (not '', '.a', 'a.', 'a..b')"
+        )
     for good in ("a.b", "a/b=c_d-e", "x" * 128):
         assert job_id_problem(good) is None
 
@@ -36,11 +46,15 @@ def test_a_request_digest_changes_with_anything_that_makes_the_batches():
     docs = [("a", "first"), ("b", "second")]
     base = request_digest("m", docs, 16, EmbedOptions())
     assert base == request_digest("m", list(docs), 16, EmbedOptions())
-    others = [request_digest("m2", docs, 16, EmbedOptions()), request_digest("m", docs, 8, EmbedOptions()),
-              request_digest("m", docs, 16, EmbedOptions(dtype="i1")), request_digest("m", docs[:1], 16, EmbedOptions()),
-              request_digest("m", [("a", "firs"), ("tb", "second")], 16, EmbedOptions()),
-              request_digest("m", [("a", "first"), ("b", "second!")], 16, EmbedOptions()),
-              request_digest("m", docs, 16, EmbedOptions(), JobChunking(ChunkSpec(8)))]
+    others = [
+        request_digest("m2", docs, 16, EmbedOptions()),
+        request_digest("m", docs, 8, EmbedOptions()),
+        request_digest("m", docs, 16, EmbedOptions(dtype="i1")),
+        request_digest("m", docs[:1], 16, EmbedOptions()),
+        request_digest("m", [("a", "firs"), ("tb", "second")], 16, EmbedOptions()),
+        request_digest("m", [("a", "first"), ("b", "second!")], 16, EmbedOptions()),
+        request_digest("m", docs, 16, EmbedOptions(), JobChunking(ChunkSpec(8))),
+    ]
     assert len({base, *others}) == 8
 
 
@@ -52,5 +66,7 @@ def test_a_claim_on_a_recorded_job():
     assert claim_problem(JobState("j"), mine) is None  # counts, but no job recorded
     assert claim_problem(state, Claim("d1")) is None  # no owner asked: reindex resumes it
     assert claim_problem(state, Claim("d1", "owner-b")) == "job id j is taken: give another job id"
-    assert claim_problem(state, Claim("d2")).startswith("job j exists with other documents, model, batch size or options")
+    assert claim_problem(state, Claim("d2")).startswith(
+        "job j exists with other documents, model, batch size or options"
+    )
     assert record_claim(state, Claim("d2", "owner-b")) == state  # the first submission's digests stay

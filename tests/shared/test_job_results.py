@@ -41,8 +41,13 @@ def test_each_part_once_and_only_the_jobs_form(nats_url):
     rows = np.arange(12, dtype=np.float32).reshape(3, 4)
 
     async def body(js, subjects):
-        stored = [_result("j", 0, rows), _result("j", 1, rows[:2]), _result("j", 0, rows), _result("j", 2, rows, "f2"),
-                  _result("j", 3, rows[:, :2])]
+        stored = [
+            _result("j", 0, rows),
+            _result("j", 1, rows[:2]),
+            _result("j", 0, rows),
+            _result("j", 2, rows, "f2"),
+            _result("j", 3, rows[:, :2]),
+        ]
         for n, data in enumerate(stored):  # ids of their own: as if stored after the duplicate window
             await js.publish(subjects.results("j"), data, headers={"Nats-Msg-Id": f"j:{n}"})
         reader = StoredResults(js, subjects, "j", JobForm("float32", "dense"))
@@ -75,7 +80,9 @@ def test_results_gone_while_read_are_said(nats_url, monkeypatch):
         reader = StoredResults(js, subjects, "gone", JobForm("float32", "dense"))
         assert await reader.open() == 1
         await js.purge_stream(stream_names(subjects)["results"], subject=subjects.results("gone"))
-        with pytest.raises(ResultsLost, match="job gone: the results stream stopped answering with 1 of its 1 results unread"):
+        with pytest.raises(
+            ResultsLost, match="job gone: the results stream stopped answering with 1 of its 1 results unread"
+        ):
             [part async for part in reader]
         await reader.close()
 
@@ -90,7 +97,9 @@ def test_a_consumer_lost_mid_read_is_opened_again_after_the_last_result(nats_url
 
     async def body(js, subjects):
         for b in range(5):
-            await js.publish(subjects.results("lost"), _result("lost", b, np.full((2, 4), b)), headers={"Nats-Msg-Id": f"l:{b}"})
+            await js.publish(
+                subjects.results("lost"), _result("lost", b, np.full((2, 4), b)), headers={"Nats-Msg-Id": f"l:{b}"}
+            )
         reader = StoredResults(js, subjects, "lost", JobForm("float32", "dense"))
         assert await reader.open() == 5
         batches = []

@@ -32,16 +32,19 @@ def test_a_job_without_fields_or_texts_has_no_sources_and_one_too_large_is_refus
         parts_of(["a"], Sources(None, {"a": "y" * 5000}), 1024)
 
 
-@pytest.mark.parametrize("bad", [
-    msgpack.packb([1, 2]),
-    msgpack.packb({"part": 2, "parts": 2, "ids": []}),
-    msgpack.packb({"part": 0, "parts": 1, "ids": [1]}),
-    msgpack.packb({"part": 0, "parts": 1, "ids": ["a"], "fields": [{"x": 1}, None]}),
-    msgpack.packb({"part": 0, "parts": 1, "ids": ["a"], "texts": [7]}),
-    msgpack.packb({"part": 0, "parts": 1, "ids": ["a"], "texts": [b"bytes"]}, use_bin_type=True),
-    b"\xc1",
-    msgpack.packb({"part": 0, "parts": 1, "ids": ["a" * 5000]}),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        msgpack.packb([1, 2]),
+        msgpack.packb({"part": 2, "parts": 2, "ids": []}),
+        msgpack.packb({"part": 0, "parts": 1, "ids": [1]}),
+        msgpack.packb({"part": 0, "parts": 1, "ids": ["a"], "fields": [{"x": 1}, None]}),
+        msgpack.packb({"part": 0, "parts": 1, "ids": ["a"], "texts": [7]}),
+        msgpack.packb({"part": 0, "parts": 1, "ids": ["a"], "texts": [b"bytes"]}, use_bin_type=True),
+        b"\xc1",
+        msgpack.packb({"part": 0, "parts": 1, "ids": ["a" * 5000]}),
+    ],
+)
 def test_a_message_that_is_not_a_part_is_refused(bad):
     with pytest.raises(ValueError):  # msgpack's errors for a malformed message are ValueErrors too
         _part(bad, 4096)

@@ -41,8 +41,9 @@ async def _configs(js, subjects: Subjects):
 def test_new_streams_get_the_limits_given(nats_url):
     async def body(js, subjects):
         assert await job_bucket(js, subjects) is None  # nothing made yet, and looking makes nothing
-        kv = await ensure_streams(js, subjects, Retention(results_max_age=3600, results_max_bytes=5_000_000, job_ttl=7200,
-                                                          job_history=5))
+        kv = await ensure_streams(
+            js, subjects, Retention(results_max_age=3600, results_max_bytes=5_000_000, job_ttl=7200, job_history=5)
+        )
         results, bucket = await _configs(js, subjects)
         assert (results.max_age, results.max_bytes, results.duplicate_window) == (3600, 5_000_000, DUPLICATE_WINDOW)
         assert (bucket.max_age, bucket.max_msgs_per_subject) == (7200, 5)
@@ -71,8 +72,9 @@ def test_an_existing_stream_and_bucket_are_updated_in_place_and_unset_limits_sta
         await js.publish(subjects.results("j"), b"vectors", headers={"Nats-Msg-Id": "j:0:0"})
         await update_state(kv, "j", lambda s: replace(s, done=1))
 
-        kv = await ensure_streams(js, subjects, Retention(results_max_age=60, results_max_bytes=1 << 20, job_ttl=120,
-                                                          job_history=3))
+        kv = await ensure_streams(
+            js, subjects, Retention(results_max_age=60, results_max_bytes=1 << 20, job_ttl=120, job_history=3)
+        )
         results, bucket = await _configs(js, subjects)
         # a duplicate window longer than the age limit is refused by the server: it shrinks with it
         assert (results.max_age, results.max_bytes, results.duplicate_window) == (60, 1 << 20, 60)
@@ -84,7 +86,12 @@ def test_an_existing_stream_and_bucket_are_updated_in_place_and_unset_limits_sta
         # a process given no limits (a reindex run by hand) leaves the fleet's as they are
         await ensure_streams(js, subjects)
         results, bucket = await _configs(js, subjects)
-        assert (results.max_age, results.max_bytes, bucket.max_age, bucket.max_msgs_per_subject) == (60, 1 << 20, 120, 3)
+        assert (results.max_age, results.max_bytes, bucket.max_age, bucket.max_msgs_per_subject) == (
+            60,
+            1 << 20,
+            120,
+            3,
+        )
         # one limit changed, the others kept; 0 lifts a limit
         await ensure_streams(js, subjects, Retention(results_max_age=0, results_max_bytes=0, job_history=2))
         results, bucket = await _configs(js, subjects)
@@ -133,13 +140,16 @@ def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
     _run(nats_url, body)
 
 
-@pytest.mark.parametrize("fields, fragment", [
-    ({"results_max_age": 0.5}, "--results-max-age 0.5: give 0 (no age limit) or at least 1 second"),
-    ({"job_ttl": -1}, "--job-ttl -1"),
-    ({"results_max_bytes": -5}, "--results-max-bytes -5"),
-    ({"job_history": 65}, "--job-history 65: must be in 1..64"),
-    ({"job_history": 0}, "--job-history 0"),
-])
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        ({"results_max_age": 0.5}, "--results-max-age 0.5: give 0 (no age limit) or at least 1 second"),
+        ({"job_ttl": -1}, "--job-ttl -1"),
+        ({"results_max_bytes": -5}, "--results-max-bytes -5"),
+        ({"job_history": 65}, "--job-history 65: must be in 1..64"),
+        ({"job_history": 0}, "--job-history 0"),
+    ],
+)
 def test_bad_limits_are_refused(fields, fragment):
     with pytest.raises(ConfigError) as exc:
         Retention(**fields)
@@ -148,4 +158,6 @@ def test_bad_limits_are_refused(fields, fragment):
 
 def test_limits_reach_a_child_process_as_variables():
     assert Retention(results_max_age=60.0, job_history=3).environment() == {
-        "EMBEDFLEET_RESULTS_MAX_AGE": "60.0", "EMBEDFLEET_JOB_HISTORY": "3"}
+        "EMBEDFLEET_RESULTS_MAX_AGE": "60.0",
+        "EMBEDFLEET_JOB_HISTORY": "3",
+    }

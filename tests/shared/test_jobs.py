@@ -76,10 +76,20 @@ def test_submit_records_the_form_and_refuses_another():
     state = asyncio.run(run("i1"))
     stored = json.loads(kv.data["job1"].value)  # the record other processes read: the fields' names as keys
     assert JobState.decode(kv.data["job1"].value, "job1") == replace(state, published=2)
-    assert {k: stored[k] for k in ("job", "status", "model", "input", "documents", "batches", "published",
-                                   "embedding_type", "output")} == {
-        "job": "job1", "status": "running", "model": "m", "input": "inline", "documents": 3, "batches": 2,
-        "published": 2, "embedding_type": "int8", "output": "dense"}
+    assert {
+        k: stored[k]
+        for k in ("job", "status", "model", "input", "documents", "batches", "published", "embedding_type", "output")
+    } == {
+        "job": "job1",
+        "status": "running",
+        "model": "m",
+        "input": "inline",
+        "documents": 3,
+        "batches": 2,
+        "published": 2,
+        "embedding_type": "int8",
+        "output": "dense",
+    }
     assert stored["run"]["started"] == stored["started"] and len(stored["request"]) == 64
     assert js.published == ["job1:0", "job1:1"]
     asyncio.run(run("i1"))  # the same form: resumed, nothing published again
@@ -158,6 +168,7 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
             docs = [(f"d{i}", "text") for i in range(64)]
             publisher = asyncio.create_task(submit(js, kv, subjects, "paced", "m", docs, 1, EmbedOptions(), "inline"))
             stream, subject = stream_names(subjects)["jobs"], subjects.jobs("m")
+
             async def ahead() -> bool:
                 return (await js.stream_info(stream)).state.messages >= 16
 

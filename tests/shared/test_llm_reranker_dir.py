@@ -41,19 +41,30 @@ def test_folder_reads_as_the_cross_encoder(folder):
 
 
 def test_a_saved_identity_activation_is_read(folder, tmp_path):
-    identity = _edit(folder, tmp_path / "identity", "config_sentence_transformers.json",
-                     lambda c: {**c, "activation_fn": "torch.nn.modules.linear.Identity"})
+    identity = _edit(
+        folder,
+        tmp_path / "identity",
+        "config_sentence_transformers.json",
+        lambda c: {**c, "activation_fn": "torch.nn.modules.linear.Identity"},
+    )
     assert isinstance(reference(identity).activation_fn, torch.nn.Identity)
     assert load_model_info(str(identity)).score_activation == "identity"
 
 
-@pytest.mark.parametrize("name, change, message", [
-    ("modules.json", lambda m: m[::-1], "runs LogitScore -> Transformer"),
-    ("config.json", lambda c: {**c, "architectures": ["Qwen3Model"]}, "a …ForCausalLM is needed"),
-    ("1_LogitScore/config.json", lambda c: {**c, "true_token_id": 10**6}, "below the vocabulary size"),
-    ("1_LogitScore/config.json", lambda c: {**c, "module_input_name": "token_embeddings"}, "only 'causal_logits'"),
-    ("sentence_bert_config.json", lambda c: {**c, "transformer_task": "feature-extraction"}, "cannot feed LogitScore"),
-])
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        ("modules.json", lambda m: m[::-1], "runs LogitScore -> Transformer"),
+        ("config.json", lambda c: {**c, "architectures": ["Qwen3Model"]}, "a …ForCausalLM is needed"),
+        ("1_LogitScore/config.json", lambda c: {**c, "true_token_id": 10**6}, "below the vocabulary size"),
+        ("1_LogitScore/config.json", lambda c: {**c, "module_input_name": "token_embeddings"}, "only 'causal_logits'"),
+        (
+            "sentence_bert_config.json",
+            lambda c: {**c, "transformer_task": "feature-extraction"},
+            "cannot feed LogitScore",
+        ),
+    ],
+)
 def test_folders_that_cannot_score_are_refused(folder, tmp_path, name, change, message):
     with pytest.raises(ConfigError, match=message):
         load_model_info(str(_edit(folder, tmp_path / "bad", name, change)))

@@ -31,7 +31,11 @@ def test_the_record_is_read_back_and_removed_only_by_its_writer(tmp_path):
     token.parent.mkdir()
     token.write_text("secret\n")
     path = record_stack(tmp_path, "nats://127.0.0.1:12345", token)
-    assert json.loads(path.read_text()) == {"url": "nats://127.0.0.1:12345", "token_file": str(token), "pid": os.getpid()}
+    assert json.loads(path.read_text()) == {
+        "url": "nats://127.0.0.1:12345",
+        "token_file": str(token),
+        "pid": os.getpid(),
+    }
     assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [RECORD]  # no temporary file left
     assert read_stack(tmp_path).url == "nats://127.0.0.1:12345"
     forget_stack(tmp_path)
@@ -40,7 +44,9 @@ def test_the_record_is_read_back_and_removed_only_by_its_writer(tmp_path):
 
 def test_a_record_whose_up_is_gone_is_ignored(tmp_path, no_nats_env):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / RECORD).write_text(json.dumps({"url": "nats://127.0.0.1:1", "token_file": None, "pid": int(gone.stdout)}))
+    (tmp_path / RECORD).write_text(
+        json.dumps({"url": "nats://127.0.0.1:1", "token_file": None, "pid": int(gone.stdout)})
+    )
     assert read_stack(tmp_path) is None
     ns = _ns("--data-dir", str(tmp_path))
     assert use_local_stack(ns).startswith("the default, as no running `embedfleet up` is recorded in")

@@ -93,8 +93,21 @@ def test_a_taken_port_stops_the_command_before_it_connects():
         with pytest.raises(ConfigError, match=f"--metrics-port {port}"):
             MetricsEndpoint.from_namespace(argparse.Namespace(metrics_port=port, metrics_host="127.0.0.1"))
         # no NATS listens on port 1: the command must stop on the option, not wait for NATS
-        result = subprocess.run([sys.executable, "-m", "services.cli", "scorer", "--metrics-port", str(port),
-                                 "--nats", "nats://127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "scorer",
+                "--metrics-port",
+                str(port),
+                "--nats",
+                "nats://127.0.0.1:1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 2
     assert f"--metrics-port {port}: cannot listen" in result.stderr and "Traceback" not in result.stderr
     free = MetricsEndpoint.from_namespace(argparse.Namespace(metrics_port=free_port(), metrics_host="127.0.0.1"))

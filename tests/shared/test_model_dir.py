@@ -69,7 +69,12 @@ def test_model_aliases():
 # --- the sentence-transformers module stack (modules.json), on folders written by hand -----------
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}
-POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}
+POOLING = {
+    "idx": 1,
+    "name": "1",
+    "path": "1_Pooling",
+    "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+}
 NORMALIZE_TYPE = "sentence_transformers.base.modules.normalize.Normalize"
 DENSE_TYPE = "sentence_transformers.base.modules.dense.Dense"
 
@@ -120,16 +125,44 @@ def test_pooling_modes_from_both_config_formats(model_info, tmp_path, pooling, m
 
 def test_dense_layers_set_the_output_dimension(model_info, tmp_path):
     folder = _st_folder(model_info, tmp_path, [])
-    first = _dense(folder, "2_Dense", {"in_features": 384, "out_features": 128, "bias": True,
-                                       "activation_function": "torch.nn.modules.activation.Tanh"})
-    second = _dense(folder, "3_Dense", {"in_features": 128, "out_features": 64, "bias": False,
-                                        "activation_function": "torch.nn.modules.linear.Identity"})
+    first = _dense(
+        folder,
+        "2_Dense",
+        {
+            "in_features": 384,
+            "out_features": 128,
+            "bias": True,
+            "activation_function": "torch.nn.modules.activation.Tanh",
+        },
+    )
+    second = _dense(
+        folder,
+        "3_Dense",
+        {
+            "in_features": 128,
+            "out_features": 64,
+            "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity",
+        },
+    )
     normalize = {"idx": 4, "name": "4", "path": "4_Normalize", "type": NORMALIZE_TYPE}
     (folder / "modules.json").write_text(json.dumps([TRANSFORMER, POOLING, first, second, normalize]))
     info = load_model_info(str(folder))
     assert info.dense == (
-        DenseSpec(path=folder / "2_Dense" / "model.safetensors", in_features=384, out_features=128, bias=True, activation="tanh"),
-        DenseSpec(path=folder / "3_Dense" / "model.safetensors", in_features=128, out_features=64, bias=False, activation="identity"),
+        DenseSpec(
+            path=folder / "2_Dense" / "model.safetensors",
+            in_features=384,
+            out_features=128,
+            bias=True,
+            activation="tanh",
+        ),
+        DenseSpec(
+            path=folder / "3_Dense" / "model.safetensors",
+            in_features=128,
+            out_features=64,
+            bias=False,
+            activation="identity",
+        ),
     )
     assert (info.dim, info.pooled_dim, info.normalize, info.pooling) == (64, 384, True, "mean")
 
@@ -146,11 +179,17 @@ def test_legacy_module_type_names_are_read(model_info, tmp_path):
 
 def test_prompts_default_prompt_and_truncate_dim(model_info, tmp_path):
     folder = _st_folder(model_info, tmp_path, [TRANSFORMER, POOLING])
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(
-        {"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": "query", "truncate_dim": 128}
-    ))
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps(
+            {"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": "query", "truncate_dim": 128}
+        )
+    )
     info = load_model_info(str(folder))
-    assert (info.prompts, info.default_prompt, info.truncate_dim) == ({"query": "query: ", "document": ""}, "query", 128)
+    assert (info.prompts, info.default_prompt, info.truncate_dim) == (
+        {"query": "query: ", "document": ""},
+        "query",
+        128,
+    )
     assert (model_info.default_prompt, model_info.truncate_dim, model_info.include_prompt) == (None, None, True)
 
 
@@ -171,7 +210,9 @@ def test_unknown_module_type_is_refused(model_info, tmp_path):
 
 def test_custom_code_module_is_refused(model_info, tmp_path):
     custom = {"idx": 0, "name": "0", "path": "", "type": "custom_st.Transformer"}
-    assert "module 'custom_st.Transformer' () is not supported" in _refused(_st_folder(model_info, tmp_path, [custom, POOLING]))
+    assert "module 'custom_st.Transformer' () is not supported" in _refused(
+        _st_folder(model_info, tmp_path, [custom, POOLING])
+    )
 
 
 def test_modules_out_of_order_are_refused(model_info, tmp_path):
@@ -179,7 +220,10 @@ def test_modules_out_of_order_are_refused(model_info, tmp_path):
     dense = _dense(folder, "3_Dense", {"in_features": 384, "out_features": 32})
     normalize = {"idx": 2, "name": "2", "path": "2_Normalize", "type": NORMALIZE_TYPE}
     (folder / "modules.json").write_text(json.dumps([TRANSFORMER, POOLING, normalize, dense]))
-    assert "modules.json runs Transformer -> Pooling -> Normalize -> Dense: only Transformer -> Pooling -> Dense" in _refused(folder)
+    assert (
+        "modules.json runs Transformer -> Pooling -> Normalize -> Dense: only Transformer -> Pooling -> Dense"
+        in _refused(folder)
+    )
     (folder / "modules.json").write_text(json.dumps([TRANSFORMER, dense]))  # a Dense with nothing pooled
     assert "modules.json runs Transformer -> Dense: only" in _refused(folder)
     (folder / "modules.json").write_text(json.dumps([POOLING, TRANSFORMER]))
@@ -189,7 +233,10 @@ def test_modules_out_of_order_are_refused(model_info, tmp_path):
 @pytest.mark.parametrize(
     ("pooling", "named"),
     [
-        ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, "pooling modes pooling_mode_cls_token, pooling_mode_mean_tokens are set together"),
+        (
+            {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True},
+            "pooling modes pooling_mode_cls_token, pooling_mode_mean_tokens are set together",
+        ),
         ({"pooling_mode": ["mean", "max"]}, "pooling modes mean, max are set together"),
     ],
 )
@@ -200,7 +247,9 @@ def test_several_pooling_modes_are_refused(model_info, tmp_path, pooling, named)
 
 def test_include_prompt_false_is_read(model_info, tmp_path):
     pooling = {"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": False}
-    assert load_model_info(str(_st_folder(model_info, tmp_path, [TRANSFORMER, POOLING], pooling))).include_prompt is False
+    assert (
+        load_model_info(str(_st_folder(model_info, tmp_path, [TRANSFORMER, POOLING], pooling))).include_prompt is False
+    )
 
 
 def test_dense_weights_only_as_pickle_are_refused(model_info, tmp_path):
@@ -209,7 +258,10 @@ def test_dense_weights_only_as_pickle_are_refused(model_info, tmp_path):
     (folder / "modules.json").write_text(json.dumps([TRANSFORMER, POOLING, dense]))
     assert "holds its Dense weights only as pytorch_model.bin: only safetensors are loaded" in _refused(folder)
     (folder / "2_Dense" / "pytorch_model.bin").unlink()
-    assert _refused(folder) == f"{folder / '2_Dense' / 'model.safetensors'} is missing (the weights of a Dense module in modules.json)"
+    assert (
+        _refused(folder)
+        == f"{folder / '2_Dense' / 'model.safetensors'} is missing (the weights of a Dense module in modules.json)"
+    )
 
 
 def test_unsupported_dense_activation_is_refused(model_info, tmp_path):
@@ -235,11 +287,14 @@ def test_dense_options_that_change_the_math_are_refused(model_info, tmp_path):
 
 def test_default_prompt_must_be_a_prompt(model_info, tmp_path):
     folder = _st_folder(model_info, tmp_path, [TRANSFORMER, POOLING])
-    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "q: "}, "default_prompt_name": "doc"}))
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "q: "}, "default_prompt_name": "doc"})
+    )
     assert "default_prompt_name 'doc' is not one of its prompts (query)" in _refused(folder)
 
 
 # --- decoders and long-context encoders without sentence-transformers files --------------------
+
 
 def _hf_folder(tmp_path: Path, config: dict, tokenizer: dict | None = None, st: dict | None = None) -> Path:
     folder = tmp_path / config["model_type"]
@@ -252,8 +307,13 @@ def _hf_folder(tmp_path: Path, config: dict, tokenizer: dict | None = None, st: 
     return folder
 
 
-QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "vocab_size": 151669,
-         "max_position_embeddings": 40960}
+QWEN3 = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "hidden_size": 1024,
+    "vocab_size": 151669,
+    "max_position_embeddings": 40960,
+}
 HUGE = 1000000000000000019884624838656  # transformers' "no limit" model_max_length
 
 
@@ -263,22 +323,102 @@ HUGE = 1000000000000000019884624838656  # transformers' "no limit" model_max_len
         (QWEN3, {"model_max_length": 131072}, None, 40960, "lasttoken"),
         (QWEN3, {"model_max_length": 131072}, {"max_seq_length": 32768}, 32768, "lasttoken"),
         (QWEN3 | {"architectures": ["Qwen3Model"]}, None, None, 40960, "lasttoken"),
-        ({"model_type": "qwen2", "architectures": ["Qwen2Model"], "hidden_size": 1536, "vocab_size": 151646,
-          "max_position_embeddings": 32768}, {"model_max_length": HUGE}, None, 32768, "lasttoken"),
-        ({"model_type": "mistral", "architectures": ["MistralModel"], "hidden_size": 4096, "vocab_size": 32000,
-          "max_position_embeddings": 32768}, None, {"max_seq_length": 4096}, 4096, "lasttoken"),
-        ({"model_type": "llama", "hidden_size": 2048, "vocab_size": 128256, "max_position_embeddings": 131072},
-         None, None, 131072, "lasttoken"),
-        ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "vocab_size": 32064,
-          "max_position_embeddings": 4096}, None, None, 4096, "lasttoken"),
-        ({"model_type": "modernbert", "architectures": ["ModernBertModel"], "hidden_size": 768, "vocab_size": 50368,
-          "max_position_embeddings": 8192}, {"model_max_length": HUGE}, None, 8192, "mean"),
-        ({"model_type": "gemma3_text", "architectures": ["Gemma3TextModel"], "hidden_size": 768, "vocab_size": 262144,
-          "max_position_embeddings": 2048}, {"model_max_length": HUGE}, None, 2048, "mean"),
-        ({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152,
-          "vocab_size": 262144, "max_position_embeddings": 32768}, None, None, 32768, "mean"),
-        ({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": {
-            "hidden_size": 2560, "vocab_size": 262208, "max_position_embeddings": 131072}}, None, None, 131072, "mean"),
+        (
+            {
+                "model_type": "qwen2",
+                "architectures": ["Qwen2Model"],
+                "hidden_size": 1536,
+                "vocab_size": 151646,
+                "max_position_embeddings": 32768,
+            },
+            {"model_max_length": HUGE},
+            None,
+            32768,
+            "lasttoken",
+        ),
+        (
+            {
+                "model_type": "mistral",
+                "architectures": ["MistralModel"],
+                "hidden_size": 4096,
+                "vocab_size": 32000,
+                "max_position_embeddings": 32768,
+            },
+            None,
+            {"max_seq_length": 4096},
+            4096,
+            "lasttoken",
+        ),
+        (
+            {"model_type": "llama", "hidden_size": 2048, "vocab_size": 128256, "max_position_embeddings": 131072},
+            None,
+            None,
+            131072,
+            "lasttoken",
+        ),
+        (
+            {
+                "model_type": "phi3",
+                "architectures": ["Phi3ForCausalLM"],
+                "hidden_size": 3072,
+                "vocab_size": 32064,
+                "max_position_embeddings": 4096,
+            },
+            None,
+            None,
+            4096,
+            "lasttoken",
+        ),
+        (
+            {
+                "model_type": "modernbert",
+                "architectures": ["ModernBertModel"],
+                "hidden_size": 768,
+                "vocab_size": 50368,
+                "max_position_embeddings": 8192,
+            },
+            {"model_max_length": HUGE},
+            None,
+            8192,
+            "mean",
+        ),
+        (
+            {
+                "model_type": "gemma3_text",
+                "architectures": ["Gemma3TextModel"],
+                "hidden_size": 768,
+                "vocab_size": 262144,
+                "max_position_embeddings": 2048,
+            },
+            {"model_max_length": HUGE},
+            None,
+            2048,
+            "mean",
+        ),
+        (
+            {
+                "model_type": "gemma3_text",
+                "architectures": ["Gemma3ForCausalLM"],
+                "hidden_size": 1152,
+                "vocab_size": 262144,
+                "max_position_embeddings": 32768,
+            },
+            None,
+            None,
+            32768,
+            "mean",
+        ),
+        (
+            {
+                "model_type": "gemma3",
+                "architectures": ["Gemma3ForConditionalGeneration"],
+                "text_config": {"hidden_size": 2560, "vocab_size": 262208, "max_position_embeddings": 131072},
+            },
+            None,
+            None,
+            131072,
+            "mean",
+        ),
     ],
 )
 def test_decoder_and_long_context_configs(tmp_path, config, tokenizer, st, limit, pooling):

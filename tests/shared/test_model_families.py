@@ -20,15 +20,18 @@ def test_the_registry_serves_the_table_in_its_order():
     assert len(set(SUPPORTED_TYPES)) == len(SUPPORTED_TYPES)  # a model type belongs to one family
 
 
-@pytest.mark.parametrize("config,offset", [
-    ({"model_type": "xlm-roberta", "pad_token_id": 1}, 2),
-    ({"model_type": "camembert"}, 2),  # transformers' default pad_token_id is 1
-    ({"model_type": "roberta", "pad_token_id": 0}, 1),
-    ({"model_type": "bert", "pad_token_id": 0}, 0),
-    ({}, 0),  # BERT when config.json names no model_type
-    ({"model_type": "qwen3"}, 0),
-    ({"model_type": "mpnet", "pad_token_id": 5}, 2),  # MPNet's padding index is 1 whatever the config says
-])
+@pytest.mark.parametrize(
+    "config,offset",
+    [
+        ({"model_type": "xlm-roberta", "pad_token_id": 1}, 2),
+        ({"model_type": "camembert"}, 2),  # transformers' default pad_token_id is 1
+        ({"model_type": "roberta", "pad_token_id": 0}, 1),
+        ({"model_type": "bert", "pad_token_id": 0}, 0),
+        ({}, 0),  # BERT when config.json names no model_type
+        ({"model_type": "qwen3"}, 0),
+        ({"model_type": "mpnet", "pad_token_id": 5}, 2),  # MPNet's padding index is 1 whatever the config says
+    ],
+)
 def test_position_offset_is_roberta_s_scheme_and_mpnet_s(config, offset):
     assert position_offset(config) == offset
 
@@ -40,8 +43,7 @@ def test_unknown_and_malformed_model_types_have_no_family():
 
 
 def test_reading_model_folders_imports_no_torch():
-    code = ("import sys, shared.model_dir.load, shared.model_families\n"
-            "print('torch' in sys.modules)\n")
+    code = "import sys, shared.model_dir.load, shared.model_families\nprint('torch' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

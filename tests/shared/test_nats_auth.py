@@ -75,7 +75,11 @@ def test_credentials_in_the_url_leave_it_and_stay_out_of_repr():
     assert cfg.auth.connect_options() == {"user": "svc", "password": SECRET}
     assert SECRET not in repr(cfg) and "pa55" not in repr(cfg)
     token = config("--nats", "nats://t0ken@10.0.0.1:4222")
-    assert (token.url, token.auth.token, token.auth.connect_options()) == ("nats://10.0.0.1:4222", "t0ken", {"token": "t0ken"})
+    assert (token.url, token.auth.token, token.auth.connect_options()) == (
+        "nats://10.0.0.1:4222",
+        "t0ken",
+        {"token": "t0ken"},
+    )
     with pytest.raises(ConfigError, match="must not carry credentials"):
         NatsConfig("nats://u:p@a:4222", Subjects("embedfleet"))
 
@@ -106,7 +110,11 @@ def test_token_from_a_file_or_the_environment(tmp_path, monkeypatch):
         (["--nats-user", "svc"], {PASSWORD_ENV: "x", TOKEN_ENV: "t"}, r"given 2 ways \(user and password, token\)"),
         (["--nats", "nats://u:p@a:4222", "--nats-user", "v"], {}, "both in the --nats URL and as options"),
         (["--nats", "nats://t@a:4222"], {TOKEN_ENV: "t2"}, "both in the --nats URL and as options"),
-        (["--nats-password-file", "/nonexistent/password"], {}, "--nats-password-file /nonexistent/password: cannot read it"),
+        (
+            ["--nats-password-file", "/nonexistent/password"],
+            {},
+            "--nats-password-file /nonexistent/password: cannot read it",
+        ),
         (["--nats-token-file", "/nonexistent/token"], {}, "--nats-token-file /nonexistent/token: cannot read it"),
         (["--nats-nkey-seed", "/nonexistent/seed"], {}, "--nats-nkey-seed /nonexistent/seed: cannot read it"),
         (["--nats-creds", "/nonexistent/x.creds"], {}, "--nats-creds /nonexistent/x.creds: cannot read it"),
@@ -155,8 +163,16 @@ def test_nkey_seed_and_creds_files_reach_nats_py(tmp_path):
 def test_tls_files_build_a_verifying_context(tmp_path):
     ca = CertificateAuthority(tmp_path)
     client = ca.client("svc@embedfleet.test")
-    cfg = config("--nats-tls-ca", str(ca.pem.cert), "--nats-tls-cert", str(client.cert), "--nats-tls-key", str(client.key),
-                 "--nats-tls-hostname", "nats.embedfleet.test")
+    cfg = config(
+        "--nats-tls-ca",
+        str(ca.pem.cert),
+        "--nats-tls-cert",
+        str(client.cert),
+        "--nats-tls-key",
+        str(client.key),
+        "--nats-tls-hostname",
+        "nats.embedfleet.test",
+    )
     options = cfg.tls.connect_options()
     assert options["tls_hostname"] == "nats.embedfleet.test"
     context = options["tls"]
@@ -172,8 +188,17 @@ def test_tls_files_build_a_verifying_context(tmp_path):
 def test_up_hands_its_services_the_same_credentials_in_their_environment(tmp_path, monkeypatch):
     ca = CertificateAuthority(tmp_path)
     password_file = write(tmp_path / "password", SECRET)
-    up = parse("--nats", "nats://10.0.0.1:4222", "--nats-user", "svc", "--nats-password-file", password_file,
-               "--nats-tls-ca", str(ca.pem.cert), command="up")
+    up = parse(
+        "--nats",
+        "nats://10.0.0.1:4222",
+        "--nats-user",
+        "svc",
+        "--nats-password-file",
+        password_file,
+        "--nats-tls-ca",
+        str(ca.pem.cert),
+        command="up",
+    )
     url, auth, tls = nats_security(up)
     stale = {"EMBEDFLEET_NATS_PASSWORD_FILE": "/elsewhere", TOKEN_ENV: "stale", "EMBEDFLEET_LOG_LEVEL": "debug"}
     env = child_environment(auth, tls, stale)
@@ -205,9 +230,13 @@ def test_help_never_shows_a_secret(monkeypatch, capsys):
 def test_auth_errors_say_what_to_check_without_the_secret():
     cfg = NatsConfig("nats://a:4222", Subjects("embedfleet"), auth=NatsAuth(user="svc", password=SECRET))
     text = describe_error(nats.errors.Error("nats: 'Authorization Violation'"), cfg)
-    assert text.startswith("the server refused the credentials ('Authorization Violation'); this service gives user 'svc'")
+    assert text.startswith(
+        "the server refused the credentials ('Authorization Violation'); this service gives user 'svc'"
+    )
     assert "--nats-password-file" in text and SECRET not in text
-    tls = describe_error(ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), cfg)
+    tls = describe_error(
+        ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), cfg
+    )
     assert tls.startswith("TLS failed (") and "--nats-tls-ca" in tls
     assert describe_error(OSError("connect to nats://u:p@a:1 failed"), cfg) == "connect to nats://***@a:1 failed"
 
@@ -222,11 +251,18 @@ def test_repeated_warnings_are_logged_once_then_counted(caplog, monkeypatch):
             warnings.warning("nats: refused")
         warnings.warning("nats: something else")
     assert [r.getMessage() for r in caplog.records] == [
-        "nats: refused", "nats: refused (59 more times in 30s)", "nats: something else"]
+        "nats: refused",
+        "nats: refused (59 more times in 30s)",
+        "nats: something else",
+    ]
 
 
 def test_a_bad_option_exits_2_with_the_message():
-    result = subprocess.run([sys.executable, "-m", "services.cli", "tokenizer", "--nats-tls-cert", "/x.pem"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "tokenizer", "--nats-tls-cert", "/x.pem"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--nats-tls-cert needs --nats-tls-key" in result.stderr and "Traceback" not in result.stderr

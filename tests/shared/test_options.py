@@ -84,11 +84,14 @@ def test_flag_beats_environment_beats_default(monkeypatch):
     assert build_parser().parse_args(["gateway"]).max_in_flight == 512
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("EMBEDFLEET_PORT", "x", "$EMBEDFLEET_PORT='x' is not a valid value for --port"),
-    ("EMBEDFLEET_MAX_INPUTS", "-2", "$EMBEDFLEET_MAX_INPUTS='-2' is not a valid value for --max-inputs"),
-    ("EMBEDFLEET_LOG_LEVEL", "loud", "$EMBEDFLEET_LOG_LEVEL='loud': choose one of debug, info, warning, error"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("EMBEDFLEET_PORT", "x", "$EMBEDFLEET_PORT='x' is not a valid value for --port"),
+        ("EMBEDFLEET_MAX_INPUTS", "-2", "$EMBEDFLEET_MAX_INPUTS='-2' is not a valid value for --max-inputs"),
+        ("EMBEDFLEET_LOG_LEVEL", "loud", "$EMBEDFLEET_LOG_LEVEL='loud': choose one of debug, info, warning, error"),
+    ],
+)
 def test_a_bad_variable_names_itself_and_the_option(monkeypatch, name, value, message):
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as exc:
@@ -129,8 +132,25 @@ def test_a_childs_arguments_give_it_the_same_namespace(monkeypatch):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EMBEDFLEET_NATS_URL", "nats://user:secret@a:1")  # stays in the environment
     monkeypatch.setenv("EMBEDFLEET_MAX_QUEUED_TOKENS", "1000")
-    given = ["worker", "--device", "cpu", "--max-batch-tokens", "4096", "--graphs", "off", "--ack-wait", "2.5",
-             "--results-max-age", "60", "--log-format", "json", "--model", "/m", "--load-interval", "0.01"]
+    given = [
+        "worker",
+        "--device",
+        "cpu",
+        "--max-batch-tokens",
+        "4096",
+        "--graphs",
+        "off",
+        "--ack-wait",
+        "2.5",
+        "--results-max-age",
+        "60",
+        "--log-format",
+        "json",
+        "--model",
+        "/m",
+        "--load-interval",
+        "0.01",
+    ]
     ns = build_parser().parse_args(given)
     args = arguments(ns, "worker")
     assert "nats://user:secret@a:1" not in args and "--max-queued-tokens" not in args
@@ -188,8 +208,16 @@ def _configs():
     from shared.config import JobSettings, Retention
     from shared.metrics_server import MetricsEndpoint
 
-    return ((GatewayConfig, "gateway"), (HttpLimits, "gateway"), (WorkerConfig, "worker"), (ScorerConfig, "scorer"),
-            (TokenizerConfig, "tokenizer"), (MetricsEndpoint, "worker"), (JobSettings, "worker"), (Retention, "worker"))
+    return (
+        (GatewayConfig, "gateway"),
+        (HttpLimits, "gateway"),
+        (WorkerConfig, "worker"),
+        (ScorerConfig, "scorer"),
+        (TokenizerConfig, "tokenizer"),
+        (MetricsEndpoint, "worker"),
+        (JobSettings, "worker"),
+        (Retention, "worker"),
+    )
 
 
 def test_config_defaults_are_the_declared_ones():
@@ -216,9 +244,15 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     from shared.options import settings_of
 
     elsewhere = {  # dest -> what reads it
-        "model": "load_model_info", "model_name": "load_model_info", "api_keys_file": "gateway api_keys()",
-        "operator_keys_file": "gateway operator_keys()", "otlp_endpoint": "TracingConfig",
-        "trace_sample_ratio": "TracingConfig", "log_level": "cli", "log_format": "cli", "ready_file": "lifecycle",
+        "model": "load_model_info",
+        "model_name": "load_model_info",
+        "api_keys_file": "gateway api_keys()",
+        "operator_keys_file": "gateway operator_keys()",
+        "otlp_endpoint": "TracingConfig",
+        "trace_sample_ratio": "TracingConfig",
+        "log_level": "cli",
+        "log_format": "cli",
+        "ready_file": "lifecycle",
         "subject_prefix": "nats_config",
     }
     held = {dest for cls, _ in _configs() for dest, _ in settings_of(cls).values()}
@@ -233,8 +267,21 @@ def test_a_config_is_made_of_the_parsed_options():
     from services.cli import build_parser
     from services.gateway.config import GatewayConfig
 
-    ns = build_parser().parse_args(["gateway", "--port", "9999", "--open-paths", "/a, /b", "--retries", "7",
-                                    "--max-header-bytes", "4096", "--results-max-age", "3600"])
+    ns = build_parser().parse_args(
+        [
+            "gateway",
+            "--port",
+            "9999",
+            "--open-paths",
+            "/a, /b",
+            "--retries",
+            "7",
+            "--max-header-bytes",
+            "4096",
+            "--results-max-age",
+            "3600",
+        ]
+    )
     cfg = GatewayConfig.from_namespace(ns)
     assert (cfg.port, cfg.open_paths, cfg.retries) == (9999, ("/a", "/b"), 7)
     assert cfg.http.max_header_bytes == 4096 and cfg.retention.results_max_age == 3600

@@ -73,7 +73,9 @@ def test_error_and_rerank_round_trip():
 
 
 def test_decode_request_round_trip_keeps_little_endian_ids():
-    msg = DecodeRequest("d", "m", [np.array([101, 7592, 102], np.int32), np.array([2088], np.int32)], skip_special_tokens=False)
+    msg = DecodeRequest(
+        "d", "m", [np.array([101, 7592, 102], np.int32), np.array([2088], np.int32)], skip_special_tokens=False
+    )
     raw = msgpack.unpackb(encode(msg))
     assert (raw["t"], raw["ss"]) == ("decode", False)
     assert raw["tk"] == [np.array([101, 7592, 102], "<i4").tobytes(), np.array([2088], "<i4").tobytes()]
@@ -86,13 +88,26 @@ def test_decode_request_round_trip_keeps_little_endian_ids():
 
 
 def test_rerank_options_and_candidate_vectors():
-    req = RerankRequest(id="q", model="m", query="q?", texts=[], deadline=3.0, raw_scores=True, truncate=False,
-                        vectors=np.arange(6, dtype=np.float32).reshape(3, 2))
+    req = RerankRequest(
+        id="q",
+        model="m",
+        query="q?",
+        texts=[],
+        deadline=3.0,
+        raw_scores=True,
+        truncate=False,
+        vectors=np.arange(6, dtype=np.float32).reshape(3, 2),
+    )
     got = decode(encode(req))
     assert got.raw_scores and not got.truncate and got.count == 3
     np.testing.assert_array_equal(got.vectors, req.vectors)
     body = msgpack.unpackb(encode(req))
-    for bad, why in (({"cd": 4}, "n \\* dim"), ({"cd": 0}, "dim"), ({"x": ["a"]}, "not both"), ({"rs": 1}, "true or false")):
+    for bad, why in (
+        ({"cd": 4}, "n \\* dim"),
+        ({"cd": 0}, "dim"),
+        ({"x": ["a"]}, "not both"),
+        ({"rs": 1}, "true or false"),
+    ):
         with pytest.raises(ProtocolError, match=why):
             decode(msgpack.packb({**body, **bad}))
 
@@ -110,8 +125,14 @@ def test_unknown_error_code_becomes_internal():
         (msgpack.packb({"v": 0, "t": "embed"}), "unsupported protocol version 0: this service reads v2$"),
         (msgpack.packb({"v": 3, "t": "embed"}), "version 3: this service reads v2; upgrade it to the sender's release"),
         (msgpack.packb({"v": VERSION, "t": "pickle"}), "unknown message type"),
-        (msgpack.packb({"v": VERSION, "t": "embed", "id": "a", "m": "m", "x": ["a", 3], "dl": 1.0}), "texts must be strings"),
-        (msgpack.packb({"v": VERSION, "t": "embed", "id": "a", "m": "m", "x": ["a"], "dl": "soon"}), "'dl' must be a number"),
+        (
+            msgpack.packb({"v": VERSION, "t": "embed", "id": "a", "m": "m", "x": ["a", 3], "dl": 1.0}),
+            "texts must be strings",
+        ),
+        (
+            msgpack.packb({"v": VERSION, "t": "embed", "id": "a", "m": "m", "x": ["a"], "dl": "soon"}),
+            "'dl' must be a number",
+        ),
         (msgpack.packb({"v": VERSION, "t": "embed", "id": 5, "m": "m", "x": ["a"], "dl": 1.0}), "'id' must be str"),
     ],
 )

@@ -49,15 +49,47 @@ CHUNK_ROWS = ChunkRows.of(1, [(0, 0, 2, 0, 4), (0, 1, 2, 3, 9)], ["abcd", "defgh
 
 # per message: (the fewest keys it can have, every key it can have)
 EXAMPLES = {
-    EmbedRequest: (EmbedRequest("r", "m", ["a"], 1.0),
-                   EmbedRequest("r", "m", [], 1.0, SPANS, token_ids=[IDS], pairs=[("q", "d")], held=True, replies=True,
-                                spans=Spans.of([[(0, 1)]], [1]))),
-    TokenChunk: (TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
-                 TokenChunk("r", "m", 0, 2, IDS, CU, 1.0, SPANS, token_types=IDS, job="j", batch=1, doc_ids=["a", "a"],
-                            prompt_tokens=1, held=True, replies=True, spans=Spans.of([[(0, 1)], [(0, 2)]]),
-                            chunks=CHUNK_ROWS)),
-    EmbedResult: (EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
-                  EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART)),
+    EmbedRequest: (
+        EmbedRequest("r", "m", ["a"], 1.0),
+        EmbedRequest(
+            "r",
+            "m",
+            [],
+            1.0,
+            SPANS,
+            token_ids=[IDS],
+            pairs=[("q", "d")],
+            held=True,
+            replies=True,
+            spans=Spans.of([[(0, 1)]], [1]),
+        ),
+    ),
+    TokenChunk: (
+        TokenChunk("r", "m", 0, 2, IDS, CU, 1.0),
+        TokenChunk(
+            "r",
+            "m",
+            0,
+            2,
+            IDS,
+            CU,
+            1.0,
+            SPANS,
+            token_types=IDS,
+            job="j",
+            batch=1,
+            doc_ids=["a", "a"],
+            prompt_tokens=1,
+            held=True,
+            replies=True,
+            spans=Spans.of([[(0, 1)], [(0, 2)]]),
+            chunks=CHUNK_ROWS,
+        ),
+    ),
+    EmbedResult: (
+        EmbedResult("r", 0, 1, 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
+        EmbedResult("r", 0, 2, tokens=3, **SPARSE_PART),
+    ),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
     Held: (Held("r", 0, 2, "w"),) * 2,
     Replies: (Replies(["_INBOX.g.r"], [b"\x80"]),) * 2,
@@ -67,15 +99,24 @@ EXAMPLES = {
     DecodeRequest: (DecodeRequest("r", "m", [IDS]),) * 2,
     DecodeResult: (DecodeResult("r", ["a"]),) * 2,
     ChunkRequest: (ChunkRequest("r", "m", ["a"], ChunkSpec(8)),) * 2,
-    ChunkLayout: (ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]), ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1], 254)),
-    JobBatch: (JobBatch("j", 0, "m", ["a"], ["text"]),
-               JobBatch("j", 0, "m", ["a"], ["text"], chunking=JobChunking(ChunkSpec(8, 2), with_text=True))),
-    JobResult: (JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
-                JobResult("j", 0, 0, ["a", "b"], tokens=3, chunks=CHUNK_ROWS, **SPARSE_PART)),
+    ChunkLayout: (
+        ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1]),
+        ChunkLayout.of("r", [[TextChunk(0, 1, 0, 1)]], [1], 254),
+    ),
+    JobBatch: (
+        JobBatch("j", 0, "m", ["a"], ["text"]),
+        JobBatch("j", 0, "m", ["a"], ["text"], chunking=JobChunking(ChunkSpec(8, 2), with_text=True)),
+    ),
+    JobResult: (
+        JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),
+        JobResult("j", 0, 0, ["a", "b"], tokens=3, chunks=CHUNK_ROWS, **SPARSE_PART),
+    ),
     LoadReport: (LoadReport("w", "m", "sub", 0, 0.05),) * 2,
-    RerankRequest: (RerankRequest("r", "m", "q", ["a"], 1.0),
-                    RerankRequest("r", "m", "q", [], 1.0, vectors=VECTORS)),
-    RerankResult: (RerankResult("r", IDS, np.zeros(3, "<f4")), RerankResult("r", IDS, np.zeros(3, "<f4"), ["a", "b", "c"])),
+    RerankRequest: (RerankRequest("r", "m", "q", ["a"], 1.0), RerankRequest("r", "m", "q", [], 1.0, vectors=VECTORS)),
+    RerankResult: (
+        RerankResult("r", IDS, np.zeros(3, "<f4")),
+        RerankResult("r", IDS, np.zeros(3, "<f4"), ["a", "b", "c"]),
+    ),
 }
 
 
@@ -123,7 +164,9 @@ def test_the_options_table_lists_the_keys_the_codec_writes():
 def test_every_key_has_one_meaning_in_the_index():
     index = [row[0] for row in _rows(_section("Key index"))]
     assert len(index) == len(set(index)), sorted(k for k in index if index.count(k) > 1)
-    used = {key for kind in EXAMPLES for key in _table(f"{kind.__name__} (`{kind.TYPE}`)")} | set(_table("EmbedOptions"))
+    used = {key for kind in EXAMPLES for key in _table(f"{kind.__name__} (`{kind.TYPE}`)")} | set(
+        _table("EmbedOptions")
+    )
     assert set(index) == used | {"v", "t"}
 
 

@@ -68,7 +68,8 @@ from shared.vector_forms import WIRE_FORMS
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
     # hypothesis's default count; make test-fast draws fewer, EMBEDFLEET_FUZZ_EXAMPLES=2000 digs deeper
-    max_examples=int(os.environ.get("EMBEDFLEET_FUZZ_EXAMPLES", "100")), deadline=timedelta(seconds=2),
+    max_examples=int(os.environ.get("EMBEDFLEET_FUZZ_EXAMPLES", "100")),
+    deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -123,8 +124,14 @@ def row_spans(draw, lengths: list[int], content: bool) -> Spans:
 
 @st.composite
 def embed_requests(draw) -> EmbedRequest:
-    common = dict(id=draw(ids), model=draw(names), deadline=draw(finite), options=draw(options),
-                  held=draw(st.booleans()), replies=draw(st.booleans()))
+    common = dict(
+        id=draw(ids),
+        model=draw(names),
+        deadline=draw(finite),
+        options=draw(options),
+        held=draw(st.booleans()),
+        replies=draw(st.booleans()),
+    )
     kind = "spans" if common["options"].output == "spans" else draw(st.sampled_from(["texts", "tokens", "pairs"]))
     if kind == "spans":
         inputs = draw(texts)
@@ -204,7 +211,9 @@ def payloads(draw, inputs: int) -> dict:
         return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets)
     size = entries * WIRE_FORMS[dtype].dtype.itemsize
     indices = np.array(draw(st.lists(st.integers(0, dim - 1), min_size=entries, max_size=entries)), dtype="<i4")
-    return dict(dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets, indices=indices)
+    return dict(
+        dim=dim, dtype=dtype, data=draw(st.binary(min_size=size, max_size=size)), offsets=offsets, indices=indices
+    )
 
 
 @st.composite
@@ -215,8 +224,12 @@ def embed_results(draw) -> EmbedResult:
     if not payload["data"] and "offsets" not in payload:
         payload["data"] = b"\x00" * row_bytes(payload["dtype"], payload["dim"]) * rows
     return EmbedResult(
-        id=draw(ids), start=start, total=draw(st.integers(start + rows, MAX_ROWS)), tokens=draw(u64),
-        timings=draw(timings), **payload,
+        id=draw(ids),
+        start=start,
+        total=draw(st.integers(start + rows, MAX_ROWS)),
+        tokens=draw(u64),
+        timings=draw(timings),
+        **payload,
     )
 
 
@@ -224,9 +237,13 @@ def embed_results(draw) -> EmbedResult:
 def job_results(draw) -> JobResult:
     docs = draw(st.integers(0, 4))
     return JobResult(
-        id=draw(names), batch=draw(u64), start=draw(u64),
-        doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)), tokens=draw(u64),
-        **draw(payloads(docs)), chunks=draw(st.none() | chunk_rows(docs)) if docs else None,
+        id=draw(names),
+        batch=draw(u64),
+        start=draw(u64),
+        doc_ids=draw(st.lists(st.text(max_size=10), min_size=docs, max_size=docs)),
+        tokens=draw(u64),
+        **draw(payloads(docs)),
+        chunks=draw(st.none() | chunk_rows(docs)) if docs else None,
     )
 
 
@@ -234,9 +251,12 @@ def job_results(draw) -> JobResult:
 def job_batches(draw) -> JobBatch:
     n = draw(st.integers(1, 5))
     return JobBatch(
-        id=draw(names), batch=draw(u64), model=draw(names),
+        id=draw(names),
+        batch=draw(u64),
+        model=draw(names),
         doc_ids=draw(st.lists(st.text(max_size=10), min_size=n, max_size=n)),
-        texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)), options=draw(unspanned),
+        texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)),
+        options=draw(unspanned),
         chunking=draw(st.none() | st.builds(JobChunking, chunk_specs(), st.booleans(), st.booleans())),
     )
 
@@ -257,9 +277,16 @@ def rerank_requests(draw) -> RerankRequest:
         values = st.lists(value, min_size=rows * dim, max_size=rows * dim)
         vectors, candidates = np.array(draw(values), dtype="<f4").reshape(rows, dim), []
     return RerankRequest(
-        id=draw(ids), model=draw(names), query=draw(st.text(max_size=30)), texts=candidates, deadline=draw(finite),
-        top_n=draw(st.none() | st.integers(1, 2**64 - 1)), raw_scores=draw(st.booleans()), truncate=draw(st.booleans()),
-        vectors=vectors, return_text=draw(st.booleans()),
+        id=draw(ids),
+        model=draw(names),
+        query=draw(st.text(max_size=30)),
+        texts=candidates,
+        deadline=draw(finite),
+        top_n=draw(st.none() | st.integers(1, 2**64 - 1)),
+        raw_scores=draw(st.booleans()),
+        truncate=draw(st.booleans()),
+        vectors=vectors,
+        return_text=draw(st.booleans()),
     )
 
 
@@ -268,26 +295,36 @@ def rerank_results(draw) -> RerankResult:
     n = draw(st.integers(0, 5))
     scores = st.binary(min_size=4 * n, max_size=4 * n).map(lambda b: np.frombuffer(b, dtype="<f4"))
     return RerankResult(
-        id=draw(ids), indices=draw(int32_arrays(n)), scores=draw(scores),
+        id=draw(ids),
+        indices=draw(int32_arrays(n)),
+        scores=draw(scores),
         texts=draw(st.none() | st.lists(st.text(max_size=10), min_size=n, max_size=n)),
     )
 
 
 @st.composite
 def chunk_requests(draw) -> ChunkRequest:
-    return ChunkRequest(id=draw(ids), model=draw(names), texts=draw(texts), spec=draw(chunk_specs()),
-                        prompt_name=draw(st.none() | st.text(max_size=20)),
-                        input_type=draw(st.none() | st.sampled_from(["query", "document"])))
+    return ChunkRequest(
+        id=draw(ids),
+        model=draw(names),
+        texts=draw(texts),
+        spec=draw(chunk_specs()),
+        prompt_name=draw(st.none() | st.text(max_size=20)),
+        input_type=draw(st.none() | st.sampled_from(["query", "document"])),
+    )
 
 
 @st.composite
 def text_chunks(draw) -> tuple[list[TextChunk], int]:
     """One input's chunks (as any layout may hold them: spans, not necessarily a cut's), and its tokens."""
     tokens = draw(st.integers(0, 2**31 - 1))
-    spans = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, tokens),
-                      st.integers(0, tokens))
-    chunks = [TextChunk(min(a, b), max(a, b), min(f, t), max(f, t)) for a, b, f, t in
-              draw(st.lists(spans, min_size=1, max_size=4))]
+    spans = st.tuples(
+        st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, tokens), st.integers(0, tokens)
+    )
+    chunks = [
+        TextChunk(min(a, b), max(a, b), min(f, t), max(f, t))
+        for a, b, f, t in draw(st.lists(spans, min_size=1, max_size=4))
+    ]
     return chunks, tokens
 
 
@@ -304,18 +341,35 @@ VALID: dict[type, st.SearchStrategy] = {
     EmbedRequest: embed_requests(),
     TokenChunk: token_chunks(),
     EmbedResult: embed_results(),
-    ErrorReply: st.builds(ErrorReply, id=ids, code=st.sampled_from([c for c in ErrorCode if c not in GATEWAY_ONLY]), message=st.text(max_size=40),
-                          row=st.none() | u64),
+    ErrorReply: st.builds(
+        ErrorReply,
+        id=ids,
+        code=st.sampled_from([c for c in ErrorCode if c not in GATEWAY_ONLY]),
+        message=st.text(max_size=40),
+        row=st.none() | u64,
+    ),
     Held: st.builds(Held, id=ids, start=st.integers(0, MAX_ROWS - 1), rows=st.just(1), holder=names),
-    Replies: st.integers(0, 4).flatmap(lambda n: st.builds(
-        Replies, subjects=st.lists(names, min_size=n, max_size=n), messages=st.lists(st.binary(max_size=30), min_size=n, max_size=n))),
+    Replies: st.integers(0, 4).flatmap(
+        lambda n: st.builds(
+            Replies,
+            subjects=st.lists(names, min_size=n, max_size=n),
+            messages=st.lists(st.binary(max_size=30), min_size=n, max_size=n),
+        )
+    ),
     TokenizeRequest: st.builds(
-        TokenizeRequest, id=ids, model=names, texts=texts, add_special_tokens=st.booleans(),
+        TokenizeRequest,
+        id=ids,
+        model=names,
+        texts=texts,
+        add_special_tokens=st.booleans(),
         prompt_name=st.none() | st.text(max_size=20),
     ),
     TokenizeResult: st.builds(TokenizeResult, id=ids, tokens=st.lists(st.lists(token_tuples, max_size=4), max_size=3)),
     DecodeRequest: st.builds(
-        DecodeRequest, id=ids, model=names, ids=st.lists(st.integers(0, 8).flatmap(int32_arrays), max_size=4),
+        DecodeRequest,
+        id=ids,
+        model=names,
+        ids=st.lists(st.integers(0, 8).flatmap(int32_arrays), max_size=4),
         skip_special_tokens=st.booleans(),
     ),
     DecodeResult: st.builds(DecodeResult, id=ids, texts=texts),
@@ -324,8 +378,14 @@ VALID: dict[type, st.SearchStrategy] = {
     JobBatch: job_batches(),
     JobResult: job_results(),
     LoadReport: st.builds(
-        LoadReport, id=names, model=names, subject=names, queued_tokens=u64,
-        interval=st.floats(0, 60, exclude_min=True), leaving=st.booleans(), rate=st.floats(0, 1e12, exclude_max=True),
+        LoadReport,
+        id=names,
+        model=names,
+        subject=names,
+        queued_tokens=u64,
+        interval=st.floats(0, 60, exclude_min=True),
+        leaving=st.booleans(),
+        rate=st.floats(0, 1e12, exclude_max=True),
     ),
     RerankRequest: rerank_requests(),
     RerankResult: rerank_results(),
@@ -361,7 +421,8 @@ junk_scalars = st.one_of(
     st.sampled_from([("x", 100_000), (b"\x00", 100_001), ("é", MAX_NAME + 1)]).map(lambda r: r[0] * r[1]),  # large
 )
 junk = st.recursive(
-    junk_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    junk_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=12,
 )
 
@@ -413,16 +474,75 @@ def mutated(draw, valid: st.SearchStrategy) -> bytes:
 # msgpack values of every kind, packed: maps, lists, ext types, odd keys
 msgpack_values = st.recursive(
     junk_scalars | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=8)),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=3) | st.binary(max_size=3), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3) | st.binary(max_size=3), inner, max_size=4)
+    ),
     max_leaves=10,
 ).map(lambda v: msgpack.packb(v, use_bin_type=True))
 # every key a message has (docs/protocol.md), and a few short ones none has
-WIRE_KEYS = sorted({"rows", "vec", "tkd", "jb", "bi", "wk", "sub", "qt", "iv", "ci", "n", "b", "d", "i",
-    "id", "m", "x", "dl", "o", "tk", "pr", "s", "ids", "cu", "tt", "tm", "pt", "di", "dim", "dt", "tok", "of", "ix",
-    "c", "e", "row", "sp", "pn", "ss", "l", "r", "q", "k", "rs", "tr", "rt", "cv", "cd", "sc", "it", "sz", "ov", "bd",
-    "cc", "ct", "cs", "ce", "cf", "cl",
-})
+WIRE_KEYS = sorted(
+    {
+        "rows",
+        "vec",
+        "tkd",
+        "jb",
+        "bi",
+        "wk",
+        "sub",
+        "qt",
+        "iv",
+        "ci",
+        "n",
+        "b",
+        "d",
+        "i",
+        "id",
+        "m",
+        "x",
+        "dl",
+        "o",
+        "tk",
+        "pr",
+        "s",
+        "ids",
+        "cu",
+        "tt",
+        "tm",
+        "pt",
+        "di",
+        "dim",
+        "dt",
+        "tok",
+        "of",
+        "ix",
+        "c",
+        "e",
+        "row",
+        "sp",
+        "pn",
+        "ss",
+        "l",
+        "r",
+        "q",
+        "k",
+        "rs",
+        "tr",
+        "rt",
+        "cv",
+        "cd",
+        "sc",
+        "it",
+        "sz",
+        "ov",
+        "bd",
+        "cc",
+        "ct",
+        "cs",
+        "ce",
+        "cf",
+        "cl",
+    }
+)
 protocol_shaped = st.fixed_dictionaries(
     {"v": st.sampled_from([1, VERSION]) | junk_scalars, "t": st.sampled_from([k.TYPE for k in KINDS]) | junk_scalars},
     optional=dict.fromkeys(WIRE_KEYS, junk),
@@ -515,6 +635,8 @@ def _layout(**fields) -> bytes:
 
 def _i4(*values: int) -> list[int]:
     return list(values)
+
+
 HUGE_CLAIMS = {
     # msgpack headers that claim far more than the bytes that follow
     "array32 of 2**32-1": b"\xdd\xff\xff\xff\xff\xc0",
@@ -522,8 +644,9 @@ HUGE_CLAIMS = {
     "bin32 of 4 GB": b"\xc6\xff\xff\xff\xff\x00",
     "str32 of 4 GB": b"\xdb\xff\xff\xff\xff\x00",
     "ext32 of 4 GB": b"\xc9\xff\xff\xff\xff\x01\x00",
-    "texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "embed", "id": "a", "m": "m", "dl": 1.0}, "x",
-                                             b"\xdd\xff\xff\xff\xff"),
+    "texts claiming 2**32-1": with_raw_field(
+        {"v": VERSION, "t": "embed", "id": "a", "m": "m", "dl": 1.0}, "x", b"\xdd\xff\xff\xff\xff"
+    ),
     "ids claiming 4 GB": with_raw_field(msgpack.unpackb(_tokens()), "ids", b"\xc6\xff\xff\xff\xff\x00\x00"),
     "nested 100000 deep": deeply_nested(100_000),
     "field nested 100000 deep": with_raw_field({"v": VERSION, "t": "embed"}, "x", deeply_nested(100_000)),
@@ -545,35 +668,116 @@ HUGE_CLAIMS = {
     "dimension 2**40": _message("result", id="a", s=0, rows=1, dim=2**40, dt="f4", vec=b"\x00" * 4, tok=1),
     "result rows past total": _message("result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"\x00" * 8, tok=1),
     "result bytes not whole rows": _message("result", id="a", s=0, rows=9, dim=2, dt="f4", vec=b"\x00" * 12, tok=1),
-    "offsets past the payload": _message("result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"\x00" * 4, tok=1,
-                                         of=np.array([0, 2**31 - 1], "<i4").tobytes()),
-    "offsets wrapping around int32": _message("result", id="a", s=0, rows=3, dim=1, dt="f4", vec=b"\x00" * 4, tok=1,
-                                              of=np.array([0, 2**31 - 1, -(2**31), 1], "<i4").tobytes()),
-    "offsets decreasing": _message("result", id="a", s=0, rows=3, dim=1, dt="f4", vec=b"\x00" * 8, tok=1,
-                                   of=np.array([0, 2, 1, 2], "<i4").tobytes()),
-    "offsets claiming 2**40 inputs": _message("result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"", tok=1,
-                                              of=b"\xc6\xff\xff\xff\xff"),
-    "sparse index past dim": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1,
-                                      of=np.array([0, 1], "<i4").tobytes(), ix=np.array([4], "<i4").tobytes()),
-    "sparse negative index": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1,
-                                      of=np.array([0, 1], "<i4").tobytes(), ix=np.array([-1], "<i4").tobytes()),
-    "sparse values and indices differ": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 8, tok=1,
-                                                 of=np.array([0, 2], "<i4").tobytes(), ix=np.array([1], "<i4").tobytes()),
-    "sparse int8 values": _message("result", id="a", s=0, rows=1, dim=4, dt="i1", vec=b"\x00", tok=1,
-                                   of=np.array([0, 1], "<i4").tobytes(), ix=np.array([1], "<i4").tobytes()),
-    "sparse without offsets": _message("result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1,
-                                       ix=np.array([1], "<i4").tobytes()),
-    "job result offsets not one per document": _message("jobresult", jb="j", bi=0, s=0, di=["a", "b"], dim=1, dt="f4",
-                                                        vec=b"\x00" * 4, tok=1, of=np.array([0, 1], "<i4").tobytes()),
+    "offsets past the payload": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=1,
+        dim=1,
+        dt="f4",
+        vec=b"\x00" * 4,
+        tok=1,
+        of=np.array([0, 2**31 - 1], "<i4").tobytes(),
+    ),
+    "offsets wrapping around int32": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=3,
+        dim=1,
+        dt="f4",
+        vec=b"\x00" * 4,
+        tok=1,
+        of=np.array([0, 2**31 - 1, -(2**31), 1], "<i4").tobytes(),
+    ),
+    "offsets decreasing": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=3,
+        dim=1,
+        dt="f4",
+        vec=b"\x00" * 8,
+        tok=1,
+        of=np.array([0, 2, 1, 2], "<i4").tobytes(),
+    ),
+    "offsets claiming 2**40 inputs": _message(
+        "result", id="a", s=0, rows=1, dim=1, dt="f4", vec=b"", tok=1, of=b"\xc6\xff\xff\xff\xff"
+    ),
+    "sparse index past dim": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=1,
+        dim=4,
+        dt="f4",
+        vec=b"\x00" * 4,
+        tok=1,
+        of=np.array([0, 1], "<i4").tobytes(),
+        ix=np.array([4], "<i4").tobytes(),
+    ),
+    "sparse negative index": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=1,
+        dim=4,
+        dt="f4",
+        vec=b"\x00" * 4,
+        tok=1,
+        of=np.array([0, 1], "<i4").tobytes(),
+        ix=np.array([-1], "<i4").tobytes(),
+    ),
+    "sparse values and indices differ": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=1,
+        dim=4,
+        dt="f4",
+        vec=b"\x00" * 8,
+        tok=1,
+        of=np.array([0, 2], "<i4").tobytes(),
+        ix=np.array([1], "<i4").tobytes(),
+    ),
+    "sparse int8 values": _message(
+        "result",
+        id="a",
+        s=0,
+        rows=1,
+        dim=4,
+        dt="i1",
+        vec=b"\x00",
+        tok=1,
+        of=np.array([0, 1], "<i4").tobytes(),
+        ix=np.array([1], "<i4").tobytes(),
+    ),
+    "sparse without offsets": _message(
+        "result", id="a", s=0, rows=1, dim=4, dt="f4", vec=b"\x00" * 4, tok=1, ix=np.array([1], "<i4").tobytes()
+    ),
+    "job result offsets not one per document": _message(
+        "jobresult",
+        jb="j",
+        bi=0,
+        s=0,
+        di=["a", "b"],
+        dim=1,
+        dt="f4",
+        vec=b"\x00" * 4,
+        tok=1,
+        of=np.array([0, 1], "<i4").tobytes(),
+    ),
     "options output unknown": _message("embed", **OK_EMBED, o={"out": "everything"}),
     "options sparse top_k 2**64": _message("embed", **OK_EMBED, o={"out": "sparse", "sk": 2**64 - 1}),
     "options sparse threshold NaN": _message("embed", **OK_EMBED, o={"out": "sparse", "sth": float("nan")}),
     "options sparse as binary": _message("embed", **OK_EMBED, o={"out": "sparse", "dt": "b1"}),
-    "job result not one vector per document": _message("jobresult", jb="j", bi=0, s=0, di=["a"], dim=2**16, dt="f4",
-                                                     vec=b"\x00" * 4, tok=1),
+    "job result not one vector per document": _message(
+        "jobresult", jb="j", bi=0, s=0, di=["a"], dim=2**16, dt="f4", vec=b"\x00" * 4, tok=1
+    ),
     "rerank candidate dim 2**40": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0, cv=b"\x00" * 8, cd=2**40),
-    "rerank candidate NaN": _message("rerank", id="a", m="m", q="q", x=[], dl=1.0,
-                                     cv=np.array([1.0, float("nan")], "<f4").tobytes(), cd=2),
+    "rerank candidate NaN": _message(
+        "rerank", id="a", m="m", q="q", x=[], dl=1.0, cv=np.array([1.0, float("nan")], "<f4").tobytes(), cd=2
+    ),
     "load rate as text": _message("load", wk="w", m="m", sub="s", qt=0, iv=0.05, r="1e3"),
     "load rate inf": _message("load", wk="w", m="m", sub="s", qt=0, iv=0.05, r=float("inf")),
     "options dtype a list": _message("embed", **OK_EMBED, o={"dt": ["f4"]}),
@@ -588,25 +792,30 @@ HUGE_CLAIMS = {
     "empty model": _message("embed", **{**OK_EMBED, "m": ""}),
     "job longer than MAX_NAME": _tokens(jb="j" * (MAX_NAME + 1), di=["a", "b"], bi=0),
     "job a number": _tokens(jb=7, di=["a", "b"], bi=0),
-    "decode ids claiming 2**32-1 sequences": with_raw_field({"v": VERSION, "t": "decode", "id": "a", "m": "m"}, "tk",
-                                                        b"\xdd\xff\xff\xff\xff"),
-    "decode ids claiming 4 GB": with_raw_field({"v": VERSION, "t": "decode", "id": "a", "m": "m"}, "tk",
-                                               b"\x91\xc6\xff\xff\xff\xff\x00"),
+    "decode ids claiming 2**32-1 sequences": with_raw_field(
+        {"v": VERSION, "t": "decode", "id": "a", "m": "m"}, "tk", b"\xdd\xff\xff\xff\xff"
+    ),
+    "decode ids claiming 4 GB": with_raw_field(
+        {"v": VERSION, "t": "decode", "id": "a", "m": "m"}, "tk", b"\x91\xc6\xff\xff\xff\xff\x00"
+    ),
     "decode ids not whole int32": _message("decode", id="a", m="m", tk=[b"\x01\x00\x00"]),
     "decode ids as numbers": _message("decode", id="a", m="m", tk=[[101, 102]]),
     "decode ids a map": _message("decode", id="a", m="m", tk={"a": b"\x00" * 4}),
     "decode without a model": _message("decode", id="a", tk=[b"\x00" * 4]),
     "decode skip_special_tokens a string": _message("decode", id="a", m="m", tk=[b"\x00" * 4], ss="yes"),
     "decoded texts as bytes": _message("decoded", id="a", x=[b"text"]),
-    "decoded texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "decoded", "id": "a"}, "x", b"\xdd\xff\xff\xff\xff"),
+    "decoded texts claiming 2**32-1": with_raw_field(
+        {"v": VERSION, "t": "decoded", "id": "a"}, "x", b"\xdd\xff\xff\xff\xff"
+    ),
     "chunk size 0": _message("chunk", **{**OK_CHUNK, "sz": 0}),
     "chunk size a float": _message("chunk", **{**OK_CHUNK, "sz": 8.0}),
     "chunk overlap as large as size": _message("chunk", **{**OK_CHUNK, "ov": 8}),
     "chunk overlap negative": _message("chunk", **{**OK_CHUNK, "ov": -1}),
     "chunk boundary 100 KB": _message("chunk", **{**OK_CHUNK, "bd": "x" * 100_000}),
     "chunk prompt name a number": _message("chunk", **{**OK_CHUNK, "pn": 7}),
-    "chunk texts claiming 2**32-1": with_raw_field({"v": VERSION, "t": "chunk", "id": "a", "m": "m", "sz": 8}, "x",
-                                                   b"\xdd\xff\xff\xff\xff"),
+    "chunk texts claiming 2**32-1": with_raw_field(
+        {"v": VERSION, "t": "chunk", "id": "a", "m": "m", "sz": 8}, "x", b"\xdd\xff\xff\xff\xff"
+    ),
     "layout starts claiming 4 GB": with_raw_field(msgpack.unpackb(_layout()), "cs", b"\xc6\xff\xff\xff\xff\x00"),
     "layout counts not whole int32": msgpack.packb({**msgpack.unpackb(_layout()), "cc": b"\x02\x00\x00\x00\x01"}),
     "layout counts summing past the chunks": _layout(cc=_i4(2, 2), ct=_i4(3, 0)),
@@ -639,8 +848,11 @@ def test_more_inputs_than_max_rows_are_refused():
 
 msg_ids = st.one_of(
     st.text(max_size=40),
-    st.builds(lambda job, nums: ":".join([job, *nums]), st.text(max_size=12),
-              st.lists(st.text("0123456789²٣", min_size=1, max_size=8) | st.sampled_from(["9" * 5000]), max_size=3)),
+    st.builds(
+        lambda job, nums: ":".join([job, *nums]),
+        st.text(max_size=12),
+        st.lists(st.text("0123456789²٣", min_size=1, max_size=8) | st.sampled_from(["9" * 5000]), max_size=3),
+    ),
     st.sampled_from(["j" * (MAX_NAME + 1) + ":1:2", "job:" + "1" * 5000]),
 )
 
@@ -651,8 +863,12 @@ def test_dead_letter_descriptions_never_fail(msg_id, data):
     """What a dead letter records of a bulk batch comes from its payload, else from its message id
     header: both untrusted. Describing one never raises, and names a job only by a usable name."""
     headers = {"Nats-Msg-Id": msg_id}
-    for info in (job_from_msg_id(headers, 1), job_from_msg_id(headers, 2), describe_job_batch(data, headers),
-                 describe_token_chunk(data, headers)):
+    for info in (
+        job_from_msg_id(headers, 1),
+        job_from_msg_id(headers, 2),
+        describe_job_batch(data, headers),
+        describe_token_chunk(data, headers),
+    ):
         assert isinstance(info, BatchInfo)
         assert info.job is None or 0 < len(info.job) <= MAX_NAME
 
@@ -675,7 +891,15 @@ def test_sources_never_unpickle():
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Import):
                 found += [where for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES]
-            elif (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES) or (isinstance(node, ast.keyword) and node.arg == "allow_pickle") or (isinstance(node, ast.Attribute) and node.attr == "load" and isinstance(node.value, ast.Name) and \
-                    node.value.id in ("torch", "pickle", "marshal")):
+            elif (
+                (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES)
+                or (isinstance(node, ast.keyword) and node.arg == "allow_pickle")
+                or (
+                    isinstance(node, ast.Attribute)
+                    and node.attr == "load"
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in ("torch", "pickle", "marshal")
+                )
+            ):
                 found.append(where)
     assert len(_sources()) > 20 and found == []

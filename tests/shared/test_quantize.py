@@ -19,7 +19,12 @@ def vectors(reference) -> np.ndarray:
 
 def test_bytes_per_vector_of_each_form():
     assert {name: form.row_bytes(384) for name, form in FORMS.items()} == {
-        "float32": 1536, "float16": 768, "int8": 384, "uint8": 384, "binary": 48, "ubinary": 48,
+        "float32": 1536,
+        "float16": 768,
+        "int8": 384,
+        "uint8": 384,
+        "binary": 48,
+        "ubinary": 48,
     }
     assert vector_form("binary").width(385) == 49  # the last byte carries one bit
     with pytest.raises(ValueError, match="unknown vector form 'int4'"):

@@ -86,8 +86,10 @@ class _Msg:
 def test_a_tokenizer_takes_a_bundle_apart_and_refuses_a_forged_one():
     data = encode(Requests([f"{INBOX}.1", f"{INBOX}.2"], ["", f"00-{'1' * 32}-{'2' * 16}-01"], [b"a", b"b"]))
     entries = unbundle(_Msg(data, f"{INBOX}.1"))
-    assert entries == [Entry("e", f"{INBOX}.1", b"a", None, f"{INBOX}.1"),
-                       Entry("e", f"{INBOX}.2", b"b", {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}, f"{INBOX}.1")]
+    assert entries == [
+        Entry("e", f"{INBOX}.1", b"a", None, f"{INBOX}.1"),
+        Entry("e", f"{INBOX}.2", b"b", {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}, f"{INBOX}.1"),
+    ]
     assert carrier_of(entries[1]) == f"{INBOX}.1" and carrier_of(_Msg(b"", "r")) == "r"
     assert not is_bundle(encode(Requests([f"{INBOX}.1"], [""], [b"a"]))[:4])
     with pytest.raises(ProtocolError, match="first entry's reply subject"):

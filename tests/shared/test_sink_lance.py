@@ -18,8 +18,14 @@ def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
     vectors, ids = unit_rows(300, 16), [f"doc-{i}" for i in range(300)]
     texts = [f"text of {i}" for i in range(300)]
     for start in range(0, 300, 100):
-        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], [{"n": i} for i in range(start, start + 100)],
-                        texts=texts[start : start + 100]))
+        sink.write(
+            Rows(
+                ids[start : start + 100],
+                vectors[start : start + 100],
+                [{"n": i} for i in range(start, start + 100)],
+                texts=texts[start : start + 100],
+            )
+        )
     sink.write(Rows(ids[:100], vectors[:100], [{"n": i} for i in range(100)], texts=texts[:100]))  # delivered again
     sink.write(Rows(["doc-3", "doc-3"], vectors[[4, 3]], None))  # a key twice in one batch: the last wins
     assert sink.count() == 300
@@ -38,8 +44,10 @@ def test_merge_inserts_write_each_id_once_and_search_ranks_by_cosine(tmp_path):
     assert [(h.id, h.text) for h in reader.search(vectors[10], 1)] == [("doc-10", "text of 10")]
 
 
-@pytest.mark.parametrize("shape", [Shape("float16", "dense", 8, chunked=True), Shape("ubinary", "dense", 16),
-                                   Shape("float32", "multivector", 8)])
+@pytest.mark.parametrize(
+    "shape",
+    [Shape("float16", "dense", 8, chunked=True), Shape("ubinary", "dense", 16), Shape("float32", "multivector", 8)],
+)
 def test_attach_reads_what_a_table_holds_and_never_makes_one(tmp_path, shape):
     LanceSink(f"lancedb://{tmp_path}/db?table=t").open(shape)
     assert LanceSink(f"lancedb://{tmp_path}/db?table=t").attach() == shape

@@ -20,24 +20,36 @@ def postgres(tmp_path_factory):
     server.cleanup()
 
 
-
 def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgres):
     sink = PgVectorSink(f"{postgres}&table=docs")
     sink.open(Shape("float32", "dense", 16))
     vectors, ids = unit_rows(600, 16), [f"doc-{i}" for i in range(600)]
     for start in range(0, 600, 200):
-        sink.write(Rows(ids[start : start + 200], vectors[start : start + 200],
-                        [{"lang": "en" if i % 2 else "de", "n": i} for i in range(start, start + 200)],
-                        texts=[f"text of {i}" for i in range(start, start + 200)]))
-    sink.write(Rows(ids[:200], vectors[:200], [{"lang": "en" if i % 2 else "de", "n": i} for i in range(200)],
-                    texts=[f"text of {i}" for i in range(200)]))  # again
+        sink.write(
+            Rows(
+                ids[start : start + 200],
+                vectors[start : start + 200],
+                [{"lang": "en" if i % 2 else "de", "n": i} for i in range(start, start + 200)],
+                texts=[f"text of {i}" for i in range(start, start + 200)],
+            )
+        )
+    sink.write(
+        Rows(
+            ids[:200],
+            vectors[:200],
+            [{"lang": "en" if i % 2 else "de", "n": i} for i in range(200)],
+            texts=[f"text of {i}" for i in range(200)],
+        )
+    )  # again
     sink.write(Rows(["doc-7", "doc-7"], vectors[[8, 7]], None))  # a key twice in one batch: the last wins
     assert sink.count() == 600
     sink.finish()
     exact = np.argsort(-(vectors @ vectors[7]))[:10]
     hits = sink.search(vectors[7], 10)
     assert [h.id for h in hits][:1] == ["doc-7"] and hits[0].score == pytest.approx(1.0, abs=1e-6)
-    assert all(h.text == f"text of {h.id.removeprefix('doc-')}" for h in hits[1:]) and hits[0].text is None  # doc-7: rewritten without
+    assert (
+        all(h.text == f"text of {h.id.removeprefix('doc-')}" for h in hits[1:]) and hits[0].text is None
+    )  # doc-7: rewritten without
     assert len({h.id for h in hits} & {ids[i] for i in exact}) >= 9  # HNSW: recall@10 >= 0.9 on 600 rows
     assert hits[1].score == pytest.approx(float(vectors[exact[1]] @ vectors[7]), abs=1e-5)
     german = sink.search(vectors[7], 5, {"lang": "de"})
@@ -91,8 +103,14 @@ def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres):
         PgVectorSink(f"{postgres}&table=other").open(Shape("float32", "multivector", 8))
 
 
-@pytest.mark.parametrize("shape, kind", [(Shape("float16", "dense", 8), "halfvec"), (Shape("binary", "dense", 64), "bit"),
-                                         (Shape("float32", "sparse", 30522), "sparsevec")])
+@pytest.mark.parametrize(
+    "shape, kind",
+    [
+        (Shape("float16", "dense", 8), "halfvec"),
+        (Shape("binary", "dense", 64), "bit"),
+        (Shape("float32", "sparse", 30522), "sparsevec"),
+    ],
+)
 def test_a_column_the_servers_pgvector_lacks_is_refused_with_its_version(postgres, shape, kind):
     """The types pgvector 0.7 brought (halfvec, sparsevec, HNSW over bits) on a server with an older one
     (pgserver ships 0.6.2): refused for good, naming both versions, no table made. With 0.7 or later the
@@ -100,7 +118,9 @@ def test_a_column_the_servers_pgvector_lacks_is_refused_with_its_version(postgre
     import psycopg
 
     with psycopg.connect(postgres) as conn:
-        version = conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[0]
+        version = conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[
+            0
+        ]
     if tuple(int(p) for p in version.split(".")[:2]) >= (0, 7):
         sink = PgVectorSink(f"{postgres}&table=new_{kind}")
         sink.open(shape)

@@ -19,8 +19,14 @@ def test_upserts_write_each_id_once_and_search_ranks_by_cosine_with_filters(tmp_
     meta = [{"lang": "en" if i % 2 else "de", "n": i} for i in range(300)]
     texts = [f"text of {i}" for i in range(300)]
     for start in range(0, 300, 100):
-        sink.write(Rows(ids[start : start + 100], vectors[start : start + 100], meta[start : start + 100],
-                        texts=texts[start : start + 100]))
+        sink.write(
+            Rows(
+                ids[start : start + 100],
+                vectors[start : start + 100],
+                meta[start : start + 100],
+                texts=texts[start : start + 100],
+            )
+        )
     sink.write(Rows(ids[:100], vectors[:100], meta[:100], texts=texts[:100]))  # delivered again
     assert sink.count() == 300
     sink.finish()
@@ -44,8 +50,11 @@ def test_upserts_write_each_id_once_and_search_ranks_by_cosine_with_filters(tmp_
 
 
 def test_attach_reads_chunks_sparse_and_multi_vector_collections(tmp_path):
-    shapes = {"chunks": Shape("float16", "dense", 8, chunked=True), "sparse": Shape("float32", "sparse", 0),
-              "mv": Shape("float32", "multivector", 8)}
+    shapes = {
+        "chunks": Shape("float16", "dense", 8, chunked=True),
+        "sparse": Shape("float32", "sparse", 0),
+        "mv": Shape("float32", "multivector", 8),
+    }
     for name, shape in shapes.items():
         sink = QdrantSink(f"qdrant://{tmp_path}/{name}?collection={name}")
         sink.open(shape)

@@ -123,7 +123,9 @@ def test_a_count_given_is_set_exactly_and_the_automatic_one_never_lowers(cluster
 
 def test_more_copies_than_nodes_are_refused_new_and_kept_existing(cluster_url, caplog):
     async def body(js, subjects):
-        with pytest.raises(ConfigError, match=r"--stream-replicas 5: NATS cannot place 5 copies of .*no suitable peers"):
+        with pytest.raises(
+            ConfigError, match=r"--stream-replicas 5: NATS cannot place 5 copies of .*no suitable peers"
+        ):
             await ensure_streams(js, subjects, Retention(replicas=5))
         fresh = Subjects(f"{subjects.prefix}x")
         await ensure_streams(js, fresh)

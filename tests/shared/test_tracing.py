@@ -28,28 +28,36 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
 
 
-@pytest.mark.parametrize("value, want", [
-    (f"00-{TRACE}-{SPAN}-01", TraceContext(TRACE, SPAN, 1)),
-    (f"00-{TRACE}-{SPAN}-00", TraceContext(TRACE, SPAN, 0)),
-    # a later version may append fields: the first four are read (the spec's forward compatibility)
-    (f"01-{TRACE}-{SPAN}-03-what-comes-next", TraceContext(TRACE, SPAN, 3)),
-    (f"  00-{TRACE}-{SPAN}-01 ", TraceContext(TRACE, SPAN, 1)),
-])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        (f"00-{TRACE}-{SPAN}-01", TraceContext(TRACE, SPAN, 1)),
+        (f"00-{TRACE}-{SPAN}-00", TraceContext(TRACE, SPAN, 0)),
+        # a later version may append fields: the first four are read (the spec's forward compatibility)
+        (f"01-{TRACE}-{SPAN}-03-what-comes-next", TraceContext(TRACE, SPAN, 3)),
+        (f"  00-{TRACE}-{SPAN}-01 ", TraceContext(TRACE, SPAN, 1)),
+    ],
+)
 def test_a_valid_traceparent_parses(value, want):
     assert TraceContext.parse(value) == want
 
 
-@pytest.mark.parametrize("value", [
-    None, "", "garbage",
-    f"00-{TRACE.upper()}-{SPAN}-01",  # upper case is invalid
-    f"00-{'0' * 32}-{SPAN}-01",  # all-zero trace id
-    f"00-{TRACE}-{'0' * 16}-01",  # all-zero span id
-    f"ff-{TRACE}-{SPAN}-01",  # version ff is forbidden
-    f"00-{TRACE}-{SPAN}-01-extra",  # version 00 has exactly four fields
-    f"00-{TRACE[:-1]}-{SPAN}-01",
-    f"00-{TRACE}-{SPAN}-1",
-    f"00-{TRACE}-{SPAN}-01" + "-x" * 400,  # far longer than any traceparent: refused unread
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "garbage",
+        f"00-{TRACE.upper()}-{SPAN}-01",  # upper case is invalid
+        f"00-{'0' * 32}-{SPAN}-01",  # all-zero trace id
+        f"00-{TRACE}-{'0' * 16}-01",  # all-zero span id
+        f"ff-{TRACE}-{SPAN}-01",  # version ff is forbidden
+        f"00-{TRACE}-{SPAN}-01-extra",  # version 00 has exactly four fields
+        f"00-{TRACE[:-1]}-{SPAN}-01",
+        f"00-{TRACE}-{SPAN}-1",
+        f"00-{TRACE}-{SPAN}-01" + "-x" * 400,  # far longer than any traceparent: refused unread
+    ],
+)
 def test_a_malformed_traceparent_is_refused(value):
     assert TraceContext.parse(value) is None
 
@@ -116,7 +124,10 @@ def test_spans_reach_an_otlp_receiver_with_their_parents(sink):
     assert spans["outer"].parent_id == SPAN and spans["outer"].kind == "server"
     assert spans["outer"].service == "embedfleet-unit" and spans["outer"].span_id == outer.context.span_id
     assert spans["outer"].attributes == {"embedfleet.request_id": "r1", "http.route": "/embed", "embedfleet.tokens": 7}
-    assert spans["queue"].parent_id == outer.context.span_id and (spans["queue"].start_ns, spans["queue"].end_ns) == (1_000, 2_000)
+    assert spans["queue"].parent_id == outer.context.span_id and (spans["queue"].start_ns, spans["queue"].end_ns) == (
+        1_000,
+        2_000,
+    )
     assert spans["failing"].error and spans["failing"].attributes["embedfleet.error_code"] == "timeout"
     assert not spans["outer"].error
 
@@ -180,4 +191,6 @@ def test_log_lines_carry_the_request_and_trace_ids():
     assert text.endswith(f"answered 3 rows [request=req-42 trace={TRACE}]")
     assert current() is None
     # with nothing bound, no ids
-    assert "trace_id" not in json.loads(_record(JsonFormatter("gateway"))) and _record(TextFormatter("x")).endswith("rows")
+    assert "trace_id" not in json.loads(_record(JsonFormatter("gateway"))) and _record(TextFormatter("x")).endswith(
+        "rows"
+    )

@@ -30,7 +30,10 @@ VALID = [
     f"01-{TRACE}-{SPAN}-01-" + "x" * (512 - 56),  # 512 characters: the longest read
 ]
 INVALID = [
-    None, "", " ", "garbage",
+    None,
+    "",
+    " ",
+    "garbage",
     f"01-{TRACE}-{SPAN}-01-" + "x" * (513 - 56),  # one past the longest read
     f"00-{TRACE}-{SPAN}-01" + "-x" * 400,
     f"00-{TRACE.upper()}-{SPAN}-01",  # hex digits are lower case
@@ -64,12 +67,18 @@ def otel_parse(value: str | None) -> TraceContext | None:
     found = trace.get_current_span(PROPAGATOR.extract(carrier)).get_span_context()
     if not found.is_valid:
         return None
-    return TraceContext(trace.format_trace_id(found.trace_id), trace.format_span_id(found.span_id), int(found.trace_flags))
+    return TraceContext(
+        trace.format_trace_id(found.trace_id), trace.format_span_id(found.span_id), int(found.trace_flags)
+    )
 
 
 def otel_header(context: TraceContext) -> str:
-    span = trace.SpanContext(int(context.trace_id, 16), int(context.span_id, 16), is_remote=False,
-                             trace_flags=trace.TraceFlags(context.flags))
+    span = trace.SpanContext(
+        int(context.trace_id, 16),
+        int(context.span_id, 16),
+        is_remote=False,
+        trace_flags=trace.TraceFlags(context.flags),
+    )
     carrier: dict[str, str] = {}
     PROPAGATOR.inject(carrier, trace.set_span_in_context(trace.NonRecordingSpan(span)))
     return carrier["traceparent"]

@@ -20,11 +20,21 @@ from shared.vector_forms import (
 def test_the_wire_codes_and_element_types_are_the_protocols():
     # workers and gateways of one fleet read each other's codes: these never change
     assert {name: (form.wire, form.dtype.str, form.bits) for name, form in FORMS.items()} == {
-        "float32": ("f4", "<f4", 32), "float16": ("f2", "<f2", 16), "int8": ("i1", "|i1", 8),
-        "uint8": ("u1", "|u1", 8), "binary": ("b1", "|i1", 1), "ubinary": ("ub1", "|u1", 1),
+        "float32": ("f4", "<f4", 32),
+        "float16": ("f2", "<f2", 16),
+        "int8": ("i1", "|i1", 8),
+        "uint8": ("u1", "|u1", 8),
+        "binary": ("b1", "|i1", 1),
+        "ubinary": ("ub1", "|u1", 1),
     }
     assert {code: form.name for code, form in WIRE_FORMS.items()} == {
-        "f4": "float32", "f2": "float16", "i1": "int8", "u1": "uint8", "b1": "binary", "ub1": "ubinary"}
+        "f4": "float32",
+        "f2": "float16",
+        "i1": "int8",
+        "u1": "uint8",
+        "b1": "binary",
+        "ub1": "ubinary",
+    }
 
 
 @pytest.mark.parametrize("name", list(FORMS))
@@ -39,7 +49,13 @@ def test_a_form_describes_the_rows_quantize_makes(name):
 def test_every_api_name_leads_to_a_declared_form():
     assert {"float": FORMS["float32"], **FORMS} == EMBEDDING_TYPES
     assert {t: f.name for t, f in COHERE_TYPES.items()} == {
-        "float": "float32", "int8": "int8", "uint8": "uint8", "binary": "binary", "ubinary": "ubinary", "base64": "float32"}
+        "float": "float32",
+        "int8": "int8",
+        "uint8": "uint8",
+        "binary": "binary",
+        "ubinary": "ubinary",
+        "base64": "float32",
+    }
     assert set(OCTET_DTYPES) == set(FORMS)
     assert form_named("float") is FORMS["float32"] and form_named("ubinary") is FORMS["ubinary"]
 

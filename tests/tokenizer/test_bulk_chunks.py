@@ -45,22 +45,34 @@ def test_each_row_is_the_models_sequence_for_its_chunks_text(encoder, options):
     assert cut.sequences == encoder.encode(encoder.with_prompt(pieces, options), truncate=False)
     assert chunks.texts == pieces and cut.doc_ids == [f"d{d}" for d in chunks.doc.tolist()]
     for d in range(len(texts)):  # a document's chunks one after another, 0 .. n - 1, each saying n
-        mine = [(k, n) for doc, k, n in zip(chunks.doc.tolist(), chunks.chunk.tolist(), chunks.count.tolist()) if doc == d]
+        mine = [
+            (k, n) for doc, k, n in zip(chunks.doc.tolist(), chunks.chunk.tolist(), chunks.count.tolist()) if doc == d
+        ]
         assert mine == [(k, len(mine)) for k in range(len(mine))]
     assert max(len(s) for s in cut.sequences) <= encoder.max_length
 
 
 def test_a_document_over_max_chunks_is_given_up_alone(encoder):
     cut = BatchCutter(encoder, 5).cut(_job(["short", " ".join(["word"] * 6), "also short"], JobChunking(ChunkSpec(1))))
-    assert cut.failed == [(1, ("document 'd1' is cut into 6 chunks, over the 5 a document may be (the tokenizer's "
-                              "--max-chunks): give a larger chunk size, or cut the document"))]
+    assert cut.failed == [
+        (
+            1,
+            (
+                "document 'd1' is cut into 6 chunks, over the 5 a document may be (the tokenizer's "
+                "--max-chunks): give a larger chunk size, or cut the document"
+            ),
+        )
+    ]
     assert cut.doc_ids == ["d0", "d2", "d2"] and cut.chunks.documents == 3 and cut.chunks.texts is None
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["plain", "late"])
-@pytest.mark.parametrize("chunking, said", [
-    (JobChunking(ChunkSpec(255)), "chunking.size is 255; this model holds at most 254 tokens of text a chunk"),
-])
+@pytest.mark.parametrize(
+    "chunking, said",
+    [
+        (JobChunking(ChunkSpec(255)), "chunking.size is 255; this model holds at most 254 tokens of text a chunk"),
+    ],
+)
 def test_what_no_document_can_be_cut_for_gives_the_batch_up(encoder, chunking, said, late):
     with pytest.raises(ServiceError) as caught:
         BatchCutter(encoder, 1024).cut(_job(["text"], replace(chunking, late=late)))
@@ -87,7 +99,9 @@ def _windows(encoder: TextEncoder, texts: list[str], spec: ChunkSpec, options: E
     out = []
     for text in texts:
         chunks = cut_text(text, whole.encode(text, add_special_tokens=False), spec)
-        out += [text[chunks[w.first].start : chunks[w.end - 1].end] for w in late_windows(chunks, encoder.room(options))]
+        out += [
+            text[chunks[w.first].start : chunks[w.end - 1].end] for w in late_windows(chunks, encoder.room(options))
+        ]
     return out
 
 
@@ -103,8 +117,9 @@ def test_late_rows_are_windows_with_the_chunks_they_own_as_spans(encoder, option
     for name in ("doc", "chunk", "count", "start", "end"):
         assert getattr(late.chunks, name).tolist() == getattr(plain.chunks, name).tolist(), name
     # a sequence a window: the model's sequence for the window's text (no tokenizing here: a slice)
-    assert late.sequences == encoder.encode(encoder.with_prompt(_windows(encoder, texts, spec, options), options),
-                                            truncate=False)
+    assert late.sequences == encoder.encode(
+        encoder.with_prompt(_windows(encoder, texts, spec, options), options), truncate=False
+    )
     assert len(late.sequences) < late.rows and max(map(len, late.sequences)) <= encoder.max_length
     bounds = late.row_bounds()
     assert bounds[-1] == late.rows and np.all(np.diff(bounds) >= 1)  # every window owns a chunk, each chunk once

@@ -90,8 +90,11 @@ class _Doc:
         words, offsets, n = self.enc.word_ids, self.enc.offsets, len(self.enc.ids)
         # a word of the pre-tokenizer's, not after a whitespace token (byte-level BPE splits a run of
         # whitespace by what follows it)
-        self.word_start = {0, n} | {i for i in range(1, n) if words[i] != words[i - 1]
-                                    and not self.text[offsets[i - 1][0] : offsets[i - 1][1]].isspace()}
+        self.word_start = {0, n} | {
+            i
+            for i in range(1, n)
+            if words[i] != words[i - 1] and not self.text[offsets[i - 1][0] : offsets[i - 1][1]].isspace()
+        }
         self.ends = [i for i in sorted(self.word_start - {0, n}) if _sentence_end(self.text, offsets, i)]
 
     def word_tokens(self, at: int) -> int:
@@ -139,8 +142,12 @@ def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextC
     return chunks, inside, len(set(ends) & {c.last for c in chunks})
 
 
-_SPECS = [(size, overlap) for size in (1, 2, 3, 5, 8, 16, 64, 254)
-          for overlap in sorted({0, 1, size // 2, size - 1}) if overlap < size]
+_SPECS = [
+    (size, overlap)
+    for size in (1, 2, 3, 5, 8, 16, 64, 254)
+    for overlap in sorted({0, 1, size // 2, size - 1})
+    if overlap < size
+]
 
 
 @pytest.mark.parametrize("size,overlap", _SPECS)
@@ -180,7 +187,10 @@ def test_text_that_fits_is_one_chunk_of_its_tokens(tokenizer, corpus):
     assert _chunks(tokenizer, " Hello world \n", ChunkSpec(2)) == [("Hello world", 0, 2)]
     # the token of "cafe\u0301" (a decomposed é) is "cafe": the chunk keeps the accent
     assert _chunks(tokenizer, "\u0301cafe\u0301 au \u0301noir\x00", ChunkSpec(1)) == [
-        ("\u0301cafe\u0301", 0, 1), ("au", 1, 2), ("\u0301noir\x00", 2, 3)]
+        ("\u0301cafe\u0301", 0, 1),
+        ("au", 1, 2),
+        ("\u0301noir\x00", 2, 3),
+    ]
     text = corpus[1]
     n = len(_encode(tokenizer, text).ids)
     assert 10 < n <= 254
@@ -199,15 +209,26 @@ def test_windows_and_overlap_fall_at_words(tokenizer):
     text = "alpha beta gamma delta epsilon"
     assert _chunks(tokenizer, text, ChunkSpec(2)) == [("alpha beta", 0, 2), ("gamma delta", 2, 4), ("epsilon", 4, 5)]
     assert _chunks(tokenizer, text, ChunkSpec(2, 1)) == [
-        ("alpha beta", 0, 2), ("beta gamma", 1, 3), ("gamma delta", 2, 4), ("delta epsilon", 3, 5)]
+        ("alpha beta", 0, 2),
+        ("beta gamma", 1, 3),
+        ("gamma delta", 2, 4),
+        ("delta epsilon", 3, 5),
+    ]
     assert _chunks(tokenizer, text, ChunkSpec(4, 3)) == [
-        ("alpha beta gamma delta", 0, 4), ("beta gamma delta epsilon", 1, 5)]
+        ("alpha beta gamma delta", 0, 4),
+        ("beta gamma delta epsilon", 1, 5),
+    ]
     # a word keeps its punctuation where a cut after whitespace keeps the chunk half full
     assert _chunks(tokenizer, "e.g. this one and that one here", ChunkSpec(6, 1)) == [
-        ("e.g. this one", 0, 6), ("one and that one here", 5, 10)]
+        ("e.g. this one", 0, 6),
+        ("one and that one here", 5, 10),
+    ]
     # ... else the cut falls at punctuation: the URL's words are "https", ":", "/", "/", "example", ...
     assert _chunks(tokenizer, "see https://example.com/a_b?c=1 now", ChunkSpec(8, 2)) == [
-        ("see https://example.com", 0, 8), (".com/a_b?c", 6, 14), ("?c=1 now", 12, 17)]
+        ("see https://example.com", 0, 8),
+        (".com/a_b?c", 6, 14),
+        ("?c=1 now", 12, 17),
+    ]
 
 
 def test_a_word_longer_than_the_window_is_cut_inside(tokenizer):
@@ -215,7 +236,12 @@ def test_a_word_longer_than_the_window_is_cut_inside(tokenizer):
     enc = _encode(tokenizer, text)
     chunks = cut(text, enc, ChunkSpec(4, 1))
     assert [(text[c.start : c.end], c.first, c.last) for c in chunks] == [
-        ("a", 0, 1), ("supercalifrag", 1, 5), ("ragilisticex", 4, 8), ("expialidoc", 7, 11), ("ocious word", 10, 13)]
+        ("a", 0, 1),
+        ("supercalifrag", 1, 5),
+        ("ragilisticex", 4, 8),
+        ("expialidoc", 7, 11),
+        ("ocious word", 10, 13),
+    ]
     ids = chunk_ids(enc.ids, chunks)
     assert ids[1] == enc.ids[1:5] and ids[1] == _encode(tokenizer, "supercalifrag").ids  # starts at the word's start
     # documented: a chunk that starts inside the word re-tokenizes differently ("##rag" reads "rag")
@@ -226,23 +252,39 @@ def test_a_word_longer_than_the_window_is_cut_inside(tokenizer):
 def test_sentence_mode_cuts_after_the_last_sentence_end(tokenizer):
     spec = ChunkSpec(6, 0, "sentence")
     assert _chunks(tokenizer, "One two. Three four five six seven eight.", spec) == [
-        ("One two.", 0, 3), ("Three four five six seven", 3, 8), ("eight.", 8, 10)]
+        ("One two.", 0, 3),
+        ("Three four five six seven", 3, 8),
+        ("eight.", 8, 10),
+    ]
     assert _chunks(tokenizer, "One two. Three four five six seven eight.", ChunkSpec(6)) == [
-        ("One two. Three four five", 0, 6), ("six seven eight.", 6, 10)]
+        ("One two. Three four five", 0, 6),
+        ("six seven eight.", 6, 10),
+    ]
     assert _chunks(tokenizer, 'He said "Stop." Then we left the old place at last.', ChunkSpec(10, 0, "sentence")) == [
-        ('He said "Stop."', 0, 6), ("Then we left the old place at last.", 6, 15)]
+        ('He said "Stop."', 0, 6),
+        ("Then we left the old place at last.", 6, 15),
+    ]
     assert _chunks(tokenizer, "我爱北京。天安门很大。", ChunkSpec(7, 0, "sentence")) == [
-        ("我爱北京。", 0, 5), ("天安门很大。", 5, 11)]
+        ("我爱北京。", 0, 5),
+        ("天安门很大。", 5, 11),
+    ]
     assert _chunks(tokenizer, "Title\nbody words here", ChunkSpec(2, 0, "sentence")) == [
-        ("Title", 0, 1), ("body words", 1, 3), ("here", 3, 4)]
+        ("Title", 0, 1),
+        ("body words", 1, 3),
+        ("here", 3, 4),
+    ]
     assert _chunks(tokenizer, "Title\nbody words here", ChunkSpec(2)) == [("Title\nbody", 0, 2), ("words here", 2, 4)]
     # no sentence end in the window's second half: cut as "token" does
     assert _chunks(tokenizer, "Hi. one two three four five six seven", ChunkSpec(8, 0, "sentence")) == [
-        ("Hi. one two three four five six", 0, 8), ("seven", 8, 9)]
+        ("Hi. one two three four five six", 0, 8),
+        ("seven", 8, 9),
+    ]
     assert _chunks(tokenizer, "नमस्ते दुनिया। फिर मिलेंगे", ChunkSpec(12, 0, "sentence"))[0][0] == "नमस्ते दुनिया।"
     # not sentence ends: a stop with no whitespace after it
     assert _chunks(tokenizer, "pi is 3.14 and x.y is z here", ChunkSpec(6, 0, "sentence")) == [
-        ("pi is 3.14 and", 0, 6), ("x.y is z here", 6, 12)]
+        ("pi is 3.14 and", 0, 6),
+        ("x.y is z here", 6, 12),
+    ]
 
 
 def test_chunk_ids_are_the_encodings_slices(tokenizer, corpus):
@@ -256,18 +298,21 @@ def test_chunk_ids_are_the_encodings_slices(tokenizer, corpus):
     assert chunked_tokens(cut(text, enc, ChunkSpec(50))) == len(enc.ids)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"size": 0}, "chunking.size must be an integer of at least 1, got 0"),
-    ({"size": -3}, "chunking.size must be an integer of at least 1, got -3"),
-    ({"size": 2.5}, "chunking.size must be an integer of at least 1, got 2.5"),
-    ({"size": True}, "chunking.size must be an integer of at least 1, got True"),
-    ({"size": 8, "overlap": -1}, "chunking.overlap must be an integer of at least 0, got -1"),
-    ({"size": 8, "overlap": "2"}, "chunking.overlap must be an integer of at least 0, got '2'"),
-    ({"size": 8, "overlap": 8}, "chunking.overlap (8) must be less than chunking.size (8)"),
-    ({"size": 8, "overlap": 9}, "chunking.overlap (9) must be less than chunking.size (8)"),
-    ({"size": 8, "boundary": "word"}, "chunking.boundary must be 'token' or 'sentence', got 'word'"),
-    ({"size": 8, "boundary": None}, "chunking.boundary must be 'token' or 'sentence', got None"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"size": 0}, "chunking.size must be an integer of at least 1, got 0"),
+        ({"size": -3}, "chunking.size must be an integer of at least 1, got -3"),
+        ({"size": 2.5}, "chunking.size must be an integer of at least 1, got 2.5"),
+        ({"size": True}, "chunking.size must be an integer of at least 1, got True"),
+        ({"size": 8, "overlap": -1}, "chunking.overlap must be an integer of at least 0, got -1"),
+        ({"size": 8, "overlap": "2"}, "chunking.overlap must be an integer of at least 0, got '2'"),
+        ({"size": 8, "overlap": 8}, "chunking.overlap (8) must be less than chunking.size (8)"),
+        ({"size": 8, "overlap": 9}, "chunking.overlap (9) must be less than chunking.size (8)"),
+        ({"size": 8, "boundary": "word"}, "chunking.boundary must be 'token' or 'sentence', got 'word'"),
+        ({"size": 8, "boundary": None}, "chunking.boundary must be 'token' or 'sentence', got None"),
+    ],
+)
 def test_invalid_specs_are_refused_with_clear_messages(kwargs, message):
     with pytest.raises(ServiceError) as err:
         ChunkSpec(**kwargs)
@@ -280,8 +325,10 @@ def test_size_over_the_models_room_is_refused():
     with pytest.raises(ServiceError) as err:
         ChunkSpec(255, 10).check_room(254)
     assert err.value.code is ErrorCode.INVALID_REQUEST
-    assert err.value.text() == ("chunking.size is 255; this model holds at most 254 tokens of text a chunk "
-                                "(its limit, less its special tokens and the prompt)")
+    assert err.value.text() == (
+        "chunking.size is 255; this model holds at most 254 tokens of text a chunk "
+        "(its limit, less its special tokens and the prompt)"
+    )
 
 
 def _trained(kind: str, texts: list[str]) -> Tokenizer:
@@ -291,14 +338,16 @@ def _trained(kind: str, texts: list[str]) -> Tokenizer:
     if kind == "byte-level":
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        trainer = trainers.BpeTrainer(vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        )
     else:
         tokenizer = Tokenizer(models.Unigram())
         tokenizer.normalizer = normalizers.NFKC()
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=1500, unk_token="<unk>", special_tokens=["<unk>"],
-                                          show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=1500, unk_token="<unk>", special_tokens=["<unk>"], show_progress=False
+        )
     tokenizer.train_from_iterator(texts, trainer)
     return tokenizer
 
@@ -319,7 +368,18 @@ def test_other_tokenizer_families_keep_the_promises(corpus, kind):
     chunks = cut(text, enc, ChunkSpec(4, 1))
     if kind == "byte-level":  # a chunk keeps the space its first token carries; never a cut inside a character
         assert [text[c.start : c.end] for c in chunks] == [
-            "Hello", " world,", " café", " 我", "爱", "北", "京", "。", " 😀", "🎉", " done."]
+            "Hello",
+            " world,",
+            " café",
+            " 我",
+            "爱",
+            "北",
+            "京",
+            "。",
+            " 😀",
+            "🎉",
+            " done.",
+        ]
     else:  # the CJK run is one word of more tokens than the window: cut inside it
         assert any(text.index("我") < c.start < text.index(" 😀") for c in chunks)
         assert [text[c.start : c.end] for c in chunks][-2:] == [" 😀🎉", " done."]

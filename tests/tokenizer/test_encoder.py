@@ -145,14 +145,24 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
 
     encoder = TextEncoder(model_info)
     rng = random.Random(0)
-    texts = long_texts(100) + mixed_texts(100) + [
-        "x" * 20000,  # no whitespace: not cut
-        ("a" * 300 + " ") * 60,  # very long words: the cut text does not reach the limit
-        "word " * 5000,
-        "\n".join(["line"] * 4000),
-        "é" * 5000 + " b" * 3000,
-    ] + [" ".join(rng.choice(["αβγ", "東京", "https://example.com/" + "q" * 50, "naïve", "x=1;", "🙂"])
-                  for _ in range(3000)) for _ in range(10)]
+    texts = (
+        long_texts(100)
+        + mixed_texts(100)
+        + [
+            "x" * 20000,  # no whitespace: not cut
+            ("a" * 300 + " ") * 60,  # very long words: the cut text does not reach the limit
+            "word " * 5000,
+            "\n".join(["line"] * 4000),
+            "é" * 5000 + " b" * 3000,
+        ]
+        + [
+            " ".join(
+                rng.choice(["αβγ", "東京", "https://example.com/" + "q" * 50, "naïve", "x=1;", "🙂"])
+                for _ in range(3000)
+            )
+            for _ in range(10)
+        ]
+    )
     whole = [e.ids for e in encoder._by_mode[direction].encode_batch(texts, add_special_tokens=True)]
     assert encoder.encode(texts, True, direction) == whole
     assert len(cut_chars("word " * 5000, 2048, direction)) < 2100  # the cut is taken
@@ -174,15 +184,20 @@ def _without_post_processor(model_info, tmp_path, tokenizer_config: dict):
     return TextEncoder(load_model_info(str(folder)))
 
 
-@pytest.mark.parametrize("flags, single, pair", [
-    ({"add_bos_token": True, "add_eos_token": True}, [101, 7592, 2088, 102], [101, 1037, 102, 101, 1038, 102]),
-    ({"add_bos_token": False, "add_eos_token": True}, [7592, 2088, 102], [1037, 102, 1038, 102]),
-    ({"add_bos_token": True}, [101, 7592, 2088], [101, 1037, 101, 1038]),
-])
+@pytest.mark.parametrize(
+    "flags, single, pair",
+    [
+        ({"add_bos_token": True, "add_eos_token": True}, [101, 7592, 2088, 102], [101, 1037, 102, 101, 1038, 102]),
+        ({"add_bos_token": False, "add_eos_token": True}, [7592, 2088, 102], [1037, 102, 1038, 102]),
+        ({"add_bos_token": True}, [101, 7592, 2088], [101, 1037, 101, 1038]),
+    ],
+)
 def test_bos_and_eos_from_tokenizer_config(model_info, tmp_path, flags, single, pair):
     """e5-mistral and other Llama-style tokenizers add their end-of-sequence token by a flag in
     tokenizer_config.json, not in tokenizer.json: a last-token pooled vector depends on it."""
-    encoder = _without_post_processor(model_info, tmp_path, {**flags, "bos_token": "[CLS]", "eos_token": {"content": "[SEP]"}})
+    encoder = _without_post_processor(
+        model_info, tmp_path, {**flags, "bos_token": "[CLS]", "eos_token": {"content": "[SEP]"}}
+    )
     assert encoder.encode(["hello world"]) == [single]
     ids, types = encoder.encode_pairs([("a", "b")])
     assert ids == [pair] and types == [[0] * (len(pair) // 2) + [1] * (len(pair) // 2)]
@@ -204,8 +219,9 @@ def test_tokenizer_json_that_already_adds_the_tokens_is_kept(model_info, tmp_pat
     folder = tmp_path / "bert"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True, "add_eos_token": True,
-                                                              "bos_token": "[CLS]", "eos_token": "[SEP]"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**config, "add_bos_token": True, "add_eos_token": True, "bos_token": "[CLS]", "eos_token": "[SEP]"})
+    )
     encoder = TextEncoder(load_model_info(str(folder)))
     assert encoder.encode(["hello world"]) == [[101, 7592, 2088, 102]]
     assert encoder.encode_pairs([("a", "b")])[0] == [[101, 1037, 102, 1038, 102]]  # BERT's own pair template
@@ -222,8 +238,13 @@ def test_decode_equals_the_reference_tokenizer(encoder, reference):
     assert encoder.decode([np.array([7592, 2**31 - 1, 2088], np.int32)]) == ["hello world"]
 
 
-@pytest.mark.parametrize("ids, fragment", [([np.array([], np.int32)], "ids[0] has no token IDs"),
-                                           ([np.array([1], np.int32), np.array([7, -3], np.int32)], "ids[1] holds a negative")])
+@pytest.mark.parametrize(
+    "ids, fragment",
+    [
+        ([np.array([], np.int32)], "ids[0] has no token IDs"),
+        ([np.array([1], np.int32), np.array([7, -3], np.int32)], "ids[1] holds a negative"),
+    ],
+)
 def test_decode_refuses_empty_and_negative_ids(encoder, ids, fragment):
     with pytest.raises(ServiceError) as err:
         encoder.decode(ids)

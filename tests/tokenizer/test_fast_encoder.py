@@ -26,9 +26,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _random_text(rng: random.Random) -> str:
     """Words of code points from every plane and category, divergent ones included."""
-    blocks = [(0x20, 0x7E), (0x0, 0x1F), (0x80, 0x24F), (0x300, 0x36F), (0x370, 0x4FF), (0x590, 0x6FF), (0x900, 0xE7F),
-              (0x2000, 0x206F), (0x3000, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xE000, 0xF8FF), (0xFE00, 0xFFFF),
-              (0x1F300, 0x1FAFF), (0x20000, 0x2A6DF), (0xE0000, 0xE007F), (0x10000, 0x10FFFF)]
+    blocks = [
+        (0x20, 0x7E),
+        (0x0, 0x1F),
+        (0x80, 0x24F),
+        (0x300, 0x36F),
+        (0x370, 0x4FF),
+        (0x590, 0x6FF),
+        (0x900, 0xE7F),
+        (0x2000, 0x206F),
+        (0x3000, 0x30FF),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0xE000, 0xF8FF),
+        (0xFE00, 0xFFFF),
+        (0x1F300, 0x1FAFF),
+        (0x20000, 0x2A6DF),
+        (0xE0000, 0xE007F),
+        (0x10000, 0x10FFFF),
+    ]
     out = []
     for _ in range(rng.choice([1, 3, 10, 40, 200])):
         r = rng.random()
@@ -45,7 +61,9 @@ def _random_text(rng: random.Random) -> str:
 def test_kitoken_is_installed_with_the_test_extra():
     import importlib.util
 
-    assert importlib.util.find_spec("kitoken") is not None, "pip install -e '.[test]' (kitoken, the extra 'fast-tokenizer')"
+    assert importlib.util.find_spec("kitoken") is not None, (
+        "pip install -e '.[test]' (kitoken, the extra 'fast-tokenizer')"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +123,17 @@ def test_charset_is_the_table():
     for a, b in DIVERGENT:
         inside.update(range(a, b + 1))
     points = [*range(0x10000), *(c for a, b in DIVERGENT for c in (a - 1, a, b, b + 1)), 0x1F600, 0x1FAE0, 0xE0041]
-    wrong = [hex(c) for c in points if 0 <= c <= 0x10FFFF and not 0xD800 <= c <= 0xDFFF
-             and (charset.holds(f"ab {chr(c)} é😀"), charset.holds(f"😀 {chr(c)}")) != (c in inside, c in inside)]
+    wrong = [
+        hex(c)
+        for c in points
+        if 0 <= c <= 0x10FFFF
+        and not 0xD800 <= c <= 0xDFFF
+        and (charset.holds(f"ab {chr(c)} é😀"), charset.holds(f"😀 {chr(c)}")) != (c in inside, c in inside)
+    ]
     assert not wrong, wrong[:10]
-    assert not charset.holds("plain ascii") and not charset.holds("Ünïcödé 中文 😀") and charset.holds("emoji \U000e0000")
+    assert (
+        not charset.holds("plain ascii") and not charset.holds("Ünïcödé 中文 😀") and charset.holds("emoji \U000e0000")
+    )
 
 
 def _folder(model_info, tmp_path: Path, edit) -> Path:
@@ -147,9 +172,19 @@ def test_a_tokenizer_json_the_check_fails_on_is_served_by_tokenizers(model_info,
 
 def test_a_tokenizer_json_kitoken_gets_wrong_is_served_by_tokenizers(model_info, tmp_path, caplog):
     """A special token written over a word's ID: kitoken matches it in the text, tokenizers does not."""
+
     def edit(spec: dict) -> None:
-        spec["added_tokens"].append({"id": 1037, "special": True, "content": "hello", "single_word": False,
-                                     "lstrip": False, "rstrip": False, "normalized": False})
+        spec["added_tokens"].append(
+            {
+                "id": 1037,
+                "special": True,
+                "content": "hello",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+            }
+        )
 
     folder = _folder(model_info, tmp_path, edit)
     with caplog.at_level("INFO", "embedfleet.tokenizer"):
@@ -171,20 +206,28 @@ def test_off_uses_tokenizers(model_info):
 
 def test_without_kitoken_installed_tokenizers_serves():
     """kitoken is optional: with it unimportable the service's choice is tokenizers, and encoding works."""
-    code = ("import sys; sys.modules['kitoken'] = None\n"
-            "from services.tokenizer.encoder import TextEncoder\n"
-            "from services.tokenizer.fast_check import choose\n"
-            "from shared.model_dir.load import load_model_info\n"
-            "info = load_model_info(None); e = TextEncoder(info)\n"
-            "print(choose(e, info.path, 'auto'), e.encode(['hello world']))\n")
+    code = (
+        "import sys; sys.modules['kitoken'] = None\n"
+        "from services.tokenizer.encoder import TextEncoder\n"
+        "from services.tokenizer.fast_check import choose\n"
+        "from shared.model_dir.load import load_model_info\n"
+        "info = load_model_info(None); e = TextEncoder(info)\n"
+        "print(choose(e, info.path, 'auto'), e.encode(['hello world']))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "tokenizers [[101, 7592, 2088, 102]]"
 
 
-@pytest.mark.parametrize("flag, env, path", [([], None, KITOKEN), ([], "off", TOKENIZERS),
-                                             (["--fast-tokenizer", "off"], "auto", TOKENIZERS),
-                                             (["--fast-tokenizer", "auto"], "off", KITOKEN)])
+@pytest.mark.parametrize(
+    "flag, env, path",
+    [
+        ([], None, KITOKEN),
+        ([], "off", TOKENIZERS),
+        (["--fast-tokenizer", "off"], "auto", TOKENIZERS),
+        (["--fast-tokenizer", "auto"], "off", KITOKEN),
+    ],
+)
 def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env, path):
     """--fast-tokenizer and EMBEDFLEET_FAST_TOKENIZER, through the CLI's parser and config, to the service."""
     from services.cli import build_parser

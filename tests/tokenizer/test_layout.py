@@ -50,8 +50,10 @@ def test_a_window_over_the_room_is_refused(encoder):
     with pytest.raises(ServiceError) as err:
         layouts.check(_request(["a"], ChunkSpec(255)))
     assert (err.value.code, err.value.row) == (ErrorCode.INVALID_REQUEST, None)
-    assert err.value.message == ("chunking.size is 255; this model holds at most 254 tokens of text a chunk "
-                                 "(its limit, less its special tokens and the prompt)")
+    assert err.value.message == (
+        "chunking.size is 255; this model holds at most 254 tokens of text a chunk "
+        "(its limit, less its special tokens and the prompt)"
+    )
     layouts.check(_request(["a"], ChunkSpec(252), input_type="query"))
     with pytest.raises(ServiceError, match=r"^chunking.size is 253; this model holds at most 252 tokens"):
         layouts.check(_request(["a"], ChunkSpec(253), input_type="query"))
@@ -66,6 +68,8 @@ def test_more_chunks_than_the_limit_are_refused_at_the_input_that_passes_it(enco
     with pytest.raises(ServiceError) as err:
         layouts.layout(_request(texts, ChunkSpec(8)))
     assert (err.value.code, err.value.row) == (ErrorCode.INPUT_TOO_LONG, 2)
-    assert err.value.text() == ("input 2 takes the request past 8 chunks, the most one may be cut into: its texts make "
-                                "12 (send fewer or shorter texts, or a larger chunking.size)")
+    assert err.value.text() == (
+        "input 2 takes the request past 8 chunks, the most one may be cut into: its texts make "
+        "12 (send fewer or shorter texts, or a larger chunking.size)"
+    )
     assert Layouts(encoder, 12).layout(_request(texts, ChunkSpec(8))).counts.tolist() == [1, 5, 5, 1]

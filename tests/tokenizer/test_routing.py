@@ -3,7 +3,9 @@ from shared.protocol import LoadReport, decode, encode
 
 
 def _report(wid: str, queued: int, leaving: bool = False, interval: float = 0.1) -> LoadReport:
-    return LoadReport(id=wid, model="m", subject=f"direct.{wid}", queued_tokens=queued, interval=interval, leaving=leaving)
+    return LoadReport(
+        id=wid, model="m", subject=f"direct.{wid}", queued_tokens=queued, interval=interval, leaving=leaving
+    )
 
 
 def test_load_report_round_trip():

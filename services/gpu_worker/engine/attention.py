@@ -62,7 +62,11 @@ class Attention(Protocol):
     capturable: bool
 
     def bind(
-        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        self,
+        cu_host: np.ndarray,
+        cu_dev: torch.Tensor,
+        max_len: int,
+        graph_key: int | None = None,
         real_tokens: int | None = None,
     ) -> None:
         """Set this batch's sequence bounds: host copy, device copy, longest sequence. Tokens from
@@ -115,7 +119,11 @@ class SdpaVarlen:
         self._masks: dict[tuple, torch.Tensor | None] = {}  # this batch's masks, by (length, AttnMask)
 
     def bind(
-        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        self,
+        cu_host: np.ndarray,
+        cu_dev: torch.Tensor,
+        max_len: int,
+        graph_key: int | None = None,
         real_tokens: int | None = None,
     ) -> None:
         if real_tokens is not None and real_tokens < int(cu_host[-1]):
@@ -166,9 +174,13 @@ class SdpaVarlen:
             causal = mask.causal and _window(mask, length) is None and mask.bias is None
             qs, ks, vs = (t[start:end].view(n, length, t.shape[1], d).transpose(1, 2) for t in (q, k, v))
             o = F.scaled_dot_product_attention(
-                qs, ks, vs,
+                qs,
+                ks,
+                vs,
                 attn_mask=None if causal else self._run_mask(length, mask, q),
-                is_causal=causal, scale=mask.scale, **gqa,
+                is_causal=causal,
+                scale=mask.scale,
+                **gqa,
             )
             out[start:end].view(n, length, heads, d).copy_(o.transpose(1, 2))
         return out
@@ -188,8 +200,15 @@ class SdpaVarlen:
                 self._masks[key] = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
         return self._masks[key]
 
-    def _padded(self, padding: tuple[torch.Tensor, torch.Tensor, int, int], q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor, mask: AttnMask, gqa: dict[str, Any]) -> torch.Tensor:
+    def _padded(
+        self,
+        padding: tuple[torch.Tensor, torch.Tensor, int, int],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: AttnMask,
+        gqa: dict[str, Any],
+    ) -> torch.Tensor:
         """``padding``: this batch's (``_pad``)."""
         positions, _keep, n, longest = padding
         heads, d = q.shape[1], q.shape[2]
@@ -199,8 +218,9 @@ class SdpaVarlen:
             padded.index_copy_(0, positions, t[: self._covered])
             return padded.view(n, longest, t.shape[1], d).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=self._padded_mask(padding, mask, q), scale=mask.scale,
-                                           **gqa)
+        o = F.scaled_dot_product_attention(
+            pad(q), pad(k), pad(v), attn_mask=self._padded_mask(padding, mask, q), scale=mask.scale, **gqa
+        )
         o = o.transpose(1, 2).reshape(n * longest, heads, d)
         if self._covered == len(q):
             return o.index_select(0, positions)
@@ -208,8 +228,9 @@ class SdpaVarlen:
         torch.index_select(o, 0, positions, out=out[: self._covered])
         return out
 
-    def _padded_mask(self, padding: tuple[torch.Tensor, torch.Tensor, int, int], mask: AttnMask, q: torch.Tensor
-                     ) -> torch.Tensor:
+    def _padded_mask(
+        self, padding: tuple[torch.Tensor, torch.Tensor, int, int], mask: AttnMask, q: torch.Tensor
+    ) -> torch.Tensor:
         """[n, 1, L, L] bool, or [n, heads, L, L] float with a bias: a query sees its own sequence's
         keys as the mask allows; a padding query row sees all its sequence's keys (never nothing: no
         NaN, and never read)."""
@@ -250,7 +271,11 @@ class TorchFlashVarlen:
         return self.windows or (not mask.causal and mask.window is None)
 
     def bind(
-        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        self,
+        cu_host: np.ndarray,
+        cu_dev: torch.Tensor,
+        max_len: int,
+        graph_key: int | None = None,
         real_tokens: int | None = None,
     ) -> None:
         self._cu, self._max_len = cu_dev, max_len
@@ -282,8 +307,15 @@ class FlashInferRagged:
     capturable = True
     WORKSPACE_BYTES = 128 << 20
 
-    def __init__(self, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 masks: tuple[AttnMask, ...]) -> None:
+    def __init__(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        masks: tuple[AttnMask, ...],
+    ) -> None:
         import flashinfer  # optional dependency, imported only when chosen
 
         self._flashinfer = flashinfer
@@ -300,7 +332,11 @@ class FlashInferRagged:
         return mask.bias is None and (mask.window is None or mask.causal)
 
     def bind(
-        self, cu_host: np.ndarray, cu_dev: torch.Tensor, max_len: int, graph_key: int | None = None,
+        self,
+        cu_host: np.ndarray,
+        cu_dev: torch.Tensor,
+        max_len: int,
+        graph_key: int | None = None,
         real_tokens: int | None = None,
     ) -> None:
         indptr = torch.from_numpy(np.ascontiguousarray(cu_host, dtype=np.int32))
@@ -316,8 +352,15 @@ class FlashInferRagged:
                     )
                     self._graph_wrappers[(graph_key, mask)] = wrapper
             wrapper.plan(
-                indptr, indptr, self._heads, self._kv_heads, self._head_dim, causal=mask.causal,
-                window_left=-1 if mask.window is None else mask.window, sm_scale=mask.scale, q_data_type=self._dtype,
+                indptr,
+                indptr,
+                self._heads,
+                self._kv_heads,
+                self._head_dim,
+                causal=mask.causal,
+                window_left=-1 if mask.window is None else mask.window,
+                sm_scale=mask.scale,
+                q_data_type=self._dtype,
             )
             active[mask] = wrapper
         self._active = active
@@ -328,8 +371,14 @@ class FlashInferRagged:
 
 
 def select_attention(
-    heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, prefer: str = "auto",
-    *, kv_heads: int | None = None, masks: tuple[AttnMask, ...] = (FULL,),
+    heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    prefer: str = "auto",
+    *,
+    kv_heads: int | None = None,
+    masks: tuple[AttnMask, ...] = (FULL,),
 ) -> Attention:
     """FlashInfer on CUDA where installed and the head size and masks allow; PyTorch's flash varlen
     on CUDA otherwise; SDPA everywhere else (and whenever asked for, and for score biases)."""

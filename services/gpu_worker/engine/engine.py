@@ -93,15 +93,19 @@ class Engine:
             # CPU matmuls in half precision are slow and lossy; GPUs are built for them
             dtype = "float16" if self.device.type == "cuda" else "float32"
         if dtype == "float16" and self.family.fp16_overflows:
-            log.warning("%s activations overflow float16: computing in float32 (ask for bfloat16 for half precision)",
-                        self.family.name)
+            log.warning(
+                "%s activations overflow float16: computing in float32 (ask for bfloat16 for half precision)",
+                self.family.name,
+            )
             dtype = "float32"
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         produced = self.spec.num_labels or self.spec.hidden_size
         expected = info.dim if info.scores else info.pooled_dim
         if (info.scores or "dense" in info.outputs) and expected != produced:
-            raise ConfigError(f"the folder's pooling or Dense layers take {expected} dimensions; the model makes {produced}")
+            raise ConfigError(
+                f"the folder's pooling or Dense layers take {expected} dimensions; the model makes {produced}"
+            )
         if model is None or heads is None:
             tensors = read_safetensors(info.path)
             if model is None:
@@ -120,8 +124,13 @@ class Engine:
         self.max_seq_length = min(info.max_seq_length, self.spec.max_positions - self.spec.position_offset)
         self._attention_pref = attention
         self.attention: Attention = select_attention(
-            self.spec.num_heads, self.spec.head_dim, self.dtype, self.device, attention,
-            kv_heads=self.spec.kv_heads, masks=model.masks(),
+            self.spec.num_heads,
+            self.spec.head_dim,
+            self.dtype,
+            self.device,
+            attention,
+            kv_heads=self.spec.kv_heads,
+            masks=model.masks(),
         )
         self.linear_ops = select_linear_ops(self.device, self.dtype)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -192,8 +201,13 @@ class Engine:
 
     # -- checks -----------------------------------------------------------------------------
 
-    def check(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
-              spans: Spans | None = None) -> None:
+    def check(
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        token_types: np.ndarray | None = None,
+        spans: Spans | None = None,
+    ) -> None:
         """Reject token batches the model cannot take (ids outside the vocabulary, over-long rows, spans
         outside their rows): raises InvalidTokens, InputTooLong or InvalidSpans, naming the first row at fault."""
         if spans is not None:
@@ -213,8 +227,13 @@ class Engine:
 
     # -- running ----------------------------------------------------------------------------
 
-    def embed(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
-              skip: np.ndarray | None = None) -> np.ndarray:
+    def embed(
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        token_types: np.ndarray | None = None,
+        skip: np.ndarray | None = None,
+    ) -> np.ndarray:
         """input_ids [T] int32, cu_seqlens [B + 1] -> pooled vectors [B, dim] float32 (blocking)."""
         vectors = self.step(input_ids, cu_seqlens, token_types, skip).result()
         assert isinstance(vectors, np.ndarray)  # the dense output alone: no dict
@@ -222,8 +241,13 @@ class Engine:
 
     @torch.inference_mode()
     def step(
-        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None = None,
-        skip: np.ndarray | None = None, outputs: tuple[str, ...] = ("dense",), spans: Spans | None = None,
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        token_types: np.ndarray | None = None,
+        skip: np.ndarray | None = None,
+        outputs: tuple[str, ...] = ("dense",),
+        spans: Spans | None = None,
     ) -> ReadyResult | CudaResult:
         """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32, its
         ``run`` how the forward ran ("eager", "captured" or "replay": CUDA graphs).
@@ -242,8 +266,11 @@ class Engine:
             skip = None
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         extra = tuple(outputs) != ("dense",)
-        bucket = (self.graphs.bucket_for(tokens) if self.graphs is not None and rows <= self.max_batch_seqs and not extra
-                  else None)
+        bucket = (
+            self.graphs.bucket_for(tokens)
+            if self.graphs is not None and rows <= self.max_batch_seqs and not extra
+            else None
+        )
         run = "eager"
         if self.device.type == "cpu":
             self._use_threads(1 if tokens < self._serial_tokens and not extra else self._threads)
@@ -271,9 +298,15 @@ class Engine:
         if torch.get_num_threads() != count:
             torch.set_num_threads(count)
 
-    def _eager(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None,
-               skip: np.ndarray | None, outputs: tuple[str, ...] | None = None,
-               spans: Spans | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
+    def _eager(
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        token_types: np.ndarray | None,
+        skip: np.ndarray | None,
+        outputs: tuple[str, ...] | None = None,
+        spans: Spans | None = None,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
         if self.device.type == "cpu" and tokens > CPU_EXACT_TOKENS:
@@ -283,30 +316,47 @@ class Engine:
             # batch's GEMMs take time in proportion to its rows (an 18-token query's 24 GEMMs: 2.2 ms
             # exact, 2.8 ms padded to 24), and the 32 sizes below the threshold are few: exact.
             pad_to = -(-tokens // CPU_TOKEN_STEP) * CPU_TOKEN_STEP
-        host = prepare(input_ids, cu_seqlens, self.spec.position_offset, pad_to=pad_to,
-                       rows_to=rows + 1 if pad_to and pad_to > tokens else None, token_types=token_types, skip=skip)
+        host = prepare(
+            input_ids,
+            cu_seqlens,
+            self.spec.position_offset,
+            pad_to=pad_to,
+            rows_to=rows + 1 if pad_to and pad_to > tokens else None,
+            token_types=token_types,
+            skip=skip,
+        )
         batch = DeviceBatch(host, self.device)
         # the dummy row's outputs are never read: the attention may skip it
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
         if outputs is not None:
             at = None
             if spans is not None:
-                first, end = (torch.from_numpy(a).to(self.device, non_blocking=True)
-                              for a in span_positions(spans, cu_seqlens))
+                first, end = (
+                    torch.from_numpy(a).to(self.device, non_blocking=True) for a in span_positions(spans, cu_seqlens)
+                )
                 at = (first, end)
             return self._forward_outputs(batch, outputs, rows, tokens, at)
         return self._forward(batch)[:rows]
 
     def _graphed(
-        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_types: np.ndarray | None, skip: np.ndarray | None,
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        token_types: np.ndarray | None,
+        skip: np.ndarray | None,
         bucket: int,
     ) -> tuple[torch.Tensor, str]:
         """The static output buffer, and how it was filled: "captured" or "replay" (see GraphCache.run)."""
         static, graphs = self._static, self.graphs
         assert static is not None and graphs is not None  # a bucket is chosen only where graphs are set up
         host = prepare(
-            input_ids, cu_seqlens, self.spec.position_offset, pad_to=bucket, rows_to=static.max_rows,
-            token_types=token_types, skip=skip,
+            input_ids,
+            cu_seqlens,
+            self.spec.position_offset,
+            pad_to=bucket,
+            rows_to=static.max_rows,
+            token_types=token_types,
+            skip=skip,
         )
         static.load(host)
         # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect
@@ -321,8 +371,14 @@ class Engine:
         pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
         return pooled if self.dense is None else self.dense(pooled)
 
-    def _forward_outputs(self, batch, outputs: tuple[str, ...], rows: int, tokens: int,
-                         spans: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    def _forward_outputs(
+        self,
+        batch,
+        outputs: tuple[str, ...],
+        rows: int,
+        tokens: int,
+        spans: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Every asked-for output of one forward pass (the dummy pad row and pad tokens dropped).
         ``spans``: ([S] first, [S] end) token positions in the batch, for output "spans"."""
         hidden = self.model(batch, self.attention, self.linear_ops)

@@ -108,8 +108,16 @@ class OneDnnLinearOps(LinearOps):
         if entry is None or entry[0] is not layer.weight:
             w = layer.weight.detach()
             n = w.shape[0] // 2
-            b = (None, None) if layer.bias is None else (layer.bias.detach()[:n].contiguous(), layer.bias.detach()[n:].contiguous())
-            entry = (layer.weight, *(torch.ops.mkldnn._reorder_linear_weight(h.contiguous(), None) for h in (w[:n], w[n:])), *b)
+            b = (
+                (None, None)
+                if layer.bias is None
+                else (layer.bias.detach()[:n].contiguous(), layer.bias.detach()[n:].contiguous())
+            )
+            entry = (
+                layer.weight,
+                *(torch.ops.mkldnn._reorder_linear_weight(h.contiguous(), None) for h in (w[:n], w[n:])),
+                *b,
+            )
             self._halves[id(layer)] = entry
         _, gate_w, up_w, gate_b, up_b = entry
         attr, algorithm = _ONEDNN_ACT[activation]
@@ -123,8 +131,10 @@ class OneDnnLinearOps(LinearOps):
 
 
 def select_linear_ops(device: torch.device, dtype: torch.dtype) -> LinearOps:
-    if device.type == "cpu" and torch.backends.mkldnn.is_available() and (
-        dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
     ):
         try:
             # the check's shapes are small: its instance takes the fused kernels at every size

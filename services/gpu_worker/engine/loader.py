@@ -45,8 +45,10 @@ def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
         raise ConfigError(f"checkpoint is missing tensor {full!r}")
 
     params = dict(model.named_parameters())
-    pairs = [(ours, torch.cat([fetch(n) for n in theirs], dim=0) if len(theirs) > 1 else fetch(theirs[0]))
-             for ours, theirs in model.weight_names().items()]
+    pairs = [
+        (ours, torch.cat([fetch(n) for n in theirs], dim=0) if len(theirs) > 1 else fetch(theirs[0]))
+        for ours, theirs in model.weight_names().items()
+    ]
     for ours, candidates in model.head_names().items():
         name = next((n for n in candidates if n in tensors), None)
         if name is None:

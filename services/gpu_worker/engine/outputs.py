@@ -34,13 +34,20 @@ _LOGIT_CHUNK = 1 << 24
 # masked-LM head names: (prefix of the transform, its norm, the decoder weight, the output bias)
 _MLM_LAYOUTS = (
     # BERT: cls.predictions.{transform.dense, transform.LayerNorm, decoder, bias}
-    ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.decoder",
-     ("cls.predictions.bias", "cls.predictions.decoder.bias")),
+    (
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.decoder",
+        ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+    ),
     # RoBERTa / XLM-R / CamemBERT: lm_head.{dense, layer_norm, decoder, bias}
     ("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", ("lm_head.bias", "lm_head.decoder.bias")),
 )
-_WORD_EMBEDDINGS = ("bert.embeddings.word_embeddings.weight", "roberta.embeddings.word_embeddings.weight",
-                    "embeddings.word_embeddings.weight")
+_WORD_EMBEDDINGS = (
+    "bert.embeddings.word_embeddings.weight",
+    "roberta.embeddings.word_embeddings.weight",
+    "embeddings.word_embeddings.weight",
+)
 
 
 class MlmHead(nn.Module):
@@ -80,8 +87,10 @@ class MlmHead(nn.Module):
                 head.decoder.weight.copy_(weight)
                 head.decoder.bias.copy_(bias)
             return head
-        raise ConfigError("SPLADE needs a masked-LM head (BERT's cls.predictions.* or RoBERTa's lm_head.*); "
-                          "the checkpoint has neither")
+        raise ConfigError(
+            "SPLADE needs a masked-LM head (BERT's cls.predictions.* or RoBERTa's lm_head.*); "
+            "the checkpoint has neither"
+        )
 
 
 def _linear(path, expect_in: int) -> nn.Linear:
@@ -100,18 +109,24 @@ def _linear(path, expect_in: int) -> nn.Linear:
 class SparseOutput(nn.Module):
     dropped: torch.Tensor  # [n] int64 token ids whose weight is 0, a buffer (registered in __init__)
 
-    def __init__(self, spec: SparseSpec, vocab: int, hidden: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    def __init__(
+        self, spec: SparseSpec, vocab: int, hidden: int, tensors: dict[str, torch.Tensor], config: dict
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.vocab = vocab
         if spec.kind == "mlm":
             self.head: nn.Module = MlmHead.from_checkpoint(tensors, config)
             if self.head.decoder.out_features != vocab:
-                raise ConfigError(f"the masked-LM head makes {self.head.decoder.out_features} logits; the vocabulary has {vocab}")
+                raise ConfigError(
+                    f"the masked-LM head makes {self.head.decoder.out_features} logits; the vocabulary has {vocab}"
+                )
         else:
             self.head = _linear(spec.weights, hidden)
             if self.head.out_features != 1:
-                raise ConfigError(f"{spec.weights}: sparse_linear must make one weight per token, not {self.head.out_features}")
+                raise ConfigError(
+                    f"{spec.weights}: sparse_linear must make one weight per token, not {self.head.out_features}"
+                )
         self.register_buffer("dropped", torch.tensor(spec.dropped, dtype=torch.int64), persistent=False)
 
     def forward(self, hidden: torch.Tensor, batch) -> torch.Tensor:
@@ -156,7 +171,9 @@ class MultiVectorOutput(nn.Module):
         return F.normalize(vectors, dim=-1) if self.spec.normalize else vectors
 
 
-def build_outputs(info: ModelInfo, tensors: dict[str, torch.Tensor], config: dict, device: torch.device) -> dict[str, nn.Module]:
+def build_outputs(
+    info: ModelInfo, tensors: dict[str, torch.Tensor], config: dict, device: torch.device
+) -> dict[str, nn.Module]:
     """The heads of the folder's extra outputs (float32; the model's own dtype for the SPLADE head)."""
     heads: dict[str, nn.Module] = {}
     if info.sparse is not None:

@@ -26,7 +26,9 @@ class ReadyResult:
 class CudaResult:
     """A pinned host buffer filled by an async device-to-host copy, and the event that marks it done."""
 
-    def __init__(self, host: torch.Tensor | dict[str, torch.Tensor], event: torch.cuda.Event, run: str = "eager") -> None:
+    def __init__(
+        self, host: torch.Tensor | dict[str, torch.Tensor], event: torch.cuda.Event, run: str = "eager"
+    ) -> None:
         self._host = host  # [B, H] float32, pinned (or several such outputs by name)
         self._event = event
         self.run = run  # as ReadyResult.run

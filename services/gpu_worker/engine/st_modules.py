@@ -69,7 +69,9 @@ def _load_linear(linear: nn.Linear, spec: DenseSpec) -> None:
         with safe_open(str(spec.path), framework="pt") as f:
             names = set(f.keys())
             if missing := [name for name in expected if name not in names]:
-                raise ConfigError(f"{spec.path} lacks {', '.join(missing)} (has {', '.join(sorted(names)) or 'nothing'})")
+                raise ConfigError(
+                    f"{spec.path} lacks {', '.join(missing)} (has {', '.join(sorted(names)) or 'nothing'})"
+                )
             tensors = {name: f.get_tensor(name) for name in expected}
     except ConfigError:
         raise

@@ -26,7 +26,9 @@ class RMSNorm(nn.Module):
         # times faster on CPU than pow + mean for short rows (per-head q/k norms)
         x32 = x.float()
         d = x.shape[-1]
-        scale = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().add_(d * self.eps).rsqrt_().mul_(math.sqrt(d))
+        scale = (
+            torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().add_(d * self.eps).rsqrt_().mul_(math.sqrt(d))
+        )
         normed = x32 * scale
         if self.offset:
             return normed.mul_(1.0 + self.weight.float()).to(x.dtype)

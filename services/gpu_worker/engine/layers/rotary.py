@@ -17,8 +17,14 @@ from shared.config import ConfigError
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
-def rope_parameters(config: dict[str, Any], layer_type: str | None = None, *, theta_key: str = "rope_theta",
-                    default_theta: float = 10000.0, scaling: bool = True) -> dict[str, Any]:
+def rope_parameters(
+    config: dict[str, Any],
+    layer_type: str | None = None,
+    *,
+    theta_key: str = "rope_theta",
+    default_theta: float = 10000.0,
+    scaling: bool = True,
+) -> dict[str, Any]:
     """This layer type's rope parameters, from either config format: transformers 5's
     ``rope_parameters`` (flat, or keyed by layer type), or 4's ``rope_theta`` + ``rope_scaling``."""
     params = config.get("rope_parameters")

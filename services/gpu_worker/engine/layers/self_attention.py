@@ -13,8 +13,18 @@ from services.gpu_worker.engine.linear import LinearOps
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, qkv_bias: bool = False,
-                 out_bias: bool = False, qk_norm_eps: float | None = None, norm_offset: bool = False) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        norm_offset: bool = False,
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=qkv_bias)  # [q; k; v] rows
@@ -24,8 +34,15 @@ class SelfAttention(nn.Module):
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, norm_offset)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, norm_offset)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttnMask,
-                attention: Attention, ops: LinearOps, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: AttnMask,
+        attention: Attention,
+        ops: LinearOps,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden] (+ residual, fused into the output GEMM)
         t, d = x.shape[0], self.head_dim
         qkv = ops.linear(x, self.qkv)
@@ -41,7 +58,10 @@ class SelfAttention(nn.Module):
     @staticmethod
     def hf_names(hf: str, ours: str, qkv_bias: bool, out_bias: bool, qk_norm: bool) -> dict[str, list[str]]:
         """Checkpoint names under ``hf`` (e.g. "layers.3.self_attn.") for our parameters under ``ours``."""
-        names = {f"{ours}qkv.weight": [f"{hf}{p}_proj.weight" for p in "qkv"], f"{ours}out.weight": [f"{hf}o_proj.weight"]}
+        names = {
+            f"{ours}qkv.weight": [f"{hf}{p}_proj.weight" for p in "qkv"],
+            f"{ours}out.weight": [f"{hf}o_proj.weight"],
+        }
         if qkv_bias:
             names[f"{ours}qkv.bias"] = [f"{hf}{p}_proj.bias" for p in "qkv"]
         if out_bias:

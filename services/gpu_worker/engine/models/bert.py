@@ -80,7 +80,9 @@ class Layer(nn.Module):
         return self.mlp_norm(ops.linear_add(ops.linear_act(x, self.up, self.activation), self.down, x))
 
     @staticmethod
-    def hf_names(hf: str, ours: str, attention: str, qkv: tuple[str, str, str], attn_out: str, attn_norm: str) -> dict[str, list[str]]:
+    def hf_names(
+        hf: str, ours: str, attention: str, qkv: tuple[str, str, str], attn_out: str, attn_norm: str
+    ) -> dict[str, list[str]]:
         """Checkpoint names of one layer under ``hf``: ``attention`` is the self-attention's path and
         ``qkv`` its projections; ``attn_out`` and ``attn_norm`` the paths after it."""
         names = {}
@@ -111,7 +113,11 @@ class ScoreHead(nn.Module):
     def hf_names(prefix: str = "bert.") -> dict[str, list[str]]:
         names = {}
         for kind in ("weight", "bias"):
-            names[f"head.dense.{kind}"] = [f"{prefix}pooler.dense.{kind}", f"pooler.dense.{kind}", f"classifier.dense.{kind}"]
+            names[f"head.dense.{kind}"] = [
+                f"{prefix}pooler.dense.{kind}",
+                f"pooler.dense.{kind}",
+                f"classifier.dense.{kind}",
+            ]
             names[f"head.out.{kind}"] = [f"classifier.{kind}", f"classifier.out_proj.{kind}"]
         return names
 
@@ -153,8 +159,16 @@ class BertEncoder(EncoderModel):
             "embeddings.norm.bias": ["embeddings.LayerNorm.bias"],
         }
         for i in range(self.spec.num_layers):
-            names.update(Layer.hf_names(f"encoder.layer.{i}.", f"layers.{i}.", "attention.self", ("query", "key", "value"),
-                                        "attention.output.dense", "attention.output.LayerNorm"))
+            names.update(
+                Layer.hf_names(
+                    f"encoder.layer.{i}.",
+                    f"layers.{i}.",
+                    "attention.self",
+                    ("query", "key", "value"),
+                    "attention.output.dense",
+                    "attention.output.LayerNorm",
+                )
+            )
         return names
 
     def head_names(self) -> dict[str, list[str]]:

@@ -75,14 +75,25 @@ class Block(nn.Module):
         c, h, eps = spec.config, spec.hidden_size, spec.layer_norm_eps
         self.input_norm = RMSNorm(h, eps)
         self.attn = SelfAttention(
-            h, spec.num_heads, spec.kv_heads, spec.head_dim, qkv_bias=qkv_bias(c), out_bias=bool(c.get("attention_bias")),
+            h,
+            spec.num_heads,
+            spec.kv_heads,
+            spec.head_dim,
+            qkv_bias=qkv_bias(c),
+            out_bias=bool(c.get("attention_bias")),
             qk_norm_eps=eps if spec.model_type == "qwen3" else None,
         )
         self.post_norm = RMSNorm(h, eps)
         self.mlp = GatedMLP(h, spec.intermediate_size, spec.activation, bias=bool(c.get("mlp_bias")))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttnMask,
-                attention: Attention, ops: LinearOps) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: AttnMask,
+        attention: Attention,
+        ops: LinearOps,
+    ) -> torch.Tensor:
         x = self.attn(self.input_norm(x), rope, mask, attention, ops, residual=x)
         return self.mlp(self.post_norm(x), ops, residual=x)
 
@@ -135,8 +146,15 @@ class DecoderEncoder(EncoderModel):
             hf, ours = f"layers.{i}.", f"layers.{i}."
             names[f"{ours}input_norm.weight"] = [f"{hf}input_layernorm.weight"]
             names[f"{ours}post_norm.weight"] = [f"{hf}post_attention_layernorm.weight"]
-            names.update(SelfAttention.hf_names(f"{hf}self_attn.", f"{ours}attn.", qkv_bias(c), bool(c.get("attention_bias")),
-                                                self.spec.model_type == "qwen3"))
+            names.update(
+                SelfAttention.hf_names(
+                    f"{hf}self_attn.",
+                    f"{ours}attn.",
+                    qkv_bias(c),
+                    bool(c.get("attention_bias")),
+                    self.spec.model_type == "qwen3",
+                )
+            )
             names[f"{ours}mlp.gate_up.weight"] = [f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"]
             names[f"{ours}mlp.down.weight"] = [f"{hf}mlp.down_proj.weight"]
             if c.get("mlp_bias"):

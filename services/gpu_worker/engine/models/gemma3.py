@@ -57,15 +57,29 @@ class Block(nn.Module):
         h, eps, c = spec.hidden_size, spec.layer_norm_eps, spec.config
         bias = bool(c.get("attention_bias", False))
         self.input_norm = RMSNorm(h, eps, offset=True)
-        self.attn = SelfAttention(h, spec.num_heads, spec.kv_heads, spec.head_dim, qkv_bias=bias, out_bias=bias,
-                                  qk_norm_eps=eps, norm_offset=True)
+        self.attn = SelfAttention(
+            h,
+            spec.num_heads,
+            spec.kv_heads,
+            spec.head_dim,
+            qkv_bias=bias,
+            out_bias=bias,
+            qk_norm_eps=eps,
+            norm_offset=True,
+        )
         self.post_attn_norm = RMSNorm(h, eps, offset=True)
         self.pre_mlp_norm = RMSNorm(h, eps, offset=True)
         self.mlp = GatedMLP(h, spec.intermediate_size, spec.activation)
         self.post_mlp_norm = RMSNorm(h, eps, offset=True)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttnMask,
-                attention: Attention, ops: LinearOps) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: AttnMask,
+        attention: Attention,
+        ops: LinearOps,
+    ) -> torch.Tensor:
         x = x + self.post_attn_norm(self.attn(self.input_norm(x), rope, mask, attention, ops))
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x), ops))
 
@@ -82,18 +96,24 @@ class Gemma3Encoder(EncoderModel):
         self.embed_scale = math.sqrt(h)
         self.layers = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(h, spec.layer_norm_eps, offset=True)
-        self.rotary = nn.ModuleDict({
-            FULL: Rotary(rope_parameters(c, FULL, default_theta=1_000_000.0), spec.head_dim),
-            # local layers: their own base, never scaled
-            SLIDING: Rotary(rope_parameters(c, SLIDING, theta_key="rope_local_base_freq", scaling=False), spec.head_dim),
-        })
+        self.rotary = nn.ModuleDict(
+            {
+                FULL: Rotary(rope_parameters(c, FULL, default_theta=1_000_000.0), spec.head_dim),
+                # local layers: their own base, never scaled
+                SLIDING: Rotary(
+                    rope_parameters(c, SLIDING, theta_key="rope_local_base_freq", scaling=False), spec.head_dim
+                ),
+            }
+        )
         scale = float(c.get("query_pre_attn_scalar") or spec.head_dim) ** -0.5
         size = int(c.get("sliding_window") or 4096)
         # bidirectional (EmbeddingGemma): |i - j| <= sliding_window // 2 (transformers halves the config's
         # value); causal: i - sliding_window < j <= i
         w = size - 1 if spec.causal else size // 2
-        self.mask_of = {FULL: AttnMask(causal=spec.causal, scale=scale),
-                        SLIDING: AttnMask(causal=spec.causal, window=w, scale=scale)}
+        self.mask_of = {
+            FULL: AttnMask(causal=spec.causal, scale=scale),
+            SLIDING: AttnMask(causal=spec.causal, window=w, scale=scale),
+        }
         self.head = nn.Linear(h, spec.num_labels, bias=False) if spec.num_labels else None
 
     def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
@@ -115,8 +135,12 @@ class Gemma3Encoder(EncoderModel):
         bias = bool(self.spec.config.get("attention_bias", False))
         for i in range(self.spec.num_layers):
             hf, ours = f"layers.{i}.", f"layers.{i}."
-            for mine, theirs in (("input_norm", "input_layernorm"), ("post_attn_norm", "post_attention_layernorm"),
-                                 ("pre_mlp_norm", "pre_feedforward_layernorm"), ("post_mlp_norm", "post_feedforward_layernorm")):
+            for mine, theirs in (
+                ("input_norm", "input_layernorm"),
+                ("post_attn_norm", "post_attention_layernorm"),
+                ("pre_mlp_norm", "pre_feedforward_layernorm"),
+                ("post_mlp_norm", "post_feedforward_layernorm"),
+            ):
                 names[f"{ours}{mine}.weight"] = [f"{hf}{theirs}.weight"]
             names.update(SelfAttention.hf_names(f"{hf}self_attn.", f"{ours}attn.", bias, bias, True))
             names[f"{ours}mlp.gate_up.weight"] = [f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"]

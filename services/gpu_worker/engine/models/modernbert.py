@@ -51,14 +51,22 @@ class Block(nn.Module):
         bias = bool(spec.config.get("attention_bias", False))
         norm_bias = bool(spec.config.get("norm_bias", False))
         self.heads, self.head_dim = spec.num_heads, spec.head_dim
-        self.attn_norm = nn.Identity() if first else nn.LayerNorm(h, eps=eps, bias=norm_bias)  # the embeddings' norm precedes layer 0
+        self.attn_norm = (
+            nn.Identity() if first else nn.LayerNorm(h, eps=eps, bias=norm_bias)
+        )  # the embeddings' norm precedes layer 0
         self.qkv = nn.Linear(h, 3 * h, bias=bias)
         self.attn_out = nn.Linear(h, h, bias=bias)
         self.mlp_norm = nn.LayerNorm(h, eps=eps, bias=norm_bias)
         self.mlp = GatedMLP(h, spec.intermediate_size, spec.activation, bias=bool(spec.config.get("mlp_bias", False)))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttnMask,
-                attention: Attention, ops: LinearOps) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: AttnMask,
+        attention: Attention,
+        ops: LinearOps,
+    ) -> torch.Tensor:
         # x: [T, hidden]
         t = x.shape[0]
         q, k, v = ops.linear(self.attn_norm(x), self.qkv).view(t, 3, self.heads, self.head_dim).unbind(1)
@@ -94,10 +102,16 @@ class ModernBertEncoder(EncoderModel):
         self.norm = nn.LayerNorm(h, eps=spec.layer_norm_eps, bias=bool(c.get("norm_bias", False)))
         self.layers = nn.ModuleList(Block(spec, i == 0) for i in range(spec.num_layers))
         self.final_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps, bias=bool(c.get("norm_bias", False)))
-        self.rotary = nn.ModuleDict({
-            FULL: Rotary(rope_parameters(c, FULL, theta_key="global_rope_theta", default_theta=160000.0), spec.head_dim),
-            SLIDING: Rotary(rope_parameters(c, SLIDING, theta_key="local_rope_theta", default_theta=10000.0), spec.head_dim),
-        })
+        self.rotary = nn.ModuleDict(
+            {
+                FULL: Rotary(
+                    rope_parameters(c, FULL, theta_key="global_rope_theta", default_theta=160000.0), spec.head_dim
+                ),
+                SLIDING: Rotary(
+                    rope_parameters(c, SLIDING, theta_key="local_rope_theta", default_theta=10000.0), spec.head_dim
+                ),
+            }
+        )
         # a local layer's token sees the tokens within local_attention / 2 on either side
         self.mask_of = {FULL: AttnMask(), SLIDING: AttnMask(window=int(c.get("local_attention", 128)) // 2)}
         self.pooling = str(c.get("classifier_pooling", "cls"))

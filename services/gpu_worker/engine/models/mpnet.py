@@ -88,8 +88,16 @@ class MPNetEncoder(BertEncoder):
             "bias.table.weight": ["encoder.relative_attention_bias.weight"],
         }
         for i in range(self.spec.num_layers):
-            names.update(Layer.hf_names(f"encoder.layer.{i}.", f"layers.{i}.", "attention.attn", ("q", "k", "v"),
-                                        "attention.attn.o", "attention.LayerNorm"))
+            names.update(
+                Layer.hf_names(
+                    f"encoder.layer.{i}.",
+                    f"layers.{i}.",
+                    "attention.attn",
+                    ("q", "k", "v"),
+                    "attention.attn.o",
+                    "attention.LayerNorm",
+                )
+            )
         return names
 
     def head_names(self) -> dict[str, list[str]]:

@@ -41,42 +41,112 @@ class Family:
 
 _FLASH = "FlashInfer (head size 64/128/256) or PyTorch flash varlen; CUDA graphs"
 # symmetric windows: no FlashInfer kernel takes them; PyTorch's varlen kernel does where it has window_size
-_WINDOWED = "PyTorch flash varlen with a symmetric window; CUDA graphs (SDPA where this PyTorch's kernel has no windows)"
+_WINDOWED = (
+    "PyTorch flash varlen with a symmetric window; CUDA graphs (SDPA where this PyTorch's kernel has no windows)"
+)
 FAMILIES = (
-    Family(model_families.BERT, bert.spec, bert.BertEncoder,
-           "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, ms-marco-MiniLM cross-encoders", "mean / cls",
-           "bidirectional", _FLASH, verified="real, states, logits, rerank"),
-    Family(model_families.XLM_ROBERTA, bert.spec, bert.BertEncoder,
-           "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3", "mean / cls", "bidirectional", _FLASH,
-           prompts="e5: `query: ` / `passage: `", verified="states"),
-    Family(model_families.MPNET, mpnet.spec, mpnet.MPNetEncoder,
-           "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1", "mean", "bidirectional + relative-position bias",
-           "SDPA (a score bias: no flash kernel takes it); no CUDA graphs", verified="states, stack, logits"),
-    Family(model_families.MODERNBERT, modernbert.spec, modernbert.ModernBertEncoder,
-           "gte-modernbert-base, modernbert-embed-base, gte-reranker-modernbert-base", "mean / cls",
-           "bidirectional; local layers a ±64-token window", _WINDOWED,
-           prompts="modernbert-embed: `search_query: ` / `search_document: `", verified="states, stack, logits, rerank"),
-    Family(model_families.QWEN3, decoder.spec, decoder.DecoderEncoder,
-           "Qwen3-Embedding-0.6B/4B/8B, Qwen3-Reranker-0.6B/4B/8B (the causal LM's yes/no logits, or sequence "
-           "classification)", "lasttoken", "causal (or bidirectional by config), grouped-query", _FLASH,
-           prompts="`Instruct: {task}\\nQuery:` for queries", verified="states, stack, logits, rerank, llm-rerank",
-           llm_reranker=True),
-    Family(model_families.QWEN2, decoder.spec, decoder.DecoderEncoder,
-           "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct", "lasttoken",
-           "causal (or bidirectional by config), grouped-query", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
-           verified="states, stack, llm", llm_reranker=True),
-    Family(model_families.MISTRAL, decoder.spec, decoder.DecoderEncoder,
-           "e5-mistral-7b-instruct, SFR-Embedding-Mistral", "lasttoken",
-           "causal, grouped-query, sliding window where set", _FLASH, prompts="`Instruct: {task}\\nQuery: `",
-           verified="states, stack, llm", llm_reranker=True),
-    Family(model_families.LLAMA, decoder.spec, decoder.DecoderEncoder,
-           "Llama-based embedders (LLM2Vec-style, bidirectional by config)", "lasttoken",
-           "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling", _FLASH,
-           verified="states, stack, logits, llm", llm_reranker=True),
-    Family(model_families.GEMMA3, gemma3.spec, gemma3.Gemma3Encoder,
-           "embeddinggemma-300m", "mean, then Dense 768→3072→768", "bidirectional; local layers a ±256-token window",
-           _WINDOWED, prompts="`task: search result \\| query: ` / "
-           "`title: none \\| text: `", fp16_overflows=True, verified="states, stack"),
+    Family(
+        model_families.BERT,
+        bert.spec,
+        bert.BertEncoder,
+        "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, ms-marco-MiniLM cross-encoders",
+        "mean / cls",
+        "bidirectional",
+        _FLASH,
+        verified="real, states, logits, rerank",
+    ),
+    Family(
+        model_families.XLM_ROBERTA,
+        bert.spec,
+        bert.BertEncoder,
+        "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3",
+        "mean / cls",
+        "bidirectional",
+        _FLASH,
+        prompts="e5: `query: ` / `passage: `",
+        verified="states",
+    ),
+    Family(
+        model_families.MPNET,
+        mpnet.spec,
+        mpnet.MPNetEncoder,
+        "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1",
+        "mean",
+        "bidirectional + relative-position bias",
+        "SDPA (a score bias: no flash kernel takes it); no CUDA graphs",
+        verified="states, stack, logits",
+    ),
+    Family(
+        model_families.MODERNBERT,
+        modernbert.spec,
+        modernbert.ModernBertEncoder,
+        "gte-modernbert-base, modernbert-embed-base, gte-reranker-modernbert-base",
+        "mean / cls",
+        "bidirectional; local layers a ±64-token window",
+        _WINDOWED,
+        prompts="modernbert-embed: `search_query: ` / `search_document: `",
+        verified="states, stack, logits, rerank",
+    ),
+    Family(
+        model_families.QWEN3,
+        decoder.spec,
+        decoder.DecoderEncoder,
+        "Qwen3-Embedding-0.6B/4B/8B, Qwen3-Reranker-0.6B/4B/8B (the causal LM's yes/no logits, or sequence "
+        "classification)",
+        "lasttoken",
+        "causal (or bidirectional by config), grouped-query",
+        _FLASH,
+        prompts="`Instruct: {task}\\nQuery:` for queries",
+        verified="states, stack, logits, rerank, llm-rerank",
+        llm_reranker=True,
+    ),
+    Family(
+        model_families.QWEN2,
+        decoder.spec,
+        decoder.DecoderEncoder,
+        "gte-Qwen2-1.5B-instruct, gte-Qwen2-7B-instruct",
+        "lasttoken",
+        "causal (or bidirectional by config), grouped-query",
+        _FLASH,
+        prompts="`Instruct: {task}\\nQuery: `",
+        verified="states, stack, llm",
+        llm_reranker=True,
+    ),
+    Family(
+        model_families.MISTRAL,
+        decoder.spec,
+        decoder.DecoderEncoder,
+        "e5-mistral-7b-instruct, SFR-Embedding-Mistral",
+        "lasttoken",
+        "causal, grouped-query, sliding window where set",
+        _FLASH,
+        prompts="`Instruct: {task}\\nQuery: `",
+        verified="states, stack, llm",
+        llm_reranker=True,
+    ),
+    Family(
+        model_families.LLAMA,
+        decoder.spec,
+        decoder.DecoderEncoder,
+        "Llama-based embedders (LLM2Vec-style, bidirectional by config)",
+        "lasttoken",
+        "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling",
+        _FLASH,
+        verified="states, stack, logits, llm",
+        llm_reranker=True,
+    ),
+    Family(
+        model_families.GEMMA3,
+        gemma3.spec,
+        gemma3.Gemma3Encoder,
+        "embeddinggemma-300m",
+        "mean, then Dense 768→3072→768",
+        "bidirectional; local layers a ±256-token window",
+        _WINDOWED,
+        prompts="`task: search result \\| query: ` / `title: none \\| text: `",
+        fp16_overflows=True,
+        verified="states, stack",
+    ),
 )
 
 
@@ -94,15 +164,22 @@ _VERIFIED = {
 
 def markdown_table() -> str:
     """The README's "Supported models" table, made from this registry."""
-    rows = ["| family | `model_type` | example models | pooling | attention | prompts | CUDA path | verified on CPU |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| family | `model_type` | example models | pooling | attention | prompts | CUDA path | verified on CPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for f in FAMILIES:
-        dtype = (" — float16 overflows: float32 by default (SDPA, no graphs); `--dtype bfloat16` takes this path"
-                 if f.fp16_overflows else "")
+        dtype = (
+            " — float16 overflows: float32 by default (SDPA, no graphs); `--dtype bfloat16` takes this path"
+            if f.fp16_overflows
+            else ""
+        )
         types = ", ".join(f"`{t}`" for t in f.model_types)
         verified = "; ".join(_VERIFIED[w] for w in f.verified.split(", "))
-        rows.append(f"| {f.name} | {types} | {f.examples} | {f.pooling} | {f.attention} | {f.prompts} | {f.cuda}{dtype} "
-                    f"| {verified} |")
+        rows.append(
+            f"| {f.name} | {types} | {f.examples} | {f.pooling} | {f.attention} | {f.prompts} | {f.cuda}{dtype} "
+            f"| {verified} |"
+        )
     return "\n".join(rows)
 
 
@@ -115,7 +192,11 @@ def family_for(config: dict[str, Any]) -> Family:
     model_type = config.get("model_type", "bert")
     family = _BY_TYPE.get(model_type)
     if family is None:
-        hint = " (a multimodal Gemma3 checkpoint: serve its text model, model_type 'gemma3_text')" if model_type == "gemma3" else ""
+        hint = (
+            " (a multimodal Gemma3 checkpoint: serve its text model, model_type 'gemma3_text')"
+            if model_type == "gemma3"
+            else ""
+        )
         raise ConfigError(f"model_type {model_type!r} is not supported{hint} (supported: {', '.join(SUPPORTED_TYPES)})")
     return family
 
@@ -133,8 +214,9 @@ def spec_from_folder(info: ModelInfo) -> ModelSpec:
     if tokens := info.score_tokens:
         if not family.llm_reranker:
             served = ", ".join(f.name for f in FAMILIES if f.llm_reranker)
-            raise ConfigError(f"{family.name} causal LMs are not served as LLM rerankers (LogitScore); these "
-                              f"families' are: {served}")
+            raise ConfigError(
+                f"{family.name} causal LMs are not served as LLM rerankers (LogitScore); these families' are: {served}"
+            )
         spec = replace(spec, num_labels=1, score_tokens=tokens)
     if spec.activation not in ACTIVATIONS:
         raise ConfigError(f"activation {spec.activation!r} is not supported (supported: {sorted(ACTIVATIONS)})")
