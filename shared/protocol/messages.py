@@ -156,8 +156,10 @@ class EmbedRequest:
     # the requester reads Held replies: workers say which rows they hold (a requester of an earlier
     # release would take one for a malformed reply, so it is asked for, never sent unasked)
     held: bool = False
-    # the requester reads Replies: a worker may answer several of its requests in one message, sent to
-    # the reply subject of one of them (False: each reply goes alone, as a requester of an earlier release reads)
+    # the requester reads Replies and its reply subjects are <its inbox>.<one token>: a worker may answer
+    # several of its requests in one message (and a tokenizer send their batches in one), grouped by that
+    # inbox. False: each reply goes alone; a plain ``_INBOX.<id>`` reply shares its prefix with every
+    # other client's, so grouping by it would send one client's answers to another's subject
     replies: bool = False
     # output "spans": per text, the ranges of its content tokens pooled into one vector each (late chunking)
     spans: Spans | None = None
