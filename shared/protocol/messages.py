@@ -153,8 +153,8 @@ class EmbedRequest:
     options: EmbedOptions = field(default_factory=EmbedOptions)
     token_ids: list[np.ndarray] | None = None  # inputs given as token IDs ([n] int32 each); texts empty
     pairs: list[tuple[str, str]] | None = None  # (query, document) inputs for cross-encoders; texts empty
-    # the requester reads Held replies: workers say which rows they hold (a requester of an earlier
-    # release would take one for a malformed reply, so it is asked for, never sent unasked)
+    # workers say which rows they hold (Held replies): a requester asks while several workers serve the
+    # model (with one, its death loses every missing row anyway, and the messages are saved)
     held: bool = False
     # the requester reads Replies and its reply subjects are <its inbox>.<one token>: a worker may answer
     # several of its requests in one message (and a tokenizer send their batches in one), grouped by that
