@@ -142,10 +142,10 @@ async def _replies(url: str, request: EmbedRequest, timeout: float = 30) -> list
         await nc.close()
 
 
-@pytest.mark.parametrize("asks", [False, True], ids=["earlier-requester", "asks-for-held"])
+@pytest.mark.parametrize("asks", [False, True], ids=["does-not-ask", "asks-for-held"])
 def test_workers_say_which_rows_they_hold_only_to_a_requester_that_asks(stack, asks):
-    """A gateway or scorer of an earlier release knows no Held reply (it would fail the request as
-    malformed): only a request that asks (`hd`) is told which worker holds which rows."""
+    """Held replies cost messages: only a request that asks (`hd`, while several workers serve its
+    model) is told which worker holds which rows."""
     request = EmbedRequest(
         id=f"held-{asks}", model=MODEL, texts=["one", "two", "three"], deadline=time.time() + 30, held=asks
     )
