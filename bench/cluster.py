@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import nats
@@ -104,6 +104,7 @@ class Probe(Ticking):
         with httpx.Client(timeout=self._timeout) as client:
             for i in self._ticks():
                 sent = time.monotonic()
+                status: int | str
                 try:
                     status = client.post(
                         f"{self._base}/v1/embeddings", json={"input": f"query {i} about failover", "model": MODEL}
@@ -259,7 +260,7 @@ class ClusterFleet:
         """How many times each document id is stored in the job's results."""
         return self._run(lambda nc, js: stored_doc_ids(js, SUBJECTS.results(job)))
 
-    def reindex(self, docs: Path, out: Path, job: str) -> subprocess.Popen:
+    def reindex(self, docs: Path, out: Path, job: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [
                 sys.executable,
@@ -352,7 +353,7 @@ class Sampler(Ticking):
             if state is not None:
                 self._job_run.progress.append((time.monotonic(), state.done))
 
-    def wait(self, until, timeout: float, proc: subprocess.Popen) -> bool:
+    def wait(self, until, timeout: float, proc: subprocess.Popen[str]) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             if until(self._job_run):
@@ -365,20 +366,21 @@ def _quarter_done(run: Run) -> bool:
     return bool(run.progress) and run.progress[-1][1] >= _quarter(run)
 
 
-def _start(fleet: ClusterFleet, docs: Path, run: Run, sampler: Sampler) -> subprocess.Popen:
+def _start(fleet: ClusterFleet, docs: Path, run: Run, sampler: Sampler) -> subprocess.Popen[str]:
     proc = fleet.reindex(docs, run.out, run.job)
     if not sampler.wait(_quarter_done, 180, proc):
         raise RuntimeError(f"job {run.job} did not get a quarter done: {proc.poll()}\n{fleet.logs()}")
     return proc
 
 
-def _finish(fleet: ClusterFleet, run: Run, proc: subprocess.Popen, started: float, timeout: float = 240) -> Run:
+def _finish(fleet: ClusterFleet, run: Run, proc: subprocess.Popen[str], started: float, timeout: float = 240) -> Run:
     try:
         run.rc = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
     run.seconds = time.monotonic() - started
+    assert proc.stdout is not None  # piped by reindex
     run.output = proc.stdout.read()
     fleet.cluster.wait_healthy(60)
     run.stored = fleet.stored(run.job)
@@ -516,7 +518,7 @@ def main() -> None:
         clean_start = time.monotonic()
         clean = fleet.reindex(docs, Path(tmp) / "clean.npy", "clean")
         clean_rc = clean.wait(600)
-        results = {"clean": {"exit": clean_rc, "job_seconds": round(time.monotonic() - clean_start, 2)}}
+        results: dict[str, Any] = {"clean": {"exit": clean_rc, "job_seconds": round(time.monotonic() - clean_start, 2)}}
         stored = results_bytes(fleet, "clean")  # the clean job is the only one in the stream yet
         results["sizes_bytes_per_document"] = {
             **message_sizes(texts),

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -315,9 +316,7 @@ def systems_to_run(
     systems: dict[str, Callable[[], dict]] = {
         "engine in-process": lambda: {w.name: drive_in_process(engine_embed, w, args.seconds, tokens) for w in ws},
         "sentence-transformers in-process": lambda: {
-            w.name: drive_in_process(
-                lambda b, n=w.per_request: reference.encode(b, batch_size=n), w, args.seconds, tokens
-            )
+            w.name: drive_in_process(partial(reference.encode, batch_size=w.per_request), w, args.seconds, tokens)
             for w in ws
         },
     }

@@ -34,6 +34,7 @@ from bench.workloads import Workload, workloads
 from services.gpu_worker.engine import Engine
 from services.gpu_worker.engine.attention import AttnMask
 from services.gpu_worker.engine.linear import LinearOps, select_linear_ops
+from services.gpu_worker.engine.models.base import EncoderModel
 from services.tokenizer.encoder import TextEncoder, pack_chunks
 from shared.model_dir.info import ModelInfo
 from shared.model_dir.load import load_model_info
@@ -81,12 +82,12 @@ def keys_per_token(lengths: np.ndarray, mask: AttnMask) -> float:
     return seen / tokens
 
 
-def linear_layers(model: nn.Module) -> list[nn.Linear]:
+def linear_layers(model: EncoderModel) -> list[nn.Linear]:
     """One transformer layer's linear layers (every layer of these families has the same)."""
     return [m for m in model.layers[0].modules() if isinstance(m, nn.Linear)]
 
 
-def flops_per_token(model: nn.Module, lengths: np.ndarray) -> tuple[float, float]:
+def flops_per_token(model: EncoderModel, lengths: np.ndarray) -> tuple[float, float]:
     """(linear, attention) FLOPs per token for one forward over sequences of ``lengths`` tokens.
 
     Linear: 2 per weight of every layer's linear layers (fused QKV, grouped-query K/V, gated MLPs
@@ -100,7 +101,7 @@ def flops_per_token(model: nn.Module, lengths: np.ndarray) -> tuple[float, float
     return linear, attention
 
 
-def gemm_peak(model: nn.Module, tokens: int, seconds: float = 1.0) -> float:
+def gemm_peak(model: EncoderModel, tokens: int, seconds: float = 1.0) -> float:
     """FLOP/s of fp32 GEMMs at one layer's linear shapes, ``tokens`` rows: the faster of PyTorch's
     default matmul and the engine's own linear kernels (so the roofline is not flattered)."""
     layers = [nn.Linear(m.in_features, m.out_features, bias=m.bias is not None) for m in linear_layers(model)]

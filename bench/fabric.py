@@ -81,7 +81,8 @@ def token_counts(folder: Path, texts: list[str]) -> dict[str, int]:
 def run_case(stack: Stack, case: Case, args: argparse.Namespace, tokens: dict[str, int]) -> dict:
     """One workload: warm-up, then ``args.seconds`` measured; error answers counted (by HTTP status or
     error code), not raised: an overloaded stack is a finding, and the CPU is divided by the answers."""
-    meter, errors = Meter(stack), Counter()
+    meter = Meter(stack)
+    errors: Counter[int | str] = Counter()  # HTTP status, or the NATS error code
     if case.via == "nats":
         result = asyncio.run(drive_nats(stack, case.workload, args.seconds, args.warm_up, tokens, meter, errors))
     else:

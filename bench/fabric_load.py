@@ -165,6 +165,8 @@ def up_stack(
         missing = set(ROLES) - {"up"} - set(pids)
         if missing:
             raise RuntimeError(f"embedfleet up runs no {', '.join(sorted(missing))}")
+        if record.token_file is None:  # its embedded nats-server always asks for a token
+            raise RuntimeError("embedfleet up recorded no token file")
         yield Stack(
             f"http://127.0.0.1:{port}",
             record.url,

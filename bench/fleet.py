@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -28,6 +29,9 @@ from shared.model_dir.load import load_model_info
 from shared.nats_server import EmbeddedNats, free_port
 from tests.corpus import long_texts, medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
+
+if TYPE_CHECKING:  # imported when tracing: it needs opentelemetry-proto
+    from bench.otlp_sink import OtlpSink
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -63,8 +67,9 @@ def fleet(
         services = [service("tokenizer", tokenizer)]
         for i, extra in enumerate(workers):
             services.append(service("worker", ["--max-batch-tokens", "1024", *extra]))
-            if pin and pin[i] is not None:
-                subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(services[-1].proc.pid)], capture_output=True)
+            cpus = pin[i] if pin else None
+            if cpus is not None:
+                subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(services[-1].proc.pid)], capture_output=True)
         if scorer:
             services.append(service("scorer", []))
         services.append(service("gateway", ["--port", str(port), "--request-timeout", "300"]))
@@ -77,10 +82,11 @@ def fleet(
                 services,
             )
             if pin:  # threads started after the first pinning inherit it; pin again to be sure
-                for i, s in enumerate(services[1 : 1 + len(workers)]):
-                    if pin[i] is not None:
-                        subprocess.run(["taskset", "-a", "-p", "-c", pin[i], str(s.proc.pid)], capture_output=True)
+                for cpus, s in zip(pin, services[1 : 1 + len(workers)]):
+                    if cpus is not None:
+                        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(s.proc.pid)], capture_output=True)
             watch.scrape_every(1.0)
+            assert server.pid is not None  # started above
             watch.pids = [s.proc.pid for s in services] + [server.pid]
             yield base, server.url
         finally:
@@ -96,7 +102,7 @@ class Observation:
     def __init__(self, metrics: bool, tracing: bool = False, ratio: float = 1.0) -> None:
         self.metrics, self.tracing, self.ratio = metrics, tracing, ratio
         self.on = metrics or tracing
-        self.sink = None
+        self.sink: OtlpSink | None = None  # set when tracing
         self.ports: list[int] = []
         self.scrapes = 0
         self.environment: dict[str, str] = {}
@@ -104,16 +110,16 @@ class Observation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if tracing:
-            from bench.otlp_sink import OtlpSink
+            from bench import otlp_sink  # only now: it needs opentelemetry-proto
 
-            self.sink = OtlpSink().start()
+            self.sink = otlp_sink.OtlpSink().start()
 
     def arguments(self) -> list[str]:
         args = []
         if self.metrics:
             self.ports.append(free_port())
             args += ["--metrics-port", str(self.ports[-1])]
-        if self.tracing:
+        if self.sink is not None:  # tracing
             args += ["--otlp-endpoint", self.sink.url, "--trace-sample-ratio", str(self.ratio)]
         return args
 

@@ -30,7 +30,7 @@ def docs_file(folder: Path, name: str, texts: list[str]) -> Path:
     return path
 
 
-def _reindex(nats_url: str, docs: Path, out: Path, job: str, batch: int) -> subprocess.Popen:
+def _reindex(nats_url: str, docs: Path, out: Path, job: str, batch: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -93,7 +93,10 @@ def bench_throughput(args: argparse.Namespace) -> None:
             output = proc.communicate(timeout=900)[0]
             if proc.returncode != 0:
                 raise SystemExit(output)
-            job_path.append(float(re.search(r"\(([\d,]+) tokens/s\)", output).group(1).replace(",", "")))
+            rate = re.search(r"\(([\d,]+) tokens/s\)", output)
+            if rate is None:
+                raise SystemExit(f"no tokens/s in the job's output:\n{output}")
+            job_path.append(float(rate.group(1).replace(",", "")))
             print(
                 f"round {r + 1}: engine in-process {in_process[-1]:,.0f}  tokenizer+engine in-process "
                 f"{with_tokenizer[-1]:,.0f}  job path {job_path[-1]:,.0f} tokens/s",

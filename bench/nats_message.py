@@ -12,6 +12,7 @@ import asyncio
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import nats
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=300, help="payload bytes")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-nats-message-") as tmp:
-        server = EmbeddedNats(tmp)
+        server = EmbeddedNats(Path(tmp))
         server.start()
         try:
             result = asyncio.run(measure(server.url, args.messages, args.size))

@@ -80,7 +80,7 @@ class OtlpSink:
         self._server.server_close()
 
     def _add(self, request: ExportTraceServiceRequest) -> None:
-        got = []
+        got: list[ReceivedSpan] = []
         for resource_spans in request.resource_spans:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             service = resource.get("service.name", "")

@@ -69,11 +69,15 @@ def _folders(root: Path) -> dict[str, Path]:
     return {"splade": root / "splade", "colbert": root / "colbert"}
 
 
-def _engine_run(engine: Engine, encoder: TextEncoder, texts: list[str], output: str):
+def _engine_run(
+    engine: Engine, encoder: TextEncoder, texts: list[str], output: str
+) -> tuple[list[tuple[np.ndarray, ...]], int]:
+    """Per chunk the ragged rows (sparse: offsets, indices, values; multivector: offsets, vectors), and
+    the tokens embedded."""
     ids = encoder.encode(texts)
     spec = engine.info.multivector
     drop = np.asarray(spec.skiplist_ids, dtype=np.int32) if spec is not None and spec.skiplist_ids else None
-    made = []
+    made: list[tuple[np.ndarray, ...]] = []
     for c in pack_chunks(ids, BUDGET, MAX_ROWS):
         out = engine.step(c.input_ids, c.cu_seqlens, outputs=(output,)).result()[output]
         if output == "sparse":
@@ -96,17 +100,17 @@ def compare(kind: str, folder: Path, texts: list[str], rounds: int) -> dict:
     if kind == "splade":
         from sentence_transformers import SparseEncoder
 
-        reference = SparseEncoder(str(folder), device="cpu")
+        sparse = SparseEncoder(str(folder), device="cpu")
 
         def ref_run():
-            return reference.encode(texts, batch_size=32, convert_to_tensor=True).to_dense().numpy()
+            return sparse.encode(texts, batch_size=32, convert_to_tensor=True).to_dense().numpy()
     else:
         from sentence_transformers import MultiVectorEncoder
 
-        reference = MultiVectorEncoder(str(folder), device="cpu")
+        multivector = MultiVectorEncoder(str(folder), device="cpu")
 
         def ref_run():
-            return [v.numpy() for v in reference.encode_document(texts, batch_size=32)]
+            return [v.numpy() for v in multivector.encode_document(texts, batch_size=32)]
 
     made, tokens = _engine_run(engine, encoder, texts, output)
     want = ref_run()

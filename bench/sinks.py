@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,14 +118,17 @@ def job_rows(parquet: Path, texts: list[str], metadata: list[dict]) -> Rows:
     return Rows(ids, vectors, [metadata[i] for i in index], texts=[texts[i] for i in index])
 
 
+def _dense(rows: Rows) -> tuple[np.ndarray, list[dict[str, Any] | None], list[str | None]]:
+    """The vectors [n, dim], metadata and texts of rows as ``job_rows`` makes them (all three kept)."""
+    if not isinstance(rows.vectors, np.ndarray) or rows.metadata is None or rows.texts is None:
+        raise TypeError("dense rows with their metadata and texts expected")
+    return rows.vectors, rows.metadata, rows.texts
+
+
 def _batches(rows: Rows, size: int) -> list[Rows]:
+    vectors, metadata, texts = _dense(rows)
     return [
-        Rows(
-            rows.ids[s : s + size],
-            rows.vectors[s : s + size],
-            rows.metadata[s : s + size],
-            texts=rows.texts[s : s + size],
-        )
+        Rows(rows.ids[s : s + size], vectors[s : s + size], metadata[s : s + size], texts=texts[s : s + size])
         for s in range(0, len(rows.ids), size)
     ]
 
@@ -134,21 +138,23 @@ def store_parquet(rows: Rows, path: Path, size: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    width = _dense(rows)[0].shape[1]
     start = time.perf_counter()
     schema = pa.schema(
         [
             ("id", pa.string()),
-            ("vector", pa.list_(pa.float32(), rows.vectors.shape[1])),
+            ("vector", pa.list_(pa.float32(), width)),
             ("metadata", pa.string()),
             ("text", pa.string()),
         ]
     )
     with pq.ParquetWriter(path, schema) as writer:
         for b in _batches(rows, size):
-            vectors = pa.FixedSizeListArray.from_arrays(pa.array(b.vectors.reshape(-1)), rows.vectors.shape[1])
+            flat, metadata, texts = _dense(b)
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), width)
             writer.write_table(
                 pa.table(
-                    [pa.array(b.ids), vectors, pa.array([json.dumps(m) for m in b.metadata]), pa.array(b.texts)],
+                    [pa.array(b.ids), vectors, pa.array([json.dumps(m) for m in metadata]), pa.array(texts)],
                     schema=schema,
                 )
             )
@@ -158,9 +164,10 @@ def store_parquet(rows: Rows, path: Path, size: int) -> dict:
 def store_sink(rows: Rows, url: str, size: int) -> dict:
     """A sink's ``open`` + ``write`` of each batch of ``size`` rows + ``finish``, timed (``finish`` apart too)."""
     sink = sink_for(url)
+    width = _dense(rows)[0].shape[1]
     try:
         start = time.perf_counter()
-        sink.open(Shape("float32", "dense", rows.vectors.shape[1]))
+        sink.open(Shape("float32", "dense", width))
         for b in _batches(rows, size):
             sink.write(b)
         written = time.perf_counter()
@@ -212,7 +219,8 @@ def run(args: argparse.Namespace) -> dict:
                 _warm_clients()
                 # a job's upserts: BATCH_ROWS rows, or what it collected in BATCH_SECONDS (at the Parquet job's rate)
                 small = max(1, round(args.documents / job["parquet"]["seconds"] * BATCH_SECONDS))
-                store, trickle = {}, {}
+                store: dict[str, dict] = {}
+                trickle: dict[str, dict] = {}
                 for found, name, size in ((store, "store", BATCH_ROWS), (trickle, "small", small)):
                     found["parquet"] = store_parquet(rows, folder / f"{name}.parquet", size)
                     for sink, url in store_urls(folder, pg.get_uri(), name).items():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +38,7 @@ from transformers import (
     ModernBertConfig,
     MPNetConfig,
     PretrainedConfig,
+    PreTrainedModel,
     Qwen2Config,
     Qwen3Config,
 )
@@ -77,7 +78,7 @@ class _Family:
     config: dict[str, Any]
     single: str  # the tokenizer's TemplateProcessing for one text
     pair: str  # ... and for a (query, document) pair
-    special_tokens: dict[str, str | None]  # tokenizer_config.json's special tokens
+    special_tokens: Mapping[str, str | None]  # tokenizer_config.json's special tokens
     pooling: str = "mean"
     prompts: dict[str, str] = field(default_factory=dict)
     dense: tuple[int, ...] = ()  # output sizes of the Dense modules after pooling (no bias, Identity)
@@ -379,7 +380,7 @@ def _byte_level_bpe() -> str:
     return tokenizer.to_str()
 
 
-def _write_sentence_transformer(spec: _Family, model: nn.Module, folder: Path) -> None:
+def _write_sentence_transformer(spec: _Family, model: PreTrainedModel, folder: Path) -> None:
     """Save the HF model through sentence-transformers with the family's Pooling / Dense / Normalize stack."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Dense, Normalize, Transformer

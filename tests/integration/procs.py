@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -59,7 +59,7 @@ class Service:
         self._log.close()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, services: list[Service] = ()) -> None:
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, services: Sequence[Service] = ()) -> None:
     """``tests.waiting.wait_until`` that also fails at once, with its log, when one of ``services`` exits."""
 
     def check() -> bool:
@@ -171,7 +171,7 @@ def healthy(base_url: str) -> bool:
 
 
 def start_fleet(
-    nats_url: str, prefix: str, folders: dict, log_dir: Path, *, named: bool = False, extra: list[Service] = ()
+    nats_url: str, prefix: str, folders: dict, log_dir: Path, *, named: bool = False, extra: Sequence[Service] = ()
 ) -> tuple[str, list[Service]]:
     """A tokenizer and a worker per model folder (``named``: served under its key, else the folder's
     name), the ``extra`` services, and a gateway, all on subjects under ``prefix``; returns the
@@ -179,7 +179,7 @@ def start_fleet(
     from shared.nats_server import free_port
 
     common = ["--nats", nats_url, "--subject-prefix", prefix]
-    services = []
+    services: list[Service] = []
     for name, folder in folders.items():
         model = ["--model", str(folder)] + (["--model-name", name] if named else [])
         services.append(Service("tokenizer", [*common, *model], log_dir))

@@ -23,6 +23,7 @@ class EncoderModel(nn.Module, abc.ABC):
     PREFIXES: tuple[str, ...] = ("",)
     PROBE: str = ""
     USES_TOKEN_TYPES = False  # segment ids (pairs) change the output: BERT only; others ignore them
+    layers: nn.ModuleList  # the transformer layers, in order: each family builds its own
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
