@@ -1,15 +1,16 @@
 """A typed body's validation error as the API's own: the first fault, the field it names, a clear message.
 
 pydantic reports each fault as a location (field names, list indices, union tags) and a type; the
-client sees ``'chunking.size' must be an integer of at least 1, got string`` with ``param`` the field's
-dotted path ('chunking.size'; an item of a list is its list: 'input'), in the route's error shape.
+client sees ``'chunking.size' must be an integer, got '8'`` (or ``'input[1]' must be a string, got null``)
+with ``param`` the field's dotted path ('chunking.size'; an item of a list is its list: 'input'), in the
+route's error shape.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Tag, ValidationError
+from pydantic import Tag
 from pydantic_core import ErrorDetails
 
 from services.gateway.errors import ApiError
@@ -34,12 +35,10 @@ _KINDS = {
 }
 
 
-def api_error(exc: ValidationError, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> ApiError:
-    """The first fault of ``exc`` as an ApiError of ``code``."""
-    return fault_error(exc.errors(include_url=False)[0], code)
-
-
-def fault_error(err: ErrorDetails, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> ApiError:
+def fault_error(errors: list[ErrorDetails], code: ErrorCode = ErrorCode.INVALID_REQUEST) -> ApiError:
+    """The first of ``errors`` (a ValidationError's, in the body's order) as an ApiError of ``code``;
+    an object's unknown keys all together."""
+    err = errors[0]
     kind, loc, ctx = err["type"], err["loc"], err.get("ctx", {})
     if kind == "json_invalid":
         return ApiError(code, f"request body is not valid JSON: {ctx.get('error', err['msg'])}")
@@ -54,8 +53,9 @@ def fault_error(err: ErrorDetails, code: ErrorCode = ErrorCode.INVALID_REQUEST) 
     if kind in _EMPTY:
         return ApiError(code, f"'{where}' must not be {_EMPTY[kind]}", param)
     if kind == "extra_forbidden":
-        parent, key = where.rpartition(".")[0], loc[-1]
-        return ApiError(code, f"'{parent}' has an unknown key {key!r}", ".".join(names[:-1]))
+        keys = [e["loc"][-1] for e in errors if e["type"] == kind and e["loc"][:-1] == loc[:-1]]
+        parent = where.rpartition(".")[0]
+        return ApiError(code, f"'{parent}' has unknown keys {', '.join(map(repr, keys))}", ".".join(names[:-1]))
     return ApiError(code, f"'{where}' must be {_expected(kind, ctx, err['msg'])}, got {_shown(err['input'])}", param)
 
 

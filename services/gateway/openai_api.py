@@ -45,7 +45,7 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     try:
         doc: EmbeddingsBody = _validate_json(body)
     except ValidationError as exc:
-        raise _fault(exc.errors(include_url=False)[0]) from None
+        raise _fault(exc.errors(include_url=False)) from None
     inputs = _inputs(doc.input, limits)
     return EmbeddingsRequest(
         doc.model,
@@ -84,9 +84,10 @@ def _chunking(body: ChunkingBody, inputs: Inputs) -> Chunking:
         raise ApiError(exc.code, exc.message, "chunking") from None
 
 
-def _fault(err: ErrorDetails) -> ApiError:
+def _fault(errors: list[ErrorDetails]) -> ApiError:
     """A token-ID input's faults as the tokenizer words them (422 for a value that is no token ID);
     every other fault as body_errors words it."""
+    err = errors[0]
     loc = err["loc"]
     if loc[:2] == ("input", "<tokens>") and len(loc) == 3:
         return not_a_token("input", err["input"])
@@ -94,7 +95,7 @@ def _fault(err: ErrorDetails) -> ApiError:
         return not_a_token(f"input[{loc[2]}]", err["input"])
     if loc[:2] == ("input", "<token_lists>") and len(loc) == 3:
         return ApiError(ErrorCode.INVALID_REQUEST, f"'input[{loc[2]}]' must be a non-empty list of token IDs", "input")
-    return fault_error(err)
+    return fault_error(errors)
 
 
 def render_embeddings(

@@ -78,7 +78,7 @@ def test_unknown_fields_are_ignored_and_unknown_chunking_keys_refused():
     assert (err.value.status, err.value.param, err.value.message) == (
         400,
         "chunking",
-        "'chunking' has an unknown key 'x'",
+        "'chunking' has unknown keys 'x'",
     )
 
 
@@ -97,6 +97,7 @@ def test_the_model_s_enums_are_the_gateway_s():
         ({"model": "m", "input": "a", "chunking": {}}, "chunking.size", "'chunking.size' is required"),
         ({"model": "m", "input": "a", "chunking": {"size": 8, "late": 1}}, "chunking.late", "'chunking.late' must be true or false, got 1"),
         ({"model": "m", "input": "a", "chunking": {"size": 8, "return": "all"}}, "chunking.return", "'chunking.return' must be 'chunks' or 'mean', got 'all'"),
+        ({"model": "m", "input": "a", "chunking": {"size": 4, "b": 1, "a": 2}}, "chunking", "'chunking' has unknown keys 'b', 'a'"),
         ({"model": "m", "input": "a", "chunking": "yes"}, "chunking", "'chunking' must be an object, got 'yes'"),
         ({"model": "m", "input": "a", "chunking": {"size": 4, "overlap": 4}}, "chunking", "chunking.overlap (4) must be less than chunking.size (4)"),
         ({"model": "m", "input": [1, 2], "chunking": {"size": 4}}, "chunking", "'chunking' cuts texts: give 'input' as text, not token IDs"),
