@@ -226,14 +226,17 @@ def test_stack_memory_benchmark_measures_engines_in_one_process():
     assert len(rss) == 3 and rss[0] < rss[1] < rss[2]  # torch alone, then each engine adds its weights
 
 
-def test_protocol_benchmark_times_the_hot_messages():
+def _quick_timing(module: str) -> subprocess.CompletedProcess:
+    """``module``'s timings, one round of five calls (a smoke run), as it prints them."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench.protocol", "--rounds", "1", "--number", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", module, "--rounds", "1", "--number", "5"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_protocol_benchmark_times_the_hot_messages():
+    result = _quick_timing("bench.protocol")
     rows = {
         " ".join(line.split()[:2]): line.split()[2:]
         for line in result.stdout.splitlines()
@@ -348,3 +351,11 @@ def test_sinks_benchmark_measures_every_sink_and_both_search_modes(tmp_path, cap
     for sink in rows:
         assert re.search(rf"^{sink} +[0-9.]+ +[0-9.]+x +[0-9]+ +[0-9.]+x", out, re.M), out
     assert "reranked (top_n 10) by the tests' tiny" in out and "no Qdrant server installs here" in out
+
+
+def test_body_parsing_benchmark_times_each_parser_on_each_body():
+    result = _quick_timing("bench.body_parsing")
+    rows = {line[:12].strip(): line[12:].split() for line in result.stdout.splitlines()[1:]}
+    assert set(rows) == {"one query", "8 inputs", "every field"}
+    # bytes, then µs for hand, pydantic, the pydantic model alone (and msgspec), then the ratios
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 and "pydantic" in row for row in rows.values())

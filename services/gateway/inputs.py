@@ -67,13 +67,19 @@ def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> In
                 raise ApiError(
                     ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be a string, got {json_type(item)}", param
                 )
-            if len(item) > limits.max_input_chars:
-                raise ApiError(
-                    ErrorCode.INPUT_TOO_LONG,
-                    f"'{param}[{i}]' has {len(item)} characters; the limit is {limits.max_input_chars}",
-                    param,
-                )
         inputs = Inputs(items, None)
+    return within_limits(inputs, param, limits)
+
+
+def within_limits(inputs: Inputs, param: str, limits: Limits) -> Inputs:
+    """``inputs`` (of well-typed items) once none is too long and there are not too many."""
+    for i, item in enumerate(inputs.texts):
+        if len(item) > limits.max_input_chars:
+            raise ApiError(
+                ErrorCode.INPUT_TOO_LONG,
+                f"'{param}[{i}]' has {len(item)} characters; the limit is {limits.max_input_chars}",
+                param,
+            )
     if inputs.count > limits.max_inputs:
         raise ApiError(
             ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {inputs.count} items; the limit is {limits.max_inputs}", param
@@ -88,12 +94,15 @@ def _token_list(value: Any, where: str) -> np.ndarray:
         )
     for t in value:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
-            raise ApiError(
-                ErrorCode.INVALID_TOKENS,
-                f"'{where}' holds {t!r}, not a token ID (an integer >= 0)",
-                where.split("[")[0],
-            )
+            raise not_a_token(where, t)
     return np.asarray(value, dtype=np.int32)
+
+
+def not_a_token(where: str, value: Any) -> ApiError:
+    """The error for ``value`` in the token-ID list at ``where`` ('input', 'input[2]')."""
+    return ApiError(
+        ErrorCode.INVALID_TOKENS, f"'{where}' holds {value!r}, not a token ID (an integer >= 0)", where.split("[")[0]
+    )
 
 
 def optional(doc: dict, key: str, kind: type, default: Any = None) -> Any:

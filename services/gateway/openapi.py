@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from services.gateway.chunking import RETURNS
 from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
+from services.gateway.openai_body import EmbeddingsBody
 from services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
 from shared.text_chunks import BOUNDARIES
 from shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
@@ -147,6 +150,14 @@ _PLACE = {
 }
 # a row as JSON numbers (integers for int8, uint8, binary, ubinary), or (base64) its little-endian bytes
 _ROW = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "contentEncoding": "base64"}]}
+
+
+def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
+    """``model``'s JSON schema as pydantic generates it; the models it refers to go into ``schemas``
+    (the document's components.schemas, where its references point)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(schema.pop("$defs", {}))
+    return schema
 
 
 def _errors(schema: dict, codes: tuple[int, ...]) -> dict[str, Any]:
@@ -407,22 +418,9 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
     }
 
 
-def _openai_paths(codes: tuple[int, ...]) -> dict[str, Any]:
+def _openai_paths(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's /v1/embeddings (and its unversioned path) and /v1/models."""
-    body = {
-        "type": "object",
-        "required": ["model", "input"],
-        "properties": {
-            "model": {"type": "string"},
-            "input": _STR_OR_LIST,
-            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
-            "dimensions": {"type": "integer", "minimum": 1},
-            "user": {"type": "string"},
-            "input_type": {"type": "string", "enum": ["query", "document"]},
-            "embedding_type": _EMBEDDING_TYPE,
-            "chunking": _CHUNKING,
-        },
-    }
+    body = typed_schema(EmbeddingsBody, schemas)
     ok = {
         "application/json": {
             "schema": {
@@ -951,11 +949,12 @@ def _health(summary: str) -> dict[str, Any]:
 def openapi_spec(version: str) -> dict[str, Any]:
     codes = (400, 401, 404, 413, 422, 429, 503, 504)  # what most routes may answer besides 200
     embed_body, sparse_body, all_body = _tei_bodies()
+    schemas: dict[str, Any] = {}  # the typed bodies' models (typed_schema)
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedfleet gateway", "version": version},
         "paths": {
-            **_openai_paths(codes),
+            **_openai_paths(codes, schemas),
             **_job_paths(),
             **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
             **_jina_rerank_path(codes),
@@ -964,4 +963,5 @@ def openapi_spec(version: str) -> dict[str, Any]:
             **_tei_task_paths(embed_body, sparse_body, codes),
             **_service_paths(),
         },
+        "components": {"schemas": schemas},
     }

@@ -58,7 +58,11 @@ def test_token_id_inputs():
             "encoding_format",
             "'float' or 'base64'",
         ),
-        (orjson.dumps({"model": "m", "input": "a", "dimensions": 0}), "dimensions", "positive integer"),
+        (
+            orjson.dumps({"model": "m", "input": "a", "dimensions": 0}),
+            "dimensions",
+            "'dimensions' must be at least 1, got 0",
+        ),
         (orjson.dumps({"model": "m", "input": "a", "dimensions": True}), "dimensions", "must be an integer"),
         (orjson.dumps({"model": "m", "input": "a", "user": 5}), "user", "'user' must be a string"),
         (orjson.dumps({"model": "m", "input": "a", "input_type": "passage"}), "input_type", "'query' or 'document'"),
@@ -67,9 +71,12 @@ def test_token_id_inputs():
         (
             orjson.dumps({"model": "m", "input": "a", "embedding_type": "int4"}),
             "embedding_type",
-            "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'",
+            (
+                "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary' or "
+                "'ubinary', got 'int4'"
+            ),
         ),
-        (orjson.dumps({"model": "m", "input": "a", "embedding_type": ["int8"]}), "embedding_type", "must be a string"),
+        (orjson.dumps({"model": "m", "input": "a", "embedding_type": ["int8"]}), "embedding_type", "must be one of"),
         (orjson.dumps({"model": "m", "input": "a", "embedding_type": "INT8"}), "embedding_type", "must be one of"),
     ],
 )

@@ -215,7 +215,8 @@ def test_openai_client_with_extra_body(stack, texts, floats):
             "/v1/embeddings",
             {"model": MODEL, "input": "x", "embedding_type": "int4"},
             {
-                "message": "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary', 'ubinary'",
+                "message": "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary' "
+                "or 'ubinary', got 'int4'",
                 "type": "invalid_request_error",
                 "param": "embedding_type",
                 "code": "invalid_request",

@@ -1,0 +1,88 @@
+"""A typed body's validation error as the API's own: the first fault, the field it names, a clear message.
+
+pydantic reports each fault as a location (field names, list indices, union tags) and a type; the
+client sees ``'chunking.size' must be an integer, got '8'`` (or ``'input[1]' must be a string, got null``)
+with ``param`` the field's dotted path ('chunking.size'; an item of a list is its list: 'input'), in the
+route's error shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Tag
+from pydantic_core import ErrorDetails
+
+from services.gateway.errors import ApiError
+from services.gateway.inputs import json_type
+from shared.errors import ErrorCode
+
+
+def member(name: str) -> Tag:
+    """The tag of a discriminated union's member: in an error's location, not a field, so left out."""
+    return Tag(f"<{name}>")
+
+
+_EMPTY = {"string_too_short": "an empty string", "too_short": "an empty list"}
+# what a value of the wrong type should have been, by pydantic's error type
+_KINDS = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "model_type": "an object",
+    "dict_type": "an object",
+}
+
+
+def fault_error(errors: list[ErrorDetails], code: ErrorCode = ErrorCode.INVALID_REQUEST) -> ApiError:
+    """The first of ``errors`` (a ValidationError's, in the body's order) as an ApiError of ``code``;
+    an object's unknown keys all together."""
+    err = errors[0]
+    kind, loc, ctx = err["type"], err["loc"], err.get("ctx", {})
+    if kind == "json_invalid":
+        return ApiError(code, f"request body is not valid JSON: {ctx.get('error', err['msg'])}")
+    if not loc:
+        return ApiError(code, "request body must be a JSON object")
+    fields = _fields(loc)
+    names = [part for part in fields if isinstance(part, str)]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in fields)[1:]
+    param = ".".join(names)
+    if kind == "missing":
+        return ApiError(code, f"'{where}' is required", param)
+    if kind in _EMPTY:
+        return ApiError(code, f"'{where}' must not be {_EMPTY[kind]}", param)
+    if kind == "extra_forbidden":
+        keys = [e["loc"][-1] for e in errors if e["type"] == kind and e["loc"][:-1] == loc[:-1]]
+        parent = where.rpartition(".")[0]
+        return ApiError(code, f"'{parent}' has unknown keys {', '.join(map(repr, keys))}", ".".join(names[:-1]))
+    return ApiError(code, f"'{where}' must be {_expected(kind, ctx, err['msg'])}, got {_shown(err['input'])}", param)
+
+
+def _fields(loc: tuple[int | str, ...]) -> list[int | str]:
+    """The location without union tags (``member``'s, and pydantic's own such as 'list[str]')."""
+    return [part for part in loc if isinstance(part, int) or (part.isidentifier() and part not in _TYPES)]
+
+
+_TYPES = {"str", "int", "bool", "float", "list", "dict"}  # pydantic's tags of a plain union's members
+
+
+def _expected(kind: str, ctx: dict[str, Any], msg: str) -> str:
+    if kind in _KINDS:
+        return _KINDS[kind]
+    if kind == "literal_error":  # pydantic's "'a', 'b' or 'c'"
+        return f"one of {ctx['expected']}" if ", " in ctx["expected"] else str(ctx["expected"])
+    if kind == "greater_than_equal":
+        return f"at least {ctx['ge']}"
+    if kind == "greater_than":
+        return f"greater than {ctx['gt']}"
+    if kind == "less_than_equal":
+        return f"at most {ctx['le']}"
+    return msg.removeprefix("Input should be ").removeprefix("Value error, ")
+
+
+def _shown(value: Any) -> str:
+    """The offending value: short scalars as they are, anything else by its JSON type."""
+    if isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 32):
+        return repr(value) if not isinstance(value, bool) else str(value).lower()
+    return json_type(value)
