@@ -23,9 +23,9 @@ from typing import Annotated, Any, Literal
 
 import orjson
 
-from services.gateway.chunking import parse_text_chunking
-from services.gateway.errors import ApiError
-from services.gateway.inputs import (
+from embedfleet.services.gateway.chunking import parse_text_chunking
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import (
     Limits,
     embedding_form,
     json_object,
@@ -33,12 +33,12 @@ from services.gateway.inputs import (
     parse_inputs,
     positive_dimensions,
 )
-from services.gateway.openai_api import EmbeddingsRequest, parse_embeddings_request
-from services.gateway.openai_body import EmbeddingsBody
-from shared.errors import ErrorCode
-from shared.protocol import MAX_DIMENSION
-from shared.text_chunks import ChunkSpec
-from shared.vector_forms import form_named
+from embedfleet.services.gateway.openai_api import EmbeddingsRequest, parse_embeddings_request
+from embedfleet.services.gateway.openai_body import EmbeddingsBody
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import MAX_DIMENSION
+from embedfleet.shared.text_chunks import ChunkSpec
+from embedfleet.shared.vector_forms import form_named
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=65536)  # the gateway's defaults
 MODEL = "all-MiniLM-L6-v2"
@@ -93,7 +93,7 @@ def msgspec_parser() -> Callable[[bytes, Limits], EmbeddingsRequest] | None:
     except ImportError:
         return None
 
-    from services.gateway.chunking import Chunking
+    from embedfleet.services.gateway.chunking import Chunking
 
     class ChunkingStruct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename={"returns": "return"}):
         size: Annotated[int, Meta(ge=1)]

@@ -31,7 +31,7 @@ from pathlib import Path
 import orjson
 
 from bench.fleet import stack
-from shared.model_dir.load import load_model_info
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import long_texts
 
 MODEL = "all-MiniLM-L6-v2"

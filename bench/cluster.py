@@ -42,11 +42,11 @@ from typing import Any, Self
 import httpx
 import nats
 
-from shared.job_bucket import read_state
-from shared.job_state import JobState
-from shared.job_streams import bucket_stream, stream_names
-from shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
-from shared.subjects import Subjects
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_state import JobState
+from embedfleet.shared.job_streams import bucket_stream, stream_names
+from embedfleet.shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
+from embedfleet.shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, stored_doc_ids, wait_until
 
@@ -265,7 +265,7 @@ class ClusterFleet:
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "reindex",
                 str(docs),
                 "--out",
@@ -451,9 +451,9 @@ def message_sizes(texts: list[str], batch: int = 64) -> dict[str, float]:
     """Bytes per document of each message a job makes, encoded as the services encode them: job
     batches of ``batch`` documents, token batches as the tokenizer packs them, results in three forms
     of the model's 384 components."""
-    from services.tokenizer.encoder import TextEncoder, pack_chunks
-    from shared.model_dir.load import load_model_info
-    from shared.protocol import EmbedOptions, JobBatch, JobResult, TokenChunk, encode
+    from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
+    from embedfleet.shared.model_dir.load import load_model_info
+    from embedfleet.shared.protocol import EmbedOptions, JobBatch, JobResult, TokenChunk, encode
 
     ids = [f"d{i}" for i in range(len(texts))]
     job = sum(

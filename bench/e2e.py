@@ -34,8 +34,8 @@ import httpx
 import orjson
 
 from bench.fleet import fleet, observation
-from shared.model_dir.load import load_model_info
-from shared.nats_server import free_port
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.nats_server import free_port
 from tests.corpus import long_texts, medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"
@@ -56,7 +56,7 @@ QUERY_TOKENS = (15, 20)  # a short query, special tokens included (the performan
 def queries(texts: list[str]) -> list[str]:
     """One query per text: its longest run of leading words that has at most QUERY_TOKENS[1] tokens,
     kept when it has at least QUERY_TOKENS[0] (a text's first words can be one long identifier: left out)."""
-    from services.tokenizer.encoder import TextEncoder
+    from embedfleet.services.tokenizer.encoder import TextEncoder
 
     low, high = QUERY_TOKENS
     encoder = TextEncoder(load_model_info(None))
@@ -82,7 +82,7 @@ def workloads() -> list[Workload]:
 
 
 def token_counts(texts: list[str]) -> dict[str, int]:
-    from services.tokenizer.encoder import TextEncoder
+    from embedfleet.services.tokenizer.encoder import TextEncoder
 
     encoder = TextEncoder(load_model_info(None))
     return {t: len(ids) for t, ids in zip(texts, encoder.encode(texts))}
@@ -301,8 +301,8 @@ def systems_to_run(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from services.gpu_worker.engine import Engine
-    from services.tokenizer.encoder import TextEncoder, pack_chunks
+    from embedfleet.services.gpu_worker.engine import Engine
+    from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 
     info = load_model_info(None)
     encoder = TextEncoder(info)

@@ -31,13 +31,13 @@ from torch import nn
 
 from bench import families
 from bench.workloads import Workload, workloads
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.attention import AttnMask
-from services.gpu_worker.engine.linear import LinearOps, select_linear_ops
-from services.gpu_worker.engine.models.base import EncoderModel
-from services.tokenizer.encoder import TextEncoder, pack_chunks
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.attention import AttnMask
+from embedfleet.services.gpu_worker.engine.linear import LinearOps, select_linear_ops
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.load import load_model_info
 
 MAX_ROWS = 256  # rows per engine batch, as the worker packs them
 

@@ -71,8 +71,8 @@ def cases() -> list[Case]:
 
 def token_counts(folder: Path, texts: list[str]) -> dict[str, int]:
     """Tokens of each text as the stack's tokenizer counts them (truncated at the folder's limit)."""
-    from services.tokenizer.encoder import TextEncoder
-    from shared.model_dir.load import load_model_info
+    from embedfleet.services.tokenizer.encoder import TextEncoder
+    from embedfleet.shared.model_dir.load import load_model_info
 
     encoder = TextEncoder(load_model_info(str(folder)))
     return {t: len(ids) for t, ids in zip(texts, encoder.encode(texts))}

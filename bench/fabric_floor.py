@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.fabric_load import self_seconds
-from shared.nats_server import free_port
+from embedfleet.shared.nats_server import free_port
 
 DIM = 384  # all-MiniLM-L6-v2's width: the answer a real model's request gets
 
@@ -86,7 +86,7 @@ def tokenizer_floor(folder: Path, texts: list[str], per_call: int, seconds: floa
     service cuts it first). CPU includes the library's own threads."""
     from tokenizers import Tokenizer
 
-    from shared.model_dir.load import load_model_info
+    from embedfleet.shared.model_dir.load import load_model_info
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.enable_truncation(load_model_info(str(folder)).max_seq_length)

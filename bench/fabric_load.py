@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from bench.e2e import Workload, client_batches, load_summary
-from shared.local_stack import read_stack
-from shared.nats_server import free_port
+from embedfleet.shared.local_stack import read_stack
+from embedfleet.shared.nats_server import free_port
 
 ROLES = ("nats-server", "gateway", "tokenizer", "worker", "scorer", "up")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -78,8 +78,8 @@ def _role(pid: int) -> str | None:
     args = [a.decode(errors="replace") for a in argv if a]
     if args and Path(args[0]).name == "nats-server":
         return "nats-server"
-    if "services.cli" in args and args.index("services.cli") + 1 < len(args):
-        return args[args.index("services.cli") + 1]
+    if "embedfleet.services.cli" in args and args.index("embedfleet.services.cli") + 1 < len(args):
+        return args[args.index("embedfleet.services.cli") + 1]
     return None
 
 
@@ -134,7 +134,7 @@ def up_stack(
     """``embedfleet up --model FOLDER`` as a process, its own embedded nats-server included, once it
     has recorded itself (every process ready); stopped as Ctrl-C stops it. ``environ``: variables
     added to its environment (its processes inherit them)."""
-    from shared.model_dir.load import load_model_info
+    from embedfleet.shared.model_dir.load import load_model_info
 
     port = free_port()
     with open(log, "wb") as out:
@@ -142,7 +142,7 @@ def up_stack(
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "up",
                 "--model",
                 str(folder),
@@ -208,10 +208,10 @@ class Meter:
 async def drive_nats(
     stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int], meter: Meter, errors: Counter
 ) -> dict:
-    """As ``bench.e2e.drive_http``, through the public NATS-direct client (shared.fleet_client) in this
+    """As ``bench.e2e.drive_http``, through the public NATS-direct client (embedfleet.shared.fleet_client) in this
     process: ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()`` in the
     result); error replies counted in ``errors`` by code."""
-    from shared.fleet_client import FleetClient
+    from embedfleet.shared.fleet_client import FleetClient
 
     async with await FleetClient.connect(stack.nats_url, token_file=stack.token_file, timeout=60.0) as fleet:
         await _embed_for(fleet, stack.model, w, warm_up, tokens, Counter())
@@ -221,7 +221,7 @@ async def drive_nats(
 
 
 async def _embed_for(fleet, model: str, w: Workload, seconds: float, tokens: dict[str, int], errors: Counter) -> dict:
-    from shared.errors import ServiceError
+    from embedfleet.shared.errors import ServiceError
 
     latencies: list[float] = []
     done_tokens = 0
@@ -257,7 +257,7 @@ def run_reindex(stack: Stack, texts: list[str], folder: Path) -> dict:
     command = [
         sys.executable,
         "-m",
-        "services.cli",
+        "embedfleet.services.cli",
         "reindex",
         str(docs),
         "--out",

@@ -24,9 +24,9 @@ from tokenizers import Tokenizer
 
 from bench.fleet import Observation, fleet
 from bench.jobs import docs_file
-from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.fast_encoder import FastEncoder, load
-from shared.model_dir.load import load_model_info
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.fast_encoder import FastEncoder, load
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import long_texts, mixed_texts
 
 CHARSET = Path(__file__).resolve().parents[1] / "services" / "tokenizer" / "fast_charset.py"
@@ -151,7 +151,7 @@ def reindex_cpu(documents: int, model: str | None) -> None:
                 [
                     sys.executable,
                     "-m",
-                    "services.cli",
+                    "embedfleet.services.cli",
                     "reindex",
                     str(docs),
                     "--out",

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from bench import families
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.calibrate import calibrate, synthetic_batch
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.calibrate import calibrate, synthetic_batch
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.load import load_model_info
 
 # (rows, longest row): at most 2,048 tokens each, so every batch fits the graphed engine's largest bucket
 CORRECTNESS_BATCHES = ((24, 64), (4, 512), (8, 256))

@@ -22,11 +22,11 @@ import httpx
 import nats
 import numpy as np
 
-from shared.job_bucket import update_state
-from shared.job_streams import ensure_streams
-from shared.nats_server import EmbeddedNats, free_port
-from shared.protocol import JobResult, encode
-from shared.subjects import Subjects
+from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_streams import ensure_streams
+from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.protocol import JobResult, encode
+from embedfleet.shared.subjects import Subjects
 from tests.waiting import wait_until
 
 ROWS, DIM, JOB = 64, 384, "bench-results"
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         port = free_port()
         with open(Path(tmp) / "gateway.log", "wb") as log:
             gateway = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "gateway", "--nats", server.url, "--port", str(port)],
+                [sys.executable, "-m", "embedfleet.services.cli", "gateway", "--nats", server.url, "--port", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.fleet import embed, fleet, latencies_for
 from bench.workloads import workloads
-from shared.model_dir.load import load_model_info
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import medium_texts, mixed_texts
 
 
@@ -35,7 +35,7 @@ def _reindex(nats_url: str, docs: Path, out: Path, job: str, batch: int) -> subp
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "embedfleet.services.cli",
             "reindex",
             str(docs),
             "--out",
@@ -57,8 +57,8 @@ def _reindex(nats_url: str, docs: Path, out: Path, job: str, batch: int) -> subp
 def bench_throughput(args: argparse.Namespace) -> None:
     import torch
 
-    from services.gpu_worker.engine import Engine
-    from services.tokenizer.encoder import TextEncoder, pack_chunks
+    from embedfleet.services.gpu_worker.engine import Engine
+    from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 
     texts = workloads(args.scale)["long"].texts
     info = load_model_info(None)

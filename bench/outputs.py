@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from bench.workloads import workloads
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.ragged import sparse_rows, token_rows
-from services.tokenizer.encoder import TextEncoder, pack_chunks
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.ragged import sparse_rows, token_rows
+from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
+from embedfleet.shared.model_dir.load import load_model_info
 
 MAX_ROWS = 256
 BUDGET = 2048

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.protocol import (
+from embedfleet.shared.protocol import (
     EmbedOptions,
     EmbedResult,
     JobBatch,

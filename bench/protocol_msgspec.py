@@ -13,7 +13,16 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
-from shared.protocol import MAX_ID, MAX_NAME, MAX_ROWS, EmbedOptions, EmbedResult, JobBatch, ProtocolError, TokenChunk
+from embedfleet.shared.protocol import (
+    MAX_ID,
+    MAX_NAME,
+    MAX_ROWS,
+    EmbedOptions,
+    EmbedResult,
+    JobBatch,
+    ProtocolError,
+    TokenChunk,
+)
 
 
 def _finite(value: float, what: str) -> None:

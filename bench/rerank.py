@@ -16,8 +16,8 @@ import httpx
 import numpy as np
 
 from bench.fleet import fleet
-from services.tokenizer.encoder import TextEncoder
-from shared.model_dir.load import load_model_info
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import long_texts
 
 MODEL = "all-MiniLM-L6-v2"

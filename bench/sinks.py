@@ -41,9 +41,9 @@ import numpy as np
 
 from bench import sink_search
 from bench.sink_search import RERANKER, Served
-from shared.model_dir.load import load_model_info
-from shared.sinks import Rows, Shape, sink_for
-from shared.sinks.writer import BATCH_ROWS, BATCH_SECONDS
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.sinks import Rows, Shape, sink_for
+from embedfleet.shared.sinks.writer import BATCH_ROWS, BATCH_SECONDS
 from tests.corpus import medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"
@@ -84,7 +84,7 @@ def run_job(nats_url: str, docs: Path, model: str, sink: str, target: str, job: 
     command = [
         sys.executable,
         "-m",
-        "services.cli",
+        "embedfleet.services.cli",
         "reindex",
         str(docs),
         "--nats",

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 
-from shared.model_dir.folder import default_model_path
-from shared.nats_server import free_port
+from embedfleet.shared.model_dir.folder import default_model_path
+from embedfleet.shared.nats_server import free_port
 from tests.corpus import medium_texts, mixed_texts
 
 
@@ -70,9 +70,9 @@ def memory_mib(pid: int) -> tuple[float, float]:
 
 def label(pid: int) -> str:
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    if "services.cli" not in argv:
+    if "embedfleet.services.cli" not in argv:
         return Path(argv[0]).name
-    role = argv[argv.index("services.cli") + 1]
+    role = argv[argv.index("embedfleet.services.cli") + 1]
     return f"{role}[{argv[argv.index('--model-name') + 1]}]" if "--model-name" in argv else role
 
 
@@ -96,9 +96,9 @@ def exercise(base: str) -> None:
 def engines_in_one_process(count: int) -> None:
     """This process's RSS holding 1..count all-MiniLM-L6-v2 engines (each its own weights), each run
     on the same batches: what a model costs where several engines share one worker process."""
-    from services.gpu_worker.engine import Engine
-    from services.gpu_worker.engine.calibrate import synthetic_batch
-    from shared.model_dir.load import load_model_info
+    from embedfleet.services.gpu_worker.engine import Engine
+    from embedfleet.services.gpu_worker.engine.calibrate import synthetic_batch
+    from embedfleet.shared.model_dir.load import load_model_info
 
     print(f"python and torch: {memory_mib(os.getpid())[0]:.0f} MiB RSS")
     engines = []
@@ -145,7 +145,7 @@ def main() -> None:
     command = [
         sys.executable,
         "-m",
-        "services.cli",
+        "embedfleet.services.cli",
         "up",
         "--port",
         str(port),

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.load import load_model_info
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.load import load_model_info
 
 if TYPE_CHECKING:
-    from services.tokenizer.encoder import TextEncoder
+    from embedfleet.services.tokenizer.encoder import TextEncoder
 
 
 @dataclass
@@ -49,9 +49,9 @@ def check_folder(folder: str) -> Report:
 def _check(folder: str, report: Report) -> None:
     import torch
 
-    from services.gpu_worker.engine.attention import FLASHINFER_HEAD_DIMS, FlashInferRagged, TorchFlashVarlen
-    from services.gpu_worker.engine.models.registry import family_for, spec_from_folder
-    from services.tokenizer.encoder import TextEncoder
+    from embedfleet.services.gpu_worker.engine.attention import FLASHINFER_HEAD_DIMS, FlashInferRagged, TorchFlashVarlen
+    from embedfleet.services.gpu_worker.engine.models.registry import family_for, spec_from_folder
+    from embedfleet.services.tokenizer.encoder import TextEncoder
 
     info = load_model_info(folder)
     spec = spec_from_folder(info)

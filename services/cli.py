@@ -7,15 +7,15 @@ import os
 import sys
 from pathlib import Path
 
-from services.gateway import config as gateway_config
-from services.gpu_worker import config as worker_config
-from services.scorer import config as scorer_config
-from services.tokenizer import config as tokenizer_config
-from shared import __version__
-from shared.config import ConfigError, nats_config, retention
-from shared.lifecycle import run_async, run_service
-from shared.logs import setup_logging
-from shared.options import add_options
+from embedfleet.services.gateway import config as gateway_config
+from embedfleet.services.gpu_worker import config as worker_config
+from embedfleet.services.scorer import config as scorer_config
+from embedfleet.services.tokenizer import config as tokenizer_config
+from embedfleet.shared import __version__
+from embedfleet.shared.config import ConfigError, nats_config, retention
+from embedfleet.shared.lifecycle import run_async, run_service
+from embedfleet.shared.logs import setup_logging
+from embedfleet.shared.options import add_options
 
 HELP = {
     "up": "start the whole local stack, one model or several (embedded nats-server unless --nats is given)",
@@ -33,7 +33,7 @@ HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every command's parser, its options those ``shared.options`` declares for it."""
+    """Every command's parser, its options those ``embedfleet.shared.options`` declares for it."""
     parser = argparse.ArgumentParser(prog="embedfleet", description="Embedding and reranking serving over NATS.")
     parser.add_argument("--version", action="version", version=f"embedfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -78,24 +78,24 @@ def main(argv: list[str] | None = None) -> None:
 def _dispatch(ns: argparse.Namespace) -> None:
     command = ns.command
     if command == "check":
-        from services.check import main as check
+        from embedfleet.services.check import main as check
 
         sys.exit(check(ns.folders, ns.json))
     if command == "auth":
         sys.exit(_write_auth(ns))
     if command == "up":
-        from services.stack import run_stack
+        from embedfleet.services.stack import run_stack
 
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command, ns.log_format)
     if command in ("reindex", "jobs", "init"):
         sys.exit(_run_admin(ns))
     if command == "gateway":
-        from services.gateway.app import serve
+        from embedfleet.services.gateway.app import serve
 
         serve(gateway_config.GatewayConfig.from_namespace(ns), ns.log_level)
     elif command == "tokenizer":
-        from services.tokenizer.service import TokenizerService
+        from embedfleet.services.tokenizer.service import TokenizerService
 
         cfg = tokenizer_config.TokenizerConfig.from_namespace(ns)
         cfg.apply_threads()
@@ -103,7 +103,7 @@ def _dispatch(ns: argparse.Namespace) -> None:
     elif command == "worker":
         _run_worker(ns)
     elif command == "scorer":
-        from services.scorer.service import ScorerService
+        from embedfleet.services.scorer.service import ScorerService
 
         scorer_cfg = scorer_config.ScorerConfig.from_namespace(ns)
         run_service("scorer", scorer_cfg.nats, lambda nc: ScorerService(nc, scorer_cfg))
@@ -111,14 +111,14 @@ def _dispatch(ns: argparse.Namespace) -> None:
 
 def _run_admin(ns: argparse.Namespace) -> int:
     """reindex, init, and jobs with its actions: each one coroutine against NATS; its exit status."""
-    from services.jetstream_init import init_jetstream
-    from services.job_cancel import cancel
-    from services.job_fetch import fetch
-    from services.jobs_admin import list_jobs, purge_job
-    from services.reindex import reindex
-    from services.reindex_plan import plan_of
-    from shared.lifecycle import NatsUnreachable
-    from shared.local_stack import use_local_stack
+    from embedfleet.services.jetstream_init import init_jetstream
+    from embedfleet.services.job_cancel import cancel
+    from embedfleet.services.job_fetch import fetch
+    from embedfleet.services.jobs_admin import list_jobs, purge_job
+    from embedfleet.services.reindex import reindex
+    from embedfleet.services.reindex_plan import plan_of
+    from embedfleet.shared.lifecycle import NatsUnreachable
+    from embedfleet.shared.local_stack import use_local_stack
 
     source = use_local_stack(ns)  # none given: the stack `up` recorded in --data-dir
     cfg = nats_config(ns)
@@ -144,8 +144,8 @@ def _run_worker(ns: argparse.Namespace) -> None:
     # waits at every barrier. 3,000 spins still cover the gaps between one forward's ops. Read
     # when torch loads OpenMP, so set before that; an explicit GOMP_SPINCOUNT wins.
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-    from services.gpu_worker.replicas import build_engines, is_cpu, replica_threads, run_cpu_processes
-    from services.gpu_worker.service import WorkerService
+    from embedfleet.services.gpu_worker.replicas import build_engines, is_cpu, replica_threads, run_cpu_processes
+    from embedfleet.services.gpu_worker.service import WorkerService
 
     cfg = worker_config.WorkerConfig.from_namespace(ns)
     # oneDNN keeps one primitive per GEMM shape (1024 by default), so batches of every token count
@@ -164,8 +164,8 @@ def _run_worker(ns: argparse.Namespace) -> None:
 def _write_auth(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from shared.permissions import ROLES, write_auth
-    from shared.subjects import Subjects
+    from embedfleet.shared.permissions import ROLES, write_auth
+    from embedfleet.shared.subjects import Subjects
 
     folder = Path(ns.folder)
     existing = [r for r in ROLES if (folder / f"{r}.nk").exists()]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shared.config import NatsConfig, Retention
-from shared.job_streams import bucket_stream, ensure_streams, stream_names
-from shared.lifecycle import connect_within
+from embedfleet.shared.config import NatsConfig, Retention
+from embedfleet.shared.job_streams import bucket_stream, ensure_streams, stream_names
+from embedfleet.shared.lifecycle import connect_within
 
 
 async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from shared.config import NatsConfig
-from shared.job_bucket import has_state_key
-from shared.job_state import CANCELLED, JobState
-from shared.job_status import cancel_job
-from shared.job_streams import job_bucket
-from shared.lifecycle import connect_within
+from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.job_bucket import has_state_key
+from embedfleet.shared.job_state import CANCELLED, JobState
+from embedfleet.shared.job_status import cancel_job
+from embedfleet.shared.job_streams import job_bucket
+from embedfleet.shared.lifecycle import connect_within
 
 
 def outcome(state: JobState) -> str:

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
-from services.chunked_output import write_chunked
-from services.reindex_files import check_output_path, write_output, write_ragged
-from shared.config import ConfigError, NatsConfig
-from shared.job_bucket import read_state
-from shared.job_chunks import ChunkedRows
-from shared.job_ids import job_id_problem
-from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
-from shared.job_state import CANCELLED, JobState
-from shared.job_streams import job_bucket
-from shared.lifecycle import connect_within
-from shared.vector_forms import FORMS
+from embedfleet.services.chunked_output import write_chunked
+from embedfleet.services.reindex_files import check_output_path, write_output, write_ragged
+from embedfleet.shared.config import ConfigError, NatsConfig
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_chunks import ChunkedRows
+from embedfleet.shared.job_ids import job_id_problem
+from embedfleet.shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from embedfleet.shared.job_state import CANCELLED, JobState
+from embedfleet.shared.job_streams import job_bucket
+from embedfleet.shared.lifecycle import connect_within
+from embedfleet.shared.vector_forms import FORMS
 
 
 async def fetch(nats: NatsConfig, job: str, out: Path) -> int:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
 
-from shared.config import ConfigError, NatsConfig
-from shared.job_bucket import read_state
-from shared.job_ids import job_id_problem
-from shared.job_publish import job_form
-from shared.job_state import FINISHED, RUNNING, JobState, JobStateError
-from shared.job_streams import DUPLICATE_WINDOW, job_bucket, stream_names
-from shared.lifecycle import connect_within
+from embedfleet.shared.config import ConfigError, NatsConfig
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_ids import job_id_problem
+from embedfleet.shared.job_publish import job_form
+from embedfleet.shared.job_state import FINISHED, RUNNING, JobState, JobStateError
+from embedfleet.shared.job_streams import DUPLICATE_WINDOW, job_bucket, stream_names
+from embedfleet.shared.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")
 

@@ -20,8 +20,8 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
-from services.pgvector_guard import STOP_TIMEOUT, alive, postmaster_of, stop_postmaster
-from shared.option import ConfigError
+from embedfleet.services.pgvector_guard import STOP_TIMEOUT, alive, postmaster_of, stop_postmaster
+from embedfleet.shared.option import ConfigError
 
 FOLDER = "pgvector"  # under the data dir
 TABLE = "documents"  # the table the gateway searches, unless --search-sink names another store
@@ -53,7 +53,7 @@ class LocalPgvector:
         # the guard first: this process killed while postgres starts leaves none behind either. No
         # parent-death signal: a guard started as this process dies must still do its work
         self._guard = subprocess.Popen(
-            [sys.executable, "-m", "services.pgvector_guard", str(self.folder)], stdin=subprocess.PIPE
+            [sys.executable, "-m", "embedfleet.services.pgvector_guard", str(self.folder)], stdin=subprocess.PIPE
         )
         logging.getLogger("pgserver").setLevel(logging.CRITICAL)  # its failures are told below, with the log
         try:

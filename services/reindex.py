@@ -26,20 +26,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from services.chunked_output import write_chunked
-from services.reindex_files import write_output, write_ragged
-from services.reindex_plan import Plan, connect_checked
-from services.reindex_sink import open_sink, sink_sources
-from shared.config import NatsConfig
-from shared.job_bucket import read_state, update_state
-from shared.job_collector import Collector, Layout, Polled
-from shared.job_publish import JobCancelled, JobSink, submit
-from shared.job_state import CANCELLED, DONE, STALLED, JobState
-from shared.job_streams import stream_names
-from shared.sinks import SinkError
-from shared.sinks.writer import SinkWriter
-from shared.tracing import Tracer, bind
-from shared.vector_forms import FORMS
+from embedfleet.services.chunked_output import write_chunked
+from embedfleet.services.reindex_files import write_output, write_ragged
+from embedfleet.services.reindex_plan import Plan, connect_checked
+from embedfleet.services.reindex_sink import open_sink, sink_sources
+from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_collector import Collector, Layout, Polled
+from embedfleet.shared.job_publish import JobCancelled, JobSink, submit
+from embedfleet.shared.job_state import CANCELLED, DONE, STALLED, JobState
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.sinks import SinkError
+from embedfleet.shared.sinks.writer import SinkWriter
+from embedfleet.shared.tracing import Tracer, bind
+from embedfleet.shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.reindex")
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from shared.config import ConfigError
-from shared.errors import ServiceError
-from shared.job_fit import JobRefused, check_chunk_room
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.errors import ServiceError
+from embedfleet.shared.job_fit import JobRefused, check_chunk_room
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 # the request field a message names -> reindex's flag
 _FLAGS = {
@@ -58,7 +58,7 @@ def chunking_of(ns: argparse.Namespace, output: str) -> JobChunking | None:
 
 async def check_room(nc, subjects: Subjects, model: str, chunking: JobChunking, options: EmbedOptions) -> None:
     """ConfigError when the model cannot hold ``chunking``'s windows with the job's prompt."""
-    from shared.client import EmbedClient
+    from embedfleet.shared.client import EmbedClient
 
     client = EmbedClient(nc, subjects, retries=0)
     await client.start()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from services.chunked_output import SIDECAR
-from shared.config import ConfigError
-from shared.vector_forms import FORMS
+from embedfleet.services.chunked_output import SIDECAR
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.vector_forms import FORMS
 
 # output kind -> the file suffixes it is written to
 OUTPUT_SUFFIXES = {"dense": (".npy", ".parquet"), "sparse": (".npz",), "multivector": (".npz",)}

@@ -12,25 +12,25 @@ import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from services.reindex_chunking import check_room, chunking_of
-from services.reindex_files import check_output_path
-from shared.config import ConfigError, NatsConfig, Retention, retention
-from shared.documents import job_id_for, read_input
-from shared.job_bucket import read_state
-from shared.job_fit import JobRefused, check_job, fleet_view, served
-from shared.job_ids import job_id_problem
-from shared.job_publish import form_conflict, was_cancelled
-from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_state import JobState
-from shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
-from shared.lifecycle import connect_within
-from shared.protocol import EmbedOptions, ProtocolError
-from shared.sinks import Shape
-from shared.sinks.writer import shape_for
-from shared.subjects import Subjects
-from shared.text_chunks import JobChunking
-from shared.tracing import TracingConfig
-from shared.vector_forms import FORMS, form_named
+from embedfleet.services.reindex_chunking import check_room, chunking_of
+from embedfleet.services.reindex_files import check_output_path
+from embedfleet.shared.config import ConfigError, NatsConfig, Retention, retention
+from embedfleet.shared.documents import job_id_for, read_input
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_fit import JobRefused, check_job, fleet_view, served
+from embedfleet.shared.job_ids import job_id_problem
+from embedfleet.shared.job_publish import form_conflict, was_cancelled
+from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
+from embedfleet.shared.job_state import JobState
+from embedfleet.shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
+from embedfleet.shared.lifecycle import connect_within
+from embedfleet.shared.protocol import EmbedOptions, ProtocolError
+from embedfleet.shared.sinks import Shape
+from embedfleet.shared.sinks.writer import shape_for
+from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.text_chunks import JobChunking
+from embedfleet.shared.tracing import TracingConfig
+from embedfleet.shared.vector_forms import FORMS, form_named
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from services.gateway.config import api_keys, operator_keys
-from services.gateway.models_api import model_kind
-from services.local_pgvector import TABLE, LocalPgvector, require_pgserver
-from services.stack_lock import hold_data_dir
-from services.stack_plan import (
+from embedfleet.services.gateway.config import api_keys, operator_keys
+from embedfleet.services.gateway.models_api import model_kind
+from embedfleet.services.local_pgvector import TABLE, LocalPgvector, require_pgserver
+from embedfleet.services.stack_lock import hold_data_dir
+from embedfleet.services.stack_plan import (
     Child,
     children,
     default_model,
@@ -33,14 +33,14 @@ from services.stack_plan import (
     with_metrics,
     with_search_store,
 )
-from shared.config import ConfigError, child_environment, nats_security, retention
-from shared.local_stack import forget_stack, record_stack
-from shared.logs import setup_logging
-from shared.model_dir.info import ModelInfo
-from shared.nats_server import TOKEN_FILE, EmbeddedNats
-from shared.options import arguments, declared, default, option
-from shared.parent_death import die_with_parent
-from shared.tracing import TracingConfig
+from embedfleet.shared.config import ConfigError, child_environment, nats_security, retention
+from embedfleet.shared.local_stack import forget_stack, record_stack
+from embedfleet.shared.logs import setup_logging
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.nats_server import TOKEN_FILE, EmbeddedNats
+from embedfleet.shared.options import arguments, declared, default, option
+from embedfleet.shared.parent_death import die_with_parent
+from embedfleet.shared.tracing import TracingConfig
 
 log = logging.getLogger("embedfleet.up")
 
@@ -162,7 +162,9 @@ class Fleet:
         child.ready.unlink(missing_ok=True)  # a killed process leaves its file behind
         self._roles[child.name] = child.role
         self._procs[child.name] = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", child.role, *child.args], env=self.env, preexec_fn=die_with_parent()
+            [sys.executable, "-m", "embedfleet.services.cli", child.role, *child.args],
+            env=self.env,
+            preexec_fn=die_with_parent(),
         )
 
     def started(self, child: Child) -> bool:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from shared.config import ConfigError
+from embedfleet.shared.config import ConfigError
 
 LOCK_FILE = "up.lock"
 

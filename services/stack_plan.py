@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from shared.config import ConfigError
-from shared.metrics_server import MetricsEndpoint
-from shared.model_dir.info import ModelInfo, same_model
-from shared.model_dir.load import load_model_info
-from shared.options import option
-from shared.subjects import model_token
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.metrics_server import MetricsEndpoint
+from embedfleet.shared.model_dir.info import ModelInfo, same_model
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.options import option
+from embedfleet.shared.subjects import model_token
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,16 +31,16 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared.config import JobSettings
-from shared.job_bucket import has_state_key, read_state, update_state
-from shared.job_publish import publish_durably
-from shared.job_state import CANCELLED, DeadBatch, JobState
-from shared.job_status import count_failed
-from shared.job_streams import ensure_streams, stream_names, work_consumer
-from shared.lifecycle import cancel
-from shared.progress import Rows
-from shared.protocol import MAX_NAME, ChunkRows
-from shared.subjects import Subjects
+from embedfleet.shared.config import JobSettings
+from embedfleet.shared.job_bucket import has_state_key, read_state, update_state
+from embedfleet.shared.job_publish import publish_durably
+from embedfleet.shared.job_state import CANCELLED, DeadBatch, JobState
+from embedfleet.shared.job_status import count_failed
+from embedfleet.shared.job_streams import ensure_streams, stream_names, work_consumer
+from embedfleet.shared.lifecycle import cancel
+from embedfleet.shared.progress import Rows
+from embedfleet.shared.protocol import MAX_NAME, ChunkRows
+from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.bulk")
 

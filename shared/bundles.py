@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared.protocol import MAX_BUNDLE, ProtocolError, Replies, Requests, decode_as, encode
-from shared.tracing import TRACEPARENT
+from embedfleet.shared.protocol import MAX_BUNDLE, ProtocolError, Replies, Requests, decode_as, encode
+from embedfleet.shared.tracing import TRACEPARENT
 
 _OVERHEAD = 64  # a Requests message's bytes besides its entries (map, keys, type, version)
 _PER_ENTRY = 16  # msgpack's headers of one entry's subject, trace and message
 _TRACE_BYTES = len(TRACEPARENT) + 64  # an entry's trace context, with room to spare
 
 # how every Requests message begins: msgpack's map header, then "v": <version> and "t": "requests"
-# (shared.protocol.codec writes the version and the type first); no other message does
+# (embedfleet.shared.protocol.codec writes the version and the type first); no other message does
 _MARK = b"\xa1t\xa8requests"
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shared.job_state import CANCELLED, JobState
-from shared.progress import Rows
-from shared.protocol import ChunkRows
+from embedfleet.shared.job_state import CANCELLED, JobState
+from embedfleet.shared.progress import Rows
+from embedfleet.shared.protocol import ChunkRows
 
 
 def store_chunks(state: JobState, rows: Rows, chunks: ChunkRows, tokens: int) -> JobState:

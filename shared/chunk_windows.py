@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.text_chunks import TextChunk
+from embedfleet.shared.text_chunks import TextChunk
 
 # a later window keeps room // CONTEXT_SHARE tokens, at least, for the context before the chunks it owns
 CONTEXT_SHARE = 4

@@ -40,9 +40,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 
-from shared.bundles import Item
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import (
+from embedfleet.shared.bundles import Item
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import (
     ChunkLayout,
     ChunkRequest,
     DecodeRequest,
@@ -62,11 +62,11 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.request_outbox import Outbox
-from shared.subjects import Subjects
-from shared.text_chunks import ChunkSpec
-from shared.tracing import HEADER_BYTES, TraceContext, current, headers_for
-from shared.vector_forms import WIRE_FORMS
+from embedfleet.shared.request_outbox import Outbox
+from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.text_chunks import ChunkSpec
+from embedfleet.shared.tracing import HEADER_BYTES, TraceContext, current, headers_for
+from embedfleet.shared.vector_forms import WIRE_FORMS
 
 log = logging.getLogger("embedfleet.client")
 
@@ -80,7 +80,7 @@ _NOBODY = "no tokenizer or worker is serving this model right now"
 
 
 class Fleet(Protocol):
-    """What the client asks of the fleet's watch (shared.fleet.FleetWatch)."""
+    """What the client asks of the fleet's watch (embedfleet.shared.fleet.FleetWatch)."""
 
     def serves(self, model: str) -> bool:
         """Whether the latest view has a tokenizer and a worker for ``model``."""
@@ -449,7 +449,7 @@ class EmbedClient:
         """Fail what is in flight as soon as the connection drops: its replies would be lost. nats-py calls
         its disconnected callback once the socket is closed (a reconnect begins, or the client closes), its
         status already not connected, so no request starts after it; ours goes before the one the
-        connection was made with (shared.lifecycle.connect), which still runs."""
+        connection was made with (embedfleet.shared.lifecycle.connect), which still runs."""
         self._watching = True
         if self._hooked:
             return  # started again: the chain holds this client's callback already

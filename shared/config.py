@@ -1,4 +1,4 @@
-"""Configuration shared by every service, built from the options ``shared.options`` declares.
+"""Configuration shared by every service, built from the options ``embedfleet.shared.options`` declares.
 
 NATS secrets (password, token) are read from files or environment variables only: a flag would show
 them in ``ps``.
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
-from shared.option import ConfigError
-from shared.options import (
+from embedfleet.shared.nats_auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
+from embedfleet.shared.option import ConfigError
+from embedfleet.shared.options import (
     MAX_JOB_HISTORY,
     MAX_REPLICAS,
     PASSWORD_ENV,
@@ -24,7 +24,7 @@ from shared.options import (
     option,
     setting,
 )
-from shared.subjects import Subjects
+from embedfleet.shared.subjects import Subjects
 
 
 @dataclass(frozen=True, slots=True)

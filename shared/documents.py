@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from shared.config import ConfigError
+from embedfleet.shared.config import ConfigError
 
 FOLDER_SUFFIXES = (".txt", ".md")  # the files of a folder that are documents (any case)
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client
 
-from shared.lifecycle import cancel
-from shared.protocol import LoadReport, ProtocolError, decode_as
-from shared.subjects import SERVICE_NAMES, Subjects, model_token
+from embedfleet.shared.lifecycle import cancel
+from embedfleet.shared.protocol import LoadReport, ProtocolError, decode_as
+from embedfleet.shared.subjects import SERVICE_NAMES, Subjects, model_token
 
 log = logging.getLogger("embedfleet.fleet")
 # polls a live process may miss (a reply lost in a reconnect, a busy event loop) before it is taken

@@ -1,7 +1,7 @@
 """Embedding and reranking straight over NATS, for services inside the fleet that need no HTTP.
 
     import asyncio
-    from shared.fleet_client import FleetClient
+    from embedfleet.shared.fleet_client import FleetClient
 
     async def main() -> None:
         async with await FleetClient.connect() as fleet:  # the stack `embedfleet up` runs here
@@ -30,15 +30,15 @@ from collections.abc import Sequence
 import numpy as np
 from nats.aio.client import Client
 
-from shared.client import EmbedClient
-from shared.config import nats_config
-from shared.errors import ErrorCode, ServiceError
-from shared.fleet import FleetWatch
-from shared.lifecycle import connect_within, drain_or_close
-from shared.local_stack import use_local_stack
-from shared.model_dir.info import same_model
-from shared.options import add_options
-from shared.protocol import EmbedOptions, ProtocolError, RerankRequest
+from embedfleet.shared.client import EmbedClient
+from embedfleet.shared.config import nats_config
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.fleet import FleetWatch
+from embedfleet.shared.lifecycle import connect_within, drain_or_close
+from embedfleet.shared.local_stack import use_local_stack
+from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.options import add_options
+from embedfleet.shared.protocol import EmbedOptions, ProtocolError, RerankRequest
 
 # what the gateway waits for pings by default (seconds): the fleet's view, and a killed process's work
 _DISCOVERY_WAIT, _DISCOVERY_INTERVAL = 0.25, 2.0
@@ -68,7 +68,7 @@ class FleetClient:
         timeout: float = 30.0,
     ) -> FleetClient:
         """Connect (see the module's notes) and look at the fleet once; ``timeout``: each request's
-        deadline in seconds. Raises ``shared.option.ConfigError`` naming the URL when NATS cannot be
+        deadline in seconds. Raises ``embedfleet.shared.option.ConfigError`` naming the URL when NATS cannot be
         reached within 5 seconds."""
         parser = argparse.ArgumentParser(add_help=False)
         add_options(parser, "jobs")  # the one-shot commands' NATS options, with their environment defaults

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.config import ConfigError
+from embedfleet.shared.config import ConfigError
 
 
 def read_linear(path: Path) -> dict[str, np.ndarray]:

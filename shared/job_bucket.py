@@ -15,8 +15,8 @@ from collections.abc import Callable
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from shared.job_state import JobState
-from shared.retry import retry_transient, transient
+from embedfleet.shared.job_state import JobState
+from embedfleet.shared.retry import retry_transient, transient
 
 _KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
 # a job id is a KV key and a token of subjects and message ids: short, so a control line stays far

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.protocol import ChunkRows
+from embedfleet.shared.protocol import ChunkRows
 
 log = logging.getLogger("embedfleet.job_chunks")
 

@@ -12,11 +12,11 @@ import numpy as np
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.bulkwork import close_pull
-from shared.job_chunks import ChunkedRows
-from shared.options import default
-from shared.protocol import JobResult, ProtocolError, decode_as
-from shared.vector_forms import WIRE_FORMS, vector_form
+from embedfleet.shared.bulkwork import close_pull
+from embedfleet.shared.job_chunks import ChunkedRows
+from embedfleet.shared.options import default
+from embedfleet.shared.protocol import JobResult, ProtocolError, decode_as
+from embedfleet.shared.vector_forms import WIRE_FORMS, vector_form
 
 log = logging.getLogger("embedfleet.jobs.collector")
 

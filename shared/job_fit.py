@@ -17,12 +17,12 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shared.fleet import FleetView, FleetWatch
-from shared.model_dir.info import same_model
-from shared.protocol import EmbedOptions
-from shared.protocol.messages import row_bytes
-from shared.subjects import model_token
-from shared.vector_forms import WIRE_FORMS
+from embedfleet.shared.fleet import FleetView, FleetWatch
+from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.protocol.messages import row_bytes
+from embedfleet.shared.subjects import model_token
+from embedfleet.shared.vector_forms import WIRE_FORMS
 
 # bytes of a stored result besides its vectors and document ids: the message's other fields, the
 # job id (in the message and its subject; at most MAX_JOB_ID bytes each), the headers (message id,
@@ -162,7 +162,7 @@ async def check_chunk_room(
     """Refuses chunking whose windows ``model`` cannot hold (over its limit less its special tokens and
     the job's prompt), asking a tokenizer as the online route does: ``chunker`` is an EmbedClient,
     ``chunking`` a JobChunking. JobRefused naming the field to change."""
-    from shared.errors import ErrorCode, ServiceError
+    from embedfleet.shared.errors import ErrorCode, ServiceError
 
     try:
         await chunker.chunk(model, [""], chunking.spec, options, timeout)

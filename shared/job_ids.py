@@ -4,7 +4,7 @@ tokens, so one with an empty token (``a..b``, ``.a``, ``a.``, ``""``) cannot nam
 
 from __future__ import annotations
 
-from shared.job_bucket import MAX_JOB_ID, has_state_key
+from embedfleet.shared.job_bucket import MAX_JOB_ID, has_state_key
 
 RULE = (
     f"at most {MAX_JOB_ID} letters, digits and - _ = / ., with no empty part between dots (not '', '.a', 'a.', 'a..b')"

@@ -19,13 +19,13 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared.job_bucket import read_state, update_state
-from shared.job_requests import Claim, claim_problem, record_claim, request_digest
-from shared.job_state import CANCELLED, FINISHED, RUNNING, JobState, Lease, Run
-from shared.job_streams import stream_names
-from shared.retry import retry_transient, transient
-from shared.sinks.base import Shape
-from shared.subjects import Subjects
+from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_requests import Claim, claim_problem, record_claim, request_digest
+from embedfleet.shared.job_state import CANCELLED, FINISHED, RUNNING, JobState, Lease, Run
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.retry import retry_transient, transient
+from embedfleet.shared.sinks.base import Shape
+from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
 
@@ -99,16 +99,16 @@ async def submit(
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
     Raises JobConflict when the job exists and makes another vector form than ``options.dtype``,
-    JobTaken when it was made by another request than ``claim`` (a shared.job_requests.Claim; None:
+    JobTaken when it was made by another request than ``claim`` (an embedfleet.shared.job_requests.Claim; None:
     one without an owner, its digest made here), and JobCancelled when it is (or gets) cancelled: no
     batch is published after the cancellation is seen.
-    ``tracer`` (a shared.tracing.Tracer) records the publishing as a span under the current trace
+    ``tracer`` (an embedfleet.shared.tracing.Tracer) records the publishing as a span under the current trace
     context; every batch carries it, so the job's stages in every process are one trace.
-    ``chunking`` (a shared.text_chunks.JobChunking): every document is cut into chunks, a vector each;
+    ``chunking`` (an embedfleet.shared.text_chunks.JobChunking): every document is cut into chunks, a vector each;
     the state records it, and the tokenizers count the chunks as they cut them.
     ``sink``: the store the job's rows go to, recorded with the job's first state, so the job is never
     done before its rows are in the store."""
-    from shared.tracing import Tracer, current, headers_for
+    from embedfleet.shared.tracing import Tracer, current, headers_for
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
     with span:
@@ -144,7 +144,7 @@ async def _publish(
     chunking,
     sink: JobSink | None,
 ) -> JobState:
-    from shared.protocol import JobBatch, encode
+    from embedfleet.shared.protocol import JobBatch, encode
 
     claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]

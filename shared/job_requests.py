@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 
-from shared.job_state import JobState
+from embedfleet.shared.job_state import JobState
 
 
 @dataclass(frozen=True, slots=True)

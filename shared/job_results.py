@@ -17,13 +17,13 @@ import numpy as np
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.bulkwork import close_pull
-from shared.job_state import FINISHED, JobState
-from shared.job_streams import stream_names
-from shared.protocol import ChunkRows, JobResult, ProtocolError, decode_as
-from shared.subjects import Subjects
-from shared.text_chunks import JobChunking
-from shared.vector_forms import FORMS
+from embedfleet.shared.bulkwork import close_pull
+from embedfleet.shared.job_state import FINISHED, JobState
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.protocol import ChunkRows, JobResult, ProtocolError, decode_as
+from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.text_chunks import JobChunking
+from embedfleet.shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.job_results")
 

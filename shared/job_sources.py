@@ -19,11 +19,11 @@ import msgpack
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.bulkwork import close_pull
-from shared.job_publish import publish_durably
-from shared.job_streams import stream_names
-from shared.sinks.writer import Sources
-from shared.subjects import Subjects
+from embedfleet.shared.bulkwork import close_pull
+from embedfleet.shared.job_publish import publish_durably
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.sinks.writer import Sources
+from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs.sources")
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import orjson
 
-from shared.errors import ServiceError, shown
-from shared.progress import Ledger, Span
-from shared.sinks.base import Shape
-from shared.text_chunks import ChunkSpec, JobChunking
-from shared.vector_forms import FORMS
+from embedfleet.shared.errors import ServiceError, shown
+from embedfleet.shared.progress import Ledger, Span
+from embedfleet.shared.sinks.base import Shape
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.vector_forms import FORMS
 
 RUNNING, DONE, DONE_WITH_ERRORS, CANCELLED, STALLED = "running", "done", "done_with_errors", "cancelled", "stalled"
 STATUSES = (RUNNING, DONE, DONE_WITH_ERRORS, CANCELLED, STALLED)

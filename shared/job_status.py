@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from nats.js.kv import KeyValue
 
-from shared.chunk_progress import fail_chunks, store_chunks
-from shared.job_bucket import update_state
-from shared.job_state import (
+from embedfleet.shared.chunk_progress import fail_chunks, store_chunks
+from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_state import (
     CANCELLED,
     DONE,
     DONE_WITH_ERRORS,
@@ -25,8 +25,8 @@ from shared.job_state import (
     JobState,
     StoreWait,
 )
-from shared.progress import Rows
-from shared.protocol import ChunkRows
+from embedfleet.shared.progress import Rows
+from embedfleet.shared.protocol import ChunkRows
 
 
 def count_done(state: JobState, rows: Rows, tokens: int, chunks: ChunkRows | None = None) -> JobState:
@@ -113,7 +113,7 @@ def cancelled(state: JobState) -> JobState:
 async def cancel_job(kv: KeyValue, job: str) -> JobState | None:
     """Mark a job cancelled and return its state; None when there is no such job. Publishers stop
     before their next batch, tokenizers and workers drop its queued batches unprocessed (see
-    ``shared.bulkwork.Cancellations``), and what was stored stays in the results stream. A job that
+    ``embedfleet.shared.bulkwork.Cancellations``), and what was stored stays in the results stream. A job that
     already finished keeps its state."""
     try:
         return await update_state(kv, job, cancelled)

@@ -20,10 +20,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from shared.config import JobSettings, Retention
-from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.stream_placement import Placement, stream_config
-from shared.subjects import Subjects
+from embedfleet.shared.config import JobSettings, Retention
+from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
+from embedfleet.shared.stream_placement import Placement, stream_config
+from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.jobs")
 

@@ -19,11 +19,11 @@ from nats.aio.client import Client
 from nats.micro import add_service
 from nats.micro.service import Service, ServiceConfig
 
-from shared import __version__
-from shared.config import ConfigError, NatsConfig
-from shared.nats_auth import redact
-from shared.permissions import inbox_prefix
-from shared.subjects import SERVICE_NAMES, Subjects
+from embedfleet.shared import __version__
+from embedfleet.shared.config import ConfigError, NatsConfig
+from embedfleet.shared.nats_auth import redact
+from embedfleet.shared.permissions import inbox_prefix
+from embedfleet.shared.subjects import SERVICE_NAMES, Subjects
 
 log = logging.getLogger("embedfleet")
 
@@ -141,7 +141,9 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
                 nc.connect(
                     servers=cfg.url.split(","),
                     name=name,
-                    inbox_prefix=inbox_prefix(name),  # replies only to this role's inboxes (shared.permissions)
+                    inbox_prefix=inbox_prefix(
+                        name
+                    ),  # replies only to this role's inboxes (embedfleet.shared.permissions)
                     # seconds: nats-py annotates them int, and passes them on to asyncio, which takes floats
                     connect_timeout=cfg.connect_timeout,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,

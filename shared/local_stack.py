@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import NATS_SECURITY_ENV, ConfigError
-from shared.options import PASSWORD_ENV, TOKEN_ENV
+from embedfleet.shared.config import NATS_SECURITY_ENV, ConfigError
+from embedfleet.shared.options import PASSWORD_ENV, TOKEN_ENV
 
 RECORD = "stack.json"
 FALLBACK_URL = "nats://127.0.0.1:4222"  # no URL given and no stack recorded

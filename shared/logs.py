@@ -8,7 +8,7 @@ import time
 
 import orjson
 
-from shared.tracing import current, current_request
+from embedfleet.shared.tracing import current, current_request
 
 
 def _not_tls_eof_noise(record: logging.LogRecord) -> bool:

@@ -16,8 +16,8 @@ from threading import Thread
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from shared.config import ConfigError
-from shared.options import from_options, setting
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.options import from_options, setting
 
 log = logging.getLogger("embedfleet.metrics")
 

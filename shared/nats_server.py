@@ -21,10 +21,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from shared import parent_death
-from shared.config import ConfigError
-from shared.nats_auth import NatsAuth
-from shared.options import option
+from embedfleet.shared import parent_death
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.nats_auth import NatsAuth
+from embedfleet.shared.options import option
 
 log = logging.getLogger("embedfleet.nats")
 
@@ -95,7 +95,7 @@ class EmbeddedNats:
         self.monitor_port = free_port()
         self.config = config  # more nats-server configuration (authorization, tls, cluster, ...), appended
         self.name = name  # the server's name (a cluster's nodes need one each); "": nats-server makes one
-        # stopped by the kernel when the process that started it dies (see shared.parent_death): it must
+        # stopped by the kernel when the process that started it dies (see embedfleet.shared.parent_death): it must
         # be started from a thread that lives as long as that process
         self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen | None = None

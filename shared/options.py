@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field, fields
 from typing import Any, TypeVar
 
-from shared.option import (
+from embedfleet.shared.option import (
     ConfigError,
     Option,
     budget,
@@ -27,7 +27,7 @@ from shared.option import (
     positive_float,
     positive_int,
 )
-from shared.vector_forms import EMBEDDING_TYPES
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES
 
 __all__ = [
     "ConfigError",

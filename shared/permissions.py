@@ -20,16 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.job_streams import bucket_stream, stream_names
-from shared.protocol import MAX_BUNDLE
-from shared.subjects import SERVICE_NAMES, Subjects
+from embedfleet.shared.job_streams import bucket_stream, stream_names
+from embedfleet.shared.protocol import MAX_BUNDLE
+from embedfleet.shared.subjects import SERVICE_NAMES, Subjects
 
 ROLES = ("gateway", "tokenizer", "worker", "scorer", "publisher", "operator")
 # a worker answers one token batch in several result messages (one per max_payload of vectors)
 MAX_RESPONSES = 10_000
 
 
-# the NATS connection name of each role's processes (shared.lifecycle.connect)
+# the NATS connection name of each role's processes (embedfleet.shared.lifecycle.connect)
 CONNECTION_NAMES = {
     "gateway": "embedfleet-gateway",
     "tokenizer": "embedfleet-tokenizer",

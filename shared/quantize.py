@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from shared.vector_forms import vector_form
+from embedfleet.shared.vector_forms import vector_form
 
 CLIP_SIGMAS = 4.0  # components beyond this many times 1/sqrt(d) (times the row's norm) are clipped
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
-from shared.bundles import Item, pack, publish
+from embedfleet.shared.bundles import Item, pack, publish
 
 log = logging.getLogger("embedfleet.client")
 

@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
-from shared.config import ConfigError
+from embedfleet.shared.config import ConfigError
 
 log = logging.getLogger("embedfleet.jobs")
 

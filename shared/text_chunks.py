@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.errors import ErrorCode, ServiceError, shown
+from embedfleet.shared.errors import ErrorCode, ServiceError, shown
 
 BOUNDARIES = ("token", "sentence")
 

@@ -9,7 +9,7 @@ thread of its own; without it nothing is recorded and the context is only passed
 parsed, a span id drawn, a header written.
 
 The context of the request being handled lives in a context variable, so log lines carry its trace
-and request ids (``shared.logs``) and the NATS client sends it on without every call passing it.
+and request ids (``embedfleet.shared.logs``) and the NATS client sends it on without every call passing it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.config import ConfigError
-from shared.options import default
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.options import default
 
 log = logging.getLogger("embedfleet.tracing")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from shared.job_state import JobState
+from embedfleet.shared.job_state import JobState
 
 
 def submitted(documents: int, **fields: Any) -> Callable[[JobState], JobState]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shared.chunk_windows import late_windows
-from shared.text_chunks import TextChunk
+from embedfleet.shared.chunk_windows import late_windows
+from embedfleet.shared.text_chunks import TextChunk
 
 
 class Reference:

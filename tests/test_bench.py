@@ -76,9 +76,9 @@ def test_roofline_counts_the_linear_layers_and_the_keys_each_token_sees():
     """Grouped-query attention and gated MLPs counted from the model's own layers; windows and causality
     from each layer's mask."""
     from bench.engine import flops_per_token, keys_per_token
-    from services.gpu_worker.engine.attention import AttnMask
-    from services.gpu_worker.engine.models import gemma3
-    from services.gpu_worker.engine.models.registry import build
+    from embedfleet.services.gpu_worker.engine.attention import AttnMask
+    from embedfleet.services.gpu_worker.engine.models import gemma3
+    from embedfleet.services.gpu_worker.engine.models.registry import build
 
     lengths = np.array([10, 10, 4])
     assert keys_per_token(lengths, AttnMask()) == (2 * 10 * 10 + 4 * 4) / 24

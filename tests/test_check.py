@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from services.check import check_folder
+from embedfleet.services.check import check_folder
 from tests.tiny_models import FAMILIES, build
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_missing_tensor_is_named(folders, tmp_path):
 
 def test_command_exit_codes_and_json(folders, tmp_path):
     ok = subprocess.run(
-        [sys.executable, "-m", "services.cli", "check", str(folders["mpnet"]), "--json"],
+        [sys.executable, "-m", "embedfleet.services.cli", "check", str(folders["mpnet"]), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -106,7 +106,10 @@ def test_command_exit_codes_and_json(folders, tmp_path):
     (report,) = json.loads(ok.stdout)
     assert report["ok"] and report["facts"]["family"] == "MPNet (model_type mpnet)"
     bad = subprocess.run(
-        [sys.executable, "-m", "services.cli", "check", str(tmp_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "embedfleet.services.cli", "check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode == 1 and "cannot serve" in bad.stdout and "config.json is missing" in bad.stdout
 
@@ -120,7 +123,7 @@ def test_services_refuse_an_unservable_folder_at_start(folders, tmp_path, role):
     shutil.copytree(folders["mpnet"], folder)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "attention"}))
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli", role, "--model", str(folder), "--nats", "nats://127.0.0.1:1"],
+        [sys.executable, "-m", "embedfleet.services.cli", role, "--model", str(folder), "--nats", "nats://127.0.0.1:1"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -132,7 +135,7 @@ def test_services_refuse_an_unservable_folder_at_start(folders, tmp_path, role):
 def test_readme_table_is_the_registry():
     from pathlib import Path
 
-    from services.gpu_worker.engine.models.registry import markdown_table
+    from embedfleet.services.gpu_worker.engine.models.registry import markdown_table
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert markdown_table() in readme, "README's Supported models table differs from models/registry.py"
@@ -141,8 +144,8 @@ def test_readme_table_is_the_registry():
 def test_gemma3_in_float16_computes_in_float32_and_says_so(folders, caplog):
     import logging
 
-    from services.gpu_worker.engine import Engine
-    from shared.model_dir.load import load_model_info
+    from embedfleet.services.gpu_worker.engine import Engine
+    from embedfleet.shared.model_dir.load import load_model_info
 
     with caplog.at_level(logging.WARNING, logger="embedfleet.engine"):
         engine = Engine(load_model_info(str(folders["gemma3"])), "cpu", "float16")

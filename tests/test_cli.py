@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from services.cli import build_parser
+from embedfleet.services.cli import build_parser
 
 
 def test_every_service_has_a_command():
@@ -41,14 +41,16 @@ def test_worker_options(monkeypatch):
     ],
 )
 def test_bad_options_exit_2_with_a_message(args, fragment):
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_up_passes_its_gateway_options_on():
-    from services.stack import _gateway_args
+    from embedfleet.services.stack import _gateway_args
 
     args = _gateway_args(
         build_parser().parse_args(["up", "--port", "9000", "--api-keys", "a,b", "--max-in-flight", "3"])
@@ -77,9 +79,9 @@ def test_jobs_purge_takes_the_common_options_before_or_after_the_action(monkeypa
 
 
 def test_retention_options_reach_every_process_that_meets_the_streams(monkeypatch):
-    from services.gateway.config import GatewayConfig
-    from services.stack import _gateway_args
-    from shared.config import JobSettings, Retention, retention
+    from embedfleet.services.gateway.config import GatewayConfig
+    from embedfleet.services.stack import _gateway_args
+    from embedfleet.shared.config import JobSettings, Retention, retention
 
     monkeypatch.setenv("EMBEDFLEET_JOB_TTL", "3600")
     parser = build_parser()

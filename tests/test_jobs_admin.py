@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from services.jobs_admin import HEADER, duration, job_row, progress
-from shared.job_state import JobState, Run
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.services.jobs_admin import HEADER, duration, job_row, progress
+from embedfleet.shared.job_state import JobState, Run
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 
 def job(started: float | None = None, **fields) -> JobState:

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from services.reindex_files import check_output_path, write_output
-from shared.config import ConfigError
-from shared.quantize import quantize
-from shared.vector_forms import FORMS
+from embedfleet.services.reindex_files import check_output_path, write_output
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.vector_forms import FORMS
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -107,10 +107,10 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
 
     import nats
 
-    from shared.job_collector import Collector
-    from shared.job_streams import ensure_streams, stream_names
-    from shared.protocol import JobResult, encode
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_collector import Collector
+    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.protocol import JobResult, encode
+    from embedfleet.shared.subjects import Subjects
 
     subjects = Subjects(f"c{uuid.uuid4().hex[:8]}")
 
@@ -153,8 +153,8 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
 
 
 def test_a_result_is_the_jobs_only_at_its_documents_places():
-    from shared.job_collector import Layout
-    from shared.protocol import JobResult
+    from embedfleet.shared.job_collector import Layout
+    from embedfleet.shared.protocol import JobResult
 
     layout = Layout([f"d{i}" for i in range(10)], 4)  # batches [d0..d3], [d4..d7], [d8, d9]
 
@@ -173,7 +173,7 @@ def test_a_result_is_the_jobs_only_at_its_documents_places():
 
 
 def _chunk_table(texts: bool):
-    from shared.job_chunks import ChunkTable
+    from embedfleet.shared.job_chunks import ChunkTable
 
     return ChunkTable(["a", "a", "b"], [0, 1, 0], [0, 5, 0], [6, 12, 3], ["first", "second", "b's"] if texts else None)
 
@@ -183,7 +183,7 @@ CHUNKING = {"size": 8, "overlap": 1, "boundary": "token", "late": False, "with_t
 
 @pytest.mark.parametrize("texts", [True, False])
 def test_a_chunked_npy_has_a_row_a_chunk_and_its_place_beside_it(tmp_path, texts):
-    from services.chunked_output import write_chunked
+    from embedfleet.services.chunked_output import write_chunked
 
     stored = quantize(np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32), "int8")
     out = tmp_path / "v.npy"
@@ -199,7 +199,7 @@ def test_a_chunked_parquet_has_the_chunk_columns_and_says_how_it_was_cut(tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from services.chunked_output import write_chunked
+    from embedfleet.services.chunked_output import write_chunked
 
     stored = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
     out = tmp_path / "v.parquet"

@@ -10,6 +10,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY embedfleet ./embedfleet
 RUN python -m venv /opt/embedfleet \
  && /opt/embedfleet/bin/pip install --no-cache-dir "torch==${TORCH}" --index-url https://download.pytorch.org/whl/cpu \
  && /opt/embedfleet/bin/pip install --no-cache-dir ".[tracing,fast-tokenizer]" \

@@ -11,6 +11,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY embedfleet ./embedfleet
 RUN python3 -m venv /opt/embedfleet \
  && /opt/embedfleet/bin/pip install --no-cache-dir "torch==${TORCH}" \
  && /opt/embedfleet/bin/pip install --no-cache-dir ".[cuda,tracing,fast-tokenizer]" \

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from services.gateway import (
+from embedfleet.services.gateway import (
     cohere_api,
     health,
     late_chunking,
@@ -31,39 +31,39 @@ from services.gateway import (
     tei_api,
     tei_tasks,
 )
-from services.gateway.admission import Admission
-from services.gateway.auth import ApiKeys
-from services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
-from services.gateway.config import GatewayConfig
-from services.gateway.endpoints import Endpoints
-from services.gateway.errors import ApiError, error_response
-from services.gateway.formats import binary_response, negotiate, rows_form
-from services.gateway.inputs import Inputs, Limits, json_object
-from services.gateway.job_ids import check_job_id
-from services.gateway.job_owners import JobOwners
-from services.gateway.job_results import JobResultsApi
-from services.gateway.jobs_api import JobsApi
-from services.gateway.limits import KeyLimits, current_key
-from services.gateway.metrics import Metrics
-from services.gateway.middleware import GatewayMiddleware
-from services.gateway.openapi import openapi_spec
-from services.gateway.routes import PATHS, ROUTES
-from services.gateway.search import NOT_SERVED, Search
-from services.gateway.search_store import SearchStore
-from services.gateway.sink_jobs import SinkJobs, SinkTargets
-from shared import __version__
-from shared.client import EmbedClient, EmbedOutcome, part_of
-from shared.errors import ErrorCode, ServiceError
-from shared.fleet import FleetWatch
-from shared.job_streams import ensure_streams
-from shared.lifecycle import connect, drain_or_close, mark_ready, register
-from shared.metrics_server import serve_metrics
-from shared.model_dir.info import same_model
-from shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
-from shared.quantize import quantize
-from shared.sinks import sink_for
-from shared.tracing import Tracer
-from shared.vector_forms import FLOAT32, FORMS
+from embedfleet.services.gateway.admission import Admission
+from embedfleet.services.gateway.auth import ApiKeys
+from embedfleet.services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
+from embedfleet.services.gateway.config import GatewayConfig
+from embedfleet.services.gateway.endpoints import Endpoints
+from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
+from embedfleet.services.gateway.inputs import Inputs, Limits, json_object
+from embedfleet.services.gateway.job_ids import check_job_id
+from embedfleet.services.gateway.job_owners import JobOwners
+from embedfleet.services.gateway.job_results import JobResultsApi
+from embedfleet.services.gateway.jobs_api import JobsApi
+from embedfleet.services.gateway.limits import KeyLimits, current_key
+from embedfleet.services.gateway.metrics import Metrics
+from embedfleet.services.gateway.middleware import GatewayMiddleware
+from embedfleet.services.gateway.openapi import openapi_spec
+from embedfleet.services.gateway.routes import PATHS, ROUTES
+from embedfleet.services.gateway.search import NOT_SERVED, Search
+from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets
+from embedfleet.shared import __version__
+from embedfleet.shared.client import EmbedClient, EmbedOutcome, part_of
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.fleet import FleetWatch
+from embedfleet.shared.job_streams import ensure_streams
+from embedfleet.shared.lifecycle import connect, drain_or_close, mark_ready, register
+from embedfleet.shared.metrics_server import serve_metrics
+from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.sinks import sink_for
+from embedfleet.shared.tracing import Tracer
+from embedfleet.shared.vector_forms import FLOAT32, FORMS
 
 log = logging.getLogger("embedfleet.gateway")
 
@@ -702,7 +702,7 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
 def serve(cfg: GatewayConfig, log_level: str) -> None:
     import uvicorn
 
-    from services.gateway import http_server, uvicorn_server
+    from embedfleet.services.gateway import http_server, uvicorn_server
 
     uvicorn_server.run(
         uvicorn.Config(

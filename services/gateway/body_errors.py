@@ -13,9 +13,9 @@ from typing import Any
 from pydantic import Tag
 from pydantic_core import ErrorDetails
 
-from services.gateway.errors import ApiError
-from services.gateway.inputs import json_type
-from shared.errors import ErrorCode
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import json_type
+from embedfleet.shared.errors import ErrorCode
 
 
 def member(name: str) -> Tag:

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import ChunkLayout
-from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Inputs
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import ChunkLayout
+from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")

@@ -4,7 +4,7 @@ Embedding types (shared/vector_forms.py's COHERE_TYPES): a request asks for one 
 binary, ubinary and base64.
 When they all share one form (base64 is float32's bytes), the worker makes that form, as on the
 other routes; when they differ, the worker answers float32 once and each type is quantized here by
-``shared.quantize.quantize``, the function the worker itself runs on the same float32 rows: the
+``embedfleet.shared.quantize.quantize``, the function the worker itself runs on the same float32 rows: the
 same bytes, from one forward pass instead of one per type.
 """
 
@@ -17,14 +17,22 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, json_object, json_type, optional, parse_inputs, positive_dimensions
-from services.gateway.rerank_api import RerankCall, query_field, texts_field, top_n_field
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions
-from shared.quantize import quantize
-from shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
+from embedfleet.services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import (
+    Inputs,
+    Limits,
+    json_object,
+    json_type,
+    optional,
+    parse_inputs,
+    positive_dimensions,
+)
+from embedfleet.services.gateway.rerank_api import RerankCall, query_field, texts_field, top_n_field
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
 
 # Cohere's input_type -> the name of the model's prompt it selects (none of that name: no prompt)
 INPUT_TYPES = {

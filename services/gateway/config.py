@@ -6,10 +6,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.config import ConfigError, NatsConfig, Retention, nats_config, retention
-from shared.metrics_server import MetricsEndpoint
-from shared.options import from_options, setting
-from shared.tracing import TracingConfig
+from embedfleet.shared.config import ConfigError, NatsConfig, Retention, nats_config, retention
+from embedfleet.shared.metrics_server import MetricsEndpoint
+from embedfleet.shared.options import from_options, setting
+from embedfleet.shared.tracing import TracingConfig
 
 
 def comma_list(text: str) -> tuple[str, ...]:
@@ -99,7 +99,7 @@ class GatewayConfig:
 def _check_sink(url: str, flag: str) -> None:
     """A --search-sink (--job-sinks) URL the sinks take (its scheme, parameters and client), before the gateway starts;
     nothing is connected to here (the store may come up later)."""
-    from shared.sinks import SinkError, sink_for
+    from embedfleet.shared.sinks import SinkError, sink_for
 
     try:
         sink_for(url)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import orjson
 from starlette.responses import Response
 
-from services.gateway.routes import Api, api_of
-from shared.errors import ErrorCode, ServiceError
+from embedfleet.services.gateway.routes import Api, api_of
+from embedfleet.shared.errors import ErrorCode, ServiceError
 
 
 @dataclass(frozen=True, slots=True)

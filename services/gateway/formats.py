@@ -13,9 +13,9 @@ import msgpack
 import numpy as np
 from starlette.responses import Response
 
-from services.gateway.errors import ApiError
-from shared.errors import ErrorCode
-from shared.vector_forms import FORMS, OCTET_DTYPES
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.vector_forms import FORMS, OCTET_DTYPES
 
 OCTET = "application/octet-stream"
 MSGPACK = "application/msgpack"

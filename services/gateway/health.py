@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from starlette.datastructures import QueryParams
 
-from services.gateway.errors import TABLE, ApiError
-from shared.errors import ErrorCode
-from shared.fleet import FleetView
-from shared.model_dir.info import same_model
+from embedfleet.services.gateway.errors import TABLE, ApiError
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.fleet import FleetView
+from embedfleet.shared.model_dir.info import same_model
 
 _OFF = ("0", "false")
 

@@ -29,8 +29,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from services.gateway.config import HttpLimits
-from services.gateway.disconnects import DEPARTURE, Departure, departure_of
+from embedfleet.services.gateway.config import HttpLimits
+from embedfleet.services.gateway.disconnects import DEPARTURE, Departure, departure_of
 
 log = logging.getLogger("embedfleet.gateway.http")
 

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.errors import ApiError
-from shared.errors import ErrorCode
-from shared.protocol import MAX_DIMENSION
-from shared.vector_forms import EMBEDDING_TYPES, form_named
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import MAX_DIMENSION
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES, form_named
 
 MAX_TOKEN_ID = (1 << 31) - 1
 MAX_NAME_CHARS = 256  # a prompt name on the wire (EmbedOptions)

@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.gateway.errors import ApiError
-from shared.config import ConfigError
-from shared.documents import read_documents
-from shared.errors import ErrorCode
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.documents import read_documents
+from embedfleet.shared.errors import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)

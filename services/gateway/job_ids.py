@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from services.gateway.errors import ApiError
-from shared.errors import ErrorCode
-from shared.job_ids import job_id_problem
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.job_ids import job_id_problem
 
 
 def check_job_id(job: object) -> str:

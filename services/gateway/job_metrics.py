@@ -23,11 +23,11 @@ import time
 from nats.js.errors import NoKeysError
 from prometheus_client import CollectorRegistry, Gauge
 
-from shared.job_bucket import read_state
-from shared.job_state import DONE, DONE_WITH_ERRORS, RUNNING, JobState, JobStateError
-from shared.job_streams import stream_names
-from shared.lifecycle import cancel
-from shared.subjects import Subjects
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_state import DONE, DONE_WITH_ERRORS, RUNNING, JobState, JobStateError
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.lifecycle import cancel
+from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.metrics")
 

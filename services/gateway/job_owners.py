@@ -4,9 +4,9 @@ other key a job is as if it did not exist (404). Without API keys every caller s
 
 from __future__ import annotations
 
-from services.gateway.limits import current_key
-from shared.job_requests import owner_digest
-from shared.job_state import JobState
+from embedfleet.services.gateway.limits import current_key
+from embedfleet.shared.job_requests import owner_digest
+from embedfleet.shared.job_state import JobState
 
 
 class JobOwners:

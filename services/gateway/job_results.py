@@ -22,12 +22,12 @@ import numpy as np
 import orjson
 from starlette.responses import StreamingResponse
 
-from services.gateway.errors import ApiError
-from services.gateway.job_owners import JobOwners
-from shared.errors import ErrorCode
-from shared.job_bucket import read_state
-from shared.job_chunks import stored_columns
-from shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.job_owners import JobOwners
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_chunks import stored_columns
+from embedfleet.shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 
 log = logging.getLogger("embedfleet.gateway.job_results")
 
@@ -138,7 +138,7 @@ async def _ndjson(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
 
 
 async def _parquet(reader: StoredResults, form: JobForm) -> AsyncIterator[bytes]:
-    from services.gateway.parquet_stream import ParquetStream  # pyarrow: loaded by the first Parquet answer
+    from embedfleet.services.gateway.parquet_stream import ParquetStream  # pyarrow: loaded by the first Parquet answer
 
     stream = ParquetStream(form)
     async for part in reader:

@@ -13,30 +13,30 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from services.gateway.chunking import JOB_KEYS, parse_chunking
-from services.gateway.errors import ApiError
-from services.gateway.inputs import embedding_form, json_object, optional
-from services.gateway.job_files import read_job_file
-from services.gateway.job_ids import check_job_field
-from services.gateway.job_owners import JobOwners
-from services.gateway.sink_jobs import SinkJobs
-from shared.documents import job_id_for, read_fields
-from shared.errors import ErrorCode
-from shared.fleet import FleetView
-from shared.job_bucket import read_state
-from shared.job_collector import Layout
-from shared.job_fit import JobRefused, check_chunk_room, check_job, served
-from shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
-from shared.job_requests import Claim, claim_problem, request_digest
-from shared.job_state import JOB_OUTPUTS, RUNNING, JobState
-from shared.job_status import cancel_job
-from shared.job_streams import DUPLICATE_WINDOW, purge_wait
-from shared.options import default
-from shared.progress import Ledger
-from shared.protocol import EmbedOptions
-from shared.sinks.writer import Sources, shape_for
-from shared.text_chunks import JobChunking
-from shared.vector_forms import FORMS
+from embedfleet.services.gateway.chunking import JOB_KEYS, parse_chunking
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import embedding_form, json_object, optional
+from embedfleet.services.gateway.job_files import read_job_file
+from embedfleet.services.gateway.job_ids import check_job_field
+from embedfleet.services.gateway.job_owners import JobOwners
+from embedfleet.services.gateway.sink_jobs import SinkJobs
+from embedfleet.shared.documents import job_id_for, read_fields
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.fleet import FleetView
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_collector import Layout
+from embedfleet.shared.job_fit import JobRefused, check_chunk_room, check_job, served
+from embedfleet.shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
+from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
+from embedfleet.shared.job_state import JOB_OUTPUTS, RUNNING, JobState
+from embedfleet.shared.job_status import cancel_job
+from embedfleet.shared.job_streams import DUPLICATE_WINDOW, purge_wait
+from embedfleet.shared.options import default
+from embedfleet.shared.progress import Ledger
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.sinks.writer import Sources, shape_for
+from embedfleet.shared.text_chunks import JobChunking
+from embedfleet.shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.gateway.errors import ApiError
-from shared.chunk_windows import late_windows
-from shared.errors import ErrorCode
-from shared.protocol import ChunkLayout, Spans
-from shared.text_chunks import TextChunk
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.chunk_windows import late_windows
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import ChunkLayout, Spans
+from embedfleet.shared.text_chunks import TextChunk
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from services.gateway.job_metrics import JobMetrics
-from services.gateway.limits import key_id
+from embedfleet.services.gateway.job_metrics import JobMetrics
+from embedfleet.services.gateway.limits import key_id
 
 STAGES = ("queue", "tokenize", "inference", "total")
 MODEL_STAGES = ("tokenize", "queue", "inference")  # the stages a request's result reports, per model

@@ -12,17 +12,17 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.admission import Admission
-from services.gateway.auth import ApiKeys
-from services.gateway.disconnects import departure_of, run_departing, run_watched
-from services.gateway.endpoints import Endpoints
-from services.gateway.errors import error_response
-from services.gateway.limits import KeyLimits, bind_key
-from services.gateway.metrics import Metrics
-from services.gateway.routes import EMBED_PATHS
-from shared.errors import ErrorCode
-from shared.options import default
-from shared.tracing import TRACEPARENT, TraceContext, Tracer, bind
+from embedfleet.services.gateway.admission import Admission
+from embedfleet.services.gateway.auth import ApiKeys
+from embedfleet.services.gateway.disconnects import departure_of, run_departing, run_watched
+from embedfleet.services.gateway.endpoints import Endpoints
+from embedfleet.services.gateway.errors import error_response
+from embedfleet.services.gateway.limits import KeyLimits, bind_key
+from embedfleet.services.gateway.metrics import Metrics
+from embedfleet.services.gateway.routes import EMBED_PATHS
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.options import default
+from embedfleet.shared.tracing import TRACEPARENT, TraceContext, Tracer, bind
 
 log = logging.getLogger("embedfleet.gateway")
 

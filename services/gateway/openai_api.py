@@ -11,14 +11,14 @@ import orjson
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from services.gateway.body_errors import fault_error
-from services.gateway.chunking import Chunking, chunk_places
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, not_a_token, within_limits
-from services.gateway.openai_body import ChunkingBody, EmbeddingsBody
-from shared.errors import ErrorCode, ServiceError
-from shared.text_chunks import ChunkSpec
-from shared.vector_forms import EMBEDDING_TYPES, FORMS
+from embedfleet.services.gateway.body_errors import fault_error
+from embedfleet.services.gateway.chunking import Chunking, chunk_places
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Inputs, Limits, not_a_token, within_limits
+from embedfleet.services.gateway.openai_body import ChunkingBody, EmbeddingsBody
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.text_chunks import ChunkSpec
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
 
 
 @dataclass(frozen=True, slots=True)

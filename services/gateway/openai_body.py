@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field
 
-from services.gateway.body_errors import member
-from services.gateway.inputs import MAX_TOKEN_ID
-from shared.protocol import MAX_DIMENSION
+from embedfleet.services.gateway.body_errors import member
+from embedfleet.services.gateway.inputs import MAX_TOKEN_ID
+from embedfleet.shared.protocol import MAX_DIMENSION
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]

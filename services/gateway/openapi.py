@@ -6,12 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.gateway.chunking import RETURNS
-from services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
-from services.gateway.openai_body import EmbeddingsBody
-from services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
-from shared.text_chunks import BOUNDARIES
-from shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
+from embedfleet.services.gateway.chunking import RETURNS
+from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
+from embedfleet.services.gateway.openai_body import EmbeddingsBody
+from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
+from embedfleet.shared.text_chunks import BOUNDARIES
+from embedfleet.shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
 
 _STR_OR_LIST = {
     "oneOf": [

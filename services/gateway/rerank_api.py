@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Limits, json_object, json_type, optional
-from shared.errors import ErrorCode
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Limits, json_object, json_type, optional
+from embedfleet.shared.errors import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING
 
 from starlette.responses import Response
 
-from services.gateway import search_api
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs
-from services.gateway.models_api import worker_kind
-from services.gateway.rerank_api import RerankCall
-from services.gateway.search_store import SearchStore
-from shared.errors import ErrorCode
-from shared.model_dir.info import same_model
-from shared.protocol import EmbedOptions
-from shared.vector_forms import FLOAT32
+from embedfleet.services.gateway import search_api
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Inputs
+from embedfleet.services.gateway.models_api import worker_kind
+from embedfleet.services.gateway.rerank_api import RerankCall
+from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.vector_forms import FLOAT32
 
 if TYPE_CHECKING:
-    from services.gateway.app import Gateway
+    from embedfleet.services.gateway.app import Gateway
 
 log = logging.getLogger("embedfleet.gateway")
 

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.errors import ApiError
-from services.gateway.inputs import MAX_NAME_CHARS, Limits, json_object, json_type, name_field, optional
-from services.gateway.rerank_api import query_field, top_n_field
-from shared.errors import ErrorCode
-from shared.sinks import Hit
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import MAX_NAME_CHARS, Limits, json_object, json_type, name_field, optional
+from embedfleet.services.gateway.rerank_api import query_field, top_n_field
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.sinks import Hit
 
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 1000  # an HNSW search past this many rows costs more than an exact one; rerank lists stay short

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from services.gateway.errors import ApiError
-from shared.errors import ErrorCode
-from shared.sinks import Hit, Shape, Sink, SinkError
-from shared.vector_forms import FORMS
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.sinks import Hit, Shape, Sink, SinkError
+from embedfleet.shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.gateway")
 

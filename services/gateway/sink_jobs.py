@@ -31,16 +31,16 @@ from dataclasses import replace
 from functools import partial
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from services.gateway.errors import ApiError
-from shared.errors import ErrorCode
-from shared.job_bucket import has_state_key, read_state, update_state
-from shared.job_collector import Collector, Layout
-from shared.job_publish import JobSink
-from shared.job_sources import SourcesLost, parts_of, publish_sources, read_sources
-from shared.job_state import CANCELLED, JobState, JobStateError, Lease
-from shared.job_streams import stream_names
-from shared.sinks import Shape, Sink, SinkError, sink_for
-from shared.sinks.writer import SinkWriter, Sources
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.job_bucket import has_state_key, read_state, update_state
+from embedfleet.shared.job_collector import Collector, Layout
+from embedfleet.shared.job_publish import JobSink
+from embedfleet.shared.job_sources import SourcesLost, parts_of, publish_sources, read_sources
+from embedfleet.shared.job_state import CANCELLED, JobState, JobStateError, Lease
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.sinks import Shape, Sink, SinkError, sink_for
+from embedfleet.shared.sinks.writer import SinkWriter, Sources
 
 log = logging.getLogger("embedfleet.gateway.sinks")
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
-from services.gateway.errors import ApiError
-from services.gateway.inputs import (
+from embedfleet.services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import (
     Inputs,
     Limits,
     embedding_form,
@@ -20,11 +20,11 @@ from services.gateway.inputs import (
     parse_inputs,
     positive_dimensions,
 )
-from services.gateway.tei_tasks import model_type
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions, TokenizeResult
-from shared.protocol.messages import MAX_SPARSE_TOP_K
-from shared.vector_forms import FORMS
+from embedfleet.services.gateway.tei_tasks import model_type
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import EmbedOptions, TokenizeResult
+from embedfleet.shared.protocol.messages import MAX_SPARSE_TOP_K
+from embedfleet.shared.vector_forms import FORMS
 
 
 @dataclass(frozen=True, slots=True)

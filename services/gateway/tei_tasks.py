@@ -15,10 +15,18 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs, Limits, json_object, json_type, name_field, optional, parse_inputs
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import (
+    Inputs,
+    Limits,
+    json_object,
+    json_type,
+    name_field,
+    optional,
+    parse_inputs,
+)
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import EmbedOptions
 
 Sequence = str | tuple[str, str]  # one text, or a (text, text_pair) pair
 

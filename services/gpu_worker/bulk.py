@@ -27,9 +27,9 @@ from collections.abc import Callable
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from services.gpu_worker.scheduler import Scheduler, Work
-from services.gpu_worker.spans import record_work
-from shared.bulkwork import (
+from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
+from embedfleet.services.gpu_worker.spans import record_work
+from embedfleet.shared.bulkwork import (
     BatchInfo,
     Cancellations,
     Heartbeats,
@@ -38,16 +38,16 @@ from shared.bulkwork import (
     join_work,
     undecodable,
 )
-from shared.config import JobSettings
-from shared.errors import ErrorCode, ServiceError
-from shared.job_bucket import has_state_key, update_state
-from shared.job_publish import publish_durably
-from shared.job_status import count_done, late_rows
-from shared.job_streams import stream_names
-from shared.progress import Rows
-from shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
-from shared.subjects import Subjects, model_token
-from shared.tracing import Tracer, from_headers, headers_for
+from embedfleet.shared.config import JobSettings
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.job_bucket import has_state_key, update_state
+from embedfleet.shared.job_publish import publish_durably
+from embedfleet.shared.job_status import count_done, late_rows
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.progress import Rows
+from embedfleet.shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
+from embedfleet.shared.subjects import Subjects, model_token
+from embedfleet.shared.tracing import Tracer, from_headers, headers_for
 
 log = logging.getLogger("embedfleet.worker.bulk")
 

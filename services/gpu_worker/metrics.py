@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.gpu_worker.scheduler import Batch, Scheduler
+from embedfleet.services.gpu_worker.scheduler import Batch, Scheduler
 
 QUEUES = ("online", "bulk")
 RUNS = ("eager", "captured", "replay")  # see Engine.step: the handle's ``run``

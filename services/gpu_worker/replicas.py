@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from services.gpu_worker.config import WorkerConfig
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.calibrate import calibrate
-from services.gpu_worker.engine.engine import pick_device
-from shared.options import arguments
-from shared.parent_death import die_with_parent
+from embedfleet.services.gpu_worker.config import WorkerConfig
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.calibrate import calibrate
+from embedfleet.services.gpu_worker.engine.engine import pick_device
+from embedfleet.shared.options import arguments
+from embedfleet.shared.parent_death import die_with_parent
 
 log = logging.getLogger("embedfleet.worker")
 
@@ -72,7 +72,7 @@ def run_cpu_processes(cfg: WorkerConfig, ns: argparse.Namespace) -> int:
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "worker",
                 *arguments(
                     ns,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.bundles import answer
-from shared.protocol import Replies, encode
+from embedfleet.shared.bundles import answer
+from embedfleet.shared.protocol import Replies, encode
 
 # the bytes a Replies message takes besides its replies (type, keys, array headers), and each reply's
 # besides its payload and subject (its msgpack headers): generous bounds

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from nats.aio.msg import Msg
 
-from shared.protocol import Spans, TokenChunk
-from shared.tracing import TraceContext
+from embedfleet.shared.protocol import Spans, TokenChunk
+from embedfleet.shared.tracing import TraceContext
 
 
 @dataclass(slots=True)

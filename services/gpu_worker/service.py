@@ -25,23 +25,23 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
-from services.gpu_worker.bulk import BulkFeeder
-from services.gpu_worker.config import WorkerConfig
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidSpans, InvalidTokens
-from services.gpu_worker.engine.pooling import postprocess
-from services.gpu_worker.engine.results import CudaResult, ReadyResult
-from services.gpu_worker.load_reports import ReportCadence
-from services.gpu_worker.metrics import WorkerMetrics
-from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
-from services.gpu_worker.replies import Outgoing
-from services.gpu_worker.scheduler import Batch, Scheduler, Work
-from services.gpu_worker.spans import record_work
-from shared.bundles import answer, is_bundle, unbundle
-from shared.errors import ErrorCode, ServiceError
-from shared.lifecycle import register, start_jetstream_part
-from shared.metrics_server import MetricsServer, serve_metrics
-from shared.protocol import (
+from embedfleet.services.gpu_worker.bulk import BulkFeeder
+from embedfleet.services.gpu_worker.config import WorkerConfig
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidSpans, InvalidTokens
+from embedfleet.services.gpu_worker.engine.pooling import postprocess
+from embedfleet.services.gpu_worker.engine.results import CudaResult, ReadyResult
+from embedfleet.services.gpu_worker.load_reports import ReportCadence
+from embedfleet.services.gpu_worker.metrics import WorkerMetrics
+from embedfleet.services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
+from embedfleet.services.gpu_worker.replies import Outgoing
+from embedfleet.services.gpu_worker.scheduler import Batch, Scheduler, Work
+from embedfleet.services.gpu_worker.spans import record_work
+from embedfleet.shared.bundles import answer, is_bundle, unbundle
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.lifecycle import register, start_jetstream_part
+from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.protocol import (
     DELIVERY_CHECK,
     MAX_STAGES,
     EmbedResult,
@@ -55,10 +55,10 @@ from shared.protocol import (
     encode,
     row_bytes,
 )
-from shared.quantize import quantize
-from shared.subjects import WORKER_QUEUE
-from shared.tracing import TraceContext, Tracer, bind, from_headers
-from shared.vector_forms import FORMS, WIRE_FORMS
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.subjects import WORKER_QUEUE
+from embedfleet.shared.tracing import TraceContext, Tracer, bind, from_headers
+from embedfleet.shared.vector_forms import FORMS, WIRE_FORMS
 
 FLOAT32 = FORMS["float32"].dtype
 

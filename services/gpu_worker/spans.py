@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from services.gpu_worker.scheduler import Work
-from shared.errors import ServiceError
-from shared.tracing import TraceContext, Tracer, wall_ns
+from embedfleet.services.gpu_worker.scheduler import Work
+from embedfleet.shared.errors import ServiceError
+from embedfleet.shared.tracing import TraceContext, Tracer, wall_ns
 
 
 def record_work(tracer: Tracer, work: Work, name: str, error: ServiceError | None = None) -> TraceContext | None:

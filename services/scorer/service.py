@@ -12,17 +12,25 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
-from services.scorer.config import ScorerConfig
-from services.scorer.metrics import ScorerMetrics
-from services.scorer.scoring import cosine_rank, rank, sigmoid
-from shared.client import EmbedClient, part_of
-from shared.errors import ErrorCode, ServiceError
-from shared.fleet import FleetWatch
-from shared.lifecycle import register
-from shared.metrics_server import MetricsServer, serve_metrics
-from shared.protocol import EmbedOptions, ErrorReply, ProtocolError, RerankRequest, RerankResult, decode_as, encode
-from shared.subjects import SCORER_QUEUE, model_token
-from shared.tracing import Tracer, bind, from_headers
+from embedfleet.services.scorer.config import ScorerConfig
+from embedfleet.services.scorer.metrics import ScorerMetrics
+from embedfleet.services.scorer.scoring import cosine_rank, rank, sigmoid
+from embedfleet.shared.client import EmbedClient, part_of
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.fleet import FleetWatch
+from embedfleet.shared.lifecycle import register
+from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.protocol import (
+    EmbedOptions,
+    ErrorReply,
+    ProtocolError,
+    RerankRequest,
+    RerankResult,
+    decode_as,
+    encode,
+)
+from embedfleet.shared.subjects import SCORER_QUEUE, model_token
+from embedfleet.shared.tracing import Tracer, bind, from_headers
 
 log = logging.getLogger("embedfleet.scorer")
 

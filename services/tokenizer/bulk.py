@@ -24,11 +24,11 @@ from dataclasses import replace
 
 from nats.aio.client import Client
 
-from services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.encoder import pack_chunks
-from services.tokenizer.metrics import BulkEncoder
-from shared.bulkwork import (
+from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
+from embedfleet.services.tokenizer.config import TokenizerConfig
+from embedfleet.services.tokenizer.encoder import pack_chunks
+from embedfleet.services.tokenizer.metrics import BulkEncoder
+from embedfleet.shared.bulkwork import (
     BatchInfo,
     Cancellations,
     Heartbeats,
@@ -36,14 +36,14 @@ from shared.bulkwork import (
     join_work,
     undecodable,
 )
-from shared.chunk_progress import count_cut
-from shared.errors import ErrorCode, ServiceError
-from shared.job_bucket import update_state
-from shared.job_publish import publish_durably
-from shared.job_streams import stream_names
-from shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
-from shared.subjects import model_token
-from shared.tracing import Tracer, bind, current, from_headers, headers_for
+from embedfleet.shared.chunk_progress import count_cut
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_publish import publish_durably
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
+from embedfleet.shared.subjects import model_token
+from embedfleet.shared.tracing import Tracer, bind, current, from_headers, headers_for
 
 log = logging.getLogger("embedfleet.tokenizer.bulk")
 

@@ -19,12 +19,12 @@ from itertools import accumulate, chain
 
 import numpy as np
 
-from services.tokenizer.chunking import chunk_ids, cut
-from services.tokenizer.encoder import TextEncoder, encode_all
-from services.tokenizer.metrics import BulkEncoder
-from shared.chunk_windows import late_windows
-from shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
-from shared.text_chunks import TextChunk
+from embedfleet.services.tokenizer.chunking import chunk_ids, cut
+from embedfleet.services.tokenizer.encoder import TextEncoder, encode_all
+from embedfleet.services.tokenizer.metrics import BulkEncoder
+from embedfleet.shared.chunk_windows import late_windows
+from embedfleet.shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
+from embedfleet.shared.text_chunks import TextChunk
 
 # bytes a row adds to a token batch or a result besides its tokens or vector, its document id and its
 # text: msgpack's headers of those, its five chunk numbers and its span (int32), its sequence length

@@ -49,7 +49,7 @@ from bisect import bisect_left, bisect_right
 
 from tokenizers import Encoding, Tokenizer
 
-from shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
 # the request's parameters and a chunk's place live in shared/ (the gateway and the protocol read them too)
 __all__ = [

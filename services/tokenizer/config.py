@@ -7,12 +7,12 @@ import json
 import os
 from dataclasses import dataclass
 
-from shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
-from shared.metrics_server import MetricsEndpoint
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.load import load_model_info
-from shared.options import from_options, setting
-from shared.tracing import TracingConfig
+from embedfleet.shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
+from embedfleet.shared.metrics_server import MetricsEndpoint
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.options import from_options, setting
+from embedfleet.shared.tracing import TracingConfig
 
 
 def parse_prompts(text: str) -> dict[str, str]:

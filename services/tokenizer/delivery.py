@@ -21,8 +21,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.bundles import Item, pack, publish
-from shared.protocol import DELIVERY_CHECK
+from embedfleet.shared.bundles import Item, pack, publish
+from embedfleet.shared.protocol import DELIVERY_CHECK
 
 log = logging.getLogger("embedfleet.tokenizer")
 

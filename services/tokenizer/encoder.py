@@ -12,15 +12,15 @@ import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
-from services.tokenizer import chunking
-from services.tokenizer.chat_template import PairTemplate, special_token_variables
-from shared.config import ConfigError
-from shared.errors import ErrorCode, ServiceError
-from shared.model_dir.info import ModelInfo
-from shared.protocol import EmbedOptions
+from embedfleet.services.tokenizer import chunking
+from embedfleet.services.tokenizer.chat_template import PairTemplate, special_token_variables
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.protocol import EmbedOptions
 
 if TYPE_CHECKING:
-    from services.tokenizer.fast_encoder import FastEncoder
+    from embedfleet.services.tokenizer.fast_encoder import FastEncoder
 
 Token = tuple[int, str, bool, int | None, int | None]  # id, text, special, start, stop (characters)
 

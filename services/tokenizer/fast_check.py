@@ -16,9 +16,9 @@ from functools import partial
 from pathlib import Path
 from pydoc_data.topics import topics
 
-from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.fast_charset import DIVERGENT
-from services.tokenizer.fast_encoder import Charset, FastEncoder, load
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.fast_charset import DIVERGENT
+from embedfleet.services.tokenizer.fast_encoder import Charset, FastEncoder, load
 
 log = logging.getLogger("embedfleet.tokenizer")
 

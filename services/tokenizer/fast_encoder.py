@@ -22,8 +22,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from services.tokenizer.encoder import CHARS_PER_TOKEN, SERIAL_CHARS, cut_chars
-from services.tokenizer.fast_charset import DIVERGENT
+from embedfleet.services.tokenizer.encoder import CHARS_PER_TOKEN, SERIAL_CHARS, cut_chars
+from embedfleet.services.tokenizer.fast_charset import DIVERGENT
 
 # the tokenizer.json parts kitoken was shown to reproduce token for token (with the charset left out)
 _NORMALIZER = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True, "lowercase": True}

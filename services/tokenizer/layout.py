@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from services.tokenizer.chunking import cut
-from services.tokenizer.encoder import TextEncoder, encode_all
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import ChunkLayout, ChunkRequest
-from shared.text_chunks import TextChunk
+from embedfleet.services.tokenizer.chunking import cut
+from embedfleet.services.tokenizer.encoder import TextEncoder, encode_all
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import ChunkLayout, ChunkRequest
+from embedfleet.shared.text_chunks import TextChunk
 
 
 class Layouts:

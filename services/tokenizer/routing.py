@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.protocol import LoadReport
+from embedfleet.shared.protocol import LoadReport
 
 STALE_INTERVALS = 3.0
 

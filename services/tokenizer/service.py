@@ -15,21 +15,21 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
-from services.tokenizer.bulk import BulkTokenizer
-from services.tokenizer.coalesce import Coalescer
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.delivery import DeliveryCheck, Sent
-from services.tokenizer.encoder import TextEncoder, pack_chunks
-from services.tokenizer.fast_check import choose
-from services.tokenizer.layout import Layouts
-from services.tokenizer.metrics import TokenizerMetrics
-from services.tokenizer.routing import Router
-from services.tokenizer.span_rows import place_spans
-from shared.bundles import Entry, answer, carrier_of, is_bundle, unbundle
-from shared.errors import ErrorCode, ServiceError
-from shared.lifecycle import register, start_jetstream_part
-from shared.metrics_server import MetricsServer, serve_metrics
-from shared.protocol import (
+from embedfleet.services.tokenizer.bulk import BulkTokenizer
+from embedfleet.services.tokenizer.coalesce import Coalescer
+from embedfleet.services.tokenizer.config import TokenizerConfig
+from embedfleet.services.tokenizer.delivery import DeliveryCheck, Sent
+from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
+from embedfleet.services.tokenizer.fast_check import choose
+from embedfleet.services.tokenizer.layout import Layouts
+from embedfleet.services.tokenizer.metrics import TokenizerMetrics
+from embedfleet.services.tokenizer.routing import Router
+from embedfleet.services.tokenizer.span_rows import place_spans
+from embedfleet.shared.bundles import Entry, answer, carrier_of, is_bundle, unbundle
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.lifecycle import register, start_jetstream_part
+from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.protocol import (
     ChunkRequest,
     DecodeRequest,
     DecodeResult,
@@ -45,8 +45,8 @@ from shared.protocol import (
     decode_as,
     encode,
 )
-from shared.subjects import TOKENIZER_QUEUE, model_token
-from shared.tracing import Span, Tracer, bind, from_headers, headers_for
+from embedfleet.shared.subjects import TOKENIZER_QUEUE, model_token
+from embedfleet.shared.tracing import Span, Tracer, bind, from_headers, headers_for
 
 log = logging.getLogger("embedfleet.tokenizer")
 

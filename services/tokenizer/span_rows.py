@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import Spans
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import Spans
 
 _DIFFERS = (
     "content tokens, where its spans count {want}: alone it tokenizes otherwise than within the whole text "

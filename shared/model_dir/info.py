@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.model_dir.outputs import MultiVectorSpec, SparseSpec
-from shared.model_dir.stack import DenseSpec
+from embedfleet.shared.model_dir.outputs import MultiVectorSpec, SparseSpec
+from embedfleet.shared.model_dir.stack import DenseSpec
 
 
 @dataclass(frozen=True, slots=True)

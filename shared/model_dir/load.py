@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.config import ConfigError
-from shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.outputs import bge_m3_heads, is_multi_vector_encoder, is_sparse_encoder, multi_vector, splade
-from shared.model_dir.scoring import (
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.outputs import (
+    bge_m3_heads,
+    is_multi_vector_encoder,
+    is_sparse_encoder,
+    multi_vector,
+    splade,
+)
+from embedfleet.shared.model_dir.scoring import (
     classifier_labels,
     is_classifier,
     label_names,
@@ -17,8 +23,8 @@ from shared.model_dir.scoring import (
     pair_template,
     score_activation,
 )
-from shared.model_dir.stack import check_dense_chain, pooling_mode, read_dense, read_stack
-from shared.model_families import position_offset
+from embedfleet.shared.model_dir.stack import check_dense_chain, pooling_mode, read_dense, read_stack
+from embedfleet.shared.model_families import position_offset
 
 
 def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo:

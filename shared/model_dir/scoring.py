@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.config import ConfigError
-from shared.model_dir.folder import ModelFolder, read_json
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.folder import ModelFolder, read_json
 
 # model types whose chat templates take a message's content as a string whatever they look like
 # (sentence-transformers' KNOWN_MODEL_TYPES_MESSAGE_FORMATS)

@@ -19,10 +19,18 @@ say which chunk of which document each row is (ChunkRows).
 The gateway's reply subject travels with the request, so workers answer the gateway directly.
 """
 
-from shared.protocol.checks import MAX_BUNDLE, MAX_ID, MAX_NAME, MAX_ROWS, MAX_STAGES, TOKEN_DTYPE, ProtocolError
-from shared.protocol.chunk_rows import ChunkRows
-from shared.protocol.codec import Message, decode, decode_as, encode
-from shared.protocol.messages import (
+from embedfleet.shared.protocol.checks import (
+    MAX_BUNDLE,
+    MAX_ID,
+    MAX_NAME,
+    MAX_ROWS,
+    MAX_STAGES,
+    TOKEN_DTYPE,
+    ProtocolError,
+)
+from embedfleet.shared.protocol.chunk_rows import ChunkRows
+from embedfleet.shared.protocol.codec import Message, decode, decode_as, encode
+from embedfleet.shared.protocol.messages import (
     DELIVERY_CHECK,
     MAX_DIMENSION,
     OUTPUTS,
@@ -52,7 +60,7 @@ from shared.protocol.messages import (
     row_bytes,
     row_width,
 )
-from shared.protocol.spans import Spans
+from embedfleet.shared.protocol.spans import Spans
 
 __all__ = [
     "DELIVERY_CHECK",

@@ -1,4 +1,4 @@
-"""Field checks for decoding untrusted protocol messages (see shared.protocol)."""
+"""Field checks for decoding untrusted protocol messages (see embedfleet.shared.protocol)."""
 
 from __future__ import annotations
 

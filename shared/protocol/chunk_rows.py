@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, int32_array, required, required_int, str_list
+from embedfleet.shared.protocol.checks import (
+    MAX_ROWS,
+    TOKEN_DTYPE,
+    ProtocolError,
+    int32_array,
+    required,
+    required_int,
+    str_list,
+)
 
 # key -> field of the per-row arrays (``cs`` / ``ce`` mean what they mean in a ChunkLayout)
 _ARRAYS = {"dr": "doc", "ck": "chunk", "cn": "count", "cs": "start", "ce": "end"}

@@ -7,9 +7,9 @@ from typing import TypeVar
 
 import msgpack
 
-from shared.errors import shown
-from shared.protocol.checks import ProtocolError, is_int
-from shared.protocol.messages import (
+from embedfleet.shared.errors import shown
+from embedfleet.shared.protocol.checks import ProtocolError, is_int
+from embedfleet.shared.protocol.messages import (
     VERSION,
     ChunkLayout,
     ChunkRequest,
@@ -30,7 +30,7 @@ from shared.protocol.messages import (
     TokenizeRequest,
     TokenizeResult,
 )
-from shared.protocol.wire import CODECS
+from embedfleet.shared.protocol.wire import CODECS
 
 Message = (
     EmbedRequest

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import ErrorCode
-from shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
-from shared.protocol.chunk_rows import ChunkRows
-from shared.protocol.spans import Spans
-from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
-from shared.vector_forms import FLOAT32, WIRE_FORMS
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
+from embedfleet.shared.protocol.chunk_rows import ChunkRows
+from embedfleet.shared.protocol.spans import Spans
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking, TextChunk
+from embedfleet.shared.vector_forms import FLOAT32, WIRE_FORMS
 
 # the key layout written and read (docs/protocol.md), in which a key means one thing across all
 # messages; a message of another version is refused

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, int32_array, required
+from embedfleet.shared.protocol.checks import MAX_ROWS, TOKEN_DTYPE, ProtocolError, int32_array, required
 
 CONTENT_KEYS = ("cc", "cf", "cl", "ct")  # counts, firsts, lasts, tokens: an EmbedRequest's
 SEQUENCE_KEYS = ("sn", "sf", "sl")  # counts, firsts, lasts: a TokenChunk's

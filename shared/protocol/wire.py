@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError, shown
-from shared.protocol.checks import (
+from embedfleet.shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError, shown
+from embedfleet.shared.protocol.checks import (
     MAX_BUNDLE,
     MAX_ID,
     MAX_NAME,
@@ -29,8 +29,8 @@ from shared.protocol.checks import (
     str_list,
     timings_field,
 )
-from shared.protocol.chunk_rows import ChunkRows
-from shared.protocol.messages import (
+from embedfleet.shared.protocol.chunk_rows import ChunkRows
+from embedfleet.shared.protocol.messages import (
     MAX_DIMENSION,
     SPARSE_DTYPES,
     ChunkLayout,
@@ -54,9 +54,9 @@ from shared.protocol.messages import (
     TokenizeResult,
     row_bytes,
 )
-from shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
-from shared.text_chunks import ChunkSpec, JobChunking
-from shared.vector_forms import FLOAT32, WIRE_FORMS
+from embedfleet.shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.vector_forms import FLOAT32, WIRE_FORMS
 
 
 def _tokens_wire(ids: np.ndarray) -> bytes:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from shared.sinks.base import Hit, Rows, Shape, Sink, SinkError
+from embedfleet.shared.sinks.base import Hit, Rows, Shape, Sink, SinkError
 
 # scheme -> (module, class, the packages its client needs)
 _STORES = {
-    "postgresql": ("shared.sinks.pgvector", "PgVectorSink", "psycopg[binary] pgvector"),
-    "postgres": ("shared.sinks.pgvector", "PgVectorSink", "psycopg[binary] pgvector"),
-    "lancedb": ("shared.sinks.lance", "LanceSink", "lancedb"),
-    "qdrant": ("shared.sinks.qdrant", "QdrantSink", "qdrant-client"),
+    "postgresql": ("embedfleet.shared.sinks.pgvector", "PgVectorSink", "psycopg[binary] pgvector"),
+    "postgres": ("embedfleet.shared.sinks.pgvector", "PgVectorSink", "psycopg[binary] pgvector"),
+    "lancedb": ("embedfleet.shared.sinks.lance", "LanceSink", "lancedb"),
+    "qdrant": ("embedfleet.shared.sinks.qdrant", "QdrantSink", "qdrant-client"),
 }
 SCHEMES = tuple(_STORES)
 

@@ -18,8 +18,8 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 import orjson
 
-from shared.sinks.base import Hit, Rows, Shape, SinkError
-from shared.vector_forms import FORMS
+from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError
+from embedfleet.shared.vector_forms import FORMS
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 

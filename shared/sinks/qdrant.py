@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from shared.sinks.base import Hit, Rows, Shape, SinkError
+from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,254}$")
 _IDS = uuid.UUID("6f0e3c0a-53a4-4c8e-9d3b-7a1f4b2e9c10")  # the namespace of point ids

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from shared.job_bucket import update_state
-from shared.job_status import sink_finished, sink_waiting, sink_written
-from shared.retry import Backoff
-from shared.sinks.base import Rows, Shape, Sink, SinkError
+from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_status import sink_finished, sink_waiting, sink_written
+from embedfleet.shared.retry import Backoff
+from embedfleet.shared.sinks.base import Rows, Shape, Sink, SinkError
 
 log = logging.getLogger("embedfleet.sinks")
 

@@ -12,11 +12,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from services.gateway.metrics import Metrics
-from services.gpu_worker.metrics import WorkerMetrics
-from services.gpu_worker.scheduler import Scheduler
-from services.scorer.metrics import ScorerMetrics
-from services.tokenizer.metrics import TokenizerMetrics
+from embedfleet.services.gateway.metrics import Metrics
+from embedfleet.services.gpu_worker.metrics import WorkerMetrics
+from embedfleet.services.gpu_worker.scheduler import Scheduler
+from embedfleet.services.scorer.metrics import ScorerMetrics
+from embedfleet.services.tokenizer.metrics import TokenizerMetrics
 from tests.deploy import dashboard as dash
 from tests.integration.prometheus_server import binary
 

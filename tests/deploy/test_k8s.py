@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from shared.job_streams import stream_names
-from shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
-from shared.options import COMMANDS, env_names
-from shared.subjects import Subjects, model_token
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
+from embedfleet.shared.options import COMMANDS, env_names
+from embedfleet.shared.subjects import Subjects, model_token
 from tests.deploy.manifests import ROOT, render
 
 pytestmark = pytest.mark.slow
@@ -136,7 +136,7 @@ def test_prod_puts_one_worker_on_each_gpu_and_scales_on_the_bulk_lag():
 
 @pytest.mark.parametrize("path,servers", [("overlays/dev", 1), ("overlays/prod", 3)])
 def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, servers):
-    from shared.nats_server import MAX_PAYLOAD
+    from embedfleet.shared.nats_server import MAX_PAYLOAD
 
     docs = render(path)
     nats = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "nats")
@@ -154,7 +154,7 @@ def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, server
 def test_clients_know_every_nats_node_and_the_streams_survive_one_nodes_loss(path, servers):
     from urllib.parse import urlsplit
 
-    from shared.config import NatsConfig
+    from embedfleet.shared.config import NatsConfig
 
     docs = render(path)
     values = {
@@ -190,7 +190,7 @@ def test_dockerfiles_copy_real_files_and_run_as_non_root(dockerfile):
 
 
 def test_the_declared_commands_are_the_clis():
-    from services.cli import HELP
+    from embedfleet.services.cli import HELP
 
     assert set(HELP) == {c for c in COMMANDS if " " not in c}
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from shared.nats_server import find_binary
+from embedfleet.shared.nats_server import find_binary
 from tests.deploy.manifests import render
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_nats_includes_the_authorization_where_it_should_and_the_server_accepts_
     (tmp_path / "nats").mkdir()
     (tmp_path / "nats" / "nats.conf").write_text(conf)
     made = subprocess.run(
-        [sys.executable, "-m", "services.cli", "auth", str(tmp_path / "nats-auth")],
+        [sys.executable, "-m", "embedfleet.services.cli", "auth", str(tmp_path / "nats-auth")],
         capture_output=True,
         text=True,
         timeout=60,

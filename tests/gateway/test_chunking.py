@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 
-from services.gateway.chunking import Chunking, chunk_places, mean_of_chunks, parse_chunking, parse_text_chunking
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Inputs
-from shared.errors import ErrorCode
-from shared.text_chunks import ChunkSpec, TextChunk
+from embedfleet.services.gateway.chunking import (
+    Chunking,
+    chunk_places,
+    mean_of_chunks,
+    parse_chunking,
+    parse_text_chunking,
+)
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Inputs
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
 
 
 def test_a_chunking_object_is_read_with_its_defaults():

@@ -4,15 +4,21 @@ import numpy as np
 import orjson
 import pytest
 
-from services.gateway.chunking import Chunking
-from services.gateway.cohere_api import check_model_limits, parse_embed, parse_rerank, render_embed, render_rerank
-from services.gateway.errors import ApiError, error_response
-from services.gateway.inputs import Limits
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions
-from shared.quantize import quantize
-from shared.text_chunks import ChunkSpec, TextChunk
-from shared.vector_forms import FORMS
+from embedfleet.services.gateway.chunking import Chunking
+from embedfleet.services.gateway.cohere_api import (
+    check_model_limits,
+    parse_embed,
+    parse_rerank,
+    render_embed,
+    render_rerank,
+)
+from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.services.gateway.inputs import Limits
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
+from embedfleet.shared.vector_forms import FORMS
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 

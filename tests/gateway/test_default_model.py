@@ -6,15 +6,15 @@ import asyncio
 
 import pytest
 
-from services.cli import build_parser
-from services.gateway.app import Gateway
-from services.gateway.config import GatewayConfig
-from services.gateway.errors import ApiError
-from services.gateway.metrics import Metrics
-from shared.config import ConfigError, NatsConfig
-from shared.errors import ErrorCode
-from shared.fleet import FleetView
-from shared.subjects import Subjects
+from embedfleet.services.cli import build_parser
+from embedfleet.services.gateway.app import Gateway
+from embedfleet.services.gateway.config import GatewayConfig
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.metrics import Metrics
+from embedfleet.shared.config import ConfigError, NatsConfig
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.fleet import FleetView
+from embedfleet.shared.subjects import Subjects
 
 
 class _Fleet:

@@ -12,9 +12,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from services.gateway.endpoints import Endpoints
-from services.gateway.errors import ApiError, error_response
-from shared.errors import ErrorCode
+from embedfleet.services.gateway.endpoints import Endpoints
+from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.shared.errors import ErrorCode
 
 
 async def ok(request: Request) -> Response:

@@ -6,12 +6,12 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
-from services.gateway.errors import TABLE, ApiError, error_response
-from shared.config import NatsConfig
-from shared.errors import ErrorCode, ServiceError
-from shared.subjects import Subjects
+from embedfleet.services.gateway.app import create_app
+from embedfleet.services.gateway.config import GatewayConfig
+from embedfleet.services.gateway.errors import TABLE, ApiError, error_response
+from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.subjects import Subjects
 
 OPENAI, TEI, COHERE = "/v1/embeddings", "/embed", "/v2/embed"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import QueryParams
 
-from services.gateway.errors import ApiError
-from services.gateway.health import Readiness, health_answer, parse_readiness
-from shared.errors import ErrorCode
-from shared.fleet import FleetView
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.health import Readiness, health_answer, parse_readiness
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.fleet import FleetView
 
 
 def _view(tokenizers: list[str], workers: list[str]) -> FleetView:

@@ -8,8 +8,8 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from services.gateway.config import HttpLimits
-from services.gateway.http_server import protocol
+from embedfleet.services.gateway.config import HttpLimits
+from embedfleet.services.gateway.http_server import protocol
 
 
 class RecordingTransport(asyncio.Transport):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.job_ids import check_job_field, check_job_id
-from shared.errors import ErrorCode
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.job_ids import check_job_field, check_job_id
+from embedfleet.shared.errors import ErrorCode
 
 
 @pytest.mark.parametrize("job", ["a..b", ".a", "a.", "", "a b", "a*", "a>", "x" * 129])

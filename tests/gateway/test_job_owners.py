@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from services.cli import build_parser
-from services.gateway.config import GatewayConfig
-from services.gateway.job_owners import JobOwners
-from services.gateway.limits import bind_key
-from shared.job_requests import owner_digest
-from shared.job_state import JobState
+from embedfleet.services.cli import build_parser
+from embedfleet.services.gateway.config import GatewayConfig
+from embedfleet.services.gateway.job_owners import JobOwners
+from embedfleet.services.gateway.limits import bind_key
+from embedfleet.shared.job_requests import owner_digest
+from embedfleet.shared.job_state import JobState
 
 
 def test_a_job_is_seen_by_its_key_and_the_operators():

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.job_results import ndjson_lines, negotiate
-from services.gateway.parquet_stream import ParquetStream
-from shared.errors import ErrorCode
-from shared.job_results import JobForm, Stored, unfinished
-from shared.job_state import JobState
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.job_results import ndjson_lines, negotiate
+from embedfleet.services.gateway.parquet_stream import ParquetStream
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.job_results import JobForm, Stored, unfinished
+from embedfleet.shared.job_state import JobState
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 
 @pytest.mark.parametrize(
@@ -87,14 +87,14 @@ def test_sparse_and_multivector_lines():
 
 def _parquet(form: JobForm, parts: list[Stored], dim: int, monkeypatch, group: int = 3) -> tuple[bytes, int]:
     """The whole Parquet file the stream hands out, and how many pieces came before its last."""
-    monkeypatch.setattr("services.gateway.parquet_stream.ROW_GROUP", group)
+    monkeypatch.setattr("embedfleet.services.gateway.parquet_stream.ROW_GROUP", group)
     stream = ParquetStream(form)
     pieces = [data for part in parts if (data := stream.add(part))]
     return b"".join(pieces) + stream.finish(dim), len(pieces)
 
 
 def test_dense_parquet_has_reindex_columns_and_is_handed_out_a_row_group_at_a_time(monkeypatch, tmp_path):
-    from services.reindex_files import write_output
+    from embedfleet.services.reindex_files import write_output
 
     rows = np.arange(8 * 4, dtype=np.int8).reshape(8, 4)
     parts = [Stored(i, 0, [f"d{2 * i}", f"d{2 * i + 1}"], rows[2 * i : 2 * i + 2], 4) for i in range(4)]
@@ -137,7 +137,7 @@ def test_only_a_finished_job_is_read():
 
 
 def _chunked(texts: list[str] | None) -> Stored:
-    from shared.protocol import ChunkRows
+    from embedfleet.shared.protocol import ChunkRows
 
     rows = np.array([[0.5, 1.0], [2.0, -1.0]], dtype="<f4")
     chunks = ChunkRows.of(1, [(0, 0, 2, 0, 4), (0, 1, 2, 3, 9)], texts)

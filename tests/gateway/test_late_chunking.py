@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.late_chunking import check_model, chunk_rows, plan
-from shared.errors import ErrorCode
-from shared.protocol import ChunkLayout
-from shared.text_chunks import TextChunk
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.late_chunking import check_model, chunk_rows, plan
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import ChunkLayout
+from embedfleet.shared.text_chunks import TextChunk
 
 WORDS = " ".join(f"w{k}" for k in range(40))  # "w0 w1 ... w39": a word a token, 3 or 4 characters
 

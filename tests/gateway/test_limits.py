@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.gateway.limits import NO_KEY, KeyLimits, key_id
+from embedfleet.services.gateway.limits import NO_KEY, KeyLimits, key_id
 
 
 class Clock:
@@ -45,9 +45,9 @@ def test_key_ids_are_digests_never_the_key():
 
 
 def test_limits_need_keys():
-    from services.cli import build_parser
-    from services.gateway.config import GatewayConfig
-    from shared.config import ConfigError
+    from embedfleet.services.cli import build_parser
+    from embedfleet.services.gateway.config import GatewayConfig
+    from embedfleet.shared.config import ConfigError
 
     ns = build_parser().parse_args(["gateway", "--key-requests-per-minute", "5"])
     with pytest.raises(ConfigError, match="give the keys"):

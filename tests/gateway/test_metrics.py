@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from services.gateway.job_metrics import KEEP_FINISHED
-from services.gateway.metrics import Metrics
-from shared.subjects import Subjects
+from embedfleet.services.gateway.job_metrics import KEEP_FINISHED
+from embedfleet.services.gateway.metrics import Metrics
+from embedfleet.shared.subjects import Subjects
 from tests.prometheus_text import has, value
 from tests.waiting import eventually
 

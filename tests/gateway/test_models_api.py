@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.models_api import model_card, model_kind, render_models
+from embedfleet.services.gateway.models_api import model_card, model_kind, render_models
 
 
 @pytest.mark.parametrize(

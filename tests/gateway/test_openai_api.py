@@ -4,12 +4,12 @@ import numpy as np
 import orjson
 import pytest
 
-from services.gateway.errors import TABLE, ApiError
-from services.gateway.inputs import Limits
-from services.gateway.openai_api import parse_embeddings_request, render_embeddings
-from shared.errors import ErrorCode
-from shared.quantize import quantize
-from shared.vector_forms import FORMS
+from embedfleet.services.gateway.errors import TABLE, ApiError
+from embedfleet.services.gateway.inputs import Limits
+from embedfleet.services.gateway.openai_api import parse_embeddings_request, render_embeddings
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.vector_forms import FORMS
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)
 

@@ -8,15 +8,15 @@ from typing import Any, get_args
 import orjson
 import pytest
 
-from services.gateway.chunking import _KEYS, RETURNS
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Limits
-from services.gateway.openai_api import parse_embeddings_request
-from services.gateway.openai_body import ChunkingBody, EmbeddingsBody
-from services.gateway.openapi import openapi_spec
-from shared.errors import ErrorCode
-from shared.text_chunks import BOUNDARIES
-from shared.vector_forms import EMBEDDING_TYPES
+from embedfleet.services.gateway.chunking import _KEYS, RETURNS
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Limits
+from embedfleet.services.gateway.openai_api import parse_embeddings_request
+from embedfleet.services.gateway.openai_body import ChunkingBody, EmbeddingsBody
+from embedfleet.services.gateway.openapi import openapi_spec
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.text_chunks import BOUNDARIES
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)
 

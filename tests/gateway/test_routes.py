@@ -6,11 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from services.gateway.app import Gateway
-from services.gateway.errors import error_response
-from services.gateway.openapi import openapi_spec
-from services.gateway.routes import EMBED_PATHS, PATHS, ROUTES, Api, api_of
-from shared.errors import ErrorCode
+from embedfleet.services.gateway.app import Gateway
+from embedfleet.services.gateway.errors import error_response
+from embedfleet.services.gateway.openapi import openapi_spec
+from embedfleet.services.gateway.routes import EMBED_PATHS, PATHS, ROUTES, Api, api_of
+from embedfleet.shared.errors import ErrorCode
 
 
 def test_each_route_is_declared_once_and_answered_by_a_gateway_method():

@@ -7,11 +7,18 @@ import numpy as np
 import orjson
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.inputs import Limits
-from services.gateway.search_api import DEFAULT_TOP_K, MAX_TOP_K, RerankAsk, SearchCall, parse_search, render_search
-from shared.errors import ErrorCode
-from shared.sinks import Hit
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Limits
+from embedfleet.services.gateway.search_api import (
+    DEFAULT_TOP_K,
+    MAX_TOP_K,
+    RerankAsk,
+    SearchCall,
+    parse_search,
+    render_search,
+)
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.sinks import Hit
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=100)
 

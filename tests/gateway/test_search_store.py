@@ -11,10 +11,10 @@ import pgserver
 import psycopg
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.search_store import SearchStore
-from shared.errors import ErrorCode
-from shared.sinks import Rows, Shape, sink_for
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests.conftest import unit_rows
 
 

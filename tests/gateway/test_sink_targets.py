@@ -3,8 +3,8 @@
 
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.sink_jobs import SinkTargets, sink_shown
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.sink_jobs import SinkTargets, sink_shown
 
 PG = "postgresql://loader:pw@db.internal:5432/docs?sslmode=require"
 LANCE = "lancedb:///srv/lance"

@@ -3,12 +3,12 @@ import numpy as np
 import orjson
 import pytest
 
-from services.gateway.auth import ApiKeys
-from services.gateway.chunking import Chunking
-from services.gateway.errors import ApiError
-from services.gateway.formats import binary_response, negotiate, rows_form
-from services.gateway.inputs import Limits
-from services.gateway.tei_api import (
+from embedfleet.services.gateway.auth import ApiKeys
+from embedfleet.services.gateway.chunking import Chunking
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
+from embedfleet.services.gateway.inputs import Limits
+from embedfleet.services.gateway.tei_api import (
     parse_embed,
     parse_tokenize,
     render_embed,
@@ -16,11 +16,11 @@ from services.gateway.tei_api import (
     render_info,
     render_tokens,
 )
-from shared.errors import ErrorCode
-from shared.protocol import TokenizeResult
-from shared.quantize import quantize
-from shared.text_chunks import ChunkSpec, TextChunk
-from shared.vector_forms import FORMS
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import TokenizeResult
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
+from embedfleet.shared.vector_forms import FORMS
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 

@@ -9,10 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from services.gateway.errors import ApiError, error_response
-from services.gateway.inputs import Limits
-from services.gateway.tei_api import render_info
-from services.gateway.tei_tasks import (
+from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.services.gateway.inputs import Limits
+from embedfleet.services.gateway.tei_api import render_info
+from embedfleet.services.gateway.tei_tasks import (
     label_scores,
     model_type,
     parse_decode,
@@ -23,7 +23,7 @@ from services.gateway.tei_tasks import (
     root_task,
     worker_labels,
 )
-from shared.errors import ErrorCode
+from embedfleet.shared.errors import ErrorCode
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 CLASSIFIER = {"task": "score", "dim": "3", "labels": json.dumps(["negative", "neutral", "positive"])}
@@ -247,7 +247,7 @@ def test_similarity_cosines_stay_within_minus_one_and_one():
 
 
 def test_decode_ids_outside_the_vocabulary_are_named():
-    from services.gateway.tei_tasks import check_vocabulary
+    from embedfleet.services.gateway.tei_tasks import check_vocabulary
 
     check_vocabulary([np.array([0, 5, 9], dtype=np.int32)], 10)
     with pytest.raises(ApiError) as caught:

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from shared.nats_server import free_port
+from embedfleet.shared.nats_server import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 _SERVE = textwrap.dedent("""
     import sys
     import uvicorn
-    from services.gateway import uvicorn_server
+    from embedfleet.services.gateway import uvicorn_server
 
     async def app(scope, receive, send):
         if scope["type"] != "http":

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.engine.attention import SdpaVarlen
+from embedfleet.services.gpu_worker.engine.attention import SdpaVarlen
 
 
 def per_sequence(q, k, v, lengths):
@@ -97,7 +97,7 @@ def dense_reference(q, k, v, lengths, mask):
 
 
 def _masks():
-    from services.gpu_worker.engine.attention import AttnMask
+    from embedfleet.services.gpu_worker.engine.attention import AttnMask
 
     torch.manual_seed(3)
     table = torch.randn(9, 4)

@@ -1,7 +1,7 @@
 import pytest
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.calibrate import calibrate, pick_knee, synthetic_batch
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.calibrate import calibrate, pick_knee, synthetic_batch
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.gpu_worker.engine import Engine
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.gpu_worker.test_models import _packed, _random_ids, _tiny_folder
 
 LENGTHS = [9, 40, 3, 64, 17]
@@ -86,7 +86,7 @@ def test_a_checkpoint_without_its_head_is_refused(tmp_path, model_info):
     from safetensors.torch import load_file, save_file
     from transformers import BertConfig, BertForSequenceClassification
 
-    from shared.config import ConfigError
+    from embedfleet.shared.config import ConfigError
 
     config = BertConfig(
         vocab_size=300,

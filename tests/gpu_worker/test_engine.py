@@ -2,15 +2,15 @@ import numpy as np
 import pytest
 import torch
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.batch import DeviceBatch, prepare
-from services.gpu_worker.engine.engine import CPU_SERIAL_MACS
-from services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
-from services.gpu_worker.engine.pooling import pool, postprocess
-from services.gpu_worker.service import _CODES, wire_error
-from services.tokenizer.encoder import TextEncoder, pack_chunks
-from shared.errors import ErrorCode
-from shared.protocol import EmbedOptions, TokenChunk
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, prepare
+from embedfleet.services.gpu_worker.engine.engine import CPU_SERIAL_MACS
+from embedfleet.services.gpu_worker.engine.errors import EngineError, InputTooLong, InvalidTokens
+from embedfleet.services.gpu_worker.engine.pooling import pool, postprocess
+from embedfleet.services.gpu_worker.service import _CODES, wire_error
+from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import EmbedOptions, TokenChunk
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 

@@ -18,8 +18,8 @@ def _imported(path: Path) -> set[str]:
 
 
 def test_the_spec_imports_no_family_and_no_registry():
-    engine_imports = {m for m in _imported(ENGINE / "spec.py") if m.startswith("services.gpu_worker")}
+    engine_imports = {m for m in _imported(ENGINE / "spec.py") if m.startswith("embedfleet.services.gpu_worker")}
     assert engine_imports == set(), engine_imports
     for family in (ENGINE / "models").glob("*.py"):
         if family.name != "registry.py":
-            assert "services.gpu_worker.engine.models.registry" not in _imported(family), family.name
+            assert "embedfleet.services.gpu_worker.engine.models.registry" not in _imported(family), family.name

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.gpu_worker.service import _envelope_bound
-from shared.protocol import MAX_ID, MAX_STAGES, EmbedResult, encode
+from embedfleet.services.gpu_worker.service import _envelope_bound
+from embedfleet.shared.protocol import MAX_ID, MAX_STAGES, EmbedResult, encode
 
 _LARGEST = 2**63 - 1
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from services.gpu_worker.engine.attention import SdpaVarlen
-from services.gpu_worker.engine.batch import DeviceBatch, prepare
-from services.gpu_worker.engine.linear import select_linear_ops
-from services.gpu_worker.engine.loader import load_weights
-from services.gpu_worker.engine.models.registry import family_for
+from embedfleet.services.gpu_worker.engine.attention import SdpaVarlen
+from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, prepare
+from embedfleet.services.gpu_worker.engine.linear import select_linear_ops
+from embedfleet.services.gpu_worker.engine.loader import load_weights
+from embedfleet.services.gpu_worker.engine.models.registry import family_for
 
 LENGTHS = [1, 5, 19, 40, 7, 40, 26]  # windows below are 8-12 tokens: most sequences pass them
 

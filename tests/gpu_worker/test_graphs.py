@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.batch import prepare
-from services.gpu_worker.engine.graphs import GraphCache, bucket_sizes
-from services.tokenizer.encoder import TextEncoder, pack_chunks
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.batch import prepare
+from embedfleet.services.gpu_worker.engine.graphs import GraphCache, bucket_sizes
+from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 from tests.corpus import mixed_texts
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.linear import LinearOps, OneDnnLinearOps, select_linear_ops
+from embedfleet.services.gpu_worker.engine.linear import LinearOps, OneDnnLinearOps, select_linear_ops
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 

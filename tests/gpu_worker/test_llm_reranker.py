@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.models.registry import spec_from_folder
-from services.tokenizer.encoder import TextEncoder
-from shared.config import ConfigError
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.models.registry import spec_from_folder
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import mixed_texts
 from tests.tiny_llm_rerankers import MAX_LENGTH, build_llm_reranker, reference
 from tests.tiny_models import DECODERS

@@ -1,11 +1,11 @@
 import pytest
 
-from services.gpu_worker.config import WorkerConfig
-from services.gpu_worker.load_reports import ReportCadence
-from services.tokenizer.routing import Router
-from shared.config import ConfigError
-from shared.options import default
-from shared.protocol import LoadReport
+from embedfleet.services.gpu_worker.config import WorkerConfig
+from embedfleet.services.gpu_worker.load_reports import ReportCadence
+from embedfleet.services.tokenizer.routing import Router
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.options import default
+from embedfleet.shared.protocol import LoadReport
 
 BUSY, IDLE = 0.05, 0.25
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from services.gpu_worker.metrics import WorkerMetrics, token_class
-from services.gpu_worker.scheduler import Scheduler, Work
-from shared.protocol import TokenChunk
+from embedfleet.services.gpu_worker.metrics import WorkerMetrics, token_class
+from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
+from embedfleet.shared.protocol import TokenChunk
 from tests.prometheus_text import has, value
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.errors import InvalidTokens
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.errors import InvalidTokens
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 
 
@@ -120,7 +120,7 @@ def test_half_precision_weights_load_and_compute_in_fp32(tmp_path, model_info, d
 
 
 def test_missing_tensor_is_a_clear_error(tmp_path, model_info):
-    from shared.config import ConfigError
+    from embedfleet.shared.config import ConfigError
 
     folder = tmp_path / "broken"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
@@ -167,9 +167,9 @@ def test_token_types_reach_the_model(tmp_path, model_info):
 def test_prompts_equal_sentence_transformers(tmp_path, model_info):
     from sentence_transformers import SentenceTransformer
 
-    from services.gpu_worker.engine.pooling import postprocess
-    from services.tokenizer.encoder import TextEncoder, pack_chunks
-    from shared.protocol import EmbedOptions
+    from embedfleet.services.gpu_worker.engine.pooling import postprocess
+    from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
+    from embedfleet.shared.protocol import EmbedOptions
 
     folder = tmp_path / "prompted"
     shutil.copytree(model_info.path, folder)
@@ -191,7 +191,7 @@ def test_prompts_equal_sentence_transformers(tmp_path, model_info):
 
 def test_bf16_compute_on_cpu_stays_close_to_the_reference(model_info, reference):
     """--dtype bfloat16 on CPU: vectors within cosine 0.999 of sentence-transformers (fp32)."""
-    from services.tokenizer.encoder import TextEncoder, pack_chunks
+    from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
     from tests.corpus import mixed_texts
 
     texts = mixed_texts(64)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
-from shared.config import ConfigError
-from shared.model_dir.load import load_model_info
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 from tests.output_models import (
     bge_m3_reference,

@@ -1,7 +1,7 @@
 """A batch's replies as messages: one Replies per requester that takes them, within max_payload."""
 
-from services.gpu_worker.replies import Outgoing
-from shared.protocol import EmbedResult, Replies, decode, encode
+from embedfleet.services.gpu_worker.replies import Outgoing
+from embedfleet.shared.protocol import EmbedResult, Replies, decode, encode
 
 
 def _result(rid: str, rows: int = 1) -> bytes:

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from services.gpu_worker.scheduler import Scheduler, Work
-from shared.protocol import TokenChunk
+from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
+from embedfleet.shared.protocol import TokenChunk
 
 
 def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: int = 0, prompt_tokens: int = 0) -> Work:
@@ -134,7 +134,7 @@ def test_withdraw_bulk_takes_back_only_work_not_started():
 def test_spans_follow_their_rows_across_batches_and_other_works():
     """A spans work split over batches, beside a dense work: each batch carries its rows' spans (none for
     the dense rows), and each span's vector lands at its place in the work, whatever batch made it."""
-    from shared.protocol import EmbedOptions, Spans
+    from embedfleet.shared.protocol import EmbedOptions, Spans
 
     lengths, rows = [4, 6, 5], [[(1, 3)], [(0, 2), (1, 6), (5, 6)], [(2, 4), (0, 5)]]
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.engine.errors import InvalidSpans
-from services.gpu_worker.engine.pooling import postprocess
-from services.gpu_worker.engine.span_pooling import span_means
-from shared.model_dir.load import load_model_info
-from shared.protocol import EmbedOptions, ProtocolError, Spans, TokenChunk, decode, encode
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.engine.errors import InvalidSpans
+from embedfleet.services.gpu_worker.engine.pooling import postprocess
+from embedfleet.services.gpu_worker.engine.span_pooling import span_means
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.protocol import EmbedOptions, ProtocolError, Spans, TokenChunk, decode, encode
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 

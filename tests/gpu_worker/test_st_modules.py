@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from services.gpu_worker.engine.batch import DeviceBatch, prepare
-from services.gpu_worker.engine.pooling import POOLING_MODES, pool
-from services.gpu_worker.engine.st_modules import DenseStack, build_dense
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.load import load_model_info
-from shared.model_dir.stack import DenseSpec
+from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, prepare
+from embedfleet.services.gpu_worker.engine.pooling import POOLING_MODES, pool
+from embedfleet.services.gpu_worker.engine.st_modules import DenseStack, build_dense
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.model_dir.stack import DenseSpec
 from tests.conftest import cosines
 
 
@@ -256,9 +256,9 @@ def test_half_precision_weights_run_in_float32(tmp_path):
 def test_include_prompt_false_skips_the_prompt_as_sentence_transformers_does(transformer, dense_layers, tmp_path, mode):
     """INSTRUCTOR-style pooling: the tokenizer counts the prompt's tokens, the engine pools without them
     (cls then takes the first token after the prompt); equal to encode(prompt_name=...) in every mode."""
-    from services.gpu_worker.engine import Engine
-    from services.tokenizer.encoder import TextEncoder
-    from shared.protocol import EmbedOptions
+    from embedfleet.services.gpu_worker.engine import Engine
+    from embedfleet.services.tokenizer.encoder import TextEncoder
+    from embedfleet.shared.protocol import EmbedOptions
 
     modules = [
         transformer,

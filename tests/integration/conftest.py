@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from shared.nats_server import free_port
+from embedfleet.shared.nats_server import free_port
 from tests.integration.procs import Service, count_services, healthy, wait_until
 
 # small chunks, so that ordinary requests are split and spread across both workers

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import nats
 
-from shared.subjects import SERVICE_NAMES
+from embedfleet.shared.subjects import SERVICE_NAMES
 from tests import waiting
 
 
@@ -28,7 +28,7 @@ class Service:
         self.log_path = log_dir / f"{role}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (the process writes it until it stops)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", role, *args],
+            [sys.executable, "-m", "embedfleet.services.cli", role, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -105,7 +105,7 @@ def count_services(
 async def job_settled(kv, job: str, timeout: float = 30.0) -> dict:
     """A job's state once it is no longer running (or as it is when ``timeout`` seconds have passed), as
     the bucket holds it (its record)."""
-    from shared.job_bucket import read_state
+    from embedfleet.shared.job_bucket import read_state
 
     deadline = time.monotonic() + timeout
     while True:
@@ -131,7 +131,7 @@ async def stored_chunks(js, subject: str) -> Counter:
 
 
 async def _stored_rows(js, subject: str, keys) -> Counter:
-    from shared.protocol import JobResult, decode_as
+    from embedfleet.shared.protocol import JobResult, decode_as
 
     counts: Counter = Counter()
     sub = await js.subscribe(subject, ordered_consumer=True)
@@ -150,7 +150,7 @@ async def _stored_rows(js, subject: str, keys) -> Counter:
 
 def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
     """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled)."""
-    from shared.job_state import FINISHED
+    from embedfleet.shared.job_state import FINISHED
 
     seen: dict = {}
 
@@ -176,7 +176,7 @@ def start_fleet(
     """A tokenizer and a worker per model folder (``named``: served under its key, else the folder's
     name), the ``extra`` services, and a gateway, all on subjects under ``prefix``; returns the
     gateway's URL and the services once the gateway is healthy and every worker answers."""
-    from shared.nats_server import free_port
+    from embedfleet.shared.nats_server import free_port
 
     common = ["--nats", nats_url, "--subject-prefix", prefix]
     services: list[Service] = []

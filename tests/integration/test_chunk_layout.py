@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.tokenizer.chunking import cut
-from services.tokenizer.encoder import TextEncoder
-from shared.client import EmbedClient
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import ChunkLayout, ChunkRequest, EmbedOptions, ErrorReply, decode, encode
-from shared.subjects import Subjects
-from shared.text_chunks import ChunkSpec
+from embedfleet.services.tokenizer.chunking import cut
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.shared.client import EmbedClient
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import ChunkLayout, ChunkRequest, EmbedOptions, ErrorReply, decode, encode
+from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.text_chunks import ChunkSpec
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until
 from tests.shared.test_protocol_fuzz import VALID, hostile

@@ -11,8 +11,8 @@ import numpy as np
 import openai
 import pytest
 
-from shared.quantize import dequantize, quantize
-from shared.vector_forms import FORMS
+from embedfleet.shared.quantize import dequantize, quantize
+from embedfleet.shared.vector_forms import FORMS
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 

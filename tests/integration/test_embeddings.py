@@ -10,10 +10,10 @@ import numpy as np
 import openai
 import pytest
 
-from shared.client import EmbedClient
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects
+from embedfleet.shared.client import EmbedClient
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 
@@ -195,7 +195,7 @@ def test_output_options_travel_to_the_worker(stack, texts, expected):
 def test_quantized_forms_are_made_on_the_worker(stack, texts, expected):
     """int8, uint8, binary and ubinary rows from the worker over NATS: the reference's vectors quantized
     by the same rule (shared/quantize.py), and as few bytes as the form says."""
-    from shared.quantize import dequantize, quantize
+    from embedfleet.shared.quantize import dequantize, quantize
 
     async def run(dtype: str) -> tuple[np.ndarray, int]:
         import nats

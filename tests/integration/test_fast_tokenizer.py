@@ -12,9 +12,9 @@ import nats
 import numpy as np
 import pytest
 
-from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
-from shared.subjects import SERVICE_NAMES
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
+from embedfleet.shared.subjects import SERVICE_NAMES
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from services.gateway.routes import Api, api_of
+from embedfleet.services.gateway.routes import Api, api_of
 
 pytestmark = pytest.mark.integration
 

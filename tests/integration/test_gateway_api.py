@@ -10,8 +10,8 @@ import numpy as np
 import openai
 import pytest
 
-from shared.nats_server import free_port
-from shared.tracing import TraceContext
+from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, healthy, wait_until
@@ -313,7 +313,7 @@ def limited_gateway(stack, tmp_path_factory):
 
 
 def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limited_gateway):
-    from services.gateway.limits import key_id
+    from embedfleet.services.gateway.limits import key_id
     from tests.prometheus_text import value
 
     def post(key: str, text: str = "hi") -> httpx.Response:

@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.bulkwork import TRUNCATED
-from shared.errors import ErrorCode
-from shared.job_streams import stream_names
-from shared.protocol import (
+from embedfleet.shared.bulkwork import TRUNCATED
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.protocol import (
     MAX_ID,
     MAX_STAGES,
     VERSION,
@@ -53,7 +53,7 @@ from shared.protocol import (
     decode_as,
     encode,
 )
-from shared.subjects import SERVICE_NAMES, Subjects
+from embedfleet.shared.subjects import SERVICE_NAMES, Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.integration.procs import count_services
 from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.job_state import FINISHED
-from shared.nats_server import free_port
+from embedfleet.shared.job_state import FINISHED
+from embedfleet.shared.nats_server import free_port
 from tests.integration.procs import Service, healthy, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,11 @@ import httpx
 import nats
 import pytest
 
-from shared.documents import job_id_for
-from shared.job_bucket import read_state, update_state
-from shared.job_state import JobState, Run
-from shared.job_streams import stream_names
-from shared.subjects import Subjects
+from embedfleet.shared.documents import job_id_for
+from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_state import JobState, Run
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.job_states import submitted
 
@@ -32,7 +32,7 @@ MODEL = "all-MiniLM-L6-v2"
 
 def _cli(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -311,7 +311,11 @@ def test_init_sets_the_retention_given_by_flag_or_environment_and_keeps_it_other
     assert limits() == (3600, 1_000_000, 7200, 4)  # none given: none changed
     env = {**os.environ, "EMBEDFLEET_RESULTS_MAX_AGE": "120", "EMBEDFLEET_JOB_HISTORY": "2"}
     by_env = subprocess.run(
-        [sys.executable, "-m", "services.cli", "init", *prefix], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-m", "embedfleet.services.cli", "init", *prefix],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert by_env.returncode == 0, by_env.stderr
     assert limits() == (120, 1_000_000, 7200, 2)

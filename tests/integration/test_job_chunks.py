@@ -36,7 +36,7 @@ ROOM = 254  # MiniLM's 256 tokens less [CLS] and [SEP]: what a late window holds
 
 def _cli(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -153,7 +153,7 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
 async def _stored(url: str, job: str):
     import nats
 
-    from shared.subjects import Subjects
+    from embedfleet.shared.subjects import Subjects
 
     nc = await nats.connect(url)
     try:

@@ -21,12 +21,12 @@ import nats
 import numpy as np
 import pytest
 
-from shared.job_bucket import read_state
-from shared.job_publish import submit
-from shared.job_streams import stream_names
-from shared.nats_server import EmbeddedNats
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects
+from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_publish import submit
+from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, stored_chunks, stored_doc_ids, wait_until
@@ -71,7 +71,7 @@ class FaultStack:
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "reindex",
                 str(docs or self.docs),
                 "--nats",
@@ -394,7 +394,7 @@ def test_worker_stopped_mid_job_hands_over_without_a_stall(drain_fleet: DrainFle
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "reindex",
                 str(docs),
                 "--out",

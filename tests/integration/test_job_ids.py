@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 def _cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -91,7 +91,7 @@ def test_a_job_running_beside_its_alias_finishes(stack, tmp_path):
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "embedfleet.services.cli",
             "reindex",
             str(docs),
             "--out",

@@ -19,7 +19,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from shared.nats_server import free_port
+from embedfleet.shared.nats_server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, healthy, wait_until
@@ -33,7 +33,11 @@ PARQUET = "application/vnd.apache.parquet"
 
 def _cli(args: list[str], timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT
+        [sys.executable, "-m", "embedfleet.services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
     )
 
 
@@ -164,9 +168,9 @@ def _record(stack, job: str, **state) -> None:
     """A job's record as a publisher writes it, with no batch published: its state is all there is."""
     import nats
 
-    from shared.job_bucket import update_state
-    from shared.job_streams import ensure_streams
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.job_streams import ensure_streams
+    from embedfleet.shared.subjects import Subjects
     from tests.job_states import submitted
 
     async def main() -> None:
@@ -222,10 +226,10 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     import msgpack
     import nats
 
-    from shared.job_bucket import update_state
-    from shared.job_streams import ensure_streams
-    from shared.protocol import EmbedOptions, JobBatch, encode
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.job_streams import ensure_streams
+    from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
+    from embedfleet.shared.subjects import Subjects
     from tests.integration.procs import job_settled
     from tests.job_states import submitted
 
@@ -319,9 +323,9 @@ def test_stored_order_is_streamed_and_input_order_is_fetched(stack, tmp_path):
     leaves the foreign rows out, and `jobs fetch` writes input order."""
     import nats
 
-    from shared.job_streams import ensure_streams, stream_names
-    from shared.protocol import JobResult, encode
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.protocol import JobResult, encode
+    from embedfleet.shared.subjects import Subjects
 
     subjects, job = Subjects("embedfleet"), "results-order"
     rows = np.arange(6 * 4, dtype="<f4").reshape(6, 4) / 10

@@ -19,7 +19,7 @@ import numpy as np
 import pgserver
 import pytest
 
-from shared.nats_server import EmbeddedNats
+from embedfleet.shared.nats_server import EmbeddedNats
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import count_services, wait_until
@@ -233,7 +233,7 @@ def test_postgres_stopped_mid_job_pauses_the_job_until_it_is_back(stack, tmp_pat
         error = _state(stack.nats.url, job)["sink_error"]
         assert error["since"] <= time.time() and "PostgreSQL at postgresql://postgres@" in error["message"], error
         listed = subprocess.run(
-            [sys.executable, "-m", "services.cli", "jobs", "--nats", stack.nats.url],
+            [sys.executable, "-m", "embedfleet.services.cli", "jobs", "--nats", stack.nats.url],
             capture_output=True,
             text=True,
             timeout=60,
@@ -252,8 +252,8 @@ def test_postgres_stopped_mid_job_pauses_the_job_until_it_is_back(stack, tmp_pat
 
 
 def test_a_sink_that_cannot_take_the_job_ends_reindex_before_anything_is_published(stack, postgres):
-    from shared.sinks.base import Shape
-    from shared.sinks.pgvector import PgVectorSink
+    from embedfleet.shared.sinks.base import Shape
+    from embedfleet.shared.sinks.pgvector import PgVectorSink
 
     bad = stack.reindex("sink_bad_url", "mysql://user:s3cret@db/x")
     output = bad.communicate(timeout=120)[0]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def _run(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -92,7 +92,7 @@ def test_a_job_sent_to_an_idle_stack_is_done_at_once(stack):
 
     import httpx
 
-    from shared.bulkwork import FETCH_WAIT
+    from embedfleet.shared.bulkwork import FETCH_WAIT
 
     time.sleep(FETCH_WAIT + 1)  # the scenario: both stages idle, each in a fetch left waiting
     sent = time.monotonic()
@@ -153,10 +153,10 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     import msgpack
     import nats
 
-    from shared.job_bucket import update_state
-    from shared.job_streams import ensure_streams, stream_names
-    from shared.protocol import EmbedOptions, JobBatch, encode
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
+    from embedfleet.shared.subjects import Subjects
     from tests.integration.procs import job_settled
     from tests.job_states import submitted
 
@@ -288,9 +288,9 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     import httpx
     import nats
 
-    from shared.job_streams import stream_names
-    from shared.protocol import JobResult, decode_as
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_streams import stream_names
+    from embedfleet.shared.protocol import JobResult, decode_as
+    from embedfleet.shared.subjects import Subjects
     from tests.integration.procs import wait_until
 
     subjects, model, url = Subjects("embedfleet"), "all-MiniLM-L6-v2", stack.nats_url
@@ -340,7 +340,7 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "embedfleet.services.cli",
             "reindex",
             str(big),
             "--out",

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from shared.chunk_windows import late_windows
-from shared.text_chunks import TextChunk
+from embedfleet.shared.chunk_windows import late_windows
+from embedfleet.shared.text_chunks import TextChunk
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
 from tests.late_reference import Reference

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats_server import EmbeddedNats, free_port
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until
 
@@ -122,12 +122,21 @@ def test_init_creates_the_streams(nats_url):
 
     import nats as nats_client
 
-    from shared.job_streams import stream_names
-    from shared.subjects import Subjects
+    from embedfleet.shared.job_streams import stream_names
+    from embedfleet.shared.subjects import Subjects
 
     for _ in range(2):  # idempotent
         out = subprocess.run(
-            [sys.executable, "-m", "services.cli", "init", "--nats", nats_url, "--subject-prefix", "initcheck"],
+            [
+                sys.executable,
+                "-m",
+                "embedfleet.services.cli",
+                "init",
+                "--nats",
+                nats_url,
+                "--subject-prefix",
+                "initcheck",
+            ],
             capture_output=True,
             text=True,
             timeout=60,

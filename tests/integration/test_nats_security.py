@@ -28,11 +28,11 @@ import nats.errors
 import nkeys
 import pytest
 
-from services.cli import build_parser
-from shared.config import NATS_SECURITY_ENV, PASSWORD_ENV, TOKEN_ENV, NatsConfig, nats_config
-from shared.lifecycle import connect
-from shared.nats_server import EmbeddedNats, free_port
-from shared.protocol import TokenizeRequest, TokenizeResult, decode_as, encode
+from embedfleet.services.cli import build_parser
+from embedfleet.shared.config import NATS_SECURITY_ENV, PASSWORD_ENV, TOKEN_ENV, NatsConfig, nats_config
+from embedfleet.shared.lifecycle import connect
+from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.protocol import TokenizeRequest, TokenizeResult, decode_as, encode
 from tests.integration.procs import Service, wait_until
 from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
 
@@ -163,7 +163,7 @@ def test_token(tmp_path, check):
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "init",
                 "--nats",
                 server.url,
@@ -261,7 +261,7 @@ def test_up_runs_the_stack_over_tls_with_a_password_from_its_url(tmp_path, model
                 [
                     sys.executable,
                     "-m",
-                    "services.cli",
+                    "embedfleet.services.cli",
                     "up",
                     "--port",
                     str(port),

@@ -169,7 +169,7 @@ def test_outputs_a_model_lacks_are_refused_clearly(fleet):
 
 def _reindex(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", "reindex", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "embedfleet.services.cli", "reindex", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -249,7 +249,7 @@ def _fetch(nats_url: str, job: str, out) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "embedfleet.services.cli",
             "jobs",
             "fetch",
             job,

@@ -19,9 +19,9 @@ import nats
 import numpy as np
 import pytest
 
-from shared.nats_server import EmbeddedNats
-from shared.permissions import ROLES, role_permissions
-from shared.subjects import Subjects
+from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.permissions import ROLES, role_permissions
+from embedfleet.shared.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
 from tests.job_states import submitted
@@ -49,7 +49,7 @@ class Fabric:
 
 def _cli(*args: str, seed: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args, "--nats-nkey-seed", seed],
+        [sys.executable, "-m", "embedfleet.services.cli", *args, "--nats-nkey-seed", seed],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -60,7 +60,10 @@ def _cli(*args: str, seed: str, timeout: float = 120) -> subprocess.CompletedPro
 def fabric(tmp_path_factory) -> Iterator[Fabric]:
     folder = tmp_path_factory.mktemp("fabric")
     made = subprocess.run(
-        [sys.executable, "-m", "services.cli", "auth", str(folder / "auth")], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "embedfleet.services.cli", "auth", str(folder / "auth")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert made.returncode == 0, made.stderr
     conf = folder / "auth" / "auth.conf"
@@ -70,7 +73,7 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
     try:
         init = _cli("init", "--nats", server.url, seed=str(seeds / "operator.nk"))
         assert init.returncode == 0, init.stdout + init.stderr
-        from services.stack import FreePorts
+        from embedfleet.services.stack import FreePorts
 
         with contextlib.closing(FreePorts("127.0.0.1")) as free:
             port, metrics_port, worker_metrics = free(1), free(1), free(1)
@@ -254,7 +257,7 @@ def test_a_worker_answers_every_batch_of_one_message_on_its_subject(fabric):
     """Token batches in one Requests message (as a tokenizer sends them), one of them out of the
     vocabulary: under the tokenizer's user, every batch is answered (vectors, or the bad one's error)
     inside Replies on the message's own reply subject, the one the worker may publish to."""
-    from shared.protocol import EmbedResult, ErrorReply, Replies, Requests, TokenChunk, decode, encode
+    from embedfleet.shared.protocol import EmbedResult, ErrorReply, Replies, Requests, TokenChunk, decode, encode
 
     inbox = "_INBOX.embedfleet-tokenizer.bundle"
     rows = [[101, 7592, 102], [101, 99999, 102], [101, 2088, 102]]  # the second: outside the vocabulary
@@ -377,9 +380,9 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     and a second worker, under the same role's user, finishes the job. Nothing is refused."""
     import msgpack
 
-    from shared.job_bucket import update_state
-    from shared.job_streams import ensure_streams, stream_names
-    from shared.protocol import EmbedOptions, JobBatch, encode
+    from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
 
     subjects = Subjects()
 

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from shared.nats_server import free_port
+from embedfleet.shared.nats_server import free_port
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 

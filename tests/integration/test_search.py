@@ -23,8 +23,8 @@ import numpy as np
 import pgserver
 import pytest
 
-from shared.nats_server import free_port
-from shared.sinks import Rows, Shape, sink_for
+from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, start_fleet, wait_until

@@ -11,8 +11,8 @@ import nats
 import numpy as np
 import pytest
 
-from shared.errors import ErrorCode
-from shared.protocol import (
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import (
     EmbedOptions,
     EmbedRequest,
     EmbedResult,
@@ -25,7 +25,7 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.subjects import Subjects
+from embedfleet.shared.subjects import Subjects
 
 pytestmark = pytest.mark.integration
 

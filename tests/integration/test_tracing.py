@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bench.otlp_sink import OtlpSink, ReceivedSpan
-from shared.tracing import TraceContext
+from embedfleet.shared.tracing import TraceContext
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 
@@ -34,7 +34,7 @@ class Traced:
 def traced(nats_url: str, tmp_path_factory) -> Iterator[Traced]:
     log_dir = tmp_path_factory.mktemp("trace-logs")
     sink = OtlpSink().start()
-    from services.stack import FreePorts
+    from embedfleet.services.stack import FreePorts
 
     with contextlib.closing(FreePorts("127.0.0.1")) as free:
         port = free(1)

@@ -19,7 +19,7 @@ import nats
 import numpy as np
 import pytest
 
-from shared.nats_server import free_port
+from embedfleet.shared.nats_server import free_port
 from tests.integration.procs import healthy, wait_until
 from tests.prometheus_text import value
 
@@ -34,7 +34,7 @@ def _start_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     log = tmp_path / "up.log"
     env = {**{k: v for k, v in os.environ.items() if k not in ("NATS_URL", "EMBEDFLEET_NATS_URL")}, **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--data-dir", str(tmp_path / "data"), *args],
+        [sys.executable, "-m", "embedfleet.services.cli", "up", "--data-dir", str(tmp_path / "data"), *args],
         stdout=open(log, "wb"),  # noqa: SIM115 (the child holds it)
         stderr=subprocess.STDOUT,
         env=env,
@@ -110,7 +110,7 @@ def test_up_with_embedded_nats(tmp_path):
         assert token_file.stat().st_mode & 0o077 == 0
         assert (tmp_path / "data" / "nats" / "nats-server.conf").stat().st_mode & 0o077 == 0
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        assert "services.cli worker" in ps and token not in ps
+        assert "embedfleet.services.cli worker" in ps and token not in ps
         assert _nats_refuses(f"nats://127.0.0.1:{nats_port}", None) and not _nats_refuses(
             f"nats://127.0.0.1:{nats_port}", token
         )
@@ -169,7 +169,7 @@ def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
         assert proc.poll() is None, log.read_text()
         pids = _descendants(proc.pid)
         commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in pids}
-        assert sum("services.cli gateway" in c for c in commands.values()) == 1, commands
+        assert sum("embedfleet.services.cli gateway" in c for c in commands.values()) == 1, commands
         for command in commands.values():
             assert not any(key in command for key in keys), command
         url = f"http://127.0.0.1:{port}/v1/embeddings"
@@ -190,7 +190,7 @@ def _one_shot(args: list[str], env: dict[str, str] | None = None) -> tuple[subpr
     }
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
+        [sys.executable, "-m", "embedfleet.services.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -269,7 +269,7 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
 
 def test_up_refuses_a_bad_model_folder(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", "--model", str(tmp_path / "missing")],
+        [sys.executable, "-m", "embedfleet.services.cli", "up", "--model", str(tmp_path / "missing")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -279,7 +279,9 @@ def test_up_refuses_a_bad_model_folder(tmp_path):
 
 
 def _child(parent: int, role: str) -> int:
-    out = subprocess.run(["pgrep", "-P", str(parent), "-f", f"services.cli {role}"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-P", str(parent), "-f", f"embedfleet.services.cli {role}"], capture_output=True, text=True
+    )
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 1, (role, out)
     return pids[0]
@@ -359,7 +361,7 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "up",
                 "--data-dir",
                 str(tmp_path / "data"),
@@ -372,12 +374,12 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
         )
         assert second.returncode == 2, second.stderr
         assert f"the data folder {tmp_path / 'data'} is in use by pid {proc.pid} (" in second.stderr
-        assert "services.cli up --data-dir" in second.stderr and "Traceback" not in second.stderr
+        assert "embedfleet.services.cli up --data-dir" in second.stderr and "Traceback" not in second.stderr
         stack = _descendants(proc.pid)
         ps = subprocess.run(
             ["ps", "-o", "args=", "-p", ",".join(map(str, stack))], capture_output=True, text=True
         ).stdout
-        assert "nats-server" in ps and ps.count("services.cli") == 4, ps
+        assert "nats-server" in ps and ps.count("embedfleet.services.cli") == 4, ps
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         # the services stop as on SIGTERM, their NATS server gone with them
@@ -397,6 +399,6 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
         for pid in stack:  # what this test failed to see end
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
-    from services.stack_lock import hold_data_dir
+    from embedfleet.services.stack_lock import hold_data_dir
 
     hold_data_dir(tmp_path / "data").close()  # the kernel let go of the dead one's lock

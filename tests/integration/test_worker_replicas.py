@@ -9,15 +9,15 @@ import nats
 import numpy as np
 import pytest
 
-from services.gpu_worker.config import WorkerConfig
-from services.gpu_worker.engine import Engine
-from services.gpu_worker.service import WorkerService
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.service import TokenizerService
-from shared.client import EmbedClient
-from shared.config import NatsConfig
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects
+from embedfleet.services.gpu_worker.config import WorkerConfig
+from embedfleet.services.gpu_worker.engine import Engine
+from embedfleet.services.gpu_worker.service import WorkerService
+from embedfleet.services.tokenizer.config import TokenizerConfig
+from embedfleet.services.tokenizer.service import TokenizerService
+from embedfleet.shared.client import EmbedClient
+from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until
@@ -72,7 +72,7 @@ def test_cpu_replicas_run_as_processes(nats_url, tmp_path):
 
     import httpx
 
-    from services.stack import FreePorts
+    from embedfleet.services.stack import FreePorts
 
     prefix = "cpuprocs"
     with contextlib.closing(FreePorts("127.0.0.1")) as free:

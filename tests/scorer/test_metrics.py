@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from services.scorer.metrics import ScorerMetrics
-from shared.errors import ErrorCode
-from shared.protocol import ErrorReply
+from embedfleet.services.scorer.metrics import ScorerMetrics
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import ErrorReply
 from tests.prometheus_text import value
 
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from services.scorer.scoring import cosine_rank
+from embedfleet.services.scorer.scoring import cosine_rank
 
 
 def test_ranks_by_cosine_best_first():

@@ -7,9 +7,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import VERSION, ChunkLayout, ChunkRequest, ProtocolError, decode, decode_as, encode
-from shared.text_chunks import ChunkSpec, TextChunk
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import VERSION, ChunkLayout, ChunkRequest, ProtocolError, decode, decode_as, encode
+from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
 
 CHUNKS = [[TextChunk(0, 5, 0, 2), TextChunk(4, 9, 1, 3)], [TextChunk(0, 0, 0, 0)], [TextChunk(2, 7, 0, 4)]]
 TOKENS = [3, 0, 4]

@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from shared.chunk_progress import count_cut
-from shared.job_state import CANCELLED, DeadBatch, JobState
-from shared.job_status import count_done, count_failed, late_rows
-from shared.progress import Ledger, Rows
-from shared.protocol import ChunkRows
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.chunk_progress import count_cut
+from embedfleet.shared.job_state import CANCELLED, DeadBatch, JobState
+from embedfleet.shared.job_status import count_done, count_failed, late_rows
+from embedfleet.shared.progress import Ledger, Rows
+from embedfleet.shared.protocol import ChunkRows
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 # job batch 0: three documents of 3, 1 and 2 chunks, six rows packed into token batches of rows
 # [0, 2), [2, 5) and [5, 6): document 0's chunks span the first two, document 2's the last two

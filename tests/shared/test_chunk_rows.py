@@ -7,7 +7,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.protocol import (
+from embedfleet.shared.protocol import (
     ChunkRows,
     EmbedOptions,
     JobBatch,
@@ -18,7 +18,7 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 # rows 2 and 3 of a job batch of 6 chunk rows: document 0's last chunk (of 3), document 1's only one
 ROWS = ChunkRows.of(2, [(0, 2, 3, 10, 20), (1, 0, 1, 0, 4)], ["tail", "next"])

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.chunk_windows import CONTEXT_SHARE, Window, late_windows
-from shared.text_chunks import TextChunk
+from embedfleet.shared.chunk_windows import CONTEXT_SHARE, Window, late_windows
+from embedfleet.shared.text_chunks import TextChunk
 
 
 def _chunks(bounds: list[tuple[int, int]]) -> list[TextChunk]:

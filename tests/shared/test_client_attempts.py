@@ -9,8 +9,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from shared.client import _Pending, _subset
-from shared.protocol import EmbedRequest, EmbedResult, Held, ProtocolError
+from embedfleet.shared.client import _Pending, _subset
+from embedfleet.shared.protocol import EmbedRequest, EmbedResult, Held, ProtocolError
 
 DIM = 4
 
@@ -80,7 +80,7 @@ def test_a_dead_worker_loses_the_rows_it_held_and_those_no_worker_holds():
 
 def test_a_subset_attempt_takes_its_rows_spans_along():
     """Rows sent again as an attempt of their own keep their own spans (late chunking's windows)."""
-    from shared.protocol import EmbedOptions, Spans, decode, encode
+    from embedfleet.shared.protocol import EmbedOptions, Spans, decode, encode
 
     spans = Spans.of([[(0, 2)], [(0, 1), (1, 3)], [(0, 0)]], [2, 3, 0])
     request = EmbedRequest(

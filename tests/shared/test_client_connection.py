@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from shared.client import EmbedClient
-from shared.config import NatsConfig
-from shared.errors import ErrorCode, ServiceError
-from shared.lifecycle import connect
-from shared.nats_server import EmbeddedNats
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects
+from embedfleet.shared.client import EmbedClient
+from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.lifecycle import connect
+from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.subjects import Subjects
 
 pytestmark = pytest.mark.integration
 
@@ -64,5 +64,5 @@ def test_a_dropped_connection_fails_the_requests_in_flight_at_once(tmp_path, cap
         assert outcome.code is ErrorCode.NO_RESPONDERS
         assert outcome.message == "lost the connection to the NATS server; retry shortly"
     assert ended - killed < 2.0, ended - killed  # at once, not at the 30 s deadline
-    # the callback shared.lifecycle.connect gave the connection still runs after the client's
+    # the callback embedfleet.shared.lifecycle.connect gave the connection still runs after the client's
     assert "nats: disconnected" in caplog.text

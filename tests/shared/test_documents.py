@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import ConfigError
-from shared.documents import job_id_for, read_documents, read_fields, read_input
-from shared.vector_forms import FORMS
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.documents import job_id_for, read_documents, read_fields, read_input
+from embedfleet.shared.vector_forms import FORMS
 
 
 def test_job_id_differs_by_form_and_not_otherwise(tmp_path: Path):
@@ -21,7 +21,7 @@ def test_job_id_differs_by_form_and_not_otherwise(tmp_path: Path):
 
 
 def test_job_id_differs_by_output_and_chunking(tmp_path: Path):
-    from shared.text_chunks import ChunkSpec, JobChunking
+    from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
     docs = tmp_path / "docs.txt"
     docs.write_text("one\n")

@@ -8,9 +8,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.client import part_of, reply_error
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import ErrorReply, ProtocolError, decode, encode
+from embedfleet.shared.client import part_of, reply_error
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import ErrorReply, ProtocolError, decode, encode
 
 
 def test_the_row_travels_and_is_left_out_when_none():

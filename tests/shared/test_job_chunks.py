@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.job_chunks import ChunkedRows
-from shared.protocol import ChunkRows
+from embedfleet.shared.job_chunks import ChunkedRows
+from embedfleet.shared.protocol import ChunkRows
 
 
 def _vectors(*keys: int) -> np.ndarray:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.fleet import FleetView
-from shared.job_fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, check_job
-from shared.protocol import EmbedOptions
+from embedfleet.shared.fleet import FleetView
+from embedfleet.shared.job_fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, check_job
+from embedfleet.shared.protocol import EmbedOptions
 
 MB8 = 8 * 1024 * 1024
 MINILM = (

@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 import re
 
-from shared.job_ids import job_id_problem
-from shared.job_requests import Claim, claim_problem, record_claim, request_digest
-from shared.job_state import JobState
-from shared.protocol import EmbedOptions
-from shared.subjects import Subjects, job_token
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.job_ids import job_id_problem
+from embedfleet.shared.job_requests import Claim, claim_problem, record_claim, request_digest
+from embedfleet.shared.job_state import JobState
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.subjects import Subjects, job_token
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 
 def test_job_tokens_are_one_to_one_and_valid_subject_tokens():

@@ -12,10 +12,10 @@ import nats
 import numpy as np
 import pytest
 
-from shared.job_results import JobForm, ResultsLost, StoredResults
-from shared.job_streams import ensure_streams, stream_names
-from shared.protocol import JobResult, encode
-from shared.subjects import Subjects
+from embedfleet.shared.job_results import JobForm, ResultsLost, StoredResults
+from embedfleet.shared.job_streams import ensure_streams, stream_names
+from embedfleet.shared.protocol import JobResult, encode
+from embedfleet.shared.subjects import Subjects
 
 
 def _result(job: str, batch: int, rows: np.ndarray, dtype: str = "f4") -> bytes:
@@ -73,7 +73,7 @@ def test_a_job_with_nothing_stored_is_read_at_once(nats_url):
 
 
 def test_results_gone_while_read_are_said(nats_url, monkeypatch):
-    monkeypatch.setattr("shared.job_results.FETCH_WAIT", 0.5)
+    monkeypatch.setattr("embedfleet.shared.job_results.FETCH_WAIT", 0.5)
 
     async def body(js, subjects):
         await js.publish(subjects.results("gone"), _result("gone", 0, np.ones((2, 4))), headers={"Nats-Msg-Id": "g:0"})
@@ -92,8 +92,8 @@ def test_results_gone_while_read_are_said(nats_url, monkeypatch):
 def test_a_consumer_lost_mid_read_is_opened_again_after_the_last_result(nats_url, monkeypatch):
     """Its consumer deleted after two of five results (as the server does to one inactive too long):
     the reader goes on from the third, each result once; closed, it leaves no consumer behind."""
-    monkeypatch.setattr("shared.job_results.FETCH", 1)
-    monkeypatch.setattr("shared.job_results.FETCH_WAIT", 0.5)
+    monkeypatch.setattr("embedfleet.shared.job_results.FETCH", 1)
+    monkeypatch.setattr("embedfleet.shared.job_results.FETCH_WAIT", 0.5)
 
     async def body(js, subjects):
         for b in range(5):

@@ -4,8 +4,8 @@ only when every message is one (shared/job_sources.py)."""
 import msgpack
 import pytest
 
-from shared.job_sources import _part, parts_of
-from shared.sinks.writer import Sources
+from embedfleet.shared.job_sources import _part, parts_of
+from embedfleet.shared.sinks.writer import Sources
 
 
 def _joined(messages: list[bytes], limit: int) -> Sources:

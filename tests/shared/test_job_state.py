@@ -12,13 +12,13 @@ from dataclasses import fields, replace
 import nats
 import pytest
 
-from shared.job_bucket import read_state, update_state
-from shared.job_state import MAX_DEAD_RECORDS, DeadBatch, JobState, JobStateError, Lease, Run, StoreWait
-from shared.job_streams import ensure_streams
-from shared.progress import Ledger
-from shared.sinks.base import Shape
-from shared.subjects import Subjects
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_state import MAX_DEAD_RECORDS, DeadBatch, JobState, JobStateError, Lease, Run, StoreWait
+from embedfleet.shared.job_streams import ensure_streams
+from embedfleet.shared.progress import Ledger
+from embedfleet.shared.sinks.base import Shape
+from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 # every field away from its default, as a chunked job written into a store would have them
 FULL = JobState(

@@ -13,12 +13,12 @@ from dataclasses import replace
 import nats
 import pytest
 
-from shared.config import ConfigError, Retention
-from shared.job_bucket import read_state, update_state
-from shared.job_state import JobState
-from shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
-from shared.options import JOB_TTL, RESULTS_MAX_AGE
-from shared.subjects import Subjects
+from embedfleet.shared.config import ConfigError, Retention
+from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_state import JobState
+from embedfleet.shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
+from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
+from embedfleet.shared.subjects import Subjects
 
 
 def _run(nats_url: str, body) -> None:
@@ -121,19 +121,19 @@ def test_results_and_records_expire_after_their_age(nats_url):
 
 @pytest.mark.slow  # waits out a duplicate window
 def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
-    import shared.job_streams
+    import embedfleet.shared.job_streams
 
-    monkeypatch.setattr(shared.job_streams, "DUPLICATE_WINDOW", 2.0)
+    monkeypatch.setattr(embedfleet.shared.job_streams, "DUPLICATE_WINDOW", 2.0)
 
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects)
-        assert await shared.job_streams.purge_wait(js, subjects, "never") == 0  # no such job
+        assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "never") == 0  # no such job
         await update_state(kv, "j", lambda s: replace(s, done=1))
-        assert await shared.job_streams.purge_wait(js, subjects, "j") == 0  # a job with its record
+        assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") == 0  # a job with its record
         await kv.purge("j")
-        assert 1.0 < await shared.job_streams.purge_wait(js, subjects, "j") <= 2.0
+        assert 1.0 < await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") <= 2.0
         await asyncio.sleep(2.1)  # the sleep is the test: the duplicate window passes
-        assert await shared.job_streams.purge_wait(js, subjects, "j") == 0
+        assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") == 0
         await update_state(kv, "j", lambda s: replace(s, done=s.done + 2))  # a purged key takes a record again
         assert (await read_state(kv, "j")) == JobState("j", done=2)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.config import ConfigError
-from shared.model_dir.load import load_model_info
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.tiny_llm_rerankers import build_llm_reranker, reference
 
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from services.cli import build_parser
-from shared.config import ConfigError
-from shared.local_stack import RECORD, forget_stack, read_stack, record_stack, use_local_stack
+from embedfleet.services.cli import build_parser
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.local_stack import RECORD, forget_stack, read_stack, record_stack, use_local_stack
 
 
 def _ns(*args: str):

@@ -8,10 +8,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from services.cli import build_parser
-from shared.config import ConfigError
-from shared.metrics_server import MetricsEndpoint, serve_metrics
-from shared.nats_server import free_port
+from embedfleet.services.cli import build_parser
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.metrics_server import MetricsEndpoint, serve_metrics
+from embedfleet.shared.nats_server import free_port
 from tests.prometheus_text import value
 
 
@@ -97,7 +97,7 @@ def test_a_taken_port_stops_the_command_before_it_connects():
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "embedfleet.services.cli",
                 "scorer",
                 "--metrics-port",
                 str(port),

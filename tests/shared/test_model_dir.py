@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import ConfigError
-from shared.model_dir.info import same_model
-from shared.model_dir.load import load_model_info
-from shared.model_dir.stack import DenseSpec
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.model_dir.stack import DenseSpec
 
 
 def test_default_model_reads_sentence_transformers_configs(model_info):

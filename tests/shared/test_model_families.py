@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_families import FAMILY_TYPES, family_types, position_offset
+from embedfleet.shared.model_families import FAMILY_TYPES, family_types, position_offset
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_registry_serves_the_table_in_its_order():
-    from services.gpu_worker.engine.models.registry import FAMILIES, SUPPORTED_TYPES
+    from embedfleet.services.gpu_worker.engine.models.registry import FAMILIES, SUPPORTED_TYPES
 
     assert [f.types for f in FAMILIES] == list(FAMILY_TYPES)
     assert tuple(t for f in FAMILY_TYPES for t in f.model_types) == SUPPORTED_TYPES
@@ -43,7 +43,7 @@ def test_unknown_and_malformed_model_types_have_no_family():
 
 
 def test_reading_model_folders_imports_no_torch():
-    code = "import sys, shared.model_dir.load, shared.model_families\nprint('torch' in sys.modules)\n"
+    code = "import sys, embedfleet.shared.model_dir.load, embedfleet.shared.model_families\nprint('torch' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -13,8 +13,8 @@ import nats.errors
 import nkeys
 import pytest
 
-from services.cli import build_parser
-from shared.config import (
+from embedfleet.services.cli import build_parser
+from embedfleet.shared.config import (
     NATS_SECURITY_ENV,
     PASSWORD_ENV,
     TOKEN_ENV,
@@ -24,9 +24,9 @@ from shared.config import (
     nats_config,
     nats_security,
 )
-from shared.lifecycle import RepeatFilter, describe_error
-from shared.nats_auth import NatsAuth, redact, split_credentials
-from shared.subjects import Subjects
+from embedfleet.shared.lifecycle import RepeatFilter, describe_error
+from embedfleet.shared.nats_auth import NatsAuth, redact, split_credentials
+from embedfleet.shared.subjects import Subjects
 from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
 
 SECRET = "pa55:w@rd/x"  # characters a URL must escape
@@ -243,7 +243,7 @@ def test_auth_errors_say_what_to_check_without_the_secret():
 
 def test_repeated_warnings_are_logged_once_then_counted(caplog, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("shared.lifecycle.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("embedfleet.shared.lifecycle.time.monotonic", lambda: now[0])
     warnings = RepeatFilter(every=30)
     with caplog.at_level(logging.WARNING, logger="embedfleet"):
         for step in range(61):  # twice a second for 30 s
@@ -259,7 +259,7 @@ def test_repeated_warnings_are_logged_once_then_counted(caplog, monkeypatch):
 
 def test_a_bad_option_exits_2_with_the_message():
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "tokenizer", "--nats-tls-cert", "/x.pem"],
+        [sys.executable, "-m", "embedfleet.services.cli", "tokenizer", "--nats-tls-cert", "/x.pem"],
         capture_output=True,
         text=True,
         timeout=60,

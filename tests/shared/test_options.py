@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import build_parser
-from shared.option import ConfigError
-from shared.options import (
+from embedfleet.services.cli import build_parser
+from embedfleet.shared.option import ConfigError
+from embedfleet.shared.options import (
     COMMANDS,
     OPTIONS,
     add_options,
@@ -162,7 +162,7 @@ def test_a_childs_arguments_give_it_the_same_namespace(monkeypatch):
 
 
 def test_up_passes_the_gateway_and_scorer_their_fleet_options(monkeypatch):
-    from services.stack import _gateway_args
+    from embedfleet.services.stack import _gateway_args
 
     monkeypatch.delenv("EMBEDFLEET_DISCOVERY_INTERVAL", raising=False)
     ns = build_parser().parse_args(["up", "--discovery-interval", "0.2", "--port", "9000"])
@@ -201,12 +201,12 @@ def test_the_tables_commands_are_those_that_take_the_flag():
 
 
 def _configs():
-    from services.gateway.config import GatewayConfig, HttpLimits
-    from services.gpu_worker.config import WorkerConfig
-    from services.scorer.config import ScorerConfig
-    from services.tokenizer.config import TokenizerConfig
-    from shared.config import JobSettings, Retention
-    from shared.metrics_server import MetricsEndpoint
+    from embedfleet.services.gateway.config import GatewayConfig, HttpLimits
+    from embedfleet.services.gpu_worker.config import WorkerConfig
+    from embedfleet.services.scorer.config import ScorerConfig
+    from embedfleet.services.tokenizer.config import TokenizerConfig
+    from embedfleet.shared.config import JobSettings, Retention
+    from embedfleet.shared.metrics_server import MetricsEndpoint
 
     return (
         (GatewayConfig, "gateway"),
@@ -223,7 +223,7 @@ def _configs():
 def test_config_defaults_are_the_declared_ones():
     from dataclasses import fields
 
-    from shared.options import settings_of
+    from embedfleet.shared.options import settings_of
 
     checked = 0
     for cls, command in _configs():
@@ -241,7 +241,7 @@ def test_config_defaults_are_the_declared_ones():
 def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     """A service's options reach its config through ``setting`` fields (one declaration, one field);
     the few read another way are named here, with where."""
-    from shared.options import settings_of
+    from embedfleet.shared.options import settings_of
 
     elsewhere = {  # dest -> what reads it
         "model": "load_model_info",
@@ -259,13 +259,13 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     for command in ("gateway", "tokenizer", "worker", "scorer"):
         for o in declared(command):
             if o.group in ("nats",) or o.env_only:
-                continue  # shared.config.nats_config reads these, and the environment's own settings
+                continue  # embedfleet.shared.config.nats_config reads these, and the environment's own settings
             assert o.dest in held or o.dest in elsewhere, f"{command} {o.flag}: held by no config field"
 
 
 def test_a_config_is_made_of_the_parsed_options():
-    from services.cli import build_parser
-    from services.gateway.config import GatewayConfig
+    from embedfleet.services.cli import build_parser
+    from embedfleet.services.gateway.config import GatewayConfig
 
     ns = build_parser().parse_args(
         [
@@ -288,7 +288,7 @@ def test_a_config_is_made_of_the_parsed_options():
 
 
 def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch, capsys):
-    from services.cli import build_parser
+    from embedfleet.services.cli import build_parser
 
     monkeypatch.setenv("EMBEDFLEET_NATS_URL", "nats://alice:s3cret@h:4222")
     monkeypatch.setenv("EMBEDFLEET_API_KEYS", "k-secret")
@@ -300,7 +300,7 @@ def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch,
 
 
 def test_a_lookup_names_what_is_missing_or_ambiguous():
-    from shared.options import option
+    from embedfleet.shared.options import option
 
     with pytest.raises(LookupError, match="no option 'nope' is declared"):
         option("nope")

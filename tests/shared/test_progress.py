@@ -4,9 +4,9 @@ and counting) count once; the ledger stays small; a cancelled job keeps its stat
 import random
 from dataclasses import replace
 
-from shared.job_state import CANCELLED, DeadBatch, JobState
-from shared.job_status import count_done, count_failed, late_rows
-from shared.progress import Ledger, Rows
+from embedfleet.shared.job_state import CANCELLED, DeadBatch, JobState
+from embedfleet.shared.job_status import count_done, count_failed, late_rows
+from embedfleet.shared.progress import Ledger, Rows
 
 
 def test_rows_count_once_and_whole_batches_fold_into_ranges():

@@ -2,8 +2,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.errors import ErrorCode
-from shared.protocol import (
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import (
     VERSION,
     DecodeRequest,
     DecodeResult,
@@ -189,7 +189,7 @@ def test_rejects_bad_results(fields, message):
 
 
 def test_decode_as_checks_the_type():
-    from shared.protocol import decode_as
+    from embedfleet.shared.protocol import decode_as
 
     data = encode(ErrorReply("a", ErrorCode.TIMEOUT, "late"))
     assert decode_as(data, ErrorReply).message == "late"
@@ -198,7 +198,7 @@ def test_decode_as_checks_the_type():
 
 
 def test_bit_packed_results_hold_ceil_dim_over_8_bytes_a_row():
-    from shared.protocol import EmbedResult, JobResult, ProtocolError, decode_as, encode, row_bytes
+    from embedfleet.shared.protocol import EmbedResult, JobResult, ProtocolError, decode_as, encode, row_bytes
 
     assert [row_bytes(dt, 385) for dt in ("f4", "f2", "i1", "u1", "b1", "ub1")] == [1540, 770, 385, 385, 49, 49]
     rows = bytes(range(98))  # two rows of 385 bits
@@ -214,7 +214,7 @@ def test_bit_packed_results_hold_ceil_dim_over_8_bytes_a_row():
 
 def test_a_huge_unknown_dtype_is_refused_without_being_echoed():
     """Found by the mutation fuzzer: a sparse request's error quoted its dtype whole (100 kB)."""
-    from shared.protocol import EmbedOptions, ProtocolError
+    from embedfleet.shared.protocol import EmbedOptions, ProtocolError
 
     with pytest.raises(ProtocolError) as refused:
         EmbedOptions(output="sparse", dtype="x" * 100_000)
@@ -226,7 +226,7 @@ def test_a_huge_unknown_dtype_is_refused_without_being_echoed():
 def test_dense_options_ignore_sparse_settings_on_the_wire():
     """Found by the mutation fuzzer: a dense request carrying sparse settings decoded them, and encoded
     back without them (they mean nothing to dense vectors): now they are not read at all."""
-    from shared.protocol import EmbedOptions
+    from embedfleet.shared.protocol import EmbedOptions
 
     options = EmbedOptions.from_wire({"dt": "f2", "sk": 5, "sth": 0.0})
     assert options.output == "dense" and options.sparse_top_k is None and options.sparse_threshold is None

@@ -11,8 +11,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.errors import ErrorCode
-from shared.protocol import (
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import (
     VERSION,
     ChunkLayout,
     ChunkRequest,
@@ -37,7 +37,7 @@ from shared.protocol import (
     TokenizeResult,
     encode,
 )
-from shared.text_chunks import ChunkSpec, JobChunking, TextChunk
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
 IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")

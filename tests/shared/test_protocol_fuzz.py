@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gpu_worker.bulk import describe as describe_token_chunk
-from services.tokenizer.bulk import describe as describe_job_batch
-from shared.bulkwork import BatchInfo, job_from_msg_id
-from shared.errors import GATEWAY_ONLY, ErrorCode
-from shared.protocol import (
+from embedfleet.services.gpu_worker.bulk import describe as describe_token_chunk
+from embedfleet.services.tokenizer.bulk import describe as describe_job_batch
+from embedfleet.shared.bulkwork import BatchInfo, job_from_msg_id
+from embedfleet.shared.errors import GATEWAY_ONLY, ErrorCode
+from embedfleet.shared.protocol import (
     MAX_DIMENSION,
     MAX_ID,
     MAX_NAME,
@@ -62,8 +62,8 @@ from shared.protocol import (
     encode,
     row_bytes,
 )
-from shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
-from shared.vector_forms import WIRE_FORMS
+from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
+from embedfleet.shared.vector_forms import WIRE_FORMS
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(

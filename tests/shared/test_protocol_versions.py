@@ -4,8 +4,8 @@ VERSION alone, and refuses any other saying what it reads (and, for a newer one,
 import msgpack
 import pytest
 
-from shared.errors import ErrorCode
-from shared.protocol import VERSION, ErrorReply, JobBatch, ProtocolError, decode, encode
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.protocol import VERSION, ErrorReply, JobBatch, ProtocolError, decode, encode
 
 BODY = {"t": "job", "jb": "job1", "bi": 3, "m": "m", "di": ["d0", "d1"], "x": ["one", "two"], "o": {"dt": "f4"}}
 

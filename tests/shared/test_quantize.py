@@ -4,8 +4,8 @@ reference for the bit-packed forms)."""
 import numpy as np
 import pytest
 
-from shared.quantize import dequantize, quantize, range_of
-from shared.vector_forms import FORMS, vector_form
+from embedfleet.shared.quantize import dequantize, quantize, range_of
+from embedfleet.shared.vector_forms import FORMS, vector_form
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 

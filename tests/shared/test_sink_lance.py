@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.quantize import quantize
-from shared.sinks.base import Rows, Shape, SinkError
-from shared.sinks.lance import LanceSink
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.sinks.base import Rows, Shape, SinkError
+from embedfleet.shared.sinks.lance import LanceSink
 from tests.conftest import unit_rows
 
 
@@ -98,9 +98,9 @@ def test_what_it_cannot_take_is_refused(tmp_path):
 
 
 def test_a_sink_is_chosen_by_its_scheme(tmp_path):
-    from shared.sinks import sink_for
-    from shared.sinks.pgvector import PgVectorSink
-    from shared.sinks.qdrant import QdrantSink
+    from embedfleet.shared.sinks import sink_for
+    from embedfleet.shared.sinks.pgvector import PgVectorSink
+    from embedfleet.shared.sinks.qdrant import QdrantSink
 
     assert isinstance(sink_for(f"lancedb://{tmp_path}/db?table=t"), LanceSink)
     assert isinstance(sink_for("postgresql://u@localhost:5432/db?table=t"), PgVectorSink)

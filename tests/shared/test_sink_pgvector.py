@@ -8,8 +8,8 @@ import numpy as np
 import pgserver
 import pytest
 
-from shared.sinks.base import Rows, Shape, SinkError
-from shared.sinks.pgvector import PgVectorSink
+from embedfleet.shared.sinks.base import Rows, Shape, SinkError
+from embedfleet.shared.sinks.pgvector import PgVectorSink
 from tests.conftest import unit_rows
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.sinks.base import Rows, Shape, SinkError
-from shared.sinks.qdrant import QdrantSink, point_id
+from embedfleet.shared.sinks.base import Rows, Shape, SinkError
+from embedfleet.shared.sinks.qdrant import QdrantSink, point_id
 from tests.conftest import unit_rows
 
 

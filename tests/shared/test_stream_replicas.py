@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import nats
 import pytest
 
-from shared.bulkwork import open_work
-from shared.config import ConfigError, JobSettings, Retention
-from shared.job_streams import bucket_stream, ensure_streams, stream_names
-from shared.nats_server import NatsCluster
-from shared.stream_placement import AUTO_REPLICAS, Placement
-from shared.subjects import Subjects
+from embedfleet.shared.bulkwork import open_work
+from embedfleet.shared.config import ConfigError, JobSettings, Retention
+from embedfleet.shared.job_streams import bucket_stream, ensure_streams, stream_names
+from embedfleet.shared.nats_server import NatsCluster
+from embedfleet.shared.stream_placement import AUTO_REPLICAS, Placement
+from embedfleet.shared.subjects import Subjects
 
 pytestmark = pytest.mark.slow
 

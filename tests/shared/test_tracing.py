@@ -10,9 +10,9 @@ import logging
 import pytest
 
 from bench.otlp_sink import OtlpSink
-from shared.config import ConfigError
-from shared.logs import JsonFormatter, TextFormatter, _RequestIds
-from shared.tracing import (
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.logs import JsonFormatter, TextFormatter, _RequestIds
+from embedfleet.shared.tracing import (
     HEADER_BYTES,
     TraceContext,
     Tracer,

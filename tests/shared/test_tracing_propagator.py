@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.tracing import TraceContext
+from embedfleet.shared.tracing import TraceContext
 
 propagation = pytest.importorskip("opentelemetry.trace.propagation.tracecontext")
 from opentelemetry import trace  # noqa: E402  (after the skip: the extra may be missing)

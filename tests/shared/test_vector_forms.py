@@ -4,9 +4,9 @@ declared form, and what a form says of its rows is what quantize makes."""
 import numpy as np
 import pytest
 
-from shared.protocol import EmbedOptions, ProtocolError, row_bytes
-from shared.quantize import quantize
-from shared.vector_forms import (
+from embedfleet.shared.protocol import EmbedOptions, ProtocolError, row_bytes
+from embedfleet.shared.quantize import quantize
+from embedfleet.shared.vector_forms import (
     COHERE_TYPES,
     EMBEDDING_TYPES,
     FORMS,

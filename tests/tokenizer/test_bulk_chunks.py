@@ -13,13 +13,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from services.tokenizer.bulk_chunks import BatchCutter, pack_rows
-from services.tokenizer.chunking import cut as cut_text
-from services.tokenizer.encoder import TextEncoder
-from shared.chunk_windows import late_windows
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import EmbedOptions, JobBatch
-from shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, pack_rows
+from embedfleet.services.tokenizer.chunking import cut as cut_text
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.shared.chunk_windows import late_windows
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import EmbedOptions, JobBatch
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 from tests.corpus import mixed_texts
 
 PROMPTS = {"query": "query: "}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-from services.tokenizer.chunking import (
+from embedfleet.services.tokenizer.chunking import (
     BOUNDARIES,
     ChunkSpec,
     TextChunk,
@@ -18,8 +18,8 @@ from services.tokenizer.chunking import (
     cut,
     whole_text_tokenizer,
 )
-from services.tokenizer.encoder import TextEncoder
-from shared.errors import ErrorCode, ServiceError
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.shared.errors import ErrorCode, ServiceError
 from tests.corpus import mixed_texts
 
 # text the Python docs corpus lacks: accents (composed and combining), CJK with full-width stops, emoji,

@@ -6,8 +6,8 @@ import asyncio
 
 from nats.aio.msg import Msg
 
-from services.tokenizer import coalesce
-from services.tokenizer.coalesce import Coalescer
+from embedfleet.services.tokenizer import coalesce
+from embedfleet.services.tokenizer.coalesce import Coalescer
 
 
 def _msg(n: int, size: int = 1) -> Msg:

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from services.tokenizer.encoder import SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
-from shared.errors import ErrorCode, ServiceError
+from embedfleet.services.tokenizer.encoder import SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
+from embedfleet.shared.errors import ErrorCode, ServiceError
 from tests.corpus import mixed_texts
 
 
@@ -115,7 +115,7 @@ def test_token_id_inputs_are_checked_and_cut(encoder):
 def test_prompts_from_folder_and_config(model_info):
     from dataclasses import replace
 
-    from shared.protocol import EmbedOptions
+    from embedfleet.shared.protocol import EmbedOptions
 
     info = replace(model_info, prompts={"query": "query: ", "document": "passage: "})
     enc = TextEncoder(info, {"document": "doc: ", "code": "code: "})
@@ -140,7 +140,7 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
     those of tokenizing the whole text, for prose, code-like and adversarial texts."""
     import random
 
-    from services.tokenizer.encoder import cut_chars
+    from embedfleet.services.tokenizer.encoder import cut_chars
     from tests.corpus import long_texts, mixed_texts
 
     encoder = TextEncoder(model_info)
@@ -173,7 +173,7 @@ def _without_post_processor(model_info, tmp_path, tokenizer_config: dict):
     import json
     import shutil
 
-    from shared.model_dir.load import load_model_info
+    from embedfleet.shared.model_dir.load import load_model_info
 
     folder = tmp_path / "decoder"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
@@ -204,7 +204,7 @@ def test_bos_and_eos_from_tokenizer_config(model_info, tmp_path, flags, single, 
 
 
 def test_tokenizer_config_flag_naming_an_unknown_token_is_refused(model_info, tmp_path):
-    from shared.config import ConfigError
+    from embedfleet.shared.config import ConfigError
 
     with pytest.raises(ConfigError, match="sets add_eos_token but '</s>' is not in the vocabulary"):
         _without_post_processor(model_info, tmp_path, {"add_eos_token": True, "eos_token": "</s>"})
@@ -214,7 +214,7 @@ def test_tokenizer_json_that_already_adds_the_tokens_is_kept(model_info, tmp_pat
     import json
     import shutil
 
-    from shared.model_dir.load import load_model_info
+    from embedfleet.shared.model_dir.load import load_model_info
 
     folder = tmp_path / "bert"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))

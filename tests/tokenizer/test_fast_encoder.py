@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.fast_charset import DIVERGENT
-from services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
-from services.tokenizer.fast_encoder import Charset, unsupported
-from shared.model_dir.load import load_model_info
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.fast_charset import DIVERGENT
+from embedfleet.services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
+from embedfleet.services.tokenizer.fast_encoder import Charset, unsupported
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import long_texts, mixed_texts
 
 if sys.platform != "linux":  # the test extra installs kitoken on Linux only: there, its absence fails these tests
@@ -208,9 +208,9 @@ def test_without_kitoken_installed_tokenizers_serves():
     """kitoken is optional: with it unimportable the service's choice is tokenizers, and encoding works."""
     code = (
         "import sys; sys.modules['kitoken'] = None\n"
-        "from services.tokenizer.encoder import TextEncoder\n"
-        "from services.tokenizer.fast_check import choose\n"
-        "from shared.model_dir.load import load_model_info\n"
+        "from embedfleet.services.tokenizer.encoder import TextEncoder\n"
+        "from embedfleet.services.tokenizer.fast_check import choose\n"
+        "from embedfleet.shared.model_dir.load import load_model_info\n"
         "info = load_model_info(None); e = TextEncoder(info)\n"
         "print(choose(e, info.path, 'auto'), e.encode(['hello world']))\n"
     )
@@ -230,9 +230,9 @@ def test_without_kitoken_installed_tokenizers_serves():
 )
 def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env, path):
     """--fast-tokenizer and EMBEDFLEET_FAST_TOKENIZER, through the CLI's parser and config, to the service."""
-    from services.cli import build_parser
-    from services.tokenizer.config import TokenizerConfig
-    from services.tokenizer.service import TokenizerService
+    from embedfleet.services.cli import build_parser
+    from embedfleet.services.tokenizer.config import TokenizerConfig
+    from embedfleet.services.tokenizer.service import TokenizerService
 
     if env is None:
         monkeypatch.delenv("EMBEDFLEET_FAST_TOKENIZER", raising=False)
@@ -245,7 +245,7 @@ def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env,
 
 
 def test_a_fast_tokenizer_value_outside_its_choices_is_refused(capsys):
-    from services.cli import build_parser
+    from embedfleet.services.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tokenizer", "--fast-tokenizer", "on"])

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.tokenizer.chunking import cut, whole_text_tokenizer
-from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.layout import Layouts
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import ChunkRequest, EmbedOptions
-from shared.text_chunks import ChunkSpec
+from embedfleet.services.tokenizer.chunking import cut, whole_text_tokenizer
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.layout import Layouts
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import ChunkRequest, EmbedOptions
+from embedfleet.shared.text_chunks import ChunkSpec
 from tests.corpus import mixed_texts
 
 PROMPTS = {"query": "query: ", "long": "Represent this sentence for searching relevant passages: "}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from services.tokenizer.metrics import ArrayHistogram, TokenizerMetrics
+from embedfleet.services.tokenizer.metrics import ArrayHistogram, TokenizerMetrics
 from tests.prometheus_text import samples, value
 
 

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from services.tokenizer.encoder import TextEncoder
-from shared.config import ConfigError
-from shared.errors import ErrorCode, ServiceError
-from shared.model_dir.load import load_model_info
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import mixed_texts
 from tests.tiny_llm_rerankers import (
     MAX_LENGTH,

@@ -1,5 +1,5 @@
-from services.tokenizer.routing import Router
-from shared.protocol import LoadReport, decode, encode
+from embedfleet.services.tokenizer.routing import Router
+from embedfleet.shared.protocol import LoadReport, decode, encode
 
 
 def _report(wid: str, queued: int, leaving: bool = False, interval: float = 0.1) -> LoadReport:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.tokenizer.encoder import TextEncoder
-from services.tokenizer.span_rows import place_spans
-from shared.errors import ErrorCode, ServiceError
-from shared.protocol import EmbedOptions, Spans
+from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.span_rows import place_spans
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import EmbedOptions, Spans
 
 QUERY = EmbedOptions(input_type="query", output="spans", truncate=False)
 

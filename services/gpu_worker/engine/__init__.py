@@ -1,5 +1,5 @@
 """The embedding engine: model definitions, packed forward, pooling. No NATS imports here."""
 
-from services.gpu_worker.engine.engine import Engine
+from embedfleet.services.gpu_worker.engine.engine import Engine
 
 __all__ = ["Engine"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.gpu_worker.engine.engine import Engine
+from embedfleet.services.gpu_worker.engine.engine import Engine
 
 log = logging.getLogger("embedfleet.engine")
 

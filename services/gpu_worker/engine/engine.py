@@ -14,21 +14,21 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from services.gpu_worker.engine.attention import Attention, select_attention
-from services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
-from services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
-from services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
-from services.gpu_worker.engine.linear import select_linear_ops
-from services.gpu_worker.engine.loader import load_weights, read_safetensors
-from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.models.registry import Family, family_for, spec_from_folder
-from services.gpu_worker.engine.outputs import build_outputs
-from services.gpu_worker.engine.pooling import pool
-from services.gpu_worker.engine.results import CudaResult, ReadyResult
-from services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
-from services.gpu_worker.engine.st_modules import build_dense
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
+from embedfleet.services.gpu_worker.engine.attention import Attention, select_attention
+from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
+from embedfleet.services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
+from embedfleet.services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
+from embedfleet.services.gpu_worker.engine.linear import select_linear_ops
+from embedfleet.services.gpu_worker.engine.loader import load_weights, read_safetensors
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.gpu_worker.engine.models.registry import Family, family_for, spec_from_folder
+from embedfleet.services.gpu_worker.engine.outputs import build_outputs
+from embedfleet.services.gpu_worker.engine.pooling import pool
+from embedfleet.services.gpu_worker.engine.results import CudaResult, ReadyResult
+from embedfleet.services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
+from embedfleet.services.gpu_worker.engine.st_modules import build_dense
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.info import ModelInfo
 
 log = logging.getLogger("embedfleet.engine")
 

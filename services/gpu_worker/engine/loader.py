@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from services.gpu_worker.engine.models.base import EncoderModel
-from shared.config import ConfigError
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.shared.config import ConfigError
 
 # old checkpoints name LayerNorm parameters gamma/beta
 _LEGACY = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}

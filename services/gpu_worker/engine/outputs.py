@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.gpu_worker.engine.st_modules import DenseStack
-from shared.config import ConfigError
-from shared.heads import read_linear
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.outputs import MultiVectorSpec, SparseSpec
+from embedfleet.services.gpu_worker.engine.st_modules import DenseStack
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.heads import read_linear
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.outputs import MultiVectorSpec, SparseSpec
 
 # index_reduce_ ("amax" over each row's tokens) is marked beta; its results are exact
 warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shared.model_dir.stack import POOLING_MODES
+from embedfleet.shared.model_dir.stack import POOLING_MODES
 
 __all__ = ["POOLING_MODES", "pool", "postprocess"]
 

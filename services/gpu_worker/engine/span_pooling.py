@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.gpu_worker.engine.errors import InvalidSpans
-from shared.protocol.spans import Spans, span_fault
+from embedfleet.services.gpu_worker.engine.errors import InvalidSpans
+from embedfleet.shared.protocol.spans import Spans, span_fault
 
 
 def check_spans(spans: Spans, cu_seqlens: np.ndarray) -> None:

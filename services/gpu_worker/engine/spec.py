@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.model_dir.scoring import classifier_labels
+from embedfleet.shared.model_dir.scoring import classifier_labels
 
 ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
 

@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
-from shared.model_dir.stack import DenseSpec
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.model_dir.stack import DenseSpec
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "identity": nn.Identity,

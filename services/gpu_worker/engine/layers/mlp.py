@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.linear import LinearOps, activation
+from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 
 
 class GatedMLP(nn.Module):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.attention import Attention, AttnMask
-from services.gpu_worker.engine.layers.norms import RMSNorm
-from services.gpu_worker.engine.layers.rotary import apply_rotary
-from services.gpu_worker.engine.linear import LinearOps
+from embedfleet.services.gpu_worker.engine.attention import Attention, AttnMask
+from embedfleet.services.gpu_worker.engine.layers.norms import RMSNorm
+from embedfleet.services.gpu_worker.engine.layers.rotary import apply_rotary
+from embedfleet.services.gpu_worker.engine.linear import LinearOps
 
 
 class SelfAttention(nn.Module):

@@ -7,9 +7,9 @@ import abc
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.attention import Attention, AttnMask
-from services.gpu_worker.engine.linear import LinearOps
-from services.gpu_worker.engine.spec import ModelSpec
+from embedfleet.services.gpu_worker.engine.attention import Attention, AttnMask
+from embedfleet.services.gpu_worker.engine.linear import LinearOps
+from embedfleet.services.gpu_worker.engine.spec import ModelSpec
 
 
 class EncoderModel(nn.Module, abc.ABC):

@@ -11,14 +11,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.attention import Attention, AttnMask
-from services.gpu_worker.engine.layers.mlp import GatedMLP
-from services.gpu_worker.engine.layers.norms import RMSNorm
-from services.gpu_worker.engine.layers.rotary import Rotary, rope_parameters
-from services.gpu_worker.engine.layers.self_attention import SelfAttention
-from services.gpu_worker.engine.linear import LinearOps
-from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.spec import ModelSpec, num_labels
+from embedfleet.services.gpu_worker.engine.attention import Attention, AttnMask
+from embedfleet.services.gpu_worker.engine.layers.mlp import GatedMLP
+from embedfleet.services.gpu_worker.engine.layers.norms import RMSNorm
+from embedfleet.services.gpu_worker.engine.layers.rotary import Rotary, rope_parameters
+from embedfleet.services.gpu_worker.engine.layers.self_attention import SelfAttention
+from embedfleet.services.gpu_worker.engine.linear import LinearOps
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 

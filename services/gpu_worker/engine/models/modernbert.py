@@ -9,13 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.attention import Attention, AttnMask
-from services.gpu_worker.engine.layers.mlp import GatedMLP
-from services.gpu_worker.engine.layers.rotary import Rotary, apply_rotary, rope_parameters
-from services.gpu_worker.engine.linear import LinearOps, activation
-from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.pooling import pool
-from services.gpu_worker.engine.spec import ModelSpec, num_labels
+from embedfleet.services.gpu_worker.engine.attention import Attention, AttnMask
+from embedfleet.services.gpu_worker.engine.layers.mlp import GatedMLP
+from embedfleet.services.gpu_worker.engine.layers.rotary import Rotary, apply_rotary, rope_parameters
+from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.gpu_worker.engine.pooling import pool
+from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 

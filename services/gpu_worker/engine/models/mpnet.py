@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.gpu_worker.engine.attention import AttnMask
-from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.models.bert import BertEncoder, Layer, ScoreHead
-from services.gpu_worker.engine.spec import ModelSpec, num_labels
+from embedfleet.services.gpu_worker.engine.attention import AttnMask
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.gpu_worker.engine.models.bert import BertEncoder, Layer, ScoreHead
+from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
 
 MAX_DISTANCE = 128  # MPNet's bucket function: log-spaced buckets up to this distance
 

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from services.gpu_worker.engine.models import bert, decoder, gemma3, modernbert, mpnet
-from services.gpu_worker.engine.models.base import EncoderModel
-from services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
-from shared import model_families
-from shared.config import ConfigError
-from shared.model_dir.info import ModelInfo
+from embedfleet.services.gpu_worker.engine.models import bert, decoder, gemma3, modernbert, mpnet
+from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
+from embedfleet.shared import model_families
+from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.info import ModelInfo
 
 
 @dataclass(frozen=True, slots=True)

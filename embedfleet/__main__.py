@@ -1,0 +1,6 @@
+"""``python -m embedfleet``: the same CLI as the ``embedfleet`` command."""
+
+from embedfleet.services.cli import main
+
+if __name__ == "__main__":
+    main()
