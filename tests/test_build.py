@@ -69,7 +69,7 @@ def test_make_run_installs_the_local_pgvector_only_when_asked():
         assert out.returncode == 0, out.stderr
         return out.stdout.splitlines()
 
-    extra = "-m pip install --quiet -e '.[local-pgvector]'"
+    extra = "-m pip install --quiet -e '.[all,local-pgvector]'"
     assert not any(extra in line for line in steps()) and not any(extra in line for line in steps("ARGS=--port 9090"))
     for args in ("--with-pgvector", "--port 9090 --with-pgvector"):
         lines = steps(f"ARGS={args}")

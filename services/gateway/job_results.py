@@ -25,6 +25,7 @@ from starlette.responses import StreamingResponse
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.extras import installed
 from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_chunks import stored_columns
 from embedfleet.shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
@@ -51,6 +52,15 @@ def negotiate(accept: str | None) -> str:
         kind = "ndjson" if media in ("*/*", "application/*", "") else _SERVED.get(media)
         if kind is not None and weight > 0:
             offers.append((-weight, order, kind))
+    if any(kind == "parquet" for *_, kind in offers) and not installed("pyarrow"):
+        offers = [offer for offer in offers if offer[2] != "parquet"]  # another form asked for may still be served
+        if not offers:
+            raise ApiError(
+                ErrorCode.NOT_ACCEPTABLE,
+                f"this gateway serves a job's results as {NDJSON} only: {PARQUET} needs pyarrow, which the "
+                "extra 'jobs' installs (pip install 'embedfleet[jobs]'; the gateway's image has it)",
+                "accept",
+            )
     if not offers:
         raise ApiError(
             ErrorCode.NOT_ACCEPTABLE,

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from bench import image_sizes
 from embedfleet.shared.job_streams import stream_names
 from embedfleet.shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from embedfleet.shared.options import COMMANDS, env_names
@@ -174,19 +175,40 @@ def test_clients_know_every_nats_node_and_the_streams_survive_one_nodes_loss(pat
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"  # a restarted node serves once caught up
 
 
-@pytest.mark.parametrize("dockerfile", ["cpu.Dockerfile", "cuda.Dockerfile"])
-def test_dockerfiles_copy_real_files_and_run_as_non_root(dockerfile):
-    text = (ROOT / "deploy" / "docker" / dockerfile).read_text()
-    for line in text.splitlines():
-        if line.startswith("COPY") and "--from" not in line:
-            for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), f"{dockerfile}: COPY {source}: no such file"
-    final = text.rsplit("\nFROM ", 1)[1]
-    user = re.search(r"^USER (\S+)", final, re.M)
-    assert user and not user.group(1).startswith(("0", "root")), "the image must run as a non-root user"
-    assert 'ENTRYPOINT ["embedfleet"]' in final
-    command = re.search(r'^CMD \["(\w+)"', final, re.M).group(1)
+@pytest.mark.parametrize(
+    ("dockerfile", "target"), [*(("Dockerfile", role) for role in image_sizes.ROLES), ("cuda.Dockerfile", None)]
+)
+def test_dockerfiles_copy_real_files_and_run_as_non_root(dockerfile, target):
+    path = ROOT / "deploy" / "docker" / dockerfile
+    found = image_sizes.stages(path)
+    for stage in found.values():
+        for args in stage.values("COPY"):
+            if "--from" not in args:
+                for source in args.split()[:-1]:
+                    assert (ROOT / source).exists(), f"{dockerfile}: COPY {source}: no such file"
+    final = target or list(found)[-1]
+    user = image_sizes.inherited(found, final, "USER")
+    assert user and not user.startswith(("0", "root")), "the image must run as a non-root user"
+    assert image_sizes.inherited(found, final, "ENTRYPOINT") == '["embedfleet"]'
+    command = re.match(r'\["(\w+)"', image_sizes.inherited(found, final, "CMD") or "").group(1)
     assert command in env_names_by_command()
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_every_container_runs_the_image_of_its_command(path):
+    """A role's pod runs its role's image (tag 0.1.0-ROLE; the GPU worker's 0.1.0-cuda): the image
+    whose extra holds what that command imports."""
+    built = image_sizes.images()
+    commands = {f"0.1.0-{role}": image.command[0] for role, image in built.items()}
+    commands["0.1.0-cuda"] = image_sizes.cuda_image().command[0]
+    checked = 0
+    for doc, _, c in containers(render(path)):
+        if c["image"].startswith("ghcr.io/embedfleet/"):
+            tag = c["image"].rpartition(":")[2]
+            assert tag in commands, f"{doc['metadata']['name']}: {c['image']} is no image deploy/docker builds"
+            assert c["args"][0] == commands[tag], (doc["metadata"]["name"], c["image"], c["args"])
+            checked += 1
+    assert checked >= 5
 
 
 def test_the_declared_commands_are_the_clis():
@@ -213,7 +235,6 @@ def test_the_readmes_own_overlay_points_every_embedfleet_container_at_your_regis
     out = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     images = {c["image"] for _, _, c in containers([d for d in yaml.safe_load_all(out.stdout) if d])}
-    want = {"registry.example/embedfleet:0.1.0-cpu"} | (
-        {"registry.example/embedfleet:0.1.0-cuda"} if overlay == "prod" else set()
-    )
+    roles = {"gateway", "tokenizer", "scorer", "jobs"} | ({"cuda"} if overlay == "prod" else {"worker"})
+    want = {f"registry.example/embedfleet:0.1.0-{role}" for role in roles}
     assert {i for i in images if "embedfleet" in i} == want

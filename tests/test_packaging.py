@@ -1,0 +1,184 @@
+"""One import namespace and an extra per role: the wheel holds embedfleet.shared and embedfleet.services
+and nothing top-level beside them; each role's image (deploy/docker/Dockerfile) installs its own extra
+only, torch in the worker's alone; a role whose extra is missing says which to install."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bench.image_sizes import ROLES, cuda_image, images
+from embedfleet.shared.extras import EXTRAS
+from tests.role_images import SITE, absent_modules, closure, role_env
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _run(code: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *(["-c", code] if code else []), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_one_namespace_of_real_files(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (wheel,) = tmp_path.glob("embedfleet-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        infos = {i.filename: i for i in z.infolist()}
+        entry_points = z.read(next(n for n in infos if n.endswith("entry_points.txt"))).decode()
+    tops = {name.split("/")[0] for name in infos}
+    assert tops == {"embedfleet", f"embedfleet-{PYPROJECT['version']}.dist-info"}, tops
+    sources = {p.relative_to(ROOT).as_posix() for d in ("shared", "services") for p in (ROOT / d).rglob("*.py")}
+    packaged = {n.removeprefix("embedfleet/") for n in infos if n.startswith("embedfleet/") and n.endswith(".py")}
+    assert sources <= packaged, sorted(sources - packaged)[:5]
+    # copied files, not the links of the checkout's embedfleet/ folder
+    codec = infos["embedfleet/shared/protocol/codec.py"]
+    assert codec.file_size == (ROOT / "shared" / "protocol" / "codec.py").stat().st_size
+    assert "embedfleet = embedfleet.services.cli:main" in entry_points
+
+
+def test_python_m_embedfleet_is_the_cli():
+    out = _run("", {}, "-m", "embedfleet", "--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"embedfleet {PYPROJECT['version']}", out
+
+
+def test_every_extras_module_is_installed_by_its_extra():
+    """shared/extras.py names the extra of each module; each is a module of a package that extra brings."""
+    modules = md.packages_distributions()
+    for module, extra in EXTRAS.items():
+        if module not in modules:  # not installed here (flashinfer: the CUDA image's)
+            assert extra in PYPROJECT["optional-dependencies"], (module, extra)
+            continue
+        dists = {d.lower().replace("_", "-") for d in modules[module]}
+        assert dists & closure(frozenset({extra})), f"{module}: the extra {extra!r} does not install it"
+
+
+def test_each_role_image_installs_its_own_extra_and_only_the_worker_torch():
+    built = images()
+    assert set(built) == set(ROLES)
+    for role, image in built.items():
+        assert role in image.extras, (role, image.extras)
+        torch = "torch" in closure(frozenset(image.extras)) or any(i[0].startswith("torch") for i in image.installs)
+        assert torch == (role == "worker"), f"{role}: torch {'in' if torch else 'not in'} its image"
+        # the roles that read a model folder bake the default one in; the gateway and jobs take none
+        assert image.model == (role in ("tokenizer", "scorer", "worker")), role
+        command = image.command[0]
+        assert command == ("init" if role == "jobs" else role), (role, image.command)
+    gpu = cuda_image()
+    assert "worker" in gpu.extras and "cuda" in gpu.extras and gpu.command == ["worker"]
+
+
+def test_the_roles_without_torch_refuse_it_and_the_worker_imports_it():
+    for role in ("gateway", "tokenizer", "scorer", "jobs"):
+        assert {"torch", "sympy"} <= absent_modules(role), role
+    assert {"starlette", "uvicorn", "pydantic", "pyarrow"} <= absent_modules("worker")
+    assert {"starlette", "torch", "pyarrow"} <= absent_modules("tokenizer")
+    assert "jinja2" not in absent_modules("tokenizer") and "jinja2" in absent_modules("gateway")
+    refused = _run("import torch", role_env("gateway"))
+    assert refused.returncode != 0 and "ModuleNotFoundError: No module named 'torch'" in refused.stderr
+    assert _run("import torch", role_env("worker")).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("command", "absent", "extra"),
+    [
+        (["gateway"], "starlette", "gateway"),
+        (["tokenizer"], "jinja2", "tokenizer"),
+        (["worker"], "torch", "worker"),
+        (["check"], "torch", "worker"),
+    ],
+)
+def test_a_command_whose_extra_is_missing_says_which_to_install(command, absent, extra):
+    env = {"PYTHONPATH": str(SITE), "EMBEDFLEET_TEST_ABSENT": absent}
+    out = _run("", env, "-m", "embedfleet", *command, "--nats", "nats://127.0.0.1:1")
+    if command == ["check"]:
+        out = _run("", env, "-m", "embedfleet", "check", str(ROOT / "missing"))
+    want = (
+        f"embedfleet {command[0]} needs {absent}, which the extra '{extra}' installs: pip install 'embedfleet[{extra}]'"
+    )
+    assert out.returncode == 2 and want in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+def test_a_gateway_without_pyarrow_serves_results_as_ndjson_and_names_the_extra_for_parquet():
+    code = (
+        "from embedfleet.services.gateway.job_results import negotiate\n"
+        "from embedfleet.services.gateway.errors import ApiError\n"
+        "print(negotiate('application/vnd.apache.parquet, application/x-ndjson;q=0.5'))\n"
+        "try:\n"
+        "    negotiate('application/vnd.apache.parquet')\n"
+        "except ApiError as exc:\n"
+        "    print(exc.code, exc.param, exc.message)\n"
+    )
+    out = _run(code, {"PYTHONPATH": str(SITE), "EMBEDFLEET_TEST_ABSENT": "pyarrow"})
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert first == "ndjson"  # the form asked for second, served
+    assert second.startswith("not_acceptable accept ") and "pip install 'embedfleet[jobs]'" in second, second
+    # where pyarrow is installed, Parquet is served
+    assert _run(code, {}).stdout.splitlines()[0] == "parquet"
+
+
+def test_reading_parquet_documents_without_pyarrow_names_the_extra(tmp_path):
+    path = tmp_path / "docs.parquet"
+    path.write_bytes(b"PAR1")
+    code = (
+        "import sys\nfrom pathlib import Path\n"
+        "from embedfleet.shared.documents import read_documents\n"
+        "try:\n"
+        "    read_documents(Path(sys.argv[1]))\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = _run(code, {"PYTHONPATH": str(SITE), "EMBEDFLEET_TEST_ABSENT": "pyarrow"}, str(path))
+    assert out.returncode == 0, out.stderr
+    assert "reading a Parquet file needs pyarrow, which the extra 'jobs' installs" in out.stdout, out.stdout
+
+
+def test_the_readmes_table_of_extras_is_pyprojects():
+    """README, "The embedfleet command": each extra it names is declared, each declared one but the
+    development ones (test, bench) is named, and a role's row lists what its extra requires."""
+    readme = (ROOT / "README.md").read_text().split("## The `embedfleet` command", 1)[1].split("```", 1)[0]
+    rows = [line.split("|")[1:-1] for line in readme.splitlines() if line.startswith("| `")]
+    declared = PYPROJECT["optional-dependencies"]
+    named = set()
+    for first, adds, _ in rows:
+        extras = [e.strip(" `") for e in first.split(",")]
+        named |= set(extras)
+        if len(extras) == 1 and extras[0] in ROLES:
+            want = sorted(re.split(r"[<>=;\[ ]", r)[0].lower() for r in declared[extras[0]])
+            got = sorted(re.sub(r"\s*\(.*?\)", "", a).strip().lower() for a in adds.split(",") if "nothing" not in a)
+            assert got == want, (extras[0], got, want)
+    assert named == set(declared) - {"test", "bench"}, named ^ (set(declared) - {"test", "bench"})
