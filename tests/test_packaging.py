@@ -182,3 +182,22 @@ def test_the_readmes_table_of_extras_is_pyprojects():
             got = sorted(re.sub(r"\s*\(.*?\)", "", a).strip().lower() for a in adds.split(",") if "nothing" not in a)
             assert got == want, (extras[0], got, want)
     assert named == set(declared) - {"test", "bench"}, named ^ (set(declared) - {"test", "bench"})
+
+
+def test_the_image_table_is_the_dockerfiles_and_its_measurement():
+    """docs/kubernetes.md, "Images": each role's row names the extras its Dockerfile target installs and
+    the size bench/image_sizes.py measured (docs/bench/images.json)."""
+    import json
+
+    text = (ROOT / "docs" / "kubernetes.md").read_text().split("## Images", 1)[1]
+    measured = {r["role"]: r for r in json.loads((ROOT / "docs" / "bench" / "images.json").read_text())["images"]}
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 6 and cells[0] != "image":
+            rows[cells[0].split()[0]] = cells
+    for role, image in images().items():
+        cells = rows[role]
+        assert [e.strip() for e in cells[1].split(",")] == image.extras, role
+        assert cells[2] == ("yes" if image.model else "no") and measured[role]["extras"] == image.extras, role
+        assert int(cells[5].replace(",", "")) == round(measured[role]["mb"]), role
