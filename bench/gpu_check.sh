@@ -15,6 +15,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# the import namespace: embedfleet/ links to shared/ and services/; a copy of the tree that dropped the
+# links gets them again (one that followed them holds real folders, which serve as well)
+for pkg in shared services; do
+    [ -e "embedfleet/$pkg" ] || ln -s "../$pkg" "embedfleet/$pkg"
+done
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
