@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import orjson
 from pydantic import BaseModel
 
+from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.openapi import openapi_spec
 from tests.gateway.test_openai_body import _resolved
 
@@ -37,3 +39,15 @@ def schema_validator(path: str) -> jsonschema.Draft202012Validator:
     spec = served_spec()
     schema = {**request_schema(spec, path), "components": spec["components"]}
     return jsonschema.Draft202012Validator(schema)
+
+
+def verdicts(path: str, parse: Callable[[bytes], object], doc: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether ``path``'s served schema accepts ``doc``, and whether the route's ``parse`` does (refusing
+    with 400)."""
+    schema_ok = schema_validator(path).is_valid(doc)
+    try:
+        parse(orjson.dumps(doc))
+    except ApiError as err:
+        assert err.status == 400, err.message
+        return schema_ok, False
+    return schema_ok, True
