@@ -11,8 +11,9 @@ each option's time over the hand-written parser's:
 - pydantic model: model_validate_json alone, what the typed model costs by itself;
 - msgspec: a msgspec Struct with the same bounds, then the same limits. msgspec takes one array type in
   a union, so 'input' is a str or a list checked by hand as before.
-The bodies: one query (the hot path), eight inputs, and every field set. docs/performance.md
-("Parsing a request body") records runs.
+The bodies: one query (the hot path), eight inputs, and every field set. A second table does the same
+for Cohere's /v2/embed (as its SDK sends a query and eight documents), its hand-written parser against
+its typed model (CohereEmbedV2Body). docs/performance.md ("Parsing a request body") records runs.
 """
 
 import argparse
@@ -24,6 +25,8 @@ from typing import Annotated, Any, Literal
 import orjson
 
 from embedfleet.services.gateway.chunking import parse_text_chunking
+from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, CohereEmbed, parse_embed
+from embedfleet.services.gateway.cohere_body import CohereEmbedV2Body
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import (
     Limits,
@@ -38,7 +41,7 @@ from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import MAX_DIMENSION
 from embedfleet.shared.text_chunks import ChunkSpec
-from embedfleet.shared.vector_forms import form_named
+from embedfleet.shared.vector_forms import COHERE_TYPES, form_named
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=65536)  # the gateway's defaults
 MODEL = "all-MiniLM-L6-v2"
@@ -128,6 +131,53 @@ def msgspec_parser() -> Callable[[bytes, Limits], EmbeddingsRequest] | None:
     return parse
 
 
+def cohere_bodies() -> dict[str, bytes]:
+    """/v2/embed's bodies as Cohere's SDK sends them (ClientV2.embed)."""
+    docs = [f"passage {i}: the quick brown fox jumps over the lazy dog near the river bank" for i in range(8)]
+    common = {"model": MODEL, "embedding_types": ["float"]}
+    return {
+        "query": orjson.dumps({**common, "texts": ["what is the capital of france?"], "input_type": "search_query"}),
+        "8 documents": orjson.dumps({**common, "texts": docs, "input_type": "search_document"}),
+    }
+
+
+def cohere_hand_parse(body: bytes, limits: Limits) -> CohereEmbed:
+    """/v2/embed's hand-written parser before the typed model, the same checks in the same order (its
+    'inputs' branch left out: the bodies give 'texts'; error messages shortened)."""
+    doc = json_object(body)
+    if doc.get("images"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'images' are not supported", "images")
+    if doc.get("inputs") is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the benchmark's bodies have 'texts'", "inputs")
+    if "texts" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required (or 'inputs')", "texts")
+    inputs = parse_inputs(doc["texts"], "texts", limits, allow_tokens=False)
+    raw = doc.get("embedding_types")
+    if raw is not None and (not isinstance(raw, list) or not raw or not all(t in COHERE_TYPES for t in raw)):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'embedding_types' must be a non-empty list", "embedding_types")
+    max_tokens = optional(doc, "max_tokens", int)
+    if max_tokens is not None and max_tokens <= 0:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'max_tokens' must be a positive integer", "max_tokens")
+    optional(doc, "priority", int)
+    input_type = optional(doc, "input_type", str)
+    if input_type is not None and input_type not in INPUT_TYPES:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be one of Cohere's", "input_type")
+    truncate = optional(doc, "truncate", str, "END").upper()
+    if truncate not in TRUNCATE:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncate' must be 'NONE', 'START' or 'END'", "truncate")
+    return CohereEmbed(
+        version=2,
+        model=optional(doc, "model", str),
+        inputs=inputs,
+        input_type=INPUT_TYPES.get(input_type) if input_type else None,
+        types=tuple(dict.fromkeys(raw)) if raw is not None else ("float",),
+        dimensions=positive_dimensions(doc, "output_dimension"),
+        truncation=TRUNCATE[truncate],
+        max_tokens=max_tokens,
+        chunking=parse_text_chunking(doc, inputs, "texts"),
+    )
+
+
 def interleaved(
     options: dict[str, Callable[[bytes], object]], body: bytes, rounds: int, number: int
 ) -> dict[str, float]:
@@ -143,6 +193,17 @@ def interleaved(
     return best
 
 
+def table(options: dict[str, Callable[[bytes], object]], bodies: dict[str, bytes], rounds: int, number: int) -> None:
+    """A row per body: its bytes, each option's best µs a parse, each option's time over the hand parser's."""
+    print(f"{'body':<12} {'bytes':>5} " + " ".join(f"{name + ' µs':>16}" for name in options) + "   / hand")
+    for name, body in bodies.items():
+        for parse in options.values():
+            parse(body)  # each parses every body (a refusal would raise here)
+        us = interleaved(options, body, rounds, number)
+        ratios = " ".join(f"{option} {us[option] / us['hand']:.2f}" for option in options if option != "hand")
+        print(f"{name:<12} {len(body):>5} " + " ".join(f"{v:>16.2f}" for v in us.values()) + f"   {ratios}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30, help="best of this many rounds")
@@ -156,13 +217,14 @@ def main(argv: list[str] | None = None) -> None:
     with_msgspec = msgspec_parser()
     if with_msgspec is not None:
         options["msgspec"] = lambda b: with_msgspec(b, LIMITS)
-    print(f"{'body':<12} {'bytes':>5} " + " ".join(f"{name + ' µs':>16}" for name in options) + "   / hand")
-    for name, body in bodies().items():
-        for parse in options.values():
-            parse(body)  # each parses every body (a refusal would raise here)
-        us = interleaved(options, body, args.rounds, args.number)
-        ratios = " ".join(f"{option} {us[option] / us['hand']:.2f}" for option in options if option != "hand")
-        print(f"{name:<12} {len(body):>5} " + " ".join(f"{v:>16.2f}" for v in us.values()) + f"   {ratios}")
+    table(options, bodies(), args.rounds, args.number)
+    print("\n/v2/embed (Cohere)")
+    cohere: dict[str, Callable[[bytes], object]] = {
+        "hand": lambda b: cohere_hand_parse(b, LIMITS),
+        "pydantic": lambda b: parse_embed(b, LIMITS, 2),
+        "pydantic model": CohereEmbedV2Body.model_validate_json,
+    }
+    table(cohere, cohere_bodies(), args.rounds, args.number)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ is theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkLayout
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+
+if TYPE_CHECKING:
+    from embedfleet.services.gateway.openai_body import ChunkingBody
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")
@@ -78,6 +81,15 @@ def parse_chunking(doc: dict[str, Any], param: str = "chunking", keys: tuple[str
     except ServiceError as exc:
         raise ApiError(exc.code, exc.message, param) from None
     return Chunking(spec, late, returns)
+
+
+def chunking_of(body: ChunkingBody) -> Chunking:
+    """A typed body's validated ``chunking`` object as the gateway's; its sizes' agreement (overlap below
+    size) checked as ChunkSpec checks it."""
+    try:
+        return Chunking(ChunkSpec(body.size, body.overlap, body.boundary), body.late, body.returns)
+    except ServiceError as exc:
+        raise ApiError(exc.code, exc.message, "chunking") from None
 
 
 def parse_text_chunking(doc: dict[str, Any], inputs: Inputs, field: str) -> Chunking | None:

@@ -16,19 +16,16 @@ from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
+from embedfleet.services.gateway.body_errors import fault_error
+from embedfleet.services.gateway.chunking import Chunking, chunk_places, chunking_of
+from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import (
-    Inputs,
-    Limits,
-    json_object,
-    json_type,
-    optional,
-    parse_inputs,
-    positive_dimensions,
-)
-from embedfleet.services.gateway.rerank_api import RerankCall, query_field, texts_field, top_n_field
+from embedfleet.services.gateway.inputs import Inputs, Limits, within_limits
+from embedfleet.services.gateway.rerank_api import RerankCall, query_within, texts_within
+from embedfleet.services.gateway.rerank_body import CohereRerankV2Body
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.quantize import quantize
@@ -73,83 +70,64 @@ class CohereEmbed:
         )
 
 
+# validate_json without model_validate_json's wrapper (bench/body_parsing.py)
+_VALIDATE = {
+    1: CohereEmbedV1Body.__pydantic_validator__.validate_json,
+    2: CohereEmbedV2Body.__pydantic_validator__.validate_json,
+}
+
+
 def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
-    doc = json_object(body)
-    if doc.get("images"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'images' are not supported: the served models embed text", "images")
-    if version == 2 and doc.get("inputs") is not None:
-        if doc.get("texts") is not None:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "send 'texts' or 'inputs', not both", "inputs")
-        inputs = parse_inputs(_input_texts(doc["inputs"]), "inputs", limits, allow_tokens=False)
-    elif "texts" in doc:
-        inputs = parse_inputs(doc["texts"], "texts", limits, allow_tokens=False)
+    """The request ``body`` holds (CohereEmbedV1Body or CohereEmbedV2Body by ``version``), within the
+    gateway's ``limits``; ApiError otherwise."""
+    try:
+        doc: CohereEmbedV1Body | CohereEmbedV2Body = _VALIDATE[version](body)
+    except ValidationError as exc:
+        raise _fault(exc.errors(include_url=False)) from None
+    if isinstance(doc, CohereEmbedV2Body):
+        v2: CohereEmbedV2Body | None = doc
+        field, texts = _v2_texts(doc)
     else:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'texts' is required" + (" (or 'inputs')" if version == 2 else ""), "texts"
-        )
-    types = _embedding_types(doc.get("embedding_types"))
-    dimensions = positive_dimensions(doc, "output_dimension") if version == 2 else None
-    max_tokens = optional(doc, "max_tokens", int) if version == 2 else None
-    if max_tokens is not None and max_tokens <= 0:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'max_tokens' must be a positive integer", "max_tokens")
-    if version == 2:
-        optional(doc, "priority", int)  # accepted: every request here has the same priority
+        v2, field, texts = None, "texts", doc.texts
+    types = doc.embedding_types if v2 is None else doc.embedding_types or ["float"]
     return CohereEmbed(
         version=version,
-        model=optional(doc, "model", str),
-        inputs=inputs,
-        input_type=_input_type(doc),
-        types=types if types is not None or version == 1 else ("float",),
-        dimensions=dimensions,
-        truncation=_truncation(doc),
-        max_tokens=max_tokens,
-        chunking=parse_text_chunking(doc, inputs, "texts") if version == 2 else None,
+        model=doc.model,
+        inputs=within_limits(Inputs([texts] if isinstance(texts, str) else texts, None), field, limits),
+        input_type=INPUT_TYPES[doc.input_type] if doc.input_type else None,
+        types=None if types is None else tuple(dict.fromkeys(types)),  # each type once, in the order asked
+        dimensions=None if v2 is None else v2.output_dimension,
+        truncation=TRUNCATE[doc.truncate or "END"],
+        max_tokens=None if v2 is None else v2.max_tokens,
+        chunking=None if v2 is None or v2.chunking is None else chunking_of(v2.chunking),
     )
 
 
-def _input_texts(raw: Any) -> list[str]:
-    """v2's ``inputs``: ``[{"content": [{"type": "text", "text": ...}]}]``, one text item an input."""
-    if not isinstance(raw, list):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'inputs' must be a list, got {json_type(raw)}", "inputs")
-    texts = []
-    for i, item in enumerate(raw):
-        content = item.get("content") if isinstance(item, dict) else None
-        part = content[0] if isinstance(content, list) and len(content) == 1 else None
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                f'\'inputs[{i}]\' must be {{"content": [{{"type": "text", '
-                '"text": ...}]}: one text item (the served models embed text)',
-                "inputs",
-            )
-        texts.append(part["text"])
-    return texts
+def _v2_texts(doc: CohereEmbedV2Body) -> tuple[str, str | list[str]]:
+    """Where v2's texts came from ('texts' or 'inputs', one of them) and the texts."""
+    if doc.inputs is None:
+        if doc.texts is None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required (or 'inputs')", "texts")
+        return "texts", doc.texts
+    if doc.texts is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "send 'texts' or 'inputs', not both", "inputs")
+    return "inputs", [item.content[0].text for item in doc.inputs]
 
 
-def _embedding_types(raw: Any) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
-    known = ", ".join(f"'{t}'" for t in COHERE_TYPES)
-    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t in COHERE_TYPES for t in raw):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'embedding_types' must be a non-empty list of {known}", "embedding_types"
+def _fault(errors: list[ErrorDetails]) -> ApiError:
+    """An item of 'inputs' that is not one text item, and 'images', as the served models' limits word them;
+    every other fault as body_errors words it."""
+    loc, kind = errors[0]["loc"], errors[0]["type"]
+    if loc[:1] == ("inputs",) and len(loc) > 1 and isinstance(loc[1], int):
+        return ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f'\'inputs[{loc[1]}]\' must be {{"content": [{{"type": "text", "text": ...}}]}}: one text item '
+            "(the served models embed text)",
+            "inputs",
         )
-    return tuple(dict.fromkeys(raw))  # each type once, in the order asked
-
-
-def _input_type(doc: dict) -> str | None:
-    name = optional(doc, "input_type", str)
-    if name is not None and name not in INPUT_TYPES:
-        known = ", ".join(f"'{t}'" for t in INPUT_TYPES)
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'input_type' must be one of {known}", "input_type")
-    return INPUT_TYPES.get(name) if name else None
-
-
-def _truncation(doc: dict) -> str | None:
-    name = optional(doc, "truncate", str, "END").upper()
-    if name not in TRUNCATE:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'truncate' must be 'NONE', 'START' or 'END'", "truncate")
-    return TRUNCATE[name]
+    if loc == ("images",) and kind == "too_long":
+        return ApiError(ErrorCode.INVALID_REQUEST, "'images' are not supported: the served models embed text", "images")
+    return fault_error(errors)
 
 
 def check_model_limits(
@@ -205,32 +183,29 @@ class CohereRerank:
     max_tokens_per_doc: int | None
 
 
+# validate_json without model_validate_json's wrapper (bench/body_parsing.py)
+_validate_rerank = CohereRerankV2Body.__pydantic_validator__.validate_json
+
+
 def parse_rerank(body: bytes, limits: Limits) -> CohereRerank:
-    """v2: ``{"model", "query", "documents": [str], "top_n", "max_tokens_per_doc"}``; documents longer
-    than the model's limit are cut, as Cohere cuts them."""
-    doc = json_object(body)
-    query = query_field(doc, limits)
-    if "documents" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' is required", "documents")
-    texts = texts_field(doc["documents"], "documents", limits, objects=False)
-    cap = optional(doc, "max_tokens_per_doc", int)
-    if cap is not None and cap <= 0:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'max_tokens_per_doc' must be a positive integer", "max_tokens_per_doc"
-        )
-    if doc.get("relevant_spans"):
+    """v2's body (CohereRerankV2Body), within the gateway's ``limits``; documents longer than the model's
+    limit are cut, as Cohere cuts them."""
+    try:
+        doc: CohereRerankV2Body = _validate_rerank(body)
+    except ValidationError as exc:
+        raise fault_error(exc.errors(include_url=False)) from None
+    if doc.relevant_spans:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'relevant_spans' is not supported", "relevant_spans")
-    optional(doc, "priority", int)  # accepted: every request here has the same priority
     call = RerankCall(
-        model=optional(doc, "model", str),
-        query=query,
-        texts=texts,
-        top_n=top_n_field(doc),
+        model=doc.model,
+        query=query_within(doc.query, limits),
+        texts=texts_within(doc.documents, "documents", limits),
+        top_n=doc.top_n,
         raw_scores=False,
         truncate=True,
         return_text=False,
     )
-    return CohereRerank(call, cap)
+    return CohereRerank(call, doc.max_tokens_per_doc)
 
 
 def render_rerank(request_id: str, indices: np.ndarray, scores: np.ndarray) -> bytes:

@@ -12,12 +12,11 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from embedfleet.services.gateway.body_errors import fault_error
-from embedfleet.services.gateway.chunking import Chunking, chunk_places
+from embedfleet.services.gateway.chunking import Chunking, chunk_places, chunking_of
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs, Limits, not_a_token, within_limits
 from embedfleet.services.gateway.openai_body import ChunkingBody, EmbeddingsBody
-from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.text_chunks import ChunkSpec
+from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
 
 
@@ -78,10 +77,7 @@ def _chunking(body: ChunkingBody, inputs: Inputs) -> Chunking:
         raise ApiError(
             ErrorCode.INVALID_REQUEST, "'chunking' cuts texts: give 'input' as text, not token IDs", "chunking"
         )
-    try:
-        return Chunking(ChunkSpec(body.size, body.overlap, body.boundary), body.late, body.returns)
-    except ServiceError as exc:
-        raise ApiError(exc.code, exc.message, "chunking") from None
+    return chunking_of(body)
 
 
 def _fault(errors: list[ErrorDetails]) -> ApiError:

@@ -7,11 +7,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from embedfleet.services.gateway.chunking import RETURNS
-from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
+from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
+from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
 from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
 from embedfleet.shared.text_chunks import BOUNDARIES
-from embedfleet.shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES
 
 _STR_OR_LIST = {
     "oneOf": [
@@ -193,53 +194,10 @@ def _get(
     }
 
 
-def _cohere_paths() -> dict[str, Any]:
+def _cohere_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """Cohere's /v1/embed, /v2/embed (embed v1 and v2 of its SDK) and /v2/rerank."""
     error = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
     codes = (400, 401, 404, 422, 429, 503, 504)
-    types = {
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "string", "enum": list(COHERE_TYPES)},
-        "description": (
-            "the forms answered, each an array under its name in 'embeddings': float; int8 / uint8 (one fixed rule, see the "
-            "README's Vector forms); binary / ubinary (packed sign bits); base64 (each row's float32 bytes)"
-        ),
-    }
-    embed = {
-        "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "model": {"type": "string"},
-        "input_type": {
-            "type": "string",
-            "enum": list(INPUT_TYPES),
-            "description": "selects the model's prompt "
-            "of the name: query, document, classification, clustering (none of that name: no prompt)",
-        },
-        "embedding_types": types,
-        "truncate": {"type": "string", "enum": list(TRUNCATE), "default": "END"},
-    }
-    v2_embed = {
-        **embed,
-        "inputs": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "content": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                        },
-                    }
-                },
-            },
-        },
-        "output_dimension": {"type": "integer", "minimum": 1},
-        "max_tokens": {"type": "integer", "minimum": 1},
-        "priority": {"type": "integer"},
-        "chunking": _CHUNKING,
-    }
     meta = {"type": "object", "properties": {"api_version": {"type": "object"}, "billed_units": {"type": "object"}}}
     by_type = {
         "type": "object",
@@ -262,18 +220,6 @@ def _cohere_paths() -> dict[str, Any]:
         },
     }
     ok = {"application/json": {"schema": by_type}}
-    rerank = {
-        "type": "object",
-        "required": ["query", "documents"],
-        "properties": {
-            "model": {"type": "string"},
-            "query": {"type": "string", "minLength": 1},
-            "documents": {"type": "array", "items": {"type": "string"}},
-            "top_n": {"type": "integer", "minimum": 1},
-            "max_tokens_per_doc": {"type": "integer", "minimum": 1},
-            "priority": {"type": "integer"},
-        },
-    }
     ranked = {
         "application/json": {
             "schema": {
@@ -293,11 +239,15 @@ def _cohere_paths() -> dict[str, Any]:
         }
     }
     return {
-        "/v1/embed": _post(
-            "Embed (Cohere v1)", {"type": "object", "required": ["texts"], "properties": embed}, ok, error, codes
+        "/v1/embed": _post("Embed (Cohere v1)", typed_schema(CohereEmbedV1Body, schemas), ok, error, codes),
+        "/v2/embed": _post("Embed (Cohere v2)", typed_schema(CohereEmbedV2Body, schemas), ok, error, codes),
+        "/v2/rerank": _post(
+            "Rerank documents by relevance to a query (Cohere v2)",
+            typed_schema(CohereRerankV2Body, schemas),
+            ranked,
+            error,
+            codes,
         ),
-        "/v2/embed": _post("Embed (Cohere v2)", {"type": "object", "properties": v2_embed}, ok, error, codes),
-        "/v2/rerank": _post("Rerank documents by relevance to a query (Cohere v2)", rerank, ranked, error, codes),
     }
 
 
@@ -797,31 +747,12 @@ def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes:
     }
 
 
-def _jina_rerank_path(codes: tuple[int, ...]) -> dict[str, Any]:
+def _jina_rerank_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
     """/v1/rerank in Cohere's and Jina's shape; its errors in OpenAI's."""
     return {
         "/v1/rerank": _post(
             "Rerank documents by relevance to a query (Cohere / Jina)",
-            {
-                "type": "object",
-                "required": ["query", "documents"],
-                "properties": {
-                    "model": {"type": "string"},
-                    "query": {"type": "string", "minLength": 1},
-                    "documents": {
-                        "type": "array",
-                        "items": {
-                            "oneOf": [
-                                {"type": "string"},
-                                {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-                            ]
-                        },
-                    },
-                    "top_n": {"type": "integer", "minimum": 1},
-                    "return_documents": {"type": "boolean"},
-                    "truncate": {"type": "boolean"},
-                },
-            },
+            typed_schema(CohereRerankV1Body, schemas),
             {
                 "application/json": {
                     "schema": {
@@ -957,9 +888,9 @@ def openapi_spec(version: str) -> dict[str, Any]:
             **_openai_paths(codes, schemas),
             **_job_paths(),
             **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
-            **_jina_rerank_path(codes),
+            **_jina_rerank_path(codes, schemas),
             **_search_path(codes),
-            **_cohere_paths(),
+            **_cohere_paths(schemas),
             **_tei_task_paths(embed_body, sparse_body, codes),
             **_service_paths(),
         },

@@ -1,4 +1,8 @@
-"""Rerank routes' shapes (no I/O here): TEI's POST /rerank and the Cohere/Jina POST /v1/rerank."""
+"""Rerank routes' shapes (no I/O here): TEI's POST /rerank and the Cohere/Jina POST /v1/rerank.
+
+/v1/rerank's body is a typed model (rerank_body.py), as is Cohere v2's /v2/rerank (cohere_api.py); both
+then take the gateway's limits here (``within_limits``). TEI's /rerank is read field by field.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,12 @@ from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
 
+from embedfleet.services.gateway.body_errors import fault_error
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits, json_object, json_type, optional
+from embedfleet.services.gateway.rerank_body import CohereRerankV1Body
 from embedfleet.shared.errors import ErrorCode
 
 
@@ -30,6 +37,11 @@ def query_field(doc: dict, limits: Limits) -> str:
         raise ApiError(
             ErrorCode.INVALID_REQUEST, f"'query' must be a non-empty string, got {json_type(query)}", "query"
         )
+    return query_within(query, limits)
+
+
+def query_within(query: str, limits: Limits) -> str:
+    """``query`` once it is within --max-input-chars (413 otherwise)."""
     if len(query) > limits.max_input_chars:
         raise ApiError(
             ErrorCode.INPUT_TOO_LONG,
@@ -39,27 +51,28 @@ def query_field(doc: dict, limits: Limits) -> str:
     return query
 
 
-def texts_field(raw: Any, param: str, limits: Limits, objects: bool) -> list[str]:
+def texts_field(raw: Any, param: str, limits: Limits) -> list[str]:
     if not isinstance(raw, list):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be a list, got {json_type(raw)}", param)
-    if len(raw) > limits.max_inputs:
-        raise ApiError(
-            ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {len(raw)} items; the limit is {limits.max_inputs}", param
-        )
-    texts = []
     for i, item in enumerate(raw):
-        if objects and isinstance(item, dict):  # Cohere/Jina also take {"text": ...}
-            item = item.get("text")
         if not isinstance(item, str):
-            want = "a string or an object with 'text'" if objects else "a string"
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be {want}, got {json_type(item)}", param)
-        if len(item) > limits.max_input_chars:
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be a string, got {json_type(item)}", param)
+    return texts_within(raw, param, limits)
+
+
+def texts_within(texts: list[str], param: str, limits: Limits) -> list[str]:
+    """``texts`` once there are at most --max-inputs (422) and none is over --max-input-chars (413)."""
+    if len(texts) > limits.max_inputs:
+        raise ApiError(
+            ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {len(texts)} items; the limit is {limits.max_inputs}", param
+        )
+    for i, text in enumerate(texts):
+        if len(text) > limits.max_input_chars:
             raise ApiError(
                 ErrorCode.INPUT_TOO_LONG,
-                f"'{param}[{i}]' has {len(item)} characters; the limit is {limits.max_input_chars}",
+                f"'{param}[{i}]' has {len(text)} characters; the limit is {limits.max_input_chars}",
                 param,
             )
-        texts.append(item)
     return texts
 
 
@@ -80,7 +93,7 @@ def parse_tei(body: bytes, limits: Limits) -> RerankCall:
     return RerankCall(
         model=optional(doc, "model", str),
         query=query,
-        texts=texts_field(doc["texts"], "texts", limits, objects=False),
+        texts=texts_field(doc["texts"], "texts", limits),
         top_n=top_n_field(doc),
         raw_scores=optional(doc, "raw_scores", bool, False),
         truncate=optional(doc, "truncate", bool, False),
@@ -88,20 +101,25 @@ def parse_tei(body: bytes, limits: Limits) -> RerankCall:
     )
 
 
+# validate_json without model_validate_json's wrapper (bench/body_parsing.py)
+_validate_v1 = CohereRerankV1Body.__pydantic_validator__.validate_json
+
+
 def parse_cohere(body: bytes, limits: Limits) -> RerankCall:
-    """``{"model", "query", "documents": [str | {"text"}], "top_n", "return_documents"}`` (Cohere, Jina)."""
-    doc = json_object(body)
-    query = query_field(doc, limits)
-    if "documents" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' is required", "documents")
+    """/v1/rerank's body (CohereRerankV1Body: Cohere v1's and Jina's), within the gateway's ``limits``."""
+    try:
+        doc: CohereRerankV1Body = _validate_v1(body)
+    except ValidationError as exc:
+        raise fault_error(exc.errors(include_url=False)) from None
+    texts = [d if isinstance(d, str) else d.text for d in doc.documents]
     return RerankCall(
-        model=optional(doc, "model", str),
-        query=query,
-        texts=texts_field(doc["documents"], "documents", limits, objects=True),
-        top_n=top_n_field(doc),
+        model=doc.model,
+        query=query_within(doc.query, limits),
+        texts=texts_within(texts, "documents", limits),
+        top_n=doc.top_n,
         raw_scores=False,
-        truncate=optional(doc, "truncate", bool, True),
-        return_text=optional(doc, "return_documents", bool, False),
+        truncate=True if doc.truncate is None else doc.truncate,
+        return_text=bool(doc.return_documents),
     )
 
 
