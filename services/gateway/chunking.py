@@ -28,7 +28,6 @@ from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")
-JOB_KEYS = _KEYS[:4]  # a bulk job's chunking: a vector a chunk, always
 
 
 @dataclass(frozen=True, slots=True)

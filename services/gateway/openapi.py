@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from embedfleet.services.gateway.chunking import RETURNS
 from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
+from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
 from embedfleet.shared.text_chunks import BOUNDARIES
@@ -532,61 +533,16 @@ def _job_results(job: list[dict]) -> dict[str, Any]:
     }
 
 
-def _job_paths() -> dict[str, Any]:
+def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """Bulk jobs: POST /v1/jobs, GET / DELETE /v1/jobs/{job} and GET /v1/jobs/{job}/results."""
     job = [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "/v1/jobs": _post(
             "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
-            {
-                "type": "object",
-                "properties": {
-                    "model": {"type": "string"},
-                    "id": {"type": "string"},
-                    "path": {"type": "string"},
-                    "documents": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {"id": {"type": "string"}, "text": {"type": "string"}},
-                            "required": ["id", "text"],
-                        },
-                    },
-                    "input_type": {"type": "string", "enum": ["query", "document"]},
-                    "embedding_type": _EMBEDDING_TYPE,
-                    "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
-                    "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
-                    "chunking": {
-                        "type": "object",
-                        "required": ["size"],
-                        "description": (
-                            "cut each document into chunks of at most size tokens, a vector each (late: not served in jobs)"
-                        ),
-                        "properties": {
-                            "size": {"type": "integer", "minimum": 1},
-                            "overlap": {"type": "integer", "minimum": 0},
-                            "boundary": {"type": "string", "enum": ["token", "sentence"]},
-                            "late": {"type": "boolean", "enum": [False]},
-                        },
-                    },
-                    "with_text": {
-                        "type": "boolean",
-                        "description": "store each chunk's text beside its vector (with sink: "
-                        "each document's when the job has no chunks)",
-                    },
-                    "sink": {
-                        "type": "string",
-                        "description": (
-                            "a vector store to write the rows into, one of the gateway's --job-sinks without its password, "
-                            "the table chosen: postgresql://USER@HOST:PORT/DB?table=NAME, lancedb:///PATH?table=NAME, "
-                            "qdrant://HOST:PORT?collection=NAME"
-                        ),
-                    },
-                },
-            },
+            typed_schema(JobBody, schemas),
             {"application/json": {"schema": {"type": "object"}}},
             _OPENAI_ERROR,
-            (400, 401, 404, 503),
+            (400, 401, 404, 409, 413, 503),
         ),
         "/v1/jobs/{job}": {
             "get": {
@@ -955,7 +911,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
         "info": {"title": "embedfleet gateway", "version": version},
         "paths": {
             **_openai_paths(codes, schemas),
-            **_job_paths(),
+            **_job_paths(schemas),
             **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
             **_jina_rerank_path(codes),
             **_search_path(codes),

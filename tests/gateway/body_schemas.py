@@ -1,0 +1,58 @@
+"""What a typed route's /openapi.json schema says, as values to send: a property's schema turned into
+values it accepts and values it refuses, so a test can check that the route agrees with its schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from embedfleet.services.gateway.openapi import openapi_spec
+
+
+def served_body(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request schema of ``path``'s POST as /openapi.json serves it (JSON), and the components' schemas."""
+    spec = orjson.loads(orjson.dumps(openapi_spec("test")))
+    schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return schema, spec["components"]["schemas"]
+
+
+def resolved(schema: Any, components: dict[str, Any]) -> Any:
+    """``schema`` with each reference to components.schemas replaced by what it names."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/components/schemas/"):
+            return resolved(components[ref.rsplit("/", 1)[1]], components)
+        return {k: resolved(v, components) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [resolved(v, components) for v in schema]
+    return schema
+
+
+def scalar_cases(prop: dict[str, Any]) -> tuple[list[Any], list[Any]] | None:
+    """Values a scalar property's schema accepts (its enum, its bounds, null where it is nullable) and
+    values it refuses (past its bounds, other types, null where it is not); None for lists and objects."""
+    branches = prop.get("anyOf", [prop])
+    nullable = any(b.get("type") == "null" for b in branches)
+    (branch,) = [b for b in branches if b.get("type") != "null"]
+    kind = branch.get("type")
+    accepted: list[Any] = [None] if nullable else []
+    refused: list[Any] = [] if nullable else [None]
+    if "enum" in branch:
+        accepted += branch["enum"]
+        refused += [f"not {branch['enum'][0]}", 1]
+    elif kind == "integer":
+        low, high = branch.get("minimum"), branch.get("maximum")
+        accepted += [v for v in (low, high) if v is not None] or [0]
+        refused += [v for v in (None if low is None else low - 1, None if high is None else high + 1) if v is not None]
+        refused += [True, 1.5, "1"]
+    elif kind == "string":
+        short, long = branch.get("minLength", 0), branch.get("maxLength")
+        accepted += ["x" * max(short, 1)] + ([] if long is None else ["x" * long])
+        refused += [5, True] + (["x" * (short - 1)] if short else []) + ([] if long is None else ["x" * (long + 1)])
+    elif kind == "boolean":
+        accepted += [True, False]
+        refused += [1, "true"]
+    else:
+        return None
+    return accepted, refused
