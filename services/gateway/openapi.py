@@ -10,7 +10,7 @@ from embedfleet.services.gateway.chunking import RETURNS
 from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
 from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
-from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
+from embedfleet.services.gateway.search_body import SearchBody
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
 
@@ -806,34 +806,9 @@ def _jina_rerank_path(codes: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
-def _search_path(codes: tuple[int, ...]) -> dict[str, Any]:
+def _search_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
     """/v1/search over the gateway's --search-sink store (services/gateway/search.py), OpenAI's list style."""
-    body = {
-        "type": "object",
-        "required": ["query"],
-        "properties": {
-            "model": {
-                "type": "string",
-                "description": "the model whose vectors the store holds (default: the gateway's "
-                "--search-model, else --default-model); it embeds the query with its query prompt",
-            },
-            "query": {"type": "string", "minLength": 1},
-            "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": DEFAULT_TOP_K},
-            "filter": {
-                "type": "object",
-                "maxProperties": MAX_FILTER_FIELDS,
-                "description": "metadata fields and the values they must equal",
-                "additionalProperties": {"type": ["string", "integer", "boolean"]},
-            },
-            "rerank": {
-                "type": "object",
-                "required": ["model"],
-                "additionalProperties": False,
-                "description": ("the hits' texts reranked by a cross-encoder, scored as POST /v1/rerank scores them"),
-                "properties": {"model": {"type": "string"}, "top_n": {"type": "integer", "minimum": 1}},
-            },
-        },
-    }
+    body = typed_schema(SearchBody, schemas)
     hit = {
         "type": "object",
         "required": ["object", "id", "score", "metadata"],
@@ -914,7 +889,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
             **_job_paths(schemas),
             **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
             **_jina_rerank_path(codes),
-            **_search_path(codes),
+            **_search_path(codes, schemas),
             **_cohere_paths(),
             **_tei_task_paths(embed_body, sparse_body, codes),
             **_service_paths(),

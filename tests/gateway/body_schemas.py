@@ -6,13 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
+from pydantic import BaseModel, create_model
 
-from embedfleet.services.gateway.openapi import openapi_spec
+from embedfleet.services.gateway import openapi
 
 
 def served_body(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request schema of ``path``'s POST as /openapi.json serves it (JSON), and the components' schemas."""
-    spec = orjson.loads(orjson.dumps(openapi_spec("test")))
+    spec = orjson.loads(orjson.dumps(openapi.openapi_spec("test")))
     schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     return schema, spec["components"]["schemas"]
 
@@ -27,6 +29,21 @@ def resolved(schema: Any, components: dict[str, Any]) -> Any:
     if isinstance(schema, list):
         return [resolved(v, components) for v in schema]
     return schema
+
+
+def is_generated(path: str, model: type[BaseModel]) -> bool:
+    """Whether ``path``'s served request schema is what pydantic generates for ``model`` (references resolved)."""
+    served, components = served_body(path)
+    generated = model.model_json_schema()
+    defs = generated.pop("$defs", {})
+    ours = orjson.loads(orjson.dumps(generated).replace(b"#/$defs/", b"#/components/schemas/"))
+    return bool(resolved(served, components) == resolved(ours, defs))
+
+
+def added_field(monkeypatch: pytest.MonkeyPatch, path: str, name: str) -> Any:
+    """The schema ``path`` serves for a field 'added' once openapi.py's model ``name`` has it (an integer)."""
+    monkeypatch.setattr(openapi, name, create_model("Wider", __base__=getattr(openapi, name), added=(int, 0)))
+    return served_body(path)[0]["properties"].get("added")
 
 
 def scalar_cases(prop: dict[str, Any]) -> tuple[list[Any], list[Any]] | None:
