@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.jobs_api import _inline, job_options, parse_job
+from embedfleet.services.gateway.jobs_api import inline_documents, job_options, parse_job
 from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, JobBody
 from embedfleet.services.gateway.openai_body import ChunkingBody, ChunkSpecBody
 from embedfleet.shared.errors import ErrorCode
@@ -43,7 +43,7 @@ def _refusal(doc: dict[str, Any]) -> ApiError:
         body = parse_job(orjson.dumps(doc))
         job_options(body)
         if body.documents is not None:
-            _inline(body.documents)
+            inline_documents(body.documents)
     return err.value
 
 
@@ -97,7 +97,7 @@ def test_every_field_of_the_schema_is_read():
         8,
         "lancedb:///data?table=t",
     )
-    docs, fields = _inline(doc.documents)
+    docs, fields = inline_documents(doc.documents)
     assert docs == [("a", "one"), ("7", "two")] and fields == {"a": {"lang": "en"}}
 
 
