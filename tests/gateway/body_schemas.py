@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel, create_model
 
 from embedfleet.services.gateway import openapi
+from tests.gateway.test_openai_body import _resolved as resolved
 
 
 def served_body(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -17,18 +18,6 @@ def served_body(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     spec = orjson.loads(orjson.dumps(openapi.openapi_spec("test")))
     schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     return schema, spec["components"]["schemas"]
-
-
-def resolved(schema: Any, components: dict[str, Any]) -> Any:
-    """``schema`` with each reference to components.schemas replaced by what it names."""
-    if isinstance(schema, dict):
-        ref = schema.get("$ref", "")
-        if ref.startswith("#/components/schemas/"):
-            return resolved(components[ref.rsplit("/", 1)[1]], components)
-        return {k: resolved(v, components) for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [resolved(v, components) for v in schema]
-    return schema
 
 
 def is_generated(path: str, model: type[BaseModel]) -> bool:
