@@ -255,7 +255,8 @@ def jobs_table(rounds: int, number: int) -> None:
         "pydantic": typed_parse_job,
         "pydantic model": parse_job,
     }
-    print(f"\n{'jobs body':<12} {'bytes':>6} " + " ".join(f"{name + ' µs':>16}" for name in options) + "   / hand")
+    print("\n/v1/jobs")
+    print(f"{'body':<12} {'bytes':>6} " + " ".join(f"{name + ' µs':>16}" for name in options) + "   / hand")
     for name, body in job_bodies().items():
         assert hand_parse_job(body) == typed_parse_job(body)  # the same job from both
         scale = max(1, len(body) // 1000)  # a large body's parses take longer: fewer of them a round
