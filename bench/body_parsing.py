@@ -14,6 +14,10 @@ each option's time over the hand-written parser's:
 The bodies: one query (the hot path), eight inputs, and every field set. A second table does the same
 for Cohere's /v2/embed (as its SDK sends a query and eight documents), its hand-written parser against
 its typed model (CohereEmbedV2Body). docs/performance.md ("Parsing a request body") records runs.
+
+A third table: POST /v1/jobs' body (its fields checked together, every document read), the hand
+parser the route had against JobBody (jobs_body.py) and jobs_api.py's checks, for one document, 1,000
+documents with a metadata field each, and every field set.
 """
 
 import argparse
@@ -24,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 
-from embedfleet.services.gateway.chunking import parse_text_chunking
+from embedfleet.services.gateway.chunking import parse_chunking, parse_text_chunking
 from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, CohereEmbed, parse_embed
 from embedfleet.services.gateway.cohere_body import CohereEmbedV2Body
 from embedfleet.services.gateway.errors import ApiError
@@ -36,12 +40,15 @@ from embedfleet.services.gateway.inputs import (
     parse_inputs,
     positive_dimensions,
 )
+from embedfleet.services.gateway.job_ids import check_job_id
+from embedfleet.services.gateway.jobs_api import inline_documents, job_options, parse_job
 from embedfleet.services.gateway.openai_api import EmbeddingsRequest, parse_embeddings_request
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.protocol import MAX_DIMENSION
-from embedfleet.shared.text_chunks import ChunkSpec
-from embedfleet.shared.vector_forms import COHERE_TYPES, form_named
+from embedfleet.shared.job_state import JOB_OUTPUTS
+from embedfleet.shared.protocol import MAX_DIMENSION, EmbedOptions
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.vector_forms import COHERE_TYPES, FORMS, form_named
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=65536)  # the gateway's defaults
 MODEL = "all-MiniLM-L6-v2"
@@ -178,6 +185,81 @@ def cohere_hand_parse(body: bytes, limits: Limits) -> CohereEmbed:
     )
 
 
+# what a job's submission parses into: options, form, chunking, documents, their metadata
+Job = tuple[EmbedOptions, str, JobChunking | None, list[tuple[str, str]], dict[str, dict] | None]
+
+
+def job_bodies() -> dict[str, bytes]:
+    text = "the quick brown fox jumps over the lazy dog near the river bank"
+    every = {
+        "model": MODEL,
+        "id": "bench-job",
+        "documents": [{"id": "a", "text": text}, {"id": 2, "text": text}],
+        "input_type": "document",
+        "embedding_type": "float16",
+        "output": "dense",
+        "batch_size": 32,
+        "chunking": {"size": 128, "overlap": 16, "boundary": "sentence", "late": False},
+        "with_text": True,
+    }
+    many = [{"id": f"doc-{i}", "text": f"passage {i}: {text}", "lang": "en"} for i in range(1000)]
+    return {
+        "1 document": orjson.dumps({"documents": [{"id": "a", "text": text}]}),
+        "1000 docs": orjson.dumps({"documents": many}),
+        "every field": orjson.dumps(every),
+    }
+
+
+def hand_parse_job(body: bytes) -> Job:
+    """The checks of POST /v1/jobs' body as the route made them before its typed model (no I/O)."""
+    doc = json_object(body)
+    batch_size = optional(doc, "batch_size", int, 64)
+    if not 0 < batch_size <= 4096:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'batch_size' must be in 1..4096", "batch_size")
+    input_type = optional(doc, "input_type", str)
+    if input_type not in (None, "query", "document"):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
+    form = embedding_form(doc)
+    output = optional(doc, "output", str, "dense")
+    if output not in JOB_OUTPUTS:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
+    options = EmbedOptions(input_type=input_type, dtype=FORMS[form].wire, output=output)
+    parsed = parse_chunking(doc, keys=("size", "overlap", "boundary", "late"))
+    with_text = optional(doc, "with_text", bool, False)
+    chunking = None if parsed is None else JobChunking(parsed.spec, parsed.late, with_text)
+    if "id" in doc:
+        check_job_id(doc["id"])
+    raw = doc.get("documents")
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'documents' must be a non-empty list", "documents")
+    docs = []
+    for i, d in enumerate(raw):
+        if not (
+            isinstance(d, dict)
+            and isinstance(d.get("id"), str | int)
+            and not isinstance(d.get("id"), bool)
+            and isinstance(d.get("text"), str)
+        ):
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'documents[{i}]' must be {{id, text}}", "documents")
+        docs.append((str(d["id"]), d["text"]))
+    seen: set[str] = set()
+    fields = {str(d["id"]): {k: v for k, v in d.items() if k not in ("id", "text")} for d in raw if len(d) > 2}
+    for doc_id, _ in docs:
+        if doc_id in seen:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "document ids must be unique", "documents")
+        seen.add(doc_id)
+    return options, form, chunking, docs, fields or None
+
+
+def typed_parse_job(body: bytes) -> Job:
+    """The route's parse now: JobBody, then the checks of the fields together (jobs_api.py)."""
+    doc = parse_job(body)
+    options, form, chunking = job_options(doc)
+    if doc.id is not None:
+        check_job_id(doc.id)
+    return options, form, chunking, *inline_documents(doc.documents)
+
+
 def interleaved(
     options: dict[str, Callable[[bytes], object]], body: bytes, rounds: int, number: int
 ) -> dict[str, float]:
@@ -225,6 +307,24 @@ def main(argv: list[str] | None = None) -> None:
         "pydantic model": CohereEmbedV2Body.model_validate_json,
     }
     table(cohere, cohere_bodies(), args.rounds, args.number)
+    jobs_table(args.rounds, args.number)
+
+
+def jobs_table(rounds: int, number: int) -> None:
+    """POST /v1/jobs' body: the hand parser against the typed model, µs a body."""
+    options: dict[str, Callable[[bytes], object]] = {
+        "hand": hand_parse_job,
+        "pydantic": typed_parse_job,
+        "pydantic model": parse_job,
+    }
+    print("\n/v1/jobs")
+    print(f"{'body':<12} {'bytes':>6} " + " ".join(f"{name + ' µs':>16}" for name in options) + "   / hand")
+    for name, body in job_bodies().items():
+        assert hand_parse_job(body) == typed_parse_job(body)  # the same job from both
+        scale = max(1, len(body) // 1000)  # a large body's parses take longer: fewer of them a round
+        us = interleaved(options, body, rounds, max(1, number // scale))
+        ratios = " ".join(f"{option} {us[option] / us['hand']:.2f}" for option in options if option != "hand")
+        print(f"{name:<12} {len(body):>6} " + " ".join(f"{v:>16.2f}" for v in us.values()) + f"   {ratios}")
 
 
 if __name__ == "__main__":

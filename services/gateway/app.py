@@ -42,7 +42,7 @@ from embedfleet.services.gateway.inputs import Inputs, Limits, json_object
 from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.job_results import JobResultsApi
-from embedfleet.services.gateway.jobs_api import JobsApi
+from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
 from embedfleet.services.gateway.limits import KeyLimits, current_key
 from embedfleet.services.gateway.metrics import Metrics
 from embedfleet.services.gateway.middleware import GatewayMiddleware
@@ -595,13 +595,12 @@ class Gateway:
     async def create_job(self, request: Request) -> Response:
         if self.jobs is None:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        body = await _read_body(request, self.cfg.max_body_bytes)
-        model = await self.resolve_model(tei_api.model_field(body))  # a 'model' that is no string: 400
-        output = json_object(body).get("output", "dense")
-        if output in ("sparse", "multivector") and output not in await self.offers(model):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {output} vectors", "output")
+        doc = parse_job(await _read_body(request, self.cfg.max_body_bytes))
+        model = await self.resolve_model(doc.model)
+        if doc.output in ("sparse", "multivector") and doc.output not in await self.offers(model):
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {doc.output} vectors", "output")
         status, answer = await self.jobs.create(
-            body, model, await self.discovery.view(), self.nc.max_payload, self.client
+            doc, model, await self.discovery.view(), self.nc.max_payload, self.client
         )
         return json_response(answer, status=status)
 

@@ -24,6 +24,7 @@ def member(name: str) -> Tag:
 
 
 _EMPTY = {"string_too_short": "an empty string", "too_short": "an empty list"}
+_LONG = ("string_too_long", "too_long")
 # what a value of the wrong type should have been, by pydantic's error type
 _KINDS = {
     "string_type": "a string",
@@ -52,6 +53,9 @@ def fault_error(errors: list[ErrorDetails], code: ErrorCode = ErrorCode.INVALID_
         return ApiError(code, f"'{where}' is required", param)
     if kind in _EMPTY:
         return ApiError(code, f"'{where}' must not be {_EMPTY[kind]}", param)
+    if kind in _LONG:  # a string's characters, a list's items or an object's fields past a bound
+        unit = "characters" if kind == "string_too_long" else "fields" if isinstance(err["input"], dict) else "items"
+        return ApiError(code, f"'{where}' has {len(err['input'])} {unit}; the limit is {ctx['max_length']}", param)
     if kind == "extra_forbidden":
         keys = [e["loc"][-1] for e in errors if e["type"] == kind and e["loc"][:-1] == loc[:-1]]
         parent = where.rpartition(".")[0]

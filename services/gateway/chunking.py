@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")
-JOB_KEYS = _KEYS[:4]  # a bulk job's chunking: a vector a chunk, always
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,3 @@ def check_job_id(job: object) -> str:
     if problem:
         raise ApiError(ErrorCode.INVALID_REQUEST, problem, "id")
     return job
-
-
-def check_job_field(doc: dict) -> None:
-    """The ``id`` a job's submission gives, if any (none: the gateway makes one)."""
-    if "id" in doc:
-        check_job_id(doc["id"])

@@ -1,6 +1,6 @@
-"""HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server),
-GET /v1/jobs/{id} returns its state, DELETE /v1/jobs/{id} cancels it. The vectors go to the results
-stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
+"""HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server; its body a
+JobBody, jobs_body.py), GET /v1/jobs/{id} returns its state, DELETE /v1/jobs/{id} cancels it. The
+vectors go to the results stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
 tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too).
 With ``sink`` (a store the gateway's --job-sinks allows) the gateway writes the rows into it as they
 come (services/gateway/sink_jobs.py): an inline document's other fields are its row's metadata."""
@@ -13,15 +13,17 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from embedfleet.services.gateway.chunking import JOB_KEYS, parse_chunking
+from pydantic import ValidationError
+
+from embedfleet.services.gateway.body_errors import fault_error
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import embedding_form, json_object, optional
 from embedfleet.services.gateway.job_files import read_job_file
-from embedfleet.services.gateway.job_ids import check_job_field
+from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.job_owners import JobOwners
+from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, DocumentBody, JobBody
 from embedfleet.services.gateway.sink_jobs import SinkJobs
 from embedfleet.shared.documents import job_id_for, read_fields
-from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.fleet import FleetView
 from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_collector import Layout
@@ -35,10 +37,20 @@ from embedfleet.shared.options import default
 from embedfleet.shared.progress import Ledger
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.sinks.writer import Sources, shape_for
-from embedfleet.shared.text_chunks import JobChunking
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
 
 log = logging.getLogger("embedfleet.gateway.jobs")
+
+_validate_json = JobBody.__pydantic_validator__.validate_json
+
+
+def parse_job(body: bytes) -> JobBody:
+    """The submission ``body`` holds, its fields each checked; ApiError (400 naming the field) otherwise."""
+    try:
+        return _validate_json(body)
+    except ValidationError as exc:
+        raise fault_error(exc.errors(include_url=False)) from None
 
 
 class JobsApi:
@@ -62,57 +74,53 @@ class JobsApi:
         self._background: set[asyncio.Task] = set()
 
     async def create(
-        self, body: bytes, model: str, fleet: FleetView | None = None, max_payload: int = 0, chunker=None
+        self, doc: JobBody, model: str, fleet: FleetView | None = None, max_payload: int = 0, chunker=None
     ) -> tuple[int, dict]:
-        """``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
+        """The job ``doc`` (parse_job's) asks for. ``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
         against them (shared/job_fit.py) before anything is published; its batches cut to fit.
         ``chunker`` (an EmbedClient): a tokenizer it asks says whether a chunked job's windows fit the
         model. A job of that id already there: the same request again answers its state (200, resumed
         if it was not all published), any other 409."""
-        doc = json_object(body)
-        batch_size, options, form = _fields(doc)
-        chunking = _chunking(doc, options)
-        with_text = optional(doc, "with_text", bool, False)
-        check_job_field(doc)
+        options, form, chunking = job_options(doc)
+        with_text = bool(doc.with_text)
+        if doc.id is not None:
+            check_job_id(doc.id)
         # everything is checked before the first batch is published: the fields above, every document, the id
-        if "documents" in doc and "path" in doc:
+        if doc.documents is not None and doc.path is not None:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")
-        if "documents" in doc:
-            (docs, fields), source, path = _inline(doc["documents"]), "inline", None
-        elif "path" in doc:
+        if doc.documents is not None:
+            (docs, fields), source, path = inline_documents(doc.documents), "inline", None
+        elif doc.path is not None:
             if self._jobs_dir is None:
                 raise ApiError(
                     ErrorCode.INVALID_REQUEST,
                     "server-side files are off here (the gateway's --jobs-dir is not set)",
                     "path",
                 )
-            if not (given := optional(doc, "path", str)):
-                raise ApiError(
-                    ErrorCode.INVALID_REQUEST, "'path' must name a file under the gateway's --jobs-dir", "path"
-                )
-            file = await read_job_file(self._jobs_dir, given, self._max_file_bytes)
+            file = await read_job_file(self._jobs_dir, doc.path, self._max_file_bytes)
             docs, source, path = file.docs, file.given, file.path
-            fields = await asyncio.to_thread(read_fields, path) if "sink" in doc else None
+            fields = await asyncio.to_thread(read_fields, path) if doc.sink is not None else None
         else:
             raise ApiError(
                 ErrorCode.INVALID_REQUEST,
                 "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)",
                 "documents",
             )
+        batch_size = DEFAULT_BATCH if doc.batch_size is None else doc.batch_size
         batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
         if chunking is not None and chunker is not None:
             try:
                 await check_chunk_room(chunker, model, chunking, options)
             except JobRefused as exc:
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
-        job = optional(doc, "id", str) or (
+        job = doc.id or (
             job_id_for(path, model, batch_size, form, options.output, chunking) if path else uuid.uuid4().hex[:16]
         )
         claim = Claim(
             await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking), self._owners.owner()
         )
         existing = await self._existing(job, claim, form, options.output)
-        if existing is not None and existing.sink_target != (given := doc.get("sink")):
+        if existing is not None and existing.sink_target != (given := doc.sink):
             raise ApiError(
                 ErrorCode.CONFLICT,
                 f"job {job} writes into {existing.sink or 'no store'}, not {given or 'none'}: give another 'id'",
@@ -123,9 +131,9 @@ class JobsApi:
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
         store = None
-        if "sink" in doc:  # opened (its table made) before anything is published; the gateway writes it
+        if doc.sink is not None:  # opened (its table made) before anything is published; the gateway writes it
             sources = Sources(fields, dict(docs) if with_text and chunking is None else None)
-            store = await self._store(doc, fleet, model, form, options, chunking, job, docs, sources)
+            store = await self._store(doc.sink, fleet, model, form, options, chunking, job, docs, sources)
         try:
             record = None
             if store is not None:
@@ -179,7 +187,7 @@ class JobsApi:
 
     async def _store(
         self,
-        doc: dict,
+        given: str,
         fleet: FleetView | None,
         model: str,
         form: str,
@@ -189,13 +197,8 @@ class JobsApi:
         docs,
         sources: Sources,
     ):
-        """The store a job's ``sink`` names, opened for its rows, and their sources kept beside its
-        results: (the request's URL, the sink, the rows' shape)."""
-        given = doc["sink"]
-        if not isinstance(given, str) or not given:
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST, "'sink' must be a store's URL (postgresql://, lancedb://, qdrant://)", "sink"
-            )
+        """The store a job's ``sink`` (``given``) names, opened for its rows, and their sources kept beside
+        its results: (the request's URL, the sink, the rows' shape)."""
         if self._sinks is None:
             raise ApiError(
                 ErrorCode.INVALID_REQUEST,
@@ -301,29 +304,27 @@ class JobsApi:
             log.error("submitting a job failed: %s", task.exception())
 
 
-def _fields(doc: dict) -> tuple[int, EmbedOptions, str]:
-    """The batch size, the options and the form name a job's submission asks for, checked."""
-    batch_size = optional(doc, "batch_size", int, 64)
-    if not 0 < batch_size <= 4096:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'batch_size' must be in 1..4096", "batch_size")
-    input_type = optional(doc, "input_type", str)
-    if input_type not in (None, "query", "document"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    form = embedding_form(doc)
-    output = optional(doc, "output", str, "dense")
-    if output not in JOB_OUTPUTS:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'dense', 'sparse' or 'multivector'", "output")
+def job_options(doc: JobBody) -> tuple[EmbedOptions, str, JobChunking | None]:
+    """What the fields of a submission ask for together: the options, the form's name and the chunking;
+    ApiError (400) for fields that do not go together."""
+    options, form = _options(doc)
+    return options, form, _chunking(doc, options)
+
+
+def _options(doc: JobBody) -> tuple[EmbedOptions, str]:
+    """The options and the form name a job's submission asks for; a sparse job's form floating."""
+    form = EMBEDDING_TYPES[doc.embedding_type or "float"].name
+    output = doc.output or JOB_OUTPUTS[0]
     if output == "sparse" and not FORMS[form].floating:
         raise ApiError(ErrorCode.INVALID_REQUEST, "sparse values are float32 or float16", "embedding_type")
-    return batch_size, EmbedOptions(input_type=input_type, dtype=FORMS[form].wire, output=output), form
+    return EmbedOptions(input_type=doc.input_type, dtype=FORMS[form].wire, output=output), form
 
 
-def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:
-    """The job's ``chunking`` and ``with_text`` fields, checked (None: a vector a document)."""
-    parsed = parse_chunking(doc, keys=JOB_KEYS)
-    with_text = optional(doc, "with_text", bool, False)
+def _chunking(doc: JobBody, options: EmbedOptions) -> JobChunking | None:
+    """The job's ``chunking`` and ``with_text`` fields, checked together (None: a vector a document)."""
+    parsed, with_text = doc.chunking, bool(doc.with_text)
     if parsed is None:
-        if with_text and "sink" not in doc:  # a store keeps each document's text; the results stream only a chunk's
+        if with_text and doc.sink is None:  # a store keeps each document's text; the results stream only a chunk's
             raise ApiError(
                 ErrorCode.INVALID_REQUEST, "'with_text' stores each chunk's text: give 'chunking' too", "with_text"
             )
@@ -334,7 +335,11 @@ def _chunking(doc: dict, options: EmbedOptions) -> JobChunking | None:
             f"a chunked job makes a dense vector a chunk, not {options.output} vectors",
             "chunking",
         )
-    return JobChunking(parsed.spec, parsed.late, with_text)
+    try:
+        spec = ChunkSpec(parsed.size, parsed.overlap, parsed.boundary)
+    except ServiceError as exc:  # an overlap not below the size
+        raise ApiError(exc.code, exc.message, "chunking") from None
+    return JobChunking(spec, parsed.late, with_text)
 
 
 def _fitted(
@@ -365,32 +370,19 @@ def _shown(state: JobState) -> dict:
     return shown
 
 
-def _inline(raw) -> tuple[list[tuple[str, str]], dict[str, dict] | None]:
+def inline_documents(raw: list[DocumentBody]) -> tuple[list[tuple[str, str]], dict[str, dict] | None]:
     """The documents, and each one's other fields (None: no document has any)."""
-    if not isinstance(raw, list) or not raw:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, '\'documents\' must be a non-empty list of {"id", "text"}', "documents"
-        )
-    docs = []
-    for i, d in enumerate(raw):
-        if not (
-            isinstance(d, dict)
-            and isinstance(d.get("id"), (str, int))
-            and not isinstance(d.get("id"), bool)
-            and isinstance(d.get("text"), str)
-        ):
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST, f'\'documents[{i}]\' must be {{"id": string, "text": string}}', "documents"
-            )
-        docs.append((str(d["id"]), d["text"]))
-    seen: set[str] = set()
-    fields = {str(d["id"]): {k: v for k, v in d.items() if k not in ("id", "text")} for d in raw if len(d) > 2}
-    for i, (doc_id, _) in enumerate(docs):
-        if doc_id in seen:
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
-                "documents",
-            )
-        seen.add(doc_id)
-    return docs, fields or None
+    ids = [str(d.id) for d in raw]
+    if len(set(ids)) < len(ids):  # the first repeat named only then: a set is the cheap check of thousands
+        seen: set[str] = set()
+        for i, doc_id in enumerate(ids):
+            if doc_id in seen:
+                raise ApiError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
+                    "documents",
+                )
+            seen.add(doc_id)
+    # __pydantic_extra__: model_extra's dict without its property call, a document at a time
+    fields = {doc_id: extra for doc_id, d in zip(ids, raw) if (extra := d.__pydantic_extra__)}
+    return [(doc_id, d.text) for doc_id, d in zip(ids, raw)], fields or None

@@ -48,10 +48,13 @@ Input = Annotated[
     Field(description="a text, a list of texts, a list of token IDs, or a list of token-ID lists"),
 ]
 
+# the vector forms a request may name (shared/vector_forms.py's EMBEDDING_TYPES)
+EmbeddingType = Literal["float", "float32", "float16", "int8", "uint8", "binary", "ubinary"]
 
-class ChunkingBody(BaseModel):
-    """An extension: each text cut into windows of at most 'size' tokens, each window embedded; a binary
-    answer (Accept) takes return 'mean' only."""
+
+# a bulk job's chunking (jobs_body.py); the embedding routes' ChunkingBody adds what they answer
+class ChunkSpecBody(BaseModel):
+    """Each text cut into windows of at most 'size' tokens, a vector each."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid", populate_by_name=True)
 
@@ -65,6 +68,12 @@ class ChunkingBody(BaseModel):
     late: bool = Field(
         False, description="late chunking: each chunk pooled from the token states of the text around it"
     )
+
+
+class ChunkingBody(ChunkSpecBody):
+    """An extension: each text cut into windows of at most 'size' tokens, each window embedded; a binary
+    answer (Accept) takes return 'mean' only."""
+
     returns: Literal["chunks", "mean"] = Field(
         "chunks",
         alias="return",
@@ -84,7 +93,7 @@ class EmbeddingsBody(BaseModel):
     dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSION)] | None = None
     user: str | None = None
     input_type: Literal["query", "document"] | None = None
-    embedding_type: Literal["float", "float32", "float16", "int8", "uint8", "binary", "ubinary"] | None = Field(
+    embedding_type: EmbeddingType | None = Field(
         "float",
         description=(
             "an extension: the vector form made on the worker. float (= float32), float16; int8 / uint8: each "

@@ -8,9 +8,10 @@ from pydantic import BaseModel
 
 from embedfleet.services.gateway.chunking import RETURNS
 from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
+from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
-from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
+from embedfleet.services.gateway.search_body import SearchBody
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES
 
@@ -482,61 +483,16 @@ def _job_results(job: list[dict]) -> dict[str, Any]:
     }
 
 
-def _job_paths() -> dict[str, Any]:
+def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """Bulk jobs: POST /v1/jobs, GET / DELETE /v1/jobs/{job} and GET /v1/jobs/{job}/results."""
     job = [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "/v1/jobs": _post(
             "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
-            {
-                "type": "object",
-                "properties": {
-                    "model": {"type": "string"},
-                    "id": {"type": "string"},
-                    "path": {"type": "string"},
-                    "documents": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {"id": {"type": "string"}, "text": {"type": "string"}},
-                            "required": ["id", "text"],
-                        },
-                    },
-                    "input_type": {"type": "string", "enum": ["query", "document"]},
-                    "embedding_type": _EMBEDDING_TYPE,
-                    "output": {"type": "string", "enum": ["dense", "sparse", "multivector"]},
-                    "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
-                    "chunking": {
-                        "type": "object",
-                        "required": ["size"],
-                        "description": (
-                            "cut each document into chunks of at most size tokens, a vector each (late: not served in jobs)"
-                        ),
-                        "properties": {
-                            "size": {"type": "integer", "minimum": 1},
-                            "overlap": {"type": "integer", "minimum": 0},
-                            "boundary": {"type": "string", "enum": ["token", "sentence"]},
-                            "late": {"type": "boolean", "enum": [False]},
-                        },
-                    },
-                    "with_text": {
-                        "type": "boolean",
-                        "description": "store each chunk's text beside its vector (with sink: "
-                        "each document's when the job has no chunks)",
-                    },
-                    "sink": {
-                        "type": "string",
-                        "description": (
-                            "a vector store to write the rows into, one of the gateway's --job-sinks without its password, "
-                            "the table chosen: postgresql://USER@HOST:PORT/DB?table=NAME, lancedb:///PATH?table=NAME, "
-                            "qdrant://HOST:PORT?collection=NAME"
-                        ),
-                    },
-                },
-            },
+            typed_schema(JobBody, schemas),
             {"application/json": {"schema": {"type": "object"}}},
             _OPENAI_ERROR,
-            (400, 401, 404, 503),
+            (400, 401, 404, 409, 413, 503),
         ),
         "/v1/jobs/{job}": {
             "get": {
@@ -781,34 +737,9 @@ def _jina_rerank_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[s
     }
 
 
-def _search_path(codes: tuple[int, ...]) -> dict[str, Any]:
+def _search_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
     """/v1/search over the gateway's --search-sink store (services/gateway/search.py), OpenAI's list style."""
-    body = {
-        "type": "object",
-        "required": ["query"],
-        "properties": {
-            "model": {
-                "type": "string",
-                "description": "the model whose vectors the store holds (default: the gateway's "
-                "--search-model, else --default-model); it embeds the query with its query prompt",
-            },
-            "query": {"type": "string", "minLength": 1},
-            "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": DEFAULT_TOP_K},
-            "filter": {
-                "type": "object",
-                "maxProperties": MAX_FILTER_FIELDS,
-                "description": "metadata fields and the values they must equal",
-                "additionalProperties": {"type": ["string", "integer", "boolean"]},
-            },
-            "rerank": {
-                "type": "object",
-                "required": ["model"],
-                "additionalProperties": False,
-                "description": ("the hits' texts reranked by a cross-encoder, scored as POST /v1/rerank scores them"),
-                "properties": {"model": {"type": "string"}, "top_n": {"type": "integer", "minimum": 1}},
-            },
-        },
-    }
+    body = typed_schema(SearchBody, schemas)
     hit = {
         "type": "object",
         "required": ["object", "id", "score", "metadata"],
@@ -886,10 +817,10 @@ def openapi_spec(version: str) -> dict[str, Any]:
         "info": {"title": "embedfleet gateway", "version": version},
         "paths": {
             **_openai_paths(codes, schemas),
-            **_job_paths(),
+            **_job_paths(schemas),
             **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
             **_jina_rerank_path(codes, schemas),
-            **_search_path(codes),
+            **_search_path(codes, schemas),
             **_cohere_paths(schemas),
             **_tei_task_paths(embed_body, sparse_body, codes),
             **_service_paths(),

@@ -1,4 +1,5 @@
-"""``POST /v1/search``'s shapes (no I/O here): the request's fields, and the answer in OpenAI's list style.
+"""``POST /v1/search``'s shapes (no I/O here): the request (a SearchBody, search_body.py, within the
+gateway's limits), and the answer in OpenAI's list style.
 
     {"model"?, "query", "top_k"?: 10, "filter"?: {field: value}, "rerank"?: {"model", "top_n"?}}
  -> {"object": "list", "model", "rerank_model"?, "data": [{"object": "search_result", "id", "chunk"?, "score",
@@ -11,26 +12,20 @@ tokens (the reranker's are not reported by the scorer).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
+from embedfleet.services.gateway.body_errors import fault_error
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import MAX_NAME_CHARS, Limits, json_object, json_type, name_field, optional
-from embedfleet.services.gateway.rerank_api import query_field, top_n_field
+from embedfleet.services.gateway.inputs import Limits, json_type
+from embedfleet.services.gateway.search_body import DEFAULT_TOP_K, MAX_FILTER_CHARS, MAX_TOP_K, SearchBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.sinks import Hit
-
-DEFAULT_TOP_K = 10
-MAX_TOP_K = 1000  # an HNSW search past this many rows costs more than an exact one; rerank lists stay short
-MAX_FILTER_FIELDS = 16
-MAX_FILTER_CHARS = 1024  # a filter's string value
-FIELD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")  # a metadata field: no dots, no paths into it
-INT64 = 1 << 63  # stores keep integers in 64 bits
-_RERANK_KEYS = ("model", "top_n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,82 +43,48 @@ class SearchCall:
     rerank: RerankAsk | None
 
 
+_validate_json = SearchBody.__pydantic_validator__.validate_json
+
+
 def parse_search(body: bytes, limits: Limits) -> SearchCall:
-    doc = json_object(body)
-    query = query_field(doc, limits)
-    top_k = optional(doc, "top_k", int, DEFAULT_TOP_K)
-    most = min(MAX_TOP_K, limits.max_inputs)
-    if not 0 < top_k <= most:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'top_k' must be an integer in 1..{most}", "top_k")
-    model = name_field(doc, "model")
-    if model == "":
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'model' must name a served model (or be left out)", "model")
-    return SearchCall(model, query, top_k, filter_field(doc.get("filter")), rerank_field(doc.get("rerank")))
-
-
-def filter_field(raw: Any) -> dict[str, str | int | bool]:
-    """``{field: value}``: rows whose metadata has each field equal to its value (a string, an integer
-    or a boolean: what every store matches exactly)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'filter' must be an object of metadata fields and the values they must equal, got {json_type(raw)}",
-            "filter",
-        )
-    if len(raw) > MAX_FILTER_FIELDS:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'filter' has {len(raw)} fields; the limit is {MAX_FILTER_FIELDS}", "filter"
-        )
-    for name, value in raw.items():
-        if not FIELD_NAME.match(name):
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                f"'filter' field {name[:70]!r} is not a plain name (letters, digits, _ -, at most 64)",
-                "filter",
-            )
-        if isinstance(value, str) and len(value) > MAX_FILTER_CHARS:
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                f"'filter.{name}' has {len(value)} characters; the limit is {MAX_FILTER_CHARS}",
-                "filter",
-            )
-        if not isinstance(value, (str, bool, int)) or (isinstance(value, int) and not -INT64 <= value < INT64):
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                f"'filter.{name}' must be a string, an integer (64 bits) or a boolean, got {json_type(value)}",
-                "filter",
-            )
-    return dict(raw)
-
-
-def rerank_field(raw: Any) -> RerankAsk | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'rerank' must be an object with 'model' and optionally 'top_n', got {json_type(raw)}",
-            "rerank",
-        )
-    unknown = sorted(set(raw) - set(_RERANK_KEYS))
-    if unknown:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'rerank' has unknown keys {', '.join(map(repr, unknown))}: it takes 'model' and 'top_n'",
-            "rerank",
-        )
-    model = raw.get("model")
-    if not isinstance(model, str) or not 0 < len(model) <= MAX_NAME_CHARS:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'rerank.model' is required: the name of a reranker served here", "rerank.model"
-        )
+    """The request ``body`` holds (SearchBody), within the gateway's ``limits``; ApiError otherwise."""
     try:
-        top_n = top_n_field(raw)
-    except ApiError as exc:  # named as the field it is here
-        raise ApiError(exc.code, exc.message.replace("'top_n'", "'rerank.top_n'"), "rerank.top_n") from None
-    return RerankAsk(model, top_n)
+        doc: SearchBody = _validate_json(body)
+    except ValidationError as exc:
+        raise _fault(exc.errors(include_url=False)) from None
+    if len(doc.query) > limits.max_input_chars:
+        raise ApiError(
+            ErrorCode.INPUT_TOO_LONG,
+            f"'query' has {len(doc.query)} characters; the limit is {limits.max_input_chars}",
+            "query",
+        )
+    top_k = doc.top_k or DEFAULT_TOP_K
+    if top_k > limits.max_inputs:  # MAX_TOP_K the model's bound
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'top_k' must be at most {min(MAX_TOP_K, limits.max_inputs)} (the gateway's --max-inputs), got {top_k}",
+            "top_k",
+        )
+    rerank = None if doc.rerank is None else RerankAsk(doc.rerank.model, doc.rerank.top_n)
+    return SearchCall(doc.model, doc.query, top_k, dict(doc.filter or {}), rerank)
+
+
+def _fault(errors: list[ErrorDetails]) -> ApiError:
+    """A fault within 'filter' (whose names are the client's, not fields of the body) in the words the
+    route has always used for it; every other fault as body_errors words it."""
+    loc = errors[0]["loc"]
+    if loc[0] != "filter" or len(loc) < 2:
+        return fault_error(errors)
+    name = str(loc[1])
+    if loc[-1] == "[key]":
+        message = f"'filter' field {name[:70]!r} is not a plain name (letters, digits, _ -, at most 64)"
+    elif any(e["type"] == "string_too_long" for e in errors if e["loc"][:2] == loc[:2]):
+        message = f"'filter.{name}' has {len(errors[0]['input'])} characters; the limit is {MAX_FILTER_CHARS}"
+    else:
+        message = (
+            f"'filter.{name}' must be a string, an integer (64 bits) or a boolean, got {json_type(errors[0]['input'])}"
+        )
+    return ApiError(ErrorCode.INVALID_REQUEST, message, "filter")
 
 
 def render_search(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.job_ids import check_job_field, check_job_id
+from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.shared.errors import ErrorCode
 
 
@@ -20,11 +20,3 @@ def test_ids_that_name_no_key_are_refused(job):
 @pytest.mark.parametrize("job", ["a", "a.b", "run-1_2=3/x", "x" * 128])
 def test_good_ids_pass(job):
     assert check_job_id(job) == job
-
-
-def test_a_submission_s_id_field():
-    check_job_field({})  # none given: the gateway makes one
-    check_job_field({"id": "a.b"})
-    for bad in ({"id": ""}, {"id": 3}, {"id": None}):
-        with pytest.raises(ApiError):
-            check_job_field(bad)

@@ -174,7 +174,8 @@ def test_bad_paths_are_400_in_the_clients_words(gateway):
         return r.json()["error"]["message"]
 
     assert refused("a\u0000b.jsonl") == "'path' must not hold a NUL character"
-    assert refused(None) == refused("") == "'path' must name a file under the gateway's --jobs-dir"
+    assert refused(None) == "'path' must be a string, got null"
+    assert refused("") == "'path' must not be an empty string"
     long_name = "n" * 5000
     assert refused(long_name) == f"'path' {long_name[:200]!r}: File name too long"
     assert refused("missing.jsonl") == "'path' 'missing.jsonl': no such file"

@@ -377,8 +377,8 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
 
     documents = [{"id": "a", "text": "one"}]
     for fields, param, said in [
-        ({"chunking": {"size": 0}}, "chunking", "chunking.size must be an integer of at least 1, got 0"),
-        ({"chunking": {"size": "8"}}, "chunking", "chunking.size must be an integer of at least 1, got '8'"),
+        ({"chunking": {"size": 0}}, "chunking.size", "'chunking.size' must be at least 1, got 0"),
+        ({"chunking": {"size": "8"}}, "chunking.size", "'chunking.size' must be an integer, got '8'"),
         (
             {"chunking": {"size": 8, "overlap": 8}},
             "chunking",
@@ -388,9 +388,9 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         ({"chunking": {"size": 8, "return": "mean"}}, "chunking", "'chunking' has unknown keys 'return'"),
         ({"chunking": 8}, "chunking", "'chunking' must be an object"),
         ({"chunking": {"size": 600}}, "chunking.size", "chunking.size is 600; this model holds at most 254"),
-        ({"chunking": {"size": 8, "late": "no"}}, "chunking.late", "'chunking.late' must be true or false"),
+        ({"chunking": {"size": 8, "late": "no"}}, "chunking.late", "'chunking.late' must be true or false, got 'no'"),
         ({"with_text": True}, "with_text", "'with_text' stores each chunk's text: give 'chunking' too"),
-        ({"chunking": {"size": 8}, "with_text": "yes"}, "with_text", "'with_text' must be"),
+        ({"chunking": {"size": 8}, "with_text": "yes"}, "with_text", "'with_text' must be true or false, got 'yes'"),
     ]:
         r = httpx.post(
             f"{stack.base_url}/v1/jobs", json={"id": "refused-chunks", "documents": documents, **fields}, timeout=30

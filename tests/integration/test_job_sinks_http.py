@@ -200,7 +200,8 @@ def test_a_gateway_killed_mid_job_is_replaced_and_nothing_is_lost(fleet, referen
         ("postgresql://postgres@elsewhere:5432/postgres?table=t", "does not write into"),
         ("postgresql://postgres:hunter2@/postgres?table=t", "no password"),
         ("redis://localhost/0", "does not write into"),
-        (7, "must be a store's URL"),
+        (7, "'sink' must be a string, got 7"),
+        ("", "'sink' must not be an empty string"),
     ],
 )
 def test_stores_not_allowed_are_refused_before_anything_is_published(fleet, sink, message):

@@ -142,7 +142,8 @@ def test_jobs_over_http(stack, reference):
     no_dir = httpx.post(f"{stack.base_url}/v1/jobs", json={"path": "/etc/passwd"}, timeout=30)
     assert no_dir.status_code == 400 and "--jobs-dir" in no_dir.json()["error"]["message"]
     bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "a"}]}, timeout=30)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents.text", bad.text
+    assert bad.json()["error"]["message"] == "'documents[0].text' is required"
 
 
 def test_malformed_batch_becomes_a_dead_letter(stack):
