@@ -366,7 +366,7 @@ class Gateway:
     async def embed(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed(body, self.limits)
-        return await self.run_tei_embed(request, req, await self.resolve_model(tei_api.model_field(body)))
+        return await self.run_tei_embed(request, req, await self.resolve_model(req.model))
 
     async def run_tei_embed(self, request: Request, req: tei_api.EmbedRequest, model: str) -> Response:
         outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options, req.chunking)
@@ -388,7 +388,7 @@ class Gateway:
     async def embed_sparse(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed_sparse(body, self.limits)
-        model = await self.resolve_model(tei_api.model_field(body))
+        model = await self.resolve_model(req.model)
         if "sparse" not in await self.offers(model):
             raise ApiError(
                 ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)"
@@ -402,8 +402,9 @@ class Gateway:
 
     async def embed_all(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
-        model = await self.resolve_model(tei_api.model_field(body))
-        req = tei_api.parse_embed_all(body, self.limits, await self.offers(model))
+        doc = tei_api.read_embed_all(body)
+        model = await self.resolve_model(doc.model)
+        req = tei_api.parse_embed_all(doc, self.limits, await self.offers(model))
         outcome = await self.run_embed(model, req.inputs, req.options)
         form = req.options.form
         return Response(
@@ -474,7 +475,7 @@ class Gateway:
     async def tokenize(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_tokenize(body, self.limits)
-        model = await self.resolve_model(tei_api.model_field(body))
+        model = await self.resolve_model(req.model)
         try:
             result = await self.client.tokenize(
                 model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout

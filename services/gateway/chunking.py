@@ -16,7 +16,7 @@ is theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkLayout
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+
+if TYPE_CHECKING:  # the typed body imports nothing of this module, but keeps it free of pydantic
+    from embedfleet.services.gateway.openai_body import ChunkingBody
 
 RETURNS = ("chunks", "mean")
 _KEYS = ("size", "overlap", "boundary", "late", "return")
@@ -89,6 +92,19 @@ def parse_text_chunking(doc: dict[str, Any], inputs: Inputs, field: str) -> Chun
             ErrorCode.INVALID_REQUEST, f"'chunking' cuts texts: give '{field}' as text, not token IDs", "chunking"
         )
     return chunking
+
+
+def body_chunking(body: ChunkingBody, inputs: Inputs, field: str) -> Chunking:
+    """A typed body's validated ``chunking`` on a route whose inputs are in ``field`` (token IDs have no
+    text to cut: refused), its size and overlap checked together."""
+    if inputs.token_ids is not None:
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"'chunking' cuts texts: give '{field}' as text, not token IDs", "chunking"
+        )
+    try:
+        return Chunking(ChunkSpec(body.size, body.overlap, body.boundary), body.late, body.returns)
+    except ServiceError as exc:
+        raise ApiError(exc.code, exc.message, "chunking") from None
 
 
 def chunk_places(chunks: list[list[TextChunk]]) -> list[dict[str, int]]:

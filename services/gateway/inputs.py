@@ -71,6 +71,22 @@ def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> In
     return within_limits(inputs, param, limits)
 
 
+def typed_inputs(raw: str | list[str] | list[int] | list[list[int]], param: str, limits: Limits) -> Inputs:
+    """A typed body's validated inputs (a text, texts, token IDs or token-ID lists) as texts or int32
+    token-ID arrays, within ``limits``."""
+    if isinstance(raw, str):  # one text, the hot path: only its length to check
+        if len(raw) <= limits.max_input_chars:
+            return Inputs([raw], None)
+        inputs = Inputs([raw], None)
+    elif isinstance(raw[0], str):
+        inputs = Inputs(raw, None)
+    elif isinstance(raw[0], int):
+        inputs = Inputs([], [np.asarray(raw, dtype=np.int32)])
+    else:
+        inputs = Inputs([], [np.asarray(ids, dtype=np.int32) for ids in raw])
+    return within_limits(inputs, param, limits)
+
+
 def within_limits(inputs: Inputs, param: str, limits: Limits) -> Inputs:
     """``inputs`` (of well-typed items) once none is too long and there are not too many."""
     for i, item in enumerate(inputs.texts):

@@ -10,21 +10,9 @@ from embedfleet.services.gateway.chunking import RETURNS
 from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
+from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
-
-_STR_OR_LIST = {
-    "oneOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        {
-            "type": "array",
-            "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-            "minItems": 1,
-        },
-    ]
-}
 
 _OPENAI_ERROR = {
     "type": "object",
@@ -613,72 +601,16 @@ def _job_paths() -> dict[str, Any]:
     }
 
 
-def _tei_bodies() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _tei_bodies(schemas: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The bodies of TEI's /embed, /embed_sparse and /embed_all (POST / takes the first two too)."""
-    embed = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": _STR_OR_LIST,
-            "normalize": {"type": "boolean"},
-            "truncate": {"type": "boolean"},
-            "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
-            "prompt_name": {"type": ["string", "null"]},
-            "dimensions": {"type": "integer", "minimum": 1},
-            "embedding_type": _EMBEDDING_TYPE,
-            "chunking": _CHUNKING,
-            "model": _MODEL,
-        },
-    }
-    common = {
-        "inputs": _STR_OR_LIST,
-        "model": _MODEL,
-        "truncate": {"type": "boolean"},
-        "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
-        "prompt_name": {"type": ["string", "null"]},
-    }
-    sparse = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            **common,
-            "top_k": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "an extension: keep each vector's k largest values",
-            },
-            "threshold": {"type": "number", "description": "an extension: drop values at or below this"},
-        },
-    }
-    every_token = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            **common,
-            "output": {
-                "type": "string",
-                "enum": ["tokens", "multivector"],
-                "description": "an extension: last hidden states, or the model's multi-vector head (its default when it has one)",
-            },
-            "input_type": {"type": "string", "enum": ["query", "document"]},
-            "embedding_type": _EMBEDDING_TYPE,
-        },
-    }
-    return embed, sparse, every_token
+    return typed_schema(EmbedBody, schemas), typed_schema(EmbedSparseBody, schemas), typed_schema(EmbedAllBody, schemas)
 
 
-def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+def _tei_embed_paths(
+    embed_body: dict, sparse_body: dict, all_body: dict, codes: tuple[int, ...], schemas: dict[str, Any]
+) -> dict[str, Any]:
     """TEI's /embed, /embed_sparse, /embed_all, /tokenize and /rerank."""
-    tokenize_body = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
-            "add_special_tokens": {"type": "boolean"},
-            "prompt_name": {"type": ["string", "null"]},
-            "model": _MODEL,
-        },
-    }
+    tokenize_body = typed_schema(TokenizeBody, schemas)
     token = {
         "type": "object",
         "properties": {
@@ -948,15 +880,15 @@ def _health(summary: str) -> dict[str, Any]:
 
 def openapi_spec(version: str) -> dict[str, Any]:
     codes = (400, 401, 404, 413, 422, 429, 503, 504)  # what most routes may answer besides 200
-    embed_body, sparse_body, all_body = _tei_bodies()
     schemas: dict[str, Any] = {}  # the typed bodies' models (typed_schema)
+    embed_body, sparse_body, all_body = _tei_bodies(schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedfleet gateway", "version": version},
         "paths": {
             **_openai_paths(codes, schemas),
             **_job_paths(),
-            **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
+            **_tei_embed_paths(embed_body, sparse_body, all_body, codes, schemas),
             **_jina_rerank_path(codes),
             **_search_path(codes),
             **_cohere_paths(),
