@@ -11,6 +11,7 @@ from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.search_api import DEFAULT_TOP_K, MAX_FILTER_FIELDS, MAX_TOP_K
 from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
+from embedfleet.services.gateway.tei_task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import COHERE_TYPES, EMBEDDING_TYPES
 
@@ -289,39 +290,13 @@ def _cohere_paths() -> dict[str, Any]:
     }
 
 
-def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+def _tei_task_paths(
+    embed_body: dict, sparse_body: dict, codes: tuple[int, ...], schemas: dict[str, Any]
+) -> dict[str, Any]:
     """TEI's /predict, /similarity, /decode, POST / (and /invocations) by the model's kind, GET / and /ping."""
-    model = _MODEL
-    truncation = {
-        "truncate": {"type": "boolean", "default": False},
-        "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
-    }
-    texts = {"type": "array", "items": {"type": "string"}}
-    predict_body: dict[str, Any] = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {
-                "oneOf": [
-                    {"type": "string", "description": "one text"},
-                    {**texts, "minItems": 1, "maxItems": 2, "description": "one text, or a [text, text_pair] pair"},
-                    {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {**texts, "minItems": 1, "maxItems": 2},
-                        "description": "a batch of [text] and [text, text_pair] lists",
-                    },
-                ]
-            },
-            "raw_scores": {
-                "type": "boolean",
-                "default": False,
-                "description": "logits instead of softmax (sigmoid for one label)",
-            },
-            "model": model,
-            **truncation,
-        },
-    }
+    predict_body = typed_schema(PredictBody, schemas)
+    similarity_body = typed_schema(SimilarityBody, schemas)
+    rerank_body = typed_schema(RerankBody, schemas)
     prediction = {
         "type": "array",
         "items": {"type": "object", "properties": {"score": {"type": "number"}, "label": {"type": "string"}}},
@@ -334,22 +309,6 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
             }
         }
     }
-    similarity_body: dict[str, Any] = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {
-                "type": "object",
-                "required": ["source_sentence", "sentences"],
-                "properties": {"source_sentence": {"type": "string"}, "sentences": {**texts, "minItems": 1}},
-            },
-            "parameters": {
-                "type": ["object", "null"],
-                "properties": {**truncation, "prompt_name": {"type": ["string", "null"]}},
-            },
-            "model": model,
-        },
-    }
     cosines = {
         "application/json": {
             "schema": {
@@ -359,29 +318,18 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
             }
         }
     }
-    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    decode_body = {
-        "type": "object",
-        "required": ["ids"],
-        "properties": {
-            "ids": {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1}]},
-            "skip_special_tokens": {"type": "boolean", "default": True},
-            "model": model,
-        },
-    }
-    rerank_body = {"type": "object", "required": ["query", "texts"], "description": "/rerank's body"}
     root = _post(
         "The task of the model's kind, as TEI: embed (embedders), embed_sparse (SPLADE), rerank (one-logit rerankers), "
         "predict (classifiers); a body with inputs.source_sentence runs similarity with any embedder",
         {
             "type": "object",
             "oneOf": [embed_body, sparse_body, rerank_body, predict_body, similarity_body],
+            # every field of each (the last body's schema of a field they share)
             "properties": {
                 k: v
-                for body in (embed_body, sparse_body, predict_body, similarity_body)
+                for body in (embed_body, sparse_body, rerank_body, predict_body, similarity_body)
                 for k, v in body["properties"].items()
-            }
-            | {"query": {"type": "string"}, "texts": texts},
+            },
         },
         {"application/json": {"schema": {"type": "array"}}, **_BINARY},
         _TEI_ERROR,
@@ -395,8 +343,8 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
         ),
         "/decode": _post(
             "Token IDs back to text (TEI)",
-            decode_body,
-            {"application/json": {"schema": texts}},
+            typed_schema(DecodeBody, schemas),
+            {"application/json": {"schema": {"type": "array", "items": {"type": "string"}}}},
             _TEI_ERROR,
             (400, 401, 404, 422, 503, 504),
         ),
@@ -695,19 +643,7 @@ def _tei_embed_paths(
         ),
         "/rerank": _post(
             "Rerank texts by relevance to a query (TEI)",
-            {
-                "type": "object",
-                "required": ["query", "texts"],
-                "properties": {
-                    "query": {"type": "string", "minLength": 1},
-                    "texts": {"type": "array", "items": {"type": "string"}},
-                    "raw_scores": {"type": "boolean"},
-                    "return_text": {"type": "boolean"},
-                    "truncate": {"type": "boolean"},
-                    "top_n": {"type": "integer", "minimum": 1},
-                    "model": _MODEL,
-                },
-            },
+            typed_schema(RerankBody, schemas),
             {
                 "application/json": {
                     "schema": {
@@ -892,7 +828,7 @@ def openapi_spec(version: str) -> dict[str, Any]:
             **_jina_rerank_path(codes),
             **_search_path(codes),
             **_cohere_paths(),
-            **_tei_task_paths(embed_body, sparse_body, codes),
+            **_tei_task_paths(embed_body, sparse_body, codes, schemas),
             **_service_paths(),
         },
         "components": {"schemas": schemas},

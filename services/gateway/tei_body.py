@@ -90,11 +90,13 @@ TextInput = Annotated[
 ]
 
 
-class _TeiBody(BaseModel):
+class TeiBody(BaseModel):
+    """What every TEI body shares: strict types, unknown fields ignored, no infinities."""
+
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", allow_inf_nan=False)
 
 
-class _EmbedInputs(_TeiBody):
+class _EmbedInputs(TeiBody):
     """What the embedding routes share: the inputs and how an over-long one is cut."""
 
     inputs: Input
@@ -137,7 +139,7 @@ class EmbedAllBody(_EmbedInputs):
     model: Model = None
 
 
-class TokenizeBody(_TeiBody):
+class TokenizeBody(TeiBody):
     """Tokenize (TEI): each text's tokens with their offsets."""
 
     inputs: TextInput

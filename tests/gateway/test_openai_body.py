@@ -17,7 +17,7 @@ from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES
-from tests.openapi_schemas import resolved
+from tests.gateway.typed_bodies import resolved
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)
 
