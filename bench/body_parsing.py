@@ -1,7 +1,8 @@
 """The CPU of parsing a /v1/embeddings body: the route's typed model against the hand-written parser and
-msgspec, in one run.
+msgspec, in one run; with --route embed, TEI's /embed body, typed model against its hand-written parser.
 
     python -m bench.body_parsing            # msgspec's row needs msgspec (pip install msgspec)
+    python -m bench.body_parsing --route embed
 
 Per body: microseconds for one parse into the route's EmbeddingsRequest, best of several rounds, and
 each option's time over the hand-written parser's:
@@ -13,6 +14,8 @@ each option's time over the hand-written parser's:
   a union, so 'input' is a str or a list checked by hand as before.
 The bodies: one query (the hot path), eight inputs, and every field set. docs/performance.md
 ("Parsing a request body") records runs.
+For /embed (--route embed): hand is the parser the route had, pydantic tei_api.parse_embed (EmbedBody),
+pydantic model EmbedBody's validation alone; the same three kinds of body.
 """
 
 import argparse
@@ -29,16 +32,19 @@ from embedfleet.services.gateway.inputs import (
     Limits,
     embedding_form,
     json_object,
+    name_field,
     optional,
     parse_inputs,
     positive_dimensions,
 )
 from embedfleet.services.gateway.openai_api import EmbeddingsRequest, parse_embeddings_request
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
+from embedfleet.services.gateway.tei_api import EmbedRequest, parse_embed
+from embedfleet.services.gateway.tei_body import EmbedBody
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.protocol import MAX_DIMENSION
+from embedfleet.shared.protocol import MAX_DIMENSION, EmbedOptions
 from embedfleet.shared.text_chunks import ChunkSpec
-from embedfleet.shared.vector_forms import form_named
+from embedfleet.shared.vector_forms import FORMS, form_named
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=65536)  # the gateway's defaults
 MODEL = "all-MiniLM-L6-v2"
@@ -83,6 +89,50 @@ def hand_parse(body: bytes, limits: Limits) -> EmbeddingsRequest:
     return EmbeddingsRequest(
         model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc), chunking
     )
+
+
+def tei_bodies() -> dict[str, bytes]:
+    """/embed's bodies, as bodies() for /v1/embeddings: one query, eight inputs, every field."""
+    texts = [f"passage {i}: the quick brown fox jumps over the lazy dog near the river bank" for i in range(8)]
+    every = {
+        "inputs": texts[:2],
+        "normalize": False,
+        "truncate": True,
+        "truncation_direction": "Left",
+        "prompt_name": "query",
+        "dimensions": 256,
+        "embedding_type": "int8",
+        "chunking": {"size": 128, "overlap": 16, "boundary": "sentence", "late": False, "return": "chunks"},
+        "model": MODEL,
+    }
+    return {
+        "one query": orjson.dumps({"inputs": "what is the capital of france?"}),
+        "8 inputs": orjson.dumps({"inputs": texts}),
+        "every field": orjson.dumps(every),
+    }
+
+
+def tei_hand_parse(body: bytes, limits: Limits) -> EmbedRequest:
+    """/embed's hand-written parser, as it was before the typed model (the model field read as the route did)."""
+    doc = json_object(body)
+    if "inputs" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
+    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
+    direction = optional(doc, "truncation_direction", str, "right").lower()
+    if direction not in ("right", "left"):
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
+        )
+    options = EmbedOptions(
+        normalize=optional(doc, "normalize", bool, True),
+        dimensions=positive_dimensions(doc),
+        truncate=optional(doc, "truncate", bool, False),
+        truncation_direction=direction,
+        prompt_name=name_field(doc, "prompt_name"),
+        dtype=FORMS[embedding_form(doc)].wire,
+    )
+    model = optional(json_object(body), "model", str)  # the route read it apart: a second parse
+    return EmbedRequest(inputs, options, parse_text_chunking(doc, inputs, "inputs"), model)
 
 
 def msgspec_parser() -> Callable[[bytes, Limits], EmbeddingsRequest] | None:
@@ -147,17 +197,27 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30, help="best of this many rounds")
     ap.add_argument("--number", type=int, default=2000, help="parses a round")
+    ap.add_argument("--route", choices=("embeddings", "embed"), default="embeddings", help="whose body")
     args = ap.parse_args(argv)
-    options: dict[str, Callable[[bytes], object]] = {
-        "hand": lambda b: hand_parse(b, LIMITS),
-        "pydantic": lambda b: parse_embeddings_request(b, LIMITS),
-        "pydantic model": EmbeddingsBody.model_validate_json,
-    }
-    with_msgspec = msgspec_parser()
-    if with_msgspec is not None:
-        options["msgspec"] = lambda b: with_msgspec(b, LIMITS)
+    if args.route == "embed":
+        options: dict[str, Callable[[bytes], object]] = {
+            "hand": lambda b: tei_hand_parse(b, LIMITS),
+            "pydantic": lambda b: parse_embed(b, LIMITS),
+            "pydantic model": EmbedBody.model_validate_json,
+        }
+        route_bodies = tei_bodies()
+    else:
+        options = {
+            "hand": lambda b: hand_parse(b, LIMITS),
+            "pydantic": lambda b: parse_embeddings_request(b, LIMITS),
+            "pydantic model": EmbeddingsBody.model_validate_json,
+        }
+        with_msgspec = msgspec_parser()
+        if with_msgspec is not None:
+            options["msgspec"] = lambda b: with_msgspec(b, LIMITS)
+        route_bodies = bodies()
     print(f"{'body':<12} {'bytes':>5} " + " ".join(f"{name + ' µs':>16}" for name in options) + "   / hand")
-    for name, body in bodies().items():
+    for name, body in route_bodies.items():
         for parse in options.values():
             parse(body)  # each parses every body (a refusal would raise here)
         us = interleaved(options, body, args.rounds, args.number)

@@ -359,3 +359,18 @@ def test_body_parsing_benchmark_times_each_parser_on_each_body():
     assert set(rows) == {"one query", "8 inputs", "every field"}
     # bytes, then µs for hand, pydantic, the pydantic model alone (and msgspec), then the ratios
     assert all(float(row[1]) > 0 and float(row[2]) > 0 and "pydantic" in row for row in rows.values())
+
+
+def test_body_parsing_benchmark_times_tei_s_embed_body():
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.body_parsing", "--route", "embed", "--rounds", "1", "--number", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line[:12].strip(): line[12:].split() for line in result.stdout.splitlines()[1:]}
+    assert set(rows) == {"one query", "8 inputs", "every field"}
+    # bytes, then µs for hand, pydantic and the pydantic model alone, then the ratios
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 and float(row[3]) > 0 for row in rows.values())
+    assert "msgspec" not in result.stdout.splitlines()[0]
