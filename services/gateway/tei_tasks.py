@@ -80,7 +80,7 @@ def _predict_fault(errors: list[ErrorDetails]) -> ApiError:
     """A fault in ``inputs`` named by the item at fault in a batch, the forms it takes listed."""
     err = errors[0]
     loc = err["loc"]
-    if loc[0] != "inputs" or err["type"] == "missing":
+    if loc[:1] != ("inputs",) or err["type"] == "missing":  # () for a body that is no JSON object
         return fault_error(errors)
     where = f"inputs[{loc[2]}]" if loc[1:2] == ("<batch>",) and len(loc) > 2 else "inputs"
     return ApiError(

@@ -176,3 +176,17 @@ def test_the_route_accepts_what_its_schema_accepts_and_refuses_what_it_refuses(s
 )  # fmt: skip
 def test_faults_name_their_field_in_tei_shape(path, doc, status, param, message):
     assert_tei_refusal(lambda: _parse(path, doc), path, status, param, message)
+
+
+@pytest.mark.parametrize("path", list(MODELS))
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"", "request body is not valid JSON: EOF while parsing a value at line 1 column 0"),
+        (b"{", "request body is not valid JSON: EOF while parsing an object at line 1 column 1"),
+        (b"[1]", "request body must be a JSON object"),
+        (b"null", "request body must be a JSON object"),
+    ],
+)
+def test_a_body_that_is_no_json_object_is_refused(path, body, message):
+    assert_tei_refusal(lambda: PARSERS[path](body, LIMITS), path, 400, None, message)

@@ -39,7 +39,7 @@ def generated_schema(model: type[BaseModel]) -> dict[str, Any]:
     return resolved(orjson.loads(orjson.dumps(generated).replace(b"#/$defs/", b"#/components/schemas/")), defs)
 
 
-def assert_tei_refusal(parse: Callable[[], object], path: str, status: int, param: str, message: str) -> None:
+def assert_tei_refusal(parse: Callable[[], object], path: str, status: int, param: str | None, message: str) -> None:
     """``parse`` refuses with exactly this status, field and message, answered in TEI's error shape."""
     with pytest.raises(ApiError) as err:
         parse()
