@@ -1,5 +1,5 @@
-"""The CPU of parsing a /v1/embeddings body: the route's typed model against the hand-written parser and
-msgspec, in one run.
+"""The CPU of parsing a request body: each typed route's model against the hand-written parser it
+replaced (and msgspec for /v1/embeddings), in one run.
 
     python -m bench.body_parsing            # msgspec's row needs msgspec (pip install msgspec)
 
@@ -18,6 +18,9 @@ its typed model (CohereEmbedV2Body). docs/performance.md ("Parsing a request bod
 A third table: POST /v1/jobs' body (its fields checked together, every document read), the hand
 parser the route had against JobBody (jobs_body.py) and jobs_api.py's checks, for one document, 1,000
 documents with a metadata field each, and every field set.
+
+A fourth table: TEI's /embed, the parser the route had against tei_api.parse_embed (EmbedBody)
+and EmbedBody's validation alone; the same three kinds of body.
 """
 
 import argparse
@@ -28,22 +31,26 @@ from typing import Annotated, Any, Literal
 
 import orjson
 
-from embedfleet.services.gateway.chunking import parse_chunking, parse_text_chunking
-from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, CohereEmbed, parse_embed
-from embedfleet.services.gateway.cohere_body import CohereEmbedV2Body
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import (
-    Limits,
+from bench.hand_parsers import (
     embedding_form,
-    json_object,
-    optional,
+    name_field,
+    parse_chunking,
     parse_inputs,
+    parse_text_chunking,
     positive_dimensions,
 )
+from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, CohereEmbed
+from embedfleet.services.gateway.cohere_api import parse_embed as cohere_parse_embed
+from embedfleet.services.gateway.cohere_body import CohereEmbedV2Body
+from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import Limits, json_object, optional
 from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.jobs_api import inline_documents, job_options, parse_job
 from embedfleet.services.gateway.openai_api import EmbeddingsRequest, parse_embeddings_request
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
+from embedfleet.services.gateway.tei_api import EmbedRequest
+from embedfleet.services.gateway.tei_api import parse_embed as tei_parse_embed
+from embedfleet.services.gateway.tei_body import EmbedBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.job_state import JOB_OUTPUTS
 from embedfleet.shared.protocol import MAX_DIMENSION, EmbedOptions
@@ -93,6 +100,50 @@ def hand_parse(body: bytes, limits: Limits) -> EmbeddingsRequest:
     return EmbeddingsRequest(
         model, inputs, encoding_format, positive_dimensions(doc), input_type, embedding_form(doc), chunking
     )
+
+
+def tei_bodies() -> dict[str, bytes]:
+    """/embed's bodies, as bodies() for /v1/embeddings: one query, eight inputs, every field."""
+    texts = [f"passage {i}: the quick brown fox jumps over the lazy dog near the river bank" for i in range(8)]
+    every = {
+        "inputs": texts[:2],
+        "normalize": False,
+        "truncate": True,
+        "truncation_direction": "Left",
+        "prompt_name": "query",
+        "dimensions": 256,
+        "embedding_type": "int8",
+        "chunking": {"size": 128, "overlap": 16, "boundary": "sentence", "late": False, "return": "chunks"},
+        "model": MODEL,
+    }
+    return {
+        "one query": orjson.dumps({"inputs": "what is the capital of france?"}),
+        "8 inputs": orjson.dumps({"inputs": texts}),
+        "every field": orjson.dumps(every),
+    }
+
+
+def tei_hand_parse(body: bytes, limits: Limits) -> EmbedRequest:
+    """/embed's hand-written parser, as it was before the typed model (the model field read as the route did)."""
+    doc = json_object(body)
+    if "inputs" not in doc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
+    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
+    direction = optional(doc, "truncation_direction", str, "right").lower()
+    if direction not in ("right", "left"):
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
+        )
+    options = EmbedOptions(
+        normalize=optional(doc, "normalize", bool, True),
+        dimensions=positive_dimensions(doc),
+        truncate=optional(doc, "truncate", bool, False),
+        truncation_direction=direction,
+        prompt_name=name_field(doc, "prompt_name"),
+        dtype=FORMS[embedding_form(doc)].wire,
+    )
+    model = optional(json_object(body), "model", str)  # the route read it apart: a second parse
+    return EmbedRequest(inputs, options, parse_text_chunking(doc, inputs, "inputs"), model)
 
 
 def msgspec_parser() -> Callable[[bytes, Limits], EmbeddingsRequest] | None:
@@ -303,10 +354,17 @@ def main(argv: list[str] | None = None) -> None:
     print("\n/v2/embed (Cohere)")
     cohere: dict[str, Callable[[bytes], object]] = {
         "hand": lambda b: cohere_hand_parse(b, LIMITS),
-        "pydantic": lambda b: parse_embed(b, LIMITS, 2),
+        "pydantic": lambda b: cohere_parse_embed(b, LIMITS, 2),
         "pydantic model": CohereEmbedV2Body.model_validate_json,
     }
     table(cohere, cohere_bodies(), args.rounds, args.number)
+    print("\n/embed (TEI)")
+    tei: dict[str, Callable[[bytes], object]] = {
+        "hand": lambda b: tei_hand_parse(b, LIMITS),
+        "pydantic": lambda b: tei_parse_embed(b, LIMITS),
+        "pydantic model": EmbedBody.model_validate_json,
+    }
+    table(tei, tei_bodies(), args.rounds, args.number)
     jobs_table(args.rounds, args.number)
 
 

@@ -355,13 +355,13 @@ def test_sinks_benchmark_measures_every_sink_and_both_search_modes(tmp_path, cap
 
 def test_body_parsing_benchmark_times_each_parser_on_each_body():
     result = _quick_timing("bench.body_parsing")
-    openai, *titled = result.stdout.strip().split(
-        "\n\n"
-    )  # /v1/embeddings' table, then each other route's under its title
+    # /v1/embeddings' table, then each other route's under its title
+    openai, *titled = result.stdout.strip().split("\n\n")
     tables = {"/v1/embeddings": openai} | dict(t.split("\n", 1) for t in titled)
     names = {
         "/v1/embeddings": {"one query", "8 inputs", "every field"},
         "/v2/embed (Cohere)": {"query", "8 documents"},
+        "/embed (TEI)": {"one query", "8 inputs", "every field"},
         "/v1/jobs": {"1 document", "1000 docs", "every field"},
     }
     assert set(tables) == set(names), set(tables)

@@ -366,7 +366,7 @@ class Gateway:
     async def embed(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed(body, self.limits)
-        return await self.run_tei_embed(request, req, await self.resolve_model(tei_api.model_field(body)))
+        return await self.run_tei_embed(request, req, await self.resolve_model(req.model))
 
     async def run_tei_embed(self, request: Request, req: tei_api.EmbedRequest, model: str) -> Response:
         outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options, req.chunking)
@@ -388,7 +388,7 @@ class Gateway:
     async def embed_sparse(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed_sparse(body, self.limits)
-        model = await self.resolve_model(tei_api.model_field(body))
+        model = await self.resolve_model(req.model)
         if "sparse" not in await self.offers(model):
             raise ApiError(
                 ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)"
@@ -402,8 +402,9 @@ class Gateway:
 
     async def embed_all(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
-        model = await self.resolve_model(tei_api.model_field(body))
-        req = tei_api.parse_embed_all(body, self.limits, await self.offers(model))
+        doc = tei_api.read_embed_all(body)
+        model = await self.resolve_model(doc.model)
+        req = tei_api.parse_embed_all(doc, self.limits, await self.offers(model))
         outcome = await self.run_embed(model, req.inputs, req.options)
         form = req.options.form
         return Response(
@@ -422,7 +423,7 @@ class Gateway:
             return model, await self.client.rerank(request, self.cfg.request_timeout)
 
     async def rerank_tei(self, request: Request) -> Response:
-        call = rerank_api.parse_tei(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        call = tei_tasks.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         _, ranked = await self.run_rerank(call, uuid.uuid4().hex)
         return Response(rerank_api.render_tei(call, ranked.indices, ranked.scores), media_type="application/json")
 
@@ -474,7 +475,7 @@ class Gateway:
     async def tokenize(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_tokenize(body, self.limits)
-        model = await self.resolve_model(tei_api.model_field(body))
+        model = await self.resolve_model(req.model)
         try:
             result = await self.client.tokenize(
                 model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout
@@ -502,7 +503,7 @@ class Gateway:
     async def predict(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         call = tei_tasks.parse_predict(body, self.limits)
-        return await self.run_predict(call, await self.resolve_model(tei_api.model_field(body)))
+        return await self.run_predict(call, await self.resolve_model(call.model))
 
     async def run_predict(self, call: tei_tasks.PredictCall, model: str) -> Response:
         worker = (await self.discovery.view()).workers.get(model, {})
@@ -546,7 +547,7 @@ class Gateway:
     async def similarity(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         call = tei_tasks.parse_similarity(body, self.limits)
-        return await self.run_similarity(call, await self.resolve_model(tei_api.model_field(body)))
+        return await self.run_similarity(call, await self.resolve_model(call.model))
 
     async def run_similarity(self, call: tei_tasks.SimilarityCall, model: str) -> Response:
         outcome = await self.run_embed(model, call.inputs, call.options)
@@ -559,7 +560,7 @@ class Gateway:
     async def decode(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         call = tei_tasks.parse_decode(body, self.limits)
-        model = await self.resolve_model(tei_api.model_field(body))
+        model = await self.resolve_model(call.model)
         if vocab := int((await self.discovery.view()).tokenizers.get(model, {}).get("vocab_size", 0)):
             tei_tasks.check_vocabulary(call.ids, vocab)
         async with self.admitted():
@@ -577,7 +578,7 @@ class Gateway:
         if task == "predict":
             return await self.run_predict(tei_tasks.parse_predict(body, self.limits), model)
         if task == "rerank":
-            call = dataclasses.replace(rerank_api.parse_tei(body, self.limits), model=model)
+            call = dataclasses.replace(tei_tasks.parse_rerank(body, self.limits), model=model)
             _, ranked = await self.run_rerank(call, uuid.uuid4().hex)
             return Response(rerank_api.render_tei(call, ranked.indices, ranked.scores), media_type="application/json")
         if task == "embed_sparse":

@@ -14,7 +14,7 @@ from pydantic import Tag
 from pydantic_core import ErrorDetails
 
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import json_type
+from embedfleet.services.gateway.inputs import json_type, not_a_token
 from embedfleet.shared.errors import ErrorCode
 
 
@@ -33,6 +33,7 @@ _KINDS = {
     "list_type": "a list",
     "model_type": "an object",
     "dict_type": "an object",
+    "float_type": "a number",
 }
 
 
@@ -90,3 +91,18 @@ def _shown(value: Any) -> str:
     if isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 32):
         return repr(value) if not isinstance(value, bool) else str(value).lower()
     return json_type(value)
+
+
+def input_fault(errors: list[ErrorDetails], field: str) -> ApiError:
+    """A fault in the inputs ``field`` (typed as openai_body's Input: a text, texts, token IDs or token-ID
+    lists) as the tokenizer words it: 422 for a value that is no token ID; every other fault as
+    ``fault_error`` words it."""
+    err = errors[0]
+    loc = err["loc"]
+    if loc[:2] == (field, "<tokens>") and len(loc) == 3:
+        return not_a_token(field, err["input"])
+    if loc[:2] == (field, "<token_lists>") and len(loc) == 4:
+        return not_a_token(f"{field}[{loc[2]}]", err["input"])
+    if loc[:2] == (field, "<token_lists>") and len(loc) == 3:
+        return ApiError(ErrorCode.INVALID_REQUEST, f"'{field}[{loc[2]}]' must be a non-empty list of token IDs", field)
+    return fault_error(errors)

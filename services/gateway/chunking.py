@@ -16,7 +16,7 @@ is theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,13 +24,12 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkLayout
-from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, TextChunk
+from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
 
 if TYPE_CHECKING:
     from embedfleet.services.gateway.openai_body import ChunkingBody
 
 RETURNS = ("chunks", "mean")
-_KEYS = ("size", "overlap", "boundary", "late", "return")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,48 +37,6 @@ class Chunking:
     spec: ChunkSpec
     late: bool = False
     returns: str = "chunks"
-
-
-def parse_chunking(doc: dict[str, Any], param: str = "chunking", keys: tuple[str, ...] = _KEYS) -> Chunking | None:
-    """The request's ``chunking`` object (None when absent), of ``keys`` at most; refused in the route's
-    error shape when its keys or values are wrong."""
-    raw = doc.get(param)
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'{param}' must be an object with 'size' and optionally {', '.join(repr(k) for k in keys[1:])}",
-            param,
-        )
-    unknown = sorted(set(raw) - set(keys))
-    if unknown:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'{param}' has unknown keys {', '.join(map(repr, unknown))}: it takes {', '.join(map(repr, keys))}",
-            param,
-        )
-    if "size" not in raw:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'{param}.size' is required: the most tokens of text a chunk holds",
-            f"{param}.size",
-        )
-    late, returns = raw.get("late", False), raw.get("return", "chunks")
-    if not isinstance(late, bool):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.late' must be true or false", f"{param}.late")
-    if returns not in RETURNS:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}.return' must be 'chunks' or 'mean'", f"{param}.return")
-    boundary = raw.get("boundary", "token")
-    if not isinstance(boundary, str) or boundary not in BOUNDARIES:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'{param}.boundary' must be 'token' or 'sentence'", f"{param}.boundary"
-        )
-    try:
-        spec = ChunkSpec(raw["size"], raw.get("overlap", 0), boundary)
-    except ServiceError as exc:
-        raise ApiError(exc.code, exc.message, param) from None
-    return Chunking(spec, late, returns)
 
 
 def chunking_of(body: ChunkingBody) -> Chunking:
@@ -91,15 +48,14 @@ def chunking_of(body: ChunkingBody) -> Chunking:
         raise ApiError(exc.code, exc.message, "chunking") from None
 
 
-def parse_text_chunking(doc: dict[str, Any], inputs: Inputs, field: str) -> Chunking | None:
-    """``parse_chunking`` on a route whose inputs are in ``field``: inputs given as token IDs have no
-    text to cut, and are refused."""
-    chunking = parse_chunking(doc)
-    if chunking is not None and inputs.token_ids is not None:
+def body_chunking(body: ChunkingBody, inputs: Inputs, field: str) -> Chunking:
+    """A typed body's validated ``chunking`` on a route whose inputs are in ``field`` (token IDs have no
+    text to cut: refused), its size and overlap checked together."""
+    if inputs.token_ids is not None:
         raise ApiError(
             ErrorCode.INVALID_REQUEST, f"'chunking' cuts texts: give '{field}' as text, not token IDs", "chunking"
         )
-    return chunking
+    return chunking_of(body)
 
 
 def chunk_places(chunks: list[list[TextChunk]]) -> list[dict[str, int]]:

@@ -12,28 +12,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from embedfleet.services.gateway.body_errors import member
-from embedfleet.services.gateway.openai_body import ChunkingBody
+from embedfleet.services.gateway.openai_body import ChunkingBody, TextOrTexts
 from embedfleet.shared.protocol import MAX_DIMENSION
 
-
-def _texts_kind(value: Any) -> str | None:
-    if isinstance(value, str):
-        return "<text>"
-    return "<texts>" if isinstance(value, list) else None
-
-
-Texts = Annotated[
-    Annotated[str, member("text")] | Annotated[list[str], member("texts"), Field(min_length=1)],
-    Discriminator(
-        _texts_kind,
-        custom_error_type="texts_form",
-        custom_error_message="Input should be a string or a list of strings",
-    ),
-    Field(description="the texts to embed, one an input (a string: one input)"),
-]
+Texts = Annotated[TextOrTexts, Field(description="the texts to embed, one an input (a string: one input)")]
 # Cohere's names (cohere_api.INPUT_TYPES maps each to the model's prompt of that name)
 InputType = Literal["search_query", "search_document", "classification", "clustering"]
 EmbeddingTypes = Annotated[

@@ -1,4 +1,5 @@
-"""Request-body helpers shared by the OpenAI and TEI routes: JSON, inputs, limits."""
+"""Request-body helpers the typed routes share: inputs as texts or token IDs within the gateway's limits, a
+body's model read apart (POST / picks its task first), JSON types named in messages."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import orjson
 
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.protocol import MAX_DIMENSION
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES, form_named
 
 MAX_TOKEN_ID = (1 << 31) - 1
 MAX_NAME_CHARS = 256  # a prompt name on the wire (EmbedOptions)
@@ -43,31 +42,19 @@ def json_object(body: bytes) -> dict[str, Any]:
     return doc
 
 
-def parse_inputs(raw: Any, param: str, limits: Limits, allow_tokens: bool) -> Inputs:
-    """A string, a list of strings, or (``allow_tokens``) a list of token IDs or of token-ID lists."""
-    if isinstance(raw, str):
-        items: list = [raw]
-    elif isinstance(raw, list):
-        if not raw:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must not be an empty list", param)
-        items = raw
+def typed_inputs(raw: str | list[str] | list[int] | list[list[int]], param: str, limits: Limits) -> Inputs:
+    """A typed body's validated inputs (a text, texts, token IDs or token-ID lists) as texts or int32
+    token-ID arrays, within ``limits``."""
+    if isinstance(raw, str):  # one text, the hot path: only its length to check
+        if len(raw) <= limits.max_input_chars:
+            return Inputs([raw], None)
+        inputs = Inputs([raw], None)
+    elif isinstance(raw[0], str):
+        inputs = Inputs(raw, None)
+    elif isinstance(raw[0], int):
+        inputs = Inputs([], [np.asarray(raw, dtype=np.int32)])
     else:
-        kinds = "a string, a list of strings" + (
-            ", a list of token IDs or a list of token-ID lists" if allow_tokens else ""
-        )
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be {kinds}, got {json_type(raw)}", param)
-
-    if allow_tokens and isinstance(items[0], int) and not isinstance(items[0], bool):
-        inputs = Inputs([], [_token_list(items, param)])
-    elif allow_tokens and isinstance(items[0], list):
-        inputs = Inputs([], [_token_list(item, f"{param}[{i}]") for i, item in enumerate(items)])
-    else:
-        for i, item in enumerate(items):
-            if not isinstance(item, str):
-                raise ApiError(
-                    ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be a string, got {json_type(item)}", param
-                )
-        inputs = Inputs(items, None)
+        inputs = Inputs([], [np.asarray(ids, dtype=np.int32) for ids in raw])
     return within_limits(inputs, param, limits)
 
 
@@ -87,17 +74,6 @@ def within_limits(inputs: Inputs, param: str, limits: Limits) -> Inputs:
     return inputs
 
 
-def _token_list(value: Any, where: str) -> np.ndarray:
-    if not isinstance(value, list) or not value:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'{where}' must be a non-empty list of token IDs", where.split("[")[0]
-        )
-    for t in value:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
-            raise not_a_token(where, t)
-    return np.asarray(value, dtype=np.int32)
-
-
 def not_a_token(where: str, value: Any) -> ApiError:
     """The error for ``value`` in the token-ID list at ``where`` ('input', 'input[2]')."""
     return ApiError(
@@ -112,35 +88,6 @@ def optional(doc: dict, key: str, kind: type, default: Any = None) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{key}' must be {_names[kind]}", key)
     return value
-
-
-def positive_dimensions(doc: dict, key: str = "dimensions") -> int | None:
-    dims = optional(doc, key, int)
-    if dims is not None and not 0 < dims <= MAX_DIMENSION:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{key}' must be a positive integer (at most {MAX_DIMENSION})", key)
-    return dims
-
-
-def name_field(doc: dict, key: str) -> str | None:
-    """An optional short name (a prompt's): a string of at most MAX_NAME_CHARS characters."""
-    value = optional(doc, key, str)
-    if value is not None and len(value) > MAX_NAME_CHARS:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'{key}' is {len(value)} characters; names are at most {MAX_NAME_CHARS}", key
-        )
-    return value
-
-
-def embedding_form(doc: dict) -> str:
-    """The vector form (shared/vector_forms.py) that ``embedding_type`` names; float32 when it is absent."""
-    name = optional(doc, "embedding_type", str, "float")
-    try:
-        return form_named(name).name
-    except ValueError:
-        known = ", ".join(f"'{n}'" for n in EMBEDDING_TYPES)
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'embedding_type' must be one of {known}", "embedding_type"
-        ) from None
 
 
 _names = {str: "a string", bool: "a boolean", int: "an integer", list: "a list", dict: "an object"}

@@ -9,14 +9,11 @@ from typing import Any
 import numpy as np
 import orjson
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.body_errors import fault_error
-from embedfleet.services.gateway.chunking import Chunking, chunk_places, chunking_of
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import Inputs, Limits, not_a_token, within_limits
-from embedfleet.services.gateway.openai_body import ChunkingBody, EmbeddingsBody
-from embedfleet.shared.errors import ErrorCode
+from embedfleet.services.gateway.body_errors import input_fault
+from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
+from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs
+from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
 
 
@@ -44,8 +41,8 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     try:
         doc: EmbeddingsBody = _validate_json(body)
     except ValidationError as exc:
-        raise _fault(exc.errors(include_url=False)) from None
-    inputs = _inputs(doc.input, limits)
+        raise input_fault(exc.errors(include_url=False), "input") from None
+    inputs = typed_inputs(doc.input, "input", limits)
     return EmbeddingsRequest(
         doc.model,
         inputs,
@@ -53,45 +50,8 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         doc.dimensions,
         doc.input_type,
         EMBEDDING_TYPES[doc.embedding_type or "float"].name,
-        None if doc.chunking is None else _chunking(doc.chunking, inputs),
+        None if doc.chunking is None else body_chunking(doc.chunking, inputs, "input"),
     )
-
-
-def _inputs(raw: str | list[str] | list[int] | list[list[int]], limits: Limits) -> Inputs:
-    """The validated ``input`` (one of its four forms) as texts or int32 token-ID arrays, within ``limits``."""
-    if isinstance(raw, str):  # one text, the hot path: only its length to check
-        if len(raw) <= limits.max_input_chars:
-            return Inputs([raw], None)
-        inputs = Inputs([raw], None)
-    elif isinstance(raw[0], str):
-        inputs = Inputs(raw, None)
-    elif isinstance(raw[0], int):
-        inputs = Inputs([], [np.asarray(raw, dtype=np.int32)])
-    else:
-        inputs = Inputs([], [np.asarray(ids, dtype=np.int32) for ids in raw])
-    return within_limits(inputs, "input", limits)
-
-
-def _chunking(body: ChunkingBody, inputs: Inputs) -> Chunking:
-    if inputs.token_ids is not None:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'chunking' cuts texts: give 'input' as text, not token IDs", "chunking"
-        )
-    return chunking_of(body)
-
-
-def _fault(errors: list[ErrorDetails]) -> ApiError:
-    """A token-ID input's faults as the tokenizer words them (422 for a value that is no token ID);
-    every other fault as body_errors words it."""
-    err = errors[0]
-    loc = err["loc"]
-    if loc[:2] == ("input", "<tokens>") and len(loc) == 3:
-        return not_a_token("input", err["input"])
-    if loc[:2] == ("input", "<token_lists>") and len(loc) == 4:
-        return not_a_token(f"input[{loc[2]}]", err["input"])
-    if loc[:2] == ("input", "<token_lists>") and len(loc) == 3:
-        return ApiError(ErrorCode.INVALID_REQUEST, f"'input[{loc[2]}]' must be a non-empty list of token IDs", "input")
-    return fault_error(errors)
 
 
 def render_embeddings(

@@ -53,6 +53,24 @@ EmbeddingType = Literal["float", "float32", "float16", "int8", "uint8", "binary"
 
 
 # a bulk job's chunking (jobs_body.py); the embedding routes' ChunkingBody adds what they answer
+def _text_kind(value: Any) -> str | None:
+    if isinstance(value, list):
+        return "<texts>"
+    return "<text>" if isinstance(value, str) else None
+
+
+# a text or a non-empty list of texts (TEI's inputs, Cohere's texts): one fault for a value of neither
+# form, not one for each
+TextOrTexts = Annotated[
+    Annotated[str, member("text")] | Annotated[list[str], member("texts"), Field(min_length=1)],
+    Discriminator(
+        _text_kind,
+        custom_error_type="input_form",
+        custom_error_message="Input should be a string or a list of strings",
+    ),
+]
+
+
 class ChunkSpecBody(BaseModel):
     """Each text cut into windows of at most 'size' tokens, a vector each."""
 

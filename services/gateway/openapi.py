@@ -12,21 +12,10 @@ from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
 from embedfleet.services.gateway.search_body import SearchBody
+from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
+from embedfleet.services.gateway.tei_task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES
-
-_STR_OR_LIST = {
-    "oneOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        {
-            "type": "array",
-            "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-            "minItems": 1,
-        },
-    ]
-}
 
 _OPENAI_ERROR = {
     "type": "object",
@@ -158,7 +147,10 @@ def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, A
     """``model``'s JSON schema as pydantic generates it; the models it refers to go into ``schemas``
     (the document's components.schemas, where its references point)."""
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    schemas.update(schema.pop("$defs", {}))
+    for name, definition in schema.pop("$defs", {}).items():
+        # one name, one model: two models of one class name would otherwise share (and lose) a component
+        if schemas.setdefault(name, definition) != definition:
+            raise ValueError(f"two request models are named {name}: /openapi.json would hold one of them")
     return schema
 
 
@@ -252,39 +244,13 @@ def _cohere_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+def _tei_task_paths(
+    embed_body: dict, sparse_body: dict, codes: tuple[int, ...], schemas: dict[str, Any]
+) -> dict[str, Any]:
     """TEI's /predict, /similarity, /decode, POST / (and /invocations) by the model's kind, GET / and /ping."""
-    model = _MODEL
-    truncation = {
-        "truncate": {"type": "boolean", "default": False},
-        "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
-    }
-    texts = {"type": "array", "items": {"type": "string"}}
-    predict_body: dict[str, Any] = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {
-                "oneOf": [
-                    {"type": "string", "description": "one text"},
-                    {**texts, "minItems": 1, "maxItems": 2, "description": "one text, or a [text, text_pair] pair"},
-                    {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {**texts, "minItems": 1, "maxItems": 2},
-                        "description": "a batch of [text] and [text, text_pair] lists",
-                    },
-                ]
-            },
-            "raw_scores": {
-                "type": "boolean",
-                "default": False,
-                "description": "logits instead of softmax (sigmoid for one label)",
-            },
-            "model": model,
-            **truncation,
-        },
-    }
+    predict_body = typed_schema(PredictBody, schemas)
+    similarity_body = typed_schema(SimilarityBody, schemas)
+    rerank_body = typed_schema(RerankBody, schemas)
     prediction = {
         "type": "array",
         "items": {"type": "object", "properties": {"score": {"type": "number"}, "label": {"type": "string"}}},
@@ -297,22 +263,6 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
             }
         }
     }
-    similarity_body: dict[str, Any] = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {
-                "type": "object",
-                "required": ["source_sentence", "sentences"],
-                "properties": {"source_sentence": {"type": "string"}, "sentences": {**texts, "minItems": 1}},
-            },
-            "parameters": {
-                "type": ["object", "null"],
-                "properties": {**truncation, "prompt_name": {"type": ["string", "null"]}},
-            },
-            "model": model,
-        },
-    }
     cosines = {
         "application/json": {
             "schema": {
@@ -322,29 +272,18 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
             }
         }
     }
-    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    decode_body = {
-        "type": "object",
-        "required": ["ids"],
-        "properties": {
-            "ids": {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1}]},
-            "skip_special_tokens": {"type": "boolean", "default": True},
-            "model": model,
-        },
-    }
-    rerank_body = {"type": "object", "required": ["query", "texts"], "description": "/rerank's body"}
     root = _post(
         "The task of the model's kind, as TEI: embed (embedders), embed_sparse (SPLADE), rerank (one-logit rerankers), "
         "predict (classifiers); a body with inputs.source_sentence runs similarity with any embedder",
         {
             "type": "object",
             "oneOf": [embed_body, sparse_body, rerank_body, predict_body, similarity_body],
+            # every field of each (the last body's schema of a field they share)
             "properties": {
                 k: v
-                for body in (embed_body, sparse_body, predict_body, similarity_body)
+                for body in (embed_body, sparse_body, rerank_body, predict_body, similarity_body)
                 for k, v in body["properties"].items()
-            }
-            | {"query": {"type": "string"}, "texts": texts},
+            },
         },
         {"application/json": {"schema": {"type": "array"}}, **_BINARY},
         _TEI_ERROR,
@@ -358,8 +297,8 @@ def _tei_task_paths(embed_body: dict, sparse_body: dict, codes: tuple[int, ...])
         ),
         "/decode": _post(
             "Token IDs back to text (TEI)",
-            decode_body,
-            {"application/json": {"schema": texts}},
+            typed_schema(DecodeBody, schemas),
+            {"application/json": {"schema": {"type": "array", "items": {"type": "string"}}}},
             _TEI_ERROR,
             (400, 401, 404, 422, 503, 504),
         ),
@@ -519,72 +458,16 @@ def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tei_bodies() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _tei_bodies(schemas: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The bodies of TEI's /embed, /embed_sparse and /embed_all (POST / takes the first two too)."""
-    embed = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": _STR_OR_LIST,
-            "normalize": {"type": "boolean"},
-            "truncate": {"type": "boolean"},
-            "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
-            "prompt_name": {"type": ["string", "null"]},
-            "dimensions": {"type": "integer", "minimum": 1},
-            "embedding_type": _EMBEDDING_TYPE,
-            "chunking": _CHUNKING,
-            "model": _MODEL,
-        },
-    }
-    common = {
-        "inputs": _STR_OR_LIST,
-        "model": _MODEL,
-        "truncate": {"type": "boolean"},
-        "truncation_direction": {"type": "string", "enum": ["Right", "Left", "right", "left"]},
-        "prompt_name": {"type": ["string", "null"]},
-    }
-    sparse = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            **common,
-            "top_k": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "an extension: keep each vector's k largest values",
-            },
-            "threshold": {"type": "number", "description": "an extension: drop values at or below this"},
-        },
-    }
-    every_token = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            **common,
-            "output": {
-                "type": "string",
-                "enum": ["tokens", "multivector"],
-                "description": "an extension: last hidden states, or the model's multi-vector head (its default when it has one)",
-            },
-            "input_type": {"type": "string", "enum": ["query", "document"]},
-            "embedding_type": _EMBEDDING_TYPE,
-        },
-    }
-    return embed, sparse, every_token
+    return typed_schema(EmbedBody, schemas), typed_schema(EmbedSparseBody, schemas), typed_schema(EmbedAllBody, schemas)
 
 
-def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes: tuple[int, ...]) -> dict[str, Any]:
+def _tei_embed_paths(
+    embed_body: dict, sparse_body: dict, all_body: dict, codes: tuple[int, ...], schemas: dict[str, Any]
+) -> dict[str, Any]:
     """TEI's /embed, /embed_sparse, /embed_all, /tokenize and /rerank."""
-    tokenize_body = {
-        "type": "object",
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
-            "add_special_tokens": {"type": "boolean"},
-            "prompt_name": {"type": ["string", "null"]},
-            "model": _MODEL,
-        },
-    }
+    tokenize_body = typed_schema(TokenizeBody, schemas)
     token = {
         "type": "object",
         "properties": {
@@ -669,19 +552,7 @@ def _tei_embed_paths(embed_body: dict, sparse_body: dict, all_body: dict, codes:
         ),
         "/rerank": _post(
             "Rerank texts by relevance to a query (TEI)",
-            {
-                "type": "object",
-                "required": ["query", "texts"],
-                "properties": {
-                    "query": {"type": "string", "minLength": 1},
-                    "texts": {"type": "array", "items": {"type": "string"}},
-                    "raw_scores": {"type": "boolean"},
-                    "return_text": {"type": "boolean"},
-                    "truncate": {"type": "boolean"},
-                    "top_n": {"type": "integer", "minimum": 1},
-                    "model": _MODEL,
-                },
-            },
+            typed_schema(RerankBody, schemas),
             {
                 "application/json": {
                     "schema": {
@@ -810,19 +681,19 @@ def _health(summary: str) -> dict[str, Any]:
 
 def openapi_spec(version: str) -> dict[str, Any]:
     codes = (400, 401, 404, 413, 422, 429, 503, 504)  # what most routes may answer besides 200
-    embed_body, sparse_body, all_body = _tei_bodies()
     schemas: dict[str, Any] = {}  # the typed bodies' models (typed_schema)
+    embed_body, sparse_body, all_body = _tei_bodies(schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedfleet gateway", "version": version},
         "paths": {
             **_openai_paths(codes, schemas),
             **_job_paths(schemas),
-            **_tei_embed_paths(embed_body, sparse_body, all_body, codes),
+            **_tei_embed_paths(embed_body, sparse_body, all_body, codes, schemas),
             **_jina_rerank_path(codes, schemas),
             **_search_path(codes, schemas),
             **_cohere_paths(schemas),
-            **_tei_task_paths(embed_body, sparse_body, codes),
+            **_tei_task_paths(embed_body, sparse_body, codes, schemas),
             **_service_paths(),
         },
         "components": {"schemas": schemas},

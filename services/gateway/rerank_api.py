@@ -1,7 +1,8 @@
 """Rerank routes' shapes (no I/O here): TEI's POST /rerank and the Cohere/Jina POST /v1/rerank.
 
-/v1/rerank's body is a typed model (rerank_body.py), as is Cohere v2's /v2/rerank (cohere_api.py); both
-then take the gateway's limits here (``within_limits``). TEI's /rerank is read field by field.
+Every rerank body is a typed model: /v1/rerank's (rerank_body.py), Cohere v2's /v2/rerank (cohere_api.py)
+and TEI's /rerank (tei_task_bodies.py, read in tei_tasks.py); each then takes the gateway's limits here
+(``query_within``, ``texts_within``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from embedfleet.services.gateway.body_errors import fault_error
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import Limits, json_object, json_type, optional
+from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body
 from embedfleet.shared.errors import ErrorCode
 
@@ -31,15 +32,6 @@ class RerankCall:
     return_text: bool
 
 
-def query_field(doc: dict, limits: Limits) -> str:
-    query = doc.get("query")
-    if not isinstance(query, str) or not query:
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'query' must be a non-empty string, got {json_type(query)}", "query"
-        )
-    return query_within(query, limits)
-
-
 def query_within(query: str, limits: Limits) -> str:
     """``query`` once it is within --max-input-chars (413 otherwise)."""
     if len(query) > limits.max_input_chars:
@@ -49,15 +41,6 @@ def query_within(query: str, limits: Limits) -> str:
             "query",
         )
     return query
-
-
-def texts_field(raw: Any, param: str, limits: Limits) -> list[str]:
-    if not isinstance(raw, list):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}' must be a list, got {json_type(raw)}", param)
-    for i, item in enumerate(raw):
-        if not isinstance(item, str):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'{param}[{i}]' must be a string, got {json_type(item)}", param)
-    return texts_within(raw, param, limits)
 
 
 def texts_within(texts: list[str], param: str, limits: Limits) -> list[str]:
@@ -74,31 +57,6 @@ def texts_within(texts: list[str], param: str, limits: Limits) -> list[str]:
                 param,
             )
     return texts
-
-
-def top_n_field(doc: dict) -> int | None:
-    top_n = optional(doc, "top_n", int)
-    if top_n is not None and top_n <= 0:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'top_n' must be a positive integer", "top_n")
-    return top_n
-
-
-def parse_tei(body: bytes, limits: Limits) -> RerankCall:
-    """``{"query", "texts", "raw_scores": false, "return_text": false, "truncate": false}``, and the
-    extension ``model`` (none: the default model)."""
-    doc = json_object(body)
-    query = query_field(doc, limits)
-    if "texts" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required", "texts")
-    return RerankCall(
-        model=optional(doc, "model", str),
-        query=query,
-        texts=texts_field(doc["texts"], "texts", limits),
-        top_n=top_n_field(doc),
-        raw_scores=optional(doc, "raw_scores", bool, False),
-        truncate=optional(doc, "truncate", bool, False),
-        return_text=optional(doc, "return_text", bool, False),
-    )
 
 
 # validate_json without model_validate_json's wrapper (bench/body_parsing.py)

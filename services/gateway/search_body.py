@@ -27,7 +27,7 @@ Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 FilterValue = Annotated[str, Field(max_length=MAX_FILTER_CHARS)] | Annotated[int, Field(ge=-INT64, lt=INT64)] | bool
 
 
-class RerankBody(BaseModel):
+class SearchRerankBody(BaseModel):
     """The hits' texts reranked by a cross-encoder, scored as POST /v1/rerank scores them."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
@@ -61,4 +61,4 @@ class SearchBody(BaseModel):
         description="metadata fields (letters, digits, _ -) and the values they must equal (a string, an "
         "integer of 64 bits or a boolean)",
     )
-    rerank: RerankBody | None = None
+    rerank: SearchRerankBody | None = None

@@ -1,30 +1,23 @@
-"""TEI-compatible routes (text-embeddings-inference): /embed, /tokenize, /info shapes (no I/O here)."""
+"""TEI-compatible routes (text-embeddings-inference): /embed, /embed_sparse, /embed_all, /tokenize, /info shapes
+(no I/O here); the bodies are tei_body.py's typed models."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
+from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.chunking import Chunking, chunk_places, parse_text_chunking
+from embedfleet.services.gateway.body_errors import input_fault
+from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import (
-    Inputs,
-    Limits,
-    embedding_form,
-    json_object,
-    name_field,
-    optional,
-    parse_inputs,
-    positive_dimensions,
-)
+from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional, typed_inputs
+from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody, read
 from embedfleet.services.gateway.tei_tasks import model_type
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions, TokenizeResult
-from embedfleet.shared.protocol.messages import MAX_SPARSE_TOP_K
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,27 +25,32 @@ class EmbedRequest:
     inputs: Inputs
     options: EmbedOptions
     chunking: Chunking | None = None  # /embed's extension: long inputs cut into chunks (services/gateway/chunking.py)
+    model: str | None = None  # the extension: which served model answers (None: the default)
+
+
+def _inputs_fault(errors: list[ErrorDetails]) -> ApiError:
+    return input_fault(errors, "inputs")
 
 
 def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
-    doc = json_object(body)
-    if "inputs" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
-    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
-    direction = optional(doc, "truncation_direction", str, "right").lower()
-    if direction not in ("right", "left"):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
-        )
+    """The request ``body`` holds (EmbedBody), within the gateway's ``limits``; ApiError otherwise."""
+    doc = read(EmbedBody, body, _inputs_fault)
+    inputs = typed_inputs(doc.inputs, "inputs", limits)
     options = EmbedOptions(
-        normalize=optional(doc, "normalize", bool, True),
-        dimensions=positive_dimensions(doc),
-        truncate=optional(doc, "truncate", bool, False),  # TEI's default: refuse over-long inputs
-        truncation_direction=direction,
-        prompt_name=name_field(doc, "prompt_name"),
-        dtype=FORMS[embedding_form(doc)].wire,  # an extension: TEI answers float32 only
+        normalize=doc.normalize is not False,
+        dimensions=doc.dimensions,
+        truncate=doc.truncate is True,  # TEI's default: refuse over-long inputs
+        truncation_direction=doc.truncation_direction or "right",
+        prompt_name=doc.prompt_name,
+        dtype=_wire(doc.embedding_type),  # an extension: TEI answers float32 only
     )
-    return EmbedRequest(inputs, options, parse_text_chunking(doc, inputs, "inputs"))
+    chunking = None if doc.chunking is None else body_chunking(doc.chunking, inputs, "inputs")
+    return EmbedRequest(inputs, options, chunking, doc.model)
+
+
+def _wire(embedding_type: str | None) -> str:
+    """The wire name of the vector form ``embedding_type`` names (None: float32)."""
+    return FORMS[EMBEDDING_TYPES[embedding_type or "float"].name].wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +58,13 @@ class TokenizeRequest:
     texts: list[str]
     add_special_tokens: bool
     prompt_name: str | None
+    model: str | None = None
 
 
 def parse_tokenize(body: bytes, limits: Limits) -> TokenizeRequest:
-    doc = json_object(body)
-    if "inputs" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
-    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=False)
-    return TokenizeRequest(
-        inputs.texts, optional(doc, "add_special_tokens", bool, True), name_field(doc, "prompt_name")
-    )
+    doc = read(TokenizeBody, body)
+    inputs = typed_inputs(doc.inputs, "inputs", limits)
+    return TokenizeRequest(inputs.texts, doc.add_special_tokens is not False, doc.prompt_name, doc.model)
 
 
 def render_embed(vectors: np.ndarray, form: str = "float32") -> bytes:
@@ -125,59 +120,45 @@ def model_field(body: bytes) -> str | None:
     return optional(json_object(body), "model", str)
 
 
-def _common_options(doc: dict) -> dict:
-    direction = optional(doc, "truncation_direction", str, "right").lower()
-    if direction not in ("right", "left"):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
-        )
-    return dict(
-        truncate=optional(doc, "truncate", bool, False),
-        truncation_direction=direction,
-        prompt_name=name_field(doc, "prompt_name"),
-    )
-
-
 def parse_embed_sparse(body: bytes, limits: Limits) -> EmbedRequest:
-    """TEI's /embed_sparse, plus two pruning extensions: ``top_k`` (the k largest values of each
-    vector) and ``threshold`` (values at or below it are dropped)."""
-    doc = json_object(body)
-    if "inputs" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
-    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
-    top_k = optional(doc, "top_k", int)
-    if top_k is not None and not 0 < top_k <= MAX_SPARSE_TOP_K:
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'top_k' must be in 1..{MAX_SPARSE_TOP_K}", "top_k")
-    threshold = doc.get("threshold")
-    if threshold is not None and (
-        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
-    ):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'threshold' must be a number", "threshold")
-    options = EmbedOptions(output="sparse", sparse_top_k=top_k, sparse_threshold=threshold, **_common_options(doc))
-    return EmbedRequest(inputs, options)
+    """TEI's /embed_sparse (EmbedSparseBody), plus two pruning extensions: ``top_k`` (the k largest values
+    of each vector) and ``threshold`` (values at or below it are dropped)."""
+    doc = read(EmbedSparseBody, body, _inputs_fault)
+    options = EmbedOptions(
+        output="sparse",
+        sparse_top_k=doc.top_k,
+        sparse_threshold=doc.threshold,
+        truncate=doc.truncate is True,
+        truncation_direction=doc.truncation_direction or "right",
+        prompt_name=doc.prompt_name,
+    )
+    return EmbedRequest(typed_inputs(doc.inputs, "inputs", limits), options, model=doc.model)
 
 
-def parse_embed_all(body: bytes, limits: Limits, offers: tuple[str, ...]) -> EmbedRequest:
+def read_embed_all(body: bytes) -> EmbedAllBody:
+    """/embed_all's body (EmbedAllBody): its model is resolved before ``parse_embed_all`` asks what it makes."""
+    return read(EmbedAllBody, body, _inputs_fault)
+
+
+def parse_embed_all(doc: EmbedAllBody, limits: Limits, offers: tuple[str, ...]) -> EmbedRequest:
     """TEI's /embed_all: a vector per token. ``offers``: the outputs the model's workers make. A model
     with a multi-vector head (ColBERT-style, BGE-M3) answers its projected, normalised token vectors;
     others their last hidden states. The extension ``output`` ("tokens" / "multivector") chooses."""
-    doc = json_object(body)
-    if "inputs" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
-    inputs = parse_inputs(doc["inputs"], "inputs", limits, allow_tokens=True)
-    output = optional(doc, "output", str, "multivector" if "multivector" in offers else "tokens")
-    if output not in ("tokens", "multivector"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'output' must be 'tokens' or 'multivector'", "output")
+    inputs = typed_inputs(doc.inputs, "inputs", limits)
+    output = doc.output or ("multivector" if "multivector" in offers else "tokens")
     if output == "multivector" and "multivector" not in offers:
         raise ApiError(
             ErrorCode.INVALID_REQUEST, "the model has no multi-vector head: ask 'output': 'tokens'", "output"
         )
-    form = embedding_form(doc)
-    input_type = optional(doc, "input_type", str)
-    if input_type not in (None, "query", "document"):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'input_type' must be 'query' or 'document'", "input_type")
-    options = EmbedOptions(output=output, dtype=FORMS[form].wire, input_type=input_type, **_common_options(doc))
-    return EmbedRequest(inputs, options)
+    options = EmbedOptions(
+        output=output,
+        dtype=_wire(doc.embedding_type),
+        input_type=doc.input_type,
+        truncate=doc.truncate is True,
+        truncation_direction=doc.truncation_direction or "right",
+        prompt_name=doc.prompt_name,
+    )
+    return EmbedRequest(inputs, options, model=doc.model)
 
 
 def render_sparse(rows: list) -> bytes:

@@ -1,9 +1,11 @@
 """TEI's task routes beyond embedding (shapes only, no I/O): /predict (a sequence classifier's label
-scores), /similarity (cosines of sentences to a source sentence), /decode (token IDs back to text), and
+scores), /similarity (cosines of sentences to a source sentence), /decode (token IDs back to text),
+/rerank's body (its answer is rerank_api.py's, shared with the Cohere routes), and
 which of the routes ``POST /`` runs for a model of each kind.
 
 Shapes are text-embeddings-inference's (router/src/http/types.rs, server.rs): ``PredictRequest``,
-``Prediction``, ``SimilarityRequest``, ``DecodeRequest`` and the default routes its server mounts on ``/``.
+``Prediction``, ``SimilarityRequest``, ``DecodeRequest`` and the default routes its server mounts on ``/``;
+the bodies are tei_task_bodies.py's typed models.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ from typing import Any
 
 import numpy as np
 import orjson
+from pydantic_core import ErrorDetails
 
+from embedfleet.services.gateway.body_errors import fault_error, input_fault
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import (
-    Inputs,
-    Limits,
-    json_object,
-    json_type,
-    name_field,
-    optional,
-    parse_inputs,
+from embedfleet.services.gateway.inputs import Inputs, Limits, json_type, typed_inputs, within_limits
+from embedfleet.services.gateway.rerank_api import RerankCall
+from embedfleet.services.gateway.tei_body import read
+from embedfleet.services.gateway.tei_task_bodies import (
+    DecodeBody,
+    PredictBody,
+    RerankBody,
+    SimilarityBody,
+    SimilarityParameters,
 )
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions
@@ -38,6 +43,7 @@ class PredictCall:
     raw_scores: bool  # logits instead of softmax (several labels) or sigmoid (one)
     truncate: bool
     truncation_direction: str
+    model: str | None = None  # the extension: which served model answers (None: the default)
 
     @property
     def options(self) -> EmbedOptions:
@@ -45,43 +51,48 @@ class PredictCall:
         return EmbedOptions(normalize=False, truncate=self.truncate, truncation_direction=self.truncation_direction)
 
 
-def truncation(doc: dict) -> tuple[bool, str]:
-    """TEI's ``truncate`` (default false: over-long inputs are refused) and ``truncation_direction``."""
-    direction = optional(doc, "truncation_direction", str, "right").lower()
-    if direction not in ("right", "left"):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, "'truncation_direction' must be 'Right' or 'Left'", "truncation_direction"
-        )
-    return optional(doc, "truncate", bool, False), direction
-
-
 def parse_predict(body: bytes, limits: Limits) -> PredictCall:
-    """``inputs``: a string, a [text, text_pair] pair, or a batch of [text] / [text, text_pair] lists."""
-    doc = json_object(body)
-    if "inputs" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs' is required", "inputs")
-    raw = doc["inputs"]
-    if isinstance(raw, list) and raw and isinstance(raw[0], list):
+    """``inputs`` (PredictBody): a string, a [text, text_pair] pair, or a batch of [text] / [text, text_pair]
+    lists; within the gateway's ``limits``."""
+    doc = read(PredictBody, body, _predict_fault)
+    raw = doc.inputs
+    if isinstance(raw, str):
+        inputs, batch = [_sequence([raw], "inputs", limits)], False
+    elif isinstance(raw[0], str):
+        inputs, batch = [_sequence(raw, "inputs", limits)], False
+    else:
         if len(raw) > limits.max_inputs:
             raise ApiError(
                 ErrorCode.TOO_MANY_INPUTS, f"'inputs' has {len(raw)} items; the limit is {limits.max_inputs}", "inputs"
             )
-        inputs, batch = [_sequence(item, f"inputs[{i}]", limits, batched=True) for i, item in enumerate(raw)], True
-    else:
-        inputs, batch = [_sequence(raw, "inputs", limits)], False
-    truncate, direction = truncation(doc)
-    return PredictCall(inputs, batch, optional(doc, "raw_scores", bool, False), truncate, direction)
+        inputs, batch = [_sequence(item, f"inputs[{i}]", limits) for i, item in enumerate(raw)], True
+    return PredictCall(
+        inputs,
+        batch,
+        doc.raw_scores is True,
+        doc.truncate is True,
+        doc.truncation_direction or "right",
+        doc.model,
+    )
 
 
-def _sequence(raw: Any, where: str, limits: Limits, batched: bool = False) -> Sequence:
-    parts = [raw] if isinstance(raw, str) and not batched else raw
-    if not isinstance(parts, list) or not 1 <= len(parts) <= 2 or not all(isinstance(p, str) for p in parts):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'{where}' must be a string, a pair of strings [text, text_pair] or a "
-            "batch of [text] and [text, text_pair] lists",
-            "inputs",
-        )
+def _predict_fault(errors: list[ErrorDetails]) -> ApiError:
+    """A fault in ``inputs`` named by the item at fault in a batch, the forms it takes listed."""
+    err = errors[0]
+    loc = err["loc"]
+    if loc[:1] != ("inputs",) or err["type"] == "missing":  # () for a body that is no JSON object
+        return fault_error(errors)
+    where = f"inputs[{loc[2]}]" if loc[1:2] == ("<batch>",) and len(loc) > 2 else "inputs"
+    return ApiError(
+        ErrorCode.INVALID_REQUEST,
+        f"'{where}' must be a string, a pair of strings [text, text_pair] or a "
+        "batch of [text] and [text, text_pair] lists",
+        "inputs",
+    )
+
+
+def _sequence(parts: list[str], where: str, limits: Limits) -> Sequence:
+    """A validated [text] or [text, text_pair] within the gateway's ``limits``."""
     for part in parts:
         if len(part) > limits.max_input_chars:
             raise ApiError(
@@ -132,27 +143,16 @@ def render_predict(call: PredictCall, scores: np.ndarray, labels: list[str]) -> 
 class SimilarityCall:
     inputs: Inputs  # the source sentence, then the sentences
     options: EmbedOptions
+    model: str | None = None
 
 
 def parse_similarity(body: bytes, limits: Limits) -> SimilarityCall:
-    """``{"inputs": {"source_sentence", "sentences"}, "parameters": {"truncate", "truncation_direction", "prompt_name"}}``."""
-    doc = json_object(body)
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, dict):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f'\'inputs\' must be an object {{"source_sentence", "sentences"}}, got {json_type(inputs)}',
-            "inputs",
-        )
-    source, sentences = inputs.get("source_sentence"), inputs.get("sentences")
-    if not isinstance(source, str):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'inputs.source_sentence' must be a string, got {json_type(source)}", "inputs"
-        )
-    if not isinstance(sentences, list) or not sentences:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'inputs.sentences' must be a non-empty list of strings", "inputs")
-    parse_inputs(source, "inputs.source_sentence", limits, allow_tokens=False)
-    parse_inputs(sentences, "inputs.sentences", limits, allow_tokens=False)
+    """``{"inputs": {"source_sentence", "sentences"}, "parameters": {"truncate", "truncation_direction",
+    "prompt_name"}}`` (SimilarityBody), within the gateway's ``limits``."""
+    doc = read(SimilarityBody, body)
+    source, sentences = doc.inputs.source_sentence, doc.inputs.sentences
+    within_limits(Inputs([source], None), "inputs.source_sentence", limits)
+    within_limits(Inputs(sentences, None), "inputs.sentences", limits)
     if len(sentences) + 1 > limits.max_inputs:  # the source sentence is embedded with them
         raise ApiError(
             ErrorCode.TOO_MANY_INPUTS,
@@ -160,17 +160,13 @@ def parse_similarity(body: bytes, limits: Limits) -> SimilarityCall:
             f"inputs with the source sentence; the limit is {limits.max_inputs}",
             "inputs",
         )
-    parameters = doc.get("parameters")
-    parameters = {} if parameters is None else parameters
-    if not isinstance(parameters, dict):
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST, f"'parameters' must be an object, got {json_type(parameters)}", "parameters"
-        )
-    truncate, direction = truncation(parameters)
+    parameters = doc.parameters or SimilarityParameters()
     options = EmbedOptions(
-        truncate=truncate, truncation_direction=direction, prompt_name=name_field(parameters, "prompt_name")
+        truncate=parameters.truncate is True,
+        truncation_direction=parameters.truncation_direction or "right",
+        prompt_name=parameters.prompt_name,
     )
-    return SimilarityCall(Inputs([source, *sentences], None), options)
+    return SimilarityCall(Inputs([source, *sentences], None), options, doc.model)
 
 
 def render_similarity(vectors: np.ndarray) -> bytes:
@@ -186,25 +182,27 @@ def render_similarity(vectors: np.ndarray) -> bytes:
 class DecodeCall:
     ids: list[np.ndarray]  # per sequence, [n] int32
     skip_special_tokens: bool
+    model: str | None = None
 
 
 def parse_decode(body: bytes, limits: Limits) -> DecodeCall:
-    """``{"ids": [id, ...] or [[id, ...], ...], "skip_special_tokens": true}``."""
-    doc = json_object(body)
-    if "ids" not in doc:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "'ids' is required", "ids")
-    raw = doc["ids"]
-    first = raw[0] if isinstance(raw, list) and raw else []
-    if not isinstance(raw, list) or json_type(first) not in ("number", "array") or isinstance(first, float):
-        shown = f"a list of {json_type(first)}s" if isinstance(raw, list) else json_type(raw)
-        raise ApiError(
-            ErrorCode.INVALID_REQUEST,
-            f"'ids' must be a list of token IDs or a list of token-ID lists, got {shown}",
-            "ids",
-        )
-    inputs = parse_inputs(raw, "ids", limits, allow_tokens=True)
+    """``{"ids": [id, ...] or [[id, ...], ...], "skip_special_tokens": true}`` (DecodeBody)."""
+    doc = read(DecodeBody, body, _decode_fault)
+    inputs = typed_inputs(doc.ids, "ids", limits)
     assert inputs.token_ids is not None
-    return DecodeCall(inputs.token_ids, optional(doc, "skip_special_tokens", bool, True))
+    return DecodeCall(inputs.token_ids, doc.skip_special_tokens is not False, doc.model)
+
+
+def _decode_fault(errors: list[ErrorDetails]) -> ApiError:
+    """``ids`` in no form of its own named by what it holds ('got a list of strings')."""
+    err = errors[0]
+    if err["type"] != "ids_form":
+        return input_fault(errors, "ids")
+    raw = err["input"]
+    shown = f"a list of {json_type(raw[0])}s" if isinstance(raw, list) else json_type(raw)
+    return ApiError(
+        ErrorCode.INVALID_REQUEST, f"'ids' must be a list of token IDs or a list of token-ID lists, got {shown}", "ids"
+    )
 
 
 def check_vocabulary(ids: list[np.ndarray], vocab_size: int) -> None:
@@ -224,6 +222,28 @@ def check_vocabulary(ids: list[np.ndarray], vocab_size: int) -> None:
 
 def render_decode(texts: list[str]) -> bytes:
     return orjson.dumps(texts)
+
+
+def parse_rerank(body: bytes, limits: Limits) -> RerankCall:
+    """``{"query", "texts", "raw_scores": false, "return_text": false, "truncate": false}`` (RerankBody), and
+    the extensions ``top_n`` and ``model`` (none: the default model); within the gateway's ``limits``."""
+    doc = read(RerankBody, body)
+    if len(doc.query) > limits.max_input_chars:
+        raise ApiError(
+            ErrorCode.INPUT_TOO_LONG,
+            f"'query' has {len(doc.query)} characters; the limit is {limits.max_input_chars}",
+            "query",
+        )
+    within_limits(Inputs(doc.texts, None), "texts", limits)
+    return RerankCall(
+        model=doc.model,
+        query=doc.query,
+        texts=doc.texts,
+        top_n=doc.top_n,
+        raw_scores=doc.raw_scores is True,
+        truncate=doc.truncate is True,
+        return_text=doc.return_text is True,
+    )
 
 
 def root_task(doc: dict, worker: dict[str, str]) -> str:

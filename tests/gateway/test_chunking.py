@@ -1,40 +1,45 @@
 """The `chunking` option: parsing and refusals in the API's shape, and the mean of chunk vectors."""
 
 import numpy as np
+import orjson
 import pytest
 
-from embedfleet.services.gateway.chunking import (
-    Chunking,
-    chunk_places,
-    mean_of_chunks,
-    parse_chunking,
-    parse_text_chunking,
-)
+from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places, mean_of_chunks
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import Inputs
+from embedfleet.services.gateway.inputs import Inputs, Limits
+from embedfleet.services.gateway.openai_api import parse_embeddings_request
+from embedfleet.services.gateway.openai_body import ChunkingBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
 
+LIMITS = Limits(max_inputs=10, max_input_chars=100)
+
+
+def _chunking(raw: object) -> Chunking | None:
+    """A body's ``chunking`` as the typed route reads it (None: absent)."""
+    body = {"model": "m", "input": "a text"} | ({} if raw is None else {"chunking": raw})
+    return parse_embeddings_request(orjson.dumps(body), LIMITS).chunking
+
 
 def test_a_chunking_object_is_read_with_its_defaults():
-    assert parse_chunking({}) is None
-    assert parse_chunking({"chunking": {"size": 64}}) == Chunking(ChunkSpec(64, 0, "token"), False, "chunks")
-    assert parse_chunking(
-        {"chunking": {"size": 64, "overlap": 8, "boundary": "sentence", "late": False, "return": "mean"}}
-    ) == Chunking(ChunkSpec(64, 8, "sentence"), False, "mean")
+    assert _chunking(None) is None
+    assert _chunking({"size": 64}) == Chunking(ChunkSpec(64, 0, "token"), False, "chunks")
+    assert _chunking({"size": 64, "overlap": 8, "boundary": "sentence", "late": False, "return": "mean"}) == Chunking(
+        ChunkSpec(64, 8, "sentence"), False, "mean"
+    )
 
 
 @pytest.mark.parametrize(
     "raw, param, message",
     [
-        ([64], "chunking", "'chunking' must be an object"),
+        ([64], "chunking", "'chunking' must be an object, got array"),
         ({"overlap": 2}, "chunking.size", "'chunking.size' is required"),
         ({"size": 64, "stride": 2}, "chunking", "'chunking' has unknown keys 'stride'"),
-        ({"size": 0}, "chunking", "chunking.size must be an integer of at least 1, got 0"),
-        ({"size": "64"}, "chunking", "chunking.size must be an integer of at least 1, got '64'"),
-        ({"size": True}, "chunking", "chunking.size must be an integer of at least 1, got True"),
+        ({"size": 0}, "chunking.size", "'chunking.size' must be at least 1, got 0"),
+        ({"size": "64"}, "chunking.size", "'chunking.size' must be an integer, got '64'"),
+        ({"size": True}, "chunking.size", "'chunking.size' must be an integer, got true"),
         ({"size": 8, "overlap": 8}, "chunking", "chunking.overlap (8) must be less than chunking.size (8)"),
-        ({"size": 8, "overlap": -1}, "chunking", "chunking.overlap must be an integer of at least 0, got -1"),
+        ({"size": 8, "overlap": -1}, "chunking.overlap", "'chunking.overlap' must be at least 0, got -1"),
         ({"size": 8, "boundary": "word"}, "chunking.boundary", "'chunking.boundary' must be 'token' or 'sentence'"),
         ({"size": 8, "late": "yes"}, "chunking.late", "'chunking.late' must be true or false"),
         ({"size": 8, "return": "all"}, "chunking.return", "'chunking.return' must be 'chunks' or 'mean'"),
@@ -42,7 +47,7 @@ def test_a_chunking_object_is_read_with_its_defaults():
 )
 def test_a_wrong_chunking_object_is_refused_with_its_parameter(raw, param, message):
     with pytest.raises(ApiError) as err:
-        parse_chunking({"chunking": raw})
+        _chunking(raw)
     assert err.value.code is ErrorCode.INVALID_REQUEST and err.value.status == 400
     assert err.value.param == param and err.value.message.startswith(message), err.value.message
 
@@ -67,10 +72,9 @@ def test_chunk_places_name_each_row_input_by_input():
 
 @pytest.mark.parametrize("field", ["input", "inputs", "texts"])
 def test_token_ids_have_no_text_to_cut_and_are_refused_naming_the_routes_field(field):
-    doc = {"chunking": {"size": 8}}
-    assert parse_text_chunking(doc, Inputs(["a"], None), field) == Chunking(ChunkSpec(8))
-    assert parse_text_chunking({}, Inputs([], [np.array([101, 102], np.int32)]), field) is None
+    body = ChunkingBody(size=8)
+    assert body_chunking(body, Inputs(["a"], None), field) == Chunking(ChunkSpec(8))
     with pytest.raises(ApiError) as err:
-        parse_text_chunking(doc, Inputs([], [np.array([101, 102], np.int32)]), field)
+        body_chunking(body, Inputs([], [np.array([101, 102], np.int32)]), field)
     assert (err.value.status, err.value.param) == (400, "chunking")
     assert err.value.message == f"'chunking' cuts texts: give '{field}' as text, not token IDs"

@@ -18,7 +18,7 @@ from embedfleet.shared.job_state import JOB_OUTPUTS
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES
-from tests.gateway.body_schemas import added_field, is_generated, scalar_cases, served_body
+from tests.gateway.typed_bodies import added_field, is_generated, scalar_cases, served_body
 
 BASE: dict[str, Any] = {"documents": [{"id": "a", "text": "one"}]}
 # every field, none at its default ('documents' and 'path' together parse; the route takes one of them)

@@ -8,7 +8,7 @@ from typing import Any, get_args
 import orjson
 import pytest
 
-from embedfleet.services.gateway.chunking import _KEYS, RETURNS
+from embedfleet.services.gateway.chunking import RETURNS
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.openai_api import parse_embeddings_request
@@ -17,6 +17,7 @@ from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vector_forms import EMBEDDING_TYPES
+from tests.gateway.typed_bodies import resolved
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)
 
@@ -34,31 +35,19 @@ EVERY_FIELD: dict[str, Any] = {
 }
 
 
-def _resolved(schema: Any, components: dict[str, Any]) -> Any:
-    """``schema`` with each reference to components.schemas replaced by what it names."""
-    if isinstance(schema, dict):
-        ref = schema.get("$ref", "")
-        if ref.startswith("#/components/schemas/"):
-            return _resolved(components[ref.rsplit("/", 1)[1]], components)
-        return {k: _resolved(v, components) for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [_resolved(v, components) for v in schema]
-    return schema
-
-
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings"])
 def test_openapi_body_is_the_model_s_generated_schema(path):
     spec = orjson.loads(orjson.dumps(openapi_spec("test")))  # as served: JSON
     served = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     generated = EmbeddingsBody.model_json_schema()
     defs = generated.pop("$defs")
-    assert _resolved(served, spec["components"]["schemas"]) == _resolved(
+    assert resolved(served, spec["components"]["schemas"]) == resolved(
         orjson.loads(orjson.dumps(generated).replace(b"#/$defs/", b"#/components/schemas/")), defs
     )
     assert set(served["properties"]) == set(EVERY_FIELD)
     assert served["required"] == ["model", "input"]
     chunking = spec["components"]["schemas"]["ChunkingBody"]
-    assert set(chunking["properties"]) == set(_KEYS) and chunking["additionalProperties"] is False
+    assert set(chunking["properties"]) == {"size", "overlap", "boundary", "late", "return"} and chunking["additionalProperties"] is False
 
 
 def test_every_field_of_the_schema_is_read():

@@ -14,7 +14,7 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.search_api import parse_search
 from embedfleet.services.gateway.search_body import SearchBody
-from tests.gateway.body_schemas import added_field, is_generated, scalar_cases, served_body
+from tests.gateway.typed_bodies import added_field, is_generated, scalar_cases, served_body
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=100_000)  # past the model's bounds: only the schema's count
 BASE: dict[str, Any] = {"query": "q"}
@@ -36,7 +36,7 @@ def test_openapi_body_is_the_model_s_generated_schema():
     served, components = served_body("/v1/search")
     assert set(served["properties"]) == {"model", "query", "top_k", "filter", "rerank"}
     assert served["required"] == ["query"]
-    rerank = components["RerankBody"]
+    rerank = components["SearchRerankBody"]
     assert rerank["additionalProperties"] is False and rerank["required"] == ["model"]
 
 
@@ -76,7 +76,7 @@ def test_the_filter_takes_what_its_schema_takes():
 
 def test_the_rerank_takes_what_its_schema_takes():
     _, components = served_body("/v1/search")
-    rerank = components["RerankBody"]["properties"]
+    rerank = components["SearchRerankBody"]["properties"]
     model, top_n = rerank["model"], rerank["top_n"]["anyOf"][0]
     assert _parses({**BASE, "rerank": {"model": "x" * model["maxLength"], "top_n": top_n["minimum"]}})
     assert _parses({**BASE, "rerank": {"model": "r", "top_n": None}})

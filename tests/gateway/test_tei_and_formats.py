@@ -47,19 +47,22 @@ def test_embed_defaults_follow_tei():
 
 
 @pytest.mark.parametrize(
-    "doc, fragment",
+    "doc, status, param, fragment",
     [
-        ({}, "'inputs' is required"),
-        ({"inputs": []}, "must not be an empty list"),
-        ({"inputs": "a", "truncation_direction": "up"}, "'Right' or 'Left'"),
-        ({"inputs": "a", "normalize": "yes"}, "'normalize' must be a boolean"),
-        ({"inputs": ["a"] * 5}, "the limit is 4"),
-        ({"inputs": "a", "embedding_type": "bits"}, "'embedding_type' must be one of"),
+        ({}, 400, "inputs", "'inputs' is required"),
+        ({"inputs": []}, 400, "inputs", "must not be an empty list"),
+        ({"inputs": "a", "truncation_direction": "up"}, 400, "truncation_direction", "'Right' or 'Left', got 'up'"),
+        ({"inputs": "a", "normalize": "yes"}, 400, "normalize", "'normalize' must be true or false, got 'yes'"),
+        ({"inputs": ["a"] * 5}, 422, "inputs", "the limit is 4"),
+        ({"inputs": "a", "embedding_type": "bits"}, 400, "embedding_type", "'embedding_type' must be one of"),
     ],
 )
-def test_embed_errors_in_tei_shape(doc, fragment):  # TEI answers validation errors 4xx with error_type Validation
+def test_embed_errors_in_tei_shape(
+    doc, status, param, fragment
+):  # TEI answers validation errors 4xx, error_type Validation
     with pytest.raises(ApiError) as err:
         parse_embed(orjson.dumps(doc), LIMITS)
+    assert (err.value.status, err.value.param) == (status, param)
     body = orjson.loads(err.value.response("/embed").body)
     assert set(body) == {"error", "error_type"} and fragment in body["error"]
     assert body["error_type"] == "Validation"

@@ -62,7 +62,7 @@ def test_predict_inputs_are_a_text_a_pair_or_a_batch_of_them():
         ({"inputs": ["a", 7]}, 400, "must be a string"),
         ({"inputs": [["a"]] * 5}, 422, "the limit is 4"),
         ({"inputs": ["q", "x" * 51]}, 413, "51 characters"),
-        ({"inputs": "a", "raw_scores": "yes"}, 400, "'raw_scores' must be a boolean"),
+        ({"inputs": "a", "raw_scores": "yes"}, 400, "'raw_scores' must be true or false, got 'yes'"),
         ({"inputs": "a", "truncation_direction": "up"}, 400, "'Right' or 'Left'"),
     ],
 )
@@ -139,10 +139,10 @@ def test_similarity_body_and_cosines():
     "doc, status, fragment",
     [
         ({"inputs": "s"}, 400, "'inputs' must be an object"),
-        ({"inputs": {"sentences": ["a"]}}, 400, "'inputs.source_sentence' must be a string"),
-        ({"inputs": {"source_sentence": "s", "sentences": []}}, 400, "non-empty list"),
+        ({"inputs": {"sentences": ["a"]}}, 400, "'inputs.source_sentence' is required"),
+        ({"inputs": {"source_sentence": "s", "sentences": []}}, 400, "'inputs.sentences' must not be an empty list"),
         ({"inputs": {"source_sentence": 3, "sentences": ["a"]}}, 400, "'inputs.source_sentence' must be a string"),
-        ({"inputs": {"source_sentence": "s", "sentences": "a"}}, 400, "non-empty list"),
+        ({"inputs": {"source_sentence": "s", "sentences": "a"}}, 400, "'inputs.sentences' must be a list, got 'a'"),
         ({"inputs": {"source_sentence": "s", "sentences": [1]}}, 400, "'inputs.sentences[0]' must be a string"),
         (
             {"inputs": {"source_sentence": "s", "sentences": ["a"] * 4}},
@@ -156,7 +156,11 @@ def test_similarity_body_and_cosines():
             400,
             "'parameters' must be an object",
         ),
-        ({"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": {"truncate": 1}}, 400, "'truncate'"),
+        (
+            {"inputs": {"source_sentence": "s", "sentences": ["a"]}, "parameters": {"truncate": 1}},
+            400,
+            "'parameters.truncate' must be true or false, got 1",
+        ),
     ],
 )
 def test_similarity_refusals(doc, status, fragment):
@@ -186,7 +190,7 @@ def test_decode_takes_one_sequence_or_a_batch():
         ({"ids": [101, 2**31]}, 422, "not a token ID"),
         ({"ids": [[101], 7]}, 400, "'ids[1]' must be a non-empty list"),
         ({"ids": [[1]] * 5}, 422, "the limit is 4"),
-        ({"ids": [1], "skip_special_tokens": "no"}, 400, "'skip_special_tokens' must be a boolean"),
+        ({"ids": [1], "skip_special_tokens": "no"}, 400, "'skip_special_tokens' must be true or false, got 'no'"),
     ],
 )
 def test_decode_refusals(doc, status, fragment):

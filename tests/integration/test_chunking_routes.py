@@ -347,16 +347,8 @@ def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, referenc
         ),
         ({"size": 8, "overlap": 8}, {}, (400, 400), "chunking.overlap (8) must be less than chunking.size (8)"),
         ({"size": 64, "stride": 3}, {}, (400, 400), "'chunking' has unknown keys 'stride'"),
-        # the typed body (Cohere's) words a type fault as every typed body does
-        (
-            {"size": "64"},
-            {},
-            (400, 400),
-            (
-                "chunking.size must be an integer of at least 1, got '64'",
-                "'chunking.size' must be an integer, got '64'",
-            ),
-        ),
+        # every typed body words a type fault alike
+        ({"size": "64"}, {}, (400, 400), "'chunking.size' must be an integer, got '64'"),
         ({"size": 64, "return": "all"}, {}, (400, 400), "'chunking.return' must be 'chunks' or 'mean'"),
         ([64], {}, (400, 400), "'chunking' must be an object"),
         # Cohere has no 413: it answers what is too long with 400
@@ -374,7 +366,6 @@ def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, referenc
     ],
 )
 def test_wrong_chunking_is_refused_in_each_routes_shape(base_url, texts, chunking, extra, statuses, message):
-    tei_message, cohere_message = message if isinstance(message, tuple) else (message, message)
     tei = _post(
         base_url,
         "/embed",
@@ -382,14 +373,14 @@ def test_wrong_chunking_is_refused_in_each_routes_shape(base_url, texts, chunkin
     )
     assert tei.status_code == statuses[0], tei.text
     assert set(tei.json()) == {"error", "error_type"} and tei.json()["error_type"] == "Validation"
-    assert tei.json()["error"].startswith(tei_message), tei.json()
+    assert tei.json()["error"].startswith(message), tei.json()
     cohere = _post(
         base_url,
         "/v2/embed",
         {"model": MODEL, "texts": texts, "chunking": chunking, **{k: v for k, v in extra.items() if k == "input_type"}},
     )
     assert cohere.status_code == statuses[1], cohere.text
-    assert set(cohere.json()) == {"message"} and cohere.json()["message"].startswith(cohere_message), cohere.json()
+    assert set(cohere.json()) == {"message"} and cohere.json()["message"].startswith(message), cohere.json()
 
 
 def test_late_chunking_answers_on_every_route_as_on_v1_embeddings(base_url, texts):

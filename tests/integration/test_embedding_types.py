@@ -225,7 +225,11 @@ def test_openai_client_with_extra_body(stack, texts, floats):
         (
             "/embed",
             {"inputs": "x", "embedding_type": 8},
-            {"error": "'embedding_type' must be a string", "error_type": "Validation"},
+            {
+                "error": "'embedding_type' must be one of 'float', 'float32', 'float16', 'int8', 'uint8', 'binary' "
+                "or 'ubinary', got 8",
+                "error_type": "Validation",
+            },
         ),
     ],
 )
