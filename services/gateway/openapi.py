@@ -4,40 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
-from embedfleet.services.gateway.chunking import RETURNS
 from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
 from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
+from embedfleet.services.gateway.response_parts import (
+    ChunkPlace,
+    CohereError,
+    OpenAIError,
+    Row,
+    TeiError,
+    inline_schema,
+)
 from embedfleet.services.gateway.search_body import SearchBody
 from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
 from embedfleet.services.gateway.tei_task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
-from embedfleet.shared.text_chunks import BOUNDARIES
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES
 
-_OPENAI_ERROR = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-            "required": ["message", "type", "param", "code"],
-        }
-    },
-    "required": ["error"],
-}
-_TEI_ERROR = {
-    "type": "object",
-    "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
-    "required": ["error", "error_type"],
-}
+_OPENAI_ERROR = inline_schema(OpenAIError)
+_TEI_ERROR = inline_schema(TeiError)
+_COHERE_ERROR = inline_schema(CohereError)
 _BINARY = {
     "application/octet-stream": {
         "schema": {
@@ -59,18 +46,6 @@ _BINARY = {
             ),
         }
     },
-}
-# the vector form a request asks for (shared/vector_forms.py; README "Vector forms")
-_EMBEDDING_TYPE = {
-    "type": "string",
-    "enum": list(EMBEDDING_TYPES),
-    "default": "float",
-    "description": (
-        "an extension: the vector form made on the worker. float (= float32), float16; int8 / uint8: each component "
-        "scaled by one fixed rule into -127..127 / 0..255; binary / ubinary: one sign bit a component (1 where > 0), "
-        "packed 8 to a byte, first component in the highest bit, as int8 (bytes - 128) / uint8. With encoding_format "
-        "float the rows are JSON numbers (integers for all but the float forms); with base64 their little-endian bytes."
-    ),
 }
 # the field (a query parameter on GET /info) naming which served model answers
 _MODEL = {
@@ -94,53 +69,9 @@ _READINESS = [
         "description": "readiness: 503 while any model a live tokenizer or worker announces lacks the other",
     },
 ]
-# the extension of /v1/embeddings, /embed and /v2/embed (services/gateway/chunking.py; README "Long documents: chunking")
-_CHUNKING = {
-    "type": "object",
-    "required": ["size"],
-    "additionalProperties": False,
-    "description": (
-        "an extension: each text cut into windows of at most 'size' tokens, each window embedded; a binary answer "
-        "(Accept) takes return 'mean' only"
-    ),
-    "properties": {
-        "size": {
-            "type": "integer",
-            "minimum": 1,
-            "description": "the most tokens of text a chunk holds; the model's "
-            "special tokens and the prompt come on top and must fit its limit",
-        },
-        "overlap": {
-            "type": "integer",
-            "minimum": 0,
-            "default": 0,
-            "description": "tokens consecutive chunks share at most (less than size)",
-        },
-        "boundary": {"type": "string", "enum": list(BOUNDARIES), "default": "token"},
-        "late": {
-            "type": "boolean",
-            "default": False,
-            "description": "late chunking: each chunk pooled from the token states of the text around it",
-        },
-        "return": {
-            "type": "string",
-            "enum": list(RETURNS),
-            "default": "chunks",
-            "description": (
-                "chunks: a vector per chunk with its offsets; mean: a vector per input, its chunks' mean weighted by tokens"
-            ),
-        },
-    },
-}
 # where a chunk's row lies with "return": "chunks": input[start:end] is the chunk's text
-_PLACE = {
-    "index": {"type": "integer", "description": "the input"},
-    "chunk": {"type": "integer", "description": "the chunk's number within its input"},
-    "start": {"type": "integer", "description": "the chunk's first character"},
-    "end": {"type": "integer", "description": "past the chunk's last character"},
-}
-# a row as JSON numbers (integers for int8, uint8, binary, ubinary), or (base64) its little-endian bytes
-_ROW = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "contentEncoding": "base64"}]}
+_PLACE = inline_schema(ChunkPlace)["properties"]
+_ROW = TypeAdapter(Row).json_schema()
 
 
 def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +81,7 @@ def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, A
     for name, definition in schema.pop("$defs", {}).items():
         # one name, one model: two models of one class name would otherwise share (and lose) a component
         if schemas.setdefault(name, definition) != definition:
-            raise ValueError(f"two request models are named {name}: /openapi.json would hold one of them")
+            raise ValueError(f"two models are named {name}: /openapi.json would hold one of them")
     return schema
 
 
@@ -189,7 +120,7 @@ def _get(
 
 def _cohere_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """Cohere's /v1/embed, /v2/embed (embed v1 and v2 of its SDK) and /v2/rerank."""
-    error = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+    error = _COHERE_ERROR
     codes = (400, 401, 404, 422, 429, 503, 504)
     meta = {"type": "object", "properties": {"api_version": {"type": "object"}, "billed_units": {"type": "object"}}}
     by_type = {
@@ -289,7 +220,7 @@ def _tei_task_paths(
         _TEI_ERROR,
         codes,
     )
-    health = _health("TEI's names for /health")
+    health = _health("TEI's names for /health", _TEI_ERROR)
     return {
         "/predict": _post("Label scores of a sequence classifier (TEI)", predict_body, predicted, _TEI_ERROR, codes),
         "/similarity": _post(
@@ -669,12 +600,14 @@ def _service_paths() -> dict[str, Any]:
     }
 
 
-def _health(summary: str) -> dict[str, Any]:
+def _health(summary: str, error: dict[str, Any] = _OPENAI_ERROR) -> dict[str, Any]:
+    """A health route's; ``error``: the error shape of its path's API (TEI's on / and /ping)."""
     return _get(
         f"200 when a tokenizer and a worker of a model answer ({summary}); readiness of models with "
         "?model=ID or ?all=1",
         {"type": "object"},
         (400, 503),
+        error,
         parameters=_READINESS,
     )
 
