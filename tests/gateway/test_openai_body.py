@@ -47,7 +47,10 @@ def test_openapi_body_is_the_model_s_generated_schema(path):
     assert set(served["properties"]) == set(EVERY_FIELD)
     assert served["required"] == ["model", "input"]
     chunking = spec["components"]["schemas"]["ChunkingBody"]
-    assert set(chunking["properties"]) == {"size", "overlap", "boundary", "late", "return"} and chunking["additionalProperties"] is False
+    assert (
+        set(chunking["properties"]) == {"size", "overlap", "boundary", "late", "return"}
+        and chunking["additionalProperties"] is False
+    )
 
 
 def test_every_field_of_the_schema_is_read():
