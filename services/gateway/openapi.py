@@ -19,6 +19,18 @@ from embedfleet.services.gateway.response_parts import (
     inline_schema,
 )
 from embedfleet.services.gateway.search_body import SearchBody
+from embedfleet.services.gateway.tei_answers import (
+    TeiAllAnswer,
+    TeiDecodeAnswer,
+    TeiEmbedAnswer,
+    TeiInfo,
+    TeiPredictAnswer,
+    TeiRerankAnswer,
+    TeiRootAnswer,
+    TeiSimilarityAnswer,
+    TeiSparseAnswer,
+    TeiTokenizeAnswer,
+)
 from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
 from embedfleet.services.gateway.tei_task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
 
@@ -182,27 +194,6 @@ def _tei_task_paths(
     predict_body = typed_schema(PredictBody, schemas)
     similarity_body = typed_schema(SimilarityBody, schemas)
     rerank_body = typed_schema(RerankBody, schemas)
-    prediction = {
-        "type": "array",
-        "items": {"type": "object", "properties": {"score": {"type": "number"}, "label": {"type": "string"}}},
-        "description": "per label, best first",
-    }
-    predicted = {
-        "application/json": {
-            "schema": {
-                "oneOf": [prediction, {"type": "array", "items": prediction, "description": "a batch: per input"}]
-            }
-        }
-    }
-    cosines = {
-        "application/json": {
-            "schema": {
-                "type": "array",
-                "items": {"type": "number"},
-                "description": "per sentence, its cosine with the source sentence",
-            }
-        }
-    }
     root = _post(
         "The task of the model's kind, as TEI: embed (embedders), embed_sparse (SPLADE), rerank (one-logit rerankers), "
         "predict (classifiers); a body with inputs.source_sentence runs similarity with any embedder",
@@ -216,20 +207,30 @@ def _tei_task_paths(
                 for k, v in body["properties"].items()
             },
         },
-        {"application/json": {"schema": {"type": "array"}}, **_BINARY},
+        {"application/json": {"schema": typed_schema(TeiRootAnswer, schemas)}, **_BINARY},
         _TEI_ERROR,
         codes,
     )
     health = _health("TEI's names for /health", _TEI_ERROR)
     return {
-        "/predict": _post("Label scores of a sequence classifier (TEI)", predict_body, predicted, _TEI_ERROR, codes),
+        "/predict": _post(
+            "Label scores of a sequence classifier (TEI)",
+            predict_body,
+            {"application/json": {"schema": typed_schema(TeiPredictAnswer, schemas)}},
+            _TEI_ERROR,
+            codes,
+        ),
         "/similarity": _post(
-            "Cosine similarity of sentences to a source sentence (TEI)", similarity_body, cosines, _TEI_ERROR, codes
+            "Cosine similarity of sentences to a source sentence (TEI)",
+            similarity_body,
+            {"application/json": {"schema": typed_schema(TeiSimilarityAnswer, schemas)}},
+            _TEI_ERROR,
+            codes,
         ),
         "/decode": _post(
             "Token IDs back to text (TEI)",
             typed_schema(DecodeBody, schemas),
-            {"application/json": {"schema": {"type": "array", "items": {"type": "string"}}}},
+            {"application/json": {"schema": typed_schema(TeiDecodeAnswer, schemas)}},
             _TEI_ERROR,
             (400, 401, 404, 422, 503, 504),
         ),
@@ -399,106 +400,39 @@ def _tei_embed_paths(
 ) -> dict[str, Any]:
     """TEI's /embed, /embed_sparse, /embed_all, /tokenize and /rerank."""
     tokenize_body = typed_schema(TokenizeBody, schemas)
-    token = {
-        "type": "object",
-        "properties": {
-            "id": {"type": "integer"},
-            "text": {"type": "string"},
-            "special": {"type": "boolean"},
-            "start": {"type": ["integer", "null"]},
-            "stop": {"type": ["integer", "null"]},
-        },
-    }
     return {
         "/embed": _post(
             "Embed (TEI)",
             embed_body,
-            {
-                "application/json": {
-                    "schema": {
-                        "type": "array",
-                        "items": {
-                            "oneOf": [
-                                {"type": "array", "items": {"type": "number"}, "description": "a vector per input"},
-                                {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {
-                                            **{k: v for k, v in _PLACE.items() if k != "index"},
-                                            "embedding": {"type": "array", "items": {"type": "number"}},
-                                        },
-                                    },
-                                    "description": "an extension, with chunking return 'chunks': per input its chunks",
-                                },
-                            ]
-                        },
-                    }
-                },
-                **_BINARY,
-            },
+            {"application/json": {"schema": typed_schema(TeiEmbedAnswer, schemas)}, **_BINARY},
             _TEI_ERROR,
             codes,
         ),
         "/embed_sparse": _post(
             "Sparse vectors: SPLADE, BGE-M3 lexical weights (TEI)",
             sparse_body,
-            {
-                "application/json": {
-                    "schema": {
-                        "type": "array",
-                        "items": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {"index": {"type": "integer"}, "value": {"type": "number"}},
-                            },
-                        },
-                    }
-                }
-            },
+            {"application/json": {"schema": typed_schema(TeiSparseAnswer, schemas)}},
             _TEI_ERROR,
             codes,
         ),
         "/embed_all": _post(
             "A vector per token: hidden states, or ColBERT-style multi-vectors (TEI)",
             all_body,
-            {
-                "application/json": {
-                    "schema": {
-                        "type": "array",
-                        "items": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-                    }
-                }
-            },
+            {"application/json": {"schema": typed_schema(TeiAllAnswer, schemas)}},
             _TEI_ERROR,
             codes,
         ),
         "/tokenize": _post(
             "Tokenize (TEI)",
             tokenize_body,
-            {"application/json": {"schema": {"type": "array", "items": {"type": "array", "items": token}}}},
+            {"application/json": {"schema": typed_schema(TeiTokenizeAnswer, schemas)}},
             _TEI_ERROR,
             (400, 401, 404, 413, 503, 504),
         ),
         "/rerank": _post(
             "Rerank texts by relevance to a query (TEI)",
             typed_schema(RerankBody, schemas),
-            {
-                "application/json": {
-                    "schema": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "index": {"type": "integer"},
-                                "score": {"type": "number"},
-                                "text": {"type": "string"},
-                            },
-                        },
-                    }
-                }
-            },
+            {"application/json": {"schema": typed_schema(TeiRerankAnswer, schemas)}},
             _TEI_ERROR,
             codes,
         ),
@@ -587,7 +521,7 @@ def _service_paths() -> dict[str, Any]:
     return {
         "/info": _get(
             "Model and limits (TEI)",
-            {"type": "object"},
+            inline_schema(TeiInfo),
             (401, 404, 503),
             _TEI_ERROR,
             [{"name": "model", "in": "query", "required": False, "schema": _MODEL}],

@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from embedfleet.services.gateway.tei_answers import TeiInfo, TeiTokenizeAnswer
 from embedfleet.shared.nats_server import free_port
 from embedfleet.shared.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
@@ -117,6 +118,7 @@ def test_tei_tokenize(stack, reference):
     text = "Hello, embedfleet!"
     r = httpx.post(f"{stack.base_url}/tokenize", json={"inputs": [text]}, timeout=30)
     assert r.status_code == 200, r.text
+    TeiTokenizeAnswer.model_validate_json(r.content)  # of a live tokenizer's answer: strictly its model
     (tokens,) = r.json()
     assert [t["id"] for t in tokens] == reference.tokenizer(text)["input_ids"]
     assert tokens[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
@@ -128,7 +130,9 @@ def test_tei_tokenize(stack, reference):
 
 
 def test_tei_info(stack):
-    info = httpx.get(f"{stack.base_url}/info").json()
+    answer = httpx.get(f"{stack.base_url}/info")
+    TeiInfo.model_validate_json(answer.content)  # of a live registration's metadata: strictly its model
+    info = answer.json()
     assert info["model_id"] == MODEL and info["max_input_length"] == 256
     assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["max_batch_tokens"] == 2048
 
