@@ -17,7 +17,7 @@ from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace
 
 # rows of float32 components (a name of its own: the field named float would hide the type in its class)
 FloatRows = list[list[float]]
-# a row of the forms that are bytes: int8 and uint8 components, binary and ubinary packed 8 per byte
+# rows of the forms that are bytes: int8 and uint8 components, binary and ubinary packed 8 per byte
 IntRows = list[list[int]]
 _SCORE = "higher is more relevant: a cross-encoder's score as CrossEncoder.predict gives it, a bi-encoder's cosine"
 
@@ -31,7 +31,7 @@ class CohereApiVersion(BaseModel):
 class CohereBilledUnits(BaseModel):
     model_config = ANSWER
 
-    input_tokens: int = Field(description="tokens of the inputs, special tokens included")
+    input_tokens: int = Field(description="the tokens embedded, special tokens included (chunked: every chunk's)")
 
 
 class CohereEmbedMeta(BaseModel):

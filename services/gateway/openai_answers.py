@@ -28,7 +28,7 @@ def omitted(description: str) -> Any:
 class OpenAIUsage(BaseModel):
     model_config = ANSWER
 
-    prompt_tokens: int = Field(description="tokens of the inputs, special tokens included")
+    prompt_tokens: int = Field(description="the tokens embedded, special tokens included (chunked: every chunk's)")
     total_tokens: int = Field(description="the same: embedding reads no other tokens")
 
 

@@ -15,9 +15,18 @@ from pydantic import ValidationError
 
 from embedfleet.services.gateway.chunking import mean_of_chunks
 from embedfleet.services.gateway.models_api import KINDS, render_models
-from embedfleet.services.gateway.openai_answers import ModelCard, ModelList, OpenAIEmbedding, OpenAIEmbeddings
+from embedfleet.services.gateway.openai_answers import (
+    ModelCard,
+    ModelList,
+    OpenAIEmbedding,
+    OpenAIEmbeddings,
+    SearchCard,
+)
 from embedfleet.services.gateway.openai_api import render_embeddings
+from embedfleet.services.gateway.search import Search
+from embedfleet.services.gateway.search_store import SearchStore
 from embedfleet.shared.quantize import quantize
+from embedfleet.shared.sinks import sink_for
 from embedfleet.shared.text_chunks import TextChunk
 from embedfleet.shared.vector_forms import FORMS
 from tests.gateway.served_answers import assert_holds, assert_served_answer_is
@@ -90,13 +99,18 @@ WORKERS = {
     "nli": {"dim": "3", "task": "score", "labels": '["entailment", "neutral", "contradiction"]'},
     "old": {},
 }
-SEARCH = {"route": "/v1/search", "store": "postgresql://u:***@db:5432/docs?table=t"}
+
+
+@pytest.mark.parametrize("pinned", [None, "e5"], ids=["no model pinned", "one model pinned"])
+def test_the_search_card_holds_to_the_model(pinned):
+    """What app.py lists as 'search': the card of a real Search (its store not reached to make it)."""
+    card = Search(SearchStore(sink_for("postgresql://u:pw@db:5432/docs?table=t")), pinned).card()
+    assert_holds(SearchCard, orjson.dumps(card))
+    test_models_answers_hold_to_the_model(card)
 
 
 @pytest.mark.parametrize(
-    "search",
-    [None, {**SEARCH, "model": None}, {**SEARCH, "model": "e5"}],
-    ids=["no search", "search, no model pinned", "search of one model"],
+    "search", [None, {"route": "/v1/search", "store": "lancedb:///data/db?table=t", "model": None}]
 )
 def test_models_answers_hold_to_the_model(search):
     body = orjson.dumps(render_models(["e5", "nli", "old"], TOKENIZERS, WORKERS, "e5", search))  # as app.py writes it
