@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
+from embedfleet.services.gateway.cohere_answers import (
+    CohereEmbedByType,
+    CohereEmbedV1Answer,
+    CohereRerankV2Answer,
+    RerankV1Answer,
+)
 from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
 from embedfleet.services.gateway.jobs_body import JobBody
+from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
 from embedfleet.services.gateway.response_parts import (
     ChunkPlace,
     CohereError,
     OpenAIError,
-    Row,
     TeiError,
     inline_schema,
 )
@@ -83,7 +89,6 @@ _READINESS = [
 ]
 # where a chunk's row lies with "return": "chunks": input[start:end] is the chunk's text
 _PLACE = inline_schema(ChunkPlace)["properties"]
-_ROW = TypeAdapter(Row).json_schema()
 
 
 def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -134,49 +139,12 @@ def _cohere_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """Cohere's /v1/embed, /v2/embed (embed v1 and v2 of its SDK) and /v2/rerank."""
     error = _COHERE_ERROR
     codes = (400, 401, 404, 422, 429, 503, 504)
-    meta = {"type": "object", "properties": {"api_version": {"type": "object"}, "billed_units": {"type": "object"}}}
-    by_type = {
-        "type": "object",
-        "properties": {
-            "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]},
-            "id": {"type": "string"},
-            "embeddings": {
-                "oneOf": [
-                    {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-                    {"type": "object", "additionalProperties": {"type": "array"}},
-                ]
-            },
-            "texts": {"type": "array", "items": {"type": "string"}},
-            "meta": meta,
-            "chunks": {
-                "type": "array",
-                "items": {"type": "object", "properties": _PLACE},
-                "description": ("an extension, with chunking return 'chunks': where each row of every type lies"),
-            },
-        },
-    }
-    ok = {"application/json": {"schema": by_type}}
-    ranked = {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string"},
-                    "meta": meta,
-                    "results": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"}},
-                        },
-                    },
-                },
-            }
-        }
-    }
+    ok_v1 = {"application/json": {"schema": typed_schema(CohereEmbedV1Answer, schemas)}}
+    ok_v2 = {"application/json": {"schema": typed_schema(CohereEmbedByType, schemas)}}
+    ranked = {"application/json": {"schema": typed_schema(CohereRerankV2Answer, schemas)}}
     return {
-        "/v1/embed": _post("Embed (Cohere v1)", typed_schema(CohereEmbedV1Body, schemas), ok, error, codes),
-        "/v2/embed": _post("Embed (Cohere v2)", typed_schema(CohereEmbedV2Body, schemas), ok, error, codes),
+        "/v1/embed": _post("Embed (Cohere v1)", typed_schema(CohereEmbedV1Body, schemas), ok_v1, error, codes),
+        "/v2/embed": _post("Embed (Cohere v2)", typed_schema(CohereEmbedV2Body, schemas), ok_v2, error, codes),
         "/v2/rerank": _post(
             "Rerank documents by relevance to a query (Cohere v2)",
             typed_schema(CohereRerankV2Body, schemas),
@@ -243,33 +211,11 @@ def _tei_task_paths(
 def _openai_paths(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's /v1/embeddings (and its unversioned path) and /v1/models."""
     body = typed_schema(EmbeddingsBody, schemas)
-    ok = {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "object": {"const": "list"},
-                    "data": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {"object": {"const": "embedding"}, **_PLACE, "embedding": _ROW},
-                        },
-                    },
-                    "model": {"type": "string"},
-                    "usage": {
-                        "type": "object",
-                        "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
-                    },
-                },
-            }
-        },
-        **_BINARY,
-    }
+    ok = {"application/json": {"schema": typed_schema(OpenAIEmbeddings, schemas)}, **_BINARY}
     return {
         "/v1/embeddings": _post("Create embeddings (OpenAI)", body, ok, _OPENAI_ERROR, codes),
         "/embeddings": _post("Create embeddings (OpenAI, unversioned path)", body, ok, _OPENAI_ERROR, codes),
-        "/v1/models": _get("Models served right now", {"type": "object"}, (401,)),
+        "/v1/models": _get("Models served right now", typed_schema(ModelList, schemas), (401,)),
     }
 
 
@@ -445,28 +391,7 @@ def _jina_rerank_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[s
         "/v1/rerank": _post(
             "Rerank documents by relevance to a query (Cohere / Jina)",
             typed_schema(CohereRerankV1Body, schemas),
-            {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {
-                            "id": {"type": "string"},
-                            "model": {"type": "string"},
-                            "results": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "properties": {
-                                        "index": {"type": "integer"},
-                                        "relevance_score": {"type": "number"},
-                                        "document": {"type": "object"},
-                                    },
-                                },
-                            },
-                        },
-                    }
-                }
-            },
+            {"application/json": {"schema": typed_schema(RerankV1Answer, schemas)}},
             _OPENAI_ERROR,
             codes,
         ),

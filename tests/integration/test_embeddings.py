@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
 from embedfleet.shared.client import EmbedClient
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import EmbedOptions
@@ -53,6 +54,7 @@ def test_texts_are_mixed_and_some_exceed_the_limit(reference, texts):
 def test_float_json_matches_reference(stack, texts, expected, expected_tokens):
     r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": texts}, timeout=120)
     assert r.status_code == 200, r.text
+    OpenAIEmbeddings.model_validate_json(r.content)  # the answer /openapi.json describes, strictly
     body = r.json()
     assert body["object"] == "list" and body["model"] == MODEL
     assert [d["index"] for d in body["data"]] == list(range(len(texts)))
@@ -83,6 +85,7 @@ def test_base64_payload_is_little_endian_float32(stack, texts, expected):
         timeout=60,
     )
     assert r.status_code == 200, r.text
+    OpenAIEmbeddings.model_validate_json(r.content)
     rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in r.json()["data"]]
     _assert_close(np.stack(rows), expected[:3])
 
@@ -110,7 +113,9 @@ def test_many_inputs_split_across_workers_come_back_in_order(stack, reference):
 
 
 def test_models_and_health(stack):
-    models = httpx.get(f"{stack.base_url}/v1/models").json()
+    answer = httpx.get(f"{stack.base_url}/v1/models")
+    ModelList.model_validate_json(answer.content)  # what the live processes register, as /openapi.json says
+    models = answer.json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == [MODEL]
     health = httpx.get(f"{stack.base_url}/health")

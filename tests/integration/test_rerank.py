@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from embedfleet.services.gateway.cohere_answers import RerankV1Answer
 from embedfleet.shared.nats_server import free_port
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
@@ -63,6 +64,7 @@ def test_cohere_rerank_top_n_documents_and_errors(stack, reference):
     }
     r = httpx.post(f"{stack.base_url}/v1/rerank", json=body, timeout=60)
     assert r.status_code == 200, r.text
+    RerankV1Answer.model_validate_json(r.content)  # the answer /openapi.json describes, strictly
     results = r.json()["results"]
     want = _cosine_reference(reference, QUERY, docs)
     _check_ranking([x["index"] for x in results], [x["relevance_score"] for x in results], want, 3)
@@ -71,6 +73,7 @@ def test_cohere_rerank_top_n_documents_and_errors(stack, reference):
 
     empty = httpx.post(f"{stack.base_url}/v1/rerank", json={"query": QUERY, "documents": []}, timeout=30)
     assert empty.status_code == 200 and empty.json()["results"] == []
+    RerankV1Answer.model_validate_json(empty.content)
     bad = httpx.post(f"{stack.base_url}/v1/rerank", json={"query": "", "documents": ["a"]}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "query"
     bad = httpx.post(f"{stack.base_url}/rerank", json={"query": "q", "texts": [1]}, timeout=30)

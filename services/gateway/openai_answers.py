@@ -1,0 +1,109 @@
+"""What the OpenAI routes answer, as typed models: POST /v1/embeddings (and /embeddings) in JSON, and
+GET /v1/models.
+
+/openapi.json's 200 schemas of those routes are generated from these models, and the tests hold the
+bytes the routes write (openai_api.render_embeddings, models_api.render_models) to them; the routes
+themselves write with orjson (response_parts.py says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace, Row
+
+
+def _without_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def omitted(description: str) -> Any:
+    """A field an answer leaves out where it does not apply (it is never null): optional in the schema,
+    with no default to show, and refused as null by the model."""
+    return Field(default=None, description=description, json_schema_extra=_without_default)
+
+
+class OpenAIUsage(BaseModel):
+    model_config = ANSWER
+
+    prompt_tokens: int = Field(description="the tokens embedded, special tokens included (chunked: every chunk's)")
+    total_tokens: int = Field(description="the same: embedding reads no other tokens")
+
+
+class OpenAIEmbedding(BaseModel):
+    """A row per input (``chunking`` with ``"return": "mean"`` included: its chunks' mean)."""
+
+    model_config = ANSWER
+
+    object: Literal["embedding"]
+    index: int = Field(description="the input")
+    embedding: Row
+
+
+class OpenAIChunkEmbedding(ChunkPlace):
+    """A row per chunk (``chunking`` with ``"return": "chunks"``), where the chunk lies in its input."""
+
+    object: Literal["embedding"]
+    embedding: Row
+
+
+class OpenAIEmbeddings(BaseModel):
+    """POST /v1/embeddings' JSON answer: the rows in the request's embedding_type and encoding_format."""
+
+    model_config = ANSWER
+
+    object: Literal["list"]
+    data: list[OpenAIEmbedding] | list[OpenAIChunkEmbedding] = Field(
+        description="the rows in input order (chunked: each input's chunks in order)"
+    )
+    model: str = Field(description="the served model that answered")
+    usage: OpenAIUsage
+
+
+class SearchCard(BaseModel):
+    """What GET /v1/models says of POST /v1/search, when the gateway serves it (--search-sink)."""
+
+    model_config = ANSWER
+
+    route: str = Field(description="the search route")
+    store: str = Field(description="the store's URL, its password (if any) shown as ***")
+    model: str | None = Field(
+        description="--search-model: the model whose vectors the store holds (null: each request names it)"
+    )
+
+
+class ModelCard(BaseModel):
+    """A served model: OpenAI's fields, then what it does and its limits, as its live processes register."""
+
+    model_config = ANSWER
+
+    id: str
+    object: Literal["model"]
+    created: int = Field(description="always 0: a served model has no creation time")
+    owned_by: str
+    kind: Literal["embedding", "sparse", "rerank", "classify"] = Field(
+        description="what the model is for: embeddings, sparse vectors only, reranking (one label), classifying"
+    )
+    dimensions: int | None = Field(
+        description="a vector's length: the vocabulary for sparse, the number of labels for rerank / classify "
+        "(null: its worker did not say)"
+    )
+    max_tokens: int | None = Field(
+        description="the longest input in tokens, special tokens included (null: its tokenizer did not say)"
+    )
+    outputs: list[str] = Field(description="the outputs its workers make, e.g. dense, sparse, multivector")
+    prompts: list[str] = Field(description="prompt names a request's input_type / prompt_name may choose")
+    default: bool = Field(description="the model of requests that name none")
+    labels: list[str] = omitted("a classifier's label names, by logit")
+
+
+class ModelList(BaseModel):
+    """GET /v1/models: the models the fleet serves right now."""
+
+    model_config = ANSWER
+
+    object: Literal["list"]
+    data: list[ModelCard]
+    search: SearchCard = omitted("the search route, when the gateway serves one (--search-sink)")
