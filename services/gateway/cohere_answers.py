@@ -12,8 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, RootModel
 
-from embedfleet.services.gateway.openai_answers import omitted
-from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace
+from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace, omitted
 
 # rows of float32 components (a name of its own: the field named float would hide the type in its class)
 FloatRows = list[list[float]]

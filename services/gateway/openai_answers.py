@@ -8,21 +8,11 @@ themselves write with orjson (response_parts.py says why).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace, Row
-
-
-def _without_default(schema: dict[str, Any]) -> None:
-    schema.pop("default", None)
-
-
-def omitted(description: str) -> Any:
-    """A field an answer leaves out where it does not apply (it is never null): optional in the schema,
-    with no default to show, and refused as null by the model."""
-    return Field(default=None, description=description, json_schema_extra=_without_default)
+from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace, Row, omitted
 
 
 class OpenAIUsage(BaseModel):

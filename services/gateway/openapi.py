@@ -13,17 +13,19 @@ from embedfleet.services.gateway.cohere_answers import (
     RerankV1Answer,
 )
 from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
+from embedfleet.services.gateway.health_answers import Healthy, Unhealthy
+from embedfleet.services.gateway.job_answers import JobResultLine, JobStatus, JobSubmitted
 from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
 from embedfleet.services.gateway.response_parts import (
-    ChunkPlace,
     CohereError,
     OpenAIError,
     TeiError,
     inline_schema,
 )
+from embedfleet.services.gateway.search_answers import SearchAnswer
 from embedfleet.services.gateway.search_body import SearchBody
 from embedfleet.services.gateway.tei_answers import (
     TeiAllAnswer,
@@ -87,8 +89,9 @@ _READINESS = [
         "description": "readiness: 503 while any model a live tokenizer or worker announces lacks the other",
     },
 ]
-# where a chunk's row lies with "return": "chunks": input[start:end] is the chunk's text
-_PLACE = inline_schema(ChunkPlace)["properties"]
+# health's answers: flat, so written in place like the error bodies
+_HEALTHY = inline_schema(Healthy)
+_UNHEALTHY = inline_schema(Unhealthy)
 
 
 def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +107,11 @@ def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, A
 
 def _errors(schema: dict, codes: tuple[int, ...]) -> dict[str, Any]:
     return {str(c): {"description": "error", "content": {"application/json": {"schema": schema}}} for c in codes}
+
+
+def _json_answer(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
+    """A JSON answer's content: ``model``'s schema (typed_schema)."""
+    return {"application/json": {"schema": typed_schema(model, schemas)}}
 
 
 def _post(summary: str, body: dict, ok: dict, error: dict, codes: tuple[int, ...]) -> dict[str, Any]:
@@ -219,41 +227,9 @@ def _openai_paths(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, 
     }
 
 
-def _job_results(job: list[dict]) -> dict[str, Any]:
+def _job_results(job: list[dict], schemas: dict[str, Any]) -> dict[str, Any]:
     """GET /v1/jobs/{job}/results: a finished job's vectors, streamed (services/gateway/job_results.py)."""
-    number = {"type": "number", "description": "a float for float32 / float16, an integer for the quantized forms"}
-    vector = {
-        "oneOf": [
-            {"type": "array", "items": number, "description": "dense"},
-            {
-                "type": "object",
-                "properties": {
-                    "indices": {"type": "array", "items": {"type": "integer"}},
-                    "values": {"type": "array", "items": number},
-                },
-                "description": "sparse",
-            },
-            {
-                "type": "array",
-                "items": {"type": "array", "items": number},
-                "description": "multivector: a vector per token",
-            },
-        ]
-    }
-    line = {
-        "type": "object",
-        "required": ["id", "vector"],
-        "properties": {
-            "id": {"type": "string"},
-            "vector": vector,
-            "chunk": {"type": "integer"},
-            "start": {"type": "integer"},
-            "end": {"type": "integer"},
-            "text": {"type": "string"},
-        },
-        "description": "one line per document (a chunked job's: per chunk, with chunk, start, end and, when stored, "
-        "text), in the order the results were stored",
-    }
+    line = typed_schema(JobResultLine, schemas)
     parquet = {
         "type": "string",
         "format": "binary",
@@ -303,20 +279,31 @@ def _job_results(job: list[dict]) -> dict[str, Any]:
 def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
     """Bulk jobs: POST /v1/jobs, GET / DELETE /v1/jobs/{job} and GET /v1/jobs/{job}/results."""
     job = [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}]
+    state = _json_answer(JobStatus, schemas)
     return {
-        "/v1/jobs": _post(
-            "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
-            typed_schema(JobBody, schemas),
-            {"application/json": {"schema": {"type": "object"}}},
-            _OPENAI_ERROR,
-            (400, 401, 404, 409, 413, 503),
-        ),
+        "/v1/jobs": {
+            "post": {
+                "summary": "Submit a bulk job (inline documents, or a file in the gateway's jobs folder)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": typed_schema(JobBody, schemas)}},
+                },
+                "responses": {
+                    "202": {"description": "the job, submitted", "content": _json_answer(JobSubmitted, schemas)},
+                    "200": {
+                        "description": "the same request again (its 'id'): the job's state, its publishing resumed",
+                        "content": state,
+                    },
+                    **_errors(_OPENAI_ERROR, (400, 401, 404, 409, 413, 503)),
+                },
+            }
+        },
         "/v1/jobs/{job}": {
             "get": {
                 "summary": "A bulk job's state",
                 "parameters": job,
                 "responses": {
-                    "200": {"description": "state", "content": {"application/json": {"schema": {"type": "object"}}}},
+                    "200": {"description": "state", "content": state},
                     **_errors(_OPENAI_ERROR, (401, 404, 503)),
                 },
             },
@@ -326,13 +313,13 @@ def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "its state after: status 'cancelled' (a finished job's is unchanged)",
-                        "content": {"application/json": {"schema": {"type": "object"}}},
+                        "content": state,
                     },
                     **_errors(_OPENAI_ERROR, (401, 404, 503)),
                 },
             },
         },
-        "/v1/jobs/{job}/results": _job_results(job),
+        "/v1/jobs/{job}/results": _job_results(job, schemas),
     }
 
 
@@ -401,40 +388,11 @@ def _jina_rerank_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[s
 def _search_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
     """/v1/search over the gateway's --search-sink store (services/gateway/search.py), OpenAI's list style."""
     body = typed_schema(SearchBody, schemas)
-    hit = {
-        "type": "object",
-        "required": ["object", "id", "score", "metadata"],
-        "properties": {
-            "object": {"const": "search_result"},
-            "id": {"type": "string"},
-            "chunk": {"type": "integer", "description": "the chunk's number, when the store holds chunks"},
-            "score": {"type": "number", "description": "the cosine of the query's vector and the row's"},
-            "rerank_score": {
-                "type": "number",
-                "description": "with 'rerank': the reranker's score (the rows in its order)",
-            },
-            "text": {"type": "string"},
-            "metadata": {"type": "object"},
-        },
-    }
-    answer = {
-        "type": "object",
-        "properties": {
-            "object": {"const": "list"},
-            "model": {"type": "string"},
-            "rerank_model": {"type": "string"},
-            "data": {"type": "array", "items": hit},
-            "usage": {
-                "type": "object",
-                "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
-            },
-        },
-    }
     return {
         "/v1/search": _post(
             "Search the gateway's vector store (--search-sink) with a query, optionally reranked",
             body,
-            {"application/json": {"schema": answer}},
+            _json_answer(SearchAnswer, schemas),
             _OPENAI_ERROR,
             codes,
         )
@@ -460,15 +418,23 @@ def _service_paths() -> dict[str, Any]:
 
 
 def _health(summary: str, error: dict[str, Any] = _OPENAI_ERROR) -> dict[str, Any]:
-    """A health route's; ``error``: the error shape of its path's API (TEI's on / and /ping)."""
-    return _get(
-        f"200 when a tokenizer and a worker of a model answer ({summary}); readiness of models with "
-        "?model=ID or ?all=1",
-        {"type": "object"},
-        (400, 503),
-        error,
-        parameters=_READINESS,
-    )
+    """A health route's; ``error``: the error shape of its path's API (TEI's on / and /ping), that of a
+    bad query (400); its 503 is health's own on every path (Unhealthy: TEI's error body and more)."""
+    return {
+        "get": {
+            "summary": f"200 when a tokenizer and a worker of a model answer ({summary}); readiness of models with "
+            "?model=ID or ?all=1",
+            "parameters": _READINESS,
+            "responses": {
+                "200": {"description": "success", "content": {"application/json": {"schema": _HEALTHY}}},
+                **_errors(error, (400, 401, 429)),
+                "503": {
+                    "description": "not served (yet): what is missing",
+                    "content": {"application/json": {"schema": _UNHEALTHY}},
+                },
+            },
+        }
+    }
 
 
 def openapi_spec(version: str) -> dict[str, Any]:

@@ -67,6 +67,17 @@ class ChunkPlace(BaseModel):
 Row = list[float] | Annotated[str, Field(json_schema_extra={"contentEncoding": "base64"})]
 
 
+def _without_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def omitted(description: str | None = None) -> Any:
+    """A field an answer leaves out where it does not apply (it is never null): optional in the schema,
+    with no default to show, and refused as null by the model. Any, so that a type checker takes the
+    type the field is annotated with."""
+    return Field(default=None, description=description, json_schema_extra=_without_default)
+
+
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     """``model``'s JSON schema with the models it refers to written in place (no components): for the
     small shapes every route repeats, such as the error bodies."""

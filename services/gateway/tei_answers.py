@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
-from pydantic.json_schema import SkipJsonSchema
 
-from embedfleet.services.gateway.response_parts import ANSWER
+from embedfleet.services.gateway.response_parts import ANSWER, omitted
 
 # ANSWER for a bare array (a root model takes no ``extra``: what it holds are the models that forbid it)
 ROOT = ConfigDict(strict=True)
@@ -94,8 +93,7 @@ class TeiRank(BaseModel):
         description="its relevance to the query: a cross-encoder's sigmoid (its logit with raw_scores), "
         "a bi-encoder's cosine"
     )
-    # absent unless return_text: never null
-    text: str | SkipJsonSchema[None] = Field(None, description="the text, with return_text")
+    text: str = omitted("the text, with return_text")
 
 
 class TeiRerankAnswer(RootModel[list[TeiRank]]):

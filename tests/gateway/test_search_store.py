@@ -17,6 +17,10 @@ from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests.conftest import unit_rows
 
+# a search's deadline, seconds: the first one opens the store (LanceDB's import alone takes seconds on a
+# loaded machine); these tests check answers, not time
+DEADLINE = 60
+
 
 def _load(url: str, vectors: np.ndarray) -> None:
     sink = sink_for(url)
@@ -42,7 +46,7 @@ def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
     url = f"lancedb://{tmp_path}/db?table=docs"
     store = SearchStore(sink_for(url))
     vectors = unit_rows(20, 8)
-    missing = _refusal(store.search("m", vectors[0], 3, {}, 10))
+    missing = _refusal(store.search("m", vectors[0], 3, {}, DEADLINE))
     assert (missing.code, missing.message) == (
         ErrorCode.NO_RESPONDERS,
         (
@@ -52,12 +56,14 @@ def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
     )
     assert not (tmp_path / "db" / "docs.lance").exists()
     _load(url, vectors)
-    hits = asyncio.run(store.search("m", vectors[4], 3, {}, 10))
+    hits = asyncio.run(store.search("m", vectors[4], 3, {}, DEADLINE))
     assert next((h.id, h.text) for h in hits) == ("d4", "text 4") and hits[0].score == pytest.approx(1.0, abs=1e-6)
-    wrong = _refusal(store.search("big-model", np.ones(16, np.float32), 3, {}, 10))
+    wrong = _refusal(store.search("big-model", np.ones(16, np.float32), 3, {}, DEADLINE))
     assert (wrong.code, wrong.param) == (ErrorCode.INVALID_REQUEST, "model")
     assert wrong.message.startswith("big-model makes vectors of 16 dimensions; the search store lancedb://")
-    filtered = _refusal(store.search("m", vectors[0], 3, {"n": 1}, 10))  # LanceDB tables are searched without filters
+    filtered = _refusal(
+        store.search("m", vectors[0], 3, {"n": 1}, DEADLINE)
+    )  # LanceDB tables are searched without filters
     assert (filtered.code, filtered.param) == (
         ErrorCode.INVALID_REQUEST,
         "filter",
@@ -68,7 +74,7 @@ def test_a_table_loaded_after_the_first_search_is_found_by_the_next(tmp_path):
 def test_a_store_of_vectors_search_does_not_serve_is_named(tmp_path):
     url = f"lancedb://{tmp_path}/db?table=bits"
     sink_for(url).open(Shape("ubinary", "dense", 16))
-    refused = _refusal(SearchStore(sink_for(url)).search("m", np.ones(16, np.float32), 3, {}, 10))
+    refused = _refusal(SearchStore(sink_for(url)).search("m", np.ones(16, np.float32), 3, {}, DEADLINE))
     assert refused.code is ErrorCode.NO_RESPONDERS
     assert refused.message.endswith(
         "holds dense ubinary vectors; search is served over dense float32 or float16 vectors"
@@ -89,15 +95,15 @@ def test_a_store_down_is_503_without_its_password_and_found_again_when_back(post
     vectors = unit_rows(30, 8)
     _load(url, vectors)
     store = SearchStore(sink_for(url))
-    assert [h.id for h in asyncio.run(store.search("m", vectors[3], 1, {"n": 3}, 10))] == ["d3"]
+    assert [h.id for h in asyncio.run(store.search("m", vectors[3], 1, {"n": 3}, DEADLINE))] == ["d3"]
     pgserver.get_server(folder).cleanup()  # the server stops
-    down = _refusal(store.search("m", vectors[3], 1, {}, 10))
+    down = _refusal(store.search("m", vectors[3], 1, {}, DEADLINE))
     assert down.code is ErrorCode.NO_RESPONDERS and down.message.startswith(
         "the search store is unavailable, try again"
     )
     assert "postgres:***@" in down.message and "s3cret-pw" not in down.message
     pgserver.get_server(folder, cleanup_mode="stop")  # back, on the same socket
-    assert [h.id for h in asyncio.run(store.search("m", vectors[5], 1, {}, 10))] == ["d5"]
+    assert [h.id for h in asyncio.run(store.search("m", vectors[5], 1, {}, DEADLINE))] == ["d5"]
     asyncio.run(store.close())
 
 
@@ -106,7 +112,7 @@ def test_a_search_past_its_deadline_is_504_and_the_next_waits_for_it(postgres):
     vectors = unit_rows(10, 8)
     _load(f"{uri}&table=locked", vectors)
     store = SearchStore(sink_for(f"{uri}&table=locked"))
-    asyncio.run(store.search("m", vectors[0], 1, {}, 10))  # attached
+    asyncio.run(store.search("m", vectors[0], 1, {}, DEADLINE))  # attached
     with psycopg.connect(uri) as holder:
         holder.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")  # a search waits for this transaction
 

@@ -149,14 +149,19 @@ async def _stored_rows(js, subject: str, keys) -> Counter:
 
 
 def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
-    """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled)."""
+    """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled); each answer read
+    is held to the route's model."""
+    from embedfleet.services.gateway.job_answers import JobStatus
     from embedfleet.shared.job_state import FINISHED
 
     seen: dict = {}
 
     def over() -> bool:
         seen.clear()
-        seen.update(httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10).json())
+        r = httpx.get(f"{base_url}/v1/jobs/{job}", timeout=10)
+        if r.status_code == 200:
+            JobStatus.model_validate_json(r.content)
+        seen.update(r.json())
         return seen.get("status") in FINISHED
 
     wait_until(over, timeout, f"job {job} finished")

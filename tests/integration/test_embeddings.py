@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from embedfleet.services.gateway.health_answers import Healthy
 from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
 from embedfleet.shared.client import EmbedClient
 from embedfleet.shared.errors import ErrorCode, ServiceError
@@ -120,6 +121,7 @@ def test_models_and_health(stack):
     assert [m["id"] for m in models["data"]] == [MODEL]
     health = httpx.get(f"{stack.base_url}/health")
     assert health.status_code == 200 and health.json()["models"] == [MODEL]
+    Healthy.model_validate_json(health.content)  # the answer is its documented model, strictly
 
 
 BAD_REQUESTS = [

@@ -22,6 +22,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from embedfleet.services.gateway.job_answers import JobResultLine, JobStatus, JobSubmitted
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts, mixed_texts
 from tests.integration.procs import job_finished, stored_chunks, wait_until
@@ -173,6 +174,7 @@ def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_p
     }
     r = httpx.post(f"{stack.base_url}/v1/jobs", json=body, timeout=60)
     assert r.status_code == 202, r.text
+    JobSubmitted.model_validate_json(r.content)  # the answer is its documented model, strictly
     assert r.json()["chunking"] == {"size": 64, "overlap": 8, "boundary": "token", "late": False, "with_text": True}
     state = job_finished(stack.base_url, "chunks-http", 180)
     assert (state["status"], state["done"], state["documents"]) == ("done", 48, 48), state
@@ -180,6 +182,8 @@ def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_p
 
     r = httpx.get(f"{stack.base_url}/v1/jobs/chunks-http/results", timeout=60)
     assert (r.headers["x-job-done"], r.headers["x-job-chunks"]) == ("48", str(state["chunks_done"]))
+    for line in r.content.splitlines():
+        JobResultLine.model_validate_json(line)
     lines = [orjson.loads(line) for line in r.content.splitlines()]
     assert all(set(line) == {"id", "chunk", "start", "end", "text", "vector"} for line in lines), lines[0]
     assert len(lines) == state["chunks"]
@@ -257,7 +261,9 @@ def test_a_cancelled_chunked_job_keeps_exact_counts(stack):
     assert r.status_code == 202, r.text
     state = lambda: httpx.get(f"{stack.base_url}/v1/jobs/chunks-cancel", timeout=10).json()  # noqa: E731
     wait_until(lambda: state().get("done", 0) > 0, 120, "a document's chunks all stored")
-    told = httpx.delete(f"{stack.base_url}/v1/jobs/chunks-cancel", timeout=10).json()
+    cancelled = httpx.delete(f"{stack.base_url}/v1/jobs/chunks-cancel", timeout=10)
+    JobStatus.model_validate_json(cancelled.content)  # the state after, as documented
+    told = cancelled.json()
     assert told["status"] == "cancelled" and 0 < told["done"] < 200, told
     time.sleep(3)  # batches running when the cancel came end; their rows are found late and removed
     final = state()

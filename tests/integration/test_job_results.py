@@ -19,6 +19,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from embedfleet.services.gateway.job_answers import JobResultLine, JobSubmitted
 from embedfleet.shared.nats_server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
@@ -50,6 +51,7 @@ def _submit(base_url: str, job: str, texts: list[str], **fields) -> list[str]:
         timeout=60,
     )
     assert r.status_code == 202, r.text
+    JobSubmitted.model_validate_json(r.content)  # the answer is its documented model, strictly
     state = _finished(base_url, job)
     assert state["status"] == "done" and state["done"] == len(texts), state
     return ids
@@ -57,7 +59,10 @@ def _submit(base_url: str, job: str, texts: list[str], **fields) -> list[str]:
 
 def _lines(r: httpx.Response) -> dict[str, list]:
     """NDJSON: id -> vector, every id once."""
-    lines = [orjson.loads(line) for line in r.content.splitlines()]
+    raw = r.content.splitlines()
+    for line in raw:
+        JobResultLine.model_validate_json(line)  # each line is its documented model, strictly
+    lines = [orjson.loads(line) for line in raw]
     assert all(set(line) == {"id", "vector"} for line in lines), lines[:2]
     vectors = {line["id"]: line["vector"] for line in lines}
     assert len(vectors) == len(lines)

@@ -19,6 +19,7 @@ import numpy as np
 import pgserver
 import pytest
 
+from embedfleet.services.gateway.job_answers import JobSubmitted
 from embedfleet.shared.nats_server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
@@ -116,6 +117,7 @@ def test_an_inline_job_lands_in_the_store_with_its_fields_and_texts(fleet, refer
         {"documents": documents, "sink": _sink(fleet, "inline_job"), "with_text": True, "id": "inline_job"}
     )
     assert answer.status_code == 202, answer.text
+    JobSubmitted.model_validate_json(answer.content)  # the answer is its documented model, strictly
     assert answer.json()["sink"].endswith("table=inline_job"), answer.json()
     state = job_finished(fleet.base, "inline_job", 180)
     assert state["status"] == "done" and state["sink_rows"] == INLINE and state.get("sink_done"), state

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from embedfleet.services.gateway.health_answers import Unhealthy
 from embedfleet.shared.nats_server import EmbeddedNats, free_port
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until
@@ -62,6 +63,7 @@ def test_services_reconnect_after_nats_restart(small_stack, reference):
     small_stack.nats.stop()
     down = httpx.get(f"{small_stack.base_url}/health", timeout=10)
     assert down.status_code == 503 and down.json()["error_type"] == "Unhealthy"
+    Unhealthy.model_validate_json(down.content)  # the answer is its documented model, strictly
     restarted = EmbeddedNats(small_stack.data_dir, port=small_stack.nats.port)
     restarted.start()
     try:

@@ -23,6 +23,7 @@ import numpy as np
 import pgserver
 import pytest
 
+from embedfleet.services.gateway.search_answers import SearchAnswer
 from embedfleet.shared.nats_server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
@@ -184,6 +185,7 @@ def test_recall_at_10_against_exact_search_and_scores_against_the_reference(flee
     for text, query in zip(QUERIES, queries):
         r = _search(base, model=MODEL, query=text)  # top_k: 10 by default
         assert r.status_code == 200, r.text
+        SearchAnswer.model_validate_json(r.content)  # the answer is its documented model, strictly
         body = r.json()
         assert (body["object"], body["model"]) == ("list", MODEL) and "rerank_model" not in body
         hits = body["data"]
@@ -221,6 +223,7 @@ def test_rerank_orders_and_scores_the_candidates_as_v1_rerank_does(fleet, store)
     plain = _search(base, model=MODEL, query=QUERIES[1], top_k=20).json()["data"]
     r = _search(base, model=MODEL, query=QUERIES[1], top_k=20, rerank={"model": RERANKER, "top_n": 8})
     assert r.status_code == 200, r.text
+    SearchAnswer.model_validate_json(r.content)
     body = r.json()
     assert (body["model"], body["rerank_model"]) == (MODEL, RERANKER) and "x-rerank-time" in r.headers
     reranked = body["data"]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from embedfleet.services.gateway.health_answers import Healthy
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, start_fleet, wait_until
@@ -110,6 +111,7 @@ def test_root_embeds_with_an_embedder_and_health_answers_on_get(stack):
     for path in ("/", "/ping"):
         r = httpx.get(f"{stack.base_url}{path}", timeout=30)
         assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+        Healthy.model_validate_json(r.content)  # /health's answer, as documented
     refused = _post(
         stack.base_url, "/", {"query": "q", "texts": ["a"]}, 400
     )  # an embedder's root embeds: rerank elsewhere
