@@ -163,8 +163,8 @@ def test_post_jobs_refuses_bad_documents_and_publishes_nothing(stack):
         ),
         (
             {"documents": [{"id": "a", "text": "x"}, {"id": "b", "text": None}], "id": "pre-http"},
-            "'documents[1]' must be",
-            "documents",
+            "'documents[1].text' must be a string, got null",
+            "documents.text",
         ),
         (
             {"documents": [{"id": "a", "text": "x"}], "path": "docs.jsonl", "id": "pre-http"},
