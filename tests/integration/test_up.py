@@ -19,6 +19,7 @@ import nats
 import numpy as np
 import pytest
 
+from embedfleet.shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from embedfleet.shared.nats_server import free_port
 from tests.integration.procs import healthy, wait_until
 from tests.prometheus_text import value
@@ -382,10 +383,16 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
         assert "nats-server" in ps and ps.count("embedfleet.services.cli") == 4, ps
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        # the services stop as on SIGTERM, their NATS server gone with them
+        # the services stop as on SIGTERM, their NATS server gone with them: within what a stop may take
+        # (in-flight work, then the connection's drain), as a pod's grace period allows it (test_k8s); on
+        # an idle machine in about 2 s
         started = time.monotonic()
         try:
-            wait_until(lambda: not any(_running(pid) for pid in stack), 30, "the stack's processes to end")
+            wait_until(
+                lambda: not any(_running(pid) for pid in stack),
+                STOP_TIMEOUT + DRAIN_TIMEOUT + 15,
+                "the stack's processes to end",
+            )
         except TimeoutError:
             left = [p for p in stack if _running(p)]
             ps = subprocess.run(
