@@ -26,15 +26,14 @@ def _name(dist: str) -> str:
     return dist.lower().replace("_", "-").replace(".", "-")
 
 
-def _requires(dist: str, extras: frozenset[str]) -> set[str]:
-    """The distributions ``dist`` with ``extras`` requires, directly."""
+def _requires(dist: str, extras: frozenset[str]) -> set[tuple[str, frozenset[str]]]:
+    """The distributions ``dist`` with ``extras`` requires directly, each with the extras it asks of them
+    (a requirement whose marker holds for none of ``extras``, nor for none at all, left out)."""
     out = set()
     for text in md.requires(dist) or []:
         req = Requirement(text)
-        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras or {""}):
-            if req.marker is not None and not extras and "extra" in str(req.marker):
-                continue
-            out.add(_name(req.name) + ("[" + ",".join(sorted(req.extras)) + "]" if req.extras else ""))
+        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in {"", *extras}):
+            out.add((_name(req.name), frozenset(req.extras)))
     return out
 
 
@@ -45,9 +44,7 @@ def closure(extras: frozenset[str]) -> frozenset[str]:
     todo = [("embedfleet", extras)]
     while todo:
         dist, want = todo.pop()
-        for req in _requires(dist, want):
-            name, _, more = req.partition("[")
-            wanted = frozenset(more.rstrip("]").split(",")) if more else frozenset()
+        for name, wanted in _requires(dist, want):
             if name == "embedfleet":
                 todo.append((name, wanted))
             elif name not in seen:

@@ -38,7 +38,7 @@ from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.endpoints import Endpoints
 from embedfleet.services.gateway.errors import ApiError, error_response
 from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
-from embedfleet.services.gateway.inputs import Inputs, Limits, json_object
+from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional
 from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.job_results import JobResultsApi
@@ -571,8 +571,9 @@ class Gateway:
         """POST / (and /invocations): the task of the model's kind, as TEI mounts it; a sentence-similarity
         body runs /similarity whatever the model (huggingface_hub's InferenceClient posts both here)."""
         body = await _read_body(request, self.cfg.max_body_bytes)
-        model = await self.resolve_model(tei_api.model_field(body))
-        task = tei_tasks.root_task(json_object(body), (await self.discovery.view()).workers.get(model, {}))
+        doc = json_object(body)  # the model and the task, read before the task's typed body reads it all
+        model = await self.resolve_model(optional(doc, "model", str))
+        task = tei_tasks.root_task(doc, (await self.discovery.view()).workers.get(model, {}))
         if task == "similarity":
             return await self.run_similarity(tei_tasks.parse_similarity(body, self.limits), model)
         if task == "predict":

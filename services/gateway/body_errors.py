@@ -1,4 +1,5 @@
-"""A typed body's validation error as the API's own: the first fault, the field it names, a clear message.
+"""A typed body read (``read_body``), and its validation error as the API's own: the first fault, the
+field it names, a clear message.
 
 pydantic reports each fault as a location (field names, list indices, union tags) and a type; the
 client sees ``'chunking.size' must be an integer, got '8'`` (or ``'input[1]' must be a string, got null``)
@@ -8,14 +9,27 @@ route's error shape.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from pydantic import Tag
+from pydantic import BaseModel, Tag, ValidationError
 from pydantic_core import ErrorDetails
 
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import json_type, not_a_token
 from embedfleet.shared.errors import ErrorCode
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def read_body(model: type[Body], body: bytes, fault: Callable[[list[ErrorDetails]], ApiError] | None = None) -> Body:
+    """``body`` as ``model``; otherwise its first fault as ``fault`` words it (default: ``fault_error``)."""
+    try:
+        # validate_json without model_validate_json's wrapper: a third of a microsecond off the hot path
+        # (bench/body_parsing.py)
+        return model.__pydantic_validator__.validate_json(body)
+    except ValidationError as exc:
+        raise (fault or fault_error)(exc.errors(include_url=False)) from None
 
 
 def member(name: str) -> Tag:

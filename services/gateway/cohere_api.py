@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.body_errors import fault_error
+from embedfleet.services.gateway.body_errors import fault_error, read_body
 from embedfleet.services.gateway.chunking import Chunking, chunk_places, chunking_of
 from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
 from embedfleet.services.gateway.errors import ApiError
@@ -70,20 +69,12 @@ class CohereEmbed:
         )
 
 
-# validate_json without model_validate_json's wrapper (bench/body_parsing.py)
-_VALIDATE = {
-    1: CohereEmbedV1Body.__pydantic_validator__.validate_json,
-    2: CohereEmbedV2Body.__pydantic_validator__.validate_json,
-}
-
-
 def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
     """The request ``body`` holds (CohereEmbedV1Body or CohereEmbedV2Body by ``version``), within the
     gateway's ``limits``; ApiError otherwise."""
-    try:
-        doc: CohereEmbedV1Body | CohereEmbedV2Body = _VALIDATE[version](body)
-    except ValidationError as exc:
-        raise _fault(exc.errors(include_url=False)) from None
+    doc: CohereEmbedV1Body | CohereEmbedV2Body = (
+        read_body(CohereEmbedV2Body, body, _fault) if version == 2 else read_body(CohereEmbedV1Body, body, _fault)
+    )
     if isinstance(doc, CohereEmbedV2Body):
         v2: CohereEmbedV2Body | None = doc
         field, texts = _v2_texts(doc)
@@ -183,17 +174,10 @@ class CohereRerank:
     max_tokens_per_doc: int | None
 
 
-# validate_json without model_validate_json's wrapper (bench/body_parsing.py)
-_validate_rerank = CohereRerankV2Body.__pydantic_validator__.validate_json
-
-
 def parse_rerank(body: bytes, limits: Limits) -> CohereRerank:
     """v2's body (CohereRerankV2Body), within the gateway's ``limits``; documents longer than the model's
     limit are cut, as Cohere cuts them."""
-    try:
-        doc: CohereRerankV2Body = _validate_rerank(body)
-    except ValidationError as exc:
-        raise fault_error(exc.errors(include_url=False)) from None
+    doc = read_body(CohereRerankV2Body, body)
     if doc.relevant_spans:
         raise ApiError(ErrorCode.INVALID_REQUEST, "'relevant_spans' is not supported", "relevant_spans")
     call = RerankCall(

@@ -13,9 +13,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from embedfleet.services.gateway.body_errors import fault_error
+from embedfleet.services.gateway.body_errors import read_body
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_files import read_job_file
 from embedfleet.services.gateway.job_ids import check_job_id
@@ -42,15 +40,10 @@ from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
-_validate_json = JobBody.__pydantic_validator__.validate_json
-
 
 def parse_job(body: bytes) -> JobBody:
     """The submission ``body`` holds, its fields each checked; ApiError (400 naming the field) otherwise."""
-    try:
-        return _validate_json(body)
-    except ValidationError as exc:
-        raise fault_error(exc.errors(include_url=False)) from None
+    return read_body(JobBody, body)
 
 
 class JobsApi:

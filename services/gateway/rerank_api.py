@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 
-from embedfleet.services.gateway.body_errors import fault_error
+from embedfleet.services.gateway.body_errors import read_body
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.rerank_body import CohereRerankV1Body
@@ -59,16 +58,9 @@ def texts_within(texts: list[str], param: str, limits: Limits) -> list[str]:
     return texts
 
 
-# validate_json without model_validate_json's wrapper (bench/body_parsing.py)
-_validate_v1 = CohereRerankV1Body.__pydantic_validator__.validate_json
-
-
 def parse_cohere(body: bytes, limits: Limits) -> RerankCall:
     """/v1/rerank's body (CohereRerankV1Body: Cohere v1's and Jina's), within the gateway's ``limits``."""
-    try:
-        doc: CohereRerankV1Body = _validate_v1(body)
-    except ValidationError as exc:
-        raise fault_error(exc.errors(include_url=False)) from None
+    doc = read_body(CohereRerankV1Body, body)
     texts = [d if isinstance(d, str) else d.text for d in doc.documents]
     return RerankCall(
         model=doc.model,

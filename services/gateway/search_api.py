@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.body_errors import fault_error
+from embedfleet.services.gateway.body_errors import fault_error, read_body
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits, json_type
+from embedfleet.services.gateway.rerank_api import query_within
 from embedfleet.services.gateway.search_body import DEFAULT_TOP_K, MAX_FILTER_CHARS, MAX_TOP_K, SearchBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.sinks import Hit
@@ -43,21 +43,10 @@ class SearchCall:
     rerank: RerankAsk | None
 
 
-_validate_json = SearchBody.__pydantic_validator__.validate_json
-
-
 def parse_search(body: bytes, limits: Limits) -> SearchCall:
     """The request ``body`` holds (SearchBody), within the gateway's ``limits``; ApiError otherwise."""
-    try:
-        doc: SearchBody = _validate_json(body)
-    except ValidationError as exc:
-        raise _fault(exc.errors(include_url=False)) from None
-    if len(doc.query) > limits.max_input_chars:
-        raise ApiError(
-            ErrorCode.INPUT_TOO_LONG,
-            f"'query' has {len(doc.query)} characters; the limit is {limits.max_input_chars}",
-            "query",
-        )
+    doc = read_body(SearchBody, body, _fault)
+    query = query_within(doc.query, limits)
     top_k = doc.top_k or DEFAULT_TOP_K
     if top_k > limits.max_inputs:  # MAX_TOP_K the model's bound
         raise ApiError(
@@ -66,7 +55,7 @@ def parse_search(body: bytes, limits: Limits) -> SearchCall:
             "top_k",
         )
     rerank = None if doc.rerank is None else RerankAsk(doc.rerank.model, doc.rerank.top_n)
-    return SearchCall(doc.model, doc.query, top_k, dict(doc.filter or {}), rerank)
+    return SearchCall(doc.model, query, top_k, dict(doc.filter or {}), rerank)
 
 
 def _fault(errors: list[ErrorDetails]) -> ApiError:

@@ -9,11 +9,11 @@ import numpy as np
 import orjson
 from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.body_errors import input_fault
+from embedfleet.services.gateway.body_errors import input_fault, read_body
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional, typed_inputs
-from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody, read
+from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs
+from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
 from embedfleet.services.gateway.tei_tasks import model_type
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions, TokenizeResult
@@ -34,7 +34,7 @@ def _inputs_fault(errors: list[ErrorDetails]) -> ApiError:
 
 def parse_embed(body: bytes, limits: Limits) -> EmbedRequest:
     """The request ``body`` holds (EmbedBody), within the gateway's ``limits``; ApiError otherwise."""
-    doc = read(EmbedBody, body, _inputs_fault)
+    doc = read_body(EmbedBody, body, _inputs_fault)
     inputs = typed_inputs(doc.inputs, "inputs", limits)
     options = EmbedOptions(
         normalize=doc.normalize is not False,
@@ -62,7 +62,7 @@ class TokenizeRequest:
 
 
 def parse_tokenize(body: bytes, limits: Limits) -> TokenizeRequest:
-    doc = read(TokenizeBody, body)
+    doc = read_body(TokenizeBody, body)
     inputs = typed_inputs(doc.inputs, "inputs", limits)
     return TokenizeRequest(inputs.texts, doc.add_special_tokens is not False, doc.prompt_name, doc.model)
 
@@ -115,15 +115,10 @@ def render_info(
     )
 
 
-def model_field(body: bytes) -> str | None:
-    """The field ``model`` of a body: which of several served models answers (None: the default model)."""
-    return optional(json_object(body), "model", str)
-
-
 def parse_embed_sparse(body: bytes, limits: Limits) -> EmbedRequest:
     """TEI's /embed_sparse (EmbedSparseBody), plus two pruning extensions: ``top_k`` (the k largest values
     of each vector) and ``threshold`` (values at or below it are dropped)."""
-    doc = read(EmbedSparseBody, body, _inputs_fault)
+    doc = read_body(EmbedSparseBody, body, _inputs_fault)
     options = EmbedOptions(
         output="sparse",
         sparse_top_k=doc.top_k,
@@ -137,7 +132,7 @@ def parse_embed_sparse(body: bytes, limits: Limits) -> EmbedRequest:
 
 def read_embed_all(body: bytes) -> EmbedAllBody:
     """/embed_all's body (EmbedAllBody): its model is resolved before ``parse_embed_all`` asks what it makes."""
-    return read(EmbedAllBody, body, _inputs_fault)
+    return read_body(EmbedAllBody, body, _inputs_fault)
 
 
 def parse_embed_all(doc: EmbedAllBody, limits: Limits, offers: tuple[str, ...]) -> EmbedRequest:

@@ -11,29 +11,15 @@ module reads a None as the field's default). Types are strict: JSON's true is no
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
-from embedfleet.services.gateway.body_errors import fault_error
-from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import MAX_NAME_CHARS
 from embedfleet.services.gateway.openai_body import ChunkingBody, Input, TextOrTexts
 from embedfleet.shared.protocol import MAX_DIMENSION
 from embedfleet.shared.protocol.messages import MAX_SPARSE_TOP_K
-
-Body = TypeVar("Body", bound=BaseModel)
-
-
-def read(model: type[Body], body: bytes, fault: Callable[[list[ErrorDetails]], ApiError] = fault_error) -> Body:
-    """``body`` as ``model``; its first fault as ``fault`` words it otherwise."""
-    try:
-        # validate_json without model_validate_json's wrapper (bench/body_parsing.py)
-        return model.__pydantic_validator__.validate_json(body)
-    except ValidationError as exc:
-        raise fault(exc.errors(include_url=False)) from None
 
 
 def _direction(value: str) -> str:

@@ -18,11 +18,10 @@ import numpy as np
 import orjson
 from pydantic_core import ErrorDetails
 
-from embedfleet.services.gateway.body_errors import fault_error, input_fault
+from embedfleet.services.gateway.body_errors import fault_error, input_fault, read_body
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs, Limits, json_type, typed_inputs, within_limits
 from embedfleet.services.gateway.rerank_api import RerankCall
-from embedfleet.services.gateway.tei_body import read
 from embedfleet.services.gateway.tei_task_bodies import (
     DecodeBody,
     PredictBody,
@@ -54,7 +53,7 @@ class PredictCall:
 def parse_predict(body: bytes, limits: Limits) -> PredictCall:
     """``inputs`` (PredictBody): a string, a [text, text_pair] pair, or a batch of [text] / [text, text_pair]
     lists; within the gateway's ``limits``."""
-    doc = read(PredictBody, body, _predict_fault)
+    doc = read_body(PredictBody, body, _predict_fault)
     raw = doc.inputs
     if isinstance(raw, str):
         inputs, batch = [_sequence([raw], "inputs", limits)], False
@@ -149,7 +148,7 @@ class SimilarityCall:
 def parse_similarity(body: bytes, limits: Limits) -> SimilarityCall:
     """``{"inputs": {"source_sentence", "sentences"}, "parameters": {"truncate", "truncation_direction",
     "prompt_name"}}`` (SimilarityBody), within the gateway's ``limits``."""
-    doc = read(SimilarityBody, body)
+    doc = read_body(SimilarityBody, body)
     source, sentences = doc.inputs.source_sentence, doc.inputs.sentences
     within_limits(Inputs([source], None), "inputs.source_sentence", limits)
     within_limits(Inputs(sentences, None), "inputs.sentences", limits)
@@ -187,7 +186,7 @@ class DecodeCall:
 
 def parse_decode(body: bytes, limits: Limits) -> DecodeCall:
     """``{"ids": [id, ...] or [[id, ...], ...], "skip_special_tokens": true}`` (DecodeBody)."""
-    doc = read(DecodeBody, body, _decode_fault)
+    doc = read_body(DecodeBody, body, _decode_fault)
     inputs = typed_inputs(doc.ids, "ids", limits)
     assert inputs.token_ids is not None
     return DecodeCall(inputs.token_ids, doc.skip_special_tokens is not False, doc.model)
@@ -227,7 +226,7 @@ def render_decode(texts: list[str]) -> bytes:
 def parse_rerank(body: bytes, limits: Limits) -> RerankCall:
     """``{"query", "texts", "raw_scores": false, "return_text": false, "truncate": false}`` (RerankBody), and
     the extensions ``top_n`` and ``model`` (none: the default model); within the gateway's ``limits``."""
-    doc = read(RerankBody, body)
+    doc = read_body(RerankBody, body)
     if len(doc.query) > limits.max_input_chars:
         raise ApiError(
             ErrorCode.INPUT_TOO_LONG,
