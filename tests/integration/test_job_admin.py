@@ -55,10 +55,13 @@ def _published(url: str) -> tuple[int, set[str]]:
 
         last = (await js.stream_info(stream_names(SUBJECTS)["jobs"])).state.last_seq
         kv = await js.key_value(stream_names(SUBJECTS)["kv"])
-        try:
-            keys = set(await kv.keys())
-        except NoKeysError:
-            keys = set()
+        keys: set[str] = set()
+        for _ in range(3):  # nats-py says NoKeysError too when its watcher's wait runs out on a loaded machine
+            try:
+                keys = set(await kv.keys())
+                break
+            except NoKeysError:
+                continue
         return last, keys
 
     return _nats(url, body)
