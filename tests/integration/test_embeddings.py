@@ -230,3 +230,32 @@ def test_quantized_forms_are_made_on_the_worker(stack, texts, expected):
         signs = dequantize(got, form, dim) > 0
         clear = np.abs(want) > 1e-4  # a component this close to 0 may take either sign
         assert np.array_equal(signs[clear], (want > 0)[clear])
+
+
+def test_the_quick_start_python_snippet_runs_as_typed(stack, reference, tmp_path):
+    """The README's quick start block for Python, through bash as a newcomer types it beside `make run`:
+    the client installed into the project's .venv (this Python's venv), the snippet run by its Python;
+    it prints what its comment says (only the README's port 8080 becomes the stack's)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quick = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    [block] = [b for b in re.findall(r"^```sh\n(.*?)^```$", quick, re.M | re.S) if "from openai import" in b]
+    assert block.startswith(".venv/bin/pip install openai\n"), block  # the client is no dependency of embedfleet
+    printed = re.search(r"print\(.*\)  # (\S+)", block).group(1)
+    (tmp_path / ".venv").symlink_to(sys.prefix)
+    port = stack.base_url.rsplit(":", 1)[1]
+    run = subprocess.run(
+        ["bash", "-e", "-c", block.replace("127.0.0.1:8080", f"127.0.0.1:{port}")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines()[-1] == printed == str(reference.get_sentence_embedding_dimension()), run.stdout[
+        -500:
+    ]
