@@ -25,7 +25,7 @@ from embedfleet.shared.job_state import JobState
 from embedfleet.shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
 from embedfleet.shared.lifecycle import connect_within
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError
-from embedfleet.shared.sinks import Shape
+from embedfleet.shared.sinks import Shape, checked_sink
 from embedfleet.shared.sinks.writer import shape_for
 from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import JobChunking
@@ -64,6 +64,8 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     path, out = Path(ns.input), Path(ns.out) if ns.out else None
     if out is None and not ns.sink:
         raise ConfigError("give --out FILE, --sink URL (a vector store), or both")
+    if ns.sink:
+        checked_sink(ns.sink, "--sink")  # its scheme, parameters and client, before anything is read
     form = form_named(ns.embedding_type).name
     output = ns.output
     try:

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from embedfleet.services.gateway.config import api_keys, operator_keys
+from embedfleet.services.gateway.config import api_keys, check_sinks, comma_list, operator_keys
 from embedfleet.services.gateway.models_api import model_kind
 from embedfleet.services.local_pgvector import TABLE, LocalPgvector, require_pgserver
 from embedfleet.services.stack_lock import hold_data_dir
@@ -50,6 +50,7 @@ def run_stack(ns: argparse.Namespace) -> int:
     TracingConfig.from_namespace(ns)  # fails now, naming the extra, where --otlp-endpoint needs it
     infos = served_models(ns)  # fail fast on a bad --model
     default = default_model(ns, infos)
+    check_sinks(ns.search_sink, comma_list(ns.job_sinks))  # a store's client missing: said before anything starts
     store = LocalPgvector(Path(ns.data_dir)) if ns.with_pgvector else None
     if store is not None:
         require_pgserver()  # missing: said before anything starts

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -82,5 +83,10 @@ def absent_modules(role: str) -> frozenset[str]:
 
 def role_env(role: str) -> dict[str, str]:
     """The environment that starts a process of ``role`` as its image holds it."""
+    return absent_env(absent_modules(role))
+
+
+def absent_env(modules: Iterable[str]) -> dict[str, str]:
+    """The environment that starts a process in which the top-level ``modules`` are not installed."""
     path = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, "EMBEDFLEET_TEST_ABSENT": ",".join(sorted(absent_modules(role)))}
+    return {"PYTHONPATH": path, "EMBEDFLEET_TEST_ABSENT": ",".join(sorted(modules))}

@@ -71,10 +71,7 @@ class GatewayConfig:
             raise ConfigError("--default-model must name a model")
         if self.search_model is not None and self.search_sink is None:
             raise ConfigError("--search-model names the model of the --search-sink store's vectors: give --search-sink")
-        if self.search_sink is not None:
-            _check_sink(self.search_sink, "--search-sink")
-        for url in self.job_sinks:
-            _check_sink(url, "--job-sinks")
+        check_sinks(self.search_sink, self.job_sinks)
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
             raise ConfigError(
                 "--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
@@ -96,15 +93,16 @@ class GatewayConfig:
         )
 
 
-def _check_sink(url: str, flag: str) -> None:
-    """A --search-sink (--job-sinks) URL the sinks take (its scheme, parameters and client), before the gateway starts;
-    nothing is connected to here (the store may come up later)."""
-    from embedfleet.shared.sinks import SinkError, sink_for
+def check_sinks(search_sink: str | None, job_sinks: tuple[str, ...]) -> None:
+    """The --search-sink and --job-sinks URLs, each one the sinks take (its scheme and parameters) with
+    its store's client installed here, before the gateway starts (``embedfleet up``: before anything
+    starts); nothing is connected to (the store may come up later)."""
+    from embedfleet.shared.sinks import checked_sink
 
-    try:
-        sink_for(url)
-    except SinkError as exc:
-        raise ConfigError(f"{flag}: {exc.message}") from None
+    if search_sink is not None:
+        checked_sink(search_sink, "--search-sink")
+    for url in job_sinks:
+        checked_sink(url, "--job-sinks")
 
 
 def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:

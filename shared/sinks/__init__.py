@@ -1,28 +1,32 @@
 """Vector stores a re-index job's rows can go to besides files (``reindex --sink URL``).
 
 ``sink_for(url)`` picks the store by the URL's scheme: ``postgresql://`` (pgvector), ``lancedb://``,
-``qdrant://``. The stores' clients are the extra ``embedfleet[sinks]``; a sink whose client is missing
-is refused with the package to install.
+``qdrant://``. The stores' clients are the extra ``embedfleet[sinks]``: a sink whose client is not
+installed is refused when its URL is given (``checked_sink``: a command's flag, before it starts;
+``sink_for``: a job's at its request), naming the extra to install.
 """
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from embedfleet.shared.sinks.base import Hit, Rows, Shape, Sink, SinkError
+from embedfleet.shared.extras import MissingExtra, installed
+from embedfleet.shared.option import ConfigError
+from embedfleet.shared.sinks.base import ClientMissing, Hit, Rows, Shape, Sink, SinkError
 
-# scheme -> (module, class, the packages its client needs)
+# scheme -> (module, class, the modules its store's client is made of)
 _STORES = {
-    "postgresql": ("embedfleet.shared.sinks.pgvector", "PgVectorSink", "psycopg[binary] pgvector"),
-    "postgres": ("embedfleet.shared.sinks.pgvector", "PgVectorSink", "psycopg[binary] pgvector"),
-    "lancedb": ("embedfleet.shared.sinks.lance", "LanceSink", "lancedb"),
-    "qdrant": ("embedfleet.shared.sinks.qdrant", "QdrantSink", "qdrant-client"),
+    "postgresql": ("embedfleet.shared.sinks.pgvector", "PgVectorSink", ("psycopg", "pgvector")),
+    "postgres": ("embedfleet.shared.sinks.pgvector", "PgVectorSink", ("psycopg", "pgvector")),
+    "lancedb": ("embedfleet.shared.sinks.lance", "LanceSink", ("lancedb",)),
+    "qdrant": ("embedfleet.shared.sinks.qdrant", "QdrantSink", ("qdrant_client",)),
 }
 SCHEMES = tuple(_STORES)
 
 
 def sink_for(url: str) -> Sink:
-    """The sink a URL names; SinkError (not retryable) for an unknown scheme, a missing client or a bad URL."""
+    """The sink a URL names; SinkError (not retryable) for an unknown scheme or a bad URL, ClientMissing
+    where the store's client is not installed here. Nothing is connected to."""
     import importlib
 
     scheme = urlsplit(url).scheme
@@ -31,14 +35,24 @@ def sink_for(url: str) -> Sink:
             f"unknown sink {scheme + '://' if scheme else url!r}: a sink is postgresql://, lancedb:// or qdrant://",
             retryable=False,
         )
-    module, name, packages = _STORES[scheme]
+    module, name, clients = _STORES[scheme]
+    sink = getattr(importlib.import_module(module), name)(url)  # the sinks import their clients where used
+    for client in clients:
+        if not installed(client):
+            raise ClientMissing(client, sink.shown)
+    return sink
+
+
+def checked_sink(url: str, flag: str) -> None:
+    """A sink URL a command's ``flag`` gives, checked before the command starts (nothing connected to:
+    the store may come up later): ConfigError naming the flag, MissingExtra naming the extra to install
+    where the store's client is not installed."""
     try:
-        cls = getattr(importlib.import_module(module), name)
-        return cls(url)
-    except ImportError as exc:
-        raise SinkError(
-            f"the {scheme} sink needs {packages}: pip install 'embedfleet[sinks]' ({exc})", retryable=False
-        ) from None
+        sink_for(url)
+    except ClientMissing as exc:
+        raise MissingExtra(exc.module, f"{flag} {exc.shown}") from None
+    except SinkError as exc:
+        raise ConfigError(f"{flag}: {exc.message}") from None
 
 
-__all__ = ["Hit", "Rows", "SCHEMES", "Shape", "Sink", "SinkError", "sink_for"]
+__all__ = ["SCHEMES", "ClientMissing", "Hit", "Rows", "Shape", "Sink", "SinkError", "checked_sink", "sink_for"]

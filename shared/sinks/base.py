@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from embedfleet.shared.extras import MissingExtra, missing_extra
+
 
 class SinkError(Exception):
     """A store refused or failed a call. ``retryable``: the store may take it later (down, busy,
@@ -27,6 +29,22 @@ class SinkError(Exception):
         super().__init__(message)
         self.message = message
         self.retryable = retryable
+
+
+class ClientMissing(SinkError):
+    """The store's client library (``module``) is not installed here: the extra 'sinks' installs it.
+    ``shown``: the sink's URL as shown."""
+
+    def __init__(self, module: str, shown: str) -> None:
+        super().__init__(str(MissingExtra(module, f"the sink {shown}")), retryable=False)
+        self.module, self.shown = module, shown
+
+
+def client_missing(exc: Exception, shown: str) -> ClientMissing | None:
+    """``exc`` as a ClientMissing, when it is the import of a store's client failing (None: another failure)."""
+    if isinstance(exc, ModuleNotFoundError) and missing_extra(exc, shown) is not None:
+        return ClientMissing((exc.name or "").partition(".")[0], shown)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

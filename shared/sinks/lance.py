@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 import orjson
 
-from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError
+from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError, client_missing
 from embedfleet.shared.vector_forms import FORMS
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -48,6 +48,8 @@ class LanceSink:
         self._shape: Shape | None = None
 
     def _error(self, exc: Exception) -> SinkError:
+        if (missing := client_missing(exc, self.shown)) is not None:
+            return missing
         # a local folder: a full disk or a folder gone may clear up, anything else will not
         retryable = isinstance(exc, OSError) or "No space left" in str(exc)
         return SinkError(f"LanceDB at {self.shown}: {str(exc).strip() or type(exc).__name__}", retryable)

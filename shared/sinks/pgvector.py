@@ -16,12 +16,13 @@ the same transaction: a batch written twice leaves one row per key. ``finish`` b
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError
+from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError, client_missing
 from embedfleet.shared.vector_forms import FLOAT32, FORMS
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -73,13 +74,16 @@ class PgVectorSink:
     # -- the store's errors ---------------------------------------------------------------------
 
     def _error(self, exc: Exception) -> SinkError:
-        import psycopg
-
+        if (missing := client_missing(exc, self.shown)) is not None:
+            return missing
+        # psycopg's errors only where it was imported: its import may be what failed
+        psycopg = sys.modules.get("psycopg")
         message = str(exc).strip() or type(exc).__name__
         if self._password:
             message = message.replace(self._password, "***")
         state = getattr(exc, "sqlstate", None) or ""
-        retryable = isinstance(exc, psycopg.OperationalError) or state[:2] in _RETRYABLE_CLASSES
+        broken = psycopg is not None and isinstance(exc, psycopg.OperationalError)
+        retryable = broken or state[:2] in _RETRYABLE_CLASSES
         if retryable and self._conn is not None:  # a broken connection is made again on the next call
             self.close()
         return SinkError(f"PostgreSQL at {self.shown}: {message}", retryable)

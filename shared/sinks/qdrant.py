@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError
+from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError, client_missing
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,254}$")
 _IDS = uuid.UUID("6f0e3c0a-53a4-4c8e-9d3b-7a1f4b2e9c10")  # the namespace of point ids
@@ -61,11 +62,17 @@ class QdrantSink:
         self._shape: Shape | None = None
 
     def _error(self, exc: Exception) -> SinkError:
-        from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
-
+        if (missing := client_missing(exc, self.shown)) is not None:
+            return missing
+        # the client's errors only where it was imported: its import may be what failed
+        errors = sys.modules.get("qdrant_client.http.exceptions")
         status = getattr(exc, "status_code", None)
-        retryable = isinstance(exc, (ResponseHandlingException, ConnectionError, TimeoutError, OSError)) or (
-            isinstance(exc, UnexpectedResponse) and (status == 429 or (status or 0) >= 500)
+        retryable = isinstance(exc, (ConnectionError, TimeoutError, OSError)) or (
+            errors is not None
+            and (
+                isinstance(exc, errors.ResponseHandlingException)
+                or (isinstance(exc, errors.UnexpectedResponse) and (status == 429 or (status or 0) >= 500))
+            )
         )
         message = str(exc).strip() or type(exc).__name__
         if self._api_key:

@@ -1,10 +1,14 @@
 """Which stores POST /v1/jobs may write into: a request's URL resolved against the gateway's
 --job-sinks (the table free, the credentials the gateway's), and everything else refused."""
 
+import asyncio
+import sys
+
 import pytest
 
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.sink_jobs import SinkTargets, sink_shown
+from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets, sink_shown
+from embedfleet.shared.sinks import Shape
 
 PG = "postgresql://loader:pw@db.internal:5432/docs?sslmode=require"
 LANCE = "lancedb:///srv/lance"
@@ -57,3 +61,19 @@ def test_an_empty_password_is_none():
     uri = "postgresql://postgres:@/postgres?host=/tmp/sock"
     assert SinkTargets((uri,)).resolve(f"{uri}&table=t") == f"{uri}&table=t"
     assert sink_shown(uri) == uri and sink_shown(PG) == "postgresql://loader:***@db.internal:5432/docs?sslmode=require"
+
+
+def test_a_job_whose_store_has_no_client_here_is_refused_naming_the_extra(monkeypatch):
+    """The gateway checked its stores' clients at start-up; one gone since (an install changed under a
+    running gateway) refuses the job in the API's shape, 400 on 'sink', before anything is published."""
+    jobs = SinkJobs(None, None, None, SinkTargets((PG,)), 1 << 20)
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(ApiError) as raised:
+        asyncio.run(
+            jobs.open("postgresql://db.internal:5432/docs?sslmode=require&table=news", Shape("float32", "dense", 4))
+        )
+    assert (raised.value.status, raised.value.param) == (400, "sink")
+    assert raised.value.message == (
+        "the sink postgresql://loader:***@db.internal:5432/docs?sslmode=require&table=news needs psycopg, which the "
+        "extra 'sinks' installs: pip install 'embedfleet[sinks]'"
+    )
