@@ -91,11 +91,13 @@ class _JetStream:
         ]
 
     def bucket_listing(self) -> list[str]:
-        """List the bucket's keys (an ephemeral ordered consumer on its stream): the gateway's job gauges."""
+        """List the bucket's keys and records (an ephemeral consumer on its stream: ordered for the
+        gateway's job gauges, pulled for GET /v1/jobs)."""
         kv = self.kv_stream
         return [
             f"$JS.API.CONSUMER.CREATE.{kv}",
             f"$JS.API.CONSUMER.CREATE.{kv}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{kv}.>",
             f"$JS.API.CONSUMER.DELETE.{kv}.>",
             f"$JS.API.CONSUMER.INFO.{kv}.>",
         ]

@@ -40,6 +40,7 @@ from embedfleet.services.gateway.errors import ApiError, error_response
 from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
 from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional
 from embedfleet.services.gateway.job_ids import check_job_id
+from embedfleet.services.gateway.job_list import parse_listing
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.job_results import JobResultsApi
 from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
@@ -605,6 +606,12 @@ class Gateway:
             doc, model, await self.discovery.view(), self.nc.max_payload, self.client
         )
         return json_response(answer, status=status)
+
+    async def list_jobs(self, request: Request) -> Response:
+        query = parse_listing(request.query_params)  # a bad query is a 400 even without JetStream
+        if self.jobs is None:
+            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
+        return json_response(await self.jobs.page(query))
 
     async def job_state(self, request: Request) -> Response:
         if self.jobs is None:

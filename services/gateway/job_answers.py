@@ -1,6 +1,6 @@
 """What the bulk-job routes answer, as typed models: POST /v1/jobs (a job submitted, or the state of one
-submitted before), GET and DELETE /v1/jobs/{job} (a job's state) and a line of GET
-/v1/jobs/{job}/results' NDJSON. /openapi.json's response schemas are made from them, and the tests
+submitted before), GET /v1/jobs (a page of jobs), GET and DELETE /v1/jobs/{job} (a job's state) and a
+line of GET /v1/jobs/{job}/results' NDJSON. /openapi.json's response schemas are made from them, and the tests
 hold what the routes write to them; the routes write with orjson (jobs_api.py, job_results.py).
 
 A job's state is its record in the job bucket (shared/job_state.py) as jobs_api.py's ``_shown`` shows
@@ -124,6 +124,18 @@ class JobStatus(BaseModel):
     sink_error: JobStoreWait = omitted()
     sink_done: float = omitted("unix time the last row and the index were in the store, seconds")
     sink_failed: str = omitted("why the store refused the rows for good (the job stays unfinished)")
+
+
+class JobList(BaseModel):
+    """GET /v1/jobs' answer: a page of the jobs the caller may see, newest first (OpenAI's list shape)."""
+
+    model_config = ANSWER
+
+    object: Literal["list"]
+    data: list[JobStatus] = Field(description="each job as GET /v1/jobs/{job} answers it, newest first")
+    first_id: str | None = Field(description="the first job's id (null: an empty page)")
+    last_id: str | None = Field(description="the last job's id: the next page's 'after' (null: an empty page)")
+    has_more: bool = Field(description="whether jobs follow this page")
 
 
 # -- GET /v1/jobs/{job}/results: a line of its NDJSON ---------------------------------------------------

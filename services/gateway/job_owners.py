@@ -27,7 +27,11 @@ class JobOwners:
     def sees(self, state: JobState) -> bool:
         """Whether the request being handled may see the job recorded as ``state``; a job made without
         a key (reindex, a gateway without keys) is seen by the operator keys only."""
+        return self.sees_owner(state.owner)
+
+    def sees_owner(self, owner: str | None) -> bool:
+        """Whether the request being handled may see a job whose owner's key digest is ``owner``."""
         if not self._keys_on:
             return True
         caller = self.owner()
-        return caller is not None and (caller in self._operators or state.owner == caller)
+        return caller is not None and (caller in self._operators or owner == caller)

@@ -14,7 +14,8 @@ from embedfleet.services.gateway.cohere_answers import (
 )
 from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
 from embedfleet.services.gateway.health_answers import Healthy, Unhealthy
-from embedfleet.services.gateway.job_answers import JobResultLine, JobStatus, JobSubmitted
+from embedfleet.services.gateway.job_answers import JobList, JobResultLine, JobStatus, JobSubmitted
+from embedfleet.services.gateway.job_list import JobListQuery
 from embedfleet.services.gateway.jobs_body import JobBody
 from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
@@ -103,6 +104,22 @@ def typed_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, A
         if schemas.setdefault(name, definition) != definition:
             raise ValueError(f"two models are named {name}: /openapi.json would hold one of them")
     return schema
+
+
+def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A typed query's fields as OpenAPI query parameters, each with its field's schema."""
+    schema = model.model_json_schema()
+    required = set(schema.get("required", ()))
+    return [
+        {
+            "name": name,
+            "in": "query",
+            "required": name in required,
+            **({"description": field.pop("description")} if "description" in field else {}),
+            "schema": field,
+        }
+        for name, field in schema["properties"].items()
+    ]
 
 
 def _errors(schema: dict, codes: tuple[int, ...]) -> dict[str, Any]:
@@ -277,7 +294,7 @@ def _job_results(job: list[dict], schemas: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
-    """Bulk jobs: POST /v1/jobs, GET / DELETE /v1/jobs/{job} and GET /v1/jobs/{job}/results."""
+    """Bulk jobs: POST and GET /v1/jobs, GET / DELETE /v1/jobs/{job} and GET /v1/jobs/{job}/results."""
     job = [{"name": "job", "in": "path", "required": True, "schema": {"type": "string"}}]
     state = _json_answer(JobStatus, schemas)
     return {
@@ -296,7 +313,15 @@ def _job_paths(schemas: dict[str, Any]) -> dict[str, Any]:
                     },
                     **_errors(_OPENAI_ERROR, (400, 401, 404, 409, 413, 503)),
                 },
-            }
+            },
+            "get": {
+                "summary": "The caller's bulk jobs (an operator key's: all), newest first, a page at a time",
+                "parameters": query_parameters(JobListQuery),
+                "responses": {
+                    "200": {"description": "a page of jobs", "content": _json_answer(JobList, schemas)},
+                    **_errors(_OPENAI_ERROR, (400, 401, 503)),
+                },
+            },
         },
         "/v1/jobs/{job}": {
             "get": {

@@ -40,6 +40,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/rerank", "POST", "rerank_cohere", _O),
     RouteSpec("/v1/search", "POST", "search", _E),
     RouteSpec("/v1/jobs", "POST", "create_job", _E),
+    RouteSpec("/v1/jobs", "GET", "list_jobs", _E),
     RouteSpec("/v1/jobs/{job}", "GET", "job_state", _E),
     RouteSpec("/v1/jobs/{job}", "DELETE", "cancel_job", _E),
     RouteSpec("/v1/jobs/{job}/results", "GET", "job_vectors", _E),

@@ -18,6 +18,7 @@ from embedfleet.services.gateway.job_answers import (
     Boundary,
     Form,
     JobChunking,
+    JobList,
     JobResultLine,
     JobSparseVector,
     JobStatus,
@@ -25,6 +26,7 @@ from embedfleet.services.gateway.job_answers import (
     Output,
     Status,
 )
+from embedfleet.services.gateway.job_list import JobListQuery, page_answer
 from embedfleet.services.gateway.job_results import ndjson_lines
 from embedfleet.services.gateway.jobs_api import _shown
 from embedfleet.services.gateway.openapi import openapi_spec, typed_schema
@@ -75,6 +77,10 @@ def test_openapi_documents_each_answer_by_its_model():
     json = "application/json"
     _documented(spec, "/v1/jobs", "post", "202", json, JobSubmitted)
     _documented(spec, "/v1/jobs", "post", "200", json, JobStatus)  # the same request again
+    _documented(spec, "/v1/jobs", "get", "200", json, JobList)
+    parameters = spec["paths"]["/v1/jobs"]["get"]["parameters"]
+    assert [(p["name"], p["in"]) for p in parameters] == [(name, "query") for name in JobListQuery.model_fields]
+    assert parameters[0]["schema"] == {"default": 20, "maximum": 100, "minimum": 1, "title": "Limit", "type": "integer"}
     _documented(spec, "/v1/jobs/{job}", "get", "200", json, JobStatus)
     _documented(spec, "/v1/jobs/{job}", "delete", "200", json, JobStatus)
     _documented(spec, "/v1/jobs/{job}/results", "get", "200", "application/x-ndjson", JobResultLine)
@@ -106,6 +112,17 @@ def test_a_job_s_state_as_shown_is_a_job_status(state):
     answer = _held(JobStatus, body)
     assert answer.model_fields_set >= {"id", "status", "documents"}
     assert not (PRIVATE & set(orjson.loads(body)))
+
+
+def test_a_page_of_jobs_is_a_job_list():
+    just_submitted = JobState(
+        "j2", status="running", model="m", input="inline", documents=1, embedding_type="float32", output="dense"
+    )
+    page = _held(JobList, orjson.dumps(page_answer([_shown(FULL), _shown(just_submitted)], True)))
+    assert [job.id for job in page.data] == [FULL.job, "j2"] and page.last_id == "j2"
+    _held(JobList, orjson.dumps(page_answer([], False)))
+    with pytest.raises(ValidationError):  # each item is a job's state, as strict as GET /v1/jobs/{job}'s
+        JobList.model_validate_json(orjson.dumps(page_answer([{**_shown(FULL), "owner": "digest"}], False)))
 
 
 def test_every_field_of_a_job_status_is_written_for_some_state():

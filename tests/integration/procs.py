@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -173,6 +173,21 @@ def healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def another_gateway(nats_url: str, args: Sequence[str], log_dir: Path, what: str = "another gateway") -> Iterator[str]:
+    """One more gateway on the fleet at ``nats_url`` with ``args``, for a fixture to yield from: yields
+    its base URL once healthy, stops it after."""
+    from embedfleet.shared.nats_server import free_port
+
+    port = free_port()
+    gateway = Service("gateway", ["--nats", nats_url, "--port", str(port), *args], log_dir)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base), 60, what, [gateway])
+        yield base
+    finally:
+        gateway.stop()
 
 
 def start_fleet(

@@ -16,8 +16,7 @@ import httpx
 import pytest
 
 from embedfleet.shared.job_state import FINISHED
-from embedfleet.shared.nats_server import free_port
-from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import another_gateway, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,33 +47,11 @@ class Gateway:
 @pytest.fixture(scope="module")
 def gateway(stack, tmp_path_factory) -> Iterator[Gateway]:
     jobs_dir = tmp_path_factory.mktemp("jobs-dir")
-    port = free_port()
-    service = Service(
-        "gateway",
-        [
-            "--nats",
-            stack.nats_url,
-            "--port",
-            str(port),
-            "--api-keys",
-            "key-a,key-b",
-            "--operator-keys",
-            "key-op",
-            "--jobs-dir",
-            str(jobs_dir),
-            "--job-metrics-interval",
-            "0.5",
-            "--jobs-max-file-bytes",
-            str(MAX_FILE),
-        ],
-        tmp_path_factory.mktemp("logs"),
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: healthy(base), 60, "a gateway with API keys and a jobs folder", [service])
+    args = ["--api-keys", "key-a,key-b", "--operator-keys", "key-op", "--jobs-dir", str(jobs_dir)]
+    args += ["--job-metrics-interval", "0.5", "--jobs-max-file-bytes", str(MAX_FILE)]
+    logs = tmp_path_factory.mktemp("logs")
+    for base in another_gateway(stack.nats_url, args, logs, "a gateway with API keys and a jobs folder"):
         yield Gateway(base, jobs_dir)
-    finally:
-        service.stop()
 
 
 def _post(gw: Gateway, key: str, body: dict) -> httpx.Response:

@@ -157,7 +157,9 @@ def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
     )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert np.load(tmp_path / "fetched.npy").shape == (20, 384)
-    # the operator lists the jobs
+    # the gateway lists them (its own consumer of the job bucket), the operator too
+    page = httpx.get(f"{fabric.base_url}/v1/jobs", params={"limit": 100}, timeout=60)
+    assert page.status_code == 200 and job_id in [j["id"] for j in page.json()["data"]], page.text[:300]
     listed = _cli("jobs", "--nats", fabric.server.url, seed=fabric.seed("operator"))
     assert listed.returncode == 0 and job_id in listed.stdout, listed.stdout + listed.stderr
     assert fabric.violations() == []
