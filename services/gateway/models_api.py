@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-KINDS = ("embedding", "sparse", "rerank", "classify")
+KINDS = ("embedding", "sparse", "multivector", "rerank", "classify")
 
 
 def model_kind(task: str, dim: int, outputs: Sequence[str]) -> str:
-    """What a model is for: a one-label cross-encoder reranks, one with several labels classifies;
-    an embedder that makes sparse vectors only is sparse, any other makes embeddings."""
+    """What a model serves: a one-label cross-encoder reranks, one with several labels classifies; an
+    embedder that makes dense vectors makes embeddings (/v1/embeddings), one without them makes sparse
+    vectors (/embed_sparse) or else only token vectors (ColBERT: /embed_all)."""
     if task == "score":
         return "rerank" if dim == 1 else "classify"
-    if set(outputs) == {"sparse"}:
-        return "sparse"
-    return "embedding"
+    if "dense" in outputs or not outputs:
+        return "embedding"
+    return "sparse" if "sparse" in outputs else "multivector"
 
 
 def worker_kind(worker: Mapping[str, str]) -> str:

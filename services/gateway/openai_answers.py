@@ -73,8 +73,9 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int = Field(description="always 0: a served model has no creation time")
     owned_by: str
-    kind: Literal["embedding", "sparse", "rerank", "classify"] = Field(
-        description="what the model is for: embeddings, sparse vectors only, reranking (one label), classifying"
+    kind: Literal["embedding", "sparse", "multivector", "rerank", "classify"] = Field(
+        description="what the model serves: embeddings (dense vectors, /v1/embeddings), sparse vectors without "
+        "dense ones, token vectors only (ColBERT, /embed_all), reranking (one label), classifying"
     )
     dimensions: int | None = Field(
         description="a vector's length: the vocabulary for sparse, the number of labels for rerank / classify "

@@ -12,8 +12,9 @@ from embedfleet.services.gateway.models_api import model_card, model_kind, rende
     [
         ("embed", 384, ["dense"], "embedding"),
         ("embed", 1024, ["dense", "sparse", "multivector"], "embedding"),  # BGE-M3
-        ("embed", 128, ["multivector"], "embedding"),
+        ("embed", 128, ["multivector"], "multivector"),  # ColBERT: /v1/embeddings refuses it
         ("embed", 30522, ["sparse"], "sparse"),
+        ("embed", 30522, ["sparse", "multivector"], "sparse"),  # no dense vector: /embed_sparse serves it
         ("score", 1, ["dense"], "rerank"),
         ("score", 3, ["dense"], "classify"),
     ],

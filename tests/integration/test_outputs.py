@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import cosines
-from tests.integration.procs import start_fleet
+from tests.integration.procs import start_fleet, wait_until
 from tests.output_models import (
     bge_m3_reference,
     build_bge_m3,
@@ -165,6 +165,32 @@ def test_outputs_a_model_lacks_are_refused_clearly(fleet):
     r = _post(base_url, "/embed_sparse", {"model": SPLADE, "inputs": ["x"], "top_k": 0})
     assert r.status_code == 422 or r.status_code == 400, r.text
     assert "top_k" in r.text
+
+
+def test_models_says_what_each_output_model_serves(fleet):
+    """A model's ``kind`` in /v1/models is what it serves: a ColBERT-only model's is ``multivector``, not
+    ``embedding`` (/v1/embeddings refuses it), a SPLADE's ``sparse``, BGE-M3's ``embedding`` (dense among
+    its outputs); the live answer is held to its typed model."""
+    from embedfleet.services.gateway.openai_answers import ModelList
+
+    base_url, _ = fleet
+
+    def listed() -> list[str]:
+        return [m["id"] for m in httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"]]
+
+    wait_until(lambda: len(listed()) == 3, 60, "the three models listed")  # the gateway polls the fleet
+    r = httpx.get(f"{base_url}/v1/models", timeout=30)
+    assert r.status_code == 200, r.text
+    cards = {card.id: card for card in ModelList.model_validate_json(r.content).data}
+    assert {m: (c.kind, c.outputs) for m, c in cards.items()} == {
+        "colbert": ("multivector", ["multivector"]),
+        SPLADE: ("sparse", ["sparse"]),
+        "bge-m3": ("embedding", ["dense", "sparse", "multivector"]),
+    }
+    r = _post(base_url, "/v1/embeddings", {"model": "colbert", "input": ["x"]})
+    assert r.status_code == 400 and "dense" in r.text, r.text
+    r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": ["x"]})
+    assert r.status_code == 200, r.text
 
 
 def _reindex(args: list[str]) -> subprocess.CompletedProcess:
