@@ -35,6 +35,14 @@ class RecordsLost(Exception):
     """The job bucket stopped giving the records it said it held."""
 
 
+class TooManyRecords(Exception):
+    """The job bucket holds more keys than a reader reads."""
+
+    def __init__(self, held: int, most: int) -> None:
+        super().__init__(f"the job bucket holds {held} records, more than the {most} a listing reads")
+        self.held, self.most = held, most
+
+
 @dataclass(frozen=True, slots=True)
 class Listed:
     """What a listing orders and filters a job by: its id, when it was first submitted (unix time;
@@ -64,9 +72,12 @@ def listed(data: bytes, job: str) -> Listed | None:
     )
 
 
-async def bucket_records(js: JetStreamContext, subjects: Subjects) -> AsyncGenerator[tuple[str, bytes], None]:
+async def bucket_records(
+    js: JetStreamContext, subjects: Subjects, most: int | None = None
+) -> AsyncGenerator[tuple[str, bytes], None]:
     """(job id, record) for every key of the job bucket, in the order of their last writes; records
-    written after the reading started may be given too. RecordsLost when the server stops giving
+    written after the reading started may be given too. TooManyRecords, before any is read, when the
+    bucket holds more than ``most`` keys (None: no bound). RecordsLost when the server stops giving
     records it said it held (gone, or a reader not allowed to fetch them): never a listing cut short."""
     from nats.errors import TimeoutError as NatsTimeoutError
 
@@ -83,7 +94,9 @@ async def bucket_records(js: JetStreamContext, subjects: Subjects) -> AsyncGener
         ),
     )
     try:
-        pending = (await psub.consumer_info()).num_pending
+        pending = (await psub.consumer_info()).num_pending or 0
+        if most is not None and pending > most:
+            raise TooManyRecords(pending, most)
         while pending:
             try:
                 msgs = await psub.fetch(min(FETCH, pending), timeout=FETCH_WAIT)

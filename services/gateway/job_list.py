@@ -9,11 +9,12 @@ A job's record says who may see it (job_owners.py); ``status`` keeps one state's
 The bucket has no index by time: a page is the newest ``limit`` of every record the caller may see,
 read once through shared/job_listing.py (a fetch of records at a time). A request holds one fetch and
 the page (``limit`` + 1 records decoded whole), never the bucket; its work grows with the records the
-bucket keeps (``--job-ttl``): each one's JSON parsed once.
+bucket keeps (``--job-ttl``): each one's JSON parsed once, ``MAX_LISTED`` records at most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 from collections.abc import AsyncIterable, Callable, Mapping
@@ -23,16 +24,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from embedfleet.services.gateway.body_errors import fault_error
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_answers import Status
+from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.response_parts import omitted
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_ids import job_id_problem
-from embedfleet.shared.job_listing import listed
+from embedfleet.shared.job_listing import RecordsLost, TooManyRecords, bucket_records, listed
 from embedfleet.shared.job_state import JobState, JobStateError
+from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
+# records a listing reads at most: a bucket holding more is refused (503) before any is read. Reading
+# costs ~0.2 ms a record (nats-py's per-message work; docs/bulk-jobs.md), so ~4 s at the bound
+MAX_LISTED = 20_000
 
 Place = tuple[float, str]  # a job's place in the order: (started, id), the greatest first
 
@@ -103,6 +110,29 @@ async def job_page(
             heapq.heappush(kept, (place, state))
     newest = [state for _, state in sorted(kept, key=lambda k: k[0], reverse=True)]
     return newest[: query.limit], len(newest) > query.limit
+
+
+async def read_page(js, kv, subjects: Subjects, owners: JobOwners, query: JobListQuery) -> tuple[list[JobState], bool]:
+    """The page ``query`` asks for of the job bucket's records, as ``owners`` lets the caller see them
+    (job_page); an 'after' that names no job the caller sees is refused (400), as a cursor that places
+    nothing; a bucket past ``MAX_LISTED``, or one that stops answering, 503."""
+    after = None
+    if query.after is not None:
+        cursor = await read_state(kv, query.after)
+        if cursor is None or not cursor.submitted or not owners.sees(cursor):
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"'after': no job {query.after!r} to list after", "after")
+        after = place_of(cursor)
+    try:
+        async with contextlib.aclosing(bucket_records(js, subjects, MAX_LISTED)) as records:
+            return await job_page(records, query, owners.sees_owner, after)
+    except RecordsLost as exc:
+        raise ApiError(ErrorCode.NO_RESPONDERS, f"{exc}: try again") from None
+    except TooManyRecords as exc:
+        raise ApiError(
+            ErrorCode.NO_RESPONDERS,
+            f"{exc}: records expire after the --job-ttl, `embedfleet jobs purge JOB` removes one, "
+            "`embedfleet jobs` lists them all",
+        ) from None
 
 
 def page_answer(data: list[dict], has_more: bool) -> dict:

@@ -9,7 +9,6 @@ come (services/gateway/sink_jobs.py): an inline document's other fields are its 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from dataclasses import replace
@@ -19,7 +18,7 @@ from embedfleet.services.gateway.body_errors import read_body
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_files import read_job_file
 from embedfleet.services.gateway.job_ids import check_job_id
-from embedfleet.services.gateway.job_list import JobListQuery, job_page, page_answer, place_of
+from embedfleet.services.gateway.job_list import JobListQuery, page_answer, read_page
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, DocumentBody, JobBody
 from embedfleet.services.gateway.sink_jobs import SinkJobs
@@ -29,7 +28,6 @@ from embedfleet.shared.fleet import FleetView
 from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_collector import Layout
 from embedfleet.shared.job_fit import JobRefused, check_chunk_room, check_job, served
-from embedfleet.shared.job_listing import RecordsLost, bucket_records
 from embedfleet.shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
 from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
 from embedfleet.shared.job_state import JOB_OUTPUTS, RUNNING, JobState
@@ -284,19 +282,8 @@ class JobsApi:
         return _shown(await self._visible(job, await read_state(self._kv, job)))
 
     async def page(self, query: JobListQuery) -> dict:
-        """A page of the jobs the caller may see (GET /v1/jobs, job_list.py); an 'after' that names no job
-        the caller sees is refused (400), as a cursor that places nothing."""
-        after = None
-        if query.after is not None:
-            cursor = await read_state(self._kv, query.after)
-            if cursor is None or not cursor.submitted or not self._owners.sees(cursor):
-                raise ApiError(ErrorCode.INVALID_REQUEST, f"'after': no job {query.after!r} to list after", "after")
-            after = place_of(cursor)
-        try:
-            async with contextlib.aclosing(bucket_records(self._js, self._subjects)) as records:
-                states, more = await job_page(records, query, self._owners.sees_owner, after)
-        except RecordsLost as exc:
-            raise ApiError(ErrorCode.NO_RESPONDERS, f"{exc}: try again") from None
+        """A page of the jobs the caller may see (GET /v1/jobs, job_list.py)."""
+        states, more = await read_page(self._js, self._kv, self._subjects, self._owners, query)
         return page_answer([_shown(state) for state in states], more)
 
     async def cancel(self, job: str) -> dict:

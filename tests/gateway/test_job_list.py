@@ -1,12 +1,15 @@
 """GET /v1/jobs' query and paging (services/gateway/job_list.py), without NATS: the records as the
-bucket would give them, in any order; who sees which by the real JobOwners with keys bound."""
+bucket would give them, in any order; who sees which by the real JobOwners with keys bound. Last, the
+route's reading (jobs_api.py) on a real nats-server."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections.abc import AsyncIterator, Iterable
 
+import nats
 import orjson
 import pytest
 
@@ -21,8 +24,12 @@ from embedfleet.services.gateway.job_list import (
 )
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.limits import bind_key
+from embedfleet.shared.job_bucket import update_state
 from embedfleet.shared.job_requests import owner_digest
 from embedfleet.shared.job_state import JobState
+from embedfleet.shared.job_streams import ensure_streams
+from embedfleet.shared.subjects import Subjects
+from tests.job_states import submitted
 
 
 def _job(job: str, started: float | None, key: str | None = None, status: str = "done") -> JobState:
@@ -148,3 +155,39 @@ def test_a_page_answer_is_openai_s_list():
     }
     answer = page_answer([{"id": "x"}, {"id": "y"}], True)
     assert (answer["first_id"], answer["last_id"], answer["has_more"]) == ("x", "y", True)
+
+
+def test_the_route_s_reading_on_a_real_bucket_its_cursor_and_its_bound(nats_url, monkeypatch):
+    """JobsApi.page over a real nats-server: a key's page, a cursor of another key's job refused as one
+    of no job, and a bucket past MAX_LISTED refused (503) with what to do."""
+    from embedfleet.services.gateway import job_list, jobs_api
+
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            js, subjects = nc.jetstream(), Subjects(f"t{uuid.uuid4().hex[:8]}")
+            kv = await ensure_streams(js, subjects)
+            for job, key, started in (("a1", "a", 1.0), ("b1", "b", 2.0), ("a2", "a", 3.0)):
+                await update_state(kv, job, submitted(1, started=started, owner=owner_digest(key), status="done"))
+            api = jobs_api.JobsApi(js, kv, subjects, None, owners=JobOwners(True, ()))
+            bind_key("a")
+            answer = await api.page(JobListQuery())
+            assert [j["id"] for j in answer["data"]] == ["a2", "a1"] and "owner" not in answer["data"][0]
+            assert [j["id"] for j in (await api.page(JobListQuery(after="a2")))["data"]] == ["a1"]
+            refusals = []
+            for after in ("b1", "nope"):
+                with pytest.raises(ApiError) as caught:
+                    await api.page(JobListQuery(after=after))
+                refusals.append((caught.value.status, caught.value.message.replace(after, "X"), caught.value.param))
+            assert refusals[0] == refusals[1] == (400, "'after': no job 'X' to list after", "after")
+            monkeypatch.setattr(job_list, "MAX_LISTED", 2)
+            with pytest.raises(ApiError) as caught:
+                await api.page(JobListQuery())
+            assert caught.value.status == 503 and caught.value.message.startswith(
+                "the job bucket holds 3 records, more than the 2 a listing reads: records expire after the --job-ttl"
+            )
+        finally:
+            bind_key(None)
+            await nc.close()
+
+    asyncio.run(main())

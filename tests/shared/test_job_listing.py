@@ -1,6 +1,6 @@
-"""Reading every job record in the bucket (shared/job_listing.py) on a real nats-server: an empty or
-missing-records bucket is no error, each key's current record once, deleted and purged keys left out,
-across several fetches, and the reader's consumer gone after."""
+"""Reading every job record in the bucket (shared/job_listing.py) on a real nats-server: an empty
+bucket is no error, each key's current record once, deleted and purged keys left out, across several
+fetches, a bucket past the bound refused before it is read, and the reader's consumer gone after."""
 
 from __future__ import annotations
 
@@ -10,18 +10,19 @@ from dataclasses import replace
 
 import nats
 import orjson
+import pytest
 
 from embedfleet.shared import job_listing
 from embedfleet.shared.job_bucket import update_state
-from embedfleet.shared.job_listing import Listed, bucket_records, listed
+from embedfleet.shared.job_listing import Listed, TooManyRecords, bucket_records, listed
 from embedfleet.shared.job_state import JobState
 from embedfleet.shared.job_streams import bucket_stream, ensure_streams
 from embedfleet.shared.subjects import Subjects
 from tests.job_states import submitted
 
 
-async def _all(js, subjects: Subjects) -> dict[str, JobState]:
-    return {job: JobState.decode(data, job) async for job, data in bucket_records(js, subjects)}
+async def _all(js, subjects: Subjects, most: int | None = None) -> dict[str, JobState]:
+    return {job: JobState.decode(data, job) async for job, data in bucket_records(js, subjects, most)}
 
 
 def test_every_current_record_once_the_removed_ones_not(nats_url, monkeypatch):
@@ -41,6 +42,10 @@ def test_every_current_record_once_the_removed_ones_not(nats_url, monkeypatch):
             states = await _all(js, subjects)
             assert sorted(states) == ["job-0", "job-1", "job-2", "job-3", "job-4"]
             assert states["job-3"].done == 4 and states["job-2"].documents == 3
+            assert (await js.stream_info(bucket_stream(subjects))).state.consumer_count == 0
+            with pytest.raises(TooManyRecords, match="holds 7 records, more than the 6 a listing reads"):
+                await _all(js, subjects, most=6)  # the deleted and purged keys' markers count
+            assert len(await _all(js, subjects, most=7)) == 5
             assert (await js.stream_info(bucket_stream(subjects))).state.consumer_count == 0
             for job in states:
                 await kv.delete(job)
