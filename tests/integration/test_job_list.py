@@ -1,12 +1,15 @@
 """GET /v1/jobs on the real stack, through a gateway with two API keys and an operator key beside the
 stack's open one: each key lists exactly its own jobs, newest first, each as GET /v1/jobs/{id}
 answers it; the operator key and the open gateway list every job; limit=1 walks a key's jobs a page
-at a time; a bad limit, status or cursor is a 400 in the route's error shape."""
+at a time; a bad limit, status or cursor is a 400 in the route's error shape; the README's example runs."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -123,3 +126,16 @@ def test_a_bad_query_is_a_400_in_the_route_s_shape(keyed, jobs):
     theirs, none = refused("a", after=jobs["b"][0]), refused("a", after="no-such-job")
     assert theirs == {**none, "message": none["message"].replace("no-such-job", jobs["b"][0])}
     assert httpx.get(f"{keyed}/v1/jobs", timeout=30).status_code == 401  # no key
+
+
+def test_the_readme_example_runs_as_typed(keyed, jobs):
+    """The README's curl, its host and key swapped for this gateway's and key a: key a's two newest
+    done jobs, and that more follow."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (command,) = re.findall(r"^  (curl -s 'localhost:8080/v1/jobs\?.*)$", readme, re.M)
+    command = command.replace("localhost:8080", keyed.removeprefix("http://")).replace("KEY", KEYS["a"])
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    page = JobList.model_validate_json(done.stdout)
+    assert [job.id for job in page.data] == jobs["a"][:0:-1] and page.has_more
+    assert {job.status for job in page.data} == {"done"}
