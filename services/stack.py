@@ -10,19 +10,18 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from embedfleet.services.gateway.config import api_keys, check_sinks, comma_list, operator_keys
 from embedfleet.services.gateway.models_api import model_kind
 from embedfleet.services.local_pgvector import TABLE, LocalPgvector, require_pgserver
+from embedfleet.services.stack_fleet import Fleet, Restarts, Supervisor
 from embedfleet.services.stack_lock import hold_data_dir
 from embedfleet.services.stack_plan import (
     Child,
@@ -33,16 +32,18 @@ from embedfleet.services.stack_plan import (
     with_metrics,
     with_search_store,
 )
+from embedfleet.services.stack_ports import check_ports, port_taken
 from embedfleet.shared.config import ConfigError, child_environment, nats_security, retention
 from embedfleet.shared.local_stack import forget_stack, record_stack
 from embedfleet.shared.logs import setup_logging
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.nats_server import TOKEN_FILE, EmbeddedNats
-from embedfleet.shared.options import arguments, declared, default, option
-from embedfleet.shared.parent_death import die_with_parent
+from embedfleet.shared.options import arguments, option
 from embedfleet.shared.tracing import TracingConfig
 
 log = logging.getLogger("embedfleet.up")
+
+_GATEWAY_DID_NOT_START = 3  # the gateway's exit status when its server did not start (gateway/uvicorn_server.py)
 
 
 def run_stack(ns: argparse.Namespace) -> int:
@@ -60,6 +61,8 @@ def run_stack(ns: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        # taken (another `up`, another server): said before anything starts, naming the holder
+        check_ports(ns.host, ns.port, ns.metrics_host, ns.metrics_port)
         if store is not None:  # its guard stops it when this process ends, however it ends
             ns = with_search_store(ns, store.start(), TABLE, infos, default)
         return _run(ns, infos, default, store, stop)
@@ -101,9 +104,11 @@ def _run(
         replicas = _worker_replicas()
         with contextlib.closing(FreePorts(ns.metrics_host)) as ports:  # every service's metrics on a port of its own
             plan = with_metrics(plan, ns.metrics_host, base, replicas, ports)
-        if not _start(
-            plan, {info.id for info in infos}, fleet, base, keys[0] if keys else None, stop, ns.ready_timeout
-        ):
+        # one rule for a death from the first process started to the stop (see stack_fleet)
+        supervisor = Supervisor(
+            plan, fleet, Restarts(ns.restart_limit, ns.restart_window), nats, store, _why(ns.host, ns.port)
+        )
+        if not _start(supervisor, {info.id for info in infos}, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
         print(
             _banner(
@@ -120,25 +125,9 @@ def _run(
         )
         if nats is not None:  # for reindex, jobs and init: where this stack's NATS listens (removed below)
             record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE)
-        restarts = Restarts(ns.restart_limit, ns.restart_window)
         while not stop.wait(0.5):
-            if nats is not None and not nats.running:
-                if not restarts.allow("nats-server"):
-                    return 1
-                log.error("nats-server exited; starting it again")
-                nats.start()
-            if store is not None and not store.running:
-                if not restarts.allow("postgres"):
-                    return 1
-                log.error("PostgreSQL (pgvector) exited; starting it again")
-                store.start()
-            for child in plan:
-                code = fleet.exited(child)
-                if code is not None and restarts.allow(child.name):
-                    log.error("%s exited with %s; starting it again", child.name, code)
-                    fleet.start(child)
-                elif code is not None:
-                    return 1
+            if not supervisor.tend():
+                return 1
         return 0
     finally:
         fleet.stop_all()
@@ -147,68 +136,6 @@ def _run(
             nats.stop()
             log.info("nats-server stopped")
         shutil.rmtree(ready_dir, ignore_errors=True)
-
-
-class Fleet:
-    """The stack's processes, by child name."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        # the children take their model from their arguments, never from the variables `up` read
-        models = {name for o in declared("up", ["model"]) for name in o.env}
-        self.env = {k: v for k, v in env.items() if k not in models}
-        self._procs: dict[str, subprocess.Popen] = {}
-        self._roles: dict[str, str] = {}
-
-    def start(self, child: Child) -> None:
-        child.ready.unlink(missing_ok=True)  # a killed process leaves its file behind
-        self._roles[child.name] = child.role
-        self._procs[child.name] = subprocess.Popen(
-            [sys.executable, "-m", "embedfleet.services.cli", child.role, *child.args],
-            env=self.env,
-            preexec_fn=die_with_parent(),
-        )
-
-    def started(self, child: Child) -> bool:
-        return child.name in self._procs
-
-    def exited(self, child: Child) -> int | None:
-        """The exit status of a started child that has stopped; None while it runs (or before it starts)."""
-        proc = self._procs.get(child.name)
-        return None if proc is None else proc.poll()
-
-    def stop_all(self) -> None:
-        # the gateway first (no new requests), then the fleet finishes in-flight work
-        for role in ("gateway", "scorer", "tokenizer", "worker"):
-            for name, proc in self._procs.items():
-                if self._roles[name] == role and proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 40
-        for name, proc in self._procs.items():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in time; killing it", name)
-                proc.kill()
-                proc.wait()
-
-
-class Restarts:
-    """A service that dies is started again, unless it died ``limit`` times within ``window`` seconds:
-    then it cannot start (a bad option, a broken model, a port taken) and the stack stops."""
-
-    def __init__(self, limit: int = default("restart_limit"), window: float = default("restart_window")) -> None:
-        self._limit = limit
-        self._window = window
-        self._deaths: dict[str, list[float]] = {}
-
-    def allow(self, name: str) -> bool:
-        now = time.monotonic()
-        deaths = [t for t in self._deaths.get(name, []) if now - t < self._window] + [now]
-        self._deaths[name] = deaths
-        if len(deaths) > self._limit:
-            log.error("%s died %d times within %.0fs; stopping the stack", name, len(deaths), self._window)
-            return False
-        return True
 
 
 def _gateway_args(
@@ -220,21 +147,18 @@ def _gateway_args(
 
 
 def _start(
-    plan: list[Child],
-    models: set[str],
-    fleet: Fleet,
-    base: str,
-    key: str | None,
-    stop: threading.Event,
-    ready_timeout: float,
+    supervisor: Supervisor, models: set[str], base: str, key: str | None, stop: threading.Event, ready_timeout: float
 ) -> bool:
     """Start the stack and wait until every process is ready and the gateway lists all of ``models``.
 
     A worker calibrates its batch budget at start-up by timing the device, so the workers start one
     at a time, each once every process started before it is ready: other processes starting beside
     it would skew its timings (and workers calibrating at once would time each other). Each worker
-    adds ``ready_timeout`` seconds to the time the whole stack may take.
+    adds ``ready_timeout`` seconds to the time the whole stack may take. The gateway answers users
+    before all this is done: a process that dies meanwhile is seen to as after start-up (started
+    again); only one that exits by itself before it was ever ready fails the start.
     """
+    plan, fleet = supervisor.plan, supervisor.fleet
     workers = [c for c in plan if c.role == "worker"]
     timeout = ready_timeout * len(workers)
     deadline = time.monotonic() + timeout
@@ -242,15 +166,13 @@ def _start(
         if child.role != "worker":
             fleet.start(child)
     while time.monotonic() < deadline and not stop.is_set():
-        for child in plan:
-            code = fleet.exited(child)
-            if code is not None:
-                log.error("%s exited with %s during start-up", child.name, code)
-                return False
+        if not supervisor.tend():
+            return False
+        ready = [fleet.ready(c) for c in plan]  # every look: remembered, for a death before the next one
         waiting = [w for w in workers if not fleet.started(w)]
-        if waiting and all(c.ready.exists() for c in plan if fleet.started(c)):
+        if waiting and all(r for c, r in zip(plan, ready) if fleet.started(c)):
             fleet.start(waiting[0])
-        if all(c.ready.exists() for c in plan) and models <= set(_listed(base, key)):
+        elif all(ready) and models <= set(_listed(base, key)):
             return True
         time.sleep(0.25)
     if not stop.is_set():
@@ -261,6 +183,21 @@ def _start(
             ", ".join(missing) or "none, but the gateway does not list every model",
         )
     return False
+
+
+def _why(host: str, port: int) -> Callable[[Child, int], str]:
+    """The cause of a failed start `up` can tell: the gateway's port taken since `up` checked it."""
+
+    def why(child: Child, code: int) -> str:
+        if child.role != "gateway" or code != _GATEWAY_DID_NOT_START:
+            return ""
+        try:
+            taken = port_taken(host, port)
+        except ConfigError:
+            taken = None
+        return f": {taken}" if taken else f" (it did not listen on {host}:{port}; its log above says why)"
+
+    return why
 
 
 def _listed(base: str, key: str | None) -> list[str]:

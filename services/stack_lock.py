@@ -16,7 +16,7 @@ from embedfleet.shared.config import ConfigError
 LOCK_FILE = "up.lock"
 
 
-def _command(pid: int) -> str:
+def command_line(pid: int) -> str:
     """The command line of ``pid`` (empty where it cannot be read)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -27,10 +27,14 @@ def _command(pid: int) -> str:
 def hold_data_dir(data_dir: Path) -> IO[str]:
     """Lock ``data_dir`` for this process; keep the returned file open as long as the lock is wanted.
 
-    Raises ConfigError naming the process that holds it already."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    Raises ConfigError naming the process that holds it already, or why the folder cannot be made or
+    written (read-only, not this user's, a file in its place)."""
     path = data_dir / LOCK_FILE
-    handle = open(path, "a+")  # noqa: SIM115 (returned, held open as the lock) not truncated before the lock is ours: it names the holder
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115 (returned, held open as the lock) not truncated before the lock is ours: it names the holder
+    except OSError as exc:
+        raise _unusable(data_dir, exc) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -41,9 +45,24 @@ def hold_data_dir(data_dir: Path) -> IO[str]:
             f"the data folder {data_dir} is in use by {holder} (lock {path}): stop that one "
             "first, or give this one another --data-dir"
         ) from None
-    handle.seek(0)
-    handle.truncate()
     pid = os.getpid()
-    handle.write(f"pid {pid} ({_command(pid) or ' '.join(sys.argv)})\n")
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {pid} ({command_line(pid) or ' '.join(sys.argv)})\n")
+        handle.flush()
+    except OSError as exc:  # a full disk, or a file this user may append to but not rewrite
+        handle.close()
+        raise _unusable(data_dir, exc) from None
     return handle
+
+
+def _unusable(data_dir: Path, exc: OSError) -> ConfigError:
+    """The error of a data folder that cannot be made or written, naming it and the cause."""
+    if data_dir.exists() and not data_dir.is_dir():
+        cause = "a file is in its place"
+    else:
+        cause = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    return ConfigError(
+        f"the data folder {data_dir} cannot be used: {cause}; give --data-dir a folder this user can write"
+    )
