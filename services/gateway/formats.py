@@ -4,7 +4,9 @@ Rows are in the request's ``embedding_type`` (shared/vector_forms.py): float32 u
 ``Accept: application/octet-stream`` gets the rows' bytes (row count, components, form and bytes per
 row in headers); ``Accept: application/msgpack`` gets ``{model, rows, dim, shape, dtype,
 embedding_type, data, usage}`` with ``data`` the same bytes, ``dtype`` numpy's name of one element and
-``shape`` the stored array's (a bit-packed row holds ceil(dim / 8) bytes). Anything else gets JSON.
+``shape`` the stored array's (a bit-packed row holds ceil(dim / 8) bytes). JSON is the default (no
+Accept, ``*/*``); the type of the highest weight is answered (services/gateway/accept.py), and an
+Accept that takes none of these is refused before the route runs (services/gateway/route_media.py).
 """
 
 from __future__ import annotations
@@ -13,24 +15,27 @@ import msgpack
 import numpy as np
 from starlette.responses import Response
 
+from embedfleet.services.gateway.accept import Offer, chosen
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.vector_forms import FORMS, OCTET_DTYPES
 
+JSON = "application/json"
 OCTET = "application/octet-stream"
 MSGPACK = "application/msgpack"
-_MSGPACK_ALIASES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
+JSON_ONLY = (Offer(JSON, "json"),)
+# what an embedding route answers in, its default first
+BINARY = (
+    *JSON_ONLY,
+    Offer(OCTET, "octet"),
+    *(Offer(media, "msgpack") for media in (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")),
+)
 
 
 def negotiate(accept: str | None) -> str:
-    """'octet', 'msgpack' or 'json', from an Accept header (first listed binary type wins)."""
-    for part in (accept or "").lower().split(","):
-        media = part.split(";")[0].strip()
-        if media == OCTET:
-            return "octet"
-        if media in _MSGPACK_ALIASES:
-            return "msgpack"
-    return "json"
+    """'json', 'octet' or 'msgpack', from an Accept header (the route refused one taking none of them)."""
+    offer = chosen(accept, BINARY)
+    return "json" if offer is None else offer.kind
 
 
 def rows_form(asked: str, answered: str) -> str:

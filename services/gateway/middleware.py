@@ -1,5 +1,6 @@
-"""One ASGI middleware for what every route shares: request ids, trace context, API keys, admission,
-timing, metrics, and clients that go away (services/gateway/disconnects.py)."""
+"""One ASGI middleware for what every route shares: request ids, trace context, API keys, the media types
+a client accepts (services/gateway/route_media.py), admission, timing, metrics, and clients that go away
+(services/gateway/disconnects.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from embedfleet.services.gateway.endpoints import Endpoints
 from embedfleet.services.gateway.errors import error_response
 from embedfleet.services.gateway.limits import KeyLimits, bind_key
 from embedfleet.services.gateway.metrics import Metrics
+from embedfleet.services.gateway.route_media import RouteMedia
 from embedfleet.services.gateway.routes import EMBED_PATHS
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.options import default
@@ -30,10 +32,10 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TRACEPARENT = TRACEPARENT.encode()
 
 
-def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, str | None]:
-    """The x-request-id, traceparent and authorization headers (their first) of a request, in one pass
-    (uvicorn gives header names in lowercase)."""
-    request_id = traceparent = authorization = None
+def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, str | None, str | None]:
+    """The x-request-id, traceparent and authorization headers (their first) and the Accept header (its
+    fields joined, as one list) of a request, in one pass (uvicorn gives header names in lowercase)."""
+    request_id = traceparent = authorization = accept = None
     for name, value in raw:
         if name == b"x-request-id":
             request_id = request_id if request_id is not None else value.decode("latin-1")
@@ -41,7 +43,9 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, st
             traceparent = traceparent if traceparent is not None else value.decode("latin-1")
         elif name == b"authorization":
             authorization = authorization if authorization is not None else value.decode("latin-1")
-    return request_id, traceparent, authorization
+        elif name == b"accept":
+            accept = value.decode("latin-1") if accept is None else f"{accept},{value.decode('latin-1')}"
+    return request_id, traceparent, authorization, accept
 
 
 class GatewayMiddleware:
@@ -67,13 +71,14 @@ class GatewayMiddleware:
         self.routes = routes
         self.tracer = tracer
         self.endpoints = endpoints
+        self.media = RouteMedia()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        given, traceparent, authorization = _headers(scope["headers"])
+        given, traceparent, authorization, accept = _headers(scope["headers"])
         request_id = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
         method, path = scope["method"], scope["path"]
         route = path if path in self.routes else "other"  # unknown paths share one label
@@ -103,7 +108,7 @@ class GatewayMiddleware:
         key = self.keys.identify(authorization)
         gone = False  # the client went away before its answer
         try:
-            refusal = self._refusal(scope, key)
+            refusal = self._refusal(scope, key, accept)
             if refusal is not None:
                 await refusal(scope, receive, send_with_headers)
             elif self.admission.exempt(method, path):
@@ -140,9 +145,10 @@ class GatewayMiddleware:
             return await run_watched(app, scope, receive, send)
         return await run_departing(app, scope, receive, send, departure)
 
-    def _refusal(self, scope: Scope, key: str | None) -> Response | None:
-        """The answer to a request refused before any route: no API key (401), a gateway at its
-        --max-in-flight or a key over its limits (429); None: admitted, its slot taken (unless a probe)."""
+    def _refusal(self, scope: Scope, key: str | None, accept: str | None) -> Response | None:
+        """The answer to a request refused before any route: no API key (401), an Accept its route cannot
+        answer (406), a gateway at its --max-in-flight or a key over its limits (429); None: admitted, its
+        slot taken (unless a probe)."""
         path = scope["path"]
         if self.keys.enabled and key is None and path not in self.keys.open_paths:
             response = error_response(
@@ -150,6 +156,8 @@ class GatewayMiddleware:
             )
             response.headers["www-authenticate"] = "Bearer"
             return response
+        if (unacceptable := self.media.refusal(scope["method"], path, accept)) is not None:
+            return unacceptable.response(path)
         exempt = self.admission.exempt(scope["method"], path)
         if not exempt and not self.admission.enter():
             return error_response(

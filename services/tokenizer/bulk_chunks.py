@@ -85,7 +85,7 @@ class BatchCutter:
         rows: list[tuple[int, int, int, int, int]] = []
         failed: list[tuple[int, str]] = []
         for d, (text, encoding) in enumerate(zip(job.texts, encodings)):
-            chunks = cut(text, encoding, chunking.spec)
+            chunks = cut(text, encoding, chunking.spec, self._tokenizer)
             if len(chunks) > self._max_chunks:
                 failed.append(
                     (
@@ -99,11 +99,11 @@ class BatchCutter:
                 )
                 continue
             if chunking.late:
-                windows, owned = window_rows(encoding.ids, chunks, room, (before, after))
+                windows, owned = window_rows(chunks.ids, chunks, room, (before, after))
                 sequences += windows
                 spans += owned
             else:
-                sequences += [[*before, *ids, *after] for ids in chunk_ids(encoding.ids, chunks)]
+                sequences += [[*before, *ids, *after] for ids in chunk_ids(chunks.ids, chunks)]
             rows += [(d, k, len(chunks), c.start, c.end) for k, c in enumerate(chunks)]
         texts = [job.texts[d][start:end] for d, _, _, start, end in rows] if chunking.with_text else None
         return CutBatch(

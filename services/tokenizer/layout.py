@@ -30,10 +30,11 @@ class Layouts:
         """Where each text is cut; refused when the texts make more than ``max_chunks`` chunks. The layout
         says the room a sequence has (late chunking's windows hold that much text)."""
         encodings = encode_all(self._tokenizer, request.texts, add_special_tokens=False)
-        chunks = [cut(text, encoding, request.spec) for text, encoding in zip(request.texts, encodings)]
+        cuts = [cut(t, e, request.spec, self._tokenizer) for t, e in zip(request.texts, encodings)]
+        chunks: list[list[TextChunk]] = [list(c) for c in cuts]
         self._check_count(chunks)
         room = self._encoder.room(request.prompt_options)
-        return ChunkLayout.of(request.id, chunks, [len(e.ids) for e in encodings], room)
+        return ChunkLayout.of(request.id, chunks, [len(c.ids) for c in cuts], room)
 
     def _check_count(self, chunks: list[list[TextChunk]]) -> None:
         """An error of the input that takes the request past the limit, naming what the texts make in all."""

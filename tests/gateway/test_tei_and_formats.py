@@ -105,7 +105,11 @@ def test_content_negotiation():
     assert negotiate(None) == "json"
     assert negotiate("application/json") == "json"
     assert negotiate("application/octet-stream") == "octet"
-    assert negotiate("application/x-msgpack;q=0.9, */*") == "msgpack"
+    assert negotiate("application/x-msgpack;q=0.9, */*;q=0.1") == "msgpack"
+    assert negotiate("application/x-msgpack;q=0.9, */*") == "json"  # */* weighs 1: JSON, the default, first
+    assert negotiate("*/*, application/vnd.msgpack") == "msgpack"  # a tie: the more specific range
+    assert negotiate("application/json, application/octet-stream") == "json"  # a tie: the range given first
+    assert negotiate("application/octet-stream;q=0, */*") == "json"  # q=0: never that one
 
 
 def test_binary_bodies():

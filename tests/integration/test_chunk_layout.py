@@ -95,13 +95,13 @@ def texts() -> list[str]:
 def test_the_layout_is_the_cut_made_in_process(tokenizer, nats_url, model_info, texts, spec):
     whole = TextEncoder(model_info).whole_text_tokenizer()
     encodings = [whole.encode(t, add_special_tokens=False) for t in texts]
-    expected = [cut(t, e, spec) for t, e in zip(texts, encodings)]
+    expected = [cut(t, e, spec, whole) for t, e in zip(texts, encodings)]
     assert sum(map(len, expected)) <= MAX_CHUNKS and max(map(len, expected)) >= 3  # long texts are cut
     started = time.monotonic()
     layout = _chunk(nats_url, texts, spec)
     assert time.monotonic() - started < TIMEOUT
     assert layout.chunks() == expected
-    assert layout.tokens.tolist() == [len(e.ids) for e in encodings]
+    assert layout.tokens.tolist() == [len(c.ids) for c in expected]
 
 
 def test_a_window_over_the_models_room_is_refused(tokenizer, nats_url):

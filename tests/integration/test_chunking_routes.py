@@ -318,6 +318,30 @@ def test_cohere_sdk_reads_the_chunks_extension(base_url, reference, texts, place
     _close(r.embeddings.float_, reference.encode(_pieces(texts, places), prompt=PROMPTS["document"]))
 
 
+@pytest.mark.parametrize(
+    "texts, spec",
+    [
+        ([np.floor_divide.__doc__], {"size": 100, "overlap": 20}),  # code text, as reported
+        (["a supercalifragilisticexpialidocious word, 0x7f3a9c2e1b4d8f6a5c3e9b1d7f2a4c6e"], {"size": 4, "overlap": 1}),
+    ],
+    ids=["code", "long-words"],
+)
+def test_chunks_hold_their_texts_tokens_and_the_mean_weighs_them(base_url, reference, texts, spec):
+    """Each chunk's text alone holds at most ``size`` tokens (words longer than that cut into pieces), and
+    the mean is the mean of the chunks' texts' vectors weighted by those texts' tokens."""
+    chunks = _post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": spec})
+    mean = _post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": {**spec, "return": "mean"}})
+    assert chunks.status_code == 200 and mean.status_code == 200, (chunks.text, mean.text)
+    places = [{k: d[k] for k in ("index", "chunk", "start", "end")} for d in chunks.json()["data"]]
+    starts, ends = [p["start"] for p in places], [p["end"] for p in places]
+    assert starts[0] == 0 and ends[-1] == len(texts[0].rstrip())  # in order over the text (no overlap across
+    assert all(a < b for a, b in itertools.pairwise(starts)) and all(a < b for a, b in itertools.pairwise(ends))
+    assert all(_content_tokens(reference, p) <= spec["size"] for p in _pieces(texts, places))  # a word's pieces)
+    want = reference.encode(_pieces(texts, places))
+    _close([d["embedding"] for d in chunks.json()["data"]], want)
+    _close([d["embedding"] for d in mean.json()["data"]], _mean(reference, texts, places, want))
+
+
 def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, reference):
     """An empty or blank text is one chunk of no tokens, (0, 0): its vector is the empty text's, and its
     mean (no tokens to weigh by) that same vector."""

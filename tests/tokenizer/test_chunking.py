@@ -6,11 +6,14 @@ import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
+import numpy
 import pytest
 from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
+from embedfleet.services.tokenizer.bulk_chunks import BatchCutter
 from embedfleet.services.tokenizer.chunking import (
     BOUNDARIES,
+    Chunks,
     ChunkSpec,
     TextChunk,
     chunk_ids,
@@ -19,7 +22,10 @@ from embedfleet.services.tokenizer.chunking import (
     whole_text_tokenizer,
 )
 from embedfleet.services.tokenizer.encoder import TextEncoder
+from embedfleet.services.tokenizer.layout import Layouts
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.protocol import ChunkRequest, EmbedOptions, JobBatch
+from embedfleet.shared.text_chunks import JobChunking
 from tests.corpus import mixed_texts
 
 # text the Python docs corpus lacks: accents (composed and combining), CJK with full-width stops, emoji,
@@ -61,7 +67,7 @@ def _encode(tokenizer: Tokenizer, text: str):
 
 
 def _chunks(tokenizer: Tokenizer, text: str, spec: ChunkSpec) -> list[tuple[str, int, int]]:
-    return [(text[c.start : c.end], c.first, c.last) for c in cut(text, _encode(tokenizer, text), spec)]
+    return [(text[c.start : c.end], c.first, c.last) for c in cut(text, _encode(tokenizer, text), spec, tokenizer)]
 
 
 # a sentence ends before token i when the text before its first character that is not whitespace ends
@@ -105,14 +111,17 @@ class _Doc:
 
 
 def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextChunk], int, int]:
-    """Asserts what every cut promises; returns the chunks, how many were cut inside a word, and how
-    many end at a sentence end."""
-    text, enc, word_start, ends = doc.text, doc.enc, doc.word_start, doc.ends
-    chunks = cut(text, enc, spec)
+    """Asserts what every cut promises; returns the chunks, how many lie in a text that has a word longer
+    than the window (cut into pieces tokenized alone), and how many end at a sentence end."""
+    text, enc = doc.text, doc.enc
+    chunks = cut(text, enc, spec, tokenizer)
+    word_start, ends = doc.word_start, doc.ends
+    _check_alone(tokenizer, text, chunks, spec)
+    starts = sorted(word_start)
+    if max(b - a for a, b in itertools.pairwise(starts)) > spec.size:  # a word cut into pieces: the checks
+        return chunks, len(chunks), 0  # below read the whole text's tokens, which its pieces' replace
     n, offsets = len(enc.ids), enc.offsets
-    assert chunks[0].first == 0 and chunks[-1].last == n
     for c in chunks:
-        assert 1 <= c.tokens <= spec.size
         # the tokens' characters, widened only over characters no token covers, never over whitespace
         floor = offsets[c.first - 1][1] if c.first else 0
         ceiling = offsets[c.last][0] if c.last < n else len(text)
@@ -120,18 +129,7 @@ def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextC
         assert offsets[c.last - 1][1] <= c.end <= max(ceiling, offsets[c.last - 1][1])
         widened = text[c.start : offsets[c.first][0]] + text[offsets[c.last - 1][1] : c.end]
         assert not any(ch.isspace() for ch in widened), (text[c.start : c.end], c)
-        for at in (c.first, c.last):  # a cut inside a word only in a word longer than a window
-            assert at in word_start or doc.word_tokens(at) > spec.size, (text[c.start : c.end], c)
-    for a, b in itertools.pairwise(chunks):
-        assert a.first < b.first <= a.last < b.last  # in order, every token covered
-        assert a.last - b.first <= spec.overlap
-    alone = tokenizer.encode_batch([text[c.start : c.end] for c in chunks], add_special_tokens=False)
-    inside = 0
-    for c, ids, e in zip(chunks, chunk_ids(enc.ids, chunks), alone):
-        if c.first in word_start and c.last in word_start:
-            assert e.ids == ids, (text[c.start : c.end], c)
-        else:
-            inside += 1
+        assert c.first in word_start and c.last in word_start, (text[c.start : c.end], c)  # cuts between words
     if spec.boundary == "sentence":
         floor = 0
         for c in chunks[:-1]:  # the last sentence end in the window's second half (past the last chunk) is taken
@@ -139,7 +137,27 @@ def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextC
             taken = ends[bisect_right(ends, high) - 1] if ends and ends[0] <= high else -1
             assert c.last == taken or taken < low, (text[c.start : c.end], c, taken)
             floor = c.last
-    return chunks, inside, len(set(ends) & {c.last for c in chunks})
+    return chunks, 0, len(set(ends) & {c.last for c in chunks})
+
+
+def _check_alone(tokenizer: Tokenizer, text: str, chunks: Chunks, spec: ChunkSpec) -> None:
+    """The README's promises for every chunk: its text tokenized alone (no special tokens) is exactly its
+    tokens, at most ``size`` of them (more only for a single character that alone makes more: a byte-level
+    tokenizer's emoji); the chunks cover the text's tokens in order, consecutive ones sharing at most
+    ``overlap``; their texts run in order from the text's first token to its last."""
+    alone = tokenizer.encode_batch([text[c.start : c.end] for c in chunks], add_special_tokens=False)
+    for c, ids, e in zip(chunks, chunk_ids(chunks.ids, chunks), alone):
+        assert e.ids == ids, (text[c.start : c.end], c)
+        one_char = c.end - c.start == 1
+        assert 1 <= c.tokens <= spec.size or (c.tokens > spec.size and one_char) or not chunks.ids, (
+            text[c.start : c.end],
+            c,
+        )
+    assert chunks[0].first == 0 and chunks[-1].last == len(chunks.ids)
+    for a, b in itertools.pairwise(chunks):
+        assert a.first < b.first <= a.last < b.last  # in order, every token covered
+        assert a.last - b.first <= spec.overlap
+        assert a.start < b.start <= a.end < b.end or (a.start <= b.start and a.end <= b.end), (a, b)
 
 
 _SPECS = [
@@ -177,7 +195,7 @@ def test_windows_are_filled(tokenizer, docs):
     for size, overlap in ((16, 0), (64, 8), (128, 32)):
         for boundary, fill in (("token", 0.9), ("sentence", 0.8)):  # measured 0.94-0.97 and 0.86-0.89
             spec = ChunkSpec(size, overlap, boundary)
-            inner = [c for d in docs for c in cut(d.text, d.enc, spec)[:-1]]
+            inner = [c for d in docs for c in cut(d.text, d.enc, spec, tokenizer)[:-1]]
             assert len(inner) > 100 and sum(c.tokens for c in inner) >= fill * size * len(inner)
             if size >= 64:  # no word this long in the corpus: every chunk at least half full
                 assert min(c.tokens for c in inner) >= (size + 1) // 2
@@ -195,13 +213,15 @@ def test_text_that_fits_is_one_chunk_of_its_tokens(tokenizer, corpus):
     n = len(_encode(tokenizer, text).ids)
     assert 10 < n <= 254
     for boundary in BOUNDARIES:
-        assert cut(text, _encode(tokenizer, text), ChunkSpec(n, n - 1, boundary)) == [TextChunk(0, len(text), 0, n)]
+        assert cut(text, _encode(tokenizer, text), ChunkSpec(n, n - 1, boundary), tokenizer) == [
+            TextChunk(0, len(text), 0, n)
+        ]
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t ", "\u0301", "\x00\x01", "\u200b\ufeff"])
 def test_text_without_tokens_is_one_empty_chunk(tokenizer, text):
     enc = _encode(tokenizer, text)
-    assert cut(text, enc, ChunkSpec(4, 1, "sentence")) == [TextChunk(0, 0, 0, 0)]
+    assert cut(text, enc, ChunkSpec(4, 1, "sentence"), tokenizer) == [TextChunk(0, 0, 0, 0)]
     assert chunk_ids(enc.ids, [TextChunk(0, 0, 0, 0)]) == [[]]
 
 
@@ -231,22 +251,34 @@ def test_windows_and_overlap_fall_at_words(tokenizer):
     ]
 
 
-def test_a_word_longer_than_the_window_is_cut_inside(tokenizer):
+def test_a_word_longer_than_the_window_is_cut_into_pieces_tokenized_alone(tokenizer):
     text = "a supercalifragilisticexpialidocious word"
     enc = _encode(tokenizer, text)
-    chunks = cut(text, enc, ChunkSpec(4, 1))
+    chunks = cut(text, enc, ChunkSpec(4, 1), tokenizer)
+    # pieces of at most 4 tokens alone, the longest from each piece's start; no overlap across a piece's edge
     assert [(text[c.start : c.end], c.first, c.last) for c in chunks] == [
         ("a", 0, 1),
         ("supercalifrag", 1, 5),
-        ("ragilisticex", 4, 8),
-        ("expialidoc", 7, 11),
-        ("ocious word", 10, 13),
+        ("ilisticexpia", 5, 9),
+        ("lidocious word", 9, 13),
     ]
-    ids = chunk_ids(enc.ids, chunks)
-    assert ids[1] == enc.ids[1:5] and ids[1] == _encode(tokenizer, "supercalifrag").ids  # starts at the word's start
-    # documented: a chunk that starts inside the word re-tokenizes differently ("##rag" reads "rag")
-    assert _encode(tokenizer, "ragilisticex").ids != ids[2] and tokenizer.id_to_token(ids[2][0]) == "##rag"
-    assert _encode(tokenizer, "ocious word").ids != ids[4] and ids[4][-1] == _encode(tokenizer, "word").ids[0]
+    ids = chunk_ids(chunks.ids, chunks)
+    assert ids[1] == enc.ids[1:5]  # a piece at the word's start: the whole text's tokens
+    assert tokenizer.id_to_token(enc.ids[5]) == "##ilis" and tokenizer.id_to_token(ids[2][0]) != "##ilis"
+    assert ids == [e.ids for e in tokenizer.encode_batch([text[c.start : c.end] for c in chunks], False)]
+    with pytest.raises(ValueError, match="pass the tokenizer"):
+        cut(text, enc, ChunkSpec(4, 1))
+
+
+def test_numpy_docstring_chunks_hold_their_tokens(tokenizer):
+    """Code text (numpy's floor_divide docstring), as reported: every chunk's text alone is its tokens, at
+    most ``size``, at the reported size and at sizes its longest words pass."""
+    text = numpy.floor_divide.__doc__
+    for size, overlap in ((100, 20), (3, 1), (1, 0)):
+        spec = ChunkSpec(size, overlap)
+        chunks = cut(text, _encode(tokenizer, text), spec, tokenizer)
+        _check_alone(tokenizer, text, chunks, spec)
+        assert chunks[-1].end == len(text.rstrip())
 
 
 def test_sentence_mode_cuts_after_the_last_sentence_end(tokenizer):
@@ -290,12 +322,12 @@ def test_sentence_mode_cuts_after_the_last_sentence_end(tokenizer):
 def test_chunk_ids_are_the_encodings_slices(tokenizer, corpus):
     text = corpus[-1]
     enc = _encode(tokenizer, text)
-    chunks = cut(text, enc, ChunkSpec(50, 10, "sentence"))
+    chunks = cut(text, enc, ChunkSpec(50, 10, "sentence"), tokenizer)
     ids = chunk_ids(enc.ids, chunks)
     assert [len(i) for i in ids] == [c.tokens for c in chunks]
     assert all(i == enc.ids[c.first : c.last] for i, c in zip(ids, chunks))
     assert chunked_tokens(chunks) == sum(map(len, ids)) > len(enc.ids)  # overlaps count in both chunks
-    assert chunked_tokens(cut(text, enc, ChunkSpec(50))) == len(enc.ids)
+    assert chunked_tokens(cut(text, enc, ChunkSpec(50), tokenizer)) == len(enc.ids)
 
 
 @pytest.mark.parametrize(
@@ -365,7 +397,7 @@ def test_other_tokenizer_families_keep_the_promises(corpus, kind):
     assert whole > 1000 and inside > 0  # both kinds met: most chunks whole, a few in over-long words
     text = "Hello world, café 我爱北京。 😀🎉 done."
     enc = _encode(tokenizer, text)
-    chunks = cut(text, enc, ChunkSpec(4, 1))
+    chunks = cut(text, enc, ChunkSpec(4, 1), tokenizer)
     if kind == "byte-level":  # a chunk keeps the space its first token carries; never a cut inside a character
         assert [text[c.start : c.end] for c in chunks] == [
             "Hello",
@@ -391,7 +423,7 @@ def test_the_whole_text_tokenizer_keeps_a_byte_level_tokens_space(corpus, tokeni
     roberta.enable_truncation(16)
     text = "Hello world, this is a test of trimmed offsets here."
     spec = ChunkSpec(4)
-    trimmed = cut(text, roberta.encode(text, add_special_tokens=False), spec)
+    trimmed = cut(text, roberta.encode(text, add_special_tokens=False), spec, roberta)
     assert [text[c.start : c.end] for c in trimmed][1:3] == ["world,", "this is a"]  # the spaces lost
     whole = whole_text_tokenizer(roberta)
     assert roberta.truncation is not None and whole.truncation is None and whole.post_processor is None
@@ -412,6 +444,25 @@ def test_a_long_document_is_cut_quickly(tokenizer, corpus):
     enc = _encode(tokenizer, text)
     assert len(enc.ids) > 50_000
     began = time.perf_counter()
-    chunks = cut(text, enc, ChunkSpec(254, 32, "sentence"))
+    chunks = cut(text, enc, ChunkSpec(254, 32, "sentence"), tokenizer)
     took = time.perf_counter() - began
     assert len(chunks) > 200 and took < 1.0, took  # ~0.1 s unloaded: one pass over the tokens
+
+
+def test_job_rows_and_layouts_are_the_tokens_of_their_chunks_texts(model_info):
+    """A job's plain rows and a request's layout, of texts with words longer than the chunk: each row is
+    the model's sequence for its chunk's text, and the layout counts each chunk's text's tokens."""
+    encoder = TextEncoder(model_info)
+    texts = [
+        "a supercalifragilisticexpialidocious word, 0x7f3a9c2e1b4d8f6a5c3e9b1d7f2a4c6e",
+        numpy.floor_divide.__doc__,
+    ]
+    spec = ChunkSpec(3, 1)
+    job = JobBatch("j", 0, "m", ["a", "b"], texts, EmbedOptions(), JobChunking(spec, with_text=True))
+    rows = BatchCutter(encoder, 4096).cut(job)
+    assert rows.chunks.texts and rows.sequences == encoder.encode(rows.chunks.texts, truncate=False)
+    layout = Layouts(encoder, 4096).layout(ChunkRequest("r", "m", texts, spec))
+    pieces = [t[c.start : c.end] for t, cs in zip(texts, layout.chunks()) for c in cs]
+    assert pieces == rows.chunks.texts
+    assert (layout.lasts - layout.firsts).tolist() == [len(s) - 2 for s in rows.sequences]  # [CLS] and [SEP]
+    assert max(len(s) for s in rows.sequences) <= spec.size + 2
