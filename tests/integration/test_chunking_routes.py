@@ -322,7 +322,7 @@ def test_cohere_sdk_reads_the_chunks_extension(base_url, reference, texts, place
     "texts, spec",
     [
         ([np.floor_divide.__doc__], {"size": 100, "overlap": 20}),  # code text, as reported
-        (["a supercalifragilisticexpialidocious word, 0x7f3a9c2e1b4d8f6a5c3e9b1d7f2a4c6e"], {"size": 4, "overlap": 1}),
+        (["a supercalifragilisticexpialidocious word, 0x7f3a9c2e1b4d8f6a5c3e9b1d7f2a4c6e"], {"size": 5, "overlap": 0}),
     ],
     ids=["code", "long-words"],
 )
