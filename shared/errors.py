@@ -41,6 +41,10 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"  # a job id that names a job another request made
 
 
+# how an input refused for its tokens ("has 302 tokens; the model's limit is 256") ends: in TEI's words,
+# which the gateway puts in those of the route's own API (services/gateway/errors.py)
+TRUNCATE_HINT = "(send truncate=true to cut it)"
+
 # a reply from NATS naming one of these is someone else's mistake: it is read as INTERNAL
 GATEWAY_ONLY = frozenset(
     {

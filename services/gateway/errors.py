@@ -9,7 +9,7 @@ import orjson
 from starlette.responses import Response
 
 from embedfleet.services.gateway.routes import Api, api_of
-from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,13 @@ TABLE: dict[ErrorCode, Answer] = {
 }
 # fmt: on
 
+# a route whose body asks for truncation in other words than TEI's: an over-long input's hint in its words
+_CUT_IN_ITS_WORDS = {
+    "/v1/embed": '(send truncate "END" or "START" to cut it)',
+    "/v2/embed": '(send truncate "END" or "START" to cut it)',
+    "/v1/rerank": '(send "truncate": true to cut it)',
+}
+
 
 class ApiError(Exception):
     """An error for the client: an internal code (hence the status), a message, the parameter at fault."""
@@ -74,10 +81,13 @@ class ApiError(Exception):
 
 
 def error_response(path: str, code: ErrorCode, message: str, param: str | None = None) -> Response:
-    """The answer to ``code`` on ``path``, in the shape of the API the path belongs to (routes.py)."""
+    """The answer to ``code`` on ``path``, in the shape of the API the path belongs to (routes.py); an input
+    refused for its tokens says how to cut it in the words of the route's body."""
     answer = TABLE[code]
     status = answer.status
     api = api_of(path)
+    if code is ErrorCode.INPUT_TOO_LONG and path in _CUT_IN_ITS_WORDS and message.endswith(TRUNCATE_HINT):
+        message = f"{message.removesuffix(TRUNCATE_HINT)}{_CUT_IN_ITS_WORDS[path]}"
     if api is Api.TEI:
         body: dict = {"error": message, "error_type": answer.tei_type}
     elif api is Api.COHERE:

@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from embedfleet.services.tokenizer import chunking
 from embedfleet.services.tokenizer.chat_template import PairTemplate, special_token_variables
 from embedfleet.shared.config import ConfigError
-from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.protocol import EmbedOptions
 
@@ -396,7 +396,7 @@ class TextEncoder:
             if len(seq) > self.max_length:
                 raise ServiceError(
                     ErrorCode.INPUT_TOO_LONG,
-                    f"has {len(seq)} tokens; the model's limit is {self.max_length} (send truncate=true to cut it)",
+                    f"has {len(seq)} tokens; the model's limit is {self.max_length} {TRUNCATE_HINT}",
                     i,
                 )
 

@@ -10,7 +10,7 @@ from embedfleet.services.gateway.app import create_app
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.errors import TABLE, ApiError, error_response
 from embedfleet.shared.config import NatsConfig
-from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
 from embedfleet.shared.subjects import Subjects
 
 OPENAI, TEI, COHERE = "/v1/embeddings", "/embed", "/v2/embed"
@@ -78,6 +78,29 @@ def test_a_service_error_of_an_input_names_its_row():
     assert (error.code, error.status, error.param) == (ErrorCode.INPUT_TOO_LONG, 413, None)
     assert error.message == "input 3 has 300 tokens; the model's limit is 256"
     assert ApiError.of(ServiceError(ErrorCode.TIMEOUT, "late")).message == "late"
+
+
+@pytest.mark.parametrize(
+    "path, hint",
+    [
+        ("/embed", "(send truncate=true to cut it)"),
+        ("/rerank", "(send truncate=true to cut it)"),
+        ("/v1/embed", '(send truncate "END" or "START" to cut it)'),
+        ("/v2/embed", '(send truncate "END" or "START" to cut it)'),
+        ("/v1/rerank", '(send "truncate": true to cut it)'),
+    ],
+)
+def test_an_input_over_the_models_limit_says_how_to_cut_it_in_the_routes_words(path, hint):
+    said = ApiError.of(
+        ServiceError(ErrorCode.INPUT_TOO_LONG, f"has 300 tokens; the model's limit is 256 {TRUNCATE_HINT}", 1)
+    )
+    body = orjson.loads(said.response(path).body)
+    message = body["message"] if "message" in body else body["error"]
+    message = message["message"] if isinstance(message, dict) else message  # OpenAI's shape nests it
+    assert message == f"input 1 has 300 tokens; the model's limit is 256 {hint}"
+    # another refusal of length (characters, chunks) keeps its own words
+    other = orjson.loads(error_response(path, ErrorCode.INPUT_TOO_LONG, "'texts[0]' has 70000 characters").body)
+    assert "truncate" not in orjson.dumps(other).decode()
 
 
 @pytest.fixture(scope="module")
