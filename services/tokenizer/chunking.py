@@ -103,11 +103,12 @@ def cut(text: str, encoding: Encoding, spec: ChunkSpec, tokenizer: Tokenizer | N
     ``whole.encode(text, add_special_tokens=False)`` where ``whole`` is ``whole_text_tokenizer(...)``'s copy;
     ``tokenizer`` is that copy, which tokenizes the pieces of a word longer than ``size`` alone (needed
     only where the text has such a word: ValueError without it then)."""
-    if not encoding.offsets:
+    offsets = encoding.offsets  # a list made anew at each read: read once
+    if not offsets:
         return Chunks([TextChunk(0, 0, 0, 0)], [])
-    seq = _Sequence.of(text, encoding, spec, tokenizer)
+    seq = _Sequence.of(text, encoding, offsets, spec, tokenizer)
     cuts = _Cuts(seq, spec)
-    n = len(seq.ids)
+    n = len(seq.offsets)
     chunks = Chunks([], seq.ids)
     first = last = 0
     while True:
@@ -122,9 +123,15 @@ class Chunks(list[TextChunk]):
     """A text's chunks, in order, with ``ids``: the token ids their ``first`` and ``last`` index. Those are
     the whole text's, except inside a word longer than ``size``, where they are its pieces' own."""
 
-    def __init__(self, chunks: list[TextChunk], ids: list[int]) -> None:
+    def __init__(self, chunks: list[TextChunk], ids: list[int] | Encoding) -> None:
         super().__init__(chunks)
-        self.ids = ids
+        self._ids = ids  # the whole text's Encoding until read: most callers need none of its ids
+
+    @property
+    def ids(self) -> list[int]:
+        if isinstance(self._ids, Encoding):
+            self._ids = self._ids.ids
+        return self._ids
 
 
 class _Sequence:
@@ -136,7 +143,7 @@ class _Sequence:
     there, and never holds one inside (the pieces joined would tokenize as the word, not as the pieces).
     """
 
-    def __init__(self, ids: list[int], offsets: list[tuple[int, int]]) -> None:
+    def __init__(self, ids: list[int] | Encoding, offsets: list[tuple[int, int]]) -> None:
         self.ids, self.offsets = ids, offsets
         self.spaced: list[int] = []  # word starts after whitespace: preferred, a word keeps its punctuation
         self.words: list[int] = []  # before the first token of a word, or at a wall
@@ -146,9 +153,16 @@ class _Sequence:
         self.wall_chars: dict[int, int] = {}  # wall -> the character its piece starts at
 
     @classmethod
-    def of(cls, text: str, encoding: Encoding, spec: ChunkSpec, tokenizer: Tokenizer | None) -> _Sequence:
-        offsets, word_ids = encoding.offsets, encoding.word_ids
-        seq = cls(encoding.ids, offsets)
+    def of(
+        cls,
+        text: str,
+        encoding: Encoding,
+        offsets: list[tuple[int, int]],
+        spec: ChunkSpec,
+        tokenizer: Tokenizer | None,
+    ) -> _Sequence:
+        word_ids = encoding.word_ids
+        seq = cls(encoding, offsets)
         starts = _sentence_starts(text) if spec.boundary == "sentence" else set()
         for i in range(1, len(offsets)):
             if offsets[i][0] < offsets[i - 1][1]:
@@ -170,15 +184,16 @@ class _Sequence:
 
     def _pieced(self, text: str, long: list[tuple[int, int]], size: int, tokenizer: Tokenizer) -> _Sequence:
         """This sequence with each word [a, b) of ``long`` replaced by its pieces' tokens."""
+        whole = self.ids.ids if isinstance(self.ids, Encoding) else self.ids
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
-        moved = [0] * (len(self.ids) + 1)  # a kept cut point's new index: i + moved[i]
-        inside = [False] * (len(self.ids) + 1)  # cut points inside a long word: gone
+        moved = [0] * (len(whole) + 1)  # a kept cut point's new index: i + moved[i]
+        inside = [False] * (len(whole) + 1)  # cut points inside a long word: gone
         walls: list[int] = []
         wall_chars: dict[int, int] = {}
         done = 0
         for a, b in long:
-            ids += self.ids[done:a]
+            ids += whole[done:a]
             offsets += self.offsets[done:a]
             for i in range(done, a + 1):
                 moved[i] = len(ids) - a
@@ -193,9 +208,9 @@ class _Sequence:
             moved[b] = len(ids) - b
             done = b
         tail = len(ids) - done
-        ids += self.ids[done:]
+        ids += whole[done:]
         offsets += self.offsets[done:]
-        for i in range(done, len(self.ids) + 1):
+        for i in range(done, len(whole) + 1):
             moved[i] = tail
         seq = _Sequence(ids, offsets)
         seq.walls, seq.wall_chars = walls, wall_chars
@@ -286,7 +301,7 @@ class _Cuts:
     """Where a window ends and the next starts, over a ``_Sequence``'s cut points."""
 
     def __init__(self, seq: _Sequence, spec: ChunkSpec) -> None:
-        self.n = len(seq.ids)
+        self.n = len(seq.offsets)
         self.size, self.overlap = spec.size, spec.overlap
         self.spaced, self.words, self.clean, self.sentences = seq.spaced, seq.words, seq.clean, seq.sentences
         self.walls = seq.walls

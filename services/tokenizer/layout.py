@@ -34,7 +34,7 @@ class Layouts:
         chunks: list[list[TextChunk]] = [list(c) for c in cuts]
         self._check_count(chunks)
         room = self._encoder.room(request.prompt_options)
-        return ChunkLayout.of(request.id, chunks, [len(c.ids) for c in cuts], room)
+        return ChunkLayout.of(request.id, chunks, [c[-1].last for c in cuts], room)
 
     def _check_count(self, chunks: list[list[TextChunk]]) -> None:
         """An error of the input that takes the request past the limit, naming what the texts make in all."""
