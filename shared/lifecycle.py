@@ -1,4 +1,5 @@
-"""NATS connection and service lifecycle: connect (retrying forever), serve, drain on SIGTERM."""
+"""NATS connection and service lifecycle: connect (retrying until it answers, or until SIGTERM/SIGINT
+or a deadline), serve, drain on SIGTERM."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def describe_error(exc: BaseException, cfg: NatsConfig) -> str:
     return text
 
 
-async def _unless_stopped(work: Awaitable[Any], stop: asyncio.Event | None) -> Any:
+async def unless_stopped(work: Awaitable[Any], stop: asyncio.Event | None) -> Any:
     """``await work``, given up (ConnectAborted) as soon as ``stop`` is set."""
     if stop is None:
         return await work
@@ -104,10 +105,21 @@ async def _unless_stopped(work: Awaitable[Any], stop: asyncio.Event | None) -> A
         stopping.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await _cancelled(task)
     raise ConnectAborted
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    """Cancel ``task`` until it has stopped. One cancel can be lost: nats-py retries a refused
+    connection in a loop that catches every Exception, around ``asyncio.wait_for`` (its TCP connect),
+    and Python 3.11's wait_for, cancelled just as the attempt it waits for failed, raises that
+    failure instead of the cancel; the loop then goes on trying, and awaiting the task would wait
+    forever. The next cancel lands in its half-second pause between attempts."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
 
 
 async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None) -> Client:
@@ -137,7 +149,7 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
             # The first connection is tried without nats-py's own retries: after a failed TLS
             # handshake they wait forever on the dead socket (nats.py issue #718). This loop tries
             # again with a fresh client instead; refused TCP connections nats-py retries itself.
-            await _unless_stopped(
+            await unless_stopped(
                 nc.connect(
                     servers=cfg.url.split(","),
                     name=name,
@@ -170,7 +182,7 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
                 raise ConnectAborted(last) from exc
             log.debug("nats: cannot connect to %s (%s); retrying in %.1fs", cfg.url, describe_error(exc, cfg), delay)
             try:
-                await _unless_stopped(asyncio.sleep(delay), stop)
+                await unless_stopped(asyncio.sleep(delay), stop)
             except ConnectAborted:
                 raise ConnectAborted(last) from exc
             delay = min(delay * 2, 5.0)
@@ -195,6 +207,45 @@ async def connect_within(cfg: NatsConfig, name: str, seconds: float = ONE_SHOT_P
         raise NatsUnreachable(f"cannot reach NATS at {cfg.url} within {seconds:.0f}s: {exc}") from None
     finally:
         timer.cancel()
+
+
+def stopped_by_signal(also: asyncio.Event | None = None) -> asyncio.Event:
+    """An event SIGTERM or SIGINT sets (and ``also``), on the running loop (for as long as it runs)."""
+    stop = asyncio.Event()
+
+    def stopping() -> None:
+        stop.set()
+        if also is not None:
+            also.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping)
+    return stop
+
+
+def wait_for_nats(cfg: NatsConfig, role: str, seconds: float | None = None) -> bool:
+    """Before a service starts: connect once and let go. True once NATS answered; False when SIGTERM or
+    SIGINT came first; NatsUnreachable when ``seconds`` (None: no limit) passed without an answer.
+    (The gateway connects in uvicorn's start-up, which no signal interrupts: it waits here first.)"""
+
+    async def reach() -> bool:
+        stop = asyncio.Event()  # a signal, or the time given is up
+        signalled = stopped_by_signal(also=stop)
+        timer = None if seconds is None else asyncio.get_running_loop().call_later(seconds, stop.set)
+        try:
+            nc = await connect(cfg, f"embedfleet-{role}", stop)
+        except ConnectAborted as exc:
+            if signalled.is_set():
+                return False
+            raise NatsUnreachable(f"cannot reach NATS at {cfg.url} within {seconds:.0f}s: {exc}") from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+        await nc.close()
+        return True
+
+    return run_async(reach())
 
 
 async def register(nc: Client, subjects: Subjects, role: str, description: str, metadata: dict[str, str]) -> Service:
@@ -246,10 +297,7 @@ def run_service(
     """Run one service until SIGTERM/SIGINT, then stop it (finishing in-flight work) and drain NATS."""
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stopped_by_signal()
         try:
             nc = await connect(cfg, f"embedfleet-{role}", stop)
         except ConnectAborted:
