@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -12,11 +13,14 @@ from embedfleet.services.gpu_worker import config as worker_config
 from embedfleet.services.scorer import config as scorer_config
 from embedfleet.services.tokenizer import config as tokenizer_config
 from embedfleet.shared import __version__
-from embedfleet.shared.config import ConfigError, nats_config, retention
+from embedfleet.shared.config import ConfigError, NatsConfig, nats_config, retention
 from embedfleet.shared.extras import missing_extra
-from embedfleet.shared.lifecycle import run_async, run_service
+from embedfleet.shared.lifecycle import ONE_SHOT_PATIENCE, NatsUnreachable, run_async, run_service, wait_for_nats
+from embedfleet.shared.local_stack import NatsSource, use_local_stack
 from embedfleet.shared.logs import setup_logging
 from embedfleet.shared.options import add_options
+
+log = logging.getLogger("embedfleet")
 
 HELP = {
     "up": "start the whole local stack, one model or several (embedded nats-server unless --nats is given)",
@@ -96,42 +100,66 @@ def _dispatch(ns: argparse.Namespace) -> None:
 
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command, ns.log_format)
+    # no NATS URL or credential given: the stack `up` recorded (--data-dir, $EMBEDFLEET_DATA_DIR, .embedfleet)
+    source = use_local_stack(ns)
     if command in ("reindex", "jobs", "init"):
-        sys.exit(_run_admin(ns))
+        sys.exit(_run_admin(ns, source))
     if command == "gateway":
         from embedfleet.services.gateway.app import serve
 
-        serve(gateway_config.GatewayConfig.from_namespace(ns), ns.log_level)
+        gateway_cfg = gateway_config.GatewayConfig.from_namespace(ns)
+        if _nats_answers(gateway_cfg.nats, source, "gateway"):
+            serve(gateway_cfg, ns.log_level)
     elif command == "tokenizer":
         from embedfleet.services.tokenizer.service import TokenizerService
 
         cfg = tokenizer_config.TokenizerConfig.from_namespace(ns)
         cfg.apply_threads()
-        run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
+        if _nats_answers(cfg.nats, source, "tokenizer"):
+            run_service("tokenizer", cfg.nats, lambda nc: TokenizerService(nc, cfg))
     elif command == "worker":
-        _run_worker(ns)
+        _run_worker(ns, source)
     elif command == "scorer":
         from embedfleet.services.scorer.service import ScorerService
 
         scorer_cfg = scorer_config.ScorerConfig.from_namespace(ns)
-        run_service("scorer", scorer_cfg.nats, lambda nc: ScorerService(nc, scorer_cfg))
+        if _nats_answers(scorer_cfg.nats, source, "scorer"):
+            run_service("scorer", scorer_cfg.nats, lambda nc: ScorerService(nc, scorer_cfg))
 
 
-def _run_admin(ns: argparse.Namespace) -> int:
+def _nats_answers(nats: NatsConfig, source: NatsSource, role: str) -> bool:
+    """Whether the service may start. With no URL, no credential and no stack recorded, NATS must answer
+    at the default URL within a few seconds (else a ConfigError: where a stack was looked for, what to
+    do). The gateway waits for its NATS here, as long as it takes, because uvicorn's start-up, where
+    it connects, does not stop on a signal. False: SIGTERM or SIGINT came first (it stopped)."""
+    if not source.fallback and role != "gateway":
+        return True  # run_service connects, retrying until NATS answers or a signal stops it
+    try:
+        answered = wait_for_nats(nats, role, ONE_SHOT_PATIENCE if source.fallback else None)
+    except NatsUnreachable as exc:
+        raise source.unreachable(str(exc)) from None
+    if not answered:
+        log.info("%s stopped before NATS accepted it", role)
+    return answered
+
+
+def _run_admin(ns: argparse.Namespace, source: NatsSource) -> int:
     """reindex, init, and jobs with its actions: each one coroutine against NATS; its exit status."""
     from embedfleet.services.jetstream_init import init_jetstream
     from embedfleet.services.job_cancel import cancel
     from embedfleet.services.job_fetch import fetch
     from embedfleet.services.jobs_admin import list_jobs, purge_job
     from embedfleet.services.reindex import reindex
-    from embedfleet.services.reindex_plan import plan_of
-    from embedfleet.shared.lifecycle import NatsUnreachable
-    from embedfleet.shared.local_stack import use_local_stack
+    from embedfleet.services.reindex_plan import model_of, plan_of
 
-    source = use_local_stack(ns)  # none given: the stack `up` recorded in --data-dir
     cfg = nats_config(ns)
+
+    async def run_reindex() -> int:
+        ns.model = await model_of(ns.model, source.stack, cfg)
+        return await reindex(plan_of(ns), cfg)
+
     run = {
-        "reindex": lambda: reindex(plan_of(ns), cfg),
+        "reindex": run_reindex,
         "jobs": lambda: list_jobs(cfg),
         "jobs purge": lambda: purge_job(cfg, ns.job, ns.force),
         "jobs cancel": lambda: cancel(cfg, ns.job),
@@ -142,10 +170,10 @@ def _run_admin(ns: argparse.Namespace) -> int:
     try:
         return run_async(run[f"{ns.command} {action}" if action else ns.command]())
     except NatsUnreachable as exc:
-        raise ConfigError(f"{exc}; that URL is {source}") from None
+        raise source.unreachable(str(exc)) from None
 
 
-def _run_worker(ns: argparse.Namespace) -> None:
+def _run_worker(ns: argparse.Namespace, source: NatsSource) -> None:
     # GNU OpenMP's threads spin 300,000 times after each parallel region before they sleep: a few
     # ms here, so an engine thread between two queries holds a core that the gateway, tokenizer
     # and NATS need on a shared machine, and is preempted by them in the next batch, which then
@@ -156,6 +184,8 @@ def _run_worker(ns: argparse.Namespace) -> None:
     from embedfleet.services.gpu_worker.service import WorkerService
 
     cfg = worker_config.WorkerConfig.from_namespace(ns)
+    if not _nats_answers(cfg.nats, source, "worker"):  # before the model is loaded
+        return
     # oneDNN keeps one primitive per GEMM shape (1024 by default), so batches of every token count
     # make a worker's memory climb under steady traffic. The engine pads CPU batches to a multiple
     # of 8 tokens, and 256 primitives hold every shape a query or a batch needs: memory stays

@@ -4,7 +4,8 @@ services/jetstream_init.py; ``embedfleet jobs``: services/jobs_admin.py).
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, plain text with
 one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
-durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet), in
+durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet; the ids given
+up, if any, in a .failed.json beside it: reindex_files.beside), in
 the form ``--embedding-type`` names (shared/vector_forms.py; the worker makes it).
 The job id is derived from the input, the model, the form and the chunking, so running the same
 command again after it was killed resumes the job: published batches are not sent again, collected
@@ -27,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from embedfleet.services.chunked_output import write_chunked
-from embedfleet.services.reindex_files import write_output, write_ragged
+from embedfleet.services.reindex_files import FAILED, beside, write_output, write_ragged
 from embedfleet.services.reindex_plan import Plan, connect_checked
 from embedfleet.services.reindex_sink import open_sink, sink_sources
 from embedfleet.shared.config import NatsConfig
@@ -256,7 +257,7 @@ async def _write(plan: Plan, kv, collector: Collector, run: Polled, elapsed: flo
     if len(ids) < len(docs):
         lost = [d for d, _ in docs if not whole(d)]
         if out is not None:
-            failed_path = out.with_suffix(".failed.json")
+            failed_path = beside(out, FAILED)
             failed_path.write_text(json.dumps(lost))
             listed = f"ids in {failed_path}"
         else:

@@ -16,6 +16,13 @@ from embedfleet.shared.vector_forms import FORMS
 
 # output kind -> the file suffixes it is written to
 OUTPUT_SUFFIXES = {"dense": (".npy", ".parquet"), "sparse": (".npz",), "multivector": (".npz",)}
+IDS, FAILED = ".ids.json", ".failed.json"  # beside the output: its rows' ids (.npy, .npz), the ids given up
+
+
+def beside(out: Path, suffix: str) -> Path:
+    """A file written beside the output: its name with the output's suffix replaced by ``suffix``
+    (``--out v.npy``: ``v.ids.json``; ``--out fail.parquet``: ``fail.failed.json``)."""
+    return out.with_suffix(suffix)
 
 
 def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "float32", dim: int = 0) -> None:
@@ -32,7 +39,7 @@ def write_output(out: Path, ids: list[str], vectors: np.ndarray, form: str = "fl
         )
     else:
         np.save(out, vectors)
-        out.with_suffix(".ids.json").write_text(json.dumps(ids))
+        beside(out, IDS).write_text(json.dumps(ids))
 
 
 def check_output_path(out: Path, output: str, chunked: bool = False) -> None:
@@ -52,8 +59,8 @@ def check_output_path(out: Path, output: str, chunked: bool = False) -> None:
     for above in (out.parent, *out.parent.parents):
         if above.exists() and not above.is_dir():
             raise ConfigError(f"--out {out}: {above} is a file, not a folder")
-    written = [out, out.with_suffix(".failed.json")] + ([] if suffix == ".parquet" else [out.with_suffix(".ids.json")])
-    written += [out.with_suffix(SIDECAR)] if chunked and suffix != ".parquet" else []
+    written = [out, beside(out, FAILED)] + ([] if suffix == ".parquet" else [beside(out, IDS)])
+    written += [beside(out, SIDECAR)] if chunked and suffix != ".parquet" else []
     for path in written:
         if path.is_dir():
             raise ConfigError(f"--out {out}: {path} is a folder")
@@ -101,4 +108,4 @@ def write_ragged(out: Path, ids: list[str], items: list, output: str, form: str,
             dim=np.array(dim, dtype=np.int64),
             embedding_type=np.array(form.encode()),
         )
-    out.with_suffix(".ids.json").write_text(json.dumps(ids))
+    beside(out, IDS).write_text(json.dumps(ids))

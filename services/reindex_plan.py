@@ -16,6 +16,7 @@ from embedfleet.services.reindex_chunking import check_room, chunking_of
 from embedfleet.services.reindex_files import check_output_path
 from embedfleet.shared.config import ConfigError, NatsConfig, Retention, retention
 from embedfleet.shared.documents import job_id_for, read_input
+from embedfleet.shared.fleet import FleetWatch
 from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_fit import JobRefused, check_job, fleet_view, served
 from embedfleet.shared.job_ids import job_id_problem
@@ -24,6 +25,7 @@ from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
 from embedfleet.shared.job_state import JobState
 from embedfleet.shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
 from embedfleet.shared.lifecycle import connect_within
+from embedfleet.shared.local_stack import LocalStack, NoDefaultModel, default_model
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError
 from embedfleet.shared.sinks import Shape, checked_sink
 from embedfleet.shared.sinks.writer import shape_for
@@ -47,7 +49,7 @@ class Plan:
     job: str
     batch_size: int
     chunking: JobChunking | None  # None: a vector a document
-    model: str  # --model: the served model the job asks for
+    model: str  # --model (else the stack's default model: model_of): the served model the job asks for
     job_given: str | None  # --job-id; None: ``job`` is derived from the input and options
     retention: Retention  # set on the streams the run meets
     results_check: float  # --results-check: seconds between looks at the stored results
@@ -101,6 +103,26 @@ def plan_of(ns: argparse.Namespace) -> Plan:
         ns.with_text,
         ns.sink,
     )
+
+
+async def model_of(given: str | None, stack: LocalStack | None, nats: NatsConfig) -> str:
+    """The model a reindex asks for: --model; else the default model of the stack `up` recorded (its
+    gateway's); else the fleet's only model, asked (a URL given: no record says which it is)."""
+    if given:
+        return given
+    if stack is not None and stack.default_model:
+        return stack.default_model
+    nc = await connect_within(nats, "embedfleet-reindex")
+    try:
+        watch = FleetWatch(nc, nats.subjects.prefix, wait=0.5, interval=1.0)
+        # twice: a busy process may answer a ping late, and a model missed would leave another the only one
+        served = sorted(set((await watch.refresh()).models) | set((await watch.refresh()).models))
+    finally:
+        await nc.close()
+    try:
+        return default_model(served, None)
+    except NoDefaultModel as exc:
+        raise ConfigError(f"{exc} with --model; nothing was published") from None
 
 
 async def _fitted(nc, prefix: str, plan: Plan) -> Plan:

@@ -124,7 +124,7 @@ def _run(
             flush=True,
         )
         if nats is not None:  # for reindex, jobs and init: where this stack's NATS listens (removed below)
-            record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE)
+            record_stack(ns.data_dir, url, nats.data_dir / TOKEN_FILE, default.id)
         while not stop.wait(0.5):
             if not supervisor.tend():
                 return 1

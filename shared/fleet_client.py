@@ -15,9 +15,11 @@ the HTTP hop, the JSON and the gateway process: the same vectors as the HTTP rou
 same errors, raised as ``ServiceError`` (``code``: the error code the HTTP body names, ``message``,
 ``row``: the input at fault). Work a killed tokenizer or worker held is sent again, as for HTTP.
 
-Connecting: with no URL and no credential, the stack ``embedfleet up`` recorded in ``data_dir``
-(its NATS URL and token file), as ``reindex`` and ``jobs`` find it; else the URL and credentials
-given, or the environment's (``EMBEDFLEET_NATS_URL``, ``EMBEDFLEET_NATS_TOKEN_FILE``, ...).
+Connecting: with no URL and no credential, the stack ``embedfleet up`` recorded (its NATS URL and
+token file) in ``data_dir``, else ``$EMBEDFLEET_DATA_DIR``, else ``./.embedfleet``, as ``reindex`` and
+``jobs`` find it; else the URL and credentials given, or the environment's (``EMBEDFLEET_NATS_URL``,
+``EMBEDFLEET_NATS_TOKEN_FILE``, ...). A model named None is the stack's default model (the one its
+gateway uses for requests naming none) when the stack was found so, else the only model served.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from embedfleet.shared.client import EmbedClient
 from embedfleet.shared.config import nats_config
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.fleet import FleetWatch
-from embedfleet.shared.lifecycle import connect_within, drain_or_close
-from embedfleet.shared.local_stack import use_local_stack
+from embedfleet.shared.lifecycle import NatsUnreachable, connect_within, drain_or_close
+from embedfleet.shared.local_stack import NoDefaultModel, default_model, use_local_stack
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.options import add_options
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError, RerankRequest
@@ -48,9 +50,10 @@ class FleetClient:
     """One NATS connection, its view of the fleet, and the requests in flight on it. Use
     ``await FleetClient.connect(...)``, then ``async with`` or ``close()``."""
 
-    def __init__(self, nc: Client, prefix: str, subjects, timeout: float) -> None:
+    def __init__(self, nc: Client, prefix: str, subjects, timeout: float, default: str | None = None) -> None:
         self._nc = nc
         self._timeout = timeout
+        self._default_model = default  # the stack's, as `up` recorded it; None: the only model served
         self._fleet = FleetWatch(
             nc, prefix, _DISCOVERY_WAIT, _DISCOVERY_INTERVAL, busy=lambda: self._client.in_flight > 0
         )
@@ -81,10 +84,14 @@ class FleetClient:
         ):
             if value is not None:
                 setattr(ns, dest, value)
-        use_local_stack(ns)
+        source = use_local_stack(ns)
         cfg = nats_config(ns)
-        nc = await connect_within(cfg, "embedfleet-client")
-        client = cls(nc, cfg.subjects.prefix, cfg.subjects, timeout)
+        try:
+            nc = await connect_within(cfg, "embedfleet-client")
+        except NatsUnreachable as exc:
+            raise source.unreachable(str(exc)) from None
+        default = source.stack.default_model if source.stack is not None else None
+        client = cls(nc, cfg.subjects.prefix, cfg.subjects, timeout, default)
         await client._client.start()
         await client._fleet.start()
         await client._fleet.refresh(until_ready=True)
@@ -117,7 +124,7 @@ class FleetClient:
         truncate: bool = True,
     ) -> np.ndarray:
         """[len(texts), dim] float32 vectors of ``texts`` (one string: one row), as POST /v1/embeddings
-        answers them. ``model``: a served id (None: the only one served); the options as the HTTP
+        answers them. ``model``: a served id (None: the default, see the module's notes); the options as the HTTP
         routes take them (``normalize`` None: as the model's folder says)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts or not all(isinstance(t, str) and t for t in texts):
@@ -155,20 +162,18 @@ class FleetClient:
         return [(int(i), float(s)) for i, s in zip(result.indices, result.scores)]
 
     async def _model(self, model: str | None) -> str:
-        """The served id ``model`` names (None: the only model served)."""
+        """The served id ``model`` names (None: the stack's default model, else the only one served)."""
         view = await self._fleet.view()
-        if model is None and len(view.models) == 1:
-            return view.models[0]
-        if model is not None:
-            for served in view.models:
-                if same_model(model, served):
-                    return served
+        if model is None:
+            try:
+                return default_model(view.models, self._default_model)
+            except NoDefaultModel as exc:
+                raise ServiceError(exc.code, str(exc)) from None
+        for served in view.models:
+            if same_model(model, served):
+                return served
         if not view.models:
             raise ServiceError(ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model right now")
-        if model is None:
-            raise ServiceError(
-                ErrorCode.INVALID_REQUEST, f"several models are served ({', '.join(view.models)}): name one"
-            )
         raise ServiceError(
             ErrorCode.MODEL_NOT_FOUND, f"model {model!r} is not served here; available: {', '.join(view.models)}"
         )

@@ -69,7 +69,6 @@ TRACED = frozenset(("up", "gateway", "tokenizer", "worker", "scorer", "reindex")
 METRICS = frozenset(("up", "gateway", "tokenizer", "worker", "scorer"))
 STREAMS = frozenset(("up", "gateway", "tokenizer", "worker", "reindex", "init"))  # they meet the job streams
 BULK = frozenset(("tokenizer", "worker"))
-ADMIN = frozenset(("reindex", "init", "jobs"))  # one-shot commands: they find the local stack by default
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -104,19 +103,11 @@ OPTIONS: tuple[Option, ...] = (
     _option(
         "--nats",
         ("EMBEDFLEET_NATS_URL", "NATS_URL"),
-        "nats://127.0.0.1:4222",
-        _NATS_HELP,
-        CONNECTED - {"up"} - ADMIN,
-        "nats",
-        shows_value=False,
-    ),
-    _option(
-        "--nats",
-        ("EMBEDFLEET_NATS_URL", "NATS_URL"),
         None,
         f"{_NATS_HELP}; none (and no NATS credential given): the stack `embedfleet up` recorded in --data-dir, "
-        "else nats://127.0.0.1:4222",
-        ADMIN,
+        "$EMBEDFLEET_DATA_DIR or .embedfleet (the first that has one), else nats://127.0.0.1:4222 (tried for a few "
+        "seconds); given: tried until it answers",
+        CONNECTED - {"up"},
         "nats",
         shows_value=False,
     ),
@@ -529,9 +520,10 @@ OPTIONS: tuple[Option, ...] = (
         "--data-dir",
         "EMBEDFLEET_DATA_DIR",
         ".embedfleet",
-        "folder for the embedded nats-server's data and logs, where up records where its NATS listens (stack.json; "
-        "reindex, init and jobs read it when given no --nats)",
-        {"up"} | ADMIN,
+        "folder for the embedded nats-server's data and logs, where up records where its NATS listens and its "
+        "default model (stack.json); the other commands, given no --nats, look there, then in $EMBEDFLEET_DATA_DIR "
+        "and .embedfleet",
+        CONNECTED,
         "up",
     ),
     _option(
@@ -613,7 +605,15 @@ OPTIONS: tuple[Option, ...] = (
         "reindex",
         shows_value=False,
     ),
-    _option("--model", "EMBEDFLEET_MODEL_NAME", "all-MiniLM-L6-v2", "the served model id", {"reindex"}, "reindex"),
+    _option(
+        "--model",
+        "EMBEDFLEET_MODEL_NAME",
+        None,
+        "the served model id; default: the default model of the stack `embedfleet up` recorded (its gateway's), "
+        "else the fleet's only model",
+        {"reindex"},
+        "reindex",
+    ),
     _option(
         "--batch-size", "EMBEDFLEET_JOB_BATCH", 64, "documents per job batch", {"reindex"}, "reindex", type=positive_int
     ),

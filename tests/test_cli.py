@@ -88,7 +88,12 @@ def test_retention_options_reach_every_process_that_meets_the_streams(monkeypatc
     for command in ("gateway", "tokenizer", "worker", "reindex", "init", "up"):
         args = [command, *(["in.jsonl", "--out", "o.npy"] if command == "reindex" else []), "--results-max-age", "60"]
         assert retention(parser.parse_args(args)) == Retention(results_max_age=60.0, job_ttl=3600.0), command
-    assert GatewayConfig.from_namespace(parser.parse_args(["gateway", "--job-history", "3"])).retention.job_history == 3
+    assert (
+        GatewayConfig.from_namespace(
+            parser.parse_args(["gateway", "--nats", "nats://127.0.0.1:4222", "--job-history", "3"])
+        ).retention.job_history
+        == 3
+    )
     assert JobSettings().retention == Retention()  # none given: the streams' limits are left as they are
     up = parser.parse_args(["up", "--results-max-bytes", "1000"])
     assert retention(up).environment() == {"EMBEDFLEET_RESULTS_MAX_BYTES": "1000", "EMBEDFLEET_JOB_TTL": "3600.0"}

@@ -2,11 +2,12 @@
 that could not be written is refused before any work."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from embedfleet.services.reindex_files import check_output_path, write_output
+from embedfleet.services.reindex_files import FAILED, IDS, beside, check_output_path, write_output
 from embedfleet.shared.config import ConfigError
 from embedfleet.shared.quantize import quantize
 from embedfleet.shared.vector_forms import FORMS
@@ -38,6 +39,18 @@ def test_parquet_holds_the_rows_and_names_the_form(tmp_path, form):
 
 
 # -- the output, checked before anything is published ----------------------------------------
+
+
+def test_the_files_beside_the_output_are_named_as_the_docs_say():
+    """Beside --out go the rows' ids and the ids given up, named as the output with its suffix replaced:
+    `--out fail.parquet` writes `fail.failed.json`, as the README and docs/bulk-jobs.md say."""
+    assert beside(Path("fail.parquet"), FAILED) == Path("fail.failed.json")
+    assert beside(Path("out/v.npy"), IDS) == Path("out/v.ids.json")
+    root = Path(__file__).resolve().parents[1]
+    for page in ("README.md", "docs/bulk-jobs.md"):
+        text = " ".join((root / page).read_text().split())  # a sentence may break anywhere
+        assert "OUT.failed.json" not in text, page
+        assert "`--out fail.parquet` writes `fail.failed.json`" in text, page
 
 
 @pytest.mark.parametrize(

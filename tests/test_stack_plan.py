@@ -207,13 +207,19 @@ def test_the_search_store_url_travels_in_the_environment_and_is_checked_before_s
     args = _gateway_args(ns, env)
     assert not any("pw-9" in a for a in args) and args[args.index("--search-model") + 1] == "all-MiniLM-L6-v2"
     monkeypatch.setenv("EMBEDFLEET_SEARCH_SINK", url)  # the child's environment, as `up` gives it
-    child = GatewayConfig.from_namespace(build_parser().parse_args(["gateway", *args]))
+    child = GatewayConfig.from_namespace(
+        build_parser().parse_args(["gateway", "--nats", "nats://127.0.0.1:4222", *args])
+    )
     assert (child.search_sink, child.search_model) == (url, "all-MiniLM-L6-v2")
     with pytest.raises(ConfigError, match="--search-sink: unknown sink 'mysql://'"):
-        GatewayConfig.from_namespace(build_parser().parse_args(["gateway", "--search-sink", "mysql://h/db"]))
+        GatewayConfig.from_namespace(
+            build_parser().parse_args(["gateway", "--nats", "nats://127.0.0.1:4222", "--search-sink", "mysql://h/db"])
+        )
     monkeypatch.delenv("EMBEDFLEET_SEARCH_SINK")
     with pytest.raises(ConfigError, match="give --search-sink"):
-        GatewayConfig.from_namespace(build_parser().parse_args(["gateway", "--search-model", "m"]))
+        GatewayConfig.from_namespace(
+            build_parser().parse_args(["gateway", "--nats", "nats://127.0.0.1:4222", "--search-model", "m"])
+        )
 
 
 def test_the_local_pgvector_becomes_the_gateways_store_unless_one_is_given(monkeypatch):

@@ -26,7 +26,17 @@ def test_a_job_is_seen_by_its_key_and_the_operators():
 def test_operator_keys_are_accepted_keys(tmp_path):
     (tmp_path / "ops").write_text("# operators\nop-two\n")
     ns = build_parser().parse_args(
-        ["gateway", "--api-keys", "k", "--operator-keys", "op-one", "--operator-keys-file", str(tmp_path / "ops")]
+        [
+            "gateway",
+            "--nats",
+            "nats://127.0.0.1:4222",
+            "--api-keys",
+            "k",
+            "--operator-keys",
+            "op-one",
+            "--operator-keys-file",
+            str(tmp_path / "ops"),
+        ]
     )
     cfg = GatewayConfig.from_namespace(ns)
     assert cfg.api_keys == ("k", "op-one", "op-two") and cfg.operator_keys == ("op-one", "op-two")

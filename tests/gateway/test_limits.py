@@ -49,6 +49,6 @@ def test_limits_need_keys():
     from embedfleet.services.gateway.config import GatewayConfig
     from embedfleet.shared.config import ConfigError
 
-    ns = build_parser().parse_args(["gateway", "--key-requests-per-minute", "5"])
+    ns = build_parser().parse_args(["gateway", "--nats", "nats://127.0.0.1:4222", "--key-requests-per-minute", "5"])
     with pytest.raises(ConfigError, match="give the keys"):
         GatewayConfig.from_namespace(ns)

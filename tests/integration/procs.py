@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +58,32 @@ class Service:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
+
+
+def port_open(port: int) -> bool:
+    """Whether something listens on ``port`` of 127.0.0.1."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def one_shot(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess, float]:
+    """An embedfleet command run to its end with no NATS URL or credential and no data folder in its
+    environment (but those of ``env``), in ``cwd``; (its result, seconds it took)."""
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA"))
+    }
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "embedfleet.services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**clean, **(env or {})},
+        cwd=cwd,
+    )
+    return result, time.monotonic() - started
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, services: Sequence[Service] = ()) -> None:

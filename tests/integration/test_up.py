@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import pytest
 
 from embedfleet.shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from embedfleet.shared.nats_server import free_port
-from tests.integration.procs import healthy, wait_until
+from tests.integration.procs import healthy, one_shot, port_open, wait_until
 from tests.prometheus_text import value
 
 pytestmark = pytest.mark.integration
@@ -47,11 +46,6 @@ def _metrics_urls(banner: str) -> dict[str, str]:
     """The metrics URLs `up` printed: process name -> URL."""
     block = banner.split("metrics (Prometheus), one URL a process:\n", 1)[1].split("Ctrl-C", 1)[0]
     return dict(line.split()[:2] for line in block.splitlines() if line.strip())
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _nats_refuses(url: str, token: str | None) -> bool:
@@ -123,9 +117,9 @@ def test_up_with_embedded_nats(tmp_path):
     assert code == 0, log.read_text()[-3000:]
     # the child nats-server is gone with it
     deadline = time.monotonic() + 10
-    while _port_open(nats_port) and time.monotonic() < deadline:
+    while port_open(nats_port) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _port_open(nats_port)
+    assert not port_open(nats_port)
 
 
 def test_up_with_external_nats_starts_none(tmp_path, nats_url):
@@ -184,22 +178,6 @@ def test_up_gives_the_gateway_its_api_keys_in_no_argument(tmp_path, nats_url):
         assert _stop(proc) == 0, log.read_text()[-3000:]
 
 
-def _one_shot(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """A one-shot command with no NATS URL or credential in its environment; (its result, seconds it took)."""
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith(("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA"))
-    }
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**clean, **(env or {})},
-    )
-    return result, time.monotonic() - started
-
-
 def test_reindex_and_jobs_find_the_stack_up_recorded(tmp_path):
     """`up` records its NATS URL and token file in its data folder while it runs; reindex and jobs,
     given no --nats, connect with them (flag --data-dir, or its variable); the record goes with `up`."""
@@ -216,21 +194,20 @@ def test_reindex_and_jobs_find_the_stack_up_recorded(tmp_path):
             "url": nats_url,
             "token_file": str(tmp_path / "data" / "nats" / "token"),
             "pid": proc.pid,
+            "default_model": "all-MiniLM-L6-v2",  # its gateway's, for commands given no model
         }
         docs = tmp_path / "docs.jsonl"
         docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(20)))
         out = tmp_path / "vectors.npy"
-        result, _ = _one_shot(
-            ["reindex", str(docs), "--out", str(out), "--quiet", "--data-dir", str(tmp_path / "data")]
-        )
+        result, _ = one_shot(["reindex", str(docs), "--out", str(out), "--quiet", "--data-dir", str(tmp_path / "data")])
         assert result.returncode == 0, result.stdout + result.stderr
         assert np.load(out).shape == (20, 384)
-        listed, _ = _one_shot(["jobs"], env={"EMBEDFLEET_DATA_DIR": str(tmp_path / "data")})
+        listed, _ = one_shot(["jobs"], env={"EMBEDFLEET_DATA_DIR": str(tmp_path / "data")})
         assert listed.returncode == 0 and " done " in listed.stdout, listed.stdout + listed.stderr
     finally:
         assert _stop(proc) == 0, log.read_text()[-3000:]
     assert not record.exists()
-    gone, took = _one_shot(["jobs", "--data-dir", str(tmp_path / "data"), "--nats", nats_url])
+    gone, took = one_shot(["jobs", "--data-dir", str(tmp_path / "data"), "--nats", nats_url])
     assert gone.returncode == 2 and f"cannot reach NATS at {nats_url} within 5s" in gone.stderr, gone.stderr
     assert took < 15, took
 
@@ -250,11 +227,11 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
     ]
     # nothing given, nothing recorded: the default URL, and why it was tried (unless a NATS on the
     # default port of this machine would answer)
-    default = not _port_open(4222)
+    default = not port_open(4222)
     if default:
         cases.append(["jobs", "--data-dir", str(tmp_path / "empty")])
     with ThreadPoolExecutor(2) as pool:  # two at a time: each mostly waits out its own 5 s
-        results = list(pool.map(_one_shot, cases))
+        results = list(pool.map(one_shot, cases))
     for args, (result, took) in zip(cases[:5], results):
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert f"embedfleet: error: cannot reach NATS at {dead} within 5s: " in result.stderr, result.stderr
@@ -263,7 +240,7 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
     if default:
         result, took = results[5]
         assert result.returncode == 2 and took < 20
-        assert f"no running `embedfleet up` is recorded in {tmp_path / 'empty' / 'stack.json'}" in result.stderr, (
+        assert f"no running `embedfleet up` recorded in {tmp_path / 'empty' / 'stack.json'}" in result.stderr, (
             result.stderr
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,18 @@ import pytest
 
 from embedfleet.services.cli import build_parser
 from embedfleet.shared.config import ConfigError
-from embedfleet.shared.local_stack import RECORD, forget_stack, read_stack, record_stack, use_local_stack
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.local_stack import (
+    RECORD,
+    LocalStack,
+    NoDefaultModel,
+    default_model,
+    forget_stack,
+    read_stack,
+    record_stack,
+    stack_folders,
+    use_local_stack,
+)
 
 
 def _ns(*args: str):
@@ -30,14 +42,15 @@ def test_the_record_is_read_back_and_removed_only_by_its_writer(tmp_path):
     token = tmp_path / "nats" / "token"
     token.parent.mkdir()
     token.write_text("secret\n")
-    path = record_stack(tmp_path, "nats://127.0.0.1:12345", token)
+    path = record_stack(tmp_path, "nats://127.0.0.1:12345", token, "mini")
     assert json.loads(path.read_text()) == {
         "url": "nats://127.0.0.1:12345",
         "token_file": str(token),
         "pid": os.getpid(),
+        "default_model": "mini",
     }
     assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [RECORD]  # no temporary file left
-    assert read_stack(tmp_path).url == "nats://127.0.0.1:12345"
+    assert read_stack(tmp_path) == LocalStack("nats://127.0.0.1:12345", str(token), os.getpid(), "mini")
     forget_stack(tmp_path)
     assert not path.exists()
 
@@ -49,8 +62,9 @@ def test_a_record_whose_up_is_gone_is_ignored(tmp_path, no_nats_env):
     )
     assert read_stack(tmp_path) is None
     ns = _ns("--data-dir", str(tmp_path))
-    assert use_local_stack(ns).startswith("the default, as no running `embedfleet up` is recorded in")
-    assert ns.nats == "nats://127.0.0.1:4222"
+    source = use_local_stack(ns, {})
+    assert source.said.startswith(f"the default, as no running `embedfleet up` is recorded in {tmp_path / RECORD} or ")
+    assert source.fallback and source.stack is None and ns.nats == "nats://127.0.0.1:4222"
 
 
 def test_the_record_is_used_only_when_nothing_is_given(tmp_path, no_nats_env, monkeypatch):
@@ -58,14 +72,71 @@ def test_the_record_is_used_only_when_nothing_is_given(tmp_path, no_nats_env, mo
     token.write_text("t\n")
     record_stack(tmp_path, "nats://127.0.0.1:23456", token)
     ns = _ns("--data-dir", str(tmp_path))
-    assert "by `embedfleet up`" in use_local_stack(ns)
+    assert "by `embedfleet up`" in use_local_stack(ns).said
     assert (ns.nats, ns.nats_token_file) == ("nats://127.0.0.1:23456", str(token))
     given = _ns("--data-dir", str(tmp_path), "--nats", "nats://elsewhere:4222")
-    assert use_local_stack(given) == "given by --nats or the environment" and given.nats == "nats://elsewhere:4222"
+    source = use_local_stack(given)
+    assert source.said == "given by --nats or the environment" and given.nats == "nats://elsewhere:4222"
+    assert not source.fallback  # a URL given is tried until it answers
     monkeypatch.setenv("EMBEDFLEET_NATS_TOKEN", "x")  # a credential given: the record is not used
     ns = _ns("--data-dir", str(tmp_path))
-    assert use_local_stack(ns) == "the default" and ns.nats == "nats://127.0.0.1:4222"
+    source = use_local_stack(ns)
+    assert source.said == "the default" and ns.nats == "nats://127.0.0.1:4222" and not source.fallback
     monkeypatch.delenv("EMBEDFLEET_NATS_TOKEN")
     token.unlink()
     with pytest.raises(ConfigError, match=r"names the token file .* which is not there"):
         use_local_stack(_ns("--data-dir", str(tmp_path)))
+
+
+def test_a_record_without_a_default_model_reads_as_none(tmp_path):
+    """A record an older `up` wrote (no default_model) is still the stack's."""
+    (tmp_path / RECORD).write_text(json.dumps({"url": "nats://127.0.0.1:1", "token_file": None, "pid": os.getpid()}))
+    assert read_stack(tmp_path) == LocalStack("nats://127.0.0.1:1", None, os.getpid(), None)
+
+
+def test_the_stack_is_looked_for_in_the_flags_folder_the_variables_then_the_default(tmp_path, no_nats_env, monkeypatch):
+    """--data-dir, then $EMBEDFLEET_DATA_DIR, then ./.embedfleet: the first with a running `up` wins, and
+    the default URL's reason names every record looked for."""
+    flag, variable, here = tmp_path / "flag", tmp_path / "variable", tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    environ = {"EMBEDFLEET_DATA_DIR": str(variable)}
+    monkeypatch.setenv("EMBEDFLEET_DATA_DIR", str(variable))
+    ns = _ns("--data-dir", str(flag))
+    assert stack_folders(ns, environ) == [flag, variable, here / ".embedfleet"]
+    assert stack_folders(_ns(), environ) == [variable, here / ".embedfleet"]  # the flag's value is the variable's
+    assert stack_folders(_ns(), {}) == [variable, here / ".embedfleet"]  # parsed with the variable set
+    source = use_local_stack(ns, environ)
+    records = [flag / RECORD, variable / RECORD, here / ".embedfleet" / RECORD]
+    assert source.said == (
+        f"the default, as no running `embedfleet up` is recorded in {records[0]}, {records[1]} or {records[2]}"
+    )
+    assert str(source.unreachable("cannot reach")) == (
+        f"no NATS server at nats://127.0.0.1:4222 (the default; no running `embedfleet up` recorded in "
+        f"{records[0]}, {records[1]} or {records[2]}): start `embedfleet up`, or give --nats URL"
+    )
+    for n, folder in enumerate((here / ".embedfleet", variable, flag)):  # each found before those after it
+        record_stack(folder, f"nats://127.0.0.1:{4000 + n}", None)
+        ns = _ns("--data-dir", str(flag))
+        source = use_local_stack(ns, environ)
+        assert ns.nats == f"nats://127.0.0.1:{4000 + n}" and source.said.startswith(f"recorded in {folder / RECORD}")
+        assert not source.fallback and source.stack is not None
+
+
+def test_the_default_model_is_the_recorded_one_else_the_only_one_served():
+    assert default_model(["mini", "rr"], "mini") == "mini"
+    assert default_model(["all-MiniLM-L6-v2"], "sentence-transformers/all-MiniLM-L6-v2") == "all-MiniLM-L6-v2"
+    assert default_model(["mini"], None) == "mini"
+    for served, recorded, code, message in (
+        (["mini", "rr"], None, ErrorCode.INVALID_REQUEST, "several models are served (mini, rr)"),
+        ([], None, ErrorCode.NO_RESPONDERS, "no tokenizer and worker are serving any model"),
+        (
+            ["rr"],
+            "mini",
+            ErrorCode.NO_RESPONDERS,
+            "the stack's default model 'mini' is not served right now; served: rr",
+        ),
+    ):
+        with pytest.raises(NoDefaultModel, match=re.escape(message)) as exc:
+            default_model(served, recorded)
+        assert exc.value.code == code

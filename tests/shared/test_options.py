@@ -102,7 +102,8 @@ def test_a_bad_variable_names_itself_and_the_option(monkeypatch, name, value, me
 def test_nats_url_reads_a_second_variable_and_up_defaults_to_none(monkeypatch):
     monkeypatch.delenv("EMBEDFLEET_NATS_URL", raising=False)
     monkeypatch.delenv("NATS_URL", raising=False)
-    assert build_parser().parse_args(["gateway"]).nats == "nats://127.0.0.1:4222"
+    # none: the services and one-shot commands look for a stack `up` recorded, `up` starts a nats-server
+    assert build_parser().parse_args(["gateway"]).nats is None
     assert build_parser().parse_args(["up"]).nats is None
     monkeypatch.setenv("NATS_URL", "nats://b:2")
     assert build_parser().parse_args(["up"]).nats == "nats://b:2"
@@ -254,6 +255,7 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
         "log_format": "cli",
         "ready_file": "lifecycle",
         "subject_prefix": "nats_config",
+        "data_dir": "use_local_stack (where a stack `up` recorded is looked for)",
     }
     held = {dest for cls, _ in _configs() for dest, _ in settings_of(cls).values()}
     for command in ("gateway", "tokenizer", "worker", "scorer"):
@@ -270,6 +272,8 @@ def test_a_config_is_made_of_the_parsed_options():
     ns = build_parser().parse_args(
         [
             "gateway",
+            "--nats",
+            "nats://127.0.0.1:4222",  # a config is made once the command has its URL (given, recorded or the default)
             "--port",
             "9999",
             "--open-paths",

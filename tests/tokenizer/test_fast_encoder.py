@@ -238,7 +238,9 @@ def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env,
         monkeypatch.delenv("EMBEDFLEET_FAST_TOKENIZER", raising=False)
     else:
         monkeypatch.setenv("EMBEDFLEET_FAST_TOKENIZER", env)
-    cfg = TokenizerConfig.from_namespace(build_parser().parse_args(["tokenizer", *flag]))
+    cfg = TokenizerConfig.from_namespace(
+        build_parser().parse_args(["tokenizer", "--nats", "nats://127.0.0.1:4222", *flag])
+    )
     service = TokenizerService(None, cfg)  # no NATS until start()
     assert service.tokenizer_path == path
     assert (service._encoder.fast is not None) == (path == KITOKEN)
