@@ -817,7 +817,9 @@ OPTIONS: tuple[Option, ...] = (
         "--max-batch-tokens",
         "EMBEDFLEET_MAX_BATCH_TOKENS",
         "auto",
-        "token budget of one engine batch; 'auto' calibrates it at start-up",
+        "token budget of one engine batch (a number pins it); 'auto': calibrated once per model, device and dtype, "
+        "by timing the device at start-up and kept in --data-dir's calibration/ for later starts (delete its file "
+        "to measure again)",
         {"worker"},
         "worker",
         type=budget,

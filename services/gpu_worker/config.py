@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from embedfleet.shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
 from embedfleet.shared.metrics_server import MetricsEndpoint
@@ -21,6 +22,7 @@ class WorkerConfig:
     device: str = setting("device")
     dtype: str | None = setting("dtype")
     max_batch_tokens: int | None = setting("max_batch_tokens")  # None: calibrate
+    data_dir: Path = setting("data_dir", "worker", convert=Path)  # the calibration kept in its calibration/
     max_batch_seqs: int = setting("max_batch_seqs")
     replicas: int = setting("replicas")
     threads: int | None = setting("threads", "worker")

@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
+from embedfleet.services.gpu_worker.calibration_cache import FOLDER, CalibrationCache, identity
 from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.engine import Engine
-from embedfleet.services.gpu_worker.engine.calibrate import calibrate
+from embedfleet.services.gpu_worker.engine.calibrate import BUSY, calibrate
 from embedfleet.services.gpu_worker.engine.engine import pick_device
 from embedfleet.shared.options import arguments
 from embedfleet.shared.parent_death import die_with_parent
@@ -50,15 +52,51 @@ def build_engines(cfg: WorkerConfig) -> list[Engine]:
         max_batch_seqs=cfg.max_batch_seqs,
     )
     if cfg.max_batch_tokens is None:
-        result = calibrate(first)
-        budget = max(result.knee, cfg.model.max_seq_length)
-        log.info("calibrated token budget %d: %s", budget, result.describe())
-        first.configure(budget, cfg.max_batch_seqs)
+        first.configure(calibrated_budget(first, cfg.data_dir), cfg.max_batch_seqs)
     else:
         log.info("token budget %d (set by --max-batch-tokens)", cfg.max_batch_tokens)
     engines = [first] + [first.replicate() for _ in range(cfg.replicas - 1)]
     log.info("engine: %s; %d replica(s)", first.describe(), len(engines))
     return engines
+
+
+def calibrated_budget(engine: Engine, data_dir: Path) -> int:
+    """The token budget calibrated for ``engine``: the one kept in ``data_dir`` for its model, device
+    and dtype, else measured now (and kept there)."""
+    cache = CalibrationCache(data_dir / FOLDER)
+    key = identity(engine)
+    with cache.lock(key):
+        cached = cache.load(key)
+        if cached is not None:
+            budget = max(cached.calibration.knee, engine.info.max_seq_length)
+            log.info(
+                "token budget %d from the calibration cached in %s, measured at %s on %s (delete the file to measure "
+                "again): %s",
+                budget,
+                cached.path,
+                cached.measured_at,
+                cached.device,
+                cached.calibration.describe(),
+            )
+            return budget
+        result = calibrate(engine)
+        kept = cache.store(key, result)
+    budget = max(result.knee, engine.info.max_seq_length)
+    log.info(
+        "calibrated token budget %d on %s: %s%s",
+        budget,
+        key["device"],
+        result.describe(),
+        f"; kept in {kept}" if kept else "",
+    )
+    if result.disturbance > BUSY:
+        log.warning(
+            "the device was busy while it was timed (a budget's median probe %.0f%% below its fastest): the token "
+            "budget may not be the one a quiet device gets; %s, or pin one with --max-batch-tokens",
+            100 * result.disturbance,
+            f"delete {kept} to time it again" if kept else "start again to time it again",
+        )
+    return budget
 
 
 def run_cpu_processes(cfg: WorkerConfig, ns: argparse.Namespace) -> int:

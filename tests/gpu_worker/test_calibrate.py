@@ -7,6 +7,7 @@ import pytest
 
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.calibrate import (
+    BUSY,
     TOLERANCE,
     Calibration,
     Point,
@@ -118,6 +119,18 @@ def test_describe_gives_each_points_rate_and_spread_on_one_line():
     assert "the fastest (median/slowest) of 3 probes" in text
     assert "64: 1,010 (1,000/900)" in text and "128: 2,000 (1,900/1,500)" in text
     assert result.points == [(64, 1010.0), (128, 2000.0)]
+
+
+def test_disturbance_tells_a_busy_device_from_bursts_of_load():
+    budgets = sorted(CPU_CURVE)
+    bursts = sweep(Neighbour(CPU_CURVE, 0), budgets)
+    assert bursts.disturbance < BUSY / 2
+    rng = np.random.default_rng(0)
+    busy = sweep(lambda b: CPU_CURVE[b] * rng.uniform(0.35, 1.0), budgets)  # no probe sees the device alone
+    assert busy.disturbance > BUSY
+    assert Calibration(
+        (Point(64, (100.0, 80.0, 90.0)), Point(128, (200.0, 200.0, 100.0))), 64
+    ).disturbance == pytest.approx(0.05)
 
 
 @pytest.fixture(scope="module")

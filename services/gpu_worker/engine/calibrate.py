@@ -27,6 +27,7 @@ BUDGETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 ROW_TOKENS = 128  # tokens a row of the synthetic batches: a passage, as bulk work sends them
 ROUNDS = 5  # probes of each budget
 TOLERANCE = 0.9  # the knee: the smallest budget with this share of the best rate
+BUSY = 0.1  # a disturbance past this: the device was busy while timed (the knee may be another's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,12 @@ class Calibration:
     def points(self) -> list[tuple[int, float]]:
         """(token budget, tokens/s) of each budget measured."""
         return [(p.budget, p.rate) for p in self.curve]
+
+    @property
+    def disturbance(self) -> float:
+        """How far a budget's median probe fell below its fastest, the median over budgets: near 0 on a
+        quiet device; large when the device was busy throughout, and no probe saw it alone."""
+        return float(np.median([1 - p.median / p.rate for p in self.curve]))
 
     def describe(self) -> str:
         probes = "-".join(str(n) for n in sorted({len(p.rates) for p in self.curve}))
