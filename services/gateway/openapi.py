@@ -462,22 +462,42 @@ def _health(summary: str, error: dict[str, Any] = _OPENAI_ERROR) -> dict[str, An
     }
 
 
+def _with_not_acceptable(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every operation may answer 406 (the gateway's middleware refuses an Accept that takes none of a
+    route's media types, services/gateway/route_media.py), in the shape of the operation's other errors."""
+    for item in paths.values():
+        for operation in item.values():
+            responses = operation["responses"]
+            errors = [r for code, r in responses.items() if code.startswith("4")]
+            schema = errors[0]["content"]["application/json"]["schema"] if errors else _OPENAI_ERROR
+            responses.setdefault(
+                "406",
+                {
+                    "description": "the request's Accept takes none of the media types this route answers",
+                    "content": {"application/json": {"schema": schema}},
+                },
+            )
+    return paths
+
+
 def openapi_spec(version: str) -> dict[str, Any]:
-    codes = (400, 401, 404, 413, 422, 429, 503, 504)  # what most routes may answer besides 200
+    codes = (400, 401, 404, 413, 422, 429, 503, 504)  # what most routes may answer besides 200 (and 406: every route)
     schemas: dict[str, Any] = {}  # the typed bodies' models (typed_schema)
     embed_body, sparse_body, all_body = _tei_bodies(schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedfleet gateway", "version": version},
-        "paths": {
-            **_openai_paths(codes, schemas),
-            **_job_paths(schemas),
-            **_tei_embed_paths(embed_body, sparse_body, all_body, codes, schemas),
-            **_jina_rerank_path(codes, schemas),
-            **_search_path(codes, schemas),
-            **_cohere_paths(schemas),
-            **_tei_task_paths(embed_body, sparse_body, codes, schemas),
-            **_service_paths(),
-        },
+        "paths": _with_not_acceptable(
+            {
+                **_openai_paths(codes, schemas),
+                **_job_paths(schemas),
+                **_tei_embed_paths(embed_body, sparse_body, all_body, codes, schemas),
+                **_jina_rerank_path(codes, schemas),
+                **_search_path(codes, schemas),
+                **_cohere_paths(schemas),
+                **_tei_task_paths(embed_body, sparse_body, codes, schemas),
+                **_service_paths(),
+            }
+        ),
         "components": {"schemas": schemas},
     }

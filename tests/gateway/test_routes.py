@@ -34,6 +34,15 @@ def test_openapi_describes_exactly_the_declared_routes():
     assert set(spec["paths"]) == PATHS
 
 
+@pytest.mark.parametrize("route", ROUTES, ids=lambda r: f"{r.method} {r.path}")
+def test_openapi_documents_each_route_s_406_in_its_api_s_error_shape(route):
+    """The middleware refuses an Accept a route cannot answer (test_accept.py): each route documents it."""
+    responses = openapi_spec("test")["paths"][route.path][route.method.lower()]["responses"]
+    shapes = {code: r["content"]["application/json"]["schema"] for code, r in responses.items() if code[0] == "4"}
+    assert "406" in shapes
+    assert all(shape == shapes["406"] for shape in shapes.values()), route
+
+
 def test_the_embedding_routes_are_the_ones_that_take_texts_to_vectors():
     assert {"/v1/embeddings", "/embeddings", "/embed", "/v1/embed", "/v2/embed"} == EMBED_PATHS
 
