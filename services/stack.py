@@ -290,8 +290,10 @@ def _banner(
     token_file: Path | None = None,
     store_lines: str = "",
 ) -> str:
+    kinds = {info.id: model_kind(info.task, info.dim, info.outputs) for info in infos}
+    width = max(len(kind) for kind in kinds.values())
     served = "\n".join(
-        f"  {info.id:<24} {model_kind(info.task, info.dim, info.outputs):<10} {info.path}"
+        f"  {info.id:<24} {kinds[info.id]:<{width}} {info.path}"
         + ("  (default)" if info is default else "")
         for info in infos
     )
