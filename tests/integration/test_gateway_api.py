@@ -11,11 +11,10 @@ import openai
 import pytest
 
 from embedfleet.services.gateway.tei_answers import TeiInfo, TeiTokenizeAnswer
-from embedfleet.shared.nats_server import free_port
 from embedfleet.shared.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import another_gateway, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -244,25 +243,15 @@ def test_openapi_lists_the_real_routes(stack):
     assert {"404", "406", "409", "410"} <= set(results["responses"])
 
 
-def _another_gateway(stack, folder, args: list[str]):
-    """One more gateway on the same fleet with ``args``: yields its base URL."""
-    port = free_port()
-    gw = Service("gateway", ["--nats", stack.nats_url, "--port", str(port), *args], folder)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: healthy(base), 60, "another gateway", [gw])
-        yield base
-    finally:
-        gw.stop()
-
-
 @pytest.fixture(scope="module")
 def strict_gateway(stack, tmp_path_factory):
     """A second gateway on the same fleet: API keys, one request at a time, a short deadline."""
     folder = tmp_path_factory.mktemp("strict")
     (folder / "keys").write_text("# keys\nkey-one\nkey-two\n")
-    yield from _another_gateway(
-        stack, folder, ["--api-keys-file", str(folder / "keys"), "--max-in-flight", "1", "--request-timeout", "1.5"]
+    yield from another_gateway(
+        stack.nats_url,
+        ["--api-keys-file", str(folder / "keys"), "--max-in-flight", "1", "--request-timeout", "1.5"],
+        folder,
     )
 
 
@@ -309,10 +298,10 @@ def test_overload_429_and_deadline_504(strict_gateway):
 @pytest.fixture(scope="module")
 def limited_gateway(stack, tmp_path_factory):
     """A gateway on the same fleet whose keys may each make 3 requests and embed 60 tokens a minute."""
-    yield from _another_gateway(
-        stack,
-        tmp_path_factory.mktemp("limited"),
+    yield from another_gateway(
+        stack.nats_url,
         ["--api-keys", "key-a,key-b,key-c", "--key-requests-per-minute", "3", "--key-tokens-per-minute", "60"],
+        tmp_path_factory.mktemp("limited"),
     )
 
 
