@@ -293,8 +293,7 @@ def _banner(
     kinds = {info.id: model_kind(info.task, info.dim, info.outputs) for info in infos}
     width = max(len(kind) for kind in kinds.values())
     served = "\n".join(
-        f"  {info.id:<24} {kinds[info.id]:<{width}} {info.path}"
-        + ("  (default)" if info is default else "")
+        f"  {info.id:<24} {kinds[info.id]:<{width}} {info.path}" + ("  (default)" if info is default else "")
         for info in infos
     )
     try_line = _example(infos, base)
