@@ -99,11 +99,15 @@ def _alive(pid: int) -> bool:
 
 
 def stack_folders(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> list[Path]:
-    """The folders a stack record is looked for in, in order, each once: --data-dir (its value, which is
-    the variable's when the flag is not given), $EMBEDFLEET_DATA_DIR, the default ./.embedfleet."""
-    candidates = [getattr(ns, "data_dir", None), *(environ.get(name) for name in option("data_dir").env)]
+    """The folders a stack record is looked for in, in order, each once: the --data-dir flag's alone when
+    it is given (a folder named is the one meant: another stack found elsewhere would be the wrong one),
+    else $EMBEDFLEET_DATA_DIR, then the default ./.embedfleet."""
+    given = getattr(ns, "data_dir", None)
+    variables = [environ.get(name) for name in option("data_dir").env]
+    if given and given not in variables and given != default("data_dir"):  # the flag's own value
+        return [Path(given).absolute()]
     folders: list[Path] = []
-    for folder in [*candidates, default("data_dir")]:
+    for folder in [given, *variables, default("data_dir")]:
         if folder and (path := Path(folder).absolute()) not in folders:
             folders.append(path)
     return folders

@@ -104,8 +104,8 @@ OPTIONS: tuple[Option, ...] = (
         "--nats",
         ("EMBEDFLEET_NATS_URL", "NATS_URL"),
         None,
-        f"{_NATS_HELP}; none (and no NATS credential given): the stack `embedfleet up` recorded in --data-dir, "
-        "$EMBEDFLEET_DATA_DIR or .embedfleet (the first that has one), else nats://127.0.0.1:4222 (tried for a few "
+        f"{_NATS_HELP}; none (and no NATS credential given): the stack `embedfleet up` recorded in the --data-dir "
+        "given, else in $EMBEDFLEET_DATA_DIR or .embedfleet (the first that has one), else nats://127.0.0.1:4222 (tried for a few "
         "seconds); given: tried until it answers",
         CONNECTED - {"up"},
         "nats",
@@ -521,8 +521,8 @@ OPTIONS: tuple[Option, ...] = (
         "EMBEDFLEET_DATA_DIR",
         ".embedfleet",
         "folder for the embedded nats-server's data and logs, where up records where its NATS listens and its "
-        "default model (stack.json); the other commands, given no --nats, look there, then in $EMBEDFLEET_DATA_DIR "
-        "and .embedfleet",
+        "default model (stack.json); the other commands, given no --nats, look there when the flag is given, else "
+        "in $EMBEDFLEET_DATA_DIR, then .embedfleet",
         CONNECTED,
         "up",
     ),

@@ -1,5 +1,5 @@
 """Commands beside a running `embedfleet up` find it through the record it keeps (stack.json): its NATS,
-its token and its default model, looked for in --data-dir, $EMBEDFLEET_DATA_DIR, then ./.embedfleet.
+its token and its default model, looked for in $EMBEDFLEET_DATA_DIR, then ./.embedfleet (or in --data-dir alone).
 
 The stack here serves two models, as the README's multi-model example does: ``mini`` (all-MiniLM-L6-v2,
 the first --model: the default) and ``rr`` (a tiny cross-encoder), so no command can take "the only
@@ -135,21 +135,32 @@ def test_a_scorer_started_beside_the_stack_joins_it(local_up, tmp_path, monkeypa
 
 
 def test_the_stack_is_found_from_the_flag_the_variable_or_the_default_folder(local_up, tmp_path):
-    """--data-dir first, then $EMBEDFLEET_DATA_DIR, then ./.embedfleet; with none recording a running `up`,
-    the error names each record looked for."""
+    """$EMBEDFLEET_DATA_DIR, then ./.embedfleet, or the --data-dir given alone; with none recording a
+    running `up`, the error names each record looked for."""
     nowhere, elsewhere = tmp_path / "nowhere", tmp_path / "elsewhere"
     # the variable names a folder without a record: ./.embedfleet (the stack's) is looked at next
     found, _ = one_shot(["jobs"], {"EMBEDFLEET_DATA_DIR": str(elsewhere)}, cwd=local_up.root)
     assert found.returncode == 0 and found.stdout.startswith("job "), found.stdout + found.stderr
-    # the flag names a folder without a record: the variable's (the stack's) is looked at next
-    found, _ = one_shot(["jobs", "--data-dir", str(nowhere)], {"EMBEDFLEET_DATA_DIR": str(local_up.data)}, cwd=tmp_path)
+    # the variable names the stack's folder, from anywhere
+    found, _ = one_shot(["jobs"], {"EMBEDFLEET_DATA_DIR": str(local_up.data)}, cwd=tmp_path)
     assert found.returncode == 0 and found.stdout.startswith("job "), found.stdout + found.stderr
     if port_open(4222):
         return  # a NATS on the default port would answer the default URL
-    lost, took = one_shot(["jobs", "--data-dir", str(nowhere)], {"EMBEDFLEET_DATA_DIR": str(elsewhere)}, cwd=tmp_path)
-    records = f"{nowhere / 'stack.json'}, {elsewhere / 'stack.json'} or {tmp_path / '.embedfleet' / 'stack.json'}"
-    assert lost.returncode == 2 and took < 20
-    assert lost.stderr.splitlines()[-1] == (  # after the refusals logged
-        f"embedfleet: error: no NATS server at nats://127.0.0.1:4222 (the default; no running `embedfleet up` "
-        f"recorded in {records}): start `embedfleet up`, or give --nats URL"
+
+    def refused(args: list[str], environ: dict[str, str], records: str) -> None:
+        lost, took = one_shot(args, environ, cwd=tmp_path)
+        assert lost.returncode == 2 and took < 20
+        assert lost.stderr.splitlines()[-1] == (  # after the refusals logged
+            f"embedfleet: error: no NATS server at nats://127.0.0.1:4222 (the default; no running `embedfleet up` "
+            f"recorded in {records}): start `embedfleet up`, or give --nats URL"
+        )
+
+    refused(
+        ["jobs"],
+        {"EMBEDFLEET_DATA_DIR": str(elsewhere)},
+        f"{elsewhere / 'stack.json'} or {tmp_path / '.embedfleet' / 'stack.json'}",
+    )
+    # a folder named by the flag is the one meant: the variable's stack is not taken in its place
+    refused(
+        ["jobs", "--data-dir", str(nowhere)], {"EMBEDFLEET_DATA_DIR": str(local_up.data)}, str(nowhere / "stack.json")
     )

@@ -63,7 +63,7 @@ def test_a_record_whose_up_is_gone_is_ignored(tmp_path, no_nats_env):
     assert read_stack(tmp_path) is None
     ns = _ns("--data-dir", str(tmp_path))
     source = use_local_stack(ns, {})
-    assert source.said.startswith(f"the default, as no running `embedfleet up` is recorded in {tmp_path / RECORD} or ")
+    assert source.said == f"the default, as no running `embedfleet up` is recorded in {tmp_path / RECORD}"
     assert source.fallback and source.stack is None and ns.nats == "nats://127.0.0.1:4222"
 
 
@@ -94,33 +94,33 @@ def test_a_record_without_a_default_model_reads_as_none(tmp_path):
     assert read_stack(tmp_path) == LocalStack("nats://127.0.0.1:1", None, os.getpid(), None)
 
 
-def test_the_stack_is_looked_for_in_the_flags_folder_the_variables_then_the_default(tmp_path, no_nats_env, monkeypatch):
-    """--data-dir, then $EMBEDFLEET_DATA_DIR, then ./.embedfleet: the first with a running `up` wins, and
-    the default URL's reason names every record looked for."""
+def test_the_stack_is_looked_for_in_the_variables_folder_then_the_default(tmp_path, no_nats_env, monkeypatch):
+    """$EMBEDFLEET_DATA_DIR, then ./.embedfleet: the first with a running `up` wins, and the default URL's
+    reason names every record looked for; a --data-dir flag names the one folder looked in."""
     flag, variable, here = tmp_path / "flag", tmp_path / "variable", tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
     environ = {"EMBEDFLEET_DATA_DIR": str(variable)}
     monkeypatch.setenv("EMBEDFLEET_DATA_DIR", str(variable))
-    ns = _ns("--data-dir", str(flag))
-    assert stack_folders(ns, environ) == [flag, variable, here / ".embedfleet"]
+    assert stack_folders(_ns("--data-dir", str(flag)), environ) == [flag]  # the flag: that folder alone
     assert stack_folders(_ns(), environ) == [variable, here / ".embedfleet"]  # the flag's value is the variable's
-    assert stack_folders(_ns(), {}) == [variable, here / ".embedfleet"]  # parsed with the variable set
+    ns = _ns()
     source = use_local_stack(ns, environ)
-    records = [flag / RECORD, variable / RECORD, here / ".embedfleet" / RECORD]
-    assert source.said == (
-        f"the default, as no running `embedfleet up` is recorded in {records[0]}, {records[1]} or {records[2]}"
-    )
+    records = [variable / RECORD, here / ".embedfleet" / RECORD]
+    assert source.said == f"the default, as no running `embedfleet up` is recorded in {records[0]} or {records[1]}"
     assert str(source.unreachable("cannot reach")) == (
         f"no NATS server at nats://127.0.0.1:4222 (the default; no running `embedfleet up` recorded in "
-        f"{records[0]}, {records[1]} or {records[2]}): start `embedfleet up`, or give --nats URL"
+        f"{records[0]} or {records[1]}): start `embedfleet up`, or give --nats URL"
     )
-    for n, folder in enumerate((here / ".embedfleet", variable, flag)):  # each found before those after it
+    for n, folder in enumerate((here / ".embedfleet", variable)):  # each found before those after it
         record_stack(folder, f"nats://127.0.0.1:{4000 + n}", None)
-        ns = _ns("--data-dir", str(flag))
+        ns = _ns()
         source = use_local_stack(ns, environ)
         assert ns.nats == f"nats://127.0.0.1:{4000 + n}" and source.said.startswith(f"recorded in {folder / RECORD}")
         assert not source.fallback and source.stack is not None
+    ns = _ns("--data-dir", str(flag))  # a folder named, where no `up` runs: not another folder's stack
+    source = use_local_stack(ns, environ)
+    assert ns.nats == "nats://127.0.0.1:4222" and source.looked == (flag,)
 
 
 def test_the_default_model_is_the_recorded_one_else_the_only_one_served():
