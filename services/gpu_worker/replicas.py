@@ -15,15 +15,12 @@ import torch
 from embedfleet.services.gpu_worker.calibration_cache import FOLDER, CalibrationCache, identity
 from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.engine import Engine
-from embedfleet.services.gpu_worker.engine.calibrate import BUSY, calibrate
+from embedfleet.services.gpu_worker.engine.calibrate import BUSY, budgets_for, calibrate
 from embedfleet.services.gpu_worker.engine.engine import pick_device
 from embedfleet.shared.options import arguments
 from embedfleet.shared.parent_death import die_with_parent
 
 log = logging.getLogger("embedfleet.worker")
-
-# budget for the first (calibration) configuration; the knee replaces it
-_CALIBRATION_MAX = 8192
 
 
 def replica_threads(count: int) -> list[ThreadPoolExecutor]:
@@ -48,7 +45,8 @@ def build_engines(cfg: WorkerConfig) -> list[Engine]:
         cfg.dtype,
         graphs=cfg.graphs,
         attention=cfg.attention,
-        max_batch_tokens=cfg.max_batch_tokens or _CALIBRATION_MAX,
+        # the first (calibration) configuration takes the largest budget timed; the knee replaces it
+        max_batch_tokens=cfg.max_batch_tokens or max(budgets_for(device.type)),
         max_batch_seqs=cfg.max_batch_seqs,
     )
     if cfg.max_batch_tokens is None:
@@ -79,7 +77,7 @@ def calibrated_budget(engine: Engine, data_dir: Path) -> int:
                 cached.calibration.describe(),
             )
             return budget
-        result = calibrate(engine)
+        result = calibrate(engine, budgets_for(engine.device.type))
         kept = cache.store(key, result)
     budget = max(result.knee, engine.info.max_seq_length)
     log.info(

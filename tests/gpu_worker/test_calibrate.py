@@ -7,10 +7,12 @@ import pytest
 
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.calibrate import (
+    BUDGETS,
     BUSY,
     TOLERANCE,
     Calibration,
     Point,
+    budgets_for,
     calibrate,
     pick_knee,
     sweep,
@@ -154,3 +156,9 @@ def test_synthetic_batch_shape(engine):
     ids, cu = synthetic_batch(engine, 300, 128)
     assert len(ids) == 300 and cu.tolist() == [0, 128, 256, 300]
     assert ids.min() >= 1000 and ids.max() < engine.spec.vocab_size
+
+
+def test_a_gpu_times_budgets_past_where_a_cpu_stops():
+    """A GPU's curve still rises past 8,192 tokens (BERT-base on an H200, docs/bench/gpu/): its sweep goes on."""
+    assert budgets_for("cpu") == BUDGETS and max(BUDGETS) == 8192
+    assert budgets_for("cuda")[: len(BUDGETS)] == BUDGETS and max(budgets_for("cuda")) == 32768

@@ -11,7 +11,7 @@ from embedfleet.services.gpu_worker import replicas
 from embedfleet.services.gpu_worker.calibration_cache import FOLDER, CalibrationCache, identity
 from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.engine import Engine
-from embedfleet.services.gpu_worker.engine.calibrate import Calibration, Point, calibrate
+from embedfleet.services.gpu_worker.engine.calibrate import Calibration, Point, budgets_for, calibrate
 from embedfleet.services.gpu_worker.replicas import build_engines, calibrated_budget
 from embedfleet.shared.config import NatsConfig
 from embedfleet.shared.model_dir.load import load_model_info
@@ -28,7 +28,8 @@ def measured(monkeypatch) -> list[Engine]:
     """The engines the start-up calibration timed, on three small budgets (a real, short timing)."""
     timed: list[Engine] = []
 
-    def short(engine: Engine):
+    def short(engine: Engine, budgets: tuple[int, ...]):
+        assert budgets == budgets_for(engine.device.type)
         timed.append(engine)
         return calibrate(engine, budgets=(64, 128, 256, 512), min_seconds=0.05)
 
@@ -132,7 +133,7 @@ def test_auto_calibrates_into_the_data_folder(model_info, measured, tmp_path):
 
 def test_a_busy_device_is_warned_about(engine, monkeypatch, tmp_path, caplog):
     busy = Calibration((Point(64, (100.0, 60.0, 50.0)), Point(128, (200.0, 120.0, 100.0))), 128)
-    monkeypatch.setattr(replicas, "calibrate", lambda engine: busy)
+    monkeypatch.setattr(replicas, "calibrate", lambda engine, budgets: busy)
     calibrated_budget(engine, tmp_path)
     [kept] = (tmp_path / FOLDER).glob("*.json")
     [warning] = [r.message for r in caplog.records if r.levelno == logging.WARNING]

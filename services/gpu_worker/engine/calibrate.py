@@ -1,4 +1,4 @@
-"""Start-up calibration: tokens/s at batch budgets 64..8192 on this device, and the knee.
+"""Start-up calibration: tokens/s at batch budgets 64..8192 on a CPU (..32768 on a GPU), and the knee.
 
 Small encoders cost about their number of tokens, so throughput climbs with the batch until the
 device saturates; past the knee a bigger batch only adds latency. The knee is the smallest
@@ -24,10 +24,18 @@ import numpy as np
 from embedfleet.services.gpu_worker.engine.engine import Engine
 
 BUDGETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# a GPU's curve still rises past 8,192 (BERT-base in float16 on an H200: 1.39M tokens/s at 8,192, 1.60M at
+# 16,384; docs/bench/gpu/gpu_check-2026-12-04.json)
+GPU_BUDGETS = (*BUDGETS, 16384, 32768)
 ROW_TOKENS = 128  # tokens a row of the synthetic batches: a passage, as bulk work sends them
 ROUNDS = 5  # probes of each budget
 TOLERANCE = 0.9  # the knee: the smallest budget with this share of the best rate
 BUSY = 0.2  # a disturbance past this: the device was busy while timed (a quiet H200: 0.04-0.12)
+
+
+def budgets_for(device_type: str) -> tuple[int, ...]:
+    """The budgets timed on a device of ``device_type`` ("cpu", "cuda")."""
+    return BUDGETS if device_type == "cpu" else GPU_BUDGETS
 
 
 @dataclass(frozen=True, slots=True)
