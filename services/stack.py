@@ -97,6 +97,8 @@ def _run(
     try:
         # every service's own ready file; the options shared by every service kind, as the worker takes them
         common = ["--nats", url, *arguments(ns, "worker", ("common", "tracing"), fleet.env, skip=("ready_file",))]
+        # the stack's data folder: where a worker keeps its calibrated token budget (calibration/)
+        common += ["--data-dir", str(Path(ns.data_dir).resolve())]
         gateway = [*_gateway_args(ns, fleet.env, skip=("default_model",)), "--default-model", default.id]
         plan = children(infos, common, gateway, ready_dir, {"scorer": arguments(ns, "scorer", ["fleet"], fleet.env)})
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host

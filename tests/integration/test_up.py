@@ -109,8 +109,10 @@ def test_up_with_embedded_nats(tmp_path):
         assert _nats_refuses(f"nats://127.0.0.1:{nats_port}", None) and not _nats_refuses(
             f"nats://127.0.0.1:{nats_port}", token
         )
-        # its data and log live under the project-owned data directory
+        # its data and log live under the project-owned data directory, the worker's calibration too
         assert (tmp_path / "data" / "nats" / "nats-server.conf").is_file()
+        kept = [p.name for p in (tmp_path / "data" / "calibration").glob("*.json")]
+        assert len(kept) == 1 and kept[0].startswith("all-MiniLM-L6-v2-cpu-float32-"), (kept, out)
         assert "listen: 127.0.0.1:" in (tmp_path / "data" / "nats" / "nats-server.conf").read_text()
     finally:
         code = _stop(proc)
