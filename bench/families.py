@@ -192,10 +192,44 @@ FAMILIES: dict[str, Family] = {
         ),
         dense=True,
     ),
+    "gemma2": Family(
+        "Gemma2Config",
+        "lasttoken",
+        {
+            # Gemma2-2B's sizes (bge-multilingual-gemma2 is the 9B: hidden 3584, 42 layers, 16 heads): alternate
+            # layers a causal window of 4096, scores soft-capped at 50 (SDPA's explicit path, no graphs)
+            "base": (
+                "Gemma2-2B",
+                dict(
+                    hidden_size=2304,
+                    num_hidden_layers=26,
+                    num_attention_heads=8,
+                    num_key_value_heads=4,
+                    head_dim=256,
+                    intermediate_size=9216,
+                    sliding_window=4096,
+                ),
+            ),
+            "tiny": ("tiny", dict(_TINY, num_key_value_heads=2, head_dim=16, sliding_window=16)),
+        },
+        # vocabulary cut from 256000, as for Qwen3
+        fixed=dict(
+            vocab_size=WORDPIECE_VOCAB,
+            max_position_embeddings=8192,
+            query_pre_attn_scalar=256,
+            attn_logit_softcapping=50.0,
+            hidden_activation="gelu_pytorch_tanh",
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+            pad_token_id=PAD,
+            bos_token_id=CLS,
+            eos_token_id=SEP,
+        ),
+        decoder=True,
+    ),
 }
 
 # the real vocabularies the base shapes cut (the embedding table is a lookup: no FLOPs)
-_CUT_VOCAB = {"qwen3": 151669, "gemma3": 262144}
+_CUT_VOCAB = {"qwen3": 151669, "gemma3": 262144, "gemma2": 256000}
 
 
 def shapes(family: str) -> tuple[str, ...]:

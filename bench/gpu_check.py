@@ -61,6 +61,7 @@ CHECKS = (
     Check("qwen3", "qwen3", "base"),
     Check("gemma3", "gemma3", "base"),
     Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),
+    Check("gemma2", "gemma2", "base"),
 )
 
 

@@ -33,7 +33,8 @@ QWEN2 = FamilyTypes("Qwen2", ("qwen2",), pooling="lasttoken")
 MISTRAL = FamilyTypes("Mistral", ("mistral",), pooling="lasttoken")
 LLAMA = FamilyTypes("Llama", ("llama",), pooling="lasttoken")
 GEMMA3 = FamilyTypes("Gemma3", ("gemma3_text",), pooling="mean")  # EmbeddingGemma pools the mean
-FAMILY_TYPES = (BERT, XLM_ROBERTA, MPNET, MODERNBERT, QWEN3, QWEN2, MISTRAL, LLAMA, GEMMA3)
+GEMMA2 = FamilyTypes("Gemma2", ("gemma2",), pooling="lasttoken")  # bge-multilingual-gemma2 pools the last token
+FAMILY_TYPES = (BERT, XLM_ROBERTA, MPNET, MODERNBERT, QWEN3, QWEN2, MISTRAL, LLAMA, GEMMA3, GEMMA2)
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 

@@ -29,6 +29,12 @@ def folders(tmp_path_factory):
         ("modernbert", "ModernBERT", "mean", "bidirectional; bidirectional, window ±4"),
         ("qwen3", "Qwen3", "lasttoken", "causal"),
         ("gemma3", "Gemma3", "mean", "bidirectional, window ±4; bidirectional"),
+        (
+            "gemma2",
+            "Gemma2",
+            "lasttoken",
+            "causal, window -7, scores capped at ±2 (tanh); causal, scores capped at ±2 (tanh)",
+        ),
     ],
 )
 def test_each_family_serves_and_says_how(folders, name, family, pooling, attention):

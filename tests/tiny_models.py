@@ -32,6 +32,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
+    Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
@@ -43,7 +44,7 @@ from transformers import (
     Qwen3Config,
 )
 
-FAMILIES = ("bert", "mpnet", "modernbert", "qwen3", "qwen2", "mistral", "llama", "gemma3")
+FAMILIES = ("bert", "mpnet", "modernbert", "qwen3", "qwen2", "mistral", "llama", "gemma3", "gemma2")
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")  # the families ``bidirectional=True`` applies to
 CLASSIFIERS = ("bert", "mpnet", "modernbert", "qwen3")  # the families whose classifier variant is checked
 
@@ -218,6 +219,20 @@ _FAMILIES: dict[str, _Family] = {
         special_tokens=_DECODER_TOKENS,
         prompts={"query": "task: search result | query: ", "document": "title: none | text: "},
         dense=(256, 64),
+    ),
+    "gemma2": _Family(
+        # bge-multilingual-gemma2's shape: causal, last-token pooling; a window of 8 on layers 0 and 2
+        # (the config's default layer_types) and a score cap of 2 that bends these scores (50 would not)
+        Gemma2Config,
+        dict(_DECODER, num_hidden_layers=3, num_key_value_heads=1, query_pre_attn_scalar=32, **_BOS_EOS)
+        | dict(sliding_window=8, attn_logit_softcapping=2.0),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] [CLS] $B [SEP]",
+        special_tokens=_DECODER_TOKENS,
+        pooling="lasttoken",
+        prompts={
+            "query": "<instruct>Given a web search query, retrieve relevant passages that answer the query\n<query>"
+        },
     ),
 }
 

@@ -82,6 +82,8 @@ def dense_reference(q, k, v, lengths, mask):
         sl = slice(start, start + n)
         qs, ks, vs = (t[sl].transpose(0, 1) for t in (q, k, v))  # [heads, L, d]
         scores = qs @ ks.transpose(-1, -2) * (mask.scale or q.shape[-1] ** -0.5)
+        if mask.softcap is not None:
+            scores = mask.softcap * torch.tanh(scores / mask.softcap)
         i = torch.arange(n)
         rel = i[None, :] - i[:, None]
         allowed = torch.ones(n, n, dtype=torch.bool)
@@ -112,10 +114,14 @@ def _masks():
         "symmetric-window": AttnMask(window=2),
         "scaled": AttnMask(scale=0.3),
         "bias": AttnMask(bias=bias),
+        # Gemma2's: scores past the cap (1.5 bends these N(0, 1) products' scores) flattened by tanh
+        "softcap-causal-window": AttnMask(causal=True, window=3, scale=0.3, softcap=1.5),
     }
 
 
-@pytest.mark.parametrize("mask_name", ["causal", "causal-window", "symmetric-window", "scaled", "bias"])
+@pytest.mark.parametrize(
+    "mask_name", ["causal", "causal-window", "symmetric-window", "scaled", "bias", "softcap-causal-window"]
+)
 @pytest.mark.parametrize(
     "lengths, padded",
     [

@@ -35,6 +35,7 @@ def _randomize(model: torch.nn.Module) -> None:
 
 def _configs():
     from transformers import (
+        Gemma2Config,
         Gemma3TextConfig,
         LlamaConfig,
         MistralConfig,
@@ -79,6 +80,11 @@ def _configs():
             query_pre_attn_scalar=24,
             use_bidirectional_attention=True,
             layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
+        # a cap of 2 bends most scores (50, the real one, would leave these near linear); layer_types
+        # left to the config's default (sliding, full, sliding)
+        "gemma2": Gemma2Config(
+            **decoder, head_dim=32, sliding_window=9, query_pre_attn_scalar=24, attn_logit_softcapping=2.0
         ),
     }
 
@@ -132,7 +138,9 @@ def _ours(config: dict, hf_model, ids: list[np.ndarray]) -> list[torch.Tensor]:
 
 
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")
-CASES = [(name, False) for name in ("mpnet", "modernbert", *DECODERS, "gemma3")] + [(name, True) for name in DECODERS]
+CASES = [(name, False) for name in ("mpnet", "modernbert", *DECODERS, "gemma3", "gemma2")] + [
+    (name, True) for name in DECODERS
+]
 
 
 @pytest.mark.parametrize("name, bidirectional", CASES)

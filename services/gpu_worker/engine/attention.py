@@ -3,7 +3,8 @@
 Each backend is bound once per batch to the sequence bounds (``bind``), then called by every layer
 with q of shape [T, heads, head_dim] and k, v of shape [T, kv_heads, head_dim] (grouped-query
 attention when kv_heads < heads), and the layer's :class:`AttnMask`: bidirectional or causal, an
-optional window, an optional softmax scale, an optional additive bias (MPNet's relative positions).
+optional window, an optional softmax scale, an optional additive bias (MPNet's relative positions),
+an optional tanh cap on the scores (Gemma2's soft-capping: only the SDPA backend's explicit path takes it).
 ``capturable`` backends read the bounds from device memory only, so a CUDA graph captured with them
 is valid for any batch of the same token bucket.
 """
@@ -36,22 +37,31 @@ class AttnMask:
 
     ``window``: query i sees key j only where |i - j| <= window (with ``causal``: i - window <= j <= i).
     ``bias``: added to the scores; the same for every sequence of a length (relative positions).
+    ``softcap``: scores (after scaling) become softcap * tanh(score / softcap) before masking (Gemma2);
+    no fused kernel does this, so only SDPA's explicit path serves it.
     """
 
     causal: bool = False
     window: int | None = None
     scale: float | None = None  # None: 1 / sqrt(head_dim)
     bias: BiasFn | None = None
+    softcap: float | None = None
 
     @property
     def plain(self) -> bool:
         return not self.causal and self.window is None and self.bias is None
 
+    @property
+    def fused(self) -> bool:
+        """Whether a fused attention kernel can serve it (no score bias, no capping)."""
+        return self.bias is None and self.softcap is None
+
     def describe(self) -> str:
         kind = "causal" if self.causal else "bidirectional"
         if self.window is not None:
             kind += f", window {'-' if self.causal else '±'}{self.window}"
-        return kind + (", relative-position bias" if self.bias is not None else "")
+        kind += ", relative-position bias" if self.bias is not None else ""
+        return kind + (f", scores capped at ±{self.softcap:g} (tanh)" if self.softcap is not None else "")
 
 
 FULL = AttnMask()
@@ -95,6 +105,39 @@ def _window(mask: AttnMask, length: int) -> int | None:
     """The mask's window where it hides keys in a sequence of ``length`` tokens; None where every key
     is within it (short sequences under ModernBERT's or Gemma3's local layers: no mask, the fast kernel)."""
     return mask.window if mask.window is not None and mask.window < length - 1 else None
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    mask: AttnMask,
+    gqa: dict[str, Any],
+) -> torch.Tensor:
+    """q [n, heads, L, d], k and v [n, kv_heads, L, d] -> [n, heads, L, d]: SDPA, or with a score cap
+    the same math spelled out (transformers' eager attention: scale, cap, mask, softmax in float32)."""
+    if mask.softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=mask.scale, **gqa
+        )
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = mask.scale if mask.scale is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [n, heads, L, L]
+    scores = torch.tanh(scores / mask.softcap) * mask.softcap
+    if is_causal:
+        length = q.shape[2]
+        attn_mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        scores = (
+            scores.masked_fill(~attn_mask, float("-inf"))
+            if attn_mask.dtype == torch.bool
+            else scores + attn_mask.float()
+        )
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
 class SdpaVarlen:
@@ -173,15 +216,7 @@ class SdpaVarlen:
             # 3-D ones fall back to the unfused math path (several times slower)
             causal = mask.causal and _window(mask, length) is None and mask.bias is None
             qs, ks, vs = (t[start:end].view(n, length, t.shape[1], d).transpose(1, 2) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(
-                qs,
-                ks,
-                vs,
-                attn_mask=None if causal else self._run_mask(length, mask, q),
-                is_causal=causal,
-                scale=mask.scale,
-                **gqa,
-            )
+            o = _sdpa(qs, ks, vs, None if causal else self._run_mask(length, mask, q), causal, mask, gqa)
             out[start:end].view(n, length, heads, d).copy_(o.transpose(1, 2))
         return out
 
@@ -218,9 +253,7 @@ class SdpaVarlen:
             padded.index_copy_(0, positions, t[: self._covered])
             return padded.view(n, longest, t.shape[1], d).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(
-            pad(q), pad(k), pad(v), attn_mask=self._padded_mask(padding, mask, q), scale=mask.scale, **gqa
-        )
+        o = _sdpa(pad(q), pad(k), pad(v), self._padded_mask(padding, mask, q), False, mask, gqa)
         o = o.transpose(1, 2).reshape(n * longest, heads, d)
         if self._covered == len(q):
             return o.index_select(0, positions)
@@ -266,7 +299,7 @@ class TorchFlashVarlen:
         self._max_len = 0
 
     def supports(self, mask: AttnMask, grouped: bool) -> bool:
-        if mask.bias is not None or (grouped and not self.gqa):
+        if not mask.fused or (grouped and not self.gqa):
             return False
         return self.windows or (not mask.causal and mask.window is None)
 
@@ -329,7 +362,7 @@ class FlashInferRagged:
 
     @staticmethod
     def supports(mask: AttnMask) -> bool:
-        return mask.bias is None and (mask.window is None or mask.causal)
+        return mask.fused and (mask.window is None or mask.causal)
 
     def bind(
         self,
@@ -397,7 +430,7 @@ def select_attention(
     elif prefer == "flashinfer":
         raise ValueError(
             f"FlashInfer does not support this model (head size {head_dim}, {dtype}, masks "
-            f"{', '.join(m.describe() for m in masks)}): it needs head size 64/128/256, half precision, no score bias "
+            f"{', '.join(m.describe() for m in masks)}): it needs head size 64/128/256, half precision, no score bias or cap "
             "and no symmetric window"
         )
     if half:

@@ -19,6 +19,7 @@ from embedfleet.services.gpu_worker.engine.layers.self_attention import SelfAtte
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
+from embedfleet.shared.model_families import BY_TYPE
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -27,7 +28,7 @@ def spec(config: dict[str, Any]) -> ModelSpec:
     heads = int(config["num_attention_heads"])
     return ModelSpec(
         model_type=config["model_type"],
-        family="Gemma3",
+        family=BY_TYPE[config["model_type"]].name,
         hidden_size=int(config["hidden_size"]),
         num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),
@@ -44,15 +45,17 @@ def spec(config: dict[str, Any]) -> ModelSpec:
     )
 
 
-def layer_types(config: dict[str, Any], layers: int) -> list[str]:
+def layer_types(config: dict[str, Any], layers: int, pattern: int = 6) -> list[str]:
     if types := config.get("layer_types"):
         return list(types)
-    pattern = int(config.get("sliding_window_pattern", 6))  # every pattern-th layer is global
+    pattern = int(config.get("sliding_window_pattern", pattern))  # every pattern-th layer is global
     return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    """Gemma's block: pre- and post-norms around attention and MLP (Gemma2 the same, without q/k norms)."""
+
+    def __init__(self, spec: ModelSpec, qk_norm: bool = True) -> None:
         super().__init__()
         h, eps, c = spec.hidden_size, spec.layer_norm_eps, spec.config
         bias = bool(c.get("attention_bias", False))
@@ -64,7 +67,7 @@ class Block(nn.Module):
             spec.head_dim,
             qkv_bias=bias,
             out_bias=bias,
-            qk_norm_eps=eps,
+            qk_norm_eps=eps if qk_norm else None,
             norm_offset=True,
         )
         self.post_attn_norm = RMSNorm(h, eps, offset=True)
@@ -87,16 +90,25 @@ class Block(nn.Module):
 class Gemma3Encoder(EncoderModel):
     PREFIXES = ("", "model.")
     PROBE = "embed_tokens.weight"
+    QK_NORM = True  # per-head q/k RMSNorms
+    PATTERN = 6  # without layer_types, every PATTERN-th layer is global (sliding_window_pattern)
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
-        c, h = spec.config, spec.hidden_size
-        self.types = layer_types(c, spec.num_layers)
+        h = spec.hidden_size
+        self.types = layer_types(spec.config, spec.num_layers, self.PATTERN)
         self.word = nn.Embedding(spec.vocab_size, h)
         self.embed_scale = math.sqrt(h)
-        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(Block(spec, self.QK_NORM) for _ in range(spec.num_layers))
         self.norm = RMSNorm(h, spec.layer_norm_eps, offset=True)
-        self.rotary = nn.ModuleDict(
+        self.rotary = self.rotaries(spec)
+        self.mask_of = self.attn_masks(spec)
+        self.head = nn.Linear(h, spec.num_labels, bias=False) if spec.num_labels else None
+
+    def rotaries(self, spec: ModelSpec) -> nn.ModuleDict:
+        """Each layer type's rotary table."""
+        c = spec.config
+        return nn.ModuleDict(
             {
                 FULL: Rotary(rope_parameters(c, FULL, default_theta=1_000_000.0), spec.head_dim),
                 # local layers: their own base, never scaled
@@ -105,16 +117,19 @@ class Gemma3Encoder(EncoderModel):
                 ),
             }
         )
+
+    def attn_masks(self, spec: ModelSpec) -> dict[str, AttnMask]:
+        """Each layer type's attention mask."""
+        c = spec.config
         scale = float(c.get("query_pre_attn_scalar") or spec.head_dim) ** -0.5
         size = int(c.get("sliding_window") or 4096)
         # bidirectional (EmbeddingGemma): |i - j| <= sliding_window // 2 (transformers halves the config's
         # value); causal: i - sliding_window < j <= i
         w = size - 1 if spec.causal else size // 2
-        self.mask_of = {
+        return {
             FULL: AttnMask(causal=spec.causal, scale=scale),
             SLIDING: AttnMask(causal=spec.causal, window=w, scale=scale),
         }
-        self.head = nn.Linear(h, spec.num_labels, bias=False) if spec.num_labels else None
 
     def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
         x = self.word(batch.input_ids)
@@ -142,7 +157,7 @@ class Gemma3Encoder(EncoderModel):
                 ("post_mlp_norm", "post_feedforward_layernorm"),
             ):
                 names[f"{ours}{mine}.weight"] = [f"{hf}{theirs}.weight"]
-            names.update(SelfAttention.hf_names(f"{hf}self_attn.", f"{ours}attn.", bias, bias, True))
+            names.update(SelfAttention.hf_names(f"{hf}self_attn.", f"{ours}attn.", bias, bias, self.QK_NORM))
             names[f"{ours}mlp.gate_up.weight"] = [f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"]
             names[f"{ours}mlp.down.weight"] = [f"{hf}mlp.down_proj.weight"]
         return names

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from embedfleet.services.gpu_worker.engine.models import bert, decoder, gemma3, modernbert, mpnet
+from embedfleet.services.gpu_worker.engine.models import bert, decoder, gemma2, gemma3, modernbert, mpnet
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
 from embedfleet.shared import model_families
@@ -147,6 +147,18 @@ FAMILIES = (
         fp16_overflows=True,
         verified="states, stack",
     ),
+    Family(
+        model_families.GEMMA2,
+        gemma2.spec,
+        gemma2.Gemma2Encoder,
+        "bge-multilingual-gemma2",
+        "lasttoken",
+        "causal, grouped-query, scores soft-capped (tanh); alternate layers a 4096-token window",
+        "SDPA with the scores capped explicitly (no flash kernel caps them); no CUDA graphs",
+        prompts="`<instruct>{task}\\n<query>` for queries",
+        fp16_overflows=True,
+        verified="states, folder",
+    ),
 )
 
 
@@ -159,6 +171,7 @@ _VERIFIED = {
     "llm": "LLM-reranker scores = sentence-transformers' CrossEncoder",
     "llm-rerank": "LLM reranking via the scorer = sentence-transformers' CrossEncoder",
     "real": "the real all-MiniLM-L6-v2",
+    "folder": "a folder's vectors (engine) = sentence-transformers",
 }
 
 
