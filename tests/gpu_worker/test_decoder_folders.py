@@ -4,6 +4,9 @@ lengths in one packed batch, float32 on CPU.
 
 - Gemma2 (bge-multilingual-gemma2's shape): causal, a sliding window on alternate layers that most
   texts pass, attention scores soft-capped, the last token pooled.
+- A bidirectional Llama (llama-nemotron-embed's shape: ``is_causal: false`` /
+  ``use_bidirectional_attention: true``) whose Pooling config says mean: transformers 5 builds a
+  bidirectional mask from ``is_causal: false``, so sentence-transformers is the reference.
 """
 
 from __future__ import annotations
@@ -61,3 +64,17 @@ def test_gemma2_equals_sentence_transformers(tmp_path, texts):
     assert json.loads((folder / "config.json").read_text())["model_type"] == "gemma2"
     _assert_close(_engine_vectors(folder, texts), st_reference(folder, texts))
 
+
+def test_bidirectional_llama_pooled_by_mean_equals_sentence_transformers(tmp_path, texts):
+    folder = build("llama", tmp_path, bidirectional=True)
+    pooling_path = folder / "1_Pooling" / "config.json"
+    pooling = json.loads(pooling_path.read_text())
+    modes = {key: key == "pooling_mode_mean_tokens" for key in pooling if key.startswith("pooling_mode_")}
+    pooling_path.write_text(json.dumps({**pooling, **modes}))
+    want = st_reference(folder, texts)
+    _assert_close(_engine_vectors(folder, texts), want)
+    # the flag is what makes it bidirectional: the same weights read causally give other vectors
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "is_causal": True, "use_bidirectional_attention": False}))
+    assert cosines(_engine_vectors(folder, texts), want).min() < 0.999

@@ -129,10 +129,10 @@ FAMILIES = (
         decoder.spec,
         decoder.DecoderEncoder,
         "Llama-based embedders (LLM2Vec-style, bidirectional by config)",
-        "lasttoken",
+        "lasttoken / mean (bidirectional embedders)",
         "causal (or bidirectional by config), grouped-query; llama3 / linear rope scaling",
         _FLASH,
-        verified="states, stack, logits, llm",
+        verified="states, stack, logits, llm, folder",
         llm_reranker=True,
     ),
     Family(
