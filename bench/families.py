@@ -116,6 +116,24 @@ FAMILIES: dict[str, Family] = {
             eos_token_id=SEP,
         ),
     ),
+    "gte": Family(
+        "GteConfig",
+        "cls",
+        {
+            "base": (
+                "gte-multilingual-base",
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+            ),
+            "tiny": ("tiny", _TINY),
+        },
+        # vocabulary cut from 250048, as for Qwen3
+        fixed=dict(
+            vocab_size=WORDPIECE_VOCAB,
+            max_position_embeddings=8192,
+            rope_parameters={"rope_type": "default", "rope_theta": 160_000.0},
+            pad_token_id=PAD,
+        ),
+    ),
     "qwen3": Family(
         "Qwen3Config",
         "lasttoken",
@@ -229,7 +247,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 # the real vocabularies the base shapes cut (the embedding table is a lookup: no FLOPs)
-_CUT_VOCAB = {"qwen3": 151669, "gemma3": 262144, "gemma2": 256000}
+_CUT_VOCAB = {"gte": 250048, "qwen3": 151669, "gemma3": 262144, "gemma2": 256000}
 
 
 def shapes(family: str) -> tuple[str, ...]:

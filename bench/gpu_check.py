@@ -58,6 +58,7 @@ CHECKS = (
     Check("bert-base", "bert", "base", replicas=(1, 2, 4), saturation=True),
     Check("mpnet", "mpnet", "base"),
     Check("modernbert", "modernbert", "base"),
+    Check("gte", "gte", "base"),
     Check("qwen3", "qwen3", "base"),
     Check("gemma3", "gemma3", "base"),
     Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),

@@ -29,6 +29,7 @@ def folders(tmp_path_factory):
         ("modernbert", "ModernBERT", "mean", "bidirectional; bidirectional, window ±4"),
         ("qwen3", "Qwen3", "lasttoken", "causal"),
         ("gemma3", "Gemma3", "mean", "bidirectional, window ±4; bidirectional"),
+        ("gte", "GTE", "cls", "bidirectional"),
         (
             "gemma2",
             "Gemma2",

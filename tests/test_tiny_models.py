@@ -67,7 +67,7 @@ def test_embedder_folder(family: str, embedder) -> None:
     dense = ["Dense", "Dense"] if family == "gemma3" else []
     assert types == ["Transformer", "Pooling", *dense, "Normalize"]
     pooling = json.loads((folder / "1_Pooling/config.json").read_text())["pooling_mode"]
-    assert pooling == ("lasttoken" if family in (*DECODERS, "gemma2") else "mean")
+    assert pooling == ("lasttoken" if family in (*DECODERS, "gemma2") else "cls" if family == "gte" else "mean")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

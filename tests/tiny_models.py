@@ -34,6 +34,7 @@ from transformers import (
     BertConfig,
     Gemma2Config,
     Gemma3TextConfig,
+    GteConfig,
     LlamaConfig,
     MistralConfig,
     ModernBertConfig,
@@ -44,7 +45,7 @@ from transformers import (
     Qwen3Config,
 )
 
-FAMILIES = ("bert", "mpnet", "modernbert", "qwen3", "qwen2", "mistral", "llama", "gemma3", "gemma2")
+FAMILIES = ("bert", "mpnet", "modernbert", "qwen3", "qwen2", "mistral", "llama", "gemma3", "gte", "gemma2")
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")  # the families ``bidirectional=True`` applies to
 CLASSIFIERS = ("bert", "mpnet", "modernbert", "qwen3")  # the families whose classifier variant is checked
 
@@ -219,6 +220,22 @@ _FAMILIES: dict[str, _Family] = {
         special_tokens=_DECODER_TOKENS,
         prompts={"query": "task: search result | query: ", "document": "title: none | text: "},
         dense=(256, 64),
+    ),
+    "gte": _Family(
+        # snowflake-arctic-embed-m-v2.0's shape: rotary positions, CLS pooling, a query prompt
+        GteConfig,
+        dict(
+            _COMMON,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 160000.0},
+            pad_token_id=PAD,
+        ),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=_ENCODER_TOKENS,
+        pooling="cls",
+        prompts={"query": "query: "},
     ),
     "gemma2": _Family(
         # bge-multilingual-gemma2's shape: causal, last-token pooling; a window of 8 on layers 0 and 2

@@ -46,7 +46,10 @@ def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
 
     params = dict(model.named_parameters())
     pairs = [
-        (ours, torch.cat([fetch(n) for n in theirs], dim=0) if len(theirs) > 1 else fetch(theirs[0]))
+        (
+            ours,
+            model.weight_tensor(ours, torch.cat([fetch(n) for n in theirs]) if len(theirs) > 1 else fetch(theirs[0])),
+        )
         for ours, theirs in model.weight_names().items()
     ]
     for ours, candidates in model.head_names().items():

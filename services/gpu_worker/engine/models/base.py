@@ -45,6 +45,11 @@ class EncoderModel(nn.Module, abc.ABC):
     def weight_names(self) -> dict[str, list[str]]:
         """Our parameter name -> the checkpoint names (after the prefix) it is made of (several: concatenated)."""
 
+    def weight_tensor(self, ours: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The checkpoint tensor (concatenated where ``weight_names`` lists several) laid out as our
+        parameter ``ours`` holds it (as it is here; GTE swaps its [up; gate] rows)."""
+        return tensor
+
     def head_names(self) -> dict[str, list[str]]:
         """Our head parameter -> the absolute checkpoint names it may have (the first found is taken)."""
         return {}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from embedfleet.services.gpu_worker.engine.models import bert, decoder, gemma2, gemma3, modernbert, mpnet
+from embedfleet.services.gpu_worker.engine.models import bert, decoder, gemma2, gemma3, gte, modernbert, mpnet
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
 from embedfleet.shared import model_families
@@ -86,6 +86,17 @@ FAMILIES = (
         _WINDOWED,
         prompts="modernbert-embed: `search_query: ` / `search_document: `",
         verified="states, stack, logits, rerank",
+    ),
+    Family(
+        model_families.GTE,
+        gte.spec,
+        gte.GteEncoder,
+        "gte-multilingual-base, gte-base-en-v1.5, gte-large-en-v1.5, snowflake-arctic-embed-m-v2.0",
+        "cls",
+        "bidirectional; fixed NTK rope scaling where set",
+        _FLASH,
+        prompts="arctic-embed-m-v2.0: `query: `",
+        verified="folder",
     ),
     Family(
         model_families.QWEN3,
