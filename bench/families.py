@@ -134,6 +134,23 @@ FAMILIES: dict[str, Family] = {
             pad_token_id=PAD,
         ),
     ),
+    "nomic_bert": Family(
+        "NomicBertConfig",
+        "mean",
+        {
+            "base": (
+                "nomic-embed-text-v1.5",
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+            ),
+            "tiny": ("tiny", _TINY),
+        },
+        fixed=dict(
+            vocab_size=30528,
+            max_position_embeddings=2048,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+            pad_token_id=PAD,
+        ),
+    ),
     "qwen3": Family(
         "Qwen3Config",
         "lasttoken",

@@ -59,6 +59,7 @@ CHECKS = (
     Check("mpnet", "mpnet", "base"),
     Check("modernbert", "modernbert", "base"),
     Check("gte", "gte", "base"),
+    Check("nomic", "nomic_bert", "base"),
     Check("qwen3", "qwen3", "base"),
     Check("gemma3", "gemma3", "base"),
     Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),

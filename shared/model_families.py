@@ -33,9 +33,10 @@ QWEN2 = FamilyTypes("Qwen2", ("qwen2",), pooling="lasttoken")
 MISTRAL = FamilyTypes("Mistral", ("mistral",), pooling="lasttoken")
 LLAMA = FamilyTypes("Llama", ("llama",), pooling="lasttoken")
 GTE = FamilyTypes("GTE", ("gte", "new"), pooling="cls")  # "new": the older NewModel checkpoints
+NOMIC_BERT = FamilyTypes("NomicBERT", ("nomic_bert",))
 GEMMA3 = FamilyTypes("Gemma3", ("gemma3_text",), pooling="mean")  # EmbeddingGemma pools the mean
 GEMMA2 = FamilyTypes("Gemma2", ("gemma2",), pooling="lasttoken")  # bge-multilingual-gemma2 pools the last token
-FAMILY_TYPES = (BERT, XLM_ROBERTA, MPNET, MODERNBERT, GTE, QWEN3, QWEN2, MISTRAL, LLAMA, GEMMA3, GEMMA2)
+FAMILY_TYPES = (BERT, XLM_ROBERTA, MPNET, MODERNBERT, GTE, NOMIC_BERT, QWEN3, QWEN2, MISTRAL, LLAMA, GEMMA3, GEMMA2)
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 

@@ -124,7 +124,16 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
     assert data["smoke"] is True
     models = data["models"]
     assert set(models) == {c.name for c in CHECKS}
-    assert {m["family"] for m in models.values()} == {"bert", "mpnet", "modernbert", "gte", "qwen3", "gemma3", "gemma2"}
+    assert {m["family"] for m in models.values()} == {
+        "bert",
+        "mpnet",
+        "modernbert",
+        "gte",
+        "nomic_bert",
+        "qwen3",
+        "gemma3",
+        "gemma2",
+    }
     for name, model in models.items():
         assert "error" not in model, (name, model.get("error"))
         assert model["shape"] == "tiny" and model["attention"] == "sdpa" and model["graphs_possible"] is False

@@ -30,6 +30,7 @@ def folders(tmp_path_factory):
         ("qwen3", "Qwen3", "lasttoken", "causal"),
         ("gemma3", "Gemma3", "mean", "bidirectional, window ±4; bidirectional"),
         ("gte", "GTE", "cls", "bidirectional"),
+        ("nomic_bert", "NomicBERT", "mean", "bidirectional"),
         (
             "gemma2",
             "Gemma2",

@@ -39,13 +39,26 @@ from transformers import (
     MistralConfig,
     ModernBertConfig,
     MPNetConfig,
+    NomicBertConfig,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
     Qwen3Config,
 )
 
-FAMILIES = ("bert", "mpnet", "modernbert", "qwen3", "qwen2", "mistral", "llama", "gemma3", "gte", "gemma2")
+FAMILIES = (
+    "bert",
+    "mpnet",
+    "modernbert",
+    "qwen3",
+    "qwen2",
+    "mistral",
+    "llama",
+    "gemma3",
+    "gte",
+    "nomic_bert",
+    "gemma2",
+)
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")  # the families ``bidirectional=True`` applies to
 CLASSIFIERS = ("bert", "mpnet", "modernbert", "qwen3")  # the families whose classifier variant is checked
 
@@ -236,6 +249,21 @@ _FAMILIES: dict[str, _Family] = {
         special_tokens=_ENCODER_TOKENS,
         pooling="cls",
         prompts={"query": "query: "},
+    ),
+    "nomic_bert": _Family(
+        # nomic-embed-text-v1.5's shape: rotary base 1000, SwiGLU, no biases, mean pooling, task prefixes
+        NomicBertConfig,
+        dict(
+            _COMMON,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+            pad_token_id=PAD,
+        ),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=_ENCODER_TOKENS,
+        prompts={"query": "search_query: ", "document": "search_document: "},
     ),
     "gemma2": _Family(
         # bge-multilingual-gemma2's shape: causal, last-token pooling; a window of 8 on layers 0 and 2

@@ -98,8 +98,14 @@ def _modules(path: Path) -> tuple[Module, ...]:
     )
 
 
+# GPT-2's names for them, which some encoders' published configs use (NomicBERT: n_embd, n_positions)
+_GPT2_NAMES = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions"}
+
+
 def setting(config: dict[str, Any], key: str, default: Any = None) -> Any:
     """A config.json value; multimodal wrappers keep the text model's sizes in its ``text_config``."""
+    if key not in config and _GPT2_NAMES.get(key) in config:
+        return config[_GPT2_NAMES[key]]
     return config.get(key, (config.get("text_config") or {}).get(key, default))
 
 

@@ -5,7 +5,6 @@ NewModel naming, and a clear refusal of a scaling the engine does not implement.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,15 +12,12 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
-from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.models.registry import spec_from_folder
-from embedfleet.services.gpu_worker.engine.pooling import postprocess
-from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 from embedfleet.shared.config import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
-from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
+from tests.engine_folders import edit_config, engine_vectors
 from tests.tiny_models import build, st_reference
 
 NTK_FACTOR = 2.0
@@ -39,29 +35,10 @@ def _texts() -> list[str]:
     return texts
 
 
-def _engine_vectors(folder: Path, texts: list[str], prompt_name: str | None = None) -> np.ndarray:
-    info = load_model_info(str(folder))
-    encoder = TextEncoder(info)
-    ids = encoder.encode(encoder.with_prompt(texts, EmbedOptions(prompt_name=prompt_name)))
-    (chunk,) = pack_chunks(ids, 1 << 20, 1024)  # every text in one packed batch
-    return postprocess(Engine(info, "cpu").embed(chunk.input_ids, chunk.cu_seqlens), True, None, np.float32)
-
-
-def _edit_config(folder: Path, **changes) -> None:
-    path = folder / "config.json"
-    config = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    path.write_text(json.dumps(config, indent=2))
-
-
 @pytest.mark.parametrize("prompt_name", [None, "query"])
 def test_gte_vectors_equal_sentence_transformers(gte_folder, prompt_name):
     texts = _texts()
-    got = _engine_vectors(gte_folder, texts, prompt_name)
+    got = engine_vectors(gte_folder, texts, prompt_name)
     want = st_reference(gte_folder, texts, prompt_name=prompt_name)
     assert cosines(got, want).min() >= 0.9999
     assert cosines(got, got[::-1]).min() < 0.99  # different texts, clearly different vectors
@@ -73,7 +50,7 @@ def test_gte_ntk_rope_scaling_as_gte_en_v1_5_publishes_it(gte_folder, tmp_path):
     scaling with those numbers, which computes the same frequencies."""
     texts = _texts()
     reference = shutil.copytree(gte_folder, tmp_path / "linear")
-    _edit_config(
+    edit_config(
         reference,
         rope_parameters={
             "rope_type": "linear",
@@ -82,8 +59,8 @@ def test_gte_ntk_rope_scaling_as_gte_en_v1_5_publishes_it(gte_folder, tmp_path):
         },
     )
     ntk = shutil.copytree(gte_folder, tmp_path / "ntk")
-    _edit_config(ntk, rope_parameters=None, rope_theta=160000.0, rope_scaling={"type": "ntk", "factor": NTK_FACTOR})
-    got = _engine_vectors(ntk, texts)
+    edit_config(ntk, rope_parameters=None, rope_theta=160000.0, rope_scaling={"type": "ntk", "factor": NTK_FACTOR})
+    got = engine_vectors(ntk, texts)
     assert cosines(got, st_reference(reference, texts)).min() >= 0.9999
     assert cosines(got, st_reference(gte_folder, texts)).min() < 0.9999  # the scaling changed the vectors
 
@@ -93,9 +70,9 @@ def test_gte_older_newmodel_checkpoint(gte_folder, tmp_path):
     folder = shutil.copytree(gte_folder, tmp_path / "new")
     tensors = load_file(folder / "model.safetensors")
     save_file({f"new.{name}": t for name, t in tensors.items()}, folder / "model.safetensors")
-    _edit_config(folder, model_type="new", architectures=["NewModel"])
+    edit_config(folder, model_type="new", architectures=["NewModel"])
     texts = _texts()
-    np.testing.assert_allclose(_engine_vectors(folder, texts), _engine_vectors(gte_folder, texts), atol=1e-6)
+    np.testing.assert_allclose(engine_vectors(folder, texts), engine_vectors(gte_folder, texts), atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -108,6 +85,6 @@ def test_gte_older_newmodel_checkpoint(gte_folder, tmp_path):
 )
 def test_gte_refuses_what_it_does_not_implement(gte_folder, tmp_path, changes, message):
     folder = shutil.copytree(gte_folder, tmp_path / "refused")
-    _edit_config(folder, rope_parameters=None, rope_theta=160000.0, **changes)
+    edit_config(folder, rope_parameters=None, rope_theta=160000.0, **changes)
     with pytest.raises(ConfigError, match=message):
         spec_from_folder(load_model_info(str(folder)))

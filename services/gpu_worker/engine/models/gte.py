@@ -69,18 +69,24 @@ class GteEncoder(EncoderModel):
     PREFIXES = ("", "new.", "gte.")
     PROBE = "embeddings.word_embeddings.weight"
 
+    BIASES = True  # on the QKV, output and down projections (NomicBERT, which reuses this encoder: none)
+    TYPE_VOCAB = 1  # type_vocab_size when the config says none
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         h = spec.hidden_size
         self.word = nn.Embedding(spec.vocab_size, h)
         # gte-base-en-v1.5 has type_vocab_size 0: no token-type embedding; the others add row 0 (ids are all 0)
-        types = int(spec.config.get("type_vocab_size", 1))
+        types = int(spec.config.get("type_vocab_size", self.TYPE_VOCAB))
         self.token_type = nn.Embedding(types, h) if types else None
         self.norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
-        self.rotary = Rotary(gte_rope_parameters(spec.config, spec.head_dim), spec.head_dim)
+        self.rotary = Rotary(self.rope_parameters(), spec.head_dim)
         self.layers = nn.ModuleList(
-            RotaryPostNormBlock(spec, attention_bias=True, down_bias=True) for _ in range(spec.num_layers)
+            RotaryPostNormBlock(spec, attention_bias=self.BIASES, down_bias=self.BIASES) for _ in range(spec.num_layers)
         )
+
+    def rope_parameters(self) -> dict[str, Any]:
+        return gte_rope_parameters(self.spec.config, self.spec.head_dim)
 
     def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
         x = self.word(batch.input_ids)  # [T, hidden]
@@ -96,7 +102,7 @@ class GteEncoder(EncoderModel):
         return [FULL] * self.spec.num_layers
 
     def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        raise AssertionError("GTE classifiers are refused by spec()")
+        raise AssertionError(f"{self.spec.family} classifiers are refused by spec()")
 
     def weight_names(self) -> dict[str, list[str]]:
         names = {

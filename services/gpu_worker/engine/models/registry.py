@@ -8,7 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from embedfleet.services.gpu_worker.engine.models import bert, decoder, gemma2, gemma3, gte, modernbert, mpnet
+from embedfleet.services.gpu_worker.engine.models import (
+    bert,
+    decoder,
+    gemma2,
+    gemma3,
+    gte,
+    modernbert,
+    mpnet,
+    nomic_bert,
+)
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
 from embedfleet.shared import model_families
@@ -96,6 +105,17 @@ FAMILIES = (
         "bidirectional; fixed NTK rope scaling where set",
         _FLASH,
         prompts="arctic-embed-m-v2.0: `query: `",
+        verified="folder",
+    ),
+    Family(
+        model_families.NOMIC_BERT,
+        nomic_bert.spec,
+        nomic_bert.NomicBertEncoder,
+        "nomic-embed-text-v1, nomic-embed-text-v1.5, snowflake-arctic-embed-m-long",
+        "mean / cls",
+        "bidirectional; rotary pairs interleaved where set",
+        _FLASH,
+        prompts="nomic-embed: `search_query: ` / `search_document: `",
         verified="folder",
     ),
     Family(
