@@ -34,6 +34,8 @@ MODELS = [
     ("mistral", "mistral", False, "query"),
     ("llama", "llama", False, None),
     ("gemma3", "gemma3", False, "query"),
+    ("gte", "gte", False, "query"),
+    ("nomic_bert", "nomic_bert", False, "query"),
 ]
 # EmbeddingGemma's stack with include_prompt=false in its Pooling (INSTRUCTOR-style): the prompt's
 # tokens are skipped by pooling

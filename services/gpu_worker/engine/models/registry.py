@@ -105,7 +105,7 @@ FAMILIES = (
         "bidirectional; fixed NTK rope scaling where set",
         _FLASH,
         prompts="arctic-embed-m-v2.0: `query: `",
-        verified="folder",
+        verified="stack, folder",
     ),
     Family(
         model_families.NOMIC_BERT,
@@ -116,7 +116,7 @@ FAMILIES = (
         "bidirectional; rotary pairs interleaved where set",
         _FLASH,
         prompts="nomic-embed: `search_query: ` / `search_document: `",
-        verified="folder",
+        verified="stack, folder",
     ),
     Family(
         model_families.QWEN3,
