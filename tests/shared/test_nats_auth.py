@@ -25,6 +25,7 @@ from embedfleet.shared.config import (
     nats_security,
 )
 from embedfleet.shared.lifecycle import RepeatFilter, describe_error
+from embedfleet.shared.local_stack import use_local_stack
 from embedfleet.shared.nats_auth import NatsAuth, redact, split_credentials
 from embedfleet.shared.subjects import Subjects
 from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
@@ -43,7 +44,11 @@ def parse(*args: str, command: str = "tokenizer") -> argparse.Namespace:
 
 
 def config(*args: str) -> NatsConfig:
-    return nats_config(parse(*args))
+    """The NATS config a service builds from ``args``, as the command line does (services/cli.py): the
+    URL first (credentials given without one: the default server), then the rest."""
+    ns = parse(*args)
+    use_local_stack(ns)
+    return nats_config(ns)
 
 
 def write(path, text: str) -> str:
