@@ -165,17 +165,20 @@ def test_wrong_late_chunking_is_refused_in_the_openai_shape(stack, texts, chunki
 
 
 def test_a_window_that_alone_tokenizes_otherwise_is_refused_naming_its_input(stack):
-    """Chunks of 4 tokens cut inside 8-token words: a window that starts inside a word reads its first
-    piece as a word of its own ("dis", not "##dis"); refused, never pooled from shifted spans."""
+    """Chunks of 4 tokens cut 8-token words into pieces, each tokenized alone: a window holding a piece's
+    edge reads the word otherwise (whole, or from that edge as a word of its own); its count differs
+    from its spans', so it is refused, never pooled from shifted spans."""
     long = "Short words fit. " + "antidisestablishmentarianism " * 60  # ~490 tokens: several windows
     r = _post(stack, ["fine", long], {"size": 4, "late": True})
     assert r.status_code == 400, r.text[:300]
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request", error
     assert error["message"].startswith("input 1 makes ") and "content tokens, where its spans count" in error["message"]
-    assert (
-        _post(stack, ["fine", long[:200]], {"size": 4, "late": True}).status_code == 200
-    )  # one window: the whole text
+    # one window holding pieces of a word cut for size 4 (each tokenized alone: "establishment", not
+    # "##est ##ab ##lish ##ment"): its count differs too, refused
+    assert _post(stack, ["fine", long[:200]], {"size": 4, "late": True}).status_code == 400
+    # the same text with chunks that hold its words whole: taken
+    assert _post(stack, ["fine", long[:200]], {"size": 16, "late": True}).status_code == 200
 
 
 def test_a_binary_answer_takes_the_late_mean_and_refuses_chunk_offsets(stack, texts):
