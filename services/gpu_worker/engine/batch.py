@@ -25,6 +25,7 @@ class HostBatch:
     lengths: np.ndarray  # [R] float32: tokens per row (>= 1, for mean pooling)
     keep: np.ndarray  # [N] float32: 1 for a token pooling counts, 0 for a skipped prompt token
     kept: np.ndarray  # [R] float32: tokens per row that pooling counts (>= 1)
+    adapters: np.ndarray  # [N] int64: each token's task adapter (0: none; layers/lora.py)
     rows: int  # real rows (the first ``rows`` outputs are real)
     max_len: int  # longest row, padding included
 
@@ -37,8 +38,10 @@ def prepare(
     rows_to: int | None = None,
     token_types: np.ndarray | None = None,
     skip: np.ndarray | None = None,
+    adapters: np.ndarray | None = None,
 ) -> HostBatch:
-    """``skip``: [rows] leading tokens of each row that pooling does not count (include_prompt=false)."""
+    """``skip``: [rows] leading tokens of each row that pooling does not count (include_prompt=false);
+    ``adapters``: [rows] each row's task adapter (0: none), given to each of its tokens."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     tokens, rows = int(cu[-1]), len(cu) - 1
     n = pad_to or tokens
@@ -66,6 +69,11 @@ def prepare(
         keep = (offsets >= skips[seq_ids]).astype(np.float32)
         kept = np.maximum(np.bincount(seq_ids, weights=keep, minlength=r), 1).astype(np.float32)
         first = np.minimum(first + skips, last)  # cls: the first token counted, as sentence-transformers takes it
+    per_token = np.zeros(n, dtype=np.int64)
+    if adapters is not None:
+        per_row = np.zeros(r, dtype=np.int64)
+        per_row[:rows] = adapters
+        per_token = per_row[seq_ids]
     return HostBatch(
         input_ids=ids,
         positions=offsets + position_offset,
@@ -77,6 +85,7 @@ def prepare(
         lengths=np.maximum(lengths, 1).astype(np.float32),
         keep=keep,
         kept=kept,
+        adapters=per_token,
         rows=rows,
         max_len=int(lengths.max(initial=1)),
     )
@@ -99,6 +108,7 @@ class DeviceBatch:
     lengths: torch.Tensor
     keep: torch.Tensor
     kept: torch.Tensor
+    adapters: torch.Tensor
 
     def __init__(self, host: HostBatch, device: torch.device) -> None:
         pin = device.type == "cuda"
@@ -128,6 +138,7 @@ class StaticBatch:
         self.lengths = torch.ones(max_rows, dtype=torch.float32, device=device)
         self.keep = torch.ones(max_tokens, dtype=torch.float32, device=device)
         self.kept = torch.ones(max_rows, dtype=torch.float32, device=device)
+        self.adapters = buf(max_tokens, torch.int64)
         self.max_rows = max_rows
 
     def load(self, host: HostBatch) -> None:
@@ -151,5 +162,6 @@ class StaticView:
         self.token_types = static.token_types[:tokens]
         self.seq_ids = static.seq_ids[:tokens]
         self.keep = static.keep[:tokens]
+        self.adapters = static.adapters[:tokens]
         self.cu_seqlens = static.cu_seqlens
         self.first, self.last, self.lengths, self.kept = static.first, static.last, static.lengths, static.kept

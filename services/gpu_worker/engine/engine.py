@@ -195,6 +195,11 @@ class Engine:
         )
 
     @property
+    def adapter_names(self) -> tuple[str, ...]:
+        """The model's task adapters: a row's adapter i (``step``'s ``adapters``) is ``adapter_names[i - 1]``."""
+        return self.model.adapter_names
+
+    @property
     def dim(self) -> int:
         """Vector size (after the folder's Dense layers), or for a classifier its number of logits."""
         return self.info.dim
@@ -248,6 +253,7 @@ class Engine:
         skip: np.ndarray | None = None,
         outputs: tuple[str, ...] = ("dense",),
         spans: Spans | None = None,
+        adapters: np.ndarray | None = None,
     ) -> ReadyResult | CudaResult:
         """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32, its
         ``run`` how the forward ran ("eager", "captured" or "replay": CUDA graphs).
@@ -258,7 +264,8 @@ class Engine:
         "sparse" [B, vocab], "tokens" [T, hidden], "multivector" [T, dim], "spans" [S, dim] (float32
         each). ``spans``: with output "spans", each row's token ranges (row-relative; a row may have
         none), each pooled into one vector (span_pooling.py), in row then span order. Inputs must have
-        passed :meth:`check`.
+        passed :meth:`check`. ``adapters``: [B] each row's task adapter (0: none, i: the model's
+        ``adapter_names[i - 1]``), for a model that has them.
         """
         if ("spans" in outputs) != (spans is not None):
             raise ValueError("spans are given exactly with the output 'spans'")
@@ -276,11 +283,11 @@ class Engine:
             self._use_threads(1 if tokens < self._serial_tokens and not extra else self._threads)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if extra:
-                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs, spans)
+                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs, spans, adapters)
             elif bucket is None:
-                made = self._eager(input_ids, cu_seqlens, token_types, skip)
+                made = self._eager(input_ids, cu_seqlens, token_types, skip, adapters=adapters)
             else:
-                made, run = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket)
+                made, run = self._graphed(input_ids, cu_seqlens, token_types, skip, bucket, adapters)
                 made = made[:rows]
             if self.device.type != "cuda":
                 if isinstance(made, dict):
@@ -306,6 +313,7 @@ class Engine:
         skip: np.ndarray | None,
         outputs: tuple[str, ...] | None = None,
         spans: Spans | None = None,
+        adapters: np.ndarray | None = None,
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
@@ -324,6 +332,7 @@ class Engine:
             rows_to=rows + 1 if pad_to and pad_to > tokens else None,
             token_types=token_types,
             skip=skip,
+            adapters=adapters,
         )
         batch = DeviceBatch(host, self.device)
         # the dummy row's outputs are never read: the attention may skip it
@@ -345,6 +354,7 @@ class Engine:
         token_types: np.ndarray | None,
         skip: np.ndarray | None,
         bucket: int,
+        adapters: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, str]:
         """The static output buffer, and how it was filled: "captured" or "replay" (see GraphCache.run)."""
         static, graphs = self._static, self.graphs
@@ -357,6 +367,7 @@ class Engine:
             rows_to=static.max_rows,
             token_types=token_types,
             skip=skip,
+            adapters=adapters,
         )
         static.load(host)
         # bounds from the static buffer, and a fixed longest-row bound, as the captured kernels expect

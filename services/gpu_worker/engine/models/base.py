@@ -23,6 +23,8 @@ class EncoderModel(nn.Module, abc.ABC):
     PREFIXES: tuple[str, ...] = ("",)
     PROBE: str = ""
     USES_TOKEN_TYPES = False  # segment ids (pairs) change the output: BERT only; others ignore them
+    # the task adapters the checkpoint has, in the order ``batch.adapters`` numbers them from 1 (layers/lora.py)
+    adapter_names: tuple[str, ...] = ()
     layers: nn.ModuleList  # the transformer layers, in order: each family builds its own
 
     def __init__(self, spec: ModelSpec) -> None:
