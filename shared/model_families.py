@@ -36,7 +36,23 @@ GTE = FamilyTypes("GTE", ("gte", "new"), pooling="cls")  # "new": the older NewM
 NOMIC_BERT = FamilyTypes("NomicBERT", ("nomic_bert",))
 GEMMA3 = FamilyTypes("Gemma3", ("gemma3_text",), pooling="mean")  # EmbeddingGemma pools the mean
 GEMMA2 = FamilyTypes("Gemma2", ("gemma2",), pooling="lasttoken")  # bge-multilingual-gemma2 pools the last token
-FAMILY_TYPES = (BERT, XLM_ROBERTA, MPNET, MODERNBERT, GTE, NOMIC_BERT, QWEN3, QWEN2, MISTRAL, LLAMA, GEMMA3, GEMMA2)
+# a bidirectional Llama; its embedders (fine-tuned EuroBERTs) pool the mean
+EUROBERT = FamilyTypes("EuroBERT", ("eurobert",), pooling="mean")
+FAMILY_TYPES = (
+    BERT,
+    XLM_ROBERTA,
+    MPNET,
+    MODERNBERT,
+    GTE,
+    NOMIC_BERT,
+    QWEN3,
+    QWEN2,
+    MISTRAL,
+    LLAMA,
+    GEMMA3,
+    GEMMA2,
+    EUROBERT,
+)
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 

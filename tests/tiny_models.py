@@ -32,6 +32,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
+    EuroBertConfig,
     Gemma2Config,
     Gemma3TextConfig,
     GteConfig,
@@ -58,6 +59,7 @@ FAMILIES = (
     "gte",
     "nomic_bert",
     "gemma2",
+    "eurobert",
 )
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")  # the families ``bidirectional=True`` applies to
 CLASSIFIERS = ("bert", "mpnet", "modernbert", "qwen3")  # the families whose classifier variant is checked
@@ -278,6 +280,16 @@ _FAMILIES: dict[str, _Family] = {
         prompts={
             "query": "<instruct>Given a web search query, retrieve relevant passages that answer the query\n<query>"
         },
+    ),
+    "eurobert": _Family(
+        # EuroBERT-210m's shape (a bidirectional Llama: grouped-query, rope_theta 250000) as a mean-pooled
+        # embedder with a query prompt; [CLS]/[SEP] stand in for its <|begin_of_text|>/<|end_of_text|>
+        EuroBertConfig,
+        dict(_DECODER, rope_parameters={"rope_type": "default", "rope_theta": 250000.0}, mask_token_id=103, **_BOS_EOS),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=_DECODER_TOKENS,
+        prompts={"query": "query: "},
     ),
 }
 

@@ -11,6 +11,7 @@ from typing import Any
 from embedfleet.services.gpu_worker.engine.models import (
     bert,
     decoder,
+    eurobert,
     gemma2,
     gemma3,
     gte,
@@ -189,6 +190,16 @@ FAMILIES = (
         prompts="`<instruct>{task}\\n<query>` for queries",
         fp16_overflows=True,
         verified="states, folder",
+    ),
+    Family(
+        model_families.EUROBERT,
+        eurobert.spec,
+        eurobert.EuroBertEncoder,
+        "EuroBERT-210m/610m/2.1B fine-tuned as embedders",
+        "mean",
+        "bidirectional, grouped-query",
+        _FLASH,
+        verified="folder",
     ),
 )
 
