@@ -490,7 +490,9 @@ class EmbedClient:
     ) -> ChunkLayout:
         """Ask a tokenizer where ``texts`` are cut into chunks of ``spec``, each with room for the prompt
         ``options`` name (the chunks' texts are then embedded with those options)."""
-        request = ChunkRequest(uuid.uuid4().hex, model, texts, spec, options.prompt_name, options.input_type)
+        request = ChunkRequest(
+            uuid.uuid4().hex, model, texts, spec, options.prompt_name, options.input_type, options.task
+        )
         payload = self._within_limit(encode(request), "send fewer or shorter texts per request")
         reply = await self._ask(self._subjects.chunk(model), payload, "tokenizer", timeout, len(texts))
         if not isinstance(reply, ChunkLayout) or len(reply.counts) != len(texts):

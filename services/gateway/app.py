@@ -262,7 +262,7 @@ class Gateway:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
         model = await self.resolve_model(req.model)
         options = EmbedOptions(
-            dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire
+            dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire, task=req.task
         )
         outcome, chunks, form = await self.embed_texts(model, req.inputs, options, req.chunking)
         headers = self.stage_headers(outcome)

@@ -52,6 +52,7 @@ class CohereEmbed:
     truncation: str | None  # "right", "left", or None: over-long inputs are errors
     max_tokens: int | None  # v2: a cap per input, accepted when it does not cut below the model's limit
     chunking: Chunking | None = None  # v2's extension: long inputs cut into chunks (services/gateway/chunking.py)
+    task: str | None = None  # a task adapter of the model (EmbedOptions.task)
 
     @property
     def form(self) -> str:
@@ -66,6 +67,7 @@ class CohereEmbed:
             truncate=self.truncation is not None,
             truncation_direction=self.truncation or "right",
             input_type=self.input_type,
+            task=self.task,
         )
 
 
@@ -91,6 +93,7 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
         truncation=TRUNCATE[doc.truncate or "END"],
         max_tokens=None if v2 is None else v2.max_tokens,
         chunking=None if v2 is None or v2.chunking is None else chunking_of(v2.chunking),
+        task=doc.task,
     )
 
 

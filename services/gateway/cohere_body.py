@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from embedfleet.services.gateway.openai_body import ChunkingBody, TextOrTexts
+from embedfleet.services.gateway.openai_body import TASK, ChunkingBody, Task, TextOrTexts
 from embedfleet.shared.protocol import MAX_DIMENSION
 
 Texts = Annotated[TextOrTexts, Field(description="the texts to embed, one an input (a string: one input)")]
@@ -75,6 +75,7 @@ class _EmbedFields(BaseModel):
         "(a model without a prompt of that name: none)",
     )
     embedding_types: EmbeddingTypes | None = None
+    task: Task | None = Field(None, description=TASK)
     truncate: Truncate | None = "END"
     images: Annotated[list[Any], Field(max_length=0)] | None = Field(
         None, description="not supported: the served models embed text (an empty list is as if absent)"

@@ -36,7 +36,7 @@ def model_card(model: str, tokenizer: Mapping[str, str], worker: Mapping[str, st
     """One ``data`` entry: OpenAI's fields, then ``kind``, ``dimensions`` (a vector's length: the
     vocabulary for sparse, the number of labels for rerank / classify), ``max_tokens`` (special tokens
     included), ``outputs``, ``prompts`` (names a request's ``input_type`` / ``prompt_name`` may
-    choose), ``default`` (the model of requests that name none) and, for a classifier, ``labels``
+    choose), ``tasks`` (the task adapters a request's ``task`` may choose), ``default`` (the model of requests that name none) and, for a classifier, ``labels``
     (its label names, by logit)."""
     outputs = _outputs(worker)
     dim = _int(worker.get("dim"))
@@ -51,6 +51,7 @@ def model_card(model: str, tokenizer: Mapping[str, str], worker: Mapping[str, st
         "max_tokens": _int(tokenizer.get("max_seq_length")),
         "outputs": outputs,
         "prompts": [p for p in (tokenizer.get("prompts") or "").split(",") if p],
+        "tasks": [t for t in (tokenizer.get("tasks") or "").split(",") if t],
         "default": default,
     }
     labels = _labels(worker.get("labels"))

@@ -86,6 +86,10 @@ class ModelCard(BaseModel):
     )
     outputs: list[str] = Field(description="the outputs its workers make, e.g. dense, sparse, multivector")
     prompts: list[str] = Field(description="prompt names a request's input_type / prompt_name may choose")
+    tasks: list[str] = Field(
+        description="the task adapters a request's task may choose (jina-embeddings-v3: retrieval.query, ...); "
+        "empty for a model without them"
+    )
     default: bool = Field(description="the model of requests that name none")
     labels: list[str] = omitted("a classifier's label names, by logit")
 

@@ -27,6 +27,7 @@ class EmbeddingsRequest:
     input_type: str | None = None
     embedding_type: str = "float32"  # the vector form (shared/vector_forms.py); 'float' in the request is float32
     chunking: Chunking | None = None  # long inputs cut into chunks (services/gateway/chunking.py)
+    task: str | None = None  # a task adapter of the model (EmbedOptions.task)
 
     @property
     def texts(self) -> list[str]:
@@ -49,6 +50,7 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         doc.input_type,
         EMBEDDING_TYPES[doc.embedding_type or "float"].name,
         None if doc.chunking is None else body_chunking(doc.chunking, inputs, "input"),
+        doc.task,
     )
 
 

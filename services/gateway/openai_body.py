@@ -100,6 +100,16 @@ class ChunkingBody(ChunkSpecBody):
     )
 
 
+# a task adapter of the model (OpenAI and Cohere routes: Jina's API names the field so)
+Task = Annotated[str, Field(min_length=1, max_length=100)]
+TASK = (
+    "the model's task adapter the inputs run with, as Jina's API names them (jina-embeddings-v3: retrieval.query, "
+    "retrieval.passage, separation, classification, text-matching; GET /v1/models lists a model's tasks), and "
+    "the task's prompt where the model has one; on such a model an input_type of query / document chooses the "
+    "retrieval adapters, and no task at all its base model. A task the model lacks: 400 naming those it has"
+)
+
+
 class EmbeddingsBody(BaseModel):
     """Create embeddings (OpenAI); a null optional field is as if absent."""
 
@@ -111,6 +121,7 @@ class EmbeddingsBody(BaseModel):
     dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSION)] | None = None
     user: str | None = None
     input_type: Literal["query", "document"] | None = None
+    task: Task | None = Field(None, description=TASK)
     embedding_type: EmbeddingType | None = Field(
         "float",
         description=(

@@ -56,6 +56,7 @@ class Batch:
     skip: np.ndarray | None = None  # [B] int32 leading tokens of each row that pooling skips, when any work has some
     outputs: tuple[str, ...] = ("dense",)  # the output kinds its works ask for
     spans: Spans | None = None  # [B] rows' spans, when any work asks for them (others' rows have none)
+    adapters: np.ndarray | None = None  # [B] int32 each row's task adapter (0: none), when any work names a task
 
     @property
     def num_tokens(self) -> int:
@@ -63,9 +64,14 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, max_tokens: int, max_seqs: int, bulk_tokens: int | None = None) -> None:
+    def __init__(
+        self, max_tokens: int, max_seqs: int, bulk_tokens: int | None = None, adapters: tuple[str, ...] = ()
+    ) -> None:
+        """``adapters``: the model's task adapters, numbered from 1 in a batch's ``adapters`` (a work's
+        task must be one of them: the worker checks it before queueing)."""
         if max_tokens <= 0 or max_seqs <= 0:
             raise ValueError("token budget and sequence cap must be positive")
+        self._adapter_ids = {name: i + 1 for i, name in enumerate(adapters)}
         self.max_tokens = max_tokens
         self.max_seqs = max_seqs
         # bulk batches may be cut smaller: an online request that arrives waits at most one of them
@@ -145,7 +151,7 @@ class Scheduler:
             if work.next_row < count:
                 break  # budget reached inside this work
             queue.popleft()
-        return _pack(slices)
+        return _pack(slices, self._adapter_ids)
 
     @staticmethod
     def complete(batch: Batch, vectors: np.ndarray | dict[str, np.ndarray]) -> list[Work]:
@@ -192,7 +198,7 @@ def _entries(chunk: TokenChunk, unit: str, start: int, end: int) -> tuple[int, i
     return int(offsets[start]), int(offsets[end])
 
 
-def _pack(slices: list[Slice]) -> Batch:
+def _pack(slices: list[Slice], adapter_ids: dict[str, int] | None = None) -> Batch:
     ids, lengths, types = [], [], []
     typed = any(s.work.batch.token_types is not None for s in slices)
     for s in slices:
@@ -211,8 +217,21 @@ def _pack(slices: list[Slice]) -> Batch:
         skip = np.concatenate([np.full(s.row_end - s.row_start, s.work.batch.prompt_tokens, np.int32) for s in slices])
     outputs = tuple(sorted({s.work.batch.options.output for s in slices}))
     spans = _batch_spans(slices) if "spans" in outputs else None
+    adapters = None
+    if any(s.work.batch.options.task is not None for s in slices):
+        ids_of = adapter_ids or {}
+        adapters = np.concatenate(
+            [np.full(s.row_end - s.row_start, ids_of.get(s.work.batch.options.task or "", 0), np.int32) for s in slices]
+        )
     return Batch(
-        np.concatenate(ids).astype(np.int32, copy=False), cu_seqlens, slices, token_types, skip, outputs, spans
+        np.concatenate(ids).astype(np.int32, copy=False),
+        cu_seqlens,
+        slices,
+        token_types,
+        skip,
+        outputs,
+        spans,
+        adapters,
     )
 
 

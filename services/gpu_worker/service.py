@@ -146,7 +146,9 @@ class WorkerService:
         self._engines = engines
         first = engines[0]
         self._dim = first.dim
-        self._scheduler = Scheduler(first.max_batch_tokens, first.max_batch_seqs, cfg.bulk_batch_tokens)
+        self._scheduler = Scheduler(
+            first.max_batch_tokens, first.max_batch_seqs, cfg.bulk_batch_tokens, adapters=first.adapter_names
+        )
         self.metrics = WorkerMetrics(cfg.model.id, self._scheduler, first.max_batch_tokens)
         self._exporter: MetricsServer | None = None
         self._tracer = Tracer("worker", cfg.tracing)
@@ -340,6 +342,13 @@ class WorkerService:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST, f"model {model.id} does not make {output} vectors (it makes: {offers})"
             )
+        task = batch.options.task
+        if task is not None and task not in self._engines[0].adapter_names:
+            names = self._engines[0].adapter_names
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"model {model.id} has no task {task[:100]!r} (its tasks: {', '.join(names) or 'none: no task adapters'})",
+            )
         if batch.options.dimensions is not None and batch.options.dimensions > self._dim:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
@@ -415,6 +424,7 @@ class WorkerService:
                     batch.skip,
                     batch.outputs,
                     batch.spans,
+                    batch.adapters,
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)

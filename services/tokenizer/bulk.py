@@ -142,6 +142,8 @@ class BulkTokenizer:
                     ErrorCode.MODEL_NOT_FOUND,
                     f"this stream subject serves {self._cfg.model.id}, not {job.model[:200]!r}",
                 )
+            # the task adapter its rows run with, and its prompt (tasks.py): the workers read it from the batches
+            job = replace(job, options=self._encoder.resolve(job.options))
             if await self._cancellations.cancelled(job.id):
                 await msg.ack()  # dropped untokenized: its job is cancelled
                 return

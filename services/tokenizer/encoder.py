@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ from tokenizers.processors import TemplateProcessing
 
 from embedfleet.services.tokenizer import chunking
 from embedfleet.services.tokenizer.chat_template import PairTemplate, special_token_variables
+from embedfleet.services.tokenizer.tasks import resolve_task
 from embedfleet.shared.config import ConfigError
 from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
 from embedfleet.shared.model_dir.info import ModelInfo
@@ -124,6 +125,7 @@ class TextEncoder:
         self.vocab_size = info.vocab_size
         self.prompts = {**info.prompts, **(prompts or {})}  # configured prompts win over the folder's
         self.default_prompt = info.default_prompt
+        self.adapters = info.adapters
         self.include_prompt = info.include_prompt
         self.fast: FastEncoder | None = None  # kitoken for the texts it tokenizes as tokenizers does (fast_check)
         path = info.path / "tokenizer.json"
@@ -158,6 +160,16 @@ class TextEncoder:
                     f"the chat template alone takes {overhead} tokens, the model's limit {self.max_length}: "
                     "every pair would be cut to the template"
                 )
+
+    def resolve(self, options: EmbedOptions) -> EmbedOptions:
+        """``options`` with the task adapter its rows run with and that task's prompt (tasks.py); a
+        ServiceError for a task the model lacks."""
+        task, prompt_name = resolve_task(
+            self.adapters, self.prompts, options.task, options.prompt_name, options.input_type
+        )
+        if (task, prompt_name) == (options.task, options.prompt_name):
+            return options
+        return replace(options, task=task, prompt_name=prompt_name)
 
     def with_prompt(self, texts: list[str], options: EmbedOptions) -> list[str]:
         """Prefix the texts with the prompt the request names (as sentence-transformers does)."""

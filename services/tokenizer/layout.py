@@ -24,7 +24,7 @@ class Layouts:
     def check(self, request: ChunkRequest) -> None:
         """Refuses a window the model cannot hold with its special tokens and the request's prompt before
         it (and a prompt the model does not have): the chunks are embedded so."""
-        request.spec.check_room(self._encoder.room(request.prompt_options))
+        request.spec.check_room(self._encoder.room(self._encoder.resolve(request.prompt_options)))
 
     def layout(self, request: ChunkRequest) -> ChunkLayout:
         """Where each text is cut; refused when the texts make more than ``max_chunks`` chunks. The layout
@@ -33,7 +33,7 @@ class Layouts:
         cuts = [cut(t, e, request.spec, self._tokenizer) for t, e in zip(request.texts, encodings)]
         chunks: list[list[TextChunk]] = [list(c) for c in cuts]
         self._check_count(chunks)
-        room = self._encoder.room(request.prompt_options)
+        room = self._encoder.room(self._encoder.resolve(request.prompt_options))
         return ChunkLayout.of(request.id, chunks, [c[-1].last for c in cuts], room)
 
     def _check_count(self, chunks: list[list[TextChunk]]) -> None:

@@ -171,6 +171,7 @@ class TokenizerService:
                 "vocab_size": str(model.vocab_size),
                 "pooling": model.pooling,
                 "prompts": ",".join(sorted(self._encoder.prompts)),
+                "tasks": ",".join(self._encoder.adapters),
                 "tokenizer": self.tokenizer_path,
             },
         )
@@ -295,6 +296,9 @@ class TokenizerService:
         pending = _Pending(request, msg.reply or "", span, carrier=carrier_of(msg))
         try:
             self._check_embed(request, msg.reply)
+            if request.texts or request.token_ids is not None:
+                # the task adapter its rows run with, and its prompt: the worker reads the task from the batches
+                request = pending.request = replace(request, options=self._encoder.resolve(request.options))
             if request.texts:
                 pending.texts = self._encoder.with_prompt(request.texts, request.options)
                 pending.prompt_tokens = self._encoder.prompt_tokens(request.options)

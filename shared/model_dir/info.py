@@ -37,6 +37,8 @@ class ModelInfo:
     multivector: MultiVectorSpec | None = None
     hidden_size: int = 0  # the encoder's width (the "tokens" output's dimension)
     labels: tuple[str, ...] = ()  # a sequence classifier's label names, by logit (config.json's id2label)
+    # the task adapters a request may choose (``task``): config.json's lora_adaptations (jina-embeddings-v3)
+    adapters: tuple[str, ...] = ()
 
     def serves(self, output: str) -> bool:
         """Whether a request for ``output`` (a protocol OUTPUTS name) can be served by this model."""

@@ -48,6 +48,7 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
         )
     prompts = _prompts(folder)
     common.update(
+        adapters=task_adapters(config),
         vocab_size=int(setting(config, "vocab_size")),
         prompts=prompts,
         default_prompt=_default_prompt(folder, prompts),
@@ -124,8 +125,21 @@ def _llm_reranker(folder: ModelFolder, score_tokens: tuple[int, ...], common: di
 
 
 def _prompts(folder: ModelFolder) -> dict[str, str]:
-    """Input type -> the prefix put before its texts (config_sentence_transformers.json's ``prompts``)."""
-    return {str(k): str(v) for k, v in (folder.st_general.get("prompts") or {}).items()}
+    """Input type -> the prefix put before its texts (config_sentence_transformers.json's ``prompts``;
+    where it has none, the task instructions config.json holds, as jina-embeddings-v3's own code
+    prefixes a task's texts with them)."""
+    prompts = folder.st_general.get("prompts") or folder.config.get("task_instructions") or {}
+    if not isinstance(prompts, dict):
+        raise ConfigError("config_sentence_transformers.json: prompts must be a map of names to prefixes")
+    return {str(k): str(v) for k, v in prompts.items()}
+
+
+def task_adapters(config: dict[str, Any]) -> tuple[str, ...]:
+    """The task adapters a folder's config names (``lora_adaptations``), in the order the engine numbers them."""
+    names = config.get("lora_adaptations") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise ConfigError("config.json: lora_adaptations must be a list of distinct task names")
+    return tuple(names)
 
 
 def _default_prompt(folder: ModelFolder, prompts: dict[str, str]) -> str | None:

@@ -63,6 +63,9 @@ class EmbedOptions:
     truncation_direction: str = "right"  # "right" keeps the start of an input, "left" its end
     prompt_name: str | None = None  # a prompt of the model that must exist (TEI prompt_name)
     input_type: str | None = None  # "query" / "document": the model's prompt of that name, if any
+    # a task adapter of the model (jina-embeddings-v3's "retrieval.query", ...), that must exist; the
+    # tokenizer resolves it (from input_type / prompt_name where none is given) before the worker reads it
+    task: str | None = None
     output: str = "dense"  # one of OUTPUTS
     sparse_top_k: int | None = None  # sparse: keep the k largest values of each vector
     sparse_threshold: float | None = None  # sparse: drop values at or below this
@@ -86,7 +89,7 @@ class EmbedOptions:
             raise ProtocolError("options.truncate must be false with output 'spans': a row cut short loses its spans")
         if self.truncation_direction not in ("right", "left"):
             raise ProtocolError("options.truncation_direction must be 'right' or 'left'")
-        for name in ("prompt_name", "input_type"):
+        for name in ("prompt_name", "input_type", "task"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or len(value) > 256):
                 raise ProtocolError(f"options.{name} must be a short string")
@@ -108,18 +111,22 @@ class EmbedOptions:
         return WIRE_FORMS[self.dtype].name
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "n": self.normalize,
-            "d": self.dimensions,
-            "dt": self.dtype,
-            "tr": self.truncate,
-            "td": self.truncation_direction,
-            "pn": self.prompt_name,
-            "it": self.input_type,
-        } | (
-            {}
-            if self.output == "dense"
-            else {"out": self.output, "sk": self.sparse_top_k, "sth": self.sparse_threshold}
+        return (
+            {
+                "n": self.normalize,
+                "d": self.dimensions,
+                "dt": self.dtype,
+                "tr": self.truncate,
+                "td": self.truncation_direction,
+                "pn": self.prompt_name,
+                "it": self.input_type,
+            }
+            | ({} if self.task is None else {"tk": self.task})
+            | (
+                {}
+                if self.output == "dense"
+                else {"out": self.output, "sk": self.sparse_top_k, "sth": self.sparse_threshold}
+            )
         )
 
     @classmethod
@@ -136,6 +143,7 @@ class EmbedOptions:
             truncation_direction=m.get("td", "right"),
             prompt_name=m.get("pn"),
             input_type=m.get("it"),
+            task=m.get("tk"),
             output=output,
             sparse_top_k=m.get("sk") if sparse else None,
             sparse_threshold=m.get("sth") if sparse else None,
@@ -360,12 +368,13 @@ class ChunkRequest:
     spec: ChunkSpec
     prompt_name: str | None = None  # as EmbedOptions has them: the prompt the chunks are embedded with
     input_type: str | None = None
+    task: str | None = None  # the task adapter asked for, whose prompt the chunks may get (EmbedOptions.task)
 
     TYPE = "chunk"
 
     @property
     def prompt_options(self) -> EmbedOptions:
-        return EmbedOptions(prompt_name=self.prompt_name, input_type=self.input_type)
+        return EmbedOptions(prompt_name=self.prompt_name, input_type=self.input_type, task=self.task)
 
 
 @dataclass(frozen=True, slots=True)

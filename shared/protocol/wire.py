@@ -401,7 +401,7 @@ def _encode_chunk_request(msg: ChunkRequest) -> dict[str, Any]:
         "bd": spec.boundary,
         "pn": msg.prompt_name,
         "it": msg.input_type,
-    }
+    } | ({} if msg.task is None else {"tk": msg.task})
 
 
 def _decode_chunk_request(m: dict) -> ChunkRequest:
@@ -410,7 +410,7 @@ def _decode_chunk_request(m: dict) -> ChunkRequest:
         spec = ChunkSpec(size, m.get("ov", 0), m.get("bd", "token"))  # checked as a client's request is
     except ServiceError as exc:
         raise ProtocolError(exc.message) from None
-    prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"))  # checked as an embed request's
+    prompt = EmbedOptions(prompt_name=m.get("pn"), input_type=m.get("it"), task=m.get("tk"))  # as an embed request's
     return ChunkRequest(
         id=checked_id(m),
         model=checked_name(m, "m"),
@@ -418,6 +418,7 @@ def _decode_chunk_request(m: dict) -> ChunkRequest:
         spec=spec,
         prompt_name=prompt.prompt_name,
         input_type=prompt.input_type,
+        task=prompt.task,
     )
 
 

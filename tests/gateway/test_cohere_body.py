@@ -33,6 +33,7 @@ EVERY_V1: dict[str, Any] = {
     "model": "m",
     "texts": ["a long text", "another"],
     "input_type": "search_document",
+    "task": "retrieval.passage",
     "embedding_types": ["int8", "float", "int8"],
     "truncate": "START",
     "images": [],  # read and checked: an empty list is as if absent
@@ -75,7 +76,8 @@ def test_every_field_of_the_schemas_is_read():
         "document",
         ("int8", "float"),
     )
-    assert (r.truncation, r.dimensions, r.max_tokens) == ("left", 64, 512)
+    assert (r.truncation, r.dimensions, r.max_tokens, r.task) == ("left", 64, 512, "retrieval.passage")
+    assert r.options().task == "retrieval.passage"
     assert r.chunking == Chunking(ChunkSpec(8, 2, "sentence"), late=True, returns="mean")
     v1 = _parse(EVERY_V1, version=1)
     assert (v1.model, v1.inputs.texts, v1.input_type, v1.types, v1.truncation) == (

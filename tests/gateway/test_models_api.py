@@ -24,7 +24,13 @@ def test_kind(task, dim, outputs, kind):
 
 
 def test_card_keeps_openai_fields_and_adds_the_model_facts():
-    tokenizer = {"model": "m", "max_seq_length": "512", "prompts": "document,query", "dim": "768"}
+    tokenizer = {
+        "model": "m",
+        "max_seq_length": "512",
+        "prompts": "document,query",
+        "tasks": "retrieval.query,text-matching",
+        "dim": "768",
+    }
     worker = {"model": "m", "dim": "768", "task": "embed", "outputs": "dense,sparse"}
     assert model_card("m", tokenizer, worker, True) == {
         "id": "m",
@@ -36,6 +42,7 @@ def test_card_keeps_openai_fields_and_adds_the_model_facts():
         "max_tokens": 512,
         "outputs": ["dense", "sparse"],
         "prompts": ["document", "query"],
+        "tasks": ["retrieval.query", "text-matching"],
         "default": True,
     }
 

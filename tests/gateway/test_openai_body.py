@@ -30,6 +30,7 @@ EVERY_FIELD: dict[str, Any] = {
     "dimensions": 64,
     "user": "u-1",
     "input_type": "document",
+    "task": "retrieval.passage",
     "embedding_type": "int8",
     "chunking": {"size": 8, "overlap": 2, "boundary": "sentence", "late": True, "return": "mean"},
 }
@@ -56,7 +57,7 @@ def test_openapi_body_is_the_model_s_generated_schema(path):
 def test_every_field_of_the_schema_is_read():
     r = parse_embeddings_request(orjson.dumps(EVERY_FIELD), LIMITS)
     assert (r.model, r.texts, r.encoding_format, r.dimensions) == ("m", ["a long text", "another"], "base64", 64)
-    assert (r.input_type, r.embedding_type) == ("document", "int8")
+    assert (r.input_type, r.embedding_type, r.task) == ("document", "int8", "retrieval.passage")
     assert r.chunking is not None
     assert (r.chunking.spec.size, r.chunking.spec.overlap, r.chunking.spec.boundary) == (8, 2, "sentence")
     assert (r.chunking.late, r.chunking.returns) == (True, "mean")
