@@ -119,13 +119,10 @@ def test_interleaved_rotary_pairs(folder, reference, tmp_path):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (
-            {"moe_every_n_layers": 2, "num_experts": 8, "moe_top_k": 2},
-            r"mixture-of-experts layers \(nomic-embed-text-v2-moe\) are not served yet",
-        ),
         ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction != 1 is not supported"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1000.0}}, "rope type 'yarn'"),
-        ({"qkv_proj_bias": True}, "qkv_proj_bias: true is not supported"),
+        ({"prenorm": True}, "prenorm: true is not supported"),
+        ({"activation_function": "glu"}, "activation 'glu' is not supported"),
         ({"rotary_scaling_factor": 2.0}, r"rotary_scaling_factor \(dynamic NTK scaling\) is not supported"),
     ],
 )

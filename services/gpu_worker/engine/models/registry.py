@@ -112,10 +112,12 @@ FAMILIES = (
         model_families.NOMIC_BERT,
         nomic_bert.spec,
         nomic_bert.NomicBertEncoder,
-        "nomic-embed-text-v1, nomic-embed-text-v1.5, snowflake-arctic-embed-m-long",
+        "nomic-embed-text-v1, nomic-embed-text-v1.5, snowflake-arctic-embed-m-long, nomic-embed-text-v2-moe",
         "mean / cls",
-        "bidirectional; rotary pairs interleaved where set",
-        _FLASH,
+        "bidirectional; rotary pairs interleaved where set; v2-moe: a mixture of experts (top 2 of 8) "
+        "in place of every other layer's MLP",
+        _FLASH + " (v2-moe: eager batches run each expert over its tokens; captured graphs every expert "
+        "over every token, as their shapes must not depend on the routing)",
         prompts="nomic-embed: `search_query: ` / `search_document: `",
         verified="stack, folder",
     ),
