@@ -133,13 +133,25 @@ def test_moe_layer_takes_experts_with_no_tokens_and_empty_batches():
 
 # -- a v2-moe folder through the engine ---------------------------------------------------------------
 
+# v1's shape with biases: SwiGLU dense layers (fc12 the gate, fc11 the up projection), fc1 biased, fc2 not
+GATED = CONFIG | {"activation_function": "swiglu", "num_experts": 0, "mlp_fc2_bias": False}
 
-def _tensors() -> dict[str, torch.Tensor]:
-    """Random weights under the published names (N(0, 0.1), the router's N(0, 0.3), the experts' N(0, 0.3); norm scales 1 + N(0, 0.1))."""
+
+def _moe_layer(config: dict, layer: int) -> bool:
+    return bool(config["num_experts"]) and _is_moe(layer)
+
+
+def _tensors(config: dict) -> dict[str, torch.Tensor]:
+    """Random weights under the published names, biases where the config has them: N(0, 0.1), the
+    router's and the experts' N(0, 0.3) (tokens spread over the experts, outputs that move the
+    residual); norm scales 1 + N(0, 0.1)."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape: int, mean: float = 0.0, std: float = 0.1) -> torch.Tensor:
         return mean + std * torch.randn(*shape, generator=gen)
+
+    def linear(name: str, out: int, into: int, bias: bool) -> dict[str, torch.Tensor]:
+        return {name + ".weight": rand(out, into)} | ({name + ".bias": rand(out)} if bias else {})
 
     t = {
         "embeddings.word_embeddings.weight": rand(VOCAB, H),
@@ -147,43 +159,40 @@ def _tensors() -> dict[str, torch.Tensor]:
         "emb_ln.weight": rand(H, mean=1.0),
         "emb_ln.bias": rand(H),
     }
+    up_bias, down_bias = config["mlp_fc1_bias"], config["mlp_fc2_bias"]
     for i in range(LAYERS):
         p = f"encoder.layers.{i}."
-        t |= {
-            p + "attn.Wqkv.weight": rand(3 * H, H),
-            p + "attn.Wqkv.bias": rand(3 * H),
-            p + "attn.out_proj.weight": rand(H, H),
-            p + "attn.out_proj.bias": rand(H),
-            p + "norm1.weight": rand(H, mean=1.0),
-            p + "norm1.bias": rand(H),
-            p + "norm2.weight": rand(H, mean=1.0),
-            p + "norm2.bias": rand(H),
-        }
-        if _is_moe(i):
+        t |= linear(p + "attn.Wqkv", 3 * H, H, config["qkv_proj_bias"])
+        t |= linear(p + "attn.out_proj", H, H, config["qkv_proj_bias"])
+        for norm in ("norm1", "norm2"):
+            t |= {f"{p}{norm}.weight": rand(H, mean=1.0), f"{p}{norm}.bias": rand(H)}
+        if _moe_layer(config, i):
             t |= {
-                p + "mlp.router.layer.weight": rand(EXPERTS, H, std=0.3),  # tokens spread over the experts
-                p + "mlp.experts.mlp.w1": rand(EXPERTS * INNER, H, std=0.3),  # outputs that move the residual
+                p + "mlp.router.layer.weight": rand(EXPERTS, H, std=0.3),
+                p + "mlp.experts.mlp.w1": rand(EXPERTS * INNER, H, std=0.3),
                 p + "mlp.experts.mlp.w2": rand(EXPERTS * INNER, H, std=0.3),
                 p + "mlp.experts.bias": rand(H),
             }
+        elif config["activation_function"] == "swiglu":
+            t |= linear(p + "mlp.fc11", INNER, H, up_bias) | linear(p + "mlp.fc12", INNER, H, up_bias)
+            t |= linear(p + "mlp.fc2", H, INNER, down_bias)
         else:
-            t |= {
-                p + "mlp.fc1.weight": rand(INNER, H),
-                p + "mlp.fc1.bias": rand(INNER),
-                p + "mlp.fc2.weight": rand(H, INNER),
-                p + "mlp.fc2.bias": rand(H),
-            }
+            t |= linear(p + "mlp.fc1", INNER, H, up_bias) | linear(p + "mlp.fc2", H, INNER, down_bias)
     return t
+
+
+def _make_folder(root: Path, config: dict) -> Path:
+    """The tiny NomicBERT folder's tokenizer and sentence-transformers modules (mean pooling, Normalize,
+    the search_query / search_document prompts) around ``config`` and its checkpoint."""
+    folder = build("nomic_bert", root)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(_tensors(config), folder / "model.safetensors")
+    return folder
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """The tiny NomicBERT folder's tokenizer and sentence-transformers modules (mean pooling, Normalize,
-    the search_query / search_document prompts) around a v2-moe config and checkpoint."""
-    folder = build("nomic_bert", tmp_path_factory.mktemp("nomic-moe"))
-    (folder / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    save_file(_tensors(), folder / "model.safetensors")
-    return folder
+    return _make_folder(tmp_path_factory.mktemp("nomic-moe"), CONFIG)
 
 
 def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
@@ -198,11 +207,12 @@ def _rotate(x: torch.Tensor, base: float) -> torch.Tensor:
 
 
 def _reference(
-    t: dict[str, torch.Tensor], ids: torch.Tensor, mask: torch.Tensor, used: list[set[int]], renormalise: bool = False
+    config: dict, ids: torch.Tensor, mask: torch.Tensor, used: list[set[int]], renormalise: bool = False
 ) -> torch.Tensor:
     """The published NomicBertModel on a padded batch (ids, mask [B, L]), mean-pooled and normalised: [B, H].
     ``used`` collects the experts each mixture-of-experts layer picked for real tokens."""
-    eps = CONFIG["layer_norm_epsilon"]
+    t = _tensors(config)
+    eps = config["layer_norm_epsilon"]
     b, length = ids.shape
     d = H // HEADS
 
@@ -210,18 +220,18 @@ def _reference(
         return F.layer_norm(x, (H,), t[name + ".weight"], t[name + ".bias"], eps)
 
     def linear(x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.linear(x, t[name + ".weight"], t[name + ".bias"])
+        return F.linear(x, t[name + ".weight"], t.get(name + ".bias"))
 
     x = ln(t["embeddings.word_embeddings.weight"][ids] + t["embeddings.token_type_embeddings.weight"][0], "emb_ln")
     keys = torch.where(mask.bool(), 0.0, -math.inf)[:, None, None, :]  # [B, 1, 1, L]: padding masked
     for i in range(LAYERS):
         p = f"encoder.layers.{i}."
         q, k, v = linear(x, p + "attn.Wqkv").view(b, length, 3, HEADS, d).unbind(2)
-        q, k = _rotate(q, CONFIG["rotary_emb_base"]), _rotate(k, CONFIG["rotary_emb_base"])
+        q, k = _rotate(q, config["rotary_emb_base"]), _rotate(k, config["rotary_emb_base"])
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d) + keys
         attn = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(b, length, H)
         x = ln(x + linear(attn, p + "attn.out_proj"), p + "norm1")
-        if _is_moe(i):
+        if _moe_layer(config, i):
             flat = x.reshape(-1, H)
             probs = (flat @ t[p + "mlp.router.layer.weight"].T).softmax(-1, dtype=torch.float32)
             weights, chosen = probs.topk(TOP_K, dim=-1)
@@ -235,6 +245,8 @@ def _reference(
                 y.index_add_(0, token, weights[token, slot, None] * (F.gelu(flat[token] @ w1[e].T) @ w2[e]))
             used[i] |= set(chosen[mask.reshape(-1).bool()].flatten().tolist())
             y = (y + t[p + "mlp.experts.bias"]).view(b, length, H)
+        elif config["activation_function"] == "swiglu":
+            y = linear(F.silu(linear(x, p + "mlp.fc12")) * linear(x, p + "mlp.fc11"), p + "mlp.fc2")
         else:
             y = linear(F.gelu(linear(x, p + "mlp.fc1")), p + "mlp.fc2")
         x = ln(x + y, p + "norm2")
@@ -251,12 +263,12 @@ def _tokenize(folder: Path, texts: list[str]) -> tuple[torch.Tensor, torch.Tenso
     return torch.tensor([e.ids for e in batch]), torch.tensor([e.attention_mask for e in batch], dtype=torch.float32)
 
 
-def _reference_vectors(folder: Path, texts: list[str], renormalise: bool = False) -> np.ndarray:
+def _reference_vectors(folder: Path, texts: list[str], config: dict = CONFIG, renormalise: bool = False) -> np.ndarray:
     ids, mask = _tokenize(folder, texts)
     used: list[set[int]] = [set() for _ in range(LAYERS)]
     with torch.inference_mode():
-        vectors = _reference(_tensors(), ids, mask, used, renormalise).numpy()
-    assert all(used[i] == set(range(EXPERTS)) for i in range(LAYERS) if _is_moe(i))  # every expert has tokens
+        vectors = _reference(config, ids, mask, used, renormalise).numpy()
+    assert all(used[i] == set(range(EXPERTS)) for i in range(LAYERS) if _moe_layer(config, i))  # all have tokens
     return vectors
 
 
@@ -277,6 +289,34 @@ def test_v2_moe_folder_with_prompts(folder):
     assert cosines(got, _reference_vectors(folder, ["search_query: " + t for t in texts])).min() >= 0.9999
 
 
+def _interleave(w: torch.Tensor) -> torch.Tensor:
+    """Rows (or a bias's entries) [x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}] of each head as [x_0, y_0, x_1, y_1, ...]."""
+    heads = w.view(HEADS, 2, H // HEADS // 2, -1)  # [heads, halves, d/2, in]
+    return heads.transpose(1, 2).reshape(w.shape)
+
+
+def test_interleaved_rotary_pairs_reorder_the_qkv_biases_too(folder, tmp_path):
+    interleaved = shutil.copytree(folder, tmp_path / "interleaved")
+    tensors = _tensors(CONFIG)
+    for name in [n for n in tensors if ".attn.Wqkv." in n]:
+        q, k, v = tensors[name].chunk(3)
+        tensors[name] = torch.cat([_interleave(q), _interleave(k), v]).contiguous()
+    save_file(tensors, interleaved / "model.safetensors")
+    texts = mixed_texts(16)[:6]
+    want = _reference_vectors(folder, texts)
+    edit_config(interleaved, rotary_emb_interleaved=True)
+    assert cosines(engine_vectors(interleaved, texts), want).min() >= 0.9999
+    edit_config(interleaved, rotary_emb_interleaved=False)
+    assert cosines(engine_vectors(interleaved, texts), want).min() < 0.999  # the layout matters
+
+
+def test_gated_dense_layers_with_their_own_biases(tmp_path):
+    """SwiGLU dense layers (v1's) with the bias flags set apart: fc11 and fc12 biased, fc2 not."""
+    folder = _make_folder(tmp_path, GATED)
+    texts = mixed_texts(16)[:6]
+    assert cosines(engine_vectors(folder, texts), _reference_vectors(folder, texts, GATED)).min() >= 0.9999
+
+
 # -- refusals -----------------------------------------------------------------------------------------
 
 
@@ -292,6 +332,7 @@ def test_v2_moe_folder_with_prompts(folder):
         ({"moe_every_n_layers": 1}, "moe_every_n_layers 1 is not supported"),
         ({"moe_every_n_layers": None}, "moe_every_n_layers 0 is not supported"),
         ({"moe_top_k": 5}, "moe_top_k 5 must be between 1 and num_experts 4"),
+        ({"activation_function": "swiglu"}, r"mixture-of-experts layers with a gated activation \(swiglu\)"),
     ],
 )
 def test_v2_moe_refuses_what_it_does_not_implement(folder, tmp_path, changes, message):

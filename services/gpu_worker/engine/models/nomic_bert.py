@@ -115,8 +115,14 @@ def spec(config: dict[str, Any]) -> ModelSpec:
             raise ConfigError(f"NomicBERT {flag}: true is not supported")
     if float(_get(config, "rotary_emb_fraction", default=1.0)) != 1.0:
         raise ConfigError("NomicBERT rotary_emb_fraction != 1 is not supported")
-    act, _ = mlp_activation(config)
-    moe_shape(config)
+    act, gated = mlp_activation(config)
+    if moe_shape(config)[0] and gated:
+        # contrastors trained gated experts with a third tensor (experts.mlp.v1) nomic's inference code never reads
+        raise ConfigError(
+            "NomicBERT mixture-of-experts layers with a gated activation "
+            f"({_get(config, 'activation_function', 'hidden_act', default='swiglu')}) "
+            "are not supported: the published ones are plain GELU MLPs"
+        )
     if _get(config, "rotary_scaling_factor") is not None:
         # nomic's dynamic NTK: the rope base grows with the padded batch's longest sequence past
         # max_trained_positions (a vector would depend on its batch); transformers 5 ignores the key
