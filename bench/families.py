@@ -43,6 +43,9 @@ class Family:
     fixed: dict[str, Any] = field(default_factory=dict)  # config fields of every shape (token ids, flags)
     decoder: bool = False  # "text [SEP]" tokens, last-token pooling
     dense: bool = False  # EmbeddingGemma: Dense hidden -> 4 * hidden -> hidden (no bias) after pooling
+    # its config's model_type, where the engine's model may write its folder (a transformers without
+    # ``config_class``: the GPU machine's lacks GteConfig)
+    model_type: str = ""
 
 
 FAMILIES: dict[str, Family] = {
@@ -133,6 +136,7 @@ FAMILIES: dict[str, Family] = {
             rope_parameters={"rope_type": "default", "rope_theta": 160_000.0},
             pad_token_id=PAD,
         ),
+        model_type="gte",
     ),
     "nomic_bert": Family(
         "NomicBertConfig",
@@ -297,10 +301,18 @@ def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool
     _, sizes = _shape(fam, family, shape)
     folder = Path(root) / f"{family}-{shape}"
     folder.mkdir(parents=True, exist_ok=True)
-    config = getattr(transformers, fam.config_class)(**{**fam.fixed, **sizes})
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(folder, safe_serialization=True)
-    hidden = config.hidden_size
+    config_class = getattr(transformers, fam.config_class, None)
+    if config_class is None and not reference and fam.model_type:
+        # this transformers has no class for the family (GteConfig came in 5.x): the engine's own model
+        # writes the checkpoint, under the names it reads
+        hidden = _write_engine_checkpoint(fam, folder, sizes)
+    else:
+        if config_class is None:
+            raise RuntimeError(f"transformers {transformers.__version__} has no {fam.config_class}")
+        config = config_class(**{**fam.fixed, **sizes})
+        torch.manual_seed(0)
+        AutoModel.from_config(config).save_pretrained(folder, safe_serialization=True)
+        hidden = config.hidden_size
     if reference:
         _write_tokenizer(fam, folder)
         _write_sentence_transformer(fam, folder, hidden)
@@ -315,6 +327,33 @@ def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool
             {"embedding_dimension": hidden, "pooling_mode": fam.pooling, "include_prompt": True},
         )
     return folder
+
+
+def _write_engine_checkpoint(fam: Family, folder: Path, sizes: dict[str, Any]) -> int:
+    """config.json and model.safetensors of random weights (normal, std 0.02; norms 1) written from the
+    engine's model of the family: each parameter under the checkpoint name it is read from (one
+    concatenated from several names is split evenly between them). Returns the hidden size."""
+    from safetensors.torch import save_file
+
+    from embedfleet.services.gpu_worker.engine.models.registry import family_for
+
+    config = {"model_type": fam.model_type, **fam.fixed, **sizes}
+    _write_json(folder / "config.json", config)
+    family = family_for(config)
+    model = family.model(family.spec(config))
+    generator = torch.Generator().manual_seed(0)
+    params = dict(model.named_parameters())
+    tensors: dict[str, torch.Tensor] = {}
+    for ours, theirs in model.weight_names().items():
+        shape = params[ours].shape
+        scale = ours.endswith("norm.weight")  # a LayerNorm's or RMSNorm's scale: ones
+        value = torch.ones(shape) if scale else torch.randn(shape, generator=generator) * 0.02
+        if shape[0] % len(theirs):
+            raise RuntimeError(f"{ours} {tuple(shape)} does not split evenly into {theirs}")
+        for name, part in zip(theirs, value.chunk(len(theirs))):
+            tensors[name] = part.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    return int(sizes.get("hidden_size") or fam.fixed["hidden_size"])
 
 
 def _family(name: str) -> Family:

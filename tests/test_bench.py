@@ -379,3 +379,25 @@ def test_body_parsing_benchmark_times_each_parser_on_each_body():
         assert set(rows) == names[title], (title, set(rows))
         # bytes, then µs for hand, pydantic, the pydantic model alone (and msgspec), then the ratios
         assert all(float(row[1]) > 0 and float(row[2]) > 0 and "pydantic" in row for row in rows.values()), title
+
+
+def test_a_family_transformers_lacks_is_written_by_the_engines_model_under_the_published_names(tmp_path, monkeypatch):
+    """The GPU machine's transformers has no GteConfig: the GPU check's GTE folder is then written from
+    the engine's model, with the tensor names and shapes transformers' GteModel saves."""
+    from safetensors import safe_open
+
+    from bench import families
+
+    def tensors(folder):
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (a safe_open handle is no dict)
+
+    published = families.make_folder("gte", tmp_path / "hf", "tiny", reference=False)
+    # as if absent (deleted, the module would import it again); saving a model may have put another
+    # module object in sys.modules' place: the one make_folder imports
+    monkeypatch.setattr(sys.modules["transformers"], "GteConfig", None)
+    with pytest.raises(RuntimeError, match="has no GteConfig"):  # a reference folder needs transformers' model
+        families.make_folder("gte", tmp_path / "reference", "tiny", reference=True)
+    written = families.make_folder("gte", tmp_path / "engine", "tiny", reference=False)
+    assert "transformers_version" not in json.loads((written / "config.json").read_text())  # not saved by it
+    assert tensors(written) == tensors(published)
