@@ -34,6 +34,8 @@ MISTRAL = FamilyTypes("Mistral", ("mistral",), pooling="lasttoken")
 LLAMA = FamilyTypes("Llama", ("llama",), pooling="lasttoken")
 GTE = FamilyTypes("GTE", ("gte", "new"), pooling="cls")  # "new": the older NewModel checkpoints
 NOMIC_BERT = FamilyTypes("NomicBERT", ("nomic_bert",))
+# jina-embeddings-v3; its published config says xlm-roberta with rotary positions (the registry routes it)
+JINA_V3 = FamilyTypes("JinaV3", ("jina_embeddings_v3",), pooling="mean")
 GEMMA3 = FamilyTypes("Gemma3", ("gemma3_text",), pooling="mean")  # EmbeddingGemma pools the mean
 GEMMA2 = FamilyTypes("Gemma2", ("gemma2",), pooling="lasttoken")  # bge-multilingual-gemma2 pools the last token
 # a bidirectional Llama; its embedders (fine-tuned EuroBERTs) pool the mean
@@ -45,6 +47,7 @@ FAMILY_TYPES = (
     MODERNBERT,
     GTE,
     NOMIC_BERT,
+    JINA_V3,
     QWEN3,
     QWEN2,
     MISTRAL,

@@ -36,6 +36,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     GteConfig,
+    JinaEmbeddingsV3Config,
     LlamaConfig,
     MistralConfig,
     ModernBertConfig,
@@ -60,6 +61,7 @@ FAMILIES = (
     "nomic_bert",
     "gemma2",
     "eurobert",
+    "jina_embeddings_v3",
 )
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")  # the families ``bidirectional=True`` applies to
 CLASSIFIERS = ("bert", "mpnet", "modernbert", "qwen3")  # the families whose classifier variant is checked
@@ -69,6 +71,14 @@ MAX_POSITIONS = 512
 PAD, CLS, SEP = 0, 101, 102  # WordPiece ids
 BPE_PAD, BPE_EOS = 0, 1  # the byte-level BPE's "[PAD]" and "<|endoftext|>"
 
+# jina-embeddings-v3's config_sentence_transformers.json prompts: one per task adapter
+JINA_V3_PROMPTS = {
+    "retrieval.query": "Represent the query for retrieving evidence documents: ",
+    "retrieval.passage": "Represent the document for retrieval: ",
+    "separation": "",
+    "classification": "",
+    "text-matching": "",
+}
 QWEN_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 _COMMON: dict[str, Any] = dict(
@@ -290,6 +300,22 @@ _FAMILIES: dict[str, _Family] = {
         pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=_DECODER_TOKENS,
         prompts={"query": "query: "},
+    ),
+    "jina_embeddings_v3": _Family(
+        # jina-embeddings-v3's shape (transformers' native class, no task adapters: tests add them): rotary
+        # base 20000, GELU MLP, mean pooling, its task names as prompt names
+        JinaEmbeddingsV3Config,
+        dict(
+            _COMMON,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+            pad_token_id=PAD,
+        ),
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] [SEP] $B [SEP]",
+        special_tokens=_ENCODER_TOKENS,
+        prompts=JINA_V3_PROMPTS,
     ),
 }
 

@@ -15,6 +15,7 @@ from embedfleet.services.gpu_worker.engine.models import (
     gemma2,
     gemma3,
     gte,
+    jina_v3,
     modernbert,
     mpnet,
     nomic_bert,
@@ -122,6 +123,20 @@ FAMILIES = (
         verified="stack, folder",
     ),
     Family(
+        model_families.JINA_V3,
+        jina_v3.spec,
+        jina_v3.JinaV3Encoder,
+        "jina-embeddings-v3 (as published: `xlm-roberta` with rotary positions), its task adapters chosen per "
+        "request (`task`), rows of different tasks in one batch",
+        "mean",
+        "bidirectional",
+        _FLASH,
+        prompts="task names: `retrieval.query`: `Represent the query for retrieving evidence documents: `, "
+        "`retrieval.passage`: `Represent the document for retrieval: `, `separation`, `classification`, "
+        "`text-matching`: none",
+        verified="folder, adapters",
+    ),
+    Family(
         model_families.QWEN3,
         decoder.spec,
         decoder.DecoderEncoder,
@@ -216,6 +231,7 @@ _VERIFIED = {
     "llm-rerank": "LLM reranking via the scorer = sentence-transformers' CrossEncoder",
     "real": "the real all-MiniLM-L6-v2",
     "folder": "a folder's vectors (engine) = sentence-transformers",
+    "adapters": "each task adapter's vectors, tasks mixed in a batch = the adapter merged into the weights",
 }
 
 
@@ -247,6 +263,9 @@ SUPPORTED_TYPES = tuple(_BY_TYPE)
 def family_for(config: dict[str, Any]) -> Family:
     """The family serving this config.json; a ConfigError naming the model_type when none does."""
     model_type = config.get("model_type", "bert")
+    if config.get("position_embedding_type") == "rotary" and config.get("model_type", "xlm-roberta") == "xlm-roberta":
+        # jina-embeddings-v3 as published (custom code): an XLM-RoBERTa config with rotary positions
+        model_type = model_families.JINA_V3.model_types[0]
     family = _BY_TYPE.get(model_type)
     if family is None:
         hint = (
