@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--family",
         action="append",
-        choices=[*families.FAMILIES, "all"],
+        choices=[*families.with_reference(), "all"],
         help="build a random-weight folder of this family and compare on it (repeatable; all: every family)",
     )
     parser.add_argument("--shape", default="base", choices=("base", "tiny"), help="sizes of the --family folders")
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         info = load_model_info(args.model)
         compare(info, info.id, args)
         return
-    names = list(families.FAMILIES) if "all" in args.family else list(dict.fromkeys(args.family))
+    names = list(families.with_reference()) if "all" in args.family else list(dict.fromkeys(args.family))
     results: dict[str, list[Row]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-families-") as tmp:
         for name in names:

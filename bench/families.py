@@ -37,7 +37,7 @@ _TINY: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_
 
 @dataclass(frozen=True)
 class Family:
-    config_class: str  # transformers' config class
+    config_class: str  # transformers' config class ("": none, the engine's model writes the folder)
     pooling: str  # sentence-transformers' pooling mode
     shapes: dict[str, tuple[str, dict[str, Any]]]  # shape -> (what it copies, config fields)
     fixed: dict[str, Any] = field(default_factory=dict)  # config fields of every shape (token ids, flags)
@@ -155,6 +155,35 @@ FAMILIES: dict[str, Family] = {
             pad_token_id=PAD,
         ),
     ),
+    # no transformers class serves it (nomic's own code does): the engine's model writes its folder,
+    # for the GPU check only (reference=False)
+    "nomic_moe": Family(
+        "",
+        "mean",
+        {
+            "base": (
+                "nomic-embed-text-v2-moe",
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+            ),
+            "tiny": ("tiny", _TINY),
+        },
+        fixed=dict(
+            vocab_size=WORDPIECE_VOCAB,  # cut from XLM-R's 250048
+            max_position_embeddings=2048,
+            layer_norm_epsilon=1e-5,
+            activation_function="gelu",
+            qkv_proj_bias=True,
+            mlp_fc1_bias=True,
+            mlp_fc2_bias=True,
+            rotary_emb_base=10000,
+            type_vocab_size=1,
+            num_experts=8,
+            moe_top_k=2,
+            moe_every_n_layers=2,
+            pad_token_id=PAD,
+        ),
+        model_type="nomic_bert",
+    ),
     "qwen3": Family(
         "Qwen3Config",
         "lasttoken",
@@ -271,6 +300,11 @@ FAMILIES: dict[str, Family] = {
 _CUT_VOCAB = {"gte": 250048, "qwen3": 151669, "gemma3": 262144, "gemma2": 256000}
 
 
+def with_reference() -> tuple[str, ...]:
+    """The families sentence-transformers can load (transformers has their class): those benchmarked against it."""
+    return tuple(name for name, fam in FAMILIES.items() if fam.config_class)
+
+
 def shapes(family: str) -> tuple[str, ...]:
     return tuple(_family(family).shapes)
 
@@ -301,14 +335,14 @@ def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool
     _, sizes = _shape(fam, family, shape)
     folder = Path(root) / f"{family}-{shape}"
     folder.mkdir(parents=True, exist_ok=True)
-    config_class = getattr(transformers, fam.config_class, None)
+    config_class = getattr(transformers, fam.config_class, None) if fam.config_class else None
     if config_class is None and not reference and fam.model_type:
         # this transformers has no class for the family (GteConfig came in 5.x): the engine's own model
         # writes the checkpoint, under the names it reads
         hidden = _write_engine_checkpoint(fam, folder, sizes)
     else:
         if config_class is None:
-            raise RuntimeError(f"transformers {transformers.__version__} has no {fam.config_class}")
+            raise RuntimeError(f"transformers {transformers.__version__} has no {fam.config_class or 'class for it'}")
         config = config_class(**{**fam.fixed, **sizes})
         torch.manual_seed(0)
         AutoModel.from_config(config).save_pretrained(folder, safe_serialization=True)

@@ -60,6 +60,7 @@ CHECKS = (
     Check("modernbert", "modernbert", "base"),
     Check("gte", "gte", "base"),
     Check("nomic", "nomic_bert", "base"),
+    Check("nomic-moe", "nomic_moe", "base"),
     Check("qwen3", "qwen3", "base"),
     Check("gemma3", "gemma3", "base"),
     Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),

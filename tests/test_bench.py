@@ -130,6 +130,7 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         "modernbert",
         "gte",
         "nomic_bert",
+        "nomic_moe",
         "qwen3",
         "gemma3",
         "gemma2",
