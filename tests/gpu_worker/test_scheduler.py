@@ -2,14 +2,31 @@ import numpy as np
 import pytest
 
 from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
-from embedfleet.shared.protocol import TokenChunk
+from embedfleet.shared.protocol import EmbedOptions, TokenChunk
 
 
-def _work(request_id: str, lengths: list[int], deadline: float = 1e12, start: int = 0, prompt_tokens: int = 0) -> Work:
+def _work(
+    request_id: str,
+    lengths: list[int],
+    deadline: float = 1e12,
+    start: int = 0,
+    prompt_tokens: int = 0,
+    task: str | None = None,
+) -> Work:
     cu = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=cu[1:])
     ids = np.arange(cu[-1], dtype=np.int32)
-    batch = TokenChunk(request_id, "m", start, start + len(lengths), ids, cu, deadline, prompt_tokens=prompt_tokens)
+    batch = TokenChunk(
+        request_id,
+        "m",
+        start,
+        start + len(lengths),
+        ids,
+        cu,
+        deadline,
+        EmbedOptions(task=task),
+        prompt_tokens=prompt_tokens,
+    )
     return Work(batch, reply=f"inbox.{request_id}")
 
 
@@ -50,6 +67,19 @@ def test_prompt_tokens_become_a_skip_per_row():
     s.push(_work("plain", [3]))
     s.push(_work("doc", [5], prompt_tokens=2))
     assert s.next_batch().skip.tolist() == [4, 4, 0, 2]
+
+
+def test_each_row_runs_with_its_requests_task_adapter():
+    """Requests of different tasks share a batch: each row carries its own adapter (numbered from 1 as
+    the model lists them), rows of requests without a task none (0)."""
+    s = Scheduler(max_tokens=100, max_seqs=100, adapters=("retrieval.query", "retrieval.passage", "text-matching"))
+    s.push(_work("plain", [3, 3]))
+    assert s.next_batch().adapters is None  # no work names a task: the engine is told nothing
+    s.push(_work("q", [4, 2], task="retrieval.query"))
+    s.push(_work("plain", [3]))
+    s.push(_work("d", [5], task="retrieval.passage"))
+    s.push(_work("m", [2, 2], task="text-matching"))
+    assert s.next_batch().adapters.tolist() == [1, 1, 0, 2, 3, 3]
 
 
 def test_sequence_cap():
