@@ -113,11 +113,17 @@ def references(folder, pairs, tmp_path_factory) -> list[np.ndarray]:
     return out
 
 
-def engine_rows(folder: Path, texts: list[str], adapters: list[int]) -> np.ndarray:
-    """The engine's vectors [N, hidden] of the texts in one packed batch, row r through adapter adapters[r]."""
+def _chunk(folder: Path, texts: list[str]):
+    """The folder's info, and its tokenized texts packed into one chunk."""
     info = load_model_info(str(folder))
     encoder = TextEncoder(info)
     (chunk,) = pack_chunks(encoder.encode(texts), 1 << 20, 1024)
+    return info, chunk
+
+
+def engine_rows(folder: Path, texts: list[str], adapters: list[int]) -> np.ndarray:
+    """The engine's vectors [N, hidden] of the texts in one packed batch, row r through adapter adapters[r]."""
+    info, chunk = _chunk(folder, texts)
     vectors = Engine(info, "cpu").step(chunk.input_ids, chunk.cu_seqlens, adapters=np.array(adapters)).result()
     assert isinstance(vectors, np.ndarray)
     return vectors
@@ -162,6 +168,50 @@ def test_tasks_mixed_in_one_batch_each_equal_their_own_model(adapted, references
     # each row's own adapter, not its neighbour's: shifted by one row the tasks no longer match
     wrong = np.stack([references[adapters[(r + 1) % len(texts)]][r] for r in range(len(texts))])
     assert cosines(got, wrong).min() < 0.999
+
+
+def _graphed_steps(engine: Engine, chunk, references: list[np.ndarray]) -> list[str]:
+    """Two batches of the same texts through one bucket, each row's task different in the second:
+    each row equals its own task's model both times. Returns how each ran."""
+    rows = len(chunk.cu_seqlens) - 1
+    runs = []
+    for adapters in (_mixed(rows), [(a + 1) % (len(TASKS) + 1) for a in _mixed(rows)]):
+        handle = engine.step(chunk.input_ids, chunk.cu_seqlens, adapters=np.array(adapters))
+        want = np.stack([references[a][r] for r, a in enumerate(adapters)])
+        got = handle.result()
+        assert isinstance(got, np.ndarray)
+        assert cosines(got, want).min() >= (0.9999 if engine.dtype == torch.float32 else 0.999), handle.run
+        runs.append(handle.run)
+    return runs
+
+
+def test_static_batch_path_takes_each_batch_s_tasks(adapted, references):
+    """The CUDA-graph path (fixed buffers refilled per batch; here on CPU its forward runs again in place
+    of a replay): the adapters travel in the static buffers like the token ids."""
+    info, chunk = _chunk(adapted, _texts())
+    engine = Engine(
+        info,
+        "cpu",
+        graphs=True,
+        max_batch_tokens=4096,
+        max_batch_seqs=32,
+        capture=lambda engine, bucket: lambda: engine._static_forward(bucket),
+    )
+    assert _graphed_steps(engine, chunk, references) == ["captured", "replay"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_rows_of_mixed_tasks_eager_and_replayed(adapted, references):
+    """float32 (SDPA, eager) to 0.9999; float16 through captured and replayed CUDA graphs to 0.999."""
+    info, chunk = _chunk(adapted, _texts())
+    adapters = _mixed(len(chunk.cu_seqlens) - 1)
+    want = np.stack([references[a][r] for r, a in enumerate(adapters)])
+    eager = Engine(info, "cuda", "float32", graphs=False)
+    got = eager.step(chunk.input_ids, chunk.cu_seqlens, adapters=np.array(adapters)).result()
+    assert isinstance(got, np.ndarray) and cosines(got, want).min() >= 0.9999
+    graphed = Engine(info, "cuda", "float16", graphs=True, max_batch_tokens=4096, max_batch_seqs=32)
+    assert _graphed_steps(graphed, chunk, references) == ["captured", "replay"]
 
 
 def _published(adapted: Path, dest: Path) -> Path:
