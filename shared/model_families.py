@@ -40,6 +40,8 @@ GEMMA3 = FamilyTypes("Gemma3", ("gemma3_text",), pooling="mean")  # EmbeddingGem
 GEMMA2 = FamilyTypes("Gemma2", ("gemma2",), pooling="lasttoken")  # bge-multilingual-gemma2 pools the last token
 # a bidirectional Llama; its embedders (fine-tuned EuroBERTs) pool the mean
 EUROBERT = FamilyTypes("EuroBERT", ("eurobert",), pooling="mean")
+# jina-embeddings-v5-text-nano: EuroBERT with task adapters, pooled at the last token
+JINA_V5 = FamilyTypes("JinaV5", ("jina_embeddings_v5",), pooling="lasttoken")
 FAMILY_TYPES = (
     BERT,
     XLM_ROBERTA,
@@ -55,6 +57,7 @@ FAMILY_TYPES = (
     GEMMA3,
     GEMMA2,
     EUROBERT,
+    JINA_V5,
 )
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}

@@ -16,6 +16,7 @@ from embedfleet.services.gpu_worker.engine.models import (
     gemma3,
     gte,
     jina_v3,
+    jina_v5,
     modernbert,
     mpnet,
     nomic_bert,
@@ -217,6 +218,18 @@ FAMILIES = (
         "bidirectional, grouped-query",
         _FLASH,
         verified="folder",
+    ),
+    Family(
+        model_families.JINA_V5,
+        jina_v5.spec,
+        jina_v5.JinaV5NanoEncoder,
+        "jina-embeddings-v5-text-nano, its task adapters (retrieval, text-matching, clustering, classification) "
+        "chosen per request, rows of different tasks in one batch",
+        "lasttoken",
+        "bidirectional (EuroBERT), grouped-query",
+        _FLASH,
+        prompts="`Query: ` / `Document: `",
+        verified="adapters",
     ),
 )
 
