@@ -51,8 +51,9 @@ def resolve_task(
     if input_type is None:
         return None, None
     chosen = _adapter_for(adapters, input_type)
-    if input_type in prompts or chosen is None:
-        return chosen, None  # the input type's own prompt, as for any model
+    if chosen is None:
+        return None, None  # the input type's own prompt, as for any model
+    # the adapter's own prompt (v3: retrieval.query's), else the input type's (v5: query's "Query: ")
     return chosen, _prompt_for(prompts, chosen)
 
 

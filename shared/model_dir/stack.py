@@ -14,6 +14,7 @@ from embedfleet.shared.model_families import family_types
 
 POOLING_MODES = ("mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len")
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")  # in the order they must run
+JINA_TRANSFORMER = "custom_st.Transformer"  # a model with task adapters: its Transformer taking a task
 
 # sentence-transformers' pooling mode names (underscores dropped, as older configs vary) -> ours
 _ST_POOLING = {
@@ -70,7 +71,9 @@ def read_stack(folder: ModelFolder) -> Stack:
     dense: list[Path] = []
     for module in folder.modules:
         kind = module.kind
-        if not module.type.startswith("sentence_transformers.") or kind not in SUPPORTED_MODULES:
+        # jina-embeddings-v3's own Transformer module (custom_st.py) only passes a task on to its adapters
+        custom = module.type == JINA_TRANSFORMER and bool(folder.config.get("lora_adaptations"))
+        if not (module.type.startswith("sentence_transformers.") or custom) or kind not in SUPPORTED_MODULES:
             raise ConfigError(
                 f"modules.json module {module.type!r} ({module.path}) is not supported; supported: "
                 f"{', '.join(SUPPORTED_MODULES)}"

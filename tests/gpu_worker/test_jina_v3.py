@@ -27,13 +27,9 @@ from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 from tests.engine_folders import edit_config, engine_vectors
+from tests.task_adapters import RANK, TASKS, Pairs, merged, random_pairs, with_adapters
 from tests.tiny_models import JINA_V3_PROMPTS, build, st_reference
 
-TASKS = list(JINA_V3_PROMPTS)  # retrieval.query, retrieval.passage, separation, classification, text-matching
-RANK, ALPHA = 4, 2  # scale alpha / rank = 0.5: neither alpha, nor 1 / rank
-SCALE = ALPHA / RANK
-LINEARS = ("mixer.Wqkv", "mixer.out_proj", "mlp.fc1", "mlp.fc2")
-EMBEDDINGS = ("embeddings.word_embeddings", "embeddings.token_type_embeddings")
 HEAD_DIM = 16  # the tiny model's 64 / 4
 
 
@@ -43,57 +39,20 @@ def _texts() -> list[str]:
     return texts
 
 
-def _adapted(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """The layers (checkpoint names without ``.weight``) the published checkpoint gives adapters."""
-    layers = sorted(
-        {".".join(n.split(".")[:3]) for n in tensors if n.startswith("encoder.layers.")}
-    )  # encoder.layers.N
-    return [*EMBEDDINGS, *(f"{layer}.{linear}" for layer in layers for linear in LINEARS)]
-
-
-def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Random adapters for the five tasks, stacked as published: linear A [n, r, in], B [n, out, r];
-    embedding A [n, vocab, r], B [n, r, dim]; B non-zero so every adapter changes the vectors."""
-    gen = torch.Generator().manual_seed(7)
-    n, pairs = len(TASKS), {}
-    for layer in _adapted(tensors):
-        rows, cols = tensors[f"{layer}.weight"].shape
-        if layer in EMBEDDINGS:  # weight [vocab, dim]
-            pairs[layer] = (
-                torch.randn(n, rows, RANK, generator=gen) * 0.2,
-                torch.randn(n, RANK, cols, generator=gen) * 0.2,
-            )
-        else:  # weight [out, in]
-            pairs[layer] = (
-                torch.randn(n, RANK, cols, generator=gen) * 0.2,
-                torch.randn(n, rows, RANK, generator=gen) * 0.2,
-            )
-    return pairs
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     return build("jina_embeddings_v3", tmp_path_factory.mktemp("jina"))
 
 
 @pytest.fixture(scope="module")
-def pairs(folder) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    return _pairs(load_file(folder / "model.safetensors"))
+def pairs(folder) -> Pairs:
+    return random_pairs(load_file(folder / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")
 def adapted(folder, pairs, tmp_path_factory) -> Path:
-    """The folder with the five task adapters in the published layout: each adapted layer's weight at
-    ``X.parametrizations.weight.original``, its pairs at ``X.parametrizations.weight.0.lora_A`` / ``lora_B``."""
-    out = shutil.copytree(folder, tmp_path_factory.mktemp("adapted") / "jina")
-    tensors = load_file(out / "model.safetensors")
-    for layer, (a, b) in pairs.items():
-        tensors[f"{layer}.parametrizations.weight.original"] = tensors.pop(f"{layer}.weight")
-        tensors[f"{layer}.parametrizations.weight.0.lora_A"] = a.contiguous()
-        tensors[f"{layer}.parametrizations.weight.0.lora_B"] = b.contiguous()
-    save_file(tensors, out / "model.safetensors")
-    edit_config(out, lora_adaptations=TASKS, lora_rank=RANK, lora_alpha=ALPHA, lora_dropout_p=0.0)
-    return out
+    """The folder with the five task adapters in the published layout (tests/task_adapters.py)."""
+    return with_adapters(folder, tmp_path_factory.mktemp("adapted") / "jina", pairs)
 
 
 @pytest.fixture(scope="module")
@@ -101,16 +60,10 @@ def references(folder, pairs, tmp_path_factory) -> list[np.ndarray]:
     """sentence-transformers' vectors of the texts: [0] the base model, [i] the model with task i's adapter
     merged into its weights (linear W + scale * B_i @ A_i, embedding E + scale * A_i @ B_i)."""
     texts = _texts()
-    out = [st_reference(folder, texts)]
-    for i in range(len(TASKS)):
-        merged = shutil.copytree(folder, tmp_path_factory.mktemp("merged") / "jina")
-        tensors = load_file(merged / "model.safetensors")
-        for layer, (a, b) in pairs.items():
-            delta = a[i] @ b[i] if layer in EMBEDDINGS else b[i] @ a[i]
-            tensors[f"{layer}.weight"] = tensors[f"{layer}.weight"] + SCALE * delta
-        save_file(tensors, merged / "model.safetensors")
-        out.append(st_reference(merged, texts))
-    return out
+    return [st_reference(folder, texts)] + [
+        st_reference(merged(folder, tmp_path_factory.mktemp("merged") / "jina", pairs, i), texts)
+        for i in range(len(TASKS))
+    ]
 
 
 def _chunk(folder: Path, texts: list[str]):

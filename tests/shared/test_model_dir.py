@@ -215,6 +215,17 @@ def test_custom_code_module_is_refused(model_info, tmp_path):
     )
 
 
+def test_jinas_own_transformer_module_is_taken_for_a_model_with_task_adapters(model_info, tmp_path):
+    """jina-embeddings-v3's modules.json runs custom_st.Transformer (its forward passes a task on):
+    taken where config.json lists task adapters, still refused elsewhere."""
+    custom = {"idx": 0, "name": "transformer", "path": "", "type": "custom_st.Transformer", "kwargs": ["task"]}
+    folder = _st_folder(model_info, tmp_path, [custom, POOLING])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "lora_adaptations": ["retrieval.query", "separation"]}))
+    info = load_model_info(str(folder))
+    assert info.adapters == ("retrieval.query", "separation") and info.pooling == "mean"
+
+
 def test_modules_out_of_order_are_refused(model_info, tmp_path):
     folder = _st_folder(model_info, tmp_path, [])
     dense = _dense(folder, "3_Dense", {"in_features": 384, "out_features": 32})

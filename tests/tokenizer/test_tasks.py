@@ -56,6 +56,11 @@ def test_a_task_the_model_lacks_is_refused_naming_those_it_has():
         resolve_task((), {"query": "q: "}, "retrieval.query", None, None)
 
 
+def test_an_adapters_own_prompt_wins_over_the_input_types():
+    prompts = {**V3_PROMPTS, "query": "", "document": ""}
+    assert resolve_task(V3, prompts, None, None, "query") == ("retrieval.query", "retrieval.query")
+
+
 def test_a_model_without_adapters_keeps_its_prompts():
     assert resolve_task((), {"query": "q: "}, None, None, "query") == (None, None)
     assert resolve_task((), {"query": "q: "}, None, "query", None) == (None, "query")
