@@ -294,10 +294,32 @@ FAMILIES: dict[str, Family] = {
         ),
         decoder=True,
     ),
+    "eurobert": Family(
+        "EuroBertConfig",
+        "mean",
+        {
+            "base": (
+                "EuroBERT-210m",
+                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+            ),
+            "tiny": ("tiny", dict(_TINY, num_key_value_heads=2, head_dim=16)),
+        },
+        # a bidirectional Llama; vocabulary cut from 128256, as for Qwen3
+        fixed=dict(
+            vocab_size=WORDPIECE_VOCAB,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 250_000.0},
+            pad_token_id=PAD,
+            bos_token_id=CLS,
+            eos_token_id=SEP,
+            mask_token_id=103,
+        ),
+    ),
 }
 
 # the real vocabularies the base shapes cut (the embedding table is a lookup: no FLOPs)
-_CUT_VOCAB = {"gte": 250048, "qwen3": 151669, "gemma3": 262144, "gemma2": 256000}
+_CUT_VOCAB = {"gte": 250048, "qwen3": 151669, "gemma3": 262144, "gemma2": 256000, "eurobert": 128256}
 
 
 def with_reference() -> tuple[str, ...]:
