@@ -135,10 +135,11 @@ def _prompts(folder: ModelFolder) -> dict[str, str]:
 
 
 def task_adapters(config: dict[str, Any]) -> tuple[str, ...]:
-    """The task adapters a folder's config names (``lora_adaptations``), in the order the engine numbers them."""
-    names = config.get("lora_adaptations") or []
+    """The task adapters a folder's config names (jina-embeddings-v3's ``lora_adaptations``, v5's
+    ``task_names``), in the order the engine numbers them."""
+    names = config.get("lora_adaptations") or config.get("task_names") or []
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-        raise ConfigError("config.json: lora_adaptations must be a list of distinct task names")
+        raise ConfigError("config.json: lora_adaptations / task_names must be a list of distinct task names")
     return tuple(names)
 
 

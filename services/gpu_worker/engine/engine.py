@@ -111,6 +111,7 @@ class Engine:
             if model is None:
                 model = self.family.model(self.spec)
                 load_weights(model, tensors)
+                model.load_adapters(info.path)
                 model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
             heads = build_outputs(info, tensors, self.spec.config, self.device)
             if "sparse" in heads and info.sparse is not None and info.sparse.kind == "mlm":

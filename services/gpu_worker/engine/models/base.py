@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -46,6 +47,10 @@ class EncoderModel(nn.Module, abc.ABC):
     @abc.abstractmethod
     def weight_names(self) -> dict[str, list[str]]:
         """Our parameter name -> the checkpoint names (after the prefix) it is made of (several: concatenated)."""
+
+    def load_adapters(self, folder: Path) -> None:
+        """Read task adapters kept beside the checkpoint (jina-embeddings-v5's ``adapters/<task>/``), after
+        the weights; most families keep theirs in the checkpoint or have none."""
 
     def weight_tensor(self, ours: str, tensor: torch.Tensor) -> torch.Tensor:
         """The checkpoint tensor (concatenated where ``weight_names`` lists several) laid out as our
