@@ -1,5 +1,6 @@
-"""Task adapters through a real `embedfleet up` (gateway, tokenizer and worker as processes) serving a
-tiny jina-embeddings-v3 folder with its five task adapters in the published layout: each route's way
+"""Task adapters through a real `embedfleet up` (gateway, tokenizers and workers as processes) serving a
+tiny jina-embeddings-v3 folder with its five task adapters in the published layout (and beside it a
+jina-embeddings-v5-text-nano folder with its four PEFT adapters, and the EuroBERT it is made of): each route's way
 of choosing a task (OpenAI's and Cohere's ``task``, the input types, TEI's ``prompt_name``) gives the
 vectors of sentence-transformers on the model with that task's adapter merged into its weights and
 that task's prompt (cosine >= 0.9999, fp32); requests of different tasks at once each get their own;
@@ -28,7 +29,7 @@ from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, wait_until
-from tests.task_adapters import TASKS, merged, random_pairs, with_adapters
+from tests.task_adapters import TASKS, V5_TASKS, merged, random_pairs, v5_folders, with_adapters
 from tests.tiny_models import build, st_reference
 
 pytestmark = pytest.mark.integration
@@ -42,6 +43,7 @@ class Stack:
     base_url: str
     data: Path
     references: dict[str | None, np.ndarray]  # task (None: the base model) -> sentence-transformers' vectors
+    v5: dict[str | None, Path]  # the v5 folder ("v5"), its EuroBERT (None) and each task merged into it
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +56,24 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     references: dict[str | None, np.ndarray] = {None: st_reference(base, TEXTS)}
     for i, task in enumerate(TASKS):
         references[task] = st_reference(merged(base, root / f"merged-{i}", pairs, i), TEXTS, task)
+    v5 = v5_folders(root / "v5")
     data, port = root / "data", free_port()
+    models = ["--model", f"{MODEL}={adapted}", "--model", f"v5={v5['v5']}", "--model", f"euro={v5[None]}"]
     up = Service(
         "up",
-        ["--data-dir", str(data), "--port", str(port), "--model", f"{MODEL}={adapted}"],
+        ["--data-dir", str(data), "--port", str(port), *models],
         root,
         {"EMBEDFLEET_MAX_BATCH_TOKENS": "2048", "OMP_NUM_THREADS": "1"},
     )
     try:
         wait_until(lambda: "embedfleet is up" in up.log(), 300, "the stack", [up])
-        yield Stack(f"http://127.0.0.1:{port}", data, references)
+        yield Stack(f"http://127.0.0.1:{port}", data, references, v5)
     finally:
         assert up.stop(60) == 0, up.log()[-3000:]
 
 
-def _openai(stack: Stack, **fields) -> np.ndarray:
-    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": MODEL, "input": TEXTS, **fields}, timeout=60)
+def _openai(stack: Stack, model: str = MODEL, **fields) -> np.ndarray:
+    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": model, "input": TEXTS, **fields}, timeout=60)
     assert r.status_code == 200, r.text
     return np.array([d["embedding"] for d in r.json()["data"]])
 
@@ -79,8 +83,34 @@ def _close(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def test_models_list_the_tasks(stack):
-    models = httpx.get(f"{stack.base_url}/v1/models", timeout=30).json()["data"]
-    assert [m["tasks"] for m in models if m["id"] == MODEL] == [TASKS]
+    models = {m["id"]: m["tasks"] for m in httpx.get(f"{stack.base_url}/v1/models", timeout=30).json()["data"]}
+    assert models == {MODEL: TASKS, "v5": list(V5_TASKS), "euro": []}
+
+
+def test_jina_v5_tasks_with_its_query_and_document_prompts(stack):
+    """v5's one retrieval adapter takes both sides, each with its prompt; Jina's v3 names reach it too."""
+    v5 = stack.v5
+
+    def want(task: str | None, prompt: str | None) -> np.ndarray:
+        return st_reference(v5[task], TEXTS, prompt)
+
+    assert _close(_openai(stack, "v5", input_type="query"), want("retrieval", "query"))
+    assert _close(_openai(stack, "v5", task="retrieval.passage"), want("retrieval", "document"))
+    assert _close(_openai(stack, "v5", task="text-matching"), want("text-matching", None))  # its default prompt
+    assert _close(_openai(stack, "v5"), want(None, None))  # no task: the base model, the document prompt
+    # Cohere's clustering: the clustering adapter; no prompt of that name, so none (as for any model)
+    r = httpx.post(f"{stack.base_url}/v2/embed", json={"model": "v5", "texts": TEXTS, "input_type": "clustering"})
+    assert r.status_code == 200, r.text
+    from sentence_transformers import SentenceTransformer
+
+    plain = SentenceTransformer(str(v5["clustering"]), device="cpu").encode(TEXTS, prompt="")
+    assert _close(np.array(r.json()["embeddings"]["float"]), plain)
+
+
+def test_eurobert_serves_through_up(stack):
+    assert _close(_openai(stack, "euro", input_type="query"), st_reference(stack.v5[None], TEXTS, "query"))
+    r = httpx.post(f"{stack.base_url}/v1/embeddings", json={"model": "euro", "input": ["a"], "task": "retrieval"})
+    assert r.status_code == 400 and "its tasks: none: it has no task adapters" in r.text, r.text
 
 
 @pytest.mark.parametrize("task", TASKS)
