@@ -25,6 +25,7 @@ class ErrorCode(StrEnum):
     INVALID_TOKENS = "invalid_tokens"  # token ids outside the vocabulary / bad packing
     MODEL_NOT_FOUND = "model_not_found"
     UNAUTHORIZED = "unauthorized"  # missing or unknown API key
+    FORBIDDEN = "forbidden"  # a known API key asking for what it may not use (another key's table)
     NOT_FOUND = "not_found"  # no such job
     NO_RESPONDERS = "no_responders"  # nobody serves the subject right now
     OVERLOADED = "overloaded"
@@ -56,6 +57,7 @@ GATEWAY_ONLY = frozenset(
         ErrorCode.NOT_FINISHED,
         ErrorCode.GONE,
         ErrorCode.CONFLICT,
+        ErrorCode.FORBIDDEN,
     }
 )
 

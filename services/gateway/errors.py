@@ -43,6 +43,7 @@ TABLE: dict[ErrorCode, Answer] = {
     _C.CONFLICT:           Answer(409, "invalid_request_error", "Validation",   409, "conflict"),
     _C.GONE:               Answer(410, "invalid_request_error", "Validation",   410, "gone"),
     _C.UNAUTHORIZED:       Answer(401, "authentication_error",  "Unauthorized", 401, "unauthorized"),
+    _C.FORBIDDEN:          Answer(403, "permission_error",      "Unauthorized", 403, "forbidden"),
     _C.OVERLOADED:         Answer(429, "rate_limit_error",      "Overloaded",   429, "overloaded"),
     _C.INTERNAL:           Answer(500, "server_error",          "Backend",      500, "internal"),
     _C.NO_RESPONDERS:      Answer(503, "service_unavailable",   "Unhealthy",    503, "no_responders"),
@@ -61,11 +62,12 @@ _CUT_IN_ITS_WORDS = {
 class ApiError(Exception):
     """An error for the client: an internal code (hence the status), a message, the parameter at fault."""
 
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
+        self.retry_after = retry_after  # seconds after which trying again may succeed (Retry-After), if known
 
     @classmethod
     def of(cls, error: ServiceError) -> ApiError:
@@ -77,7 +79,10 @@ class ApiError(Exception):
         return TABLE[self.code].status
 
     def response(self, path: str = "") -> Response:
-        return error_response(path, self.code, self.message, self.param)
+        response = error_response(path, self.code, self.message, self.param)
+        if self.retry_after is not None:
+            response.headers["retry-after"] = str(self.retry_after)
+        return response
 
 
 def error_response(path: str, code: ErrorCode, message: str, param: str | None = None) -> Response:

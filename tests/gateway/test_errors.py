@@ -31,6 +31,7 @@ ANSWERED = {
     ErrorCode.GONE: (410, "invalid_request_error", "Validation", 410, "gone"),
     ErrorCode.CONFLICT: (409, "invalid_request_error", "Validation", 409, "conflict"),
     ErrorCode.UNAUTHORIZED: (401, "authentication_error", "Unauthorized", 401, "unauthorized"),
+    ErrorCode.FORBIDDEN: (403, "permission_error", "Unauthorized", 403, "forbidden"),
     ErrorCode.OVERLOADED: (429, "rate_limit_error", "Overloaded", 429, "overloaded"),
     ErrorCode.INTERNAL: (500, "server_error", "Backend", 500, "internal"),
     ErrorCode.NO_RESPONDERS: (503, "service_unavailable", "Unhealthy", 503, "no_responders"),
