@@ -19,7 +19,7 @@ from embedfleet.shared.documents import job_id_for, read_input
 from embedfleet.shared.fleet import FleetWatch
 from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_fit import JobRefused, check_job, fleet_view, served
-from embedfleet.shared.job_ids import job_id_problem
+from embedfleet.shared.job_ids import new_job_id_problem
 from embedfleet.shared.job_publish import form_conflict, was_cancelled
 from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
 from embedfleet.shared.job_state import JobState
@@ -80,7 +80,7 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     tracing = TracingConfig.from_namespace(ns)
     docs = read_input(path)  # all of them, each checked
     job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
-    problem = job_id_problem(job)
+    problem = new_job_id_problem(job)
     if problem:
         raise ConfigError(f"--job-id: {problem}")
     return Plan(

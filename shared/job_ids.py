@@ -1,6 +1,9 @@
 """Job ids given by people (POST /v1/jobs's ``id``, ``embedfleet reindex --job-id``), checked before
 anything is read or published: an id names a key of the job bucket, whose keys are dot-separated
-tokens, so one with an empty token (``a..b``, ``.a``, ``a.``, ``""``) cannot name a job."""
+tokens, so one with an empty token (``a..b``, ``.a``, ``a.``, ``""``) cannot name a job.
+
+A new job's id has no ``/`` either: the bucket would take it, but HTTP reads a job at
+``/v1/jobs/ID`` and ``/v1/jobs/ID/results``, where ``q/results`` would be read as job ``q``'s results."""
 
 from __future__ import annotations
 
@@ -16,3 +19,13 @@ def job_id_problem(job: str) -> str | None:
     if has_state_key(job):
         return None
     return f"invalid job id {job[:100]!r}: {RULE}"
+
+
+def new_job_id_problem(job: str) -> str | None:
+    """Why ``job`` cannot name a new job (None: it can): ``job_id_problem``'s rule, and no ``/``."""
+    if "/" in job:
+        return (
+            f"invalid job id {job[:100]!r}: no '/' in a job id (a job is read at /v1/jobs/ID and "
+            "/v1/jobs/ID/results, where a '/' would end the id)"
+        )
+    return job_id_problem(job)

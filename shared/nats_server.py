@@ -5,10 +5,17 @@ Used by ``embedfleet up`` when no NATS URL is given, and by the test suite. It l
 only, has JetStream on with its store under ``data_dir``, and a payload limit large enough for the
 biggest message embedfleet sends. ``NatsCluster`` routes several of them into one JetStream cluster on
 loopback ports (the tests and benchmarks of node loss).
+
+Its HTTP monitoring port is off unless asked for (``monitor=True``, on 127.0.0.1): nats-server asks
+no credentials there, and /connz, /subsz and /jsz would show any local user the fabric's clients,
+subjects and streams. Readiness is read on the client port instead: the server's INFO line, sent
+before any credential, says ``"jetstream":true`` once JetStream is on (nats-server enables it before
+it accepts clients). A cluster's nodes keep monitoring on, for its health (a meta leader elected).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -88,11 +95,18 @@ class EmbeddedNats:
     """A nats-server child process; ``start()`` returns its URL once JetStream answers."""
 
     def __init__(
-        self, data_dir: Path, port: int = 0, config: str = "", name: str = "", die_with_parent: bool = False
+        self,
+        data_dir: Path,
+        port: int = 0,
+        config: str = "",
+        name: str = "",
+        die_with_parent: bool = False,
+        monitor: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
-        self.monitor_port = free_port()
+        # the HTTP monitoring port (no credentials asked there): None, off
+        self.monitor_port = free_port() if monitor else None
         self.config = config  # more nats-server configuration (authorization, tls, cluster, ...), appended
         self.name = name  # the server's name (a cluster's nodes need one each); "": nats-server makes one
         # stopped by the kernel when the process that started it dies (see embedfleet.shared.parent_death): it must
@@ -125,9 +139,10 @@ class EmbeddedNats:
         conf.touch(mode=0o600)  # it may hold credentials
         conf.chmod(0o600)
         conf.write_text(
-            (f"server_name: {self.name}\n" if self.name else "") + f"listen: {HOST}:{self.port}\n"
-            f"http: {HOST}:{self.monitor_port}\n"
-            f"max_payload: {MAX_PAYLOAD}\n"
+            (f"server_name: {self.name}\n" if self.name else "")
+            + f"listen: {HOST}:{self.port}\n"
+            + (f"http: {HOST}:{self.monitor_port}\n" if self.monitor_port else "")
+            + f"max_payload: {MAX_PAYLOAD}\n"
             f'jetstream {{\n  store_dir: "{self.data_dir / "jetstream"}"\n}}\n' + self.config
         )
         log_file = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 (the server writes it until it stops)
@@ -154,10 +169,26 @@ class EmbeddedNats:
         raise RuntimeError(f"nats-server did not become ready within {timeout:.0f}s")
 
     def _healthy(self, check: str = "js-enabled-only=true") -> bool:
+        if self.monitor_port is None:
+            return self._announces_jetstream()
         try:
             with urllib.request.urlopen(f"http://{HOST}:{self.monitor_port}/healthz?{check}", timeout=1) as resp:
                 return resp.status == 200
         except OSError:
+            return False
+
+    def _announces_jetstream(self) -> bool:
+        """Whether the client port's INFO line (sent before any credential) says JetStream is on."""
+        try:
+            with socket.create_connection((HOST, self.port), timeout=1) as s:
+                line = s.makefile("rb").readline(64 * 1024)
+        except OSError:
+            return False
+        if not line.startswith(b"INFO "):
+            return False
+        try:
+            return json.loads(line[5:]).get("jetstream") is True
+        except ValueError:
             return False
 
     @property
@@ -205,6 +236,7 @@ class NatsCluster:
             EmbeddedNats(
                 data_dir / f"n{i + 1}",
                 name=f"n{i + 1}",
+                monitor=True,  # the cluster's health: /healthz
                 config=config + (f"cluster {{\n  name: {name}\n  listen: {HOST}:{port}\n  routes: [{routes}]\n}}\n"),
             )
             for i, port in enumerate(route_ports)

@@ -313,7 +313,7 @@ def _non_loopback_address() -> str | None:
 
 
 def test_embedded_server_listens_on_loopback_only(tmp_path):
-    with EmbeddedNats(tmp_path / "nats") as server:
+    with EmbeddedNats(tmp_path / "nats", monitor=True) as server:  # monitoring: off unless asked for
         with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/varz", timeout=5) as resp:
             varz = json.loads(resp.read())
         assert (varz["host"], varz["port"]) == ("127.0.0.1", server.port)
