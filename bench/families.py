@@ -46,7 +46,30 @@ class Family:
     # its config's model_type, where the engine's model may write its folder (a transformers without
     # ``config_class``: the GPU machine's lacks GteConfig)
     model_type: str = ""
+    # task adapters written beside the weights where the folder is not a reference (sentence-transformers
+    # would not read them): "jina_v3" (in the checkpoint, published layout) or "jina_v5" (PEFT, adapters/<task>/)
+    adapters: str = ""
+    reference: bool = True  # sentence-transformers can load the folder (make_folder(reference=True))
 
+
+# EuroBERT (a bidirectional Llama): EuroBERT-210m's sizes, vocabulary cut from 128256 as for Qwen3
+_EUROBERT_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "base": (
+        "EuroBERT-210m",
+        dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    ),
+    "tiny": ("tiny", dict(_TINY, num_key_value_heads=2, head_dim=16)),
+}
+_EUROBERT_FIXED: dict[str, Any] = dict(
+    vocab_size=WORDPIECE_VOCAB,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 250_000.0},
+    pad_token_id=PAD,
+    bos_token_id=CLS,
+    eos_token_id=SEP,
+    mask_token_id=103,
+)
 
 FAMILIES: dict[str, Family] = {
     "bert": Family(
@@ -183,6 +206,7 @@ FAMILIES: dict[str, Family] = {
             pad_token_id=PAD,
         ),
         model_type="nomic_bert",
+        reference=False,
     ),
     "qwen3": Family(
         "Qwen3Config",
@@ -294,37 +318,60 @@ FAMILIES: dict[str, Family] = {
         ),
         decoder=True,
     ),
-    "eurobert": Family(
-        "EuroBertConfig",
+    "eurobert": Family("EuroBertConfig", "mean", _EUROBERT_SHAPES, fixed=_EUROBERT_FIXED, model_type="eurobert"),
+    # jina-embeddings-v3 with its five task adapters (rank 4) in the published layout (GPU check)
+    "jina_v3": Family(
+        "JinaEmbeddingsV3Config",
         "mean",
         {
             "base": (
-                "EuroBERT-210m",
-                dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+                "jina-embeddings-v3",
+                dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
             ),
-            "tiny": ("tiny", dict(_TINY, num_key_value_heads=2, head_dim=16)),
+            "tiny": ("tiny", _TINY),
         },
-        # a bidirectional Llama; vocabulary cut from 128256, as for Qwen3
         fixed=dict(
             vocab_size=WORDPIECE_VOCAB,
-            max_position_embeddings=8192,
-            rms_norm_eps=1e-5,
-            rope_parameters={"rope_type": "default", "rope_theta": 250_000.0},
+            max_position_embeddings=8194,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 20_000.0},
             pad_token_id=PAD,
-            bos_token_id=CLS,
-            eos_token_id=SEP,
-            mask_token_id=103,
         ),
+        model_type="jina_embeddings_v3",
+        adapters="jina_v3",
+    ),
+    # jina-embeddings-v5-text-nano: EuroBERT-210m with four PEFT task adapters (rank 32) in adapters/<task>/
+    "jina_v5": Family(
+        "EuroBertConfig",
+        "lasttoken",
+        {**_EUROBERT_SHAPES, "base": ("jina-embeddings-v5-text-nano", _EUROBERT_SHAPES["base"][1])},
+        fixed=_EUROBERT_FIXED,
+        model_type="eurobert",
+        adapters="jina_v5",
+        reference=False,
     ),
 }
 
+JINA_V3_TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
+JINA_V5_TASKS = ("retrieval", "text-matching", "clustering", "classification")
+
 # the real vocabularies the base shapes cut (the embedding table is a lookup: no FLOPs)
-_CUT_VOCAB = {"gte": 250048, "qwen3": 151669, "gemma3": 262144, "gemma2": 256000, "eurobert": 128256}
+_CUT_VOCAB = {
+    "gte": 250048,
+    "qwen3": 151669,
+    "gemma3": 262144,
+    "gemma2": 256000,
+    "eurobert": 128256,
+    "nomic_moe": 250048,
+    "jina_v3": 250002,
+    "jina_v5": 128256,
+}
 
 
 def with_reference() -> tuple[str, ...]:
     """The families sentence-transformers can load (transformers has their class): those benchmarked against it."""
-    return tuple(name for name, fam in FAMILIES.items() if fam.config_class)
+    return tuple(name for name, fam in FAMILIES.items() if fam.config_class and fam.reference)
 
 
 def shapes(family: str) -> tuple[str, ...]:
@@ -358,6 +405,8 @@ def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool
     folder = Path(root) / f"{family}-{shape}"
     folder.mkdir(parents=True, exist_ok=True)
     config_class = getattr(transformers, fam.config_class, None) if fam.config_class else None
+    if reference and not fam.reference:
+        raise RuntimeError(f"sentence-transformers cannot load a {family} folder: make it with reference=False")
     if config_class is None and not reference and fam.model_type:
         # this transformers has no class for the family (GteConfig came in 5.x): the engine's own model
         # writes the checkpoint, under the names it reads
@@ -382,7 +431,80 @@ def make_folder(family: str, root: Path, shape: str = "base", *, reference: bool
             folder / "1_Pooling" / "config.json",
             {"embedding_dimension": hidden, "pooling_mode": fam.pooling, "include_prompt": True},
         )
+        if fam.adapters == "jina_v3":
+            add_jina_v3_adapters(folder, JINA_V3_TASKS)
+        elif fam.adapters == "jina_v5":
+            add_jina_v5_adapters(folder, JINA_V5_TASKS, rank=32)
     return folder
+
+
+def jina_v3_pairs(
+    tensors: dict[str, torch.Tensor], count: int, rank: int, seed: int = 7, std: float = 0.2
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Random task adapters for every layer jina-embeddings-v3 adapts (its embedding tables and each
+    block's Wqkv, out_proj, fc1, fc2; names without ``.weight``), stacked over ``count`` tasks as
+    published: linear A [n, r, in], B [n, out, r]; embedding A [n, vocab, r], B [n, r, dim]."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = sorted({".".join(n.split(".")[:3]) for n in tensors if n.startswith("encoder.layers.")})
+    embeddings = ("embeddings.word_embeddings", "embeddings.token_type_embeddings")
+    linears = ("mixer.Wqkv", "mixer.out_proj", "mlp.fc1", "mlp.fc2")
+    pairs = {}
+    for layer in [*embeddings, *(f"{b}.{linear}" for b in blocks for linear in linears)]:
+        rows, cols = tensors[f"{layer}.weight"].shape
+        embedding = layer in embeddings  # weight [vocab, dim]; a linear's [out, in]
+        shapes = ((count, rows, rank), (count, rank, cols)) if embedding else ((count, rank, cols), (count, rows, rank))
+        a, b = (torch.randn(*shape, generator=gen) * std for shape in shapes)
+        pairs[layer] = (a, b)
+    return pairs
+
+
+def add_jina_v3_adapters(
+    folder: Path, tasks: tuple[str, ...], rank: int = 4, alpha: float = 1.0, pairs: dict | None = None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The task adapters written into the folder's checkpoint in jina-embeddings-v3's published layout:
+    each adapted layer's weight at ``X.parametrizations.weight.original``, its pairs at
+    ``X.parametrizations.weight.0.lora_A`` / ``lora_B``; config.json's lora_* keys. Returns the pairs."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    pairs = pairs or jina_v3_pairs(tensors, len(tasks), rank)
+    for layer, (a, b) in pairs.items():
+        tensors[f"{layer}.parametrizations.weight.original"] = tensors.pop(f"{layer}.weight")
+        tensors[f"{layer}.parametrizations.weight.0.lora_A"] = a.contiguous()
+        tensors[f"{layer}.parametrizations.weight.0.lora_B"] = b.contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    config = _read_json(folder / "config.json")
+    lora = {"lora_adaptations": list(tasks), "lora_rank": rank, "lora_alpha": alpha, "lora_dropout_p": 0.0}
+    _write_json(folder / "config.json", {**config, **lora})
+    return pairs
+
+
+def add_jina_v5_adapters(folder: Path, tasks: tuple[str, ...], rank: int, seed: int = 5) -> None:
+    """A EuroBERT folder made jina-embeddings-v5-text-nano's: config.json's model_type, architecture,
+    is_decoder false and task_names; one PEFT LoRA per task in adapters/<task>/ (rank ``rank``, alpha
+    2 * rank, on every attention and MLP projection; A small normal, B too, so each task differs)."""
+    from safetensors.torch import load_file, save_file
+
+    base = load_file(folder / "model.safetensors")
+    gen = torch.Generator().manual_seed(seed)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for task in tasks:
+        tensors = {}
+        for name, weight in base.items():
+            module = name.removeprefix("model.").removesuffix(".weight")
+            if not name.endswith(".weight") or module.rsplit(".", 1)[-1] not in targets:
+                continue
+            out, inp = weight.shape
+            tensors[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) * 0.02
+            tensors[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out, rank, generator=gen) * 0.02
+        path = folder / "adapters" / task
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, path / "adapter_model.safetensors")
+        peft = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(targets)}
+        _write_json(path / "adapter_config.json", {**peft, "bias": "none", "lora_dropout": 0.0})
+    config = _read_json(folder / "config.json")
+    v5 = {"model_type": "jina_embeddings_v5", "architectures": ["JinaEmbeddingsV5Model"], "is_decoder": False}
+    _write_json(folder / "config.json", {**config, **v5, "task_names": list(tasks)})
 
 
 def _write_engine_checkpoint(fam: Family, folder: Path, sizes: dict[str, Any]) -> int:
@@ -396,7 +518,8 @@ def _write_engine_checkpoint(fam: Family, folder: Path, sizes: dict[str, Any]) -
     config = {"model_type": fam.model_type, **fam.fixed, **sizes}
     _write_json(folder / "config.json", config)
     family = family_for(config)
-    model = family.model(family.spec(config))
+    spec = family.spec(config)
+    model = family.model(spec)
     generator = torch.Generator().manual_seed(0)
     params = dict(model.named_parameters())
     tensors: dict[str, torch.Tensor] = {}
@@ -404,9 +527,13 @@ def _write_engine_checkpoint(fam: Family, folder: Path, sizes: dict[str, Any]) -
         shape = params[ours].shape
         scale = ours.endswith("norm.weight")  # a LayerNorm's or RMSNorm's scale: ones
         value = torch.ones(shape) if scale else torch.randn(shape, generator=generator) * 0.02
-        if shape[0] % len(theirs):
-            raise RuntimeError(f"{ours} {tuple(shape)} does not split evenly into {theirs}")
-        for name, part in zip(theirs, value.chunk(len(theirs))):
+        rows = [shape[0] // len(theirs)] * len(theirs)
+        if len(theirs) == 3 and theirs[0].endswith("q_proj.weight"):  # grouped-query q, k, v
+            q, kv = spec.num_heads * spec.head_dim, spec.kv_heads * spec.head_dim
+            rows = [q, kv, kv]
+        if sum(rows) != shape[0]:
+            raise RuntimeError(f"{ours} {tuple(shape)} does not split into {theirs}")
+        for name, part in zip(theirs, value.split(rows)):
             tensors[name] = part.contiguous()
     save_file(tensors, str(folder / "model.safetensors"))
     return int(sizes.get("hidden_size") or fam.fixed["hidden_size"])

@@ -61,6 +61,9 @@ CHECKS = (
     Check("gte", "gte", "base"),
     Check("nomic", "nomic_bert", "base"),
     Check("nomic-moe", "nomic_moe", "base"),
+    Check("eurobert", "eurobert", "base"),
+    Check("jina-v3", "jina_v3", "base"),  # its five task adapters, rows of every task in each batch
+    Check("jina-v5", "jina_v5", "base"),  # its four PEFT task adapters, likewise
     Check("qwen3", "qwen3", "base"),
     Check("gemma3", "gemma3", "base"),
     Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),
@@ -81,8 +84,21 @@ def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
 
 
+def row_adapters(engine: Engine, cu: np.ndarray) -> np.ndarray | None:
+    """A model with task adapters: row r runs adapter r % (n + 1) (0: none), every task in each batch."""
+    n = len(engine.adapter_names)
+    return np.arange(len(cu) - 1) % (n + 1) if n else None
+
+
+def run(engine: Engine, ids: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    made = engine.step(ids, cu, adapters=row_adapters(engine, cu)).result()
+    assert isinstance(made, np.ndarray)
+    return made
+
+
 def correctness(info: ModelInfo, eager: Engine, graphed: Engine | None) -> dict:
-    """The device engine (eager, and graphed where possible) against the CPU fp32 engine."""
+    """The device engine (eager, and graphed where possible) against the CPU fp32 engine (a model with
+    task adapters: its rows spread over every task)."""
     reference = Engine(info, "cpu", "float32", graphs=False)
     batches, eager_cosine = 0, 1.0
     graphs_cosine: float | None = None  # stays None without a graphed engine
@@ -90,13 +106,13 @@ def correctness(info: ModelInfo, eager: Engine, graphed: Engine | None) -> dict:
     wants = []
     for seed, (rows, max_len) in enumerate(CORRECTNESS_BATCHES):
         ids, cu = mixed_batch(seed, rows, min(max_len, eager.max_seq_length), eager.spec.vocab_size)
-        wants.append((ids, cu, reference.embed(ids, cu)))
+        wants.append((ids, cu, run(reference, ids, cu)))
     del reference
     for ids, cu, want in wants * 2:  # two passes over the batch shapes: graphs captured, then replayed
-        got = eager.embed(ids, cu)
+        got = run(eager, ids, cu)
         eager_cosine = min(eager_cosine, cosine_min(got, want))
         if graphed is not None:
-            g = graphed.embed(ids, cu)
+            g = run(graphed, ids, cu)
             graphs_cosine = min(graphs_cosine or 1.0, cosine_min(g, want))
             diff = float(np.abs(g - got).max())
             graphs_diff = max(graphs_diff or 0.0, diff)
@@ -116,15 +132,16 @@ def correctness(info: ModelInfo, eager: Engine, graphed: Engine | None) -> dict:
 def throughput(engines: list[Engine], seq_len: int, budget: int, seconds: float) -> dict:
     """All replicas stepping concurrently, each with one batch in flight behind the one running."""
     ids, cu = synthetic_batch(engines[0], (budget // seq_len) * seq_len, seq_len)
+    adapters = row_adapters(engines[0], cu)
     for e in engines:
-        e.embed(ids, cu)  # warm-up and capture
+        run(e, ids, cu)  # warm-up and capture
     counts = [0] * len(engines)
     stop = time.perf_counter() + seconds
 
     def loop(i: int, engine: Engine) -> None:
         pending: deque = deque()
         while time.perf_counter() < stop:
-            pending.append(engine.step(ids, cu))
+            pending.append(engine.step(ids, cu, adapters=adapters))
             if len(pending) > 1:
                 pending.popleft().wait()
                 counts[i] += len(ids)
@@ -158,6 +175,7 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
         "attention": eager.attention.name,
         "dtype": eager.dtype_name,
         "graphs_possible": graphs_possible,
+        "adapters": list(eager.adapter_names),  # rows spread over these tasks (and none) in every batch
     }
     graphed = None
     if graphs_possible:

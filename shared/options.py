@@ -308,6 +308,17 @@ OPTIONS: tuple[Option, ...] = (
         type=positive_int,
     ),
     _option(
+        "--max-document-chars",
+        "EMBEDFLEET_MAX_DOCUMENT_CHARS",
+        262144,
+        "max characters in one document of a bulk job (more: 413 at submission; a tokenizer gives such a "
+        "document up unread, a dead letter) and in one text a tokenizer cuts into chunks (more: input_too_long): "
+        "tokenizing holds some 250 bytes a character",
+        GATEWAY | {"tokenizer"},
+        "gateway",
+        type=positive_int,
+    ),
+    _option(
         "--max-body-bytes",
         "EMBEDFLEET_MAX_BODY_BYTES",
         8 << 20,

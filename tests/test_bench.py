@@ -134,6 +134,9 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         "qwen3",
         "gemma3",
         "gemma2",
+        "eurobert",
+        "jina_v3",
+        "jina_v5",
     }
     for name, model in models.items():
         assert "error" not in model, (name, model.get("error"))
@@ -147,6 +150,8 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         }
         assert all(r["tokens_per_s"] > 0 for r in model["throughput"])
     assert models["gemma3"]["dtype"] == "float32" and models["gemma3-bf16"]["dtype"] == "bfloat16"
+    assert len(models["jina-v3"]["adapters"]) == 5 and len(models["jina-v5"]["adapters"]) == 4
+    assert models["eurobert"]["adapters"] == []
     saturation = models["bert-base"]["saturation"]
     assert saturation["knee"] in [b for b, _ in saturation["points"]]
 

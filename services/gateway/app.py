@@ -136,6 +136,7 @@ class Gateway:
                 owners,
                 self.cfg.jobs_max_file_bytes,
                 self.sink_jobs,
+                max_document_chars=self.cfg.max_document_chars,
             )
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart

@@ -74,6 +74,19 @@ def within_limits(inputs: Inputs, param: str, limits: Limits) -> Inputs:
     return inputs
 
 
+def within_document_chars(docs: list[tuple[str, str]], max_chars: int) -> None:
+    """A bulk job's documents (id, text) once none has more than ``max_chars`` characters (the gateway's
+    --max-document-chars): else 413 naming the first that has, before anything is published."""
+    for i, (doc_id, text) in enumerate(docs):
+        if len(text) > max_chars:
+            raise ApiError(
+                ErrorCode.INPUT_TOO_LONG,
+                f"document {i} ({doc_id[:200]!r}) has {len(text)} characters; the limit is {max_chars} "
+                "(the gateway's --max-document-chars): cut it into shorter documents",
+                "documents",
+            )
+
+
 def not_a_token(where: str, value: Any) -> ApiError:
     """The error for ``value`` in the token-ID list at ``where`` ('input', 'input[2]')."""
     return ApiError(

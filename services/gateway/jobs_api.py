@@ -16,6 +16,7 @@ from pathlib import Path
 
 from embedfleet.services.gateway.body_errors import read_body
 from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.inputs import within_document_chars
 from embedfleet.services.gateway.job_files import read_job_file
 from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.job_list import JobListQuery, page_answer, read_page
@@ -59,11 +60,13 @@ class JobsApi:
         owners: JobOwners | None = None,
         max_file_bytes: int = default("jobs_max_file_bytes"),
         sinks: SinkJobs | None = None,
+        max_document_chars: int = default("max_document_chars"),
     ) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
         self._max_file_bytes = max_file_bytes
+        self._max_document_chars = max_document_chars  # a document's characters: tokenizing costs ~250 B each
         self._owners = owners or JobOwners(False, ())
         self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
         self._background: set[asyncio.Task] = set()
@@ -101,6 +104,7 @@ class JobsApi:
                 "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)",
                 "documents",
             )
+        within_document_chars(docs, self._max_document_chars)
         batch_size = DEFAULT_BATCH if doc.batch_size is None else doc.batch_size
         batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
         if chunking is not None and chunker is not None:

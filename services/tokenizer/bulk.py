@@ -69,7 +69,7 @@ class BulkTokenizer:
         self._cfg = cfg
         self._encoder = encoder
         self._subjects = cfg.nats.subjects
-        self._cutter = BatchCutter(encoder, cfg.max_chunks)
+        self._cutter = BatchCutter(encoder, cfg.max_chunks, cfg.max_document_chars)
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._beats = Heartbeats(cfg.jobs.heartbeat)

@@ -19,10 +19,12 @@ from itertools import accumulate, chain
 
 import numpy as np
 
-from embedfleet.services.tokenizer.chunking import chunk_ids, cut
-from embedfleet.services.tokenizer.encoder import TextEncoder, encode_all
+from embedfleet.services.tokenizer.bounded_cuts import chars_refusal, cuts
+from embedfleet.services.tokenizer.chunking import chunk_ids
+from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.services.tokenizer.metrics import BulkEncoder
 from embedfleet.shared.chunk_windows import late_windows
+from embedfleet.shared.options import default
 from embedfleet.shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
 from embedfleet.shared.text_chunks import TextChunk
 
@@ -61,12 +63,17 @@ class CutBatch:
 
 
 class BatchCutter:
-    """Cuts job batches for one model: a copy of its tokenizer made once reads each document whole."""
+    """Cuts job batches for one model: a copy of its tokenizer made once reads each document whole. A
+    document of more than ``max_chars`` characters is given up unread; the others are tokenized a group
+    at a time (bounded_cuts.py), so a batch holds one group's encodings at once."""
 
-    def __init__(self, encoder: TextEncoder | BulkEncoder, max_chunks: int) -> None:
+    def __init__(
+        self, encoder: TextEncoder | BulkEncoder, max_chunks: int, max_chars: int = default("max_document_chars")
+    ) -> None:
         self._encoder = encoder
         self._tokenizer = encoder.whole_text_tokenizer()
         self._max_chunks = max_chunks
+        self._max_chars = max_chars
 
     def cut(self, job: JobBatch) -> CutBatch:
         """Every document of ``job`` cut; ServiceError (the whole batch given up) for what no document
@@ -79,13 +86,16 @@ class BatchCutter:
         if chunking.late:
             self._encoder.frame_sizes(job.options)  # refuses a frame the spans cannot be placed past
         before, after = self._encoder.frame(job.options)
-        encodings = encode_all(self._tokenizer, job.texts, add_special_tokens=False)
         sequences: list[list[int]] = []
         spans: list[list[tuple[int, int]]] = []  # late: per sequence, its chunks' (first, last) in it
         rows: list[tuple[int, int, int, int, int]] = []
-        failed: list[tuple[int, str]] = []
-        for d, (text, encoding) in enumerate(zip(job.texts, encodings)):
-            chunks = cut(text, encoding, chunking.spec, self._tokenizer)
+        failed = [
+            (d, f"document {job.doc_ids[d][:200]!r} {chars_refusal(len(text), self._max_chars)}")
+            for d, text in enumerate(job.texts)
+            if len(text) > self._max_chars
+        ]
+        readable = [d for d, text in enumerate(job.texts) if len(text) <= self._max_chars]
+        for d, chunks in zip(readable, cuts(self._tokenizer, [job.texts[d] for d in readable], chunking.spec)):
             if len(chunks) > self._max_chunks:
                 failed.append(
                     (
@@ -110,7 +120,7 @@ class BatchCutter:
             sequences,
             ChunkRows.of(len(job.texts), rows, texts),
             [job.doc_ids[r[0]] for r in rows],
-            failed,
+            sorted(failed),
             Spans.of(spans) if chunking.late else None,
         )
 

@@ -126,7 +126,7 @@ class TokenizerService:
         self._decode_sub: Subscription | None = None
         self._chunk_sub: Subscription | None = None
         self._load_sub: Subscription | None = None
-        self._layouts = Layouts(self._encoder, cfg.max_chunks)
+        self._layouts = Layouts(self._encoder, cfg.max_chunks, cfg.max_document_chars)
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
         self._embeds = Coalescer(self._embed_group)

@@ -132,7 +132,7 @@ def test_more_chunks_than_max_chunks_are_refused_at_the_input_that_passes_them(t
     error = _refusal(nats_url, ["short", words, words, words], ChunkSpec(8))  # 1, 1001, 2001, 3001 chunks so far
     assert (error.code, error.row) == (ErrorCode.INPUT_TOO_LONG, 3)
     assert error.text() == (
-        f"input 3 takes the request past {MAX_CHUNKS} chunks, the most one may be cut into: its texts "
+        f"input 3 takes the request past {MAX_CHUNKS} chunks, the most one may be cut into: its texts up to it "
         "make 3001 (send fewer or shorter texts, or a larger chunking.size)"
     )
     assert _chunk(nats_url, ["short", words, words], ChunkSpec(8)).counts.tolist() == [1, 1000, 1000]

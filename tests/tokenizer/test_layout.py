@@ -69,7 +69,7 @@ def test_more_chunks_than_the_limit_are_refused_at_the_input_that_passes_it(enco
         layouts.layout(_request(texts, ChunkSpec(8)))
     assert (err.value.code, err.value.row) == (ErrorCode.INPUT_TOO_LONG, 2)
     assert err.value.text() == (
-        "input 2 takes the request past 8 chunks, the most one may be cut into: its texts make "
-        "12 (send fewer or shorter texts, or a larger chunking.size)"
+        "input 2 takes the request past 8 chunks, the most one may be cut into: its texts up to it make "
+        "11 (send fewer or shorter texts, or a larger chunking.size)"
     )
     assert Layouts(encoder, 12).layout(_request(texts, ChunkSpec(8))).counts.tolist() == [1, 5, 5, 1]
