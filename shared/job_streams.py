@@ -21,7 +21,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from embedfleet.shared.config import JobSettings, Retention
-from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
+from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE, RESULTS_MAX_BYTES
 from embedfleet.shared.stream_placement import Placement, stream_config
 from embedfleet.shared.subjects import Subjects
 
@@ -62,7 +62,7 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
     p = subjects.prefix
     results = await stream_config(js, names["results"])
     results_age = _chosen(retention.results_max_age, results and results.max_age, RESULTS_MAX_AGE)
-    results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, 0)
+    results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, RESULTS_MAX_BYTES)
     configs = [
         StreamConfig(
             name=names["jobs"],
