@@ -1,8 +1,12 @@
-"""``embedfleet init``: the streams and the job bucket created, or brought to this version's settings."""
+"""``embedfleet init``: the streams, the job bucket and the jobs' claims created, or brought to this
+version's settings. It is the one command that makes or changes them: run it as the operator's NATS
+user (``embedfleet auth`` writes ``operator.nk``); the services' users may read the streams, not change
+them (shared/permissions.py). ``embedfleet up`` runs it before the services start."""
 
 from __future__ import annotations
 
 from embedfleet.shared.config import NatsConfig, Retention
+from embedfleet.shared.job_claims import claims_stream
 from embedfleet.shared.job_streams import bucket_stream, ensure_streams, stream_names
 from embedfleet.shared.lifecycle import connect_within
 
@@ -17,7 +21,8 @@ async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> i
         results = (await js.stream_info(names["results"])).config
         bucket = (await js.stream_info(bucket_stream(nats.subjects))).config
         print(
-            f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']} and bucket {names['kv']} "
+            f"streams {names['jobs']}, {names['bulk']}, {names['results']}, {names['dead']}, "
+            f"{claims_stream(nats.subjects)} and bucket {names['kv']} "
             f"are in place on {nats.url}; results: max age {_limit(results.max_age, 's')}, max bytes "
             f"{_limit(results.max_bytes, '')}; job records: ttl {_limit(bucket.max_age, 's')}, history "
             f"{bucket.max_msgs_per_subject}"

@@ -15,6 +15,7 @@ from nats.js.errors import NoKeysError, NotFoundError
 
 from embedfleet.shared.config import ConfigError, NatsConfig
 from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_claims import SUBMITTERS, claim_subject, claims_stream
 from embedfleet.shared.job_ids import job_id_problem
 from embedfleet.shared.job_publish import job_form
 from embedfleet.shared.job_state import FINISHED, RUNNING, JobState, JobStateError
@@ -182,6 +183,8 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
         results = await purge_subject(js, names["results"], subjects.results(job))
         await purge_subject(js, names["results"], subjects.sources(job))  # a sink job's rows' fields and texts
         dead = await purge_subject(js, names["dead"], subjects.dead(job))
+        for submitter in SUBMITTERS:  # the id may name a new job, claimed afresh
+            await purge_subject(js, claims_stream(subjects), claim_subject(subjects, submitter, job))
         if state is not None and kv is not None:  # a state was read from it
             await kv.purge(job)
         if state is None and not results and not dead:

@@ -96,6 +96,7 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
             tracer,
             chunking=plan.chunking,
             sink=None if sink is None else JobSink(sink.shown),
+            submitter="publisher",
         )
     )
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=plan.quiet)

@@ -23,7 +23,7 @@ from embedfleet.shared.job_ids import new_job_id_problem
 from embedfleet.shared.job_publish import form_conflict, was_cancelled
 from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
 from embedfleet.shared.job_state import JobState
-from embedfleet.shared.job_streams import DUPLICATE_WINDOW, ensure_streams, purge_wait, stream_names
+from embedfleet.shared.job_streams import DUPLICATE_WINDOW, open_streams, purge_wait, stream_names
 from embedfleet.shared.lifecycle import connect_within
 from embedfleet.shared.local_stack import LocalStack, NoDefaultModel, default_model
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError
@@ -156,7 +156,7 @@ async def connect_checked(nats: NatsConfig, plan: Plan):
         plan = await _fitted(nc, subjects.prefix, plan)
         if plan.chunking is not None:
             await check_room(nc, subjects, plan.model, plan.chunking, plan.options)
-        kv = await ensure_streams(js, subjects, plan.retention)
+        kv = await open_streams(js, subjects, plan.retention)
         state = await read_state(kv, plan.job)
         claim = Claim(request_digest(plan.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
         problem = (

@@ -110,6 +110,7 @@ def _run(
         supervisor = Supervisor(
             plan, fleet, Restarts(ns.restart_limit, ns.restart_window), nats, store, _why(ns.host, ns.port)
         )
+        _init(ns, url, fleet.env)
         if not _start(supervisor, {info.id for info in infos}, base, keys[0] if keys else None, stop, ns.ready_timeout):
             return 1
         print(
@@ -138,6 +139,26 @@ def _run(
             nats.stop()
             log.info("nats-server stopped")
         shutil.rmtree(ready_dir, ignore_errors=True)
+
+
+def _init(ns: argparse.Namespace, url: str, env: Mapping[str, str]) -> None:
+    """``embedfleet init`` with the stack's credential (the embedded server's token is its admin's):
+    the services use the streams and bucket it makes or brings to ``up``'s retention, and may not make
+    or change them themselves where NATS has per-role users. A refusal is logged: the services then
+    use what is there."""
+    import subprocess
+    import sys
+
+    args = ["--nats", url, *arguments(ns, "init", None, env, skip=("nats",))]
+    done = subprocess.run(
+        [sys.executable, "-m", "embedfleet.services.cli", "init", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        log.warning("embedfleet init failed (%d): %s", done.returncode, (done.stderr or done.stdout).strip()[-500:])
 
 
 def _gateway_args(

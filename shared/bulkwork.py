@@ -36,7 +36,7 @@ from embedfleet.shared.job_bucket import has_state_key, read_state, update_state
 from embedfleet.shared.job_publish import publish_durably
 from embedfleet.shared.job_state import CANCELLED, DeadBatch, JobState
 from embedfleet.shared.job_status import count_failed
-from embedfleet.shared.job_streams import ensure_streams, stream_names, work_consumer
+from embedfleet.shared.job_streams import open_streams, stream_names, work_consumer
 from embedfleet.shared.lifecycle import cancel
 from embedfleet.shared.progress import Rows
 from embedfleet.shared.protocol import MAX_NAME, ChunkRows
@@ -64,6 +64,7 @@ class BatchInfo:
     documents: int = 0
     total: int = 0
     chunks: ChunkRows | None = None
+    counted: bool = True  # False: a batch refused as not its job's, its letter kept under the job it names only
 
     @property
     def rows(self) -> Rows:
@@ -189,11 +190,11 @@ async def join_work(
     stage: str,
     describe: Callable[[bytes, dict], BatchInfo],
 ):
-    """A stage's place in the bulk pipeline: the streams and job bucket (created if missing), its
+    """A stage's place in the bulk pipeline: the streams and job bucket (made by `embedfleet init`), its
     durable consumer on ``stream`` ("jobs" or "bulk"), and its dead letters, with the server's
     max-deliveries advisories watched. Returns (jetstream, bucket, work queue, dead letters)."""
     js = nc.jetstream()
-    kv = await ensure_streams(js, subjects, settings.retention)
+    kv = await open_streams(js, subjects, settings.retention)
     name = stream_names(subjects)[stream]
     work = WorkQueue(js, name, durable, subject, settings)
     await work.open()
@@ -353,9 +354,8 @@ class DeadLetters:
         await publish_durably(
             self._js, self._subjects.dead(job), data, f"dead:{self._stage}:{origin_id}", headers=record
         )
-        if info.job is None or not has_state_key(
-            info.job
-        ):  # a forged job id names no job state: the letter is all there is
+        if info.job is None or not info.counted or not has_state_key(info.job):
+            # a forged job id, or a batch refused as not its job's: the letter is all there is
             return
         # recorded again after a crash between record and term: the rows and the entry count once
         entry = DeadBatch(self._stage, info.batch, info.start, info.documents, count, reason[:500])

@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_claims import make_claim
 from embedfleet.shared.job_requests import Claim, claim_problem, record_claim, request_digest
 from embedfleet.shared.job_state import CANCELLED, FINISHED, RUNNING, JobState, Lease, Run
 from embedfleet.shared.job_streams import stream_names
@@ -95,6 +96,7 @@ async def submit(
     claim=None,
     chunking=None,
     sink: JobSink | None = None,
+    submitter: str = "gateway",
 ) -> JobState:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
@@ -107,7 +109,9 @@ async def submit(
     ``chunking`` (an embedfleet.shared.text_chunks.JobChunking): every document is cut into chunks, a vector each;
     the state records it, and the tokenizers count the chunks as they cut them.
     ``sink``: the store the job's rows go to, recorded with the job's first state, so the job is never
-    done before its rows are in the store."""
+    done before its rows are in the store. ``submitter`` ("gateway" or "publisher", the role of this
+    process's NATS user): the job is claimed under that name (shared/job_claims.py) before anything is
+    recorded, and every batch is signed with the claim's secret."""
     from embedfleet.shared.tracing import Tracer, current, headers_for
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
@@ -126,6 +130,7 @@ async def submit(
             claim,
             chunking,
             sink,
+            submitter,
         )
 
 
@@ -143,10 +148,15 @@ async def _publish(
     claim,
     chunking,
     sink: JobSink | None,
+    submitter: str,
 ) -> JobState:
     from embedfleet.shared.protocol import JobBatch, encode
 
     claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
+    # the owner, once claimed, is the job's for good: another key's request for the same id is refused
+    proof = await make_claim(js, subjects, submitter, job, claim.owner)
+    if proof.owner != claim.owner:
+        raise JobTaken(f"job {job} was made with another API key: give it another job id")
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
     form = options.form
 
@@ -185,8 +195,11 @@ async def _publish(
             await update_state(kv, job, _published(i))
             raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
         batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options, chunking)
+        body = encode(batch)
         # the stream's acknowledgement of each publish is the backpressure
-        await publish_durably(js, subjects.jobs(model), encode(batch), f"{job}:{i}", headers=headers)
+        await publish_durably(
+            js, subjects.jobs(model), body, f"{job}:{i}", headers={**(headers or {}), **proof.sign(body)}
+        )
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, _published(i + 1))
     return state

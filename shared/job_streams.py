@@ -5,8 +5,10 @@
 - ``<P>_RESULTS``: vectors per job (``<prefix>.v1.results.<job>``), deduplicated by message id;
 - ``<P>_DEAD``: dead letters (``<prefix>.v1.dead.<job>``): batches given up, kept with the stage, the
   reason and the number of deliveries in headers, so they can be inspected and published again;
-- ``<P>_jobs`` key-value bucket: one JSON state per job.
-All in file storage, created idempotently by whichever service starts first. The results stream and
+- ``<P>_jobs`` key-value bucket: one JSON state per job;
+- ``<P>_CLAIMS``: each job's owner and batch-signing secret, written once (shared/job_claims.py).
+All in file storage, created by ``embedfleet init`` (or, on a server without per-role users, by
+whichever service starts first: ``open_streams``). The results stream and
 the bucket expire what they hold after the limits of ``Retention`` (shared/config.py).
 """
 
@@ -21,6 +23,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from embedfleet.shared.config import JobSettings, Retention
+from embedfleet.shared.job_claims import claims_config, claims_stream
 from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE, RESULTS_MAX_BYTES
 from embedfleet.shared.stream_placement import Placement, stream_config
 from embedfleet.shared.subjects import Subjects
@@ -101,7 +104,37 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
         assert config.name is not None  # every stream above is named
         current = results if config.name == names["results"] else await stream_config(js, config.name)
         await placement.put(config, current)
-    return await _ensure_bucket(js, names["kv"], retention, placement)
+    kv = await _ensure_bucket(js, names["kv"], retention, placement)
+    # jobs' claims (shared/job_claims.py) are kept as long as their records
+    ttl = (await js.stream_info(bucket_stream(subjects))).config.max_age or 0
+    name = claims_stream(subjects)
+    await placement.put(claims_config(subjects, ttl), await stream_config(js, name))
+    return kv
+
+
+async def open_streams(js: JetStreamContext, subjects: Subjects, retention: Retention = Retention()) -> KeyValue:
+    """The streams and the bucket as ``embedfleet init`` made them, used as they are: a service's NATS
+    user may read them, not change them (shared/permissions.py). Only when one is missing are they
+    made (``ensure_streams``), which a server with per-role users refuses a service: then run
+    ``embedfleet init`` with the operator's credentials first."""
+    from nats.errors import Error as NatsError
+
+    names = stream_names(subjects)
+    wanted = [names[k] for k in ("jobs", "bulk", "results", "dead")] + [
+        bucket_stream(subjects),
+        claims_stream(subjects),
+    ]
+    missing = [name for name in wanted if await stream_config(js, name) is None]
+    if not missing:
+        return await js.key_value(names["kv"])
+    log.info("streams %s missing: making them", ", ".join(missing))
+    try:
+        return await ensure_streams(js, subjects, retention)
+    except (TimeoutError, NatsError) as exc:  # a permission violation reaches the caller as a timeout
+        raise RuntimeError(
+            f"the JetStream streams {', '.join(missing)} are missing and this service may not make them "
+            f"({exc!r}): run `embedfleet init` with the operator's credentials"
+        ) from exc
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention, placement: Placement) -> KeyValue:

@@ -8,11 +8,20 @@ Every role may publish and subscribe only what its job needs (nats-server's per-
   of a message it received, a bounded number of times, and to no other inbox. So a tokenizer or a
   worker cannot send results to a gateway for requests it was not given;
 - JetStream is reached through its API subjects, each role the calls it makes on the project's own
-  streams and bucket; only the operator may delete or purge a stream or delete a consumer.
+  streams and bucket: stream information, never a stream's creation, update, deletion or purge;
+  the consumers of the one stream it works from (tokenizers: the jobs stream, workers: the bulk
+  stream), never another role's; readers (gateway, publisher) their own ephemeral consumers of the
+  results stream and the bucket. Streams and the bucket are made and changed by ``embedfleet init``
+  under the operator's user, which no service runs as;
+- a job's claim (its owner's digest and the secret its batches are signed with, shared/job_claims.py)
+  is published and read by its submitter's role only (``claims.gateway.*``, ``claims.publisher.*``),
+  read by the tokenizers, and never replaced (the claims stream refuses a second message a subject).
 
 NATS cannot express ownership that arises at run time: any job publisher may read the results
 subject of any job (results live under ``<prefix>.v1.results.<job>``, and a permission cannot name
-the jobs a user created). Per-tenant separation of jobs needs a NATS account (or a user) per tenant.
+the jobs a user created), and a role that writes a job's record (its counts) may write all of it,
+deletion included (NATS cannot split a key-value record by field). Per-tenant separation of jobs
+needs a NATS account (or a user) per tenant.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedfleet.shared.job_claims import claims_stream
 from embedfleet.shared.job_streams import bucket_stream, stream_names
 from embedfleet.shared.protocol import MAX_BUNDLE
 from embedfleet.shared.subjects import SERVICE_NAMES, Subjects
@@ -65,20 +75,14 @@ class _JetStream:
         self.names = stream_names(subjects)
         self.kv_stream = bucket_stream(subjects)
         self.bucket = self.names["kv"]
+        self.claims = claims_stream(subjects)
+        self.prefix = subjects.prefix
 
-    def streams(self, *kinds: str) -> list[str]:
-        return [self.names[k] for k in kinds]
-
-    def manage(self, *kinds: str) -> list[str]:
-        """Create streams (and the bucket) or bring them to a config: what every stage does at start."""
+    def look(self) -> list[str]:
+        """Read the streams' and the bucket's configuration and state (never change them)."""
         out = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
-        for stream in [*self.streams(*kinds), self.kv_stream]:
-            out += [
-                f"$JS.API.STREAM.CREATE.{stream}",
-                f"$JS.API.STREAM.UPDATE.{stream}",
-                f"$JS.API.STREAM.INFO.{stream}",
-            ]
-        return out
+        streams = [self.names[k] for k in ("jobs", "bulk", "results", "dead")] + [self.kv_stream, self.claims]
+        return out + [f"$JS.API.STREAM.INFO.{stream}" for stream in streams]
 
     def bucket_access(self) -> list[str]:
         """Read and write job states (the key-value bucket's subjects and direct gets)."""
@@ -90,39 +94,44 @@ class _JetStream:
             f"$JS.API.STREAM.MSG.GET.{kv}",
         ]
 
+    def claim(self, submitter: str) -> list[str]:
+        """Claim jobs as ``submitter`` (once each) and read those claims back, by subject only."""
+        subject = f"{self.prefix}.v1.claims.{submitter}.*"
+        return [subject, f"$JS.API.DIRECT.GET.{self.claims}.{subject}"]
+
+    def read_claims(self) -> list[str]:
+        """Read every submitter's claims (the tokenizers check every job batch against its job's)."""
+        return [f"$JS.API.DIRECT.GET.{self.claims}.{self.prefix}.v1.claims.*.*"]
+
+    def _readers(self, stream: str) -> list[str]:
+        return [
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+            f"$JS.API.CONSUMER.DELETE.{stream}.>",
+            f"$JS.API.CONSUMER.INFO.{stream}.>",
+        ]
+
     def bucket_listing(self) -> list[str]:
         """List the bucket's keys and records (an ephemeral consumer on its stream: ordered for the
         gateway's job gauges, pulled for GET /v1/jobs)."""
-        kv = self.kv_stream
-        return [
-            f"$JS.API.CONSUMER.CREATE.{kv}",
-            f"$JS.API.CONSUMER.CREATE.{kv}.>",
-            f"$JS.API.CONSUMER.MSG.NEXT.{kv}.>",
-            f"$JS.API.CONSUMER.DELETE.{kv}.>",
-            f"$JS.API.CONSUMER.INFO.{kv}.>",
-        ]
+        return self._readers(self.kv_stream)
 
     def read_results(self) -> list[str]:
         """Read a job's stored results through an ephemeral consumer of the results stream (no acks)."""
-        results = self.names["results"]
-        return [
-            f"$JS.API.CONSUMER.CREATE.{results}",
-            f"$JS.API.CONSUMER.CREATE.{results}.>",
-            f"$JS.API.CONSUMER.MSG.NEXT.{results}.>",
-            f"$JS.API.CONSUMER.DELETE.{results}.>",
-            f"$JS.API.CONSUMER.INFO.{results}.>",
-        ]
+        return self._readers(self.names["results"])
 
-    def consume(self, kind: str, durable: str) -> list[str]:
-        """Bind, fetch from and acknowledge a durable pull consumer of one stream; give up its dead batches."""
+    def consume(self, kind: str) -> list[str]:
+        """Bind, fetch from and acknowledge the durable pull consumers of the one stream the role works
+        from (no other role has consumers there); give up its dead batches."""
         stream = self.names[kind]
         return [
-            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
-            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
-            f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
-            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
-            f"$JS.ACK.{stream}.{durable}.>",
+            f"$JS.API.CONSUMER.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.CREATE.{stream}.*.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.INFO.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+            f"$JS.ACK.{stream}.>",
             f"$JS.API.STREAM.MSG.GET.{stream}",
             f"$JS.API.STREAM.MSG.DELETE.{stream}",
         ]
@@ -162,10 +171,12 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 f"{p}.decode.*",
                 f"{p}.chunk.*",
                 f"{p}.rerank.*",
+                f"{p}.cancel.*",  # a request its client gave up: its rows dropped where they wait
                 f"{p}.jobs.*",
                 *watch,
-                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.look(),
                 *js.bucket_access(),
+                *js.claim("gateway"),
                 *js.bucket_listing(),
                 f"$JS.API.CONSUMER.LIST.{js.names['jobs']}",
                 f"$JS.API.CONSUMER.LIST.{js.names['bulk']}",
@@ -184,9 +195,10 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 f"{p}.worker.*.*",
                 f"{p}.bulk.*",
                 dead,
-                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.look(),
                 *js.bucket_access(),
-                *js.consume("jobs", "*"),
+                *js.read_claims(),
+                *js.consume("jobs"),
             ),
             subscribe=(
                 own_inbox,
@@ -195,6 +207,7 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 f"{p}.decode.*",
                 f"{p}.chunk.*",
                 f"{p}.load.*",
+                f"{p}.cancel.*",
                 advisories("jobs", "*"),
                 *micro(SERVICE_NAMES["tokenizer"]),
             ),
@@ -208,9 +221,9 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 f"{p}.leaving",
                 f"{p}.results.*",
                 dead,
-                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.look(),
                 *js.bucket_access(),
-                *js.consume("bulk", "*"),
+                *js.consume("bulk"),
                 # a result stored as its job was cancelled is removed again (its rows are not counted)
                 f"$JS.API.STREAM.MSG.DELETE.{js.names['results']}",
             ),
@@ -218,6 +231,7 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 own_inbox,
                 f"{p}.tokens.*",
                 f"{p}.worker.*.*",
+                f"{p}.cancel.*",
                 advisories("bulk", "*"),
                 *micro(SERVICE_NAMES["worker"]),
             ),
@@ -225,7 +239,7 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
         )
     if role == "scorer":
         return Permissions(
-            publish=(f"{p}.embed.*", *watch),
+            publish=(f"{p}.embed.*", f"{p}.cancel.*", *watch),
             subscribe=(own_inbox, f"{p}.rerank.*", f"{p}.leaving", *micro(SERVICE_NAMES["scorer"])),
             responses=1,
         )
@@ -237,15 +251,17 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
             publish=(
                 f"{p}.jobs.*",
                 *watch,
-                *js.manage("jobs", "bulk", "results", "dead"),
+                *js.look(),
                 *js.bucket_access(),
+                *js.claim("publisher"),
                 *js.read_results(),
                 f"$JS.ACK.{results}.>",
                 f"$JS.API.STREAM.MSG.GET.{results}",
             ),
             subscribe=(own_inbox,),
         )
-    # operator: embedfleet init, jobs (list, purge, cancel), and whatever administration needs
+    # operator: embedfleet init (streams and bucket made and changed), jobs (list, purge, cancel), and
+    # whatever administration needs; no service runs as it
     return Permissions(publish=(">",), subscribe=(">",), responses=0)
 
 

@@ -56,7 +56,8 @@ from embedfleet.shared import __version__
 from embedfleet.shared.client import EmbedClient, EmbedOutcome, part_of
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.fleet import FleetWatch
-from embedfleet.shared.job_streams import ensure_streams
+from embedfleet.shared.job_claims import ClaimedBucket
+from embedfleet.shared.job_streams import open_streams
 from embedfleet.shared.lifecycle import connect, drain_or_close, mark_ready, register
 from embedfleet.shared.metrics_server import serve_metrics
 from embedfleet.shared.model_dir.info import same_model
@@ -120,7 +121,10 @@ class Gateway:
         )
         try:
             js = self.nc.jetstream()
-            kv = await ensure_streams(js, self.cfg.nats.subjects, self.cfg.retention)
+            # made by `embedfleet init`; read by key through the jobs' claims (a rewritten owner is not served)
+            kv = ClaimedBucket(
+                await open_streams(js, self.cfg.nats.subjects, self.cfg.retention), js, self.cfg.nats.subjects
+            )
             owners = JobOwners(bool(self.cfg.api_keys), self.cfg.operator_keys)
             # POST /v1/jobs "sink": the jobs this gateway writes into the --job-sinks stores, and those no gateway writes
             self.sink_jobs = SinkJobs(

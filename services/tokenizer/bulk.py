@@ -7,6 +7,8 @@ hand the tokenizer sends in-progress beats. It takes a job batch only while fewe
 ``--bulk-ahead`` token batches of its model wait for the workers, so a million-document job waits in
 the jobs stream rather than piling up as tokens. A malformed batch is given up at once as a dead
 letter (see shared/bulkwork.py); a batch of a cancelled job is acknowledged and dropped untokenized.
+Before anything else, a batch must be signed with its job's secret (shared/job_claims.py): a forged
+one, or one naming no submitted job, is a dead letter counted in no job's state.
 A chunked job's batch is cut (services/tokenizer/bulk_chunks.py): its rows are chunks, packed so that
 each result fits a message (late chunking: its sequences are windows, each with the chunks it owns as
 spans, and a token batch's rows are the chunks its windows own); a document cut into more than --max-chunks chunks is given up alone (a
@@ -33,12 +35,14 @@ from embedfleet.shared.bulkwork import (
     Cancellations,
     Heartbeats,
     deliveries,
+    job_from_msg_id,
     join_work,
     undecodable,
 )
 from embedfleet.shared.chunk_progress import count_cut
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_claims import ClaimBook
 from embedfleet.shared.job_publish import publish_durably
 from embedfleet.shared.job_streams import stream_names
 from embedfleet.shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
@@ -88,6 +92,7 @@ class BulkTokenizer:
         )
         self._bulk_stream, self._bulk_subject = stream_names(self._subjects)["bulk"], self._subjects.bulk(model)
         self._cancellations = Cancellations(self._kv)
+        self._claims = ClaimBook(self._js, self._subjects)
         self._task = asyncio.create_task(self._loop(), name="bulk-tokenizer")
 
     async def stop(self) -> None:
@@ -134,7 +139,24 @@ class BulkTokenizer:
         waiting = (info.state.subjects or {}).get(self._bulk_subject, 0)
         return waiting >= self._cfg.bulk_ahead
 
+    async def _refused(self, msg) -> bool:
+        """Whether the batch is refused as not its job's (forged, altered, or naming no submitted job):
+        then it is a dead letter counted in no job's state, nothing of it merged."""
+        job_id: str | None
+        try:
+            job_id = decode_as(msg.data, JobBatch).id
+        except ProtocolError:
+            job_id = job_from_msg_id(msg.headers or {}, 1).job
+        problem = await self._claims.check(job_id, msg.data, msg.headers or {}) if job_id else "it names no job"
+        if problem is None:
+            return False
+        self._encoder.refused()
+        await self._dead.give_up(msg, f"refused: {problem}", BatchInfo(job_id, counted=False))
+        return True
+
     async def _handle(self, msg) -> None:
+        if await self._refused(msg):
+            return
         try:
             job = decode_as(msg.data, JobBatch)
             if model_token(job.model) != model_token(self._cfg.model.id):  # its tokens would go to another model

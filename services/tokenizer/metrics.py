@@ -109,6 +109,12 @@ class TokenizerMetrics:
         self._bulk_batches = Counter(
             "embedfleet_tokenizer_bulk_batches", "job batches tokenized", ["model"], registry=r
         ).labels(model)
+        self._refused_batches = Counter(
+            "embedfleet_tokenizer_refused_batches",
+            "job batches refused unread: naming no submitted job, or not signed with its job's secret",
+            ["model"],
+            registry=r,
+        ).labels(model)
         self._input_tokens = ArrayHistogram(
             "embedfleet_tokenizer_input_tokens", "tokens per input, online and bulk", {"model": model}, _INPUT_TOKENS, r
         )
@@ -127,6 +133,9 @@ class TokenizerMetrics:
         each of them took (the group's), the batches sent."""
         self._tokenized("online", ids, seconds, requests)
         self._chunks.inc(chunks)
+
+    def refused_batch(self) -> None:
+        self._refused_batches.inc()
 
     def bulk_batch(self, ids: Sequence[Sequence[int]], seconds: float) -> None:
         """A job batch tokenized: its documents' token IDs and the seconds they took."""
@@ -158,6 +167,10 @@ class BulkEncoder:
         ids = self._encoder.encode(texts, truncate, direction)
         self._metrics.bulk_batch(ids, time.perf_counter() - start)
         return ids
+
+    def refused(self) -> None:
+        """A job batch refused before anything of it was read (shared/job_claims.py)."""
+        self._metrics.refused_batch()
 
     def counted(self, ids: list[list[int]], seconds: float) -> None:
         """A job batch tokenized otherwise (cut into chunks: their sequences ``ids``), counted as one."""

@@ -232,6 +232,7 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     import nats
 
     from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.job_claims import make_claim
     from embedfleet.shared.job_streams import ensure_streams
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
     from embedfleet.shared.subjects import Subjects
@@ -246,7 +247,10 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
         kv = await ensure_streams(js, subjects)
         await update_state(kv, job, submitted(6, model=model, batches=2, status="running"))
         good = JobBatch(job, 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
-        await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": f"{job}:0"})
+        claim = await make_claim(js, subjects, "gateway", job, None)  # its batches signed, as a gateway's
+        await js.publish(
+            subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": f"{job}:0", **claim.sign(encode(good))}
+        )
         bad = msgpack.packb(
             {
                 "v": 2,
@@ -259,7 +263,7 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
                 "o": {},
             }
         )
-        await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": f"{job}:1"})
+        await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": f"{job}:1", **claim.sign(bad)})
         state = await job_settled(kv, job)
         await nc.close()
         return state

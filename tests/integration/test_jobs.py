@@ -155,6 +155,7 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     import nats
 
     from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.job_claims import make_claim
     from embedfleet.shared.job_streams import ensure_streams, stream_names
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
     from embedfleet.shared.subjects import Subjects
@@ -170,7 +171,10 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
         kv = await ensure_streams(js, subjects)
         await update_state(kv, "poison", submitted(6, model=model, batches=2, status="running"))
         good = JobBatch("poison", 0, model, ["a", "b", "c"], ["one", "two", "three"], EmbedOptions())
-        await js.publish(subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": "poison:0"})
+        claim = await make_claim(js, subjects, "gateway", "poison", None)  # its batches signed, as a gateway's
+        await js.publish(
+            subjects.jobs(model), encode(good), headers={"Nats-Msg-Id": "poison:0", **claim.sign(encode(good))}
+        )
         bad = msgpack.packb(
             {
                 "v": 2,
@@ -183,7 +187,7 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
                 "o": {},
             }
         )
-        await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": "poison:1"})
+        await js.publish(subjects.jobs(model), bad, headers={"Nats-Msg-Id": "poison:1", **claim.sign(bad)})
         state = await job_settled(kv, "poison")
         letter = await js.get_last_msg(stream_names(subjects)["dead"], subjects.dead("poison"))
         await nc.close()

@@ -371,6 +371,9 @@ def test_roles_are_made_from_the_subject_scheme():
     assert "acme.search.v1.tokens.*" in worker.subscribe and "acme.search.v1.results.*" in worker.publish
     assert "$JS.API.CONSUMER.MSG.NEXT.ACME_SEARCH_BULK.*" in worker.publish
     assert not any("DELETE.ACME_SEARCH_JOBS" in s or "STREAM.DELETE" in s or s == ">" for s in worker.publish)
+    for role in ("gateway", "tokenizer", "worker", "scorer", "publisher"):  # streams are the operator's (init)
+        calls = role_permissions(Subjects("acme.search"), role).publish
+        assert not any(f"STREAM.{call}" in s for s in calls for call in ("CREATE", "UPDATE", "DELETE", "PURGE")), role
     assert role_permissions(Subjects(), "operator").publish == (">",)
     with pytest.raises(ValueError, match="unknown role"):
         role_permissions(Subjects(), "admin")
@@ -383,7 +386,8 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     import msgpack
 
     from embedfleet.shared.job_bucket import update_state
-    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.job_claims import make_claim
+    from embedfleet.shared.job_streams import open_streams, stream_names
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
 
     subjects = Subjects()
@@ -393,14 +397,17 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
             fabric.server.url, nkeys_seed=fabric.seed("publisher"), inbox_prefix="_INBOX.embedfleet-reindex"
         )
         js = nc.jetstream()
-        kv = await ensure_streams(js, subjects)
+        kv = await open_streams(js, subjects)  # made by init: the publisher may not change them
+        claim = await make_claim(js, subjects, "publisher", "poison", None)  # its batches signed
         await update_state(kv, "poison", submitted(4, model=MODEL, batches=2, status="running"))
         good = JobBatch("poison", 0, MODEL, ["a", "b"], ["one", "two"], EmbedOptions())
-        await js.publish(subjects.jobs(MODEL), encode(good), headers={"Nats-Msg-Id": "poison:0"})
+        await js.publish(
+            subjects.jobs(MODEL), encode(good), headers={"Nats-Msg-Id": "poison:0", **claim.sign(encode(good))}
+        )
         bad = msgpack.packb(
             {"v": 2, "t": "job", "jb": "poison", "bi": 1, "m": MODEL, "di": ["c", "d"], "x": ["three", 4], "o": {}}
         )
-        await js.publish(subjects.jobs(MODEL), bad, headers={"Nats-Msg-Id": "poison:1"})
+        await js.publish(subjects.jobs(MODEL), bad, headers={"Nats-Msg-Id": "poison:1", **claim.sign(bad)})
         state = await job_settled(kv, "poison")
         await nc.close()
         return state
