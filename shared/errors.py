@@ -25,7 +25,9 @@ class ErrorCode(StrEnum):
     INVALID_TOKENS = "invalid_tokens"  # token ids outside the vocabulary / bad packing
     MODEL_NOT_FOUND = "model_not_found"
     UNAUTHORIZED = "unauthorized"  # missing or unknown API key
-    FORBIDDEN = "forbidden"  # a known API key asking for what it may not use (another key's table)
+    # a known API key asking for what it may not use (another key's table); a web page's Origin or a Host
+    # the gateway is not served as (services/gateway/browser.py)
+    FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"  # no such job
     NO_RESPONDERS = "no_responders"  # nobody serves the subject right now
     OVERLOADED = "overloaded"
@@ -40,6 +42,7 @@ class ErrorCode(StrEnum):
     NOT_FINISHED = "not_finished"  # a job's results asked for before the job finished
     GONE = "gone"  # a job's results expired from the results stream
     CONFLICT = "conflict"  # a job id that names a job another request made
+    UNSUPPORTED_MEDIA = "unsupported_media_type"  # a JSON route's body said to be something else
 
 
 # how an input refused for its tokens ("has 302 tokens; the model's limit is 256") ends: in TEI's words,
@@ -58,6 +61,7 @@ GATEWAY_ONLY = frozenset(
         ErrorCode.GONE,
         ErrorCode.CONFLICT,
         ErrorCode.FORBIDDEN,
+        ErrorCode.UNSUPPORTED_MEDIA,
     }
 )
 

@@ -412,6 +412,16 @@ OPTIONS: tuple[Option, ...] = (
         "gateway",
     ),
     _option(
+        "--key-tables-file",
+        "EMBEDFLEET_KEY_TABLES_FILE",
+        None,
+        "file naming the tables (Qdrant's collections) of the --job-sinks and --search-sink stores each API key "
+        "may write and search, a line a key: KEY TABLE[,TABLE...], a name ending in * a prefix; operator keys "
+        "use every table, any other key only its own (none without a line); without API keys every table",
+        GATEWAY,
+        "gateway",
+    ),
+    _option(
         "--key-requests-per-minute",
         "EMBEDFLEET_KEY_REQUESTS_PER_MINUTE",
         0,
@@ -436,6 +446,35 @@ OPTIONS: tuple[Option, ...] = (
         "paths served without an API key, comma separated",
         GATEWAY,
         "gateway",
+    ),
+    _option(
+        "--allowed-hosts",
+        "EMBEDFLEET_ALLOWED_HOSTS",
+        "",
+        "names the gateway is served as, comma separated (.example.com: it and its subdomains; *: any, for a "
+        "gateway behind a proxy that checks Host); a request whose Host names another is refused (403, against "
+        "DNS rebinding); an IP address is always taken; none: localhost, .localhost, this machine's name and --host",
+        GATEWAY,
+        "gateway",
+    ),
+    _option(
+        "--allowed-origins",
+        "EMBEDFLEET_ALLOWED_ORIGINS",
+        "",
+        "web origins (https://app.example.com) whose pages may call the gateway (CORS), comma separated; a "
+        "request with another Origin header is refused (403); none: every web page; *: any",
+        GATEWAY,
+        "gateway",
+    ),
+    _option(
+        "key_id_secret",
+        "EMBEDFLEET_KEY_ID_SECRET",
+        None,
+        "the secret API keys' ids in metrics are made with (HMAC-SHA256, first 12 hex digits): the same ids "
+        "across restarts and replicas; none: a random one per gateway process",
+        GATEWAY,
+        "gateway",
+        kind="secret",
     ),
     _option(
         "--jobs-dir",

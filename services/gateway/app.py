@@ -33,6 +33,7 @@ from embedfleet.services.gateway import (
 )
 from embedfleet.services.gateway.admission import Admission
 from embedfleet.services.gateway.auth import ApiKeys
+from embedfleet.services.gateway.browser import BrowserGuard, rules_of
 from embedfleet.services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.endpoints import Endpoints
@@ -50,8 +51,9 @@ from embedfleet.services.gateway.middleware import GatewayMiddleware
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.services.gateway.routes import PATHS, ROUTES
 from embedfleet.services.gateway.search import NOT_SERVED, Search
-from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.services.gateway.search_store import SearchTables
 from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets
+from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared import __version__
 from embedfleet.shared.client import EmbedClient, EmbedOutcome, part_of
 from embedfleet.shared.errors import ErrorCode, ServiceError
@@ -63,7 +65,6 @@ from embedfleet.shared.metrics_server import serve_metrics
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
 from embedfleet.shared.quantize import quantize
-from embedfleet.shared.sinks import sink_for
 from embedfleet.shared.tracing import Tracer
 from embedfleet.shared.vector_forms import FLOAT32, FORMS
 
@@ -98,7 +99,11 @@ class Gateway:
         self.tracer = Tracer("gateway", cfg.tracing)
         self.key_limits = KeyLimits(cfg.key_requests_per_minute, cfg.key_tokens_per_minute)
         # POST /v1/search: the store is attached on the first search (the gateway starts with the store down too)
-        self.searcher = Search(SearchStore(sink_for(cfg.search_sink)), cfg.search_model) if cfg.search_sink else None
+        # the tables of the stores each API key may write (jobs' "sink") and search (services/gateway/tenants.py)
+        self.tables = TableAccess(bool(cfg.api_keys), cfg.operator_keys, dict(cfg.key_tables))
+        self.searcher = (
+            Search(SearchTables(cfg.search_sink, self.tables), cfg.search_model) if cfg.search_sink else None
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -128,7 +133,7 @@ class Gateway:
             owners = JobOwners(bool(self.cfg.api_keys), self.cfg.operator_keys)
             # POST /v1/jobs "sink": the jobs this gateway writes into the --job-sinks stores, and those no gateway writes
             self.sink_jobs = SinkJobs(
-                js, kv, self.cfg.nats.subjects, SinkTargets(self.cfg.job_sinks), self.nc.max_payload
+                js, kv, self.cfg.nats.subjects, SinkTargets(self.cfg.job_sinks, self.tables), self.nc.max_payload
             )
             self.sink_jobs.start()
             self.jobs = JobsApi(
@@ -140,6 +145,7 @@ class Gateway:
                 owners,
                 self.cfg.jobs_max_file_bytes,
                 self.sink_jobs,
+                self.key_limits,
                 max_document_chars=self.cfg.max_document_chars,
             )
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
@@ -690,7 +696,10 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
-    metrics = Metrics()
+    metrics = Metrics(cfg.key_id_secret)
+    if cfg.api_keys:  # which id is which key: by their places in --api-keys, --api-keys-file, then the operator keys'
+        ids = ", ".join(f"#{i} {metrics.key_name(key)}" for i, key in enumerate(cfg.api_keys, 1))
+        log.info("API keys' ids in metrics: %s", ids)
     gw = Gateway(cfg, metrics)
     routes = [Route(spec.path, getattr(gw, spec.handler), methods=[spec.method]) for spec in ROUTES]
     handlers = {
@@ -709,6 +718,7 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
         limits=gw.key_limits,
         admission=Admission(cfg.max_in_flight, metrics.in_flight),
         endpoints=Endpoints(routes, handlers),
+        browser=BrowserGuard(rules_of(cfg.allowed_hosts, cfg.allowed_origins, cfg.host)),
     )
 
 

@@ -44,6 +44,8 @@ class GatewayConfig:
     # none: no auth (operator keys are among them; from_namespace adds --api-keys-file's)
     api_keys: tuple[str, ...] = setting("api_keys", convert=comma_list)
     operator_keys: tuple[str, ...] = setting("operator_keys", convert=comma_list)  # keys that see every bulk job
+    # --key-tables-file: (key, the tables and prefixes it may use) a key (services/gateway/tenants.py)
+    key_tables: tuple[tuple[str, tuple[str, ...]], ...] = ()
     key_requests_per_minute: int = setting("key_requests_per_minute")  # per API key; 0: no limit
     key_tokens_per_minute: int = setting("key_tokens_per_minute")
     open_paths: tuple[str, ...] = setting("open_paths", convert=comma_list)  # served without an API key
@@ -81,11 +83,13 @@ class GatewayConfig:
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GatewayConfig:
+        keys = tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns)))
         return from_options(
             cls,
             ns,
             nats=nats_config(ns),
-            api_keys=tuple(dict.fromkeys(api_keys(ns) + operator_keys(ns))),
+            api_keys=keys,
+            key_tables=key_tables(ns, keys),
             operator_keys=operator_keys(ns),
             metrics=MetricsEndpoint.from_namespace(ns),
             tracing=TracingConfig.from_namespace(ns),
@@ -114,6 +118,18 @@ def api_keys(ns: argparse.Namespace) -> tuple[str, ...]:
 def operator_keys(ns: argparse.Namespace) -> tuple[str, ...]:
     """The keys of --operator-keys and --operator-keys-file."""
     return _keys(getattr(ns, "operator_keys", ""), getattr(ns, "operator_keys_file", None), "--operator-keys-file")
+
+
+def key_tables(ns: argparse.Namespace, keys: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The tables --key-tables-file gives each of ``keys`` (services/gateway/tenants.py)."""
+    from embedfleet.services.gateway.key_tables import read_key_tables
+
+    file = getattr(ns, "key_tables_file", None)
+    if not file:
+        return ()
+    if not keys:
+        raise ConfigError("--key-tables-file names the tables of each API key: give the keys (--api-keys)")
+    return tuple(read_key_tables(Path(file), keys).items())
 
 
 def _keys(listed: str, file: str | None, flag: str) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ TABLE: dict[ErrorCode, Answer] = {
     _C.NOT_ACCEPTABLE:     Answer(406, "invalid_request_error", "Validation",   406, "not_acceptable"),
     _C.NOT_FINISHED:       Answer(409, "invalid_request_error", "Validation",   409, "not_finished"),
     _C.CONFLICT:           Answer(409, "invalid_request_error", "Validation",   409, "conflict"),
+    _C.UNSUPPORTED_MEDIA:  Answer(415, "invalid_request_error", "Validation",   415, "unsupported_media_type"),
     _C.GONE:               Answer(410, "invalid_request_error", "Validation",   410, "gone"),
     _C.UNAUTHORIZED:       Answer(401, "authentication_error",  "Unauthorized", 401, "unauthorized"),
     _C.FORBIDDEN:          Answer(403, "permission_error",      "Unauthorized", 403, "forbidden"),

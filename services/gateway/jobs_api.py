@@ -21,7 +21,9 @@ from embedfleet.services.gateway.job_files import read_job_file
 from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.job_list import JobListQuery, page_answer, read_page
 from embedfleet.services.gateway.job_owners import JobOwners
+from embedfleet.services.gateway.job_tokens import JobTokens
 from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, DocumentBody, JobBody
+from embedfleet.services.gateway.limits import KeyLimits
 from embedfleet.services.gateway.sink_jobs import SinkJobs
 from embedfleet.shared.documents import job_id_for, read_fields
 from embedfleet.shared.errors import ErrorCode, ServiceError
@@ -60,6 +62,7 @@ class JobsApi:
         owners: JobOwners | None = None,
         max_file_bytes: int = default("jobs_max_file_bytes"),
         sinks: SinkJobs | None = None,
+        limits: KeyLimits | None = None,
         max_document_chars: int = default("max_document_chars"),
     ) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
@@ -69,6 +72,7 @@ class JobsApi:
         self._max_document_chars = max_document_chars  # a document's characters: tokenizing costs ~250 B each
         self._owners = owners or JobOwners(False, ())
         self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
+        self._tokens = JobTokens(kv, limits or KeyLimits())  # a job's tokens charged to its key's budget
         self._background: set[asyncio.Task] = set()
 
     async def create(
@@ -129,10 +133,16 @@ class JobsApi:
             return 200, _shown(existing)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
+        # a new job's tokens, estimated, taken from its key's budget before any work (job_tokens.py)
+        taken = self._tokens.admit(t for _, t in docs) if existing is None else None
         store = None
         if doc.sink is not None:  # opened (its table made) before anything is published; the gateway writes it
             sources = Sources(fields, dict(docs) if with_text and chunking is None else None)
-            store = await self._store(doc.sink, fleet, model, form, options, chunking, job, docs, sources)
+            try:
+                store = await self._store(doc.sink, fleet, model, form, options, chunking, job, docs, sources)
+            except BaseException:
+                self._tokens.cancel(taken)
+                raise
         try:
             record = None
             if store is not None:
@@ -164,9 +174,11 @@ class JobsApi:
                 task.add_done_callback(self._done)
                 status = RUNNING
         except BaseException:
+            self._tokens.cancel(taken)
             if store is not None:
                 await asyncio.to_thread(store[1].close)
             raise
+        self._tokens.watch(job, taken)
         if store is not None:
             assert self._sinks is not None  # _store refuses a sink without them
             self._sinks.write(job, store[1], store[2], sources, Layout([d for d, _ in docs], batch_size))
@@ -204,7 +216,7 @@ class JobsApi:
                 "jobs are not written into stores here (the gateway's --job-sinks is not set)",
                 "sink",
             )
-        self._sinks.targets.resolve(given)  # a store not allowed: refused before anything else is done
+        self._sinks.targets.granted(given)  # a store or table not allowed: refused before anything else is done
         messages = self._sinks.sources_messages([d for d, _ in docs], sources)
         try:
             shape = shape_for(served(fleet, model), form, options.output, chunking is not None) if fleet else None

@@ -13,8 +13,10 @@ import contextvars
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+CHARS_PER_TOKEN = 4  # a job's tokens estimated from its characters, before it is tokenized (English text)
+SPECIAL_TOKENS = 2  # added to each document (CLS and SEP, BOS and EOS)
 NO_KEY = "none"  # the metrics' key label for requests that gave no key (no keys configured, open paths)
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("embedfleet_api_key", default=None)
 
@@ -23,6 +25,11 @@ def key_id(key: str | None) -> str:
     """A key's name in metrics and logs: the first 12 hex digits of its SHA-256 (``printf %s KEY |
     sha256sum | cut -c1-12`` tells which key it is)."""
     return hashlib.sha256(key.encode()).hexdigest()[:12] if key else NO_KEY
+
+
+def estimated_tokens(texts: Iterable[str]) -> int:
+    """The tokens ``texts`` will make, estimated from their characters alone (no tokenizer at hand)."""
+    return sum(-(-len(text) // CHARS_PER_TOKEN) + SPECIAL_TOKENS for text in texts)
 
 
 def bind_key(key: str | None) -> None:
@@ -75,6 +82,21 @@ class KeyLimits:
                 return "requests", math.ceil((1 - requests.level) * 60.0 / self.requests)
             requests.level -= 1
         return None
+
+    def reserve(self, key: str, tokens: int) -> int | None:
+        """Take ``tokens`` (a job's estimate, at most a minute's worth) from the key's token bucket at
+        once: None when taken, else the whole seconds until the bucket holds them (nothing taken)."""
+        bucket = self._bucket(key, "tokens", self.tokens, self._clock())
+        if bucket.level < tokens:
+            return max(1, math.ceil((tokens - bucket.level) * 60.0 / self.tokens))
+        bucket.level -= tokens
+        return None
+
+    def refund(self, key: str, tokens: int) -> None:
+        """``tokens`` taken on an estimate and not spent, given back (up to a minute's worth)."""
+        if self.tokens:
+            bucket = self._bucket(key, "tokens", self.tokens, self._clock())
+            bucket.level = min(float(self.tokens), bucket.level + tokens)
 
     def charge(self, key: str, tokens: int) -> None:
         """The tokens an admitted request of ``key`` embedded."""

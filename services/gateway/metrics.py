@@ -1,25 +1,42 @@
 """Prometheus metrics of one gateway (its own registry, no process-global state): HTTP requests and
 errors, tokens, per-stage seconds (overall and per model), requests in flight, and bulk-job health
-(services/gateway/job_metrics.py)."""
+(services/gateway/job_metrics.py).
+
+An API key is named in them by an id, never by itself: the first 12 hex digits of its HMAC-SHA256
+under a secret ($EMBEDFLEET_KEY_ID_SECRET; none: a random one per process, said in the log at start,
+key by key). A plain digest of the key would let whoever reads /metrics (an open path) test guesses of
+a key offline, and tell the same key across deployments.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from embedfleet.services.gateway.job_metrics import JobMetrics
-from embedfleet.services.gateway.limits import key_id
+from embedfleet.services.gateway.limits import NO_KEY
 
 STAGES = ("queue", "tokenize", "inference", "total")
 MODEL_STAGES = ("tokenize", "queue", "inference")  # the stages a request's result reports, per model
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def key_id(key: str | None, secret: bytes) -> str:
+    """A key's name in metrics and logs: the first 12 hex digits of its HMAC-SHA256 under ``secret``
+    (``printf %s KEY | openssl dgst -sha256 -hmac SECRET`` tells which key it is); no key: ``none``."""
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:12] if key else NO_KEY
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, key_id_secret: str | None = None) -> None:
+        # the secret of the keys' ids (module docstring); None: a random one, this process's alone
+        self._key_secret = key_id_secret.encode() if key_id_secret else os.urandom(32)
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "embedfleet_requests",
@@ -47,7 +64,8 @@ class Metrics:
         )
         self.key_requests = Counter(
             "embedfleet_key_requests",
-            "requests by API key (key: its id, see README) and outcome: admitted or limited (over a per-key limit)",
+            "requests by API key (key: its id, an HMAC, see README) and outcome: admitted or limited (over a "
+            "per-key limit)",
             ["key", "outcome"],
             registry=self.registry,
         )
@@ -89,10 +107,10 @@ class Metrics:
         self.child(self.key_tokens, self.key_name(key)).inc(tokens)
 
     def key_name(self, key: str | None) -> str:
-        """``key_id(key)``, its digest computed once per key."""
+        """``key_id(key)`` under this gateway's secret, computed once per key."""
         found = self._children.get(("key", key))
         if found is None:
-            found = self._children[("key", key)] = key_id(key)
+            found = self._children[("key", key)] = key_id(key, self._key_secret)
         return found
 
     def render(self) -> bytes:

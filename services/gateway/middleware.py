@@ -1,4 +1,5 @@
-"""One ASGI middleware for what every route shares: request ids, trace context, API keys, the media types
+"""One ASGI middleware for what every route shares: request ids, trace context, what keeps web pages off
+(Host, Origin, a JSON body's Content-Type, CORS: services/gateway/browser.py), API keys, the media types
 a client accepts (services/gateway/route_media.py), admission, timing, metrics, and clients that go away
 (services/gateway/disconnects.py)."""
 
@@ -10,11 +11,13 @@ import os
 import re
 import time
 
+from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedfleet.services.gateway.admission import Admission
 from embedfleet.services.gateway.auth import ApiKeys
+from embedfleet.services.gateway.browser import BrowserGuard, BrowserRules, default_hosts
 from embedfleet.services.gateway.disconnects import departure_of, run_departing, run_watched
 from embedfleet.services.gateway.endpoints import Endpoints
 from embedfleet.services.gateway.errors import error_response
@@ -32,20 +35,45 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TRACEPARENT = TRACEPARENT.encode()
 
 
-def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, str | None, str | None]:
-    """The x-request-id, traceparent and authorization headers (their first) and the Accept header (its
-    fields joined, as one list) of a request, in one pass (uvicorn gives header names in lowercase)."""
-    request_id = traceparent = authorization = accept = None
-    for name, value in raw:
-        if name == b"x-request-id":
-            request_id = request_id if request_id is not None else value.decode("latin-1")
-        elif name == _TRACEPARENT:
-            traceparent = traceparent if traceparent is not None else value.decode("latin-1")
-        elif name == b"authorization":
-            authorization = authorization if authorization is not None else value.decode("latin-1")
-        elif name == b"accept":
-            accept = value.decode("latin-1") if accept is None else f"{accept},{value.decode('latin-1')}"
-    return request_id, traceparent, authorization, accept
+class _Seen:
+    """The headers every request is read for: the first of each, but Accept (its fields joined, as one list)."""
+
+    __slots__ = (
+        "request_id",
+        "traceparent",
+        "authorization",
+        "accept",
+        "host",
+        "origin",
+        "content_type",
+        "preflight",
+    )
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        # one pass (uvicorn gives header names in lowercase)
+        self.request_id = self.traceparent = self.authorization = self.accept = None
+        self.host = self.origin = self.content_type = self.preflight = None  # preflight: the method it asks
+        for name, value in raw:
+            field = _FIELDS.get(name)
+            if field is None:
+                continue
+            if field == "accept":
+                text = value.decode("latin-1")
+                self.accept = text if self.accept is None else f"{self.accept},{text}"
+            elif getattr(self, field) is None:
+                setattr(self, field, value.decode("latin-1"))
+
+
+_FIELDS = {
+    b"x-request-id": "request_id",
+    _TRACEPARENT: "traceparent",
+    b"authorization": "authorization",
+    b"accept": "accept",
+    b"host": "host",
+    b"origin": "origin",
+    b"content-type": "content_type",
+    b"access-control-request-method": "preflight",
+}
 
 
 class GatewayMiddleware:
@@ -62,6 +90,7 @@ class GatewayMiddleware:
         limits: KeyLimits | None = None,
         admission: Admission | None = None,
         endpoints: Endpoints | None = None,
+        browser: BrowserGuard | None = None,
     ) -> None:
         self.app = app
         self.admission = admission or Admission(default("max_in_flight"), metrics.in_flight)
@@ -72,13 +101,15 @@ class GatewayMiddleware:
         self.tracer = tracer
         self.endpoints = endpoints
         self.media = RouteMedia()
+        self.browser = browser or BrowserGuard(BrowserRules(default_hosts(default("host"))))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        given, traceparent, authorization, accept = _headers(scope["headers"])
+        seen = _Seen(scope["headers"])
+        given = seen.request_id
         request_id = given if given and _REQUEST_ID.match(given) else os.urandom(16).hex()
         method, path = scope["method"], scope["path"]
         route = path if path in self.routes else "other"  # unknown paths share one label
@@ -86,7 +117,7 @@ class GatewayMiddleware:
         # the client's trace continues here (a malformed traceparent starts a new one, as the spec says)
         span = self.tracer.start(
             f"{method} {route}",
-            TraceContext.parse(traceparent),
+            TraceContext.parse(seen.traceparent),
             "server",
             **{"http.request.method": method, "url.path": path, "http.route": route},
             request_id=request_id,
@@ -105,17 +136,24 @@ class GatewayMiddleware:
                 ]
             await send(message)
 
-        key = self.keys.identify(authorization)
+        respond: Send = send_with_headers
+        preflight = seen.preflight is not None and seen.origin is not None and method == "OPTIONS"
+        if seen.origin is not None and not preflight and self.browser.rules.origin_allowed(seen.origin):
+            # an allowed web page's request: its answer says the page may read it (CORS)
+            respond = functools.partial(
+                self.browser.send_cors, send=send_with_headers, request_headers=Headers(scope=scope)
+            )
+        key = self.keys.identify(seen.authorization)
         gone = False  # the client went away before its answer
         try:
-            refusal = self._refusal(scope, key, accept)
+            refusal = self._browser_refusal(scope, seen) or self._refusal(scope, key, seen)
             if refusal is not None:
-                await refusal(scope, receive, send_with_headers)
+                await refusal(scope, receive, respond)
             elif self.admission.exempt(method, path):
-                await self._run(scope, receive, send_with_headers)
+                await self._run(scope, receive, respond)
             else:
                 try:
-                    gone = await self._run(scope, receive, send_with_headers)
+                    gone = await self._run(scope, receive, respond)
                 finally:
                     self.admission.leave()
         finally:
@@ -145,10 +183,21 @@ class GatewayMiddleware:
             return await run_watched(app, scope, receive, send)
         return await run_departing(app, scope, receive, send, departure)
 
-    def _refusal(self, scope: Scope, key: str | None, accept: str | None) -> Response | None:
-        """The answer to a request refused before any route: no API key (401), an Accept its route cannot
-        answer (406), a gateway at its --max-in-flight or a key over its limits (429); None: admitted, its
-        slot taken (unless a probe)."""
+    def _browser_refusal(self, scope: Scope, seen: _Seen) -> Response | None:
+        """The answer to a request no web page may make, before its key is looked at: a Host the gateway
+        is not served as, an Origin not allowed (403); an allowed origin's preflight (OPTIONS), answered."""
+        method, path = scope["method"], scope["path"]
+        refused = self.browser.refusal(seen.host, seen.origin)
+        if refused is not None:
+            return refused.response(path)
+        if seen.preflight is not None and seen.origin is not None and method == "OPTIONS":
+            return self.browser.preflight(Headers(scope=scope))
+        return None
+
+    def _refusal(self, scope: Scope, key: str | None, seen: _Seen) -> Response | None:
+        """The answer to a request refused before any route: no API key (401), a JSON route's body said to be
+        another type (415), an Accept its route cannot answer (406), a gateway at its --max-in-flight or a key
+        over its limits (429); None: admitted, its slot taken (unless a probe)."""
         path = scope["path"]
         if self.keys.enabled and key is None and path not in self.keys.open_paths:
             response = error_response(
@@ -156,7 +205,9 @@ class GatewayMiddleware:
             )
             response.headers["www-authenticate"] = "Bearer"
             return response
-        if (unacceptable := self.media.refusal(scope["method"], path, accept)) is not None:
+        if (unsupported := self.browser.media_refusal(scope["method"], path, seen.content_type)) is not None:
+            return unsupported.response(path)
+        if (unacceptable := self.media.refusal(scope["method"], path, seen.accept)) is not None:
             return unacceptable.response(path)
         exempt = self.admission.exempt(scope["method"], path)
         if not exempt and not self.admission.enter():

@@ -21,7 +21,7 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.services.gateway.models_api import worker_kind
 from embedfleet.services.gateway.rerank_api import RerankCall
-from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.services.gateway.search_store import SearchTables
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.protocol import EmbedOptions
@@ -37,8 +37,8 @@ NOT_SERVED = "search is not served here: start the gateway with --search-sink UR
 
 
 class Search:
-    def __init__(self, store: SearchStore, model: str | None) -> None:
-        self.store = store
+    def __init__(self, store: SearchTables, model: str | None) -> None:
+        self.store = store  # the store's tables, each read only by the keys that may use it
         self.model = model  # --search-model: the model whose vectors the store holds (None: the request says)
 
     def card(self) -> dict[str, object]:
@@ -46,12 +46,13 @@ class Search:
         return {"route": ROUTE, "store": self.store.shown, "model": self.model}
 
     async def answer(self, gw: Gateway, call: search_api.SearchCall) -> Response:
+        store = await self.store.store(call.table)  # a table the key may not read: refused before any work
         model = await self._model(gw, call.model)
         reranker = await self._reranker(gw, call.rerank.model) if call.rerank is not None else None
         options = EmbedOptions(input_type="query", dtype=FLOAT32.wire)
         outcome = await gw.run_embed(model, Inputs([call.query], None), options)
         started = time.perf_counter()
-        hits = await self.store.search(model, outcome.vectors[0], call.top_k, call.where, gw.cfg.request_timeout)
+        hits = await store.search(model, outcome.vectors[0], call.top_k, call.where, gw.cfg.request_timeout)
         headers = {**gw.stage_headers(outcome), "x-search-time": _ms(started)}
         log.debug(
             "search %s: %d hits of top_k %d in %s ms (filter on %s)",

@@ -1,7 +1,7 @@
 """``POST /v1/search``'s shapes (no I/O here): the request (a SearchBody, search_body.py, within the
 gateway's limits), and the answer in OpenAI's list style.
 
-    {"model"?, "query", "top_k"?: 10, "filter"?: {field: value}, "rerank"?: {"model", "top_n"?}}
+    {"model"?, "query", "table"?, "top_k"?: 10, "filter"?: {field: value}, "rerank"?: {"model", "top_n"?}}
  -> {"object": "list", "model", "rerank_model"?, "data": [{"object": "search_result", "id", "chunk"?, "score",
      "rerank_score"?, "text"?, "metadata"}], "usage": {"prompt_tokens", "total_tokens"}}
 
@@ -41,6 +41,7 @@ class SearchCall:
     top_k: int
     where: dict[str, str | int | bool]  # metadata fields that must equal these values; empty: none
     rerank: RerankAsk | None
+    table: str | None = None  # the store's table to read (None: the --search-sink URL's)
 
 
 def parse_search(body: bytes, limits: Limits) -> SearchCall:
@@ -55,7 +56,7 @@ def parse_search(body: bytes, limits: Limits) -> SearchCall:
             "top_k",
         )
     rerank = None if doc.rerank is None else RerankAsk(doc.rerank.model, doc.rerank.top_n)
-    return SearchCall(doc.model, query, top_k, dict(doc.filter or {}), rerank)
+    return SearchCall(doc.model, query, top_k, dict(doc.filter or {}), rerank, doc.table)
 
 
 def _fault(errors: list[ErrorDetails]) -> ApiError:

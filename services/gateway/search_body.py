@@ -18,6 +18,7 @@ from embedfleet.services.gateway.inputs import MAX_NAME_CHARS
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 1000  # an HNSW search past this many rows costs more than an exact one; rerank lists stay short
 MAX_FILTER_FIELDS = 16
+MAX_TABLE_CHARS = 255  # Qdrant's longest collection name; each store checks its own rule
 MAX_FILTER_CHARS = 1024  # a filter's string value
 FIELD_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"  # a metadata field: no dots, no paths into it
 INT64 = 1 << 63  # stores keep integers in 64 bits
@@ -47,6 +48,11 @@ class SearchBody(BaseModel):
         "--default-model); it embeds the query with its query prompt",
     )
     query: str = Field(min_length=1, description="the text searched for (at most --max-input-chars)")
+    table: Annotated[str, Field(min_length=1, max_length=MAX_TABLE_CHARS)] | None = Field(
+        None,
+        description="the table (Qdrant: collection) of the store to search, one the API key may use (the "
+        "gateway's --key-tables-file); default: the --search-sink URL's",
+    )
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] | None = Field(
         DEFAULT_TOP_K, description="rows answered (at most --max-inputs too)"
     )

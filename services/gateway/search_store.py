@@ -1,35 +1,83 @@
-"""The vector store ``POST /v1/search`` reads (``--search-sink URL``): one sink, attached to its table on
-the first search and again after a failure, called in a thread (the stores' clients block).
+"""The vector store ``POST /v1/search`` reads (``--search-sink URL``): a sink a table (the URL's own, or one
+the request names), attached on the first search and again after a failure, called in a thread (the
+stores' clients block). A request's key reads only the tables it may use (services/gateway/tenants.py).
 
 One call at a time: a sink holds one connection, and psycopg's cannot carry two transactions at once.
 A call that outlives the request's deadline answers 504 while it finishes in its thread; the next call
 waits for it, so the sink is never used by two threads. The store's failures are answered with its own
 message (the sink's ``shown`` URL, never a password): 503 when the store is down or not loaded (a
-client may try again later), 400 when the store will never take the request (a filter it cannot apply).
+client may try again later, ``Retry-After`` says when), 400 when the store will never take the request (a
+filter it cannot apply).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.sinks import Hit, Shape, Sink, SinkError
+from embedfleet.shared.sinks import Hit, Shape, Sink, SinkError, sink_for, with_table
 from embedfleet.shared.vector_forms import FORMS
 
 log = logging.getLogger("embedfleet.gateway")
 
 # the dense forms every store searches by cosine: float32, float16
 SEARCHED_FORMS = tuple(name for name, form in FORMS.items() if form.floating)
+RETRY_AFTER = 2  # seconds a client is told to wait before searching a store that is down or busy again
+MAX_TABLES = 16  # tables attached at once; past it the least recently searched is closed
+
+
+class SearchTables:
+    """The tables of the search store: the --search-sink URL's own (``own``), or another of the same
+    store a request names, each a SearchStore of its own, the ``access`` of the request's key checked
+    first. Qdrant's local mode opens a folder once at a time: one table attached at once there."""
+
+    def __init__(self, url: str, access: TableAccess | None = None) -> None:
+        first = SearchStore(sink_for(url))
+        self._url = url
+        self.own = first.sink.table_name
+        self.shown = first.shown  # the URL without its password: logs, /v1/models, errors
+        self._access = access or TableAccess()
+        self._stores: OrderedDict[str, SearchStore] = OrderedDict({self.own: first})
+        self._most = 1 if getattr(first.sink, "local", False) else MAX_TABLES
+
+    async def store(self, table: str | None) -> SearchStore:
+        """The store of ``table`` (None: the URL's own), once the request's key may use it (403) and its
+        name is one (400): checked before anything is connected to."""
+        name = self.own if table is None else table
+        self._access.check(name, "table")
+        store = self._stores.get(name)
+        if store is not None:
+            self._stores.move_to_end(name)
+            return store
+        try:
+            sink = sink_for(with_table(self._url, name))
+        except SinkError as exc:
+            raise ApiError(ErrorCode.INVALID_REQUEST, exc.message, "table") from None
+        while len(self._stores) >= self._most:
+            _, oldest = self._stores.popitem(last=False)
+            await oldest.close()  # after its call in a thread, if one runs
+        store = self._stores[name] = SearchStore(sink, named=name != self.own)
+        return store
+
+    async def close(self, timeout: float = 5.0) -> None:
+        for store in self._stores.values():
+            await store.close(timeout)
 
 
 class SearchStore:
-    def __init__(self, sink: Sink) -> None:
+    """One table of the search store. ``named``: a request named it (a table it lacks is the request's
+    mistake, 404), else it is the --search-sink URL's own (not loaded yet: 503, try again later)."""
+
+    def __init__(self, sink: Sink, named: bool = False) -> None:
         self.sink = sink
+        self._named = named
         self.shown = sink.shown  # the URL without its password: logs, /v1/models, errors
         self._shape: Shape | None = None  # None: not attached (first use, or after a failure)
         self._lock = asyncio.Lock()
@@ -92,7 +140,9 @@ class SearchStore:
             log.warning("search store %s failed (attaching again on the next search): %s", self.shown, exc.message)
             self._detach()
             raise ApiError(
-                ErrorCode.NO_RESPONDERS, f"the search store is unavailable, try again later: {exc.message}"
+                ErrorCode.NO_RESPONDERS,
+                f"the search store is unavailable, try again later: {exc.message}",
+                retry_after=RETRY_AFTER,
             ) from None
 
     def _attached(self) -> Shape:
@@ -102,7 +152,13 @@ class SearchStore:
             shape = self.sink.attach()
         except SinkError as exc:
             self._detach()
-            raise ApiError(ErrorCode.NO_RESPONDERS, f"the search store is unavailable: {exc.message}") from None
+            if self._named and not exc.retryable:
+                raise ApiError(ErrorCode.NOT_FOUND, f"no table to search: {exc.message}", "table") from None
+            raise ApiError(
+                ErrorCode.NO_RESPONDERS,
+                f"the search store is unavailable: {exc.message}",
+                retry_after=RETRY_AFTER if exc.retryable else None,
+            ) from None
         if shape.output != "dense" or shape.form not in SEARCHED_FORMS:
             raise ApiError(
                 ErrorCode.NO_RESPONDERS,

@@ -32,6 +32,7 @@ from functools import partial
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.job_bucket import has_state_key, read_state, update_state
 from embedfleet.shared.job_collector import Collector, Layout
@@ -47,6 +48,7 @@ log = logging.getLogger("embedfleet.gateway.sinks")
 LEASE = 15.0  # seconds a gateway holds a job's writing without renewing it
 ADOPT_EVERY = 5.0  # seconds between looks for sink jobs no gateway writes
 STATE_EVERY = 1.0  # seconds between reads of a written job's state (is it all stored, cancelled?)
+RETRY_AFTER = 5  # seconds a client is told to wait before submitting a job whose store is down or busy again
 CHOSEN = ("table", "collection", "index")  # what a request's URL may choose within an allowed store
 _SCHEMES = {"postgres": "postgresql"}  # one scheme, two names
 
@@ -63,10 +65,23 @@ def _store_of(url: str) -> tuple:
 
 
 class SinkTargets:
-    """The stores ``--job-sinks`` allows, and a request's URL resolved against them."""
+    """The stores ``--job-sinks`` allows, a request's URL resolved against them, and the tables in them
+    each API key may write (``access``, services/gateway/tenants.py; None: every table)."""
 
-    def __init__(self, allowed: tuple[str, ...]) -> None:
+    def __init__(self, allowed: tuple[str, ...], access: TableAccess | None = None) -> None:
         self._allowed = allowed
+        self._access = access or TableAccess()
+
+    def granted(self, given: str) -> str:
+        """``resolve``'s URL, once its table is a plain name (400) the request's key may use (403): checked
+        before the store is connected to, so nothing is made for a request refused."""
+        url = self.resolve(given)
+        try:
+            table = sink_for(url).table_name
+        except SinkError as exc:
+            raise ApiError(ErrorCode.INVALID_REQUEST, exc.message, "sink") from None
+        self._access.check(table, "sink")
+        return url
 
     def __bool__(self) -> bool:
         return bool(self._allowed)
@@ -100,11 +115,20 @@ class SinkTargets:
                 params += [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k in CHOSEN]
                 # by hand: urlunsplit drops the "//" of an empty host (lancedb:///PATH, libpq's sockets)
                 return f"{base.scheme}://{base.netloc}{base.path}?{urlencode(params, safe='/')}"
-        shown = ", ".join(sink_shown(a) for a in self._allowed)
+        # which of the gateway's stores (their hosts, folders, users) is never told: only what was not allowed
+        scheme = _SCHEMES.get(parts.scheme, parts.scheme)
+        if not any(_store_of(a)[0] == scheme for a in self._allowed):
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST,
+                f"'sink' names a store this gateway does not write into: it writes into no "
+                f"{scheme + '://' if scheme else 'such'} store",
+                "sink",
+            )
         raise ApiError(
             ErrorCode.INVALID_REQUEST,
-            f"'sink' names a store this gateway does not write into; it writes "
-            f"into {shown} (a table of your choice: ?table=NAME, Qdrant's ?collection=NAME)",
+            f"'sink' names a {scheme}:// store this gateway does not write into: name one of its --job-sinks "
+            "stores as given to you, without a password (a table of your choice: ?table=NAME, Qdrant's "
+            "?collection=NAME)",
             "sink",
         )
 
@@ -144,7 +168,7 @@ class SinkJobs:
     async def open(self, given: str, shape: Shape) -> tuple[str, Sink]:
         """The store a request names, its table made or checked for ``shape``: 400 for a store that
         cannot take the job's rows (another dimension), 503 for one down (try again later)."""
-        url = self.targets.resolve(given)
+        url = self.targets.granted(given)
         try:
             sink = sink_for(url)
         except SinkError as exc:
@@ -155,7 +179,10 @@ class SinkJobs:
             await asyncio.to_thread(sink.close)
             if exc.retryable:
                 raise ApiError(
-                    ErrorCode.NO_RESPONDERS, f"{exc.message}; nothing was published: submit the job again later", "sink"
+                    ErrorCode.NO_RESPONDERS,
+                    f"{exc.message}; nothing was published: submit the job again later",
+                    "sink",
+                    retry_after=RETRY_AFTER,
                 ) from None
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{exc.message}; nothing was published", "sink") from None
         return given, sink

@@ -8,7 +8,7 @@ installed is refused when its URL is given (``checked_sink``: a command's flag, 
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from embedfleet.shared.extras import MissingExtra, installed
 from embedfleet.shared.option import ConfigError
@@ -43,6 +43,15 @@ def sink_for(url: str) -> Sink:
     return sink
 
 
+def with_table(url: str, table: str) -> str:
+    """``url`` naming ``table`` (Qdrant's ``collection``) instead of its own; its other parameters kept."""
+    parts = urlsplit(url)
+    name = "collection" if parts.scheme == "qdrant" else "table"
+    params = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name] + [(name, table)]
+    # by hand: urlunsplit drops the "//" of an empty host (lancedb:///PATH, libpq's sockets, qdrant:///PATH)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}?{urlencode(params, safe='/', quote_via=quote)}"
+
+
 def checked_sink(url: str, flag: str) -> None:
     """A sink URL a command's ``flag`` gives, checked before the command starts (nothing connected to:
     the store may come up later): ConfigError naming the flag, MissingExtra naming the extra to install
@@ -55,4 +64,15 @@ def checked_sink(url: str, flag: str) -> None:
         raise ConfigError(f"{flag}: {exc.message}") from None
 
 
-__all__ = ["SCHEMES", "ClientMissing", "Hit", "Rows", "Shape", "Sink", "SinkError", "checked_sink", "sink_for"]
+__all__ = [
+    "SCHEMES",
+    "ClientMissing",
+    "Hit",
+    "Rows",
+    "Shape",
+    "Sink",
+    "SinkError",
+    "checked_sink",
+    "sink_for",
+    "with_table",
+]

@@ -97,6 +97,11 @@ class Hit:
 class Sink(Protocol):
     shown: str  # the sink's URL with any password replaced by ***: what logs and job states show
 
+    @property
+    def table_name(self) -> str:
+        """The table (Qdrant: collection) its rows go to, as the URL names it."""
+        ...
+
     def open(self, shape: Shape) -> None:
         """Connects, and makes the table (collection) when missing; SinkError when an existing one
         cannot take ``shape`` (another dimension or type)."""

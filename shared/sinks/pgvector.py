@@ -38,6 +38,7 @@ _TYPES = {
 _INDEX_LIMITS = {"vector": 2000, "halfvec": 4000, "bit": 64000}
 # pgvector releases that brought a type (or its HNSW operator class); the bit type itself is PostgreSQL's
 _SINCE = {"halfvec": (0, 7), "sparsevec": (0, 7), "bit": (0, 7)}
+MAX_EF_SEARCH = 1000  # pgvector's largest hnsw.ef_search: the most rows one HNSW search answers
 _RETRYABLE_CLASSES = ("08", "53", "57", "40", "58")  # connection, resources, operator, rollback, system
 # a column's type -> the form its rows are read as, from _TYPES: bits as ubinary (binary rows are the same
 # bits, each byte shifted), a sparsevec's values as float32
@@ -53,6 +54,12 @@ class PgVectorSink:
         index = params.pop("index", "hnsw")
         if not _NAME.match(self.table):
             raise SinkError(f"table={self.table!r} is not a plain table name (letters, digits, _)", retryable=False)
+        if self.table.lower().startswith("pg_"):  # refused here, before anything is connected to or made
+            raise SinkError(
+                f"table={self.table!r}: names beginning with pg_ are PostgreSQL's own (its catalogs are found "
+                "before any table of that name): name another table",
+                retryable=False,
+            )
         if index not in ("hnsw", "none"):
             raise SinkError(f"index={index!r}: use 'hnsw' (the default) or 'none'", retryable=False)
         self.index = index == "hnsw"
@@ -161,14 +168,21 @@ class PgVectorSink:
                 retryable=False,
             )
 
+    @property
+    def table_name(self) -> str:
+        return self.table
+
     def _columns(self, conn) -> dict[str, str]:
         """The table's columns and their types as PostgreSQL writes them (``vector(384)``); none: no table.
-        (The name is quoted, as the statements quote it: unquoted, PostgreSQL would fold it to lower case.)"""
+        The table is the one ``CREATE TABLE`` makes, in the current schema (never one of that name found
+        first on the search path); its name quoted, as the statements quote it (unquoted, PostgreSQL would
+        fold it to lower case)."""
         return dict(
             conn.execute(
                 "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-                (f'"{self.table}"',),
+                "WHERE a.attrelid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(%s)) "
+                "AND a.attnum > 0 AND NOT a.attisdropped",
+                (self.table,),
             ).fetchall()
         )
 
@@ -310,8 +324,10 @@ class PgVectorSink:
         try:
             conn = self._connection()
             with conn.transaction():
-                # a wider candidate list than pgvector's default 40: recall@k stays high for k up to ~50
-                conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(100, 2 * top_k))))
+                # a wider candidate list than pgvector's default 40 (recall@k stays high for k up to ~50), and
+                # never fewer candidates than rows asked for: HNSW answers at most ef_search rows
+                ef_search = min(MAX_EF_SEARCH, max(100, 2 * top_k))
+                conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef_search)))
                 found = conn.execute(statement, {"q": query, "k": top_k, "where": Jsonb(where or {})}).fetchall()
         except Exception as exc:
             raise self._error(exc) from None

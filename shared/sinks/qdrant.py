@@ -28,6 +28,7 @@ _IDS = uuid.UUID("6f0e3c0a-53a4-4c8e-9d3b-7a1f4b2e9c10")  # the namespace of poi
 _NAMES = {"dense": "dense", "sparse": "sparse", "multivector": "multivector"}  # the named vector of each output
 # the forms Qdrant stores, each as its datatype of the same name
 _DATATYPES = ("float32", "float16", "uint8")
+_BUSY = "is already accessed by another instance"  # qdrant-client's words for a local folder locked by another
 
 
 def point_id(doc_id: str, chunk: int | None) -> str:
@@ -61,6 +62,10 @@ class QdrantSink:
         self._client: Any = None
         self._shape: Shape | None = None
 
+    @property
+    def table_name(self) -> str:
+        return self.collection
+
     def _error(self, exc: Exception) -> SinkError:
         if (missing := client_missing(exc, self.shown)) is not None:
             return missing
@@ -75,6 +80,12 @@ class QdrantSink:
             )
         )
         message = str(exc).strip() or type(exc).__name__
+        if isinstance(exc, RuntimeError) and _BUSY in message:  # local mode: another client holds the folder
+            return SinkError(
+                f"Qdrant at {self.shown}: the folder is open in another process (local mode serves one at a "
+                "time): try again later",
+                retryable=True,
+            )
         if self._api_key:
             message = message.replace(self._api_key, "***")
         return SinkError(f"Qdrant at {self.shown}: {message}", retryable)

@@ -30,6 +30,7 @@ ANSWERED = {
     ErrorCode.NOT_FINISHED: (409, "invalid_request_error", "Validation", 409, "not_finished"),
     ErrorCode.GONE: (410, "invalid_request_error", "Validation", 410, "gone"),
     ErrorCode.CONFLICT: (409, "invalid_request_error", "Validation", 409, "conflict"),
+    ErrorCode.UNSUPPORTED_MEDIA: (415, "invalid_request_error", "Validation", 415, "unsupported_media_type"),
     ErrorCode.UNAUTHORIZED: (401, "authentication_error", "Unauthorized", 401, "unauthorized"),
     ErrorCode.FORBIDDEN: (403, "permission_error", "Unauthorized", 403, "forbidden"),
     ErrorCode.OVERLOADED: (429, "rate_limit_error", "Overloaded", 429, "overloaded"),
@@ -110,7 +111,7 @@ def app_client():
     cfg = GatewayConfig(
         NatsConfig("nats://127.0.0.1:4222", Subjects()), "127.0.0.1", 8080, 30.0, max_inputs=16, max_body_bytes=1000
     )
-    return TestClient(create_app(cfg))
+    return TestClient(create_app(cfg), base_url="http://localhost")  # a Host the gateway is served as
 
 
 def test_routing_and_body_limits_answer_from_the_table(app_client):

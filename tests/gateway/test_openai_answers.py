@@ -24,9 +24,8 @@ from embedfleet.services.gateway.openai_answers import (
 )
 from embedfleet.services.gateway.openai_api import render_embeddings
 from embedfleet.services.gateway.search import Search
-from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.services.gateway.search_store import SearchTables
 from embedfleet.shared.quantize import quantize
-from embedfleet.shared.sinks import sink_for
 from embedfleet.shared.text_chunks import TextChunk
 from embedfleet.shared.vector_forms import FORMS
 from tests.gateway.served_answers import assert_holds, assert_served_answer_is
@@ -103,7 +102,7 @@ WORKERS = {
 
 def _search_card(pinned: str | None) -> dict[str, object]:
     """What app.py lists as 'search': the card of a real Search (its store is not reached to make it)."""
-    return Search(SearchStore(sink_for("postgresql://u:pw@db:5432/docs?table=t")), pinned).card()
+    return Search(SearchTables("postgresql://u:pw@db:5432/docs?table=t"), pinned).card()
 
 
 def test_the_search_card_holds_to_the_model():

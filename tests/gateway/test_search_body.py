@@ -34,7 +34,7 @@ def _parses(doc: dict[str, Any]) -> bool:
 def test_openapi_body_is_the_model_s_generated_schema():
     assert is_generated("/v1/search", SearchBody)
     served, components = served_body("/v1/search")
-    assert set(served["properties"]) == {"model", "query", "top_k", "filter", "rerank"}
+    assert set(served["properties"]) == {"model", "query", "table", "top_k", "filter", "rerank"}
     assert served["required"] == ["query"]
     rerank = components["SearchRerankBody"]
     assert rerank["additionalProperties"] is False and rerank["required"] == ["model"]
@@ -44,7 +44,7 @@ def test_a_field_added_to_the_model_is_in_the_served_schema(monkeypatch):
     assert added_field(monkeypatch, "/v1/search", "SearchBody") == {"default": 0, "title": "Added", "type": "integer"}
 
 
-@pytest.mark.parametrize("field", ["model", "query", "top_k"])
+@pytest.mark.parametrize("field", ["model", "query", "table", "top_k"])
 def test_the_route_accepts_what_the_schema_accepts_and_refuses_the_rest(field):
     served, _ = served_body("/v1/search")
     cases = scalar_cases(served["properties"][field])

@@ -46,9 +46,11 @@ def test_a_request_names_an_allowed_store_and_chooses_its_table():
         "not a url",
     ],
 )
-def test_other_stores_are_refused_naming_the_allowed_ones_without_their_passwords(url):
+def test_other_stores_are_refused_naming_none_of_the_allowed_ones(url):
+    """The refusal says which scheme is not allowed, never the gateway's stores: no host, folder or user."""
     message = _refused(SinkTargets((PG, LANCE)), url)
-    assert "does not write into" in message and "loader:***@db.internal" in message and ":pw@" not in message
+    assert "does not write into" in message
+    assert not any(told in message for told in ("db.internal", "loader", "/srv", "5432", "docs", "pw")), message
 
 
 def test_a_url_with_a_password_and_a_gateway_without_sinks_are_refused():

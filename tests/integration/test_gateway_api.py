@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import httpx
@@ -297,17 +298,26 @@ def test_overload_429_and_deadline_504(strict_gateway):
 
 @pytest.fixture(scope="module")
 def limited_gateway(stack, tmp_path_factory):
-    """A gateway on the same fleet whose keys may each make 3 requests and embed 60 tokens a minute."""
-    yield from another_gateway(
-        stack.nats_url,
-        ["--api-keys", "key-a,key-b,key-c", "--key-requests-per-minute", "3", "--key-tokens-per-minute", "60"],
-        tmp_path_factory.mktemp("limited"),
-    )
+    """A gateway on the same fleet whose keys may each make 3 requests and embed 60 tokens a minute, the
+    keys' ids in its metrics made with a secret this test knows."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EMBEDFLEET_KEY_ID_SECRET", KEY_ID_SECRET)
+        yield from another_gateway(
+            stack.nats_url,
+            ["--api-keys", "key-a,key-b,key-c", "--key-requests-per-minute", "3", "--key-tokens-per-minute", "60"],
+            tmp_path_factory.mktemp("limited"),
+        )
+
+
+KEY_ID_SECRET = "metrics-key-id-secret"
 
 
 def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limited_gateway):
-    from embedfleet.services.gateway.limits import key_id
+    from embedfleet.services.gateway.metrics import key_id as salted
     from tests.prometheus_text import value
+
+    def key_id(key: str) -> str:
+        return salted(key, KEY_ID_SECRET.encode())
 
     def post(key: str, text: str = "hi") -> httpx.Response:
         return httpx.post(
@@ -336,4 +346,5 @@ def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limi
     assert value(metrics, "embedfleet_key_requests_total", key=key_id("key-a"), outcome="admitted") == 3
     assert value(metrics, "embedfleet_key_requests_total", key=key_id("key-a"), outcome="limited") == 1
     assert value(metrics, "embedfleet_key_tokens_total", key=key_id("key-c")) == first.json()["usage"]["prompt_tokens"]
-    assert "key-a" not in metrics  # keys are named by their digest, never shown
+    assert "key-a" not in metrics  # keys are named by their id, never shown
+    assert hashlib.sha256(b"key-a").hexdigest()[:12] not in metrics  # nor by a plain digest, open to guesses

@@ -297,7 +297,7 @@ def test_bad_fields_are_400_naming_the_field(fleet, body, param, message):
 def test_every_field_at_its_extremes_gets_a_2xx_or_4xx(fleet):
     schema = httpx.get(f"{fleet.pg}/openapi.json").json()["paths"]["/v1/search"]["post"]["requestBody"]["content"]
     fields = sorted(schema["application/json"]["schema"]["properties"])
-    assert fields == ["filter", "model", "query", "rerank", "top_k"]
+    assert fields == ["filter", "model", "query", "rerank", "table", "top_k"]
     with httpx.Client(base_url=fleet.pg, timeout=120) as client, ThreadPoolExecutor(4) as pool:
         failures = [
             f
