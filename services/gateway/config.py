@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from embedfleet.shared.config import ConfigError, NatsConfig, Retention, nats_config, retention
 from embedfleet.shared.metrics_server import MetricsEndpoint
-from embedfleet.shared.options import from_options, setting
+from embedfleet.shared.options import from_options, option, setting
 from embedfleet.shared.tracing import TracingConfig
 
 
@@ -49,6 +50,10 @@ class GatewayConfig:
     key_requests_per_minute: int = setting("key_requests_per_minute")  # per API key; 0: no limit
     key_tokens_per_minute: int = setting("key_tokens_per_minute")
     open_paths: tuple[str, ...] = setting("open_paths", convert=comma_list)  # served without an API key
+    # names the gateway is served as (none: browser.default_hosts) and web origins that may call it (none: no page)
+    allowed_hosts: tuple[str, ...] = setting("allowed_hosts", convert=comma_list)
+    allowed_origins: tuple[str, ...] = setting("allowed_origins", convert=comma_list)
+    key_id_secret: str | None = None  # $EMBEDFLEET_KEY_ID_SECRET (services/gateway/metrics.py); None: random
     jobs_dir: Path | None = setting("jobs_dir", convert=lambda given: Path(given).resolve() if given else None)
     jobs_max_file_bytes: int = setting("jobs_max_file_bytes")
     discovery_interval: float = setting("discovery_interval")  # seconds between fleet polls; 3 silent: dead
@@ -75,6 +80,9 @@ class GatewayConfig:
         if self.search_model is not None and self.search_sink is None:
             raise ConfigError("--search-model names the model of the --search-sink store's vectors: give --search-sink")
         check_sinks(self.search_sink, self.job_sinks)
+        from embedfleet.services.gateway.browser import rules_of
+
+        rules_of(self.allowed_hosts, self.allowed_origins, self.host)  # a bad --allowed-origins: said now
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
             raise ConfigError(
                 "--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "
@@ -89,6 +97,7 @@ class GatewayConfig:
             ns,
             nats=nats_config(ns),
             api_keys=keys,
+            key_id_secret=option("key_id_secret").from_env(os.environ),
             key_tables=key_tables(ns, keys),
             operator_keys=operator_keys(ns),
             metrics=MetricsEndpoint.from_namespace(ns),
