@@ -116,7 +116,7 @@ def _rss_mb(pid: int) -> float:
 def test_oversize_headers_are_refused_431_at_once_and_others_are_served(edge):
     rss = _rss_mb(edge.gateway.proc.pid)
     sock = _connect(edge.port)
-    big = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (32 << 20)  # 32 MB, never ended
+    big = b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (32 << 20)  # 32 MB, never ended
     start = time.monotonic()
     # the first bytes over the limit go at once, from here: on a loaded machine a thread may start
     # later than the header timeout, and the gateway would rightly answer 408 to a connection silent
@@ -140,7 +140,7 @@ def test_oversize_headers_are_refused_431_at_once_and_others_are_served(edge):
 def test_too_many_headers_are_refused_431(edge):
     headers = b"".join(b"X-H%d: v\r\n" % i for i in range(MAX_HEADERS + 1))
     with _connect(edge.port) as sock:
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n" + headers + b"\r\n")
         answer = _answer(sock)
     assert _status(answer) == 431 and answer.endswith(b"over 20 header fields"), answer
     with _connect(edge.port) as sock:  # at the limit: served
@@ -151,7 +151,7 @@ def test_too_many_headers_are_refused_431(edge):
 
 
 @pytest.mark.parametrize(
-    "sent", [b"", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: "], ids=["nothing", "half-headers"]
+    "sent", [b"", b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: "], ids=["nothing", "half-headers"]
 )
 def test_slow_headers_are_answered_408_after_the_header_timeout(edge, sent):
     with _connect(edge.port) as sock:
@@ -165,10 +165,10 @@ def test_slow_headers_are_answered_408_after_the_header_timeout(edge, sent):
 
 def test_slow_headers_of_a_kept_alive_connection_s_next_request_are_answered_408(edge):
     with _connect(edge.port) as sock:
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert _status(_answer(sock)) == 200
         start = time.monotonic()
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         answer = _answer(sock)
         waited = time.monotonic() - start
     assert _status(answer) == 408 and b"the request's headers took over 2s" in answer, answer
@@ -179,7 +179,7 @@ def test_a_slow_body_is_answered_408_after_the_body_timeout(edge):
     before = edge.sample("embedfleet_errors_total", route="/embed", code="500")
     with _connect(edge.port) as sock:
         sock.sendall(
-            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            b"POST /embed HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
             b'{"inputs": '
         )
         start = time.monotonic()
@@ -198,7 +198,7 @@ def test_a_client_leaving_mid_body_is_counted_as_disconnected_in_one_log_line(ed
     for i in range(1, 4):  # one after the other: the gateway takes one request at a time here
         with _connect(edge.port) as sock:
             sock.sendall(
-                b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                b"POST /embed HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                 b'{"inputs": "' + b"a" * 400
             )
         wait_until(
@@ -224,7 +224,7 @@ def test_a_client_gone_mid_request_frees_its_slot_and_every_route_is_admitted(ed
         sock = _connect(edge.port)
         body = b'{"inputs": "a request its client will not wait for"}'
         sock.sendall(
-            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            b"POST /embed HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (len(body), body)
         )
         wait_until(lambda: edge.sample("embedfleet_requests_in_flight") == 1, 10, "the request in flight")
