@@ -84,9 +84,7 @@ async def _follow(tmp_path) -> list[float]:
         bind_key("key-a")
         taken = tokens.admit(["x" * 398])  # 100 + 2 tokens estimated
         assert taken == ("key-a", 102)
-        state = JobState(
-            "j", RUNNING, "m", "inline", documents=1, batches=1, embedding_type="float32", output="dense"
-        )
+        state = JobState("j", RUNNING, "m", "inline", documents=1, batches=1, embedding_type="float32", output="dense")
         await kv.put("j", state.encode())
         tokens.watch("j", taken)
         levels = []

@@ -56,7 +56,7 @@ def test_a_file_that_is_not_right_is_refused_naming_its_line(tmp_path, text, mor
 
 
 def test_a_file_that_cannot_be_read_is_named(tmp_path):
-    with pytest.raises(ConfigError, match="--key-tables-file .*missing: No such file"):
+    with pytest.raises(ConfigError, match=r"--key-tables-file .*missing: No such file"):
         read_key_tables(tmp_path / "missing", ["k"])
 
 
