@@ -3,14 +3,13 @@
 A request is admitted while its key's request bucket holds one request and its token bucket is not
 in debt; the tokens a request embedded are charged once it is answered (they are known only then),
 so one large request may take the bucket below zero and the key waits until it refills. A refusal
-says when to come back (``Retry-After``). Keys are identified in metrics by ``key_id``, a digest,
-never by the key itself.
+says when to come back (``Retry-After``). Keys are named in metrics by an id, an HMAC under a secret
+(services/gateway/metrics.py), never by the key itself.
 """
 
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -19,12 +18,6 @@ CHARS_PER_TOKEN = 4  # a job's tokens estimated from its characters, before it i
 SPECIAL_TOKENS = 2  # added to each document (CLS and SEP, BOS and EOS)
 NO_KEY = "none"  # the metrics' key label for requests that gave no key (no keys configured, open paths)
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("embedfleet_api_key", default=None)
-
-
-def key_id(key: str | None) -> str:
-    """A key's name in metrics and logs: the first 12 hex digits of its SHA-256 (``printf %s KEY |
-    sha256sum | cut -c1-12`` tells which key it is)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:12] if key else NO_KEY
 
 
 def estimated_tokens(texts: Iterable[str]) -> int:
