@@ -43,6 +43,7 @@ from nats.errors import NoRespondersError
 from embedfleet.shared.bundles import Item
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import (
+    Cancel,
     ChunkLayout,
     ChunkRequest,
     DecodeRequest,
@@ -310,6 +311,7 @@ class EmbedClient:
             held=self._wants_held(model),
             replies=True,  # a worker may answer a batch's requests of ours in one message
             spans=spans,
+            cancel_key=os.urandom(16),  # known to us and the fleet's services only: no one else cancels it
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
@@ -323,9 +325,12 @@ class EmbedClient:
         self._pending[request_id] = pending
         # the deadline as a timer on the future (asyncio.wait_for costs a task's worth of callbacks a request)
         timer = loop.call_later(timeout, pending.expire)
+        answered = False
         try:
             await self._send(pending, request_id, None, payload)
-            return await pending.future
+            outcome = await pending.future
+            answered = True
+            return outcome
         except TimeoutError:
             if pending.parked:  # its rows were lost, and nothing serves the model to take them again
                 raise ServiceError(ErrorCode.NO_RESPONDERS, _NOBODY) from None
@@ -340,6 +345,24 @@ class EmbedClient:
             for attempt in pending.attempts:
                 self._attempts.pop(attempt, None)
                 self._bundled.pop(attempt, None)
+            if not answered:  # abandoned (the caller was cancelled: its client left), timed out or failed
+                self._cancel(request)
+
+    def _cancel(self, request: EmbedRequest) -> None:
+        """Tell the model's tokenizers and workers that nobody reads ``request``'s answer: they drop its rows
+        not yet sent or started. Published in the background: the caller may be a task being cancelled."""
+        if request.cancel_key is None or not self._nc.is_connected:
+            return
+        payload = encode(Cancel(request.id, request.cancel_key, request.deadline))
+        task = asyncio.ensure_future(self._nc.publish(self._subjects.cancel(request.model), payload))
+        self._tasks.add(task)
+
+        def sent(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:  # the connection went away: nothing to cancel
+                log.debug("request %s: cancel not sent: %r", request.id, t.exception())
+
+        task.add_done_callback(sent)
 
     def _wants_held(self, model: str) -> bool:
         """Whether to ask workers to say which rows they hold (a Held reply per worker batch): only that tells

@@ -63,6 +63,10 @@ class Subjects:
         """tokenizer -> one worker, chosen by its load (load-aware routing)."""
         return f"{self.prefix}.v1.worker.{model_token(model)}.{model_token(worker_id)}"
 
+    def cancel(self, model: str) -> str:
+        """requester -> every tokenizer and worker of the model: a request given up (its Cancel)."""
+        return f"{self.prefix}.v1.cancel.{model_token(model)}"
+
     def load(self, model: str) -> str:
         """workers -> tokenizers: queue depth reports."""
         return f"{self.prefix}.v1.load.{model_token(model)}"

@@ -206,6 +206,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         self._in_head, self._head_received = True, 0
         super().on_message_complete()
+        if not self.pipeline:
+            # the body of the request being answered is in: read on, so that its client's leaving is seen
+            # (connection_lost) while the answer is made. uvicorn stops reading past 64 KB of body and
+            # reads again only when the application asks for more; a request whose last read took it past
+            # that would otherwise never learn of its client leaving. A pipelined request keeps the pause.
+            self.flow.resume_reading()
 
 
 def protocol(limits: HttpLimits) -> functools.partial:

@@ -93,6 +93,13 @@ class WorkerMetrics:
             ["model"],
             registry=r,
         ).labels(model)
+        self._dropped = Counter(
+            "embedfleet_worker_dropped_rows",
+            "queued rows never run, by reason: cancelled (their requester gave the request up: its client "
+            "left) or expired (their batch's deadline passed)",
+            ["model", "reason"],
+            registry=r,
+        )
         self._busy = Counter(
             "embedfleet_worker_busy_seconds",
             "seconds each engine replica had a batch in flight",
@@ -145,6 +152,9 @@ class WorkerMetrics:
 
     def bundled(self, count: int) -> None:
         self._bundled.inc(count)
+
+    def dropped(self, reason: str, rows: int) -> None:
+        self._child(self._dropped, reason).inc(rows)
 
     def error(self, code: str) -> None:
         self._child(self._errors, code).inc()

@@ -2,12 +2,15 @@
 
 Token batches from the tokenizers queue up whole; the scheduler cuts batches for the engine out
 of them sequence by sequence, oldest first, closing a batch at ``max_tokens`` tokens or
-``max_seqs`` sequences. A queued batch whose deadline passed before any of it ran is dropped.
+``max_seqs`` sequences. A queued batch whose deadline passed is dropped: none of its rows is
+scheduled after that, so a batch costs at most what runs before its deadline (plus the engine batch
+then running). An online batch whose requester cancelled it (a Cancel with its key) is dropped too.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +36,11 @@ class Work:
     vectors: np.ndarray | None = None
     trace: TraceContext | None = None  # the trace context its message brought (spans.py)
     carrier: str = ""  # the reply subject this process may answer on, when not ``reply`` (shared/bundles.py)
+
+    @property
+    def rows_left(self) -> int:
+        """Rows not yet scheduled."""
+        return self.batch.count - self.next_row
 
     @property
     def pending_tokens(self) -> int:
@@ -101,19 +109,28 @@ class Scheduler:
         self._queued_tokens += work.pending_tokens
 
     def drop_expired(self, now: float) -> list[Work]:
-        """Remove queued work whose deadline passed before any of its rows ran."""
+        """Remove queued work whose deadline passed, whether or not some of its rows ran: its rows not yet
+        scheduled never are (those in a running batch finish; the work is answered as expired, not with them)."""
         expired = []
         for queue in (self._online, self._bulk):
-            keep: deque[Work] = deque()
-            for work in queue:
-                if work.next_row == 0 and work.batch.deadline < now:
-                    expired.append(work)
-                    self._queued_tokens -= work.pending_tokens
-                else:
-                    keep.append(work)
-            queue.clear()
-            queue.extend(keep)
+            expired += self._remove(queue, lambda work: work.batch.deadline < now)
         return expired
+
+    def cancel(self, key: bytes) -> list[Work]:
+        """Remove the queued online work that ``key`` cancels (its request's cancel key: a TokenChunk's
+        ``cancel_key``); its rows not yet scheduled never are, and it is never answered. Returns that work."""
+        return self._remove(self._online, lambda work: work.batch.cancel_key == key)
+
+    def _remove(self, queue: deque[Work], gone: Callable[[Work], bool]) -> list[Work]:
+        removed: list[Work] = []
+        kept: list[Work] = []
+        for work in queue:
+            (removed if gone(work) else kept).append(work)
+        if removed:
+            queue.clear()
+            queue.extend(kept)
+            self._queued_tokens -= sum(work.pending_tokens for work in removed)
+        return removed
 
     def withdraw_bulk(self) -> list[Work]:
         """Remove the queued bulk work none of whose rows was scheduled yet (a stopping worker hands it back)."""

@@ -38,6 +38,7 @@ from embedfleet.services.gpu_worker.replies import Outgoing
 from embedfleet.services.gpu_worker.scheduler import Batch, Scheduler, Work
 from embedfleet.services.gpu_worker.spans import record_work
 from embedfleet.shared.bundles import answer, is_bundle, unbundle
+from embedfleet.shared.cancel_keys import CancelKeys
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.lifecycle import register, start_jetstream_part
 from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
@@ -68,6 +69,10 @@ log = logging.getLogger("embedfleet.worker")
 _ENVELOPE_BYTES = 1024
 # an EmbedResult's bytes besides its id, stage names, timings and vectors (keys, counts, dtype: ~70)
 _FIXED_ENVELOPE = 256
+# a token batch may hold at most this many times the engine's batch of sequences (--max-batch-seqs): a
+# tokenizer's batches hold --chunk-seqs rows (256 by default, as --max-batch-seqs is); more is refused
+# before it is queued, so that one message cannot hold the engine for hundreds of batches
+ROWS_PER_BATCH = 64
 # batches of every size leave the C heap fragmented: its free pages go back to the system this often
 _TRIM_SECONDS = 2.0
 
@@ -159,6 +164,8 @@ class WorkerService:
         self._executors: list[ThreadPoolExecutor] = []
         self._sub: Subscription | None = None
         self._direct_sub: Subscription | None = None
+        self._cancel_sub: Subscription | None = None
+        self._cancels = CancelKeys()  # requests given up by their requesters (shared/protocol's Cancel)
         self._micro: Service | None = None
         self._id = uuid.uuid4().hex[:16]
         self._running_tokens = 0  # tokens in launched, uncollected batches
@@ -181,6 +188,8 @@ class WorkerService:
             self._tasks.append(asyncio.create_task(self._run(engine, executor), name=f"replica-{i}"))
         self._sub = await self._nc.subscribe(subject, queue=WORKER_QUEUE, cb=self._on_batch)
         self._direct_sub = await self._nc.subscribe(self._direct, cb=self._on_batch)  # load-aware routing
+        # every worker of the model hears each Cancel: any of them may hold the request's rows
+        self._cancel_sub = await self._nc.subscribe(subjects.cancel(model.id), cb=self._on_cancel)
         self._report_task = asyncio.create_task(self._report_load(), name="load-reports")
         try:
             bulk = BulkFeeder(
@@ -233,10 +242,10 @@ class WorkerService:
             self._report_task = None
             # the last report: the tokenizers stop routing here at once
             await self._publish_load(self.load, self._cfg.load_interval, leaving=True)
-        for sub in (self._sub, self._direct_sub):
+        for sub in (self._sub, self._direct_sub, self._cancel_sub):
             if sub is not None:
                 await sub.drain()
-        self._sub = self._direct_sub = None
+        self._sub = self._direct_sub = self._cancel_sub = None
         self._stopping = True
         self._wake.set()
         await asyncio.gather(*self._tasks)  # each loop finishes what is queued and in flight
@@ -311,6 +320,17 @@ class WorkerService:
         bind(None, "")
         await self._publish(outgoing)
 
+    async def _on_cancel(self, msg: Msg) -> None:
+        """A requester gave up a request: its queued rows are dropped, and those that come later too."""
+        cancel = self._cancels.take(msg.data, time.time())
+        if cancel is None:
+            return
+        dropped = self._scheduler.cancel(cancel.key)
+        if dropped:
+            rows = sum(work.rows_left for work in dropped)
+            self.metrics.dropped("cancelled", rows)
+            log.info("request %s: cancelled by its requester: %d queued rows dropped", cancel.id, rows)
+
     def _admit(self, data: bytes, reply: str, headers: dict[str, str] | None, carrier: str, outgoing: Outgoing) -> None:
         """One token batch queued, or refused; its immediate answers (Held, a refusal) added to ``outgoing``."""
         request_id = ""
@@ -320,6 +340,12 @@ class WorkerService:
             batch = decode_as(data, TokenChunk)
             request_id = batch.id
             bind(trace, request_id)
+            if self._cancels.holds(batch.cancel_key, time.time()):  # its Cancel came first: nobody reads it
+                self.metrics.dropped("cancelled", batch.count)
+                log.info(
+                    "request %s: cancelled by its requester: %d rows dropped as they came", request_id, batch.count
+                )
+                return
             self._check_batch(batch)
             if self._scheduler.queued_tokens + batch.num_tokens > self._cfg.max_queued_tokens:
                 raise ServiceError(
@@ -337,6 +363,19 @@ class WorkerService:
 
     def _check_batch(self, batch: TokenChunk) -> None:
         model, output = self._cfg.model, batch.options.output
+        rows = ROWS_PER_BATCH * self._scheduler.max_seqs
+        if batch.count > rows:
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"a token batch of {batch.count} rows is over this worker's limit of {rows} "
+                f"({ROWS_PER_BATCH} x --max-batch-seqs): send smaller batches (the tokenizer's --chunk-seqs)",
+            )
+        if batch.num_tokens > self._cfg.max_queued_tokens:
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"a token batch of {batch.num_tokens} tokens is over this worker's queue of "
+                f"{self._cfg.max_queued_tokens} (--max-queued-tokens): send smaller batches (--chunk-tokens)",
+            )
         if not model.serves(output):
             offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens", "spans") if model.serves(o))
             raise ServiceError(
@@ -396,7 +435,7 @@ class WorkerService:
             while in_flight and in_flight[0][1].ready():
                 await self._finish(*in_flight.popleft())
             for work in self._scheduler.drop_expired(time.time()):
-                await self._reply_error(work, ServiceError(ErrorCode.TIMEOUT, "deadline passed in the worker queue"))
+                await self._expired(work)
             batch = self._scheduler.next_batch()
             if self._bulk is not None and not (self._scheduler.online_waiting or self._scheduler.bulk_waiting):
                 self._bulk.room()  # bulk work may come in while this batch runs
@@ -434,6 +473,16 @@ class WorkerService:
             in_flight.append((batch, handle, launched, replica))
             if len(in_flight) > 1:  # batch N+1 is launched: now collect batch N
                 await self._finish(*in_flight.popleft())
+
+    async def _expired(self, work: Work) -> None:
+        """``work``'s deadline passed before all its rows ran: the rest never run, and it is answered so."""
+        self.metrics.dropped("expired", work.rows_left)
+        ran = work.batch.count - work.rows_left
+        why = "deadline passed in the worker queue" + (f" ({ran} of {work.batch.count} rows run)" if ran else "")
+        if work.source is not None:
+            await self._feeder().failed(work, why)  # tried again, then given up as a dead letter
+            return
+        await self._reply_error(work, ServiceError(ErrorCode.TIMEOUT, why))
 
     async def _finish(self, batch: Batch, handle, launched: float, replica: int = 0) -> None:
         if not handle.ready():  # CUDA: sleep on the batch's event in the replica's thread

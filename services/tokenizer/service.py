@@ -26,6 +26,7 @@ from embedfleet.services.tokenizer.metrics import TokenizerMetrics
 from embedfleet.services.tokenizer.routing import Router
 from embedfleet.services.tokenizer.span_rows import place_spans
 from embedfleet.shared.bundles import Entry, answer, carrier_of, is_bundle, unbundle
+from embedfleet.shared.cancel_keys import CancelKeys
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.lifecycle import register, start_jetstream_part
 from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
@@ -86,6 +87,7 @@ class _Pending:
     spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
     carrier: str = ""  # the reply subject of the message that brought it (another: it came in a Requests)
+    dropped: bool = False  # its requester cancelled it: nothing of it is sent, nothing answered
 
     @property
     def request_id(self) -> str:
@@ -126,6 +128,8 @@ class TokenizerService:
         self._decode_sub: Subscription | None = None
         self._chunk_sub: Subscription | None = None
         self._load_sub: Subscription | None = None
+        self._cancel_sub: Subscription | None = None
+        self._cancels = CancelKeys()  # requests given up by their requesters (shared/protocol's Cancel)
         self._layouts = Layouts(self._encoder, cfg.max_chunks, cfg.max_document_chars)
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
@@ -151,6 +155,8 @@ class TokenizerService:
         self._chunk_sub = await self._nc.subscribe(
             self._subjects.chunk(model.id), queue=TOKENIZER_QUEUE, cb=self._on_chunk
         )
+        # every tokenizer of the model hears each Cancel: the request may be queued on any of them
+        self._cancel_sub = await self._nc.subscribe(self._subjects.cancel(model.id), cb=self._on_cancel)
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
         try:
@@ -173,6 +179,7 @@ class TokenizerService:
                 "prompts": ",".join(sorted(self._encoder.prompts)),
                 "tasks": ",".join(self._encoder.adapters),
                 "tokenizer": self.tokenizer_path,
+                "max_chunks": str(self._cfg.max_chunks),  # a chunked job's batches are fitted to it (job_fit.py)
             },
         )
         log.info("serving %s on %s (limit %d tokens)", model.id, self._subjects.embed(model.id), model.max_seq_length)
@@ -181,10 +188,11 @@ class TokenizerService:
         if self._bulk is not None:
             await self._bulk.stop()
             self._bulk = None
-        for sub in (self._sub, self._tokenize_sub, self._decode_sub, self._chunk_sub, self._load_sub):
+        subs = (self._sub, self._tokenize_sub, self._decode_sub, self._chunk_sub, self._load_sub, self._cancel_sub)
+        for sub in subs:
             if sub is not None:
                 await sub.drain()  # finishes messages already received
-        self._sub = self._tokenize_sub = self._decode_sub = self._chunk_sub = self._load_sub = None
+        self._sub = self._tokenize_sub = self._decode_sub = self._chunk_sub = self._load_sub = self._cancel_sub = None
         await self._embeds.stop()  # the embed requests received: handled before the connection goes
         await self._delivery.stop()
         if self._micro is not None:
@@ -252,16 +260,18 @@ class TokenizerService:
         for p in admitted:
             if p.error is not None:
                 await self._refuse(p)
-        tokenized = [p for p in admitted if p.error is None]
+        tokenized = [p for p in admitted if p.error is None and not self._abandoned(p, "queued")]
         sents: list[Sent] = []
         for kind, group in _by_tokenization(tokenized).items():
             seconds = await self._tokenize_group(kind, group)
-            for p in group:
+            for p in group:  # a Cancel may have come while they were tokenized
+                if p.error is None and self._abandoned(p, "tokenized"):
+                    continue
                 if p.error is None and p.admitted.spans is not None:
                     self._place(p)
                 if p.error is None:
                     p.sent = self._routed(p, seconds)
-            done = [p for p in group if p.error is None]
+            done = [p for p in group if p.error is None and not p.dropped]
             for p in group:
                 if p.error is not None:
                     await self._refuse(p)
@@ -273,6 +283,17 @@ class TokenizerService:
         for p in admitted:
             p.span.end()
         log.debug("%d requests: %d token batches", len(msgs), sum(len(s.payloads) for s in sents))
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        self._cancels.take(msg.data, time.time())  # the requests it names are dropped where they are met
+
+    def _abandoned(self, p: _Pending, stage: str) -> bool:
+        """Whether ``p``'s requester cancelled it (a Cancel with its request's key came): then it is dropped."""
+        if p.request is None or not self._cancels.holds(p.request.cancel_key, time.time()):
+            return False
+        p.dropped = True
+        log.info("request %s: cancelled by its requester: %d inputs dropped %s", p.request.id, p.request.count, stage)
+        return True
 
     async def _refuse(self, p: _Pending) -> None:
         bind(p.span.context, p.request_id)  # its log lines name it and its trace
@@ -414,6 +435,7 @@ class TokenizerService:
                 prompt_tokens=prompt_tokens,
                 held=request.held,  # the requester asked to learn which worker holds which rows
                 replies=request.replies,  # the worker may answer several of the requester's requests at once
+                cancel_key=request.cancel_key,  # a Cancel of the requester drops the rows the worker has not run
                 spans=None if spans is None else spans.between(chunk.start, chunk.start + len(chunk.cu_seqlens) - 1),
             )
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject

@@ -16,15 +16,19 @@ instead, each with the spans of its chunks (output "spans": a vector per span). 
 tokenizer cuts each document of a JobBatch and sends its chunks as rows; its TokenChunks and JobResults
 say which chunk of which document each row is (ChunkRows).
 
-The gateway's reply subject travels with the request, so workers answer the gateway directly.
+The gateway's reply subject travels with the request, so workers answer the gateway directly. A requester
+that gives up a request (its client left, its deadline passed) sends a Cancel with the request's cancel key:
+tokenizers and workers drop its rows not yet sent or started.
 """
 
 from embedfleet.shared.protocol.checks import (
     MAX_BUNDLE,
+    MAX_CANCEL_KEY,
     MAX_ID,
     MAX_NAME,
     MAX_ROWS,
     MAX_STAGES,
+    MIN_CANCEL_KEY,
     TOKEN_DTYPE,
     ProtocolError,
 )
@@ -38,6 +42,7 @@ from embedfleet.shared.protocol.messages import (
     RAGGED_OUTPUTS,
     SPARSE_DTYPES,
     VERSION,
+    Cancel,
     ChunkLayout,
     ChunkRequest,
     DecodeRequest,
@@ -65,6 +70,8 @@ from embedfleet.shared.protocol.spans import Spans
 __all__ = [
     "DELIVERY_CHECK",
     "MAX_BUNDLE",
+    "MAX_CANCEL_KEY",
+    "MIN_CANCEL_KEY",
     "MAX_DIMENSION",
     "OUTPUTS",
     "POOLED_OUTPUTS",
@@ -77,6 +84,7 @@ __all__ = [
     "MAX_STAGES",
     "TOKEN_DTYPE",
     "VERSION",
+    "Cancel",
     "ChunkLayout",
     "ChunkRequest",
     "ChunkRows",

@@ -17,6 +17,8 @@ MAX_ROWS = 1 << 20  # inputs (rows) in one request
 MAX_BUNDLE = 1024  # requests in one Requests message
 MAX_PROMPT_TOKENS = 1 << 20  # a row's leading tokens that pooling skips
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
+# a request's cancel key (EmbedRequest.cancel_key): at least 128 random bits, so that it cannot be guessed
+MIN_CANCEL_KEY, MAX_CANCEL_KEY = 16, 64
 
 
 class ProtocolError(ValueError):
@@ -71,6 +73,17 @@ def int32_array(buf: bytes, name: str) -> np.ndarray:
     if len(buf) % TOKEN_DTYPE.itemsize:
         raise ProtocolError(f"{name} is not a whole number of int32 values")
     return np.frombuffer(buf, dtype=TOKEN_DTYPE)
+
+
+def cancel_key(m: dict, key: str = "cx") -> bytes:
+    value = required(m, key, bytes)
+    if not MIN_CANCEL_KEY <= len(value) <= MAX_CANCEL_KEY:
+        raise ProtocolError(f"field {key!r} must hold {MIN_CANCEL_KEY} to {MAX_CANCEL_KEY} bytes")
+    return value
+
+
+def optional_cancel_key(m: dict) -> bytes | None:
+    return None if m.get("cx") is None else cancel_key(m)
 
 
 def optional_bool(m: dict, key: str, default: bool) -> bool:

@@ -11,6 +11,7 @@ from embedfleet.shared.errors import shown
 from embedfleet.shared.protocol.checks import ProtocolError, is_int
 from embedfleet.shared.protocol.messages import (
     VERSION,
+    Cancel,
     ChunkLayout,
     ChunkRequest,
     DecodeRequest,
@@ -51,6 +52,7 @@ Message = (
     | Requests
     | ChunkRequest
     | ChunkLayout
+    | Cancel
 )
 
 
@@ -116,6 +118,7 @@ M = TypeVar(
     Requests,
     ChunkRequest,
     ChunkLayout,
+    Cancel,
 )
 
 

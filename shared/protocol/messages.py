@@ -171,6 +171,9 @@ class EmbedRequest:
     replies: bool = False
     # output "spans": per text, the ranges of its content tokens pooled into one vector each (late chunking)
     spans: Spans | None = None
+    # a secret of the requester (random bytes: MIN_CANCEL_KEY..MAX_CANCEL_KEY): a Cancel that carries it drops
+    # the request's rows not yet sent or started; the tokenizer passes it on to each chunk. None: never cancelled
+    cancel_key: bytes | None = None
 
     TYPE = "embed"
 
@@ -206,6 +209,7 @@ class TokenChunk:
     # bulk work of a chunked job: the chunk each row is (rows: the job batch's chunks); with spans (late
     # chunking) each row is a window and each span a chunk, whose vector is a result row
     chunks: ChunkRows | None = None
+    cancel_key: bytes | None = None  # online work: its request's (EmbedRequest.cancel_key)
 
     TYPE = "tokens"
 
@@ -292,6 +296,24 @@ class Requests:
     messages: list[bytes]
 
     TYPE = "requests"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """requester -> every tokenizer and worker of a model (<P>.v1.cancel.<model>, no queue group): nobody
+    reads request ``id``'s answer any more (its HTTP client left, its deadline passed, or it failed), so
+    its rows not yet sent (tokenizer) or not yet started (worker) are dropped, unanswered.
+
+    Only work that carries ``key``, the request's own cancel key, is touched: the key is a random secret
+    of the requester, sent only inside its request, so an id read from a log or guessed cancels nothing.
+    A receiver remembers the key until ``deadline`` (the request's): rows that come after their Cancel
+    (a tokenizer still sending them, a resend) are dropped too."""
+
+    id: str  # the request's (for the log: the key alone says what is cancelled)
+    key: bytes
+    deadline: float  # unix time, seconds
+
+    TYPE = "cancel"
 
 
 # a header of an empty message that asks only whether anyone subscribes to its subject (a tokenizer's

@@ -17,11 +17,13 @@ from embedfleet.shared.protocol.checks import (
     MAX_ROWS,
     TOKEN_DTYPE,
     ProtocolError,
+    cancel_key,
     checked_id,
     checked_name,
     int32_array,
     is_int,
     optional_bool,
+    optional_cancel_key,
     optional_number,
     required,
     required_int,
@@ -33,6 +35,7 @@ from embedfleet.shared.protocol.chunk_rows import ChunkRows
 from embedfleet.shared.protocol.messages import (
     MAX_DIMENSION,
     SPARSE_DTYPES,
+    Cancel,
     ChunkLayout,
     ChunkRequest,
     DecodeRequest,
@@ -116,6 +119,8 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["hd"] = True
     if msg.replies:
         body["rb"] = True
+    if msg.cancel_key is not None:
+        body["cx"] = msg.cancel_key
     return body | spans_body(msg.spans, CONTENT_KEYS)
 
 
@@ -150,6 +155,7 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         held=optional_bool(m, "hd", False),
         replies=optional_bool(m, "rb", False),
         spans=spans,
+        cancel_key=optional_cancel_key(m),
     )
 
 
@@ -173,6 +179,8 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body["hd"] = True
     if msg.replies:
         body["rb"] = True
+    if msg.cancel_key is not None:
+        body["cx"] = msg.cancel_key
     if msg.job is not None:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     if msg.chunks is not None:
@@ -229,6 +237,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         replies=optional_bool(m, "rb", False),
         spans=spans,
         chunks=chunks,
+        cancel_key=optional_cancel_key(m),
     )
 
 
@@ -321,6 +330,14 @@ def _decode_replies(m: dict) -> Replies:
     if any(not 0 < len(x) <= MAX_NAME for x in subjects):
         raise ProtocolError(f"a reply subject must have 1 to {MAX_NAME} characters")
     return Replies(subjects, messages)
+
+
+def _encode_cancel(msg: Cancel) -> dict[str, Any]:
+    return {"id": msg.id, "cx": msg.key, "dl": msg.deadline}
+
+
+def _decode_cancel(m: dict) -> Cancel:
+    return Cancel(id=checked_id(m), key=cancel_key(m), deadline=required_number(m, "dl"))
 
 
 def _encode_tokenize_request(msg: TokenizeRequest) -> dict[str, Any]:
@@ -657,6 +674,7 @@ CODECS: dict[str, tuple[Callable[[Any], dict[str, Any]], Callable[[dict], Any]]]
     ErrorReply.TYPE: (_encode_error_reply, _decode_error_reply),
     Held.TYPE: (_encode_held, _decode_held),
     Replies.TYPE: (_encode_replies, _decode_replies),
+    Cancel.TYPE: (_encode_cancel, _decode_cancel),
     Requests.TYPE: (_encode_requests, _decode_requests),
     TokenizeRequest.TYPE: (_encode_tokenize_request, _decode_tokenize_request),
     TokenizeResult.TYPE: (_encode_tokenize_result, _decode_tokenize_result),

@@ -9,6 +9,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from embedfleet.services.gateway.config import HttpLimits
+from embedfleet.services.gateway.disconnects import DEPARTURE
 from embedfleet.services.gateway.http_server import protocol
 
 
@@ -125,3 +126,50 @@ def test_a_head_without_body_is_written_before_the_connection_closes(close):
     )
     assert transport.closed
     assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+class FlowTransport(RecordingTransport):
+    """A transport that says whether reading is paused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def test_reading_goes_on_once_a_large_body_is_in_so_a_client_leaving_is_seen():
+    async def main() -> tuple[bool, bool]:
+        body = b"x" * 300_000
+        got = asyncio.Event()
+
+        async def app(scope, receive, send):
+            while (await receive()).get("more_body"):
+                pass
+            got.set()
+            await asyncio.Event().wait()  # the answer takes its time
+
+        config = Config(app=app, http="httptools", lifespan="off", log_level="warning")
+        config.load()
+        proto = protocol(HttpLimits())(config=config, server_state=ServerState(), app_state={})
+        transport = FlowTransport()
+        proto.connection_made(transport)
+        head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
+        proto.data_received(head + body[:1000])
+        for _ in range(10):
+            await asyncio.sleep(0)
+        proto.data_received(body[1000:])  # past 64 KB in one read: uvicorn pauses reading
+        await asyncio.wait_for(got.wait(), 5)
+        paused = transport.paused
+        departed = asyncio.Event()
+        proto.cycle.scope["extensions"][DEPARTURE].on_leave(departed.set)
+        proto.connection_lost(None)
+        return paused, departed.is_set()
+
+    paused, departed = asyncio.run(main())
+    assert not paused
+    assert departed

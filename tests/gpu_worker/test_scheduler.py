@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -111,17 +113,62 @@ def test_complete_fills_rows_and_reports_finished_works():
     assert b.vectors.ravel().tolist() == [4.0]
 
 
-def test_expired_work_is_dropped_before_compute_but_started_work_finishes():
+def test_expired_work_is_dropped_before_compute_and_started_work_runs_no_further():
     s = Scheduler(max_tokens=2, max_seqs=10)
     started, late, fresh = _work("s", [2, 2], deadline=10), _work("l", [1], deadline=10), _work("f", [1], deadline=100)
     s.push(started)
     s.push(late)
     s.push(fresh)
-    s.next_batch()  # starts "s"
-    assert s.drop_expired(now=50) == [late]
-    assert s.queued_tokens == 3
-    assert _rows(s.next_batch()) == [("s", 1, 2)]
+    running = s.next_batch()  # starts "s"
+    assert s.drop_expired(now=50) == [started, late]
+    assert (started.rows_left, late.rows_left) == (1, 1)
+    assert s.queued_tokens == 1
     assert _rows(s.next_batch()) == [("f", 0, 1)]
+    assert s.next_batch() is None
+    # the rows already running finish, and the dropped work is not complete with them
+    assert Scheduler.complete(running, np.ones((1, 2), np.float32)) == []
+
+
+def test_a_huge_batch_runs_no_batch_past_its_deadline():
+    s = Scheduler(max_tokens=1000, max_seqs=4)
+    huge, online = _work("huge", [1] * 100_000, deadline=10), _work("o", [3], deadline=100)
+    s.push(huge)
+    s.push(online)
+    for _ in range(3):
+        assert _rows(s.next_batch())[0][0] == "huge"
+    assert s.drop_expired(now=11) == [huge]
+    assert huge.rows_left == 100_000 - 12
+    assert _rows(s.next_batch()) == [("o", 0, 1)]
+    assert s.queued_tokens == 0
+
+
+def _keyed(request_id: str, lengths: list[int], key: bytes | None) -> Work:
+    work = _work(request_id, lengths)
+    work.batch = replace(work.batch, cancel_key=key)
+    return work
+
+
+def test_cancel_drops_the_queued_rows_of_the_works_with_its_key():
+    s = Scheduler(max_tokens=4, max_seqs=10)
+    key, other = b"k" * 16, b"o" * 16
+    first, second, theirs, plain = (
+        _keyed("a", [2, 2, 2], key),
+        _keyed("a-1", [3], key),  # the same request sent again: the same key
+        _keyed("b", [1], other),
+        _keyed("c", [1], None),
+    )
+    for work in (first, second, theirs, plain):
+        s.push(work)
+    s.push(_keyed("bulk", [1], key), bulk=True)  # bulk work is never cancelled this way
+    running = s.next_batch()
+    assert _rows(running) == [("a", 0, 2)]
+    assert s.cancel(b"x" * 16) == []  # a key nobody holds: nothing
+    assert s.cancel(key) == [first, second]
+    assert (first.rows_left, second.rows_left) == (1, 1)
+    assert s.queued_tokens == 3
+    assert [r[0] for r in _rows(s.next_batch())] == ["b", "c"]
+    assert _rows(s.next_batch()) == [("bulk", 0, 1)]
+    assert Scheduler.complete(running, np.ones((2, 2), np.float32)) == []  # never answered
 
 
 def test_online_before_bulk():

@@ -14,6 +14,7 @@ import pytest
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import (
     VERSION,
+    Cancel,
     ChunkLayout,
     ChunkRequest,
     ChunkRows,
@@ -45,6 +46,7 @@ SPARSE = EmbedOptions(output="sparse", sparse_top_k=4, sparse_threshold=0.1)
 SPARSE_PART = dict(dim=8, dtype="f4", data=np.zeros(3, "<f4").tobytes(), offsets=CU, indices=IDS)
 VECTORS = np.zeros((2, 3), "<f4")
 SPANS = EmbedOptions(output="spans", truncate=False)
+KEY = bytes(16)  # a cancel key
 CHUNK_ROWS = ChunkRows.of(1, [(0, 0, 2, 0, 4), (0, 1, 2, 3, 9)], ["abcd", "defghi"])
 
 # per message: (the fewest keys it can have, every key it can have)
@@ -62,6 +64,7 @@ EXAMPLES = {
             held=True,
             replies=True,
             spans=Spans.of([[(0, 1)]], [1]),
+            cancel_key=KEY,
         ),
     ),
     TokenChunk: (
@@ -84,6 +87,7 @@ EXAMPLES = {
             replies=True,
             spans=Spans.of([[(0, 1)], [(0, 2)]]),
             chunks=CHUNK_ROWS,
+            cancel_key=KEY,
         ),
     ),
     EmbedResult: (
@@ -92,6 +96,7 @@ EXAMPLES = {
     ),
     ErrorReply: (ErrorReply("r", ErrorCode.TIMEOUT, "late"), ErrorReply("r", ErrorCode.INVALID_REQUEST, "long", row=2)),
     Held: (Held("r", 0, 2, "w"),) * 2,
+    Cancel: (Cancel("r", KEY, 1.0),) * 2,
     Replies: (Replies(["_INBOX.g.r"], [b"\x80"]),) * 2,
     Requests: (Requests(["_INBOX.g.r"], [""], [b"\x80"]),) * 2,
     TokenizeRequest: (TokenizeRequest("r", "m", ["a"]),) * 2,

@@ -27,14 +27,17 @@ from embedfleet.services.tokenizer.bulk import describe as describe_job_batch
 from embedfleet.shared.bulkwork import BatchInfo, job_from_msg_id
 from embedfleet.shared.errors import GATEWAY_ONLY, ErrorCode
 from embedfleet.shared.protocol import (
+    MAX_CANCEL_KEY,
     MAX_DIMENSION,
     MAX_ID,
     MAX_NAME,
     MAX_ROWS,
+    MIN_CANCEL_KEY,
     OUTPUTS,
     POOLED_OUTPUTS,
     SPARSE_DTYPES,
     VERSION,
+    Cancel,
     ChunkLayout,
     ChunkRequest,
     ChunkRows,
@@ -81,6 +84,7 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 u64 = st.integers(0, 2**64 - 1)
 texts = st.lists(st.text(max_size=30), max_size=6)
 timings = st.dictionaries(st.text(max_size=12), st.floats(0, 1e6), max_size=8)
+cancel_keys = st.binary(min_size=MIN_CANCEL_KEY, max_size=MAX_CANCEL_KEY)
 
 
 @st.composite
@@ -131,6 +135,7 @@ def embed_requests(draw) -> EmbedRequest:
         options=draw(options),
         held=draw(st.booleans()),
         replies=draw(st.booleans()),
+        cancel_key=draw(st.none() | cancel_keys),
     )
     kind = "spans" if common["options"].output == "spans" else draw(st.sampled_from(["texts", "tokens", "pairs"]))
     if kind == "spans":
@@ -174,6 +179,7 @@ def token_chunks(draw, job: bool | None = None) -> TokenChunk:
         replies=draw(st.booleans()),
         spans=draw(row_spans(lengths, content=False)) if opts.output == "spans" else None,
         chunks=draw(chunk_rows(rows)) if chunked else None,
+        cancel_key=None if with_job else draw(st.none() | cancel_keys),
     )
 
 
@@ -348,6 +354,7 @@ VALID: dict[type, st.SearchStrategy] = {
         message=st.text(max_size=40),
         row=st.none() | u64,
     ),
+    Cancel: st.builds(Cancel, id=ids, key=cancel_keys, deadline=finite),
     Held: st.builds(Held, id=ids, start=st.integers(0, MAX_ROWS - 1), rows=st.just(1), holder=names),
     Replies: st.integers(0, 4).flatmap(
         lambda n: st.builds(
