@@ -464,19 +464,25 @@ def _health(summary: str, error: dict[str, Any] = _OPENAI_ERROR) -> dict[str, An
 
 def _with_not_acceptable(paths: dict[str, Any]) -> dict[str, Any]:
     """Every operation may answer 406 (the gateway's middleware refuses an Accept that takes none of a
-    route's media types, services/gateway/route_media.py), in the shape of the operation's other errors."""
+    route's media types, services/gateway/route_media.py) and 403 (a Host or Origin not allowed,
+    services/gateway/browser.py), a POST 415 (its body said not to be JSON), in the shape of the
+    operation's other errors."""
     for item in paths.values():
-        for operation in item.values():
+        for method, operation in item.items():
             responses = operation["responses"]
             errors = [r for code, r in responses.items() if code.startswith("4")]
             schema = errors[0]["content"]["application/json"]["schema"] if errors else _OPENAI_ERROR
-            responses.setdefault(
-                "406",
-                {
-                    "description": "the request's Accept takes none of the media types this route answers",
-                    "content": {"application/json": {"schema": schema}},
-                },
-            )
+            refusals = {
+                "406": "the request's Accept takes none of the media types this route answers",
+                "403": "a Host the gateway is not served as (--allowed-hosts), or a web page's Origin not among "
+                "--allowed-origins",
+            }
+            if method == "post":
+                refusals["415"] = "a body said to be another type than JSON (text/plain, a form)"
+            for code, description in refusals.items():
+                responses.setdefault(
+                    code, {"description": description, "content": {"application/json": {"schema": schema}}}
+                )
     return paths
 
 
