@@ -130,7 +130,8 @@ async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
     cut (and said so) where a batch's vectors could outgrow a NATS message."""
     view = await fleet_view(nc, prefix, plan.model)
     try:
-        fit = check_job(view, plan.model, plan.options, plan.batch_size, nc.max_payload, [d for d, _ in plan.docs])
+        ids, chars = [d for d, _ in plan.docs], [len(t) for _, t in plan.docs]
+        fit = check_job(view, plan.model, plan.options, plan.batch_size, nc.max_payload, ids, plan.chunking, chars)
     except JobRefused as exc:
         raise ConfigError(f"{exc}; nothing was published") from None
     if fit.note:

@@ -14,14 +14,17 @@ whole vocabulary; BGE-M3: one per token); a vector per token for the model's tok
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from embedfleet.shared.fleet import FleetView, FleetWatch
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.protocol.messages import row_bytes
 from embedfleet.shared.subjects import model_token
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 from embedfleet.shared.vector_forms import WIRE_FORMS
 
 # bytes of a stored result besides its vectors and document ids: the message's other fields, the
@@ -40,6 +43,10 @@ class JobRefused(ValueError):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class JobTooLarge(JobRefused):
+    """A job whose results would pass what one job may store (--job-max-result-bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,14 +142,64 @@ def fit_batch(model: Served, options: EmbedOptions, batch_size: int, max_payload
     )
 
 
+def fit_chunks(model: Served, spec: ChunkSpec, batch_size: int, chars: Sequence[int]) -> BatchFit:
+    """The job batch size (at most ``batch_size``) whose batches' documents, of ``chars`` characters
+    each, make at most the tokenizers' ``max_chunks`` chunks a batch counted before anything is
+    tokenized (``ChunkSpec.most_chunks``: a token a character), so that a tokenizer gives none of them
+    up for its batch's sake; a document that alone makes more is a batch alone (the tokenizer counts
+    its real chunks). As asked when the tokenizers say no limit (an older tokenizer)."""
+    limit = model.number("max_chunks")
+    if not limit or not chars:
+        return BatchFit(batch_size)
+    upto = np.concatenate(([0], np.cumsum([spec.most_chunks(n) for n in chars], dtype=np.int64)))
+
+    def fits(size: int) -> bool:  # every batch of ``size`` documents within the limit
+        starts = np.arange(0, len(chars), size)
+        return bool((upto[np.minimum(starts + size, len(chars))] - upto[starts] <= limit).all())
+
+    size = min(batch_size, len(chars))
+    while size > 1 and not fits(size):
+        size -= 1
+    if size >= min(batch_size, len(chars)):
+        return BatchFit(batch_size)
+    return BatchFit(
+        size,
+        f"batch size cut from {batch_size} to {size}: a chunked batch is cut into at most {limit:,} chunks "
+        f"(the tokenizers' --max-chunks), counted as its documents' characters / (chunking.size - overlap)",
+    )
+
+
 def check_job(
-    view: FleetView, model: str, options: EmbedOptions, batch_size: int, max_payload: int, doc_ids: list[str]
+    view: FleetView,
+    model: str,
+    options: EmbedOptions,
+    batch_size: int,
+    max_payload: int,
+    doc_ids: list[str],
+    chunking: JobChunking | None = None,
+    chars: Sequence[int] = (),
+    max_result_bytes: int = 0,
 ) -> BatchFit:
-    """Everything the fleet must offer a job, checked before any of it is published."""
+    """Everything the fleet must offer a job, checked before any of it is published. A chunked job
+    (``chunking``, its documents of ``chars`` characters each): its batches within the tokenizers'
+    chunks a batch too. A job of a vector a document: its results within ``max_result_bytes`` (0: no
+    limit; a chunked job's are counted by the tokenizers as its chunks are cut), else JobTooLarge."""
     found = served(view, model)
     check_output(found, options.output)
-    longest = max((len(d.encode()) for d in doc_ids), default=0)
-    return fit_batch(found, options, batch_size, max_payload, longest)
+    id_bytes = [len(d.encode()) for d in doc_ids]
+    fit = fit_batch(found, options, batch_size, max_payload, max(id_bytes, default=0))
+    if chunking is None:
+        stored = len(doc_ids) * (found.document_bytes(options) + ID_OVERHEAD) + sum(id_bytes)
+        if max_result_bytes and stored > max_result_bytes:
+            raise JobTooLarge(
+                f"the job's {len(doc_ids):,} documents' vectors may take {stored:,} bytes in the results stream, "
+                f"over the {max_result_bytes:,} one job may store (--job-max-result-bytes): submit them as "
+                "several jobs",
+                "documents",
+            )
+        return fit
+    chunked = fit_chunks(found, chunking.spec, fit.batch_size, chars)
+    return fit if chunked.batch_size == fit.batch_size else BatchFit(chunked.batch_size, chunked.note)
 
 
 async def fleet_view(nc, prefix: str, model: str, patience: float = 3.0) -> FleetView:

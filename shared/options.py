@@ -320,6 +320,17 @@ OPTIONS: tuple[Option, ...] = (
         type=positive_int,
     ),
     _option(
+        "--job-max-result-bytes",
+        "EMBEDFLEET_JOB_MAX_RESULT_BYTES",
+        4 << 30,
+        "max bytes of results one bulk job may store in the results stream, 0: no limit; a job whose documents' "
+        "vectors would pass it is refused at submission (413), a chunked job's batches past it are given up by "
+        "the tokenizer (dead letters naming it)",
+        GATEWAY | {"tokenizer"},
+        "gateway",
+        type=non_negative_int,
+    ),
+    _option(
         "--max-body-bytes",
         "EMBEDFLEET_MAX_BODY_BYTES",
         8 << 20,
@@ -832,7 +843,8 @@ OPTIONS: tuple[Option, ...] = (
         "EMBEDFLEET_MAX_CHUNKS",
         1024,
         "max chunks a request's texts may be cut into when it asks them chunked; more: refused (input_too_long); "
-        "in a chunked bulk job, max chunks a document may be cut into (more: that document fails)",
+        "in a chunked bulk job, max chunks a job batch's documents may be cut into together (a document that "
+        "takes its batch past it fails; the gateway and reindex size batches to it)",
         {"tokenizer"},
         "tokenizer",
         type=positive_int,

@@ -44,6 +44,14 @@ class ChunkSpec:
         if self.boundary not in BOUNDARIES:
             raise _invalid(f"chunking.boundary must be 'token' or 'sentence', got {shown(self.boundary)}")
 
+    def most_chunks(self, chars: int) -> int:
+        """The chunks a text of ``chars`` characters makes at one token a character, its windows full:
+        the first ``size`` characters, each after ``size - overlap`` more. Arithmetic, before anything is
+        tokenized: a token covers a character or more in nearly all text, so the cut rarely makes more."""
+        if chars <= self.size:
+            return 1
+        return 1 + -(-(chars - self.size) // (self.size - self.overlap))
+
     def check_room(self, room: int) -> None:
         """Refuses a ``size`` over ``room``: the content tokens a sequence holds besides the model's
         special tokens and the prompt."""

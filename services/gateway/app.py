@@ -147,6 +147,7 @@ class Gateway:
                 self.sink_jobs,
                 self.key_limits,
                 max_document_chars=self.cfg.max_document_chars,
+                max_result_bytes=self.cfg.job_max_result_bytes,
             )
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart

@@ -41,6 +41,7 @@ class GatewayConfig:
     max_body_bytes: int = setting("max_body_bytes")
     max_input_chars: int = setting("max_input_chars")
     max_document_chars: int = setting("max_document_chars")  # a bulk job's document
+    job_max_result_bytes: int = setting("job_max_result_bytes")  # 0: no limit
     max_in_flight: int = setting("max_in_flight")
     # none: no auth (operator keys are among them; from_namespace adds --api-keys-file's)
     api_keys: tuple[str, ...] = setting("api_keys", convert=comma_list)

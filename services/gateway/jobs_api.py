@@ -30,7 +30,7 @@ from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.fleet import FleetView
 from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_collector import Layout
-from embedfleet.shared.job_fit import JobRefused, check_chunk_room, check_job, served
+from embedfleet.shared.job_fit import JobRefused, JobTooLarge, check_chunk_room, check_job, served
 from embedfleet.shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
 from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
 from embedfleet.shared.job_state import JOB_OUTPUTS, RUNNING, JobState
@@ -64,12 +64,14 @@ class JobsApi:
         sinks: SinkJobs | None = None,
         limits: KeyLimits | None = None,
         max_document_chars: int = default("max_document_chars"),
+        max_result_bytes: int = default("job_max_result_bytes"),
     ) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
         self._jobs_dir = jobs_dir  # the only folder whose files a request may name
         self._max_file_bytes = max_file_bytes
         self._max_document_chars = max_document_chars  # a document's characters: tokenizing costs ~250 B each
+        self._max_result_bytes = max_result_bytes  # the results one job may store (0: no limit)
         self._owners = owners or JobOwners(False, ())
         self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
         self._tokens = JobTokens(kv, limits or KeyLimits())  # a job's tokens charged to its key's budget
@@ -110,7 +112,8 @@ class JobsApi:
             )
         within_document_chars(docs, self._max_document_chars)
         batch_size = DEFAULT_BATCH if doc.batch_size is None else doc.batch_size
-        batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs)
+        limit = self._max_result_bytes
+        batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs, chunking, limit)
         if chunking is not None and chunker is not None:
             try:
                 await check_chunk_room(chunker, model, chunking, options)
@@ -365,13 +368,18 @@ def _fitted(
     batch_size: int,
     max_payload: int,
     docs: list[tuple[str, str]],
+    chunking: JobChunking | None = None,
+    max_result_bytes: int = 0,
 ) -> tuple[int, str | None]:
     """The batch size the job runs with, and why it is smaller than asked; what the fleet cannot run
     is refused (400) before anything is published."""
     if fleet is None:
         return batch_size, None
     try:
-        fit = check_job(fleet, model, options, batch_size, max_payload, [d for d, _ in docs])
+        ids, chars = [d for d, _ in docs], [len(t) for _, t in docs]
+        fit = check_job(fleet, model, options, batch_size, max_payload, ids, chunking, chars, max_result_bytes)
+    except JobTooLarge as exc:
+        raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, str(exc), exc.field) from None
     except JobRefused as exc:
         raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
     return fit.batch_size, fit.note

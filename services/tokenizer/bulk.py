@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from nats.aio.client import Client
 
-from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, CutBatch, pack_rows, vector_bytes
+from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, CutBatch, over_budget, pack_rows, vector_bytes
 from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.encoder import pack_chunks
 from embedfleet.services.tokenizer.metrics import BulkEncoder
@@ -41,10 +41,11 @@ from embedfleet.shared.bulkwork import (
 )
 from embedfleet.shared.chunk_progress import count_cut
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_bucket import read_state, update_state
 from embedfleet.shared.job_claims import ClaimBook
 from embedfleet.shared.job_publish import publish_durably
 from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.progress import Rows
 from embedfleet.shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
 from embedfleet.shared.subjects import model_token
 from embedfleet.shared.tracing import Tracer, bind, current, from_headers, headers_for
@@ -173,6 +174,7 @@ class BulkTokenizer:
                 started = time.perf_counter()
                 cut = await asyncio.to_thread(self._cutter.cut, job)
                 self._encoder.counted(cut.sequences, time.perf_counter() - started)
+                await self._within_budget(job, cut)
                 batches = self._chunk_batches(job, cut)
             else:
                 cut = None
@@ -283,6 +285,20 @@ class BulkTokenizer:
             spans=spans,
         )
         return encode(batch), f"{job.id}:{job.batch}:{start}"
+
+    async def _within_budget(self, job: JobBatch, cut: CutBatch) -> None:
+        """ServiceError (the batch a dead letter) when its chunks would take the job's results past
+        --job-max-result-bytes, the job's chunks cut before it read from its state."""
+        if not self._cfg.job_max_result_bytes:
+            return
+        state = await read_state(self._kv, job.id)
+        before = 0
+        if state is not None:  # a batch cut before (delivered again) is in the job's chunks already
+            before = state.chunks - (0 if state.cut.account(Rows(0, job.batch, 1, state.batches))[1] else cut.rows)
+        size = vector_bytes(job.options, self._cfg.model.dim)
+        problem = over_budget(cut, size, max(before, 0), self._cfg.job_max_result_bytes)
+        if problem is not None:
+            raise ServiceError(ErrorCode.INPUT_TOO_LONG, problem)
 
     async def _settle_cut(self, msg, job: JobBatch, cut: CutBatch) -> None:
         """After a chunked batch's token batches are in the stream: its documents cut into too many

@@ -54,6 +54,16 @@ class CutBatch:
         """[sequences + 1] int64: sequence i makes rows ``[i]`` .. ``[i + 1]``."""
         return self.spans.offsets if self.spans is not None else np.arange(len(self.sequences) + 1, dtype=np.int64)
 
+    def result_bytes(self, vector_bytes: int) -> int:
+        """The bytes its rows take in the results stream, with vectors of ``vector_bytes``: as ``pack_rows``
+        counts a row (its vector, numbers, document id and text)."""
+        texts = self.chunks.texts
+        return (
+            self.rows * (vector_bytes + _ROW_BYTES)
+            + sum(len(d.encode()) for d in self.doc_ids)
+            + (sum(len(t.encode()) for t in texts) if texts is not None else 0)
+        )
+
     def packed(self, rows: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         """Sequences ``lo`` .. ``hi`` back to back: ([T] int32 token ids, [sequences + 1] int32 cu_seqlens)."""
         lo, hi = rows
@@ -65,7 +75,10 @@ class CutBatch:
 class BatchCutter:
     """Cuts job batches for one model: a copy of its tokenizer made once reads each document whole. A
     document of more than ``max_chars`` characters is given up unread; the others are tokenized a group
-    at a time (bounded_cuts.py), so a batch holds one group's encodings at once."""
+    at a time (bounded_cuts.py), so a batch holds one group's encodings at once. A document of more than
+    ``max_chunks`` chunks is given up, and so is one that takes the batch past ``max_chunks`` in all (the
+    gateway and reindex fit batch sizes so that none does: shared/job_fit.py), so a batch's sequences
+    are at most ``max_chunks`` however far its chunks overlap."""
 
     def __init__(
         self, encoder: TextEncoder | BulkEncoder, max_chunks: int, max_chars: int = default("max_document_chars")
@@ -95,19 +108,13 @@ class BatchCutter:
             if len(text) > self._max_chars
         ]
         readable = [d for d, text in enumerate(job.texts) if len(text) <= self._max_chars]
+        total = 0  # the batch's chunks so far: at most max_chunks, as one request's
         for d, chunks in zip(readable, cuts(self._tokenizer, [job.texts[d] for d in readable], chunking.spec)):
-            if len(chunks) > self._max_chunks:
-                failed.append(
-                    (
-                        d,
-                        (
-                            f"document {job.doc_ids[d][:200]!r} is cut into {len(chunks)} chunks, over the "
-                            f"{self._max_chunks} a document may be (the tokenizer's --max-chunks): give a larger "
-                            "chunk size, or cut the document"
-                        ),
-                    )
-                )
+            why = self._too_many(job.doc_ids[d], len(chunks), total)
+            if why is not None:
+                failed.append((d, why))
                 continue
+            total += len(chunks)
             if chunking.late:
                 windows, owned = window_rows(chunks.ids, chunks, room, (before, after))
                 sequences += windows
@@ -123,6 +130,40 @@ class BatchCutter:
             sorted(failed),
             Spans.of(spans) if chunking.late else None,
         )
+
+    def _too_many(self, doc_id: str, chunks: int, before: int) -> str | None:
+        """Why a document cut into ``chunks`` is given up, ``before`` chunks of its batch ahead of it
+        (None: it is not)."""
+        name = repr(doc_id[:200])
+        if chunks > self._max_chunks:
+            return (
+                f"document {name} is cut into {chunks} chunks, over the {self._max_chunks} a document may be (the "
+                "tokenizer's --max-chunks): give a larger chunk size, or cut the document"
+            )
+        if before + chunks > self._max_chunks:
+            return (
+                f"document {name} is cut into {chunks} chunks, which take its job batch past the {self._max_chunks} "
+                f"a batch may be cut into (the tokenizer's --max-chunks; {before} before it): give a smaller batch "
+                "size or a larger chunk size"
+            )
+        return None
+
+
+def over_budget(batch: CutBatch, vector_bytes: int, before: int, budget: int) -> str | None:
+    """Why a job's chunked ``batch`` is given up, ``before`` chunks of its job cut ahead of it (each counted
+    at this batch's bytes a chunk): its results would take the job past ``budget`` bytes, what one job may
+    store (--job-max-result-bytes; 0: no limit). None: within it."""
+    if not budget or not batch.rows:
+        return None
+    size = batch.result_bytes(vector_bytes)
+    total = before * -(-size // batch.rows) + size
+    if total <= budget:
+        return None
+    return (
+        f"its {batch.rows} chunks would take the job's results to some {total:,} bytes ({before + batch.rows:,} "
+        f"chunks), over the {budget:,} one job may store (the tokenizer's --job-max-result-bytes): give a larger "
+        "chunk size, or fewer documents a job"
+    )
 
 
 def window_rows(

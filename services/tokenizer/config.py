@@ -40,6 +40,7 @@ class TokenizerConfig:
     fast_tokenizer: str = setting("fast_tokenizer")  # auto: kitoken where it matches tokenizers (fast_check)
     max_chunks: int = setting("max_chunks")  # chunks a request's texts may be cut into (a ChunkRequest)
     max_document_chars: int = setting("max_document_chars")  # a text cut into chunks, a job's document
+    job_max_result_bytes: int = setting("job_max_result_bytes")  # a chunked job's results, 0: no limit
     jobs: JobSettings = JobSettings()
     metrics: MetricsEndpoint = MetricsEndpoint()
     tracing: TracingConfig = TracingConfig()  # spans over OTLP (--otlp-endpoint), else only passed on

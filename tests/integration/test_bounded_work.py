@@ -23,6 +23,7 @@ from embedfleet.shared.job_bucket import read_state
 from embedfleet.shared.job_publish import submit
 from embedfleet.shared.job_streams import ensure_streams
 from embedfleet.shared.options import default
+from embedfleet.shared.progress import Rows
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
@@ -37,6 +38,7 @@ MARGIN = 128 << 20  # bytes over 1.2x idle RSS: a message of up to 8 MB in its f
 FAST = 5.0  # seconds a refusal may take on a loaded two-core machine (the unbounded cut took over 20)
 MAX_CHUNKS = default("max_chunks")
 MAX_CHARS = default("max_document_chars")
+RESULT_BUDGET = 300_000  # bytes of results a job may store: two batches of the budget test's, not three
 
 
 def _status(pid: int, field: str) -> int:
@@ -98,7 +100,8 @@ def tokenizer(nats_url: str, tmp_path_factory) -> Iterator[tuple[Service, int]]:
             await nc.close()
 
     asyncio.run(streams())
-    service = Service("tokenizer", ["--nats", nats_url, "--subject-prefix", PREFIX], tmp_path_factory.mktemp("bw"))
+    args = ["--nats", nats_url, "--subject-prefix", PREFIX, "--job-max-result-bytes", str(RESULT_BUDGET)]
+    service = Service("tokenizer", args, tmp_path_factory.mktemp("bw"))
     try:
         wait_until(lambda: count_services(nats_url, "tokenizer", prefix=PREFIX) == 1, 120, "the tokenizer", [service])
         layout = asyncio.run(_chunk(nats_url, [_text(5000)] * 4, ChunkSpec(64)))
@@ -120,8 +123,8 @@ async def _chunk(nats_url: str, texts: list[str], spec: ChunkSpec):
 
 
 async def _job(nats_url: str, job: str, docs: list[tuple[str, str]], chunking: JobChunking, patience: float = 60.0):
-    """Submit a chunked job as reindex does; its state once the tokenizer has cut or given up every
-    document (no worker runs here: nothing is embedded)."""
+    """Submit a chunked job as reindex does, a document a batch; its state once the tokenizer has cut or
+    given up every document (no worker runs here: nothing is embedded)."""
     nc = await _connected(nats_url)
     try:
         js = nc.jetstream()
@@ -131,7 +134,8 @@ async def _job(nats_url: str, job: str, docs: list[tuple[str, str]], chunking: J
         deadline = time.monotonic() + patience
         while time.monotonic() < deadline:
             state = await read_state(kv, job)
-            if state is not None and (state.failed or state.chunks) >= 1:
+            # every batch (a document each) cut, its chunks counted, or given up, its document counted failed
+            if state is not None and state.cut.accounted(Rows(0, 0, len(docs), 0)) + state.failed >= len(docs):
                 return state
             await asyncio.sleep(0.05)
         raise AssertionError(f"job {job}: not cut within {patience}s: {await read_state(kv, job)}")
@@ -198,3 +202,17 @@ def test_a_job_document_of_7_5_mb_in_chunks_of_one_token_is_given_up_unread(toke
     assert took < FAST * 2, took  # publishing 7.5 MB and its dead letter included
     _within_ceiling(rss.peak, idle)
     assert service.alive
+
+
+def test_a_chunked_jobs_batch_past_its_result_budget_is_given_up_naming_it(tokenizer, nats_url):
+    """Three documents of some 70 chunks each, a batch each, at some 112 KB of results a batch: the third
+    would take the job past --job-max-result-bytes, and is given up before its token batches are made."""
+    docs = [(f"part-{i}", _text(20_000)) for i in range(3)]
+    state = asyncio.run(_job(nats_url, "budget", docs, JobChunking(ChunkSpec(64))))
+    assert state.failed == 1 and state.chunks > 100, state
+    assert state.cut.accounted(Rows(0, 0, 2, 0)) == 2 and state.cut.accounted(Rows(0, 2, 1, 0)) == 0  # not cut
+    (reason,) = state.errors
+    assert reason.startswith("tokenizer: batch 2: its ") and reason.endswith(
+        f"over the {RESULT_BUDGET:,} one job may store (the tokenizer's --job-max-result-bytes): give a larger chunk "
+        "size, or fewer documents a job"
+    ), reason

@@ -212,7 +212,8 @@ def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_p
 
 def test_a_document_cut_into_too_many_chunks_fails_alone(stack, tmp_path):
     """Chunks of one token: a document of 1,100 words makes more than the tokenizer's --max-chunks
-    (1,024): it is given up (a dead letter holding it, counted failed); the job's others are stored."""
+    (1,024): it is given up (a dead letter holding it, counted failed); the job's others are stored.
+    reindex sized the batches to the limit first (its characters count past it): a document a batch."""
     docs = [("short-a", "a first short one"), ("too-long", " ".join(["word"] * 1100)), ("short-b", "and another")]
     path = tmp_path / "docs.jsonl"
     _jsonl(path, docs)
@@ -245,7 +246,8 @@ def test_a_document_cut_into_too_many_chunks_fails_alone(stack, tmp_path):
         state
     )
     (dead,) = state["dead"]
-    assert (dead["stage"], dead["start"], dead["documents"]) == ("tokenizer", 1, 1), dead
+    assert (dead["stage"], dead["batch"], dead["start"], dead["documents"]) == ("tokenizer", 1, 0, 1), dead
+    assert "batch size cut from 64 to 1: a chunked batch is cut into at most 1,024 chunks" in result.stdout
     assert "'too-long' is cut into 1100 chunks, over the 1024" in dead["reason"], dead
 
 
