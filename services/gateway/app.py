@@ -45,7 +45,7 @@ from embedfleet.services.gateway.job_list import parse_listing
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.job_results import JobResultsApi
 from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
-from embedfleet.services.gateway.limits import KeyLimits, current_key
+from embedfleet.services.gateway.limits import KeyLimits, current_key, estimated_tokens
 from embedfleet.services.gateway.metrics import Metrics
 from embedfleet.services.gateway.middleware import GatewayMiddleware
 from embedfleet.services.gateway.openapi import openapi_spec
@@ -433,7 +433,10 @@ class Gateway:
             request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate
         )
         async with self.admitted():
-            return model, await self.client.rerank(request, self.cfg.request_timeout)
+            ranked = await self.client.rerank(request, self.cfg.request_timeout)
+        if (key := current_key()) is not None:  # the scorer counts no tokens: its pairs' estimate is charged
+            self.key_limits.charge(key, estimated_tokens(call.query + text for text in call.texts))
+        return model, ranked
 
     async def rerank_tei(self, request: Request) -> Response:
         call = tei_tasks.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)

@@ -6,7 +6,7 @@ The attacks, each refused in OpenAI's error shape with nothing changed: key B up
 key A searches (A's rows as before), B searching A's table, B taking one of A's table names first (no
 table made; A writes and searches it after), a table named ``pg_authid`` (refused before anything is
 made), a store not allowed (its refusal names none of the gateway's stores), and jobs far past their
-key's token budget (refused at submission, nothing published). And what is allowed: A's own tables,
+key's token budget (refused at submission, nothing published), and reranks charged to it too. And what is allowed: A's own tables,
 the operator's every table, top_k up to the documented 1000 on pgvector."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 PREFIX = "tenants"
 MODEL = "tiny-bert"
-KEY_A, KEY_B, KEY_OP, KEY_L = "key-of-a", "key-of-b", "key-of-operator", "key-of-limited"
+KEY_A, KEY_B, KEY_OP, KEY_L, KEY_R = "key-of-a", "key-of-b", "key-of-operator", "key-of-limited", "key-of-r"
+RERANKER = "tiny-reranker"
 TOKENS_PER_MINUTE = 1000
 A_TEXTS = [f"document {i} of tenant a, about the rivers of the north" for i in range(20)]
 
@@ -103,13 +104,19 @@ def tenants(nats_url, tmp_path_factory) -> Iterator[Tenants]:
     (root / "keys").write_text(
         f"# KEY TABLE[,TABLE...]\n{KEY_A} a_*\n{KEY_B}\tb_docs, b_faq\n{KEY_L} l_docs\n", encoding="utf-8"
     )
-    _, services = start_fleet(nats_url, PREFIX, {MODEL: folder}, logs, named=True)
+    reranker = tiny_models.build("bert", root / "reranker", classifier=True, num_labels=1)
+    scorer = Service(
+        "scorer",
+        ["--nats", nats_url, "--subject-prefix", PREFIX, "--model", str(reranker), "--model-name", RERANKER],
+        logs,
+    )
+    _, services = start_fleet(nats_url, PREFIX, {MODEL: folder, RERANKER: reranker}, logs, named=True, extra=[scorer])
     port = free_port()
     gateway = Service(
         "gateway",
         [
             *("--nats", nats_url, "--subject-prefix", PREFIX, "--port", str(port)),
-            *("--api-keys", f"{KEY_A},{KEY_B},{KEY_L}", "--operator-keys", KEY_OP),
+            *("--api-keys", f"{KEY_A},{KEY_B},{KEY_L},{KEY_R}", "--operator-keys", KEY_OP),
             *("--key-tables-file", str(root / "keys"), "--key-tokens-per-minute", str(TOKENS_PER_MINUTE)),
             *("--job-sinks", f"{server.get_uri()},lancedb://{root / 'lance'}", "--search-model", MODEL),
         ],
@@ -238,3 +245,20 @@ def test_jobs_count_against_the_key_s_token_budget(tenants):
     _error(again, 429, "documents", "this job makes some")
     wait = int(again.headers["retry-after"])
     assert 1 <= wait <= 60 - (time.monotonic() - started) + 1, wait
+
+
+def test_reranks_count_against_the_key_s_token_budget(tenants):
+    """The scorer counts no tokens: a rerank is charged its pairs' estimate, so a key past its budget by
+    reranking waits as one past it by embedding does."""
+    wait_until(
+        lambda: tenants.post("/v1/rerank", KEY_R, {"model": RERANKER, "query": "q", "documents": ["d"]}).is_success,
+        60,
+        "the scorer",
+        tenants.services,
+    )
+    texts = ["a long passage about the rivers of the north and the towns along their banks " * 5] * 20
+    r = tenants.post("/v1/rerank", KEY_R, {"model": RERANKER, "query": "rivers", "documents": texts})
+    assert r.status_code == 200, r.text
+    limited = tenants.post("/v1/rerank", KEY_R, {"model": RERANKER, "query": "rivers", "documents": ["d"]})
+    _error(limited, 429, None, f"this API key is over its limit of {TOKENS_PER_MINUTE} tokens a minute")
+    assert int(limited.headers["retry-after"]) >= 1
