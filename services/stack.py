@@ -100,7 +100,12 @@ def _run(
         # the stack's data folder: where a worker keeps its calibrated token budget (calibration/)
         common += ["--data-dir", str(Path(ns.data_dir).resolve())]
         gateway = [*_gateway_args(ns, fleet.env, skip=("default_model",)), "--default-model", default.id]
-        plan = children(infos, common, gateway, ready_dir, {"scorer": arguments(ns, "scorer", ["fleet"], fleet.env)})
+        # the limits on a job's documents and results the gateway checks, the tokenizers hold to as well
+        more = {
+            "scorer": arguments(ns, "scorer", ["fleet"], fleet.env),
+            "tokenizer": arguments(ns, "tokenizer", ["gateway"], fleet.env),
+        }
+        plan = children(infos, common, gateway, ready_dir, more)
         host = "127.0.0.1" if ns.host in ("0.0.0.0", "::") else ns.host
         base = f"http://{host}:{ns.port}"
         replicas = _worker_replicas()
