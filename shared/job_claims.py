@@ -138,19 +138,26 @@ class ClaimBook:
     async def check(self, job: str, body: bytes, headers: dict) -> str | None:
         """Why a batch of ``job`` with ``body`` and ``headers`` is refused (None: it is the job's)."""
         mac, submitter = headers.get(MAC, ""), headers.get(SUBMITTER, "")
-        now = time.monotonic()
         read, claim = self._seen.get(job, (None, None))
-        if read is None or now - read >= self._ttl or claim is None:
-            claim = await first_claim(self._js, self._subjects, job)
-            self._seen[job] = (now, claim)
-            self._seen.move_to_end(job)
-            while len(self._seen) > self._size:
-                self._seen.popitem(last=False)
+        if read is None or time.monotonic() - read >= self._ttl or not _signs(claim, body, mac, submitter):
+            claim = await self._read(job)  # a claim remembered may be a purged job's: read again before refusing
         if claim is None:
             return f"job {job[:100]!r} was never submitted (no claim): a batch naming it is not one of a job"
-        if submitter != claim.submitter or not claim.verifies(body, mac):
+        if not _signs(claim, body, mac, submitter):
             return f"job {job}: the batch's signature is not its submitter's (forged or altered)"
         return None
+
+    async def _read(self, job: str) -> JobClaim | None:
+        claim = await first_claim(self._js, self._subjects, job)
+        self._seen[job] = (time.monotonic(), claim)
+        self._seen.move_to_end(job)
+        while len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return claim
+
+
+def _signs(claim: JobClaim | None, body: bytes, mac: str, submitter: str) -> bool:
+    return claim is not None and submitter == claim.submitter and claim.verifies(body, mac)
 
 
 class ClaimedBucket(KeyValue):

@@ -14,6 +14,7 @@ the bucket expire what they hold after the limits of ``Retention`` (shared/confi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -32,6 +33,7 @@ log = logging.getLogger("embedfleet.jobs")
 
 DUPLICATE_WINDOW = 600.0  # seconds a message id is remembered: redeliveries inside it are dropped
 DEAD_MAX_AGE = 30 * 24 * 3600.0
+INIT_WAIT = 60.0  # seconds a service waits for `embedfleet init` to make the streams it may not make
 
 
 def _base(subjects: Subjects) -> str:
@@ -112,11 +114,14 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
     return kv
 
 
-async def open_streams(js: JetStreamContext, subjects: Subjects, retention: Retention = Retention()) -> KeyValue:
+async def open_streams(
+    js: JetStreamContext, subjects: Subjects, retention: Retention = Retention(), wait: float = INIT_WAIT
+) -> KeyValue:
     """The streams and the bucket as ``embedfleet init`` made them, used as they are: a service's NATS
     user may read them, not change them (shared/permissions.py). Only when one is missing are they
-    made (``ensure_streams``), which a server with per-role users refuses a service: then run
-    ``embedfleet init`` with the operator's credentials first."""
+    made (``ensure_streams``); a server with per-role users refuses a service that, and then they are
+    waited for up to ``wait`` seconds (``embedfleet init`` may be running beside the service, as a
+    Kubernetes Job does) before giving up, naming the command."""
     from nats.errors import Error as NatsError
 
     names = stream_names(subjects)
@@ -131,10 +136,18 @@ async def open_streams(js: JetStreamContext, subjects: Subjects, retention: Rete
     try:
         return await ensure_streams(js, subjects, retention)
     except (TimeoutError, NatsError) as exc:  # a permission violation reaches the caller as a timeout
-        raise RuntimeError(
-            f"the JetStream streams {', '.join(missing)} are missing and this service may not make them "
-            f"({exc!r}): run `embedfleet init` with the operator's credentials"
-        ) from exc
+        refused = exc
+    log.warning("streams %s missing, and this service may not make them: waiting for `embedfleet init`", missing)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        missing = [name for name in missing if await stream_config(js, name) is None]
+        if not missing:
+            return await js.key_value(names["kv"])
+    raise RuntimeError(
+        f"the JetStream streams {', '.join(missing)} are missing and this service may not make them "
+        f"({refused!r}): run `embedfleet init` with the operator's credentials"
+    )
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, retention: Retention, placement: Placement) -> KeyValue:

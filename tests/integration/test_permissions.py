@@ -23,9 +23,9 @@ from embedfleet.shared.nats_server import EmbeddedNats
 from embedfleet.shared.permissions import ROLES, role_permissions
 from embedfleet.shared.subjects import Subjects
 from tests.corpus import mixed_texts
+from tests.integration.nats_refusals import refusals
 from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
 from tests.job_states import submitted
-from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -165,26 +165,6 @@ def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
     assert fabric.violations() == []
 
 
-async def _violations(url: str, seed: str, inbox: str, act, want: int) -> list[str]:
-    """What the server refused ``act(nc, js)`` (its errors, as nats-py's error callback hears them),
-    once ``want`` errors came (or ten seconds passed)."""
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    nc = await nats.connect(url, nkeys_seed=seed, error_cb=on_error, inbox_prefix=inbox, allow_reconnect=False)
-    try:
-        with contextlib.suppress(Exception):
-            await act(nc, nc.jetstream())
-        await nc.flush()
-        with contextlib.suppress(TimeoutError):
-            await eventually(lambda: len(errors) >= want, 10, f"{want} refusals")
-    finally:
-        await nc.close()
-    return errors
-
-
 def test_the_gateway_writes_a_job_into_a_store_under_its_permissions(fabric):
     """The rows' sources kept beside the results, the results read and acknowledged, the state's lease:
     all within the gateway's permissions, and nothing refused."""
@@ -320,9 +300,7 @@ def test_a_tokenizer_cannot_answer_for_a_gateway_nor_read_its_inbox(fabric):
         await nc.subscribe("_INBOX.embedfleet-gateway.>")
         await nc.subscribe("_INBOX.>")
 
-    errors = asyncio.run(
-        _violations(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act, 3)
-    )
+    errors = asyncio.run(refusals(fabric.server.url, fabric.seed("tokenizer"), "_INBOX.embedfleet-tokenizer", act, 3))
     assert any('publish to "_inbox.embedfleet-gateway.forged.1"' in e.lower() for e in errors), errors
     assert any('subscription to "_inbox.embedfleet-gateway.>"' in e.lower() for e in errors), errors
     assert any('subscription to "_inbox.>"' in e.lower() for e in errors), errors
@@ -334,7 +312,7 @@ def test_a_worker_cannot_delete_or_purge_a_stream(fabric):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(call, 1)
 
-    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("worker"), "_INBOX.embedfleet-worker", act, 2))
+    errors = asyncio.run(refusals(fabric.server.url, fabric.seed("worker"), "_INBOX.embedfleet-worker", act, 2))
     assert any("$js.api.stream.delete.embedfleet_jobs" in e.lower() for e in errors), errors
     assert any("$js.api.stream.purge.embedfleet_results" in e.lower() for e in errors), errors
 
@@ -345,7 +323,7 @@ def test_a_job_publisher_cannot_reach_the_online_subjects(fabric):
         await nc.publish("embedfleet.v1.tokens.all-MiniLM-L6-v2", b"x")
         await nc.subscribe("embedfleet.v1.embed.*")
 
-    errors = asyncio.run(_violations(fabric.server.url, fabric.seed("publisher"), "_INBOX.embedfleet-reindex", act, 3))
+    errors = asyncio.run(refusals(fabric.server.url, fabric.seed("publisher"), "_INBOX.embedfleet-reindex", act, 3))
     assert len([e for e in errors if "permissions violation" in e.lower()]) == 3, errors
 
 

@@ -31,6 +31,10 @@ from embedfleet.shared.job_streams import ensure_streams, open_streams, stream_n
 from embedfleet.shared.subjects import Subjects
 from tests.job_states import submitted
 
+# results without a byte limit: a limit reserves its bytes on the server, which many prefixes of one
+# test server would run out of
+UNRESERVED = Retention(results_max_bytes=0)
+
 
 def _run(nats_url: str, body):
     async def main():
@@ -38,7 +42,7 @@ def _run(nats_url: str, body):
         try:
             subjects = Subjects(f"c{uuid.uuid4().hex[:8]}")
             js = nc.jetstream()
-            kv = await ensure_streams(js, subjects)
+            kv = await ensure_streams(js, subjects, UNRESERVED)
             return await body(js, kv, subjects)
         finally:
             await nc.close()
@@ -115,14 +119,14 @@ def test_services_open_the_streams_init_made_without_changing_them(nats_url):
         try:
             subjects = Subjects(f"o{uuid.uuid4().hex[:8]}")
             js = nc.jetstream()
-            await ensure_streams(js, subjects, Retention(results_max_age=3600, job_ttl=7200))
+            await ensure_streams(js, subjects, Retention(results_max_age=3600, results_max_bytes=0, job_ttl=7200))
             results = stream_names(subjects)["results"]
             before = (await js.stream_info(results)).config
             kv = await open_streams(js, subjects, Retention(results_max_age=60, job_ttl=60))
             after = (await js.stream_info(results)).config
             claims = (await js.stream_info(claims_stream(subjects))).config
             fresh = Subjects(f"n{uuid.uuid4().hex[:8]}")
-            made = await open_streams(js, fresh)  # none there, and rights to make them: made
+            made = await open_streams(js, fresh, UNRESERVED)  # none there, and rights to make them: made
             return before, after, claims, kv._name, made._name, fresh
         finally:
             await nc.close()
@@ -131,3 +135,16 @@ def test_services_open_the_streams_init_made_without_changing_them(nats_url):
     assert after.max_age == before.max_age == 3600 and bucket.endswith("_jobs")
     assert claims.max_msgs_per_subject == 1 and claims.discard_new_per_subject and claims.max_age == 7200
     assert made == stream_names(fresh)["kv"]
+
+
+def test_a_purged_jobs_id_claimed_again_is_checked_against_its_new_claim(nats_url):
+    async def body(js, kv, subjects):
+        book = ClaimBook(js, subjects, ttl=600)
+        old = await make_claim(js, subjects, "gateway", "again", None)
+        first = await book.check("again", b"x", old.sign(b"x"))  # remembered
+        await js.purge_stream(claims_stream(subjects), subject=claim_subject(subjects, "gateway", "again"))
+        new = await make_claim(js, subjects, "gateway", "again", None)
+        return first, new.secret != old.secret, await book.check("again", b"y", new.sign(b"y"))
+
+    first, renewed, taken = _run(nats_url, body)
+    assert first is None and renewed and taken is None

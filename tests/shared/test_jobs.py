@@ -54,9 +54,24 @@ class _MemoryKV:
 class _RecordingJS:
     def __init__(self) -> None:
         self.published: list[str] = []
+        self.claims: dict[str, bytes] = {}  # a job's claim (shared/job_claims.py), by subject
 
-    async def publish(self, subject: str, data: bytes, headers: dict) -> None:
+    async def publish(self, subject: str, data: bytes, headers: dict | None = None):
+        from types import SimpleNamespace
+
+        if headers is None:  # a claim
+            self.claims[subject] = data
+            return SimpleNamespace(seq=len(self.claims))
         self.published.append(headers["Nats-Msg-Id"])
+
+    async def get_last_msg(self, stream: str, subject: str, direct: bool = False):
+        from types import SimpleNamespace
+
+        from nats.js.errors import NotFoundError
+
+        if subject not in self.claims:
+            raise NotFoundError
+        return SimpleNamespace(data=self.claims[subject], seq=list(self.claims).index(subject) + 1)
 
     async def stream_info(self, name: str, subjects_filter: str):  # nothing waits for the tokenizers
         from types import SimpleNamespace
@@ -108,10 +123,11 @@ def test_cancel_stops_submission_before_the_next_batch():
     docs = [(f"d{i}", "text") for i in range(10)]
 
     class CancelsAfterTwo(_RecordingJS):
-        async def publish(self, subject: str, data: bytes, headers: dict) -> None:
-            await super().publish(subject, data, headers)
-            if len(self.published) == 2:  # cancelled while the third batch is being prepared
+        async def publish(self, subject: str, data: bytes, headers: dict | None = None):
+            ack = await super().publish(subject, data, headers)
+            if headers is not None and len(self.published) == 2:  # cancelled as the third batch is prepared
                 await cancel_job(kv, "job2")
+            return ack
 
     js = CancelsAfterTwo()
     with pytest.raises(JobCancelled, match="after 2 of 5 batches"):

@@ -18,6 +18,7 @@ import pytest
 
 from embedfleet.shared.bulkwork import open_work
 from embedfleet.shared.config import ConfigError, JobSettings, Retention
+from embedfleet.shared.job_claims import claims_stream
 from embedfleet.shared.job_streams import bucket_stream, ensure_streams, stream_names
 from embedfleet.shared.nats_server import NatsCluster
 from embedfleet.shared.stream_placement import AUTO_REPLICAS, Placement
@@ -45,7 +46,14 @@ def _run(url: str, body) -> None:
 
 def _names(subjects: Subjects) -> list[str]:
     names = stream_names(subjects)
-    return [names["jobs"], names["bulk"], names["results"], names["dead"], bucket_stream(subjects)]
+    return [
+        names["jobs"],
+        names["bulk"],
+        names["results"],
+        names["dead"],
+        bucket_stream(subjects),
+        claims_stream(subjects),
+    ]
 
 
 async def _peers(js, stream: str, consumer: str) -> set[str]:
