@@ -160,6 +160,14 @@ def _signs(claim: JobClaim | None, body: bytes, mac: str, submitter: str) -> boo
     return claim is not None and submitter == claim.submitter and claim.verifies(body, mac)
 
 
+async def owner_holds(js: JetStreamContext, subjects: Subjects, state: JobState) -> bool:
+    """Whether ``state``'s owner is the one the gateway's claim of the job names (no claim: no owner)."""
+    if state.owner is None and not state.submitted:
+        return True
+    claim = await read_claim(js, subjects, "gateway", state.job)
+    return state.owner == (claim.owner if claim is not None else None)
+
+
 class ClaimedBucket(KeyValue):
     """The job bucket as a gateway reads it: a record's owner checked against the gateway's claim of
     the job (none: the job was not made through a gateway, and has no owner). A record whose owner
@@ -171,10 +179,6 @@ class ClaimedBucket(KeyValue):
 
     async def get(self, key: str, revision: int | None = None, validate_keys: bool = True) -> KeyValue.Entry:
         entry = await super().get(key, revision, validate_keys)
-        state = JobState.decode(entry.value, key)
-        if state.owner is not None or state.submitted:
-            claim = await read_claim(self._claims_js, self._subjects, "gateway", key)
-            owner = claim.owner if claim is not None else None
-            if state.owner != owner:
-                raise JobStateError(f"job {key}: its record's owner is not the one that made it (rewritten)")
+        if not await owner_holds(self._claims_js, self._subjects, JobState.decode(entry.value, key)):
+            raise JobStateError(f"job {key}: its record's owner is not the one that made it (rewritten)")
         return entry

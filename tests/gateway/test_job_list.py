@@ -25,6 +25,7 @@ from embedfleet.services.gateway.job_list import (
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.limits import bind_key
 from embedfleet.shared.job_bucket import update_state
+from embedfleet.shared.job_claims import make_claim
 from embedfleet.shared.job_requests import owner_digest
 from embedfleet.shared.job_state import JobState
 from embedfleet.shared.job_streams import ensure_streams
@@ -168,6 +169,7 @@ def test_the_route_s_reading_on_a_real_bucket_its_cursor_and_its_bound(nats_url,
             js, subjects = nc.jetstream(), Subjects(f"t{uuid.uuid4().hex[:8]}")
             kv = await ensure_streams(js, subjects)
             for job, key, started in (("a1", "a", 1.0), ("b1", "b", 2.0), ("a2", "a", 3.0)):
+                await make_claim(js, subjects, "gateway", job, owner_digest(key))  # as the gateway claims a job
                 await update_state(kv, job, submitted(1, started=started, owner=owner_digest(key), status="done"))
             api = jobs_api.JobsApi(js, kv, subjects, None, owners=JobOwners(True, ()))
             bind_key("a")

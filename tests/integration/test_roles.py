@@ -313,6 +313,8 @@ def test_a_rewritten_owner_is_not_served_to_another_key(fleet):
         await update_state(kv, fleet.victim, lambda s: replace(s, owner=owner_digest(KEY_B)))
 
     assert await_refusals(fleet, "publisher", publisher, 0) == []
+    listed = _get(fleet, "/v1/jobs", KEY_B)
+    assert listed.status_code == 200 and fleet.victim not in [j["id"] for j in listed.json()["data"]], listed.text
     for key in (KEY_B, KEY_A):
         for path in (f"/v1/jobs/{fleet.victim}", f"/v1/jobs/{fleet.victim}/results"):
             r = _get(fleet, path, key)
