@@ -173,6 +173,8 @@ class Gateway:
             await self.metrics.jobs.stop()
             if self.sink_jobs is not None:
                 await self.sink_jobs.stop()
+            if self.jobs is not None:
+                await self.jobs.stop()
             if self.searcher is not None:
                 await self.searcher.store.close()
             await drain_or_close(self.nc)

@@ -313,6 +313,10 @@ class JobsApi:
             raise ApiError(ErrorCode.NOT_FOUND, f"no job {job!r}", "id")
         return _shown(state)
 
+    async def stop(self) -> None:
+        """Stop following the running jobs' tokens (what they were charged stays charged)."""
+        await self._tokens.stop()
+
     def _done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
         if task.cancelled() or not task.exception():
