@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_claims import make_claim
+from embedfleet.shared.job_claims import make_claim, read_claim
 from embedfleet.shared.job_requests import Claim, claim_problem, record_claim, request_digest
 from embedfleet.shared.job_state import CANCELLED, FINISHED, RUNNING, JobState, Lease, Run
 from embedfleet.shared.job_streams import stream_names
@@ -153,10 +153,19 @@ async def _publish(
     from embedfleet.shared.protocol import JobBatch, encode
 
     claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
+    proof = await read_claim(js, subjects, submitter, job)
+    if proof is None:
+        existing = await read_state(kv, job)
+        if existing is not None and existing.submitted:  # its batches are signed with another's secret
+            raise JobTaken(
+                f"job {job} was submitted another way (POST /v1/jobs or `embedfleet reindex`, or by an earlier "
+                "version): resume it the way it was made, or give it another job id"
+            )
+        proof = await make_claim(js, subjects, submitter, job, claim.owner)
     # the owner, once claimed, is the job's for good: another key's request for the same id is refused
-    proof = await make_claim(js, subjects, submitter, job, claim.owner)
-    if proof.owner != claim.owner:
-        raise JobTaken(f"job {job} was made with another API key: give it another job id")
+    # (a claim without an owner resumes a job its caller may see, whoever made it)
+    if claim.owner is not None and proof.owner != claim.owner:
+        raise JobTaken(f"job id {job} is taken: give another job id")
     batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
     form = options.form
 

@@ -148,3 +148,36 @@ def test_a_purged_jobs_id_claimed_again_is_checked_against_its_new_claim(nats_ur
 
     first, renewed, taken = _run(nats_url, body)
     assert first is None and renewed and taken is None
+
+
+def test_a_job_is_resumed_only_the_way_it_was_made(nats_url):
+    """The same request through the other submitter is refused before anything is claimed or published
+    (its batches would carry another secret); the owner's key, or a resume without a key (an operator's,
+    which the gateway checked), goes on; another key is refused."""
+    from embedfleet.shared.job_publish import JobTaken, submit
+    from embedfleet.shared.job_requests import Claim
+    from embedfleet.shared.protocol import EmbedOptions
+
+    docs = [("a", "one"), ("b", "two"), ("c", "three")]
+
+    async def body(js, kv, subjects):
+        def again(submitter: str, owner: str | None):
+            claim = Claim("digest", owner)
+            return submit(
+                js, kv, subjects, "made", "m", docs, 2, EmbedOptions(), "inline", claim=claim, submitter=submitter
+            )
+
+        await again("gateway", "owner-a")
+        refused = []
+        for submitter, owner in (("publisher", None), ("gateway", "owner-b")):
+            with pytest.raises(JobTaken) as err:
+                await again(submitter, owner)
+            refused.append(str(err.value))
+        await again("gateway", None)
+        await again("gateway", "owner-a")
+        info = await js.stream_info(stream_names(subjects)["jobs"])
+        return refused, await read_claim(js, subjects, "publisher", "made"), info.state.messages
+
+    refused, publishers, published = _run(nats_url, body)
+    assert "was submitted another way" in refused[0] and refused[1] == "job id made is taken: give another job id"
+    assert publishers is None and published == 2  # its two batches, once (message ids)
