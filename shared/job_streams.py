@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 
 from embedfleet.shared.config import JobSettings, Retention
 from embedfleet.shared.job_claims import claims_config, claims_stream
-from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE, RESULTS_MAX_BYTES
+from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
 from embedfleet.shared.stream_placement import Placement, stream_config
 from embedfleet.shared.subjects import Subjects
 
@@ -67,7 +67,9 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, retention: Re
     p = subjects.prefix
     results = await stream_config(js, names["results"])
     results_age = _chosen(retention.results_max_age, results and results.max_age, RESULTS_MAX_AGE)
-    results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, RESULTS_MAX_BYTES)
+    # no size limit unless given: a stream's max_bytes is reserved from the server's JetStream storage when
+    # the stream is made, and a default the store cannot hold (a 4 GB dev store) would refuse every stream
+    results_bytes = _chosen(retention.results_max_bytes, results and results.max_bytes, 0)
     configs = [
         StreamConfig(
             name=names["jobs"],

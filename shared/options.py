@@ -74,7 +74,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 DAY = 24 * 3600.0
 RESULTS_MAX_AGE = 7 * DAY  # the results stream's age limit when it is created with none given
-RESULTS_MAX_BYTES = 16 << 30  # and its size limit: the oldest results dropped first past it (docs/bulk-jobs.md)
 JOB_TTL = 30 * DAY  # the job bucket's, as long as dead letters are kept
 MAX_JOB_HISTORY = 64  # JetStream's limit on a key-value bucket's revisions per key
 MAX_REPLICAS = 5  # JetStream's limit on a stream's replicas
@@ -1024,7 +1023,7 @@ OPTIONS: tuple[Option, ...] = (
         "EMBEDFLEET_RESULTS_MAX_BYTES",
         None,
         "bytes the results stream may hold, the oldest results dropped first; 0: no size limit; unset: as the "
-        f"stream has it ({RESULTS_MAX_BYTES} when created)",
+        "stream has it (0 when created: a limit reserves that much of the server's JetStream storage)",
         STREAMS,
         "retention",
         type=non_negative_int,

@@ -17,7 +17,7 @@ from embedfleet.shared.config import ConfigError, Retention
 from embedfleet.shared.job_bucket import read_state, update_state
 from embedfleet.shared.job_state import JobState
 from embedfleet.shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
-from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE, RESULTS_MAX_BYTES
+from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
 from embedfleet.shared.subjects import Subjects
 
 
@@ -60,7 +60,7 @@ def test_none_given_means_the_defaults_on_creation(nats_url):
     async def body(js, subjects):
         await ensure_streams(js, subjects)
         results, bucket = await _configs(js, subjects)
-        assert (results.max_age, results.max_bytes) == (RESULTS_MAX_AGE, RESULTS_MAX_BYTES)
+        assert (results.max_age, results.max_bytes) == (RESULTS_MAX_AGE, -1)
         assert (bucket.max_age, bucket.max_msgs_per_subject) == (JOB_TTL, 1)
 
     _run(nats_url, body)
