@@ -75,8 +75,8 @@ class JobClaim:
     job: str
     submitter: str
     owner: str | None
-    secret: bytes = b""  # 32 bytes; empty only in a claim made for a test of refusals
-    seq: int = 0  # its sequence in the claims stream: the lower of two claims of one job is the job's
+    secret: bytes  # 32 random bytes
+    seq: int  # its sequence in the claims stream: the lower of two claims of one job is the job's
 
     def sign(self, body: bytes) -> dict[str, str]:
         """The headers that prove a job batch's ``body`` comes from this job's submitter."""
@@ -84,7 +84,7 @@ class JobClaim:
 
     def verifies(self, body: bytes, mac: str) -> bool:
         want = hmac.new(self.secret, body, hashlib.sha256).hexdigest()
-        return bool(self.secret) and hmac.compare_digest(want, mac)
+        return isinstance(mac, str) and mac.isascii() and hmac.compare_digest(want, mac)  # a header is untrusted
 
 
 async def read_claim(js: JetStreamContext, subjects: Subjects, submitter: str, job: str) -> JobClaim | None:
@@ -112,7 +112,7 @@ async def make_claim(js: JetStreamContext, subjects: Subjects, submitter: str, j
     secret = secrets.token_bytes(32)
     body = orjson.dumps({"job": job, "owner": owner, "secret": secret.hex()})
     try:
-        ack = await js.publish(claim_subject(subjects, submitter, job), body)
+        ack = await js.publish(claim_subject(subjects, submitter, job), body)  # refused if one was made meanwhile
     except APIError as exc:  # claimed meanwhile (by another gateway): that claim is the job's
         existing = await read_claim(js, subjects, submitter, job)
         if existing is None:

@@ -83,13 +83,14 @@ def test_a_batch_is_taken_with_its_jobs_signature_only(nats_url):
             await book.check("victim", data + b"!", claim.sign(data)),  # altered
             await book.check("victim", data, {}),  # unsigned
             await book.check("victim", data, {MAC: "00" * 32, SUBMITTER: "gateway"}),
+            await book.check("victim", data, {MAC: "é" * 64, SUBMITTER: "gateway"}),  # not even ASCII
             await book.check("victim", data, later.sign(data)),  # signed by a later claim
             await book.check("phantom", data, claim.sign(data)),  # no job
         ]
 
-    taken, altered, unsigned, wrong, later, phantom = _run(nats_url, body)
+    taken, altered, unsigned, wrong, foreign, later, phantom = _run(nats_url, body)
     assert taken is None
-    for refusal in (altered, unsigned, wrong, later):
+    for refusal in (altered, unsigned, wrong, foreign, later):
         assert refusal == "job victim: the batch's signature is not its submitter's (forged or altered)"
     assert phantom is not None and "never submitted" in phantom
 
