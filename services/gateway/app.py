@@ -148,6 +148,7 @@ class Gateway:
                 self.key_limits,
                 max_document_chars=self.cfg.max_document_chars,
                 max_result_bytes=self.cfg.job_max_result_bytes,
+                counted=self.metrics.key_tokens_of,
             )
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart

@@ -7,15 +7,16 @@ refused (413: it would never fit; split it), one the key's bucket does not hold 
 and ``Retry-After`` (the seconds until it does), and otherwise the estimate is taken from the bucket at
 once. While the job runs, its state's token count (what the tokenizers counted of the rows stored) is
 read every ``EVERY`` seconds: tokens past the estimate are charged as they are counted, and once the job
-has ended, an estimate larger than the count is given back. Limits are per gateway process: a gateway
-that stops meanwhile keeps what it charged.
+has ended, an estimate larger than the count is given back. The counted tokens go to the key's usage
+(``counted``: the metrics' ``embedfleet_key_tokens_total``) whether or not the key is limited. Limits
+are per gateway process: a gateway that stops meanwhile keeps what it charged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.limits import CHARS_PER_TOKEN, KeyLimits, current_key, estimated_tokens
@@ -31,16 +32,22 @@ EVERY = 2.0  # seconds between reads of a charged job's token count
 class JobTokens:
     """The token budget of the keys whose jobs run (``limits``), and the jobs charged to them."""
 
-    def __init__(self, kv, limits: KeyLimits, every: float = EVERY) -> None:
+    def __init__(
+        self, kv, limits: KeyLimits, counted: Callable[[str, int], None] | None = None, every: float = EVERY
+    ) -> None:
         self._kv, self._limits, self._every = kv, limits, every
+        self._counted = counted or (lambda _key, _tokens: None)
         self._watching: set[asyncio.Task] = set()
 
     def admit(self, texts: Iterable[str]) -> tuple[str, int] | None:
         """The job of ``texts`` admitted for the request's key, its estimate taken: (the key, the tokens
-        taken), None when no limit applies. ApiError (413, 429) when refused; nothing taken then."""
+        taken: 0 when the key has no limit), None without a key. ApiError (413, 429) when refused;
+        nothing taken then."""
         key = current_key()
-        if key is None or not self._limits.tokens:
+        if key is None:
             return None
+        if not self._limits.tokens:
+            return key, 0
         texts = list(texts)
         estimate = estimated_tokens(texts)
         per_minute = self._limits.tokens
@@ -82,6 +89,7 @@ class JobTokens:
         await asyncio.gather(*self._watching, return_exceptions=True)
 
     async def _follow(self, job: str, key: str, charged: int) -> None:
+        counted = 0
         while True:
             await asyncio.sleep(self._every)
             try:
@@ -93,6 +101,9 @@ class JobTokens:
                 continue
             if state is None:  # purged: what it counted is charged
                 return
+            if state.tokens > counted:
+                self._counted(key, state.tokens - counted)
+                counted = state.tokens
             if state.tokens > charged:
                 self._limits.charge(key, state.tokens - charged)
                 charged = state.tokens

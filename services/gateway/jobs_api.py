@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,6 +66,7 @@ class JobsApi:
         limits: KeyLimits | None = None,
         max_document_chars: int = default("max_document_chars"),
         max_result_bytes: int = default("job_max_result_bytes"),
+        counted: Callable[[str, int], None] | None = None,
     ) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
@@ -74,7 +76,8 @@ class JobsApi:
         self._max_result_bytes = max_result_bytes  # the results one job may store (0: no limit)
         self._owners = owners or JobOwners(False, ())
         self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
-        self._tokens = JobTokens(kv, limits or KeyLimits())  # a job's tokens charged to its key's budget
+        # a job's tokens charged to its key's budget, and ``counted`` to its usage, as they are counted
+        self._tokens = JobTokens(kv, limits or KeyLimits(), counted)
         self._background: set[asyncio.Task] = set()
 
     async def create(

@@ -69,10 +69,11 @@ def test_admission_refuses_a_job_past_a_minute_s_worth_and_waits_for_one_that_fi
     assert response.status_code == 429 and response.headers["retry-after"] == "15"
     tokens.cancel(("key-l", 62))  # a job not submitted after all: its estimate back
     assert tokens.admit(["x" * 240]) == ("key-l", 62)
+    assert JobTokens(None, KeyLimits()).admit(["x" * 10_000]) == ("key-l", 0)  # no limit: followed, not taken
 
 
-async def _follow(tmp_path) -> list[float]:
-    """A job's state written as it runs, its key's level read after each step."""
+async def _follow(tmp_path) -> tuple[list[float], list[tuple[str, int]]]:
+    """A job's state written as it runs, its key's level read after each step; the tokens counted."""
     server = EmbeddedNats(tmp_path / "nats")
     server.start()
     nc = await nats.connect(server.url)
@@ -80,7 +81,8 @@ async def _follow(tmp_path) -> list[float]:
         kv = await nc.jetstream().create_key_value(bucket="jobs_test")
         clock = Clock()
         limits = KeyLimits(tokens=1000, clock=clock)
-        tokens = JobTokens(kv, limits, every=0.05)
+        usage: list[tuple[str, int]] = []
+        tokens = JobTokens(kv, limits, lambda key, n: usage.append((key, n)), every=0.05)
         bind_key("key-a")
         taken = tokens.admit(["x" * 398])  # 100 + 2 tokens estimated
         assert taken == ("key-a", 102)
@@ -99,14 +101,16 @@ async def _follow(tmp_path) -> list[float]:
         await asyncio.sleep(0.3)
         levels.append(_level(limits, "key-a"))
         await tokens.stop()
-        return levels
+        return levels, usage
     finally:
         await nc.close()
         server.stop()
 
 
 def test_a_running_job_is_charged_what_its_state_counts(tmp_path):
-    assert asyncio.run(_follow(tmp_path)) == [
+    levels, counted = asyncio.run(_follow(tmp_path))
+    assert counted == [("key-a", 50), ("key-a", 100), ("key-a", 80)]  # to the key's usage, as counted
+    assert levels == [
         1000 - 102,  # counted 50: within the estimate
         1000 - 150,  # counted past it: the excess charged
         1000 - 150,  # done at 150: nothing to give back

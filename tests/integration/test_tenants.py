@@ -22,10 +22,12 @@ import pgserver
 import psycopg
 import pytest
 
+from embedfleet.services.gateway.metrics import key_id
 from embedfleet.shared.nats_server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
 from tests.integration.procs import Service, healthy, start_fleet, wait_until
+from tests.prometheus_text import value
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +35,7 @@ PREFIX = "tenants"
 MODEL = "tiny-bert"
 KEY_A, KEY_B, KEY_OP, KEY_L, KEY_R = "key-of-a", "key-of-b", "key-of-operator", "key-of-limited", "key-of-r"
 RERANKER = "tiny-reranker"
+SECRET = "tenants-key-ids"  # the keys' ids in metrics (services/gateway/metrics.py)
 TOKENS_PER_MINUTE = 1000
 A_TEXTS = [f"document {i} of tenant a, about the rivers of the north" for i in range(20)]
 
@@ -54,13 +57,13 @@ class Tenants:
     def search(self, key: str, **body) -> httpx.Response:
         return self.post("/v1/search", key, {"query": "rivers of the north", **body})
 
-    def finished(self, key: str, job: str, timeout: float = 120) -> dict:
+    def finished(self, key: str, job: str, timeout: float = 120, sink: bool = True) -> dict:
         seen: dict = {}
 
         def over() -> bool:
             r = httpx.get(f"{self.base}/v1/jobs/{job}", headers={"authorization": f"Bearer {key}"}, timeout=10)
             seen.update(r.json())
-            return r.status_code == 200 and seen["status"] == "done" and bool(seen.get("sink_done"))
+            return r.status_code == 200 and seen["status"] == "done" and (bool(seen.get("sink_done")) or not sink)
 
         wait_until(over, timeout, f"job {job}", self.services)
         return seen
@@ -121,7 +124,7 @@ def tenants(nats_url, tmp_path_factory) -> Iterator[Tenants]:
             *("--job-sinks", f"{server.get_uri()},lancedb://{root / 'lance'}", "--search-model", MODEL),
         ],
         logs,
-        {"EMBEDFLEET_SEARCH_SINK": pg},
+        {"EMBEDFLEET_SEARCH_SINK": pg, "EMBEDFLEET_KEY_ID_SECRET": SECRET},
     )
     services.append(gateway)
     base = f"http://127.0.0.1:{port}"
@@ -245,6 +248,23 @@ def test_jobs_count_against_the_key_s_token_budget(tenants):
     _error(again, 429, "documents", "this job makes some")
     wait = int(again.headers["retry-after"])
     assert 1 <= wait <= 60 - (time.monotonic() - started) + 1, wait
+    # the job's tokens, as the tokenizers counted them, in the key's usage (the key made no other request)
+    done = tenants.finished(KEY_L, "fits", sink=False)
+    assert done["tokens"] > 0
+    label = key_id(KEY_L, SECRET.encode())
+
+    def used() -> float:
+        try:
+            return value(httpx.get(f"{tenants.base}/metrics").text, "embedfleet_key_tokens_total", key=label)
+        except AssertionError:  # no sample yet
+            return 0.0
+
+    wait_until(
+        lambda: used() == done["tokens"],
+        30,
+        "the job's tokens in the key's usage",
+        tenants.services,
+    )
 
 
 def test_reranks_count_against_the_key_s_token_budget(tenants):
