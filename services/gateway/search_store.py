@@ -63,7 +63,8 @@ class SearchTables:
         while len(self._stores) >= self._most:
             _, oldest = self._stores.popitem(last=False)
             await oldest.close()  # after its call in a thread, if one runs
-        store = self._stores[name] = SearchStore(sink, named=name != self.own)
+        if (store := self._stores.get(name)) is None:  # another request may have attached it meanwhile
+            store = self._stores[name] = SearchStore(sink, named=name != self.own)
         return store
 
     async def close(self, timeout: float = 5.0) -> None:
