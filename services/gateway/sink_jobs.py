@@ -6,7 +6,9 @@ Which stores: the gateway's ``--job-sinks`` names them, with their credentials; 
 name one of them (same scheme, host, port, database or folder, and other parameters), choosing only
 its table (``table``, Qdrant's ``collection``) and ``index``, and carries no password. A gateway
 without ``--job-sinks`` writes into none. So a client can neither point the gateway at a host of its
-choosing nor learn a password.
+choosing nor learn a password, and a refusal names none of the allowed stores (their hosts, folders,
+users). With API keys the table must be one the request's key may use (services/gateway/tenants.py:
+403 otherwise), its name checked before the store is connected to.
 
 Who writes: one gateway at a time, holding the job's lease in its state (``sink_lease``: who, and
 until when), renewed every ``LEASE / 3`` seconds. Every gateway with ``--job-sinks`` looks for sink
