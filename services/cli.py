@@ -151,6 +151,7 @@ def _run_admin(ns: argparse.Namespace, source: NatsSource) -> int:
     from embedfleet.services.jobs_admin import list_jobs, purge_job
     from embedfleet.services.reindex import reindex
     from embedfleet.services.reindex_plan import model_of, plan_of
+    from embedfleet.shared.job_publish import JobConflict
 
     cfg = nats_config(ns)
 
@@ -171,6 +172,8 @@ def _run_admin(ns: argparse.Namespace, source: NatsSource) -> int:
         return run_async(run[f"{ns.command} {action}" if action else ns.command]())
     except NatsUnreachable as exc:
         raise source.unreachable(str(exc)) from None
+    except JobConflict as exc:  # a job id naming another job (made another way, another form, cancelled)
+        raise ConfigError(str(exc)) from None
 
 
 def _run_worker(ns: argparse.Namespace, source: NatsSource) -> None:

@@ -100,6 +100,8 @@ class WorkerMetrics:
             ["model", "reason"],
             registry=r,
         )
+        for reason in ("cancelled", "expired"):  # each reason's series from the start, at 0
+            self._dropped.labels(model, reason)
         self._busy = Counter(
             "embedfleet_worker_busy_seconds",
             "seconds each engine replica had a batch in flight",

@@ -347,6 +347,12 @@ class WorkerService:
                 )
                 return
             self._check_batch(batch)
+            if batch.num_tokens > self._cfg.max_queued_tokens:  # online work: no queue of this worker takes it
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"a token batch of {batch.num_tokens} tokens is over this worker's queue of "
+                    f"{self._cfg.max_queued_tokens} (--max-queued-tokens): send smaller batches (--chunk-tokens)",
+                )
             if self._scheduler.queued_tokens + batch.num_tokens > self._cfg.max_queued_tokens:
                 raise ServiceError(
                     ErrorCode.OVERLOADED,
@@ -369,12 +375,6 @@ class WorkerService:
                 ErrorCode.INVALID_REQUEST,
                 f"a token batch of {batch.count} rows is over this worker's limit of {rows} "
                 f"({ROWS_PER_BATCH} x --max-batch-seqs): send smaller batches (the tokenizer's --chunk-seqs)",
-            )
-        if batch.num_tokens > self._cfg.max_queued_tokens:
-            raise ServiceError(
-                ErrorCode.INVALID_REQUEST,
-                f"a token batch of {batch.num_tokens} tokens is over this worker's queue of "
-                f"{self._cfg.max_queued_tokens} (--max-queued-tokens): send smaller batches (--chunk-tokens)",
             )
         if not model.serves(output):
             offers = ", ".join(o for o in ("dense", "sparse", "multivector", "tokens", "spans") if model.serves(o))

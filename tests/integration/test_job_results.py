@@ -131,42 +131,41 @@ def test_parquet_and_jobs_fetch_hold_the_same_vectors(stack, float_job, tmp_path
 
 
 def test_a_quantized_job_reads_as_reindex_writes_it(stack, tmp_path):
-    """An int8 job over HTTP: its NDJSON rows are integers, and `jobs fetch` writes the very file
-    `reindex` writes when given the same documents and the job's id."""
+    """An int8 job over HTTP: its NDJSON rows are integers, and `jobs fetch` writes them; `reindex` does
+    not take that job over (only the way a job was made resumes it: the job's batches are signed with a
+    secret its maker's role alone reads), saying so; and for a job of its own, `jobs fetch` writes the
+    very file `reindex` wrote."""
     texts = mixed_texts(24)
     ids = _submit(stack.base_url, "results-int8", texts, batch_size=8, embedding_type="int8")
     vectors = _lines(httpx.get(f"{stack.base_url}/v1/jobs/results-int8/results", timeout=60))
     assert all(isinstance(x, int) and -127 <= x <= 127 for v in vectors.values() for x in v)
+    fetched = _cli(["jobs", "fetch", "results-int8", "--out", str(tmp_path / "http.npy"), "--nats", stack.nats_url])
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    read = np.load(tmp_path / "http.npy")
+    assert read.dtype == np.int8 and read.shape == (24, 384)
+    np.testing.assert_array_equal(np.array([vectors[d] for d in ids], dtype=np.int8), read)
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in zip(ids, texts)))
-    rerun = _cli(
-        [
-            "reindex",
-            str(docs),
-            "--out",
-            str(tmp_path / "reindex.npy"),
-            "--job-id",
-            "results-int8",
-            "--batch-size",
-            "8",
-            "--embedding-type",
-            "int8",
-            "--nats",
-            stack.nats_url,
-            "--quiet",
-            "--stall-timeout",
-            "30",
-        ]
-    )
+
+    def reindex(job: str) -> subprocess.CompletedProcess:
+        out = ["--out", str(tmp_path / "reindex.npy"), "--job-id", job, "--batch-size", "8"]
+        quiet = ["--quiet", "--stall-timeout", "30"]
+        return _cli(["reindex", str(docs), *out, "--embedding-type", "int8", "--nats", stack.nats_url, *quiet])
+
+    taken = reindex("results-int8")
+    assert taken.returncode == 2 and "submitted another way" in taken.stderr, taken.stdout + taken.stderr
+    assert "Traceback" not in taken.stderr
+    rerun = reindex("results-int8-cli")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    fetched = _cli(["jobs", "fetch", "results-int8", "--out", str(tmp_path / "fetch.npy"), "--nats", stack.nats_url])
+    fetched = _cli(
+        ["jobs", "fetch", "results-int8-cli", "--out", str(tmp_path / "fetch.npy"), "--nats", stack.nats_url]
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     written, read = np.load(tmp_path / "reindex.npy"), np.load(tmp_path / "fetch.npy")
     assert written.dtype == read.dtype == np.int8 and written.shape == (24, 384)
     np.testing.assert_array_equal(read, written)
     assert (tmp_path / "fetch.ids.json").read_text() == (tmp_path / "reindex.ids.json").read_text()
-    np.testing.assert_array_equal(np.array([vectors[d] for d in ids], dtype=np.int8), written)
 
 
 def _record(stack, job: str, **state) -> None:

@@ -113,7 +113,11 @@ def test_nats_url_reads_a_second_variable_and_up_defaults_to_none(monkeypatch):
 
 def test_secrets_have_no_flag_but_are_read_by_every_connected_command():
     secrets = [o for o in OPTIONS if o.secret]
-    assert {o.env for o in secrets} == {("EMBEDFLEET_NATS_PASSWORD",), ("EMBEDFLEET_NATS_TOKEN",)}
+    assert {o.env for o in secrets} == {
+        ("EMBEDFLEET_NATS_PASSWORD",),
+        ("EMBEDFLEET_NATS_TOKEN",),
+        ("EMBEDFLEET_KEY_ID_SECRET",),  # the gateway's: the HMAC key of API keys' ids in metrics
+    }
     parser = argparse.ArgumentParser()
     add_options(parser, "worker")
     assert not [a for a in parser._actions if "password" in a.dest and "file" not in a.dest]
@@ -249,6 +253,7 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
         "model_name": "load_model_info",
         "api_keys_file": "gateway api_keys()",
         "operator_keys_file": "gateway operator_keys()",
+        "key_tables_file": "gateway key_tables()",
         "otlp_endpoint": "TracingConfig",
         "trace_sample_ratio": "TracingConfig",
         "log_level": "cli",
