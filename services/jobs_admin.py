@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
 
 from embedfleet.shared.config import ConfigError, NatsConfig
-from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_bucket import has_state_key, purge_state, read_state
 from embedfleet.shared.job_claims import SUBMITTERS, claim_subject, claims_stream
 from embedfleet.shared.job_ids import job_id_problem
 from embedfleet.shared.job_publish import job_form
@@ -144,12 +144,15 @@ async def list_jobs(nats: NatsConfig) -> int:
         states: dict[str, JobState] = {}
         for key in keys:
             assert kv is not None  # the keys are its
+            if not has_state_key(key):  # a job's progress key: read with its record
+                continue
             try:
-                states[key] = JobState.decode((await kv.get(key)).value, key)
-            except NotFoundError:
-                continue  # expired or purged since it was listed
+                state = await read_state(kv, key)
             except JobStateError as exc:
                 log.warning("%s: skipped", exc)
+                continue
+            if state is not None:  # else expired or purged since it was listed
+                states[key] = state
         now = time.time()
         print(HEADER)
         for key in sorted(states, key=lambda k: (states[k].started or 0, k)):
@@ -186,7 +189,7 @@ async def purge_job(nats: NatsConfig, job: str, force: bool = False) -> int:
         for submitter in SUBMITTERS:  # the id may name a new job, claimed afresh
             await purge_subject(js, claims_stream(subjects), claim_subject(subjects, submitter, job))
         if state is not None and kv is not None:  # a state was read from it
-            await kv.purge(job)
+            await purge_state(kv, job)
         if state is None and not results and not dead:
             print(f"no job {job}: nothing to purge")
             return 1

@@ -33,6 +33,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
 
+from embedfleet.shared.job_bucket import PROGRESS_PREFIX
 from embedfleet.shared.job_state import JobState, JobStateError
 from embedfleet.shared.subjects import Subjects, job_token
 
@@ -179,6 +180,8 @@ class ClaimedBucket(KeyValue):
 
     async def get(self, key: str, revision: int | None = None, validate_keys: bool = True) -> KeyValue.Entry:
         entry = await super().get(key, revision, validate_keys)
+        if key.startswith(PROGRESS_PREFIX):  # a job's progress key: counts, no owner (shared/job_bucket.py)
+            return entry
         if not await owner_holds(self._claims_js, self._subjects, JobState.decode(entry.value, key)):
             raise JobStateError(f"job {key}: its record's owner is not the one that made it (rewritten)")
         return entry

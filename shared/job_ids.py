@@ -7,10 +7,11 @@ A new job's id has no ``/`` either: the bucket would take it, but HTTP reads a j
 
 from __future__ import annotations
 
-from embedfleet.shared.job_bucket import MAX_JOB_ID, has_state_key
+from embedfleet.shared.job_bucket import MAX_JOB_ID, PROGRESS_PREFIX, has_state_key
 
 RULE = (
-    f"at most {MAX_JOB_ID} letters, digits and - _ = / ., with no empty part between dots (not '', '.a', 'a.', 'a..b')"
+    f"at most {MAX_JOB_ID} letters, digits and - _ = / ., with no empty part between dots (not '', '.a', 'a.', 'a..b'), "
+    f"not starting {PROGRESS_PREFIX!r} (a job's progress key)"
 )
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedfleet.shared.job_bucket import PROGRESS_PREFIX
 from embedfleet.shared.job_claims import claims_stream
 from embedfleet.shared.job_streams import bucket_stream, stream_names
 from embedfleet.shared.protocol import MAX_BUNDLE
@@ -84,11 +85,12 @@ class _JetStream:
         streams = [self.names[k] for k in ("jobs", "bulk", "results", "dead")] + [self.kv_stream, self.claims]
         return out + [f"$JS.API.STREAM.INFO.{stream}" for stream in streams]
 
-    def bucket_access(self) -> list[str]:
-        """Read and write job states (the key-value bucket's subjects and direct gets)."""
+    def bucket_access(self, progress_only: bool = False) -> list[str]:
+        """Read job states and write them (the key-value bucket's subjects and direct gets);
+        ``progress_only``: write only their progress keys (shared/job_bucket.py), never a record."""
         kv = self.kv_stream
         return [
-            f"$KV.{self.bucket}.>",
+            f"$KV.{self.bucket}.{PROGRESS_PREFIX}>" if progress_only else f"$KV.{self.bucket}.>",
             f"$JS.API.DIRECT.GET.{kv}.>",
             f"$JS.API.DIRECT.GET.{kv}",
             f"$JS.API.STREAM.MSG.GET.{kv}",
@@ -196,7 +198,7 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 f"{p}.bulk.*",
                 dead,
                 *js.look(),
-                *js.bucket_access(),
+                *js.bucket_access(progress_only=True),  # counts, never a job's record
                 *js.read_claims(),
                 *js.consume("jobs"),
             ),
@@ -222,7 +224,7 @@ def role_permissions(subjects: Subjects, role: str) -> Permissions:
                 f"{p}.results.*",
                 dead,
                 *js.look(),
-                *js.bucket_access(),
+                *js.bucket_access(progress_only=True),  # counts, never a job's record
                 *js.consume("bulk"),
                 # a result stored as its job was cancelled is removed again (its rows are not counted)
                 f"$JS.API.STREAM.MSG.DELETE.{js.names['results']}",

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
-from collections.abc import AsyncIterable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from functools import partial
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,11 +28,11 @@ from embedfleet.services.gateway.job_answers import Status
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.response_parts import omitted
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_bucket import read_state, with_progress
 from embedfleet.shared.job_claims import owner_holds
 from embedfleet.shared.job_ids import job_id_problem
 from embedfleet.shared.job_listing import RecordsLost, TooManyRecords, bucket_records, listed
-from embedfleet.shared.job_state import JobState, JobStateError
+from embedfleet.shared.job_state import RUNNING, STALLED, JobState, JobStateError
 from embedfleet.shared.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.jobs")
@@ -86,22 +87,33 @@ async def job_page(
     query: JobListQuery,
     sees: Callable[[str | None], bool],
     after: Place | None = None,
+    progress: Callable[[JobState], Awaitable[JobState]] | None = None,
 ) -> tuple[list[JobState], bool]:
     """The page of ``records`` (job id, record) that ``query`` asks for, newest first, and whether more
     follow it: of the submitted jobs whose owner ``sees`` passes (and in ``query``'s status), the
     ``limit`` next after the place ``after`` (None: from the newest). A record this code did not write
-    is left out (logged)."""
+    is left out (logged). ``progress``: a record's state with its job's progress (shared/job_bucket.py),
+    which may have settled a running job: read for a running record when ``query`` asks for a status,
+    and for each job of the page."""
     kept: list[tuple[Place, JobState]] = []  # a min-heap of the newest limit + 1 found so far
     for_more = query.limit + 1
     async for job, data in records:
         entry = listed(data, job)
-        if entry is None or not sees(entry.owner) or (query.status is not None and entry.status != query.status):
+        if entry is None or not sees(entry.owner):
+            continue
+        settles = progress is not None and entry.status in (RUNNING, STALLED)  # its progress may say done
+        if query.status is not None and entry.status != query.status and not settles:
             continue
         place = (entry.started, job)
         if (after is not None and place >= after) or (len(kept) == for_more and place <= kept[0][0]):
             continue
         try:
             state = JobState.decode(data, job)
+            if settles and query.status is not None:
+                assert progress is not None  # settles says so
+                state = await progress(state)
+                if state.status != query.status:
+                    continue
         except JobStateError as exc:
             log.warning("%s: not listed", exc)
             continue
@@ -110,7 +122,10 @@ async def job_page(
         else:
             heapq.heappush(kept, (place, state))
     newest = [state for _, state in sorted(kept, key=lambda k: k[0], reverse=True)]
-    return newest[: query.limit], len(newest) > query.limit
+    page = newest[: query.limit]
+    if progress is not None:  # the counts of each (a record's own are not the job's once it has progress)
+        page = [await progress(state) for state in page]
+    return page, len(newest) > query.limit
 
 
 async def read_page(js, kv, subjects: Subjects, owners: JobOwners, query: JobListQuery) -> tuple[list[JobState], bool]:
@@ -125,7 +140,7 @@ async def read_page(js, kv, subjects: Subjects, owners: JobOwners, query: JobLis
         after = place_of(cursor)
     try:
         async with contextlib.aclosing(bucket_records(js, subjects, MAX_LISTED)) as records:
-            states, more = await job_page(records, query, owners.sees_owner, after)
+            states, more = await job_page(records, query, owners.sees_owner, after, partial(_with_progress, kv))
         if owners.private:  # a record whose owner was rewritten is listed to no key (shared/job_claims.py)
             states = [state for state in states if await owner_holds(js, subjects, state)]
         return states, more
@@ -137,6 +152,14 @@ async def read_page(js, kv, subjects: Subjects, owners: JobOwners, query: JobLis
             f"{exc}: records expire after the --job-ttl, `embedfleet jobs purge JOB` removes one, "
             "`embedfleet jobs` lists them all",
         ) from None
+
+
+async def _with_progress(kv, state: JobState) -> JobState:
+    try:
+        return await with_progress(kv, state, state.job) or state
+    except JobStateError as exc:  # a progress this code did not write: the record's own counts
+        log.warning("%s: listed without it", exc)
+        return state
 
 
 def page_answer(data: list[dict], has_more: bool) -> dict:

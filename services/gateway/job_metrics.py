@@ -23,7 +23,7 @@ import time
 from nats.js.errors import NoKeysError
 from prometheus_client import CollectorRegistry, Gauge
 
-from embedfleet.shared.job_bucket import read_state
+from embedfleet.shared.job_bucket import has_state_key, read_state
 from embedfleet.shared.job_state import DONE, DONE_WITH_ERRORS, RUNNING, JobState, JobStateError
 from embedfleet.shared.job_streams import stream_names
 from embedfleet.shared.lifecycle import cancel
@@ -138,6 +138,8 @@ class JobMetrics:
         self._finished = {job: state for job, state in self._finished.items() if job in keys}  # expired or deleted
         states = {}
         for job in keys:
+            if not has_state_key(job):  # a job's progress key: read with its record
+                continue
             try:
                 state = self._finished.get(job) or await read_state(kv, job)
             except JobStateError as exc:  # not one this code wrote: no gauges of it, the others' shown

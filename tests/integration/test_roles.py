@@ -298,6 +298,51 @@ def test_a_forged_batch_is_refused_and_the_victims_job_unchanged(fleet):
     assert after == before and after_lines == lines
 
 
+def _record(fleet: Fleet) -> tuple[bytes, int, bytes | None]:
+    """The victim's record as the bucket holds it (value, revision), and its progress key's value."""
+    from embedfleet.shared.job_bucket import progress_key
+
+    async def body(js):
+        kv = await js.key_value(NAMES["kv"])
+        entry = await kv.get(fleet.victim)
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            return entry.value, entry.revision, (await kv.get(progress_key(fleet.victim))).value
+        return entry.value, entry.revision, None
+
+    return _operator(fleet, body)
+
+
+@pytest.mark.parametrize("role", ["tokenizer", "worker"])
+def test_a_stage_neither_rewrites_nor_deletes_a_jobs_record(fleet, role):
+    """A tokenizer's or worker's user writes a job's progress key only (its counts): its rewrite, delete
+    and purge of the victim's record are refused by the server, and the record and the job's answer
+    are as they were. The victim's counts, 6 done of 6, came through its progress key."""
+    import orjson
+
+    from embedfleet.shared.job_bucket import progress_key
+
+    before, lines = _victim(fleet)
+    record, revision, progress = _record(fleet)
+    assert before["status"] == "done" and before["done"] == 6
+    assert "done" not in orjson.loads(record) and progress is not None and orjson.loads(progress)["done"] == 6
+    subject = f"$KV.{NAMES['kv']}.{fleet.victim}"
+
+    async def act(nc, js):
+        kv = await js.key_value(NAMES["kv"])
+        await _tried(kv.put(fleet.victim, record.replace(b'"documents":6', b'"documents":600')))
+        await _tried(kv.update(fleet.victim, b"{}", last=revision))
+        await _tried(kv.delete(fleet.victim))
+        await _tried(kv.purge(fleet.victim))
+        assert (await kv.get(fleet.victim)).revision == revision  # it reads the record as every stage does
+        await kv.put(progress_key(f"other-{role}"), b"{}")  # its own keys: allowed
+
+    errors = await_refusals(fleet, role, act, 4)
+    assert sum("permissions violation" in e and subject.lower() in e for e in errors) == 4, errors
+    assert not any(progress_key("other").lower() in e for e in errors), errors
+    assert _record(fleet) == (record, revision, progress)
+    assert _victim(fleet) == (before, lines)
+
+
 def test_a_rewritten_owner_is_not_served_to_another_key(fleet):
     """The publisher rewrites the victim's owner digest in the job bucket (its user writes records):
     the gateway checks the record against the job's claim and serves it to neither key; B never

@@ -36,12 +36,12 @@ def test_every_current_record_once_the_removed_ones_not(nats_url, monkeypatch):
             assert await _all(js, subjects) == {}  # empty: nothing, not an error
             for n in range(7):
                 await update_state(kv, f"job-{n}", submitted(n + 1, started=float(n)))
-            await update_state(kv, "job-3", lambda s: replace(s, done=4))  # written again: its last record
+            await update_state(kv, "job-3", lambda s: replace(s, dim=4))  # written again: its last record
             await kv.delete("job-5")
             await kv.purge("job-6")
             states = await _all(js, subjects)
             assert sorted(states) == ["job-0", "job-1", "job-2", "job-3", "job-4"]
-            assert states["job-3"].done == 4 and states["job-2"].documents == 3
+            assert states["job-3"].dim == 4 and states["job-2"].documents == 3
             assert (await js.stream_info(bucket_stream(subjects))).state.consumer_count == 0
             with pytest.raises(TooManyRecords, match="holds 7 records, more than the 6 a listing reads"):
                 await _all(js, subjects, most=6)  # the deleted and purged keys' markers count

@@ -33,12 +33,13 @@ def test_job_tokens_are_one_to_one_and_valid_subject_tokens():
 
 
 def test_the_rule_for_job_ids():
-    for bad in ("", ".a", "a.", "a..b", "a b", "x" * 129, "a*b"):
+    for bad in ("", ".a", "a.", "a..b", "a b", "x" * 129, "a*b", "progress.a"):
         assert job_id_problem(bad) == (
             f"invalid job id {bad[:100]!r}: at most 128 letters, digits and - _ = / ., "
-            "with no empty part between dots (not '', '.a', 'a.', 'a..b')"
+            "with no empty part between dots (not '', '.a', 'a.', 'a..b'), not starting 'progress.' "
+            "(a job's progress key)"
         )
-    for good in ("a.b", "a/b=c_d-e", "x" * 128):
+    for good in ("a.b", "a/b=c_d-e", "x" * 128, "progress", "a.progress.b"):
         assert job_id_problem(good) is None
 
 

@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from embedfleet.shared.config import ConfigError, Retention
-from embedfleet.shared.job_bucket import read_state, update_state
+from embedfleet.shared.job_bucket import progress_key, purge_state, read_state, update_state
 from embedfleet.shared.job_state import JobState
 from embedfleet.shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
 from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
@@ -49,7 +49,7 @@ def test_new_streams_get_the_limits_given(nats_url):
         assert (bucket.max_age, bucket.max_msgs_per_subject) == (7200, 5)
         for n in range(7):
             await update_state(kv, "j", lambda s, n=n: replace(s, done=n))
-        history = await kv.history("j")
+        history = await kv.history(progress_key("j"))  # counts: the job's progress key
         assert [json.loads(e.value).get("done", 0) for e in history] == [2, 3, 4, 5, 6]  # 5 revisions kept
         assert await job_bucket(js, subjects) is not None
 
@@ -130,7 +130,7 @@ def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
         assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "never") == 0  # no such job
         await update_state(kv, "j", lambda s: replace(s, done=1))
         assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") == 0  # a job with its record
-        await kv.purge("j")
+        await purge_state(kv, "j")
         assert 1.0 < await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") <= 2.0
         await asyncio.sleep(2.1)  # the sleep is the test: the duplicate window passes
         assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") == 0
