@@ -58,7 +58,11 @@ class SearchCard(BaseModel):
     model_config = ANSWER
 
     route: str = Field(description="the search route")
-    store: str = Field(description="the store's URL, its password (if any) shown as ***")
+    store: str = Field(
+        description="the kind of store, its URL's scheme (postgresql, lancedb, qdrant): nothing of its address, "
+        "user or path, which any key may read here"
+    )
+    table: str = Field(description="the table (Qdrant: collection) a search naming none reads")
     model: str | None = Field(
         description="--search-model: the model whose vectors the store holds (null: each request names it)"
     )

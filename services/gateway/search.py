@@ -42,8 +42,9 @@ class Search:
         self.model = model  # --search-model: the model whose vectors the store holds (None: the request says)
 
     def card(self) -> dict[str, object]:
-        """What ``GET /v1/models`` says of search: the route, the store (no password), the model if pinned."""
-        return {"route": ROUTE, "store": self.store.shown, "model": self.model}
+        """What ``GET /v1/models`` says of search, to any key: the route, the kind of store and the table a
+        request naming none reads, the model if pinned; nothing of the store's address, user or path."""
+        return {"route": ROUTE, "store": self.store.kind, "table": self.store.own, "model": self.model}
 
     async def answer(self, gw: Gateway, call: search_api.SearchCall) -> Response:
         store = await self.store.store(call.table)  # a table the key may not read: refused before any work

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -42,7 +43,8 @@ class SearchTables:
         first = SearchStore(sink_for(url))
         self._url = url
         self.own = first.sink.table_name
-        self.shown = first.shown  # the URL without its password: logs, /v1/models, errors
+        self.shown = first.shown  # the URL without its password: the gateway's logs
+        self.kind = urlsplit(url).scheme  # postgresql, lancedb, qdrant: what /v1/models says of the store
         self._access = access or TableAccess()
         self._stores: OrderedDict[str, SearchStore] = OrderedDict({self.own: first})
         self._most = 1 if getattr(first.sink, "local", False) else MAX_TABLES

@@ -80,6 +80,6 @@ def test_a_classifier_lists_its_labels():
 def test_the_list_says_what_search_reads_only_when_it_is_served():
     workers = {"m": {"dim": "384"}}
     assert "search" not in render_models(["m"], {"m": {}}, workers, "m")
-    card = {"route": "/v1/search", "store": "postgresql://u:***@db:5432/docs?table=t", "model": None}
+    card = {"route": "/v1/search", "store": "postgresql", "table": "t", "model": None}
     listed = render_models(["m"], {"m": {}}, workers, "m", card)
     assert listed["search"] == card and [d["id"] for d in listed["data"]] == ["m"]
