@@ -146,7 +146,7 @@ def test_lag_per_stage_and_job_progress():
     assert value(text, "embedfleet_job_documents", job_id="run", model="m", state="done") == 98
     assert value(text, "embedfleet_jobs", status="running") == 0  # none left: 0, not a vanished series
     assert value(text, "embedfleet_jobs", status="done") == 1
-    assert kv.reads == ["run"]  # a finished job's state is read once
+    assert kv.reads == ["run", "progress.run"]  # a finished job's state (its record and progress) is read once
 
     # every job gone from the bucket
     kv.states.clear()
@@ -208,9 +208,9 @@ def test_an_unchanged_bucket_is_not_listed_again():
         }
     )
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW))
-    assert (kv.listings, kv.reads) == (1, ["new"])
+    assert (kv.listings, kv.reads) == (1, ["new", "progress.new"])
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + 5))
-    assert (kv.listings, kv.reads, kv.status_calls) == (1, ["new"], 2)
+    assert (kv.listings, kv.reads, kv.status_calls) == (1, ["new", "progress.new"], 2)
     assert value(_text(metrics), "embedfleet_job_documents", job_id="new", model="m", state="done") == 9
     asyncio.run(metrics.jobs.refresh(js, kv, STREAMS, now=NOW + KEEP_FINISHED))
     assert not has(_text(metrics), "embedfleet_job_documents", job_id="new", model="m", state="done")
