@@ -122,6 +122,7 @@ def tenants(nats_url, tmp_path_factory) -> Iterator[Tenants]:
             *("--api-keys", f"{KEY_A},{KEY_B},{KEY_L},{KEY_R}", "--operator-keys", KEY_OP),
             *("--key-tables-file", str(root / "keys"), "--key-tokens-per-minute", str(TOKENS_PER_MINUTE)),
             *("--job-sinks", f"{server.get_uri()},lancedb://{root / 'lance'}", "--search-model", MODEL),
+            *("--default-model", MODEL),  # jobs name none: the embedder, whichever model registers first
         ],
         logs,
         {"EMBEDFLEET_SEARCH_SINK": pg, "EMBEDFLEET_KEY_ID_SECRET": SECRET},
