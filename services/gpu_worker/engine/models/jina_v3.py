@@ -40,6 +40,7 @@ from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
 from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.load import task_adapters
 
 FAMILY = "JinaV3"
 NATIVE = "jina_embeddings_v3"
@@ -85,9 +86,7 @@ def jina_rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
 
 def lora_settings(config: dict[str, Any]) -> tuple[tuple[str, ...], int, float]:
     """(task names, rank, scale alpha / rank) of the config's adapters; ((), 0, 0.0) for none."""
-    names = config.get("lora_adaptations") or []
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-        raise ConfigError("config.json: lora_adaptations must be a list of distinct task names")
+    names = task_adapters(config)  # the names the tokenizer lets a request choose, checked once for both
     if not names:
         return (), 0, 0.0
     rank = config.get("lora_rank", 4)

@@ -37,6 +37,7 @@ from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 from embedfleet.services.gpu_worker.engine.models import decoder, eurobert
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
 from embedfleet.shared.config import ConfigError
+from embedfleet.shared.model_dir.load import task_adapters
 
 # our fused layer -> the checkpoint projections it holds, in its row order
 _FUSED = {
@@ -56,8 +57,7 @@ def spec(config: dict[str, Any]) -> ModelSpec:
             "jina-embeddings-v5 with a decoder backbone (v5-text-small, Qwen3; is_decoder not false) is not served "
             "yet: its per-task merged folders (model_type qwen3) are"
         )
-    names = config.get("task_names")
-    if not isinstance(names, list) or not names or len(set(names)) != len(names):
+    if not task_adapters(config):  # the tasks' names, checked as the tokenizer reads them
         raise ConfigError("config.json: task_names must list the model's task adapters (jina-embeddings-v5)")
     return eurobert.spec(config)
 
