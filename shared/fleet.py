@@ -194,7 +194,8 @@ class FleetWatch:
         return roles == {"tokenizer", "worker"}
 
     async def refresh(self, until_ready: bool = False) -> FleetView:
-        """Ping tokenizers and workers; ``until_ready`` returns as soon as one model has both.
+        """Ping tokenizers and workers; ``until_ready`` returns as soon as the first of each answered when
+        they serve one model, else after a full ping.
 
         The view holds what answered now and every process heard from within ``LOST_AFTER_POLLS``
         polls: a process too busy to answer one ping in time (a loaded event loop) still serves its
@@ -213,6 +214,9 @@ class FleetWatch:
                 (tokenizers if role == "tokenizer" else workers).setdefault(member.model, member.metadata)
         self._view = FleetView(tokenizers, workers, now)
         self._workers = None
+        if until_ready and not self._view.models:
+            # the first tokenizer and the first worker to answer may serve different models: hear them all
+            return await self.refresh()
         return self._view
 
     def _silent(self, member: Member, now: float) -> bool:

@@ -94,7 +94,9 @@ class FleetClient:
         client = cls(nc, cfg.subjects.prefix, cfg.subjects, timeout, default)
         await client._client.start()
         await client._fleet.start()
-        await client._fleet.refresh(until_ready=True)
+        view = await client._fleet.refresh(until_ready=True)
+        if default is not None and not view.serves(default):
+            await client._fleet.refresh()  # the first to answer served another model: hear every process
         return client
 
     async def __aenter__(self) -> FleetClient:
