@@ -9,17 +9,21 @@
 # (e.g. --only qwen3 --only gemma3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-outdir="${OUT:-.}"
+root="$(pwd)"
+outdir="$(mkdir -p "${OUT:-.}" && cd "${OUT:-.}" && pwd)"
 out="$outdir/gpu_check.json"
+site="${TMPDIR:-/tmp}/embedfleet-site"
+rm -rf "$site" && mkdir -p "$site/embedfleet"
 if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
 fi
-# the import namespace: embedfleet/ links to shared/ and services/; a copy of the tree that dropped the
-# links gets them again (one that followed them holds real folders, which serve as well)
-for pkg in shared services; do
-    [ -e "embedfleet/$pkg" ] || ln -s "../$pkg" "embedfleet/$pkg"
-done
+# the package laid out as a wheel holds it (setup.py maps embedfleet.shared to shared/ and embedfleet.services
+# to services/), with no install step; run from outside the tree, where ./embedfleet would be found first
+cp embedfleet/*.py "$site/embedfleet/"
+cp -r shared "$site/embedfleet/shared"
+cp -r services "$site/embedfleet/services"
+export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
+cd "$site"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'

@@ -1,9 +1,11 @@
 """The benchmarks' own code paths, at tiny sizes (figures come from running them for real)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,17 +112,26 @@ def test_roofline_counts_the_linear_layers_and_the_keys_each_token_sees():
 
 
 def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
+    """bench/gpu_check.sh as a GPU machine runs it (its python3, the tree copied with no install of the
+    project), here with this environment's python3 and --smoke."""
     from bench.gpu_check import CHECKS
 
-    out = tmp_path / "smoke.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "TMPDIR": str(tmp_path),
+    }
     result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)],
+        ["bash", str(root / "bench" / "gpu_check.sh"), "--smoke"],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    data = json.loads(out.read_text())
+    data = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert data["smoke"] is True
     models = data["models"]
     assert set(models) == {c.name for c in CHECKS}

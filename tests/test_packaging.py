@@ -63,10 +63,54 @@ def test_the_wheel_holds_one_namespace_of_real_files(tmp_path):
     sources = {p.relative_to(ROOT).as_posix() for d in ("shared", "services") for p in (ROOT / d).rglob("*.py")}
     packaged = {n.removeprefix("embedfleet/") for n in infos if n.startswith("embedfleet/") and n.endswith(".py")}
     assert sources <= packaged, sorted(sources - packaged)[:5]
-    # copied files, not the links of the checkout's embedfleet/ folder
+    # the files of shared/ and services/ (setup.py's package-dir)
     codec = infos["embedfleet/shared/protocol/codec.py"]
     assert codec.file_size == (ROOT / "shared" / "protocol" / "codec.py").stat().st_size
     assert "embedfleet = embedfleet.services.cli:main" in entry_points
+    _imports_every_module_from(wheel, sorted(packaged), tmp_path)
+
+
+def _imports_every_module_from(wheel: Path, files: list[str], tmp_path: Path) -> None:
+    """A fresh venv holding the wheel (its dependencies this environment's, through a path line, not the
+    editable install's finder): every module imports from the wheel's files, run from outside the tree."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "dependencies.pth").write_text("".join(f"{p}\n" for p in deps))
+    modules = [
+        "embedfleet." + f.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for f in files
+        if f.endswith(".py")
+    ]
+    code = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    module = importlib.import_module(name)\n"
+        "    assert module.__file__.startswith(sys.prefix), (name, module.__file__)\n"
+        "print(len(sys.argv) - 1)\n"
+    )
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run(
+        [str(python), "-c", code, *modules], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.strip()) == len(modules) > 200
+
+
+def test_import_shared_from_the_repository_root_fails_and_names_the_package():
+    """The folders are the packages embedfleet.shared and embedfleet.services (setup.py's package-dir): from
+    the root, where the folders are on sys.path, ``import shared`` refuses rather than load a module twice."""
+    for folder in ("shared", "services"):
+        out = _run(f"import {folder}", {})
+        assert out.returncode == 1, out
+        assert f"the project's modules are imported as embedfleet.{folder}.*, never as {folder}.*" in out.stderr
+    same = _run("import embedfleet.shared.protocol as p; print(p.__file__)", {})
+    assert same.stdout.strip() == str(ROOT / "shared" / "protocol" / "__init__.py"), same
+    assert not any(p.is_symlink() for p in (ROOT / "embedfleet").iterdir())
 
 
 def test_python_m_embedfleet_is_the_cli():
