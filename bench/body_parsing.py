@@ -52,10 +52,10 @@ from embedfleet.services.gateway.tei_api import EmbedRequest
 from embedfleet.services.gateway.tei_api import parse_embed as tei_parse_embed
 from embedfleet.services.gateway.tei_body import EmbedBody
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_state import JOB_OUTPUTS
+from embedfleet.shared.jobs.state import JOB_OUTPUTS
 from embedfleet.shared.protocol import MAX_DIMENSION, EmbedOptions
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
-from embedfleet.shared.vector_forms import COHERE_TYPES, FORMS, form_named
+from embedfleet.shared.vectors.forms import COHERE_TYPES, FORMS, form_named
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=65536)  # the gateway's defaults
 MODEL = "all-MiniLM-L6-v2"

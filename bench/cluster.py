@@ -42,11 +42,11 @@ from typing import Any, Self
 import httpx
 import nats
 
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_state import JobState
-from embedfleet.shared.job_streams import bucket_stream, stream_names
-from embedfleet.shared.nats_server import EmbeddedNats, NatsCluster, find_binary, free_port
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.jobs.streams import bucket_stream, stream_names
+from embedfleet.shared.nats.server import EmbeddedNats, NatsCluster, find_binary, free_port
+from embedfleet.shared.nats.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, stored_doc_ids, wait_until
 

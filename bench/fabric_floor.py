@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.fabric_load import self_seconds
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 
 DIM = 384  # all-MiniLM-L6-v2's width: the answer a real model's request gets
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from bench.e2e import Workload, client_batches, load_summary
-from embedfleet.shared.local_stack import read_stack
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.local_stack import read_stack
+from embedfleet.shared.nats.server import free_port
 
 ROLES = ("nats-server", "gateway", "tokenizer", "worker", "scorer", "up")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -208,10 +208,10 @@ class Meter:
 async def drive_nats(
     stack: Stack, w: Workload, seconds: float, warm_up: float, tokens: dict[str, int], meter: Meter, errors: Counter
 ) -> dict:
-    """As ``bench.e2e.drive_http``, through the public NATS-direct client (embedfleet.shared.fleet_client) in this
+    """As ``bench.e2e.drive_http``, through the public NATS-direct client (embedfleet.shared.nats.fleet_client) in this
     process: ``warm_up`` seconds, then ``seconds`` measured by ``meter`` (its ``stop()`` in the
     result); error replies counted in ``errors`` by code."""
-    from embedfleet.shared.fleet_client import FleetClient
+    from embedfleet.shared.nats.fleet_client import FleetClient
 
     async with await FleetClient.connect(stack.nats_url, token_file=stack.token_file, timeout=60.0) as fleet:
         await _embed_for(fleet, stack.model, w, warm_up, tokens, Counter())

@@ -26,7 +26,7 @@ import httpx
 
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.model_dir.load import load_model_info
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.corpus import long_texts, medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 

@@ -23,7 +23,7 @@ from embedfleet.services.gateway.inputs import (
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import MAX_DIMENSION
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES, form_named
+from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, form_named
 
 CHUNKING_KEYS = ("size", "overlap", "boundary", "late", "return")
 
@@ -85,7 +85,7 @@ def name_field(doc: dict, key: str) -> str | None:
 
 
 def embedding_form(doc: dict) -> str:
-    """The vector form (shared/vector_forms.py) that ``embedding_type`` names; float32 when it is absent."""
+    """The vector form (shared/vectors/forms.py) that ``embedding_type`` names; float32 when it is absent."""
     name = optional(doc, "embedding_type", str, "float")
     try:
         return form_named(name).name

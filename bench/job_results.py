@@ -22,11 +22,11 @@ import httpx
 import nats
 import numpy as np
 
-from embedfleet.shared.job_bucket import update_state
-from embedfleet.shared.job_streams import ensure_streams
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.jobs.bucket import update_state
+from embedfleet.shared.jobs.streams import ensure_streams
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import JobResult, encode
-from embedfleet.shared.subjects import Subjects
 from tests.waiting import wait_until
 
 ROWS, DIM, JOB = 64, 384, "bench-results"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nats
 
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.nats.server import EmbeddedNats
 
 # publishes per event-loop pass, as requests arriving together publish
 _PER_PASS = 8

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from bench.fleet import in_threads
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.integration.procs import Service, count_services, healthy, wait_until
 
 RERANKER = "bench-reranker"

@@ -13,7 +13,7 @@ server installs here), each with ``--with-text`` (the sinks keep each document's
 rerank). Job rows/s: documents over the command's wall time, index build included.
 
 Store only: the embedding dominates a job's time, so each sink's own cost is also timed apart, on the
-Parquet job's rows: ``open`` + ``write`` in batches of shared/sinks/writer.py's BATCH_ROWS +
+Parquet job's rows: ``open`` + ``write`` in batches of shared/jobs/sink_writer.py's BATCH_ROWS +
 ``finish`` (pgvector: the HNSW index; LanceDB: compaction; Qdrant's local mode: nothing), against
 pyarrow writing the same columns (id, vector, metadata, text) to Parquet in the same batches. A job
 upserts sooner than BATCH_ROWS, every BATCH_SECONDS, so the same is timed again in batches of the rows
@@ -41,9 +41,9 @@ import numpy as np
 
 from bench import sink_search
 from bench.sink_search import RERANKER, Served
+from embedfleet.shared.jobs.sink_writer import BATCH_ROWS, BATCH_SECONDS
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.sinks import Rows, Shape, sink_for
-from embedfleet.shared.sinks.writer import BATCH_ROWS, BATCH_SECONDS
 from tests.corpus import medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from embedfleet.shared.model_dir.folder import default_model_path
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.corpus import medium_texts, mixed_texts
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedfleet.shared.job_chunks import ChunkTable
+from embedfleet.shared.jobs.chunks import ChunkTable
 
 SIDECAR = ".chunks.jsonl"
 

@@ -13,12 +13,12 @@ from embedfleet.services.gpu_worker import config as worker_config
 from embedfleet.services.scorer import config as scorer_config
 from embedfleet.services.tokenizer import config as tokenizer_config
 from embedfleet.shared import __version__
-from embedfleet.shared.config import ConfigError, NatsConfig, nats_config, retention
+from embedfleet.shared.config.fabric import ConfigError, NatsConfig, nats_config, retention
+from embedfleet.shared.config.options import add_options
 from embedfleet.shared.extras import missing_extra
-from embedfleet.shared.lifecycle import ONE_SHOT_PATIENCE, NatsUnreachable, run_async, run_service, wait_for_nats
-from embedfleet.shared.local_stack import NatsSource, use_local_stack
-from embedfleet.shared.logs import setup_logging
-from embedfleet.shared.options import add_options
+from embedfleet.shared.nats.lifecycle import ONE_SHOT_PATIENCE, NatsUnreachable, run_async, run_service, wait_for_nats
+from embedfleet.shared.nats.local_stack import NatsSource, use_local_stack
+from embedfleet.shared.observability.logs import setup_logging
 
 log = logging.getLogger("embedfleet")
 
@@ -38,7 +38,7 @@ HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every command's parser, its options those ``embedfleet.shared.options`` declares for it."""
+    """Every command's parser, its options those ``embedfleet.shared.config.options`` declares for it."""
     parser = argparse.ArgumentParser(prog="embedfleet", description="Embedding and reranking serving over NATS.")
     parser.add_argument("--version", action="version", version=f"embedfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -151,7 +151,7 @@ def _run_admin(ns: argparse.Namespace, source: NatsSource) -> int:
     from embedfleet.services.jobs_admin import list_jobs, purge_job
     from embedfleet.services.reindex import reindex
     from embedfleet.services.reindex_plan import model_of, plan_of
-    from embedfleet.shared.job_publish import JobConflict
+    from embedfleet.shared.jobs.publish import JobConflict
 
     cfg = nats_config(ns)
 
@@ -205,8 +205,8 @@ def _run_worker(ns: argparse.Namespace, source: NatsSource) -> None:
 def _write_auth(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from embedfleet.shared.permissions import ROLES, write_auth
-    from embedfleet.shared.subjects import Subjects
+    from embedfleet.shared.nats.permissions import ROLES, write_auth
+    from embedfleet.shared.nats.subjects import Subjects
 
     folder = Path(ns.folder)
     existing = [r for r in ROLES if (folder / f"{r}.nk").exists()]

@@ -1,14 +1,14 @@
 """``embedfleet init``: the streams, the job bucket and the jobs' claims created, or brought to this
 version's settings. It is the one command that makes or changes them: run it as the operator's NATS
 user (``embedfleet auth`` writes ``operator.nk``); the services' users may read the streams, not change
-them (shared/permissions.py). ``embedfleet up`` runs it before the services start."""
+them (shared/nats/permissions.py). ``embedfleet up`` runs it before the services start."""
 
 from __future__ import annotations
 
-from embedfleet.shared.config import NatsConfig, Retention
-from embedfleet.shared.job_claims import claims_stream
-from embedfleet.shared.job_streams import bucket_stream, ensure_streams, stream_names
-from embedfleet.shared.lifecycle import connect_within
+from embedfleet.shared.config.fabric import NatsConfig, Retention
+from embedfleet.shared.jobs.claims import claims_stream
+from embedfleet.shared.jobs.streams import bucket_stream, ensure_streams, stream_names
+from embedfleet.shared.nats.lifecycle import connect_within
 
 
 async def init_jetstream(nats: NatsConfig, limits: Retention = Retention()) -> int:

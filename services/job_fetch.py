@@ -2,7 +2,7 @@
 (``POST /v1/jobs``, ``embedfleet reindex``, any NATS client), written as ``reindex --out`` writes them:
 .npy with .ids.json beside it or .parquet for dense vectors, .npz for sparse and multivector.
 
-The rows are read from the results stream (shared/job_results.py) and written in input order: by
+The rows are read from the results stream (shared/jobs/results.py) and written in input order: by
 batch, then by row within the batch, which is the order of the documents the job was given. Like
 reindex, it holds the job's vectors in memory to write them. A chunked job's rows are its chunks, each
 once, of the documents whose chunks are all stored (services/chunked_output.py).
@@ -16,15 +16,15 @@ import numpy as np
 
 from embedfleet.services.chunked_output import write_chunked
 from embedfleet.services.reindex_files import check_output_path, write_output, write_ragged
-from embedfleet.shared.config import ConfigError, NatsConfig
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_chunks import ChunkedRows
-from embedfleet.shared.job_ids import job_id_problem
-from embedfleet.shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
-from embedfleet.shared.job_state import CANCELLED, JobState
-from embedfleet.shared.job_streams import job_bucket
-from embedfleet.shared.lifecycle import connect_within
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.config.fabric import ConfigError, NatsConfig
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.chunks import ChunkedRows
+from embedfleet.shared.jobs.ids import job_id_problem
+from embedfleet.shared.jobs.results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from embedfleet.shared.jobs.state import CANCELLED, JobState
+from embedfleet.shared.jobs.streams import job_bucket
+from embedfleet.shared.nats.lifecycle import connect_within
+from embedfleet.shared.vectors.forms import FORMS
 
 
 async def fetch(nats: NatsConfig, job: str, out: Path) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from embedfleet.services.pgvector_guard import STOP_TIMEOUT, alive, postmaster_of, stop_postmaster
-from embedfleet.shared.option import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 FOLDER = "pgvector"  # under the data dir
 TABLE = "documents"  # the table the gateway searches, unless --search-sink names another store

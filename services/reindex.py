@@ -6,7 +6,7 @@ one document a line, or a folder's .txt and .md files, one document a file), pub
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
 durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet; the ids given
 up, if any, in a .failed.json beside it: reindex_files.beside), in
-the form ``--embedding-type`` names (shared/vector_forms.py; the worker makes it).
+the form ``--embedding-type`` names (shared/vectors/forms.py; the worker makes it).
 The job id is derived from the input, the model, the form and the chunking, so running the same
 command again after it was killed resumes the job: published batches are not sent again, collected
 results are read again; the same input in another form is another job. With ``--chunk-size`` the
@@ -31,16 +31,16 @@ from embedfleet.services.chunked_output import write_chunked
 from embedfleet.services.reindex_files import FAILED, beside, write_output, write_ragged
 from embedfleet.services.reindex_plan import Plan, connect_checked
 from embedfleet.services.reindex_sink import open_sink, sink_sources
-from embedfleet.shared.config import NatsConfig
-from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_collector import Collector, Layout, Polled
-from embedfleet.shared.job_publish import JobCancelled, JobSink, submit
-from embedfleet.shared.job_state import CANCELLED, DONE, STALLED, JobState
-from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.config.fabric import NatsConfig
+from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.collector import Collector, Layout, Polled
+from embedfleet.shared.jobs.publish import JobCancelled, JobSink, submit
+from embedfleet.shared.jobs.sink_writer import SinkWriter
+from embedfleet.shared.jobs.state import CANCELLED, DONE, STALLED, JobState
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.observability.tracing import Tracer, bind
 from embedfleet.shared.sinks import SinkError
-from embedfleet.shared.sinks.writer import SinkWriter
-from embedfleet.shared.tracing import Tracer, bind
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
 
 log = logging.getLogger("embedfleet.reindex")
 

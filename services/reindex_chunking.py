@@ -1,16 +1,16 @@
 """reindex's chunking options (``--chunk-size``, ``--chunk-overlap``, ``--chunk-boundary``,
 ``--late-chunking``, ``--with-text``), checked before anything is published: their values here, the
-window against the model's room by asking a tokenizer (shared/job_fit.py)."""
+window against the model's room by asking a tokenizer (shared/jobs/fit.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from embedfleet.shared.config import ConfigError
+from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.errors import ServiceError
-from embedfleet.shared.job_fit import JobRefused, check_chunk_room
+from embedfleet.shared.jobs.fit import JobRefused, check_chunk_room
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 # the request field a message names -> reindex's flag
@@ -58,7 +58,7 @@ def chunking_of(ns: argparse.Namespace, output: str) -> JobChunking | None:
 
 async def check_room(nc, subjects: Subjects, model: str, chunking: JobChunking, options: EmbedOptions) -> None:
     """ConfigError when the model cannot hold ``chunking``'s windows with the job's prompt."""
-    from embedfleet.shared.client import EmbedClient
+    from embedfleet.shared.nats.embed_client import EmbedClient
 
     client = EmbedClient(nc, subjects, retries=0)
     await client.start()

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from embedfleet.services.chunked_output import SIDECAR
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.vectors.forms import FORMS
 
 # output kind -> the file suffixes it is written to
 OUTPUT_SUFFIXES = {"dense": (".npy", ".parquet"), "sparse": (".npz",), "multivector": (".npz",)}

@@ -1,7 +1,7 @@
 """A reindex run's plan: the options, the output, every document and the job's recorded state checked
 before the first batch is published (services/reindex.py runs it).
 
-The job id is derived from the input, the model, the form and the chunking (shared/documents.py), so
+The job id is derived from the input, the model, the form and the chunking (shared/jobs/documents.py), so
 running the same command again after it was killed finds the same job; what its recorded state says
 (another form or input, cancelled, results expired, purged a moment ago) can refuse the run here.
 """
@@ -14,25 +14,25 @@ from pathlib import Path
 
 from embedfleet.services.reindex_chunking import check_room, chunking_of
 from embedfleet.services.reindex_files import check_output_path
-from embedfleet.shared.config import ConfigError, NatsConfig, Retention, retention
-from embedfleet.shared.documents import job_id_for, read_input
-from embedfleet.shared.fleet import FleetWatch
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_fit import JobRefused, check_job, fleet_view, served
-from embedfleet.shared.job_ids import new_job_id_problem
-from embedfleet.shared.job_publish import form_conflict, was_cancelled
-from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
-from embedfleet.shared.job_state import JobState
-from embedfleet.shared.job_streams import DUPLICATE_WINDOW, open_streams, purge_wait, stream_names
-from embedfleet.shared.lifecycle import connect_within
-from embedfleet.shared.local_stack import LocalStack, NoDefaultModel, default_model
+from embedfleet.shared.config.fabric import ConfigError, NatsConfig, Retention, retention
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.documents import job_id_for, read_input
+from embedfleet.shared.jobs.fit import JobRefused, check_job, fleet_view, served
+from embedfleet.shared.jobs.ids import new_job_id_problem
+from embedfleet.shared.jobs.publish import form_conflict, was_cancelled
+from embedfleet.shared.jobs.requests import Claim, claim_problem, request_digest
+from embedfleet.shared.jobs.sink_writer import shape_for
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.jobs.streams import DUPLICATE_WINDOW, open_streams, purge_wait, stream_names
+from embedfleet.shared.nats.fleet import FleetWatch
+from embedfleet.shared.nats.lifecycle import connect_within
+from embedfleet.shared.nats.local_stack import LocalStack, NoDefaultModel, default_model
+from embedfleet.shared.nats.subjects import Subjects
+from embedfleet.shared.observability.tracing import TracingConfig
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError
 from embedfleet.shared.sinks import Shape, checked_sink
-from embedfleet.shared.sinks.writer import shape_for
-from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import JobChunking
-from embedfleet.shared.tracing import TracingConfig
-from embedfleet.shared.vector_forms import FORMS, form_named
+from embedfleet.shared.vectors.forms import FORMS, form_named
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Plan:
 
     path: Path
     out: Path | None  # None: rows go to the sink only
-    form: str  # a vector form's name (shared/vector_forms.py)
+    form: str  # a vector form's name (shared/vectors/forms.py)
     output: str  # "dense", "sparse" or "multivector"
     options: EmbedOptions
     tracing: TracingConfig

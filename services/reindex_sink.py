@@ -1,13 +1,13 @@
 """``reindex --sink URL``: the store opened and its table made or checked before anything is published,
-and the sources of a job's rows besides their vectors; the writing is shared/sinks/writer.py's."""
+and the sources of a job's rows besides their vectors; the writing is shared/jobs/sink_writer.py's."""
 
 from __future__ import annotations
 
 import asyncio
 
-from embedfleet.shared.config import ConfigError
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.jobs.sink_writer import Sources
 from embedfleet.shared.sinks import Shape, Sink, SinkError, sink_for
-from embedfleet.shared.sinks.writer import Sources
 
 
 async def open_sink(url: str, shape: Shape) -> Sink:
@@ -29,6 +29,6 @@ async def open_sink(url: str, shape: Shape) -> Sink:
 def sink_sources(path, docs: list[tuple[str, str]], with_text: bool, chunked: bool) -> Sources:
     """A job's Sources: the input's other fields, and the documents' texts when ``with_text`` asks
     them of a job without chunks (a chunked job's come with its chunks)."""
-    from embedfleet.shared.documents import read_fields
+    from embedfleet.shared.jobs.documents import read_fields
 
     return Sources(read_fields(path), dict(docs) if with_text and not chunked else None)

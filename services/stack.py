@@ -33,13 +33,13 @@ from embedfleet.services.stack_plan import (
     with_search_store,
 )
 from embedfleet.services.stack_ports import check_ports, port_taken
-from embedfleet.shared.config import ConfigError, child_environment, nats_security, retention
-from embedfleet.shared.local_stack import forget_stack, record_stack
-from embedfleet.shared.logs import setup_logging
+from embedfleet.shared.config.fabric import ConfigError, child_environment, nats_security, retention
+from embedfleet.shared.config.options import arguments, option
 from embedfleet.shared.model_dir.info import ModelInfo
-from embedfleet.shared.nats_server import TOKEN_FILE, EmbeddedNats
-from embedfleet.shared.options import arguments, option
-from embedfleet.shared.tracing import TracingConfig
+from embedfleet.shared.nats.local_stack import forget_stack, record_stack
+from embedfleet.shared.nats.server import TOKEN_FILE, EmbeddedNats
+from embedfleet.shared.observability.logs import setup_logging
+from embedfleet.shared.observability.tracing import TracingConfig
 
 log = logging.getLogger("embedfleet.up")
 

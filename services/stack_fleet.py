@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from embedfleet.services.local_pgvector import LocalPgvector
 from embedfleet.services.stack_plan import Child
-from embedfleet.shared.nats_server import EmbeddedNats
-from embedfleet.shared.options import declared, default
+from embedfleet.shared.config.options import declared, default
+from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.parent_death import die_with_parent
 
 log = logging.getLogger("embedfleet.up")

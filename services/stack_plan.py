@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.metrics_server import MetricsEndpoint
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.options import option
 from embedfleet.shared.model_dir.info import ModelInfo, same_model
 from embedfleet.shared.model_dir.load import load_model_info
-from embedfleet.shared.options import option
-from embedfleet.shared.subjects import model_token
+from embedfleet.shared.nats.subjects import model_token
+from embedfleet.shared.observability.metrics_server import MetricsEndpoint
 
 
 @dataclass(frozen=True, slots=True)

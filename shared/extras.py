@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from embedfleet.shared.option import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 # top-level module -> the extra (pyproject.toml) that installs it
 EXTRAS: dict[str, str] = {

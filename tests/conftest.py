@@ -9,7 +9,7 @@ import pytest
 
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.nats.server import EmbeddedNats
 
 # outputs equal the reference when every cosine is at least this (float32 on CPU)
 COSINE_TOLERANCE = 0.9999

@@ -1,5 +1,5 @@
 """A job's state as a test records it: a submitted job (the fields a submission records together,
-shared/job_state.py's SUBMISSION), without publishing anything."""
+shared/jobs/state.py's SUBMISSION), without publishing anything."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from embedfleet.shared.job_state import JobState
+from embedfleet.shared.jobs.state import JobState
 
 
 def submitted(documents: int, **fields: Any) -> Callable[[JobState], JobState]:

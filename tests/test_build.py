@@ -46,7 +46,7 @@ def test_make_test_runs_the_static_checks_before_pytest():
     lines = out.stdout.splitlines()
     ruff = lines.index(".venv/bin/ruff check .")
     formatted = lines.index(".venv/bin/ruff format --check .")
-    mypy = lines.index(".venv/bin/mypy")
+    mypy = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/mypy"))
     pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
     assert max(ruff, formatted, mypy) < pytest_run, out.stdout
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-# `shared/job_streams.py`, `deploy/k8s/`, `tests/integration/test_cluster.py`: a path under a top-level folder
+# `shared/jobs/streams.py`, `deploy/k8s/`, `tests/integration/test_cluster.py`: a path under a top-level folder
 _PATH = re.compile(r"`((?:shared|services|tests|bench|deploy|docs)/[\w./-]*)`")
 # [text](target) and ![alt](target); a target with a scheme (https:, mailto:) or only an anchor is not a file
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

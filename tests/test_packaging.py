@@ -200,7 +200,7 @@ def test_reading_parquet_documents_without_pyarrow_names_the_extra(tmp_path):
     path.write_bytes(b"PAR1")
     code = (
         "import sys\nfrom pathlib import Path\n"
-        "from embedfleet.shared.documents import read_documents\n"
+        "from embedfleet.shared.jobs.documents import read_documents\n"
         "try:\n"
         "    read_documents(Path(sys.argv[1]))\n"
         "except ValueError as exc:\n"

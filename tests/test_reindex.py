@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from embedfleet.services.reindex_files import FAILED, IDS, beside, check_output_path, write_output
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.quantize import quantize
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -120,10 +120,10 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
 
     import nats
 
-    from embedfleet.shared.job_collector import Collector
-    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.jobs.collector import Collector
+    from embedfleet.shared.jobs.streams import ensure_streams, stream_names
+    from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import JobResult, encode
-    from embedfleet.shared.subjects import Subjects
 
     subjects = Subjects(f"c{uuid.uuid4().hex[:8]}")
 
@@ -166,7 +166,7 @@ def test_the_collector_reopens_a_lost_consumer_after_the_last_result_read(nats_u
 
 
 def test_a_result_is_the_jobs_only_at_its_documents_places():
-    from embedfleet.shared.job_collector import Layout
+    from embedfleet.shared.jobs.collector import Layout
     from embedfleet.shared.protocol import JobResult
 
     layout = Layout([f"d{i}" for i in range(10)], 4)  # batches [d0..d3], [d4..d7], [d8, d9]
@@ -186,7 +186,7 @@ def test_a_result_is_the_jobs_only_at_its_documents_places():
 
 
 def _chunk_table(texts: bool):
-    from embedfleet.shared.job_chunks import ChunkTable
+    from embedfleet.shared.jobs.chunks import ChunkTable
 
     return ChunkTable(["a", "a", "b"], [0, 1, 0], [0, 5, 0], [6, 12, 3], ["first", "second", "b's"] if texts else None)
 

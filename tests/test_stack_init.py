@@ -11,9 +11,9 @@ import nats
 
 from embedfleet.services.cli import build_parser
 from embedfleet.services.stack import _init
-from embedfleet.shared.job_claims import claims_stream
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.claims import claims_stream
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.nats.subjects import Subjects
 
 
 def _max_ages(url: str, subjects: Subjects) -> tuple[float, float]:

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from embedfleet.services.stack_ports import check_ports, holder, port_taken
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.nats.server import free_port
 
 
 def test_a_listening_port_is_named_with_this_process():

@@ -55,18 +55,18 @@ from embedfleet.services.gateway.search_store import SearchTables
 from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared import __version__
-from embedfleet.shared.client import EmbedClient, EmbedOutcome, part_of
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.fleet import FleetWatch
-from embedfleet.shared.job_claims import ClaimedBucket
-from embedfleet.shared.job_streams import open_streams
-from embedfleet.shared.lifecycle import connect, drain_or_close, mark_ready, register
-from embedfleet.shared.metrics_server import serve_metrics
+from embedfleet.shared.jobs.claims import ClaimedBucket
+from embedfleet.shared.jobs.streams import open_streams
 from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.nats.embed_client import EmbedClient, EmbedOutcome, part_of
+from embedfleet.shared.nats.fleet import FleetWatch
+from embedfleet.shared.nats.lifecycle import connect, drain_or_close, mark_ready, register
+from embedfleet.shared.observability.metrics_server import serve_metrics
+from embedfleet.shared.observability.tracing import Tracer
 from embedfleet.shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
-from embedfleet.shared.quantize import quantize
-from embedfleet.shared.tracing import Tracer
-from embedfleet.shared.vector_forms import FLOAT32, FORMS
+from embedfleet.shared.vectors.forms import FLOAT32, FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 log = logging.getLogger("embedfleet.gateway")
 

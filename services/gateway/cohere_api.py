@@ -1,10 +1,10 @@
 """Cohere's API as its SDK calls it: POST /v1/embed, /v2/embed and /v2/rerank (no I/O here).
 
-Embedding types (shared/vector_forms.py's COHERE_TYPES): a request asks for one or more of float, int8, uint8,
+Embedding types (shared/vectors/forms.py's COHERE_TYPES): a request asks for one or more of float, int8, uint8,
 binary, ubinary and base64.
 When they all share one form (base64 is float32's bytes), the worker makes that form, as on the
 other routes; when they differ, the worker answers float32 once and each type is quantized here by
-``embedfleet.shared.quantize.quantize``, the function the worker itself runs on the same float32 rows: the
+``embedfleet.shared.vectors.quantize.quantize``, the function the worker itself runs on the same float32 rows: the
 same bytes, from one forward pass instead of one per type.
 """
 
@@ -27,8 +27,8 @@ from embedfleet.services.gateway.rerank_api import RerankCall, query_within, tex
 from embedfleet.services.gateway.rerank_body import CohereRerankV2Body
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.quantize import quantize
-from embedfleet.shared.vector_forms import COHERE_TYPES, FLOAT32, FORMS
+from embedfleet.shared.vectors.forms import COHERE_TYPES, FLOAT32, FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 # Cohere's input_type -> the name of the model's prompt it selects (none of that name: no prompt)
 INPUT_TYPES = {

@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedfleet.shared.config import ConfigError, NatsConfig, Retention, nats_config, retention
-from embedfleet.shared.metrics_server import MetricsEndpoint
-from embedfleet.shared.options import from_options, option, setting
-from embedfleet.shared.tracing import TracingConfig
+from embedfleet.shared.config.fabric import ConfigError, NatsConfig, Retention, nats_config, retention
+from embedfleet.shared.config.options import from_options, option, setting
+from embedfleet.shared.observability.metrics_server import MetricsEndpoint
+from embedfleet.shared.observability.tracing import TracingConfig
 
 
 def comma_list(text: str) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """Binary answers for clients that want them: raw little-endian rows, or a msgpack map.
 
-Rows are in the request's ``embedding_type`` (shared/vector_forms.py): float32 unless asked otherwise.
+Rows are in the request's ``embedding_type`` (shared/vectors/forms.py): float32 unless asked otherwise.
 ``Accept: application/octet-stream`` gets the rows' bytes (row count, components, form and bytes per
 row in headers); ``Accept: application/msgpack`` gets ``{model, rows, dim, shape, dtype,
 embedding_type, data, usage}`` with ``data`` the same bytes, ``dtype`` numpy's name of one element and
@@ -18,7 +18,7 @@ from starlette.responses import Response
 from embedfleet.services.gateway.accept import Offer, chosen
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.vector_forms import FORMS, OCTET_DTYPES
+from embedfleet.shared.vectors.forms import FORMS, OCTET_DTYPES
 
 JSON = "application/json"
 OCTET = "application/octet-stream"

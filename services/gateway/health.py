@@ -18,8 +18,8 @@ from starlette.datastructures import QueryParams
 
 from embedfleet.services.gateway.errors import TABLE, ApiError
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.fleet import FleetView
 from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.nats.fleet import FleetView
 
 _OFF = ("0", "false")
 

@@ -3,7 +3,7 @@ submitted before), GET /v1/jobs (a page of jobs), GET and DELETE /v1/jobs/{job} 
 line of GET /v1/jobs/{job}/results' NDJSON. /openapi.json's response schemas are made from them, and the tests
 hold what the routes write to them; the routes write with orjson (jobs_api.py, job_results.py).
 
-A job's state is its record in the job bucket (shared/job_state.py) as jobs_api.py's ``_shown`` shows
+A job's state is its record in the job bucket (shared/jobs/state.py) as jobs_api.py's ``_shown`` shows
 it: a field at its default (None, 0, empty) is left out, so every field but ``id`` may be absent.
 """
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from embedfleet.services.gateway.response_parts import ANSWER, omitted
 
-# shared/job_state.py's STATUSES, shared/vector_forms.py's FORMS, shared/job_state.py's JOB_OUTPUTS and
+# shared/jobs/state.py's STATUSES, shared/vectors/forms.py's FORMS, shared/jobs/state.py's JOB_OUTPUTS and
 # shared/text_chunks.py's BOUNDARIES (the tests hold them equal)
 Status = Literal["running", "done", "done_with_errors", "cancelled", "stalled"]
 Form = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]

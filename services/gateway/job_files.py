@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.documents import read_documents
+from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.jobs.documents import read_documents
 
 
 @dataclass(frozen=True, slots=True)

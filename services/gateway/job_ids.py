@@ -1,12 +1,12 @@
 """Job ids from HTTP, checked at the edge by the rule ``embedfleet reindex --job-id`` follows too
-(shared/job_ids.py): an id that cannot name a job is refused at once (400), and so is one with a ``/``,
+(shared/jobs/ids.py): an id that cannot name a job is refused at once (400), and so is one with a ``/``,
 which the job's routes could not take (``/v1/jobs/q/results`` is job ``q``'s results)."""
 
 from __future__ import annotations
 
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_ids import new_job_id_problem
+from embedfleet.shared.jobs.ids import new_job_id_problem
 
 
 def check_job_id(job: object) -> str:

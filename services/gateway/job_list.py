@@ -7,7 +7,7 @@ place in it, and a job submitted between two pages' requests comes first and shi
 A job's record says who may see it (job_owners.py); ``status`` keeps one state's jobs.
 
 The bucket has no index by time: a page is the newest ``limit`` of every record the caller may see,
-read once through shared/job_listing.py (a fetch of records at a time). A request holds one fetch and
+read once through shared/jobs/listing.py (a fetch of records at a time). A request holds one fetch and
 the page (``limit`` + 1 records decoded whole), never the bucket; its work grows with the records the
 bucket keeps (``--job-ttl``): each one's JSON parsed once, ``MAX_LISTED`` records at most.
 """
@@ -28,12 +28,12 @@ from embedfleet.services.gateway.job_answers import Status
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.response_parts import omitted
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_bucket import read_state, with_progress
-from embedfleet.shared.job_claims import owner_holds
-from embedfleet.shared.job_ids import job_id_problem
-from embedfleet.shared.job_listing import RecordsLost, TooManyRecords, bucket_records, listed
-from embedfleet.shared.job_state import RUNNING, STALLED, JobState, JobStateError
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import read_state, with_progress
+from embedfleet.shared.jobs.claims import owner_holds
+from embedfleet.shared.jobs.ids import job_id_problem
+from embedfleet.shared.jobs.listing import RecordsLost, TooManyRecords, bucket_records, listed
+from embedfleet.shared.jobs.state import RUNNING, STALLED, JobState, JobStateError
+from embedfleet.shared.nats.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
@@ -92,7 +92,7 @@ async def job_page(
     """The page of ``records`` (job id, record) that ``query`` asks for, newest first, and whether more
     follow it: of the submitted jobs whose owner ``sees`` passes (and in ``query``'s status), the
     ``limit`` next after the place ``after`` (None: from the newest). A record this code did not write
-    is left out (logged). ``progress``: a record's state with its job's progress (shared/job_bucket.py),
+    is left out (logged). ``progress``: a record's state with its job's progress (shared/jobs/bucket.py),
     which may have settled a running job: read for a running record when ``query`` asks for a status,
     and for each job of the page."""
     kept: list[tuple[Place, JobState]] = []  # a min-heap of the newest limit + 1 found so far
@@ -141,7 +141,7 @@ async def read_page(js, kv, subjects: Subjects, owners: JobOwners, query: JobLis
     try:
         async with contextlib.aclosing(bucket_records(js, subjects, MAX_LISTED)) as records:
             states, more = await job_page(records, query, owners.sees_owner, after, partial(_with_progress, kv))
-        if owners.private:  # a record whose owner was rewritten is listed to no key (shared/job_claims.py)
+        if owners.private:  # a record whose owner was rewritten is listed to no key (shared/jobs/claims.py)
             states = [state for state in states if await owner_holds(js, subjects, state)]
         return states, more
     except RecordsLost as exc:

@@ -23,17 +23,17 @@ import time
 from nats.js.errors import NoKeysError
 from prometheus_client import CollectorRegistry, Gauge
 
-from embedfleet.shared.job_bucket import has_state_key, read_state
-from embedfleet.shared.job_state import DONE, DONE_WITH_ERRORS, RUNNING, JobState, JobStateError
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.lifecycle import cancel
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import has_state_key, read_state
+from embedfleet.shared.jobs.state import DONE, DONE_WITH_ERRORS, RUNNING, JobState, JobStateError
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.nats.lifecycle import cancel
+from embedfleet.shared.nats.subjects import Subjects
 
 log = logging.getLogger("embedfleet.gateway.metrics")
 
 KEEP_FINISHED = 300.0
 FINISHED = (DONE, DONE_WITH_ERRORS)
-STAGES = {"jobs": "tokenizer", "bulk": "worker"}  # stream (shared/job_streams.py) -> the stage consuming it
+STAGES = {"jobs": "tokenizer", "bulk": "worker"}  # stream (shared/jobs/streams.py) -> the stage consuming it
 STATES = ("total", "done", "failed")  # a job's documents: all, stored, given up
 
 

@@ -1,12 +1,12 @@
 """Who may see a job on a gateway with API keys: the key that made it (its digest is in the job's
-state, shared/job_requests.py), and the operator keys (--operator-keys), which see every job. To any
+state, shared/jobs/requests.py), and the operator keys (--operator-keys), which see every job. To any
 other key a job is as if it did not exist (404). Without API keys every caller sees every job."""
 
 from __future__ import annotations
 
 from embedfleet.services.gateway.limits import current_key
-from embedfleet.shared.job_requests import owner_digest
-from embedfleet.shared.job_state import JobState
+from embedfleet.shared.jobs.requests import owner_digest
+from embedfleet.shared.jobs.state import JobState
 
 
 class JobOwners:

@@ -1,5 +1,5 @@
 """GET /v1/jobs/{id}/results: a finished job's vectors, streamed as they are read from the results
-stream (shared/job_results.py), never the whole job held: NDJSON (``Accept: application/x-ndjson``,
+stream (shared/jobs/results.py), never the whole job held: NDJSON (``Accept: application/x-ndjson``,
 the default) or Parquet (``application/vnd.apache.parquet`` or ``application/x-parquet``).
 
 NDJSON: one object a document, ``{"id", "vector"}``; the vector as ``embedfleet reindex`` writes it
@@ -26,9 +26,9 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.extras import installed
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_chunks import stored_columns
-from embedfleet.shared.job_results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.chunks import stored_columns
+from embedfleet.shared.jobs.results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 
 log = logging.getLogger("embedfleet.gateway.job_results")
 

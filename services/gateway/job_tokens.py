@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.limits import CHARS_PER_TOKEN, KeyLimits, current_key, estimated_tokens
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_state import FINISHED
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.state import FINISHED
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 

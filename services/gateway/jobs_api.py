@@ -26,23 +26,23 @@ from embedfleet.services.gateway.job_tokens import JobTokens
 from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, DocumentBody, JobBody
 from embedfleet.services.gateway.limits import KeyLimits
 from embedfleet.services.gateway.sink_jobs import SinkJobs
-from embedfleet.shared.documents import job_id_for, read_fields
+from embedfleet.shared.config.options import default
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.fleet import FleetView
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_collector import Layout
-from embedfleet.shared.job_fit import JobRefused, JobTooLarge, check_chunk_room, check_job, served
-from embedfleet.shared.job_publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
-from embedfleet.shared.job_requests import Claim, claim_problem, request_digest
-from embedfleet.shared.job_state import JOB_OUTPUTS, RUNNING, JobState
-from embedfleet.shared.job_status import cancel_job
-from embedfleet.shared.job_streams import DUPLICATE_WINDOW, purge_wait
-from embedfleet.shared.options import default
-from embedfleet.shared.progress import Ledger
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.collector import Layout
+from embedfleet.shared.jobs.documents import job_id_for, read_fields
+from embedfleet.shared.jobs.fit import JobRefused, JobTooLarge, check_chunk_room, check_job, served
+from embedfleet.shared.jobs.progress import Ledger
+from embedfleet.shared.jobs.publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
+from embedfleet.shared.jobs.requests import Claim, claim_problem, request_digest
+from embedfleet.shared.jobs.sink_writer import Sources, shape_for
+from embedfleet.shared.jobs.state import JOB_OUTPUTS, RUNNING, JobState
+from embedfleet.shared.jobs.status import cancel_job
+from embedfleet.shared.jobs.streams import DUPLICATE_WINDOW, purge_wait
+from embedfleet.shared.nats.fleet import FleetView
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.sinks.writer import Sources, shape_for
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
+from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
 
 log = logging.getLogger("embedfleet.gateway.jobs")
 
@@ -84,7 +84,7 @@ class JobsApi:
         self, doc: JobBody, model: str, fleet: FleetView | None = None, max_payload: int = 0, chunker=None
     ) -> tuple[int, dict]:
         """The job ``doc`` (parse_job's) asks for. ``fleet`` (what serves now) and ``max_payload`` (the NATS message limit): the job is checked
-        against them (shared/job_fit.py) before anything is published; its batches cut to fit.
+        against them (shared/jobs/fit.py) before anything is published; its batches cut to fit.
         ``chunker`` (an EmbedClient): a tokenizer it asks says whether a chunked job's windows fit the
         model. A job of that id already there: the same request again answers its state (200, resumed
         if it was not all published), any other 409."""

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field
 
 from embedfleet.services.gateway.body_errors import member
 from embedfleet.services.gateway.openai_body import ChunkSpecBody, EmbeddingType
-from embedfleet.shared.job_ids import RULE
+from embedfleet.shared.jobs.ids import RULE
 
 DEFAULT_BATCH = 64
 MAX_BATCH = 4096  # documents a batch: one JetStream message each

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from embedfleet.shared.option import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 # a table as the file names it: what every store's names share (letters, digits, _ and -), or a prefix of them
 _PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,62}\*?$|^\*$")

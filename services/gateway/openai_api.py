@@ -15,7 +15,7 @@ from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs
 from embedfleet.services.gateway.openai_body import EmbeddingsBody
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
+from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class EmbeddingsRequest:
     encoding_format: str
     dimensions: int | None
     input_type: str | None = None
-    embedding_type: str = "float32"  # the vector form (shared/vector_forms.py); 'float' in the request is float32
+    embedding_type: str = "float32"  # the vector form (shared/vectors/forms.py); 'float' in the request is float32
     chunking: Chunking | None = None  # long inputs cut into chunks (services/gateway/chunking.py)
     task: str | None = None  # a task adapter of the model (EmbedOptions.task)
 

@@ -48,7 +48,7 @@ Input = Annotated[
     Field(description="a text, a list of texts, a list of token IDs, or a list of token-ID lists"),
 ]
 
-# the vector forms a request may name (shared/vector_forms.py's EMBEDDING_TYPES)
+# the vector forms a request may name (shared/vectors/forms.py's EMBEDDING_TYPES)
 EmbeddingType = Literal["float", "float32", "float16", "int8", "uint8", "binary", "ubinary"]
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedfleet.shared.job_chunks import stored_columns
-from embedfleet.shared.job_results import JobForm, Stored
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.jobs.chunks import stored_columns
+from embedfleet.shared.jobs.results import JobForm, Stored
+from embedfleet.shared.vectors.forms import FORMS
 
 # a row group ends at this many documents or bytes of vectors: what the response holds before sending
 # them (a multivector document can hold a few hundred kB)

@@ -25,7 +25,7 @@ from embedfleet.services.gateway.search_store import SearchTables
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.vector_forms import FLOAT32
+from embedfleet.shared.vectors.forms import FLOAT32
 
 if TYPE_CHECKING:
     from embedfleet.services.gateway.app import Gateway

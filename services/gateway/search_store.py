@@ -24,7 +24,7 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.sinks import Hit, Shape, Sink, SinkError, sink_for, with_table
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
 
 log = logging.getLogger("embedfleet.gateway")
 

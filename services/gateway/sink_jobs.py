@@ -1,5 +1,5 @@
 """``POST /v1/jobs`` with ``"sink": URL``: the gateway collects the job's results and writes them into a
-vector store (shared/sinks/writer.py, as ``embedfleet reindex --sink`` does), so a job submitted over
+vector store (shared/jobs/sink_writer.py, as ``embedfleet reindex --sink`` does), so a job submitted over
 HTTP ends in the store, not only in the results stream.
 
 Which stores: the gateway's ``--job-sinks`` names them, with their credentials; a request's URL must
@@ -15,9 +15,9 @@ until when), renewed every ``LEASE / 3`` seconds. Every gateway with ``--job-sin
 jobs whose lease has run out (their gateway died or was stopped) every ``ADOPT_EVERY`` seconds and
 takes them over: the results are read again from the start of the stream and upserted again (a
 repeat writes nothing twice), with the rows' fields and texts read back from the results stream
-(shared/job_sources.py). Nothing a job stored is lost while its results are kept.
+(shared/jobs/sources.py). Nothing a job stored is lost while its results are kept.
 
-State fields (shared/job_state.py): ``sink`` (the store as shown, no password), ``sink_target`` (the
+State fields (shared/jobs/state.py): ``sink`` (the store as shown, no password), ``sink_target`` (the
 request's URL), ``sink_shape``, ``sink_lease``, and the writer's ``sink_rows``, ``sink_error``,
 ``sink_done``; a store that refuses the rows for good (another table's dimension) ends the writing
 with ``sink_failed`` (the job stays unfinished; a new job writes elsewhere).
@@ -36,14 +36,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_bucket import has_state_key, read_state, update_state
-from embedfleet.shared.job_collector import Collector, Layout
-from embedfleet.shared.job_publish import JobSink
-from embedfleet.shared.job_sources import SourcesLost, parts_of, publish_sources, read_sources
-from embedfleet.shared.job_state import CANCELLED, JobState, JobStateError, Lease
-from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.jobs.bucket import has_state_key, read_state, update_state
+from embedfleet.shared.jobs.collector import Collector, Layout
+from embedfleet.shared.jobs.publish import JobSink
+from embedfleet.shared.jobs.sink_writer import SinkWriter, Sources
+from embedfleet.shared.jobs.sources import SourcesLost, parts_of, publish_sources, read_sources
+from embedfleet.shared.jobs.state import CANCELLED, JobState, JobStateError, Lease
+from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.sinks import Shape, Sink, SinkError, sink_for
-from embedfleet.shared.sinks.writer import SinkWriter, Sources
 
 log = logging.getLogger("embedfleet.gateway.sinks")
 
@@ -190,7 +190,7 @@ class SinkJobs:
         return given, sink
 
     def record(self, given: str, sink: Sink, shape: Shape) -> JobSink:
-        """What the job's first state holds of its store (shared/job_publish.py's submit ``sink``): the
+        """What the job's first state holds of its store (shared/jobs/publish.py's submit ``sink``): the
         lease is this gateway's from the start."""
         return JobSink(sink.shown, given, shape, self._lease())
 

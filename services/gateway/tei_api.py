@@ -17,7 +17,7 @@ from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedS
 from embedfleet.services.gateway.tei_tasks import model_type
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions, TokenizeResult
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES, FORMS
+from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ work waits, answered into the results stream; acknowledged only once the result 
 Held batches get in-progress beats until acknowledged. A batch that cannot be decoded or checked is
 given up at once; an engine failure is tried again (nak with a delay) until the last delivery, where
 the batch is given up; the server's max-deliveries advisory covers batches whose holders died. All
-three become dead letters (shared/bulkwork.py).
+three become dead letters (shared/jobs/work_queue.py).
 
 A stored result is counted in the job's state before its batch is acknowledged, by its rows, so a
 worker that dies in between leaves a batch that is delivered again, stored again as a duplicate (the
@@ -29,7 +29,14 @@ from nats.js.errors import NotFoundError
 
 from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
 from embedfleet.services.gpu_worker.spans import record_work
-from embedfleet.shared.bulkwork import (
+from embedfleet.shared.config.fabric import JobSettings
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.jobs.bucket import has_state_key, update_state
+from embedfleet.shared.jobs.progress import Rows
+from embedfleet.shared.jobs.publish import publish_durably
+from embedfleet.shared.jobs.status import count_done, late_rows
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.jobs.work_queue import (
     BatchInfo,
     Cancellations,
     Heartbeats,
@@ -38,16 +45,9 @@ from embedfleet.shared.bulkwork import (
     join_work,
     undecodable,
 )
-from embedfleet.shared.config import JobSettings
-from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.job_bucket import has_state_key, update_state
-from embedfleet.shared.job_publish import publish_durably
-from embedfleet.shared.job_status import count_done, late_rows
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.progress import Rows
+from embedfleet.shared.nats.subjects import Subjects, model_token
+from embedfleet.shared.observability.tracing import Tracer, from_headers, headers_for
 from embedfleet.shared.protocol import JobResult, ProtocolError, TokenChunk, decode_as, encode
-from embedfleet.shared.subjects import Subjects, model_token
-from embedfleet.shared.tracing import Tracer, from_headers, headers_for
 
 log = logging.getLogger("embedfleet.worker.bulk")
 

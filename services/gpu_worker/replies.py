@@ -7,7 +7,7 @@ replies of one requester are those whose reply subjects share an inbox (all but 
 reply alone goes to its own reply subject, and so does every reply to a requester that does not read
 Replies. A worker publishes only to the reply subjects of the messages it was given (what NATS
 permissions let it: ``allow_responses``): a reply's carrier is that of the message that brought its
-request (its own reply subject, unless the request came in a Requests: shared/bundles.py). Fewer
+request (its own reply subject, unless the request came in a Requests: shared/nats/bundles.py). Fewer
 messages mean fewer publishes here, fewer messages for nats-server to route, and fewer for the
 requester to take in.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embedfleet.shared.bundles import answer
+from embedfleet.shared.nats.bundles import answer
 from embedfleet.shared.protocol import Replies, encode
 
 # the bytes a Replies message takes besides its replies (type, keys, array headers), and each reply's

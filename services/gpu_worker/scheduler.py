@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from nats.aio.msg import Msg
 
+from embedfleet.shared.observability.tracing import TraceContext
 from embedfleet.shared.protocol import Spans, TokenChunk
-from embedfleet.shared.tracing import TraceContext
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class Work:
     # [count, dim] float32 (tokens, multivector: [tokens, dim]; spans: [spans, dim]), allocated on first result
     vectors: np.ndarray | None = None
     trace: TraceContext | None = None  # the trace context its message brought (spans.py)
-    carrier: str = ""  # the reply subject this process may answer on, when not ``reply`` (shared/bundles.py)
+    carrier: str = ""  # the reply subject this process may answer on, when not ``reply`` (shared/nats/bundles.py)
 
     @property
     def rows_left(self) -> int:

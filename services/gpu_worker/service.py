@@ -37,11 +37,13 @@ from embedfleet.services.gpu_worker.ragged import sparse_rows, split_inputs, tok
 from embedfleet.services.gpu_worker.replies import Outgoing
 from embedfleet.services.gpu_worker.scheduler import Batch, Scheduler, Work
 from embedfleet.services.gpu_worker.spans import record_work
-from embedfleet.shared.bundles import answer, is_bundle, unbundle
-from embedfleet.shared.cancel_keys import CancelKeys
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.lifecycle import register, start_jetstream_part
-from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.nats.bundles import answer, is_bundle, unbundle
+from embedfleet.shared.nats.cancel_keys import CancelKeys
+from embedfleet.shared.nats.lifecycle import register, start_jetstream_part
+from embedfleet.shared.nats.subjects import WORKER_QUEUE
+from embedfleet.shared.observability.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.observability.tracing import TraceContext, Tracer, bind, from_headers
 from embedfleet.shared.protocol import (
     DELIVERY_CHECK,
     MAX_STAGES,
@@ -56,10 +58,8 @@ from embedfleet.shared.protocol import (
     encode,
     row_bytes,
 )
-from embedfleet.shared.quantize import quantize
-from embedfleet.shared.subjects import WORKER_QUEUE
-from embedfleet.shared.tracing import TraceContext, Tracer, bind, from_headers
-from embedfleet.shared.vector_forms import FORMS, WIRE_FORMS
+from embedfleet.shared.vectors.forms import FORMS, WIRE_FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 FLOAT32 = FORMS["float32"].dtype
 
@@ -306,7 +306,7 @@ class WorkerService:
             log.warning("token batch without a reply subject dropped")
             return
         outgoing = Outgoing()  # the answers it gets at once (Held, refusals): one message per requester
-        if is_bundle(msg.data):  # a tokenizer's batches for one requester, in one message (shared/bundles.py)
+        if is_bundle(msg.data):  # a tokenizer's batches for one requester, in one message (shared/nats/bundles.py)
             try:
                 entries = unbundle(msg)
             except ProtocolError as exc:

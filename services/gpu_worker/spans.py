@@ -8,7 +8,7 @@ import time
 
 from embedfleet.services.gpu_worker.scheduler import Work
 from embedfleet.shared.errors import ServiceError
-from embedfleet.shared.tracing import TraceContext, Tracer, wall_ns
+from embedfleet.shared.observability.tracing import TraceContext, Tracer, wall_ns
 
 
 def record_work(tracer: Tracer, work: Work, name: str, error: ServiceError | None = None) -> TraceContext | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from embedfleet.shared.config import ConfigError, NatsConfig, nats_config
-from embedfleet.shared.metrics_server import MetricsEndpoint
+from embedfleet.shared.config.fabric import ConfigError, NatsConfig, nats_config
+from embedfleet.shared.config.options import from_options, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
-from embedfleet.shared.options import from_options, setting
-from embedfleet.shared.tracing import TracingConfig
+from embedfleet.shared.observability.metrics_server import MetricsEndpoint
+from embedfleet.shared.observability.tracing import TracingConfig
 
 
 @dataclass(frozen=True, slots=True)

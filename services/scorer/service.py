@@ -15,11 +15,13 @@ from nats.micro.service import Service
 from embedfleet.services.scorer.config import ScorerConfig
 from embedfleet.services.scorer.metrics import ScorerMetrics
 from embedfleet.services.scorer.scoring import cosine_rank, rank, sigmoid
-from embedfleet.shared.client import EmbedClient, part_of
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.fleet import FleetWatch
-from embedfleet.shared.lifecycle import register
-from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.nats.embed_client import EmbedClient, part_of
+from embedfleet.shared.nats.fleet import FleetWatch
+from embedfleet.shared.nats.lifecycle import register
+from embedfleet.shared.nats.subjects import SCORER_QUEUE, model_token
+from embedfleet.shared.observability.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.observability.tracing import Tracer, bind, from_headers
 from embedfleet.shared.protocol import (
     EmbedOptions,
     ErrorReply,
@@ -29,8 +31,6 @@ from embedfleet.shared.protocol import (
     decode_as,
     encode,
 )
-from embedfleet.shared.subjects import SCORER_QUEUE, model_token
-from embedfleet.shared.tracing import Tracer, bind, from_headers
 
 log = logging.getLogger("embedfleet.scorer")
 

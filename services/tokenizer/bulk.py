@@ -6,8 +6,8 @@ stream (JetStream's publish acknowledgement), and each token batch carries a mes
 hand the tokenizer sends in-progress beats. It takes a job batch only while fewer than
 ``--bulk-ahead`` token batches of its model wait for the workers, so a million-document job waits in
 the jobs stream rather than piling up as tokens. A malformed batch is given up at once as a dead
-letter (see shared/bulkwork.py); a batch of a cancelled job is acknowledged and dropped untokenized.
-Before anything else, a batch must be signed with its job's secret (shared/job_claims.py): a forged
+letter (see shared/jobs/work_queue.py); a batch of a cancelled job is acknowledged and dropped untokenized.
+Before anything else, a batch must be signed with its job's secret (shared/jobs/claims.py): a forged
 one, or one naming no submitted job, is a dead letter counted in no job's state.
 A chunked job's batch is cut (services/tokenizer/bulk_chunks.py): its rows are chunks, packed so that
 each result fits a message (late chunking: its sequences are windows, each with the chunks it owns as
@@ -30,7 +30,14 @@ from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, CutBatch, ove
 from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.encoder import pack_chunks
 from embedfleet.services.tokenizer.metrics import BulkEncoder
-from embedfleet.shared.bulkwork import (
+from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.chunk_progress import count_cut
+from embedfleet.shared.jobs.claims import ClaimBook
+from embedfleet.shared.jobs.progress import Rows
+from embedfleet.shared.jobs.publish import publish_durably
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.jobs.work_queue import (
     BatchInfo,
     Cancellations,
     Heartbeats,
@@ -39,16 +46,9 @@ from embedfleet.shared.bulkwork import (
     join_work,
     undecodable,
 )
-from embedfleet.shared.chunk_progress import count_cut
-from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_claims import ClaimBook
-from embedfleet.shared.job_publish import publish_durably
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.progress import Rows
+from embedfleet.shared.nats.subjects import model_token
+from embedfleet.shared.observability.tracing import Tracer, bind, current, from_headers, headers_for
 from embedfleet.shared.protocol import EmbedOptions, JobBatch, ProtocolError, Spans, TokenChunk, decode_as, encode
-from embedfleet.shared.subjects import model_token
-from embedfleet.shared.tracing import Tracer, bind, current, from_headers, headers_for
 
 log = logging.getLogger("embedfleet.tokenizer.bulk")
 

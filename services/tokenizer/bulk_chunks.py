@@ -24,7 +24,7 @@ from embedfleet.services.tokenizer.chunking import chunk_ids
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.services.tokenizer.metrics import BulkEncoder
 from embedfleet.shared.chunk_windows import late_windows
-from embedfleet.shared.options import default
+from embedfleet.shared.config.options import default
 from embedfleet.shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
 from embedfleet.shared.text_chunks import TextChunk
 
@@ -77,7 +77,7 @@ class BatchCutter:
     document of more than ``max_chars`` characters is given up unread; the others are tokenized a group
     at a time (bounded_cuts.py), so a batch holds one group's encodings at once. A document of more than
     ``max_chunks`` chunks is given up, and so is one that takes the batch past ``max_chunks`` in all (the
-    gateway and reindex fit batch sizes so that none does: shared/job_fit.py), so a batch's sequences
+    gateway and reindex fit batch sizes so that none does: shared/jobs/fit.py), so a batch's sequences
     are at most ``max_chunks`` however far its chunks overlap."""
 
     def __init__(

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 
-from embedfleet.shared.bundles import Entry
+from embedfleet.shared.nats.bundles import Entry
 
 log = logging.getLogger("embedfleet.tokenizer")
 

@@ -7,12 +7,12 @@ import json
 import os
 from dataclasses import dataclass
 
-from embedfleet.shared.config import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
-from embedfleet.shared.metrics_server import MetricsEndpoint
+from embedfleet.shared.config.fabric import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
+from embedfleet.shared.config.options import from_options, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
-from embedfleet.shared.options import from_options, setting
-from embedfleet.shared.tracing import TracingConfig
+from embedfleet.shared.observability.metrics_server import MetricsEndpoint
+from embedfleet.shared.observability.tracing import TracingConfig
 
 
 def parse_prompts(text: str) -> dict[str, str]:

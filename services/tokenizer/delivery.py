@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from embedfleet.shared.bundles import Item, pack, publish
+from embedfleet.shared.nats.bundles import Item, pack, publish
 from embedfleet.shared.protocol import DELIVERY_CHECK
 
 log = logging.getLogger("embedfleet.tokenizer")
@@ -42,7 +42,7 @@ class Sent:
     request_id: str
     model: str
     replies: bool = False  # the requester reads Replies: its batches may go in a Requests with others'
-    carrier: str = ""  # the reply subject this process may answer the requester on (shared/bundles.py)
+    carrier: str = ""  # the reply subject this process may answer the requester on (shared/nats/bundles.py)
     tries: int = 1  # subjects tried so far for these batches
 
 
@@ -69,7 +69,7 @@ class DeliveryCheck:
 
     async def publish(self, sents: list[Sent]) -> None:
         """Publish ``sents``' batches, those for one subject and one requester as one Requests message
-        where the requester reads Replies (shared/bundles.py), then check once per subject that they
+        where the requester reads Replies (shared/nats/bundles.py), then check once per subject that they
         reached someone (a group of requests gets one check a subject, not one a request)."""
         by_subject: dict[str, list[Sent]] = {}
         for sent in sents:

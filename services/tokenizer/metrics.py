@@ -169,7 +169,7 @@ class BulkEncoder:
         return ids
 
     def refused(self) -> None:
-        """A job batch refused before anything of it was read (shared/job_claims.py)."""
+        """A job batch refused before anything of it was read (shared/jobs/claims.py)."""
         self._metrics.refused_batch()
 
     def counted(self, ids: list[list[int]], seconds: float) -> None:

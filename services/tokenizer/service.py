@@ -25,11 +25,13 @@ from embedfleet.services.tokenizer.layout import Layouts
 from embedfleet.services.tokenizer.metrics import TokenizerMetrics
 from embedfleet.services.tokenizer.routing import Router
 from embedfleet.services.tokenizer.span_rows import place_spans
-from embedfleet.shared.bundles import Entry, answer, carrier_of, is_bundle, unbundle
-from embedfleet.shared.cancel_keys import CancelKeys
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.lifecycle import register, start_jetstream_part
-from embedfleet.shared.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.nats.bundles import Entry, answer, carrier_of, is_bundle, unbundle
+from embedfleet.shared.nats.cancel_keys import CancelKeys
+from embedfleet.shared.nats.lifecycle import register, start_jetstream_part
+from embedfleet.shared.nats.subjects import TOKENIZER_QUEUE, model_token
+from embedfleet.shared.observability.metrics_server import MetricsServer, serve_metrics
+from embedfleet.shared.observability.tracing import Span, Tracer, bind, from_headers, headers_for
 from embedfleet.shared.protocol import (
     ChunkRequest,
     DecodeRequest,
@@ -46,8 +48,6 @@ from embedfleet.shared.protocol import (
     decode_as,
     encode,
 )
-from embedfleet.shared.subjects import TOKENIZER_QUEUE, model_token
-from embedfleet.shared.tracing import Span, Tracer, bind, from_headers, headers_for
 
 log = logging.getLogger("embedfleet.tokenizer")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedfleet.shared.config import ConfigError
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.model_dir.families import position_offset
 from embedfleet.shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.outputs import (
@@ -24,7 +25,6 @@ from embedfleet.shared.model_dir.scoring import (
     score_activation,
 )
 from embedfleet.shared.model_dir.stack import check_dense_chain, pooling_mode, read_dense, read_stack
-from embedfleet.shared.model_families import position_offset
 
 
 def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo:

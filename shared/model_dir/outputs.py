@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedfleet.shared.config import ConfigError
+from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.model_dir.folder import ModelFolder, read_json
 from embedfleet.shared.model_dir.stack import DenseSpec, check_dense_chain, read_dense
 
@@ -163,7 +163,7 @@ def bge_m3_heads(folder: ModelFolder) -> tuple[SparseSpec | None, MultiVectorSpe
         dropped = set(_vocab_ids(path, tuple(names), keep_unknown=True))
         sparse = SparseSpec("linear", weights=sparse_file, dropped=tuple(sorted(dropped)))
     if colbert_file is not None:
-        from embedfleet.shared.heads import linear_shape  # reads the file's header only
+        from embedfleet.shared.model_dir.linear_heads import linear_shape  # reads the file's header only
 
         out, _ = linear_shape(colbert_file)
         multivector = MultiVectorSpec(linear=colbert_file, normalize=True, skip_first=True, dim=out, skiplist_tasks=())
@@ -192,7 +192,7 @@ def _vocab_ids(path: Path, words: tuple[str, ...], keep_unknown: bool = False) -
 
 def _pickled(path: Path) -> None:
     """A head saved only as a torch pickle: served without it (dense vectors still are), with the fix logged."""
-    from embedfleet.shared.heads import pickled_head
+    from embedfleet.shared.model_dir.linear_heads import pickled_head
 
     logging.getLogger("embedfleet.model").warning(
         "%s; until then the folder serves no output of that head", pickled_head(path)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedfleet.shared.config import ConfigError
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.model_dir.families import family_types
 from embedfleet.shared.model_dir.folder import ModelFolder, read_json
-from embedfleet.shared.model_families import family_types
 
 POOLING_MODES = ("mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len")
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")  # in the order they must run

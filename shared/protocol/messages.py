@@ -18,14 +18,14 @@ from embedfleet.shared.protocol.checks import TOKEN_DTYPE, ProtocolError, is_int
 from embedfleet.shared.protocol.chunk_rows import ChunkRows
 from embedfleet.shared.protocol.spans import Spans
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking, TextChunk
-from embedfleet.shared.vector_forms import FLOAT32, WIRE_FORMS
+from embedfleet.shared.vectors.forms import FLOAT32, WIRE_FORMS
 
 # the key layout written and read (docs/protocol.md), in which a key means one thing across all
 # messages; a message of another version is refused
 VERSION = 2
 
 
-# vectors' dtypes on the wire are the forms' codes (shared/vector_forms.py's WIRE_FORMS): f4 f2 i1 u1,
+# vectors' dtypes on the wire are the forms' codes (shared/vectors/forms.py's WIRE_FORMS): f4 f2 i1 u1,
 # and the bit-packed b1 (bytes shifted into int8) and ub1 (plain bytes), 8 components a byte
 def row_width(dtype: str, dim: int) -> int:
     """Stored elements per row of ``dim`` components: ``dim``, or ceil(dim / 8) for the bit-packed forms."""
@@ -107,7 +107,7 @@ class EmbedOptions:
 
     @property
     def form(self) -> str:
-        """The name of the vector form ``dtype`` codes (shared/vector_forms.py)."""
+        """The name of the vector form ``dtype`` codes (shared/vectors/forms.py)."""
         return WIRE_FORMS[self.dtype].name
 
     def to_wire(self) -> dict[str, Any]:

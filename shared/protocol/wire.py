@@ -59,7 +59,7 @@ from embedfleet.shared.protocol.messages import (
 )
 from embedfleet.shared.protocol.spans import CONTENT_KEYS, SEQUENCE_KEYS, spans_body, spans_field
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
-from embedfleet.shared.vector_forms import FLOAT32, WIRE_FORMS
+from embedfleet.shared.vectors.forms import FLOAT32, WIRE_FORMS
 
 
 def _tokens_wire(ids: np.ndarray) -> bytes:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.extras import MissingExtra, installed
-from embedfleet.shared.option import ConfigError
 from embedfleet.shared.sinks.base import ClientMissing, Hit, Rows, Shape, Sink, SinkError
 
 # scheme -> (module, class, the modules its store's client is made of)

@@ -49,7 +49,7 @@ def client_missing(exc: Exception, shown: str) -> ClientMissing | None:
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """What a job's rows are. ``form``: shared/vector_forms.py's (float32, float16, int8, uint8, binary,
+    """What a job's rows are. ``form``: shared/vectors/forms.py's (float32, float16, int8, uint8, binary,
     ubinary); ``output``: dense, sparse or multivector; ``dim``: components of a vector (a sparse
     output's vocabulary size); ``chunked``: rows are chunks of documents (id, chunk, start, end)."""
 

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError, client_missing
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 

@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from embedfleet.shared.sinks.base import Hit, Rows, Shape, SinkError, client_missing
-from embedfleet.shared.vector_forms import FLOAT32, FORMS
+from embedfleet.shared.vectors.forms import FLOAT32, FORMS
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # pgvector's type, its HNSW operator class and distance operator, by the job's form (sparse: by output)

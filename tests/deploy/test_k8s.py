@@ -10,10 +10,10 @@ import re
 import pytest
 
 from bench import image_sizes
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
-from embedfleet.shared.options import COMMANDS, env_names
-from embedfleet.shared.subjects import Subjects, model_token
+from embedfleet.shared.config.options import COMMANDS, env_names
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.nats.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
+from embedfleet.shared.nats.subjects import Subjects, model_token
 from tests.deploy.manifests import ROOT, render
 
 pytestmark = pytest.mark.slow
@@ -137,7 +137,7 @@ def test_prod_puts_one_worker_on_each_gpu_and_scales_on_the_bulk_lag():
 
 @pytest.mark.parametrize("path,servers", [("overlays/dev", 1), ("overlays/prod", 3)])
 def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, servers):
-    from embedfleet.shared.nats_server import MAX_PAYLOAD
+    from embedfleet.shared.nats.server import MAX_PAYLOAD
 
     docs = render(path)
     nats = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "nats")
@@ -155,7 +155,7 @@ def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, server
 def test_clients_know_every_nats_node_and_the_streams_survive_one_nodes_loss(path, servers):
     from urllib.parse import urlsplit
 
-    from embedfleet.shared.config import NatsConfig
+    from embedfleet.shared.config.fabric import NatsConfig
 
     docs = render(path)
     values = {

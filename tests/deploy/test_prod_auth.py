@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from embedfleet.shared.nats_server import find_binary
+from embedfleet.shared.nats.server import find_binary
 from tests.deploy.manifests import render
 
 pytestmark = pytest.mark.slow
 
-# the role whose user each command connects as (shared/permissions.py's roles)
+# the role whose user each command connects as (shared/nats/permissions.py's roles)
 ROLE_OF = {"gateway": "gateway", "tokenizer": "tokenizer", "worker": "worker", "scorer": "scorer", "init": "operator"}
 
 

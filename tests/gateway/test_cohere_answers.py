@@ -20,9 +20,9 @@ from embedfleet.services.gateway.cohere_answers import (
 from embedfleet.services.gateway.cohere_api import parse_embed, render_embed, render_rerank
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.rerank_api import parse_cohere, render_cohere
-from embedfleet.shared.quantize import quantize
 from embedfleet.shared.text_chunks import TextChunk
-from embedfleet.shared.vector_forms import COHERE_TYPES
+from embedfleet.shared.vectors.forms import COHERE_TYPES
+from embedfleet.shared.vectors.quantize import quantize
 from tests.gateway.served_answers import assert_holds, assert_served_answer_is
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)

@@ -16,9 +16,9 @@ from embedfleet.services.gateway.errors import ApiError, error_response
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.quantize import quantize
 from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 

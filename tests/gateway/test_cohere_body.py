@@ -23,7 +23,7 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import ChunkSpec
-from embedfleet.shared.vector_forms import COHERE_TYPES
+from embedfleet.shared.vectors.forms import COHERE_TYPES
 from tests.gateway.typed_bodies import assert_served_is_generated, request_schema, served_spec, verdicts
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)

@@ -11,10 +11,10 @@ from embedfleet.services.gateway.app import Gateway
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.metrics import Metrics
-from embedfleet.shared.config import ConfigError, NatsConfig
+from embedfleet.shared.config.fabric import ConfigError, NatsConfig
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.fleet import FleetView
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.nats.fleet import FleetView
+from embedfleet.shared.nats.subjects import Subjects
 
 
 class _Fleet:

@@ -14,10 +14,10 @@ import pytest
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.fleet import FleetView
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_streams import ensure_streams, stream_names
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.streams import ensure_streams, stream_names
+from embedfleet.shared.nats.fleet import FleetView
+from embedfleet.shared.nats.subjects import Subjects
 
 LIMIT = 100
 

@@ -8,7 +8,7 @@ from starlette.datastructures import QueryParams
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.health import Readiness, health_answer, parse_readiness
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.fleet import FleetView
+from embedfleet.shared.nats.fleet import FleetView
 
 
 def _view(tokenizers: list[str], workers: list[str]) -> FleetView:

@@ -12,7 +12,7 @@ from embedfleet.services.gateway.health import Readiness, health_answer
 from embedfleet.services.gateway.health_answers import Healthy, Unhealthy
 from embedfleet.services.gateway.openapi import openapi_spec, typed_schema
 from embedfleet.services.gateway.routes import ROUTES
-from embedfleet.shared.fleet import FleetView
+from embedfleet.shared.nats.fleet import FleetView
 
 HEALTH_PATHS = sorted(r.path for r in ROUTES if r.handler == "health")
 

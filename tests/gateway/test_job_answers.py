@@ -30,11 +30,11 @@ from embedfleet.services.gateway.job_list import JobListQuery, page_answer
 from embedfleet.services.gateway.job_results import ndjson_lines
 from embedfleet.services.gateway.jobs_api import _shown
 from embedfleet.services.gateway.openapi import openapi_spec, typed_schema
-from embedfleet.shared.job_results import Stored
-from embedfleet.shared.job_state import JOB_OUTPUTS, STATUSES, JobState
+from embedfleet.shared.jobs.results import Stored
+from embedfleet.shared.jobs.state import JOB_OUTPUTS, STATUSES, JobState
 from embedfleet.shared.protocol import ChunkRows
 from embedfleet.shared.text_chunks import BOUNDARIES
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
 from tests.shared.test_job_state import FULL  # every field of a state away from its default
 
 # what _shown leaves out of a job's record: the ledgers, the owner's key digest, the writer's lease

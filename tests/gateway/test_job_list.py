@@ -24,12 +24,12 @@ from embedfleet.services.gateway.job_list import (
 )
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.limits import bind_key
-from embedfleet.shared.job_bucket import update_state
-from embedfleet.shared.job_claims import make_claim
-from embedfleet.shared.job_requests import owner_digest
-from embedfleet.shared.job_state import JobState
-from embedfleet.shared.job_streams import ensure_streams
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import update_state
+from embedfleet.shared.jobs.claims import make_claim
+from embedfleet.shared.jobs.requests import owner_digest
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.jobs.streams import ensure_streams
+from embedfleet.shared.nats.subjects import Subjects
 from tests.job_states import submitted
 
 

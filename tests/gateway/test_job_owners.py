@@ -6,8 +6,8 @@ from embedfleet.services.cli import build_parser
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.limits import bind_key
-from embedfleet.shared.job_requests import owner_digest
-from embedfleet.shared.job_state import JobState
+from embedfleet.shared.jobs.requests import owner_digest
+from embedfleet.shared.jobs.state import JobState
 
 
 def test_a_job_is_seen_by_its_key_and_the_operators():

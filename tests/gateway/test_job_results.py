@@ -15,8 +15,8 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_results import ndjson_lines, negotiate
 from embedfleet.services.gateway.parquet_stream import ParquetStream
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_results import JobForm, Stored, unfinished
-from embedfleet.shared.job_state import JobState
+from embedfleet.shared.jobs.results import JobForm, Stored, unfinished
+from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 

@@ -15,8 +15,8 @@ from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.job_tokens import JobTokens
 from embedfleet.services.gateway.limits import KeyLimits, bind_key, estimated_tokens
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_state import DONE, RUNNING, JobState
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.jobs.state import DONE, RUNNING, JobState
+from embedfleet.shared.nats.server import EmbeddedNats
 
 
 class Clock:

@@ -14,10 +14,10 @@ from embedfleet.services.gateway.jobs_api import inline_documents, job_options, 
 from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, JobBody
 from embedfleet.services.gateway.openai_body import ChunkingBody, ChunkSpecBody
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_state import JOB_OUTPUTS
+from embedfleet.shared.jobs.state import JOB_OUTPUTS
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES
+from embedfleet.shared.vectors.forms import EMBEDDING_TYPES
 from tests.gateway.typed_bodies import added_field, is_generated, scalar_cases, served_body
 
 BASE: dict[str, Any] = {"documents": [{"id": "a", "text": "one"}]}

@@ -12,7 +12,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from embedfleet.services.gateway.job_metrics import KEEP_FINISHED
 from embedfleet.services.gateway.metrics import Metrics
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.nats.subjects import Subjects
 from tests.prometheus_text import has, value
 from tests.waiting import eventually
 
@@ -30,7 +30,7 @@ class FakeJetStream:
         return [SimpleNamespace(name=n, num_pending=p, num_ack_pending=a) for n, p, a in self.consumers.get(stream, [])]
 
 
-# what a submission records besides model and documents (shared/job_state.py's SUBMISSION)
+# what a submission records besides model and documents (shared/jobs/state.py's SUBMISSION)
 SUBMITTED = {"input": "inline", "embedding_type": "float32", "output": "dense"}
 
 

@@ -25,9 +25,9 @@ from embedfleet.services.gateway.openai_answers import (
 from embedfleet.services.gateway.openai_api import render_embeddings
 from embedfleet.services.gateway.search import Search
 from embedfleet.services.gateway.search_store import SearchTables
-from embedfleet.shared.quantize import quantize
 from embedfleet.shared.text_chunks import TextChunk
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import quantize
 from tests.gateway.served_answers import assert_holds, assert_served_answer_is
 
 # two inputs: the first in two chunks, the second in one

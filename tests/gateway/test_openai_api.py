@@ -8,8 +8,8 @@ from embedfleet.services.gateway.errors import TABLE, ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.openai_api import parse_embeddings_request, render_embeddings
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.quantize import quantize
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)
 

@@ -16,7 +16,7 @@ from embedfleet.services.gateway.openai_body import ChunkingBody, EmbeddingsBody
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import BOUNDARIES
-from embedfleet.shared.vector_forms import EMBEDDING_TYPES
+from embedfleet.shared.vectors.forms import EMBEDDING_TYPES
 from tests.gateway.typed_bodies import resolved
 
 LIMITS = Limits(max_inputs=10, max_input_chars=100)

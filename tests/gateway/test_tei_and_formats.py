@@ -18,9 +18,9 @@ from embedfleet.services.gateway.tei_api import (
 )
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import TokenizeResult
-from embedfleet.shared.quantize import quantize
 from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import quantize
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)
 

@@ -28,9 +28,9 @@ from embedfleet.services.gateway.tei_api import (
 )
 from embedfleet.services.gateway.tei_tasks import PredictCall, render_decode, render_predict, render_similarity
 from embedfleet.shared.protocol import TokenizeResult
-from embedfleet.shared.quantize import quantize
 from embedfleet.shared.text_chunks import TextChunk
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import quantize
 from tests.gateway.typed_bodies import resolved, served_spec
 
 ANSWERS: dict[tuple[str, str], type[BaseModel]] = {

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -3,8 +3,8 @@ import pytest
 from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.load_reports import ReportCadence
 from embedfleet.services.tokenizer.routing import Router
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.options import default
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.options import default
 from embedfleet.shared.protocol import LoadReport
 
 BUSY, IDLE = 0.05, 0.25

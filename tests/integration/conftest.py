@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import Service, count_services, healthy, wait_until
 from tests.role_images import role_env
 

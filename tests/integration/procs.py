@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import nats
 
-from embedfleet.shared.subjects import SERVICE_NAMES
+from embedfleet.shared.nats.subjects import SERVICE_NAMES
 from tests import waiting
 
 
@@ -132,7 +132,7 @@ def count_services(
 async def job_settled(kv, job: str, timeout: float = 30.0) -> dict:
     """A job's state once it is no longer running (or as it is when ``timeout`` seconds have passed), as
     the bucket holds it (its record)."""
-    from embedfleet.shared.job_bucket import read_state
+    from embedfleet.shared.jobs.bucket import read_state
 
     deadline = time.monotonic() + timeout
     while True:
@@ -179,7 +179,7 @@ def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
     """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled); each answer read
     is held to the route's model."""
     from embedfleet.services.gateway.job_answers import JobStatus
-    from embedfleet.shared.job_state import FINISHED
+    from embedfleet.shared.jobs.state import FINISHED
 
     seen: dict = {}
 
@@ -205,7 +205,7 @@ def healthy(base_url: str) -> bool:
 def another_gateway(nats_url: str, args: Sequence[str], log_dir: Path, what: str = "another gateway") -> Iterator[str]:
     """One more gateway on the fleet at ``nats_url`` with ``args``, for a fixture to yield from: yields
     its base URL once healthy, stops it after."""
-    from embedfleet.shared.nats_server import free_port
+    from embedfleet.shared.nats.server import free_port
 
     port = free_port()
     gateway = Service("gateway", ["--nats", nats_url, "--port", str(port), *args], log_dir)
@@ -223,7 +223,7 @@ def start_fleet(
     """A tokenizer and a worker per model folder (``named``: served under its key, else the folder's
     name), the ``extra`` services, and a gateway, all on subjects under ``prefix``; returns the
     gateway's URL and the services once the gateway is healthy and every worker answers."""
-    from embedfleet.shared.nats_server import free_port
+    from embedfleet.shared.nats.server import free_port
 
     common = ["--nats", nats_url, "--subject-prefix", prefix]
     services: list[Service] = []

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import wait_until
 
 

@@ -27,7 +27,8 @@ import pytest
 
 from embedfleet.services.gpu_worker.service import ROWS_PER_BATCH
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import (
     Cancel,
     EmbedRequest,
@@ -38,7 +39,6 @@ from embedfleet.shared.protocol import (
     decode_as,
     encode,
 )
-from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until

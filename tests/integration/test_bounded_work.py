@@ -17,15 +17,15 @@ from pathlib import Path
 import nats
 import pytest
 
-from embedfleet.shared.client import EmbedClient
+from embedfleet.shared.config.options import default
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_publish import submit
-from embedfleet.shared.job_streams import ensure_streams
-from embedfleet.shared.options import default
-from embedfleet.shared.progress import Rows
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.progress import Rows
+from embedfleet.shared.jobs.publish import submit
+from embedfleet.shared.jobs.streams import ensure_streams
+from embedfleet.shared.nats.embed_client import EmbedClient
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until

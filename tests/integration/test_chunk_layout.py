@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from embedfleet.services.tokenizer.chunking import cut
 from embedfleet.services.tokenizer.encoder import TextEncoder
-from embedfleet.shared.client import EmbedClient
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.nats.embed_client import EmbedClient
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import ChunkLayout, ChunkRequest, EmbedOptions, ErrorReply, decode, encode
-from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import ChunkSpec
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats_server import free_port
-from embedfleet.shared.quantize import quantize
+from embedfleet.shared.nats.server import free_port
+from embedfleet.shared.vectors.quantize import quantize
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until

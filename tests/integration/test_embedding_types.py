@@ -11,8 +11,8 @@ import numpy as np
 import openai
 import pytest
 
-from embedfleet.shared.quantize import dequantize, quantize
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.vectors.forms import FORMS
+from embedfleet.shared.vectors.quantize import dequantize, quantize
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 
@@ -83,7 +83,7 @@ def test_int8_rows_keep_the_float_rows_direction(stack, texts, floats):
     got = _ints(_embed(stack, texts, embedding_type="int8"), "int8")
     assert got.shape == (len(texts), DIM)
     assert cosines(got.astype(np.float32), floats).min() >= INT8_COSINE
-    _assert_within_a_step(got, quantize(floats, "int8"))  # the rule of shared/quantize.py, made on the worker
+    _assert_within_a_step(got, quantize(floats, "int8"))  # the rule of shared/vectors/quantize.py, made on the worker
 
 
 def test_uint8_rows_dequantized_keep_the_float_rows_direction(stack, texts, floats):

@@ -12,10 +12,10 @@ import pytest
 
 from embedfleet.services.gateway.health_answers import Healthy
 from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
-from embedfleet.shared.client import EmbedClient
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.nats.embed_client import EmbedClient
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 
@@ -201,8 +201,8 @@ def test_output_options_travel_to_the_worker(stack, texts, expected):
 
 def test_quantized_forms_are_made_on_the_worker(stack, texts, expected):
     """int8, uint8, binary and ubinary rows from the worker over NATS: the reference's vectors quantized
-    by the same rule (shared/quantize.py), and as few bytes as the form says."""
-    from embedfleet.shared.quantize import dequantize, quantize
+    by the same rule (shared/vectors/quantize.py), and as few bytes as the form says."""
+    from embedfleet.shared.vectors.quantize import dequantize, quantize
 
     async def run(dtype: str) -> tuple[np.ndarray, int]:
         import nats

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
@@ -164,8 +164,8 @@ def test_llm_reranker_scores_equal_cross_encoder(fleet, nats_url):
     import nats
     import torch
 
+    from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import RerankRequest, RerankResult, decode, encode
-    from embedfleet.shared.subjects import Subjects
     from tests.corpus import medium_texts
     from tests.tiny_llm_rerankers import reference
 

@@ -14,7 +14,7 @@ import pytest
 
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
-from embedfleet.shared.subjects import SERVICE_NAMES
+from embedfleet.shared.nats.subjects import SERVICE_NAMES
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, holds_rows, scraped, wait_until

@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.fleet_client import FleetClient
-from embedfleet.shared.option import ConfigError
+from embedfleet.shared.nats.fleet_client import FleetClient
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 
@@ -103,7 +103,7 @@ def test_the_readmes_example_runs_as_written_against_the_local_stack(stack, tmp_
     import sys
     from pathlib import Path
 
-    from embedfleet.shared.local_stack import LocalStack
+    from embedfleet.shared.nats.local_stack import LocalStack
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("## From Python, over NATS", 1)[1]

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from embedfleet.services.gateway.tei_answers import TeiInfo, TeiTokenizeAnswer
-from embedfleet.shared.tracing import TraceContext
+from embedfleet.shared.observability.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import another_gateway, wait_until

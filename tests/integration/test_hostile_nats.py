@@ -25,9 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embedfleet.shared.bulkwork import TRUNCATED
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.job_streams import stream_names
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.jobs.work_queue import TRUNCATED
+from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects
 from embedfleet.shared.protocol import (
     MAX_ID,
     MAX_STAGES,
@@ -53,7 +54,6 @@ from embedfleet.shared.protocol import (
     decode_as,
     encode,
 )
-from embedfleet.shared.subjects import SERVICE_NAMES, Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.integration.procs import count_services, wait_until
 from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field

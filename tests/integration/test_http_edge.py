@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import Service, healthy, wait_until
 from tests.prometheus_text import has, value
 

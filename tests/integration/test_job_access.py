@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from embedfleet.shared.job_state import FINISHED
+from embedfleet.shared.jobs.state import FINISHED
 from tests.integration.procs import another_gateway, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,11 @@ import httpx
 import nats
 import pytest
 
-from embedfleet.shared.documents import job_id_for
-from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_state import JobState, Run
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.documents import job_id_for
+from embedfleet.shared.jobs.state import JobState, Run
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.nats.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.job_states import submitted
 

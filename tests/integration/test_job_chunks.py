@@ -154,7 +154,7 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
 async def _stored(url: str, job: str):
     import nats
 
-    from embedfleet.shared.subjects import Subjects
+    from embedfleet.shared.nats.subjects import Subjects
 
     nc = await nats.connect(url)
     try:

@@ -21,12 +21,12 @@ import nats
 import numpy as np
 import pytest
 
-from embedfleet.shared.job_bucket import read_state
-from embedfleet.shared.job_publish import submit
-from embedfleet.shared.job_streams import stream_names
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.jobs.bucket import read_state
+from embedfleet.shared.jobs.publish import submit
+from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.nats.server import EmbeddedNats
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, stored_chunks, stored_doc_ids, wait_until

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedfleet.services.gateway.job_answers import JobResultLine, JobSubmitted
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, healthy, wait_until
@@ -172,9 +172,9 @@ def _record(stack, job: str, **state) -> None:
     """A job's record as a publisher writes it, with no batch published: its state is all there is."""
     import nats
 
-    from embedfleet.shared.job_bucket import update_state
-    from embedfleet.shared.job_streams import ensure_streams
-    from embedfleet.shared.subjects import Subjects
+    from embedfleet.shared.jobs.bucket import update_state
+    from embedfleet.shared.jobs.streams import ensure_streams
+    from embedfleet.shared.nats.subjects import Subjects
     from tests.job_states import submitted
 
     async def main() -> None:
@@ -230,11 +230,11 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     import msgpack
     import nats
 
-    from embedfleet.shared.job_bucket import update_state
-    from embedfleet.shared.job_claims import make_claim
-    from embedfleet.shared.job_streams import ensure_streams
+    from embedfleet.shared.jobs.bucket import update_state
+    from embedfleet.shared.jobs.claims import make_claim
+    from embedfleet.shared.jobs.streams import ensure_streams
+    from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
-    from embedfleet.shared.subjects import Subjects
     from tests.integration.procs import job_settled
     from tests.job_states import submitted
 
@@ -331,9 +331,9 @@ def test_stored_order_is_streamed_and_input_order_is_fetched(stack, tmp_path):
     leaves the foreign rows out, and `jobs fetch` writes input order."""
     import nats
 
-    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.jobs.streams import ensure_streams, stream_names
+    from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import JobResult, encode
-    from embedfleet.shared.subjects import Subjects
 
     subjects, job = Subjects("embedfleet"), "results-order"
     rows = np.arange(6 * 4, dtype="<f4").reshape(6, 4) / 10

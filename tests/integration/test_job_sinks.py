@@ -19,7 +19,7 @@ import numpy as np
 import pgserver
 import pytest
 
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.nats.server import EmbeddedNats
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import count_services, wait_until

@@ -20,7 +20,7 @@ import pgserver
 import pytest
 
 from embedfleet.services.gateway.job_answers import JobSubmitted
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, job_finished, wait_until

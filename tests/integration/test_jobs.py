@@ -92,7 +92,7 @@ def test_a_job_sent_to_an_idle_stack_is_done_at_once(stack):
 
     import httpx
 
-    from embedfleet.shared.bulkwork import FETCH_WAIT
+    from embedfleet.shared.jobs.work_queue import FETCH_WAIT
 
     time.sleep(FETCH_WAIT + 1)  # the scenario: both stages idle, each in a fetch left waiting
     sent = time.monotonic()
@@ -154,11 +154,11 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     import msgpack
     import nats
 
-    from embedfleet.shared.job_bucket import update_state
-    from embedfleet.shared.job_claims import make_claim
-    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    from embedfleet.shared.jobs.bucket import update_state
+    from embedfleet.shared.jobs.claims import make_claim
+    from embedfleet.shared.jobs.streams import ensure_streams, stream_names
+    from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
-    from embedfleet.shared.subjects import Subjects
     from tests.integration.procs import job_settled
     from tests.job_states import submitted
 
@@ -293,9 +293,9 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     import httpx
     import nats
 
-    from embedfleet.shared.job_streams import stream_names
+    from embedfleet.shared.jobs.streams import stream_names
+    from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import JobResult, decode_as
-    from embedfleet.shared.subjects import Subjects
     from tests.integration.procs import wait_until
 
     subjects, model, url = Subjects("embedfleet"), "all-MiniLM-L6-v2", stack.nats_url

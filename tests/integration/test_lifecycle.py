@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from embedfleet.services.gateway.health_answers import Unhealthy
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until
 
@@ -124,8 +124,8 @@ def test_init_creates_the_streams(nats_url):
 
     import nats as nats_client
 
-    from embedfleet.shared.job_streams import stream_names
-    from embedfleet.shared.subjects import Subjects
+    from embedfleet.shared.jobs.streams import stream_names
+    from embedfleet.shared.nats.subjects import Subjects
 
     for _ in range(2):  # idempotent
         out = subprocess.run(

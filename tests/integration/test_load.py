@@ -19,9 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import ErrorReply, TokenChunk, decode, encode
-from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, healthy, wait_until

@@ -19,9 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.shared.local_stack import LocalStack, read_stack
 from embedfleet.shared.model_dir.folder import default_model_path
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.local_stack import LocalStack, read_stack
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import Service, one_shot, port_open, wait_until
 from tests.tiny_models import build
 
@@ -106,7 +106,7 @@ def test_reindex_given_a_url_and_no_model_refuses_to_guess_among_several(local_u
 def test_fleet_client_given_no_model_embeds_with_the_stacks_default(local_up, monkeypatch):
     """FleetClient, finding the stack, embeds with the default model: the vector TEI's /embed (a route
     that takes no model) answers for the same text."""
-    from embedfleet.shared.fleet_client import FleetClient
+    from embedfleet.shared.nats.fleet_client import FleetClient
 
     _clear_nats_environment(monkeypatch)
 

@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, wait_until

@@ -29,9 +29,9 @@ import nkeys
 import pytest
 
 from embedfleet.services.cli import build_parser
-from embedfleet.shared.config import NATS_SECURITY_ENV, PASSWORD_ENV, TOKEN_ENV, NatsConfig, nats_config
-from embedfleet.shared.lifecycle import connect
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
+from embedfleet.shared.config.fabric import NATS_SECURITY_ENV, PASSWORD_ENV, TOKEN_ENV, NatsConfig, nats_config
+from embedfleet.shared.nats.lifecycle import connect
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.protocol import TokenizeRequest, TokenizeResult, decode_as, encode
 from tests.integration.procs import Service, wait_until
 from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key

@@ -19,9 +19,9 @@ import nats
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats_server import EmbeddedNats
-from embedfleet.shared.permissions import ROLES, role_permissions
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.nats.permissions import ROLES, role_permissions
+from embedfleet.shared.nats.server import EmbeddedNats
+from embedfleet.shared.nats.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.nats_refusals import refusals
 from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
@@ -363,9 +363,9 @@ def test_faults_under_permissions_a_dead_letter_and_a_worker_stopped_mid_job(fab
     and a second worker, under the same role's user, finishes the job. Nothing is refused."""
     import msgpack
 
-    from embedfleet.shared.job_bucket import update_state
-    from embedfleet.shared.job_claims import make_claim
-    from embedfleet.shared.job_streams import open_streams, stream_names
+    from embedfleet.shared.jobs.bucket import update_state
+    from embedfleet.shared.jobs.claims import make_claim
+    from embedfleet.shared.jobs.streams import open_streams, stream_names
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
 
     subjects = Subjects()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from embedfleet.services.gateway.cohere_answers import RerankV1Answer
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 

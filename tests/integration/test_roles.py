@@ -19,12 +19,12 @@ import nats
 import pytest
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from embedfleet.shared.job_claims import claim_subject, claims_stream, make_claim, read_claim
-from embedfleet.shared.job_requests import owner_digest
-from embedfleet.shared.job_streams import bucket_stream, stream_names
-from embedfleet.shared.nats_server import EmbeddedNats
-from embedfleet.shared.permissions import CONNECTION_NAMES, inbox_prefix
-from embedfleet.shared.subjects import Subjects, model_token
+from embedfleet.shared.jobs.claims import claim_subject, claims_stream, make_claim, read_claim
+from embedfleet.shared.jobs.requests import owner_digest
+from embedfleet.shared.jobs.streams import bucket_stream, stream_names
+from embedfleet.shared.nats.permissions import CONNECTION_NAMES, inbox_prefix
+from embedfleet.shared.nats.server import EmbeddedNats
+from embedfleet.shared.nats.subjects import Subjects, model_token
 from tests.integration.nats_refusals import refusals
 from tests.integration.procs import Service, count_services, healthy, wait_until
 
@@ -261,7 +261,7 @@ def test_a_forged_batch_is_refused_and_the_victims_job_unchanged(fleet):
     """Batches the publisher sends naming the victim (unsigned; signed with the publisher's own, later
     claim of the same id) and naming no job: refused by the tokenizer and counted, nothing merged —
     the victim still shows 6 done of 6 with 6 results, the phantom has no record."""
-    from embedfleet.shared.job_bucket import read_state
+    from embedfleet.shared.jobs.bucket import read_state
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
 
     before, lines = _victim(fleet)
@@ -300,7 +300,7 @@ def test_a_forged_batch_is_refused_and_the_victims_job_unchanged(fleet):
 
 def _record(fleet: Fleet) -> tuple[bytes, int, bytes | None]:
     """The victim's record as the bucket holds it (value, revision), and its progress key's value."""
-    from embedfleet.shared.job_bucket import progress_key
+    from embedfleet.shared.jobs.bucket import progress_key
 
     async def body(js):
         kv = await js.key_value(NAMES["kv"])
@@ -319,7 +319,7 @@ def test_a_stage_neither_rewrites_nor_deletes_a_jobs_record(fleet, role):
     are as they were. The victim's counts, 6 done of 6, came through its progress key."""
     import orjson
 
-    from embedfleet.shared.job_bucket import progress_key
+    from embedfleet.shared.jobs.bucket import progress_key
 
     before, lines = _victim(fleet)
     record, revision, progress = _record(fleet)
@@ -349,7 +349,7 @@ def test_a_rewritten_owner_is_not_served_to_another_key(fleet):
     reads it. Last in this module: the victim's record stays rewritten."""
     from dataclasses import replace
 
-    from embedfleet.shared.job_bucket import update_state
+    from embedfleet.shared.jobs.bucket import update_state
 
     assert _get(fleet, f"/v1/jobs/{fleet.victim}", KEY_B).status_code == 404  # another key's job: as none
 
@@ -369,7 +369,7 @@ def test_a_rewritten_owner_is_not_served_to_another_key(fleet):
 def test_a_service_waits_for_init_to_make_a_missing_stream(fleet):
     """A stream missing (the dead letters'), a service's user may not make it: the service waits, and
     goes on once `embedfleet init`, run by the operator, has made it. Last: the stream is made anew."""
-    from embedfleet.shared.job_streams import open_streams
+    from embedfleet.shared.jobs.streams import open_streams
 
     _operator(fleet, lambda js: js.delete_stream(NAMES["dead"]))
 

@@ -10,10 +10,10 @@ import httpx
 import nats
 import pytest
 
-from embedfleet.shared.nats_server import EmbeddedNats, free_port
-from embedfleet.shared.options import default
+from embedfleet.shared.config.options import default
+from embedfleet.shared.nats.server import EmbeddedNats, free_port
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import LoadReport, decode
-from embedfleet.shared.subjects import Subjects
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 

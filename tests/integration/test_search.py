@@ -24,7 +24,7 @@ import pgserver
 import pytest
 
 from embedfleet.services.gateway.search_answers import SearchAnswer
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
 from tests.corpus import mixed_texts

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import (
     EmbedOptions,
     EmbedRequest,
@@ -25,7 +26,6 @@ from embedfleet.shared.protocol import (
     decode,
     encode,
 )
-from embedfleet.shared.subjects import Subjects
 
 pytestmark = pytest.mark.integration
 

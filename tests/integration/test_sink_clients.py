@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.role_images import absent_env
 
 pytestmark = pytest.mark.integration

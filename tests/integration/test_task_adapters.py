@@ -22,10 +22,10 @@ import pytest
 from safetensors.torch import load_file
 
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.local_stack import read_stack
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.local_stack import read_stack
+from embedfleet.shared.nats.server import free_port
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions, ErrorReply, TokenChunk, decode, encode
-from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, wait_until

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from embedfleet.services.gateway.metrics import key_id
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
 from tests.integration.procs import Service, healthy, start_fleet, wait_until

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bench.otlp_sink import OtlpSink, ReceivedSpan
-from embedfleet.shared.tracing import TraceContext
+from embedfleet.shared.observability.tracing import TraceContext
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 

@@ -18,8 +18,8 @@ import nats
 import numpy as np
 import pytest
 
-from embedfleet.shared.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import healthy, one_shot, port_open, wait_until
 from tests.prometheus_text import value
 

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import wait_until
 from tests.integration.test_up import FIXED_BUDGET
 

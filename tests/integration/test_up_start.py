@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from embedfleet.shared.model_dir.folder import default_model_path
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import healthy, wait_until
 from tests.integration.test_up import FIXED_BUDGET, _child, _start_up, _stop
 

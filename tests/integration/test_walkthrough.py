@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.nats.server import free_port
 from tests.integration.procs import wait_until
 
 pytestmark = pytest.mark.integration

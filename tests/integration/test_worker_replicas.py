@@ -14,10 +14,10 @@ from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.service import WorkerService
 from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.service import TokenizerService
-from embedfleet.shared.client import EmbedClient
-from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.config.fabric import NatsConfig
+from embedfleet.shared.nats.embed_client import EmbedClient
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
 from tests.integration.procs import Service, count_services, wait_until

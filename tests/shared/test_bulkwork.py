@@ -8,12 +8,12 @@ import uuid
 import nats
 import pytest
 
-from embedfleet.shared.bulkwork import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
-from embedfleet.shared.config import JobSettings
-from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_state import DeadBatch
-from embedfleet.shared.job_streams import ensure_streams, stream_names
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.config.fabric import JobSettings
+from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.state import DeadBatch
+from embedfleet.shared.jobs.streams import ensure_streams, stream_names
+from embedfleet.shared.jobs.work_queue import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
+from embedfleet.shared.nats.subjects import Subjects
 from tests.job_states import submitted
 from tests.waiting import eventually
 
@@ -147,7 +147,7 @@ def test_message_ids_name_the_job():
 def test_undecodable_batches_still_name_their_job_and_documents():
     import msgpack
 
-    from embedfleet.shared.bulkwork import undecodable
+    from embedfleet.shared.jobs.work_queue import undecodable
 
     data = msgpack.packb({"v": 1, "t": "job", "id": 7, "di": ["a", "b"], "x": [1, 2]})
     assert undecodable(data, {"Nats-Msg-Id": "j:3"}, 1) == BatchInfo("j", 3, 0, 2)
@@ -155,7 +155,7 @@ def test_undecodable_batches_still_name_their_job_and_documents():
 
 
 def test_job_settings_are_checked():
-    from embedfleet.shared.config import ConfigError
+    from embedfleet.shared.config.fabric import ConfigError
 
     assert JobSettings(ack_wait=8).heartbeat == 2
     with pytest.raises(ConfigError, match="--ack-wait"):
@@ -165,7 +165,7 @@ def test_job_settings_are_checked():
 def test_only_valid_kv_keys_name_a_job_state():
     """A forged job id (from an untrusted bulk message) must not reach the KV bucket: the server would
     refuse the key on every try."""
-    from embedfleet.shared.job_bucket import MAX_JOB_ID, has_state_key
+    from embedfleet.shared.jobs.bucket import MAX_JOB_ID, has_state_key
 
     assert has_state_key("job-1_a=b/c.d")
     assert has_state_key("j" * MAX_JOB_ID)
@@ -174,8 +174,8 @@ def test_only_valid_kv_keys_name_a_job_state():
 
 
 def test_cancellations_are_read_from_the_job_state_and_held(nats_url):
-    from embedfleet.shared.bulkwork import Cancellations
-    from embedfleet.shared.job_status import cancel_job
+    from embedfleet.shared.jobs.status import cancel_job
+    from embedfleet.shared.jobs.work_queue import Cancellations
 
     async def main() -> None:
         nc, _js, kv, _subjects = await _setup(nats_url)
@@ -201,7 +201,7 @@ def test_cancellations_are_read_from_the_job_state_and_held(nats_url):
 def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url):
     """A pull request left open (a fetch given up as the batch arrived) delivers the batch to a stage
     that stopped fetching: handed back, another stage gets it now, not after ack_wait (60 s)."""
-    from embedfleet.shared.bulkwork import hand_back_pending
+    from embedfleet.shared.jobs.work_queue import hand_back_pending
 
     async def main() -> None:
         nc, js, _kv, subjects = await _setup(nats_url)
@@ -232,7 +232,7 @@ def test_a_batch_delivered_after_the_last_fetch_is_handed_back_at_once(nats_url)
 def test_a_work_queue_makes_its_lost_consumer_again_and_takes_work_through_it(nats_url):
     """The server lost the stage's durable consumer (deleted, or kept on a node that is gone): the
     stage's work queue finds out, makes it again and binds to it, and the batches waiting are taken."""
-    from embedfleet.shared.bulkwork import WorkQueue
+    from embedfleet.shared.jobs.work_queue import WorkQueue
 
     async def main() -> None:
         nc, js, _kv, subjects = await _setup(nats_url)
@@ -262,7 +262,7 @@ def test_an_idle_work_queue_takes_a_batch_as_it_is_published(nats_url):
     batch published meanwhile is taken at once, not when the wait ends."""
     import time
 
-    from embedfleet.shared.bulkwork import FETCH_WAIT, WorkQueue
+    from embedfleet.shared.jobs.work_queue import FETCH_WAIT, WorkQueue
 
     async def main() -> float:
         nc, js, _kv, subjects = await _setup(nats_url)
@@ -298,7 +298,7 @@ def test_stop_fetching_ends_the_wait_at_once_and_a_late_batch_is_handed_back(nat
     back for another stage at once."""
     import time
 
-    from embedfleet.shared.bulkwork import WorkQueue
+    from embedfleet.shared.jobs.work_queue import WorkQueue
 
     async def main() -> None:
         nc, js, _kv, subjects = await _setup(nats_url)

@@ -1,4 +1,4 @@
-from embedfleet.shared.cancel_keys import CancelKeys
+from embedfleet.shared.nats.cancel_keys import CancelKeys
 from embedfleet.shared.protocol import Cancel, Held, encode
 
 KEY, OTHER = b"k" * 16, b"o" * 16

@@ -1,5 +1,5 @@
 """A chunked job's batches fitted to the tokenizers' --max-chunks before anything is published
-(shared/job_fit.py): counted from characters / (size - overlap), a token a character, so that no
+(shared/jobs/fit.py): counted from characters / (size - overlap), a token a character, so that no
 batch's documents together pass the limit the tokenizer holds a batch to; a document that alone makes
 more is a batch alone; a tokenizer that says no limit leaves the size as asked."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.shared.fleet import FleetView
-from embedfleet.shared.job_fit import JobTooLarge, check_job
+from embedfleet.shared.jobs.fit import JobTooLarge, check_job
+from embedfleet.shared.nats.fleet import FleetView
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 

@@ -1,4 +1,4 @@
-"""A chunked job's counts (shared/chunk_progress.py through shared/job_status.py): documents and chunks each
+"""A chunked job's counts (shared/jobs/chunk_progress.py through shared/jobs/status.py): documents and chunks each
 counted once whatever order token batches are stored, stored again, given up or cut again in."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from embedfleet.shared.chunk_progress import count_cut
-from embedfleet.shared.job_state import CANCELLED, DeadBatch, JobState
-from embedfleet.shared.job_status import count_done, count_failed, late_rows
-from embedfleet.shared.progress import Ledger, Rows
+from embedfleet.shared.jobs.chunk_progress import count_cut
+from embedfleet.shared.jobs.progress import Ledger, Rows
+from embedfleet.shared.jobs.state import CANCELLED, DeadBatch, JobState
+from embedfleet.shared.jobs.status import count_done, count_failed, late_rows
 from embedfleet.shared.protocol import ChunkRows
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from embedfleet.shared.client import _Pending, _subset
+from embedfleet.shared.nats.embed_client import _Pending, _subset
 from embedfleet.shared.protocol import EmbedRequest, EmbedResult, Held, ProtocolError
 
 DIM = 4

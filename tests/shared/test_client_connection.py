@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from embedfleet.shared.client import EmbedClient
-from embedfleet.shared.config import NatsConfig
+from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from embedfleet.shared.lifecycle import connect
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.nats.embed_client import EmbedClient
+from embedfleet.shared.nats.lifecycle import connect
+from embedfleet.shared.nats.server import EmbeddedNats
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 
 pytestmark = pytest.mark.integration
 
@@ -64,5 +64,5 @@ def test_a_dropped_connection_fails_the_requests_in_flight_at_once(tmp_path, cap
         assert outcome.code is ErrorCode.NO_RESPONDERS
         assert outcome.message == "lost the connection to the NATS server; retry shortly"
     assert ended - killed < 2.0, ended - killed  # at once, not at the 30 s deadline
-    # the callback embedfleet.shared.lifecycle.connect gave the connection still runs after the client's
+    # the callback embedfleet.shared.nats.lifecycle.connect gave the connection still runs after the client's
     assert "nats: disconnected" in caplog.text

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.documents import job_id_for, read_documents, read_fields, read_input
-from embedfleet.shared.vector_forms import FORMS
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.jobs.documents import job_id_for, read_documents, read_fields, read_input
+from embedfleet.shared.vectors.forms import FORMS
 
 
 def test_job_id_differs_by_form_and_not_otherwise(tmp_path: Path):

@@ -8,8 +8,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from embedfleet.shared.client import part_of, reply_error
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.nats.embed_client import part_of, reply_error
 from embedfleet.shared.protocol import ErrorReply, ProtocolError, decode, encode
 
 

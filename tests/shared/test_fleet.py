@@ -10,12 +10,12 @@ import time
 import nats
 import pytest
 
-from embedfleet.shared.client import EmbedClient
 from embedfleet.shared.errors import ServiceError
-from embedfleet.shared.fleet import IDLE_POLLS, LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
-from embedfleet.shared.lifecycle import register
+from embedfleet.shared.nats.embed_client import EmbedClient
+from embedfleet.shared.nats.fleet import IDLE_POLLS, LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
+from embedfleet.shared.nats.lifecycle import register
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions, EmbedRequest, decode_as
-from embedfleet.shared.subjects import Subjects
 
 PREFIX = "fleettest"
 

@@ -1,7 +1,7 @@
 import socket
 
-from embedfleet.shared import nats_server
-from embedfleet.shared.nats_server import HOST, free_port
+from embedfleet.shared.nats import server as nats_server
+from embedfleet.shared.nats.server import HOST, free_port
 
 
 def test_a_free_port_is_below_the_ephemeral_range_and_a_server_can_listen_on_it():

@@ -11,12 +11,12 @@ import nats
 import orjson
 import pytest
 
-from embedfleet.shared.job_bucket import progress_key, read_state, update_state
-from embedfleet.shared.job_state import CANCELLED, DONE, RUNNING, JobState, JobStateError
-from embedfleet.shared.job_status import cancel_job, count_done
-from embedfleet.shared.job_streams import ensure_streams
-from embedfleet.shared.progress import Rows
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.bucket import progress_key, read_state, update_state
+from embedfleet.shared.jobs.progress import Rows
+from embedfleet.shared.jobs.state import CANCELLED, DONE, RUNNING, JobState, JobStateError
+from embedfleet.shared.jobs.status import cancel_job, count_done
+from embedfleet.shared.jobs.streams import ensure_streams
+from embedfleet.shared.nats.subjects import Subjects
 
 
 def _submitted(documents: int):

@@ -1,11 +1,11 @@
-"""shared/job_chunks.py: a chunked job's rows gathered from results stored in any order, some twice,
+"""shared/jobs/chunks.py: a chunked job's rows gathered from results stored in any order, some twice,
 each (document, chunk) kept once; only documents with all their chunks written, in input order."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from embedfleet.shared.job_chunks import ChunkedRows
+from embedfleet.shared.jobs.chunks import ChunkedRows
 from embedfleet.shared.protocol import ChunkRows
 
 

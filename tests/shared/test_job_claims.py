@@ -13,9 +13,9 @@ import nats
 import pytest
 from nats.js.errors import APIError
 
-from embedfleet.shared.config import Retention
-from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_claims import (
+from embedfleet.shared.config.fabric import Retention
+from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.claims import (
     MAC,
     SUBMITTER,
     ClaimBook,
@@ -26,9 +26,9 @@ from embedfleet.shared.job_claims import (
     make_claim,
     read_claim,
 )
-from embedfleet.shared.job_state import JobStateError
-from embedfleet.shared.job_streams import ensure_streams, open_streams, stream_names
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs.state import JobStateError
+from embedfleet.shared.jobs.streams import ensure_streams, open_streams, stream_names
+from embedfleet.shared.nats.subjects import Subjects
 from tests.job_states import submitted
 
 # results without a byte limit: a limit reserves its bytes on the server, which many prefixes of one
@@ -155,8 +155,8 @@ def test_a_job_is_resumed_only_the_way_it_was_made(nats_url):
     """The same request through the other submitter is refused before anything is claimed or published
     (its batches would carry another secret); the owner's key, or a resume without a key (an operator's,
     which the gateway checked), goes on; another key is refused."""
-    from embedfleet.shared.job_publish import JobTaken, submit
-    from embedfleet.shared.job_requests import Claim
+    from embedfleet.shared.jobs.publish import JobTaken, submit
+    from embedfleet.shared.jobs.requests import Claim
     from embedfleet.shared.protocol import EmbedOptions
 
     docs = [("a", "one"), ("b", "two"), ("c", "three")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.shared.fleet import FleetView
-from embedfleet.shared.job_fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, check_job
+from embedfleet.shared.jobs.fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, check_job
+from embedfleet.shared.nats.fleet import FleetView
 from embedfleet.shared.protocol import EmbedOptions
 
 MB8 = 8 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Reading every job record in the bucket (shared/job_listing.py) on a real nats-server: an empty
+"""Reading every job record in the bucket (shared/jobs/listing.py) on a real nats-server: an empty
 bucket is no error, each key's current record once, deleted and purged keys left out, across several
 fetches, a bucket past the bound refused before it is read, and the reader's consumer gone after."""
 
@@ -12,12 +12,12 @@ import nats
 import orjson
 import pytest
 
-from embedfleet.shared import job_listing
-from embedfleet.shared.job_bucket import update_state
-from embedfleet.shared.job_listing import Listed, TooManyRecords, bucket_records, listed
-from embedfleet.shared.job_state import JobState
-from embedfleet.shared.job_streams import bucket_stream, ensure_streams
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.jobs import listing as job_listing
+from embedfleet.shared.jobs.bucket import update_state
+from embedfleet.shared.jobs.listing import Listed, TooManyRecords, bucket_records, listed
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.jobs.streams import bucket_stream, ensure_streams
+from embedfleet.shared.nats.subjects import Subjects
 from tests.job_states import submitted
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import re
 
-from embedfleet.shared.job_ids import job_id_problem
-from embedfleet.shared.job_requests import Claim, claim_problem, record_claim, request_digest
-from embedfleet.shared.job_state import JobState
+from embedfleet.shared.jobs.ids import job_id_problem
+from embedfleet.shared.jobs.requests import Claim, claim_problem, record_claim, request_digest
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.nats.subjects import Subjects, job_token
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects, job_token
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 

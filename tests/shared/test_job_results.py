@@ -1,6 +1,6 @@
 """Reading a job's stored results back on a real nats-server: parts stored twice read once, rows of
 another form left out, an empty subject read at once, and results that vanish while being read said
-(shared/job_results.py; the route and `jobs fetch` over it: tests/integration/test_job_results.py)."""
+(shared/jobs/results.py; the route and `jobs fetch` over it: tests/integration/test_job_results.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import nats
 import numpy as np
 import pytest
 
-from embedfleet.shared.job_results import JobForm, ResultsLost, StoredResults
-from embedfleet.shared.job_streams import ensure_streams, stream_names
+from embedfleet.shared.jobs.results import JobForm, ResultsLost, StoredResults
+from embedfleet.shared.jobs.streams import ensure_streams, stream_names
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import JobResult, encode
-from embedfleet.shared.subjects import Subjects
 
 
 def _result(job: str, batch: int, rows: np.ndarray, dtype: str = "f4") -> bytes:
@@ -73,7 +73,7 @@ def test_a_job_with_nothing_stored_is_read_at_once(nats_url):
 
 
 def test_results_gone_while_read_are_said(nats_url, monkeypatch):
-    monkeypatch.setattr("embedfleet.shared.job_results.FETCH_WAIT", 0.5)
+    monkeypatch.setattr("embedfleet.shared.jobs.results.FETCH_WAIT", 0.5)
 
     async def body(js, subjects):
         await js.publish(subjects.results("gone"), _result("gone", 0, np.ones((2, 4))), headers={"Nats-Msg-Id": "g:0"})
@@ -92,8 +92,8 @@ def test_results_gone_while_read_are_said(nats_url, monkeypatch):
 def test_a_consumer_lost_mid_read_is_opened_again_after_the_last_result(nats_url, monkeypatch):
     """Its consumer deleted after two of five results (as the server does to one inactive too long):
     the reader goes on from the third, each result once; closed, it leaves no consumer behind."""
-    monkeypatch.setattr("embedfleet.shared.job_results.FETCH", 1)
-    monkeypatch.setattr("embedfleet.shared.job_results.FETCH_WAIT", 0.5)
+    monkeypatch.setattr("embedfleet.shared.jobs.results.FETCH", 1)
+    monkeypatch.setattr("embedfleet.shared.jobs.results.FETCH_WAIT", 0.5)
 
     async def body(js, subjects):
         for b in range(5):

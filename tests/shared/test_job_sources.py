@@ -1,11 +1,11 @@
 """A sink job's sources (other fields, texts) as messages under the payload limit, and read back
-only when every message is one (shared/job_sources.py)."""
+only when every message is one (shared/jobs/sources.py)."""
 
 import msgpack
 import pytest
 
-from embedfleet.shared.job_sources import _part, parts_of
-from embedfleet.shared.sinks.writer import Sources
+from embedfleet.shared.jobs.sink_writer import Sources
+from embedfleet.shared.jobs.sources import _part, parts_of
 
 
 def _joined(messages: list[bytes], limit: int) -> Sources:

@@ -12,12 +12,12 @@ from dataclasses import fields, replace
 import nats
 import pytest
 
-from embedfleet.shared.job_bucket import read_state, update_state
-from embedfleet.shared.job_state import MAX_DEAD_RECORDS, DeadBatch, JobState, JobStateError, Lease, Run, StoreWait
-from embedfleet.shared.job_streams import ensure_streams
-from embedfleet.shared.progress import Ledger
+from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.progress import Ledger
+from embedfleet.shared.jobs.state import MAX_DEAD_RECORDS, DeadBatch, JobState, JobStateError, Lease, Run, StoreWait
+from embedfleet.shared.jobs.streams import ensure_streams
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.sinks.base import Shape
-from embedfleet.shared.subjects import Subjects
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 # every field away from its default, as a chunked job written into a store would have them

@@ -13,12 +13,12 @@ from dataclasses import replace
 import nats
 import pytest
 
-from embedfleet.shared.config import ConfigError, Retention
-from embedfleet.shared.job_bucket import progress_key, purge_state, read_state, update_state
-from embedfleet.shared.job_state import JobState
-from embedfleet.shared.job_streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
-from embedfleet.shared.options import JOB_TTL, RESULTS_MAX_AGE
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.config.fabric import ConfigError, Retention
+from embedfleet.shared.config.options import JOB_TTL, RESULTS_MAX_AGE
+from embedfleet.shared.jobs.bucket import progress_key, purge_state, read_state, update_state
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.jobs.streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
+from embedfleet.shared.nats.subjects import Subjects
 
 
 def _run(nats_url: str, body) -> None:
@@ -121,19 +121,19 @@ def test_results_and_records_expire_after_their_age(nats_url):
 
 @pytest.mark.slow  # waits out a duplicate window
 def test_a_purged_job_waits_out_the_duplicate_window(nats_url, monkeypatch):
-    import embedfleet.shared.job_streams
+    import embedfleet.shared.jobs.streams
 
-    monkeypatch.setattr(embedfleet.shared.job_streams, "DUPLICATE_WINDOW", 2.0)
+    monkeypatch.setattr(embedfleet.shared.jobs.streams, "DUPLICATE_WINDOW", 2.0)
 
     async def body(js, subjects):
         kv = await ensure_streams(js, subjects)
-        assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "never") == 0  # no such job
+        assert await embedfleet.shared.jobs.streams.purge_wait(js, subjects, "never") == 0  # no such job
         await update_state(kv, "j", lambda s: replace(s, done=1))
-        assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") == 0  # a job with its record
+        assert await embedfleet.shared.jobs.streams.purge_wait(js, subjects, "j") == 0  # a job with its record
         await purge_state(kv, "j")
-        assert 1.0 < await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") <= 2.0
+        assert 1.0 < await embedfleet.shared.jobs.streams.purge_wait(js, subjects, "j") <= 2.0
         await asyncio.sleep(2.1)  # the sleep is the test: the duplicate window passes
-        assert await embedfleet.shared.job_streams.purge_wait(js, subjects, "j") == 0
+        assert await embedfleet.shared.jobs.streams.purge_wait(js, subjects, "j") == 0
         await update_state(kv, "j", lambda s: replace(s, done=s.done + 2))  # a purged key takes a record again
         assert (await read_state(kv, "j")) == JobState("j", done=2)
 

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from embedfleet.shared.job_publish import JobConflict, form_conflict, submit
-from embedfleet.shared.job_state import JobState
+from embedfleet.shared.jobs.publish import JobConflict, form_conflict, submit
+from embedfleet.shared.jobs.state import JobState
+from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from embedfleet.shared.subjects import Subjects
 from tests.waiting import eventually
 
 
@@ -54,7 +54,7 @@ class _MemoryKV:
 class _RecordingJS:
     def __init__(self) -> None:
         self.published: list[str] = []
-        self.claims: dict[str, bytes] = {}  # a job's claim (shared/job_claims.py), by subject
+        self.claims: dict[str, bytes] = {}  # a job's claim (shared/jobs/claims.py), by subject
 
     async def publish(self, subject: str, data: bytes, headers: dict | None = None):
         from types import SimpleNamespace
@@ -115,9 +115,9 @@ def test_submit_records_the_form_and_refuses_another():
 
 
 def test_cancel_stops_submission_before_the_next_batch():
-    from embedfleet.shared.job_publish import JobCancelled
-    from embedfleet.shared.job_state import CANCELLED
-    from embedfleet.shared.job_status import cancel_job
+    from embedfleet.shared.jobs.publish import JobCancelled
+    from embedfleet.shared.jobs.state import CANCELLED
+    from embedfleet.shared.jobs.status import cancel_job
 
     kv = _MemoryKV()
     docs = [(f"d{i}", "text") for i in range(10)]
@@ -144,8 +144,8 @@ def test_cancel_stops_submission_before_the_next_batch():
 def test_cancel_job_leaves_unknown_and_finished_jobs_alone():
     import json
 
-    from embedfleet.shared.job_bucket import update_state
-    from embedfleet.shared.job_status import cancel_job
+    from embedfleet.shared.jobs.bucket import update_state
+    from embedfleet.shared.jobs.status import cancel_job
 
     kv = _MemoryKV()
     assert asyncio.run(cancel_job(kv, "nope")) is None and "nope" not in kv.data  # no state created
@@ -169,11 +169,11 @@ def test_a_publisher_keeps_a_window_of_its_job_in_the_jobs_stream(nats_url, monk
     import nats
     import nats.errors
 
-    import embedfleet.shared.job_publish
-    from embedfleet.shared.job_bucket import read_state
-    from embedfleet.shared.job_streams import ensure_streams, stream_names
+    import embedfleet.shared.jobs.publish
+    from embedfleet.shared.jobs.bucket import read_state
+    from embedfleet.shared.jobs.streams import ensure_streams, stream_names
 
-    monkeypatch.setattr(embedfleet.shared.job_publish, "PUBLISH_AHEAD", 16)
+    monkeypatch.setattr(embedfleet.shared.jobs.publish, "PUBLISH_AHEAD", 16)
     subjects = Subjects(f"w{uuid.uuid4().hex[:8]}")
 
     async def main() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from embedfleet.shared.lifecycle import ConnectAborted, unless_stopped
+from embedfleet.shared.nats.lifecycle import ConnectAborted, unless_stopped
 
 
 async def _loses_the_first_cancel() -> None:

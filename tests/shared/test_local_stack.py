@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from embedfleet.services.cli import build_parser
-from embedfleet.shared.config import ConfigError
+from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.local_stack import (
+from embedfleet.shared.nats.local_stack import (
     RECORD,
     LocalStack,
     NoDefaultModel,

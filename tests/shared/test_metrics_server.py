@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from embedfleet.services.cli import build_parser
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.metrics_server import MetricsEndpoint, serve_metrics
-from embedfleet.shared.nats_server import free_port
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.nats.server import free_port
+from embedfleet.shared.observability.metrics_server import MetricsEndpoint, serve_metrics
 from tests.prometheus_text import value
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.shared.model_families import FAMILY_TYPES, family_types, position_offset
+from embedfleet.shared.model_dir.families import FAMILY_TYPES, family_types, position_offset
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_unknown_and_malformed_model_types_have_no_family():
 
 
 def test_reading_model_folders_imports_no_torch():
-    code = "import sys, embedfleet.shared.model_dir.load, embedfleet.shared.model_families\nprint('torch' in sys.modules)\n"
+    code = "import sys, embedfleet.shared.model_dir.load, embedfleet.shared.model_dir.families\nprint('torch' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -14,7 +14,7 @@ import nkeys
 import pytest
 
 from embedfleet.services.cli import build_parser
-from embedfleet.shared.config import (
+from embedfleet.shared.config.fabric import (
     NATS_SECURITY_ENV,
     PASSWORD_ENV,
     TOKEN_ENV,
@@ -24,10 +24,10 @@ from embedfleet.shared.config import (
     nats_config,
     nats_security,
 )
-from embedfleet.shared.lifecycle import RepeatFilter, describe_error
-from embedfleet.shared.local_stack import use_local_stack
-from embedfleet.shared.nats_auth import NatsAuth, redact, split_credentials
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.nats.auth import NatsAuth, redact, split_credentials
+from embedfleet.shared.nats.lifecycle import RepeatFilter, describe_error
+from embedfleet.shared.nats.local_stack import use_local_stack
+from embedfleet.shared.nats.subjects import Subjects
 from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
 
 SECRET = "pa55:w@rd/x"  # characters a URL must escape
@@ -248,7 +248,7 @@ def test_auth_errors_say_what_to_check_without_the_secret():
 
 def test_repeated_warnings_are_logged_once_then_counted(caplog, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("embedfleet.shared.lifecycle.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("embedfleet.shared.nats.lifecycle.time.monotonic", lambda: now[0])
     warnings = RepeatFilter(every=30)
     with caplog.at_level(logging.WARNING, logger="embedfleet"):
         for step in range(61):  # twice a second for 30 s

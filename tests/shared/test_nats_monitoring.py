@@ -9,7 +9,7 @@ import urllib.request
 
 import psutil
 
-from embedfleet.shared.nats_server import EmbeddedNats
+from embedfleet.shared.nats.server import EmbeddedNats
 
 
 def _listening(pid: int) -> set[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""shared/options.py: every option declared once, and the parsers, the child arguments and the
+"""shared/config/options.py: every option declared once, and the parsers, the child arguments and the
 README's table all made from the declarations."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from embedfleet.services.cli import build_parser
-from embedfleet.shared.option import ConfigError
-from embedfleet.shared.options import (
+from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.config.options import (
     COMMANDS,
     OPTIONS,
     add_options,
@@ -180,7 +180,9 @@ def test_up_passes_the_gateway_and_scorer_their_fleet_options(monkeypatch):
 def test_readme_table_is_the_declarations():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
-    assert block == markdown_table(), "README's option table differs from shared/options.py: paste markdown_table()"
+    assert block == markdown_table(), (
+        "README's option table differs from shared/config/options.py: paste markdown_table()"
+    )
     assert markdown_table().count("\n") == len(OPTIONS) + 2
 
 
@@ -210,8 +212,8 @@ def _configs():
     from embedfleet.services.gpu_worker.config import WorkerConfig
     from embedfleet.services.scorer.config import ScorerConfig
     from embedfleet.services.tokenizer.config import TokenizerConfig
-    from embedfleet.shared.config import JobSettings, Retention
-    from embedfleet.shared.metrics_server import MetricsEndpoint
+    from embedfleet.shared.config.fabric import JobSettings, Retention
+    from embedfleet.shared.observability.metrics_server import MetricsEndpoint
 
     return (
         (GatewayConfig, "gateway"),
@@ -228,7 +230,7 @@ def _configs():
 def test_config_defaults_are_the_declared_ones():
     from dataclasses import fields
 
-    from embedfleet.shared.options import settings_of
+    from embedfleet.shared.config.options import settings_of
 
     checked = 0
     for cls, command in _configs():
@@ -246,7 +248,7 @@ def test_config_defaults_are_the_declared_ones():
 def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     """A service's options reach its config through ``setting`` fields (one declaration, one field);
     the few read another way are named here, with where."""
-    from embedfleet.shared.options import settings_of
+    from embedfleet.shared.config.options import settings_of
 
     elsewhere = {  # dest -> what reads it
         "model": "load_model_info",
@@ -266,7 +268,7 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     for command in ("gateway", "tokenizer", "worker", "scorer"):
         for o in declared(command):
             if o.group in ("nats",) or o.env_only:
-                continue  # embedfleet.shared.config.nats_config reads these, and the environment's own settings
+                continue  # embedfleet.shared.config.fabric.nats_config reads these, and the environment's own settings
             assert o.dest in held or o.dest in elsewhere, f"{command} {o.flag}: held by no config field"
 
 
@@ -309,7 +311,7 @@ def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch,
 
 
 def test_a_lookup_names_what_is_missing_or_ambiguous():
-    from embedfleet.shared.options import option
+    from embedfleet.shared.config.options import option
 
     with pytest.raises(LookupError, match="no option 'nope' is declared"):
         option("nope")

@@ -4,9 +4,9 @@ and counting) count once; the ledger stays small; a cancelled job keeps its stat
 import random
 from dataclasses import replace
 
-from embedfleet.shared.job_state import CANCELLED, DeadBatch, JobState
-from embedfleet.shared.job_status import count_done, count_failed, late_rows
-from embedfleet.shared.progress import Ledger, Rows
+from embedfleet.shared.jobs.progress import Ledger, Rows
+from embedfleet.shared.jobs.state import CANCELLED, DeadBatch, JobState
+from embedfleet.shared.jobs.status import count_done, count_failed, late_rows
 
 
 def test_rows_count_once_and_whole_batches_fold_into_ranges():

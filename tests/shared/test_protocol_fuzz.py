@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from embedfleet.services.gpu_worker.bulk import describe as describe_token_chunk
 from embedfleet.services.tokenizer.bulk import describe as describe_job_batch
-from embedfleet.shared.bulkwork import BatchInfo, job_from_msg_id
 from embedfleet.shared.errors import GATEWAY_ONLY, ErrorCode
+from embedfleet.shared.jobs.work_queue import BatchInfo, job_from_msg_id
 from embedfleet.shared.protocol import (
     MAX_CANCEL_KEY,
     MAX_DIMENSION,
@@ -66,7 +66,7 @@ from embedfleet.shared.protocol import (
     row_bytes,
 )
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
-from embedfleet.shared.vector_forms import WIRE_FORMS
+from embedfleet.shared.vectors.forms import WIRE_FORMS
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(

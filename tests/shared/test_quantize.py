@@ -4,8 +4,8 @@ reference for the bit-packed forms)."""
 import numpy as np
 import pytest
 
-from embedfleet.shared.quantize import dequantize, quantize, range_of
-from embedfleet.shared.vector_forms import FORMS, vector_form
+from embedfleet.shared.vectors.forms import FORMS, vector_form
+from embedfleet.shared.vectors.quantize import dequantize, quantize, range_of
 from tests.conftest import cosines
 from tests.corpus import mixed_texts
 

@@ -9,9 +9,9 @@ import asyncio
 import nats
 import pytest
 
-from embedfleet.shared.bundles import Entry, Item, carrier_of, is_bundle, unbundle
+from embedfleet.shared.nats.bundles import Entry, Item, carrier_of, is_bundle, unbundle
+from embedfleet.shared.nats.outbox import Outbox
 from embedfleet.shared.protocol import ProtocolError, Requests, decode, encode
-from embedfleet.shared.request_outbox import Outbox
 
 INBOX = "_INBOX.test.abc"
 

@@ -7,7 +7,7 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import BadRequestError, ServiceUnavailableError
 
-from embedfleet.shared.retry import Backoff, retry_transient, transient
+from embedfleet.shared.nats.retry import Backoff, retry_transient, transient
 
 
 def test_pauses_double_to_the_ceiling_each_between_half_and_all_of_its_step():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedfleet.shared.quantize import quantize
 from embedfleet.shared.sinks.base import Rows, Shape, SinkError
 from embedfleet.shared.sinks.lance import LanceSink
+from embedfleet.shared.vectors.quantize import quantize
 from tests.conftest import unit_rows
 
 

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 import nats
 import pytest
 
-from embedfleet.shared.bulkwork import open_work
-from embedfleet.shared.config import ConfigError, JobSettings, Retention
-from embedfleet.shared.job_claims import claims_stream
-from embedfleet.shared.job_streams import bucket_stream, ensure_streams, stream_names
-from embedfleet.shared.nats_server import NatsCluster
-from embedfleet.shared.stream_placement import AUTO_REPLICAS, Placement
-from embedfleet.shared.subjects import Subjects
+from embedfleet.shared.config.fabric import ConfigError, JobSettings, Retention
+from embedfleet.shared.jobs.claims import claims_stream
+from embedfleet.shared.jobs.streams import bucket_stream, ensure_streams, stream_names
+from embedfleet.shared.jobs.work_queue import open_work
+from embedfleet.shared.nats.placement import AUTO_REPLICAS, Placement
+from embedfleet.shared.nats.server import NatsCluster
+from embedfleet.shared.nats.subjects import Subjects
 
 pytestmark = pytest.mark.slow
 

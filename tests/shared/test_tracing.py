@@ -10,9 +10,9 @@ import logging
 import pytest
 
 from bench.otlp_sink import OtlpSink
-from embedfleet.shared.config import ConfigError
-from embedfleet.shared.logs import JsonFormatter, TextFormatter, _RequestIds
-from embedfleet.shared.tracing import (
+from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.observability.logs import JsonFormatter, TextFormatter, _RequestIds
+from embedfleet.shared.observability.tracing import (
     HEADER_BYTES,
     TraceContext,
     Tracer,

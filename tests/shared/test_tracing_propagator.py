@@ -1,4 +1,4 @@
-"""shared/tracing.py's traceparent parser against OpenTelemetry's TraceContextTextMapPropagator (the
+"""shared/observability/tracing.py's traceparent parser against OpenTelemetry's TraceContextTextMapPropagator (the
 extra ``tracing``): the same context, or the same refusal, for every value of a table of valid and
 malformed headers, and the same header written back."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.shared.tracing import TraceContext
+from embedfleet.shared.observability.tracing import TraceContext
 
 propagation = pytest.importorskip("opentelemetry.trace.propagation.tracecontext")
 from opentelemetry import trace  # noqa: E402  (after the skip: the extra may be missing)

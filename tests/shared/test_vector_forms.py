@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError, row_bytes
-from embedfleet.shared.quantize import quantize
-from embedfleet.shared.vector_forms import (
+from embedfleet.shared.vectors.forms import (
     COHERE_TYPES,
     EMBEDDING_TYPES,
     FORMS,
@@ -15,6 +14,7 @@ from embedfleet.shared.vector_forms import (
     form_named,
     vector_form,
 )
+from embedfleet.shared.vectors.quantize import quantize
 
 
 def test_the_wire_codes_and_element_types_are_the_protocols():

@@ -16,13 +16,13 @@ from embedfleet.services.gpu_worker.engine.attention import FULL, Attention, Att
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
-from embedfleet.shared.model_families import BY_TYPE, position_offset
+from embedfleet.shared.model_dir.families import BY_TYPE, position_offset
 
 
 def spec(config: dict[str, Any]) -> ModelSpec:
     model_type = config.get("model_type", "bert")
     if config.get("position_embedding_type", "absolute") != "absolute":
-        from embedfleet.shared.config import ConfigError
+        from embedfleet.shared.config.fabric import ConfigError
 
         raise ConfigError("only absolute position embeddings are supported for BERT-family models")
     return ModelSpec(

@@ -19,7 +19,7 @@ from embedfleet.services.gpu_worker.engine.layers.self_attention import SelfAtte
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
-from embedfleet.shared.model_families import BY_TYPE
+from embedfleet.shared.model_dir.families import BY_TYPE
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
