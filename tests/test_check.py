@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from embedfleet.services.check import check_folder
+from embedfleet.services.cli.check import check_folder
 from tests.tiny_models import FAMILIES, build
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 
 
 def test_every_service_has_a_command():
@@ -50,7 +50,7 @@ def test_bad_options_exit_2_with_a_message(args, fragment):
 
 
 def test_up_passes_its_gateway_options_on():
-    from embedfleet.services.stack import _gateway_args
+    from embedfleet.services.up.launch import _gateway_args
 
     args = _gateway_args(
         build_parser().parse_args(["up", "--port", "9000", "--api-keys", "a,b", "--max-in-flight", "3"])
@@ -80,7 +80,7 @@ def test_jobs_purge_takes_the_common_options_before_or_after_the_action(monkeypa
 
 def test_retention_options_reach_every_process_that_meets_the_streams(monkeypatch):
     from embedfleet.services.gateway.config import GatewayConfig
-    from embedfleet.services.stack import _gateway_args
+    from embedfleet.services.up.launch import _gateway_args
     from embedfleet.shared.config.fabric import JobSettings, Retention, retention
 
     monkeypatch.setenv("EMBEDFLEET_JOB_TTL", "3600")

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from embedfleet.services.jobs_admin import HEADER, duration, job_row, progress
+from embedfleet.services.jobs.admin import HEADER, duration, job_row, progress
 from embedfleet.shared.jobs.state import JobState, Run
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 

@@ -66,7 +66,7 @@ def test_the_wheel_holds_one_namespace_of_real_files(tmp_path):
     # the files of shared/ and services/ (setup.py's package-dir)
     codec = infos["embedfleet/shared/protocol/codec.py"]
     assert codec.file_size == (ROOT / "shared" / "protocol" / "codec.py").stat().st_size
-    assert "embedfleet = embedfleet.services.cli:main" in entry_points
+    assert "embedfleet = embedfleet.services.cli.main:main" in entry_points
     _imports_every_module_from(wheel, sorted(packaged), tmp_path)
 
 
@@ -247,12 +247,12 @@ def test_the_image_table_is_the_dockerfiles_and_its_measurement():
         assert int(cells[5].replace(",", "")) == round(measured[role]["mb"]), role
 
 
-# each role's code: the modules its command runs from (services/cli.py's dispatch)
+# each role's code: the modules its command runs from (services/cli/main.py's dispatch)
 ENTRIES = {
     "gateway": ["embedfleet.services.cli", "embedfleet.services.gateway.app"],
     "tokenizer": ["embedfleet.services.cli", "embedfleet.services.tokenizer.service"],
     "scorer": ["embedfleet.services.cli", "embedfleet.services.scorer.service"],
-    "worker": ["embedfleet.services.cli", "embedfleet.services.gpu_worker.service", "embedfleet.services.check"],
+    "worker": ["embedfleet.services.cli", "embedfleet.services.gpu_worker.service", "embedfleet.services.cli.check"],
     "jobs": [
         "embedfleet.services.cli",
         *(f"embedfleet.services.{m}" for m in ("reindex", "jetstream_init", "job_fetch", "jobs_admin", "job_cancel")),

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedfleet.services.reindex_files import FAILED, IDS, beside, check_output_path, write_output
+from embedfleet.services.jobs.files import FAILED, IDS, beside, check_output_path, write_output
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.vectors.forms import FORMS
 from embedfleet.shared.vectors.quantize import quantize
@@ -196,7 +196,7 @@ CHUNKING = {"size": 8, "overlap": 1, "boundary": "token", "late": False, "with_t
 
 @pytest.mark.parametrize("texts", [True, False])
 def test_a_chunked_npy_has_a_row_a_chunk_and_its_place_beside_it(tmp_path, texts):
-    from embedfleet.services.chunked_output import write_chunked
+    from embedfleet.services.jobs.chunked_output import write_chunked
 
     stored = quantize(np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32), "int8")
     out = tmp_path / "v.npy"
@@ -212,7 +212,7 @@ def test_a_chunked_parquet_has_the_chunk_columns_and_says_how_it_was_cut(tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from embedfleet.services.chunked_output import write_chunked
+    from embedfleet.services.jobs.chunked_output import write_chunked
 
     stored = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
     out = tmp_path / "v.parquet"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from embedfleet.services.stack_fleet import Fleet, Restarts, Supervisor
-from embedfleet.services.stack_plan import Child
+from embedfleet.services.up.children import Fleet, Restarts, Supervisor
+from embedfleet.services.up.plan import Child
 
 
 class _Fleet(Fleet):

@@ -9,8 +9,8 @@ import uuid
 
 import nats
 
-from embedfleet.services.cli import build_parser
-from embedfleet.services.stack import _init
+from embedfleet.services.cli.main import build_parser
+from embedfleet.services.up.launch import _init
 from embedfleet.shared.jobs.claims import claims_stream
 from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.nats.subjects import Subjects

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from embedfleet.services.stack_lock import LOCK_FILE, hide_secrets, hold_data_dir
+from embedfleet.services.up.lock import LOCK_FILE, hide_secrets, hold_data_dir
 from embedfleet.shared.config.fabric import ConfigError
 
 

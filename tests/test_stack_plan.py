@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.services.cli import build_parser
-from embedfleet.services.stack_plan import children, default_model, roles, served_models, split_entry, with_metrics
+from embedfleet.services.cli.main import build_parser
+from embedfleet.services.up.plan import children, default_model, roles, served_models, split_entry, with_metrics
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.model_dir.folder import DEFAULT_MODEL_ID, default_model_path
 from embedfleet.shared.model_dir.load import load_model_info
@@ -130,7 +130,7 @@ def test_each_model_gets_the_processes_it_needs(tmp_path):
 def test_every_process_gets_a_metrics_url(tmp_path):
     """`up` gives each process but the gateway a metrics port of its own (a worker of n replicas: n in
     a row); the gateway's metrics are on its HTTP port. The banner lists every URL, one a line."""
-    from embedfleet.services.stack import FreePorts, _banner
+    from embedfleet.services.up.launch import FreePorts, _banner
 
     embedder = load_model_info(None)
     plan = children([embedder], ["--nats", "nats://x:1"], ["--port", "8080"], tmp_path)
@@ -164,8 +164,8 @@ def test_every_process_gets_a_metrics_url(tmp_path):
 
 
 def test_the_gateway_s_api_keys_travel_in_the_environment(monkeypatch):
-    from embedfleet.services.stack import _gateway_args
-    from embedfleet.services.stack_plan import secret_environment
+    from embedfleet.services.up.launch import _gateway_args
+    from embedfleet.services.up.plan import secret_environment
 
     monkeypatch.delenv("EMBEDFLEET_API_KEYS", raising=False)
     ns = build_parser().parse_args(["up", "--api-keys", "k-one,k-two"])
@@ -176,8 +176,8 @@ def test_the_gateway_s_api_keys_travel_in_the_environment(monkeypatch):
 
 
 def test_the_gateway_s_operator_keys_travel_in_the_environment_too(monkeypatch):
-    from embedfleet.services.stack import _gateway_args
-    from embedfleet.services.stack_plan import secret_environment
+    from embedfleet.services.up.launch import _gateway_args
+    from embedfleet.services.up.plan import secret_environment
 
     for name in ("EMBEDFLEET_API_KEYS", "EMBEDFLEET_OPERATOR_KEYS"):
         monkeypatch.delenv(name, raising=False)
@@ -190,8 +190,8 @@ def test_the_gateway_s_operator_keys_travel_in_the_environment_too(monkeypatch):
 
 def test_the_search_store_url_travels_in_the_environment_and_is_checked_before_start(monkeypatch):
     from embedfleet.services.gateway.config import GatewayConfig
-    from embedfleet.services.stack import _gateway_args
-    from embedfleet.services.stack_plan import secret_environment
+    from embedfleet.services.up.launch import _gateway_args
+    from embedfleet.services.up.plan import secret_environment
 
     for name in (
         "EMBEDFLEET_API_KEYS",
@@ -226,8 +226,8 @@ def test_the_local_pgvector_becomes_the_gateways_store_unless_one_is_given(monke
     """`up --with-pgvector`: the gateway searches the table documents of the local PostgreSQL with the
     default model (the first dense embedder where the default is none), unless --search-sink is given;
     a --search-model given stays; the URL travels in the environment as a given one does."""
-    from embedfleet.services.stack import _gateway_args
-    from embedfleet.services.stack_plan import secret_environment, with_search_store
+    from embedfleet.services.up.launch import _gateway_args
+    from embedfleet.services.up.plan import secret_environment, with_search_store
 
     for name in ("EMBEDFLEET_SEARCH_SINK", "EMBEDFLEET_SEARCH_MODEL", "EMBEDFLEET_JOB_SINKS"):
         monkeypatch.delenv(name, raising=False)
@@ -259,7 +259,7 @@ def test_the_local_pgvector_refuses_a_folder_it_cannot_use_and_names_what_to_ins
     import subprocess
     import sys
 
-    from embedfleet.services.local_pgvector import LocalPgvector
+    from embedfleet.services.up.pgvector import LocalPgvector
 
     (tmp_path / "file" / "pgvector").parent.mkdir()
     (tmp_path / "file" / "pgvector").write_text("")
@@ -280,7 +280,7 @@ def test_the_local_pgvector_refuses_a_folder_it_cannot_use_and_names_what_to_ins
     # pgserver not installed (None in sys.modules: its import fails as for a missing package)
     code = (
         "import sys; sys.modules['pgserver'] = None\n"
-        "from embedfleet.services.cli import main; main(['up', '--with-pgvector', '--data-dir', sys.argv[1]])"
+        "from embedfleet.services.cli.main import main; main(['up', '--with-pgvector', '--data-dir', sys.argv[1]])"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "none")], capture_output=True, text=True, timeout=60

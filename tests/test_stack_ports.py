@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from embedfleet.services.stack_ports import check_ports, holder, port_taken
+from embedfleet.services.up.ports import check_ports, holder, port_taken
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.nats.server import free_port
 

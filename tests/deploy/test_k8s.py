@@ -212,7 +212,7 @@ def test_every_container_runs_the_image_of_its_command(path):
 
 
 def test_the_declared_commands_are_the_clis():
-    from embedfleet.services.cli import HELP
+    from embedfleet.services.cli.main import HELP
 
     assert set(HELP) == {c for c in COMMANDS if " " not in c}
 

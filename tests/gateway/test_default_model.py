@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.services.gateway.app import Gateway
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.errors import ApiError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.job_owners import JobOwners
 from embedfleet.services.gateway.limits import bind_key

@@ -94,7 +94,7 @@ def _parquet(form: JobForm, parts: list[Stored], dim: int, monkeypatch, group: i
 
 
 def test_dense_parquet_has_reindex_columns_and_is_handed_out_a_row_group_at_a_time(monkeypatch, tmp_path):
-    from embedfleet.services.reindex_files import write_output
+    from embedfleet.services.jobs.files import write_output
 
     rows = np.arange(8 * 4, dtype=np.int8).reshape(8, 4)
     parts = [Stored(i, 0, [f"d{2 * i}", f"d{2 * i + 1}"], rows[2 * i : 2 * i + 2], 4) for i in range(4)]

@@ -39,7 +39,7 @@ def test_tokens_are_charged_after_the_answer_and_a_debt_waits_to_be_repaid():
 
 
 def test_limits_need_keys():
-    from embedfleet.services.cli import build_parser
+    from embedfleet.services.cli.main import build_parser
     from embedfleet.services.gateway.config import GatewayConfig
     from embedfleet.shared.config.fabric import ConfigError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.key_tables import read_key_tables

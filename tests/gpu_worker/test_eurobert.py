@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
-from embedfleet.services.check import check_folder
+from embedfleet.services.cli.check import check_folder
 from embedfleet.services.gpu_worker.engine.models.registry import spec_from_folder
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from embedfleet.services.stack import FreePorts
+from embedfleet.services.up.launch import FreePorts
 from tests.integration.procs import Service, count_services, healthy, wait_until
 
 MODEL = "all-MiniLM-L6-v2"

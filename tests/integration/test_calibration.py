@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 
-from embedfleet.services.stack import FreePorts
+from embedfleet.services.up.launch import FreePorts
 from tests.integration.procs import Service, scraped, wait_until
 from tests.role_images import role_env
 

@@ -28,7 +28,7 @@ import nats.errors
 import nkeys
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.fabric import NATS_SECURITY_ENV, PASSWORD_ENV, TOKEN_ENV, NatsConfig, nats_config
 from embedfleet.shared.nats.lifecycle import connect
 from embedfleet.shared.nats.server import EmbeddedNats, free_port

@@ -73,7 +73,7 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
     try:
         init = _cli("init", "--nats", server.url, seed=str(seeds / "operator.nk"))
         assert init.returncode == 0, init.stdout + init.stderr
-        from embedfleet.services.stack import FreePorts
+        from embedfleet.services.up.launch import FreePorts
 
         with contextlib.closing(FreePorts("127.0.0.1")) as free:
             port, metrics_port, worker_metrics = free(1), free(1), free(1)

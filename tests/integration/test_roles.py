@@ -72,7 +72,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
     try:
         init = _cli("init", "--nats", server.url, "--nats-nkey-seed", str(seeds / "operator.nk"))
         assert init.returncode == 0, init.stdout + init.stderr
-        from embedfleet.services.stack import FreePorts
+        from embedfleet.services.up.launch import FreePorts
 
         with contextlib.closing(FreePorts("127.0.0.1")) as free:
             port, metrics_port = free(1), free(1)

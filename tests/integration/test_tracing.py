@@ -34,7 +34,7 @@ class Traced:
 def traced(nats_url: str, tmp_path_factory) -> Iterator[Traced]:
     log_dir = tmp_path_factory.mktemp("trace-logs")
     sink = OtlpSink().start()
-    from embedfleet.services.stack import FreePorts
+    from embedfleet.services.up.launch import FreePorts
 
     with contextlib.closing(FreePorts("127.0.0.1")) as free:
         port = free(1)

@@ -385,6 +385,6 @@ def test_up_killed_outright_takes_its_stack_along(tmp_path):
         for pid in stack:  # what this test failed to see end
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
-    from embedfleet.services.stack_lock import hold_data_dir
+    from embedfleet.services.up.lock import hold_data_dir
 
     hold_data_dir(tmp_path / "data").close()  # the kernel let go of the dead one's lock

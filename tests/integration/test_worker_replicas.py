@@ -72,7 +72,7 @@ def test_cpu_replicas_run_as_processes(nats_url, tmp_path):
 
     import httpx
 
-    from embedfleet.services.stack import FreePorts
+    from embedfleet.services.up.launch import FreePorts
 
     prefix = "cpuprocs"
     with contextlib.closing(FreePorts("127.0.0.1")) as free:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.nats.local_stack import (

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint, serve_metrics

@@ -13,7 +13,7 @@ import nats.errors
 import nkeys
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.fabric import (
     NATS_SECURITY_ENV,
     PASSWORD_ENV,
@@ -44,7 +44,7 @@ def parse(*args: str, command: str = "tokenizer") -> argparse.Namespace:
 
 
 def config(*args: str) -> NatsConfig:
-    """The NATS config a service builds from ``args``, as the command line does (services/cli.py): the
+    """The NATS config a service builds from ``args``, as the command line does (services/cli/main.py): the
     URL first (credentials given without one: the default server), then the rest."""
     ns = parse(*args)
     use_local_stack(ns)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.services.cli import build_parser
+from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.options import (
     COMMANDS,
@@ -167,7 +167,7 @@ def test_a_childs_arguments_give_it_the_same_namespace(monkeypatch):
 
 
 def test_up_passes_the_gateway_and_scorer_their_fleet_options(monkeypatch):
-    from embedfleet.services.stack import _gateway_args
+    from embedfleet.services.up.launch import _gateway_args
 
     monkeypatch.delenv("EMBEDFLEET_DISCOVERY_INTERVAL", raising=False)
     ns = build_parser().parse_args(["up", "--discovery-interval", "0.2", "--port", "9000"])
@@ -273,7 +273,7 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
 
 
 def test_a_config_is_made_of_the_parsed_options():
-    from embedfleet.services.cli import build_parser
+    from embedfleet.services.cli.main import build_parser
     from embedfleet.services.gateway.config import GatewayConfig
 
     ns = build_parser().parse_args(
@@ -299,7 +299,7 @@ def test_a_config_is_made_of_the_parsed_options():
 
 
 def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch, capsys):
-    from embedfleet.services.cli import build_parser
+    from embedfleet.services.cli.main import build_parser
 
     monkeypatch.setenv("EMBEDFLEET_NATS_URL", "nats://alice:s3cret@h:4222")
     monkeypatch.setenv("EMBEDFLEET_API_KEYS", "k-secret")

@@ -230,7 +230,7 @@ def test_without_kitoken_installed_tokenizers_serves():
 )
 def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env, path):
     """--fast-tokenizer and EMBEDFLEET_FAST_TOKENIZER, through the CLI's parser and config, to the service."""
-    from embedfleet.services.cli import build_parser
+    from embedfleet.services.cli.main import build_parser
     from embedfleet.services.tokenizer.config import TokenizerConfig
     from embedfleet.services.tokenizer.service import TokenizerService
 
@@ -247,7 +247,7 @@ def test_the_service_serves_the_path_its_option_asks_for(monkeypatch, flag, env,
 
 
 def test_a_fast_tokenizer_value_outside_its_choices_is_refused(capsys):
-    from embedfleet.services.cli import build_parser
+    from embedfleet.services.cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tokenizer", "--fast-tokenizer", "on"])

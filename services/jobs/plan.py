@@ -1,5 +1,5 @@
 """A reindex run's plan: the options, the output, every document and the job's recorded state checked
-before the first batch is published (services/reindex.py runs it).
+before the first batch is published (services/jobs/reindex.py runs it).
 
 The job id is derived from the input, the model, the form and the chunking (shared/jobs/documents.py), so
 running the same command again after it was killed finds the same job; what its recorded state says
@@ -12,8 +12,8 @@ import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from embedfleet.services.reindex_chunking import check_room, chunking_of
-from embedfleet.services.reindex_files import check_output_path
+from embedfleet.services.jobs.chunking import check_room, chunking_of
+from embedfleet.services.jobs.files import check_output_path
 from embedfleet.shared.config.fabric import ConfigError, NatsConfig, Retention, retention
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.documents import job_id_for, read_input

@@ -90,13 +90,13 @@ def main(argv: list[str] | None = None) -> None:
 def _dispatch(ns: argparse.Namespace) -> None:
     command = ns.command
     if command == "check":
-        from embedfleet.services.check import main as check
+        from embedfleet.services.cli.check import main as check
 
         sys.exit(check(ns.folders, ns.json))
     if command == "auth":
         sys.exit(_write_auth(ns))
     if command == "up":
-        from embedfleet.services.stack import run_stack
+        from embedfleet.services.up.launch import run_stack
 
         sys.exit(run_stack(ns))
     setup_logging(ns.log_level, command, ns.log_format)
@@ -145,12 +145,12 @@ def _nats_answers(nats: NatsConfig, source: NatsSource, role: str) -> bool:
 
 def _run_admin(ns: argparse.Namespace, source: NatsSource) -> int:
     """reindex, init, and jobs with its actions: each one coroutine against NATS; its exit status."""
-    from embedfleet.services.jetstream_init import init_jetstream
-    from embedfleet.services.job_cancel import cancel
-    from embedfleet.services.job_fetch import fetch
-    from embedfleet.services.jobs_admin import list_jobs, purge_job
-    from embedfleet.services.reindex import reindex
-    from embedfleet.services.reindex_plan import model_of, plan_of
+    from embedfleet.services.jobs.admin import list_jobs, purge_job
+    from embedfleet.services.jobs.cancel import cancel
+    from embedfleet.services.jobs.fetch import fetch
+    from embedfleet.services.jobs.plan import model_of, plan_of
+    from embedfleet.services.jobs.reindex import reindex
+    from embedfleet.services.jobs.streams_init import init_jetstream
     from embedfleet.shared.jobs.publish import JobConflict
 
     cfg = nats_config(ns)

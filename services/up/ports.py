@@ -14,7 +14,7 @@ import os
 import socket
 from pathlib import Path
 
-from embedfleet.services.stack_lock import command_line
+from embedfleet.services.up.lock import command_line
 from embedfleet.shared.config.fabric import ConfigError
 
 _LISTEN = "0A"  # a socket's state in /proc/net/tcp: TCP_LISTEN

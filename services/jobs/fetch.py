@@ -5,7 +5,7 @@
 The rows are read from the results stream (shared/jobs/results.py) and written in input order: by
 batch, then by row within the batch, which is the order of the documents the job was given. Like
 reindex, it holds the job's vectors in memory to write them. A chunked job's rows are its chunks, each
-once, of the documents whose chunks are all stored (services/chunked_output.py).
+once, of the documents whose chunks are all stored (services/jobs/chunked_output.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from embedfleet.services.chunked_output import write_chunked
-from embedfleet.services.reindex_files import check_output_path, write_output, write_ragged
+from embedfleet.services.jobs.chunked_output import write_chunked
+from embedfleet.services.jobs.files import check_output_path, write_output, write_ragged
 from embedfleet.shared.config.fabric import ConfigError, NatsConfig
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.chunks import ChunkedRows

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from embedfleet.services.local_pgvector import LocalPgvector
-from embedfleet.services.stack_plan import Child
+from embedfleet.services.up.pgvector import LocalPgvector
+from embedfleet.services.up.plan import Child
 from embedfleet.shared.config.options import declared, default
 from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.parent_death import die_with_parent

@@ -6,7 +6,7 @@ port), which only the folder's owner reaches, and trusts whoever reaches it. Its
 folder with libpq's ``host=`` parameter: ``postgresql://postgres@/postgres?host=/abs/path``.
 
 pg_ctl starts postgres in a session of its own whose parent is not `up`: a guard, a child of `up`
-(services/pgvector_guard.py), stops it when `up` ends, however it ends.
+(services/up/pgvector_guard.py), stops it when `up` ends, however it ends.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
-from embedfleet.services.pgvector_guard import STOP_TIMEOUT, alive, postmaster_of, stop_postmaster
+from embedfleet.services.up.pgvector_guard import STOP_TIMEOUT, alive, postmaster_of, stop_postmaster
 from embedfleet.shared.config.option import ConfigError
 
 FOLDER = "pgvector"  # under the data dir
@@ -53,7 +53,7 @@ class LocalPgvector:
         # the guard first: this process killed while postgres starts leaves none behind either. No
         # parent-death signal: a guard started as this process dies must still do its work
         self._guard = subprocess.Popen(
-            [sys.executable, "-m", "embedfleet.services.pgvector_guard", str(self.folder)], stdin=subprocess.PIPE
+            [sys.executable, "-m", "embedfleet.services.up.pgvector_guard", str(self.folder)], stdin=subprocess.PIPE
         )
         logging.getLogger("pgserver").setLevel(logging.CRITICAL)  # its failures are told below, with the log
         try:

@@ -1,5 +1,5 @@
 """reindex's output files (also ``embedfleet jobs fetch``'s): checked before any work, then written
-(a chunked job's: services/chunked_output.py)."""
+(a chunked job's: services/jobs/chunked_output.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedfleet.services.chunked_output import SIDECAR
+from embedfleet.services.jobs.chunked_output import SIDECAR
 from embedfleet.shared.config.fabric import ConfigError
 from embedfleet.shared.vectors.forms import FORMS
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from embedfleet.services.gateway.config import api_keys, check_sinks, comma_list, operator_keys
 from embedfleet.services.gateway.models_api import model_kind
-from embedfleet.services.local_pgvector import TABLE, LocalPgvector, require_pgserver
-from embedfleet.services.stack_fleet import Fleet, Restarts, Supervisor
-from embedfleet.services.stack_lock import hold_data_dir
-from embedfleet.services.stack_plan import (
+from embedfleet.services.up.children import Fleet, Restarts, Supervisor
+from embedfleet.services.up.lock import hold_data_dir
+from embedfleet.services.up.pgvector import TABLE, LocalPgvector, require_pgserver
+from embedfleet.services.up.plan import (
     Child,
     children,
     default_model,
@@ -32,7 +32,7 @@ from embedfleet.services.stack_plan import (
     with_metrics,
     with_search_store,
 )
-from embedfleet.services.stack_ports import check_ports, port_taken
+from embedfleet.services.up.ports import check_ports, port_taken
 from embedfleet.shared.config.fabric import ConfigError, child_environment, nats_security, retention
 from embedfleet.shared.config.options import arguments, option
 from embedfleet.shared.model_dir.info import ModelInfo

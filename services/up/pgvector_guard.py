@@ -1,4 +1,4 @@
-"""The guard of the local PostgreSQL (services/local_pgvector.py): ``python -m embedfleet.services.pgvector_guard
+"""The guard of the local PostgreSQL (services/up/pgvector.py): ``python -m embedfleet.services.up.pgvector_guard
 DATA_FOLDER``, a child of `up` that stops the postgres of DATA_FOLDER when `up` ends, however it ends.
 
 pg_ctl starts postgres in a session of its own whose parent is not `up`: neither Ctrl-C nor the

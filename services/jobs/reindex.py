@@ -1,5 +1,5 @@
 """``embedfleet reindex``: a bulk job from the command line (``embedfleet init``:
-services/jetstream_init.py; ``embedfleet jobs``: services/jobs_admin.py).
+services/jobs/streams_init.py; ``embedfleet jobs``: services/jobs/admin.py).
 
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, plain text with
 one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
@@ -11,8 +11,8 @@ The job id is derived from the input, the model, the form and the chunking, so r
 command again after it was killed resumes the job: published batches are not sent again, collected
 results are read again; the same input in another form is another job. With ``--chunk-size`` the
 tokenizers cut every document into chunks and each chunk gets a vector: a row a chunk, with its
-place (services/chunked_output.py says what each format holds).
-Everything that can be checked is checked before the first batch is published (services/reindex_plan.py):
+place (services/jobs/chunked_output.py says what each format holds).
+Everything that can be checked is checked before the first batch is published (services/jobs/plan.py):
 the options, the output (its format, its folder made and written to), every document, the job's recorded form.
 """
 
@@ -27,10 +27,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from embedfleet.services.chunked_output import write_chunked
-from embedfleet.services.reindex_files import FAILED, beside, write_output, write_ragged
-from embedfleet.services.reindex_plan import Plan, connect_checked
-from embedfleet.services.reindex_sink import open_sink, sink_sources
+from embedfleet.services.jobs.chunked_output import write_chunked
+from embedfleet.services.jobs.files import FAILED, beside, write_output, write_ragged
+from embedfleet.services.jobs.plan import Plan, connect_checked
+from embedfleet.services.jobs.sink import open_sink, sink_sources
 from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.jobs.bucket import read_state, update_state
 from embedfleet.shared.jobs.collector import Collector, Layout, Polled
