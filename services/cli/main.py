@@ -14,7 +14,7 @@ from embedfleet.services.scorer import config as scorer_config
 from embedfleet.services.tokenizer import config as tokenizer_config
 from embedfleet.shared import __version__
 from embedfleet.shared.config.fabric import ConfigError, NatsConfig, nats_config, retention
-from embedfleet.shared.config.options import add_options
+from embedfleet.shared.config.registry import add_options
 from embedfleet.shared.extras import missing_extra
 from embedfleet.shared.nats.lifecycle import ONE_SHOT_PATIENCE, NatsUnreachable, run_async, run_service, wait_for_nats
 from embedfleet.shared.nats.local_stack import NatsSource, use_local_stack
@@ -38,7 +38,7 @@ HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every command's parser, its options those ``embedfleet.shared.config.options`` declares for it."""
+    """Every command's parser, its options those ``embedfleet.shared.config.registry`` declares for it."""
     parser = argparse.ArgumentParser(prog="embedfleet", description="Embedding and reranking serving over NATS.")
     parser.add_argument("--version", action="version", version=f"embedfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

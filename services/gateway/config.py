@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedfleet.shared.config.fabric import ConfigError, NatsConfig, Retention, nats_config, retention
-from embedfleet.shared.config.options import from_options, option, setting
+from embedfleet.shared.config.registry import from_options, option, setting
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint
 from embedfleet.shared.observability.tracing import TracingConfig
 

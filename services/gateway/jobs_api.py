@@ -26,7 +26,7 @@ from embedfleet.services.gateway.job_tokens import JobTokens
 from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, DocumentBody, JobBody
 from embedfleet.services.gateway.limits import KeyLimits
 from embedfleet.services.gateway.sink_jobs import SinkJobs
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.collector import Layout

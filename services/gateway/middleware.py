@@ -25,7 +25,7 @@ from embedfleet.services.gateway.limits import KeyLimits, bind_key
 from embedfleet.services.gateway.metrics import Metrics
 from embedfleet.services.gateway.route_media import RouteMedia
 from embedfleet.services.gateway.routes import EMBED_PATHS
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.observability.tracing import TRACEPARENT, TraceContext, Tracer, bind
 

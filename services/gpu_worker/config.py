@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedfleet.shared.config.fabric import ConfigError, JobSettings, NatsConfig, job_settings, nats_config
-from embedfleet.shared.config.options import from_options, setting
+from embedfleet.shared.config.registry import from_options, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint

@@ -17,7 +17,7 @@ from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.calibrate import BUSY, budgets_for, calibrate
 from embedfleet.services.gpu_worker.engine.engine import pick_device
-from embedfleet.shared.config.options import arguments
+from embedfleet.shared.config.registry import arguments
 from embedfleet.shared.parent_death import die_with_parent
 
 log = logging.getLogger("embedfleet.worker")

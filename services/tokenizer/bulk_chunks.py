@@ -24,7 +24,7 @@ from embedfleet.services.tokenizer.chunking import chunk_ids
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.services.tokenizer.metrics import BulkEncoder
 from embedfleet.shared.chunk_windows import late_windows
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.protocol import ChunkRows, JobBatch, Spans, row_bytes
 from embedfleet.shared.text_chunks import TextChunk
 

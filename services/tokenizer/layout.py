@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from embedfleet.services.tokenizer.bounded_cuts import chars_refusal, cuts, longest_over
 from embedfleet.services.tokenizer.encoder import TextEncoder
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkLayout, ChunkRequest
 from embedfleet.shared.text_chunks import TextChunk

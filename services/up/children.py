@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from embedfleet.services.up.pgvector import LocalPgvector
 from embedfleet.services.up.plan import Child
-from embedfleet.shared.config.options import declared, default
+from embedfleet.shared.config.registry import declared, default
 from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.parent_death import die_with_parent
 

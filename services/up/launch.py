@@ -34,7 +34,7 @@ from embedfleet.services.up.plan import (
 )
 from embedfleet.services.up.ports import check_ports, port_taken
 from embedfleet.shared.config.fabric import ConfigError, child_environment, nats_security, retention
-from embedfleet.shared.config.options import arguments, option
+from embedfleet.shared.config.registry import arguments, option
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.nats.local_stack import forget_stack, record_stack
 from embedfleet.shared.nats.server import TOKEN_FILE, EmbeddedNats

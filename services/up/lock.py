@@ -36,7 +36,7 @@ def command_line(pid: int) -> str:
 
 def hide_secrets(args: list[str]) -> list[str]:
     """``args`` with the value of each secret option (``--api-keys K`` and ``--api-keys=K``) hidden."""
-    from embedfleet.shared.config.options import OPTIONS
+    from embedfleet.shared.config.registry import OPTIONS
 
     secret = {o.flag for o in OPTIONS if not o.shows_value and not o.env_only}
     shown: list[str] = []

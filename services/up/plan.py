@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from embedfleet.shared.config.fabric import ConfigError
-from embedfleet.shared.config.options import option
+from embedfleet.shared.config.registry import option
 from embedfleet.shared.model_dir.info import ModelInfo, same_model
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.nats.subjects import model_token

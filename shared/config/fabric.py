@@ -1,4 +1,4 @@
-"""Configuration shared by every service, built from the options ``embedfleet.shared.config.options`` declares.
+"""Configuration shared by every service, built from the options ``embedfleet.shared.config.registry`` declares.
 
 NATS secrets (password, token) are read from files or environment variables only: a flag would show
 them in ``ps``.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedfleet.shared.config.option import ConfigError
-from embedfleet.shared.config.options import (
+from embedfleet.shared.config.registry import (
     MAX_JOB_HISTORY,
     MAX_REPLICAS,
     PASSWORD_ENV,

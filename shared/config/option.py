@@ -1,4 +1,4 @@
-"""The machinery of an option, none of the options themselves (those are declared in shared/config/options.py).
+"""The machinery of an option, none of the options themselves (those are declared in shared/config/registry.py).
 
 ``Option``: one command-line option, its flag, environment variables, default, parser and help, and
 what is made from them (an argparse argument, the value a child process is given, a row of the

@@ -12,7 +12,7 @@ import numpy as np
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.jobs.chunks import ChunkedRows
 from embedfleet.shared.jobs.work_queue import close_pull
 from embedfleet.shared.protocol import JobResult, ProtocolError, decode_as

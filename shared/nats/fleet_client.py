@@ -33,7 +33,7 @@ import numpy as np
 from nats.aio.client import Client
 
 from embedfleet.shared.config.fabric import nats_config
-from embedfleet.shared.config.options import add_options
+from embedfleet.shared.config.registry import add_options
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.nats.embed_client import EmbedClient

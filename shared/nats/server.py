@@ -30,7 +30,7 @@ from pathlib import Path
 
 from embedfleet.shared import parent_death
 from embedfleet.shared.config.fabric import ConfigError
-from embedfleet.shared.config.options import option
+from embedfleet.shared.config.registry import option
 from embedfleet.shared.nats.auth import NatsAuth
 
 log = logging.getLogger("embedfleet.nats")

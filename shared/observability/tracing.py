@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedfleet.shared.config.fabric import ConfigError
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 
 log = logging.getLogger("embedfleet.tracing")
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bench import image_sizes
-from embedfleet.shared.config.options import COMMANDS, env_names
+from embedfleet.shared.config.registry import COMMANDS, env_names
 from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.nats.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from embedfleet.shared.nats.subjects import Subjects, model_token

@@ -17,7 +17,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.progress import Rows

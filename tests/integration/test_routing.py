@@ -10,7 +10,7 @@ import httpx
 import nats
 import pytest
 
-from embedfleet.shared.config.options import default
+from embedfleet.shared.config.registry import default
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import LoadReport, decode

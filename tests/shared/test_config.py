@@ -4,7 +4,7 @@ import pytest
 
 from embedfleet.shared.config.fabric import ConfigError, nats_config
 from embedfleet.shared.config.option import Option, positive_int
-from embedfleet.shared.config.options import add_options
+from embedfleet.shared.config.registry import add_options
 from embedfleet.shared.nats.subjects import Subjects, model_token
 
 X = Option("--x", ("EMBEDFLEET_X",), 3, "x", frozenset({"test"}), "test", type=positive_int)

@@ -1,4 +1,4 @@
-"""shared/config/options.py: every option declared once, and the parsers, the child arguments and the
+"""shared/config/registry.py: every option declared once, and the parsers, the child arguments and the
 README's table all made from the declarations."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.option import ConfigError
-from embedfleet.shared.config.options import (
+from embedfleet.shared.config.registry import (
     COMMANDS,
     OPTIONS,
     add_options,
@@ -181,7 +181,7 @@ def test_readme_table_is_the_declarations():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
     assert block == markdown_table(), (
-        "README's option table differs from shared/config/options.py: paste markdown_table()"
+        "README's option table differs from shared/config/registry.py: paste markdown_table()"
     )
     assert markdown_table().count("\n") == len(OPTIONS) + 2
 
@@ -230,7 +230,7 @@ def _configs():
 def test_config_defaults_are_the_declared_ones():
     from dataclasses import fields
 
-    from embedfleet.shared.config.options import settings_of
+    from embedfleet.shared.config.registry import settings_of
 
     checked = 0
     for cls, command in _configs():
@@ -248,7 +248,7 @@ def test_config_defaults_are_the_declared_ones():
 def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     """A service's options reach its config through ``setting`` fields (one declaration, one field);
     the few read another way are named here, with where."""
-    from embedfleet.shared.config.options import settings_of
+    from embedfleet.shared.config.registry import settings_of
 
     elsewhere = {  # dest -> what reads it
         "model": "load_model_info",
@@ -311,7 +311,7 @@ def test_help_never_prints_credentials_or_keys_from_the_environment(monkeypatch,
 
 
 def test_a_lookup_names_what_is_missing_or_ambiguous():
-    from embedfleet.shared.config.options import option
+    from embedfleet.shared.config.registry import option
 
     with pytest.raises(LookupError, match="no option 'nope' is declared"):
         option("nope")
