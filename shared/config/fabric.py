@@ -13,16 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedfleet.shared.config.option import ConfigError
-from embedfleet.shared.config.registry import (
-    MAX_JOB_HISTORY,
-    MAX_REPLICAS,
-    PASSWORD_ENV,
-    TOKEN_ENV,
-    declared,
-    from_options,
-    option,
-    setting,
-)
+from embedfleet.shared.config.registry import declared, from_options, option, setting
+from embedfleet.shared.config.sections.bulk import MAX_JOB_HISTORY, MAX_REPLICAS
+from embedfleet.shared.config.sections.nats import PASSWORD_ENV, TOKEN_ENV
 from embedfleet.shared.nats.auth import NatsAuth, NatsTls, read_secret, redact, split_credentials
 from embedfleet.shared.nats.subjects import Subjects
 

@@ -1,8 +1,9 @@
-"""The machinery of an option, none of the options themselves (those are declared in shared/config/registry.py).
+"""The machinery of an option, none of the options themselves (those are declared in shared/config/sections/).
 
 ``Option``: one command-line option, its flag, environment variables, default, parser and help, and
 what is made from them (an argparse argument, the value a child process is given, a row of the
-README's table); the value parsers an option names (``positive_int``, ``port_number``…); ``ConfigError``.
+README's table); ``declare``, how the sections write one; the value parsers an option names (``positive_int``,
+``port_number``…); ``ConfigError``.
 
 A value comes from the flag, else from the first environment variable set (an empty one is unset),
 else from the default. A secret has no flag (``ps`` would show it): it is read from its variable only,
@@ -12,7 +13,7 @@ as is a setting of the machine rather than of the command (where nats-server is)
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,3 +181,18 @@ class Option:
         )
         meaning = self.help.replace("|", "\\|")
         return f"| {flag} | {env} | {default} | {commands} | {meaning} |"
+
+
+def declare(
+    flag: str,
+    env: str | tuple[str, ...] | None,
+    default: Any,
+    help: str,
+    commands: Iterable[str],
+    group: str,
+    **more: Any,
+) -> Option:
+    """An ``Option`` as the sections declare one: ``env`` one variable's name, several, or None; ``commands``
+    any collection of command names."""
+    names = (env,) if isinstance(env, str) else env or ()
+    return Option(flag, names, default, help, frozenset(commands), group, **more)

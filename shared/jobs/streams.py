@@ -24,7 +24,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from embedfleet.shared.config.fabric import JobSettings, Retention
-from embedfleet.shared.config.registry import JOB_TTL, RESULTS_MAX_AGE
+from embedfleet.shared.config.sections.bulk import JOB_TTL, RESULTS_MAX_AGE
 from embedfleet.shared.jobs.claims import claims_config, claims_stream
 from embedfleet.shared.nats.placement import Placement, stream_config
 from embedfleet.shared.nats.subjects import Subjects

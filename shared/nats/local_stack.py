@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedfleet.shared.config.fabric import NATS_SECURITY_ENV, ConfigError
-from embedfleet.shared.config.registry import PASSWORD_ENV, TOKEN_ENV, default, option
+from embedfleet.shared.config.registry import default, option
+from embedfleet.shared.config.sections.nats import PASSWORD_ENV, TOKEN_ENV
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.model_dir.info import same_model
 

@@ -1,4 +1,4 @@
-"""shared/config/registry.py: every option declared once, and the parsers, the child arguments and the
+"""shared/config/sections/ and registry.py: every option declared once, and the parsers, the child arguments and the
 README's table all made from the declarations."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def test_readme_table_is_the_declarations():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
     assert block == markdown_table(), (
-        "README's option table differs from shared/config/registry.py: paste markdown_table()"
+        "README's option table differs from shared/config/sections/: paste markdown_table()"
     )
     assert markdown_table().count("\n") == len(OPTIONS) + 2
 
