@@ -81,7 +81,7 @@ def test_jobs_purge_takes_the_common_options_before_or_after_the_action(monkeypa
 def test_retention_options_reach_every_process_that_meets_the_streams(monkeypatch):
     from embedfleet.services.gateway.config import GatewayConfig
     from embedfleet.services.up.launch import _gateway_args
-    from embedfleet.shared.config.fabric import JobSettings, Retention, retention
+    from embedfleet.shared.jobs.settings import JobSettings, Retention, retention
 
     monkeypatch.setenv("EMBEDFLEET_JOB_TTL", "3600")
     parser = build_parser()

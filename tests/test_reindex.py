@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from embedfleet.services.jobs.files import FAILED, IDS, beside, check_output_path, write_output
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.vectors.forms import FORMS
 from embedfleet.shared.vectors.quantize import quantize
 

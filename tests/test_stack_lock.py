@@ -10,7 +10,7 @@ import re
 import pytest
 
 from embedfleet.services.up.lock import LOCK_FILE, hide_secrets, hold_data_dir
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 
 def test_the_lock_file_is_the_owners_alone_and_names_only_a_pid_and_a_time(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from embedfleet.services.cli.main import build_parser
 from embedfleet.services.up.plan import children, default_model, roles, served_models, split_entry, with_metrics
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.folder import DEFAULT_MODEL_ID, default_model_path
 from embedfleet.shared.model_dir.load import load_model_info
 

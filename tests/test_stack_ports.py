@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from embedfleet.services.up.ports import check_ports, holder, port_taken
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.nats.server import free_port
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
 

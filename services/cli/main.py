@@ -13,9 +13,11 @@ from embedfleet.services.gpu_worker import config as worker_config
 from embedfleet.services.scorer import config as scorer_config
 from embedfleet.services.tokenizer import config as tokenizer_config
 from embedfleet.shared import __version__
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig, nats_config, retention
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import add_options
 from embedfleet.shared.extras import missing_extra
+from embedfleet.shared.jobs.settings import retention
+from embedfleet.shared.nats.config import NatsConfig, nats_config
 from embedfleet.shared.nats.lifecycle import ONE_SHOT_PATIENCE, NatsUnreachable, run_async, run_service, wait_for_nats
 from embedfleet.shared.nats.local_stack import NatsSource, use_local_stack
 from embedfleet.shared.observability.logs import setup_logging

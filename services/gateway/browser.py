@@ -27,7 +27,7 @@ from starlette.types import Message, Send
 
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.routes import ROUTES
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode
 
 ANY = "*"

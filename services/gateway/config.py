@@ -7,8 +7,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig, Retention, nats_config, retention
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import from_options, option, setting
+from embedfleet.shared.jobs.settings import Retention, retention
+from embedfleet.shared.nats.config import NatsConfig, nats_config
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint
 from embedfleet.shared.observability.tracing import TracingConfig
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedfleet.services.gateway.errors import ApiError
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.documents import read_documents
 

@@ -29,11 +29,11 @@ from nats.js.errors import NotFoundError
 
 from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
 from embedfleet.services.gpu_worker.spans import record_work
-from embedfleet.shared.config.fabric import JobSettings
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.jobs.bucket import has_state_key, update_state
 from embedfleet.shared.jobs.progress import Rows
 from embedfleet.shared.jobs.publish import publish_durably
+from embedfleet.shared.jobs.settings import JobSettings
 from embedfleet.shared.jobs.status import count_done, late_rows
 from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.jobs.work_queue import (

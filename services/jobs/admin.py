@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
 
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.jobs.bucket import has_state_key, purge_state, read_state
 from embedfleet.shared.jobs.claims import SUBMITTERS, claim_subject, claims_stream
 from embedfleet.shared.jobs.ids import job_id_problem
 from embedfleet.shared.jobs.publish import job_form
 from embedfleet.shared.jobs.state import FINISHED, RUNNING, JobState, JobStateError
 from embedfleet.shared.jobs.streams import DUPLICATE_WINDOW, job_bucket, stream_names
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.lifecycle import connect_within
 
 log = logging.getLogger("embedfleet.jobs")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.jobs.bucket import has_state_key
 from embedfleet.shared.jobs.state import CANCELLED, JobState
 from embedfleet.shared.jobs.status import cancel_job
 from embedfleet.shared.jobs.streams import job_bucket
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.lifecycle import connect_within
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ServiceError
 from embedfleet.shared.jobs.fit import JobRefused, check_chunk_room
 from embedfleet.shared.nats.subjects import Subjects

@@ -16,13 +16,14 @@ import numpy as np
 
 from embedfleet.services.jobs.chunked_output import write_chunked
 from embedfleet.services.jobs.files import check_output_path, write_output, write_ragged
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.chunks import ChunkedRows
 from embedfleet.shared.jobs.ids import job_id_problem
 from embedfleet.shared.jobs.results import JobForm, ResultsLost, Stored, StoredResults, expired, unfinished
 from embedfleet.shared.jobs.state import CANCELLED, JobState
 from embedfleet.shared.jobs.streams import job_bucket
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.lifecycle import connect_within
 from embedfleet.shared.vectors.forms import FORMS
 

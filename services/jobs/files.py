@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from embedfleet.services.jobs.chunked_output import SIDECAR
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.vectors.forms import FORMS
 
 # output kind -> the file suffixes it is written to

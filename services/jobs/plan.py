@@ -14,16 +14,18 @@ from pathlib import Path
 
 from embedfleet.services.jobs.chunking import check_room, chunking_of
 from embedfleet.services.jobs.files import check_output_path
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig, Retention, retention
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.documents import job_id_for, read_input
 from embedfleet.shared.jobs.fit import JobRefused, check_job, fleet_view, served
 from embedfleet.shared.jobs.ids import new_job_id_problem
 from embedfleet.shared.jobs.publish import form_conflict, was_cancelled
 from embedfleet.shared.jobs.requests import Claim, claim_problem, request_digest
+from embedfleet.shared.jobs.settings import Retention, retention
 from embedfleet.shared.jobs.sink_writer import shape_for
 from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.jobs.streams import DUPLICATE_WINDOW, open_streams, purge_wait, stream_names
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.fleet import FleetWatch
 from embedfleet.shared.nats.lifecycle import connect_within
 from embedfleet.shared.nats.local_stack import LocalStack, NoDefaultModel, default_model

@@ -31,13 +31,13 @@ from embedfleet.services.jobs.chunked_output import write_chunked
 from embedfleet.services.jobs.files import FAILED, beside, write_output, write_ragged
 from embedfleet.services.jobs.plan import Plan, connect_checked
 from embedfleet.services.jobs.sink import open_sink, sink_sources
-from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.jobs.bucket import read_state, update_state
 from embedfleet.shared.jobs.collector import Collector, Layout, Polled
 from embedfleet.shared.jobs.publish import JobCancelled, JobSink, submit
 from embedfleet.shared.jobs.sink_writer import SinkWriter
 from embedfleet.shared.jobs.state import CANCELLED, DONE, STALLED, JobState
 from embedfleet.shared.jobs.streams import stream_names
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.observability.tracing import Tracer, bind
 from embedfleet.shared.sinks import SinkError
 from embedfleet.shared.vectors.forms import FORMS

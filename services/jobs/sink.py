@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.jobs.sink_writer import Sources
 from embedfleet.shared.sinks import Shape, Sink, SinkError, sink_for
 

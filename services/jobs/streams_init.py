@@ -5,9 +5,10 @@ them (shared/nats/permissions.py). ``embedfleet up`` runs it before the services
 
 from __future__ import annotations
 
-from embedfleet.shared.config.fabric import NatsConfig, Retention
 from embedfleet.shared.jobs.claims import claims_stream
+from embedfleet.shared.jobs.settings import Retention
 from embedfleet.shared.jobs.streams import bucket_stream, ensure_streams, stream_names
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.lifecycle import connect_within
 
 

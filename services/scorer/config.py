@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig, nats_config
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import from_options, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.nats.config import NatsConfig, nats_config
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint
 from embedfleet.shared.observability.tracing import TracingConfig
 

@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from embedfleet.services.tokenizer import chunking
 from embedfleet.services.tokenizer.chat_template import PairTemplate, special_token_variables
 from embedfleet.services.tokenizer.tasks import resolve_task
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.protocol import EmbedOptions

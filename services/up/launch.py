@@ -33,9 +33,11 @@ from embedfleet.services.up.plan import (
     with_search_store,
 )
 from embedfleet.services.up.ports import check_ports, port_taken
-from embedfleet.shared.config.fabric import ConfigError, child_environment, nats_security, retention
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import arguments, option
+from embedfleet.shared.jobs.settings import retention
 from embedfleet.shared.model_dir.info import ModelInfo
+from embedfleet.shared.nats.config import child_environment, nats_security
 from embedfleet.shared.nats.local_stack import forget_stack, record_stack
 from embedfleet.shared.nats.server import TOKEN_FILE, EmbeddedNats
 from embedfleet.shared.observability.logs import setup_logging

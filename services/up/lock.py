@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 LOCK_FILE = "up.lock"
 HIDDEN = "***"  # a secret option's value in a command line shown

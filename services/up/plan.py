@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import option
 from embedfleet.shared.model_dir.info import ModelInfo, same_model
 from embedfleet.shared.model_dir.load import load_model_info

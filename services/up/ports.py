@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 
 from embedfleet.services.up.lock import command_line
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 _LISTEN = "0A"  # a socket's state in /proc/net/tcp: TCP_LISTEN
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.extras import imported
 
 FOLDER_SUFFIXES = (".txt", ".md")  # the files of a folder that are documents (any case)

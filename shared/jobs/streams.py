@@ -9,7 +9,7 @@
 - ``<P>_CLAIMS``: each job's owner and batch-signing secret, written once (shared/jobs/claims.py).
 All in file storage, created by ``embedfleet init`` (or, on a server without per-role users, by
 whichever service starts first: ``open_streams``). The results stream and
-the bucket expire what they hold after the limits of ``Retention`` (shared/config/fabric.py).
+the bucket expire what they hold after the limits of ``Retention`` (shared/jobs/settings.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from embedfleet.shared.config.fabric import JobSettings, Retention
 from embedfleet.shared.config.sections.bulk import JOB_TTL, RESULTS_MAX_AGE
 from embedfleet.shared.jobs.claims import claims_config, claims_stream
+from embedfleet.shared.jobs.settings import JobSettings, Retention
 from embedfleet.shared.nats.placement import Placement, stream_config
 from embedfleet.shared.nats.subjects import Subjects
 

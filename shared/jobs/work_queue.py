@@ -31,10 +31,10 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from embedfleet.shared.config.fabric import JobSettings
 from embedfleet.shared.jobs.bucket import has_state_key, read_state, update_state
 from embedfleet.shared.jobs.progress import Rows
 from embedfleet.shared.jobs.publish import publish_durably
+from embedfleet.shared.jobs.settings import JobSettings
 from embedfleet.shared.jobs.state import CANCELLED, DeadBatch, JobState
 from embedfleet.shared.jobs.status import count_failed
 from embedfleet.shared.jobs.streams import open_streams, stream_names, work_consumer

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 DEFAULT_MODEL_ID = "all-MiniLM-L6-v2"
 

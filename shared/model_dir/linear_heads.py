@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 
 def read_linear(path: Path) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.families import position_offset
 from embedfleet.shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
 from embedfleet.shared.model_dir.info import ModelInfo

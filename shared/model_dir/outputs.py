@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.folder import ModelFolder, read_json
 from embedfleet.shared.model_dir.stack import DenseSpec, check_dense_chain, read_dense
 

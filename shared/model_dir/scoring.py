@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.folder import ModelFolder, read_json
 
 # model types whose chat templates take a message's content as a string whatever they look like

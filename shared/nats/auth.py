@@ -4,7 +4,7 @@ arguments nats-py's ``connect`` takes for them.
 Secrets (a password, a token) come from files or environment variables, or inside the URL
 (``nats://USER:PASSWORD@HOST``, ``nats://TOKEN@HOST``); the URL a service keeps has them moved
 out (``split_credentials``), so that URL can be logged. Errors are ValueErrors whose message names
-the option; ``embedfleet.shared.config.fabric`` turns them into ConfigErrors.
+the option; ``embedfleet.shared.nats.config`` turns them into ConfigErrors.
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 import numpy as np
 from nats.aio.client import Client
 
-from embedfleet.shared.config.fabric import nats_config
 from embedfleet.shared.config.registry import add_options
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.nats.config import nats_config
 from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.fleet import FleetWatch
 from embedfleet.shared.nats.lifecycle import NatsUnreachable, connect_within, drain_or_close

@@ -21,8 +21,9 @@ from nats.micro import add_service
 from nats.micro.service import Service, ServiceConfig
 
 from embedfleet.shared import __version__
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.nats.auth import redact
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.permissions import inbox_prefix
 from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects
 

@@ -27,11 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedfleet.shared.config.fabric import NATS_SECURITY_ENV, ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import default, option
 from embedfleet.shared.config.sections.nats import PASSWORD_ENV, TOKEN_ENV
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.model_dir.info import same_model
+from embedfleet.shared.nats.config import NATS_SECURITY_ENV
 
 RECORD = "stack.json"
 FALLBACK_URL = "nats://127.0.0.1:4222"  # no URL given and no stack recorded

@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 log = logging.getLogger("embedfleet.jobs")
 

@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from embedfleet.shared import parent_death
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import option
 from embedfleet.shared.nats.auth import NatsAuth
 

@@ -16,7 +16,7 @@ from threading import Thread
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import from_options, setting
 
 log = logging.getLogger("embedfleet.metrics")

@@ -155,7 +155,7 @@ def test_nats_has_jetstream_on_disk_and_the_protocols_payload_limit(path, server
 def test_clients_know_every_nats_node_and_the_streams_survive_one_nodes_loss(path, servers):
     from urllib.parse import urlsplit
 
-    from embedfleet.shared.config.fabric import NatsConfig
+    from embedfleet.shared.nats.config import NatsConfig
 
     docs = render(path)
     values = {

@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 from embedfleet.services.gateway.app import create_app
 from embedfleet.services.gateway.browser import JSON_POSTS, default_hosts, host_name, is_json, rules_of
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig
+from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.subjects import Subjects
 
 

@@ -11,8 +11,9 @@ from embedfleet.services.gateway.app import Gateway
 from embedfleet.services.gateway.config import GatewayConfig
 from embedfleet.services.gateway.errors import ApiError
 from embedfleet.services.gateway.metrics import Metrics
-from embedfleet.shared.config.fabric import ConfigError, NatsConfig
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.fleet import FleetView
 from embedfleet.shared.nats.subjects import Subjects
 

@@ -41,7 +41,7 @@ def test_tokens_are_charged_after_the_answer_and_a_debt_waits_to_be_repaid():
 def test_limits_need_keys():
     from embedfleet.services.cli.main import build_parser
     from embedfleet.services.gateway.config import GatewayConfig
-    from embedfleet.shared.config.fabric import ConfigError
+    from embedfleet.shared.config.option import ConfigError
 
     ns = build_parser().parse_args(["gateway", "--nats", "nats://127.0.0.1:4222", "--key-requests-per-minute", "5"])
     with pytest.raises(ConfigError, match="give the keys"):

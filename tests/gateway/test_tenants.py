@@ -12,7 +12,7 @@ from embedfleet.services.gateway.key_tables import read_key_tables
 from embedfleet.services.gateway.limits import bind_key
 from embedfleet.services.gateway.sink_jobs import SinkTargets
 from embedfleet.services.gateway.tenants import TableAccess
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode
 
 LANCE = "lancedb:///srv/lance"

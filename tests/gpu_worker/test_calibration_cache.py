@@ -13,8 +13,8 @@ from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.calibrate import Calibration, Point, budgets_for, calibrate
 from embedfleet.services.gpu_worker.replicas import build_engines, calibrated_budget
-from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.subjects import Subjects
 
 

@@ -86,7 +86,7 @@ def test_a_checkpoint_without_its_head_is_refused(tmp_path, model_info):
     from safetensors.torch import load_file, save_file
     from transformers import BertConfig, BertForSequenceClassification
 
-    from embedfleet.shared.config.fabric import ConfigError
+    from embedfleet.shared.config.option import ConfigError
 
     config = BertConfig(
         vocab_size=300,

@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from embedfleet.services.gpu_worker.engine.models.registry import spec_from_folder
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 from tests.corpus import mixed_texts

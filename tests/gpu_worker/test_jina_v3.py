@@ -22,7 +22,7 @@ from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.models import bert, jina_v3
 from embedfleet.services.gpu_worker.engine.models.registry import family_for, spec_from_folder
 from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 from tests.corpus import mixed_texts

@@ -22,7 +22,7 @@ from embedfleet.services.gpu_worker.engine.models.registry import build as build
 from embedfleet.services.gpu_worker.engine.models.registry import spec_from_folder
 from embedfleet.services.gpu_worker.engine.pooling import postprocess
 from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import cosines

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.models.registry import spec_from_folder
 from embedfleet.services.tokenizer.encoder import TextEncoder
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import mixed_texts
 from tests.tiny_llm_rerankers import MAX_LENGTH, build_llm_reranker, reference

@@ -3,7 +3,7 @@ import pytest
 from embedfleet.services.gpu_worker.config import WorkerConfig
 from embedfleet.services.gpu_worker.load_reports import ReportCadence
 from embedfleet.services.tokenizer.routing import Router
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.registry import default
 from embedfleet.shared.protocol import LoadReport
 

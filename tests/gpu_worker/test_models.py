@@ -120,7 +120,7 @@ def test_half_precision_weights_load_and_compute_in_fp32(tmp_path, model_info, d
 
 
 def test_missing_tensor_is_a_clear_error(tmp_path, model_info):
-    from embedfleet.shared.config.fabric import ConfigError
+    from embedfleet.shared.config.option import ConfigError
 
     folder = tmp_path / "broken"
     shutil.copytree(model_info.path, folder, ignore=shutil.ignore_patterns("*.safetensors"))

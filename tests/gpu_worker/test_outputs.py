@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.ragged import sparse_rows, split_inputs, token_rows
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
 from tests.output_models import (

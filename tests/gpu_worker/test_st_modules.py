@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, prepare
 from embedfleet.services.gpu_worker.engine.pooling import POOLING_MODES, pool
 from embedfleet.services.gpu_worker.engine.st_modules import DenseStack, build_dense
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.model_dir.stack import DenseSpec

@@ -29,7 +29,8 @@ import nkeys
 import pytest
 
 from embedfleet.services.cli.main import build_parser
-from embedfleet.shared.config.fabric import NATS_SECURITY_ENV, PASSWORD_ENV, TOKEN_ENV, NatsConfig, nats_config
+from embedfleet.shared.config.sections.nats import PASSWORD_ENV, TOKEN_ENV
+from embedfleet.shared.nats.config import NATS_SECURITY_ENV, NatsConfig, nats_config
 from embedfleet.shared.nats.lifecycle import connect
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.protocol import TokenizeRequest, TokenizeResult, decode_as, encode

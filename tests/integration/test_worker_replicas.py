@@ -14,7 +14,7 @@ from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.service import WorkerService
 from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.service import TokenizerService
-from embedfleet.shared.config.fabric import NatsConfig
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions

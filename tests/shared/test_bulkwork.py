@@ -8,8 +8,8 @@ import uuid
 import nats
 import pytest
 
-from embedfleet.shared.config.fabric import JobSettings
 from embedfleet.shared.jobs.bucket import read_state, update_state
+from embedfleet.shared.jobs.settings import JobSettings
 from embedfleet.shared.jobs.state import DeadBatch
 from embedfleet.shared.jobs.streams import ensure_streams, stream_names
 from embedfleet.shared.jobs.work_queue import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
@@ -155,7 +155,7 @@ def test_undecodable_batches_still_name_their_job_and_documents():
 
 
 def test_job_settings_are_checked():
-    from embedfleet.shared.config.fabric import ConfigError
+    from embedfleet.shared.config.option import ConfigError
 
     assert JobSettings(ack_wait=8).heartbeat == 2
     with pytest.raises(ConfigError, match="--ack-wait"):

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.nats.config import NatsConfig
 from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.lifecycle import connect
 from embedfleet.shared.nats.server import EmbeddedNats

@@ -2,9 +2,9 @@ import argparse
 
 import pytest
 
-from embedfleet.shared.config.fabric import ConfigError, nats_config
-from embedfleet.shared.config.option import Option, positive_int
+from embedfleet.shared.config.option import ConfigError, Option, positive_int
 from embedfleet.shared.config.registry import add_options
+from embedfleet.shared.nats.config import nats_config
 from embedfleet.shared.nats.subjects import Subjects, model_token
 
 X = Option("--x", ("EMBEDFLEET_X",), 3, "x", frozenset({"test"}), "test", type=positive_int)

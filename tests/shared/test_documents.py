@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.jobs.documents import job_id_for, read_documents, read_fields, read_input
 from embedfleet.shared.vectors.forms import FORMS
 

@@ -13,7 +13,6 @@ import nats
 import pytest
 from nats.js.errors import APIError
 
-from embedfleet.shared.config.fabric import Retention
 from embedfleet.shared.jobs.bucket import read_state, update_state
 from embedfleet.shared.jobs.claims import (
     MAC,
@@ -26,6 +25,7 @@ from embedfleet.shared.jobs.claims import (
     make_claim,
     read_claim,
 )
+from embedfleet.shared.jobs.settings import Retention
 from embedfleet.shared.jobs.state import JobStateError
 from embedfleet.shared.jobs.streams import ensure_streams, open_streams, stream_names
 from embedfleet.shared.nats.subjects import Subjects

@@ -13,9 +13,10 @@ from dataclasses import replace
 import nats
 import pytest
 
-from embedfleet.shared.config.fabric import ConfigError, Retention
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.config.sections.bulk import JOB_TTL, RESULTS_MAX_AGE
 from embedfleet.shared.jobs.bucket import progress_key, purge_state, read_state, update_state
+from embedfleet.shared.jobs.settings import Retention
 from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.jobs.streams import DUPLICATE_WINDOW, bucket_stream, ensure_streams, job_bucket, stream_names
 from embedfleet.shared.nats.subjects import Subjects

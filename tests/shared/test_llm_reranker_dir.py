@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.tiny_llm_rerankers import build_llm_reranker, reference
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from embedfleet.services.cli.main import build_parser
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.nats.local_stack import (
     RECORD,

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from embedfleet.services.cli.main import build_parser
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint, serve_metrics
 from tests.prometheus_text import value

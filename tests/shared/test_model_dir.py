@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.model_dir.stack import DenseSpec

@@ -14,17 +14,10 @@ import nkeys
 import pytest
 
 from embedfleet.services.cli.main import build_parser
-from embedfleet.shared.config.fabric import (
-    NATS_SECURITY_ENV,
-    PASSWORD_ENV,
-    TOKEN_ENV,
-    ConfigError,
-    NatsConfig,
-    child_environment,
-    nats_config,
-    nats_security,
-)
+from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.config.sections.nats import PASSWORD_ENV, TOKEN_ENV
 from embedfleet.shared.nats.auth import NatsAuth, redact, split_credentials
+from embedfleet.shared.nats.config import NATS_SECURITY_ENV, NatsConfig, child_environment, nats_config, nats_security
 from embedfleet.shared.nats.lifecycle import RepeatFilter, describe_error
 from embedfleet.shared.nats.local_stack import use_local_stack
 from embedfleet.shared.nats.subjects import Subjects

@@ -212,7 +212,7 @@ def _configs():
     from embedfleet.services.gpu_worker.config import WorkerConfig
     from embedfleet.services.scorer.config import ScorerConfig
     from embedfleet.services.tokenizer.config import TokenizerConfig
-    from embedfleet.shared.config.fabric import JobSettings, Retention
+    from embedfleet.shared.jobs.settings import JobSettings, Retention
     from embedfleet.shared.observability.metrics_server import MetricsEndpoint
 
     return (
@@ -268,7 +268,7 @@ def test_every_service_option_is_held_by_a_config_field_or_read_where_named():
     for command in ("gateway", "tokenizer", "worker", "scorer"):
         for o in declared(command):
             if o.group in ("nats",) or o.env_only:
-                continue  # embedfleet.shared.config.fabric.nats_config reads these, and the environment's own settings
+                continue  # embedfleet.shared.nats.config.nats_config reads these, and the environment's own settings
             assert o.dest in held or o.dest in elsewhere, f"{command} {o.flag}: held by no config field"
 
 

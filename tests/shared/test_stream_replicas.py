@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import nats
 import pytest
 
-from embedfleet.shared.config.fabric import ConfigError, JobSettings, Retention
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.jobs.claims import claims_stream
+from embedfleet.shared.jobs.settings import JobSettings, Retention
 from embedfleet.shared.jobs.streams import bucket_stream, ensure_streams, stream_names
 from embedfleet.shared.jobs.work_queue import open_work
 from embedfleet.shared.nats.placement import AUTO_REPLICAS, Placement

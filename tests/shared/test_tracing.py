@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from bench.otlp_sink import OtlpSink
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.observability.logs import JsonFormatter, TextFormatter, _RequestIds
 from embedfleet.shared.observability.tracing import (
     HEADER_BYTES,

@@ -204,7 +204,7 @@ def test_bos_and_eos_from_tokenizer_config(model_info, tmp_path, flags, single, 
 
 
 def test_tokenizer_config_flag_naming_an_unknown_token_is_refused(model_info, tmp_path):
-    from embedfleet.shared.config.fabric import ConfigError
+    from embedfleet.shared.config.option import ConfigError
 
     with pytest.raises(ConfigError, match="sets add_eos_token but '</s>' is not in the vocabulary"):
         _without_post_processor(model_info, tmp_path, {"add_eos_token": True, "eos_token": "</s>"})

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from embedfleet.services.tokenizer.encoder import TextEncoder
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.corpus import mixed_texts

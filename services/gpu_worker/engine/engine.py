@@ -27,7 +27,7 @@ from embedfleet.services.gpu_worker.engine.pooling import pool
 from embedfleet.services.gpu_worker.engine.results import CudaResult, ReadyResult
 from embedfleet.services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from embedfleet.services.gpu_worker.engine.st_modules import build_dense
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.info import ModelInfo
 
 log = logging.getLogger("embedfleet.engine")

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 # old checkpoints name LayerNorm parameters gamma/beta
 _LEGACY = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}

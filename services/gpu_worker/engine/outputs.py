@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedfleet.services.gpu_worker.engine.st_modules import DenseStack
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.linear_heads import read_linear
 from embedfleet.shared.model_dir.outputs import MultiVectorSpec, SparseSpec

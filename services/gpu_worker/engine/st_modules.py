@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.stack import DenseSpec
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -22,7 +22,7 @@ from embedfleet.shared.model_dir.families import BY_TYPE, position_offset
 def spec(config: dict[str, Any]) -> ModelSpec:
     model_type = config.get("model_type", "bert")
     if config.get("position_embedding_type", "absolute") != "absolute":
-        from embedfleet.shared.config.fabric import ConfigError
+        from embedfleet.shared.config.option import ConfigError
 
         raise ConfigError("only absolute position embeddings are supported for BERT-family models")
     return ModelSpec(

@@ -19,7 +19,7 @@ from embedfleet.services.gpu_worker.engine.attention import AttnMask
 from embedfleet.services.gpu_worker.engine.layers.rotary import inv_frequencies, rope_parameters
 from embedfleet.services.gpu_worker.engine.models import decoder
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec, num_labels
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 
 def spec(config: dict[str, Any]) -> ModelSpec:

@@ -16,7 +16,7 @@ from embedfleet.services.gpu_worker.engine.layers.rotary import Rotary, rope_par
 from embedfleet.services.gpu_worker.engine.models import gemma3
 from embedfleet.services.gpu_worker.engine.models.gemma3 import FULL, SLIDING
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 SOFTCAP = 50.0  # transformers' attn_logit_softcapping when config.json has none
 

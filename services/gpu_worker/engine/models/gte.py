@@ -20,7 +20,7 @@ from embedfleet.services.gpu_worker.engine.layers.rotary import Rotary, rope_par
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 
 def spec(config: dict[str, Any]) -> ModelSpec:

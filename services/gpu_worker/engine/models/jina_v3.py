@@ -39,7 +39,7 @@ from embedfleet.services.gpu_worker.engine.layers.rotary import Rotary, apply_ro
 from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import task_adapters
 
 FAMILY = "JinaV3"

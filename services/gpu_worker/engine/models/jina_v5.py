@@ -36,7 +36,7 @@ from embedfleet.services.gpu_worker.engine.layers.lora import LinearAdapters, ad
 from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 from embedfleet.services.gpu_worker.engine.models import decoder, eurobert
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import task_adapters
 
 # our fused layer -> the checkpoint projections it holds, in its row order

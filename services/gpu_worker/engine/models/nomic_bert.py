@@ -44,7 +44,7 @@ from embedfleet.services.gpu_worker.engine.layers.rotary import rope_parameters
 from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 from embedfleet.services.gpu_worker.engine.models.gte import GteEncoder
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 
 # activation_function (published configs) -> (activation, gated): nomic's Block gates these two only
 _PUBLISHED_ACTS = {"swiglu": ("silu", True), "geglu": ("gelu", True), "gelu": ("gelu", False)}

@@ -23,7 +23,7 @@ from embedfleet.services.gpu_worker.engine.models import (
 )
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
-from embedfleet.shared.config.fabric import ConfigError
+from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir import families as model_families
 from embedfleet.shared.model_dir.info import ModelInfo
 
