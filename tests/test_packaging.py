@@ -230,11 +230,11 @@ def test_the_readmes_table_of_extras_is_pyprojects():
 
 def test_the_image_table_is_the_dockerfiles_and_its_measurement():
     """docs/kubernetes.md, "Images": each role's row names the extras its Dockerfile target installs and
-    the size bench/image_sizes.py measured (docs/bench/images.json)."""
+    the size bench/image_sizes.py measured (bench/results/images.json)."""
     import json
 
     text = (ROOT / "docs" / "kubernetes.md").read_text().split("## Images", 1)[1]
-    measured = {r["role"]: r for r in json.loads((ROOT / "docs" / "bench" / "images.json").read_text())["images"]}
+    measured = {r["role"]: r for r in json.loads((ROOT / "bench" / "results" / "images.json").read_text())["images"]}
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
