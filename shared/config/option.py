@@ -2,7 +2,7 @@
 
 ``Option``: one command-line option, its flag, environment variables, default, parser and help, and
 what is made from them (an argparse argument, the value a child process is given, a row of the
-README's table); the value parsers an option names (``positive_int``, ``port_number``…); ``ConfigError``.
+table of docs/options.md); the value parsers an option names (``positive_int``, ``port_number``…); ``ConfigError``.
 
 A value comes from the flag, else from the first environment variable set (an empty one is unset),
 else from the default. A secret has no flag (``ps`` would show it): it is read from its variable only,

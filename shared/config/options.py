@@ -4,7 +4,7 @@
 From this list are made: each command's argparse parser (``add_options``), the config dataclasses'
 fields that hold options (``setting``: the declared default, filled from the parsed options by
 ``from_options``), the arguments ``embedfleet up`` and the CPU replica launcher give their child
-processes (``arguments``), the README's option table (``markdown_table``) and the set of environment
+processes (``arguments``), the option table of docs/options.md (``markdown_table``) and the set of environment
 variables each command reads, which the Kubernetes manifests are checked against (``env_names``).
 """
 
@@ -45,7 +45,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-# every command, in the order the README's table names them; "jobs purge", "jobs cancel" and "jobs
+# every command, in the order the table of docs/options.md names them; "jobs purge", "jobs cancel" and "jobs
 # fetch" are the actions of "jobs" (they take its options again, see add_options)
 COMMANDS = (
     "up",
@@ -690,7 +690,7 @@ OPTIONS: tuple[Option, ...] = (
         "--embedding-type",
         "EMBEDFLEET_EMBEDDING_TYPE",
         "float",
-        "vector form written: float (float32), float16, int8, uint8, binary or ubinary (see the README)",
+        "vector form written: float (float32), float16, int8, uint8, binary or ubinary (see docs/http-api.md, Vector forms)",
         {"reindex"},
         "reindex",
         choices=tuple(EMBEDDING_TYPES),
@@ -1194,7 +1194,7 @@ def env_names(command: str) -> set[str]:
 
 
 def markdown_table() -> str:
-    """The README's table of options: a row a declaration, with the commands that take it."""
+    """The table of options in docs/options.md: a row a declaration, with the commands that take it."""
     rows = ["| flag | environment | default | commands | meaning |", "|---|---|---|---|---|"]
     for o in OPTIONS:
         if o.commands >= CONNECTED:  # "all", naming those of the commands that meet no NATS it leaves out
@@ -1206,5 +1206,5 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-if __name__ == "__main__":  # the README's table, to paste between its options markers
+if __name__ == "__main__":  # docs/options.md's table, to paste between its options markers
     print(markdown_table(), end="")
