@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--in-flight", type=int, default=4)
     p.add_argument("--size", type=int, default=128, help="chunking.size (tokens)")
     p.add_argument("--overlap", type=int, default=16, help="chunking.overlap (tokens)")
-    p.add_argument("--out", default="bench-results/chunking", help="folder for chunking.json")
+    p.add_argument("--out", default="bench/results/chunking", help="folder for chunking.json")
     p.add_argument(
         "--smoke",
         action="store_true",

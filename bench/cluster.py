@@ -3,7 +3,7 @@
 requests sent throughout.
 
     python -m bench.cluster                      # the three faults below, figures printed and written
-                                                 # to docs/bench/cluster.json
+                                                 # to bench/results/cluster.json
     python -m bench.cluster --documents 2400 --quorum-pause 20
 
 - node loss: the node leading every job stream and the job bucket, and serving the gateway's
@@ -511,7 +511,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=1200)
     parser.add_argument("--quorum-pause", type=float, default=10.0, help="seconds two of the three nodes stay down")
-    parser.add_argument("--out", default="docs/bench/cluster.json")
+    parser.add_argument("--out", default="bench/results/cluster.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ClusterFleet(Path(tmp)) as fleet:
         docs, texts = write_docs(Path(tmp), args.documents)

@@ -9,7 +9,7 @@ the CPU build too).
 
     python -m bench.image_sizes                          # every role; a table on stdout
     python -m bench.image_sizes --roles gateway,scorer   # some
-    python -m bench.image_sizes --json docs/bench/images.json
+    python -m bench.image_sizes --json bench/results/images.json
     python -m bench.image_sizes --list                   # what each role installs, from the Dockerfile; nothing run
 """
 

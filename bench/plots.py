@@ -1,6 +1,6 @@
 """Plots of bench.e2e results: throughput per workload and system, latency distributions.
 
-python -m bench.plots docs/bench/e2e.json   # draw again from a results file
+python -m bench.plots bench/results/e2e.json   # draw again from a results file
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ if __name__ == "__main__":
     import json
     import sys
 
-    source = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/bench/e2e.json")
+    source = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/e2e.json")
     data = json.loads(source.read_text())
     for path in plot(data["summary"], data["rounds"], source.parent, data["machine"]):
         print(f"wrote {path}")

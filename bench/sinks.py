@@ -1,6 +1,6 @@
 """What writing into a vector store costs against a Parquet file, and what searching one costs, in one run.
 
-    python -m bench.sinks [--documents 1500] [--seconds 5] [--model-dir DIR] [--out-dir docs/bench/sinks]
+    python -m bench.sinks [--documents 1500] [--seconds 5] [--model-dir DIR] [--out-dir bench/results/sinks]
     python -m bench.sinks --smoke      # every sink and search mode once, at tiny sizes (the test)
 
 One stack (bench/sink_search.py: nats-server, tokenizer, worker, scorer, gateways as processes) serving
@@ -321,7 +321,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="minilm",
         help="minilm: a cross-encoder of ms-marco-MiniLM-L-6-v2's shape; tiny: the tests' tiny one",
     )
-    p.add_argument("--out-dir", default="docs/bench/sinks", help="folder for sinks.json")
+    p.add_argument("--out-dir", default="bench/results/sinks", help="folder for sinks.json")
     p.add_argument("--smoke", action="store_true", help="40 documents, 0.5 s a search cell, the tiny reranker")
     args = p.parse_args(argv)
     if args.smoke:

@@ -140,13 +140,13 @@ def test_services_refuse_an_unservable_folder_at_start(folders, tmp_path, role):
     assert "pooling mode 'attention' is not supported" in result.stderr
 
 
-def test_readme_table_is_the_registry():
+def test_the_docs_table_is_the_registry():
     from pathlib import Path
 
     from embedfleet.services.gpu_worker.engine.models.registry import markdown_table
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert markdown_table() in readme, "README's Supported models table differs from models/registry.py"
+    page = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    assert markdown_table() in page, "docs/models.md's Supported models table differs from models/registry.py"
 
 
 def test_gemma3_in_float16_computes_in_float32_and_says_so(folders, caplog):

@@ -82,10 +82,10 @@ def test_headings_give_github_anchors():
 
 def test_links_are_read_as_a_reader_follows_them():
     text = (
-        "[a](docs/a.md) ![plot](docs/bench/x.png) [b](b.md#part) [site](https://nats.io) "
+        "[a](docs/a.md) ![plot](bench/results/x.png) [b](b.md#part) [site](https://nats.io) "
         "[here](#quick-start) [mail](mailto:x@y)"
     )
-    assert relative_links(text) == ["docs/a.md", "docs/bench/x.png", "b.md"]
+    assert relative_links(text) == ["docs/a.md", "bench/results/x.png", "b.md"]
 
 
 def test_a_missing_link_target_is_found(tmp_path):

@@ -211,11 +211,11 @@ def test_reading_parquet_documents_without_pyarrow_names_the_extra(tmp_path):
     assert "reading a Parquet file needs pyarrow, which the extra 'jobs' installs" in out.stdout, out.stdout
 
 
-def test_the_readmes_table_of_extras_is_pyprojects():
-    """README, "The embedfleet command": each extra it names is declared, each declared one but the
+def test_the_docs_table_of_extras_is_pyprojects():
+    """docs/options.md, "The embedfleet command": each extra it names is declared, each declared one but the
     development ones (test, bench) is named, and a role's row lists what its extra requires."""
-    readme = (ROOT / "README.md").read_text().split("## The `embedfleet` command", 1)[1].split("```", 1)[0]
-    rows = [line.split("|")[1:-1] for line in readme.splitlines() if line.startswith("| `")]
+    page = (ROOT / "docs" / "options.md").read_text().split("## The `embedfleet` command", 1)[1].split("```", 1)[0]
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if line.startswith("| `")]
     declared = PYPROJECT["optional-dependencies"]
     named = set()
     for first, adds, _ in rows:
@@ -230,11 +230,11 @@ def test_the_readmes_table_of_extras_is_pyprojects():
 
 def test_the_image_table_is_the_dockerfiles_and_its_measurement():
     """docs/kubernetes.md, "Images": each role's row names the extras its Dockerfile target installs and
-    the size bench/image_sizes.py measured (docs/bench/images.json)."""
+    the size bench/image_sizes.py measured (bench/results/images.json)."""
     import json
 
     text = (ROOT / "docs" / "kubernetes.md").read_text().split("## Images", 1)[1]
-    measured = {r["role"]: r for r in json.loads((ROOT / "docs" / "bench" / "images.json").read_text())["images"]}
+    measured = {r["role"]: r for r in json.loads((ROOT / "bench" / "results" / "images.json").read_text())["images"]}
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]

@@ -43,11 +43,11 @@ def test_parquet_holds_the_rows_and_names_the_form(tmp_path, form):
 
 def test_the_files_beside_the_output_are_named_as_the_docs_say():
     """Beside --out go the rows' ids and the ids given up, named as the output with its suffix replaced:
-    `--out fail.parquet` writes `fail.failed.json`, as the README and docs/bulk-jobs.md say."""
+    `--out fail.parquet` writes `fail.failed.json`, as docs/bulk-jobs.md says."""
     assert beside(Path("fail.parquet"), FAILED) == Path("fail.failed.json")
     assert beside(Path("out/v.npy"), IDS) == Path("out/v.ids.json")
     root = Path(__file__).resolve().parents[1]
-    for page in ("README.md", "docs/bulk-jobs.md"):
+    for page in ("docs/bulk-jobs.md",):
         text = " ".join((root / page).read_text().split())  # a sentence may break anywhere
         assert "OUT.failed.json" not in text, page
         assert "`--out fail.parquet` writes `fail.failed.json`" in text, page

@@ -26,7 +26,7 @@ EmbeddingTypes = Annotated[
         min_length=1,
         description=(
             "the forms answered, each an array under its name in 'embeddings' (a type asked twice: once): float; "
-            "int8 / uint8 (one fixed rule, see the README's Vector forms); binary / ubinary (packed sign bits); "
+            "int8 / uint8 (one fixed rule, see docs/http-api.md, Vector forms); binary / ubinary (packed sign bits); "
             "base64 (each row's float32 bytes)"
         ),
     ),

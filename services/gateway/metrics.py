@@ -64,7 +64,7 @@ class Metrics:
         )
         self.key_requests = Counter(
             "embedfleet_key_requests",
-            "requests by API key (key: its id, an HMAC, see README) and outcome: admitted or limited (over a "
+            "requests by API key (key: its id, an HMAC, see docs/security.md) and outcome: admitted or limited (over a "
             "per-key limit)",
             ["key", "outcome"],
             registry=self.registry,

@@ -53,7 +53,7 @@ Model = Annotated[
 EmbeddingType = Annotated[
     Literal["float", "float32", "float16", "int8", "uint8", "binary", "ubinary"] | None,
     Field(
-        description='an extension: the vector form made on the worker (README "Vector forms"); float = float32; '
+        description='an extension: the vector form made on the worker (docs/http-api.md, "Vector forms"); float = float32; '
         "the integer forms' rows are JSON integers"
     ),
 ]

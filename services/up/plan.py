@@ -1,6 +1,6 @@
 """What ``embedfleet up`` runs: the models it serves, and the processes each one needs.
 
-Every model gets a tokenizer and a worker process of its own (see README, "Several models"); a model
+Every model gets a tokenizer and a worker process of its own (see docs/models.md, "Several models"); a model
 the scorer can rank with (a one-label cross-encoder: its scores; an embedder of dense vectors: cosine)
 gets a scorer too; one gateway stands in front of all of them.
 """

@@ -3,7 +3,7 @@ the services, those traced…): the sections in shared/config/sections/ name the
 
 from __future__ import annotations
 
-# every command, in the order the README's table names them; "jobs purge", "jobs cancel" and "jobs
+# every command, in the order the table of docs/options.md names them; "jobs purge", "jobs cancel" and "jobs
 # fetch" are the actions of "jobs" (they take its options again, see registry.add_options)
 COMMANDS = (
     "up",

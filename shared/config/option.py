@@ -2,7 +2,7 @@
 
 ``Option``: one command-line option, its flag, environment variables, default, parser and help, and
 what is made from them (an argparse argument, the value a child process is given, a row of the
-README's table); ``declare``, how the sections write one; the value parsers an option names (``positive_int``,
+table of docs/options.md); ``declare``, how the sections write one; the value parsers an option names (``positive_int``,
 ``port_number``…); ``ConfigError``.
 
 A value comes from the flag, else from the first environment variable set (an empty one is unset),

@@ -4,7 +4,7 @@ declared once in shared/config/sections/, one ``Option`` each: shared/config/opt
 From that one list are made: each command's argparse parser (``add_options``), the config dataclasses'
 fields that hold options (``setting``: the declared default, filled from the parsed options by
 ``from_options``), the arguments ``embedfleet up`` and the CPU replica launcher give their child
-processes (``arguments``), the README's option table (``markdown_table``) and the set of environment
+processes (``arguments``), the option table of docs/options.md (``markdown_table``) and the set of environment
 variables each command reads, which the Kubernetes manifests are checked against (``env_names``).
 """
 
@@ -129,7 +129,7 @@ def env_names(command: str) -> set[str]:
 
 
 def markdown_table() -> str:
-    """The README's table of options: a row a declaration, with the commands that take it."""
+    """The table of options in docs/options.md: a row a declaration, with the commands that take it."""
     rows = ["| flag | environment | default | commands | meaning |", "|---|---|---|---|---|"]
     for o in OPTIONS:
         if o.commands >= CONNECTED:  # "all", naming those of the commands that meet no NATS it leaves out
@@ -141,5 +141,5 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-if __name__ == "__main__":  # the README's table, to paste between its options markers
+if __name__ == "__main__":  # docs/options.md's table, to paste between its options markers
     print(markdown_table(), end="")

@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class FamilyTypes:
-    name: str  # as the README's table, `embedfleet check` and ModelSpec.family say it
+    name: str  # as the table of docs/models.md, `embedfleet check` and ModelSpec.family say it
     model_types: tuple[str, ...]  # config.json's model_type values the family serves
     # the pooling of a folder with no Pooling config; None: the last token for a decoder's config, else the mean
     pooling: str | None = None

@@ -5,7 +5,7 @@ server answers it writes ``<data dir>/stack.json`` (atomically: a reader sees th
 none) with the server's URL, the token file, its own pid and its default model, and removes it when
 it stops. The one-shot commands (``reindex``, ``jobs``, ``init``), ``FleetClient`` and the service
 commands (``gateway``, ``tokenizer``, ``worker``, ``scorer``) read it when they are given no NATS URL
-and no credentials, so the commands the README shows find the stack without copying a port or a
+and no credentials, so the commands the README and docs/ show find the stack without copying a port or a
 token after a restart.
 
 Where they look, in order, the first folder that records a running `up` winning: ``--data-dir``,

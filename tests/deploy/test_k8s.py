@@ -218,19 +218,20 @@ def test_the_declared_commands_are_the_clis():
 
 
 @pytest.mark.parametrize("overlay", ["dev", "prod"])
-def test_the_readmes_own_overlay_points_every_embedfleet_container_at_your_registry(overlay, tmp_path):
-    """README "Deploy" step 2, as written there, with plain kubectl: the images of your registry, the tags kept."""
+def test_the_docs_own_overlay_points_every_embedfleet_container_at_your_registry(overlay, tmp_path):
+    """docs/kubernetes.md, "From an empty cluster to a first answer", step 2, as written there, with plain kubectl: the images of your registry, the tags kept."""
     import os
     import subprocess
 
     import yaml
 
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```yaml\n(\s*resources:\n.*?)```", readme.split("## Deploy (Kubernetes)", 1)[1], re.S).group(1)
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    steps = page.split("## From an empty cluster to a first answer", 1)[1]
+    block = re.search(r"```yaml\n(\s*resources:\n.*?)```", steps, re.S).group(1)
     kustomization = yaml.safe_load(block)
     assert kustomization["resources"] == ["RELATIVE/PATH/TO/embedfleet/deploy/k8s/overlays/dev"]
     kustomization["resources"] = [os.path.relpath(ROOT / "deploy" / "k8s" / "overlays" / overlay, tmp_path)]
-    kustomization["images"][0]["newName"] = "registry.example/embedfleet"  # the README's REGISTRY
+    kustomization["images"][0]["newName"] = "registry.example/embedfleet"  # the page's REGISTRY
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     out = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

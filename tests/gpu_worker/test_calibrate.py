@@ -159,6 +159,6 @@ def test_synthetic_batch_shape(engine):
 
 
 def test_a_gpu_times_budgets_past_where_a_cpu_stops():
-    """A GPU's curve still rises past 8,192 tokens (BERT-base on an H200, docs/bench/gpu/): its sweep goes on."""
+    """A GPU's curve still rises past 8,192 tokens (BERT-base on an H200, bench/results/gpu/): its sweep goes on."""
     assert budgets_for("cpu") == BUDGETS and max(BUDGETS) == 8192
     assert budgets_for("cuda")[: len(BUDGETS)] == BUDGETS and max(budgets_for("cuda")) == 32768

@@ -1,4 +1,4 @@
-"""The README's chunking ``size`` row against the real stack: the room it says all-MiniLM-L6-v2 leaves a
+"""docs/http-api.md's chunking ``size`` row against the real stack: the room it says all-MiniLM-L6-v2 leaves a
 chunk is the room the tokenizer leaves (that size taken, one more refused naming it), and every prompt
 it names for the model is one the model has (/v1/models' ``prompts``)."""
 
@@ -13,14 +13,14 @@ import pytest
 pytestmark = pytest.mark.integration
 
 MODEL = "all-MiniLM-L6-v2"
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 
 
 def _size_row() -> str:
-    return next(line for line in README.read_text().splitlines() if line.startswith("| `size` |"))
+    return next(line for line in PAGE.read_text().splitlines() if line.startswith("| `size` |"))
 
 
-def test_the_readmes_chunk_size_row_says_what_the_model_takes(stack):
+def test_the_docs_chunk_size_row_says_what_the_model_takes(stack):
     row = _size_row()
     found = re.search(rf"at most (\d+) for {MODEL}", row)
     assert found is not None, row
@@ -28,7 +28,7 @@ def test_the_readmes_chunk_size_row_says_what_the_model_takes(stack):
     cards = httpx.get(f"{stack.base_url}/v1/models", timeout=30).json()["data"]
     prompts = next(card["prompts"] for card in cards if card["id"] == MODEL)
     for named in re.findall(r"its `(\w+)` prompt", row):
-        assert named in prompts, f"the README names a {named!r} prompt of {MODEL}, which has {prompts}"
+        assert named in prompts, f"docs/http-api.md names a {named!r} prompt of {MODEL}, which has {prompts}"
 
     def chunked(size: int) -> httpx.Response:
         body = {"model": MODEL, "input": ["word " * 600], "chunking": {"size": size}}

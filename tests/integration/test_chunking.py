@@ -109,20 +109,23 @@ def test_token_inputs_cannot_be_chunked(stack):
 
 
 def test_the_readme_example_is_answered_as_it_says(stack):
-    """The README's chunking curl, its body sent as written: an item per chunk, with its offsets."""
+    """The chunking curl of the README and of docs/http-api.md, its body sent as written: an item per chunk,
+    with its offsets."""
     import json
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    bodies = re.findall(r"curl -s localhost:8080/v1/embeddings [^\n]*-d '(\{[^']*\"chunking\"[^']*)'", readme)
-    (body,) = [b for b in bodies if '"late": true' not in b]  # the late example: test_late_chunking.py
-    sent = json.loads(body)
-    r = httpx.post(f"{stack.base_url}/v1/embeddings", json=sent, timeout=120)
-    assert r.status_code == 200, r.text
-    (item,) = r.json()["data"]  # "a long document ..." fits one window
-    assert (item["index"], item["chunk"], item["start"], item["end"]) == (0, 0, 0, len(sent["input"][0]))
-    assert len(item["embedding"]) == 384
+    root = Path(__file__).resolve().parents[2]
+    for page in ("README.md", "docs/http-api.md"):
+        text = (root / page).read_text()
+        bodies = re.findall(r"curl -s localhost:8080/v1/embeddings [^\n]*-d '(\{[^']*\"chunking\"[^']*)'", text)
+        (body,) = [b for b in bodies if '"late": true' not in b]  # the late example: test_late_chunking.py
+        sent = json.loads(body)
+        r = httpx.post(f"{stack.base_url}/v1/embeddings", json=sent, timeout=120)
+        assert r.status_code == 200, (page, r.text)
+        (item,) = r.json()["data"]  # "a long document ..." fits one window
+        assert (item["index"], item["chunk"], item["start"], item["end"]) == (0, 0, 0, len(sent["input"][0])), page
+        assert len(item["embedding"]) == 384, page
 
 
 def test_a_binary_answer_takes_the_mean_and_refuses_chunk_offsets(stack, texts):

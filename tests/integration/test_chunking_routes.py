@@ -2,7 +2,7 @@
 each chunk's vector against sentence-transformers' encode of the chunk's text (cosine >=
 COSINE_TOLERANCE), the chunks covering each input where /v1/embeddings puts them, each mean against the
 token-weighted mean of the reference's chunk vectors, every /embed option and every Cohere embedding
-type per chunk, refusals in each route's own shape and status, and the README's examples as typed.
+type per chunk, refusals in each route's own shape and status, and the examples of docs/http-api.md as typed.
 
 A stack of its own: its tokenizer has prompts (the room a prompt leaves is checked) and a small
 --max-chunks (a request past it is cheap to make)."""
@@ -426,16 +426,16 @@ def test_token_ids_cannot_be_chunked_on_embed(base_url):
     }
 
 
-# -- the README's examples, as a reader types them ------------------------------------------------
+# -- docs/http-api.md's examples, as a reader types them ----------------------------------------
 
 
-def _readme_section() -> str:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    return readme.split("### Long documents: chunking", 1)[1].split("\n### ", 1)[0]
+def _docs_section() -> str:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "http-api.md").read_text()
+    return page.split("## Long documents: chunking", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readmes_tei_curl_runs_as_written(base_url):
-    (command,) = re.findall(r"^curl -s localhost:8080/embed .*$", _readme_section(), re.M)
+def test_the_docs_tei_curl_runs_as_written(base_url):
+    (command,) = re.findall(r"^curl -s localhost:8080/embed .*$", _docs_section(), re.M)
     done = subprocess.run(
         ["bash", "-c", command.replace("localhost:8080", base_url.removeprefix("http://"))],
         capture_output=True,
@@ -447,8 +447,8 @@ def test_the_readmes_tei_curl_runs_as_written(base_url):
     assert [(c["chunk"], c["start"], c["end"], len(c["embedding"])) for c in chunks] == [(0, 0, 19, DIM)]
 
 
-def test_the_readmes_cohere_example_runs_as_written(base_url, tmp_path):
-    (example,) = [block for block in re.findall(r"```python\n(.*?)```", _readme_section(), re.S) if "cohere" in block]
+def test_the_docs_cohere_example_runs_as_written(base_url, tmp_path):
+    (example,) = [block for block in re.findall(r"```python\n(.*?)```", _docs_section(), re.S) if "cohere" in block]
     done = subprocess.run(
         [sys.executable, "-c", example.replace("http://localhost:8080", base_url)],
         cwd=tmp_path,

@@ -94,8 +94,8 @@ def test_an_unreachable_nats_is_named():
         asyncio.run(FleetClient.connect("nats://127.0.0.1:1"))
 
 
-def test_the_readmes_example_runs_as_written_against_the_local_stack(stack, tmp_path):
-    """The README's example, typed as it stands, in a folder where `up` recorded the stack (here the
+def test_the_docs_example_runs_as_written_against_the_local_stack(stack, tmp_path):
+    """docs/fleet-client.md's example, typed as it stands, in a folder where `up` recorded the stack (here the
     suite's stack, recorded the same way)."""
     import os
     import re
@@ -105,8 +105,8 @@ def test_the_readmes_example_runs_as_written_against_the_local_stack(stack, tmp_
 
     from embedfleet.shared.nats.local_stack import LocalStack
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("## From Python, over NATS", 1)[1]
+    page = (Path(__file__).parents[2] / "docs" / "fleet-client.md").read_text()
+    section = page.split("# From Python, over NATS", 1)[1]
     example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     LocalStack(stack.nats_url, None, os.getpid()).write(tmp_path / ".embedfleet")
     root = str(Path(__file__).parents[2])

@@ -1,7 +1,7 @@
 """GET /v1/jobs on the real stack, through a gateway with two API keys and an operator key beside the
 stack's open one: each key lists exactly its own jobs, newest first, each as GET /v1/jobs/{id}
 answers it; the operator key and the open gateway list every job; limit=1 walks a key's jobs a page
-at a time; a bad limit, status or cursor is a 400 in the route's error shape; the README's example runs."""
+at a time; a bad limit, status or cursor is a 400 in the route's error shape; the example of docs/bulk-jobs.md runs."""
 
 from __future__ import annotations
 
@@ -128,11 +128,11 @@ def test_a_bad_query_is_a_400_in_the_route_s_shape(keyed, jobs):
     assert httpx.get(f"{keyed}/v1/jobs", timeout=30).status_code == 401  # no key
 
 
-def test_the_readme_example_runs_as_typed(keyed, jobs):
-    """The README's curl, its host and key swapped for this gateway's and key a: key a's two newest
+def test_the_docs_example_runs_as_typed(keyed, jobs):
+    """docs/bulk-jobs.md's curl, its host and key swapped for this gateway's and key a: key a's two newest
     done jobs, and that more follow."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (command,) = re.findall(r"^  (curl -s 'localhost:8080/v1/jobs\?.*)$", readme, re.M)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bulk-jobs.md").read_text()
+    (command,) = re.findall(r"^ *(curl -s 'localhost:8080/v1/jobs\?.*)$", page, re.M)
     command = command.replace("localhost:8080", keyed.removeprefix("http://")).replace("KEY", KEYS["a"])
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -227,11 +227,11 @@ def test_a_table_of_another_dimension_is_refused_with_the_stores_message(fleet):
     assert _state(fleet.nats.url, "narrow") == {}
 
 
-def test_the_readme_example_runs_as_typed(fleet):
-    """The README's curl, its store swapped for the test's PostgreSQL (its table kept), as the Search
+def test_the_docs_example_runs_as_typed(fleet):
+    """docs/bulk-jobs.md's curl, its store swapped for the test's PostgreSQL (its table kept), as the Search
     example's host is: the two documents land with their fields and texts."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (command,) = re.findall(r"^  (curl -s localhost:8080/v1/jobs .*)$", readme, re.M)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bulk-jobs.md").read_text()
+    (command,) = re.findall(r"^  (curl -s localhost:8080/v1/jobs .*)$", page, re.M)
     assert "postgresql://loader@db:5432/docs?table=articles" in command
     command = command.replace("localhost:8080", fleet.base.removeprefix("http://")).replace(
         "postgresql://loader@db:5432/docs?", f"{fleet.pg_uri}&"

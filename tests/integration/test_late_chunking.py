@@ -192,14 +192,14 @@ def test_a_binary_answer_takes_the_late_mean_and_refuses_chunk_offsets(stack, te
     assert chunks.status_code == 400 and chunks.json()["error"]["param"] == "chunking", chunks.text
 
 
-def test_the_readme_late_example_is_answered_as_it_says(stack, ref):
-    """The README's late-chunking curl, its body sent as written: a vector per chunk, pooled in context."""
+def test_the_docs_late_example_is_answered_as_it_says(stack, ref):
+    """docs/http-api.md's late-chunking curl, its body sent as written: a vector per chunk, pooled in context."""
     import json
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    bodies = re.findall(r"curl -s localhost:8080/v1/embeddings [^\n]*-d '(\{[^']*\"chunking\"[^']*)'", readme)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "http-api.md").read_text()
+    bodies = re.findall(r"curl -s localhost:8080/v1/embeddings [^\n]*-d '(\{[^']*\"chunking\"[^']*)'", page)
     (body,) = [b for b in bodies if '"late": true' in b]
     sent = json.loads(body)
     r = httpx.post(f"{stack.base_url}/v1/embeddings", json=sent, timeout=120)

@@ -1,7 +1,7 @@
 """Commands beside a running `embedfleet up` find it through the record it keeps (stack.json): its NATS,
 its token and its default model, looked for in $EMBEDFLEET_DATA_DIR, then ./.embedfleet (or in --data-dir alone).
 
-The stack here serves two models, as the README's multi-model example does: ``mini`` (all-MiniLM-L6-v2,
+The stack here serves two models, as the multi-model example of docs/models.md does: ``mini`` (all-MiniLM-L6-v2,
 the first --model: the default) and ``rr`` (a tiny cross-encoder), so no command can take "the only
 model" for the default.
 """
@@ -82,7 +82,7 @@ def test_up_records_its_default_model(local_up):
 
 
 def test_reindex_given_no_model_uses_the_stacks_default(local_up, tmp_path):
-    """The README's `reindex docs.jsonl --out d.npy` against `up --model mini=… --model rr=…`: the model
+    """The README's `reindex docs.jsonl --out vectors.npy` against `up --model mini=… --model rr=…`: the model
     the stack's gateway uses for requests naming none, not a fixed id the stack may not serve."""
     docs, out = _documents(tmp_path), tmp_path / "d.npy"
     result, _ = one_shot(["reindex", str(docs), "--out", str(out), "--quiet", "--data-dir", str(local_up.data)])
@@ -121,7 +121,7 @@ def test_fleet_client_given_no_model_embeds_with_the_stacks_default(local_up, mo
 
 
 def test_a_scorer_started_beside_the_stack_joins_it(local_up, tmp_path, monkeypatch):
-    """The README's `embedfleet scorer --model DIR` next to a running `up`: it connects to the stack's NATS
+    """docs/reranking.md's `embedfleet scorer --model DIR` next to a running `up`: it connects to the stack's NATS
     with its token, as recorded, instead of retrying nats://127.0.0.1:4222."""
     _clear_nats_environment(monkeypatch)
     ready = tmp_path / "scorer.ready"

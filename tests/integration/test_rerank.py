@@ -82,6 +82,31 @@ def test_cohere_rerank_top_n_documents_and_errors(stack, reference):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_n"
 
 
+def test_the_readmes_rerank_curl_runs_as_typed(stack, reference):
+    """The README's "Rerank" curl through bash, its host swapped for the stack's: the document that answers
+    the query first, with the reference's cosine for its score."""
+    import json
+    import re
+    import subprocess
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Rerank\n", 1)[1].split("\n## ", 1)[0]
+    (command,) = re.findall(r"^curl -s localhost:8080/v1/rerank .*$", section, re.M)
+    done = subprocess.run(
+        ["bash", "-c", command.replace("localhost:8080", stack.base_url.removeprefix("http://"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    sent = json.loads(re.search(r"-d '(.*)'$", command).group(1))
+    answer = RerankV1Answer.model_validate_json(done.stdout)
+    want = _cosine_reference(reference, sent["query"], sent["documents"])
+    indices = [x.index for x in answer.results]
+    _check_ranking(indices, [x.relevance_score for x in answer.results], want, sent["top_n"])
+    assert "password" in sent["documents"][indices[0]]
+
+
 def test_cosine_scores_stay_within_minus_one_and_one(stack):
     """A candidate equal to the query scores 1, never the 1.0000001 float32 rounding gives about a third
     of these texts unclipped (services/scorer/scoring.py)."""

@@ -1,9 +1,9 @@
-"""The README's walk-through "From documents to search", run as typed on a real stack: `make run
+"""docs/search.md's walk-through "From documents to search", run as typed on a real stack: `make run
 ARGS=...` as the Makefile runs it (`.venv/bin/embedfleet up ARGS`, in a fresh working folder whose
 `.venv` is this Python's), with the real all-MiniLM-L6-v2 and a real PostgreSQL with pgvector from
-pgserver; then every line of the second terminal's block through bash, as written (only the README's
+pgserver; then every line of the second terminal's block through bash, as written (only the page's
 port 8080 becomes the test's free port); the answer checked against the files made and the answer the
-README shows; then Ctrl-C as a terminal sends it (SIGINT to the whole process group), after which no
+page shows; then Ctrl-C as a terminal sends it (SIGINT to the whole process group), after which no
 postgres of the data folder is left. A postgres that dies is started again, and `up` killed outright
 takes its PostgreSQL along."""
 
@@ -31,15 +31,15 @@ from tests.integration.procs import wait_until
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SCORE_TOLERANCE = 0.01  # the README's two-digit scores against the answer's
+SCORE_TOLERANCE = 0.01  # the page's two-digit scores against the answer's
 # the environment of a newcomer's terminal: no NATS or data folder chosen (the stack is found by its record);
 # the worker's token budget given (as in test_up): only test_up_with_embedded_nats calibrates
 _CHOSEN = ("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA_DIR", "EMBEDFLEET_PORT", "EMBEDFLEET_SEARCH")
 
 
 def _section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme.split("\n## From documents to search\n", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "search.md").read_text()
+    return page.split("\n## From documents to search\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _blocks(section: str, language: str) -> list[str]:
@@ -147,7 +147,7 @@ def test_the_walk_through_runs_as_typed(work):
         for hit in hits:  # the files' paths in the folder, their texts as written, no metadata
             assert hit["text"] == files[hit["id"]] and hit["metadata"] == {}, hit
         assert hits[0]["id"] == "passwords.txt" and "password" in query["query"]  # the query was written for it
-        # the answer the README shows: the same rows, in the same order, the same scores to two digits
+        # the answer the page shows: the same rows, in the same order, the same scores to two digits
         assert re.findall(r'"id": "([^"]+)"', shown) == [h["id"] for h in hits], hits
         for score, hit in zip(re.findall(r'"score": ([0-9.-]+)', shown), hits):
             assert abs(float(score) - hit["score"]) < SCORE_TOLERANCE, (score, hit)

@@ -1,5 +1,5 @@
 """shared/config/sections/ and registry.py: every option declared once, and the parsers, the child arguments and the
-README's table all made from the declarations."""
+option table of docs/options.md all made from the declarations."""
 
 from __future__ import annotations
 
@@ -177,11 +177,11 @@ def test_up_passes_the_gateway_and_scorer_their_fleet_options(monkeypatch):
     assert scorer.discovery_interval == 0.2
 
 
-def test_readme_table_is_the_declarations():
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
+def test_the_docs_table_is_the_declarations():
+    page = (ROOT / "docs" / "options.md").read_text()
+    block = page.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
     assert block == markdown_table(), (
-        "README's option table differs from shared/config/sections/: paste markdown_table()"
+        "docs/options.md's option table differs from shared/config/sections/: paste markdown_table()"
     )
     assert markdown_table().count("\n") == len(OPTIONS) + 2
 

@@ -141,7 +141,7 @@ def _check(tokenizer: Tokenizer, doc: _Doc, spec: ChunkSpec) -> tuple[list[TextC
 
 
 def _check_alone(tokenizer: Tokenizer, text: str, chunks: Chunks, spec: ChunkSpec) -> None:
-    """The README's promises for every chunk: its text tokenized alone (no special tokens) is exactly its
+    """The promises docs/http-api.md makes for every chunk: its text tokenized alone (no special tokens) is exactly its
     tokens, at most ``size`` of them (more only for a single character that alone makes more: a byte-level
     tokenizer's emoji); the chunks cover the text's tokens in order, consecutive ones sharing at most
     ``overlap``; their texts run in order from the text's first token to its last."""

@@ -25,7 +25,7 @@ from embedfleet.services.gpu_worker.engine.engine import Engine
 
 BUDGETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # a GPU's curve still rises past 8,192 (BERT-base in float16 on an H200: 1.39M tokens/s at 8,192, 1.60M at
-# 16,384; docs/bench/gpu/gpu_check-2026-12-04.json)
+# 16,384; bench/results/gpu/gpu_check-2026-12-04.json)
 GPU_BUDGETS = (*BUDGETS, 16384, 32768)
 ROW_TOKENS = 128  # tokens a row of the synthetic batches: a passage, as bulk work sends them
 ROUNDS = 5  # probes of each budget

@@ -1,5 +1,5 @@
 """The declarations of every option, a module per part of the stack; ``OPTIONS`` is all of them, in the order
-each command's ``--help`` lists them and the README's table has its rows."""
+each command's ``--help`` lists them and the table of docs/options.md has its rows."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ OPTIONS: tuple[Option, ...] = (
         "--embedding-type",
         "EMBEDFLEET_EMBEDDING_TYPE",
         "float",
-        "vector form written: float (float32), float16, int8, uint8, binary or ubinary (see the README)",
+        "vector form written: float (float32), float16, int8, uint8, binary or ubinary (see docs/http-api.md, Vector forms)",
         {"reindex"},
         "reindex",
         choices=tuple(EMBEDDING_TYPES),

@@ -1,5 +1,5 @@
 """The one list of what the engine serves: ``model_type`` -> family. ``embedfleet check``, the
-worker's start-up refusal and the README's table all come from here."""
+worker's start-up refusal and the table of docs/models.md all come from here."""
 
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ _VERIFIED = {
 
 
 def markdown_table() -> str:
-    """The README's "Supported models" table, made from this registry."""
+    """The "Supported models" table of docs/models.md, made from this registry."""
     rows = [
         "| family | `model_type` | example models | pooling | attention | prompts | CUDA path | verified on CPU |",
         "|---|---|---|---|---|---|---|---|",
