@@ -140,8 +140,9 @@ def test_a_large_file_is_read_off_the_event_loop(gateway):
         poller.join()
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == "big.jsonl: document id 'big-0' appears more than once: ids must be unique"
-    # a read on the loop holds /health for about the whole POST (1.3-1.8 s measured before)
-    assert max(latencies) < min(0.5, took / 2), (took, max(latencies))
+    # a read on the loop holds /health for about the whole POST (1.3-1.8 s measured before); off it, /health
+    # waits at most a share of the POST's time (a loaded machine slows both alike)
+    assert max(latencies) < took / 2, (took, max(latencies))
 
 
 def test_bad_paths_are_400_in_the_clients_words(gateway):
