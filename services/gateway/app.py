@@ -20,39 +20,37 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from embedfleet.services.gateway import (
-    cohere_api,
-    health,
-    late_chunking,
-    models_api,
-    openai_api,
-    rerank_api,
-    search_api,
-    tei_api,
-    tei_tasks,
-)
-from embedfleet.services.gateway.admission import Admission
+from embedfleet.services.gateway import late_chunking
 from embedfleet.services.gateway.auth import ApiKeys
-from embedfleet.services.gateway.browser import BrowserGuard, rules_of
 from embedfleet.services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
+from embedfleet.services.gateway.cohere import api as cohere_api
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.endpoints import Endpoints
-from embedfleet.services.gateway.errors import ApiError, error_response
-from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
+from embedfleet.services.gateway.http import health
+from embedfleet.services.gateway.http.admission import Admission
+from embedfleet.services.gateway.http.browser import BrowserGuard, rules_of
+from embedfleet.services.gateway.http.endpoints import Endpoints
+from embedfleet.services.gateway.http.errors import ApiError, error_response
+from embedfleet.services.gateway.http.formats import binary_response, negotiate, rows_form
+from embedfleet.services.gateway.http.limits import KeyLimits, current_key, estimated_tokens
+from embedfleet.services.gateway.http.middleware import GatewayMiddleware
 from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional
 from embedfleet.services.gateway.job_ids import check_job_id
-from embedfleet.services.gateway.job_list import parse_listing
-from embedfleet.services.gateway.job_owners import JobOwners
-from embedfleet.services.gateway.job_results import JobResultsApi
-from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
-from embedfleet.services.gateway.limits import KeyLimits, current_key, estimated_tokens
+from embedfleet.services.gateway.jobs.api import JobsApi, parse_job
+from embedfleet.services.gateway.jobs.listing import parse_listing
+from embedfleet.services.gateway.jobs.owners import JobOwners
+from embedfleet.services.gateway.jobs.results import JobResultsApi
+from embedfleet.services.gateway.jobs.sinks import SinkJobs, SinkTargets
 from embedfleet.services.gateway.metrics import Metrics
-from embedfleet.services.gateway.middleware import GatewayMiddleware
+from embedfleet.services.gateway.openai import api as openai_api
+from embedfleet.services.gateway.openai import models as models_api
 from embedfleet.services.gateway.openapi import openapi_spec
+from embedfleet.services.gateway.rerank import api as rerank_api
 from embedfleet.services.gateway.routes import PATHS, ROUTES
-from embedfleet.services.gateway.search import NOT_SERVED, Search
-from embedfleet.services.gateway.search_store import SearchTables
-from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets
+from embedfleet.services.gateway.search import api as search_api
+from embedfleet.services.gateway.search.serving import NOT_SERVED, Search
+from embedfleet.services.gateway.search.store import SearchTables
+from embedfleet.services.gateway.tei import api as tei_api
+from embedfleet.services.gateway.tei import tasks as tei_tasks
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared import __version__
 from embedfleet.shared.errors import ErrorCode, ServiceError
@@ -371,7 +369,7 @@ class Gateway:
         )
 
     async def search(self, request: Request) -> Response:
-        """POST /v1/search (services/gateway/search.py)."""
+        """POST /v1/search (services/gateway/search/serving.py)."""
         if self.searcher is None:
             raise ApiError(ErrorCode.NOT_FOUND, NOT_SERVED)
         call = search_api.parse_search(await _read_body(request, self.cfg.max_body_bytes), self.limits)
@@ -649,7 +647,7 @@ class Gateway:
     # -- operations -------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        """Liveness, or with ``?model=ID`` / ``?all=1`` readiness of models (services/gateway/health.py)."""
+        """Liveness, or with ``?model=ID`` / ``?all=1`` readiness of models (services/gateway/http/health.py)."""
         ask = health.parse_readiness(request.query_params)
         view = await self.discovery.refresh(until_ready=ask.plain)
         if ask.plain and not view.models and view.tokenizers and view.workers:
@@ -732,7 +730,8 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
 def serve(cfg: GatewayConfig, log_level: str) -> None:
     import uvicorn
 
-    from embedfleet.services.gateway import http_server, uvicorn_server
+    from embedfleet.services.gateway.http import server as http_server
+    from embedfleet.services.gateway.http import uvicorn as uvicorn_server
 
     uvicorn_server.run(
         uvicorn.Config(

@@ -4,7 +4,7 @@ which the job's routes could not take (``/v1/jobs/q/results`` is job ``q``'s res
 
 from __future__ import annotations
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.ids import new_job_id_problem
 

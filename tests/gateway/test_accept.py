@@ -1,13 +1,13 @@
-"""Accept weighed against what a route answers in (services/gateway/accept.py), and the routes' media
-types that the gateway's middleware refuses an Accept against (services/gateway/route_media.py)."""
+"""Accept weighed against what a route answers in (services/gateway/http/accept.py), and the routes' media
+types that the gateway's middleware refuses an Accept against (services/gateway/http/route_media.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from embedfleet.services.gateway.accept import Offer, chosen, named
-from embedfleet.services.gateway.formats import BINARY, JSON_ONLY
-from embedfleet.services.gateway.route_media import RouteMedia
+from embedfleet.services.gateway.http.accept import Offer, chosen, named
+from embedfleet.services.gateway.http.formats import BINARY, JSON_ONLY
+from embedfleet.services.gateway.http.route_media import RouteMedia
 from embedfleet.services.gateway.routes import ROUTES
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from embedfleet.services.gateway.admission import Admission
+from embedfleet.services.gateway.http.admission import Admission
 
 
 def test_slots_are_taken_and_given_back_and_shown():

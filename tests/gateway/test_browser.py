@@ -1,4 +1,4 @@
-"""What keeps web pages off the gateway (services/gateway/browser.py): a Host the gateway is not served
+"""What keeps web pages off the gateway (services/gateway/http/browser.py): a Host the gateway is not served
 as and an Origin not allowed are refused (403), a JSON route's body said to be another type too (415),
 each in the route's error shape and before the route or the API key is looked at; an allowed origin's
 page gets its preflight answered and may read the answers (CORS)."""
@@ -11,8 +11,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from embedfleet.services.gateway.app import create_app
-from embedfleet.services.gateway.browser import JSON_POSTS, default_hosts, host_name, is_json, rules_of
 from embedfleet.services.gateway.config import GatewayConfig
+from embedfleet.services.gateway.http.browser import JSON_POSTS, default_hosts, host_name, is_json, rules_of
 from embedfleet.shared.config.fabric import ConfigError, NatsConfig
 from embedfleet.shared.nats.subjects import Subjects
 

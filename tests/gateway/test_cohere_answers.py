@@ -11,15 +11,15 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from embedfleet.services.gateway.cohere_answers import (
+from embedfleet.services.gateway.cohere.answers import (
     CohereEmbedByType,
     CohereEmbedV1Answer,
     CohereRerankV2Answer,
     RerankV1Answer,
 )
-from embedfleet.services.gateway.cohere_api import parse_embed, render_embed, render_rerank
+from embedfleet.services.gateway.cohere.api import parse_embed, render_embed, render_rerank
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.rerank_api import parse_cohere, render_cohere
+from embedfleet.services.gateway.rerank.api import parse_cohere, render_cohere
 from embedfleet.shared.text_chunks import TextChunk
 from embedfleet.shared.vectors.forms import COHERE_TYPES
 from embedfleet.shared.vectors.quantize import quantize

@@ -5,14 +5,14 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway.chunking import Chunking
-from embedfleet.services.gateway.cohere_api import (
+from embedfleet.services.gateway.cohere.api import (
     check_model_limits,
     parse_embed,
     parse_rerank,
     render_embed,
     render_rerank,
 )
-from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.services.gateway.http.errors import ApiError, error_response
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions

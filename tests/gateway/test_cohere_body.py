@@ -11,15 +11,15 @@ import pytest
 
 from embedfleet.services.gateway import openapi
 from embedfleet.services.gateway.chunking import Chunking
-from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, parse_embed
-from embedfleet.services.gateway.cohere_body import (
+from embedfleet.services.gateway.cohere.api import INPUT_TYPES, TRUNCATE, parse_embed
+from embedfleet.services.gateway.cohere.body import (
     CohereEmbedV1Body,
     CohereEmbedV2Body,
     EmbeddingTypes,
     InputType,
     Truncate,
 )
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import ChunkSpec

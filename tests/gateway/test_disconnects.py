@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from embedfleet.services.gateway.disconnects import Departure, run_departing
+from embedfleet.services.gateway.http.disconnects import Departure, run_departing
 
 
 async def _request(app, departure: Departure, leave_after: float | None) -> tuple[bool, bool]:

@@ -11,8 +11,8 @@ import nats
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.jobs.api import JobsApi, parse_job
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.streams import ensure_streams, stream_names

@@ -12,8 +12,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from embedfleet.services.gateway.endpoints import Endpoints
-from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.services.gateway.http.endpoints import Endpoints
+from embedfleet.services.gateway.http.errors import ApiError, error_response
 from embedfleet.shared.errors import ErrorCode
 
 

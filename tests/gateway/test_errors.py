@@ -8,7 +8,7 @@ from starlette.testclient import TestClient
 
 from embedfleet.services.gateway.app import create_app
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.errors import TABLE, ApiError, error_response
+from embedfleet.services.gateway.http.errors import TABLE, ApiError, error_response
 from embedfleet.shared.config.fabric import NatsConfig
 from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
 from embedfleet.shared.nats.subjects import Subjects

@@ -1,12 +1,12 @@
-"""/health's liveness and readiness answers for a fleet view (services/gateway/health.py)."""
+"""/health's liveness and readiness answers for a fleet view (services/gateway/http/health.py)."""
 
 from __future__ import annotations
 
 import pytest
 from starlette.datastructures import QueryParams
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.health import Readiness, health_answer, parse_readiness
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.health import Readiness, health_answer, parse_readiness
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.nats.fleet import FleetView
 

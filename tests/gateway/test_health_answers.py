@@ -1,5 +1,5 @@
 """GET /health's answers (and GET /, /ping: the same) held to their models (services/gateway/
-health_answers.py): what health.health_answer writes, ready or not, plain or asked for models, and
+http/health_answers.py): what health.health_answer writes, ready or not, plain or asked for models, and
 /openapi.json's schemas made from them on each of the three paths."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from embedfleet.services.gateway.health import Readiness, health_answer
-from embedfleet.services.gateway.health_answers import Healthy, Unhealthy
+from embedfleet.services.gateway.http.health import Readiness, health_answer
+from embedfleet.services.gateway.http.health_answers import Healthy, Unhealthy
 from embedfleet.services.gateway.openapi import openapi_spec, typed_schema
 from embedfleet.services.gateway.routes import ROUTES
 from embedfleet.shared.nats.fleet import FleetView

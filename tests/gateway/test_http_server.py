@@ -9,8 +9,8 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from embedfleet.services.gateway.config import HttpLimits
-from embedfleet.services.gateway.disconnects import DEPARTURE
-from embedfleet.services.gateway.http_server import protocol
+from embedfleet.services.gateway.http.disconnects import DEPARTURE
+from embedfleet.services.gateway.http.server import protocol
 
 
 class RecordingTransport(asyncio.Transport):

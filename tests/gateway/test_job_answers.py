@@ -1,4 +1,4 @@
-"""The bulk-job routes' answers held to their models (services/gateway/job_answers.py): a job's state as
+"""The bulk-job routes' answers held to their models (services/gateway/jobs/answers.py): a job's state as
 GET / DELETE /v1/jobs/{job} show it, every NDJSON line of its results, and /openapi.json's schemas
 made from them. POST /v1/jobs' 202 answer is built with the job's publishing: the live answers of
 tests/integration/test_job_results.py, test_job_chunks.py and test_job_sinks_http.py are held to
@@ -14,7 +14,7 @@ import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from embedfleet.services.gateway.job_answers import (
+from embedfleet.services.gateway.jobs.answers import (
     Boundary,
     Form,
     JobChunking,
@@ -26,9 +26,9 @@ from embedfleet.services.gateway.job_answers import (
     Output,
     Status,
 )
-from embedfleet.services.gateway.job_list import JobListQuery, page_answer
-from embedfleet.services.gateway.job_results import ndjson_lines
-from embedfleet.services.gateway.jobs_api import _shown
+from embedfleet.services.gateway.jobs.api import _shown
+from embedfleet.services.gateway.jobs.listing import JobListQuery, page_answer
+from embedfleet.services.gateway.jobs.results import ndjson_lines
 from embedfleet.services.gateway.openapi import openapi_spec, typed_schema
 from embedfleet.shared.jobs.results import Stored
 from embedfleet.shared.jobs.state import JOB_OUTPUTS, STATUSES, JobState

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.shared.errors import ErrorCode
 

@@ -1,6 +1,6 @@
-"""GET /v1/jobs' query and paging (services/gateway/job_list.py), without NATS: the records as the
+"""GET /v1/jobs' query and paging (services/gateway/jobs/listing.py), without NATS: the records as the
 bucket would give them, in any order; who sees which by the real JobOwners with keys bound. Last, the
-route's reading (jobs_api.py) on a real nats-server."""
+route's reading (jobs/api.py) on a real nats-server."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import nats
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.job_list import (
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.limits import bind_key
+from embedfleet.services.gateway.jobs.listing import (
     DEFAULT_LIMIT,
     JobListQuery,
     job_page,
@@ -22,8 +23,7 @@ from embedfleet.services.gateway.job_list import (
     parse_listing,
     place_of,
 )
-from embedfleet.services.gateway.job_owners import JobOwners
-from embedfleet.services.gateway.limits import bind_key
+from embedfleet.services.gateway.jobs.owners import JobOwners
 from embedfleet.shared.jobs.bucket import update_state
 from embedfleet.shared.jobs.claims import make_claim
 from embedfleet.shared.jobs.requests import owner_digest
@@ -161,7 +161,8 @@ def test_a_page_answer_is_openai_s_list():
 def test_the_route_s_reading_on_a_real_bucket_its_cursor_and_its_bound(nats_url, monkeypatch):
     """JobsApi.page over a real nats-server: a key's page, a cursor of another key's job refused as one
     of no job, and a bucket past MAX_LISTED refused (503) with what to do."""
-    from embedfleet.services.gateway import job_list, jobs_api
+    from embedfleet.services.gateway.jobs import api as jobs_api
+    from embedfleet.services.gateway.jobs import listing as job_list
 
     async def main() -> None:
         nc = await nats.connect(nats_url)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from embedfleet.services.cli.main import build_parser
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.job_owners import JobOwners
-from embedfleet.services.gateway.limits import bind_key
+from embedfleet.services.gateway.http.limits import bind_key
+from embedfleet.services.gateway.jobs.owners import JobOwners
 from embedfleet.shared.jobs.requests import owner_digest
 from embedfleet.shared.jobs.state import JobState
 

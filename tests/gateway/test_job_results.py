@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.job_results import ndjson_lines, negotiate
-from embedfleet.services.gateway.parquet_stream import ParquetStream
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.jobs.parquet import ParquetStream
+from embedfleet.services.gateway.jobs.results import ndjson_lines, negotiate
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.results import JobForm, Stored, unfinished
 from embedfleet.shared.jobs.state import JobState
@@ -87,7 +87,7 @@ def test_sparse_and_multivector_lines():
 
 def _parquet(form: JobForm, parts: list[Stored], dim: int, monkeypatch, group: int = 3) -> tuple[bytes, int]:
     """The whole Parquet file the stream hands out, and how many pieces came before its last."""
-    monkeypatch.setattr("embedfleet.services.gateway.parquet_stream.ROW_GROUP", group)
+    monkeypatch.setattr("embedfleet.services.gateway.jobs.parquet.ROW_GROUP", group)
     stream = ParquetStream(form)
     pieces = [data for part in parts if (data := stream.add(part))]
     return b"".join(pieces) + stream.finish(dim), len(pieces)

@@ -11,9 +11,9 @@ from dataclasses import replace
 import nats
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.job_tokens import JobTokens
-from embedfleet.services.gateway.limits import KeyLimits, bind_key, estimated_tokens
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.limits import KeyLimits, bind_key, estimated_tokens
+from embedfleet.services.gateway.jobs.tokens import JobTokens
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.state import DONE, RUNNING, JobState
 from embedfleet.shared.nats.server import EmbeddedNats

@@ -9,10 +9,10 @@ from typing import Any, get_args
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.jobs_api import inline_documents, job_options, parse_job
-from embedfleet.services.gateway.jobs_body import DEFAULT_BATCH, JobBody
-from embedfleet.services.gateway.openai_body import ChunkingBody, ChunkSpecBody
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.jobs.api import inline_documents, job_options, parse_job
+from embedfleet.services.gateway.jobs.body import DEFAULT_BATCH, JobBody
+from embedfleet.services.gateway.openai.body import ChunkingBody, ChunkSpecBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.state import JOB_OUTPUTS
 from embedfleet.shared.protocol import EmbedOptions

@@ -2,7 +2,7 @@
 
 import pytest
 
-from embedfleet.services.gateway.limits import KeyLimits
+from embedfleet.services.gateway.http.limits import KeyLimits
 
 
 class Clock:

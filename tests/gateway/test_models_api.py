@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.services.gateway.models_api import model_card, model_kind, render_models
+from embedfleet.services.gateway.openai.models import model_card, model_kind, render_models
 
 
 @pytest.mark.parametrize(

@@ -14,17 +14,17 @@ import pytest
 from pydantic import ValidationError
 
 from embedfleet.services.gateway.chunking import mean_of_chunks
-from embedfleet.services.gateway.models_api import KINDS, render_models
-from embedfleet.services.gateway.openai_answers import (
+from embedfleet.services.gateway.openai.answers import (
     ModelCard,
     ModelList,
     OpenAIEmbedding,
     OpenAIEmbeddings,
     SearchCard,
 )
-from embedfleet.services.gateway.openai_api import render_embeddings
-from embedfleet.services.gateway.search import Search
-from embedfleet.services.gateway.search_store import SearchTables
+from embedfleet.services.gateway.openai.api import render_embeddings
+from embedfleet.services.gateway.openai.models import KINDS, render_models
+from embedfleet.services.gateway.search.serving import Search
+from embedfleet.services.gateway.search.store import SearchTables
 from embedfleet.shared.text_chunks import TextChunk
 from embedfleet.shared.vectors.forms import FORMS
 from embedfleet.shared.vectors.quantize import quantize

@@ -4,9 +4,9 @@ import numpy as np
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import TABLE, ApiError
+from embedfleet.services.gateway.http.errors import TABLE, ApiError
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.openai_api import parse_embeddings_request, render_embeddings
+from embedfleet.services.gateway.openai.api import parse_embeddings_request, render_embeddings
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.vectors.forms import FORMS
 from embedfleet.shared.vectors.quantize import quantize

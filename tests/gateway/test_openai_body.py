@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway.chunking import RETURNS
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.openai_api import parse_embeddings_request
-from embedfleet.services.gateway.openai_body import ChunkingBody, EmbeddingsBody
+from embedfleet.services.gateway.openai.api import parse_embeddings_request
+from embedfleet.services.gateway.openai.body import ChunkingBody, EmbeddingsBody
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import BOUNDARIES

@@ -11,11 +11,11 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway import openapi
-from embedfleet.services.gateway.cohere_api import parse_rerank
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.cohere.api import parse_rerank
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.rerank_api import RerankCall, parse_cohere
-from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
+from embedfleet.services.gateway.rerank.api import RerankCall, parse_cohere
+from embedfleet.services.gateway.rerank.body import CohereRerankV1Body, CohereRerankV2Body
 from embedfleet.shared.errors import ErrorCode
 from tests.gateway.typed_bodies import assert_served_is_generated, request_schema, served_spec, verdicts
 

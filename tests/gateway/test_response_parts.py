@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from embedfleet.services.gateway.chunking import chunk_places
-from embedfleet.services.gateway.errors import error_response
+from embedfleet.services.gateway.http.errors import error_response
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.services.gateway.response_parts import (
     ChunkPlace,

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway.app import Gateway
-from embedfleet.services.gateway.errors import error_response
+from embedfleet.services.gateway.http.errors import error_response
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.services.gateway.routes import EMBED_PATHS, PATHS, ROUTES, Api, api_of
 from embedfleet.shared.errors import ErrorCode

@@ -1,4 +1,4 @@
-"""POST /v1/search's answer held to its model (services/gateway/search_answers.py): what
+"""POST /v1/search's answer held to its model (services/gateway/search/answers.py): what
 search_api.render_search writes, plain and reranked, and /openapi.json's schema made from it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from embedfleet.services.gateway.openapi import openapi_spec, typed_schema
-from embedfleet.services.gateway.search_answers import SearchAnswer, SearchHit
-from embedfleet.services.gateway.search_api import render_search
+from embedfleet.services.gateway.search.answers import SearchAnswer, SearchHit
+from embedfleet.services.gateway.search.api import render_search
 from embedfleet.shared.sinks import Hit
 
 HITS = [

@@ -9,9 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.search_api import (
+from embedfleet.services.gateway.search.api import (
     DEFAULT_TOP_K,
     MAX_TOP_K,
     RerankAsk,

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.search_api import parse_search
-from embedfleet.services.gateway.search_body import SearchBody
+from embedfleet.services.gateway.search.api import parse_search
+from embedfleet.services.gateway.search.body import SearchBody
 from tests.gateway.typed_bodies import added_field, is_generated, scalar_cases, served_body
 
 LIMITS = Limits(max_inputs=2048, max_input_chars=100_000)  # past the model's bounds: only the schema's count

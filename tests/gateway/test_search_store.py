@@ -11,8 +11,8 @@ import pgserver
 import psycopg
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.search_store import SearchStore
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.search.store import SearchStore
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests.conftest import unit_rows

@@ -10,11 +10,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.limits import bind_key
-from embedfleet.services.gateway.search_body import MAX_TOP_K
-from embedfleet.services.gateway.search_store import RETRY_AFTER, SearchTables
-from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.limits import bind_key
+from embedfleet.services.gateway.jobs.sinks import SinkJobs, SinkTargets
+from embedfleet.services.gateway.search.body import MAX_TOP_K
+from embedfleet.services.gateway.search.store import RETRY_AFTER, SearchTables
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.sinks import Rows, Shape, SinkError, sink_for, with_table
 from embedfleet.shared.sinks.pgvector import PgVectorSink

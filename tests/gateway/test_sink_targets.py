@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets, sink_shown
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.jobs.sinks import SinkJobs, SinkTargets, sink_shown
 from embedfleet.shared.sinks import Shape
 
 PG = "postgresql://loader:pw@db.internal:5432/docs?sslmode=require"

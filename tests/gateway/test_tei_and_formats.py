@@ -5,10 +5,10 @@ import pytest
 
 from embedfleet.services.gateway.auth import ApiKeys
 from embedfleet.services.gateway.chunking import Chunking
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.formats import binary_response, negotiate, rows_form
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.tei_api import (
+from embedfleet.services.gateway.tei.api import (
     parse_embed,
     parse_tokenize,
     render_embed,

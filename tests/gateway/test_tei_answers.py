@@ -1,4 +1,4 @@
-"""The TEI routes' answers are their typed models (tei_answers.py): /openapi.json's 200 schemas are the
+"""The TEI routes' answers are their typed models (tei/answers.py): /openapi.json's 200 schemas are the
 models' generated ones, and what the renderers write validates against both the model (strictly: every
 field named, of its type) and the served schema, over every variant; a wrong answer is refused."""
 
@@ -13,12 +13,12 @@ import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from embedfleet.services.gateway import tei_answers as answers
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.openapi import typed_schema
-from embedfleet.services.gateway.rerank_api import RerankCall, render_tei
+from embedfleet.services.gateway.rerank.api import RerankCall, render_tei
 from embedfleet.services.gateway.response_parts import inline_schema
-from embedfleet.services.gateway.tei_api import (
+from embedfleet.services.gateway.tei import answers
+from embedfleet.services.gateway.tei.api import (
     render_all,
     render_embed,
     render_embed_chunks,
@@ -26,7 +26,7 @@ from embedfleet.services.gateway.tei_api import (
     render_sparse,
     render_tokens,
 )
-from embedfleet.services.gateway.tei_tasks import PredictCall, render_decode, render_predict, render_similarity
+from embedfleet.services.gateway.tei.tasks import PredictCall, render_decode, render_predict, render_similarity
 from embedfleet.shared.protocol import TokenizeResult
 from embedfleet.shared.text_chunks import TextChunk
 from embedfleet.shared.vectors.forms import FORMS

@@ -9,17 +9,17 @@ from typing import Any
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.openapi import openapi_spec
-from embedfleet.services.gateway.tei_api import (
+from embedfleet.services.gateway.tei.api import (
     parse_embed,
     parse_embed_all,
     parse_embed_sparse,
     parse_tokenize,
     read_embed_all,
 )
-from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
+from embedfleet.services.gateway.tei.body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
 from embedfleet.shared.errors import ErrorCode
 from tests.gateway.typed_bodies import assert_schema_agrees, assert_tei_refusal, generated_schema, served_schema
 

@@ -11,8 +11,8 @@ import pytest
 
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.openapi import openapi_spec
-from embedfleet.services.gateway.tei_task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
-from embedfleet.services.gateway.tei_tasks import parse_decode, parse_predict, parse_rerank, parse_similarity
+from embedfleet.services.gateway.tei.task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
+from embedfleet.services.gateway.tei.tasks import parse_decode, parse_predict, parse_rerank, parse_similarity
 from tests.gateway.typed_bodies import assert_schema_agrees, assert_tei_refusal, generated_schema, served_schema
 
 LIMITS = Limits(max_inputs=4, max_input_chars=50)

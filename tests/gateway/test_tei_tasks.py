@@ -9,10 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError, error_response
+from embedfleet.services.gateway.http.errors import ApiError, error_response
 from embedfleet.services.gateway.inputs import Limits
-from embedfleet.services.gateway.tei_api import render_info
-from embedfleet.services.gateway.tei_tasks import (
+from embedfleet.services.gateway.tei.api import render_info
+from embedfleet.services.gateway.tei.tasks import (
     label_scores,
     model_type,
     parse_decode,
@@ -251,7 +251,7 @@ def test_similarity_cosines_stay_within_minus_one_and_one():
 
 
 def test_decode_ids_outside_the_vocabulary_are_named():
-    from embedfleet.services.gateway.tei_tasks import check_vocabulary
+    from embedfleet.services.gateway.tei.tasks import check_vocabulary
 
     check_vocabulary([np.array([0, 5, 9], dtype=np.int32)], 10)
     with pytest.raises(ApiError) as caught:

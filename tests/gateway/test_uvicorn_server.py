@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 _SERVE = textwrap.dedent("""
     import sys
     import uvicorn
-    from embedfleet.services.gateway import uvicorn_server
+    from embedfleet.services.gateway.http import uvicorn as uvicorn_server
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
