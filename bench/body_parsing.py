@@ -44,8 +44,7 @@ from embedfleet.services.gateway.cohere.api import parse_embed as cohere_parse_e
 from embedfleet.services.gateway.cohere.body import CohereEmbedV2Body
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits, json_object, optional
-from embedfleet.services.gateway.job_ids import check_job_id
-from embedfleet.services.gateway.jobs.api import inline_documents, job_options, parse_job
+from embedfleet.services.gateway.jobs.api import check_job_id, inline_documents, job_options, parse_job
 from embedfleet.services.gateway.openai.api import EmbeddingsRequest, parse_embeddings_request
 from embedfleet.services.gateway.openai.body import EmbeddingsBody
 from embedfleet.services.gateway.tei.api import EmbedRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.job_ids import check_job_id
+from embedfleet.services.gateway.jobs.api import check_job_id
 from embedfleet.shared.errors import ErrorCode
 
 

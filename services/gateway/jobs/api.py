@@ -1,5 +1,5 @@
 """HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server; its body a
-JobBody, jobs_body.py), GET /v1/jobs pages through the caller's (job_list.py), GET /v1/jobs/{id}
+JobBody, body.py), GET /v1/jobs pages through the caller's (listing.py), GET /v1/jobs/{id}
 returns its state, DELETE /v1/jobs/{id} cancels it. The
 vectors go to the results stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
 tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too).
@@ -19,7 +19,6 @@ from embedfleet.services.gateway.http.body_errors import read_body
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.http.limits import KeyLimits
 from embedfleet.services.gateway.inputs import within_document_chars
-from embedfleet.services.gateway.job_ids import check_job_id
 from embedfleet.services.gateway.jobs.body import DEFAULT_BATCH, DocumentBody, JobBody
 from embedfleet.services.gateway.jobs.files import read_job_file
 from embedfleet.services.gateway.jobs.listing import JobListQuery, page_answer, read_page
@@ -32,6 +31,7 @@ from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.collector import Layout
 from embedfleet.shared.jobs.documents import job_id_for, read_fields
 from embedfleet.shared.jobs.fit import JobRefused, JobTooLarge, check_chunk_room, check_job, served
+from embedfleet.shared.jobs.ids import new_job_id_problem
 from embedfleet.shared.jobs.progress import Ledger
 from embedfleet.shared.jobs.publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
 from embedfleet.shared.jobs.requests import Claim, claim_problem, request_digest
@@ -45,6 +45,19 @@ from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
 
 log = logging.getLogger("embedfleet.gateway.jobs")
+
+
+def check_job_id(job: object) -> str:
+    """``job`` when it can name a new job; else ApiError 400 (param ``id``). The rule is the one
+    ``embedfleet reindex --job-id`` follows too (shared/jobs/ids.py), checked at the edge: an id that cannot
+    name a job is refused at once, and so is one with a ``/``, which the job's routes could not take
+    (``/v1/jobs/q/results`` is job ``q``'s results)."""
+    if not isinstance(job, str):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'id' must be a string", "id")
+    problem = new_job_id_problem(job)
+    if problem:
+        raise ApiError(ErrorCode.INVALID_REQUEST, problem, "id")
+    return job
 
 
 def parse_job(body: bytes) -> JobBody:
