@@ -34,8 +34,7 @@ from embedfleet.services.gateway.http.formats import binary_response, negotiate,
 from embedfleet.services.gateway.http.limits import KeyLimits, current_key, estimated_tokens
 from embedfleet.services.gateway.http.middleware import GatewayMiddleware
 from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional
-from embedfleet.services.gateway.job_ids import check_job_id
-from embedfleet.services.gateway.jobs.api import JobsApi, parse_job
+from embedfleet.services.gateway.jobs.api import JobsApi, check_job_id, parse_job
 from embedfleet.services.gateway.jobs.listing import parse_listing
 from embedfleet.services.gateway.jobs.owners import JobOwners
 from embedfleet.services.gateway.jobs.results import JobResultsApi
@@ -58,7 +57,7 @@ from embedfleet.shared.jobs.claims import ClaimedBucket
 from embedfleet.shared.jobs.streams import open_streams
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.nats.embed_client import EmbedClient, EmbedOutcome, part_of
-from embedfleet.shared.nats.fleet import FleetWatch
+from embedfleet.shared.nats.fleet import FleetView, FleetWatch
 from embedfleet.shared.nats.lifecycle import connect, drain_or_close, mark_ready, register
 from embedfleet.shared.observability.metrics_server import serve_metrics
 from embedfleet.shared.observability.tracing import Tracer
@@ -182,6 +181,13 @@ class Gateway:
             self.tracer.shutdown()
 
     # -- helpers ----------------------------------------------------------------------------
+
+    @property
+    def request_timeout(self) -> float:
+        return self.cfg.request_timeout
+
+    async def view(self) -> FleetView:
+        return await self.discovery.view()
 
     def default_of(self, models: list[str]) -> str | None:
         """The model of requests that name none: the served id --default-model names, else the first by id."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from starlette.responses import Response
 
+from embedfleet.services.gateway.core import Embedder
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.services.gateway.openai.models import worker_kind
@@ -26,9 +26,6 @@ from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.vectors.forms import FLOAT32
-
-if TYPE_CHECKING:
-    from embedfleet.services.gateway.app import Gateway
 
 log = logging.getLogger("embedfleet.gateway")
 
@@ -46,15 +43,15 @@ class Search:
         request naming none reads, the model if pinned; nothing of the store's address, user or path."""
         return {"route": ROUTE, "store": self.store.kind, "table": self.store.own, "model": self.model}
 
-    async def answer(self, gw: Gateway, call: search_api.SearchCall) -> Response:
+    async def answer(self, fleet: Embedder, call: search_api.SearchCall) -> Response:
         store = await self.store.store(call.table)  # a table the key may not read: refused before any work
-        model = await self._model(gw, call.model)
-        reranker = await self._reranker(gw, call.rerank.model) if call.rerank is not None else None
+        model = await self._model(fleet, call.model)
+        reranker = await self._reranker(fleet, call.rerank.model) if call.rerank is not None else None
         options = EmbedOptions(input_type="query", dtype=FLOAT32.wire)
-        outcome = await gw.run_embed(model, Inputs([call.query], None), options)
+        outcome = await fleet.run_embed(model, Inputs([call.query], None), options)
         started = time.perf_counter()
-        hits = await store.search(model, outcome.vectors[0], call.top_k, call.where, gw.cfg.request_timeout)
-        headers = {**gw.stage_headers(outcome), "x-search-time": _ms(started)}
+        hits = await store.search(model, outcome.vectors[0], call.top_k, call.where, fleet.request_timeout)
+        headers = {**fleet.stage_headers(outcome), "x-search-time": _ms(started)}
         log.debug(
             "search %s: %d hits of top_k %d in %s ms (filter on %s)",
             model,
@@ -79,17 +76,17 @@ class Search:
         rerank = RerankCall(
             reranker, call.query, texts, call.rerank.top_n, raw_scores=False, truncate=True, return_text=False
         )
-        _, ranked = await gw.run_rerank(rerank, uuid.uuid4().hex)
+        _, ranked = await fleet.run_rerank(rerank, uuid.uuid4().hex)
         headers["x-rerank-time"] = _ms(started)
         log.debug("search %s: %d hits reranked by %s in %s ms", model, len(hits), reranker, headers["x-rerank-time"])
         return _json(
             search_api.render_search(model, hits, outcome.tokens, reranker, ranked.indices, ranked.scores), headers
         )
 
-    async def _model(self, gw: Gateway, requested: str | None) -> str:
+    async def _model(self, fleet: Embedder, requested: str | None) -> str:
         """The served model that embeds the query (see the module's docstring)."""
         if self.model is None:
-            return await gw.resolve_model(requested)
+            return await fleet.resolve_model(requested)
         if requested is not None and not same_model(requested, self.model):
             raise ApiError(
                 ErrorCode.INVALID_REQUEST,
@@ -97,20 +94,20 @@ class Search:
                 "model",
             )
         try:
-            return await gw.resolve_model(self.model)
+            return await fleet.resolve_model(self.model)
         except ApiError as exc:
             if exc.code is not ErrorCode.MODEL_NOT_FOUND:
                 raise
             raise ApiError(ErrorCode.NO_RESPONDERS, f"the search model {self.model} is not served right now") from None
 
-    async def _reranker(self, gw: Gateway, requested: str) -> str:
+    async def _reranker(self, fleet: Embedder, requested: str) -> str:
         """The served reranker ``requested`` names: a model of kind "rerank" (a cross-encoder; an embedder's
         cosine would only repeat the search's ranking)."""
         try:
-            model = await gw.resolve_model(requested)
+            model = await fleet.resolve_model(requested)
         except ApiError as exc:
             raise ApiError(exc.code, exc.message, "rerank.model") from None
-        workers = (await gw.discovery.view()).workers
+        workers = (await fleet.view()).workers
         kind = worker_kind(workers.get(model, {}))
         if kind != "rerank":
             served = sorted(m for m, w in workers.items() if worker_kind(w) == "rerank")
