@@ -173,7 +173,7 @@ def test_the_docs_curl_examples_are_requests_the_route_takes():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
     calls = [m for page in pages for m in re.finditer(r"curl [^`]*?/v1/embeddings[^`]*?-d '([^']*)'", page.read_text())]
     assert len(calls) >= 2  # the quick start's and the deploy section's
