@@ -1,12 +1,13 @@
-"""What an API family's routes ask of the fleet behind the gateway: a model resolved, texts embedded, pairs
-reranked, the fleet's current view. ``Gateway`` (app.py) is the one implementation; a family module types
-against ``Embedder`` instead of importing the application, so the application can import the families and
-none of them imports it back (and a test can hand a family a small stand-in)."""
+"""What an API family's routes ask of the fleet behind the gateway (``Embedder``): a model resolved, texts
+embedded, pairs reranked, the fleet's current view; and what a model's workers offer. ``Gateway`` (app.py) is
+the one implementation; a family's work (``<family>/serving.py``) types against ``Embedder`` instead of
+importing the application, so the application imports the families and none of them imports it back."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from embedfleet.services.gateway.chunking import Chunking
 from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.services.gateway.rerank.api import RerankCall
 from embedfleet.shared.nats.embed_client import EmbedOutcome
@@ -41,6 +42,13 @@ class Embedder(Protocol):
         """``inputs`` embedded by ``model``, the tokens charged to the request's API key."""
         ...
 
+    async def embed_texts(
+        self, model: str, inputs: Inputs, options: EmbedOptions, chunking: Chunking | None
+    ) -> tuple[EmbedOutcome, list | None, str]:
+        """``inputs`` embedded whole, or cut into chunks when ``chunking`` asks: the outcome, each input's
+        chunks when the rows are the chunks' (None: a row per input), the rows' form."""
+        ...
+
     async def run_rerank(self, call: RerankCall, request_id: str) -> tuple[str, RerankResult]:
         """``call``'s texts ranked against its query: the model that ranked them, and the ranking."""
         ...
@@ -48,3 +56,9 @@ class Embedder(Protocol):
     def stage_headers(self, outcome: EmbedOutcome) -> dict[str, str]:
         """The response headers of ``outcome``'s stage timings (milliseconds)."""
         ...
+
+
+async def offers(fleet: Embedder, model: str) -> tuple[str, ...]:
+    """The outputs a model's workers make, as their registrations say (none: no worker of it is seen)."""
+    view = await fleet.view()
+    return tuple(o for o in view.workers.get(model, {}).get("outputs", "").split(",") if o)

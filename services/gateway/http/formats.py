@@ -18,6 +18,7 @@ from starlette.responses import Response
 from embedfleet.services.gateway.http.accept import Offer, chosen
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.nats.embed_client import EmbedOutcome
 from embedfleet.shared.vectors.forms import FORMS, OCTET_DTYPES
 
 JSON = "application/json"
@@ -88,3 +89,21 @@ def binary_response(
         use_bin_type=True,
     )
     return Response(body, media_type=MSGPACK, headers=headers)
+
+
+def binary_answer(
+    accept: str | None, model: str, outcome: EmbedOutcome, form: str, chunks: list | None, headers: dict[str, str]
+) -> Response | None:
+    """The rows as bytes when the Accept header asks for them (None: it asks for JSON); chunk rows are
+    refused so, their offsets having no room there."""
+    kind = negotiate(accept)
+    if kind == "json":
+        return None
+    if chunks is not None:
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            "a binary answer has no room for the chunks' offsets: ask "
+            "for JSON, or for 'chunking.return' 'mean' (a vector per input)",
+            "chunking",
+        )
+    return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
