@@ -1,7 +1,7 @@
 """The bodies of Cohere's /v1/embed and /v2/embed as typed models: each validates a request and is its
 route's request schema in /openapi.json (nothing restates a field by hand).
 
-The models check what a body alone decides (types, enums, ranges); cohere_api.py then checks what the
+The models check what a body alone decides (types, enums, ranges); api.py then checks what the
 gateway's settings decide (--max-inputs, --max-input-chars), that /v2/embed got its texts once ('texts'
 or 'inputs'), and builds the request. Unknown fields are ignored, as Cohere's SDK sends fields of later
 API versions; /v1/embed ignores v2's fields (output_dimension, max_tokens, chunking, ...) likewise.

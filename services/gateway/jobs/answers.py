@@ -1,9 +1,9 @@
 """What the bulk-job routes answer, as typed models: POST /v1/jobs (a job submitted, or the state of one
 submitted before), GET /v1/jobs (a page of jobs), GET and DELETE /v1/jobs/{job} (a job's state) and a
 line of GET /v1/jobs/{job}/results' NDJSON. /openapi.json's response schemas are made from them, and the tests
-hold what the routes write to them; the routes write with orjson (jobs_api.py, job_results.py).
+hold what the routes write to them; the routes write with orjson (api.py, results.py).
 
-A job's state is its record in the job bucket (shared/jobs/state.py) as jobs_api.py's ``_shown`` shows
+A job's state is its record in the job bucket (shared/jobs/state.py) as api.py's ``_shown`` shows
 it: a field at its default (None, 0, empty) is left out, so every field but ``id`` may be absent.
 """
 

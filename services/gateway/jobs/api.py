@@ -152,7 +152,7 @@ class JobsApi:
             return 200, _shown(existing)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
-        # a new job's tokens, estimated, taken from its key's budget before any work (job_tokens.py)
+        # a new job's tokens, estimated, taken from its key's budget before any work (tokens.py)
         taken = self._tokens.admit(t for _, t in docs) if existing is None else None
         store = None
         if doc.sink is not None:  # opened (its table made) before anything is published; the gateway writes it
@@ -317,7 +317,7 @@ class JobsApi:
         return _shown(await self._visible(job, await read_state(self._kv, job)))
 
     async def page(self, query: JobListQuery) -> dict:
-        """A page of the jobs the caller may see (GET /v1/jobs, job_list.py)."""
+        """A page of the jobs the caller may see (GET /v1/jobs, listing.py)."""
         states, more = await read_page(self._js, self._kv, self._subjects, self._owners, query)
         return page_answer([_shown(state) for state in states], more)
 

@@ -3,7 +3,7 @@ schema in /openapi.json (nothing restates a field by hand).
 
 The model checks what a body alone decides (types, enums, ranges; unknown top-level fields are
 ignored, unknown 'chunking' keys refused, a document's fields besides 'id' and 'text' kept as its
-row's metadata); jobs_api.py then checks what the fields decide together (documents or path, an
+row's metadata); api.py then checks what the fields decide together (documents or path, an
 output and its form), what the gateway's settings decide (--jobs-dir, --job-sinks) and what the
 fleet serves. Types are strict: JSON's true is no integer and "8" no number. A null optional field
 is as if absent, except 'id', 'documents', 'path' and 'sink', whose null is refused as before: they

@@ -4,7 +4,7 @@ batches list (``{"object": "list", "data", "first_id", "last_id", "has_more"}``)
 The order is by when a job was first submitted (its record's ``started``), newest first, ties by id
 (the greater first): a total order, so a cursor (``after``: the last id of the page before) names one
 place in it, and a job submitted between two pages' requests comes first and shifts nothing after it.
-A job's record says who may see it (job_owners.py); ``status`` keeps one state's jobs.
+A job's record says who may see it (owners.py); ``status`` keeps one state's jobs.
 
 The bucket has no index by time: a page is the newest ``limit`` of every record the caller may see,
 read once through shared/jobs/listing.py (a fetch of records at a time). A request holds one fetch and

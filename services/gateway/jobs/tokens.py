@@ -1,4 +1,4 @@
-"""A bulk job's tokens charged to its API key's ``--key-tokens-per-minute`` budget (limits.py), as an
+"""A bulk job's tokens charged to its API key's ``--key-tokens-per-minute`` budget (http/limits.py), as an
 online request's are.
 
 A job's tokens are not known when it is submitted (the tokenizers count them later), so it is admitted

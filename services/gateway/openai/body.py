@@ -2,7 +2,7 @@
 request schema in /openapi.json (nothing restates a field by hand).
 
 The model checks what a body alone decides (types, enums, ranges, required fields; unknown top-level
-fields are ignored, as OpenAI's own API does, unknown 'chunking' keys refused); openai_api.py then
+fields are ignored, as OpenAI's own API does, unknown 'chunking' keys refused); api.py then
 checks what the gateway's settings decide (--max-inputs, --max-input-chars) and builds the request.
 Types are strict: JSON's true is no integer and "8" no number.
 """
@@ -52,7 +52,7 @@ Input = Annotated[
 EmbeddingType = Literal["float", "float32", "float16", "int8", "uint8", "binary", "ubinary"]
 
 
-# a bulk job's chunking (jobs_body.py); the embedding routes' ChunkingBody adds what they answer
+# a bulk job's chunking (jobs/body.py); the embedding routes' ChunkingBody adds what they answer
 def _text_kind(value: Any) -> str | None:
     if isinstance(value, list):
         return "<texts>"

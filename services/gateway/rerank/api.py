@@ -1,7 +1,7 @@
 """Rerank routes' shapes (no I/O here): TEI's POST /rerank and the Cohere/Jina POST /v1/rerank.
 
-Every rerank body is a typed model: /v1/rerank's (rerank_body.py), Cohere v2's /v2/rerank (cohere_api.py)
-and TEI's /rerank (tei_task_bodies.py, read in tei_tasks.py); each then takes the gateway's limits here
+Every rerank body is a typed model: /v1/rerank's (body.py), Cohere v2's /v2/rerank (cohere/api.py)
+and TEI's /rerank (tei/task_bodies.py, read in tei/tasks.py); each then takes the gateway's limits here
 (``query_within``, ``texts_within``).
 """
 

@@ -2,7 +2,7 @@
 shape, OpenAI's errors) and POST /v2/rerank (Cohere v2's, Cohere's errors). Each validates a request and
 is its route's request schema in /openapi.json.
 
-The models check what a body alone decides; rerank_api.py and cohere_api.py then check the gateway's
+The models check what a body alone decides; api.py and cohere/api.py then check the gateway's
 limits (--max-inputs on the documents, --max-input-chars on the query and each document). Unknown fields
 are ignored; types are strict; a null optional field is as if absent. An empty 'documents' is an empty
 ranking.

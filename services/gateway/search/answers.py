@@ -1,5 +1,5 @@
 """What POST /v1/search answers, as typed models (OpenAI's list style): /openapi.json's response schema
-is made from them, and the tests hold what search_api.py's ``render_search`` writes to them (the route
+is made from them, and the tests hold what api.py's ``render_search`` writes to them (the route
 writes with orjson)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``POST /v1/search``'s shapes (no I/O here): the request (a SearchBody, search_body.py, within the
+"""``POST /v1/search``'s shapes (no I/O here): the request (a SearchBody, body.py, within the
 gateway's limits), and the answer in OpenAI's list style.
 
     {"model"?, "query", "table"?, "top_k"?: 10, "filter"?: {field: value}, "rerank"?: {"model", "top_n"?}}

@@ -2,7 +2,7 @@
 schema in /openapi.json (nothing restates a field by hand).
 
 The model checks what a body alone decides (types, ranges, the filter's names and values; unknown
-top-level fields are ignored, unknown 'rerank' keys refused); search_api.py then checks what the
+top-level fields are ignored, unknown 'rerank' keys refused); api.py then checks what the
 gateway's settings decide (--max-input-chars for the query, --max-inputs for top_k). Types are strict:
 JSON's true is no integer and "8" no number. A null optional field is as if absent.
 """

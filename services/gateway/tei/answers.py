@@ -3,7 +3,7 @@
 
 Shapes are text-embeddings-inference's (router/src/http/types.rs), with embedfleet's extensions (chunk
 rows, quantized forms). /openapi.json's 200 schemas are generated from these models and the tests hold
-the renderers' bytes to them (tei_api.py, tei_tasks.py, rerank_api.render_tei); the routes write their
+the renderers' bytes to them (api.py, tasks.py, rerank_api.render_tei); the routes write their
 answers with orjson, never through a model. Most answers are bare JSON arrays, hence the root models;
 their names start with Tei, as components.schemas holds every family's models under one namespace.
 """

@@ -1,5 +1,5 @@
 """TEI-compatible routes (text-embeddings-inference): /embed, /embed_sparse, /embed_all, /tokenize, /info shapes
-(no I/O here); the bodies are tei_body.py's typed models."""
+(no I/O here); the bodies are body.py's typed models."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ each validates a request and is the route's request schema in /openapi.json.
 
 As text-embeddings-inference reads them (router/src/http/types.rs), with this gateway's extensions
 (``model``, ``dimensions``, ``embedding_type``, ``chunking``, ``top_k``, ``threshold``, ``output``,
-``input_type``). A model checks what the body alone decides; tei_api.py then checks what the gateway's
+``input_type``). A model checks what the body alone decides; api.py then checks what the gateway's
 settings and the model decide (--max-inputs, --max-input-chars, the outputs a model makes). Unknown
 fields are ignored, as the hand-written parser did; a null optional field is as if absent (the API
 module reads a None as the field's default). Types are strict: JSON's true is no integer.

@@ -3,8 +3,8 @@ validates a request and is the route's request schema in /openapi.json.
 
 Shapes are text-embeddings-inference's (router/src/http/types.rs: ``PredictRequest``,
 ``SimilarityRequest``, ``DecodeRequest``, ``RerankRequest``), with the extension ``model``. As for the
-embedding routes (tei_body.py): unknown fields ignored, a null optional field as if absent, strict
-types; limits and the model's kind are checked in tei_tasks.py after validation.
+embedding routes (body.py): unknown fields ignored, a null optional field as if absent, strict
+types; limits and the model's kind are checked in tasks.py after validation.
 """
 
 from __future__ import annotations

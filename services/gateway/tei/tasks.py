@@ -1,11 +1,11 @@
 """TEI's task routes beyond embedding (shapes only, no I/O): /predict (a sequence classifier's label
 scores), /similarity (cosines of sentences to a source sentence), /decode (token IDs back to text),
-/rerank's body (its answer is rerank_api.py's, shared with the Cohere routes), and
+/rerank's body (its answer is rerank/api.py's, shared with the Cohere routes), and
 which of the routes ``POST /`` runs for a model of each kind.
 
 Shapes are text-embeddings-inference's (router/src/http/types.rs, server.rs): ``PredictRequest``,
 ``Prediction``, ``SimilarityRequest``, ``DecodeRequest`` and the default routes its server mounts on ``/``;
-the bodies are tei_task_bodies.py's typed models.
+the bodies are task_bodies.py's typed models.
 """
 
 from __future__ import annotations
