@@ -16,7 +16,7 @@ for Cohere's /v2/embed (as its SDK sends a query and eight documents), its hand-
 its typed model (CohereEmbedV2Body). docs/performance.md ("Parsing a request body") records runs.
 
 A third table: POST /v1/jobs' body (its fields checked together, every document read), the hand
-parser the route had against JobBody (jobs_body.py) and jobs_api.py's checks, for one document, 1,000
+parser the route had against JobBody (jobs/body.py) and jobs/api.py's checks, for one document, 1,000
 documents with a metadata field each, and every field set.
 
 A fourth table: TEI's /embed, the parser the route had against tei_api.parse_embed (EmbedBody)
@@ -39,18 +39,17 @@ from bench.hand_parsers import (
     parse_text_chunking,
     positive_dimensions,
 )
-from embedfleet.services.gateway.cohere_api import INPUT_TYPES, TRUNCATE, CohereEmbed
-from embedfleet.services.gateway.cohere_api import parse_embed as cohere_parse_embed
-from embedfleet.services.gateway.cohere_body import CohereEmbedV2Body
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.cohere.api import INPUT_TYPES, TRUNCATE, CohereEmbed
+from embedfleet.services.gateway.cohere.api import parse_embed as cohere_parse_embed
+from embedfleet.services.gateway.cohere.body import CohereEmbedV2Body
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Limits, json_object, optional
-from embedfleet.services.gateway.job_ids import check_job_id
-from embedfleet.services.gateway.jobs_api import inline_documents, job_options, parse_job
-from embedfleet.services.gateway.openai_api import EmbeddingsRequest, parse_embeddings_request
-from embedfleet.services.gateway.openai_body import EmbeddingsBody
-from embedfleet.services.gateway.tei_api import EmbedRequest
-from embedfleet.services.gateway.tei_api import parse_embed as tei_parse_embed
-from embedfleet.services.gateway.tei_body import EmbedBody
+from embedfleet.services.gateway.jobs.api import check_job_id, inline_documents, job_options, parse_job
+from embedfleet.services.gateway.openai.api import EmbeddingsRequest, parse_embeddings_request
+from embedfleet.services.gateway.openai.body import EmbeddingsBody
+from embedfleet.services.gateway.tei.api import EmbedRequest
+from embedfleet.services.gateway.tei.api import parse_embed as tei_parse_embed
+from embedfleet.services.gateway.tei.body import EmbedBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.jobs.state import JOB_OUTPUTS
 from embedfleet.shared.protocol import MAX_DIMENSION, EmbedOptions
@@ -303,7 +302,7 @@ def hand_parse_job(body: bytes) -> Job:
 
 
 def typed_parse_job(body: bytes) -> Job:
-    """The route's parse now: JobBody, then the checks of the fields together (jobs_api.py)."""
+    """The route's parse now: JobBody, then the checks of the fields together (jobs/api.py)."""
     doc = parse_job(body)
     options, form, chunking = job_options(doc)
     if doc.id is not None:

@@ -1,4 +1,4 @@
-"""The hand-written body parsers the gateway's routes had before their typed models (openai_body.py
+"""The hand-written body parsers the gateway's routes had before their typed models (openai/body.py
 and the other *_body.py), kept here as bench/body_parsing.py's baseline: orjson, then a check a field.
 Nothing in the gateway uses them."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from embedfleet.services.gateway.chunking import RETURNS, Chunking
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import (
     MAX_NAME_CHARS,
     MAX_TOKEN_ID,

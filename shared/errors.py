@@ -1,5 +1,5 @@
 """Error codes answered to callers, on the wire and over HTTP; the gateway maps each to an HTTP status
-in one table (services/gateway/errors.py)."""
+in one table (services/gateway/http/errors.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     UNAUTHORIZED = "unauthorized"  # missing or unknown API key
     # a known API key asking for what it may not use (another key's table); a web page's Origin or a Host
-    # the gateway is not served as (services/gateway/browser.py)
+    # the gateway is not served as (services/gateway/http/browser.py)
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"  # no such job
     NO_RESPONDERS = "no_responders"  # nobody serves the subject right now
@@ -46,7 +46,7 @@ class ErrorCode(StrEnum):
 
 
 # how an input refused for its tokens ("has 302 tokens; the model's limit is 256") ends: in TEI's words,
-# which the gateway puts in those of the route's own API (services/gateway/errors.py)
+# which the gateway puts in those of the route's own API (services/gateway/http/errors.py)
 TRUNCATE_HINT = "(send truncate=true to cut it)"
 
 # a reply from NATS naming one of these is someone else's mistake: it is read as INTERNAL

@@ -178,8 +178,8 @@ def test_a_command_whose_extra_is_missing_says_which_to_install(command, absent,
 
 def test_a_gateway_without_pyarrow_serves_results_as_ndjson_and_names_the_extra_for_parquet():
     code = (
-        "from embedfleet.services.gateway.job_results import negotiate\n"
-        "from embedfleet.services.gateway.errors import ApiError\n"
+        "from embedfleet.services.gateway.jobs.results import negotiate\n"
+        "from embedfleet.services.gateway.http.errors import ApiError\n"
         "print(negotiate('application/vnd.apache.parquet, application/x-ndjson;q=0.5'))\n"
         "try:\n"
         "    negotiate('application/vnd.apache.parquet')\n"

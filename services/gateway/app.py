@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -20,39 +19,41 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from embedfleet.services.gateway import (
-    cohere_api,
-    health,
-    late_chunking,
-    models_api,
-    openai_api,
-    rerank_api,
-    search_api,
-    tei_api,
-    tei_tasks,
-)
-from embedfleet.services.gateway.admission import Admission
+from embedfleet.services.gateway import late_chunking
 from embedfleet.services.gateway.auth import ApiKeys
-from embedfleet.services.gateway.browser import BrowserGuard, rules_of
 from embedfleet.services.gateway.chunking import Chunking, chunk_texts, mean_of_chunks
+from embedfleet.services.gateway.cohere import api as cohere_api
+from embedfleet.services.gateway.cohere import serving as cohere_serving
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.endpoints import Endpoints
-from embedfleet.services.gateway.errors import ApiError, error_response
-from embedfleet.services.gateway.formats import binary_response, negotiate, rows_form
+from embedfleet.services.gateway.core import offers
+from embedfleet.services.gateway.http import health
+from embedfleet.services.gateway.http.admission import Admission
+from embedfleet.services.gateway.http.browser import BrowserGuard, rules_of
+from embedfleet.services.gateway.http.endpoints import Endpoints
+from embedfleet.services.gateway.http.errors import ApiError, error_response
+from embedfleet.services.gateway.http.formats import rows_form
+from embedfleet.services.gateway.http.limits import KeyLimits, current_key, estimated_tokens
+from embedfleet.services.gateway.http.middleware import GatewayMiddleware
 from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional
-from embedfleet.services.gateway.job_ids import check_job_id
-from embedfleet.services.gateway.job_list import parse_listing
-from embedfleet.services.gateway.job_owners import JobOwners
-from embedfleet.services.gateway.job_results import JobResultsApi
-from embedfleet.services.gateway.jobs_api import JobsApi, parse_job
-from embedfleet.services.gateway.limits import KeyLimits, current_key, estimated_tokens
+from embedfleet.services.gateway.jobs.api import JobsApi, check_job_id, parse_job
+from embedfleet.services.gateway.jobs.listing import parse_listing
+from embedfleet.services.gateway.jobs.owners import JobOwners
+from embedfleet.services.gateway.jobs.results import JobResultsApi
+from embedfleet.services.gateway.jobs.sinks import SinkJobs, SinkTargets
 from embedfleet.services.gateway.metrics import Metrics
-from embedfleet.services.gateway.middleware import GatewayMiddleware
+from embedfleet.services.gateway.openai import api as openai_api
+from embedfleet.services.gateway.openai import models as models_api
+from embedfleet.services.gateway.openai import serving as openai_serving
 from embedfleet.services.gateway.openapi import openapi_spec
+from embedfleet.services.gateway.rerank import api as rerank_api
+from embedfleet.services.gateway.rerank import serving as rerank_serving
 from embedfleet.services.gateway.routes import PATHS, ROUTES
-from embedfleet.services.gateway.search import NOT_SERVED, Search
-from embedfleet.services.gateway.search_store import SearchTables
-from embedfleet.services.gateway.sink_jobs import SinkJobs, SinkTargets
+from embedfleet.services.gateway.search import api as search_api
+from embedfleet.services.gateway.search.serving import NOT_SERVED, Search
+from embedfleet.services.gateway.search.store import SearchTables
+from embedfleet.services.gateway.tei import api as tei_api
+from embedfleet.services.gateway.tei import serving as tei_serving
+from embedfleet.services.gateway.tei import tasks as tei_tasks
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared import __version__
 from embedfleet.shared.errors import ErrorCode, ServiceError
@@ -60,12 +61,12 @@ from embedfleet.shared.jobs.claims import ClaimedBucket
 from embedfleet.shared.jobs.streams import open_streams
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.nats.embed_client import EmbedClient, EmbedOutcome, part_of
-from embedfleet.shared.nats.fleet import FleetWatch
+from embedfleet.shared.nats.fleet import FleetView, FleetWatch
 from embedfleet.shared.nats.lifecycle import connect, drain_or_close, mark_ready, register
 from embedfleet.shared.observability.metrics_server import serve_metrics
 from embedfleet.shared.observability.tracing import Tracer
 from embedfleet.shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
-from embedfleet.shared.vectors.forms import FLOAT32, FORMS
+from embedfleet.shared.vectors.forms import FLOAT32
 from embedfleet.shared.vectors.quantize import quantize
 
 log = logging.getLogger("embedfleet.gateway")
@@ -185,6 +186,13 @@ class Gateway:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    @property
+    def request_timeout(self) -> float:
+        return self.cfg.request_timeout
+
+    async def view(self) -> FleetView:
+        return await self.discovery.view()
+
     def default_of(self, models: list[str]) -> str | None:
         """The model of requests that name none: the served id --default-model names, else the first by id."""
         if self.cfg.default_model is None:
@@ -275,16 +283,7 @@ class Gateway:
 
     async def embeddings(self, request: Request) -> Response:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        model = await self.resolve_model(req.model)
-        options = EmbedOptions(
-            dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire, task=req.task
-        )
-        outcome, chunks, form = await self.embed_texts(model, req.inputs, options, req.chunking)
-        headers = self.stage_headers(outcome)
-        if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
-            return binary
-        body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form, chunks)
-        return Response(body, media_type="application/json", headers=headers)
+        return await openai_serving.embeddings(self, req, request.headers.get("accept"))
 
     async def embed_texts(
         self, model: str, inputs: Inputs, options: EmbedOptions, chunking: Chunking | None
@@ -296,24 +295,6 @@ class Gateway:
             return outcome, None, rows_form(options.form, outcome.form)
         outcome, chunks, form = await self.run_chunked(model, inputs.texts, options, chunking)
         return outcome, None if chunking.returns == "mean" else chunks, form
-
-    @staticmethod
-    def binary_answer(
-        request: Request, model: str, outcome: EmbedOutcome, form: str, chunks: list | None, headers: dict[str, str]
-    ) -> Response | None:
-        """The rows as bytes when the Accept header asks for them (None: it asks for JSON); chunk rows are
-        refused so, their offsets having no room there."""
-        kind = negotiate(request.headers.get("accept"))
-        if kind == "json":
-            return None
-        if chunks is not None:
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                "a binary answer has no room for the chunks' offsets: ask "
-                "for JSON, or for 'chunking.return' 'mean' (a vector per input)",
-                "chunking",
-            )
-        return binary_response(kind, model, outcome.vectors, outcome.tokens, headers, form, outcome.dim)
 
     async def run_chunked(
         self, model: str, texts: list[str], options: EmbedOptions, chunking: Chunking
@@ -371,7 +352,7 @@ class Gateway:
         )
 
     async def search(self, request: Request) -> Response:
-        """POST /v1/search (services/gateway/search.py)."""
+        """POST /v1/search (services/gateway/search/serving.py)."""
         if self.searcher is None:
             raise ApiError(ErrorCode.NOT_FOUND, NOT_SERVED)
         call = search_api.parse_search(await _read_body(request, self.cfg.max_body_bytes), self.limits)
@@ -382,52 +363,16 @@ class Gateway:
     async def embed(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed(body, self.limits)
-        return await self.run_tei_embed(request, req, await self.resolve_model(req.model))
-
-    async def run_tei_embed(self, request: Request, req: tei_api.EmbedRequest, model: str) -> Response:
-        outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options, req.chunking)
-        headers = self.stage_headers(outcome)
-        if (binary := self.binary_answer(request, model, outcome, form, chunks, headers)) is not None:
-            return binary
-        body = (
-            tei_api.render_embed(outcome.vectors, form)
-            if chunks is None
-            else tei_api.render_embed_chunks(outcome.vectors, form, chunks)
-        )
-        return Response(body, media_type="application/json", headers=headers)
-
-    async def offers(self, model: str) -> tuple[str, ...]:
-        """The outputs a model's workers make, as their registrations say (none: no worker of it is seen)."""
-        view = await self.discovery.view()
-        return tuple(o for o in view.workers.get(model, {}).get("outputs", "").split(",") if o)
+        return await tei_serving.embed(self, req, await self.resolve_model(req.model), request.headers.get("accept"))
 
     async def embed_sparse(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         req = tei_api.parse_embed_sparse(body, self.limits)
-        model = await self.resolve_model(req.model)
-        if "sparse" not in await self.offers(model):
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST, f"{model} makes no sparse vectors (serve a SPLADE or BGE-M3 model)"
-            )
-        outcome = await self.run_embed(model, req.inputs, req.options)
-        return Response(
-            tei_api.render_sparse(outcome.ragged_rows()),
-            media_type="application/json",
-            headers=self.stage_headers(outcome),
-        )
+        return await tei_serving.embed_sparse(self, req, await self.resolve_model(req.model))
 
     async def embed_all(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
-        doc = tei_api.read_embed_all(body)
-        model = await self.resolve_model(doc.model)
-        req = tei_api.parse_embed_all(doc, self.limits, await self.offers(model))
-        outcome = await self.run_embed(model, req.inputs, req.options)
-        form = req.options.form
-        return Response(
-            tei_api.render_all(outcome.ragged_rows(), form),
-            media_type="application/json",
-            headers=self.stage_headers(outcome),
-        )
+        return await tei_serving.embed_all(self, tei_api.read_embed_all(body), self.limits)
 
     async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, RerankResult]:
         model = await self.resolve_model(call.model)
@@ -443,17 +388,11 @@ class Gateway:
 
     async def rerank_tei(self, request: Request) -> Response:
         call = tei_tasks.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        _, ranked = await self.run_rerank(call, uuid.uuid4().hex)
-        return Response(rerank_api.render_tei(call, ranked.indices, ranked.scores), media_type="application/json")
+        return await rerank_serving.rerank_tei(self, call)
 
     async def rerank_cohere(self, request: Request) -> Response:
         call = rerank_api.parse_cohere(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        request_id = uuid.uuid4().hex
-        model, ranked = await self.run_rerank(call, request_id)
-        return Response(
-            rerank_api.render_cohere(call, model, request_id, ranked.indices, ranked.scores),
-            media_type="application/json",
-        )
+        return await rerank_serving.rerank_cohere(self, call)
 
     # -- Cohere routes ----------------------------------------------------------------------
 
@@ -465,31 +404,11 @@ class Gateway:
 
     async def _cohere_embed(self, request: Request, version: int) -> Response:
         req = cohere_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits, version)
-        model = await self.resolve_model(req.model)
-        view = await self.discovery.view()
-        cohere_api.check_model_limits(
-            "max_tokens",
-            req.max_tokens,
-            int(view.tokenizers.get(model, {}).get("max_seq_length", 0)),
-            req.dimensions,
-            int(view.workers.get(model, {}).get("dim", 0)),
-        )
-        outcome, chunks, form = await self.embed_texts(model, req.inputs, req.options(), req.chunking)
-        body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, form, outcome.tokens, chunks)
-        return Response(body, media_type="application/json", headers=self.stage_headers(outcome))
+        return await cohere_serving.embed(self, req)
 
     async def rerank_cohere_v2(self, request: Request) -> Response:
         req = cohere_api.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        model = await self.resolve_model(req.call.model)
-        view = await self.discovery.view()
-        cohere_api.check_model_limits(
-            "max_tokens_per_doc", req.max_tokens_per_doc, int(view.tokenizers.get(model, {}).get("max_seq_length", 0))
-        )
-        request_id = str(uuid.uuid4())
-        _, ranked = await self.run_rerank(req.call, request_id)
-        return Response(
-            cohere_api.render_rerank(request_id, ranked.indices, ranked.scores), media_type="application/json"
-        )
+        return await cohere_serving.rerank_v2(self, req)
 
     async def tokenize(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
@@ -566,15 +485,7 @@ class Gateway:
     async def similarity(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
         call = tei_tasks.parse_similarity(body, self.limits)
-        return await self.run_similarity(call, await self.resolve_model(call.model))
-
-    async def run_similarity(self, call: tei_tasks.SimilarityCall, model: str) -> Response:
-        outcome = await self.run_embed(model, call.inputs, call.options)
-        return Response(
-            tei_tasks.render_similarity(outcome.vectors),
-            media_type="application/json",
-            headers=self.stage_headers(outcome),
-        )
+        return await tei_serving.similarity(self, call, await self.resolve_model(call.model))
 
     async def decode(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
@@ -594,22 +505,19 @@ class Gateway:
         model = await self.resolve_model(optional(doc, "model", str))
         task = tei_tasks.root_task(doc, (await self.discovery.view()).workers.get(model, {}))
         if task == "similarity":
-            return await self.run_similarity(tei_tasks.parse_similarity(body, self.limits), model)
+            return await tei_serving.similarity(self, tei_tasks.parse_similarity(body, self.limits), model)
         if task == "predict":
             return await self.run_predict(tei_tasks.parse_predict(body, self.limits), model)
         if task == "rerank":
             call = dataclasses.replace(tei_tasks.parse_rerank(body, self.limits), model=model)
-            _, ranked = await self.run_rerank(call, uuid.uuid4().hex)
-            return Response(rerank_api.render_tei(call, ranked.indices, ranked.scores), media_type="application/json")
+            return await rerank_serving.rerank_tei(self, call)
         if task == "embed_sparse":
-            req = tei_api.parse_embed_sparse(body, self.limits)
-            outcome = await self.run_embed(model, req.inputs, req.options)
-            return Response(
-                tei_api.render_sparse(outcome.ragged_rows()),
-                media_type="application/json",
-                headers=self.stage_headers(outcome),
+            return await tei_serving.embed_sparse(
+                self, tei_api.parse_embed_sparse(body, self.limits), model, checked=False
             )
-        return await self.run_tei_embed(request, tei_api.parse_embed(body, self.limits), model)
+        return await tei_serving.embed(
+            self, tei_api.parse_embed(body, self.limits), model, request.headers.get("accept")
+        )
 
     # -- bulk jobs --------------------------------------------------------------------------
 
@@ -618,7 +526,7 @@ class Gateway:
             raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
         doc = parse_job(await _read_body(request, self.cfg.max_body_bytes))
         model = await self.resolve_model(doc.model)
-        if doc.output in ("sparse", "multivector") and doc.output not in await self.offers(model):
+        if doc.output in ("sparse", "multivector") and doc.output not in await offers(self, model):
             raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {doc.output} vectors", "output")
         status, answer = await self.jobs.create(
             doc, model, await self.discovery.view(), self.nc.max_payload, self.client
@@ -649,7 +557,7 @@ class Gateway:
     # -- operations -------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        """Liveness, or with ``?model=ID`` / ``?all=1`` readiness of models (services/gateway/health.py)."""
+        """Liveness, or with ``?model=ID`` / ``?all=1`` readiness of models (services/gateway/http/health.py)."""
         ask = health.parse_readiness(request.query_params)
         view = await self.discovery.refresh(until_ready=ask.plain)
         if ask.plain and not view.models and view.tokenizers and view.workers:
@@ -732,7 +640,8 @@ def create_app(cfg: GatewayConfig) -> GatewayMiddleware:
 def serve(cfg: GatewayConfig, log_level: str) -> None:
     import uvicorn
 
-    from embedfleet.services.gateway import http_server, uvicorn_server
+    from embedfleet.services.gateway.http import server as http_server
+    from embedfleet.services.gateway.http import uvicorn as uvicorn_server
 
     uvicorn_server.run(
         uvicorn.Config(

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkLayout
 from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
 
 if TYPE_CHECKING:
-    from embedfleet.services.gateway.openai_body import ChunkingBody
+    from embedfleet.services.gateway.openai.body import ChunkingBody
 
 RETURNS = ("chunks", "mean")
 

@@ -21,7 +21,7 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """What a client may send before the application sees its request (services/gateway/http_server.py)."""
+    """What a client may send before the application sees its request (services/gateway/http/server.py)."""
 
     max_header_bytes: int = setting("max_header_bytes")  # request target and header fields; more: 431
     max_headers: int = setting("max_headers")  # header fields; more: 431
@@ -83,7 +83,7 @@ class GatewayConfig:
         if self.search_model is not None and self.search_sink is None:
             raise ConfigError("--search-model names the model of the --search-sink store's vectors: give --search-sink")
         check_sinks(self.search_sink, self.job_sinks)
-        from embedfleet.services.gateway.browser import rules_of
+        from embedfleet.services.gateway.http.browser import rules_of
 
         rules_of(self.allowed_hosts, self.allowed_origins, self.host)  # a bad --allowed-origins: said now
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:

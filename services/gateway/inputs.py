@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
 
 MAX_TOKEN_ID = (1 << 31) - 1

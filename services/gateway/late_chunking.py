@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.shared.chunk_windows import late_windows
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import ChunkLayout, Spans

@@ -1,6 +1,6 @@
 """Prometheus metrics of one gateway (its own registry, no process-global state): HTTP requests and
 errors, tokens, per-stage seconds (overall and per model), requests in flight, and bulk-job health
-(services/gateway/job_metrics.py).
+(services/gateway/jobs/metrics.py).
 
 An API key is named in them by an id, never by itself: the first 12 hex digits of its HMAC-SHA256
 under a secret ($EMBEDFLEET_KEY_ID_SECRET; none: a random one per process, said in the log at start,
@@ -17,8 +17,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from embedfleet.services.gateway.job_metrics import JobMetrics
-from embedfleet.services.gateway.limits import NO_KEY
+from embedfleet.services.gateway.http.limits import NO_KEY
+from embedfleet.services.gateway.jobs.metrics import JobMetrics
 
 STAGES = ("queue", "tokenize", "inference", "total")
 MODEL_STAGES = ("tokenize", "queue", "inference")  # the stages a request's result reports, per model

@@ -6,29 +6,29 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from embedfleet.services.gateway.cohere_answers import (
+from embedfleet.services.gateway.cohere.answers import (
     CohereEmbedByType,
     CohereEmbedV1Answer,
     CohereRerankV2Answer,
     RerankV1Answer,
 )
-from embedfleet.services.gateway.cohere_body import CohereEmbedV1Body, CohereEmbedV2Body
-from embedfleet.services.gateway.health_answers import Healthy, Unhealthy
-from embedfleet.services.gateway.job_answers import JobList, JobResultLine, JobStatus, JobSubmitted
-from embedfleet.services.gateway.job_list import JobListQuery
-from embedfleet.services.gateway.jobs_body import JobBody
-from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
-from embedfleet.services.gateway.openai_body import EmbeddingsBody
-from embedfleet.services.gateway.rerank_body import CohereRerankV1Body, CohereRerankV2Body
+from embedfleet.services.gateway.cohere.body import CohereEmbedV1Body, CohereEmbedV2Body
+from embedfleet.services.gateway.http.health_answers import Healthy, Unhealthy
+from embedfleet.services.gateway.jobs.answers import JobList, JobResultLine, JobStatus, JobSubmitted
+from embedfleet.services.gateway.jobs.body import JobBody
+from embedfleet.services.gateway.jobs.listing import JobListQuery
+from embedfleet.services.gateway.openai.answers import ModelList, OpenAIEmbeddings
+from embedfleet.services.gateway.openai.body import EmbeddingsBody
+from embedfleet.services.gateway.rerank.body import CohereRerankV1Body, CohereRerankV2Body
 from embedfleet.services.gateway.response_parts import (
     CohereError,
     OpenAIError,
     TeiError,
     inline_schema,
 )
-from embedfleet.services.gateway.search_answers import SearchAnswer
-from embedfleet.services.gateway.search_body import SearchBody
-from embedfleet.services.gateway.tei_answers import (
+from embedfleet.services.gateway.search.answers import SearchAnswer
+from embedfleet.services.gateway.search.body import SearchBody
+from embedfleet.services.gateway.tei.answers import (
     TeiAllAnswer,
     TeiDecodeAnswer,
     TeiEmbedAnswer,
@@ -40,8 +40,8 @@ from embedfleet.services.gateway.tei_answers import (
     TeiSparseAnswer,
     TeiTokenizeAnswer,
 )
-from embedfleet.services.gateway.tei_body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
-from embedfleet.services.gateway.tei_task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
+from embedfleet.services.gateway.tei.body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
+from embedfleet.services.gateway.tei.task_bodies import DecodeBody, PredictBody, RerankBody, SimilarityBody
 
 _OPENAI_ERROR = inline_schema(OpenAIError)
 _TEI_ERROR = inline_schema(TeiError)
@@ -245,7 +245,7 @@ def _openai_paths(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, 
 
 
 def _job_results(job: list[dict], schemas: dict[str, Any]) -> dict[str, Any]:
-    """GET /v1/jobs/{job}/results: a finished job's vectors, streamed (services/gateway/job_results.py)."""
+    """GET /v1/jobs/{job}/results: a finished job's vectors, streamed (services/gateway/jobs/results.py)."""
     line = typed_schema(JobResultLine, schemas)
     parquet = {
         "type": "string",
@@ -411,7 +411,7 @@ def _jina_rerank_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[s
 
 
 def _search_path(codes: tuple[int, ...], schemas: dict[str, Any]) -> dict[str, Any]:
-    """/v1/search over the gateway's --search-sink store (services/gateway/search.py), OpenAI's list style."""
+    """/v1/search over the gateway's --search-sink store (services/gateway/search/serving.py), OpenAI's list style."""
     body = typed_schema(SearchBody, schemas)
     return {
         "/v1/search": _post(
@@ -464,8 +464,8 @@ def _health(summary: str, error: dict[str, Any] = _OPENAI_ERROR) -> dict[str, An
 
 def _with_not_acceptable(paths: dict[str, Any]) -> dict[str, Any]:
     """Every operation may answer 406 (the gateway's middleware refuses an Accept that takes none of a
-    route's media types, services/gateway/route_media.py) and 403 (a Host or Origin not allowed,
-    services/gateway/browser.py), a POST 415 (its body said not to be JSON), in the shape of the
+    route's media types, services/gateway/http/route_media.py) and 403 (a Host or Origin not allowed,
+    services/gateway/http/browser.py), a POST 415 (its body said not to be JSON), in the shape of the
     operation's other errors."""
     for item in paths.values():
         for method, operation in item.items():

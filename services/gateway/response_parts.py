@@ -3,7 +3,7 @@ row lies, and a vector row as JSON numbers or base64.
 
 Response models describe what a route answers: /openapi.json's response schemas are generated from
 them, and the tests hold the bytes each route writes to them (``model_validate_json``). The routes
-themselves write their answers with orjson (errors.py, formats.py, the *_api.py renderers): building a
+themselves write their answers with orjson (http/errors.py, http/formats.py, each family's api.py renderers): building a
 model per answer would cost the hot path for nothing the bytes do not already say.
 """
 

@@ -1,8 +1,8 @@
 """Every HTTP route of the gateway, declared once: its path and method, the ``Gateway`` method that
 answers it, the API whose shape its errors take, and whether it embeds.
 
-From this table are made: the starlette routes (app.py), the error shape of a path (errors.py), the
-routes whose whole time is measured as a request stage (middleware.py), and /openapi.json is checked
+From this table are made: the starlette routes (app.py), the error shape of a path (http/errors.py), the
+routes whose whole time is measured as a request stage (http/middleware.py), and /openapi.json is checked
 against it (tests/gateway/test_routes.py). A path has one error shape, whatever its method.
 """
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-from embedfleet.services.gateway.errors import ApiError
-from embedfleet.services.gateway.limits import current_key
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.limits import current_key
 from embedfleet.shared.errors import ErrorCode
 
 

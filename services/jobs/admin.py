@@ -124,7 +124,7 @@ def sink_line(state: JobState, now: float) -> str | None:
     line = f"  -> {state.sink}: {state.sink_rows} rows written"
     if state.sink_done is not None:
         line += ", index built"
-    if state.sink_failed is not None:  # the gateway's writer (services/gateway/sink_jobs.py) stopped for good
+    if state.sink_failed is not None:  # the gateway's writer (services/gateway/jobs/sinks.py) stopped for good
         line += f"; the store refused them for good: {state.sink_failed}"
     elif (error := state.sink_error) is not None:
         line += (

@@ -14,6 +14,7 @@ from tokenizers.processors import TemplateProcessing
 
 from embedfleet.services.tokenizer import chunking
 from embedfleet.services.tokenizer.chat_template import PairTemplate, special_token_variables
+from embedfleet.services.tokenizer.cuts import CHARS_PER_TOKEN, SERIAL_CHARS, cut_chars
 from embedfleet.services.tokenizer.tasks import resolve_task
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import TRUNCATE_HINT, ErrorCode, ServiceError
@@ -34,16 +35,6 @@ class Chunk:
     token_types: np.ndarray | None = None  # [T] int32 segment ids, for pairs
 
 
-# text averages 3-6 characters a token: a window of 8 a token nearly always holds more tokens than
-# are kept; when it does not, the whole text is tokenized (same result, only slower)
-CHARS_PER_TOKEN = 8
-# up to this many characters in all, a call's inputs are tokenized one by one on the calling thread:
-# the library's batch call hands even one short query to its thread pool, whose threads then spin
-# (sched_yield) waiting for more; for a few queries that spinning costs more CPU than the tokenizing
-# (at 32 single queries in flight: the tokenizer process 0.57 -> 0.51 ms of CPU a query)
-SERIAL_CHARS = 8192
-
-
 def encode_all(tokenizer: Tokenizer, inputs: list, add_special_tokens: bool = True) -> list:
     """``tokenizer.encode_batch(inputs)``: texts, or (first, second) pairs; the same encodings."""
     size = 0
@@ -54,18 +45,6 @@ def encode_all(tokenizer: Tokenizer, inputs: list, add_special_tokens: bool = Tr
     if inputs and not isinstance(inputs[0], str):
         return [tokenizer.encode(a, b, add_special_tokens=add_special_tokens) for a, b in inputs]
     return [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in inputs]
-
-
-def cut_chars(text: str, window: int, direction: str) -> str:
-    """``text`` cut to about ``window`` characters at a whitespace, from the side truncation keeps;
-    the text itself when it is short or has no whitespace to cut at."""
-    if len(text) <= window:
-        return text
-    if direction == "right":
-        at = text.find(" ", window)
-        return text if at < 0 else text[:at]
-    at = text.rfind(" ", 0, len(text) - window)
-    return text if at < 0 else text[at:]  # the space kept: the first word tokenizes as in the whole text
 
 
 def _read_config(path) -> dict:

@@ -22,7 +22,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from embedfleet.services.tokenizer.encoder import CHARS_PER_TOKEN, SERIAL_CHARS, cut_chars
+from embedfleet.services.tokenizer.cuts import CHARS_PER_TOKEN, SERIAL_CHARS, cut_chars
 from embedfleet.services.tokenizer.fast_charset import DIVERGENT
 
 # the tokenizer.json parts kitoken was shown to reproduce token for token (with the charset left out)

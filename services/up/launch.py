@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from embedfleet.services.gateway.config import api_keys, check_sinks, comma_list, operator_keys
-from embedfleet.services.gateway.models_api import model_kind
+from embedfleet.services.gateway.openai.models import model_kind
 from embedfleet.services.up.children import Fleet, Restarts, Supervisor
 from embedfleet.services.up.lock import hold_data_dir
 from embedfleet.services.up.pgvector import TABLE, LocalPgvector, require_pgserver
@@ -45,7 +45,7 @@ from embedfleet.shared.observability.tracing import TracingConfig
 
 log = logging.getLogger("embedfleet.up")
 
-_GATEWAY_DID_NOT_START = 3  # the gateway's exit status when its server did not start (gateway/uvicorn_server.py)
+_GATEWAY_DID_NOT_START = 3  # the gateway's exit status when its server did not start (services/gateway/http/uvicorn.py)
 
 
 def run_stack(ns: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """A job's rows written into a sink as they are collected: by ``embedfleet reindex --sink`` and by the
-gateway for ``POST /v1/jobs`` with ``"sink"`` (services/gateway/sink_jobs.py); never by a worker.
+gateway for ``POST /v1/jobs`` with ``"sink"`` (services/gateway/jobs/sinks.py); never by a worker.
 
 The collector (shared/jobs/collector.py) hands over each document once all its vectors are read (a
 chunked job's: once all its chunks are, so a document given up is never in the store in part); rows

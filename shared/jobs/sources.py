@@ -2,7 +2,7 @@
 
 A job the gateway writes into a store (``POST /v1/jobs`` with ``"sink"``) was given its documents'
 other fields (the rows' metadata) and, with ``with_text``, their texts in the request; a gateway that
-takes the job's writing over after another died (services/gateway/sink_jobs.py) must find them again.
+takes the job's writing over after another died (services/gateway/jobs/sinks.py) must find them again.
 They go to ``<prefix>.v1.results.<job>.sources`` as a few messages, each under the connection's
 payload limit, with message ids (a repeat is dropped), kept as long as the results and purged with them:
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.services.gateway.browser import rules_of
 from embedfleet.services.gateway.config import comma_list
+from embedfleet.services.gateway.http.browser import rules_of
 from tests.deploy.manifests import pod_templates, render
 
 pytestmark = pytest.mark.slow

@@ -5,10 +5,10 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places, mean_of_chunks
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs, Limits
-from embedfleet.services.gateway.openai_api import parse_embeddings_request
-from embedfleet.services.gateway.openai_body import ChunkingBody
+from embedfleet.services.gateway.openai.api import parse_embeddings_request
+from embedfleet.services.gateway.openai.body import ChunkingBody
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.text_chunks import ChunkSpec, TextChunk
 

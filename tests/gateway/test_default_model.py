@@ -9,7 +9,7 @@ import pytest
 from embedfleet.services.cli.main import build_parser
 from embedfleet.services.gateway.app import Gateway
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.metrics import Metrics
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode

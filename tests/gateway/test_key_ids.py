@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import re
 
-from embedfleet.services.gateway.limits import NO_KEY
+from embedfleet.services.gateway.http.limits import NO_KEY
 from embedfleet.services.gateway.metrics import Metrics, key_id
 
 KEYS = ("sk-live-0001", "operator-key", "short")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.late_chunking import check_model, chunk_rows, plan
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import ChunkLayout

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from embedfleet.services.gateway.job_metrics import KEEP_FINISHED
+from embedfleet.services.gateway.jobs.metrics import KEEP_FINISHED
 from embedfleet.services.gateway.metrics import Metrics
 from embedfleet.shared.nats.subjects import Subjects
 from tests.prometheus_text import has, value

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from embedfleet.services.gateway.chunking import chunk_places
-from embedfleet.services.gateway.errors import error_response
+from embedfleet.services.gateway.http.errors import error_response
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.services.gateway.response_parts import (
     ChunkPlace,
@@ -48,7 +48,7 @@ def test_every_routes_errors_are_its_apis_error_model(route):
 def test_each_route_documents_its_apis_error_model():
     spec = orjson.loads(orjson.dumps(openapi_spec("test")))
     by_path = {(r.path, r.method.lower()): SHAPES[r.api] for r in ROUTES}
-    # a health route's 503 is health's own body, not an error's (tests/gateway/test_health_answers.py)
+    # a health route's 503 is health's own body, not an error's (tests/gateway/http/test_health_answers.py)
     health = {(r.path, r.method.lower(), "503") for r in ROUTES if r.handler == "health"}
     checked = 0
     for path, methods in spec["paths"].items():

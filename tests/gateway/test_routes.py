@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from embedfleet.services.gateway.app import Gateway
-from embedfleet.services.gateway.errors import error_response
+from embedfleet.services.gateway.http.errors import error_response
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.services.gateway.routes import EMBED_PATHS, PATHS, ROUTES, Api, api_of
 from embedfleet.shared.errors import ErrorCode
@@ -36,7 +36,7 @@ def test_openapi_describes_exactly_the_declared_routes():
 
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: f"{r.method} {r.path}")
 def test_openapi_documents_each_route_s_406_in_its_api_s_error_shape(route):
-    """The middleware refuses an Accept a route cannot answer (test_accept.py): each route documents it."""
+    """The middleware refuses an Accept a route cannot answer (http/test_accept.py): each route documents it."""
     responses = openapi_spec("test")["paths"][route.path][route.method.lower()]["responses"]
     shapes = {code: r["content"]["application/json"]["schema"] for code, r in responses.items() if code[0] == "4"}
     assert "406" in shapes and "403" in shapes and ("415" in shapes) == (route.method == "POST")

@@ -7,10 +7,10 @@ import pytest
 
 from embedfleet.services.cli.main import build_parser
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.http.limits import bind_key
+from embedfleet.services.gateway.jobs.sinks import SinkTargets
 from embedfleet.services.gateway.key_tables import read_key_tables
-from embedfleet.services.gateway.limits import bind_key
-from embedfleet.services.gateway.sink_jobs import SinkTargets
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode

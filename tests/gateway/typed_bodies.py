@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, create_model
 
 from embedfleet.services.gateway import openapi
-from embedfleet.services.gateway.errors import ApiError
+from embedfleet.services.gateway.http.errors import ApiError
 
 
 def resolved(schema: Any, components: dict[str, Any]) -> Any:

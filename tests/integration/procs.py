@@ -178,7 +178,7 @@ async def _stored_rows(js, subject: str, keys) -> Counter:
 def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
     """A job's state, as GET /v1/jobs/{id} answers it, once it has finished (polled); each answer read
     is held to the route's model."""
-    from embedfleet.services.gateway.job_answers import JobStatus
+    from embedfleet.services.gateway.jobs.answers import JobStatus
     from embedfleet.shared.jobs.state import FINISHED
 
     seen: dict = {}

@@ -10,8 +10,8 @@ import numpy as np
 import openai
 import pytest
 
-from embedfleet.services.gateway.health_answers import Healthy
-from embedfleet.services.gateway.openai_answers import ModelList, OpenAIEmbeddings
+from embedfleet.services.gateway.http.health_answers import Healthy
+from embedfleet.services.gateway.openai.answers import ModelList, OpenAIEmbeddings
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.subjects import Subjects

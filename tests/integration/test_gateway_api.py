@@ -11,7 +11,7 @@ import numpy as np
 import openai
 import pytest
 
-from embedfleet.services.gateway.tei_answers import TeiInfo, TeiTokenizeAnswer
+from embedfleet.services.gateway.tei.answers import TeiInfo, TeiTokenizeAnswer
 from embedfleet.shared.observability.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts

@@ -22,7 +22,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from embedfleet.services.gateway.job_answers import JobResultLine, JobStatus, JobSubmitted
+from embedfleet.services.gateway.jobs.answers import JobResultLine, JobStatus, JobSubmitted
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts, mixed_texts
 from tests.integration.procs import job_finished, stored_chunks, wait_until

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from embedfleet.services.gateway.job_answers import JobList
+from embedfleet.services.gateway.jobs.answers import JobList
 from embedfleet.services.gateway.response_parts import OpenAIError
 from tests.integration.procs import another_gateway, job_finished
 

@@ -19,7 +19,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from embedfleet.services.gateway.job_answers import JobResultLine, JobSubmitted
+from embedfleet.services.gateway.jobs.answers import JobResultLine, JobSubmitted
 from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts

@@ -19,7 +19,7 @@ import numpy as np
 import pgserver
 import pytest
 
-from embedfleet.services.gateway.job_answers import JobSubmitted
+from embedfleet.services.gateway.jobs.answers import JobSubmitted
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts

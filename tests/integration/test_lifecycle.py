@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.services.gateway.health_answers import Unhealthy
+from embedfleet.services.gateway.http.health_answers import Unhealthy
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.corpus import medium_texts
 from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until

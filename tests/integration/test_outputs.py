@@ -171,7 +171,7 @@ def test_models_says_what_each_output_model_serves(fleet):
     """A model's ``kind`` in /v1/models is what it serves: a ColBERT-only model's is ``multivector``, not
     ``embedding`` (/v1/embeddings refuses it), a SPLADE's ``sparse``, BGE-M3's ``embedding`` (dense among
     its outputs); the live answer is held to its typed model."""
-    from embedfleet.services.gateway.openai_answers import ModelList
+    from embedfleet.services.gateway.openai.answers import ModelList
 
     base_url, _ = fleet
 

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.services.gateway.cohere_answers import RerankV1Answer
+from embedfleet.services.gateway.cohere.answers import RerankV1Answer
 from embedfleet.shared.nats.server import free_port
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, healthy, wait_until

@@ -23,7 +23,7 @@ import numpy as np
 import pgserver
 import pytest
 
-from embedfleet.services.gateway.search_answers import SearchAnswer
+from embedfleet.services.gateway.search.answers import SearchAnswer
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from embedfleet.services.gateway.health_answers import Healthy
+from embedfleet.services.gateway.http.health_answers import Healthy
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts, mixed_texts
 from tests.integration.procs import Service, count_services, start_fleet, wait_until

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from embedfleet.services.tokenizer.encoder import SERIAL_CHARS, TextEncoder, encode_all, pack_chunks
+from embedfleet.services.tokenizer.cuts import SERIAL_CHARS
+from embedfleet.services.tokenizer.encoder import TextEncoder, encode_all, pack_chunks
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from tests.corpus import mixed_texts
 
@@ -140,7 +141,7 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
     those of tokenizing the whole text, for prose, code-like and adversarial texts."""
     import random
 
-    from embedfleet.services.tokenizer.encoder import cut_chars
+    from embedfleet.services.tokenizer.cuts import cut_chars
     from tests.corpus import long_texts, mixed_texts
 
     encoder = TextEncoder(model_info)

@@ -1,0 +1,37 @@
+"""The Cohere routes' work through the fleet: POST /v1/embed and /v2/embed embedded (whole or in chunks)
+within the model's limits, POST /v2/rerank ranked by the scorer; each answered in Cohere's shape (api.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.responses import Response
+
+from embedfleet.services.gateway.cohere import api as cohere_api
+from embedfleet.services.gateway.core import Embedder
+
+
+async def embed(fleet: Embedder, req: cohere_api.CohereEmbed) -> Response:
+    model = await fleet.resolve_model(req.model)
+    view = await fleet.view()
+    cohere_api.check_model_limits(
+        "max_tokens",
+        req.max_tokens,
+        int(view.tokenizers.get(model, {}).get("max_seq_length", 0)),
+        req.dimensions,
+        int(view.workers.get(model, {}).get("dim", 0)),
+    )
+    outcome, chunks, form = await fleet.embed_texts(model, req.inputs, req.options(), req.chunking)
+    body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, form, outcome.tokens, chunks)
+    return Response(body, media_type="application/json", headers=fleet.stage_headers(outcome))
+
+
+async def rerank_v2(fleet: Embedder, req: cohere_api.CohereRerank) -> Response:
+    model = await fleet.resolve_model(req.call.model)
+    view = await fleet.view()
+    cohere_api.check_model_limits(
+        "max_tokens_per_doc", req.max_tokens_per_doc, int(view.tokenizers.get(model, {}).get("max_seq_length", 0))
+    )
+    request_id = str(uuid.uuid4())
+    _, ranked = await fleet.run_rerank(req.call, request_id)
+    return Response(cohere_api.render_rerank(request_id, ranked.indices, ranked.scores), media_type="application/json")

@@ -1,0 +1,25 @@
+"""POST /v1/embeddings' work through the fleet: the request (api.py) embedded, whole or in chunks, and
+answered in JSON, or as bytes when the Accept header asks for them."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+
+from embedfleet.services.gateway.core import Embedder
+from embedfleet.services.gateway.http.formats import binary_answer
+from embedfleet.services.gateway.openai import api as openai_api
+from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.vectors.forms import FORMS
+
+
+async def embeddings(fleet: Embedder, req: openai_api.EmbeddingsRequest, accept: str | None) -> Response:
+    model = await fleet.resolve_model(req.model)
+    options = EmbedOptions(
+        dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire, task=req.task
+    )
+    outcome, chunks, form = await fleet.embed_texts(model, req.inputs, options, req.chunking)
+    headers = fleet.stage_headers(outcome)
+    if (binary := binary_answer(accept, model, outcome, form, chunks, headers)) is not None:
+        return binary
+    body = openai_api.render_embeddings(model, outcome.vectors, outcome.tokens, req.encoding_format, form, chunks)
+    return Response(body, media_type="application/json", headers=headers)
