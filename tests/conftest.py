@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: the model, the reference implementation, a real NATS server."""
+"""Fixtures shared by the whole suite: the model, the reference implementation, a real NATS server, a
+real PostgreSQL with pgvector."""
 
 from __future__ import annotations
 
@@ -92,3 +93,45 @@ def nats_container_url() -> Iterator[str]:
 
     with NatsContainer("nats:2.10", jetstream=True) as container:
         yield container.nats_uri()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL with pgvector (pgserver ships both), one a test process (a module's tables go
+    in a database of its own: ``postgres_uri``). Yields the ``pgserver.PostgresServer``."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    try:
+        yield server
+    finally:
+        stop_postgres(server)
+        server.cleanup()
+
+
+def stop_postgres(server) -> None:
+    """Stop a pgserver server on its data folder, as an operator would (fast: open connections closed)."""
+    import subprocess
+
+    from pgserver._commands import pg_ctl
+
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    except subprocess.CalledProcessError:
+        pass  # stopped already
+
+
+@pytest.fixture(scope="module")
+def postgres_uri(postgres, request) -> str:
+    """The URL of a database of ``postgres`` made for the module (named after it), so that modules
+    sharing the server never meet in a table; add ``&table=NAME`` for a sink."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = request.module.__name__.rpartition(".")[2].lower()
+    uri = postgres.get_uri()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(urlsplit(uri)._replace(path=f"/{name}"))

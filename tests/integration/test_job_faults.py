@@ -29,7 +29,15 @@ from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, stored_chunks, stored_doc_ids, wait_until
+from tests.integration.procs import (
+    Service,
+    count_services,
+    stop_all,
+    stored_chunks,
+    stored_doc_ids,
+    wait_ready,
+    wait_until,
+)
 from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
@@ -106,20 +114,14 @@ def faults(tmp_path_factory) -> Iterator[FaultStack]:
     try:
         for name in ("tokenizer", "worker-1", "worker-2"):
             stack.start(name)
-        wait_until(
-            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-            120,
-            "tokenizer and two workers",
-            list(stack.services.values()),
-        )
+        wait_ready(stack.services, server.url, timeout=120)
         out = folder / "clean.npy"
         clean = stack.reindex("clean", out)
         assert clean.wait(300) == 0, clean.stdout.read() + stack.logs()
         stack.clean = np.load(out)
         yield stack
     finally:
-        for s in stack.services.values():
-            s.stop()
+        stop_all(stack.services)
         server.stop()
 
 
@@ -360,12 +362,7 @@ def drain_fleet(tmp_path) -> Iterator[DrainFleet]:
             "worker", [*common, "--max-batch-tokens", "2048"], tmp_path, {"OMP_NUM_THREADS": "1"}
         )
     try:
-        wait_until(
-            lambda: count_services(server.url, "worker", prefix=DRAIN.prefix) == DRAIN_WORKERS,
-            120,
-            "the drain fleet",
-            list(fleet.values()),
-        )
+        wait_ready(fleet, server.url, prefix=DRAIN.prefix, timeout=120)
         yield DrainFleet(server.url, tmp_path, fleet)
     finally:
         for s in fleet.values():  # all told at once: they drain side by side
