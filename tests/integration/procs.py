@@ -35,6 +35,7 @@ class Service:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
+        self._terminated = False
 
     @property
     def alive(self) -> bool:
@@ -43,9 +44,15 @@ class Service:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def terminate(self) -> None:
+        """SIGTERM, not waited for (``stop`` waits)."""
+        if self.alive and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, timeout: float = 30) -> int:
         if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -278,7 +285,11 @@ def wait_ready(
 
 
 def stop_all(services: Mapping[str, Service] | Sequence[Service]) -> None:
-    for s in _listed(services):
+    """Stop every one of ``services``: all told at once, so that they stop side by side."""
+    procs = _listed(services)
+    for s in procs:
+        s.terminate()
+    for s in procs:
         s.stop()
 
 

@@ -1,5 +1,5 @@
 """reindex --sink on real stores, real processes, the real model: pgvector (PostgreSQL from pgserver),
-LanceDB on disk and Qdrant's local mode. A worker SIGKILLed mid-job of 2,000 documents still leaves every id in the
+LanceDB on disk and Qdrant's local mode. A worker SIGKILLed mid-job of 1,000 documents still leaves every id in the
 store exactly once with the sentence-transformers vector and the input's other fields; a chunked job
 is keyed by (id, chunk); PostgreSQL stopped mid-job makes the job wait (the job state says why) and
 finish once it is back; a bad URL or a table of another dimension ends reindex before anything is
@@ -27,7 +27,7 @@ from tests.integration.test_job_faults import FaultStack, _state, _stored_ids
 
 pytestmark = pytest.mark.integration
 
-DOCUMENTS = 2000  # the job a worker is killed in, into each store
+DOCUMENTS = 1000  # the job a worker is killed in, into each store (60 batches run after the kill)
 BATCH = 16
 SAMPLE = 300  # documents whose vectors are compared with the reference
 CHUNKED = 300  # documents of the chunked job (its first ones): many chunks each, keyed the same way
