@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: the model, the reference implementation, a real NATS server."""
+"""Fixtures shared by the whole suite: the model, the reference implementation, a real NATS server, a
+real PostgreSQL with pgvector."""
 
 from __future__ import annotations
 
@@ -92,3 +93,113 @@ def nats_container_url() -> Iterator[str]:
 
     with NatsContainer("nats:2.10", jetstream=True) as container:
         yield container.nats_uri()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL with pgvector (pgserver ships both), one a test process (a module's tables go
+    in a database of its own: ``postgres_uri``). Yields the ``pgserver.PostgresServer``."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    try:
+        yield server
+    finally:
+        stop_postgres(server)
+        server.cleanup()
+
+
+def stop_postgres(server) -> None:
+    """Stop a pgserver server on its data folder, as an operator would (fast: open connections closed)."""
+    import subprocess
+
+    from pgserver._commands import pg_ctl
+
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    except subprocess.CalledProcessError:
+        pass  # stopped already
+
+
+@pytest.fixture(scope="module")
+def postgres_uri(postgres, request) -> str:
+    """The URL of a database of ``postgres`` made for the module (named after it), so that modules
+    sharing the server never meet in a table; add ``&table=NAME`` for a sink."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = request.module.__name__.rpartition(".")[2].lower()
+    uri = postgres.get_uri()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(urlsplit(uri)._replace(path=f"/{name}"))
+
+
+# Seconds the longest modules took in `make test`'s parallel run on a loaded two-core machine (their
+# --durations, rounded up). xdist's loadscope sends a module's tests to one worker, largest module
+# (most tests) first: these few-but-long modules came last, one worker running them alone while the
+# other idled. They go first now, the other integration modules next, the quick unit modules last
+# (they fill the gaps). A module missing here only runs later than it should: no test depends on it.
+LONG_MODULES = {
+    "tests/integration/test_job_chunks.py": 240,
+    "tests/integration/test_job_faults.py": 220,
+    "tests/test_bench.py": 220,
+    "tests/integration/test_job_sinks.py": 200,
+    "tests/integration/test_up_start.py": 150,
+    "tests/integration/test_up.py": 130,
+    "tests/integration/test_jobs.py": 110,
+    "tests/integration/test_cluster.py": 70,
+    "tests/integration/test_job_ids.py": 60,
+    "tests/integration/test_chunking.py": 60,
+    "tests/gpu_worker/test_engine.py": 60,
+    "tests/integration/test_task_adapters.py": 55,
+    "tests/integration/test_permissions.py": 50,
+    "tests/integration/test_rerank.py": 50,
+    "tests/integration/test_multi_model.py": 45,
+    "tests/integration/test_families.py": 45,
+    "tests/integration/test_job_sinks_http.py": 40,
+    "tests/integration/test_search.py": 35,
+    "tests/integration/test_routing.py": 30,
+    "tests/shared/test_stream_replicas.py": 25,
+}
+INTEGRATION_SECONDS = 20  # a module of tests/integration/ not listed: processes to start, seconds a test
+
+
+def scope_seconds(scope: str) -> float:
+    """What a module (or class) of tests is expected to take, for the order modules are sent in."""
+    module = scope.split("::")[0]
+    if module in LONG_MODULES:
+        return LONG_MODULES[module]
+    return INTEGRATION_SECONDS if module.startswith("tests/integration/") else 0
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope``, its modules sent longest first (``scope_seconds``, then most tests)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirst(LoadScopeScheduling):
+        def schedule(self) -> None:
+            # xdist's own schedule(), but for the order of the work queue
+            if self.collection is not None or not self._check_nodes_have_same_collection():
+                return super().schedule()
+            self.collection = list(next(iter(self.registered_collections.values())))
+            if not self.collection:
+                return None
+            units: dict[str, dict[str, bool]] = {}
+            for nodeid in self.collection:
+                units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            for scope, nodeids in sorted(units.items(), key=lambda unit: (-scope_seconds(unit[0]), -len(unit[1]))):
+                self.workqueue[scope] = nodeids
+            for _ in range(len(self.nodes) - len(self.workqueue)):  # more workers than modules
+                unused, _assigned = self.assigned_work.popitem()
+                unused.shutdown()
+            for node in self.nodes:
+                self._assign_work_unit(node)
+            return None
+
+    return LongestFirst(config, log)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, running
 from tests.role_images import role_env
 
 # small chunks, so that ordinary requests are split and spread across both workers
@@ -46,11 +46,5 @@ def stack(nats_url: str, tmp_path_factory) -> Iterator[Stack]:
         ),
     }
     base_url = f"http://127.0.0.1:{port}"
-    try:
-        procs = list(services.values())
-        wait_until(lambda: healthy(base_url), 120, "gateway health", procs)
-        wait_until(lambda: count_services(nats_url, "worker") == 2, 60, "two workers", procs)
+    with running(services, nats_url, base_url):
         yield Stack(nats_url, base_url, services)
-    finally:
-        for s in services.values():
-            s.stop()

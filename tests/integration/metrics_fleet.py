@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from embedfleet.services.up.launch import FreePorts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, running
 
 MODEL = "all-MiniLM-L6-v2"
 ROLES = ("tokenizer", "worker", "scorer", "gateway")
@@ -30,7 +30,7 @@ class Fleet:
 def metrics_fleet(
     nats_url: str, prefix: str, log_dir: Path, extra: dict[str, list[str]] | None = None
 ) -> Iterator[Fleet]:
-    """The fleet once the gateway is healthy and the worker answers; ``extra``: more arguments by role."""
+    """The fleet once the gateway is healthy and its processes answer; ``extra``: more arguments by role."""
     extra = extra or {}
     with contextlib.closing(FreePorts("127.0.0.1")) as free:
         ports = {role: free(1) for role in ROLES}
@@ -44,11 +44,5 @@ def metrics_fleet(
         "gateway": Service("gateway", ["--port", str(http_port), *args["gateway"]], log_dir),
     }
     base_url = f"http://127.0.0.1:{http_port}"
-    procs = list(services.values())
-    try:
-        wait_until(lambda: healthy(base_url), 180, "gateway health", procs)
-        wait_until(lambda: count_services(nats_url, "worker", prefix=prefix) == 1, 120, "the worker", procs)
+    with running(services, nats_url, base_url, prefix=prefix):
         yield Fleet(base_url, ports, services)
-    finally:
-        for s in procs:
-            s.stop()

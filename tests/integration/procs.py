@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,7 @@ class Service:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
+        self._terminated = False
 
     @property
     def alive(self) -> bool:
@@ -42,9 +44,15 @@ class Service:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def terminate(self) -> None:
+        """SIGTERM, not waited for (``stop`` waits)."""
+        if self.alive and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, timeout: float = 30) -> int:
         if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -217,14 +225,98 @@ def another_gateway(nats_url: str, args: Sequence[str], log_dir: Path, what: str
         gateway.stop()
 
 
-def start_fleet(
-    nats_url: str, prefix: str, folders: dict, log_dir: Path, *, named: bool = False, extra: Sequence[Service] = ()
-) -> tuple[str, list[Service]]:
-    """A tokenizer and a worker per model folder (``named``: served under its key, else the folder's
-    name), the ``extra`` services, and a gateway, all on subjects under ``prefix``; returns the
-    gateway's URL and the services once the gateway is healthy and every worker answers."""
-    from embedfleet.shared.nats.server import free_port
+def post(
+    base_url: str, path: str, body: object, status: int | None = None, timeout: float = 120, **kw
+) -> httpx.Response:
+    """``body`` POSTed as JSON to ``base_url`` + ``path`` (``kw``: httpx's, headers say); with ``status``,
+    the answer must have that status (its text shown when not)."""
+    r = httpx.post(f"{base_url}{path}", json=body, timeout=timeout, **kw)
+    if status is not None:
+        assert r.status_code == status, (path, r.status_code, r.text)
+    return r
 
+
+def cli(
+    args: Sequence[str], timeout: float = 120, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m embedfleet.services.cli ARGS`` run to its end in this environment (plus ``env``), in
+    ``cwd``; its output captured as text. ``one_shot`` runs one with the NATS settings left out."""
+    return subprocess.run(
+        [sys.executable, "-m", "embedfleet.services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+        cwd=cwd,
+    )
+
+
+ROLES_WAITED = ("worker", "tokenizer", "scorer")  # the roles whose processes answer a NATS ping
+
+
+def _listed(services: Mapping[str, Service] | Sequence[Service]) -> list[Service]:
+    return list(services.values()) if isinstance(services, Mapping) else list(services)
+
+
+def wait_ready(
+    services: Mapping[str, Service] | Sequence[Service],
+    nats_url: str,
+    base_url: str | None = None,
+    *,
+    prefix: str = "embedfleet",
+    nkey_seed: str | None = None,
+    timeout: float = 180,
+) -> None:
+    """Until the gateway at ``base_url`` (where given) is healthy and as many workers, tokenizers and
+    scorers answer on subjects under ``prefix`` as ``services`` hold (``nkey_seed``: asked as that user);
+    fails at once, with its log, when one of them exits."""
+    procs = _listed(services)
+    if base_url is not None:
+        wait_until(lambda: healthy(base_url), timeout, "gateway health", procs)
+    for role in ROLES_WAITED:
+        n = sum(s.role == role for s in procs)
+        if n:
+            wait_until(
+                lambda role=role, n=n: count_services(nats_url, role, prefix=prefix, nkey_seed=nkey_seed) == n,
+                timeout,
+                f"{n} {role} process(es)",
+                procs,
+            )
+
+
+def stop_all(services: Mapping[str, Service] | Sequence[Service]) -> None:
+    """Stop every one of ``services``: all told at once, so that they stop side by side."""
+    procs = _listed(services)
+    for s in procs:
+        s.terminate()
+    for s in procs:
+        s.stop()
+
+
+@contextmanager
+def running(
+    services: Mapping[str, Service] | Sequence[Service], nats_url: str, base_url: str | None = None, **kw
+) -> Iterator[None]:
+    """``services`` ready (``wait_ready``'s arguments), stopped when the block ends; a mapping is read
+    again then, so that processes a test put in place of dead ones are stopped too."""
+    try:
+        wait_ready(services, nats_url, base_url, **kw)
+        yield
+    finally:
+        stop_all(services)
+
+
+def fleet_services(
+    nats_url: str,
+    prefix: str,
+    folders: Mapping[str, Path],
+    log_dir: Path,
+    *,
+    named: bool = False,
+    scored: Collection[str] = (),
+) -> list[Service]:
+    """A tokenizer and a one-thread worker per model folder (``named``: served under its key, else the
+    folder's name), and a scorer for each of ``scored``'s keys, on subjects under ``prefix``."""
     common = ["--nats", nats_url, "--subject-prefix", prefix]
     services: list[Service] = []
     for name, folder in folders.items():
@@ -233,18 +325,48 @@ def start_fleet(
         services.append(
             Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"})
         )
-    services += extra
+        if name in scored:
+            services.append(Service("scorer", [*common, *model], log_dir))
+    return services
+
+
+def start_fleet(
+    nats_url: str,
+    prefix: str,
+    folders: Mapping[str, Path],
+    log_dir: Path,
+    *,
+    named: bool = False,
+    scored: Collection[str] = (),
+    extra: Sequence[Service] = (),
+) -> tuple[str, list[Service]]:
+    """``fleet_services``, the ``extra`` services, and a gateway, all on subjects under ``prefix``;
+    returns the gateway's URL and the services once the gateway is healthy and every worker, tokenizer
+    and scorer answers (the caller stops them)."""
+    from embedfleet.shared.nats.server import free_port
+
+    services = [*fleet_services(nats_url, prefix, folders, log_dir, named=named, scored=scored), *extra]
     port = free_port()
-    services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
+    services.append(Service("gateway", ["--nats", nats_url, "--subject-prefix", prefix, "--port", str(port)], log_dir))
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
-        wait_until(lambda: count_services(nats_url, "worker", prefix=prefix) == len(folders), 240, "workers", services)
+        wait_ready(services, nats_url, base_url, prefix=prefix, timeout=240)
     except BaseException:
-        for s in services:
-            s.stop()
+        stop_all(services)
         raise
     return base_url, services
+
+
+@contextmanager
+def running_fleet(
+    nats_url: str, prefix: str, folders: Mapping[str, Path], log_dir: Path, **kw
+) -> Iterator[tuple[str, list[Service]]]:
+    """``start_fleet``'s fleet for the block: (the gateway's URL, the services), stopped after."""
+    base_url, services = start_fleet(nats_url, prefix, folders, log_dir, **kw)
+    try:
+        yield base_url, services
+    finally:
+        stop_all(services)
 
 
 def scraped(port: int, sample: str, **labels: str) -> float:

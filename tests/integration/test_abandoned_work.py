@@ -41,7 +41,7 @@ from embedfleet.shared.protocol import (
 )
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts
-from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until
+from tests.integration.procs import Service, holds_rows, running, wait_until
 from tests.prometheus_text import samples
 from tests.waiting import eventually
 
@@ -102,14 +102,9 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
             {"OMP_NUM_THREADS": "1"},
         )
         f.services["gateway"] = Service("gateway", [*common, "--port", str(f.port), "--request-timeout", "120"], folder)
-        procs = list(f.services.values())
-        wait_until(lambda: healthy(f.base_url), 120, "gateway health", procs)
-        wait_until(lambda: count_services(server.url, "worker") == 1, 60, "the worker", procs)
-        wait_until(lambda: count_services(server.url, "tokenizer") == 1, 60, "the tokenizer", procs)
-        yield f
+        with running(f.services, server.url, f.base_url):
+            yield f
     finally:
-        for s in f.services.values():
-            s.stop()
         server.stop()
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
+from tests.integration.procs import post
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +25,8 @@ def texts() -> list[str]:
     return [document, "A short query that fits one window."]
 
 
-def _post(stack, texts, chunking, **extra) -> httpx.Response:
-    return httpx.post(
-        f"{stack.base_url}/v1/embeddings",
-        json={"model": MODEL, "input": texts, "chunking": chunking, **extra},
-        timeout=120,
-    )
+def _embed(stack, texts, chunking, **extra) -> httpx.Response:
+    return post(stack.base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": chunking, **extra})
 
 
 def _content_tokens(reference, text: str) -> int:
@@ -37,7 +34,7 @@ def _content_tokens(reference, text: str) -> int:
 
 
 def test_each_chunk_is_the_vector_of_its_text_and_the_chunks_cover_the_input(stack, reference, texts):
-    r = _post(stack, texts, {"size": 64, "overlap": 16})
+    r = _embed(stack, texts, {"size": 64, "overlap": 16})
     assert r.status_code == 200, r.text
     body = r.json()
     items = body["data"]
@@ -55,13 +52,13 @@ def test_each_chunk_is_the_vector_of_its_text_and_the_chunks_cover_the_input(sta
     assert cosines(got, want).min() >= COSINE_TOLERANCE
     tokens = sum(_content_tokens(reference, p) + 2 for p in pieces)  # [CLS] and [SEP] of each chunk
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
-    b64 = _post(stack, texts, {"size": 64, "overlap": 16}, encoding_format="base64").json()["data"]
+    b64 = _embed(stack, texts, {"size": 64, "overlap": 16}, encoding_format="base64").json()["data"]
     decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in b64])
     np.testing.assert_allclose(decoded, got, rtol=0, atol=1e-6)
 
 
 def test_sentence_boundaries_cut_after_a_sentence_end(stack, texts):
-    r = _post(stack, texts[:1], {"size": 64, "boundary": "sentence"})
+    r = _embed(stack, texts[:1], {"size": 64, "boundary": "sentence"})
     assert r.status_code == 200, r.text
     text = texts[0]
     inner = list(r.json()["data"])[:-1]  # every chunk but the last ends where the text goes on
@@ -69,8 +66,8 @@ def test_sentence_boundaries_cut_after_a_sentence_end(stack, texts):
 
 
 def test_the_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack, reference, texts):
-    chunked = _post(stack, texts, {"size": 64, "overlap": 16}).json()["data"]
-    r = _post(stack, texts, {"size": 64, "overlap": 16, "return": "mean"})
+    chunked = _embed(stack, texts, {"size": 64, "overlap": 16}).json()["data"]
+    r = _embed(stack, texts, {"size": 64, "overlap": 16, "return": "mean"})
     assert r.status_code == 200, r.text
     data = r.json()["data"]
     assert [(d["index"], "chunk" in d) for d in data] == [(0, False), (1, False)]
@@ -81,7 +78,7 @@ def test_the_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack, ref
         mean = weights @ vectors / weights.sum()
         mean /= np.linalg.norm(mean)
         assert cosines(np.array([data[i]["embedding"]]), mean[None]).min() >= COSINE_TOLERANCE
-    int8 = _post(stack, texts, {"size": 64, "overlap": 16, "return": "mean"}, embedding_type="int8")
+    int8 = _embed(stack, texts, {"size": 64, "overlap": 16, "return": "mean"}, embedding_type="int8")
     assert int8.status_code == 200, int8.text
     assert all(isinstance(x, int) and -128 <= x <= 127 for d in int8.json()["data"] for x in d["embedding"])
 
@@ -97,14 +94,14 @@ def test_the_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack, ref
     ids=["over-room", "late", "unknown-key", "too-many-chunks"],
 )
 def test_wrong_chunking_is_refused_in_the_openai_shape(stack, texts, chunking, extra, status, message):
-    r = _post(stack, texts, chunking, **extra)
+    r = _embed(stack, texts, chunking, **extra)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"].startswith(message), error
 
 
 def test_token_inputs_cannot_be_chunked(stack):
-    r = _post(stack, [[101, 2000, 102]], {"size": 64})
+    r = _embed(stack, [[101, 2000, 102]], {"size": 64})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chunking", r.text
 
 

@@ -19,7 +19,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import msgpack
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.vectors.quantize import quantize
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, count_services, healthy, post, wait_until
 from tests.integration.test_chunking import _content_tokens
 
 pytestmark = pytest.mark.integration
@@ -72,7 +71,7 @@ def texts() -> list[str]:
 @pytest.fixture(scope="module")
 def places(base_url, texts) -> list[dict]:
     """Where /v1/embeddings cuts ``texts`` by SPEC: each route cuts them there."""
-    r = _post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": SPEC})
+    r = post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": SPEC})
     assert r.status_code == 200, r.text
     return [{k: d[k] for k in ("index", "chunk", "start", "end")} for d in r.json()["data"]]
 
@@ -81,10 +80,6 @@ def places(base_url, texts) -> list[dict]:
 def raw_reference(reference) -> SentenceTransformer:
     """The reference without its Normalize module: TEI's normalize false."""
     return SentenceTransformer(modules=[reference[0], reference[1]], device="cpu")
-
-
-def _post(base_url: str, path: str, body: dict, **kw) -> httpx.Response:
-    return httpx.post(f"{base_url}{path}", json=body, timeout=120, **kw)
 
 
 def _pieces(texts: list[str], places: list[dict]) -> list[str]:
@@ -150,7 +145,7 @@ def _tei_places(answer: list) -> list[dict]:
 
 
 def test_tei_chunks_are_the_vectors_of_their_texts_per_input(base_url, reference, texts, places):
-    r = _post(base_url, "/embed", {"inputs": texts, "chunking": SPEC})
+    r = post(base_url, "/embed", {"inputs": texts, "chunking": SPEC})
     assert r.status_code == 200, r.text
     answer = r.json()
     assert len(answer) == len(texts) and all(
@@ -163,7 +158,7 @@ def test_tei_chunks_are_the_vectors_of_their_texts_per_input(base_url, reference
 
 
 def test_tei_mean_is_a_vector_per_input_in_teis_shape(base_url, reference, texts, places):
-    r = _post(base_url, "/embed", {"inputs": texts, "chunking": {**SPEC, "return": "mean"}})
+    r = post(base_url, "/embed", {"inputs": texts, "chunking": {**SPEC, "return": "mean"}})
     assert r.status_code == 200, r.text
     got = np.array(r.json(), np.float32)  # TEI's own answer: a list of vectors
     assert got.shape == (len(texts), DIM)
@@ -190,8 +185,8 @@ def test_tei_options_apply_to_each_chunk_and_to_the_mean(base_url, reference, ra
     if "dimensions" in option:
         want = want[:, : option["dimensions"]] / np.linalg.norm(want[:, : option["dimensions"]], axis=1, keepdims=True)
     normalize = option.get("normalize", True)
-    chunks = _post(base_url, "/embed", {"inputs": texts, "chunking": SPEC, **option})
-    mean = _post(base_url, "/embed", {"inputs": texts, "chunking": {**SPEC, "return": "mean"}, **option})
+    chunks = post(base_url, "/embed", {"inputs": texts, "chunking": SPEC, **option})
+    mean = post(base_url, "/embed", {"inputs": texts, "chunking": {**SPEC, "return": "mean"}, **option})
     assert chunks.status_code == 200 and mean.status_code == 200, (chunks.text, mean.text)
     assert _tei_places(chunks.json()) == places  # the prompt's two tokens fit beside 64
     rows = [c["embedding"] for cs in chunks.json() for c in cs]
@@ -207,13 +202,13 @@ def test_tei_options_apply_to_each_chunk_and_to_the_mean(base_url, reference, ra
 
 def test_tei_binary_answers_take_the_mean_and_refuse_chunk_offsets(base_url, texts):
     body = {"inputs": texts, "chunking": {**SPEC, "return": "mean"}}
-    floats = np.array(_post(base_url, "/embed", body).json(), np.float32)
-    octet = _post(base_url, "/embed", body, headers={"accept": "application/octet-stream"})
+    floats = np.array(post(base_url, "/embed", body).json(), np.float32)
+    octet = post(base_url, "/embed", body, headers={"accept": "application/octet-stream"})
     assert octet.status_code == 200 and octet.headers["x-embedding-rows"] == "2", octet.text[:300]
     np.testing.assert_allclose(np.frombuffer(octet.content, "<f4").reshape(2, DIM), floats, atol=1e-6)
-    packed = _post(base_url, "/embed", body, headers={"accept": "application/msgpack"})
+    packed = post(base_url, "/embed", body, headers={"accept": "application/msgpack"})
     assert msgpack.unpackb(packed.content)["shape"] == [2, DIM]
-    refused = _post(base_url, "/embed", {**body, "chunking": SPEC}, headers={"accept": "application/octet-stream"})
+    refused = post(base_url, "/embed", {**body, "chunking": SPEC}, headers={"accept": "application/octet-stream"})
     assert refused.status_code == 400 and refused.json() == {
         "error": "a binary answer has no room for the chunks' offsets: ask for JSON, or for 'chunking.return' 'mean' "
         "(a vector per input)",
@@ -223,7 +218,7 @@ def test_tei_binary_answers_take_the_mean_and_refuse_chunk_offsets(base_url, tex
 
 def test_post_root_embeds_chunked_as_embed(base_url, texts, places):
     """POST / runs /embed for an embedder: its chunking too."""
-    r = _post(base_url, "/", {"inputs": texts, "chunking": SPEC})
+    r = post(base_url, "/", {"inputs": texts, "chunking": SPEC})
     assert r.status_code == 200, r.text
     assert _tei_places(r.json()) == places
 
@@ -232,7 +227,7 @@ def test_post_root_embeds_chunked_as_embed(base_url, texts, places):
 
 
 def test_cohere_chunks_are_rows_of_every_type_with_their_places(base_url, reference, texts, places):
-    r = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": TYPES, "chunking": SPEC})
+    r = post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": TYPES, "chunking": SPEC})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["chunks"] == places and body["texts"] == texts and body["response_type"] == "embeddings_by_type"
@@ -250,7 +245,7 @@ def test_cohere_chunks_are_rows_of_every_type_with_their_places(base_url, refere
 
 @pytest.mark.parametrize("kind", TYPES[1:])
 def test_cohere_one_type_made_on_the_worker_per_chunk(base_url, reference, texts, places, kind):
-    r = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": [kind], "chunking": SPEC})
+    r = post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "embedding_types": [kind], "chunking": SPEC})
     assert r.status_code == 200, r.text
     assert r.json()["chunks"] == places and list(r.json()["embeddings"]) == [kind]
     rows, want = r.json()["embeddings"][kind], reference.encode(_pieces(texts, places))
@@ -261,7 +256,7 @@ def test_cohere_one_type_made_on_the_worker_per_chunk(base_url, reference, texts
 
 
 def test_cohere_mean_keeps_cohere_shape_for_every_type(base_url, reference, texts, places):
-    r = _post(
+    r = post(
         base_url,
         "/v2/embed",
         {"model": MODEL, "texts": texts, "embedding_types": TYPES, "chunking": {**SPEC, "return": "mean"}},
@@ -275,7 +270,7 @@ def test_cohere_mean_keeps_cohere_shape_for_every_type(base_url, reference, text
     for form in ("int8", "uint8", "binary", "ubinary"):
         _same_form(got[form], mean, form)
     _close([np.frombuffer(base64.b64decode(s), "<f4") for s in got["base64"]], mean)
-    one = _post(
+    one = post(
         base_url,
         "/v2/embed",
         {"model": MODEL, "texts": texts, "embedding_types": ["uint8"], "chunking": {**SPEC, "return": "mean"}},
@@ -284,7 +279,7 @@ def test_cohere_mean_keeps_cohere_shape_for_every_type(base_url, reference, text
 
 
 def test_cohere_input_type_and_output_dimension_apply_to_each_chunk(base_url, reference, texts, places):
-    r = _post(
+    r = post(
         base_url,
         "/v2/embed",
         {
@@ -329,8 +324,8 @@ def test_cohere_sdk_reads_the_chunks_extension(base_url, reference, texts, place
 def test_chunks_hold_their_texts_tokens_and_the_mean_weighs_them(base_url, reference, texts, spec):
     """Each chunk's text alone holds at most ``size`` tokens (words longer than that cut into pieces), and
     the mean is the mean of the chunks' texts' vectors weighted by those texts' tokens."""
-    chunks = _post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": spec})
-    mean = _post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": {**spec, "return": "mean"}})
+    chunks = post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": spec})
+    mean = post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": {**spec, "return": "mean"}})
     assert chunks.status_code == 200 and mean.status_code == 200, (chunks.text, mean.text)
     places = [{k: d[k] for k in ("index", "chunk", "start", "end")} for d in chunks.json()["data"]]
     starts, ends = [p["start"] for p in places], [p["end"] for p in places]
@@ -347,11 +342,11 @@ def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, referenc
     mean (no tokens to weigh by) that same vector."""
     texts = ["", "  \n ", "word"]
     want = reference.encode(["", "", "word"])
-    tei = _post(base_url, "/embed", {"inputs": texts, "chunking": SPEC})
+    tei = post(base_url, "/embed", {"inputs": texts, "chunking": SPEC})
     assert tei.status_code == 200, tei.text
     assert _tei_places(tei.json()) == [{"index": i, "chunk": 0, "start": 0, "end": e} for i, e in enumerate((0, 0, 4))]
     _close([c["embedding"] for cs in tei.json() for c in cs], want)
-    cohere = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "chunking": {**SPEC, "return": "mean"}})
+    cohere = post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "chunking": {**SPEC, "return": "mean"}})
     assert cohere.status_code == 200, cohere.text
     _close(cohere.json()["embeddings"]["float"], want)
 
@@ -390,7 +385,7 @@ def test_texts_without_tokens_are_a_chunk_each_on_both_routes(base_url, referenc
     ],
 )
 def test_wrong_chunking_is_refused_in_each_routes_shape(base_url, texts, chunking, extra, statuses, message):
-    tei = _post(
+    tei = post(
         base_url,
         "/embed",
         {"inputs": texts, "chunking": chunking, **{k: v for k, v in extra.items() if k == "prompt_name"}},
@@ -398,7 +393,7 @@ def test_wrong_chunking_is_refused_in_each_routes_shape(base_url, texts, chunkin
     assert tei.status_code == statuses[0], tei.text
     assert set(tei.json()) == {"error", "error_type"} and tei.json()["error_type"] == "Validation"
     assert tei.json()["error"].startswith(message), tei.json()
-    cohere = _post(
+    cohere = post(
         base_url,
         "/v2/embed",
         {"model": MODEL, "texts": texts, "chunking": chunking, **{k: v for k, v in extra.items() if k == "input_type"}},
@@ -410,16 +405,16 @@ def test_wrong_chunking_is_refused_in_each_routes_shape(base_url, texts, chunkin
 def test_late_chunking_answers_on_every_route_as_on_v1_embeddings(base_url, texts):
     """`late` goes through the one chunked path: what /v1/embeddings answers, the others answer."""
     chunking = {**SPEC, "late": True}
-    openai = _post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": chunking})
-    tei = _post(base_url, "/embed", {"inputs": texts, "chunking": chunking})
-    cohere = _post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "chunking": chunking})
+    openai = post(base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": chunking})
+    tei = post(base_url, "/embed", {"inputs": texts, "chunking": chunking})
+    cohere = post(base_url, "/v2/embed", {"model": MODEL, "texts": texts, "chunking": chunking})
     assert openai.status_code == tei.status_code == cohere.status_code == 200, (openai.text, tei.text, cohere.text)
     _close([c["embedding"] for cs in tei.json() for c in cs], [d["embedding"] for d in openai.json()["data"]])
     _close(cohere.json()["embeddings"]["float"], [d["embedding"] for d in openai.json()["data"]])
 
 
 def test_token_ids_cannot_be_chunked_on_embed(base_url):
-    r = _post(base_url, "/embed", {"inputs": [[101, 2000, 102]], "chunking": SPEC})
+    r = post(base_url, "/embed", {"inputs": [[101, 2000, 102]], "chunking": SPEC})
     assert r.status_code == 400 and r.json() == {
         "error": "'chunking' cuts texts: give 'inputs' as text, not token IDs",
         "error_type": "Validation",

@@ -14,10 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import running_fleet
 from tests.tiny_llm_rerankers import build_llm_reranker
 from tests.tiny_models import build, st_reference
 
@@ -51,38 +50,12 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     root = tmp_path_factory.mktemp("families")
     folders = {name: build(family, root, bidirectional=bidir) for name, family, bidir, _ in MODELS}
     folders[INSTRUCTOR[0]] = _skipping_prompts(folders["gemma3"], root / INSTRUCTOR[0])
-    log_dir = tmp_path_factory.mktemp("family-logs")
-    common = ["--nats", nats_url, "--subject-prefix", PREFIX]
-    services = []
     for family in CLASSIFIERS:
         folders[f"{family}-cls"] = build(family, root, classifier=True, num_labels=1)
     folders[LLM_RERANKER] = build_llm_reranker(root, "qwen3", name=LLM_RERANKER, prompt=LLM_PROMPT)
-    for name, folder in folders.items():
-        model = ["--model", str(folder)]
-        services.append(Service("tokenizer", [*common, *model], log_dir))
-        services.append(
-            Service("worker", [*common, *model, "--max-batch-tokens", "1024"], log_dir, {"OMP_NUM_THREADS": "1"})
-        )
-        if name.endswith("-cls") or name == LLM_RERANKER:
-            services.append(Service("scorer", [*common, *model], log_dir))
-    port = free_port()
-    services.append(Service("gateway", [*common, "--port", str(port)], log_dir))
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
-        wait_until(
-            lambda: count_services(nats_url, "worker", prefix=PREFIX) == len(folders),
-            240,
-            f"{len(folders)} workers",
-            services,
-        )
-        wait_until(
-            lambda: count_services(nats_url, "scorer", prefix=PREFIX) == len(CLASSIFIERS) + 1, 60, "scorers", services
-        )
-        yield base_url, folders
-    finally:
-        for s in services:
-            s.stop()
+    scored = [name for name in folders if name.endswith("-cls") or name == LLM_RERANKER]
+    with running_fleet(nats_url, PREFIX, folders, tmp_path_factory.mktemp("family-logs"), scored=scored) as (url, _):
+        yield url, folders
 
 
 def _skipping_prompts(folder: Path, to: Path) -> Path:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from embedfleet.shared.jobs.state import FINISHED
-from tests.integration.procs import another_gateway, wait_until
+from tests.integration.procs import another_gateway, post, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -54,13 +54,13 @@ def gateway(stack, tmp_path_factory) -> Iterator[Gateway]:
         yield Gateway(base, jobs_dir)
 
 
-def _post(gw: Gateway, key: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{gw.base}/v1/jobs", json=body, headers=KEYS[key], timeout=60)
+def _post_job(gw: Gateway, key: str, body: dict) -> httpx.Response:
+    return post(gw.base, "/v1/jobs", body, timeout=60, headers=KEYS[key])
 
 
 def test_a_job_is_its_keys_alone_and_the_operators(stack, gateway):
     body = {"id": "owned", "documents": [{"id": "o1", "text": "mine"}, {"id": "o2", "text": "also mine"}]}
-    assert _post(gateway, "a", body).status_code == 202
+    assert _post_job(gateway, "a", body).status_code == 202
     assert gateway.finished("owned")["done"] == 2
 
     def answer(method: str, path: str, key: str) -> tuple[int, dict]:
@@ -73,7 +73,7 @@ def test_a_job_is_its_keys_alone_and_the_operators(stack, gateway):
         none_status, none_body = answer(method, path.format("nosuch"), "b")
         assert (status, none_status) == (404, 404), (method, path, body_b)
         assert body_b == json.loads(json.dumps(none_body).replace("nosuch", "owned")), (body_b, none_body)
-    taken = _post(gateway, "b", body)  # nor can it add to it, or learn its state by submitting it again
+    taken = _post_job(gateway, "b", body)  # nor can it add to it, or learn its state by submitting it again
     assert taken.status_code == 409 and taken.json()["error"] == {
         "message": "job id owned is taken: give another 'id'",
         "type": "invalid_request_error",
@@ -86,7 +86,7 @@ def test_a_job_is_its_keys_alone_and_the_operators(stack, gateway):
         assert (status, state["status"], state["done"]) == (200, "done", 2) and "owner" not in state
         r = httpx.get(f"{gateway.base}/v1/jobs/owned/results", headers=KEYS[key], timeout=30)
         assert r.status_code == 200 and len(r.content.splitlines()) == 2
-    again = _post(gateway, "a", body)
+    again = _post_job(gateway, "a", body)
     assert again.status_code == 200 and again.json()["id"] == "owned"
 
     # a job made without a key (the open gateway, reindex) is the operators' alone
@@ -98,7 +98,7 @@ def test_a_job_is_its_keys_alone_and_the_operators(stack, gateway):
 
 
 def test_metrics_name_jobs_by_digest(gateway):
-    assert _post(gateway, "a", {"id": "metered", "documents": [{"id": "m", "text": "counted"}]}).status_code == 202
+    assert _post_job(gateway, "a", {"id": "metered", "documents": [{"id": "m", "text": "counted"}]}).status_code == 202
     digest = hashlib.sha256(b"metered").hexdigest()[:16]
     seen = {"text": ""}
 
@@ -133,7 +133,7 @@ def test_a_large_file_is_read_off_the_event_loop(gateway):
     try:
         time.sleep(0.3)
         started = time.monotonic()
-        r = _post(gateway, "a", {"path": "big.jsonl"})
+        r = _post_job(gateway, "a", {"path": "big.jsonl"})
         took = time.monotonic() - started
     finally:
         stop.set()
@@ -147,7 +147,7 @@ def test_a_large_file_is_read_off_the_event_loop(gateway):
 
 def test_bad_paths_are_400_in_the_clients_words(gateway):
     def refused(path: str | None) -> str:
-        r = _post(gateway, "a", {"path": path})
+        r = _post_job(gateway, "a", {"path": path})
         assert r.status_code == 400 and r.json()["error"]["param"] == "path", r.text
         return r.json()["error"]["message"]
 
@@ -172,7 +172,7 @@ def test_bad_paths_are_400_in_the_clients_words(gateway):
 def test_a_path_jobs_state_shows_the_path_as_given(gateway):
     (gateway.jobs_dir / "sub" / "small.jsonl").parent.mkdir(exist_ok=True)
     (gateway.jobs_dir / "sub" / "small.jsonl").write_text('{"id": "s", "text": "small"}\n')
-    r = _post(gateway, "a", {"id": "from-file", "path": "sub/small.jsonl"})
+    r = _post_job(gateway, "a", {"id": "from-file", "path": "sub/small.jsonl"})
     assert r.status_code == 202, r.text
     state = gateway.finished("from-file")
     assert state["input"] == "sub/small.jsonl" and str(gateway.jobs_dir) not in json.dumps(state), state

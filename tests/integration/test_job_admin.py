@@ -22,18 +22,13 @@ from embedfleet.shared.jobs.state import JobState, Run
 from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.nats.subjects import Subjects
 from tests.corpus import mixed_texts
+from tests.integration.procs import cli
 from tests.job_states import submitted
 
 pytestmark = pytest.mark.integration
 
 SUBJECTS = Subjects("embedfleet")
 MODEL = "all-MiniLM-L6-v2"
-
-
-def _cli(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def _nats(url: str, body):
@@ -113,7 +108,7 @@ def test_reindex_refuses_what_it_can_check_and_publishes_nothing(stack, tmp_path
         (twice, tmp_path / "v.npy", "document id 'a' appears more than once"),
     ]
     for source, out, message in cases:
-        result = _cli(["reindex", str(source), "--out", str(out), "--nats", stack.nats_url, "--quiet"])
+        result = cli(["reindex", str(source), "--out", str(out), "--nats", stack.nats_url, "--quiet"], timeout=90)
         assert result.returncode == 2 and message in result.stderr, (out, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr and result.stdout == ""
     assert not (tmp_path / "plain.txt").is_dir() and (tmp_path / "plain.txt").read_text() == "a file, not a folder"
@@ -147,7 +142,7 @@ def test_reindex_refuses_what_the_fleet_cannot_run_and_publishes_nothing(stack, 
     ]
     for args, message in cases:
         out = tmp_path / ("v.npz" if "--output" in args else "v.npy")
-        result = _cli(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--quiet", *args])
+        result = cli(["reindex", str(docs), "--out", str(out), "--nats", stack.nats_url, "--quiet", *args], timeout=90)
         assert result.returncode == 2 and f"embedfleet: error: {message}" in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr and result.stdout == ""
     assert _published(stack.nats_url) == before  # no batch published, no job recorded
@@ -203,7 +198,7 @@ def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_pat
     docs = _docs(tmp_path, 40, "purge")
     out = tmp_path / "v.npy"
     common = ["--nats", stack.nats_url, "--batch-size", "16", "--quiet", "--stall-timeout", "30"]
-    run = _cli(["reindex", str(docs), "--out", str(out), *common])
+    run = cli(["reindex", str(docs), "--out", str(out), *common], timeout=90)
     assert run.returncode == 0, run.stdout + run.stderr
     job = run.stdout.split()[1].rstrip(":")
 
@@ -211,7 +206,7 @@ def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_pat
     started = time.time() - 10
     _nats(stack.nats_url, lambda js: _running(js, started))
     asked = time.time()
-    listing = _cli(["jobs", "--nats", stack.nats_url])
+    listing = cli(["jobs", "--nats", stack.nats_url], timeout=90)
     answered = time.time()
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line.split() for line in listing.stdout.splitlines()[1:]}
@@ -226,31 +221,31 @@ def test_jobs_lists_progress_and_purge_removes_results_and_record(stack, tmp_pat
     assert 2 / high - 0.05 <= float(docs_s) <= 2 / low + 0.05, (docs_s, low, high)
     assert re.fullmatch(r"\d+s", eta) and 7 * low / 3 - 1 <= int(eta[:-1]) <= 7 * high / 3 + 1, (eta, low, high)
 
-    refused = _cli(["jobs", "purge", "admin-running", "--nats", stack.nats_url])
+    refused = cli(["jobs", "purge", "admin-running", "--nats", stack.nats_url], timeout=90)
     assert refused.returncode == 2 and "job admin-running is running (3/10 documents)" in refused.stderr
     assert "--force" in refused.stderr
     assert _results(stack.nats_url, "admin-running") == 1 and _state(stack.nats_url, "admin-running") is not None
-    forced = _cli(["jobs", "purge", "admin-running", "--force", "--nats", stack.nats_url])
+    forced = cli(["jobs", "purge", "admin-running", "--force", "--nats", stack.nats_url], timeout=90)
     assert forced.returncode == 0, forced.stderr
     assert _results(stack.nats_url, "admin-running") == 0 and _state(stack.nats_url, "admin-running") is None
 
     # results gone while the record stays (as when they expire): a rerun is refused, not left to stall
     assert _results(stack.nats_url, job) > 0
     _nats(stack.nats_url, lambda js: js.purge_stream(stream_names(SUBJECTS)["results"], subject=SUBJECTS.results(job)))
-    again = _cli(["reindex", str(docs), "--out", str(out), *common])
+    again = cli(["reindex", str(docs), "--out", str(out), *common], timeout=90)
     assert again.returncode == 2 and f"job {job} stored 40 documents' vectors" in again.stderr, again.stderr
     assert f"embedfleet jobs purge {job}" in again.stderr
 
-    purged = _cli(["jobs", "purge", job, "--nats", stack.nats_url])
+    purged = cli(["jobs", "purge", job, "--nats", stack.nats_url], timeout=90)
     assert purged.returncode == 0 and purged.stdout.startswith(f"job {job}: 0 result messages"), purged.stdout
     assert _state(stack.nats_url, job) is None
-    assert job not in _cli(["jobs", "--nats", stack.nats_url]).stdout
-    nothing = _cli(["jobs", "purge", job, "--nats", stack.nats_url])
+    assert job not in cli(["jobs", "--nats", stack.nats_url], timeout=90).stdout
+    nothing = cli(["jobs", "purge", job, "--nats", stack.nats_url], timeout=90)
     assert nothing.returncode == 1 and f"no job {job}" in nothing.stdout
 
     # run again at once, its batches would be dropped as repeats of the purged run's: refused, not left to stall
     before = _published(stack.nats_url)
-    soon = _cli(["reindex", str(docs), "--out", str(out), *common])
+    soon = cli(["reindex", str(docs), "--out", str(out), *common], timeout=90)
     assert soon.returncode == 2 and f"job {job} was purged less than 600s ago" in soon.stderr, soon.stdout + soon.stderr
     assert _published(stack.nats_url) == before
     r = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "a", "text": "x"}], "id": job}, timeout=30)
@@ -293,7 +288,7 @@ def test_init_sets_the_retention_given_by_flag_or_environment_and_keeps_it_other
 
         return _nats(nats_url, body)
 
-    given = _cli(
+    given = cli(
         [
             "init",
             *prefix,
@@ -305,12 +300,13 @@ def test_init_sets_the_retention_given_by_flag_or_environment_and_keeps_it_other
             "7200",
             "--job-history",
             "4",
-        ]
+        ],
+        timeout=90,
     )
     assert given.returncode == 0, given.stderr
     assert "results: max age 3600s, max bytes 1000000; job records: ttl 7200s, history 4" in given.stdout
     assert limits() == (3600, 1_000_000, 7200, 4)
-    assert _cli(["init", *prefix]).returncode == 0
+    assert cli(["init", *prefix], timeout=90).returncode == 0
     assert limits() == (3600, 1_000_000, 7200, 4)  # none given: none changed
     env = {**os.environ, "EMBEDFLEET_RESULTS_MAX_AGE": "120", "EMBEDFLEET_JOB_HISTORY": "2"}
     by_env = subprocess.run(
@@ -322,5 +318,5 @@ def test_init_sets_the_retention_given_by_flag_or_environment_and_keeps_it_other
     )
     assert by_env.returncode == 0, by_env.stderr
     assert limits() == (120, 1_000_000, 7200, 2)
-    bad = _cli(["init", *prefix, "--job-history", "100"])
+    bad = cli(["init", *prefix, "--job-history", "100"], timeout=90)
     assert bad.returncode == 2 and "--job-history 100: must be in 1..64" in bad.stderr and "Traceback" not in bad.stderr

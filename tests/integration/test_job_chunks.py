@@ -25,7 +25,7 @@ import pytest
 from embedfleet.services.gateway.jobs.answers import JobResultLine, JobStatus, JobSubmitted
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts, mixed_texts
-from tests.integration.procs import job_finished, stored_chunks, wait_until
+from tests.integration.procs import cli, job_finished, stored_chunks, wait_until
 from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.integration
 PARQUET = "application/vnd.apache.parquet"
 ROOT = Path(__file__).resolve().parents[2]
 ROOM = 254  # MiniLM's 256 tokens less [CLS] and [SEP]: what a late window holds
-
-
-def _cli(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def _jsonl(path, docs: list[tuple[str, str]]) -> None:
@@ -116,7 +110,7 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
         "sentence",
         "--with-text",
     ]
-    result = _cli(args)
+    result = cli(args, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     job = result.stdout.split()[1].rstrip(":")
     rows = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
@@ -137,12 +131,12 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
     assert not {"accounted", "accounted_chunks", "cut"} & set(state), state
     stored = asyncio.run(_stored(stack.nats_url, job))
     assert len(stored) == len(rows) and set(stored.values()) == {1}
-    listing = _cli(["jobs", "--nats", stack.nats_url]).stdout
+    listing = cli(["jobs", "--nats", stack.nats_url], timeout=180).stdout
     row = next(line.split() for line in listing.splitlines() if line.startswith(job))
     assert row[1:5] == ["done", "240", "240", "0"] and row[11] == f"{len(rows)}/{len(rows)}", listing
 
     # the same job written as Parquet: the same rows (the job is done: read back, not embedded again)
-    again = _cli([*args[:3], str(tmp_path / "chunks.parquet"), *args[4:]])
+    again = cli([*args[:3], str(tmp_path / "chunks.parquet"), *args[4:]], timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
     table = pq.read_table(tmp_path / "chunks.parquet")
     assert table.column_names == ["id", "chunk", "start", "end", "vector", "text"]
@@ -203,7 +197,9 @@ def test_a_chunked_job_over_http_and_its_results(stack, reference, corpus, tmp_p
         == lines
     )
 
-    fetched = _cli(["jobs", "fetch", "chunks-http", "--out", str(tmp_path / "f.npy"), "--nats", stack.nats_url])
+    fetched = cli(
+        ["jobs", "fetch", "chunks-http", "--out", str(tmp_path / "f.npy"), "--nats", stack.nats_url], timeout=180
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert f"48 of 48 documents in {len(lines)} chunks" in fetched.stdout
     assert [json.loads(x) for x in (tmp_path / "f.chunks.jsonl").read_text().splitlines()] == lines  # input order
@@ -218,7 +214,7 @@ def test_a_document_cut_into_too_many_chunks_fails_alone(stack, tmp_path):
     path = tmp_path / "docs.jsonl"
     _jsonl(path, docs)
     out = tmp_path / "v.parquet"
-    result = _cli(
+    result = cli(
         [
             "reindex",
             str(path),
@@ -233,7 +229,8 @@ def test_a_document_cut_into_too_many_chunks_fails_alone(stack, tmp_path):
             "1",
             "--job-id",
             "too-many-chunks",
-        ]
+        ],
+        timeout=180,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert json.loads(out.with_suffix(".failed.json").read_text()) == ["too-long"]
@@ -297,7 +294,7 @@ def test_a_late_chunked_reindex_pools_each_chunk_in_its_window(stack, late_ref, 
     docs = tmp_path / "docs.jsonl"
     _jsonl(docs, late_corpus)
     out = tmp_path / "late.parquet"
-    result = _cli(
+    result = cli(
         [
             "reindex",
             str(docs),
@@ -316,7 +313,8 @@ def test_a_late_chunked_reindex_pools_each_chunk_in_its_window(stack, late_ref, 
             "8",
             "--late-chunking",
             "--with-text",
-        ]
+        ],
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     job = result.stdout.split()[1].rstrip(":")
@@ -378,7 +376,7 @@ def test_bad_chunking_options_are_refused(stack, tmp_path):
         (["--chunk-overlap", "2"], "--chunk-overlap needs --chunk-size"),
         (["--chunk-size", "8", "--output", "sparse"], "chunked jobs make a dense vector a chunk"),
     ]:
-        result = _cli([*common, *args], timeout=60)
+        result = cli([*common, *args], timeout=60)
         assert result.returncode == 2 and said in result.stderr, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "o.npy").exists()

@@ -29,12 +29,21 @@ from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, stored_chunks, stored_doc_ids, wait_until
+from tests.integration.procs import (
+    Service,
+    count_services,
+    stop_all,
+    stored_chunks,
+    stored_doc_ids,
+    wait_ready,
+    wait_until,
+)
 from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
 
 DOCUMENTS = 320
+CHUNKED = 160  # the chunked jobs' documents (the first ones): each cut into many chunks, as long a job
 BATCH = 16
 # a short ack wait, so that the batches a killed process held come back within seconds
 HOLD = ["--ack-wait", "4"]
@@ -106,20 +115,14 @@ def faults(tmp_path_factory) -> Iterator[FaultStack]:
     try:
         for name in ("tokenizer", "worker-1", "worker-2"):
             stack.start(name)
-        wait_until(
-            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-            120,
-            "tokenizer and two workers",
-            list(stack.services.values()),
-        )
+        wait_ready(stack.services, server.url, timeout=120)
         out = folder / "clean.npy"
         clean = stack.reindex("clean", out)
         assert clean.wait(300) == 0, clean.stdout.read() + stack.logs()
         stack.clean = np.load(out)
         yield stack
     finally:
-        for s in stack.services.values():
-            s.stop()
+        stop_all(stack.services)
         server.stop()
 
 
@@ -151,13 +154,13 @@ def _stored_ids(url: str, job: str, subjects: Subjects = SUBJECTS) -> Counter:
     return asyncio.run(read())
 
 
-def _wait_mid_job(stack: FaultStack, job: str, proc: subprocess.Popen) -> int:
-    """Block until some but not all documents are stored; return how many."""
+def _wait_mid_job(stack: FaultStack, job: str, proc: subprocess.Popen, total: int = DOCUMENTS) -> int:
+    """Block until some but not all of the job's ``total`` documents are stored; return how many."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         done = _state(stack.nats.url, job).get("done", 0)
         if done >= 4 * BATCH:
-            assert done < DOCUMENTS, "the job ended before the fault: make it longer"
+            assert done < total, "the job ended before the fault: make it longer"
             return done
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.05)
@@ -210,10 +213,11 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
     into the same token batches), and every (document, chunk) is stored once, written once, and counted
     once, documents and chunks."""
     out, job = tmp_path / "c.npy", f"kill-{victim}-chunks" + ("-late" if late else "")
-    proc = faults.reindex(
-        job, out, "--chunk-size", "48", "--chunk-overlap", "8", *(["--late-chunking"] if late else [])
-    )
-    done = _wait_mid_job(faults, job, proc)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(faults.docs.read_text().splitlines(keepends=True)[:CHUNKED]))
+    chunking = ["--chunk-size", "48", "--chunk-overlap", "8", *(["--late-chunking"] if late else [])]
+    proc = faults.reindex_to(job, "--out", str(out), *chunking, docs=docs)
+    done = _wait_mid_job(faults, job, proc, CHUNKED)
     faults.services[victim].kill()
     if victim == "tokenizer":
         time.sleep(1.0)  # the outage: the job waits with no tokenizer
@@ -233,10 +237,10 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
     assert rc == 0, proc.stdout.read() + faults.logs()
     rows = [json.loads(line) for line in out.with_suffix(".chunks.jsonl").read_text().splitlines()]
     stored = asyncio.run(_stored_chunks(faults.nats.url, job))  # (document, chunk, its chunks) -> times stored
-    assert set(stored.values()) == {1} and len(stored) == len(rows) > DOCUMENTS, Counter(stored.values())
+    assert set(stored.values()) == {1} and len(stored) == len(rows) > CHUNKED, Counter(stored.values())
     chunks_of = {d: n for d, _, n in stored}
     assert [(r["id"], r["chunk"]) for r in rows] == [
-        (f"d{i}", k) for i in range(DOCUMENTS) for k in range(chunks_of[f"d{i}"])
+        (f"d{i}", k) for i in range(CHUNKED) for k in range(chunks_of[f"d{i}"])
     ]
     vectors = np.load(out)
     head = [r for r in rows if int(r["id"][1:]) < 12]  # the first documents' chunks (d7: several windows)
@@ -252,7 +256,7 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
         want = reference.encode([faults.texts[int(r["id"][1:])][r["start"] : r["end"]] for r in head])
     assert cosines(vectors[: len(head)], want).min() >= COSINE_TOLERANCE
     state = _state(faults.nats.url, job)
-    assert (state["status"], state["done"], state.get("failed", 0)) == ("done", DOCUMENTS, 0), state
+    assert (state["status"], state["done"], state.get("failed", 0)) == ("done", CHUNKED, 0), state
     assert state["chunks"] == state["chunks_done"] == len(rows) and not state.get("chunks_failed"), state
 
 
@@ -360,12 +364,7 @@ def drain_fleet(tmp_path) -> Iterator[DrainFleet]:
             "worker", [*common, "--max-batch-tokens", "2048"], tmp_path, {"OMP_NUM_THREADS": "1"}
         )
     try:
-        wait_until(
-            lambda: count_services(server.url, "worker", prefix=DRAIN.prefix) == DRAIN_WORKERS,
-            120,
-            "the drain fleet",
-            list(fleet.values()),
-        )
+        wait_ready(fleet, server.url, prefix=DRAIN.prefix, timeout=120)
         yield DrainFleet(server.url, tmp_path, fleet)
     finally:
         for s in fleet.values():  # all told at once: they drain side by side

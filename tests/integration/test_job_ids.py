@@ -16,20 +16,15 @@ import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
+from tests.integration.procs import cli, post
 from tests.integration.procs import job_finished as _finished
 
 pytestmark = pytest.mark.integration
 
 
-def _cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _post(base_url: str, job: str, ids: list[str], texts: list[str], **fields) -> httpx.Response:
+def _submit_job(base_url: str, job: str, ids: list[str], texts: list[str], **fields) -> httpx.Response:
     documents = [{"id": d, "text": t} for d, t in zip(ids, texts)]
-    return httpx.post(f"{base_url}/v1/jobs", json={"id": job, "documents": documents, **fields}, timeout=60)
+    return post(base_url, "/v1/jobs", {"id": job, "documents": documents, **fields}, timeout=60)
 
 
 def _results(base_url: str, job: str) -> dict[str, list[float]]:
@@ -44,14 +39,14 @@ def test_ids_that_differ_in_dot_or_underscore_never_share_results(stack, referen
     attacker's: both ids had one results subject and the collector kept the first row of each id)."""
     ids = [f"d{i}" for i in range(40)]
     theirs, ours = mixed_texts(80)[:40], mixed_texts(80)[40:]
-    r = _post(stack.base_url, "victim.job", ids, theirs, batch_size=16)
+    r = _submit_job(stack.base_url, "victim.job", ids, theirs, batch_size=16)
     assert r.status_code == 202, r.text
     assert _finished(stack.base_url, "victim.job")["status"] == "done"
 
     docs = tmp_path / "ours.jsonl"
     docs.write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in zip(ids, ours)))
     out = tmp_path / "ours.npy"
-    run = _cli(
+    run = cli(
         [
             "reindex",
             str(docs),
@@ -111,7 +106,7 @@ def test_a_job_running_beside_its_alias_finishes(stack, tmp_path):
         text=True,
     )
     try:
-        r = _post(stack.base_url, "alias.one", ids, list(reversed(texts)), batch_size=32)
+        r = _submit_job(stack.base_url, "alias.one", ids, list(reversed(texts)), batch_size=32)
         assert r.status_code == 202, r.text
         stdout, stderr = reindex.communicate(timeout=240)
     finally:
@@ -130,7 +125,7 @@ def test_reindex_refuses_an_id_that_cannot_name_a_job_at_once(stack, tmp_path, j
     docs = tmp_path / "one.jsonl"
     docs.write_text('{"id": "x", "text": "hello"}\n')
     started = time.monotonic()
-    run = _cli(
+    run = cli(
         ["reindex", str(docs), "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url, "--job-id", job], timeout=60
     )
     assert run.returncode == 2, run.stdout + run.stderr
@@ -146,12 +141,12 @@ def test_reindex_refuses_an_id_that_cannot_name_a_job_at_once(stack, tmp_path, j
 def test_an_id_that_exists_takes_the_same_request_again_and_refuses_another(stack, tmp_path):
     """Before, a second POST with other documents was added to the job (documents 3, batches 3, done 4)."""
     ids, texts = ["r0", "r1"], ["first text", "second text"]
-    first = _post(stack.base_url, "resubmitted", ids, texts, batch_size=1)
+    first = _submit_job(stack.base_url, "resubmitted", ids, texts, batch_size=1)
     assert first.status_code == 202, first.text
     done = _finished(stack.base_url, "resubmitted")
     assert (done["documents"], done["batches"], done["done"]) == (2, 2, 2)
 
-    again = _post(stack.base_url, "resubmitted", ids, texts, batch_size=1)
+    again = _submit_job(stack.base_url, "resubmitted", ids, texts, batch_size=1)
     assert again.status_code == 200, again.text
     assert {k: again.json()[k] for k in ("id", "status", "documents", "batches", "done")} == {
         "id": "resubmitted",
@@ -162,14 +157,14 @@ def test_an_id_that_exists_takes_the_same_request_again_and_refuses_another(stac
     }
     assert "owner" not in again.json()
 
-    other = _post(stack.base_url, "resubmitted", ["r0", "r1", "r2"], [*texts, "a third"], batch_size=1)
+    other = _submit_job(stack.base_url, "resubmitted", ["r0", "r1", "r2"], [*texts, "a third"], batch_size=1)
     assert other.status_code == 409, other.text
     assert other.json()["error"]["code"] == "conflict" and other.json()["error"]["param"] == "id"
     assert other.json()["error"]["message"] == (
         "job resubmitted exists with other documents, model, batch size or "
         "options: give it another job id (the same request again resumes it)"
     )
-    form = _post(stack.base_url, "resubmitted", ids, texts, batch_size=1, embedding_type="int8")
+    form = _submit_job(stack.base_url, "resubmitted", ids, texts, batch_size=1, embedding_type="int8")
     assert form.status_code == 409 and form.json()["error"]["code"] == "conflict", form.text
     # nothing was published: the state is as the first run left it
     state = httpx.get(f"{stack.base_url}/v1/jobs/resubmitted", timeout=10).json()
@@ -178,7 +173,7 @@ def test_an_id_that_exists_takes_the_same_request_again_and_refuses_another(stac
     # reindex under that id with another input is refused before anything is published
     docs = tmp_path / "other.jsonl"
     docs.write_text('{"id": "r0", "text": "something else"}\n')
-    run = _cli(
+    run = cli(
         [
             "reindex",
             str(docs),

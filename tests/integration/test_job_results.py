@@ -23,23 +23,13 @@ from embedfleet.services.gateway.jobs.answers import JobResultLine, JobSubmitted
 from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, wait_until
+from tests.integration.procs import Service, cli, healthy, wait_until
 from tests.integration.procs import job_finished as _finished
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PARQUET = "application/vnd.apache.parquet"
-
-
-def _cli(args: list[str], timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or ROOT,
-    )
 
 
 def _submit(base_url: str, job: str, texts: list[str], **fields) -> list[str]:
@@ -118,12 +108,16 @@ def test_parquet_and_jobs_fetch_hold_the_same_vectors(stack, float_job, tmp_path
         assert sorted(got) == sorted(ids)
         np.testing.assert_array_equal(np.stack([got[d] for d in ids]), rows)
 
-    fetched = _cli(["jobs", "fetch", job, "--out", str(tmp_path / "v.npy"), "--nats", stack.nats_url])
+    fetched = cli(
+        ["jobs", "fetch", job, "--out", str(tmp_path / "v.npy"), "--nats", stack.nats_url], timeout=90, cwd=ROOT
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert fetched.stdout == f"job {job}: 40 of 40 documents, float32 vectors -> {tmp_path / 'v.npy'}\n"
     assert json.loads((tmp_path / "v.ids.json").read_text()) == ids  # input order
     np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), rows)
-    fetched = _cli(["jobs", "fetch", job, "--out", str(tmp_path / "v.parquet"), "--nats", stack.nats_url])
+    fetched = cli(
+        ["jobs", "fetch", job, "--out", str(tmp_path / "v.parquet"), "--nats", stack.nats_url], timeout=90, cwd=ROOT
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     table = pq.read_table(tmp_path / "v.parquet")
     assert table.column("id").to_pylist() == ids and table.schema.metadata[b"dim"] == b"384"
@@ -139,7 +133,11 @@ def test_a_quantized_job_reads_as_reindex_writes_it(stack, tmp_path):
     ids = _submit(stack.base_url, "results-int8", texts, batch_size=8, embedding_type="int8")
     vectors = _lines(httpx.get(f"{stack.base_url}/v1/jobs/results-int8/results", timeout=60))
     assert all(isinstance(x, int) and -127 <= x <= 127 for v in vectors.values() for x in v)
-    fetched = _cli(["jobs", "fetch", "results-int8", "--out", str(tmp_path / "http.npy"), "--nats", stack.nats_url])
+    fetched = cli(
+        ["jobs", "fetch", "results-int8", "--out", str(tmp_path / "http.npy"), "--nats", stack.nats_url],
+        timeout=90,
+        cwd=ROOT,
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     read = np.load(tmp_path / "http.npy")
     assert read.dtype == np.int8 and read.shape == (24, 384)
@@ -151,15 +149,21 @@ def test_a_quantized_job_reads_as_reindex_writes_it(stack, tmp_path):
     def reindex(job: str) -> subprocess.CompletedProcess:
         out = ["--out", str(tmp_path / "reindex.npy"), "--job-id", job, "--batch-size", "8"]
         quiet = ["--quiet", "--stall-timeout", "30"]
-        return _cli(["reindex", str(docs), *out, "--embedding-type", "int8", "--nats", stack.nats_url, *quiet])
+        return cli(
+            ["reindex", str(docs), *out, "--embedding-type", "int8", "--nats", stack.nats_url, *quiet],
+            timeout=90,
+            cwd=ROOT,
+        )
 
     taken = reindex("results-int8")
     assert taken.returncode == 2 and "submitted another way" in taken.stderr, taken.stdout + taken.stderr
     assert "Traceback" not in taken.stderr
     rerun = reindex("results-int8-cli")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    fetched = _cli(
-        ["jobs", "fetch", "results-int8-cli", "--out", str(tmp_path / "fetch.npy"), "--nats", stack.nats_url]
+    fetched = cli(
+        ["jobs", "fetch", "results-int8-cli", "--out", str(tmp_path / "fetch.npy"), "--nats", stack.nats_url],
+        timeout=90,
+        cwd=ROOT,
     )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     written, read = np.load(tmp_path / "reindex.npy"), np.load(tmp_path / "fetch.npy")
@@ -197,10 +201,14 @@ def test_refusals(stack, float_job, tmp_path):
         "param": "id",
         "code": "not_found",
     }
-    fetched = _cli(["jobs", "fetch", "nope", "--out", out, "--nats", stack.nats_url])
+    fetched = cli(["jobs", "fetch", "nope", "--out", out, "--nats", stack.nats_url], timeout=90, cwd=ROOT)
     assert fetched.returncode == 2 and fetched.stderr == "embedfleet: error: no job 'nope'\n"
 
-    wrong = _cli(["jobs", "fetch", float_job[0], "--out", str(tmp_path / "x.npz"), "--nats", stack.nats_url])
+    wrong = cli(
+        ["jobs", "fetch", float_job[0], "--out", str(tmp_path / "x.npz"), "--nats", stack.nats_url],
+        timeout=90,
+        cwd=ROOT,
+    )
     assert wrong.returncode == 2 and "dense vectors are written to .npy" in wrong.stderr, wrong.stderr
 
     refused = httpx.get(f"{base}/v1/jobs/{float_job[0]}/results", headers={"accept": "application/json"}, timeout=10)
@@ -212,14 +220,14 @@ def test_refusals(stack, float_job, tmp_path):
     said = "job results-running is running: 2 of 6 documents settled; its results can be read once it is done"
     assert early.status_code == 409 and early.json()["error"]["message"] == said, early.text
     assert early.json()["error"]["code"] == "not_finished"
-    fetched = _cli(["jobs", "fetch", "results-running", "--out", out, "--nats", stack.nats_url])
+    fetched = cli(["jobs", "fetch", "results-running", "--out", out, "--nats", stack.nats_url], timeout=90, cwd=ROOT)
     assert fetched.returncode == 2 and said in fetched.stderr, fetched.stderr
 
     _record(stack, "results-expired", documents=5, batches=1, published=1, done=5, status="done")
     gone = httpx.get(f"{base}/v1/jobs/results-expired/results", timeout=10)
     assert gone.status_code == 410 and gone.json()["error"]["code"] == "gone", gone.text
     assert "holds none of them any more" in gone.json()["error"]["message"]
-    fetched = _cli(["jobs", "fetch", "results-expired", "--out", out, "--nats", stack.nats_url])
+    fetched = cli(["jobs", "fetch", "results-expired", "--out", out, "--nats", stack.nats_url], timeout=90, cwd=ROOT)
     assert fetched.returncode == 2 and "holds none of them any more" in fetched.stderr, fetched.stderr
     assert not (tmp_path / "x.npy").exists()
 
@@ -271,7 +279,9 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     r = httpx.get(f"{stack.base_url}/v1/jobs/{job}/results", timeout=30)
     assert r.status_code == 200 and (r.headers["x-job-status"], r.headers["x-job-failed"]) == ("done_with_errors", "3")
     assert sorted(_lines(r)) == ["a", "b", "c"]
-    fetched = _cli(["jobs", "fetch", job, "--out", str(tmp_path / "p.npy"), "--nats", stack.nats_url])
+    fetched = cli(
+        ["jobs", "fetch", job, "--out", str(tmp_path / "p.npy"), "--nats", stack.nats_url], timeout=90, cwd=ROOT
+    )
     assert fetched.returncode == 1, fetched.stdout + fetched.stderr
     assert "3 of 6 documents" in fetched.stdout and "3 missing: 3 were given up" in fetched.stdout
     assert json.loads((tmp_path / "p.ids.json").read_text()) == ["a", "b", "c"]
@@ -362,7 +372,9 @@ def test_stored_order_is_streamed_and_input_order_is_fetched(stack, tmp_path):
     lines = [orjson.loads(line) for line in r.content.splitlines()]
     assert [line["id"] for line in lines] == ["o4", "o5", "o2", "o3", "o0", "o1"]
     np.testing.assert_array_equal(np.array([line["vector"] for line in lines], dtype="<f4"), rows[[4, 5, 2, 3, 0, 1]])
-    fetched = _cli(["jobs", "fetch", job, "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url])
+    fetched = cli(
+        ["jobs", "fetch", job, "--out", str(tmp_path / "o.npy"), "--nats", stack.nats_url], timeout=90, cwd=ROOT
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert json.loads((tmp_path / "o.ids.json").read_text()) == [f"o{i}" for i in range(6)]
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), rows)

@@ -1,5 +1,5 @@
 """reindex --sink on real stores, real processes, the real model: pgvector (PostgreSQL from pgserver),
-LanceDB on disk and Qdrant's local mode. A worker SIGKILLed mid-job of 2,000 documents still leaves every id in the
+LanceDB on disk and Qdrant's local mode. A worker SIGKILLed mid-job of 1,000 documents still leaves every id in the
 store exactly once with the sentence-transformers vector and the input's other fields; a chunked job
 is keyed by (id, chunk); PostgreSQL stopped mid-job makes the job wait (the job state says why) and
 finish once it is back; a bad URL or a table of another dimension ends reindex before anything is
@@ -20,14 +20,14 @@ import pgserver
 import pytest
 
 from embedfleet.shared.nats.server import EmbeddedNats
-from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.conftest import COSINE_TOLERANCE, cosines, stop_postgres
 from tests.corpus import mixed_texts
-from tests.integration.procs import count_services, wait_until
+from tests.integration.procs import running, wait_until
 from tests.integration.test_job_faults import FaultStack, _state, _stored_ids
 
 pytestmark = pytest.mark.integration
 
-DOCUMENTS = 2000  # the job a worker is killed in, into each store
+DOCUMENTS = 1000  # the job a worker is killed in, into each store (60 batches run after the kill)
 BATCH = 16
 SAMPLE = 300  # documents whose vectors are compared with the reference
 CHUNKED = 300  # documents of the chunked job (its first ones): many chunks each, keyed the same way
@@ -68,24 +68,10 @@ def stack(tmp_path_factory, reference) -> Iterator[SinkStack]:
     try:
         for name in ("tokenizer", "worker-1", "worker-2"):
             built.start(name)
-        wait_until(
-            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-            120,
-            "tokenizer and two workers",
-            list(built.services.values()),
-        )
-        yield built
+        with running(built.services, server.url, timeout=120):
+            yield built
     finally:
-        for s in built.services.values():
-            s.stop()
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory) -> Iterator[pgserver.PostgresServer]:
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
-    yield server
-    _pg_ctl(server, "stop")
 
 
 def _pg_ctl(server: pgserver.PostgresServer, action: str) -> None:
@@ -93,10 +79,7 @@ def _pg_ctl(server: pgserver.PostgresServer, action: str) -> None:
     from pgserver._commands import pg_ctl
 
     if action == "stop":
-        try:
-            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
-        except subprocess.CalledProcessError:
-            pass  # stopped already
+        stop_postgres(server)
     else:
         socket_dir = server.get_uri().rpartition("host=")[2]
         pg_ctl(
@@ -120,12 +103,10 @@ def _pg_rows(uri: str, table: str, chunked: bool = False) -> list[tuple]:
     ]
 
 
-def _store(kind: str, stack: SinkStack, postgres, job: str) -> tuple[str, callable]:
+def _store(kind: str, stack: SinkStack, postgres_uri: str, job: str) -> tuple[str, callable]:
     """(the sink URL of a fresh table, a reader of its rows: [(id, vector, metadata)])."""
     if kind == "pgvector":
-        return f"{postgres.get_uri()}&table={job}", lambda: [
-            (i, np.asarray(v), m) for i, v, m in _pg_rows(postgres.get_uri(), job)
-        ]
+        return f"{postgres_uri}&table={job}", lambda: [(i, np.asarray(v), m) for i, v, m in _pg_rows(postgres_uri, job)]
     if kind == "lancedb":
         path = stack.folder / "lance"
 
@@ -174,9 +155,9 @@ def _check_rows(stack: SinkStack, rows: list[tuple]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["pgvector", "lancedb", "qdrant"])
-def test_a_worker_killed_mid_job_leaves_every_id_once_in_the_store(stack, postgres, kind):
+def test_a_worker_killed_mid_job_leaves_every_id_once_in_the_store(stack, postgres_uri, kind):
     job = f"sink_{kind}"
-    url, read = _store(kind, stack, postgres, job)
+    url, read = _store(kind, stack, postgres_uri, job)
     proc = stack.reindex(job, url)
     done = _wait_mid_job(stack, job, proc)
     stack.services["worker-1"].kill()  # SIGKILL: the batches it held are never acknowledged
@@ -196,15 +177,15 @@ def test_a_worker_killed_mid_job_leaves_every_id_once_in_the_store(stack, postgr
     assert state["status"] == "done" and state["sink_rows"] == DOCUMENTS and "sink_error" not in state, state
 
 
-def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres, reference):
+def test_a_chunked_job_is_keyed_by_id_and_chunk(stack, postgres_uri, reference):
     job = "sink_chunks"
     docs = stack.folder / "chunked.jsonl"
     docs.write_text("".join(stack.docs.read_text().splitlines(keepends=True)[:CHUNKED]))
     proc = stack.reindex(
-        job, f"{postgres.get_uri()}&table={job}", "--chunk-size", "96", "--chunk-overlap", "8", "--with-text", docs=docs
+        job, f"{postgres_uri}&table={job}", "--chunk-size", "96", "--chunk-overlap", "8", "--with-text", docs=docs
     )
     stack.finished(job, proc)
-    rows = _pg_rows(postgres.get_uri(), job, chunked=True)
+    rows = _pg_rows(postgres_uri, job, chunked=True)
     keys = [(r[0], r[3]) for r in rows]
     state = _state(stack.nats.url, job)
     assert len(set(keys)) == len(keys) == state["chunks_done"] > CHUNKED, state
@@ -251,17 +232,17 @@ def test_postgres_stopped_mid_job_pauses_the_job_until_it_is_back(stack, tmp_pat
         _pg_ctl(server, "stop")
 
 
-def test_a_sink_that_cannot_take_the_job_ends_reindex_before_anything_is_published(stack, postgres):
+def test_a_sink_that_cannot_take_the_job_ends_reindex_before_anything_is_published(stack, postgres_uri):
     from embedfleet.shared.sinks.base import Shape
     from embedfleet.shared.sinks.pgvector import PgVectorSink
 
     bad = stack.reindex("sink_bad_url", "mysql://user:s3cret@db/x")
     output = bad.communicate(timeout=120)[0]
     assert bad.returncode == 2 and "unknown sink 'mysql://'" in output and "s3cret" not in output, output
-    narrow = PgVectorSink(f"{postgres.get_uri()}&table=narrow")
+    narrow = PgVectorSink(f"{postgres_uri}&table=narrow")
     narrow.open(Shape("float32", "dense", 16))  # a table made by another model
     narrow.close()
-    other = stack.reindex("sink_narrow", f"{postgres.get_uri()}&table=narrow")
+    other = stack.reindex("sink_narrow", f"{postgres_uri}&table=narrow")
     output = other.communicate(timeout=120)[0]
     assert other.returncode == 2, output
     assert "holds embedding vector(16); this job makes vector(384)" in output and "nothing was published" in output

@@ -16,16 +16,15 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pgserver
 import pytest
 
 from embedfleet.services.gateway.jobs.answers import JobSubmitted
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, job_finished, wait_until
+from tests.integration.procs import Service, healthy, job_finished, running, wait_until
 from tests.integration.test_job_faults import _state, _stored_ids
-from tests.integration.test_job_sinks import _pg_ctl, _pg_rows
+from tests.integration.test_job_sinks import _pg_rows
 
 pytestmark = pytest.mark.integration
 
@@ -73,18 +72,11 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def postgres(tmp_path_factory) -> Iterator[pgserver.PostgresServer]:
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
-    yield server
-    _pg_ctl(server, "stop")
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory, postgres) -> Iterator[Fleet]:
+def fleet(tmp_path_factory, postgres_uri) -> Iterator[Fleet]:
     folder = tmp_path_factory.mktemp("http-sinks")
     server = EmbeddedNats(folder / "nats")
     server.start()
-    built = Fleet(folder, server, postgres.get_uri())
+    built = Fleet(folder, server, postgres_uri)
     common = ["--nats", server.url, "--ack-wait", "4"]
     try:
         built.services["tokenizer"] = Service("tokenizer", [*common, "--chunk-seqs", "16", "--bulk-ahead", "4"], folder)
@@ -92,17 +84,10 @@ def fleet(tmp_path_factory, postgres) -> Iterator[Fleet]:
             built.services[name] = Service(
                 "worker", [*common, "--max-batch-tokens", "2048"], folder, {"OMP_NUM_THREADS": "1"}
             )
-        wait_until(
-            lambda: count_services(server.url, "worker") == 2 and count_services(server.url, "tokenizer") == 1,
-            120,
-            "tokenizer and two workers",
-            list(built.services.values()),
-        )
-        built.gateway()
-        yield built
+        with running(built.services, server.url, timeout=120):
+            built.gateway()
+            yield built
     finally:
-        for s in built.services.values():
-            s.stop()
         server.stop()
 
 

@@ -18,6 +18,7 @@ from embedfleet.shared.chunk_windows import late_windows
 from embedfleet.shared.text_chunks import TextChunk
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import long_texts
+from tests.integration.procs import post
 from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
@@ -38,12 +39,8 @@ def texts() -> list[str]:
     return [document, "A short query that fits one chunk."]
 
 
-def _post(stack, texts, chunking, **extra) -> httpx.Response:
-    return httpx.post(
-        f"{stack.base_url}/v1/embeddings",
-        json={"model": MODEL, "input": texts, "chunking": chunking, **extra},
-        timeout=120,
-    )
+def _embed(stack, texts, chunking, **extra) -> httpx.Response:
+    return post(stack.base_url, "/v1/embeddings", {"model": MODEL, "input": texts, "chunking": chunking, **extra})
 
 
 def _by_input(items: list[dict]) -> dict[int, list[dict]]:
@@ -55,10 +52,10 @@ def _by_input(items: list[dict]) -> dict[int, list[dict]]:
 
 def test_each_late_chunk_is_its_tokens_mean_in_the_whole_input(stack, ref, texts):
     chunking = {"size": 32, "overlap": 8, "late": True}
-    r = _post(stack, texts, chunking)
+    r = _embed(stack, texts, chunking)
     assert r.status_code == 200, r.text
     body = r.json()
-    plain = _post(stack, texts, {**chunking, "late": False}).json()["data"]
+    plain = _embed(stack, texts, {**chunking, "late": False}).json()["data"]
     assert [(d["index"], d["chunk"], d["start"], d["end"]) for d in body["data"]] == [
         (d["index"], d["chunk"], d["start"], d["end"]) for d in plain
     ], "late chunks are plain chunking's"
@@ -85,8 +82,8 @@ def test_each_late_chunk_is_its_tokens_mean_in_the_whole_input(stack, ref, texts
 
 def test_the_late_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack, ref, texts):
     chunking = {"size": 32, "overlap": 8, "late": True}
-    chunks = _by_input(_post(stack, texts, chunking).json()["data"])
-    r = _post(stack, texts, {**chunking, "return": "mean"})
+    chunks = _by_input(_embed(stack, texts, chunking).json()["data"])
+    r = _embed(stack, texts, {**chunking, "return": "mean"})
     assert r.status_code == 200, r.text
     data = r.json()["data"]
     assert [(d["index"], "chunk" in d) for d in data] == [(0, False), (1, False)]
@@ -99,15 +96,15 @@ def test_the_late_mean_is_the_token_weighted_mean_of_the_chunks_normalised(stack
 
 def test_forms_and_dimensions_apply_to_late_chunks(stack, ref, texts):
     chunking = {"size": 48, "late": True}
-    floats = _post(stack, texts, chunking).json()["data"]
-    b64 = _post(stack, texts, chunking, encoding_format="base64").json()["data"]
+    floats = _embed(stack, texts, chunking).json()["data"]
+    b64 = _embed(stack, texts, chunking, encoding_format="base64").json()["data"]
     decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in b64])
     np.testing.assert_allclose(decoded, np.array([d["embedding"] for d in floats], np.float32), rtol=0, atol=1e-6)
-    short = _post(stack, texts, chunking, dimensions=128).json()["data"]
+    short = _embed(stack, texts, chunking, dimensions=128).json()["data"]
     full = np.array([d["embedding"] for d in floats])[:, :128]
     assert cosines(np.array([d["embedding"] for d in short]), full).min() >= COSINE_TOLERANCE
     assert all(abs(np.linalg.norm(d["embedding"]) - 1) < 1e-3 for d in short)  # renormalised
-    int8 = _post(stack, texts, chunking, embedding_type="int8")
+    int8 = _embed(stack, texts, chunking, embedding_type="int8")
     assert int8.status_code == 200, int8.text
     assert all(isinstance(x, int) and -128 <= x <= 127 for d in int8.json()["data"] for x in d["embedding"])
 
@@ -116,7 +113,7 @@ def test_an_input_over_the_limit_is_read_in_windows_each_chunk_pooled_in_its_own
     text = " ".join(" ".join(long_texts(2)).split()[:700])  # several hundred tokens past the model's limit
     total = len(ref.offsets(text))
     assert total > 2 * ROOM
-    r = _post(stack, [text], {"size": 64, "overlap": 16, "late": True})
+    r = _embed(stack, [text], {"size": 64, "overlap": 16, "late": True})
     assert r.status_code == 200, r.text
     items = r.json()["data"]
     chunks = [TextChunk(d["start"], d["end"], *ref.tokens(text, d["start"], d["end"])) for d in items]
@@ -157,7 +154,7 @@ def test_an_input_over_the_limit_is_read_in_windows_each_chunk_pooled_in_its_own
     ids=["over-room", "not-a-boolean", "dimensions"],
 )
 def test_wrong_late_chunking_is_refused_in_the_openai_shape(stack, texts, chunking, extra, status, param, message):
-    r = _post(stack, texts, chunking, **extra)
+    r = _embed(stack, texts, chunking, **extra)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"].startswith(message), error
@@ -169,16 +166,16 @@ def test_a_window_that_alone_tokenizes_otherwise_is_refused_naming_its_input(sta
     edge reads the word otherwise (whole, or from that edge as a word of its own); its count differs
     from its spans', so it is refused, never pooled from shifted spans."""
     long = "Short words fit. " + "antidisestablishmentarianism " * 60  # ~490 tokens: several windows
-    r = _post(stack, ["fine", long], {"size": 4, "late": True})
+    r = _embed(stack, ["fine", long], {"size": 4, "late": True})
     assert r.status_code == 400, r.text[:300]
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request", error
     assert error["message"].startswith("input 1 makes ") and "content tokens, where its spans count" in error["message"]
     # one window holding pieces of a word cut for size 4 (each tokenized alone: "establishment", not
     # "##est ##ab ##lish ##ment"): its count differs too, refused
-    assert _post(stack, ["fine", long[:200]], {"size": 4, "late": True}).status_code == 400
+    assert _embed(stack, ["fine", long[:200]], {"size": 4, "late": True}).status_code == 400
     # the same text with chunks that hold its words whole: taken
-    assert _post(stack, ["fine", long[:200]], {"size": 16, "late": True}).status_code == 200
+    assert _embed(stack, ["fine", long[:200]], {"size": 16, "late": True}).status_code == 200
 
 
 def test_a_binary_answer_takes_the_late_mean_and_refuses_chunk_offsets(stack, texts):

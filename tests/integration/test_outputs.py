@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import cosines
-from tests.integration.procs import start_fleet, wait_until
+from tests.integration.procs import post, running_fleet, wait_until
 from tests.output_models import (
     bge_m3_reference,
     build_bge_m3,
@@ -47,20 +47,12 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     folders = {"splade": build_splade(root), "colbert": build_colbert(root), "bge-m3": build_bge_m3(root)}
     assert [f.name for f in folders.values()] == ["splade-max-relu", "colbert", "bge-m3"]
     log_dir = tmp_path_factory.mktemp("output-logs")
-    base_url, services = start_fleet(nats_url, PREFIX, folders, log_dir)  # each served as its folder's name
-    try:
+    with running_fleet(nats_url, PREFIX, folders, log_dir) as (base_url, _):  # each served as its folder's name
         yield base_url, folders
-    finally:
-        for s in services:
-            s.stop()
-
-
-def _post(base_url: str, route: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{base_url}{route}", json=body, timeout=120)
 
 
 def _sparse(base_url: str, model: str, **extra) -> list[list[dict]]:
-    r = _post(base_url, "/embed_sparse", {"model": model, "inputs": TEXTS, **extra})
+    r = post(base_url, "/embed_sparse", {"model": model, "inputs": TEXTS, **extra})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -81,7 +73,7 @@ def test_embed_sparse_answers_the_named_model_not_the_default(fleet):
     """Two sparse models served: the body's ``model`` picks one; none named is the default (the first
     id in order, bge-m3)."""
     base_url, folders = fleet
-    named, default = _sparse(base_url, SPLADE), _post(base_url, "/embed_sparse", {"inputs": TEXTS}).json()
+    named, default = _sparse(base_url, SPLADE), post(base_url, "/embed_sparse", {"inputs": TEXTS}).json()
     lexical = bge_m3_reference(folders["bge-m3"], TEXTS)["sparse"]
     assert [{e["index"] for e in row} for row in default] == [set(x) for x in lexical]
     splade = splade_reference(folders["splade"], TEXTS)
@@ -103,7 +95,7 @@ def test_sparse_pruning_over_http(fleet):
 def test_colbert_over_http_equals_multi_vector_encoder(fleet):
     base_url, folders = fleet
     for task in ("query", "document"):
-        r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS, "input_type": task})
+        r = post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS, "input_type": task})
         assert r.status_code == 200, r.text
         got = r.json()
         for vectors, expected in zip(got, colbert_reference(folders["colbert"], TEXTS, task)):
@@ -115,14 +107,14 @@ def test_colbert_over_http_equals_multi_vector_encoder(fleet):
 def test_bge_m3_three_outputs_over_http(fleet):
     base_url, folders = fleet
     ref = bge_m3_reference(folders["bge-m3"], TEXTS)
-    r = _post(base_url, "/v1/embeddings", {"model": "bge-m3", "input": TEXTS})
+    r = post(base_url, "/v1/embeddings", {"model": "bge-m3", "input": TEXTS})
     assert r.status_code == 200, r.text
     dense = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
     assert cosines(dense, np.stack(ref["dense"])).min() >= COSINE
     for row, lexical in zip(_sparse(base_url, "bge-m3"), ref["sparse"]):
         assert {e["index"] for e in row} == set(lexical)
         np.testing.assert_allclose([e["value"] for e in row], [lexical[e["index"]] for e in row], atol=1e-4)
-    r = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS})
+    r = post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS})
     assert r.status_code == 200, r.text
     for vectors, expected in zip(r.json(), ref["colbert"]):
         vectors = np.asarray(vectors, np.float32)
@@ -135,7 +127,7 @@ def test_token_states_and_quantized_token_vectors(fleet):
     from transformers import AutoModel, AutoTokenizer
 
     folder = folders["bge-m3"]
-    r = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS[:2], "output": "tokens"})
+    r = post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS[:2], "output": "tokens"})
     assert r.status_code == 200, r.text
     tokenizer, model = AutoTokenizer.from_pretrained(str(folder)), AutoModel.from_pretrained(str(folder)).eval()
     with torch.no_grad():
@@ -144,10 +136,10 @@ def test_token_states_and_quantized_token_vectors(fleet):
             assert np.asarray(states).shape == want.shape and np.abs(np.asarray(states) - want).max() < 1e-4
     # token vectors in int8 and binary, made on the worker
     floats = [
-        np.asarray(v, np.float32) for v in _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS}).json()
+        np.asarray(v, np.float32) for v in post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS}).json()
     ]
-    ints = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "int8"})
-    bits = _post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "ubinary"})
+    ints = post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "int8"})
+    bits = post(base_url, "/embed_all", {"model": "bge-m3", "inputs": TEXTS, "embedding_type": "ubinary"})
     assert ints.status_code == 200 and bits.status_code == 200, ints.text + bits.text
     for f, i, b in zip(floats, ints.json(), bits.json()):
         assert cosines(np.asarray(i, np.float32), f).min() >= 0.99
@@ -156,13 +148,13 @@ def test_token_states_and_quantized_token_vectors(fleet):
 
 def test_outputs_a_model_lacks_are_refused_clearly(fleet):
     base_url, _ = fleet
-    r = _post(base_url, "/embed_sparse", {"model": "colbert", "inputs": ["x"]})
+    r = post(base_url, "/embed_sparse", {"model": "colbert", "inputs": ["x"]})
     assert r.status_code == 400 and "sparse" in r.json()["error"], r.text
-    r = _post(base_url, "/v1/embeddings", {"model": SPLADE, "input": ["x"]})
+    r = post(base_url, "/v1/embeddings", {"model": SPLADE, "input": ["x"]})
     assert r.status_code == 400 and "dense" in r.text, r.text
-    r = _post(base_url, "/embed_all", {"model": SPLADE, "inputs": ["x"], "output": "multivector"})
+    r = post(base_url, "/embed_all", {"model": SPLADE, "inputs": ["x"], "output": "multivector"})
     assert r.status_code == 400 and "multi-vector" in r.text, r.text
-    r = _post(base_url, "/embed_sparse", {"model": SPLADE, "inputs": ["x"], "top_k": 0})
+    r = post(base_url, "/embed_sparse", {"model": SPLADE, "inputs": ["x"], "top_k": 0})
     assert r.status_code == 422 or r.status_code == 400, r.text
     assert "top_k" in r.text
 
@@ -187,9 +179,9 @@ def test_models_says_what_each_output_model_serves(fleet):
         SPLADE: ("sparse", ["sparse"]),
         "bge-m3": ("embedding", ["dense", "sparse", "multivector"]),
     }
-    r = _post(base_url, "/v1/embeddings", {"model": "colbert", "input": ["x"]})
+    r = post(base_url, "/v1/embeddings", {"model": "colbert", "input": ["x"]})
     assert r.status_code == 400 and "dense" in r.text, r.text
-    r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": ["x"]})
+    r = post(base_url, "/embed_all", {"model": "colbert", "inputs": ["x"]})
     assert r.status_code == 200, r.text
 
 
@@ -225,7 +217,7 @@ def test_bulk_jobs_write_sparse_and_multi_vector_rows(fleet, nats_url, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     stored = np.load(out)
     vectors, offsets = stored["vectors"], stored["offsets"]
-    r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS})
+    r = post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS})
     online = [np.asarray(v, np.float32) for v in r.json()] * 5
     assert len(offsets) == len(texts) + 1
     for i, want_rows in enumerate(online):
@@ -246,7 +238,7 @@ def _http_job(base_url: str, job: str, model: str, output: str, texts: list[str]
     from tests.integration.procs import wait_until
 
     ids = [f"{job}-{i}" for i in range(len(texts))]
-    r = _post(
+    r = post(
         base_url,
         "/v1/jobs",
         {
@@ -316,7 +308,7 @@ def test_http_jobs_of_sparse_and_multi_vector_rows_read_back(fleet, nats_url, tm
     np.testing.assert_array_equal(scipy.sparse.load_npz(tmp_path / "sparse.npz").toarray(), dense)
 
     ids, rows, table = _http_job(base_url, "outputs-multi-http", "colbert", "multivector", texts)
-    r = _post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS})
+    r = post(base_url, "/embed_all", {"model": "colbert", "inputs": TEXTS})
     online = [np.asarray(v, np.float32) for v in r.json()] * 2
     for doc, want_rows in zip(ids, online):
         got = np.asarray(rows[doc], np.float32)
@@ -375,7 +367,7 @@ def test_sparse_jobs_run_in_batches_whose_vectors_fit_a_message(fleet, nats_url,
     )
 
     body = {"model": SPLADE, "output": "sparse", "documents": [{"id": f"h{i}", "text": t} for i, t in enumerate(texts)]}
-    r = _post(base_url, "/v1/jobs", body)
+    r = post(base_url, "/v1/jobs", body)
     assert r.status_code == 202 and r.json()["batch_size"] == 34, r.text
     assert r.json()["note"].startswith("batch size cut from 64 to 34: a document's sparse vectors"), r.text
     job = r.json()["id"]

@@ -24,7 +24,7 @@ from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.nats.subjects import Subjects
 from tests.corpus import mixed_texts
 from tests.integration.nats_refusals import refusals
-from tests.integration.procs import Service, count_services, healthy, job_settled, wait_until
+from tests.integration.procs import Service, cli, count_services, healthy, job_settled, wait_until
 from tests.job_states import submitted
 
 pytestmark = pytest.mark.integration
@@ -47,15 +47,6 @@ class Fabric:
         return [line for line in log.splitlines() if " Violation - " in line and ":embedfleet-" in line]
 
 
-def _cli(*args: str, seed: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args, "--nats-nkey-seed", seed],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory) -> Iterator[Fabric]:
     folder = tmp_path_factory.mktemp("fabric")
@@ -71,7 +62,7 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
     server.start()
     seeds = folder / "auth"
     try:
-        init = _cli("init", "--nats", server.url, seed=str(seeds / "operator.nk"))
+        init = cli(["init", "--nats", server.url, "--nats-nkey-seed", str(seeds / "operator.nk")])
         assert init.returncode == 0, init.stdout + init.stderr
         from embedfleet.services.up.launch import FreePorts
 
@@ -137,30 +128,43 @@ def test_every_role_does_its_whole_job_under_its_permissions(fabric, tmp_path):
     source = tmp_path / "docs.jsonl"
     source.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts[:10])))
     out = tmp_path / "vectors.npy"
-    done = _cli(
-        "reindex", str(source), "--out", str(out), "--nats", fabric.server.url, "--quiet", seed=fabric.seed("publisher")
+    done = cli(
+        [
+            "reindex",
+            str(source),
+            "--out",
+            str(out),
+            "--nats",
+            fabric.server.url,
+            "--quiet",
+            "--nats-nkey-seed",
+            fabric.seed("publisher"),
+        ]
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert np.load(out).shape == (10, 384)
     # the gateway reads the HTTP job's results back; the publisher fetches them to a file
     results = httpx.get(f"{fabric.base_url}/v1/jobs/{job_id}/results", timeout=60)
     assert results.status_code == 200 and len(results.content.splitlines()) == 20, results.text[:300]
-    fetched = _cli(
-        "jobs",
-        "fetch",
-        job_id,
-        "--out",
-        str(tmp_path / "fetched.npy"),
-        "--nats",
-        fabric.server.url,
-        seed=fabric.seed("publisher"),
+    fetched = cli(
+        [
+            "jobs",
+            "fetch",
+            job_id,
+            "--out",
+            str(tmp_path / "fetched.npy"),
+            "--nats",
+            fabric.server.url,
+            "--nats-nkey-seed",
+            fabric.seed("publisher"),
+        ]
     )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert np.load(tmp_path / "fetched.npy").shape == (20, 384)
     # the gateway lists them (its own consumer of the job bucket), the operator too
     page = httpx.get(f"{fabric.base_url}/v1/jobs", params={"limit": 100}, timeout=60)
     assert page.status_code == 200 and job_id in [j["id"] for j in page.json()["data"]], page.text[:300]
-    listed = _cli("jobs", "--nats", fabric.server.url, seed=fabric.seed("operator"))
+    listed = cli(["jobs", "--nats", fabric.server.url, "--nats-nkey-seed", fabric.seed("operator")])
     assert listed.returncode == 0 and job_id in listed.stdout, listed.stdout + listed.stderr
     assert fabric.violations() == []
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from embedfleet.shared.nats.permissions import CONNECTION_NAMES, inbox_prefix
 from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.nats.subjects import Subjects, model_token
 from tests.integration.nats_refusals import refusals
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.integration.procs import Service, cli, stop_all, wait_ready, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,12 +48,6 @@ class Fleet:
         return str(self.seeds / f"{role}.nk")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "embedfleet.services.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def _get(fleet: Fleet, path: str, key: str) -> httpx.Response:
     return httpx.get(f"{fleet.base_url}{path}", headers={"authorization": f"Bearer {key}"}, timeout=30)
 
@@ -63,14 +55,14 @@ def _get(fleet: Fleet, path: str, key: str) -> httpx.Response:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     folder = tmp_path_factory.mktemp("roles")
-    made = _cli("auth", str(folder / "auth"))
+    made = cli(["auth", str(folder / "auth")])
     assert made.returncode == 0, made.stderr
     seeds = folder / "auth"
     server = EmbeddedNats(folder / "nats", config=(seeds / "auth.conf").read_text())
     server.start()
     services: list[Service] = []
     try:
-        init = _cli("init", "--nats", server.url, "--nats-nkey-seed", str(seeds / "operator.nk"))
+        init = cli(["init", "--nats", server.url, "--nats-nkey-seed", str(seeds / "operator.nk")])
         assert init.returncode == 0, init.stdout + init.stderr
         from embedfleet.services.up.launch import FreePorts
 
@@ -86,9 +78,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
             seed = ["--nats-nkey-seed", str(seeds / f"{role}.nk")]
             services.append(Service(role, ["--nats", server.url, *args, *seed], folder, env))
         base_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: healthy(base_url), 180, "gateway health", services)
-        operator = str(seeds / "operator.nk")
-        wait_until(lambda: count_services(server.url, "worker", nkey_seed=operator) == 1, 60, "the worker", services)
+        wait_ready(services, server.url, base_url, nkey_seed=str(seeds / "operator.nk"))
         docs = [{"id": f"v{i}", "text": f"the victim's document number {i}"} for i in range(6)]
         r = httpx.post(
             f"{base_url}/v1/jobs",
@@ -103,8 +93,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         )
         yield fleet
     finally:
-        for s in services:
-            s.stop()
+        stop_all(services)
         server.stop()
 
 
@@ -378,7 +367,7 @@ def test_a_service_waits_for_init_to_make_a_missing_stream(fleet):
         await asyncio.sleep(6)  # its attempt to make them refused (after the JetStream request timeout)
         assert not opening.done()
         init = await asyncio.to_thread(
-            _cli, "init", "--nats", fleet.server.url, "--nats-nkey-seed", fleet.seed("operator")
+            cli, ["init", "--nats", fleet.server.url, "--nats-nkey-seed", fleet.seed("operator")]
         )
         assert init.returncode == 0, init.stderr
         kv = await asyncio.wait_for(opening, 10)

@@ -28,7 +28,7 @@ from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
 from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, start_fleet, wait_until
+from tests.integration.procs import Service, healthy, running_fleet, stop_all, wait_until
 from tests.integration.test_field_extremes import EXTREMES, _failure
 
 pytestmark = pytest.mark.integration
@@ -138,30 +138,28 @@ def fleet(corpus, nats_url, model_info, tmp_path_factory) -> Iterator[Fleet]:
     logs.mkdir()
     common = ["--nats", nats_url, "--subject-prefix", PREFIX]
     scorer = Service("scorer", [*common, "--model", str(reranker), "--model-name", RERANKER], logs)
-    plain, started = start_fleet(
+    with running_fleet(
         nats_url, PREFIX, {MODEL: model_info.path, RERANKER: reranker}, logs, named=True, extra=[scorer]
-    )
-    ports = free_port(), free_port()
-    services = {f"fleet-{i}": s for i, s in enumerate(started)}
-    services["gateway-pg"] = Service(
-        "gateway", [*common, "--port", str(ports[0]), "--search-model", MODEL], logs, {"EMBEDFLEET_SEARCH_SINK": pg_url}
-    )
-    services["gateway-qdrant"] = Service(
-        "gateway", [*common, "--port", str(ports[1]), "--search-sink", qdrant_url], logs
-    )
-    bases = [f"http://127.0.0.1:{p}" for p in ports]
-    try:
-        wait_until(
-            lambda: all(healthy(b) for b in bases) and count_services(nats_url, "scorer", prefix=PREFIX) == 1,
-            120,
-            "the search gateways and the scorer",
-            list(services.values()),
-        )
-        yield Fleet(plain, bases[0], bases[1], pg_url, pg_folder, services)
-    finally:
-        for s in services.values():
-            s.stop()
-        pgserver.get_server(pg_folder, cleanup_mode="stop").cleanup()
+    ) as (plain, started):
+        ports = free_port(), free_port()
+        services = {f"fleet-{i}": s for i, s in enumerate(started)}
+        gateways = {
+            "gateway-pg": Service(
+                "gateway",
+                [*common, "--port", str(ports[0]), "--search-model", MODEL],
+                logs,
+                {"EMBEDFLEET_SEARCH_SINK": pg_url},
+            ),
+            "gateway-qdrant": Service("gateway", [*common, "--port", str(ports[1]), "--search-sink", qdrant_url], logs),
+        }
+        services |= gateways
+        bases = [f"http://127.0.0.1:{p}" for p in ports]
+        try:
+            wait_until(lambda: all(healthy(b) for b in bases), 120, "the search gateways", list(services.values()))
+            yield Fleet(plain, bases[0], bases[1], pg_url, pg_folder, services)
+        finally:
+            stop_all(gateways)
+            pgserver.get_server(pg_folder, cleanup_mode="stop").cleanup()
 
 
 def _search(base: str, **body) -> httpx.Response:

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from embedfleet.services.gateway.http.health_answers import Healthy
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.corpus import medium_texts, mixed_texts
-from tests.integration.procs import Service, count_services, start_fleet, wait_until
+from tests.integration.procs import Service, post, running_fleet, wait_until
 from tests.output_models import build_splade, densify, splade_reference
 from tests.tiny_models import build, hf_reference_logits
 
@@ -30,12 +30,6 @@ PREFIX = "tei-tasks"
 CLASSIFIER, RERANKER, SPLADE = "cls3", "rerank1", "splade"  # served ids; the classifier sorts first: the default
 LABELS = ["negative", "neutral", "positive"]
 TEXTS = ["hello world, a test!", "the quick brown fox jumps over the lazy dog.", "x", "search is fun " * 40]
-
-
-def _post(base_url: str, path: str, body: dict, status: int = 200):
-    r = httpx.post(f"{base_url}{path}", json=body, timeout=120)
-    assert r.status_code == status, r.text
-    return r.json()
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -76,8 +70,8 @@ def test_sentence_similarity_equals_cosines_of_reference_vectors(stack, referenc
     got = InferenceClient(base_url=stack.base_url).sentence_similarity(source, other_sentences=others)  # POST /
     np.testing.assert_allclose(got, want, atol=1e-4)
     body = {"inputs": {"source_sentence": source, "sentences": others}, "parameters": {"truncate": True}}
-    np.testing.assert_allclose(_post(stack.base_url, "/similarity", body), want, atol=1e-4)
-    refused = _post(stack.base_url, "/similarity", {"inputs": {"source_sentence": source, "sentences": []}}, 400)
+    np.testing.assert_allclose(post(stack.base_url, "/similarity", body, 200).json(), want, atol=1e-4)
+    refused = post(stack.base_url, "/similarity", {"inputs": {"source_sentence": source, "sentences": []}}, 400).json()
     assert refused == {"error": "'inputs.sentences' must not be an empty list", "error_type": "Validation"}
 
 
@@ -86,25 +80,28 @@ def test_decode_equals_the_tokenizers_library(stack, model_info):
     texts = [*mixed_texts(10)[:9], "Une phrase en français, avec des accents: é è à."]
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     for skip in (True, False):
-        got = _post(stack.base_url, "/decode", {"ids": ids, "skip_special_tokens": skip})
+        got = post(stack.base_url, "/decode", {"ids": ids, "skip_special_tokens": skip}, 200).json()
         assert got == tokenizer.decode_batch(ids, skip_special_tokens=skip)
-    assert _post(stack.base_url, "/decode", {"ids": ids[0]}) == [
+    assert post(stack.base_url, "/decode", {"ids": ids[0]}, 200).json() == [
         tokenizer.decode(ids[0])
     ]  # one sequence, TEI's default
-    tokens = _post(stack.base_url, "/tokenize", {"inputs": "hello world"})[0]
-    assert _post(stack.base_url, "/decode", {"ids": [t["id"] for t in tokens]}) == ["hello world"]
-    refused = _post(stack.base_url, "/decode", {"ids": []}, 400)
+    tokens = post(stack.base_url, "/tokenize", {"inputs": "hello world"}, 200).json()[0]
+    assert post(stack.base_url, "/decode", {"ids": [t["id"] for t in tokens]}, 200).json() == ["hello world"]
+    refused = post(stack.base_url, "/decode", {"ids": []}, 400).json()
     assert refused["error_type"] == "Validation" and "empty" in refused["error"]
-    assert _post(stack.base_url, "/decode", {"ids": [1, -1]}, 422)["error_type"] == "Validation"
+    assert post(stack.base_url, "/decode", {"ids": [1, -1]}, 422).json()["error_type"] == "Validation"
 
 
 def test_root_embeds_with_an_embedder_and_health_answers_on_get(stack):
     body = {"inputs": TEXTS, "truncate": True, "dimensions": 64}
-    root = np.array(_post(stack.base_url, "/", body), np.float32)
-    embed = np.array(_post(stack.base_url, "/embed", body), np.float32)
+    root = np.array(post(stack.base_url, "/", body, 200).json(), np.float32)
+    embed = np.array(post(stack.base_url, "/embed", body, 200).json(), np.float32)
     assert root.shape == (len(TEXTS), 64)
     assert cosines(root, embed).min() >= COSINE_TOLERANCE
-    assert cosines(np.array(_post(stack.base_url, "/invocations", body), np.float32), embed).min() >= COSINE_TOLERANCE
+    assert (
+        cosines(np.array(post(stack.base_url, "/invocations", body, 200).json(), np.float32), embed).min()
+        >= COSINE_TOLERANCE
+    )
     r = httpx.post(stack.base_url, json=body, headers={"accept": "application/octet-stream"}, timeout=60)
     assert r.status_code == 200 and r.headers["x-embedding-dim"] == "64"
     assert cosines(np.frombuffer(r.content, "<f4").reshape(len(TEXTS), 64), embed).min() >= COSINE_TOLERANCE
@@ -112,11 +109,11 @@ def test_root_embeds_with_an_embedder_and_health_answers_on_get(stack):
         r = httpx.get(f"{stack.base_url}{path}", timeout=30)
         assert r.status_code == 200 and r.json()["status"] == "ok", r.text
         Healthy.model_validate_json(r.content)  # /health's answer, as documented
-    refused = _post(
+    refused = post(
         stack.base_url, "/", {"query": "q", "texts": ["a"]}, 400
-    )  # an embedder's root embeds: rerank elsewhere
+    ).json()  # an embedder's root embeds: rerank elsewhere
     assert refused == {"error": "'inputs' is required", "error_type": "Validation"}
-    refused = _post(stack.base_url, "/predict", {"inputs": "a"}, 400)
+    refused = post(stack.base_url, "/predict", {"inputs": "a"}, 400).json()
     assert refused["error_type"] == "Validation" and "not a sequence classifier" in refused["error"]
 
 
@@ -140,9 +137,7 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
         ["--nats", nats_url, "--subject-prefix", PREFIX, "--model", str(folders[RERANKER]), "--model-name", RERANKER],
         log_dir,
     )
-    base_url, services = start_fleet(nats_url, PREFIX, folders, log_dir, named=True, extra=[scorer])
-    try:
-        wait_until(lambda: count_services(nats_url, "scorer", prefix=PREFIX) == 1, 60, "the scorer", services)
+    with running_fleet(nats_url, PREFIX, folders, log_dir, named=True, extra=[scorer]) as (base_url, services):
         # ?all=1: every model served (a plain /health lists the models whose processes answered first)
         wait_until(
             lambda: len(httpx.get(f"{base_url}/health?all=1", timeout=5).json().get("models", [])) == len(folders),
@@ -151,9 +146,6 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
             services,
         )
         yield base_url, folders
-    finally:
-        for s in services:
-            s.stop()
 
 
 def test_predict_equals_transformers_softmax(fleet):
@@ -171,19 +163,21 @@ def test_predict_equals_transformers_softmax(fleet):
         assert [p["label"] for p in predictions] == [LABELS[i] for i in np.argsort(-want)]
         np.testing.assert_allclose([p["score"] for p in predictions], np.sort(want)[::-1], atol=1e-4)
 
-    one = _post(base_url, "/predict", {"inputs": queries[0], "model": CLASSIFIER, "truncate": True})
+    one = post(base_url, "/predict", {"inputs": queries[0], "model": CLASSIFIER, "truncate": True}, 200).json()
     check(one, logits["single"][0])
-    check(_post(base_url, "/predict", {"inputs": list(pairs[1]), "model": CLASSIFIER}), logits["pair"][1])
+    check(post(base_url, "/predict", {"inputs": list(pairs[1]), "model": CLASSIFIER}, 200).json(), logits["pair"][1])
     batch = [[q] for q in queries] + [list(p) for p in pairs]  # texts and pairs mixed: both kinds of request
-    got = _post(base_url, "/predict", {"inputs": batch, "model": CLASSIFIER, "truncate": True})
+    got = post(base_url, "/predict", {"inputs": batch, "model": CLASSIFIER, "truncate": True}, 200).json()
     assert len(got) == len(batch)
     for predictions, row in zip(got, [*logits["single"], *logits["pair"]]):
         check(predictions, row)
-    raw = _post(base_url, "/predict", {"inputs": [[q] for q in queries], "raw_scores": True, "model": CLASSIFIER})
+    raw = post(
+        base_url, "/predict", {"inputs": [[q] for q in queries], "raw_scores": True, "model": CLASSIFIER}, 200
+    ).json()
     for predictions, row in zip(raw, logits["single"]):
         check(predictions, row, raw=True)
     # POST / of a classifier predicts, as TEI's; the classifier is the default model here
-    check(_post(base_url, "/", {"inputs": queries[0]}), logits["single"][0])
+    check(post(base_url, "/", {"inputs": queries[0]}, 200).json(), logits["single"][0])
     info = httpx.get(f"{base_url}/info", timeout=30).json()
     assert info["model_id"] == CLASSIFIER
     assert info["model_type"] == {
@@ -199,27 +193,27 @@ def test_root_of_a_reranker_reranks_and_predict_gives_its_sigmoid(fleet):
     query, docs = "how do I read a file line by line", medium_texts(8)
     logits = hf_reference_logits(folders[RERANKER], [(query, d) for d in docs])[:, 0]
     assert np.ptp(logits) > 0.1
-    ranked = _post(base_url, "/", {"query": query, "texts": docs, "model": RERANKER, "return_text": True})
+    ranked = post(base_url, "/", {"query": query, "texts": docs, "model": RERANKER, "return_text": True}, 200).json()
     assert [r["index"] for r in ranked] == np.argsort(-logits, kind="stable").tolist()
     np.testing.assert_allclose([r["score"] for r in ranked], 1 / (1 + np.exp(-np.sort(logits)[::-1])), atol=1e-4)
     assert [r["text"] for r in ranked] == [docs[r["index"]] for r in ranked]
-    raw = _post(base_url, "/", {"query": query, "texts": docs, "model": RERANKER, "raw_scores": True})
+    raw = post(base_url, "/", {"query": query, "texts": docs, "model": RERANKER, "raw_scores": True}, 200).json()
     np.testing.assert_allclose([r["score"] for r in raw], np.sort(logits)[::-1], atol=1e-4)
-    predicted = _post(base_url, "/predict", {"inputs": [[query, d] for d in docs[:3]], "model": RERANKER})
+    predicted = post(base_url, "/predict", {"inputs": [[query, d] for d in docs[:3]], "model": RERANKER}, 200).json()
     for predictions, logit in zip(predicted, logits[:3]):
         assert [p["label"] for p in predictions] == ["LABEL_0"]
         assert abs(predictions[0]["score"] - 1 / (1 + np.exp(-logit))) < 1e-4
-    refused = _post(
+    refused = post(
         base_url, "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": RERANKER}, 400
-    )
+    ).json()
     assert "cross-encoder" in refused["error"] and refused["error_type"] == "Validation"
 
 
 def test_root_of_a_splade_model_embeds_sparse(fleet):
     base_url, folders = fleet
     ref = splade_reference(folders[SPLADE], TEXTS)
-    rows = _post(base_url, "/", {"inputs": TEXTS, "model": SPLADE, "truncate": True})
-    assert rows == _post(base_url, "/embed_sparse", {"inputs": TEXTS, "model": SPLADE, "truncate": True})
+    rows = post(base_url, "/", {"inputs": TEXTS, "model": SPLADE, "truncate": True}, 200).json()
+    assert rows == post(base_url, "/embed_sparse", {"inputs": TEXTS, "model": SPLADE, "truncate": True}, 200).json()
     got = np.stack([densify([e["index"] for e in row], [e["value"] for e in row], ref.shape[1]) for row in rows])
     assert np.array_equal(got > 0, ref > 0) and cosines(got, ref).min() >= COSINE_TOLERANCE
 
@@ -228,4 +222,4 @@ def test_decode_with_another_models_tokenizer(fleet):
     base_url, folders = fleet
     tokenizer = Tokenizer.from_file(str(folders[CLASSIFIER] / "tokenizer.json"))
     ids = [e.ids for e in tokenizer.encode_batch(TEXTS)]
-    assert _post(base_url, "/decode", {"ids": ids, "model": CLASSIFIER}) == tokenizer.decode_batch(ids)
+    assert post(base_url, "/decode", {"ids": ids, "model": CLASSIFIER}, 200).json() == tokenizer.decode_batch(ids)

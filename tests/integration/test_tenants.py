@@ -26,7 +26,7 @@ from embedfleet.services.gateway.metrics import key_id
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
 from tests import tiny_models
-from tests.integration.procs import Service, healthy, start_fleet, wait_until
+from tests.integration.procs import Service, healthy, start_fleet, stop_all, wait_until
 from tests.prometheus_text import value
 
 pytestmark = pytest.mark.integration
@@ -141,8 +141,7 @@ def tenants(nats_url, tmp_path_factory) -> Iterator[Tenants]:
         built.dim = int(built.rows("a_docs")[0][2].count(",")) + 1
         yield built
     finally:
-        for s in services:
-            s.stop()
+        stop_all(services)
         server.cleanup()
 
 

@@ -5,8 +5,9 @@ shape and status; /v1/embeddings, which has no such field, cuts every input."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
+
+from tests.integration.procs import post
 
 pytestmark = pytest.mark.integration
 
@@ -16,10 +17,6 @@ FACT = "has 602 tokens; the model's limit is 256"
 TEI = "(send truncate=true to cut it)"
 COHERE = '(send truncate "END" or "START" to cut it)'
 OPENAI_RERANK = '(send "truncate": true to cut it)'
-
-
-def _post(stack, path: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{stack.base_url}{path}", json=body, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -34,20 +31,30 @@ def _post(stack, path: str, body: dict) -> httpx.Response:
     ids=["embed", "root", "embed_all", "similarity", "rerank"],
 )
 def test_tei_routes_say_truncate_true(stack, path, body, message):
-    r = _post(stack, path, body)
+    r = post(stack.base_url, path, body, timeout=60)
     assert r.status_code == 413, r.text
     assert r.json() == {"error": message, "error_type": "Validation"}
 
 
 @pytest.mark.parametrize("path", ["/v1/embed", "/v2/embed"])
 def test_cohere_routes_say_truncate_end_or_start(stack, path):
-    r = _post(stack, path, {"model": MODEL, "texts": ["a", LONG], "input_type": "search_document", "truncate": "NONE"})
+    r = post(
+        stack.base_url,
+        path,
+        {"model": MODEL, "texts": ["a", LONG], "input_type": "search_document", "truncate": "NONE"},
+        timeout=60,
+    )
     assert r.status_code == 400, r.text  # Cohere has no 413
     assert r.json() == {"message": f"input 1 {FACT} {COHERE}"}
 
 
 def test_openai_rerank_says_its_truncate_field(stack):
-    r = _post(stack, "/v1/rerank", {"model": MODEL, "query": "a", "documents": ["b", LONG], "truncate": False})
+    r = post(
+        stack.base_url,
+        "/v1/rerank",
+        {"model": MODEL, "query": "a", "documents": ["b", LONG], "truncate": False},
+        timeout=60,
+    )
     assert r.status_code == 413, r.text
     error = r.json()["error"]
     assert (error["message"], error["code"]) == (f"candidate 1 {FACT} {OPENAI_RERANK}", "input_too_long"), error
@@ -56,6 +63,6 @@ def test_openai_rerank_says_its_truncate_field(stack):
 def test_openai_embeddings_cut_what_is_too_long(stack):
     """OpenAI's body has no truncation field: /v1/embeddings cuts an input at the model's limit, and its
     usage counts the tokens embedded."""
-    r = _post(stack, "/v1/embeddings", {"model": MODEL, "input": [LONG]})
+    r = post(stack.base_url, "/v1/embeddings", {"model": MODEL, "input": [LONG]}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 256

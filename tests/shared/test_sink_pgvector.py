@@ -5,7 +5,6 @@ store's errors with their passwords hidden."""
 from __future__ import annotations
 
 import numpy as np
-import pgserver
 import pytest
 
 from embedfleet.shared.sinks.base import Rows, Shape, SinkError
@@ -13,15 +12,8 @@ from embedfleet.shared.sinks.pgvector import PgVectorSink
 from tests.conftest import unit_rows
 
 
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory):
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
-    yield server.get_uri()
-    server.cleanup()
-
-
-def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgres):
-    sink = PgVectorSink(f"{postgres}&table=docs")
+def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgres_uri):
+    sink = PgVectorSink(f"{postgres_uri}&table=docs")
     sink.open(Shape("float32", "dense", 16))
     vectors, ids = unit_rows(600, 16), [f"doc-{i}" for i in range(600)]
     for start in range(0, 600, 200):
@@ -55,31 +47,31 @@ def test_upserts_write_each_id_once_and_search_finds_the_exact_neighbours(postgr
     german = sink.search(vectors[7], 5, {"lang": "de"})
     assert len(german) == 5 and all(h.metadata["lang"] == "de" and h.metadata["n"] % 2 == 0 for h in german)
     sink.close()
-    again = PgVectorSink(f"{postgres}&table=docs")  # a later job's sink on the same table
+    again = PgVectorSink(f"{postgres_uri}&table=docs")  # a later job's sink on the same table
     again.open(Shape("float32", "dense", 16))
     assert again.count() == 600
-    reader = PgVectorSink(f"{postgres}&table=docs")  # a search's: the table as the load left it
+    reader = PgVectorSink(f"{postgres_uri}&table=docs")  # a search's: the table as the load left it
     assert reader.attach() == Shape("float32", "dense", 16)
     assert [(h.id, h.text) for h in reader.search(vectors[9], 1)] == [("doc-9", "text of 9")]
 
 
-def test_attach_reads_what_a_table_holds_and_never_makes_one(postgres):
-    sink = PgVectorSink(f"{postgres}&table=Chunked")  # a name in capitals is one table, not two
+def test_attach_reads_what_a_table_holds_and_never_makes_one(postgres_uri):
+    sink = PgVectorSink(f"{postgres_uri}&table=Chunked")  # a name in capitals is one table, not two
     sink.open(Shape("float32", "dense", 8, chunked=True))
     sink.write(Rows(["a"], unit_rows(1, 8), [{"k": 1}], [(2, 0, 6)], ["a text"]))
-    reader = PgVectorSink(f"{postgres}&table=Chunked")
+    reader = PgVectorSink(f"{postgres_uri}&table=Chunked")
     assert reader.attach() == Shape("float32", "dense", 8, chunked=True)
     (hit,) = reader.search(unit_rows(1, 8)[0], 5)
     assert (hit.id, hit.chunk, hit.text, hit.metadata) == ("a", 2, "a text", {"k": 1})
     with pytest.raises(SinkError, match="no table nowhere: load one first") as err:
-        PgVectorSink(f"{postgres}&table=nowhere").attach()
+        PgVectorSink(f"{postgres_uri}&table=nowhere").attach()
     assert not err.value.retryable
     with pytest.raises(SinkError, match="no table nowhere"):
-        PgVectorSink(f"{postgres}&table=nowhere").attach()  # still none: the first attach made nothing
+        PgVectorSink(f"{postgres_uri}&table=nowhere").attach()  # still none: the first attach made nothing
 
 
-def test_chunk_rows_are_keyed_by_id_and_chunk(postgres):
-    sink = PgVectorSink(f"{postgres}&table=chunks&index=none")
+def test_chunk_rows_are_keyed_by_id_and_chunk(postgres_uri):
+    sink = PgVectorSink(f"{postgres_uri}&table=chunks&index=none")
     sink.open(Shape("float32", "dense", 8, chunked=True))
     v = unit_rows(3, 8)
     sink.write(Rows(["a", "a", "b"], v, None, [(0, 0, 10), (1, 8, 20), (0, 0, 5)]))
@@ -90,17 +82,17 @@ def test_chunk_rows_are_keyed_by_id_and_chunk(postgres):
     assert (hits[0].id, hits[0].chunk) == ("a", 1)
 
 
-def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres):
-    PgVectorSink(f"{postgres}&table=shaped").open(Shape("float32", "dense", 8))
+def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres_uri):
+    PgVectorSink(f"{postgres_uri}&table=shaped").open(Shape("float32", "dense", 8))
     with pytest.raises(SinkError, match=r"holds embedding vector\(8\); this job makes vector\(16\)") as err:
-        PgVectorSink(f"{postgres}&table=shaped").open(Shape("float32", "dense", 16))
+        PgVectorSink(f"{postgres_uri}&table=shaped").open(Shape("float32", "dense", 16))
     assert not err.value.retryable
     with pytest.raises(SinkError, match="has no chunk column"):
-        PgVectorSink(f"{postgres}&table=shaped").open(Shape("float32", "dense", 8, chunked=True))
+        PgVectorSink(f"{postgres_uri}&table=shaped").open(Shape("float32", "dense", 8, chunked=True))
     with pytest.raises(SinkError, match="no int8 vectors"):
-        PgVectorSink(f"{postgres}&table=other").open(Shape("int8", "dense", 8))
+        PgVectorSink(f"{postgres_uri}&table=other").open(Shape("int8", "dense", 8))
     with pytest.raises(SinkError, match="no multi-vector column"):
-        PgVectorSink(f"{postgres}&table=other").open(Shape("float32", "multivector", 8))
+        PgVectorSink(f"{postgres_uri}&table=other").open(Shape("float32", "multivector", 8))
 
 
 @pytest.mark.parametrize(
@@ -111,35 +103,35 @@ def test_a_table_of_another_shape_is_refused_with_what_it_holds(postgres):
         (Shape("float32", "sparse", 30522), "sparsevec"),
     ],
 )
-def test_a_column_the_servers_pgvector_lacks_is_refused_with_its_version(postgres, shape, kind):
+def test_a_column_the_servers_pgvector_lacks_is_refused_with_its_version(postgres_uri, shape, kind):
     """The types pgvector 0.7 brought (halfvec, sparsevec, HNSW over bits) on a server with an older one
     (pgserver ships 0.6.2): refused for good, naming both versions, no table made. With 0.7 or later the
     same shapes make their tables."""
     import psycopg
 
-    with psycopg.connect(postgres) as conn:
+    with psycopg.connect(postgres_uri) as conn:
         version = conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[
             0
         ]
     if tuple(int(p) for p in version.split(".")[:2]) >= (0, 7):
-        sink = PgVectorSink(f"{postgres}&table=new_{kind}")
+        sink = PgVectorSink(f"{postgres_uri}&table=new_{kind}")
         sink.open(shape)
         sink.close()
         return
     with pytest.raises(SinkError, match=rf"pgvector is {version}; {kind} columns need pgvector 0\.7 or later") as err:
-        PgVectorSink(f"{postgres}&table=new_{kind}").open(shape)
+        PgVectorSink(f"{postgres_uri}&table=new_{kind}").open(shape)
     assert not err.value.retryable
-    with psycopg.connect(postgres) as conn:
+    with psycopg.connect(postgres_uri) as conn:
         assert conn.execute("SELECT to_regclass(%s)", (f"new_{kind}",)).fetchone()[0] is None
 
 
-def test_a_socket_folder_with_a_space_in_its_path_is_reached(postgres, tmp_path):
+def test_a_socket_folder_with_a_space_in_its_path_is_reached(postgres_uri, tmp_path):
     """host= names the socket's folder; a space in its path, written %20 or as is, reaches the server
     (here a link to the server's socket folder: PostgreSQL itself would take such a path too)."""
     from urllib.parse import parse_qs, quote, urlsplit
 
     spaced = tmp_path / "my notes"
-    spaced.symlink_to(parse_qs(urlsplit(postgres).query)["host"][0])
+    spaced.symlink_to(parse_qs(urlsplit(postgres_uri).query)["host"][0])
     for host in (quote(str(spaced)), str(spaced)):
         sink = PgVectorSink(f"postgresql://postgres@/postgres?host={host}&table=spaced")
         sink.open(Shape("float32", "dense", 4))
