@@ -276,12 +276,12 @@ def wait_ready(
     for role in ROLES_WAITED:
         n = sum(s.role == role for s in procs)
         if n:
-            wait_until(
-                lambda role=role, n=n: count_services(nats_url, role, prefix=prefix, nkey_seed=nkey_seed) == n,
-                timeout,
-                f"{n} {role} process(es)",
-                procs,
-            )
+            wait_until(_answering(nats_url, role, n, prefix, nkey_seed), timeout, f"{n} {role} process(es)", procs)
+
+
+def _answering(nats_url: str, role: str, n: int, prefix: str, nkey_seed: str | None) -> Callable[[], bool]:
+    """Whether ``n`` processes of ``role`` answer on NATS now."""
+    return lambda: count_services(nats_url, role, prefix=prefix, nkey_seed=nkey_seed) == n
 
 
 def stop_all(services: Mapping[str, Service] | Sequence[Service]) -> None:
