@@ -32,7 +32,7 @@ import orjson
 
 from bench.fleet import stack
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import long_texts
+from tests.support.corpus import long_texts
 
 MODEL = "all-MiniLM-L6-v2"
 MODES = ("truncate", "chunks", "mean", "late")

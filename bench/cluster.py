@@ -47,8 +47,8 @@ from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.jobs.streams import bucket_stream, stream_names
 from embedfleet.shared.nats.server import EmbeddedNats, NatsCluster, find_binary, free_port
 from embedfleet.shared.nats.subjects import Subjects
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, stored_doc_ids, wait_until
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, count_services, healthy, stored_doc_ids, wait_until
 
 MODEL = "all-MiniLM-L6-v2"
 SUBJECTS = Subjects("embedfleet")

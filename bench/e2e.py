@@ -36,7 +36,7 @@ import orjson
 from bench.fleet import fleet, observation
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.nats.server import free_port
-from tests.corpus import long_texts, medium_texts, mixed_texts
+from tests.support.corpus import long_texts, medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"
 OBSERVED = "embedfleet observed"  # metrics scraped and every request traced (--observability)

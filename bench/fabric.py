@@ -39,7 +39,7 @@ from bench.fabric_load import (
     up_stack,
 )
 from bench.fabric_report import print_case, print_summary, summarize
-from tests.corpus import long_texts, medium_texts, mixed_texts
+from tests.support.corpus import long_texts, medium_texts, mixed_texts
 
 H200_QUERIES = 28_000  # single queries/s one H200 serves (the figure the projection feeds)
 H200_TOKENS = 1_400_000  # tokens/s

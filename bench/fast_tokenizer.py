@@ -27,7 +27,7 @@ from bench.jobs import docs_file
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.services.tokenizer.fast_encoder import FastEncoder, load
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import long_texts, mixed_texts
+from tests.support.corpus import long_texts, mixed_texts
 
 CHARSET = Path(__file__).resolve().parents[1] / "services" / "tokenizer" / "fast_charset.py"
 _HEADER = '''"""Code points kitoken tokenizes differently from HF tokenizers (BERT uncased WordPiece), as ranges.

@@ -27,8 +27,8 @@ import httpx
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
-from tests.corpus import long_texts, medium_texts, mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.support.corpus import long_texts, medium_texts, mixed_texts
+from tests.support.procs import Service, count_services, healthy, wait_until
 
 if TYPE_CHECKING:  # imported when tracing: it needs opentelemetry-proto
     from bench.otlp_sink import OtlpSink

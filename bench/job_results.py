@@ -27,7 +27,7 @@ from embedfleet.shared.jobs.streams import ensure_streams
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import JobResult, encode
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 ROWS, DIM, JOB = 64, 384, "bench-results"
 

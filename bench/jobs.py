@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.fleet import embed, fleet, latencies_for
 from bench.workloads import workloads
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import medium_texts, mixed_texts
+from tests.support.corpus import medium_texts, mixed_texts
 
 
 def docs_file(folder: Path, name: str, texts: list[str]) -> Path:

@@ -18,7 +18,7 @@ import numpy as np
 from bench.fleet import fleet
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import long_texts
+from tests.support.corpus import long_texts
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -76,7 +76,7 @@ def main() -> None:
         np.argsort(-(v[1:] @ v[0]))[:10]
 
     with fleet([["--max-batch-tokens", "2048"]], ["--chunk-seqs", "32"], scorer=True) as (base, nats_url):
-        from tests.integration.procs import count_services, wait_until
+        from tests.support.procs import count_services, wait_until
 
         wait_until(lambda: count_services(nats_url, "scorer") == 1, 60, "the scorer")
         _http(base, query, docs, 1.0, 1)  # warm-up

@@ -7,7 +7,7 @@ its table on the first search, so the gateways start before the jobs load the ta
 The reranker: no real cross-encoder ships offline, so by default one of ms-marco-MiniLM-L-6-v2's
 shape is made: all-MiniLM-L6-v2's encoder (6 layers, hidden 384) under a random one-label head. Its
 scores mean nothing; its cost per pair is a real MiniLM cross-encoder's, which is what latency needs.
-``--smoke`` uses the tests' tiny random BERT cross-encoder (tests/tiny_models.py).
+``--smoke`` uses the tests' tiny random BERT cross-encoder (tests/support/tiny_models.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import httpx
 
 from bench.fleet import in_threads
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.support.procs import Service, count_services, healthy, wait_until
 
 RERANKER = "bench-reranker"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -57,7 +57,7 @@ def minilm_cross_encoder(encoder: Path, root: Path) -> Path:
 def reranker_folder(kind: str, encoder: Path, root: Path) -> tuple[Path, str]:
     """(the cross-encoder's folder, what it is, in words) for ``kind`` "minilm" or "tiny"."""
     if kind == "tiny":
-        from tests import tiny_models
+        from tests.support import tiny_models
 
         return (
             tiny_models.build("bert", root, classifier=True, num_labels=1),

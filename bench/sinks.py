@@ -44,7 +44,7 @@ from bench.sink_search import RERANKER, Served
 from embedfleet.shared.jobs.sink_writer import BATCH_ROWS, BATCH_SECONDS
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.sinks import Rows, Shape, sink_for
-from tests.corpus import medium_texts, mixed_texts
+from tests.support.corpus import medium_texts, mixed_texts
 
 MODEL = "all-MiniLM-L6-v2"
 SINKS = ("parquet", "pgvector", "lancedb", "qdrant")

@@ -25,7 +25,7 @@ import httpx
 
 from embedfleet.shared.model_dir.folder import default_model_path
 from embedfleet.shared.nats.server import free_port
-from tests.corpus import medium_texts, mixed_texts
+from tests.support.corpus import medium_texts, mixed_texts
 
 
 def minilm_cross_encoder(folder: Path) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.corpus import long_texts, medium_texts
+from tests.support.corpus import long_texts, medium_texts
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ LONG_MODULES = {
     "tests/integration/test_job_sinks_http.py": 40,
     "tests/integration/test_search.py": 35,
     "tests/integration/test_routing.py": 30,
-    "tests/shared/test_stream_replicas.py": 25,
+    "tests/shared/nats/test_placement.py": 25,
 }
 INTEGRATION_SECONDS = 20  # a module of tests/integration/ not listed: processes to start, seconds a test
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.procs import wait_until
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

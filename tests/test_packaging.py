@@ -17,7 +17,7 @@ import pytest
 
 from bench.image_sizes import ROLES, cuda_image, images
 from embedfleet.shared.extras import EXTRAS
-from tests.role_images import SITE, absent_modules, closure, role_env
+from tests.support.role_images import SITE, absent_modules, closure, role_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

@@ -1,4 +1,4 @@
-"""Sanity checks of the tiny model builder (tests/tiny_models.py): each folder loads and runs in
+"""Sanity checks of the tiny model builder (tests/support/tiny_models.py): each folder loads and runs in
 sentence-transformers / transformers, and the tokenizer.json the engine reads gives their ids."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from tokenizers import Tokenizer
 
-from tests import tiny_models
-from tests.tiny_models import CLASSIFIERS, DECODERS, FAMILIES, MAX_SEQ_LENGTH
+from tests.support import tiny_models
+from tests.support.tiny_models import CLASSIFIERS, DECODERS, FAMILIES, MAX_SEQ_LENGTH
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hub_offline")]
 

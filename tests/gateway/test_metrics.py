@@ -13,8 +13,8 @@ from nats.js.errors import KeyNotFoundError, NoKeysError
 from embedfleet.services.gateway.jobs.metrics import KEEP_FINISHED
 from embedfleet.services.gateway.metrics import Metrics
 from embedfleet.shared.nats.subjects import Subjects
-from tests.prometheus_text import has, value
-from tests.waiting import eventually
+from tests.support.prometheus_text import has, value
+from tests.support.waiting import eventually
 
 NOW = 1_000_000.0
 STREAMS = {"EMBEDFLEET_JOBS": "tokenizer", "EMBEDFLEET_BULK": "worker"}

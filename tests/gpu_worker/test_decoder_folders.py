@@ -21,8 +21,8 @@ from tokenizers import Tokenizer
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.tiny_models import MAX_SEQ_LENGTH, build, st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.tiny_models import MAX_SEQ_LENGTH, build, st_reference
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import EmbedOptions, TokenChunk
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.batch import prepare
 from embedfleet.services.gpu_worker.engine.graphs import GraphCache, bucket_sizes
 from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 
 def test_bucket_sizes():

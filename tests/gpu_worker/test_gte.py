@@ -16,9 +16,9 @@ from embedfleet.services.gpu_worker.engine.models.registry import spec_from_fold
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
-from tests.engine_folders import edit_config, engine_vectors
-from tests.tiny_models import build, st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.engine_folders import edit_config, engine_vectors
+from tests.support.tiny_models import build, st_reference
 
 NTK_FACTOR = 2.0
 HEAD_DIM = 16  # the tiny model's 64 / 4

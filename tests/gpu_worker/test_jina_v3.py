@@ -25,10 +25,10 @@ from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
-from tests.engine_folders import edit_config, engine_vectors
-from tests.task_adapters import RANK, TASKS, Pairs, merged, random_pairs, with_adapters
-from tests.tiny_models import JINA_V3_PROMPTS, build, st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.engine_folders import edit_config, engine_vectors
+from tests.support.task_adapters import RANK, TASKS, Pairs, merged, random_pairs, with_adapters
+from tests.support.tiny_models import JINA_V3_PROMPTS, build, st_reference
 
 HEAD_DIM = 16  # the tiny model's 64 / 4
 
@@ -51,7 +51,7 @@ def pairs(folder) -> Pairs:
 
 @pytest.fixture(scope="module")
 def adapted(folder, pairs, tmp_path_factory) -> Path:
-    """The folder with the five task adapters in the published layout (tests/task_adapters.py)."""
+    """The folder with the five task adapters in the published layout (tests/support/task_adapters.py)."""
     return with_adapters(folder, tmp_path_factory.mktemp("adapted") / "jina", pairs)
 
 

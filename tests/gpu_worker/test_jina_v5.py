@@ -26,12 +26,12 @@ from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
-from tests.engine_folders import edit_config
-from tests.task_adapters import V5_PROMPTS as PROMPTS
-from tests.task_adapters import V5_TASKS as TASKS
-from tests.task_adapters import v5_folders
-from tests.tiny_models import st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.engine_folders import edit_config
+from tests.support.task_adapters import V5_PROMPTS as PROMPTS
+from tests.support.task_adapters import V5_TASKS as TASKS
+from tests.support.task_adapters import v5_folders
+from tests.support.tiny_models import st_reference
 
 TEXTS = mixed_texts(16)  # queries to whole documents, some cut at the model's 256 tokens
 

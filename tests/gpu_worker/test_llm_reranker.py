@@ -17,9 +17,9 @@ from embedfleet.services.gpu_worker.engine.models.registry import spec_from_fold
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import mixed_texts
-from tests.tiny_llm_rerankers import MAX_LENGTH, build_llm_reranker, reference
-from tests.tiny_models import DECODERS
+from tests.support.corpus import mixed_texts
+from tests.support.tiny_llm_rerankers import MAX_LENGTH, build_llm_reranker, reference
+from tests.support.tiny_models import DECODERS
 
 TOLERANCE = 1e-4  # fp32 on CPU; the packed forward differs from transformers' padded one in summation order
 
@@ -76,7 +76,7 @@ def test_tied_head_with_the_true_token_alone(tmp_path):
 def test_the_folder_prompt_and_a_structured_template(tmp_path):
     """A default prompt (a system message: the template's instruction) in a template that reads typed
     content parts; without a chat template, pairs are text pairs and the prompt prefixes the query."""
-    from tests.tiny_llm_rerankers import STRUCTURED_TEMPLATE
+    from tests.support.tiny_llm_rerankers import STRUCTURED_TEMPLATE
 
     pairs = _pairs()
     for kwargs in ({"template": STRUCTURED_TEMPLATE, "prompt": "Find the answer"}, {"template": None, "prompt": "Q: "}):

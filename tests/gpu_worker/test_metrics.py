@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from embedfleet.services.gpu_worker.metrics import WorkerMetrics, token_class
 from embedfleet.services.gpu_worker.scheduler import Scheduler, Work
 from embedfleet.shared.protocol import TokenChunk
-from tests.prometheus_text import has, value
+from tests.support.prometheus_text import has, value
 
 
 def _work(request_id: str, lengths: list[int], bulk: bool = False) -> Work:

@@ -192,7 +192,7 @@ def test_prompts_equal_sentence_transformers(tmp_path, model_info):
 def test_bf16_compute_on_cpu_stays_close_to_the_reference(model_info, reference):
     """--dtype bfloat16 on CPU: vectors within cosine 0.999 of sentence-transformers (fp32)."""
     from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
-    from tests.corpus import mixed_texts
+    from tests.support.corpus import mixed_texts
 
     texts = mixed_texts(64)
     engine = Engine(model_info, "cpu", "bfloat16")

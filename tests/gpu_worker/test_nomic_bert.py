@@ -17,9 +17,9 @@ from embedfleet.services.gpu_worker.engine.models.registry import spec_from_fold
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
-from tests.engine_folders import edit_config, engine_vectors
-from tests.tiny_models import build
+from tests.support.corpus import mixed_texts
+from tests.support.engine_folders import edit_config, engine_vectors
+from tests.support.tiny_models import build
 
 HEADS, HEAD_DIM = 4, 16  # the tiny model's
 

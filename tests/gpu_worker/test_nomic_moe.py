@@ -25,9 +25,9 @@ from embedfleet.services.gpu_worker.engine.models.registry import spec_from_fold
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
-from tests.engine_folders import edit_config, engine_vectors
-from tests.tiny_models import MAX_POSITIONS, MAX_SEQ_LENGTH, build
+from tests.support.corpus import mixed_texts
+from tests.support.engine_folders import edit_config, engine_vectors
+from tests.support.tiny_models import MAX_POSITIONS, MAX_SEQ_LENGTH, build
 
 # the tiny model: nomic-embed-text-v2-moe's config with small sizes (and the MiniLM tokenizer's
 # vocabulary where the real one has XLM-R's 250048 tokens)

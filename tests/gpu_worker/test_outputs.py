@@ -14,7 +14,7 @@ from embedfleet.services.gpu_worker.ragged import sparse_rows, split_inputs, tok
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
 from tests.conftest import cosines
-from tests.output_models import (
+from tests.support.output_models import (
     bge_m3_reference,
     build_bge_m3,
     build_colbert,

@@ -17,7 +17,7 @@ from embedfleet.services.gpu_worker.engine.span_pooling import span_means
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.protocol import EmbedOptions, ProtocolError, Spans, TokenChunk, decode, encode
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 SPANS = EmbedOptions(output="spans", truncate=False)
 

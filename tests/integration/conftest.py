@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import Service, running
-from tests.role_images import role_env
+from tests.support.procs import Service, running
+from tests.support.role_images import role_env
 
 # small chunks, so that ordinary requests are split and spread across both workers
 CHUNK_ARGS = ["--chunk-seqs", "16", "--chunk-tokens", "1024"]

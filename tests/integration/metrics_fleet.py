@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from embedfleet.services.up.launch import FreePorts
-from tests.integration.procs import Service, running
+from tests.support.procs import Service, running
 
 MODEL = "all-MiniLM-L6-v2"
 ROLES = ("tokenizer", "worker", "scorer", "gateway")

@@ -7,7 +7,7 @@ import contextlib
 
 import nats
 
-from tests.waiting import eventually
+from tests.support.waiting import eventually
 
 
 async def refusals(url: str, seed: str, inbox: str, act, want: int, quiet: bool = True) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import wait_until
+from tests.support.procs import wait_until
 
 
 def binary(name: str) -> str:

@@ -40,10 +40,10 @@ from embedfleet.shared.protocol import (
     encode,
 )
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import medium_texts
-from tests.integration.procs import Service, holds_rows, running, wait_until
-from tests.prometheus_text import samples
-from tests.waiting import eventually
+from tests.support.corpus import medium_texts
+from tests.support.procs import Service, holds_rows, running, wait_until
+from tests.support.prometheus_text import samples
+from tests.support.waiting import eventually
 
 # timings are asserted: the machine to this module's processes
 pytestmark = [pytest.mark.integration, pytest.mark.serial]

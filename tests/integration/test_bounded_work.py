@@ -27,8 +27,8 @@ from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, wait_until
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, count_services, wait_until
 
 pytestmark = pytest.mark.integration
 

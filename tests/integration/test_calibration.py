@@ -7,8 +7,8 @@ import contextlib
 import pytest
 
 from embedfleet.services.up.launch import FreePorts
-from tests.integration.procs import Service, scraped, wait_until
-from tests.role_images import role_env
+from tests.support.procs import Service, scraped, wait_until
+from tests.support.role_images import role_env
 
 pytestmark = pytest.mark.integration
 

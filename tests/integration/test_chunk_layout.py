@@ -24,9 +24,9 @@ from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import ChunkLayout, ChunkRequest, EmbedOptions, ErrorReply, decode, encode
 from embedfleet.shared.text_chunks import ChunkSpec
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, wait_until
-from tests.shared.test_protocol_fuzz import VALID, hostile
+from tests.shared.protocol.test_fuzz import VALID, hostile
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, count_services, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import long_texts
-from tests.integration.procs import post
+from tests.support.corpus import long_texts
+from tests.support.procs import post
 
 pytestmark = pytest.mark.integration
 

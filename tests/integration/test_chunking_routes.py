@@ -27,9 +27,9 @@ from sentence_transformers import SentenceTransformer
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.vectors.quantize import quantize
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import long_texts
-from tests.integration.procs import Service, count_services, healthy, post, wait_until
 from tests.integration.test_chunking import _content_tokens
+from tests.support.corpus import long_texts
+from tests.support.procs import Service, count_services, healthy, post, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ import pytest
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.vectors.quantize import quantize
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
-from tests.tiny_models import st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, count_services, healthy, wait_until
+from tests.support.tiny_models import st_reference
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.corpus import mixed_texts
 from tests.deploy import dashboard as dash
 from tests.deploy import scrape
 from tests.deploy.manifests import render
 from tests.integration.metrics_fleet import MODEL, Fleet, metrics_fleet
-from tests.integration.procs import Service, wait_until
 from tests.integration.prometheus_server import Prometheus, finite
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, wait_until
 
 pytestmark = pytest.mark.integration
 

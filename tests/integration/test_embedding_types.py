@@ -14,7 +14,7 @@ import pytest
 from embedfleet.shared.vectors.forms import FORMS
 from embedfleet.shared.vectors.quantize import dequantize, quantize
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 pytestmark = pytest.mark.integration
 

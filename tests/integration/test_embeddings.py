@@ -17,7 +17,7 @@ from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 pytestmark = pytest.mark.integration
 

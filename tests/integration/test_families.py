@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import running_fleet
-from tests.tiny_llm_rerankers import build_llm_reranker
-from tests.tiny_models import build, st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.procs import running_fleet
+from tests.support.tiny_llm_rerankers import build_llm_reranker
+from tests.support.tiny_models import build, st_reference
 
 pytestmark = pytest.mark.integration
 
@@ -109,8 +109,8 @@ def test_unknown_model_lists_the_served_ones(fleet):
 def test_reranker_scores_equal_transformers(fleet, family):
     """Sequence-classification rerankers of the families, through the scorer: each candidate's score is
     the sigmoid of transformers' logit for the (query, document) pair."""
-    from tests.corpus import medium_texts
-    from tests.tiny_models import hf_reference_logits
+    from tests.support.corpus import medium_texts
+    from tests.support.tiny_models import hf_reference_logits
 
     base_url, folders = fleet
     query, docs = "how do I read a file line by line", medium_texts(20)
@@ -139,8 +139,8 @@ def test_llm_reranker_scores_equal_cross_encoder(fleet, nats_url):
 
     from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import RerankRequest, RerankResult, decode, encode
-    from tests.corpus import medium_texts
-    from tests.tiny_llm_rerankers import reference
+    from tests.support.corpus import medium_texts
+    from tests.support.tiny_llm_rerankers import reference
 
     base_url, folders = fleet
     model = reference(folders[LLM_RERANKER])

@@ -16,7 +16,7 @@ from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
 from embedfleet.shared.nats.subjects import SERVICE_NAMES
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 if sys.platform != "linux":  # the test extra installs kitoken on Linux only: there, its absence fails these tests
     pytest.importorskip("kitoken", reason="the extra 'fast-tokenizer' is not installed")

@@ -25,8 +25,8 @@ import pytest
 
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import medium_texts
-from tests.integration.procs import Service, count_services, healthy, holds_rows, scraped, wait_until
+from tests.support.corpus import medium_texts
+from tests.support.procs import Service, count_services, healthy, holds_rows, scraped, wait_until
 
 # the answers must come within deadlines of seconds on one-thread workers: with the machine to itself
 pytestmark = [pytest.mark.integration, pytest.mark.serial]

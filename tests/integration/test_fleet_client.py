@@ -13,7 +13,7 @@ from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.nats.fleet_client import FleetClient
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 pytestmark = pytest.mark.integration
 

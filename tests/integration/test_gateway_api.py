@@ -14,8 +14,8 @@ import pytest
 from embedfleet.services.gateway.tei.answers import TeiInfo, TeiTokenizeAnswer
 from embedfleet.shared.observability.tracing import TraceContext
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import another_gateway, wait_until
+from tests.support.corpus import mixed_texts
+from tests.support.procs import another_gateway, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -314,7 +314,7 @@ KEY_ID_SECRET = "metrics-key-id-secret"
 
 def test_per_key_limits_answer_429_with_retry_after_and_show_in_the_metrics(limited_gateway):
     from embedfleet.services.gateway.metrics import key_id as salted
-    from tests.prometheus_text import value
+    from tests.support.prometheus_text import value
 
     def key_id(key: str) -> str:
         return salted(key, KEY_ID_SECRET.encode())

@@ -55,9 +55,9 @@ from embedfleet.shared.protocol import (
     encode,
 )
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.integration.procs import count_services, wait_until
-from tests.shared.test_protocol_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field
-from tests.waiting import eventually
+from tests.shared.protocol.test_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field
+from tests.support.procs import count_services, wait_until
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

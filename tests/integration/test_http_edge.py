@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import Service, healthy, wait_until
-from tests.prometheus_text import has, value
+from tests.support.procs import Service, healthy, wait_until
+from tests.support.prometheus_text import has, value
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from embedfleet.shared.jobs.state import FINISHED
-from tests.integration.procs import another_gateway, post, wait_until
+from tests.support.procs import another_gateway, post, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from embedfleet.shared.jobs.documents import job_id_for
 from embedfleet.shared.jobs.state import JobState, Run
 from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.nats.subjects import Subjects
-from tests.corpus import mixed_texts
-from tests.integration.procs import cli
-from tests.job_states import submitted
+from tests.support.corpus import mixed_texts
+from tests.support.job_states import submitted
+from tests.support.procs import cli
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ import pytest
 
 from embedfleet.services.gateway.jobs.answers import JobResultLine, JobStatus, JobSubmitted
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import long_texts, mixed_texts
-from tests.integration.procs import cli, job_finished, stored_chunks, wait_until
-from tests.late_reference import Reference
+from tests.support.corpus import long_texts, mixed_texts
+from tests.support.late_reference import Reference
+from tests.support.procs import cli, job_finished, stored_chunks, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,9 @@ from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import (
+from tests.support.corpus import mixed_texts
+from tests.support.late_reference import Reference
+from tests.support.procs import (
     Service,
     count_services,
     stop_all,
@@ -38,7 +39,6 @@ from tests.integration.procs import (
     wait_ready,
     wait_until,
 )
-from tests.late_reference import Reference
 
 pytestmark = pytest.mark.integration
 

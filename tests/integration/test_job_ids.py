@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import cli, post
-from tests.integration.procs import job_finished as _finished
+from tests.support.corpus import mixed_texts
+from tests.support.procs import cli, post
+from tests.support.procs import job_finished as _finished
 
 pytestmark = pytest.mark.integration
 

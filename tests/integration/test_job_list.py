@@ -16,7 +16,7 @@ import pytest
 
 from embedfleet.services.gateway.jobs.answers import JobList
 from embedfleet.services.gateway.response_parts import OpenAIError
-from tests.integration.procs import another_gateway, job_finished
+from tests.support.procs import another_gateway, job_finished
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ import pytest
 from embedfleet.services.gateway.jobs.answers import JobResultLine, JobSubmitted
 from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, cli, healthy, wait_until
-from tests.integration.procs import job_finished as _finished
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, cli, healthy, wait_until
+from tests.support.procs import job_finished as _finished
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +179,7 @@ def _record(stack, job: str, **state) -> None:
     from embedfleet.shared.jobs.bucket import update_state
     from embedfleet.shared.jobs.streams import ensure_streams
     from embedfleet.shared.nats.subjects import Subjects
-    from tests.job_states import submitted
+    from tests.support.job_states import submitted
 
     async def main() -> None:
         nc = await nats.connect(stack.nats_url)
@@ -243,8 +243,8 @@ def test_a_job_with_documents_given_up_gives_what_it_stored(stack, tmp_path):
     from embedfleet.shared.jobs.streams import ensure_streams
     from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
-    from tests.integration.procs import job_settled
-    from tests.job_states import submitted
+    from tests.support.job_states import submitted
+    from tests.support.procs import job_settled
 
     subjects, model, job = Subjects("embedfleet"), "all-MiniLM-L6-v2", "results-partial"
 

@@ -21,9 +21,9 @@ import pytest
 
 from embedfleet.shared.nats.server import EmbeddedNats
 from tests.conftest import COSINE_TOLERANCE, cosines, stop_postgres
-from tests.corpus import mixed_texts
-from tests.integration.procs import running, wait_until
 from tests.integration.test_job_faults import FaultStack, _state, _stored_ids
+from tests.support.corpus import mixed_texts
+from tests.support.procs import running, wait_until
 
 pytestmark = pytest.mark.integration
 

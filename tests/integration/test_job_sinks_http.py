@@ -21,10 +21,10 @@ import pytest
 from embedfleet.services.gateway.jobs.answers import JobSubmitted
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, job_finished, running, wait_until
 from tests.integration.test_job_faults import _state, _stored_ids
 from tests.integration.test_job_sinks import _pg_rows
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, healthy, job_finished, running, wait_until
 
 pytestmark = pytest.mark.integration
 

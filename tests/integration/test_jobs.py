@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 pytestmark = pytest.mark.integration
 
@@ -159,8 +159,8 @@ def test_malformed_batch_becomes_a_dead_letter(stack):
     from embedfleet.shared.jobs.streams import ensure_streams, stream_names
     from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import EmbedOptions, JobBatch, encode
-    from tests.integration.procs import job_settled
-    from tests.job_states import submitted
+    from tests.support.job_states import submitted
+    from tests.support.procs import job_settled
 
     subjects = Subjects("embedfleet")
     model = "all-MiniLM-L6-v2"
@@ -296,7 +296,7 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
     from embedfleet.shared.jobs.streams import stream_names
     from embedfleet.shared.nats.subjects import Subjects
     from embedfleet.shared.protocol import JobResult, decode_as
-    from tests.integration.procs import wait_until
+    from tests.support.procs import wait_until
 
     subjects, model, url = Subjects("embedfleet"), "all-MiniLM-L6-v2", stack.nats_url
     texts = mixed_texts(3000)

@@ -17,9 +17,9 @@ import pytest
 from embedfleet.shared.chunk_windows import late_windows
 from embedfleet.shared.text_chunks import TextChunk
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import long_texts
-from tests.integration.procs import post
-from tests.late_reference import Reference
+from tests.support.corpus import long_texts
+from tests.support.late_reference import Reference
+from tests.support.procs import post
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import pytest
 
 from embedfleet.services.gateway.http.health_answers import Unhealthy
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
-from tests.corpus import medium_texts
-from tests.integration.procs import Service, count_services, healthy, holds_rows, wait_until
+from tests.support.corpus import medium_texts
+from tests.support.procs import Service, count_services, healthy, holds_rows, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import ErrorReply, TokenChunk, decode, encode
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import medium_texts
-from tests.integration.procs import Service, healthy, wait_until
+from tests.support.corpus import medium_texts
+from tests.support.procs import Service, healthy, wait_until
 
 # offers six times the admitted load and watches memory: with the machine to itself
 pytestmark = [pytest.mark.integration, pytest.mark.serial]

@@ -22,8 +22,8 @@ import pytest
 from embedfleet.shared.model_dir.folder import default_model_path
 from embedfleet.shared.nats.local_stack import LocalStack, read_stack
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import Service, one_shot, port_open, wait_until
-from tests.tiny_models import build
+from tests.support.procs import Service, one_shot, port_open, wait_until
+from tests.support.tiny_models import build
 
 pytestmark = pytest.mark.integration
 

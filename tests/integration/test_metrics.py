@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.corpus import mixed_texts
 from tests.integration.metrics_fleet import MODEL, Fleet, metrics_fleet
-from tests.integration.procs import wait_until
-from tests.prometheus_text import has, samples, value
+from tests.support.corpus import mixed_texts
+from tests.support.procs import wait_until
+from tests.support.prometheus_text import has, samples, value
 
 pytestmark = pytest.mark.integration
 

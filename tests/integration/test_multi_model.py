@@ -16,9 +16,9 @@ import pytest
 
 from embedfleet.shared.nats.server import free_port
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import medium_texts, mixed_texts
-from tests.integration.procs import Service, count_services, wait_until
-from tests.tiny_models import build, hf_reference_logits, st_reference
+from tests.support.corpus import medium_texts, mixed_texts
+from tests.support.procs import Service, count_services, wait_until
+from tests.support.tiny_models import build, hf_reference_logits, st_reference
 
 pytestmark = pytest.mark.integration
 

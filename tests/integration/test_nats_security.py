@@ -34,8 +34,8 @@ from embedfleet.shared.nats.config import NATS_SECURITY_ENV, NatsConfig, nats_co
 from embedfleet.shared.nats.lifecycle import connect
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.protocol import TokenizeRequest, TokenizeResult, decode_as, encode
-from tests.integration.procs import Service, wait_until
-from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
+from tests.support.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
+from tests.support.procs import Service, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import cosines
-from tests.integration.procs import post, running_fleet, wait_until
-from tests.output_models import (
+from tests.support.output_models import (
     bge_m3_reference,
     build_bge_m3,
     build_colbert,
@@ -27,6 +26,7 @@ from tests.output_models import (
     densify,
     splade_reference,
 )
+from tests.support.procs import post, running_fleet, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -235,7 +235,7 @@ def _http_job(base_url: str, job: str, model: str, output: str, texts: list[str]
 
     import pyarrow.parquet as pq
 
-    from tests.integration.procs import wait_until
+    from tests.support.procs import wait_until
 
     ids = [f"{job}-{i}" for i in range(len(texts))]
     r = post(

@@ -22,10 +22,10 @@ import pytest
 from embedfleet.shared.nats.permissions import ROLES, role_permissions
 from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.nats.subjects import Subjects
-from tests.corpus import mixed_texts
 from tests.integration.nats_refusals import refusals
-from tests.integration.procs import Service, cli, count_services, healthy, job_settled, wait_until
-from tests.job_states import submitted
+from tests.support.corpus import mixed_texts
+from tests.support.job_states import submitted
+from tests.support.procs import Service, cli, count_services, healthy, job_settled, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import pytest
 
 from embedfleet.services.gateway.cohere.answers import RerankV1Answer
 from embedfleet.shared.nats.server import free_port
-from tests.corpus import medium_texts, mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.support.corpus import medium_texts, mixed_texts
+from tests.support.procs import Service, count_services, healthy, wait_until
 
 pytestmark = pytest.mark.integration
 

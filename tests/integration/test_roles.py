@@ -24,7 +24,7 @@ from embedfleet.shared.nats.permissions import CONNECTION_NAMES, inbox_prefix
 from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.nats.subjects import Subjects, model_token
 from tests.integration.nats_refusals import refusals
-from tests.integration.procs import Service, cli, stop_all, wait_ready, wait_until
+from tests.support.procs import Service, cli, stop_all, wait_ready, wait_until
 
 pytestmark = pytest.mark.integration
 

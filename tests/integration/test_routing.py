@@ -14,8 +14,8 @@ from embedfleet.shared.config.registry import default
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import LoadReport, decode
-from tests.corpus import medium_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.support.corpus import medium_texts
+from tests.support.procs import Service, count_services, healthy, wait_until
 
 pytestmark = pytest.mark.integration
 

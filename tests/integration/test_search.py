@@ -26,10 +26,10 @@ import pytest
 from embedfleet.services.gateway.search.answers import SearchAnswer
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
-from tests import tiny_models
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, healthy, running_fleet, stop_all, wait_until
 from tests.integration.test_field_extremes import EXTREMES, _failure
+from tests.support import tiny_models
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, healthy, running_fleet, stop_all, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import Service, one_shot, port_open, wait_until
+from tests.support.procs import Service, one_shot, port_open, wait_until
 
 pytestmark = pytest.mark.integration
 

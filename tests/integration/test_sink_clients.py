@@ -1,7 +1,7 @@
 """A vector store named where its client is not installed (no extra 'sinks'): every command given its
 URL (gateway --search-sink / --job-sinks, up, reindex --sink) refuses at start, before it serves or
 publishes anything, in one line naming the extra, exit 2. Each runs as a real process in which the
-client's modules are not importable (tests/role_site/sitecustomize.py refuses them)."""
+client's modules are not importable (tests/support/role_site/sitecustomize.py refuses them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.role_images import absent_env
+from tests.support.role_images import absent_env
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,10 @@ from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions, ErrorReply, TokenChunk, decode, encode
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, wait_until
-from tests.task_adapters import TASKS, V5_TASKS, merged, random_pairs, v5_folders, with_adapters
-from tests.tiny_models import build, st_reference
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, wait_until
+from tests.support.task_adapters import TASKS, V5_TASKS, merged, random_pairs, v5_folders, with_adapters
+from tests.support.tiny_models import build, st_reference
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ from tokenizers import Tokenizer
 
 from embedfleet.services.gateway.http.health_answers import Healthy
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.corpus import medium_texts, mixed_texts
-from tests.integration.procs import Service, post, running_fleet, wait_until
-from tests.output_models import build_splade, densify, splade_reference
-from tests.tiny_models import build, hf_reference_logits
+from tests.support.corpus import medium_texts, mixed_texts
+from tests.support.output_models import build_splade, densify, splade_reference
+from tests.support.procs import Service, post, running_fleet, wait_until
+from tests.support.tiny_models import build, hf_reference_logits
 
 pytestmark = pytest.mark.integration
 

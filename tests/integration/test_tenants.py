@@ -25,9 +25,9 @@ import pytest
 from embedfleet.services.gateway.metrics import key_id
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.sinks import Rows, Shape, sink_for
-from tests import tiny_models
-from tests.integration.procs import Service, healthy, start_fleet, stop_all, wait_until
-from tests.prometheus_text import value
+from tests.support import tiny_models
+from tests.support.procs import Service, healthy, start_fleet, stop_all, wait_until
+from tests.support.prometheus_text import value
 
 pytestmark = pytest.mark.integration
 

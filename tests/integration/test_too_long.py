@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.procs import post
+from tests.support.procs import post
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 
 from bench.otlp_sink import OtlpSink, ReceivedSpan
 from embedfleet.shared.observability.tracing import TraceContext
-from tests.corpus import mixed_texts
-from tests.integration.procs import Service, count_services, healthy, wait_until
+from tests.support.corpus import mixed_texts
+from tests.support.procs import Service, count_services, healthy, wait_until
 
 pytestmark = pytest.mark.integration
 

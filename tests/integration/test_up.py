@@ -20,8 +20,8 @@ import pytest
 
 from embedfleet.shared.nats.lifecycle import DRAIN_TIMEOUT, STOP_TIMEOUT
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import healthy, one_shot, port_open, wait_until
-from tests.prometheus_text import value
+from tests.support.procs import healthy, one_shot, port_open, wait_until
+from tests.support.prometheus_text import value
 
 pytestmark = pytest.mark.integration
 

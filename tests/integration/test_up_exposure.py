@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import wait_until
 from tests.integration.test_up import FIXED_BUDGET
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.integration
 

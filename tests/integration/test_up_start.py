@@ -19,8 +19,8 @@ import pytest
 
 from embedfleet.shared.model_dir.folder import default_model_path
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import healthy, wait_until
 from tests.integration.test_up import FIXED_BUDGET, _child, _start_up, _stop
+from tests.support.procs import healthy, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.integration.procs import wait_until
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.integration
 

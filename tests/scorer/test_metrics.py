@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from embedfleet.services.scorer.metrics import ScorerMetrics
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.protocol import ErrorReply
-from tests.prometheus_text import value
+from tests.support.prometheus_text import value
 
 
 def test_reranks_candidates_errors_in_flight():

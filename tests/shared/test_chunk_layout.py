@@ -1,5 +1,5 @@
 """ChunkRequest and ChunkLayout on the wire: they round trip, and a layout that does not hold together
-is refused with a message that says why (tests/shared/test_protocol_fuzz.py throws the rest at them)."""
+is refused with a message that says why (tests/shared/protocol/test_fuzz.py throws the rest at them)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from embedfleet.services.tokenizer.chunking import cut, whole_text_tokenizer
 from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.protocol import EmbedOptions, JobBatch
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 
 def test_groups_hold_at_most_the_budget_a_longer_text_alone():

@@ -20,7 +20,7 @@ from embedfleet.shared.chunk_windows import late_windows
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import EmbedOptions, JobBatch
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 PROMPTS = {"query": "query: "}
 

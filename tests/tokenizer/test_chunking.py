@@ -26,7 +26,7 @@ from embedfleet.services.tokenizer.layout import Layouts
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkRequest, EmbedOptions, JobBatch
 from embedfleet.shared.text_chunks import JobChunking
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 # text the Python docs corpus lacks: accents (composed and combining), CJK with full-width stops, emoji,
 # URLs, a word of many pieces, one over WordPiece's 100 characters, runs of newlines, tabs, characters

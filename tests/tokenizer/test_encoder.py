@@ -4,7 +4,7 @@ import pytest
 from embedfleet.services.tokenizer.cuts import SERIAL_CHARS
 from embedfleet.services.tokenizer.encoder import TextEncoder, encode_all, pack_chunks
 from embedfleet.shared.errors import ErrorCode, ServiceError
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_long_texts_are_cut_before_tokenizing_with_the_same_ids(model_info, dire
     import random
 
     from embedfleet.services.tokenizer.cuts import cut_chars
-    from tests.corpus import long_texts, mixed_texts
+    from tests.support.corpus import long_texts, mixed_texts
 
     encoder = TextEncoder(model_info)
     rng = random.Random(0)

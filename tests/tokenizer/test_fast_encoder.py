@@ -16,7 +16,7 @@ from embedfleet.services.tokenizer.fast_charset import DIVERGENT
 from embedfleet.services.tokenizer.fast_check import KITOKEN, TOKENIZERS, choose, corpus
 from embedfleet.services.tokenizer.fast_encoder import Charset, unsupported
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import long_texts, mixed_texts
+from tests.support.corpus import long_texts, mixed_texts
 
 if sys.platform != "linux":  # the test extra installs kitoken on Linux only: there, its absence fails these tests
     pytest.importorskip("kitoken", reason="the extra 'fast-tokenizer' is not installed")

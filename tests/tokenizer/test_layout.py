@@ -12,7 +12,7 @@ from embedfleet.services.tokenizer.layout import Layouts
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.protocol import ChunkRequest, EmbedOptions
 from embedfleet.shared.text_chunks import ChunkSpec
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 PROMPTS = {"query": "query: ", "long": "Represent this sentence for searching relevant passages: "}
 

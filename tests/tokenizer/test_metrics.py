@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from embedfleet.services.tokenizer.metrics import ArrayHistogram, TokenizerMetrics
-from tests.prometheus_text import samples, value
+from tests.support.prometheus_text import samples, value
 
 
 def _text(metrics: TokenizerMetrics) -> str:

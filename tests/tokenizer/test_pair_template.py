@@ -13,8 +13,8 @@ from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.corpus import mixed_texts
-from tests.tiny_llm_rerankers import (
+from tests.support.corpus import mixed_texts
+from tests.support.tiny_llm_rerankers import (
     MAX_LENGTH,
     RERANK_TEMPLATE,
     STRUCTURED_TEMPLATE,

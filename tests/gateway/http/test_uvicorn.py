@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from embedfleet.shared.nats.server import free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 GET / DELETE /v1/jobs/{job} show it, every NDJSON line of its results, and /openapi.json's schemas
 made from them. POST /v1/jobs' 202 answer is built with the job's publishing: the live answers of
 tests/integration/test_job_results.py, test_job_chunks.py and test_job_sinks_http.py are held to
-JobSubmitted, and every state tests/integration/procs.py's job_finished polls to JobStatus."""
+JobSubmitted, and every state tests/support/procs.py's job_finished polls to JobStatus."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from embedfleet.shared.jobs.state import JOB_OUTPUTS, STATUSES, JobState
 from embedfleet.shared.protocol import ChunkRows
 from embedfleet.shared.text_chunks import BOUNDARIES
 from embedfleet.shared.vectors.forms import FORMS
-from tests.shared.test_job_state import FULL  # every field of a state away from its default
+from tests.shared.jobs.test_state import FULL  # every field of a state away from its default
 
 # what _shown leaves out of a job's record: the ledgers, the owner's key digest, the writer's lease
 PRIVATE = {"accounted", "accounted_chunks", "cut", "owner", "sink_lease"}

@@ -30,7 +30,7 @@ from embedfleet.shared.jobs.requests import owner_digest
 from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.jobs.streams import ensure_streams
 from embedfleet.shared.nats.subjects import Subjects
-from tests.job_states import submitted
+from tests.support.job_states import submitted
 
 
 def _job(job: str, started: float | None, key: str | None = None, status: str = "done") -> JobState:

@@ -19,7 +19,7 @@ import httpx
 import nats
 
 from embedfleet.shared.nats.subjects import SERVICE_NAMES
-from tests import waiting
+from tests.support import waiting
 
 
 class Service:
@@ -95,7 +95,7 @@ def one_shot(
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, services: Sequence[Service] = ()) -> None:
-    """``tests.waiting.wait_until`` that also fails at once, with its log, when one of ``services`` exits."""
+    """``tests.support.waiting.wait_until`` that also fails at once, with its log, when one of ``services`` exits."""
 
     def check() -> bool:
         for s in services:
@@ -372,7 +372,7 @@ def running_fleet(
 def scraped(port: int, sample: str, **labels: str) -> float:
     """One sample of the metrics a process serves on ``port`` (--metrics-port); 0 while it does not
     answer (not up yet, or stopped)."""
-    from tests.prometheus_text import value
+    from tests.support.prometheus_text import value
 
     try:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text

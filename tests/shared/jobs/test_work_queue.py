@@ -14,8 +14,8 @@ from embedfleet.shared.jobs.state import DeadBatch
 from embedfleet.shared.jobs.streams import ensure_streams, stream_names
 from embedfleet.shared.jobs.work_queue import BatchInfo, DeadLetters, Heartbeats, job_from_msg_id, open_work
 from embedfleet.shared.nats.subjects import Subjects
-from tests.job_states import submitted
-from tests.waiting import eventually
+from tests.support.job_states import submitted
+from tests.support.waiting import eventually
 
 
 async def _setup(url: str):

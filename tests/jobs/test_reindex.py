@@ -46,7 +46,7 @@ def test_the_files_beside_the_output_are_named_as_the_docs_say():
     `--out fail.parquet` writes `fail.failed.json`, as docs/bulk-jobs.md says."""
     assert beside(Path("fail.parquet"), FAILED) == Path("fail.failed.json")
     assert beside(Path("out/v.npy"), IDS) == Path("out/v.ids.json")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for page in ("docs/bulk-jobs.md",):
         text = " ".join((root / page).read_text().split())  # a sentence may break anywhere
         assert "OUT.failed.json" not in text, page

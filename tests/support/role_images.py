@@ -3,7 +3,7 @@ and its own does not (torch outside the worker, starlette outside the gateway...
 
 The images are read from deploy/docker/Dockerfile (bench/image_sizes.py) and the packages from the
 installed project's metadata, so a role that imports what its extra does not declare fails the tests
-that start it this way; tests/role_site/sitecustomize.py does the refusing.
+that start it this way; tests/support/role_site/sitecustomize.py does the refusing.
 """
 
 from __future__ import annotations

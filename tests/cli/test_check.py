@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from embedfleet.services.cli.check import check_folder
-from tests.tiny_models import FAMILIES, build
+from tests.support.tiny_models import FAMILIES, build
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_classifier_is_reported_as_such(folders):
 
 
 def test_llm_reranker_is_described(tmp_path):
-    from tests.tiny_llm_rerankers import build_llm_reranker, reference
+    from tests.support.tiny_llm_rerankers import build_llm_reranker, reference
 
     folder = build_llm_reranker(tmp_path, "qwen3")
     model = reference(folder)
@@ -145,7 +145,7 @@ def test_the_docs_table_is_the_registry():
 
     from embedfleet.services.gpu_worker.engine.models.registry import markdown_table
 
-    page = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     assert markdown_table() in page, "docs/models.md's Supported models table differs from models/registry.py"
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tests.tiny_models import _randomize, build
+from tests.support.tiny_models import _randomize, build
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

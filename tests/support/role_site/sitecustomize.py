@@ -1,5 +1,5 @@
 """Loaded at start-up by a service process that the tests run as its role's image holds it
-(tests/role_images.py puts this folder first on PYTHONPATH): each top-level module named in
+(tests/support/role_images.py puts this folder first on PYTHONPATH): each top-level module named in
 EMBEDFLEET_TEST_ABSENT is refused at import, as if it were not installed."""
 
 import os

@@ -19,7 +19,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM
 
-from tests.tiny_models import _FAMILIES, _randomize, _wordpiece
+from tests.support.tiny_models import _FAMILIES, _randomize, _wordpiece
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bench import families
-from tests.engine_folders import edit_config
-from tests.tiny_models import JINA_V3_PROMPTS, build
+from tests.support.engine_folders import edit_config
+from tests.support.tiny_models import JINA_V3_PROMPTS, build
 
 TASKS = list(JINA_V3_PROMPTS)  # retrieval.query, retrieval.passage, separation, classification, text-matching
 RANK, ALPHA = 4, 2  # scale alpha / rank = 0.5: neither alpha, nor 1 / rank

@@ -21,7 +21,7 @@ from embedfleet.shared.nats.config import NATS_SECURITY_ENV, NatsConfig, child_e
 from embedfleet.shared.nats.lifecycle import RepeatFilter, describe_error
 from embedfleet.shared.nats.local_stack import use_local_stack
 from embedfleet.shared.nats.subjects import Subjects
-from tests.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
+from tests.support.nats_secrets import CertificateAuthority, Operator, new_seed, public_key
 
 SECRET = "pa55:w@rd/x"  # characters a URL must escape
 

@@ -40,7 +40,7 @@ from embedfleet.shared.protocol import (
 )
 from embedfleet.shared.text_chunks import ChunkSpec, JobChunking, TextChunk
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
 IDS, CU = np.array([1, 2, 3], "<i4"), np.array([0, 1, 3], "<i4")
 SPARSE = EmbedOptions(output="sparse", sparse_top_k=4, sparse_threshold=0.1)
 SPARSE_PART = dict(dim=8, dtype="f4", data=np.zeros(3, "<f4").tobytes(), offsets=CU, indices=IDS)

@@ -7,7 +7,7 @@ import pytest
 from embedfleet.shared.vectors.forms import FORMS, vector_form
 from embedfleet.shared.vectors.quantize import dequantize, quantize, range_of
 from tests.conftest import cosines
-from tests.corpus import mixed_texts
+from tests.support.corpus import mixed_texts
 
 INT8_COSINE = 0.99  # an int8 / uint8 row against its float row
 

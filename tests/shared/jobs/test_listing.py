@@ -18,7 +18,7 @@ from embedfleet.shared.jobs.listing import Listed, TooManyRecords, bucket_record
 from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.jobs.streams import bucket_stream, ensure_streams
 from embedfleet.shared.nats.subjects import Subjects
-from tests.job_states import submitted
+from tests.support.job_states import submitted
 
 
 async def _all(js, subjects: Subjects, most: int | None = None) -> dict[str, JobState]:

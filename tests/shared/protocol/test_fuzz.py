@@ -68,7 +68,7 @@ from embedfleet.shared.protocol import (
 from embedfleet.shared.text_chunks import BOUNDARIES, ChunkSpec, JobChunking, TextChunk
 from embedfleet.shared.vectors.forms import WIRE_FORMS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FUZZ = settings(
     # hypothesis's default count; make test-fast draws fewer, EMBEDFLEET_FUZZ_EXAMPLES=2000 digs deeper
     max_examples=int(os.environ.get("EMBEDFLEET_FUZZ_EXAMPLES", "100")),

@@ -9,7 +9,7 @@ from embedfleet.shared.jobs.publish import JobConflict, form_conflict, submit
 from embedfleet.shared.jobs.state import JobState
 from embedfleet.shared.nats.subjects import Subjects
 from embedfleet.shared.protocol import EmbedOptions
-from tests.waiting import eventually
+from tests.support.waiting import eventually
 
 
 def _job(form: str, output: str = "dense") -> JobState:

@@ -9,7 +9,7 @@ import pytest
 
 from embedfleet.shared.model_dir.families import FAMILY_TYPES, family_types, position_offset
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_registry_serves_the_table_in_its_order():

@@ -12,7 +12,7 @@ from embedfleet.services.cli.main import build_parser
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.nats.server import free_port
 from embedfleet.shared.observability.metrics_server import MetricsEndpoint, serve_metrics
-from tests.prometheus_text import value
+from tests.support.prometheus_text import value
 
 
 def _registry() -> tuple[CollectorRegistry, Counter]:

@@ -29,7 +29,7 @@ from embedfleet.shared.jobs.settings import Retention
 from embedfleet.shared.jobs.state import JobStateError
 from embedfleet.shared.jobs.streams import ensure_streams, open_streams, stream_names
 from embedfleet.shared.nats.subjects import Subjects
-from tests.job_states import submitted
+from tests.support.job_states import submitted
 
 # results without a byte limit: a limit reserves its bytes on the server, which many prefixes of one
 # test server would run out of

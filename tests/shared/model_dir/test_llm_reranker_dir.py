@@ -13,7 +13,7 @@ import torch
 
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.model_dir.load import load_model_info
-from tests.tiny_llm_rerankers import build_llm_reranker, reference
+from tests.support.tiny_llm_rerankers import build_llm_reranker, reference
 
 
 @pytest.fixture(scope="module")
