@@ -200,6 +200,11 @@ def pytest_xdist_make_scheduler(config, log):
                 unused.shutdown()
             for node in self.nodes:
                 self._assign_work_unit(node)
+            for node in self.nodes:  # at least two units a node where there are (a unit's last test waits for more)
+                self._reschedule(node)
+            if not self.workqueue:
+                for node in self.nodes:
+                    node.shutdown()
             return None
 
     return LongestFirst(config, log)

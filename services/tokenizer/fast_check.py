@@ -1,7 +1,7 @@
 """Which tokenizer serves texts: kitoken where it loads and matches HF tokenizers on a built-in corpus.
 
 The check runs once, at start-up (about half a second of CPU on all-MiniLM-L6-v2): a few hundred texts
-of prose, code and whole documents past the model's limit (CPython's help topics, as tests/corpus.py),
+of prose, code and whole documents past the model's limit (CPython's help topics, as tests/support/corpus.py),
 edge cases (empty, blank, control characters, accents, CJK, emoji, very long words, special tokens
 written out), and probes of the code points next to every range of ``fast_charset`` (where a change of
 either library's Unicode tables shows first), each truncated to the right and the left and not at all.

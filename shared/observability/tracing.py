@@ -32,7 +32,7 @@ log = logging.getLogger("embedfleet.tracing")
 TRACEPARENT = "traceparent"
 # version-traceid-parentid-flags between optional spaces or tabs (HTTP's); a later version may append
 # fields after a dash (the spec's rule). The grammar is that of OpenTelemetry's
-# TraceContextTextMapPropagator, which tests/shared/test_tracing_propagator.py holds this parser to on a
+# TraceContextTextMapPropagator, which tests/shared/observability/test_tracing_propagator.py holds this parser to on a
 # table of valid and malformed values. It is parsed here rather than through the propagator: every
 # request at the gateway and every message at each hop parses one, and the propagator (a Context, a
 # NonRecordingSpan and a SpanContext a header) takes 4 to 5 times as long to read one and about 9 times

@@ -1,6 +1,6 @@
 """Protocol messages: the dataclasses every service exchanges, and their limits.
 
-Each message's wire keys and encodings are tabled in docs/protocol.md (tests/shared/test_protocol_doc.py
+Each message's wire keys and encodings are tabled in docs/protocol.md (tests/shared/protocol/test_doc.py
 holds the tables to the code); its encoder and decoder are in shared/protocol/wire.py.
 """
 

@@ -25,7 +25,7 @@ from embedfleet.shared.nats.subjects import Subjects
 from tests.integration.nats_refusals import refusals
 from tests.support.corpus import mixed_texts
 from tests.support.job_states import submitted
-from tests.support.procs import Service, cli, count_services, healthy, job_settled, wait_until
+from tests.support.procs import Service, cli, count_services, job_settled, running, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -85,22 +85,12 @@ def fabric(tmp_path_factory) -> Iterator[Fabric]:
             for role, args in role_args.items()
         }
         base_url = f"http://127.0.0.1:{port}"
-        procs = list(services.values())
-        try:
-            wait_until(lambda: healthy(base_url), 180, "gateway health", procs)
-            wait_until(
-                lambda: count_services(server.url, "worker", nkey_seed=str(seeds / "operator.nk")) == 1,
-                60,
-                "the worker",
-                procs,
-            )
+        # a test may replace one of the services: running() stops those the mapping holds at the end
+        with running(services, server.url, base_url, nkey_seed=str(seeds / "operator.nk")):
             fabric = Fabric(server, seeds, base_url, services)
             fabric.tokenizer_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
             fabric.worker_metrics = f"http://127.0.0.1:{worker_metrics}/metrics"
             yield fabric
-        finally:
-            for s in services.values():  # a test may have replaced one
-                s.stop()
     finally:
         server.stop()
 
