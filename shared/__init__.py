@@ -1,4 +1,7 @@
-"""Library shared by every embedfleet service: wire protocol, subjects, config, NATS lifecycle."""
+"""Library shared by every embedfleet service and command: the wire protocol (protocol/), the fabric
+(nats/), bulk jobs (jobs/), options (config/), model folders (model_dir/), vector stores (sinks/), vector
+forms (vectors/), logs, traces and metrics (observability/); and at the top what spans them: each role's
+NATS permissions (permissions.py, over nats/ and jobs/), the error codes, the extras, text chunks."""
 
 __version__ = "0.1.0"
 

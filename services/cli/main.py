@@ -207,8 +207,8 @@ def _run_worker(ns: argparse.Namespace, source: NatsSource) -> None:
 def _write_auth(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from embedfleet.shared.nats.permissions import ROLES, write_auth
     from embedfleet.shared.nats.subjects import Subjects
+    from embedfleet.shared.permissions import ROLES, write_auth
 
     folder = Path(ns.folder)
     existing = [r for r in ROLES if (folder / f"{r}.nk").exists()]

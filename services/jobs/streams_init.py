@@ -1,7 +1,7 @@
 """``embedfleet init``: the streams, the job bucket and the jobs' claims created, or brought to this
 version's settings. It is the one command that makes or changes them: run it as the operator's NATS
 user (``embedfleet auth`` writes ``operator.nk``); the services' users may read the streams, not change
-them (shared/nats/permissions.py). ``embedfleet up`` runs it before the services start."""
+them (shared/permissions.py). ``embedfleet up`` runs it before the services start."""
 
 from __future__ import annotations
 

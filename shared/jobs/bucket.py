@@ -4,7 +4,7 @@ compare-and-set, a ``JobState`` (shared/jobs/state.py) each way.
 A job's state is two keys: its record, ``<job>`` (what its submitter, the gateway and the operator
 write: the submission, the owner, the store, a cancel), and its progress, ``progress.<job>``
 (``PROGRESS``: the counts the tokenizers and workers write, and the status they settle the job to when
-its last documents are counted). The NATS roles follow the split (shared/nats/permissions.py): a tokenizer
+its last documents are counted). The NATS roles follow the split (shared/permissions.py): a tokenizer
 or worker may write ``progress.>`` only, so it can neither rewrite nor delete a job's record. Read, the
 two are one state (``merged``); a record written before the split, with its counts in it and no
 progress key, reads as it was written.

@@ -6,7 +6,7 @@ stream ``<P>_CLAIMS`` (made by ``embedfleet init``), one message a job and submi
 
 - subject ``<prefix>.v1.claims.<submitter>.<job token>``, the submitter ``gateway`` (POST /v1/jobs) or
   ``publisher`` (``embedfleet reindex``): each role's NATS user may publish and read its own
-  submitter's claims only, the tokenizers read all (shared/nats/permissions.py);
+  submitter's claims only, the tokenizers read all (shared/permissions.py);
 - the stream keeps one message a subject and refuses the next (discard new per subject): the server
   itself refuses a second claim, so an owner digest, once written, stays;
 - the body: the owner's key digest (None: a job made without a key) and a random 256-bit secret.

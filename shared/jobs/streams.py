@@ -120,7 +120,7 @@ async def open_streams(
     js: JetStreamContext, subjects: Subjects, retention: Retention = Retention(), wait: float = INIT_WAIT
 ) -> KeyValue:
     """The streams and the bucket as ``embedfleet init`` made them, used as they are: a service's NATS
-    user may read them, not change them (shared/nats/permissions.py). Only when one is missing are they
+    user may read them, not change them (shared/permissions.py). Only when one is missing are they
     made (``ensure_streams``); a server with per-role users refuses a service that, and then they are
     waited for up to ``wait`` seconds (``embedfleet init`` may be running beside the service, as a
     Kubernetes Job does) before giving up, naming the command."""

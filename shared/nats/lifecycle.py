@@ -24,8 +24,7 @@ from embedfleet.shared import __version__
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.nats.auth import redact
 from embedfleet.shared.nats.config import NatsConfig
-from embedfleet.shared.nats.permissions import inbox_prefix
-from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects
+from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects, inbox_prefix
 
 log = logging.getLogger("embedfleet")
 
@@ -156,7 +155,7 @@ async def connect(cfg: NatsConfig, name: str, stop: asyncio.Event | None = None)
                     name=name,
                     inbox_prefix=inbox_prefix(
                         name
-                    ),  # replies only to this role's inboxes (embedfleet.shared.nats.permissions)
+                    ),  # replies only to this role's inboxes (embedfleet.shared.permissions)
                     # seconds: nats-py annotates them int, and passes them on to asyncio, which takes floats
                     connect_timeout=cfg.connect_timeout,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,

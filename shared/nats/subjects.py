@@ -111,3 +111,8 @@ class Subjects:
     def rerank(self, model: str) -> str:
         """gateway -> scorer fleet."""
         return f"{self.prefix}.v1.rerank.{model_token(model)}"
+
+
+def inbox_prefix(connection_name: str) -> str:
+    """The inbox prefix of a connection: every process's replies come to inboxes under its own name."""
+    return f"_INBOX.{connection_name}"

@@ -16,7 +16,7 @@ from tests.deploy.manifests import render
 
 pytestmark = pytest.mark.slow
 
-# the role whose user each command connects as (shared/nats/permissions.py's roles)
+# the role whose user each command connects as (shared/permissions.py's roles)
 ROLE_OF = {"gateway": "gateway", "tokenizer": "tokenizer", "worker": "worker", "scorer": "scorer", "init": "operator"}
 
 

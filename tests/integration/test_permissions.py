@@ -19,9 +19,9 @@ import nats
 import numpy as np
 import pytest
 
-from embedfleet.shared.nats.permissions import ROLES, role_permissions
 from embedfleet.shared.nats.server import EmbeddedNats
 from embedfleet.shared.nats.subjects import Subjects
+from embedfleet.shared.permissions import ROLES, role_permissions
 from tests.integration.nats_refusals import refusals
 from tests.support.corpus import mixed_texts
 from tests.support.job_states import submitted

@@ -20,9 +20,9 @@ from nats.js.api import ConsumerConfig, StreamConfig
 from embedfleet.shared.jobs.claims import claim_subject, claims_stream, make_claim, read_claim
 from embedfleet.shared.jobs.requests import owner_digest
 from embedfleet.shared.jobs.streams import bucket_stream, stream_names
-from embedfleet.shared.nats.permissions import CONNECTION_NAMES, inbox_prefix
 from embedfleet.shared.nats.server import EmbeddedNats
-from embedfleet.shared.nats.subjects import Subjects, model_token
+from embedfleet.shared.nats.subjects import Subjects, inbox_prefix, model_token
+from embedfleet.shared.permissions import CONNECTION_NAMES
 from tests.integration.nats_refusals import refusals
 from tests.support.procs import Service, cli, stop_all, wait_ready, wait_until
 

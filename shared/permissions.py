@@ -32,7 +32,7 @@ from pathlib import Path
 from embedfleet.shared.jobs.bucket import PROGRESS_PREFIX
 from embedfleet.shared.jobs.claims import claims_stream
 from embedfleet.shared.jobs.streams import bucket_stream, stream_names
-from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects
+from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects, inbox_prefix
 from embedfleet.shared.protocol import MAX_BUNDLE
 
 ROLES = ("gateway", "tokenizer", "worker", "scorer", "publisher", "operator")
@@ -48,11 +48,6 @@ CONNECTION_NAMES = {
     "scorer": "embedfleet-scorer",
     "publisher": "embedfleet-reindex",
 }
-
-
-def inbox_prefix(connection_name: str) -> str:
-    """The inbox prefix of a connection: every process's replies come to inboxes under its own name."""
-    return f"_INBOX.{connection_name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +283,7 @@ def write_auth(folder: Path, subjects: Subjects) -> Path:
         users.append({"nkey": public, "permissions": role_permissions(subjects, role).server_config()})
     conf = folder / "auth.conf"
     lines = [
-        f"# embedfleet roles under the subject prefix {subjects.prefix!r}: see shared/nats/permissions.py",
+        f"# embedfleet roles under the subject prefix {subjects.prefix!r}: see shared/permissions.py",
         "authorization {",
         "  users = [",
     ]
