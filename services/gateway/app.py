@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -10,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 
 import numpy as np
-import orjson
 from nats.aio.client import Client
 from nats.micro.service import Service
 from starlette.applications import Starlette
@@ -25,17 +23,17 @@ from embedfleet.services.gateway.chunking import Chunking, chunk_texts, mean_of_
 from embedfleet.services.gateway.cohere import api as cohere_api
 from embedfleet.services.gateway.cohere import serving as cohere_serving
 from embedfleet.services.gateway.config import GatewayConfig
-from embedfleet.services.gateway.core import offers
 from embedfleet.services.gateway.http import health
 from embedfleet.services.gateway.http.admission import Admission
 from embedfleet.services.gateway.http.browser import BrowserGuard, rules_of
 from embedfleet.services.gateway.http.endpoints import Endpoints
 from embedfleet.services.gateway.http.errors import ApiError, error_response
-from embedfleet.services.gateway.http.formats import rows_form
+from embedfleet.services.gateway.http.formats import json_response, rows_form
 from embedfleet.services.gateway.http.limits import KeyLimits, current_key, estimated_tokens
 from embedfleet.services.gateway.http.middleware import GatewayMiddleware
-from embedfleet.services.gateway.inputs import Inputs, Limits, json_object, optional
-from embedfleet.services.gateway.jobs.api import JobsApi, check_job_id, parse_job
+from embedfleet.services.gateway.inputs import Inputs, Limits
+from embedfleet.services.gateway.jobs import serving as jobs_serving
+from embedfleet.services.gateway.jobs.api import JobsApi
 from embedfleet.services.gateway.jobs.listing import parse_listing
 from embedfleet.services.gateway.jobs.owners import JobOwners
 from embedfleet.services.gateway.jobs.results import JobResultsApi
@@ -53,6 +51,7 @@ from embedfleet.services.gateway.search.serving import NOT_SERVED, Search
 from embedfleet.services.gateway.search.store import SearchTables
 from embedfleet.services.gateway.tei import api as tei_api
 from embedfleet.services.gateway.tei import serving as tei_serving
+from embedfleet.services.gateway.tei import task_serving as tei_task_serving
 from embedfleet.services.gateway.tei import tasks as tei_tasks
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared import __version__
@@ -65,7 +64,15 @@ from embedfleet.shared.nats.fleet import FleetView, FleetWatch
 from embedfleet.shared.nats.lifecycle import connect, drain_or_close, mark_ready, register
 from embedfleet.shared.observability.metrics_server import serve_metrics
 from embedfleet.shared.observability.tracing import Tracer
-from embedfleet.shared.protocol import ChunkLayout, EmbedOptions, ProtocolError, RerankRequest, RerankResult, Spans
+from embedfleet.shared.protocol import (
+    ChunkLayout,
+    EmbedOptions,
+    ProtocolError,
+    RerankRequest,
+    RerankResult,
+    Spans,
+    TokenizeResult,
+)
 from embedfleet.shared.vectors.forms import FLOAT32
 from embedfleet.shared.vectors.quantize import quantize
 
@@ -76,10 +83,6 @@ log = logging.getLogger("embedfleet.gateway")
 _ROUTING = {404: ErrorCode.ROUTE_NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
 # stage -> response header (milliseconds), as text-embeddings-inference names them
 TIMING_HEADERS = {"tokenize": "x-tokenization-time", "queue": "x-queue-time", "inference": "x-inference-time"}
-
-
-def json_response(body: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 class Gateway:
@@ -190,6 +193,10 @@ class Gateway:
     def request_timeout(self) -> float:
         return self.cfg.request_timeout
 
+    @property
+    def max_payload(self) -> int:
+        return self.nc.max_payload
+
     async def view(self) -> FleetView:
         return await self.discovery.view()
 
@@ -263,6 +270,15 @@ class Gateway:
         self.account(model, outcome)
         return outcome
 
+    async def classify(
+        self, model: str, texts: list[str], pairs: list[tuple[str, str]] | None, options: EmbedOptions, rows: list[int]
+    ) -> EmbedOutcome:
+        """A sequence classifier's logits of ``texts`` (or ``pairs``), the request's inputs ``rows``; the
+        caller accounts them (``account``), once it has checked them."""
+        async with self.admitted():
+            call = self.client.embed(model, texts, options, self.cfg.request_timeout, pairs=pairs)
+            return await part_of(call, rows)
+
     def account(self, model: str, outcome: EmbedOutcome) -> None:
         """An answered embedding's tokens: in the metrics, by model and by API key, and charged to the key."""
         self.metrics.observe_stages(model, outcome.tokens, outcome.timings)
@@ -270,6 +286,16 @@ class Gateway:
         self.metrics.key_tokens_of(key, outcome.tokens)
         if key is not None:
             self.key_limits.charge(key, outcome.tokens)
+
+    async def run_tokenize(
+        self, model: str, texts: list[str], add_special_tokens: bool, prompt_name: str | None
+    ) -> TokenizeResult:
+        async with self.admitted():
+            return await self.client.tokenize(model, texts, add_special_tokens, prompt_name, self.cfg.request_timeout)
+
+    async def run_decode(self, model: str, ids: list[np.ndarray], skip_special_tokens: bool) -> list[str]:
+        async with self.admitted():
+            return await self.client.decode(model, ids, skip_special_tokens, self.cfg.request_timeout)
 
     @staticmethod
     def stage_headers(outcome: EmbedOutcome) -> dict[str, str]:
@@ -411,148 +437,48 @@ class Gateway:
         return await cohere_serving.rerank_v2(self, req)
 
     async def tokenize(self, request: Request) -> Response:
-        body = await _read_body(request, self.cfg.max_body_bytes)
-        req = tei_api.parse_tokenize(body, self.limits)
-        model = await self.resolve_model(req.model)
-        try:
-            result = await self.client.tokenize(
-                model, req.texts, req.add_special_tokens, req.prompt_name, self.cfg.request_timeout
-            )
-        except ServiceError as exc:
-            raise ApiError.of(exc) from None
-        return Response(tei_api.render_tokens(result), media_type="application/json")
+        req = tei_api.parse_tokenize(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        return await tei_serving.tokenize(self, req)
 
     async def info(self, request: Request) -> Response:
         """GET /info, of the model ``?model=ID`` names (a GET has no body), else of the default model."""
-        model = await self.resolve_model(request.query_params.get("model"))
-        view = await self.discovery.view()
-        body = tei_api.render_info(
-            model,
-            view.tokenizers.get(model, {}),
-            view.workers.get(model, {}),
-            self.limits,
-            self.cfg.max_in_flight,
-            __version__,
-        )
-        return Response(body, media_type="application/json")
+        return await tei_serving.info(self, request.query_params.get("model"), self.limits, self.cfg.max_in_flight)
 
     # -- TEI task routes: /predict, /similarity, /decode, and POST / by the model's kind ------
 
     async def predict(self, request: Request) -> Response:
-        body = await _read_body(request, self.cfg.max_body_bytes)
-        call = tei_tasks.parse_predict(body, self.limits)
-        return await self.run_predict(call, await self.resolve_model(call.model))
-
-    async def run_predict(self, call: tei_tasks.PredictCall, model: str) -> Response:
-        worker = (await self.discovery.view()).workers.get(model, {})
-        if worker.get("task") != "score":
-            raise ApiError(
-                ErrorCode.INVALID_REQUEST,
-                f"{model} is not a sequence classifier; /predict scores texts with one (embedders answer /embed)",
-                "model",
-            )
-        pairs = [i for i, x in enumerate(call.inputs) if not isinstance(x, str)]
-        singles = [i for i, x in enumerate(call.inputs) if isinstance(x, str)]
-        texts = [x for x in call.inputs if isinstance(x, str)]  # singles' inputs, in their order
-        both = [x for x in call.inputs if not isinstance(x, str)]  # pairs'
-        groups = [(rows, is_pair) for rows, is_pair in ((singles, False), (pairs, True)) if rows]
-        timeout = self.cfg.request_timeout
-        async with self.admitted():  # single texts and pairs travel as two requests, scored at once
-            outcomes = await asyncio.gather(
-                *(
-                    part_of(
-                        self.client.embed(
-                            model, [] if is_pair else texts, call.options, timeout, pairs=both if is_pair else None
-                        ),
-                        rows,
-                    )
-                    for rows, is_pair in groups
-                )
-            )
-        labels = tei_tasks.worker_labels(worker)
-        logits = np.empty((len(call.inputs), len(labels)), dtype=np.float32)
-        for (rows, _), outcome in zip(groups, outcomes):
-            if outcome.vectors.shape[1] != len(labels):
-                raise ApiError(
-                    ErrorCode.INTERNAL, f"the model gave {outcome.vectors.shape[1]} logits for {len(labels)} labels"
-                )
-            logits[rows] = outcome.vectors
-            self.account(model, outcome)
-        body = tei_tasks.render_predict(call, tei_tasks.label_scores(logits, call.raw_scores), labels)
-        slowest = max(outcomes, key=lambda o: sum(o.timings.values()))
-        return Response(body, media_type="application/json", headers=self.stage_headers(slowest))
+        call = tei_tasks.parse_predict(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        return await tei_task_serving.predict(self, call, await self.resolve_model(call.model))
 
     async def similarity(self, request: Request) -> Response:
-        body = await _read_body(request, self.cfg.max_body_bytes)
-        call = tei_tasks.parse_similarity(body, self.limits)
-        return await tei_serving.similarity(self, call, await self.resolve_model(call.model))
+        call = tei_tasks.parse_similarity(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        return await tei_task_serving.similarity(self, call, await self.resolve_model(call.model))
 
     async def decode(self, request: Request) -> Response:
-        body = await _read_body(request, self.cfg.max_body_bytes)
-        call = tei_tasks.parse_decode(body, self.limits)
-        model = await self.resolve_model(call.model)
-        if vocab := int((await self.discovery.view()).tokenizers.get(model, {}).get("vocab_size", 0)):
-            tei_tasks.check_vocabulary(call.ids, vocab)
-        async with self.admitted():
-            texts = await self.client.decode(model, call.ids, call.skip_special_tokens, self.cfg.request_timeout)
-        return Response(tei_tasks.render_decode(texts), media_type="application/json")
+        call = tei_tasks.parse_decode(await _read_body(request, self.cfg.max_body_bytes), self.limits)
+        return await tei_task_serving.decode(self, call)
 
     async def root(self, request: Request) -> Response:
-        """POST / (and /invocations): the task of the model's kind, as TEI mounts it; a sentence-similarity
-        body runs /similarity whatever the model (huggingface_hub's InferenceClient posts both here)."""
+        """POST / (and /invocations): the task of the model's kind (services/gateway/tei/task_serving.py)."""
         body = await _read_body(request, self.cfg.max_body_bytes)
-        doc = json_object(body)  # the model and the task, read before the task's typed body reads it all
-        model = await self.resolve_model(optional(doc, "model", str))
-        task = tei_tasks.root_task(doc, (await self.discovery.view()).workers.get(model, {}))
-        if task == "similarity":
-            return await tei_serving.similarity(self, tei_tasks.parse_similarity(body, self.limits), model)
-        if task == "predict":
-            return await self.run_predict(tei_tasks.parse_predict(body, self.limits), model)
-        if task == "rerank":
-            call = dataclasses.replace(tei_tasks.parse_rerank(body, self.limits), model=model)
-            return await rerank_serving.rerank_tei(self, call)
-        if task == "embed_sparse":
-            return await tei_serving.embed_sparse(
-                self, tei_api.parse_embed_sparse(body, self.limits), model, checked=False
-            )
-        return await tei_serving.embed(
-            self, tei_api.parse_embed(body, self.limits), model, request.headers.get("accept")
-        )
+        return await tei_task_serving.root(self, body, self.limits, request.headers.get("accept"))
 
     # -- bulk jobs --------------------------------------------------------------------------
 
     async def create_job(self, request: Request) -> Response:
-        if self.jobs is None:
-            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        doc = parse_job(await _read_body(request, self.cfg.max_body_bytes))
-        model = await self.resolve_model(doc.model)
-        if doc.output in ("sparse", "multivector") and doc.output not in await offers(self, model):
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"{model} makes no {doc.output} vectors", "output")
-        status, answer = await self.jobs.create(
-            doc, model, await self.discovery.view(), self.nc.max_payload, self.client
-        )
-        return json_response(answer, status=status)
+        return await jobs_serving.create(self, lambda: _read_body(request, self.cfg.max_body_bytes))
 
     async def list_jobs(self, request: Request) -> Response:
-        query = parse_listing(request.query_params)  # a bad query is a 400 even without JetStream
-        if self.jobs is None:
-            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return json_response(await self.jobs.page(query))
+        return await jobs_serving.page(self, parse_listing(request.query_params))
 
     async def job_state(self, request: Request) -> Response:
-        if self.jobs is None:
-            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return json_response(await self.jobs.get(check_job_id(request.path_params["job"])))
+        return await jobs_serving.state(self, request.path_params["job"])
 
     async def job_vectors(self, request: Request) -> Response:
-        if self.job_results is None:
-            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return await self.job_results.response(check_job_id(request.path_params["job"]), request.headers.get("accept"))
+        return await jobs_serving.results(self, request.path_params["job"], request.headers.get("accept"))
 
     async def cancel_job(self, request: Request) -> Response:
-        if self.jobs is None:
-            raise ApiError(ErrorCode.NO_RESPONDERS, "bulk jobs need JetStream, which this NATS server does not offer")
-        return json_response(await self.jobs.cancel(check_job_id(request.path_params["job"])))
+        return await jobs_serving.cancel(self, request.path_params["job"])
 
     # -- operations -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+import orjson
 from starlette.responses import Response
 
 from embedfleet.services.gateway.http.accept import Offer, chosen
@@ -31,6 +32,11 @@ BINARY = (
     Offer(OCTET, "octet"),
     *(Offer(media, "msgpack") for media in (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")),
 )
+
+
+def json_response(body: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``body`` as JSON (orjson), the answer of every route that answers a plain object."""
+    return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 
 def negotiate(accept: str | None) -> str:

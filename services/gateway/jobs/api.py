@@ -1,6 +1,6 @@
-"""HTTP for bulk jobs: POST /v1/jobs submits one (inline documents or a file on the server; its body a
-JobBody, body.py), GET /v1/jobs pages through the caller's (listing.py), GET /v1/jobs/{id}
-returns its state, DELETE /v1/jobs/{id} cancels it. The
+"""The bulk jobs' manager behind their HTTP routes (serving.py): POST /v1/jobs submits one (inline documents or
+a file on the server; its body a JobBody, body.py), GET /v1/jobs pages through the caller's (listing.py), GET
+/v1/jobs/{id} returns its state, DELETE /v1/jobs/{id} cancels it. The
 vectors go to the results stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
 tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too).
 With ``sink`` (a store the gateway's --job-sinks allows) the gateway writes the rows into it as they

@@ -1,6 +1,6 @@
 """The TEI embedding routes' work through the fleet: /embed (whole or in chunks; bytes when the Accept
-header asks), /embed_sparse, /embed_all and /similarity, each request (api.py, tasks.py) embedded and
-answered in TEI's shape."""
+header asks), /embed_sparse, /embed_all, /tokenize and GET /info, each request (api.py) answered in TEI's
+shape; the task routes' work is task_serving.py's."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.http.formats import binary_answer
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.tei import api as tei_api
-from embedfleet.services.gateway.tei import tasks as tei_tasks
 from embedfleet.services.gateway.tei.body import EmbedAllBody
+from embedfleet.shared import __version__
 from embedfleet.shared.errors import ErrorCode
 
 
@@ -54,10 +54,23 @@ async def embed_all(fleet: Embedder, doc: EmbedAllBody, limits: Limits) -> Respo
     )
 
 
-async def similarity(fleet: Embedder, call: tei_tasks.SimilarityCall, model: str) -> Response:
-    outcome = await fleet.run_embed(model, call.inputs, call.options)
-    return Response(
-        tei_tasks.render_similarity(outcome.vectors),
-        media_type="application/json",
-        headers=fleet.stage_headers(outcome),
+async def tokenize(fleet: Embedder, req: tei_api.TokenizeRequest) -> Response:
+    model = await fleet.resolve_model(req.model)
+    result = await fleet.run_tokenize(model, req.texts, req.add_special_tokens, req.prompt_name)
+    return Response(tei_api.render_tokens(result), media_type="application/json")
+
+
+async def info(fleet: Embedder, requested: str | None, limits: Limits, max_in_flight: int) -> Response:
+    """GET /info of the model ``requested`` names (None: the default model): its tokenizer's and workers'
+    registrations, the gateway's ``limits`` on a request and its ``max_in_flight`` (--max-in-flight)."""
+    model = await fleet.resolve_model(requested)
+    view = await fleet.view()
+    body = tei_api.render_info(
+        model,
+        view.tokenizers.get(model, {}),
+        view.workers.get(model, {}),
+        limits,
+        max_in_flight,
+        __version__,
     )
+    return Response(body, media_type="application/json")
