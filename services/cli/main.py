@@ -158,8 +158,8 @@ def _run_admin(ns: argparse.Namespace, source: NatsSource) -> int:
     cfg = nats_config(ns)
 
     async def run_reindex() -> int:
-        ns.model = await model_of(ns.model, source.stack, cfg)
-        return await reindex(plan_of(ns), cfg)
+        plan = plan_of(ns)  # every check that needs no NATS (the sink's client, the input) before the fleet is asked
+        return await reindex(plan.for_model(await model_of(ns.model, source.stack, cfg)), cfg)
 
     run = {
         "reindex": run_reindex,

@@ -61,6 +61,14 @@ class Plan:
     sink: str | None = None  # --sink URL
     shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
 
+    def for_model(self, model: str) -> Plan:
+        """This run for ``model`` (``model_of``'s answer where --model was not given), its job id derived
+        from it unless --job-id named one."""
+        if model == self.model and self.job:
+            return self
+        job = self.job_given or job_id_for(self.path, model, self.batch_size, self.form, self.output, self.chunking)
+        return replace(self, model=model, job=job)
+
 
 def plan_of(ns: argparse.Namespace) -> Plan:
     """The run the options ask for, checked without NATS: the output, the form and output kind, the
@@ -81,10 +89,12 @@ def plan_of(ns: argparse.Namespace) -> Plan:
         check_output_path(out, output, chunking is not None)
     tracing = TracingConfig.from_namespace(ns)
     docs = read_input(path)  # all of them, each checked
-    job = ns.job_id or job_id_for(path, ns.model, ns.batch_size, form, output, chunking)
-    problem = new_job_id_problem(job)
-    if problem:
-        raise ConfigError(f"--job-id: {problem}")
+    if ns.job_id:
+        problem = new_job_id_problem(ns.job_id)
+        if problem:
+            raise ConfigError(f"--job-id: {problem}")
+    # the model (and the job id derived from it) is the fleet's to say where --model is not given: for_model
+    job = ns.job_id or (job_id_for(path, ns.model, ns.batch_size, form, output, chunking) if ns.model else "")
     return Plan(
         path,
         out,
@@ -96,7 +106,7 @@ def plan_of(ns: argparse.Namespace) -> Plan:
         job,
         ns.batch_size,
         chunking,
-        ns.model,
+        ns.model or "",
         ns.job_id,
         retention(ns),
         ns.results_check,

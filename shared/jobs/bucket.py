@@ -27,7 +27,15 @@ from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequen
 from nats.js.kv import KeyValue
 
 from embedfleet.shared.errors import shown
-from embedfleet.shared.jobs.state import DONE, DONE_WITH_ERRORS, RUNNING, STALLED, JobState, JobStateError
+from embedfleet.shared.jobs.state import (
+    CANCELLED,
+    DONE,
+    DONE_WITH_ERRORS,
+    RUNNING,
+    STALLED,
+    JobState,
+    JobStateError,
+)
 from embedfleet.shared.nats.retry import retry_transient, transient
 
 _KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
@@ -108,8 +116,10 @@ async def update_state(
         conflicts = 0
         while True:
             try:
-                data, revision = await _get(kv, job)
+                # the progress first: a counter that reads the record after a cancel sees the cancel, and one
+                # that read it before is fenced off below
                 pdata, prevision = await _get(kv, progress_key(job))
+                data, revision = await _get(kv, job)
                 record = JobState.decode(data, job) if revision is not None else None
                 progress = _progress(pdata, job) if prevision is not None else None
                 before = merged(record, progress, job) or JobState(job)
@@ -131,6 +141,8 @@ async def update_state(
                 if own := changed - PROGRESS - (set(_STATUS) if settles else set()):
                     written = replace(record or JobState(job), **{n: getattr(state, n) for n in own})
                     await _write(kv, job, written, revision)
+                    if "status" in own and state.status == CANCELLED and not counted:
+                        await _fence(kv, job, pdata, prevision, before)
                 return state
             except (KeyWrongLastSequenceError, BadRequestError):
                 conflicts += 1  # someone else wrote first: read again (a request the server always refuses ends)
@@ -138,6 +150,17 @@ async def update_state(
                     raise
 
     return await retry_transient(attempt, transient, patience, f"job {job}: state update")
+
+
+async def _fence(kv: KeyValue, job: str, pdata: bytes | None, prevision: int | None, before: JobState) -> None:
+    """The progress key written again as it was read, once the record says the job is cancelled: the
+    two keys are written apart, so a tokenizer or worker that read the progress before the change could
+    otherwise still count into a cancelled job; now its compare-and-set fails and it reads the cancel. Where
+    its write landed first, this one fails instead, and the change is read again with those counts."""
+    if prevision is None:
+        await kv.create(progress_key(job), replace(JobState(job), **{n: getattr(before, n) for n in PROGRESS}).encode())
+    else:
+        await kv.update(progress_key(job), pdata or b"", last=prevision)
 
 
 async def _write(kv: KeyValue, key: str, state: JobState, revision: int | None) -> None:

@@ -121,7 +121,7 @@ FAMILIES = (
         _FLASH + " (v2-moe: eager batches run each expert over its tokens; captured graphs every expert "
         "over every token, as their shapes must not depend on the routing)",
         prompts="nomic-embed: `search_query: ` / `search_document: `",
-        verified="stack, folder",
+        verified="stack, folder, moe",
     ),
     Family(
         model_families.JINA_V3,
@@ -207,7 +207,7 @@ FAMILIES = (
         "SDPA with the scores capped explicitly (no flash kernel caps them); no CUDA graphs",
         prompts="`<instruct>{task}\\n<query>` for queries",
         fp16_overflows=True,
-        verified="states, folder",
+        verified="states, stack, folder",
     ),
     Family(
         model_families.EUROBERT,
@@ -217,7 +217,7 @@ FAMILIES = (
         "mean",
         "bidirectional, grouped-query",
         _FLASH,
-        verified="folder",
+        verified="stack, folder",
     ),
     Family(
         model_families.JINA_V5,
@@ -244,6 +244,7 @@ _VERIFIED = {
     "llm-rerank": "LLM reranking via the scorer = sentence-transformers' CrossEncoder",
     "real": "the real all-MiniLM-L6-v2",
     "folder": "a folder's vectors (engine) = sentence-transformers",
+    "moe": "v2-moe's vectors (engine, HTTP→worker) = the published definition's forward",
     "adapters": "each task adapter's vectors, tasks mixed in a batch = the adapter merged into the weights",
 }
 
