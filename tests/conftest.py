@@ -3,7 +3,9 @@ real PostgreSQL with pgvector."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,11 +33,22 @@ def hub_offline(monkeypatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def reference(model_info: ModelInfo):
-    """sentence-transformers on the same folder: the reference for vectors (test-only dependency)."""
+def reference(model_info: ModelInfo, tmp_path_factory):
+    """sentence-transformers on the same folder: the reference for vectors (test-only dependency), each
+    text encoded once a run (tests/support/reference_vectors.py), whichever process asks first."""
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(model_info.path), device="cpu")
+    from tests.support.reference_vectors import CachedReference
+
+    model = SentenceTransformer(str(model_info.path), device="cpu")
+    return CachedReference(model, str(model_info.path), _run_folder(tmp_path_factory) / "reference-vectors.sqlite")
+
+
+def _run_folder(tmp_path_factory) -> Path:
+    """This run's own folder, which every pytest process of the run shares (xdist: the parent of each
+    worker's base folder; else the base folder itself, never a folder earlier runs share)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -62,6 +75,29 @@ def _docker_engine_reason() -> str | None:
 
 
 _DOCKER_REASON = _docker_engine_reason()
+
+
+# `up`'s default data folder in the repository: a test that left it behind ran a stack without its own
+# --data-dir, and two of those at once meet on its lock (each test gives `up` a folder under tmp_path)
+_REPO_DATA = Path(__file__).resolve().parents[1] / ".embedfleet"
+_DATA_BEFORE = pytest.StashKey[bool]()
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stash[_DATA_BEFORE] = _REPO_DATA.exists()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if hasattr(session.config, "workerinput") or session.config.stash.get(_DATA_BEFORE, True):
+        return
+    if _REPO_DATA.exists():
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(
+            f"FAILED: a test wrote {_REPO_DATA}: every `up` in the tests takes --data-dir under its tmp_path",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_report_header(config) -> str:
@@ -137,31 +173,36 @@ def postgres_uri(postgres, request) -> str:
     return urlunsplit(urlsplit(uri)._replace(path=f"/{name}"))
 
 
-# Seconds the longest modules took in `make test`'s parallel run on a loaded two-core machine (their
-# --durations, rounded up). xdist's loadscope sends a module's tests to one worker, largest module
+# Seconds the longest modules took in `make test`'s parallel run (three processes) on two cores: each
+# module's tests' setup, call and teardown together, as pytest's JUnit report gives them, rounded. xdist's loadscope sends a module's tests to one worker, largest module
 # (most tests) first: these few-but-long modules came last, one worker running them alone while the
-# other idled. They go first now, the other integration modules next, the quick unit modules last
+# others idled. They go first now, the other integration modules next, the quick unit modules last
 # (they fill the gaps). A module missing here only runs later than it should: no test depends on it.
 LONG_MODULES = {
-    "tests/integration/test_job_chunks.py": 240,
-    "tests/integration/test_job_faults.py": 220,
-    "tests/test_bench.py": 220,
-    "tests/integration/test_job_sinks.py": 200,
-    "tests/integration/test_up_start.py": 150,
-    "tests/integration/test_up.py": 130,
-    "tests/integration/test_jobs.py": 110,
-    "tests/integration/test_cluster.py": 70,
-    "tests/integration/test_job_ids.py": 60,
-    "tests/integration/test_chunking.py": 60,
-    "tests/gpu_worker/test_engine.py": 60,
-    "tests/integration/test_task_adapters.py": 55,
-    "tests/integration/test_permissions.py": 50,
-    "tests/integration/test_rerank.py": 50,
-    "tests/integration/test_multi_model.py": 45,
-    "tests/integration/test_families.py": 45,
-    "tests/integration/test_job_sinks_http.py": 40,
+    "tests/test_bench.py": 250,
+    "tests/integration/test_job_chunks.py": 160,
+    "tests/integration/test_up.py": 150,
+    "tests/integration/test_job_sinks.py": 120,
+    "tests/integration/test_job_faults.py": 115,
+    "tests/integration/test_cluster.py": 95,
+    "tests/integration/test_hostile_nats.py": 80,
+    "tests/integration/test_jobs.py": 70,
+    "tests/integration/test_families.py": 55,
+    "tests/integration/test_multi_model.py": 50,
+    "tests/integration/test_roles.py": 50,
+    "tests/integration/test_job_admin.py": 40,
+    "tests/integration/test_up_start.py": 40,
+    "tests/integration/test_nats_security.py": 40,
     "tests/integration/test_search.py": 35,
+    "tests/integration/test_local_stack.py": 35,
+    "tests/integration/test_job_sinks_http.py": 35,
+    "tests/integration/test_embeddings.py": 35,
+    "tests/integration/test_job_ids.py": 35,
+    "tests/integration/test_walkthrough.py": 30,
+    "tests/integration/test_permissions.py": 30,
+    "tests/integration/test_dashboard.py": 30,
     "tests/integration/test_routing.py": 30,
+    "tests/integration/test_rerank.py": 30,
     "tests/shared/nats/test_placement.py": 25,
 }
 INTEGRATION_SECONDS = 20  # a module of tests/integration/ not listed: processes to start, seconds a test

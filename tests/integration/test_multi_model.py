@@ -42,6 +42,8 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict[str, Path
     args = [
         "--nats",
         nats_url,
+        "--data-dir",
+        str(tmp_path_factory.mktemp("multi-data")),
         "--subject-prefix",
         PREFIX,
         "--port",

@@ -264,6 +264,8 @@ def test_up_runs_the_stack_over_tls_with_a_password_from_its_url(tmp_path, model
                     "-m",
                     "embedfleet.services.cli",
                     "up",
+                    "--data-dir",
+                    str(tmp_path / "data"),
                     "--port",
                     str(port),
                     "--nats",

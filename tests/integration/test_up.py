@@ -250,6 +250,7 @@ def test_one_shot_commands_give_up_on_an_unreachable_nats_naming_it(tmp_path):
 def test_up_refuses_a_bad_model_folder(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "embedfleet.services.cli", "up", "--model", str(tmp_path / "missing")],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=60,

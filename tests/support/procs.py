@@ -20,12 +20,16 @@ import nats
 
 from embedfleet.shared.nats.subjects import SERVICE_NAMES
 from tests.support import waiting
+from tests.support.role_images import as_deployed
 
 
 class Service:
     """One service process, with its output in a log file (shown when a test fails)."""
 
     def __init__(self, role: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        if role == "up" and not any(a == "--data-dir" or a.startswith("--data-dir=") for a in args):
+            # the default ./.embedfleet is the repository's: two stacks at once would meet on its lock
+            raise ValueError("an `up` in the tests takes its own --data-dir (under the test's tmp_path)")
         self.role = role
         self.log_path = log_dir / f"{role}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (the process writes it until it stops)
@@ -33,7 +37,7 @@ class Service:
             [sys.executable, "-m", "embedfleet.services.cli", role, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **as_deployed(env)},
         )
         self._terminated = False
 
@@ -88,7 +92,7 @@ def one_shot(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**clean, **(env or {})},
+        env={**clean, **as_deployed(env)},
         cwd=cwd,
     )
     return result, time.monotonic() - started
@@ -117,22 +121,35 @@ def count_services(
 ) -> int:
     """How many processes of ``role`` under subject ``prefix`` answer a NATS micro-service ping
     (``nkey_seed``: as that user, where the server asks for credentials)."""
+    return service_counts(nats_url, (role,), wait, prefix, nkey_seed)[role]
 
-    async def ping() -> int:
+
+def service_counts(
+    nats_url: str, roles: Sequence[str], wait: float = 0.3, prefix: str = "embedfleet", nkey_seed: str | None = None
+) -> dict[str, int]:
+    """``count_services`` for each of ``roles``, all pinged at once: one ``wait`` for them all."""
+
+    async def ping() -> dict[str, int]:
         nc = await nats.connect(nats_url.split(","), **({"nkeys_seed": nkey_seed} if nkey_seed else {}))
-        replies = []
-        inbox = nc.new_inbox()
+        replies: dict[str, list[dict]] = {role: [] for role in roles}
+        subs = []
+        for role in roles:
+            inbox = nc.new_inbox()
 
-        async def on_reply(msg) -> None:
-            if msg.data:  # not the server's empty "no responders" status
-                replies.append(json.loads(msg.data))
+            async def on_reply(msg, found=replies[role]) -> None:
+                if msg.data:  # not the server's empty "no responders" status
+                    found.append(json.loads(msg.data))
 
-        sub = await nc.subscribe(inbox, cb=on_reply)
-        await nc.publish(f"$SRV.PING.{SERVICE_NAMES[role]}", b"", reply=inbox)
+            subs.append(await nc.subscribe(inbox, cb=on_reply))
+            await nc.publish(f"$SRV.PING.{SERVICE_NAMES[role]}", b"", reply=inbox)
         await asyncio.sleep(wait)
-        await sub.unsubscribe()
+        for sub in subs:
+            await sub.unsubscribe()
         await nc.close()
-        return len({r["id"] for r in replies if r.get("metadata", {}).get("prefix") == prefix})
+        return {
+            role: len({r["id"] for r in found if r.get("metadata", {}).get("prefix") == prefix})
+            for role, found in replies.items()
+        }
 
     return asyncio.run(ping())
 
@@ -246,7 +263,7 @@ def cli(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **env} if env else None,
+        env={**os.environ, **as_deployed(dict(env or {}))},
         cwd=cwd,
     )
 
