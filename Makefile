@@ -16,13 +16,15 @@ TORCH_CPU := torch==2.13.0
 run: $(RUN_STAMP) $(if $(findstring --with-pgvector,$(ARGS)),$(PGVECTOR_STAMP))
 	$(BIN)/embedfleet up $(ARGS)
 
-# the whole suite: the tests not marked serial in two pytest processes (a module's tests in one, so
+# the whole suite: the tests not marked serial in three pytest processes (a module's tests in one, so
 # that its module-scoped fixtures, fleets of processes, are set up once), one torch thread each (two
 # would spin on two cores: a third more CPU time), then those marked serial (they measure time or
-# load) in one, with the machine to themselves. On two cores the first part is bound by its CPU time:
-# more processes finish no sooner (XDIST= runs it in one, XDIST='-n 4 --dist loadscope' in four).
+# load) in one, with the machine to themselves. Three processes on two cores: tests wait on the
+# services they start (a kill's recovery, a job's ack wait), and with two processes the CPUs idled 15%
+# of the time (7% with three, 2% with four); the first part took 19 min 21 s with two, 14 min 49 s
+# with three, 15 min 14 s with four (XDIST= runs it in one, XDIST='-n 2 --dist loadscope' in two).
 # Exit code 5 (nothing collected) only when neither part collected anything.
-XDIST ?= -n 2 --dist loadscope
+XDIST ?= -n 3 --dist loadscope
 test: $(TEST_STAMP) system-packages lint
 	@OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \

@@ -48,7 +48,7 @@ from embedfleet.shared.jobs.streams import bucket_stream, stream_names
 from embedfleet.shared.nats.server import EmbeddedNats, NatsCluster, find_binary, free_port
 from embedfleet.shared.nats.subjects import Subjects
 from tests.support.corpus import mixed_texts
-from tests.support.procs import Service, count_services, healthy, stored_doc_ids, wait_until
+from tests.support.procs import Service, count_services, healthy, stop_all, stored_doc_ids, wait_until
 
 MODEL = "all-MiniLM-L6-v2"
 SUBJECTS = Subjects("embedfleet")
@@ -163,8 +163,7 @@ class ClusterFleet:
         return self
 
     def stop(self) -> None:
-        for s in self.services:
-            s.stop()
+        stop_all(self.services)  # side by side
         self.cluster.stop()
 
     def __enter__(self) -> ClusterFleet:

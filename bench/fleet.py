@@ -28,7 +28,7 @@ from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
 from tests.support.corpus import long_texts, medium_texts, mixed_texts
-from tests.support.procs import Service, count_services, healthy, wait_until
+from tests.support.procs import Service, count_services, healthy, stop_all, wait_until
 
 if TYPE_CHECKING:  # imported when tracing: it needs opentelemetry-proto
     from bench.otlp_sink import OtlpSink
@@ -91,8 +91,7 @@ def fleet(
             yield base, server.url
         finally:
             watch.stop_scraping()
-            for s in services:
-                s.stop()  # each exports its last spans as it stops
+            stop_all(services)  # side by side; each exports its last spans as it stops
             server.stop()
 
 

@@ -24,7 +24,7 @@ import httpx
 
 from bench.fleet import in_threads
 from embedfleet.shared.nats.server import EmbeddedNats, free_port
-from tests.support.procs import Service, count_services, healthy, wait_until
+from tests.support.procs import Service, count_services, healthy, stop_all, wait_until
 
 RERANKER = "bench-reranker"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -74,9 +74,10 @@ def reranker_folder(kind: str, encoder: Path, root: Path) -> tuple[Path, str]:
 
 @contextmanager
 def search_fleet(
-    embedder: Served, reranker: Served, stores: dict[str, str], folder: Path, threads: int
+    embedder: Served, reranker: Served, stores: dict[str, str], folder: Path, threads: int, budget: int | None = None
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """The stack; yields the NATS URL and, per store name, the base URL of the gateway searching ``stores[name]``."""
+    """The stack; yields the NATS URL and, per store name, the base URL of the gateway searching ``stores[name]``.
+    ``budget``: each worker's token budget, given (no start-up calibration); by default calibrated."""
     server = EmbeddedNats(folder / "nats")
     server.start()
     common = ["--nats", server.url]
@@ -86,7 +87,8 @@ def search_fleet(
         for model in (embedder, reranker):
             named = ["--model", str(model.folder), "--model-name", model.name]
             services.append(Service("tokenizer", [*common, *named], folder))
-            services.append(Service("worker", [*common, *named, "--threads", str(threads)], folder))
+            given = ["--max-batch-tokens", str(budget)] if budget else []
+            services.append(Service("worker", [*common, *named, "--threads", str(threads), *given], folder))
         services.append(
             Service("scorer", [*common, "--model", str(reranker.folder), "--model-name", reranker.name], folder)
         )
@@ -122,8 +124,7 @@ def search_fleet(
         )
         yield server.url, bases
     finally:
-        for s in services:
-            s.stop()
+        stop_all(services)  # told at once, so they stop side by side
         server.stop()
 
 

@@ -23,15 +23,22 @@ def engine(model_info):
     return Engine(model_info, "cpu", max_batch_tokens=1024)
 
 
+@pytest.fixture(scope="module")
+def timing(engine) -> Calibration:
+    """A real, short start-up calibration of the module's engine, on four small budgets (timed once: the
+    tests here are about what is kept and when it is measured again, not the timing)."""
+    return calibrate(engine, budgets=(64, 128, 256, 512), min_seconds=0.05)
+
+
 @pytest.fixture
-def measured(monkeypatch) -> list[Engine]:
-    """The engines the start-up calibration timed, on three small budgets (a real, short timing)."""
+def measured(monkeypatch, timing) -> list[Engine]:
+    """The engines the start-up calibration was asked to time (each is answered with ``timing``)."""
     timed: list[Engine] = []
 
     def short(engine: Engine, budgets: tuple[int, ...]):
         assert budgets == budgets_for(engine.device.type)
         timed.append(engine)
-        return calibrate(engine, budgets=(64, 128, 256, 512), min_seconds=0.05)
+        return timing
 
     monkeypatch.setattr(replicas, "calibrate", short)
     return timed

@@ -38,7 +38,7 @@ def stack(nats_url: str, tmp_path_factory) -> Iterator[Stack]:
         "worker-1": Service("worker", [*common, *budget], log_dir, {**single, **role_env("worker")}),
         "worker-2": Service("worker", [*common, *budget], log_dir, {**single, **role_env("worker")}),
         "scorer": Service("scorer", common, log_dir, role_env("scorer")),
-        # `make test` runs two pytest processes, each with its processes, on two cores: a request of
+        # `make test` runs three pytest processes, each with its processes, on two cores: a request of
         # hundreds of texts can take past the default 30 s deadline there (deadlines are tested on
         # gateways of their own)
         "gateway": Service(

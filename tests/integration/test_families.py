@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.support import nomic_moe
 from tests.support.corpus import mixed_texts
 from tests.support.procs import running_fleet
 from tests.support.tiny_llm_rerankers import build_llm_reranker
@@ -35,7 +36,11 @@ MODELS = [
     ("gemma3", "gemma3", False, "query"),
     ("gte", "gte", False, "query"),
     ("nomic_bert", "nomic_bert", False, "query"),
+    ("gemma2", "gemma2", False, "query"),
 ]
+# nomic-embed-text-v2-moe (no transformers class: its reference is the published forward, written in
+# tests/support/nomic_moe.py)
+MOE = "nomic-moe"
 # EmbeddingGemma's stack with include_prompt=false in its Pooling (INSTRUCTOR-style): the prompt's
 # tokens are skipped by pooling
 INSTRUCTOR = ("gemma3-instructor", "gemma3", False, "query")
@@ -50,6 +55,7 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, dict]]:
     root = tmp_path_factory.mktemp("families")
     folders = {name: build(family, root, bidirectional=bidir) for name, family, bidir, _ in MODELS}
     folders[INSTRUCTOR[0]] = _skipping_prompts(folders["gemma3"], root / INSTRUCTOR[0])
+    folders[MOE] = nomic_moe.make_folder(root / "moe-build", nomic_moe.CONFIG).rename(root / MOE)  # served by its name
     for family in CLASSIFIERS:
         folders[f"{family}-cls"] = build(family, root, classifier=True, num_labels=1)
     folders[LLM_RERANKER] = build_llm_reranker(root, "qwen3", name=LLM_RERANKER, prompt=LLM_PROMPT)
@@ -70,14 +76,19 @@ def texts() -> list[str]:
     return mixed_texts(24)  # 1 to 300+ tokens: past every sliding window, some cut at the 256-token limit
 
 
+def _vectors(base_url: str, model: str, texts: list[str], input_type: str | None = None) -> np.ndarray:
+    """The vectors /v1/embeddings answers for ``texts`` (with the prompt ``input_type`` selects)."""
+    body = {"model": model, "input": texts, **({"input_type": input_type} if input_type else {})}
+    r = httpx.post(f"{base_url}/v1/embeddings", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+
+
 @pytest.mark.parametrize("name, family, bidirectional, prompt", [*MODELS, INSTRUCTOR])
 def test_vectors_equal_sentence_transformers(fleet, texts, name, family, bidirectional, prompt):
     base_url, folders = fleet
     for input_type in dict.fromkeys([None, prompt]):
-        body = {"model": name, "input": texts, **({"input_type": input_type} if input_type else {})}
-        r = httpx.post(f"{base_url}/v1/embeddings", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+        got = _vectors(base_url, name, texts, input_type)
         want = st_reference(folders[name], texts, prompt_name=input_type)
         assert got.shape == want.shape
         c = cosines(got, want)
@@ -86,16 +97,24 @@ def test_vectors_equal_sentence_transformers(fleet, texts, name, family, bidirec
         )
 
 
+def test_mixture_of_experts_vectors_equal_the_published_forward(fleet, texts):
+    """nomic-embed-text-v2-moe's folder through the stack, its query prompt too, against a padded forward
+    of the published definition in which every expert of every mixture layer has tokens."""
+    base_url, folders = fleet
+    for input_type, prefix in ((None, ""), ("query", "search_query: ")):
+        got = _vectors(base_url, MOE, texts, input_type)
+        want = nomic_moe.reference_vectors(folders[MOE], [prefix + t for t in texts])
+        c = cosines(got, want)
+        assert c.min() >= COSINE_TOLERANCE, f"{input_type or 'no prompt'}: worst cosine {c.min():.6f} at {c.argmin()}"
+
+
 def test_prompts_change_the_vectors_and_models_differ(fleet, texts):
     base_url, _ = fleet
-
-    def embed(model: str, **extra) -> np.ndarray:
-        r = httpx.post(f"{base_url}/v1/embeddings", json={"model": model, "input": texts[:4], **extra}, timeout=60)
-        assert r.status_code == 200, r.text
-        return np.array([d["embedding"] for d in r.json()["data"]], np.float32)
-
-    assert cosines(embed("qwen3"), embed("qwen3", input_type="query")).max() < 0.9999
-    assert cosines(embed("qwen3"), embed("qwen3-bidir")).max() < 0.9999  # the attention flag is honoured
+    first = texts[:4]
+    assert cosines(_vectors(base_url, "qwen3", first), _vectors(base_url, "qwen3", first, "query")).max() < 0.9999
+    assert (
+        cosines(_vectors(base_url, "qwen3", first), _vectors(base_url, "qwen3-bidir", first)).max() < 0.9999
+    )  # the attention flag is honoured
 
 
 def test_unknown_model_lists_the_served_ones(fleet):

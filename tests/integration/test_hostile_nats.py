@@ -56,7 +56,7 @@ from embedfleet.shared.protocol import (
 )
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.shared.protocol.test_fuzz import VALID, deeply_nested, hostile, token_chunks, with_raw_field
-from tests.support.procs import count_services, wait_until
+from tests.support.procs import service_counts, wait_until
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -152,10 +152,11 @@ ANSWERS = {
 }
 
 
-def _token_chunk(ids, rows: int = 1, **kw) -> bytes:
+def _token_chunk(ids, rows: int = 1, seconds: float = 30, **kw) -> bytes:
+    """A token batch of ``rows`` rows over ``ids``, due ``seconds`` from now."""
     ids = np.asarray(ids, "<i4")
     cu = np.linspace(0, len(ids), rows + 1).astype("<i4")
-    return encode(TokenChunk(kw.pop("id", "h"), MODEL, 0, rows, ids, cu, time.time() + 30, **kw))
+    return encode(TokenChunk(kw.pop("id", "h"), MODEL, 0, rows, ids, cu, time.time() + seconds, **kw))
 
 
 def _hand_picked(kind: str, max_payload: int) -> list[bytes]:
@@ -348,15 +349,15 @@ def _assert_still_serving(stack, clean: np.ndarray) -> None:
     the vectors it gave before."""
     for name, service in stack.services.items():
         assert service.alive, f"{name} exited:\n{service.log()[-3000:]}"
-    for role, count in (("tokenizer", 1), ("worker", 2), ("scorer", 1), ("gateway", 1)):
-        # a worker still busy with the burst's batches may miss one ping's window: asked again until it
-        # answers (a dead or wedged one never does), the services' own deaths failing it at once
-        wait_until(
-            lambda role=role, count=count: count_services(stack.nats_url, role) == count,
-            30,
-            f"{role}s answering pings",
-            list(stack.services.values()),
-        )
+    # a worker still busy with the burst's batches may miss one ping's window: asked again until every
+    # process answers (a dead or wedged one never does), the services' own deaths failing it at once
+    expected = {"tokenizer": 1, "worker": 2, "scorer": 1, "gateway": 1}
+    wait_until(
+        lambda: service_counts(stack.nats_url, list(expected)) == expected,
+        30,
+        "every process answering pings",
+        list(stack.services.values()),
+    )
     workers = _worker_subjects(stack.nats_url)
     assert len(workers) == 2, workers
     batch = _token_chunk([101, 7592, 102])
@@ -421,12 +422,18 @@ def test_hostile_batches_on_each_workers_direct_subject(stack, clean, max_payloa
 def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(stack, clean, max_payload):
     """The id and timings a batch carries travel back in every result part: parts are sized with them."""
     rows = max_payload // (384 * 4) + 8  # more rows than one result message holds
-    batch = _token_chunk(
-        np.full(rows, 7592, "<i4"), rows=rows, id="x" * MAX_ID, timings={f"stage{i}": 1.0 for i in range(MAX_STAGES)}
-    )
     for subject in _worker_subjects(stack.nats_url).values():
+        # thousands of rows for one single-threaded worker on a loaded machine: as long a deadline as the
+        # wait below, counted from this worker's send (not the first's)
+        batch = _token_chunk(
+            np.full(rows, 7592, "<i4"),
+            rows=rows,
+            seconds=120,
+            id="x" * MAX_ID,
+            timings={f"stage{i}": 1.0 for i in range(MAX_STAGES)},
+        )
 
-        async def gather(subject: str) -> list[EmbedResult]:
+        async def gather(subject: str, batch: bytes) -> list[EmbedResult]:
             nc = await nats.connect(stack.nats_url)
             parts: list[EmbedResult] = []
             done = asyncio.Event()
@@ -446,7 +453,7 @@ def test_a_batch_with_the_longest_id_near_the_payload_limit_is_answered_in_full(
                 await nc.close()
             return parts
 
-        parts = asyncio.run(gather(subject))
+        parts = asyncio.run(gather(subject, batch))
         assert all(isinstance(p, EmbedResult) for p in parts), parts[-1]
         assert len(parts) >= 2 and sorted(p.start for p in parts)[0] == 0
         vectors = np.concatenate([p.array() for p in sorted(parts, key=lambda p: p.start)])

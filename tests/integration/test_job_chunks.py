@@ -81,9 +81,12 @@ def check_rows(
 
 @pytest.fixture(scope="module")
 def corpus() -> list[tuple[str, str]]:
-    """240 documents: queries of a few words (one chunk), paragraphs, and whole help topics of
-    thousands of tokens (far past the model's 256)."""
-    return [(f"doc-{i}", t) for i, t in enumerate(mixed_texts(240))]
+    """120 documents: queries of a few words (one chunk), paragraphs, and whole help topics of
+    thousands of tokens (12 past the model's 256, the longest 5,200). The corpus's 8,600-token topic
+    (its 40th text) gives way to a 500-token one (its 160th): as many documents past the limit, a
+    quarter fewer tokens to embed here and in the reference."""
+    texts = mixed_texts(160)
+    return [(f"doc-{i}", t) for i, t in enumerate([*texts[:39], texts[159], *texts[40:120]])]
 
 
 def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference, corpus, tmp_path):
@@ -120,12 +123,12 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
     ]
     counts = check_rows(corpus, rows, vectors, reference, texts=True)
     long = [len(reference.tokenizer(t)["input_ids"]) > 256 for _, t in corpus]
-    assert sum(long) >= 20 and all(counts[d] > 1 for (d, _), over in zip(corpus, long) if over)
-    assert sum(n == 1 for n in counts.values()) >= 100  # short documents: one chunk each
-    assert f"240 documents in {len(rows)} chunks" in result.stdout, result.stdout
+    assert sum(long) >= 10 and all(counts[d] > 1 for (d, _), over in zip(corpus, long) if over)
+    assert sum(n == 1 for n in counts.values()) >= 50  # short documents: one chunk each
+    assert f"120 documents in {len(rows)} chunks" in result.stdout, result.stdout
 
     state = httpx.get(f"{stack.base_url}/v1/jobs/{job}", timeout=10).json()
-    assert (state["status"], state["documents"], state["done"], state.get("failed", 0)) == ("done", 240, 240, 0), state
+    assert (state["status"], state["documents"], state["done"], state.get("failed", 0)) == ("done", 120, 120, 0), state
     assert state["chunks"] == state["chunks_done"] == len(rows) and not state.get("chunks_failed"), state
     assert state["chunking"] == {"size": 96, "overlap": 16, "boundary": "sentence", "late": False, "with_text": True}
     assert not {"accounted", "accounted_chunks", "cut"} & set(state), state
@@ -133,7 +136,7 @@ def test_a_chunked_reindex_embeds_every_chunk_as_the_reference(stack, reference,
     assert len(stored) == len(rows) and set(stored.values()) == {1}
     listing = cli(["jobs", "--nats", stack.nats_url], timeout=180).stdout
     row = next(line.split() for line in listing.splitlines() if line.startswith(job))
-    assert row[1:5] == ["done", "240", "240", "0"] and row[11] == f"{len(rows)}/{len(rows)}", listing
+    assert row[1:5] == ["done", "120", "120", "0"] and row[11] == f"{len(rows)}/{len(rows)}", listing
 
     # the same job written as Parquet: the same rows (the job is done: read back, not embedded again)
     again = cli([*args[:3], str(tmp_path / "chunks.parquet"), *args[4:]], timeout=180)
@@ -286,8 +289,11 @@ def late_ref(model_info) -> Reference:
 @pytest.fixture(scope="module")
 def late_corpus() -> list[tuple[str, str]]:
     """48 documents: queries (one chunk), paragraphs (a few chunks in one window), whole help
-    topics past the model's 256 tokens (several windows each, one of 5,000 tokens), and an empty one."""
-    return [(f"late-{i}", t) for i, t in enumerate([*mixed_texts(47), ""])]
+    topics past the model's 256 tokens (several windows each, one of 5,000 tokens), and an empty one.
+    The corpus's 8,600-token topic (its 40th text) gives way to a 350-token one (its 67th): windows
+    enough, at half the tokens to embed and to pool in the test."""
+    texts = mixed_texts(67)
+    return [(f"late-{i}", t) for i, t in enumerate([*texts[:39], texts[66], *texts[40:47], ""])]
 
 
 def test_a_late_chunked_reindex_pools_each_chunk_in_its_window(stack, late_ref, late_corpus, tmp_path):
@@ -339,7 +345,10 @@ def test_a_late_chunked_job_over_http_has_plain_chunkings_rows(stack, late_ref, 
     for late in (True, False):
         job = f"late-http-{late}".lower()
         r = httpx.post(
-            f"{stack.base_url}/v1/jobs", json={**body, "id": job, "chunking": {"size": 48, "late": late}}, timeout=60
+            f"{stack.base_url}/v1/jobs",
+            # the command's chunking above: the same chunks, so the late reference is computed once for both
+            json={**body, "id": job, "chunking": {"size": 64, "overlap": 8, "late": late}},
+            timeout=60,
         )
         assert r.status_code == 202 and r.json()["chunking"]["late"] is late, r.text
         state = job_finished(stack.base_url, job, 180)

@@ -42,8 +42,10 @@ from tests.support.procs import (
 
 pytestmark = pytest.mark.integration
 
-DOCUMENTS = 320
-CHUNKED = 160  # the chunked jobs' documents (the first ones): each cut into many chunks, as long a job
+DOCUMENTS = 240
+CHUNKED = (
+    128  # the chunked jobs' documents (the first ones, 16 whole help topics among them): many chunks, as long a job
+)
 BATCH = 16
 # a short ack wait, so that the batches a killed process held come back within seconds
 HOLD = ["--ack-wait", "4"]

@@ -27,11 +27,13 @@ from tests.support.procs import running, wait_until
 
 pytestmark = pytest.mark.integration
 
-DOCUMENTS = 1000  # the job a worker is killed in, into each store (60 batches run after the kill)
+DOCUMENTS = 400  # the job a worker is killed in, into each store (some 20 batches run after the kill)
 BATCH = 16
-SAMPLE = 300  # documents whose vectors are compared with the reference
-CHUNKED = 300  # documents of the chunked job (its first ones): many chunks each, keyed the same way
-PAUSED = 600  # documents of the job whose PostgreSQL stops (its first ones)
+SAMPLE = 100  # documents whose vectors are compared with the reference
+CHUNKED = (
+    96  # documents of the chunked job (its first ones, 12 whole help topics): many chunks each, keyed the same way
+)
+PAUSED = 300  # documents of the job whose PostgreSQL stops (its first ones)
 
 
 @dataclass

@@ -97,11 +97,15 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         server.stop()
 
 
-async def _tried(call) -> None:
-    """A JetStream call the server is expected to refuse: nats-py hears the refusal as an error (a
-    permission violation has no reply, so the call itself times out)."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(call, 1)
+async def _tried(*calls) -> None:
+    """JetStream calls the server is expected to refuse, made at once: nats-py hears each refusal as an
+    error (a permission violation has no reply, so each call times out: together, in one second)."""
+
+    async def one(call) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(call, 1)
+
+    await asyncio.gather(*(one(call) for call in calls))
 
 
 def _operator(fleet: Fleet, body):
@@ -135,12 +139,14 @@ def test_no_service_role_may_change_or_remove_a_stream(fleet, role):
     results, bucket = _operator(fleet, read)
 
     async def act(nc, js):
-        await _tried(js.update_stream(results.evolve(subjects=[*results.subjects, "embedfleet.v1.embed.*"])))
-        await _tried(js.update_stream(results.evolve(max_msgs=1)))
-        await _tried(js.update_stream(bucket.evolve(max_age=1)))
-        await _tried(js.purge_stream(NAMES["results"]))
-        await _tried(js.delete_stream(NAMES["jobs"]))
-        await _tried(js.add_stream(StreamConfig(name="CAPTURE", subjects=["embedfleet.v1.embed.>"])))
+        await _tried(
+            js.update_stream(results.evolve(subjects=[*results.subjects, "embedfleet.v1.embed.*"])),
+            js.update_stream(results.evolve(max_msgs=1)),
+            js.update_stream(bucket.evolve(max_age=1)),
+            js.purge_stream(NAMES["results"]),
+            js.delete_stream(NAMES["jobs"]),
+            js.add_stream(StreamConfig(name="CAPTURE", subjects=["embedfleet.v1.embed.>"])),
+        )
 
     errors = await_refusals(fleet, role, act, 6)
     for call in (
@@ -183,9 +189,11 @@ def test_a_role_may_not_touch_another_roles_consumers(fleet, role):
     before = config()
 
     async def act(nc, js):
-        await _tried(js.consumer_info(stream, durable))
-        await _tried(js.delete_consumer(stream, durable))
-        await _tried(js.add_consumer(stream, ConsumerConfig(durable_name=durable, max_deliver=1, ack_wait=1)))
+        await _tried(
+            js.consumer_info(stream, durable),
+            js.delete_consumer(stream, durable),
+            js.add_consumer(stream, ConsumerConfig(durable_name=durable, max_deliver=1, ack_wait=1)),
+        )
 
     errors = await_refusals(fleet, role, act, 3)
     # created as nats-py asks for a durable: $JS.API.CONSUMER.DURABLE.CREATE.<stream>.<name>
@@ -212,8 +220,10 @@ def test_a_claim_is_neither_rewritten_nor_read_by_another_role(fleet):
 
     async def publisher(nc, js):
         await nc.publish(subject, forged)
-        await _tried(js.get_last_msg(claims_stream(SUBJECTS), subject, direct=True))
-        await _tried(js.get_msg(claims_stream(SUBJECTS), seq=before.seq))
+        await _tried(
+            js.get_last_msg(claims_stream(SUBJECTS), subject, direct=True),
+            js.get_msg(claims_stream(SUBJECTS), seq=before.seq),
+        )
 
     errors = await_refusals(fleet, "publisher", publisher, 3)
     assert any("permissions violation" in e and subject.lower() in e for e in errors), errors
@@ -318,10 +328,12 @@ def test_a_stage_neither_rewrites_nor_deletes_a_jobs_record(fleet, role):
 
     async def act(nc, js):
         kv = await js.key_value(NAMES["kv"])
-        await _tried(kv.put(fleet.victim, record.replace(b'"documents":6', b'"documents":600')))
-        await _tried(kv.update(fleet.victim, b"{}", last=revision))
-        await _tried(kv.delete(fleet.victim))
-        await _tried(kv.purge(fleet.victim))
+        await _tried(
+            kv.put(fleet.victim, record.replace(b'"documents":6', b'"documents":600')),
+            kv.update(fleet.victim, b"{}", last=revision),
+            kv.delete(fleet.victim),
+            kv.purge(fleet.victim),
+        )
         assert (await kv.get(fleet.victim)).revision == revision  # it reads the record as every stage does
         await kv.put(progress_key(f"other-{role}"), b"{}")  # its own keys: allowed
 

@@ -19,6 +19,9 @@ class Reference:
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.model = AutoModel.from_pretrained(str(path)).eval()
+        # each document's late vectors, by its chunks and room: tests that chunk the same corpus the same
+        # way (a job as a command, then over HTTP) ask again
+        self._late: dict[tuple[str, tuple[tuple[int, int], ...], int], np.ndarray] = {}
 
     def offsets(self, text: str) -> np.ndarray:
         """[tokens, 2] each content token's characters."""
@@ -47,6 +50,12 @@ class Reference:
     def late_vectors(self, text: str, rows: list[tuple[int, int]], room: int) -> np.ndarray:
         """[chunks, dim]: the late vectors of ``text``'s chunks, given as their characters (start, end), in
         order: grouped into windows of ``room`` content tokens, each chunk pooled in the window that owns it."""
+        key = (text, tuple((int(s), int(e)) for s, e in rows), room)
+        if key not in self._late:
+            self._late[key] = self._late_vectors(text, rows, room)
+        return self._late[key]
+
+    def _late_vectors(self, text: str, rows: list[tuple[int, int]], room: int) -> np.ndarray:
         offsets = self.offsets(text)
         if not len(offsets):  # a text without tokens: one chunk, its whole sequence pooled
             with torch.inference_mode():

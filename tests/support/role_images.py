@@ -90,3 +90,22 @@ def absent_env(modules: Iterable[str]) -> dict[str, str]:
     """The environment that starts a process in which the top-level ``modules`` are not installed."""
     path = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)
     return {"PYTHONPATH": path, "EMBEDFLEET_TEST_ABSENT": ",".join(sorted(modules))}
+
+
+# installed here for the tests and benchmarks, by no role's image: nats-py imports it at start when it is
+# there (its WebSocket transport, which embedfleet never uses), some 0.1-0.3 s of CPU per process that no
+# deployed process pays
+NOT_IN_ANY_IMAGE = frozenset({"aiohttp"})
+
+
+def as_deployed(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` for a service or command process, with what no image installs (``NOT_IN_ANY_IMAGE``) absent
+    as well as what ``env`` already leaves out (``role_env``, ``absent_env``)."""
+    env = dict(env or {})
+    absent = NOT_IN_ANY_IMAGE | set(filter(None, env.get("EMBEDFLEET_TEST_ABSENT", "").split(",")))
+    path = [p for p in env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if p]
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(SITE), *(p for p in path if p != str(SITE))]),
+        "EMBEDFLEET_TEST_ABSENT": ",".join(sorted(absent)),
+    }

@@ -22,7 +22,7 @@ def _view(tokenizers: list[str], workers: list[str]) -> FleetView:
 
 
 def _held(model: type[BaseModel], body: dict) -> BaseModel:
-    raw = orjson.dumps(body)  # as the route writes it (app.py's json_response: orjson)
+    raw = orjson.dumps(body)  # as the route writes it (http/formats.py's json_response: orjson)
     answer = model.model_validate_json(raw)  # strict: every field named, of its type
     assert answer.model_dump(mode="json", exclude_unset=True) == orjson.loads(raw)
     return answer

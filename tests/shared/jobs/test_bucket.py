@@ -53,13 +53,16 @@ def test_counts_go_to_the_progress_key_and_the_record_is_left_alone(nats_url):
             assert (await cancel_job(kv, "j")) == state  # done stays done: nothing written
             assert (await kv.get("j")).revision == record.revision
 
-            # a cancel writes the record only; a count after it changes nothing
+            # a cancel writes the record, and the progress key again as it was (so that a counter that read
+            # it before the cancel fails its compare-and-set); a count after it changes nothing
             await update_state(kv, "c", _submitted(4))
             await update_state(kv, "c", _counted(0, 1))
             counts = await kv.get(progress_key("c"))
             assert (await cancel_job(kv, "c")).status == CANCELLED
+            fenced = await kv.get(progress_key("c"))
+            assert fenced.value == counts.value and fenced.revision > counts.revision
             assert (await update_state(kv, "c", _counted(1, 3))).done == 1
-            assert (await kv.get(progress_key("c"))).revision == counts.revision
+            assert (await kv.get(progress_key("c"))).revision == fenced.revision
             assert (await read_state(kv, "c")).status == CANCELLED
 
             # a record written before the split: its counts read as they were, then move on in progress
