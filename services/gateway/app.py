@@ -257,6 +257,10 @@ class Gateway:
                 "through /rerank or /v1/rerank and makes no embeddings",
                 "model",
             )
+        if inputs.images is not None and "image" not in models_api.worker_inputs(view.workers.get(model, {})):
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, f"{model} embeds texts only: images need a two-tower model (CLIP)", "model"
+            )
         dim = int(view.workers.get(model, {}).get("dim", 0))
         if options.dimensions is not None and dim and options.dimensions > dim:
             raise ApiError(
@@ -264,7 +268,13 @@ class Gateway:
             )
         async with self.admitted():
             call = self.client.embed(
-                model, inputs.texts, options, self.cfg.request_timeout, inputs.token_ids, spans=spans
+                model,
+                inputs.texts,
+                options,
+                self.cfg.request_timeout,
+                inputs.token_ids,
+                spans=spans,
+                images=inputs.images,
             )
             outcome = await (call if rows is None else part_of(call, rows))
         self.account(model, outcome)
@@ -319,6 +329,8 @@ class Gateway:
         if chunking is None:
             outcome = await self.run_embed(model, inputs, options)
             return outcome, None, rows_form(options.form, outcome.form)
+        if inputs.images is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; these inputs are images", "chunking")
         outcome, chunks, form = await self.run_chunked(model, inputs.texts, options, chunking)
         return outcome, None if chunking.returns == "mean" else chunks, form
 

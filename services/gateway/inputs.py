@@ -24,11 +24,14 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    texts: list[str]  # empty when the inputs are token IDs
+    texts: list[str]  # empty when the inputs are token IDs or images
     token_ids: list[np.ndarray] | None
+    images: list[bytes] | None = None  # image files (their headers checked: gateway/images.py)
 
     @property
     def count(self) -> int:
+        if self.images is not None:
+            return len(self.images)
         return len(self.token_ids) if self.token_ids is not None else len(self.texts)
 
 
@@ -67,11 +70,16 @@ def within_limits(inputs: Inputs, param: str, limits: Limits) -> Inputs:
                 f"'{param}[{i}]' has {len(item)} characters; the limit is {limits.max_input_chars}",
                 param,
             )
-    if inputs.count > limits.max_inputs:
-        raise ApiError(
-            ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {inputs.count} items; the limit is {limits.max_inputs}", param
-        )
+    within_count(inputs.count, param, limits)
     return inputs
+
+
+def within_count(count: int, param: str, limits: Limits) -> None:
+    """A request's ``count`` inputs (of any kind) once they are not too many."""
+    if count > limits.max_inputs:
+        raise ApiError(
+            ErrorCode.TOO_MANY_INPUTS, f"'{param}' has {count} items; the limit is {limits.max_inputs}", param
+        )
 
 
 def within_document_chars(docs: list[tuple[str, str]], max_chars: int) -> None:

@@ -65,10 +65,13 @@ class Batch:
     outputs: tuple[str, ...] = ("dense",)  # the output kinds its works ask for
     spans: Spans | None = None  # [B] rows' spans, when any work asks for them (others' rows have none)
     adapters: np.ndarray | None = None  # [B] int32 each row's task adapter (0: none), when any work names a task
+    # image rows [B, C, H, W] uint8 (a batch is all images or all token rows); input_ids is then empty
+    pixels: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
-        return len(self.input_ids)
+        """The tokens the engine runs (an image's: its tower's)."""
+        return int(self.cu_seqlens[-1])
 
 
 class Scheduler:
@@ -147,8 +150,11 @@ class Scheduler:
         budget = self.max_tokens if queue is self._online else self.bulk_tokens
         slices: list[Slice] = []
         tokens = seqs = 0
+        images = queue[0].batch.pixels is not None
         while queue and seqs < self.max_seqs:
             work = queue[0]
+            if (work.batch.pixels is not None) != images:
+                break  # images and token rows run through different towers: never in one batch
             cu = work.batch.cu_seqlens
             row = work.next_row
             count = work.batch.count
@@ -216,6 +222,8 @@ def _entries(chunk: TokenChunk, unit: str, start: int, end: int) -> tuple[int, i
 
 
 def _pack(slices: list[Slice], adapter_ids: dict[str, int] | None = None) -> Batch:
+    if slices[0].work.batch.pixels is not None:
+        return _pack_images(slices)
     ids, lengths, types = [], [], []
     typed = any(s.work.batch.token_types is not None for s in slices)
     for s in slices:
@@ -250,6 +258,16 @@ def _pack(slices: list[Slice], adapter_ids: dict[str, int] | None = None) -> Bat
         spans,
         adapters,
     )
+
+
+def _pack_images(slices: list[Slice]) -> Batch:
+    """Image rows (next_batch never mixes them with token rows): their pixels stacked, their tower tokens' offsets."""
+    pixels = [s.work.batch.pixels[s.row_start : s.row_end] for s in slices if s.work.batch.pixels is not None]
+    lengths = np.concatenate([np.diff(s.work.batch.cu_seqlens[s.row_start : s.row_end + 1]) for s in slices])
+    cu_seqlens = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    outputs = tuple(sorted({s.work.batch.options.output for s in slices}))
+    return Batch(np.zeros(0, np.int32), cu_seqlens, slices, outputs=outputs, pixels=np.concatenate(pixels))
 
 
 def _batch_spans(slices: list[Slice]) -> Spans:

@@ -225,6 +225,7 @@ class WorkerService:
                 else "false",  # a chunked request's mean is normalised as its chunks
                 "task": model.task,
                 "outputs": ",".join(model.outputs),
+                "inputs": ",".join(model.inputs),  # what it embeds: text, and image for a two-tower model
                 # the most a document's sparse / multivector output can hold (bulk jobs size batches by it)
                 **_ragged_limits(model),
                 # a classifier's label names by logit, as JSON (names may hold commas)
@@ -393,7 +394,12 @@ class WorkerService:
                 ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
             )
         try:
-            self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types, batch.spans)
+            if batch.pixels is not None:
+                if output != "dense":
+                    raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {output}")
+                self._engines[0].check_images(batch.pixels, batch.cu_seqlens)
+            else:
+                self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types, batch.spans)
         except EngineError as exc:
             raise wire_error(exc, batch) from None
 
@@ -454,16 +460,20 @@ class WorkerService:
                 if s.work.started is None:
                     s.work.started = launched
             try:
-                handle = await loop.run_in_executor(
-                    executor,
-                    engine.step,
-                    batch.input_ids,
-                    batch.cu_seqlens,
-                    batch.token_types,
-                    batch.skip,
-                    batch.outputs,
-                    batch.spans,
-                    batch.adapters,
+                handle = await (
+                    loop.run_in_executor(executor, engine.step_images, batch.pixels)
+                    if batch.pixels is not None
+                    else loop.run_in_executor(
+                        executor,
+                        engine.step,
+                        batch.input_ids,
+                        batch.cu_seqlens,
+                        batch.token_types,
+                        batch.skip,
+                        batch.outputs,
+                        batch.spans,
+                        batch.adapters,
+                    )
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)

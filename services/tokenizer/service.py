@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -21,6 +22,7 @@ from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.delivery import DeliveryCheck, Sent
 from embedfleet.services.tokenizer.encoder import TextEncoder, pack_chunks
 from embedfleet.services.tokenizer.fast_check import choose
+from embedfleet.services.tokenizer.images import ImagePreparer
 from embedfleet.services.tokenizer.layout import Layouts
 from embedfleet.services.tokenizer.metrics import TokenizerMetrics
 from embedfleet.services.tokenizer.routing import Router
@@ -85,6 +87,7 @@ class _Pending:
         0,
     )  # output "spans": tokens before and after each text's content (TextEncoder.frame_sizes)
     spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
+    pixels: np.ndarray | None = None  # its images, prepared: [N, C, H, W] uint8
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
     carrier: str = ""  # the reply subject of the message that brought it (another: it came in a Requests)
     dropped: bool = False  # its requester cancelled it: nothing of it is sent, nothing answered
@@ -111,7 +114,15 @@ def _by_tokenization(group: list[_Pending]) -> dict[tuple[str, bool, str], list[
     out: dict[tuple[str, bool, str], list[_Pending]] = {}
     for p in group:
         opts = p.admitted.options
-        what = "texts" if p.texts is not None else "pairs" if p.admitted.pairs is not None else "ids"
+        what = (
+            "texts"
+            if p.texts is not None
+            else "pairs"
+            if p.admitted.pairs is not None
+            else "images"
+            if p.admitted.images is not None
+            else "ids"
+        )
         out.setdefault((what, opts.truncate, opts.truncation_direction), []).append(p)
     return out
 
@@ -131,6 +142,7 @@ class TokenizerService:
         self._cancel_sub: Subscription | None = None
         self._cancels = CancelKeys()  # requests given up by their requesters (shared/protocol's Cancel)
         self._layouts = Layouts(self._encoder, cfg.max_chunks, cfg.max_document_chars)
+        self._images = ImagePreparer.for_model(cfg.model)  # None: the model embeds texts only
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
         self._embeds = Coalescer(self._embed_group)
@@ -317,7 +329,9 @@ class TokenizerService:
         pending = _Pending(request, msg.reply or "", span, carrier=carrier_of(msg))
         try:
             self._check_embed(request, msg.reply)
-            if request.texts or request.token_ids is not None:
+            if request.images is not None:
+                self._check_images(request)
+            elif request.texts or request.token_ids is not None:
                 # the task adapter its rows run with, and its prompt: the worker reads the task from the batches
                 request = pending.request = replace(request, options=self._encoder.resolve(request.options))
             if request.texts:
@@ -343,6 +357,14 @@ class TokenizerService:
         if time.time() > request.deadline:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
 
+    def _check_images(self, request: EmbedRequest) -> None:
+        if self._images is None:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {self._cfg.model.id} embeds texts only, not images")
+        if request.options.output != "dense":
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {request.options.output}"
+            )
+
     async def _tokenize_group(self, kind: tuple[str, bool, str], group: list[_Pending]) -> float:
         """Token IDs of every request of ``group`` (all of one ``kind``), in one call into the tokenizer;
         returns the seconds it took. A request's own error (a row too long) is kept on it."""
@@ -356,6 +378,16 @@ class TokenizerService:
                 )
                 for p, ids in zip(group, each):
                     p.error, p.ids = (ids, None) if isinstance(ids, ServiceError) else (None, ids)
+            elif what == "images":
+                assert self._images is not None  # _admit refused images for a model without an image tower
+                files = [p.admitted.images or [] for p in group]
+                prepared = await asyncio.to_thread(self._images.prepare_each, files)
+                row = np.zeros(self._images.tokens, np.int32)  # what each image counts as (metrics, routing)
+                for p, out in zip(group, prepared):
+                    if isinstance(out, ServiceError):
+                        p.error = out
+                    else:
+                        p.pixels, p.ids = out, [row] * len(out)
             elif what == "pairs":
                 pairs = [ps for p in group if (ps := p.admitted.pairs) is not None]  # all of them: a group of pairs
                 size = sum(len(q) + len(d) for ps in pairs for q, d in ps)
@@ -386,7 +418,11 @@ class TokenizerService:
         request = p.admitted
         try:
             bind(p.span.context, request.id)
-            by_subject = self._route(request, p.token_ids, p.types, {"tokenize": seconds}, p.prompt_tokens, p.spans)
+            by_subject = (
+                self._route_images(request, p.pixels, {"tokenize": seconds})
+                if p.pixels is not None
+                else self._route(request, p.token_ids, p.types, {"tokenize": seconds}, p.prompt_tokens, p.spans)
+            )
         except Exception:
             log.exception("%s %s failed", request.TYPE, request.id)
             p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
@@ -441,6 +477,35 @@ class TokenizerService:
             subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
             payloads, tokens = by_subject.get(subject, ([], 0))
             by_subject[subject] = ([*payloads, encode(batch)], tokens + len(chunk.input_ids))
+        return by_subject
+
+    def _route_images(
+        self, request: EmbedRequest, pixels: np.ndarray, timings: dict[str, float]
+    ) -> dict[str, tuple[list[bytes], int]]:
+        """``request``'s prepared images in chunks that each fit a message, routed as ``_route`` routes tokens."""
+        assert self._images is not None  # images are prepared only for a model with an image tower
+        shared_subject = self._subjects.tokens(request.model)
+        by_subject: dict[str, tuple[list[bytes], int]] = {}
+        for start, part in self._images.chunks(pixels, self._nc.max_payload, self._cfg.chunk_seqs):
+            batch = TokenChunk(
+                id=request.id,
+                model=request.model,
+                start=start,
+                total=request.count,
+                input_ids=np.zeros(0, np.int32),
+                cu_seqlens=self._images.cu_seqlens(len(part)),
+                deadline=request.deadline,
+                options=request.options,
+                timings=timings,
+                held=request.held,
+                replies=request.replies,
+                cancel_key=request.cancel_key,
+                pixels=part,
+            )
+            tokens = batch.num_tokens
+            subject = self._router.pick(tokens, time.monotonic()) or shared_subject
+            payloads, sent = by_subject.get(subject, ([], 0))
+            by_subject[subject] = ([*payloads, encode(batch)], sent + tokens)
         return by_subject
 
     async def _missed(self, sent: Sent) -> None:

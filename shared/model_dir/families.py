@@ -42,6 +42,8 @@ GEMMA2 = FamilyTypes("Gemma2", ("gemma2",), pooling="lasttoken")  # bge-multilin
 EUROBERT = FamilyTypes("EuroBERT", ("eurobert",), pooling="mean")
 # jina-embeddings-v5-text-nano: EuroBERT with task adapters, pooled at the last token
 JINA_V5 = FamilyTypes("JinaV5", ("jina_embeddings_v5",), pooling="lasttoken")
+# two towers, text and images, into one space: the text tower pools its end-of-text token (the last)
+CLIP = FamilyTypes("CLIP", ("clip",), pooling="lasttoken")
 FAMILY_TYPES = (
     BERT,
     XLM_ROBERTA,
@@ -58,7 +60,11 @@ FAMILY_TYPES = (
     GEMMA2,
     EUROBERT,
     JINA_V5,
+    CLIP,
 )
+
+# the families whose folders embed images beside texts
+TWO_TOWERS = (CLIP,)
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 

@@ -39,6 +39,9 @@ class ModelInfo:
     labels: tuple[str, ...] = ()  # a sequence classifier's label names, by logit (config.json's id2label)
     # the task adapters a request may choose (``task``): config.json's lora_adaptations (jina-embeddings-v3)
     adapters: tuple[str, ...] = ()
+    # the kinds of input it embeds: ("text",), or ("text", "image") for a two-tower model (CLIP)
+    inputs: tuple[str, ...] = ("text",)
+    image_tokens: int = 0  # what one image runs through the image tower (patches + class token); 0: no images
 
     def serves(self, output: str) -> bool:
         """Whether a request for ``output`` (a protocol OUTPUTS name) can be served by this model."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from embedfleet.shared.config.option import ConfigError
-from embedfleet.shared.model_dir.families import position_offset
+from embedfleet.shared.model_dir.families import TWO_TOWERS, family_types, position_offset
 from embedfleet.shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.outputs import (
@@ -59,6 +59,8 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
         return ModelInfo(
             dim=common["vocab_size"], pooling="max", normalize=False, outputs=("sparse",), sparse=sparse, **common
         )
+    if family_types(config.get("model_type")) in TWO_TOWERS:
+        return _two_towers(folder, common)
     if is_multi_vector_encoder(folder):
         spec = multi_vector(folder, common["hidden_size"])
         return ModelInfo(
@@ -99,6 +101,29 @@ def _dense_encoder(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
         outputs=("dense",) + (("sparse",) if sparse else ()) + (("multivector",) if multivector else ()),
         sparse=sparse,
         multivector=multivector,
+        **common,
+    )
+
+
+def _two_towers(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
+    """A text tower and an image tower projected into one space (CLIP): texts pooled as the family pools
+    them, images by the image tower, both ``projection_dim`` wide and, as the model gives them, not
+    normalised (clients compare them by cosine)."""
+    if not (folder.path / "preprocessor_config.json").is_file():
+        raise ConfigError(f"{folder.path} has no preprocessor_config.json: how its images are prepared is unknown")
+    family = family_types(folder.config.get("model_type"))
+    assert family is not None and family.pooling is not None  # TWO_TOWERS families pool as they declare
+    vision = folder.config.get("vision_config") or {}
+    # CLIPVisionConfig's defaults (ViT-B/32) for what a saved config leaves out
+    size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 32))
+    if size % patch:
+        raise ConfigError(f"config.json: vision_config's image_size {size} is not a multiple of its patch_size {patch}")
+    return ModelInfo(
+        dim=int(folder.config.get("projection_dim", 512)),
+        pooling=family.pooling,
+        normalize=False,
+        inputs=("text", "image"),
+        image_tokens=(size // patch) ** 2 + 1,
         **common,
     )
 

@@ -238,6 +238,7 @@ def _subset(request: EmbedRequest, attempt: str, rows: np.ndarray) -> EmbedReque
         texts=[request.texts[i] for i in pick] if request.texts else [],
         token_ids=None if request.token_ids is None else [request.token_ids[i] for i in pick],
         pairs=None if request.pairs is None else [request.pairs[i] for i in pick],
+        images=None if request.images is None else [request.images[i] for i in pick],
         spans=None if request.spans is None else request.spans.take(rows),
     )
 
@@ -291,9 +292,10 @@ class EmbedClient:
         token_ids: list[np.ndarray] | None = None,
         pairs: list[tuple[str, str]] | None = None,
         spans: Spans | None = None,
+        images: list[bytes] | None = None,
     ) -> EmbedOutcome:
         """Embed ``texts`` (or inputs given as ``token_ids``, or (query, document) ``pairs`` for a
-        cross-encoder, whose "vectors" are its logits) with ``model``; with output "spans", ``spans``
+        cross-encoder, whose "vectors" are its logits, or ``images``, files, for a two-tower model) with ``model``; with output "spans", ``spans``
         says which ranges of each text's content tokens make a vector each (late chunking).
 
         Raises ServiceError (timeout, no responders, ...).
@@ -303,7 +305,7 @@ class EmbedClient:
         request = EmbedRequest(
             id=request_id,
             model=model,
-            texts=texts if token_ids is None and pairs is None else [],
+            texts=texts if token_ids is None and pairs is None and images is None else [],
             deadline=time.time() + timeout,
             options=options,
             token_ids=token_ids,
@@ -311,6 +313,7 @@ class EmbedClient:
             held=self._wants_held(model),
             replies=True,  # a worker may answer a batch's requests of ours in one message
             spans=spans,
+            images=images,
             cancel_key=os.urandom(16),  # known to us and the fleet's services only: no one else cancels it
         )
         payload = encode(request)

@@ -16,6 +16,8 @@ MAX_NAME = 1024
 MAX_ROWS = 1 << 20  # inputs (rows) in one request
 MAX_BUNDLE = 1024  # requests in one Requests message
 MAX_PROMPT_TOKENS = 1 << 20  # a row's leading tokens that pooling skips
+MAX_IMAGE_SIDE = 4096  # prepared images' height and width (processors make a few hundred pixels)
+MAX_IMAGE_TOKENS = 1 << 16  # the tokens one image's tower runs (patches + class token)
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
 # a request's cancel key (EmbedRequest.cancel_key): at least 128 random bits, so that it cannot be guessed
 MIN_CANCEL_KEY, MAX_CANCEL_KEY = 16, 64

@@ -174,11 +174,16 @@ class EmbedRequest:
     # a secret of the requester (random bytes: MIN_CANCEL_KEY..MAX_CANCEL_KEY): a Cancel that carries it drops
     # the request's rows not yet sent or started; the tokenizer passes it on to each chunk. None: never cancelled
     cancel_key: bytes | None = None
+    # images to embed with a two-tower model, as files (PNG, JPEG, WebP, GIF; the gateway checked their
+    # headers): the tokenizer decodes and prepares them; texts empty
+    images: list[bytes] | None = None
 
     TYPE = "embed"
 
     @property
     def count(self) -> int:
+        if self.images is not None:
+            return len(self.images)
         if self.token_ids is not None:
             return len(self.token_ids)
         return len(self.pairs) if self.pairs is not None else len(self.texts)
@@ -210,6 +215,10 @@ class TokenChunk:
     # chunking) each row is a window and each span a chunk, whose vector is a result row
     chunks: ChunkRows | None = None
     cancel_key: bytes | None = None  # online work: its request's (EmbedRequest.cancel_key)
+    # image rows: [count, C, H, W] uint8, prepared by the tokenizer (resized and cropped, not normalised);
+    # input_ids is then empty and cu_seqlens counts each image as the tokens its tower runs (patches + 1),
+    # so budgets and load weigh images as the engine's work
+    pixels: np.ndarray | None = None
 
     TYPE = "tokens"
 
@@ -219,7 +228,8 @@ class TokenChunk:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.input_ids)
+        """The tokens the engine runs for these rows (an image's: its tower's)."""
+        return int(self.cu_seqlens[-1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ from embedfleet.shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError, show
 from embedfleet.shared.protocol.checks import (
     MAX_BUNDLE,
     MAX_ID,
+    MAX_IMAGE_SIDE,
+    MAX_IMAGE_TOKENS,
     MAX_NAME,
     MAX_PROMPT_TOKENS,
     MAX_ROWS,
@@ -121,6 +123,8 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["rb"] = True
     if msg.cancel_key is not None:
         body["cx"] = msg.cancel_key
+    if msg.images is not None:
+        body["im"] = msg.images
     return body | spans_body(msg.spans, CONTENT_KEYS)
 
 
@@ -140,9 +144,19 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in raw):
             raise ProtocolError("pairs must be [query, document] string pairs")
         pairs = [(p[0], p[1]) for p in raw]
+    images = None
+    if m.get("im") is not None:
+        raw = required(m, "im", list)
+        if texts or token_ids is not None or pairs is not None or len(raw) > MAX_ROWS:
+            raise ProtocolError("image inputs come alone, with no texts, token or pair inputs beside them")
+        if not all(isinstance(i, bytes) and i for i in raw):
+            raise ProtocolError("images must be non-empty byte strings (the files)")
+        images = raw
     options = EmbedOptions.from_wire(m.get("o", {}))
     spans = spans_field(m, CONTENT_KEYS, options.output, None)
-    if spans is not None and (token_ids is not None or pairs is not None or spans.rows != len(texts)):
+    if spans is not None and (
+        token_ids is not None or pairs is not None or images is not None or spans.rows != len(texts)
+    ):
         raise ProtocolError("spans come with texts, one row of spans per text")
     return EmbedRequest(
         id=checked_id(m),
@@ -156,6 +170,7 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         replies=optional_bool(m, "rb", False),
         spans=spans,
         cancel_key=optional_cancel_key(m),
+        images=images,
     )
 
 
@@ -185,15 +200,21 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body |= {"jb": msg.job, "bi": msg.batch, "di": msg.doc_ids}
     if msg.chunks is not None:
         body |= msg.chunks.to_wire()
+    if msg.pixels is not None:
+        body |= {"px": np.ascontiguousarray(msg.pixels, dtype=np.uint8).tobytes(), "pxs": list(msg.pixels.shape)}
     return body | spans_body(msg.spans, SEQUENCE_KEYS)
 
 
 def _decode_token_chunk(m: dict) -> TokenChunk:
     ids = int32_array(required(m, "ids", bytes), "ids")
     cu = int32_array(required(m, "cu", bytes), "cu")
+    pixels = _pixels_field(m, len(cu) - 1, ids)
     # differences taken in int64: int32 offsets could wrap around and pass as increasing
-    if len(cu) < 2 or cu[0] != 0 or cu[-1] != len(ids) or np.any(np.diff(cu.astype(np.int64)) <= 0):
+    end = len(ids) if pixels is None else int(cu[-1]) if len(cu) else -1
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != end or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
+    if pixels is not None and np.any(np.diff(cu.astype(np.int64)) > MAX_IMAGE_TOKENS):
+        raise ProtocolError(f"an image row counts at most {MAX_IMAGE_TOKENS} tokens")
     start, total = required_int(m, "s"), required_int(m, "rows")
     if not (start >= 0 and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
@@ -238,7 +259,26 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         spans=spans,
         chunks=chunks,
         cancel_key=optional_cancel_key(m),
+        pixels=pixels,
     )
+
+
+def _pixels_field(m: dict, rows: int, ids: np.ndarray) -> np.ndarray | None:
+    """An image chunk's pixels [rows, C, H, W] uint8, checked against its shape before any copy; None
+    for token rows."""
+    if m.get("px") is None:
+        return None
+    data, shape = required(m, "px", bytes), required(m, "pxs", list)
+    if len(shape) != 4 or not all(is_int(v) for v in shape):
+        raise ProtocolError("pxs must be the pixels' shape [images, channels, height, width]")
+    n, c, h, w = shape
+    if n != rows or c not in (1, 3) or not (0 < h <= MAX_IMAGE_SIDE and 0 < w <= MAX_IMAGE_SIDE):
+        raise ProtocolError(
+            f"pixels must be one [1 or 3, <= {MAX_IMAGE_SIDE}, <= {MAX_IMAGE_SIDE}] image per row of the chunk"
+        )
+    if len(data) != n * c * h * w or len(ids):
+        raise ProtocolError("pixels must hold exactly their shape's bytes, with no token ids beside them")
+    return np.frombuffer(data, dtype=np.uint8).reshape(n, c, h, w)
 
 
 def _encode_embed_result(msg: EmbedResult) -> dict[str, Any]:

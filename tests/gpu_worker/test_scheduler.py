@@ -242,3 +242,29 @@ def test_spans_follow_their_rows_across_batches_and_other_works():
     late = next(w for w in finished if w.batch.id == "late")
     want = [(cu[i] + a, b - a) for i, row in enumerate(rows) for a, b in row]
     assert late.vectors.tolist() == [[float(x), float(n)] for x, n in want]
+
+
+def _images(request_id: str, count: int, tokens: int = 17) -> Work:
+    pixels = np.full((count, 3, 4, 4), len(request_id), np.uint8)
+    cu = (np.arange(count + 1) * tokens).astype(np.int32)
+    batch = TokenChunk(request_id, "m", 0, count, np.zeros(0, np.int32), cu, 1e12, pixels=pixels)
+    return Work(batch, reply=f"inbox.{request_id}")
+
+
+def test_images_and_token_rows_never_share_a_batch():
+    """Each runs through its own tower: a batch closes where the kind of the next queued work changes;
+    images count their tower's tokens against the budget."""
+    s = Scheduler(max_tokens=40, max_seqs=100)
+    for work in (_work("t1", [3, 3]), _images("i1", 3), _images("ii2", 1), _work("t2", [2])):
+        s.push(work)
+    first = s.next_batch()
+    assert _rows(first) == [("t1", 0, 2)] and first.pixels is None
+    second = s.next_batch()  # 2 images of 17 tokens fit 40; the third waits
+    assert _rows(second) == [("i1", 0, 2)] and second.pixels.shape == (2, 3, 4, 4)
+    assert second.num_tokens == 34 and len(second.input_ids) == 0
+    third = s.next_batch()
+    assert _rows(third) == [("i1", 2, 3), ("ii2", 0, 1)]
+    np.testing.assert_array_equal(third.pixels[:, 0, 0, 0], [2, 3])  # each work's own pixels, in order
+    np.testing.assert_array_equal(third.cu_seqlens, [0, 17, 34])
+    assert _rows(s.next_batch()) == [("t2", 0, 1)]
+    assert s.next_batch() is None and s.queued_tokens == 0

@@ -89,6 +89,9 @@ class ModelCard(BaseModel):
         description="the longest input in tokens, special tokens included (null: its tokenizer did not say)"
     )
     outputs: list[str] = Field(description="the outputs its workers make, e.g. dense, sparse, multivector")
+    inputs: list[Literal["text", "image"]] = Field(
+        description="what it embeds: text, and image for a two-tower model (CLIP)"
+    )
     prompts: list[str] = Field(description="prompt names a request's input_type / prompt_name may choose")
     tasks: list[str] = Field(
         description="the task adapters a request's task may choose (jina-embeddings-v3: retrieval.query, ...); "

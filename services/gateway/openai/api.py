@@ -13,8 +13,11 @@ from pydantic_core import ErrorDetails
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.http.body_errors import input_fault, read_body
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs
-from embedfleet.services.gateway.openai.body import EmbeddingsBody
+from embedfleet.services.gateway.images import image_files
+from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs, within_count, within_limits
+from embedfleet.services.gateway.openai.body import EmbeddingsBody, InputItem
+from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
 
 
@@ -28,6 +31,10 @@ class EmbeddingsRequest:
     embedding_type: str = "float32"  # the vector form (shared/vectors/forms.py); 'float' in the request is float32
     chunking: Chunking | None = None  # long inputs cut into chunks (services/gateway/chunking.py)
     task: str | None = None  # a task adapter of the model (EmbedOptions.task)
+    # {'image': ...} items: the images (``inputs`` holds the texts beside them, if any) and the index in
+    # ``input`` of each; None: no images
+    images: Inputs | None = None
+    image_rows: tuple[int, ...] = ()
 
     @property
     def texts(self) -> list[str]:
@@ -41,7 +48,21 @@ def _input_fault(errors: list[ErrorDetails]) -> ApiError:
 def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     """The request ``body`` holds (EmbeddingsBody), within the gateway's ``limits``; ApiError otherwise."""
     doc = read_body(EmbeddingsBody, body, _input_fault)
-    inputs = typed_inputs(doc.input, "input", limits)
+    images: Inputs | None = None
+    image_rows: tuple[int, ...] = ()
+    if isinstance(doc.input, list) and isinstance(doc.input[0], InputItem):
+        items = [item for item in doc.input if isinstance(item, InputItem)]  # all of them: the <items> member
+        image_rows = tuple(i for i, item in enumerate(items) if item.image is not None)
+        texts = [item.text for item in items if item.text is not None]
+        uris = [items[i].image or "" for i in image_rows]
+        within_count(len(items), "input", limits)  # before any image is decoded
+        inputs = within_limits(Inputs(texts, None), "input", limits)
+        if image_rows:
+            images = Inputs([], None, image_files(uris, [f"input[{i}]" for i in image_rows], ImageLimits()))
+            if doc.chunking is not None:
+                raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; images cannot be chunked", "chunking")
+    else:
+        inputs = typed_inputs(doc.input, "input", limits)
     return EmbeddingsRequest(
         doc.model,
         inputs,
@@ -51,6 +72,8 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         EMBEDDING_TYPES[doc.embedding_type or "float"].name,
         None if doc.chunking is None else body_chunking(doc.chunking, inputs, "input"),
         doc.task,
+        images,
+        image_rows,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, model_validator
 
 from embedfleet.services.gateway.http.body_errors import member
 from embedfleet.services.gateway.inputs import MAX_TOKEN_ID
@@ -19,6 +19,23 @@ from embedfleet.shared.protocol import MAX_DIMENSION
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
+class InputItem(BaseModel):
+    """One input of a list in Jina's form: a text, or an image for a two-tower model (CLIP)."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+    text: str | None = None
+    image: str | None = Field(
+        None, description="a data URI: data:image/png;base64,... (PNG, JPEG, WebP or a still GIF)", min_length=1
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> InputItem:
+        if (self.text is None) == (self.image is None):
+            raise ValueError("an input item holds exactly one of 'text' and 'image'")
+        return self
 
 
 def _input_kind(value: Any) -> str | None:
@@ -46,6 +63,33 @@ Input = Annotated[
         "token-ID lists",
     ),
     Field(description="a text, a list of texts, a list of token IDs, or a list of token-ID lists"),
+]
+
+
+def _embeddings_input_kind(value: Any) -> str | None:
+    """``_input_kind``, and Jina's list of {'text': ...} / {'image': ...} items."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return "<items>"
+    return _input_kind(value)
+
+
+# /v1/embeddings' input: TEI's forms, and items that may be images
+EmbeddingsInput = Annotated[
+    Annotated[str, member("text")]
+    | Annotated[list[str], member("texts"), Field(min_length=1)]
+    | Annotated[TokenIds, member("tokens")]
+    | Annotated[list[TokenIds], member("token_lists"), Field(min_length=1)]
+    | Annotated[list[InputItem], member("items"), Field(min_length=1)],
+    Discriminator(
+        _embeddings_input_kind,
+        custom_error_type="input_form",
+        custom_error_message="Input should be a string, a list of strings, a list of token IDs, a list of "
+        "token-ID lists or a list of {'text': ...} / {'image': ...} items",
+    ),
+    Field(
+        description="a text, a list of texts, a list of token IDs, a list of token-ID lists, or a list of "
+        "{'text': ...} / {'image': 'data:image/...;base64,...'} items (images: a two-tower model, CLIP)"
+    ),
 ]
 
 # the vector forms a request may name (shared/vectors/forms.py's EMBEDDING_TYPES)
@@ -116,7 +160,7 @@ class EmbeddingsBody(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
     model: str = Field(min_length=1)
-    input: Input
+    input: EmbeddingsInput
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSION)] | None = None
     user: str | None = None

@@ -28,6 +28,11 @@ def worker_kind(worker: Mapping[str, str]) -> str:
     return model_kind(worker.get("task", "embed"), _int(worker.get("dim")) or 0, _outputs(worker))
 
 
+def worker_inputs(worker: Mapping[str, str]) -> list[str]:
+    """What a live worker's model embeds: ["text"], or ["text", "image"] for a two-tower model."""
+    return [i for i in (worker.get("inputs") or "text").split(",") if i]
+
+
 def _outputs(worker: Mapping[str, str]) -> list[str]:
     return [o for o in (worker.get("outputs") or "dense").split(",") if o]
 
@@ -35,7 +40,7 @@ def _outputs(worker: Mapping[str, str]) -> list[str]:
 def model_card(model: str, tokenizer: Mapping[str, str], worker: Mapping[str, str], default: bool) -> dict[str, object]:
     """One ``data`` entry: OpenAI's fields, then ``kind``, ``dimensions`` (a vector's length: the
     vocabulary for sparse, the number of labels for rerank / classify), ``max_tokens`` (special tokens
-    included), ``outputs``, ``prompts`` (names a request's ``input_type`` / ``prompt_name`` may
+    included), ``outputs``, ``inputs`` (what it embeds: text, image), ``prompts`` (names a request's ``input_type`` / ``prompt_name`` may
     choose), ``tasks`` (the task adapters a request's ``task`` may choose), ``default`` (the model of requests that name none) and, for a classifier, ``labels``
     (its label names, by logit)."""
     outputs = _outputs(worker)
@@ -50,6 +55,7 @@ def model_card(model: str, tokenizer: Mapping[str, str], worker: Mapping[str, st
         "dimensions": dim,
         "max_tokens": _int(tokenizer.get("max_seq_length")),
         "outputs": outputs,
+        "inputs": worker_inputs(worker),
         "prompts": [p for p in (tokenizer.get("prompts") or "").split(",") if p],
         "tasks": [t for t in (tokenizer.get("tasks") or "").split(",") if t],
         "default": default,

@@ -28,6 +28,7 @@ from embedfleet.services.gpu_worker.engine.results import CudaResult, ReadyResul
 from embedfleet.services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from embedfleet.services.gpu_worker.engine.st_modules import build_dense
 from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.images.preprocess import ImageProcessing
 from embedfleet.shared.model_dir.info import ModelInfo
 
 log = logging.getLogger("embedfleet.engine")
@@ -57,6 +58,18 @@ def _pinned_copy(made: torch.Tensor) -> torch.Tensor:
     host = torch.empty(made.shape, dtype=torch.float32, pin_memory=True)
     host.copy_(made, non_blocking=True)
     return host
+
+
+def _normalized(pixels: torch.Tensor, images: ImageProcessing) -> torch.Tensor:
+    """uint8 pixels [N, C, S, S] rescaled and normalised in float32 as the image processor does it."""
+    x = pixels.float()
+    if images.do_rescale:
+        x = x * images.scale
+    if images.do_normalize:
+        mean = torch.tensor(images.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(images.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+        x = (x - mean) / std
+    return x
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -100,7 +113,7 @@ class Engine:
             dtype = "float32"
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
-        produced = self.spec.num_labels or self.spec.hidden_size
+        produced = self.spec.num_labels or self.spec.projection_dim or self.spec.hidden_size
         expected = info.dim if info.scores else info.pooled_dim
         if (info.scores or "dense" in info.outputs) and expected != produced:
             raise ConfigError(
@@ -118,6 +131,8 @@ class Engine:
                 heads["sparse"].head.to(self.dtype)  # vocabulary-sized GEMMs: the encoder's precision
             del tensors
         self.model = model
+        # a two-tower model's image processing (preprocessor_config.json): how step_images normalises pixels
+        self.images = ImageProcessing.from_folder(info.path) if model.vision is not None else None
         # the folder's other outputs (sparse, multivector), shared by replicas like the model
         self.heads = heads
         # sentence-transformers Dense layers after pooling (float32, shared by replicas like the model)
@@ -231,6 +246,23 @@ class Engine:
             row = int(np.argmax(lengths > self.max_seq_length))
             raise InputTooLong(row, f"has {int(lengths[row])} tokens; the model's limit is {self.max_seq_length}")
 
+    @property
+    def image_tokens(self) -> int:
+        """The tokens one image runs through the image tower (patches + class token); 0: no images."""
+        return self.info.image_tokens if self.model.vision is not None else 0
+
+    def check_images(self, pixels: np.ndarray, cu_seqlens: np.ndarray) -> None:
+        """Reject image rows the model cannot take: a model without an image tower, or images of another
+        shape than its processor makes (the tokenizer prepared them for another folder), counted as other
+        than the tower's tokens. Raises InvalidTokens naming the batch's first row."""
+        if self.images is None:
+            raise InvalidTokens(0, f"is an image: {self.info.id} embeds texts only")
+        shape = (3, *self.images.output_size)
+        if tuple(pixels.shape[1:]) != shape:
+            raise InvalidTokens(0, f"is an image of shape {list(pixels.shape[1:])}; {self.info.id} takes {list(shape)}")
+        if np.any(np.diff(cu_seqlens) != self.image_tokens):
+            raise InvalidTokens(0, f"is an image counted as other than its tower's {self.image_tokens} tokens")
+
     # -- running ----------------------------------------------------------------------------
 
     def embed(
@@ -299,6 +331,27 @@ class Engine:
             event = torch.cuda.Event(blocking=True)
             event.record(self.stream)
             return CudaResult(host, event, run)
+
+    @torch.inference_mode()
+    def step_images(self, pixels: np.ndarray) -> ReadyResult | CudaResult:
+        """Launch one batch of images through a two-tower model's image tower and return at once:
+        ``pixels`` [N, C, S, S] uint8 as the tokenizer prepared them (resized and cropped; rescaled and
+        normalised here, in float32, as the folder's image processor does) -> ``result()`` [N, dim] float32."""
+        vision, images = self.model.vision, self.images
+        if vision is None or images is None:
+            raise ValueError(f"{self.info.id} takes no images")
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            x = torch.from_numpy(pixels if pixels.flags.writeable else pixels.copy())
+            if self.device.type == "cuda":
+                x = x.pin_memory()
+            x = _normalized(x.to(self.device, non_blocking=True), images).to(self.dtype)
+            made = vision(x, self.linear_ops)
+            if self.device.type != "cuda":
+                return ReadyResult(made.numpy().copy(), "eager")
+            host = _to_host(made)
+            event = torch.cuda.Event(blocking=True)
+            event.record(self.stream)
+            return CudaResult(host, event, "eager")
 
     @staticmethod
     def _use_threads(count: int) -> None:
@@ -380,7 +433,7 @@ class Engine:
         hidden = self.model(batch, self.attention, self.linear_ops)
         if self.model.head is not None:  # a classifier (cross-encoder): its logits
             return self.model.score(hidden, batch)
-        pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
+        pooled = self.model.project(pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt))
         return pooled if self.dense is None else self.dense(pooled)
 
     def _forward_outputs(
@@ -400,7 +453,9 @@ class Engine:
                 if self.model.head is not None:
                     made[kind] = self.model.score(hidden, batch)[:rows]
                 else:
-                    pooled = pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
+                    pooled = self.model.project(
+                        pool(hidden, batch, self.info.pooling, masked=not self.info.include_prompt)
+                    )
                     made[kind] = (pooled if self.dense is None else self.dense(pooled))[:rows]
             elif kind == "sparse":
                 made[kind] = self.heads["sparse"](hidden, batch)[:rows]
@@ -410,7 +465,7 @@ class Engine:
                 made[kind] = hidden[:tokens].float()
             elif kind == "spans":
                 assert spans is not None  # step() refuses output "spans" without them
-                means = span_means(hidden, *spans)  # [S, hidden]: the model's post-pooling stack follows
+                means = self.model.project(span_means(hidden, *spans))  # [S, hidden]: the post-pooling stack follows
                 made[kind] = means if self.dense is None else self.dense(means)
             else:
                 raise ValueError(f"unknown output {kind!r}")

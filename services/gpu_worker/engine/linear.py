@@ -32,6 +32,7 @@ _TORCH_ACT = {
     "relu": F.relu,
     "silu": F.silu,
     "swish": F.silu,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's: no fused oneDNN post-op computes it
 }
 
 
@@ -94,7 +95,7 @@ class OneDnnLinearOps(LinearOps):
         return self._op(x, self._weight(layer), layer.bias, "none", [], "")
 
     def linear_act(self, x: torch.Tensor, layer: nn.Linear, activation: str) -> torch.Tensor:
-        if self._small(x, layer):
+        if self._small(x, layer) or activation not in _ONEDNN_ACT:
             return super().linear_act(x, layer, activation)
         attr, algorithm = _ONEDNN_ACT[activation]
         return self._op(x, self._weight(layer), layer.bias, attr, [], algorithm)

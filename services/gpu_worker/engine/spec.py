@@ -11,7 +11,7 @@ from typing import Any
 
 from embedfleet.shared.model_dir.scoring import classifier_labels
 
-ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish"}
+ACTIVATIONS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu", "swish"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class ModelSpec:
     causal: bool = False  # decoders: each token sees only the tokens before it
     # an LLM reranker (num_labels 1): the LM head's rows scored at the last token, (true,) or (true, false)
     score_tokens: tuple[int, ...] = ()
+    projection_dim: int = 0  # > 0: the pooled vector is projected to this size (CLIP's text_projection)
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the raw config.json
 
     @property

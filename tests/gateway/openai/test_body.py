@@ -96,7 +96,7 @@ def test_the_model_s_enums_are_the_gateway_s():
         ({"model": "m", "input": [1, 2], "chunking": {"size": 4}}, "chunking", "'chunking' cuts texts: give 'input' as text, not token IDs"),
         ({"model": "", "input": "a"}, "model", "'model' must not be an empty string"),
         ({"model": 5, "input": "a"}, "model", "'model' must be a string, got 5"),
-        ({"model": "m", "input": 5}, "input", "'input' must be a string, a list of strings, a list of token IDs or a list of token-ID lists, got 5"),
+        ({"model": "m", "input": 5}, "input", "'input' must be a string, a list of strings, a list of token IDs, a list of token-ID lists or a list of {'text': ...} / {'image': ...} items, got 5"),
         ({"model": "m", "input": "a", "dimensions": 2**21}, "dimensions", "'dimensions' must be at most 1048576, got 2097152"),
         ({"model": "m", "input": "a", "dimensions": 8.0}, "dimensions", "'dimensions' must be an integer, got 8.0"),
     ],

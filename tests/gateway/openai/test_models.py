@@ -41,10 +41,13 @@ def test_card_keeps_openai_fields_and_adds_the_model_facts():
         "dimensions": 768,
         "max_tokens": 512,
         "outputs": ["dense", "sparse"],
+        "inputs": ["text"],
         "prompts": ["document", "query"],
         "tasks": ["retrieval.query", "text-matching"],
         "default": True,
     }
+    two_towers = model_card("c", tokenizer, {**worker, "inputs": "text,image"}, False)
+    assert two_towers["inputs"] == ["text", "image"]
 
 
 def test_card_of_a_process_that_says_little():

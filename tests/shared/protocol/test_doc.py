@@ -65,6 +65,7 @@ EXAMPLES = {
             replies=True,
             spans=Spans.of([[(0, 1)]], [1]),
             cancel_key=KEY,
+            images=[b"\x89PNG"],
         ),
     ),
     TokenChunk: (
@@ -88,6 +89,7 @@ EXAMPLES = {
             spans=Spans.of([[(0, 1)], [(0, 2)]]),
             chunks=CHUNK_ROWS,
             cancel_key=KEY,
+            pixels=np.zeros((2, 3, 4, 4), np.uint8),
         ),
     ),
     EmbedResult: (

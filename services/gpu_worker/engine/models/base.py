@@ -32,9 +32,15 @@ class EncoderModel(nn.Module, abc.ABC):
         super().__init__()
         self.spec = spec
         self.head: nn.Module | None = None
+        # a two-tower model's image tower (CLIP): pixels [N, C, S, S] -> vectors [N, dim]; None for text models
+        self.vision: nn.Module | None = None
 
     @abc.abstractmethod
     def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor: ...
+
+    def project(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The pooled vectors [R, hidden] float32 as the model outputs them (CLIP projects them; most as they are)."""
+        return pooled
 
     @abc.abstractmethod
     def layer_masks(self) -> list[AttnMask]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from embedfleet.services.gpu_worker.engine.models import (
     bert,
+    clip,
     decoder,
     eurobert,
     gemma2,
@@ -231,6 +232,16 @@ FAMILIES = (
         prompts="`Query: ` / `Document: `",
         verified="adapters",
     ),
+    Family(
+        model_families.CLIP,
+        clip.spec,
+        clip.ClipModel,
+        "openai/clip-vit-base-patch32, clip-vit-large-patch14: texts and images into one space",
+        "end-of-text token (text), class token (images)",
+        "text causal; images bidirectional over their patches",
+        "text: " + _FLASH + "; images: SDPA over [images, patches]",
+        verified="towers",
+    ),
 )
 
 
@@ -245,6 +256,7 @@ _VERIFIED = {
     "real": "the real all-MiniLM-L6-v2",
     "folder": "a folder's vectors (engine) = sentence-transformers",
     "moe": "v2-moe's vectors (engine, HTTP→worker) = the published definition's forward",
+    "towers": "text and image vectors (engine) = transformers' get_text_features / get_image_features",
     "adapters": "each task adapter's vectors, tasks mixed in a batch = the adapter merged into the weights",
 }
 
