@@ -20,6 +20,7 @@ EXTRAS: dict[str, str] = {
     "pydantic": "gateway",
     "pydantic_core": "gateway",
     "jinja2": "tokenizer",
+    "PIL": "tokenizer",  # Pillow: images decoded and prepared (two-tower models)
     "torch": "worker",
     "pyarrow": "jobs",
     "opentelemetry": "tracing",

@@ -1,23 +1,68 @@
 """Images a request sends, as data URIs: each decoded from base64 and its header checked (format, bytes,
-declared pixels) before anything is published, so a refused image costs the fleet nothing. The
-tokenizer fleet decodes the pixels (shared/images/)."""
+declared pixels) before anything is published, so a refused image costs the fleet nothing; then embedded
+beside the request's texts, each through its tower. The tokenizer fleet decodes the pixels (shared/images/)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from embedfleet.services.gateway.core import Embedder
 from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.images.decode import ImageError, ImageLimits, check_header, from_data_uri
+from embedfleet.shared.nats.embed_client import EmbedOutcome
+from embedfleet.shared.protocol import EmbedOptions
 
 
 def image_files(uris: list[str], where: list[str], limits: ImageLimits) -> list[bytes]:
     """The files of ``uris`` (data URIs), checked against ``limits``; ``where`` names each in the
     request ("input[2]"), for the 400 that refuses it."""
-    files = []
+    return [file for file, _ in checked_images(uris, where, limits)]
+
+
+def checked_images(uris: list[str], where: list[str], limits: ImageLimits) -> list[tuple[bytes, ImageHeader]]:
+    """``image_files``, each with what its header says."""
+    out = []
     for uri, at in zip(uris, where, strict=True):
         try:
             data = from_data_uri(uri, limits)
-            check_header(data, limits)
+            fmt, width, height = check_header(data, limits)
         except ImageError as exc:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"'{at}': {exc}", at.split("[")[0]) from None
-        files.append(data)
-    return files
+        # a PNG's IHDR says its bit depth (byte 24); the other formats served hold 8-bit samples
+        out.append((data, ImageHeader(fmt, width, height, data[24] if fmt == "PNG" else 8)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageHeader:
+    format: str  # "PNG", "JPEG", "WEBP", "GIF"
+    width: int
+    height: int
+    bit_depth: int
+
+
+async def embed_with_images(
+    fleet: Embedder, model: str, texts: Inputs, images: Inputs, image_rows: Sequence[int], options: EmbedOptions
+) -> EmbedOutcome:
+    """A request's ``images`` (its inputs ``image_rows``) and the ``texts`` beside them (its other inputs,
+    in order), embedded side by side, each through its tower, the rows put back in the request's order."""
+    rows = list(image_rows)
+    if not texts.count:
+        return await fleet.run_embed(model, images, options, rows=rows)
+    is_image = np.zeros(texts.count + images.count, dtype=bool)
+    is_image[rows] = True
+    said, shown = await asyncio.gather(
+        fleet.run_embed(model, texts, options, rows=np.flatnonzero(~is_image).tolist()),
+        fleet.run_embed(model, images, options, rows=rows),
+    )
+    vectors = np.empty((len(is_image), *said.vectors.shape[1:]), dtype=said.vectors.dtype)
+    vectors[~is_image], vectors[is_image] = said.vectors, shown.vectors
+    stages = {**said.timings, **shown.timings}
+    timings = {k: max(said.timings.get(k, 0.0), shown.timings.get(k, 0.0)) for k in stages}
+    return dataclasses.replace(said, vectors=vectors, tokens=said.tokens + shown.tokens, timings=timings)

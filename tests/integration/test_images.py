@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from embedfleet.shared.model_dir.folder import default_model_path
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.support.image_models import PROJECTION, build_clip
 from tests.support.procs import running_fleet
@@ -25,12 +26,14 @@ pytestmark = pytest.mark.integration
 
 PREFIX = "images"
 MODEL = "clip"
+TEXT_MODEL = "mini"  # the default model: texts only
 
 
 @pytest.fixture(scope="module")
 def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, object]]:
     folder = build_clip(tmp_path_factory.mktemp("clip-build"), shortest_edge=40)
-    with running_fleet(nats_url, PREFIX, {MODEL: folder}, tmp_path_factory.mktemp("image-logs")) as (url, _):
+    models = {MODEL: folder, TEXT_MODEL: default_model_path()}
+    with running_fleet(nats_url, PREFIX, models, tmp_path_factory.mktemp("image-logs"), named=True) as (url, _):
         yield url, folder
 
 
@@ -156,3 +159,96 @@ def test_models_lists_what_each_model_embeds(fleet):
     url, _ = fleet
     cards = {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
     assert cards[MODEL]["inputs"] == ["text", "image"], cards[MODEL]
+    assert cards[TEXT_MODEL]["inputs"] == ["text"], cards[TEXT_MODEL]
+
+
+def test_cohere_sdk_embeds_images(fleet, reference):
+    """Cohere's own SDK, unchanged: ``ClientV2.embed(images=..., input_type="image")``, and images as
+    image_url content items of ``inputs`` beside a text item, in the order given."""
+    import cohere
+
+    url, _ = fleet
+    client = cohere.ClientV2(api_key="unused", base_url=url, timeout=120)
+    pictures = _pictures()[:3]
+    uris = [_uri(_png(p)) for p in pictures]
+    theirs = _image_reference(reference, pictures)
+    answer = client.embed(model=MODEL, images=uris, input_type="image", embedding_types=["float"])
+    ours = np.array(answer.embeddings.float_, dtype=np.float32)
+    assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)
+    assert [(i.width, i.height, i.format, i.bit_depth) for i in answer.images] == [
+        (32, 32, "png", 8),
+        (90, 41, "png", 8),
+        (200, 300, "png", 8),
+    ]
+    inputs = [
+        {"content": [{"type": "image_url", "image_url": {"url": uris[0]}}]},
+        {"content": [{"type": "text", "text": "a red square"}]},
+        {"content": [{"type": "image_url", "image_url": {"url": uris[1]}}]},
+    ]
+    mixed = client.embed(model=MODEL, inputs=inputs, input_type="search_document", embedding_types=["float", "int8"])
+    rows = np.array(mixed.embeddings.float_, dtype=np.float32)
+    assert rows.shape == (3, PROJECTION) and len(mixed.embeddings.int8) == 3
+    assert cosines(rows[[0, 2]], theirs[:2]).min() >= COSINE_TOLERANCE
+    text = client.embed(model=MODEL, texts=["a red square"], input_type="search_document", embedding_types=["float"])
+    np.testing.assert_allclose(rows[1], np.array(text.embeddings.float_[0]), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"images": ["data:image/png;base64,AAAA"], "texts": ["a"]}, 400, "not both"),
+        ({"images": ["https://example.com/cat.png"]}, 400, "'images[0]'"),
+        ({"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, 400, "one item"),
+        ({"inputs": [{"content": [{"type": "image_url", "image_url": {}}]}]}, 400, "one item"),
+        ({"images": ["data:image/png;base64,AAAA"], "chunking": {"size": 8}}, 400, "chunking"),
+    ],
+    ids=["images-and-texts", "not-a-data-uri", "two-items", "no-url", "chunked-images"],
+)
+def test_cohere_image_requests_refused_in_cohere_shape(fleet, body, status, says):
+    url, _ = fleet
+    reply = httpx.post(f"{url}/v2/embed", json={"model": MODEL, "input_type": "image", **body}, timeout=30)
+    assert reply.status_code == status, reply.text
+    assert says in reply.json()["message"], reply.json()
+
+
+def test_a_text_model_refuses_images_naming_why(fleet):
+    """Images sent to a model that embeds texts only: 400 before anything reaches a worker."""
+    url, _ = fleet
+    reply = _post(url, {"model": TEXT_MODEL, "input": [{"image": _uri(_png(_pictures()[0]))}]})
+    assert reply.status_code == 400, reply.text
+    assert "embeds texts only" in reply.json()["error"]["message"]
+    cohere = httpx.post(
+        f"{url}/v2/embed", json={"model": TEXT_MODEL, "images": [_uri(_png(_pictures()[0]))]}, timeout=30
+    )
+    assert cohere.status_code == 400 and "embeds texts only" in cohere.json()["message"], cohere.text
+
+
+def test_infinity_modality_image_on_its_route(fleet, reference):
+    """infinity's form on its route (/embeddings): 'input' strings read as images with modality 'image'."""
+    url, _ = fleet
+    pictures = _pictures()[:2]
+    body = {"model": MODEL, "input": [_uri(_png(p)) for p in pictures], "modality": "image"}
+    reply = httpx.post(f"{url}/embeddings", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
+    assert cosines(ours, _image_reference(reference, pictures)).min() >= COSINE_TOLERANCE
+    one = httpx.post(f"{url}/embeddings", json={**body, "input": body["input"][0]}, timeout=60)
+    assert one.status_code == 200 and len(one.json()["data"]) == 1, one.text
+    tokens = httpx.post(f"{url}/embeddings", json={**body, "input": [1, 2]}, timeout=60)
+    assert tokens.status_code == 400 and "data URIs" in tokens.json()["error"]["message"], tokens.text
+
+
+def test_dimensions_forms_and_usage_apply_to_images(fleet):
+    """Matryoshka dimensions and the vector forms apply to image rows as to text rows; usage counts an
+    image as the tokens its tower runs (16 patches and the class token here)."""
+    url, _ = fleet
+    items = [{"image": _uri(_png(p))} for p in _pictures()[:2]]
+    full = _post(url, {"model": MODEL, "input": items}).json()
+    assert full["usage"]["prompt_tokens"] == 2 * 17, full["usage"]
+    cut = _post(url, {"model": MODEL, "input": items, "dimensions": 8}).json()["data"]
+    rows = np.array([d["embedding"] for d in full["data"]], dtype=np.float32)
+    # cut, not renormalised: the model's vectors are not normalised (renormalised only where they are)
+    np.testing.assert_allclose(np.array([d["embedding"] for d in cut]), rows[:, :8], atol=1e-6)
+    signs = _post(url, {"model": MODEL, "input": items, "embedding_type": "binary"}).json()["data"]
+    expected = np.packbits(rows > 0, axis=1).astype(np.int16) - 128
+    np.testing.assert_array_equal(np.array([d["embedding"] for d in signs]), expected)

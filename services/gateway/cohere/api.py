@@ -19,23 +19,26 @@ import orjson
 from pydantic_core import ErrorDetails
 
 from embedfleet.services.gateway.chunking import Chunking, chunk_places, chunking_of
-from embedfleet.services.gateway.cohere.body import CohereEmbedV1Body, CohereEmbedV2Body
+from embedfleet.services.gateway.cohere.body import CohereEmbedV1Body, CohereEmbedV2Body, CohereTextContent
 from embedfleet.services.gateway.http.body_errors import fault_error, read_body
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.inputs import Inputs, Limits, within_limits
+from embedfleet.services.gateway.images import ImageHeader, checked_images
+from embedfleet.services.gateway.inputs import Inputs, Limits, within_count, within_limits
 from embedfleet.services.gateway.rerank.api import RerankCall, query_within, texts_within
 from embedfleet.services.gateway.rerank.body import CohereRerankV2Body
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.vectors.forms import COHERE_TYPES, FLOAT32, FORMS
 from embedfleet.shared.vectors.quantize import quantize
 
 # Cohere's input_type -> the name of the model's prompt it selects (none of that name: no prompt)
-INPUT_TYPES = {
+INPUT_TYPES: dict[str, str | None] = {
     "search_query": "query",
     "search_document": "document",
     "classification": "classification",
     "clustering": "clustering",
+    "image": None,  # images: no prompt
 }
 # truncate -> the side cut (None: over-long inputs are refused); Cohere's default is END
 TRUNCATE = {"NONE": None, "START": "left", "END": "right"}
@@ -53,6 +56,11 @@ class CohereEmbed:
     max_tokens: int | None  # v2: a cap per input, accepted when it does not cut below the model's limit
     chunking: Chunking | None = None  # v2's extension: long inputs cut into chunks (services/gateway/chunking.py)
     task: str | None = None  # a task adapter of the model (EmbedOptions.task)
+    # images ('images', or image_url items of v2's 'inputs'; ``inputs`` then holds the texts beside them)
+    # and each one's index among the request's inputs; None: no images
+    images: Inputs | None = None
+    image_rows: tuple[int, ...] = ()
+    sizes: tuple[ImageHeader, ...] = ()  # what each image's header says, for the answer
 
     @property
     def form(self) -> str:
@@ -77,12 +85,28 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
     doc: CohereEmbedV1Body | CohereEmbedV2Body = (
         read_body(CohereEmbedV2Body, body, _fault) if version == 2 else read_body(CohereEmbedV1Body, body, _fault)
     )
-    if isinstance(doc, CohereEmbedV2Body):
-        v2: CohereEmbedV2Body | None = doc
-        field, texts = _v2_texts(doc)
+    uris: list[tuple[int, str]] = []  # (input, data URI) of each image
+    texts: str | list[str]
+    if isinstance(doc, CohereEmbedV2Body) and doc.images is not None:
+        if doc.texts is not None or doc.inputs is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "send 'images' or texts ('texts', 'inputs'), not both", "images")
+        field, texts = "images", []
+        uris = list(enumerate(doc.images))
+    elif isinstance(doc, CohereEmbedV2Body):
+        field, texts, uris = _v2_texts(doc)
     else:
-        v2, field, texts = None, "texts", doc.texts
+        field, texts = "texts", doc.texts
+    v2 = doc if isinstance(doc, CohereEmbedV2Body) else None
     types = doc.embedding_types if v2 is None else doc.embedding_types or ["float"]
+    within_count(len(uris) + (1 if isinstance(texts, str) else len(texts)), field, limits)  # before any is decoded
+    images: Inputs | None = None
+    sizes: tuple[ImageHeader, ...] = ()
+    if uris:
+        if v2 is not None and v2.chunking is not None:
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; images cannot be chunked", "chunking")
+        where = [f"{field}[{i}]" for i, _ in uris]
+        checked = checked_images([uri for _, uri in uris], where, ImageLimits())
+        images, sizes = Inputs([], None, [file for file, _ in checked]), tuple(header for _, header in checked)
     return CohereEmbed(
         version=version,
         model=doc.model,
@@ -94,33 +118,52 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
         max_tokens=None if v2 is None else v2.max_tokens,
         chunking=None if v2 is None or v2.chunking is None else chunking_of(v2.chunking),
         task=doc.task,
+        images=images,
+        image_rows=tuple(i for i, _ in uris),
+        sizes=sizes,
     )
 
 
-def _v2_texts(doc: CohereEmbedV2Body) -> tuple[str, str | list[str]]:
-    """Where v2's texts came from ('texts' or 'inputs', one of them) and the texts."""
+def _v2_texts(doc: CohereEmbedV2Body) -> tuple[str, str | list[str], list[tuple[int, str]]]:
+    """Where v2's inputs came from ('texts' or 'inputs', one of them), the texts, and the images among
+    'inputs' (each as (its index, its data URI))."""
     if doc.inputs is None:
         if doc.texts is None:
-            raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required (or 'inputs')", "texts")
-        return "texts", doc.texts
+            raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required (or 'inputs', or 'images')", "texts")
+        return "texts", doc.texts, []
     if doc.texts is not None:
         raise ApiError(ErrorCode.INVALID_REQUEST, "send 'texts' or 'inputs', not both", "inputs")
-    return "inputs", [item.content[0].text for item in doc.inputs]
+    texts, images = [], []
+    for i, item in enumerate(doc.inputs):
+        content = item.content[0]
+        if isinstance(content, CohereTextContent):
+            texts.append(content.text)
+        else:
+            images.append((i, content.image_url.url))
+    return "inputs", texts, images
 
 
 def _fault(errors: list[ErrorDetails]) -> ApiError:
-    """An item of 'inputs' that is not one text item, and 'images', as the served models' limits word them;
-    every other fault as body_errors words it."""
-    loc, kind = errors[0]["loc"], errors[0]["type"]
+    """An item of 'inputs' that is not one text or image item, in the words of what is served; every
+    other fault as body_errors words it."""
+    loc = errors[0]["loc"]
     if loc[:1] == ("inputs",) and len(loc) > 1 and isinstance(loc[1], int):
         return ApiError(
             ErrorCode.INVALID_REQUEST,
-            f'\'inputs[{loc[1]}]\' must be {{"content": [{{"type": "text", "text": ...}}]}}: one text item '
-            "(the served models embed text)",
+            f'\'inputs[{loc[1]}]\' must be {{"content": [ITEM]}}: one item, {{"type": "text", "text": ...}} or '
+            '{"type": "image_url", "image_url": {"url": "data:image/..."}}',
             "inputs",
         )
-    if loc == ("images",) and kind == "too_long":
-        return ApiError(ErrorCode.INVALID_REQUEST, "'images' are not supported: the served models embed text", "images")
+    if loc[:1] == ("images",) and len(loc) == 2 and errors[0]["type"] == "string_pattern_mismatch":
+        return ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"'images[{loc[1]}]' must be a data URI (data:image/png;base64,...): URLs are not fetched",
+            "images",
+        )
+    if loc == ("images",) and errors[0]["type"] == "too_long":
+        return ApiError(
+            ErrorCode.INVALID_REQUEST, "'images' are served on /v2/embed (Cohere's v2 API), not here", "images"
+        )
     return fault_error(errors)
 
 
@@ -152,6 +195,11 @@ def render_embed(
     meta = {"api_version": {"version": str(req.version)}, "billed_units": {"input_tokens": tokens}}
     stored = np.ascontiguousarray(vectors, dtype=FORMS[form].dtype)  # orjson serialises contiguous arrays only
     body: dict[str, Any] = {"id": request_id, "texts": req.inputs.texts, "meta": meta}
+    if req.images is not None:  # as Cohere describes the images it embedded
+        body["images"] = [
+            {"width": s.width, "height": s.height, "format": s.format.lower(), "bit_depth": s.bit_depth}
+            for s in req.sizes
+        ]
     if chunks is not None:
         body["chunks"] = chunk_places(chunks)
     if req.types is None:

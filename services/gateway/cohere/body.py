@@ -18,8 +18,8 @@ from embedfleet.services.gateway.openai.body import TASK, ChunkingBody, Task, Te
 from embedfleet.shared.protocol import MAX_DIMENSION
 
 Texts = Annotated[TextOrTexts, Field(description="the texts to embed, one an input (a string: one input)")]
-# Cohere's names (cohere_api.INPUT_TYPES maps each to the model's prompt of that name)
-InputType = Literal["search_query", "search_document", "classification", "clustering"]
+# Cohere's names (cohere_api.INPUT_TYPES maps each to the model's prompt of that name; image: none)
+InputType = Literal["search_query", "search_document", "classification", "clustering", "image"]
 EmbeddingTypes = Annotated[
     list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]],
     Field(
@@ -46,8 +46,14 @@ Truncate = Annotated[
 ]
 
 
+# an image as a client sends it: a data URI (no URL is fetched)
+DataUri = Annotated[
+    str, Field(pattern=r"^data:", description="data:image/png;base64,... (PNG, JPEG, WebP or a still GIF)")
+]
+
+
 class CohereTextContent(BaseModel):
-    """One item of an input's content: text only (the served models embed text)."""
+    """An input's content item: a text."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
@@ -55,12 +61,31 @@ class CohereTextContent(BaseModel):
     text: str
 
 
-class CohereEmbedInput(BaseModel):
-    """One input of /v2/embed's ``inputs``: its content, one text item."""
+class CohereImageUrl(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+
+    url: DataUri
+
+
+class CohereImageContent(BaseModel):
+    """An input's content item: an image, for a two-tower model (CLIP)."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
-    content: Annotated[list[CohereTextContent], Field(min_length=1, max_length=1)]
+    type: Literal["image_url"]
+    image_url: CohereImageUrl
+
+
+class CohereEmbedInput(BaseModel):
+    """One input of /v2/embed's ``inputs``: its content, one text or image item (a two-tower model embeds
+    each alone: no fused text-and-image vector)."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+
+    content: Annotated[
+        list[Annotated[CohereTextContent | CohereImageContent, Field(discriminator="type")]],
+        Field(min_length=1, max_length=1),
+    ]
 
 
 class _EmbedFields(BaseModel):
@@ -77,15 +102,15 @@ class _EmbedFields(BaseModel):
     embedding_types: EmbeddingTypes | None = None
     task: Task | None = Field(None, description=TASK)
     truncate: Truncate | None = "END"
-    images: Annotated[list[Any], Field(max_length=0)] | None = Field(
-        None, description="not supported: the served models embed text (an empty list is as if absent)"
-    )
 
 
 class CohereEmbedV1Body(_EmbedFields):
     """Embed (Cohere v1, ``Client.embed``)."""
 
     texts: Texts
+    images: Annotated[list[Any], Field(max_length=0)] | None = Field(
+        None, description="not served on v1: /v2/embed takes images (an empty list is as if absent)"
+    )
 
 
 class CohereEmbedV2Body(_EmbedFields):
@@ -96,12 +121,15 @@ class CohereEmbedV2Body(_EmbedFields):
         strict=True,
         frozen=True,
         extra="ignore",
-        json_schema_extra={"oneOf": [{"required": ["texts"]}, {"required": ["inputs"]}]},
+        json_schema_extra={"oneOf": [{"required": ["texts"]}, {"required": ["inputs"]}, {"required": ["images"]}]},
     )
 
     texts: Texts | None = None
+    images: Annotated[list[DataUri], Field(min_length=1)] | None = Field(
+        None, description="images to embed instead of texts, for a two-tower model (CLIP)"
+    )
     inputs: Annotated[list[CohereEmbedInput], Field(min_length=1)] | None = Field(
-        None, description="the inputs as content items: text only, one item an input"
+        None, description="the inputs as content items: one text or image_url item an input"
     )
     output_dimension: Annotated[int, Field(ge=1, le=MAX_DIMENSION)] | None = Field(
         None, description="Matryoshka truncation to this many components, renormalised (at most the model's)"

@@ -7,8 +7,10 @@ import uuid
 
 from starlette.responses import Response
 
+from embedfleet.services.gateway import images
 from embedfleet.services.gateway.cohere import api as cohere_api
 from embedfleet.services.gateway.core import Embedder
+from embedfleet.services.gateway.http.formats import rows_form
 
 
 async def embed(fleet: Embedder, req: cohere_api.CohereEmbed) -> Response:
@@ -21,7 +23,14 @@ async def embed(fleet: Embedder, req: cohere_api.CohereEmbed) -> Response:
         req.dimensions,
         int(view.workers.get(model, {}).get("dim", 0)),
     )
-    outcome, chunks, form = await fleet.embed_texts(model, req.inputs, req.options(), req.chunking)
+    if req.images is None:
+        outcome, chunks, form = await fleet.embed_texts(model, req.inputs, req.options(), req.chunking)
+    else:
+        outcome, chunks = (
+            await images.embed_with_images(fleet, model, req.inputs, req.images, req.image_rows, req.options()),
+            None,
+        )
+        form = rows_form(req.options().form, outcome.form)
     body = cohere_api.render_embed(req, str(uuid.uuid4()), outcome.vectors, form, outcome.tokens, chunks)
     return Response(body, media_type="application/json", headers=fleet.stage_headers(outcome))
 

@@ -50,7 +50,18 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     doc = read_body(EmbeddingsBody, body, _input_fault)
     images: Inputs | None = None
     image_rows: tuple[int, ...] = ()
-    if isinstance(doc.input, list) and isinstance(doc.input[0], InputItem):
+    if doc.modality == "image":  # infinity's form: every string of 'input' an image
+        uris = [doc.input] if isinstance(doc.input, str) else doc.input
+        if not all(isinstance(uri, str) for uri in uris):
+            raise ApiError(
+                ErrorCode.INVALID_REQUEST, "with modality 'image', 'input' holds data URIs (strings)", "input"
+            )
+        within_count(len(uris), "input", limits)
+        where = [f"input[{i}]" for i in range(len(uris))]
+        images = Inputs([], None, image_files([str(uri) for uri in uris], where, ImageLimits()))
+        image_rows = tuple(range(len(uris)))
+        inputs = Inputs([], None)
+    elif isinstance(doc.input, list) and isinstance(doc.input[0], InputItem):
         items = [item for item in doc.input if isinstance(item, InputItem)]  # all of them: the <items> member
         image_rows = tuple(i for i, item in enumerate(items) if item.image is not None)
         texts = [item.text for item in items if item.text is not None]
@@ -59,10 +70,10 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         inputs = within_limits(Inputs(texts, None), "input", limits)
         if image_rows:
             images = Inputs([], None, image_files(uris, [f"input[{i}]" for i in image_rows], ImageLimits()))
-            if doc.chunking is not None:
-                raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; images cannot be chunked", "chunking")
     else:
         inputs = typed_inputs(doc.input, "input", limits)
+    if images is not None and doc.chunking is not None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; images cannot be chunked", "chunking")
     return EmbeddingsRequest(
         doc.model,
         inputs,

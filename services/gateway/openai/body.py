@@ -177,3 +177,8 @@ class EmbeddingsBody(BaseModel):
         ),
     )
     chunking: ChunkingBody | None = None
+    modality: Literal["text", "image"] | None = Field(
+        None,
+        description="infinity's: image reads each string of 'input' as an image, a data URI "
+        "(data:image/png;base64,...), for a two-tower model (CLIP); text (the default) as a text",
+    )

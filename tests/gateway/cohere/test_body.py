@@ -39,13 +39,15 @@ EVERY_V1: dict[str, Any] = {
     "images": [],  # read and checked: an empty list is as if absent
 }
 EVERY_V2: dict[str, Any] = {
-    **EVERY_V1,
+    **{k: v for k, v in EVERY_V1.items() if k != "images"},  # v2's images come instead of texts
     "output_dimension": 64,
     "max_tokens": 512,
     "priority": 2,  # read and checked, then unused: every request has the same priority
     "chunking": {"size": 8, "overlap": 2, "boundary": "sentence", "late": True, "return": "mean"},
 }
 INPUTS = [{"content": [{"type": "text", "text": "x"}]}, {"content": [{"type": "text", "text": "y", "extra": 1}]}]
+# a 1x1 PNG as a data URI
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
 def _parse(doc: dict, version: int):
@@ -55,7 +57,7 @@ def _parse(doc: dict, version: int):
 @pytest.mark.parametrize("path, model", [("/v1/embed", CohereEmbedV1Body), ("/v2/embed", CohereEmbedV2Body)])
 def test_openapi_body_is_the_model_s_generated_schema(path, model):
     served = assert_served_is_generated(path, model)
-    every = EVERY_V1 if model is CohereEmbedV1Body else {**EVERY_V2, "inputs": INPUTS}
+    every = EVERY_V1 if model is CohereEmbedV1Body else {**EVERY_V2, "inputs": INPUTS, "images": [PNG]}
     assert set(served["properties"]) == set(every)
     assert served.get("required", []) == (["texts"] if model is CohereEmbedV1Body else [])
 
@@ -89,6 +91,12 @@ def test_every_field_of_the_schemas_is_read():
     )
     r = _parse({"inputs": INPUTS}, version=2)
     assert (r.inputs.texts, r.types) == (["x", "y"], ("float",))
+    images = _parse({"images": [PNG, PNG], "input_type": "image"}, version=2)
+    assert (images.inputs.texts, images.image_rows, images.input_type) == ([], (0, 1), None)
+    assert images.images is not None and images.images.count == 2 and images.images.images[0][:4] == b"\x89PNG"
+    assert [(s.format, s.width, s.height, s.bit_depth) for s in images.sizes] == [("PNG", 1, 1, 8)] * 2
+    mixed = _parse({"inputs": [INPUTS[0], {"content": [{"type": "image_url", "image_url": {"url": PNG}}]}]}, version=2)
+    assert (mixed.inputs.texts, mixed.image_rows) == (["x"], (1,))
     assert _parse({"texts": "a", "truncate": "none"}, version=1).truncation is None  # any letter case
 
 
@@ -120,7 +128,10 @@ def test_a_null_optional_field_is_as_if_absent():
     assert _parse({"texts": ["a"], **{k: None for k in EVERY_V1 if k != "texts"}}, version=1).types is None
 
 
-INPUT_ITEM = '{"content": [{"type": "text", "text": ...}]}: one text item (the served models embed text)'
+INPUT_ITEM = (
+    '{"content": [ITEM]}: one item, {"type": "text", "text": ...} or '
+    '{"type": "image_url", "image_url": {"url": "data:image/..."}}'
+)
 TYPES = "'float', 'int8', 'uint8', 'binary', 'ubinary' or 'base64'"
 
 
@@ -132,12 +143,15 @@ TYPES = "'float', 'int8', 'uint8', 'binary', 'ubinary' or 'base64'"
         (1, {"texts": []}, "texts", "'texts' must not be an empty list"),
         (1, {"texts": ["a", None]}, "texts", "'texts[1]' must be a string, got null"),
         (1, {"texts": ["a"], "model": 3}, "model", "'model' must be a string, got 3"),
-        (1, {"texts": ["a"], "input_type": "image"}, "input_type", "'input_type' must be one of 'search_query', 'search_document', 'classification' or 'clustering', got 'image'"),
+        (1, {"texts": ["a"], "input_type": "photo"}, "input_type", "'input_type' must be one of 'search_query', 'search_document', 'classification', 'clustering' or 'image', got 'photo'"),
         (1, {"texts": ["a"], "truncate": "MIDDLE"}, "truncate", "'truncate' must be one of 'NONE', 'START' or 'END', got 'MIDDLE'"),
         (1, {"texts": ["a"], "embedding_types": ["float", 1]}, "embedding_types", f"'embedding_types[1]' must be one of {TYPES}, got 1"),
-        (1, {"texts": ["a"], "images": ["data:image/png;base64,AA=="]}, "images", "'images' are not supported: the served models embed text"),
+        (1, {"texts": ["a"], "images": ["data:image/png;base64,AA=="]}, "images", "'images' are served on /v2/embed (Cohere's v2 API), not here"),
         (1, {"texts": ["a"], "images": "x"}, "images", "'images' must be a list, got 'x'"),
-        (2, {}, "texts", "'texts' is required (or 'inputs')"),
+        (2, {}, "texts", "'texts' is required (or 'inputs', or 'images')"),
+        (2, {"texts": ["a"], "images": [PNG]}, "images", "send 'images' or texts ('texts', 'inputs'), not both"),
+        (2, {"images": []}, "images", "'images' must not be an empty list"),
+        (2, {"images": ["https://example.com/a.png"]}, "images", "'images[0]' must be a data URI (data:image/png;base64,...): URLs are not fetched"),
         (2, {"texts": ["a"], "inputs": INPUTS}, "inputs", "send 'texts' or 'inputs', not both"),
         (2, {"inputs": {}}, "inputs", "'inputs' must be a list, got object"),
         (2, {"inputs": []}, "inputs", "'inputs' must not be an empty list"),
@@ -177,6 +191,8 @@ ACCEPTED = [
     (1, {"texts": "one"}),
     (2, EVERY_V2),
     (2, {"inputs": INPUTS, "embedding_types": ["base64"], "truncate": "NONE"}),
+    (2, {"images": [PNG], "input_type": "image"}),
+    (2, {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": PNG}}]}]}),
 ]
 REFUSED = [
     (1, {}),
@@ -184,6 +200,9 @@ REFUSED = [
     (1, {"texts": ["a"], "embedding_types": []}),
     (2, {}),
     (2, {"texts": ["a"], "inputs": INPUTS}),
+    (2, {"texts": ["a"], "images": [PNG]}),
+    (2, {"images": ["https://example.com/a.png"]}),
+    (2, {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
     (2, {"inputs": [{"content": []}]}),
     (2, {"texts": ["a"], "output_dimension": 0}),
     (2, {"texts": ["a"], "chunking": {"size": 4, "stride": 2}}),

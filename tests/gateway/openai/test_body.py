@@ -33,6 +33,7 @@ EVERY_FIELD: dict[str, Any] = {
     "task": "retrieval.passage",
     "embedding_type": "int8",
     "chunking": {"size": 8, "overlap": 2, "boundary": "sentence", "late": True, "return": "mean"},
+    "modality": "text",
 }
 
 
