@@ -106,6 +106,8 @@ class TextEncoder:
         self.default_prompt = info.default_prompt
         self.adapters = info.adapters
         self.include_prompt = info.include_prompt
+        # rows padded to this many tokens with pad_id (0: not padded): SigLIP's text tower saw only such rows
+        self.pad_to, self.pad_id = info.pad_to, info.pad_id
         self.fast: FastEncoder | None = None  # kitoken for the texts it tokenizes as tokenizers does (fast_check)
         path = info.path / "tokenizer.json"
         if not path.is_file():
@@ -233,10 +235,16 @@ class TextEncoder:
 
     def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
         if self.fast is not None:
-            return self.fast.encode(
+            ids = self.fast.encode(
                 texts, direction if truncate else None, lambda rest: self._encode_hf(rest, truncate, direction)
             )
-        return self._encode_hf(texts, truncate, direction)
+        else:
+            ids = self._encode_hf(texts, truncate, direction)
+        return self._padded(ids) if self.pad_to else ids
+
+    def _padded(self, ids: list) -> list:
+        """Each row made ``pad_to`` tokens long with ``pad_id`` (a longer one, not truncated, stays: refused later)."""
+        return [list(row) + [self.pad_id] * (self.pad_to - len(row)) if len(row) < self.pad_to else row for row in ids]
 
     def _encode_hf(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
         tokenizer = self._by_mode[direction if truncate else "none"]
@@ -351,11 +359,15 @@ class TextEncoder:
                 raise ServiceError(
                     ErrorCode.INVALID_TOKENS, f"has token ids outside the vocabulary [0, {self.vocab_size})", i
                 )
+        n = self.max_length
         if not truncate:
             self._refuse_long(token_ids)
-            return token_ids
-        n = self.max_length
-        return [ids if len(ids) <= n else (ids[:n] if direction == "right" else ids[-n:]) for ids in token_ids]
+            cut = token_ids
+        else:
+            cut = [ids if len(ids) <= n else (ids[:n] if direction == "right" else ids[-n:]) for ids in token_ids]
+        if self.pad_to:
+            cut = [np.asarray(row, dtype=np.int32) for row in self._padded(cut)]
+        return cut
 
     def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[Token]]:
         """Each text's tokens with their character offsets (None for special tokens)."""

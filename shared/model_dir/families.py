@@ -44,6 +44,8 @@ EUROBERT = FamilyTypes("EuroBERT", ("eurobert",), pooling="mean")
 JINA_V5 = FamilyTypes("JinaV5", ("jina_embeddings_v5",), pooling="lasttoken")
 # two towers, text and images, into one space: the text tower pools its end-of-text token (the last)
 CLIP = FamilyTypes("CLIP", ("clip",), pooling="lasttoken")
+# the text tower pools the last position of rows padded to its 64 positions
+SIGLIP = FamilyTypes("SigLIP", ("siglip",), pooling="lasttoken")
 FAMILY_TYPES = (
     BERT,
     XLM_ROBERTA,
@@ -61,10 +63,11 @@ FAMILY_TYPES = (
     EUROBERT,
     JINA_V5,
     CLIP,
+    SIGLIP,
 )
 
 # the families whose folders embed images beside texts
-TWO_TOWERS = (CLIP,)
+TWO_TOWERS = (CLIP, SIGLIP)
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 

@@ -42,6 +42,9 @@ class ModelInfo:
     # the kinds of input it embeds: ("text",), or ("text", "image") for a two-tower model (CLIP)
     inputs: tuple[str, ...] = ("text",)
     image_tokens: int = 0  # what one image runs through the image tower (patches + class token); 0: no images
+    # every text row padded to this many tokens with ``pad_id`` (SigLIP's text tower was trained so); 0: none
+    pad_to: int = 0
+    pad_id: int = 0
 
     def serves(self, output: str) -> bool:
         """Whether a request for ``output`` (a protocol OUTPUTS name) can be served by this model."""

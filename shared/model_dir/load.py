@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from embedfleet.shared.config.option import ConfigError
-from embedfleet.shared.model_dir.families import TWO_TOWERS, family_types, position_offset
+from embedfleet.shared.model_dir.families import SIGLIP, TWO_TOWERS, family_types, position_offset
 from embedfleet.shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.outputs import (
@@ -113,17 +113,31 @@ def _two_towers(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
         raise ConfigError(f"{folder.path} has no preprocessor_config.json: how its images are prepared is unknown")
     family = family_types(folder.config.get("model_type"))
     assert family is not None and family.pooling is not None  # TWO_TOWERS families pool as they declare
-    vision = folder.config.get("vision_config") or {}
-    # CLIPVisionConfig's defaults (ViT-B/32) for what a saved config leaves out
-    size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 32))
+    text, vision = folder.config.get("text_config") or {}, folder.config.get("vision_config") or {}
+    siglip = family is SIGLIP
+    # the configs' class defaults (CLIP ViT-B/32, SigLIP base/16) for what a saved config leaves out
+    size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 16 if siglip else 32))
     if size % patch:
         raise ConfigError(f"config.json: vision_config's image_size {size} is not a multiple of its patch_size {patch}")
+    patches = (size // patch) ** 2
+    if siglip:  # no class token; texts padded to the tower's positions, as its processor pads them
+        dim = int(text.get("projection_size") or text.get("hidden_size", 768))
+        padding = {"pad_to": common["max_seq_length"], "pad_id": int(text.get("pad_token_id", 1))}
+        return ModelInfo(
+            dim=dim,
+            pooling=family.pooling,
+            normalize=False,
+            inputs=("text", "image"),
+            image_tokens=patches,
+            **padding,
+            **common,
+        )
     return ModelInfo(
         dim=int(folder.config.get("projection_dim", 512)),
         pooling=family.pooling,
         normalize=False,
         inputs=("text", "image"),
-        image_tokens=(size // patch) ** 2 + 1,
+        image_tokens=patches + 1,
         **common,
     )
 

@@ -10,6 +10,7 @@ import io
 import struct
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,9 +18,12 @@ import pytest
 import torch
 from PIL import Image
 
+from embedfleet.services.tokenizer.encoder import TextEncoder
 from embedfleet.shared.model_dir.folder import default_model_path
+from embedfleet.shared.model_dir.load import load_model_info
+from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
-from tests.support.image_models import PROJECTION, build_clip
+from tests.support.image_models import PROJECTION, build_clip, build_siglip
 from tests.support.procs import running_fleet
 
 pytestmark = pytest.mark.integration
@@ -27,14 +31,16 @@ pytestmark = pytest.mark.integration
 PREFIX = "images"
 MODEL = "clip"
 TEXT_MODEL = "mini"  # the default model: texts only
+SIGLIP = "siglip"
 
 
 @pytest.fixture(scope="module")
-def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, object]]:
+def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, Path, Path]]:
     folder = build_clip(tmp_path_factory.mktemp("clip-build"), shortest_edge=40)
-    models = {MODEL: folder, TEXT_MODEL: default_model_path()}
+    siglip = build_siglip(tmp_path_factory.mktemp("siglip-build"))
+    models = {MODEL: folder, TEXT_MODEL: default_model_path(), SIGLIP: siglip}
     with running_fleet(nats_url, PREFIX, models, tmp_path_factory.mktemp("image-logs"), named=True) as (url, _):
-        yield url, folder
+        yield url, folder, siglip
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +80,7 @@ def _image_reference(reference, images: list[Image.Image]) -> np.ndarray:
 
 
 def test_images_embed_as_transformers_does(fleet, reference):
-    url, _ = fleet
+    url = fleet[0]
     pictures = _pictures()
     reply = _post(url, {"model": MODEL, "input": [{"image": _uri(_png(p))} for p in pictures]})
     assert reply.status_code == 200, reply.text
@@ -86,7 +92,7 @@ def test_images_embed_as_transformers_does(fleet, reference):
 
 
 def test_a_jpeg_and_a_webp_embed_as_decoded(fleet, reference):
-    url, _ = fleet
+    url = fleet[0]
     picture = _pictures()[2]
     files = [(_png(picture, "JPEG"), "image/jpeg"), (_png(picture, "WEBP"), "image/webp")]
     reply = _post(url, {"model": MODEL, "input": [{"image": _uri(data, media)} for data, media in files]})
@@ -99,7 +105,7 @@ def test_a_jpeg_and_a_webp_embed_as_decoded(fleet, reference):
 def test_texts_and_images_mixed_answer_in_input_order(fleet, reference):
     """Jina's form: {'text': ...} and {'image': ...} items in one request, each through its tower,
     the rows in the order given; the texts' vectors as the text-only request gives them."""
-    url, _ = fleet
+    url = fleet[0]
     pictures = _pictures()[:2]
     items = [
         {"text": "a red square"},
@@ -138,7 +144,7 @@ def _huge_png_header(width: int, height: int) -> bytes:
     ids=["a-url", "not-base64", "not-an-image", "a-bomb-header", "truncated"],
 )
 def test_hostile_images_get_a_clear_400_and_the_stack_serves_on(fleet, uri, says):
-    url, _ = fleet
+    url = fleet[0]
     reply = _post(url, {"model": MODEL, "input": [{"text": "fine"}, {"image": uri}]})
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
@@ -148,7 +154,7 @@ def test_hostile_images_get_a_clear_400_and_the_stack_serves_on(fleet, uri, says
 
 
 def test_an_item_with_both_or_neither_is_refused(fleet):
-    url, _ = fleet
+    url = fleet[0]
     for item in ({"text": "a", "image": _uri(_png(_pictures()[0]))}, {}):
         reply = _post(url, {"model": MODEL, "input": [item]})
         assert reply.status_code == 400, reply.text
@@ -156,7 +162,7 @@ def test_an_item_with_both_or_neither_is_refused(fleet):
 
 
 def test_models_lists_what_each_model_embeds(fleet):
-    url, _ = fleet
+    url = fleet[0]
     cards = {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
     assert cards[MODEL]["inputs"] == ["text", "image"], cards[MODEL]
     assert cards[TEXT_MODEL]["inputs"] == ["text"], cards[TEXT_MODEL]
@@ -167,7 +173,7 @@ def test_cohere_sdk_embeds_images(fleet, reference):
     image_url content items of ``inputs`` beside a text item, in the order given."""
     import cohere
 
-    url, _ = fleet
+    url = fleet[0]
     client = cohere.ClientV2(api_key="unused", base_url=url, timeout=120)
     pictures = _pictures()[:3]
     uris = [_uri(_png(p)) for p in pictures]
@@ -205,7 +211,7 @@ def test_cohere_sdk_embeds_images(fleet, reference):
     ids=["images-and-texts", "not-a-data-uri", "two-items", "no-url", "chunked-images"],
 )
 def test_cohere_image_requests_refused_in_cohere_shape(fleet, body, status, says):
-    url, _ = fleet
+    url = fleet[0]
     reply = httpx.post(f"{url}/v2/embed", json={"model": MODEL, "input_type": "image", **body}, timeout=30)
     assert reply.status_code == status, reply.text
     assert says in reply.json()["message"], reply.json()
@@ -213,7 +219,7 @@ def test_cohere_image_requests_refused_in_cohere_shape(fleet, body, status, says
 
 def test_a_text_model_refuses_images_naming_why(fleet):
     """Images sent to a model that embeds texts only: 400 before anything reaches a worker."""
-    url, _ = fleet
+    url = fleet[0]
     reply = _post(url, {"model": TEXT_MODEL, "input": [{"image": _uri(_png(_pictures()[0]))}]})
     assert reply.status_code == 400, reply.text
     assert "embeds texts only" in reply.json()["error"]["message"]
@@ -225,7 +231,7 @@ def test_a_text_model_refuses_images_naming_why(fleet):
 
 def test_infinity_modality_image_on_its_route(fleet, reference):
     """infinity's form on its route (/embeddings): 'input' strings read as images with modality 'image'."""
-    url, _ = fleet
+    url = fleet[0]
     pictures = _pictures()[:2]
     body = {"model": MODEL, "input": [_uri(_png(p)) for p in pictures], "modality": "image"}
     reply = httpx.post(f"{url}/embeddings", json=body, timeout=60)
@@ -241,7 +247,7 @@ def test_infinity_modality_image_on_its_route(fleet, reference):
 def test_dimensions_forms_and_usage_apply_to_images(fleet):
     """Matryoshka dimensions and the vector forms apply to image rows as to text rows; usage counts an
     image as the tokens its tower runs (16 patches and the class token here)."""
-    url, _ = fleet
+    url = fleet[0]
     items = [{"image": _uri(_png(p))} for p in _pictures()[:2]]
     full = _post(url, {"model": MODEL, "input": items}).json()
     assert full["usage"]["prompt_tokens"] == 2 * 17, full["usage"]
@@ -252,3 +258,29 @@ def test_dimensions_forms_and_usage_apply_to_images(fleet):
     signs = _post(url, {"model": MODEL, "input": items, "embedding_type": "binary"}).json()["data"]
     expected = np.packbits(rows > 0, axis=1).astype(np.int16) - 128
     np.testing.assert_array_equal(np.array([d["embedding"] for d in signs]), expected)
+
+
+def test_siglip_texts_and_images_through_the_stack(fleet):
+    """SigLIP served: its texts padded to 64 tokens by the tokenizer fleet (as its processor pads them),
+    its images through the attention-pooling head; both as transformers makes them."""
+    from transformers import SiglipImageProcessor, SiglipModel
+
+    url, _, folder = fleet
+    model, processor = (
+        SiglipModel.from_pretrained(str(folder)).eval(),
+        SiglipImageProcessor.from_pretrained(str(folder)),
+    )
+    pictures = _pictures()[:2]
+    items = [{"image": _uri(_png(pictures[0]))}, {"text": "a photo of a cat"}, {"image": _uri(_png(pictures[1]))}]
+    reply = _post(url, {"model": SIGLIP, "input": items})
+    assert reply.status_code == 200, reply.text
+    ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
+    encoder = TextEncoder(load_model_info(str(folder)))
+    ids = encoder.encode(encoder.with_prompt(["a photo of a cat"], EmbedOptions()))
+    with torch.inference_mode():
+        text = model.get_text_features(input_ids=torch.tensor(ids)).pooler_output.numpy()
+        pixels = processor(images=pictures, return_tensors="pt")["pixel_values"]
+        images = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+    assert cosines(ours[[0, 2]], images).min() >= COSINE_TOLERANCE
+    assert cosines(ours[[1]], text).min() >= COSINE_TOLERANCE
+    assert reply.json()["usage"]["prompt_tokens"] == 64 + 2 * 16  # a padded text row, two images of 16 patches

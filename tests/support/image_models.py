@@ -58,3 +58,43 @@ def build_clip(root: Path, *, shortest_edge: int = 32) -> Path:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": TEXT["max_position_embeddings"]}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder
+
+
+# SigLIP's tower sizes: a text and an image vector of the same width (48), 64 text positions
+SIGLIP_TEXT = dict(
+    vocab_size=30522,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    pad_token_id=0,
+)
+SIGLIP_VISION = dict(
+    hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+)
+
+
+def build_siglip(root: Path) -> Path:
+    """``root/siglip``: a SiglipModel folder (32-pixel images resized bicubic, 16 patches, no class token),
+    its texts ending in [SEP] and padded with [PAD] to 64 tokens as SigLIP's processor pads them."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    folder = Path(root) / "siglip"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = SiglipModel(SiglipConfig(text_config=SIGLIP_TEXT, vision_config=SIGLIP_VISION))
+    _randomize(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    size = SIGLIP_VISION["image_size"]
+    SiglipImageProcessor(size={"height": size, "width": size}).save_pretrained(folder)
+    tokenizer = Tokenizer.from_str(_wordpiece())
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    tokenizer.post_processor = TemplateProcessing(
+        single="$A [SEP]", pair="$A [SEP] $B:1 [SEP]:1", special_tokens=[("[SEP]", SEP)]
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": SIGLIP_TEXT["max_position_embeddings"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder

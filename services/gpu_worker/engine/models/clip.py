@@ -16,9 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedfleet.services.gpu_worker.engine.attention import Attention, AttnMask
+from embedfleet.services.gpu_worker.engine.attention import AttnMask
+from embedfleet.services.gpu_worker.engine.layers.vit import (
+    Layer,
+    image_attention,
+    layers_of,
+    patches,
+    tower,
+)
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
-from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
+from embedfleet.services.gpu_worker.engine.models.two_towers import TextTower
 from embedfleet.services.gpu_worker.engine.spec import ModelSpec
 from embedfleet.shared.model_dir import families
 
@@ -46,14 +53,9 @@ _VISION = {
 }
 
 
-def tower(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """``text_config`` or ``vision_config`` with the class defaults for what it leaves out."""
-    return {**(_TEXT if name == "text_config" else _VISION), **(config.get(name) or {})}
-
-
 def spec(config: dict[str, Any]) -> ModelSpec:
     """The text tower's spec (the engine's token path); the vision tower reads ``config`` itself."""
-    text = tower(config, "text_config")
+    text = tower(config, "text_config", _TEXT)
     return ModelSpec(
         model_type="clip",
         family=families.CLIP.name,
@@ -71,60 +73,12 @@ def spec(config: dict[str, Any]) -> ModelSpec:
     )
 
 
-class Layer(nn.Module):
-    """Pre-norm block: x + attn(norm1(x)), then x + fc2(act(fc1(norm2(x)))), on flat [T, hidden] tokens."""
-
-    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, activation: str) -> None:
-        super().__init__()
-        self.heads, self.head_dim = heads, hidden // heads
-        self.norm1 = nn.LayerNorm(hidden, eps=eps)
-        self.qkv = nn.Linear(hidden, 3 * hidden)  # query, key, value fused into one GEMM
-        self.out = nn.Linear(hidden, hidden)
-        self.norm2 = nn.LayerNorm(hidden, eps=eps)
-        self.fc1 = nn.Linear(hidden, intermediate)
-        self.fc2 = nn.Linear(intermediate, hidden)
-        self.activation = activation
-
-    def forward(self, x: torch.Tensor, attend, ops: LinearOps) -> torch.Tensor:
-        # x: [T, hidden]; attend(q, k, v) with each [T, heads, d] -> [T, heads, d]
-        t = x.shape[0]
-        q, k, v = ops.linear(self.norm1(x), self.qkv).view(t, 3, self.heads, self.head_dim).unbind(1)
-        x = ops.linear_add(attend(q, k, v).reshape(t, -1), self.out, x)
-        return ops.linear_add(ops.linear_act(self.norm2(x), self.fc1, self.activation), self.fc2, x)
-
-    @staticmethod
-    def hf_names(hf: str, ours: str) -> dict[str, list[str]]:
-        names = {}
-        for kind in ("weight", "bias"):
-            names[f"{ours}qkv.{kind}"] = [f"{hf}self_attn.{p}_proj.{kind}" for p in "qkv"]
-            names[f"{ours}out.{kind}"] = [f"{hf}self_attn.out_proj.{kind}"]
-            for norm in ("norm1", "norm2"):
-                names[f"{ours}{norm}.{kind}"] = [f"{hf}layer_{norm}.{kind}"]
-            for fc in ("fc1", "fc2"):
-                names[f"{ours}{fc}.{kind}"] = [f"{hf}mlp.{fc}.{kind}"]
-        return names
-
-
-def _layers(config: dict[str, Any]) -> nn.ModuleList:
-    h = int(config["hidden_size"])
-    return nn.ModuleList(
-        Layer(
-            h,
-            int(config["num_attention_heads"]),
-            int(config["intermediate_size"]),
-            float(config["layer_norm_eps"]),
-            str(config["hidden_act"]),
-        )
-        for _ in range(int(config["num_hidden_layers"]))
-    )
-
-
 class VisionTower(nn.Module):
     """Images [N, 3, size, size] (normalised) -> vectors [N, projection_dim] float32."""
 
     def __init__(self, config: dict[str, Any], projection_dim: int) -> None:
         super().__init__()
-        vision = tower(config, "vision_config")
+        vision = tower(config, "vision_config", _VISION)
         h, self.patch = int(vision["hidden_size"]), int(vision["patch_size"])
         self.channels, self.image_size = int(vision["num_channels"]), int(vision["image_size"])
         self.patches = (self.image_size // self.patch) ** 2
@@ -134,26 +88,18 @@ class VisionTower(nn.Module):
         self.cls = nn.Parameter(torch.zeros(h))
         self.position = nn.Embedding(self.patches + 1, h)
         self.pre_norm = nn.LayerNorm(h, eps=float(vision["layer_norm_eps"]))
-        self.layers = _layers(vision)
+        self.layers = layers_of(vision)
         self.post_norm = nn.LayerNorm(h, eps=float(vision["layer_norm_eps"]))
         self.projection = nn.Linear(h, projection_dim, bias=False)
 
     def forward(self, pixels: torch.Tensor, ops: LinearOps) -> torch.Tensor:
         # pixels: [N, C, S, S] in the model's dtype, S = image_size
-        n, c, s, p = pixels.shape[0], self.channels, self.image_size, self.patch
-        g = s // p
-        # [N, C, g, p, g, p] -> [N, g, g, C, p, p]: patches row by row, each flattened as the conv's weight is
-        patches = pixels.reshape(n, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(n * g * g, c * p * p)
-        x = ops.linear(patches, self.patch_embed).view(n, g * g, -1)
+        n = pixels.shape[0]
+        x = ops.linear(patches(pixels, self.patch), self.patch_embed).view(n, self.patches, -1)
         x = torch.cat([self.cls.expand(n, 1, -1), x], dim=1) + self.position.weight  # [N, L, hidden]
         length, hidden = x.shape[1], x.shape[2]
         x = self.pre_norm(x).reshape(n * length, hidden)
-
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            # [N * L, heads, d] each: every image attends over its own L tokens, no mask
-            q, k, v = (t.view(n, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-            return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n * length, self.heads, -1)
-
+        attend = image_attention(n, length, self.heads)
         for layer in self.layers:
             x = layer(x, attend, ops)
         first = self.post_norm(x.view(n, length, hidden)[:, 0])  # [N, hidden]: the class token
@@ -175,51 +121,16 @@ class VisionTower(nn.Module):
         return names
 
 
-class ClipModel(EncoderModel):
-    PREFIXES = ("",)
-    PROBE = "text_model.embeddings.token_embedding.weight"
-
+class ClipModel(TextTower):
     def __init__(self, spec: ModelSpec) -> None:
-        super().__init__(spec)
-        h = spec.hidden_size
-        self.token = nn.Embedding(spec.vocab_size, h)
-        self.position = nn.Embedding(spec.max_positions, h)
-        self.layers = _layers(tower(spec.config, "text_config"))
-        self.final_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
-        self.projection = nn.Linear(h, spec.projection_dim, bias=False)
-        self.mask = AttnMask(causal=True)
+        super().__init__(spec, tower(spec.config, "text_config", _TEXT), AttnMask(causal=True))
+        self.projection = nn.Linear(spec.hidden_size, spec.projection_dim, bias=False)
         self.vision = VisionTower(spec.config, spec.projection_dim)
 
-    def forward(self, batch, attention: Attention, ops: LinearOps) -> torch.Tensor:
-        # batch.input_ids, .positions: [T] -> [T, hidden]
-        x = self.token(batch.input_ids) + self.position(batch.positions)
-        for layer in self.layers:
-            x = layer(x, lambda q, k, v: attention(q, k, v, self.mask), ops)
-        return self.final_norm(x)
-
     def project(self, pooled: torch.Tensor) -> torch.Tensor:
-        # [R, hidden] float32 -> [R, projection_dim]
+        # [R, hidden] float32 (each row's end-of-text token) -> [R, projection_dim]
         return F.linear(pooled, self.projection.weight.float())
 
-    def layer_masks(self) -> list[AttnMask]:
-        return [self.mask] * self.spec.num_layers
-
-    def score(self, hidden: torch.Tensor, batch) -> torch.Tensor:
-        raise AssertionError("CLIP has no classification head")
-
     def weight_names(self) -> dict[str, list[str]]:
-        names = {
-            "token.weight": ["text_model.embeddings.token_embedding.weight"],
-            "position.weight": ["text_model.embeddings.position_embedding.weight"],
-            "final_norm.weight": ["text_model.final_layer_norm.weight"],
-            "final_norm.bias": ["text_model.final_layer_norm.bias"],
-            "projection.weight": ["text_projection.weight"],
-        }
-        for i in range(self.spec.num_layers):
-            names.update(Layer.hf_names(f"text_model.encoder.layers.{i}.", f"layers.{i}."))
-        return names | VisionTower.hf_names(int(tower(self.spec.config, "vision_config")["num_hidden_layers"]))
-
-    def weight_tensor(self, ours: str, tensor: torch.Tensor) -> torch.Tensor:
-        if ours == "vision.patch_embed.weight":  # [hidden, C, p, p] conv kernel -> [hidden, C * p * p]
-            return tensor.reshape(tensor.shape[0], -1)
-        return tensor
+        layers = int(tower(self.spec.config, "vision_config", _VISION)["num_hidden_layers"])
+        return self.text_names() | {"projection.weight": ["text_projection.weight"]} | VisionTower.hf_names(layers)

@@ -21,6 +21,7 @@ from embedfleet.services.gpu_worker.engine.models import (
     modernbert,
     mpnet,
     nomic_bert,
+    siglip,
 )
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.spec import ACTIVATIONS, ModelSpec
@@ -242,6 +243,16 @@ FAMILIES = (
         "text: " + _FLASH + "; images: SDPA over [images, patches]",
         verified="towers",
     ),
+    Family(
+        model_families.SIGLIP,
+        siglip.spec,
+        siglip.SiglipModel,
+        "google/siglip-base-patch16-224, siglip2-base-patch16-224 (fixed resolution; NaFlex is refused)",
+        "last position of rows padded to 64 (text), attention-pooling head (images)",
+        "bidirectional (texts padded, unmasked, as trained); images bidirectional over their patches",
+        "text: " + _FLASH + "; images: SDPA over [images, patches]",
+        verified="towers",
+    ),
 )
 
 
@@ -294,11 +305,12 @@ def family_for(config: dict[str, Any]) -> Family:
         model_type = model_families.JINA_V3.model_types[0]
     family = _BY_TYPE.get(model_type)
     if family is None:
-        hint = (
-            " (a multimodal Gemma3 checkpoint: serve its text model, model_type 'gemma3_text')"
-            if model_type == "gemma3"
-            else ""
-        )
+        hints = {
+            "gemma3": " (a multimodal Gemma3 checkpoint: serve its text model, model_type 'gemma3_text')",
+            "siglip2": " (SigLIP 2's NaFlex checkpoints, of variable resolution; its fixed-resolution checkpoints, "
+            "model_type 'siglip', are served)",
+        }
+        hint = hints.get(str(model_type), "")
         raise ConfigError(f"model_type {model_type!r} is not supported{hint} (supported: {', '.join(SUPPORTED_TYPES)})")
     return family
 
