@@ -56,6 +56,7 @@ from embedfleet.services.gateway.tei import tasks as tei_tasks
 from embedfleet.services.gateway.tenants import TableAccess
 from embedfleet.shared import __version__
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.jobs.claims import ClaimedBucket
 from embedfleet.shared.jobs.streams import open_streams
 from embedfleet.shared.model_dir.info import same_model
@@ -91,7 +92,9 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, metrics: Metrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        self.limits = Limits(cfg.max_inputs, cfg.max_input_chars)
+        self.limits = Limits(
+            cfg.max_inputs, cfg.max_input_chars, ImageLimits(cfg.max_image_bytes, cfg.max_image_pixels)
+        )
         # made by the lifespan, before the first request
         self.nc: Client
         self.client: EmbedClient

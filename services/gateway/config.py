@@ -43,6 +43,8 @@ class GatewayConfig:
     max_body_bytes: int = setting("max_body_bytes")
     max_input_chars: int = setting("max_input_chars")
     max_document_chars: int = setting("max_document_chars")  # a bulk job's document
+    max_image_bytes: int = setting("max_image_bytes")  # one image file (shared/images/decode.py's ImageLimits)
+    max_image_pixels: int = setting("max_image_pixels")  # one image's declared width x height
     job_max_result_bytes: int = setting("job_max_result_bytes")  # 0: no limit
     max_in_flight: int = setting("max_in_flight")
     # none: no auth (operator keys are among them; from_namespace adds --api-keys-file's)

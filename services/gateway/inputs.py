@@ -3,7 +3,7 @@ body's model read apart (POST / picks its task first), JSON types named in messa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -11,6 +11,7 @@ import orjson
 
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.shared.errors import ErrorCode
+from embedfleet.shared.images.decode import ImageLimits
 
 MAX_TOKEN_ID = (1 << 31) - 1
 MAX_NAME_CHARS = 256  # a prompt name on the wire (EmbedOptions)
@@ -20,6 +21,9 @@ MAX_NAME_CHARS = 256  # a prompt name on the wire (EmbedOptions)
 class Limits:
     max_inputs: int
     max_input_chars: int
+    images: ImageLimits = field(
+        default_factory=ImageLimits
+    )  # one image's file and declared pixels (--max-image-bytes, --max-image-pixels)
 
 
 @dataclass(frozen=True, slots=True)

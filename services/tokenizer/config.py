@@ -42,6 +42,8 @@ class TokenizerConfig:
     fast_tokenizer: str = setting("fast_tokenizer")  # auto: kitoken where it matches tokenizers (fast_check)
     max_chunks: int = setting("max_chunks")  # chunks a request's texts may be cut into (a ChunkRequest)
     max_document_chars: int = setting("max_document_chars")  # a text cut into chunks, a job's document
+    max_image_bytes: int = setting("max_image_bytes")  # one image file (shared/images/decode.py's ImageLimits)
+    max_image_pixels: int = setting("max_image_pixels")  # one image's declared width x height
     job_max_result_bytes: int = setting("job_max_result_bytes")  # a chunked job's results, 0: no limit
     jobs: JobSettings = JobSettings()
     metrics: MetricsEndpoint = MetricsEndpoint()

@@ -28,6 +28,7 @@ from embedfleet.services.tokenizer.metrics import TokenizerMetrics
 from embedfleet.services.tokenizer.routing import Router
 from embedfleet.services.tokenizer.span_rows import place_spans
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.nats.bundles import Entry, answer, carrier_of, is_bundle, unbundle
 from embedfleet.shared.nats.cancel_keys import CancelKeys
 from embedfleet.shared.nats.lifecycle import register, start_jetstream_part
@@ -142,7 +143,8 @@ class TokenizerService:
         self._cancel_sub: Subscription | None = None
         self._cancels = CancelKeys()  # requests given up by their requesters (shared/protocol's Cancel)
         self._layouts = Layouts(self._encoder, cfg.max_chunks, cfg.max_document_chars)
-        self._images = ImagePreparer.for_model(cfg.model)  # None: the model embeds texts only
+        # None: the model embeds texts only
+        self._images = ImagePreparer.for_model(cfg.model, ImageLimits(cfg.max_image_bytes, cfg.max_image_pixels))
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
         self._embeds = Coalescer(self._embed_group)

@@ -284,3 +284,71 @@ def test_siglip_texts_and_images_through_the_stack(fleet):
     assert cosines(ours[[0, 2]], images).min() >= COSINE_TOLERANCE
     assert cosines(ours[[1]], text).min() >= COSINE_TOLERANCE
     assert reply.json()["usage"]["prompt_tokens"] == 64 + 2 * 16  # a padded text row, two images of 16 patches
+
+
+def test_the_image_limits_hold_on_every_route_that_takes_images(fleet, nats_url, tmp_path):
+    """A gateway with --max-image-bytes and --max-image-pixels: an image past either is refused 400 naming
+    the input and the limit, on each route and form that takes images; one within them is embedded."""
+    from embedfleet.shared.nats.server import free_port
+    from tests.support.procs import Service, wait_until
+
+    port = free_port()
+    args = ["--nats", nats_url, "--subject-prefix", PREFIX, "--port", str(port)]
+    gateway = Service("gateway", [*args, "--max-image-bytes", "5000", "--max-image-pixels", "2500"], tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(url), 60, "the limited gateway", [gateway])
+        small = _uri(_png(_pictures()[0]))  # 32 x 32: 1,024 pixels, about 3 KB: within both
+        wide = _uri(_png(Image.new("RGB", (60, 50))))  # 3,000 pixels, a small file
+        heavy = _uri(_png(_pictures()[2]))  # 200 x 300 of noise: some 180 KB
+        for uri, says in ((wide, "2500"), (heavy, "5000")):
+            bodies = [
+                ("/v1/embeddings", {"model": MODEL, "input": [{"text": "a"}, {"image": uri}]}, "input[1]"),
+                ("/embeddings", {"model": MODEL, "input": ["data:,", uri][1:], "modality": "image"}, "input[0]"),
+                ("/v2/embed", {"model": MODEL, "images": [small, uri], "input_type": "image"}, "images[1]"),
+                (
+                    "/v2/embed",
+                    {"model": MODEL, "inputs": [{"content": [{"type": "image_url", "image_url": {"url": uri}}]}]},
+                    "inputs[0]",
+                ),
+            ]
+            for path, body, where in bodies:
+                reply = httpx.post(f"{url}{path}", json=body, timeout=30)
+                assert reply.status_code == 400, (path, reply.text)
+                message = reply.json().get("message") or reply.json()["error"]["message"]
+                assert where in message and says in message, (path, message)
+        assert _post(url, {"model": MODEL, "input": [{"image": small}]}).status_code == 200
+    finally:
+        gateway.stop()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_tokenizer_refuses_an_image_past_its_limits_sent_around_the_gateway(fleet, nats_url):
+    """A forged EmbedRequest straight to the tokenizers, its image's header declaring 50,000 x 50,000
+    pixels: the tokenizer refuses it before decoding a pixel (its own --max-image-pixels), naming the row."""
+    import asyncio
+    import time
+
+    import nats
+
+    from embedfleet.shared.nats.subjects import Subjects
+    from embedfleet.shared.protocol import EmbedRequest, ErrorReply, decode, encode
+
+    async def ask() -> object:
+        nc = await nats.connect(nats_url)
+        try:
+            request = EmbedRequest("forged", MODEL, [], time.time() + 30, images=[_huge_png_header(50_000, 50_000)])
+            reply = await nc.request(Subjects(PREFIX).embed(MODEL), encode(request), timeout=20)
+            return decode(reply.data)
+        finally:
+            await nc.close()
+
+    answer = asyncio.run(ask())
+    assert isinstance(answer, ErrorReply) and answer.row == 0, answer
+    assert "50000x50000" in answer.message and "40000000" in answer.message.replace(",", ""), answer.message

@@ -27,7 +27,6 @@ from embedfleet.services.gateway.inputs import Inputs, Limits, within_count, wit
 from embedfleet.services.gateway.rerank.api import RerankCall, query_within, texts_within
 from embedfleet.services.gateway.rerank.body import CohereRerankV2Body
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.vectors.forms import COHERE_TYPES, FLOAT32, FORMS
 from embedfleet.shared.vectors.quantize import quantize
@@ -105,7 +104,7 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
         if v2 is not None and v2.chunking is not None:
             raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; images cannot be chunked", "chunking")
         where = [f"{field}[{i}]" for i, _ in uris]
-        checked = checked_images([uri for _, uri in uris], where, ImageLimits())
+        checked = checked_images([uri for _, uri in uris], where, limits.images)
         images, sizes = Inputs([], None, [file for file, _ in checked]), tuple(header for _, header in checked)
     return CohereEmbed(
         version=version,

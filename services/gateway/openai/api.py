@@ -17,7 +17,6 @@ from embedfleet.services.gateway.images import image_files
 from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs, within_count, within_limits
 from embedfleet.services.gateway.openai.body import EmbeddingsBody, InputItem
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
 
 
@@ -58,7 +57,7 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
             )
         within_count(len(uris), "input", limits)
         where = [f"input[{i}]" for i in range(len(uris))]
-        images = Inputs([], None, image_files([str(uri) for uri in uris], where, ImageLimits()))
+        images = Inputs([], None, image_files([str(uri) for uri in uris], where, limits.images))
         image_rows = tuple(range(len(uris)))
         inputs = Inputs([], None)
     elif isinstance(doc.input, list) and isinstance(doc.input[0], InputItem):
@@ -69,7 +68,7 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         within_count(len(items), "input", limits)  # before any image is decoded
         inputs = within_limits(Inputs(texts, None), "input", limits)
         if image_rows:
-            images = Inputs([], None, image_files(uris, [f"input[{i}]" for i in image_rows], ImageLimits()))
+            images = Inputs([], None, image_files(uris, [f"input[{i}]" for i in image_rows], limits.images))
     else:
         inputs = typed_inputs(doc.input, "input", limits)
     if images is not None and doc.chunking is not None:

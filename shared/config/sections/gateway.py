@@ -56,6 +56,26 @@ OPTIONS: tuple[Option, ...] = (
         type=positive_int,
     ),
     declare(
+        "--max-image-bytes",
+        "EMBEDFLEET_MAX_IMAGE_BYTES",
+        20 << 20,
+        "max bytes of one image file a request sends (a data URI's payload, decoded), for a two-tower model "
+        "(more: 400 naming the input, checked before it is decoded)",
+        GATEWAY | {"tokenizer"},
+        "gateway",
+        type=positive_int,
+    ),
+    declare(
+        "--max-image-pixels",
+        "EMBEDFLEET_MAX_IMAGE_PIXELS",
+        40_000_000,
+        "max width x height of one image, as its header declares them (more: 400 naming the input, before a "
+        "pixel is decoded; an RGB image holds 3 bytes a pixel once decoded)",
+        GATEWAY | {"tokenizer"},
+        "gateway",
+        type=positive_int,
+    ),
+    declare(
         "--job-max-result-bytes",
         "EMBEDFLEET_JOB_MAX_RESULT_BYTES",
         4 << 30,
