@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import families
+from bench import families, two_towers
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.calibrate import calibrate, synthetic_batch
 from embedfleet.shared.model_dir.info import ModelInfo
@@ -51,6 +51,7 @@ class Check:
     dtype: str | None = None  # None: the engine's choice for the device
     replicas: tuple[int, ...] = (1,)
     saturation: bool = False
+    images: bool = False  # a two-tower model (bench/two_towers.py): its image tower checked too
 
 
 CHECKS = (
@@ -68,7 +69,11 @@ CHECKS = (
     Check("gemma3", "gemma3", "base"),
     Check("gemma3-bf16", "gemma3", "base", dtype="bfloat16"),
     Check("gemma2", "gemma2", "base"),
+    Check("clip", "clip", "base", images=True),  # ViT-B/32: texts (77 positions) and 224-pixel images
+    Check("siglip", "siglip", "base", images=True),  # base/16: texts padded to 64, images through its pooling head
 )
+# image batches checked against the CPU: counts that hit several graph buckets (and one past none)
+IMAGE_BATCHES = (1, 5, 16)
 
 
 def mixed_batch(seed: int, rows: int, max_len: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +164,50 @@ def throughput(engines: list[Engine], seq_len: int, budget: int, seconds: float)
     return {"tokens_per_s": sum(counts) / elapsed, "tokens": sum(counts), "seconds": elapsed}
 
 
+def image_check(info: ModelInfo, eager: Engine, device: str, dtype: str | None, smoke: bool, seconds: float) -> dict:
+    """A two-tower model's image tower: eager and graphed (bucketed by image count) against the CPU fp32
+    engine on random pixels, and images/s at a full batch, graphs off and on."""
+    path = eager.image_path
+    assert path is not None  # an images check is of a model with an image tower
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 256, (n, *path.shape), dtype=np.uint8) for n in IMAGE_BATCHES]
+    reference = Engine(info, "cpu", "float32", graphs=False)
+    wants = [reference.embed_images(pixels) for pixels in batches]
+    del reference
+    graphed = None
+    if device == "cuda" and eager.attention.capturable:
+        graphed = Engine(info, device, dtype, graphs=True, max_batch_tokens=2048, max_batch_seqs=64, model=eager.model)
+    out: dict = {"batches": list(IMAGE_BATCHES), "runs": []}
+    eager_cos, graphs_cos = 1.0, None
+    for pixels, want in list(zip(batches, wants)) * 2:  # captured, then replayed
+        eager_cos = min(eager_cos, cosine_min(eager.embed_images(pixels), want))
+        if graphed is not None:
+            handle = graphed.step_images(pixels)
+            graphs_cos = min(graphs_cos or 1.0, cosine_min(np.asarray(handle.result()), want))
+            out["runs"].append(handle.run)
+    out |= {"min_cosine_eager_vs_cpu": eager_cos, "min_cosine_graphs_vs_cpu": graphs_cos}
+    full = max(1, min(64, 2048 // max(1, info.image_tokens)))
+    pixels = rng.integers(0, 256, (full, *path.shape), dtype=np.uint8)
+    rates = []
+    for engine in [e for e in (eager, graphed) if e is not None]:
+        engine.step_images(pixels).result()  # warm-up (and capture)
+        count, stop = 0, time.perf_counter() + seconds
+        start = time.perf_counter()
+        while time.perf_counter() < stop:
+            engine.step_images(pixels).result()
+            count += full
+        rates.append(
+            {"graphs": engine is graphed, "batch": full, "images_per_s": count / (time.perf_counter() - start)}
+        )
+    out["throughput"] = rates
+    print(
+        f"  images: min cosine vs CPU fp32 eager {eager_cos:.5f}, graphs {graphs_cos}; "
+        + ", ".join(f"{'graphs' if r['graphs'] else 'eager'} {r['images_per_s']:,.0f} images/s" for r in rates),
+        flush=True,
+    )
+    return out
+
+
 def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: float) -> dict:
     """One model's record: backend and dtype, correctness, throughput (and saturation where asked)."""
     start = time.perf_counter()
@@ -170,7 +219,7 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
     record: dict = {
         "family": check.family,
         "shape": "tiny" if smoke else check.shape,
-        "sizes": families.describe(check.family, "tiny" if smoke else check.shape),
+        "sizes": _describe(check, "tiny" if smoke else check.shape),
         "engine": eager.describe(),
         "attention": eager.attention.name,
         "dtype": eager.dtype_name,
@@ -199,7 +248,8 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
         for seq_len in (50, 512):
             for replicas in check.replicas:
                 engines = [first] + [first.replicate() for _ in range(replicas - 1)]
-                point = throughput(engines, seq_len, budget, seconds)
+                # rows at most the model's limit (CLIP's 77, SigLIP's 64): "seq_len" says the point asked
+                point = throughput(engines, min(seq_len, first.max_seq_length), budget, seconds)
                 runs.append({"seq_len": seq_len, "graphs": graphs, "replicas": replicas, **point})
                 print(
                     f"  seq {seq_len:4} graphs {graphs!s:5} replicas {replicas}: {point['tokens_per_s']:,.0f} tokens/s",
@@ -208,6 +258,8 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
         del first, engines
     record["throughput"] = runs
 
+    if check.images:
+        record["images"] = image_check(info, eager, device, check.dtype, smoke, seconds)
     if check.saturation:
         engine = Engine(
             info,
@@ -264,7 +316,11 @@ def main() -> None:
             key = (check.family, shape)
             try:
                 if key not in folders:
-                    folders[key] = families.make_folder(check.family, Path(tmp), shape, reference=False)
+                    folders[key] = (
+                        two_towers.make_two_tower(check.family, Path(tmp) / f"{check.family}-{shape}", shape)
+                        if check.images
+                        else families.make_folder(check.family, Path(tmp), shape, reference=False)
+                    )
                 record = check_model(check, folders[key], device, args.smoke, 0.1 if args.smoke else args.seconds)
             except Exception as exc:  # one model's failure must not cost the others' figures
                 traceback.print_exc()
@@ -279,6 +335,17 @@ def main() -> None:
     _summary(results)
     if any("error" in r for r in results["models"].values()):
         raise SystemExit(1)
+
+
+def _describe(check: Check, shape: str) -> str:
+    if not check.images:
+        return families.describe(check.family, shape)
+    text, vision = two_towers.text_config(check.family, shape), two_towers.vision_config(check.family, shape)
+    return (
+        f"text hidden {text['hidden_size']} x {text['num_hidden_layers']} layers; images "
+        f"{two_towers.image_size(check.family, shape)} px in {vision['patch_size']}-px patches, hidden "
+        f"{vision['hidden_size']} x {vision['num_hidden_layers']} layers; random weights"
+    )
 
 
 def _summary(results: dict) -> None:

@@ -148,6 +148,8 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         "eurobert",
         "jina_v3",
         "jina_v5",
+        "clip",
+        "siglip",
     }
     for name, model in models.items():
         assert "error" not in model, (name, model.get("error"))
@@ -163,6 +165,11 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
     assert models["gemma3"]["dtype"] == "float32" and models["gemma3-bf16"]["dtype"] == "bfloat16"
     assert len(models["jina-v3"]["adapters"]) == 5 and len(models["jina-v5"]["adapters"]) == 4
     assert models["eurobert"]["adapters"] == []
+    for name in ("clip", "siglip"):  # the image towers: against the CPU engine, and images/s
+        images = models[name]["images"]
+        assert images["min_cosine_eager_vs_cpu"] > 0.9999 and images["batches"] == [1, 5, 16], (name, images)
+        assert [r["graphs"] for r in images["throughput"]] == [False] and images["throughput"][0]["images_per_s"] > 0
+    assert "images" not in models["bert-base"]
     saturation = models["bert-base"]["saturation"]
     assert saturation["knee"] in [b for b, _ in saturation["points"]]
 

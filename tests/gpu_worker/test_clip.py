@@ -114,7 +114,7 @@ def test_text_and_image_vectors_share_one_space(clip, engine):
 def test_a_text_model_takes_no_images(tmp_path):
     info = load_model_info(None)
     engine = Engine(info, "cpu")
-    assert info.inputs == ("text",) and engine.images is None
+    assert info.inputs == ("text",) and engine.image_path is None
     with pytest.raises(ValueError, match="takes no images"):
         engine.step_images(np.zeros((1, 3, 32, 32), dtype=np.uint8))
 
@@ -132,3 +132,32 @@ def test_images_of_another_shape_or_count_are_refused(engine):
     info = load_model_info(None)
     with pytest.raises(InvalidTokens, match="embeds texts only"):
         Engine(info, "cpu").check_images(np.zeros((1, 3, 32, 32), np.uint8), np.array([0, 17]))
+
+
+def test_image_batches_replay_from_graphs_bucketed_by_image_count(clip, engine):
+    """The graph bookkeeping on CPU (the one CUDA-only call, the capture, replaced by an eager replay of
+    the static forward): batches of n images run in the smallest image-count bucket >= n, captured once
+    each, and give the eager path's vectors; a batch past the largest bucket runs eagerly."""
+    from embedfleet.services.gpu_worker.engine.images import image_buckets
+
+    assert image_buckets(1) == [1] and image_buckets(6) == [1, 2, 4, 6] and image_buckets(8) == [1, 2, 4, 8]
+    graphed = Engine(
+        engine.info,
+        "cpu",
+        graphs=True,
+        max_batch_tokens=6 * engine.image_tokens,
+        capture=lambda eng, bucket: lambda: eng._static_forward(bucket),
+        model=engine.model,
+    )
+    assert graphed.image_path is not None and graphed.image_path.graphs is not None
+    assert graphed.image_path.graphs.buckets == [1, 2, 4, 6]
+    rng = np.random.default_rng(3)
+    runs = []
+    for n in (3, 1, 3, 4, 2, 5, 3):
+        pixels = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        handle = graphed.step_images(pixels)
+        runs.append(handle.run)
+        np.testing.assert_allclose(handle.result(), engine.step_images(pixels).result(), atol=1e-5)
+    assert runs == ["captured", "captured", "replay", "replay", "captured", "captured", "replay"]
+    big = graphed.step_images(rng.integers(0, 256, (7, 3, 32, 32), dtype=np.uint8))
+    assert big.run == "eager" and big.result().shape == (7, 24)

@@ -18,6 +18,7 @@ from embedfleet.services.gpu_worker.engine.attention import Attention, select_at
 from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
 from embedfleet.services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
 from embedfleet.services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
+from embedfleet.services.gpu_worker.engine.images import ImagePath
 from embedfleet.services.gpu_worker.engine.linear import select_linear_ops
 from embedfleet.services.gpu_worker.engine.loader import load_weights, read_safetensors
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
@@ -58,18 +59,6 @@ def _pinned_copy(made: torch.Tensor) -> torch.Tensor:
     host = torch.empty(made.shape, dtype=torch.float32, pin_memory=True)
     host.copy_(made, non_blocking=True)
     return host
-
-
-def _normalized(pixels: torch.Tensor, images: ImageProcessing) -> torch.Tensor:
-    """uint8 pixels [N, C, S, S] rescaled and normalised in float32 as the image processor does it."""
-    x = pixels.float()
-    if images.do_rescale:
-        x = x * images.scale
-    if images.do_normalize:
-        mean = torch.tensor(images.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-        std = torch.tensor(images.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-        x = (x - mean) / std
-    return x
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -131,8 +120,9 @@ class Engine:
                 heads["sparse"].head.to(self.dtype)  # vocabulary-sized GEMMs: the encoder's precision
             del tensors
         self.model = model
-        # a two-tower model's image processing (preprocessor_config.json): how step_images normalises pixels
-        self.images = ImageProcessing.from_folder(info.path) if model.vision is not None else None
+        # a two-tower model's image processing (preprocessor_config.json): how its image path normalises pixels
+        self._image_processing = ImageProcessing.from_folder(info.path) if model.vision is not None else None
+        self.image_path: ImagePath | None = None  # set by configure for a model with an image tower
         # the folder's other outputs (sparse, multivector), shared by replicas like the model
         self.heads = heads
         # sentence-transformers Dense layers after pooling (float32, shared by replicas like the model)
@@ -184,6 +174,13 @@ class Engine:
             if self.device.type == "cuda":
                 self._pool = torch.cuda.graph_pool_handle()
         self._static_max_len = max(self.max_seq_length, _PAD_ROW_MAX)
+        if self.model.vision is not None and self._image_processing is not None:
+            self.image_path = ImagePath(
+                self.model.vision, self._image_processing, self.device, self.dtype, self.linear_ops, self.dim
+            )
+            if use_graphs:  # as many images as the token budget holds, counted as the tower's tokens
+                most = max(1, min(max_batch_seqs, max_batch_tokens // max(1, self.info.image_tokens)))
+                self.image_path.use_graphs(most, self._capture_static)
 
     def replicate(self) -> Engine:
         """Another replica on the same device: shared weights, own stream, graphs and buffers."""
@@ -255,9 +252,9 @@ class Engine:
         """Reject image rows the model cannot take: a model without an image tower, or images of another
         shape than its processor makes (the tokenizer prepared them for another folder), counted as other
         than the tower's tokens. Raises InvalidTokens naming the batch's first row."""
-        if self.images is None:
+        if self.image_path is None:
             raise InvalidTokens(0, f"is an image: {self.info.id} embeds texts only")
-        shape = (3, *self.images.output_size)
+        shape = self.image_path.shape
         if tuple(pixels.shape[1:]) != shape:
             raise InvalidTokens(0, f"is an image of shape {list(pixels.shape[1:])}; {self.info.id} takes {list(shape)}")
         if np.any(np.diff(cu_seqlens) != self.image_tokens):
@@ -332,26 +329,28 @@ class Engine:
             event.record(self.stream)
             return CudaResult(host, event, run)
 
+    def embed_images(self, pixels: np.ndarray) -> np.ndarray:
+        """pixels [N, C, S, S] uint8 -> vectors [N, dim] float32 (blocking): ``step_images(...).result()``."""
+        vectors = self.step_images(pixels).result()
+        assert isinstance(vectors, np.ndarray)  # one output: no dict
+        return vectors
+
     @torch.inference_mode()
     def step_images(self, pixels: np.ndarray) -> ReadyResult | CudaResult:
         """Launch one batch of images through a two-tower model's image tower and return at once:
         ``pixels`` [N, C, S, S] uint8 as the tokenizer prepared them (resized and cropped; rescaled and
         normalised here, in float32, as the folder's image processor does) -> ``result()`` [N, dim] float32."""
-        vision, images = self.model.vision, self.images
-        if vision is None or images is None:
+        path = self.image_path
+        if path is None:
             raise ValueError(f"{self.info.id} takes no images")
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            x = torch.from_numpy(pixels if pixels.flags.writeable else pixels.copy())
-            if self.device.type == "cuda":
-                x = x.pin_memory()
-            x = _normalized(x.to(self.device, non_blocking=True), images).to(self.dtype)
-            made = vision(x, self.linear_ops)
+            made, run = path.run(pixels)
             if self.device.type != "cuda":
-                return ReadyResult(made.numpy().copy(), "eager")
+                return ReadyResult(made.numpy().copy(), run)
             host = _to_host(made)
             event = torch.cuda.Event(blocking=True)
             event.record(self.stream)
-            return CudaResult(host, event, "eager")
+            return CudaResult(host, event, run)
 
     @staticmethod
     def _use_threads(count: int) -> None:
@@ -478,8 +477,16 @@ class Engine:
     def _capture(self, bucket: int) -> Replay:
         if self._capture_fn is not None:
             return self._capture_fn(self, bucket)
+        replay = self._capture_static(lambda: self._static_forward(bucket))
+        log.debug("captured a CUDA graph for %d tokens", bucket)
+        return replay
+
+    def _capture_static(self, forward: Callable[[], None]) -> Replay:
+        """A CUDA graph of ``forward`` (a forward over static buffers) in this replica's pool and stream; with
+        an injected capture (CPU tests of the bookkeeping) ``forward`` itself, replayed eagerly."""
+        if self._capture_fn is not None:
+            return forward
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
-            self._static_forward(bucket)
-        log.debug("captured a CUDA graph for %d tokens", bucket)
+            forward()
         return graph.replay
