@@ -20,6 +20,10 @@ import torch
 WORDPIECE_VOCAB = 30522
 PAD, CLS, SEP = 0, 101, 102  # the default model's special tokens
 
+# 32-pixel images in 8-pixel patches (16 of them), two layers of width 48: the tests' image towers
+_TINY_VISION = dict(
+    hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+)
 # family -> shape -> (text_config, vision_config, top-level fields)
 SHAPES: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = {
     "clip": {
@@ -29,17 +33,9 @@ SHAPES: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]
             dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, patch_size=32),
             dict(projection_dim=512),
         ),
-        # 32-pixel images in 8-pixel patches: 16 patches and the class token
         "tiny": (
             dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
-            dict(
-                hidden_size=48,
-                intermediate_size=96,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                image_size=32,
-                patch_size=8,
-            ),
+            _TINY_VISION,
             dict(projection_dim=24),
         ),
     },
@@ -52,14 +48,7 @@ SHAPES: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]
         ),
         "tiny": (
             dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
-            dict(
-                hidden_size=48,
-                intermediate_size=96,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                image_size=32,
-                patch_size=8,
-            ),
+            _TINY_VISION,
             {},
         ),
     },
