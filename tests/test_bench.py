@@ -425,3 +425,22 @@ def test_a_family_transformers_lacks_is_written_by_the_engines_model_under_the_p
     written = families.make_folder("gte", tmp_path / "engine", "tiny", reference=False)
     assert "transformers_version" not in json.loads((written / "config.json").read_text())  # not saved by it
     assert tensors(written) == tensors(published)
+
+
+def test_images_benchmark_prints_ratios_for_each_stage(tmp_path):
+    """bench.images at a tiny size: both stages timed side by side, the pixels and vectors compared."""
+    out = tmp_path / "images.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.images", "--shape", "tiny", "--images", "6", "--rounds", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["max_abs_pixel_difference"] <= 1e-5 and data["least_cosine"] >= 0.9999, data
+    for stage in ("prepare", "forward"):
+        s = data["stages"][stage]
+        assert s["speed_ratio"] > 0 and s["cpu_ratio"] > 0, s
+        assert s["embedfleet"]["images_per_s"] > 0 and s["transformers"]["cpu_ms_per_image"] > 0, s
+        assert re.search(rf"^{stage} .* \d+\.\d\dx .* \d+\.\d\dx$", result.stdout, re.M), result.stdout
