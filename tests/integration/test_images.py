@@ -352,3 +352,40 @@ def test_a_tokenizer_refuses_an_image_past_its_limits_sent_around_the_gateway(fl
     answer = asyncio.run(ask())
     assert isinstance(answer, ErrorReply) and answer.row == 0, answer
     assert "50000x50000" in answer.message and "40000000" in answer.message.replace(",", ""), answer.message
+
+
+def _animated_gif() -> bytes:
+    frames = [Image.new("RGB", (20, 20), color) for color in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
+    out = io.BytesIO()
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    return out.getvalue()
+
+
+def _cmyk_jpeg() -> bytes:
+    out = io.BytesIO()
+    data = np.random.default_rng(4).integers(0, 256, (40, 50, 4), dtype=np.uint8)
+    Image.frombytes("CMYK", (50, 40), data.tobytes()).save(out, "JPEG")
+    return out.getvalue()
+
+
+def _png16() -> bytes:
+    out = io.BytesIO()
+    values = np.random.default_rng(5).integers(0, 65536, (30, 40), dtype=np.uint16)
+    Image.fromarray(values).save(out, "PNG")  # mode I;16
+    return out.getvalue()
+
+
+def test_odd_images_are_converted_as_the_processor_does_or_refused(fleet, reference):
+    """A CMYK JPEG and a 16-bit PNG embed as transformers' processor converts them; an animated GIF is
+    refused 400 naming its input; every process stays up (the next request is answered)."""
+    url = fleet[0]
+    files = [(_cmyk_jpeg(), "image/jpeg"), (_png16(), "image/png")]
+    reply = _post(url, {"model": MODEL, "input": [{"image": _uri(data, media)} for data, media in files]})
+    assert reply.status_code == 200, reply.text
+    ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
+    theirs = _image_reference(reference, [Image.open(io.BytesIO(data)) for data, _ in files])
+    assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)
+    gif = _post(url, {"model": MODEL, "input": [{"text": "a"}, {"image": _uri(_animated_gif(), "image/gif")}]})
+    assert gif.status_code == 400 and "input 1" in gif.json()["error"]["message"], gif.text
+    assert "animated" in gif.json()["error"]["message"], gif.text
+    assert _post(url, {"model": MODEL, "input": [{"image": _uri(_png(_pictures()[0]))}]}).status_code == 200
