@@ -180,7 +180,7 @@ def test_errors_are_the_sdks(v1, v2):
         v2.embed(texts=["x"], model="embed-english-v3.0", input_type="search_document")
     assert err.value.status_code == 404 and "not served here" in err.value.body["message"]
     with pytest.raises(cohere.BadRequestError) as err:
-        v1.embed(texts=["x"], model=MODEL, input_type="image")
+        v1.embed(texts=["x"], model=MODEL, input_type="photo")
     assert "'input_type' must be one of" in err.value.body["message"]
     with pytest.raises(cohere.BadRequestError):
         v2.rerank(model=MODEL, query="", documents=["a"])
