@@ -317,7 +317,9 @@ def main() -> None:
             try:
                 if key not in folders:
                     folders[key] = (
-                        two_towers.make_two_tower(check.family, Path(tmp) / f"{check.family}-{shape}", shape)
+                        two_towers.make_two_tower(
+                            check.family, Path(tmp) / f"{check.family}-{shape}", shape, tokenizer=False
+                        )
                         if check.images
                         else families.make_folder(check.family, Path(tmp), shape, reference=False)
                     )

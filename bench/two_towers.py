@@ -81,9 +81,13 @@ def make_two_tower(
     *,
     init: Callable[[torch.nn.Module], None] | None = None,
     shortest_edge: int | None = None,
+    tokenizer: bool = True,
 ) -> Path:
     """Write ``root/<family>`` and return it. ``init`` redraws the weights (transformers' own init
-    otherwise); ``shortest_edge``: CLIP's resize before its center crop (default: the image size)."""
+    otherwise); ``shortest_edge``: CLIP's resize before its center crop (default: the image size);
+    ``tokenizer``: write the tokenizer's files (the engine alone reads none: bench/gpu_check, whose GPU
+    machine has no model package to take them from). The image processor's config is written as
+    transformers saves it, with no image library needed to write it."""
     import transformers
 
     if family not in SHAPES or shape not in SHAPES[family]:
@@ -96,22 +100,25 @@ def make_two_tower(
     size = image_size(family, shape)
     text, vision, top = text_config(family, shape), vision_config(family, shape), SHAPES[family][shape][2]
     model: torch.nn.Module
-    processor: Any
     if family == "clip":
         model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, **top))
-        processor = transformers.CLIPImageProcessor(
-            size={"shortest_edge": shortest_edge or size}, crop_size={"height": size, "width": size}
-        )
+        processor = {
+            "image_processor_type": "CLIPImageProcessor",
+            "size": {"shortest_edge": shortest_edge or size},
+            "crop_size": {"height": size, "width": size},
+        }
         single, specials = "[CLS] $A [SEP]", [("[CLS]", CLS), ("[SEP]", SEP)]
     else:
         model = transformers.SiglipModel(transformers.SiglipConfig(text_config=text, vision_config=vision, **top))
-        processor = transformers.SiglipImageProcessor(size={"height": size, "width": size})
+        processor = {"image_processor_type": "SiglipImageProcessor", "size": {"height": size, "width": size}}
         single, specials = "$A [SEP]", [("[SEP]", SEP)]
     if init is not None:
         init(model)
     model.save_pretrained(folder, safe_serialization=True)
-    processor.save_pretrained(folder)
-    _write_tokenizer(folder, single, specials, int(text["max_position_embeddings"]))
+    # the class's defaults for every other option, as a saved processor's readers fill them
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    if tokenizer:
+        _write_tokenizer(folder, single, specials, int(text["max_position_embeddings"]))
     return folder
 
 
