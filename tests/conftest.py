@@ -191,6 +191,7 @@ LONG_MODULES = {
     "tests/integration/test_multi_model.py": 50,
     "tests/integration/test_roles.py": 50,
     "tests/integration/test_job_admin.py": 40,
+    "tests/integration/test_image_jobs.py": 40,
     "tests/integration/test_images.py": 40,
     "tests/integration/test_up_start.py": 40,
     "tests/integration/test_nats_security.py": 40,

@@ -156,6 +156,7 @@ class Gateway:
                 max_document_chars=self.cfg.max_document_chars,
                 max_result_bytes=self.cfg.job_max_result_bytes,
                 counted=self.metrics.key_tokens_of,
+                image_limits=self.limits.images,
             )
             self.job_results = JobResultsApi(js, kv, self.cfg.nats.subjects, owners)
             # consumer lag and job progress, refreshed apart

@@ -3,6 +3,7 @@ body's model read apart (POST / picks its task first), JSON types named in messa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,11 +87,12 @@ def within_count(count: int, param: str, limits: Limits) -> None:
         )
 
 
-def within_document_chars(docs: list[tuple[str, str]], max_chars: int) -> None:
+def within_document_chars(docs: Sequence[tuple[str, object]], max_chars: int) -> None:
     """A bulk job's documents (id, text) once none has more than ``max_chars`` characters (the gateway's
-    --max-document-chars): else 413 naming the first that has, before anything is published."""
+    --max-document-chars): else 413 naming the first that has, before anything is published. An image
+    document has no characters (its file is held to --max-image-bytes)."""
     for i, (doc_id, text) in enumerate(docs):
-        if len(text) > max_chars:
+        if isinstance(text, str) and len(text) > max_chars:
             raise ApiError(
                 ErrorCode.INPUT_TOO_LONG,
                 f"document {i} ({doc_id[:200]!r}) has {len(text)} characters; the limit is {max_chars} "

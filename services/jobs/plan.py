@@ -15,8 +15,9 @@ from pathlib import Path
 from embedfleet.services.jobs.chunking import check_room, chunking_of
 from embedfleet.services.jobs.files import check_output_path
 from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.images.decode import ImageLimits
 from embedfleet.shared.jobs.bucket import read_state
-from embedfleet.shared.jobs.documents import job_id_for, read_input
+from embedfleet.shared.jobs.documents import Document, images_of, job_id_for, read_input, texts_of
 from embedfleet.shared.jobs.fit import JobRefused, check_job, fleet_view, served
 from embedfleet.shared.jobs.ids import new_job_id_problem
 from embedfleet.shared.jobs.publish import form_conflict, was_cancelled
@@ -47,7 +48,7 @@ class Plan:
     output: str  # "dense", "sparse" or "multivector"
     options: EmbedOptions
     tracing: TracingConfig
-    docs: list[tuple[str, str]]  # (id, text), in input order
+    docs: list[Document]  # (id, text or image), in input order
     job: str
     batch_size: int
     chunking: JobChunking | None  # None: a vector a document
@@ -60,14 +61,20 @@ class Plan:
     with_text: bool  # --with-text: the sink's rows keep their texts
     sink: str | None = None  # --sink URL
     shape: Shape | None = None  # the sink's rows, once the fleet said the model's dimension
+    batch_bytes: int = 0  # a job of images: the bytes of files a batch carries at most (shared/jobs/batches.py)
 
     def for_model(self, model: str) -> Plan:
         """This run for ``model`` (``model_of``'s answer where --model was not given), its job id derived
         from it unless --job-id named one."""
         if model == self.model and self.job:
             return self
-        job = self.job_given or job_id_for(self.path, model, self.batch_size, self.form, self.output, self.chunking)
-        return replace(self, model=model, job=job)
+        return replace(self, model=model, job=self._job_id(model, self.batch_size, self.batch_bytes))
+
+    def _job_id(self, model: str, batch_size: int, batch_bytes: int) -> str:
+        """--job-id, else the id derived from the input and the options (shared/jobs/documents.py)."""
+        return self.job_given or job_id_for(
+            self.path, model, batch_size, self.form, self.output, self.chunking, batch_bytes
+        )
 
 
 def plan_of(ns: argparse.Namespace) -> Plan:
@@ -88,7 +95,9 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     if out is not None:
         check_output_path(out, output, chunking is not None)
     tracing = TracingConfig.from_namespace(ns)
-    docs = read_input(path)  # all of them, each checked
+    docs = read_input(path, ImageLimits(ns.max_image_bytes, ns.max_image_pixels))  # all of them, each checked
+    if images_of(docs) is not None:
+        _check_image_job(path, output, chunking, ns.with_text)
     if ns.job_id:
         problem = new_job_id_problem(ns.job_id)
         if problem:
@@ -117,6 +126,21 @@ def plan_of(ns: argparse.Namespace) -> Plan:
     )
 
 
+def _check_image_job(path: Path, output: str, chunking: JobChunking | None, with_text: bool) -> None:
+    """ConfigError for what a job of images cannot do: other vectors than dense ones, chunks, texts."""
+    what = (
+        "--with-text: an image has no text to store (its row keeps its id and the input's other fields)"
+        if with_text
+        else "--chunk-size: chunks are cut from texts; an image is one vector"
+        if chunking is not None
+        else f"--output {output}: images make dense vectors only"
+        if output != "dense"
+        else None
+    )
+    if what is not None:
+        raise ConfigError(f"{path} is a job of images; {what}")
+
+
 async def model_of(given: str | None, stack: LocalStack | None, nats: NatsConfig) -> str:
     """The model a reindex asks for: --model; else the default model of the stack `up` recorded (its
     gateway's); else the fleet's only model, asked (a URL given: no record says which it is)."""
@@ -142,8 +166,18 @@ async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
     cut (and said so) where a batch's vectors could outgrow a NATS message."""
     view = await fleet_view(nc, prefix, plan.model)
     try:
-        ids, chars = [d for d, _ in plan.docs], [len(t) for _, t in plan.docs]
-        fit = check_job(view, plan.model, plan.options, plan.batch_size, nc.max_payload, ids, plan.chunking, chars)
+        ids, chars = [d for d, _ in plan.docs], [len(t) for t in texts_of(plan.docs)]
+        fit = check_job(
+            view,
+            plan.model,
+            plan.options,
+            plan.batch_size,
+            nc.max_payload,
+            ids,
+            plan.chunking,
+            chars,
+            images=images_of(plan.docs),
+        )
     except JobRefused as exc:
         raise ConfigError(f"{exc}; nothing was published") from None
     if fit.note:
@@ -152,10 +186,10 @@ async def _fitted(nc, prefix: str, plan: Plan) -> Plan:
         plan = replace(
             plan, shape=shape_for(served(view, plan.model), plan.form, plan.output, plan.chunking is not None)
         )
-    if fit.batch_size == plan.batch_size:
+    if (fit.batch_size, fit.batch_bytes) == (plan.batch_size, plan.batch_bytes):
         return plan
-    job = plan.job_given or job_id_for(plan.path, plan.model, fit.batch_size, plan.form, plan.output, plan.chunking)
-    return replace(plan, batch_size=fit.batch_size, job=job)
+    job = plan._job_id(plan.model, fit.batch_size, fit.batch_bytes)
+    return replace(plan, batch_size=fit.batch_size, batch_bytes=fit.batch_bytes, job=job)
 
 
 async def connect_checked(nats: NatsConfig, plan: Plan):
@@ -171,7 +205,9 @@ async def connect_checked(nats: NatsConfig, plan: Plan):
             await check_room(nc, subjects, plan.model, plan.chunking, plan.options)
         kv = await open_streams(js, subjects, plan.retention)
         state = await read_state(kv, plan.job)
-        claim = Claim(request_digest(plan.model, plan.docs, plan.batch_size, plan.options, plan.chunking))
+        claim = Claim(
+            request_digest(plan.model, plan.docs, plan.batch_size, plan.options, plan.chunking, plan.batch_bytes)
+        )
         problem = (
             form_conflict(state, plan.form, plan.output)
             or was_cancelled(state)

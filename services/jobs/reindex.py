@@ -2,7 +2,9 @@
 services/jobs/streams_init.py; ``embedfleet jobs``: services/jobs/admin.py).
 
 reindex reads documents (JSONL ``{"id", "text"}``, Parquet with id/text columns, plain text with
-one document a line, or a folder's .txt and .md files, one document a file), publishes them as job batches with JetStream's backpressure (each publish
+one document a line, or a folder's .txt and .md files, one document a file; for a two-tower model
+images instead: ``{"id", "image"}`` lines, an image column, a folder of image files), publishes them as
+job batches with JetStream's backpressure (a job of images' batches cut by bytes too; each publish
 waits for the stream's acknowledgement), collects the vectors from the results stream through a
 durable consumer, and writes them in input order (.npy with a .ids.json beside it, or Parquet; the ids given
 up, if any, in a .failed.json beside it: reindex_files.beside), in
@@ -59,11 +61,12 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
     except BaseException:
         await nc.close()
         raise
-    batches = (len(docs) + plan.batch_size - 1) // plan.batch_size
+    layout = Layout.of(docs, plan.batch_size, plan.batch_bytes)
     cut = f", cut into chunks of at most {plan.chunking.spec.size} tokens" if plan.chunking else ""
+    kind = "documents (images)" if plan.batch_bytes else "documents"
     print(
-        f"job {job}: {len(docs)} documents in {batches} batches, model {plan.model}, {plan.output} {plan.form} vectors"
-        f"{cut}",
+        f"job {job}: {len(docs)} {kind} in {len(layout.starts) - 1} batches, model {plan.model}, {plan.output} "
+        f"{plan.form} vectors{cut}",
         flush=True,
     )
     # the whole job is one trace: this span, the publishing under it, each batch's stages under that
@@ -74,7 +77,7 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
     collector = Collector(
         js,
         job,
-        Layout([d for d, _ in docs], plan.batch_size),
+        layout,
         subjects.results(job),
         stream_names(subjects)["results"],
         plan.form,
@@ -97,6 +100,7 @@ async def reindex(plan: Plan, nats: NatsConfig) -> int:
             chunking=plan.chunking,
             sink=None if sink is None else JobSink(sink.shown),
             submitter="publisher",
+            batch_bytes=plan.batch_bytes,
         )
     )
     bar = tqdm(total=len(docs), unit="doc", desc="reindex", disable=plan.quiet)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.jobs.documents import Document
 from embedfleet.shared.jobs.sink_writer import Sources
 from embedfleet.shared.sinks import Shape, Sink, SinkError, sink_for
 
@@ -26,9 +27,10 @@ async def open_sink(url: str, shape: Shape) -> Sink:
     return sink
 
 
-def sink_sources(path, docs: list[tuple[str, str]], with_text: bool, chunked: bool) -> Sources:
+def sink_sources(path, docs: list[Document], with_text: bool, chunked: bool) -> Sources:
     """A job's Sources: the input's other fields, and the documents' texts when ``with_text`` asks
-    them of a job without chunks (a chunked job's come with its chunks)."""
+    them of a job without chunks (a chunked job's come with its chunks; a job of images has none)."""
     from embedfleet.shared.jobs.documents import read_fields
 
-    return Sources(read_fields(path), dict(docs) if with_text and not chunked else None)
+    texts = {d: t for d, t in docs if isinstance(t, str)} if with_text and not chunked else None
+    return Sources(read_fields(path), texts)

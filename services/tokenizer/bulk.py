@@ -13,6 +13,8 @@ A chunked job's batch is cut (services/tokenizer/bulk_chunks.py): its rows are c
 each result fits a message (late chunking: its sequences are windows, each with the chunks it owns as
 spans, and a token batch's rows are the chunks its windows own); a document cut into more than --max-chunks chunks is given up alone (a
 dead letter holding it, counted failed), and the batch's chunks are counted in the job's state.
+A batch of images (services/tokenizer/bulk_images.py) becomes token batches of pixels; an image that
+cannot be prepared is given up alone the same way.
 Told to stop, it fetches no more, finishes the batch in hand (milliseconds of tokenizing) and hands
 back anything delivered after its last fetch.
 """
@@ -24,11 +26,14 @@ import logging
 import time
 from dataclasses import replace
 
+import numpy as np
 from nats.aio.client import Client
 
 from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, CutBatch, over_budget, pack_rows, vector_bytes
+from embedfleet.services.tokenizer.bulk_images import PreparedImages, image_runs, prepare_batch
 from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.encoder import pack_chunks
+from embedfleet.services.tokenizer.images import ImagePreparer
 from embedfleet.services.tokenizer.metrics import BulkEncoder
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.jobs.bucket import read_state, update_state
@@ -62,17 +67,25 @@ _ENVELOPE_BYTES = 2048
 def describe(data: bytes, headers: dict) -> BatchInfo:
     try:
         job = decode_as(data, JobBatch)
-        return BatchInfo(job.id, job.batch, 0, len(job.texts), len(job.texts))
+        return BatchInfo(job.id, job.batch, 0, job.count, job.count)
     except ProtocolError:
         return undecodable(data, headers, 1)
 
 
 class BulkTokenizer:
-    def __init__(self, nc: Client, cfg: TokenizerConfig, encoder: BulkEncoder, tracer: Tracer) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        cfg: TokenizerConfig,
+        encoder: BulkEncoder,
+        tracer: Tracer,
+        images: ImagePreparer | None = None,
+    ) -> None:
         self._nc = nc
         self._tracer = tracer
         self._cfg = cfg
         self._encoder = encoder
+        self._images = images  # a two-tower model's image preparer (None: the model embeds texts only)
         self._subjects = cfg.nats.subjects
         self._cutter = BatchCutter(encoder, cfg.max_chunks, cfg.max_document_chars)
         self._task: asyncio.Task | None = None
@@ -170,14 +183,17 @@ class BulkTokenizer:
             if await self._cancellations.cancelled(job.id):
                 await msg.ack()  # dropped untokenized: its job is cancelled
                 return
-            if job.chunking is not None:
+            cut = failed = None
+            if job.images is not None:
+                prepared = await self._prepare_images(job)
+                batches, failed = self._image_batches(job, prepared), prepared.failed
+            elif job.chunking is not None:
                 started = time.perf_counter()
                 cut = await asyncio.to_thread(self._cutter.cut, job)
                 self._encoder.counted(cut.sequences, time.perf_counter() - started)
                 await self._within_budget(job, cut)
                 batches = self._chunk_batches(job, cut)
             else:
-                cut = None
                 texts = self._encoder.with_prompt(job.texts, job.options)
                 ids = await asyncio.to_thread(self._encoder.encode, texts, True, job.options.truncation_direction)
                 batches = self._token_batches(job, ids)
@@ -207,7 +223,47 @@ class BulkTokenizer:
             )
         if cut is not None:
             await self._settle_cut(msg, job, cut)
+        elif failed:
+            await self._give_up_documents(msg, job, failed)
         await msg.ack()
+
+    async def _prepare_images(self, job: JobBatch) -> PreparedImages:
+        """A batch of images prepared (off the event loop); ServiceError (the whole batch a dead letter)
+        for a batch this model cannot take at all."""
+        if self._images is None:
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
+                f"model {self._cfg.model.id} embeds texts only: a job of images needs a two-tower model",
+            )
+        if job.options.output != "dense":
+            raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {job.options.output}")
+        started = time.perf_counter()
+        prepared = await asyncio.to_thread(prepare_batch, self._images, job)
+        row = [0] * self._images.tokens  # what each image counts as (metrics)
+        self._encoder.counted([row] * len(prepared.rows), time.perf_counter() - started)
+        return prepared
+
+    def _image_batches(self, job: JobBatch, prepared: PreparedImages) -> list[tuple[bytes, str]]:
+        """A batch's prepared images as token batches of pixels, each fitting a NATS message."""
+        assert self._images is not None  # _prepare_images refused a batch of images without a preparer
+        room = (
+            self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
+        )
+        batches = []
+        for lo, hi in image_runs(prepared, job.doc_ids, room, self._cfg.chunk_seqs):
+            first = prepared.rows[lo]
+            batches.append(
+                self._token_batch(
+                    job,
+                    first,
+                    job.count,
+                    np.zeros(0, np.int32),
+                    self._images.cu_seqlens(hi - lo),
+                    job.doc_ids[first : first + hi - lo],
+                    pixels=prepared.pixels[lo:hi],
+                )
+            )
+        return batches
 
     def _token_batches(self, job: JobBatch, ids: list[list[int]]) -> list[tuple[bytes, str]]:
         """A job batch's documents as token batches: (payload, message id) each."""
@@ -267,6 +323,7 @@ class BulkTokenizer:
         chunks=None,
         options: EmbedOptions | None = None,
         spans: Spans | None = None,
+        pixels: np.ndarray | None = None,
     ) -> tuple[bytes, str]:
         batch = TokenChunk(
             id=f"{job.id}.{job.batch}",
@@ -280,11 +337,32 @@ class BulkTokenizer:
             job=job.id,
             batch=job.batch,
             doc_ids=doc_ids,
-            prompt_tokens=self._encoder.prompt_tokens(job.options),
+            prompt_tokens=0 if pixels is not None else self._encoder.prompt_tokens(job.options),
             chunks=chunks,
             spans=spans,
+            pixels=pixels,
         )
         return encode(batch), f"{job.id}:{job.batch}:{start}"
+
+    async def _give_up_documents(self, msg, job: JobBatch, failed: list[tuple[int, str]]) -> None:
+        """After a batch's token batches are in the stream: its documents given up alone (a chunked job's
+        cut into too many chunks, an image that could not be prepared), a dead letter each, holding the
+        document, counted failed once however often the batch comes."""
+        for d, why in failed:
+            letter = (
+                JobBatch(job.id, job.batch, job.model, [job.doc_ids[d]], [job.texts[d]], job.options, job.chunking)
+                if job.images is None
+                else JobBatch(job.id, job.batch, job.model, [job.doc_ids[d]], [], job.options, images=[job.images[d]])
+            )
+            headers = {**(msg.headers or {}), "Nats-Msg-Id": f"{job.id}:{job.batch}:{d}"}  # a letter per document
+            await self._dead.record(
+                encode(letter),
+                headers,
+                msg.subject,
+                why,
+                BatchInfo(job.id, job.batch, d, 1, job.count),
+                deliveries(msg),
+            )
 
     async def _within_budget(self, job: JobBatch, cut: CutBatch) -> None:
         """ServiceError (the batch a dead letter) when its chunks would take the job's results past
@@ -302,18 +380,7 @@ class BulkTokenizer:
 
     async def _settle_cut(self, msg, job: JobBatch, cut: CutBatch) -> None:
         """After a chunked batch's token batches are in the stream: its documents cut into too many
-        chunks given up (a dead letter each, holding the document), and its chunks counted in the job's
-        state, each once however often the batch comes."""
-        for d, why in cut.failed:
-            letter = JobBatch(job.id, job.batch, job.model, [job.doc_ids[d]], [job.texts[d]], job.options, job.chunking)
-            headers = {**(msg.headers or {}), "Nats-Msg-Id": f"{job.id}:{job.batch}:{d}"}  # a letter per document
-            await self._dead.record(
-                encode(letter),
-                headers,
-                msg.subject,
-                why,
-                BatchInfo(job.id, job.batch, d, 1, len(job.texts)),
-                deliveries(msg),
-            )
+        chunks given up, and its chunks counted in the job's state, each once however often the batch comes."""
+        await self._give_up_documents(msg, job, cut.failed)
         rows = cut.rows
         await update_state(self._kv, job.id, lambda s: count_cut(s, job.batch, rows), patience=self._cfg.jobs.ack_wait)

@@ -39,10 +39,14 @@ class ImagePreparer:
         out = np.empty((len(files), 3, *self.processing.output_size), dtype=np.uint8)
         for i, data in enumerate(files):
             try:
-                out[i] = self.processing.pixels(open_image(data, self.limits))
+                out[i] = self.pixels(data)
             except ImageError as exc:
                 return ServiceError(ErrorCode.INVALID_REQUEST, str(exc), row=i, noun="image")
         return out
+
+    def pixels(self, data: bytes) -> np.ndarray:
+        """One image file -> pixels [C, H, W] uint8; ImageError when it is refused or cannot be decoded."""
+        return self.processing.pixels(open_image(data, self.limits))
 
     def prepare_each(self, requests: list[list[bytes]]) -> list[np.ndarray | ServiceError]:
         return [self.prepare(files) for files in requests]

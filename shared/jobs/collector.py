@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from embedfleet.shared.config.registry import default
+from embedfleet.shared.jobs.batches import batch_starts
 from embedfleet.shared.jobs.chunks import ChunkedRows
+from embedfleet.shared.jobs.documents import Document
 from embedfleet.shared.jobs.work_queue import close_pull
 from embedfleet.shared.protocol import JobResult, ProtocolError, decode_as
 from embedfleet.shared.vectors.forms import WIRE_FORMS, vector_form
@@ -46,29 +49,32 @@ class Polled:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Where a job's documents are: its ids in input order, cut into batches of ``batch_size``. A
-    result holds the rows of documents b·batch_size + start ... of batch b; one that names others is
-    not this job's (a client publishing into the job's subject)."""
+    """Where a job's documents are: its ids in input order, batch b being documents ``starts[b]`` ..
+    ``starts[b + 1]`` (shared/jobs/batches.py cuts them). A result holds the rows of documents
+    starts[b] + start ... of batch b; one that names others is not this job's (a client publishing into
+    the job's subject)."""
 
     ids: list[str]
-    batch_size: int
+    starts: list[int]
+
+    @classmethod
+    def of(cls, docs: Sequence[Document], batch_size: int, batch_bytes: int = 0) -> Layout:
+        """The layout of ``docs`` cut as their job's publisher cuts them."""
+        return cls([d for d, _ in docs], batch_starts(docs, batch_size, batch_bytes))
 
     def holds(self, result: JobResult) -> bool:
+        if not 0 <= result.batch < len(self.starts) - 1:
+            return False
+        base, size = self.starts[result.batch], self.starts[result.batch + 1] - self.starts[result.batch]
         if result.chunks is not None:  # rows are chunks: each names its document's row in the batch
-            base = result.batch * self.batch_size
-            return (
-                result.batch >= 0
-                and result.chunks.documents <= self.batch_size
-                and all(
-                    base + d < len(self.ids) and self.ids[base + d] == doc_id
-                    for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids)
-                )
+            return result.chunks.documents <= size and all(
+                d < size and self.ids[base + d] == doc_id
+                for d, doc_id in zip(result.chunks.doc.tolist(), result.doc_ids)
             )
-        first = result.batch * self.batch_size + result.start
+        first = base + result.start
         return (
             result.start >= 0
-            and result.start + len(result.doc_ids) <= self.batch_size
-            and result.batch >= 0
+            and result.start + len(result.doc_ids) <= size
             and self.ids[first : first + len(result.doc_ids)] == list(result.doc_ids)
         )
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedfleet.shared.jobs.batches import batch_room, document_bytes
+from embedfleet.shared.jobs.image_docs import ImageDoc
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.nats.fleet import FleetView, FleetWatch
 from embedfleet.shared.nats.subjects import model_token
@@ -61,6 +63,11 @@ class Served:
     def outputs(self) -> tuple[str, ...]:
         return tuple(o for o in (self.worker.get("outputs") or "dense").split(",") if o)
 
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """What the model embeds: ("text",), or ("text", "image") for a two-tower model."""
+        return tuple(i for i in (self.worker.get("inputs") or "text").split(",") if i)
+
     def number(self, key: str, *fallbacks: str) -> int:
         """A metadata number, from the worker's else the tokenizer's metadata, trying ``fallbacks`` in turn."""
         for name in (key, *fallbacks):
@@ -88,10 +95,12 @@ class Served:
 
 @dataclass(frozen=True, slots=True)
 class BatchFit:
-    """The job batch size that fits, and why it is smaller than asked (None: as asked)."""
+    """The job batch size that fits, and why it is smaller than asked (None: as asked); for a job of
+    images, the bytes of files a batch may carry besides (shared/jobs/batches.py; 0: no such limit)."""
 
     batch_size: int
     note: str | None = None
+    batch_bytes: int = 0
 
 
 def served_id(view: FleetView, model: str) -> str | None:
@@ -179,15 +188,22 @@ def check_job(
     chunking: JobChunking | None = None,
     chars: Sequence[int] = (),
     max_result_bytes: int = 0,
+    images: Sequence[ImageDoc] | None = None,
 ) -> BatchFit:
     """Everything the fleet must offer a job, checked before any of it is published. A chunked job
     (``chunking``, its documents of ``chars`` characters each): its batches within the tokenizers'
     chunks a batch too. A job of a vector a document: its results within ``max_result_bytes`` (0: no
-    limit; a chunked job's are counted by the tokenizers as its chunks are cut), else JobTooLarge."""
+    limit; a chunked job's are counted by the tokenizers as its chunks are cut), else JobTooLarge. A
+    job of ``images`` (one a document): a model that embeds images, each image within one job batch's
+    message (else JobTooLarge naming it), its batches cut by bytes too."""
     found = served(view, model)
+    if images is not None:
+        check_images(found, options, chunking)
     check_output(found, options.output)
     id_bytes = [len(d.encode()) for d in doc_ids]
     fit = fit_batch(found, options, batch_size, max_payload, max(id_bytes, default=0))
+    if images is not None:
+        fit = BatchFit(fit.batch_size, fit.note, image_room(doc_ids, images, max_payload))
     if chunking is None:
         stored = len(doc_ids) * (found.document_bytes(options) + ID_OVERHEAD) + sum(id_bytes)
         if max_result_bytes and stored > max_result_bytes:
@@ -200,6 +216,42 @@ def check_job(
         return fit
     chunked = fit_chunks(found, chunking.spec, fit.batch_size, chars)
     return fit if chunked.batch_size == fit.batch_size else BatchFit(chunked.batch_size, chunked.note)
+
+
+def check_images(model: Served, options: EmbedOptions, chunking: JobChunking | None) -> None:
+    """JobRefused when a job of images cannot run as asked: a model that embeds texts only, and what
+    ``check_image_options`` refuses."""
+    if "image" not in model.inputs:
+        raise JobRefused(
+            f"{model.model} embeds {' and '.join(model.inputs)} only: it takes no image documents (a two-tower "
+            "model, CLIP or SigLIP, embeds images)",
+            "model",
+        )
+    check_image_options(options, chunking)
+
+
+def check_image_options(options: EmbedOptions, chunking: JobChunking | None) -> None:
+    """JobRefused for what a job of images cannot ask of any model: another output than dense vectors,
+    chunks (cut from texts only)."""
+    if options.output != "dense":
+        raise JobRefused(f"images make dense vectors only, not {options.output}", "output")
+    if chunking is not None:
+        raise JobRefused("chunking applies to texts: an image document is one vector", "chunking")
+
+
+def image_room(doc_ids: Sequence[str], images: Sequence[ImageDoc], max_payload: int) -> int:
+    """The bytes of images a job batch may carry under ``max_payload``; JobTooLarge naming the first
+    document whose image cannot go in one."""
+    room = batch_room(max_payload)
+    for doc_id, image in zip(doc_ids, images, strict=True):
+        if document_bytes(doc_id, image) > room:
+            raise JobTooLarge(
+                f"document {doc_id[:200]!r}: its image is {image.size:,} bytes, more than one job batch can carry "
+                f"({room:,} bytes in a message of the NATS server's max_payload, {max_payload:,}): make it "
+                "smaller, or raise max_payload in the server's configuration",
+                "documents",
+            )
+    return room
 
 
 async def fleet_view(nc, prefix: str, model: str, patience: float = 3.0) -> FleetView:

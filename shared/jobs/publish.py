@@ -10,22 +10,27 @@ for the stream's acknowledgement through a lost connection (every stage publishe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from embedfleet.shared.jobs.batches import batch_starts
 from embedfleet.shared.jobs.bucket import read_state, update_state
 from embedfleet.shared.jobs.claims import make_claim, read_claim
+from embedfleet.shared.jobs.documents import Document
+from embedfleet.shared.jobs.image_docs import ImageDoc
 from embedfleet.shared.jobs.requests import Claim, claim_problem, record_claim, request_digest
 from embedfleet.shared.jobs.state import CANCELLED, FINISHED, RUNNING, JobState, Lease, Run
 from embedfleet.shared.jobs.streams import stream_names
 from embedfleet.shared.nats.retry import retry_transient, transient
 from embedfleet.shared.nats.subjects import Subjects
+from embedfleet.shared.protocol import JobBatch
 from embedfleet.shared.sinks.base import Shape
 
 log = logging.getLogger("embedfleet.jobs")
@@ -88,7 +93,7 @@ async def submit(
     subjects: Subjects,
     job: str,
     model: str,
-    docs: list[tuple[str, str]],
+    docs: Sequence[Document],
     batch_size: int,
     options,
     source: str,
@@ -97,6 +102,7 @@ async def submit(
     chunking=None,
     sink: JobSink | None = None,
     submitter: str = "gateway",
+    batch_bytes: int = 0,
 ) -> JobState:
     """Record a job and publish its batches not yet published (so a resubmission resumes).
 
@@ -111,7 +117,9 @@ async def submit(
     ``sink``: the store the job's rows go to, recorded with the job's first state, so the job is never
     done before its rows are in the store. ``submitter`` ("gateway" or "publisher", the role of this
     process's NATS user): the job is claimed under that name (shared/jobs/claims.py) before anything is
-    recorded, and every batch is signed with the claim's secret."""
+    recorded, and every batch is signed with the claim's secret. ``docs``: (id, text) pairs, or (id,
+    ImageDoc) for a job of images, whose batches are cut by ``batch_bytes`` too (shared/jobs/batches.py)
+    and whose files are read as each batch is published."""
     from embedfleet.shared.observability.tracing import Tracer, current, headers_for
 
     span = (tracer or Tracer("jobs")).start("job publish", current(), "producer", job=job, documents=len(docs))
@@ -131,6 +139,7 @@ async def submit(
             chunking,
             sink,
             submitter,
+            batch_bytes,
         )
 
 
@@ -140,7 +149,7 @@ async def _publish(
     subjects: Subjects,
     job: str,
     model: str,
-    docs: list[tuple[str, str]],
+    docs: Sequence[Document],
     batch_size: int,
     options,
     source: str,
@@ -149,10 +158,11 @@ async def _publish(
     chunking,
     sink: JobSink | None,
     submitter: str,
+    batch_bytes: int,
 ) -> JobState:
-    from embedfleet.shared.protocol import JobBatch, encode
+    from embedfleet.shared.protocol import encode
 
-    claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking))
+    claim = claim or Claim(request_digest(model, docs, batch_size, options, chunking, batch_bytes))
     proof = await read_claim(js, subjects, submitter, job)
     if proof is None:
         existing = await read_state(kv, job)
@@ -166,7 +176,8 @@ async def _publish(
     # (a claim without an owner resumes a job its caller may see, whoever made it)
     if claim.owner is not None and proof.owner != claim.owner:
         raise JobTaken(f"job id {job} is taken: give another job id")
-    batches = [docs[i : i + batch_size] for i in range(0, len(docs), batch_size)]
+    starts = batch_starts(docs, batch_size, batch_bytes)
+    batches = [docs[a:b] for a, b in itertools.pairwise(starts)]
     form = options.form
 
     def start(state: JobState) -> JobState:
@@ -203,8 +214,7 @@ async def _publish(
         if await _cancelled(kv, job):
             await update_state(kv, job, _published(i))
             raise JobCancelled(f"job {job} was cancelled after {i} of {len(batches)} batches were published")
-        batch = JobBatch(job, i, model, [d for d, _ in batches[i]], [t for _, t in batches[i]], options, chunking)
-        body = encode(batch)
+        body = encode(await _job_batch(job, i, model, batches[i], options, chunking))
         # the stream's acknowledgement of each publish is the backpressure
         await publish_durably(
             js, subjects.jobs(model), body, f"{job}:{i}", headers={**(headers or {}), **proof.sign(body)}
@@ -212,6 +222,15 @@ async def _publish(
         if i % 8 == 7 or i == len(batches) - 1:
             await update_state(kv, job, _published(i + 1))
     return state
+
+
+async def _job_batch(job: str, i: int, model: str, docs: Sequence[Document], options, chunking) -> JobBatch:
+    """Batch ``i`` of a job: its documents' texts, or their images' files (read off the event loop)."""
+    ids = [d for d, _ in docs]
+    if not docs or isinstance(docs[0][1], str):
+        return JobBatch(job, i, model, ids, [t for _, t in docs if isinstance(t, str)], options, chunking)
+    files = await asyncio.to_thread(lambda: [image.read() for _, image in docs if isinstance(image, ImageDoc)])
+    return JobBatch(job, i, model, ids, [], options, images=files)
 
 
 def _published(batches: int) -> Callable[[JobState], JobState]:

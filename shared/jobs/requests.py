@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from embedfleet.shared.jobs.documents import Document
 from embedfleet.shared.jobs.state import JobState
 
 
@@ -21,14 +23,18 @@ class Claim:
     owner: str | None = None
 
 
-def request_digest(model: str, docs: list[tuple[str, str]], batch_size: int, options, chunking=None) -> str:
-    """SHA-256 over what makes a job's batches: the same file or documents, model, batch size, options
-    and chunking (a JobChunking, or None) give the same digest, whichever way (POST /v1/jobs, reindex)
-    they were submitted."""
+def request_digest(
+    model: str, docs: Sequence[Document], batch_size: int, options, chunking=None, batch_bytes: int = 0
+) -> str:
+    """SHA-256 over what makes a job's batches: the same file or documents (an image: its size and
+    digest), model, batch size (and a job of images' ``batch_bytes``), options and chunking (a
+    JobChunking, or None) give the same digest, whichever way (POST /v1/jobs, reindex) they were submitted."""
     head = [model, batch_size, dataclasses.asdict(options), chunking.record() if chunking is not None else None]
+    if batch_bytes:  # a job of images; a text job's digest as it always was
+        head.append(batch_bytes)
     h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
-    for doc_id, text in docs:  # each part length-prefixed: no two lists of documents hash alike
-        for part in (doc_id.encode(), text.encode()):
+    for doc_id, content in docs:  # each part length-prefixed: no two lists of documents hash alike
+        for part in (doc_id.encode(), content.encode() if isinstance(content, str) else content.key):
             h.update(len(part).to_bytes(8, "little"))
             h.update(part)
     return h.hexdigest()

@@ -14,7 +14,8 @@ Long texts, chunked: the gateway first asks a tokenizer where they are cut (Chun
 then embeds the chunks' texts as one ordinary EmbedRequest; late chunking embeds windows of the texts
 instead, each with the spans of its chunks (output "spans": a vector per span). A chunked bulk job's
 tokenizer cuts each document of a JobBatch and sends its chunks as rows; its TokenChunks and JobResults
-say which chunk of which document each row is (ChunkRows).
+say which chunk of which document each row is (ChunkRows). A bulk job of images (a two-tower model's)
+carries its files in its JobBatches (``images``); the tokenizer sends their prepared pixels as image rows.
 
 The gateway's reply subject travels with the request, so workers answer the gateway directly. A requester
 that gives up a request (its client left, its deadline passed) sends a Cancel with the request's cancel key:

@@ -106,6 +106,14 @@ def str_list(m: dict, key: str) -> list[str]:
     return values
 
 
+def image_files(m: dict, key: str = "im") -> list[bytes]:
+    """Image files (``im``): at most ``MAX_ROWS`` non-empty byte strings; decoding them is the tokenizer's."""
+    values = required(m, key, list)
+    if len(values) > MAX_ROWS or not all(isinstance(i, bytes) and i for i in values):
+        raise ProtocolError(f"images must be at most {MAX_ROWS} non-empty byte strings (the files)")
+    return values
+
+
 def timings_field(m: dict) -> dict[str, float]:
     raw = m.get("tm") or {}
     if not isinstance(raw, dict) or len(raw) > MAX_STAGES:

@@ -465,19 +465,28 @@ class JobBatch:
     ``{"v": 2, "t": "job", "jb": JOB_ID, "bi": BATCH_INDEX, "m": MODEL, "di": [DOC_ID, ...],
     "x": [TEXT, ...], "o": {"it": "document"|"query"|null, "d": DIMENSIONS|null, "n": NORMALIZE|null,
     "dt": "f4"|"f2"|"i1"|"u1"|"b1"|"ub1", "tr": true, "out": "dense"|"sparse"|"multivector"}}`` ("out" optional;
-    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``),
-    published with header ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
+    chunked: ``"sz": SIZE, "ov": OVERLAP, "bd": "token"|"sentence"``, optional ``"lc": false, "wt": WITH_TEXT``;
+    a batch of images: ``"im": [FILE, ...]`` and ``"x": []``), published with header
+    ``Nats-Msg-Id: JOB_ID:BATCH_INDEX``.
     """
 
     id: str  # the job
     batch: int
     model: str
     doc_ids: list[str]
-    texts: list[str]
+    texts: list[str]  # empty in a batch of images
     options: EmbedOptions = field(default_factory=EmbedOptions)
-    chunking: JobChunking | None = None  # each document cut into chunks, a row (and a vector) each
+    chunking: JobChunking | None = None  # each document cut into chunks, a row (and a vector) each (texts only)
+    # a two-tower model's image documents, one file (PNG, JPEG, WebP, GIF) each, checked against the
+    # submitter's limits by their headers; the tokenizer decodes them under its own
+    images: list[bytes] | None = None
 
     TYPE = "job"
+
+    @property
+    def count(self) -> int:
+        """The batch's documents."""
+        return len(self.doc_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from embedfleet.shared.protocol.checks import (
     cancel_key,
     checked_id,
     checked_name,
+    image_files,
     int32_array,
     is_int,
     optional_bool,
@@ -146,12 +147,9 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         pairs = [(p[0], p[1]) for p in raw]
     images = None
     if m.get("im") is not None:
-        raw = required(m, "im", list)
-        if texts or token_ids is not None or pairs is not None or len(raw) > MAX_ROWS:
+        if texts or token_ids is not None or pairs is not None:
             raise ProtocolError("image inputs come alone, with no texts, token or pair inputs beside them")
-        if not all(isinstance(i, bytes) and i for i in raw):
-            raise ProtocolError("images must be non-empty byte strings (the files)")
-        images = raw
+        images = image_files(m)
     options = EmbedOptions.from_wire(m.get("o", {}))
     spans = spans_field(m, CONTENT_KEYS, options.output, None)
     if spans is not None and (
@@ -527,6 +525,8 @@ def _encode_job_batch(msg: JobBatch) -> dict[str, Any]:
         "x": msg.texts,
         "o": msg.options.to_wire(),
     }
+    if msg.images is not None:
+        body["im"] = msg.images
     if msg.chunking is not None:
         spec = msg.chunking.spec
         body |= {
@@ -552,11 +552,19 @@ def _decode_job_chunking(m: dict) -> JobChunking | None:
 
 def _decode_job_batch(m: dict) -> JobBatch:
     doc_ids, texts = str_list(m, "di"), str_list(m, "x")
-    if len(doc_ids) != len(texts) or not texts:
-        raise ProtocolError("a job batch needs as many document ids as texts, and at least one")
+    images = None
+    if m.get("im") is not None:
+        if texts:
+            raise ProtocolError("a job batch of images holds no texts beside them")
+        images = image_files(m)
+    if len(doc_ids) != len(images if images is not None else texts) or not doc_ids:
+        raise ProtocolError("a job batch needs as many document ids as texts (or images), and at least one")
     options = EmbedOptions.from_wire(m.get("o", {}))
     if options.output == "spans":
         raise ProtocolError("a job batch carries no spans: output 'spans' is asked with them (an embed request)")
+    chunking = _decode_job_chunking(m)
+    if images is not None and chunking is not None:
+        raise ProtocolError("a job batch of images is not chunked: chunks are cut from texts, an image is one vector")
     return JobBatch(
         id=checked_name(m, "jb"),
         batch=required_int(m, "bi"),
@@ -564,7 +572,8 @@ def _decode_job_batch(m: dict) -> JobBatch:
         doc_ids=doc_ids,
         texts=texts,
         options=options,
-        chunking=_decode_job_chunking(m),
+        chunking=chunking,
+        images=images,
     )
 
 

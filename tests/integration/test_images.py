@@ -5,10 +5,7 @@ clear 400 and no process harmed."""
 
 from __future__ import annotations
 
-import base64
 import io
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from embedfleet.shared.model_dir.folder import default_model_path
 from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
+from tests.support.image_files import clip_image_vectors, clip_reference, data_uri, encoded, huge_png_header
 from tests.support.image_models import PROJECTION, build_clip, build_siglip
 from tests.support.procs import running_fleet
 
@@ -45,20 +43,7 @@ def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, Path, Path]]:
 
 @pytest.fixture(scope="module")
 def reference(fleet):
-    from transformers import CLIPImageProcessor, CLIPModel
-
-    folder = fleet[1]
-    return CLIPModel.from_pretrained(str(folder)).eval(), CLIPImageProcessor.from_pretrained(str(folder))
-
-
-def _png(image: Image.Image, kind: str = "PNG") -> bytes:
-    out = io.BytesIO()
-    image.save(out, kind)
-    return out.getvalue()
-
-
-def _uri(data: bytes, media: str = "image/png") -> str:
-    return f"data:{media};base64,{base64.b64encode(data).decode()}"
+    return clip_reference(fleet[1])
 
 
 def _pictures() -> list[Image.Image]:
@@ -72,33 +57,26 @@ def _post(url: str, body: dict) -> httpx.Response:
     return httpx.post(f"{url}/v1/embeddings", json=body, timeout=60)
 
 
-def _image_reference(reference, images: list[Image.Image]) -> np.ndarray:
-    model, processor = reference
-    with torch.inference_mode():
-        pixels = processor(images=images, return_tensors="pt")["pixel_values"]
-        return model.get_image_features(pixel_values=pixels).pooler_output.numpy()
-
-
 def test_images_embed_as_transformers_does(fleet, reference):
     url = fleet[0]
     pictures = _pictures()
-    reply = _post(url, {"model": MODEL, "input": [{"image": _uri(_png(p))} for p in pictures]})
+    reply = _post(url, {"model": MODEL, "input": [{"image": data_uri(encoded(p))} for p in pictures]})
     assert reply.status_code == 200, reply.text
     ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
     assert ours.shape == (len(pictures), PROJECTION)
     # the files decoded as the processor reads them: an RGBA PNG decodes to RGBA in both
-    theirs = _image_reference(reference, [Image.open(io.BytesIO(_png(p))) for p in pictures])
+    theirs = clip_image_vectors(reference, [Image.open(io.BytesIO(encoded(p))) for p in pictures])
     assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)
 
 
 def test_a_jpeg_and_a_webp_embed_as_decoded(fleet, reference):
     url = fleet[0]
     picture = _pictures()[2]
-    files = [(_png(picture, "JPEG"), "image/jpeg"), (_png(picture, "WEBP"), "image/webp")]
-    reply = _post(url, {"model": MODEL, "input": [{"image": _uri(data, media)} for data, media in files]})
+    files = [(encoded(picture, "JPEG"), "image/jpeg"), (encoded(picture, "WEBP"), "image/webp")]
+    reply = _post(url, {"model": MODEL, "input": [{"image": data_uri(data, media)} for data, media in files]})
     assert reply.status_code == 200, reply.text
     ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
-    theirs = _image_reference(reference, [Image.open(io.BytesIO(data)) for data, _ in files])
+    theirs = clip_image_vectors(reference, [Image.open(io.BytesIO(data)) for data, _ in files])
     assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)
 
 
@@ -109,9 +87,9 @@ def test_texts_and_images_mixed_answer_in_input_order(fleet, reference):
     pictures = _pictures()[:2]
     items = [
         {"text": "a red square"},
-        {"image": _uri(_png(pictures[0]))},
+        {"image": data_uri(encoded(pictures[0]))},
         {"text": "noise"},
-        {"image": _uri(_png(pictures[1]))},
+        {"image": data_uri(encoded(pictures[1]))},
     ]
     reply = _post(url, {"model": MODEL, "input": items})
     assert reply.status_code == 200, reply.text
@@ -120,16 +98,8 @@ def test_texts_and_images_mixed_answer_in_input_order(fleet, reference):
     ours = np.array([d["embedding"] for d in rows], dtype=np.float32)
     texts = _post(url, {"model": MODEL, "input": ["a red square", "noise"]}).json()["data"]
     np.testing.assert_allclose(ours[[0, 2]], np.array([d["embedding"] for d in texts]), atol=1e-6)
-    theirs = _image_reference(reference, pictures)
+    theirs = clip_image_vectors(reference, pictures)
     assert cosines(ours[[1, 3]], theirs).min() >= COSINE_TOLERANCE
-
-
-def _huge_png_header(width: int, height: int) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
 @pytest.mark.parametrize(
@@ -137,9 +107,9 @@ def _huge_png_header(width: int, height: int) -> bytes:
     [
         ("https://example.com/cat.png", "data URI"),
         ("data:image/png;base64,!!!notbase64", "base64"),
-        (_uri(b"plain text, not an image"), "not a PNG, JPEG, WebP or GIF"),
-        (_uri(_huge_png_header(50_000, 50_000)), "50000x50000"),
-        (_uri(_png(Image.new("RGB", (40, 40)))[:60]), "truncated"),
+        (data_uri(b"plain text, not an image"), "not a PNG, JPEG, WebP or GIF"),
+        (data_uri(huge_png_header(50_000, 50_000)), "50000x50000"),
+        (data_uri(encoded(Image.new("RGB", (40, 40)))[:60]), "truncated"),
     ],
     ids=["a-url", "not-base64", "not-an-image", "a-bomb-header", "truncated"],
 )
@@ -150,12 +120,12 @@ def test_hostile_images_get_a_clear_400_and_the_stack_serves_on(fleet, uri, says
     error = reply.json()["error"]
     assert "input[1]" in error["message"] or "input 1" in error["message"], error
     assert says in error["message"], error
-    assert _post(url, {"model": MODEL, "input": [{"image": _uri(_png(_pictures()[0]))}]}).status_code == 200
+    assert _post(url, {"model": MODEL, "input": [{"image": data_uri(encoded(_pictures()[0]))}]}).status_code == 200
 
 
 def test_an_item_with_both_or_neither_is_refused(fleet):
     url = fleet[0]
-    for item in ({"text": "a", "image": _uri(_png(_pictures()[0]))}, {}):
+    for item in ({"text": "a", "image": data_uri(encoded(_pictures()[0]))}, {}):
         reply = _post(url, {"model": MODEL, "input": [item]})
         assert reply.status_code == 400, reply.text
         assert "exactly one of 'text' and 'image'" in reply.json()["error"]["message"]
@@ -176,8 +146,8 @@ def test_cohere_sdk_embeds_images(fleet, reference):
     url = fleet[0]
     client = cohere.ClientV2(api_key="unused", base_url=url, timeout=120)
     pictures = _pictures()[:3]
-    uris = [_uri(_png(p)) for p in pictures]
-    theirs = _image_reference(reference, pictures)
+    uris = [data_uri(encoded(p)) for p in pictures]
+    theirs = clip_image_vectors(reference, pictures)
     answer = client.embed(model=MODEL, images=uris, input_type="image", embedding_types=["float"])
     ours = np.array(answer.embeddings.float_, dtype=np.float32)
     assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)
@@ -220,11 +190,11 @@ def test_cohere_image_requests_refused_in_cohere_shape(fleet, body, status, says
 def test_a_text_model_refuses_images_naming_why(fleet):
     """Images sent to a model that embeds texts only: 400 before anything reaches a worker."""
     url = fleet[0]
-    reply = _post(url, {"model": TEXT_MODEL, "input": [{"image": _uri(_png(_pictures()[0]))}]})
+    reply = _post(url, {"model": TEXT_MODEL, "input": [{"image": data_uri(encoded(_pictures()[0]))}]})
     assert reply.status_code == 400, reply.text
     assert "embeds texts only" in reply.json()["error"]["message"]
     cohere = httpx.post(
-        f"{url}/v2/embed", json={"model": TEXT_MODEL, "images": [_uri(_png(_pictures()[0]))]}, timeout=30
+        f"{url}/v2/embed", json={"model": TEXT_MODEL, "images": [data_uri(encoded(_pictures()[0]))]}, timeout=30
     )
     assert cohere.status_code == 400 and "embeds texts only" in cohere.json()["message"], cohere.text
 
@@ -233,11 +203,11 @@ def test_infinity_modality_image_on_its_route(fleet, reference):
     """infinity's form on its route (/embeddings): 'input' strings read as images with modality 'image'."""
     url = fleet[0]
     pictures = _pictures()[:2]
-    body = {"model": MODEL, "input": [_uri(_png(p)) for p in pictures], "modality": "image"}
+    body = {"model": MODEL, "input": [data_uri(encoded(p)) for p in pictures], "modality": "image"}
     reply = httpx.post(f"{url}/embeddings", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
-    assert cosines(ours, _image_reference(reference, pictures)).min() >= COSINE_TOLERANCE
+    assert cosines(ours, clip_image_vectors(reference, pictures)).min() >= COSINE_TOLERANCE
     one = httpx.post(f"{url}/embeddings", json={**body, "input": body["input"][0]}, timeout=60)
     assert one.status_code == 200 and len(one.json()["data"]) == 1, one.text
     tokens = httpx.post(f"{url}/embeddings", json={**body, "input": [1, 2]}, timeout=60)
@@ -248,7 +218,7 @@ def test_dimensions_forms_and_usage_apply_to_images(fleet):
     """Matryoshka dimensions and the vector forms apply to image rows as to text rows; usage counts an
     image as the tokens its tower runs (16 patches and the class token here)."""
     url = fleet[0]
-    items = [{"image": _uri(_png(p))} for p in _pictures()[:2]]
+    items = [{"image": data_uri(encoded(p))} for p in _pictures()[:2]]
     full = _post(url, {"model": MODEL, "input": items}).json()
     assert full["usage"]["prompt_tokens"] == 2 * 17, full["usage"]
     cut = _post(url, {"model": MODEL, "input": items, "dimensions": 8}).json()["data"]
@@ -271,7 +241,11 @@ def test_siglip_texts_and_images_through_the_stack(fleet):
         SiglipImageProcessor.from_pretrained(str(folder)),
     )
     pictures = _pictures()[:2]
-    items = [{"image": _uri(_png(pictures[0]))}, {"text": "a photo of a cat"}, {"image": _uri(_png(pictures[1]))}]
+    items = [
+        {"image": data_uri(encoded(pictures[0]))},
+        {"text": "a photo of a cat"},
+        {"image": data_uri(encoded(pictures[1]))},
+    ]
     reply = _post(url, {"model": SIGLIP, "input": items})
     assert reply.status_code == 200, reply.text
     ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
@@ -298,9 +272,9 @@ def test_the_image_limits_hold_on_every_route_that_takes_images(fleet, nats_url,
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _healthy(url), 60, "the limited gateway", [gateway])
-        small = _uri(_png(_pictures()[0]))  # 32 x 32: 1,024 pixels, about 3 KB: within both
-        wide = _uri(_png(Image.new("RGB", (60, 50))))  # 3,000 pixels, a small file
-        heavy = _uri(_png(_pictures()[2]))  # 200 x 300 of noise: some 180 KB
+        small = data_uri(encoded(_pictures()[0]))  # 32 x 32: 1,024 pixels, about 3 KB: within both
+        wide = data_uri(encoded(Image.new("RGB", (60, 50))))  # 3,000 pixels, a small file
+        heavy = data_uri(encoded(_pictures()[2]))  # 200 x 300 of noise: some 180 KB
         for uri, says in ((wide, "2500"), (heavy, "5000")):
             bodies = [
                 ("/v1/embeddings", {"model": MODEL, "input": [{"text": "a"}, {"image": uri}]}, "input[1]"),
@@ -343,7 +317,7 @@ def test_a_tokenizer_refuses_an_image_past_its_limits_sent_around_the_gateway(fl
     async def ask() -> object:
         nc = await nats.connect(nats_url)
         try:
-            request = EmbedRequest("forged", MODEL, [], time.time() + 30, images=[_huge_png_header(50_000, 50_000)])
+            request = EmbedRequest("forged", MODEL, [], time.time() + 30, images=[huge_png_header(50_000, 50_000)])
             reply = await nc.request(Subjects(PREFIX).embed(MODEL), encode(request), timeout=20)
             return decode(reply.data)
         finally:
@@ -380,12 +354,12 @@ def test_odd_images_are_converted_as_the_processor_does_or_refused(fleet, refere
     refused 400 naming its input; every process stays up (the next request is answered)."""
     url = fleet[0]
     files = [(_cmyk_jpeg(), "image/jpeg"), (_png16(), "image/png")]
-    reply = _post(url, {"model": MODEL, "input": [{"image": _uri(data, media)} for data, media in files]})
+    reply = _post(url, {"model": MODEL, "input": [{"image": data_uri(data, media)} for data, media in files]})
     assert reply.status_code == 200, reply.text
     ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
-    theirs = _image_reference(reference, [Image.open(io.BytesIO(data)) for data, _ in files])
+    theirs = clip_image_vectors(reference, [Image.open(io.BytesIO(data)) for data, _ in files])
     assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)
-    gif = _post(url, {"model": MODEL, "input": [{"text": "a"}, {"image": _uri(_animated_gif(), "image/gif")}]})
+    gif = _post(url, {"model": MODEL, "input": [{"text": "a"}, {"image": data_uri(_animated_gif(), "image/gif")}]})
     assert gif.status_code == 400 and "input 1" in gif.json()["error"]["message"], gif.text
     assert "animated" in gif.json()["error"]["message"], gif.text
-    assert _post(url, {"model": MODEL, "input": [{"image": _uri(_png(_pictures()[0]))}]}).status_code == 200
+    assert _post(url, {"model": MODEL, "input": [{"image": data_uri(encoded(_pictures()[0]))}]}).status_code == 200

@@ -160,7 +160,9 @@ def test_bad_paths_are_400_in_the_clients_words(gateway):
     assert refused("../outside.jsonl") == "'path' must name a file inside the jobs folder"
     (gateway.jobs_dir / "sub").mkdir()
     (gateway.jobs_dir / "sub" / "bad.jsonl").write_text('{"id": 1}\n')
-    assert refused("sub/bad.jsonl") == 'sub/bad.jsonl:1: each line must be a JSON object with "id" and "text"'
+    assert (
+        refused("sub/bad.jsonl") == 'sub/bad.jsonl:1: each line must be a JSON object with "id" and "text" (or "image")'
+    )
     with open(gateway.jobs_dir / "huge.jsonl", "wb") as f:  # sparse: its size, none of its bytes written
         f.truncate(MAX_FILE + 1)
     assert refused("huge.jsonl") == (

@@ -33,6 +33,7 @@ from tests.support.late_reference import Reference
 from tests.support.procs import (
     Service,
     count_services,
+    kill_and_replace,
     stop_all,
     stored_chunks,
     stored_doc_ids,
@@ -220,17 +221,7 @@ def test_a_process_killed_mid_chunked_job(faults, reference, model_info, tmp_pat
     chunking = ["--chunk-size", "48", "--chunk-overlap", "8", *(["--late-chunking"] if late else [])]
     proc = faults.reindex_to(job, "--out", str(out), *chunking, docs=docs)
     done = _wait_mid_job(faults, job, proc, CHUNKED)
-    faults.services[victim].kill()
-    if victim == "tokenizer":
-        time.sleep(1.0)  # the outage: the job waits with no tokenizer
-    else:
-        wait_until(
-            lambda: _state(faults.nats.url, job).get("done", 0) > done,
-            60,
-            "the job going on with one worker",
-            [faults.services["worker-2"]],
-        )
-    faults.start(victim)
+    kill_and_replace(faults.services, victim, faults.start, lambda: _state(faults.nats.url, job).get("done", 0) > done)
     try:
         rc = proc.wait(300)
     except subprocess.TimeoutExpired:

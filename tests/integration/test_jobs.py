@@ -143,7 +143,10 @@ def test_jobs_over_http(stack, reference):
     assert no_dir.status_code == 400 and "--jobs-dir" in no_dir.json()["error"]["message"]
     bad = httpx.post(f"{stack.base_url}/v1/jobs", json={"documents": [{"id": "a"}]}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents.text", bad.text
-    assert bad.json()["error"]["message"] == "'documents[0].text' is required"
+    assert (
+        bad.json()["error"]["message"]
+        == "'documents[0].text' is required (or 'image', a data URI, for a two-tower model)"
+    )
 
 
 def test_malformed_batch_becomes_a_dead_letter(stack):

@@ -169,7 +169,7 @@ def test_a_result_is_the_jobs_only_at_its_documents_places():
     from embedfleet.shared.jobs.collector import Layout
     from embedfleet.shared.protocol import JobResult
 
-    layout = Layout([f"d{i}" for i in range(10)], 4)  # batches [d0..d3], [d4..d7], [d8, d9]
+    layout = Layout.of([(f"d{i}", "text") for i in range(10)], 4)  # batches [d0..d3], [d4..d7], [d8, d9]
 
     def result(batch: int, start: int, ids: list[str]) -> JobResult:
         return JobResult("j", batch, start, ids, 1, "f4", b"\0" * 4 * len(ids), 1)
@@ -180,6 +180,34 @@ def test_a_result_is_the_jobs_only_at_its_documents_places():
     assert not layout.holds(result(1, 3, ["d7", "d8"]))  # past its batch
     assert not layout.holds(result(2, 1, ["d9", "x"]))  # past the job
     assert not layout.holds(result(0, 0, ["x"]))
+    assert not layout.holds(result(3, 0, ["d8"]))  # no such batch
+
+
+def test_a_job_of_images_is_laid_out_as_its_batches_were_cut_by_bytes():
+    """Images of 100, 100, 300, 100 bytes in batches of at most 3 documents and 300 bytes (ids and
+    their overhead counted): [a, b], [c], [d]; a result is the job's at those places only."""
+    from embedfleet.shared.jobs.batches import DOCUMENT_OVERHEAD, batch_starts
+    from embedfleet.shared.jobs.collector import Layout
+    from embedfleet.shared.jobs.image_docs import ImageDoc
+    from embedfleet.shared.protocol import JobResult
+
+    docs = [(name, ImageDoc(name, size, "0" * 64, data=b"x")) for name, size in zip("abcd", (100, 100, 300, 100))]
+    room = 300 + 1 + DOCUMENT_OVERHEAD  # c alone fits; a and b together do
+    assert batch_starts(docs, 3, room) == [0, 2, 3, 4]
+    assert batch_starts(docs, 3, room - 1) == [0, 2, 3, 4]  # c alone passes it: a batch alone (refused before)
+    assert batch_starts(docs, 1, room) == [0, 1, 2, 3, 4] and batch_starts(docs, 3) == [0, 3, 4]
+    assert batch_starts([], 3, room) == [0]
+    layout = Layout.of(docs, 3, room)
+
+    def result(batch: int, start: int, ids: list[str]) -> JobResult:
+        return JobResult("j", batch, start, ids, 1, "f4", b"\0" * 4 * len(ids), 1)
+
+    assert (
+        layout.holds(result(0, 0, ["a", "b"]))
+        and layout.holds(result(1, 0, ["c"]))
+        and layout.holds(result(2, 0, ["d"]))
+    )
+    assert not layout.holds(result(0, 0, ["a", "b", "c"])) and not layout.holds(result(1, 0, ["d"]))
 
 
 # -- a chunked job's files ----------------------------------------------------------------------
@@ -237,3 +265,31 @@ def test_a_chunked_npys_sidecar_is_checked_before_any_work(tmp_path):
     with pytest.raises(ConfigError) as exc:
         check_output_path(tmp_path / "v.npy", "dense", chunked=True)
     assert str(exc.value).endswith(f"{tmp_path / 'v.chunks.jsonl'} is a folder")
+
+
+def test_a_job_of_images_refuses_what_images_cannot_do_before_any_work(tmp_path):
+    """reindex of a folder of images: --with-text, --chunk-size and another output than dense refused,
+    and an image past --max-image-pixels by its header, naming the file; all before NATS is asked."""
+    from embedfleet.services.cli.main import build_parser
+    from embedfleet.services.jobs.plan import plan_of
+    from embedfleet.shared.jobs.documents import images_of
+    from tests.support.image_files import encoded, noise
+
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(encoded(noise(20, 30, np.random.default_rng(0))))
+
+    def plan(*args: str):
+        return plan_of(build_parser().parse_args(["reindex", str(folder), "--model", "clip", *args]))
+
+    out = ["--out", str(tmp_path / "v.npy")]
+    assert images_of(plan(*out).docs) is not None
+    for args, says in (
+        ([*out, "--with-text", "--sink", f"lancedb://{tmp_path}/l?table=t"], "--with-text: an image has no text"),
+        ([*out, "--chunk-size", "8"], "--chunk-size: chunks are cut from texts; an image is one vector"),
+        (["--out", str(tmp_path / "v.npz"), "--output", "multivector"], "--output multivector: images make dense"),
+        ([*out, "--max-image-pixels", "599"], "a.png: the image is 20x30 = 600 pixels, over the limit of 599"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            plan(*args)
+        assert says in str(caught.value), caught.value

@@ -220,6 +220,21 @@ def job_finished(base_url: str, job: str, timeout: float = 90) -> dict:
     return seen
 
 
+def kill_and_replace(
+    services: dict[str, Service], victim: str, start: Callable[[str], None], going_on: Callable[[], bool]
+) -> None:
+    """SIGKILL ``victim`` in the middle of a job, then ``start`` it again as a deployment replaces it: a
+    tokenizer after a moment's outage (the job waits with none), a worker once the job goes on with the
+    others (``going_on``)."""
+    services[victim].kill()
+    if victim == "tokenizer":
+        time.sleep(1.0)
+    else:
+        others = [s for name, s in services.items() if s.role == "worker" and name != victim]
+        wait_until(going_on, 60, "the job going on with the other workers", others)
+    start(victim)
+
+
 def healthy(base_url: str) -> bool:
     try:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200

@@ -4,14 +4,16 @@ a file on the server; its body a JobBody, body.py), GET /v1/jobs pages through t
 vectors go to the results stream, as for `embedfleet reindex`. With ``chunking`` (``{"size", "overlap", "boundary", "late"}``) the
 tokenizers cut each document into chunks, a vector each (``with_text``: each chunk's text stored too).
 With ``sink`` (a store the gateway's --job-sinks allows) the gateway writes the rows into it as they
-come (services/gateway/jobs/sinks.py): an inline document's other fields are its row's metadata."""
+come (services/gateway/jobs/sinks.py): an inline document's other fields are its row's metadata. A job's
+documents may be images instead of texts, for a two-tower model (documents.py; its batches cut by bytes:
+shared/jobs/batches.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from embedfleet.services.gateway.http.body_errors import read_body
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.http.limits import KeyLimits
 from embedfleet.services.gateway.inputs import within_document_chars
-from embedfleet.services.gateway.jobs.body import DEFAULT_BATCH, DocumentBody, JobBody
+from embedfleet.services.gateway.jobs.body import DEFAULT_BATCH, JobBody
+from embedfleet.services.gateway.jobs.documents import check_image_job, inline_documents, inline_images
 from embedfleet.services.gateway.jobs.files import read_job_file
 from embedfleet.services.gateway.jobs.listing import JobListQuery, page_answer, read_page
 from embedfleet.services.gateway.jobs.owners import JobOwners
@@ -27,10 +30,19 @@ from embedfleet.services.gateway.jobs.sinks import SinkJobs
 from embedfleet.services.gateway.jobs.tokens import JobTokens
 from embedfleet.shared.config.registry import default
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.images.decode import ImageLimits
+from embedfleet.shared.jobs.batches import batch_room
 from embedfleet.shared.jobs.bucket import read_state
 from embedfleet.shared.jobs.collector import Layout
-from embedfleet.shared.jobs.documents import job_id_for, read_fields
-from embedfleet.shared.jobs.fit import JobRefused, JobTooLarge, check_chunk_room, check_job, served
+from embedfleet.shared.jobs.documents import Document, images_of, job_id_for, read_fields, texts_of
+from embedfleet.shared.jobs.fit import (
+    BatchFit,
+    JobRefused,
+    JobTooLarge,
+    check_chunk_room,
+    check_job,
+    served,
+)
 from embedfleet.shared.jobs.ids import new_job_id_problem
 from embedfleet.shared.jobs.progress import Ledger
 from embedfleet.shared.jobs.publish import JobCancelled, JobConflict, JobSink, form_conflict, submit, was_cancelled
@@ -80,6 +92,7 @@ class JobsApi:
         max_document_chars: int = default("max_document_chars"),
         max_result_bytes: int = default("job_max_result_bytes"),
         counted: Callable[[str, int], None] | None = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self._js, self._kv, self._subjects = js, kv, subjects
         self._tracer = tracer  # the job's publishing is a span of the request's trace
@@ -87,6 +100,7 @@ class JobsApi:
         self._max_file_bytes = max_file_bytes
         self._max_document_chars = max_document_chars  # a document's characters: tokenizing costs ~250 B each
         self._max_result_bytes = max_result_bytes  # the results one job may store (0: no limit)
+        self._image_limits = image_limits or ImageLimits()  # a job's images, by their headers (--max-image-*)
         self._owners = owners or JobOwners(False, ())
         self._sinks = sinks  # None: no store is written (the gateway's --job-sinks is not set)
         # a job's tokens charged to its key's budget, and ``counted`` to its usage, as they are counted
@@ -109,7 +123,12 @@ class JobsApi:
         if doc.documents is not None and doc.path is not None:
             raise ApiError(ErrorCode.INVALID_REQUEST, "give 'documents' or 'path', not both", "path")
         if doc.documents is not None:
-            (docs, fields), source, path = inline_documents(doc.documents), "inline", None
+            docs, fields = (
+                inline_documents(doc.documents)
+                if doc.documents[0].image is None
+                else inline_images(doc.documents, self._image_limits)
+            )
+            source, path = "inline", None
         elif doc.path is not None:
             if self._jobs_dir is None:
                 raise ApiError(
@@ -117,7 +136,7 @@ class JobsApi:
                     "server-side files are off here (the gateway's --jobs-dir is not set)",
                     "path",
                 )
-            file = await read_job_file(self._jobs_dir, doc.path, self._max_file_bytes)
+            file = await read_job_file(self._jobs_dir, doc.path, self._max_file_bytes, self._image_limits)
             docs, source, path = file.docs, file.given, file.path
             fields = await asyncio.to_thread(read_fields, path) if doc.sink is not None else None
         else:
@@ -126,20 +145,27 @@ class JobsApi:
                 "give 'documents' ([{\"id\", \"text\"}]) or 'path' (a file on the server)",
                 "documents",
             )
+        images = images_of(docs)
+        if images is not None:
+            check_image_job(options, chunking, with_text)
         within_document_chars(docs, self._max_document_chars)
         batch_size = DEFAULT_BATCH if doc.batch_size is None else doc.batch_size
         limit = self._max_result_bytes
-        batch_size, note = _fitted(fleet, model, options, batch_size, max_payload, docs, chunking, limit)
+        fit = _fitted(fleet, model, options, batch_size, max_payload, docs, chunking, limit)
+        batch_size, note, batch_bytes = fit.batch_size, fit.note, fit.batch_bytes
         if chunking is not None and chunker is not None:
             try:
                 await check_chunk_room(chunker, model, chunking, options)
             except JobRefused as exc:
                 raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
         job = doc.id or (
-            job_id_for(path, model, batch_size, form, options.output, chunking) if path else uuid.uuid4().hex[:16]
+            job_id_for(path, model, batch_size, form, options.output, chunking, batch_bytes)
+            if path
+            else uuid.uuid4().hex[:16]
         )
         claim = Claim(
-            await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking), self._owners.owner()
+            await asyncio.to_thread(request_digest, model, docs, batch_size, options, chunking, batch_bytes),
+            self._owners.owner(),
         )
         existing = await self._existing(job, claim, form, options.output)
         if existing is not None and existing.sink_target != (given := doc.sink):
@@ -152,11 +178,13 @@ class JobsApi:
             return 200, _shown(existing)
         if existing is not None:  # the caller sees it (checked): its publishing resumes whoever made it
             claim = Claim(claim.request)
-        # a new job's tokens, estimated, taken from its key's budget before any work (tokens.py)
-        taken = self._tokens.admit(t for _, t in docs) if existing is None else None
+        # a new job's tokens, estimated, taken from its key's budget before any work (tokens.py); an image
+        # counts as an empty text here, the tokens its tower runs charged as its batches are counted
+        taken = self._tokens.admit(t if isinstance(t, str) else "" for _, t in docs) if existing is None else None
         store = None
         if doc.sink is not None:  # opened (its table made) before anything is published; the gateway writes it
-            sources = Sources(fields, dict(docs) if with_text and chunking is None else None)
+            texts = {d: t for d, t in docs if isinstance(t, str)} if with_text and chunking is None else None
+            sources = Sources(fields, texts)
             try:
                 store = await self._store(doc.sink, fleet, model, form, options, chunking, job, docs, sources)
             except BaseException:
@@ -168,9 +196,10 @@ class JobsApi:
                 assert self._sinks is not None  # _store refuses a sink without them
                 record = self._sinks.record(store[0], store[1], store[2])
             if path is None:
-                status = (
-                    await self._submit(job, model, docs, batch_size, options, source, claim, chunking, record)
-                ).status
+                published = await self._submit(
+                    job, model, docs, (batch_size, batch_bytes), options, source, claim, chunking, record
+                )
+                status = published.status
             else:  # a file may be large: publish in the background, answer at once
                 task = asyncio.create_task(
                     submit(
@@ -187,6 +216,7 @@ class JobsApi:
                         claim,
                         chunking,
                         record,
+                        batch_bytes=batch_bytes,
                     )
                 )
                 self._background.add(task)
@@ -200,7 +230,7 @@ class JobsApi:
         self._tokens.watch(job, taken)
         if store is not None:
             assert self._sinks is not None  # _store refuses a sink without them
-            self._sinks.write(job, store[1], store[2], sources, Layout([d for d, _ in docs], batch_size))
+            self._sinks.write(job, store[1], store[2], sources, Layout.of(docs, batch_size, batch_bytes))
         if existing is not None:
             return 200, _shown(await read_state(self._kv, job) or existing)
         return 202, {
@@ -256,13 +286,15 @@ class JobsApi:
         job: str,
         model: str,
         docs,
-        batch_size: int,
+        batching: tuple[int, int],
         options,
         source: str,
         claim: Claim,
         chunking: JobChunking | None,
         sink: JobSink | None = None,
     ) -> JobState:
+        """``batching``: (documents, a job of images' bytes) a batch (shared/jobs/batches.py)."""
+        batch_size, batch_bytes = batching
         try:
             return await submit(
                 self._js,
@@ -278,6 +310,7 @@ class JobsApi:
                 claim,
                 chunking,
                 sink,
+                batch_bytes=batch_bytes,
             )
         except JobCancelled as exc:  # as _existing answers it
             raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), "id") from None
@@ -387,22 +420,23 @@ def _fitted(
     options: EmbedOptions,
     batch_size: int,
     max_payload: int,
-    docs: list[tuple[str, str]],
+    docs: Sequence[Document],
     chunking: JobChunking | None = None,
     max_result_bytes: int = 0,
-) -> tuple[int, str | None]:
-    """The batch size the job runs with, and why it is smaller than asked; what the fleet cannot run
-    is refused (400) before anything is published."""
+) -> BatchFit:
+    """The batch size the job runs with, why it is smaller than asked, and a job of images' bytes a
+    batch; what the fleet cannot run is refused (400; 413 for an image no batch can carry) before
+    anything is published."""
+    images = images_of(docs)
     if fleet is None:
-        return batch_size, None
+        return BatchFit(batch_size, None, batch_room(max_payload) if images is not None else 0)
     try:
-        ids, chars = [d for d, _ in docs], [len(t) for _, t in docs]
-        fit = check_job(fleet, model, options, batch_size, max_payload, ids, chunking, chars, max_result_bytes)
+        ids, chars = [d for d, _ in docs], [len(t) for t in texts_of(docs)]
+        return check_job(fleet, model, options, batch_size, max_payload, ids, chunking, chars, max_result_bytes, images)
     except JobTooLarge as exc:
         raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, str(exc), exc.field) from None
     except JobRefused as exc:
         raise ApiError(ErrorCode.INVALID_REQUEST, str(exc), exc.field) from None
-    return fit.batch_size, fit.note
 
 
 def _shown(state: JobState) -> dict:
@@ -412,21 +446,3 @@ def _shown(state: JobState) -> dict:
     shown = private.record()
     shown["id"] = shown.pop("job")
     return shown
-
-
-def inline_documents(raw: list[DocumentBody]) -> tuple[list[tuple[str, str]], dict[str, dict] | None]:
-    """The documents, and each one's other fields (None: no document has any)."""
-    ids = [str(d.id) for d in raw]
-    if len(set(ids)) < len(ids):  # the first repeat named only then: a set is the cheap check of thousands
-        seen: set[str] = set()
-        for i, doc_id in enumerate(ids):
-            if doc_id in seen:
-                raise ApiError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"document ids must be unique: 'documents[{i}]' repeats id {doc_id!r}",
-                    "documents",
-                )
-            seen.add(doc_id)
-    # __pydantic_extra__: model_extra's dict without its property call, a document at a time
-    fields = {doc_id: extra for doc_id, d in zip(ids, raw) if (extra := d.__pydantic_extra__)}
-    return [(doc_id, d.text) for doc_id, d in zip(ids, raw)], fields or None

@@ -2,8 +2,8 @@
 schema in /openapi.json (nothing restates a field by hand).
 
 The model checks what a body alone decides (types, enums, ranges; unknown top-level fields are
-ignored, unknown 'chunking' keys refused, a document's fields besides 'id' and 'text' kept as its
-row's metadata); api.py then checks what the fields decide together (documents or path, an
+ignored, unknown 'chunking' keys refused, a document's fields besides 'id' and 'text' (or 'image') kept
+as its row's metadata); api.py then checks what the fields decide together (documents or path, an
 output and its form), what the gateway's settings decide (--jobs-dir, --job-sinks) and what the
 fleet serves. Types are strict: JSON's true is no integer and "8" no number. A null optional field
 is as if absent, except 'id', 'documents', 'path' and 'sink', whose null is refused as before: they
@@ -47,12 +47,17 @@ def _omittable(**kwargs: Any) -> Any:
 
 
 class DocumentBody(BaseModel):
-    """A document of an inline job; its other fields are its row's metadata when the job has a 'sink'."""
+    """A document of an inline job: a text, or an image (for a two-tower model), one of the two; its
+    other fields are its row's metadata when the job has a 'sink'."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="allow")
 
     id: DocumentId
-    text: str
+    text: str = _omittable(description="the document's text (or give 'image')")
+    image: str = _omittable(
+        description="the document's image as a data URI (data:image/png;base64,...), for a two-tower model such "
+        "as CLIP (or give 'text'); a job's documents are all texts or all images"
+    )
 
 
 class JobBody(BaseModel):

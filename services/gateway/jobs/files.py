@@ -1,6 +1,8 @@
 """The file a path job names (POST /v1/jobs with ``path``), read from the gateway's --jobs-dir off the
 event loop (a file of tens of MB takes seconds to read and check: other requests go on meanwhile),
-up to --jobs-max-file-bytes. Messages name the file as the client gave it, never the server's folders."""
+up to --jobs-max-file-bytes; the images it names (a job of images) are read from inside --jobs-dir
+only, each within --max-image-bytes and --max-image-pixels by its header. Messages name the file as the
+client gave it, never the server's folders."""
 
 from __future__ import annotations
 
@@ -13,14 +15,15 @@ from pathlib import Path
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.errors import ErrorCode
-from embedfleet.shared.jobs.documents import read_documents
+from embedfleet.shared.images.decode import ImageLimits
+from embedfleet.shared.jobs.documents import Document, read_documents
 
 
 @dataclass(frozen=True, slots=True)
 class JobFile:
     path: Path  # on the server: for the job id reindex would give the same file
     given: str  # as the client named it: in messages and the job's state
-    docs: list[tuple[str, str]]
+    docs: list[Document]
 
 
 def _refused(message: str) -> ApiError:
@@ -42,8 +45,9 @@ def _located(jobs_dir: Path, given: str) -> Path:
     return path
 
 
-def _read(path: Path, given: str, max_bytes: int) -> list[tuple[str, str]]:
-    """Every document of the file, each checked (ids unique, texts strings); runs in a thread."""
+def _read(path: Path, given: str, max_bytes: int, limits: ImageLimits, root: Path) -> list[Document]:
+    """Every document of the file, each checked (ids unique, texts strings, images within ``limits``
+    and their files inside ``root``); runs in a thread."""
     try:
         size = os.stat(path).st_size
     except OSError as exc:
@@ -55,11 +59,14 @@ def _read(path: Path, given: str, max_bytes: int) -> list[tuple[str, str]]:
             "(--jobs-max-file-bytes): split it, or run it with `embedfleet reindex`"
         )
     try:
-        return read_documents(path)
+        return read_documents(path, limits, root.resolve())
     except ConfigError as exc:
         raise _refused(str(exc).replace(str(path), given[:200])) from None
 
 
-async def read_job_file(jobs_dir: Path, given: str, max_bytes: int) -> JobFile:
+async def read_job_file(jobs_dir: Path, given: str, max_bytes: int, limits: ImageLimits | None = None) -> JobFile:
+    """The documents of the file ``given`` names in ``jobs_dir``; an image's path in it is taken from the
+    file's folder and must name a file inside ``jobs_dir`` too."""
     path = _located(jobs_dir, given)
-    return JobFile(path, given, await asyncio.to_thread(_read, path, given, max_bytes))
+    docs = await asyncio.to_thread(_read, path, given, max_bytes, limits or ImageLimits(), jobs_dir)
+    return JobFile(path, given, docs)

@@ -60,8 +60,8 @@ OPTIONS: tuple[Option, ...] = (
         "EMBEDFLEET_MAX_IMAGE_BYTES",
         20 << 20,
         "max bytes of one image file a request sends (a data URI's payload, decoded), for a two-tower model "
-        "(more: 400 naming the input, checked before it is decoded)",
-        GATEWAY | {"tokenizer"},
+        "(more: 400 naming the input, checked before it is decoded); reindex holds a job's images to it too",
+        GATEWAY | {"tokenizer", "reindex"},
         "gateway",
         type=positive_int,
     ),
@@ -70,8 +70,8 @@ OPTIONS: tuple[Option, ...] = (
         "EMBEDFLEET_MAX_IMAGE_PIXELS",
         40_000_000,
         "max width x height of one image, as its header declares them (more: 400 naming the input, before a "
-        "pixel is decoded; an RGB image holds 3 bytes a pixel once decoded)",
-        GATEWAY | {"tokenizer"},
+        "pixel is decoded; an RGB image holds 3 bytes a pixel once decoded); reindex holds a job's images to it too",
+        GATEWAY | {"tokenizer", "reindex"},
         "gateway",
         type=positive_int,
     ),

@@ -55,7 +55,8 @@ def test_openapi_body_is_the_model_s_generated_schema():
     assert set(chunking["properties"]) == {"size", "overlap", "boundary", "late"}
     assert chunking["additionalProperties"] is False and chunking["required"] == ["size"]
     document = components["DocumentBody"]
-    assert document["required"] == ["id", "text"] and document["additionalProperties"] is True
+    assert document["required"] == ["id"] and document["additionalProperties"] is True
+    assert {"text", "image"} <= set(document["properties"])  # one of the two: checked with the documents
 
 
 def test_a_field_added_to_the_model_is_in_the_served_schema(monkeypatch):
@@ -127,7 +128,9 @@ def test_null_optional_fields_are_as_if_absent():
         ({"documents": None}, "documents", "'documents' must be a list, got null"),
         ({"documents": []}, "documents", "'documents' must not be an empty list"),
         ({"documents": ["a"]}, "documents", "'documents[0]' must be an object, got 'a'"),
-        ({"documents": [{"id": "a"}]}, "documents.text", "'documents[0].text' is required"),
+        ({"documents": [{"id": "a"}]}, "documents.text", "'documents[0].text' is required (or 'image', a data URI, for a two-tower model)"),
+        ({"documents": [{"id": "a", "text": "x", "image": "data:,"}]}, "documents", "'documents[0]' has both 'text' and 'image': give one of the two"),
+        ({"documents": [{"id": "a", "text": "x"}, {"id": "b", "image": "data:,"}]}, "documents", "'documents[1]' is an image and 'documents[0]' is not: a job's documents are all texts or all images (submit them as two jobs)"),
         ({"documents": [{"id": "a", "text": 3}]}, "documents.text", "'documents[0].text' must be a string, got 3"),
         ({"documents": [{"id": True, "text": "x"}]}, "documents.id", "'documents[0].id' must be a string or an integer, got true"),
         ({"documents": [{"id": 1.5, "text": "x"}]}, "documents.id", "'documents[0].id' must be a string or an integer, got 1.5"),

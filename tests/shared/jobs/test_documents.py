@@ -169,7 +169,9 @@ def test_a_folder_without_documents_or_with_a_file_not_utf8_is_refused_naming_it
     (empty / "sub" / "data.csv").write_text("a,b\n")
     with pytest.raises(ConfigError) as exc:
         read_input(empty)
-    assert str(exc.value) == f"{empty} holds no documents: no .txt or .md file under it"
+    assert str(exc.value) == (
+        f"{empty} holds no documents: no .txt or .md file under it (nor an image: .png, .jpg, .jpeg, .webp, .gif)"
+    )
     folder = _notes(tmp_path)
     (folder / "sub" / "latin1.md").write_bytes(b"caf\xe9\n")
     with pytest.raises(ConfigError) as exc:

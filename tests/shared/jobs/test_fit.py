@@ -1,13 +1,17 @@
 """What a bulk job needs of the fleet, from the discovery metadata: the model served, the output one
-it makes, and batches whose stored vectors fit in one NATS message."""
+it makes, and batches whose stored vectors fit in one NATS message; a job of images: a model that
+embeds them, each image within one job batch's message."""
 
 from __future__ import annotations
 
 import pytest
 
-from embedfleet.shared.jobs.fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, check_job
+from embedfleet.shared.jobs.batches import batch_room
+from embedfleet.shared.jobs.fit import ID_OVERHEAD, RESULT_OVERHEAD, JobRefused, JobTooLarge, check_job
+from embedfleet.shared.jobs.image_docs import ImageDoc
 from embedfleet.shared.nats.fleet import FleetView
 from embedfleet.shared.protocol import EmbedOptions
+from embedfleet.shared.text_chunks import ChunkSpec, JobChunking
 
 MB8 = 8 * 1024 * 1024
 MINILM = (
@@ -125,3 +129,36 @@ def test_a_worker_of_an_earlier_version_is_sized_by_the_vocabulary():
     assert (
         check_job(_view(splade=(tokenizer, old)), "splade", _options("sparse"), 64, MB8, ["doc-0001"]).batch_size == 34
     )
+
+
+CLIP = (
+    {"max_seq_length": "77", "vocab_size": "30522"},
+    {"dim": "24", "task": "embed", "outputs": "dense", "inputs": "text,image"},
+)
+
+
+def _image(size: int) -> ImageDoc:
+    return ImageDoc("f", size, "0" * 64, data=b"x")
+
+
+def test_a_job_of_images_is_cut_by_bytes_and_needs_a_model_that_embeds_them():
+    images = [_image(100_000), _image(3_000_000)]
+    fit = check_job(_view(clip=CLIP), "clip", _options(), 64, MB8, ["a", "b"], images=images)
+    assert (fit.batch_size, fit.batch_bytes) == (64, batch_room(MB8)) and fit.batch_bytes == MB8 - (16 << 10)
+    assert check_job(_view(clip=CLIP), "clip", _options(), 64, MB8, ["a"]).batch_bytes == 0  # texts: by count alone
+    with pytest.raises(JobRefused) as exc:
+        check_job(_view(minilm=MINILM), "minilm", _options(), 64, MB8, ["a"], images=images[:1])
+    assert (str(exc.value), exc.value.field) == (
+        "minilm embeds text only: it takes no image documents (a two-tower model, CLIP or SigLIP, embeds images)",
+        "model",
+    )
+    with pytest.raises(JobTooLarge) as exc:
+        check_job(_view(clip=CLIP), "clip", _options(), 64, 1 << 20, ["small", "large"], images=images)
+    assert str(exc.value).startswith(
+        "document 'large': its image is 3,000,000 bytes, more than one job batch can carry"
+    )
+    assert exc.value.field == "documents"
+    with pytest.raises(JobRefused, match="images make dense vectors only, not sparse"):
+        check_job(_view(clip=CLIP), "clip", _options("sparse", "f4"), 64, MB8, ["a"], images=images[:1])
+    with pytest.raises(JobRefused, match="chunking applies to texts"):
+        check_job(_view(clip=CLIP), "clip", _options(), 64, MB8, ["a"], JobChunking(ChunkSpec(8)), images=images[:1])

@@ -112,7 +112,7 @@ EXAMPLES = {
     ),
     JobBatch: (
         JobBatch("j", 0, "m", ["a"], ["text"]),
-        JobBatch("j", 0, "m", ["a"], ["text"], chunking=JobChunking(ChunkSpec(8, 2), with_text=True)),
+        JobBatch("j", 0, "m", ["a"], ["text"], chunking=JobChunking(ChunkSpec(8, 2), with_text=True), images=[b"i"]),
     ),
     JobResult: (
         JobResult("j", 0, 0, ["a"], 2, "f4", np.zeros(2, "<f4").tobytes(), 3),

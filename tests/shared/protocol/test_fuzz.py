@@ -256,11 +256,15 @@ def job_results(draw) -> JobResult:
 @st.composite
 def job_batches(draw) -> JobBatch:
     n = draw(st.integers(1, 5))
+    doc_ids = draw(st.lists(st.text(max_size=10), min_size=n, max_size=n))
+    if draw(st.booleans()):  # a batch of images: one file a document, no texts, never chunked
+        images = draw(st.lists(st.binary(min_size=1, max_size=40), min_size=n, max_size=n))
+        return JobBatch(draw(names), draw(u64), draw(names), doc_ids, [], draw(unspanned), images=images)
     return JobBatch(
         id=draw(names),
         batch=draw(u64),
         model=draw(names),
-        doc_ids=draw(st.lists(st.text(max_size=10), min_size=n, max_size=n)),
+        doc_ids=doc_ids,
         texts=draw(st.lists(st.text(max_size=30), min_size=n, max_size=n)),
         options=draw(unspanned),
         chunking=draw(st.none() | st.builds(JobChunking, chunk_specs(), st.booleans(), st.booleans())),

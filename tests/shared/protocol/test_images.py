@@ -1,6 +1,6 @@
 """Images on the wire: an EmbedRequest's files and a TokenChunk's prepared pixels round-trip, and a
 forged message is refused before its pixels are copied (shape against bytes, rows, channels, sides,
-token ids beside them, each image's tokens)."""
+token ids beside them, each image's tokens); a job batch of images likewise (no texts beside them, never chunked)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from embedfleet.shared.protocol import EmbedRequest, ProtocolError, TokenChunk, decode_as, encode
+from embedfleet.shared.protocol import EmbedRequest, JobBatch, ProtocolError, TokenChunk, decode_as, encode
 
 PIXELS = np.arange(2 * 3 * 4 * 4, dtype=np.uint8).reshape(2, 3, 4, 4)
 CU = np.array([0, 17, 34], np.int32)  # each image counted as its tower's 17 tokens
@@ -69,3 +69,28 @@ def test_forged_image_requests_are_refused(keys, why):
     message = EmbedRequest("r", "m", [], 1.0, images=[b"\x89PNG"])
     with pytest.raises(ProtocolError, match=why):
         decode_as(_forged(message, **keys), EmbedRequest)
+
+
+def test_a_job_batch_of_images_round_trips():
+    batch = JobBatch("job", 3, "clip", ["a.png", "b.jpg"], [], images=[b"\x89PNG...", b"\xff\xd8..."])
+    back = decode_as(encode(batch), JobBatch)
+    assert back == batch and back.count == 2 and back.texts == []
+    assert decode_as(encode(JobBatch("job", 0, "m", ["a"], ["text"])), JobBatch).images is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [
+        ({"x": ["a text", "another"]}, "holds no texts beside them"),
+        ({"im": [b""]}, "non-empty byte strings"),
+        ({"im": ["a path.png"]}, "non-empty byte strings"),
+        ({"im": b"\x89PNG"}, "'im' must be list"),
+        ({"im": [b"\x89PNG"]}, "as many document ids as texts \\(or images\\)"),
+        ({"di": []}, "as many document ids"),
+        ({"sz": 8}, "not chunked"),
+    ],
+)
+def test_forged_job_batches_of_images_are_refused(keys, why):
+    batch = JobBatch("job", 0, "clip", ["a", "b"], [], images=[b"\x89PNG", b"\xff\xd8"])
+    with pytest.raises(ProtocolError, match=why):
+        decode_as(_forged(batch, **keys), JobBatch)
