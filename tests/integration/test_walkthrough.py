@@ -37,9 +37,9 @@ SCORE_TOLERANCE = 0.01  # the page's two-digit scores against the answer's
 _CHOSEN = ("EMBEDFLEET_NATS", "NATS_URL", "EMBEDFLEET_DATA_DIR", "EMBEDFLEET_PORT", "EMBEDFLEET_SEARCH")
 
 
-def _section() -> str:
+def _section(title: str = "From documents to search") -> str:
     page = (ROOT / "docs" / "search.md").read_text()
-    return page.split("\n## From documents to search\n", 1)[1].split("\n## ", 1)[0]
+    return page.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _blocks(section: str, language: str) -> list[str]:
@@ -107,33 +107,59 @@ def _end(proc: subprocess.Popen, folder: Path) -> None:
         p.kill()
 
 
+def _make_run_args(start: str) -> list[str]:
+    """The ARGS of the page's one `make run ARGS=...` line, as make hands them to the recipe."""
+    (make_run,) = start.strip().splitlines()
+    return shlex.split(re.fullmatch(r"make run (ARGS=.*)", make_run).group(1))[0].removeprefix("ARGS=").split()
+
+
+def _typed(work: Path, block: str, port: int) -> list[str]:
+    """Each line of a second terminal's block through bash, as written (the page's port made the test's)."""
+    outputs = []
+    for line in (line for line in block.splitlines() if line.strip()):
+        done = subprocess.run(
+            ["bash", "-c", line.replace("localhost:8080", f"localhost:{port}")],
+            cwd=work,
+            env=_terminal(port),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (line, done.stdout, done.stderr[-3000:])
+        outputs.append(done.stdout)
+    return outputs
+
+
+def _stack_with_pgvector(work: Path, args: list[str], port: int) -> tuple[subprocess.Popen, Path, Path, str]:
+    """`up` with --with-pgvector as the page starts it: (the process, its log, the PostgreSQL data folder,
+    the table URL the banner prints)."""
+    assert "--with-pgvector" in args
+    pgdata = work / ".embedfleet" / "pgvector"
+    proc, log = _up(work, args, port)
+    banner = log.read_text()
+    table = f"postgresql://postgres@/postgres?host={pgdata}&table=documents"
+    assert f"PostgreSQL + pgvector: {table}\n" in banner and f"POST http://127.0.0.1:{port}/v1/search" in banner
+    assert _postgres_of(pgdata), "no postgres runs on the data folder"
+    return proc, log, pgdata, table
+
+
+def _ctrl_c(proc: subprocess.Popen, log: Path, pgdata: Path) -> None:
+    """Ctrl-C in the first terminal: SIGINT to the whole group, as a terminal sends it; the data kept."""
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(60) == 0, log.read_text()[-3000:]
+    assert _gone(pgdata, 5), [p.info for p in _postgres_of(pgdata)]
+    assert not (pgdata / ".s.PGSQL.5432").exists() and (pgdata / "PG_VERSION").is_file()
+    assert "PostgreSQL stopped" in log.read_text()
+
+
 def test_the_walk_through_runs_as_typed(work):
     section = _section()
     start, second = _blocks(section, "sh")
     (shown,) = _blocks(section, "json")
-    (make_run,) = start.strip().splitlines()
-    args = shlex.split(re.fullmatch(r"make run (ARGS=.*)", make_run).group(1))[0].removeprefix("ARGS=").split()
-    assert "--with-pgvector" in args
     port = free_port()
-    pgdata = work / ".embedfleet" / "pgvector"
-    proc, log = _up(work, args, port)
+    proc, log, pgdata, table = _stack_with_pgvector(work, _make_run_args(start), port)
     try:
-        banner = log.read_text()
-        table = f"postgresql://postgres@/postgres?host={pgdata}&table=documents"
-        assert f"PostgreSQL + pgvector: {table}\n" in banner and f"POST http://127.0.0.1:{port}/v1/search" in banner
-        assert _postgres_of(pgdata), "no postgres runs on the data folder"
-        outputs = []
-        for line in (line for line in second.splitlines() if line.strip()):
-            done = subprocess.run(
-                ["bash", "-c", line.replace("localhost:8080", f"localhost:{port}")],
-                cwd=work,
-                env=_terminal(port),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert done.returncode == 0, (line, done.stdout, done.stderr[-3000:])
-            outputs.append(done.stdout)
+        outputs = _typed(work, second, port)
         assert "reindex notes --sink" in second and f"-> {table} (4 rows)" in outputs[-2], outputs[-2]
         answer = json.loads(outputs[-1])
         print(json.dumps(answer))
@@ -152,12 +178,58 @@ def test_the_walk_through_runs_as_typed(work):
         for score, hit in zip(re.findall(r'"score": ([0-9.-]+)', shown), hits):
             assert abs(float(score) - hit["score"]) < SCORE_TOLERANCE, (score, hit)
         assert f'"prompt_tokens": {answer["usage"]["prompt_tokens"]}' in shown
-        # Ctrl-C in the first terminal: SIGINT to the whole group, as a terminal sends it
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(60) == 0, log.read_text()[-3000:]
-        assert _gone(pgdata, 5), [p.info for p in _postgres_of(pgdata)]
-        assert not (pgdata / ".s.PGSQL.5432").exists() and (pgdata / "PG_VERSION").is_file()  # data kept
-        assert "PostgreSQL stopped" in log.read_text()
+        _ctrl_c(proc, log, pgdata)
+    finally:
+        _end(proc, pgdata)
+
+
+def test_the_image_walk_through_runs_as_typed(work):
+    """docs/search.md's "From images to search", as typed: a CLIP folder (a tiny one, built where the page
+    says the newcomer's is: ./clip) served with pgvector, a folder of pictures drawn and reindexed, a text
+    query answered with the pictures ranked as transformers' CLIPModel ranks them."""
+    import torch
+    from PIL import Image
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    from embedfleet.services.tokenizer.encoder import TextEncoder
+    from embedfleet.shared.model_dir.load import load_model_info
+    from embedfleet.shared.protocol import EmbedOptions
+    from tests.support.image_models import build_clip
+
+    section = _section("From images to search")
+    start, second = _blocks(section, "sh")
+    args = _make_run_args(start)
+    assert args[args.index("--model") + 1] == "./clip"
+    folder = build_clip(work, shortest_edge=40)  # ./clip
+    port = free_port()
+    proc, log, pgdata, table = _stack_with_pgvector(work, args, port)
+    try:
+        outputs = _typed(work, second, port)
+        assert "reindex photos --sink" in second and f"-> {table} (3 rows)" in outputs[-2], outputs[-2]
+        answer = json.loads(outputs[-1])
+        query = json.loads(re.search(r"-d '(\{.*\})'", second.splitlines()[-1]).group(1))
+        hits = answer["data"]
+        files = sorted(p.relative_to(work / "photos").as_posix() for p in (work / "photos").rglob("*") if p.is_file())
+        assert files == ["green.webp", "plain/navy.jpg", "red.png"] and answer["model"] == "clip"
+        assert sorted(h["id"] for h in hits) == files and all(h.get("text") is None for h in hits), hits
+        # the reference: the query through transformers' text tower (tokenized as the fleet does), each picture
+        # through its image processor and image tower; the answer in the order of their cosines
+        model, processor = (
+            CLIPModel.from_pretrained(str(folder)).eval(),
+            CLIPImageProcessor.from_pretrained(str(folder)),
+        )
+        encoder = TextEncoder(load_model_info(str(folder)))
+        ids = encoder.encode(encoder.with_prompt([query["query"]], EmbedOptions(input_type="query")))
+        with torch.inference_mode():
+            text = model.get_text_features(input_ids=torch.tensor(ids)).pooler_output[0]
+            pixels = processor(images=[Image.open(work / "photos" / f) for f in files], return_tensors="pt")
+            pictures = model.get_image_features(pixel_values=pixels["pixel_values"]).pooler_output
+        cosines = torch.nn.functional.cosine_similarity(pictures, text[None], dim=1).tolist()
+        expected = sorted(zip(files, cosines), key=lambda fc: -fc[1])
+        assert [h["id"] for h in hits] == [f for f, _ in expected], (hits, expected)
+        for hit, (_, cosine) in zip(hits, expected):
+            assert abs(hit["score"] - cosine) < 1e-3, (hit, cosine)
+        _ctrl_c(proc, log, pgdata)
     finally:
         _end(proc, pgdata)
 
