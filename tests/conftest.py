@@ -200,7 +200,7 @@ LONG_MODULES = {
     "tests/integration/test_job_sinks_http.py": 35,
     "tests/integration/test_embeddings.py": 35,
     "tests/integration/test_job_ids.py": 35,
-    "tests/integration/test_walkthrough.py": 30,
+    "tests/integration/test_walkthrough.py": 50,
     "tests/integration/test_permissions.py": 30,
     "tests/integration/test_dashboard.py": 30,
     "tests/integration/test_routing.py": 30,
