@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
@@ -85,6 +85,8 @@ def kit(model_info) -> fast_encoder.FastEncoder | None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(text=_TEXTS, spec=_specs())
+# a control character that makes no token before a Hangul syllable that makes three (decomposed): one chunk
+@example(text="\x1b\ubbb4", spec=ChunkSpec(1, 0, "token"))
 def test_every_chunk_is_its_texts_tokens_within_size(tokenizer, kit, text, spec):
     chunks = cut(text, tokenizer.encode(text, add_special_tokens=False), spec, tokenizer)
     _check_alone(tokenizer, text, chunks, spec)
