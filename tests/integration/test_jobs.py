@@ -406,6 +406,8 @@ def test_cancelled_job_stops_and_the_next_job_runs_at_full_speed(stack, tmp_path
         f"cancelled at {final['done']} documents stored; reindex exited {exited:.1f}s and the queued batches were "
         f"gone {dropped:.1f}s after; the next job {after:.1f}s, the same job before {before:.1f}s"
     )
-    # left to run, the cancelled job's queued batches would hold the next job back for a minute; 1 s of
-    # slack covers a process start's noise on two shared cores
-    assert after <= 1.5 * before + 1.0, (after, before)
+    # left to run, the cancelled job's queued batches would hold the next job back for a minute (the 3,000
+    # documents' batches: over 60 s on these cores); twice the first run and 10 s covers what the suite's
+    # other processes take from two shared cores in one run and not the other (8.9 s after 4.7 s has been
+    # seen in a full run; alone the two take the same) and still fails that minute's hold
+    assert after <= 2 * before + 10.0, (after, before)
