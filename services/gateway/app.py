@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -77,6 +78,8 @@ from embedfleet.shared.protocol import (
 from embedfleet.shared.vectors.forms import FLOAT32
 from embedfleet.shared.vectors.quantize import quantize
 
+# seconds the lifespan's shutdown may take before the process exits anyway
+_SHUTDOWN_SECONDS = 15
 log = logging.getLogger("embedfleet.gateway")
 
 # the statuses starlette's routing raises (unknown path, method not allowed); it raises no others here, and
@@ -176,20 +179,29 @@ class Gateway:
             yield
         finally:
             mark_ready(self.cfg.nats, False)
-            await self._micro.stop()
-            await self.discovery.stop()
-            await self.client.stop()
-            await self.metrics.jobs.stop()
-            if self.sink_jobs is not None:
-                await self.sink_jobs.stop()
-            if self.jobs is not None:
-                await self.jobs.stop()
-            if self.searcher is not None:
-                await self.searcher.store.close()
-            await drain_or_close(self.nc)
+            try:
+                # graceful first, then no longer: a stop that hangs (a store, a JetStream call in flight)
+                # must not keep the process alive, nor its port-taken exit from reaching `up`
+                await asyncio.wait_for(self._shut_down(), _SHUTDOWN_SECONDS)
+            except TimeoutError:
+                log.warning("the gateway's shutdown took over %d s: leaving the rest to the exit", _SHUTDOWN_SECONDS)
             if exporter is not None:
                 exporter.close()
             self.tracer.shutdown()
+
+    async def _shut_down(self) -> None:
+        """Stop what the lifespan started, in the reverse order, the NATS connection drained last."""
+        await self._micro.stop()
+        await self.discovery.stop()
+        await self.client.stop()
+        await self.metrics.jobs.stop()
+        if self.sink_jobs is not None:
+            await self.sink_jobs.stop()
+        if self.jobs is not None:
+            await self.jobs.stop()
+        if self.searcher is not None:
+            await self.searcher.store.close()
+        await drain_or_close(self.nc)
 
     # -- helpers ----------------------------------------------------------------------------
 
