@@ -60,6 +60,7 @@ class Reply:
     sent: float  # monotonic seconds
     seconds: float
     status: int | str  # the HTTP status, or the client's error
+    why: str = ""  # a failed answer's message (what its client was told)
 
 
 class Ticking(abc.ABC):
@@ -105,13 +106,17 @@ class Probe(Ticking):
             for i in self._ticks():
                 sent = time.monotonic()
                 status: int | str
+                why = ""
                 try:
-                    status = client.post(
+                    answer = client.post(
                         f"{self._base}/v1/embeddings", json={"input": f"query {i} about failover", "model": MODEL}
-                    ).status_code
+                    )
+                    status = answer.status_code
+                    if status != 200:
+                        why = answer.text[:200]
                 except httpx.HTTPError as exc:
-                    status = type(exc).__name__
-                self.replies.append(Reply(sent, time.monotonic() - sent, status))
+                    status, why = type(exc).__name__, str(exc)[:200]
+                self.replies.append(Reply(sent, time.monotonic() - sent, status, why))
 
 
 def longest_silence(replies: list[Reply], start: float, end: float) -> float:

@@ -4,8 +4,8 @@ reindex` as a process. The node that leads every job stream and the job bucket, 
 gateway's connection, is killed a quarter into a job (in a second case started again on its store; in
 a third, a second node is killed with it: no quorum). Each time the job completes, every document is
 stored exactly once, the output holds every id in input order with the vectors of a clean run, and
-every online request sent meanwhile is answered: 200, or a clear 503/504, never later than the
-gateway's deadline. The scenarios are bench/cluster.py's, which measures what they cost."""
+every online request sent meanwhile is answered, never later than the gateway's deadline: 200, or while
+the services reconnect a 503 naming why. The scenarios are bench/cluster.py's, which measures what they cost."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ from tests.conftest import COSINE_TOLERANCE, cosines
 pytestmark = pytest.mark.integration
 
 DOCUMENTS = 256
+# seconds after a node's loss in which an online request may be answered 503: the gateway, tokenizer and worker
+# that were connected to it reach another node (each fails fast meanwhile rather than hold requests: a
+# client retries). Quiet, the blip is under half a second; a loaded 2-core machine has seen 0.7 s of it.
+RECONNECT = 5.0
 
 
 class Cluster:
@@ -62,7 +66,10 @@ def _check(cluster: Cluster, run: Run, reference) -> None:
     assert after, "no online request was sent during the fault"
     assert {r.status for r in after} <= {200, 503, 504}, [r for r in after if r.status not in (200, 503, 504)]
     assert max(r.seconds for r in after) <= fleet.request_timeout + 1.0
-    assert sum(r.status == 200 for r in after) >= 0.9 * len(after)
+    # a failure only while the services reconnect, each naming its cause; from then on every request is served
+    failed = [(round(r.sent - run.fault_at, 2), r.status, r.why) for r in after if r.status != 200]
+    assert all(t <= RECONNECT and ("NATS" in why or "serving" in why) for t, _, why in failed), failed
+    assert any(r.status == 200 for r in after), failed
 
 
 def test_every_job_stream_and_the_bucket_have_three_copies(cluster):
@@ -84,13 +91,13 @@ def test_a_job_completes_when_that_node_is_killed_and_started_again(cluster, ref
 
 
 def test_a_lost_quorum_pauses_the_job_and_online_requests_go_on(cluster, reference):
-    # seconds without a quorum: online requests sent 1 s after the loss until it ends are checked (a request
-    # sent as the gateway lost its node can take seconds on a loaded machine: the window must outlast it)
-    run = quorum_loss(cluster.fleet, cluster.docs, DOCUMENTS, "no-quorum", pause=6.0)
+    # seconds without a quorum: online requests sent once the services have reconnected until it ends are
+    # checked (the window must outlast the reconnect)
+    run = quorum_loss(cluster.fleet, cluster.docs, DOCUMENTS, "no-quorum", pause=RECONNECT + 3.0)
     _check(cluster, run, reference)
     # without a quorum nothing is stored (the job waits: its count, where a node still reads it out,
     # stays put); core NATS still carries online requests
     back = run.events["quorum_back"]
     assert len({done for t, done in run.progress if run.fault_at + 1 <= t <= back}) <= 1
-    during = [r for r in run.replies if run.fault_at + 1 <= r.sent <= back]
+    during = [r for r in run.replies if run.fault_at + RECONNECT < r.sent <= back]
     assert during and all(r.status == 200 for r in during), during
