@@ -371,8 +371,8 @@ def drain_fleet(tmp_path) -> Iterator[DrainFleet]:
 @pytest.mark.serial  # compares a job's times: with the machine to itself
 def test_worker_stopped_mid_job_hands_over_without_a_stall(drain_fleet: DrainFleet):
     """SIGTERM to a worker mid-job: it stops fetching, hands back what it queued, finishes what
-    runs, and exits within seconds; the job takes at most 1.5x the undisturbed run's time (a batch
-    left to wait out the 60 s ack wait would take it past 5x)."""
+    runs, and exits within seconds; the job takes at most 1.5x the undisturbed run's time and 5 s (a
+    batch left to wait out the 60 s ack wait would take it past 5x)."""
     url = drain_fleet.url
     docs = drain_fleet.folder / "drain.jsonl"
     docs.write_text(
@@ -432,4 +432,10 @@ def test_worker_stopped_mid_job_hands_over_without_a_stall(drain_fleet: DrainFle
     assert len(stored) == DRAIN_DOCUMENTS and set(stored.values()) == {1}, Counter(stored.values())
     assert stopping < 10, f"the worker took {stopping:.1f}s to stop"
     print(f"undisturbed {undisturbed:.2f}s, a worker stopped mid-way {disturbed:.2f}s (its stop {stopping:.2f}s)")
-    assert disturbed <= 1.5 * undisturbed, (disturbed, undisturbed, drain_fleet.services["worker-2"].log()[-2000:])
+    # a batch left unacknowledged would cost the 60 s ack wait; a loaded machine's noise a few seconds (9.1 s
+    # after 5.9 s undisturbed in one loaded run)
+    assert disturbed <= 1.5 * undisturbed + 5.0, (
+        disturbed,
+        undisturbed,
+        drain_fleet.services["worker-2"].log()[-2000:],
+    )
