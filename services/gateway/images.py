@@ -12,7 +12,7 @@ import numpy as np
 
 from embedfleet.services.gateway.core import Embedder
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.inputs import Inputs
+from embedfleet.services.gateway.inputs import Inputs, Limits, within_count, within_limits
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.images.decode import ImageError, ImageLimits, check_header, from_data_uri
 from embedfleet.shared.nats.embed_client import EmbedOutcome
@@ -39,6 +39,20 @@ def checked_images(uris: list[str], where: list[str], limits: ImageLimits) -> li
     return out
 
 
+def split_items(
+    items: Sequence[tuple[str | None, str | None]], param: str, limits: Limits
+) -> tuple[Inputs, Inputs | None, tuple[int, ...]]:
+    """Jina's input items, each (text, image data URI) with one of them set: (the texts, the images or
+    None, the index in ``param`` of each image); the count checked before any image is decoded."""
+    within_count(len(items), param, limits)
+    rows = tuple(i for i, (_, image) in enumerate(items) if image is not None)
+    texts = within_limits(Inputs([text for text, _ in items if text is not None], None), param, limits)
+    if not rows:
+        return texts, None, rows
+    uris = [items[i][1] or "" for i in rows]
+    return texts, Inputs([], None, image_files(uris, [f"{param}[{i}]" for i in rows], limits.images)), rows
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ImageHeader:
     format: str  # "PNG", "JPEG", "WEBP", "GIF"
@@ -61,8 +75,16 @@ async def embed_with_images(
         fleet.run_embed(model, texts, options, rows=np.flatnonzero(~is_image).tolist()),
         fleet.run_embed(model, images, options, rows=rows),
     )
-    vectors = np.empty((len(is_image), *said.vectors.shape[1:]), dtype=said.vectors.dtype)
-    vectors[~is_image], vectors[is_image] = said.vectors, shown.vectors
     stages = {**said.timings, **shown.timings}
     timings = {k: max(said.timings.get(k, 0.0), shown.timings.get(k, 0.0)) for k in stages}
-    return dataclasses.replace(said, vectors=vectors, tokens=said.tokens + shown.tokens, timings=timings)
+    tokens = said.tokens + shown.tokens
+    if said.ragged is not None and shown.ragged is not None:  # per input its vectors (a page model's multi-vectors)
+        ragged: list = [None] * len(is_image)
+        for at, item in zip(np.flatnonzero(~is_image).tolist(), said.ragged):
+            ragged[at] = item
+        for at, item in zip(rows, shown.ragged):
+            ragged[at] = item
+        return dataclasses.replace(said, ragged=ragged, tokens=tokens, timings=timings)
+    vectors = np.empty((len(is_image), *said.vectors.shape[1:]), dtype=said.vectors.dtype)
+    vectors[~is_image], vectors[is_image] = said.vectors, shown.vectors
+    return dataclasses.replace(said, vectors=vectors, tokens=tokens, timings=timings)

@@ -67,6 +67,9 @@ class Batch:
     adapters: np.ndarray | None = None  # [B] int32 each row's task adapter (0: none), when any work names a task
     # image rows [B, C, H, W] uint8 (a batch is all images or all token rows); input_ids is then empty
     pixels: np.ndarray | None = None
+    # a page model's images in the batch's rows that have one (ColQwen2): patch rows [P, width] uint8 and
+    # grids [I, 2], in row order (a batch may mix them with text rows: both are token rows)
+    pages: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -248,6 +251,8 @@ def _pack(slices: list[Slice], adapter_ids: dict[str, int] | None = None) -> Bat
         adapters = np.concatenate(
             [np.full(s.row_end - s.row_start, ids_of.get(s.work.batch.options.task or "", 0), np.int32) for s in slices]
         )
+    parts = [s.work.batch.page_rows(s.row_start, s.row_end) for s in slices if s.work.batch.pages is not None]
+    pages = (np.concatenate([p for p, _ in parts]), np.concatenate([g for _, g in parts])) if parts else None
     return Batch(
         np.concatenate(ids).astype(np.int32, copy=False),
         cu_seqlens,
@@ -257,6 +262,7 @@ def _pack(slices: list[Slice], adapter_ids: dict[str, int] | None = None) -> Bat
         outputs,
         spans,
         adapters,
+        pages=pages,
     )
 
 

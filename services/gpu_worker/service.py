@@ -400,6 +400,7 @@ class WorkerService:
                 self._engines[0].check_images(batch.pixels, batch.cu_seqlens)
             else:
                 self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types, batch.spans)
+                self._engines[0].check_pages(batch.input_ids, batch.cu_seqlens, batch.pages, batch.page_grids)
         except EngineError as exc:
             raise wire_error(exc, batch) from None
 
@@ -473,6 +474,7 @@ class WorkerService:
                         batch.outputs,
                         batch.spans,
                         batch.adapters,
+                        batch.pages,
                     )
                 )
             except Exception:

@@ -108,6 +108,8 @@ class TextEncoder:
         self.include_prompt = info.include_prompt
         # rows padded to this many tokens with pad_id (0: not padded): SigLIP's text tower saw only such rows
         self.pad_to, self.pad_id = info.pad_to, info.pad_id
+        # a page model's texts are queries, each wrapped as its processor wraps them (ColQwen2: "Query: " ... pads)
+        self.query_prefix, self.query_suffix = info.query_prefix, info.query_suffix
         self.fast: FastEncoder | None = None  # kitoken for the texts it tokenizes as tokenizers does (fast_check)
         path = info.path / "tokenizer.json"
         if not path.is_file():
@@ -155,6 +157,8 @@ class TextEncoder:
     def with_prompt(self, texts: list[str], options: EmbedOptions) -> list[str]:
         """Prefix the texts with the prompt the request names (as sentence-transformers does)."""
         prompt = self._prompt(options)
+        if self.query_prefix or self.query_suffix:
+            return [f"{self.query_prefix}{prompt}{t}{self.query_suffix}" for t in texts]
         return [prompt + t for t in texts] if prompt else texts
 
     def prompt_tokens(self, options: EmbedOptions) -> int:

@@ -25,6 +25,7 @@ from embedfleet.services.tokenizer.fast_check import choose
 from embedfleet.services.tokenizer.images import ImagePreparer
 from embedfleet.services.tokenizer.layout import Layouts
 from embedfleet.services.tokenizer.metrics import TokenizerMetrics
+from embedfleet.services.tokenizer.pages import Page, PagePreparer, pack_pages
 from embedfleet.services.tokenizer.routing import Router
 from embedfleet.services.tokenizer.span_rows import place_spans
 from embedfleet.shared.errors import ErrorCode, ServiceError
@@ -89,6 +90,7 @@ class _Pending:
     )  # output "spans": tokens before and after each text's content (TextEncoder.frame_sizes)
     spans: Spans | None = None  # output "spans": placed in the rows' sequences, once tokenized
     pixels: np.ndarray | None = None  # its images, prepared: [N, C, H, W] uint8
+    pages: list[Page] | None = None  # a page model's images, prepared (each its row's ids and patch rows)
     sent: list[Sent] = field(default_factory=list)  # its batches, by subject
     carrier: str = ""  # the reply subject of the message that brought it (another: it came in a Requests)
     dropped: bool = False  # its requester cancelled it: nothing of it is sent, nothing answered
@@ -144,7 +146,9 @@ class TokenizerService:
         self._cancels = CancelKeys()  # requests given up by their requesters (shared/protocol's Cancel)
         self._layouts = Layouts(self._encoder, cfg.max_chunks, cfg.max_document_chars)
         # None: the model embeds texts only
-        self._images = ImagePreparer.for_model(cfg.model, ImageLimits(cfg.max_image_bytes, cfg.max_image_pixels))
+        limits = ImageLimits(cfg.max_image_bytes, cfg.max_image_pixels)
+        self._images = ImagePreparer.for_model(cfg.model, limits)
+        self._pages = PagePreparer.for_model(cfg.model, self._encoder, limits)  # None: not a page model
         self._router = Router()
         self._delivery = DeliveryCheck(nc, self._missed)
         self._embeds = Coalescer(self._embed_group)
@@ -360,6 +364,14 @@ class TokenizerService:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
 
     def _check_images(self, request: EmbedRequest) -> None:
+        if self._pages is not None:
+            if not self._cfg.model.serves(request.options.output):
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"model {self._cfg.model.id} makes {', '.join(self._cfg.model.outputs)} vectors of images, "
+                    f"not {request.options.output}",
+                )
+            return
         if self._images is None:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {self._cfg.model.id} embeds texts only, not images")
         if request.options.output != "dense":
@@ -380,6 +392,14 @@ class TokenizerService:
                 )
                 for p, ids in zip(group, each):
                     p.error, p.ids = (ids, None) if isinstance(ids, ServiceError) else (None, ids)
+            elif what == "images" and self._pages is not None:
+                files = [p.admitted.images or [] for p in group]
+                pages = await asyncio.to_thread(self._pages.prepare_each, files)
+                for p, made in zip(group, pages):
+                    if isinstance(made, ServiceError):
+                        p.error = made
+                    else:
+                        p.pages, p.ids = made, [page.ids for page in made]
             elif what == "images":
                 assert self._images is not None  # _admit refused images for a model without an image tower
                 files = [p.admitted.images or [] for p in group]
@@ -420,11 +440,13 @@ class TokenizerService:
         request = p.admitted
         try:
             bind(p.span.context, request.id)
-            by_subject = (
-                self._route_images(request, p.pixels, {"tokenize": seconds})
-                if p.pixels is not None
-                else self._route(request, p.token_ids, p.types, {"tokenize": seconds}, p.prompt_tokens, p.spans)
-            )
+            timings = {"tokenize": seconds}
+            if p.pixels is not None:
+                by_subject = self._route_images(request, p.pixels, timings)
+            elif p.pages is not None:
+                by_subject = self._route_pages(request, p.pages, timings)
+            else:
+                by_subject = self._route(request, p.token_ids, p.types, timings, p.prompt_tokens, p.spans)
         except Exception:
             log.exception("%s %s failed", request.TYPE, request.id)
             p.error = ServiceError(ErrorCode.INTERNAL, "tokenizer error")
@@ -508,6 +530,36 @@ class TokenizerService:
             subject = self._router.pick(tokens, time.monotonic()) or shared_subject
             payloads, sent = by_subject.get(subject, ([], 0))
             by_subject[subject] = ([*payloads, encode(batch)], sent + tokens)
+        return by_subject
+
+    def _route_pages(
+        self, request: EmbedRequest, pages: list[Page], timings: dict[str, float]
+    ) -> dict[str, tuple[list[bytes], int]]:
+        """A page model's prepared images in chunks that each fit a message (ids and patch rows), routed as
+        ``_route`` routes tokens."""
+        shared_subject = self._subjects.tokens(request.model)
+        by_subject: dict[str, tuple[list[bytes], int]] = {}
+        for lo, hi in PagePreparer.chunks(pages, self._nc.max_payload, self._cfg.chunk_seqs):
+            ids, cu, patches, grids = pack_pages(pages[lo:hi])
+            batch = TokenChunk(
+                id=request.id,
+                model=request.model,
+                start=lo,
+                total=request.count,
+                input_ids=ids,
+                cu_seqlens=cu,
+                deadline=request.deadline,
+                options=request.options,
+                timings=timings,
+                held=request.held,
+                replies=request.replies,
+                cancel_key=request.cancel_key,
+                pages=patches,
+                page_grids=grids,
+            )
+            subject = self._router.pick(len(ids), time.monotonic()) or shared_subject
+            payloads, sent = by_subject.get(subject, ([], 0))
+            by_subject[subject] = ([*payloads, encode(batch)], sent + len(ids))
         return by_subject
 
     async def _missed(self, sent: Sent) -> None:

@@ -123,18 +123,7 @@ class ImageProcessing:
         preprocessor_config.json (transformers' order); config.json's model_type names the class when
         neither names one."""
         folder = Path(folder)
-        nested = read_json(folder / "processor_config.json")
-        if isinstance(nested, dict) and isinstance(nested.get("image_processor"), dict):
-            config, where = nested["image_processor"], f"{folder / 'processor_config.json'} (image_processor)"
-        else:
-            path = folder / "preprocessor_config.json"
-            if not path.is_file():
-                raise ConfigError(
-                    f"{folder} has no preprocessor_config.json: an image model needs its image processor's"
-                )
-            config, where = read_json(path), str(path)
-        if not isinstance(config, dict):
-            raise ConfigError(f"{where} is not a JSON object")
+        config, where = processor_config(folder)
         model_config = read_json(folder / "config.json")
         model_type = model_config.get("model_type") if isinstance(model_config, dict) else None
         return cls.from_dict(config, where=where, model_type=model_type)
@@ -231,11 +220,7 @@ class ImageProcessing:
     def lookup_table(self) -> np.ndarray:
         """float32 [3, 256]: the normalised value of each byte value in each channel, computed in
         transformers' arithmetic (rescale: float64 product rounded to float32; normalise: float32)."""
-        values = np.arange(256, dtype=np.uint8)
-        rescaled = (values.astype(np.float64) * self.scale).astype(np.float32)  # [256]
-        mean = np.asarray(self.mean, dtype=np.float32)[:, None]  # [3, 1]
-        std = np.asarray(self.std, dtype=np.float32)[:, None]
-        return (rescaled[None, :] - mean) / std
+        return lookup_table(self.scale, self.mean, self.std)
 
     def _rgb(self, image: Image.Image) -> Image.Image:
         if not self.convert_rgb:
@@ -244,13 +229,45 @@ class ImageProcessing:
                     f"this model takes RGB images only (its processor's do_convert_rgb is off), not mode {image.mode}"
                 )
             return image
-        if "A" in image.getbands() or image.info.get("transparency") is not None:
-            from PIL import Image
+        return to_rgb(image)
 
-            rgba = image.convert("RGBA")
-            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-            return Image.alpha_composite(white, rgba).convert("RGB")
-        return image.convert("RGB")
+
+def processor_config(folder: Path) -> tuple[dict[str, Any], str]:
+    """A model folder's image processor config and where it was read: processor_config.json's
+    "image_processor" entry, else preprocessor_config.json (transformers' order)."""
+    nested = read_json(folder / "processor_config.json")
+    if isinstance(nested, dict) and isinstance(nested.get("image_processor"), dict):
+        config, where = nested["image_processor"], f"{folder / 'processor_config.json'} (image_processor)"
+    else:
+        path = folder / "preprocessor_config.json"
+        if not path.is_file():
+            raise ConfigError(f"{folder} has no preprocessor_config.json: an image model needs its image processor's")
+        config, where = read_json(path), str(path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where} is not a JSON object")
+    return config, where
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """transformers' ``convert_to_rgb``: an image with an alpha band or a ``transparency`` entry composited
+    onto opaque white, any other ``convert("RGB")``."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        from PIL import Image
+
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def lookup_table(scale: float, mean: tuple[float, float, float], std: tuple[float, float, float]) -> np.ndarray:
+    """float32 [3, 256]: ``(float32(float64(x) * scale) - float32(mean[c])) / float32(std[c])`` for each
+    channel c and byte value x, in transformers' arithmetic (its rescale, then its float32 normalize)."""
+    values = np.arange(256, dtype=np.uint8)
+    rescaled = (values.astype(np.float64) * scale).astype(np.float32)  # [256]
+    mean32 = np.asarray(mean, dtype=np.float32)[:, None]  # [3, 1]
+    std32 = np.asarray(std, dtype=np.float32)[:, None]
+    return (rescaled[None, :] - mean32) / std32
 
 
 def _processor_name(config: Mapping[str, Any], where: str, model_type: str | None) -> str:

@@ -46,6 +46,9 @@ JINA_V5 = FamilyTypes("JinaV5", ("jina_embeddings_v5",), pooling="lasttoken")
 CLIP = FamilyTypes("CLIP", ("clip",), pooling="lasttoken")
 # the text tower pools the last position of rows padded to its 64 positions
 SIGLIP = FamilyTypes("SigLIP", ("siglip",), pooling="lasttoken")
+# a page model: a vision-language model (Qwen2-VL under ``vlm_config``) giving a vector per token of a query,
+# or of a document page's image put inside a text prompt as image tokens; nothing pools
+COLQWEN2 = FamilyTypes("ColQwen2", ("colqwen2",))
 FAMILY_TYPES = (
     BERT,
     XLM_ROBERTA,
@@ -64,10 +67,46 @@ FAMILY_TYPES = (
     JINA_V5,
     CLIP,
     SIGLIP,
+    COLQWEN2,
 )
 
 # the families whose folders embed images beside texts
 TWO_TOWERS = (CLIP, SIGLIP)
+# the families whose images become tokens inside a text (their sizes nested in ``vlm_config``)
+PAGE_MODELS = (COLQWEN2,)
+
+# Qwen2VLTextConfig's and Qwen2VLVisionConfig's defaults (transformers): what a saved ColQwen2 config may
+# leave out of its ``vlm_config``
+QWEN2_VL_TEXT: dict[str, Any] = {
+    "vocab_size": 152064,
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 80,
+    "rope_theta": 1000000.0,
+}
+QWEN2_VL_VISION: dict[str, Any] = {
+    "depth": 32,
+    "embed_dim": 1280,
+    "hidden_size": 3584,  # the merger's output: the language model's width
+    "hidden_act": "quick_gelu",
+    "mlp_ratio": 4,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "rope_theta": 10000.0,
+}
+# Qwen2VLConfig's: the token an image's features replace
+QWEN2_VL_IMAGE_TOKEN_ID = 151655
 
 BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 
@@ -75,6 +114,34 @@ BY_TYPE = {t: f for f in FAMILY_TYPES for t in f.model_types}
 def family_types(model_type: object) -> FamilyTypes | None:
     """The family serving ``model_type`` (config.json's), None for one no family serves."""
     return BY_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def vlm_text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A page model's language model config: ``vlm_config.text_config`` over the text keys ``vlm_config``
+    keeps flat (configs saved before transformers nested them), over Qwen2VLTextConfig's defaults; its
+    rope as ``rope_parameters`` (M-RoPE's "mrope" is the default rope over the positions it is given)."""
+    vlm = config.get("vlm_config") or {}
+    flat = {k: vlm[k] for k in (*QWEN2_VL_TEXT, "rope_scaling", "rope_parameters", "layer_types") if k in vlm}
+    text = {**QWEN2_VL_TEXT, **flat, **(vlm.get("text_config") or {})}
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", float(text["rope_theta"]))
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    rope["rope_type"] = "default" if kind == "mrope" else kind
+    rope.pop("type", None)
+    text["rope_parameters"] = rope
+    text.pop("rope_scaling", None)
+    return text
+
+
+def vlm_vision_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A page model's vision tower config, over Qwen2VLVisionConfig's defaults (``in_chans``: older configs'
+    name of ``in_channels``; the rope base from ``rope_parameters`` where set)."""
+    saved = (config.get("vlm_config") or {}).get("vision_config") or {}
+    vision = {**QWEN2_VL_VISION, **saved}
+    if "in_chans" in saved and "in_channels" not in saved:
+        vision["in_channels"] = saved["in_chans"]
+    vision["rope_theta"] = float((vision.get("rope_parameters") or {}).get("rope_theta", vision["rope_theta"]))
+    return vision
 
 
 def position_offset(config: dict[str, Any]) -> int:

@@ -39,9 +39,18 @@ class ModelInfo:
     labels: tuple[str, ...] = ()  # a sequence classifier's label names, by logit (config.json's id2label)
     # the task adapters a request may choose (``task``): config.json's lora_adaptations (jina-embeddings-v3)
     adapters: tuple[str, ...] = ()
-    # the kinds of input it embeds: ("text",), or ("text", "image") for a two-tower model (CLIP)
+    # the kinds of input it embeds: ("text",), or ("text", "image") for a two-tower model (CLIP) or a page model
     inputs: tuple[str, ...] = ("text",)
-    image_tokens: int = 0  # what one image runs through the image tower (patches + class token); 0: no images
+    image_tokens: int = 0  # what one image runs through a two-tower model's image tower (patches + class token)
+    # a page model (ColQwen2): an image (a document page) becomes image tokens inside a text prompt, and the
+    # language model gives every token of it, as of a query, a vector ("multivector")
+    image_token_id: int = -1  # the token an image's features replace; >= 0 marks a page model
+    # the text a page is embedded as: one ``image_token_id`` token in it stands for the image's
+    # (gh * gw / image_merge**2) tokens (ColQwen2Processor's visual_prompt_prefix)
+    page_prompt: str = ""
+    query_prefix: str = ""  # put before a query's text ("Query: ")
+    query_suffix: str = ""  # put after it (ColQwen2: ten pad tokens, the model's query augmentation, then "\n")
+    image_merge: int = 0  # patches merged into one image token along each side (2: a token per 2x2 patches)
     # every text row padded to this many tokens with ``pad_id`` (SigLIP's text tower was trained so); 0: none
     pad_to: int = 0
     pad_id: int = 0
@@ -53,6 +62,11 @@ class ModelInfo:
         if output == "spans":  # late chunking: the token states pooled by span, then the dense stack
             return "dense" in self.outputs
         return output == "tokens" or output in self.outputs
+
+    @property
+    def pages(self) -> bool:
+        """A page model: its images are embedded inside ``page_prompt``, a vector per token."""
+        return self.image_token_id >= 0
 
     @property
     def scores(self) -> bool:

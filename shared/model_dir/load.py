@@ -6,10 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from embedfleet.shared.config.option import ConfigError
-from embedfleet.shared.model_dir.families import SIGLIP, TWO_TOWERS, family_types, position_offset
+from embedfleet.shared.model_dir.families import (
+    PAGE_MODELS,
+    QWEN2_VL_IMAGE_TOKEN_ID,
+    SIGLIP,
+    TWO_TOWERS,
+    family_types,
+    position_offset,
+    vlm_text_config,
+    vlm_vision_config,
+)
 from embedfleet.shared.model_dir.folder import ModelFolder, read_folder, read_json, setting
 from embedfleet.shared.model_dir.info import ModelInfo
 from embedfleet.shared.model_dir.outputs import (
+    MultiVectorSpec,
     bge_m3_heads,
     is_multi_vector_encoder,
     is_sparse_encoder,
@@ -31,7 +41,12 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
     """Read a model folder's configs; ``model`` None means the default shipped model."""
     folder, default_id = read_folder(model)
     config = folder.config
-    common: dict[str, Any] = dict(id=model_id or default_id, path=folder.path, max_seq_length=_max_seq_length(folder))
+    pages = family_types(config.get("model_type")) in PAGE_MODELS
+    # the config holding the language model's sizes: a page model keeps them nested under vlm_config
+    text = vlm_text_config(config) if pages else config
+    common: dict[str, Any] = dict(
+        id=model_id or default_id, path=folder.path, max_seq_length=_max_seq_length(folder, text)
+    )
     if score_tokens := logit_score_tokens(folder):
         return _llm_reranker(folder, score_tokens, common)
     if is_classifier(config):
@@ -49,11 +64,13 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
     prompts = _prompts(folder)
     common.update(
         adapters=task_adapters(config),
-        vocab_size=int(setting(config, "vocab_size")),
+        vocab_size=int(setting(text, "vocab_size")),
         prompts=prompts,
         default_prompt=_default_prompt(folder, prompts),
-        hidden_size=int(setting(config, "hidden_size")),
+        hidden_size=int(setting(text, "hidden_size")),
     )
+    if pages:
+        return _page_model(folder, common)
     if is_sparse_encoder(folder):
         sparse = splade(folder)
         return ModelInfo(
@@ -69,9 +86,10 @@ def load_model_info(model: str | None, model_id: str | None = None) -> ModelInfo
     return _dense_encoder(folder, common)
 
 
-def _max_seq_length(folder: ModelFolder) -> int:
-    """The longest input, special tokens included: the configured limit, capped by the positions."""
-    max_positions = int(setting(folder.config, "max_position_embeddings", 512)) - position_offset(folder.config)
+def _max_seq_length(folder: ModelFolder, text: dict[str, Any]) -> int:
+    """The longest input, special tokens included: the configured limit, capped by the positions
+    (``text``: the config holding the language model's sizes, config.json's own but for a page model)."""
+    max_positions = int(setting(text, "max_position_embeddings", 512)) - position_offset(folder.config)
     # tokenizer_config's model_max_length may be a huge sentinel (1e30): the min below caps it
     limit = folder.st_config.get("max_seq_length") or folder.tok_config.get("model_max_length") or max_positions
     return min(int(limit), max_positions)
@@ -140,6 +158,85 @@ def _two_towers(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
         image_tokens=patches + 1,
         **common,
     )
+
+
+# ColQwen2Processor's defaults: the text a page's image tokens are put in, and a query's prefix
+PAGE_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>"
+QUERY_PREFIX = "Query: "
+IMAGE_TOKEN = "<|image_pad|>"  # ColQwen2Processor's image token, unless the tokenizer names another
+QUERY_AUGMENTATION = 10  # pad tokens after a query's text (ColQwen2Processor.query_augmentation_token * 10)
+_PROCESSOR_DEFAULTS = {"merge_size": 2, "patch_size": 14, "temporal_patch_size": 2}  # Qwen2VLImageProcessor's
+
+
+def _page_model(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
+    """A page model (ColQwen2, as transformers' ColQwen2ForRetrieval and ColQwen2Processor run it): a
+    query is ``query_prefix + text + pad * 10 + "\\n"``, a page the processor's ``visual_prompt_prefix``
+    with its image token expanded to the image's tokens; every token's final state projected by the
+    checkpoint's ``embedding_proj_layer`` to ``embedding_dim`` and L2-normalised."""
+    from embedfleet.shared.images.preprocess import processor_config  # numpy: only a page model's reader needs it
+
+    config = folder.config
+    vlm, vision = config.get("vlm_config") or {}, vlm_vision_config(config)
+    image_config, where = processor_config(folder.path)
+    # the image processor cuts the patches and counts the image tokens; the vision tower reads them so
+    pairs = (("merge_size", "spatial_merge_size"), ("patch_size", "patch_size"), ("temporal_patch_size",) * 2)
+    for key, ours in pairs:
+        theirs = int(image_config.get(key, _PROCESSOR_DEFAULTS[key]))
+        if theirs != int(vision[ours]):
+            raise ConfigError(f"{where}: {key} {theirs} differs from the vision tower's {ours} {vision[ours]}")
+    merge = int(vision["spatial_merge_size"])
+    processor = read_json(folder.path / "processor_config.json")
+    processor = processor if isinstance(processor, dict) else {}
+    prompt = str(processor.get("visual_prompt_prefix") or PAGE_PROMPT)
+    extra = folder.tok_config.get("extra_special_tokens")
+    named = folder.tok_config.get("image_token") or (extra.get("image_token") if isinstance(extra, dict) else None)
+    image_token = _token_text(named) or IMAGE_TOKEN  # the tokenizer's image_token where it names one
+    if prompt.count(image_token) != 1:
+        raise ConfigError(f"the page prompt {prompt!r} must hold the image token {image_token!r} once")
+    image_token_id = int(vlm.get("image_token_id", QWEN2_VL_IMAGE_TOKEN_ID))
+    found = _token_id(folder, image_token)
+    if found != image_token_id:
+        raise ConfigError(
+            f"config.json's image_token_id is {image_token_id}; the tokenizer's {image_token!r} is {found}"
+        )
+    specials = read_json(folder.path / "special_tokens_map.json")  # older tokenizers' special tokens
+    pad = _token_text(folder.tok_config.get("pad_token")) or _token_text(
+        specials.get("pad_token") if isinstance(specials, dict) else None
+    )
+    if not pad:
+        raise ConfigError("a ColQwen2 tokenizer needs a pad token: a query ends with ten of them")
+    dim = int(config.get("embedding_dim", 128))
+    return ModelInfo(
+        dim=dim,
+        pooling="cls",  # unused: nothing pools, every token has its vector
+        normalize=False,
+        inputs=("text", "image"),
+        outputs=("multivector",),
+        multivector=MultiVectorSpec(dim=dim, normalize=True, checkpoint="embedding_proj_layer", skiplist_tasks=()),
+        image_token_id=image_token_id,
+        page_prompt=prompt,
+        query_prefix=str(processor.get("query_prefix") or QUERY_PREFIX),
+        query_suffix=pad * QUERY_AUGMENTATION + "\n",
+        image_merge=merge,
+        **common,
+    )
+
+
+def _token_text(token: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: its text, or an AddedToken's {"content": ...}."""
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) and token else None
+
+
+def _token_id(folder: ModelFolder, token: str) -> int | None:
+    """The vocabulary id of ``token`` in the folder's tokenizer.json (None where it is no single token)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(folder.path / "tokenizer.json"))
+    except Exception as exc:
+        raise ConfigError(f"cannot read {folder.path / 'tokenizer.json'}: {str(exc)[:200]}") from None
+    return tokenizer.token_to_id(token)
 
 
 def _llm_reranker(folder: ModelFolder, score_tokens: tuple[int, ...], common: dict[str, Any]) -> ModelInfo:

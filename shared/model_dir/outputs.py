@@ -42,11 +42,14 @@ class MultiVectorSpec:
 
     sentence-transformers' MultiVectorEncoder: Transformer -> Dense (per token, any number) ->
     MultiVectorMask (skiplist) -> Normalize. BGE-M3: colbert_linear on every token after the first,
-    normalised.
+    normalised. ColQwen2: its checkpoint's embedding_proj_layer on every token, normalised.
     """
 
     dense: tuple[DenseSpec, ...] = ()  # Dense layers applied to every token's state
     linear: Path | None = None  # BGE-M3: the colbert_linear file ("weight" [out, in], "bias" [out])
+    # a Linear kept in the model's own checkpoint, by its tensors' prefix (ColQwen2: "embedding_proj_layer",
+    # its "<prefix>.weight" [out, hidden] and "<prefix>.bias" [out]); "": none
+    checkpoint: str = ""
     normalize: bool = True
     skip_first: bool = False  # BGE-M3: the first (CLS) token has no vector
     skiplist_words: tuple[str, ...] = ()  # tokens dropped from the vectors of the skiplist's tasks

@@ -18,6 +18,7 @@ MAX_BUNDLE = 1024  # requests in one Requests message
 MAX_PROMPT_TOKENS = 1 << 20  # a row's leading tokens that pooling skips
 MAX_IMAGE_SIDE = 4096  # prepared images' height and width (processors make a few hundred pixels)
 MAX_IMAGE_TOKENS = 1 << 16  # the tokens one image's tower runs (patches + class token)
+MAX_PATCH_BYTES = 3 * 32 * 32  # a page model's patch row: channels x patch x patch (ColQwen2: 3 x 14 x 14)
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
 # a request's cancel key (EmbedRequest.cancel_key): at least 128 random bits, so that it cannot be guessed
 MIN_CANCEL_KEY, MAX_CANCEL_KEY = 16, 64

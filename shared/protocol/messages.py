@@ -219,6 +219,11 @@ class TokenChunk:
     # input_ids is then empty and cu_seqlens counts each image as the tokens its tower runs (patches + 1),
     # so budgets and load weigh images as the engine's work
     pixels: np.ndarray | None = None
+    # a page model's rows (ColQwen2): each row is a text holding one image's tokens, and its image comes
+    # as patch rows [P, C * patch * patch] uint8 (resized as the processor resizes, not normalised), row i's
+    # ``page_grids[i]`` = (gh, gw) patches of them, in row order
+    pages: np.ndarray | None = None
+    page_grids: np.ndarray | None = None  # [count, 2] int32
 
     TYPE = "tokens"
 
@@ -230,6 +235,12 @@ class TokenChunk:
     def num_tokens(self) -> int:
         """The tokens the engine runs for these rows (an image's: its tower's)."""
         return int(self.cu_seqlens[-1])
+
+    def page_rows(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The patch rows and grids of rows ``start`` .. ``end`` of a page chunk."""
+        assert self.pages is not None and self.page_grids is not None
+        offsets = np.concatenate([[0], np.cumsum(self.page_grids[:, 0].astype(np.int64) * self.page_grids[:, 1])])
+        return self.pages[offsets[start] : offsets[end]], self.page_grids[start:end]
 
 
 @dataclass(frozen=True, slots=True)

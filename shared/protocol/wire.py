@@ -15,6 +15,7 @@ from embedfleet.shared.protocol.checks import (
     MAX_IMAGE_SIDE,
     MAX_IMAGE_TOKENS,
     MAX_NAME,
+    MAX_PATCH_BYTES,
     MAX_PROMPT_TOKENS,
     MAX_ROWS,
     TOKEN_DTYPE,
@@ -200,6 +201,12 @@ def _encode_token_chunk(msg: TokenChunk) -> dict[str, Any]:
         body |= msg.chunks.to_wire()
     if msg.pixels is not None:
         body |= {"px": np.ascontiguousarray(msg.pixels, dtype=np.uint8).tobytes(), "pxs": list(msg.pixels.shape)}
+    if msg.pages is not None and msg.page_grids is not None:
+        body |= {
+            "pg": np.ascontiguousarray(msg.pages, dtype=np.uint8).tobytes(),
+            "pgw": int(msg.pages.shape[1]),
+            "pgg": _tokens_wire(msg.page_grids.reshape(-1)),
+        }
     return body | spans_body(msg.spans, SEQUENCE_KEYS)
 
 
@@ -216,6 +223,7 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
     start, total = required_int(m, "s"), required_int(m, "rows")
     if not (start >= 0 and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
+    pages, page_grids = _pages_field(m, len(cu) - 1, pixels is not None)
     token_types = None
     if m.get("tt") is not None:
         token_types = int32_array(required(m, "tt", bytes), "token types")
@@ -258,6 +266,8 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
         chunks=chunks,
         cancel_key=optional_cancel_key(m),
         pixels=pixels,
+        pages=pages,
+        page_grids=page_grids,
     )
 
 
@@ -277,6 +287,26 @@ def _pixels_field(m: dict, rows: int, ids: np.ndarray) -> np.ndarray | None:
     if len(data) != n * c * h * w or len(ids):
         raise ProtocolError("pixels must hold exactly their shape's bytes, with no token ids beside them")
     return np.frombuffer(data, dtype=np.uint8).reshape(n, c, h, w)
+
+
+def _pages_field(m: dict, rows: int, pixels: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A page chunk's patch rows [P, width] uint8 and grids [rows, 2] int32 (one image per row), checked
+    against each other before any copy; (None, None) for other rows."""
+    if m.get("pg") is None:
+        return None, None
+    data, width = required(m, "pg", bytes), required_int(m, "pgw")
+    grids = int32_array(required(m, "pgg", bytes), "pgg").astype(np.int64)
+    if pixels or not 0 < width <= MAX_PATCH_BYTES or len(grids) != 2 * rows:
+        raise ProtocolError(
+            f"pages must be patch rows of 1 to {MAX_PATCH_BYTES} bytes with one (height, width) grid per row, "
+            "and no pixels beside them"
+        )
+    grids = grids.reshape(rows, 2)
+    if grids.min(initial=1) < 1 or grids.max(initial=1) > MAX_IMAGE_SIDE:
+        raise ProtocolError(f"a page's grid must be 1 to {MAX_IMAGE_SIDE} patches each way")
+    if len(data) != int((grids[:, 0] * grids[:, 1]).sum()) * width:
+        raise ProtocolError("pages must hold exactly their grids' patch rows")
+    return np.frombuffer(data, dtype=np.uint8).reshape(-1, width), grids.astype(np.int32)
 
 
 def _encode_embed_result(msg: EmbedResult) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from pydantic_core import ErrorDetails
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.http.body_errors import input_fault, read_body
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.images import image_files
-from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs, within_count, within_limits
+from embedfleet.services.gateway.images import image_files, split_items
+from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs, within_count
 from embedfleet.services.gateway.openai.body import EmbeddingsBody, InputItem
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.vectors.forms import EMBEDDING_TYPES, FORMS
@@ -61,14 +61,8 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         image_rows = tuple(range(len(uris)))
         inputs = Inputs([], None)
     elif isinstance(doc.input, list) and isinstance(doc.input[0], InputItem):
-        items = [item for item in doc.input if isinstance(item, InputItem)]  # all of them: the <items> member
-        image_rows = tuple(i for i, item in enumerate(items) if item.image is not None)
-        texts = [item.text for item in items if item.text is not None]
-        uris = [items[i].image or "" for i in image_rows]
-        within_count(len(items), "input", limits)  # before any image is decoded
-        inputs = within_limits(Inputs(texts, None), "input", limits)
-        if image_rows:
-            images = Inputs([], None, image_files(uris, [f"input[{i}]" for i in image_rows], limits.images))
+        items = [(item.text, item.image) for item in doc.input if isinstance(item, InputItem)]  # the <items> member
+        inputs, images, image_rows = split_items(items, "input", limits)
     else:
         inputs = typed_inputs(doc.input, "input", limits)
     if images is not None and doc.chunking is not None:

@@ -88,7 +88,8 @@ EmbeddingsInput = Annotated[
     ),
     Field(
         description="a text, a list of texts, a list of token IDs, a list of token-ID lists, or a list of "
-        "{'text': ...} / {'image': 'data:image/...;base64,...'} items (images: a two-tower model, CLIP)"
+        "{'text': ...} / {'image': 'data:image/...;base64,...'} items (images: a two-tower model, CLIP, or a "
+        "page model, ColQwen2, on /embed_all)"
     ),
 ]
 

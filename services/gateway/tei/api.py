@@ -12,7 +12,9 @@ from pydantic_core import ErrorDetails
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.http.body_errors import input_fault, read_body
 from embedfleet.services.gateway.http.errors import ApiError
+from embedfleet.services.gateway.images import split_items
 from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs
+from embedfleet.services.gateway.openai.body import InputItem
 from embedfleet.services.gateway.tei.body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
 from embedfleet.services.gateway.tei.tasks import model_type
 from embedfleet.shared.errors import ErrorCode
@@ -26,6 +28,9 @@ class EmbedRequest:
     options: EmbedOptions
     chunking: Chunking | None = None  # /embed's extension: long inputs cut into chunks (services/gateway/chunking.py)
     model: str | None = None  # the extension: which served model answers (None: the default)
+    # /embed_all's {'image': ...} items (a page model's): the images, and the index in ``inputs`` of each
+    images: Inputs | None = None
+    image_rows: tuple[int, ...] = ()
 
 
 def _inputs_fault(errors: list[ErrorDetails]) -> ApiError:
@@ -139,7 +144,13 @@ def parse_embed_all(doc: EmbedAllBody, limits: Limits, offers: tuple[str, ...]) 
     """TEI's /embed_all: a vector per token. ``offers``: the outputs the model's workers make. A model
     with a multi-vector head (ColBERT-style, BGE-M3) answers its projected, normalised token vectors;
     others their last hidden states. The extension ``output`` ("tokens" / "multivector") chooses."""
-    inputs = typed_inputs(doc.inputs, "inputs", limits)
+    images: Inputs | None = None
+    image_rows: tuple[int, ...] = ()
+    if isinstance(doc.inputs, list) and isinstance(doc.inputs[0], InputItem):
+        items = [(item.text, item.image) for item in doc.inputs if isinstance(item, InputItem)]  # the <items> member
+        inputs, images, image_rows = split_items(items, "inputs", limits)
+    else:
+        inputs = typed_inputs(doc.inputs, "inputs", limits)
     output = doc.output or ("multivector" if "multivector" in offers else "tokens")
     if output == "multivector" and "multivector" not in offers:
         raise ApiError(
@@ -153,7 +164,7 @@ def parse_embed_all(doc: EmbedAllBody, limits: Limits, offers: tuple[str, ...]) 
         truncation_direction=doc.truncation_direction or "right",
         prompt_name=doc.prompt_name,
     )
-    return EmbedRequest(inputs, options, model=doc.model)
+    return EmbedRequest(inputs, options, model=doc.model, images=images, image_rows=image_rows)
 
 
 def render_sparse(rows: list) -> bytes:

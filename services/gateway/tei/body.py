@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic_core import PydanticCustomError
 
 from embedfleet.services.gateway.inputs import MAX_NAME_CHARS
-from embedfleet.services.gateway.openai.body import ChunkingBody, Input, TextOrTexts
+from embedfleet.services.gateway.openai.body import ChunkingBody, EmbeddingsInput, Input, TextOrTexts
 from embedfleet.shared.protocol import MAX_DIMENSION
 from embedfleet.shared.protocol.messages import MAX_SPARSE_TOP_K
 
@@ -68,13 +68,18 @@ class TeiBody(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", allow_inf_nan=False)
 
 
-class _EmbedInputs(TeiBody):
-    """What the embedding routes share: the inputs and how an over-long one is cut."""
+class _Cut(TeiBody):
+    """What the embedding routes share: how an over-long input is cut, the prompt."""
 
-    inputs: Input
     truncate: Truncate = False
     truncation_direction: Direction | None = "right"
     prompt_name: PromptName = None
+
+
+class _EmbedInputs(_Cut):
+    """The embedding routes' inputs (texts or token IDs) and how an over-long one is cut."""
+
+    inputs: Input
 
 
 class EmbedBody(_EmbedInputs):
@@ -99,8 +104,10 @@ class EmbedSparseBody(_EmbedInputs):
     model: Model = None
 
 
-class EmbedAllBody(_EmbedInputs):
-    """A vector per token (TEI): hidden states, or a multi-vector head's (ColBERT-style, BGE-M3)."""
+class EmbedAllBody(_Cut):
+    """A vector per token (TEI): hidden states, or a multi-vector head's (ColBERT-style, BGE-M3, ColQwen2)."""
+
+    inputs: EmbeddingsInput  # TEI's forms, and Jina's items: a page model's (ColQwen2) images
 
     output: Literal["tokens", "multivector"] | None = Field(
         None,

@@ -9,6 +9,7 @@ from starlette.responses import Response
 from embedfleet.services.gateway.core import Embedder, offers
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.http.formats import binary_answer
+from embedfleet.services.gateway.images import embed_with_images
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.tei import api as tei_api
 from embedfleet.services.gateway.tei.body import EmbedAllBody
@@ -45,7 +46,10 @@ async def embed_sparse(fleet: Embedder, req: tei_api.EmbedRequest, model: str, c
 async def embed_all(fleet: Embedder, doc: EmbedAllBody, limits: Limits) -> Response:
     model = await fleet.resolve_model(doc.model)
     req = tei_api.parse_embed_all(doc, limits, await offers(fleet, model))
-    outcome = await fleet.run_embed(model, req.inputs, req.options)
+    if req.images is not None:
+        outcome = await embed_with_images(fleet, model, req.inputs, req.images, req.image_rows, req.options)
+    else:
+        outcome = await fleet.run_embed(model, req.inputs, req.options)
     form = req.options.form
     return Response(
         tei_api.render_all(outcome.ragged_rows(), form),

@@ -94,6 +94,16 @@ def prepare(
 _ARRAYS = [f.name for f in fields(HostBatch) if f.name not in ("rows", "max_len")]
 
 
+@dataclass(slots=True)
+class Pages:
+    """A page model's images in one batch (ColQwen2): their patch rows, as its vision tower takes them, and
+    each image's patch grid. Image ``i`` fills, in order, the ``gh * gw / merge**2`` image tokens of the
+    batch's ids that follow image ``i - 1``'s."""
+
+    patches: torch.Tensor  # [P, C * temporal * patch * patch] in the model's dtype, on the device, normalised
+    grids: tuple[tuple[int, int], ...]  # (gh, gw) patches per image, in the order their tokens come
+
+
 class DeviceBatch:
     """Device tensors for one HostBatch, each field under the same name."""
 
@@ -119,6 +129,7 @@ class DeviceBatch:
             setattr(self, name, t.to(device, non_blocking=True))
         self.rows = host.rows
         self.max_len = host.max_len
+        self.pages: Pages | None = None  # a page model's images (ColQwen2), set by the engine
 
 
 class StaticBatch:
@@ -165,3 +176,4 @@ class StaticView:
         self.adapters = static.adapters[:tokens]
         self.cu_seqlens = static.cu_seqlens
         self.first, self.last, self.lengths, self.kept = static.first, static.last, static.lengths, static.kept
+        self.pages: Pages | None = None  # captured graphs run texts only

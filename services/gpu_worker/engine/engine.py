@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from embedfleet.services.gpu_worker.engine.attention import Attention, select_attention
-from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, StaticBatch, prepare
+from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, Pages, StaticBatch, prepare
 from embedfleet.services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
 from embedfleet.services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
 from embedfleet.services.gpu_worker.engine.images import ImagePath
@@ -24,11 +24,13 @@ from embedfleet.services.gpu_worker.engine.loader import load_weights, read_safe
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
 from embedfleet.services.gpu_worker.engine.models.registry import Family, family_for, spec_from_folder
 from embedfleet.services.gpu_worker.engine.outputs import build_outputs
+from embedfleet.services.gpu_worker.engine.page_pixels import PagePixels
 from embedfleet.services.gpu_worker.engine.pooling import pool
 from embedfleet.services.gpu_worker.engine.results import CudaResult, ReadyResult
 from embedfleet.services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from embedfleet.services.gpu_worker.engine.st_modules import build_dense
 from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.images.pages import PageProcessing
 from embedfleet.shared.images.preprocess import ImageProcessing
 from embedfleet.shared.model_dir.info import ModelInfo
 
@@ -123,6 +125,9 @@ class Engine:
         # a two-tower model's image processing (preprocessor_config.json): how its image path normalises pixels
         self._image_processing = ImageProcessing.from_folder(info.path) if model.vision is not None else None
         self.image_path: ImagePath | None = None  # set by configure for a model with an image tower
+        # a page model's image processing (ColQwen2): its patch rows rescaled and normalised on the device
+        self.page_processing = PageProcessing.from_folder(info.path) if info.image_token_id >= 0 else None
+        self._page_pixels = PagePixels(self.page_processing, self.device) if self.page_processing else None
         # the folder's other outputs (sparse, multivector), shared by replicas like the model
         self.heads = heads
         # sentence-transformers Dense layers after pooling (float32, shared by replicas like the model)
@@ -165,7 +170,9 @@ class Engine:
         self.graphs: GraphCache | None = None
         self._static: StaticBatch | None = None
         self._pool = None
-        if use_graphs:
+        # graphs replay the dense forward: a model that makes no dense vectors (multi-vector only: ColBERT,
+        # ColQwen2) runs every batch eagerly, and its [rows, dim] output buffer would not hold its pooled states
+        if use_graphs and (self.info.scores or "dense" in self.info.outputs):
             buckets = bucket_sizes(max_batch_tokens)
             self.graphs = GraphCache(buckets, self._capture)
             # one row per sequence, one for the pad tokens
@@ -260,6 +267,40 @@ class Engine:
         if np.any(np.diff(cu_seqlens) != self.image_tokens):
             raise InvalidTokens(0, f"is an image counted as other than its tower's {self.image_tokens} tokens")
 
+    def check_pages(
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        pages: np.ndarray | None,
+        grids: np.ndarray | None,
+    ) -> None:
+        """Reject a page model's rows whose images do not fit their text: each image row's image tokens must
+        be its patches merged (gh * gw / merge**2), its patch rows as wide as the folder's patches, its grid
+        whole merge windows within the processor's pixels; rows without an image hold no image token; a
+        model that is not a page model takes none. Raises InvalidTokens naming the first row at fault."""
+        proc, token = self.page_processing, self.info.image_token_id
+        if proc is None:
+            if pages is not None:
+                raise InvalidTokens(0, f"is a page image: {self.info.id} embeds texts only")
+            return
+        rows = len(cu_seqlens) - 1
+        marked = np.add.reduceat((input_ids == token).astype(np.int64), cu_seqlens[:-1]) if rows else np.zeros(0)
+        if pages is None or grids is None:
+            if np.any(marked):
+                raise InvalidTokens(int(np.argmax(marked > 0)), "holds image tokens without an image")
+            return
+        if pages.shape[1] != proc.row_bytes:
+            raise InvalidTokens(0, f"is a page of {pages.shape[1]}-byte patches; {self.info.id} takes {proc.row_bytes}")
+        m = proc.merge_size
+        patches = grids[:, 0].astype(np.int64) * grids[:, 1]
+        bad = (grids[:, 0] % m != 0) | (grids[:, 1] % m != 0) | (patches > proc.max_patches)
+        bad |= marked != patches // (m * m)
+        if np.any(bad):
+            row = int(np.argmax(bad))
+            raise InvalidTokens(
+                row, f"has {int(marked[row])} image tokens for a {grids[row, 0]}x{grids[row, 1]}-patch image"
+            )
+
     # -- running ----------------------------------------------------------------------------
 
     def embed(
@@ -284,6 +325,7 @@ class Engine:
         outputs: tuple[str, ...] = ("dense",),
         spans: Spans | None = None,
         adapters: np.ndarray | None = None,
+        pages: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> ReadyResult | CudaResult:
         """Launch one batch and return at once; the handle's ``result()`` gives [B, dim] float32, its
         ``run`` how the forward ran ("eager", "captured" or "replay": CUDA graphs).
@@ -295,14 +337,15 @@ class Engine:
         each). ``spans``: with output "spans", each row's token ranges (row-relative; a row may have
         none), each pooled into one vector (span_pooling.py), in row then span order. Inputs must have
         passed :meth:`check`. ``adapters``: [B] each row's task adapter (0: none, i: the model's
-        ``adapter_names[i - 1]``), for a model that has them.
+        ``adapter_names[i - 1]``), for a model that has them. ``pages``: a page model's images in the
+        batch, (patch rows [P, width] uint8, grids [I, 2]) as :meth:`check_pages` passed them (runs eagerly).
         """
         if ("spans" in outputs) != (spans is not None):
             raise ValueError("spans are given exactly with the output 'spans'")
         if self.info.include_prompt:
             skip = None
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
-        extra = tuple(outputs) != ("dense",)
+        extra = tuple(outputs) != ("dense",) or pages is not None
         bucket = (
             self.graphs.bucket_for(tokens)
             if self.graphs is not None and rows <= self.max_batch_seqs and not extra
@@ -313,7 +356,7 @@ class Engine:
             self._use_threads(1 if tokens < self._serial_tokens and not extra else self._threads)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if extra:
-                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs, spans, adapters)
+                made = self._eager(input_ids, cu_seqlens, token_types, skip, outputs, spans, adapters, pages)
             elif bucket is None:
                 made = self._eager(input_ids, cu_seqlens, token_types, skip, adapters=adapters)
             else:
@@ -367,6 +410,7 @@ class Engine:
         outputs: tuple[str, ...] | None = None,
         spans: Spans | None = None,
         adapters: np.ndarray | None = None,
+        pages: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         tokens, rows = int(cu_seqlens[-1]), len(cu_seqlens) - 1
         pad_to = None
@@ -388,6 +432,13 @@ class Engine:
             adapters=adapters,
         )
         batch = DeviceBatch(host, self.device)
+        if pages is not None:
+            assert self._page_pixels is not None  # check_pages refuses pages for a model that is not a page model
+            patches, grids = pages
+            rows_on_device = torch.from_numpy(patches).to(self.device, non_blocking=True)
+            batch.pages = Pages(
+                self._page_pixels(rows_on_device).to(self.dtype), tuple((int(h), int(w)) for h, w in grids)
+            )
         # the dummy row's outputs are never read: the attention may skip it
         self.attention.bind(host.cu_seqlens, batch.cu_seqlens, host.max_len, real_tokens=tokens)
         if outputs is not None:

@@ -5,7 +5,8 @@
   The logits are made a slice of tokens at a time, so a batch never holds [T, vocab] at once.
 - sparse, "linear" (BGE-M3): w = relu(sparse_linear(h)) per token; each row keeps the largest w of
   every token id (its special tokens get none): [R, vocab].
-- multivector: the folder's per-token Dense layers (or BGE-M3's colbert_linear), then L2 norm: [T, dim].
+- multivector: the folder's per-token Dense layers (or BGE-M3's colbert_linear, or a Linear of the model's
+  own checkpoint: ColQwen2's embedding_proj_layer), then L2 norm: [T, dim].
 - tokens: the last hidden states as they are: [T, hidden].
 
 Rows of a padded batch beyond the real ones are computed and dropped by the caller, as for pooling.
@@ -155,12 +156,33 @@ class SparseOutput(nn.Module):
         return out
 
 
+def _checkpoint_linear(tensors: dict[str, torch.Tensor], prefix: str, expect_in: int, expect_out: int) -> nn.Linear:
+    """The Linear a checkpoint keeps under ``prefix`` ("<prefix>.weight" [out, in], "<prefix>.bias" [out] if any),
+    checked to take the model's ``expect_in`` and make the folder's ``expect_out`` dimensions (0: any)."""
+    weight, bias = tensors.get(f"{prefix}.weight"), tensors.get(f"{prefix}.bias")
+    if weight is None:
+        raise ConfigError(f"checkpoint is missing tensor {prefix + '.weight'!r} (the multi-vector projection)")
+    if weight.dim() != 2 or weight.shape[1] != expect_in or (expect_out and weight.shape[0] != expect_out):
+        raise ConfigError(
+            f"{prefix}.weight has shape {tuple(weight.shape)}: expected [{expect_out or 'out'}, {expect_in}] "
+            "(the vector size the config says, the model's hidden size)"
+        )
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
+
+
 class MultiVectorOutput(nn.Module):
-    def __init__(self, spec: MultiVectorSpec, hidden: int) -> None:
+    def __init__(self, spec: MultiVectorSpec, hidden: int, tensors: dict[str, torch.Tensor]) -> None:
         super().__init__()
         self.spec = spec
-        if spec.linear is not None:
-            self.proj: nn.Module = _linear(spec.linear, hidden)
+        if spec.checkpoint:
+            self.proj: nn.Module = _checkpoint_linear(tensors, spec.checkpoint, hidden, spec.dim)
+        elif spec.linear is not None:
+            self.proj = _linear(spec.linear, hidden)
         elif spec.dense:
             self.proj = DenseStack(spec.dense)
         else:
@@ -179,5 +201,5 @@ def build_outputs(
     if info.sparse is not None:
         heads["sparse"] = SparseOutput(info.sparse, info.vocab_size, info.hidden_size, tensors, config)
     if info.multivector is not None:
-        heads["multivector"] = MultiVectorOutput(info.multivector, info.hidden_size)
+        heads["multivector"] = MultiVectorOutput(info.multivector, info.hidden_size, tensors)
     return {k: m.to(device).eval().requires_grad_(False) for k, m in heads.items()}

@@ -11,6 +11,7 @@ from typing import Any
 from embedfleet.services.gpu_worker.engine.models import (
     bert,
     clip,
+    colqwen2,
     decoder,
     eurobert,
     gemma2,
@@ -253,6 +254,21 @@ FAMILIES = (
         "text: " + _FLASH + "; images: SDPA over [images, patches]",
         verified="towers",
     ),
+    Family(
+        model_families.COLQWEN2,
+        colqwen2.spec,
+        colqwen2.ColQwen2Model,
+        "vidore/colqwen2-v1.0-hf: queries and document pages (images, each at its own size), a 128-wide vector "
+        "per token for late interaction (MaxSim)",
+        "none: a vector per token (`multivector`)",
+        "causal, grouped-query, plain 1-D positions (as transformers' ColQwen2ForRetrieval); a page's image "
+        "through Qwen2-VL's vision tower, bidirectional within the image",
+        "FlashInfer (head size 64/128/256) or PyTorch flash varlen, eager (token vectors); images: the vision "
+        "tower, SDPA image by image",
+        prompts="queries: `Query: {text}` + 10 pad tokens + `\\n`; pages: `<\\|im_start\\|>user\\n"
+        "<\\|vision_start\\|>{image}<\\|vision_end\\|>Describe the image.<\\|im_end\\|><\\|endoftext\\|>`",
+        verified="pages",
+    ),
 )
 
 
@@ -269,6 +285,7 @@ _VERIFIED = {
     "moe": "v2-moe's vectors (engine, HTTP→worker) = the published definition's forward",
     "towers": "text and image vectors (engine) = transformers' get_text_features / get_image_features",
     "adapters": "each task adapter's vectors, tasks mixed in a batch = the adapter merged into the weights",
+    "pages": "query and page token vectors (engine) = transformers' ColQwen2ForRetrieval",
 }
 
 
