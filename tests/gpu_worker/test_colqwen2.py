@@ -192,3 +192,68 @@ def test_the_projection_comes_from_the_checkpoint(folder, tmp_path):
     save_file(tensors, str(copy / "model.safetensors"))
     with pytest.raises(ConfigError, match=r"checkpoint is missing tensor 'embedding_proj_layer\.weight'"):
         Engine(load_model_info(str(copy)), "cpu")
+
+
+def test_the_engine_runs_pages_from_the_tokenizers_uint8_rows(engine, hf):
+    """Engine.step with ``pages`` as the tokenizer sends them (uint8 patch rows, normalised on the device) gives
+    the tokens transformers gives, beside a query in the same batch (a batch may mix them)."""
+    from embedfleet.services.tokenizer.encoder import TextEncoder
+    from embedfleet.services.tokenizer.pages import PagePreparer
+    from embedfleet.shared.images.pages import PageProcessing
+
+    model, processor = hf
+    preparer = PagePreparer.for_model(engine.info, TextEncoder(engine.info))
+    assert preparer is not None
+    image = _image(SIZES[1], 3)
+    page = preparer.page(_png(image))
+    ids, _, grid, inputs = _page(processor, image)
+    np.testing.assert_array_equal(page.ids, ids)  # the page prompt expanded as ColQwen2Processor expands it
+    assert page.grid == grid
+    query = processor.process_queries([QUERIES[0]])["input_ids"][0].numpy()
+    rows = [query.astype(np.int32), page.ids]
+    cu = np.array([0, len(query), len(query) + len(page.ids)], np.int32)
+    grids = np.array([grid], np.int32)
+    engine.check_pages(np.concatenate(rows), cu, page.patches, grids)
+    made = engine.step(np.concatenate(rows), cu, outputs=("multivector",), pages=(page.patches, grids)).result()
+    assert isinstance(made, dict)
+    ours = made["multivector"]
+    assert cosines(ours[len(query) :], reference_vectors(model, inputs)).min() >= COSINE
+    with torch.no_grad():
+        theirs = model(**processor.process_queries([QUERIES[0]])).embeddings[0].numpy()
+    assert cosines(ours[: len(query)], theirs).min() >= COSINE
+    assert PageProcessing.from_folder(engine.info.path).row_bytes == page.patches.shape[1]
+
+
+def _png(image: Image.Image) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def test_check_pages_refuses_what_the_model_cannot_take(engine):
+    """Forged or mismatched page rows are refused before they run, naming the row at fault."""
+    from embedfleet.services.gpu_worker.engine.errors import InvalidTokens
+
+    grid = np.array([[4, 4]], np.int32)  # 16 patches: 4 image tokens
+    ids = np.array([5, IMAGE_PAD, IMAGE_PAD, IMAGE_PAD, IMAGE_PAD, 6], np.int32)
+    cu = np.array([0, len(ids)], np.int32)
+    patches = np.zeros((16, engine.page_processing.row_bytes), np.uint8)
+    engine.check_pages(ids, cu, patches, grid)  # as it should be
+    two = np.array([0, 2, len(ids)], np.int32)
+    cases = [
+        ((ids, cu, None, None), "is one of 1 rows with image tokens for 0 images"),
+        ((ids[:-2], np.array([0, 4], np.int32), patches, grid), "has 3 image tokens for a 4x4-patch image"),
+        ((ids, cu, patches[:, :-1], grid), "587-byte patches"),
+        ((ids, cu, np.zeros((15, 588), np.uint8), np.array([[3, 5]], np.int32)), "for a 3x5-patch image"),
+        ((ids, cu, patches[:-1], grid), "15 patch rows for images of 16 patches"),
+        ((ids, cu, patches, np.zeros((0, 2), np.int32)), "1 rows with image tokens for 0 images"),
+        ((ids, two, patches, np.array([[2, 2], [2, 2]], np.int32)), "row 1 has 3 image tokens for a 2x2-patch image"),
+    ]
+    for args, says in cases:
+        with pytest.raises(InvalidTokens, match=says):
+            engine.check_pages(*args)
+    huge = engine.page_processing.max_patches + 4
+    with pytest.raises(InvalidTokens, match="image"):
+        engine.check_pages(ids, cu, np.zeros((huge * 2, 588), np.uint8), np.array([[2, huge]], np.int32))

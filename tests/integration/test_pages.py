@@ -137,3 +137,16 @@ def test_a_dense_route_refuses_a_page_model_naming_what_it_makes(fleet):
     reply = httpx.post(f"{fleet[0]}/v1/embeddings", json={"model": MODEL, "input": "a query"}, timeout=30)
     assert reply.status_code == 400, reply.text
     assert "does not make dense vectors (it makes: multivector" in reply.json()["error"]["message"]
+
+
+def test_token_ids_that_hold_image_tokens_without_an_image_are_refused(fleet):
+    """Image tokens reach a worker only with their image: token IDs sent with one (or a query's text that
+    names the token) get a clear 422 naming the input, and the worker serves on."""
+    from bench.page_models import IMAGE_PAD
+
+    url = fleet[0]
+    reply = _embed_all(url, {"model": MODEL, "inputs": [[5, 6, 7], [5, IMAGE_PAD, 7]]})
+    assert reply.status_code == 422, reply.text
+    assert "rows with image tokens" in reply.json()["error"], reply.text
+    again = _embed_all(url, {"model": MODEL, "inputs": ["still serving"]})
+    assert again.status_code == 200, again.text

@@ -274,10 +274,11 @@ class Engine:
         pages: np.ndarray | None,
         grids: np.ndarray | None,
     ) -> None:
-        """Reject a page model's rows whose images do not fit their text: each image row's image tokens must
-        be its patches merged (gh * gw / merge**2), its patch rows as wide as the folder's patches, its grid
-        whole merge windows within the processor's pixels; rows without an image hold no image token; a
-        model that is not a page model takes none. Raises InvalidTokens naming the first row at fault."""
+        """Reject a page model's rows whose images do not fit their text: the rows holding image tokens take
+        the images in order, one each, and a row's image tokens must be its image's patches merged (gh * gw /
+        merge**2), its grid whole merge windows within the processor's bound, the patch rows as wide as the
+        folder's patches and as many as the grids say; a model that is not a page model takes none. Raises
+        InvalidTokens naming the first row at fault."""
         proc, token = self.page_processing, self.info.image_token_id
         if proc is None:
             if pages is not None:
@@ -285,21 +286,26 @@ class Engine:
             return
         rows = len(cu_seqlens) - 1
         marked = np.add.reduceat((input_ids == token).astype(np.int64), cu_seqlens[:-1]) if rows else np.zeros(0)
-        if pages is None or grids is None:
-            if np.any(marked):
-                raise InvalidTokens(int(np.argmax(marked > 0)), "holds image tokens without an image")
-            return
+        holders = np.flatnonzero(marked)  # the rows with an image, in order
+        count = 0 if grids is None else len(grids)
+        if pages is None and not len(holders):
+            return  # text rows alone (queries)
+        if pages is None or grids is None or len(holders) != count:
+            row = int(holders[count]) if len(holders) > count else rows - 1
+            raise InvalidTokens(max(row, 0), f"is one of {len(holders)} rows with image tokens for {count} images")
         if pages.shape[1] != proc.row_bytes:
             raise InvalidTokens(0, f"is a page of {pages.shape[1]}-byte patches; {self.info.id} takes {proc.row_bytes}")
         m = proc.merge_size
         patches = grids[:, 0].astype(np.int64) * grids[:, 1]
         bad = (grids[:, 0] % m != 0) | (grids[:, 1] % m != 0) | (patches > proc.max_patches)
-        bad |= marked != patches // (m * m)
+        bad |= marked[holders] != patches // (m * m)
         if np.any(bad):
-            row = int(np.argmax(bad))
+            i = int(np.argmax(bad))
             raise InvalidTokens(
-                row, f"has {int(marked[row])} image tokens for a {grids[row, 0]}x{grids[row, 1]}-patch image"
+                int(holders[i]), f"has {int(marked[holders[i]])} image tokens for a {grids[i, 0]}x{grids[i, 1]}-patch image"
             )
+        if len(pages) != int(patches.sum()):
+            raise InvalidTokens(0, f"comes with {len(pages)} patch rows for images of {int(patches.sum())} patches")
 
     # -- running ----------------------------------------------------------------------------
 
