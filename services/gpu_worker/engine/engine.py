@@ -302,7 +302,8 @@ class Engine:
         if np.any(bad):
             i = int(np.argmax(bad))
             raise InvalidTokens(
-                int(holders[i]), f"has {int(marked[holders[i]])} image tokens for a {grids[i, 0]}x{grids[i, 1]}-patch image"
+                int(holders[i]),
+                f"has {int(marked[holders[i]])} image tokens for a {grids[i, 0]}x{grids[i, 1]}-patch image",
             )
         if len(pages) != int(patches.sum()):
             raise InvalidTokens(0, f"comes with {len(pages)} patch rows for images of {int(patches.sum())} patches")
