@@ -90,6 +90,8 @@ EXAMPLES = {
             chunks=CHUNK_ROWS,
             cancel_key=KEY,
             pixels=np.zeros((2, 3, 4, 4), np.uint8),
+            pages=np.zeros((8, 12), np.uint8),  # every key at once, for the table (a decoder refuses both)
+            page_grids=np.array([[2, 2], [2, 2]], np.int32),
         ),
     ),
     EmbedResult: (
