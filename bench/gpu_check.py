@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import families, two_towers
+from bench import families, page_models, two_towers
 from embedfleet.services.gpu_worker.engine import Engine
 from embedfleet.services.gpu_worker.engine.calibrate import calibrate, synthetic_batch
 from embedfleet.shared.model_dir.info import ModelInfo
@@ -52,6 +52,7 @@ class Check:
     replicas: tuple[int, ...] = (1,)
     saturation: bool = False
     images: bool = False  # a two-tower model (bench/two_towers.py): its image tower checked too
+    pages: bool = False  # a page model (bench/page_models.py): queries and pages, a vector per token
 
 
 CHECKS = (
@@ -71,7 +72,13 @@ CHECKS = (
     Check("gemma2", "gemma2", "base"),
     Check("clip", "clip", "base", images=True),  # ViT-B/32: texts (77 positions) and 224-pixel images
     Check("siglip", "siglip", "base", images=True),  # base/16: texts padded to 64, images through its pooling head
+    # ColQwen2 at Qwen2-VL-2B's widths (4 language layers, 8 vision blocks): pages of up to 768 image tokens
+    Check("colqwen2", "colqwen2", "mid", pages=True),
+    Check("colqwen2-bf16", "colqwen2", "mid", dtype="bfloat16", pages=True),
 )
+# page grids (gh, gw patches) checked against the CPU, and the grid of the pages/s batches; --smoke: tiny's
+PAGE_GRIDS = {"mid": ((28, 20), (12, 36), (4, 4)), "tiny": ((8, 8), (4, 12), (2, 2))}
+PAGE_RATE_GRID = {"mid": (32, 24), "tiny": (8, 8)}
 # image batches checked against the CPU: counts that hit several graph buckets (and one past none)
 IMAGE_BATCHES = (1, 5, 16)
 
@@ -208,6 +215,70 @@ def image_check(info: ModelInfo, eager: Engine, device: str, dtype: str | None, 
     return out
 
 
+def page_rows(rng: np.random.Generator, engine: Engine, grids: list[tuple[int, int]], queries: int) -> tuple:
+    """A batch of ``queries`` text rows, then a page row per grid (prompt tokens around its image tokens, random
+    patch rows): (ids, cu, (patches, grids) or None)."""
+    proc = engine.page_processing
+    assert proc is not None  # a page model
+    vocab, token = page_models.BPE_VOCAB, engine.info.image_token_id
+    rows = [rng.integers(2, vocab, int(rng.integers(8, 40))) for _ in range(queries)]
+    rows += [
+        np.concatenate(
+            [rng.integers(2, vocab, 12), np.full(gh * gw // proc.merge_size**2, token), rng.integers(2, vocab, 6)]
+        )
+        for gh, gw in grids
+    ]
+    cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int32)
+    ids = np.concatenate(rows).astype(np.int32)
+    if not grids:
+        return ids, cu, None
+    patches = rng.integers(0, 256, (sum(gh * gw for gh, gw in grids), proc.row_bytes), dtype=np.uint8)
+    return ids, cu, (patches, np.array(grids, np.int32))
+
+
+def page_check(info: ModelInfo, eager: Engine, smoke: bool, seconds: float) -> dict:
+    """A page model: queries, pages and both in one batch, a vector per token, against the CPU fp32 engine;
+    pages/s and query tokens/s (every batch of a page model runs eagerly: it makes no dense vectors)."""
+    shape = "tiny" if smoke else "mid"
+    rng = np.random.default_rng(0)
+    batches = [page_rows(rng, eager, [], 8), page_rows(rng, eager, list(PAGE_GRIDS[shape][:2]), 0)]
+    batches.append(page_rows(rng, eager, list(PAGE_GRIDS[shape][2:]), 3))
+
+    def tokens(engine: Engine, ids: np.ndarray, cu: np.ndarray, pages) -> np.ndarray:
+        made = engine.step(ids, cu, outputs=("multivector",), pages=pages).result()
+        assert isinstance(made, dict)
+        return made["multivector"]
+
+    reference = Engine(info, "cpu", "float32", graphs=False)
+    wants = [tokens(reference, *batch) for batch in batches]
+    del reference
+    cos = min(cosine_min(tokens(eager, *batch), want) for batch, want in zip(batches, wants))
+    out: dict = {"min_cosine_eager_vs_cpu": cos, "grids": [list(g) for g in PAGE_GRIDS[shape]]}
+    for name, batch in (
+        ("pages", page_rows(rng, eager, [PAGE_RATE_GRID[shape]] * 8, 0)),
+        ("queries", page_rows(rng, eager, [], 64)),
+    ):
+        tokens(eager, *batch)  # warm-up
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            tokens(eager, *batch)
+            count += 1
+        elapsed = time.perf_counter() - start
+        rows, n = len(batch[1]) - 1, int(batch[1][-1])
+        out[name] = {
+            "rows": rows,
+            "tokens": n,
+            "rows_per_s": count * rows / elapsed,
+            "tokens_per_s": count * n / elapsed,
+        }
+    print(
+        f"  pages: min cosine vs CPU fp32 {cos:.5f}; {out['pages']['rows_per_s']:,.1f} pages/s "
+        f"({PAGE_RATE_GRID[shape]} patches each), queries {out['queries']['tokens_per_s']:,.0f} tokens/s",
+        flush=True,
+    )
+    return out
+
+
 def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: float) -> dict:
     """One model's record: backend and dtype, correctness, throughput (and saturation where asked)."""
     start = time.perf_counter()
@@ -226,6 +297,9 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
         "graphs_possible": graphs_possible,
         "adapters": list(eager.adapter_names),  # rows spread over these tasks (and none) in every batch
     }
+    if check.pages:  # its own check: a vector per token of queries and pages (no dense path to time)
+        record["pages"] = page_check(info, eager, smoke, seconds)
+        return _finish(record, device, start)
     graphed = None
     if graphs_possible:
         graphed = Engine(
@@ -274,6 +348,10 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
         curve = calibrate(engine, budgets=budgets, min_seconds=0.05 if smoke else 0.5)
         record["saturation"] = {"points": curve.points, "knee": curve.knee}
         print(f"  saturation: {curve.describe()}", flush=True)
+    return _finish(record, device, start)
+
+
+def _finish(record: dict, device: str, start: float) -> dict:
     if device == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     record["seconds"] = time.perf_counter() - start
@@ -321,6 +399,8 @@ def main() -> None:
                             check.family, Path(tmp) / f"{check.family}-{shape}", shape, tokenizer=False
                         )
                         if check.images
+                        else page_models.make_colqwen2(Path(tmp) / f"colqwen2-{shape}", shape, tokenizer=False)
+                        if check.pages
                         else families.make_folder(check.family, Path(tmp), shape, reference=False)
                     )
                 record = check_model(check, folders[key], device, args.smoke, 0.1 if args.smoke else args.seconds)
@@ -340,6 +420,12 @@ def main() -> None:
 
 
 def _describe(check: Check, shape: str) -> str:
+    if check.pages:
+        text, vision, _ = page_models.SHAPES[shape]
+        return (
+            f"language hidden {text['hidden_size']} x {text['num_hidden_layers']} layers; vision "
+            f"{vision['embed_dim']} x {vision['depth']} blocks; random weights"
+        )
     if not check.images:
         return families.describe(check.family, shape)
     text, vision = two_towers.text_config(check.family, shape), two_towers.vision_config(check.family, shape)
@@ -358,6 +444,13 @@ def _summary(results: dict) -> None:
     for name, r in results["models"].items():
         if "error" in r:
             print(f"{name:12} error: {r['error']}")
+            continue
+        if "pages" in r:
+            p = r["pages"]
+            print(
+                f"{name:12} {r['attention']:18} {r['dtype']:9} {p['min_cosine_eager_vs_cpu']:>9.5f} {'-':>10} "
+                f"pages {p['pages']['rows_per_s']:,.1f}/s, queries {p['queries']['tokens_per_s']:,.0f} tokens/s"
+            )
             continue
         rate = {(p["seq_len"], p["graphs"]): p["tokens_per_s"] for p in r["throughput"] if p["replicas"] == 1}
         c = r["correctness"]

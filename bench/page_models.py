@@ -54,6 +54,21 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[int, int]]] = {
         dict(embed_dim=1280, depth=32, num_heads=16, hidden_size=1536),
         (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
     ),
+    # the published widths, 4 of its 28 language layers and 8 of its 32 vision blocks: every kernel at its real
+    # shape, a sixth of the weights (bench/gpu_check builds and checks it within its minutes)
+    "mid": (
+        dict(
+            hidden_size=1536,
+            num_hidden_layers=4,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            intermediate_size=8960,
+            rope_parameters=_rope([16, 24, 24]),
+            max_position_embeddings=32768,
+        ),
+        dict(embed_dim=1280, depth=8, num_heads=16, hidden_size=1536),
+        (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
+    ),
     # at most 64 image tokens (256 patches) an image
     "tiny": (
         dict(
@@ -88,8 +103,8 @@ def make_colqwen2(
 ) -> Path:
     """Write ``root/colqwen2`` and return it. ``init`` redraws the weights (transformers' own init otherwise);
     ``hub_names``: the published tensor names (``vlm.model.…``; False: as transformers 5 saves them, ``vlm.…``,
-    both of which transformers and the engine load); ``tokenizer``: write the tokenizer's files (their BPE is
-    trained on the default model's words: bench/gpu_check's machine, which has no model package, skips them)."""
+    both of which transformers and the engine load); ``tokenizer``: the tokenizer trained as the tests' (its BPE learns the default model's words;
+    False: a plain word-level one with the same ids, for bench/gpu_check's machine, which has no model package)."""
     import transformers
 
     if shape not in SHAPES:
@@ -132,8 +147,7 @@ def make_colqwen2(
         "merge_size": 2,
     }
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
-    if tokenizer:
-        _write_tokenizer(folder)
+    _write_tokenizer(folder, trained=tokenizer)
     return folder
 
 
@@ -146,15 +160,21 @@ def _publish_names(path: Path) -> None:
     save_file(renamed, str(path), metadata={"format": "pt"})
 
 
-def _write_tokenizer(folder: Path) -> None:
+def _write_tokenizer(folder: Path, trained: bool = True) -> None:
     """tokenizer.json: the tiny models' byte-level BPE with Qwen2-VL's special tokens added (no template: Qwen2's
     tokenizer adds no tokens); tokenizer_config.json as Qwen2-VL's, its pad token "<|endoftext|>" (a query's
-    augmentation tokens)."""
-    from tokenizers import AddedToken, Tokenizer
+    augmentation tokens). Not ``trained``: a word-level vocabulary of the same size and special tokens' ids
+    instead (enough for the engine, which reads only ids; the BPE is trained on a model package's words)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    from tests.support.tiny_models import _byte_level_bpe
+    if trained:
+        from tests.support.tiny_models import _byte_level_bpe
 
-    bpe = Tokenizer.from_str(_byte_level_bpe())
+        bpe = Tokenizer.from_str(_byte_level_bpe())
+    else:
+        words = {"[PAD]": 0, "<|endoftext|>": ENDOFTEXT} | {f"w{i}": i for i in range(2, BPE_VOCAB)}
+        bpe = Tokenizer(models.WordLevel(words, unk_token="[PAD]"))
+        bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
     if bpe.get_vocab_size() != VOCAB or bpe.token_to_id("<|image_pad|>") != IMAGE_PAD:
         raise AssertionError("the byte-level BPE's vocabulary changed: update page_models.BPE_VOCAB")

@@ -150,11 +150,18 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         "jina_v5",
         "clip",
         "siglip",
+        "colqwen2",
     }
     for name, model in models.items():
         assert "error" not in model, (name, model.get("error"))
         assert model["shape"] == "tiny" and model["attention"] == "sdpa" and model["graphs_possible"] is False
         floor = 0.9999 if model["dtype"] == "float32" else 0.99  # bfloat16 keeps 8 bits of mantissa
+        if model["family"] == "colqwen2":  # a page model: queries and pages, a vector per token
+            pages = model["pages"]
+            assert pages["min_cosine_eager_vs_cpu"] > floor, (name, pages)
+            assert pages["pages"]["rows"] == 8 and pages["pages"]["rows_per_s"] > 0, pages
+            assert pages["queries"]["rows"] == 64 and pages["queries"]["tokens_per_s"] > 0, pages
+            continue
         assert model["correctness"]["min_cosine_eager_vs_cpu"] > floor, name
         assert model["correctness"]["batches"] == 6
         replicas = (1, 2, 4) if name == "bert-base" else (1,)
