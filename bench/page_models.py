@@ -69,6 +69,21 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[int, int]]] = {
         dict(embed_dim=1280, depth=8, num_heads=16, hidden_size=1536),
         (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
     ),
+    # tiny's widths with the published processor's bounds (4 to 768 image tokens a page): bench.images times the
+    # preparation of real page sizes, and the engine's per-page work apart from its GEMMs
+    "pages": (
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            rope_parameters=_rope([2, 3, 3]),
+            max_position_embeddings=1024,
+        ),
+        dict(embed_dim=32, depth=2, num_heads=4, hidden_size=64),
+        (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
+    ),
     # at most 64 image tokens (256 patches) an image
     "tiny": (
         dict(

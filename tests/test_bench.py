@@ -434,11 +434,16 @@ def test_a_family_transformers_lacks_is_written_by_the_engines_model_under_the_p
     assert tensors(written) == tensors(published)
 
 
-def test_images_benchmark_prints_ratios_for_each_stage(tmp_path):
-    """bench.images at a tiny size: both stages timed side by side, the pixels and vectors compared."""
+@pytest.mark.parametrize("family", ["clip", "colqwen2"])
+def test_images_benchmark_prints_ratios_for_each_stage(tmp_path, family):
+    """bench.images at a tiny size: both stages timed side by side, the pixels and vectors compared (a two-tower
+    model's images, a page model's pages)."""
     out = tmp_path / "images.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.images", "--shape", "tiny", "--images", "6", "--rounds", "1", "--out", str(out)],
+        [
+            *(sys.executable, "-m", "bench.images", "--family", family, "--shape", "tiny"),
+            *("--images", "6", "--batch", "3", "--rounds", "1", "--out", str(out)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
