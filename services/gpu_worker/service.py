@@ -38,6 +38,7 @@ from embedfleet.services.gpu_worker.replies import Outgoing
 from embedfleet.services.gpu_worker.scheduler import Batch, Scheduler, Work
 from embedfleet.services.gpu_worker.spans import record_work
 from embedfleet.shared.errors import ErrorCode, ServiceError
+from embedfleet.shared.images.pages import PageProcessing
 from embedfleet.shared.nats.bundles import answer, is_bundle, unbundle
 from embedfleet.shared.nats.cancel_keys import CancelKeys
 from embedfleet.shared.nats.lifecycle import register, start_jetstream_part
@@ -117,6 +118,11 @@ def _ragged_limits(model) -> dict[str, str]:
         limits["sparse_entries"] = str(model.vocab_size if whole else min(model.vocab_size, model.max_seq_length))
     if model.multivector is not None:
         limits["multivector_dim"] = str(model.multivector.dim)
+    if model.pages:
+        # a page's tokens: its merged patches at the processor's bound, its prompt's (a token a byte at most)
+        # and what a template may add around it
+        merged = PageProcessing.from_folder(model.path).max_patches // model.image_merge**2
+        limits["page_tokens"] = str(merged + len(model.page_prompt.encode()) + 8)
     return limits
 
 

@@ -127,14 +127,16 @@ def plan_of(ns: argparse.Namespace) -> Plan:
 
 
 def _check_image_job(path: Path, output: str, chunking: JobChunking | None, with_text: bool) -> None:
-    """ConfigError for what a job of images cannot do: other vectors than dense ones, chunks, texts."""
+    """ConfigError for what a job of images cannot do: sparse vectors, chunks, texts. Dense or multivector
+    is the model's to say (a two-tower model's images are dense, a page model's multivector): the fleet
+    is asked (check_job) before anything is published."""
     what = (
         "--with-text: an image has no text to store (its row keeps its id and the input's other fields)"
         if with_text
         else "--chunk-size: chunks are cut from texts; an image is one vector"
         if chunking is not None
-        else f"--output {output}: images make dense vectors only"
-        if output != "dense"
+        else f"--output {output}: images make dense vectors only (a page model's: multivector)"
+        if output not in ("dense", "multivector")
         else None
     )
     if what is not None:

@@ -13,8 +13,9 @@ A chunked job's batch is cut (services/tokenizer/bulk_chunks.py): its rows are c
 each result fits a message (late chunking: its sequences are windows, each with the chunks it owns as
 spans, and a token batch's rows are the chunks its windows own); a document cut into more than --max-chunks chunks is given up alone (a
 dead letter holding it, counted failed), and the batch's chunks are counted in the job's state.
-A batch of images (services/tokenizer/bulk_images.py) becomes token batches of pixels; an image that
-cannot be prepared is given up alone the same way.
+A batch of images (services/tokenizer/bulk_images.py) becomes token batches of pixels, a page model's
+(bulk_pages.py) token batches of page prompts with their patch rows; an image that cannot be prepared
+is given up alone the same way.
 Told to stop, it fetches no more, finishes the batch in hand (milliseconds of tokenizing) and hands
 back anything delivered after its last fetch.
 """
@@ -24,17 +25,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
-import numpy as np
 from nats.aio.client import Client
 
 from embedfleet.services.tokenizer.bulk_chunks import BatchCutter, CutBatch, over_budget, pack_rows, vector_bytes
-from embedfleet.services.tokenizer.bulk_images import PreparedImages, image_runs, prepare_batch
+from embedfleet.services.tokenizer.bulk_images import ImageRun, PreparedImages, prepare_batch
+from embedfleet.services.tokenizer.bulk_pages import PreparedPages, prepare_pages
 from embedfleet.services.tokenizer.config import TokenizerConfig
 from embedfleet.services.tokenizer.encoder import pack_chunks
 from embedfleet.services.tokenizer.images import ImagePreparer
 from embedfleet.services.tokenizer.metrics import BulkEncoder
+from embedfleet.services.tokenizer.pages import PagePreparer
 from embedfleet.shared.errors import ErrorCode, ServiceError
 from embedfleet.shared.jobs.bucket import read_state, update_state
 from embedfleet.shared.jobs.chunk_progress import count_cut
@@ -80,12 +84,14 @@ class BulkTokenizer:
         encoder: BulkEncoder,
         tracer: Tracer,
         images: ImagePreparer | None = None,
+        pages: PagePreparer | None = None,
     ) -> None:
         self._nc = nc
         self._tracer = tracer
         self._cfg = cfg
         self._encoder = encoder
-        self._images = images  # a two-tower model's image preparer (None: the model embeds texts only)
+        self._images = images  # a two-tower model's image preparer
+        self._pages = pages  # a page model's (neither: the model embeds texts only)
         self._subjects = cfg.nats.subjects
         self._cutter = BatchCutter(encoder, cfg.max_chunks, cfg.max_document_chars)
         self._task: asyncio.Task | None = None
@@ -227,43 +233,52 @@ class BulkTokenizer:
             await self._give_up_documents(msg, job, failed)
         await msg.ack()
 
-    async def _prepare_images(self, job: JobBatch) -> PreparedImages:
-        """A batch of images prepared (off the event loop); ServiceError (the whole batch a dead letter)
-        for a batch this model cannot take at all."""
-        if self._images is None:
+    async def _prepare_images(self, job: JobBatch) -> PreparedImages | PreparedPages:
+        """A batch of images prepared (off the event loop): a two-tower model's as pixels, a page model's as
+        pages; ServiceError (the whole batch a dead letter) for a batch this model cannot take at all."""
+        model, output = self._cfg.model, job.options.output
+        prepare: Callable[[JobBatch], PreparedImages | PreparedPages]
+        if self._pages is not None:
+            if not model.serves(output):
+                raise ServiceError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"model {model.id} makes {', '.join(model.outputs)} vectors of images, not {output}",
+                )
+            prepare = partial(prepare_pages, self._pages, max_bytes=self._room(job))
+        elif self._images is not None:
+            if output != "dense":
+                raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {output}")
+            prepare = partial(prepare_batch, self._images)
+        else:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
-                f"model {self._cfg.model.id} embeds texts only: a job of images needs a two-tower model",
+                f"model {model.id} embeds texts only: a job of images needs a two-tower model or a page model",
             )
-        if job.options.output != "dense":
-            raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {job.options.output}")
         started = time.perf_counter()
-        prepared = await asyncio.to_thread(prepare_batch, self._images, job)
-        row = [0] * self._images.tokens  # what each image counts as (metrics)
-        self._encoder.counted([row] * len(prepared.rows), time.perf_counter() - started)
+        prepared: PreparedImages | PreparedPages = await asyncio.to_thread(prepare, job)
+        self._encoder.counted(prepared.counted, time.perf_counter() - started)
         return prepared
 
-    def _image_batches(self, job: JobBatch, prepared: PreparedImages) -> list[tuple[bytes, str]]:
-        """A batch's prepared images as token batches of pixels, each fitting a NATS message."""
-        assert self._images is not None  # _prepare_images refused a batch of images without a preparer
-        room = (
+    def _room(self, job: JobBatch) -> int:
+        """The bytes of rows (their tokens or images and document ids) a token batch of ``job`` may carry."""
+        return (
             self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
         )
-        batches = []
-        for lo, hi in image_runs(prepared, job.doc_ids, room, self._cfg.chunk_seqs):
-            first = prepared.rows[lo]
-            batches.append(
-                self._token_batch(
-                    job,
-                    first,
-                    job.count,
-                    np.zeros(0, np.int32),
-                    self._images.cu_seqlens(hi - lo),
-                    job.doc_ids[first : first + hi - lo],
-                    pixels=prepared.pixels[lo:hi],
-                )
+
+    def _image_batches(self, job: JobBatch, prepared: PreparedImages | PreparedPages) -> list[tuple[bytes, str]]:
+        """A batch's prepared images as token batches (of pixels or of pages), each fitting a NATS message."""
+        return [
+            self._token_batch(
+                job,
+                run.first,
+                job.count,
+                run.input_ids,
+                run.cu_seqlens,
+                job.doc_ids[run.first : run.first + run.count],
+                images=run,
             )
-        return batches
+            for run in prepared.runs(job.doc_ids, self._room(job), self._cfg.chunk_seqs)
+        ]
 
     def _token_batches(self, job: JobBatch, ids: list[list[int]]) -> list[tuple[bytes, str]]:
         """A job batch's documents as token batches: (payload, message id) each."""
@@ -285,9 +300,7 @@ class BulkTokenizer:
     def _chunk_batches(self, job: JobBatch, cut: CutBatch) -> list[tuple[bytes, str]]:
         """A chunked job batch's rows (a chunk each) as token batches, each small enough that its result
         fits a NATS message with the rows' ids and texts."""
-        room = (
-            self._nc.max_payload - _HEADER_BYTES - _ENVELOPE_BYTES - 3 * len(job.id.encode()) - len(job.model.encode())
-        )
+        room = self._room(job)
         size = vector_bytes(job.options, self._cfg.model.dim)
         # late: a window's chunks are the spans the worker pools (output "spans"), a vector a chunk; a
         # window is never cut short (it holds at most the model's room)
@@ -323,7 +336,7 @@ class BulkTokenizer:
         chunks=None,
         options: EmbedOptions | None = None,
         spans: Spans | None = None,
-        pixels: np.ndarray | None = None,
+        images: ImageRun | None = None,
     ) -> tuple[bytes, str]:
         batch = TokenChunk(
             id=f"{job.id}.{job.batch}",
@@ -337,10 +350,13 @@ class BulkTokenizer:
             job=job.id,
             batch=job.batch,
             doc_ids=doc_ids,
-            prompt_tokens=0 if pixels is not None else self._encoder.prompt_tokens(job.options),
+            # an image's row holds no prompt of the job's (a page's is the page prompt, pooled whole)
+            prompt_tokens=0 if images is not None else self._encoder.prompt_tokens(job.options),
             chunks=chunks,
             spans=spans,
-            pixels=pixels,
+            pixels=None if images is None else images.pixels,
+            pages=None if images is None else images.pages,
+            page_grids=None if images is None else images.page_grids,
         )
         return encode(batch), f"{job.id}:{job.batch}:{start}"
 

@@ -178,7 +178,9 @@ class TokenizerService:
         if self._cfg.routing == "load":
             self._load_sub = await self._nc.subscribe(self._subjects.load(model.id), cb=self._on_load)
         try:
-            bulk = BulkTokenizer(self._nc, self._cfg, self.metrics.bulk_view(self._encoder), self._tracer, self._images)
+            bulk = BulkTokenizer(
+                self._nc, self._cfg, self.metrics.bulk_view(self._encoder), self._tracer, self._images, self._pages
+            )
             await start_jetstream_part(bulk.start)  # a cluster just started may still elect its leader
             self._bulk = bulk
         except Exception as exc:  # a NATS server without JetStream still serves online requests

@@ -78,18 +78,18 @@ class Served:
                     continue
         return 0
 
-    def document_bytes(self, options: EmbedOptions) -> int:
-        """The most bytes one document's vectors of ``options`` take in a stored result."""
+    def document_bytes(self, options: EmbedOptions, image: bool = False) -> int:
+        """The most bytes one document's vectors of ``options`` take in a stored result (``image``: a document
+        that is an image, whose multi-vector a page model bounds by its page's tokens, not its text limit)."""
         dtype, output = options.dtype, options.output
         if output == "sparse":  # (id, value) entries, as many as vocabulary ids the model can weigh
             return (
                 self.number("sparse_entries", "vocab_size") * (INDEX_BYTES + WIRE_FORMS[dtype].dtype.itemsize)
                 + OFFSET_BYTES
             )
-        if output == "multivector":  # a vector per token, up to the model's token limit
-            return (
-                self.number("max_seq_length") * row_bytes(dtype, self.number("multivector_dim", "dim")) + OFFSET_BYTES
-            )
+        if output == "multivector":  # a vector per token, up to the model's token limit (a page's: its tokens)
+            tokens = (image and self.number("page_tokens")) or self.number("max_seq_length")
+            return tokens * row_bytes(dtype, self.number("multivector_dim", "dim")) + OFFSET_BYTES
         return row_bytes(dtype, self.number("dim"))
 
 
@@ -128,10 +128,13 @@ def check_output(model: Served, output: str) -> None:
         raise JobRefused(f"{model.model} makes no {output} vectors (it makes: {', '.join(model.outputs)})", "output")
 
 
-def fit_batch(model: Served, options: EmbedOptions, batch_size: int, max_payload: int, longest_id: int) -> BatchFit:
+def fit_batch(
+    model: Served, options: EmbedOptions, batch_size: int, max_payload: int, longest_id: int, images: bool = False
+) -> BatchFit:
     """The job batch size (at most ``batch_size``) whose stored results fit in ``max_payload`` bytes,
-    for document ids of at most ``longest_id`` bytes; JobRefused when not even one document fits."""
-    per_document = model.document_bytes(options) + longest_id + ID_OVERHEAD
+    for document ids of at most ``longest_id`` bytes (``images``: documents that are images); JobRefused when
+    not even one document fits."""
+    per_document = model.document_bytes(options, images) + longest_id + ID_OVERHEAD
     fits = (max_payload - RESULT_OVERHEAD) // per_document
     kind = f"{options.output} vectors" if options.output != "dense" else "vector"
     if fits < 1:
@@ -201,11 +204,11 @@ def check_job(
         check_images(found, options, chunking)
     check_output(found, options.output)
     id_bytes = [len(d.encode()) for d in doc_ids]
-    fit = fit_batch(found, options, batch_size, max_payload, max(id_bytes, default=0))
+    fit = fit_batch(found, options, batch_size, max_payload, max(id_bytes, default=0), images is not None)
     if images is not None:
         fit = BatchFit(fit.batch_size, fit.note, image_room(doc_ids, images, max_payload))
     if chunking is None:
-        stored = len(doc_ids) * (found.document_bytes(options) + ID_OVERHEAD) + sum(id_bytes)
+        stored = len(doc_ids) * (found.document_bytes(options, images is not None) + ID_OVERHEAD) + sum(id_bytes)
         if max_result_bytes and stored > max_result_bytes:
             raise JobTooLarge(
                 f"the job's {len(doc_ids):,} documents' vectors may take {stored:,} bytes in the results stream, "
@@ -231,10 +234,13 @@ def check_images(model: Served, options: EmbedOptions, chunking: JobChunking | N
 
 
 def check_image_options(options: EmbedOptions, chunking: JobChunking | None) -> None:
-    """JobRefused for what a job of images cannot ask of any model: another output than dense vectors,
-    chunks (cut from texts only)."""
-    if options.output != "dense":
-        raise JobRefused(f"images make dense vectors only, not {options.output}", "output")
+    """JobRefused for what a job of images cannot ask of any model: sparse vectors (a two-tower model makes
+    an image a dense vector, a page model a vector per token: which one the model makes, ``check_output``
+    says), chunks (cut from texts only)."""
+    if options.output not in ("dense", "multivector"):
+        raise JobRefused(
+            f"images make dense vectors only, not {options.output} (a page model's: multivector)", "output"
+        )
     if chunking is not None:
         raise JobRefused("chunking applies to texts: an image document is one vector", "chunking")
 

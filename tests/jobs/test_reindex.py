@@ -287,7 +287,7 @@ def test_a_job_of_images_refuses_what_images_cannot_do_before_any_work(tmp_path)
     for args, says in (
         ([*out, "--with-text", "--sink", f"lancedb://{tmp_path}/l?table=t"], "--with-text: an image has no text"),
         ([*out, "--chunk-size", "8"], "--chunk-size: chunks are cut from texts; an image is one vector"),
-        (["--out", str(tmp_path / "v.npz"), "--output", "multivector"], "--output multivector: images make dense"),
+        (["--out", str(tmp_path / "v.npz"), "--output", "sparse"], "--output sparse: images make dense"),
         ([*out, "--max-image-pixels", "599"], "a.png: the image is 20x30 = 600 pixels, over the limit of 599"),
     ):
         with pytest.raises(ConfigError) as caught:

@@ -162,3 +162,29 @@ def test_a_job_of_images_is_cut_by_bytes_and_needs_a_model_that_embeds_them():
         check_job(_view(clip=CLIP), "clip", _options("sparse", "f4"), 64, MB8, ["a"], images=images[:1])
     with pytest.raises(JobRefused, match="chunking applies to texts"):
         check_job(_view(clip=CLIP), "clip", _options(), 64, MB8, ["a"], JobChunking(ChunkSpec(8)), images=images[:1])
+
+
+COLQWEN2 = (
+    {"max_seq_length": "32768", "dim": "128", "vocab_size": "151936"},
+    {
+        "dim": "128",
+        "task": "embed",
+        "outputs": "multivector,tokens",
+        "inputs": "text,image",
+        "multivector_dim": "128",
+        "page_tokens": "878",
+    },
+)
+
+
+def test_a_page_models_image_job_is_sized_by_its_pages_tokens():
+    """A page is at most its merged patches and prompt (878 tokens at ColQwen2's published bounds), far below
+    the 32,768 a text may hold: a job of pages fits many a batch, where one text's bound would fit none."""
+    view = _view(colqwen2=COLQWEN2)
+    page = ImageDoc("page.png", 1000, "0" * 64, data=b"x")
+    fit = check_job(view, "colqwen2", _options("multivector"), 64, MB8, ["p"], images=[page])
+    assert fit.batch_size == (MB8 - RESULT_OVERHEAD) // (878 * 128 * 4 + 4 + 1 + ID_OVERHEAD) == 18
+    with pytest.raises(JobRefused, match="may take 16,777,"):  # queries (texts) keep the text limit
+        check_job(view, "colqwen2", _options("multivector"), 64, MB8, ["q"])
+    with pytest.raises(JobRefused, match="makes no dense vectors"):
+        check_job(view, "colqwen2", _options("dense"), 64, MB8, ["p"], images=[page])
