@@ -32,6 +32,7 @@ from embedfleet.services.gateway.http.errors import ApiError, error_response
 from embedfleet.services.gateway.http.formats import json_response, rows_form
 from embedfleet.services.gateway.http.limits import KeyLimits, current_key, estimated_tokens
 from embedfleet.services.gateway.http.middleware import GatewayMiddleware
+from embedfleet.services.gateway.image_fetch import ImageFetcher, ImageHosts
 from embedfleet.services.gateway.inputs import Inputs, Limits
 from embedfleet.services.gateway.jobs import serving as jobs_serving
 from embedfleet.services.gateway.jobs.api import JobsApi
@@ -45,6 +46,7 @@ from embedfleet.services.gateway.openai import models as models_api
 from embedfleet.services.gateway.openai import serving as openai_serving
 from embedfleet.services.gateway.openapi import openapi_spec
 from embedfleet.services.gateway.rerank import api as rerank_api
+from embedfleet.services.gateway.rerank import late as rerank_late
 from embedfleet.services.gateway.rerank import serving as rerank_serving
 from embedfleet.services.gateway.routes import PATHS, ROUTES
 from embedfleet.services.gateway.search import api as search_api
@@ -98,6 +100,13 @@ class Gateway:
         self.limits = Limits(
             cfg.max_inputs, cfg.max_input_chars, ImageLimits(cfg.max_image_bytes, cfg.max_image_pixels)
         )
+        # image URLs, from --image-hosts only; its HTTP client is opened and closed with the lifespan
+        self.image_fetch = ImageFetcher(
+            ImageHosts.of(cfg.image_hosts, cfg.image_hosts_private),
+            self.limits.images,
+            cfg.max_body_bytes,
+            cfg.request_timeout,
+        )
         # made by the lifespan, before the first request
         self.nc: Client
         self.client: EmbedClient
@@ -130,6 +139,7 @@ class Gateway:
         self.client = EmbedClient(self.nc, self.cfg.nats.subjects, self.cfg.retries, self.discovery)
         self.discovery.on_lost(self.client.resend_missing)
         await self.client.start()
+        self.image_fetch.open()
         await self.discovery.start()
         self._micro = await register(
             self.nc, self.cfg.nats.subjects, "gateway", "HTTP gateway", {"port": str(self.cfg.port)}
@@ -201,6 +211,7 @@ class Gateway:
             await self.jobs.stop()
         if self.searcher is not None:
             await self.searcher.store.close()
+        await self.image_fetch.close()
         await drain_or_close(self.nc)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -335,7 +346,7 @@ class Gateway:
 
     async def embeddings(self, request: Request) -> Response:
         req = openai_api.parse_embeddings_request(await _read_body(request, self.cfg.max_body_bytes), self.limits)
-        return await openai_serving.embeddings(self, req, request.headers.get("accept"))
+        return await openai_serving.embeddings(self, req, request.headers.get("accept"), self.image_fetch)
 
     async def embed_texts(
         self, model: str, inputs: Inputs, options: EmbedOptions, chunking: Chunking | None
@@ -426,10 +437,15 @@ class Gateway:
 
     async def embed_all(self, request: Request) -> Response:
         body = await _read_body(request, self.cfg.max_body_bytes)
-        return await tei_serving.embed_all(self, tei_api.read_embed_all(body), self.limits)
+        return await tei_serving.embed_all(self, tei_api.read_embed_all(body), self.limits, self.image_fetch)
 
     async def run_rerank(self, call: rerank_api.RerankCall, request_id: str) -> tuple[str, RerankResult]:
+        """``call`` ranked by its model's scorer, or by MaxSim here for a multi-vector model (rerank/late.py)."""
         model = await self.resolve_model(call.model)
+        worker = (await self.discovery.view()).workers.get(model, {})
+        if rerank_late.by_maxsim(worker):
+            return model, await rerank_late.rerank(self, model, worker, call, request_id)
+        rerank_late.texts_only(call, model)
         deadline = time.time() + self.cfg.request_timeout
         request = RerankRequest(
             request_id, model, call.query, call.texts, deadline, call.top_n, call.raw_scores, call.truncate
@@ -458,7 +474,7 @@ class Gateway:
 
     async def _cohere_embed(self, request: Request, version: int) -> Response:
         req = cohere_api.parse_embed(await _read_body(request, self.cfg.max_body_bytes), self.limits, version)
-        return await cohere_serving.embed(self, req)
+        return await cohere_serving.embed(self, req, self.image_fetch)
 
     async def rerank_cohere_v2(self, request: Request) -> Response:
         req = cohere_api.parse_rerank(await _read_body(request, self.cfg.max_body_bytes), self.limits)

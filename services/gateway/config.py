@@ -45,6 +45,10 @@ class GatewayConfig:
     max_document_chars: int = setting("max_document_chars")  # a bulk job's document
     max_image_bytes: int = setting("max_image_bytes")  # one image file (shared/images/decode.py's ImageLimits)
     max_image_pixels: int = setting("max_image_pixels")  # one image's declared width x height
+    # hosts image URLs are fetched from (services/gateway/image_fetch.py; none: no URL is), and those of them
+    # that may resolve to private addresses
+    image_hosts: tuple[str, ...] = setting("image_hosts", convert=comma_list)
+    image_hosts_private: tuple[str, ...] = setting("image_hosts_private", convert=comma_list)
     job_max_result_bytes: int = setting("job_max_result_bytes")  # 0: no limit
     max_in_flight: int = setting("max_in_flight")
     # none: no auth (operator keys are among them; from_namespace adds --api-keys-file's)
@@ -88,6 +92,9 @@ class GatewayConfig:
         from embedfleet.services.gateway.http.browser import rules_of
 
         rules_of(self.allowed_hosts, self.allowed_origins, self.host)  # a bad --allowed-origins: said now
+        from embedfleet.services.gateway.image_fetch import ImageHosts
+
+        ImageHosts.of(self.image_hosts, self.image_hosts_private)  # a bad --image-hosts entry: said now
         if (self.key_requests_per_minute or self.key_tokens_per_minute) and not self.api_keys:
             raise ConfigError(
                 "--key-requests-per-minute and --key-tokens-per-minute limit each API key: give the keys "

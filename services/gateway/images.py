@@ -1,12 +1,18 @@
 """Images a request sends, as data URIs: each decoded from base64 and its header checked (format, bytes,
 declared pixels) before anything is published, so a refused image costs the fleet nothing; then embedded
-beside the request's texts, each through its tower. The tokenizer fleet decodes the pixels (shared/images/)."""
+beside the request's texts, each through its tower. The tokenizer fleet decodes the pixels (shared/images/).
+
+An image sent as a URL is kept apart (``ImageUrl``) while the request is parsed, which reads no network;
+the route's serving step has it fetched (services/gateway/image_fetch.py, from --image-hosts only), checks
+its file as a data URI's, and puts it in its place among the request's images (``placed``)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,26 +37,78 @@ def checked_images(uris: list[str], where: list[str], limits: ImageLimits) -> li
     for uri, at in zip(uris, where, strict=True):
         try:
             data = from_data_uri(uri, limits)
-            fmt, width, height = check_header(data, limits)
         except ImageError as exc:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"'{at}': {exc}", at.split("[")[0]) from None
-        # a PNG's IHDR says its bit depth (byte 24); the other formats served hold 8-bit samples
-        out.append((data, ImageHeader(fmt, width, height, data[24] if fmt == "PNG" else 8)))
+            raise refused(at, exc) from None
+        out.append(checked_file(data, at, limits))
+    return out
+
+
+def checked_file(data: bytes, at: str, limits: ImageLimits) -> tuple[bytes, ImageHeader]:
+    """An image file (a data URI's, or a URL's once fetched) and what its header says, once the header is
+    checked against ``limits``; ApiError naming ``at`` otherwise."""
+    try:
+        fmt, width, height = check_header(data, limits)
+    except ImageError as exc:
+        raise refused(at, exc) from None
+    # a PNG's IHDR says its bit depth (byte 24); the other formats served hold 8-bit samples
+    return data, ImageHeader(fmt, width, height, data[24] if fmt == "PNG" else 8)
+
+
+def refused(at: str, exc: ImageError) -> ApiError:
+    """The 400 that refuses the image at ``at`` ("input[2]") for what ``exc`` says."""
+    return ApiError(ErrorCode.INVALID_REQUEST, f"'{at}': {exc}", at.split("[")[0])
+
+
+# a URL (a scheme and "//"), not a data URI: fetched once the request is parsed, where --image-hosts allows
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageUrl:
+    """An image a request names by URL, fetched (image_fetch.py) before the request is embedded."""
+
+    at: int  # its place among the request's images (image_rows[at] is its input)
+    url: str
+    where: str  # "input[2]": what the 400 that refuses it names
+
+
+def sources(
+    uris: list[str], where: list[str], limits: ImageLimits
+) -> tuple[list[tuple[bytes, ImageHeader]], tuple[ImageUrl, ...]]:
+    """A request's images as sent: the data URIs' files checked now (``checked_images``, in order), the
+    URLs kept to be fetched in the serving step."""
+    urls = tuple(ImageUrl(i, uri, at) for i, (uri, at) in enumerate(zip(uris, where, strict=True)) if _URL.match(uri))
+    fetched = {url.at for url in urls}
+    inline = [i for i in range(len(uris)) if i not in fetched]
+    return checked_images([uris[i] for i in inline], [where[i] for i in inline], limits), urls
+
+
+T = TypeVar("T")
+
+
+def placed(inline: Sequence[T], urls: Sequence[ImageUrl], fetched: Sequence[T]) -> list[T]:
+    """Every image of a request in its order: ``inline`` (those sent as data URIs, in order) with
+    ``fetched`` (those ``urls`` name, one each) put in their places."""
+    out = list(inline)
+    for url, item in zip(urls, fetched, strict=True):  # places ascending: each lands where it belongs
+        out.insert(url.at, item)
     return out
 
 
 def split_items(
     items: Sequence[tuple[str | None, str | None]], param: str, limits: Limits
-) -> tuple[Inputs, Inputs | None, tuple[int, ...]]:
-    """Jina's input items, each (text, image data URI) with one of them set: (the texts, the images or
-    None, the index in ``param`` of each image); the count checked before any image is decoded."""
+) -> tuple[Inputs, Inputs | None, tuple[int, ...], tuple[ImageUrl, ...]]:
+    """Jina's input items, each (text, image data URI or URL) with one of them set: (the texts, the images
+    sent as data URIs or None when there is no image, the index in ``param`` of each image, the images to
+    fetch); the count checked before any image is decoded."""
     within_count(len(items), param, limits)
     rows = tuple(i for i, (_, image) in enumerate(items) if image is not None)
     texts = within_limits(Inputs([text for text, _ in items if text is not None], None), param, limits)
     if not rows:
-        return texts, None, rows
+        return texts, None, rows, ()
     uris = [items[i][1] or "" for i in rows]
-    return texts, Inputs([], None, image_files(uris, [f"{param}[{i}]" for i in rows], limits.images)), rows
+    checked, urls = sources(uris, [f"{param}[{i}]" for i in rows], limits.images)
+    return texts, Inputs([], None, [file for file, _ in checked]), rows, urls
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -150,3 +150,32 @@ def test_token_ids_that_hold_image_tokens_without_an_image_are_refused(fleet):
     assert "rows with image tokens" in reply.json()["error"], reply.text
     again = _embed_all(url, {"model": MODEL, "inputs": ["still serving"]})
     assert again.status_code == 200, again.text
+
+
+def test_the_docs_page_example_runs_as_typed(fleet, theirs, tmp_path):
+    """docs/http-api.md's "Pages (ColQwen2)" snippet, run as a newcomer would (its page.png beside it, the
+    gateway's address where the page has localhost:8080): a query's and a page's token counts and their MaxSim
+    as transformers' vectors give them."""
+    import re
+    import subprocess
+    import sys
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "http-api.md").read_text()
+    section = page.split("### Pages (ColQwen2)", 1)[1].split("\n### ", 1)[0]
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    picture = _pages()[0]
+    picture.save(tmp_path / "page.png")
+    run = subprocess.run(
+        [sys.executable, "-c", snippet.replace("http://localhost:8080", fleet[0])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    query = _reference_queries(theirs, ["revenue in 2023"])[0]
+    (doc,) = _reference_pages(theirs, [Image.open(tmp_path / "page.png")])
+    score = float((query @ doc.T).max(1).sum())
+    tokens, patches, printed = run.stdout.split()
+    assert (int(tokens), int(patches)) == (len(query), len(doc)), run.stdout
+    assert abs(float(printed) - score) <= 2e-3, (run.stdout, score)  # rounded to 3 places, float noise beside

@@ -18,7 +18,10 @@ from embedfleet.services.gateway.response_parts import ANSWER, ChunkPlace, omitt
 FloatRows = list[list[float]]
 # rows of the forms that are bytes: int8 and uint8 components, binary and ubinary packed 8 per byte
 IntRows = list[list[int]]
-_SCORE = "higher is more relevant: a cross-encoder's score as CrossEncoder.predict gives it, a bi-encoder's cosine"
+_SCORE = (
+    "higher is more relevant: a cross-encoder's score as CrossEncoder.predict gives it, a bi-encoder's cosine, "
+    "a multi-vector model's MaxSim sum"
+)
 
 
 class CohereApiVersion(BaseModel):

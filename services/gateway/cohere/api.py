@@ -11,7 +11,7 @@ same bytes, from one forward pass instead of one per type.
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from embedfleet.services.gateway.chunking import Chunking, chunk_places, chunkin
 from embedfleet.services.gateway.cohere.body import CohereEmbedV1Body, CohereEmbedV2Body, CohereTextContent
 from embedfleet.services.gateway.http.body_errors import fault_error, read_body
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.images import ImageHeader, checked_images
+from embedfleet.services.gateway.images import ImageHeader, ImageUrl, placed, sources
 from embedfleet.services.gateway.inputs import Inputs, Limits, within_count, within_limits
 from embedfleet.services.gateway.rerank.api import RerankCall, query_within, texts_within
 from embedfleet.services.gateway.rerank.body import CohereRerankV2Body
@@ -56,10 +56,11 @@ class CohereEmbed:
     chunking: Chunking | None = None  # v2's extension: long inputs cut into chunks (services/gateway/chunking.py)
     task: str | None = None  # a task adapter of the model (EmbedOptions.task)
     # images ('images', or image_url items of v2's 'inputs'; ``inputs`` then holds the texts beside them)
-    # and each one's index among the request's inputs; None: no images
+    # sent as data URIs, and each image's index among the request's inputs; None: no images
     images: Inputs | None = None
     image_rows: tuple[int, ...] = ()
-    sizes: tuple[ImageHeader, ...] = ()  # what each image's header says, for the answer
+    sizes: tuple[ImageHeader, ...] = ()  # what each of ``images``' headers says, for the answer
+    image_urls: tuple[ImageUrl, ...] = ()  # the images sent as URLs, fetched before they are embedded (with_fetched)
 
     @property
     def form(self) -> str:
@@ -84,7 +85,7 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
     doc: CohereEmbedV1Body | CohereEmbedV2Body = (
         read_body(CohereEmbedV2Body, body, _fault) if version == 2 else read_body(CohereEmbedV1Body, body, _fault)
     )
-    uris: list[tuple[int, str]] = []  # (input, data URI) of each image
+    uris: list[tuple[int, str]] = []  # (input, data URI or URL) of each image
     texts: str | list[str]
     if isinstance(doc, CohereEmbedV2Body) and doc.images is not None:
         if doc.texts is not None or doc.inputs is not None:
@@ -100,11 +101,12 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
     within_count(len(uris) + (1 if isinstance(texts, str) else len(texts)), field, limits)  # before any is decoded
     images: Inputs | None = None
     sizes: tuple[ImageHeader, ...] = ()
+    image_urls: tuple[ImageUrl, ...] = ()
     if uris:
         if v2 is not None and v2.chunking is not None:
             raise ApiError(ErrorCode.INVALID_REQUEST, "'chunking' cuts texts; images cannot be chunked", "chunking")
         where = [f"{field}[{i}]" for i, _ in uris]
-        checked = checked_images([uri for _, uri in uris], where, limits.images)
+        checked, image_urls = sources([uri for _, uri in uris], where, limits.images)
         images, sizes = Inputs([], None, [file for file, _ in checked]), tuple(header for _, header in checked)
     return CohereEmbed(
         version=version,
@@ -120,12 +122,21 @@ def parse_embed(body: bytes, limits: Limits, version: int) -> CohereEmbed:
         images=images,
         image_rows=tuple(i for i, _ in uris),
         sizes=sizes,
+        image_urls=image_urls,
     )
+
+
+def with_fetched(req: CohereEmbed, fetched: list[tuple[bytes, ImageHeader]]) -> CohereEmbed:
+    """``req`` with the images its URLs name (``fetched``: each one's file and header) in their places."""
+    assert req.images is not None and len(fetched) == len(req.image_urls)
+    files = placed(req.images.images or [], req.image_urls, [file for file, _ in fetched])
+    sizes = placed(req.sizes, req.image_urls, [header for _, header in fetched])
+    return replace(req, images=Inputs([], None, files), sizes=tuple(sizes), image_urls=())
 
 
 def _v2_texts(doc: CohereEmbedV2Body) -> tuple[str, str | list[str], list[tuple[int, str]]]:
     """Where v2's inputs came from ('texts' or 'inputs', one of them), the texts, and the images among
-    'inputs' (each as (its index, its data URI))."""
+    'inputs' (each as (its index, its data URI or URL))."""
     if doc.inputs is None:
         if doc.texts is None:
             raise ApiError(ErrorCode.INVALID_REQUEST, "'texts' is required (or 'inputs', or 'images')", "texts")
@@ -156,7 +167,7 @@ def _fault(errors: list[ErrorDetails]) -> ApiError:
     if loc[:1] == ("images",) and len(loc) == 2 and errors[0]["type"] == "string_pattern_mismatch":
         return ApiError(
             ErrorCode.INVALID_REQUEST,
-            f"'images[{loc[1]}]' must be a data URI (data:image/png;base64,...): URLs are not fetched",
+            f"'images[{loc[1]}]' must be a data URI (data:image/png;base64,...) or an https:// URL",
             "images",
         )
     if loc == ("images",) and errors[0]["type"] == "too_long":

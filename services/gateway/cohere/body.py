@@ -46,9 +46,14 @@ Truncate = Annotated[
 ]
 
 
-# an image as a client sends it: a data URI (no URL is fetched)
+# an image as a client sends it: a data URI, or a URL the gateway fetches from its --image-hosts only
 DataUri = Annotated[
-    str, Field(pattern=r"^data:", description="data:image/png;base64,... (PNG, JPEG, WebP or a still GIF)")
+    str,
+    Field(
+        pattern=r"^(data:|https?://)",
+        description="data:image/png;base64,... (PNG, JPEG, WebP or a still GIF), or an https:// URL of a host "
+        "the gateway's --image-hosts lists",
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
 """The Cohere routes' work through the fleet: POST /v1/embed and /v2/embed embedded (whole or in chunks)
-within the model's limits, POST /v2/rerank ranked by the scorer; each answered in Cohere's shape (api.py)."""
+within the model's limits, POST /v2/rerank ranked by the scorer (a multi-vector model: by MaxSim,
+rerank/late.py); each answered in Cohere's shape (api.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from embedfleet.services.gateway import images
 from embedfleet.services.gateway.cohere import api as cohere_api
 from embedfleet.services.gateway.core import Embedder
 from embedfleet.services.gateway.http.formats import rows_form
+from embedfleet.services.gateway.image_fetch import ImageFetcher
 
 
-async def embed(fleet: Embedder, req: cohere_api.CohereEmbed) -> Response:
+async def embed(fleet: Embedder, req: cohere_api.CohereEmbed, fetch: ImageFetcher) -> Response:
+    """``fetch``: the images ``req`` names by URL are fetched through it, once the model's limits are checked."""
     model = await fleet.resolve_model(req.model)
     view = await fleet.view()
     cohere_api.check_model_limits(
@@ -23,6 +26,8 @@ async def embed(fleet: Embedder, req: cohere_api.CohereEmbed) -> Response:
         req.dimensions,
         int(view.workers.get(model, {}).get("dim", 0)),
     )
+    if req.image_urls:
+        req = cohere_api.with_fetched(req, await fetch.checked(req.image_urls))
     if req.images is None:
         outcome, chunks, form = await fleet.embed_texts(model, req.inputs, req.options(), req.chunking)
     else:

@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.http.body_errors import input_fault, read_body
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.images import image_files, split_items
+from embedfleet.services.gateway.images import ImageUrl, sources, split_items
 from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs, within_count
 from embedfleet.services.gateway.openai.body import EmbeddingsBody, InputItem
 from embedfleet.shared.errors import ErrorCode
@@ -30,10 +30,11 @@ class EmbeddingsRequest:
     embedding_type: str = "float32"  # the vector form (shared/vectors/forms.py); 'float' in the request is float32
     chunking: Chunking | None = None  # long inputs cut into chunks (services/gateway/chunking.py)
     task: str | None = None  # a task adapter of the model (EmbedOptions.task)
-    # {'image': ...} items: the images (``inputs`` holds the texts beside them, if any) and the index in
-    # ``input`` of each; None: no images
+    # {'image': ...} items: the images sent as data URIs (``inputs`` holds the texts beside them, if any) and
+    # the index in ``input`` of each image; None: no images
     images: Inputs | None = None
     image_rows: tuple[int, ...] = ()
+    image_urls: tuple[ImageUrl, ...] = ()  # the images sent as URLs, fetched before they are embedded
 
     @property
     def texts(self) -> list[str]:
@@ -49,20 +50,22 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
     doc = read_body(EmbeddingsBody, body, _input_fault)
     images: Inputs | None = None
     image_rows: tuple[int, ...] = ()
+    image_urls: tuple[ImageUrl, ...] = ()
     if doc.modality == "image":  # infinity's form: every string of 'input' an image
         uris = [doc.input] if isinstance(doc.input, str) else doc.input
         if not all(isinstance(uri, str) for uri in uris):
             raise ApiError(
-                ErrorCode.INVALID_REQUEST, "with modality 'image', 'input' holds data URIs (strings)", "input"
+                ErrorCode.INVALID_REQUEST, "with modality 'image', 'input' holds data URIs or URLs (strings)", "input"
             )
         within_count(len(uris), "input", limits)
         where = [f"input[{i}]" for i in range(len(uris))]
-        images = Inputs([], None, image_files([str(uri) for uri in uris], where, limits.images))
+        checked, image_urls = sources([str(uri) for uri in uris], where, limits.images)
+        images = Inputs([], None, [file for file, _ in checked])
         image_rows = tuple(range(len(uris)))
         inputs = Inputs([], None)
     elif isinstance(doc.input, list) and isinstance(doc.input[0], InputItem):
         items = [(item.text, item.image) for item in doc.input if isinstance(item, InputItem)]  # the <items> member
-        inputs, images, image_rows = split_items(items, "input", limits)
+        inputs, images, image_rows, image_urls = split_items(items, "input", limits)
     else:
         inputs = typed_inputs(doc.input, "input", limits)
     if images is not None and doc.chunking is not None:
@@ -78,6 +81,7 @@ def parse_embeddings_request(body: bytes, limits: Limits) -> EmbeddingsRequest:
         doc.task,
         images,
         image_rows,
+        image_urls,
     )
 
 

@@ -8,12 +8,16 @@ from starlette.responses import Response
 from embedfleet.services.gateway import images
 from embedfleet.services.gateway.core import Embedder
 from embedfleet.services.gateway.http.formats import binary_answer, rows_form
+from embedfleet.services.gateway.image_fetch import ImageFetcher
 from embedfleet.services.gateway.openai import api as openai_api
 from embedfleet.shared.protocol import EmbedOptions
 from embedfleet.shared.vectors.forms import FORMS
 
 
-async def embeddings(fleet: Embedder, req: openai_api.EmbeddingsRequest, accept: str | None) -> Response:
+async def embeddings(
+    fleet: Embedder, req: openai_api.EmbeddingsRequest, accept: str | None, fetch: ImageFetcher
+) -> Response:
+    """``fetch``: the images ``req`` names by URL are fetched through it, once its model is known."""
     model = await fleet.resolve_model(req.model)
     options = EmbedOptions(
         dimensions=req.dimensions, input_type=req.input_type, dtype=FORMS[req.embedding_type].wire, task=req.task
@@ -21,7 +25,8 @@ async def embeddings(fleet: Embedder, req: openai_api.EmbeddingsRequest, accept:
     if req.images is None:
         outcome, chunks, form = await fleet.embed_texts(model, req.inputs, options, req.chunking)
     else:
-        outcome = await images.embed_with_images(fleet, model, req.inputs, req.images, req.image_rows, options)
+        shown = await fetch.completed(req.images, req.image_urls)
+        outcome = await images.embed_with_images(fleet, model, req.inputs, shown, req.image_rows, options)
         chunks = None
         form = rows_form(options.form, outcome.form)
     headers = fleet.stage_headers(outcome)

@@ -1,5 +1,6 @@
-"""The rerank routes' work through the fleet (the scorer): TEI's POST /rerank and the Cohere/Jina
-POST /v1/rerank, each call (api.py) ranked and answered in its API's shape."""
+"""The rerank routes' work through the fleet: TEI's POST /rerank and the Cohere/Jina POST /v1/rerank, each
+call (api.py) ranked (by the model's scorer, or by MaxSim for a multi-vector model: late.py) and answered
+in its API's shape."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pydantic_core import ErrorDetails
 from embedfleet.services.gateway.chunking import Chunking, body_chunking, chunk_places
 from embedfleet.services.gateway.http.body_errors import input_fault, read_body
 from embedfleet.services.gateway.http.errors import ApiError
-from embedfleet.services.gateway.images import split_items
+from embedfleet.services.gateway.images import ImageUrl, split_items
 from embedfleet.services.gateway.inputs import Inputs, Limits, typed_inputs
 from embedfleet.services.gateway.openai.body import InputItem
 from embedfleet.services.gateway.tei.body import EmbedAllBody, EmbedBody, EmbedSparseBody, TokenizeBody
@@ -28,9 +28,11 @@ class EmbedRequest:
     options: EmbedOptions
     chunking: Chunking | None = None  # /embed's extension: long inputs cut into chunks (services/gateway/chunking.py)
     model: str | None = None  # the extension: which served model answers (None: the default)
-    # /embed_all's {'image': ...} items (a page model's): the images, and the index in ``inputs`` of each
+    # /embed_all's {'image': ...} items (a page model's): the images sent as data URIs, and the index in
+    # ``inputs`` of each image
     images: Inputs | None = None
     image_rows: tuple[int, ...] = ()
+    image_urls: tuple[ImageUrl, ...] = ()  # the images sent as URLs, fetched before they are embedded
 
 
 def _inputs_fault(errors: list[ErrorDetails]) -> ApiError:
@@ -146,9 +148,10 @@ def parse_embed_all(doc: EmbedAllBody, limits: Limits, offers: tuple[str, ...]) 
     others their last hidden states. The extension ``output`` ("tokens" / "multivector") chooses."""
     images: Inputs | None = None
     image_rows: tuple[int, ...] = ()
+    image_urls: tuple[ImageUrl, ...] = ()
     if isinstance(doc.inputs, list) and isinstance(doc.inputs[0], InputItem):
         items = [(item.text, item.image) for item in doc.inputs if isinstance(item, InputItem)]  # the <items> member
-        inputs, images, image_rows = split_items(items, "inputs", limits)
+        inputs, images, image_rows, image_urls = split_items(items, "inputs", limits)
     else:
         inputs = typed_inputs(doc.inputs, "inputs", limits)
     output = doc.output or ("multivector" if "multivector" in offers else "tokens")
@@ -164,7 +167,7 @@ def parse_embed_all(doc: EmbedAllBody, limits: Limits, offers: tuple[str, ...]) 
         truncation_direction=doc.truncation_direction or "right",
         prompt_name=doc.prompt_name,
     )
-    return EmbedRequest(inputs, options, model=doc.model, images=images, image_rows=image_rows)
+    return EmbedRequest(inputs, options, model=doc.model, images=images, image_rows=image_rows, image_urls=image_urls)
 
 
 def render_sparse(rows: list) -> bytes:

@@ -9,6 +9,7 @@ from starlette.responses import Response
 from embedfleet.services.gateway.core import Embedder, offers
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.http.formats import binary_answer
+from embedfleet.services.gateway.image_fetch import ImageFetcher
 from embedfleet.services.gateway.images import embed_with_images
 from embedfleet.services.gateway.inputs import Limits
 from embedfleet.services.gateway.tei import api as tei_api
@@ -43,11 +44,13 @@ async def embed_sparse(fleet: Embedder, req: tei_api.EmbedRequest, model: str, c
     )
 
 
-async def embed_all(fleet: Embedder, doc: EmbedAllBody, limits: Limits) -> Response:
+async def embed_all(fleet: Embedder, doc: EmbedAllBody, limits: Limits, fetch: ImageFetcher) -> Response:
+    """``fetch``: the images ``doc`` names by URL are fetched through it, once the request is parsed."""
     model = await fleet.resolve_model(doc.model)
     req = tei_api.parse_embed_all(doc, limits, await offers(fleet, model))
     if req.images is not None:
-        outcome = await embed_with_images(fleet, model, req.inputs, req.images, req.image_rows, req.options)
+        shown = await fetch.completed(req.images, req.image_urls)
+        outcome = await embed_with_images(fleet, model, req.inputs, shown, req.image_rows, req.options)
     else:
         outcome = await fleet.run_embed(model, req.inputs, req.options)
     form = req.options.form

@@ -59,8 +59,9 @@ OPTIONS: tuple[Option, ...] = (
         "--max-image-bytes",
         "EMBEDFLEET_MAX_IMAGE_BYTES",
         20 << 20,
-        "max bytes of one image file a request sends (a data URI's payload, decoded), for a two-tower model "
-        "(more: 400 naming the input, checked before it is decoded); reindex holds a job's images to it too",
+        "max bytes of one image file a request sends (a data URI's payload, decoded, or a URL's body, not read "
+        "past it), for a two-tower model (more: 400 naming the input, checked before it is decoded); reindex holds "
+        "a job's images to it too",
         GATEWAY | {"tokenizer", "reindex"},
         "gateway",
         type=positive_int,
@@ -74,6 +75,27 @@ OPTIONS: tuple[Option, ...] = (
         GATEWAY | {"tokenizer", "reindex"},
         "gateway",
         type=positive_int,
+    ),
+    declare(
+        "--image-hosts",
+        "EMBEDFLEET_IMAGE_HOSTS",
+        "",
+        "hosts whose image URLs requests may send, comma separated, each fetched by the gateway (exact names, any "
+        "letter case: images.example.com for https on 443, images.example.com:8443, http://host[:port] for plain "
+        "http); a URL of another host, scheme or port, with user info, or answered by a redirect is refused (400); "
+        "none: no URL is fetched (images come as data URIs)",
+        GATEWAY,
+        "gateway",
+    ),
+    declare(
+        "--image-hosts-private",
+        "EMBEDFLEET_IMAGE_HOSTS_PRIVATE",
+        "",
+        "hosts of --image-hosts that may resolve to loopback, private or link-local addresses (an image store of "
+        "the gateway's own network), comma separated; none: an image URL whose host resolves to one is refused "
+        "(400), against requests into the gateway's network and DNS rebinding",
+        GATEWAY,
+        "gateway",
     ),
     declare(
         "--job-max-result-bytes",

@@ -151,7 +151,7 @@ TYPES = "'float', 'int8', 'uint8', 'binary', 'ubinary' or 'base64'"
         (2, {}, "texts", "'texts' is required (or 'inputs', or 'images')"),
         (2, {"texts": ["a"], "images": [PNG]}, "images", "send 'images' or texts ('texts', 'inputs'), not both"),
         (2, {"images": []}, "images", "'images' must not be an empty list"),
-        (2, {"images": ["https://example.com/a.png"]}, "images", "'images[0]' must be a data URI (data:image/png;base64,...): URLs are not fetched"),
+        (2, {"images": ["ftp://example.com/a.png"]}, "images", "'images[0]' must be a data URI (data:image/png;base64,...) or an https:// URL"),
         (2, {"texts": ["a"], "inputs": INPUTS}, "inputs", "send 'texts' or 'inputs', not both"),
         (2, {"inputs": {}}, "inputs", "'inputs' must be a list, got object"),
         (2, {"inputs": []}, "inputs", "'inputs' must not be an empty list"),
@@ -192,6 +192,7 @@ ACCEPTED = [
     (2, EVERY_V2),
     (2, {"inputs": INPUTS, "embedding_types": ["base64"], "truncate": "NONE"}),
     (2, {"images": [PNG], "input_type": "image"}),
+    (2, {"images": ["https://example.com/a.png"]}),  # fetched in the serving step, where --image-hosts allows
     (2, {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": PNG}}]}]}),
 ]
 REFUSED = [
@@ -201,7 +202,7 @@ REFUSED = [
     (2, {}),
     (2, {"texts": ["a"], "inputs": INPUTS}),
     (2, {"texts": ["a"], "images": [PNG]}),
-    (2, {"images": ["https://example.com/a.png"]}),
+    (2, {"images": ["ftp://example.com/a.png"]}),
     (2, {"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
     (2, {"inputs": [{"content": []}]}),
     (2, {"texts": ["a"], "output_dimension": 0}),
