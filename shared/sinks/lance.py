@@ -6,7 +6,8 @@ The table is made when missing, with the columns ``id``, [``chunk``, ``start_cha
 float32 or float16 (dense), of uint8 bytes (binary and ubinary: packed bits, searched by Hamming
 distance in LanceDB), or a list of float32 vectors (multi-vector). A batch is a merge-insert on the
 key (id, or id and chunk): written twice, it leaves one row per key. ``finish`` compacts the table
-(each merge adds a fragment).
+(each merge adds a fragment). ``POST /v1/search`` reads a float table by cosine and a table of
+multi-vectors by late interaction (MaxSim), both LanceDB's own exact searches (no index is built).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
 class LanceSink:
+    searches_multivector = True  # POST /v1/search serves its tables of multi-vectors (MaxSim, in LanceDB)
+
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         params = dict(parse_qsl(parts.query))
@@ -175,22 +178,32 @@ class LanceSink:
             raise self._error(exc) from None
 
     def search(self, vector: np.ndarray, top_k: int, where: dict[str, Any] | None = None) -> list[Hit]:
+        """``vector``: float32 [dim] for a dense table, or the query's token vectors [q, dim] for a table of
+        multi-vectors, which LanceDB ranks by late interaction itself (exact without an index, and a load
+        builds none). Its cosine distance of a multi-vector query is the sum over the query's rows of 1 - the
+        row's largest cosine with the page's vectors, q - MaxSim: the score answered is MaxSim (the vectors
+        are unit length, so cosines are dot products), as POST /v1/rerank scores a multi-vector model."""
         shape = self._shape
         assert shape is not None and self._table is not None, "open() first"
-        if shape.output != "dense" or shape.form not in ("float32", "float16") or where:
+        multi = shape.output == "multivector"
+        if where or not (multi or (shape.output == "dense" and shape.form in ("float32", "float16"))):
             raise SinkError(
-                "LanceDB tables are searched by dense float vectors without filters here: search a "
-                "pgvector or Qdrant sink",
+                "LanceDB tables are searched by dense float vectors or multi-vectors without filters here: "
+                "search a pgvector or Qdrant sink",
                 retryable=False,
             )
+        query = vector.astype(np.float32)
+        assert query.ndim == (2 if multi else 1), f"a query of shape {query.shape} for {shape.output} rows"
+        columns = ["id", *(["chunk"] if shape.chunked else []), "metadata", "text", "_distance"]  # not the vectors
         try:
-            found = self._table.search(vector.astype(np.float32)).distance_type("cosine").limit(top_k).to_list()
+            found = self._table.search(query).distance_type("cosine").select(columns).limit(top_k).to_list()
         except Exception as exc:
             raise self._error(exc) from None
+        most = float(len(query)) if multi else 1.0  # the score of a distance of 0
         return [
             Hit(
                 r["id"],
-                1.0 - float(r["_distance"]),
+                most - float(r["_distance"]),
                 orjson.loads(r["metadata"]) if r["metadata"] else {},
                 r.get("chunk"),
                 r.get("text"),

@@ -19,7 +19,10 @@ class SearchHit(BaseModel):
     object: Literal["search_result"]
     id: str = Field(description="the row's id (its document's)")
     chunk: int = omitted("the chunk's number, when the store holds chunks")
-    score: float = Field(description="the cosine of the query's vector and the row's")
+    score: float = Field(
+        description="the cosine of the query's vector and the row's; over a table of multi-vectors (a page "
+        "model's), their MaxSim: the sum over the query's token vectors of the largest dot product with the row's"
+    )
     rerank_score: float = omitted("with 'rerank': the reranker's score (the rows in its order)")
     text: str = omitted("the row's text, when the store holds it")
     metadata: dict[str, Any] = Field(description="the row's metadata fields (empty: none)")

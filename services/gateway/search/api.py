@@ -5,7 +5,8 @@ gateway's limits), and the answer in OpenAI's list style.
  -> {"object": "list", "model", "rerank_model"?, "data": [{"object": "search_result", "id", "chunk"?, "score",
      "rerank_score"?, "text"?, "metadata"}], "usage": {"prompt_tokens", "total_tokens"}}
 
-``score`` is the store's cosine of the query's vector and the row's; ``rerank_score`` the reranker's,
+``score`` is the store's cosine of the query's vector and the row's (over a table of multi-vectors, the
+MaxSim of their token vectors, as POST /v1/rerank scores a multi-vector model); ``rerank_score`` the reranker's,
 as ``POST /v1/rerank`` scores the same texts (the rows then in its order). ``usage`` counts the query's
 tokens (the reranker's are not reported by the scorer).
 """

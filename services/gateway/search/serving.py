@@ -4,7 +4,10 @@ their texts reranked as ``POST /v1/rerank`` ranks them (the scorer).
 
 The model is the one whose vectors the store holds: ``--search-model`` when the gateway is given one (a
 request may leave ``model`` out, or must name that one), else the request's ``model``, else the default
-model; the store's dimension must be the model's.
+model; the store's dimension must be the model's. A table of multi-vectors (a page model's job, ColQwen2:
+a vector per token of each page, LanceDB only) is searched with the query's token vectors, by MaxSim; the
+query is embedded as the table's rows are, so a dense model over such a table (or a multi-vector model
+over a dense one) is refused before anything is embedded.
 """
 
 from __future__ import annotations
@@ -13,15 +16,16 @@ import logging
 import time
 import uuid
 
+import numpy as np
 from starlette.responses import Response
 
-from embedfleet.services.gateway.core import Embedder
+from embedfleet.services.gateway.core import Embedder, offers
 from embedfleet.services.gateway.http.errors import ApiError
 from embedfleet.services.gateway.inputs import Inputs
 from embedfleet.services.gateway.openai.models import worker_kind
 from embedfleet.services.gateway.rerank.api import RerankCall
 from embedfleet.services.gateway.search import api as search_api
-from embedfleet.services.gateway.search.store import SearchTables
+from embedfleet.services.gateway.search.store import SearchTables, query_output
 from embedfleet.shared.errors import ErrorCode
 from embedfleet.shared.model_dir.info import same_model
 from embedfleet.shared.protocol import EmbedOptions
@@ -47,10 +51,14 @@ class Search:
         store = await self.store.store(call.table)  # a table the key may not read: refused before any work
         model = await self._model(fleet, call.model)
         reranker = await self._reranker(fleet, call.rerank.model) if call.rerank is not None else None
-        options = EmbedOptions(input_type="query", dtype=FLOAT32.wire)
+        shape = await store.shape(fleet.request_timeout)  # what the rows are: the query is embedded to match
+        output = query_output(model, await offers(fleet, model), shape, store.shown)
+        options = EmbedOptions(input_type="query", dtype=FLOAT32.wire, output=output)
         outcome = await fleet.run_embed(model, Inputs([call.query], None), options)
+        # the query: [dim], or its token vectors [q, dim] for a table of multi-vectors
+        query = np.asarray(outcome.ragged_rows()[0], np.float32) if output == "multivector" else outcome.vectors[0]
         started = time.perf_counter()
-        hits = await store.search(model, outcome.vectors[0], call.top_k, call.where, fleet.request_timeout)
+        hits = await store.search(model, query, call.top_k, call.where, fleet.request_timeout)
         headers = {**fleet.stage_headers(outcome), "x-search-time": _ms(started)}
         log.debug(
             "search %s: %d hits of top_k %d in %s ms (filter on %s)",

@@ -13,9 +13,11 @@ filter it cannot apply).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -32,6 +34,28 @@ log = logging.getLogger("embedfleet.gateway")
 SEARCHED_FORMS = tuple(name for name, form in FORMS.items() if form.floating)
 RETRY_AFTER = 2  # seconds a client is told to wait before searching a store that is down or busy again
 MAX_TABLES = 16  # tables attached at once; past it the least recently searched is closed
+T = TypeVar("T")
+
+
+def query_output(model: str, makes: tuple[str, ...], shape: Shape, shown: str) -> str:
+    """The output the query is embedded as to search a table of ``shape`` rows: its own (dense, or
+    multivector: the query's token vectors, for MaxSim), when ``model`` makes it (``makes``: the outputs
+    its workers registered; none seen: the embed call answers for itself); 400 naming the model
+    otherwise, since another model's vectors would rank the rows by nothing."""
+    output = shape.output
+    if not makes or output in makes:
+        return output
+    if output == "multivector":
+        what = "multi-vectors"
+        holds = "a vector per token of each row, searched by MaxSim: search with the multi-vector model that filled it"
+    else:
+        what = holds = f"{output} vectors"
+        holds += ": search with the model that filled it"
+    raise ApiError(
+        ErrorCode.INVALID_REQUEST,
+        f"{model} makes no {what} (it makes: {', '.join(makes)}); the search store {shown} holds {holds}",
+        "model",
+    )
 
 
 class SearchTables:
@@ -85,21 +109,33 @@ class SearchStore:
         self._shape: Shape | None = None  # None: not attached (first use, or after a failure)
         self._lock = asyncio.Lock()
 
+    async def shape(self, timeout: float) -> Shape:
+        """What the table's rows are, attached first when they are not (within ``timeout`` seconds): the
+        query is embedded to match them."""
+        if self._shape is not None:
+            return self._shape
+        return await self._call(self._attached, timeout)
+
     async def search(
-        self, model: str, vector: np.ndarray, top_k: int, where: dict[str, Any], timeout: float
+        self, model: str, query: np.ndarray, top_k: int, where: dict[str, Any], timeout: float
     ) -> list[Hit]:
-        """The ``top_k`` rows closest to ``vector`` (float32 [dim], ``model``'s) whose metadata has ``where``'s
-        values, within ``timeout`` seconds (waiting for the call before it included)."""
+        """The ``top_k`` rows closest to ``query`` (``model``'s: float32 [dim], or its token vectors [q, dim]
+        for a table of multi-vectors) whose metadata has ``where``'s values, within ``timeout`` seconds."""
+        return await self._call(functools.partial(self._search, model, query, top_k, where), timeout)
+
+    async def _call(self, work: Callable[[], T], timeout: float) -> T:
+        """``work`` in a thread, once the call before it ended, within ``timeout`` seconds (the wait for
+        that call included)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
             await asyncio.wait_for(self._lock.acquire(), timeout)
         except TimeoutError:
             raise self._late(timeout) from None
-        work = asyncio.ensure_future(asyncio.to_thread(self._search, model, vector, top_k, where))
-        work.add_done_callback(self._release)
+        running = asyncio.ensure_future(asyncio.to_thread(work))
+        running.add_done_callback(self._release)
         try:  # shielded: a call past the deadline (or whose client left) holds the lock until its thread ends
-            return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - loop.time()))
+            return await asyncio.wait_for(asyncio.shield(running), max(0.0, deadline - loop.time()))
         except TimeoutError:
             raise self._late(timeout) from None
 
@@ -126,17 +162,23 @@ class SearchStore:
 
     # -- in the thread ----------------------------------------------------------------------------
 
-    def _search(self, model: str, vector: np.ndarray, top_k: int, where: dict[str, Any]) -> list[Hit]:
+    def _search(self, model: str, query: np.ndarray, top_k: int, where: dict[str, Any]) -> list[Hit]:
         shape = self._attached()
-        if shape.dim != vector.shape[0]:
+        if (query.ndim == 2) != (shape.output == "multivector"):  # the table was loaded again meanwhile
+            raise ApiError(
+                ErrorCode.NO_RESPONDERS,
+                f"the search store {self.shown} now holds {shape.output} vectors: search again",
+                retry_after=RETRY_AFTER,
+            )
+        if shape.dim != query.shape[-1]:
             raise ApiError(
                 ErrorCode.INVALID_REQUEST,
-                f"{model} makes vectors of {vector.shape[0]} dimensions; the search "
+                f"{model} makes vectors of {query.shape[-1]} dimensions; the search "
                 f"store {self.shown} holds {shape.dim}: search with the model that filled it",
                 "model",
             )
         try:
-            return self.sink.search(vector, top_k, where or None)
+            return self.sink.search(query, top_k, where or None)
         except SinkError as exc:
             if not exc.retryable:  # the store will never take this request
                 raise ApiError(ErrorCode.INVALID_REQUEST, exc.message, "filter" if where else None) from None
@@ -162,15 +204,22 @@ class SearchStore:
                 f"the search store is unavailable: {exc.message}",
                 retry_after=RETRY_AFTER if exc.retryable else None,
             ) from None
-        if shape.output != "dense" or shape.form not in SEARCHED_FORMS:
+        if shape.output == "multivector" and not getattr(self.sink, "searches_multivector", False):
+            raise ApiError(
+                ErrorCode.NO_RESPONDERS,
+                f"the search store {self.shown} holds multi-vectors (a vector per token of each row); they are "
+                "searched (by MaxSim) in LanceDB tables only: load the job into a LanceDB table",
+            )
+        if shape.output != "multivector" and (shape.output != "dense" or shape.form not in SEARCHED_FORMS):
             raise ApiError(
                 ErrorCode.NO_RESPONDERS,
                 f"the search store {self.shown} holds {shape.output} {shape.form} "
                 f"vectors; search is served over dense {' or '.join(SEARCHED_FORMS)} vectors",
             )
         log.info(
-            "search store %s attached: %s vectors of %d dimensions%s",
+            "search store %s attached: %s %s vectors of %d dimensions%s",
             self.shown,
+            shape.output,
             shape.form,
             shape.dim,
             ", chunks" if shape.chunked else "",
