@@ -38,66 +38,40 @@ def _rope(mrope_section: list[int]) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": mrope_section}
 
 
+# Qwen2-VL-2B, as vidore/colqwen2-v1.0-hf (its processor: at most 768 image tokens a page)
+_PUBLISHED_TEXT = dict(
+    hidden_size=1536,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    intermediate_size=8960,
+    rope_parameters=_rope([16, 24, 24]),
+    max_position_embeddings=32768,
+)
+_PUBLISHED_VISION = dict(embed_dim=1280, depth=32, num_heads=16, hidden_size=1536)
+_TINY_TEXT = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    rope_parameters=_rope([2, 3, 3]),
+    max_position_embeddings=512,  # a page of 64 image tokens and its prompt, a query: the tests' budgets
+)
+_TINY_VISION = dict(embed_dim=32, depth=2, num_heads=4, hidden_size=64)
+_PUBLISHED_PIXELS = (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN)
+
 # shape -> (text_config, vision_config, (min_pixels, max_pixels))
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[int, int]]] = {
-    # Qwen2-VL-2B, as vidore/colqwen2-v1.0-hf (its processor: at most 768 image tokens a page)
-    "base": (
-        dict(
-            hidden_size=1536,
-            num_hidden_layers=28,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            intermediate_size=8960,
-            rope_parameters=_rope([16, 24, 24]),
-            max_position_embeddings=32768,
-        ),
-        dict(embed_dim=1280, depth=32, num_heads=16, hidden_size=1536),
-        (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
-    ),
+    "base": (_PUBLISHED_TEXT, _PUBLISHED_VISION, _PUBLISHED_PIXELS),
     # the published widths, 4 of its 28 language layers and 8 of its 32 vision blocks: every kernel at its real
     # shape, a sixth of the weights (bench/gpu_check builds and checks it within its minutes)
-    "mid": (
-        dict(
-            hidden_size=1536,
-            num_hidden_layers=4,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            intermediate_size=8960,
-            rope_parameters=_rope([16, 24, 24]),
-            max_position_embeddings=32768,
-        ),
-        dict(embed_dim=1280, depth=8, num_heads=16, hidden_size=1536),
-        (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
-    ),
+    "mid": ({**_PUBLISHED_TEXT, "num_hidden_layers": 4}, {**_PUBLISHED_VISION, "depth": 8}, _PUBLISHED_PIXELS),
     # tiny's widths with the published processor's bounds (4 to 768 image tokens a page): bench.images times the
     # preparation of real page sizes, and the engine's per-page work apart from its GEMMs
-    "pages": (
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            rope_parameters=_rope([2, 3, 3]),
-            max_position_embeddings=1024,
-        ),
-        dict(embed_dim=32, depth=2, num_heads=4, hidden_size=64),
-        (4 * PIXELS_PER_TOKEN, 768 * PIXELS_PER_TOKEN),
-    ),
+    "pages": ({**_TINY_TEXT, "max_position_embeddings": 1024}, _TINY_VISION, _PUBLISHED_PIXELS),
     # at most 64 image tokens (256 patches) an image
-    "tiny": (
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            rope_parameters=_rope([2, 3, 3]),
-            max_position_embeddings=512,  # a page of 64 image tokens and its prompt, a query: the tests' budgets
-        ),
-        dict(embed_dim=32, depth=2, num_heads=4, hidden_size=64),
-        (4 * PIXELS_PER_TOKEN, 64 * PIXELS_PER_TOKEN),
-    ),
+    "tiny": (_TINY_TEXT, _TINY_VISION, (4 * PIXELS_PER_TOKEN, 64 * PIXELS_PER_TOKEN)),
 }
 # every shape's: Qwen2-VL-2B's norms and limits; the BPE's special tokens
 _TEXT_FIXED = dict(

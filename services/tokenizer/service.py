@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -509,59 +509,58 @@ class TokenizerService:
         self, request: EmbedRequest, pixels: np.ndarray, timings: dict[str, float]
     ) -> dict[str, tuple[list[bytes], int]]:
         """``request``'s prepared images in chunks that each fit a message, routed as ``_route`` routes tokens."""
-        assert self._images is not None  # images are prepared only for a model with an image tower
-        shared_subject = self._subjects.tokens(request.model)
-        by_subject: dict[str, tuple[list[bytes], int]] = {}
-        for start, part in self._images.chunks(pixels, self._nc.max_payload, self._cfg.chunk_seqs):
-            batch = TokenChunk(
-                id=request.id,
-                model=request.model,
-                start=start,
-                total=request.count,
-                input_ids=np.zeros(0, np.int32),
-                cu_seqlens=self._images.cu_seqlens(len(part)),
-                deadline=request.deadline,
-                options=request.options,
-                timings=timings,
-                held=request.held,
-                replies=request.replies,
-                cancel_key=request.cancel_key,
-                pixels=part,
-            )
-            tokens = batch.num_tokens
-            subject = self._router.pick(tokens, time.monotonic()) or shared_subject
-            payloads, sent = by_subject.get(subject, ([], 0))
-            by_subject[subject] = ([*payloads, encode(batch)], sent + tokens)
-        return by_subject
+        images = self._images
+        assert images is not None  # images are prepared only for a model with an image tower
+        return self._route_chunks(
+            request,
+            timings,
+            (
+                (
+                    start,
+                    {"input_ids": np.zeros(0, np.int32), "cu_seqlens": images.cu_seqlens(len(part)), "pixels": part},
+                )
+                for start, part in images.chunks(pixels, self._nc.max_payload, self._cfg.chunk_seqs)
+            ),
+        )
 
     def _route_pages(
         self, request: EmbedRequest, pages: list[Page], timings: dict[str, float]
     ) -> dict[str, tuple[list[bytes], int]]:
         """A page model's prepared images in chunks that each fit a message (ids and patch rows), routed as
         ``_route`` routes tokens."""
+
+        def rows(lo: int, hi: int) -> dict:
+            ids, cu, patches, grids = pack_pages(pages[lo:hi])
+            return {"input_ids": ids, "cu_seqlens": cu, "pages": patches, "page_grids": grids}
+
+        chunks = PagePreparer.chunks(pages, self._nc.max_payload, self._cfg.chunk_seqs)
+        return self._route_chunks(request, timings, ((lo, rows(lo, hi)) for lo, hi in chunks))
+
+    def _route_chunks(
+        self, request: EmbedRequest, timings: dict[str, float], chunks: Iterable[tuple[int, dict]]
+    ) -> dict[str, tuple[list[bytes], int]]:
+        """Image or page chunks ((first row, their rows' fields) each) as TokenChunks of ``request``, each for the
+        worker the router picks by the tokens it runs: subject -> (encoded batches, their tokens)."""
         shared_subject = self._subjects.tokens(request.model)
         by_subject: dict[str, tuple[list[bytes], int]] = {}
-        for lo, hi in PagePreparer.chunks(pages, self._nc.max_payload, self._cfg.chunk_seqs):
-            ids, cu, patches, grids = pack_pages(pages[lo:hi])
+        for start, rows in chunks:
             batch = TokenChunk(
                 id=request.id,
                 model=request.model,
-                start=lo,
+                start=start,
                 total=request.count,
-                input_ids=ids,
-                cu_seqlens=cu,
                 deadline=request.deadline,
                 options=request.options,
                 timings=timings,
                 held=request.held,
                 replies=request.replies,
                 cancel_key=request.cancel_key,
-                pages=patches,
-                page_grids=grids,
+                **rows,
             )
-            subject = self._router.pick(len(ids), time.monotonic()) or shared_subject
+            tokens = batch.num_tokens
+            subject = self._router.pick(tokens, time.monotonic()) or shared_subject
             payloads, sent = by_subject.get(subject, ([], 0))
-            by_subject[subject] = ([*payloads, encode(batch)], sent + len(ids))
+            by_subject[subject] = ([*payloads, encode(batch)], sent + tokens)
         return by_subject
 
     async def _missed(self, sent: Sent) -> None:
