@@ -1,7 +1,9 @@
-"""Random-weight two-tower folders (CLIP, SigLIP) as transformers saves them, at a real model's sizes or
+"""Random-weight two-tower folders (CLIP, SigLIP, SigLIP 2 NaFlex) as transformers saves them, at a real model's sizes or
 tiny: the model, its image processor's ``preprocessor_config.json``, and the default model's WordPiece
 tokenizer (the vocabulary cut to its 30,522 tokens) with each family's special tokens around a text:
 CLIP ``[CLS] text [SEP]`` ([SEP] its end-of-text token, pooled), SigLIP ``text [SEP]`` (padded to 64).
+SigLIP 2 NaFlex (``siglip2``) has SigLIP's text tower; its images come at their own grid of patches, at
+most ``max_num_patches`` (its processor's), the learnt positions (a square grid) resized to each.
 
     from bench.two_towers import make_two_tower
     make_two_tower("clip", root, "base")   # ViT-B/32's sizes: bench/gpu_check, bench.images
@@ -52,7 +54,29 @@ SHAPES: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]
             {},
         ),
     },
+    "siglip2": {
+        # google/siglip2-base-patch16-naflex (its vocabulary of 256,000 cut): 256 positions, 16 x 16
+        "base": (
+            dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
+            dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, patch_size=16),
+            {},
+        ),
+        # 4 x 4 learnt positions, images of up to 24 patches of 8 pixels: positions resized up and down
+        "tiny": (
+            dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
+            dict(
+                hidden_size=48,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_patches=16,
+                patch_size=8,
+            ),
+            {},
+        ),
+    },
 }
+MAX_NUM_PATCHES = {"base": 256, "tiny": 24}  # SigLIP 2 NaFlex's processor: the most patches an image is resized to
 # every shape's text tower: the WordPiece vocabulary and its special tokens; CLIP's 77 positions, SigLIP's 64
 _TEXT_FIXED = {
     "clip": dict(
@@ -60,6 +84,7 @@ _TEXT_FIXED = {
     ),
     "siglip": dict(vocab_size=WORDPIECE_VOCAB, max_position_embeddings=64, pad_token_id=PAD),
 }
+_TEXT_FIXED["siglip2"] = _TEXT_FIXED["siglip"]
 
 
 def text_config(family: str, shape: str) -> dict[str, Any]:
@@ -100,6 +125,7 @@ def make_two_tower(
     size = image_size(family, shape)
     text, vision, top = text_config(family, shape), vision_config(family, shape), SHAPES[family][shape][2]
     model: torch.nn.Module
+    processor: dict[str, Any]
     if family == "clip":
         model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision, **top))
         processor = {
@@ -108,6 +134,14 @@ def make_two_tower(
             "crop_size": {"height": size, "width": size},
         }
         single, specials = "[CLS] $A [SEP]", [("[CLS]", CLS), ("[SEP]", SEP)]
+    elif family == "siglip2":
+        model = transformers.Siglip2Model(transformers.Siglip2Config(text_config=text, vision_config=vision, **top))
+        processor = {
+            "image_processor_type": "Siglip2ImageProcessor",
+            "patch_size": int(vision["patch_size"]),
+            "max_num_patches": MAX_NUM_PATCHES[shape],
+        }
+        single, specials = "$A [SEP]", [("[SEP]", SEP)]
     else:
         model = transformers.SiglipModel(transformers.SiglipConfig(text_config=text, vision_config=vision, **top))
         processor = {"image_processor_type": "SiglipImageProcessor", "size": {"height": size, "width": size}}

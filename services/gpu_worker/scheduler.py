@@ -68,8 +68,14 @@ class Batch:
     # image rows [B, C, H, W] uint8 (a batch is all images or all token rows); input_ids is then empty
     pixels: np.ndarray | None = None
     # a page model's images in the batch's rows that have one (ColQwen2): patch rows [P, width] uint8 and
-    # grids [I, 2], in row order (a batch may mix them with text rows: both are token rows)
+    # grids [I, 2], in row order (a batch may mix them with text rows: both are token rows); with no
+    # input_ids, a NaFlex model's image rows (SigLIP 2), one image a row
     pages: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def patch_images(self) -> bool:
+        """A batch of a NaFlex model's images: patch rows and grids, no token ids."""
+        return self.pages is not None and not len(self.input_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -153,10 +159,10 @@ class Scheduler:
         budget = self.max_tokens if queue is self._online else self.bulk_tokens
         slices: list[Slice] = []
         tokens = seqs = 0
-        images = queue[0].batch.pixels is not None
+        images = queue[0].batch.image_rows
         while queue and seqs < self.max_seqs:
             work = queue[0]
-            if (work.batch.pixels is not None) != images:
+            if work.batch.image_rows != images:
                 break  # images and token rows run through different towers: never in one batch
             cu = work.batch.cu_seqlens
             row = work.next_row

@@ -400,10 +400,12 @@ class WorkerService:
                 ErrorCode.INVALID_REQUEST, f"dimensions {batch.options.dimensions} exceeds the model's {self._dim}"
             )
         try:
+            if batch.image_rows and output != "dense":
+                raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {output}")
             if batch.pixels is not None:
-                if output != "dense":
-                    raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {output}")
                 self._engines[0].check_images(batch.pixels, batch.cu_seqlens)
+            elif batch.image_rows:  # patch rows (SigLIP 2 NaFlex): counted as patches, not bounded as texts
+                self._engines[0].check_pages(batch.input_ids, batch.cu_seqlens, batch.pages, batch.page_grids)
             else:
                 self._engines[0].check(batch.input_ids, batch.cu_seqlens, batch.token_types, batch.spans)
                 self._engines[0].check_pages(batch.input_ids, batch.cu_seqlens, batch.pages, batch.page_grids)
@@ -470,6 +472,8 @@ class WorkerService:
                 handle = await (
                     loop.run_in_executor(executor, engine.step_images, batch.pixels)
                     if batch.pixels is not None
+                    else loop.run_in_executor(executor, engine.step_patches, batch.pages)
+                    if batch.pages is not None and batch.patch_images
                     else loop.run_in_executor(
                         executor,
                         engine.step,

@@ -238,17 +238,21 @@ class BulkTokenizer:
         pages; ServiceError (the whole batch a dead letter) for a batch this model cannot take at all."""
         model, output = self._cfg.model, job.options.output
         prepare: Callable[[JobBatch], PreparedImages | PreparedPages]
-        if self._pages is not None:
+        if self._pages is not None and model.pages:
             if not model.serves(output):
                 raise ServiceError(
                     ErrorCode.INVALID_REQUEST,
                     f"model {model.id} makes {', '.join(model.outputs)} vectors of images, not {output}",
                 )
             prepare = partial(prepare_pages, self._pages, max_bytes=self._room(job))
-        elif self._images is not None:
+        elif self._images is not None or self._pages is not None:
             if output != "dense":
                 raise ServiceError(ErrorCode.INVALID_REQUEST, f"images make dense vectors only, not {output}")
-            prepare = partial(prepare_batch, self._images)
+            if self._images is not None:
+                prepare = partial(prepare_batch, self._images)
+            else:  # a NaFlex model's: patch rows
+                assert self._pages is not None
+                prepare = partial(prepare_pages, self._pages, max_bytes=self._room(job))
         else:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,

@@ -40,7 +40,7 @@ class PreparedPages:
     @property
     def counted(self) -> list[list[int]]:
         """Each page's row of token ids (the tokenizer's metrics)."""
-        return [page.ids.tolist() for page in self.pages]
+        return [page.counted.tolist() for page in self.pages]
 
     def runs(self, doc_ids: list[str], max_bytes: int, max_rows: int) -> Iterator[ImageRun]:
         """The token batches of pages (``page_runs``), each packed as the online path packs its chunks."""

@@ -29,7 +29,7 @@ class ImagePreparer:
     @classmethod
     def for_model(cls, model: ModelInfo, limits: ImageLimits | None = None) -> ImagePreparer | None:
         """The preparer of ``model``'s images; None for a model that embeds texts only."""
-        if "image" not in model.inputs or model.pages:  # a page model's images are PagePreparer's (pages.py)
+        if "image" not in model.inputs or model.pages or model.patch_images:  # PagePreparer's (pages.py)
             return None
         return cls(ImageProcessing.from_folder(model.path), model.image_tokens, limits or ImageLimits())
 

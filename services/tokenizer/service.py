@@ -366,7 +366,7 @@ class TokenizerService:
             raise ServiceError(ErrorCode.TIMEOUT, "deadline passed before tokenization")
 
     def _check_images(self, request: EmbedRequest) -> None:
-        if self._pages is not None:
+        if self._cfg.model.pages:
             if not self._cfg.model.serves(request.options.output):
                 raise ServiceError(
                     ErrorCode.INVALID_REQUEST,
@@ -374,7 +374,7 @@ class TokenizerService:
                     f"not {request.options.output}",
                 )
             return
-        if self._images is None:
+        if self._images is None and self._pages is None:
             raise ServiceError(ErrorCode.INVALID_REQUEST, f"model {self._cfg.model.id} embeds texts only, not images")
         if request.options.output != "dense":
             raise ServiceError(
@@ -401,7 +401,7 @@ class TokenizerService:
                     if isinstance(made, ServiceError):
                         p.error = made
                     else:
-                        p.pages, p.ids = made, [page.ids for page in made]
+                        p.pages, p.ids = made, [page.counted for page in made]
             elif what == "images":
                 assert self._images is not None  # _admit refused images for a model without an image tower
                 files = [p.admitted.images or [] for p in group]

@@ -291,8 +291,8 @@ def _processor_name(config: Mapping[str, Any], where: str, model_type: str | Non
     if base == "Siglip2ImageProcessor":
         raise ConfigError(
             f"{where}: Siglip2ImageProcessor is SigLIP 2's NaFlex processor (each image resized to its own "
-            "patch grid, padded to max_num_patches), which is not supported; fixed-resolution SigLIP 2 "
-            "checkpoints ship SiglipImageProcessor and are"
+            "patch grid), served with a NaFlex checkpoint (config.json's model_type 'siglip2'), not with this "
+            "one; fixed-resolution checkpoints ship SiglipImageProcessor"
         )
     if base not in _DEFAULTS:
         raise ConfigError(f"{where}: image_processor_type {name!r} is not supported (only {', '.join(_DEFAULTS)})")

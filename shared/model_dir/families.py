@@ -44,8 +44,9 @@ EUROBERT = FamilyTypes("EuroBERT", ("eurobert",), pooling="mean")
 JINA_V5 = FamilyTypes("JinaV5", ("jina_embeddings_v5",), pooling="lasttoken")
 # two towers, text and images, into one space: the text tower pools its end-of-text token (the last)
 CLIP = FamilyTypes("CLIP", ("clip",), pooling="lasttoken")
-# the text tower pools the last position of rows padded to its 64 positions
-SIGLIP = FamilyTypes("SigLIP", ("siglip",), pooling="lasttoken")
+# the text tower pools the last position of rows padded to its 64 positions; ``siglip2``: SigLIP 2's NaFlex
+# checkpoints, each image at its own grid of patches (its fixed-resolution ones are saved as ``siglip``)
+SIGLIP = FamilyTypes("SigLIP", ("siglip", "siglip2"), pooling="lasttoken")
 # a page model: a vision-language model (Qwen2-VL under ``vlm_config``) giving a vector per token of a query,
 # or of a document page's image put inside a text prompt as image tokens; nothing pools
 COLQWEN2 = FamilyTypes("ColQwen2", ("colqwen2",))

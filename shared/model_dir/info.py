@@ -42,6 +42,9 @@ class ModelInfo:
     # the kinds of input it embeds: ("text",), or ("text", "image") for a two-tower model (CLIP) or a page model
     inputs: tuple[str, ...] = ("text",)
     image_tokens: int = 0  # what one image runs through a two-tower model's image tower (patches + class token)
+    # each image at its own size (SigLIP 2 NaFlex): it travels as patch rows with its grid, counted as its
+    # patches, and ``image_tokens`` is the most an image has (the processor's max_num_patches)
+    patch_images: bool = False
     # a page model (ColQwen2): an image (a document page) becomes image tokens inside a text prompt, and the
     # language model gives every token of it, as of a query, a vector ("multivector")
     image_token_id: int = -1  # the token an image's features replace; >= 0 marks a page model

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.images.naflex import NaFlexProcessing
 from embedfleet.shared.model_dir.families import (
     PAGE_MODELS,
     QWEN2_VL_IMAGE_TOKEN_ID,
@@ -135,9 +136,18 @@ def _two_towers(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
     siglip = family is SIGLIP
     # the configs' class defaults (CLIP ViT-B/32, SigLIP base/16) for what a saved config leaves out
     size, patch = int(vision.get("image_size", 224)), int(vision.get("patch_size", 16 if siglip else 32))
-    if size % patch:
+    naflex = folder.config.get("model_type") == "siglip2"  # each image at its own grid, at most max_num_patches
+    if naflex:
+        processing = NaFlexProcessing.from_folder(folder.path)
+        if processing.patch_size != patch:
+            raise ConfigError(
+                f"the image processor's patch_size {processing.patch_size} is not vision_config's {patch}"
+            )
+        patches = processing.max_num_patches
+    elif size % patch:
         raise ConfigError(f"config.json: vision_config's image_size {size} is not a multiple of its patch_size {patch}")
-    patches = (size // patch) ** 2
+    else:
+        patches = (size // patch) ** 2
     if siglip:  # no class token; texts padded to the tower's positions, as its processor pads them
         dim = int(text.get("projection_size") or text.get("hidden_size", 768))
         padding = {"pad_to": common["max_seq_length"], "pad_id": int(text.get("pad_token_id", 1))}
@@ -147,6 +157,7 @@ def _two_towers(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
             normalize=False,
             inputs=("text", "image"),
             image_tokens=patches,
+            patch_images=naflex,
             **padding,
             **common,
         )

@@ -222,10 +222,17 @@ class TokenChunk:
     # a page model's rows (ColQwen2): each row is a text holding one image's tokens, and its image comes
     # as patch rows [P, C * patch * patch] uint8 (resized as the processor resizes, not normalised), row i's
     # ``page_grids[i]`` = (gh, gw) patches of them, in row order
+    # (the same fields with no input_ids: a NaFlex model's image rows (SigLIP 2), each image at its own grid,
+    # cu_seqlens counting each row's patches)
     pages: np.ndarray | None = None
     page_grids: np.ndarray | None = None  # [count, 2] int32
 
     TYPE = "tokens"
+
+    @property
+    def image_rows(self) -> bool:
+        """Rows that run an image tower (pixels, or patch rows without token ids), not the token path."""
+        return self.pixels is not None or (self.pages is not None and not len(self.input_ids))
 
     @property
     def count(self) -> int:

@@ -214,16 +214,25 @@ def _decode_token_chunk(m: dict) -> TokenChunk:
     ids = int32_array(required(m, "ids", bytes), "ids")
     cu = int32_array(required(m, "cu", bytes), "cu")
     pixels = _pixels_field(m, len(cu) - 1, ids)
+    pages, page_grids = _pages_field(m, len(cu) - 1, pixels is not None)
+    # image rows at their own size (SigLIP 2 NaFlex): patch rows and a grid each, no token ids, each row
+    # counted as its patches
+    patch_images = page_grids is not None and not len(ids)
     # differences taken in int64: int32 offsets could wrap around and pass as increasing
-    end = len(ids) if pixels is None else int(cu[-1]) if len(cu) else -1
+    end = len(ids) if pixels is None and not patch_images else int(cu[-1]) if len(cu) else -1
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != end or np.any(np.diff(cu.astype(np.int64)) <= 0):
         raise ProtocolError("cu_seqlens must start at 0, increase strictly and end at len(ids)")
     if pixels is not None and np.any(np.diff(cu.astype(np.int64)) > MAX_IMAGE_TOKENS):
         raise ProtocolError(f"an image row counts at most {MAX_IMAGE_TOKENS} tokens")
+    if (
+        patch_images
+        and page_grids is not None
+        and not np.array_equal(np.diff(cu.astype(np.int64)), page_grids[:, 0].astype(np.int64) * page_grids[:, 1])
+    ):
+        raise ProtocolError("an image row of patches counts its grid's patches")
     start, total = required_int(m, "s"), required_int(m, "rows")
     if not (start >= 0 and start + len(cu) - 1 <= total <= MAX_ROWS):
         raise ProtocolError("rows out of range")
-    pages, page_grids = _pages_field(m, len(cu) - 1, pixels is not None)
     token_types = None
     if m.get("tt") is not None:
         token_types = int32_array(required(m, "tt", bytes), "token types")

@@ -7,6 +7,8 @@ float16 or uint8 components, cosine), ``sparse`` (Qdrant's sparse vectors, dot p
 ``multivector`` (late interaction, MaxSim). A point's id is a UUID made from the document's id (and
 chunk), so a batch upserted twice leaves one point per key; the payload holds ``id``, ``metadata``,
 ``text`` (when the rows have one) and, for chunks, ``chunk``, ``start_char``, ``end_char``.
+``POST /v1/search`` reads a dense collection by cosine and a collection of multi-vectors by Qdrant's
+own late interaction (MAX_SIM), both with filters on the metadata.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def point_id(doc_id: str, chunk: int | None) -> str:
 
 
 class QdrantSink:
+    searches_multivector = True  # POST /v1/search serves its collections of multi-vectors (MAX_SIM, in Qdrant)
+
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         params = dict(parse_qsl(parts.query))
@@ -230,12 +234,29 @@ class QdrantSink:
             raise self._error(exc) from None
 
     def search(self, vector: np.ndarray, top_k: int, where: dict[str, Any] | None = None) -> list[Hit]:
+        """``vector``: float32 [dim] for a dense collection, or the query's token vectors [q, dim] for a
+        collection of multi-vectors, which Qdrant ranks by its MAX_SIM comparator over cosines: the sum
+        over the query's rows of the row's largest cosine with the point's vectors, the MaxSim (from -q to
+        q), as POST /v1/rerank scores a multi-vector model. ``where``: metadata fields and the values they
+        must equal."""
         from qdrant_client import models
 
         shape = self._shape
         assert shape is not None, "open() first"
-        if shape.output != "dense":
-            raise SinkError("search is served over dense vectors: search a dense collection", retryable=False)
+        if shape.output == "sparse":
+            raise SinkError(
+                "search is served over dense vectors and multi-vectors: search a dense or multi-vector collection",
+                retryable=False,
+            )
+        query = np.asarray(vector, np.float32)
+        multi = shape.output == "multivector"
+        if query.ndim != (2 if multi else 1):
+            wanted = "the query's token vectors [tokens, dim]" if multi else "one vector [dim]"
+            raise SinkError(
+                f"collection {self.collection} holds {shape.output} vectors, searched by {wanted}: "
+                f"a query of shape {list(query.shape)} was given",
+                retryable=False,
+            )
         condition = None
         if where:
             condition = models.Filter(
@@ -249,8 +270,8 @@ class QdrantSink:
                 self._connect()
                 .query_points(
                     self.collection,
-                    query=np.asarray(vector, np.float32).tolist(),
-                    using=_NAMES["dense"],
+                    query=query.tolist(),  # [dim] or [q, dim]: a multi-vector query is a list of vectors
+                    using=_NAMES[shape.output],
                     limit=top_k,
                     query_filter=condition,
                     with_payload=True,

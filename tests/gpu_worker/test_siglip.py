@@ -86,7 +86,7 @@ def test_token_inputs_are_padded_too(siglip, engine):
     assert len(row) == 64 and row[:2].tolist() == [2023, 102] and set(row[2:].tolist()) == {0}
 
 
-def test_a_naflex_or_headless_folder_is_refused_naming_why(siglip, tmp_path):
+def test_a_headless_folder_or_naflex_config_over_a_fixed_processor_is_refused_naming_why(siglip, tmp_path):
     folder = shutil.copytree(siglip[0], tmp_path / "headless")
     config = load_model_info(str(folder))  # reads as served before the edit
     assert config.inputs == ("text", "image")

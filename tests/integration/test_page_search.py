@@ -5,7 +5,8 @@ through bash (only the page's port 8080 becomes the test's free port): the reind
 of multi-vectors and the search answers the pages ranked as transformers' ColQwen2Processor.score_retrieval
 ranks ColQwen2ForRetrieval's vectors of the same files and query. A second query the same; GET /v1/models
 names the store; a dense model (a tiny BERT joined to the stack) over the pages and the page model over a
-dense table are refused naming the model."""
+dense table are refused naming the model. The same job loaded again into a Qdrant local-mode folder, and a
+second gateway on the stack searching it (Qdrant's MAX_SIM), answers as the LanceDB table does."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from tests.integration.test_walkthrough import _blocks, _section, _terminal, _ty
 from tests.support import tiny_models
 from tests.support.image_files import noise_files, write_files
 from tests.support.page_models import build_colqwen2, reference, reference_vectors
-from tests.support.procs import Service, wait_until
+from tests.support.procs import Service, healthy, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +47,7 @@ SECOND_QUERY = "a chart of rainfall by month"
 class PageStack:
     work: Path  # the newcomer's folder: ./colqwen2, pages/, .embedfleet/, pages.lance/
     base: str
+    port: int  # the stack's gateway's
     block: str  # the page's second terminal
     outputs: list[str]  # its lines' outputs, in order
     pages: dict[str, Path]  # id (the path under pages/) -> file
@@ -77,7 +79,7 @@ def stack(tmp_path_factory) -> Iterator[PageStack]:
         assert up.poll() is None, log.read_text()[-4000:]
         dense = _join_dense_model(work)
         outputs = _typed(work, second, port)
-        yield PageStack(work, f"http://127.0.0.1:{port}", second, outputs, pages, dense)
+        yield PageStack(work, f"http://127.0.0.1:{port}", port, second, outputs, pages, dense)
     finally:
         for service in dense:
             service.stop()
@@ -192,3 +194,39 @@ def test_a_dense_model_over_the_pages_and_the_page_model_over_a_dense_table_are_
     )
     still = httpx.post(f"{stack.base}/v1/search", json={"query": SECOND_QUERY, "top_k": 1}, timeout=60)
     assert still.status_code == 200 and len(still.json()["data"]) == 1, still.text
+
+
+def test_the_same_job_in_a_qdrant_collection_is_searched_as_the_lancedb_table(stack, theirs):
+    """The page's reindex line with a Qdrant local-mode folder for its sink (the same job: its results read
+    again from the results stream), then a gateway joined to the stack with that folder for its store (the
+    reindex closed it: local mode opens a folder in one process at a time)."""
+    reindex = next(line for line in stack.block.splitlines() if " reindex " in line)
+    lance = '"lancedb://$PWD/pages.lance?table=pages"'
+    assert lance in reindex, reindex
+    (loaded,) = _typed(stack.work, reindex.replace(lance, '"qdrant://$PWD/pages.qdrant?collection=pages"'), stack.port)
+    collection = f"qdrant://{stack.work}/pages.qdrant?collection=pages"
+    assert f"-> {collection} ({PAGES} rows)" in loaded, loaded
+    found = read_stack(stack.work / ".embedfleet")
+    assert found is not None and found.token_file is not None
+    port = free_port()
+    args = ["--nats", found.url, "--nats-token-file", found.token_file, "--port", str(port)]
+    gateway = Service("gateway", [*args, "--search-sink", collection], stack.work / "logs")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(base), 120, "the Qdrant gateway", [gateway])
+        models = httpx.get(f"{base}/v1/models", timeout=10).json()
+        assert models["search"] == {"route": "/v1/search", "store": "qdrant", "table": "pages", "model": None}
+        body = {"model": MODEL, "query": SECOND_QUERY, "top_k": PAGES}
+        reply = httpx.post(f"{base}/v1/search", json=body, timeout=60)
+        assert reply.status_code == 200, (reply.text, gateway.log()[-3000:])
+        _check(reply.json(), _expected(theirs, SECOND_QUERY), PAGES)
+        lancedb = httpx.post(f"{stack.base}/v1/search", json=body, timeout=60)
+        assert lancedb.status_code == 200, lancedb.text
+        ours = [(h["id"], h["score"]) for h in reply.json()["data"]]
+        lance_hits = [(h["id"], h["score"]) for h in lancedb.json()["data"]]
+        assert [d for d, _ in ours[:TOP]] == [d for d, _ in lance_hits[:TOP]]
+        np.testing.assert_allclose([v for _, v in ours], [v for _, v in lance_hits], atol=SCORE_TOLERANCE)
+        filtered = httpx.post(f"{base}/v1/search", json={**body, "filter": {"lang": "en"}}, timeout=60)
+        assert filtered.status_code == 200 and filtered.json()["data"] == [], filtered.text  # pages carry none
+    finally:
+        gateway.stop()

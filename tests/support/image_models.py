@@ -22,3 +22,9 @@ def build_siglip(root: Path) -> Path:
     """``root/siglip``: 32-pixel images resized bicubic, 16 patches, no class token; texts ``text [SEP]``
     padded with [PAD] to 64 tokens as SigLIP's processor pads them."""
     return make_two_tower("siglip", root, "tiny", init=_randomize)
+
+
+def build_siglip2(root: Path) -> Path:
+    """``root/siglip2``: SigLIP 2 NaFlex, each image resized to at most 24 patches of 8 pixels at its own
+    aspect, 4 x 4 learnt positions resized to its grid; SigLIP's text tower."""
+    return make_two_tower("siglip2", root, "tiny", init=_randomize)

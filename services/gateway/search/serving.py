@@ -5,7 +5,7 @@ their texts reranked as ``POST /v1/rerank`` ranks them (the scorer).
 The model is the one whose vectors the store holds: ``--search-model`` when the gateway is given one (a
 request may leave ``model`` out, or must name that one), else the request's ``model``, else the default
 model; the store's dimension must be the model's. A table of multi-vectors (a page model's job, ColQwen2:
-a vector per token of each page, LanceDB only) is searched with the query's token vectors, by MaxSim; the
+a vector per token of each page: LanceDB or Qdrant) is searched with the query's token vectors, by MaxSim; the
 query is embedded as the table's rows are, so a dense model over such a table (or a multi-vector model
 over a dense one) is refused before anything is embedded.
 """

@@ -208,7 +208,7 @@ class SearchStore:
             raise ApiError(
                 ErrorCode.NO_RESPONDERS,
                 f"the search store {self.shown} holds multi-vectors (a vector per token of each row); they are "
-                "searched (by MaxSim) in LanceDB tables only: load the job into a LanceDB table",
+                "searched (by MaxSim) in LanceDB tables and Qdrant collections: load the job into one",
             )
         if shape.output != "multivector" and (shape.output != "dense" or shape.form not in SEARCHED_FORMS):
             raise ApiError(

@@ -18,7 +18,7 @@ from embedfleet.services.gpu_worker.engine.attention import Attention, select_at
 from embedfleet.services.gpu_worker.engine.batch import DeviceBatch, Pages, StaticBatch, prepare
 from embedfleet.services.gpu_worker.engine.errors import InputTooLong, InvalidTokens, row_of
 from embedfleet.services.gpu_worker.engine.graphs import GraphCache, Replay, bucket_sizes
-from embedfleet.services.gpu_worker.engine.images import ImagePath
+from embedfleet.services.gpu_worker.engine.images import ImagePath, PatchImagePath
 from embedfleet.services.gpu_worker.engine.linear import select_linear_ops
 from embedfleet.services.gpu_worker.engine.loader import load_weights, read_safetensors
 from embedfleet.services.gpu_worker.engine.models.base import EncoderModel
@@ -30,6 +30,7 @@ from embedfleet.services.gpu_worker.engine.results import CudaResult, ReadyResul
 from embedfleet.services.gpu_worker.engine.span_pooling import Spans, check_spans, span_means, span_positions
 from embedfleet.services.gpu_worker.engine.st_modules import build_dense
 from embedfleet.shared.config.option import ConfigError
+from embedfleet.shared.images.naflex import NaFlexProcessing
 from embedfleet.shared.images.pages import PageProcessing
 from embedfleet.shared.images.preprocess import ImageProcessing
 from embedfleet.shared.model_dir.info import ModelInfo
@@ -123,8 +124,10 @@ class Engine:
             del tensors
         self.model = model
         # a two-tower model's image processing (preprocessor_config.json): how its image path normalises pixels
-        self._image_processing = ImageProcessing.from_folder(info.path) if model.vision is not None else None
+        fixed = model.vision is not None and not info.patch_images
+        self._image_processing = ImageProcessing.from_folder(info.path) if fixed else None
         self.image_path: ImagePath | None = None  # set by configure for a model with an image tower
+        self.patch_path: PatchImagePath | None = None  # and this for a NaFlex model's (SigLIP 2)
         # a page model's image processing (ColQwen2): its patch rows rescaled and normalised on the device
         self.page_processing = PageProcessing.from_folder(info.path) if info.image_token_id >= 0 else None
         self._page_pixels = PagePixels(self.page_processing, self.device) if self.page_processing else None
@@ -181,6 +184,18 @@ class Engine:
             if self.device.type == "cuda":
                 self._pool = torch.cuda.graph_pool_handle()
         self._static_max_len = max(self.max_seq_length, _PAD_ROW_MAX)
+        # a NaFlex model's (SigLIP 2): each image at its own grid, as patch rows (runs eagerly)
+        self.patch_path = (
+            PatchImagePath(
+                self.model.vision,
+                NaFlexProcessing.from_folder(self.info.path),
+                self.device,
+                self.dtype,
+                self.linear_ops,
+            )
+            if self.model.vision is not None and self.info.patch_images
+            else None
+        )
         if self.model.vision is not None and self._image_processing is not None:
             self.image_path = ImagePath(
                 self.model.vision, self._image_processing, self.device, self.dtype, self.linear_ops, self.dim
@@ -279,6 +294,9 @@ class Engine:
         merge**2), its grid whole merge windows within the processor's bound, the patch rows as wide as the
         folder's patches and as many as the grids say; a model that is not a page model takes none. Raises
         InvalidTokens naming the first row at fault."""
+        if self.patch_path is not None:
+            self._check_patch_images(input_ids, cu_seqlens, pages, grids)
+            return
         proc, token = self.page_processing, self.info.image_token_id
         if proc is None:
             if pages is not None:
@@ -304,6 +322,34 @@ class Engine:
             raise InvalidTokens(
                 int(holders[i]),
                 f"has {int(marked[holders[i]])} image tokens for a {grids[i, 0]}x{grids[i, 1]}-patch image",
+            )
+        if len(pages) != int(patches.sum()):
+            raise InvalidTokens(0, f"comes with {len(pages)} patch rows for images of {int(patches.sum())} patches")
+
+    def _check_patch_images(
+        self, input_ids: np.ndarray, cu_seqlens: np.ndarray, pages: np.ndarray | None, grids: np.ndarray | None
+    ) -> None:
+        """A NaFlex model's image rows: no token ids, one grid a row within the processor's most patches,
+        each row counted as its grid's patches, patch rows as wide as the folder's and as many as the grids
+        say. Rows without patches are texts (``check`` checks them)."""
+        assert self.patch_path is not None
+        if pages is None:
+            return
+        proc = self.patch_path.processing
+        if grids is None or len(input_ids) or len(grids) != len(cu_seqlens) - 1:
+            raise InvalidTokens(0, "is an image row of patches with token ids beside it, or without its grid")
+        if pages.shape[1] != proc.row_bytes:
+            raise InvalidTokens(
+                0, f"is an image of {pages.shape[1]}-byte patches; {self.info.id} takes {proc.row_bytes}"
+            )
+        patches = grids[:, 0].astype(np.int64) * grids[:, 1]
+        bad = (patches > proc.max_patches) | (np.diff(cu_seqlens.astype(np.int64)) != patches)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise InvalidTokens(
+                i,
+                f"is a {grids[i, 0]}x{grids[i, 1]}-patch image counted as {int(cu_seqlens[i + 1] - cu_seqlens[i])} "
+                f"tokens ({self.info.id} takes at most {proc.max_patches} patches, each row counted as its patches)",
             )
         if len(pages) != int(patches.sum()):
             raise InvalidTokens(0, f"comes with {len(pages)} patch rows for images of {int(patches.sum())} patches")
@@ -395,6 +441,24 @@ class Engine:
             raise ValueError(f"{self.info.id} takes no images")
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             made, run = path.run(pixels)
+            if self.device.type != "cuda":
+                return ReadyResult(made.numpy().copy(), run)
+            host = _to_host(made)
+            event = torch.cuda.Event(blocking=True)
+            event.record(self.stream)
+            return CudaResult(host, event, run)
+
+    @torch.inference_mode()
+    def step_patches(self, pages: tuple[np.ndarray, np.ndarray]) -> ReadyResult | CudaResult:
+        """Launch one batch of a NaFlex model's images and return at once: ``pages`` (patch rows [P, p * p * C]
+        uint8, grids [N, 2]) as :meth:`check_pages` passed them -> ``result()`` [N, dim] float32."""
+        path = self.patch_path
+        if path is None:
+            raise ValueError(f"{self.info.id} takes no images of their own size")
+        if self.device.type == "cpu":
+            self._use_threads(self._threads)
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            made, run = path.run(*pages)
             if self.device.type != "cuda":
                 return ReadyResult(made.numpy().copy(), run)
             host = _to_host(made)

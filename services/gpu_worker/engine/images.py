@@ -6,11 +6,15 @@ Every image of a model has the same shape, so a batch of n images is a fixed-sha
 graphs a batch runs in the smallest image-count bucket >= n (powers of two up to the budget's image
 count, and that count), captured lazily as the token buckets are (graphs.py); the pad images' outputs
 are never read. Larger batches, and every CPU batch, run eagerly.
+
+A NaFlex model's images (SigLIP 2: ``PatchImagePath``) each come at their own grid, as patch rows: every
+batch runs eagerly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +22,7 @@ from torch import nn
 
 from embedfleet.services.gpu_worker.engine.graphs import GraphCache, Replay
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
+from embedfleet.shared.images.naflex import NaFlexProcessing
 from embedfleet.shared.images.preprocess import ImageProcessing
 
 
@@ -90,3 +95,28 @@ class ImagePath:
     def _static_forward(self, n: int) -> None:
         assert self._static_pixels is not None and self._static_out is not None  # set up by use_graphs
         self._static_out[:n].copy_(self.forward(self._static_pixels[:n]))
+
+
+class PatchImagePath:
+    """One replica's runs of a NaFlex image tower: uint8 patch rows [P, p * p * C] (channels last, as
+    ``NaFlexProcessing.prepare`` lays them out) rescaled and normalised on the device through a [3, 256]
+    table in transformers' arithmetic (equal bit for bit to ``pixel_values``), then the tower per grid."""
+
+    def __init__(
+        self, vision: Any, processing: NaFlexProcessing, device: torch.device, dtype: torch.dtype, ops: LinearOps
+    ) -> None:
+        self.vision, self.processing = vision, processing
+        self.device, self.dtype, self.ops = device, dtype, ops
+        self.table = torch.from_numpy(processing.lookup_table()).to(device).reshape(-1)  # [3 * 256]
+        self.offsets = torch.arange(3, device=device) * 256  # channel c's values at c * 256: the last axis
+
+    def run(self, rows: np.ndarray, grids: np.ndarray) -> tuple[torch.Tensor, str]:
+        """Host patch rows and grids [N, 2] -> (device vectors [N, dim] float32, how it ran)."""
+        host = torch.from_numpy(rows if rows.flags.writeable else rows.copy())
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        on_device = host.to(self.device, non_blocking=True)
+        n = on_device.shape[0]
+        values = self.table[on_device.view(n, -1, 3).long() + self.offsets].view(n, -1)
+        shapes = tuple((int(h), int(w)) for h, w in grids)
+        return self.vision.forward_patches(values.to(self.dtype), shapes, self.ops), "eager"

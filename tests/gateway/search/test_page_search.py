@@ -1,7 +1,7 @@
-"""Search over a table of multi-vectors (a page model's job): LanceDB's own late-interaction search against
-MaxSim computed here over the vectors the table holds (services/gateway/rerank/late.py's), the query's
-output chosen from the table's rows and the model's outputs, and the stores that cannot serve such a
-table named. Real stores on disk (LanceDB, Qdrant's local mode)."""
+"""Search over a table of multi-vectors (a page model's job): LanceDB's and Qdrant's own late-interaction
+searches against MaxSim computed here over the vectors the table holds (services/gateway/rerank/late.py's),
+the query's output chosen from the table's rows and the model's outputs, and the store that cannot serve
+such a table (pgvector) named. Real stores on disk (LanceDB, Qdrant's local mode)."""
 
 from __future__ import annotations
 
@@ -82,16 +82,45 @@ def test_a_table_of_pages_refuses_other_widths_and_filters(tmp_path):
     asyncio.run(store.close())
 
 
-def test_a_qdrant_collection_of_multi_vectors_is_refused_naming_lancedb(tmp_path):
+def test_a_qdrant_collection_of_pages_is_ranked_and_scored_as_maxsim_with_filters(tmp_path):
     url = f"qdrant://{tmp_path}/qdrant?collection=pages"
-    _load(url, _pages(3, seed=5))
+    pages = _pages(30, seed=5)  # unit rows: Qdrant's cosine keeps them as they are
+    _load(url, pages)  # closed: local mode opens a folder in one client at a time
+    ids = [f"p{i}" for i in range(len(pages))]
     store = SearchStore(sink_for(url))
+    assert asyncio.run(store.shape(DEADLINE)) == MULTI
+    rng = np.random.default_rng(6)
+    for tokens in (1, 7, 23):
+        query = _unit(rng.standard_normal((tokens, DIM)))
+        order, scores = ranked(maxsim(query, pages), None)
+        hits = asyncio.run(store.search("pages-model", query, len(ids), {}, DEADLINE))
+        assert [h.id for h in hits] == [ids[i] for i in order.tolist()]
+        np.testing.assert_allclose([h.score for h in hits], scores, rtol=1e-4)
+        assert [h.metadata for h in hits] == [{"n": i} for i in order.tolist()]
+        assert all(h.text is None and h.chunk is None for h in hits)
+        last = int(order[-1])  # the worst page: found only when the filter applies before the top 4
+        filtered = asyncio.run(store.search("pages-model", query, 4, {"n": last}, DEADLINE))
+        assert [(h.id, h.metadata) for h in filtered] == [(ids[last], {"n": last})]
+        assert filtered[0].score == pytest.approx(float(scores[-1]), rel=1e-4)
+    wide = _refusal(store.search("wide-model", np.ones((3, 2 * DIM), np.float32), 3, {}, DEADLINE))
+    assert (wide.code, wide.param) == (ErrorCode.INVALID_REQUEST, "model")
+    asyncio.run(store.close())
+
+
+def test_a_store_that_cannot_search_multi_vectors_is_refused_naming_those_that_can(monkeypatch):
+    # pgvector has no multi-vector column (a load of pages is refused there): a table that attached as one
+    # anyway is refused before any search reaches it
+    sink = sink_for("postgresql://reader:pw@127.0.0.1:1/docs?table=pages")
+    assert not getattr(sink, "searches_multivector", False)
+    monkeypatch.setattr(sink, "attach", lambda: MULTI)
+    store = SearchStore(sink)
     refused = _refusal(store.shape(DEADLINE))
     assert refused.code is ErrorCode.NO_RESPONDERS
     assert refused.message == (
         f"the search store {store.shown} holds multi-vectors (a vector per token of each row); they are "
-        "searched (by MaxSim) in LanceDB tables only: load the job into a LanceDB table"
+        "searched (by MaxSim) in LanceDB tables and Qdrant collections: load the job into one"
     )
+    assert "pw" not in refused.message
     asyncio.run(store.close())
 
 

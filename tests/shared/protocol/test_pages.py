@@ -4,6 +4,8 @@ against the grids, one grid per row, the row width, grid sides, pixels beside th
 
 from __future__ import annotations
 
+import re
+
 import msgpack
 import numpy as np
 import pytest
@@ -74,3 +76,26 @@ def _grids(*pairs: int) -> bytes:
 def test_forged_page_chunks_are_refused(keys, why):
     with pytest.raises(ProtocolError, match=why):
         decode_as(_forged(**keys), TokenChunk)
+
+
+def test_patch_image_rows_round_trip_each_row_counted_as_its_patches():
+    """A NaFlex model's image rows (SigLIP 2): patch rows and a grid each, no token ids, cu_seqlens counting patches."""
+    chunk = _chunk(input_ids=np.zeros(0, np.int32), cu_seqlens=np.array([0, 4, 28], np.int32))
+    back = decode_as(encode(chunk), TokenChunk)
+    assert back.image_rows and back.count == 2 and back.num_tokens == 28
+    assert np.array_equal(back.pages, PATCHES) and np.array_equal(back.page_grids, GRIDS)
+    assert not _chunk().image_rows  # a page model's rows are token rows
+
+
+@pytest.mark.parametrize(
+    ("cu", "says"),
+    [
+        (np.array([0, 5, 28], np.int32), "counts its grid's patches"),  # 5 for a 2x2 grid
+        (np.array([0, 4, 27], np.int32), "counts its grid's patches"),  # short of the second image's 24
+        (np.array([0, 28], np.int32), "one (height, width) grid per row"),  # one row, two grids
+    ],
+)
+def test_forged_patch_image_rows_are_refused(cu, says):
+    forged = _forged(ids=b"", cu=cu.tobytes())
+    with pytest.raises(ProtocolError, match=re.escape(says)):
+        decode_as(forged, TokenChunk)

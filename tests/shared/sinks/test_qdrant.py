@@ -1,5 +1,6 @@
 """The Qdrant sink in qdrant-client's local mode (a folder): collections made and checked, upserts that
-write each key once, dense, sparse and multi-vector points, search with and without a filter."""
+write each key once, dense, sparse and multi-vector points, search with and without a filter (dense by
+cosine, multi-vectors by MaxSim computed here over the stored vectors)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,57 @@ def test_chunks_sparse_and_multi_vector_points(tmp_path):
     multi.write(Rows(["m1", "m2"], [unit_rows(3, 8), unit_rows(5, 8, 1)]))
     assert multi.count() == 2
     multi.close()
+
+
+def _maxsim(query: np.ndarray, page: np.ndarray) -> float:
+    """Late interaction by hand: for each of the query's rows [q, dim] its largest cosine with the page's
+    rows [tokens, dim], summed."""
+    cosines = (query @ page.T) / np.outer(np.linalg.norm(query, axis=1), np.linalg.norm(page, axis=1))
+    return float(cosines.max(axis=1).sum())
+
+
+def test_a_multi_vector_collection_is_searched_by_maxsim_with_filters(tmp_path):
+    rng = np.random.default_rng(7)
+    # not unit length (Qdrant's cosine normalises), 1 to 30 vectors a document
+    pages = [rng.standard_normal((int(rng.integers(1, 31)), 8)).astype(np.float32) * 3 for _ in range(40)]
+    ids, meta = [f"m{i}" for i in range(40)], [{"half": i % 2, "n": i} for i in range(40)]
+    sink = QdrantSink(f"qdrant://{tmp_path}/q?collection=mv")
+    sink.open(Shape("float32", "multivector", 8))
+    sink.write(Rows(ids, pages, meta))
+    sink.close()
+    reader = QdrantSink(f"qdrant://{tmp_path}/q?collection=mv")  # a search's, as the gateway's
+    assert reader.attach() == Shape("float32", "multivector", 8) and reader.searches_multivector
+    for tokens in (1, 4, 17):
+        query = rng.standard_normal((tokens, 8)).astype(np.float32)
+        scores = np.array([_maxsim(query, page) for page in pages])
+        order = np.argsort(-scores, kind="stable")
+        hits = reader.search(query, 40)
+        assert [h.id for h in hits] == [ids[i] for i in order]
+        np.testing.assert_allclose([h.score for h in hits], scores[order], rtol=1e-4)
+        assert [h.metadata for h in hits] == [meta[i] for i in order]
+        assert all(h.chunk is None and h.text is None for h in hits)
+        odd = reader.search(query, 5, {"half": 1})
+        kept = [i for i in order if i % 2 == 1][:5]
+        assert [h.id for h in odd] == [ids[i] for i in kept]
+        np.testing.assert_allclose([h.score for h in odd], scores[kept], rtol=1e-4)
+    with pytest.raises(SinkError) as err:
+        reader.search(query[0], 3)  # one vector: a dense query
+    assert err.value.message == (
+        "collection mv holds multivector vectors, searched by the query's token vectors [tokens, dim]: "
+        "a query of shape [8] was given"
+    )
+    assert not err.value.retryable
+    reader.close()
+    dense = QdrantSink(f"qdrant://{tmp_path}/q2?collection=dense")
+    dense.open(Shape("float32", "dense", 8))
+    dense.write(Rows(["d"], unit_rows(1, 8)))
+    with pytest.raises(SinkError) as err:
+        dense.search(unit_rows(3, 8), 3)
+    assert err.value.message == (
+        "collection dense holds dense vectors, searched by one vector [dim]: a query of shape [3, 8] was given"
+    )
+    assert not err.value.retryable
+    dense.close()
 
 
 def test_what_it_cannot_take_is_refused(tmp_path):

@@ -21,11 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from embedfleet.services.gpu_worker.engine.layers.rotary import Rotary, apply_rotary
-from embedfleet.services.gpu_worker.engine.layers.vit import Attend, Layer
+from embedfleet.services.gpu_worker.engine.layers.vit import Attend, Layer, packed_image_attention
 from embedfleet.services.gpu_worker.engine.linear import LinearOps, activation
 from embedfleet.shared.config.option import ConfigError
 
@@ -65,15 +64,11 @@ def patch_positions(grids: tuple[tuple[int, int], ...], merge: int, device: torc
 def per_image_attention(lengths: list[int], rope: tuple[torch.Tensor, torch.Tensor]) -> Attend:
     """Attention over images of ``lengths`` patches packed back to back: q and k turned by their patch's
     angles, then every image over its own patches, unmasked."""
+    within = packed_image_attention(lengths)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q, k, v: [P, heads, d] -> [P, heads, d]
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = []
-        for qi, ki, vi in zip(*(t.split(lengths) for t in (q, k, v))):
-            qi, ki, vi = (t.transpose(0, 1)[None] for t in (qi, ki, vi))  # [1, heads, L, d]
-            out.append(F.scaled_dot_product_attention(qi, ki, vi)[0].transpose(0, 1))
-        return torch.cat(out)
+        return within(apply_rotary(q, *rope), apply_rotary(k, *rope), v)
 
     return attend
 

@@ -90,6 +90,20 @@ def image_attention(images: int, length: int, heads: int) -> Attend:
     return attend
 
 
+def packed_image_attention(lengths: list[int]) -> Attend:
+    """Attention over images of ``lengths`` tokens packed back to back ([sum(lengths), heads, d]): every
+    image over its own tokens, unmasked."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = []
+        for qi, ki, vi in zip(*(t.split(lengths) for t in (q, k, v))):
+            qi, ki, vi = (t.transpose(0, 1)[None] for t in (qi, ki, vi))  # [1, heads, L, d]
+            out.append(F.scaled_dot_product_attention(qi, ki, vi)[0].transpose(0, 1))
+        return torch.cat(out)
+
+    return attend
+
+
 def conv_as_linear(tensor: torch.Tensor) -> torch.Tensor:
     """A patch embedding's [hidden, C, p, p] kernel as the [hidden, C * p * p] weight of its GEMM."""
     return tensor.reshape(tensor.shape[0], -1)

@@ -248,10 +248,10 @@ FAMILIES = (
         model_families.SIGLIP,
         siglip.spec,
         siglip.SiglipModel,
-        "google/siglip-base-patch16-224, siglip2-base-patch16-224 (fixed resolution; NaFlex is refused)",
+        "google/siglip-base-patch16-224, siglip2-base-patch16-224, siglip2-base-patch16-naflex (each image at its own grid)",
         "last position of rows padded to 64 (text), attention-pooling head (images)",
         "bidirectional (texts padded, unmasked, as trained); images bidirectional over their patches",
-        "text: " + _FLASH + "; images: SDPA over [images, patches]",
+        "text: " + _FLASH + "; images: SDPA over [images, patches] (NaFlex: each image over its own)",
         verified="towers",
     ),
     Family(
@@ -324,8 +324,6 @@ def family_for(config: dict[str, Any]) -> Family:
     if family is None:
         hints = {
             "gemma3": " (a multimodal Gemma3 checkpoint: serve its text model, model_type 'gemma3_text')",
-            "siglip2": " (SigLIP 2's NaFlex checkpoints, of variable resolution; its fixed-resolution checkpoints, "
-            "model_type 'siglip', are served)",
         }
         hint = hints.get(str(model_type), "")
         raise ConfigError(f"model_type {model_type!r} is not supported{hint} (supported: {', '.join(SUPPORTED_TYPES)})")

@@ -1,15 +1,23 @@
-"""SigLIP (google/siglip-*, and SigLIP 2's fixed-resolution checkpoints, saved as ``siglip``): a text
-tower and a vision tower into one space, trained with a sigmoid loss.
+"""SigLIP (google/siglip-*, and SigLIP 2's fixed-resolution checkpoints, saved as ``siglip``) and SigLIP 2
+NaFlex (``siglip2``: google/siglip2-*-naflex): a text tower and a vision tower into one space, trained
+with a sigmoid loss.
 
 Text: bidirectional pre-norm layers over rows the tokenizer pads to the tower's 64 positions (the model
 was trained on padded text, unmasked: its vectors change if the padding does), a final norm, the last
 position pooled, then ``head``. Images: patches (a convolution with a bias) plus positions, no class
 token, pre-norm layers, a post norm, then a multi-head attention pooling head: one learnt probe attends
 over the patches, then a residual MLP. The layers are CLIP's (layers/vit.py: the same checkpoint names).
+
+NaFlex: each image comes at its own grid of gh x gw patches (shared/images/naflex.py), as patch rows
+(p, p, C) that a linear layer embeds; the learnt positions, a square grid, are resized to gh x gw as
+transformers resizes them (bilinear with antialiasing, its weights written out in float32), and every
+image attends over its own patches, the probe of the pooling head too: transformers pads images to
+max_num_patches and masks the padding, the same arithmetic for the real patches.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -21,6 +29,7 @@ from embedfleet.services.gpu_worker.engine.layers.vit import (
     Layer,
     image_attention,
     layers_of,
+    packed_image_attention,
     patches,
     tower,
 )
@@ -41,6 +50,8 @@ _TEXT = {
     "hidden_act": "gelu_pytorch_tanh",
     "layer_norm_eps": 1e-6,
 }
+# Siglip2VisionConfig's: no image_size, num_patches learnt positions (a square grid)
+_NAFLEX = {"num_patches": 256}
 _VISION = {
     "hidden_size": 768,
     "intermediate_size": 3072,
@@ -114,7 +125,14 @@ class VisionTower(nn.Module):
         vision = tower(config, "vision_config", _VISION)
         h, self.patch = int(vision["hidden_size"]), int(vision["patch_size"])
         self.channels, self.image_size = int(vision["num_channels"]), int(vision["image_size"])
-        self.patches = (self.image_size // self.patch) ** 2
+        self.naflex = config.get("model_type") == "siglip2"
+        if self.naflex:  # positions on a square grid, resized to each image's
+            self.patches = int(tower(config, "vision_config", _NAFLEX)["num_patches"])
+            self.grid = math.isqrt(self.patches)
+            if self.grid**2 != self.patches:
+                raise ConfigError(f"vision_config.num_patches {self.patches} is not a square grid of positions")
+        else:
+            self.patches = (self.image_size // self.patch) ** 2
         self.heads = int(vision["num_attention_heads"])
         eps, act = float(vision["layer_norm_eps"]), str(vision["hidden_act"])
         self.patch_embed = nn.Linear(self.channels * self.patch * self.patch, h)  # the stride-p convolution
@@ -132,6 +150,25 @@ class VisionTower(nn.Module):
         for layer in self.layers:
             x = layer(x, attend, ops)
         return self.head(self.post_norm(x).view(n, length, -1), ops).float()
+
+    def forward_patches(self, values: torch.Tensor, grids: tuple[tuple[int, int], ...], ops: LinearOps) -> torch.Tensor:
+        """NaFlex: patch rows [P, p * p * C] (normalised, the model's dtype; each image's gh * gw rows in
+        turn) -> vectors [len(grids), hidden] float32."""
+        lengths = [h * w for h, w in grids]
+        x = ops.linear(values, self.patch_embed)
+        x = x + torch.cat([self._positions(h, w) for h, w in grids]).to(x.dtype)
+        attend = packed_image_attention(lengths)
+        for layer in self.layers:
+            x = layer(x, attend, ops)
+        x = self.post_norm(x)
+        return torch.cat([self.head(image[None], ops) for image in x.split(lengths)]).float()
+
+    def _positions(self, height: int, width: int) -> torch.Tensor:
+        """The learnt [grid, grid] positions resized to [height * width, hidden] float32, as transformers'
+        ``resize_positional_embeddings`` (bilinear, antialiased: each output a weighted sum of the grid)."""
+        table = self.position.weight.float().view(self.grid, self.grid, -1)
+        rows, cols = _resize_weights(height, self.grid, table.device), _resize_weights(width, self.grid, table.device)
+        return torch.einsum("hi,wj,ijd->hwd", rows, cols, table).reshape(height * width, -1)
 
     @staticmethod
     def hf_names(layers: int) -> dict[str, list[str]]:
@@ -152,6 +189,17 @@ class VisionTower(nn.Module):
         for i in range(layers):
             names.update(Layer.hf_names(f"vision_model.encoder.layers.{i}.", f"vision.layers.{i}."))
         return names
+
+
+def _resize_weights(size: int, grid: int, device: torch.device) -> torch.Tensor:
+    """[size, grid] float32: F.interpolate's weights (bilinear, align_corners=False, antialias=True) of each
+    output position along one axis, as transformers writes them out."""
+    scale = grid / size
+    support = max(scale, 1.0)
+    center = (torch.arange(size, dtype=torch.float32, device=device) + 0.5) * scale - 0.5
+    source = torch.arange(grid, dtype=torch.float32, device=device)
+    weights = (1 - (source[None, :] - center[:, None]).abs() / support).clamp(min=0)
+    return weights / weights.sum(-1, keepdim=True)
 
 
 class SiglipModel(TextTower):
