@@ -257,3 +257,12 @@ def test_check_pages_refuses_what_the_model_cannot_take(engine):
     huge = engine.page_processing.max_patches + 4
     with pytest.raises(InvalidTokens, match="image"):
         engine.check_pages(ids, cu, np.zeros((huge * 2, 588), np.uint8), np.array([[2, huge]], np.int32))
+
+
+def test_the_default_precision_is_the_checkpoints_half_on_a_gpu_and_float32_on_cpu():
+    from embedfleet.services.gpu_worker.engine.engine import default_dtype
+
+    assert default_dtype("cuda", {"torch_dtype": "bfloat16"}) == "bfloat16"  # ColQwen2, Qwen3, Gemma as published
+    assert default_dtype("cuda", {"dtype": "bfloat16"}) == "bfloat16"  # transformers 5 saves "dtype"
+    assert default_dtype("cuda", {"torch_dtype": "float32"}) == default_dtype("cuda", {}) == "float16"
+    assert default_dtype("cpu", {"torch_dtype": "bfloat16"}) == "float32"

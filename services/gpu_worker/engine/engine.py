@@ -64,6 +64,16 @@ def _pinned_copy(made: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def default_dtype(device_type: str, config: dict) -> str:
+    """The precision a model runs in when none is asked: float32 on CPU (half-precision matmuls are slow
+    and lossy there); on a GPU the checkpoint's own half precision, bfloat16 where config.json saves it so
+    (its activations were trained in bfloat16's range: ColQwen2, Qwen3, Gemma), else float16."""
+    if device_type != "cuda":
+        return "float32"
+    saved = config.get("torch_dtype") or config.get("dtype")
+    return "bfloat16" if saved == "bfloat16" else "float16"
+
+
 def pick_device(requested: str | None) -> torch.device:
     if requested in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -95,8 +105,7 @@ class Engine:
         self.family: Family = family_for(self.spec.config)
         self.device = pick_device(device)
         if dtype is None:
-            # CPU matmuls in half precision are slow and lossy; GPUs are built for them
-            dtype = "float16" if self.device.type == "cuda" else "float32"
+            dtype = default_dtype(self.device.type, self.spec.config or {})
         if dtype == "float16" and self.family.fp16_overflows:
             log.warning(
                 "%s activations overflow float16: computing in float32 (ask for bfloat16 for half precision)",

@@ -17,7 +17,7 @@ OPTIONS: tuple[Option, ...] = (
         "--dtype",
         "EMBEDFLEET_DTYPE",
         None,
-        "compute dtype (default: float32 on CPU, float16 on CUDA)",
+        "compute dtype (default: float32 on CPU; on CUDA bfloat16 where config.json saves the weights so, else float16)",
         {"worker"},
         "worker",
         choices=("float32", "float16", "bfloat16"),
