@@ -110,6 +110,8 @@ class TextEncoder:
         self.pad_to, self.pad_id = info.pad_to, info.pad_id
         # a page model's texts are queries, each wrapped as its processor wraps them (ColQwen2: "Query: " ... pads)
         self.query_prefix, self.query_suffix = info.query_prefix, info.query_suffix
+        # a page model's image token stands for a page's image: no text or token input may hold it (-1: none)
+        self.image_token = info.image_token_id
         self.fast: FastEncoder | None = None  # kitoken for the texts it tokenizes as tokenizers does (fast_check)
         path = info.path / "tokenizer.json"
         if not path.is_file():
@@ -235,7 +237,15 @@ class TextEncoder:
         """``encode`` of several requests' texts in one call into the tokenizer: per request its token
         IDs, or the error its rows earn (the row counted within that request)."""
         ids = self._encode([t for texts in requests for t in texts], truncate, direction)
-        return _split_checked(ids, requests, None if truncate else self._refuse_long)
+        checks = [] if truncate else [self._refuse_long]
+        if self.image_token >= 0:
+            checks.append(self._image_token_check(ErrorCode.INVALID_REQUEST))
+
+        def check(part: list) -> None:
+            for each in checks:
+                each(part)
+
+        return _split_checked(ids, requests, check if checks else None)
 
     def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
         if self.fast is not None:
@@ -363,6 +373,8 @@ class TextEncoder:
                 raise ServiceError(
                     ErrorCode.INVALID_TOKENS, f"has token ids outside the vocabulary [0, {self.vocab_size})", i
                 )
+        if self.image_token >= 0:
+            self._image_token_check(ErrorCode.INVALID_TOKENS)(token_ids)
         n = self.max_length
         if not truncate:
             self._refuse_long(token_ids)
@@ -397,6 +409,22 @@ class TextEncoder:
         return self._by_mode["none"].decode_batch(
             [seq.tolist() for seq in ids], skip_special_tokens=skip_special_tokens
         )
+
+    def _image_token_check(self, code: ErrorCode) -> Callable[[list], None]:
+        """A page model's check that no row holds its image token, refused with ``code``."""
+        token = self.image_token
+
+        def refuse(ids: list) -> None:
+            for i, seq in enumerate(ids):
+                if token in seq:
+                    raise ServiceError(
+                        code,
+                        f"holds the image token (id {token}), which stands for a page's image: embed the page as "
+                        '{"image": ...}, and keep the token out of texts',
+                        i,
+                    )
+
+        return refuse
 
     def _refuse_long(self, ids) -> None:
         for i, seq in enumerate(ids):

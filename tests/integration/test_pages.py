@@ -139,15 +139,19 @@ def test_a_dense_route_refuses_a_page_model_naming_what_it_makes(fleet):
     assert "does not make dense vectors (it makes: multivector" in reply.json()["error"]["message"]
 
 
-def test_token_ids_that_hold_image_tokens_without_an_image_are_refused(fleet):
-    """Image tokens reach a worker only with their image: token IDs sent with one (or a query's text that
-    names the token) get a clear 422 naming the input, and the worker serves on."""
+def test_token_ids_or_texts_that_hold_the_image_token_are_refused(fleet):
+    """Image tokens stand for a page's image: token IDs that hold one get a 422, a query's text that names the
+    token a 400, each naming the input and the token, and the stack serves on."""
     from bench.page_models import IMAGE_PAD
+    from embedfleet.shared.model_dir.load import IMAGE_TOKEN
 
     url = fleet[0]
     reply = _embed_all(url, {"model": MODEL, "inputs": [[5, 6, 7], [5, IMAGE_PAD, 7]]})
     assert reply.status_code == 422, reply.text
-    assert "rows with image tokens" in reply.json()["error"], reply.text
+    assert f"holds the image token (id {IMAGE_PAD})" in reply.json()["error"], reply.text
+    text = _embed_all(url, {"model": MODEL, "inputs": ["a query", f"find {IMAGE_TOKEN} here"]})
+    assert text.status_code == 400, text.text
+    assert f"holds the image token (id {IMAGE_PAD})" in text.json()["error"], text.text
     again = _embed_all(url, {"model": MODEL, "inputs": ["still serving"]})
     assert again.status_code == 200, again.text
 
