@@ -80,3 +80,16 @@ $(TEST_STAMP): $(RUN_STAMP)
 
 clean:
 	rm -rf $(VENV) .embedfleet .pytest_cache
+
+# infinity-emb 0.0.78, the peer the benchmarks run beside embedfleet (bench.e2e, bench.fabric,
+# bench.images_served: --infinity $(PEER_INFINITY)/bin/infinity_emb), in a venv of its own; a benchmark
+# step, no part of `make test`. The CPU build of PyTorch and the transformers release it was measured
+# with; pillow and aiohttp for images (its `vision` extra would bring torchvision built for CUDA).
+PEER_INFINITY ?= .peers/infinity
+.PHONY: peer-infinity
+peer-infinity: $(PEER_INFINITY)/bin/infinity_emb
+$(PEER_INFINITY)/bin/infinity_emb:
+	$(PYTHON) -m venv $(PEER_INFINITY)
+	$(PEER_INFINITY)/bin/python -m pip install --quiet --upgrade pip
+	$(PEER_INFINITY)/bin/python -m pip install --quiet $(TORCH_CPU) 'infinity-emb[server,torch]==0.0.78' \
+		transformers==4.47.1 pillow aiohttp

@@ -237,7 +237,7 @@ class TextEncoder:
         """``encode`` of several requests' texts in one call into the tokenizer: per request its token
         IDs, or the error its rows earn (the row counted within that request)."""
         ids = self._encode([t for texts in requests for t in texts], truncate, direction)
-        checks = [] if truncate else [self._refuse_long]
+        checks: list[Callable[[list], None]] = [] if truncate else [self._refuse_long]
         if self.image_token >= 0:
             checks.append(self._image_token_check(ErrorCode.INVALID_REQUEST))
 
