@@ -72,6 +72,7 @@ CHECKS = (
     Check("gemma2", "gemma2", "base"),
     Check("clip", "clip", "base", images=True),  # ViT-B/32: texts (77 positions) and 224-pixel images
     Check("siglip", "siglip", "base", images=True),  # base/16: texts padded to 64, images through its pooling head
+    Check("siglip2", "siglip2", "base", images=True),  # NaFlex: each image at its own grid of up to 256 patches
     # ColQwen2 at Qwen2-VL-2B's widths (4 language layers, 8 vision blocks): pages of up to 768 image tokens
     Check("colqwen2", "colqwen2", "mid", pages=True),
     Check("colqwen2-bf16", "colqwen2", "mid", dtype="bfloat16", pages=True),
@@ -215,6 +216,40 @@ def image_check(info: ModelInfo, eager: Engine, device: str, dtype: str | None, 
     return out
 
 
+def patch_image_check(info: ModelInfo, eager: Engine, seconds: float) -> dict:
+    """A NaFlex model's image tower (SigLIP 2: every batch eager): images of several grids in one batch
+    against the CPU fp32 engine on random patch rows, and images/s at a batch of the budget's images."""
+    path = eager.patch_path
+    assert path is not None  # a NaFlex model
+    most, width = path.processing.max_patches, path.processing.row_bytes
+    side = max(1, int(most**0.5))
+    shapes = [(side, side), (1, most), (max(1, side // 2), max(1, most // max(1, side // 2))), (2, 3), (1, 1)]
+    rng = np.random.default_rng(0)
+
+    def batch(grids: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        rows = rng.integers(0, 256, (sum(h * w for h, w in grids), width), dtype=np.uint8)
+        return rows, np.array(grids, np.int32)
+
+    batches = [batch(shapes[:1]), batch(shapes)]
+    reference = Engine(info, "cpu", "float32", graphs=False)
+    wants = [reference.step_patches(b).result() for b in batches]
+    del reference
+    least = min(cosine_min(np.asarray(eager.step_patches(b).result()), want) for b, want in zip(batches, wants))
+    full = batch([(side, side)] * max(1, min(64, 2048 // most)))
+    eager.step_patches(full).result()  # warm-up
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() < start + seconds:
+        eager.step_patches(full).result()
+        count += len(full[1])
+    rate = count / (time.perf_counter() - start)
+    print(f"  images (own grids): min cosine vs CPU fp32 {least:.5f}; eager {rate:,.0f} images/s", flush=True)
+    return {
+        "grids": [list(s) for s in shapes],
+        "min_cosine_eager_vs_cpu": least,
+        "throughput": [{"graphs": False, "batch": len(full[1]), "images_per_s": rate}],
+    }
+
+
 def page_rows(rng: np.random.Generator, engine: Engine, grids: list[tuple[int, int]], queries: int) -> tuple:
     """A batch of ``queries`` text rows, then a page row per grid (prompt tokens around its image tokens, random
     patch rows): (ids, cu, (patches, grids) or None)."""
@@ -333,7 +368,11 @@ def check_model(check: Check, folder: Path, device: str, smoke: bool, seconds: f
     record["throughput"] = runs
 
     if check.images:
-        record["images"] = image_check(info, eager, device, check.dtype, smoke, seconds)
+        record["images"] = (
+            patch_image_check(info, eager, seconds)
+            if eager.patch_path is not None
+            else image_check(info, eager, device, check.dtype, smoke, seconds)
+        )
     if check.saturation:
         engine = Engine(
             info,
@@ -429,9 +468,14 @@ def _describe(check: Check, shape: str) -> str:
     if not check.images:
         return families.describe(check.family, shape)
     text, vision = two_towers.text_config(check.family, shape), two_towers.vision_config(check.family, shape)
+    pixels = (
+        f"at their own grids of up to {two_towers.MAX_NUM_PATCHES[shape]}"
+        if check.family == "siglip2"
+        else f"{two_towers.image_size(check.family, shape)} px in"
+    )
     return (
         f"text hidden {text['hidden_size']} x {text['num_hidden_layers']} layers; images "
-        f"{two_towers.image_size(check.family, shape)} px in {vision['patch_size']}-px patches, hidden "
+        f"{pixels} {vision['patch_size']}-px patches, hidden "
         f"{vision['hidden_size']} x {vision['num_hidden_layers']} layers; random weights"
     )
 
