@@ -232,7 +232,7 @@ def patch_image_check(info: ModelInfo, eager: Engine, seconds: float) -> dict:
 
     batches = [batch(shapes[:1]), batch(shapes)]
     reference = Engine(info, "cpu", "float32", graphs=False)
-    wants = [reference.step_patches(b).result() for b in batches]
+    wants = [np.asarray(reference.step_patches(b).result()) for b in batches]
     del reference
     least = min(cosine_min(np.asarray(eager.step_patches(b).result()), want) for b, want in zip(batches, wants))
     full = batch([(side, side)] * max(1, min(64, 2048 // most)))
