@@ -2,6 +2,7 @@
 next to nothing (bert "fabric": hidden 32, one layer), served by the stack ``embedfleet up`` starts.
 
     python -m bench.fabric [--seconds 10] [--idle-seconds 20] [--reindex-docs 20000] [--infinity PATH] [--out DIR]
+    python -m bench.fabric --rates-only --infinity PATH   # CPU a query at 50, 200, 1,000 q/s and flat out
     python -m bench.fabric --smoke      # every code path at tiny durations (the test)
 
 Workloads, each after a warm-up: single queries over HTTP at 32 and 128 in flight, 8-input requests
@@ -10,7 +11,9 @@ EmbedClient on NATS from this process (no HTTP), and a bulk ``embedfleet reindex
 each, the CPU (user + system, /proc) of nats-server, gateway, tokenizer, worker, scorer and up (its
 supervisor), and of the client: this process, or the reindex process. Floors of the same run: a bare
 starlette/uvicorn app answering an embeddings body, and HF tokenizers' encode_batch in-process.
-Results go to DIR/fabric.json.
+Then the rates (bench/fabric_rates.py, with ``wrk``): single queries at 50, 200 and 1,000 queries a second
+and flat out, CPU a query of every process, p50 and p99, embedfleet and infinity-emb side by side, the
+ratio at each rate, and a plot (DIR/cpu_per_query.png, with matplotlib). Results go to DIR/fabric.json.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import fabric_rates
 from bench.e2e import Workload, drive_http, infinity_server, queries
 from bench.fabric_floor import http_floor, tokenizer_floor
 from bench.fabric_load import (
@@ -101,6 +105,14 @@ def run_stack(folder: Path, args: argparse.Namespace, work: Path) -> dict:
     # the smoke run skips the worker's start-up calibration (seconds of CPU that measure nothing here)
     environ = {"EMBEDFLEET_MAX_BATCH_TOKENS": "2048"} if args.smoke else None
     with up_stack(folder, work / "data", Path(args.out) / "up.log", environ=environ) as stack:
+        if args.rates:
+            bodies = fabric_rates.bodies_file(stack.model, cases()[0].workload.texts, work)
+            out["rates"] = fabric_rates.curve(
+                stack.base, "/v1/embeddings", bodies, stack.cpu, args.rates, args.seconds, args.warm_up
+            )
+            fabric_rates.print_curve("embedfleet", out["rates"])
+        if args.rates_only:
+            return out
         for case in cases():
             tokens = token_counts(folder, case.workload.texts)
             out["workloads"][case.name] = run_case(stack, case, args, tokens)
@@ -189,10 +201,25 @@ def classic_folder(folder: Path) -> None:
 
 def infinity(folder: Path, args: argparse.Namespace, model: str) -> dict:
     """infinity-emb on the same folder: its whole process's CPU per unit, singles (32) and long."""
-    out = {}
+    out: dict = {}
     classic_folder(folder)
     with infinity_server(args.infinity, "float32", folder=folder, name=model) as url:
         pid = infinity_pid(args.infinity)
+        if args.rates:
+            bodies = fabric_rates.bodies_file(model, cases()[0].workload.texts, Path(fabric_rates.scratch()))
+            base = url.removesuffix("/v1/embeddings")
+            out["rates"] = fabric_rates.curve(
+                base,
+                "/v1/embeddings",
+                bodies,
+                lambda: {"infinity-emb": tree_seconds(pid)},
+                args.rates,
+                args.seconds,
+                args.warm_up,
+            )
+            fabric_rates.print_curve("infinity-emb", out["rates"])
+        if args.rates_only:
+            return out
         for case in (c for c in cases() if c.name in ("single-32", "long")):
             tokens = token_counts(folder, case.workload.texts)
             asyncio.run(drive_http(url, case.workload, args.warm_up, tokens, model))
@@ -233,14 +260,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("EMBEDFLEET_BENCH_INFINITY"),
         help="infinity_emb command (its own venv); without it infinity-emb is left out",
     )
+    parser.add_argument(
+        "--rates",
+        default=",".join(map(str, fabric_rates.RATES)),
+        help="offered rates (q/s, comma-separated) of the rates' windows, each then flat out; 'none': none",
+    )
+    parser.add_argument("--rates-only", action="store_true", help="the rates alone (no other workload, floor or idle)")
     parser.add_argument("--out", default="bench/results", help="folder for fabric.json")
     parser.add_argument("--smoke", action="store_true", help="tiny durations: 2 s a workload, 500 documents, 2 s idle")
     args = parser.parse_args(argv)
+    args.rates = () if args.rates == "none" else tuple(int(r) for r in args.rates.split(","))
+    if args.rates and not fabric_rates.have_wrk():
+        print("no wrk command (Debian's package wrk): the rates are left out", flush=True)
+        args.rates = ()
     if args.smoke:
         # 2 s: a process's CPU is read in clock ticks (10 ms); on a loaded machine 1 s of single queries
         # once left nats-server under one tick
         args = argparse.Namespace(
-            **{**vars(args), "seconds": 2.0, "warm_up": 0.3, "idle_seconds": 2.0, "reindex_docs": 500}
+            **{
+                **vars(args),
+                "seconds": 2.0,
+                "warm_up": 0.3,
+                "idle_seconds": 2.0,
+                "reindex_docs": 500,
+                "rates": (200,) if args.rates else (),  # one rate, then flat out
+            }
         )
     return args
 
@@ -262,11 +306,23 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": args.seconds,
             **run_stack(folder, args, work),
         }
-        data["floors"] = floors(folder, args, work)
-        data["ratios"], data["projection"] = ratios_and_projection(data)
+        if not args.rates_only:
+            data["floors"] = floors(folder, args, work)
+            data["ratios"], data["projection"] = ratios_and_projection(data)
         if args.infinity:
             data["infinity"] = infinity(folder, args, folder.name)
-    print_summary(data)
+    if "rates" in data and "rates" in data.get("infinity", {}):
+        data["rate_ratios"] = fabric_rates.ratios(data["rates"], data["infinity"]["rates"])
+        fabric_rates.print_ratios(data["rate_ratios"])
+    if "rates" in data:
+        curves = {
+            "embedfleet": data["rates"],
+            **({"infinity-emb": data["infinity"]["rates"]} if "rate_ratios" in data else {}),
+        }
+        if (drawn := fabric_rates.plot(curves, out / "cpu_per_query.png")) is not None:
+            print(f"plot: {drawn}")
+    if not args.rates_only:
+        print_summary(data)
     (out / "fabric.json").write_text(json.dumps(data, indent=1))
     print(f"\nwrote {out / 'fabric.json'}")
 

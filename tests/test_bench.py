@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -344,6 +345,16 @@ def test_fabric_benchmark_measures_every_process_of_every_workload(tmp_path):
     assert all(v >= 0 for v in idle["cpu_s_per_minute"].values())
     assert idle["total_cpu_s_per_minute"] == pytest.approx(sum(idle["cpu_s_per_minute"].values()))
     assert "projection: cores to feed one H200" in result.stdout and "gateway / HTTP floor" in result.stdout
+    # the rates (with wrk): one offered rate, then flat out, each answered by every process of the path
+    if shutil.which("wrk") is None:
+        assert "rates" not in data and "no wrk command" in result.stdout
+        return
+    paced, flat = data["rates"]
+    assert paced["offered_per_s"] == 200 and flat["offered_per_s"] is None and flat["connections"] == 32
+    for point in (paced, flat):
+        assert point["queries"] > 0 and point["errors"] == 0 and 0 < point["p50_ms"] <= point["p99_ms"]
+        assert all(point["cpu_ms"][p] > 0 for p in ("nats-server", "gateway", "tokenizer", "worker"))
+    assert "embedfleet   200 q/s" in result.stdout and "embedfleet flat out" in result.stdout
 
 
 def test_chunking_benchmark_measures_each_mode_against_truncation(tmp_path, capsys):

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -468,24 +469,19 @@ class WorkerService:
             for s in batch.slices:
                 if s.work.started is None:
                     s.work.started = launched
+            # a lone small batch (nothing in flight or waiting: a quiet moment) runs on this thread; under load
+            # the replica's thread runs every batch, this one decoding and answering meanwhile
+            alone = not in_flight and not (self._scheduler.online_waiting or self._scheduler.bulk_waiting)
+            images = batch.pixels is not None or batch.pages is not None
             try:
                 handle = await (
-                    loop.run_in_executor(executor, engine.step_images, batch.pixels)
+                    _inline(engine.step, *_step_args(batch))
+                    if alone and engine.runs_inline(batch.num_tokens, batch.outputs, images)
+                    else loop.run_in_executor(executor, engine.step_images, batch.pixels)
                     if batch.pixels is not None
                     else loop.run_in_executor(executor, engine.step_patches, batch.pages)
                     if batch.pages is not None and batch.patch_images
-                    else loop.run_in_executor(
-                        executor,
-                        engine.step,
-                        batch.input_ids,
-                        batch.cu_seqlens,
-                        batch.token_types,
-                        batch.skip,
-                        batch.outputs,
-                        batch.spans,
-                        batch.adapters,
-                        batch.pages,
-                    )
+                    else loop.run_in_executor(executor, engine.step, *_step_args(batch))
                 )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
@@ -705,3 +701,24 @@ class WorkerService:
             await self._nc.publish(*answer(work.reply, work.carrier or work.reply, payload))
         except Exception as exc:  # called from the replica loops too, which must keep running
             log.warning("request %s: error reply not sent: %r", work.batch.id or "?", exc)
+
+
+def _step_args(batch: Batch) -> tuple:
+    """``Engine.step``'s arguments for a batch of token rows."""
+    return (
+        batch.input_ids,
+        batch.cu_seqlens,
+        batch.token_types,
+        batch.skip,
+        batch.outputs,
+        batch.spans,
+        batch.adapters,
+        batch.pages,
+    )
+
+
+async def _inline(step: Callable[..., ReadyResult | CudaResult], *args) -> ReadyResult | CudaResult:
+    """A step run on the event loop's own thread (``Engine.runs_inline``): a batch of a few hundred
+    microseconds costs less there than the two thread hand-offs (a futex wake of the replica's thread, the
+    loop's wake by its result) and the colder caches of a second thread."""
+    return step(*args)

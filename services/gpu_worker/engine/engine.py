@@ -274,6 +274,15 @@ class Engine:
             row = int(np.argmax(lengths > self.max_seq_length))
             raise InputTooLong(row, f"has {int(lengths[row])} tokens; the model's limit is {self.max_seq_length}")
 
+    def runs_inline(self, tokens: int, outputs: tuple[str, ...], images: bool) -> bool:
+        """Whether a batch is small enough to run on the caller's thread rather than the replica's: a CPU
+        batch of plain dense rows below the one-thread bound (``CPU_SERIAL_MACS``), whose step costs less
+        than handing it to another thread and back (at a few hundred queries a second, each such batch is a
+        lone query)."""
+        return (
+            self.device.type == "cpu" and not images and tuple(outputs) == ("dense",) and tokens < self._serial_tokens
+        )
+
     @property
     def image_tokens(self) -> int:
         """The tokens one image runs through the image tower (patches + class token); 0: no images."""
