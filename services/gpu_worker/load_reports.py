@@ -4,7 +4,9 @@ While work waits or runs on the worker, a report every ``busy`` seconds: the tok
 batch by these figures, and a busy worker that dies must drop out of their routing within
 milliseconds. While nothing waits, a report every ``idle`` seconds: an idle fleet's tokenizers,
 workers and NATS servers then handle a fraction of the messages (40x fewer at the defaults). A change
-is never held back: a worker that gets work, or runs out of it, reports at its next ``busy`` tick.
+is never held back: a worker that gets work, or runs out of it, reports at its next ``busy`` tick (work
+that came and went between two ticks is no change: a lone query answered within a tick costs no report,
+the tokenizer that routed it counting its tokens meanwhile).
 Each report names the longest wait until the next, which the tokenizers' staleness check reads. An
 idle worker sleeps until work arrives or its next report is due: it wakes every other second, not
 at every ``busy`` tick.

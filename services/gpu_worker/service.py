@@ -280,8 +280,15 @@ class WorkerService:
                     await self._publish_load(load, interval)
                 except Exception as exc:  # a report lost during a reconnect is replaced by the next one
                     log.debug("load report: %s", exc)
+            if load:  # busy: a report a tick, whatever arrives in between
+                await asyncio.sleep(cadence.busy)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), cadence.wait(load, time.monotonic()))
+            if self._arrived.is_set():
+                # work came to an idle worker: reported at the next tick if it is still there, so a query
+                # answered within a tick costs no report (nor the tokenizers' reading of two)
+                await asyncio.sleep(cadence.busy)
 
     async def _publish_load(self, load: int, interval: float, leaving: bool = False) -> None:
         report = LoadReport(
