@@ -47,8 +47,11 @@ _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
 
 def _ms(value: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)([a-z]+)", value).groups()  # type: ignore[union-attr]
-    return float(number) * _UNITS[unit]
+    """A wrk duration ("812.00us", "5.10ms", "1.02s", "1.00m") in milliseconds."""
+    found = re.fullmatch(r"([\d.]+)([a-z]+)", value)
+    if found is None or found.group(2) not in _UNITS:
+        raise ValueError(f"not a wrk duration: {value!r}")
+    return float(found.group(1)) * _UNITS[found.group(2)]
 
 
 def run_wrk(base: str, path: str, bodies: Path, rate: int, seconds: float) -> dict:
@@ -57,10 +60,10 @@ def run_wrk(base: str, path: str, bodies: Path, rate: int, seconds: float) -> di
     command = ["wrk", "-t1", f"-c{connections(rate)}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(SCRIPT)]
     done = subprocess.run([*command, base], capture_output=True, text=True, env=env, timeout=seconds + 60)
     out = done.stdout
-    answered = re.search(r"(\d+) requests in ([\d.]+)(\w+)", out)
+    answered = re.search(r"(\d+) requests in ([\d.]+[a-z]+)", out)
     if done.returncode != 0 or answered is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {out[-2000:]} {done.stderr[-2000:]}")
-    took = _ms(answered.group(2) + answered.group(3)) / 1e3
+    took = _ms(answered.group(2)) / 1e3
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
     return {
