@@ -151,6 +151,7 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         "jina_v5",
         "clip",
         "siglip",
+        "siglip2",
         "colqwen2",
     }
     for name, model in models.items():
@@ -177,6 +178,9 @@ def test_gpu_check_script_runs_its_code_paths_on_cpu(tmp_path):
         images = models[name]["images"]
         assert images["min_cosine_eager_vs_cpu"] > 0.9999 and images["batches"] == [1, 5, 16], (name, images)
         assert [r["graphs"] for r in images["throughput"]] == [False] and images["throughput"][0]["images_per_s"] > 0
+    naflex = models["siglip2"]["images"]  # images at their own grids, eager: against the CPU engine, and images/s
+    assert naflex["min_cosine_eager_vs_cpu"] > 0.9999 and len(naflex["grids"]) == 5, naflex
+    assert [r["graphs"] for r in naflex["throughput"]] == [False] and naflex["throughput"][0]["images_per_s"] > 0
     assert "images" not in models["bert-base"]
     saturation = models["bert-base"]["saturation"]
     assert saturation["knee"] in [b for b, _ in saturation["points"]]
