@@ -206,7 +206,7 @@ def infinity(folder: Path, args: argparse.Namespace, model: str) -> dict:
     with infinity_server(args.infinity, "float32", folder=folder, name=model) as url:
         pid = infinity_pid(args.infinity)
         if args.rates:
-            bodies = fabric_rates.bodies_file(model, cases()[0].workload.texts, Path(fabric_rates.scratch()))
+            bodies = fabric_rates.bodies_file(model, cases()[0].workload.texts, folder.parent)
             base = url.removesuffix("/v1/embeddings")
             out["rates"] = fabric_rates.curve(
                 base,

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +37,8 @@ def connections(rate: int) -> int:
 
 def bodies_file(model: str, texts: list[str], folder: Path) -> Path:
     """The request bodies, one JSON a line (``{"model", "input"}``: OpenAI's and infinity-emb's form)."""
-    path = folder / f"bodies-{abs(hash(model))}.jsonl"
+    name = re.sub(r"[^\w.-]", "_", model)
+    path = folder / f"bodies-{name}.jsonl"
     path.write_text("".join(json.dumps({"model": model, "input": t}) + "\n" for t in texts))
     return path
 
@@ -160,7 +160,3 @@ def plot(data: dict, out: Path) -> Path | None:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
-
-
-def scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="bench-rates-"))

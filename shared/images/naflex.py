@@ -46,7 +46,7 @@ from embedfleet.shared.images.preprocess import (
     _rescale_factor,
     lookup_table,
     processor_config,
-    to_rgb,
+    rgb,
 )
 
 if TYPE_CHECKING:
@@ -179,10 +179,4 @@ class NaFlexProcessing:
         )
 
     def _rgb(self, image: Image.Image) -> Image.Image:
-        if self.do_convert_rgb:
-            return to_rgb(image)
-        if image.mode != "RGB":
-            raise ImageError(
-                f"this model takes RGB images only (its processor's do_convert_rgb is off), not mode {image.mode}"
-            )
-        return image
+        return rgb(image, self.do_convert_rgb)

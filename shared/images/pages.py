@@ -56,7 +56,7 @@ from embedfleet.shared.images.preprocess import (
     _rescale_factor,
     lookup_table,
     processor_config,
-    to_rgb,
+    rgb,
 )
 
 if TYPE_CHECKING:
@@ -214,13 +214,7 @@ class PageProcessing:
         return gh * gw // self.merge_size**2
 
     def _rgb(self, image: Image.Image) -> Image.Image:
-        if self.do_convert_rgb:
-            return to_rgb(image)
-        if image.mode != "RGB":  # transformers would make 1, 2 or 4 channels of it and fail to normalise
-            raise ImageError(
-                f"this model takes RGB images only (its processor's do_convert_rgb is off), not mode {image.mode}"
-            )
-        return image
+        return rgb(image, self.do_convert_rgb)
 
 
 def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

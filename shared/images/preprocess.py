@@ -223,13 +223,7 @@ class ImageProcessing:
         return lookup_table(self.scale, self.mean, self.std)
 
     def _rgb(self, image: Image.Image) -> Image.Image:
-        if not self.convert_rgb:
-            if image.mode != "RGB":  # transformers would make 1 or 4 channels of it and fail to normalise
-                raise ImageError(
-                    f"this model takes RGB images only (its processor's do_convert_rgb is off), not mode {image.mode}"
-                )
-            return image
-        return to_rgb(image)
+        return rgb(image, self.convert_rgb)
 
 
 def processor_config(folder: Path) -> tuple[dict[str, Any], str]:
@@ -246,6 +240,18 @@ def processor_config(folder: Path) -> tuple[dict[str, Any], str]:
     if not isinstance(config, dict):
         raise ConfigError(f"{where} is not a JSON object")
     return config, where
+
+
+def rgb(image: Image.Image, convert: bool) -> Image.Image:
+    """``image`` as a processor takes it: converted (``to_rgb``) when its do_convert_rgb is on; else an RGB
+    image as it is, any other refused (transformers would make 1, 2 or 4 channels of it and fail to normalise)."""
+    if convert:
+        return to_rgb(image)
+    if image.mode != "RGB":
+        raise ImageError(
+            f"this model takes RGB images only (its processor's do_convert_rgb is off), not mode {image.mode}"
+        )
+    return image
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

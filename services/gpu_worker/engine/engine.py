@@ -449,7 +449,6 @@ class Engine:
         assert isinstance(vectors, np.ndarray)  # one output: no dict
         return vectors
 
-    @torch.inference_mode()
     def step_images(self, pixels: np.ndarray) -> ReadyResult | CudaResult:
         """Launch one batch of images through a two-tower model's image tower and return at once:
         ``pixels`` [N, C, S, S] uint8 as the tokenizer prepared them (resized and cropped; rescaled and
@@ -457,32 +456,30 @@ class Engine:
         path = self.image_path
         if path is None:
             raise ValueError(f"{self.info.id} takes no images")
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            made, run = path.run(pixels)
-            if self.device.type != "cuda":
-                return ReadyResult(made.numpy().copy(), run)
-            host = _to_host(made)
-            event = torch.cuda.Event(blocking=True)
-            event.record(self.stream)
-            return CudaResult(host, event, run)
+        return self._launch_tower(lambda: path.run(pixels))
 
-    @torch.inference_mode()
     def step_patches(self, pages: tuple[np.ndarray, np.ndarray]) -> ReadyResult | CudaResult:
         """Launch one batch of a NaFlex model's images and return at once: ``pages`` (patch rows [P, p * p * C]
         uint8, grids [N, 2]) as :meth:`check_pages` passed them -> ``result()`` [N, dim] float32."""
         path = self.patch_path
         if path is None:
             raise ValueError(f"{self.info.id} takes no images of their own size")
+        return self._launch_tower(lambda: path.run(*pages))
+
+    @torch.inference_mode()
+    def _launch_tower(self, run: Callable[[], tuple[torch.Tensor, str]]) -> ReadyResult | CudaResult:
+        """An image tower's batch (``run``: device vectors and how it ran) on this replica's stream, every
+        CPU thread on it: its result ready (CPU) or copying to the host behind an event (CUDA)."""
         if self.device.type == "cpu":
             self._use_threads(self._threads)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            made, run = path.run(*pages)
+            made, how = run()
             if self.device.type != "cuda":
-                return ReadyResult(made.numpy().copy(), run)
+                return ReadyResult(made.numpy().copy(), how)
             host = _to_host(made)
             event = torch.cuda.Event(blocking=True)
             event.record(self.stream)
-            return CudaResult(host, event, run)
+            return CudaResult(host, event, how)
 
     @staticmethod
     def _use_threads(count: int) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from embedfleet.services.gpu_worker.engine.graphs import GraphCache, Replay
 from embedfleet.services.gpu_worker.engine.linear import LinearOps
+from embedfleet.services.gpu_worker.engine.page_pixels import ByteTable
 from embedfleet.shared.images.naflex import NaFlexProcessing
 from embedfleet.shared.images.preprocess import ImageProcessing
 
@@ -107,8 +108,7 @@ class PatchImagePath:
     ) -> None:
         self.vision, self.processing = vision, processing
         self.device, self.dtype, self.ops = device, dtype, ops
-        self.table = torch.from_numpy(processing.lookup_table()).to(device).reshape(-1)  # [3 * 256]
-        self.offsets = torch.arange(3, device=device) * 256  # channel c's values at c * 256: the last axis
+        self.table = ByteTable(processing.lookup_table(), device)
 
     def run(self, rows: np.ndarray, grids: np.ndarray) -> tuple[torch.Tensor, str]:
         """Host patch rows and grids [N, 2] -> (device vectors [N, dim] float32, how it ran)."""
@@ -117,6 +117,6 @@ class PatchImagePath:
             host = host.pin_memory()
         on_device = host.to(self.device, non_blocking=True)
         n = on_device.shape[0]
-        values = self.table[on_device.view(n, -1, 3).long() + self.offsets].view(n, -1)
+        values = self.table(on_device.view(n, -1, 3), channel_axis=2).view(n, -1)  # channels last
         shapes = tuple((int(h), int(w)) for h, w in grids)
         return self.vision.forward_patches(values.to(self.dtype), shapes, self.ops), "eager"
