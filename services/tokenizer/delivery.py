@@ -44,6 +44,7 @@ class Sent:
     replies: bool = False  # the requester reads Replies: its batches may go in a Requests with others'
     carrier: str = ""  # the reply subject this process may answer the requester on (shared/nats/bundles.py)
     tries: int = 1  # subjects tried so far for these batches
+    avoid: tuple[str, ...] = ()  # workers the request asked to pass over (EmbedRequest.avoid)
 
 
 class DeliveryCheck:

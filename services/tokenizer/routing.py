@@ -7,12 +7,15 @@ the report + this batch) / speed is least: the least-loaded worker among equals,
 router itself sent since a worker's last report count as waiting, so a burst spreads instead of
 piling onto the one that looked idle. A worker is live while its reports keep coming: silent for
 three of the intervals its last report announced, it is dropped (a leaving report drops it at once, and
-so does a batch sent to it that reached nobody: its process is gone).
+so does a batch sent to it that reached nobody: its process is gone). A request may name workers its
+requester took for stopped (silent with their connections open, their reports not stale here yet): its
+batches pass them over, to the shared queue group when no other worker is known.
 With no live worker known, the caller uses the shared queue group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from embedfleet.shared.protocol import LoadReport
@@ -51,16 +54,20 @@ class Router:
     def live(self, now: float) -> list[str]:
         return sorted(wid for wid, w in self._workers.items() if now - w.seen <= STALE_INTERVALS * w.interval)
 
-    def pick(self, tokens: int, now: float) -> str | None:
-        """The subject of the live worker that would finish ``tokens`` first (None: none known)."""
+    def pick(self, tokens: int, now: float, avoid: tuple[str, ...] = ()) -> str | None:
+        """The subject of the live worker that would finish ``tokens`` first, passing over the workers ``avoid``
+        names (their ids) (None: none known, or only those)."""
         for wid in [wid for wid, w in self._workers.items() if now - w.seen > STALE_INTERVALS * w.interval]:
             del self._workers[wid]  # silent too long: gone
         if not self._workers:
             return None
         # a worker that has not measured its speed yet is taken to be as fast as the fastest known
         default_rate = max((w.rate for w in self._workers.values()), default=0.0) or 1.0
-        best = min(self._workers.values(), key=lambda w: w.finish_time(tokens, default_rate))
-        if best is None:
-            return None
+        workers: Collection[_Worker] = self._workers.values()
+        if avoid:
+            workers = [w for wid, w in self._workers.items() if wid not in avoid]
+            if not workers:  # every worker known is one to pass over: the queue group may hold one not known yet
+                return None
+        best = min(workers, key=lambda w: w.finish_time(tokens, default_rate))
         best.sent += tokens
         return best.subject

@@ -465,6 +465,7 @@ class TokenizerService:
                 request.model,
                 request.replies,
                 p.carrier,
+                avoid=request.avoid,
             )
             for subject, (payloads, tokens) in by_subject.items()
         ]
@@ -500,7 +501,7 @@ class TokenizerService:
                 cancel_key=request.cancel_key,  # a Cancel of the requester drops the rows the worker has not run
                 spans=None if spans is None else spans.between(chunk.start, chunk.start + len(chunk.cu_seqlens) - 1),
             )
-            subject = self._router.pick(len(chunk.input_ids), time.monotonic()) or shared_subject
+            subject = self._router.pick(len(chunk.input_ids), time.monotonic(), request.avoid) or shared_subject
             payloads, tokens = by_subject.get(subject, ([], 0))
             by_subject[subject] = ([*payloads, encode(batch)], tokens + len(chunk.input_ids))
         return by_subject
@@ -558,7 +559,7 @@ class TokenizerService:
                 **rows,
             )
             tokens = batch.num_tokens
-            subject = self._router.pick(tokens, time.monotonic()) or shared_subject
+            subject = self._router.pick(tokens, time.monotonic(), request.avoid) or shared_subject
             payloads, sent = by_subject.get(subject, ([], 0))
             by_subject[subject] = ([*payloads, encode(batch)], sent + tokens)
         return by_subject
@@ -571,7 +572,7 @@ class TokenizerService:
         if sent.subject != shared:
             self._router.forget(sent.subject)
             if sent.tries < _MAX_TRIES:
-                subject = self._router.pick(sent.tokens, time.monotonic()) or shared
+                subject = self._router.pick(sent.tokens, time.monotonic(), sent.avoid) or shared
                 log.info(
                     "request %s: worker on %s is gone; its %d batches go to %s",
                     sent.request_id,

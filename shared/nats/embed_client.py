@@ -92,6 +92,9 @@ class Fleet(Protocol):
     def workers(self, model: str) -> int:
         """How many live workers of ``model`` it knows."""
 
+    def silenced(self, model: str) -> tuple[str, ...]:
+        """Workers of ``model`` it took for stopped lately (silent, their connections open)."""
+
 
 @dataclass(slots=True)
 class EmbedOutcome:
@@ -315,6 +318,7 @@ class EmbedClient:
             spans=spans,
             images=images,
             cancel_key=os.urandom(16),  # known to us and the fleet's services only: no one else cancels it
+            avoid=self._avoid(model),
         )
         payload = encode(request)
         if len(payload) + (HEADER_BYTES if current() is not None else 0) > self._nc.max_payload:
@@ -374,6 +378,10 @@ class EmbedClient:
         worker holds yet too); without a fleet no rows are sent again."""
         return self._fleet is not None and self._fleet.workers(model) > 1
 
+    def _avoid(self, model: str) -> tuple[str, ...]:
+        """Workers of ``model`` the fleet watch took for stopped: a tokenizer may still route to them."""
+        return () if self._fleet is None else self._fleet.silenced(model)
+
     async def _send(self, pending: _Pending, attempt: str, index: np.ndarray | None, payload: bytes) -> None:
         pending.attempts.append(attempt)
         self._attempts[attempt] = (pending, index)
@@ -416,7 +424,10 @@ class EmbedClient:
         )
         index = None if len(rows) == pending.total else rows  # all rows: their places are unchanged
         try:
-            await self._send(pending, attempt, index, encode(_subset(pending.request, attempt, rows)))
+            # the worker that lost them may still look live to the tokenizers: the request names it (and
+            # any other taken for stopped) for them to pass over
+            subset = replace(_subset(pending.request, attempt, rows), avoid=self._avoid(pending.request.model))
+            await self._send(pending, attempt, index, encode(subset))
         except Exception as exc:  # the connection went away meanwhile: the connection watch fails it
             log.warning("request %s: resend failed: %s", pending.id, exc)
         return True

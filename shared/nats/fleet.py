@@ -18,6 +18,11 @@ callbacks: callers re-send the work that process may have held.
   last ``LOST_AFTER_POLLS`` background pings: a stopped process (SIGSTOP) or a host cut off, whose
   connection is still open. (While idle, that is three idle pings: one ping missed is never enough.)
 
+A worker taken for lost by its silence may still look live to a tokenizer (its last load report
+not stale yet: three of the intervals it announced, seconds for an idle worker): for ``SILENCED_FOR``
+seconds, or until it answers a ping again, ``silenced(model)`` names it, and requests ask the tokenizers
+to pass it over (EmbedRequest.avoid), the rows sent again included.
+
 A worker that stops cleanly drains its work first and says so in its last load report, also sent on
 the leaving subject: it is forgotten without a call. (A tokenizer holds a request for milliseconds;
 one that stops cleanly costs at most duplicates, which callers ignore.)
@@ -38,7 +43,7 @@ from nats.aio.client import Client
 
 from embedfleet.shared.nats.lifecycle import cancel
 from embedfleet.shared.nats.subjects import SERVICE_NAMES, Subjects, model_token
-from embedfleet.shared.protocol import LoadReport, ProtocolError, decode_as
+from embedfleet.shared.protocol import MAX_AVOID, LoadReport, ProtocolError, decode_as
 
 log = logging.getLogger("embedfleet.fleet")
 # polls a live process may miss (a reply lost in a reconnect, a busy event loop) before it is taken
@@ -52,6 +57,10 @@ IDLE_POLLS = 5
 # seconds between pings while a caller waits for a model to be served again (``wait_serving``)
 WAITING_POLL = 0.3
 _NO_RESPONDERS = "503"
+_STOPPED = "stopped answering"
+# seconds a worker taken for lost by its silence is named to the tokenizers: they drop it themselves once
+# its load reports are stale (three of the intervals it announced: 6 s at the default idle interval)
+SILENCED_FOR = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,8 @@ class FleetWatch:
             set()
         )  # workers that said they are leaving (ids are never reused)  # (role, instance id) -> the process
         self._workers: dict[str, int] | None = None  # model -> its workers in _seen (None: to count again)
+        # workers taken for lost by their silence: id -> (model, monotonic time), the latest MAX_AVOID
+        self._silenced: dict[str, tuple[str, float]] = {}
         self._on_lost: list[Callable[[str, str, str], None]] = []
         self._request = asyncio.Event()  # a request went out (workers() was asked): the liveness checks wake
         self._asked = asyncio.Event()  # the same, for the background pings: an idle watch pings again soon
@@ -163,6 +174,16 @@ class FleetWatch:
                     self._workers[member.model] = self._workers.get(member.model, 0) + 1
         return self._workers.get(model, 0)
 
+    def silenced(self, model: str) -> tuple[str, ...]:
+        """The workers of ``model`` taken for lost by their silence within ``SILENCED_FOR`` seconds that have not
+        answered a ping since: the tokenizers are asked to pass them over."""
+        if not self._silenced:
+            return ()
+        oldest = time.monotonic() - SILENCED_FOR
+        for instance in [i for i, (_, at) in self._silenced.items() if at < oldest]:
+            del self._silenced[instance]
+        return tuple(i for i, (m, _) in self._silenced.items() if m == model)
+
     async def view(self) -> FleetView:
         """The latest view; polled now only before the first poll, or when the background poll is late."""
         if time.monotonic() - self._view.at > 2 * self._gap + self._wait:
@@ -209,6 +230,8 @@ class FleetWatch:
             for instance, (model, ping, metadata) in ids.items():
                 if not (role == "worker" and instance in self._left):
                     self._seen[(role, instance)] = Member(model, ping, now, metadata)
+                    if role == "worker" and self._silenced:
+                        self._silenced.pop(instance, None)  # it answers again (SIGCONT, the host back)
         for (role, _), member in self._seen.items() if self._nc.is_connected else ():  # NATS down: nothing serves
             if not self._silent(member, now):
                 (tokenizers if role == "tokenizer" else workers).setdefault(member.model, member.metadata)
@@ -229,7 +252,7 @@ class FleetWatch:
         now = time.monotonic()
         for key, member in list(self._seen.items()):
             if self._silent(member, now):
-                self._lost(*key, "stopped answering")
+                self._lost(*key, _STOPPED)
 
     def _lost(self, role: str, instance: str, why: str) -> None:
         member = self._seen.pop((role, instance), None)
@@ -237,6 +260,10 @@ class FleetWatch:
         if member is None:
             return  # found already
         log.warning("%s %s %s: its work is sent again", role, instance, why)
+        if role == "worker" and why == _STOPPED:
+            self._silenced[instance] = (member.model, time.monotonic())
+            while len(self._silenced) > MAX_AVOID:
+                del self._silenced[next(iter(self._silenced))]
         if not any(r == role and m.model == member.model for (r, _), m in self._seen.items()):
             self._view = self._view.without(role, member.model)  # its model's last of that role
         for callback in self._on_lost:

@@ -23,6 +23,7 @@ tokenizers and workers drop its rows not yet sent or started.
 """
 
 from embedfleet.shared.protocol.checks import (
+    MAX_AVOID,
     MAX_BUNDLE,
     MAX_CANCEL_KEY,
     MAX_ID,
@@ -71,6 +72,7 @@ from embedfleet.shared.protocol.spans import Spans
 __all__ = [
     "DELIVERY_CHECK",
     "MAX_BUNDLE",
+    "MAX_AVOID",
     "MAX_CANCEL_KEY",
     "MIN_CANCEL_KEY",
     "MAX_DIMENSION",

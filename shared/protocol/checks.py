@@ -22,6 +22,7 @@ MAX_PATCH_BYTES = 3 * 32 * 32  # a page model's patch row: channels x patch x pa
 MAX_STAGES, MAX_STAGE_NAME = 8, 64  # timings: entries, and characters in a stage's name
 # a request's cancel key (EmbedRequest.cancel_key): at least 128 random bits, so that it cannot be guessed
 MIN_CANCEL_KEY, MAX_CANCEL_KEY = 16, 64
+MAX_AVOID = 64  # workers one request may ask the tokenizer to pass over (EmbedRequest.avoid)
 
 
 class ProtocolError(ValueError):
@@ -105,6 +106,18 @@ def str_list(m: dict, key: str) -> list[str]:
     if not all(isinstance(t, str) for t in values):
         raise ProtocolError("texts must be strings")
     return values
+
+
+def name_tuple(m: dict, key: str, limit: int) -> tuple[str, ...]:
+    """An optional list of at most ``limit`` names (worker ids: not empty, at most MAX_NAME characters)."""
+    values = m.get(key)
+    if values is None:
+        return ()
+    if not isinstance(values, list) or len(values) > limit:
+        raise ProtocolError(f"field {key!r} must be a list of at most {limit} names")
+    if not all(isinstance(v, str) and 0 < len(v) <= MAX_NAME for v in values):
+        raise ProtocolError(f"field {key!r} must hold names of 1 to {MAX_NAME} characters")
+    return tuple(values)
 
 
 def image_files(m: dict, key: str = "im") -> list[bytes]:

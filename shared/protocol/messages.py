@@ -177,6 +177,10 @@ class EmbedRequest:
     # images to embed with a two-tower model, as files (PNG, JPEG, WebP, GIF; the gateway checked their
     # headers): the tokenizer decodes and prepares them; texts empty
     images: list[bytes] | None = None
+    # workers (their ids) the requester took for stopped: silent on its pings with their connections open,
+    # they may still look live to a tokenizer (their last load reports not stale yet); the tokenizer sends
+    # them none of this request's rows while it knows another worker. At most MAX_AVOID
+    avoid: tuple[str, ...] = ()
 
     TYPE = "embed"
 

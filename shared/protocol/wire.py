@@ -10,6 +10,7 @@ import numpy as np
 
 from embedfleet.shared.errors import GATEWAY_ONLY, ErrorCode, ServiceError, shown
 from embedfleet.shared.protocol.checks import (
+    MAX_AVOID,
     MAX_BUNDLE,
     MAX_ID,
     MAX_IMAGE_SIDE,
@@ -26,6 +27,7 @@ from embedfleet.shared.protocol.checks import (
     image_files,
     int32_array,
     is_int,
+    name_tuple,
     optional_bool,
     optional_cancel_key,
     optional_number,
@@ -127,6 +129,8 @@ def _encode_embed_request(msg: EmbedRequest) -> dict[str, Any]:
         body["cx"] = msg.cancel_key
     if msg.images is not None:
         body["im"] = msg.images
+    if msg.avoid:
+        body["av"] = list(msg.avoid)
     return body | spans_body(msg.spans, CONTENT_KEYS)
 
 
@@ -170,6 +174,7 @@ def _decode_embed_request(m: dict) -> EmbedRequest:
         spans=spans,
         cancel_key=optional_cancel_key(m),
         images=images,
+        avoid=name_tuple(m, "av", MAX_AVOID),
     )
 
 

@@ -64,3 +64,17 @@ def test_a_faster_worker_takes_work_until_its_queue_outweighs_the_difference():
     # fast finishes k batches in k*100/4000 s; slow one in 100/1000 s: fast takes the first three
     assert picks[:3] == ["direct.fast"] * 3
     assert picks.count("direct.fast") == 8 and picks.count("direct.slow") == 2
+
+
+def test_workers_a_request_names_to_pass_over_get_none_of_its_batches_while_another_is_known():
+    """A worker its requester took for stopped (silent, its idle report not stale here for seconds) looks the
+    least loaded: the request's batches go to the others, and to the queue group when it is the only one."""
+    router = Router()
+    router.update(_report("a", 0, interval=2.0), now=0.0)  # idle when it stopped: live here for 6 s
+    router.update(_report("b", 5000), now=0.0)
+    assert router.pick(100, now=0.01) == "direct.a"
+    assert [router.pick(100, now=0.02, avoid=("a",)) for _ in range(3)] == ["direct.b"] * 3
+    assert router.pick(100, now=0.03, avoid=("x", "y")) == "direct.a"  # names it does not know change nothing
+    router.update(_report("b", 0, leaving=True), now=0.04)
+    assert router.pick(100, now=0.05, avoid=("a",)) is None  # only a known: the queue group
+    assert router.live(0.05) == ["a"]  # passed over for that request, not forgotten

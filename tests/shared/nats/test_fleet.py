@@ -1,10 +1,12 @@
 """FleetWatch on a real nats-server: a process whose connection closes is found within the liveness
 interval, while work is in flight, and only then; callers waiting for a model see it served again; the
-embed client asks for Held replies only while the watch knows several workers of the model."""
+embed client asks for Held replies only while the watch knows several workers of the model, and names the
+workers taken for stopped for the tokenizers to pass over."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import nats
@@ -15,7 +17,7 @@ from embedfleet.shared.nats.embed_client import EmbedClient
 from embedfleet.shared.nats.fleet import IDLE_POLLS, LIVENESS_INTERVAL, LOST_AFTER_POLLS, FleetWatch
 from embedfleet.shared.nats.lifecycle import register
 from embedfleet.shared.nats.subjects import Subjects
-from embedfleet.shared.protocol import EmbedOptions, EmbedRequest, decode_as
+from embedfleet.shared.protocol import EmbedOptions, EmbedRequest, Held, decode_as, encode
 
 PREFIX = "fleettest"
 
@@ -280,3 +282,88 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
     # within a liveness interval or two (a loaded machine adds some): the background polls, a minute
     # apart here, could not have found it
     assert lost[0][0] - closed < 1.5
+
+
+class _StoppableWorker:
+    """A worker's ping endpoints answered by hand: ``answering`` False is what the watch sees of a SIGSTOP
+    (silence, the connection open: the liveness checks get no 503)."""
+
+    def __init__(self, nc: nats.NATS, prefix: str, instance: str) -> None:
+        self.nc, self.prefix, self.instance = nc, prefix, instance
+        self.service = "W" + instance.upper()  # a micro-service id: alphanumeric
+        self.answering = True
+
+    async def start(self) -> None:
+        async def ping(msg) -> None:
+            if self.answering:
+                meta = {"prefix": self.prefix, "model": "m", "instance": self.instance}
+                await msg.respond(json.dumps({"id": self.service, "metadata": meta}).encode())
+
+        for subject in ("$SRV.PING.embedfleet-worker", f"$SRV.PING.embedfleet-worker.{self.service}"):
+            await self.nc.subscribe(subject, cb=ping)
+        await self.nc.flush()
+
+
+def test_a_worker_taken_for_lost_by_its_silence_is_passed_over_until_it_answers_again(nats_url):
+    """A stopped worker may still look live to a tokenizer (its last load report, sent idle, is stale there
+    only after seconds): once the watch takes it for lost, the rows it held go out again naming it for the
+    tokenizers to pass over, and so do new requests, until it answers a ping again."""
+
+    async def run() -> tuple[list[tuple[str, ...]], tuple[str, ...], tuple[str, ...], float]:
+        prefix = PREFIX + "7"
+        watcher = await nats.connect(nats_url)
+        client: EmbedClient | None = None
+        watch = FleetWatch(
+            watcher, prefix, wait=0.1, interval=0.2, busy=lambda: client is not None and client.in_flight > 0
+        )
+        client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+        watch.on_lost(client.resend_missing)  # as the gateway and the scorer wire them
+        avoided: list[tuple[str, ...]] = []
+        tokenizer = await _member(nats_url, "tokenizer", "t1", prefix)
+        w1 = await _member(nats_url, "worker", "w1", prefix)
+        w2 = _StoppableWorker(await nats.connect(nats_url), prefix, "w2")
+        await w2.start()
+
+        async def tokenize(msg) -> None:  # the first attempt's rows taken by w2; nothing answered
+            request = decode_as(msg.data, EmbedRequest)
+            avoided.append(request.avoid)
+            if len(avoided) == 1:
+                await tokenizer.publish(msg.reply, encode(Held(request.id, 0, request.count, "w2")))
+
+        await tokenizer.subscribe(Subjects(prefix).embed("m"), cb=tokenize)
+
+        async def workers(n: int) -> None:
+            began = time.monotonic()
+            while watch.workers("m") != n and time.monotonic() - began < 10:
+                await asyncio.sleep(0.02)
+            assert watch.workers("m") == n
+
+        try:
+            await watch.start()
+            await client.start()
+            await workers(2)
+            call = asyncio.create_task(client.embed("m", ["a", "b"], EmbedOptions(), timeout=8))
+            while not avoided:
+                await asyncio.sleep(0.01)
+            w2.answering = False
+            stopped = time.monotonic()
+            while len(avoided) < 2 and time.monotonic() - stopped < 8:
+                await asyncio.sleep(0.01)
+            resent = time.monotonic() - stopped
+            silenced = watch.silenced("m"), watch.silenced("another model")
+            call.cancel()
+            w2.answering = True
+            await workers(2)
+            with pytest.raises(ServiceError):
+                await client.embed("m", ["c"], EmbedOptions(), timeout=0.3)
+            return avoided, *silenced, resent
+        finally:
+            await client.stop()
+            await watch.stop()
+            for nc in (watcher, tokenizer, w1, w2.nc):
+                await nc.close()
+
+    avoided, silenced, other, resent = asyncio.run(run())
+    assert avoided == [(), ("w2",), ()]  # first attempt, its rows sent again, a request after w2 answers again
+    assert silenced == ("w2",) and other == ()
+    assert resent < LOST_AFTER_POLLS * 0.2 + 3.0, resent  # three polls and a wait, room for a loaded machine

@@ -66,6 +66,7 @@ EXAMPLES = {
             spans=Spans.of([[(0, 1)]], [1]),
             cancel_key=KEY,
             images=[b"\x89PNG"],
+            avoid=("w",),
         ),
     ),
     TokenChunk: (

@@ -232,3 +232,19 @@ def test_dense_options_ignore_sparse_settings_on_the_wire():
     assert options.output == "dense" and options.sparse_top_k is None and options.sparse_threshold is None
     sparse = EmbedOptions.from_wire({"out": "sparse", "sk": 5, "sth": 0.5})
     assert (sparse.sparse_top_k, sparse.sparse_threshold) == (5, 0.5)
+
+
+def test_workers_to_pass_over_round_trip_and_are_bounded():
+    msg = EmbedRequest(id="a", model="m", texts=["x"], deadline=1.5, avoid=("w1", "w2"))
+    assert decode(encode(msg)) == msg
+    assert "av" not in msgpack.unpackb(encode(EmbedRequest(id="a", model="m", texts=["x"], deadline=1.5)))
+    body = msgpack.unpackb(encode(msg))
+    for forged, why in (
+        (["w"] * 65, "at most 64"),
+        ("w1", "at most 64"),
+        ([""], "1 to 1024"),
+        (["w" * 1025], "1 to 1024"),
+        ([7], "1 to 1024"),
+    ):
+        with pytest.raises(ProtocolError, match=why):
+            decode(msgpack.packb(body | {"av": forged}))
