@@ -66,16 +66,33 @@ class ModelFolder:
 def read_folder(model: str | None) -> tuple[ModelFolder, str]:
     """The folder ``model`` names (None: the default shipped model), read, and the id it serves under
     by default."""
-    path, default_id = _model_folder(model)
+    root, default_id = _model_folder(model)
+    path = _packaged(root)
     folder = ModelFolder(
         path=path,
         config=read_json(path / "config.json", required=True),
-        st_general=read_json(path / "config_sentence_transformers.json"),
+        st_general=read_json(root / "config_sentence_transformers.json"),
         tok_config=read_json(path / "tokenizer_config.json"),
         st_config=read_json(path / "sentence_bert_config.json"),
         modules=_modules(path),
     )
     return folder, default_id
+
+
+def _packaged(root: Path) -> Path:
+    """The transformers folder of ``root``: ``root`` itself, or, for a two-tower model in the
+    sentence-transformers packaging of its first releases (sentence-transformers/clip-ViT-B-32: modules.json
+    names one CLIPModel module, whose folder, ``0_CLIPModel``, holds config.json, the weights, the image
+    processor and the tokenizer), that module's folder. (sentence-transformers 5 and later save the same model
+    at the root, config.json beside modules.json.)"""
+    if (root / "config.json").is_file():
+        return root
+    modules = _modules(root)
+    if len(modules) == 1 and modules[0].kind == "CLIPModel" and modules[0].path:
+        inner = (root / modules[0].path).resolve()
+        if inner.parent == root and (inner / "config.json").is_file():
+            return inner
+    return root
 
 
 def _model_folder(model: str | None) -> tuple[Path, str]:

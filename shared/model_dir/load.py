@@ -7,6 +7,7 @@ from typing import Any
 
 from embedfleet.shared.config.option import ConfigError
 from embedfleet.shared.images.naflex import NaFlexProcessing
+from embedfleet.shared.images.preprocess import processor_config
 from embedfleet.shared.model_dir.families import (
     PAGE_MODELS,
     QWEN2_VL_IMAGE_TOKEN_ID,
@@ -128,8 +129,7 @@ def _two_towers(folder: ModelFolder, common: dict[str, Any]) -> ModelInfo:
     """A text tower and an image tower projected into one space (CLIP): texts pooled as the family pools
     them, images by the image tower, both ``projection_dim`` wide and, as the model gives them, not
     normalised (clients compare them by cosine)."""
-    if not (folder.path / "preprocessor_config.json").is_file():
-        raise ConfigError(f"{folder.path} has no preprocessor_config.json: how its images are prepared is unknown")
+    processor_config(folder.path)  # how its images are prepared: refused here when the folder does not say
     family = family_types(folder.config.get("model_type"))
     assert family is not None and family.pooling is not None  # TWO_TOWERS families pool as they declare
     text, vision = folder.config.get("text_config") or {}, folder.config.get("vision_config") or {}

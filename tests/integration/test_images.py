@@ -21,7 +21,7 @@ from embedfleet.shared.model_dir.load import load_model_info
 from embedfleet.shared.protocol import EmbedOptions
 from tests.conftest import COSINE_TOLERANCE, cosines
 from tests.support.image_files import clip_image_vectors, clip_reference, data_uri, encoded, huge_png_header
-from tests.support.image_models import PROJECTION, build_clip, build_siglip
+from tests.support.image_models import PROJECTION, build_clip, build_siglip, package_clip
 from tests.support.procs import running_fleet
 
 pytestmark = pytest.mark.integration
@@ -30,15 +30,20 @@ PREFIX = "images"
 MODEL = "clip"
 TEXT_MODEL = "mini"  # the default model: texts only
 SIGLIP = "siglip"
+# the same CLIP in the sentence-transformers packaging: as published (sentence-transformers/clip-ViT-B-32's
+# 0_CLIPModel folder) and as sentence-transformers saves it now
+PACKAGINGS = ("published", "saved")
 
 
 @pytest.fixture(scope="module")
-def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, Path, Path]]:
+def fleet(nats_url: str, tmp_path_factory) -> Iterator[tuple[str, Path, Path, Path]]:
     folder = build_clip(tmp_path_factory.mktemp("clip-build"), shortest_edge=40)
     siglip = build_siglip(tmp_path_factory.mktemp("siglip-build"))
+    packaged = tmp_path_factory.mktemp("clip-packaged")
     models = {MODEL: folder, TEXT_MODEL: default_model_path(), SIGLIP: siglip}
+    models |= {f"{MODEL}-{layout}": package_clip(folder, packaged, layout) for layout in PACKAGINGS}
     with running_fleet(nats_url, PREFIX, models, tmp_path_factory.mktemp("image-logs"), named=True) as (url, _):
-        yield url, folder, siglip
+        yield url, folder, siglip, packaged
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +240,7 @@ def test_siglip_texts_and_images_through_the_stack(fleet):
     its images through the attention-pooling head; both as transformers makes them."""
     from transformers import SiglipImageProcessor, SiglipModel
 
-    url, _, folder = fleet
+    url, _, folder, _ = fleet
     model, processor = (
         SiglipModel.from_pretrained(str(folder)).eval(),
         SiglipImageProcessor.from_pretrained(str(folder)),
@@ -363,3 +368,30 @@ def test_odd_images_are_converted_as_the_processor_does_or_refused(fleet, refere
     assert gif.status_code == 400 and "input 1" in gif.json()["error"]["message"], gif.text
     assert "animated" in gif.json()["error"]["message"], gif.text
     assert _post(url, {"model": MODEL, "input": [{"image": data_uri(encoded(_pictures()[0]))}]}).status_code == 200
+
+
+@pytest.mark.parametrize("layout", PACKAGINGS)
+def test_clip_in_the_sentence_transformers_packaging_embeds_as_sentence_transformers_does(fleet, layout):
+    """A CLIP folder as sentence-transformers packages it serves under the packaging folder's name: its
+    texts and images through the stack against SentenceTransformer(folder).encode of the same inputs."""
+    from sentence_transformers import SentenceTransformer
+
+    url, packaged = fleet[0], fleet[3] / layout
+    model = SentenceTransformer(str(packaged), device="cpu")
+    texts = ["a red square", "noise", "a photograph of a cat on a mat in the sun"]
+    pictures = _pictures()
+    files = [encoded(p) for p in pictures]
+    reply = _post(
+        url,
+        {
+            "model": f"{MODEL}-{layout}",
+            "input": [*({"text": t} for t in texts), *({"image": data_uri(f)} for f in files)],
+        },
+    )
+    assert reply.status_code == 200, reply.text
+    ours = np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
+    theirs = np.concatenate([model.encode(texts), model.encode([Image.open(io.BytesIO(f)) for f in files])]).astype(
+        np.float32
+    )
+    assert ours.shape == theirs.shape == (len(texts) + len(files), PROJECTION)
+    assert cosines(ours, theirs).min() >= COSINE_TOLERANCE, cosines(ours, theirs)

@@ -17,7 +17,15 @@ _LEGACY = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNo
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ConfigError(f"{path} has no *.safetensors weights (only safetensors are loaded, never pickles)")
+        pickles = sorted(p.name for p in path.glob("*.bin"))
+        how = (
+            f': it holds {", ".join(pickles)}; convert them once with python -c "import torch; from '
+            f"safetensors.torch import save_file; save_file(torch.load('{path / pickles[0]}'), "
+            f"'{path / 'model.safetensors'}')\""
+            if len(pickles) == 1
+            else ""
+        )
+        raise ConfigError(f"{path} has no *.safetensors weights (only safetensors are loaded, never pickles){how}")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
