@@ -128,9 +128,9 @@ def _varlen_supports(cls, masks, grouped: bool) -> bool:
 
 def _check_tensors(path: Path, model) -> None:
     """Every tensor the family maps is in the checkpoint (names only; nothing is loaded)."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"{path} has no *.safetensors weights (only safetensors are loaded, never pickles)")
+    from embedfleet.services.gpu_worker.engine.loader import safetensors_files
+
+    files = safetensors_files(path)
     names: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:

@@ -14,18 +14,26 @@ from embedfleet.shared.config.option import ConfigError
 _LEGACY = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files. None is refused, with the command that converts a lone torch pickle
+    (pytorch_model.bin: some published folders still hold their weights so) once."""
     files = sorted(path.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(p.name for p in path.glob("*.bin"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in path.glob("*.bin"))
+    how = ""
+    if len(pickles) == 1:
+        source, target = path / pickles[0], path / "model.safetensors"
         how = (
-            f': it holds {", ".join(pickles)}; convert them once with python -c "import torch; from '
-            f"safetensors.torch import save_file; save_file(torch.load('{path / pickles[0]}'), "
-            f"'{path / 'model.safetensors'}')\""
-            if len(pickles) == 1
-            else ""
+            f"; convert its {pickles[0]} once with python -c "
+            '"import torch; from safetensors.torch import save_file; '
+            f"save_file(torch.load('{source}'), '{target}')\""
         )
-        raise ConfigError(f"{path} has no *.safetensors weights (only safetensors are loaded, never pickles){how}")
+    raise ConfigError(f"{path} has no *.safetensors weights (only safetensors are loaded, never pickles){how}")
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    files = safetensors_files(path)
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:

@@ -67,3 +67,27 @@ def test_a_root_without_config_json_is_refused_unless_its_one_module_is_a_clip_f
     _modules(root, path, kind)
     with pytest.raises(ConfigError, match=r"config\.json is missing"):
         load_model_info(str(root))
+
+
+def test_pickled_weights_in_the_published_packaging_are_refused_with_the_command_that_converts_them(clip, tmp_path):
+    """The hub's clip-ViT-B-32 may hold its weights as pytorch_model.bin: `embedfleet check` says so with the
+    command that converts them once, and after running it as printed the folder serves."""
+    import re
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    from embedfleet.services.cli.check import check_folder
+
+    packaged = package_clip(clip, tmp_path, "published")
+    inner = packaged / "0_CLIPModel"
+    torch.save(load_file(inner / "model.safetensors"), inner / "pytorch_model.bin")
+    (inner / "model.safetensors").unlink()
+    report = check_folder(str(packaged))
+    assert not report.ok and report.error is not None
+    command = re.search(r'python -c "(.+)"$', report.error)
+    assert command is not None, report.error
+    subprocess.run([sys.executable, "-c", command.group(1)], check=True, timeout=120)
+    assert check_folder(str(packaged)).ok, check_folder(str(packaged)).render()
