@@ -471,3 +471,32 @@ def test_images_benchmark_prints_ratios_for_each_stage(tmp_path, family):
         assert s["speed_ratio"] > 0 and s["cpu_ratio"] > 0, s
         assert s["embedfleet"]["images_per_s"] > 0 and s["transformers"]["cpu_ms_per_image"] > 0, s
         assert re.search(rf"^{stage} .* \d+\.\d\dx .* \d+\.\d\dx$", result.stdout, re.M), result.stdout
+
+
+WRK_REPORT = """Running 10s test @ http://127.0.0.1:8080
+  1 threads and 20 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     4.54ms    1.22ms  20.10ms   78.50%
+    Req/Sec   196.02     20.51   250.00     68.50%
+  Latency Distribution
+     50%    4.54ms
+     75%    5.10ms
+     90%    6.01ms
+     99%   10.16ms
+  1960 requests in 10.01s, 1.20MB read
+  Non-2xx or 3xx responses: 3
+Requests/sec:    195.80
+Transfer/sec:    122.50KB
+"""
+
+
+def test_wrk_reports_are_read_from_their_latency_distribution():
+    """The thread stats' "+/- Stdev" column ends in "50%" now and then ("68.50%", the line before "Latency
+    Distribution"): the percentiles come from the distribution's own lines, not from the first "50%"."""
+    from bench.fabric_rates import parse_wrk
+
+    got = parse_wrk(WRK_REPORT)
+    assert (got["queries"], got["p50_ms"], got["p99_ms"], got["errors"]) == (1960, 4.54, 10.16, 3)
+    assert got["queries_per_s"] == pytest.approx(1960 / 10.01)
+    with pytest.raises(RuntimeError, match="--latency"):
+        parse_wrk(WRK_REPORT.replace("     99%   10.16ms\n", ""))
