@@ -150,6 +150,16 @@ class _Pending:
         if self.future.done():
             return
         ragged = result.offsets is not None
+        if not ragged and index is None and not self.rows and result.start == 0 and result.total == self.total:
+            whole = result.array()
+            if len(whole) == self.total:  # the whole request in one result (a lone query's): taken as it came
+                self.vectors, self.dim, self.dtype = whole.copy(), result.dim, result.dtype
+                self.filled[:] = True
+                self.rows, self.tokens, self.timings = self.total, result.tokens, dict(result.timings)
+                self.future.set_result(
+                    EmbedOutcome(self.vectors, self.tokens, self.timings, self.dim, WIRE_FORMS[self.dtype].name)
+                )
+                return
         # [count, width] rows, or per input its vectors / (indices, values) (sparse, tokens, multivector)
         rows = result.ragged() if ragged else result.array()
         end = result.start + len(rows)

@@ -90,3 +90,27 @@ def test_a_subset_attempt_takes_its_rows_spans_along():
     assert again.texts == ["c d e", ""] and again.spans.counts.tolist() == [2, 1]
     assert list(zip(again.spans.firsts.tolist(), again.spans.lasts.tolist())) == [(0, 1), (1, 3), (0, 0)]
     assert again.spans.tokens.tolist() == [3, 0]
+
+
+def test_a_request_answered_in_one_result_completes_as_one_answered_in_parts():
+    """The whole request in one result (a lone query's) is taken as it came: the same outcome as its rows in
+    two results, writable, and no view of the message; a result that does not fit is refused as before."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        request = EmbedRequest("r", "m", [f"text {i}" for i in range(3)], 1e12)
+        whole = _Pending(request, loop.create_future())
+        answer = result("r", 0, 3, rows_for([0, 1, 2]), 12)
+        whole.add(answer, None)
+        parts = _Pending(request, loop.create_future())
+        parts.add(result("r", 0, 3, rows_for([0]), 4), None)
+        parts.add(result("r", 1, 3, rows_for([1, 2]), 8), None)
+        one, two = whole.future.result(), parts.future.result()
+        np.testing.assert_array_equal(one.vectors, two.vectors)
+        assert (one.tokens, one.dim, one.form, one.ragged) == (two.tokens, two.dim, two.form, two.ragged)
+        assert one.vectors.flags.writeable and not np.shares_memory(one.vectors, answer.array())
+        misfit = _Pending(request, loop.create_future())
+        with pytest.raises(ProtocolError):
+            misfit.add(result("r", 0, 4, rows_for([0, 1, 2, 3]), 4), None)
+
+    asyncio.run(run())
