@@ -69,18 +69,22 @@ def _check(cluster: Cluster, run: Run, reference) -> None:
     assert after, "no online request was sent during the fault"
     assert {r.status for r in after} <= {200, 503, 504}, [r for r in after if r.status not in (200, 503, 504)]
     assert max(r.seconds for r in after) <= fleet.request_timeout + 1.0
-    # a failure only within seconds of a change of the cluster (the loss, a node started again: the services
-    # reconnect, and core NATS, at most once, may drop a message in flight while routes change), each a 503
+    # a failure only near a change of the cluster (the loss, a node started again: the services reconnect, and
+    # core NATS, at most once, may drop a message in flight while routes change), each a 503
     # naming its cause or a 504 at the deadline; between them every request is served
     changes = [run.fault_at, *run.events.values()]
     failed = [r for r in after if r.status != 200]
+    # a string, shown whole (pytest cuts the repr of another object short)
     shown = (
-        [(round(r.sent - run.fault_at, 2), r.status, r.why) for r in failed],
-        {name: round(at - run.fault_at, 2) for name, at in run.events.items()},
+        "failed (s after the fault, status, s taken, why): "
+        + repr([(round(r.sent - run.fault_at, 2), r.status, round(r.seconds, 2), r.why[:120]) for r in failed])
+        + f"; changes: { {name: round(at - run.fault_at, 2) for name, at in run.events.items()} }"
     )
     assert all(r.status == 504 or "NATS" in r.why or "serving" in r.why for r in failed), shown
-    # away from every change, a timeout at most now and then (a loaded machine's), never a run of them
-    elsewhere = [r for r in failed if not any(0 <= r.sent - at <= RECONNECT for at in changes)]
+    # away from every change, a timeout at most now and then (a loaded machine's), never a run of them. Near a
+    # change: sent within RECONNECT after it, or in flight when it came (a request sent 0.05 s before a node
+    # came back, dropped as the routes changed, timed out in a loaded run)
+    elsewhere = [r for r in failed if not any(r.sent - RECONNECT <= at <= r.sent + r.seconds for at in changes)]
     assert all(r.status == 504 for r in elsewhere) and len(elsewhere) <= max(1, len(after) // 50), shown
     assert any(r.status == 200 for r in after), shown
 
