@@ -17,7 +17,6 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -481,15 +480,18 @@ class WorkerService:
             alone = not in_flight and not (self._scheduler.online_waiting or self._scheduler.bulk_waiting)
             images = batch.pixels is not None or batch.pages is not None
             try:
-                handle = await (
-                    _inline(engine.step, *_step_args(batch))
-                    if alone and engine.runs_inline(batch.num_tokens, batch.outputs, images)
-                    else loop.run_in_executor(executor, engine.step_images, batch.pixels)
-                    if batch.pixels is not None
-                    else loop.run_in_executor(executor, engine.step_patches, batch.pages)
-                    if batch.pages is not None and batch.patch_images
-                    else loop.run_in_executor(executor, engine.step, *_step_args(batch))
-                )
+                if alone and engine.runs_inline(batch.num_tokens, batch.outputs, images):
+                    # a step of a few hundred microseconds costs less here than the two thread hand-offs (a
+                    # futex wake of the replica's thread, the loop's wake by its result) and a colder thread
+                    handle = engine.step(*_step_args(batch))
+                else:
+                    handle = await (
+                        loop.run_in_executor(executor, engine.step_images, batch.pixels)
+                        if batch.pixels is not None
+                        else loop.run_in_executor(executor, engine.step_patches, batch.pages)
+                        if batch.pages is not None and batch.patch_images
+                        else loop.run_in_executor(executor, engine.step, *_step_args(batch))
+                    )
             except Exception:
                 log.exception("engine failed on a batch of %d tokens", batch.num_tokens)
                 self._running_tokens -= batch.num_tokens
@@ -722,10 +724,3 @@ def _step_args(batch: Batch) -> tuple:
         batch.adapters,
         batch.pages,
     )
-
-
-async def _inline(step: Callable[..., ReadyResult | CudaResult], *args) -> ReadyResult | CudaResult:
-    """A step run on the event loop's own thread (``Engine.runs_inline``): a batch of a few hundred
-    microseconds costs less there than the two thread hand-offs (a futex wake of the replica's thread, the
-    loop's wake by its result) and the colder caches of a second thread."""
-    return step(*args)

@@ -57,7 +57,6 @@ IDLE_POLLS = 5
 # seconds between pings while a caller waits for a model to be served again (``wait_serving``)
 WAITING_POLL = 0.3
 _NO_RESPONDERS = "503"
-_STOPPED = "stopped answering"
 # seconds a worker taken for lost by its silence is named to the tokenizers: they drop it themselves once
 # its load reports are stale (three of the intervals it announced: 6 s at the default idle interval)
 SILENCED_FOR = 60.0
@@ -250,9 +249,13 @@ class FleetWatch:
 
     def _check_lost(self) -> None:
         now = time.monotonic()
-        for key, member in list(self._seen.items()):
+        for (role, instance), member in list(self._seen.items()):
             if self._silent(member, now):
-                self._lost(*key, _STOPPED)
+                if role == "worker":  # its connection open: a tokenizer may still route to it
+                    self._silenced[instance] = (member.model, now)
+                    while len(self._silenced) > MAX_AVOID:
+                        del self._silenced[next(iter(self._silenced))]
+                self._lost(role, instance, "stopped answering")
 
     def _lost(self, role: str, instance: str, why: str) -> None:
         member = self._seen.pop((role, instance), None)
@@ -260,10 +263,6 @@ class FleetWatch:
         if member is None:
             return  # found already
         log.warning("%s %s %s: its work is sent again", role, instance, why)
-        if role == "worker" and why == _STOPPED:
-            self._silenced[instance] = (member.model, time.monotonic())
-            while len(self._silenced) > MAX_AVOID:
-                del self._silenced[next(iter(self._silenced))]
         if not any(r == role and m.model == member.model for (r, _), m in self._seen.items()):
             self._view = self._view.without(role, member.model)  # its model's last of that role
         for callback in self._on_lost:

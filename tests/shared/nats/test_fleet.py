@@ -29,6 +29,19 @@ async def _member(url: str, role: str, instance: str, prefix: str = PREFIX) -> n
     return nc
 
 
+async def _watched_client(
+    url: str, prefix: str, wait: float, interval: float
+) -> tuple[nats.NATS, FleetWatch, EmbedClient]:
+    """A connection, a FleetWatch on it busy while the EmbedClient on it has requests in flight, and that client."""
+    watcher = await nats.connect(url)
+    client: EmbedClient | None = None
+    watch = FleetWatch(
+        watcher, prefix, wait=wait, interval=interval, busy=lambda: client is not None and client.in_flight > 0
+    )
+    client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+    return watcher, watch, client
+
+
 async def _lost_after_close(url: str, busy: bool) -> tuple[list[tuple], float]:
     watcher = await nats.connect(url)
     # polls too rare to matter: only the liveness check can find the loss in time
@@ -227,12 +240,7 @@ def test_a_request_after_an_idle_while_is_covered_by_the_liveness_checks_at_once
 
     async def run() -> tuple[int, list[tuple], float]:
         prefix = PREFIX + "4"
-        watcher = await nats.connect(nats_url)
-        client: EmbedClient | None = None
-        watch = FleetWatch(
-            watcher, prefix, wait=0.2, interval=60, busy=lambda: client is not None and client.in_flight > 0
-        )
-        client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+        watcher, watch, client = await _watched_client(nats_url, prefix, wait=0.2, interval=60)
         lost: list[tuple] = []
         watch.on_lost(lambda *who: lost.append((time.monotonic(), who)))
         got = asyncio.Event()
@@ -311,12 +319,7 @@ def test_a_worker_taken_for_lost_by_its_silence_is_passed_over_until_it_answers_
 
     async def run() -> tuple[list[tuple[str, ...]], tuple[str, ...], tuple[str, ...], float]:
         prefix = PREFIX + "7"
-        watcher = await nats.connect(nats_url)
-        client: EmbedClient | None = None
-        watch = FleetWatch(
-            watcher, prefix, wait=0.1, interval=0.2, busy=lambda: client is not None and client.in_flight > 0
-        )
-        client = EmbedClient(watcher, Subjects(prefix), fleet=watch)
+        watcher, watch, client = await _watched_client(nats_url, prefix, wait=0.1, interval=0.2)
         watch.on_lost(client.resend_missing)  # as the gateway and the scorer wire them
         avoided: list[tuple[str, ...]] = []
         tokenizer = await _member(nats_url, "tokenizer", "t1", prefix)
